@@ -1,0 +1,114 @@
+"""Tests of mortal.obs: shapes, version checks and encoding of real logs via mjai PlayerState."""
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+from mjai.mlibriichi import consts
+from mjai.mlibriichi.state import PlayerState
+
+from mortal.obs import (SUPPORTED_VERSIONS, UnsupportedVersionError, check_version, encode, obs_shape,
+                        oracle_obs_shape)
+LOG = pathlib.Path(__file__).resolve().parent / "data" / "meta_annotated_hanchan.jsonl"
+
+
+def test_obs_shape_values():
+    # Mortal consts.rs; v4's 1012 is not available from mlibriichi (its obs_shape(4) panics).
+    assert [obs_shape(v) for v in (1, 2, 3, 4)] == [(938, 34), (942, 34), (934, 34), (1012, 34)]
+    assert [oracle_obs_shape(v) for v in (1, 2, 3, 4)] == [(211, 34), (217, 34), (217, 34), (217, 34)]
+    for v in SUPPORTED_VERSIONS:
+        assert obs_shape(v) == tuple(consts.obs_shape(v))
+        assert oracle_obs_shape(v) == tuple(consts.oracle_obs_shape(v))
+
+
+@pytest.mark.parametrize("bad", [0, 5, -1, "3", 3.0, True, None])
+def test_unknown_versions_rejected(bad):
+    with pytest.raises(UnsupportedVersionError):
+        obs_shape(bad)
+    with pytest.raises(UnsupportedVersionError):
+        check_version(bad)
+
+
+def test_v4_has_clear_error():
+    with pytest.raises(UnsupportedVersionError) as info:
+        check_version(4)
+    msg = str(info.value)
+    assert "mjai.mlibriichi" in msg and "single-player" in msg and "version = 3" in msg
+    assert isinstance(info.value, ValueError)
+    assert [check_version(v) for v in (1, 2, 3)] == [1, 2, 3]
+
+
+class _NoRust:
+    """Stands in for a PlayerState; calling into it would be the bug under test."""
+
+    def encode_obs(self, version, at_kan_select):
+        raise AssertionError("encode_obs must not be called")
+
+
+def test_v4_never_reaches_rust():
+    with pytest.raises(UnsupportedVersionError):
+        encode(_NoRust(), 4)
+
+
+def _decision_states(seat, limit=None):
+    """Yield (event_index, state, cans) at each decision point of `seat` in LOG."""
+    state = PlayerState(seat)
+    with open(LOG) as f:
+        for i, line in enumerate(f):
+            if json.loads(line)["type"] == "end_game":
+                break
+            cans = state.update(line)
+            if cans.can_act:
+                yield i, state, cans
+                limit = None if limit is None else limit - 1
+                if limit == 0:
+                    return
+
+
+def test_real_log_encodes_for_v1_to_v3():
+    n = 0
+    for seat in range(4):
+        for _, state, cans in _decision_states(seat):
+            for v in SUPPORTED_VERSIONS:
+                obs, mask = encode(state, v)
+                assert obs.shape == obs_shape(v) and obs.dtype == np.float32
+                assert mask.shape == (46,) and mask.dtype == np.bool_
+                assert mask.any()
+                # the mask agrees with the candidate flags reported by update()
+                assert mask[45] == cans.can_pass
+                assert mask[37] == cans.can_riichi
+                assert mask[41] == cans.can_pon
+                assert mask[43] == cans.can_agari
+                assert mask[:37].any() == cans.can_discard
+            n += 1
+    assert n > 500  # 150-160 decisions per seat in this log
+
+
+def test_first_decision_values_by_hand():
+    # E1 seat 0 (oya): tehai C 6m 9p 1s 7m 4p 5p S 8p 7s 6p 9m 5sr, tsumo 8p.
+    index, state, cans = next(_decision_states(0))
+    assert index == 2 and cans.can_discard
+    tile = {"6m": 5, "7m": 6, "9m": 8, "4p": 12, "5p": 13, "6p": 14, "8p": 16, "9p": 17, "1s": 18, "5s": 22,
+            "7s": 24, "S": 28, "C": 33}
+    counts = np.zeros(34)
+    for name in ("6m", "7m", "9m", "4p", "5p", "6p", "8p", "8p", "9p", "1s", "5s", "7s", "S", "C"):
+        counts[tile[name]] += 1
+    for v in SUPPORTED_VERSIONS:
+        obs, mask = encode(state, v)
+        for row in range(4):  # thermometer of tile counts
+            np.testing.assert_array_equal(obs[row], (counts > row).astype(np.float32))
+        # red fives held: 5mr, 5pr, 5sr rows -> only 5sr
+        assert obs[4].sum() == 0 and obs[5].sum() == 0 and np.all(obs[6] == 1)
+        # every tile in hand may be discarded; 5sr is discard label 36 (red 5s), not 22
+        expected = np.zeros(46, dtype=bool)
+        expected[[i for i in range(34) if counts[i] and i != 22]] = True
+        expected[36] = True
+        np.testing.assert_array_equal(mask, expected)
+
+
+def test_kan_select_flag_changes_encoding():
+    _, state, _ = next(_decision_states(0))
+    plain, _ = encode(state, 3)
+    kan, _ = encode(state, 3, at_kan_select=True)
+    assert kan.shape == plain.shape and not np.array_equal(kan, plain)
