@@ -1,0 +1,596 @@
+"""Loading and validating the TOML configuration shared by every process.
+
+The file is Mortal's ``config.toml`` layout (``[control]``, ``[train_play.<profile>]``, ``[online.server]``, ...):
+every key of Mortal's ``config.example.toml`` is understood with Mortal's meaning, plus a few documented extras
+(``[resnet] dropout``, ``[online.remote] token``, ``[online.server] max_frame_bytes``). The result is the plain
+nested dict Mortal uses (``config['control']['version']``), with defaults filled in for optional keys, so it can be
+stored in a checkpoint as ``state['config']`` and read back with ``torch.load(..., weights_only=True)``.
+
+Nothing is read at import time: each process calls :func:`load_config` once in ``main()`` and passes the dict down.
+
+Validation happens at load time and is strict for every section that is present (a missing, ill-typed or
+out-of-range key is an error that names the key and the file). Which sections must exist depends on the process:
+pass one of the ``*_SECTIONS`` tuples below as ``required``. Problems that would not crash but would make a run
+misbehave (a buffer ``capacity`` that can never be filled, ignored keys, typos) are logged as warnings.
+"""
+
+from __future__ import annotations
+
+import copy
+import ipaddress
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
+
+import toml
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PATH = 'config.toml'
+ENV_PATH = 'MORTAL_CFG'
+ENV_PROFILE = 'TRAIN_PLAY_PROFILE'
+DEFAULT_PROFILE = 'default'
+# Frames above this are refused by the wire protocol unless [online.server] max_frame_bytes says otherwise.
+# 512 MiB holds a 192x40 model's parameters (~40 MB) or a submission of thousands of gz logs with a wide margin.
+DEFAULT_MAX_FRAME_BYTES = 512 * 1024 * 1024
+
+# Section names required by each process. 'train_play' means the [train_play.<profile>] table of the
+# TRAIN_PLAY_PROFILE in use (see train_play_profile).
+CORE_SECTIONS = ('control', 'resnet', 'env')
+SERVER_SECTIONS = ('online', 'online.remote', 'online.server')
+CLIENT_SECTIONS = CORE_SECTIONS + ('online', 'online.remote', 'baseline.train', 'train_play')
+TRAIN_SECTIONS = CORE_SECTIONS + (
+    'test_play', 'dataset', 'cql', 'aux', 'freeze_bn', 'optim', 'optim.scheduler', 'baseline.test', 'grp',
+    'grp.network')
+ONLINE_TRAIN_SECTIONS = TRAIN_SECTIONS + ('online', 'online.remote')
+ONE_VS_THREE_SECTIONS = ('1v3', '1v3.challenger', '1v3.champion')
+TRAIN_GRP_SECTIONS = ('grp', 'grp.network', 'grp.control', 'grp.dataset', 'grp.optim')
+BOT_SECTIONS = ('control',)
+
+
+class ConfigError(ValueError):
+    """The configuration file is missing, unparsable or invalid.
+
+    ``str(err)`` names the file and, for each problem, the key as ``[section] key``.
+    Attributes: ``path`` (str), ``problems`` (list of str, one per problem, each naming key and file).
+    """
+
+    def __init__(self, path: str, problems: list[str]):
+        self.path = path
+        self.problems = list(problems)
+        if len(self.problems) == 1:
+            text = self.problems[0]
+        else:
+            text = f'{len(self.problems)} problems in {path}:\n' + '\n'.join(f'  - {p}' for p in self.problems)
+        super().__init__(text)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Schema
+
+_REQUIRED = object()  # marker: the key has no default
+_ABSENT = object()  # marker: an optional key that is accepted but not filled in when missing
+
+
+@dataclass(frozen=True)
+class Key:
+    """One config key: its type, default and meaning (the README's key table is checked against these)."""
+
+    kind: str  # 'int', 'float', 'bool', 'str', 'str_list', 'float_list'
+    doc: str
+    default: Any = _REQUIRED
+    check: Callable[[Any], str | None] | None = None  # returns the reason the value is out of range, or None
+    length: int | None = None  # exact length of a list
+
+
+def _positive(v):
+    return None if v > 0 else 'must be > 0'
+
+
+def _non_negative(v):
+    return None if v >= 0 else 'must be >= 0'
+
+
+def _unit_closed(v):
+    return None if 0 <= v <= 1 else 'must be within [0, 1]'
+
+
+def _multiple_of_4(v):
+    if v <= 0:
+        return 'must be > 0'
+    return None if v % 4 == 0 else 'must be a multiple of 4 (one duplicate set is 4 games with rotated seats)'
+
+
+def _version(v):
+    return None if v in (1, 2, 3, 4) else 'must be 1, 2, 3 or 4'
+
+
+def _top_p(v):
+    return None if 0 < v <= 1 else 'must be within (0, 1]'
+
+
+def _port(v):
+    return None if 0 <= v <= 65535 else 'must be within [0, 65535]'
+
+
+def _dropout(v):
+    return None if 0 <= v < 1 else 'must be within [0, 1)'
+
+
+def _reserve_ratio(v):
+    return None if 0 <= v < 1 else 'must be within [0, 1)'
+
+
+def _betas(v):
+    return None if all(0 <= b < 1 for b in v) else 'each beta must be within [0, 1)'
+
+
+def _token(v):
+    return None if v else 'must not be empty (leave the key out for no token)'
+
+
+def _seed_key(v):
+    return None if v == -1 or 0 <= v < 2 ** 64 else 'must be -1 (random) or within [0, 2^64)'
+
+
+_MODEL_SLOT = {
+    'device': Key('str', "torch device of this model, e.g. 'cuda:0' or 'cpu'"),
+    'enable_compile': Key('bool', 'torch.compile the model'),
+    'state_file': Key('str', 'checkpoint to load the model from (Mortal checkpoint layout)'),
+}
+
+_ENGINE_1V3 = {
+    'device': Key('str', "torch device of this engine"),
+    'name': Key('str', 'engine name written into the logs'),
+    'state_file': Key('str', 'checkpoint to load'),
+    'stochastic_latent': Key('bool', 'sample the latent instead of taking its mean (Mortal v1 models only)'),
+    'enable_compile': Key('bool', 'torch.compile the model'),
+    'enable_amp': Key('bool', 'autocast inference'),
+    'enable_rule_based_agari_guard': Key('bool', 'never let the model decline a hora that a rule allows'),
+}
+
+SCHEMA: dict[str, dict[str, Key]] = {
+    'control': {
+        'version': Key('int', 'model/feature version (1-4); 4 is not available yet, use 3', check=_version),
+        'online': Key('bool', 'online training: replays come from the server, no CQL term'),
+        'state_file': Key('str', 'trainer checkpoint (read at start, written every save_every steps)'),
+        'best_state_file': Key('str', 'copy of the checkpoint with the best test-play result'),
+        'tensorboard_dir': Key('str', 'TensorBoard event directory'),
+        'device': Key('str', "torch device of the trainee, e.g. 'cuda:0' or 'cpu'"),
+        'enable_cudnn_benchmark': Key('bool', 'torch.backends.cudnn.benchmark while training'),
+        'enable_amp': Key('bool', 'automatic mixed precision for training'),
+        'enable_compile': Key('bool', 'torch.compile the trainee'),
+        'batch_size': Key('int', 'samples per backward pass', check=_positive),
+        'opt_step_every': Key('int', 'backward passes per optimizer step (gradient accumulation)',
+                              check=_positive),
+        'save_every': Key('int', 'steps between checkpoints; a multiple of opt_step_every', check=_positive),
+        'test_every': Key('int', 'steps between test plays; a multiple of save_every', check=_positive),
+        'submit_every': Key('int', 'steps between parameter submissions to the server (online)',
+                            check=_positive),
+    },
+    'train_play.*': {
+        'games': Key('int', 'games per client round (multiple of 4)', check=_multiple_of_4),
+        'log_dir': Key('str', 'where the client writes its self-play logs (wiped each round)'),
+        'boltzmann_epsilon': Key('float', 'probability of sampling instead of acting greedily', check=_unit_closed),
+        'boltzmann_temp': Key('float', 'temperature of the Boltzmann sampling over Q', check=_positive),
+        'top_p': Key('float', 'nucleus (top-p) cut applied before sampling', check=_top_p),
+        'repeats': Key('int', 'rounds played on the same seeds before moving on', check=_positive),
+    },
+    'test_play': {
+        'games': Key('int', 'games per test play (multiple of 4)', check=_multiple_of_4),
+        'log_dir': Key('str', 'where test-play logs are written'),
+    },
+    'dataset': {
+        'globs': Key('str_list', 'glob patterns of gzip mjai logs (offline training)'),
+        'file_index': Key('str', 'cache of the expanded file list'),
+        'file_batch_size': Key('int', 'log files decoded per shuffle pool', check=_positive),
+        'reserve_ratio': Key('float', 'fraction of a pool kept back to mix with the next', check=_reserve_ratio),
+        'num_workers': Key('int', 'DataLoader worker processes', check=_non_negative),
+        'player_names_files': Key('str_list', 'files listing player names whose actions are learned'),
+        'num_epochs': Key('int', 'passes over the file list (offline)', check=_positive),
+        'enable_augmentation': Key('bool', 'also train on suit-permuted copies of each log'),
+        'augmented_first': Key('bool', 'put the augmented copy before the original'),
+    },
+    'env': {
+        'gamma': Key('float', 'discount per decision step of the kyoku reward', check=lambda v: (
+            None if 0 < v <= 1 else 'must be within (0, 1]')),
+        'pts': Key('float_list', 'reward points for final rank 1-4, used by the GRP reward', length=4),
+    },
+    'resnet': {
+        'conv_channels': Key('int', 'channels of the residual tower', check=_positive),
+        'num_blocks': Key('int', 'residual blocks', check=_positive),
+        'dropout': Key('float', 'extra: dropout in residual blocks during training (0 = off, as Mortal)',
+                       default=0.0, check=_dropout),
+    },
+    'cql': {
+        'min_q_weight': Key('float', 'CQL regularizer weight (offline only; unused online)', check=_non_negative),
+    },
+    'aux': {
+        'next_rank_weight': Key('float', 'weight of the next-rank auxiliary cross entropy', check=_non_negative),
+    },
+    'freeze_bn': {
+        'mortal': Key('bool', 'keep BatchNorm statistics frozen (true for online training)'),
+    },
+    'optim': {
+        'eps': Key('float', 'AdamW eps', check=_positive),
+        'betas': Key('float_list', 'AdamW betas', length=2, check=_betas),
+        'weight_decay': Key('float', 'AdamW weight decay (not applied to norms and biases)', check=_non_negative),
+        'max_grad_norm': Key('float', 'gradient clipping norm (0 = no clipping)', check=_non_negative),
+    },
+    'optim.scheduler': {
+        'peak': Key('float', 'learning rate after warm-up', check=_positive),
+        'final': Key('float', 'learning rate after max_steps (cosine annealing in between)', check=_non_negative),
+        'warm_up_steps': Key('int', 'linear warm-up steps', check=_non_negative),
+        'max_steps': Key('int', 'end of cosine annealing (0 = constant after warm-up)', check=_non_negative),
+        'init': Key('float', 'learning rate at step 0 of warm-up (Mortal default 1e-8)', default=_ABSENT,
+                    check=_non_negative),
+        'offset': Key('int', 'steps added before evaluating the schedule (Mortal default 0)', default=_ABSENT),
+        'epoch_size': Key('int', 'restart the schedule every this many steps (0 = never)', default=_ABSENT,
+                          check=_non_negative),
+    },
+    'baseline.train': dict(_MODEL_SLOT),
+    'baseline.test': dict(_MODEL_SLOT),
+    'online': {
+        'history_window': Key('int', 'client rounds in the moving average of trainee ranks', check=_positive),
+        'enable_compile': Key('bool', 'torch.compile the trainee copy in the client'),
+    },
+    'online.remote': {
+        'host': Key('str', 'server address (bind address for the server)'),
+        'port': Key('int', 'server TCP port (0 = any free port, server only)', check=_port),
+        'token': Key('str', 'extra: shared secret every peer must send; required when host is not loopback',
+                     default=None, check=_token),
+    },
+    'online.server': {
+        'buffer_dir': Key('str', 'where submitted logs wait (wiped at server start)'),
+        'drain_dir': Key('str', 'where drained logs are moved for the trainer (wiped at server start)'),
+        'sample_reuse_rate': Key('float', 'accepted for compatibility; has no effect (as in Mortal)', default=0),
+        'sample_reuse_threshold': Key('float', 'accepted for compatibility; has no effect (as in Mortal)',
+                                      default=0),
+        'capacity': Key('int', 'buffered log files at which clients are refused (back-pressure)',
+                        check=_positive),
+        'force_sequential': Key('bool', 'one client round per trainer parameter version; drain only when full'),
+        'max_frame_bytes': Key('int', 'extra: largest accepted wire frame in bytes',
+                               default=DEFAULT_MAX_FRAME_BYTES, check=_positive),
+    },
+    '1v3': {
+        'seed_key': Key('int', 'duplicate seed key (-1 = random per run)', default=-1, check=_seed_key),
+        'games_per_iter': Key('int', 'games per iteration (multiple of 4)', check=_multiple_of_4),
+        'iters': Key('int', 'iterations', check=_positive),
+        'log_dir': Key('str', 'where 1v3 logs are written'),
+    },
+    '1v3.challenger': dict(_ENGINE_1V3),
+    '1v3.champion': dict(_ENGINE_1V3),
+    '1v3.akochan': {
+        'enabled': Key('bool', 'use akochan as the champion (not supported here; must stay false)'),
+        'dir': Key('str', 'akochan directory'),
+        'tactics': Key('str', 'akochan tactics.json'),
+    },
+    'grp': {
+        'state_file': Key('str', 'GRP checkpoint (reward model)'),
+    },
+    'grp.network': {
+        'hidden_size': Key('int', 'GRU hidden size', check=_positive),
+        'num_layers': Key('int', 'GRU layers', check=_positive),
+    },
+    'grp.control': {
+        'device': Key('str', 'torch device for GRP training'),
+        'enable_cudnn_benchmark': Key('bool', 'torch.backends.cudnn.benchmark'),
+        'tensorboard_dir': Key('str', 'TensorBoard event directory for GRP training'),
+        'batch_size': Key('int', 'GRP batch size', check=_positive),
+        'save_every': Key('int', 'steps between GRP checkpoints and validations', check=_positive),
+        'val_steps': Key('int', 'validation batches per validation', check=_positive),
+    },
+    'grp.dataset': {
+        'train_globs': Key('str_list', 'glob patterns of training logs'),
+        'val_globs': Key('str_list', 'glob patterns of validation logs'),
+        'file_index': Key('str', 'cache of the expanded file lists'),
+        'file_batch_size': Key('int', 'log files decoded per shuffle pool', check=_positive),
+    },
+    'grp.optim': {
+        'lr': Key('float', 'AdamW learning rate', check=_positive),
+    },
+}
+
+# Tables that only hold sub-tables (no keys of their own).
+_CONTAINERS = ('train_play', 'baseline')
+
+
+def _schema_for(section: str) -> dict[str, Key] | None:
+    if section in SCHEMA:
+        return SCHEMA[section]
+    if section.startswith('train_play.') and section.count('.') == 1:
+        return SCHEMA['train_play.*']
+    return None
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Loading
+
+def resolve_path(path: str | os.PathLike | None = None, env: Mapping[str, str] = os.environ) -> str:
+    """The config path to use: ``path`` if given, else env ``MORTAL_CFG``, else ``'config.toml'`` (as Mortal)."""
+    if path is not None:
+        return os.fspath(path)
+    return env.get(ENV_PATH) or DEFAULT_PATH
+
+
+def load_config(path: str | os.PathLike | None = None, *, required: Iterable[str] = CORE_SECTIONS,
+                env: Mapping[str, str] = os.environ) -> dict:
+    """Read, validate and return the config as a plain nested dict with defaults filled in.
+
+    Args:
+        path: TOML file; ``None`` means env ``MORTAL_CFG`` or ``config.toml`` in the working directory.
+        required: dotted section names this process needs (e.g. ``SERVER_SECTIONS``); ``'train_play'`` stands for
+            the ``[train_play.<profile>]`` table of the ``TRAIN_PLAY_PROFILE`` in use. Sections that are present
+            are validated whether required or not.
+        env: where ``MORTAL_CFG`` and ``TRAIN_PLAY_PROFILE`` are looked up.
+
+    Returns:
+        ``config`` with ``config['control']['version']`` etc.; optional keys of present sections filled.
+
+    Raises:
+        ConfigError: file missing or unreadable, TOML syntax error (with line), or any validation error; the
+            message names the file and every offending key.
+
+    Warnings (logged on logger ``mortal.config``) are returned by :func:`validate` and cover unknown keys,
+    ineffective keys and buffer settings that would stall a run.
+    """
+    path = resolve_path(path, env)
+    try:
+        with open(path, encoding='utf-8') as f:
+            config = toml.load(f)
+    except FileNotFoundError:
+        raise ConfigError(path, [f'config file {path} not found (set {ENV_PATH} or pass the path)']) from None
+    except toml.TomlDecodeError as e:
+        raise ConfigError(path, [f'{path}: TOML syntax error at line {e.lineno}, column {e.colno}: {e.msg}']) \
+            from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(path, [f'cannot read config file {path}: {e}']) from None
+    validate(config, path, required=required, env=env)
+    return config
+
+
+def validate(config: dict, path: str = DEFAULT_PATH, *, required: Iterable[str] = CORE_SECTIONS,
+             env: Mapping[str, str] = os.environ) -> list[str]:
+    """Validate ``config`` in place (filling defaults) and return the warnings, which are also logged.
+
+    ``path`` is only used in messages. Raises :class:`ConfigError` listing every error found.
+    """
+    required = tuple(required)
+    errors: list[str] = []
+    warns: list[str] = []
+
+    _check_tables(config, path, errors, warns)
+    for name in required:
+        if name == 'train_play':
+            continue  # checked below with the profile in use
+        if _get_table(config, name) is None:
+            errors.append(f'missing section [{name}] in {path}')
+    if 'train_play' in required:
+        profile = profile_name(env)
+        if _get_table(config, f'train_play.{profile}') is None:
+            errors.append(f'missing section [train_play.{profile}] in {path} '
+                          f'(selected by {ENV_PROFILE}={profile!r})')
+    if not errors:
+        _check_relations(config, path, errors, warns)
+    if errors:
+        raise ConfigError(path, errors)
+    for w in warns:
+        logger.warning('%s', w)
+    return warns
+
+
+def _get_table(config: dict, dotted: str):
+    node = config
+    for part in dotted.split('.'):
+        if not isinstance(node, dict) or not isinstance(node.get(part), dict):
+            return None
+        node = node[part]
+    return node
+
+
+def _check_tables(config: dict, path: str, errors: list[str], warns: list[str]) -> None:
+    """Walk every table of the file: type-check known keys, fill defaults, collect unknown names."""
+
+    def walk(table: dict, prefix: str):
+        schema = _schema_for(prefix) if prefix else None
+        if prefix and schema is None and prefix not in _CONTAINERS:
+            warns.append(f'unknown section [{prefix}] in {path}')
+            return
+        for name, value in table.items():
+            dotted = f'{prefix}.{name}' if prefix else name
+            if schema is not None and name in schema:
+                _check_key(table, prefix, name, schema[name], path, errors)
+            elif isinstance(value, dict):
+                walk(value, dotted)
+            elif prefix:
+                warns.append(f'unknown key [{prefix}] {name} in {path}')
+            else:
+                warns.append(f'unknown top-level key {name} in {path}')
+        if schema is not None:
+            for name, key in schema.items():
+                if name in table:
+                    continue
+                if key.default is _REQUIRED:
+                    errors.append(f'missing key [{prefix}] {name} in {path} ({key.kind}: {key.doc})')
+                elif key.default is not _ABSENT:
+                    table[name] = key.default
+
+    walk(config, '')
+
+
+_KIND_NAMES = {'int': 'an integer', 'float': 'a number', 'bool': 'true or false', 'str': 'a string',
+               'str_list': 'a list of strings', 'float_list': 'a list of numbers'}
+
+
+def _check_key(table: dict, section: str, name: str, key: Key, path: str, errors: list[str]) -> None:
+    value = table[name]
+    if value is None and key.default is None:
+        return  # an optional key already filled with its 'unset' default (validating twice is harmless)
+    where = f'[{section}] {name} in {path}'
+    ok, value = _coerce(key.kind, value)
+    if ok and key.length is not None and len(value) != key.length:
+        errors.append(f'{where} must have exactly {key.length} elements, got {len(value)}')
+        return
+    if not ok:
+        errors.append(f'{where} must be {_KIND_NAMES[key.kind]}, got {table[name]!r}')
+        return
+    table[name] = value
+    if key.check is not None:
+        reason = key.check(value)
+        if reason:
+            errors.append(f'{where} {reason}, got {value!r}')
+
+
+def _coerce(kind: str, value):
+    """(ok, value) with ints widened to float where a number is expected; bool is never a number."""
+
+    def is_int(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    def is_num(v):
+        return (is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+    if kind == 'int':
+        return is_int(value), value
+    if kind == 'float':
+        return (True, float(value)) if is_num(value) else (False, value)
+    if kind == 'bool':
+        return isinstance(value, bool), value
+    if kind == 'str':
+        return isinstance(value, str), value
+    if kind == 'str_list':
+        return isinstance(value, list) and all(isinstance(v, str) for v in value), value
+    if kind == 'float_list':
+        if isinstance(value, list) and all(is_num(v) for v in value):
+            return True, [float(v) for v in value]
+        return False, value
+    raise AssertionError(kind)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == 'localhost':
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_relations(config: dict, path: str, errors: list[str], warns: list[str]) -> None:
+    """Rules that involve several keys (run only once every key has the right type)."""
+    control = config.get('control')
+    if control is not None:
+        if control['save_every'] % control['opt_step_every'] != 0:
+            errors.append(f'[control] save_every = {control["save_every"]} in {path} must be a multiple of '
+                          f'[control] opt_step_every = {control["opt_step_every"]}')
+        if control['test_every'] % control['save_every'] != 0:
+            errors.append(f'[control] test_every = {control["test_every"]} in {path} must be a multiple of '
+                          f'[control] save_every = {control["save_every"]}')
+
+    sched = _get_table(config, 'optim.scheduler')
+    if sched is not None:
+        # The scheduler's own invariants (peak >= final >= init >= 0, max_steps >= warm_up_steps).
+        init = sched.get('init', 1e-8)
+        if not sched['peak'] >= sched['final'] >= init:
+            errors.append(f'[optim.scheduler] final = {sched["final"]} in {path} must be within '
+                          f'[init = {init}, peak = {sched["peak"]}]')
+        if sched['max_steps'] and sched['max_steps'] < sched['warm_up_steps']:
+            errors.append(f'[optim.scheduler] max_steps = {sched["max_steps"]} in {path} must be 0 or '
+                          f'>= warm_up_steps = {sched["warm_up_steps"]}')
+
+    remote = _get_table(config, 'online.remote')
+    if remote is not None and not _is_loopback(remote['host']) and not remote['token']:
+        errors.append(f'[online.remote] token in {path} is required because [online.remote] host = '
+                      f'{remote["host"]!r} is not a loopback address (anyone who can reach the port could '
+                      f'otherwise submit replays and parameters)')
+
+    akochan = _get_table(config, '1v3.akochan')
+    if akochan is not None and akochan['enabled']:
+        errors.append(f'[1v3.akochan] enabled in {path} must be false: akochan is not supported')
+
+    server = _get_table(config, 'online.server')
+    if server is None:
+        return
+    for name in ('sample_reuse_rate', 'sample_reuse_threshold'):
+        if server[name] != 0:
+            warns.append(f'[online.server] {name} = {server[name]} in {path} is accepted but has no effect '
+                         f'(as in Mortal)')
+    capacity = server['capacity']
+    for profile, table in sorted((config.get('train_play') or {}).items()):
+        if not isinstance(table, dict):
+            continue
+        games = table['games']  # one client round submits one log file per game
+        if capacity < games:
+            warns.append(f'[online.server] capacity = {capacity} in {path} is smaller than one client round of '
+                         f'[train_play.{profile}] games = {games}: every submission overflows the buffer, '
+                         f'so clients would be refused ("samples overflow") forever')
+        elif server['force_sequential'] and capacity > games:
+            need = -(-capacity // games)
+            warns.append(f'[online.server] force_sequential = true with capacity = {capacity} in {path} larger '
+                         f'than one client round of [train_play.{profile}] games = {games}: the server drains '
+                         f'only a full buffer and each client plays once per trainer parameter version, so the '
+                         f'trainer would wait forever unless at least {need} clients run')
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Accessors
+
+def require(config: dict, *sections: str, path: str | None = None) -> None:
+    """Raise :class:`ConfigError` unless every dotted section exists, e.g. ``require(cfg, 'online.remote')``.
+
+    ``path`` is named in the message (default: the path :func:`resolve_path` gives).
+    """
+    path = resolve_path(path)
+    missing = [f'missing section [{s}] in {path}' for s in sections if _get_table(config, s) is None]
+    if missing:
+        raise ConfigError(path, missing)
+
+
+def train_play_profile(config: dict, env: Mapping[str, str] = os.environ, *, path: str | None = None) -> dict:
+    """``config['train_play'][profile]`` for env ``TRAIN_PLAY_PROFILE`` (default ``'default'``), as Mortal.
+
+    Raises :class:`ConfigError` naming ``[train_play.<profile>]`` and the file when that table is missing.
+    """
+    profile = profile_name(env)
+    table = _get_table(config, f'train_play.{profile}')
+    if table is None:
+        path = resolve_path(path, env)
+        raise ConfigError(path, [f'missing section [train_play.{profile}] in {path} '
+                                 f'(selected by {ENV_PROFILE}={profile!r})'])
+    return table
+
+
+def profile_name(env: Mapping[str, str] = os.environ) -> str:
+    """The train-play profile in use: env ``TRAIN_PLAY_PROFILE`` or ``'default'``."""
+    return env.get(ENV_PROFILE) or DEFAULT_PROFILE
+
+
+def for_checkpoint(config: dict) -> dict:
+    """A deep copy of ``config`` without secrets (``[online.remote] token``), to store as ``state['config']``.
+
+    Checkpoints get shared (best.pth, baseline.pth); the shared secret must not travel with them.
+    """
+    public = copy.deepcopy(config)
+    remote = _get_table(public, 'online.remote')
+    if remote is not None:
+        remote.pop('token', None)
+    return public
+
+
+def key_table() -> list[tuple[str, str, str, str, str]]:
+    """Every known key as ``(section, key, type, default, meaning)``; the README's table is checked against it."""
+    rows = []
+    for section, keys in SCHEMA.items():
+        for name, key in keys.items():
+            if key.default is _REQUIRED:
+                default = 'required'
+            elif key.default is _ABSENT:
+                default = '(unset)'
+            elif key.default is None:
+                default = '(none)'
+            else:
+                default = repr(key.default)
+            rows.append((section.replace('*', '<profile>'), name, key.kind, default, key.doc))
+    return rows

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Install the project and its test dependencies (idempotent; quick when everything is already there).
+# torch is pinned and installed first so pip takes the CPU wheel instead of pulling a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+export PIP_ROOT_USER_ACTION=ignore
+
+if ! "$PY" -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null; then
+    "$PY" -m pip install -q torch==2.13.0
+fi
+# Editable install of THIS checkout present (not another clone) and test tools importable?
+installed_here() {
+    "$PY" -I - "$PWD" <<'PY' 2>/dev/null  # -I: not the egg-info in the checkout
+import importlib.metadata as m, json, pathlib, sys
+url = json.loads(m.distribution('mortal-online').read_text('direct_url.json'))['url']
+here = pathlib.Path(sys.argv[1]).resolve().as_uri()
+import pytest, pytest_timeout  # noqa: F401
+sys.exit(url.rstrip('/') != here.rstrip('/'))
+PY
+}
+if ! installed_here; then
+    "$PY" -m pip install -q -e '.[test]'
+fi

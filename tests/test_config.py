@@ -1,0 +1,382 @@
+"""Config loading and validation (issue #2 item 2)."""
+
+import copy
+import logging
+
+import pytest
+import toml
+
+from conftest import ROOT, tiny_config_dict
+from mortal.config import (
+    CLIENT_SECTIONS, DEFAULT_MAX_FRAME_BYTES, ONLINE_TRAIN_SECTIONS, ONE_VS_THREE_SECTIONS, SERVER_SECTIONS,
+    TRAIN_GRP_SECTIONS, ConfigError, for_checkpoint, key_table, load_config, require, train_play_profile, validate)
+
+ALL_PROCESSES = ONLINE_TRAIN_SECTIONS + CLIENT_SECTIONS + SERVER_SECTIONS + ONE_VS_THREE_SECTIONS + TRAIN_GRP_SECTIONS
+
+
+def write(tmp_path, config, name='config.toml'):
+    path = tmp_path / name
+    path.write_text(toml.dumps(config), encoding='utf-8')
+    return path
+
+
+def load_error(tmp_path, config, **kw):
+    path = write(tmp_path, config)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, **kw)
+    return str(info.value), str(path)
+
+
+def load_warnings(tmp_path, config, caplog, **kw):
+    path = write(tmp_path, config)
+    with caplog.at_level(logging.WARNING, logger='mortal.config'):
+        load_config(path, **kw)
+    return [r.getMessage() for r in caplog.records if r.name == 'mortal.config'], str(path)
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    return tiny_config_dict(tmp_path)
+
+
+# --- the shipped files --------------------------------------------------------------------------------------------
+
+def test_config_online_holds_reference_values(caplog):
+    with caplog.at_level(logging.WARNING, logger='mortal.config'):
+        c = load_config(ROOT / 'config_online.toml', required=ONLINE_TRAIN_SECTIONS + CLIENT_SECTIONS + SERVER_SECTIONS,
+                        env={})
+    assert caplog.records == []
+    ctl = c['control']
+    assert (ctl['version'], ctl['online'], ctl['device']) == (4, True, 'cuda:0')
+    assert (ctl['enable_cudnn_benchmark'], ctl['enable_amp'], ctl['enable_compile']) == (True, True, False)
+    assert (ctl['batch_size'], ctl['opt_step_every'], ctl['save_every'], ctl['test_every'], ctl['submit_every']) \
+        == (256, 2, 400, 8000, 400)
+    assert ctl['state_file'] == '/data/mortal/online/mortal.pth'
+    assert ctl['best_state_file'] == '/data/mortal/online/best.pth'
+    assert ctl['tensorboard_dir'] == '/data/mortal/tb/online'
+    assert c['train_play']['default'] == {
+        'games': 800, 'log_dir': '/data/mortal/online/train_play', 'boltzmann_epsilon': 0.005,
+        'boltzmann_temp': 0.05, 'top_p': 1.0, 'repeats': 1}
+    assert c['test_play'] == {'games': 3000, 'log_dir': '/data/mortal/online/test_play'}
+    assert c['dataset']['globs'] == ['/data/dataset/**/*.json.gz']
+    assert c['dataset']['file_index'] == '/data/mortal/file_index.pth'
+    assert (c['dataset']['file_batch_size'], c['dataset']['num_workers'], c['dataset']['player_names_files']) \
+        == (15, 1, [])
+    assert c['env'] == {'gamma': 1, 'pts': [6.0, 4.0, 2.0, 0.0]}
+    assert (c['resnet']['conv_channels'], c['resnet']['num_blocks']) == (192, 40)
+    assert c['cql']['min_q_weight'] == 5 and c['aux']['next_rank_weight'] == 0.2
+    assert c['freeze_bn']['mortal'] is True
+    assert c['optim'] == {'eps': 1e-8, 'betas': [0.9, 0.999], 'weight_decay': 0.1, 'max_grad_norm': 1.0,
+                          'scheduler': {'peak': 1e-5, 'final': 1e-5, 'warm_up_steps': 0, 'max_steps': 0}}
+    for slot in ('train', 'test'):
+        assert c['baseline'][slot] == {'device': 'cuda:0', 'enable_compile': False,
+                                       'state_file': '/data/mortal/online/baseline.pth'}
+    assert (c['online']['history_window'], c['online']['enable_compile']) == (50, False)
+    assert (c['online']['remote']['host'], c['online']['remote']['port']) == ('127.0.0.1', 5000)
+    srv = c['online']['server']
+    assert (srv['buffer_dir'], srv['drain_dir']) == ('/data/mortal/online/buffer', '/data/mortal/online/drain')
+    assert (srv['sample_reuse_rate'], srv['sample_reuse_threshold'], srv['capacity'], srv['force_sequential']) \
+        == (0, 0, 1600, False)
+    assert c['grp'] == {'state_file': '/data/mortal/grp.pth', 'network': {'hidden_size': 64, 'num_layers': 2}}
+
+
+def test_config_online_documents_version_4():
+    text = (ROOT / 'config_online.toml').read_text(encoding='utf-8')
+    assert 'version = 4' in text and 'version = 3' in text
+
+
+def test_example_loads_without_warnings(caplog):
+    with caplog.at_level(logging.WARNING, logger='mortal.config'):
+        c = load_config(ROOT / 'config.example.toml', required=ALL_PROCESSES + ('1v3.akochan',), env={})
+    assert caplog.records == []
+    assert c['resnet']['dropout'] == 0.0
+
+
+def test_example_has_every_key():
+    raw = toml.load(ROOT / 'config.example.toml')
+    for section, key, *_ in key_table():
+        node = raw
+        for part in section.replace('<profile>', 'default').split('.'):
+            node = node[part]
+        if key in ('init', 'offset', 'epoch_size', 'token'):  # optional, documented in comments
+            continue
+        assert key in node, (section, key)
+
+
+def test_readme_documents_every_key():
+    readme = (ROOT / 'README.md').read_text(encoding='utf-8')
+    rows = {tuple(cell.strip().strip('`') for cell in line.strip('|').split('|')[:2])
+            for line in readme.splitlines() if line.startswith('|')}
+    missing = [(s, k) for s, k, *_ in key_table() if (f'[{s}]', k) not in rows]
+    assert missing == []
+
+
+def test_tiny_config_fixture(tiny_config):
+    config, path = tiny_config
+    assert path.name == 'config.toml' and path.exists()
+    assert config['control']['version'] == 3 and config['resnet']['conv_channels'] == 16
+    assert config['control']['state_file'].startswith(str(path.parent))
+    # Every process's sections are there and valid.
+    assert validate(copy.deepcopy(config), str(path), required=ALL_PROCESSES, env={}) == []
+
+
+# --- loading ------------------------------------------------------------------------------------------------------
+
+def test_defaults_filled(tmp_path, cfg):
+    c = load_config(write(tmp_path, cfg))
+    assert c['resnet']['dropout'] == 0.0
+    assert c['online']['remote']['token'] is None
+    assert c['online']['server']['max_frame_bytes'] == DEFAULT_MAX_FRAME_BYTES
+    assert 'init' not in c['optim']['scheduler']  # accepted but not filled, as Mortal's scheduler default applies
+
+
+def test_ints_widen_to_float(tmp_path, cfg):
+    cfg['env']['pts'] = [90, 45, 0, -135]
+    c = load_config(write(tmp_path, cfg))
+    assert c['env']['pts'] == [90.0, 45.0, 0.0, -135.0] and all(isinstance(x, float) for x in c['env']['pts'])
+
+
+def test_path_from_env(tmp_path, cfg):
+    path = write(tmp_path, cfg, 'other.toml')
+    assert load_config(env={'MORTAL_CFG': str(path)})['control']['batch_size'] == 32
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match='nope.toml.*not found'):
+        load_config(tmp_path / 'nope.toml')
+
+
+def test_toml_syntax_error_names_line(tmp_path):
+    path = tmp_path / 'config.toml'
+    path.write_text('[control]\nversion = 3\nbatch_size = = 4\n', encoding='utf-8')
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(path) in str(info.value) and 'line 3' in str(info.value)
+
+
+def test_missing_core_section(tmp_path, cfg):
+    del cfg['resnet']
+    msg, path = load_error(tmp_path, cfg)
+    assert f'missing section [resnet] in {path}' in msg
+
+
+def test_server_needs_only_online(tmp_path, cfg):
+    only_online = {'online': cfg['online']}
+    c = load_config(write(tmp_path, only_online), required=SERVER_SECTIONS)
+    assert c['online']['server']['capacity'] == 4
+    msg, path = load_error(tmp_path, only_online)  # default: the core sections
+    assert f'missing section [control] in {path}' in msg
+
+
+def test_require(cfg):
+    del cfg['online']['remote']
+    require(cfg, 'control', 'online')
+    with pytest.raises(ConfigError, match=r'missing section \[online.remote\] in x.toml'):
+        require(cfg, 'online.remote', path='x.toml')
+
+
+# --- errors: each names the key and the file ----------------------------------------------------------------------
+
+def test_missing_key(tmp_path, cfg):
+    del cfg['control']['batch_size']
+    msg, path = load_error(tmp_path, cfg)
+    assert f'missing key [control] batch_size in {path}' in msg
+
+
+def test_missing_key_in_optional_section(tmp_path, cfg):
+    del cfg['grp']['control']['val_steps']
+    msg, path = load_error(tmp_path, cfg)  # not required by this process, but present: checked strictly
+    assert f'[grp.control] val_steps in {path}' in msg
+
+
+@pytest.mark.parametrize('section,key,value', [
+    ('control', 'batch_size', '32'),
+    ('control', 'batch_size', 32.0),
+    ('control', 'online', 1),
+    ('resnet', 'num_blocks', True),  # a bool is not an integer
+    ('control', 'device', 0),
+    ('env', 'gamma', 'one'),
+    ('dataset', 'globs', 'a/*.json.gz'),
+])
+def test_ill_typed_key(tmp_path, cfg, section, key, value):
+    cfg[section][key] = value
+    msg, path = load_error(tmp_path, cfg)
+    assert f'[{section}] {key} in {path} must be' in msg
+
+
+def test_list_length(tmp_path, cfg):
+    cfg['env']['pts'] = [6.0, 4.0, 2.0]
+    msg, path = load_error(tmp_path, cfg)
+    assert f'[env] pts in {path} must have exactly 4 elements' in msg
+
+
+def test_save_every_multiple_of_opt_step_every(tmp_path, cfg):
+    cfg['control']['opt_step_every'] = 3
+    msg, path = load_error(tmp_path, cfg)
+    assert f'[control] save_every = 4 in {path} must be a multiple of [control] opt_step_every = 3' in msg
+
+
+def test_test_every_multiple_of_save_every(tmp_path, cfg):
+    cfg['control']['test_every'] = 10
+    msg, path = load_error(tmp_path, cfg)
+    assert f'[control] test_every = 10 in {path} must be a multiple of [control] save_every = 4' in msg
+
+
+def test_train_play_profile_missing(tmp_path, cfg):
+    env = {'TRAIN_PLAY_PROFILE': 'fast'}
+    msg, path = load_error(tmp_path, cfg, required=CLIENT_SECTIONS, env=env)
+    assert f'missing section [train_play.fast] in {path}' in msg and 'TRAIN_PLAY_PROFILE' in msg
+    # The trainer does not play train games: the same file is fine for it.
+    load_config(path, required=ONLINE_TRAIN_SECTIONS, env=env)
+
+
+def test_train_play_profile_accessor(tmp_path, cfg):
+    cfg['train_play']['fast'] = dict(cfg['train_play']['default'], games=8)
+    c = load_config(write(tmp_path, cfg), required=CLIENT_SECTIONS, env={'TRAIN_PLAY_PROFILE': 'fast'})
+    assert train_play_profile(c, env={'TRAIN_PLAY_PROFILE': 'fast'})['games'] == 8
+    assert train_play_profile(c, env={})['games'] == 4
+    with pytest.raises(ConfigError, match=r'\[train_play.slow\] in c.toml'):
+        train_play_profile(c, env={'TRAIN_PLAY_PROFILE': 'slow'}, path='c.toml')
+
+
+@pytest.mark.parametrize('where,games', [(('train_play', 'default'), 6), (('test_play',), 10),
+                                         (('train_play', 'default'), 0), (('1v3',), 2)])
+def test_games_multiple_of_4(tmp_path, cfg, where, games):
+    node = cfg
+    for part in where:
+        node = node[part]
+    key = 'games_per_iter' if where == ('1v3',) else 'games'
+    node[key] = games
+    msg, path = load_error(tmp_path, cfg)
+    assert f'[{".".join(where)}] {key} in {path} must be' in msg
+
+
+@pytest.mark.parametrize('top_p', [0.0, -0.5, 1.01])
+def test_top_p_range(tmp_path, cfg, top_p):
+    cfg['train_play']['default']['top_p'] = top_p
+    msg, path = load_error(tmp_path, cfg)
+    assert f'[train_play.default] top_p in {path} must be within (0, 1]' in msg
+
+
+def test_top_p_one_is_valid(tmp_path, cfg):
+    cfg['train_play']['default']['top_p'] = 1
+    assert load_config(write(tmp_path, cfg))['train_play']['default']['top_p'] == 1.0
+
+
+@pytest.mark.parametrize('temp', [-0.05, 0.0])
+def test_temperature_positive(tmp_path, cfg, temp):
+    cfg['train_play']['default']['boltzmann_temp'] = temp
+    msg, path = load_error(tmp_path, cfg)
+    assert f'[train_play.default] boltzmann_temp in {path} must be > 0' in msg
+
+
+@pytest.mark.parametrize('eps', [-0.1, 1.5])
+def test_epsilon_range(tmp_path, cfg, eps):
+    cfg['train_play']['default']['boltzmann_epsilon'] = eps
+    msg, path = load_error(tmp_path, cfg)
+    assert f'[train_play.default] boltzmann_epsilon in {path} must be within [0, 1]' in msg
+
+
+def test_version_range(tmp_path, cfg):
+    cfg['control']['version'] = 5
+    msg, path = load_error(tmp_path, cfg)
+    assert f'[control] version in {path} must be 1, 2, 3 or 4' in msg
+
+
+def test_scheduler_invariants(tmp_path, cfg):
+    cfg['optim']['scheduler'].update(peak=1e-5, final=1e-4)
+    msg, path = load_error(tmp_path, cfg)
+    assert f'[optim.scheduler] final = 0.0001 in {path}' in msg
+    cfg['optim']['scheduler'].update(final=1e-5, warm_up_steps=100, max_steps=50)
+    msg, path = load_error(tmp_path, cfg)
+    assert f'[optim.scheduler] max_steps = 50 in {path}' in msg
+
+
+def test_token_required_beyond_loopback(tmp_path, cfg):
+    cfg['online']['remote']['host'] = '0.0.0.0'
+    msg, path = load_error(tmp_path, cfg, required=SERVER_SECTIONS)
+    assert f'[online.remote] token in {path} is required' in msg
+    cfg['online']['remote']['token'] = 's3cret-token'
+    c = load_config(write(tmp_path, cfg), required=SERVER_SECTIONS)
+    assert c['online']['remote']['token'] == 's3cret-token'
+    public = for_checkpoint(c)
+    assert 'token' not in public['online']['remote'] and c['online']['remote']['token'] == 's3cret-token'
+
+
+@pytest.mark.parametrize('host', ['127.0.0.1', 'localhost', '::1', '127.0.0.2'])
+def test_loopback_needs_no_token(tmp_path, cfg, host):
+    cfg['online']['remote']['host'] = host
+    load_config(write(tmp_path, cfg))
+
+
+def test_all_errors_reported_together(tmp_path, cfg):
+    cfg['control']['batch_size'] = 'big'
+    del cfg['resnet']['num_blocks']
+    cfg['train_play']['default']['top_p'] = 2.0
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, cfg))
+    assert len(info.value.problems) == 3
+    assert '3 problems in' in str(info.value)
+
+
+# --- warnings -----------------------------------------------------------------------------------------------------
+
+def test_unknown_key_warning(tmp_path, cfg, caplog):
+    cfg['control']['verison'] = 4
+    cfg['online']['server']['capacty'] = 10
+    warns, path = load_warnings(tmp_path, cfg, caplog)
+    assert f'unknown key [control] verison in {path}' in warns
+    assert f'unknown key [online.server] capacty in {path}' in warns
+
+
+def test_unknown_section_warning(tmp_path, cfg, caplog):
+    cfg['contrl'] = {'version': 3}
+    cfg['train_play']['default']['extra'] = {'x': 1}
+    warns, path = load_warnings(tmp_path, cfg, caplog)
+    assert f'unknown section [contrl] in {path}' in warns
+    assert f'unknown section [train_play.default.extra] in {path}' in warns
+
+
+def test_capacity_below_one_round_warns(tmp_path, cfg, caplog):
+    cfg['train_play']['default']['games'] = 8
+    cfg['online']['server']['capacity'] = 4
+    warns, path = load_warnings(tmp_path, cfg, caplog)
+    assert len(warns) == 1
+    assert f'[online.server] capacity = 4 in {path}' in warns[0]
+    assert '[train_play.default] games = 8' in warns[0] and 'refused' in warns[0]
+
+
+def test_force_sequential_capacity_above_one_round_warns(tmp_path, cfg, caplog):
+    cfg['online']['server'].update(force_sequential=True, capacity=12)
+    warns, path = load_warnings(tmp_path, cfg, caplog)
+    assert len(warns) == 1
+    assert f'force_sequential = true with capacity = 12 in {path}' in warns[0]
+    assert 'wait forever' in warns[0] and 'at least 3 clients' in warns[0]
+
+
+def test_force_sequential_capacity_equal_round_is_quiet(tmp_path, cfg, caplog):
+    cfg['online']['server'].update(force_sequential=True, capacity=4)
+    warns, _ = load_warnings(tmp_path, cfg, caplog)
+    assert warns == []
+
+
+@pytest.mark.parametrize('key', ['sample_reuse_rate', 'sample_reuse_threshold'])
+def test_sample_reuse_warns(tmp_path, cfg, caplog, key):
+    cfg['online']['server'][key] = 0.5
+    warns, path = load_warnings(tmp_path, cfg, caplog)
+    assert warns == [f'[online.server] {key} = 0.5 in {path} is accepted but has no effect (as in Mortal)']
+
+
+def test_validate_returns_warnings(cfg):
+    cfg['online']['server']['sample_reuse_rate'] = 1
+    assert validate(cfg, 'x.toml') == ['[online.server] sample_reuse_rate = 1.0 in x.toml is accepted but has no '
+                                       'effect (as in Mortal)']
+
+
+def test_validate_twice_is_idempotent(tmp_path, cfg):
+    c = load_config(write(tmp_path, cfg))
+    again = copy.deepcopy(c)
+    assert validate(again, 'x.toml') == [] and again == c
+    # A loaded config written back out loads the same (the None token is simply left out).
+    assert load_config(write(tmp_path, c, 'again.toml')) == c
+
