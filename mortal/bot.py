@@ -1,0 +1,232 @@
+"""Play one seat over the mjai protocol (Mortal's ``mortal/mortal.py`` and ``libriichi.mjai.Bot``).
+
+``python -m mortal.bot <SEAT>`` (SEAT 0-3, the last argument, as Mortal) loads ``[control] state_file`` of the
+config (``--config``, else env ``MORTAL_CFG``, else ``config.toml``) on the CPU, reads one mjai event (JSON) per line
+on stdin (blank lines skipped, surrounding whitespace stripped) and, whenever the seat can act after an event,
+prints one reaction line: the mjai event plus Mortal's ``meta`` (q-values of the legal actions in index order,
+``mask_bits``, ``is_greedy``, ``batch_size``, ``eval_time_ns``, ``shanten``, ``at_furiten``, nested ``kan_select``).
+An event carrying ``"can_act": false`` only updates the state. A pass is printed as ``{"type":"none",...}``.
+
+Engine settings as Mortal's bot: greedy, no AMP, quick eval on (off in review mode), rule-based agari guard on,
+name ``mortal``. Known gap: outside the arena there is no table to price a hora, so the agari guard cannot
+estimate the best-case win and allows every hora (``mortal.agent.rule_based_agari`` with no estimator).
+
+Review mode (env ``MORTAL_REVIEW_MODE=1``): quick eval off; every event without a reaction prints
+``{"type":"none","meta":{"mask_bits":0}}``; at EOF the GRP (``[grp] state_file``, ``[grp.network]``) is run on every
+prefix of the game's kyoku and one last line ``{"model_tag": ..., "phi_matrix": [K x 4 x 4]}`` is printed
+(entry [k][p][r] = P(seat p finishes at rank r) after kyoku k's start).
+"""
+
+if __package__ in (None, ''):  # run as a script: python mortal/bot.py
+    import sys, pathlib
+    sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
+
+import argparse
+import json
+import logging
+import os
+import sys
+from datetime import datetime, timezone
+from typing import IO, Iterable
+
+logger = logging.getLogger(__name__)
+
+REVIEW_ENV = 'MORTAL_REVIEW_MODE'
+NO_REACTION = '{"type":"none","meta":{"mask_bits":0}}'  # review mode: an event without a decision
+
+
+class BotError(RuntimeError):
+    """An input event the bot cannot process; the message names the input line."""
+
+
+class Bot:
+    """One seat driven by an arena agent (Mortal's ``libriichi.mjai.Bot``).
+
+    Args:
+        engine: a ``MortalEngine``-like object (``react_batch``) or an arena agent (``mortal.agent``).
+        player_id: the seat 0-3.
+
+    Raises:
+        ValueError: ``player_id`` not in 0-3.
+    """
+
+    def __init__(self, engine, player_id: int):
+        from mjai.mlibriichi.state import PlayerState
+        from mortal.agent import make_agent
+
+        if isinstance(player_id, bool) or player_id not in range(4):
+            raise ValueError(f'player_id must be 0-3, got {player_id!r}')
+        self.player_id = player_id
+        self.agent = make_agent(engine)
+        self.state = PlayerState(player_id)
+        self._since_last = []  # JSON events since the previous decision (mjai-bot agents read them)
+        self._game = 0
+
+    def react(self, line: str, *, can_act: bool = True) -> str | None:
+        """Update with one mjai event (JSON text) and return the reaction JSON line, or None.
+
+        None when the seat cannot act, ``can_act`` is False, or the event has ``"can_act": false``.
+
+        Raises:
+            BotError: the line is not a JSON object with a ``type``, or the state rejects the event.
+        """
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise BotError(f'not a JSON event ({exc}): {line[:200]}') from None
+        if not isinstance(event, dict) or not isinstance(event.get('type'), str):
+            raise BotError(f'an event must be a JSON object with a "type": {line[:200]}')
+        if event.pop('can_act', True) is False:
+            can_act = False
+        text = json.dumps(event, separators=(',', ':'))
+        try:
+            cans = self.state.update(text)
+        except BaseException as exc:  # Rust panics derive from BaseException
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise BotError(f'seat {self.player_id} cannot apply event {line[:200]}: {exc}') from None
+        kind = event['type']
+        if kind == 'end_game':
+            self.agent.end_game(self._game, self.player_id)
+            self._game += 1
+            self._since_last = []
+        else:
+            self._since_last.append(text)
+        if not can_act or not cans.can_act:
+            return None
+
+        from mortal.agent import Scene
+        scene = Scene(game=self._game, seat=self.player_id, state=self.state, events=self._since_last)
+        self._since_last = []
+        decision = self.agent.react([scene])[0]
+        out = dict(decision.reaction)
+        if decision.meta is not None:
+            out['meta'] = decision.meta
+        return json.dumps(out, separators=(',', ':'))
+
+
+def filtered_trimmed_lines(lines: Iterable[str]) -> Iterable[str]:
+    """Stripped, non-empty lines (Mortal's ``common.filtered_trimmed_lines``)."""
+    return (s for s in (line.strip() for line in lines) if s)
+
+
+def model_tag(state: dict, version: int, num_blocks: int, conv_channels: int) -> str:
+    """``state['tag']`` if the checkpoint has one, else ``mortal{v}-b{blocks}c{channels}-t{yymmddHH UTC}``."""
+    if 'tag' in state:
+        return str(state['tag'])
+    time = datetime.fromtimestamp(state['timestamp'], tz=timezone.utc).strftime('%y%m%d%H')
+    return f'mortal{version}-b{num_blocks}c{conv_channels}-t{time}'
+
+
+def load_engine(state_file: str, *, review_mode: bool):
+    """``(MortalEngine, tag)`` from a Mortal-layout checkpoint, with the bot's engine settings (CPU)."""
+    import torch
+    from mortal.engine import MortalEngine
+    from mortal.player import load_model_pair
+
+    brain, dqn, version = load_model_pair(state_file)
+    state = torch.load(state_file, weights_only=True, map_location=torch.device('cpu'))
+    resnet = state['config']['resnet']
+    tag = model_tag(state, version, resnet['num_blocks'], resnet['conv_channels'])
+    engine = MortalEngine(
+        brain,
+        dqn,
+        version=version,
+        is_oracle=False,
+        device=torch.device('cpu'),
+        enable_amp=False,
+        enable_quick_eval=not review_mode,
+        enable_rule_based_agari_guard=True,
+        name='mortal',
+    )
+    return engine, tag
+
+
+def phi_matrix(config: dict, log_lines: list[str]) -> list:
+    """GRP rank-probability matrices ``(K, 4, 4)`` (as nested lists) for every kyoku prefix of ``log_lines``.
+
+    Raises:
+        mortal.grp.BadLogError: the log has no finished kyoku.
+    """
+    import torch
+    from mortal.grp import Grp
+    from mortal.model import GRP
+
+    grp = GRP(**config['grp']['network'])
+    grp_state = torch.load(config['grp']['state_file'], weights_only=True, map_location=torch.device('cpu'))
+    grp.load_state_dict(grp_state['model'])
+    grp.eval()
+    feature = Grp.load_log('\n'.join(log_lines), '<stdin>').take_feature()
+    seq = [torch.as_tensor(feature[:i + 1]) for i in range(len(feature))]
+    with torch.inference_mode():
+        matrix = grp.calc_matrix(grp(seq))
+    return matrix.tolist()
+
+
+def serve(bot: Bot, stdin: IO[str], stdout: IO[str], *, review_mode: bool = False) -> list[str]:
+    """The stdin/stdout loop: one reaction line per decision (flushed); returns the input lines.
+
+    Raises:
+        BotError: a bad input line (the message has its 1-based number among the non-empty lines).
+    """
+    lines = []
+    for n, line in enumerate(filtered_trimmed_lines(stdin), 1):
+        lines.append(line)
+        try:
+            reaction = bot.react(line)
+        except BotError as exc:
+            raise BotError(f'input line {n}: {exc}') from None
+        if reaction is not None:
+            print(reaction, file=stdout, flush=True)
+        elif review_mode:
+            print(NO_REACTION, file=stdout, flush=True)
+    return lines
+
+
+USAGE = 'python -m mortal.bot [--config PATH] <SEAT>   (SEAT: the player ID, an integer within [0, 3])'
+
+
+def main(argv: list[str] | None = None, *, stdin: IO[str] | None = None, stdout: IO[str] | None = None) -> int:
+    """``python -m mortal.bot <SEAT>``; returns the exit status (2 usage/config error, 1 bad input)."""
+    os.environ.pop('RUST_BACKTRACE', None)
+    # stdout is the protocol channel: logs go to stderr only
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format='%(asctime)s %(levelname)s %(name)s: %(message)s')
+    stdin = stdin or sys.stdin
+    stdout = stdout or sys.stdout
+    parser = argparse.ArgumentParser(prog='python -m mortal.bot', usage=USAGE,
+                                     description='Play one seat over mjai on stdin/stdout.')
+    parser.add_argument('--config', default=None, help='config file (default: env MORTAL_CFG, else config.toml)')
+    parser.add_argument('seat', type=int, choices=range(4), metavar='SEAT')
+    args = parser.parse_args(argv)
+    review_mode = os.environ.get(REVIEW_ENV, '0') == '1'
+
+    from mortal.config import BOT_SECTIONS, ConfigError, load_config
+    required = BOT_SECTIONS + (('grp', 'grp.network') if review_mode else ())
+    try:
+        config = load_config(args.config, required=required)
+    except ConfigError as exc:
+        print(f'error: {exc}', file=sys.stderr)
+        return 2
+    engine, tag = load_engine(config['control']['state_file'], review_mode=review_mode)
+    bot = Bot(engine, args.seat)
+    try:
+        lines = serve(bot, stdin, stdout, review_mode=review_mode)
+    except BotError as exc:
+        print(f'error: {exc}', file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    if review_mode:
+        from mortal.grp import BadLogError
+        try:
+            matrix = phi_matrix(config, lines)
+        except BadLogError as exc:
+            print(f'error: cannot review this log: {exc}', file=sys.stderr)
+            return 1
+        print(json.dumps({'model_tag': tag, 'phi_matrix': matrix}), file=stdout, flush=True)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

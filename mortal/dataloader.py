@@ -1,0 +1,249 @@
+"""Streaming training samples from mjai log files, as Mortal's ``mortal/dataloader.py``.
+
+``FileDatasetsIter`` is a torch ``IterableDataset``. Each sample is the tuple
+``(obs, action, mask, steps_to_done, kyoku_reward, player_rank)``:
+
+* ``obs`` ``(C, 34)`` float32 numpy array (C = 934 for version 3);
+* ``action`` numpy int64 scalar, 0-45;
+* ``mask`` ``(46,)`` bool numpy array, ``mask[action]`` is always True;
+* ``steps_to_done`` numpy int64 scalar: discounted steps to the seat's last decision
+  of the kyoku (only discard/riichi/kan-select steps count);
+* ``kyoku_reward`` numpy float64 scalar: GRP reward of the sample's kyoku in ``pts`` units;
+* ``player_rank`` numpy int64 scalar 0-3: the seat's rank by scores at the start of
+  the next kyoku (final scores after the last), ties to the lower seat.
+
+Torch's default collate turns a batch into tensors of the same dtypes; the Q
+target is ``q_target(gamma, steps_to_done, kyoku_reward)``.
+
+Workers: use ``make_dataloader``. Files are sharded across DataLoader workers so
+none is read twice, and workers are started with a ``forkserver`` (or ``spawn``)
+context: forking a parent that already ran native threaded code (torch/Rust
+thread pools) can deadlock the child, which is how Mortal's online trainer hangs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing
+import random
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from mortal.gameplay import GameplayLoader
+from mortal.reward import RewardCalculator
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["FileDatasetsIter", "keep_freed_memory", "make_dataloader", "q_target", "safe_mp_context", "worker_init_fn"]
+
+
+def q_target(gamma: float, steps_to_done, kyoku_reward):
+    """Monte-Carlo Q target ``gamma ** steps_to_done * kyoku_reward`` (Mortal's ``train.py``)."""
+    return gamma ** steps_to_done * kyoku_reward
+
+
+def _ranks_by_scores(scores: np.ndarray) -> np.ndarray:
+    # (K, 4) scores -> (K, 4) rank of each seat; stable so ties go to the lower seat.
+    return (-scores).argsort(-1, kind="stable").argsort(-1, kind="stable")
+
+
+class FileDatasetsIter(IterableDataset):
+    """Samples from gzip (or plain) mjai logs; see the module docstring for the tuple.
+
+    Args:
+        version: feature version 1-3.
+        file_list: log paths; shuffled in place each epoch (per worker shard).
+        pts: ``[env] pts``, points for ranks 1-4.
+        grp: a ``mortal.model.GRP`` with trained weights (see ``mortal.reward.load_grp``);
+            pickled to each worker.
+        file_batch_size: files decoded into the shuffle buffer at a time (Mortal: 20).
+        reserve_ratio: fraction of each batch's new samples kept back in the buffer to mix
+            with the next batch.
+        player_names / excludes: seat filters (``GameplayLoader``).
+        num_epochs: passes over the file list.
+        enable_augmentation: each epoch also yields every file with manzu/pinzu swapped,
+            after (or before, with ``augmented_first``) the plain pass.
+
+    Bad files are skipped with one warning each; ``skipped`` counts them in this
+    process, and a summary is logged after each pass.
+    """
+
+    def __init__(self, version, file_list, pts, grp, *, file_batch_size=20, reserve_ratio=0,
+                 player_names=None, excludes=None, num_epochs=1, enable_augmentation=False,
+                 augmented_first=False, always_include_kan_select=True):
+        super().__init__()
+        self.version = version
+        self.file_list = list(file_list)
+        self.pts = pts
+        self.grp = grp
+        self.file_batch_size = max(1, int(file_batch_size))
+        self.reserve_ratio = reserve_ratio
+        self.player_names = player_names
+        self.excludes = excludes
+        self.num_epochs = num_epochs
+        self.enable_augmentation = enable_augmentation
+        self.augmented_first = augmented_first
+        self.always_include_kan_select = always_include_kan_select
+        self.skipped = 0
+        self.iterator = None
+        self._sharded = False
+
+    # ------------------------------------------------------------ sharding
+    def shard(self, worker_id: int, num_workers: int) -> None:
+        """Keep only this worker's contiguous slice of ``file_list`` (idempotent)."""
+        if self._sharded or num_workers <= 1:
+            self._sharded = True
+            return
+        per_worker = math.ceil(len(self.file_list) / num_workers)
+        start = worker_id * per_worker
+        self.file_list = self.file_list[start:start + per_worker]
+        self._sharded = True
+
+    def _shard_for_current_worker(self) -> None:
+        info = torch.utils.data.get_worker_info()
+        if info is not None:
+            self.shard(info.id, info.num_workers)
+
+    # ------------------------------------------------------------ iteration
+    def build_iter(self):
+        self._shard_for_current_worker()
+        self.reward_calc = RewardCalculator(self.grp, self.pts)
+        for _ in range(self.num_epochs):
+            yield from self.load_files(self.augmented_first)
+            if self.enable_augmentation:
+                yield from self.load_files(not self.augmented_first)
+
+    def load_files(self, augmented: bool):
+        """One pass over ``file_list`` (shuffled), yielding samples through the shuffle buffer."""
+        random.shuffle(self.file_list)
+        self.loader = GameplayLoader(
+            self.version,
+            player_names=self.player_names,
+            excludes=self.excludes,
+            always_include_kan_select=self.always_include_kan_select,
+            augmented=augmented,
+        )
+        self.buffer = []
+        for start in range(0, len(self.file_list), self.file_batch_size):
+            old_size = len(self.buffer)
+            self.populate_buffer(self.file_list[start:start + self.file_batch_size])
+            size = len(self.buffer)
+            reserved = int((size - old_size) * self.reserve_ratio)
+            if reserved > size:
+                continue
+            random.shuffle(self.buffer)
+            yield from self.buffer[reserved:]
+            del self.buffer[reserved:]
+        random.shuffle(self.buffer)
+        yield from self.buffer
+        self.buffer.clear()
+        self.skipped += self.loader.skipped
+        if self.loader.skipped:
+            logger.warning("pass over %d files (augmented=%s): %d skipped as bad input",
+                           len(self.file_list), augmented, self.loader.skipped)
+
+    def populate_buffer(self, file_list) -> None:
+        """Decode ``file_list`` and append every sample of every kept seat to ``self.buffer``."""
+        for games in self.loader.load_gz_log_files(file_list):
+            for game in games:
+                self.buffer.extend(self._samples(game))
+
+    def _samples(self, game) -> list:
+        n = len(game)
+        if n == 0:  # the seat never had a decision
+            return []
+        obs = game.take_obs_list()  # no stacking copy: samples are yielded one by one
+        actions = game.take_actions()
+        masks = game.take_masks()
+        at_kyoku = game.take_at_kyoku().astype(np.int64)
+        dones = game.take_dones()
+        apply_gamma = game.take_apply_gamma()
+        grp = game.take_grp()
+        player_id = game.take_player_id()
+
+        feature = grp.take_feature()
+        rewards = self.reward_calc.calc_delta_pt(player_id, feature, grp.take_rank_by_player())
+        if len(rewards) < at_kyoku[-1] + 1:
+            raise AssertionError(f"{len(rewards)} kyoku rewards but a sample at kyoku {at_kyoku[-1]}")
+
+        scores_seq = np.concatenate((np.rint(feature[:, 3:] * 1e4), [grp.take_final_scores()]))
+        player_ranks = _ranks_by_scores(scores_seq)[:, player_id].astype(np.int64)
+
+        steps_to_done = np.zeros(n, dtype=np.int64)
+        for i in range(n - 2, -1, -1):
+            if not dones[i]:
+                steps_to_done[i] = steps_to_done[i + 1] + int(apply_gamma[i])
+
+        return [
+            (obs[i], actions[i], masks[i], steps_to_done[i], rewards[k], player_ranks[k + 1])
+            for i, k in enumerate(at_kyoku)
+        ]
+
+    def __iter__(self):
+        if self.iterator is None:
+            self.iterator = self.build_iter()
+        return self.iterator
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc malloc to keep freed memory instead of returning it to the OS at once.
+
+    Every sample is a fresh ~127 KB array (v3); with glibc's default trim/mmap
+    thresholds its pages go back to the OS when freed and must be faulted in again
+    for the next file batch, which costs about as much as encoding. Meant for
+    loader worker processes (``worker_init_fn`` calls it). Returns False where
+    ``mallopt`` is unavailable (non-glibc); process-wide, only call it in a
+    process whose job is loading.
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc malloc.h
+    return bool(mallopt(m_trim_threshold, 1 << 30)) and bool(mallopt(m_mmap_threshold, 1 << 25))
+
+
+def worker_init_fn(*args, **kwargs):
+    """DataLoader ``worker_init_fn``: shard ``file_list`` so no file is read by two workers.
+
+    Also calls ``keep_freed_memory`` (worker processes only load data).
+    """
+    keep_freed_memory()
+    info = torch.utils.data.get_worker_info()
+    if info is not None and isinstance(info.dataset, FileDatasetsIter):
+        info.dataset.shard(info.id, info.num_workers)
+
+
+def safe_mp_context():
+    """Multiprocessing context for DataLoader workers: ``forkserver`` where available, else ``spawn``.
+
+    Plain ``fork`` after native threads have started can deadlock the child.
+    """
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    # Import the heavy modules once in the (thread-free) fork server so that each
+    # worker forked from it starts in well under a second. Only takes effect
+    # before the fork server is first started.
+    ctx.set_forkserver_preload(["torch", "mortal.dataloader"])
+    return ctx
+
+
+def make_dataloader(dataset, *, batch_size: int, num_workers: int = 1, pin_memory: bool = False,
+                    drop_last: bool = False, multiprocessing_context=None, **kwargs) -> DataLoader:
+    """``DataLoader`` over ``dataset`` with sharding and a fork-safe worker start method.
+
+    ``num_workers=0`` loads in the calling process. Extra ``kwargs`` go to ``DataLoader``.
+    """
+    if num_workers > 0:
+        kwargs.setdefault("worker_init_fn", worker_init_fn)
+        kwargs["multiprocessing_context"] = multiprocessing_context or safe_mp_context()
+    return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
+                      drop_last=drop_last, **kwargs)

@@ -1,0 +1,314 @@
+"""mjai log reading/validation and the GRP (Global Reward Predictor) record of a game.
+
+Behaviour as Mortal's ``libriichi/src/dataset/grp.rs``: one feature row per
+``start_kyoku`` ``[grand_kyoku, honba, kyotaku, s0/1e4, s1/1e4, s2/1e4, s3/1e4]``,
+final scores, and the final ``rank_by_player``.
+
+The log reader is shared with ``mortal.gameplay``: it turns a file (gzip or
+plain JSON lines) into a list of event dicts and rejects anything that is not a
+complete 4-player mjai game with a ``BadLogError`` naming the file, the line
+and the reason, so that loaders can skip the file and go on.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "GRP_SIZE",
+    "MJAI_EVENT_TYPES",
+    "BadLogError",
+    "Grp",
+    "LoadedLog",
+    "grand_kyoku",
+    "parse_log",
+    "rank_by_player",
+    "skip_message",
+    "read_log_text",
+    "read_log",
+]
+
+GRP_SIZE = 7  # as Mortal's consts.rs
+
+#: Event types Mortal's mjai ``Event`` knows; anything else is rejected.
+MJAI_EVENT_TYPES = frozenset({
+    "none", "start_game", "start_kyoku", "tsumo", "dahai", "chi", "pon", "daiminkan", "kakan", "ankan",
+    "dora", "reach", "reach_accepted", "hora", "ryukyoku", "end_kyoku", "end_game",
+})
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+class BadLogError(ValueError):
+    """A log that cannot be used for training.
+
+    Attributes: ``source`` (file name or ``'<log>'``), ``line`` (1-based line
+    number or None), ``reason`` (short human text). ``str()`` gives
+    ``"<source>: line <n>: <reason>"``.
+    """
+
+    def __init__(self, source: str, reason: str, line: int | None = None):
+        self.source = str(source)
+        self.reason = reason
+        self.line = line
+        where = f"{self.source}: line {line}: " if line is not None else f"{self.source}: "
+        super().__init__(where + reason)
+
+
+@dataclass
+class LoadedLog:
+    """A parsed, structurally valid mjai log.
+
+    ``events``: event dicts in order; ``lines``: the JSON text of each event (fed
+    as-is to ``PlayerState.update``); ``line_numbers``: 1-based line in the file of
+    each event; ``source``: file name for messages.
+    """
+
+    events: list[dict]
+    lines: list[str]
+    line_numbers: list[int]
+    source: str = "<log>"
+
+
+def read_log_text(path) -> str:
+    """Read a log file, gunzipping it when it starts with the gzip magic.
+
+    Raises:
+        BadLogError: unreadable gzip stream or text that is not UTF-8.
+        OSError: the file cannot be opened.
+    """
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:2] == _GZIP_MAGIC:
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as e:
+            raise BadLogError(path, f"corrupt gzip data ({e})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadLogError(path, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def _not_mjai_hint(raw: str) -> str:
+    head = raw.lstrip()[:200].lower()
+    if head.startswith("<"):
+        return "looks like XML/HTML (a Tenhou mjlog?), not mjai JSON lines; convert it to mjai first"
+    try:
+        json.loads(raw)
+    except ValueError:
+        return ""
+    return ("the whole file is one JSON document (a Mahjong Soul or Tenhou JSON record?), "
+            "not mjai JSON lines; convert it to mjai first")
+
+
+def parse_log(raw: str, source: str = "<log>") -> LoadedLog:
+    """Parse mjai JSON lines and check that they form one complete 4-player game.
+
+    Blank lines are ignored. Unknown extra fields in events are kept and ignored.
+
+    Checks (each failure raises ``BadLogError`` naming ``source``, the line and the reason):
+    non-empty; every line a JSON object with a known mjai ``type``; first event
+    ``start_game`` with 4 ``names`` if given; every ``start_kyoku`` with 4 ``scores``
+    and 4 ``tehais`` (a 3-player log fails here); every ``hora``/``ryukyoku`` with
+    4 integer ``deltas`` (``grp.rs`` requires them); last event ``end_game``
+    (otherwise the log is truncated).
+    """
+    events: list[dict] = []
+    lines: list[str] = []
+    numbers: list[int] = []
+    for no, line in enumerate(raw.splitlines(), 1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            ev = json.loads(line)
+        except ValueError as e:
+            hint = _not_mjai_hint(raw) if not events else ""
+            raise BadLogError(source, hint or f"not JSON ({e})", no) from None
+        if not isinstance(ev, dict) or not isinstance(ev.get("type"), str):
+            hint = _not_mjai_hint(raw) if not events else ""
+            raise BadLogError(source, hint or "not an mjai event (no string field 'type')", no)
+        typ = ev["type"]
+        if typ not in MJAI_EVENT_TYPES:
+            raise BadLogError(source, f"unknown mjai event type {typ!r}", no)
+        _check_event(ev, typ, source, no)
+        events.append(ev)
+        lines.append(line)
+        numbers.append(no)
+    if not events:
+        raise BadLogError(source, "empty log (no events)")
+    if events[0]["type"] != "start_game":
+        raise BadLogError(source, f"first event is {events[0]['type']!r}, expected 'start_game'", numbers[0])
+    if events[-1]["type"] != "end_game":
+        raise BadLogError(source, f"truncated log: last event is {events[-1]['type']!r}, no 'end_game'",
+                          numbers[-1])
+    return LoadedLog(events, lines, numbers, str(source))
+
+
+def _check_event(ev: dict, typ: str, source: str, no: int) -> None:
+    # Only what the loaders rely on; PlayerState.update checks the rest.
+    if typ == "start_game":
+        names = ev.get("names")
+        if names is not None and (not isinstance(names, list) or len(names) != 4):
+            n = len(names) if isinstance(names, list) else "?"
+            raise BadLogError(source, f"start_game has {n} names; only 4-player logs are supported", no)
+    elif typ == "start_kyoku":
+        for key in ("scores", "tehais"):
+            v = ev.get(key)
+            if not isinstance(v, list) or len(v) != 4:
+                n = len(v) if isinstance(v, list) else "no"
+                raise BadLogError(source, f"start_kyoku has {n} {key}; only 4-player logs are supported", no)
+        for key in ("bakaze", "kyoku", "honba", "kyotaku"):
+            if key not in ev:
+                raise BadLogError(source, f"start_kyoku lacks field {key!r}", no)
+    elif typ in ("hora", "ryukyoku"):
+        d = ev.get("deltas")
+        if not isinstance(d, list) or len(d) != 4 or not all(isinstance(x, int) for x in d):
+            raise BadLogError(source, f"{typ} lacks field 'deltas' (4 integers), required for GRP final scores", no)
+
+
+def read_log(path) -> LoadedLog:
+    """``read_log_text`` + ``parse_log``; raises ``BadLogError`` / ``OSError``."""
+    return parse_log(read_log_text(path), str(path))
+
+
+def skip_message(path, exc: BaseException) -> str:
+    """One-line text for a skipped file: ``"skipped log <path>: line <n>: <reason>"``."""
+    if isinstance(exc, BadLogError):
+        where = f"line {exc.line}: " if exc.line is not None else ""
+        return f"skipped log {path}: {where}{exc.reason}"
+    return f"skipped log {path}: {type(exc).__name__}: {exc}"
+
+
+def grand_kyoku(bakaze: str, kyoku: int) -> int:
+    """E1=0 ... E4=3, S1=4 ... S4=7, any other wind 8+ (W1=8 ... W4=11), as ``grp.rs``."""
+    if bakaze == "E":
+        return kyoku - 1
+    if bakaze == "S":
+        return 3 + kyoku
+    return 7 + kyoku
+
+
+def rank_by_player(scores) -> list[int]:
+    """Rank (0 = top) of each seat; equal scores go to the lower seat index (``rankings.rs``).
+
+    ``[25000, 25000, 30000, 20000]`` -> ``[1, 2, 0, 3]``.
+    """
+    order = sorted(range(4), key=lambda p: -scores[p])  # sorted() is stable
+    ranks = [0] * 4
+    for r, p in enumerate(order):
+        ranks[p] = r
+    return ranks
+
+
+@dataclass
+class Grp:
+    """GRP record of one game.
+
+    ``feature`` ``(K, 7)`` float64, one row per ``start_kyoku`` (renchan and abortive
+    rounds included): ``[grand_kyoku, honba, kyotaku, s0/1e4, s1/1e4, s2/1e4, s3/1e4]``
+    with scores in absolute seat order as given by ``start_kyoku``;
+    ``rank_by_player`` ``(4,)`` uint8 (0 = top, ties to the lower seat);
+    ``final_scores`` ``(4,)`` int32 (points, sum 100000 after leftover deposits).
+    """
+
+    feature: np.ndarray = field(default_factory=lambda: np.zeros((0, GRP_SIZE), np.float64))
+    rank_by_player: np.ndarray = field(default_factory=lambda: np.zeros(4, np.uint8))
+    final_scores: np.ndarray = field(default_factory=lambda: np.zeros(4, np.int32))
+
+    def __len__(self) -> int:
+        return self.feature.shape[0]
+
+    # Mortal's getter names.
+    def take_feature(self) -> np.ndarray:
+        """``(K, 7)`` float64 feature rows."""
+        return self.feature
+
+    def take_rank_by_player(self) -> np.ndarray:
+        """``(4,)`` uint8 final rank of each seat."""
+        return self.rank_by_player
+
+    def take_final_scores(self) -> np.ndarray:
+        """``(4,)`` int32 final scores in points."""
+        return self.final_scores
+
+    @staticmethod
+    def load_events(events: list[dict], source: str = "<log>") -> "Grp":
+        """Build the record from parsed events (see ``parse_log``).
+
+        Final scores = scores of the last ``start_kyoku`` + every ``deltas`` of
+        ``hora``/``ryukyoku`` after it - 1000 per ``reach_accepted`` after it. The
+        ranking is taken on those; then, if they sum to less than 100000 (deposits
+        nobody won), the difference goes to the top player (``grp.rs``).
+
+        Raises:
+            BadLogError: no ``start_kyoku``, or no ``hora``/``ryukyoku`` after the last one,
+                or a ``deltas`` field missing.
+        """
+        rows = []
+        final = None
+        settled = False
+        for ev in events:
+            typ = ev["type"]
+            if typ == "start_kyoku":
+                scores = ev["scores"]
+                rows.append((grand_kyoku(ev["bakaze"], ev["kyoku"]), ev["honba"], ev["kyotaku"],
+                             *(s / 10000 for s in scores)))
+                final = list(scores)
+                settled = False
+            elif final is None:
+                continue
+            elif typ in ("hora", "ryukyoku"):
+                deltas = ev.get("deltas")
+                if deltas is None:
+                    raise BadLogError(source, f"{typ} lacks field 'deltas'")
+                final = [s + d for s, d in zip(final, deltas)]
+                settled = True
+            elif typ == "reach_accepted":
+                final[ev["actor"]] -= 1000
+        if final is None:
+            raise BadLogError(source, "no start_kyoku in log")
+        if not settled:
+            raise BadLogError(source, "no hora or ryukyoku after the last start_kyoku")
+        ranks = rank_by_player(final)
+        short = 100_000 - sum(final)
+        if short > 0:
+            final[ranks.index(0)] += short
+        return Grp(
+            feature=np.asarray(rows, dtype=np.float64).reshape(-1, GRP_SIZE),
+            rank_by_player=np.asarray(ranks, dtype=np.uint8),
+            final_scores=np.asarray(final, dtype=np.int32),
+        )
+
+    @staticmethod
+    def load_log(raw: str, source: str = "<log>") -> "Grp":
+        """Parse mjai JSON lines (``parse_log``) and build the record. Raises ``BadLogError``."""
+        return Grp.load_events(parse_log(raw, source).events, source)
+
+    @staticmethod
+    def load_gz_log_files(paths, skipped: list | None = None) -> list["Grp"]:
+        """One ``Grp`` per readable file (gzip or plain), in input order.
+
+        A bad file is left out with one warning naming the file and the reason;
+        when ``skipped`` is a list, ``(path, reason)`` is appended to it.
+        """
+        out = []
+        for path in paths:
+            try:
+                loaded = read_log(path)
+                out.append(Grp.load_events(loaded.events, str(path)))
+            except (Exception, BadLogError) as e:  # noqa: BLE001 - one bad file must not stop the rest
+                message = skip_message(path, e)
+                logger.warning("%s", message)
+                if skipped is not None:
+                    skipped.append((str(path), message))
+        return out

@@ -1,0 +1,657 @@
+"""Per-player game statistics from mjai logs, as Mortal's ``libriichi/src/stat.rs``.
+
+``Stat`` holds raw counters (all ``int``) summed over games; the derived statistics are
+plain ratios of them (IEEE semantics: x/0 gives ``inf`` and 0/0 gives ``nan``, as Mortal's
+f64 division). Conventions kept from Mortal:
+
+- "point"/"Δscore" values are score changes in points (1 riichi stick = 1000).
+- Riichi Δscores exclude the player's own 1000-point riichi stick but include the others'
+  sticks; every other Δscore includes sticks.
+- A deal-in after riichi counts from the moment the declaration tile is discarded.
+- Ankan is not a call (fuuro); kakan adds no call either.
+- Being hit by another player's tsumo is not recorded anywhere.
+- ``round`` counts every ``start_kyoku`` (renchan and abortive draws included).
+
+CLI: ``python -m mortal.stat <DIR> <PLAYER_NAME>`` prints the table of every seat named
+``PLAYER_NAME`` in ``DIR/**/*.json`` and ``DIR/**/*.json.gz`` (Mortal's ``stat`` binary).
+"""
+
+if __package__ in (None, ''):  # run as a script: python mortal/stat.py
+    import sys, pathlib
+    sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
+
+import argparse
+import dataclasses
+import glob
+import gzip
+import json
+import logging
+import math
+import os
+import sys
+from typing import Any, Iterable, Sequence
+
+from tqdm import tqdm
+
+logger = logging.getLogger(__name__)
+
+# Rank-pt table used by Mortal's trainer and Display ("Avg rank pt").
+DEFAULT_PTS = (90, 45, 0, -135)
+# Mortal's yakuman detection threshold (a yakuman ron value; the point includes honba and
+# sticks, so the count is approximate, as in Mortal).
+_YAKUMAN_POINT_OYA = 48000
+_YAKUMAN_POINT_KO = 32000
+_NAGASHI_MANGAN_POINT = 8000
+# Every event type of Mortal's mjai ``Event`` enum; anything else is a malformed log.
+_KNOWN_TYPES = frozenset((
+    'start_game', 'start_kyoku', 'tsumo', 'dahai', 'chi', 'pon', 'daiminkan', 'kakan', 'ankan',
+    'dora', 'reach', 'reach_accepted', 'hora', 'ryukyoku', 'end_kyoku', 'end_game', 'none',
+))
+
+
+class LogFormatError(ValueError):
+    """A log that cannot be analysed; the message names the source and line."""
+
+
+def _div(a: float, b: float) -> float:
+    """``a / b`` with IEEE semantics (Mortal divides f64s): x/0 = ±inf, 0/0 = nan."""
+    if b == 0:
+        if a == 0 or math.isnan(a):
+            return math.nan
+        return math.copysign(math.inf, a) * (math.copysign(1.0, b))
+    return a / b
+
+
+def _fmt(x: float, prec: int = 6) -> str:
+    """Format like Rust's ``{:.N}`` for f64 (fixed decimals; ``NaN``/``inf``/``-inf``)."""
+    if math.isnan(x):
+        return 'NaN'
+    if math.isinf(x):
+        return 'inf' if x > 0 else '-inf'
+    return f'{x:.{prec}f}'
+
+
+@dataclasses.dataclass
+class Stat:
+    """Raw counters of one or more analysed seats (field names and order as Mortal's).
+
+    Build with :meth:`from_log` (one game, one seat) or :meth:`from_dir`; add with ``+``
+    (field-wise, also ``sum(stats)``). Derived statistics are read-only properties
+    (``avg_rank``, ``agari_rate``, ...) plus the methods :meth:`total_pt` / :meth:`avg_pt`.
+    """
+
+    game: int = 0
+    round: int = 0
+    oya: int = 0
+
+    point: int = 0
+    rank_1: int = 0
+    rank_2: int = 0
+    rank_3: int = 0
+    rank_4: int = 0
+    tobi: int = 0
+
+    fuuro: int = 0
+    fuuro_num: int = 0
+    fuuro_point: int = 0
+    fuuro_agari: int = 0
+    fuuro_agari_jun: int = 0
+    fuuro_agari_point: int = 0
+    fuuro_houjuu: int = 0
+    agari: int = 0
+    agari_as_oya: int = 0
+    agari_jun: int = 0
+    agari_point_oya: int = 0
+    agari_point_ko: int = 0
+
+    houjuu: int = 0
+    houjuu_jun: int = 0
+    houjuu_to_oya: int = 0
+    houjuu_point_to_oya: int = 0
+    houjuu_point_to_ko: int = 0
+
+    riichi: int = 0
+    riichi_as_oya: int = 0
+    riichi_jun: int = 0
+    riichi_agari: int = 0
+    riichi_agari_point: int = 0
+    riichi_agari_jun: int = 0
+    riichi_houjuu: int = 0
+    riichi_ryukyoku: int = 0
+    riichi_point: int = 0
+    chasing_riichi: int = 0
+    riichi_got_chased: int = 0
+
+    dama_agari: int = 0
+    dama_agari_jun: int = 0
+    dama_agari_point: int = 0
+
+    ryukyoku: int = 0
+    ryukyoku_point: int = 0
+
+    yakuman: int = 0
+    nagashi_mangan: int = 0
+
+    # ------------------------------------------------------------------ arithmetic
+    def __add__(self, other: 'Stat') -> 'Stat':
+        if not isinstance(other, Stat):
+            return NotImplemented
+        return Stat(**{f.name: getattr(self, f.name) + getattr(other, f.name)
+                       for f in dataclasses.fields(self)})
+
+    def __radd__(self, other: Any) -> 'Stat':
+        # lets ``sum(stats)`` start from the int 0
+        if other == 0:
+            return self
+        return NotImplemented
+
+    def as_dict(self) -> dict[str, int]:
+        """Raw counters as a plain dict (Mortal's field order)."""
+        return dataclasses.asdict(self)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_log(cls, log: str | bytes | Iterable[dict | str], seat: int, *,
+                 source: str = '<log>') -> 'Stat':
+        """Analyse one game for one seat.
+
+        Args:
+            log: the raw log text (one JSON event per line; blank lines ignored), its bytes,
+                or an iterable of events (dicts, or JSON strings).
+            seat: absolute seat 0-3 to analyse.
+            source: a name for error messages (e.g. the file path).
+
+        Returns a Stat with ``game == 1``.
+
+        Raises:
+            ValueError: ``seat`` is not 0-3.
+            LogFormatError: a line is not JSON, an event type is unknown, or a field the
+                statistics need (``scores``, ``oya``, ``actor``, ``target``, ``deltas``) is
+                missing or out of range; the message names ``source`` and the line.
+        """
+        if isinstance(seat, bool) or not isinstance(seat, int) or not 0 <= seat <= 3:
+            raise ValueError(f'seat must be an int in 0..3, got {seat!r}')
+        return cls._from_events(_numbered_events(log, source), seat, source)
+
+    @classmethod
+    def from_dir(cls, log_dir: str | os.PathLike, player_name: str,
+                 disable_progress_bar: bool = True, *,
+                 skipped: list[str] | None = None) -> 'Stat':
+        """Sum the stats of every seat named ``player_name`` in every log under ``log_dir``.
+
+        Globs ``log_dir/**/*.json`` and ``log_dir/**/*.json.gz`` (gzip chosen by the
+        extension), as Mortal's ``Stat.from_dir``. Each log must start with ``start_game``
+        carrying ``names``; every seat whose name equals ``player_name`` counts as one game
+        (so a champion name in 1v3 logs yields 3 games per file).
+
+        Unlike Mortal (which aborts), a malformed file is skipped with one logged warning
+        naming the file and the reason; the paths are appended to ``skipped`` if given.
+
+        Raises:
+            FileNotFoundError: ``log_dir`` is not a directory.
+        """
+        log_dir = os.fspath(log_dir)
+        if not os.path.isdir(log_dir):
+            raise FileNotFoundError(f'log directory not found: {log_dir}')
+        paths = sorted(set(
+            glob.glob(os.path.join(glob.escape(log_dir), '**', '*.json'), recursive=True)
+            + glob.glob(os.path.join(glob.escape(log_dir), '**', '*.json.gz'), recursive=True)
+        ))
+        total = cls()
+        n_skipped = 0
+        for path in tqdm(paths, unit='file', disable=disable_progress_bar, dynamic_ncols=True,
+                         ascii=True):
+            try:
+                total = total + cls.from_file(path, player_name)
+            except (OSError, EOFError, UnicodeDecodeError, LogFormatError) as exc:
+                n_skipped += 1
+                reason = str(exc)
+                if not reason.startswith(path):  # LogFormatError already names file and line
+                    reason = f'{path}: {reason}'
+                logger.warning('skipping log %s', reason)
+                if skipped is not None:
+                    skipped.append(path)
+        if n_skipped:
+            logger.warning('skipped %d of %d log files under %s', n_skipped, len(paths), log_dir)
+        return total
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike, player_name: str) -> 'Stat':
+        """Stats of every seat named ``player_name`` in one log file (``.gz``: gzip).
+
+        Raises:
+            OSError, EOFError, UnicodeDecodeError: the file cannot be read/decompressed.
+            LogFormatError: the content is malformed or does not start with ``start_game``
+                with a 4-name ``names`` list.
+        """
+        path = os.fspath(path)
+        if path.lower().endswith('.gz'):
+            with gzip.open(path, 'rt', encoding='utf-8') as f:
+                raw = f.read()
+        else:
+            with open(path, encoding='utf-8') as f:
+                raw = f.read()
+        events = list(_numbered_events(raw, path))
+        if not events or events[0][1].get('type') != 'start_game':
+            got = events[0][1].get('type') if events else 'an empty file'
+            raise LogFormatError(f'{path}: first event is not start_game (got {got!r})')
+        names = events[0][1].get('names')
+        if not isinstance(names, list) or len(names) != 4:
+            raise LogFormatError(f'{path}:{events[0][0]}: start_game needs a list of 4 names, '
+                                 f'got {names!r}')
+        total = cls()
+        for seat, name in enumerate(names):
+            if name == player_name:
+                total = total + cls._from_events(events, seat, path)
+        return total
+
+    @classmethod
+    def _from_events(cls, events: Sequence[tuple[int, dict]], seat: int, source: str) -> 'Stat':
+        """One game for one seat; ``events`` are (line number, event dict) pairs."""
+        st = cls(game=1)
+        scores = [0, 0, 0, 0]
+        riichi_declared = riichi_accepted = others_declared = False
+        oya = 0
+        jun = 0  # own discards so far in this kyoku
+        fuuro_num = 0  # own chi/pon/daiminkan in this kyoku
+
+        for lineno, ev in events:
+            where = f'{source}:{lineno}'
+            kind = ev.get('type')
+            if kind not in _KNOWN_TYPES:
+                raise LogFormatError(f'{where}: unknown event type {kind!r}')
+            if kind == 'start_kyoku':
+                st.round += 1
+                scores = _scores(ev, 'scores', where)
+                oya = _seat(ev, 'oya', where)
+                riichi_declared = riichi_accepted = others_declared = False
+                if oya == seat:
+                    st.oya += 1
+                jun = 0
+                fuuro_num = 0
+            elif kind == 'dahai':
+                if _seat(ev, 'actor', where) == seat:
+                    jun += 1
+            elif kind in ('chi', 'pon', 'daiminkan'):
+                if _seat(ev, 'actor', where) == seat:
+                    fuuro_num += 1
+            elif kind == 'reach':
+                actor = _seat(ev, 'actor', where)
+                if actor == seat:
+                    riichi_declared = True
+                    st.riichi += 1
+                    st.riichi_jun += jun
+                    if oya == seat:
+                        st.riichi_as_oya += 1
+                    if others_declared:
+                        st.chasing_riichi += 1
+                elif riichi_declared:
+                    st.riichi_got_chased += 1
+                else:
+                    others_declared = True
+            elif kind == 'reach_accepted':
+                actor = _seat(ev, 'actor', where)
+                scores[actor] -= 1000
+                if actor == seat:
+                    riichi_accepted = True
+            elif kind == 'hora':
+                actor = _seat(ev, 'actor', where)
+                target = _seat(ev, 'target', where)
+                deltas = _scores(ev, 'deltas', where)
+                for i in range(4):
+                    scores[i] += deltas[i]
+                if actor == seat:
+                    point = deltas[seat] - 1000 * riichi_accepted
+                    st.agari += 1
+                    st.agari_jun += jun
+                    if oya == seat:
+                        st.agari_as_oya += 1
+                        st.agari_point_oya += point
+                    else:
+                        st.agari_point_ko += point
+                    if riichi_accepted:
+                        st.riichi_agari += 1
+                        st.riichi_agari_jun += jun
+                        st.riichi_agari_point += point
+                        st.riichi_point += point
+                    elif fuuro_num > 0:
+                        st.fuuro_agari += 1
+                        st.fuuro_agari_jun += jun
+                        st.fuuro_agari_point += point
+                        st.fuuro_point += point
+                    else:
+                        st.dama_agari += 1
+                        st.dama_agari_jun += jun
+                        st.dama_agari_point += point
+                    if point >= (_YAKUMAN_POINT_OYA if oya == seat else _YAKUMAN_POINT_KO):
+                        st.yakuman += 1
+                elif target == seat:
+                    point = deltas[seat]
+                    st.houjuu += 1
+                    st.houjuu_jun += jun
+                    if oya == actor:
+                        st.houjuu_to_oya += 1
+                        st.houjuu_point_to_oya += point
+                    else:
+                        st.houjuu_point_to_ko += point
+                    # declared (not only accepted): the declaration tile itself counts
+                    if riichi_declared:
+                        st.riichi_houjuu += 1
+                        st.riichi_point += point
+                    elif fuuro_num > 0:
+                        st.fuuro_houjuu += 1
+                        st.fuuro_point += point
+            elif kind == 'ryukyoku':
+                deltas = _scores(ev, 'deltas', where)
+                for i in range(4):
+                    scores[i] += deltas[i]
+                point = deltas[seat]
+                st.ryukyoku += 1
+                st.ryukyoku_point += point
+                if riichi_accepted:
+                    st.riichi_ryukyoku += 1
+                    st.riichi_point += point - 1000
+                elif fuuro_num > 0:
+                    st.fuuro_point += point
+                if point >= _NAGASHI_MANGAN_POINT:
+                    st.nagashi_mangan += 1
+            elif kind == 'end_kyoku':
+                if fuuro_num > 0:
+                    st.fuuro += 1
+                    st.fuuro_num += fuuro_num
+
+        # Final placement: seat order breaks ties; sticks left on the table go to the top.
+        player_by_rank = sorted(range(4), key=lambda i: -scores[i])
+        rest = 100_000 - sum(scores)
+        if rest > 0:
+            scores[player_by_rank[0]] += rest
+        final = scores[seat]
+        st.point = final - 25000
+        st.tobi = int(final < 0)
+        rank = player_by_rank.index(seat)
+        setattr(st, f'rank_{rank + 1}', 1)
+        return st
+
+    # ------------------------------------------------------------------ derived statistics
+    def total_pt(self, pts: Sequence[float] = DEFAULT_PTS) -> float:
+        """Σ rank_k · pts[k] over the 4 ranks (``pts`` = 4 rank points, 1st first)."""
+        if len(pts) != 4:
+            raise ValueError(f'pts must have 4 entries, got {list(pts)!r}')
+        return (self.rank_1 * pts[0] + self.rank_2 * pts[1] + self.rank_3 * pts[2]
+                + self.rank_4 * pts[3])
+
+    def avg_pt(self, pts: Sequence[float] = DEFAULT_PTS) -> float:
+        """``total_pt(pts) / game``; Mortal's trainer uses pts = [90, 45, 0, -135]."""
+        return _div(self.total_pt(pts), self.game)
+
+    @property
+    def avg_rank(self) -> float:
+        """Average placement, 1.0 (always 1st) .. 4.0."""
+        return self.avg_pt((1, 2, 3, 4))
+
+    rank_1_rate = property(lambda s: _div(s.rank_1, s.game), doc='rank_1 / game')
+    rank_2_rate = property(lambda s: _div(s.rank_2, s.game), doc='rank_2 / game')
+    rank_3_rate = property(lambda s: _div(s.rank_3, s.game), doc='rank_3 / game')
+    rank_4_rate = property(lambda s: _div(s.rank_4, s.game), doc='rank_4 / game')
+    tobi_rate = property(lambda s: _div(s.tobi, s.game), doc='tobi / game')
+
+    avg_point_per_game = property(lambda s: _div(s.point, s.game),
+                                  doc='final score − 25000, per game (points)')
+    avg_point_per_round = property(lambda s: _div(s.point, s.round),
+                                   doc='final score − 25000, per kyoku (points)')
+
+    avg_point_per_agari = property(
+        lambda s: _div(s.agari_point_ko + s.agari_point_oya, s.agari),
+        doc='points per win (own riichi stick excluded)')
+    avg_point_per_oya_agari = property(lambda s: _div(s.agari_point_oya, s.agari_as_oya),
+                                       doc='points per win as dealer')
+    avg_point_per_ko_agari = property(
+        lambda s: _div(s.agari_point_ko, s.agari - s.agari_as_oya),
+        doc='points per win as non-dealer')
+    avg_point_per_riichi_agari = property(
+        lambda s: _div(s.riichi_agari_point, s.riichi_agari), doc='points per riichi win')
+    avg_point_per_fuuro_agari = property(
+        lambda s: _div(s.fuuro_agari_point, s.fuuro_agari), doc='points per open-hand win')
+    avg_point_per_dama_agari = property(
+        lambda s: _div(s.dama_agari_point, s.dama_agari), doc='points per closed non-riichi win')
+    avg_point_per_ryukyoku = property(lambda s: _div(s.ryukyoku_point, s.ryukyoku),
+                                      doc='points per draw')
+
+    avg_agari_jun = property(lambda s: _div(s.agari_jun, s.agari),
+                             doc='own discards before a win')
+    avg_riichi_agari_jun = property(lambda s: _div(s.riichi_agari_jun, s.riichi_agari))
+    avg_fuuro_agari_jun = property(lambda s: _div(s.fuuro_agari_jun, s.fuuro_agari))
+    avg_dama_agari_jun = property(lambda s: _div(s.dama_agari_jun, s.dama_agari))
+
+    avg_point_per_houjuu = property(
+        lambda s: _div(s.houjuu_point_to_ko + s.houjuu_point_to_oya, s.houjuu),
+        doc='points per deal-in (negative)')
+    avg_point_per_houjuu_to_oya = property(
+        lambda s: _div(s.houjuu_point_to_oya, s.houjuu_to_oya))
+    avg_point_per_houjuu_to_ko = property(
+        lambda s: _div(s.houjuu_point_to_ko, s.houjuu - s.houjuu_to_oya))
+    avg_houjuu_jun = property(lambda s: _div(s.houjuu_jun, s.houjuu),
+                              doc='own discards before a deal-in (the dealt tile included)')
+
+    agari_rate = property(lambda s: _div(s.agari, s.round), doc='wins per kyoku')
+    houjuu_rate = property(lambda s: _div(s.houjuu, s.round), doc='deal-ins per kyoku')
+    riichi_rate = property(lambda s: _div(s.riichi, s.round), doc='riichi per kyoku')
+    fuuro_rate = property(lambda s: _div(s.fuuro, s.round), doc='kyoku with a call, per kyoku')
+    ryukyoku_rate = property(lambda s: _div(s.ryukyoku, s.round), doc='draws per kyoku')
+
+    agari_rate_after_riichi = property(lambda s: _div(s.riichi_agari, s.riichi))
+    houjuu_rate_after_riichi = property(lambda s: _div(s.riichi_houjuu, s.riichi))
+    chasing_riichi_rate = property(lambda s: _div(s.chasing_riichi, s.riichi))
+    riichi_chased_rate = property(lambda s: _div(s.riichi_got_chased, s.riichi))
+    avg_riichi_jun = property(lambda s: _div(s.riichi_jun, s.riichi),
+                              doc='own discards before the riichi declaration')
+    avg_riichi_point = property(lambda s: _div(s.riichi_point, s.riichi),
+                                doc='points per riichi (own stick excluded)')
+
+    agari_rate_as_oya = property(lambda s: _div(s.agari_as_oya, s.oya),
+                                 doc='dealer wins / dealer kyoku')
+    agari_as_oya_rate = property(lambda s: _div(s.agari_as_oya, s.agari),
+                                 doc='dealer wins / all wins')
+    houjuu_to_oya_rate = property(lambda s: _div(s.houjuu_to_oya, s.houjuu),
+                                  doc='deal-ins to the dealer / all deal-ins')
+
+    avg_fuuro_num = property(lambda s: _div(s.fuuro_num, s.fuuro),
+                             doc='calls per kyoku with a call')
+    agari_rate_after_fuuro = property(lambda s: _div(s.fuuro_agari, s.fuuro))
+    houjuu_rate_after_fuuro = property(lambda s: _div(s.fuuro_houjuu, s.fuuro))
+    avg_fuuro_point = property(lambda s: _div(s.fuuro_point, s.fuuro))
+
+    yakuman_rate = property(lambda s: _div(s.yakuman, s.round))
+    nagashi_mangan_rate = property(lambda s: _div(s.nagashi_mangan, s.round))
+
+    # ------------------------------------------------------------------ reporting
+    def tensorboard_scalars(self, pts: Sequence[float] = DEFAULT_PTS
+                            ) -> dict[str, float | dict[str, float]]:
+        """The values Mortal's ``train.py`` writes after a test play, keyed by tag.
+
+        A ``float`` value is written with ``writer.add_scalar(tag, value, step)``, a
+        ``dict`` value with ``writer.add_scalars(tag, value, step)`` (Mortal uses both;
+        :meth:`write_tensorboard` does the dispatch).
+        """
+        return {
+            'test_play/avg_ranking': self.avg_rank,
+            'test_play/avg_pt': self.avg_pt(pts),
+            'test_play/ranking': {
+                '1st': self.rank_1_rate, '2nd': self.rank_2_rate,
+                '3rd': self.rank_3_rate, '4th': self.rank_4_rate,
+            },
+            'test_play/behavior': {
+                'agari': self.agari_rate, 'houjuu': self.houjuu_rate,
+                'fuuro': self.fuuro_rate, 'riichi': self.riichi_rate,
+            },
+            'test_play/agari_point': {
+                'overall': self.avg_point_per_agari,
+                'riichi': self.avg_point_per_riichi_agari,
+                'fuuro': self.avg_point_per_fuuro_agari,
+                'dama': self.avg_point_per_dama_agari,
+            },
+            'test_play/houjuu_point': self.avg_point_per_houjuu,
+            'test_play/point_per_round': self.avg_point_per_round,
+            'test_play/key_step': {
+                'agari_jun': self.avg_agari_jun,
+                'houjuu_jun': self.avg_houjuu_jun,
+                'riichi_jun': self.avg_riichi_jun,
+            },
+            'test_play/riichi': {
+                'agari_after_riichi': self.agari_rate_after_riichi,
+                'houjuu_after_riichi': self.houjuu_rate_after_riichi,
+                'chasing_riichi': self.chasing_riichi_rate,
+                'riichi_chased': self.riichi_chased_rate,
+            },
+            'test_play/riichi_point': self.avg_riichi_point,
+            'test_play/fuuro': {
+                'agari_after_fuuro': self.agari_rate_after_fuuro,
+                'houjuu_after_fuuro': self.houjuu_rate_after_fuuro,
+            },
+            'test_play/fuuro_num': self.avg_fuuro_num,
+            'test_play/fuuro_point': self.avg_fuuro_point,
+        }
+
+    def write_tensorboard(self, writer: Any, global_step: int,
+                          pts: Sequence[float] = DEFAULT_PTS) -> None:
+        """Write :meth:`tensorboard_scalars` to a ``torch.utils.tensorboard.SummaryWriter``."""
+        for tag, value in self.tensorboard_scalars(pts).items():
+            if isinstance(value, dict):
+                writer.add_scalars(tag, value, global_step)
+            else:
+                writer.add_scalar(tag, value, global_step)
+
+    def __str__(self) -> str:
+        """The table of Mortal's ``Stat`` Display (labels and order), rates to 6 decimals."""
+        f = _fmt
+        lines = [
+            f'Games            {self.game}',
+            f'Rounds           {self.round}',
+            f'Rounds as dealer {self.oya}',
+            '',
+            f'1st (rate)       {self.rank_1} ({f(self.rank_1_rate)})',
+            f'2nd (rate)       {self.rank_2} ({f(self.rank_2_rate)})',
+            f'3rd (rate)       {self.rank_3} ({f(self.rank_3_rate)})',
+            f'4th (rate)       {self.rank_4} ({f(self.rank_4_rate)})',
+            f'Tobi(rate)       {self.tobi} ({f(self.tobi_rate)})',
+            f'Avg rank         {f(self.avg_rank)}',
+            f'Total rank pt    {self.total_pt(DEFAULT_PTS)}',
+            f'Avg rank pt      {f(self.avg_pt(DEFAULT_PTS))}',
+            f'Total Δscore     {self.point}',
+            f'Avg game Δscore  {f(self.avg_point_per_game)}',
+            f'Avg round Δscore {f(self.avg_point_per_round)}',
+            '',
+            f'Win rate      {f(self.agari_rate)}',
+            f'Deal-in rate  {f(self.houjuu_rate)}',
+            f'Call rate     {f(self.fuuro_rate)}',
+            f'Riichi rate   {f(self.riichi_rate)}',
+            f'Ryukyoku rate {f(self.ryukyoku_rate)}',
+            '',
+            f'Avg winning Δscore               {f(self.avg_point_per_agari)}',
+            f'Avg winning Δscore as dealer     {f(self.avg_point_per_oya_agari)}',
+            f'Avg winning Δscore as non-dealer {f(self.avg_point_per_ko_agari)}',
+            f'Avg riichi winning Δscore        {f(self.avg_point_per_riichi_agari)}',
+            f'Avg open winning Δscore          {f(self.avg_point_per_fuuro_agari)}',
+            f'Avg dama winning Δscore          {f(self.avg_point_per_dama_agari)}',
+            f'Avg ryukyoku Δscore              {f(self.avg_point_per_ryukyoku)}',
+            '',
+            f'Avg winning turn        {f(self.avg_agari_jun)}',
+            f'Avg riichi winning turn {f(self.avg_riichi_agari_jun)}',
+            f'Avg open winning turn   {f(self.avg_fuuro_agari_jun)}',
+            f'Avg dama winning turn   {f(self.avg_dama_agari_jun)}',
+            '',
+            f'Avg deal-in turn                 {f(self.avg_houjuu_jun)}',
+            f'Avg deal-in Δscore               {f(self.avg_point_per_houjuu)}',
+            f'Avg deal-in Δscore to dealer     {f(self.avg_point_per_houjuu_to_oya)}',
+            f'Avg deal-in Δscore to non-dealer {f(self.avg_point_per_houjuu_to_ko)}',
+            '',
+            f'Chasing riichi rate       {f(self.chasing_riichi_rate)}',
+            f'Riichi chased rate        {f(self.riichi_chased_rate)}',
+            f'Winning rate after riichi {f(self.agari_rate_after_riichi)}',
+            f'Deal-in rate after riichi {f(self.houjuu_rate_after_riichi)}',
+            f'Avg riichi turn           {f(self.avg_riichi_jun)}',
+            f'Avg riichi Δscore         {f(self.avg_riichi_point)}',
+            '',
+            f'Avg number of calls     {f(self.avg_fuuro_num)}',
+            f'Winning rate after call {f(self.agari_rate_after_fuuro)}',
+            f'Deal-in rate after call {f(self.houjuu_rate_after_fuuro)}',
+            f'Avg call Δscore         {f(self.avg_fuuro_point)}',
+            '',
+            f'Dealer wins/all dealer rounds  {f(self.agari_rate_as_oya)}',
+            f'Dealer wins/all wins           {f(self.agari_as_oya_rate)}',
+            f'Deal-in to dealer/all deal-ins {f(self.houjuu_to_oya_rate)}',
+            '',
+            f'Yakuman (rate)        {self.yakuman} ({f(self.yakuman_rate, 9)})',
+            f'Nagashi mangan (rate) {self.nagashi_mangan} ({f(self.nagashi_mangan_rate, 9)})',
+        ]
+        return '\n'.join(lines)
+
+
+# ---------------------------------------------------------------------- parsing helpers
+def _numbered_events(log: str | bytes | Iterable[dict | str], source: str
+                     ) -> list[tuple[int, dict]]:
+    """Events paired with their 1-based line (or list position) for error messages."""
+    if isinstance(log, bytes):
+        log = log.decode('utf-8')
+    items = log.splitlines() if isinstance(log, str) else log
+    out = []
+    for lineno, item in enumerate(items, 1):
+        if isinstance(item, str):
+            if not item.strip():
+                continue
+            try:
+                item = json.loads(item)
+            except json.JSONDecodeError as exc:
+                raise LogFormatError(f'{source}:{lineno}: not a JSON event ({exc})') from None
+        if not isinstance(item, dict):
+            raise LogFormatError(f'{source}:{lineno}: an event must be a JSON object, '
+                                 f'got {type(item).__name__}')
+        out.append((lineno, item))
+    return out
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _seat(ev: dict, key: str, where: str) -> int:
+    v = ev.get(key)
+    if not _is_int(v) or not 0 <= v <= 3:
+        raise LogFormatError(f'{where}: {ev.get("type")} field {key!r} must be a seat 0-3, '
+                             f'got {v!r}')
+    return v
+
+
+def _scores(ev: dict, key: str, where: str) -> list[int]:
+    v = ev.get(key)
+    if not isinstance(v, list) or len(v) != 4 or not all(_is_int(x) for x in v):
+        raise LogFormatError(f'{where}: {ev.get("type")} field {key!r} must be 4 integers '
+                             f'(required for statistics), got {v!r}')
+    return list(v)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mortal.stat <DIR> <PLAYER_NAME>``: print the stats table."""
+    os.environ.pop('RUST_BACKTRACE', None)
+    logging.basicConfig(level=logging.INFO,
+                        format='%(asctime)s %(levelname)s %(name)s: %(message)s')
+    parser = argparse.ArgumentParser(
+        prog='python -m mortal.stat',
+        description='Statistics of one player over mjai logs (DIR/**/*.json, DIR/**/*.json.gz).')
+    parser.add_argument('dir', metavar='DIR', help='directory searched recursively for logs')
+    parser.add_argument('player_name', metavar='PLAYER_NAME',
+                        help='name in start_game.names; every seat with it is analysed')
+    parser.add_argument('--no-progress', action='store_true', help='hide the progress bar')
+    args = parser.parse_args(argv)
+    try:
+        stat = Stat.from_dir(args.dir, args.player_name, disable_progress_bar=args.no_progress)
+    except FileNotFoundError as exc:
+        parser.error(str(exc))
+    if stat.game == 0:
+        logger.warning('no seat named %r found in logs under %s', args.player_name, args.dir)
+    print(stat)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""FileDatasetsIter: sample tuples, targets, passes, sharding and worker start method."""
+
+import gzip
+
+import numpy as np
+import pytest
+import torch
+
+from mortal.dataloader import FileDatasetsIter, make_dataloader, q_target
+from mortal.gameplay import GameplayLoader
+from mortal.model import GRP
+from mortal.reward import RewardCalculator
+
+from conftest import DATA_DIR
+
+RIICHIENV = DATA_DIR / "riichienv_selfplay_hanchan.jsonl"
+META = DATA_DIR / "meta_annotated_hanchan.jsonl"
+PTS = [6.0, 4.0, 2.0, 0.0]
+N_RIICHIENV = [212, 215, 216, 215]  # samples per seat (test_gameplay checks the labels)
+N_META = [160, 159, 151, 147]
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("logs")
+    out = []
+    for i, src in enumerate([RIICHIENV, META]):
+        p = d / f"{i}.json.gz"
+        p.write_bytes(gzip.compress(src.read_bytes()))
+        out.append(p)
+    bad = d / "bad.json.gz"
+    bad.write_bytes(gzip.compress(b""))
+    return out, bad
+
+
+@pytest.fixture(scope="module")
+def grp():
+    torch.manual_seed(0)
+    return GRP()
+
+
+def _ds(files, grp, **kw):
+    return FileDatasetsIter(3, [str(f) for f in files], PTS, grp, **kw)
+
+
+def test_samples_tuple_and_counts(logs, grp):
+    files, bad = logs
+    ds = _ds(files + [bad], grp, file_batch_size=2)
+    samples = list(ds)
+    assert len(samples) == sum(N_RIICHIENV) + sum(N_META)
+    assert ds.skipped == 1
+    obs, action, mask, steps, reward, rank = samples[0]
+    assert obs.shape == (934, 34) and obs.dtype == np.float32
+    assert mask.shape == (46,) and mask.dtype == np.bool_
+    assert isinstance(action, np.int64) and isinstance(steps, np.int64)
+    assert isinstance(reward, np.float64) and isinstance(rank, np.int64)
+    assert all(s[2][s[1]] for s in samples)
+    batch = next(iter(make_dataloader(_ds(files, grp), batch_size=8, num_workers=0)))
+    assert [t.dtype for t in batch] == [torch.float32, torch.int64, torch.bool, torch.int64, torch.float64,
+                                        torch.int64]
+    assert batch[0].shape == (8, 934, 34)
+
+
+def test_steps_to_done_rewards_and_ranks(grp):
+    ds = _ds([], grp)
+    ds.reward_calc = RewardCalculator(grp, PTS)
+    game = GameplayLoader(3, player_names=["0"]).load_log(RIICHIENV.read_text())[0]
+    actions, dones, at_kyoku = game.actions.copy(), game.dones.copy(), game.at_kyoku.copy()
+    gamma_steps = game.apply_gamma.copy()
+    rewards = ds.reward_calc.calc_delta_pt(0, game.grp.feature, game.grp.rank_by_player)
+    samples = ds._samples(game)
+    steps = np.array([s[3] for s in samples])
+    assert (steps[dones] == 0).all()
+    # recurrence by hand on the first kyoku: count the discounted steps after each sample
+    end = int(np.flatnonzero(dones)[0])
+    for i in range(end + 1):
+        assert steps[i] == gamma_steps[i:end].sum()
+    np.testing.assert_array_equal([s[4] for s in samples], rewards[at_kyoku])
+    np.testing.assert_array_equal([s[1] for s in samples], actions)
+    ranks = np.array([s[5] for s in samples])
+    # seat 0: E2 starts 21000/22000/23000/34000 -> 4th; final 2400 -> 4th
+    assert (ranks[at_kyoku == 0] == 3).all() and (ranks[at_kyoku == 11] == 3).all()
+
+
+def test_q_target():
+    assert q_target(0.5, np.array([0, 2]), 4.0).tolist() == [4.0, 1.0]
+
+
+def test_reserve_epochs_and_augmentation(logs, grp, monkeypatch):
+    files, _ = logs
+    total = sum(N_RIICHIENV) + sum(N_META)
+    assert len(list(_ds(files, grp, file_batch_size=1, reserve_ratio=0.5))) == total
+    order = []
+    orig = FileDatasetsIter.load_files
+
+    def spy(self, augmented):
+        order.append(augmented)
+        return orig(self, augmented)
+
+    monkeypatch.setattr(FileDatasetsIter, "load_files", spy)
+    out = list(_ds(files[:1], grp, player_names=["0"], num_epochs=2, enable_augmentation=True,
+                   augmented_first=True))
+    assert order == [True, False, True, False]
+    assert len(out) == 4 * N_RIICHIENV[0]
+
+
+def test_shard_slices():
+    ds = FileDatasetsIter(3, list("abcdefg"), PTS, None)
+    ds.shard(1, 3)
+    assert ds.file_list == ["d", "e", "f"]
+    ds.shard(0, 3)  # idempotent
+    assert ds.file_list == ["d", "e", "f"]
+
+
+@pytest.mark.timeout(180)
+def test_workers_read_each_file_once_after_native_threads(tmp_path, grp):
+    # Run threaded native code in the parent first (the situation where fork can hang).
+    torch.randn(256, 256) @ torch.randn(256, 256)
+    files = []
+    for i in range(3):
+        p = tmp_path / f"{i}.json.gz"
+        p.write_bytes(gzip.compress(META.read_bytes()))
+        files.append(p)
+    dl = make_dataloader(_ds(files, grp, player_names=["1"]), batch_size=64, num_workers=2)
+    assert dl.multiprocessing_context.get_start_method() in ("forkserver", "spawn")
+    n = sum(len(b[1]) for b in dl)
+    assert n == 3 * N_META[1]

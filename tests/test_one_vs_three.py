@@ -1,0 +1,188 @@
+"""1v3 CLI: duplicate-set confidence interval (hand-computed) and an end-to-end run with cheap players."""
+
+import gzip
+import json
+import math
+
+import pytest
+import torch
+
+from mortal import one_vs_three as ovt
+
+
+def test_mean_ci_by_hand():
+    # [1, 2, 3, 4]: mean 2.5; sample variance (2.25 + 0.25 + 0.25 + 2.25) / 3 = 5/3;
+    # half-width 1.959964 * sqrt(5/3) / sqrt(4) = 1.265151
+    mean, half = ovt.mean_ci([1, 2, 3, 4])
+    assert mean == 2.5
+    assert half == pytest.approx(1.265151, abs=1e-6)
+    mean, half = ovt.mean_ci([3.0])
+    assert mean == 3.0 and math.isnan(half)
+    with pytest.raises(ValueError):
+        ovt.mean_ci([])
+
+
+def test_duplicate_ci_uses_unit_means():
+    # unit rank means 2.5, 1.5, 3.5 -> mean 2.5, sd 1 -> half-width 1.96 / sqrt(3) = 1.131586
+    # unit pt means (90+45+0-135)/4 = 0, (90+90+45+45)/4 = 67.5, (-135-135+0+0)/4 = -67.5
+    #   -> mean 0, sd 67.5 -> half-width 1.96 * 67.5 / sqrt(3) = 76.382037
+    s = ovt.duplicate_ci([[1, 2, 3, 4], [1, 1, 2, 2], [4, 4, 3, 3]])
+    assert (s.n_units, s.n_games) == (3, 12)
+    assert s.avg_rank == 2.5
+    assert s.avg_rank_ci == pytest.approx(1.131586, abs=1e-6)
+    assert s.avg_pt == 0.0
+    assert s.avg_pt_ci == pytest.approx(76.382037, abs=1e-6)
+    # the naive per-game interval would be different (12 games, sd of ranks 1.168) -> 0.661;
+    # units, not games, are the independent samples
+    assert s.avg_rank_ci != pytest.approx(0.661, abs=1e-2)
+    with pytest.raises(ValueError, match='rank must be 1-4'):
+        ovt.duplicate_ci([[0, 1]])
+    with pytest.raises(ValueError):
+        ovt.duplicate_ci([])
+
+
+def test_challenger_ranks_by_nonce_and_rank_summary():
+    games = [  # (nonce, key, split, final scores, 0-based rank_by_player)
+        (5, 9, 'a', None, [0, 1, 2, 3]),  # challenger seat 0 -> 1st
+        (5, 9, 'b', None, [0, 3, 1, 2]),  # seat 1 -> 4th
+        (6, 9, 'c', None, [0, 3, 1, 2]),  # seat 2 -> 2nd
+        (6, 9, 'd', None, [0, 3, 1, 2]),  # seat 3 -> 3rd
+    ]
+    assert ovt.challenger_ranks_by_nonce(games) == {5: [1, 4], 6: [2, 3]}
+    assert ovt.rank_summary([1, 1, 1, 1]) == (2.5, 0.0)
+    assert ovt.rank_summary([2, 0, 0, 2]) == (2.5, (2 * 90 - 2 * 135) / 4)
+
+
+def test_side_type():
+    assert ovt.side_type({}, 'x') == 'mortal'
+    assert ovt.side_type({'type': 'rulebase'}, 'x') == 'rulebase'
+    with pytest.raises(ValueError, match=r'\[1v3.champion\] type'):
+        ovt.side_type({'type': 'akochan'}, '1v3.champion')
+
+
+def test_build_side_rulebase():
+    agent = ovt.build_side({'type': 'rulebase', 'name': 'rb'}, '1v3.champion')
+    assert agent.name == 'rb' and hasattr(agent, 'react')
+
+
+class FirstLegal:
+    """A cheap deterministic arena agent: always the lowest legal action index."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def react(self, scenes):
+        from mortal.agent import Decision, first_legal
+        from mortal.obs import encode
+        return [Decision(first_legal(sc.state, encode(sc.state, 1)[1])) for sc in scenes]
+
+    def end_game(self, game, seat):
+        pass
+
+
+CONFIG = """
+[1v3]
+seed_key = 7
+games_per_iter = 4
+iters = 1
+log_dir = '{log_dir}'
+
+[1v3.challenger]
+type = '{chal_type}'
+name = 'chal'
+device = 'cpu'
+state_file = 'unused'
+stochastic_latent = false
+enable_compile = false
+enable_amp = false
+enable_rule_based_agari_guard = true
+
+[1v3.champion]
+type = 'rulebase'
+name = 'champ'
+device = 'cpu'
+state_file = 'unused'
+stochastic_latent = false
+enable_compile = false
+enable_amp = false
+enable_rule_based_agari_guard = true
+"""
+
+
+def test_cli_rejects_bad_side_type(tmp_path, capsys):
+    cfg = tmp_path / 'c.toml'
+    cfg.write_text(CONFIG.format(log_dir=tmp_path / 'logs', chal_type='akochan'))
+    assert ovt.main(['--config', str(cfg), '--no-progress']) == 2
+    assert "[1v3.challenger] type must be one of ('mortal', 'rulebase'), got 'akochan'" \
+        in capsys.readouterr().err
+
+
+def test_cli_end_to_end_identical_players_rank_2_5(tmp_path, capsys, monkeypatch):
+    # Identical deterministic players on duplicate deals: the 4 rotations of a nonce are the same
+    # game with the challenger in a different seat, so it takes each rank once -> [1, 1, 1, 1].
+    built = []
+
+    def fake_build(side, section):
+        built.append((section, side['type'], side['name']))
+        return FirstLegal(side['name'])
+
+    monkeypatch.setattr(ovt, 'build_side', fake_build)
+    log_dir = tmp_path / 'logs'
+    cfg = tmp_path / 'c.toml'
+    cfg.write_text(CONFIG.format(log_dir=log_dir, chal_type='rulebase'))
+    assert ovt.main(['--config', str(cfg), '--no-progress']) == 0
+    out = capsys.readouterr().out
+    assert built == [('1v3.challenger', 'rulebase', 'chal'), ('1v3.champion', 'rulebase', 'champ')]
+    assert '# 0' in out
+    assert 'challenger rankings: [1, 1, 1, 1] (2.500000, 0.000000pt)' in out
+    assert 'total: avg rank 2.5000 ± nan, avg pt 0.000 ± nan (95% CI over 1 duplicate sets, 4 games)' in out
+    # Mortal's log names: nonce 10000 (first iteration), key 7, split a-d
+    names = sorted(p.name for p in log_dir.iterdir())
+    assert names == [f'10000_7_{s}.json.gz' for s in 'abcd']
+    with gzip.open(log_dir / '10000_7_b.json.gz', 'rt') as f:
+        first = json.loads(f.readline())
+    assert first['names'] == ['champ', 'chal', 'champ', 'champ']
+    # the final Stat table is over the challenger's seats only
+    assert 'Games            4' in out
+    assert '1st (rate)       1 (0.250000)' in out
+    assert 'Total Δscore     0' in out
+
+
+@pytest.fixture
+def one_torch_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # small batches: extra threads only contend on a busy runner
+    yield
+    torch.set_num_threads(n)
+
+
+def test_mortal_side_from_checkpoint_plays_end_to_end(tiny_config, tmp_path, capsys, monkeypatch,
+                                                       one_torch_thread):
+    from mortal.engine import MortalEngine
+    from mortal.model import DQN, Brain
+
+    config, _ = tiny_config
+    chal = config['1v3']['challenger']
+    torch.manual_seed(0)
+    torch.save({'mortal': Brain(conv_channels=16, num_blocks=1, version=3).state_dict(),
+                'current_dqn': DQN(version=3).state_dict(), 'config': config, 'timestamp': 0},
+               chal['state_file'])
+    engine = ovt.build_side(chal, '1v3.challenger')
+    assert isinstance(engine, MortalEngine)
+    assert (engine.name, engine.version, engine.enable_rule_based_agari_guard) == ('mortal', 3, True)
+
+    real_build = ovt.build_side
+    monkeypatch.setattr(ovt, 'build_side', lambda side, section: (
+        real_build(side, section) if section == '1v3.challenger' else FirstLegal(side['name'])))
+    summary = ovt.run(config, disable_progress_bar=True)
+    out = capsys.readouterr().out
+    assert (summary.n_units, summary.n_games) == (1, 4)
+    assert 1.0 <= summary.avg_rank <= 4.0 and math.isnan(summary.avg_rank_ci)
+    assert 'challenger rankings: [' in out and 'Games            4' in out
+    logs = sorted(p.name for p in (tmp_path / '1v3').iterdir())
+    assert logs == [f'10000_0_{s}.json.gz' for s in 'abcd']
+    with gzip.open(tmp_path / '1v3' / '10000_0_c.json.gz', 'rt') as f:
+        events = [json.loads(line) for line in f]
+    assert events[0]['names'] == ['baseline', 'baseline', 'mortal', 'baseline']
+    # the challenger's non-quick-eval reactions carry Mortal's meta
+    assert any('meta' in e for e in events if e.get('actor') == 2 and e['type'] == 'dahai')

@@ -1,0 +1,90 @@
+"""train_grp: a few steps on the fixture logs, checkpoint format, resume, loss goes down."""
+
+import gzip
+import os
+
+import pytest
+import torch
+from torch import optim
+
+from mortal.model import GRP
+from mortal.reward import load_grp
+from mortal.train_grp import GrpFileDatasetsIter, build_file_index, collate, save_checkpoint, train, train_step
+
+from conftest import DATA_DIR
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    data = tmp_path / "data" / "2024"
+    data.mkdir(parents=True)
+    for i, name in enumerate(["riichienv_selfplay_hanchan.jsonl", "meta_annotated_hanchan.jsonl"]):
+        (data / f"{i}.json.gz").write_bytes(gzip.compress((DATA_DIR / name).read_bytes()))
+    (data / "bad.json.gz").write_bytes(gzip.compress(b"<mjloggm/>"))
+    return {
+        "state_file": str(tmp_path / "grp.pth"),
+        "network": {"hidden_size": 64, "num_layers": 2},
+        "control": {"device": "cpu", "enable_cudnn_benchmark": False, "tensorboard_dir": str(tmp_path / "tb"),
+                    "batch_size": 8, "save_every": 2, "val_steps": 1},
+        "dataset": {"train_globs": [str(tmp_path / "data" / "**" / "*.json.gz")],
+                    "val_globs": [str(data / "1.json.gz")],
+                    "file_index": str(tmp_path / "index.pth"), "file_batch_size": 2},
+        "optim": {"lr": 1e-3},
+    }
+
+
+def test_train_writes_checkpoint_tensorboard_and_resumes(cfg, tmp_path):
+    assert train(cfg, max_steps=4, num_workers=0, progress=False) == 4
+    state = torch.load(cfg["state_file"], weights_only=True)
+    assert set(state) == {"model", "optimizer", "steps", "timestamp"}
+    assert state["steps"] == 4
+    assert set(state["model"]) == set(GRP().state_dict())
+    assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]
+    # add_scalars writes one run folder per tag/key pair
+    tb = set(os.listdir(cfg["control"]["tensorboard_dir"]))
+    assert {"loss_train", "loss_val", "acc_train", "acc_val"} <= tb
+    index = torch.load(cfg["dataset"]["file_index"], weights_only=True)
+    assert len(index["train_file_list"]) == 3 and len(index["val_file_list"]) == 1
+    assert train(cfg, max_steps=6, num_workers=0, progress=False) == 6
+    assert torch.load(cfg["state_file"], weights_only=True)["steps"] == 6
+    grp = load_grp(cfg["state_file"], cfg["network"])  # what RewardCalculator uses
+    assert not grp.training
+
+
+def test_samples_are_prefixes_with_final_rank(cfg):
+    files, _ = build_file_index(cfg["dataset"]["train_globs"], [], None)
+    ds = GrpFileDatasetsIter([f for f in files if f.endswith("0.json.gz")], file_batch_size=1)
+    samples = list(ds)
+    assert sorted(len(x) for x, _ in samples) == list(range(1, 13))
+    assert all(r.tolist() == [3, 2, 1, 0] for _, r in samples)
+
+
+def test_all_bad_files_raise_instead_of_cycling(tmp_path):
+    bad = tmp_path / "bad.json.gz"
+    bad.write_bytes(gzip.compress(b""))
+    with pytest.raises(RuntimeError, match="1 skipped"):
+        next(iter(GrpFileDatasetsIter([str(bad)], cycle=True)))
+
+
+def test_empty_globs_rejected(cfg, tmp_path):
+    cfg["dataset"]["val_globs"] = [str(tmp_path / "nothing" / "*.gz")]
+    cfg["dataset"]["file_index"] = str(tmp_path / "other_index.pth")
+    with pytest.raises(ValueError, match="0 val"):
+        train(cfg, max_steps=1, num_workers=0, progress=False)
+
+
+def test_loss_decreases_on_a_repeated_batch(cfg):
+    files, _ = build_file_index(cfg["dataset"]["train_globs"], [], None)
+    batch = collate(list(GrpFileDatasetsIter(files, file_batch_size=3)))
+    torch.manual_seed(0)
+    grp = GRP()
+    opt = optim.AdamW(grp.parameters(), lr=1e-3)
+    losses = [train_step(grp, opt, *batch)[0] for _ in range(30)]
+    assert losses[-1] < losses[0] - 0.5
+
+
+def test_save_checkpoint_atomic(tmp_path):
+    path = tmp_path / "x.pth"
+    save_checkpoint({"a": 1}, path)
+    save_checkpoint({"a": 2}, path)
+    assert torch.load(path, weights_only=True) == {"a": 2} and os.listdir(tmp_path) == ["x.pth"]
