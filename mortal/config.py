@@ -141,7 +141,17 @@ _MODEL_SLOT = {
     'state_file': Key('str', 'checkpoint to load the model from (Mortal checkpoint layout)'),
 }
 
+def _side_type(v):
+    return None if v in ('mortal', 'rulebase') else "must be 'mortal' or 'rulebase'"
+
+
+# Keys a `type = 'rulebase'` side (mjai's RulebaseBot) does not need.
+_MODEL_ONLY_1V3 = ('device', 'state_file', 'stochastic_latent', 'enable_compile', 'enable_amp',
+                   'enable_rule_based_agari_guard')
+
 _ENGINE_1V3 = {
+    'type': Key('str', "'mortal' (a checkpoint) or 'rulebase' (mjai's RulebaseBot)", default='mortal',
+                check=_side_type),
     'device': Key('str', "torch device of this engine"),
     'name': Key('str', 'engine name written into the logs'),
     'state_file': Key('str', 'checkpoint to load'),
@@ -413,6 +423,8 @@ def _check_tables(config: dict, path: str, errors: list[str], warns: list[str]) 
                 if name in table:
                     continue
                 if key.default is _REQUIRED:
+                    if table.get('type') == 'rulebase' and name in _MODEL_ONLY_1V3:
+                        continue  # a rule-based side loads no model
                     errors.append(f'missing key [{prefix}] {name} in {path} ({key.kind}: {key.doc})')
                 elif key.default is not _ABSENT:
                     table[name] = key.default

@@ -380,3 +380,33 @@ def test_validate_twice_is_idempotent(tmp_path, cfg):
     # A loaded config written back out loads the same (the None token is simply left out).
     assert load_config(write(tmp_path, c, 'again.toml')) == c
 
+
+
+def test_1v3_rulebase_side_needs_no_model_keys(tmp_path):
+    path = tmp_path / 'c.toml'
+    path.write_text("""
+[control]
+version = 3
+[resnet]
+conv_channels = 16
+num_blocks = 1
+[env]
+gamma = 1
+pts = [6.0, 4.0, 2.0, 0.0]
+[1v3]
+games_per_iter = 4
+iters = 1
+log_dir = 'x'
+[1v3.challenger]
+type = 'rulebase'
+name = 'rulebase'
+[1v3.champion]
+type = 'bogus'
+name = 'champ'
+""")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(path))
+    msg = str(e.value)
+    assert "[1v3.champion] type" in msg and "'rulebase'" in msg
+    assert '[1v3.champion] state_file' in msg  # a model side still needs its checkpoint
+    assert '[1v3.challenger]' not in msg
