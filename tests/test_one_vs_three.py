@@ -113,8 +113,8 @@ def test_cli_rejects_bad_side_type(tmp_path, capsys):
     cfg = tmp_path / 'c.toml'
     cfg.write_text(CONFIG.format(log_dir=tmp_path / 'logs', chal_type='akochan'))
     assert ovt.main(['--config', str(cfg), '--no-progress']) == 2
-    assert "[1v3.challenger] type must be one of ('mortal', 'rulebase'), got 'akochan'" \
-        in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "[1v3.challenger] type in" in err and "got 'akochan'" in err
 
 
 def test_cli_end_to_end_identical_players_rank_2_5(tmp_path, capsys, monkeypatch):
