@@ -1,0 +1,344 @@
+"""Observation version 4 (1012x34), as Mortal's ``state/obs_repr.rs`` with ``version = 4``.
+
+``mjai.mlibriichi`` encodes versions 1-3 only. Version 4 is built here from
+two parts (spec: mortal_semantics.md section 6):
+
+* rows 0-888: the v3 array of ``PlayerState.encode_obs(3, at_kan_select)``
+  re-packed (scores get a clamp(s,0,30000)/30000 row instead of 9 RBF rows;
+  honba/kyotaku become min(n,10)/10; doras owned/unseen keep only their
+  rescale row). The action mask is v3's, which equals v4's.
+* rows 889-1011: the single-player (SP) block from ``mortal.sp.calc``.
+
+The SP block needs per-kyoku facts that ``PlayerState`` does not expose (dora
+indicators, red fives seen, tiles left, own call tiles, double riichi,
+ippatsu, rinshan, chankan), so ``V4Encoder`` tracks them from the same mjai
+event stream. Usage, per seat::
+
+    state = PlayerState(seat); enc = V4Encoder(seat)
+    for event in events:          # every event, in order, both objects
+        state.update(json.dumps(event)); enc.update(event)
+        obs, mask = enc.encode(state, at_kan_select=False)   # when deciding
+
+Cost: the SP search is pure Python; a 1-2 shanten hand takes ~0.1-2 s and a
+3 shanten hand can take far longer (see bench/obs_v4.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from mortal.sp.agari import Hand, agari
+from mortal.sp.calc import (MAX_TSUMOS_LEFT, SPCalculator, best_by_required, deaka,
+                            next_tile)
+from mortal.sp.point import yaku_point, yakuman_point
+from mortal.sp.shanten import calc_all
+from mortal.tile import tile_id
+
+OBS_CHANNELS_V3 = 934
+OBS_CHANNELS_V4 = 1012
+MAX_NUM_TURNS = MAX_TSUMOS_LEFT  # 17
+
+# (name, v4 start, v3 start or None, rows) for rows 1-23; see mortal_semantics.md 6.1.
+ROW_TABLE = (
+    ("tehai", 0, 0, 4),
+    ("akas_in_hand", 4, 4, 3),
+    ("scores", 7, None, 8),           # per player: v3 row 7+10p, then clamp/3e4
+    ("rank", 15, 47, 4),
+    ("kyoku", 19, 51, 4),
+    ("honba_kyotaku", 23, None, 2),
+    ("bakaze_jikaze", 25, 59, 2),
+    ("grand_kyoku", 27, 61, 1),
+    ("dora_indicators", 28, 62, 7),
+    ("kawa_and_tiles_left", 35, 69, 683),  # own kawa 96+1, opponents 585, tiles_left 1
+    ("doras_owned", 718, None, 4),    # v3 rows 752, 755, 758, 761
+    ("doras_unseen", 722, 764, 1),
+    ("rest_v3", 723, 768, 166),       # kawa overview .. action rows (v3 768-933)
+)
+SP_START = 889
+SP_EV = SP_START                       # 2 rows
+SP_REQUIRED = SP_START + 2             # 68 rows (3n+2) / row +69 (3n+1)
+SP_BEST = SP_START + 70                # 1 row (3n+2), then 1 empty row
+SP_TABLE = SP_START + 72               # 3 x 17 rows: tenpai, win, EV
+_AKA_NAMES = {"5mr": 0, "5pr": 1, "5sr": 2}
+
+
+def _tid(name: str) -> int:
+    return tile_id(name)
+
+
+class V4Encoder:
+    """Per-seat v4 observation encoder; feed it every mjai event the seat's ``PlayerState`` gets.
+
+    Args:
+        player_id: absolute seat 0-3.
+    """
+
+    def __init__(self, player_id: int):
+        if player_id not in (0, 1, 2, 3):
+            raise ValueError(f"player_id must be 0-3, got {player_id!r}")
+        self.player_id = player_id
+        self._reset()
+
+    def _reset(self):
+        self.dora_indicators: list = []   # ids 0-36 as revealed
+        self.akas_seen = [False, False, False]
+        self.tiles_left = 70
+        self.own_fuuro_tiles: list = []   # ids 0-36 of own chi/pon/kan tiles (ankan incl.)
+        self.can_w_riichi = True
+        self.is_w_riichi = False
+        self.at_ippatsu = False
+        self.at_rinshan = False
+        self.pending_kakan = False        # last event was another player's kakan
+
+    # -- event tracking ------------------------------------------------------
+    def _witness(self, name: str):
+        if name in _AKA_NAMES:
+            self.akas_seen[_AKA_NAMES[name]] = True
+
+    def update(self, event) -> None:
+        """Track one mjai event (dict or JSON text), in the order ``PlayerState.update`` gets them."""
+        if isinstance(event, (str, bytes)):
+            event = json.loads(event)
+        kind = event.get("type")
+        me = self.player_id
+        actor = event.get("actor")
+        if self.pending_kakan:
+            # Mortal drops ippatsu at the event after a kakan (chankan chance over).
+            self.pending_kakan = False
+            self.at_ippatsu = False
+        if kind == "start_kyoku":
+            self._reset()
+            self.dora_indicators.append(_tid(event["dora_marker"]))
+            self._witness(event["dora_marker"])
+            for name in event["tehais"][me]:
+                self._witness(name)
+        elif kind == "tsumo":
+            self.tiles_left -= 1
+            if actor == me:
+                self._witness(event["pai"])
+        elif kind == "dahai":
+            if actor == me:
+                self.at_rinshan = False
+                self.at_ippatsu = False
+                self.can_w_riichi = False
+            else:
+                self._witness(event["pai"])
+        elif kind in ("chi", "pon", "daiminkan"):
+            if actor == me:
+                self.own_fuuro_tiles += [_tid(t) for t in event["consumed"]] + [_tid(event["pai"])]
+                if kind == "daiminkan":
+                    self.at_rinshan = True
+            else:
+                for t in event["consumed"]:
+                    self._witness(t)
+                self.can_w_riichi = False
+                self.at_ippatsu = False
+        elif kind == "kakan":
+            if actor == me:
+                self.own_fuuro_tiles.append(_tid(event["pai"]))
+                self.at_rinshan = True
+            else:
+                self._witness(event["pai"])
+                self.pending_kakan = True
+        elif kind == "ankan":
+            self.can_w_riichi = False
+            self.at_ippatsu = False
+            if actor == me:
+                self.own_fuuro_tiles += [_tid(t) for t in event["consumed"]]
+                self.at_rinshan = True
+            else:
+                for t in event["consumed"]:
+                    self._witness(t)
+        elif kind == "dora":
+            self.dora_indicators.append(_tid(event["dora_marker"]))
+            self._witness(event["dora_marker"])
+        elif kind == "reach":
+            if actor == me:
+                self.is_w_riichi = self.can_w_riichi
+        elif kind == "reach_accepted":
+            if actor == me:
+                self.at_ippatsu = True
+
+    # -- encoding ------------------------------------------------------------
+    def encode(self, state, at_kan_select: bool = False) -> tuple:
+        """``(obs (1012, 34) float32, mask (46,) bool)`` for ``state`` (a ``PlayerState``).
+
+        Raises ValueError if ``state`` belongs to another seat.
+        """
+        if state.player_id != self.player_id:
+            raise ValueError(f"state is seat {state.player_id}, encoder is seat {self.player_id}")
+        v3, mask = state.encode_obs(3, at_kan_select)
+        obs = np.zeros((OBS_CHANNELS_V4, 34), dtype=np.float32)
+        repack_v3(v3, state.scores, state.honba, state.kyotaku, obs)
+        self.encode_sp(state, obs)
+        return obs, mask
+
+    def _context(self, state):
+        """Facts shared by the SP block and the fallback value."""
+        tehai = list(state.tehai)
+        akas = list(state.akas_in_hand)
+        chis, pons = list(state.chis), list(state.pons)
+        minkans, ankans = list(state.minkans), list(state.ankans)
+        is_menzen = not (chis or pons or minkans)
+        factor = [0] * 34
+        for ind in self.dora_indicators:
+            factor[next_tile(ind)] += 1
+        doras_owned = (sum(tehai[t] * factor[t] for t in range(34)) + sum(akas)
+                       + sum(factor[deaka(t)] + (t >= 34) for t in self.own_fuuro_tiles))
+        return tehai, akas, chis, pons, minkans, ankans, is_menzen, factor, doras_owned
+
+    def encode_sp(self, state, obs) -> None:
+        """Fill rows 889-1011 of ``obs`` (rows assumed zero)."""
+        cans = state.last_cans
+        ctx = self._context(state)
+        tables = self.single_player_tables(state, ctx)
+        if tables is None:
+            value = self.min_tsumo_agari(state, ctx)
+            _encode_ev(obs, value)
+            return
+        max_ev = tables[0].exp_values[0] if tables[0].exp_values else 0.0
+        _encode_ev(obs, max_ev)
+        if cans.can_discard:
+            for c in tables:
+                row = SP_REQUIRED + (34 if c.shanten_down else 0) + deaka(c.tile)
+                for r, _ in c.required_tiles:
+                    obs[row, r] = 1.0
+            obs[SP_BEST, deaka(best_by_required(tables).tile)] = 1.0
+        else:
+            for r, _ in tables[0].required_tiles:
+                obs[SP_REQUIRED + 69, r] = 1.0
+        scale = 0.0 if max_ev < 1.0 else 1.0 / max_ev
+        _encode_sp_table(obs, tables, cans.can_discard, scale)
+
+    def single_player_tables(self, state, ctx=None):
+        """Sorted SP candidates, or None where Mortal's ``single_player_tables`` fails.
+
+        Fails (None) when fewer than 4 tiles are left, the hand is complete, or
+        no own draw remains. Follows ``agent_helper.rs`` (tsumos left, haitei,
+        prefer riichi at >= 1000 points, double riichi, accepted-riichi discard).
+        """
+        if ctx is None:
+            ctx = self._context(state)
+        tehai, akas, chis, pons, minkans, ankans, is_menzen, factor, doras_owned = ctx
+        tehai, akas = list(tehai), list(akas)
+        cans = state.last_cans
+        tiles_left = self.tiles_left
+        if tiles_left < 4:
+            return None
+        len_div3 = 4 - len(chis) - len(pons) - len(minkans) - len(ankans)
+        can_discard = cans.can_discard
+        if can_discard:
+            cur_shanten = calc_all(tehai, len_div3)
+        else:
+            cur_shanten = max(calc_all(tehai, len_div3), 0)
+        if cur_shanten < 0:
+            return None
+        if can_discard:
+            tsumos_left, haitei = tiles_left // 4, tiles_left % 4 == 0
+        else:
+            target = (cans.target_actor - self.player_id) % 4
+            nxt = max(tiles_left - (4 - target), 0)
+            tsumos_left, haitei = nxt // 4, nxt % 4 == 0
+        if tsumos_left < 1:
+            return None
+        if is_menzen and not ankans:
+            in_fuuro = 0
+        else:
+            in_tehai = sum(tehai[next_tile(i)] for i in self.dora_indicators)
+            in_fuuro = doras_owned - in_tehai - sum(akas)
+        riichi_discard = can_discard and state.self_riichi_accepted
+        last_tsumo = None
+        if riichi_discard:
+            last_tsumo = _tid(state.last_self_tsumo())
+            tehai[deaka(last_tsumo)] -= 1
+            if last_tsumo >= 34:
+                akas[last_tsumo - 34] = False
+            can_discard = False
+        calc = SPCalculator(
+            tehai_len_div3=len_div3, chis=chis, pons=pons, minkans=minkans, ankans=ankans,
+            bakaze=state.bakaze, jikaze=state.jikaze, is_menzen=is_menzen,
+            num_doras_in_fuuro=in_fuuro, dora_indicators=self.dora_indicators,
+            calc_double_riichi=cans.can_discard and state.can_w_riichi,
+            calc_haitei=haitei, prefer_riichi=state.scores[0] >= 1000,
+        )
+        tables = calc.calc(tehai, akas, list(state.tiles_seen), self.akas_seen, can_discard,
+                           min(tsumos_left, MAX_TSUMOS_LEFT), cur_shanten)
+        if riichi_discard:
+            tables[0].tile = last_tsumo
+        return tables
+
+    def min_tsumo_agari(self, state, ctx=None) -> float:
+        """Tsumo total of winning now without uradora (Mortal ``agari_points(can_ron, [])``), else 0."""
+        if ctx is None:
+            ctx = self._context(state)
+        tehai, akas, chis, pons, minkans, ankans, is_menzen, factor, doras_owned = ctx
+        tehai = list(tehai)
+        cans = state.last_cans
+        is_ron = cans.can_ron_agari
+        if not (is_ron or cans.can_tsumo_agari):
+            return 0.0
+        is_oya = state.is_oya
+        if not is_ron and state.can_w_riichi:
+            return float(yakuman_point(is_oya, 1).tsumo_total(is_oya))
+        name = state.last_kawa_tile() if is_ron else state.last_self_tsumo()
+        if name is None:
+            return 0.0
+        win = _tid(name)
+        riichi = state.self_riichi_accepted
+        chankan = self.pending_kakan and is_ron
+        ippatsu = self.at_ippatsu and not (self.pending_kakan and not is_ron)
+        last = self.tiles_left == 0
+        if is_ron:
+            extra = riichi + self.is_w_riichi + ippatsu + last + chankan
+            tehai[deaka(win)] += 1
+            doras_owned += factor[deaka(win)] + (win >= 34)
+        else:
+            extra = (riichi + self.is_w_riichi + ippatsu + is_menzen
+                     + (last and not self.at_rinshan) + self.at_rinshan)
+        hand = Hand(tuple(tehai), is_menzen, tuple(chis), tuple(pons), tuple(minkans),
+                    tuple(ankans), state.bakaze, state.jikaze, deaka(win), is_ron)
+        y = agari(hand, int(extra), doras_owned)
+        if y is None:
+            return 0.0
+        return float(yaku_point(is_oya, y).tsumo_total(is_oya))
+
+
+def repack_v3(v3: np.ndarray, scores, honba: int, kyotaku: int, out: np.ndarray) -> None:
+    """Write v4 rows 0-888 into ``out`` (1012, 34) from a v3 array (934, 34) and getters.
+
+    ``scores``: 4 ints, self first (``PlayerState.scores``).
+    """
+    if v3.shape != (OBS_CHANNELS_V3, 34):
+        raise ValueError(f"expected a v3 observation (934, 34), got {v3.shape}")
+    for name, start, src, n in ROW_TABLE:
+        if src is not None:
+            out[start:start + n] = v3[src:src + n]
+    for p, s in enumerate(scores):
+        out[7 + 2 * p] = v3[7 + 10 * p]
+        out[8 + 2 * p] = min(max(s, 0), 30000) / 30000.0
+    out[23] = min(honba, 10) / 10.0
+    out[24] = min(kyotaku, 10) / 10.0
+    for p in range(4):
+        out[718 + p] = v3[752 + 3 * p]
+
+
+def _encode_ev(obs, value: float) -> None:
+    obs[SP_EV] = min(max(value, 0.0), 100000.0) / 100000.0
+    obs[SP_EV + 1] = min(max(value, 0.0), 30000.0) / 30000.0
+
+
+def _encode_sp_table(obs, tables, can_discard: bool, scale: float) -> None:
+    first = tables[0]
+    if not first.tenpai_probs or not first.tenpai_probs[0] > 0.0:
+        return  # probabilities not computed (shanten >= 4) or all zero
+    cands = tables if can_discard else [first]
+    for c in cands:
+        col = deaka(c.tile) if can_discard else slice(None)
+        for turn, (tp, wp, ev) in enumerate(zip(c.tenpai_probs, c.win_probs, c.exp_values)):
+            if not tp > 0.0:
+                break
+            obs[SP_TABLE + turn, col] = tp
+            obs[SP_TABLE + MAX_NUM_TURNS + turn, col] = wp
+            obs[SP_TABLE + 2 * MAX_NUM_TURNS + turn, col] = min(ev * scale, 1.0)
