@@ -118,16 +118,58 @@ def model_tag(state: dict, version: int, num_blocks: int, conv_channels: int) ->
     return f'mortal{version}-b{num_blocks}c{conv_channels}-t{time}'
 
 
+class CheckpointLoadError(ValueError):
+    """A checkpoint that cannot be loaded; the message is one line naming the file and the reason."""
+
+
+def _one_line(exc: BaseException) -> str:
+    # torch's size-mismatch report spans many lines; a CLI error must be one.
+    return ' '.join(part.strip() for part in str(exc).splitlines() if part.strip()) or type(exc).__name__
+
+
+def checkpoint_load_errors(what: str, path: str):
+    """Context manager turning every way a checkpoint can fail to load into :class:`CheckpointLoadError`."""
+    import contextlib
+    import pickle
+
+    @contextlib.contextmanager
+    def guard():
+        try:
+            yield
+        except CheckpointLoadError:
+            raise
+        except pickle.UnpicklingError as exc:
+            # torch's message is a paragraph about the weights_only default; keep its last specific line
+            detail = [part.strip() for part in str(exc).splitlines() if part.strip()]
+            detail = [d for d in detail if not d.startswith(('Weights only', 'Please file', 'Check the doc'))]
+            raise CheckpointLoadError(f'cannot load {what} {path}: not a weights-only torch checkpoint '
+                                      f'(objects other than tensors and plain containers are refused)'
+                                      + (f': {detail[-1]}' if detail else '')) from None
+        # OSError: missing/unreadable; RuntimeError: wrong shapes or a corrupt zip; KeyError/TypeError/ValueError
+        # (incl. mortal.player.CheckpointError): wrong layout.
+        except (OSError, EOFError, RuntimeError, KeyError, TypeError, ValueError) as exc:
+            raise CheckpointLoadError(f'cannot load {what} {path}: {type(exc).__name__}: {_one_line(exc)}') \
+                from None
+
+    return guard()
+
+
 def load_engine(state_file: str, *, review_mode: bool):
-    """``(MortalEngine, tag)`` from a Mortal-layout checkpoint, with the bot's engine settings (CPU)."""
+    """``(MortalEngine, tag)`` from a Mortal-layout checkpoint, with the bot's engine settings (CPU).
+
+    Raises:
+        CheckpointLoadError: the file is missing, not a weights-only torch checkpoint, or its weights do not fit
+            its own ``config`` (the message is one line naming the file; for shapes, both shapes).
+    """
     import torch
     from mortal.engine import MortalEngine
     from mortal.player import load_model_pair
 
-    brain, dqn, version = load_model_pair(state_file)
-    state = torch.load(state_file, weights_only=True, map_location=torch.device('cpu'))
-    resnet = state['config']['resnet']
-    tag = model_tag(state, version, resnet['num_blocks'], resnet['conv_channels'])
+    with checkpoint_load_errors('[control] state_file', state_file):
+        brain, dqn, version = load_model_pair(state_file)
+        state = torch.load(state_file, weights_only=True, map_location=torch.device('cpu'))
+        resnet = state['config']['resnet']
+        tag = model_tag(state, version, resnet['num_blocks'], resnet['conv_channels'])
     engine = MortalEngine(
         brain,
         dqn,
@@ -142,20 +184,33 @@ def load_engine(state_file: str, *, review_mode: bool):
     return engine, tag
 
 
-def phi_matrix(config: dict, log_lines: list[str]) -> list:
-    """GRP rank-probability matrices ``(K, 4, 4)`` (as nested lists) for every kyoku prefix of ``log_lines``.
+def load_review_grp(config: dict):
+    """The GRP of ``[grp] state_file`` / ``[grp.network]`` in eval mode on the CPU (review mode).
 
     Raises:
-        mortal.grp.BadLogError: the log has no finished kyoku.
+        CheckpointLoadError: missing or unusable file, or weights that do not fit ``[grp.network]``.
+    """
+    from mortal.reward import load_grp
+
+    path = config['grp']['state_file']
+    with checkpoint_load_errors('[grp] state_file', path):
+        return load_grp(path, config['grp']['network'])
+
+
+def phi_matrix(config: dict, log_lines: list[str], grp=None) -> list:
+    """GRP rank-probability matrices ``(K, 4, 4)`` (as nested lists) for every kyoku prefix of ``log_lines``.
+
+    ``grp``: a loaded GRP (default: :func:`load_review_grp` of ``config``).
+
+    Raises:
+        mortal.grp.BadLogError: the log has no finished kyoku or is malformed.
+        CheckpointLoadError: ``grp`` not given and the GRP checkpoint cannot be loaded.
     """
     import torch
     from mortal.grp import Grp
-    from mortal.model import GRP
 
-    grp = GRP(**config['grp']['network'])
-    grp_state = torch.load(config['grp']['state_file'], weights_only=True, map_location=torch.device('cpu'))
-    grp.load_state_dict(grp_state['model'])
-    grp.eval()
+    if grp is None:
+        grp = load_review_grp(config)
     feature = Grp.load_log('\n'.join(log_lines), '<stdin>').take_feature()
     seq = [torch.as_tensor(feature[:i + 1]) for i in range(len(feature))]
     with torch.inference_mode():
@@ -187,7 +242,7 @@ USAGE = 'python -m mortal.bot [--config PATH] <SEAT>   (SEAT: the player ID, an 
 
 
 def main(argv: list[str] | None = None, *, stdin: IO[str] | None = None, stdout: IO[str] | None = None) -> int:
-    """``python -m mortal.bot <SEAT>``; returns the exit status (2 usage/config error, 1 bad input)."""
+    """``python -m mortal.bot <SEAT>``; returns the exit status (2 usage/config/checkpoint error, 1 bad input)."""
     os.environ.pop('RUST_BACKTRACE', None)
     # stdout is the protocol channel: logs go to stderr only
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
@@ -208,7 +263,12 @@ def main(argv: list[str] | None = None, *, stdin: IO[str] | None = None, stdout:
     except ConfigError as exc:
         print(f'error: {exc}', file=sys.stderr)
         return 2
-    engine, tag = load_engine(config['control']['state_file'], review_mode=review_mode)
+    try:
+        engine, tag = load_engine(config['control']['state_file'], review_mode=review_mode)
+        grp = load_review_grp(config) if review_mode else None  # fail before the game, not after it
+    except CheckpointLoadError as exc:
+        print(f'error: {exc}', file=sys.stderr)
+        return 2
     bot = Bot(engine, args.seat)
     try:
         lines = serve(bot, stdin, stdout, review_mode=review_mode)
@@ -220,7 +280,7 @@ def main(argv: list[str] | None = None, *, stdin: IO[str] | None = None, stdout:
     if review_mode:
         from mortal.grp import BadLogError
         try:
-            matrix = phi_matrix(config, lines)
+            matrix = phi_matrix(config, lines, grp)
         except BadLogError as exc:
             print(f'error: cannot review this log: {exc}', file=sys.stderr)
             return 1

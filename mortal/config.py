@@ -348,7 +348,8 @@ def load_config(path: str | os.PathLike | None = None, *, required: Iterable[str
     """
     path = resolve_path(path, env)
     try:
-        with open(path, encoding='utf-8') as f:
+        # utf-8-sig: Windows editors (Notepad) prepend a BOM, which the TOML parser would reject at line 1.
+        with open(path, encoding='utf-8-sig') as f:
             config = toml.load(f)
     except FileNotFoundError:
         raise ConfigError(path, [f'config file {path} not found (set {ENV_PATH} or pass the path)']) from None
@@ -357,6 +358,10 @@ def load_config(path: str | os.PathLike | None = None, *, required: Iterable[str
             from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(path, [f'cannot read config file {path}: {e}']) from None
+    except (IndexError, ValueError, TypeError) as e:
+        # The toml package crashes with IndexError on some malformed input instead of a TomlDecodeError.
+        raise ConfigError(path, [f'{path}: TOML syntax error (the parser failed with {type(e).__name__}: {e}; '
+                                 f'look for unbalanced brackets, braces or quotes)']) from None
     validate(config, path, required=required, env=env)
     return config
 
@@ -447,6 +452,11 @@ def _check_key(table: dict, section: str, name: str, key: Key, path: str, errors
         return
     if not ok:
         errors.append(f'{where} must be {_KIND_NAMES[key.kind]}, got {table[name]!r}')
+        return
+    if key.kind == 'int' and not -2 ** 63 <= value < 2 ** 64:
+        # TOML integers are 64-bit (seed_key is a u64); the toml package accepts any size, which would only
+        # fail much later inside torch or the Rust core.
+        errors.append(f'{where} is out of the 64-bit integer range, got {value!r}')
         return
     table[name] = value
     if key.check is not None:

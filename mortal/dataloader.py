@@ -146,10 +146,19 @@ class FileDatasetsIter(IterableDataset):
                            len(self.file_list), augmented, self.loader.skipped)
 
     def populate_buffer(self, file_list) -> None:
-        """Decode ``file_list`` and append every sample of every kept seat to ``self.buffer``."""
-        for games in self.loader.load_gz_log_files(file_list):
-            for game in games:
-                self.buffer.extend(self._samples(game))
+        """Decode ``file_list`` and append every sample of every kept seat to ``self.buffer``.
+
+        A file whose samples cannot be built is left out whole, counted in the loader's ``skipped``.
+        """
+        for path, games in zip(file_list, self.loader.load_gz_log_files(file_list)):
+            try:
+                samples = [s for game in games for s in self._samples(game)]
+            except (ValueError, IndexError, AssertionError) as e:
+                # parse_log already rejects what could cause this; kept so one bad file never ends a training run
+                logger.warning("skipped log %s: %s: %s", path, type(e).__name__, e)
+                self.loader.skipped += 1
+                continue
+            self.buffer.extend(samples)
 
     def _samples(self, game) -> list:
         n = len(game)

@@ -345,7 +345,13 @@ class GameplayLoader:
                     raise BadLogError(log.source, f"illegal move: seat {seat} cannot {types[nxt_idx]} here",
                                       log.line_numbers[nxt_idx])
                 continue
-            label, kan = _label(cans, state, events, i, nxt_idx, seat, always)
+            try:
+                label, kan = _label(cans, state, events, i, nxt_idx, seat, always)
+            except (ValueError, KeyError, TypeError) as e:  # a bad tile name or a missing field of the next event
+                if isinstance(e, BadLogError):
+                    raise
+                raise BadLogError(log.source, f"{types[nxt_idx]} cannot be labelled for seat {seat}: "
+                                  f"{type(e).__name__}: {e}", log.line_numbers[nxt_idx]) from None
             if label is None:
                 continue
             rec.add(state, False, label, kyoku_idx, log, i, nxt_idx)

@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "GRP_SIZE",
+    "MAX_KYOKU",
     "MJAI_EVENT_TYPES",
     "BadLogError",
     "Grp",
@@ -37,6 +38,8 @@ __all__ = [
 ]
 
 GRP_SIZE = 7  # as Mortal's consts.rs
+#: Gameplay numbers kyoku 0-255 in uint8 (as Mortal's ``at_kyoku: u8``); more would wrap and mix up rewards.
+MAX_KYOKU = 256
 
 #: Event types Mortal's mjai ``Event`` knows; anything else is rejected.
 MJAI_EVENT_TYPES = frozenset({
@@ -45,6 +48,9 @@ MJAI_EVENT_TYPES = frozenset({
 })
 
 _GZIP_MAGIC = b"\x1f\x8b"
+# Events whose 'actor' (a seat) is required.
+_ACTOR_EVENTS = frozenset({"tsumo", "dahai", "chi", "pon", "daiminkan", "kakan", "ankan", "reach",
+                           "reach_accepted", "hora"})
 
 
 class BadLogError(ValueError):
@@ -118,19 +124,28 @@ def parse_log(raw: str, source: str = "<log>") -> LoadedLog:
     Checks (each failure raises ``BadLogError`` naming ``source``, the line and the reason):
     non-empty; every line a JSON object with a known mjai ``type``; first event
     ``start_game`` with 4 ``names`` if given; every ``start_kyoku`` with 4 ``scores``
-    and 4 ``tehais`` (a 3-player log fails here); every ``hora``/``ryukyoku`` with
-    4 integer ``deltas`` (``grp.rs`` requires them); last event ``end_game``
-    (otherwise the log is truncated).
+    and 4 ``tehais`` (a 3-player log fails here), integer ``scores``, ``bakaze`` E/S/W/N,
+    ``kyoku`` 1-4, ``honba``/``kyotaku`` >= 0; every ``actor`` a seat 0-3; every
+    ``hora``/``ryukyoku`` with 4 integer ``deltas`` (``grp.rs`` requires them); one game
+    only (``start_game`` first, nothing after ``end_game``); ``start_kyoku``/``end_kyoku``
+    paired (the loaders count kyoku by both), at most ``MAX_KYOKU`` of them; last event
+    ``end_game`` (otherwise the log is truncated). Lines are split on ``\n`` only (CRLF is fine).
     """
     events: list[dict] = []
     lines: list[str] = []
     numbers: list[int] = []
-    for no, line in enumerate(raw.splitlines(), 1):
+    in_kyoku = False
+    n_kyoku = 0
+    # split('\n'), not splitlines(): JSON strings may hold U+2028, U+0085 etc. literally (a player name written
+    # with ensure_ascii=False), which splitlines() would break in two. '\r' of CRLF is stripped below.
+    for no, line in enumerate(raw.split("\n"), 1):
         line = line.strip()
         if not line:
             continue
         try:
             ev = json.loads(line)
+        except RecursionError:
+            raise BadLogError(source, "JSON nested too deeply", no) from None
         except ValueError as e:
             hint = _not_mjai_hint(raw) if not events else ""
             raise BadLogError(source, hint or f"not JSON ({e})", no) from None
@@ -141,6 +156,24 @@ def parse_log(raw: str, source: str = "<log>") -> LoadedLog:
         if typ not in MJAI_EVENT_TYPES:
             raise BadLogError(source, f"unknown mjai event type {typ!r}", no)
         _check_event(ev, typ, source, no)
+        if events and events[-1]["type"] == "end_game":
+            raise BadLogError(source, f"{typ} after end_game (one game per file; two logs concatenated?)", no)
+        if typ == "start_game" and events:
+            raise BadLogError(source, "start_game in the middle of the log (two logs concatenated?)", no)
+        if typ == "start_kyoku":
+            if in_kyoku:
+                raise BadLogError(source, "start_kyoku before the previous kyoku's end_kyoku", no)
+            in_kyoku = True
+            n_kyoku += 1
+            if n_kyoku > MAX_KYOKU:
+                raise BadLogError(source, f"more than {MAX_KYOKU} kyoku in one game", no)
+        elif typ == "end_kyoku":
+            # The loaders number kyoku by end_kyoku and reward them by start_kyoku: the two must pair up.
+            if not in_kyoku:
+                raise BadLogError(source, "end_kyoku without a start_kyoku", no)
+            in_kyoku = False
+        elif typ == "end_game" and in_kyoku:
+            raise BadLogError(source, "end_game before the last kyoku's end_kyoku", no)
         events.append(ev)
         lines.append(line)
         numbers.append(no)
@@ -154,8 +187,17 @@ def parse_log(raw: str, source: str = "<log>") -> LoadedLog:
     return LoadedLog(events, lines, numbers, str(source))
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _check_event(ev: dict, typ: str, source: str, no: int) -> None:
-    # Only what the loaders rely on; PlayerState.update checks the rest.
+    # Only what the loaders rely on; PlayerState.update checks the rest (the GRP reader never runs it, so every
+    # field Grp.load_events reads is checked here).
+    if typ in _ACTOR_EVENTS:
+        actor = ev.get("actor")
+        if not _is_int(actor) or not 0 <= actor <= 3:
+            raise BadLogError(source, f"{typ} field 'actor' must be a seat 0-3, got {actor!r}", no)
     if typ == "start_game":
         names = ev.get("names")
         if names is not None and (not isinstance(names, list) or len(names) != 4):
@@ -170,9 +212,18 @@ def _check_event(ev: dict, typ: str, source: str, no: int) -> None:
         for key in ("bakaze", "kyoku", "honba", "kyotaku"):
             if key not in ev:
                 raise BadLogError(source, f"start_kyoku lacks field {key!r}", no)
+        if ev["bakaze"] not in ("E", "S", "W", "N"):
+            raise BadLogError(source, f"start_kyoku field 'bakaze' must be E, S, W or N, got {ev['bakaze']!r}", no)
+        if not _is_int(ev["kyoku"]) or not 1 <= ev["kyoku"] <= 4:
+            raise BadLogError(source, f"start_kyoku field 'kyoku' must be 1-4, got {ev['kyoku']!r}", no)
+        for key in ("honba", "kyotaku"):
+            if not _is_int(ev[key]) or ev[key] < 0:
+                raise BadLogError(source, f"start_kyoku field {key!r} must be an integer >= 0, got {ev[key]!r}", no)
+        if not all(_is_int(x) for x in ev["scores"]):
+            raise BadLogError(source, f"start_kyoku field 'scores' must be 4 integers, got {ev['scores']!r}", no)
     elif typ in ("hora", "ryukyoku"):
         d = ev.get("deltas")
-        if not isinstance(d, list) or len(d) != 4 or not all(isinstance(x, int) for x in d):
+        if not isinstance(d, list) or len(d) != 4 or not all(_is_int(x) for x in d):
             raise BadLogError(source, f"{typ} lacks field 'deltas' (4 integers), required for GRP final scores", no)
 
 

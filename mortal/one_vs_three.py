@@ -161,7 +161,8 @@ def build_side(side: Mapping, section: str):
     ``enable_compile``.
 
     Raises:
-        ValueError: bad ``type``; FileNotFoundError / mortal.player.CheckpointError: unusable checkpoint.
+        ValueError: bad ``type``; mortal.bot.CheckpointLoadError (a ValueError): missing or unusable checkpoint
+            (one line naming the section, the file and the reason).
     """
     kind = side_type(side, section)
     if kind == 'rulebase':
@@ -169,10 +170,12 @@ def build_side(side: Mapping, section: str):
         return MjaiBotAgent(name=side.get('name', 'rulebase'))
 
     import torch
+    from mortal.bot import checkpoint_load_errors
     from mortal.engine import MortalEngine
     from mortal.player import load_model_pair
 
-    brain, dqn, version = load_model_pair(side['state_file'])
+    with checkpoint_load_errors(f'[{section}] state_file', side['state_file']):
+        brain, dqn, version = load_model_pair(side['state_file'])
     if side.get('enable_compile', False):
         brain.compile()
         dqn.compile()
@@ -276,8 +279,19 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f'error: {exc}', file=sys.stderr)
         return 2
+    log_dir = config['1v3'].get('log_dir')
+    if log_dir:
+        try:  # the arena would fail here too, with a traceback
+            os.makedirs(log_dir, exist_ok=True)
+        except OSError as exc:
+            print(f'error: [1v3] log_dir {log_dir} cannot be created: {exc}', file=sys.stderr)
+            return 2
+    from mortal.bot import CheckpointLoadError
     try:
         run(config, disable_progress_bar=args.no_progress)
+    except CheckpointLoadError as exc:
+        print(f'error: {exc}', file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         pass
     return 0

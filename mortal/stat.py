@@ -29,6 +29,7 @@ import logging
 import math
 import os
 import sys
+import zlib
 from typing import Any, Iterable, Sequence
 
 from tqdm import tqdm
@@ -167,7 +168,8 @@ class Stat:
             ValueError: ``seat`` is not 0-3.
             LogFormatError: a line is not JSON, an event type is unknown, or a field the
                 statistics need (``scores``, ``oya``, ``actor``, ``target``, ``deltas``) is
-                missing or out of range; the message names ``source`` and the line.
+                missing or out of range, or the log holds more than one game (an event after
+                ``end_game`` or a second ``start_game``); the message names ``source`` and the line.
         """
         if isinstance(seat, bool) or not isinstance(seat, int) or not 0 <= seat <= 3:
             raise ValueError(f'seat must be an int in 0..3, got {seat!r}')
@@ -203,7 +205,7 @@ class Stat:
                          ascii=True):
             try:
                 total = total + cls.from_file(path, player_name)
-            except (OSError, EOFError, UnicodeDecodeError, LogFormatError) as exc:
+            except (OSError, EOFError, zlib.error, UnicodeDecodeError, LogFormatError) as exc:
                 n_skipped += 1
                 reason = str(exc)
                 if not reason.startswith(path):  # LogFormatError already names file and line
@@ -220,7 +222,7 @@ class Stat:
         """Stats of every seat named ``player_name`` in one log file (``.gz``: gzip).
 
         Raises:
-            OSError, EOFError, UnicodeDecodeError: the file cannot be read/decompressed.
+            OSError, EOFError, zlib.error, UnicodeDecodeError: the file cannot be read/decompressed.
             LogFormatError: the content is malformed or does not start with ``start_game``
                 with a 4-name ``names`` list.
         """
@@ -593,8 +595,10 @@ def _numbered_events(log: str | bytes | Iterable[dict | str], source: str
     """Events paired with their 1-based line (or list position) for error messages."""
     if isinstance(log, bytes):
         log = log.decode('utf-8')
-    items = log.splitlines() if isinstance(log, str) else log
+    # split('\n'), not splitlines(): a JSON string may hold U+2028 or U+0085 literally (CRLF is stripped below)
+    items = log.split('\n') if isinstance(log, str) else log
     out = []
+    ended = False
     for lineno, item in enumerate(items, 1):
         if isinstance(item, str):
             if not item.strip():
@@ -603,9 +607,19 @@ def _numbered_events(log: str | bytes | Iterable[dict | str], source: str
                 item = json.loads(item)
             except json.JSONDecodeError as exc:
                 raise LogFormatError(f'{source}:{lineno}: not a JSON event ({exc})') from None
+            except RecursionError:
+                raise LogFormatError(f'{source}:{lineno}: JSON nested too deeply') from None
         if not isinstance(item, dict):
             raise LogFormatError(f'{source}:{lineno}: an event must be a JSON object, '
                                  f'got {type(item).__name__}')
+        # One game per log: counting a second one would merge two games' scores into one placement.
+        if ended:
+            raise LogFormatError(f'{source}:{lineno}: {item.get("type")} after end_game '
+                                 f'(one game per log; two logs concatenated?)')
+        if item.get('type') == 'start_game' and out:
+            raise LogFormatError(f'{source}:{lineno}: start_game in the middle of the log '
+                                 f'(two logs concatenated?)')
+        ended = item.get('type') == 'end_game'
         out.append((lineno, item))
     return out
 

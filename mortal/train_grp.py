@@ -21,7 +21,9 @@ if __package__ in (None, ''):  # run as a script: python mortal/train_grp.py
 
 import logging
 import os
+import pickle
 import random
+import sys
 from datetime import datetime
 from glob import glob
 
@@ -35,9 +37,17 @@ from mortal.grp import Grp
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "GrpFileDatasetsIter", "build_file_index", "collate", "evaluate", "main", "save_checkpoint",
-    "train", "train_step",
+    "GrpFileDatasetsIter", "NoSamplesError", "TrainGrpInputError", "build_file_index", "collate", "evaluate",
+    "main", "save_checkpoint", "train", "train_step",
 ]
+
+
+class NoSamplesError(RuntimeError):
+    """Every log file of a split was skipped as bad input (or the list was empty)."""
+
+
+class TrainGrpInputError(ValueError):
+    """A user error found before training: empty globs, unreadable file index or checkpoint."""
 
 
 class GrpFileDatasetsIter(IterableDataset):
@@ -47,8 +57,8 @@ class GrpFileDatasetsIter(IterableDataset):
     batch; the list is reshuffled each pass; ``cycle=True`` repeats forever.
     Bad files are skipped (one warning each, counted in ``skipped``).
 
-    Raises ``RuntimeError`` when a whole pass yields no sample (no usable file),
-    instead of cycling forever.
+    Raises :class:`NoSamplesError` (a ``RuntimeError``) when a whole pass yields no sample
+    (no usable file), instead of cycling forever.
     """
 
     def __init__(self, file_list, file_batch_size=50, cycle=False):
@@ -75,7 +85,7 @@ class GrpFileDatasetsIter(IterableDataset):
                 yield from self.buffer
                 self.buffer.clear()
             if yielded == 0:
-                raise RuntimeError(f"no GRP samples in {len(self.file_list)} log files "
+                raise NoSamplesError(f"no GRP samples in {len(self.file_list)} log files "
                                    f"({self.skipped} skipped as bad input)")
             if not self.cycle:
                 break
@@ -139,15 +149,25 @@ def build_file_index(train_globs, val_globs, file_index):
     """``(train_file_list, val_file_list)``, from the cached ``file_index`` if it exists.
 
     Otherwise expands the recursive globs, sorts each list in reverse (as Mortal)
-    and saves ``{train_file_list, val_file_list}`` to ``file_index``.
+    and saves ``{train_file_list, val_file_list}`` to ``file_index`` unless a list is
+    empty (an empty cache would hide logs added later).
+
+    Raises:
+        TrainGrpInputError: ``file_index`` exists but is not such a file (weights-only torch file).
     """
     if file_index and os.path.exists(file_index):
-        index = torch.load(file_index, weights_only=True)
-        return index["train_file_list"], index["val_file_list"]
+        try:
+            index = torch.load(file_index, weights_only=True)
+            return list(index["train_file_list"]), list(index["val_file_list"])
+        except (pickle.UnpicklingError, RuntimeError, EOFError, KeyError, TypeError) as e:
+            reason = "not a weights-only torch file" if isinstance(e, pickle.UnpicklingError) else \
+                f"{type(e).__name__}: {e}"
+            raise TrainGrpInputError(f"[grp.dataset] file_index {file_index} is not a file index ({reason}); "
+                                     "delete it to rebuild it from the globs") from None
     logger.info("building file index...")
     train_files = sorted((f for pat in train_globs for f in glob(pat, recursive=True)), reverse=True)
     val_files = sorted((f for pat in val_globs for f in glob(pat, recursive=True)), reverse=True)
-    if file_index:
+    if file_index and train_files and val_files:
         save_checkpoint({"train_file_list": train_files, "val_file_list": val_files}, file_index)
     return train_files, val_files
 
@@ -167,8 +187,9 @@ def train(cfg: dict, *, max_steps: int | None = None, num_workers: int = 1, prog
     workers per split (Mortal uses 1; 0 loads in this process).
 
     Raises:
-        ValueError: an empty train or val file list.
-        RuntimeError: no usable sample in the logs (every file skipped).
+        TrainGrpInputError (a ValueError): an empty train or val file list, an unusable ``file_index``, or a
+            ``state_file`` that cannot be resumed from (wrong layout or shapes).
+        NoSamplesError: no usable sample in the logs (every file skipped).
     """
     from tqdm import tqdm
     from torch.utils.tensorboard import SummaryWriter
@@ -187,19 +208,27 @@ def train(cfg: dict, *, max_steps: int | None = None, num_workers: int = 1, prog
     state_file = cfg["state_file"]
     steps = 0
     if os.path.exists(state_file):
-        state = torch.load(state_file, weights_only=True, map_location=device)
-        logger.info("loaded: %s", datetime.fromtimestamp(state["timestamp"]).strftime("%Y-%m-%d %H:%M:%S"))
-        grp.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        steps = state["steps"]
+        try:
+            state = torch.load(state_file, weights_only=True, map_location=device)
+            logger.info("loaded: %s", datetime.fromtimestamp(state["timestamp"]).strftime("%Y-%m-%d %H:%M:%S"))
+            grp.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            steps = state["steps"]
+        except (pickle.UnpicklingError, RuntimeError, EOFError, KeyError, TypeError, ValueError) as e:
+            detail = "not a weights-only torch file" if isinstance(e, pickle.UnpicklingError) else \
+                " ".join(x.strip() for x in str(e).splitlines() if x.strip())
+            raise TrainGrpInputError(f"[grp] state_file {state_file} cannot be resumed from ({type(e).__name__}: "
+                             f"{detail}); check [grp.network] or move the file away to start afresh") from None
     lr = cfg["optim"]["lr"]
     optimizer.param_groups[0]["lr"] = lr
 
     ds = cfg["dataset"]
     train_files, val_files = build_file_index(ds["train_globs"], ds["val_globs"], ds.get("file_index"))
     if not train_files or not val_files:
-        raise ValueError(f"[grp.dataset] globs matched {len(train_files)} train and {len(val_files)} val files; "
-                         "both need at least one log")
+        cached = ds.get("file_index") and os.path.exists(ds["file_index"])
+        raise TrainGrpInputError(f"[grp.dataset] {'file_index ' + ds['file_index'] if cached else 'globs'} "
+                                 f"listed {len(train_files)} train and {len(val_files)} val files; both need at "
+                                 f"least one log{'; delete the index to expand the globs again' if cached else ''}")
     logger.info("train file list size: %s", f"{len(train_files):,}")
     logger.info("val file list size: %s", f"{len(val_files):,}")
     train_iter = _loader(train_files, batch_size, ds["file_batch_size"], num_workers)
@@ -253,8 +282,12 @@ def train(cfg: dict, *, max_steps: int | None = None, num_workers: int = 1, prog
     return steps
 
 
-def main(argv=None):
-    """Entry point: load the config once and train until interrupted."""
+def main(argv=None) -> int:
+    """Entry point: load the config once and train until interrupted.
+
+    Returns the exit status: 0, or 2 after a one-line message for a user error (config, empty globs, no
+    usable log, a checkpoint or file index that cannot be read).
+    """
     import argparse
 
     os.environ.pop("RUST_BACKTRACE", None)
@@ -263,14 +296,21 @@ def main(argv=None):
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from mortal.config import TRAIN_GRP_SECTIONS, load_config
+    from mortal.config import TRAIN_GRP_SECTIONS, ConfigError, load_config
 
-    config = load_config(args.config, required=TRAIN_GRP_SECTIONS)
     try:
+        config = load_config(args.config, required=TRAIN_GRP_SECTIONS)
         train(config["grp"], max_steps=args.max_steps)
+    except (ConfigError, TrainGrpInputError, NoSamplesError) as exc:  # user errors: one line, no traceback
+        # from a DataLoader worker the message is torch's report ending with the original line
+        lines = [x for x in str(exc).strip().splitlines() if x.strip()]
+        text = lines[-1].split("NoSamplesError: ")[-1] if isinstance(exc, NoSamplesError) and lines else exc
+        print(f"error: {text}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         pass
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
