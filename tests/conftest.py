@@ -11,6 +11,10 @@ if str(ROOT) not in sys.path:
 os.environ.pop("RUST_BACKTRACE", None)
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
+
+# Tiny test models on a shared 2-core machine: intra-op threading makes them ~100x slower.
+torch.set_num_threads(1)
 
 DATA_DIR = ROOT / "tests" / "data"
 FIXTURE_LOGS = sorted(DATA_DIR.glob("*.jsonl"))

@@ -1,0 +1,171 @@
+"""Self-play worker of online training (Mortal's ``mortal/client.py``).
+
+Loop forever: fetch the trainee's parameters from the server (retry every 3 s while it refuses — 'samples
+overflow', 'empty param', 'trainer is busy' — or is unreachable, so the client outlives server restarts), play one
+round of ``[train_play.<TRAIN_PLAY_PROFILE>] games`` with ``TrainPlayer``, log the trainee's rank counts, average
+rank and average pt (display pts [90, 45, 0, -135]) for the round and over the last ``[online] history_window``
+rounds, then submit the round's logs with the parameter version they were played with.
+
+Logs of a round whose submission cannot reach the server are retried until the server is back; if the server
+restarted meanwhile they still go in (tagged with an unknown parameter version).
+"""
+
+if __package__ in (None, ''):  # run as a script: python mortal/client.py
+    import sys, pathlib
+    sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
+
+import argparse
+import gc
+import logging
+import os
+import time
+from collections import deque
+from os import path
+
+import numpy as np
+import torch
+
+from mortal import wire
+
+logger = logging.getLogger('mortal.client' if __name__ == '__main__' else __name__)
+
+DISPLAY_PTS = np.array([90, 45, 0, -135])  # Tenhou-like rank pt, for display only (as Mortal's client)
+
+
+def rank_summary(rankings) -> tuple:
+    """(avg_rank, avg_pt) of rank counts ``rankings`` (4,) ints: 1st..4th places; NaN when empty."""
+    rankings = np.asarray(rankings, dtype=np.float64)
+    total = rankings.sum()
+    if total == 0:
+        return float('nan'), float('nan')
+    return float(rankings @ np.arange(1, 5) / total), float(rankings @ DISPLAY_PTS / total)
+
+
+class RankHistory:
+    """Moving window of per-round rank counts (``[online] history_window`` rounds)."""
+
+    def __init__(self, window: int):
+        self.rounds = deque(maxlen=window)
+
+    def add(self, rankings) -> np.ndarray:
+        """Append one round's (4,) counts; return the (4,) int64 sum over the window."""
+        self.rounds.append(np.asarray(rankings, dtype=np.int64))
+        return np.sum(self.rounds, axis=0)
+
+    def __len__(self):
+        return len(self.rounds)
+
+
+def format_round(rankings, history: RankHistory, total) -> tuple:
+    """The two log lines Mortal's client prints after each round."""
+    avg_rank, avg_pt = rank_summary(rankings)
+    ma_rank, ma_pt = rank_summary(total)
+    return (
+        f'trainee rankings: {np.asarray(rankings).tolist()} ({avg_rank:.6}, {avg_pt:.6}pt)',
+        f'last {len(history)} sessions: {np.asarray(total).tolist()} ({ma_rank:.6}, {ma_pt:.6}pt)',
+    )
+
+
+def fetch_param(remote: wire.Remote, param_version: int, server_id, *, sleep=time.sleep) -> dict:
+    """Ask for parameters until the server answers 'ok' (logging each change of refusal reason once)."""
+    last = {'status': None}
+
+    def on_refusal(reply):
+        if reply.get('status') != last['status']:
+            logger.info('waiting for parameters: %s', reply.get('status'))
+            last['status'] = reply.get('status')
+
+    msg = {'type': 'get_param', 'param_version': param_version, 'server_id': server_id}
+    return wire.request_with_retry(remote, msg, on_refusal=on_refusal, sleep=sleep)
+
+
+def read_logs(file_list) -> dict:
+    """``{basename: bytes}`` of the round's log files."""
+    logs = {}
+    for filename in file_list:
+        with open(filename, 'rb') as f:
+            logs[path.basename(filename)] = f.read()
+    return logs
+
+
+def submit_logs(remote: wire.Remote, logs: dict, param_version: int, server_id, *, sleep=time.sleep) -> dict:
+    """Submit ``logs`` until the server stores them (retrying while it is unreachable)."""
+    msg = {'type': 'submit_replay', 'logs': logs, 'param_version': param_version, 'server_id': server_id}
+    return wire.request_with_retry(remote, msg, sleep=sleep)
+
+
+class Client:
+    """State of one self-play worker; ``run_round()`` does one fetch-play-submit cycle.
+
+    config: the full config dict; train_player: a ``TrainPlayer`` (built from config when None).
+    """
+
+    def __init__(self, config: dict, *, train_player=None, remote=None, env=os.environ, sleep=time.sleep):
+        from mortal.model import Brain, DQN
+        from mortal.obs import check_version
+
+        version = check_version(config['control']['version'])
+        self.device = torch.device(config['control']['device'])
+        self.remote = remote or wire.Remote.from_config(config)
+        self.sleep = sleep
+        resnet = config['resnet']
+        self.mortal = Brain(version=version, conv_channels=resnet['conv_channels'],
+                            num_blocks=resnet['num_blocks']).to(self.device).eval()
+        self.dqn = DQN(version=version).to(self.device).eval()
+        if config['online']['enable_compile']:
+            self.mortal.compile()
+            self.dqn.compile()
+        if train_player is None:
+            from mortal.player import TrainPlayer
+            train_player = TrainPlayer(config, env)
+        self.train_player = train_player
+        self.param_version = -1
+        self.server_id = None
+        self.history = RankHistory(config['online']['history_window'])
+
+    def run_round(self) -> np.ndarray:
+        """Fetch parameters, play one round, log the ranks, submit the logs; returns the (4,) rank counts."""
+        rsp = fetch_param(self.remote, self.param_version, self.server_id, sleep=self.sleep)
+        self.mortal.load_state_dict(wire.unpack_state_dict(rsp['mortal'], self.device))
+        self.dqn.load_state_dict(wire.unpack_state_dict(rsp['dqn'], self.device))
+        self.param_version = rsp['param_version']
+        self.server_id = rsp.get('server_id')
+        logger.info('param has been updated (version %d)', self.param_version)
+
+        rankings, file_list = self.train_player.train_play(self.mortal, self.dqn, self.device)
+        total = self.history.add(rankings)
+        for line in format_round(rankings, self.history, total):
+            logger.info('%s', line)
+
+        logs = read_logs(file_list)
+        submit_logs(self.remote, logs, self.param_version, self.server_id, sleep=self.sleep)
+        logger.info('%d logs have been submitted', len(logs))
+        gc.collect()
+        if self.device.type == 'cuda':
+            torch.cuda.empty_cache()
+        return rankings
+
+
+def main(argv=None):
+    """Entry point: ``python mortal/client.py`` (config from MORTAL_CFG or ``--config``; profile from
+    TRAIN_PLAY_PROFILE). ``--rounds N`` stops after N rounds (default: run forever)."""
+    os.environ.pop('RUST_BACKTRACE', None)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('-c', '--config', help='config file (default: $MORTAL_CFG or config.toml)')
+    parser.add_argument('--rounds', type=int, default=0, help='stop after this many rounds (0 = never)')
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
+    from mortal.config import CLIENT_SECTIONS, load_config
+    config = load_config(args.config, required=CLIENT_SECTIONS)
+    client = Client(config)
+    done = 0
+    try:
+        while not args.rounds or done < args.rounds:
+            client.run_round()
+            done += 1
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,195 @@
+"""Self-play and evaluation drivers around the 1v3 arena (Mortal's ``mortal/player.py``).
+
+- ``TrainPlayer`` (client): the trainee (Boltzmann exploration, engine name ``trainee``) against three copies of the
+  greedy ``[baseline.train]`` model (engine name ``baseline``, rule-based agari guard on), on duplicate seeds
+  ``(train_seed, train_key)``: ``train_seed`` starts at 10000, ``train_key`` is a random 64-bit number per process,
+  and ``train_seed`` advances by ``games / 4`` every ``repeats`` rounds.
+- ``TestPlayer`` (trainer): the challenger (greedy, engine name ``mortal``) against ``[baseline.test]`` on the fixed
+  seeds ``(10000, 0x2000)``; the result is ``Stat.from_dir(log_dir, 'mortal')``.
+
+Both wipe their ``log_dir`` before playing and switch cuDNN benchmarking off while playing (batch shapes vary), then
+restore ``[control] enable_cudnn_benchmark``, as Mortal does.
+"""
+
+import logging
+import os
+import secrets
+import shutil
+from os import path
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+TEST_SEED = (10000, 0x2000)  # Mortal's test-play seed (nonce start, key)
+TRAIN_SEED_START = 10000
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file lacks what is needed to rebuild its model (names the file and the missing key)."""
+
+
+def _use_amp(device: torch.device) -> bool:
+    # Mortal plays with autocast on (fp16 on CUDA); CPU autocast would mean bfloat16, slower and less exact there.
+    return device.type == 'cuda'
+
+
+def load_model_pair(state_file: str, *, strict_version: bool = True):
+    """Rebuild ``(brain, dqn, version)`` in eval mode from a Mortal-layout checkpoint.
+
+    The architecture comes from the checkpoint's own ``config`` (``[control] version``, ``[resnet]``), as Mortal's
+    player does. Loaded with ``weights_only=True`` (no code runs). Raises FileNotFoundError, CheckpointError.
+    """
+    from mortal.model import Brain, DQN
+
+    state = torch.load(state_file, weights_only=True, map_location=torch.device('cpu'))
+    for key in ('mortal', 'current_dqn', 'config'):
+        if key not in state:
+            raise CheckpointError(f'{state_file}: checkpoint has no {key!r} entry')
+    cfg = state['config']
+    try:
+        version = cfg['control'].get('version', 1)
+        conv_channels = cfg['resnet']['conv_channels']
+        num_blocks = cfg['resnet']['num_blocks']
+    except (KeyError, TypeError, AttributeError) as ex:
+        raise CheckpointError(f'{state_file}: checkpoint config lacks {ex}') from None
+    brain = Brain(version=version, conv_channels=conv_channels, num_blocks=num_blocks).eval()
+    dqn = DQN(version=version).eval()
+    try:
+        brain.load_state_dict(state['mortal'])
+        dqn.load_state_dict(state['current_dqn'])
+    except RuntimeError as ex:
+        raise CheckpointError(f'{state_file}: weights do not match its own config '
+                              f'(version {version}, conv_channels {conv_channels}, num_blocks {num_blocks}): {ex}')
+    return brain, dqn, version
+
+
+def load_baseline_engine(slot: dict, *, name: str = 'baseline'):
+    """A greedy ``MortalEngine`` with the agari guard from a ``[baseline.train]``/``[baseline.test]`` table
+    (keys device, enable_compile, state_file)."""
+    from mortal.engine import MortalEngine
+
+    device = torch.device(slot['device'])
+    brain, dqn, version = load_model_pair(slot['state_file'])
+    if slot.get('enable_compile'):
+        brain.compile()
+        dqn.compile()
+    logger.info('%s engine: %s (version %d) on %s', name, slot['state_file'], version, device)
+    return MortalEngine(
+        brain,
+        dqn,
+        is_oracle=False,
+        version=version,
+        device=device,
+        enable_amp=_use_amp(device),
+        enable_rule_based_agari_guard=True,
+        name=name,
+    )
+
+
+class _CudnnBenchmarkOff:
+    """cuDNN benchmarking off inside (batch sizes vary during play), back to the config value after."""
+
+    def __init__(self, restore_to: bool):
+        self.restore_to = restore_to
+
+    def __enter__(self):
+        torch.backends.cudnn.benchmark = False
+
+    def __exit__(self, *exc):
+        torch.backends.cudnn.benchmark = self.restore_to
+
+
+def _list_logs(log_dir: str) -> list:
+    return sorted(path.join(log_dir, name) for name in os.listdir(log_dir))
+
+
+def _fresh_dir(log_dir: str) -> None:
+    if path.isdir(log_dir):
+        shutil.rmtree(log_dir)
+    os.makedirs(log_dir)
+
+
+class TestPlayer:
+    """Evaluates the trainee against ``[baseline.test]`` (config: the full config dict).
+
+    ``baseline_engine`` may be given to skip loading ``[baseline.test] state_file`` (tests).
+    """
+
+    def __init__(self, config: dict, *, baseline_engine=None):
+        self.baseline_engine = baseline_engine or load_baseline_engine(config['baseline']['test'])
+        self.chal_version = config['control']['version']
+        self.log_dir = path.abspath(config['test_play']['log_dir'])
+        self.cudnn_benchmark = config['control']['enable_cudnn_benchmark']
+
+    def test_play(self, seed_count: int, mortal, dqn, device):
+        """Play ``seed_count`` duplicate sets (4 games each) and return the challenger's ``mortal.stat.Stat``."""
+        from mortal.arena import OneVsThree
+        from mortal.engine import MortalEngine
+        from mortal.stat import Stat
+
+        device = torch.device(device)
+        with _CudnnBenchmarkOff(self.cudnn_benchmark):
+            engine = MortalEngine(mortal, dqn, is_oracle=False, version=self.chal_version, device=device,
+                                  enable_amp=_use_amp(device), name='mortal')
+            _fresh_dir(self.log_dir)
+            env = OneVsThree(disable_progress_bar=False, log_dir=self.log_dir)
+            env.py_vs_py(challenger=engine, champion=self.baseline_engine, seed_start=TEST_SEED,
+                         seed_count=seed_count)
+            return Stat.from_dir(self.log_dir, 'mortal')
+
+
+class TrainPlayer:
+    """Plays the client's self-play rounds (config: the full config dict; env: where TRAIN_PLAY_PROFILE is read).
+
+    Attributes: ``train_seed`` (next nonce), ``train_key`` (64-bit key of this process), ``seed_count``
+    (games / 4 per round), ``repeats``, ``repeat_counter``, ``log_dir``.
+    """
+
+    def __init__(self, config: dict, env=os.environ, *, baseline_engine=None, train_key=None):
+        from mortal.config import profile_name, train_play_profile
+
+        self.baseline_engine = baseline_engine or load_baseline_engine(config['baseline']['train'])
+        profile = profile_name(env)
+        cfg = train_play_profile(config, env)
+        logger.info('using train-play profile %s', profile)
+        self.chal_version = config['control']['version']
+        self.cudnn_benchmark = config['control']['enable_cudnn_benchmark']
+        self.log_dir = path.abspath(cfg['log_dir'])
+        self.train_key = secrets.randbits(64) if train_key is None else train_key
+        self.train_seed = TRAIN_SEED_START
+        self.seed_count = cfg['games'] // 4
+        self.boltzmann_epsilon = cfg['boltzmann_epsilon']
+        self.boltzmann_temp = cfg['boltzmann_temp']
+        self.top_p = cfg['top_p']
+        self.repeats = cfg['repeats']
+        self.repeat_counter = 0
+
+    def next_seed(self) -> tuple:
+        """The ``(nonce, key)`` of the next round, then advance the schedule (every ``repeats`` rounds)."""
+        seed = (self.train_seed, self.train_key)
+        self.repeat_counter += 1
+        if self.repeat_counter == self.repeats:
+            self.train_seed += self.seed_count
+            self.repeat_counter = 0
+        return seed
+
+    def train_play(self, mortal, dqn, device):
+        """One round: ``games`` games. Returns (rankings (4,) int64 numpy: trainee's count of 1st..4th places,
+        file_list: sorted paths of the gz logs written to ``log_dir``)."""
+        from mortal.arena import OneVsThree
+        from mortal.engine import MortalEngine
+
+        device = torch.device(device)
+        with _CudnnBenchmarkOff(self.cudnn_benchmark):
+            engine = MortalEngine(
+                mortal, dqn, is_oracle=False, version=self.chal_version, device=device,
+                enable_amp=_use_amp(device), name='trainee',
+                boltzmann_epsilon=self.boltzmann_epsilon, boltzmann_temp=self.boltzmann_temp, top_p=self.top_p,
+            )
+            _fresh_dir(self.log_dir)
+            env = OneVsThree(disable_progress_bar=False, log_dir=self.log_dir)
+            rankings = env.py_vs_py(challenger=engine, champion=self.baseline_engine,
+                                    seed_start=self.next_seed(), seed_count=self.seed_count)
+            return np.asarray(rankings, dtype=np.int64), _list_logs(self.log_dir)

@@ -1,0 +1,740 @@
+"""The learner (Mortal's ``mortal/train.py``), online and offline.
+
+Online (``[control] online = true``): ``main()`` runs a supervisor that starts the learner as a child process and
+restarts it 3 s after it exits with status 0 (it stops, with the child's status, on anything else). The child
+submits its parameters to the server as idle, drains replays (polling every 5 s), learns from the ``trainee`` seat
+only, submits parameters every ``submit_every`` steps (and at a save that missed a submit), saves every
+``save_every`` steps, runs a test play every ``test_every`` steps and then exits 0 (Mortal restarts the learner
+there to dodge a hang). It submits idle parameters at the end of every drained epoch.
+
+Offline (``online = false``): the logs of ``[dataset] globs`` (file list cached in ``file_index``, seats filtered
+by ``player_names_files``), one epoch per run, with the CQL term.
+
+Loss per batch (Mortal): ``0.5 * MSE(q[action], gamma ** steps_to_done * kyoku_reward)
++ next_rank_weight * CE(next-rank logits, player_rank)`` ``+ min_q_weight * (logsumexp(q) - q[action])`` offline.
+AdamW with weight decay on Linear/Conv1d weights only, gradient accumulation over ``opt_step_every`` batches
+(keyed on the global step), clipping at ``max_grad_norm`` after unscaling, GradScaler + autocast with
+``enable_amp``, Mortal's linear warm-up + cosine learning rate stepped every batch, BatchNorm frozen per
+``[freeze_bn] mortal``.
+
+Checkpoints carry Mortal's keys (``mortal``, ``current_dqn``, ``aux_net``, ``optimizer``, ``scheduler``, ``scaler``,
+``steps``, ``timestamp``, ``best_perf``, ``config``) and are written to a temporary file then renamed, so a kill at
+any moment leaves the previous checkpoint intact.
+
+TensorBoard: Mortal's tags (``loss/dqn_loss``, ``loss/cql_loss`` offline, ``loss/next_rank_loss``, ``hparam/lr``,
+histograms ``q_predicted``/``q_target``, the ``test_play/*`` groups) plus data-health tags (online):
+``data/logs_per_drain``, ``data/samples_per_drain``, ``data/staleness_mean``/``data/staleness_max`` (parameter
+versions between the one a log was played with and the trainer's latest), ``data/wait_seconds`` (learner time
+spent waiting for a drain).
+"""
+
+if __package__ in (None, ''):  # run as a script: python mortal/train.py
+    import sys, pathlib
+    sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
+
+import argparse
+import gc
+import gzip
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from datetime import datetime
+from glob import glob
+from itertools import chain
+from os import path
+
+import torch
+from torch import nn, optim
+from torch.optim.lr_scheduler import LambdaLR
+
+from mortal import wire
+
+logger = logging.getLogger('mortal.train' if __name__ == '__main__' else __name__)
+
+IS_SUB_PROC_KEY = 'MORTAL_IS_SUB_PROC'  # set by the supervisor for its child; do not set it by hand
+RESTART_DELAY = 3.0  # seconds between a child's clean exit and the next start (Mortal)
+DRAIN_POLL_INTERVAL = 5.0  # seconds between empty drains (Mortal)
+DISPLAY_PTS = [90, 45, 0, -135]  # test-play avg pt, display and best.pth rule only; never a training signal
+INITIAL_BEST_PERF = {'avg_rank': 4.0, 'avg_pt': -135.0}
+HISTOGRAM_STRIDE = 128  # Mortal keeps every 128th q value to keep event files small
+CHECKPOINT_KEYS = ('mortal', 'current_dqn', 'aux_net', 'optimizer', 'scheduler', 'scaler', 'steps', 'timestamp',
+                   'best_perf', 'config')
+
+
+class LinearWarmUpCosineAnnealingLR(LambdaLR):
+    """Mortal's schedule; the optimizer's base lr must be 1 so the factor is the learning rate.
+
+    lr(step) with ``s = step + offset`` (then ``s %= epoch_size`` when epoch_size > 0):
+    ``init + (peak - init) * s / warm_up_steps`` while ``s < warm_up_steps``; then, while ``s < max_steps``,
+    ``final + (peak - final) * (1 + cos(pi * (s - warm_up_steps) / (max_steps - warm_up_steps))) / 2``;
+    ``final`` afterwards (so ``max_steps = 0`` with no warm-up is a constant ``final``).
+    Raises ValueError unless ``peak >= final >= init >= 0`` and ``max_steps >= warm_up_steps``.
+    """
+
+    def __init__(self, optimizer, *, peak, final, warm_up_steps, max_steps, init=1e-8, offset=0, epoch_size=0,
+                 **kwargs):
+        if not peak >= final >= init >= 0:
+            raise ValueError(f'[optim.scheduler] needs peak >= final >= init >= 0, got {peak}, {final}, {init}')
+        if max_steps < warm_up_steps:
+            raise ValueError(f'[optim.scheduler] max_steps = {max_steps} < warm_up_steps = {warm_up_steps}')
+        self.init, self.peak, self.final = init, peak, final
+        self.warm_up_steps, self.max_steps = warm_up_steps, max_steps
+        self.offset, self.epoch_size = offset, epoch_size
+        super().__init__(optimizer, lr_lambda=self.factor, **kwargs)
+
+    def factor(self, step: int) -> float:
+        s = step + self.offset
+        if self.epoch_size > 0:
+            s %= self.epoch_size
+        if self.warm_up_steps > 0 and s < self.warm_up_steps:
+            return self.init + (self.peak - self.init) / self.warm_up_steps * s
+        if s < self.max_steps:
+            progress = (s - self.warm_up_steps) / (self.max_steps - self.warm_up_steps)
+            return self.final + 0.5 * (self.peak - self.final) * (1 + math.cos(progress * math.pi))
+        return self.final
+
+    _SHAPE_KEYS = ('init', 'peak', 'final', 'warm_up_steps', 'max_steps', 'offset', 'epoch_size')
+
+    def state_dict(self):
+        """Plain numbers only (loadable with ``weights_only=True``); the factor function is not stored."""
+        return {k: v for k, v in self.__dict__.items() if k not in ('optimizer', 'lr_lambdas')}
+
+    def load_state_dict(self, state_dict):
+        """Restore the position in the schedule (``last_epoch`` etc.) but keep the schedule's shape from the
+        config, so an edited ``[optim.scheduler]`` takes effect on resume (Mortal silently kept the old one).
+        Accepts Mortal's checkpoints (which also hold ``lr_lambdas``)."""
+        for key, value in state_dict.items():
+            if key not in self._SHAPE_KEYS and key != 'lr_lambdas':
+                self.__dict__[key] = value
+        lrs = [base * self.factor(self.last_epoch) for base in self.base_lrs]
+        for group, lr in zip(self.optimizer.param_groups, lrs):
+            group['lr'] = lr
+        self._last_lr = lrs
+
+
+class CheckpointMismatchError(ValueError):
+    """The checkpoint's tensors do not fit the models built from ``[control] version`` / ``[resnet]``."""
+
+
+class TestPlayDone(Exception):
+    """Online learner finished a test play: the child exits 0 and the supervisor starts a fresh one."""
+
+
+def parameter_count(module: nn.Module) -> int:
+    """Number of trainable scalars in ``module``."""
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+def build_param_groups(models, weight_decay: float) -> list:
+    """Two AdamW groups: weights of Linear/Conv1d layers decayed by ``weight_decay``; everything else (biases,
+    norms) undecayed, each in a deterministic (sorted-name) order, as Mortal."""
+    decay, no_decay = [], []
+    for model in models:
+        params, to_decay = {}, set()
+        for mod_name, mod in model.named_modules():
+            for name, param in mod.named_parameters(prefix=mod_name, recurse=False):
+                params[name] = param
+                if isinstance(mod, (nn.Linear, nn.Conv1d)) and name.endswith('weight'):
+                    to_decay.add(name)
+        decay.extend(params[n] for n in sorted(to_decay))
+        no_decay.extend(params[n] for n in sorted(params.keys() - to_decay))
+    return [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay}]
+
+
+def atomic_torch_save(obj, filename: str) -> None:
+    """``torch.save`` to ``filename + '.tmp'``, fsync, rename over ``filename``: readers never see a partial file."""
+    filename = path.abspath(filename)
+    os.makedirs(path.dirname(filename), exist_ok=True)
+    tmp = filename + '.tmp'
+    with open(tmp, 'wb') as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, filename)
+    _fsync_dir(path.dirname(filename))
+
+
+def atomic_copy(src: str, dst: str) -> None:
+    """Copy ``src`` to ``dst`` through a temporary file and a rename."""
+    dst = path.abspath(dst)
+    os.makedirs(path.dirname(dst), exist_ok=True)
+    tmp = dst + '.tmp'
+    shutil.copyfile(src, tmp)
+    with open(tmp, 'rb+') as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, dst)
+    _fsync_dir(path.dirname(dst))
+
+
+def _fsync_dir(dirname: str) -> None:
+    try:
+        fd = os.open(dirname, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def is_better(avg_pt: float, avg_rank: float, best_perf: dict) -> bool:
+    """Mortal's best.pth rule: avg pt not worse AND avg rank not worse than the best so far."""
+    return avg_pt >= best_perf['avg_pt'] and avg_rank <= best_perf['avg_rank']
+
+
+def _describe_arch(cfg) -> str:
+    try:
+        return (f"version {cfg['control'].get('version', 1)}, conv_channels {cfg['resnet']['conv_channels']}, "
+                f"num_blocks {cfg['resnet']['num_blocks']}")
+    except (KeyError, TypeError, AttributeError):
+        return 'unknown architecture (no config in the checkpoint)'
+
+
+def check_shapes(model: nn.Module, state_dict: dict, *, entry: str, state_file: str, ckpt_cfg, config) -> None:
+    """Raise CheckpointMismatchError naming the first differing tensor with both shapes and both architectures."""
+    own = model.state_dict()
+    problem = None
+    for key, tensor in own.items():
+        if key not in state_dict:
+            problem = f'{entry}.{key} is missing from the checkpoint (the config expects shape {tuple(tensor.shape)})'
+            break
+        if tuple(state_dict[key].shape) != tuple(tensor.shape):
+            problem = (f'{entry}.{key} has shape {tuple(state_dict[key].shape)} in the checkpoint but the config '
+                       f'expects {tuple(tensor.shape)}')
+            break
+    else:
+        extra = [k for k in state_dict if k not in own]
+        if extra:
+            problem = f'{entry}.{extra[0]} (shape {tuple(state_dict[extra[0]].shape)}) is not in the configured model'
+    if problem:
+        raise CheckpointMismatchError(
+            f'{state_file} does not fit the configured model: {problem}; checkpoint: {_describe_arch(ckpt_cfg)}; '
+            f'config: [control] version = {config["control"]["version"]}, [resnet] conv_channels = '
+            f'{config["resnet"]["conv_channels"]}, num_blocks = {config["resnet"]["num_blocks"]}')
+
+
+def iter_full_batches(batches, batch_size: int):
+    """Yield the full-size batches of ``batches`` as they come; shorter ones (e.g. each DataLoader worker's last)
+    are pooled and re-cut into full batches at the end; fewer than ``batch_size`` leftover samples are dropped,
+    as Mortal. Each batch is a tuple of tensors sharing the first dimension."""
+    leftovers, leftover_size = [], 0
+    for batch in batches:
+        size = batch[0].shape[0]
+        if size == batch_size:
+            yield batch
+        else:
+            leftovers.append(batch)
+            leftover_size += size
+    if leftover_size < batch_size:
+        return
+    pooled = [torch.cat(parts, dim=0) for parts in zip(*leftovers)]
+    for start in range(0, leftover_size - batch_size + 1, batch_size):
+        yield tuple(t[start:start + batch_size] for t in pooled)
+
+
+def staleness(drain_reply: dict) -> list:
+    """Parameter versions between each drained log's version and the server's current one (unknown ones left out)."""
+    current = drain_reply.get('param_version', 0)
+    return [current - v for v in drain_reply.get('param_versions', []) if v >= 0]
+
+
+def filtered_trimmed_lines(lines):
+    """Non-empty stripped lines."""
+    return [line for line in (raw.strip() for raw in lines) if line]
+
+
+def _first_event(filename: str) -> dict:
+    opener = gzip.open if filename.endswith('.gz') else open
+    with opener(filename, 'rt', encoding='utf-8') as f:
+        return json.loads(next(f))
+
+
+def build_file_list(dataset_cfg: dict, player_names: set) -> list:
+    """Offline file list: ``[dataset] file_index`` if it exists, else expand ``globs`` (keeping files where one
+    of ``player_names`` sits, when given), sort descending (Mortal) and cache it in ``file_index``."""
+    file_index = dataset_cfg['file_index']
+    if path.exists(file_index):
+        index = torch.load(file_index, weights_only=True)
+        logger.info('file index loaded from %s', file_index)
+        return list(index['file_list'])
+    logger.info('building file index...')
+    file_list = []
+    for pattern in dataset_cfg['globs']:
+        file_list.extend(glob(pattern, recursive=True))
+    if player_names:
+        kept = []
+        for filename in file_list:
+            try:
+                names = _first_event(filename)['names']
+            except (OSError, EOFError, StopIteration, ValueError, KeyError, TypeError) as ex:
+                logger.warning('skipping %s while indexing: %s: %s', filename, type(ex).__name__, ex)
+                continue
+            if not player_names.isdisjoint(names):
+                kept.append(filename)
+        file_list = kept
+    file_list.sort(reverse=True)
+    atomic_torch_save({'file_list': file_list}, file_index)
+    return file_list
+
+
+def load_player_names(files) -> set:
+    """Union of the names listed one per line in ``[dataset] player_names_files``."""
+    names = set()
+    for filename in files:
+        with open(filename, encoding='utf-8') as f:
+            names.update(filtered_trimmed_lines(f))
+    return names
+
+
+class Trainer:
+    """One learner process: models, optimizer, checkpoint, TensorBoard, server traffic.
+
+    Args:
+        config: the full config dict (``load_config``).
+        test_player: object with ``test_play(seed_count, mortal, dqn, device) -> Stat``; built from
+            ``[baseline.test]`` when None.
+        remote: ``wire.Remote`` of the server (online), from ``[online.remote]`` when None.
+        writer: a SummaryWriter-like object; ``SummaryWriter([control] tensorboard_dir)`` when None.
+        sleep: the sleep function (tests replace it).
+    Raises CheckpointMismatchError, UnsupportedVersionError, ValueError for version 1 (Mortal's trainer neither
+    supports it: its phi is a latent pair).
+    """
+
+    def __init__(self, config: dict, *, test_player=None, remote=None, writer=None, sleep=time.sleep):
+        from mortal.model import AuxNet, Brain, DQN
+        from mortal.obs import check_version, obs_shape
+
+        self.config = config
+        control = config['control']
+        self.version = check_version(control['version'])
+        if self.version == 1:
+            raise ValueError('[control] version = 1 cannot be trained (as in Mortal): use version 2 or 3')
+        self.online = control['online']
+        self.batch_size = control['batch_size']
+        self.opt_step_every = control['opt_step_every']
+        self.save_every = control['save_every']
+        self.test_every = control['test_every']
+        self.submit_every = control['submit_every']
+        self.state_file = control['state_file']
+        self.best_state_file = control['best_state_file']
+        self.enable_amp = control['enable_amp']
+        self.test_games = config['test_play']['games']
+        self.min_q_weight = config['cql']['min_q_weight']
+        self.next_rank_weight = config['aux']['next_rank_weight']
+        self.gamma = config['env']['gamma']
+        self.max_grad_norm = config['optim']['max_grad_norm']
+        self.sleep = sleep
+        self.device = torch.device(control['device'])
+        torch.backends.cudnn.benchmark = control['enable_cudnn_benchmark']
+
+        resnet = config['resnet']
+        self.mortal = Brain(version=self.version, conv_channels=resnet['conv_channels'],
+                            num_blocks=resnet['num_blocks'], dropout=resnet.get('dropout', 0.0)).to(self.device)
+        self.dqn = DQN(version=self.version).to(self.device)
+        self.aux_net = AuxNet((4,)).to(self.device)
+        self.models = (self.mortal, self.dqn, self.aux_net)
+        if control['enable_compile']:
+            for m in self.models:
+                m.compile()
+        logger.info('version: %d, obs shape: %s', self.version, obs_shape(self.version))
+        logger.info('mortal params: %s, dqn params: %s, aux params: %s', f'{parameter_count(self.mortal):,}',
+                    f'{parameter_count(self.dqn):,}', f'{parameter_count(self.aux_net):,}')
+        self.mortal.freeze_bn(config['freeze_bn']['mortal'])
+
+        opt_cfg = config['optim']
+        self.optimizer = optim.AdamW(build_param_groups(self.models, opt_cfg['weight_decay']), lr=1,
+                                     weight_decay=0, betas=tuple(opt_cfg['betas']), eps=opt_cfg['eps'])
+        self.scheduler = LinearWarmUpCosineAnnealingLR(self.optimizer, **opt_cfg['scheduler'])
+        # With accumulation the scheduler steps every batch but the optimizer every opt_step_every (Mortal).
+        warnings.filterwarnings('ignore', message=r'Detected call of `lr_scheduler.step\(\)` before')
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.enable_amp)
+        self.best_perf = dict(INITIAL_BEST_PERF)
+        self.steps = 0
+        self.load_state()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.mse = nn.MSELoss()
+        self.ce = nn.CrossEntropyLoss()
+
+        if test_player is None:
+            from mortal.player import TestPlayer
+            test_player = TestPlayer(config)
+        self.test_player = test_player
+        self.remote = remote if remote is not None or not self.online else wire.Remote.from_config(config)
+        if writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+            writer = SummaryWriter(control['tensorboard_dir'])
+        self.writer = writer
+        self.reset_stats()
+        self.all_q = torch.zeros((self.save_every, self.batch_size), device=self.device)
+        self.all_q_target = torch.zeros((self.save_every, self.batch_size), device=self.device)
+        self.idx = 0
+        self.pb = None
+
+    # -- checkpoint ------------------------------------------------------------------------------------------
+
+    def load_state(self) -> bool:
+        """Resume from ``[control] state_file`` if it exists; returns whether it did.
+
+        An offline checkpoint loaded for online training keeps the config's optimizer/scheduler (Mortal).
+        """
+        if not path.exists(self.state_file):
+            logger.info('no checkpoint at %s: starting from scratch', self.state_file)
+            return False
+        state = torch.load(self.state_file, weights_only=True, map_location=self.device)
+        missing = [k for k in ('mortal', 'current_dqn', 'aux_net', 'steps') if k not in state]
+        if missing:
+            raise CheckpointMismatchError(f'{self.state_file} lacks checkpoint entries {missing}')
+        ckpt_cfg = state.get('config')
+        for model, entry in ((self.mortal, 'mortal'), (self.dqn, 'current_dqn'), (self.aux_net, 'aux_net')):
+            check_shapes(model, state[entry], entry=entry, state_file=self.state_file, ckpt_cfg=ckpt_cfg,
+                         config=self.config)
+            model.load_state_dict(state[entry])
+        ckpt_online = bool(ckpt_cfg and ckpt_cfg.get('control', {}).get('online'))
+        if 'optimizer' not in state or 'scheduler' not in state:
+            logger.info('%s has no optimizer/scheduler state (a bare model checkpoint): starting them fresh',
+                        self.state_file)
+        elif not self.online or ckpt_online:
+            self.optimizer.load_state_dict(state['optimizer'])
+            self.scheduler.load_state_dict(state['scheduler'])
+        else:
+            logger.info('offline checkpoint in online mode: optimizer and scheduler start fresh from the config')
+        if self.scaler.is_enabled() and state.get('scaler'):
+            self.scaler.load_state_dict(state['scaler'])
+        self.best_perf = dict(state.get('best_perf', INITIAL_BEST_PERF))
+        self.steps = int(state['steps'])
+        when = datetime.fromtimestamp(state.get('timestamp', 0)).strftime('%Y-%m-%d %H:%M:%S')
+        logger.info('loaded %s (saved %s, steps %d)', self.state_file, when, self.steps)
+        return True
+
+    def checkpoint(self) -> dict:
+        """The checkpoint dict with Mortal's keys (config without the shared token)."""
+        from mortal.config import for_checkpoint
+        return {
+            'mortal': self.mortal.state_dict(),
+            'current_dqn': self.dqn.state_dict(),
+            'aux_net': self.aux_net.state_dict(),
+            'optimizer': self.optimizer.state_dict(),
+            'scheduler': self.scheduler.state_dict(),
+            'scaler': self.scaler.state_dict(),
+            'steps': self.steps,
+            'timestamp': datetime.now().timestamp(),
+            'best_perf': dict(self.best_perf),
+            'config': for_checkpoint(self.config),
+        }
+
+    def save(self) -> None:
+        """Write ``checkpoint()`` to ``[control] state_file`` atomically."""
+        atomic_torch_save(self.checkpoint(), self.state_file)
+
+    # -- server traffic --------------------------------------------------------------------------------------
+
+    def submit_param(self, is_idle: bool = False) -> None:
+        """Send the current mortal/dqn weights to the server (retrying while it is unreachable)."""
+        msg = {
+            'type': 'submit_param',
+            'mortal': wire.pack_state_dict(self.mortal.state_dict()),
+            'dqn': wire.pack_state_dict(self.dqn.state_dict()),
+            'is_idle': is_idle,
+        }
+        reply = wire.request_with_retry(self.remote, msg, sleep=self.sleep)
+        logger.info('param has been submitted (version %d%s)', reply.get('param_version', -1),
+                    ', idle' if is_idle else '')
+
+    def drain(self) -> list:
+        """Wait for replays (polling every 5 s) and return the drained file paths; logs data-health tags."""
+        start = time.monotonic()
+        while True:
+            reply = wire.request_with_retry(self.remote, {'type': 'drain'}, sleep=self.sleep)
+            if reply['count'] > 0:
+                break
+            if not reply.get('has_param', True):
+                logger.info('server holds no parameters (restarted?): resubmitting')
+                self.submit_param(is_idle=True)
+            self.sleep(DRAIN_POLL_INTERVAL)
+        waited = time.monotonic() - start
+        behind = staleness(reply)
+        self.writer.add_scalar('data/logs_per_drain', reply['count'], self.steps)
+        self.writer.add_scalar('data/wait_seconds', waited, self.steps)
+        if behind:
+            self.writer.add_scalar('data/staleness_mean', sum(behind) / len(behind), self.steps)
+            self.writer.add_scalar('data/staleness_max', max(behind), self.steps)
+        logger.info('drained %d logs after %.1f s; staleness %s', reply['count'], waited,
+                    f'mean {sum(behind) / len(behind):.2f}, max {max(behind)}' if behind else 'unknown')
+        return [path.join(reply['drain_dir'], name) for name in reply['files']]
+
+    # -- learning --------------------------------------------------------------------------------------------
+
+    def reset_stats(self) -> None:
+        """Zero the loss sums averaged into TensorBoard at each save."""
+        self.stats = {'dqn_loss': 0.0, 'cql_loss': 0.0, 'next_rank_loss': 0.0}
+
+    def train_batch(self, obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks) -> None:
+        """One backward pass on a batch; optimizer step every ``opt_step_every`` global steps; submit/save/test.
+
+        obs (B, C, 34) float32, actions (B,) int64, masks (B, 46) bool, steps_to_done (B,) int64,
+        kyoku_rewards (B,) float64, player_ranks (B,) int64 in 0..3, B = batch_size.
+        Raises ValueError when an action is masked out; TestPlayDone (online) after a test play.
+        """
+        dev = self.device
+        obs = obs.to(dtype=torch.float32, device=dev)
+        actions = actions.to(dtype=torch.int64, device=dev)
+        masks = masks.to(dtype=torch.bool, device=dev)
+        steps_to_done = steps_to_done.to(dtype=torch.int64, device=dev)
+        kyoku_rewards = kyoku_rewards.to(dtype=torch.float64, device=dev)
+        player_ranks = player_ranks.to(dtype=torch.int64, device=dev)
+        rows = torch.arange(obs.shape[0], device=dev)
+        if not masks[rows, actions].all():
+            raise ValueError('a training sample has an action outside its legal mask')
+
+        q_target = (self.gamma ** steps_to_done * kyoku_rewards).to(torch.float32)
+        with torch.autocast(dev.type, enabled=self.enable_amp):
+            phi = self.mortal(obs)
+            q_out = self.dqn(phi, masks)
+            q = q_out[rows, actions]
+            dqn_loss = 0.5 * self.mse(q.float(), q_target)
+            cql_loss = 0
+            if not self.online:
+                cql_loss = q_out.float().logsumexp(-1).mean() - q.float().mean()
+            next_rank_logits, = self.aux_net(phi)
+            next_rank_loss = self.ce(next_rank_logits.float(), player_ranks)
+            loss = dqn_loss + cql_loss * self.min_q_weight + next_rank_loss * self.next_rank_weight
+        self.scaler.scale(loss / self.opt_step_every).backward()
+
+        with torch.no_grad():
+            self.stats['dqn_loss'] += dqn_loss.item()
+            if not self.online:
+                self.stats['cql_loss'] += cql_loss.item()
+            self.stats['next_rank_loss'] += next_rank_loss.item()
+            slot = self.idx % self.save_every
+            self.all_q[slot, :q.shape[0]] = q.float()
+            self.all_q_target[slot, :q.shape[0]] = q_target
+
+        self.steps += 1
+        self.idx += 1
+        if self.steps % self.opt_step_every == 0:
+            self.optimizer_step()
+        self.scheduler.step()
+        if self.pb is not None:
+            self.pb.update(1)
+
+        if self.online and self.steps % self.submit_every == 0:
+            self.submit_param(is_idle=False)
+        if self.steps % self.save_every == 0:
+            self.on_save()
+
+    def optimizer_step(self) -> None:
+        """Unscale, clip to ``max_grad_norm`` (when > 0), step, update the scaler, clear the gradients."""
+        if self.max_grad_norm > 0:
+            self.scaler.unscale_(self.optimizer)
+            params = chain.from_iterable(g['params'] for g in self.optimizer.param_groups)
+            nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def on_save(self) -> None:
+        """Every ``save_every`` steps: TensorBoard, checkpoint, a missed submit, and test play when due."""
+        if self.pb is not None:
+            self.pb.close()
+            self.pb = None
+        n = self.save_every
+        w = self.writer
+        w.add_scalar('loss/dqn_loss', self.stats['dqn_loss'] / n, self.steps)
+        if not self.online:
+            w.add_scalar('loss/cql_loss', self.stats['cql_loss'] / n, self.steps)
+        w.add_scalar('loss/next_rank_loss', self.stats['next_rank_loss'] / n, self.steps)
+        w.add_scalar('hparam/lr', self.scheduler.get_last_lr()[0], self.steps)
+        w.add_histogram('q_predicted', self.all_q.cpu().numpy().flatten()[::HISTOGRAM_STRIDE], self.steps)
+        w.add_histogram('q_target', self.all_q_target.cpu().numpy().flatten()[::HISTOGRAM_STRIDE], self.steps)
+        w.flush()
+        self.reset_stats()
+        self.idx = 0
+        logger.info('total steps: %s (~%s)', f'{self.steps:,}', f'{self.steps_to_next_test():,}')
+
+        self.save()
+        if self.online and self.steps % self.submit_every != 0:
+            self.submit_param(is_idle=False)
+        if self.steps % self.test_every == 0:
+            self.test_play()
+        self.pb = self._progress_bar()
+
+    def steps_to_next_test(self) -> int:
+        """Steps left until the next test play (0 right at one), as Mortal's progress line."""
+        return (self.test_every - self.steps % self.test_every) % self.test_every
+
+    def test_play(self) -> None:
+        """Play ``[test_play] games`` against ``[baseline.test]``, log, update best.pth; online: TestPlayDone."""
+        stat = self.test_player.test_play(self.test_games // 4, self.mortal, self.dqn, self.device)
+        self.mortal.train()
+        self.dqn.train()
+        avg_pt = stat.avg_pt(DISPLAY_PTS)
+        avg_rank = stat.avg_rank
+        better = is_better(avg_pt, avg_rank, self.best_perf)
+        past_best = dict(self.best_perf)
+        if better:
+            self.best_perf = {'avg_pt': avg_pt, 'avg_rank': avg_rank}
+        logger.info('avg rank: %.6f', avg_rank)
+        logger.info('avg pt: %.6f', avg_pt)
+        stat.write_tensorboard(self.writer, self.steps, DISPLAY_PTS)
+        self.writer.flush()
+        if better:
+            self.save()  # the checkpoint now records the new best_perf
+            logger.info('a new record has been made, pt: %.4f -> %.4f, rank: %.4f -> %.4f, saving to %s',
+                        past_best['avg_pt'], avg_pt, past_best['avg_rank'], avg_rank, self.best_state_file)
+            atomic_copy(self.state_file, self.best_state_file)
+        if self.online:
+            raise TestPlayDone()
+
+    def _progress_bar(self):
+        from tqdm.auto import tqdm
+        return tqdm(total=self.save_every, desc='TRAIN', initial=self.steps % self.save_every, unit='batch',
+                    dynamic_ncols=True, ascii=True)
+
+    def file_list(self):
+        """(file_list, player_names) of this epoch: drained logs + ['trainee'] online, the dataset offline."""
+        if self.online:
+            return self.drain(), ['trainee']
+        dataset_cfg = self.config['dataset']
+        names = load_player_names(dataset_cfg['player_names_files'])
+        logger.info('loaded %s players', f'{len(names):,}')
+        return build_file_list(dataset_cfg, names), sorted(names)
+
+    def data_loader(self, file_list, player_names):
+        """DataLoader of ``FileDatasetsIter`` batches (``[dataset]`` settings, GRP reward from ``[grp]``)."""
+        from mortal.dataloader import FileDatasetsIter, make_dataloader
+        from mortal.reward import load_grp
+
+        ds = self.config['dataset']
+        if ds['num_workers'] > 1:
+            random.shuffle(file_list)
+        grp = load_grp(self.config['grp']['state_file'], self.config['grp']['network'])
+        data = FileDatasetsIter(
+            self.version, file_list, self.config['env']['pts'], grp,
+            file_batch_size=ds['file_batch_size'],
+            reserve_ratio=ds['reserve_ratio'],
+            player_names=player_names or None,
+            num_epochs=ds['num_epochs'],
+            enable_augmentation=ds['enable_augmentation'],
+            augmented_first=ds['augmented_first'],
+        )
+        return make_dataloader(data, batch_size=self.batch_size, num_workers=ds['num_workers'],
+                               pin_memory=self.device.type == 'cuda')
+
+    def train_epoch(self) -> int:
+        """One pass over this epoch's files; returns the number of batches trained."""
+        file_list, player_names = self.file_list()
+        logger.info('file list size: %s', f'{len(file_list):,}')
+        logger.info('total steps: %s (~%s)', f'{self.steps:,}', f'{self.steps_to_next_test():,}')
+        self.pb = self._progress_bar()
+        batches = 0
+        try:
+            for batch in iter_full_batches(self.data_loader(file_list, player_names), self.batch_size):
+                self.train_batch(*batch)
+                batches += 1
+        finally:
+            if self.pb is not None:
+                self.pb.close()
+                self.pb = None
+        if self.online:
+            self.writer.add_scalar('data/samples_per_drain', batches * self.batch_size, self.steps)
+            self.submit_param(is_idle=True)
+        return batches
+
+    def run(self) -> None:
+        """Online: submit idle parameters, then epochs until a test play ends the process. Offline: one epoch."""
+        dev = self.device
+        logger.info('device: %s%s', dev, f' ({torch.cuda.get_device_name(dev)})' if dev.type == 'cuda' else '')
+        if self.online:
+            self.submit_param(is_idle=True)
+        while True:
+            self.train_epoch()
+            gc.collect()
+            if not self.online:
+                break  # one epoch per offline run, for easier control (Mortal)
+
+
+def run_learner(config: dict) -> int:
+    """The learner process body; returns its exit status (0 after an online test play)."""
+    trainer = Trainer(config)
+    try:
+        trainer.run()
+    except TestPlayDone:
+        logger.info('test play done: exiting so that the supervisor restarts the learner')
+    finally:
+        trainer.writer.close()
+    return 0
+
+
+def supervise(argv, *, restart_delay: float = RESTART_DELAY, script: str = None) -> int:
+    """Run ``python mortal/train.py argv`` (or ``script``) as a child with MORTAL_IS_SUB_PROC=1; restart it
+    ``restart_delay`` seconds after each exit with 0; return its status otherwise (128 + signal number when
+    killed). SIGTERM to the supervisor is passed on to the child."""
+    cmd = [sys.executable, script or path.abspath(__file__), *argv]
+    env = {**os.environ, IS_SUB_PROC_KEY: '1'}
+    child = None
+    stopping = False
+
+    def forward(signum, frame):
+        nonlocal stopping
+        stopping = True
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        while True:
+            child = subprocess.Popen(cmd, env=env)
+            logger.info('learner started (pid %d)', child.pid)
+            while True:
+                try:
+                    code = child.wait()
+                    break
+                except KeyboardInterrupt:  # the child got the same SIGINT; wait for it to finish
+                    stopping = True
+            if code != 0 or stopping:
+                if code < 0:
+                    code = 128 - code
+                logger.info('learner exited with status %d: stopping', code)
+                return code
+            logger.info('learner exited normally; restarting in %.0f s', restart_delay)
+            time.sleep(restart_delay)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def main(argv=None):
+    """Entry point: ``python mortal/train.py`` (config from MORTAL_CFG or ``--config``)."""
+    os.environ.pop('RUST_BACKTRACE', None)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('-c', '--config', help='config file (default: $MORTAL_CFG or config.toml)')
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
+    from mortal.config import ONLINE_TRAIN_SECTIONS, TRAIN_SECTIONS, load_config
+    config = load_config(args.config, required=TRAIN_SECTIONS)
+    online = config['control']['online']
+    if online:
+        from mortal.config import require
+        require(config, *ONLINE_TRAIN_SECTIONS, path=args.config)
+    try:
+        if not online or os.environ.get(IS_SUB_PROC_KEY) == '1':
+            code = run_learner(config)
+        else:
+            code = supervise(argv)
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
+
+
+if __name__ == '__main__':
+    main()

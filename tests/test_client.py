@@ -1,0 +1,117 @@
+"""mortal/client.py and mortal/player.py: rank reports, seed schedule, one real round against a live server."""
+
+import gzip
+import json
+import os
+import socket
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from mortal import client as cl
+from mortal import server as srv
+from mortal import wire
+from mortal.player import TrainPlayer, load_model_pair
+from test_train import tiny_config, write_baseline
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize('rankings, rank, pt', [
+    ([1, 1, 1, 1], 2.5, 0.0),  # (90 + 45 + 0 - 135) / 4
+    ([2, 1, 0, 1], 2.0, 22.5),  # (1+1+2+4)/4; (180 + 45 - 135) / 4
+    ([0, 0, 0, 4], 4.0, -135.0),
+])
+def test_rank_summary_by_hand(rankings, rank, pt):
+    assert cl.rank_summary(rankings) == (rank, pt)
+
+
+def test_history_window_and_report_lines():
+    h = cl.RankHistory(3)
+    for r in ([4, 0, 0, 0], [2, 1, 0, 1], [0, 0, 0, 4]):
+        h.add(r)
+    total = h.add([1, 1, 1, 1])  # the first round drops out
+    assert total.tolist() == [3, 2, 1, 6] and len(h) == 3
+    lines = cl.format_round([1, 1, 1, 1], h, total)
+    # window: ranks (3*1 + 2*2 + 1*3 + 6*4) / 12 = 34/12; pt (270 + 90 + 0 - 810) / 12 = -37.5
+    assert lines == ('trainee rankings: [1, 1, 1, 1] (2.5, 0.0pt)',
+                     f'last 3 sessions: [3, 2, 1, 6] ({34 / 12:.6}, -37.5pt)')
+
+
+def test_seed_schedule_advances_by_games_over_4_every_repeats(tmp_path):
+    config, _ = tiny_config(tmp_path, **{'train_play.default': {'games': 8, 'repeats': 2}})
+    p = TrainPlayer(config, {}, baseline_engine=object(), train_key=12345)
+    assert [p.next_seed() for _ in range(5)] == [
+        (10000, 12345), (10000, 12345), (10002, 12345), (10002, 12345), (10004, 12345)]
+    keys = {TrainPlayer(config, {}, baseline_engine=object()).train_key for _ in range(3)}
+    assert len(keys) == 3 and all(0 <= k < 2 ** 64 for k in keys)
+
+
+def test_train_play_profile_from_env(tmp_path):
+    config, _ = tiny_config(tmp_path)
+    config['train_play']['fast'] = dict(config['train_play']['default'], games=12, log_dir=str(tmp_path / 'fast'))
+    p = TrainPlayer(config, {'TRAIN_PLAY_PROFILE': 'fast'}, baseline_engine=object())
+    assert p.seed_count == 3 and p.log_dir == str(tmp_path / 'fast')
+    from mortal.config import ConfigError
+    with pytest.raises(ConfigError, match=r'train_play.nope'):
+        TrainPlayer(config, {'TRAIN_PLAY_PROFILE': 'nope'}, baseline_engine=object())
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def test_round_against_a_server_that_starts_late(tmp_path, caplog):
+    """The server is down at first (client retries), then has no parameters (retries), then a real round."""
+    import logging
+    port = free_port()
+    config, _ = tiny_config(tmp_path, port=port)
+    write_baseline(config, config['baseline']['train']['state_file'])
+    store = srv.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 8)
+    store.reset_dirs()
+    servers = []
+    sleeps = []
+    brain, dqn, _ = load_model_pair(config['baseline']['train']['state_file'])
+    remote = wire.Remote('127.0.0.1', port, timeout=10)
+
+    def fake_sleep(sec):
+        sleeps.append(sec)
+        if len(sleeps) == 2:  # the server comes up
+            server = srv.ParamServer(('127.0.0.1', port), store, timeout=10)
+            threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+            servers.append(server)
+        if len(sleeps) == 3:  # the trainer submits its first parameters
+            remote.request({'type': 'submit_param', 'mortal': wire.pack_state_dict(brain.state_dict()),
+                            'dqn': wire.pack_state_dict(dqn.state_dict()), 'is_idle': True})
+
+    try:
+        client = cl.Client(config, env={}, sleep=fake_sleep)
+        with caplog.at_level(logging.INFO):
+            rankings = client.run_round()
+        assert sleeps == [3.0, 3.0, 3.0]
+        assert client.param_version == 1 and client.server_id == store.server_id
+        assert rankings.sum() == 4 and rankings.dtype == np.int64
+        key = client.train_player.train_key
+        names = sorted(os.listdir(store.buffer_dir))
+        assert names == [f'0_10000_{key}_{s}.json.gz' for s in 'abcd']
+        assert store.buffer == {n: 1 for n in names}
+        with gzip.open(os.path.join(store.buffer_dir, names[1]), 'rt') as f:
+            start = json.loads(f.readline())
+        assert start['type'] == 'start_game' and start['names'] == ['baseline', 'trainee', 'baseline', 'baseline']
+        assert 'waiting for parameters: empty param' in caplog.text
+        assert f'trainee rankings: {rankings.tolist()}' in caplog.text and 'last 1 sessions' in caplog.text
+        assert client.train_player.train_seed == 10001
+    finally:
+        for s in servers:
+            s.shutdown()
+            s.server_close()

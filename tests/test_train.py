@@ -1,0 +1,515 @@
+"""mortal/train.py step logic, checkpoints, TensorBoard tags and data plumbing, in-process on CPU with a tiny model.
+
+``tiny_config``, ``write_baseline`` and ``write_grp`` are shared with test_client.py and test_online_loop.py.
+"""
+
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import toml
+import torch
+
+from mortal import train as tr
+from mortal import wire
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny models: one intra-op thread is much faster than two fighting over a busy 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VERSION = 3
+C = 934  # obs channels of version 3
+
+
+def tiny_config(tmp_path, *, online=True, port=5000, **overrides):
+    """A validated config (through mortal.config.load_config) for a 16-channel, 1-block v3 model on CPU, all paths
+    under ``tmp_path``. ``overrides``: {'section.sub': {key: value}} merged in. Returns (config, toml_path)."""
+    from mortal.config import load_config
+
+    with open(os.path.join(ROOT, 'config.example.toml')) as f:
+        cfg = toml.load(f)
+    t = str(tmp_path)
+    cfg['control'].update(
+        version=VERSION, online=online, state_file=f'{t}/mortal.pth', best_state_file=f'{t}/best.pth',
+        tensorboard_dir=f'{t}/tb', device='cpu', enable_cudnn_benchmark=False, enable_amp=False,
+        enable_compile=False, batch_size=8, opt_step_every=1, save_every=2, test_every=4, submit_every=2)
+    cfg['train_play']['default'].update(games=4, log_dir=f'{t}/train_play')
+    cfg['test_play'].update(games=4, log_dir=f'{t}/test_play')
+    cfg['dataset'].update(globs=[f'{t}/dataset/*.json*'], file_index=f'{t}/file_index.pth', file_batch_size=2,
+                          num_workers=0)
+    cfg['env'].update(gamma=1, pts=[6.0, 4.0, 2.0, 0.0])
+    cfg['resnet'].update(conv_channels=16, num_blocks=1)
+    cfg['freeze_bn']['mortal'] = online
+    cfg['optim'].update(max_grad_norm=1.0)
+    cfg['optim']['scheduler'].update(peak=1e-3, final=1e-3)
+    for slot in ('train', 'test'):
+        cfg['baseline'][slot].update(device='cpu', state_file=f'{t}/baseline.pth')
+    cfg['online']['history_window'] = 3
+    cfg['online']['remote'].update(host='127.0.0.1', port=port)
+    cfg['online']['server'].update(buffer_dir=f'{t}/buffer', drain_dir=f'{t}/drain', capacity=4,
+                                   force_sequential=False)
+    cfg['grp']['state_file'] = f'{t}/grp.pth'
+    cfg['grp']['network'].update(hidden_size=8, num_layers=1)
+    for dotted, values in overrides.items():
+        table = cfg
+        for part in dotted.split('.'):
+            table = table[part]
+        table.update(values)
+    path = os.path.join(t, 'config.toml')
+    with open(path, 'w') as f:
+        toml.dump(cfg, f)
+    return load_config(path, env={}), path
+
+
+def write_baseline(config, filename, seed=0):
+    """A randomly initialised checkpoint with Mortal's keys for the config's architecture."""
+    from mortal.model import AuxNet, Brain, DQN
+    torch.manual_seed(seed)
+    r = config['resnet']
+    brain = Brain(version=VERSION, conv_channels=r['conv_channels'], num_blocks=r['num_blocks'])
+    dqn = DQN(version=VERSION)
+    torch.save({'mortal': brain.state_dict(), 'current_dqn': dqn.state_dict(),
+                'aux_net': AuxNet((4,)).state_dict(), 'config': config, 'steps': 0}, filename)
+
+
+def write_grp(config):
+    from mortal.model import GRP
+    torch.manual_seed(0)
+    grp = GRP(**config['grp']['network'])
+    torch.save({'model': grp.state_dict()}, config['grp']['state_file'])
+
+
+class FakeWriter:
+    def __init__(self):
+        self.scalars, self.groups, self.histograms = [], [], []
+
+    def add_scalar(self, tag, value, step):
+        self.scalars.append((tag, float(value), step))
+
+    def add_scalars(self, tag, values, step):
+        self.groups.append((tag, dict(values), step))
+
+    def add_histogram(self, tag, values, step):
+        self.histograms.append((tag, len(values), step))
+
+    def flush(self):
+        pass
+
+    def close(self):
+        pass
+
+    def tags(self):
+        return {t for t, _, _ in self.scalars} | {t for t, _, _ in self.groups} | {t for t, _, _ in self.histograms}
+
+
+class FakeStat:
+    def __init__(self, avg_pt, avg_rank):
+        self._pt, self.avg_rank = avg_pt, avg_rank
+
+    def avg_pt(self, pts):
+        assert list(pts) == [90, 45, 0, -135]
+        return self._pt
+
+    def write_tensorboard(self, writer, step, pts):
+        writer.add_scalar('test_play/avg_ranking', self.avg_rank, step)
+        writer.add_scalar('test_play/avg_pt', self._pt, step)
+
+
+class FakeTestPlayer:
+    def __init__(self, results):
+        self.results = list(results)
+        self.calls = []
+
+    def test_play(self, seed_count, mortal, dqn, device):
+        self.calls.append(seed_count)
+        return FakeStat(*self.results.pop(0))
+
+
+def make_trainer(tmp_path, *, online=False, results=((0.0, 2.5),), real_submit=False, **overrides):
+    """A Trainer with fake test player and writer; online ones record submissions in ``trainer.submits``
+    instead of sending them (unless real_submit)."""
+    config, _ = tiny_config(tmp_path, online=online, **overrides)
+    writer = FakeWriter()
+    trainer = tr.Trainer(config, test_player=FakeTestPlayer(results), writer=writer,
+                         remote=wire.Remote('127.0.0.1', 1), sleep=lambda s: None)
+    trainer.submits = []
+    if not real_submit:
+        trainer.submit_param = lambda is_idle=False: trainer.submits.append((trainer.steps, is_idle))
+    return trainer, writer
+
+
+def batch(n=8, seed=0, *, gamma_steps=None, reward=2.0):
+    g = torch.Generator().manual_seed(seed)
+    obs = torch.rand((n, C, 34), generator=g)
+    masks = torch.rand((n, 46), generator=g) < 0.3
+    actions = torch.randint(0, 46, (n,), generator=g)
+    masks[torch.arange(n), actions] = True
+    steps_to_done = torch.arange(n) if gamma_steps is None else gamma_steps
+    rewards = torch.full((n,), reward, dtype=torch.float64)
+    ranks = torch.arange(n) % 4
+    return obs, actions, masks, steps_to_done, rewards, ranks
+
+
+def zero_heads(trainer):
+    with torch.no_grad():
+        for p in list(trainer.dqn.parameters()) + list(trainer.aux_net.parameters()):
+            p.zero_()
+
+
+# -- pure functions ----------------------------------------------------------------------------------------------
+
+def test_param_groups_decay_only_linear_and_conv_weights():
+    net = torch.nn.Sequential(torch.nn.Conv1d(2, 3, 1), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 2))
+    decay, no_decay = tr.build_param_groups([net], 0.1)
+    assert decay['weight_decay'] == 0.1 and 'weight_decay' not in no_decay
+    assert [p is q for p, q in zip(decay['params'], [net[0].weight, net[2].weight])] == [True, True]
+    expected = [net[0].bias, net[1].bias, net[1].weight, net[2].bias]  # sorted names 0.bias 1.bias 1.weight 2.bias
+    assert len(no_decay['params']) == 4 and all(p is q for p, q in zip(no_decay['params'], expected))
+
+
+def test_scheduler_values_by_hand():
+    p = [torch.nn.Parameter(torch.zeros(1))]
+    opt = torch.optim.AdamW(p, lr=1)
+    s = tr.LinearWarmUpCosineAnnealingLR(opt, peak=1e-3, final=1e-4, warm_up_steps=10, max_steps=110)
+    f = s.factor
+    assert f(0) == pytest.approx(1e-8)
+    assert f(5) == pytest.approx(1e-8 + (1e-3 - 1e-8) * 0.5)
+    assert f(10) == pytest.approx(1e-3)
+    assert f(60) == pytest.approx(1e-4 + 0.5 * 9e-4)  # cos(pi/2) = 0
+    assert f(110) == pytest.approx(1e-4) and f(10 ** 6) == pytest.approx(1e-4)
+    assert opt.param_groups[0]['lr'] == pytest.approx(1e-8)
+    for _ in range(60):
+        opt.step()
+        s.step()
+    assert opt.param_groups[0]['lr'] == pytest.approx(5.5e-4)
+    const = tr.LinearWarmUpCosineAnnealingLR(torch.optim.AdamW(p, lr=1), peak=1e-5, final=1e-5,
+                                             warm_up_steps=0, max_steps=0)
+    assert const.factor(0) == const.factor(12345) == 1e-5
+    with pytest.raises(ValueError, match='peak >= final'):
+        tr.LinearWarmUpCosineAnnealingLR(opt, peak=1e-5, final=1e-4, warm_up_steps=0, max_steps=0)
+
+
+def test_scheduler_resume_keeps_position_but_config_shape():
+    p = [torch.nn.Parameter(torch.zeros(1))]
+    opt = torch.optim.AdamW(p, lr=1)
+    s = tr.LinearWarmUpCosineAnnealingLR(opt, peak=1e-3, final=1e-4, warm_up_steps=10, max_steps=110)
+    for _ in range(60):
+        opt.step()
+        s.step()
+    opt2 = torch.optim.AdamW(p, lr=1)
+    s2 = tr.LinearWarmUpCosineAnnealingLR(opt2, peak=2e-3, final=1e-4, warm_up_steps=10, max_steps=110)
+    opt2.load_state_dict(opt.state_dict())
+    s2.load_state_dict(s.state_dict())
+    assert s2.last_epoch == 60 and s2.peak == 2e-3
+    assert opt2.param_groups[0]['lr'] == pytest.approx(1e-4 + 0.5 * 1.9e-3)
+
+
+@pytest.mark.parametrize('pt, rank, better', [
+    (10.0, 2.4, True), (10.0, 2.5, True), (5.0, 2.4, True), (4.9, 2.0, False), (20.0, 2.51, False)])
+def test_best_rule_needs_both_not_worse(pt, rank, better):
+    assert tr.is_better(pt, rank, {'avg_pt': 5.0, 'avg_rank': 2.5}) is better
+
+
+def test_iter_full_batches_pools_short_batches():
+    sizes = [4, 3, 4, 2, 3, 1]
+    start, batches = 0, []
+    for n in sizes:
+        batches.append((torch.arange(start, start + n), torch.arange(start, start + n) * 10))
+        start += n
+    out = [tuple(t.tolist() for t in b) for b in tr.iter_full_batches(batches, 4)]
+    assert out == [
+        ([0, 1, 2, 3], [0, 10, 20, 30]),
+        ([7, 8, 9, 10], [70, 80, 90, 100]),
+        ([4, 5, 6, 11], [40, 50, 60, 110]),  # pooled short ones, in arrival order
+        ([12, 13, 14, 15], [120, 130, 140, 150]),
+    ]  # 17 samples: the 1 left over is dropped
+
+
+def test_staleness_ignores_unknown_versions():
+    assert tr.staleness({'param_version': 7, 'param_versions': [7, 5, -1, 2]}) == [0, 2, 5]
+    assert tr.staleness({'param_version': 0, 'param_versions': []}) == []
+
+
+def test_atomic_save_never_leaves_a_partial_checkpoint(tmp_path, monkeypatch):
+    target = str(tmp_path / 'ck.pth')
+    tr.atomic_torch_save({'steps': 1}, target)
+    real_save = torch.save
+
+    def dying_save(obj, f):
+        f.write(b'PK\x03\x04 partial')
+        raise KeyboardInterrupt  # as if killed mid-write
+
+    monkeypatch.setattr(torch, 'save', dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        tr.atomic_torch_save({'steps': 2}, target)
+    monkeypatch.setattr(torch, 'save', real_save)
+    assert torch.load(target, weights_only=True) == {'steps': 1}
+
+
+# -- Trainer ------------------------------------------------------------------------------------------------------
+
+def test_losses_by_hand_offline(tmp_path):
+    trainer, writer = make_trainer(tmp_path, online=False, **{
+        'control': {'opt_step_every': 2, 'save_every': 2, 'test_every': 2}, 'env': {'gamma': 0.5}})
+    zero_heads(trainer)
+    b = batch(gamma_steps=torch.tensor([0, 1, 2, 3, 0, 1, 2, 3]), reward=4.0)
+    trainer.train_batch(*b)
+    # q = 0 for every legal action; target = 4 * 0.5 ** steps = 4, 2, 1, 0.5 (twice)
+    expected_dqn = 0.5 * (16 + 4 + 1 + 0.25) * 2 / 8
+    n_legal = b[2].sum(-1).double()
+    expected_cql = n_legal.log().mean().item()  # logsumexp over n zeros = log n; minus q = 0
+    assert trainer.stats['dqn_loss'] == pytest.approx(expected_dqn, rel=1e-6)
+    assert trainer.stats['cql_loss'] == pytest.approx(expected_cql, rel=1e-5)
+    assert trainer.stats['next_rank_loss'] == pytest.approx(math.log(4), rel=1e-6)
+
+
+def test_online_has_no_cql_and_learns_only_with_accumulation(tmp_path):
+    trainer, writer = make_trainer(tmp_path, online=True, **{
+        'control': {'opt_step_every': 2, 'save_every': 4, 'test_every': 4, 'submit_every': 4}})
+    before = [p.detach().clone() for p in trainer.mortal.parameters()]
+    trainer.train_batch(*batch(seed=1))
+    assert trainer.stats['cql_loss'] == 0.0 and trainer.stats['dqn_loss'] > 0
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.mortal.parameters()))  # accumulating
+    trainer.train_batch(*batch(seed=2))
+    assert not all(torch.equal(a, b) for a, b in zip(before, trainer.mortal.parameters()))
+    assert all(p.grad is None for p in trainer.mortal.parameters())
+
+
+def test_accumulation_is_keyed_on_the_global_step(tmp_path):
+    trainer, _ = make_trainer(tmp_path, **{'control': {'opt_step_every': 2, 'save_every': 4, 'test_every': 4}})
+    trainer.steps = 3  # e.g. resumed mid-window: the very next batch completes an accumulation window
+    before = [p.detach().clone() for p in trainer.dqn.parameters()]
+    trainer.train_batch(*batch())
+    assert trainer.steps == 4
+    assert not all(torch.equal(a, b) for a, b in zip(before, trainer.dqn.parameters()))
+
+
+def test_freeze_bn_keeps_running_stats(tmp_path):
+    trainer, _ = make_trainer(tmp_path, online=True, **{'control': {'save_every': 4, 'test_every': 4,
+                                                                    'submit_every': 4}})
+    bns = [m for m in trainer.mortal.modules() if isinstance(m, torch.nn.BatchNorm1d)]
+    stats = [m.running_mean.clone() for m in bns]
+    gammas = [m.weight.detach().clone() for m in bns]
+    trainer.train_batch(*batch())
+    assert all(torch.equal(a, m.running_mean) for a, m in zip(stats, bns))
+    assert not all(torch.equal(a, m.weight) for a, m in zip(gammas, bns))
+
+
+def test_clipping_sees_unscaled_gradients_under_amp(tmp_path, monkeypatch):
+    norms = []
+    real_clip = torch.nn.utils.clip_grad_norm_
+
+    def spy(params, max_norm):
+        total = real_clip(params, max_norm)
+        norms.append(float(total))
+        return total
+
+    monkeypatch.setattr(tr.nn.utils, 'clip_grad_norm_', spy)
+    for amp in (False, True):
+        sub = tmp_path / str(amp)
+        sub.mkdir()
+        torch.manual_seed(0)
+        trainer, _ = make_trainer(sub, **{'control': {'enable_amp': amp, 'save_every': 4, 'test_every': 4}})
+        assert trainer.scaler.is_enabled() is amp
+        trainer.train_batch(*batch())
+    plain, amp = norms
+    # GradScaler starts at a scale of 65536: clipping before unscaling would see a norm ~65536x larger.
+    assert 0.5 < amp / plain < 2.0
+
+
+def test_save_tags_checkpoint_test_play_and_best(tmp_path):
+    trainer, writer = make_trainer(tmp_path, online=False, results=[(10.0, 2.4), (20.0, 2.6)])
+    for i in range(2):
+        trainer.train_batch(*batch(seed=i))
+    state = torch.load(trainer.state_file, weights_only=True)
+    assert tuple(state) == tr.CHECKPOINT_KEYS and state['steps'] == 2
+    assert state['config']['control']['online'] is False
+    assert {t for t, _, _ in writer.scalars} == {'loss/dqn_loss', 'loss/cql_loss', 'loss/next_rank_loss',
+                                                  'hparam/lr'}
+    assert [(t, n, s) for t, n, s in writer.histograms] == [('q_predicted', 1, 2), ('q_target', 1, 2)]
+    assert not os.path.exists(trainer.best_state_file)
+    for i in range(2):
+        trainer.train_batch(*batch(seed=i))
+    assert trainer.test_player.calls == [1]  # test_play games 4 -> 1 seed
+    assert trainer.best_perf == {'avg_pt': 10.0, 'avg_rank': 2.4}
+    best = torch.load(trainer.best_state_file, weights_only=True)
+    assert best['steps'] == 4 and best['best_perf'] == {'avg_pt': 10.0, 'avg_rank': 2.4}
+    assert torch.load(trainer.state_file, weights_only=True)['best_perf'] == best['best_perf']
+    for i in range(4):
+        trainer.train_batch(*batch(seed=i))
+    # 20 pt but rank 2.6 is worse: best stays
+    assert trainer.best_perf == {'avg_pt': 10.0, 'avg_rank': 2.4}
+    assert torch.load(trainer.best_state_file, weights_only=True)['steps'] == 4
+
+
+def test_online_exits_after_test_play_and_submits(tmp_path, monkeypatch):
+    trainer, writer = make_trainer(tmp_path, online=True, **{'control': {'submit_every': 3}})
+    submits = trainer.submits
+    trainer.train_batch(*batch())
+    trainer.train_batch(*batch())  # save at 2 missed the submit (every 3): submitted at the save
+    trainer.train_batch(*batch())  # 3: regular submit
+    with pytest.raises(tr.TestPlayDone):
+        trainer.train_batch(*batch())  # 4: save + submit (missed) + test play, then exit
+    assert submits == [(2, False), (3, False), (4, False)]
+    assert 'loss/cql_loss' not in writer.tags()
+    assert torch.load(trainer.state_file, weights_only=True)['steps'] == 4
+
+
+def test_resume_restores_everything(tmp_path):
+    trainer, _ = make_trainer(tmp_path)
+    for i in range(2):
+        trainer.train_batch(*batch(seed=i))
+    trainer2, _ = make_trainer(tmp_path)
+    assert trainer2.steps == 2
+    for a, b in zip(trainer.mortal.state_dict().values(), trainer2.mortal.state_dict().values()):
+        assert torch.equal(a, b)
+    s1, s2 = trainer.optimizer.state_dict(), trainer2.optimizer.state_dict()
+    assert torch.equal(s1['state'][0]['exp_avg'], s2['state'][0]['exp_avg'])
+    assert trainer2.scheduler.last_epoch == 2
+
+
+def test_offline_checkpoint_in_online_mode_keeps_config_optimizer(tmp_path):
+    trainer, _ = make_trainer(tmp_path, online=False)
+    for i in range(2):
+        trainer.train_batch(*batch(seed=i))
+    online, _ = make_trainer(tmp_path, online=True, control={'test_every': 8},
+                             **{'optim.scheduler': {'peak': 5e-4, 'final': 5e-4}})
+    assert online.steps == 2
+    assert online.optimizer.state_dict()['state'] == {}
+    assert online.scheduler.last_epoch == 0
+    assert [g['lr'] for g in online.optimizer.param_groups] == [5e-4, 5e-4]
+    # and an online checkpoint in online mode does load them
+    for i in range(2):
+        online.train_batch(*batch(seed=i))
+    again, _ = make_trainer(tmp_path, online=True, control={'test_every': 8},
+                            **{'optim.scheduler': {'peak': 5e-4, 'final': 5e-4}})
+    assert again.optimizer.state_dict()['state'] != {} and again.scheduler.last_epoch == 2
+
+
+def test_checkpoint_mismatch_names_both_shapes(tmp_path):
+    trainer, _ = make_trainer(tmp_path)
+    trainer.save()
+    with pytest.raises(tr.CheckpointMismatchError) as err:
+        make_trainer(tmp_path, resnet={'conv_channels': 32})
+    msg = str(err.value)
+    assert 'mortal.encoder' in msg and 'has shape (16, 934, 3) in the checkpoint but the config expects (32, 934, 3)' \
+        in msg
+    assert 'conv_channels 16' in msg and 'conv_channels = 32' in msg and 'mortal.pth' in msg
+
+
+def test_version_1_is_refused(tmp_path):
+    config, _ = tiny_config(tmp_path)
+    config['control']['version'] = 1
+    with pytest.raises(ValueError, match='version = 1 cannot be trained'):
+        tr.Trainer(config, test_player=FakeTestPlayer([]), writer=FakeWriter())
+
+
+def test_real_tensorboard_tags(tmp_path):
+    from mortal.stat import Stat
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    stat_dir = os.path.join(ROOT, 'tests', 'data', 'stat')
+    name = __import__('json').loads(open(os.path.join(stat_dir, 'log_a.json')).readline())['names'][0]
+
+    class StatPlayer:
+        def test_play(self, seed_count, mortal, dqn, device):
+            return Stat.from_dir(stat_dir, name)
+
+    config, _ = tiny_config(tmp_path, online=False)
+    trainer = tr.Trainer(config, test_player=StatPlayer())
+    for i in range(4):
+        trainer.train_batch(*batch(seed=i))
+    trainer.writer.close()
+    acc = EventAccumulator(config['control']['tensorboard_dir'])
+    acc.Reload()
+    assert set(acc.Tags()['scalars']) == {'loss/dqn_loss', 'loss/cql_loss', 'loss/next_rank_loss', 'hparam/lr',
+                                          'test_play/avg_ranking', 'test_play/avg_pt', 'test_play/houjuu_point',
+                                          'test_play/point_per_round', 'test_play/riichi_point',
+                                          'test_play/fuuro_num', 'test_play/fuuro_point'}
+    assert set(acc.Tags()['histograms']) == {'q_predicted', 'q_target'}
+    groups = sorted(d for d in os.listdir(config['control']['tensorboard_dir'])
+                    if os.path.isdir(os.path.join(config['control']['tensorboard_dir'], d)))
+    # add_scalars writes one sub-directory per group member, named tag_member with '/' replaced by '_'
+    assert 'test_play_ranking_1st' in groups and 'test_play_riichi_chasing_riichi' in groups
+    assert acc.Scalars('hparam/lr')[-1].value == pytest.approx(1e-3)
+
+
+# -- online data plumbing against a real server ------------------------------------------------------------------
+
+@pytest.fixture
+def live_server(tmp_path):
+    from mortal import server as srv
+    store = srv.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 2)
+    store.reset_dirs()
+    server = srv.ParamServer(('127.0.0.1', 0), store, timeout=5)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_drain_waits_resubmits_after_restart_and_logs_health(tmp_path, live_server):
+    trainer, writer = make_trainer(tmp_path, online=True, real_submit=True)
+    trainer.remote = wire.Remote('127.0.0.1', live_server.server_address[1], timeout=5)
+    remote = trainer.remote
+    sleeps = []
+
+    def fake_sleep(sec):
+        sleeps.append(sec)
+        if len(sleeps) == 2:  # a client submits while the trainer polls
+            sid = remote.request({'type': 'get_param', 'param_version': -1})['server_id']
+            remote.request({'type': 'submit_replay', 'logs': {'a.json.gz': b'1', 'b.json.gz': b'2'},
+                            'param_version': 1, 'server_id': sid})
+            trainer.submit_param()  # version 2
+
+    trainer.sleep = fake_sleep
+    files = trainer.drain()
+    assert sleeps == [5.0, 5.0]
+    assert [os.path.basename(f) for f in files] == ['0_a.json.gz', '0_b.json.gz']
+    assert all(os.path.exists(f) for f in files)
+    # the first poll found a server without parameters (as after a restart): the trainer resubmitted them
+    assert live_server.store.param_version == 2 and live_server.store.idle_param_version == 1
+    got = {t: v for t, v, _ in writer.scalars}
+    assert got['data/logs_per_drain'] == 2 and got['data/staleness_mean'] == 1 and got['data/staleness_max'] == 1
+    assert got['data/wait_seconds'] >= 0
+
+
+def test_offline_epoch_on_real_logs_builds_index(tmp_path):
+    import shutil
+    (tmp_path / 'dataset').mkdir()
+    for p in ('meta_annotated_hanchan.jsonl', 'riichienv_selfplay_hanchan.jsonl'):
+        shutil.copy(os.path.join(ROOT, 'tests', 'data', p), tmp_path / 'dataset' / (p[:-1]))
+    (tmp_path / 'dataset' / 'broken.json').write_text('{"type": "start_game"\n')
+    trainer, writer = make_trainer(tmp_path, online=False, results=[(0.0, 2.5)] * 100,
+                                   control={'batch_size': 64, 'save_every': 10, 'test_every': 1000})
+    write_grp(trainer.config)
+    trainer.run()
+    index = torch.load(trainer.config['dataset']['file_index'], weights_only=True)['file_list']
+    assert [os.path.basename(f) for f in index] == ['riichienv_selfplay_hanchan.json',
+                                                   'meta_annotated_hanchan.json', 'broken.json']
+    assert trainer.steps > 10  # two hanchan, four seats each: > 1000 samples at batch 64
+
+
+def test_supervisor_restarts_on_zero_and_stops_on_error(tmp_path):
+    counter = tmp_path / 'n'
+    script = tmp_path / 'child.py'
+    script.write_text(
+        'import os, sys\n'
+        f'p = {str(counter)!r}\n'
+        'n = int(open(p).read()) if os.path.exists(p) else 0\n'
+        'open(p, "w").write(str(n + 1))\n'
+        'assert os.environ["MORTAL_IS_SUB_PROC"] == "1"\n'
+        'sys.exit(0 if n < 2 else 3)\n')
+    code = tr.supervise([], restart_delay=0.05, script=str(script))
+    assert code == 3 and counter.read_text() == '3'
