@@ -707,7 +707,13 @@ def supervise(argv, *, restart_delay: float = RESTART_DELAY, script: str = None)
                 logger.info('learner exited with status %d: stopping', code)
                 return code
             logger.info('learner exited normally; restarting in %.0f s', restart_delay)
-            time.sleep(restart_delay)
+            try:
+                time.sleep(restart_delay)
+            except KeyboardInterrupt:
+                stopping = True
+            if stopping:  # a SIGTERM/SIGINT in the pause had no child to reach: honour it here
+                logger.info('stop requested between learners: not restarting')
+                return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
 

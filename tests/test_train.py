@@ -513,3 +513,30 @@ def test_supervisor_restarts_on_zero_and_stops_on_error(tmp_path):
         'sys.exit(0 if n < 2 else 3)\n')
     code = tr.supervise([], restart_delay=0.05, script=str(script))
     assert code == 3 and counter.read_text() == '3'
+
+
+def test_supervisor_honours_sigterm_between_learners(tmp_path):
+    # A SIGTERM that lands in the restart pause (no learner running) must stop the supervisor,
+    # not be lost: the child below exits 0 at once, so the signal arrives while it sleeps.
+    counter = tmp_path / 'n'
+    child = tmp_path / 'child.py'
+    child.write_text(f'p = {str(counter)!r}\n'
+                     'import os\n'
+                     'n = int(open(p).read()) if os.path.exists(p) else 0\n'
+                     'open(p, "w").write(str(n + 1))\n')
+    runner = tmp_path / 'runner.py'
+    runner.write_text('import sys\n'
+                      'from mortal import train\n'
+                      f'sys.exit(train.supervise([], restart_delay=3.0, script={str(child)!r}))\n')
+    env = {**os.environ, 'PYTHONPATH': str(tr.path.dirname(tr.path.dirname(tr.__file__)))}
+    proc = subprocess.Popen([sys.executable, str(runner)], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not counter.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the learner has exited; the supervisor is in its 3 s pause
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+    assert counter.read_text() == '1'  # no second learner was started
