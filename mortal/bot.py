@@ -1,7 +1,7 @@
 """Play one seat over the mjai protocol (Mortal's ``mortal/mortal.py`` and ``libriichi.mjai.Bot``).
 
 ``python -m mortal.bot <SEAT>`` (SEAT 0-3, the last argument, as Mortal) loads ``[control] state_file`` of the
-config (``--config``, else env ``MORTAL_CFG``, else ``config.toml``) on the CPU, reads one mjai event (JSON) per line
+config (``-c/--config``, else env ``MORTAL_CFG``, else ``config.toml``) on the CPU, reads one mjai event (JSON) per line
 on stdin (blank lines skipped, surrounding whitespace stripped) and, whenever the seat can act after an event,
 prints one reaction line: the mjai event plus Mortal's ``meta`` (q-values of the legal actions in index order,
 ``mask_bits``, ``is_greedy``, ``batch_size``, ``eval_time_ns``, ``shanten``, ``at_furiten``, nested ``kan_select``).
@@ -29,7 +29,7 @@ import sys
 from datetime import datetime, timezone
 from typing import IO, Iterable
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger('mortal.bot')  # not __name__: '__main__' under python -m
 
 REVIEW_ENV = 'MORTAL_REVIEW_MODE'
 NO_REACTION = '{"type":"none","meta":{"mask_bits":0}}'  # review mode: an event without a decision
@@ -238,7 +238,7 @@ def serve(bot: Bot, stdin: IO[str], stdout: IO[str], *, review_mode: bool = Fals
     return lines
 
 
-USAGE = 'python -m mortal.bot [--config PATH] <SEAT>   (SEAT: the player ID, an integer within [0, 3])'
+USAGE = 'python -m mortal.bot [-c/--config PATH] <SEAT>   (SEAT: the player ID, an integer within [0, 3])'
 
 
 def main(argv: list[str] | None = None, *, stdin: IO[str] | None = None, stdout: IO[str] | None = None) -> int:
@@ -251,7 +251,8 @@ def main(argv: list[str] | None = None, *, stdin: IO[str] | None = None, stdout:
     stdout = stdout or sys.stdout
     parser = argparse.ArgumentParser(prog='python -m mortal.bot', usage=USAGE,
                                      description='Play one seat over mjai on stdin/stdout.')
-    parser.add_argument('--config', default=None, help='config file (default: env MORTAL_CFG, else config.toml)')
+    parser.add_argument('-c', '--config', default=None,
+                        help='config file (default: env MORTAL_CFG, else config.toml)')
     parser.add_argument('seat', type=int, choices=range(4), metavar='SEAT')
     args = parser.parse_args(argv)
     review_mode = os.environ.get(REVIEW_ENV, '0') == '1'
@@ -272,20 +273,41 @@ def main(argv: list[str] | None = None, *, stdin: IO[str] | None = None, stdout:
     bot = Bot(engine, args.seat)
     try:
         lines = serve(bot, stdin, stdout, review_mode=review_mode)
+        if review_mode:
+            from mortal.grp import BadLogError
+            try:
+                matrix = phi_matrix(config, lines, grp)
+            except BadLogError as exc:
+                print(f'error: cannot review this log: {exc}', file=sys.stderr)
+                return 1
+            print(json.dumps({'model_tag': tag, 'phi_matrix': matrix}), file=stdout, flush=True)
     except BotError as exc:
         print(f'error: {exc}', file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 0
-    if review_mode:
-        from mortal.grp import BadLogError
-        try:
-            matrix = phi_matrix(config, lines, grp)
-        except BadLogError as exc:
-            print(f'error: cannot review this log: {exc}', file=sys.stderr)
-            return 1
-        print(json.dumps({'model_tag': tag, 'phi_matrix': matrix}), file=stdout, flush=True)
+    except BrokenPipeError:
+        return _reader_gone(stdout)
     return 0
+
+
+SIGPIPE_STATUS = 141  # 128 + SIGPIPE, what a shell reports for `yes | head`
+
+
+def _reader_gone(stdout: IO[str]) -> int:
+    """The reader of stdout went away (``... | head``): stop quietly with ``SIGPIPE_STATUS``.
+
+    Python's documented idiom: point the stdout file descriptor at devnull so the flush
+    at interpreter exit does not raise a second BrokenPipeError (and print a traceback).
+    """
+    if stdout is sys.stdout:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):  # no real descriptor (e.g. replaced by a test)
+            pass
+    return SIGPIPE_STATUS
 
 
 if __name__ == '__main__':

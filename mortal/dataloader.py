@@ -37,7 +37,8 @@ from mortal.reward import RewardCalculator
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FileDatasetsIter", "keep_freed_memory", "make_dataloader", "q_target", "safe_mp_context", "worker_init_fn"]
+__all__ = ["FileDatasetsIter", "LOG_FORMAT", "configure_worker_logging", "keep_freed_memory", "make_dataloader",
+           "q_target", "safe_mp_context", "worker_init_fn"]
 
 
 def q_target(gamma: float, steps_to_done, kyoku_reward):
@@ -219,11 +220,27 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(m_trim_threshold, 1 << 30)) and bool(mallopt(m_mmap_threshold, 1 << 25))
 
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # as the entry points' basicConfig
+
+
+def configure_worker_logging() -> None:
+    """Give a loader worker the entry points' log format at INFO level, on stderr.
+
+    Workers started by ``forkserver``/``spawn`` do not inherit the parent's
+    ``basicConfig``: their warnings (``skipped log ...``) would reach Python's
+    last-resort handler and print as a bare message without time, level or logger.
+    No-op if the process already has root handlers.
+    """
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+
+
 def worker_init_fn(*args, **kwargs):
     """DataLoader ``worker_init_fn``: shard ``file_list`` so no file is read by two workers.
 
-    Also calls ``keep_freed_memory`` (worker processes only load data).
+    Also configures logging (``configure_worker_logging``) and calls ``keep_freed_memory``
+    (worker processes only load data).
     """
+    configure_worker_logging()
     keep_freed_memory()
     info = torch.utils.data.get_worker_info()
     if info is not None and isinstance(info.dataset, FileDatasetsIter):

@@ -6,6 +6,10 @@ legal action, labelled from the next event (``reach_accepted``/``dora`` in
 between are skipped). Samples are encoded by ``PlayerState.encode_obs`` (version
 checked by ``mortal.obs.check_version``).
 
+Multi-ron (double/triple ron, paid as Mortal's Tenhou rule): every winner is labelled
+``hora`` at the discard (or robbed kan); the second and third ``hora`` are checked against
+the seat's state at that discard, since after the first ``hora`` no seat can act.
+
 Deviation from Mortal (documented): every label is checked against its mask
 and a log with an illegal move is rejected (Mortal's trainer would instead
 crash on ``assert masks[actions]``), and logs must end with ``end_game``.
@@ -255,6 +259,18 @@ def _label(cur_cans, state, events, i, nxt_idx, seat, always_kan_select):
     return None, None
 
 
+def _is_multi_ron(nxt: dict, seat: int, ron_cans, winners: set) -> bool:
+    """True if ``nxt``, a ``hora`` by ``seat`` right after another ``hora``, is a legal extra winner
+    of a double/triple ron (paid, as Mortal's Tenhou rule; §1.4 rule 9).
+
+    After the first ``hora`` the seat's own state can no longer act, so the ron is judged on
+    ``ron_cans`` (its ``ActionCandidate`` right after the discard or kan being robbed): the seat
+    must have been able to ron there, must not be the discarder, and must not have won already.
+    """
+    return (nxt.get("type") == "hora" and ron_cans is not None and ron_cans.can_ron_agari
+            and nxt.get("target") != seat and seat not in winners)
+
+
 class GameplayLoader:
     """Turns mjai logs into ``Gameplay`` samples (Mortal's ``GameplayLoader``).
 
@@ -325,6 +341,7 @@ class GameplayLoader:
         rec = _SeatRecorder(self.version)
         kyoku_idx = 0
         always = self.always_include_kan_select
+        ron_cans, winners = None, set()
         for i in range(len(events) - 3):
             cur_type = types[i]
             nxt_idx = i + 2 if types[i + 1] in _SKIPPED_AS_NEXT else i + 1
@@ -338,10 +355,17 @@ class GameplayLoader:
                 reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise BadLogError(log.source, f"{cur_type} rejected by PlayerState of seat {seat}: {reason}",
                                   log.line_numbers[i]) from None
+            if cur_type == "hora":
+                winners.add(events[i].get("actor"))
+            elif cur_type not in _SKIPPED_AS_NEXT:
+                # The state a multi-ron is judged on: every hora of a run answers this
+                # discard or kan (a kan's ``dora`` may come in between).
+                ron_cans, winners = cans, set()
             if not cans.can_act:
                 nxt = events[nxt_idx]
                 if (types[nxt_idx] in _OWN_ACTIONS and nxt.get("actor") == seat
-                        and cur_type not in _SKIPPED_AS_NEXT):
+                        and cur_type not in _SKIPPED_AS_NEXT
+                        and not (cur_type == "hora" and _is_multi_ron(nxt, seat, ron_cans, winners))):
                     raise BadLogError(log.source, f"illegal move: seat {seat} cannot {types[nxt_idx]} here",
                                       log.line_numbers[nxt_idx])
                 continue

@@ -1,6 +1,6 @@
 """Duplicate 1-vs-3 evaluation of two players (Mortal's ``mortal/one_vs_three.py``).
 
-``python -m mortal.one_vs_three [--config PATH]`` reads the ``[1v3]`` tables of the config (path: ``--config``,
+``python -m mortal.one_vs_three [-c/--config PATH]`` reads the ``[1v3]`` tables of the config (path: ``-c/--config``,
 else env ``MORTAL_CFG``, else ``config.toml``)::
 
     [1v3]
@@ -40,7 +40,7 @@ import secrets
 import sys
 from typing import Iterable, Mapping, Sequence
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger('mortal.one_vs_three')  # not __name__: '__main__' under python -m
 
 SEED_START = 10000  # first nonce, as Mortal's one_vs_three.py
 PTS = (90, 45, 0, -135)  # rank points Mortal's one_vs_three.py prints
@@ -261,12 +261,12 @@ def run(config: dict, *, disable_progress_bar: bool = False, out=None) -> Duplic
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m mortal.one_vs_three [--config PATH]``."""
+    """``python -m mortal.one_vs_three [-c/--config PATH] [--no-progress]``."""
     os.environ.pop('RUST_BACKTRACE', None)
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
     parser = argparse.ArgumentParser(prog='python -m mortal.one_vs_three',
                                      description='Duplicate 1v3 evaluation ([1v3] tables of the config).')
-    parser.add_argument('--config', default=None,
+    parser.add_argument('-c', '--config', default=None,
                         help='config file (default: env MORTAL_CFG, else config.toml)')
     parser.add_argument('--no-progress', action='store_true', help='hide the progress bar')
     args = parser.parse_args(argv)

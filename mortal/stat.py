@@ -34,7 +34,7 @@ from typing import Any, Iterable, Sequence
 
 from tqdm import tqdm
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger('mortal.stat')  # not __name__: '__main__' under python -m
 
 # Rank-pt table used by Mortal's trainer and Display ("Avg rank pt").
 DEFAULT_PTS = (90, 45, 0, -135)

@@ -11,8 +11,8 @@ with the final ``rank_by_player``). Loss is cross entropy over the 24 rank
 orders; every ``save_every`` steps it validates on ``val_steps`` batches, writes
 TensorBoard scalars ``loss`` / ``acc`` (``train`` and ``val``) and ``lr``, and
 saves ``{model, optimizer, steps, timestamp}`` to ``state_file`` (temp file, then
-rename). Run: ``python mortal/train_grp.py`` (config from ``MORTAL_CFG`` or
-``config.toml``).
+rename). Run: ``python -m mortal.train_grp [-c/--config PATH] [--max-steps N]`` (config
+from ``-c``, else ``MORTAL_CFG``, else ``config.toml``).
 """
 
 if __package__ in (None, ''):  # run as a script: python mortal/train_grp.py
@@ -34,7 +34,8 @@ from torch.utils.data import IterableDataset
 
 from mortal.grp import Grp
 
-logger = logging.getLogger(__name__)
+# Not __name__: that is "__main__" under ``python -m`` / as a script.
+logger = logging.getLogger("mortal.train_grp")
 
 __all__ = [
     "GrpFileDatasetsIter", "NoSamplesError", "TrainGrpInputError", "build_file_index", "collate", "evaluate",
@@ -235,10 +236,14 @@ def train(cfg: dict, *, max_steps: int | None = None, num_workers: int = 1, prog
     val_iter = _loader(val_files, batch_size, ds["file_batch_size"], num_workers)
     writer = SummaryWriter(control["tensorboard_dir"])
 
-    def est():  # rough share of the data seen, assuming ~10 kyoku per game (Mortal's estimate)
-        return steps * batch_size / (len(train_files) * 10) * 100
+    def progress_line():
+        # Epochs = samples seen / samples in the train logs, with Mortal's rough count of
+        # ~10 kyoku (samples) per game. Mortal prints it x100 as a percent, which reads as
+        # "400.000%" after 4 epochs; epochs say the same thing plainly.
+        epochs = steps * batch_size / (len(train_files) * 10)
+        return f"total steps: {steps:,} est. {epochs:.2f} epochs ({len(train_files):,} train logs, ~10 kyoku each)"
 
-    logger.info("total steps: %s est. %6.3f%%", f"{steps:,}", est())
+    logger.info("%s", progress_line())
     stats = dict(train_loss=0.0, train_acc=0.0)
     pb = tqdm(total=save_every, desc="TRAIN", disable=not progress)
     grp.train()
@@ -268,7 +273,7 @@ def train(cfg: dict, *, max_steps: int | None = None, num_workers: int = 1, prog
             writer.add_scalar("lr", lr, steps)
             writer.flush()
             stats = dict(train_loss=0.0, train_acc=0.0)
-            logger.info("total steps: %s est. %6.3f%%", f"{steps:,}", est())
+            logger.info("%s", progress_line())
             save_checkpoint({
                 "model": grp.state_dict(),
                 "optimizer": optimizer.state_dict(),
@@ -292,7 +297,7 @@ def main(argv=None) -> int:
 
     os.environ.pop("RUST_BACKTRACE", None)
     parser = argparse.ArgumentParser(description="Train the GRP model on mjai logs ([grp] config).")
-    parser.add_argument("--config", default=None, help="config file (default: $MORTAL_CFG or config.toml)")
+    parser.add_argument("-c", "--config", default=None, help="config file (default: $MORTAL_CFG or config.toml)")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -172,3 +172,23 @@ def test_script_entry_point(bot_config):
     assert len(out) == 1
     r = json.loads(out[0])
     assert r['type'] == 'dahai' and r['actor'] == 0
+
+
+def test_output_into_head_exits_quietly(bot_config, tmp_path):
+    # `python -m mortal.bot -c cfg 0 < log | head -n 1`: the reader leaves after one line; the
+    # bot must stop with the shell's SIGPIPE status and no BrokenPipeError traceback.
+    config, path = bot_config
+    log = tmp_path / 'view.jsonl'
+    log.write_text('\n'.join(player_view(LOG, 0)) + '\n')
+    err = tmp_path / 'err.txt'
+    with open(log) as fin, open(err, 'w') as ferr:
+        proc = subprocess.Popen([sys.executable, '-m', 'mortal.bot', '-c', str(path), '0'],
+                                stdin=fin, stdout=subprocess.PIPE, stderr=ferr, cwd=ROOT,
+                                env={**os.environ, 'MORTAL_REVIEW_MODE': '0', 'OMP_NUM_THREADS': '1'})
+        first = proc.stdout.readline()
+        proc.stdout.close()
+        rc = proc.wait(timeout=120)
+    assert json.loads(first)['actor'] == 0
+    stderr = err.read_text()
+    assert rc == bot_mod.SIGPIPE_STATUS == 141, stderr
+    assert 'Traceback' not in stderr and 'BrokenPipeError' not in stderr, stderr

@@ -125,3 +125,37 @@ def test_workers_read_each_file_once_after_native_threads(tmp_path, grp):
     assert dl.multiprocessing_context.get_start_method() in ("forkserver", "spawn")
     n = sum(len(b[1]) for b in dl)
     assert n == 3 * N_META[1]
+
+
+_WORKER_LOG_SCRIPT = """
+import gzip, logging, sys
+from mortal.dataloader import make_dataloader
+from mortal.train_grp import GrpFileDatasetsIter, collate
+logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
+bad, good = sys.argv[1], sys.argv[2]
+data = GrpFileDatasetsIter([bad, good], file_batch_size=2)
+batches = list(make_dataloader(data, batch_size=1, num_workers=1, collate_fn=collate))
+print(len(batches))
+"""
+
+
+def test_worker_warnings_carry_the_log_format(tmp_path):
+    # A forkserver worker does not inherit the parent's basicConfig; its 'skipped log' warning
+    # used to print as a bare message through logging's last-resort handler.
+    import re
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    bad, good = tmp_path / "bad.json.gz", tmp_path / "good.json.gz"
+    bad.write_bytes(gzip.compress(b"<mjloggm/>"))
+    good.write_bytes(gzip.compress((DATA_DIR / "riichienv_selfplay_hanchan.jsonl").read_bytes()))
+    proc = subprocess.run([sys.executable, "-c", _WORKER_LOG_SCRIPT, str(bad), str(good)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["12"]  # 12 kyoku in the good log, one sample each
+    lines = [x for x in proc.stderr.splitlines() if "skipped log" in x]
+    assert len(lines) == 1, proc.stderr
+    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} WARNING mortal\.grp: skipped log " + re.escape(str(bad)),
+                    lines[0]), lines[0]

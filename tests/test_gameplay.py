@@ -202,3 +202,63 @@ def test_load_log_raises_bad_log_error_with_line():
         GameplayLoader(3).load_log("\n".join(lines[:3] + ['{"type":"dahai","actor":0,"pai":"9p"}'] + lines[4:]),
                                    "x.json")
     assert e.value.line == 4 and "x.json" in str(e.value) and "illegal move" in str(e.value)
+
+
+# ----------------------------------------------------------------- multi-ron
+
+# Written by mortal.arena.OneVsThree (rulebase MjaiBotAgent "rule_a" vs "rule_b", seed (10002,
+# 6383090397482475161), split c). E2 1 honba: seat 0 discards 4p at line 359 (event 358), seats 1
+# and 2 both ron it (lines 360-361): seat 1 for 7700 + 300 honba + 1000 riichi stick, seat 2 for 1000.
+DOUBLE_RON = DATA_DIR / "arena_double_ron_hanchan.json.gz"
+
+
+def _double_ron_lines():
+    return gzip.decompress(DOUBLE_RON.read_bytes()).decode().splitlines()
+
+
+def test_double_ron_log_is_kept_and_both_winners_labelled(caplog):
+    loader = GameplayLoader(3)
+    with caplog.at_level(logging.WARNING, logger="mortal"):
+        [games] = loader.load_gz_log_files([DOUBLE_RON])
+    assert loader.skipped == 0 and not caplog.records
+    assert [g.player_id for g in games] == [0, 1, 2, 3]
+    # §1.4 rule 9: every winner of the multi-ron gets label 43 at the discard, with ron legal
+    for seat in (1, 2):
+        actions, masks = _at(games, seat, 358)
+        assert actions == [43] and 43 in masks[0] and 45 in masks[0]
+    assert _at(games, 0, 358) == ([], []) and _at(games, 3, 358) == ([], [])
+    # hora lines per seat: seat 1 wins 6 times, seat 2 once (the double ron), seat 3 twice
+    assert [int((g.actions == 43).sum()) for g in games] == [0, 6, 1, 2]
+    for g in games:
+        assert g.masks[np.arange(len(g)), g.actions].all()
+    # GRP: S2 starts at [8600, 53900, 1000, 36500]; seats 1 and 2 riichi (-1000 each), seat 1 rons
+    # seat 2 for 2900 + both sticks -> tobi; the E2 double ron is inside the running scores.
+    grp = games[0].grp
+    assert grp.final_scores.tolist() == [8600, 57800, -2900, 36500]
+    assert grp.rank_by_player.tolist() == [2, 0, 3, 1]
+    assert len(grp) == 9
+
+
+def test_double_ron_kyoku_deltas_reach_next_kyoku():
+    events = [json.loads(x) for x in _double_ron_lines()]
+    assert [e["type"] for e in events[359:362]] == ["hora", "hora", "end_kyoku"]
+    start, nxt = events[272], events[362]
+    assert start["scores"] == [18200, 30800, 17000, 34000] and start["honba"] == 1
+    scores = list(start["scores"])
+    scores[1] -= 1000  # seat 1's riichi at event 308
+    for e in events[359:361]:
+        scores = [s + d for s, d in zip(scores, e["deltas"])]
+    assert scores == nxt["scores"] == [9200, 38800, 18000, 34000]
+
+
+@pytest.mark.parametrize("second, why", [
+    ('{"type":"hora","actor":3,"target":0,"deltas":[-1000,0,0,1000],"ura_markers":[]}', "seat 3 could not ron 4p"),
+    ('{"type":"hora","actor":1,"target":0,"deltas":[-1000,1000,0,0],"ura_markers":[]}', "seat 1 already won"),
+    ('{"type":"hora","actor":0,"target":0,"deltas":[1000,0,0,0],"ura_markers":[]}', "the discarder"),
+])
+def test_multi_ron_extra_winner_still_checked(second, why):
+    lines = _double_ron_lines()
+    lines[360] = second  # the second hora, line 361
+    with pytest.raises(BadLogError) as e:
+        GameplayLoader(3).load_log("\n".join(lines), "x.json")
+    assert e.value.line == 361 and "cannot hora" in str(e.value), why

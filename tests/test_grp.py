@@ -125,3 +125,18 @@ def test_load_gz_log_files_skips_bad(tmp_path, caplog):
 def test_parse_log_keeps_lines_and_line_numbers():
     log = parse_log('\n{"type":"start_game"}\n\n' + "\n".join(RIICHIENV.read_text().splitlines()[1:]))
     assert log.line_numbers[:2] == [2, 4] and log.lines[0] == '{"type":"start_game"}'
+
+
+def test_double_ron_adds_each_hora_deltas():
+    # arena log (see tests/test_gameplay.py): E2-1 double ron, seats 1 and 2 both ron seat 0's 4p.
+    path = DATA_DIR / "arena_double_ron_hanchan.json.gz"
+    skipped = []
+    [g] = Grp.load_gz_log_files([path], skipped)
+    assert skipped == []
+    # final: S2 start [8600, 53900, 1000, 36500], riichi seats 1+2, seat 1 rons seat 2 (+2900 + 2 sticks)
+    assert g.final_scores.tolist() == [8600, 57800, -2900, 36500]
+    assert g.rank_by_player.tolist() == [2, 0, 3, 1]
+    # the row after the double ron holds E2-2's scores: [18200, 30800, 17000, 34000] - 1000 (seat 1
+    # riichi) + [-8000, 9000, 0, 0] + [-1000, 0, 1000, 0]
+    f = g.take_feature()
+    assert f[3].tolist() == [1, 2, 0, 0.92, 3.88, 1.8, 3.4]

@@ -109,10 +109,11 @@ enable_rule_based_agari_guard = true
 """
 
 
-def test_cli_rejects_bad_side_type(tmp_path, capsys):
+@pytest.mark.parametrize('flag', ['--config', '-c'])
+def test_cli_rejects_bad_side_type(tmp_path, capsys, flag):
     cfg = tmp_path / 'c.toml'
     cfg.write_text(CONFIG.format(log_dir=tmp_path / 'logs', chal_type='akochan'))
-    assert ovt.main(['--config', str(cfg), '--no-progress']) == 2
+    assert ovt.main([flag, str(cfg), '--no-progress']) == 2  # the config was read: -c is --config
     err = capsys.readouterr().err
     assert "[1v3.challenger] type in" in err and "got 'akochan'" in err
 

@@ -341,3 +341,23 @@ def test_more_kyoku_than_uint8_can_number_is_rejected():
     with pytest.raises(BadLogError) as exc:
         parse_log('\n'.join([head] + kyoku * 257 + [tail]))
     assert (exc.value.line, exc.value.reason) == (2 + 3 * 256, 'more than 256 kyoku in one game')
+
+
+@pytest.mark.filterwarnings('ignore:.*found in sys.modules:RuntimeWarning')  # runpy re-running a loaded module
+@pytest.mark.parametrize('module', ['mortal.train_grp', 'mortal.one_vs_three', 'mortal.bot', 'mortal.stat'])
+def test_entry_point_logs_under_its_module_name_when_run_as_main(module):
+    # `python -m mortal.train_grp` runs the module as __main__ (spawned workers see __mp_main__):
+    # getLogger(__name__) would log as "__main__" instead of "mortal.train_grp".
+    import runpy
+    namespace = runpy.run_module(module, run_name='__mp_main__')
+    assert namespace['__name__'] == '__mp_main__'
+    assert namespace['logger'].name == module
+
+
+@pytest.mark.parametrize('flag', ['-c', '--config'])
+def test_bot_and_one_vs_three_take_short_config_flag(tmp_path, capsys, flag):
+    # as server/train/client: -c is --config (an unknown flag would be an argparse SystemExit)
+    missing = tmp_path / 'nope.toml'
+    assert bot_mod.main([flag, str(missing), '0'], stdin=io.StringIO(), stdout=io.StringIO()) == 2
+    assert one_vs_three.main([flag, str(missing), '--no-progress']) == 2
+    assert capsys.readouterr().err.count(f'config file {missing} not found') == 2

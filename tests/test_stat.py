@@ -317,3 +317,21 @@ def test_cli_main_and_script_entry(tmp_path, capsys):
                            '--no-progress'], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert 'Rounds as dealer 2' in proc.stdout
+
+
+DOUBLE_RON = DATA_DIR / 'arena_double_ron_hanchan.json.gz'
+
+
+def test_double_ron_counts_both_winners_and_two_houjuu():
+    # arena log (see tests/test_gameplay.py): E2-1 (oya seat 1), seat 0's 4p is ronned by seat 1
+    # (deltas -8000/+9000, riichi) and seat 2 (-1000/+1000, after pon F).
+    raw = gzip.decompress(DOUBLE_RON.read_bytes()).decode()
+    st2 = Stat.from_file(DOUBLE_RON, 'rule_a')  # seat 2
+    assert (st2.agari, st2.agari_point_ko, st2.fuuro_agari, st2.fuuro_agari_point) == (1, 1000, 1, 1000)
+    assert (st2.point, st2.rank_4, st2.tobi) == (-2900 - 25000, 1, 1)
+    st1 = Stat.from_log(raw, 1)  # hora at lines 271, 360, 565, 726, 817, 922
+    assert st1.agari == 6 and st1.rank_1 == 1
+    st0 = Stat.from_log(raw, 0)
+    # houjuu: line 271 to oya seat 1 (-5800), then both rons of the double ron
+    assert (st0.houjuu, st0.houjuu_to_oya, st0.houjuu_point_to_oya, st0.houjuu_point_to_ko) == (3, 2, -13800, -1000)
+    assert st0.point == 8600 - 25000

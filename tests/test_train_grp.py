@@ -1,6 +1,7 @@
 """train_grp: a few steps on the fixture logs, checkpoint format, resume, loss goes down."""
 
 import gzip
+import logging
 import os
 
 import pytest
@@ -10,6 +11,7 @@ from torch import optim
 from mortal.model import GRP
 from mortal.reward import load_grp
 from mortal.train_grp import GrpFileDatasetsIter, build_file_index, collate, save_checkpoint, train, train_step
+from mortal.train_grp import main as train_grp_main
 
 from conftest import DATA_DIR
 
@@ -88,3 +90,21 @@ def test_save_checkpoint_atomic(tmp_path):
     save_checkpoint({"a": 1}, path)
     save_checkpoint({"a": 2}, path)
     assert torch.load(path, weights_only=True) == {"a": 2} and os.listdir(tmp_path) == ["x.pth"]
+
+
+def test_progress_line_in_epochs_under_package_logger(cfg, caplog):
+    with caplog.at_level(logging.INFO, logger="mortal.train_grp"):
+        train(cfg, max_steps=4, num_workers=0, progress=False)
+    lines = [r.getMessage() for r in caplog.records if r.name == "mortal.train_grp"
+             and r.getMessage().startswith("total steps")]
+    # save_every 2: at start (0), after steps 2 and 4; 3 train logs x ~10 kyoku, batch 8 -> 8/30 epoch a step
+    assert lines == [f"total steps: {n} est. {n * 8 / 30:.2f} epochs (3 train logs, ~10 kyoku each)"
+                     for n in (0, 2, 4)]
+    assert lines[-1] == "total steps: 4 est. 1.07 epochs (3 train logs, ~10 kyoku each)"
+
+
+@pytest.mark.parametrize("flag", ["-c", "--config"])
+def test_cli_config_short_flag(tmp_path, capsys, flag):
+    missing = tmp_path / "nope.toml"
+    assert train_grp_main([flag, str(missing)]) == 2  # parsed by argparse, then the config is looked up
+    assert f"config file {missing} not found" in capsys.readouterr().err
