@@ -2,10 +2,12 @@
 
 Online (``[control] online = true``): ``main()`` runs a supervisor that starts the learner as a child process and
 restarts it 3 s after it exits with status 0 (it stops, with the child's status, on anything else). The child
-submits its parameters to the server as idle, drains replays (polling every 5 s), learns from the ``trainee`` seat
-only, submits parameters every ``submit_every`` steps (and at a save that missed a submit), saves every
-``save_every`` steps, runs a test play every ``test_every`` steps and then exits 0 (Mortal restarts the learner
-there to dodge a hang). It submits idle parameters at the end of every drained epoch.
+submits its parameters to the server as idle, drains replays (polling every 5 s) and hard-links them into its own
+``<drain_dir>.trainer`` (the server empties ``drain_dir`` at its next drain and at every start, possibly while the
+learner still reads), learns from the ``trainee`` seat only, submits parameters every ``submit_every`` steps (and at
+a save that missed a submit), saves every ``save_every`` steps, runs a test play every ``test_every`` steps and then
+exits 0 (Mortal restarts the learner there to dodge a hang). It submits idle parameters at the end of every drained
+epoch.
 
 Offline (``online = false``): the logs of ``[dataset] globs`` (file list cached in ``file_index``, seats filtered
 by ``player_names_files``), one epoch per run, with the CQL term.
@@ -248,6 +250,49 @@ def staleness(drain_reply: dict) -> list:
     return [current - v for v in drain_reply.get('param_versions', []) if v >= 0]
 
 
+def claim_dir_for(drain_dir: str) -> str:
+    """The learner's own directory next to the server's ``drain_dir``: ``<drain_dir>.trainer``."""
+    return path.normpath(drain_dir) + '.trainer'
+
+
+def _empty_dir(directory: str) -> None:
+    if path.isdir(directory) and not path.islink(directory):
+        shutil.rmtree(directory)
+    elif path.lexists(directory):
+        os.remove(directory)
+    os.makedirs(directory)
+
+
+def claim_drained(drain_dir: str, files, claim_dir: str) -> tuple:
+    """Hard-link (copy where links fail, e.g. across file systems) each drained ``drain_dir/name`` of ``files``
+    into ``claim_dir``, which is emptied first.
+
+    The server empties ``drain_dir`` at its next drain and at every start (Mortal), possibly while our DataLoader
+    is still reading it; the learner reads only its claimed links, which nobody else touches. Returns
+    (claimed paths in ``files`` order, names that had vanished before they could be claimed).
+    """
+    _empty_dir(claim_dir)
+    claimed, vanished = [], []
+    for name in files:
+        src, dst = path.join(drain_dir, name), path.join(claim_dir, name)
+        try:
+            _link_or_copy(src, dst)
+        except FileNotFoundError:
+            vanished.append(name)
+            continue
+        claimed.append(dst)
+    return claimed, vanished
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except FileNotFoundError:
+        raise
+    except OSError:  # EXDEV, EPERM, a file system without hard links: a copy (same bytes, more disk)
+        shutil.copyfile(src, dst)
+
+
 def filtered_trimmed_lines(lines):
     """Non-empty stripped lines."""
     return [line for line in (raw.strip() for raw in lines) if line]
@@ -379,6 +424,8 @@ class Trainer:
         self.all_q_target = torch.zeros((self.save_every, self.batch_size), device=self.device)
         self.idx = 0
         self.pb = None
+        self.lost_logs = 0  # drained logs that vanished before the learner claimed them
+        self.resubmitted_to = set()  # server_ids of instances found without parameters (each resubmitted to once)
 
     # -- checkpoint ------------------------------------------------------------------------------------------
 
@@ -451,26 +498,44 @@ class Trainer:
                     ', idle' if is_idle else '')
 
     def drain(self) -> list:
-        """Wait for replays (polling every 5 s) and return the drained file paths; logs data-health tags."""
+        """Wait for replays (polling every 5 s), claim them (``claim_drained``) and return the claimed file paths;
+        logs data-health tags.
+
+        A poll that finds the server without parameters (it restarted) makes the learner resubmit its current ones
+        as idle, once per server instance (``server_id``). Logs that vanished before they were claimed (a server
+        restart right after the drain) are counted in ``lost_logs`` and logged once per drain.
+        """
         start = time.monotonic()
         while True:
             reply = wire.request_with_retry(self.remote, {'type': 'drain'}, sleep=self.sleep)
-            if reply['count'] > 0:
-                break
-            if not reply.get('has_param', True):
+            server_id = reply.get('server_id')
+            if not reply.get('has_param', True) and server_id not in self.resubmitted_to:
                 logger.info('server holds no parameters (restarted?): resubmitting')
                 self.submit_param(is_idle=True)
+                self.resubmitted_to.add(server_id)
+            if reply['count'] > 0:
+                files, vanished = claim_drained(reply['drain_dir'], reply['files'],
+                                                claim_dir_for(reply['drain_dir']))
+                if vanished:
+                    self.lost_logs += len(vanished)
+                    logger.warning('%d of %d drained logs vanished from %s before the learner could read them '
+                                   '(server restarted?): lost, %d in total', len(vanished), reply['count'],
+                                   reply['drain_dir'], self.lost_logs)
+                if files:
+                    break
             self.sleep(DRAIN_POLL_INTERVAL)
         waited = time.monotonic() - start
-        behind = staleness(reply)
-        self.writer.add_scalar('data/logs_per_drain', reply['count'], self.steps)
+        kept = set(map(path.basename, files))
+        versions = [v for name, v in zip(reply['files'], reply.get('param_versions', [])) if name in kept]
+        behind = staleness({**reply, 'param_versions': versions})
+        self.writer.add_scalar('data/logs_per_drain', len(files), self.steps)
         self.writer.add_scalar('data/wait_seconds', waited, self.steps)
         if behind:
             self.writer.add_scalar('data/staleness_mean', sum(behind) / len(behind), self.steps)
             self.writer.add_scalar('data/staleness_max', max(behind), self.steps)
-        logger.info('drained %d logs after %.1f s; staleness %s', reply['count'], waited,
+        logger.info('drained %d logs after %.1f s; staleness %s', len(files), waited,
                     f'mean {sum(behind) / len(behind):.2f}, max {max(behind)}' if behind else 'unknown')
-        return [path.join(reply['drain_dir'], name) for name in reply['files']]
+        return files
 
     # -- learning --------------------------------------------------------------------------------------------
 
@@ -637,11 +702,17 @@ class Trainer:
         logger.info('total steps: %s (~%s)', f'{self.steps:,}', f'{self.steps_to_next_test():,}')
         self.pb = self._progress_bar()
         batches = 0
+        loader_iter = iter(self.data_loader(file_list, player_names))
         try:
-            for batch in iter_full_batches(self.data_loader(file_list, player_names), self.batch_size):
+            for batch in iter_full_batches(loader_iter, self.batch_size):
                 self.train_batch(*batch)
                 batches += 1
         finally:
+            # No loader worker may still read this epoch's files when the next drain replaces them.
+            shutdown = getattr(loader_iter, '_shutdown_workers', None)
+            if shutdown is not None:
+                shutdown()
+            del loader_iter
             if self.pb is not None:
                 self.pb.close()
                 self.pb = None

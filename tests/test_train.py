@@ -477,12 +477,77 @@ def test_drain_waits_resubmits_after_restart_and_logs_health(tmp_path, live_serv
     files = trainer.drain()
     assert sleeps == [5.0, 5.0]
     assert [os.path.basename(f) for f in files] == ['0_a.json.gz', '0_b.json.gz']
-    assert all(os.path.exists(f) for f in files)
+    # the learner reads its own links, so a server restart wiping drain_dir mid-epoch takes nothing from it
+    assert all(os.path.dirname(f) == str(tmp_path / 'drain') + '.trainer' for f in files)
+    live_server.store.reset_dirs()
+    assert [open(f, 'rb').read() for f in files] == [b'1', b'2']
     # the first poll found a server without parameters (as after a restart): the trainer resubmitted them
     assert live_server.store.param_version == 2 and live_server.store.idle_param_version == 1
     got = {t: v for t, v, _ in writer.scalars}
     assert got['data/logs_per_drain'] == 2 and got['data/staleness_mean'] == 1 and got['data/staleness_max'] == 1
     assert got['data/wait_seconds'] >= 0
+
+
+class ScriptedRemote:
+    """Answers each drain with the next of ``replies`` (then empty drains); records submit_param requests."""
+
+    def __init__(self, replies):
+        self.replies = list(replies)
+        self.host, self.port = '127.0.0.1', 1
+        self.submits = []
+
+    def request(self, msg):
+        if msg['type'] == 'submit_param':
+            self.submits.append(msg['is_idle'])
+            return {'status': 'ok', 'param_version': len(self.submits), 'server_id': 'x'}
+        return self.replies.pop(0)
+
+
+def empty_drain(drain_dir, server_id, has_param):
+    return {'status': 'ok', 'count': 0, 'drain_dir': drain_dir, 'files': [], 'param_versions': [],
+            'param_version': 0, 'has_param': has_param, 'server_id': server_id}
+
+
+def test_drain_resubmits_once_per_restart_and_polls_every_5_s(tmp_path):
+    trainer, writer = make_trainer(tmp_path, online=True, real_submit=True)
+    drain_dir = str(tmp_path / 'drain')
+    os.makedirs(drain_dir)
+    (tmp_path / 'drain' / '3_x.json.gz').write_bytes(b'x')
+    full = {**empty_drain(drain_dir, 'B', True), 'count': 1, 'files': ['3_x.json.gz'], 'param_versions': [-1]}
+    # instance A without parameters for three polls (our resubmission not yet visible, e.g. a slow link), then a
+    # second restart (instance B) also without parameters, then data
+    trainer.remote = ScriptedRemote([empty_drain(drain_dir, 'A', False)] * 3 + [empty_drain(drain_dir, 'B', False),
+                                     full])
+    sleeps = []
+    trainer.sleep = sleeps.append
+    files = trainer.drain()
+    assert trainer.remote.submits == [True, True]  # once for A, once for B: never a loop
+    assert sleeps == [5.0, 5.0, 5.0, 5.0]
+    assert [os.path.basename(f) for f in files] == ['3_x.json.gz']
+
+
+def test_drained_logs_vanishing_before_the_claim_are_counted_lost(tmp_path, caplog):
+    trainer, writer = make_trainer(tmp_path, online=True)
+    drain_dir = str(tmp_path / 'drain')
+    os.makedirs(drain_dir)
+    (tmp_path / 'drain' / '0_b.json.gz').write_bytes(b'b')
+    # the server restarted (wiping drain_dir) between its drain reply and the claim: 0_a and 0_c are gone
+    lost = {**empty_drain(drain_dir, 'A', True), 'count': 3, 'files': ['0_a.json.gz', '0_b.json.gz', '0_c.json.gz'],
+            'param_versions': [1, 2, 3], 'param_version': 5}
+    all_lost = {**lost, 'files': ['1_d.json.gz'], 'count': 1, 'param_versions': [4]}
+    trainer.remote = ScriptedRemote([all_lost, lost])
+    sleeps = []
+    trainer.sleep = sleeps.append
+    with caplog.at_level('WARNING', logger='mortal.train'):
+        files = trainer.drain()
+    assert [os.path.basename(f) for f in files] == ['0_b.json.gz'] and open(files[0], 'rb').read() == b'b'
+    assert sleeps == [5.0]  # a drain whose logs all vanished is an empty one: poll again
+    assert trainer.lost_logs == 3
+    warnings_ = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
+    assert len(warnings_) == 2 and '1 of 1 drained logs vanished' in warnings_[0]
+    assert '2 of 3 drained logs vanished' in warnings_[1] and 'lost, 3 in total' in warnings_[1]
+    got = {t: v for t, v, _ in writer.scalars}
+    assert got['data/logs_per_drain'] == 1 and got['data/staleness_max'] == 3  # only 0_b's version 2 counts
 
 
 def test_offline_epoch_on_real_logs_builds_index(tmp_path):
