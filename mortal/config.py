@@ -84,6 +84,11 @@ class Key:
     check: Callable[[Any], str | None] | None = None  # returns the reason the value is out of range, or None
     length: int | None = None  # exact length of a list
 
+    @property
+    def required(self) -> bool:
+        """True when the key has no default and must be in the file."""
+        return self.default is _REQUIRED
+
 
 def _positive(v):
     return None if v > 0 else 'must be > 0'
@@ -300,6 +305,27 @@ SCHEMA: dict[str, dict[str, Key]] = {
     },
     'grp.optim': {
         'lr': Key('float', 'AdamW learning rate', check=_positive),
+    },
+    # Ours: `python -m mortal.bootstrap` (rule-based games -> GRP -> offline Mortal -> online dir).
+    'bootstrap': {
+        'games': Key('int', 'training hanchan of rule-based bots to generate (a multiple of 4 when epsilon > 0)',
+                     check=_non_negative),
+        'val_games': Key('int', 'validation hanchan (GRP validation split)', check=_non_negative),
+        'log_dir': Key('str', 'generated logs go to log_dir/train and log_dir/val'),
+        'work_dir': Key('str', 'offline trainer state, TensorBoard and test-play logs'),
+        'grp_steps': Key('int', 'GRP training steps (a multiple of [grp.control] save_every)',
+                         check=_non_negative),
+        'workers': Key('int', 'game-generation processes; 0 = one per CPU', default=0, check=_non_negative),
+        'epsilon': Key('float', 'probability that a bot discards a random legal tile (never in riichi), so the '
+                                'four seat rotations of a deal differ', default=0.01,
+                       check=lambda v: None if 0 <= v < 1 else 'must be within [0, 1)'),
+        'seed_key': Key('int', 'duplicate key of the train logs; validation uses seed_key + 1',
+                        default=0x6f6f7473, check=_seed_key),
+        'offline_test_every': Key('int', 'offline test play (vs 3 RulebaseBots) every n steps; 0 = never',
+                                  default=0, check=_non_negative),
+        'offline_test_games': Key('int', 'games per offline test play', default=8, check=_multiple_of_4),
+        'offline_lr': Key('float', "constant learning rate of the offline run; 0 = the config's [optim.scheduler]",
+                          default=0.0, check=_non_negative),
     },
 }
 

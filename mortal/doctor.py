@@ -1,0 +1,453 @@
+"""Pre-flight checks of a config before a long run: ``python -m mortal.doctor [-c config.toml]``.
+
+Prints a checklist, one line per check::
+
+    [ OK ] config: /path/config.toml parses and validates
+    [FAIL] writable: [control] tensorboard_dir = /x/y: /x is a file, not a directory
+    [INFO] memory: trainer on cuda:0 ~ 2.1 GiB (estimate; see estimate_memory)
+
+and exits 1 when any check FAILs (0 otherwise), so it can gate a launcher script.
+
+Checks (each a small function returning ``Check`` rows):
+ * the config loads and validates (``mortal.config``), the feature version is supported;
+ * every directory / file the processes write to is writable (probed with a real temp file
+   in the nearest existing ancestor, since ``os.access`` says yes to root everywhere);
+ * the server port is free (or, with ``--server-running``, that a server answers there);
+ * each checkpoint that the processes read (trainer ``state_file``, baselines) loads and
+   matches ``[resnet]`` and ``[control] version`` (``strict`` state-dict load into a freshly
+   built ``Brain``/``DQN``);
+ * the GRP checkpoint loads into ``GRP(**[grp.network])``;
+ * a per-process memory estimate from the model size and the batch sizes, compared with
+   the GPU's memory when the device is CUDA and one is visible.
+"""
+
+if __package__ in (None, ''):  # run as a script: python mortal/doctor.py
+    import sys, pathlib
+    sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
+
+import argparse
+import dataclasses
+import logging
+import os
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+OK, FAIL, WARN, INFO = 'OK', 'FAIL', 'WARN', 'INFO'
+
+# A CUDA context plus cuBLAS/cuDNN workspaces, measured as ~0.3-0.6 GiB on recent GPUs.
+CUDA_CONTEXT_BYTES = 512 * 2**20
+# Caching-allocator fragmentation and temporaries on top of what the estimate counts.
+ALLOCATOR_SLACK = 1.25
+GIB = 2**30
+
+
+@dataclasses.dataclass
+class Check:
+    """One checklist row: ``status`` in OK/FAIL/WARN/INFO, ``name`` a short topic, ``detail`` text."""
+    status: str
+    name: str
+    detail: str
+
+    def line(self):
+        return f'[{self.status:^4}] {self.name}: {self.detail}'
+
+
+def _get(config, dotted, default=None):
+    """``config['a']['b']`` for ``'a.b'``; ``default`` when any level is missing."""
+    node = config
+    for part in dotted.split('.'):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+# ---------------------------------------------------------------------------- paths
+
+def _written_paths(config):
+    """(label, path, kind) of everything the processes create; kind 'dir' or 'file'."""
+    rows = [
+        ('[control] state_file', _get(config, 'control.state_file'), 'file'),
+        ('[control] best_state_file', _get(config, 'control.best_state_file'), 'file'),
+        ('[control] tensorboard_dir', _get(config, 'control.tensorboard_dir'), 'dir'),
+        ('[test_play] log_dir', _get(config, 'test_play.log_dir'), 'dir'),
+        ('[online.server] buffer_dir', _get(config, 'online.server.buffer_dir'), 'dir'),
+        ('[online.server] drain_dir', _get(config, 'online.server.drain_dir'), 'dir'),
+        ('[1v3] log_dir', _get(config, '1v3.log_dir'), 'dir'),
+        ('[grp] state_file', _get(config, 'grp.state_file'), 'file'),
+    ]
+    for profile, section in (_get(config, 'train_play') or {}).items():
+        if isinstance(section, dict):
+            rows.append((f'[train_play.{profile}] log_dir', section.get('log_dir'), 'dir'))
+    return [(label, path, kind) for label, path, kind in rows if path]
+
+
+def probe_writable(path, kind):
+    """None when ``path`` (a 'dir' to create/write into, or a 'file') can be written, else the reason.
+
+    Creates and removes one temp file in the nearest existing ancestor; creates nothing else.
+    """
+    p = Path(path).expanduser()
+    if p.exists():
+        if kind == 'dir' and not p.is_dir():
+            return f'{p} exists and is not a directory'
+        if kind == 'file' and p.is_dir():
+            return f'{p} is a directory, expected a file'
+    probe_dir = p if (kind == 'dir' and p.is_dir()) else p.parent
+    while not probe_dir.exists():
+        probe_dir = probe_dir.parent
+    if not probe_dir.is_dir():
+        return f'{probe_dir} is a file, not a directory'
+    try:
+        fd, tmp = tempfile.mkstemp(dir=probe_dir, prefix='.doctor-')
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        return f'cannot write in {probe_dir}: {e.strerror or e}'
+    return None
+
+
+def check_paths(config):
+    rows = []
+    for label, path, kind in _written_paths(config):
+        reason = probe_writable(path, kind)
+        rows.append(Check(FAIL, 'writable', f'{label} = {path}: {reason}') if reason
+                    else Check(OK, 'writable', f'{label} = {path}'))
+    return rows
+
+
+# ---------------------------------------------------------------------------- port
+
+def check_port(config, server_running=False):
+    """Server port: free to bind (default) or, with ``server_running``, accepting connections."""
+    host = _get(config, 'online.remote.host', '127.0.0.1')
+    port = _get(config, 'online.remote.port', 5000)
+    bind_host = host  # the server binds [online.remote] host
+    if server_running:
+        try:
+            with socket.create_connection((host, port), timeout=3):
+                return [Check(OK, 'port', f'a server answers on {host}:{port}')]
+        except OSError as e:
+            return [Check(FAIL, 'port', f'nothing answers on {host}:{port} ({e}); is the server up?')]
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # same option the server would use, so TIME_WAIT leftovers do not count as busy
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((bind_host, port))
+        except OSError as e:
+            return [Check(FAIL, 'port', f'cannot bind {bind_host}:{port} ({e.strerror or e}); another '
+                          'server running? (use --server-running to check a running one instead)')]
+    return [Check(OK, 'port', f'{bind_host}:{port} is free')]
+
+
+# ---------------------------------------------------------------------------- checkpoints
+
+def _read_checkpoint_files(config):
+    """(label, path, required) of model checkpoints the processes read."""
+    online = bool(_get(config, 'control.online', False))
+    rows = [('[control] state_file', _get(config, 'control.state_file'), False)]
+    for sec in ('baseline.train', 'baseline.test'):
+        rows.append((f'[{sec}] state_file', _get(config, f'{sec}.state_file'), online))
+    return [(label, path, req) for label, path, req in rows if path]
+
+
+def load_mortal_checkpoint(path, config):
+    """Load a trainer checkpoint and check it against ``[resnet]`` and ``[control] version``.
+
+    Returns a list of problems (empty = fine). The file is read with ``weights_only=True``
+    (no code from the file runs). A problem names the mismatching key and both values.
+    """
+    import torch
+    from mortal.model import DQN, Brain
+
+    version = _get(config, 'control.version')
+    resnet = _get(config, 'resnet', {}) or {}
+    try:
+        state = torch.load(path, map_location='cpu', weights_only=True)
+    except Exception as e:  # torch raises many types for a bad file
+        return [f'cannot load: {type(e).__name__}: {e}'.splitlines()[0]]
+    if not isinstance(state, dict) or 'mortal' not in state or 'current_dqn' not in state:
+        keys = sorted(state)[:8] if isinstance(state, dict) else type(state).__name__
+        return [f"not a Mortal checkpoint: needs keys 'mortal' and 'current_dqn', has {keys}"]
+    problems = []
+    saved = state.get('config') if isinstance(state.get('config'), dict) else {}
+    for key in ('conv_channels', 'num_blocks'):
+        have = _get(saved, f'resnet.{key}')
+        if have is not None and have != resnet.get(key):
+            problems.append(f'saved [resnet] {key} = {have}, config has {resnet.get(key)}')
+    have_version = _get(saved, 'control.version')
+    if have_version is not None and have_version != version:
+        problems.append(f'saved [control] version = {have_version}, config has {version}')
+    if problems:
+        return problems
+    try:
+        brain = Brain(conv_channels=resnet['conv_channels'], num_blocks=resnet['num_blocks'], version=version)
+        dqn = DQN(version=version)
+    except (KeyError, ValueError, TypeError) as e:
+        return [f'cannot build Brain/DQN from [resnet]/version: {e}']
+    for name, module in (('mortal', brain), ('current_dqn', dqn)):
+        problems += [f'{name}: {p}' for p in state_dict_mismatches(module.state_dict(), state[name])]
+    return [f'weights do not fit [resnet]/version: {"; ".join(problems)}'] if problems else []
+
+
+def state_dict_mismatches(expected, saved, limit=3):
+    """Short descriptions of how ``saved`` differs from ``expected`` (name -> tensor dicts).
+
+    Lists at most ``limit`` names per kind (missing, unexpected, shape) with a total count,
+    instead of torch's message that names every key.
+    """
+    def some(names):
+        names = sorted(names)
+        more = f' (+{len(names) - limit} more)' if len(names) > limit else ''
+        return ', '.join(names[:limit]) + more
+
+    if not isinstance(saved, dict):
+        return [f'expected a state dict, got {type(saved).__name__}']
+    out = []
+    missing = expected.keys() - saved.keys()
+    unexpected = saved.keys() - expected.keys()
+    shapes = [f'{k} {tuple(saved[k].shape)} vs {tuple(v.shape)}' for k, v in expected.items()
+              if k in saved and hasattr(saved[k], 'shape') and saved[k].shape != v.shape]
+    if missing:
+        out.append(f'{len(missing)} missing key(s): {some(missing)}')
+    if unexpected:
+        out.append(f'{len(unexpected)} unexpected key(s): {some(unexpected)}')
+    if shapes:
+        out.append(f'{len(shapes)} shape mismatch(es) saved vs expected: {some(shapes)}')
+    return out
+
+
+def check_checkpoints(config):
+    rows = []
+    for label, path, required in _read_checkpoint_files(config):
+        if not Path(path).is_file():
+            status = FAIL if required else INFO
+            what = 'missing (needed by the online client/test play)' if required else \
+                'absent: training starts from freshly initialised weights'
+            rows.append(Check(status, 'checkpoint', f'{label} = {path}: {what}'))
+            continue
+        problems = load_mortal_checkpoint(path, config)
+        rows.append(Check(FAIL, 'checkpoint', f'{label} = {path}: {"; ".join(problems)}') if problems
+                    else Check(OK, 'checkpoint', f'{label} = {path} loads and matches [resnet]/version'))
+    return rows
+
+
+def check_grp(config):
+    """GRP checkpoint (``[grp] state_file``, key ``model``) loads into ``GRP(**[grp.network])``."""
+    import torch
+    from mortal.model import GRP
+
+    path = _get(config, 'grp.state_file')
+    if not path:
+        return [Check(FAIL, 'grp', '[grp] state_file is not set')]
+    if not Path(path).is_file():
+        return [Check(FAIL, 'grp', f'[grp] state_file = {path}: missing (train it with mortal.train_grp)')]
+    network = _get(config, 'grp.network', {}) or {}
+    try:
+        state = torch.load(path, map_location='cpu', weights_only=True)
+        saved = state['model'] if isinstance(state, dict) and 'model' in state else None
+        problems = (state_dict_mismatches(GRP(**network).state_dict(), saved) if saved is not None
+                    else ["not a GRP checkpoint: needs key 'model'"])
+    except Exception as e:  # torch raises many types for a bad file
+        problems = [f'cannot load: {type(e).__name__}: {e}'.splitlines()[0]]
+    if problems:
+        return [Check(FAIL, 'grp', f'[grp] state_file = {path} does not fit GRP({network}): '
+                      + '; '.join(problems))]
+    return [Check(OK, 'grp', f'[grp] state_file = {path} loads into GRP({network})')]
+
+
+# ---------------------------------------------------------------------------- memory
+
+def _model_parts(conv_channels, num_blocks, version, device='meta'):
+    from mortal.model import DQN, AuxNet, Brain
+
+    import torch
+    with torch.device(device):
+        return (Brain(conv_channels=conv_channels, num_blocks=num_blocks, version=version),
+                DQN(version=version), AuxNet(dims=(4,)))
+
+
+def _param_bytes(*modules):
+    return sum(p.numel() * p.element_size() for m in modules for p in m.parameters()) + \
+        sum(b.numel() * b.element_size() for m in modules for b in m.buffers())
+
+
+def activation_bytes_per_sample(conv_channels, num_blocks, version, amp=False):
+    """Measured bytes of activations autograd keeps for backward, per sample.
+
+    Runs forwards of the real ``Brain``+``DQN`` on CPU with batches of 1 and 3 and sums the
+    distinct tensors saved for backward; the difference / 2 is the per-sample part (per-batch
+    constants such as autocast's weight copies cancel out). With ``amp`` a bfloat16 CPU
+    autocast stands in for CUDA float16 AMP (same 2-byte width). Returns ``int`` bytes.
+    """
+    import torch
+    from mortal.obs import obs_shape
+
+    torch.manual_seed(0)
+    brain, dqn, _ = _model_parts(conv_channels, num_blocks, version, device='cpu')
+    params = {p.untyped_storage().data_ptr() for m in (brain, dqn) for p in m.parameters()}
+
+    def saved_bytes(n):
+        seen = {}
+
+        def pack(t):
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in params:
+                seen.setdefault(storage.data_ptr(), storage.nbytes())
+            return t
+
+        obs = torch.randn(n, *obs_shape(version))
+        mask = torch.ones(n, 46, dtype=torch.bool)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                torch.autocast('cpu', dtype=torch.bfloat16, enabled=amp):
+            phi = brain(obs)
+            dqn(phi[0] if version == 1 else phi, mask)
+        return sum(seen.values())
+
+    return max(0, saved_bytes(3) - saved_bytes(1)) // 2
+
+
+def inference_bytes_per_sample(conv_channels, version):
+    """Peak live bytes per sample in an inference forward: the input plus ~4 tower tensors."""
+    from mortal.obs import obs_shape
+    return 4 * 34 * (obs_shape(version)[0] + 4 * conv_channels) + 4 * 1024 * 2
+
+
+def estimate_memory(config, profile='default'):
+    """Rough per-process memory in bytes, keyed by process name.
+
+    * trainer: CUDA context + Brain/DQN/AuxNet weights, grads and AdamW moments (16 B/param)
+      + ``batch_size`` x measured saved activations; during ``test_play`` the baseline model is
+      also resident and inference runs on up to 3 x ``test_play.games`` rows (champion seats).
+    * client: CUDA context + trainee and baseline weights + inference on up to
+      3 x ``train_play.<profile>.games`` rows.
+    The result is multiplied by ``ALLOCATOR_SLACK``. Returns ``{name: (device, bytes)}``.
+    """
+    version = _get(config, 'control.version')
+    cc = _get(config, 'resnet.conv_channels')
+    nb = _get(config, 'resnet.num_blocks')
+    amp = bool(_get(config, 'control.enable_amp', False))
+    brain, dqn, aux = _model_parts(cc, nb, version)
+    model = _param_bytes(brain, dqn)
+    train_static = _param_bytes(brain, dqn, aux) * 4  # weights + grads + 2 AdamW moments
+    act = activation_bytes_per_sample(cc, nb, version, amp=amp)
+    infer = inference_bytes_per_sample(cc, version)
+
+    batch = _get(config, 'control.batch_size', 512)
+    test_games = _get(config, 'test_play.games', 0)
+    train_games = _get(config, f'train_play.{profile}.games', 0)
+
+    def total(device, body):
+        ctx = CUDA_CONTEXT_BYTES if str(device).startswith('cuda') else 0
+        return device, int(ctx + body * ALLOCATOR_SLACK)
+
+    trainer_dev = _get(config, 'control.device', 'cpu')
+    train_peak = train_static + batch * act
+    test_peak = train_static + model + 3 * test_games * infer
+    client_dev = _get(config, 'baseline.train.device', trainer_dev)
+    client = 2 * model + 3 * train_games * infer
+    return {
+        'trainer': total(trainer_dev, max(train_peak, test_peak)),
+        'client': total(client_dev, client),
+    }
+
+
+def _gpu_total_bytes(device):
+    import torch
+    if not torch.cuda.is_available():
+        return None
+    index = torch.device(device).index or 0
+    return torch.cuda.get_device_properties(index).total_memory
+
+
+def check_memory(config, profile='default'):
+    try:
+        est = estimate_memory(config, profile)
+    except Exception as e:  # a broken [resnet] is reported by the checkpoint checks too
+        return [Check(FAIL, 'memory', f'cannot build the model from [resnet]/version: {e}')]
+    rows = []
+    for name, (device, nbytes) in est.items():
+        text = f'{name} on {device} ~ {nbytes / GIB:.2f} GiB (estimate)'
+        if str(device).startswith('cuda'):
+            gpu = _gpu_total_bytes(device)
+            if gpu is None:
+                rows.append(Check(FAIL, 'memory', f'{text}; but no CUDA device is visible to torch'))
+                continue
+            if nbytes > gpu:
+                rows.append(Check(FAIL, 'memory', f'{text} exceeds {device} total {gpu / GIB:.1f} GiB; '
+                                  'lower [control] batch_size or the play games'))
+                continue
+            text += f' of {gpu / GIB:.1f} GiB'
+        else:
+            text += ' of tensors; the Python + torch process itself adds ~0.5-1 GiB of RAM'
+        rows.append(Check(INFO, 'memory', text))
+    return rows
+
+
+# ---------------------------------------------------------------------------- driver
+
+def run_checks(config, *, server_running=False, profile='default'):
+    """All checks for an already loaded config dict; returns the list of ``Check``."""
+    from mortal.obs import UnsupportedVersionError, check_version
+
+    rows = []
+    try:
+        check_version(_get(config, 'control.version'))
+        rows.append(Check(OK, 'version', f"[control] version = {_get(config, 'control.version')}"))
+    except UnsupportedVersionError as e:
+        return rows + [Check(FAIL, 'version', str(e))]
+    rows += check_paths(config)
+    if _get(config, 'control.online', False):
+        rows += check_port(config, server_running)
+    rows += check_checkpoints(config)
+    rows += check_grp(config)
+    rows += check_memory(config, profile)
+    return rows
+
+
+def sections_for(config):
+    """Config sections every process of this mode needs (online: server + client + trainer)."""
+    from mortal import config as mcfg
+    if _get(config, 'control.online', False):
+        return tuple(dict.fromkeys(mcfg.ONLINE_TRAIN_SECTIONS + mcfg.SERVER_SECTIONS + mcfg.CLIENT_SECTIONS))
+    return mcfg.TRAIN_SECTIONS
+
+
+def main(argv=None):
+    os.environ.pop('RUST_BACKTRACE', None)
+    parser = argparse.ArgumentParser(description='Check a config before a long run.')
+    parser.add_argument('-c', '--config', default=None,
+                        help='config file (default: $MORTAL_CFG or config.toml)')
+    parser.add_argument('--server-running', action='store_true',
+                        help='expect a running server on [online.remote] instead of a free port')
+    parser.add_argument('--profile', default=None,
+                        help='train_play profile for the client estimate (default: $TRAIN_PLAY_PROFILE or default)')
+    args = parser.parse_args(argv)
+
+    from mortal import config as mcfg
+
+    logging.getLogger('mortal.config').setLevel(logging.ERROR)  # warnings become WARN rows below
+    path = mcfg.resolve_path(args.config)
+    profile = args.profile or mcfg.profile_name()
+    try:
+        config = mcfg.load_config(path, required=mcfg.CORE_SECTIONS)
+        warns = mcfg.validate(config, path, required=sections_for(config),
+                              env={mcfg.ENV_PROFILE: profile})
+    except mcfg.ConfigError as e:
+        print(Check(FAIL, 'config', str(e)).line())
+        return 1
+    print(Check(OK, 'config', f'{path} parses and validates').line())
+    for w in warns:
+        print(Check(WARN, 'config', w).line())
+    rows = run_checks(config, server_running=args.server_running, profile=profile)
+    for row in rows:
+        print(row.line())
+    failed = sum(r.status == FAIL for r in rows)
+    print(f'{failed} check(s) failed' if failed else 'all checks passed')
+    return 1 if failed else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

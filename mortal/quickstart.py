@@ -1,0 +1,467 @@
+"""One-command tour of the whole pipeline on a small model: ``python -m mortal.quickstart``.
+
+Everything lives under one work dir (default ``./work/quickstart``):
+
+1. writes ``config.toml`` there from the embedded template (tiny ResNet, CPU, version 3);
+2. ``mortal.bootstrap all``: rule-based games -> GRP -> offline Mortal (CQL) -> online dir;
+3. starts server, trainer and client as real processes (``MORTAL_CFG`` = that config),
+   waits for at least one ``test_play`` and one trainer restart, then stops them
+   (SIGTERM, then SIGKILL after a grace period);
+4. prints where the TensorBoard logs and checkpoints are, the test_play results and the
+   elapsed time.
+
+``--short`` shrinks every size for CI (a couple of minutes). ``scripts/quickstart.sh``
+installs the dependencies first (``scripts/setup.sh``) and then runs this module.
+"""
+
+if __package__ in (None, ''):  # run as a script: python mortal/quickstart.py
+    import sys, pathlib
+    sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
+
+import argparse
+import glob
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parent.parent
+PROCESSES = ('server', 'train', 'client')  # start order; stopped in reverse
+GRACE_SECONDS = 15  # between SIGTERM and SIGKILL
+
+# Sizes of the two embedded presets. Games are multiples of 4 (one duplicate set = 4 seat rotations).
+PRESETS = {
+    'full': dict(online_timeout=900, boot_games=96, boot_val_games=16, grp_steps=100, offline_epochs=1,
+                 train_games=16, test_games=16, batch_size=64, save_every=20, test_every=60,
+                 submit_every=20, capacity=64),
+    'short': dict(online_timeout=900, boot_games=8, boot_val_games=4, grp_steps=20, offline_epochs=1,
+                  train_games=8, test_games=8, batch_size=64, save_every=10, test_every=20,
+                  submit_every=10, capacity=32),
+}
+
+# Mortal's config layout; {work} is the absolute work dir, the rest comes from a preset.
+CONFIG_TEMPLATE = """\
+# Written by mortal.quickstart: a tiny CPU setup that runs the whole pipeline in minutes.
+[control]
+version = 3
+online = true
+state_file = '{work}/online/mortal.pth'
+best_state_file = '{work}/online/best.pth'
+tensorboard_dir = '{work}/online/tensorboard'
+device = 'cpu'
+enable_cudnn_benchmark = false
+enable_amp = false
+enable_compile = false
+batch_size = {batch_size}
+opt_step_every = 1
+save_every = {save_every}
+test_every = {test_every}
+submit_every = {submit_every}
+
+[train_play.default]
+games = {train_games}
+log_dir = '{work}/online/train_play'
+boltzmann_epsilon = 0.005
+boltzmann_temp = 0.05
+top_p = 1.0
+repeats = 1
+
+[test_play]
+games = {test_games}
+log_dir = '{work}/online/test_play'
+
+[dataset]
+globs = ['{work}/bootstrap/logs/train/**/*.json.gz']
+file_index = '{work}/bootstrap/file_index.pth'
+file_batch_size = 8
+reserve_ratio = 0.0
+num_workers = 1
+player_names_files = []
+num_epochs = {offline_epochs}
+enable_augmentation = false
+augmented_first = false
+
+[env]
+gamma = 1
+pts = [6.0, 4.0, 2.0, 0.0]
+
+[resnet]
+conv_channels = 32
+num_blocks = 2
+
+[cql]
+min_q_weight = 5
+
+[aux]
+next_rank_weight = 0.2
+
+[freeze_bn]
+mortal = true
+
+[optim]
+eps = 1e-8
+betas = [0.9, 0.999]
+weight_decay = 0.1
+max_grad_norm = 1.0
+
+[optim.scheduler]
+# online learning rate, Mortal's online reference; the offline bootstrap uses [bootstrap] offline_lr
+peak = 1e-5
+final = 1e-5
+warm_up_steps = 0
+max_steps = 0
+
+[baseline.train]
+device = 'cpu'
+enable_compile = false
+state_file = '{work}/online/baseline.pth'
+
+[baseline.test]
+device = 'cpu'
+enable_compile = false
+state_file = '{work}/online/baseline.pth'
+
+[online]
+history_window = 50
+enable_compile = false
+
+[online.remote]
+host = '127.0.0.1'
+port = {port}
+
+[online.server]
+buffer_dir = '{work}/online/buffer'
+drain_dir = '{work}/online/drain'
+sample_reuse_rate = 0
+sample_reuse_threshold = 0
+capacity = {capacity}
+force_sequential = false
+
+[grp]
+state_file = '{work}/bootstrap/grp.pth'
+
+[grp.network]
+hidden_size = 64
+num_layers = 2
+
+[grp.control]
+device = 'cpu'
+enable_cudnn_benchmark = false
+tensorboard_dir = '{work}/bootstrap/grp_tensorboard'
+batch_size = 64
+save_every = {grp_save_every}
+val_steps = 4
+
+[grp.dataset]
+train_globs = ['{work}/bootstrap/logs/train/**/*.json.gz']
+val_globs = ['{work}/bootstrap/logs/val/**/*.json.gz']
+file_index = '{work}/bootstrap/grp_file_index.pth'
+file_batch_size = 8
+
+[grp.optim]
+lr = 1e-3
+
+[bootstrap]
+games = {boot_games}
+val_games = {boot_val_games}
+log_dir = '{work}/bootstrap/logs'
+work_dir = '{work}/bootstrap'
+grp_steps = {grp_steps}
+offline_lr = 1e-4
+"""
+
+
+def free_port(host='127.0.0.1'):
+    """A TCP port that is free right now on ``host`` (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def render_config(work_dir, *, preset='full', port=None):
+    """Config text for ``work_dir`` (made absolute) with the sizes of ``preset`` ('full'/'short')."""
+    sizes = dict(PRESETS[preset])
+    sizes.pop('online_timeout')
+    sizes['grp_save_every'] = max(1, sizes['grp_steps'] // 2)
+    work = Path(work_dir).expanduser().resolve().as_posix()
+    return CONFIG_TEMPLATE.format(work=work, port=port or free_port(), **sizes)
+
+
+def write_config(work_dir, *, preset='full', port=None):
+    """Write ``work_dir/config.toml`` (creating the dir); returns its ``Path``."""
+    work = Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / 'config.toml'
+    tmp = path.with_suffix('.toml.tmp')
+    tmp.write_text(render_config(work, preset=preset, port=port))
+    tmp.replace(path)
+    return path
+
+
+# ---------------------------------------------------------------------------- processes
+
+def child_env(config_path):
+    """Environment of the pipeline's processes: the config, unbuffered output, no slow Rust backtraces."""
+    env = dict(os.environ)
+    env.pop('RUST_BACKTRACE', None)
+    env['MORTAL_CFG'] = str(config_path)
+    env['PYTHONUNBUFFERED'] = '1'
+    env['PYTHONPATH'] = os.pathsep.join(filter(None, [str(ROOT), env.get('PYTHONPATH')]))
+    if (os.cpu_count() or 1) <= 4:
+        # three processes share the few cores: one intra-op thread each avoids oversubscription
+        env.setdefault('OMP_NUM_THREADS', '1')
+    return env
+
+
+def start(name, config_path, log_dir):
+    """Start ``python -m mortal.<name>`` in its own session (so the whole group can be signalled),
+    output appended to ``log_dir/<name>.log``. Returns the ``Popen``."""
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = open(log_dir / f'{name}.log', 'ab')
+    try:
+        proc = subprocess.Popen([sys.executable, '-m', f'mortal.{name}'], cwd=ROOT, env=child_env(config_path),
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    finally:
+        log.close()  # the child holds its own descriptor
+    logger.info('started %s (pid %d), log %s', name, proc.pid, log_dir / f'{name}.log')
+    return proc
+
+
+def stop(procs, grace=GRACE_SECONDS):
+    """SIGTERM every process group (in reverse start order), SIGKILL what is left after ``grace`` seconds.
+
+    ``procs``: ``{name: Popen}``. Returns ``{name: 'exited N' | 'killed'}``.
+    """
+    outcome = {}
+    for name in reversed(list(procs)):
+        p = procs[name]
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace
+    for name, p in procs.items():
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            outcome[name] = f'exited {p.returncode}'
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+            outcome[name] = 'killed'
+    return outcome
+
+
+def _tail(path, lines=25):
+    try:
+        return '\n'.join(Path(path).read_text(errors='replace').splitlines()[-lines:])
+    except OSError:
+        return '(no log)'
+
+
+# ---------------------------------------------------------------------------- progress from TensorBoard
+
+def read_scalars(tb_dir, prefix='test_play/'):
+    """``{tag: [(step, value), ...]}`` of the top-level run in ``tb_dir`` for tags starting with ``prefix``."""
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    if not glob.glob(os.path.join(tb_dir, '*tfevents*')):
+        return {}
+    acc = EventAccumulator(tb_dir, size_guidance={SCALARS: 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)]
+            for tag in acc.Tags().get('scalars', []) if tag.startswith(prefix)}
+
+
+def learner_starts(tb_dir):
+    """Learner processes that have started so far: each opens its own event file in ``tb_dir``."""
+    return len(glob.glob(os.path.join(tb_dir, 'events.out.tfevents.*')))
+
+
+def keep_running(procs, log_dir, until, poll=5.0):
+    """Let the processes run until ``time.monotonic() >= until``; raises ``RuntimeError`` if one dies."""
+    while time.monotonic() < until:
+        for name, p in procs.items():
+            if p.poll() is not None:
+                raise RuntimeError(f'{name} exited with status {p.returncode}; last lines of its log:\n'
+                                   + _tail(Path(log_dir) / f'{name}.log'))
+        time.sleep(min(poll, max(0.0, until - time.monotonic())))
+
+
+def wait_for_online(procs, tb_dir, log_dir, timeout, poll=3.0, *, tests_before=0, starts_before=0):
+    """Block until a new test play has been logged and the learner has restarted after it.
+
+    ``tests_before``/``starts_before``: test plays and learner starts already in ``tb_dir`` (a rerun).
+
+    Raises ``RuntimeError`` (with the log tail) when a process dies, or on ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        for name, p in procs.items():
+            if p.poll() is not None:
+                raise RuntimeError(f'{name} exited with status {p.returncode}; last lines of its log:\n'
+                                   + _tail(Path(log_dir) / f'{name}.log'))
+        tested = len(read_scalars(tb_dir).get('test_play/avg_ranking', [])) > tests_before
+        starts = learner_starts(tb_dir) - starts_before
+        state = (tested, starts)
+        if state != last:
+            logger.info('online: test_play logged: %s, learner starts: %d', tested, starts)
+            last = state
+        if tested and starts >= 2:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f'online phase: no test play + restart within {timeout} s '
+                               f'(test_play logged: {tested}, learner starts: {starts}); see {log_dir}/*.log')
+        time.sleep(poll)
+
+
+# ---------------------------------------------------------------------------- driver
+
+def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0):
+    """The whole quickstart; returns a dict of what was produced (paths, timings, test_play results).
+
+    ``online_minutes``: keep the online processes running at least this long (default: stop right after the
+    first test play and learner restart). A rerun in the same ``work_dir`` skips the finished bootstrap and
+    continues online training from ``[control] state_file``.
+    """
+    from mortal import bootstrap
+    from mortal.config import load_config
+
+    t0 = time.monotonic()
+    timings = {}
+    work = Path(work_dir).expanduser().resolve()
+    cfg_path = write_config(work, preset=preset, port=port)
+    logger.info('config: %s', cfg_path)
+    logging.getLogger('mortal.config').setLevel(logging.ERROR)  # the [bootstrap] table is ours
+    config = load_config(cfg_path)
+
+    timings.update(bootstrap.run_steps(config, bootstrap.STEPS, progress=progress))
+
+    tb_dir = config['control']['tensorboard_dir']
+    log_dir = work / 'logs'
+    procs = {}
+    t1 = time.monotonic()
+    before = dict(tests_before=len(read_scalars(tb_dir).get('test_play/avg_ranking', [])),
+                  starts_before=learner_starts(tb_dir))
+    try:
+        for name in PROCESSES:
+            procs[name] = start(name, cfg_path, log_dir)
+            if name == 'server':
+                _wait_port(config['online']['remote']['host'], config['online']['remote']['port'], procs[name],
+                           log_dir)
+        wait_for_online(procs, tb_dir, log_dir, PRESETS[preset]['online_timeout'], **before)
+        if online_minutes:
+            logger.info('online: running until %.0f min have passed', online_minutes)
+            keep_running(procs, log_dir, t1 + online_minutes * 60)
+    finally:
+        stopped = stop(procs)
+        logger.info('stopped: %s', stopped)
+    timings['online'] = time.monotonic() - t1
+
+    plots = work / 'plots'
+    subprocess.run([sys.executable, str(ROOT / 'scripts' / 'plot_tb.py'), tb_dir, '--out', str(plots)],
+                   check=False, stdout=subprocess.DEVNULL)
+    timings['total'] = time.monotonic() - t0
+    return {
+        'work_dir': str(work),
+        'config': str(cfg_path),
+        'tensorboard': [tb_dir, str(work / 'bootstrap' / 'offline' / 'tensorboard'),
+                        config['grp']['control']['tensorboard_dir']],
+        'checkpoints': {k: config['control'][k] for k in ('state_file', 'best_state_file')}
+        | {'baseline': config['baseline']['train']['state_file'], 'grp': config['grp']['state_file'],
+           'offline_best': str(work / 'bootstrap' / 'offline' / 'best.pth')},
+        'logs': str(log_dir),
+        'plots': str(plots),
+        'test_play': read_scalars(tb_dir),
+        'stopped': stopped,
+        'timings': timings,
+    }
+
+
+def _wait_port(host, port, proc, log_dir, timeout=60):
+    """Wait until the server accepts connections (raises RuntimeError if it dies or never listens)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f'server exited with status {proc.returncode}:\n'
+                               + _tail(Path(log_dir) / 'server.log'))
+        try:
+            with socket.create_connection((host, port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f'server did not listen on {host}:{port} within {timeout} s')
+
+
+def report(result, out=sys.stdout):
+    """Print where everything is, the test_play results and the timings."""
+    p = lambda *a: print(*a, file=out)  # noqa: E731
+    p('=' * 70)
+    p(f"quickstart finished in {result['timings']['total'] / 60:.1f} min "
+      f"({', '.join(f'{k} {v:.0f} s' for k, v in result['timings'].items() if k != 'total')})")
+    p(f"work dir:     {result['work_dir']}")
+    p(f"config:       {result['config']}")
+    p(f"TensorBoard:  tensorboard --logdir {result['tensorboard'][0]}")
+    for extra in result['tensorboard'][1:]:
+        p(f'              (bootstrap: {extra})')
+    for name, path in result['checkpoints'].items():
+        p(f"checkpoint:   {name:<16} {path}{'' if os.path.exists(path) else '  (not written)'}")
+    p(f"process logs: {result['logs']}")
+    p(f"plots:        {result['plots']}")
+    tp = result['test_play']
+    if tp.get('test_play/avg_ranking'):
+        p('test_play (challenger `mortal` vs 3x baseline; avg rank 2.5 = even):')
+        pts = dict(tp.get('test_play/avg_pt', []))
+        rows = tp['test_play/avg_ranking']
+        shown = rows if len(rows) <= 12 else rows[:3] + [None] + rows[-8:]
+        for row in shown:
+            if row is None:
+                p(f'  ... ({len(rows) - 11} more; all in TensorBoard)')
+                continue
+            step, rank = row
+            p(f'  step {step:>6}: avg rank {rank:.3f}, avg pt {pts.get(step, float("nan")):+.2f}')
+    p(f"processes:    {result['stopped']}")
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds through run()'s finally, which stops the children
+
+
+def main(argv=None):
+    os.environ.pop('RUST_BACKTRACE', None)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    parser = argparse.ArgumentParser(prog='python -m mortal.quickstart', description=__doc__.split('\n\n')[0])
+    parser.add_argument('--work-dir', default='work/quickstart', help='where everything goes (default: %(default)s)')
+    parser.add_argument('--short', action='store_true', help='CI-sized run (a couple of minutes)')
+    parser.add_argument('--port', type=int, default=None, help='server port (default: a free one)')
+    parser.add_argument('--no-progress', action='store_true', help='hide progress bars')
+    parser.add_argument('--online-minutes', type=float, default=0.0,
+                        help='keep server/trainer/client running this long (default: stop after the first '
+                             'test play and learner restart); rerun with the same --work-dir to continue')
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
+    logging.getLogger('tensorboard').setLevel(logging.WARNING)  # its directory watcher chatters at INFO
+    try:
+        result = run(args.work_dir, preset='short' if args.short else 'full', port=args.port,
+                     progress=not args.no_progress, online_minutes=args.online_minutes)
+    except Exception as e:
+        logger.error('quickstart failed: %s', e)
+        return 1
+    report(result)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

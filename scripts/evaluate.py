@@ -1,0 +1,103 @@
+#!/usr/bin/env python
+"""Duplicate evaluation of a checkpoint against the rule-based bot, both ways, with 95% CIs.
+
+    python scripts/evaluate.py CHECKPOINT [--sets 50] [--workers 2] [--key 7] [--device cpu]
+
+* ``1 model vs 3 RulebaseBots``: the model is the challenger (one seat, four rotations per deal);
+* ``1 RulebaseBot vs 3 models``: the reverse.
+
+Each deal (nonce) is a duplicate set: its four seat rotations are one unit, and the CI is over units
+(``mortal.one_vs_three.duplicate_ci``). Deals are spread over worker processes (the bot's move search holds
+the interpreter lock). The model's architecture comes from the checkpoint's own config, as Mortal's player.
+Prints one line per direction and, with ``--json``, writes the numbers to a file.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+SEED_START = 10000  # as mortal.one_vs_three
+
+
+def _side(kind, state_file, device):
+    from mortal.one_vs_three import build_side
+    if kind == 'rulebase':
+        return build_side({'type': 'rulebase', 'name': 'rulebase'}, 'evaluate')
+    return build_side({'type': 'mortal', 'name': 'mortal', 'state_file': state_file, 'device': device,
+                       'enable_amp': False, 'enable_rule_based_agari_guard': True}, 'evaluate')
+
+
+def play_chunk(task):
+    """Worker: ``(challenger_kind, champion_kind, state_file, device, nonce_start, count, key)`` ->
+    ``{nonce: [challenger ranks 1-4]}`` for ``count`` deals."""
+    os.environ.pop('RUST_BACKTRACE', None)
+    import torch
+    torch.set_num_threads(1)  # the workers already fill the cores
+    from mortal.arena import OneVsThree
+    from mortal.one_vs_three import challenger_ranks_by_nonce
+
+    chal_kind, champ_kind, state_file, device, nonce, count, key = task
+    env = OneVsThree(disable_progress_bar=True)
+    env.py_vs_py(_side(chal_kind, state_file, device), _side(champ_kind, state_file, device),
+                 seed_start=(nonce, key), seed_count=count)
+    return challenger_ranks_by_nonce(env.last_games)
+
+
+def evaluate(state_file, *, sets, workers, key, device='cpu', chunk=1, progress=True):
+    """Both directions; returns ``{'model_vs_3_rulebase': DuplicateSummary, 'rulebase_vs_3_model': ...}``."""
+    import multiprocessing as mp
+    import threading
+    from tqdm import tqdm
+    from mortal.one_vs_three import duplicate_ci
+
+    tqdm.set_lock(threading.RLock())  # no multiprocessing semaphore in the parent (forkserver warns)
+    out = {}
+    for name, chal, champ in (('model_vs_3_rulebase', 'mortal', 'rulebase'),
+                              ('rulebase_vs_3_model', 'rulebase', 'mortal')):
+        tasks = [(chal, champ, state_file, device, SEED_START + i, min(chunk, sets - i), key)
+                 for i in range(0, sets, chunk)]
+        units = {}
+        with mp.get_context('forkserver').Pool(workers) as pool, \
+                tqdm(total=sets * 4, unit='game', desc=name, disable=not progress) as bar:
+            for ranks in pool.imap_unordered(play_chunk, tasks):
+                units.update(ranks)
+                bar.update(sum(len(r) for r in ranks.values()))
+        out[name] = duplicate_ci(units.values())
+    return out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('state_file', help='Mortal-layout checkpoint (e.g. best.pth)')
+    parser.add_argument('--sets', type=int, default=50, help='duplicate sets (deals) per direction; 4 games each')
+    parser.add_argument('--workers', type=int, default=os.cpu_count() or 1)
+    parser.add_argument('--key', type=int, default=7, help='duplicate seed key (same key = same deals)')
+    parser.add_argument('--device', default='cpu')
+    parser.add_argument('--json', default=None, help='also write the results to this JSON file')
+    parser.add_argument('--no-progress', action='store_true')
+    args = parser.parse_args(argv)
+    os.environ.pop('RUST_BACKTRACE', None)
+    if args.sets < 2:
+        parser.error('--sets must be >= 2 for a confidence interval')
+    start = time.monotonic()
+    res = evaluate(args.state_file, sets=args.sets, workers=args.workers, key=args.key, device=args.device,
+                   progress=not args.no_progress)
+    elapsed = time.monotonic() - start
+    print(f'{args.state_file} (seed key {args.key}, {elapsed:.0f} s):')
+    for name, summary in res.items():
+        print(f'  {name}: {summary}')
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump({'state_file': args.state_file, 'key': args.key, 'seconds': elapsed,
+                       **{k: dataclasses.asdict(v) for k, v in res.items()}}, f, indent=2)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

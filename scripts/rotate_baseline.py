@@ -1,0 +1,94 @@
+#!/usr/bin/env python
+"""Rotate the baseline: copy the best checkpoint over ``[baseline.train]``/``[baseline.test] state_file``.
+
+    python scripts/rotate_baseline.py [-c config.toml] [--from PATH] [--reset-best]
+
+* The source (default ``[control] best_state_file``) must load and hold ``mortal``, ``current_dqn`` and
+  ``config``; otherwise nothing is touched.
+* Each existing baseline is kept as ``<file>.<YYYYmmdd-HHMMSS>.bak`` before the new one is written (temp
+  name + rename, so a process starting meanwhile never reads half a file).
+* ``--reset-best`` also resets ``best_perf`` in ``[control] state_file`` so that ``best.pth`` follows test
+  plays against the new, stronger baseline. Run it only while the trainer is stopped: a running learner
+  would save its old ``best_perf`` over it.
+
+Afterwards: restart the clients (they load ``[baseline.train]`` once at start). The trainer loads
+``[baseline.test]`` at every learner start, i.e. after its next test play; restart it to switch now.
+Exit status 1 with a message when the source is unusable.
+"""
+
+import argparse
+import os
+import pathlib
+import shutil
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+
+def check_source(path):
+    """Raise ``ValueError`` naming ``path`` unless it is a loadable Mortal-layout checkpoint."""
+    import torch
+    try:
+        state = torch.load(path, map_location='cpu', weights_only=True)
+    except Exception as e:
+        raise ValueError(f'{path}: cannot load: {type(e).__name__}: {e}') from None
+    missing = [k for k in ('mortal', 'current_dqn', 'config') if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise ValueError(f'{path}: not a usable checkpoint, lacks {missing}')
+
+
+def rotate(config, source=None, *, reset_best=False, stamp=None):
+    """Copy ``source`` (default best_state_file) to the baselines; returns ``[(target, backup or None)]``."""
+    import torch
+    from mortal.train import INITIAL_BEST_PERF, atomic_copy, atomic_torch_save
+
+    source = source or config['control']['best_state_file']
+    check_source(source)
+    stamp = stamp or time.strftime('%Y%m%d-%H%M%S')
+    done = []
+    targets = dict.fromkeys(config['baseline'][slot]['state_file'] for slot in ('train', 'test'))
+    for target in targets:
+        backup = None
+        if os.path.exists(target):
+            if os.path.samefile(target, source):
+                raise ValueError(f'{source} is the baseline file itself')
+            backup = f'{target}.{stamp}.bak'
+            shutil.copy2(target, backup)
+        os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+        atomic_copy(source, target)
+        done.append((target, backup))
+    if reset_best:
+        state_file = config['control']['state_file']
+        state = torch.load(state_file, map_location='cpu', weights_only=True)
+        state['best_perf'] = dict(INITIAL_BEST_PERF)
+        atomic_torch_save(state, state_file)
+    return done
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('-c', '--config', default=None, help='config file (default: $MORTAL_CFG or config.toml)')
+    parser.add_argument('--from', dest='source', default=None, help='checkpoint to promote (default: best)')
+    parser.add_argument('--reset-best', action='store_true',
+                        help="reset best_perf in [control] state_file (trainer must be stopped)")
+    args = parser.parse_args(argv)
+    os.environ.pop('RUST_BACKTRACE', None)
+    from mortal.config import ConfigError, load_config
+    try:
+        config = load_config(args.config, required=('control', 'baseline.train', 'baseline.test'))
+        done = rotate(config, args.source, reset_best=args.reset_best)
+    except (ConfigError, ValueError, OSError) as e:
+        print(f'rotate_baseline: error: {e}', file=sys.stderr)
+        return 1
+    for target, backup in done:
+        print(f'{target} <- {args.source or config["control"]["best_state_file"]}'
+              + (f' (previous kept as {backup})' if backup else ''))
+    if args.reset_best:
+        print(f"best_perf reset in {config['control']['state_file']}")
+    print('now restart the clients; the trainer picks the new baseline up at its next learner start')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""mortal.doctor: a good config passes; each broken item FAILs with a message naming it."""
+
+import socket
+
+import pytest
+import toml
+import torch
+
+from mortal import doctor, quickstart
+from mortal.model import DQN, GRP, AuxNet, Brain
+
+
+def _save_mortal(path, conv_channels=32, num_blocks=2, version=3, saved_config=True):
+    torch.manual_seed(0)
+    state = {
+        'mortal': Brain(conv_channels=conv_channels, num_blocks=num_blocks, version=version).state_dict(),
+        'current_dqn': DQN(version=version).state_dict(),
+        'aux_net': AuxNet(dims=(4,)).state_dict(),
+        'steps': 0,
+    }
+    if saved_config:
+        state['config'] = {'control': {'version': version},
+                           'resnet': {'conv_channels': conv_channels, 'num_blocks': num_blocks}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, path)
+
+
+def _save_grp(path, hidden_size=64, num_layers=2):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({'model': GRP(hidden_size=hidden_size, num_layers=num_layers).state_dict(), 'steps': 0}, path)
+
+
+@pytest.fixture
+def work(tmp_path):
+    """A quickstart config (conv_channels 32, num_blocks 2, version 3) with its checkpoints in place."""
+    cfg_path = quickstart.write_config(tmp_path, preset='short')
+    cfg = toml.load(cfg_path)
+    _save_mortal(tmp_path / 'online' / 'baseline.pth')
+    _save_grp(tmp_path / 'bootstrap' / 'grp.pth')
+    return tmp_path, cfg_path, cfg
+
+
+def _rewrite(cfg_path, cfg):
+    cfg_path.write_text(toml.dumps(cfg))
+
+
+def _run(cfg_path, capsys, *extra):
+    rc = doctor.main(['-c', str(cfg_path), *extra])
+    return rc, capsys.readouterr().out
+
+
+def _fail_lines(out):
+    return [line for line in out.splitlines() if line.startswith('[FAIL]')]
+
+
+def test_good_config_passes(work, capsys):
+    _, cfg_path, _ = work
+    rc, out = _run(cfg_path, capsys)
+    assert rc == 0, out
+    assert _fail_lines(out) == []
+    assert '[ OK ] checkpoint: [baseline.train] state_file' in out
+    assert '[ OK ] grp:' in out
+    assert '[ OK ] port:' in out
+    assert out.rstrip().endswith('all checks passed')
+
+
+def test_unwritable_path_fails(work, capsys):
+    root, cfg_path, cfg = work
+    blocker = root / 'a_file'
+    blocker.write_text('x')
+    cfg['control']['tensorboard_dir'] = str(blocker / 'tb')  # parent is a regular file
+    _rewrite(cfg_path, cfg)
+    rc, out = _run(cfg_path, capsys)
+    assert rc == 1
+    [line] = _fail_lines(out)
+    assert '[control] tensorboard_dir' in line and 'is a file, not a directory' in line
+
+
+def test_busy_port_fails_and_server_running_passes(work, capsys):
+    _, cfg_path, cfg = work
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        s.listen()
+        cfg['online']['remote']['port'] = s.getsockname()[1]
+        _rewrite(cfg_path, cfg)
+        rc, out = _run(cfg_path, capsys)
+        assert rc == 1
+        [line] = _fail_lines(out)
+        assert line.startswith('[FAIL] port: cannot bind 127.0.0.1:')
+        # with a server expected, the same listening socket is what we want
+        rc, out = _run(cfg_path, capsys, '--server-running')
+        assert rc == 0, out
+    rc, out = _run(cfg_path, capsys, '--server-running')  # socket closed: nothing answers
+    assert rc == 1 and 'is the server up?' in out
+
+
+def test_checkpoint_resnet_mismatch_fails(work, capsys):
+    root, cfg_path, _ = work
+    _save_mortal(root / 'online' / 'baseline.pth', conv_channels=64)
+    rc, out = _run(cfg_path, capsys)
+    assert rc == 1
+    fails = _fail_lines(out)
+    assert len(fails) == 2  # baseline.train and baseline.test share the file
+    assert 'saved [resnet] conv_channels = 64, config has 32' in fails[0]
+
+
+def test_checkpoint_without_saved_config_checked_by_weights(work, capsys):
+    root, cfg_path, _ = work
+    _save_mortal(root / 'online' / 'baseline.pth', num_blocks=3, saved_config=False)
+    rc, out = _run(cfg_path, capsys)
+    assert rc == 1
+    assert 'weights do not fit [resnet]/version' in _fail_lines(out)[0]
+    line = _fail_lines(out)[0]
+    # 2 blocks: net.3 = final BN (5 tensors), net.5 = conv (w, b), net.8 = Linear (w, b) -> 9 missing.
+    # 3 blocks: net.3 = a block (2 BN x 5 + 2 conv + 4 attention = 16), BN net.4 (5), conv net.6 (2),
+    # Linear net.9 (2) -> 25 unexpected.
+    assert 'mortal: 9 missing key(s): encoder.net.3.bias,' in line
+    assert '25 unexpected key(s): encoder.net.3.ca.shared_mlp.0.bias' in line
+
+
+def test_checkpoint_version_mismatch_fails(work, capsys):
+    root, cfg_path, _ = work
+    _save_mortal(root / 'online' / 'baseline.pth', version=2)
+    rc, out = _run(cfg_path, capsys)
+    assert rc == 1
+    assert 'saved [control] version = 2, config has 3' in _fail_lines(out)[0]
+
+
+def test_corrupt_and_foreign_checkpoints_fail(work, capsys):
+    root, cfg_path, _ = work
+    (root / 'online' / 'baseline.pth').write_bytes(b'not a zip file')
+    rc, out = _run(cfg_path, capsys)
+    assert rc == 1 and 'cannot load' in _fail_lines(out)[0]
+    torch.save({'model': {}}, root / 'online' / 'baseline.pth')
+    rc, out = _run(cfg_path, capsys)
+    assert rc == 1 and "needs keys 'mortal' and 'current_dqn', has ['model']" in _fail_lines(out)[0]
+
+
+def test_missing_baseline_fails_but_missing_trainer_state_is_info(work, capsys):
+    root, cfg_path, _ = work
+    (root / 'online' / 'baseline.pth').unlink()
+    rc, out = _run(cfg_path, capsys)
+    assert rc == 1
+    assert len(_fail_lines(out)) == 2
+    assert '[INFO] checkpoint: [control] state_file' in out
+
+
+def test_grp_shape_mismatch_and_missing_fail(work, capsys):
+    root, cfg_path, _ = work
+    _save_grp(root / 'bootstrap' / 'grp.pth', hidden_size=32)
+    rc, out = _run(cfg_path, capsys)
+    assert rc == 1
+    [line] = _fail_lines(out)
+    assert line.startswith('[FAIL] grp:')
+    # fc input width = hidden * num_layers: 64 vs 128. Mismatches: fc.0 weight+bias, fc.2 weight (3);
+    # every GRU tensor of both layers has 3 * hidden rows (8) -> 11.
+    assert '11 shape mismatch(es) saved vs expected: fc.0.bias (64,) vs (128,), fc.0.weight (64, 64)' in line
+    (root / 'bootstrap' / 'grp.pth').unlink()
+    rc, out = _run(cfg_path, capsys)
+    assert 'missing (train it with mortal.train_grp)' in _fail_lines(out)[0]
+
+
+def test_invalid_config_fails_naming_the_key(work, capsys):
+    _, cfg_path, cfg = work
+    del cfg['control']['batch_size']
+    _rewrite(cfg_path, cfg)
+    rc, out = _run(cfg_path, capsys)
+    assert rc == 1
+    assert 'missing key [control] batch_size' in out
+
+
+def test_version_4_fails_with_explanation(work, capsys):
+    _, cfg_path, cfg = work
+    cfg['control']['version'] = 4
+    _rewrite(cfg_path, cfg)
+    rc, out = _run(cfg_path, capsys)
+    assert rc == 1
+    [line] = _fail_lines(out)
+    assert line.startswith('[FAIL] version:')
+
+
+def test_cuda_device_without_gpu_fails(work, capsys, monkeypatch):
+    _, cfg_path, cfg = work
+    cfg['control']['device'] = 'cuda:0'
+    _rewrite(cfg_path, cfg)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    rc, out = _run(cfg_path, capsys)
+    assert rc == 1
+    [line] = _fail_lines(out)
+    assert 'trainer on cuda:0' in line and 'no CUDA device is visible' in line
+
+
+def test_activation_estimate_counts_seven_tensors_per_block():
+    # A pre-activation block keeps for backward: its input (BN1), BN1 out (Mish1), Mish1 out
+    # (conv1), conv1 out (BN2), BN2 out (Mish2), Mish2 out (conv2), conv2 out (channel attention
+    # multiply) = 7 tensors of (C, 34) float32, plus the attention's few C-vectors.
+    c = 32
+    per_block = (doctor.activation_bytes_per_sample(c, 4, 3)
+                 - doctor.activation_bytes_per_sample(c, 2, 3)) / 2
+    tensor = c * 34 * 4
+    assert 7 * tensor <= per_block < 7.2 * tensor
+    # bfloat16 autocast halves the conv-path activations
+    amp = doctor.activation_bytes_per_sample(c, 2, 3, amp=True)
+    assert amp < 0.7 * doctor.activation_bytes_per_sample(c, 2, 3)
+
+
+def test_trainer_estimate_grows_with_batch_size(work):
+    _, cfg_path, cfg = work
+    act = doctor.activation_bytes_per_sample(32, 2, 3)
+    cfg['control']['batch_size'] = 256  # large enough that training, not test play, is the peak
+    small = doctor.estimate_memory(cfg)['trainer'][1]
+    cfg['control']['batch_size'] *= 2
+    big = doctor.estimate_memory(cfg)['trainer'][1]
+    assert big - small == pytest.approx(doctor.ALLOCATOR_SLACK * 256 * act, abs=2)

@@ -1,0 +1,92 @@
+"""mortal.quickstart: embedded config, process control, and the CI-sized end-to-end run."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mortal import config as mcfg
+from mortal import quickstart
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize('preset', ['full', 'short'])
+def test_embedded_config_satisfies_every_process(tmp_path, preset):
+    path = quickstart.write_config(tmp_path, preset=preset, port=5123)
+    sections = mcfg.ONLINE_TRAIN_SECTIONS + mcfg.SERVER_SECTIONS + mcfg.CLIENT_SECTIONS + mcfg.TRAIN_GRP_SECTIONS
+    cfg = mcfg.load_config(path, required=sections)
+    assert cfg['online']['remote']['port'] == 5123
+    assert cfg['control']['version'] == 3 and cfg['control']['device'] == 'cpu'
+    # every path lives under the work dir
+    work = str(tmp_path.resolve())
+    for dotted in ('control.state_file', 'control.tensorboard_dir', 'online.server.buffer_dir', 'grp.state_file',
+                   'bootstrap.log_dir', 'baseline.test.state_file'):
+        node = cfg
+        for part in dotted.split('.'):
+            node = node[part]
+        assert node.startswith(work + '/'), dotted
+    # the server must hold at least one client round, and tests come after whole saves
+    assert cfg['online']['server']['capacity'] >= cfg['train_play']['default']['games']
+    assert cfg['grp']['control']['save_every'] * 2 == cfg['bootstrap']['grp_steps']
+
+
+def _spawn(code):
+    return subprocess.Popen([sys.executable, '-c', code], start_new_session=True)
+
+
+def test_stop_terminates_then_kills():
+    polite = _spawn('import time; time.sleep(60)')
+    stubborn = _spawn('import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); '
+                      'print("ready", flush=True); time.sleep(60)')
+    time.sleep(1.0)  # let the stubborn one install its handler
+    t = time.monotonic()
+    outcome = quickstart.stop({'polite': polite, 'stubborn': stubborn}, grace=2)
+    assert outcome == {'polite': f'exited {-signal.SIGTERM}', 'stubborn': 'killed'}
+    assert time.monotonic() - t < 10
+    assert polite.poll() is not None and stubborn.poll() is not None
+
+
+def test_wait_for_online_reports_a_dead_process(tmp_path):
+    (tmp_path / 'server.log').write_text('line 1\nTraceback: boom\n')
+    dead = subprocess.Popen([sys.executable, '-c', 'raise SystemExit(3)'])
+    dead.wait()
+    with pytest.raises(RuntimeError, match=r'server exited with status 3(.|\n)*Traceback: boom'):
+        quickstart.wait_for_online({'server': dead}, str(tmp_path), tmp_path, timeout=5, poll=0.1)
+
+
+def test_wait_for_online_times_out(tmp_path):
+    alive = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])
+    try:
+        with pytest.raises(RuntimeError, match='no test play'):
+            quickstart.wait_for_online({'client': alive}, str(tmp_path), tmp_path, timeout=0.5, poll=0.1)
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+@pytest.mark.timeout(1500)
+def test_short_quickstart_end_to_end(tmp_path):
+    """The CI-sized run of the README's main job: bootstrap, server + trainer + client, test play, restart."""
+    env = dict(os.environ)
+    env.pop('RUST_BACKTRACE', None)
+    r = subprocess.run([sys.executable, '-m', 'mortal.quickstart', '--short', '--no-progress',
+                        '--work-dir', str(tmp_path / 'qs')], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=1400)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    out = r.stdout
+    assert 'quickstart finished in' in out
+    assert 'test_play (challenger `mortal` vs 3x baseline' in out
+    assert '(not written)' not in out  # every listed checkpoint exists
+    work = tmp_path / 'qs'
+    for rel in ('online/mortal.pth', 'online/best.pth', 'online/baseline.pth', 'bootstrap/grp.pth',
+                'bootstrap/offline/best.pth', 'plots/test_play.png', 'plots/loss.png'):
+        assert (work / rel).is_file(), rel
+    # each learner start writes its own event file: one restart = at least two
+    assert len(list((work / 'online' / 'tensorboard').glob('events.out.tfevents.*'))) >= 2
+    # the processes were stopped by signal (SIGTERM), not left running
+    assert "'server': 'exited" in out or "'server': 'killed'" in out
