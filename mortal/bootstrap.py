@@ -27,8 +27,6 @@ if __package__ in (None, ''):  # run as a script: python mortal/bootstrap.py
 
 import argparse
 import copy
-import dataclasses
-import glob
 import logging
 import os
 import random
@@ -37,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from mortal.config import SCHEMA
+from mortal.config import SCHEMA, lookup
 
 logger = logging.getLogger(__name__)
 
@@ -211,18 +209,9 @@ def gen_logs(config, *, workers=None, progress=True):
 def _drop_file_indexes(config):
     """New logs make the cached file lists stale: remove them so the trainers rebuild them."""
     boot = bootstrap_config(config)
-    for path in (_get(config, 'grp.dataset.file_index'), _offline_paths(boot)['file_index']):
+    for path in (lookup(config, 'grp.dataset.file_index'), _offline_paths(boot)['file_index']):
         if path and os.path.exists(path):
             os.remove(path)
-
-
-def _get(config, dotted, default=None):
-    node = config
-    for part in dotted.split('.'):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
 
 
 # ---------------------------------------------------------------------------- step 2: GRP
@@ -393,7 +382,7 @@ def prepare(config, *, force=False):
         atomic_torch_save(state, state_file)
         written.append(state_file)
     for slot in ('train', 'test'):
-        target = _get(config, f'baseline.{slot}.state_file')
+        target = lookup(config, f'baseline.{slot}.state_file')
         if target and target not in written and (force or not os.path.exists(target)):
             os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
             atomic_copy(best, target)

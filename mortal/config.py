@@ -422,13 +422,19 @@ def validate(config: dict, path: str = DEFAULT_PATH, *, required: Iterable[str] 
     return warns
 
 
-def _get_table(config: dict, dotted: str):
+def lookup(config: dict, dotted: str, default=None):
+    """``config['a']['b']`` for ``'a.b'``; ``default`` when any level is missing or not a table."""
     node = config
     for part in dotted.split('.'):
-        if not isinstance(node, dict) or not isinstance(node.get(part), dict):
-            return None
+        if not isinstance(node, dict) or part not in node:
+            return default
         node = node[part]
     return node
+
+
+def _get_table(config: dict, dotted: str):
+    table = lookup(config, dotted)
+    return table if isinstance(table, dict) else None
 
 
 def _check_tables(config: dict, path: str, errors: list[str], warns: list[str]) -> None:

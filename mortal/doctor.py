@@ -34,6 +34,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from mortal.config import lookup
+
 OK, FAIL, WARN, INFO = 'OK', 'FAIL', 'WARN', 'INFO'
 
 # A CUDA context plus cuBLAS/cuDNN workspaces, measured as ~0.3-0.6 GiB on recent GPUs.
@@ -54,31 +56,21 @@ class Check:
         return f'[{self.status:^4}] {self.name}: {self.detail}'
 
 
-def _get(config, dotted, default=None):
-    """``config['a']['b']`` for ``'a.b'``; ``default`` when any level is missing."""
-    node = config
-    for part in dotted.split('.'):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
-
-
 # ---------------------------------------------------------------------------- paths
 
 def _written_paths(config):
     """(label, path, kind) of everything the processes create; kind 'dir' or 'file'."""
     rows = [
-        ('[control] state_file', _get(config, 'control.state_file'), 'file'),
-        ('[control] best_state_file', _get(config, 'control.best_state_file'), 'file'),
-        ('[control] tensorboard_dir', _get(config, 'control.tensorboard_dir'), 'dir'),
-        ('[test_play] log_dir', _get(config, 'test_play.log_dir'), 'dir'),
-        ('[online.server] buffer_dir', _get(config, 'online.server.buffer_dir'), 'dir'),
-        ('[online.server] drain_dir', _get(config, 'online.server.drain_dir'), 'dir'),
-        ('[1v3] log_dir', _get(config, '1v3.log_dir'), 'dir'),
-        ('[grp] state_file', _get(config, 'grp.state_file'), 'file'),
+        ('[control] state_file', lookup(config, 'control.state_file'), 'file'),
+        ('[control] best_state_file', lookup(config, 'control.best_state_file'), 'file'),
+        ('[control] tensorboard_dir', lookup(config, 'control.tensorboard_dir'), 'dir'),
+        ('[test_play] log_dir', lookup(config, 'test_play.log_dir'), 'dir'),
+        ('[online.server] buffer_dir', lookup(config, 'online.server.buffer_dir'), 'dir'),
+        ('[online.server] drain_dir', lookup(config, 'online.server.drain_dir'), 'dir'),
+        ('[1v3] log_dir', lookup(config, '1v3.log_dir'), 'dir'),
+        ('[grp] state_file', lookup(config, 'grp.state_file'), 'file'),
     ]
-    for profile, section in (_get(config, 'train_play') or {}).items():
+    for profile, section in (lookup(config, 'train_play') or {}).items():
         if isinstance(section, dict):
             rows.append((f'[train_play.{profile}] log_dir', section.get('log_dir'), 'dir'))
     return [(label, path, kind) for label, path, kind in rows if path]
@@ -122,8 +114,8 @@ def check_paths(config):
 
 def check_port(config, server_running=False):
     """Server port: free to bind (default) or, with ``server_running``, accepting connections."""
-    host = _get(config, 'online.remote.host', '127.0.0.1')
-    port = _get(config, 'online.remote.port', 5000)
+    host = lookup(config, 'online.remote.host', '127.0.0.1')
+    port = lookup(config, 'online.remote.port', 5000)
     bind_host = host  # the server binds [online.remote] host
     if server_running:
         try:
@@ -146,10 +138,10 @@ def check_port(config, server_running=False):
 
 def _read_checkpoint_files(config):
     """(label, path, required) of model checkpoints the processes read."""
-    online = bool(_get(config, 'control.online', False))
-    rows = [('[control] state_file', _get(config, 'control.state_file'), False)]
+    online = bool(lookup(config, 'control.online', False))
+    rows = [('[control] state_file', lookup(config, 'control.state_file'), False)]
     for sec in ('baseline.train', 'baseline.test'):
-        rows.append((f'[{sec}] state_file', _get(config, f'{sec}.state_file'), online))
+        rows.append((f'[{sec}] state_file', lookup(config, f'{sec}.state_file'), online))
     return [(label, path, req) for label, path, req in rows if path]
 
 
@@ -162,8 +154,8 @@ def load_mortal_checkpoint(path, config):
     import torch
     from mortal.model import DQN, Brain
 
-    version = _get(config, 'control.version')
-    resnet = _get(config, 'resnet', {}) or {}
+    version = lookup(config, 'control.version')
+    resnet = lookup(config, 'resnet', {}) or {}
     try:
         state = torch.load(path, map_location='cpu', weights_only=True)
     except Exception as e:  # torch raises many types for a bad file
@@ -174,10 +166,10 @@ def load_mortal_checkpoint(path, config):
     problems = []
     saved = state.get('config') if isinstance(state.get('config'), dict) else {}
     for key in ('conv_channels', 'num_blocks'):
-        have = _get(saved, f'resnet.{key}')
+        have = lookup(saved, f'resnet.{key}')
         if have is not None and have != resnet.get(key):
             problems.append(f'saved [resnet] {key} = {have}, config has {resnet.get(key)}')
-    have_version = _get(saved, 'control.version')
+    have_version = lookup(saved, 'control.version')
     if have_version is not None and have_version != version:
         problems.append(f'saved [control] version = {have_version}, config has {version}')
     if problems:
@@ -239,12 +231,12 @@ def check_grp(config):
     import torch
     from mortal.model import GRP
 
-    path = _get(config, 'grp.state_file')
+    path = lookup(config, 'grp.state_file')
     if not path:
         return [Check(FAIL, 'grp', '[grp] state_file is not set')]
     if not Path(path).is_file():
         return [Check(FAIL, 'grp', f'[grp] state_file = {path}: missing (train it with mortal.train_grp)')]
-    network = _get(config, 'grp.network', {}) or {}
+    network = lookup(config, 'grp.network', {}) or {}
     try:
         state = torch.load(path, map_location='cpu', weights_only=True)
         saved = state['model'] if isinstance(state, dict) and 'model' in state else None
@@ -325,28 +317,28 @@ def estimate_memory(config, profile='default'):
       3 x ``train_play.<profile>.games`` rows.
     The result is multiplied by ``ALLOCATOR_SLACK``. Returns ``{name: (device, bytes)}``.
     """
-    version = _get(config, 'control.version')
-    cc = _get(config, 'resnet.conv_channels')
-    nb = _get(config, 'resnet.num_blocks')
-    amp = bool(_get(config, 'control.enable_amp', False))
+    version = lookup(config, 'control.version')
+    cc = lookup(config, 'resnet.conv_channels')
+    nb = lookup(config, 'resnet.num_blocks')
+    amp = bool(lookup(config, 'control.enable_amp', False))
     brain, dqn, aux = _model_parts(cc, nb, version)
     model = _param_bytes(brain, dqn)
     train_static = _param_bytes(brain, dqn, aux) * 4  # weights + grads + 2 AdamW moments
     act = activation_bytes_per_sample(cc, nb, version, amp=amp)
     infer = inference_bytes_per_sample(cc, version)
 
-    batch = _get(config, 'control.batch_size', 512)
-    test_games = _get(config, 'test_play.games', 0)
-    train_games = _get(config, f'train_play.{profile}.games', 0)
+    batch = lookup(config, 'control.batch_size', 512)
+    test_games = lookup(config, 'test_play.games', 0)
+    train_games = lookup(config, f'train_play.{profile}.games', 0)
 
     def total(device, body):
         ctx = CUDA_CONTEXT_BYTES if str(device).startswith('cuda') else 0
         return device, int(ctx + body * ALLOCATOR_SLACK)
 
-    trainer_dev = _get(config, 'control.device', 'cpu')
+    trainer_dev = lookup(config, 'control.device', 'cpu')
     train_peak = train_static + batch * act
     test_peak = train_static + model + 3 * test_games * infer
-    client_dev = _get(config, 'baseline.train.device', trainer_dev)
+    client_dev = lookup(config, 'baseline.train.device', trainer_dev)
     client = 2 * model + 3 * train_games * infer
     return {
         'trainer': total(trainer_dev, max(train_peak, test_peak)),
@@ -394,12 +386,12 @@ def run_checks(config, *, server_running=False, profile='default'):
 
     rows = []
     try:
-        check_version(_get(config, 'control.version'))
-        rows.append(Check(OK, 'version', f"[control] version = {_get(config, 'control.version')}"))
+        check_version(lookup(config, 'control.version'))
+        rows.append(Check(OK, 'version', f"[control] version = {lookup(config, 'control.version')}"))
     except UnsupportedVersionError as e:
         return rows + [Check(FAIL, 'version', str(e))]
     rows += check_paths(config)
-    if _get(config, 'control.online', False):
+    if lookup(config, 'control.online', False):
         rows += check_port(config, server_running)
     rows += check_checkpoints(config)
     rows += check_grp(config)
@@ -410,7 +402,7 @@ def run_checks(config, *, server_running=False, profile='default'):
 def sections_for(config):
     """Config sections every process of this mode needs (online: server + client + trainer)."""
     from mortal import config as mcfg
-    if _get(config, 'control.online', False):
+    if lookup(config, 'control.online', False):
         return tuple(dict.fromkeys(mcfg.ONLINE_TRAIN_SECTIONS + mcfg.SERVER_SECTIONS + mcfg.CLIENT_SECTIONS))
     return mcfg.TRAIN_SECTIONS
 

@@ -10,7 +10,6 @@ import random
 import re
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
