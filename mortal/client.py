@@ -155,8 +155,8 @@ def main(argv=None):
     parser.add_argument('--rounds', type=int, default=0, help='stop after this many rounds (0 = never)')
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
-    from mortal.config import CLIENT_SECTIONS, load_config
-    config = load_config(args.config, required=CLIENT_SECTIONS)
+    from mortal.config import CLIENT_SECTIONS, load_config_or_exit
+    config = load_config_or_exit(args.config, required=CLIENT_SECTIONS)
     client = Client(config)
     done = 0
     try:

@@ -21,6 +21,7 @@ import ipaddress
 import logging
 import math
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
@@ -390,6 +391,17 @@ def load_config(path: str | os.PathLike | None = None, *, required: Iterable[str
                                  f'look for unbalanced brackets, braces or quotes)']) from None
     validate(config, path, required=required, env=env)
     return config
+
+
+def load_config_or_exit(path: str | os.PathLike | None = None, *, required: Iterable[str] = CORE_SECTIONS,
+                       env: Mapping[str, str] = os.environ) -> dict:
+    """``load_config`` for a process entry point: a ``ConfigError`` becomes one ``error: ...`` line on stderr
+    and exit status 2 (SystemExit), not a traceback."""
+    try:
+        return load_config(path, required=required, env=env)
+    except ConfigError as exc:
+        print(f'error: {exc}', file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def validate(config: dict, path: str = DEFAULT_PATH, *, required: Iterable[str] = CORE_SECTIONS,

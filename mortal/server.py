@@ -344,8 +344,8 @@ def main(argv=None):
     parser.add_argument('-c', '--config', help='config file (default: $MORTAL_CFG or config.toml)')
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
-    from mortal.config import SERVER_SECTIONS, load_config
-    config = load_config(args.config, required=SERVER_SECTIONS)
+    from mortal.config import SERVER_SECTIONS, load_config_or_exit
+    config = load_config_or_exit(args.config, required=SERVER_SECTIONS)
     server = build_server(config)
     with server:
         host, port = server.server_address[:2]

@@ -775,7 +775,10 @@ def supervise(argv, *, restart_delay: float = RESTART_DELAY, script: str = None)
             if code != 0 or stopping:
                 if code < 0:
                     code = 128 - code
-                logger.info('learner exited with status %d: stopping', code)
+                if stopping:
+                    logger.info('learner stopped on request (status %d)', code)
+                else:
+                    logger.info('learner exited with status %d: stopping', code)
                 return code
             logger.info('learner exited normally; restarting in %.0f s', restart_delay)
             try:
@@ -797,12 +800,15 @@ def main(argv=None):
     parser.add_argument('-c', '--config', help='config file (default: $MORTAL_CFG or config.toml)')
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
-    from mortal.config import ONLINE_TRAIN_SECTIONS, TRAIN_SECTIONS, load_config
-    config = load_config(args.config, required=TRAIN_SECTIONS)
+    from mortal.config import ONLINE_TRAIN_SECTIONS, TRAIN_SECTIONS, ConfigError, load_config_or_exit, require
+    config = load_config_or_exit(args.config, required=TRAIN_SECTIONS)
     online = config['control']['online']
     if online:
-        from mortal.config import require
-        require(config, *ONLINE_TRAIN_SECTIONS, path=args.config)
+        try:
+            require(config, *ONLINE_TRAIN_SECTIONS, path=args.config)
+        except ConfigError as exc:
+            print(f'error: {exc}', file=sys.stderr)
+            sys.exit(2)
     try:
         if not online or os.environ.get(IS_SUB_PROC_KEY) == '1':
             code = run_learner(config)

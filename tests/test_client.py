@@ -4,12 +4,16 @@ import gzip
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 
 import numpy as np
 import pytest
+import toml
 import torch
 
+from conftest import ROOT
 from mortal import client as cl
 from mortal import server as srv
 from mortal import wire
@@ -115,3 +119,17 @@ def test_round_against_a_server_that_starts_late(tmp_path, caplog):
         for s in servers:
             s.shutdown()
             s.server_close()
+
+
+def test_missing_profile_is_one_line_error_not_traceback(tmp_path):
+    # TRAIN_PLAY_PROFILE naming a table the config lacks: exit status 2 and one `error:` line naming it.
+    from conftest import tiny_config_dict
+
+    cfg = tmp_path / 'config.toml'
+    cfg.write_text(toml.dumps(tiny_config_dict(tmp_path)))
+    env = {**os.environ, 'TRAIN_PLAY_PROFILE': 'explore'}
+    proc = subprocess.run([sys.executable, '-m', 'mortal.client', '-c', str(cfg)], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=str(ROOT))
+    assert proc.returncode == 2
+    assert 'Traceback' not in proc.stderr
+    assert '[train_play.explore]' in proc.stderr and str(cfg) in proc.stderr
