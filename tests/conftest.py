@@ -13,9 +13,6 @@ os.environ.pop("RUST_BACKTRACE", None)
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# Tiny test models on a shared 2-core machine: intra-op threading makes them ~100x slower.
-torch.set_num_threads(1)
-
 DATA_DIR = ROOT / "tests" / "data"
 FIXTURE_LOGS = sorted(DATA_DIR.glob("*.jsonl"))
 
@@ -124,3 +121,13 @@ def tiny_config(tmp_path):
     with open(path, "w", encoding="utf-8") as f:
         toml.dump(tiny_config_dict(tmp_path), f)
     return load_config(path), path
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny test models on a shared 2-core machine: intra-op threading makes them ~100x slower, so every test
+    runs torch single-threaded (restored afterwards)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -35,14 +35,6 @@ def player_view(path, seat):
     return out
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Batch-1 forwards: extra intra-op threads only contend on a busy 2-core runner (35 s vs 2 s here)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 @pytest.fixture
 def bot_config(tiny_config, tmp_path):

@@ -11,7 +11,6 @@ import threading
 import numpy as np
 import pytest
 import toml
-import torch
 
 from conftest import ROOT
 from mortal import client as cl
@@ -20,13 +19,6 @@ from mortal import wire
 from mortal.player import TrainPlayer, load_model_pair
 from test_train import tiny_config, write_baseline
 
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize('rankings, rank, pt', [

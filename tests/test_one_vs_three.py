@@ -149,13 +149,6 @@ def test_cli_end_to_end_identical_players_rank_2_5(tmp_path, capsys, monkeypatch
     assert 'Total Δscore     0' in out
 
 
-@pytest.fixture
-def one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # small batches: extra threads only contend on a busy runner
-    yield
-    torch.set_num_threads(n)
-
 
 def test_mortal_side_from_checkpoint_plays_end_to_end(tiny_config, tmp_path, capsys, monkeypatch,
                                                        one_torch_thread):

@@ -17,14 +17,6 @@ import torch
 from mortal import train as tr
 from mortal import wire
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models: one intra-op thread is much faster than two fighting over a busy 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VERSION = 3
