@@ -13,6 +13,11 @@ cycle (Mortal's ``MortalBatchAgent``, ``libriichi/src/agent/mortal.rs``).
   (game, seat); an illegal reaction is replaced by the first legal action and
   counted in ``substitutions`` (engine_choice.md: RulebaseBot breaks kuikae).
 
+Version 4 needs per-seat state beyond ``PlayerState`` (``mortal.obs_v4.V4Encoder``):
+the caller (arena, bot) keeps one encoder per seat of an agent for which
+``needs_v4_encoder`` is true, feeds it the seat's events and hands it over in
+``Scene.v4``; other seats carry ``None`` and never run the single-player search.
+
 Section numbers refer to /work/shared/reference/mortal_semantics.md.
 """
 
@@ -30,14 +35,8 @@ from mortal.action import HORA, KAN, event_to_label, reaction_from_index
 
 logger = logging.getLogger(__name__)
 
-try:  # helper A's encoder (version checks before Rust); fall back to the raw call
-    from mortal.obs import encode as _encode
-except ImportError:  # pragma: no cover - only while obs.py is being written
-    def _encode(state, version, at_kan_select=False):
-        if version not in (1, 2, 3):
-            raise ValueError(f"unsupported obs version {version}")
-        obs, mask = state.encode_obs(version, bool(at_kan_select))
-        return np.asarray(obs, dtype=np.float32), np.asarray(mask, dtype=np.bool_)
+from mortal.obs import check_version, encode as _encode
+from mortal.obs_v4 import encode_batch as encode_v4_batch
 
 # PlayerState.bakaze is a tile id: E=27, S=28, W=29.
 _BAKAZE_S, _BAKAZE_W = 28, 29
@@ -66,6 +65,9 @@ class Scene:
             scene; mjai-bot agents forward them to their bot.
         best_win_scores: ``None`` or a callable returning the absolute scores (4 ints)
             after the best-case hora of this seat now; only the agari guard calls it.
+        v4: the seat's ``mortal.obs_v4.V4Encoder`` (fed the same events as ``state``, in
+            the same order) when the agent encodes version 4 (``needs_v4_encoder``), else
+            ``None``; a version-4 engine given ``None`` raises ``ValueError``.
     """
 
     game: int
@@ -73,6 +75,7 @@ class Scene:
     state: Any
     events: list = field(default_factory=list)
     best_win_scores: Callable[[], Sequence[int]] | None = None
+    v4: Any = None
 
 
 @dataclass
@@ -162,12 +165,19 @@ def _meta_core(q, mask, is_greedy, state) -> dict:
     }
 
 
-def _quick_eval_index(state, mask) -> int | None:
-    """The only legal discard when Mortal's quick eval applies (§3.2), else None."""
+def _quick_eval_index(state, mask=None) -> int | None:
+    """The only legal discard when Mortal's quick eval applies (§3.2), else None.
+
+    ``mask`` (46,) bool: the decision's mask; when None it is taken from the v3 encoder
+    (every version has the same mask), so a v4 seat skips its single-player search for
+    forced discards, as Mortal checks quick eval before encoding.
+    """
     cans = state.last_cans
     if not cans.can_discard or cans.can_riichi or cans.can_tsumo_agari \
             or cans.can_ankan or cans.can_kakan or cans.can_ryukyoku:
         return None
+    if mask is None:
+        mask = _encode(state, 3, False)[1]
     discards = np.flatnonzero(mask[:37])
     return int(discards[0]) if len(discards) == 1 else None
 
@@ -178,10 +188,12 @@ class MortalBatchAgent:
     ``enable_rule_based_agari_guard``; ``react_batch(obs, masks, invisible_obs)``).
 
     ``react(scenes)`` makes at most one ``react_batch`` call holding every main obs
-    ``(C,34) float32`` plus every kan-select obs; returns one ``Decision`` each.
+    ``(C,34) float32`` plus every kan-select obs; returns one ``Decision`` each. A
+    version-4 engine needs every scene's ``v4`` encoder (``Scene.v4``).
 
     Raises:
         ValueError: an oracle engine (the arena has no oracle features).
+        UnsupportedVersionError: ``engine.version`` is not 1-4.
     """
 
     def __init__(self, engine):
@@ -189,38 +201,48 @@ class MortalBatchAgent:
             raise ValueError(f"engine {engine.name!r}: oracle engines are not supported in the arena")
         self.engine = engine
         self.name = engine.name
-        self.version = engine.version
+        self.version = check_version(engine.version)
         self.quick_eval = bool(getattr(engine, "enable_quick_eval", True))
         self.agari_guard = bool(getattr(engine, "enable_rule_based_agari_guard", False))
         self.calls = 0  # react_batch calls
         self.rows = 0  # rows sent to react_batch
         self.decisions = 0  # scenes answered (incl. quick eval)
 
+    def _encode_rows(self, rows) -> tuple[list, list]:
+        """Observations and masks of ``rows``; version 4 encodes them in one batch so that
+        the single-player searches of all scenes run together (``obs_v4.encode_batch``)."""
+        if self.version == 4:
+            done = encode_v4_batch([(sc.v4, sc.state, kan) for sc, kan, _, _ in rows])
+        else:
+            done = [(obs, mask) if obs is not None else _encode(sc.state, self.version, kan, v4=sc.v4)
+                    for sc, kan, obs, mask in rows]
+        return [o for o, _ in done], [m for _, m in done]
+
     def react(self, scenes: Sequence[Scene]) -> list[Decision]:
         """Decide all ``scenes``; see the class docstring."""
         out: list[Decision | None] = [None] * len(scenes)
-        obs_list, mask_list = [], []
+        rows = []  # (scene, at_kan_select, obs or None, mask or None), in react_batch order
         plan = []  # (scene index, main row, kan-select row or None)
         for i, sc in enumerate(scenes):
-            obs, mask = _encode(sc.state, self.version, False)
+            obs = mask = None
             if self.quick_eval:
+                if self.version != 4:  # cheap: encode now, reuse the mask
+                    obs, mask = _encode(sc.state, self.version, False, v4=sc.v4)
                 only = _quick_eval_index(sc.state, mask)
                 if only is not None:
                     out[i] = Decision(reaction_from_index(sc.state, only))
                     continue
-            main_row = len(obs_list)
-            obs_list.append(obs)
-            mask_list.append(mask)
+            main_row = len(rows)
+            rows.append((sc, False, obs, mask))
             cans = sc.state.last_cans
             kan_row = None
             if cans.can_ankan or cans.can_kakan:
                 n_cand = len(sc.state.ankan_candidates()) + len(sc.state.kakan_candidates())
                 if not self.quick_eval or n_cand > 1:
-                    kobs, kmask = _encode(sc.state, self.version, True)
-                    kan_row = len(obs_list)
-                    obs_list.append(kobs)
-                    mask_list.append(kmask)
+                    kan_row = len(rows)
+                    rows.append((sc, True, None, None))
             plan.append((i, main_row, kan_row))
+        obs_list, mask_list = self._encode_rows(rows)
         self.decisions += len(scenes)
         if not plan:
             return out  # type: ignore[return-value]
@@ -350,6 +372,17 @@ class MjaiBotAgent:
     def end_game(self, game: int, seat: int) -> None:
         """Drop the bot of a finished game."""
         self.bots.pop((game, seat), None)
+
+
+def needs_v4_encoder(agent) -> bool:
+    """Whether ``agent`` encodes observation version 4, i.e. its ``version`` attribute is 4
+    (a ``MortalBatchAgent`` over a v4 engine); its scenes must then carry ``v4`` encoders.
+
+    Bots and engines of versions 1-3 answer False, so their seats never run the
+    single-player search.
+    """
+    version = getattr(agent, "version", None)
+    return not isinstance(version, bool) and version == 4
 
 
 def make_agent(x):

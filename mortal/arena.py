@@ -7,8 +7,10 @@ same deal whenever they reach the same kyoku label (Mortal's duplicate property,
 not Mortal's exact walls). Scores, honba and kyotaku are carried here and the
 Tenhou hanchan flow (Mortal's ``arena/game.rs``, mortal_semantics.md §2.7) is
 applied by the pure function ``next_kyoku``. Each seat has an
-``mjai.mlibriichi`` ``PlayerState`` fed from the table's masked events; an agent
-(``mortal.agent``) is called with all its pending decisions across all games.
+``mjai.mlibriichi`` ``PlayerState`` fed from the table's masked events (plus, for a
+seat whose agent encodes version 4, a ``mortal.obs_v4.V4Encoder`` fed the same
+events in the same order); an agent (``mortal.agent``) is called with all its
+pending decisions across all games.
 
 Within a kyoku the table scores hora (incl. honba/kyotaku, multi-ron, pao),
 nagashi mangan, noten payments and abortive draws; this module takes its
@@ -30,7 +32,8 @@ from typing import Sequence
 from mjai.mlibriichi.state import PlayerState
 from riichienv import GameRule, RiichiEnv, calculate_score
 
-from mortal.agent import IllegalReaction, Scene, abs_scores, make_agent, rank_of
+from mortal.agent import IllegalReaction, Scene, abs_scores, make_agent, needs_v4_encoder, rank_of
+from mortal.obs_v4 import V4Encoder
 
 logger = logging.getLogger(__name__)
 
@@ -229,12 +232,15 @@ def tenhou_rule() -> GameRule:
 
 
 class _Game:
-    """One hanchan: its table, four ``PlayerState`` s, flow state and log."""
+    """One hanchan: its table, four ``PlayerState`` s (and ``V4Encoder`` s for the
+    seats of version-4 agents), flow state and log."""
 
     def __init__(self, gid, nonce, key, split, agents, names):
         self.gid, self.nonce, self.key, self.split = gid, nonce, key, split
         self.agents = agents  # per seat
         self.names = names
+        self.v4_seats = [needs_v4_encoder(a) for a in agents]
+        self.encoders: list[V4Encoder | None] = [None] * 4
         self.env = RiichiEnv(game_mode=0, seed=nonce % _U64, rule=tenhou_rule())
         self.flow = KyokuState()
         self.lines = [json.dumps({"type": "start_game", "names": names, "seed": [nonce, key]}, separators=(",", ":"))]
@@ -256,6 +262,8 @@ class _Game:
         f = self.flow
         wall = kyoku_wall(self.nonce, self.key, f.kyoku_index, f.honba)
         self.states = [PlayerState(s) for s in range(4)]
+        # fresh per kyoku like the states (the encoder also resets itself at start_kyoku)
+        self.encoders = [V4Encoder(s) if self.v4_seats[s] else None for s in range(4)]
         self.meta_queue = [[] for _ in range(4)]
         self.substeps = 0
         self.obs = self.env.reset(oya=f.oya, wall=wall, round_wind=f.kyoku_index // 4,
@@ -267,14 +275,16 @@ class _Game:
         out = []
         for seat, ob in self.obs.items():
             events = ob.new_events()
-            st = self.states[seat]
+            st, enc = self.states[seat], self.encoders[seat]
             for ev in events:
                 st.update(ev)
+                if enc is not None:
+                    enc.update(ev)
             if not st.last_cans.can_act:
                 raise ArenaError(f"{self.label(seat)}: the table asks for a decision the PlayerState does not offer "
                                  f"(legal {[a.to_mjai() for a in ob.legal_actions()]})")
             best = (lambda seat=seat: self._best_win_scores(seat)) if guard[seat] else None
-            out.append(Scene(self.gid, seat, st, events, best))
+            out.append(Scene(self.gid, seat, st, events, best, enc))
         return out
 
     def commit(self, decisions: dict) -> None:
@@ -353,8 +363,11 @@ class _Game:
         # catch the seats' states up with the end of the kyoku (dealer tenpai)
         tail = self.env.get_observations([0, 1, 2, 3])
         for seat, ob in tail.items():
+            enc = self.encoders[seat]
             for ev in ob.new_events():
                 self.states[seat].update(ev)
+                if enc is not None:
+                    enc.update(ev)
         events = [e for e in self.env.mjai_log if e["type"] not in ("start_game", "end_game")]
         queues = [iter(q) for q in self.meta_queue]
         for ev in events:

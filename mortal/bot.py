@@ -42,6 +42,8 @@ class BotError(RuntimeError):
 class Bot:
     """One seat driven by an arena agent (Mortal's ``libriichi.mjai.Bot``).
 
+    For a version-4 engine a ``mortal.obs_v4.V4Encoder`` replays the events beside the ``PlayerState``.
+
     Args:
         engine: a ``MortalEngine``-like object (``react_batch``) or an arena agent (``mortal.agent``).
         player_id: the seat 0-3.
@@ -52,13 +54,18 @@ class Bot:
 
     def __init__(self, engine, player_id: int):
         from mjai.mlibriichi.state import PlayerState
-        from mortal.agent import make_agent
+        from mortal.agent import make_agent, needs_v4_encoder
 
         if isinstance(player_id, bool) or player_id not in range(4):
             raise ValueError(f'player_id must be 0-3, got {player_id!r}')
         self.player_id = player_id
         self.agent = make_agent(engine)
         self.state = PlayerState(player_id)
+        # version 4: the seat's V4Encoder sees every event the state sees (it resets at start_kyoku)
+        self.v4 = None
+        if needs_v4_encoder(self.agent):
+            from mortal.obs_v4 import V4Encoder
+            self.v4 = V4Encoder(player_id)
         self._since_last = []  # JSON events since the previous decision (mjai-bot agents read them)
         self._game = 0
 
@@ -81,6 +88,8 @@ class Bot:
         text = json.dumps(event, separators=(',', ':'))
         try:
             cans = self.state.update(text)
+            if self.v4 is not None:
+                self.v4.update(event)
         except BaseException as exc:  # Rust panics derive from BaseException
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -96,7 +105,7 @@ class Bot:
             return None
 
         from mortal.agent import Scene
-        scene = Scene(game=self._game, seat=self.player_id, state=self.state, events=self._since_last)
+        scene = Scene(game=self._game, seat=self.player_id, state=self.state, events=self._since_last, v4=self.v4)
         self._since_last = []
         decision = self.agent.react([scene])[0]
         out = dict(decision.reaction)

@@ -3,7 +3,7 @@
 ``FileDatasetsIter`` is a torch ``IterableDataset``. Each sample is the tuple
 ``(obs, action, mask, steps_to_done, kyoku_reward, player_rank)``:
 
-* ``obs`` ``(C, 34)`` float32 numpy array (C = 934 for version 3);
+* ``obs`` ``(C, 34)`` float32 numpy array (C = 934 for version 3, 1012 for version 4);
 * ``action`` numpy int64 scalar, 0-45;
 * ``mask`` ``(46,)`` bool numpy array, ``mask[action]`` is always True;
 * ``steps_to_done`` numpy int64 scalar: discounted steps to the seat's last decision
@@ -55,7 +55,7 @@ class FileDatasetsIter(IterableDataset):
     """Samples from gzip (or plain) mjai logs; see the module docstring for the tuple.
 
     Args:
-        version: feature version 1-3.
+        version: feature version 1-4.
         file_list: log paths; shuffled in place each epoch (per worker shard).
         pts: ``[env] pts``, points for ranks 1-4.
         grp: a ``mortal.model.GRP`` with trained weights (see ``mortal.reward.load_grp``);

@@ -9,7 +9,8 @@ Prints a checklist, one line per check::
 and exits 1 when any check FAILs (0 otherwise), so it can gate a launcher script.
 
 Checks (each a small function returning ``Check`` rows):
- * the config loads and validates (``mortal.config``), the feature version is supported;
+ * the config loads and validates (``mortal.config``), the feature version is supported (1-4;
+   version 4 also gets an INFO line on the cost of its single-player search);
  * every directory / file the processes write to is writable (probed with a real temp file
    in the nearest existing ancestor, since ``os.access`` says yes to root everywhere);
  * the server port is free (or, with ``--server-running``, that a server answers there);
@@ -386,10 +387,13 @@ def run_checks(config, *, server_running=False, profile='default'):
 
     rows = []
     try:
-        check_version(lookup(config, 'control.version'))
-        rows.append(Check(OK, 'version', f"[control] version = {lookup(config, 'control.version')}"))
+        version = check_version(lookup(config, 'control.version'))
+        rows.append(Check(OK, 'version', f"[control] version = {version}"))
     except UnsupportedVersionError as e:
         return rows + [Check(FAIL, 'version', str(e))]
+    if version == 4:
+        rows.append(Check(INFO, 'version', 'version 4 observations (1012 x 34) run a single-player search per '
+                                           'decision in self-play and per sample in the loader; slower than v3'))
     rows += check_paths(config)
     if lookup(config, 'control.online', False):
         rows += check_port(config, server_running)

@@ -3,8 +3,9 @@
 For each kept seat a ``PlayerState`` replays the log. Walking windows of 4
 events ``(cur, ...)``, a sample is taken after ``cur`` whenever the seat has a
 legal action, labelled from the next event (``reach_accepted``/``dora`` in
-between are skipped). Samples are encoded by ``PlayerState.encode_obs`` (version
-checked by ``mortal.obs.check_version``).
+between are skipped). Versions 1-3 are encoded by ``PlayerState.encode_obs``
+directly (version checked once by ``mortal.obs.check_version``); version 4 by a
+``mortal.obs_v4.V4Encoder`` that replays the same events beside the state.
 
 Multi-ron (double/triple ron, paid as Mortal's Tenhou rule): every winner is labelled
 ``hora`` at the discard (or robbed kan); the second and third ``hora`` are checked against
@@ -29,6 +30,7 @@ from mjai.mlibriichi.state import PlayerState
 from mortal.action import HORA, KAN, PASS, RIICHI, RYUKYOKU, event_to_label, kan_select_label
 from mortal.grp import BadLogError, Grp, LoadedLog, parse_log, read_log, skip_message
 from mortal.obs import check_version, obs_shape
+from mortal.obs_v4 import V4Encoder
 
 logger = logging.getLogger(__name__)
 
@@ -178,10 +180,14 @@ class _SeatRecorder:
         self.event_idx = []
 
     def add(self, state, at_kan_select: bool, label: int, kyoku_idx: int, log: LoadedLog, cur_idx: int,
-            next_idx: int):
+            next_idx: int, v4: V4Encoder | None = None):
         # Version checked once by GameplayLoader (mortal.obs.check_version), so the Rust
-        # encoder is called directly: this is the hot loop.
-        obs, mask = state.encode_obs(self.version, at_kan_select)
+        # encoder is called directly for 1-3: this is the hot loop. ``v4``: the seat's
+        # V4Encoder, given iff version 4.
+        if v4 is not None:
+            obs, mask = v4.encode(state, at_kan_select)
+        else:
+            obs, mask = state.encode_obs(self.version, at_kan_select)
         if not mask[label]:
             raise BadLogError(
                 log.source,
@@ -275,7 +281,9 @@ class GameplayLoader:
     """Turns mjai logs into ``Gameplay`` samples (Mortal's ``GameplayLoader``).
 
     Args:
-        version: feature version 1-3 (4 raises ``UnsupportedVersionError``, see ``mortal.obs``).
+        version: feature version 1-4 (anything else raises ``UnsupportedVersionError``, see
+            ``mortal.obs``). Version 4 replays a ``V4Encoder`` beside each seat's ``PlayerState``
+            and runs its single-player search at every sample (slower than 1-3).
         oracle: must be False; oracle observations cannot be encoded with ``mjai.mlibriichi``
             (raises ``NotImplementedError``).
         player_names: keep only seats whose ``start_game`` name is listed (then ``excludes`` is ignored).
@@ -338,6 +346,7 @@ class GameplayLoader:
         events, lines = log.events, log.lines
         types = [ev["type"] for ev in events]
         state = PlayerState(seat)
+        enc = V4Encoder(seat) if self.version == 4 else None
         rec = _SeatRecorder(self.version)
         kyoku_idx = 0
         always = self.always_include_kan_select
@@ -355,6 +364,12 @@ class GameplayLoader:
                 reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise BadLogError(log.source, f"{cur_type} rejected by PlayerState of seat {seat}: {reason}",
                                   log.line_numbers[i]) from None
+            if enc is not None:
+                try:
+                    enc.update(events[i])
+                except (KeyError, ValueError, TypeError) as e:  # a field the state did not need
+                    raise BadLogError(log.source, f"{cur_type} rejected by the v4 encoder of seat {seat}: "
+                                      f"{type(e).__name__}: {e}", log.line_numbers[i]) from None
             if cur_type == "hora":
                 winners.add(events[i].get("actor"))
             elif cur_type not in _SKIPPED_AS_NEXT:
@@ -378,9 +393,9 @@ class GameplayLoader:
                                   f"{type(e).__name__}: {e}", log.line_numbers[nxt_idx]) from None
             if label is None:
                 continue
-            rec.add(state, False, label, kyoku_idx, log, i, nxt_idx)
+            rec.add(state, False, label, kyoku_idx, log, i, nxt_idx, enc)
             if kan is not None:
-                rec.add(state, True, kan, kyoku_idx, log, i, nxt_idx)
+                rec.add(state, True, kan, kyoku_idx, log, i, nxt_idx, enc)
         return rec.finish(grp, seat, name)
 
     def load_log_file(self, path) -> list[Gameplay]:

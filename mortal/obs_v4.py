@@ -26,12 +26,13 @@ Cost: the SP search is pure Python; a 1-2 shanten hand takes ~0.1-2 s and a
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 
 from mortal.sp.agari import Hand, agari
-from mortal.sp.calc import (MAX_TSUMOS_LEFT, SPCalculator, best_by_required, deaka,
-                            next_tile)
+from mortal.sp.calc import (HAVE_CORE, MAX_TSUMOS_LEFT, SPCalculator, best_by_required, calc_batch,
+                            deaka, next_tile)
 from mortal.sp.point import yaku_point, yakuman_point
 from mortal.sp.shanten import calc_all
 from mortal.tile import tile_id
@@ -63,6 +64,10 @@ SP_BEST = SP_START + 70                # 1 row (3n+2), then 1 empty row
 SP_TABLE = SP_START + 72               # 3 x 17 rows: tenpai, win, EV
 _AKA_NAMES = {"5mr": 0, "5pr": 1, "5sr": 2}
 
+#: Threads ``encode_batch`` runs single-player searches on (compiled core only).
+#: The searches release the interpreter lock, so they overlap on several cores.
+SP_THREADS = max(1, min(8, os.cpu_count() or 1))
+
 
 def _tid(name: str) -> int:
     return tile_id(name)
@@ -82,6 +87,8 @@ class V4Encoder:
         self._reset()
 
     def _reset(self):
+        self.events_seen = getattr(self, "events_seen", 0)
+        self._sp_cache = None             # (events_seen, SP rows) of the last encode
         self.dora_indicators: list = []   # ids 0-36 as revealed
         self.akas_seen = [False, False, False]
         self.tiles_left = 70
@@ -101,6 +108,7 @@ class V4Encoder:
         """Track one mjai event (dict or JSON text), in the order ``PlayerState.update`` gets them."""
         if isinstance(event, (str, bytes)):
             event = json.loads(event)
+        self.events_seen += 1
         kind = event.get("type")
         me = self.player_id
         actor = event.get("actor")
@@ -165,15 +173,11 @@ class V4Encoder:
     def encode(self, state, at_kan_select: bool = False) -> tuple:
         """``(obs (1012, 34) float32, mask (46,) bool)`` for ``state`` (a ``PlayerState``).
 
+        The single-player rows are computed once per decision: a second call
+        before the next ``update`` (the kan-select pass) reuses them.
         Raises ValueError if ``state`` belongs to another seat.
         """
-        if state.player_id != self.player_id:
-            raise ValueError(f"state is seat {state.player_id}, encoder is seat {self.player_id}")
-        v3, mask = state.encode_obs(3, at_kan_select)
-        obs = np.zeros((OBS_CHANNELS_V4, 34), dtype=np.float32)
-        repack_v3(v3, state.scores, state.honba, state.kyotaku, obs)
-        self.encode_sp(state, obs)
-        return obs, mask
+        return encode_batch([(self, state, at_kan_select)], threads=1)[0]
 
     def _context(self, state):
         """Facts shared by the SP block and the fallback value."""
@@ -191,9 +195,13 @@ class V4Encoder:
 
     def encode_sp(self, state, obs) -> None:
         """Fill rows 889-1011 of ``obs`` (rows assumed zero)."""
-        cans = state.last_cans
         ctx = self._context(state)
-        tables = self.single_player_tables(state, ctx)
+        job = self._sp_job(state, ctx)
+        tables = None if job is None else self._finish_tables(job, job[0].calc(*job[1]))
+        self._fill_sp(state, ctx, tables, obs)
+
+    def _fill_sp(self, state, ctx, tables, obs) -> None:
+        cans = state.last_cans
         if tables is None:
             value = self.min_tsumo_agari(state, ctx)
             _encode_ev(obs, value)
@@ -219,8 +227,11 @@ class V4Encoder:
         no own draw remains. Follows ``agent_helper.rs`` (tsumos left, haitei,
         prefer riichi at >= 1000 points, double riichi, accepted-riichi discard).
         """
-        if ctx is None:
-            ctx = self._context(state)
+        job = self._sp_job(state, self._context(state) if ctx is None else ctx)
+        return None if job is None else self._finish_tables(job, job[0].calc(*job[1]))
+
+    def _sp_job(self, state, ctx):
+        """``(SPCalculator, calc args, last tsumo or None)`` for this decision, or None (no search)."""
         tehai, akas, chis, pons, minkans, ankans, is_menzen, factor, doras_owned = ctx
         tehai, akas = list(tehai), list(akas)
         cans = state.last_cans
@@ -263,10 +274,14 @@ class V4Encoder:
             calc_double_riichi=cans.can_discard and state.can_w_riichi,
             calc_haitei=haitei, prefer_riichi=state.scores[0] >= 1000,
         )
-        tables = calc.calc(tehai, akas, list(state.tiles_seen), self.akas_seen, can_discard,
-                           min(tsumos_left, MAX_TSUMOS_LEFT), cur_shanten)
-        if riichi_discard:
-            tables[0].tile = last_tsumo
+        args = (tehai, akas, list(state.tiles_seen), self.akas_seen, can_discard,
+                min(tsumos_left, MAX_TSUMOS_LEFT), cur_shanten)
+        return calc, args, last_tsumo
+
+    @staticmethod
+    def _finish_tables(job, tables):
+        if job[2] is not None:  # accepted riichi: the one candidate is the drawn tile
+            tables[0].tile = job[2]
         return tables
 
     def min_tsumo_agari(self, state, ctx=None) -> float:
@@ -305,6 +320,56 @@ class V4Encoder:
         return float(yaku_point(is_oya, y).tsumo_total(is_oya))
 
 
+def encode_batch(items, threads: int | None = None) -> list:
+    """Encode many decisions at once; the single-player searches run together.
+
+    ``items``: sequence of ``(encoder, state, at_kan_select)`` (a ``V4Encoder``,
+    its seat's ``PlayerState``). Returns ``[(obs (1012, 34) float32, mask (46,) bool)]``
+    in order. The searches run on the compiled core on up to ``threads``
+    threads (default ``SP_THREADS``), or one by one in Python when it is not
+    built. A decision met twice (main and kan-select pass) is searched once.
+
+    Raises:
+        ValueError: an encoder is None or belongs to another seat than its state.
+    """
+    threads = SP_THREADS if threads is None else threads
+    out, pending, jobs = [], {}, []
+    for enc, state, at_kan_select in items:
+        if enc is None:
+            raise ValueError("feature version 4 needs the seat's V4Encoder (fed every event the PlayerState got)")
+        if state.player_id != enc.player_id:
+            raise ValueError(f"state is seat {state.player_id}, encoder is seat {enc.player_id}")
+        v3, mask = state.encode_obs(3, bool(at_kan_select))
+        obs = np.zeros((OBS_CHANNELS_V4, 34), dtype=np.float32)
+        repack_v3(v3, state.scores, state.honba, state.kyotaku, obs)
+        out.append((obs, mask))
+        cache = enc._sp_cache
+        if cache is not None and cache[0] == enc.events_seen:
+            obs[SP_START:] = cache[1]
+            continue
+        key = id(enc)
+        if key not in pending:
+            ctx = enc._context(state)
+            job = enc._sp_job(state, ctx)
+            pending[key] = (enc, state, ctx, job, [])
+            if job is not None:
+                jobs.append(job)
+        pending[key][4].append(obs)
+    if HAVE_CORE and len(jobs) > 0:
+        results = calc_batch([(calc, args) for calc, args, _ in jobs], threads)
+    else:
+        results = [calc.calc(*args) for calc, args, _ in jobs]
+    by_job = {id(job): tables for job, tables in zip(jobs, results)}
+    for enc, state, ctx, job, targets in pending.values():
+        tables = None if job is None else V4Encoder._finish_tables(job, by_job[id(job)])
+        first = targets[0]
+        enc._fill_sp(state, ctx, tables, first)
+        for obs in targets[1:]:
+            obs[SP_START:] = first[SP_START:]
+        enc._sp_cache = (enc.events_seen, first[SP_START:].copy())
+    return out
+
+
 def repack_v3(v3: np.ndarray, scores, honba: int, kyotaku: int, out: np.ndarray) -> None:
     """Write v4 rows 0-888 into ``out`` (1012, 34) from a v3 array (934, 34) and getters.
 
@@ -336,9 +401,14 @@ def _encode_sp_table(obs, tables, can_discard: bool, scale: float) -> None:
     cands = tables if can_discard else [first]
     for c in cands:
         col = deaka(c.tile) if can_discard else slice(None)
-        for turn, (tp, wp, ev) in enumerate(zip(c.tenpai_probs, c.win_probs, c.exp_values)):
-            if not tp > 0.0:
-                break
-            obs[SP_TABLE + turn, col] = tp
-            obs[SP_TABLE + MAX_NUM_TURNS + turn, col] = wp
-            obs[SP_TABLE + 2 * MAX_NUM_TURNS + turn, col] = min(ev * scale, 1.0)
+        tp = np.asarray(c.tenpai_probs)
+        n = len(tp) if (tp > 0.0).all() else int(np.argmin(tp > 0.0))  # turns up to the first zero
+        if n == 0:
+            continue
+        obs[SP_TABLE:SP_TABLE + n, col] = tp[:n, None] if not can_discard else tp[:n]
+        wp = np.asarray(c.win_probs[:n])
+        ev = np.minimum(np.asarray(c.exp_values[:n]) * scale, 1.0)
+        rows = slice(SP_TABLE + MAX_NUM_TURNS, SP_TABLE + MAX_NUM_TURNS + n)
+        obs[rows, col] = wp[:, None] if not can_discard else wp
+        rows = slice(SP_TABLE + 2 * MAX_NUM_TURNS, SP_TABLE + 2 * MAX_NUM_TURNS + n)
+        obs[rows, col] = ev[:, None] if not can_discard else ev

@@ -2,7 +2,7 @@
 
 Everything lives under one work dir (default ``./work/quickstart``):
 
-1. writes ``config.toml`` there from the embedded template (tiny ResNet, CPU, version 3);
+1. writes ``config.toml`` there from the embedded template (tiny ResNet, CPU, version 3 or ``--version 4``);
 2. ``mortal.bootstrap all``: rule-based games -> GRP -> offline Mortal (CQL) -> online dir;
 3. starts server, trainer and client as real processes (``MORTAL_CFG`` = that config),
    waits for at least one ``test_play`` and one trainer restart, then stops them
@@ -49,7 +49,7 @@ PRESETS = {
 CONFIG_TEMPLATE = """\
 # Written by mortal.quickstart: a tiny CPU setup that runs the whole pipeline in minutes.
 [control]
-version = 3
+version = {version}
 online = true
 state_file = '{work}/online/mortal.pth'
 best_state_file = '{work}/online/best.pth'
@@ -184,22 +184,34 @@ def free_port(host='127.0.0.1'):
         return s.getsockname()[1]
 
 
-def render_config(work_dir, *, preset='full', port=None):
-    """Config text for ``work_dir`` (made absolute) with the sizes of ``preset`` ('full'/'short')."""
-    sizes = dict(PRESETS[preset])
+def render_config(work_dir, *, preset='full', port=None, version=3):
+    """Config text for ``work_dir`` (made absolute) with the sizes of ``preset`` ('full'/'short') and
+    feature ``version`` (3 or 4)."""
+    if version not in (3, 4):
+        raise ValueError(f"quickstart version must be 3 or 4, got {version!r}")
+    sizes = dict(PRESETS[preset], version=version)
     sizes.pop('online_timeout')
     sizes['grp_save_every'] = max(1, sizes['grp_steps'] // 2)
     work = Path(work_dir).expanduser().resolve().as_posix()
     return CONFIG_TEMPLATE.format(work=work, port=port or free_port(), **sizes)
 
 
-def write_config(work_dir, *, preset='full', port=None):
-    """Write ``work_dir/config.toml`` (creating the dir); returns its ``Path``."""
+def write_config(work_dir, *, preset='full', port=None, version=3):
+    """Write ``work_dir/config.toml`` (creating the dir); returns its ``Path``.
+
+    Raises ValueError when the dir already holds a config of another feature version (its
+    checkpoints would not fit).
+    """
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     path = work / 'config.toml'
+    if path.exists():
+        import toml
+        old = toml.load(path).get('control', {}).get('version')
+        if old is not None and old != version:
+            raise ValueError(f"{work} was set up for version {old}; use --version {old} or another --work-dir")
     tmp = path.with_suffix('.toml.tmp')
-    tmp.write_text(render_config(work, preset=preset, port=port))
+    tmp.write_text(render_config(work, preset=preset, port=port, version=version))
     tmp.replace(path)
     return path
 
@@ -329,7 +341,7 @@ def wait_for_online(procs, tb_dir, log_dir, timeout, poll=3.0, *, tests_before=0
 
 # ---------------------------------------------------------------------------- driver
 
-def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0):
+def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0, version=3):
     """The whole quickstart; returns a dict of what was produced (paths, timings, test_play results).
 
     ``online_minutes``: keep the online processes running at least this long (default: stop right after the
@@ -342,7 +354,7 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
     t0 = time.monotonic()
     timings = {}
     work = Path(work_dir).expanduser().resolve()
-    cfg_path = write_config(work, preset=preset, port=port)
+    cfg_path = write_config(work, preset=preset, port=port, version=version)
     logger.info('config: %s', cfg_path)
     logging.getLogger('mortal.config').setLevel(logging.ERROR)  # the [bootstrap] table is ours
     config = load_config(cfg_path)
@@ -450,12 +462,14 @@ def main(argv=None):
     parser.add_argument('--online-minutes', type=float, default=0.0,
                         help='keep server/trainer/client running this long (default: stop after the first '
                              'test play and learner restart); rerun with the same --work-dir to continue')
+    parser.add_argument('--version', type=int, choices=(3, 4), default=3,
+                        help='feature version (default: %(default)s; 4 adds the single-player block and its search)')
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
     logging.getLogger('tensorboard').setLevel(logging.WARNING)  # its directory watcher chatters at INFO
     try:
         result = run(args.work_dir, preset='short' if args.short else 'full', port=args.port,
-                     progress=not args.no_progress, online_minutes=args.online_minutes)
+                     progress=not args.no_progress, online_minutes=args.online_minutes, version=args.version)
     except Exception as e:
         logger.error('quickstart failed: %s', e)
         return 1

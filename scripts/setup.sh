@@ -22,3 +22,9 @@ PY
 if ! installed_here; then
     "$PY" -m pip install -q -e '.[test]'
 fi
+# The compiled single-player core behind observation v4 (mortal/sp/csrc, C++17, gcc).
+# build_ext only recompiles when a source or header is newer than the built module.
+if ! "$PY" -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 77)' 2>/dev/null; then
+    "$PY" -m pip install -q 'setuptools>=77'
+fi
+"$PY" setup.py -q build_ext --inplace

@@ -169,14 +169,26 @@ def test_invalid_config_fails_naming_the_key(work, capsys):
     assert 'missing key [control] batch_size' in out
 
 
-def test_version_4_fails_with_explanation(work, capsys):
+def test_version_4_is_supported(work, capsys):
+    root, cfg_path, cfg = work
+    cfg['control']['version'] = 4
+    _rewrite(cfg_path, cfg)
+    _save_mortal(root / 'online' / 'baseline.pth', version=4)
+    rc, out = _run(cfg_path, capsys)
+    assert rc == 0, out
+    assert _fail_lines(out) == []
+    assert '[ OK ] version: [control] version = 4' in out
+    assert '[INFO] version: version 4 observations (1012 x 34)' in out
+
+
+def test_version_4_with_a_v3_checkpoint_fails(work, capsys):
     _, cfg_path, cfg = work
     cfg['control']['version'] = 4
     _rewrite(cfg_path, cfg)
     rc, out = _run(cfg_path, capsys)
     assert rc == 1
-    [line] = _fail_lines(out)
-    assert line.startswith('[FAIL] version:')
+    assert all(line.startswith('[FAIL] checkpoint:') for line in _fail_lines(out))
+    assert 'saved [control] version = 3, config has 4' in out
 
 
 def test_cuda_device_without_gpu_fails(work, capsys, monkeypatch):

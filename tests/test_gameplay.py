@@ -127,8 +127,10 @@ def test_augmented_swaps_manzu_and_pinzu():
 
 
 def test_version_and_oracle_errors():
-    with pytest.raises(UnsupportedVersionError):
-        GameplayLoader(4)
+    assert GameplayLoader(4).version == 4  # loaded with mortal.obs_v4 (tests/test_v4_wiring.py)
+    for bad in (5, 0, True, "4"):
+        with pytest.raises(UnsupportedVersionError):
+            GameplayLoader(bad)
     with pytest.raises(NotImplementedError):
         GameplayLoader(3, oracle=True)
 

@@ -8,21 +8,25 @@ import pytest
 from mjai.mlibriichi import consts
 from mjai.mlibriichi.state import PlayerState
 
-from mortal.obs import (SUPPORTED_VERSIONS, UnsupportedVersionError, check_version, encode, obs_shape,
-                        oracle_obs_shape)
+from mortal.obs import (SUPPORTED_VERSIONS, UnsupportedVersionError, check_version, encode, new_v4_encoder,
+                        obs_shape, oracle_obs_shape)
 LOG = pathlib.Path(__file__).resolve().parent / "data" / "meta_annotated_hanchan.jsonl"
+
+
+RUST_VERSIONS = (1, 2, 3)  # encoded by mjai.mlibriichi; 4 by mortal.obs_v4
 
 
 def test_obs_shape_values():
     # Mortal consts.rs; v4's 1012 is not available from mlibriichi (its obs_shape(4) panics).
     assert [obs_shape(v) for v in (1, 2, 3, 4)] == [(938, 34), (942, 34), (934, 34), (1012, 34)]
     assert [oracle_obs_shape(v) for v in (1, 2, 3, 4)] == [(211, 34), (217, 34), (217, 34), (217, 34)]
-    for v in SUPPORTED_VERSIONS:
+    assert SUPPORTED_VERSIONS == (1, 2, 3, 4)
+    for v in RUST_VERSIONS:
         assert obs_shape(v) == tuple(consts.obs_shape(v))
         assert oracle_obs_shape(v) == tuple(consts.oracle_obs_shape(v))
 
 
-@pytest.mark.parametrize("bad", [0, 5, -1, "3", 3.0, True, None])
+@pytest.mark.parametrize("bad", [0, 5, -1, "3", "4", 3.0, 4.0, True, None])
 def test_unknown_versions_rejected(bad):
     with pytest.raises(UnsupportedVersionError):
         obs_shape(bad)
@@ -30,25 +34,57 @@ def test_unknown_versions_rejected(bad):
         check_version(bad)
 
 
-def test_v4_has_clear_error():
+def test_check_version_accepts_1_to_4():
+    assert [check_version(v) for v in (1, 2, 3, 4)] == [1, 2, 3, 4]
+    assert type(check_version(np.int64(4))) is int
     with pytest.raises(UnsupportedVersionError) as info:
-        check_version(4)
-    msg = str(info.value)
-    assert "mjai.mlibriichi" in msg and "single-player" in msg and "version = 3" in msg
-    assert isinstance(info.value, ValueError)
-    assert [check_version(v) for v in (1, 2, 3)] == [1, 2, 3]
+        check_version(5)
+    assert isinstance(info.value, ValueError) and "1-4" in str(info.value)
+
+
+def test_new_v4_encoder_only_for_version_4():
+    from mortal.obs_v4 import V4Encoder
+    enc = new_v4_encoder(4, 2)
+    assert isinstance(enc, V4Encoder) and enc.player_id == 2
+    assert [new_v4_encoder(v, 2) for v in (1, 2, 3)] == [None, None, None]
+    with pytest.raises(UnsupportedVersionError):
+        new_v4_encoder(True, 0)
 
 
 class _NoRust:
     """Stands in for a PlayerState; calling into it would be the bug under test."""
 
+    player_id = 0
+
     def encode_obs(self, version, at_kan_select):
         raise AssertionError("encode_obs must not be called")
 
 
-def test_v4_never_reaches_rust():
-    with pytest.raises(UnsupportedVersionError):
+def test_v4_without_encoder_is_a_clear_error_before_rust():
+    with pytest.raises(ValueError) as info:
         encode(_NoRust(), 4)
+    assert "V4Encoder" in str(info.value) and not isinstance(info.value, UnsupportedVersionError)
+
+
+def test_v4_goes_through_the_seat_encoder():
+    from mortal.obs_v4 import V4Encoder
+    # E1 seat 0's first decision (a discard); the encoder saw the same events as the state.
+    state, enc = PlayerState(0), V4Encoder(0)
+    with open(LOG) as f:
+        for line in f:
+            cans = state.update(line)
+            enc.update(line)
+            if cans.can_act:
+                break
+    obs, mask = encode(state, 4, v4=enc)
+    ref_obs, ref_mask = enc.encode(state, False)
+    assert obs.shape == (1012, 34) and obs.dtype == np.float32 and mask.dtype == np.bool_
+    np.testing.assert_array_equal(obs, ref_obs)
+    np.testing.assert_array_equal(mask, encode(state, 3)[1])  # v4's mask is v3's
+    kan, _ = encode(state, 4, at_kan_select=True, v4=enc)
+    np.testing.assert_array_equal(kan, enc.encode(state, True)[0])
+    with pytest.raises(ValueError, match="seat"):
+        encode(state, 4, v4=V4Encoder(1))
 
 
 def _decision_states(seat, limit=None):
@@ -70,7 +106,7 @@ def test_real_log_encodes_for_v1_to_v3():
     n = 0
     for seat in range(4):
         for _, state, cans in _decision_states(seat):
-            for v in SUPPORTED_VERSIONS:
+            for v in RUST_VERSIONS:
                 obs, mask = encode(state, v)
                 assert obs.shape == obs_shape(v) and obs.dtype == np.float32
                 assert mask.shape == (46,) and mask.dtype == np.bool_
@@ -94,7 +130,7 @@ def test_first_decision_values_by_hand():
     counts = np.zeros(34)
     for name in ("6m", "7m", "9m", "4p", "5p", "6p", "8p", "8p", "9p", "1s", "5s", "7s", "S", "C"):
         counts[tile[name]] += 1
-    for v in SUPPORTED_VERSIONS:
+    for v in RUST_VERSIONS:
         obs, mask = encode(state, v)
         for row in range(4):  # thermometer of tile counts
             np.testing.assert_array_equal(obs[row], (counts > row).astype(np.float32))

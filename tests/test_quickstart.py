@@ -35,6 +35,17 @@ def test_embedded_config_satisfies_every_process(tmp_path, preset):
     assert cfg['grp']['control']['save_every'] * 2 == cfg['bootstrap']['grp_steps']
 
 
+def test_version_4_config_and_a_work_dir_keeps_its_version(tmp_path):
+    path = quickstart.write_config(tmp_path, preset='short', port=5123, version=4)
+    cfg = mcfg.load_config(path, required=mcfg.ONLINE_TRAIN_SECTIONS)
+    assert cfg['control']['version'] == 4
+    assert quickstart.write_config(tmp_path, preset='short', port=5123, version=4) == path  # rerun: same version
+    with pytest.raises(ValueError, match='set up for version 4'):
+        quickstart.write_config(tmp_path, preset='short', version=3)
+    with pytest.raises(ValueError, match='3 or 4'):
+        quickstart.render_config(tmp_path, version=2)
+
+
 def _spawn(code):
     return subprocess.Popen([sys.executable, '-c', code], start_new_session=True)
 

@@ -18,11 +18,17 @@ Tiles: ids 0-33, red fives 34-36 (``mortal.tile``), 37 = unknown.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cmp_to_key
 
 from mortal.sp.agari import Hand, agari
 from mortal.sp.point import point as calc_point, yaku_point
 from mortal.sp.shanten import calc_all
+
+try:  # the compiled twin of this module (mortal/sp/csrc), built by scripts/setup.sh
+    from mortal.sp import _core
+except ImportError:  # pragma: no cover - exercised only on an unbuilt checkout
+    _core = None
+
+HAVE_CORE = _core is not None
 
 SHANTEN_THRES = 3
 MAX_TSUMOS_LEFT = 17
@@ -101,7 +107,11 @@ class Candidate:
 
     @property
     def num_required_tiles(self) -> int:
-        return sum(c for _, c in self.required_tiles)
+        """Tiles left that lower the shanten (computed once: candidates are not mutated)."""
+        n = self.__dict__.get("_num_required")
+        if n is None:
+            n = self.__dict__["_num_required"] = sum(c for _, c in self.required_tiles)
+        return n
 
 
 def _make_candidate(tile, tenpai, win, ev, required, shanten_down) -> Candidate:
@@ -145,6 +155,25 @@ def _cmp(l: Candidate, r: Candidate, by: int) -> int:
     return cmp_discard_priority(l.tile, r.tile)
 
 
+def _sort_key(c: Candidate, by_ev: bool) -> tuple:
+    """Ascending key equal to descending ``_cmp`` (by EV when ``by_ev``, else from column 3).
+
+    ``_cmp`` orders distinct tiles totally (the last column, discard priority,
+    then the lower id, never ties), so a stable sort on this key gives the
+    order Mortal's sort gives.
+    """
+    tail = (c.shanten_down, -c.num_required_tiles, -DISCARD_PRIORITIES[c.tile], c.tile)
+    if by_ev:
+        return (-c.exp_values[0], -c.win_probs[0], -c.tenpai_probs[0]) + tail
+    return tail
+
+
+def sort_candidates(cands: list, by_ev: bool) -> list:
+    """``cands`` best first: by EV, win and tenpai probability when ``by_ev`` (the
+    full search), else by (not shanten-down, required-tile count, discard priority)."""
+    return sorted(cands, key=lambda c: _sort_key(c, by_ev))
+
+
 def best_by_required(cands: list) -> Candidate:
     """Candidate ranking highest by (not shanten-down, required-tile count, discard priority)."""
     best = cands[0]
@@ -182,24 +211,77 @@ class SPCalculator:
         self.prefer_riichi = prefer_riichi
 
     def calc(self, tehai, akas_in_hand, tiles_seen, akas_seen, can_discard: bool,
-             tsumos_left: int, cur_shanten: int) -> list:
+             tsumos_left: int, cur_shanten: int, backend: str | None = None) -> list:
         """Sorted candidates, best first.
 
         ``tehai``: 34 counts (3n+2 if ``can_discard`` else 3n+1); ``akas_in_hand``,
         ``akas_seen``: 3 bools (m, p, s); ``tiles_seen``: 34 counts visible to the
-        player (own hand included). Raises ValueError unless ``cur_shanten >= 0``
-        and ``1 <= tsumos_left <= 17``.
+        player (own hand included). ``backend``: ``'core'`` (compiled, the default
+        when built), ``'python'`` (this module; the reference, ~1000x slower).
+        Raises ValueError unless ``cur_shanten >= 0`` and ``1 <= tsumos_left <= 17``,
+        and for ``backend='core'`` when the extension is not built.
         """
         if cur_shanten < 0:
             raise ValueError("can't calculate an agari hand")
         if not 1 <= tsumos_left <= MAX_TSUMOS_LEFT:
             raise ValueError(f"tsumos_left must be 1-17, got {tsumos_left}")
-        run = _Run(self, tehai, akas_in_hand, tiles_seen, akas_seen, tsumos_left)
-        if cur_shanten <= SHANTEN_THRES:
-            cands = run.analyze_discard(cur_shanten) if can_discard else run.analyze_draw(cur_shanten)
-            return sorted(cands, key=cmp_to_key(lambda l, r: _cmp(r, l, 0)))
-        cands = run.analyze_discard_simple(cur_shanten) if can_discard else run.analyze_draw_simple()
-        return sorted(cands, key=cmp_to_key(lambda l, r: _cmp(r, l, 3)))
+        if backend is None:
+            backend = "core" if HAVE_CORE else "python"
+        if backend == "core":
+            cands = self._calc_core(tehai, akas_in_hand, tiles_seen, akas_seen, can_discard,
+                                    tsumos_left, cur_shanten)
+        elif backend == "python":
+            run = _Run(self, tehai, akas_in_hand, tiles_seen, akas_seen, tsumos_left)
+            if cur_shanten <= SHANTEN_THRES:
+                cands = run.analyze_discard(cur_shanten) if can_discard else run.analyze_draw(cur_shanten)
+            else:
+                cands = run.analyze_discard_simple(cur_shanten) if can_discard else run.analyze_draw_simple()
+        else:
+            raise ValueError(f"backend must be 'core' or 'python', got {backend!r}")
+        return sort_candidates(cands, cur_shanten <= SHANTEN_THRES)
+
+    def core_args(self, tehai, akas_in_hand, tiles_seen, akas_seen, can_discard: bool, tsumos_left: int,
+                  cur_shanten: int) -> tuple:
+        """The argument tuple of ``_core.sp_calc`` for ``calc``'s arguments (see ``calc_batch``)."""
+        return (self.len_div3, bytes(self.chis), bytes(self.pons), bytes(self.minkans), bytes(self.ankans),
+                self.bakaze, self.jikaze, self.is_menzen, self.num_doras_in_fuuro,
+                bytes(self.dora_indicators), self.calc_double_riichi, self.calc_haitei, self.prefer_riichi,
+                bytes(tehai), _bits(akas_in_hand), bytes(tiles_seen), _bits(akas_seen), bool(can_discard),
+                tsumos_left, cur_shanten)
+
+    def _calc_core(self, *args) -> list:
+        if _core is None:
+            raise ValueError("the compiled SP core (mortal.sp._core) is not built; run bash scripts/setup.sh")
+        return _candidates(_core.sp_calc(*self.core_args(*args)))
+
+
+def _candidates(raw) -> list:
+    return [Candidate(tile, list(tp), list(wp), list(ev), list(req), sd) for tile, tp, wp, ev, req, sd in raw]
+
+
+def calc_batch(jobs, threads: int = 1) -> list:
+    """``SPCalculator.calc`` of many hands at once on the compiled core, on up to ``threads`` threads.
+
+    ``jobs``: sequence of ``(calculator, (tehai, akas_in_hand, tiles_seen, akas_seen,
+    can_discard, tsumos_left, cur_shanten))``. Returns one sorted candidate list
+    per job, in order. Every job is checked before any search starts (ValueError
+    names the bad field); raises ValueError when the core is not built.
+    """
+    if _core is None:
+        raise ValueError("the compiled SP core (mortal.sp._core) is not built; run bash scripts/setup.sh")
+    for _, args in jobs:
+        if args[6] < 0:
+            raise ValueError("can't calculate an agari hand")
+    raw = _core.sp_calc_batch([calc.core_args(*args) for calc, args in jobs], int(threads))
+    out = []
+    for (_, args), r in zip(jobs, raw):
+        out.append(sort_candidates(_candidates(r), args[6] <= SHANTEN_THRES))
+    return out
+
+
+def _bits(flags) -> int:
+    """3 bools (m, p, s) as a bit mask."""
+    return sum(1 << i for i, f in enumerate(flags) if f)
 
 
 class _Run:

@@ -130,6 +130,12 @@ def calc_kokushi(tehai) -> int:
     return 14 - kinds - (1 if pairs else 0) - 1
 
 
+try:  # the compiled twin (mortal/sp/csrc/shanten.hpp), built by scripts/setup.sh
+    from mortal.sp import _core
+except ImportError:  # pragma: no cover - unbuilt checkout
+    _core = None
+
+
 @lru_cache(maxsize=1 << 18)
 def _calc_all_cached(t: tuple, len_div3: int) -> int:
     s = calc_normal(t, len_div3)
@@ -141,10 +147,19 @@ def _calc_all_cached(t: tuple, len_div3: int) -> int:
     return s
 
 
+def calc_all_py(tehai, len_div3: int) -> int:
+    """``calc_all`` in pure Python (the reference the compiled core is tested against)."""
+    return _calc_all_cached(tuple(tehai), len_div3)
+
+
 def calc_all(tehai, len_div3: int) -> int:
     """Least shanten over standard, seven pairs and (fully concealed) thirteen orphans.
 
-    ``tehai``: 34 counts of the concealed tiles; ``len_div3``: melds still to be
-    formed from them (4 minus calls). Works for 3n+1 and 3n+2 hands; -1 = complete.
+    ``tehai``: 34 counts (0-4) of the concealed tiles; ``len_div3``: melds still to
+    be formed from them (4 minus calls, 0-4). Works for 3n+1 and 3n+2 hands;
+    -1 = complete. Uses the compiled core when built (ValueError on a count
+    outside 0-4 there), else ``calc_all_py``.
     """
+    if _core is not None:
+        return _core.shanten(bytes(tehai), len_div3)
     return _calc_all_cached(tuple(tehai), len_div3)
