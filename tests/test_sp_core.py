@@ -228,6 +228,10 @@ def test_core_search_rejects_bad_input():
     seen[0] = 0
     with pytest.raises(ValueError, match="tiles_seen: tile 0"):
         calc.calc(tehai, [False] * 3, seen, [False] * 3, False, 5, 0, backend="core")
+    with pytest.raises(ValueError, match="tehai: 13 tiles with 0 calls, expected 14"):
+        calc.calc(tehai, [False] * 3, list(tehai), [False] * 3, True, 5, 0, backend="core")
+    with pytest.raises(ValueError, match="cannot start a chi"):
+        _core.agari(bytes(hand("123m 456p 99s")), False, bytes([8]), b"", b"", b"", 27, 27, 0, True, 0, 0)
     with pytest.raises(ValueError, match="backend"):
         calc.calc(tehai, [False] * 3, list(tehai), [False] * 3, False, 5, 0, backend="rust")
     assert calc_mod.HAVE_CORE

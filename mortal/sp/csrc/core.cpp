@@ -82,13 +82,40 @@ struct HandArgs {
 };
 
 bool fill_hand(const HandArgs& a, sp::Hand* h) {
-    return read_tiles("chis", a.chis, a.n_chis, 4, h->chis, &h->n_chis) &&
-           read_tiles("pons", a.pons, a.n_pons, 4, h->pons, &h->n_pons) &&
-           read_tiles("minkans", a.minkans, a.n_minkans, 4, h->minkans, &h->n_minkans) &&
-           read_tiles("ankans", a.ankans, a.n_ankans, 4, h->ankans, &h->n_ankans) &&
-           check_wind("bakaze", a.bakaze) && check_wind("jikaze", a.jikaze) &&
-           ((h->bakaze = static_cast<uint8_t>(a.bakaze)), (h->jikaze = static_cast<uint8_t>(a.jikaze)),
-            (h->is_menzen = a.is_menzen != 0), true);
+    if (!read_tiles("chis", a.chis, a.n_chis, 4, h->chis, &h->n_chis) ||
+        !read_tiles("pons", a.pons, a.n_pons, 4, h->pons, &h->n_pons) ||
+        !read_tiles("minkans", a.minkans, a.n_minkans, 4, h->minkans, &h->n_minkans) ||
+        !read_tiles("ankans", a.ankans, a.n_ankans, 4, h->ankans, &h->n_ankans) ||
+        !check_wind("bakaze", a.bakaze) || !check_wind("jikaze", a.jikaze))
+        return false;
+    for (int i = 0; i < h->n_chis; ++i) {
+        if (h->chis[i] >= 27 || h->chis[i] % 9 > 6) {
+            PyErr_Format(PyExc_ValueError, "chis: tile id %d cannot start a chi (a number tile of rank 1-7)",
+                         h->chis[i]);
+            return false;
+        }
+    }
+    if (h->n_chis + h->n_pons + h->n_minkans + h->n_ankans > 4) {
+        PyErr_SetString(PyExc_ValueError, "chis/pons/minkans/ankans: more than 4 calls");
+        return false;
+    }
+    h->bakaze = static_cast<uint8_t>(a.bakaze);
+    h->jikaze = static_cast<uint8_t>(a.jikaze);
+    h->is_menzen = a.is_menzen != 0;
+    return true;
+}
+
+// The concealed tiles must number 3 * (4 - calls) + extra (extra 1 or 2).
+bool check_hand_size(const sp::Hand& h, const uint8_t tehai[34], int extra) {
+    const int calls = h.n_chis + h.n_pons + h.n_minkans + h.n_ankans;
+    int total = 0;
+    for (int i = 0; i < 34; ++i) total += tehai[i];
+    if (total != 3 * (4 - calls) + extra) {
+        PyErr_Format(PyExc_ValueError, "tehai: %d tiles with %d calls, expected %d", total, calls,
+                     3 * (4 - calls) + extra);
+        return false;
+    }
+    return true;
 }
 
 PyObject* py_agari(PyObject*, PyObject* args) {
@@ -101,7 +128,8 @@ PyObject* py_agari(PyObject*, PyObject* args) {
                           &a.jikaze, &winning_tile, &is_ron, &additional_hans, &doras))
         return nullptr;
     sp::Hand h{};
-    if (!read_counts("tehai", tbuf, tlen, h.tehai) || !fill_hand(a, &h)) return nullptr;
+    if (!read_counts("tehai", tbuf, tlen, h.tehai) || !fill_hand(a, &h) || !check_hand_size(h, h.tehai, 2))
+        return nullptr;
     if (winning_tile < 0 || winning_tile > 33) {
         PyErr_Format(PyExc_ValueError, "winning_tile: expected a deaka'd id 0-33, got %d", winning_tile);
         return nullptr;
@@ -186,10 +214,13 @@ bool parse_job(PyObject* args, Job* job) {
         return false;
     uint8_t n_ind = 0;
     if (!read_tiles("dora_indicators", ind_buf, ind_len, 5, ctx.dora_indicators, &n_ind)) return false;
-    if (len_div3 < 0 || len_div3 > 4) {
-        PyErr_Format(PyExc_ValueError, "len_div3: expected 0-4, got %d", len_div3);
+    const sp::Hand& h = ctx.hand_base;
+    if (len_div3 != 4 - (h.n_chis + h.n_pons + h.n_minkans + h.n_ankans)) {
+        PyErr_Format(PyExc_ValueError, "len_div3: %d does not match the calls (%d)", len_div3,
+                     h.n_chis + h.n_pons + h.n_minkans + h.n_ankans);
         return false;
     }
+    if (!check_hand_size(h, job->tehai, job->can_discard ? 2 : 1)) return false;
     if (job->cur_shanten < 0) {
         PyErr_SetString(PyExc_ValueError, "can't calculate an agari hand");
         return false;
