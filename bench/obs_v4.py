@@ -71,6 +71,23 @@ def main(argv=None):
     print(f'v3 encode: median {m3:.3f} ms  p99 {p3:.3f} ms  mean {a3.mean():.3f} ms')
     print(f'v4 encode: median {m4:.3f} ms  p99 {p4:.3f} ms  mean {a4.mean():.3f} ms  max {a4.max():.1f} ms')
     print(f'ratio v4/v3: median {m4 / m3:.0f}x  p99 {p4 / p3:.0f}x  mean {a4.mean() / a3.mean():.0f}x')
+    if args.backend == 'core':
+        _loader(args.log)
+
+
+def _loader(path):
+    """Training loader (all four seats of the log): samples/s at version 3 and 4, one core."""
+    from mortal.gameplay import GameplayLoader
+
+    with open(path) as f:
+        raw = f.read()
+    rates = {}
+    for version in (3, 4):
+        t0 = time.perf_counter()
+        samples = sum(len(g.take_actions()) for g in GameplayLoader(version).load_log(raw, path))
+        rates[version] = samples / (time.perf_counter() - t0)
+        print(f'loader v{version}: {rates[version]:8.0f} samples/s ({samples} samples)')
+    print(f'loader v4/v3 throughput ratio: {rates[4] / rates[3]:.3f}')
 
 
 if __name__ == '__main__':

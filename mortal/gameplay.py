@@ -185,7 +185,11 @@ class _SeatRecorder:
         # encoder is called directly for 1-3: this is the hot loop. ``v4``: the seat's
         # V4Encoder, given iff version 4.
         if v4 is not None:
-            obs, mask = v4.encode(state, at_kan_select)
+            try:
+                obs, mask = v4.encode(state, at_kan_select)
+            except ValueError as e:  # e.g. more copies of a tile seen than exist
+                raise BadLogError(log.source, f"v4 encoder of seat {state.player_id}: {e}",
+                                  log.line_numbers[cur_idx]) from None
         else:
             obs, mask = state.encode_obs(self.version, at_kan_select)
         if not mask[label]:

@@ -62,7 +62,8 @@ SP_EV = SP_START                       # 2 rows
 SP_REQUIRED = SP_START + 2             # 68 rows (3n+2) / row +69 (3n+1)
 SP_BEST = SP_START + 70                # 1 row (3n+2), then 1 empty row
 SP_TABLE = SP_START + 72               # 3 x 17 rows: tenpai, win, EV
-_AKA_NAMES = {"5mr": 0, "5pr": 1, "5sr": 2}
+_ACTOR_TYPES = frozenset({"tsumo", "dahai", "chi", "pon", "daiminkan", "kakan", "ankan", "reach", "reach_accepted"})
+MAX_DORA_INDICATORS = 5  # the first plus one per kan, at most 4 kans (Tenhou rule)
 
 #: Threads ``encode_batch`` runs single-player searches on (compiled core only).
 #: The searches release the interpreter lock, so they overlap on several cores.
@@ -73,6 +74,39 @@ def _tid(name: str) -> int:
     return tile_id(name)
 
 
+def _field(event: dict, kind, key: str):
+    if key not in event:
+        raise ValueError(f"{kind} event: missing field {key!r}")
+    return event[key]
+
+
+def _field_tile(event: dict, kind, key: str, known: bool) -> int:
+    """Tile id 0-37 of ``event[key]``; ``known``: the masked tile ``'?'`` is refused too."""
+    return _check_tile(_field(event, kind, key), kind, key, known)
+
+
+def _check_tile(name, kind, key: str, known: bool) -> int:
+    try:
+        tid = tile_id(name)
+    except ValueError as e:
+        raise ValueError(f"{kind} event: field {key!r}: {e}") from None
+    if known and tid == 37:
+        raise ValueError(f"{kind} event: field {key!r}: the masked tile '?' where the tile must be known")
+    return tid
+
+
+def _field_tiles(event: dict, kind, key: str, known: bool, index=None) -> list:
+    """Tile ids of the list ``event[key]`` (``event[key][index]`` when ``index`` is given)."""
+    names = _field(event, kind, key)
+    if index is not None:
+        if not isinstance(names, list) or len(names) != 4:
+            raise ValueError(f"{kind} event: field {key!r}: expected 4 lists of tile names")
+        names, key = names[index], f"{key}[{index}]"
+    if not isinstance(names, list):
+        raise ValueError(f"{kind} event: field {key!r}: expected a list of tile names, got {type(names).__name__}")
+    return [_check_tile(n, kind, key, known) for n in names]
+
+
 class V4Encoder:
     """Per-seat v4 observation encoder; feed it every mjai event the seat's ``PlayerState`` gets.
 
@@ -81,7 +115,7 @@ class V4Encoder:
     """
 
     def __init__(self, player_id: int):
-        if player_id not in (0, 1, 2, 3):
+        if type(player_id) is not int or not 0 <= player_id <= 3:
             raise ValueError(f"player_id must be 0-3, got {player_id!r}")
         self.player_id = player_id
         self._reset()
@@ -100,73 +134,108 @@ class V4Encoder:
         self.pending_kakan = False        # last event was another player's kakan
 
     # -- event tracking ------------------------------------------------------
-    def _witness(self, name: str):
-        if name in _AKA_NAMES:
-            self.akas_seen[_AKA_NAMES[name]] = True
+    def _witness(self, tid: int):
+        if 34 <= tid <= 36:
+            self.akas_seen[tid - 34] = True
 
     def update(self, event) -> None:
-        """Track one mjai event (dict or JSON text), in the order ``PlayerState.update`` gets them."""
+        """Track one mjai event (dict or JSON text), in the order ``PlayerState.update`` gets them.
+
+        Unknown event types are ignored. Every field the encoder reads is checked
+        before any state changes, so a rejected event leaves the encoder as it was.
+
+        Raises:
+            TypeError: ``event`` is not a JSON object.
+            ValueError: bad JSON text, a missing field, an ``actor`` that is not a seat
+                0-3, a tile field that is not an mjai tile name (or is ``'?'`` where the
+                tile must be known: dora markers and own call tiles), or a dora
+                indicator beyond ``MAX_DORA_INDICATORS`` in one kyoku. Messages name
+                the event type and the field.
+        """
         if isinstance(event, (str, bytes)):
             event = json.loads(event)
-        self.events_seen += 1
+        if not isinstance(event, dict):
+            raise TypeError(f"an mjai event must be a JSON object, got {type(event).__name__}")
         kind = event.get("type")
         me = self.player_id
-        actor = event.get("actor")
+        actor = None
+        if kind in _ACTOR_TYPES:
+            actor = _field(event, kind, "actor")
+            if type(actor) is not int or not 0 <= actor <= 3:
+                raise ValueError(f"{kind} event: field 'actor': expected a seat 0-3, got {actor!r}")
+        mine = actor == me
+        # parse the tile fields first: nothing below may fail half way
+        pai = tiles = None
+        if kind == "start_kyoku":
+            pai = _field_tile(event, kind, "dora_marker", known=True)
+            tiles = _field_tiles(event, kind, "tehais", known=False, index=me)
+        elif kind == "dora":
+            pai = _field_tile(event, kind, "dora_marker", known=True)
+            if len(self.dora_indicators) >= MAX_DORA_INDICATORS:
+                raise ValueError(f"dora event: more than {MAX_DORA_INDICATORS} dora indicators in one kyoku")
+        elif (kind == "tsumo" and mine) or (kind == "dahai" and not mine) or kind == "kakan":
+            pai = _field_tile(event, kind, "pai", known=mine)
+        elif kind in ("chi", "pon", "daiminkan", "ankan"):
+            tiles = _field_tiles(event, kind, "consumed", known=mine)
+            if mine and kind != "ankan":
+                pai = _field_tile(event, kind, "pai", known=True)
+
+        self.events_seen += 1
         if self.pending_kakan:
             # Mortal drops ippatsu at the event after a kakan (chankan chance over).
             self.pending_kakan = False
             self.at_ippatsu = False
         if kind == "start_kyoku":
             self._reset()
-            self.dora_indicators.append(_tid(event["dora_marker"]))
-            self._witness(event["dora_marker"])
-            for name in event["tehais"][me]:
-                self._witness(name)
+            self.dora_indicators.append(pai)
+            self._witness(pai)
+            for t in tiles:
+                self._witness(t)
         elif kind == "tsumo":
             self.tiles_left -= 1
-            if actor == me:
-                self._witness(event["pai"])
+            if mine:
+                self._witness(pai)
         elif kind == "dahai":
-            if actor == me:
+            if mine:
                 self.at_rinshan = False
                 self.at_ippatsu = False
                 self.can_w_riichi = False
             else:
-                self._witness(event["pai"])
+                self._witness(pai)
         elif kind in ("chi", "pon", "daiminkan"):
-            if actor == me:
-                self.own_fuuro_tiles += [_tid(t) for t in event["consumed"]] + [_tid(event["pai"])]
+            if mine:
+                self.own_fuuro_tiles += tiles + [pai]
                 if kind == "daiminkan":
                     self.at_rinshan = True
             else:
-                for t in event["consumed"]:
+                for t in tiles:
                     self._witness(t)
                 self.can_w_riichi = False
                 self.at_ippatsu = False
         elif kind == "kakan":
-            if actor == me:
-                self.own_fuuro_tiles.append(_tid(event["pai"]))
+            if mine:
+                self.own_fuuro_tiles.append(pai)
                 self.at_rinshan = True
             else:
-                self._witness(event["pai"])
+                self._witness(pai)
                 self.pending_kakan = True
         elif kind == "ankan":
             self.can_w_riichi = False
             self.at_ippatsu = False
-            if actor == me:
-                self.own_fuuro_tiles += [_tid(t) for t in event["consumed"]]
+            if mine:
+                self.own_fuuro_tiles += tiles
                 self.at_rinshan = True
             else:
-                for t in event["consumed"]:
+                for t in tiles:
                     self._witness(t)
         elif kind == "dora":
-            self.dora_indicators.append(_tid(event["dora_marker"]))
-            self._witness(event["dora_marker"])
+            self.dora_indicators.append(pai)
+            self._witness(pai)
         elif kind == "reach":
-            if actor == me:
+            if mine:
                 self.is_w_riichi = self.can_w_riichi
         elif kind == "reach_accepted":
-            if actor == me:
+            if mine:
                 self.at_ippatsu = True
 
     # -- encoding ------------------------------------------------------------

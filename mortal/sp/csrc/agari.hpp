@@ -15,11 +15,12 @@
 // bakaze/jikaze 27-30, n_chis/n_pons/n_minkans/n_ankans <= 4 (larger values are
 // clamped to 4), the concealed part holds at most 14 tiles (more gives false).
 //
-// The kokushi test uses a private copy of shanten.py's calc_kokushi so this
-// header stands alone; the public sp::calc_kokushi lives in shanten.hpp.
+// The kokushi test uses sp::calc_kokushi from shanten.hpp.
 #pragma once
 
 #include <cstdint>
+
+#include "shanten.hpp"
 
 namespace sp {
 
@@ -44,25 +45,11 @@ namespace agari_detail {
 
 constexpr int kP = 31, kF = 32, kC = 33;  // haku, hatsu, chun
 constexpr int kMaxMelds = 4;
-constexpr int kYaochuu[13] = {0, 8, 9, 17, 18, 26, 27, 28, 29, 30, 31, 32, 33};
 
 inline bool yaokyuu(int t) { return t >= 27 || t % 9 == 0 || t % 9 == 8; }
 inline bool sangen(int t) { return t == kP || t == kF || t == kC; }
 inline bool simple(int t) { return t < 27 && t % 9 != 0 && t % 9 != 8; }
 inline int clamp4(int n) { return n < 4 ? n : 4; }
-
-// Thirteen-orphans shanten, as shanten.py calc_kokushi.
-inline int kokushi_shanten(const uint8_t tehai[34]) {
-    int kinds = 0;
-    bool pair = false;
-    for (int i : kYaochuu) {
-        if (tehai[i]) {
-            ++kinds;
-            if (tehai[i] >= 2) pair = true;
-        }
-    }
-    return 14 - kinds - (pair ? 1 : 0) - 1;
-}
 
 // One division of the concealed tiles (agari.py Div); kotsu/shuntsu ascending.
 struct Div {
@@ -494,7 +481,7 @@ struct Search {
 // algo/agari.rs. `out` must not be null; it is written only on true.
 inline bool agari(const Hand& h, int additional_hans, int doras, Yaku* out) {
     using namespace agari_detail;
-    if (h.is_menzen && kokushi_shanten(h.tehai) == -1) {
+    if (h.is_menzen && calc_kokushi(h.tehai) == -1) {
         *out = Yaku{1, 0, 0};
         return true;
     }

@@ -378,16 +378,21 @@ private:
         return n;
     }
 
-    // Values of the current 3n+1 state (memoised). The reference is valid until
-    // the next insertion into the same map.
-    const Values& draw(int shanten) {
-        StateMap& cache = draw_cache_[shanten];
+    // Values of the current state from `cache`, computed by `compute(Values&)` on a
+    // miss. The reference is valid until the next insertion into the same map.
+    template <class Compute>
+    const Values& memoised(StateMap& cache, Compute compute) {
         const int hit = cache.find(key_);
         if (hit >= 0) return cache.at(hit);
         const Key k = key_;
         Values v;
-        draw_slow(shanten, v);
+        compute(v);
         return cache.insert(k, v);
+    }
+
+    // Values of the current 3n+1 state.
+    const Values& draw(int shanten) {
+        return memoised(draw_cache_[shanten], [&](Values& v) { draw_slow(shanten, v); });
     }
 
     void draw_slow(int shanten, Values& out) {
@@ -461,15 +466,9 @@ private:
         }
     }
 
-    // Best-discard values of the current 3n+2 state (memoised).
+    // Best-discard values of the current 3n+2 state.
     const Values& discard_step(int shanten) {
-        StateMap& cache = discard_cache_[shanten];
-        const int hit = cache.find(key_);
-        if (hit >= 0) return cache.at(hit);
-        const Key k = key_;
-        Values v;
-        discard_slow(shanten, v);
-        return cache.insert(k, v);
+        return memoised(discard_cache_[shanten], [&](Values& v) { discard_slow(shanten, v); });
     }
 
     void discard_slow(int shanten, Values& out) {

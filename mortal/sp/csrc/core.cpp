@@ -52,6 +52,19 @@ bool read_tiles(const char* name, const char* buf, Py_ssize_t len, int max_n, ui
     return true;
 }
 
+// Dora and extra-han counts: a real hand has at most 18 tiles, each a dora of up to
+// 5 indicators, plus 3 red fives, and well under 100 extra han. Bounding them
+// keeps every han sum (and the shift in point.hpp) inside int.
+constexpr int kMaxCount = 100;
+
+bool check_count(const char* name, int v) {
+    if (v < 0 || v > kMaxCount) {
+        PyErr_Format(PyExc_ValueError, "%s: expected 0-%d, got %d", name, kMaxCount, v);
+        return false;
+    }
+    return true;
+}
+
 bool check_wind(const char* name, int w) {
     if (w < 27 || w > 30) {
         PyErr_Format(PyExc_ValueError, "%s: expected a wind tile id 27-30, got %d", name, w);
@@ -71,7 +84,11 @@ PyObject* py_shanten(PyObject*, PyObject* args) {
         PyErr_Format(PyExc_ValueError, "len_div3: expected 0-4, got %d", len_div3);
         return nullptr;
     }
-    return PyLong_FromLong(sp::calc_all(tehai, len_div3));
+    try {
+        return PyLong_FromLong(sp::calc_all(tehai, len_div3));
+    } catch (const std::bad_alloc&) {  // the shanten tables are allocated on first use
+        return PyErr_NoMemory();
+    }
 }
 
 // Parse the fixed hand context shared by agari() and sp_calc().
@@ -134,6 +151,7 @@ PyObject* py_agari(PyObject*, PyObject* args) {
         PyErr_Format(PyExc_ValueError, "winning_tile: expected a deaka'd id 0-33, got %d", winning_tile);
         return nullptr;
     }
+    if (!check_count("additional_hans", additional_hans) || !check_count("doras", doras)) return nullptr;
     h.winning_tile = static_cast<uint8_t>(winning_tile);
     h.is_ron = is_ron != 0;
     sp::Yaku y{};
@@ -186,13 +204,19 @@ struct Job {
     uint8_t tehai[34], seen[34];
     int akas_in_hand = 0, akas_seen = 0, can_discard = 0, tsumos_left = 1, cur_shanten = 0;
     std::vector<sp::Candidate> out;
+    bool out_of_memory = false;  // set instead of letting std::bad_alloc end the process
 
-    void run() {
-        sp::Search s(ctx, tehai, akas_in_hand, seen, akas_seen, tsumos_left);
-        if (cur_shanten <= sp::kShantenThres)
-            out = can_discard ? s.analyze_discard(cur_shanten) : s.analyze_draw(cur_shanten);
-        else
-            out = can_discard ? s.analyze_discard_simple(cur_shanten) : s.analyze_draw_simple();
+    void run() noexcept {
+        try {
+            sp::Search s(ctx, tehai, akas_in_hand, seen, akas_seen, tsumos_left);
+            if (cur_shanten <= sp::kShantenThres)
+                out = can_discard ? s.analyze_discard(cur_shanten) : s.analyze_draw(cur_shanten);
+            else
+                out = can_discard ? s.analyze_discard_simple(cur_shanten) : s.analyze_draw_simple();
+        } catch (const std::bad_alloc&) {
+            out.clear();
+            out_of_memory = true;
+        }
     }
 };
 
@@ -229,13 +253,24 @@ bool parse_job(PyObject* args, Job* job) {
         PyErr_Format(PyExc_ValueError, "tsumos_left must be 1-17, got %d", job->tsumos_left);
         return false;
     }
+    int unseen = 0;
     for (int i = 0; i < 34; ++i) {
         if (job->tehai[i] > job->seen[i]) {
             PyErr_Format(PyExc_ValueError, "tiles_seen: tile %d is seen %d times but %d are in hand", i,
                          job->seen[i], job->tehai[i]);
             return false;
         }
+        unseen += 4 - job->seen[i];
     }
+    // A search path draws at most kShantenThres + 1 tiles and the uradora estimate
+    // divides by the tiles still unseen after that; a real game always leaves the
+    // dead wall (9+ tiles) unseen.
+    if (unseen < sp::kShantenThres + 2) {
+        PyErr_Format(PyExc_ValueError, "tiles_seen: only %d tiles unseen, at least %d needed", unseen,
+                     sp::kShantenThres + 2);
+        return false;
+    }
+    if (!check_count("num_doras_in_fuuro", num_doras_in_fuuro)) return false;
     ctx.len_div3 = len_div3;
     ctx.num_doras_in_fuuro = num_doras_in_fuuro;
     ctx.n_indicators = n_ind;
@@ -247,6 +282,7 @@ bool parse_job(PyObject* args, Job* job) {
 }
 
 PyObject* job_result(const Job& job) {
+    if (job.out_of_memory) return PyErr_NoMemory();
     PyObject* out = PyList_New(static_cast<Py_ssize_t>(job.out.size()));
     if (!out) return nullptr;
     for (size_t i = 0; i < job.out.size(); ++i) {
@@ -276,7 +312,13 @@ PyObject* py_sp_calc_batch(PyObject*, PyObject* args) {
     PyObject* fast = PySequence_Fast(seq, "sp_calc_batch: expected a sequence of sp_calc argument tuples");
     if (!fast) return nullptr;
     const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-    std::vector<Job> jobs(static_cast<size_t>(n));
+    std::vector<Job> jobs;
+    try {
+        jobs.resize(static_cast<size_t>(n));
+    } catch (const std::bad_alloc&) {
+        Py_DECREF(fast);
+        return PyErr_NoMemory();
+    }
     for (Py_ssize_t i = 0; i < n; ++i) {
         PyObject* item = PySequence_Fast_GET_ITEM(fast, i);
         if (!PyTuple_Check(item)) {
@@ -297,7 +339,13 @@ PyObject* py_sp_calc_batch(PyObject*, PyObject* args) {
         for (size_t i = next++; i < jobs.size(); i = next++) jobs[i].run();
     };
     std::vector<std::thread> pool;
-    for (int w = 1; w < workers; ++w) pool.emplace_back(work);
+    for (int w = 1; w < workers; ++w) {
+        try {
+            pool.emplace_back(work);
+        } catch (const std::exception&) {  // no more threads (limits, memory): go on with those started
+            break;
+        }
+    }
     work();
     for (std::thread& t : pool) t.join();
     Py_END_ALLOW_THREADS
