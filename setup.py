@@ -1,7 +1,8 @@
 """Build of the compiled single-player core (``mortal.sp._core``); metadata lives in pyproject.toml.
 
 ``scripts/setup.sh`` runs ``python setup.py build_ext --inplace``, which rebuilds
-only when a source or header is newer than the built module.
+only when a source or header is newer than the built module. Needs a C++17
+compiler and the Python headers; the build is optional (see mortal.obs_v4).
 """
 
 from pathlib import Path
@@ -19,6 +20,9 @@ setup(
             language="c++",
             extra_compile_args=["-std=c++17", "-O2", "-pthread"],
             extra_link_args=["-pthread"],
+            # without a compiler the install still succeeds; version 4 then falls back to the
+            # pure-Python search and says so (mortal.obs_v4, mortal-doctor)
+            optional=True,
         )
     ],
 )

@@ -53,7 +53,7 @@ def main(argv=None):
     p.add_argument("--blocks", type=int, default=4)
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--sp-threads", type=int, default=None,
-                   help="threads of the v4 single-player search (default: mortal.obs_v4's default)")
+                   help="threads of the v4 single-player search (default: MORTAL_SP_THREADS, else min(8, CPUs))")
     args = p.parse_args(argv)
 
     import torch
@@ -78,7 +78,7 @@ def main(argv=None):
         return lambda name: FirstLegal(name, version)
 
     print(f"games per run: {4 * args.seeds}; model Brain(conv_channels={args.channels}, num_blocks={args.blocks}) "
-          f"+ DQN on cpu, torch threads {torch.get_num_threads()}, SP threads {getattr(obs_v4, 'SP_THREADS', 1)}")
+          f"+ DQN on cpu, torch threads {torch.get_num_threads()}, SP threads {obs_v4.sp_threads()}")
     _rows_per_s(floor_engine(4), 1)  # untimed: fills the single-player core's shanten tables, once per process
     results = {}
     for label, factory in (("zero-cost policy", floor_engine), ("model", model_engine)):

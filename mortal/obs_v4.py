@@ -26,6 +26,7 @@ Cost: the SP search is pure Python; a 1-2 shanten hand takes ~0.1-2 s and a
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import numpy as np
@@ -36,6 +37,8 @@ from mortal.sp.calc import (HAVE_CORE, MAX_TSUMOS_LEFT, SPCalculator, best_by_re
 from mortal.sp.point import yaku_point, yakuman_point
 from mortal.sp.shanten import calc_all
 from mortal.tile import tile_id
+
+logger = logging.getLogger(__name__)
 
 OBS_CHANNELS_V3 = 934
 OBS_CHANNELS_V4 = 1012
@@ -65,9 +68,21 @@ SP_TABLE = SP_START + 72               # 3 x 17 rows: tenpai, win, EV
 _ACTOR_TYPES = frozenset({"tsumo", "dahai", "chi", "pon", "daiminkan", "kakan", "ankan", "reach", "reach_accepted"})
 MAX_DORA_INDICATORS = 5  # the first plus one per kan, at most 4 kans (Tenhou rule)
 
-#: Threads ``encode_batch`` runs single-player searches on (compiled core only).
-#: The searches release the interpreter lock, so they overlap on several cores.
-SP_THREADS = max(1, min(8, os.cpu_count() or 1))
+#: Threads ``encode_batch`` runs single-player searches on by default (compiled core
+#: only; the searches release the interpreter lock): the environment variable
+#: ``MORTAL_SP_THREADS`` when set (read at each call), else min(8, CPU count). Set
+#: it lower when several clients share a machine.
+SP_THREADS = None
+
+_warned_no_core = False
+
+
+def _warn_if_no_core() -> None:
+    global _warned_no_core
+    if not HAVE_CORE and not _warned_no_core:
+        _warned_no_core = True
+        logger.warning("mortal.sp._core is not built: version 4 runs the pure-Python single-player search, "
+                       "about 50x slower; run bash scripts/setup.sh (needs g++ and the Python headers)")
 
 
 def _tid(name: str) -> int:
@@ -117,6 +132,7 @@ class V4Encoder:
     def __init__(self, player_id: int):
         if type(player_id) is not int or not 0 <= player_id <= 3:
             raise ValueError(f"player_id must be 0-3, got {player_id!r}")
+        _warn_if_no_core()
         self.player_id = player_id
         self._reset()
 
@@ -389,19 +405,36 @@ class V4Encoder:
         return float(yaku_point(is_oya, y).tsumo_total(is_oya))
 
 
+def sp_threads() -> int:
+    """Default thread count of ``encode_batch``: ``SP_THREADS`` if set, else the environment
+    variable ``MORTAL_SP_THREADS`` (a positive integer; anything else is warned about
+    and ignored), else min(8, CPU count)."""
+    if SP_THREADS is not None:
+        return SP_THREADS
+    default = max(1, min(8, os.cpu_count() or 1))
+    env = os.environ.get("MORTAL_SP_THREADS")
+    if env is None:
+        return default
+    if not env.strip().isdigit() or int(env) < 1:
+        logger.warning("MORTAL_SP_THREADS=%r is not a positive integer; using %d threads", env, default)
+        return default
+    return int(env)
+
+
 def encode_batch(items, threads: int | None = None) -> list:
     """Encode many decisions at once; the single-player searches run together.
 
     ``items``: sequence of ``(encoder, state, at_kan_select)`` (a ``V4Encoder``,
     its seat's ``PlayerState``). Returns ``[(obs (1012, 34) float32, mask (46,) bool)]``
     in order. The searches run on the compiled core on up to ``threads``
-    threads (default ``SP_THREADS``), or one by one in Python when it is not
+    threads (default ``sp_threads()``), or one by one in Python when it is not
     built. A decision met twice (main and kan-select pass) is searched once.
 
     Raises:
         ValueError: an encoder is None or belongs to another seat than its state.
     """
-    threads = SP_THREADS if threads is None else threads
+    if threads is None:
+        threads = sp_threads()
     out, pending, jobs = [], {}, []
     for enc, state, at_kan_select in items:
         if enc is None:

@@ -28,3 +28,8 @@ if ! "$PY" -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split
     "$PY" -m pip install -q 'setuptools>=77'
 fi
 "$PY" setup.py -q build_ext --inplace
+if ! "$PY" -c 'import mortal.sp._core' 2>/dev/null; then
+    echo "setup.sh: WARNING: the C++ single-player core (mortal/sp/csrc) did not build: install g++ and the" >&2
+    echo "          Python headers and rerun. Versions 1-3 are unaffected; version 4 would run the ~50x slower" >&2
+    echo "          pure-Python search." >&2
+fi

@@ -181,6 +181,23 @@ def test_version_4_is_supported(work, capsys):
     assert '[INFO] version: version 4 observations (1012 x 34)' in out
 
 
+def test_version_4_without_the_compiled_core_fails(work, capsys, monkeypatch):
+    import mortal.obs_v4 as obs_v4
+
+    root, cfg_path, cfg = work
+    cfg['control']['version'] = 4
+    _rewrite(cfg_path, cfg)
+    _save_mortal(root / 'online' / 'baseline.pth', version=4)
+    monkeypatch.setattr(obs_v4, 'HAVE_CORE', False)
+    monkeypatch.setenv('MORTAL_SP_THREADS', '3')
+    rc, out = _run(cfg_path, capsys)
+    assert rc == 1
+    assert _fail_lines(out) == ['[FAIL] version: version 4 needs the compiled single-player core (mortal.sp._core), '
+                                'which is not built here: run bash scripts/setup.sh (needs g++ and the Python '
+                                'headers); the Python fallback is about 50x slower']
+    assert '(3 search threads per process: MORTAL_SP_THREADS)' in out
+
+
 def test_version_4_with_a_v3_checkpoint_fails(work, capsys):
     _, cfg_path, cfg = work
     cfg['control']['version'] = 4

@@ -301,3 +301,18 @@ def test_calc_batch_equals_single_calls():
                [(c.tile, c.exp_values, c.win_probs, c.required_tiles) for c in want]
     with pytest.raises(ValueError, match="tsumos_left"):
         calc_batch([jobs[0], (jobs[1][0], jobs[1][1][:5] + (0, jobs[1][1][6]))])
+
+
+def test_sp_threads_from_the_environment(monkeypatch, caplog):
+    import os
+
+    import mortal.obs_v4 as obs_v4
+
+    monkeypatch.setenv("MORTAL_SP_THREADS", "3")
+    assert obs_v4.sp_threads() == 3
+    monkeypatch.setenv("MORTAL_SP_THREADS", "0")
+    assert obs_v4.sp_threads() == max(1, min(8, os.cpu_count() or 1))
+    assert "MORTAL_SP_THREADS='0' is not a positive integer" in caplog.text
+    monkeypatch.delenv("MORTAL_SP_THREADS")
+    monkeypatch.setattr(obs_v4, "SP_THREADS", 2)
+    assert obs_v4.sp_threads() == 2
