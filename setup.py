@@ -18,7 +18,7 @@ setup(
             sources=[str(CSRC / "core.cpp")],
             depends=[str(p) for p in sorted(CSRC.glob("*.hpp"))],
             language="c++",
-            extra_compile_args=["-std=c++17", "-O2", "-pthread"],
+            extra_compile_args=["-std=c++17", "-O3", "-pthread"],
             extra_link_args=["-pthread"],
             # without a compiler the install still succeeds; version 4 then falls back to the
             # pure-Python search and says so (mortal.obs_v4, mortal-doctor)

@@ -16,6 +16,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "agari.hpp"
@@ -111,14 +113,24 @@ inline uint64_t hash_key(const Key& k) {
 }
 
 // Memo of search states: open addressing, linear probing, values in one pool.
+// clear() keeps the memory (a slot is live only in the current generation), so a
+// reused map costs no allocation or page faults in the next search.
 class StateMap {
 public:
     StateMap() { slots_.assign(64, Slot{}); }
 
+    void clear() {
+        pool_.clear();
+        if (++gen_ == 0) {  // wrapped: forget every generation explicitly
+            for (Slot& s : slots_) s.gen = 0;
+            gen_ = 1;
+        }
+    }
+
     // Pool index of `k`, or -1.
     int find(const Key& k) const {
         size_t i = hash_key(k) & (slots_.size() - 1);
-        while (slots_[i].index >= 0) {
+        while (slots_[i].gen == gen_) {
             if (slots_[i].key == k) return slots_[i].index;
             i = (i + 1) & (slots_.size() - 1);
         }
@@ -135,29 +147,74 @@ public:
     }
 
     size_t size() const { return pool_.size(); }
+    size_t capacity() const { return slots_.size(); }
 
 private:
     struct Slot {
         Key key{{0, 0, 0, 0}};
         int index = -1;
+        uint32_t gen = 0;
     };
     std::vector<Slot> slots_;
     std::vector<Values> pool_;
+    uint32_t gen_ = 1;
 
     void place(const Key& k, int index) {
         size_t i = hash_key(k) & (slots_.size() - 1);
-        while (slots_[i].index >= 0) i = (i + 1) & (slots_.size() - 1);
+        while (slots_[i].gen == gen_) i = (i + 1) & (slots_.size() - 1);
         slots_[i].key = k;
         slots_[i].index = index;
+        slots_[i].gen = gen_;
     }
 
     void grow() {
         std::vector<Slot> old(slots_.size() * 2, Slot{});
         old.swap(slots_);
         for (const Slot& s : old)
-            if (s.index >= 0) place(s.key, s.index);
+            if (s.gen == gen_) place(s.key, s.index);
     }
 };
+
+// The memo maps of one search, reused by later searches (see acquire_workspace).
+struct Workspace {
+    StateMap draw[kShantenThres + 1];
+    StateMap discard[kShantenThres + 1];
+};
+
+// Workspaces outlive searches so their memory is reused; one per concurrently
+// running search. Maps grown past kKeepSlots are dropped rather than kept.
+class WorkspacePool {
+public:
+    static constexpr size_t kKeepSlots = size_t{1} << 18;
+
+    std::unique_ptr<Workspace> acquire() {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (!free_.empty()) {
+                std::unique_ptr<Workspace> w = std::move(free_.back());
+                free_.pop_back();
+                return w;
+            }
+        }
+        return std::unique_ptr<Workspace>(new Workspace());
+    }
+
+    void release(std::unique_ptr<Workspace> w) {
+        for (int i = 0; i <= kShantenThres; ++i)
+            if (w->draw[i].capacity() > kKeepSlots || w->discard[i].capacity() > kKeepSlots) return;
+        std::lock_guard<std::mutex> lock(mutex_);
+        free_.push_back(std::move(w));
+    }
+
+private:
+    std::mutex mutex_;
+    std::vector<std::unique_ptr<Workspace>> free_;
+};
+
+inline WorkspacePool& workspace_pool() {
+    static WorkspacePool pool;
+    return pool;
+}
 
 class Search {
 public:
@@ -182,7 +239,16 @@ public:
         }
         assume_riichi_ = ctx.hand_base.is_menzen && ctx.prefer_riichi;
         init_key();
+        ws_ = workspace_pool().acquire();
+        for (int i = 0; i <= kShantenThres; ++i) {
+            ws_->draw[i].clear();
+            ws_->discard[i].clear();
+        }
     }
+
+    ~Search() { workspace_pool().release(std::move(ws_)); }
+    Search(const Search&) = delete;
+    Search& operator=(const Search&) = delete;
 
     // Candidates of a 3n+2 hand (discards keeping shanten), unsorted.
     std::vector<Candidate> analyze_discard(int shanten) {
@@ -238,7 +304,7 @@ public:
     int max_tsumo() const { return T_; }
     size_t states() const {
         size_t n = 0;
-        for (int i = 0; i <= kShantenThres; ++i) n += draw_cache_[i].size() + discard_cache_[i].size();
+        for (int i = 0; i <= kShantenThres; ++i) n += ws_->draw[i].size() + ws_->discard[i].size();
         return n;
     }
 
@@ -252,8 +318,7 @@ private:
     bool assume_riichi_;
     std::vector<double> not_tsumo_;  // (n_left+1) x T: no required tile in the first j draws
     Key key_{{0, 0, 0, 0}};  // (tehai, wall, red fives), kept in step with every move
-    StateMap draw_cache_[kShantenThres + 1];
-    StateMap discard_cache_[kShantenThres + 1];
+    std::unique_ptr<Workspace> ws_;  // the memo maps, borrowed from workspace_pool()
 
     void finish(Candidate& c, int shanten) {
         c.has_values = true;
@@ -392,7 +457,7 @@ private:
 
     // Values of the current 3n+1 state.
     const Values& draw(int shanten) {
-        return memoised(draw_cache_[shanten], [&](Values& v) { draw_slow(shanten, v); });
+        return memoised(ws_->draw[shanten], [&](Values& v) { draw_slow(shanten, v); });
     }
 
     void draw_slow(int shanten, Values& out) {
@@ -468,7 +533,7 @@ private:
 
     // Best-discard values of the current 3n+2 state.
     const Values& discard_step(int shanten) {
-        return memoised(discard_cache_[shanten], [&](Values& v) { discard_slow(shanten, v); });
+        return memoised(ws_->discard[shanten], [&](Values& v) { discard_slow(shanten, v); });
     }
 
     void discard_slow(int shanten, Values& out) {
