@@ -421,54 +421,67 @@ def sp_threads() -> int:
     return int(env)
 
 
+def prepare_sp(pairs, threads: int | None = None) -> None:
+    """Compute the single-player rows of each ``(encoder, state)`` decision and keep them
+    in the encoder (``encode`` and ``encode_batch`` then reuse them until its next ``update``).
+
+    Decisions already prepared are skipped; the others are searched together on the
+    compiled core on up to ``threads`` threads (default ``sp_threads()``), or one by
+    one in Python when it is not built. Safe to run in a background thread while
+    other encoders are used elsewhere (the search releases the interpreter lock).
+
+    Raises:
+        ValueError: an encoder is None or belongs to another seat than its state.
+    """
+    pending, jobs = {}, []
+    for enc, state in pairs:
+        if enc is None:
+            raise ValueError("feature version 4 needs the seat's V4Encoder (fed every event the PlayerState got)")
+        if state.player_id != enc.player_id:
+            raise ValueError(f"state is seat {state.player_id}, encoder is seat {enc.player_id}")
+        cache = enc._sp_cache
+        if (cache is not None and cache[0] == enc.events_seen) or id(enc) in pending:
+            continue
+        ctx = enc._context(state)
+        job = enc._sp_job(state, ctx)
+        pending[id(enc)] = (enc, state, ctx, job)
+        if job is not None:
+            jobs.append(job)
+    if not pending:
+        return
+    if HAVE_CORE and jobs:
+        results = calc_batch([(calc, args) for calc, args, _ in jobs], sp_threads() if threads is None else threads)
+    else:
+        results = [calc.calc(*args) for calc, args, _ in jobs]
+    by_job = {id(job): tables for job, tables in zip(jobs, results)}
+    scratch = np.zeros((OBS_CHANNELS_V4, 34), dtype=np.float32)
+    for enc, state, ctx, job in pending.values():
+        tables = None if job is None else V4Encoder._finish_tables(job, by_job[id(job)])
+        scratch[SP_START:] = 0.0
+        enc._fill_sp(state, ctx, tables, scratch)
+        enc._sp_cache = (enc.events_seen, scratch[SP_START:].copy())
+
+
 def encode_batch(items, threads: int | None = None) -> list:
     """Encode many decisions at once; the single-player searches run together.
 
     ``items``: sequence of ``(encoder, state, at_kan_select)`` (a ``V4Encoder``,
     its seat's ``PlayerState``). Returns ``[(obs (1012, 34) float32, mask (46,) bool)]``
-    in order. The searches run on the compiled core on up to ``threads``
-    threads (default ``sp_threads()``), or one by one in Python when it is not
-    built. A decision met twice (main and kan-select pass) is searched once.
+    in order. The searches run as ``prepare_sp`` runs them; a decision met twice
+    (main and kan-select pass) or already prepared is not searched again.
 
     Raises:
         ValueError: an encoder is None or belongs to another seat than its state.
     """
-    if threads is None:
-        threads = sp_threads()
-    out, pending, jobs = [], {}, []
+    prepare_sp([(enc, state) for enc, state, _ in items], threads)
+    out = []
     for enc, state, at_kan_select in items:
-        if enc is None:
-            raise ValueError("feature version 4 needs the seat's V4Encoder (fed every event the PlayerState got)")
-        if state.player_id != enc.player_id:
-            raise ValueError(f"state is seat {state.player_id}, encoder is seat {enc.player_id}")
         v3, mask = state.encode_obs(3, bool(at_kan_select))
-        obs = np.zeros((OBS_CHANNELS_V4, 34), dtype=np.float32)
+        obs = np.empty((OBS_CHANNELS_V4, 34), dtype=np.float32)
+        obs[:SP_START] = 0.0
         repack_v3(v3, state.scores, state.honba, state.kyotaku, obs)
+        obs[SP_START:] = enc._sp_cache[1]
         out.append((obs, mask))
-        cache = enc._sp_cache
-        if cache is not None and cache[0] == enc.events_seen:
-            obs[SP_START:] = cache[1]
-            continue
-        key = id(enc)
-        if key not in pending:
-            ctx = enc._context(state)
-            job = enc._sp_job(state, ctx)
-            pending[key] = (enc, state, ctx, job, [])
-            if job is not None:
-                jobs.append(job)
-        pending[key][4].append(obs)
-    if HAVE_CORE and len(jobs) > 0:
-        results = calc_batch([(calc, args) for calc, args, _ in jobs], threads)
-    else:
-        results = [calc.calc(*args) for calc, args, _ in jobs]
-    by_job = {id(job): tables for job, tables in zip(jobs, results)}
-    for enc, state, ctx, job, targets in pending.values():
-        tables = None if job is None else V4Encoder._finish_tables(job, by_job[id(job)])
-        first = targets[0]
-        enc._fill_sp(state, ctx, tables, first)
-        for obs in targets[1:]:
-            obs[SP_START:] = first[SP_START:]
-        enc._sp_cache = (enc.events_seen, first[SP_START:].copy())
     return out
 
 

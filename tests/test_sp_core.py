@@ -9,6 +9,7 @@ import json
 import random
 import time
 
+import numpy as np
 import pytest
 from mjai.mlibriichi.state import PlayerState
 
@@ -316,3 +317,29 @@ def test_sp_threads_from_the_environment(monkeypatch, caplog):
     monkeypatch.delenv("MORTAL_SP_THREADS")
     monkeypatch.setattr(obs_v4, "SP_THREADS", 2)
     assert obs_v4.sp_threads() == 2
+
+
+def test_prepare_sp_searches_each_decision_once(monkeypatch):
+    import mortal.obs_v4 as obs_v4
+
+    calls = []
+    real = obs_v4.calc_batch
+    monkeypatch.setattr(obs_v4, "calc_batch", lambda jobs, threads: calls.append(len(jobs)) or real(jobs, threads))
+    with open(LOGS[0]) as f:
+        events = [json.loads(line) for line in f]
+    ps, enc = PlayerState(0), V4Encoder(0)
+    for ev in events:
+        ev.pop("meta", None)
+        cans = ps.update(json.dumps(ev))
+        enc.update(ev)
+        if ev["type"] == "tsumo" and cans.can_discard and ev["actor"] == 0 and enc.tiles_left < 60:
+            break
+    obs_v4.prepare_sp([(enc, ps), (enc, ps)])          # the same decision twice: one search
+    assert calls == [1]
+    first = obs_v4.encode_batch([(enc, ps, False)])[0][0]
+    assert calls == [1]                               # prepared: encode searches nothing
+    enc.update({"type": "none"})                      # any event makes the rows stale
+    again = obs_v4.encode_batch([(enc, ps, False)])[0][0]
+    assert calls == [1, 1]
+    np.testing.assert_array_equal(first, again)
+    assert first[obs_v4.SP_START:].any()
