@@ -175,10 +175,73 @@ private:
     }
 };
 
-// The memo maps of one search, reused by later searches (see acquire_workspace).
+// Tile masks by concealed hand (tehai + len_div3), kept across searches: which
+// draws lower the shanten of a 3n+1 hand, which discards keep that of a 3n+2 hand.
+// They depend on the hand only, and successive decisions of a seat search
+// mostly the same hands. Emptied when it reaches kMaxEntries.
+class MaskMap {
+public:
+    static constexpr size_t kMaxEntries = size_t{1} << 16;
+
+    MaskMap() { slots_.assign(1024, Slot{}); }
+
+    // Mask of `k`; false if absent.
+    bool find(uint64_t a, uint64_t b, uint64_t* mask) const {
+        size_t i = hash(a, b) & (slots_.size() - 1);
+        while (slots_[i].used) {
+            if (slots_[i].a == a && slots_[i].b == b) {
+                *mask = slots_[i].mask;
+                return true;
+            }
+            i = (i + 1) & (slots_.size() - 1);
+        }
+        return false;
+    }
+
+    void insert(uint64_t a, uint64_t b, uint64_t mask) {
+        if (size_ >= kMaxEntries) {
+            slots_.assign(slots_.size(), Slot{});
+            size_ = 0;
+        }
+        if ((size_ + 1) * 2 > slots_.size()) grow();
+        place(a, b, mask);
+        ++size_;
+    }
+
+private:
+    struct Slot {
+        uint64_t a = 0, b = 0, mask = 0;
+        bool used = false;
+    };
+    std::vector<Slot> slots_;
+    size_t size_ = 0;
+
+    static size_t hash(uint64_t a, uint64_t b) {
+        uint64_t h = (a ^ (b * 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
+        return static_cast<size_t>(h ^ (h >> 31));
+    }
+
+    void place(uint64_t a, uint64_t b, uint64_t mask) {
+        size_t i = hash(a, b) & (slots_.size() - 1);
+        while (slots_[i].used) i = (i + 1) & (slots_.size() - 1);
+        slots_[i] = Slot{a, b, mask, true};
+    }
+
+    void grow() {
+        std::vector<Slot> old(slots_.size() * 2, Slot{});
+        old.swap(slots_);
+        for (const Slot& s : old)
+            if (s.used) place(s.a, s.b, s.mask);
+    }
+};
+
+// The memo maps of one search, reused by later searches (see workspace_pool), and
+// the hand masks, which stay valid from one search to the next.
 struct Workspace {
     StateMap draw[kShantenThres + 1];
     StateMap discard[kShantenThres + 1];
+    MaskMap draw_effect;   // 3n+1 hand -> tiles whose draw lowers the shanten
+    MaskMap discard_keep;  // 3n+2 hand -> tiles whose discard keeps the shanten
 };
 
 // Workspaces outlive searches so their memory is reused; one per concurrently
@@ -384,6 +447,43 @@ private:
         }
     }
 
+    // Tiles t (as a bit mask) whose draw (delta +1) or discard (delta -1) gives a hand of
+    // `target` shanten, from `cache` or computed once for this hand, len_div3 and target.
+    uint64_t hand_mask(MaskMap& cache, int delta, int target) {
+        const uint64_t a = key_.w[0] & ((uint64_t{1} << 51) - 1);
+        // target is a function of the hand for honest input; keyed anyway so that a caller's
+        // wrong cur_shanten cannot poison later searches
+        const uint64_t b = key_.w[1] | static_cast<uint64_t>(ctx_.len_div3) << 51 |
+                           static_cast<uint64_t>(target + 1 + 8) << 54;
+        uint64_t mask = 0;
+        if (cache.find(a, b, &mask)) return mask;
+        ShantenView view;
+        view.init(tehai_, ctx_.len_div3);
+        for (int tid = 0; tid < 34; ++tid) {
+            const int c = tehai_[tid];
+            if (delta > 0 ? c == 4 : c == 0) continue;
+            if (view.with_delta(tid, delta) == target) mask |= uint64_t{1} << tid;
+        }
+        cache.insert(a, b, mask);
+        return mask;
+    }
+
+    // Discards of the current 3n+2 hand that keep `shanten` (aka when it is the only five of its kind).
+    int keeping_discards(int shanten, int* tiles) {
+        const uint64_t mask = hand_mask(ws_->discard_keep, -1, shanten);
+        int n = 0;
+        for (int tid = 0; tid < 34; ++tid) {
+            if (!(mask >> tid & 1)) continue;
+            int tile = tid;
+            if (tehai_[tid] == 1) {
+                for (int r = 0; r < 3; ++r)
+                    if (tid == kFives[r] && (akas_hand_ >> r & 1)) tile = 34 + r;
+            }
+            tiles[n++] = tile;
+        }
+        return n;
+    }
+
     // Discard candidates (aka when it is the only five of its kind) and their shanten change.
     int discard_tiles(int shanten, int* tiles, int* diffs) {
         int n = 0;
@@ -420,11 +520,10 @@ private:
     // Draws that reduce shanten: (tile, count); a red five is its own entry of count 1.
     int effective_draws(int shanten, int* tiles, int* counts) {
         int n = 0;
-        ShantenView view;
-        view.init(tehai_, ctx_.len_div3);
+        const uint64_t mask = hand_mask(ws_->draw_effect, +1, shanten - 1);
         for (int tid = 0; tid < 34; ++tid) {
             const int count = wall_[tid];
-            if (!count || view.with_delta(tid, +1) - shanten != -1) continue;
+            if (!count || !(mask >> tid & 1)) continue;
             int red = -1;
             for (int r = 0; r < 3; ++r)
                 if (tid == kFives[r] && (akas_wall_ >> r & 1)) red = r;
@@ -546,10 +645,9 @@ private:
             best_tile[i] = kUnknownTile;
             best_val[i] = -(1LL << 31);
         }
-        int tiles[14], diffs[14];
-        const int n = discard_tiles(shanten, tiles, diffs);
+        int tiles[14];
+        const int n = keeping_discards(shanten, tiles);
         for (int k = 0; k < n; ++k) {
-            if (diffs[k] != 0) continue;
             discard(tiles[k]);
             const Values& v = draw(shanten);
             undo_discard(tiles[k]);
