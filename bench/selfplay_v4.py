@@ -9,7 +9,7 @@ encoding cost alone (no model). One untimed v4 run first fills the
 single-player core's lazily built shanten tables (once per process, as in a
 long-running client).
 
-    python bench/selfplay_v4.py [--seeds 4] [--channels 64] [--blocks 4] [--sp-threads N]
+    python bench/selfplay_v4.py [--seeds 4] [--repeat 3] [--channels 64] [--blocks 4] [--sp-threads N]
 """
 
 if __package__ in (None, ''):  # run as a script: python bench/selfplay_v4.py
@@ -19,6 +19,8 @@ if __package__ in (None, ''):  # run as a script: python bench/selfplay_v4.py
 import argparse
 import os
 import time
+
+import numpy as np
 
 
 def _rows_per_s(make_engine, seeds):
@@ -52,6 +54,7 @@ def main(argv=None):
     p.add_argument("--channels", type=int, default=64)
     p.add_argument("--blocks", type=int, default=4)
     p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--repeat", type=int, default=3, help="v3/v4 pairs per policy (the median ratio is kept)")
     p.add_argument("--sp-threads", type=int, default=None,
                    help="threads of the v4 single-player search (default: MORTAL_SP_THREADS, else min(8, CPUs))")
     args = p.parse_args(argv)
@@ -80,13 +83,16 @@ def main(argv=None):
     print(f"games per run: {4 * args.seeds}; model Brain(conv_channels={args.channels}, num_blocks={args.blocks}) "
           f"+ DQN on cpu, torch threads {torch.get_num_threads()}, SP threads {obs_v4.sp_threads()}")
     _rows_per_s(floor_engine(4), 1)  # untimed: fills the single-player core's shanten tables, once per process
-    results = {}
     for label, factory in (("zero-cost policy", floor_engine), ("model", model_engine)):
-        for version in (3, 4):
-            rate, rows, wall = _rows_per_s(factory(version), args.seeds)
-            results[(label, version)] = rate
-            print(f"{label:16s} v{version}: {rate:8.0f} rows/s ({rows} rows in {wall:.1f} s)")
-        print(f"{label:16s} v4/v3 throughput ratio: {results[(label, 4)] / results[(label, 3)]:.3f}")
+        ratios = []
+        for r in range(args.repeat):  # v3 and v4 back to back, so a drift of the machine hits both
+            rates = {}
+            for version in (3, 4):
+                rates[version], rows, wall = _rows_per_s(factory(version), args.seeds)
+                print(f"{label:16s} v{version}: {rates[version]:8.0f} rows/s ({rows} rows in {wall:.1f} s)")
+            ratios.append(rates[4] / rates[3])
+        print(f"{label:16s} v4/v3 throughput ratio: {np.median(ratios):.3f} (median of {args.repeat}: "
+              f"{', '.join(f'{x:.3f}' for x in ratios)})")
 
 
 if __name__ == "__main__":
