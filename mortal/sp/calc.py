@@ -423,14 +423,16 @@ class _Run:
         return [Candidate(UNKNOWN, required_tiles=self.required_tiles())]
 
     # -- recursion -----------------------------------------------------------
-    def draw(self, shanten):
+    def _memo(self, cache, compute, shanten):
+        """``compute(shanten)`` of the current state, once per state (memoised in ``cache``)."""
         key = self._key()
-        cache = self.draw_cache[shanten]
         got = cache.get(key)
         if got is None:
-            got = self._draw_slow(shanten)
-            cache[key] = got
+            got = cache[key] = compute(shanten)
         return got
+
+    def draw(self, shanten):
+        return self._memo(self.draw_cache[shanten], self._draw_slow, shanten)
 
     def _draw_slow(self, shanten):
         T = self.T
@@ -482,13 +484,7 @@ class _Run:
         return (tenpai, win, ev)
 
     def discard_step(self, shanten):
-        key = self._key()
-        cache = self.discard_cache[shanten]
-        got = cache.get(key)
-        if got is None:
-            got = self._discard_slow(shanten)
-            cache[key] = got
-        return got
+        return self._memo(self.discard_cache[shanten], self._discard_slow, shanten)
 
     def _discard_slow(self, shanten):
         T = self.T
