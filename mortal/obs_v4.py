@@ -278,14 +278,8 @@ class V4Encoder:
                        + sum(factor[deaka(t)] + (t >= 34) for t in self.own_fuuro_tiles))
         return tehai, akas, chis, pons, minkans, ankans, is_menzen, factor, doras_owned
 
-    def encode_sp(self, state, obs) -> None:
-        """Fill rows 889-1011 of ``obs`` (rows assumed zero)."""
-        ctx = self._context(state)
-        job = self._sp_job(state, ctx)
-        tables = None if job is None else self._finish_tables(job, job[0].calc(*job[1]))
-        self._fill_sp(state, ctx, tables, obs)
-
     def _fill_sp(self, state, ctx, tables, obs) -> None:
+        """Fill rows 889-1011 of ``obs`` (rows assumed zero) from the sorted ``tables`` (None: fallback)."""
         cans = state.last_cans
         if tables is None:
             value = self.min_tsumo_agari(state, ctx)

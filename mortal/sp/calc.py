@@ -250,9 +250,13 @@ class SPCalculator:
                 tsumos_left, cur_shanten)
 
     def _calc_core(self, *args) -> list:
-        if _core is None:
-            raise ValueError("the compiled SP core (mortal.sp._core) is not built; run bash scripts/setup.sh")
-        return _candidates(_core.sp_calc(*self.core_args(*args)))
+        return _candidates(_require_core().sp_calc(*self.core_args(*args)))
+
+
+def _require_core():
+    if _core is None:
+        raise ValueError("the compiled SP core (mortal.sp._core) is not built; run bash scripts/setup.sh")
+    return _core
 
 
 def _candidates(raw) -> list:
@@ -267,12 +271,7 @@ def calc_batch(jobs, threads: int = 1) -> list:
     per job, in order. Every job is checked before any search starts (ValueError
     names the bad field); raises ValueError when the core is not built.
     """
-    if _core is None:
-        raise ValueError("the compiled SP core (mortal.sp._core) is not built; run bash scripts/setup.sh")
-    for _, args in jobs:
-        if args[6] < 0:
-            raise ValueError("can't calculate an agari hand")
-    raw = _core.sp_calc_batch([calc.core_args(*args) for calc, args in jobs], int(threads))
+    raw = _require_core().sp_calc_batch([calc.core_args(*args) for calc, args in jobs], int(threads))
     out = []
     for (_, args), r in zip(jobs, raw):
         out.append(sort_candidates(_candidates(r), args[6] <= SHANTEN_THRES))
