@@ -302,12 +302,15 @@ class RulebaseTestPlayer:
     """Test play against three RulebaseBots (the offline run has no Mortal baseline to play against).
 
     ``test_play(seed_count, mortal, dqn, device) -> mortal.stat.Stat`` of the challenger named ``mortal``,
-    on the fixed test seeds of ``mortal.player``.
+    on the fixed test seeds of ``mortal.player``. ``enabled`` is False when ``[bootstrap] offline_test_every`` is
+    0 (the trainer then prints no countdown to a test play that never comes).
     """
 
     def __init__(self, config):
         self.version = config['control']['version']
         self.log_dir = os.path.abspath(config['test_play']['log_dir'])
+        self.enabled = bool((config.get('bootstrap') or {}).get('offline_test_every',
+                                                                DEFAULTS['offline_test_every']))
 
     def test_play(self, seed_count, mortal, dqn, device):
         import torch

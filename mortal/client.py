@@ -8,6 +8,10 @@ rounds, then submit the round's logs with the parameter version they were played
 
 Logs of a round whose submission cannot reach the server are retried until the server is back; if the server
 restarted meanwhile they still go in (tagged with an unknown parameter version).
+
+Parameters that do not fit this client's networks (other key names or shapes, e.g. a trainer with another
+``[resnet]``) are not loaded: the client logs one warning per such version and plays on with the parameters it
+has, or, holding none yet, asks again every 3 s.
 """
 
 if __package__ in (None, ''):  # run as a script: python mortal/client.py
@@ -79,6 +83,22 @@ def fetch_param(remote: wire.Remote, param_version: int, server_id, *, sleep=tim
     return wire.request_with_retry(remote, msg, on_refusal=on_refusal, sleep=sleep)
 
 
+def check_loadable(module: torch.nn.Module, state_dict, what: str) -> None:
+    """ValueError naming ``what`` and the first differing key (with both shapes) unless ``state_dict`` has exactly
+    the keys and shapes of ``module.state_dict()``, so that ``load_state_dict`` can neither fail nor half-load."""
+    own = module.state_dict()
+    for key, want in own.items():
+        if key not in state_dict:
+            raise ValueError(f'{what}: key {key!r} is missing (expected shape {list(want.shape)})')
+        got = state_dict[key]
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+            shape = list(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            raise ValueError(f'{what}: key {key!r} has shape {shape}, expected {list(want.shape)}')
+    for key in state_dict:
+        if key not in own:
+            raise ValueError(f'{what}: unexpected key {key!r}')
+
+
 def read_logs(file_list) -> dict:
     """``{basename: bytes}`` of the round's log files."""
     logs = {}
@@ -121,16 +141,42 @@ class Client:
         self.train_player = train_player
         self.param_version = -1
         self.server_id = None
+        self.bad_param = None  # (server_id, param_version) of the last parameters that could not be loaded
         self.history = RankHistory(config['online']['history_window'])
+
+    def update_param(self, rsp: dict) -> bool:
+        """Load the parameters of a get_param 'ok' reply; True when loaded. Parameters that cannot be loaded
+        (undecodable, other keys or shapes) leave the current ones in place and return False, logging one warning
+        per (server_id, param_version)."""
+        key = (rsp.get('server_id'), rsp.get('param_version'))
+        try:
+            mortal = wire.unpack_state_dict(rsp['mortal'], self.device)
+            dqn = wire.unpack_state_dict(rsp['dqn'], self.device)
+            check_loadable(self.mortal, mortal, 'mortal')
+            check_loadable(self.dqn, dqn, 'dqn')
+            if not isinstance(key[1], int) or isinstance(key[1], bool):
+                raise ValueError(f'param_version is {key[1]!r}, expected an int')
+        except (wire.ProtocolError, ValueError, KeyError) as ex:
+            if key != self.bad_param:
+                self.bad_param = key
+                keeping = (f'keeping version {self.param_version}' if self.param_version >= 0
+                           else 'waiting for loadable ones')
+                logger.warning('cannot load parameters version %s from the server (%s): %s', key[1], keeping, ex)
+            return False
+        self.mortal.load_state_dict(mortal)
+        self.dqn.load_state_dict(dqn)
+        self.param_version = key[1]
+        self.server_id = key[0]
+        logger.info('param has been updated (version %d)', self.param_version)
+        return True
 
     def run_round(self) -> np.ndarray:
         """Fetch parameters, play one round, log the ranks, submit the logs; returns the (4,) rank counts."""
-        rsp = fetch_param(self.remote, self.param_version, self.server_id, sleep=self.sleep)
-        self.mortal.load_state_dict(wire.unpack_state_dict(rsp['mortal'], self.device))
-        self.dqn.load_state_dict(wire.unpack_state_dict(rsp['dqn'], self.device))
-        self.param_version = rsp['param_version']
-        self.server_id = rsp.get('server_id')
-        logger.info('param has been updated (version %d)', self.param_version)
+        while not self.update_param(fetch_param(self.remote, self.param_version, self.server_id,
+                                                sleep=self.sleep)):
+            if self.param_version >= 0:
+                break  # play on with the parameters already loaded
+            self.sleep(wire.RETRY_INTERVAL)
 
         rankings, file_list = self.train_player.train_play(self.mortal, self.dqn, self.device)
         total = self.history.add(rankings)

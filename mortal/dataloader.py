@@ -19,6 +19,12 @@ Workers: use ``make_dataloader``. Files are sharded across DataLoader workers so
 none is read twice, and workers are started with a ``forkserver`` (or ``spawn``)
 context: forking a parent that already ran native threaded code (torch/Rust
 thread pools) can deadlock the child, which is how Mortal's online trainer hangs.
+The fork server and the workers die with the process that iterates the loader,
+even after its SIGKILL (``mortal.lifetime``, Linux).
+
+With ``sample_ids`` each sample also says which file, pass and position it is,
+and ``trained`` leaves out samples trained before: the online learner's record
+of its claimed logs (``mortal.claims``).
 """
 
 from __future__ import annotations
@@ -27,12 +33,15 @@ import logging
 import math
 import multiprocessing
 import random
+import threading
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from mortal.gameplay import GameplayLoader
+from mortal.grp import DEFAULT_MAX_LOG_BYTES
+from mortal.lifetime import die_with_parent
 from mortal.reward import RewardCalculator
 
 logger = logging.getLogger(__name__)
@@ -67,6 +76,15 @@ class FileDatasetsIter(IterableDataset):
         num_epochs: passes over the file list.
         enable_augmentation: each epoch also yields every file with manzu/pinzu swapped,
             after (or before, with ``augmented_first``) the plain pass.
+        max_log_bytes: cap on a file's decompressed size (``[dataset] max_log_bytes``); larger files
+            are skipped as bad input.
+        sample_ids: append to every sample a 7th element, an int64 array ``[file, pass, index, count]``:
+            ``file`` is the position in ``file_list`` as given, ``pass`` counts the passes of this
+            iteration (epochs x plain/augmented, in order), ``index`` is the sample's position among the
+            ``count`` samples of that file in that pass (before any shuffle or ``trained`` filter). Lets
+            the trainer know which samples it has trained (``mortal.claims``).
+        trained: ``{path: {pass: indices or None}}``: samples already trained, left out (``None``: the
+            whole pass of that file, which is then not even read). Indices refer to ``sample_ids``.
 
     Bad files are skipped with one warning each; ``skipped`` counts them in this
     process, and a summary is logged after each pass.
@@ -74,10 +92,17 @@ class FileDatasetsIter(IterableDataset):
 
     def __init__(self, version, file_list, pts, grp, *, file_batch_size=20, reserve_ratio=0,
                  player_names=None, excludes=None, num_epochs=1, enable_augmentation=False,
-                 augmented_first=False, always_include_kan_select=True):
+                 augmented_first=False, always_include_kan_select=True, max_log_bytes=DEFAULT_MAX_LOG_BYTES,
+                 sample_ids=False, trained=None):
         super().__init__()
         self.version = version
         self.file_list = list(file_list)
+        self.files = tuple(self.file_list)  # the order sample_ids refer to (file_list is sharded and shuffled)
+        self._file_ids = {p: i for i, p in reversed(list(enumerate(self.files)))} if sample_ids else None
+        self.trained = {p: {int(k): None if v is None else frozenset(v) for k, v in passes.items()}
+                        for p, passes in (trained or {}).items()}
+        self.max_log_bytes = max_log_bytes
+        self._pass = 0
         self.pts = pts
         self.grp = grp
         self.file_batch_size = max(1, int(file_batch_size))
@@ -112,10 +137,11 @@ class FileDatasetsIter(IterableDataset):
     def build_iter(self):
         self._shard_for_current_worker()
         self.reward_calc = RewardCalculator(self.grp, self.pts)
-        for _ in range(self.num_epochs):
-            yield from self.load_files(self.augmented_first)
-            if self.enable_augmentation:
-                yield from self.load_files(not self.augmented_first)
+        flags = [self.augmented_first] + ([not self.augmented_first] if self.enable_augmentation else [])
+        for epoch in range(self.num_epochs):
+            for i, augmented in enumerate(flags):
+                self._pass = epoch * len(flags) + i
+                yield from self.load_files(augmented)
 
     def load_files(self, augmented: bool):
         """One pass over ``file_list`` (shuffled), yielding samples through the shuffle buffer."""
@@ -126,11 +152,13 @@ class FileDatasetsIter(IterableDataset):
             excludes=self.excludes,
             always_include_kan_select=self.always_include_kan_select,
             augmented=augmented,
+            max_log_bytes=self.max_log_bytes,
         )
         self.buffer = []
-        for start in range(0, len(self.file_list), self.file_batch_size):
+        files = [p for p in self.file_list if self.trained.get(p, {}).get(self._pass, ()) is not None]
+        for start in range(0, len(files), self.file_batch_size):
             old_size = len(self.buffer)
-            self.populate_buffer(self.file_list[start:start + self.file_batch_size])
+            self.populate_buffer(files[start:start + self.file_batch_size])
             size = len(self.buffer)
             reserved = int((size - old_size) * self.reserve_ratio)
             if reserved > size:
@@ -144,7 +172,7 @@ class FileDatasetsIter(IterableDataset):
         self.skipped += self.loader.skipped
         if self.loader.skipped:
             logger.warning("pass over %d files (augmented=%s): %d skipped as bad input",
-                           len(self.file_list), augmented, self.loader.skipped)
+                           len(files), augmented, self.loader.skipped)
 
     def populate_buffer(self, file_list) -> None:
         """Decode ``file_list`` and append every sample of every kept seat to ``self.buffer``.
@@ -159,7 +187,19 @@ class FileDatasetsIter(IterableDataset):
                 logger.warning("skipped log %s: %s: %s", path, type(e).__name__, e)
                 self.loader.skipped += 1
                 continue
+            if self._file_ids is not None or path in self.trained:
+                samples = self._tag_and_filter(path, samples)
             self.buffer.extend(samples)
+
+    def _tag_and_filter(self, path, samples) -> list:
+        # Indices are taken before filtering so that they stay the same on every re-read of the file.
+        done = self.trained.get(path, {}).get(self._pass) or ()
+        count = len(samples)
+        if self._file_ids is None:
+            return [s for j, s in enumerate(samples) if j not in done]
+        fid = self._file_ids[path]
+        return [(*s, np.array([fid, self._pass, j, count], dtype=np.int64))
+                for j, s in enumerate(samples) if j not in done]
 
     def _samples(self, game) -> list:
         n = len(game)
@@ -237,9 +277,12 @@ def configure_worker_logging() -> None:
 def worker_init_fn(*args, **kwargs):
     """DataLoader ``worker_init_fn``: shard ``file_list`` so no file is read by two workers.
 
-    Also configures logging (``configure_worker_logging``) and calls ``keep_freed_memory``
-    (worker processes only load data).
+    Also makes the worker die with its parent process (``mortal.lifetime.die_with_parent``: the fork server,
+    which itself dies with the loading process), configures logging (``configure_worker_logging``) and calls
+    ``keep_freed_memory`` (worker processes only load data).
     """
+    # torch's own watchdog only checks the worker's parent, which under forkserver outlives a killed learner.
+    die_with_parent()
     configure_worker_logging()
     keep_freed_memory()
     info = torch.utils.data.get_worker_info()
@@ -257,8 +300,14 @@ def safe_mp_context():
     ctx = multiprocessing.get_context("forkserver")
     # Import the heavy modules once in the (thread-free) fork server so that each
     # worker forked from it starts in well under a second. Only takes effect
-    # before the fork server is first started.
-    ctx.set_forkserver_preload(["torch", "mortal.dataloader"])
+    # before the fork server is first started. The fork server is started by the
+    # thread that first iterates a loader; it dies with that thread
+    # (mortal._forkserver_preload, first so that it acts before the slow imports),
+    # so only the main thread, whose end is the process's, asks for that.
+    preload = ["torch", "mortal.dataloader"]
+    if threading.current_thread() is threading.main_thread():
+        preload.insert(0, "mortal._forkserver_preload")
+    ctx.set_forkserver_preload(preload)
     return ctx
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from mjai.mlibriichi.state import PlayerState
 
 from mortal.action import HORA, KAN, PASS, RIICHI, RYUKYOKU, event_to_label, kan_select_label
-from mortal.grp import BadLogError, Grp, LoadedLog, parse_log, read_log, skip_message
+from mortal.grp import DEFAULT_MAX_LOG_BYTES, BadLogError, Grp, LoadedLog, parse_log, read_log, skip_message
 from mortal.obs import check_version, obs_shape
 from mortal.obs_v4 import V4Encoder
 
@@ -232,6 +232,39 @@ class _SeatRecorder:
         )
 
 
+_MASKED = "?"
+_TILE_FIELDS = ("pai", "dora_marker")
+_TILE_LIST_FIELDS = ("consumed",)
+
+
+def _check_unmasked(log: LoadedLog, seat: int) -> None:
+    """Raise ``BadLogError`` (file, line, field) if ``seat``'s replay would meet a masked tile ``'?'``.
+
+    A log written from one player's view masks the other seats' starting hands and draws with ``'?'``. The
+    Rust ``PlayerState`` accepts that for other seats but panics on a ``'?'`` it must place (its own hand or
+    draw, a dora indicator, a called or discarded tile), and the panic hook prints a Rust backtrace to stderr
+    outside the log format; so such a log is rejected here, before the state sees it.
+    """
+    for ev, no in zip(log.events, log.line_numbers):
+        typ = ev["type"]
+        if typ == "start_kyoku":
+            hands = ev.get("tehais")
+            if isinstance(hands, list) and len(hands) == 4 and isinstance(hands[seat], list) \
+                    and _MASKED in hands[seat]:
+                raise BadLogError(log.source, f"start_kyoku tehais of seat {seat} hold masked tiles '?' (a log "
+                                              f"from another player's view?); training needs full hands", no)
+        elif typ == "tsumo" and ev.get("actor") != seat:
+            continue  # another seat's masked draw is normal in a player's view
+        for key in _TILE_FIELDS:
+            if ev.get(key) == _MASKED:
+                raise BadLogError(log.source, f"{typ} field {key!r} is a masked tile '?' (seat {seat} needs "
+                                              f"to know it)", no)
+        for key in _TILE_LIST_FIELDS:
+            v = ev.get(key)
+            if isinstance(v, list) and _MASKED in v:
+                raise BadLogError(log.source, f"{typ} field {key!r} holds a masked tile '?'", no)
+
+
 def _label(cur_cans, state, events, i, nxt_idx, seat, always_kan_select):
     """(label, kan_select_label) for a decision after ``events[i]``, or (None, None). §1.4 of the spec.
 
@@ -295,13 +328,16 @@ class GameplayLoader:
         always_include_kan_select: add the kan-tile sample after every kan decision (else only
             when there was more than one candidate of that kan kind, as Mortal).
         augmented: swap manzu and pinzu in every event before loading.
+        max_log_bytes: cap on a file's decompressed size in bytes (``[dataset] max_log_bytes``; None = no
+            cap); a larger file is skipped like any bad log.
 
     Attributes ``skipped`` (count of files skipped by ``load_gz_log_files``) and
     ``skipped_files`` (up to 1000 ``(path, message)``) report bad input.
     """
 
     def __init__(self, version: int, *, oracle: bool = False, player_names=None, excludes=None,
-                 always_include_kan_select: bool = True, augmented: bool = False):
+                 always_include_kan_select: bool = True, augmented: bool = False,
+                 max_log_bytes: int | None = DEFAULT_MAX_LOG_BYTES):
         if oracle:
             raise NotImplementedError("oracle observations are not available with mjai.mlibriichi; use oracle=False")
         self.version = check_version(version)
@@ -310,6 +346,7 @@ class GameplayLoader:
         self.excludes = list(excludes or [])
         self.always_include_kan_select = bool(always_include_kan_select)
         self.augmented = bool(augmented)
+        self.max_log_bytes = max_log_bytes
         self._names = frozenset(self.player_names)
         self._excludes = frozenset(self.excludes)
         self.skipped = 0
@@ -344,7 +381,11 @@ class GameplayLoader:
             log = augment_log(log)
         grp = Grp.load_events(log.events, log.source)
         names = log.events[0].get("names") or [""] * 4
-        return [self._load_seat(log, grp, seat, str(names[seat])) for seat in self.kept_seats(names)]
+        seats = self.kept_seats(names)
+        if any('"?"' in line for line in log.lines):  # cheap test on the JSON text first: full logs have none
+            for seat in seats:
+                _check_unmasked(log, seat)
+        return [self._load_seat(log, grp, seat, str(names[seat])) for seat in seats]
 
     def _load_seat(self, log: LoadedLog, grp: Grp, seat: int, name: str) -> Gameplay:
         events, lines = log.events, log.lines
@@ -403,8 +444,9 @@ class GameplayLoader:
         return rec.finish(grp, seat, name)
 
     def load_log_file(self, path) -> list[Gameplay]:
-        """``load_log`` of a gzip or plain file. Raises ``BadLogError`` or ``OSError``."""
-        return self.load_parsed(read_log(path))
+        """``load_log`` of a gzip or plain file (at most ``max_log_bytes`` decompressed). Raises ``BadLogError``
+        or ``OSError``."""
+        return self.load_parsed(read_log(path, self.max_log_bytes))
 
     def load_gz_log_files(self, paths) -> list[list[Gameplay]]:
         """``load_log_file`` over ``paths``; result aligned with the input.

@@ -15,14 +15,18 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import math
 import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from mortal import config as _config
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "DEFAULT_MAX_LOG_BYTES",
     "GRP_SIZE",
     "MAX_KYOKU",
     "MJAI_EVENT_TYPES",
@@ -48,6 +52,10 @@ MJAI_EVENT_TYPES = frozenset({
 })
 
 _GZIP_MAGIC = b"\x1f\x8b"
+#: Default cap on a log's decompressed size (``[dataset] max_log_bytes``, defined with the config schema): a
+#: hanchan is well under 1 MB of mjai JSON, so 64 MiB only stops decompression bombs and files that are not one game.
+DEFAULT_MAX_LOG_BYTES = _config.DEFAULT_MAX_LOG_BYTES
+_READ_CHUNK = 1 << 20
 # Events whose 'actor' (a seat) is required.
 _ACTOR_EVENTS = frozenset({"tsumo", "dahai", "chi", "pon", "daiminkan", "kakan", "ankan", "reach",
                            "reach_accepted", "hora"})
@@ -84,20 +92,43 @@ class LoadedLog:
     source: str = "<log>"
 
 
-def read_log_text(path) -> str:
+def _read_capped(f, max_bytes: int, path, what: str) -> bytes:
+    # Chunked reads so that memory stays within about max_bytes + one chunk whatever the file claims to hold.
+    chunks, size = [], 0
+    while True:
+        chunk = f.read(_READ_CHUNK)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > max_bytes:
+            raise BadLogError(path, f"{what} exceeds the cap of {max_bytes:,} bytes ([dataset] max_log_bytes; "
+                                    f"a decompression bomb or not a single game?)")
+        chunks.append(chunk)
+
+
+def read_log_text(path, max_bytes: int | None = DEFAULT_MAX_LOG_BYTES) -> str:
     """Read a log file, gunzipping it when it starts with the gzip magic.
 
+    ``max_bytes``: cap on the (decompressed) size in bytes, ``None`` for none. The file is read and
+    decompressed incrementally, so memory stays within about the cap however large the file unpacks.
+
     Raises:
-        BadLogError: unreadable gzip stream or text that is not UTF-8.
+        BadLogError: unreadable gzip stream, text that is not UTF-8, or more than ``max_bytes`` bytes
+            (the message names the cap).
         OSError: the file cannot be opened.
     """
+    cap = math.inf if max_bytes is None else max_bytes
     with open(path, "rb") as f:
-        data = f.read()
-    if data[:2] == _GZIP_MAGIC:
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as e:
-            raise BadLogError(path, f"corrupt gzip data ({e})") from None
+        if f.read(2) == _GZIP_MAGIC:
+            f.seek(0)
+            try:
+                with gzip.GzipFile(fileobj=f, mode="rb") as gz:
+                    data = _read_capped(gz, cap, path, "decompressed log")
+            except (OSError, EOFError, zlib.error) as e:
+                raise BadLogError(path, f"corrupt gzip data ({e})") from None
+        else:
+            f.seek(0)
+            data = _read_capped(f, cap, path, "log")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -204,6 +235,13 @@ def _check_event(ev: dict, typ: str, source: str, no: int) -> None:
             n = len(names) if isinstance(names, list) else "?"
             raise BadLogError(source, f"start_game has {n} names; only 4-player logs are supported", no)
     elif typ == "start_kyoku":
+        if "tehais" not in ev:
+            # Some converters write the starting hands under another name ('haipai'/'haipais', or one 'haipai'
+            # event per seat): that is another dialect, not a 3-player log.
+            alt = sorted(k for k in ev if "haipai" in k.lower())
+            seen = f" (it has {', '.join(repr(k) for k in alt)})" if alt else ""
+            raise BadLogError(source, f"start_kyoku has no 'tehais'{seen}: a haipai-dialect log? mjai's start_kyoku "
+                                      f"lists the 4 starting hands in 'tehais'; convert the log to mjai", no)
         for key in ("scores", "tehais"):
             v = ev.get(key)
             if not isinstance(v, list) or len(v) != 4:
@@ -227,9 +265,10 @@ def _check_event(ev: dict, typ: str, source: str, no: int) -> None:
             raise BadLogError(source, f"{typ} lacks field 'deltas' (4 integers), required for GRP final scores", no)
 
 
-def read_log(path) -> LoadedLog:
-    """``read_log_text`` + ``parse_log``; raises ``BadLogError`` / ``OSError``."""
-    return parse_log(read_log_text(path), str(path))
+def read_log(path, max_bytes: int | None = DEFAULT_MAX_LOG_BYTES) -> LoadedLog:
+    """``read_log_text`` (capped at ``max_bytes`` decompressed bytes) + ``parse_log``; raises ``BadLogError`` /
+    ``OSError``."""
+    return parse_log(read_log_text(path, max_bytes), str(path))
 
 
 def skip_message(path, exc: BaseException) -> str:

@@ -6,13 +6,21 @@ Behaviour as Mortal's server, with its faults fixed:
   idle version, else the parameters.
 - ``submit_replay`` stores each log as ``{submission_id}_{name}`` (two submissions never overwrite each other),
   written under a temporary name and renamed, so a crash leaves no half-written log; each log remembers the
-  ``param_version`` it was played with, so the trainer can measure staleness.
-- ``submit_param`` bumps ``param_version`` (and the idle version when ``is_idle``).
+  ``param_version`` it was played with, so the trainer can measure staleness. Every log must start with an mjai
+  ``start_game`` line (gzip or plain), else the request is a 'bad request' and nothing is stored. A submission
+  is stored whole or not at all: a disk failure (e.g. an unwritable ``buffer_dir``) is answered 'error'.
+- ``submit_param`` bumps ``param_version`` (and the idle version when ``is_idle``). Its key names, dtypes and
+  shapes (read from the safetensors headers; no network is built) must match the first accepted submission of
+  this server's lifetime unless the request says ``arch_change: true``; empty state dicts are always refused.
 - ``drain`` moves the whole buffer into a freshly emptied ``drain_dir`` (under ``force_sequential`` only once the
-  buffer is full) and answers ``{count, drain_dir, files, param_versions, ...}``.
+  buffer is full) and answers ``{count, drain_dir, files, param_versions, ...}``. A drain that fails midway
+  answers 'error' and keeps the logs it moved in ``drain_dir`` for the next drain: none is lost or duplicated.
 - Both dirs are cleared and recreated at start. Counts come only from files this server wrote: stray entries are
   logged and ignored in ``buffer_dir``, logged and removed when ``drain_dir`` is emptied.
 - Every request is one connection; a malformed frame closes that connection only (see ``mortal/wire.py``).
+  The header's MAC is checked before any payload is read; at most ``max_pending`` connections may be waiting
+  for their header at once (others are closed at once), and payloads being read or handled hold at most
+  ``max_inflight_bytes`` bytes together (a frame waits until its length fits).
 - Each server instance has a random ``server_id``; a client or trainer that reconnects after a restart is
   recognised as holding no parameters of this instance (otherwise ``force_sequential`` would deadlock).
 """
@@ -22,7 +30,9 @@ if __package__ in (None, ''):  # run as a script: python mortal/server.py
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
 import argparse
+import errno
 import ipaddress
+import json
 import logging
 import os
 import re
@@ -30,6 +40,9 @@ import secrets
 import shutil
 import socket
 import threading
+import time
+import zlib
+from collections import OrderedDict, deque
 from os import path
 from socketserver import BaseRequestHandler, ThreadingTCPServer
 from typing import Optional
@@ -42,10 +55,71 @@ logger = logging.getLogger('mortal.server' if __name__ == '__main__' else __name
 _SAFE_NAME = re.compile(r'[A-Za-z0-9][A-Za-z0-9._-]{0,199}')
 _TMP_PREFIX = '.incoming-'
 UNKNOWN_VERSION = -1
+_GZIP_MAGIC = b'\x1f\x8b'
+# Decompressed bytes searched for a log's first line: a start_game line is ~200 bytes, so this is ample, and a
+# gzip bomb costs at most this much.
+FIRST_LINE_LIMIT = 64 * 1024
+DEFAULT_MAX_PENDING = 64  # connections still sending their header ([online.server] max_pending_connections)
+DISCARD_SECONDS = 30.0  # how long a refused peer may go on sending (so it reads its 'unauthorized' reply)
 
 
 class BadRequest(ValueError):
     """A well-formed frame whose content is not a valid request (wrong field type, unsafe file name, ...)."""
+
+
+def check_log_head(name: str, content: bytes) -> None:
+    """BadRequest (naming the log) unless the first non-blank line of ``content`` (gzip or plain mjai JSON lines)
+    is a JSON ``start_game`` event. Decompresses at most ``FIRST_LINE_LIMIT`` bytes."""
+    if content[:2] == _GZIP_MAGIC:
+        try:
+            head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(content, FIRST_LINE_LIMIT)
+        except zlib.error as ex:
+            raise BadRequest(f'log {name!r} is not an mjai log: corrupt gzip data ({ex})') from None
+    else:
+        head = content[:FIRST_LINE_LIMIT]
+    more = len(head) >= FIRST_LINE_LIMIT  # bytes may follow what was looked at
+    text = head.lstrip()
+    end = text.find(b'\n')
+    if end < 0 and more:
+        raise BadRequest(f'log {name!r} is not an mjai log: no line ends within its first {FIRST_LINE_LIMIT} bytes')
+    line = text if end < 0 else text[:end]
+    try:
+        event = json.loads(line)
+    except (ValueError, RecursionError) as ex:  # UnicodeDecodeError is a ValueError
+        raise BadRequest(f'log {name!r} is not an mjai log: first line is not JSON ({type(ex).__name__})') from None
+    kind = event.get('type') if isinstance(event, dict) else None
+    if kind != 'start_game':
+        raise BadRequest(f'log {name!r} is not an mjai log: first event is {kind!r}, expected \'start_game\'')
+
+
+def _remove_quietly(p: str) -> None:
+    try:
+        os.remove(p)
+    except OSError:
+        pass
+
+
+def _move(src: str, dst: str) -> None:
+    """Rename ``src`` to ``dst``; across file systems copy to a temporary name, rename, then remove ``src``.
+    On any failure the file is left at ``src`` only (never at both places); the OSError propagates."""
+    try:
+        os.replace(src, dst)
+        return
+    except OSError as ex:
+        if ex.errno != errno.EXDEV:
+            raise
+    tmp = path.join(path.dirname(dst), _TMP_PREFIX + path.basename(dst))
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    except OSError:
+        _remove_quietly(tmp)
+        raise
+    try:
+        os.remove(src)
+    except OSError:
+        _remove_quietly(dst)
+        raise
 
 
 def _field(msg: dict, key: str, types, *, default=...):
@@ -81,11 +155,15 @@ class ReplayStore:
         # protected by dir_lock: buffered file name -> param_version it was played with (UNKNOWN_VERSION if unknown)
         self.buffer = {}
         self.drained = set()
+        # moved into drain_dir by a drain that then failed: name -> param_version, delivered by the next drain
+        self.pending = OrderedDict()
         self.submission_id = 0
         self.reported_strays = set()
+        self.storage_state = {}  # operation -> (errno, exception type) of its current failure; absent when fine
         # protected by param_lock
         self.mortal_param: Optional[bytes] = None
         self.dqn_param: Optional[bytes] = None
+        self.param_signature: Optional[dict] = None  # {'mortal': signature, 'dqn': signature} of accepted params
         self.param_version = 0
         self.idle_param_version = 0
 
@@ -102,6 +180,7 @@ class ReplayStore:
                 logger.info('%s %s', 'cleared and recreated' if existed else 'created', d)
             self.buffer.clear()
             self.drained.clear()
+            self.pending.clear()
 
     # -- requests --------------------------------------------------------------------------------------------
 
@@ -124,6 +203,7 @@ class ReplayStore:
                 _field(msg, 'mortal', bytes),
                 _field(msg, 'dqn', bytes),
                 _field(msg, 'is_idle', bool, default=False),
+                arch_change=_field(msg, 'arch_change', bool, default=False),
             )
         if kind == 'drain':
             return self.drain()
@@ -132,7 +212,7 @@ class ReplayStore:
     def get_param(self, client_version: int, client_server_id: Optional[str] = None) -> dict:
         """Parameters for a self-play client, or the reason it must wait (Mortal's three refusals)."""
         with self.dir_lock:
-            overflow = len(self.buffer) >= self.capacity
+            overflow = len(self.buffer) + len(self.pending) >= self.capacity
         if overflow:
             return {'status': wire.STATUS_OVERFLOW}
         if client_server_id != self.server_id:
@@ -151,43 +231,73 @@ class ReplayStore:
             }
 
     def submit_replay(self, logs: dict, param_version: int, client_server_id: Optional[str] = None) -> dict:
-        """Store the logs ``{name: bytes}`` as ``{submission_id}_{name}``; BadRequest (nothing stored) if any
-        name is unsafe or any content is not bytes."""
+        """Store the logs ``{name: bytes}`` as ``{submission_id}_{name}``, all or none.
+
+        Raises BadRequest (nothing stored) if any name is unsafe or any content is not bytes or not an mjai log
+        (``check_log_head``). A disk failure is answered ``{'status': 'error', 'reason': 'buffer_dir not
+        writable: ...'}`` with nothing stored (logged once per change of state)."""
         for name, content in logs.items():
             if not isinstance(name, str) or not _SAFE_NAME.fullmatch(name) or '..' in name:
                 raise BadRequest(f'unsafe log name {name!r}')
             if not isinstance(content, bytes):
                 raise BadRequest(f'log {name!r} is a {type(content).__name__}, expected bytes')
+        for name, content in logs.items():
+            check_log_head(name, content)
         if client_server_id != self.server_id:
             param_version = UNKNOWN_VERSION
         with self.dir_lock:
             sid = self.submission_id
             self.submission_id += 1
-            staged = []
+            staged, renamed = [], []
             try:
                 for i, (name, content) in enumerate(logs.items()):
                     tmp = path.join(self.buffer_dir, f'{_TMP_PREFIX}{sid}-{i}')
+                    staged.append((tmp, f'{sid}_{name}'))
                     with open(tmp, 'wb') as f:
                         f.write(content)
-                    staged.append((tmp, f'{sid}_{name}'))
                 for tmp, final in staged:
                     os.replace(tmp, path.join(self.buffer_dir, final))
-                    self.buffer[final] = param_version
-            except OSError:
+                    renamed.append(final)
+            except OSError as ex:
+                # undo the whole submission: the client resubmits it, which must not store a log twice
                 for tmp, _ in staged:
-                    if path.exists(tmp):
-                        os.remove(tmp)
-                raise
+                    _remove_quietly(tmp)
+                for final in renamed:
+                    _remove_quietly(path.join(self.buffer_dir, final))
+                return self._storage_failed('buffer_dir', f'buffer_dir not writable: {ex}', ex)
+            self._storage_ok('buffer_dir', f'buffer_dir {self.buffer_dir} writable again')
+            for final in renamed:
+                self.buffer[final] = param_version
             size = len(self.buffer)
         logger.info('submission %d: %d logs (param version %d); total buffer size: %d',
                     sid, len(logs), param_version, size)
         return {'status': wire.STATUS_OK, 'count': len(logs), 'submission_id': sid}
 
-    def submit_param(self, mortal: bytes, dqn: bytes, is_idle: bool) -> dict:
-        """Replace the served parameters (safetensors bytes, checked to parse) and bump the version."""
+    def submit_param(self, mortal: bytes, dqn: bytes, is_idle: bool, *, arch_change: bool = False) -> dict:
+        """Replace the served parameters (safetensors bytes, checked to parse) and bump the version.
+
+        Raises ProtocolError (not safetensors) or BadRequest: an empty state dict, or key names/dtypes/shapes
+        other than those of the first accepted submission (naming the first differing key and both shapes)
+        unless ``arch_change``, which makes this submission the new reference."""
         wire.unpack_state_dict(mortal)  # ProtocolError if not a state dict: never serve garbage to clients
         wire.unpack_state_dict(dqn)
+        sig = {'mortal': wire.state_dict_signature(mortal), 'dqn': wire.state_dict_signature(dqn)}
+        for field, entries in sig.items():
+            if not entries:
+                raise BadRequest(f'field {field!r} is an empty state dict')
         with self.param_lock:
+            if self.param_signature is not None:
+                for field, entries in sig.items():
+                    diff = wire.signature_difference(self.param_signature[field], entries)
+                    if diff is None:
+                        continue
+                    if not arch_change:
+                        raise BadRequest(
+                            f'field {field!r} does not match the parameters this server accepted first: {diff} '
+                            '(send arch_change = true to change the architecture on purpose, or restart the '
+                            'server)')
+                    logger.warning('architecture change accepted (arch_change): %s: %s', field, diff)
+            self.param_signature = sig
             self.mortal_param = mortal
             self.dqn_param = dqn
             self.param_version += 1
@@ -200,26 +310,41 @@ class ReplayStore:
     def drain(self) -> dict:
         """Move every buffered log into a freshly emptied drain_dir (under force_sequential only when the buffer
         is full). Reply: count, drain_dir, files (names in drain_dir), param_versions (one per file, -1 unknown),
-        param_version (current), has_param (False after a server restart: the trainer should resubmit)."""
+        param_version (current), has_param (False after a server restart: the trainer should resubmit).
+
+        A disk failure midway answers ``{'status': 'error', 'reason': ...}``: each log is then either still in
+        buffer_dir or already in drain_dir, and the next drain delivers both kinds exactly once."""
         with self.param_lock:
             current = self.param_version
             has_param = self.mortal_param is not None
         moved, versions = [], []
         with self.dir_lock:
-            count = len(self.buffer)
+            count = len(self.buffer) + len(self.pending)
             if count > 0 and (not self.force_sequential or count >= self.capacity):
-                self._report_strays(self.buffer_dir, set(self.buffer))
-                self._empty_drain_dir()
-                for name, version in sorted(self.buffer.items()):
-                    try:
-                        shutil.move(path.join(self.buffer_dir, name), path.join(self.drain_dir, name))
-                    except FileNotFoundError:
-                        logger.warning('buffered log %s vanished from %s; skipped', name, self.buffer_dir)
-                        continue
-                    moved.append(name)
-                    versions.append(version)
+                try:
+                    self._report_strays(self.buffer_dir, set(self.buffer))
+                    self._empty_drain_dir()
+                    for name, version in sorted(self.buffer.items()):
+                        src = path.join(self.buffer_dir, name)
+                        try:
+                            _move(src, path.join(self.drain_dir, name))
+                        except OSError:
+                            if path.lexists(src):
+                                raise
+                            logger.warning('buffered log %s vanished from %s; skipped', name, self.buffer_dir)
+                            del self.buffer[name]
+                            continue
+                        del self.buffer[name]
+                        self.pending[name] = version
+                except OSError as ex:
+                    return self._storage_failed(
+                        'drain', f'drain from buffer_dir to drain_dir failed ({len(self.pending)} moved, '
+                        f'{len(self.buffer)} still buffered; the next drain delivers all): {ex}', ex)
+                self._storage_ok('drain', 'drain works again')
+                moved = sorted(self.pending)
+                versions = [self.pending[name] for name in moved]
                 self.drained = set(moved)
-                self.buffer.clear()
+                self.pending.clear()
                 logger.info('files transferred to trainer: %d; total buffer size: 0', len(moved))
         return {
             'status': wire.STATUS_OK,
@@ -231,6 +356,18 @@ class ReplayStore:
             'has_param': has_param,
             'server_id': self.server_id,
         }
+
+    def _storage_failed(self, operation: str, reason: str, ex: OSError) -> dict:
+        """The 'error' reply for a disk failure; logs it only when it differs from the last one (errno, type)."""
+        state = (ex.errno, type(ex).__name__)
+        if self.storage_state.get(operation) != state:
+            self.storage_state[operation] = state
+            logger.error('%s; answering error until this is fixed', reason)
+        return {'status': wire.STATUS_ERROR, 'reason': reason}
+
+    def _storage_ok(self, operation: str, message: str) -> None:
+        if self.storage_state.pop(operation, None) is not None:
+            logger.info('%s', message)
 
     # -- helpers (dir_lock held) -----------------------------------------------------------------------------
 
@@ -245,8 +382,10 @@ class ReplayStore:
 
     def _empty_drain_dir(self) -> None:
         for entry in os.listdir(self.drain_dir):
+            if entry in self.pending:
+                continue  # moved by a failed drain, not delivered yet
             p = path.join(self.drain_dir, entry)
-            if entry not in self.drained:
+            if entry not in self.drained and not entry.startswith(_TMP_PREFIX):
                 logger.warning('removing stray entry %s from %s while emptying it', entry, self.drain_dir)
             if path.isdir(p) and not path.islink(p):
                 shutil.rmtree(p)
@@ -254,16 +393,61 @@ class ReplayStore:
                 os.remove(p)
 
 
+class ByteBudget:
+    """At most ``limit`` bytes reserved at once over all threads; reservations are served in arrival order."""
+
+    def __init__(self, limit: int):
+        self.limit = int(limit)
+        self.used = 0
+        self._cond = threading.Condition()
+        self._queue = deque()
+
+    def acquire(self, size: int, timeout: float) -> bool:
+        """Reserve ``size`` bytes, waiting up to ``timeout`` seconds; False (nothing reserved) on timeout or when
+        ``size`` exceeds the limit."""
+        if size > self.limit:
+            return False
+        with self._cond:
+            ticket = object()
+            self._queue.append(ticket)
+            ok = self._cond.wait_for(lambda: self._queue[0] is ticket and self.used + size <= self.limit, timeout)
+            self._queue.remove(ticket)
+            if ok:
+                self.used += size
+            self._cond.notify_all()
+            return ok
+
+    def release(self, size: int) -> None:
+        """Give back ``size`` bytes reserved by ``acquire``."""
+        with self._cond:
+            self.used -= size
+            self._cond.notify_all()
+
+
 class Handler(BaseRequestHandler):
-    """One connection = one request frame and one reply frame."""
+    """One connection = one request frame and one reply frame.
+
+    The header (78 bytes, within ``header_timeout``) is authenticated before any payload byte is read; the
+    payload is read only once its length fits in the server's ``inflight`` budget."""
 
     def handle(self):
         srv: ParamServer = self.server
-        peer = '%s:%s' % self.client_address[:2]
-        sock = self.request
+        self.in_header_phase = True
+        try:
+            self._serve(srv, '%s:%s' % self.client_address[:2], self.request)
+        finally:
+            self._leave_header_phase(srv)
+
+    def _leave_header_phase(self, srv):
+        if self.in_header_phase:
+            self.in_header_phase = False
+            srv.leave_header_phase()
+
+    def _serve(self, srv, peer, sock):
         sock.settimeout(srv.timeout)
         try:
-            msg = wire.recv_msg(sock, srv.max_frame_size)
+            header = wire.recv_header(sock, srv.max_frame_size,
+                                      deadline=time.monotonic() + min(srv.header_timeout, srv.timeout))
         except wire.PeerClosed:
             return
         except wire.ProtocolError as ex:
@@ -272,35 +456,113 @@ class Handler(BaseRequestHandler):
         except OSError as ex:
             logger.warning('closing connection from %s: %s: %s', peer, type(ex).__name__, ex)
             return
-        if not wire.token_matches(srv.token, msg.get('token')):
+        if not header.authentic(srv.token):
             logger.warning('closing connection from %s: missing or wrong token', peer)
-            reply = {'status': wire.STATUS_UNAUTHORIZED, 'reason': 'missing or wrong token'}
-        else:
-            try:
-                reply = srv.store.handle(msg)
-            except (BadRequest, wire.ProtocolError) as ex:
-                logger.warning('bad %r request from %s: %s', msg.get('type'), peer, ex)
-                reply = {'status': wire.STATUS_BAD_REQUEST, 'reason': str(ex)}
+            self._reply(sock, peer, {'status': wire.STATUS_UNAUTHORIZED, 'reason': 'missing or wrong token'})
+            # let the peer finish sending so that it reads the reply instead of a reset; nothing is kept
+            wire.discard(sock, header.length, deadline=time.monotonic() + min(DISCARD_SECONDS, srv.timeout))
+            return
+        self._leave_header_phase(srv)
+        if not srv.inflight.acquire(header.length, srv.timeout):
+            logger.warning('closing connection from %s: its %d payload bytes did not fit in max_inflight_bytes = %d '
+                           'within %.0f s', peer, header.length, srv.inflight.limit, srv.timeout)
+            return
         try:
-            wire.send_msg(sock, reply)
+            try:
+                msg = wire.recv_payload(sock, header)
+            except wire.ProtocolError as ex:
+                logger.warning('closing connection from %s: %s', peer, ex)
+                return
+            except OSError as ex:
+                logger.warning('closing connection from %s: %s: %s', peer, type(ex).__name__, ex)
+                return
+            reply = self._dispatch(srv, peer, msg)
+            del msg  # free the payload before the budget is given back
+        finally:
+            srv.inflight.release(header.length)
+        self._reply(sock, peer, reply)
+
+    @staticmethod
+    def _dispatch(srv, peer, msg) -> dict:
+        try:
+            return srv.store.handle(msg)
+        except (BadRequest, wire.ProtocolError) as ex:
+            logger.warning('bad %r request from %s: %s', msg.get('type'), peer, ex)
+            return {'status': wire.STATUS_BAD_REQUEST, 'reason': str(ex)}
+        except Exception as ex:  # a bug: answer rather than leave the peer waiting for a reply
+            logger.exception('error while handling %r from %s', msg.get('type'), peer)
+            return {'status': wire.STATUS_ERROR, 'reason': f'internal server error: {type(ex).__name__}: {ex}'}
+
+    def _reply(self, sock, peer, reply):
+        try:
+            wire.send_msg(sock, reply, self.server.token)
         except OSError as ex:
             logger.warning('could not reply to %s: %s', peer, ex)
 
 
 class ParamServer(ThreadingTCPServer):
-    """Threaded TCP server around a ReplayStore. Bind errors propagate; per-connection errors are logged."""
+    """Threaded TCP server around a ReplayStore. Bind errors propagate; per-connection errors are logged.
+
+    token: shared secret (None = none, loopback only); max_frame_size: largest payload, bytes; timeout: seconds
+    of socket silence; max_pending: connections allowed to be sending their header at once (more are closed at
+    once); max_inflight_bytes: payload bytes read or being handled at once over all connections (None or 0 =
+    max_frame_size; ValueError when below it); header_timeout: seconds for a whole header to arrive.
+    """
 
     allow_reuse_address = True
     daemon_threads = True
+    request_queue_size = 128  # listen backlog: bursts of connecting clients are queued, not dropped
 
     def __init__(self, address, store: ReplayStore, *, token: Optional[str] = None,
-                 max_frame_size: int = wire.DEFAULT_MAX_FRAME_SIZE, timeout: float = wire.DEFAULT_TIMEOUT):
+                 max_frame_size: int = wire.DEFAULT_MAX_FRAME_SIZE, timeout: float = wire.DEFAULT_TIMEOUT,
+                 max_pending: int = DEFAULT_MAX_PENDING, max_inflight_bytes: Optional[int] = None,
+                 header_timeout: float = wire.HEADER_TIMEOUT):
         check_bind_security(address[0], token)
+        if max_inflight_bytes and max_inflight_bytes < max_frame_size:
+            raise ValueError(f'[online.server] max_inflight_bytes = {max_inflight_bytes} must be 0 or at least '
+                             f'max_frame_bytes = {max_frame_size} (a largest frame must fit)')
+        if max_pending < 1:
+            raise ValueError(f'[online.server] max_pending_connections = {max_pending} must be at least 1')
         self.store = store
         self.token = token
         self.max_frame_size = max_frame_size
         self.timeout = timeout
+        self.header_timeout = header_timeout
+        self.max_pending = int(max_pending)
+        self.inflight = ByteBudget(max_inflight_bytes or max_frame_size)
+        self.pending = 0  # connections in their header phase (pending_lock)
+        self.refused = 0  # connections closed for want of a slot since the last "accepting again" (pending_lock)
+        self.pending_lock = threading.Lock()
         super().__init__(address, Handler)
+
+    def process_request(self, request, client_address):
+        """Start a handler thread, or close the connection at once when ``max_pending`` connections are still
+        sending their header (logged when that starts and when it ends, not per connection)."""
+        with self.pending_lock:
+            full = self.pending >= self.max_pending
+            if full:
+                self.refused += 1
+                if self.refused == 1:
+                    logger.warning('%d connections are still sending their frame header: closing new '
+                                   'connections until some finish', self.pending)
+            else:
+                self.pending += 1
+        if full:
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.leave_header_phase()
+            raise
+
+    def leave_header_phase(self) -> None:
+        """A connection left its header phase (authenticated, refused or closed): free its slot."""
+        with self.pending_lock:
+            self.pending -= 1
+            if self.refused and self.pending <= self.max_pending // 2:
+                logger.info('accepting new connections again (%d closed meanwhile)', self.refused)
+                self.refused = 0
 
     def handle_error(self, request, client_address):
         logger.exception('unexpected error while serving %s', client_address)
@@ -334,7 +596,9 @@ def build_server(config: dict, *, host: Optional[str] = None, port: Optional[int
     check_bind_security(address[0], remote.token)
     store.reset_dirs()
     return ParamServer(address, store, token=remote.token, max_frame_size=remote.max_frame_size,
-                       timeout=remote.timeout)
+                       timeout=remote.timeout,
+                       max_pending=int(cfg.get('max_pending_connections', DEFAULT_MAX_PENDING)),
+                       max_inflight_bytes=int(cfg.get('max_inflight_bytes', 0)))
 
 
 def main(argv=None):

@@ -4,23 +4,33 @@ Mortal (``mortal/common.py``) sends a u64 LE length followed by a ``torch.save``
 ``torch.load(weights_only=False)``: any peer that can reach the port can run code. This module keeps the message
 set and the one-request-per-connection pattern but changes the encoding:
 
-    frame   = MAGIC (4 bytes b'MJRL') | protocol version (u16 LE) | payload length (u64 LE) | payload
+    frame   = header | payload
+    header  = MAGIC (4 bytes b'MJRL') | protocol version (u16 LE) | payload length (u64 LE)
+              | SHA-256 of the payload (32 bytes) | MAC (32 bytes)
+    MAC     = HMAC-SHA256(key = token as UTF-8, or empty without a token, message = the 46 header bytes before it)
     payload = one msgpack map (no ext types are interpreted; nothing executes on decode)
     state dicts travel as ``safetensors`` bytes inside the map (``pack_state_dict`` / ``unpack_state_dict``)
 
-Requests (client/trainer -> server; each may carry ``token``):
+The MAC lets a server with a token refuse a peer after reading 78 header bytes, before it reads (and holds) any
+payload; the token itself never travels. The digest then binds the payload to the authenticated header. Replies
+are framed the same way (signed with the server's token) but peers do not check their MAC.
+
+Requests (client/trainer -> server):
     {'type': 'get_param', 'param_version': int, 'server_id': str|None}
     {'type': 'submit_replay', 'logs': {name: gz bytes}, 'param_version': int, 'server_id': str|None}
-    {'type': 'submit_param', 'mortal': bytes, 'dqn': bytes, 'is_idle': bool}
+    {'type': 'submit_param', 'mortal': bytes, 'dqn': bytes, 'is_idle': bool, 'arch_change': bool (optional)}
     {'type': 'drain'}
 Replies (server -> peer) always carry ``status``: 'ok', 'samples overflow', 'empty param', 'trainer is busy',
-'unauthorized' or 'bad request'. See ``mortal/server.py`` for the fields of each 'ok' reply.
+'unauthorized', 'bad request' (retrying cannot help; ``reason`` says why) or 'error' (the server could not do it,
+e.g. an unwritable ``buffer_dir``; ``reason`` says why; retrying may help). See ``mortal/server.py`` for the
+fields of each 'ok' reply.
 
-Any violation (bad magic, other protocol version, frame above the size limit, truncated frame, undecodable
-payload, payload that is not a map with a string ``type``) raises ``ProtocolError``; the server logs the reason and
-closes that connection only.
+Any violation (bad magic, other protocol version, frame above the size limit, truncated frame, payload that does
+not match its digest, undecodable payload, payload that is not a map with a string ``type``) raises
+``ProtocolError``; the server logs the reason and closes that connection only.
 """
 
+import hashlib
 import hmac
 import json
 import logging
@@ -36,12 +46,16 @@ import msgpack
 logger = logging.getLogger(__name__)
 
 MAGIC = b'MJRL'
-PROTOCOL_VERSION = 1
-HEADER = struct.Struct('<4sHQ')  # magic, protocol version, payload length
+PROTOCOL_VERSION = 2  # 2: header MAC and payload digest (1: magic, version, length only)
+PREFIX = struct.Struct('<4sH')  # magic, protocol version: read first, so a peer of another version is told at once
+REST = struct.Struct('<Q32s32s')  # payload length, SHA-256 of the payload, HMAC-SHA256 of everything before it
+HEADER_SIZE = PREFIX.size + REST.size  # 78 bytes
+MAC_SIZE = 32
 # A 40-block, 192-channel Brain is ~ 40 MB as float32 and 800 gz logs are ~ 40 MB; 512 MiB leaves ample room
 # (same default as [online.server] max_frame_bytes in mortal/config.py).
 DEFAULT_MAX_FRAME_SIZE = 512 * 1024 * 1024
 DEFAULT_TIMEOUT = 300.0  # seconds of silence on a socket before giving up on the peer
+HEADER_TIMEOUT = 10.0  # seconds a server waits for a whole header (a peer cannot hold a slot byte by byte)
 RECV_CHUNK = 1 << 20
 RETRY_INTERVAL = 3.0  # seconds, as Mortal's client loop
 
@@ -53,6 +67,7 @@ STATUS_EMPTY_PARAM = 'empty param'
 STATUS_BUSY = 'trainer is busy'
 STATUS_UNAUTHORIZED = 'unauthorized'
 STATUS_BAD_REQUEST = 'bad request'
+STATUS_ERROR = 'error'
 
 
 class ProtocolError(Exception):
@@ -67,25 +82,59 @@ class RequestRefused(Exception):
     """The server answered with a non-'ok' status that the caller cannot wait out (e.g. 'unauthorized')."""
 
 
-def encode_frame(msg: dict) -> bytes:
-    """Serialize ``msg`` (a dict of msgpack-able values: None/bool/int/float/str/bytes/list/dict) to one frame.
+@dataclass(frozen=True)
+class FrameHeader:
+    """A decoded frame header: ``length`` (payload bytes), ``digest`` (SHA-256 of the payload), ``mac``, and
+    ``signed`` (the 46 bytes the MAC covers)."""
+    length: int
+    digest: bytes
+    mac: bytes
+    signed: bytes
+
+    def authentic(self, token: Optional[str]) -> bool:
+        """Constant-time check of the MAC against ``token``; True for any header when no token is configured."""
+        if not token:
+            return True
+        return hmac.compare_digest(self.mac, _mac(token, self.signed))
+
+
+def _mac(token: Optional[str], signed: bytes) -> bytes:
+    return hmac.new((token or '').encode(), signed, hashlib.sha256).digest()
+
+
+def encode_header(payload: bytes, token: Optional[str] = None) -> bytes:
+    """The 78-byte header of ``payload``, signed with ``token`` (an empty key when None)."""
+    signed = PREFIX.pack(MAGIC, PROTOCOL_VERSION) + struct.pack('<Q32s', len(payload), hashlib.sha256(payload).digest())
+    return signed + _mac(token, signed)
+
+
+def encode_frame(msg: dict, token: Optional[str] = None) -> bytes:
+    """Serialize ``msg`` (a dict of msgpack-able values: None/bool/int/float/str/bytes/list/dict) to one frame
+    whose header is signed with ``token``.
 
     Raises TypeError for values msgpack cannot encode (e.g. a tensor: use ``pack_state_dict``).
     """
     payload = msgpack.packb(msg, use_bin_type=True)
-    return HEADER.pack(MAGIC, PROTOCOL_VERSION, len(payload)) + payload
+    return encode_header(payload, token) + payload
 
 
-def decode_header(header: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> int:
-    """Check a 14-byte frame header and return the payload length in bytes; ProtocolError when invalid."""
-    magic, version, length = HEADER.unpack(header)
+def decode_prefix(prefix: bytes) -> None:
+    """Check the first 6 header bytes (magic, protocol version); ProtocolError when invalid."""
+    magic, version = PREFIX.unpack(prefix)
     if magic != MAGIC:
         raise ProtocolError(f'bad magic {magic!r} (expected {MAGIC!r}): not a frame of this protocol')
     if version != PROTOCOL_VERSION:
         raise ProtocolError(f'protocol version {version}, this side speaks {PROTOCOL_VERSION}')
+
+
+def decode_header(header: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> FrameHeader:
+    """Check a 78-byte frame header (magic, version, length <= ``max_frame_size`` bytes) and return it decoded;
+    ProtocolError when invalid. The MAC is not checked here (``FrameHeader.authentic``)."""
+    decode_prefix(header[:PREFIX.size])
+    length, digest, mac = REST.unpack(header[PREFIX.size:])
     if length > max_frame_size:
         raise ProtocolError(f'frame of {length} bytes exceeds the limit of {max_frame_size} bytes')
-    return length
+    return FrameHeader(length, digest, mac, header[:-MAC_SIZE])
 
 
 def decode_payload(payload: bytes) -> dict:
@@ -102,36 +151,109 @@ def decode_payload(payload: bytes) -> dict:
     return msg
 
 
-def _recv_exact(sock: socket.socket, size: int, *, what: str, allow_clean_eof: bool = False) -> bytes:
+def _recv_exact(sock: socket.socket, size: int, *, what: str, allow_clean_eof: bool = False,
+                deadline: Optional[float] = None, into: Optional[bytearray] = None, hasher=None,
+                shown: Optional[tuple] = None) -> bytes:
     # Memory grows with the bytes that actually arrive, not with the length a peer claims in its header.
-    chunks = []
+    # deadline (time.monotonic()): the whole read must end by then, however slowly the bytes trickle in.
+    # shown: (offset, total) of this read within the part named in errors (the header is read in two reads).
+    offset, total = shown or (0, size)
+    buf = bytearray() if into is None else into
     got = 0
-    while got < size:
-        chunk = sock.recv(min(size - got, RECV_CHUNK))
-        if not chunk:
-            if got == 0 and allow_clean_eof:
-                raise PeerClosed('peer closed the connection')
-            raise ProtocolError(f'truncated frame: connection closed after {got} of {size} {what} bytes')
-        chunks.append(chunk)
-        got += len(chunk)
-    return b''.join(chunks)
+    timeout = sock.gettimeout()
+    try:
+        while got < size:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ProtocolError(f'{what} incomplete after the time allowed '
+                                        f'({offset + got} of {total} bytes)')
+                sock.settimeout(left if timeout is None else min(left, timeout))
+            try:
+                chunk = sock.recv(min(size - got, RECV_CHUNK))
+            except socket.timeout:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise ProtocolError(f'{what} incomplete after the time allowed '
+                                        f'({offset + got} of {total} bytes)') from None
+                raise
+            if not chunk:
+                if got == 0 and allow_clean_eof:
+                    raise PeerClosed('peer closed the connection')
+                raise ProtocolError(f'truncated frame: connection closed after {offset + got} of {total} {what} '
+                                    'bytes')
+            buf += chunk
+            if hasher is not None:
+                hasher.update(chunk)
+            got += len(chunk)
+    finally:
+        if deadline is not None:
+            sock.settimeout(timeout)
+    return bytes(buf) if into is None else buf
 
 
-def send_msg(sock: socket.socket, msg: dict) -> None:
-    """Send one message as one frame (blocking). OSError on a broken connection."""
-    sock.sendall(encode_frame(msg))
+def recv_header(sock: socket.socket, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, *,
+                deadline: Optional[float] = None) -> FrameHeader:
+    """Read and check one frame header (magic and version first, then the rest); the MAC is left to the caller.
 
-
-def recv_msg(sock: socket.socket, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> dict:
-    """Receive one frame and return its decoded map.
-
-    Raises ProtocolError (PeerClosed when the peer closed before the first byte), socket.timeout/OSError from the
-    socket itself.
+    Raises PeerClosed (closed before the first byte), ProtocolError (bad header, truncated, or not complete by
+    ``deadline``, a ``time.monotonic()`` value), socket.timeout/OSError from the socket.
     """
-    header = _recv_exact(sock, HEADER.size, what='header', allow_clean_eof=True)
-    length = decode_header(header, max_frame_size)
-    payload = _recv_exact(sock, length, what='payload')
+    prefix = _recv_exact(sock, PREFIX.size, what='header', allow_clean_eof=True, deadline=deadline,
+                         shown=(0, HEADER_SIZE))
+    decode_prefix(prefix)
+    rest = _recv_exact(sock, REST.size, what='header', deadline=deadline, shown=(PREFIX.size, HEADER_SIZE))
+    return decode_header(prefix + rest, max_frame_size)
+
+
+def recv_payload(sock: socket.socket, header: FrameHeader) -> dict:
+    """Read the payload announced by ``header``, check its digest and decode it (``decode_payload``).
+
+    Raises ProtocolError (truncated, digest mismatch, undecodable), socket.timeout/OSError from the socket.
+    """
+    hasher = hashlib.sha256()
+    payload = _recv_exact(sock, header.length, what='payload', into=bytearray(), hasher=hasher)
+    if not hmac.compare_digest(hasher.digest(), header.digest):
+        raise ProtocolError('payload does not match the SHA-256 digest in its header (corrupted in transit?)')
     return decode_payload(payload)
+
+
+def discard(sock: socket.socket, size: int, *, deadline: float) -> int:
+    """Read and drop up to ``size`` bytes (in a fixed 64 KiB buffer) until the peer stops or ``deadline``
+    (``time.monotonic()``) passes; returns the bytes dropped. Never raises for socket errors."""
+    buf = bytearray(1 << 16)
+    dropped = 0
+    try:
+        while dropped < size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            sock.settimeout(left)
+            n = sock.recv_into(buf, min(len(buf), size - dropped))
+            if not n:
+                break
+            dropped += n
+    except OSError:
+        pass
+    return dropped
+
+
+def send_msg(sock: socket.socket, msg: dict, token: Optional[str] = None) -> None:
+    """Send one message as one frame signed with ``token`` (blocking). OSError on a broken connection."""
+    payload = msgpack.packb(msg, use_bin_type=True)
+    sock.sendall(encode_header(payload, token))
+    sock.sendall(payload)  # two calls: no copy of a large payload just to prepend 78 bytes
+
+
+def recv_msg(sock: socket.socket, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, token: Optional[str] = None) -> dict:
+    """Receive one frame and return its decoded map; with ``token``, its MAC is checked before the payload is read.
+
+    Raises ProtocolError (PeerClosed when the peer closed before the first byte; 'bad MAC' for a header not signed
+    with ``token``), socket.timeout/OSError from the socket itself.
+    """
+    header = recv_header(sock, max_frame_size)
+    if not header.authentic(token):
+        raise ProtocolError('bad MAC: the frame was not signed with this token')
+    return recv_payload(sock, header)
 
 
 def pack_state_dict(state_dict) -> bytes:
@@ -170,6 +292,54 @@ def _key_order(data: bytes, tensors: dict) -> list:
     return order
 
 
+MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024  # bytes; safetensors' own limit
+
+
+def state_dict_signature(data) -> 'OrderedDict':
+    """``{key: (dtype, shape)}`` of a safetensors state dict, read from its JSON header only (no tensor is built;
+    dtype is safetensors' name such as 'F32', shape a tuple of ints), in the sender's key order.
+
+    Raises ProtocolError when ``data`` is not bytes or its header is malformed.
+    """
+    if not isinstance(data, (bytes, bytearray)):
+        raise ProtocolError(f'state dict field is a {type(data).__name__}, expected bytes')
+    try:
+        (header_len,) = struct.unpack_from('<Q', data)
+        if header_len > min(len(data) - 8, MAX_SAFETENSORS_HEADER):
+            raise ValueError(f'header of {header_len} bytes in {len(data)} bytes')
+        header = json.loads(bytes(data[8:8 + header_len]))
+        if not isinstance(header, dict):
+            raise ValueError('header is not a JSON object')
+        sig = {}
+        for key, info in header.items():
+            if key == '__metadata__':
+                continue
+            dtype, shape = info['dtype'], info['shape']
+            if not isinstance(dtype, str) or not isinstance(shape, list) or \
+                    not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
+                raise ValueError(f'bad dtype/shape for {key!r}')
+            sig[key] = (dtype, tuple(shape))
+    except (ValueError, TypeError, KeyError, struct.error) as ex:
+        raise ProtocolError(f'invalid safetensors state dict: {ex}') from None
+    return OrderedDict((k, sig[k]) for k in _key_order(data, sig))
+
+
+def signature_difference(expected: dict, got: dict) -> Optional[str]:
+    """None when two ``state_dict_signature`` results agree, else a sentence naming the first differing key
+    (in ``expected``'s order, then keys only ``got`` has) with both dtypes/shapes."""
+    def fmt(entry):
+        return f'{entry[0]} {list(entry[1])}'
+    for key, want in expected.items():
+        if key not in got:
+            return f'key {key!r} is missing (expected {fmt(want)})'
+        if got[key] != want:
+            return f'key {key!r} is {fmt(got[key])}, expected {fmt(want)}'
+    for key in got:
+        if key not in expected:
+            return f'unexpected key {key!r} ({fmt(got[key])})'
+    return None
+
+
 def token_matches(expected: Optional[str], given) -> bool:
     """Constant-time token check; with no token configured every request passes."""
     if not expected:
@@ -205,19 +375,26 @@ class Remote:
         )
 
     def request(self, msg: dict) -> dict:
-        """Open a connection, send ``msg`` (plus the token), return the reply map.
+        """Open a connection, send ``msg`` in a frame signed with the token, return the reply map.
 
         Raises OSError (server down, reset, timeout), ProtocolError (bad reply), RequestRefused on 'unauthorized'
         or 'bad request' (retrying cannot help).
         """
-        if self.token:
-            msg = {**msg, 'token': self.token}
         with socket.create_connection((self.host, self.port), timeout=self.timeout) as sock:
-            send_msg(sock, msg)
             try:
-                reply = recv_msg(sock, self.max_frame_size)
-            except PeerClosed:
-                raise ProtocolError('server closed the connection without a reply') from None
+                send_msg(sock, msg, self.token)
+            except OSError as ex:
+                # The server may have answered (e.g. 'unauthorized' after the header) and closed before taking
+                # the whole payload: read that reply if it is there, else report the send error.
+                try:
+                    reply = recv_msg(sock, self.max_frame_size)
+                except (OSError, ProtocolError):
+                    raise ex from None
+            else:
+                try:
+                    reply = recv_msg(sock, self.max_frame_size)
+                except PeerClosed:
+                    raise ProtocolError('server closed the connection without a reply') from None
         status = reply.get('status')
         if status in (STATUS_UNAUTHORIZED, STATUS_BAD_REQUEST):
             raise RequestRefused(f'server refused {msg.get("type")!r}: {status}: {reply.get("reason", "")}')
@@ -236,9 +413,11 @@ def request_with_retry(
     """Send ``msg`` until a reply satisfies ``accept``, sleeping ``interval`` seconds between tries.
 
     A server that is down, restarting, or answers with a broken frame is retried (logged once per outage);
-    a refusal (e.g. 'samples overflow') calls ``on_refusal(reply)`` then retries. RequestRefused propagates.
+    an 'error' reply (e.g. the server cannot write its buffer_dir) is retried, logged once per distinct reason;
+    another refusal (e.g. 'samples overflow') calls ``on_refusal(reply)`` then retries. RequestRefused propagates.
     """
     outage_logged = False
+    error_logged = None
     while True:
         try:
             reply = remote.request(msg)
@@ -252,6 +431,17 @@ def request_with_retry(
         if outage_logged:
             logger.info('server %s:%d reachable again', remote.host, remote.port)
             outage_logged = False
+        if reply.get('status') == STATUS_ERROR:
+            reason = str(reply.get('reason', ''))
+            if reason != error_logged:
+                logger.warning('server %s:%d could not handle %r: %s; retrying every %.0f s',
+                               remote.host, remote.port, msg.get('type'), reason, interval)
+                error_logged = reason
+            sleep(interval)
+            continue
+        if error_logged is not None:
+            logger.info('server %s:%d handles %r again', remote.host, remote.port, msg.get('type'))
+            error_logged = None
         if accept(reply):
             return reply
         if on_refusal is not None:

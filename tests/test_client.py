@@ -3,6 +3,7 @@
 import gzip
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import threading
 import numpy as np
 import pytest
 import toml
+import torch
 
 from conftest import ROOT
 from mortal import client as cl
@@ -125,3 +127,84 @@ def test_missing_profile_is_one_line_error_not_traceback(tmp_path):
     assert proc.returncode == 2
     assert 'Traceback' not in proc.stderr
     assert '[train_play.explore]' in proc.stderr and str(cfg) in proc.stderr
+
+
+class ScriptedParamRemote:
+    """Answers get_param with the next of ``replies``; records submit_replay requests."""
+
+    def __init__(self, replies):
+        self.replies = list(replies)
+        self.host, self.port = '127.0.0.1', 1
+        self.submits = []
+
+    def request(self, msg):
+        if msg['type'] == 'submit_replay':
+            self.submits.append(msg)
+            return {'status': 'ok', 'count': len(msg['logs']), 'submission_id': len(self.submits) - 1}
+        assert msg['type'] == 'get_param'
+        return self.replies.pop(0)
+
+
+class RecordingPlayer:
+    """Stands in for TrainPlayer: records the trainee's first weight at each round, writes one small log."""
+
+    def __init__(self, tmp_path):
+        self.tmp_path = tmp_path
+        self.seen = []
+
+    def train_play(self, mortal, dqn, device):
+        self.seen.append(float(next(iter(mortal.state_dict().values())).flatten()[0]))
+        name = self.tmp_path / f'round{len(self.seen)}.json.gz'
+        name.write_bytes(gzip.compress(b'{"type":"start_game"}\n'))
+        return np.array([1, 0, 0, 0]), [str(name)]
+
+
+def params_reply(version, mortal_sd, dqn_sd, server_id='s1'):
+    return {'status': 'ok', 'param_version': version, 'server_id': server_id,
+            'mortal': wire.pack_state_dict(mortal_sd), 'dqn': wire.pack_state_dict(dqn_sd)}
+
+
+def filled(module, value):
+    return {k: torch.full_like(v, value) if v.is_floating_point() else v for k, v in module.state_dict().items()}
+
+
+def test_parameters_that_cannot_be_loaded_are_kept_out_and_logged_once(tmp_path, caplog):
+    import logging
+    from mortal.model import DQN, Brain
+    config, _ = tiny_config(tmp_path)  # a 16-channel 1-block Brain
+    good_brain, dqn = Brain(version=3, conv_channels=16, num_blocks=1), DQN(version=3)
+    other_brain = Brain(version=3, conv_channels=32, num_blocks=2)
+    good = filled(good_brain, 0.25), filled(dqn, 0.25)
+    # same keys, one tensor of another shape, every other value 7: load_state_dict would half-load it
+    half = filled(good_brain, 7.0)
+    first = next(iter(half))
+    half[first] = torch.zeros(3)
+    remote = ScriptedParamRemote([
+        params_reply(1, other_brain.state_dict(), dqn.state_dict()),  # 32x2 against 16x1: nothing loaded yet
+        params_reply(1, other_brain.state_dict(), dqn.state_dict()),  # the same version again: not logged again
+        {'status': 'ok', 'param_version': 1, 'server_id': 's1', 'mortal': b'junk', 'dqn': b'junk'},
+        params_reply(2, *good),
+        params_reply(3, half, filled(dqn, 7.0)),  # client holds version 2: plays on with it
+        params_reply(3, half, filled(dqn, 7.0)),
+        params_reply(4, good[0], {}),  # an empty dqn
+    ])
+    player = RecordingPlayer(tmp_path)
+    sleeps = []
+    client = cl.Client(config, train_player=player, remote=remote, sleep=sleeps.append)
+    with caplog.at_level(logging.INFO, logger='mortal.client'):
+        for _ in range(4):
+            client.run_round()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    # one line per bad version: v1 (its junk repeat included), v3, v4
+    assert len(warnings) == 3, warnings
+    assert warnings[0].startswith('cannot load parameters version 1 from the server (waiting for loadable ones): '
+                                  'mortal: key ')
+    assert re.search(r"mortal: key '[\w.]+' has shape \[32, \d+, 3\], expected \[16, \d+, 3\]$", warnings[0])
+    assert warnings[1].startswith('cannot load parameters version 3 from the server (keeping version 2): '
+                                  f'mortal: key {first!r} has shape [3], expected ')
+    assert warnings[2].startswith('cannot load parameters version 4 from the server (keeping version 2): dqn: key ')
+    assert sleeps == [3.0, 3.0, 3.0]  # waited while it held nothing loadable, never while it held version 2
+    assert player.seen == [0.25] * 4  # every round played with version 2, never half-loaded with 7.0
+    assert all(v.unique().tolist() == [0.25] for v in client.mortal.state_dict().values() if v.is_floating_point())
+    assert client.param_version == 2 and [m['param_version'] for m in remote.submits] == [2, 2, 2, 2]
+    assert remote.replies == []

@@ -240,6 +240,7 @@ def test_client_process_killed_mid_upload(tmp_path, procs):
     remote = wire.Remote('127.0.0.1', port, timeout=10)
     wait_for(lambda: 'truncated frame' in server.text(), 30, 'the server to notice', [server])
     assert os.listdir(config['online']['server']['buffer_dir']) == []
-    reply = remote.request({'type': 'submit_replay', 'logs': {'y.json.gz': b'1'}, 'param_version': 0})
+    reply = remote.request({'type': 'submit_replay', 'logs': {'y.json.gz': b'{"type": "start_game"}\n'},
+                            'param_version': 0})
     assert reply['submission_id'] == 0
     assert os.listdir(config['online']['server']['buffer_dir']) == ['0_y.json.gz']

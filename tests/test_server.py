@@ -1,5 +1,10 @@
 """mortal/server.py over real sockets on 127.0.0.1 (port 0): requests, back-pressure, drain, faults."""
 
+import errno
+import gzip
+import hashlib
+import hmac
+import json
 import logging
 import os
 import pickle
@@ -27,13 +32,22 @@ def tiny_params(scale=1.0):
     return wire.pack_state_dict(mortal.state_dict()), wire.pack_state_dict(dqn.state_dict())
 
 
+def mjai(name='x', *, compress=True):
+    """A (tiny) mjai log: its first line is a start_game event, as the server requires."""
+    text = (json.dumps({'type': 'start_game', 'names': ['a', 'b', 'c', name]}) + '\n'
+            + json.dumps({'type': 'end_game'}) + '\n').encode()
+    return gzip.compress(text) if compress else text
+
+
 class Running:
-    def __init__(self, tmp_path, capacity=4, force_sequential=False, token=None, host='127.0.0.1'):
+    def __init__(self, tmp_path, capacity=4, force_sequential=False, token=None, host='127.0.0.1',
+                 max_frame=MAX_FRAME, **kwargs):
         self.store = srv.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', capacity, force_sequential)
         self.store.reset_dirs()
-        self.server = srv.ParamServer((host, 0), self.store, token=token, max_frame_size=MAX_FRAME, timeout=5)
+        self.server = srv.ParamServer((host, 0), self.store, token=token, max_frame_size=max_frame, timeout=5,
+                                      **kwargs)
         self.port = self.server.server_address[1]
-        self.remote = wire.Remote('127.0.0.1', self.port, token=token, timeout=5, max_frame_size=MAX_FRAME)
+        self.remote = wire.Remote('127.0.0.1', self.port, token=token, timeout=5, max_frame_size=max_frame)
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
 
@@ -42,16 +56,21 @@ class Running:
 
     def raw(self, data, *, close_write=True):
         """Send raw bytes; return what the server sent back before closing (b'' = closed without reply)."""
+        chunks = []
         with socket.create_connection(('127.0.0.1', self.port), timeout=5) as s:
-            s.sendall(data)
-            if close_write:
-                s.shutdown(socket.SHUT_WR)
-            chunks = []
-            while True:
-                c = s.recv(65536)
-                if not c:
-                    return b''.join(chunks)
-                chunks.append(c)
+            try:  # the server may close (and reset) before it has read everything: that is a close too
+                s.sendall(data)
+                if close_write:
+                    s.shutdown(socket.SHUT_WR)
+                while True:
+                    c = s.recv(65536)
+                    if not c:
+                        break
+                    chunks.append(c)
+            except (ConnectionResetError, BrokenPipeError, OSError) as ex:
+                if isinstance(ex, socket.timeout):
+                    raise
+        return b''.join(chunks)
 
     def close(self):
         self.server.shutdown()
@@ -75,7 +94,7 @@ def get_param(r, version=-1, server_id=None):
 
 
 def submit_logs(r, names, version=0, server_id=None):
-    logs = {n: f'content of {n}'.encode() for n in names}
+    logs = {n: mjai(n) for n in names}
     return r.request({'type': 'submit_replay', 'logs': logs, 'param_version': version, 'server_id': server_id})
 
 
@@ -95,8 +114,8 @@ def test_same_names_from_two_submissions_never_overwrite(running):
     assert submit_logs(running, ['a.json.gz'])['submission_id'] == 1
     buf = running.store.buffer_dir
     assert sorted(os.listdir(buf)) == ['0_a.json.gz', '0_b.json.gz', '1_a.json.gz']
-    with open(os.path.join(buf, '1_a.json.gz'), 'rb') as f:
-        assert f.read() == b'content of a.json.gz'
+    with gzip.open(os.path.join(buf, '1_a.json.gz'), 'rt') as f:
+        assert json.loads(f.readline())['names'][3] == 'a.json.gz'
 
 
 def test_capacity_back_pressure_and_drain(running):
@@ -194,7 +213,7 @@ def test_unsafe_log_names_are_refused_and_nothing_is_written(running, name):
     assert running.store.buffer == {}
 
 
-def test_failed_write_leaves_no_temp_file_and_counts_nothing(running, monkeypatch):
+def test_failed_write_midway_stores_nothing_and_answers_error(running, monkeypatch):
     real_replace = os.replace
     calls = []
 
@@ -205,11 +224,13 @@ def test_failed_write_leaves_no_temp_file_and_counts_nothing(running, monkeypatc
         return real_replace(a, b)
 
     monkeypatch.setattr(srv.os, 'replace', failing_replace)
-    with pytest.raises(OSError):
-        running.store.submit_replay({'a': b'1', 'b': b'2'}, 0)
-    # the first log was renamed before the failure and is counted; the second left no temp file behind
-    assert sorted(os.listdir(running.store.buffer_dir)) == ['0_a']
-    assert list(running.store.buffer) == ['0_a']
+    reply = running.store.submit_replay({'a': mjai(), 'b': mjai()}, 0)
+    assert reply == {'status': 'error', 'reason': 'buffer_dir not writable: [Errno 28] No space left on device'}
+    # the first log had been renamed before the failure: it is taken back, so a resubmission stores it once
+    assert os.listdir(running.store.buffer_dir) == [] and running.store.buffer == {}
+    monkeypatch.undo()
+    assert running.store.submit_replay({'a': mjai(), 'b': mjai()}, 0)['status'] == 'ok'
+    assert sorted(os.listdir(running.store.buffer_dir)) == ['1_a', '1_b']
 
 
 def test_wrong_field_types_are_bad_requests(running):
@@ -226,8 +247,11 @@ def test_wrong_field_types_are_bad_requests(running):
     assert get_param(running) == {'status': 'empty param'}  # nothing changed, still serving
 
 
-def frame(payload: bytes, *, magic=b'MJRL', version=1, length=None):
-    return struct.pack('<4sHQ', magic, version, len(payload) if length is None else length) + payload
+def frame(payload: bytes, *, magic=b'MJRL', version=2, length=None, token=None):
+    """A frame built by hand: magic | version | length | SHA-256(payload) | HMAC-SHA256(token) | payload."""
+    signed = struct.pack('<4sHQ32s', magic, version, len(payload) if length is None else length,
+                         hashlib.sha256(payload).digest())
+    return signed + hmac.new((token or '').encode(), signed, hashlib.sha256).digest() + payload
 
 
 class Exploit:
@@ -353,3 +377,273 @@ def test_concurrent_submissions_get_distinct_ids(running):
     assert errors == []
     names = sorted(os.listdir(running.store.buffer_dir), key=lambda n: int(n.split('_')[0]))
     assert names == [f'{i}_same.json.gz' for i in range(20)]
+
+
+# -- issue 13: poisoned parameters, unwritable dirs, memory before authentication, non-mjai logs ----------------
+
+def brain_params(channels, blocks):
+    from mortal.model import DQN, Brain
+    torch.manual_seed(0)
+    return (wire.pack_state_dict(Brain(version=3, conv_channels=channels, num_blocks=blocks).state_dict()),
+            wire.pack_state_dict(DQN(version=3).state_dict()))
+
+
+@pytest.fixture
+def roomy(tmp_path):
+    r = Running(tmp_path, max_frame=64 << 20)  # room for real Brain parameters
+    yield r
+    r.close()
+
+
+def test_parameters_of_another_architecture_are_refused(roomy, caplog):
+    running = roomy
+    m32, d = brain_params(32, 2)
+    m16, _ = brain_params(16, 1)
+    assert running.request({'type': 'submit_param', 'mortal': m32, 'dqn': d, 'is_idle': True})['param_version'] == 1
+    # a 16-channel 1-block Brain against the 32x2 one accepted first: refused, naming the key and both shapes
+    with pytest.raises(wire.RequestRefused) as err:
+        running.request({'type': 'submit_param', 'mortal': m16, 'dqn': d, 'is_idle': True})
+    first = next(k for k, v in wire.state_dict_signature(m32).items()
+                 if wire.state_dict_signature(m16).get(k) != v)
+    want, got = wire.state_dict_signature(m32)[first][1], wire.state_dict_signature(m16)[first][1]
+    assert want != got
+    reason = str(err.value)
+    assert 'bad request' in reason and f"key {first!r} is F32 {list(got)}, expected F32 {list(want)}" in reason
+    assert "field 'mortal'" in reason and 'arch_change' in reason
+    rsp = get_param(running)
+    assert rsp['param_version'] == 1 and rsp['mortal'] == m32  # still serving the first parameters
+    # a dqn with an extra key is refused too (names the key)
+    dqn_sd = wire.unpack_state_dict(d)
+    dqn_sd['extra.weight'] = torch.zeros(2)
+    with pytest.raises(wire.RequestRefused, match=r"field 'dqn'.*unexpected key 'extra.weight' \(F32 \[2\]\)"):
+        running.request({'type': 'submit_param', 'mortal': m32, 'dqn': wire.pack_state_dict(dqn_sd)})
+    # a deliberate change is accepted, logged, and becomes the new reference
+    with caplog.at_level(logging.WARNING, logger='mortal.server'):
+        rsp = running.request({'type': 'submit_param', 'mortal': m16, 'dqn': d, 'arch_change': True})
+    assert rsp['param_version'] == 2 and 'architecture change accepted' in caplog.text
+    assert get_param(running)['mortal'] == m16
+    with pytest.raises(wire.RequestRefused, match=f'key {first!r} is F32 {list(want)}'.replace('[', r'\[')):
+        running.request({'type': 'submit_param', 'mortal': m32, 'dqn': d})
+    assert running.store.param_version == 2
+    with pytest.raises(wire.RequestRefused, match="field 'arch_change' is a int"):
+        running.request({'type': 'submit_param', 'mortal': m16, 'dqn': d, 'arch_change': 1})
+
+
+@pytest.mark.parametrize('first', [True, False])
+def test_empty_state_dicts_are_always_refused(running, first):
+    m, d = tiny_params()
+    if not first:
+        submit_param(running)
+    empty = wire.pack_state_dict({})
+    for msg in ({'mortal': empty, 'dqn': d}, {'mortal': m, 'dqn': empty},
+                {'mortal': empty, 'dqn': empty, 'arch_change': True}):
+        with pytest.raises(wire.RequestRefused, match='is an empty state dict'):
+            running.request({'type': 'submit_param', 'is_idle': True, **msg})
+    assert running.store.param_version == (0 if first else 1)
+
+
+def test_unwritable_buffer_dir_is_answered_error_and_logged_once(running, caplog):
+    buf = running.store.buffer_dir
+    os.rmdir(buf)
+    with open(buf, 'wb'):  # a file where the directory should be: fails for root too
+        pass
+    with caplog.at_level(logging.INFO, logger='mortal.server'):
+        for _ in range(3):
+            reply = running.request({'type': 'submit_replay', 'logs': {'a': mjai()}, 'param_version': 0})
+            assert reply['status'] == 'error'
+            assert reply['reason'].startswith('buffer_dir not writable: [Errno 20] Not a directory')
+        errors = [r for r in caplog.records if 'buffer_dir not writable' in r.getMessage()]
+        assert len(errors) == 1 and errors[0].levelno == logging.ERROR and errors[0].exc_info is None
+        assert running.store.buffer == {}
+        os.remove(buf)
+        os.mkdir(buf)
+        assert submit_logs(running, ['b'])['status'] == 'ok'
+        assert submit_logs(running, ['c'])['status'] == 'ok'
+    assert caplog.text.count('writable again') == 1 and 'Traceback' not in caplog.text
+    assert sorted(os.listdir(buf)) == ['3_b', '4_c']
+
+
+def test_drain_failing_midway_loses_and_duplicates_nothing(tmp_path, monkeypatch, caplog):
+    r = Running(tmp_path, capacity=10)
+    try:
+        submit_logs(r, ['a', 'b', 'c'])
+        submit_logs(r, ['d'])
+        names = ['0_a', '0_b', '0_c', '1_d']
+        real_replace = os.replace
+        calls = []
+
+        def failing_replace(a, b):
+            calls.append(b)
+            if len(calls) >= 2:
+                raise PermissionError(13, 'Permission denied', a)
+            return real_replace(a, b)
+
+        monkeypatch.setattr(srv.os, 'replace', failing_replace)
+        with caplog.at_level(logging.INFO, logger='mortal.server'):
+            for _ in range(2):
+                reply = r.request({'type': 'drain'})
+                assert reply['status'] == 'error' and 'Permission denied' in reply['reason']
+                buffered, drained = os.listdir(r.store.buffer_dir), os.listdir(r.store.drain_dir)
+                assert sorted(buffered + drained) == names  # each log in exactly one place
+                assert drained == ['0_a']
+            assert caplog.text.count('drain from buffer_dir to drain_dir failed') == 1
+            assert get_param(r)['status'] == 'empty param'  # still serving; nothing counted twice or lost
+            assert len(r.store.buffer) + len(r.store.pending) == 4
+            monkeypatch.undo()
+            reply = r.request({'type': 'drain'})
+        assert reply['status'] == 'ok' and reply['files'] == names and reply['count'] == 4
+        assert sorted(os.listdir(r.store.drain_dir)) == names and os.listdir(r.store.buffer_dir) == []
+        assert 'drain works again' in caplog.text
+        assert r.request({'type': 'drain'})['count'] == 0
+    finally:
+        r.close()
+
+
+def test_cross_device_move_never_leaves_a_log_in_both_places(tmp_path, monkeypatch):
+    src, dst = tmp_path / 'src', tmp_path / 'dst'
+    src.write_bytes(b'log')
+    real_replace, real_remove = os.replace, os.remove
+
+    def replace(a, b):
+        if str(a) == str(src):
+            raise OSError(errno.EXDEV, 'Invalid cross-device link')
+        return real_replace(a, b)
+
+    def remove(p):
+        if str(p) == str(src):
+            raise PermissionError(13, 'Permission denied', p)
+        return real_remove(p)
+
+    monkeypatch.setattr(srv.os, 'replace', replace)
+    monkeypatch.setattr(srv.os, 'remove', remove)
+    with pytest.raises(PermissionError):
+        srv._move(str(src), str(dst))
+    assert sorted(os.listdir(tmp_path)) == ['src']  # the copy was taken back
+    monkeypatch.setattr(srv.os, 'remove', real_remove)
+    srv._move(str(src), str(dst))
+    assert sorted(os.listdir(tmp_path)) == ['dst'] and dst.read_bytes() == b'log'
+
+
+@pytest.mark.parametrize('content, reason', [
+    (b'content of a', 'first line is not JSON'),
+    (gzip.compress(b'hello\n{"type": "start_game"}\n'), 'first line is not JSON'),
+    (gzip.compress(b'{"type": "start_kyoku"}\n'), "first event is 'start_kyoku'"),
+    (gzip.compress(b'[1, 2]\n'), 'first event is None'),
+    (gzip.compress(b'\xff\xfe\n'), 'first line is not JSON'),
+    (b'\x1f\x8b' + b'\x00' * 20, 'corrupt gzip data'),
+    (gzip.compress(b'{' + b' ' * (10 << 20)), 'no line ends within its first 65536 bytes'),  # a small bomb
+    (b'', 'first line is not JSON'),
+], ids=['plain-text', 'gz-text', 'gz-start_kyoku', 'gz-list', 'gz-not-utf8', 'corrupt-gz', 'gz-bomb', 'empty'])
+def test_non_mjai_logs_are_refused_and_nothing_is_stored(running, content, reason):
+    with pytest.raises(wire.RequestRefused, match=f"bad request: log 'b' is not an mjai log: {reason}"):
+        running.request({'type': 'submit_replay', 'logs': {'a': mjai(), 'b': content}, 'param_version': 0})
+    assert os.listdir(running.store.buffer_dir) == [] and running.store.buffer == {}
+
+
+def test_plain_and_blank_led_mjai_logs_are_accepted(running):
+    logs = {'plain': mjai(compress=False), 'blank': gzip.compress(b'\n\n' + mjai(compress=False))}
+    assert running.request({'type': 'submit_replay', 'logs': logs, 'param_version': 0})['count'] == 2
+
+
+def read_reply(sock, timeout):
+    sock.settimeout(timeout)
+    return wire.recv_msg(sock)
+
+
+def test_wrong_token_is_refused_before_the_payload_is_read(tmp_path):
+    r = Running(tmp_path, token='s3cret')
+    try:
+        with socket.create_connection(('127.0.0.1', r.port), timeout=5) as s:
+            # a header announcing a maximal payload that never comes: answered at once, not after the payload
+            s.sendall(frame(b'', length=MAX_FRAME, token='guess'))
+            t0 = time.monotonic()
+            reply = read_reply(s, 2)
+            assert reply == {'status': 'unauthorized', 'reason': 'missing or wrong token'}
+            assert time.monotonic() - t0 < 2
+        # a large request with a wrong token still gets its 'unauthorized' (the server drops what it sends)
+        wrong = wire.Remote('127.0.0.1', r.port, token='guess', timeout=5, max_frame_size=MAX_FRAME)
+        with pytest.raises(wire.RequestRefused, match='unauthorized'):
+            wrong.request({'type': 'submit_replay', 'logs': {'a': os.urandom(900_000)}, 'param_version': 0})
+        # the token travels in no frame; the right one works
+        assert b's3cret' not in wire.encode_frame({'type': 'drain'}, token='s3cret')
+        assert r.request({'type': 'drain'})['status'] == 'ok'
+        wait_until(lambda: r.server.pending == 0)  # the refused connections' slots are free again
+        assert r.server.inflight.used == 0
+    finally:
+        r.close()
+
+
+def wait_until(cond, timeout=5.0):
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, 'timed out'
+        time.sleep(0.01)
+
+
+def test_connections_sending_their_header_are_capped(tmp_path, caplog):
+    r = Running(tmp_path, max_pending=3)
+    try:
+        idle = [socket.create_connection(('127.0.0.1', r.port), timeout=5) for _ in range(3)]
+        idle[0].sendall(b'MJRL')  # a partial header
+        wait_until(lambda: r.server.pending == 3)
+        with caplog.at_level(logging.INFO, logger='mortal.server'):
+            for _ in range(3):  # closed at once, without a handler thread
+                assert r.raw(b'', close_write=False) == b''
+            assert r.server.pending == 3
+            for s in idle:
+                s.close()
+            wait_until(lambda: r.server.pending == 0)
+        assert caplog.text.count('connections are still sending their frame header') == 1
+        assert 'accepting new connections again (3 closed meanwhile)' in caplog.text
+        assert get_param(r) == {'status': 'empty param'}
+    finally:
+        r.close()
+
+
+def test_header_must_arrive_in_time(tmp_path, caplog):
+    r = Running(tmp_path, header_timeout=0.5)
+    try:
+        with caplog.at_level(logging.WARNING, logger='mortal.server'):
+            with socket.create_connection(('127.0.0.1', r.port), timeout=5) as s:
+                t0 = time.monotonic()
+                data = frame(msgpack.packb({'type': 'drain'}))
+                closed = False
+                for i in range(20):  # one byte every 0.1 s: each recv is quick, the whole header is not
+                    try:
+                        s.sendall(data[i:i + 1])
+                    except OSError:
+                        closed = True
+                        break
+                    time.sleep(0.1)
+                s.settimeout(5)
+                assert closed or s.recv(10) == b''
+                assert time.monotonic() - t0 < 3
+        assert 'header incomplete after the time allowed' in caplog.text
+        assert r.server.pending == 0
+    finally:
+        r.close()
+
+
+def test_payloads_in_flight_share_one_byte_budget(tmp_path):
+    r = Running(tmp_path, max_inflight_bytes=MAX_FRAME)
+    try:
+        msg = {'type': 'get_param', 'param_version': -1, 'pad': b''}
+        msg['pad'] = b'x' * (MAX_FRAME - len(msgpack.packb({**msg, 'pad': b'x' * 70000})) + 70000)
+        big = frame(msgpack.packb(msg))
+        length = len(big) - wire.HEADER_SIZE
+        assert length == MAX_FRAME  # the whole budget: any other payload must wait
+        with socket.create_connection(('127.0.0.1', r.port), timeout=5) as a, \
+                socket.create_connection(('127.0.0.1', r.port), timeout=5) as b:
+            a.sendall(big[:wire.HEADER_SIZE + 1000])  # holds nearly the whole budget while it sends
+            wait_until(lambda: r.server.inflight.used == length)
+            b.sendall(frame(msgpack.packb({'type': 'get_param', 'param_version': -1})))
+            with pytest.raises(socket.timeout):
+                read_reply(b, 0.5)  # waits for the budget
+            a.sendall(big[wire.HEADER_SIZE + 1000:])
+            assert read_reply(a, 5) == {'status': 'empty param'}
+            assert read_reply(b, 5) == {'status': 'empty param'}
+        wait_until(lambda: r.server.inflight.used == 0)
+        with pytest.raises(ValueError, match=r'max_inflight_bytes = 1000 must be 0 or at least'):
+            srv.ParamServer(('127.0.0.1', 0), r.store, max_frame_size=MAX_FRAME, max_inflight_bytes=1000)
+    finally:
+        r.close()

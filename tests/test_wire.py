@@ -1,7 +1,12 @@
 """Frame format, decoding errors and state-dict transport of mortal/wire.py."""
 
+import hashlib
+import hmac
+import logging
 import socket
 import struct
+import threading
+import time
 from collections import OrderedDict
 
 import msgpack
@@ -11,10 +16,53 @@ import torch
 from mortal import wire
 
 
-def test_frame_bytes_are_magic_version_length_payload():
+def header(length, *, magic=b'MJRL', version=2, digest=b'\0' * 32, token=None):
+    """A version-2 header built by hand: magic | version | length | digest | HMAC-SHA256(token) of the 46 before."""
+    signed = struct.pack('<4sHQ32s', magic, version, length, digest)
+    return signed + hmac.new((token or '').encode(), signed, hashlib.sha256).digest()
+
+
+def test_frame_bytes_are_magic_version_length_digest_mac_payload():
     # {'type': 'drain'} in msgpack: fixmap(1)=0x81, fixstr(4)=0xa4 'type', fixstr(5)=0xa5 'drain' -> 12 bytes
-    frame = wire.encode_frame({'type': 'drain'})
-    assert frame == b'MJRL' + b'\x01\x00' + b'\x0c\x00\x00\x00\x00\x00\x00\x00' + b'\x81\xa4type\xa5drain'
+    payload = b'\x81\xa4type\xa5drain'
+    digest = hashlib.sha256(payload).digest()
+    signed = b'MJRL' + b'\x02\x00' + b'\x0c\x00\x00\x00\x00\x00\x00\x00' + digest
+    frame = wire.encode_frame({'type': 'drain'}, token='s3cret')
+    assert len(frame) == 78 + 12 and wire.HEADER_SIZE == 78
+    assert frame == signed + hmac.new(b's3cret', signed, hashlib.sha256).digest() + payload
+    # without a token the MAC is keyed with the empty string; the token itself never travels
+    assert wire.encode_frame({'type': 'drain'}) == signed + hmac.new(b'', signed, hashlib.sha256).digest() + payload
+    assert b's3cret' not in frame
+
+
+def test_mac_is_checked_before_any_payload_byte_is_read():
+    a, b = socket.socketpair()
+    with a, b:
+        b.settimeout(5)
+        # a header announcing 1 MiB, signed with another token, and no payload at all: refused at once
+        a.sendall(header(1 << 20, token='guess'))
+        t0 = time.monotonic()
+        with pytest.raises(wire.ProtocolError, match='bad MAC'):
+            wire.recv_msg(b, token='s3cret')
+        assert time.monotonic() - t0 < 1.0
+        h = wire.recv_header(_feed(header(10, token='s3cret')), 1000)
+        assert h.length == 10 and h.authentic('s3cret') and not h.authentic('s3creT') and h.authentic(None)
+
+
+def _feed(data):
+    a, b = socket.socketpair()
+    a.sendall(data)
+    a.close()
+    b.settimeout(5)
+    return b
+
+
+def test_payload_must_match_its_digest():
+    frame = bytearray(wire.encode_frame({'type': 'drain'}, token='t'))
+    frame[-1] ^= 1  # one bit flipped in transit
+    with pytest.raises(wire.ProtocolError, match='does not match the SHA-256 digest'):
+        wire.recv_msg(_feed(bytes(frame)), token='t')
+    assert wire.recv_msg(_feed(wire.encode_frame({'type': 'drain'}, token='t')), token='t') == {'type': 'drain'}
 
 
 def test_roundtrip_over_socketpair_keeps_bytes_ints_and_nesting():
@@ -25,18 +73,24 @@ def test_roundtrip_over_socketpair_keeps_bytes_ints_and_nesting():
         assert wire.recv_msg(b) == msg
 
 
-@pytest.mark.parametrize('header, reason', [
-    (struct.pack('<4sHQ', b'XXXX', 1, 5), 'bad magic'),
-    (struct.pack('<4sHQ', b'MJRL', 2, 5), 'protocol version 2'),
-    (struct.pack('<4sHQ', b'MJRL', 1, 1001), 'exceeds the limit of 1000'),
+@pytest.mark.parametrize('data, reason', [
+    (header(5, magic=b'XXXX'), 'bad magic'),
+    (header(5, version=1), 'protocol version 1, this side speaks 2'),
+    (header(1001), 'exceeds the limit of 1000'),
 ])
-def test_bad_headers_raise_protocol_error(header, reason):
+def test_bad_headers_raise_protocol_error(data, reason):
     with pytest.raises(wire.ProtocolError, match=reason):
-        wire.decode_header(header, max_frame_size=1000)
+        wire.decode_header(data, max_frame_size=1000)
+
+
+def test_old_version_is_named_after_six_bytes():
+    # a version-1 peer sends a 14-byte header: the version is reported without waiting for 78 bytes
+    with pytest.raises(wire.ProtocolError, match='protocol version 1'):
+        wire.recv_header(_feed(struct.pack('<4sHQ', b'MJRL', 1, 0)))
 
 
 def test_limit_is_inclusive():
-    assert wire.decode_header(struct.pack('<4sHQ', b'MJRL', 1, 1000), max_frame_size=1000) == 1000
+    assert wire.decode_header(header(1000), max_frame_size=1000).length == 1000
 
 
 @pytest.mark.parametrize('payload, reason', [
@@ -68,8 +122,10 @@ def test_truncated_frame_and_clean_close():
     with b:
         a.sendall(frame[:5])  # inside the header
         a.close()
-        with pytest.raises(wire.ProtocolError, match='after 5 of 14 header'):
+        with pytest.raises(wire.ProtocolError, match='after 5 of 78 header'):
             wire.recv_msg(b)
+    with pytest.raises(wire.ProtocolError, match='after 30 of 78 header'):
+        wire.recv_msg(_feed(frame[:30]))  # past magic and version
 
 
 def test_state_dict_roundtrip_is_exact():
@@ -132,3 +188,60 @@ def test_request_with_retry_retries_while_server_down():
     with pytest.raises(Stop):
         wire.request_with_retry(remote, {'type': 'drain'}, sleep=fake_sleep)
     assert sleeps == [3.0, 3.0, 3.0]
+
+
+def test_state_dict_signature_reads_the_header_only():
+    net = torch.nn.Sequential(torch.nn.Conv1d(3, 4, 3), torch.nn.BatchNorm1d(4))
+    data = wire.pack_state_dict(net.state_dict())
+    sig = wire.state_dict_signature(data)
+    assert list(sig) == list(net.state_dict())
+    assert sig['0.weight'] == ('F32', (4, 3, 3)) and sig['1.num_batches_tracked'] == ('I64', ())
+    assert wire.state_dict_signature(wire.pack_state_dict({})) == {}
+    for bad in (b'', b'\x05\x00\x00\x00\x00\x00\x00\x00[1,2]', b'\xff' * 8 + b'{}', 'text'):
+        with pytest.raises(wire.ProtocolError):
+            wire.state_dict_signature(bad)
+
+
+def test_signature_difference_names_first_key_and_both_shapes():
+    small = wire.state_dict_signature(wire.pack_state_dict(torch.nn.Conv1d(16, 16, 3).state_dict()))
+    big = wire.state_dict_signature(wire.pack_state_dict(torch.nn.Conv1d(32, 32, 3).state_dict()))
+    assert wire.signature_difference(big, big) is None
+    assert wire.signature_difference(big, small) == "key 'weight' is F32 [16, 16, 3], expected F32 [32, 32, 3]"
+    lin = wire.state_dict_signature(wire.pack_state_dict(torch.nn.Linear(2, 2, bias=False).state_dict()))
+    assert wire.signature_difference(big, lin) == "key 'weight' is F32 [2, 2], expected F32 [32, 32, 3]"
+    assert wire.signature_difference(lin, big) == "key 'weight' is F32 [32, 32, 3], expected F32 [2, 2]"
+    nobias = {k: v for k, v in big.items() if k != 'bias'}
+    assert wire.signature_difference(big, nobias) == "key 'bias' is missing (expected F32 [32])"
+    assert wire.signature_difference(nobias, big) == "unexpected key 'bias' (F32 [32])"
+
+
+class OneShotServer:
+    """Answers each connection with the next of ``replies`` (a loopback socket server for retry tests)."""
+
+    def __init__(self, replies):
+        self.replies = list(replies)
+        self.sock = socket.create_server(('127.0.0.1', 0))
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self):
+        for reply in self.replies:
+            conn, _ = self.sock.accept()
+            with conn:
+                conn.settimeout(5)
+                wire.recv_msg(conn)
+                wire.send_msg(conn, reply)
+
+
+def test_error_replies_are_retried_and_logged_once_per_reason(caplog):
+    err = {'status': 'error', 'reason': 'buffer_dir not writable: [Errno 13] Permission denied'}
+    srv = OneShotServer([err, err, err, {'status': 'ok', 'count': 1}])
+    sleeps = []
+    with caplog.at_level(logging.INFO, logger='mortal.wire'):
+        with srv.sock:
+            reply = wire.request_with_retry(wire.Remote('127.0.0.1', srv.port, timeout=5), {'type': 'drain'},
+                                            sleep=sleeps.append)
+    assert reply == {'status': 'ok', 'count': 1} and sleeps == [3.0, 3.0, 3.0]
+    assert caplog.text.count('buffer_dir not writable') == 1
+    assert 'unreachable' not in caplog.text and caplog.text.count("handles 'drain' again") == 1

@@ -1,0 +1,266 @@
+"""Which samples of its claimed logs the online learner has trained, kept across learner restarts.
+
+The learner hard-links each drain into its own ``<drain_dir>.trainer`` folder (``mortal.train.claim_drained``)
+and exits after every test play, in the middle of an epoch. The ledger here lets the next learner finish exactly
+what the last one left, sample by sample, before it drains again:
+
+* every sample carries ``[file, pass, index, count]`` from the loader (``FileDatasetsIter(sample_ids=True)``),
+  in worker processes too, since the ids travel inside the batches; the learner ``record``\\ s the ids of each
+  batch it has trained;
+* ``claims.json`` in the claim folder lists every claimed log not yet fully trained and, for each pass over it
+  (``[dataset] num_epochs`` x plain/augmented), either ``"done"`` or the indices trained so far. It is written
+  atomically (temporary file, fsync, rename) when logs are claimed (before they are linked) and at each
+  checkpoint (``commit``), so it always describes the state of the last checkpoint: after a test play (which
+  follows a save) nothing is trained twice and nothing is skipped; after a crash or kill the samples trained
+  since the last checkpoint, whose training the checkpoint lost too, are trained again;
+* a log whose every pass is done is unlinked at the next commit; the rest is the resume set, re-read with its
+  trained samples left out (``FileDatasetsIter(trained=...)``), together with the next drain;
+* samples the epoch's end leaves over (fewer than ``batch_size``, which Mortal drops) stay in the resume set and
+  are trained with the next drain. ``end_epoch`` returns the samples that were lost after all (a claimed log
+  gone or unreadable before its remaining samples were read): the ``data/samples_dropped`` tag, 0 in a
+  healthy run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from os import path
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["MANIFEST", "ClaimLedger"]
+
+MANIFEST = "claims.json"
+_FORMAT = 1
+_DONE = "done"
+
+
+class _Partial:
+    """A pass over one file with some of its ``total`` samples trained (``trained``: sample indices)."""
+
+    __slots__ = ("total", "trained")
+
+    def __init__(self, total: int, trained=()):
+        self.total = int(total)
+        self.trained = set(trained)
+
+
+def _remaining(unit) -> int:
+    return 0 if unit == _DONE else max(0, unit.total - len(unit.trained))
+
+
+class ClaimLedger:
+    """Training progress of the logs claimed into ``claim_dir``; see the module docstring.
+
+    Args:
+        claim_dir: the learner's claim folder (``mortal.train.claim_dir_for``).
+        signature: what decides a log's samples and passes (version, player names, ``[dataset]`` pass
+            settings); a manifest written under another signature is not trusted sample by sample.
+        passes: passes over every file per epoch (``num_epochs`` x 2 with augmentation, else x 1).
+
+    Attributes: ``duplicates`` (samples recorded twice: 0 unless the bookkeeping is broken), ``lost_samples``
+    (remaining samples of claimed logs found gone, not yet reported by ``end_epoch``).
+    Use ``ClaimLedger.open`` to start from what is on disk.
+    """
+
+    def __init__(self, claim_dir: str, *, signature: dict, passes: int):
+        self.claim_dir = path.abspath(claim_dir)
+        self.signature = dict(signature)
+        self.passes = int(passes)
+        self.files: dict[str, dict] = {}  # claimed name -> {pass: _Partial or _DONE}, live (this process)
+        self.committed: dict[str, dict] = {}  # the manifest's 'files', as of the last commit
+        self.duplicates = 0
+        self.lost_samples = 0
+        self._epoch: list[str] = []
+        self._seen: set = set()
+
+    # -- disk ------------------------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, claim_dir: str, *, signature: dict, passes: int) -> "ClaimLedger":
+        """The ledger of ``claim_dir`` as its manifest left it (an empty one without manifest; the folder is
+        created). Listed logs missing from the folder are logged and their known remaining samples counted
+        in ``lost_samples``; under another signature every listed log is resumed whole (logged)."""
+        ledger = cls(claim_dir, signature=signature, passes=passes)
+        os.makedirs(ledger.claim_dir, exist_ok=True)
+        manifest = path.join(ledger.claim_dir, MANIFEST)
+        if not path.exists(manifest):
+            return ledger
+        try:
+            with open(manifest, encoding="utf-8") as f:
+                data = json.load(f)
+            files = data["files"]
+            if data.get("format") != _FORMAT or not isinstance(files, dict):
+                raise ValueError(f"unknown format {data.get('format')!r}")
+            same = data.get("signature") == ledger.signature and data.get("passes") == ledger.passes
+        except (OSError, ValueError, KeyError, TypeError) as ex:
+            logger.warning("unreadable %s (%s: %s): the logs in %s are resumed whole", manifest,
+                           type(ex).__name__, ex, ledger.claim_dir)
+            files = {n: {} for n in sorted(os.listdir(ledger.claim_dir)) if n not in ledger.reserved_names()}
+            same = True
+        if not same:
+            logger.warning("%s was written under other settings (%s, %d passes; now %s, %d passes): its %d "
+                           "logs are resumed whole", manifest, data.get("signature"), data.get("passes", 0),
+                           ledger.signature, ledger.passes, len(files))
+        gone = []
+        for name, passes_ in files.items():
+            units = {}
+            if same:
+                for key, value in passes_.items():
+                    units[int(key)] = _DONE if value == _DONE else _Partial(value["total"], value["trained"])
+            if path.exists(path.join(ledger.claim_dir, name)):
+                ledger.files[name] = units
+            else:
+                gone.append(name)
+                ledger.lost_samples += sum(_remaining(u) for u in units.values())
+        if gone:
+            logger.warning("%d claimed logs listed in %s are gone (%s%s): their remaining samples are lost",
+                           len(gone), manifest, ', '.join(gone[:3]), ', ...' if len(gone) > 3 else '')
+        ledger.committed = {name: ledger._entry(units) for name, units in ledger.files.items()}
+        ledger._write()
+        return ledger
+
+    def reserved_names(self) -> set:
+        """Entries of the claim folder that are not claimed logs (the manifest and its temporary file)."""
+        return {MANIFEST, MANIFEST + ".tmp"}
+
+    def _entry(self, units: dict) -> dict:
+        return {str(p): _DONE if u == _DONE else {"total": u.total, "trained": sorted(u.trained)}
+                for p, u in sorted(units.items())}
+
+    def _write(self) -> None:
+        data = {"format": _FORMAT, "signature": self.signature, "passes": self.passes, "files": self.committed}
+        target = path.join(self.claim_dir, MANIFEST)
+        tmp = target + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        try:
+            fd = os.open(self.claim_dir, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    # -- claims ----------------------------------------------------------------------------------------------
+
+    def names(self) -> set:
+        """Names of the claimed logs the ledger still tracks (a new drain must keep them)."""
+        return set(self.files)
+
+    def add(self, names) -> None:
+        """Track newly claimed logs (nothing trained yet); listed in the manifest before they are linked, so a
+        crash in between leaves no claimed log unlisted."""
+        for name in names:
+            self.files[name] = {}
+            self.committed[name] = {}
+        self._write()
+
+    def forget(self, names) -> None:
+        """Stop tracking logs that could not be claimed after all (they vanished before the link)."""
+        names = set(names)
+        if not names:
+            return
+        for name in names:
+            self.files.pop(name, None)
+            self.committed.pop(name, None)
+        self._write()
+
+    def _done(self, units: dict) -> bool:
+        return len(units) == self.passes and all(u == _DONE for u in units.values())
+
+    def pending(self) -> list:
+        """Paths of the tracked logs with samples left to train, in claim order."""
+        return [path.join(self.claim_dir, n) for n, units in self.files.items() if not self._done(units)]
+
+    def partly_trained(self) -> int:
+        """How many of the ``pending`` logs have some samples trained already."""
+        return sum(1 for units in self.files.values() if units and not self._done(units))
+
+    def remaining_samples(self) -> int:
+        """Untrained samples of the tracked logs as far as known (passes not read yet count 0)."""
+        return sum(_remaining(u) for units in self.files.values() for u in units.values())
+
+    def trained_map(self) -> dict:
+        """``{path: {pass: indices or None}}`` of what is trained, for ``FileDatasetsIter(trained=...)``."""
+        return {path.join(self.claim_dir, n): {p: None if u == _DONE else set(u.trained) for p, u in units.items()}
+                for n, units in self.files.items() if units}
+
+    # -- an epoch --------------------------------------------------------------------------------------------
+
+    def begin_epoch(self, paths) -> None:
+        """The files of this epoch's loader, in the order its sample ids' ``file`` refers to."""
+        self._epoch = [path.basename(p) for p in paths]
+        self._seen = set()
+
+    def _rows(self, ids):
+        rows = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        for fid, pass_, index, total in rows:
+            yield self._epoch[fid], int(pass_), int(index), int(total)
+
+    def record(self, ids) -> None:
+        """Mark the samples ``ids`` (``(B, 4)`` int64: file, pass, index, count) as trained."""
+        for name, pass_, index, total in self._rows(ids):
+            units = self.files.get(name)
+            if units is None:
+                self.duplicates += 1
+                continue
+            unit = units.get(pass_)
+            if unit == _DONE or (unit is not None and index in unit.trained):
+                self.duplicates += 1
+                continue
+            if unit is None:
+                unit = units[pass_] = _Partial(total)
+            unit.trained.add(index)
+            self._seen.add((name, pass_))
+            if len(unit.trained) >= unit.total:
+                units[pass_] = _DONE
+
+    def note_dropped(self, ids) -> None:
+        """Samples the epoch's end left untrained (``iter_full_batches``' remainder): they stay in the resume set."""
+        for name, pass_, _, total in self._rows(ids):
+            units = self.files.get(name)
+            if units is not None and units.get(pass_) is None:
+                units[pass_] = _Partial(total)
+            self._seen.add((name, pass_))
+
+    def end_epoch(self) -> int:
+        """After the loader was read to its end: every pass of the epoch's files has yielded all it had. A pass
+        that yielded nothing is done (no samples, or a bad log); a partly trained pass that yielded nothing
+        lost its remaining samples (the log is gone or now unreadable). Returns the samples lost since the
+        last call, ``lost_samples`` included."""
+        lost, self.lost_samples = self.lost_samples, 0
+        for name in dict.fromkeys(self._epoch):
+            units = self.files.get(name)
+            if units is None:
+                continue
+            for p in range(self.passes):
+                unit = units.get(p)
+                if unit == _DONE or (name, p) in self._seen:
+                    continue
+                lost += _remaining(unit) if unit is not None else 0
+                units[p] = _DONE
+        return lost
+
+    def commit(self) -> int:
+        """Persist the live progress (call right after a checkpoint) and unlink the logs trained in full.
+        Returns how many were unlinked."""
+        finished = [n for n, units in self.files.items() if self._done(units)]
+        for name in finished:
+            del self.files[name]
+        self.committed = {name: self._entry(units) for name, units in self.files.items()}
+        self._write()  # first: a crash before the unlinks leaves unlisted links, which the next claim removes
+        for name in finished:
+            try:
+                os.remove(path.join(self.claim_dir, name))
+            except FileNotFoundError:
+                pass
+        return len(finished)

@@ -1,0 +1,444 @@
+"""Reliability defects of project issue 13; each test failed before its fix.
+
+2. processes of a killed learner (DataLoader fork server and workers) outlived it;
+3. the claimed logs a learner had not trained when a test play ended it were dropped by the next drain;
+6. a gzip bomb was decompressed whole; 7a. a masked tile printed a raw Rust panic; 7b. a 'haipai' dialect log
+was called a 3-player log; 7d. a scheduler shape the config accepted made the trainer fail at start; 7e. the
+offline bootstrap printed a countdown to a test play that never comes.
+"""
+
+import collections
+import gzip
+import hashlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import tracemalloc
+import uuid
+
+import pytest
+import torch
+
+from conftest import DATA_DIR, ROOT
+from mortal import train as tr
+from mortal.config import load_config
+from mortal.dataloader import FileDatasetsIter
+from mortal.gameplay import GameplayLoader
+from mortal.grp import BadLogError, parse_log, read_log_text
+from test_train import FakeTestPlayer, FakeWriter, ScriptedRemote, batch, empty_drain, tiny_config, write_grp
+
+LOGS = [DATA_DIR / 'riichienv_selfplay_hanchan.jsonl', DATA_DIR / 'meta_annotated_hanchan.jsonl',
+        DATA_DIR / 'arena_double_ron_hanchan.json.gz']
+PTS = [6.0, 4.0, 2.0, 0.0]
+linux_only = pytest.mark.skipif(not sys.platform.startswith('linux'), reason='/proc and PR_SET_PDEATHSIG')
+
+
+def _events(src):
+    raw = gzip.decompress(src.read_bytes()) if src.suffix == '.gz' else src.read_bytes()
+    return [json.loads(line) for line in raw.decode().splitlines() if line.strip()]
+
+
+# -- 2: no process of the learner outlives it ---------------------------------------------------------------------
+
+_FAKE_LEARNER = r'''
+import os, subprocess, sys, time
+import torch
+from torch.utils.data import IterableDataset
+from mortal.dataloader import make_dataloader
+
+class Forever(IterableDataset):
+    def __iter__(self):
+        while True:
+            time.sleep(0.02)
+            yield torch.zeros(1)
+
+if __name__ == '__main__':
+    if len(sys.argv) > 2:
+        subprocess.Popen(['sleep', '600'])  # a plain child: only the supervisor's group kill can end it
+    it = iter(make_dataloader(Forever(), batch_size=1, num_workers=2))
+    next(it)
+    open(sys.argv[1], 'w').write(str(os.getpid()))
+    while True:
+        next(it)
+'''
+
+
+def _marked(mark):
+    """pids of the processes whose environment holds MORTAL_TEST_MARK=mark (the learner's descendants)."""
+    needle = f'MORTAL_TEST_MARK={mark}'.encode()
+    found = []
+    for entry in os.listdir('/proc'):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f'/proc/{entry}/environ', 'rb') as f:
+                env = f.read().split(b'\0')
+            with open(f'/proc/{entry}/stat') as f:
+                state = f.read().rsplit(')', 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in env and state not in ('Z', 'X'):
+            found.append(int(entry))
+    return found
+
+
+def _wait_for(pred, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.1)
+    return pred()
+
+
+def _survivors(mark, timeout=10.0):
+    _wait_for(lambda: not _marked(mark), timeout)
+    return _marked(mark)
+
+
+def _start(tmp_path, cmd, mark):
+    env = {**os.environ, 'MORTAL_TEST_MARK': mark, 'PYTHONPATH': str(ROOT), 'OMP_NUM_THREADS': '1'}
+    return subprocess.Popen(cmd, env=env, cwd=tmp_path)
+
+
+def _cleanup(mark):
+    for pid in _marked(mark):  # only processes this test started carry the mark
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@linux_only
+@pytest.mark.timeout(240)
+def test_loader_processes_die_with_a_sigkilled_learner(tmp_path):
+    script, ready, mark = tmp_path / 'learner.py', tmp_path / 'ready', uuid.uuid4().hex
+    script.write_text(_FAKE_LEARNER)
+    proc = _start(tmp_path, [sys.executable, str(script), str(ready)], mark)
+    try:
+        assert _wait_for(ready.exists, 180), 'the fake learner never got a batch'
+        # the fork server, two workers and the resource tracker
+        assert len([p for p in _marked(mark) if p != proc.pid]) >= 3
+        proc.kill()
+        proc.wait()
+        assert _survivors(mark) == []
+    finally:
+        proc.kill()
+        _cleanup(mark)
+
+
+@linux_only
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize('how', ['sigterm_supervisor', 'sigkill_learner'])
+def test_no_learner_process_outlives_it_under_the_supervisor(tmp_path, how):
+    script, ready, mark = tmp_path / 'learner.py', tmp_path / 'ready', uuid.uuid4().hex
+    script.write_text(_FAKE_LEARNER)
+    runner = tmp_path / 'runner.py'
+    runner.write_text('import sys\nfrom mortal import train\n'
+                      f'sys.exit(train.supervise([{str(ready)!r}, "with-child"], script={str(script)!r}))\n')
+    proc = _start(tmp_path, [sys.executable, str(runner)], mark)
+    try:
+        assert _wait_for(ready.exists, 180), 'the fake learner never got a batch'
+        learner = int(ready.read_text())
+        assert len([p for p in _marked(mark) if p not in (proc.pid, learner)]) >= 4  # + the plain child
+        if how == 'sigterm_supervisor':
+            proc.terminate()
+            assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        else:
+            os.kill(learner, signal.SIGKILL)
+            assert proc.wait(timeout=60) == 128 + signal.SIGKILL
+        assert _survivors(mark) == []
+    finally:
+        proc.kill()
+        _cleanup(mark)
+
+
+# -- 3: a test play no longer drops the rest of the claimed drain --------------------------------------------------
+
+def _fingerprint(obs, action, mask, steps, rank):
+    h = hashlib.blake2b(digest_size=16)
+    for part in (obs, mask):
+        h.update(part.numpy().tobytes() if isinstance(part, torch.Tensor) else part.tobytes())
+    h.update(f'{int(action)},{int(steps)},{int(rank)}'.encode())
+    return h.hexdigest()
+
+
+class DrainCalled(Exception):
+    pass
+
+
+class OneDrainRemote(ScriptedRemote):
+    """Answers the first drain with ``reply``; any later drain raises DrainCalled."""
+
+    def request(self, msg):
+        if msg['type'] == 'drain' and not self.replies:
+            raise DrainCalled()
+        return super().request(msg)
+
+
+def _claimable_logs(drain_dir, seats=(0, 2)):
+    """Distinct real logs with a 'trainee' seat (the only seat online training learns from)."""
+    os.makedirs(drain_dir)
+    names = []
+    for i, src in enumerate(LOGS):
+        events = _events(src)
+        for seat in seats:
+            events[0]['names'] = ['trainee' if s == seat else f'p{s}' for s in range(4)]
+            name = f'0_{i}{seat}.json.gz'
+            with gzip.open(os.path.join(drain_dir, name), 'wt') as f:
+                f.writelines(json.dumps(e) + '\n' for e in events)
+            names.append(name)
+    return names
+
+
+def _expected_samples(config, paths):
+    from mortal.reward import load_grp
+    grp = load_grp(config['grp']['state_file'], config['grp']['network'])
+    ds = FileDatasetsIter(3, paths, PTS, grp, player_names=['trainee'], file_batch_size=1)
+    return collections.Counter(_fingerprint(s[0], s[1], s[2], s[3], s[5]) for s in ds)
+
+
+def _learners_until_drain(tmp_path, config, names, trained, caplog, *, between=None):
+    """Run learners as the supervisor would (each ended by a test play) until one drains a second time.
+    Returns (runs, the last trainer, the data/samples_dropped values of all runs)."""
+    drain_dir = config['online']['server']['drain_dir']
+    first = {**empty_drain(drain_dir, 'A', True), 'count': len(names), 'files': names,
+             'param_versions': [1] * len(names), 'param_version': 1}
+    runs, writers = 0, []
+    while True:
+        runs += 1
+        assert runs < 20
+        writer = FakeWriter()
+        writers.append(writer)
+        trainer = tr.Trainer(config, test_player=FakeTestPlayer([(0.0, 2.5)] * 10), writer=writer,
+                             remote=OneDrainRemote([first] if runs == 1 else []), sleep=lambda s: None)
+        real = trainer.train_batch
+
+        def spy(obs, actions, masks, steps, rewards, ranks, real=real):
+            for i in range(actions.shape[0]):
+                trained[_fingerprint(obs[i], actions[i], masks[i], steps[i], ranks[i])] += 1
+            return real(obs, actions, masks, steps, rewards, ranks)
+
+        trainer.train_batch = spy
+        caplog.clear()
+        try:
+            with caplog.at_level(logging.INFO, logger='mortal.train'):
+                trainer.run()
+        except tr.TestPlayDone:
+            if runs > 1:
+                assert 'resuming' in caplog.text  # each restarted learner first finishes what it had claimed
+            if between is not None:
+                between(trainer)
+            continue
+        except DrainCalled:
+            dropped = [v for w in writers for t, v, _ in w.scalars if t == 'data/samples_dropped']
+            return runs, trainer, dropped
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize('num_workers', [0, 1])
+def test_test_play_restarts_train_every_claimed_sample_exactly_once(tmp_path, caplog, num_workers):
+    config, _ = tiny_config(tmp_path, online=True, control={'batch_size': 16, 'save_every': 8, 'test_every': 24},
+                            dataset={'num_workers': num_workers, 'file_batch_size': 2, 'reserve_ratio': 0.25})
+    write_grp(config)
+    names = _claimable_logs(config['online']['server']['drain_dir'])
+    expected = _expected_samples(config, [os.path.join(config['online']['server']['drain_dir'], n) for n in names])
+    total = sum(expected.values())
+    assert total > 4 * 24 * 16 // 3  # enough for two test plays before the drain runs out
+    trained = collections.Counter()
+    runs, trainer, dropped = _learners_until_drain(tmp_path, config, names, trained, caplog)
+    assert runs >= 3  # at least two learners resumed a drain a test play had cut short
+    assert 'resuming' in caplog.text and 'claimed logs not yet read' in caplog.text
+    over = {k: (n, expected[k]) for k, n in trained.items() if n > expected[k]}
+    assert over == {}  # no sample trained twice (and none that is not in the logs)
+    untrained = total - sum(trained.values())
+    assert 0 <= untrained < 16  # only the epoch's last partial batch is left...
+    assert trainer.ledger.remaining_samples() == untrained  # ...and it stays claimed for the next drain
+    assert trainer.ledger.duplicates == 0
+    assert dropped == [0.0]  # one natural epoch end, nothing lost
+
+
+@pytest.mark.timeout(600)
+def test_claimed_logs_lost_between_learners_are_counted_dropped(tmp_path, caplog):
+    config, _ = tiny_config(tmp_path, online=True, control={'batch_size': 16, 'save_every': 8, 'test_every': 24},
+                            dataset={'file_batch_size': 6})
+    write_grp(config)
+    names = _claimable_logs(config['online']['server']['drain_dir'])
+    expected = _expected_samples(config, [os.path.join(config['online']['server']['drain_dir'], n) for n in names])
+    removed = {}
+
+    def lose_a_partly_trained_log(trainer):
+        if removed:
+            return
+        ledger = trainer.ledger
+        name = next(n for n, units in ledger.files.items() if units and not ledger._done(units))
+        removed[name] = sum(u.total - len(u.trained) for u in ledger.files[name].values() if u != 'done')
+        os.remove(os.path.join(ledger.claim_dir, name))
+
+    trained = collections.Counter()
+    runs, trainer, dropped = _learners_until_drain(tmp_path, config, names, trained, caplog,
+                                                   between=lose_a_partly_trained_log)
+    (name, lost), = removed.items()
+    assert lost > 0 and sum(dropped) == lost  # reported once, by the learner that found the log gone
+    assert all(n <= expected[k] for k, n in trained.items())
+    assert sum(expected.values()) - sum(trained.values()) == lost + trainer.ledger.remaining_samples()
+    manifest = json.loads(open(os.path.join(trainer.ledger.claim_dir, 'claims.json')).read())
+    assert name not in manifest['files']
+
+
+def test_drain_keeps_logs_of_earlier_drains_not_yet_trained(tmp_path):
+    config, _ = tiny_config(tmp_path, online=True)
+    drain_dir = config['online']['server']['drain_dir']
+    os.makedirs(drain_dir)
+    trainer = tr.Trainer(config, test_player=FakeTestPlayer([]), writer=FakeWriter(), sleep=lambda s: None,
+                         remote=ScriptedRemote([]))
+    for name, body in (('0_a.json.gz', b'a'), ('0_b.json.gz', b'b')):
+        with open(os.path.join(drain_dir, name), 'wb') as f:
+            f.write(body)
+    reply = {**empty_drain(drain_dir, 'A', True), 'count': 2, 'files': ['0_a.json.gz', '0_b.json.gz'],
+             'param_versions': [1, 1]}
+    trainer.remote = ScriptedRemote([reply])
+    first = trainer.drain()
+    # the server restarts and names its next drain from 0_ again; 0_a is still untrained
+    os.remove(os.path.join(drain_dir, '0_a.json.gz'))
+    with open(os.path.join(drain_dir, '0_a.json.gz'), 'wb') as f:
+        f.write(b'new a')
+    trainer.remote = ScriptedRemote([{**reply, 'count': 1, 'files': ['0_a.json.gz'], 'param_versions': [1]}])
+    second = trainer.drain()
+    assert [open(p, 'rb').read() for p in first] == [b'a', b'b']  # not emptied by the second claim
+    assert [os.path.basename(p) for p in second] == ['1+0_a.json.gz'] and open(second[0], 'rb').read() == b'new a'
+    manifest = json.loads(open(os.path.join(trainer.ledger.claim_dir, 'claims.json')).read())
+    assert sorted(manifest['files']) == ['0_a.json.gz', '0_b.json.gz', '1+0_a.json.gz']
+
+
+# -- 6: decompression bomb -------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope='module')
+def bomb(tmp_path_factory):
+    path = tmp_path_factory.mktemp('bomb') / 'bomb.json.gz'
+    path.write_bytes(gzip.compress(b'\n' * (100 << 20), compresslevel=9))
+    assert path.stat().st_size < 200_000
+    return path
+
+
+def test_gzip_bomb_is_refused_with_bounded_memory(bomb):
+    tracemalloc.start()
+    try:
+        with pytest.raises(BadLogError) as err:
+            read_log_text(bomb, max_bytes=1 << 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20  # the old reader held all 100 MB (twice)
+    assert err.value.source == str(bomb) and 'exceeds the cap of 1,048,576 bytes' in err.value.reason
+
+
+def test_gzip_bomb_is_skipped_by_the_loader_with_the_configured_cap(tmp_path, bomb, caplog):
+    config, _ = tiny_config(tmp_path, online=False, dataset={'max_log_bytes': 1 << 20})
+    assert config['dataset']['max_log_bytes'] == 1 << 20
+    (tmp_path / 'd').mkdir()
+    assert tiny_config(tmp_path / 'd', online=False)[0]['dataset']['max_log_bytes'] == 64 << 20  # the default
+    write_grp(config)
+    trainer = tr.Trainer(config, test_player=FakeTestPlayer([]), writer=FakeWriter())
+    data = trainer.data_loader([str(bomb), str(LOGS[0])], ['0']).dataset
+    assert data.max_log_bytes == 1 << 20
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        samples = list(data)
+    assert time.monotonic() - start < 10
+    assert len(samples) == 212 and data.skipped == 1  # seat '0' of the good log (test_dataloader's count)
+    assert f'skipped log {bomb}: decompressed log exceeds the cap of 1,048,576 bytes' in caplog.text
+    # the readers' default cap stops it too
+    loader = GameplayLoader(3)
+    assert loader.load_gz_log_files([bomb]) == [[]]
+    assert 'exceeds the cap of 67,108,864 bytes' in loader.skipped_files[0][1]
+
+
+# -- 7a / 7b: bad logs through the normal skip message -------------------------------------------------------------
+
+def test_masked_tiles_are_a_skip_message_not_a_rust_panic(tmp_path, capfd):
+    events = _events(LOGS[0])
+    first = next(i for i, e in enumerate(events) if e['type'] == 'start_kyoku')
+    events[first]['tehais'][3] = ['?'] * 13  # the 4th seat's hand masked, as in one player's view
+    path = tmp_path / 'masked.json'
+    path.write_text(''.join(json.dumps(e) + '\n' for e in events))
+    loader = GameplayLoader(3)
+    capfd.readouterr()
+    assert loader.load_gz_log_files([path]) == [[]]
+    err = capfd.readouterr().err
+    assert 'panicked' not in err and 'update.rs' not in err
+    assert loader.skipped_files == [(str(path), f"skipped log {path}: line {first + 1}: start_kyoku tehais of seat 3 "
+                                                 f"hold masked tiles '?' (a log from another player's view?); "
+                                                 f"training needs full hands")]
+    # only the seats that are replayed matter: the other three train as before
+    assert [len(g) for g in GameplayLoader(3, player_names=['0', '1', '2']).load_log_file(path)] == [212, 215, 216]
+
+
+def test_haipai_dialect_is_named():
+    events = _events(LOGS[0])
+    first = next(i for i, e in enumerate(events) if e['type'] == 'start_kyoku')
+    events[first]['haipais'] = events[first].pop('tehais')
+    with pytest.raises(BadLogError) as err:
+        parse_log(''.join(json.dumps(e) + '\n' for e in events), 'h.json')
+    assert err.value.line == first + 1
+    assert "start_kyoku has no 'tehais' (it has 'haipais'): a haipai-dialect log?" in err.value.reason
+    assert '4-player' not in err.value.reason
+
+
+# -- 7d: config check and scheduler agree ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize('warm_up, max_steps, peak, final, init', [
+    (1000, 0, 1e-4, 1e-4, None), (1000, 0, 1e-3, 1e-4, 1e-6), (0, 0, 1e-4, 1e-4, None), (10, 10, 1e-4, 1e-5, None),
+    (100, 50, 1e-4, 1e-4, None), (0, 0, 1e-5, 1e-4, None), (10, 100, 1e-4, 1e-5, 1e-4)])
+def test_scheduler_accepts_exactly_what_the_config_accepts(tmp_path, warm_up, max_steps, peak, final, init):
+    from mortal.config import ConfigError
+    shape = {'warm_up_steps': warm_up, 'max_steps': max_steps, 'peak': peak, 'final': final}
+    if init is not None:
+        shape['init'] = init
+    try:
+        config, _ = tiny_config(tmp_path, **{'optim.scheduler': shape})
+        config_ok = True
+    except ConfigError:
+        config_ok = False
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1)
+    try:
+        sched = tr.LinearWarmUpCosineAnnealingLR(opt, **shape)
+        sched_ok = True
+    except ValueError:
+        sched_ok = False
+    assert config_ok == sched_ok
+    if sched_ok and max_steps == 0:
+        # no annealing: linear warm-up to peak, then final
+        start = shape.get('init', 1e-8)
+        if warm_up:
+            assert sched.factor(warm_up // 2) == pytest.approx(start + (peak - start) / 2)
+        assert sched.factor(warm_up) == sched.factor(10 ** 7) == final
+
+
+def test_warm_up_without_annealing_trains(tmp_path):
+    config, _ = tiny_config(tmp_path, online=False, **{'optim.scheduler': {'warm_up_steps': 1000, 'max_steps': 0}})
+    trainer = tr.Trainer(config, test_player=FakeTestPlayer([]), writer=FakeWriter())
+    trainer.train_batch(*batch())
+    assert trainer.scheduler.get_last_lr()[0] == pytest.approx(1e-8 + (1e-3 - 1e-8) / 1000)
+
+
+# -- 7e: no countdown without test play ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('offline_test_every', [0, 20])
+def test_offline_bootstrap_prints_a_countdown_only_with_test_play(tmp_path, caplog, offline_test_every):
+    from mortal import bootstrap, quickstart
+    cfg = load_config(quickstart.write_config(tmp_path, preset='short'))
+    cfg['bootstrap']['offline_test_every'] = offline_test_every
+    offline = bootstrap.offline_config(cfg)
+    trainer = tr.Trainer(offline, test_player=bootstrap.RulebaseTestPlayer(offline), writer=FakeWriter())
+    trainer.steps = 740
+    n = offline['control']['batch_size']
+    with caplog.at_level(logging.INFO, logger='mortal.train'):
+        for i in range(10):
+            trainer.train_batch(*batch(n, seed=i))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith('total steps')]
+    assert lines == (['total steps: 750'] if offline_test_every == 0 else ['total steps: 750 (~10)'])
