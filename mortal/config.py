@@ -36,6 +36,9 @@ DEFAULT_PROFILE = 'default'
 # Frames above this are refused by the wire protocol unless [online.server] max_frame_bytes says otherwise.
 # 512 MiB holds a 192x40 model's parameters (~40 MB) or a submission of thousands of gz logs with a wide margin.
 DEFAULT_MAX_FRAME_BYTES = 512 * 1024 * 1024
+# [dataset] max_log_bytes (also the readers' default, mortal.grp): a hanchan is well under 1 MB of mjai JSON.
+DEFAULT_MAX_LOG_BYTES = 64 * 1024 * 1024
+SCHEDULER_DEFAULT_INIT = 1e-8  # Mortal's LinearWarmUpCosineAnnealingLR default for [optim.scheduler] init
 
 # Section names required by each process. 'train_play' means the [train_play.<profile>] table of the
 # TRAIN_PLAY_PROFILE in use (see train_play_profile).
@@ -208,6 +211,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         'num_epochs': Key('int', 'passes over the file list (offline)', check=_positive),
         'enable_augmentation': Key('bool', 'also train on suit-permuted copies of each log'),
         'augmented_first': Key('bool', 'put the augmented copy before the original'),
+        'max_log_bytes': Key('int', 'extra: largest decompressed log in bytes; a larger one is skipped (a '
+                                    'decompression bomb)', default=DEFAULT_MAX_LOG_BYTES, check=_positive),
     },
     'env': {
         'gamma': Key('float', 'discount per decision step of the kyoku reward', check=lambda v: (
@@ -222,6 +227,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
     },
     'cql': {
         'min_q_weight': Key('float', 'CQL regularizer weight (offline only; unused online)', check=_non_negative),
+        'online_min_q_weight': Key('float', 'extra: CQL weight kept in online training (0 = none, as Mortal)',
+                                   default=0.0, check=_non_negative),
+        'calibrated': Key('bool', 'extra: Cal-QL, the CQL push-down clamped at the Monte-Carlo return',
+                          default=False),
     },
     'aux': {
         'next_rank_weight': Key('float', 'weight of the next-rank auxiliary cross entropy', check=_non_negative),
@@ -236,7 +245,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         'max_grad_norm': Key('float', 'gradient clipping norm (0 = no clipping)', check=_non_negative),
     },
     'optim.scheduler': {
-        'peak': Key('float', 'learning rate after warm-up', check=_positive),
+        'peak': Key('float', 'learning rate after warm-up (0 only for a control run)', check=_non_negative),
         'final': Key('float', 'learning rate after max_steps (cosine annealing in between)', check=_non_negative),
         'warm_up_steps': Key('int', 'linear warm-up steps', check=_non_negative),
         'max_steps': Key('int', 'end of cosine annealing (0 = constant after warm-up)', check=_non_negative),
@@ -251,6 +260,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
     'online': {
         'history_window': Key('int', 'client rounds in the moving average of trainee ranks', check=_positive),
         'enable_compile': Key('bool', 'torch.compile the trainee copy in the client'),
+        'anchor_weight': Key('float', 'extra: weight of the MSE of untaken legal Q to the [baseline.train] '
+                                      "model's Q (0 = off, as Mortal)", default=0.0, check=_non_negative),
+        'probe_file': Key('str', 'extra: positions for diag/policy_drift (built once from [dataset] globs; '
+                                 'default probe.pth beside [control] state_file)', default=_ABSENT),
+        'probe_size': Key('int', 'extra: positions in the probe (0 = no probe)', default=2048,
+                          check=_non_negative),
     },
     'online.remote': {
         'host': Key('str', 'server address (bind address for the server)'),
@@ -269,6 +284,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
         'force_sequential': Key('bool', 'one client round per trainer parameter version; drain only when full'),
         'max_frame_bytes': Key('int', 'extra: largest accepted wire frame in bytes',
                                default=DEFAULT_MAX_FRAME_BYTES, check=_positive),
+        'max_pending_connections': Key('int', 'extra: connections that may be sending their frame header at once '
+                                       '(more are closed at once)', default=64, check=_positive),
+        'max_inflight_bytes': Key('int', 'extra: payload bytes the server reads or handles at once over all '
+                                  'connections (0 = max_frame_bytes)', default=0, check=_non_negative),
     },
     '1v3': {
         'seed_key': Key('int', 'duplicate seed key (-1 = random per run)', default=-1, check=_seed_key),
@@ -557,14 +576,9 @@ def _check_relations(config: dict, path: str, errors: list[str], warns: list[str
 
     sched = _get_table(config, 'optim.scheduler')
     if sched is not None:
-        # The scheduler's own invariants (peak >= final >= init >= 0, max_steps >= warm_up_steps).
-        init = sched.get('init', 1e-8)
-        if not sched['peak'] >= sched['final'] >= init:
-            errors.append(f'[optim.scheduler] final = {sched["final"]} in {path} must be within '
-                          f'[init = {init}, peak = {sched["peak"]}]')
-        if sched['max_steps'] and sched['max_steps'] < sched['warm_up_steps']:
-            errors.append(f'[optim.scheduler] max_steps = {sched["max_steps"]} in {path} must be 0 or '
-                          f'>= warm_up_steps = {sched["warm_up_steps"]}')
+        # The very rules the scheduler enforces (one function), so a config that loads also trains.
+        for key, rule in scheduler_problems(**sched):
+            errors.append(f'[optim.scheduler] {key} in {path} {rule}')
 
     remote = _get_table(config, 'online.remote')
     if remote is not None and not _is_loopback(remote['host']) and not remote['token']:
@@ -579,6 +593,10 @@ def _check_relations(config: dict, path: str, errors: list[str], warns: list[str
     server = _get_table(config, 'online.server')
     if server is None:
         return
+    if server['max_inflight_bytes'] and server['max_inflight_bytes'] < server['max_frame_bytes']:
+        errors.append(f'[online.server] max_inflight_bytes = {server["max_inflight_bytes"]} in {path} must be 0 or '
+                      f'at least [online.server] max_frame_bytes = {server["max_frame_bytes"]} (a largest frame '
+                      f'must fit)')
     for name in ('sample_reuse_rate', 'sample_reuse_threshold'):
         if server[name] != 0:
             warns.append(f'[online.server] {name} = {server[name]} in {path} is accepted but has no effect '
@@ -598,6 +616,28 @@ def _check_relations(config: dict, path: str, errors: list[str], warns: list[str
                          f'than one client round of [train_play.{profile}] games = {games}: the server drains '
                          f'only a full buffer and each client plays once per trainer parameter version, so the '
                          f'trainer would wait forever unless at least {need} clients run')
+
+
+def scheduler_problems(*, peak, final, warm_up_steps, max_steps, init=SCHEDULER_DEFAULT_INIT, offset=0,
+                       epoch_size=0, **_ignored) -> list[tuple[str, str]]:
+    """What is wrong with an ``[optim.scheduler]`` shape, as ``(key = value, rule)`` pairs; ``[]`` if nothing.
+
+    The single definition used by the config check and by ``mortal.train.LinearWarmUpCosineAnnealingLR``:
+    ``peak >= final >= init >= 0``; ``warm_up_steps``, ``max_steps``, ``epoch_size`` >= 0; ``max_steps`` 0
+    (no annealing: ``final`` from the end of the warm-up on) or >= ``warm_up_steps``. Learning rates are the
+    absolute values (the optimizer's base lr is 1); steps count backward passes. Other keys are ignored.
+    """
+    out = []
+    if init < 0:
+        out.append((f'init = {init}', 'must be >= 0'))
+    if not peak >= final >= init:
+        out.append((f'final = {final}', f'must be within [init = {init}, peak = {peak}] (peak >= final >= init)'))
+    for name, value in (('warm_up_steps', warm_up_steps), ('max_steps', max_steps), ('epoch_size', epoch_size)):
+        if value < 0:
+            out.append((f'{name} = {value}', 'must be >= 0'))
+    if max_steps and max_steps < warm_up_steps:
+        out.append((f'max_steps = {max_steps}', f'must be 0 or >= warm_up_steps = {warm_up_steps}'))
+    return out
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -39,10 +39,10 @@ GRACE_SECONDS = 15  # between SIGTERM and SIGKILL
 PRESETS = {
     'full': dict(online_timeout=900, boot_games=96, boot_val_games=16, grp_steps=100, offline_epochs=1,
                  train_games=16, test_games=16, batch_size=64, save_every=20, test_every=60,
-                 submit_every=20, capacity=64),
+                 submit_every=20, capacity=64, eval_sets=100),
     'short': dict(online_timeout=900, boot_games=8, boot_val_games=4, grp_steps=20, offline_epochs=1,
                   train_games=8, test_games=8, batch_size=64, save_every=10, test_every=20,
-                  submit_every=10, capacity=32),
+                  submit_every=10, capacity=32, eval_sets=4),
 }
 
 # Mortal's config layout; {work} is the absolute work dir, the rest comes from a preset.
@@ -191,6 +191,7 @@ def render_config(work_dir, *, preset='full', port=None, version=3):
         raise ValueError(f"quickstart version must be 3 or 4, got {version!r}")
     sizes = dict(PRESETS[preset], version=version)
     sizes.pop('online_timeout')
+    sizes.pop('eval_sets')
     sizes['grp_save_every'] = max(1, sizes['grp_steps'] // 2)
     work = Path(work_dir).expanduser().resolve().as_posix()
     return CONFIG_TEMPLATE.format(work=work, port=port or free_port(), **sizes)
@@ -341,11 +342,31 @@ def wait_for_online(procs, tb_dir, log_dir, timeout, poll=3.0, *, tests_before=0
 
 # ---------------------------------------------------------------------------- driver
 
-def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0, version=3):
+EVAL_KEY = 0x71756963  # 'quic': duplicate key of the summary's evaluation deals (not a self-play key)
+
+
+def evaluate_against_start(config, sets, workers=None):
+    """``best.pth`` and the final ``state_file``, each against 3x the start model (``[baseline.test]``), on the same
+    ``sets`` duplicate deals: ``{'best'|'final': mortal.evaluation.summarize(...)}`` (missing files left out)."""
+    from mortal.evaluation import play_duplicate, summarize
+
+    start = ('mortal', config['baseline']['test']['state_file'])
+    out = {}
+    for label, key in (('best', 'best_state_file'), ('final', 'state_file')):
+        state_file = config['control'][key]
+        if os.path.exists(state_file):
+            units = play_duplicate(('mortal', state_file), start, sets=sets, key=EVAL_KEY,
+                                   workers=workers or os.cpu_count() or 1)
+            out[label] = summarize(units)
+    return out
+
+
+def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0, version=3, eval_sets=None):
     """The whole quickstart; returns a dict of what was produced (paths, timings, test_play results).
 
     ``online_minutes``: keep the online processes running at least this long (default: stop right after the
-    first test play and learner restart). A rerun in the same ``work_dir`` skips the finished bootstrap and
+    first test play and learner restart). ``eval_sets``: duplicate deals (4 games each) on which best.pth and the
+    final model meet 3x the start model at the end (default: the preset's; 0 = no evaluation). A rerun in the same ``work_dir`` skips the finished bootstrap and
     continues online training from ``[control] state_file``.
     """
     from mortal import bootstrap
@@ -353,6 +374,8 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
 
     t0 = time.monotonic()
     timings = {}
+    if eval_sets is None:
+        eval_sets = PRESETS[preset]['eval_sets']
     work = Path(work_dir).expanduser().resolve()
     cfg_path = write_config(work, preset=preset, port=port, version=version)
     logger.info('config: %s', cfg_path)
@@ -382,6 +405,10 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
         logger.info('stopped: %s', stopped)
     timings['online'] = time.monotonic() - t1
 
+    evaluation = {}
+    if eval_sets:
+        evaluation = evaluate_against_start(config, eval_sets)
+
     plots = work / 'plots'
     subprocess.run([sys.executable, str(ROOT / 'scripts' / 'plot_tb.py'), tb_dir, '--out', str(plots)],
                    check=False, stdout=subprocess.DEVNULL)
@@ -397,6 +424,7 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
         'logs': str(log_dir),
         'plots': str(plots),
         'test_play': read_scalars(tb_dir),
+        'evaluation': evaluation,
         'stopped': stopped,
         'timings': timings,
     }
@@ -444,6 +472,13 @@ def report(result, out=sys.stdout):
                 continue
             step, rank = row
             p(f'  step {step:>6}: avg rank {rank:.3f}, avg pt {pts.get(step, float("nan")):+.2f}')
+    ev = result.get('evaluation') or {}
+    if ev:
+        from mortal.evaluation import format_summary
+        p('evaluation against 3x the start model on the same duplicate deals (start = 2.500 exactly; '
+          'lower is better, 95% CI):')
+        for label, summary in ev.items():
+            p(f'  {label:<5} {format_summary(summary)}')
     p(f"processes:    {result['stopped']}")
 
 
@@ -464,12 +499,16 @@ def main(argv=None):
                              'test play and learner restart); rerun with the same --work-dir to continue')
     parser.add_argument('--version', type=int, choices=(3, 4), default=3,
                         help='feature version (default: %(default)s; 4 adds the single-player block and its search)')
+    parser.add_argument('--eval-sets', type=int, default=None,
+                        help='duplicate deals (4 games each) of the final evaluation against the start model '
+                             '(default: 100, --short 4; 0 = none)')
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
     logging.getLogger('tensorboard').setLevel(logging.WARNING)  # its directory watcher chatters at INFO
     try:
         result = run(args.work_dir, preset='short' if args.short else 'full', port=args.port,
-                     progress=not args.no_progress, online_minutes=args.online_minutes, version=args.version)
+                     progress=not args.no_progress, online_minutes=args.online_minutes, version=args.version,
+                     eval_sets=args.eval_sets)
     except Exception as e:
         logger.error('quickstart failed: %s', e)
         return 1

@@ -7,7 +7,10 @@ submits its parameters to the server as idle, drains replays (polling every 5 s)
 learner still reads), learns from the ``trainee`` seat only, submits parameters every ``submit_every`` steps (and at
 a save that missed a submit), saves every ``save_every`` steps, runs a test play every ``test_every`` steps and then
 exits 0 (Mortal restarts the learner there to dodge a hang). It submits idle parameters at the end of every drained
-epoch.
+epoch. Which claimed samples are trained is recorded in ``<drain_dir>.trainer/claims.json`` (``mortal.claims``), so a
+restarted learner first finishes the claimed logs its predecessor left, and an epoch's leftover samples are trained
+with the next drain. The supervisor runs the learner in its own process group and kills what is left of the group
+after the learner ends; the learner's loader processes die with it (``mortal.lifetime``).
 
 Offline (``online = false``): the logs of ``[dataset] globs`` (file list cached in ``file_index``, seats filtered
 by ``player_names_files``), one epoch per run, with the CQL term.
@@ -27,7 +30,7 @@ TensorBoard: Mortal's tags (``loss/dqn_loss``, ``loss/cql_loss`` offline, ``loss
 histograms ``q_predicted``/``q_target``, the ``test_play/*`` groups) plus data-health tags (online):
 ``data/logs_per_drain``, ``data/samples_per_drain``, ``data/staleness_mean``/``data/staleness_max`` (parameter
 versions between the one a log was played with and the trainer's latest), ``data/wait_seconds`` (learner time
-spent waiting for a drain).
+spent waiting for a drain), ``data/samples_dropped`` (samples of claimed logs lost untrained; 0 expected).
 """
 
 if __package__ in (None, ''):  # run as a script: python mortal/train.py
@@ -58,10 +61,14 @@ from torch import nn, optim
 from torch.optim.lr_scheduler import LambdaLR
 
 from mortal import wire
+from mortal.diagnostics import Probe, WindowMeans, batch_q_stats
+from mortal.loss import anchor_term, cql_term
 
 logger = logging.getLogger('mortal.train' if __name__ == '__main__' else __name__)
 
 IS_SUB_PROC_KEY = 'MORTAL_IS_SUB_PROC'  # set by the supervisor for its child; do not set it by hand
+SUPERVISOR_PID_KEY = 'MORTAL_SUPERVISOR_PID'  # set with it: the learner dies with this process
+GROUP_GRACE = 3.0  # seconds a finished learner's loader processes get to exit by themselves before a SIGKILL
 RESTART_DELAY = 3.0  # seconds between a child's clean exit and the next start (Mortal)
 DRAIN_POLL_INTERVAL = 5.0  # seconds between empty drains (Mortal)
 DISPLAY_PTS = [90, 45, 0, -135]  # test-play avg pt, display and best.pth rule only; never a training signal
@@ -78,15 +85,17 @@ class LinearWarmUpCosineAnnealingLR(LambdaLR):
     ``init + (peak - init) * s / warm_up_steps`` while ``s < warm_up_steps``; then, while ``s < max_steps``,
     ``final + (peak - final) * (1 + cos(pi * (s - warm_up_steps) / (max_steps - warm_up_steps))) / 2``;
     ``final`` afterwards (so ``max_steps = 0`` with no warm-up is a constant ``final``).
-    Raises ValueError unless ``peak >= final >= init >= 0`` and ``max_steps >= warm_up_steps``.
+    Raises ValueError on a shape that ``mortal.config.scheduler_problems`` (also the config check) rejects:
+    ``peak >= final >= init >= 0`` and ``max_steps`` 0 (``final`` right after the warm-up) or >= ``warm_up_steps``.
     """
 
     def __init__(self, optimizer, *, peak, final, warm_up_steps, max_steps, init=1e-8, offset=0, epoch_size=0,
                  **kwargs):
-        if not peak >= final >= init >= 0:
-            raise ValueError(f'[optim.scheduler] needs peak >= final >= init >= 0, got {peak}, {final}, {init}')
-        if max_steps < warm_up_steps:
-            raise ValueError(f'[optim.scheduler] max_steps = {max_steps} < warm_up_steps = {warm_up_steps}')
+        from mortal.config import scheduler_problems  # the same rules as the config check
+        problems = scheduler_problems(peak=peak, final=final, warm_up_steps=warm_up_steps, max_steps=max_steps,
+                                      init=init, offset=offset, epoch_size=epoch_size)
+        if problems:
+            raise ValueError('; '.join(f'[optim.scheduler] {key} {rule}' for key, rule in problems))
         self.init, self.peak, self.final = init, peak, final
         self.warm_up_steps, self.max_steps = warm_up_steps, max_steps
         self.offset, self.epoch_size = offset, epoch_size
@@ -225,10 +234,11 @@ def check_shapes(model: nn.Module, state_dict: dict, *, entry: str, state_file: 
             f'{config["resnet"]["conv_channels"]}, num_blocks = {config["resnet"]["num_blocks"]}')
 
 
-def iter_full_batches(batches, batch_size: int):
+def iter_full_batches(batches, batch_size: int, on_drop=None):
     """Yield the full-size batches of ``batches`` as they come; shorter ones (e.g. each DataLoader worker's last)
     are pooled and re-cut into full batches at the end; fewer than ``batch_size`` leftover samples are dropped,
-    as Mortal. Each batch is a tuple of tensors sharing the first dimension."""
+    as Mortal. Each batch is a tuple of tensors sharing the first dimension. ``on_drop``, if given, is called
+    once with the dropped samples (a tuple like a batch, fewer than ``batch_size`` rows) when there are any."""
     leftovers, leftover_size = [], 0
     for batch in batches:
         size = batch[0].shape[0]
@@ -237,11 +247,14 @@ def iter_full_batches(batches, batch_size: int):
         else:
             leftovers.append(batch)
             leftover_size += size
-    if leftover_size < batch_size:
+    if not leftovers:
         return
     pooled = [torch.cat(parts, dim=0) for parts in zip(*leftovers)]
-    for start in range(0, leftover_size - batch_size + 1, batch_size):
+    full = leftover_size - leftover_size % batch_size
+    for start in range(0, full, batch_size):
         yield tuple(t[start:start + batch_size] for t in pooled)
+    if full < leftover_size and on_drop is not None:
+        on_drop(tuple(t[full:] for t in pooled))
 
 
 def staleness(drain_reply: dict) -> list:
@@ -255,26 +268,55 @@ def claim_dir_for(drain_dir: str) -> str:
     return path.normpath(drain_dir) + '.trainer'
 
 
-def _empty_dir(directory: str) -> None:
+def _empty_dir(directory: str, keep=()) -> None:
+    """Make ``directory`` an empty folder, except for the entries named in ``keep``."""
     if path.isdir(directory) and not path.islink(directory):
-        shutil.rmtree(directory)
-    elif path.lexists(directory):
+        for name in os.listdir(directory):
+            if name in keep:
+                continue
+            entry = path.join(directory, name)
+            if path.isdir(entry) and not path.islink(entry):
+                shutil.rmtree(entry)
+            else:
+                os.remove(entry)
+        return
+    if path.lexists(directory):
         os.remove(directory)
     os.makedirs(directory)
 
 
-def claim_drained(drain_dir: str, files, claim_dir: str) -> tuple:
-    """Hard-link (copy where links fail, e.g. across file systems) each drained ``drain_dir/name`` of ``files``
-    into ``claim_dir``, which is emptied first.
+def _free_name(name: str, taken: set) -> str:
+    # Drained names restart at '0_' with every server instance: one may meet a log still kept from before.
+    k = 1
+    candidate = name
+    while candidate in taken:
+        candidate = f'{k}+{name}'
+        k += 1
+    return candidate
 
-    The server empties ``drain_dir`` at its next drain and at every start (Mortal), possibly while our DataLoader
-    is still reading it; the learner reads only its claimed links, which nobody else touches. Returns
-    (claimed paths in ``files`` order, names that had vanished before they could be claimed).
+
+def claim_drained(drain_dir: str, files, claim_dir: str, *, keep=(), on_claim=None) -> tuple:
+    """Hard-link (copy where links fail, e.g. across file systems) each drained ``drain_dir/name`` of ``files``
+    into ``claim_dir``, whose other entries are removed first, except those named in ``keep`` (logs claimed
+    earlier and not yet fully trained, the ledger's manifest: ``mortal.claims``).
+
+    A name already in ``keep`` is claimed as ``'<k>+<name>'``. ``on_claim(names)``, if given, is called with the
+    names in ``claim_dir`` before anything is linked. The server empties ``drain_dir`` at its next drain and at
+    every start (Mortal), possibly while our DataLoader is still reading it; the learner reads only its claimed
+    links, which nobody else touches. Returns (claimed paths in ``files`` order, names of ``files`` that had
+    vanished before they could be claimed).
     """
-    _empty_dir(claim_dir)
-    claimed, vanished = [], []
+    keep = set(keep)
+    _empty_dir(claim_dir, keep)
+    targets = []
     for name in files:
-        src, dst = path.join(drain_dir, name), path.join(claim_dir, name)
+        targets.append(_free_name(name, keep))
+        keep.add(targets[-1])
+    if on_claim is not None:
+        on_claim(targets)
+    claimed, vanished = [], []
+    for name, target in zip(files, targets):
+        src, dst = path.join(drain_dir, name), path.join(claim_dir, target)
         try:
             _link_or_copy(src, dst)
         except FileNotFoundError:
@@ -375,6 +417,10 @@ class Trainer:
         self.enable_amp = control['enable_amp']
         self.test_games = config['test_play']['games']
         self.min_q_weight = config['cql']['min_q_weight']
+        # Extras (defaults = Mortal: no CQL online, no anchor); see mortal/loss.py.
+        self.online_min_q_weight = config['cql'].get('online_min_q_weight', 0.0)
+        self.calibrated_cql = config['cql'].get('calibrated', False)
+        self.anchor_weight = config.get('online', {}).get('anchor_weight', 0.0) if self.online else 0.0
         self.next_rank_weight = config['aux']['next_rank_weight']
         self.gamma = config['env']['gamma']
         self.max_grad_norm = config['optim']['max_grad_norm']
@@ -420,12 +466,17 @@ class Trainer:
             writer = SummaryWriter(control['tensorboard_dir'])
         self.writer = writer
         self.reset_stats()
+        self.diag = WindowMeans()
+        self.anchor = self._load_anchor() if self.anchor_weight > 0 else None
+        self.probe = self._load_probe() if self.online else None
         self.all_q = torch.zeros((self.save_every, self.batch_size), device=self.device)
         self.all_q_target = torch.zeros((self.save_every, self.batch_size), device=self.device)
         self.idx = 0
         self.pb = None
         self.lost_logs = 0  # drained logs that vanished before the learner claimed them
         self.resubmitted_to = set()  # server_ids of instances found without parameters (each resubmitted to once)
+        self.ledger = None  # online: mortal.claims.ClaimLedger of the claim folder (opened by claims())
+        self.resumed = False  # online: the claimed logs a previous learner left have been looked at
 
     # -- checkpoint ------------------------------------------------------------------------------------------
 
@@ -486,20 +537,48 @@ class Trainer:
     # -- server traffic --------------------------------------------------------------------------------------
 
     def submit_param(self, is_idle: bool = False) -> None:
-        """Send the current mortal/dqn weights to the server (retrying while it is unreachable)."""
+        """Send the current mortal/dqn weights to the server (retrying while it is unreachable).
+
+        A refusal (e.g. an architecture other than the one the running server accepted first) is logged as one
+        error line and ends the learner with SystemExit(2): retrying cannot help."""
         msg = {
             'type': 'submit_param',
             'mortal': wire.pack_state_dict(self.mortal.state_dict()),
             'dqn': wire.pack_state_dict(self.dqn.state_dict()),
             'is_idle': is_idle,
         }
-        reply = wire.request_with_retry(self.remote, msg, sleep=self.sleep)
+        try:
+            reply = wire.request_with_retry(self.remote, msg, sleep=self.sleep)
+        except wire.RequestRefused as ex:
+            logger.error('%s', ex)
+            raise SystemExit(2) from None
         logger.info('param has been submitted (version %d%s)', reply.get('param_version', -1),
                     ', idle' if is_idle else '')
 
+    def claims(self, claim_dir: str):
+        """The ``mortal.claims.ClaimLedger`` of ``claim_dir``, opened (from its manifest) on first use."""
+        from mortal.claims import ClaimLedger
+        claim_dir = path.abspath(claim_dir)
+        if self.ledger is not None and self.ledger.claim_dir == claim_dir:
+            return self.ledger
+        if self.ledger is not None:
+            logger.warning('the server drains to another folder now: claims move from %s to %s; the %d logs left '
+                           'in the old one are not trained', self.ledger.claim_dir, claim_dir,
+                           len(self.ledger.pending()))
+        ds = self.config['dataset']
+        signature = {'version': self.version, 'player_names': ['trainee'], 'num_epochs': ds['num_epochs'],
+                     'enable_augmentation': ds['enable_augmentation'], 'augmented_first': ds['augmented_first']}
+        passes = ds['num_epochs'] * (2 if ds['enable_augmentation'] else 1)
+        self.ledger = ClaimLedger.open(claim_dir, signature=signature, passes=passes)
+        if self.ledger.lost_samples:  # reported now: this learner may end (test play) before its epoch does
+            self.writer.add_scalar('data/samples_dropped', self.ledger.lost_samples, self.steps)
+            self.ledger.lost_samples = 0
+        return self.ledger
+
     def drain(self) -> list:
-        """Wait for replays (polling every 5 s), claim them (``claim_drained``) and return the claimed file paths;
-        logs data-health tags.
+        """Wait for replays (polling every 5 s), claim them (``claim_drained``, tracked by the ledger ``claims``)
+        and return the claimed file paths; logs data-health tags. Logs claimed earlier and not yet fully trained
+        stay in the claim folder.
 
         A poll that finds the server without parameters (it restarted) makes the learner resubmit its current ones
         as idle, once per server instance (``server_id``). Logs that vanished before they were claimed (a server
@@ -514,8 +593,17 @@ class Trainer:
                 self.submit_param(is_idle=True)
                 self.resubmitted_to.add(server_id)
             if reply['count'] > 0:
-                files, vanished = claim_drained(reply['drain_dir'], reply['files'],
-                                                claim_dir_for(reply['drain_dir']))
+                ledger = self.claims(claim_dir_for(reply['drain_dir']))
+                targets = []
+
+                def on_claim(names):
+                    targets.extend(names)
+                    ledger.add(names)
+
+                files, vanished = claim_drained(reply['drain_dir'], reply['files'], ledger.claim_dir,
+                                                keep=ledger.names() | ledger.reserved_names(), on_claim=on_claim)
+                claimed = set(files)
+                ledger.forget([n for n in targets if path.join(ledger.claim_dir, n) not in claimed])
                 if vanished:
                     self.lost_logs += len(vanished)
                     logger.warning('%d of %d drained logs vanished from %s before the learner could read them '
@@ -525,8 +613,8 @@ class Trainer:
                     break
             self.sleep(DRAIN_POLL_INTERVAL)
         waited = time.monotonic() - start
-        kept = set(map(path.basename, files))
-        versions = [v for name, v in zip(reply['files'], reply.get('param_versions', [])) if name in kept]
+        lost = set(vanished)
+        versions = [v for name, v in zip(reply['files'], reply.get('param_versions', [])) if name not in lost]
         behind = staleness({**reply, 'param_versions': versions})
         self.writer.add_scalar('data/logs_per_drain', len(files), self.steps)
         self.writer.add_scalar('data/wait_seconds', waited, self.steps)
@@ -537,11 +625,69 @@ class Trainer:
                     f'mean {sum(behind) / len(behind):.2f}, max {max(behind)}' if behind else 'unknown')
         return files
 
+    # -- reference models and instruments ------------------------------------------------------------------
+
+    def _baseline_file(self) -> str:
+        return self.config['baseline']['train']['state_file']
+
+    def _load_anchor(self):
+        """The frozen (brain, dqn) of ``[baseline.train] state_file`` that ``anchor_term`` pulls towards."""
+        from mortal.player import load_model_pair
+        brain, dqn, version = load_model_pair(self._baseline_file())
+        if version != self.version:
+            raise CheckpointMismatchError(f'anchor {self._baseline_file()} is version {version}, '
+                                          f'[control] version is {self.version}')
+        for m in (brain, dqn):
+            m.to(self.device).requires_grad_(False)
+        logger.info('anchor: %s, weight %g', self._baseline_file(), self.anchor_weight)
+        return brain, dqn
+
+    def _load_probe(self):
+        """The policy-drift probe (``[online] probe_file``, built from ``[dataset] globs`` once), with the
+        baseline's greedy actions; None when it cannot be built (logged, never fatal)."""
+        from mortal.player import load_model_pair
+        from mortal.reward import load_grp
+        online = self.config.get('online', {})
+        probe_file = online.get('probe_file') or path.join(path.dirname(path.abspath(self.state_file)),
+                                                            'probe.pth')
+        size = online.get('probe_size', 2048)
+        if size <= 0:
+            return None
+        try:
+            grp_cfg = self.config['grp']
+            probe = Probe.load_or_build(probe_file, version=self.version, globs=self.config['dataset']['globs'],
+                                        pts=self.config['env']['pts'], size=size,
+                                        grp=lambda: load_grp(grp_cfg['state_file'], grp_cfg['network']))
+            if probe is None:
+                return None
+            if self.anchor is not None:
+                brain, dqn = self.anchor
+            else:
+                brain, dqn, _ = load_model_pair(self._baseline_file())
+                brain.to(self.device)
+                dqn.to(self.device)
+            probe.set_baseline(brain, dqn, self.device)
+            return probe
+        except Exception as ex:  # an instrument must never stop training
+            logger.warning('policy-drift probe disabled: %s: %s', type(ex).__name__, ex)
+            return None
+
+    def write_diagnostics(self) -> None:
+        """The ``diag/*`` TensorBoard tags of this save window (``mortal/diagnostics.py``)."""
+        for key, value in self.diag.means().items():
+            self.writer.add_scalar(f'diag/{key}', value, self.steps)
+        self.diag.reset()
+        if self.probe is not None:
+            self.writer.add_scalar('diag/policy_drift', self.probe.drift(self.mortal, self.dqn, self.device),
+                                   self.steps)
+            self.writer.add_scalar('diag/next_rank_loss_probe',
+                                   self.probe.next_rank_loss(self.mortal, self.aux_net, self.device), self.steps)
+
     # -- learning --------------------------------------------------------------------------------------------
 
     def reset_stats(self) -> None:
         """Zero the loss sums averaged into TensorBoard at each save."""
-        self.stats = {'dqn_loss': 0.0, 'cql_loss': 0.0, 'next_rank_loss': 0.0}
+        self.stats = {'dqn_loss': 0.0, 'cql_loss': 0.0, 'anchor_loss': 0.0, 'next_rank_loss': 0.0}
 
     def train_batch(self, obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks) -> None:
         """One backward pass on a batch; optimizer step every ``opt_step_every`` global steps; submit/save/test.
@@ -567,19 +713,29 @@ class Trainer:
             q_out = self.dqn(phi, masks)
             q = q_out[rows, actions]
             dqn_loss = 0.5 * self.mse(q.float(), q_target)
+            cql_weight = self.online_min_q_weight if self.online else self.min_q_weight
             cql_loss = 0
-            if not self.online:
-                cql_loss = q_out.float().logsumexp(-1).mean() - q.float().mean()
+            if not self.online or cql_weight > 0:
+                cql_loss = cql_term(q_out, actions, q_target, calibrated=self.calibrated_cql)
+            anchor_loss = 0
+            if self.anchor is not None:
+                with torch.no_grad():
+                    q_ref = self.anchor[1](self.anchor[0](obs), masks)
+                anchor_loss = anchor_term(q_out, q_ref, masks, actions)
             next_rank_logits, = self.aux_net(phi)
             next_rank_loss = self.ce(next_rank_logits.float(), player_ranks)
-            loss = dqn_loss + cql_loss * self.min_q_weight + next_rank_loss * self.next_rank_weight
+            loss = (dqn_loss + cql_loss * cql_weight + anchor_loss * self.anchor_weight
+                    + next_rank_loss * self.next_rank_weight)
         self.scaler.scale(loss / self.opt_step_every).backward()
 
         with torch.no_grad():
             self.stats['dqn_loss'] += dqn_loss.item()
-            if not self.online:
+            if not self.online or cql_weight > 0:
                 self.stats['cql_loss'] += cql_loss.item()
+            if self.anchor is not None:
+                self.stats['anchor_loss'] += anchor_loss.item()
             self.stats['next_rank_loss'] += next_rank_loss.item()
+            self.diag.add(batch_q_stats(q_out, masks, actions, q_target))
             slot = self.idx % self.save_every
             self.all_q[slot, :q.shape[0]] = q.float()
             self.all_q_target[slot, :q.shape[0]] = q_target
@@ -615,16 +771,19 @@ class Trainer:
         n = self.save_every
         w = self.writer
         w.add_scalar('loss/dqn_loss', self.stats['dqn_loss'] / n, self.steps)
-        if not self.online:
+        if not self.online or self.online_min_q_weight > 0:
             w.add_scalar('loss/cql_loss', self.stats['cql_loss'] / n, self.steps)
+        if self.anchor is not None:
+            w.add_scalar('loss/anchor_loss', self.stats['anchor_loss'] / n, self.steps)
         w.add_scalar('loss/next_rank_loss', self.stats['next_rank_loss'] / n, self.steps)
         w.add_scalar('hparam/lr', self.scheduler.get_last_lr()[0], self.steps)
         w.add_histogram('q_predicted', self.all_q.cpu().numpy().flatten()[::HISTOGRAM_STRIDE], self.steps)
         w.add_histogram('q_target', self.all_q_target.cpu().numpy().flatten()[::HISTOGRAM_STRIDE], self.steps)
+        self.write_diagnostics()
         w.flush()
         self.reset_stats()
         self.idx = 0
-        logger.info('total steps: %s (~%s)', f'{self.steps:,}', f'{self.steps_to_next_test():,}')
+        self.log_total_steps()
 
         self.save()
         if self.online and self.steps % self.submit_every != 0:
@@ -633,9 +792,22 @@ class Trainer:
             self.test_play()
         self.pb = self._progress_bar()
 
-    def steps_to_next_test(self) -> int:
-        """Steps left until the next test play (0 right at one), as Mortal's progress line."""
+    def steps_to_next_test(self):
+        """Steps left until the next test play (0 right at one), as Mortal's progress line; None when this
+        trainer never test-plays (its test player has ``enabled = False``, as the offline bootstrap's without
+        ``[bootstrap] offline_test_every``)."""
+        if not getattr(self.test_player, 'enabled', True):
+            return None
         return (self.test_every - self.steps % self.test_every) % self.test_every
+
+    def log_total_steps(self) -> None:
+        """Mortal's ``total steps: N (~steps to the next test play)`` line; without the countdown when there is
+        no test play."""
+        to_test = self.steps_to_next_test()
+        if to_test is None:
+            logger.info('total steps: %s', f'{self.steps:,}')
+        else:
+            logger.info('total steps: %s (~%s)', f'{self.steps:,}', f'{to_test:,}')
 
     def test_play(self) -> None:
         """Play ``[test_play] games`` against ``[baseline.test]``, log, update best.pth; online: TestPlayDone."""
@@ -666,17 +838,40 @@ class Trainer:
                     dynamic_ncols=True, ascii=True)
 
     def file_list(self):
-        """(file_list, player_names) of this epoch: drained logs + ['trainee'] online, the dataset offline."""
+        """(file_list, player_names) of this epoch: claimed logs + ['trainee'] online, the dataset offline.
+
+        Online, the first epoch of a learner finishes the claimed logs a previous one left (``mortal.claims``;
+        the claim folder is found from ``[online.server] drain_dir``) without draining; later epochs drain and
+        train the new logs together with what earlier epochs left over.
+        """
         if self.online:
-            return self.drain(), ['trainee']
+            from mortal.config import lookup
+            self.epoch_drained = False
+            drain_dir = lookup(self.config, 'online.server.drain_dir')
+            if not self.resumed:
+                self.resumed = True
+                if drain_dir:
+                    ledger = self.claims(claim_dir_for(drain_dir))
+                    pending = ledger.pending()
+                    if pending:
+                        logger.info('resuming %d claimed logs not yet read (%d of them partly trained) before '
+                                    'draining again', len(pending), ledger.partly_trained())
+                        return pending, ['trainee']
+            self.drain()
+            self.epoch_drained = True
+            return self.ledger.pending(), ['trainee']
         dataset_cfg = self.config['dataset']
         names = load_player_names(dataset_cfg['player_names_files'])
         logger.info('loaded %s players', f'{len(names):,}')
         return build_file_list(dataset_cfg, names), sorted(names)
 
-    def data_loader(self, file_list, player_names):
-        """DataLoader of ``FileDatasetsIter`` batches (``[dataset]`` settings, GRP reward from ``[grp]``)."""
+    def data_loader(self, file_list, player_names, ledger=None):
+        """DataLoader of ``FileDatasetsIter`` batches (``[dataset]`` settings, GRP reward from ``[grp]``).
+
+        With a ``mortal.claims.ClaimLedger``, each batch ends with the ``(B, 4)`` sample ids and the samples
+        it lists as trained are left out."""
         from mortal.dataloader import FileDatasetsIter, make_dataloader
+        from mortal.grp import DEFAULT_MAX_LOG_BYTES
         from mortal.reward import load_grp
 
         ds = self.config['dataset']
@@ -691,21 +886,37 @@ class Trainer:
             num_epochs=ds['num_epochs'],
             enable_augmentation=ds['enable_augmentation'],
             augmented_first=ds['augmented_first'],
+            max_log_bytes=ds.get('max_log_bytes', DEFAULT_MAX_LOG_BYTES),
+            sample_ids=ledger is not None,
+            trained=ledger.trained_map() if ledger is not None else None,
         )
         return make_dataloader(data, batch_size=self.batch_size, num_workers=ds['num_workers'],
                                pin_memory=self.device.type == 'cuda')
 
     def train_epoch(self) -> int:
-        """One pass over this epoch's files; returns the number of batches trained."""
+        """One pass over this epoch's files; returns the number of batches trained.
+
+        Online, the ledger (``mortal.claims``) records every trained batch and is committed at each checkpoint
+        and at the test play that ends the learner; samples the epoch leaves over stay claimed for the next.
+        ``data/samples_dropped`` counts the claimed samples lost nonetheless (0 in a healthy run)."""
         file_list, player_names = self.file_list()
+        ledger = self.ledger if self.online else None
         logger.info('file list size: %s', f'{len(file_list):,}')
-        logger.info('total steps: %s (~%s)', f'{self.steps:,}', f'{self.steps_to_next_test():,}')
+        self.log_total_steps()
         self.pb = self._progress_bar()
         batches = 0
-        loader_iter = iter(self.data_loader(file_list, player_names))
+        loader = self.data_loader(file_list, player_names, ledger=ledger)
+        on_drop = None
+        if ledger is not None:
+            ledger.begin_epoch(loader.dataset.files)
+            on_drop = lambda rest: ledger.note_dropped(rest[-1])  # noqa: E731 - the ids are the last tensor
+        loader_iter = iter(loader)
         try:
-            for batch in iter_full_batches(loader_iter, self.batch_size):
-                self.train_batch(*batch)
+            for batch in iter_full_batches(loader_iter, self.batch_size, on_drop=on_drop):
+                if ledger is None:
+                    self.train_batch(*batch)
+                else:
+                    self._train_tracked(batch, ledger)
                 batches += 1
         finally:
             # No loader worker may still read this epoch's files when the next drain replaces them.
@@ -717,9 +928,29 @@ class Trainer:
                 self.pb.close()
                 self.pb = None
         if self.online:
-            self.writer.add_scalar('data/samples_per_drain', batches * self.batch_size, self.steps)
+            dropped = ledger.end_epoch()
+            if dropped:
+                logger.warning('%d samples of claimed logs were lost before they could be trained', dropped)
+            if self.epoch_drained:
+                self.writer.add_scalar('data/samples_per_drain', batches * self.batch_size, self.steps)
+            self.writer.add_scalar('data/samples_dropped', dropped, self.steps)
             self.submit_param(is_idle=True)
         return batches
+
+    def _train_tracked(self, batch, ledger) -> None:
+        """``train_batch`` on a batch whose last tensor holds the sample ids; record them in ``ledger`` and commit
+        it right after each checkpoint (the save inside ``train_batch``), so that the claim manifest always
+        matches the last checkpoint. The test play that ends an online learner follows a save: committed too."""
+        *data, ids = batch
+        try:
+            self.train_batch(*data)
+        except TestPlayDone:
+            ledger.record(ids)
+            ledger.commit()
+            raise
+        ledger.record(ids)
+        if self.steps % self.save_every == 0:
+            ledger.commit()
 
     def run(self) -> None:
         """Online: submit idle parameters, then epochs until a test play ends the process. Offline: one epoch."""
@@ -746,12 +977,54 @@ def run_learner(config: dict) -> int:
     return 0
 
 
+def reap_process_group(pgid: int, grace: float = GROUP_GRACE) -> bool:
+    """After the leader of process group ``pgid`` (the learner) has exited and been waited for: give the rest of
+    the group (DataLoader fork server and workers, multiprocessing's resource tracker) ``grace`` seconds to exit
+    by themselves (they die with the learner, see ``mortal.lifetime``; the tracker then cleans up), then SIGKILL
+    whatever is left. Reaps members that are this process's children. Returns True when something was killed;
+    False also where process groups do not exist (not POSIX)."""
+    if not hasattr(os, 'killpg'):
+        return False
+
+    def alive() -> bool:
+        try:
+            while os.waitpid(-pgid, os.WNOHANG)[0] > 0:  # members re-parented to us (we may be PID 1)
+                pass
+        except ChildProcessError:
+            pass
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    deadline = time.monotonic() + grace
+    while alive():
+        if time.monotonic() >= deadline:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                return False
+            logger.warning('processes of the learner were still running %.0f s after it ended: killed them '
+                           '(process group %d)', grace, pgid)
+            for _ in range(20):
+                if not alive():
+                    break
+                time.sleep(0.05)
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def supervise(argv, *, restart_delay: float = RESTART_DELAY, script: str = None) -> int:
     """Run ``python mortal/train.py argv`` (or ``script``) as a child with MORTAL_IS_SUB_PROC=1; restart it
     ``restart_delay`` seconds after each exit with 0; return its status otherwise (128 + signal number when
-    killed). SIGTERM to the supervisor is passed on to the child."""
+    killed). SIGTERM and Ctrl-C (SIGINT) to the supervisor are passed on to the child.
+
+    The child runs in its own session and process group; whenever it has ended, however it ended, what is left
+    of its group is killed (``reap_process_group``), so no process of a learner outlives it."""
     cmd = [sys.executable, script or path.abspath(__file__), *argv]
-    env = {**os.environ, IS_SUB_PROC_KEY: '1'}
+    env = {**os.environ, IS_SUB_PROC_KEY: '1', SUPERVISOR_PID_KEY: str(os.getpid())}
     child = None
     stopping = False
 
@@ -764,14 +1037,18 @@ def supervise(argv, *, restart_delay: float = RESTART_DELAY, script: str = None)
     previous = signal.signal(signal.SIGTERM, forward)
     try:
         while True:
-            child = subprocess.Popen(cmd, env=env)
+            # A session of its own: the whole learner (with its loader processes) is one process group to reap.
+            child = subprocess.Popen(cmd, env=env, start_new_session=True)
             logger.info('learner started (pid %d)', child.pid)
             while True:
                 try:
                     code = child.wait()
                     break
-                except KeyboardInterrupt:  # the child got the same SIGINT; wait for it to finish
+                except KeyboardInterrupt:  # the terminal's Ctrl-C does not reach the child's session: pass it on
                     stopping = True
+                    if child.poll() is None:
+                        child.send_signal(signal.SIGINT)
+            reap_process_group(child.pid)
             if code != 0 or stopping:
                 if code < 0:
                     code = 128 - code
@@ -811,6 +1088,11 @@ def main(argv=None):
             sys.exit(2)
     try:
         if not online or os.environ.get(IS_SUB_PROC_KEY) == '1':
+            supervisor = os.environ.get(SUPERVISOR_PID_KEY, '')
+            if online and supervisor.isdigit():
+                # Out of the terminal's session (see supervise): end with the supervisor, e.g. after its SIGKILL.
+                from mortal.lifetime import die_with_parent
+                die_with_parent(signal.SIGTERM, expected_parent=int(supervisor))
             code = run_learner(config)
         else:
             code = supervise(argv)

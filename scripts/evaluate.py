@@ -22,52 +22,17 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-SEED_START = 10000  # as mortal.one_vs_three
-
-
-def _side(kind, state_file, device):
-    from mortal.one_vs_three import build_side
-    if kind == 'rulebase':
-        return build_side({'type': 'rulebase', 'name': 'rulebase'}, 'evaluate')
-    return build_side({'type': 'mortal', 'name': 'mortal', 'state_file': state_file, 'device': device,
-                       'enable_amp': False, 'enable_rule_based_agari_guard': True}, 'evaluate')
-
-
-def play_chunk(task):
-    """Worker: ``(challenger_kind, champion_kind, state_file, device, nonce_start, count, key)`` ->
-    ``{nonce: [challenger ranks 1-4]}`` for ``count`` deals."""
-    os.environ.pop('RUST_BACKTRACE', None)
-    import torch
-    torch.set_num_threads(1)  # the workers already fill the cores
-    from mortal.arena import OneVsThree
-    from mortal.one_vs_three import challenger_ranks_by_nonce
-
-    chal_kind, champ_kind, state_file, device, nonce, count, key = task
-    env = OneVsThree(disable_progress_bar=True)
-    env.py_vs_py(_side(chal_kind, state_file, device), _side(champ_kind, state_file, device),
-                 seed_start=(nonce, key), seed_count=count)
-    return challenger_ranks_by_nonce(env.last_games)
-
-
-def evaluate(state_file, *, sets, workers, key, device='cpu', chunk=1, progress=True):
+def evaluate(state_file, *, sets, workers, key, device='cpu', progress=True):
     """Both directions; returns ``{'model_vs_3_rulebase': DuplicateSummary, 'rulebase_vs_3_model': ...}``."""
-    import multiprocessing as mp
-    import threading
     from tqdm import tqdm
+    from mortal.evaluation import play_duplicate
     from mortal.one_vs_three import duplicate_ci
 
-    tqdm.set_lock(threading.RLock())  # no multiprocessing semaphore in the parent (forkserver warns)
     out = {}
-    for name, chal, champ in (('model_vs_3_rulebase', 'mortal', 'rulebase'),
-                              ('rulebase_vs_3_model', 'rulebase', 'mortal')):
-        tasks = [(chal, champ, state_file, device, SEED_START + i, min(chunk, sets - i), key)
-                 for i in range(0, sets, chunk)]
-        units = {}
-        with mp.get_context('forkserver').Pool(workers) as pool, \
-                tqdm(total=sets * 4, unit='game', desc=name, disable=not progress) as bar:
-            for ranks in pool.imap_unordered(play_chunk, tasks):
-                units.update(ranks)
-                bar.update(sum(len(r) for r in ranks.values()))
+    model, bot = ('mortal', state_file, device), ('rulebase', None)
+    for name, chal, champ in (('model_vs_3_rulebase', model, bot), ('rulebase_vs_3_model', bot, model)):
+        with tqdm(total=sets * 4, unit='game', desc=name, disable=not progress) as bar:
+            units = play_duplicate(chal, champ, sets=sets, key=key, workers=workers, chunk=1, progress=bar.update)
         out[name] = duplicate_ci(units.values())
     return out
 

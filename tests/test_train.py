@@ -19,6 +19,8 @@ from mortal import wire
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# per-batch instruments written at every save (mortal/diagnostics.py); the probe tags need probe logs
+DIAG_TAGS = {'diag/q_minus_target', 'diag/q_minus_target_greedy', 'diag/q_gap', 'diag/q_spread', 'diag/taken_greedy'}
 VERSION = 3
 C = 934  # obs channels of version 3
 
@@ -327,7 +329,7 @@ def test_save_tags_checkpoint_test_play_and_best(tmp_path):
     assert tuple(state) == tr.CHECKPOINT_KEYS and state['steps'] == 2
     assert state['config']['control']['online'] is False
     assert {t for t, _, _ in writer.scalars} == {'loss/dqn_loss', 'loss/cql_loss', 'loss/next_rank_loss',
-                                                  'hparam/lr'}
+                                                  'hparam/lr'} | DIAG_TAGS
     assert [(t, n, s) for t, n, s in writer.histograms] == [('q_predicted', 1, 2), ('q_target', 1, 2)]
     assert not os.path.exists(trainer.best_state_file)
     for i in range(2):
@@ -427,7 +429,7 @@ def test_real_tensorboard_tags(tmp_path):
     assert set(acc.Tags()['scalars']) == {'loss/dqn_loss', 'loss/cql_loss', 'loss/next_rank_loss', 'hparam/lr',
                                           'test_play/avg_ranking', 'test_play/avg_pt', 'test_play/houjuu_point',
                                           'test_play/point_per_round', 'test_play/riichi_point',
-                                          'test_play/fuuro_num', 'test_play/fuuro_point'}
+                                          'test_play/fuuro_num', 'test_play/fuuro_point'} | DIAG_TAGS
     assert set(acc.Tags()['histograms']) == {'q_predicted', 'q_target'}
     groups = sorted(d for d in os.listdir(config['control']['tensorboard_dir'])
                     if os.path.isdir(os.path.join(config['control']['tensorboard_dir'], d)))
@@ -451,6 +453,9 @@ def live_server(tmp_path):
     server.server_close()
 
 
+START = b'{"type": "start_game"}\n'  # the server stores only logs that start as mjai logs
+
+
 def test_drain_waits_resubmits_after_restart_and_logs_health(tmp_path, live_server):
     trainer, writer = make_trainer(tmp_path, online=True, real_submit=True)
     trainer.remote = wire.Remote('127.0.0.1', live_server.server_address[1], timeout=5)
@@ -461,7 +466,7 @@ def test_drain_waits_resubmits_after_restart_and_logs_health(tmp_path, live_serv
         sleeps.append(sec)
         if len(sleeps) == 2:  # a client submits while the trainer polls
             sid = remote.request({'type': 'get_param', 'param_version': -1})['server_id']
-            remote.request({'type': 'submit_replay', 'logs': {'a.json.gz': b'1', 'b.json.gz': b'2'},
+            remote.request({'type': 'submit_replay', 'logs': {'a.json.gz': START + b'1', 'b.json.gz': START + b'2'},
                             'param_version': 1, 'server_id': sid})
             trainer.submit_param()  # version 2
 
@@ -472,7 +477,7 @@ def test_drain_waits_resubmits_after_restart_and_logs_health(tmp_path, live_serv
     # the learner reads its own links, so a server restart wiping drain_dir mid-epoch takes nothing from it
     assert all(os.path.dirname(f) == str(tmp_path / 'drain') + '.trainer' for f in files)
     live_server.store.reset_dirs()
-    assert [open(f, 'rb').read() for f in files] == [b'1', b'2']
+    assert [open(f, 'rb').read() for f in files] == [START + b'1', START + b'2']
     # the first poll found a server without parameters (as after a restart): the trainer resubmitted them
     assert live_server.store.param_version == 2 and live_server.store.idle_param_version == 1
     got = {t: v for t, v, _ in writer.scalars}

@@ -1,0 +1,345 @@
+#!/usr/bin/env python
+"""Learning benchmark: does online training make the model stronger? Real processes, duplicate evaluation.
+
+    python bench/learning.py start [--out work/learning] [--version 3] [--games 96] [--grp-games 0]
+    python bench/learning.py run ARM [--set SECTION.KEY=VALUE ...] [--steps N | --minutes M] [--eval-sets 400]
+    python bench/learning.py eval ARM            # (re)evaluate an arm's checkpoints
+    python bench/learning.py report              # table of every arm + learning-curve PNG
+
+``start`` makes the start point with the quickstart's bootstrap (rule-based games -> GRP -> offline CQL model) in
+``OUT/start`` (``--games`` training hanchan; ``--grp-games`` extra hanchan for the GRP only, 0 = none).
+
+``run ARM`` copies the start model into ``OUT/arms/ARM`` (trainee = baseline = start), writes the quickstart's
+embedded config with the ``--set`` overrides (TOML values, e.g. ``--set optim.scheduler.peak=0``), runs the real
+server, trainer and client until the trainer's checkpoint is ``--steps`` steps past the start (or ``--minutes``
+have passed), keeping a snapshot of ``state_file`` every ``--snapshot-every`` steps, then evaluates:
+
+* the start model, ``best.pth`` and the final ``state_file``, each as the challenger against 3x the start model, on
+  the same ``--eval-sets`` duplicate deals (4 seat rotations each), greedy, with the agari guard: avg rank and avg
+  pt with 95% CIs over deals, and the paired difference to the start model per deal;
+* each snapshot on the first ``--curve-sets`` of those deals (the curve);
+* the start and the final model against 3 mjai RulebaseBots on ``--rulebase-sets`` deals, with the paired
+  difference final - start.
+
+The start model against 3 copies of itself plays each deal's four rotations identically and scores exactly 2.5;
+the control arm (learning rate 0: ``--set optim.scheduler.peak=0 --set optim.scheduler.final=0 --set
+optim.scheduler.init=0``) must come out even too, which shows that neither seats, exploration nor the test-play
+machinery bias the numbers. Results go to ``OUT/arms/ARM/result.json``; ``report`` prints the table and writes
+``OUT/learning_curve.png``. Deals: nonces from 10000 with seed key ``--key`` (disjoint from the self-play keys).
+"""
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import shutil
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+EVAL_KEY = 0x6c6561726e  # 'learn': duplicate key of the evaluation deals
+
+
+# ---------------------------------------------------------------------------- start point
+
+def make_start(out, *, version, games, grp_games, progress):
+    """Bootstrap the start point into ``out/start`` (resumable). Returns the start dir."""
+    import toml
+    from mortal import bootstrap
+    from mortal.config import load_config
+    from mortal.quickstart import write_config
+
+    start = pathlib.Path(out, 'start').resolve()
+    cfg_path = write_config(start, preset='full', version=version)
+    cfg_path.write_text(cfg_path.read_text().replace('\ngames = 96\n', f'\ngames = {games}\n'))
+    config = load_config(cfg_path)
+    bootstrap.run_steps(config, ('gen-logs',), progress=progress)
+    if grp_games:
+        # Extra hanchan (another seed key) for the reward model only; the offline model keeps the first `games`.
+        grp_dir = start / 'bootstrap' / 'grp_logs'
+        extra = dict(config, bootstrap={**config['bootstrap'], 'games': grp_games, 'val_games': 0,
+                                        'seed_key': config['bootstrap']['seed_key'] + 2, 'log_dir': str(grp_dir)})
+        bootstrap.gen_logs(extra, progress=progress)
+        globs = config['grp']['dataset']['train_globs'] + [str(grp_dir / 'train' / '**' / '*.json.gz')]
+        config['grp']['dataset']['train_globs'] = globs
+        cfg = toml.load(cfg_path)
+        cfg['grp']['dataset']['train_globs'] = globs
+        cfg_path.write_text(toml.dumps(cfg))
+    bootstrap.run_steps(config, ('train-grp', 'train-offline', 'prepare'), progress=progress)
+    return start
+
+
+# ---------------------------------------------------------------------------- one arm: the real processes
+
+def parse_sets(items):
+    """``['a.b.c=VALUE', ...]`` -> ``[(['a', 'b', 'c'], value)]`` with VALUE parsed as TOML (bare words as
+    strings). Raises SystemExit naming a malformed item."""
+    import toml
+    out = []
+    for item in items:
+        if '=' not in item:
+            raise SystemExit(f'--set {item!r}: expected SECTION.KEY=VALUE')
+        key, raw = item.split('=', 1)
+        try:
+            value = toml.loads(f'v = {raw}')['v']
+        except toml.TomlDecodeError:
+            value = raw
+        out.append((key.strip().split('.'), value))
+    return out
+
+
+def arm_config(start, arm_dir, sets, port):
+    """Write ``arm_dir/config.toml``: the start's config with its own online paths and the overrides."""
+    import toml
+    from mortal.quickstart import render_config
+
+    start_cfg = toml.load(start / 'config.toml')
+    cfg = toml.loads(render_config(arm_dir, preset='full', port=port, version=start_cfg['control']['version']))
+    # The reward model, offline logs (probe) and bootstrap settings stay the start's.
+    for section in ('grp', 'dataset', 'bootstrap'):
+        cfg[section] = start_cfg[section]
+    for keys, value in sets:
+        node = cfg
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = value
+    path = arm_dir / 'config.toml'
+    path.write_text(toml.dumps(cfg))
+    return path, cfg
+
+
+def checkpoint_steps(state_file):
+    import torch
+    try:
+        return int(torch.load(state_file, weights_only=True, map_location='cpu')['steps'])
+    except Exception:  # being replaced right now, or not written yet
+        return None
+
+
+def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log):
+    """Train one arm with the real three processes; returns ``{'steps': trained, 'seconds': online time}``."""
+    import torch
+    from mortal.config import load_config
+    from mortal.quickstart import _wait_port, free_port, keep_running, start as start_proc, stop
+    from mortal.train import INITIAL_BEST_PERF
+
+    start = pathlib.Path(out, 'start').resolve()
+    arm_dir = pathlib.Path(out, 'arms', arm).resolve()
+    if arm_dir.exists():
+        shutil.rmtree(arm_dir)
+    (arm_dir / 'online').mkdir(parents=True)
+    (arm_dir / 'snapshots').mkdir()
+    cfg_path, cfg = arm_config(start, arm_dir, sets, free_port())
+    load_config(cfg_path)  # fail early, naming the bad key
+    # Trainee and baseline both start as the bootstrap model (the start dir's own mortal.pth may have trained).
+    start_file = start / 'online' / 'baseline.pth'
+    trainee = torch.load(start_file, weights_only=True, map_location='cpu')
+    trainee['best_perf'] = dict(INITIAL_BEST_PERF)
+    torch.save(trainee, arm_dir / 'online' / 'mortal.pth')
+    shutil.copyfile(start_file, arm_dir / 'online' / 'baseline.pth')
+    state_file = cfg['control']['state_file']
+    step0 = checkpoint_steps(state_file)
+    log(f'[{arm}] start steps {step0}, budget {steps} steps / {minutes} min, overrides {sets}')
+    procs = {}
+    t0 = time.monotonic()
+    last_mtime, trained, next_snap = None, 0, snapshot_every
+    try:
+        for name in ('server', 'train', 'client'):
+            procs[name] = start_proc(name, cfg_path, arm_dir / 'logs')
+            if name == 'server':
+                _wait_port('127.0.0.1', cfg['online']['remote']['port'], procs[name], arm_dir / 'logs')
+        while True:
+            keep_running(procs, arm_dir / 'logs', time.monotonic() + 5)
+            mtime = os.path.getmtime(state_file)
+            if mtime != last_mtime:
+                now = checkpoint_steps(state_file)
+                if now is not None:
+                    last_mtime, trained = mtime, now - step0
+                    if snapshot_every and trained >= next_snap:
+                        shutil.copyfile(state_file, arm_dir / 'snapshots' / f'step_{trained:06d}.pth')
+                        next_snap = (trained // snapshot_every + 1) * snapshot_every
+            elapsed = time.monotonic() - t0
+            if (steps and trained >= steps) or (minutes and elapsed >= minutes * 60):
+                break
+    finally:
+        stop(procs)
+    elapsed = time.monotonic() - t0
+    shutil.copyfile(state_file, arm_dir / 'final.pth')
+    log(f'[{arm}] trained {trained} steps in {elapsed / 60:.1f} min')
+    return {'steps': trained, 'seconds': elapsed, 'sets': [['.'.join(k), v] for k, v in sets]}
+
+
+# ---------------------------------------------------------------------------- evaluation
+
+from mortal.evaluation import format_summary as fmt, play_chunk as _play, play_duplicate, summarize  # noqa: E402
+
+
+def play_units(chal, champ, *, sets, key, workers, chunk):
+    """``{nonce: [4 ranks]}`` of ``chal`` against 3x ``champ`` on ``sets`` deals from SEED_START."""
+    return play_duplicate(chal, champ, sets=sets, key=key, workers=workers, chunk=chunk)
+
+
+def evaluate_arm(out, arm, *, eval_sets, curve_sets, rulebase_sets, workers, key, log):
+    """Evaluate an arm's start/best/final/snapshots; merges into ``result.json`` and returns it."""
+    start = pathlib.Path(out, 'start').resolve()
+    arm_dir = pathlib.Path(out, 'arms', arm).resolve()
+    start_file = str(start / 'online' / 'baseline.pth')
+    res_path = arm_dir / 'result.json'
+    res = json.loads(res_path.read_text()) if res_path.exists() else {}
+    cache = pathlib.Path(out, 'start_units.json')
+    cached = json.loads(cache.read_text()) if cache.exists() else {}
+
+    def start_units(kind, sets):
+        tag = f'{kind}:{sets}:{key}'
+        if tag not in cached:
+            champ = ('mortal', start_file) if kind == 'self' else ('rulebase', None)
+            t = time.monotonic()
+            cached[tag] = play_units(('mortal', start_file), champ, sets=sets, key=key, workers=workers,
+                                     chunk=max(1, sets // (4 * workers)) if kind == 'self' else 2)
+            cache.write_text(json.dumps(cached))
+            log(f'start vs {kind}: {sets} deals in {time.monotonic() - t:.0f} s')
+        return {int(k): v for k, v in cached[tag].items()}
+
+    ref = start_units('self', eval_sets)
+    models = {'start': start_file, 'best': str(arm_dir / 'online' / 'best.pth'), 'final': str(arm_dir / 'final.pth')}
+    res['vs_start'] = {}
+    for label, state_file in models.items():
+        if not os.path.exists(state_file):
+            log(f'[{arm}] {label}: {state_file} does not exist (no test play yet): not evaluated')
+            continue
+        t = time.monotonic()
+        units = ref if label == 'start' else play_units(
+            ('mortal', state_file), ('mortal', start_file), sets=eval_sets, key=key, workers=workers,
+            chunk=max(1, eval_sets // (4 * workers)))
+        res['vs_start'][label] = summarize(units, ref)
+        log(f'[{arm}] {label} vs 3x start: {fmt(res["vs_start"][label])} ({time.monotonic() - t:.0f} s)')
+    curve = []
+    ref_curve = {n: ref[n] for n in sorted(ref)[:curve_sets]}
+    for snap in sorted((arm_dir / 'snapshots').glob('step_*.pth')):
+        units = play_units(('mortal', str(snap)), ('mortal', start_file), sets=curve_sets, key=key,
+                           workers=workers, chunk=max(1, curve_sets // (2 * workers)))
+        point = {'step': int(snap.stem.split('_')[1]), **summarize(units, ref_curve)}
+        curve.append(point)
+        log(f'[{arm}] curve step {point["step"]}: {fmt(point)}')
+    res['curve'] = curve
+    if rulebase_sets:
+        ref_rb = start_units('rulebase', rulebase_sets)
+        res['vs_rulebase'] = {'start': summarize(ref_rb, ref_rb)}
+        t = time.monotonic()
+        units = play_units(('mortal', str(arm_dir / 'final.pth')), ('rulebase', None), sets=rulebase_sets,
+                           key=key, workers=workers, chunk=2)
+        res['vs_rulebase']['final'] = summarize(units, ref_rb)
+        log(f'[{arm}] final vs 3x rulebase: {fmt(res["vs_rulebase"]["final"])} ({time.monotonic() - t:.0f} s)')
+    res['diagnostics'] = read_diag(arm_dir)
+    res_path.write_text(json.dumps(res, indent=1))
+    return res
+
+
+def read_diag(arm_dir):
+    """First and last value of each ``diag/*`` and ``test_play/avg_ranking`` scalar of the arm's online run."""
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+    out = {}
+    tb = arm_dir / 'online' / 'tensorboard'
+    if not tb.exists():
+        return out
+    acc = EventAccumulator(str(tb), size_guidance={SCALARS: 0})
+    acc.Reload()
+    for tag in acc.Tags().get('scalars', []):
+        if tag.startswith('diag/') or tag in ('test_play/avg_ranking', 'loss/next_rank_loss'):
+            ev = acc.Scalars(tag)
+            out[tag] = {'first': ev[0].value, 'last': ev[-1].value, 'n': len(ev)}
+    return out
+
+
+# ---------------------------------------------------------------------------- report
+
+def report(out, log):
+    """Print one row per arm and write ``OUT/learning_curve.png``."""
+    rows = []
+    for res_path in sorted(pathlib.Path(out, 'arms').glob('*/result.json')):
+        res = json.loads(res_path.read_text())
+        rows.append((res_path.parent.name, res))
+    log('| arm | changes | steps | best vs 3x start | final vs 3x start | final vs 3 RulebaseBots (paired to start) |')
+    log('|---|---|---|---|---|---|')
+    for arm, res in rows:
+        vs = res.get('vs_start', {})
+        rb = res.get('vs_rulebase', {})
+        cell = lambda s: fmt(s) if s else '-'  # noqa: E731
+        changes = ', '.join(f'{k}={v}' for k, v in res.get('sets', [])) or 'none'
+        log(f"| {arm} | {changes} | {res.get('steps', '-')} | {cell(vs.get('best'))} | {cell(vs.get('final'))} | "
+            f"{cell(rb.get('final'))} |")
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for arm, res in rows:
+        pts = [{'step': 0, 'avg_rank': 2.5, 'avg_rank_ci': 0.0}] + res.get('curve', [])
+        if 'final' in res.get('vs_start', {}):
+            pts.append({'step': res.get('steps', 0), **res['vs_start']['final']})
+        ax.errorbar([p['step'] for p in pts], [p['avg_rank'] for p in pts],
+                    yerr=[0 if math.isnan(p['avg_rank_ci']) else p['avg_rank_ci'] for p in pts],
+                    marker='o', capsize=3, label=arm)
+    ax.axhline(2.5, color='grey', lw=0.8, ls='--')
+    ax.set_xlabel('online steps')
+    ax.set_ylabel('avg rank vs 3x start (lower is better)')
+    ax.invert_yaxis()
+    ax.legend(fontsize=8)
+    ax.set_title('Online learning: challenger vs 3x the start model, 95% CI over duplicate deals')
+    png = pathlib.Path(out, 'learning_curve.png')
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    log(f'curve: {png}')
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--out', default='work/learning', help='benchmark dir (default: %(default)s)')
+    sub = parser.add_subparsers(dest='cmd', required=True)
+    p = sub.add_parser('start', help='bootstrap the start point')
+    p.add_argument('--version', type=int, choices=(3, 4), default=3)
+    p.add_argument('--games', type=int, default=96, help='rule-based training hanchan (multiple of 4)')
+    p.add_argument('--grp-games', type=int, default=0, help='extra rule-based hanchan for the GRP only')
+    for name in ('run', 'eval'):
+        p = sub.add_parser(name)
+        p.add_argument('arm')
+        p.add_argument('--eval-sets', type=int, default=400, help='deals vs 3x start (4 games each)')
+        p.add_argument('--curve-sets', type=int, default=100, help='deals per curve point')
+        p.add_argument('--rulebase-sets', type=int, default=60, help='deals vs 3 RulebaseBots (0 = skip)')
+        p.add_argument('--workers', type=int, default=os.cpu_count() or 1)
+        p.add_argument('--key', type=int, default=EVAL_KEY)
+        if name == 'run':
+            p.add_argument('--set', action='append', default=[], metavar='SECTION.KEY=VALUE')
+            p.add_argument('--steps', type=int, default=0, help='stop after this many online steps')
+            p.add_argument('--minutes', type=float, default=0, help='stop after this many minutes online')
+            p.add_argument('--snapshot-every', type=int, default=500)
+    sub.add_parser('report')
+    args = parser.parse_args(argv)
+    os.environ.pop('RUST_BACKTRACE', None)
+    os.environ.setdefault('OMP_NUM_THREADS', '1')
+    import logging
+    logging.basicConfig(level=logging.WARNING, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
+    log = lambda msg: print(time.strftime('%H:%M:%S'), msg, flush=True)  # noqa: E731
+    out = pathlib.Path(args.out)
+    if args.cmd == 'start':
+        log(f'start point: {make_start(out, version=args.version, games=args.games, grp_games=args.grp_games, progress=False)}')
+        return 0
+    if args.cmd == 'report':
+        report(out, log)
+        return 0
+    if args.cmd == 'run':
+        if not (args.steps or args.minutes):
+            parser.error('run needs --steps or --minutes')
+        info = run_arm(out, args.arm, sets=parse_sets(args.set), steps=args.steps, minutes=args.minutes,
+                       snapshot_every=args.snapshot_every, log=log)
+        res_path = out / 'arms' / args.arm / 'result.json'
+        res_path.write_text(json.dumps(info, indent=1))
+    evaluate_arm(out, args.arm, eval_sets=args.eval_sets, curve_sets=args.curve_sets,
+                 rulebase_sets=args.rulebase_sets, workers=args.workers, key=args.key, log=log)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

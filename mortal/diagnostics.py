@@ -1,0 +1,180 @@
+"""Learning instruments of the trainer: Q calibration and spread per batch, policy drift on a fixed probe set.
+
+They answer the questions that the loss curve cannot (Mortal issue #33: judge online training by play, not loss):
+is Q biased against its Monte-Carlo target, do the legal actions' values collapse together, and how far has the
+greedy policy moved from the baseline's. TensorBoard tags (averaged over each ``save_every`` window; README):
+
+* ``diag/q_minus_target``: mean ``Q(taken) - G``; ``diag/q_minus_target_greedy``: the same over rows whose taken
+  action is the trainee's greedy one (the maximization bias shows here first);
+* ``diag/q_gap``: mean top-1 minus top-2 Q over legal actions (rows with 2+ legal actions);
+* ``diag/q_spread``: mean standard deviation of Q over legal actions (same rows);
+* ``diag/taken_greedy``: fraction of samples whose taken action is the trainee's current greedy one;
+* ``diag/policy_drift``: on the probe set, the fraction of positions where the trainee's greedy action differs
+  from the baseline's (0 at the start of online training);
+* ``diag/next_rank_loss_probe``: the next-rank cross entropy on the probe set (offline positions), to hold
+  against ``loss/next_rank_loss`` on fresh online data.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from glob import glob
+
+import torch
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+BATCH_KEYS = ('q_minus_target', 'q_minus_target_greedy', 'q_gap', 'q_spread', 'taken_greedy')
+
+
+@torch.no_grad()
+def batch_q_stats(q_out: Tensor, masks: Tensor, actions: Tensor, q_target: Tensor) -> dict:
+    """Sums and counts of one batch for the ``diag/*`` per-batch tags.
+
+    ``q_out (B, 46)`` with ``-inf`` at illegal actions, ``masks (B, 46)`` bool, ``actions (B,)`` int64,
+    ``q_target (B,)`` float. Returns ``{key: (sum, count)}`` of python floats for each of ``BATCH_KEYS``, so that
+    windows of batches average correctly (``WindowMeans``).
+    """
+    q = q_out.float()
+    masks = masks.to(torch.bool)
+    rows = torch.arange(q.shape[0], device=q.device)
+    err = q[rows, actions] - q_target.float()
+    greedy = q.argmax(-1) == actions
+    multi = masks.sum(-1) >= 2
+    out = {
+        'q_minus_target': (err.sum().item(), err.numel()),
+        'q_minus_target_greedy': (err[greedy].sum().item(), int(greedy.sum().item())),
+        'taken_greedy': (float(greedy.sum().item()), greedy.numel()),
+    }
+    if multi.any():
+        qm, mm = q[multi], masks[multi]
+        top2 = qm.topk(2, dim=-1).values
+        gap = top2[:, 0] - top2[:, 1]
+        legal_q = qm.masked_fill(~mm, 0.0)
+        n = mm.sum(-1).float()
+        mean = legal_q.sum(-1) / n
+        var = ((qm - mean.unsqueeze(-1)).masked_fill(~mm, 0.0).pow(2).sum(-1)) / n
+        out['q_gap'] = (gap.sum().item(), gap.numel())
+        out['q_spread'] = (var.sqrt().sum().item(), gap.numel())
+    else:
+        out['q_gap'] = out['q_spread'] = (0.0, 0)
+    return out
+
+
+class WindowMeans:
+    """Running ``(sum, count)`` per key between two TensorBoard writes."""
+
+    def __init__(self, keys=BATCH_KEYS):
+        self.keys = tuple(keys)
+        self.reset()
+
+    def reset(self) -> None:
+        self.sums = {k: [0.0, 0] for k in self.keys}
+
+    def add(self, stats: dict) -> None:
+        for k, (s, c) in stats.items():
+            self.sums[k][0] += s
+            self.sums[k][1] += c
+
+    def means(self) -> dict:
+        """``{key: mean}`` for the keys that saw at least one row."""
+        return {k: s / c for k, (s, c) in self.sums.items() if c}
+
+
+class Probe:
+    """A fixed set of positions from offline logs, to measure policy drift and the next-rank loss off-policy.
+
+    Attributes: ``obs (N, C, 34)`` float32, ``masks (N, 46)`` bool, ``ranks (N,)`` int64 (next-rank labels),
+    ``baseline_greedy (N,)`` int64 or None (set by ``set_baseline``).
+    """
+
+    def __init__(self, obs: Tensor, masks: Tensor, ranks: Tensor):
+        self.obs, self.masks, self.ranks = obs, masks, ranks
+        self.baseline_greedy = None
+
+    def __len__(self) -> int:
+        return self.obs.shape[0]
+
+    @classmethod
+    def load_or_build(cls, probe_file: str, *, version: int, globs, pts, grp, size: int, max_files: int = 16):
+        """Load ``probe_file`` or build it from the first ``max_files`` (sorted) logs matching ``globs``, keeping
+        every ``k``-th sample so that at most ``size`` remain, and save it there atomically. ``grp``: the reward
+        model, or a function returning it (called only when a probe is built). Returns None (and logs why) when no
+        log matches or none yields a sample; a probe of another feature version is rebuilt."""
+        if os.path.exists(probe_file):
+            try:
+                data = torch.load(probe_file, weights_only=True)
+                if data.get('version') == version:
+                    return cls(data['obs'], data['masks'], data['ranks'])
+                logger.info('probe %s is of version %s: rebuilding for version %d', probe_file,
+                            data.get('version'), version)
+            except Exception as ex:  # a damaged probe is rebuilt, never fatal
+                logger.warning('probe %s unreadable (%s): rebuilding', probe_file, ex)
+        files = sorted({f for pattern in globs for f in glob(pattern, recursive=True)})[:max_files]
+        if not files:
+            logger.info('no probe: [dataset] globs match no log')
+            return None
+        from mortal.dataloader import FileDatasetsIter
+        if callable(grp) and not isinstance(grp, torch.nn.Module):
+            grp = grp()
+        data = FileDatasetsIter(version, files, pts, grp, file_batch_size=len(files))
+        samples = list(data)
+        if not samples:
+            logger.info('no probe: the %d probe logs yielded no sample', len(files))
+            return None
+        stride = max(1, -(-len(samples) // size))
+        kept = samples[::stride][:size]
+        obs = torch.stack([torch.from_numpy(s[0]) for s in kept])
+        masks = torch.stack([torch.from_numpy(s[2]) for s in kept]).to(torch.bool)
+        ranks = torch.tensor([int(s[5]) for s in kept], dtype=torch.int64)
+        from mortal.train import atomic_torch_save
+        atomic_torch_save({'version': version, 'obs': obs, 'masks': masks, 'ranks': ranks}, probe_file)
+        logger.info('probe of %d positions from %d logs written to %s', len(kept), len(files), probe_file)
+        return cls(obs, masks, ranks)
+
+    @torch.no_grad()
+    def greedy(self, brain, dqn, device, batch: int = 512) -> Tensor:
+        """Greedy actions ``(N,)`` int64 of ``brain``/``dqn`` (put in eval mode for the call, mode restored)."""
+        modes = brain.training, dqn.training
+        brain.eval()
+        dqn.eval()
+        try:
+            out = []
+            for i in range(0, len(self), batch):
+                obs = self.obs[i:i + batch].to(device)
+                masks = self.masks[i:i + batch].to(device)
+                out.append(dqn(brain(obs), masks).argmax(-1).cpu())
+            return torch.cat(out)
+        finally:
+            brain.train(modes[0])
+            dqn.train(modes[1])
+
+    def set_baseline(self, brain, dqn, device) -> None:
+        """Record the reference (baseline) greedy actions that ``drift`` compares against."""
+        self.baseline_greedy = self.greedy(brain, dqn, device)
+
+    def drift(self, brain, dqn, device) -> float:
+        """Fraction of probe positions whose greedy action differs from the baseline's (0..1).
+        Raises RuntimeError before ``set_baseline``."""
+        if self.baseline_greedy is None:
+            raise RuntimeError('Probe.drift needs set_baseline first')
+        return (self.greedy(brain, dqn, device) != self.baseline_greedy).float().mean().item()
+
+    @torch.no_grad()
+    def next_rank_loss(self, brain, aux_net, device, batch: int = 512) -> float:
+        """Mean next-rank cross entropy (nats) of ``aux_net(brain(obs))`` on the probe (eval mode for the call)."""
+        modes = brain.training, aux_net.training
+        brain.eval()
+        aux_net.eval()
+        try:
+            total = 0.0
+            for i in range(0, len(self), batch):
+                logits, = aux_net(brain(self.obs[i:i + batch].to(device)))
+                total += torch.nn.functional.cross_entropy(
+                    logits.float(), self.ranks[i:i + batch].to(device), reduction='sum').item()
+            return total / len(self)
+        finally:
+            brain.train(modes[0])
+            aux_net.train(modes[1])

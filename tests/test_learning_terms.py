@@ -1,0 +1,169 @@
+"""mortal/loss.py extras (Cal-QL, anchor) and mortal/diagnostics.py instruments, on values worked by hand."""
+
+import math
+
+import pytest
+import torch
+
+from mortal.diagnostics import Probe, WindowMeans, batch_q_stats
+from mortal.loss import anchor_term, cql_term
+
+INF = math.inf
+
+
+def small_batch():
+    q = torch.tensor([[1.0, 2.0, -INF], [0.0, 0.0, 3.0]])
+    masks = torch.isfinite(q)
+    actions = torch.tensor([1, 2])
+    return q, masks, actions
+
+
+def test_cql_term_by_hand():
+    q, _, actions = small_batch()
+    # row 0: log(e + e^2) - 2; row 1: log(2 + e^3) - 3
+    expected = ((math.log(math.e + math.e ** 2) - 2) + (math.log(2 + math.e ** 3) - 3)) / 2
+    assert cql_term(q, actions).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_calibrated_cql_clamps_push_down_at_the_return():
+    q, _, actions = small_batch()
+    g = torch.tensor([1.5, 3.5])
+    # row 0: max(q, 1.5) = [1.5, 2] (the illegal action stays out); row 1: [3.5, 3.5, 3.5]; minus the taken q
+    expected = ((math.log(math.exp(1.5) + math.exp(2)) - 2) + (3.5 + math.log(3) - 3)) / 2
+    assert cql_term(q, actions, g, calibrated=True).item() == pytest.approx(expected, rel=1e-6)
+    # a return below every Q changes nothing
+    assert cql_term(q, actions, torch.tensor([-9.0, -9.0]), calibrated=True).item() == pytest.approx(
+        cql_term(q, actions).item(), rel=1e-6)
+    with pytest.raises(ValueError, match='q_target'):
+        cql_term(q, actions, calibrated=True)
+
+
+def test_anchor_term_only_on_untaken_legal_actions():
+    q, masks, actions = small_batch()
+    q_ref = torch.tensor([[0.0, 50.0, 7.0], [2.0, 0.5, 9.0]])
+    # untaken legal: (0,0): (1-0)^2 = 1; (1,0): (0-2)^2 = 4; (1,1): (0-0.5)^2 = 0.25; taken and illegal ignored
+    assert anchor_term(q, q_ref, masks, actions).item() == pytest.approx((1 + 4 + 0.25) / 3)
+    only_taken = torch.tensor([[False, True, False], [False, False, True]])
+    assert anchor_term(q, q_ref, only_taken, actions).item() == 0.0
+
+
+def test_anchor_gradient_leaves_the_taken_action_alone():
+    q, masks, actions = small_batch()
+    q = q.clone().requires_grad_(True)
+    anchor_term(q, torch.zeros(2, 3), masks, actions).backward()
+    assert q.grad[0, 1] == 0 and q.grad[1, 2] == 0
+    assert q.grad[0, 0].item() == pytest.approx(2 * 1 / 3)  # d/dq (q^2)/3 at q = 1
+
+
+def test_batch_q_stats_by_hand():
+    q = torch.tensor([[1.0, 2.0, -INF], [0.0, 0.0, 3.0], [5.0, -INF, -INF]])
+    masks = torch.isfinite(q)
+    actions = torch.tensor([1, 0, 0])
+    target = torch.tensor([1.5, 1.0, 4.0])
+    s = batch_q_stats(q, masks, actions, target)
+    assert s['q_minus_target'] == pytest.approx((0.5 - 1 + 1, 3))
+    assert s['q_minus_target_greedy'] == pytest.approx((1.5, 2))  # rows 0 and 2 took their argmax
+    assert s['taken_greedy'] == pytest.approx((2, 3))
+    assert s['q_gap'] == pytest.approx((1 + 3, 2))  # the one-action row is left out
+    assert s['q_spread'] == pytest.approx((0.5 + math.sqrt(2), 2))  # std of [1, 2] and of [0, 0, 3]
+    w = WindowMeans()
+    w.add(s)
+    w.add(s)
+    assert w.means()['q_gap'] == pytest.approx(2.0)
+    w.reset()
+    assert w.means() == {}
+
+
+def test_probe_builds_caches_and_measures_drift(tmp_path, fixture_logs):
+    from mortal.model import DQN, GRP, Brain
+    files = [str(f) for f in fixture_logs]
+    torch.manual_seed(0)
+    grp = GRP(hidden_size=8, num_layers=1).eval()
+    probe_file = str(tmp_path / 'probe.pth')
+    probe = Probe.load_or_build(probe_file, version=3, globs=files, pts=[6, 4, 2, 0], grp=grp, size=64)
+    assert probe is not None and 0 < len(probe) <= 64
+    assert probe.obs.shape[1:] == (934, 34) and probe.masks.shape[1:] == (46,)
+    again = Probe.load_or_build(probe_file, version=3, globs=[], pts=[6, 4, 2, 0], grp=grp, size=64)
+    assert torch.equal(again.obs, probe.obs) and torch.equal(again.ranks, probe.ranks)  # read back, not rebuilt
+
+    brain, dqn = Brain(version=3, conv_channels=16, num_blocks=1).eval(), DQN(version=3).eval()
+    probe.set_baseline(brain, dqn, torch.device('cpu'))
+    assert probe.drift(brain, dqn, torch.device('cpu')) == 0.0
+    # plant k disagreements: drift is exactly k / N
+    k = 5
+    probe.baseline_greedy[:k] = (probe.baseline_greedy[:k] + 1) % 46
+    assert probe.drift(brain, dqn, torch.device('cpu')) == pytest.approx(k / len(probe))
+    from mortal.model import AuxNet
+    aux = AuxNet((4,))
+    with torch.no_grad():
+        for p in aux.parameters():
+            p.zero_()
+    # zero logits: cross entropy ln 4 whatever the labels
+    assert probe.next_rank_loss(brain, aux, torch.device('cpu')) == pytest.approx(math.log(4), rel=1e-6)
+
+
+def test_probe_without_logs_is_none(tmp_path):
+    from mortal.model import GRP
+    assert Probe.load_or_build(str(tmp_path / 'p.pth'), version=3, globs=[str(tmp_path / 'none*.gz')],
+                               pts=[6, 4, 2, 0], grp=GRP(hidden_size=8, num_layers=1), size=8) is None
+
+
+class _Writer:
+    def __init__(self):
+        self.scalars = []
+
+    def add_scalar(self, tag, value, step):
+        self.scalars.append((tag, float(value), step))
+
+    def add_histogram(self, *a):
+        pass
+
+    def flush(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def _checkpoint(config, filename, seed):
+    from mortal.model import AuxNet, Brain, DQN
+    torch.manual_seed(seed)
+    r = config['resnet']
+    torch.save({'mortal': Brain(version=3, conv_channels=r['conv_channels'], num_blocks=r['num_blocks']).state_dict(),
+                'current_dqn': DQN(version=3).state_dict(), 'aux_net': AuxNet((4,)).state_dict(),
+                'config': config, 'steps': 0}, filename)
+
+
+def test_online_trainer_with_anchor_and_calibrated_cql_logs_every_term(tiny_config):
+    """Trainee = baseline at the start, so the first anchor loss is exactly 0; the configured CQL weight is kept
+    online; the diag/* tags and loss/anchor_loss are written at each save."""
+    from mortal import train as tr, wire
+    config, _ = tiny_config
+    config['online']['anchor_weight'] = 1.0
+    config['cql'].update(online_min_q_weight=0.5, calibrated=True)
+    config['optim']['scheduler'].update(peak=1e-2, final=1e-2)
+    _checkpoint(config, config['baseline']['train']['state_file'], seed=3)
+    _checkpoint(config, config['control']['state_file'], seed=3)
+    writer = _Writer()
+    trainer = tr.Trainer(config, test_player=object(), writer=writer, remote=wire.Remote('127.0.0.1', 1),
+                         sleep=lambda s: None)
+    trainer.submit_param = lambda is_idle=False: None
+    assert trainer.anchor is not None and trainer.online_min_q_weight == 0.5
+    g = torch.Generator().manual_seed(0)
+    n = config['control']['batch_size']
+    obs = torch.rand((n, 934, 34), generator=g)
+    masks = torch.rand((n, 46), generator=g) < 0.3
+    actions = torch.randint(0, 46, (n,), generator=g)
+    masks[torch.arange(n), actions] = True
+    args = (obs, actions, masks, torch.zeros(n, dtype=torch.int64), torch.full((n,), 1.0, dtype=torch.float64),
+            torch.arange(n) % 4)
+    trainer.train_batch(*args)
+    assert trainer.stats['anchor_loss'] == 0.0  # identical weights: q == q_ref
+    assert trainer.stats['cql_loss'] > 0
+    for _ in range(config['control']['save_every'] - 1):
+        trainer.train_batch(*args)
+    tags = {t for t, _, _ in writer.scalars}
+    assert {'loss/anchor_loss', 'loss/cql_loss', 'diag/q_minus_target', 'diag/q_gap', 'diag/q_spread',
+            'diag/taken_greedy'} <= tags
+    anchor = [v for t, v, _ in writer.scalars if t == 'loss/anchor_loss']
+    assert anchor[0] > 0  # the trainee has moved away from the frozen baseline after the first step
