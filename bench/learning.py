@@ -124,7 +124,7 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log):
     import torch
     from mortal.config import load_config
     from mortal.quickstart import _wait_port, free_port, keep_running, start as start_proc, stop
-    from mortal.train import INITIAL_BEST_PERF
+    from mortal.train import INITIAL_BEST_PERF, played_checkpoint
 
     start = pathlib.Path(out, 'start').resolve()
     arm_dir = pathlib.Path(out, 'arms', arm).resolve()
@@ -167,7 +167,9 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log):
     finally:
         stop(procs)
     elapsed = time.monotonic() - t0
-    shutil.copyfile(state_file, arm_dir / 'final.pth')
+    # the played model: with [online] ema_decay the EMA, as best.pth
+    torch.save(played_checkpoint(torch.load(state_file, weights_only=True, map_location='cpu')),
+               arm_dir / 'final.pth')
     log(f'[{arm}] trained {trained} steps in {elapsed / 60:.1f} min')
     return {'steps': trained, 'seconds': elapsed, 'sets': [['.'.join(k), v] for k, v in sets]}
 

@@ -17,6 +17,7 @@ greedy policy moved from the baseline's. TensorBoard tags (averaged over each ``
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from glob import glob
@@ -83,6 +84,19 @@ class WindowMeans:
         return {k: s / c for k, (s, c) in self.sums.items() if c}
 
 
+@contextlib.contextmanager
+def _eval_mode(*modules):
+    # eval() for the measurement, then each module's own training flag back (a Brain keeps frozen BN frozen)
+    modes = [m.training for m in modules]
+    for m in modules:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m, mode in zip(modules, modes):
+            m.train(mode)
+
+
 class Probe:
     """A fixed set of positions from offline logs, to measure policy drift and the next-rank loss off-policy.
 
@@ -137,19 +151,13 @@ class Probe:
     @torch.no_grad()
     def greedy(self, brain, dqn, device, batch: int = 512) -> Tensor:
         """Greedy actions ``(N,)`` int64 of ``brain``/``dqn`` (put in eval mode for the call, mode restored)."""
-        modes = brain.training, dqn.training
-        brain.eval()
-        dqn.eval()
-        try:
+        with _eval_mode(brain, dqn):
             out = []
             for i in range(0, len(self), batch):
                 obs = self.obs[i:i + batch].to(device)
                 masks = self.masks[i:i + batch].to(device)
                 out.append(dqn(brain(obs), masks).argmax(-1).cpu())
             return torch.cat(out)
-        finally:
-            brain.train(modes[0])
-            dqn.train(modes[1])
 
     def set_baseline(self, brain, dqn, device) -> None:
         """Record the reference (baseline) greedy actions that ``drift`` compares against."""
@@ -165,16 +173,10 @@ class Probe:
     @torch.no_grad()
     def next_rank_loss(self, brain, aux_net, device, batch: int = 512) -> float:
         """Mean next-rank cross entropy (nats) of ``aux_net(brain(obs))`` on the probe (eval mode for the call)."""
-        modes = brain.training, aux_net.training
-        brain.eval()
-        aux_net.eval()
-        try:
+        with _eval_mode(brain, aux_net):
             total = 0.0
             for i in range(0, len(self), batch):
                 logits, = aux_net(brain(self.obs[i:i + batch].to(device)))
                 total += torch.nn.functional.cross_entropy(
                     logits.float(), self.ranks[i:i + batch].to(device), reduction='sum').item()
             return total / len(self)
-        finally:
-            brain.train(modes[0])
-            aux_net.train(modes[1])

@@ -45,6 +45,9 @@ PRESETS = {
                   submit_every=10, capacity=32, eval_sets=4),
 }
 
+# The online loss extras of the embedded config (docs/learning.md); config_online.toml keeps Mortal's (none).
+ONLINE_REMEDY = dict(anchor_weight=1.0, ema_decay=0.0)
+
 # Mortal's config layout; {work} is the absolute work dir, the rest comes from a preset.
 CONFIG_TEMPLATE = """\
 # Written by mortal.quickstart: a tiny CPU setup that runs the whole pipeline in minutes.
@@ -130,6 +133,10 @@ state_file = '{work}/online/baseline.pth'
 [online]
 history_window = 50
 enable_compile = false
+# Not Mortal's default (0): hold the untaken actions' Q to the baseline's, which stops the collapse that Mortal's
+# online loss causes in this small model (docs/learning.md).
+anchor_weight = {anchor_weight}
+ema_decay = {ema_decay}
 
 [online.remote]
 host = '127.0.0.1'
@@ -189,7 +196,7 @@ def render_config(work_dir, *, preset='full', port=None, version=3):
     feature ``version`` (3 or 4)."""
     if version not in (3, 4):
         raise ValueError(f"quickstart version must be 3 or 4, got {version!r}")
-    sizes = dict(PRESETS[preset], version=version)
+    sizes = dict(PRESETS[preset], version=version, **ONLINE_REMEDY)
     sizes.pop('online_timeout')
     sizes.pop('eval_sets')
     sizes['grp_save_every'] = max(1, sizes['grp_steps'] // 2)

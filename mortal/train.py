@@ -38,6 +38,7 @@ if __package__ in (None, ''):  # run as a script: python mortal/train.py
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
 import argparse
+import copy
 import gc
 import gzip
 import json
@@ -196,6 +197,16 @@ def _fsync_dir(dirname: str) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def played_checkpoint(state: dict) -> dict:
+    """``state`` with ``mortal``/``current_dqn`` replaced by its ``ema_mortal``/``ema_dqn`` (``[online]
+    ema_decay``), without the ema keys: the model that was played, loadable by any Mortal player. Unchanged
+    (a shallow copy) without them."""
+    state = dict(state)
+    if 'ema_mortal' in state and 'ema_dqn' in state:
+        state['mortal'], state['current_dqn'] = state.pop('ema_mortal'), state.pop('ema_dqn')
+    return state
 
 
 def is_better(avg_pt: float, avg_rank: float, best_perf: dict) -> bool:
@@ -451,7 +462,11 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.enable_amp)
         self.best_perf = dict(INITIAL_BEST_PERF)
         self.steps = 0
+        self._loaded_ema = None
         self.load_state()
+        # Extra: an EMA of the weights is what gets published, test-played and kept as best.pth (0 = off, Mortal).
+        self.ema_decay = config.get('online', {}).get('ema_decay', 0.0) if self.online else 0.0
+        self.ema = self._init_ema() if self.ema_decay > 0 else None
         self.optimizer.zero_grad(set_to_none=True)
         self.mse = nn.MSELoss()
         self.ce = nn.CrossEntropyLoss()
@@ -510,13 +525,43 @@ class Trainer:
             self.scaler.load_state_dict(state['scaler'])
         self.best_perf = dict(state.get('best_perf', INITIAL_BEST_PERF))
         self.steps = int(state['steps'])
+        if 'ema_mortal' in state and 'ema_dqn' in state:
+            self._loaded_ema = (state['ema_mortal'], state['ema_dqn'])
         when = datetime.fromtimestamp(state.get('timestamp', 0)).strftime('%Y-%m-%d %H:%M:%S')
         logger.info('loaded %s (saved %s, steps %d)', self.state_file, when, self.steps)
         return True
 
+    def _init_ema(self):
+        """Frozen copies of (mortal, dqn): from the checkpoint's ``ema_mortal``/``ema_dqn`` when it has them, else
+        the loaded weights."""
+        ema = tuple(copy.deepcopy(m).requires_grad_(False) for m in (self.mortal, self.dqn))
+        if self._loaded_ema is not None:
+            for model, sd in zip(ema, self._loaded_ema):
+                model.load_state_dict(sd)
+        logger.info('EMA of the weights, decay %g (%s)', self.ema_decay,
+                    'resumed' if self._loaded_ema is not None else 'from the loaded weights')
+        return ema
+
+    @torch.no_grad()
+    def update_ema(self) -> None:
+        """``ema = decay * ema + (1 - decay) * weights`` after an optimizer step; buffers are copied."""
+        for ema, model in zip(self.ema, (self.mortal, self.dqn)):
+            for e, p in zip(ema.parameters(), model.parameters()):
+                e.lerp_(p.detach(), 1.0 - self.ema_decay)
+            for e, b in zip(ema.buffers(), model.buffers()):
+                e.copy_(b)
+
+    def played(self) -> tuple:
+        """The (mortal, dqn) that self-play, test play and best.pth use: the EMA when ``[online] ema_decay`` > 0."""
+        return self.ema if self.ema is not None else (self.mortal, self.dqn)
+
     def checkpoint(self) -> dict:
-        """The checkpoint dict with Mortal's keys (config without the shared token)."""
+        """The checkpoint dict with Mortal's keys (config without the shared token), plus ``ema_mortal`` and
+        ``ema_dqn`` with an EMA."""
         from mortal.config import for_checkpoint
+        extra = {}
+        if self.ema is not None:
+            extra = {'ema_mortal': self.ema[0].state_dict(), 'ema_dqn': self.ema[1].state_dict()}
         return {
             'mortal': self.mortal.state_dict(),
             'current_dqn': self.dqn.state_dict(),
@@ -528,6 +573,7 @@ class Trainer:
             'timestamp': datetime.now().timestamp(),
             'best_perf': dict(self.best_perf),
             'config': for_checkpoint(self.config),
+            **extra,
         }
 
     def save(self) -> None:
@@ -541,10 +587,11 @@ class Trainer:
 
         A refusal (e.g. an architecture other than the one the running server accepted first) is logged as one
         error line and ends the learner with SystemExit(2): retrying cannot help."""
+        mortal, dqn = self.played()
         msg = {
             'type': 'submit_param',
-            'mortal': wire.pack_state_dict(self.mortal.state_dict()),
-            'dqn': wire.pack_state_dict(self.dqn.state_dict()),
+            'mortal': wire.pack_state_dict(mortal.state_dict()),
+            'dqn': wire.pack_state_dict(dqn.state_dict()),
             'is_idle': is_idle,
         }
         try:
@@ -678,8 +725,7 @@ class Trainer:
             self.writer.add_scalar(f'diag/{key}', value, self.steps)
         self.diag.reset()
         if self.probe is not None:
-            self.writer.add_scalar('diag/policy_drift', self.probe.drift(self.mortal, self.dqn, self.device),
-                                   self.steps)
+            self.writer.add_scalar('diag/policy_drift', self.probe.drift(*self.played(), self.device), self.steps)
             self.writer.add_scalar('diag/next_rank_loss_probe',
                                    self.probe.next_rank_loss(self.mortal, self.aux_net, self.device), self.steps)
 
@@ -762,6 +808,8 @@ class Trainer:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.update_ema()
 
     def on_save(self) -> None:
         """Every ``save_every`` steps: TensorBoard, checkpoint, a missed submit, and test play when due."""
@@ -811,7 +859,7 @@ class Trainer:
 
     def test_play(self) -> None:
         """Play ``[test_play] games`` against ``[baseline.test]``, log, update best.pth; online: TestPlayDone."""
-        stat = self.test_player.test_play(self.test_games // 4, self.mortal, self.dqn, self.device)
+        stat = self.test_player.test_play(self.test_games // 4, *self.played(), self.device)
         self.mortal.train()
         self.dqn.train()
         avg_pt = stat.avg_pt(DISPLAY_PTS)
@@ -828,7 +876,10 @@ class Trainer:
             self.save()  # the checkpoint now records the new best_perf
             logger.info('a new record has been made, pt: %.4f -> %.4f, rank: %.4f -> %.4f, saving to %s',
                         past_best['avg_pt'], avg_pt, past_best['avg_rank'], avg_rank, self.best_state_file)
-            atomic_copy(self.state_file, self.best_state_file)
+            if self.ema is None:
+                atomic_copy(self.state_file, self.best_state_file)
+            else:  # best.pth holds the weights that were test-played
+                atomic_torch_save(played_checkpoint(self.checkpoint()), self.best_state_file)
         if self.online:
             raise TestPlayDone()
 

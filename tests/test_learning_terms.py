@@ -134,6 +134,17 @@ def _checkpoint(config, filename, seed):
                 'config': config, 'steps': 0}, filename)
 
 
+def _random_batch(n, seed=0):
+    """A train_batch argument tuple of ``n`` random v3 samples: reward 1, done at once, ranks 0-3 in turn."""
+    g = torch.Generator().manual_seed(seed)
+    obs = torch.rand((n, 934, 34), generator=g)
+    masks = torch.rand((n, 46), generator=g) < 0.3
+    actions = torch.randint(0, 46, (n,), generator=g)
+    masks[torch.arange(n), actions] = True
+    return (obs, actions, masks, torch.zeros(n, dtype=torch.int64), torch.full((n,), 1.0, dtype=torch.float64),
+            torch.arange(n) % 4)
+
+
 def test_online_trainer_with_anchor_and_calibrated_cql_logs_every_term(tiny_config):
     """Trainee = baseline at the start, so the first anchor loss is exactly 0; the configured CQL weight is kept
     online; the diag/* tags and loss/anchor_loss are written at each save."""
@@ -149,14 +160,7 @@ def test_online_trainer_with_anchor_and_calibrated_cql_logs_every_term(tiny_conf
                          sleep=lambda s: None)
     trainer.submit_param = lambda is_idle=False: None
     assert trainer.anchor is not None and trainer.online_min_q_weight == 0.5
-    g = torch.Generator().manual_seed(0)
-    n = config['control']['batch_size']
-    obs = torch.rand((n, 934, 34), generator=g)
-    masks = torch.rand((n, 46), generator=g) < 0.3
-    actions = torch.randint(0, 46, (n,), generator=g)
-    masks[torch.arange(n), actions] = True
-    args = (obs, actions, masks, torch.zeros(n, dtype=torch.int64), torch.full((n,), 1.0, dtype=torch.float64),
-            torch.arange(n) % 4)
+    args = _random_batch(config['control']['batch_size'])
     trainer.train_batch(*args)
     assert trainer.stats['anchor_loss'] == 0.0  # identical weights: q == q_ref
     assert trainer.stats['cql_loss'] > 0
@@ -167,3 +171,55 @@ def test_online_trainer_with_anchor_and_calibrated_cql_logs_every_term(tiny_conf
             'diag/taken_greedy'} <= tags
     anchor = [v for t, v, _ in writer.scalars if t == 'loss/anchor_loss']
     assert anchor[0] > 0  # the trainee has moved away from the frozen baseline after the first step
+
+
+def test_ema_is_what_gets_published_test_played_and_kept_as_best(tiny_config, monkeypatch):
+    """decay 0.5: after one optimizer step the EMA is the mean of the weights before and after it, by hand; the
+    submitted and test-played weights are the EMA's, and best.pth holds them under Mortal's keys."""
+    from mortal import train as tr, wire
+    config, _ = tiny_config
+    config['online']['ema_decay'] = 0.5
+    config['optim']['scheduler'].update(peak=1e-2, final=1e-2)
+    _checkpoint(config, config['baseline']['train']['state_file'], seed=4)
+    _checkpoint(config, config['control']['state_file'], seed=4)
+    played = []
+
+    class Player:
+        def test_play(self, seed_count, mortal, dqn, device):
+            played.append(mortal)
+
+            class S:
+                avg_rank = 2.4
+
+                def avg_pt(self, pts):
+                    return 5.0
+
+                def write_tensorboard(self, *a):
+                    pass
+            return S()
+
+    trainer = tr.Trainer(config, test_player=Player(), writer=_Writer(), remote=wire.Remote('127.0.0.1', 1),
+                         sleep=lambda s: None)
+    sent = []
+    monkeypatch.setattr(tr.wire, 'request_with_retry',
+                        lambda remote, msg, sleep=None: sent.append(msg) or {'param_version': 1})
+    before = [p.detach().clone() for p in trainer.mortal.parameters()]
+    args = _random_batch(config['control']['batch_size'])
+    trainer.train_batch(*args)
+    after = [p.detach().clone() for p in trainer.mortal.parameters()]
+    ema = list(trainer.ema[0].parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, after))
+    for b, a, e in zip(before, after, ema):
+        assert torch.allclose(e, 0.5 * b + 0.5 * a, atol=1e-7)
+    trainer.submit_param()
+    sd = wire.unpack_state_dict(sent[-1]['mortal'])
+    first = next(iter(trainer.ema[0].state_dict()))
+    assert torch.equal(sd[first], trainer.ema[0].state_dict()[first])
+    with pytest.raises(tr.TestPlayDone):
+        trainer.test_play()
+    assert played == [trainer.ema[0]]
+    best = torch.load(config['control']['best_state_file'], weights_only=True)
+    assert 'ema_mortal' not in best and torch.equal(best['mortal'][first], trainer.ema[0].state_dict()[first])
+    state = torch.load(config['control']['state_file'], weights_only=True)
+    assert torch.equal(state['mortal'][first], trainer.mortal.state_dict()[first])  # raw, for resuming
+    assert torch.equal(state['ema_mortal'][first], trainer.ema[0].state_dict()[first])

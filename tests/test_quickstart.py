@@ -1,6 +1,7 @@
 """mortal.quickstart: embedded config, process control, and the CI-sized end-to-end run."""
 
 import os
+import re
 import pathlib
 import signal
 import subprocess
@@ -93,6 +94,9 @@ def test_short_quickstart_end_to_end(tmp_path):
     assert 'quickstart finished in' in out
     assert 'test_play (challenger `mortal` vs 3x baseline' in out
     assert '(not written)' not in out  # every listed checkpoint exists
+    # the summary's duplicate evaluation of best.pth and the final model against 3x the start (4 deals, 16 games)
+    assert 'evaluation against 3x the start model' in out
+    assert re.search(r'  final [1-4]\.\d{3} ± \d\.\d{3} rank, [-+]\d+\.\d\d ± \d+\.\d\d pt \(16 games\)', out), out
     work = tmp_path / 'qs'
     for rel in ('online/mortal.pth', 'online/best.pth', 'online/baseline.pth', 'bootstrap/grp.pth',
                 'bootstrap/offline/best.pth', 'plots/test_play.png', 'plots/loss.png'):
