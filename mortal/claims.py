@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 from os import path
 
 logger = logging.getLogger(__name__)
@@ -35,6 +36,8 @@ __all__ = ["MANIFEST", "ClaimLedger"]
 MANIFEST = "claims.json"
 _FORMAT = 1
 _DONE = "done"
+# Samples one pass over one log can have (a hanchan gives a few thousand): a manifest total above it is corrupt.
+MAX_SAMPLES = 1 << 20
 
 
 class _Partial:
@@ -45,6 +48,10 @@ class _Partial:
     def __init__(self, total: int, trained=()):
         self.total = int(total)
         self.trained = set(trained)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _remaining(unit) -> int:
@@ -92,13 +99,16 @@ class ClaimLedger:
             with open(manifest, encoding="utf-8") as f:
                 data = json.load(f)
             files = data["files"]
-            if data.get("format") != _FORMAT or not isinstance(files, dict):
+            if data.get("format") != _FORMAT:
                 raise ValueError(f"unknown format {data.get('format')!r}")
+            if not isinstance(files, dict):
+                raise ValueError(f"'files' is a {type(files).__name__}, expected an object")
             same = data.get("signature") == ledger.signature and data.get("passes") == ledger.passes
-        except (OSError, ValueError, KeyError, TypeError) as ex:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as ex:
             logger.warning("unreadable %s (%s: %s): the logs in %s are resumed whole", manifest,
                            type(ex).__name__, ex, ledger.claim_dir)
-            files = {n: {} for n in sorted(os.listdir(ledger.claim_dir)) if n not in ledger.reserved_names()}
+            files = {n: {} for n in sorted(os.listdir(ledger.claim_dir))
+                     if n not in ledger.reserved_names() and not ledger._name_problem(n)}
             same = True
         if not same:
             logger.warning("%s was written under other settings (%s, %d passes; now %s, %d passes): its %d "
@@ -106,21 +116,77 @@ class ClaimLedger:
                            ledger.signature, ledger.passes, len(files))
         gone = []
         for name, passes_ in files.items():
-            units = {}
-            if same:
-                for key, value in passes_.items():
-                    units[int(key)] = _DONE if value == _DONE else _Partial(value["total"], value["trained"])
-            if path.exists(path.join(ledger.claim_dir, name)):
-                ledger.files[name] = units
-            else:
+            kind = ledger._name_problem(name)
+            if kind == "missing":
                 gone.append(name)
+            elif kind:
+                logger.warning("%s: ignoring entry %r (%s): never read, never removed", manifest, name, kind)
+                continue
+            units = ledger._parse_units(manifest, name, passes_, gone=kind == "missing") if same else {}
+            if kind == "missing":
                 ledger.lost_samples += sum(_remaining(u) for u in units.values())
+            else:
+                ledger.files[name] = units
         if gone:
             logger.warning("%d claimed logs listed in %s are gone (%s%s): their remaining samples are lost",
                            len(gone), manifest, ', '.join(gone[:3]), ', ...' if len(gone) > 3 else '')
         ledger.committed = {name: ledger._entry(units) for name, units in ledger.files.items()}
         ledger._write()
         return ledger
+
+    def _name_problem(self, name) -> str:
+        """Why ``name`` cannot be a claimed log of this folder ('' when it can; 'missing' when it is a plain name
+        with nothing at that place): only a plain file name (no separator, not '.' or '..', no NUL, not one of
+        ``reserved_names``) of a regular file directly in ``claim_dir`` (not a symlink) is one. A hand-edited or
+        corrupted manifest must never make the ledger read or unlink anything outside the folder."""
+        if not isinstance(name, str) or not name or name in (".", "..") or "\0" in name or "/" in name \
+                or (os.sep and os.sep in name) or (os.altsep and os.altsep in name):
+            return "not a plain file name"
+        if name in self.reserved_names():
+            return "a file of the ledger itself"
+        try:
+            st = os.lstat(path.join(self.claim_dir, name))
+        except FileNotFoundError:
+            return "missing"
+        except (OSError, ValueError) as ex:
+            return f"cannot be looked at: {ex}"
+        if not stat.S_ISREG(st.st_mode):
+            return "not a regular file (a symlink, folder or other)"
+        return ""
+
+    def _parse_units(self, manifest: str, name: str, passes_, *, gone: bool = False) -> dict:
+        """The ``{pass: _Partial or _DONE}`` of a manifest entry; a malformed entry (wrong types, pass outside
+        0..passes-1, total outside 1..MAX_SAMPLES, indices outside 0..total-1) is logged once, naming the file
+        and the entry, and its progress dropped: that log is resumed whole (``gone``: the log is missing, its
+        remaining samples count 0)."""
+        def bad(why):
+            text = repr(passes_)
+            logger.warning("%s: malformed entry for %r (%s: %s): %s", manifest, name, why,
+                           text if len(text) <= 200 else text[:200] + "...",
+                           "its remaining samples are unknown" if gone else "that log is resumed whole")
+            return {}
+        if not isinstance(passes_, dict):
+            return bad(f"a {type(passes_).__name__}, expected an object")
+        units = {}
+        for key, value in passes_.items():
+            try:
+                p = int(key, 10) if isinstance(key, str) else None
+            except ValueError:
+                p = None
+            if p is None or not 0 <= p < self.passes or str(p) != key:
+                return bad(f"pass {key!r} is not one of 0..{self.passes - 1}")
+            if value == _DONE:
+                units[p] = _DONE
+                continue
+            if not isinstance(value, dict):
+                return bad(f"pass {key}: a {type(value).__name__}, expected 'done' or an object")
+            total, trained = value.get("total"), value.get("trained")
+            if not _is_int(total) or not 1 <= total <= MAX_SAMPLES:
+                return bad(f"pass {key}: total {total!r} is not an integer 1..{MAX_SAMPLES}")
+            if not isinstance(trained, list) or not all(_is_int(i) and 0 <= i < total for i in trained):
+                return bad(f"pass {key}: trained must be a list of indices 0..{total - 1}")
+            units[p] = _Partial(total, trained) if len(set(trained)) < total else _DONE
+        return units
 
     def reserved_names(self) -> set:
         """Entries of the claim folder that are not claimed logs (the manifest and its temporary file)."""
@@ -198,13 +264,16 @@ class ClaimLedger:
 
     def begin_epoch(self, paths) -> None:
         """The files of this epoch's loader, in the order its sample ids' ``file`` refers to."""
-        self._epoch = [path.basename(p) for p in paths]
+        # a path outside the claim folder is no claimed log (None: its samples are not tracked)
+        self._epoch = [path.basename(p) if path.dirname(path.abspath(p)) == self.claim_dir else None
+                       for p in paths]
         self._seen = set()
 
     def _rows(self, ids):
         rows = ids.tolist() if hasattr(ids, "tolist") else list(ids)
         for fid, pass_, index, total in rows:
-            yield self._epoch[fid], int(pass_), int(index), int(total)
+            if self._epoch[fid] is not None:
+                yield self._epoch[fid], int(pass_), int(index), int(total)
 
     def record(self, ids) -> None:
         """Mark the samples ``ids`` (``(B, 4)`` int64: file, pass, index, count) as trained."""
@@ -259,6 +328,8 @@ class ClaimLedger:
         self.committed = {name: self._entry(units) for name, units in self.files.items()}
         self._write()  # first: a crash before the unlinks leaves unlisted links, which the next claim removes
         for name in finished:
+            if self._name_problem(name):  # never unlink anything but a regular file directly in the folder
+                continue
             try:
                 os.remove(path.join(self.claim_dir, name))
             except FileNotFoundError:

@@ -211,6 +211,9 @@ def main(argv=None):
             done += 1
     except KeyboardInterrupt:
         pass
+    except wire.RequestRefused as ex:  # e.g. a round too big for the server's max_frame_bytes: retrying cannot help
+        logger.error('%s', ex)
+        raise SystemExit(2) from None
 
 
 if __name__ == '__main__':

@@ -291,6 +291,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                        '(more are closed at once)', default=64, check=_positive),
         'max_inflight_bytes': Key('int', 'extra: payload bytes the server reads or handles at once over all '
                                   'connections (0 = max_frame_bytes)', default=0, check=_non_negative),
+        'payload_min_bytes_per_s': Key('int', 'extra: average bytes/s a frame payload must arrive at, or its '
+                                       'connection is closed (30 s + length / this)', default=131072,
+                                       check=_positive),
     },
     '1v3': {
         'seed_key': Key('int', 'duplicate seed key (-1 = random per run)', default=-1, check=_seed_key),

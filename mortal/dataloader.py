@@ -32,7 +32,9 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing
+import os
 import random
+import sys
 import threading
 
 import numpy as np
@@ -260,6 +262,9 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(m_trim_threshold, 1 << 30)) and bool(mallopt(m_mmap_threshold, 1 << 25))
 
 
+# Environment variable holding the pid of the process that starts the fork server (mortal._forkserver_preload).
+LOADER_PARENT_ENV = "MORTAL_LOADER_PARENT_PID"
+
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # as the entry points' basicConfig
 
 
@@ -274,6 +279,16 @@ def configure_worker_logging() -> None:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
 
 
+def _expected_worker_parent():
+    """The pid a loader worker's parent must have: the fork server's (``mortal._forkserver_preload``, inherited
+    by every worker it forks), else None (``die_with_parent`` then takes the parent at the time of the call).
+    Taken from the fork server itself, not from ``os.getppid()``, which is already PID 1 (or a subreaper) when
+    the learner and its fork server were killed between the worker's fork and this call."""
+    preload = sys.modules.get("mortal._forkserver_preload")
+    pid = getattr(preload, "FORKSERVER_PID", None)
+    return pid if isinstance(pid, int) and pid > 0 and pid != os.getpid() else None
+
+
 def worker_init_fn(*args, **kwargs):
     """DataLoader ``worker_init_fn``: shard ``file_list`` so no file is read by two workers.
 
@@ -282,7 +297,7 @@ def worker_init_fn(*args, **kwargs):
     ``keep_freed_memory`` (worker processes only load data).
     """
     # torch's own watchdog only checks the worker's parent, which under forkserver outlives a killed learner.
-    die_with_parent()
+    die_with_parent(expected_parent=_expected_worker_parent())
     configure_worker_logging()
     keep_freed_memory()
     info = torch.utils.data.get_worker_info()
@@ -307,6 +322,8 @@ def safe_mp_context():
     preload = ["torch", "mortal.dataloader"]
     if threading.current_thread() is threading.main_thread():
         preload.insert(0, "mortal._forkserver_preload")
+        # the fork server's expected parent (this process), read by mortal._forkserver_preload
+        os.environ[LOADER_PARENT_ENV] = str(os.getpid())
     ctx.set_forkserver_preload(preload)
     return ctx
 

@@ -16,6 +16,7 @@ import gzip
 import json
 import logging
 import math
+import re
 import zlib
 from dataclasses import dataclass, field
 
@@ -39,11 +40,16 @@ __all__ = [
     "skip_message",
     "read_log_text",
     "read_log",
+    "MAX_EVENTS",
 ]
 
 GRP_SIZE = 7  # as Mortal's consts.rs
 #: Gameplay numbers kyoku 0-255 in uint8 (as Mortal's ``at_kyoku: u8``); more would wrap and mix up rewards.
 MAX_KYOKU = 256
+
+#: Events one log may have: a hanchan has a few thousand, so this only stops files that are not one game before
+#: their events (kept in memory, a few hundred bytes each) cost more than the log's bytes.
+MAX_EVENTS = 100_000
 
 #: Event types Mortal's mjai ``Event`` knows; anything else is rejected.
 MJAI_EVENT_TYPES = frozenset({
@@ -130,7 +136,8 @@ def read_log_text(path, max_bytes: int | None = DEFAULT_MAX_LOG_BYTES) -> str:
             f.seek(0)
             data = _read_capped(f, cap, path, "log")
     try:
-        return data.decode("utf-8")
+        # utf-8-sig: a leading byte order mark is dropped (the server's check_log_head skips it too)
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise BadLogError(path, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
 
@@ -147,6 +154,32 @@ def _not_mjai_hint(raw: str) -> str:
             "not mjai JSON lines; convert it to mjai first")
 
 
+# A run of lines holding only ASCII blanks, skipped in one regex step (a log padded with millions of blank lines
+# would otherwise cost one Python iteration each).
+# One character class, not a repeated group: sre keeps no backtracking state per character of a class repeat.
+_BLANK_RUN = re.compile(r"[ \t\r\f\v\n]*\n")
+
+
+def _numbered_lines(raw: str):
+    """Yield ``(line number, line)`` of ``raw`` split on ``\n`` only, lazily (no list of all lines is built),
+    leaving out runs of blank lines. ``\n`` only, not ``splitlines()``: JSON strings may hold U+2028, U+0085
+    etc. literally (a player name written with ensure_ascii=False), which splitlines() would break in two;
+    callers strip the ``\r`` of CRLF."""
+    pos, no, n = 0, 1, len(raw)
+    while pos < n:
+        blank = _BLANK_RUN.match(raw, pos)
+        if blank is not None:
+            no += raw.count("\n", pos, blank.end())
+            pos = blank.end()
+            continue
+        end = raw.find("\n", pos)
+        if end < 0:
+            end = n
+        yield no, raw[pos:end]
+        no += 1
+        pos = end + 1
+
+
 def parse_log(raw: str, source: str = "<log>") -> LoadedLog:
     """Parse mjai JSON lines and check that they form one complete 4-player game.
 
@@ -160,19 +193,21 @@ def parse_log(raw: str, source: str = "<log>") -> LoadedLog:
     ``hora``/``ryukyoku`` with 4 integer ``deltas`` (``grp.rs`` requires them); one game
     only (``start_game`` first, nothing after ``end_game``); ``start_kyoku``/``end_kyoku``
     paired (the loaders count kyoku by both), at most ``MAX_KYOKU`` of them; last event
-    ``end_game`` (otherwise the log is truncated). Lines are split on ``\n`` only (CRLF is fine).
+    ``end_game`` (otherwise the log is truncated); at most ``MAX_EVENTS`` events. Lines are split on ``\n`` only
+    (CRLF is fine); lines are read one at a time, so memory grows with the events, not with blank lines.
     """
     events: list[dict] = []
     lines: list[str] = []
     numbers: list[int] = []
     in_kyoku = False
     n_kyoku = 0
-    # split('\n'), not splitlines(): JSON strings may hold U+2028, U+0085 etc. literally (a player name written
-    # with ensure_ascii=False), which splitlines() would break in two. '\r' of CRLF is stripped below.
-    for no, line in enumerate(raw.split("\n"), 1):
+    for no, line in _numbered_lines(raw):
         line = line.strip()
         if not line:
             continue
+        if len(events) >= MAX_EVENTS:
+            raise BadLogError(source, f"more than {MAX_EVENTS:,} events (a hanchan has a few thousand): not one "
+                                      f"game", no)
         try:
             ev = json.loads(line)
         except RecursionError:

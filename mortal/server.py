@@ -20,7 +20,9 @@ Behaviour as Mortal's server, with its faults fixed:
 - Every request is one connection; a malformed frame closes that connection only (see ``mortal/wire.py``).
   The header's MAC is checked before any payload is read; at most ``max_pending`` connections may be waiting
   for their header at once (others are closed at once), and payloads being read or handled hold at most
-  ``max_inflight_bytes`` bytes together (a frame waits until its length fits).
+  ``max_inflight_bytes`` bytes together (a frame waits until its length fits; small frames such as get_param
+  have a share of their own); a payload must arrive at ``payload_min_bytes_per_s`` on average or is closed. An
+  authentic frame above ``max_frame_bytes`` is answered 'bad request' naming the limit.
 - Each server instance has a random ``server_id``; a client or trainer that reconnects after a restart is
   recognised as holding no parameters of this instance (otherwise ``force_sequential`` would deadlock).
 """
@@ -56,11 +58,18 @@ _SAFE_NAME = re.compile(r'[A-Za-z0-9][A-Za-z0-9._-]{0,199}')
 _TMP_PREFIX = '.incoming-'
 UNKNOWN_VERSION = -1
 _GZIP_MAGIC = b'\x1f\x8b'
+_UTF8_BOM = b'\xef\xbb\xbf'
 # Decompressed bytes searched for a log's first line: a start_game line is ~200 bytes, so this is ample, and a
 # gzip bomb costs at most this much.
 FIRST_LINE_LIMIT = 64 * 1024
 DEFAULT_MAX_PENDING = 64  # connections still sending their header ([online.server] max_pending_connections)
 DISCARD_SECONDS = 30.0  # how long a refused peer may go on sending (so it reads its 'unauthorized' reply)
+DEFAULT_PAYLOAD_MIN_RATE = 128 * 1024  # bytes/s a payload must average ([online.server] payload_min_bytes_per_s)
+PAYLOAD_MIN_SECONDS = 30.0  # every payload gets at least this long, whatever its size
+# Payloads up to this size (every request but submit_replay/submit_param) are read within a budget of their own,
+# SMALL_INFLIGHT_BYTES over all connections, so a stalled big upload never delays them.
+SMALL_FRAME_BYTES = 64 * 1024
+SMALL_INFLIGHT_BYTES = 8 * 1024 * 1024
 
 
 class BadRequest(ValueError):
@@ -69,7 +78,8 @@ class BadRequest(ValueError):
 
 def check_log_head(name: str, content: bytes) -> None:
     """BadRequest (naming the log) unless the first non-blank line of ``content`` (gzip or plain mjai JSON lines)
-    is a JSON ``start_game`` event. Decompresses at most ``FIRST_LINE_LIMIT`` bytes."""
+    is a JSON ``start_game`` event. Decompresses at most ``FIRST_LINE_LIMIT`` bytes, leading blank lines and a
+    UTF-8 byte order mark (accepted and dropped, as the trainer's reader does) included."""
     if content[:2] == _GZIP_MAGIC:
         try:
             head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(content, FIRST_LINE_LIMIT)
@@ -78,10 +88,18 @@ def check_log_head(name: str, content: bytes) -> None:
     else:
         head = content[:FIRST_LINE_LIMIT]
     more = len(head) >= FIRST_LINE_LIMIT  # bytes may follow what was looked at
+    if head.startswith(_UTF8_BOM):  # mortal.grp.read_log_text drops a leading byte order mark too
+        head = head[len(_UTF8_BOM):]
     text = head.lstrip()
+    skipped = len(head) - len(text)  # leading blank lines, skipped within the same budget
+    if not text and more:
+        raise BadRequest(f'log {name!r} is not an mjai log: its first {FIRST_LINE_LIMIT} bytes are blank lines '
+                         f'(the server looks for the start_game line within that many bytes)')
     end = text.find(b'\n')
     if end < 0 and more:
-        raise BadRequest(f'log {name!r} is not an mjai log: no line ends within its first {FIRST_LINE_LIMIT} bytes')
+        after = f' after {skipped} bytes of leading blank lines' if skipped else ''
+        raise BadRequest(f'log {name!r} is not an mjai log: its first line{after} does not end within its first '
+                         f'{FIRST_LINE_LIMIT} bytes')
     line = text if end < 0 else text[:end]
     try:
         event = json.loads(line)
@@ -450,6 +468,14 @@ class Handler(BaseRequestHandler):
                                       deadline=time.monotonic() + min(srv.header_timeout, srv.timeout))
         except wire.PeerClosed:
             return
+        except wire.FrameTooLarge as ex:
+            logger.warning('closing connection from %s: %s', peer, ex)
+            if ex.header.authentic(srv.token):  # tell an authentic sender why, or it retries the frame forever
+                reason = (f'frame of {ex.header.length} bytes exceeds the server\'s [online.server] max_frame_bytes '
+                          f'= {ex.limit}')
+                self._reply(sock, peer, {'status': wire.STATUS_BAD_REQUEST, 'reason': reason})
+                wire.discard(sock, ex.header.length, deadline=time.monotonic() + min(DISCARD_SECONDS, srv.timeout))
+            return
         except wire.ProtocolError as ex:
             logger.warning('closing connection from %s: %s', peer, ex)
             return
@@ -463,13 +489,18 @@ class Handler(BaseRequestHandler):
             wire.discard(sock, header.length, deadline=time.monotonic() + min(DISCARD_SECONDS, srv.timeout))
             return
         self._leave_header_phase(srv)
-        if not srv.inflight.acquire(header.length, srv.timeout):
+        # Small frames (get_param, drain, ...) have a budget of their own: they never wait behind big uploads.
+        budget = srv.small_inflight if header.length <= SMALL_FRAME_BYTES else srv.inflight
+        if not budget.acquire(header.length, srv.timeout):
             logger.warning('closing connection from %s: its %d payload bytes did not fit in max_inflight_bytes = %d '
-                           'within %.0f s', peer, header.length, srv.inflight.limit, srv.timeout)
+                           'within %.0f s', peer, header.length, budget.limit, srv.timeout)
             return
         try:
             try:
-                msg = wire.recv_payload(sock, header)
+                # the whole payload must arrive at payload_min_bytes_per_s: a trickling sender cannot hold its
+                # share of the budget for long
+                deadline = time.monotonic() + srv.payload_seconds(header.length)
+                msg = wire.recv_payload(sock, header, deadline=deadline)
             except wire.ProtocolError as ex:
                 logger.warning('closing connection from %s: %s', peer, ex)
                 return
@@ -479,7 +510,7 @@ class Handler(BaseRequestHandler):
             reply = self._dispatch(srv, peer, msg)
             del msg  # free the payload before the budget is given back
         finally:
-            srv.inflight.release(header.length)
+            budget.release(header.length)
         self._reply(sock, peer, reply)
 
     @staticmethod
@@ -506,7 +537,9 @@ class ParamServer(ThreadingTCPServer):
     token: shared secret (None = none, loopback only); max_frame_size: largest payload, bytes; timeout: seconds
     of socket silence; max_pending: connections allowed to be sending their header at once (more are closed at
     once); max_inflight_bytes: payload bytes read or being handled at once over all connections (None or 0 =
-    max_frame_size; ValueError when below it); header_timeout: seconds for a whole header to arrive.
+    max_frame_size; ValueError when below it); header_timeout: seconds for a whole header to arrive;
+    payload_min_rate: bytes/s a payload must average (it is closed after ``payload_seconds(length)``). Payloads
+    of at most ``SMALL_FRAME_BYTES`` are read within a separate budget of ``SMALL_INFLIGHT_BYTES``.
     """
 
     allow_reuse_address = True
@@ -516,8 +549,10 @@ class ParamServer(ThreadingTCPServer):
     def __init__(self, address, store: ReplayStore, *, token: Optional[str] = None,
                  max_frame_size: int = wire.DEFAULT_MAX_FRAME_SIZE, timeout: float = wire.DEFAULT_TIMEOUT,
                  max_pending: int = DEFAULT_MAX_PENDING, max_inflight_bytes: Optional[int] = None,
-                 header_timeout: float = wire.HEADER_TIMEOUT):
+                 header_timeout: float = wire.HEADER_TIMEOUT, payload_min_rate: int = DEFAULT_PAYLOAD_MIN_RATE):
         check_bind_security(address[0], token)
+        if payload_min_rate < 1:
+            raise ValueError(f'[online.server] payload_min_bytes_per_s = {payload_min_rate} must be at least 1')
         if max_inflight_bytes and max_inflight_bytes < max_frame_size:
             raise ValueError(f'[online.server] max_inflight_bytes = {max_inflight_bytes} must be 0 or at least '
                              f'max_frame_bytes = {max_frame_size} (a largest frame must fit)')
@@ -530,10 +565,17 @@ class ParamServer(ThreadingTCPServer):
         self.header_timeout = header_timeout
         self.max_pending = int(max_pending)
         self.inflight = ByteBudget(max_inflight_bytes or max_frame_size)
+        self.small_inflight = ByteBudget(SMALL_INFLIGHT_BYTES)
+        self.payload_min_rate = int(payload_min_rate)
         self.pending = 0  # connections in their header phase (pending_lock)
         self.refused = 0  # connections closed for want of a slot since the last "accepting again" (pending_lock)
         self.pending_lock = threading.Lock()
         super().__init__(address, Handler)
+
+    def payload_seconds(self, length: int) -> float:
+        """Seconds allowed for a whole payload of ``length`` bytes to arrive: ``PAYLOAD_MIN_SECONDS`` plus its
+        length at ``payload_min_rate`` bytes/s."""
+        return PAYLOAD_MIN_SECONDS + length / self.payload_min_rate
 
     def process_request(self, request, client_address):
         """Start a handler thread, or close the connection at once when ``max_pending`` connections are still
@@ -587,18 +629,39 @@ def check_bind_security(host: str, token: Optional[str]) -> None:
             'set (a shared secret that clients and the trainer send with every request)')
 
 
+class ServerStartError(RuntimeError):
+    """The server cannot listen on its address (e.g. the port is taken by a server already running with this
+    config); raised before anything on disk is touched."""
+
+
 def build_server(config: dict, *, host: Optional[str] = None, port: Optional[int] = None) -> ParamServer:
-    """Create the store from ``[online.server]``, clear its dirs and bind to ``[online.remote]`` (or host/port)."""
+    """Create the store from ``[online.server]``, bind to ``[online.remote]`` (or host/port), then clear the dirs.
+
+    Binding comes first: a second server started with the same config must fail on the busy port before it
+    wipes the buffer of the one already running. Raises ServerStartError (the address cannot be bound),
+    ValueError (unsafe bind, bad limits), OSError (the dirs cannot be recreated)."""
     cfg = config['online']['server']
     remote = wire.Remote.from_config(config)
     store = ReplayStore(cfg['buffer_dir'], cfg['drain_dir'], cfg['capacity'], cfg.get('force_sequential', False))
     address = (remote.host if host is None else host, remote.port if port is None else port)
     check_bind_security(address[0], remote.token)
-    store.reset_dirs()
-    return ParamServer(address, store, token=remote.token, max_frame_size=remote.max_frame_size,
-                       timeout=remote.timeout,
-                       max_pending=int(cfg.get('max_pending_connections', DEFAULT_MAX_PENDING)),
-                       max_inflight_bytes=int(cfg.get('max_inflight_bytes', 0)))
+    try:
+        server = ParamServer(address, store, token=remote.token, max_frame_size=remote.max_frame_size,
+                             timeout=remote.timeout,
+                             max_pending=int(cfg.get('max_pending_connections', DEFAULT_MAX_PENDING)),
+                             max_inflight_bytes=int(cfg.get('max_inflight_bytes', 0)),
+                             payload_min_rate=int(cfg.get('payload_min_bytes_per_s', DEFAULT_PAYLOAD_MIN_RATE)))
+    except OSError as ex:
+        hint = (' (is a server with this config already running? its buffer_dir and drain_dir were left alone)'
+                if ex.errno == errno.EADDRINUSE else '')
+        raise ServerStartError(f'cannot listen on {address[0]}:{address[1]} ([online.remote] host/port): '
+                               f'{ex.strerror or ex}{hint}') from None
+    try:
+        store.reset_dirs()
+    except BaseException:
+        server.server_close()
+        raise
+    return server
 
 
 def main(argv=None):
@@ -610,7 +673,11 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
     from mortal.config import SERVER_SECTIONS, load_config_or_exit
     config = load_config_or_exit(args.config, required=SERVER_SECTIONS)
-    server = build_server(config)
+    try:
+        server = build_server(config)
+    except ServerStartError as ex:
+        logger.error('%s', ex)  # one line, no traceback: nothing was started or touched
+        raise SystemExit(2) from None
     with server:
         host, port = server.server_address[:2]
         logger.info('listening on %s:%d (capacity %d, force_sequential %s)', host, port,

@@ -78,6 +78,16 @@ class PeerClosed(ProtocolError):
     """The peer closed the connection before sending any byte of a frame (not an error by itself)."""
 
 
+class FrameTooLarge(ProtocolError):
+    """A well-formed header whose payload length exceeds the receiver's limit; ``header`` is the decoded header
+    (so that a server can check its MAC and tell an authentic sender why, instead of just closing)."""
+
+    def __init__(self, message: str, header: 'FrameHeader', limit: int):
+        super().__init__(message)
+        self.header = header
+        self.limit = limit
+
+
 class RequestRefused(Exception):
     """The server answered with a non-'ok' status that the caller cannot wait out (e.g. 'unauthorized')."""
 
@@ -129,12 +139,15 @@ def decode_prefix(prefix: bytes) -> None:
 
 def decode_header(header: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> FrameHeader:
     """Check a 78-byte frame header (magic, version, length <= ``max_frame_size`` bytes) and return it decoded;
-    ProtocolError when invalid. The MAC is not checked here (``FrameHeader.authentic``)."""
+    ProtocolError when invalid (FrameTooLarge for a length above the limit). The MAC is not checked here
+    (``FrameHeader.authentic``)."""
     decode_prefix(header[:PREFIX.size])
     length, digest, mac = REST.unpack(header[PREFIX.size:])
+    decoded = FrameHeader(length, digest, mac, header[:-MAC_SIZE])
     if length > max_frame_size:
-        raise ProtocolError(f'frame of {length} bytes exceeds the limit of {max_frame_size} bytes')
-    return FrameHeader(length, digest, mac, header[:-MAC_SIZE])
+        raise FrameTooLarge(f'frame of {length} bytes exceeds the limit of {max_frame_size} bytes', decoded,
+                            max_frame_size)
+    return decoded
 
 
 def decode_payload(payload: bytes) -> dict:
@@ -205,13 +218,17 @@ def recv_header(sock: socket.socket, max_frame_size: int = DEFAULT_MAX_FRAME_SIZ
     return decode_header(prefix + rest, max_frame_size)
 
 
-def recv_payload(sock: socket.socket, header: FrameHeader) -> dict:
+def recv_payload(sock: socket.socket, header: FrameHeader, *, deadline: Optional[float] = None) -> dict:
     """Read the payload announced by ``header``, check its digest and decode it (``decode_payload``).
 
-    Raises ProtocolError (truncated, digest mismatch, undecodable), socket.timeout/OSError from the socket.
+    ``deadline`` (a ``time.monotonic()`` value): the whole payload must have arrived by then, however slowly
+    its bytes trickle in (None: only the socket's per-recv timeout applies).
+    Raises ProtocolError (truncated, not complete by ``deadline``, digest mismatch, undecodable),
+    socket.timeout/OSError from the socket.
     """
     hasher = hashlib.sha256()
-    payload = _recv_exact(sock, header.length, what='payload', into=bytearray(), hasher=hasher)
+    payload = _recv_exact(sock, header.length, what='payload', into=bytearray(), hasher=hasher,
+                          deadline=deadline)
     if not hmac.compare_digest(hasher.digest(), header.digest):
         raise ProtocolError('payload does not match the SHA-256 digest in its header (corrupted in transit?)')
     return decode_payload(payload)

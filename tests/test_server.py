@@ -299,7 +299,13 @@ def test_malformed_frames_close_that_connection_only(running, caplog, data, reas
     with socket.create_connection(('127.0.0.1', running.port), timeout=5) as slow:
         slow.sendall(frame(msgpack.packb({'type': 'drain'}))[:10])
         with caplog.at_level(logging.WARNING, logger='mortal.server'):
-            assert running.raw(data) == b''
+            answer = running.raw(data)
+        if reason == 'exceeds the limit':  # authentic (no token here): told why before the close
+            reply = wire.decode_payload(answer[wire.HEADER_SIZE:])
+            assert reply == {'status': 'bad request', 'reason': f'frame of {MAX_FRAME + 1} bytes exceeds the '
+                             f"server's [online.server] max_frame_bytes = {MAX_FRAME}"}
+        else:
+            assert answer == b''
         assert get_param(running) == {'status': 'empty param'}
         slow.sendall(frame(msgpack.packb({'type': 'drain'}))[10:])
         reply = wire.recv_msg(slow)
@@ -531,7 +537,7 @@ def test_cross_device_move_never_leaves_a_log_in_both_places(tmp_path, monkeypat
     (gzip.compress(b'[1, 2]\n'), 'first event is None'),
     (gzip.compress(b'\xff\xfe\n'), 'first line is not JSON'),
     (b'\x1f\x8b' + b'\x00' * 20, 'corrupt gzip data'),
-    (gzip.compress(b'{' + b' ' * (10 << 20)), 'no line ends within its first 65536 bytes'),  # a small bomb
+    (gzip.compress(b'{' + b' ' * (10 << 20)), 'its first line does not end within its first 65536 bytes'),  # bomb
     (b'', 'first line is not JSON'),
 ], ids=['plain-text', 'gz-text', 'gz-start_kyoku', 'gz-list', 'gz-not-utf8', 'corrupt-gz', 'gz-bomb', 'empty'])
 def test_non_mjai_logs_are_refused_and_nothing_is_stored(running, content, reason):
@@ -636,9 +642,12 @@ def test_payloads_in_flight_share_one_byte_budget(tmp_path):
                 socket.create_connection(('127.0.0.1', r.port), timeout=5) as b:
             a.sendall(big[:wire.HEADER_SIZE + 1000])  # holds nearly the whole budget while it sends
             wait_until(lambda: r.server.inflight.used == length)
-            b.sendall(frame(msgpack.packb({'type': 'get_param', 'param_version': -1})))
+            # a payload above SMALL_FRAME_BYTES waits for the budget; a small one has a share of its own
+            b.sendall(frame(msgpack.packb({'type': 'get_param', 'param_version': -1,
+                                           'pad': b'x' * srv.SMALL_FRAME_BYTES})))
             with pytest.raises(socket.timeout):
                 read_reply(b, 0.5)  # waits for the budget
+            assert get_param(r) == {'status': 'empty param'}
             a.sendall(big[wire.HEADER_SIZE + 1000:])
             assert read_reply(a, 5) == {'status': 'empty param'}
             assert read_reply(b, 5) == {'status': 'empty param'}
