@@ -227,9 +227,12 @@ def evaluate_arm(out, arm, *, eval_sets, curve_sets, rulebase_sets, workers, key
         curve.append(point)
         log(f'[{arm}] curve step {point["step"]}: {fmt(point)}')
     res['curve'] = curve
+    if os.path.exists(models['best']):
+        res['best_step'] = checkpoint_steps(models['best']) - checkpoint_steps(start_file)
     if rulebase_sets:
         ref_rb = start_units('rulebase', rulebase_sets)
-        res['vs_rulebase'] = {'start': summarize(ref_rb, ref_rb)}
+        res['vs_rulebase'] = {'start': summarize(ref_rb)}
+        log(f'[{arm}] start vs 3x rulebase: {fmt(res["vs_rulebase"]["start"])}')
         t = time.monotonic()
         units = play_units(('mortal', str(arm_dir / 'final.pth')), ('rulebase', None), sets=rulebase_sets,
                            key=key, workers=workers, chunk=2)
@@ -259,37 +262,44 @@ def read_diag(arm_dir):
 # ---------------------------------------------------------------------------- report
 
 def report(out, log):
-    """Print one row per arm and write ``OUT/learning_curve.png``."""
+    """Print one Markdown row per arm (stdout, no timestamps) and write ``OUT/learning_curve.png``."""
+    table = lambda line: print(line, flush=True)  # noqa: E731
     rows = []
     for res_path in sorted(pathlib.Path(out, 'arms').glob('*/result.json')):
         res = json.loads(res_path.read_text())
         rows.append((res_path.parent.name, res))
-    log('| arm | changes | steps | best vs 3x start | final vs 3x start | final vs 3 RulebaseBots (paired to start) |')
-    log('|---|---|---|---|---|---|')
+    table('| arm | changes | steps | best vs 3x start | final vs 3x start | final vs 3 RulebaseBots (paired to start) |')
+    table('|---|---|---|---|---|---|')
     for arm, res in rows:
         vs = res.get('vs_start', {})
         rb = res.get('vs_rulebase', {})
         cell = lambda s: fmt(s) if s else '-'  # noqa: E731
         changes = ', '.join(f'{k}={v}' for k, v in res.get('sets', [])) or 'none'
-        log(f"| {arm} | {changes} | {res.get('steps', '-')} | {cell(vs.get('best'))} | {cell(vs.get('final'))} | "
-            f"{cell(rb.get('final'))} |")
+        table(f"| {arm} | {changes} | {res.get('steps', '-')} | {cell(vs.get('best'))} | {cell(vs.get('final'))} | "
+              f"{cell(rb.get('final'))} |")
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 4.5))
+    ci = lambda p: 0 if math.isnan(p['avg_rank_ci']) else p['avg_rank_ci']  # noqa: E731
     for arm, res in rows:
         pts = [{'step': 0, 'avg_rank': 2.5, 'avg_rank_ci': 0.0}] + res.get('curve', [])
-        if 'final' in res.get('vs_start', {}):
-            pts.append({'step': res.get('steps', 0), **res['vs_start']['final']})
-        ax.errorbar([p['step'] for p in pts], [p['avg_rank'] for p in pts],
-                    yerr=[0 if math.isnan(p['avg_rank_ci']) else p['avg_rank_ci'] for p in pts],
-                    marker='o', capsize=3, label=arm)
+        line = ax.errorbar([p['step'] for p in pts], [p['avg_rank'] for p in pts], yerr=[ci(p) for p in pts],
+                           marker='o', ms=4, capsize=3, label=f'{arm} (snapshots)')
+        color = line[0].get_color()
+        vs = res.get('vs_start', {})
+        if 'final' in vs:  # the full evaluation, drawn apart from the snapshot of the same step
+            ax.errorbar([res.get('steps', 0)], [vs['final']['avg_rank']], yerr=[ci(vs['final'])], color=color,
+                        marker='*', ms=11, capsize=4, ls='none')
+        if 'best' in vs and 'best_step' in res:
+            ax.errorbar([res['best_step']], [vs['best']['avg_rank']], yerr=[ci(vs['best'])], color=color,
+                        marker='D', ms=6, capsize=4, ls='none', mfc='none')
     ax.axhline(2.5, color='grey', lw=0.8, ls='--')
     ax.set_xlabel('online steps')
     ax.set_ylabel('avg rank vs 3x start (lower is better)')
     ax.invert_yaxis()
     ax.legend(fontsize=8)
-    ax.set_title('Online learning: challenger vs 3x the start model, 95% CI over duplicate deals')
+    ax.set_title('vs 3x the start model, 95% CI over deals; * final, ◇ best.pth (full evaluation)', fontsize=10)
     png = pathlib.Path(out, 'learning_curve.png')
     fig.tight_layout()
     fig.savefig(png, dpi=110)
@@ -300,12 +310,14 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--out', default='work/learning', help='benchmark dir (default: %(default)s)')
     sub = parser.add_subparsers(dest='cmd', required=True)
-    p = sub.add_parser('start', help='bootstrap the start point')
+    p = sub.add_parser('start', help='bootstrap the start point into OUT/start')
     p.add_argument('--version', type=int, choices=(3, 4), default=3)
     p.add_argument('--games', type=int, default=96, help='rule-based training hanchan (multiple of 4)')
     p.add_argument('--grp-games', type=int, default=0, help='extra rule-based hanchan for the GRP only')
+    helps = {'run': 'train one arm with the real processes, then evaluate it',
+             'eval': "(re)evaluate an arm's start/best/final/snapshots"}
     for name in ('run', 'eval'):
-        p = sub.add_parser(name)
+        p = sub.add_parser(name, help=helps[name])
         p.add_argument('arm')
         p.add_argument('--eval-sets', type=int, default=400, help='deals vs 3x start (4 games each)')
         p.add_argument('--curve-sets', type=int, default=100, help='deals per curve point')
@@ -316,8 +328,10 @@ def main(argv=None):
             p.add_argument('--set', action='append', default=[], metavar='SECTION.KEY=VALUE')
             p.add_argument('--steps', type=int, default=0, help='stop after this many online steps')
             p.add_argument('--minutes', type=float, default=0, help='stop after this many minutes online')
-            p.add_argument('--snapshot-every', type=int, default=500)
-    sub.add_parser('report')
+            p.add_argument('--snapshot-every', type=int, default=500,
+                           help='copy state_file every N steps for the curve (best effort: the checkpoint is '
+                                'looked at every 5 s; 0 = none)')
+    sub.add_parser('report', help='Markdown table of every arm and OUT/learning_curve.png')
     args = parser.parse_args(argv)
     os.environ.pop('RUST_BACKTRACE', None)
     os.environ.setdefault('OMP_NUM_THREADS', '1')

@@ -173,7 +173,7 @@ _ENGINE_1V3 = {
 SCHEMA: dict[str, dict[str, Key]] = {
     'control': {
         'version': Key('int', 'model/feature version (1-4); 4 adds the single-player block (mortal.obs_v4)', check=_version),
-        'online': Key('bool', 'online training: replays come from the server, no CQL term'),
+        'online': Key('bool', 'online training: replays come from the server, no CQL term (unless [cql] online_min_q_weight)'),
         'state_file': Key('str', 'trainer checkpoint (read at start, written every save_every steps)'),
         'best_state_file': Key('str', 'copy of the checkpoint with the best test-play result'),
         'tensorboard_dir': Key('str', 'TensorBoard event directory'),

@@ -414,7 +414,9 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
 
     evaluation = {}
     if eval_sets:
+        t2 = time.monotonic()
         evaluation = evaluate_against_start(config, eval_sets)
+        timings['eval'] = time.monotonic() - t2
 
     plots = work / 'plots'
     subprocess.run([sys.executable, str(ROOT / 'scripts' / 'plot_tb.py'), tb_dir, '--out', str(plots)],
