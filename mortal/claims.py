@@ -29,6 +29,8 @@ import os
 import stat
 from os import path
 
+from mortal.fsutil import fsync_dir
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["MANIFEST", "ClaimLedger"]
@@ -205,16 +207,7 @@ class ClaimLedger:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
-        try:
-            fd = os.open(self.claim_dir, os.O_RDONLY)
-        except OSError:
-            return
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        fsync_dir(self.claim_dir)
 
     # -- claims ----------------------------------------------------------------------------------------------
 

@@ -62,6 +62,7 @@ from torch import nn, optim
 from torch.optim.lr_scheduler import LambdaLR
 
 from mortal import wire
+from mortal.fsutil import fsync_dir
 from mortal.diagnostics import Probe, WindowMeans, batch_q_stats
 from mortal.loss import anchor_term, cql_term
 
@@ -171,7 +172,7 @@ def atomic_torch_save(obj, filename: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, filename)
-    _fsync_dir(path.dirname(filename))
+    fsync_dir(path.dirname(filename))
 
 
 def atomic_copy(src: str, dst: str) -> None:
@@ -183,20 +184,7 @@ def atomic_copy(src: str, dst: str) -> None:
     with open(tmp, 'rb+') as f:
         os.fsync(f.fileno())
     os.replace(tmp, dst)
-    _fsync_dir(path.dirname(dst))
-
-
-def _fsync_dir(dirname: str) -> None:
-    try:
-        fd = os.open(dirname, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    fsync_dir(path.dirname(dst))
 
 
 def played_checkpoint(state: dict) -> dict:
