@@ -223,3 +223,20 @@ def test_ema_is_what_gets_published_test_played_and_kept_as_best(tiny_config, mo
     state = torch.load(config['control']['state_file'], weights_only=True)
     assert torch.equal(state['mortal'][first], trainer.mortal.state_dict()[first])  # raw, for resuming
     assert torch.equal(state['ema_mortal'][first], trainer.ema[0].state_dict()[first])
+
+
+def test_summarize_pairs_deals_by_nonce():
+    from mortal.evaluation import format_summary, summarize
+    units = {11: [1, 2, 3, 4], 10: [1, 1, 2, 2]}
+    ref = {10: [4, 4, 4, 4], 11: [2, 2, 3, 3]}
+    s = summarize(units, ref)
+    # per-deal mean ranks: nonce 10: 1.5 vs 4.0, nonce 11: 2.5 vs 2.5 -> diffs -2.5, 0
+    assert s['deals'] == 2 and s['games'] == 8
+    assert s['avg_rank'] == pytest.approx(2.0)
+    assert s['paired_diff'] == pytest.approx(-1.25)
+    assert s['paired_diff_ci'] == pytest.approx(1.959963984540054 * math.sqrt(2 * 1.25 ** 2) / math.sqrt(2))
+    # display pts 90/45/0/-135: nonce 10 -> (90+90+45+45)/4 = 67.5, nonce 11 -> 0
+    assert s['avg_pt'] == pytest.approx(33.75)
+    assert format_summary(s).startswith('2.000 ± ') and format_summary(s).endswith('(8 games)')
+    with pytest.raises(KeyError):
+        summarize(units, {10: [1, 1, 1, 1]})
