@@ -149,34 +149,44 @@ class Probe:
         return cls(obs, masks, ranks)
 
     @torch.no_grad()
-    def greedy(self, brain, dqn, device, batch: int = 512) -> Tensor:
-        """Greedy actions ``(N,)`` int64 of ``brain``/``dqn`` (put in eval mode for the call, mode restored)."""
-        with _eval_mode(brain, dqn):
-            out = []
+    def _pass(self, brain, dqn, aux_net, device, batch: int = 512):
+        """One pass over the probe in eval mode (modes restored): ``(greedy (N,) int64 or None, mean next-rank
+        cross entropy in nats or None)``, each only for the heads given."""
+        heads = [m for m in (dqn, aux_net) if m is not None]
+        with _eval_mode(brain, *heads):
+            greedy, total = [], 0.0
             for i in range(0, len(self), batch):
-                obs = self.obs[i:i + batch].to(device)
-                masks = self.masks[i:i + batch].to(device)
-                out.append(dqn(brain(obs), masks).argmax(-1).cpu())
-            return torch.cat(out)
+                phi = brain(self.obs[i:i + batch].to(device))
+                if dqn is not None:
+                    greedy.append(dqn(phi, self.masks[i:i + batch].to(device)).argmax(-1).cpu())
+                if aux_net is not None:
+                    logits, = aux_net(phi)
+                    total += torch.nn.functional.cross_entropy(
+                        logits.float(), self.ranks[i:i + batch].to(device), reduction='sum').item()
+        return (torch.cat(greedy) if dqn is not None else None,
+                total / len(self) if aux_net is not None else None)
+
+    def greedy(self, brain, dqn, device) -> Tensor:
+        """Greedy actions ``(N,)`` int64 of ``brain``/``dqn`` (put in eval mode for the call, mode restored)."""
+        return self._pass(brain, dqn, None, device)[0]
 
     def set_baseline(self, brain, dqn, device) -> None:
         """Record the reference (baseline) greedy actions that ``drift`` compares against."""
         self.baseline_greedy = self.greedy(brain, dqn, device)
 
+    def measure(self, brain, dqn, aux_net, device) -> tuple:
+        """``(drift, next_rank_loss)`` of one model in a single pass over the probe (see ``drift`` and
+        ``next_rank_loss``). Raises RuntimeError before ``set_baseline``."""
+        if self.baseline_greedy is None:
+            raise RuntimeError('Probe.drift needs set_baseline first')
+        greedy, loss = self._pass(brain, dqn, aux_net, device)
+        return (greedy != self.baseline_greedy).float().mean().item(), loss
+
     def drift(self, brain, dqn, device) -> float:
         """Fraction of probe positions whose greedy action differs from the baseline's (0..1).
         Raises RuntimeError before ``set_baseline``."""
-        if self.baseline_greedy is None:
-            raise RuntimeError('Probe.drift needs set_baseline first')
-        return (self.greedy(brain, dqn, device) != self.baseline_greedy).float().mean().item()
+        return self.measure(brain, dqn, None, device)[0]
 
-    @torch.no_grad()
-    def next_rank_loss(self, brain, aux_net, device, batch: int = 512) -> float:
+    def next_rank_loss(self, brain, aux_net, device) -> float:
         """Mean next-rank cross entropy (nats) of ``aux_net(brain(obs))`` on the probe (eval mode for the call)."""
-        with _eval_mode(brain, aux_net):
-            total = 0.0
-            for i in range(0, len(self), batch):
-                logits, = aux_net(brain(self.obs[i:i + batch].to(device)))
-                total += torch.nn.functional.cross_entropy(
-                    logits.float(), self.ranks[i:i + batch].to(device), reduction='sum').item()
-            return total / len(self)
+        return self._pass(brain, None, aux_net, device)[1]

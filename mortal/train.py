@@ -713,9 +713,13 @@ class Trainer:
             self.writer.add_scalar(f'diag/{key}', value, self.steps)
         self.diag.reset()
         if self.probe is not None:
-            self.writer.add_scalar('diag/policy_drift', self.probe.drift(*self.played(), self.device), self.steps)
-            self.writer.add_scalar('diag/next_rank_loss_probe',
-                                   self.probe.next_rank_loss(self.mortal, self.aux_net, self.device), self.steps)
+            if self.ema is None:  # the played model is the trained one: one pass over the probe gives both
+                drift, loss = self.probe.measure(self.mortal, self.dqn, self.aux_net, self.device)
+            else:  # drift of the published EMA; the next-rank head belongs to the trained weights
+                drift = self.probe.drift(*self.ema, self.device)
+                loss = self.probe.next_rank_loss(self.mortal, self.aux_net, self.device)
+            self.writer.add_scalar('diag/policy_drift', drift, self.steps)
+            self.writer.add_scalar('diag/next_rank_loss_probe', loss, self.steps)
 
     # -- learning --------------------------------------------------------------------------------------------
 
