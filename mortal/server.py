@@ -72,6 +72,14 @@ SMALL_FRAME_BYTES = 64 * 1024
 SMALL_INFLIGHT_BYTES = 8 * 1024 * 1024
 
 
+def _log_closing(peer, ex) -> None:
+    """One warning for a connection closed on a bad frame (the protocol's reason) or a socket error (its type)."""
+    if isinstance(ex, wire.ProtocolError):
+        logger.warning('closing connection from %s: %s', peer, ex)
+    else:
+        logger.warning('closing connection from %s: %s: %s', peer, type(ex).__name__, ex)
+
+
 class BadRequest(ValueError):
     """A well-formed frame whose content is not a valid request (wrong field type, unsafe file name, ...)."""
 
@@ -476,11 +484,8 @@ class Handler(BaseRequestHandler):
                 self._reply(sock, peer, {'status': wire.STATUS_BAD_REQUEST, 'reason': reason})
                 wire.discard(sock, ex.header.length, deadline=time.monotonic() + min(DISCARD_SECONDS, srv.timeout))
             return
-        except wire.ProtocolError as ex:
-            logger.warning('closing connection from %s: %s', peer, ex)
-            return
-        except OSError as ex:
-            logger.warning('closing connection from %s: %s: %s', peer, type(ex).__name__, ex)
+        except (wire.ProtocolError, OSError) as ex:
+            _log_closing(peer, ex)
             return
         if not header.authentic(srv.token):
             logger.warning('closing connection from %s: missing or wrong token', peer)
@@ -501,11 +506,8 @@ class Handler(BaseRequestHandler):
                 # share of the budget for long
                 deadline = time.monotonic() + srv.payload_seconds(header.length)
                 msg = wire.recv_payload(sock, header, deadline=deadline)
-            except wire.ProtocolError as ex:
-                logger.warning('closing connection from %s: %s', peer, ex)
-                return
-            except OSError as ex:
-                logger.warning('closing connection from %s: %s: %s', peer, type(ex).__name__, ex)
+            except (wire.ProtocolError, OSError) as ex:
+                _log_closing(peer, ex)
                 return
             reply = self._dispatch(srv, peer, msg)
             del msg  # free the payload before the budget is given back
