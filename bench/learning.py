@@ -119,8 +119,12 @@ def checkpoint_steps(state_file):
         return None
 
 
-def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log):
-    """Train one arm with the real three processes; returns ``{'steps': trained, 'seconds': online time}``."""
+def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes=()):
+    """Train one arm with the real three processes; returns ``{'steps': trained, 'seconds': online time}``.
+
+    At each of ``mark_minutes`` (minutes online) ``best.pth`` and the played ``state_file`` are kept as
+    ``marks/best_MMMm.pth`` / ``marks/final_MMMm.pth``; ``eval`` plays them like best/final (e.g. the model at 30
+    minutes of a 2-hour run)."""
     import torch
     from mortal.config import load_config
     from mortal.quickstart import _wait_port, free_port, keep_running, start as start_proc, stop
@@ -132,6 +136,8 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log):
         shutil.rmtree(arm_dir)
     (arm_dir / 'online').mkdir(parents=True)
     (arm_dir / 'snapshots').mkdir()
+    (arm_dir / 'marks').mkdir()
+    marks = sorted(float(m) for m in mark_minutes)
     cfg_path, cfg = arm_config(start, arm_dir, sets, free_port())
     load_config(cfg_path)  # fail early, naming the bad key
     # Trainee and baseline both start as the bootstrap model (the start dir's own mortal.pth may have trained).
@@ -162,6 +168,14 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log):
                         shutil.copyfile(state_file, arm_dir / 'snapshots' / f'step_{trained:06d}.pth')
                         next_snap = (trained // snapshot_every + 1) * snapshot_every
             elapsed = time.monotonic() - t0
+            while marks and elapsed >= marks[0] * 60:
+                tag = f'{marks.pop(0):03.0f}m'
+                best_file = arm_dir / 'online' / 'best.pth'
+                if best_file.exists():
+                    shutil.copyfile(best_file, arm_dir / 'marks' / f'best_{tag}.pth')
+                torch.save(played_checkpoint(torch.load(state_file, weights_only=True, map_location='cpu')),
+                           arm_dir / 'marks' / f'final_{tag}.pth')
+                log(f'[{arm}] mark {tag}: {trained} steps')
             if (steps and trained >= steps) or (minutes and elapsed >= minutes * 60):
                 break
     finally:
@@ -207,6 +221,9 @@ def evaluate_arm(out, arm, *, eval_sets, curve_sets, rulebase_sets, workers, key
 
     ref = start_units('self', eval_sets)
     models = {'start': start_file, 'best': str(arm_dir / 'online' / 'best.pth'), 'final': str(arm_dir / 'final.pth')}
+    for mark in sorted((arm_dir / 'marks').glob('*_*m.pth')):  # run --mark-minutes: e.g. best@030m
+        kind, tag = mark.stem.split('_')
+        models[f'{kind}@{tag}'] = str(mark)
     res['vs_start'] = {}
     for label, state_file in models.items():
         if not os.path.exists(state_file):
@@ -229,6 +246,8 @@ def evaluate_arm(out, arm, *, eval_sets, curve_sets, rulebase_sets, workers, key
     res['curve'] = curve
     if os.path.exists(models['best']):
         res['best_step'] = checkpoint_steps(models['best']) - checkpoint_steps(start_file)
+    res['mark_steps'] = {label: checkpoint_steps(f) - checkpoint_steps(start_file)
+                         for label, f in models.items() if '@' in label}
     if rulebase_sets:
         ref_rb = start_units('rulebase', rulebase_sets)
         res['vs_rulebase'] = {'start': summarize(ref_rb)}
@@ -328,6 +347,8 @@ def main(argv=None):
             p.add_argument('--set', action='append', default=[], metavar='SECTION.KEY=VALUE')
             p.add_argument('--steps', type=int, default=0, help='stop after this many online steps')
             p.add_argument('--minutes', type=float, default=0, help='stop after this many minutes online')
+            p.add_argument('--mark-minutes', type=float, action='append', default=[], metavar='M',
+                           help='keep best.pth and the state at M minutes online; evaluated like best/final')
             p.add_argument('--snapshot-every', type=int, default=500,
                            help='copy state_file every N steps for the curve (best effort: the checkpoint is '
                                 'looked at every 5 s; 0 = none)')
@@ -349,7 +370,7 @@ def main(argv=None):
         if not (args.steps or args.minutes):
             parser.error('run needs --steps or --minutes')
         info = run_arm(out, args.arm, sets=parse_sets(args.set), steps=args.steps, minutes=args.minutes,
-                       snapshot_every=args.snapshot_every, log=log)
+                       snapshot_every=args.snapshot_every, log=log, mark_minutes=args.mark_minutes)
         res_path = out / 'arms' / args.arm / 'result.json'
         res_path.write_text(json.dumps(info, indent=1))
     evaluate_arm(out, args.arm, eval_sets=args.eval_sets, curve_sets=args.curve_sets,

@@ -266,6 +266,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                  'default probe.pth beside [control] state_file)', default=_ABSENT),
         'probe_size': Key('int', 'extra: positions in the probe (0 = no probe)', default=2048,
                           check=_non_negative),
+        'offline_batch_size': Key('int', 'extra: offline samples of [dataset] appended to each online batch, '
+                                         'with the offline CQL term (0 = off, as Mortal)', default=0,
+                                  check=_non_negative),
         'ema_decay': Key('float', 'extra: publish, test-play and keep as best.pth an EMA of the weights with this '
                                   'decay per optimizer step (0 = off, as Mortal)', default=0.0,
                          check=lambda v: None if 0 <= v < 1 else 'must be within [0, 1)'),

@@ -46,7 +46,7 @@ PRESETS = {
 }
 
 # The online loss extras of the embedded config (docs/learning.md); config_online.toml keeps Mortal's (none).
-ONLINE_REMEDY = dict(anchor_weight=1.0, ema_decay=0.0)
+ONLINE_REMEDY = dict(anchor_weight=1.0, ema_decay=0.0, offline_batch_size=64)
 
 # Mortal's config layout; {work} is the absolute work dir, the rest comes from a preset.
 CONFIG_TEMPLATE = """\
@@ -137,6 +137,9 @@ enable_compile = false
 # online loss causes in this small model (docs/learning.md).
 anchor_weight = {anchor_weight}
 ema_decay = {ema_decay}
+# Not Mortal's default (0): 64 bootstrap samples ([dataset]) with the offline CQL loss join each online batch
+# (RLPD-style); where the gain of the online phase comes from is in docs/learning.md.
+offline_batch_size = {offline_batch_size}
 
 [online.remote]
 host = '127.0.0.1'

@@ -31,6 +31,10 @@ histograms ``q_predicted``/``q_target``, the ``test_play/*`` groups) plus data-h
 ``data/logs_per_drain``, ``data/samples_per_drain``, ``data/staleness_mean``/``data/staleness_max`` (parameter
 versions between the one a log was played with and the trainer's latest), ``data/wait_seconds`` (learner time
 spent waiting for a drain), ``data/samples_dropped`` (samples of claimed logs lost untrained; 0 expected).
+
+Extras, all off by default (Mortal): ``[cql] online_min_q_weight``/``calibrated``, ``[online] anchor_weight``,
+``ema_decay`` and ``offline_batch_size`` (offline rows of ``[dataset]`` mixed into each online batch, RLPD-style,
+with ``loss/offline_cql_loss``); see ``docs/learning.md``.
 """
 
 if __package__ in (None, ''):  # run as a script: python mortal/train.py
@@ -420,6 +424,8 @@ class Trainer:
         self.online_min_q_weight = config['cql'].get('online_min_q_weight', 0.0)
         self.calibrated_cql = config['cql'].get('calibrated', False)
         self.anchor_weight = config.get('online', {}).get('anchor_weight', 0.0) if self.online else 0.0
+        # RLPD-style mix: offline samples of [dataset] appended to each online batch (0 = off, Mortal)
+        self.offline_batch_size = config.get('online', {}).get('offline_batch_size', 0) if self.online else 0
         self.next_rank_weight = config['aux']['next_rank_weight']
         self.gamma = config['env']['gamma']
         self.max_grad_norm = config['optim']['max_grad_norm']
@@ -472,6 +478,7 @@ class Trainer:
         self.diag = WindowMeans()
         self.anchor = self._load_anchor() if self.anchor_weight > 0 else None
         self.probe = self._load_probe() if self.online else None
+        self.offline_stream = self.offline_batches() if self.offline_batch_size > 0 else None
         self.all_q = torch.zeros((self.save_every, self.batch_size), device=self.device)
         self.all_q_target = torch.zeros((self.save_every, self.batch_size), device=self.device)
         self.idx = 0
@@ -725,16 +732,26 @@ class Trainer:
 
     def reset_stats(self) -> None:
         """Zero the loss sums averaged into TensorBoard at each save."""
-        self.stats = {'dqn_loss': 0.0, 'cql_loss': 0.0, 'anchor_loss': 0.0, 'next_rank_loss': 0.0}
+        self.stats = {'dqn_loss': 0.0, 'cql_loss': 0.0, 'anchor_loss': 0.0, 'offline_cql_loss': 0.0,
+                      'next_rank_loss': 0.0}
 
     def train_batch(self, obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks) -> None:
         """One backward pass on a batch; optimizer step every ``opt_step_every`` global steps; submit/save/test.
 
         obs (B, C, 34) float32, actions (B,) int64, masks (B, 46) bool, steps_to_done (B,) int64,
         kyoku_rewards (B,) float64, player_ranks (B,) int64 in 0..3, B = batch_size.
+        With ``[online] offline_batch_size`` = O > 0, O offline rows from ``offline_batches`` are appended; they
+        share the MSE and next-rank terms and carry the offline CQL term (``[cql] min_q_weight``), while the
+        online extras (anchor, online CQL) and the instruments stay on the B online rows.
         Raises ValueError when an action is masked out; TestPlayDone (online) after a test play.
         """
         dev = self.device
+        n = obs.shape[0]  # online (or, offline, all) rows
+        if self.offline_stream is not None:
+            extra = next(self.offline_stream)
+            obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks = (
+                torch.cat((a, b.to(a.dtype))) for a, b in zip(
+                    (obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks), extra))
         obs = obs.to(dtype=torch.float32, device=dev)
         actions = actions.to(dtype=torch.int64, device=dev)
         masks = masks.to(dtype=torch.bool, device=dev)
@@ -746,6 +763,7 @@ class Trainer:
             raise ValueError('a training sample has an action outside its legal mask')
 
         q_target = (self.gamma ** steps_to_done * kyoku_rewards).to(torch.float32)
+        mixed = obs.shape[0] > n
         with torch.autocast(dev.type, enabled=self.enable_amp):
             phi = self.mortal(obs)
             q_out = self.dqn(phi, masks)
@@ -754,16 +772,19 @@ class Trainer:
             cql_weight = self.online_min_q_weight if self.online else self.min_q_weight
             cql_loss = 0
             if not self.online or cql_weight > 0:
-                cql_loss = cql_term(q_out, actions, q_target, calibrated=self.calibrated_cql)
+                cql_loss = cql_term(q_out[:n], actions[:n], q_target[:n], calibrated=self.calibrated_cql)
+            offline_cql_loss = 0
+            if mixed:
+                offline_cql_loss = cql_term(q_out[n:], actions[n:], q_target[n:], calibrated=self.calibrated_cql)
             anchor_loss = 0
             if self.anchor is not None:
                 with torch.no_grad():
-                    q_ref = self.anchor[1](self.anchor[0](obs), masks)
-                anchor_loss = anchor_term(q_out, q_ref, masks, actions)
+                    q_ref = self.anchor[1](self.anchor[0](obs[:n]), masks[:n])
+                anchor_loss = anchor_term(q_out[:n], q_ref, masks[:n], actions[:n])
             next_rank_logits, = self.aux_net(phi)
             next_rank_loss = self.ce(next_rank_logits.float(), player_ranks)
             loss = (dqn_loss + cql_loss * cql_weight + anchor_loss * self.anchor_weight
-                    + next_rank_loss * self.next_rank_weight)
+                    + offline_cql_loss * self.min_q_weight + next_rank_loss * self.next_rank_weight)
         self.scaler.scale(loss / self.opt_step_every).backward()
 
         with torch.no_grad():
@@ -772,11 +793,13 @@ class Trainer:
                 self.stats['cql_loss'] += cql_loss.item()
             if self.anchor is not None:
                 self.stats['anchor_loss'] += anchor_loss.item()
+            if mixed:
+                self.stats['offline_cql_loss'] += offline_cql_loss.item()
             self.stats['next_rank_loss'] += next_rank_loss.item()
-            self.diag.add(batch_q_stats(q_out, masks, actions, q_target))
+            self.diag.add(batch_q_stats(q_out[:n], masks[:n], actions[:n], q_target[:n]))
             slot = self.idx % self.save_every
-            self.all_q[slot, :q.shape[0]] = q.float()
-            self.all_q_target[slot, :q.shape[0]] = q_target
+            self.all_q[slot, :n] = q[:n].float()
+            self.all_q_target[slot, :n] = q_target[:n]
 
         self.steps += 1
         self.idx += 1
@@ -815,6 +838,8 @@ class Trainer:
             w.add_scalar('loss/cql_loss', self.stats['cql_loss'] / n, self.steps)
         if self.anchor is not None:
             w.add_scalar('loss/anchor_loss', self.stats['anchor_loss'] / n, self.steps)
+        if self.offline_stream is not None:
+            w.add_scalar('loss/offline_cql_loss', self.stats['offline_cql_loss'] / n, self.steps)
         w.add_scalar('loss/next_rank_loss', self.stats['next_rank_loss'] / n, self.steps)
         w.add_scalar('hparam/lr', self.scheduler.get_last_lr()[0], self.steps)
         w.add_histogram('q_predicted', self.all_q.cpu().numpy().flatten()[::HISTOGRAM_STRIDE], self.steps)
@@ -908,17 +933,44 @@ class Trainer:
         logger.info('loaded %s players', f'{len(names):,}')
         return build_file_list(dataset_cfg, names), sorted(names)
 
-    def data_loader(self, file_list, player_names, ledger=None):
+    def offline_batches(self):
+        """Endless full batches of ``[online] offline_batch_size`` samples from the offline logs of ``[dataset]``
+        (the seats of ``player_names_files``, all seats when none), reshuffled every pass, loaded in this process.
+
+        Yields the six tensors of ``train_batch``. Raises ValueError when one pass holds no full batch."""
+        ds = self.config['dataset']
+        names = load_player_names(ds['player_names_files'])
+        files = build_file_list(ds, names)
+        logger.info('offline mix: %d samples per batch from %s offline logs', self.offline_batch_size,
+                    f'{len(files):,}')
+        passes = 0
+        while True:
+            random.shuffle(files)
+            loader = self.data_loader(list(files), sorted(names), batch_size=self.offline_batch_size,
+                                      num_workers=0)
+            count = 0
+            for batch in iter_full_batches(iter(loader), self.offline_batch_size):
+                count += 1
+                yield batch
+            if count == 0:
+                raise ValueError(f'[online] offline_batch_size = {self.offline_batch_size}: the logs of '
+                                 f"[dataset] globs {ds['globs']} hold no full batch")
+            passes += 1
+            logger.info('offline mix: pass %d over the offline logs done (%d batches)', passes, count)
+
+    def data_loader(self, file_list, player_names, ledger=None, *, batch_size=None, num_workers=None):
         """DataLoader of ``FileDatasetsIter`` batches (``[dataset]`` settings, GRP reward from ``[grp]``).
 
         With a ``mortal.claims.ClaimLedger``, each batch ends with the ``(B, 4)`` sample ids and the samples
-        it lists as trained are left out."""
+        it lists as trained are left out. ``batch_size``/``num_workers`` default to ``[control] batch_size`` and
+        ``[dataset] num_workers``."""
         from mortal.dataloader import FileDatasetsIter, make_dataloader
         from mortal.grp import DEFAULT_MAX_LOG_BYTES
         from mortal.reward import load_grp
 
         ds = self.config['dataset']
-        if ds['num_workers'] > 1:
+        num_workers = ds['num_workers'] if num_workers is None else num_workers
+        if num_workers > 1:
             random.shuffle(file_list)
         grp = load_grp(self.config['grp']['state_file'], self.config['grp']['network'])
         data = FileDatasetsIter(
@@ -933,7 +985,7 @@ class Trainer:
             sample_ids=ledger is not None,
             trained=ledger.trained_map() if ledger is not None else None,
         )
-        return make_dataloader(data, batch_size=self.batch_size, num_workers=ds['num_workers'],
+        return make_dataloader(data, batch_size=batch_size or self.batch_size, num_workers=num_workers,
                                pin_memory=self.device.type == 'cuda')
 
     def train_epoch(self) -> int:

@@ -240,3 +240,67 @@ def test_summarize_pairs_deals_by_nonce():
     assert format_summary(s).startswith('2.000 ± ') and format_summary(s).endswith('(8 games)')
     with pytest.raises(KeyError):
         summarize(units, {10: [1, 1, 1, 1]})
+
+
+def test_offline_mix_appends_offline_rows_with_the_offline_loss(tiny_config, fixture_logs, monkeypatch):
+    """[online] offline_batch_size: the offline rows share the MSE (one mean over all rows) and carry the offline
+    CQL term at [cql] min_q_weight; the online-only instruments see the online rows alone."""
+    from mortal import train as tr, wire
+    config, _ = tiny_config
+    config['online']['offline_batch_size'] = 8
+    config['dataset']['globs'] = [str(f) for f in fixture_logs]
+    _checkpoint(config, config['control']['state_file'], seed=4)
+    writer = _Writer()
+    trainer = tr.Trainer(config, test_player=object(), writer=writer, remote=wire.Remote('127.0.0.1', 1),
+                         sleep=lambda s: None)
+    trainer.submit_param = lambda is_idle=False: None
+    online, offline = _random_batch(config['control']['batch_size'], seed=1), _random_batch(8, seed=2)
+    # reward 1 online, 3 offline: a model whose Q is the same c everywhere would have MSE mean((c - t)^2) over 40
+    offline = offline[:4] + (torch.full((8,), 3.0, dtype=torch.float64), offline[5])
+    trainer.offline_stream = iter([offline])
+    seen = []
+    monkeypatch.setattr(tr, 'batch_q_stats', lambda q_out, masks, actions, q_target: seen.append(
+        (q_out.shape[0], q_target.clone())) or {})
+    with torch.no_grad():
+        trainer.mortal.eval(), trainer.dqn.eval()
+        all_obs = torch.cat((online[0], offline[0]))
+        all_masks = torch.cat((online[2], offline[2]))
+        q_out = trainer.dqn(trainer.mortal(all_obs), all_masks)
+        all_actions = torch.cat((online[1], offline[1]))
+        q = q_out[torch.arange(40), all_actions]
+        target = torch.cat((torch.ones(32), torch.full((8,), 3.0)))
+        want_mse = 0.5 * ((q - target) ** 2).mean().item()
+        want_cql = (q_out[32:].logsumexp(-1) - q[32:]).mean().item()
+    trainer.mortal.train(), trainer.dqn.train()
+    trainer.mortal.freeze_bn(True)
+    trainer.train_batch(*online)
+    assert trainer.stats['dqn_loss'] == pytest.approx(want_mse, rel=1e-4)
+    assert trainer.stats['offline_cql_loss'] == pytest.approx(want_cql, rel=1e-4)
+    assert trainer.stats['cql_loss'] == 0.0  # no online CQL (Mortal)
+    assert len(seen) == 1 and seen[0][0] == 32 and torch.equal(seen[0][1], torch.ones(32))
+
+
+def test_offline_batches_loop_over_the_offline_logs(tiny_config, fixture_logs):
+    """The stream yields full batches of offline_batch_size from the real logs and starts a new pass when one
+    ends; a dataset without one full batch is a ValueError naming the key."""
+    from mortal import train as tr, wire
+    from mortal.model import GRP
+    config, _ = tiny_config
+    config['online']['offline_batch_size'] = 64
+    config['dataset']['globs'] = [str(fixture_logs[0])]
+    torch.save({'model': GRP(**config['grp']['network']).state_dict()}, config['grp']['state_file'])
+    _checkpoint(config, config['control']['state_file'], seed=4)
+    trainer = tr.Trainer(config, test_player=object(), writer=_Writer(), remote=wire.Remote('127.0.0.1', 1),
+                         sleep=lambda s: None)
+    first_pass = sum(1 for _ in tr.iter_full_batches(iter(trainer.data_loader(
+        [str(fixture_logs[0])], [], batch_size=64, num_workers=0)), 64))
+    assert first_pass >= 1
+    batches = [next(trainer.offline_stream) for _ in range(first_pass + 1)]  # crosses into a second pass
+    for obs, actions, masks, steps_to_done, rewards, ranks in batches:
+        assert obs.shape == (64, 934, 34) and masks.shape == (64, 46) and ranks.shape == (64,)
+        assert masks[torch.arange(64), actions].all()
+
+    config['online']['offline_batch_size'] = 10**6
+    trainer.offline_batch_size = 10**6
+    with pytest.raises(ValueError, match='offline_batch_size'):
+        next(trainer.offline_batches())
