@@ -111,6 +111,26 @@ def arm_config(start, arm_dir, sets, port):
     return path, cfg
 
 
+def mark_tag(minutes):
+    """File tag of a ``--mark-minutes`` value: ``30 -> '030m'``, ``7.5 -> '007.5m'`` (distinct per value)."""
+    whole, frac = divmod(minutes, 1)
+    return f'{int(whole):03d}' + (f'{frac:g}'[1:] if frac else '') + 'm'
+
+
+def check_marks(marks, minutes):
+    """``--mark-minutes`` values: finite, > 0, distinct, within ``--minutes`` when given. Returns an error text or
+    None."""
+    for m in marks:
+        if not (math.isfinite(m) and m > 0):
+            return f'--mark-minutes {m:g} must be a finite number of minutes > 0'
+        if minutes and m > minutes:
+            return f'--mark-minutes {m:g} is past --minutes {minutes:g}: it would never be taken'
+    tags = [mark_tag(m) for m in marks]
+    if len(set(tags)) < len(tags):
+        return f'--mark-minutes {" ".join(f"{m:g}" for m in marks)} repeats a value'
+    return None
+
+
 def checkpoint_steps(state_file):
     import torch
     try:
@@ -169,7 +189,7 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes
                         next_snap = (trained // snapshot_every + 1) * snapshot_every
             elapsed = time.monotonic() - t0
             while marks and elapsed >= marks[0] * 60:
-                tag = f'{marks.pop(0):03.0f}m'
+                tag = mark_tag(marks.pop(0))
                 best_file = arm_dir / 'online' / 'best.pth'
                 if best_file.exists():
                     shutil.copyfile(best_file, arm_dir / 'marks' / f'best_{tag}.pth')
@@ -181,6 +201,8 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes
     finally:
         stop(procs)
     elapsed = time.monotonic() - t0
+    if marks:
+        log(f'[{arm}] marks never reached (the run ended first): {", ".join(f"{m:g} min" for m in marks)}')
     # the played model: with [online] ema_decay the EMA, as best.pth
     torch.save(played_checkpoint(torch.load(state_file, weights_only=True, map_location='cpu')),
                arm_dir / 'final.pth')
@@ -222,7 +244,7 @@ def evaluate_arm(out, arm, *, eval_sets, curve_sets, rulebase_sets, workers, key
     ref = start_units('self', eval_sets)
     models = {'start': start_file, 'best': str(arm_dir / 'online' / 'best.pth'), 'final': str(arm_dir / 'final.pth')}
     for mark in sorted((arm_dir / 'marks').glob('*_*m.pth')):  # run --mark-minutes: e.g. best@030m
-        kind, tag = mark.stem.split('_')
+        kind, tag = mark.stem.split('_', 1)
         models[f'{kind}@{tag}'] = str(mark)
     res['vs_start'] = {}
     for label, state_file in models.items():
@@ -369,6 +391,9 @@ def main(argv=None):
     if args.cmd == 'run':
         if not (args.steps or args.minutes):
             parser.error('run needs --steps or --minutes')
+        problem = check_marks(args.mark_minutes, args.minutes)
+        if problem:
+            parser.error(problem)
         info = run_arm(out, args.arm, sets=parse_sets(args.set), steps=args.steps, minutes=args.minutes,
                        snapshot_every=args.snapshot_every, log=log, mark_minutes=args.mark_minutes)
         res_path = out / 'arms' / args.arm / 'result.json'

@@ -75,6 +75,7 @@ class ConfigError(ValueError):
 # Schema
 
 _REQUIRED = object()  # marker: the key has no default
+MAX_OFFLINE_BATCH = 1 << 16  # rows; ~8 GB of version-3 observations, far past any sane mix
 _ABSENT = object()  # marker: an optional key that is accepted but not filled in when missing
 
 
@@ -268,7 +269,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
                           check=_non_negative),
         'offline_batch_size': Key('int', 'extra: offline samples of [dataset] appended to each online batch, '
                                          'with the offline CQL term (0 = off, as Mortal)', default=0,
-                                  check=_non_negative),
+                                  check=lambda v: None if 0 <= v <= MAX_OFFLINE_BATCH else
+                                  f'must be within [0, {MAX_OFFLINE_BATCH}]'),
         'ema_decay': Key('float', 'extra: publish, test-play and keep as best.pth an EMA of the weights with this '
                                   'decay per optimizer step (0 = off, as Mortal)', default=0.0,
                          check=lambda v: None if 0 <= v < 1 else 'must be within [0, 1)'),
@@ -575,6 +577,10 @@ def _is_loopback(host: str) -> bool:
 def _check_relations(config: dict, path: str, errors: list[str], warns: list[str]) -> None:
     """Rules that involve several keys (run only once every key has the right type)."""
     control = config.get('control')
+    online = _get_table(config, 'online')
+    if control is not None and online is not None and online['offline_batch_size'] and not control['online']:
+        warns.append(f'[online] offline_batch_size = {online["offline_batch_size"]} in {path} has no effect with '
+                     f'[control] online = false (offline training reads [dataset] whole)')
     if control is not None:
         if control['save_every'] % control['opt_step_every'] != 0:
             errors.append(f'[control] save_every = {control["save_every"]} in {path} must be a multiple of '

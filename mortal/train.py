@@ -351,12 +351,20 @@ def _first_event(filename: str) -> dict:
 
 def build_file_list(dataset_cfg: dict, player_names: set) -> list:
     """Offline file list: ``[dataset] file_index`` if it exists, else expand ``globs`` (keeping files where one
-    of ``player_names`` sits, when given), sort descending (Mortal) and cache it in ``file_index``."""
+    of ``player_names`` sits, when given), sort descending (Mortal) and cache it in ``file_index`` (an empty list
+    is never cached, so fixing the globs takes effect). Raises ValueError naming ``file_index`` when that file is
+    not an index this function wrote."""
     file_index = dataset_cfg['file_index']
     if path.exists(file_index):
-        index = torch.load(file_index, weights_only=True)
+        try:
+            index = torch.load(file_index, weights_only=True)
+            file_list = list(index['file_list'])
+        except Exception as ex:  # garbage, another format, or no 'file_list' key
+            raise ValueError(f'[dataset] file_index {file_index} is not a file index ({type(ex).__name__}: '
+                             f'{str(ex).splitlines()[0] if str(ex) else ex!r}); delete it to rebuild it from '
+                             f'[dataset] globs') from None
         logger.info('file index loaded from %s', file_index)
-        return list(index['file_list'])
+        return file_list
     logger.info('building file index...')
     file_list = []
     for pattern in dataset_cfg['globs']:
@@ -373,16 +381,21 @@ def build_file_list(dataset_cfg: dict, player_names: set) -> list:
                 kept.append(filename)
         file_list = kept
     file_list.sort(reverse=True)
-    atomic_torch_save({'file_list': file_list}, file_index)
+    if file_list:
+        atomic_torch_save({'file_list': file_list}, file_index)
     return file_list
 
 
 def load_player_names(files) -> set:
-    """Union of the names listed one per line in ``[dataset] player_names_files``."""
+    """Union of the names listed one per line in ``[dataset] player_names_files``. Raises ValueError naming the
+    key and the file when one cannot be read."""
     names = set()
     for filename in files:
-        with open(filename, encoding='utf-8') as f:
-            names.update(filtered_trimmed_lines(f))
+        try:
+            with open(filename, encoding='utf-8') as f:
+                names.update(filtered_trimmed_lines(f))
+        except (OSError, UnicodeDecodeError) as ex:
+            raise ValueError(f'[dataset] player_names_files: cannot read {filename}: {ex}') from None
     return names
 
 
@@ -478,7 +491,7 @@ class Trainer:
         self.diag = WindowMeans()
         self.anchor = self._load_anchor() if self.anchor_weight > 0 else None
         self.probe = self._load_probe() if self.online else None
-        self.offline_stream = self.offline_batches() if self.offline_batch_size > 0 else None
+        self.offline_stream = self._checked_offline_stream() if self.offline_batch_size > 0 else None
         self.all_q = torch.zeros((self.save_every, self.batch_size), device=self.device)
         self.all_q_target = torch.zeros((self.save_every, self.batch_size), device=self.device)
         self.idx = 0
@@ -933,6 +946,13 @@ class Trainer:
         logger.info('loaded %s players', f'{len(names):,}')
         return build_file_list(dataset_cfg, names), sorted(names)
 
+    def _checked_offline_stream(self):
+        """``offline_batches`` with its first batch already loaded, so that a dataset without one full batch fails
+        at start-up, before the first drain, rather than at the first training step."""
+        stream = self.offline_batches()
+        first = next(stream)
+        return chain([first], stream)
+
     def offline_batches(self):
         """Endless full batches of ``[online] offline_batch_size`` samples from the offline logs of ``[dataset]``
         (the seats of ``player_names_files``, all seats when none), reshuffled every pass, loaded in this process.
@@ -953,8 +973,10 @@ class Trainer:
                 count += 1
                 yield batch
             if count == 0:
-                raise ValueError(f'[online] offline_batch_size = {self.offline_batch_size}: the logs of '
-                                 f"[dataset] globs {ds['globs']} hold no full batch")
+                source = (f"[dataset] file_index {ds['file_index']} ({len(files)} files)"
+                          if path.exists(ds['file_index']) else f"[dataset] globs {ds['globs']}")
+                raise ValueError(f'[online] offline_batch_size = {self.offline_batch_size}: the logs of {source} '
+                                 f'hold no full batch (readable logs and their samples are listed above)')
             passes += 1
             logger.info('offline mix: pass %d over the offline logs done (%d batches)', passes, count)
 

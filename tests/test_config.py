@@ -2,6 +2,7 @@
 
 import copy
 import logging
+import re
 
 import pytest
 import toml
@@ -410,3 +411,19 @@ name = 'champ'
     assert "[1v3.champion] type" in msg and "'rulebase'" in msg
     assert '[1v3.champion] state_file' in msg  # a model side still needs its checkpoint
     assert '[1v3.challenger]' not in msg
+
+
+def test_offline_mix_offline_warns(tmp_path, cfg, caplog):
+    cfg['control']['online'] = False
+    cfg['online']['offline_batch_size'] = 64
+    warns, path = load_warnings(tmp_path, cfg, caplog)
+    assert warns == [f'[online] offline_batch_size = 64 in {path} has no effect with [control] online = false '
+                     '(offline training reads [dataset] whole)']
+
+
+@pytest.mark.parametrize('value, message', [(-1, 'must be within [0, 65536]'), ((1 << 16) + 1, 'must be within [0, 65536]'),
+                                            (8.0, 'must be an integer')])
+def test_offline_batch_size_range(tmp_path, cfg, value, message):
+    cfg['online']['offline_batch_size'] = value
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(write(tmp_path, cfg))

@@ -247,8 +247,10 @@ def test_offline_mix_appends_offline_rows_with_the_offline_loss(tiny_config, fix
     CQL term at [cql] min_q_weight; the online-only instruments see the online rows alone."""
     from mortal import train as tr, wire
     config, _ = tiny_config
+    from mortal.model import GRP
     config['online']['offline_batch_size'] = 8
     config['dataset']['globs'] = [str(f) for f in fixture_logs]
+    torch.save({'model': GRP(**config['grp']['network']).state_dict()}, config['grp']['state_file'])
     _checkpoint(config, config['control']['state_file'], seed=4)
     writer = _Writer()
     trainer = tr.Trainer(config, test_player=object(), writer=writer, remote=wire.Remote('127.0.0.1', 1),
@@ -300,7 +302,23 @@ def test_offline_batches_loop_over_the_offline_logs(tiny_config, fixture_logs):
         assert obs.shape == (64, 934, 34) and masks.shape == (64, 46) and ranks.shape == (64,)
         assert masks[torch.arange(64), actions].all()
 
-    config['online']['offline_batch_size'] = 10**6
-    trainer.offline_batch_size = 10**6
-    with pytest.raises(ValueError, match='offline_batch_size'):
-        next(trainer.offline_batches())
+    # too few samples for one batch: the Trainer fails at start-up, naming the key and the file index
+    config['online']['offline_batch_size'] = 60000
+    with pytest.raises(ValueError, match=r'offline_batch_size = 60000: the logs of \[dataset\] file_index'):
+        tr.Trainer(config, test_player=object(), writer=_Writer(), remote=wire.Remote('127.0.0.1', 1),
+                   sleep=lambda s: None)
+
+
+def test_file_index_errors_name_the_key_and_an_empty_list_is_not_cached(tmp_path):
+    from mortal import train as tr
+    ds = {'file_index': str(tmp_path / 'index.pth'), 'globs': [str(tmp_path / 'none' / '*.json.gz')]}
+    assert tr.build_file_list(ds, set()) == []
+    assert not (tmp_path / 'index.pth').exists()  # fixing the globs later takes effect
+    (tmp_path / 'index.pth').write_bytes(b'not a torch file')
+    with pytest.raises(ValueError, match=r'\[dataset\] file_index .*index.pth is not a file index'):
+        tr.build_file_list(ds, set())
+    torch.save({'other': 1}, tmp_path / 'index.pth')
+    with pytest.raises(ValueError, match='is not a file index'):
+        tr.build_file_list(ds, set())
+    with pytest.raises(ValueError, match=r'player_names_files: cannot read .*missing.txt'):
+        tr.load_player_names([str(tmp_path / 'missing.txt')])
