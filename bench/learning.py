@@ -3,6 +3,7 @@
 
     python bench/learning.py start [--out work/learning] [--version 3] [--games 96] [--grp-games 0]
     python bench/learning.py run ARM [--set SECTION.KEY=VALUE ...] [--steps N | --minutes M] [--eval-sets 400]
+    python bench/learning.py offline ARM [--epochs 2] [--lr 1e-5] [--freeze-bn]   # control: offline data only
     python bench/learning.py eval ARM            # (re)evaluate an arm's checkpoints
     python bench/learning.py report              # table of every arm + learning-curve PNG
 
@@ -24,7 +25,9 @@ have passed), keeping a snapshot of ``state_file`` every ``--snapshot-every`` st
 The start model against 3 copies of itself plays each deal's four rotations identically and scores exactly 2.5;
 the control arm (learning rate 0: ``--set optim.scheduler.peak=0 --set optim.scheduler.final=0 --set
 optim.scheduler.init=0``) must come out even too, which shows that neither seats, exploration nor the test-play
-machinery bias the numbers. Results go to ``OUT/arms/ARM/result.json``; ``report`` prints the table and writes
+machinery bias the numbers. ``offline ARM`` is the control for the offline mix (``[online] offline_batch_size``):
+the start's offline run continued for ``--epochs`` more epochs of the bootstrap logs, no self-play, each epoch
+evaluated like best/final. Results go to ``OUT/arms/ARM/result.json``; ``report`` prints the table and writes
 ``OUT/learning_curve.png``. Deals: nonces from 10000 with seed key ``--key`` (disjoint from the self-play keys).
 """
 
@@ -210,6 +213,47 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes
     return {'steps': trained, 'seconds': elapsed, 'sets': [['.'.join(k), v] for k, v in sets]}
 
 
+# ---------------------------------------------------------------------------- control: offline only
+
+def run_offline(out, arm, *, epochs, lr, freeze_bn, log):
+    """The offline-only control: continue the start's offline run (``start/bootstrap/offline/mortal.pth``, its
+    optimizer included) for ``epochs`` more epochs of the bootstrap logs at constant ``lr``, with the offline loss
+    (MSE + CQL + next rank), no self-play. With ``freeze_bn`` the BatchNorm statistics stay frozen, as online.
+    Keeps ``OUT/arms/ARM/epoch_N.pth`` and returns the info of ``result.json``."""
+    import torch
+    from mortal.bootstrap import RulebaseTestPlayer, offline_config
+    from mortal.config import load_config
+    from mortal.train import Trainer
+
+    start = pathlib.Path(out, 'start').resolve()
+    arm_dir = pathlib.Path(out, 'arms', arm).resolve()
+    if arm_dir.exists():
+        shutil.rmtree(arm_dir)
+    arm_dir.mkdir(parents=True)
+    cfg = offline_config(load_config(start / 'config.toml'))
+    cfg['control'].update(state_file=str(arm_dir / 'mortal.pth'), best_state_file=str(arm_dir / 'best.pth'),
+                          tensorboard_dir=str(arm_dir / 'tensorboard'))
+    cfg['dataset']['file_index'] = str(arm_dir / 'file_index.pth')
+    cfg['optim']['scheduler'].update(peak=lr, final=lr, warm_up_steps=0, max_steps=0)
+    if freeze_bn:
+        cfg['freeze_bn'] = {'mortal': True}
+    shutil.copyfile(start / 'bootstrap' / 'offline' / 'mortal.pth', arm_dir / 'mortal.pth')
+    step0 = checkpoint_steps(arm_dir / 'mortal.pth')
+    t0 = time.monotonic()
+    for epoch in range(1, epochs + 1):
+        trainer = Trainer(cfg, test_player=RulebaseTestPlayer(cfg))
+        try:
+            trainer.run()
+            trainer.save()
+        finally:
+            trainer.writer.close()
+        shutil.copyfile(arm_dir / 'mortal.pth', arm_dir / f'epoch_{epoch}.pth')
+        log(f'[{arm}] offline epoch {epoch}: {trainer.steps - step0} steps ({time.monotonic() - t0:.0f} s)')
+    sets = [['control', 'offline only'], ['epochs', epochs], ['lr', lr], ['freeze_bn', freeze_bn]]
+    return {'steps': checkpoint_steps(arm_dir / 'mortal.pth') - step0, 'seconds': time.monotonic() - t0,
+            'sets': sets}
+
+
 # ---------------------------------------------------------------------------- evaluation
 
 from mortal.evaluation import format_summary as fmt, play_chunk as _play, play_duplicate, summarize  # noqa: E402
@@ -243,12 +287,16 @@ def evaluate_arm(out, arm, *, eval_sets, curve_sets, rulebase_sets, workers, key
 
     ref = start_units('self', eval_sets)
     models = {'start': start_file, 'best': str(arm_dir / 'online' / 'best.pth'), 'final': str(arm_dir / 'final.pth')}
+    for epoch_file in sorted(arm_dir.glob('epoch_*.pth')):  # the offline-only control
+        models[epoch_file.stem] = str(epoch_file)
     for mark in sorted((arm_dir / 'marks').glob('*_*m.pth')):  # run --mark-minutes: e.g. best@030m
         kind, tag = mark.stem.split('_', 1)
         models[f'{kind}@{tag}'] = str(mark)
     res['vs_start'] = {}
     for label, state_file in models.items():
         if not os.path.exists(state_file):
+            if label in ('best', 'final') and not (arm_dir / 'online').exists():
+                continue  # the offline-only control has epochs instead
             log(f'[{arm}] {label}: {state_file} does not exist (no test play yet): not evaluated')
             continue
         t = time.monotonic()
@@ -269,7 +317,7 @@ def evaluate_arm(out, arm, *, eval_sets, curve_sets, rulebase_sets, workers, key
     if os.path.exists(models['best']):
         res['best_step'] = checkpoint_steps(models['best']) - checkpoint_steps(start_file)
     res['mark_steps'] = {label: checkpoint_steps(f) - checkpoint_steps(start_file)
-                         for label, f in models.items() if '@' in label}
+                         for label, f in models.items() if '@' in label or label.startswith('epoch_')}
     if rulebase_sets:
         ref_rb = start_units('rulebase', rulebase_sets)
         res['vs_rulebase'] = {'start': summarize(ref_rb)}
@@ -316,7 +364,9 @@ def report(out, log):
         rb = res.get('vs_rulebase', {})
         cell = lambda s: fmt(s) if s else '-'  # noqa: E731
         changes = ', '.join(f'{k}={v}' for k, v in res.get('sets', [])) or 'none'
-        table(f"| {arm} | {changes} | {res.get('steps', '-')} | {cell(vs.get('best'))} | {cell(vs.get('final'))} | "
+        epochs = sorted((k for k in vs if k.startswith('epoch_')), key=lambda k: int(k.split('_')[1]))
+        final = vs.get('final') or (vs[epochs[-1]] if epochs else None)  # offline control: its last epoch
+        table(f"| {arm} | {changes} | {res.get('steps', '-')} | {cell(vs.get('best'))} | {cell(final)} | "
               f"{cell(rb.get('final'))} |")
     import matplotlib
     matplotlib.use('Agg')
@@ -374,6 +424,14 @@ def main(argv=None):
             p.add_argument('--snapshot-every', type=int, default=500,
                            help='copy state_file every N steps for the curve (best effort: the checkpoint is '
                                 'looked at every 5 s; 0 = none)')
+    p = sub.add_parser('offline', help='the offline-only control: more offline epochs from the start, evaluated')
+    p.add_argument('arm')
+    p.add_argument('--epochs', type=int, default=2)
+    p.add_argument('--lr', type=float, default=1e-5)
+    p.add_argument('--freeze-bn', action='store_true', help='keep BatchNorm frozen, as the online learner does')
+    p.add_argument('--eval-sets', type=int, default=400, help='deals vs 3x start (4 games each)')
+    p.add_argument('--workers', type=int, default=os.cpu_count() or 1)
+    p.add_argument('--key', type=int, default=EVAL_KEY)
     sub.add_parser('report', help='Markdown table of every arm and OUT/learning_curve.png')
     args = parser.parse_args(argv)
     os.environ.pop('RUST_BACKTRACE', None)
@@ -398,6 +456,10 @@ def main(argv=None):
                        snapshot_every=args.snapshot_every, log=log, mark_minutes=args.mark_minutes)
         res_path = out / 'arms' / args.arm / 'result.json'
         res_path.write_text(json.dumps(info, indent=1))
+    if args.cmd == 'offline':
+        info = run_offline(out, args.arm, epochs=args.epochs, lr=args.lr, freeze_bn=args.freeze_bn, log=log)
+        (out / 'arms' / args.arm / 'result.json').write_text(json.dumps(info, indent=1))
+        args.curve_sets, args.rulebase_sets = 0, 0
     evaluate_arm(out, args.arm, eval_sets=args.eval_sets, curve_sets=args.curve_sets,
                  rulebase_sets=args.rulebase_sets, workers=args.workers, key=args.key, log=log)
     return 0
