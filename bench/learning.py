@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Learning benchmark: does online training make the model stronger? Real processes, duplicate evaluation.
 
-    python bench/learning.py start [--out work/learning] [--version 3] [--games 96] [--grp-games 0]
+    python bench/learning.py [--out work/learning] start [--version 3] [--games 96] [--grp-games 0]
     python bench/learning.py run ARM [--set SECTION.KEY=VALUE ...] [--steps N | --minutes M] [--eval-sets 400]
     python bench/learning.py offline ARM [--epochs 2] [--lr 1e-5] [--freeze-bn]   # control: offline data only
     python bench/learning.py eval ARM            # (re)evaluate an arm's checkpoints
@@ -398,40 +398,46 @@ def report(out, log):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--out', default='work/learning', help='benchmark dir (default: %(default)s)')
+    fmt_cls = argparse.ArgumentDefaultsHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0], formatter_class=fmt_cls,
+                                     epilog='--out goes before the subcommand. What was measured: docs/learning.md')
+    parser.add_argument('--out', default='work/learning', help='benchmark dir')
     sub = parser.add_subparsers(dest='cmd', required=True)
-    p = sub.add_parser('start', help='bootstrap the start point into OUT/start')
-    p.add_argument('--version', type=int, choices=(3, 4), default=3)
+    p = sub.add_parser('start', help='bootstrap the start point into OUT/start', formatter_class=fmt_cls)
+    p.add_argument('--version', type=int, choices=(3, 4), default=3, help='feature version')
     p.add_argument('--games', type=int, default=96, help='rule-based training hanchan (multiple of 4)')
     p.add_argument('--grp-games', type=int, default=0, help='extra rule-based hanchan for the GRP only')
     helps = {'run': 'train one arm with the real processes, then evaluate it',
              'eval': "(re)evaluate an arm's start/best/final/snapshots"}
     for name in ('run', 'eval'):
-        p = sub.add_parser(name, help=helps[name])
-        p.add_argument('arm')
+        p = sub.add_parser(name, help=helps[name], formatter_class=fmt_cls)
+        p.add_argument('arm', help='arm name: its files go to OUT/arms/ARM')
         p.add_argument('--eval-sets', type=int, default=400, help='deals vs 3x start (4 games each)')
         p.add_argument('--curve-sets', type=int, default=100, help='deals per curve point')
         p.add_argument('--rulebase-sets', type=int, default=60, help='deals vs 3 RulebaseBots (0 = skip)')
-        p.add_argument('--workers', type=int, default=os.cpu_count() or 1)
-        p.add_argument('--key', type=int, default=EVAL_KEY)
+        p.add_argument('--workers', type=int, default=os.cpu_count() or 1, help='evaluation processes')
+        p.add_argument('--key', type=int, default=EVAL_KEY, help='duplicate seed key of the evaluation deals')
         if name == 'run':
-            p.add_argument('--set', action='append', default=[], metavar='SECTION.KEY=VALUE')
-            p.add_argument('--steps', type=int, default=0, help='stop after this many online steps')
+            p.add_argument('--set', action='append', default=[], metavar='SECTION.KEY=VALUE',
+                           help='repeatable TOML override of the quickstart embedded config (which sets '
+                                'online.anchor_weight=1 and online.offline_batch_size=64)')
+            p.add_argument('--steps', type=int, default=0,
+                           help='stop after this many online steps (one of --steps/--minutes is required)')
             p.add_argument('--minutes', type=float, default=0, help='stop after this many minutes online')
             p.add_argument('--mark-minutes', type=float, action='append', default=[], metavar='M',
                            help='keep best.pth and the state at M minutes online; evaluated like best/final')
             p.add_argument('--snapshot-every', type=int, default=500,
                            help='copy state_file every N steps for the curve (best effort: the checkpoint is '
                                 'looked at every 5 s; 0 = none)')
-    p = sub.add_parser('offline', help='the offline-only control: more offline epochs from the start, evaluated')
-    p.add_argument('arm')
-    p.add_argument('--epochs', type=int, default=2)
-    p.add_argument('--lr', type=float, default=1e-5)
+    p = sub.add_parser('offline', help='the offline-only control: more offline epochs from the start, evaluated',
+                       formatter_class=fmt_cls)
+    p.add_argument('arm', help='arm name: its files go to OUT/arms/ARM')
+    p.add_argument('--epochs', type=int, default=2, help='more epochs of the bootstrap logs')
+    p.add_argument('--lr', type=float, default=1e-5, help='constant learning rate')
     p.add_argument('--freeze-bn', action='store_true', help='keep BatchNorm frozen, as the online learner does')
     p.add_argument('--eval-sets', type=int, default=400, help='deals vs 3x start (4 games each)')
-    p.add_argument('--workers', type=int, default=os.cpu_count() or 1)
-    p.add_argument('--key', type=int, default=EVAL_KEY)
+    p.add_argument('--workers', type=int, default=os.cpu_count() or 1, help='evaluation processes')
+    p.add_argument('--key', type=int, default=EVAL_KEY, help='duplicate seed key of the evaluation deals')
     sub.add_parser('report', help='Markdown table of every arm and OUT/learning_curve.png')
     args = parser.parse_args(argv)
     os.environ.pop('RUST_BACKTRACE', None)
