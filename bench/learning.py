@@ -292,7 +292,7 @@ def evaluate_arm(out, arm, *, eval_sets, curve_sets, rulebase_sets, workers, key
     for mark in sorted((arm_dir / 'marks').glob('*_*m.pth')):  # run --mark-minutes: e.g. best@030m
         kind, tag = mark.stem.split('_', 1)
         models[f'{kind}@{tag}'] = str(mark)
-    res['vs_start'] = {}
+    res['vs_start'], res['units'] = {}, {}
     for label, state_file in models.items():
         if not os.path.exists(state_file):
             if label in ('best', 'final') and not (arm_dir / 'online').exists():
@@ -304,6 +304,7 @@ def evaluate_arm(out, arm, *, eval_sets, curve_sets, rulebase_sets, workers, key
             ('mortal', state_file), ('mortal', start_file), sets=eval_sets, key=key, workers=workers,
             chunk=max(1, eval_sets // (4 * workers)))
         res['vs_start'][label] = summarize(units, ref)
+        res['units'][label] = {str(n): r for n, r in sorted(units.items())}  # per deal, for bench/sprt_cost.py
         log(f'[{arm}] {label} vs 3x start: {fmt(res["vs_start"][label])} ({time.monotonic() - t:.0f} s)')
     curve = []
     ref_curve = {n: ref[n] for n in sorted(ref)[:curve_sets]}

@@ -143,6 +143,8 @@ class Client:
         self.server_id = None
         self.bad_param = None  # (server_id, param_version) of the last parameters that could not be loaded
         self.history = RankHistory(config['online']['history_window'])
+        self.baseline_version = None  # the trainer's baseline version last seen (None: none seen yet)
+        self.factors = (1.0, 1.0)  # (epsilon_factor, temp_factor) last applied
 
     def update_param(self, rsp: dict) -> bool:
         """Load the parameters of a get_param 'ok' reply; True when loaded. Parameters that cannot be loaded
@@ -168,7 +170,36 @@ class Client:
         self.param_version = key[1]
         self.server_id = key[0]
         logger.info('param has been updated (version %d)', self.param_version)
+        self.apply_play_settings(rsp)
         return True
+
+    def apply_play_settings(self, rsp: dict) -> None:
+        """Follow the trainer's play settings of a get_param reply: the ε/T factors (``mortal.schedule``, rollbacks)
+        and the baseline version (a rotation: ``[baseline.train] state_file`` is loaded again). A reply without
+        them (an older server) changes nothing."""
+        try:
+            settings = wire.check_play_settings(rsp)
+        except ValueError as ex:
+            logger.warning('ignoring the play settings of parameters version %s: %s', rsp.get('param_version'), ex)
+            return
+        factors = (settings['epsilon_factor'], settings['temp_factor'])
+        if factors != self.factors and hasattr(self.train_player, 'set_factors'):
+            self.train_player.set_factors(*factors)
+            self.factors = factors
+            epsilon, temp = self.train_player.effective_exploration()
+            logger.info('exploration from the trainer: boltzmann_epsilon %.4g, boltzmann_temp %.4g', epsilon, temp)
+        version = settings['baseline_version']
+        changed = version != self.baseline_version if self.baseline_version is not None else (
+            getattr(self.train_player, 'baseline_stale', lambda: False)())  # rotated before our first fetch
+        if changed:
+            logger.info('the baseline was rotated (version %s -> %d): reloading it', self.baseline_version, version)
+            try:
+                self.train_player.reload_baseline()
+            except Exception as ex:  # a half-copied or missing file: keep the old opponent, try again next time
+                logger.warning('cannot reload the baseline (%s: %s): playing on against the old one',
+                               type(ex).__name__, ex)
+                return
+        self.baseline_version = version
 
     def run_round(self) -> np.ndarray:
         """Fetch parameters, play one round, log the ranks, submit the logs; returns the (4,) rank counts."""

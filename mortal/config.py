@@ -39,6 +39,8 @@ DEFAULT_MAX_FRAME_BYTES = 512 * 1024 * 1024
 # [dataset] max_log_bytes (also the readers' default, mortal.grp): a hanchan is well under 1 MB of mjai JSON.
 DEFAULT_MAX_LOG_BYTES = 64 * 1024 * 1024
 SCHEDULER_DEFAULT_INIT = 1e-8  # Mortal's LinearWarmUpCosineAnnealingLR default for [optim.scheduler] init
+BEST_RULES = ('paired', 'sprt', 'mortal')  # [test_play] best_rule (mortal.gate)
+SCHEDULE_KINDS = ('constant', 'inverse', 'cosine')  # [schedule.*] kind (mortal.schedule)
 
 # Section names required by each process. 'train_play' means the [train_play.<profile>] table of the
 # TRAIN_PLAY_PROFILE in use (see train_play_profile).
@@ -171,6 +173,34 @@ _ENGINE_1V3 = {
     'enable_rule_based_agari_guard': Key('bool', 'never let the model decline a hora that a rule allows'),
 }
 
+def _sprt_error(v):
+    return None if 0 < v < 0.5 else 'must be within (0, 0.5)'
+
+
+def _factor(v):
+    return None if 0 < v <= 1 else 'must be within (0, 1]'
+
+
+def _schedule_kind(v):
+    return None if v in SCHEDULE_KINDS else f'must be one of {", ".join(SCHEDULE_KINDS)}'
+
+
+_SCHEDULE_KIND_DOC = ("extra: a factor on {what} against trainer steps: 'constant' (1, Mortal), 'inverse' "
+                      "(1 / (1 + rate * steps)) or 'cosine' (1 to final over max_steps)")
+_SCHEDULE = {
+    'rate': Key('float', "extra: 'inverse': the rate per step", default=0.0, check=_non_negative),
+    'final': Key('float', "extra: 'cosine': the factor reached at max_steps and kept after", default=0.0,
+                 check=_unit_closed),
+    'max_steps': Key('int', "extra: 'cosine': trainer steps of the descent", default=0, check=_non_negative),
+}
+
+
+
+def _schedule_table(what: str) -> dict:
+    return {'kind': Key('str', _SCHEDULE_KIND_DOC.format(what=what), default='constant', check=_schedule_kind),
+            **_SCHEDULE}
+
+
 SCHEMA: dict[str, dict[str, Key]] = {
     'control': {
         'version': Key('int', 'model/feature version (1-4); 4 adds the single-player block (mortal.obs_v4)', check=_version),
@@ -201,6 +231,20 @@ SCHEMA: dict[str, dict[str, Key]] = {
     'test_play': {
         'games': Key('int', 'games per test play (multiple of 4)', check=_multiple_of_4),
         'log_dir': Key('str', 'where test-play logs are written'),
+        'best_rule': Key('str', "extra: when best.pth is replaced: 'paired' (the CI of the per-deal paired "
+                                "difference to best.pth below 0), 'sprt' (the SPRT says better) or 'mortal' "
+                                "(avg pt and avg rank both not worse, Mortal's rule)", default='paired',
+                         check=lambda v: None if v in BEST_RULES else f'must be one of {", ".join(BEST_RULES)}'),
+        'confidence': Key('float', 'extra: two-sided confidence of the paired CI (best_rule, [guard])',
+                          default=0.95, check=lambda v: None if 0.5 <= v < 1 else 'must be within [0.5, 1)'),
+        'sprt_delta': Key('float', 'extra: SPRT H1, the challenger better by this avg rank (H0: not better)',
+                          default=0.05, check=lambda v: None if 0 < v <= 1 else 'must be within (0, 1]'),
+        'sprt_alpha': Key('float', 'extra: SPRT chance of calling an equal model better', default=0.05,
+                          check=_sprt_error),
+        'sprt_beta': Key('float', 'extra: SPRT chance of missing a model better by sprt_delta', default=0.05,
+                         check=_sprt_error),
+        'sprt_chunk': Key('int', 'extra: games between two looks of the SPRT (multiple of 4)', default=64,
+                          check=_multiple_of_4),
     },
     'dataset': {
         'globs': Key('str_list', 'glob patterns of gzip mjai logs (offline training)'),
@@ -337,6 +381,33 @@ SCHEMA: dict[str, dict[str, Key]] = {
     'grp.optim': {
         'lr': Key('float', 'AdamW learning rate', check=_positive),
     },
+    # Extras of the long-run guards (docs/operations.md); every default is Mortal's behaviour (nothing fires).
+    'guard': {
+        'rollback_after': Key('int', 'extra: roll back to best.pth after this many test plays in a row '
+                                     'significantly worse than it (0 = never)', default=0, check=_non_negative),
+        'max_policy_drift': Key('float', 'extra: roll back at a test play when diag/policy_drift is above this '
+                                         '(0 = no bound)', default=0.0, check=_unit_closed),
+        'min_q_gap': Key('float', 'extra: roll back at a test play when diag/q_gap is below this (0 = no bound)',
+                         default=0.0, check=_non_negative),
+        'lr_factor': Key('float', 'extra: the learning rate is multiplied by this at each rollback',
+                         default=1.0, check=_factor),
+        'epsilon_factor': Key('float', "extra: the clients' boltzmann_epsilon is multiplied by this at each "
+                                       'rollback', default=1.0, check=_factor),
+        'keep': Key('int', 'extra: replaced state files kept as <state_file>.<time>.rollback (oldest removed)',
+                    default=5, check=_positive),
+    },
+    'rotation': {
+        'after': Key('int', 'extra: promote best.pth to the baseline after this many test plays in a row that beat '
+                            'the baseline significantly (0 = never, as Mortal)', default=0, check=_non_negative),
+        'max_rank': Key('float', 'extra: such a test play has avg rank at most this and its CI below 2.5',
+                        default=2.45, check=lambda v: None if 1 <= v < 2.5 else 'must be within [1, 2.5)'),
+        'pool_size': Key('int', 'extra: clients draw each round one of the newest this many baselines '
+                                '(the current one and its .bak copies; 1 = the current one only)', default=1,
+                         check=_positive),
+    },
+    'schedule.lr': _schedule_table('the learning rate of [optim.scheduler]'),
+    'schedule.epsilon': _schedule_table("each profile's boltzmann_epsilon"),
+    'schedule.temp': _schedule_table("each profile's boltzmann_temp"),
     # Ours: `python -m mortal.bootstrap` (rule-based games -> GRP -> offline Mortal -> online dir).
     'bootstrap': {
         'games': Key('int', 'training hanchan of rule-based bots to generate (a multiple of 4 when epsilon > 0)',
@@ -361,7 +432,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
 }
 
 # Tables that only hold sub-tables (no keys of their own).
-_CONTAINERS = ('train_play', 'baseline')
+_CONTAINERS = ('train_play', 'baseline', 'schedule')
+# Sections of extras whose every key has a default: filled in when the file lacks them.
+OPTIONAL_SECTIONS = ('guard', 'rotation', 'schedule.lr', 'schedule.epsilon', 'schedule.temp')
 
 
 def _schema_for(section: str) -> dict[str, Key] | None:
@@ -464,6 +537,15 @@ def validate(config: dict, path: str = DEFAULT_PATH, *, required: Iterable[str] 
     return warns
 
 
+def optional_section(config: dict, dotted: str) -> dict:
+    """The table ``dotted`` of one of ``OPTIONAL_SECTIONS`` with its defaults under whatever ``config`` holds
+    (a config dict built by hand may lack the table). Raises KeyError for another section."""
+    if dotted not in OPTIONAL_SECTIONS:
+        raise KeyError(f'{dotted} is not an optional section')
+    table = lookup(config, dotted) or {}
+    return {**{name: key.default for name, key in SCHEMA[dotted].items()}, **table}
+
+
 def lookup(config: dict, dotted: str, default=None):
     """``config['a']['b']`` for ``'a.b'``; ``default`` when any level is missing or not a table."""
     node = config
@@ -508,6 +590,19 @@ def _check_tables(config: dict, path: str, errors: list[str], warns: list[str]) 
                 elif key.default is not _ABSENT:
                     table[name] = key.default
 
+    for dotted in OPTIONAL_SECTIONS:
+        table, where = config, []
+        for part in dotted.split('.'):
+            where.append(part)
+            table = table.setdefault(part, {})
+            if not isinstance(table, dict):
+                problem = f"[{'.'.join(where)}] in {path} must be a table, got {table!r}"
+                if problem not in errors:
+                    errors.append(problem)
+                break
+        else:
+            if not table:
+                table.update({name: key.default for name, key in SCHEMA[dotted].items()})
     walk(config, '')
 
 
@@ -589,6 +684,23 @@ def _check_relations(config: dict, path: str, errors: list[str], warns: list[str
             errors.append(f'[control] test_every = {control["test_every"]} in {path} must be a multiple of '
                           f'[control] save_every = {control["save_every"]}')
 
+    test_play = _get_table(config, 'test_play')
+    if test_play is not None and control is not None and control['online']:
+        deals = test_play['games'] // 4
+        if test_play['best_rule'] == 'sprt' and deals < 8:
+            warns.append(f"[test_play] games = {test_play['games']} in {path} is fewer than the 32 games the SPRT "
+                         f"needs before it decides (best_rule = 'sprt'): best.pth would never be replaced")
+    rotation = _get_table(config, 'rotation')
+    if rotation is not None and rotation['after'] and _get_table(config, 'baseline.train') is None:
+        errors.append(f'[rotation] after = {rotation["after"]} in {path} needs a [baseline.train] section '
+                      f'(the file it promotes best.pth to)')
+    for name in ('lr', 'epsilon', 'temp'):
+        table = _get_table(config, f'schedule.{name}')
+        if table is not None and table['kind'] == 'cosine' and table['max_steps'] <= 0:
+            errors.append(f"[schedule.{name}] max_steps in {path} must be > 0 with kind = 'cosine'")
+        if table is not None and name == 'temp' and table['kind'] == 'cosine' and table['final'] < 1e-6:
+            errors.append(f"[schedule.temp] final in {path} must be at least 1e-6 (a temperature near 0 cannot "
+                          f"sample)")
     sched = _get_table(config, 'optim.scheduler')
     if sched is not None:
         # The very rules the scheduler enforces (one function), so a config that loads also trains.

@@ -16,3 +16,13 @@ def fsync_dir(dirname: str) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def stamped_name(filename: str, stamp: str, suffix: str) -> str:
+    """``<filename>.<stamp><suffix>`` (e.g. ``baseline.pth.20261201-153000.bak``) that does not exist yet:
+    ``-2``, ``-3``, ... is added to the stamp when two are made within one second."""
+    name, k = f'{filename}.{stamp}{suffix}', 1
+    while os.path.exists(name):
+        k += 1
+        name = f'{filename}.{stamp}-{k}{suffix}'
+    return name

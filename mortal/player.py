@@ -13,6 +13,7 @@ restore ``[control] enable_cudnn_benchmark``, as Mortal does.
 
 import logging
 import os
+import random
 import secrets
 import shutil
 from os import path
@@ -101,6 +102,13 @@ class _CudnnBenchmarkOff:
         torch.backends.cudnn.benchmark = self.restore_to
 
 
+def _mtime(filename: str):
+    try:
+        return os.path.getmtime(filename)
+    except OSError:
+        return None
+
+
 def _list_logs(log_dir: str) -> list:
     return sorted(path.join(log_dir, name) for name in os.listdir(log_dir))
 
@@ -114,7 +122,9 @@ def _fresh_dir(log_dir: str) -> None:
 class TestPlayer:
     """Evaluates the trainee against ``[baseline.test]`` (config: the full config dict).
 
-    ``baseline_engine`` may be given to skip loading ``[baseline.test] state_file`` (tests).
+    ``baseline_engine`` may be given to skip loading ``[baseline.test] state_file`` (tests). A test play is
+    ``begin()``, one or more ``play_units`` (the SPRT plays in chunks), then ``stat()``; ``test_play`` does all
+    three at once (Mortal's interface).
     """
 
     def __init__(self, config: dict, *, baseline_engine=None):
@@ -123,21 +133,36 @@ class TestPlayer:
         self.log_dir = path.abspath(config['test_play']['log_dir'])
         self.cudnn_benchmark = config['control']['enable_cudnn_benchmark']
 
-    def test_play(self, seed_count: int, mortal, dqn, device):
-        """Play ``seed_count`` duplicate sets (4 games each) and return the challenger's ``mortal.stat.Stat``."""
+    def begin(self) -> None:
+        """Start a test play: empty ``log_dir``."""
+        _fresh_dir(self.log_dir)
+
+    def play_units(self, first_nonce: int, count: int, mortal, dqn, device) -> dict:
+        """Play the ``count`` duplicate deals from nonce ``first_nonce`` (key ``TEST_SEED[1]``), 4 games each,
+        logs into ``log_dir``. Returns ``{nonce: [the challenger's 4 ranks, 1-4]}``."""
         from mortal.arena import OneVsThree
         from mortal.engine import MortalEngine
-        from mortal.stat import Stat
+        from mortal.one_vs_three import challenger_ranks_by_nonce
 
         device = torch.device(device)
         with _CudnnBenchmarkOff(self.cudnn_benchmark):
             engine = MortalEngine(mortal, dqn, is_oracle=False, version=self.chal_version, device=device,
                                   enable_amp=_use_amp(device), name='mortal')
-            _fresh_dir(self.log_dir)
             env = OneVsThree(disable_progress_bar=False, log_dir=self.log_dir)
-            env.py_vs_py(challenger=engine, champion=self.baseline_engine, seed_start=TEST_SEED,
-                         seed_count=seed_count)
-            return Stat.from_dir(self.log_dir, 'mortal')
+            env.py_vs_py(challenger=engine, champion=self.baseline_engine, seed_start=(first_nonce, TEST_SEED[1]),
+                         seed_count=count)
+            return challenger_ranks_by_nonce(env.last_games)
+
+    def stat(self):
+        """``mortal.stat.Stat`` of the challenger over every log of this test play."""
+        from mortal.stat import Stat
+        return Stat.from_dir(self.log_dir, 'mortal')
+
+    def test_play(self, seed_count: int, mortal, dqn, device):
+        """Play ``seed_count`` duplicate sets (4 games each) and return the challenger's ``mortal.stat.Stat``."""
+        self.begin()
+        self.play_units(TEST_SEED[0], seed_count, mortal, dqn, device)
+        return self.stat()
 
 
 class TrainPlayer:
@@ -148,9 +173,15 @@ class TrainPlayer:
     """
 
     def __init__(self, config: dict, env=os.environ, *, baseline_engine=None, train_key=None):
-        from mortal.config import profile_name, train_play_profile
+        from mortal.config import optional_section, profile_name, train_play_profile
 
-        self.baseline_engine = baseline_engine or load_baseline_engine(config['baseline']['train'])
+        self.baseline_slot = config['baseline']['train']
+        self.baseline_mtime = _mtime(self.baseline_slot['state_file'])
+        self.baseline_engine = baseline_engine or load_baseline_engine(self.baseline_slot)
+        self.pool_size = optional_section(config, 'rotation')['pool_size']
+        self._pool = {}  # state file -> (mtime, engine) of the older baselines of the pool
+        self.epsilon_factor = 1.0  # from the trainer, with its parameters (mortal.schedule, [guard])
+        self.temp_factor = 1.0
         profile = profile_name(env)
         cfg = train_play_profile(config, env)
         logger.info('using train-play profile %s', profile)
@@ -165,6 +196,48 @@ class TrainPlayer:
         self.top_p = cfg['top_p']
         self.repeats = cfg['repeats']
         self.repeat_counter = 0
+
+    def set_factors(self, epsilon_factor: float, temp_factor: float) -> None:
+        """The trainer's factors on this profile's ``boltzmann_epsilon`` (the product capped at 1) and
+        ``boltzmann_temp``, used from the next round on."""
+        self.epsilon_factor, self.temp_factor = float(epsilon_factor), float(temp_factor)
+
+    def effective_exploration(self) -> tuple:
+        """``(epsilon, temp)`` of the next round: the profile's values times the trainer's factors."""
+        return min(1.0, self.boltzmann_epsilon * self.epsilon_factor), self.boltzmann_temp * self.temp_factor
+
+    def reload_baseline(self) -> None:
+        """Load ``[baseline.train] state_file`` again (after a rotation); the pool's engines are dropped."""
+        mtime = _mtime(self.baseline_slot['state_file'])
+        self.baseline_engine = load_baseline_engine(self.baseline_slot)
+        self.baseline_mtime = mtime
+        self._pool.clear()
+
+    def baseline_stale(self) -> bool:
+        """Whether ``[baseline.train] state_file`` changed on disk since it was loaded."""
+        return _mtime(self.baseline_slot['state_file']) != self.baseline_mtime
+
+    def opponent(self):
+        """The baseline engine of the next round: the current one, or with ``[rotation] pool_size`` > 1 one of
+        the newest baselines (``mortal.rotation.baseline_pool``) drawn uniformly."""
+        if self.pool_size <= 1:
+            return self.baseline_engine
+        from mortal.rotation import baseline_pool
+        current = self.baseline_slot['state_file']
+        pick = random.choice(baseline_pool(current, self.pool_size))
+        if pick == current:
+            return self.baseline_engine
+        cached = self._pool.get(pick)
+        try:
+            mtime = os.path.getmtime(pick)
+            if cached is None or cached[0] != mtime:
+                cached = (mtime, load_baseline_engine({**self.baseline_slot, 'state_file': pick}))
+                self._pool[pick] = cached
+        except Exception as ex:  # removed or unreadable meanwhile: this round plays the current baseline
+            logger.warning('cannot load pool baseline %s (%s: %s): playing the current one', pick,
+                           type(ex).__name__, ex)
+            return self.baseline_engine
+        return cached[1]
 
     def next_seed(self) -> tuple:
         """The ``(nonce, key)`` of the next round, then advance the schedule (every ``repeats`` rounds)."""
@@ -182,14 +255,15 @@ class TrainPlayer:
         from mortal.engine import MortalEngine
 
         device = torch.device(device)
+        epsilon, temp = self.effective_exploration()
         with _CudnnBenchmarkOff(self.cudnn_benchmark):
             engine = MortalEngine(
                 mortal, dqn, is_oracle=False, version=self.chal_version, device=device,
                 enable_amp=_use_amp(device), name='trainee',
-                boltzmann_epsilon=self.boltzmann_epsilon, boltzmann_temp=self.boltzmann_temp, top_p=self.top_p,
+                boltzmann_epsilon=epsilon, boltzmann_temp=temp, top_p=self.top_p,
             )
             _fresh_dir(self.log_dir)
             env = OneVsThree(disable_progress_bar=False, log_dir=self.log_dir)
-            rankings = env.py_vs_py(challenger=engine, champion=self.baseline_engine,
+            rankings = env.py_vs_py(challenger=engine, champion=self.opponent(),
                                     seed_start=self.next_seed(), seed_count=self.seed_count)
             return np.asarray(rankings, dtype=np.int64), _list_logs(self.log_dir)

@@ -12,6 +12,9 @@ Behaviour as Mortal's server, with its faults fixed:
 - ``submit_param`` bumps ``param_version`` (and the idle version when ``is_idle``). Its key names, dtypes and
   shapes (read from the safetensors headers; no network is built) must match the first accepted submission of
   this server's lifetime unless the request says ``arch_change: true``; empty state dicts are always refused.
+- ``submit_param`` may carry the trainer's play settings (``steps``, ``epsilon_factor``, ``temp_factor``,
+  ``baseline_version``: ``mortal.schedule``, ``mortal.gate``); they are checked (finite, in range) and handed to
+  every client with the parameters. A trainer that sends none leaves Mortal's (factors 1, version 0).
 - ``drain`` moves the whole buffer into a freshly emptied ``drain_dir`` (under ``force_sequential`` only once the
   buffer is full) and answers ``{count, drain_dir, files, param_versions, ...}``. A drain that fails midway
   answers 'error' and keeps the logs it moved in ``drain_dir`` for the next drain: none is lost or duplicated.
@@ -36,6 +39,7 @@ import errno
 import ipaddress
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -162,6 +166,14 @@ def _field(msg: dict, key: str, types, *, default=...):
     return value
 
 
+def play_settings_of(msg: dict) -> dict:
+    """``wire.check_play_settings`` of a submit_param request; BadRequest instead of its ValueError."""
+    try:
+        return wire.check_play_settings(msg)
+    except ValueError as ex:
+        raise BadRequest(str(ex)) from None
+
+
 class ReplayStore:
     """Thread-safe state of the server: parameters, versions and the on-disk replay buffer.
 
@@ -192,6 +204,7 @@ class ReplayStore:
         self.param_signature: Optional[dict] = None  # {'mortal': signature, 'dqn': signature} of accepted params
         self.param_version = 0
         self.idle_param_version = 0
+        self.play_settings = dict(wire.DEFAULT_PLAY_SETTINGS)  # what travels with the parameters to the clients
 
     def reset_dirs(self) -> None:
         """Delete and recreate buffer_dir and drain_dir (logged), as Mortal's server does at start."""
@@ -230,6 +243,7 @@ class ReplayStore:
                 _field(msg, 'dqn', bytes),
                 _field(msg, 'is_idle', bool, default=False),
                 arch_change=_field(msg, 'arch_change', bool, default=False),
+                settings=play_settings_of(msg),
             )
         if kind == 'drain':
             return self.drain()
@@ -254,6 +268,7 @@ class ReplayStore:
                 'dqn': self.dqn_param,
                 'param_version': self.param_version,
                 'server_id': self.server_id,
+                **self.play_settings,
             }
 
     def submit_replay(self, logs: dict, param_version: int, client_server_id: Optional[str] = None) -> dict:
@@ -299,7 +314,8 @@ class ReplayStore:
                     sid, len(logs), param_version, size)
         return {'status': wire.STATUS_OK, 'count': len(logs), 'submission_id': sid}
 
-    def submit_param(self, mortal: bytes, dqn: bytes, is_idle: bool, *, arch_change: bool = False) -> dict:
+    def submit_param(self, mortal: bytes, dqn: bytes, is_idle: bool, *, arch_change: bool = False,
+                     settings: Optional[dict] = None) -> dict:
         """Replace the served parameters (safetensors bytes, checked to parse) and bump the version.
 
         Raises ProtocolError (not safetensors) or BadRequest: an empty state dict, or key names/dtypes/shapes
@@ -326,6 +342,7 @@ class ReplayStore:
             self.param_signature = sig
             self.mortal_param = mortal
             self.dqn_param = dqn
+            self.play_settings = {**wire.DEFAULT_PLAY_SETTINGS, **(settings or {})}
             self.param_version += 1
             if is_idle:
                 self.idle_param_version = self.param_version

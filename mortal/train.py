@@ -57,7 +57,7 @@ import sys
 import time
 import warnings
 from datetime import datetime
-from glob import glob
+from glob import glob, escape as glob_escape
 from itertools import chain
 from os import path
 
@@ -66,7 +66,7 @@ from torch import nn, optim
 from torch.optim.lr_scheduler import LambdaLR
 
 from mortal import wire
-from mortal.fsutil import fsync_dir
+from mortal.fsutil import fsync_dir, stamped_name
 from mortal.diagnostics import Probe, WindowMeans, batch_q_stats
 from mortal.loss import anchor_term, cql_term
 
@@ -79,6 +79,9 @@ RESTART_DELAY = 3.0  # seconds between a child's clean exit and the next start (
 DRAIN_POLL_INTERVAL = 5.0  # seconds between empty drains (Mortal)
 DISPLAY_PTS = [90, 45, 0, -135]  # test-play avg pt, display and best.pth rule only; never a training signal
 INITIAL_BEST_PERF = {'avg_rank': 4.0, 'avg_pt': -135.0}
+# Extra checkpoint entry 'guard' (mortal.gate, docs/operations.md): the state of the long-run guards.
+INITIAL_GUARD = {'worse_streak': 0, 'rotate_streak': 0, 'rollbacks': 0, 'rotations': 0, 'lr_scale': 1.0,
+                 'epsilon_scale': 1.0, 'baseline_version': 0}
 HISTOGRAM_STRIDE = 128  # Mortal keeps every 128th q value to keep event files small
 CHECKPOINT_KEYS = ('mortal', 'current_dqn', 'aux_net', 'optimizer', 'scheduler', 'scaler', 'steps', 'timestamp',
                    'best_perf', 'config')
@@ -105,9 +108,15 @@ class LinearWarmUpCosineAnnealingLR(LambdaLR):
         self.init, self.peak, self.final = init, peak, final
         self.warm_up_steps, self.max_steps = warm_up_steps, max_steps
         self.offset, self.epoch_size = offset, epoch_size
+        self.multiplier = None  # extra: a callable giving the [schedule.lr] x rollback factor (None = 1, Mortal)
         super().__init__(optimizer, lr_lambda=self.factor, **kwargs)
 
     def factor(self, step: int) -> float:
+        scale = 1.0 if self.multiplier is None else self.multiplier()
+        return scale * self.base_factor(step)
+
+    def base_factor(self, step: int) -> float:
+        """Mortal's learning rate at ``step``, without ``multiplier``."""
         s = step + self.offset
         if self.epoch_size > 0:
             s %= self.epoch_size
@@ -122,15 +131,20 @@ class LinearWarmUpCosineAnnealingLR(LambdaLR):
 
     def state_dict(self):
         """Plain numbers only (loadable with ``weights_only=True``); the factor function is not stored."""
-        return {k: v for k, v in self.__dict__.items() if k not in ('optimizer', 'lr_lambdas')}
+        return {k: v for k, v in self.__dict__.items() if k not in ('optimizer', 'lr_lambdas', 'multiplier')}
 
     def load_state_dict(self, state_dict):
         """Restore the position in the schedule (``last_epoch`` etc.) but keep the schedule's shape from the
         config, so an edited ``[optim.scheduler]`` takes effect on resume (Mortal silently kept the old one).
         Accepts Mortal's checkpoints (which also hold ``lr_lambdas``)."""
         for key, value in state_dict.items():
-            if key not in self._SHAPE_KEYS and key != 'lr_lambdas':
+            if key not in self._SHAPE_KEYS and key not in ('lr_lambdas', 'multiplier'):
                 self.__dict__[key] = value
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Set the optimizer's learning rates to the schedule's value now (after a load, or a change of
+        ``multiplier``'s value)."""
         lrs = [base * self.factor(self.last_epoch) for base in self.base_lrs]
         for group, lr in zip(self.optimizer.param_groups, lrs):
             group['lr'] = lr
@@ -204,6 +218,12 @@ def played_checkpoint(state: dict) -> dict:
 def is_better(avg_pt: float, avg_rank: float, best_perf: dict) -> bool:
     """Mortal's best.pth rule: avg pt not worse AND avg rank not worse than the best so far."""
     return avg_pt >= best_perf['avg_pt'] and avg_rank <= best_perf['avg_rank']
+
+
+def units_summary(units: dict) -> tuple:
+    """``(avg_rank, avg_pt)`` over every game of ``{nonce: [ranks 1-4]}``, pt by ``DISPLAY_PTS``."""
+    ranks = [r for rs in units.values() for r in rs]
+    return sum(ranks) / len(ranks), sum(DISPLAY_PTS[r - 1] for r in ranks) / len(ranks)
 
 
 def _describe_arch(cfg) -> str:
@@ -432,6 +452,18 @@ class Trainer:
         self.best_state_file = control['best_state_file']
         self.enable_amp = control['enable_amp']
         self.test_games = config['test_play']['games']
+        test_cfg = config['test_play']
+        self.best_rule = test_cfg.get('best_rule', 'paired')
+        self.confidence = test_cfg.get('confidence', 0.95)
+        self.sprt = None
+        if self.best_rule == 'sprt':
+            from mortal.gate import Sprt
+            self.sprt = Sprt(test_cfg['sprt_delta'], test_cfg['sprt_alpha'], test_cfg['sprt_beta'])
+        self.sprt_chunk_deals = test_cfg.get('sprt_chunk', 64) // 4
+        from mortal.config import optional_section
+        self.guard_cfg = optional_section(config, 'guard')
+        self.rotation_cfg = optional_section(config, 'rotation')
+        self.schedules = {name: optional_section(config, f'schedule.{name}') for name in ('lr', 'epsilon', 'temp')}
         self.min_q_weight = config['cql']['min_q_weight']
         # Extras (defaults = Mortal: no CQL online, no anchor); see mortal/loss.py.
         self.online_min_q_weight = config['cql'].get('online_min_q_weight', 0.0)
@@ -468,9 +500,14 @@ class Trainer:
         warnings.filterwarnings('ignore', message=r'Detected call of `lr_scheduler.step\(\)` before')
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.enable_amp)
         self.best_perf = dict(INITIAL_BEST_PERF)
+        self.guard = dict(INITIAL_GUARD)
         self.steps = 0
         self._loaded_ema = None
         self.load_state()
+        from mortal.schedule import schedule_factor
+        self.scheduler.multiplier = lambda: (schedule_factor(self.schedules['lr'], self.steps)
+                                             * self.guard['lr_scale'])
+        self.scheduler.refresh()
         # Extra: an EMA of the weights is what gets published, test-played and kept as best.pth (0 = off, Mortal).
         self.ema_decay = config.get('online', {}).get('ema_decay', 0.0) if self.online else 0.0
         self.ema = self._init_ema() if self.ema_decay > 0 else None
@@ -489,6 +526,7 @@ class Trainer:
         self.writer = writer
         self.reset_stats()
         self.diag = WindowMeans()
+        self.last_diag = {}  # the diag/* values of the last save (the guards' instrument bounds read them)
         self.anchor = self._load_anchor() if self.anchor_weight > 0 else None
         self.probe = self._load_probe() if self.online else None
         self.offline_stream = self._checked_offline_stream() if self.offline_batch_size > 0 else None
@@ -532,6 +570,7 @@ class Trainer:
         if self.scaler.is_enabled() and state.get('scaler'):
             self.scaler.load_state_dict(state['scaler'])
         self.best_perf = dict(state.get('best_perf', INITIAL_BEST_PERF))
+        self.guard = {**INITIAL_GUARD, **state.get('guard', {})}
         self.steps = int(state['steps'])
         if 'ema_mortal' in state and 'ema_dqn' in state:
             self._loaded_ema = (state['ema_mortal'], state['ema_dqn'])
@@ -570,6 +609,8 @@ class Trainer:
         extra = {}
         if self.ema is not None:
             extra = {'ema_mortal': self.ema[0].state_dict(), 'ema_dqn': self.ema[1].state_dict()}
+        if self.online:  # the long-run guards' state (run_guards), after Mortal's keys
+            extra['guard'] = dict(self.guard)
         return {
             'mortal': self.mortal.state_dict(),
             'current_dqn': self.dqn.state_dict(),
@@ -601,6 +642,7 @@ class Trainer:
             'mortal': wire.pack_state_dict(mortal.state_dict()),
             'dqn': wire.pack_state_dict(dqn.state_dict()),
             'is_idle': is_idle,
+            **self.play_settings(),
         }
         try:
             reply = wire.request_with_retry(self.remote, msg, sleep=self.sleep)
@@ -609,6 +651,19 @@ class Trainer:
             raise SystemExit(2) from None
         logger.info('param has been submitted (version %d%s)', reply.get('param_version', -1),
                     ', idle' if is_idle else '')
+
+    def play_settings(self) -> dict:
+        """What travels with the parameters to the clients (``mortal.schedule``, ``mortal.gate``): ``steps``,
+        ``epsilon_factor`` ([schedule.epsilon] x the rollbacks' ``[guard] epsilon_factor``), ``temp_factor``
+        ([schedule.temp]) and ``baseline_version`` (bumped by each rotation)."""
+        from mortal.schedule import schedule_factor
+        return {
+            'steps': self.steps,
+            'epsilon_factor': schedule_factor(self.schedules['epsilon'], self.steps) * self.guard['epsilon_scale'],
+            # never 0: a temperature of 0 cannot sample (the server refuses it)
+            'temp_factor': max(schedule_factor(self.schedules['temp'], self.steps), wire.MIN_TEMP_FACTOR),
+            'baseline_version': self.guard['baseline_version'],
+        }
 
     def claims(self, claim_dir: str):
         """The ``mortal.claims.ClaimLedger`` of ``claim_dir``, opened (from its manifest) on first use."""
@@ -729,7 +784,8 @@ class Trainer:
 
     def write_diagnostics(self) -> None:
         """The ``diag/*`` TensorBoard tags of this save window (``mortal/diagnostics.py``)."""
-        for key, value in self.diag.means().items():
+        self.last_diag = dict(self.diag.means())
+        for key, value in self.last_diag.items():
             self.writer.add_scalar(f'diag/{key}', value, self.steps)
         self.diag.reset()
         if self.probe is not None:
@@ -738,6 +794,7 @@ class Trainer:
             else:  # drift of the published EMA; the next-rank head belongs to the trained weights
                 drift = self.probe.drift(*self.ema, self.device)
                 loss = self.probe.next_rank_loss(self.mortal, self.aux_net, self.device)
+            self.last_diag['policy_drift'] = drift
             self.writer.add_scalar('diag/policy_drift', drift, self.steps)
             self.writer.add_scalar('diag/next_rank_loss_probe', loss, self.steps)
 
@@ -855,6 +912,10 @@ class Trainer:
             w.add_scalar('loss/offline_cql_loss', self.stats['offline_cql_loss'] / n, self.steps)
         w.add_scalar('loss/next_rank_loss', self.stats['next_rank_loss'] / n, self.steps)
         w.add_scalar('hparam/lr', self.scheduler.get_last_lr()[0], self.steps)
+        if self.online:
+            settings = self.play_settings()
+            w.add_scalar('hparam/epsilon_factor', settings['epsilon_factor'], self.steps)
+            w.add_scalar('hparam/temp_factor', settings['temp_factor'], self.steps)
         w.add_histogram('q_predicted', self.all_q.cpu().numpy().flatten()[::HISTOGRAM_STRIDE], self.steps)
         w.add_histogram('q_target', self.all_q_target.cpu().numpy().flatten()[::HISTOGRAM_STRIDE], self.steps)
         self.write_diagnostics()
@@ -888,19 +949,57 @@ class Trainer:
             logger.info('total steps: %s (~%s)', f'{self.steps:,}', f'{to_test:,}')
 
     def test_play(self) -> None:
-        """Play ``[test_play] games`` against ``[baseline.test]``, log, update best.pth; online: TestPlayDone."""
-        stat = self.test_player.test_play(self.test_games // 4, *self.played(), self.device)
+        """Play ``[test_play] games`` against ``[baseline.test]``, log, judge and maybe replace best.pth, then the
+        guards (rollback, rotation); online: TestPlayDone.
+
+        With a test player that gives per-deal results (``play_units``: ``mortal.player.TestPlayer``, online and
+        offline), the challenger is paired deal by deal with best.pth's record and judged by ``[test_play]
+        best_rule`` (``mortal.gate``); one with ``test_play`` only (the bootstrap's test play against
+        RulebaseBots, tests' fakes) is judged by Mortal's rule and drives no guard."""
+        from mortal import gate
+        verdict = None
+        # Nothing to compare with yet (no best.pth, a fresh best_perf): the first test play makes best.pth, as
+        # Mortal's does.
+        first = (not path.exists(self.best_state_file) and not self.best_perf.get('deals')
+                 and self.best_perf.get('avg_rank', 4.0) >= INITIAL_BEST_PERF['avg_rank'])
+        if hasattr(self.test_player, 'play_units'):
+            self.test_player.begin()
+            mortal, dqn = self.played()
+            rule = 'paired' if first and self.best_rule == 'sprt' else self.best_rule  # a full record
+            verdict = gate.run_test_play(
+                lambda first, count: self.test_player.play_units(first, count, mortal, dqn, self.device),
+                nonce_start=self._test_nonce(), deals=self.test_games // 4,
+                reference=gate.reference_of(self.best_perf), rule=rule, confidence=self.confidence,
+                sprt=self.sprt, chunk_deals=self.sprt_chunk_deals,
+                mortal_better=lambda units: is_better(units_summary(units)[1], units_summary(units)[0],
+                                                      self.best_perf))
+            stat = self.test_player.stat()
+        else:
+            stat = self.test_player.test_play(self.test_games // 4, *self.played(), self.device)
         self.mortal.train()
         self.dqn.train()
         avg_pt = stat.avg_pt(DISPLAY_PTS)
         avg_rank = stat.avg_rank
-        better = is_better(avg_pt, avg_rank, self.best_perf)
+        better = verdict.better if verdict is not None else is_better(avg_pt, avg_rank, self.best_perf)
+        if first and verdict is not None and not verdict.better:
+            logger.info('no best.pth yet: this first test play makes it')
+            better = verdict.better = True
         past_best = dict(self.best_perf)
         if better:
             self.best_perf = {'avg_pt': avg_pt, 'avg_rank': avg_rank}
+            if verdict is not None:
+                self.best_perf['deals'] = {int(n): [int(r) for r in rs] for n, rs in verdict.units.items()}
         logger.info('avg rank: %.6f', avg_rank)
         logger.info('avg pt: %.6f', avg_pt)
         stat.write_tensorboard(self.writer, self.steps, DISPLAY_PTS)
+        if verdict is not None:
+            logger.info('test play: %s', verdict.describe())
+            self.writer.add_scalar('test_play/paired_diff', verdict.diff, self.steps)
+            if not math.isnan(verdict.ci):
+                self.writer.add_scalar('test_play/paired_diff_ci', verdict.ci, self.steps)
+            self.writer.add_scalar('test_play/games', verdict.games, self.steps)
+            if verdict.llr is not None:
+                self.writer.add_scalar('test_play/sprt_llr', verdict.llr, self.steps)
         self.writer.flush()
         if better:
             self.save()  # the checkpoint now records the new best_perf
@@ -910,8 +1009,133 @@ class Trainer:
                 atomic_copy(self.state_file, self.best_state_file)
             else:  # best.pth holds the weights that were test-played
                 atomic_torch_save(played_checkpoint(self.checkpoint()), self.best_state_file)
+        if self.online and verdict is not None:
+            self.run_guards(verdict)
         if self.online:
             raise TestPlayDone()
+
+    def _test_nonce(self) -> int:
+        from mortal.player import TEST_SEED
+        return TEST_SEED[0]
+
+    # -- long-run guards (docs/operations.md) ----------------------------------------------------------------
+
+    def run_guards(self, verdict) -> None:
+        """After an online test play: the degradation alarm (``[guard]``) and the baseline rotation
+        (``[rotation]``). Saves the checkpoint when their state changed."""
+        from mortal import gate
+        before = dict(self.guard)
+        g = self.guard_cfg
+        self.guard['worse_streak'] = self.guard['worse_streak'] + 1 if verdict.worse else 0
+        reasons = []
+        if g['rollback_after'] and self.guard['worse_streak'] >= g['rollback_after']:
+            reasons.append(f"{self.guard['worse_streak']} test plays in a row significantly worse than best.pth "
+                           f'(last: {verdict.describe()})')
+        drift, q_gap = self.last_diag.get('policy_drift'), self.last_diag.get('q_gap')
+        if verdict.better:  # the model just became best.pth: rolling back would restore itself
+            drift = q_gap = None
+        if g['max_policy_drift'] and drift is not None and drift > g['max_policy_drift']:
+            reasons.append(f"diag/policy_drift {drift:.3f} above [guard] max_policy_drift {g['max_policy_drift']}")
+        if g['min_q_gap'] and q_gap is not None and q_gap < g['min_q_gap']:
+            reasons.append(f"diag/q_gap {q_gap:.3f} below [guard] min_q_gap {g['min_q_gap']}")
+        if reasons:
+            self.rollback('; '.join(reasons))
+        r = self.rotation_cfg
+        if r['after']:
+            means = list(gate.unit_means(verdict.units).values())
+            mean, ci = gate.mean_and_ci(means, self.confidence)
+            beats = not math.isnan(ci) and mean <= r['max_rank'] and mean + ci < gate.BASELINE_RANK
+            self.guard['rotate_streak'] = self.guard['rotate_streak'] + 1 if beats else 0
+            if self.guard['rotate_streak'] >= r['after']:
+                self.rotate_baseline(f"{self.guard['rotate_streak']} test plays in a row beat the baseline "
+                                     f"(last: avg rank {mean:.3f} ± {ci:.3f}, at most {r['max_rank']})")
+        self.writer.add_scalar('guard/worse_streak', self.guard['worse_streak'], self.steps)
+        if self.guard != before:
+            self.save()
+
+    def rollback(self, reason: str) -> bool:
+        """Restore the weights and optimizer state of best.pth into this learner and ``state_file`` (steps,
+        schedule position and ``best_perf`` go on). The replaced ``state_file`` is kept as
+        ``<state_file>.<YYYYmmdd-HHMMSS>.rollback`` (the newest ``[guard] keep`` of them); the learning rate and
+        the clients' ε are multiplied by ``[guard] lr_factor`` / ``epsilon_factor``. Returns False (logged) when
+        best.pth is missing or does not fit."""
+        try:
+            best = torch.load(self.best_state_file, weights_only=True, map_location=self.device)
+            for model, entry in ((self.mortal, 'mortal'), (self.dqn, 'current_dqn'), (self.aux_net, 'aux_net')):
+                check_shapes(model, best[entry], entry=entry, state_file=self.best_state_file,
+                             ckpt_cfg=best.get('config'), config=self.config)
+        except Exception as ex:  # missing, corrupt or foreign: the guard must never stop training
+            logger.error('ROLLBACK not possible (%s): %s: %s', reason, type(ex).__name__, ex)
+            return False
+        kept = self._keep_for_rollback()
+        for model, entry in ((self.mortal, 'mortal'), (self.dqn, 'current_dqn'), (self.aux_net, 'aux_net')):
+            model.load_state_dict(best[entry])
+        try:
+            if not best.get('optimizer'):
+                raise ValueError('it has none')
+            self.optimizer.load_state_dict(best['optimizer'])
+        except Exception as ex:  # another optimizer layout: the weights still roll back, with fresh moments
+            logger.warning('optimizer state of %s not restored (%s): starting it fresh', self.best_state_file, ex)
+            self.optimizer.state.clear()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            for ema, model in zip(self.ema, (self.mortal, self.dqn)):
+                ema.load_state_dict(model.state_dict())
+        g = self.guard_cfg
+        self.guard.update(rollbacks=self.guard['rollbacks'] + 1, worse_streak=0,
+                          lr_scale=self.guard['lr_scale'] * g['lr_factor'],
+                          epsilon_scale=self.guard['epsilon_scale'] * g['epsilon_factor'])
+        self.scheduler.refresh()
+        self.save()
+        line = (f"ROLLBACK #{self.guard['rollbacks']} at step {self.steps}: {reason}; {self.state_file} restored "
+                f"from {self.best_state_file} (its step {best.get('steps', '?')}), the replaced one kept as {kept}; "
+                f"lr x{self.guard['lr_scale']:g}, epsilon x{self.guard['epsilon_scale']:g}")
+        self._guard_event('guard/rollbacks', self.guard['rollbacks'], line)
+        return True
+
+    def _guard_event(self, tag: str, count: int, line: str) -> None:
+        """One warning line, the count under ``tag`` and the line as a ``guard/events`` text in TensorBoard."""
+        logger.warning('%s', line)
+        self.writer.add_scalar(tag, count, self.steps)
+        self.writer.add_text('guard/events', line, self.steps)
+
+    def _keep_for_rollback(self) -> str:
+        """Copy ``state_file`` to a new timestamped ``.rollback`` name; remove the oldest beyond ``[guard] keep``."""
+        kept = stamped_name(self.state_file, datetime.now().strftime('%Y%m%d-%H%M%S'), '.rollback')
+        atomic_copy(self.state_file, kept)
+        old = sorted(glob(f'{glob_escape(self.state_file)}.*.rollback'), key=path.getmtime)
+        for name in old[:-self.guard_cfg['keep']]:
+            os.remove(name)
+        return kept
+
+    def rotate_baseline(self, reason: str) -> bool:
+        """Promote best.pth to ``[baseline.train]``/``[baseline.test]`` (``mortal.rotation.rotate``: the old
+        baselines kept as ``.bak``), reset ``best_perf``, bump ``baseline_version`` (clients reload their baseline
+        when it changes). Returns False (logged) when best.pth cannot be promoted."""
+        import filecmp
+        from mortal.config import lookup
+        from mortal.rotation import rotate
+        baseline = lookup(self.config, 'baseline.train.state_file')
+        try:
+            if baseline is None:
+                raise ValueError('[baseline.train] state_file is not set')
+            if path.exists(baseline) and filecmp.cmp(self.best_state_file, baseline, shallow=False):
+                logger.info('rotation skipped (%s): best.pth is the baseline already', reason)
+                self.guard['rotate_streak'] = 0
+                return False
+            done = rotate(self.config, self.best_state_file)
+        except (ValueError, OSError) as ex:
+            logger.error('ROTATION not possible (%s): %s', reason, ex)
+            return False
+        self.best_perf = dict(INITIAL_BEST_PERF)
+        self.guard.update(baseline_version=self.guard['baseline_version'] + 1, rotate_streak=0, worse_streak=0,
+                          rotations=self.guard['rotations'] + 1)
+        self.save()
+        line = (f"ROTATION #{self.guard['rotations']} at step {self.steps}: {reason}; {self.best_state_file} "
+                f"promoted to {', '.join(t for t, _ in done)} (baseline version {self.guard['baseline_version']}, "
+                f"previous kept as {', '.join(b for _, b in done if b) or 'nothing'}); best_perf reset")
+        self._guard_event('guard/rotations', self.guard['rotations'], line)
+        return True
 
     def _progress_bar(self):
         from tqdm.auto import tqdm

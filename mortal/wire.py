@@ -18,7 +18,9 @@ are framed the same way (signed with the server's token) but peers do not check 
 Requests (client/trainer -> server):
     {'type': 'get_param', 'param_version': int, 'server_id': str|None}
     {'type': 'submit_replay', 'logs': {name: gz bytes}, 'param_version': int, 'server_id': str|None}
-    {'type': 'submit_param', 'mortal': bytes, 'dqn': bytes, 'is_idle': bool, 'arch_change': bool (optional)}
+    {'type': 'submit_param', 'mortal': bytes, 'dqn': bytes, 'is_idle': bool, 'arch_change': bool (optional),
+     'steps': int, 'epsilon_factor': float, 'temp_factor': float, 'baseline_version': int (optional, all four;
+     handed to clients in get_param's 'ok' reply)}
     {'type': 'drain'}
 Replies (server -> peer) always carry ``status``: 'ok', 'samples overflow', 'empty param', 'trainer is busy',
 'unauthorized', 'bad request' (retrying cannot help; ``reason`` says why) or 'error' (the server could not do it,
@@ -68,6 +70,38 @@ STATUS_BUSY = 'trainer is busy'
 STATUS_UNAUTHORIZED = 'unauthorized'
 STATUS_BAD_REQUEST = 'bad request'
 STATUS_ERROR = 'error'
+
+
+# submit_param's optional play settings (mortal.train.Trainer.play_settings), handed to clients by get_param,
+# and their defaults (Mortal's behaviour).
+DEFAULT_PLAY_SETTINGS = {'steps': -1, 'epsilon_factor': 1.0, 'temp_factor': 1.0, 'baseline_version': 0}
+MAX_FACTOR = 1e6  # a factor beyond this is a bug of the sender, not a schedule
+MIN_TEMP_FACTOR = 1e-6  # below this a Boltzmann softmax over Q overflows in float32
+
+
+def check_play_settings(msg: dict) -> dict:
+    """The play settings of a submit_param request or a get_param reply, defaults for absent ones. Raises
+    ValueError naming the field for a wrong type (bools are not numbers), a non-finite or out-of-range factor
+    (epsilon_factor in [0, 1e6], temp_factor in [1e-6, 1e6]) or a negative baseline_version."""
+    import math
+    out = {}
+    for key in ('steps', 'baseline_version'):
+        value = msg.get(key, DEFAULT_PLAY_SETTINGS[key])
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f'field {key!r} is a {type(value).__name__}, expected an int')
+        out[key] = value
+    if out['baseline_version'] < 0:
+        raise ValueError(f"field 'baseline_version' must be >= 0, got {out['baseline_version']}")
+    for key, low in (('epsilon_factor', 0.0), ('temp_factor', MIN_TEMP_FACTOR)):
+        value = msg.get(key, DEFAULT_PLAY_SETTINGS[key])
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ValueError(f'field {key!r} is a {type(value).__name__}, expected a number')
+        value = float(value)
+        if not math.isfinite(value) or not low <= value <= MAX_FACTOR:
+            raise ValueError(f'field {key!r} must be a finite number within [{low:g}, {MAX_FACTOR:g}], '
+                             f'got {value!r}')
+        out[key] = value
+    return out
 
 
 class ProtocolError(Exception):

@@ -19,51 +19,11 @@ Exit status 1 with a message when the source is unusable.
 import argparse
 import os
 import pathlib
-import shutil
 import sys
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-
-def check_source(path):
-    """Raise ``ValueError`` naming ``path`` unless it is a loadable Mortal-layout checkpoint."""
-    import torch
-    try:
-        state = torch.load(path, map_location='cpu', weights_only=True)
-    except Exception as e:
-        raise ValueError(f'{path}: cannot load: {type(e).__name__}: {e}') from None
-    missing = [k for k in ('mortal', 'current_dqn', 'config') if not isinstance(state, dict) or k not in state]
-    if missing:
-        raise ValueError(f'{path}: not a usable checkpoint, lacks {missing}')
-
-
-def rotate(config, source=None, *, reset_best=False, stamp=None):
-    """Copy ``source`` (default best_state_file) to the baselines; returns ``[(target, backup or None)]``."""
-    import torch
-    from mortal.train import INITIAL_BEST_PERF, atomic_copy, atomic_torch_save
-
-    source = source or config['control']['best_state_file']
-    check_source(source)
-    stamp = stamp or time.strftime('%Y%m%d-%H%M%S')
-    done = []
-    targets = dict.fromkeys(config['baseline'][slot]['state_file'] for slot in ('train', 'test'))
-    for target in targets:
-        backup = None
-        if os.path.exists(target):
-            if os.path.samefile(target, source):
-                raise ValueError(f'{source} is the baseline file itself')
-            backup = f'{target}.{stamp}.bak'
-            shutil.copy2(target, backup)
-        os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
-        atomic_copy(source, target)
-        done.append((target, backup))
-    if reset_best:
-        state_file = config['control']['state_file']
-        state = torch.load(state_file, map_location='cpu', weights_only=True)
-        state['best_perf'] = dict(INITIAL_BEST_PERF)
-        atomic_torch_save(state, state_file)
-    return done
+from mortal.rotation import rotate  # noqa: E402  (after the sys.path line)
 
 
 def main(argv=None):

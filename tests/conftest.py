@@ -23,6 +23,15 @@ def fixture_logs():
     return list(FIXTURE_LOGS)
 
 
+def load_script(relpath: str, name: str):
+    """Import the script ``ROOT/relpath`` (e.g. ``bench/sprt_cost.py``, not a package module) as ``name``."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, ROOT / relpath)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _free_port():
     import socket
     with socket.socket() as s:

@@ -151,8 +151,9 @@ def test_sigkilled_learner_resumes_from_a_sound_checkpoint(tmp_path, procs):
         trainer.kill(signal.SIGKILL)
         assert trainer.p.returncode == -signal.SIGKILL
         state = torch.load(config['control']['state_file'], weights_only=True)  # never corrupt
+        # Mortal's keys, then the guards' state (an extra of online checkpoints)
         assert tuple(state) == ('mortal', 'current_dqn', 'aux_net', 'optimizer', 'scheduler', 'scaler', 'steps',
-                                'timestamp', 'best_perf', 'config')
+                                'timestamp', 'best_perf', 'config', 'guard')
         assert state['steps'] % 2 == 0 and state['steps'] > last
         if round_ > 0:  # this learner resumed from exactly what the killed one had saved
             assert int(re.search(r'loaded .* steps (\d+)\)', trainer.text()).group(1)) == last

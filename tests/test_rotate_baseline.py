@@ -1,22 +1,17 @@
 """scripts/rotate_baseline.py: best -> baselines, with backups and an optional best_perf reset."""
 
-import importlib.util
 import pathlib
 
 import pytest
 import torch
 
+from conftest import load_script
 from mortal import quickstart
 from mortal.config import load_config
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
 
 def _module():
-    spec = importlib.util.spec_from_file_location('rotate_baseline', ROOT / 'scripts' / 'rotate_baseline.py')
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script('scripts/rotate_baseline.py', 'rotate_baseline')
 
 
 def _ckpt(path, marker, best_perf=None):

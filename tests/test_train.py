@@ -85,7 +85,10 @@ def write_grp(config):
 
 class FakeWriter:
     def __init__(self):
-        self.scalars, self.groups, self.histograms = [], [], []
+        self.scalars, self.groups, self.histograms, self.texts = [], [], [], []
+
+    def add_text(self, tag, text, step):
+        self.texts.append((tag, text, step))
 
     def add_scalar(self, tag, value, step):
         self.scalars.append((tag, float(value), step))

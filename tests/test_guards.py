@@ -1,0 +1,406 @@
+"""The long-run guards of the online learner: the paired best.pth rule, SPRT test plays, rollback, baseline
+rotation (and a client picking it up through a live server), and the lr/ε/T schedules."""
+
+import glob
+import logging
+import os
+import threading
+
+import pytest
+import torch
+
+from mortal import server as srv
+from mortal import train as tr
+from mortal import wire
+from mortal.schedule import schedule_factor
+from test_client import free_port
+from test_train import FakeWriter, batch, tiny_config, write_baseline
+
+
+class UnitsStat:
+    """The part of mortal.stat.Stat the trainer reads, from per-deal ranks."""
+
+    def __init__(self, units):
+        self.ranks = [r for rs in units.values() for r in rs]
+        self.avg_rank = sum(self.ranks) / len(self.ranks)
+
+    def avg_pt(self, pts):
+        return sum(pts[r - 1] for r in self.ranks) / len(self.ranks)
+
+    def write_tensorboard(self, writer, step, pts):
+        writer.add_scalar('test_play/avg_ranking', self.avg_rank, step)
+
+
+class PlannedPlayer:
+    """A test player with per-deal results: test play k gets ``plans[k](nonce)`` as the 4 ranks of each deal."""
+
+    def __init__(self, plans):
+        self.plans = list(plans)
+        self.calls = []
+        self.units = {}
+
+    def begin(self):
+        self.plan = self.plans.pop(0)
+        self.units = {}
+        self.calls.append([])
+
+    def play_units(self, first, count, mortal, dqn, device):
+        self.calls[-1].append((first, count))
+        out = {n: list(self.plan(n)) for n in range(first, first + count)}
+        self.units.update(out)
+        return out
+
+    def stat(self):
+        return UnitsStat(self.units)
+
+
+EVEN = lambda n: [1, 2, 3, 4]  # noqa: E731 - the baseline's own result on every deal
+WORSE = lambda n: [4, 4, 3, 4] if n % 2 else [3, 4, 4, 2]  # noqa: E731
+BETTER = lambda n: [1, 1, 2, 2] if n % 2 else [1, 2, 1, 3]  # noqa: E731
+
+
+def online_trainer(tmp_path, plans, **overrides):
+    """An online learner of the tiny model with a planned test player: test play every 4 steps of 4 deals
+    (16 games); submissions are recorded in ``trainer.submits``."""
+    control = {'save_every': 2, 'test_every': 4, 'submit_every': 2, **overrides.pop('control', {})}
+    test_play = {'games': 16, **overrides.pop('test_play', {})}
+    config, _ = tiny_config(tmp_path, online=True, control=control, test_play=test_play, **overrides)
+    write_baseline(config, config['baseline']['train']['state_file'])
+    writer = FakeWriter()
+    player = PlannedPlayer(plans)
+    trainer = tr.Trainer(config, test_player=player, writer=writer, remote=wire.Remote('127.0.0.1', 1),
+                         sleep=lambda s: None)
+    trainer.submits = []
+    trainer.submit_param = lambda is_idle=False: trainer.submits.append(trainer.play_settings())
+    return trainer, writer, player
+
+
+def run_to_test_play(trainer, seed=0):
+    """Train until the next test play has run (it ends an online learner with TestPlayDone)."""
+    with pytest.raises(tr.TestPlayDone):
+        for i in range(trainer.test_every):
+            trainer.train_batch(*batch(seed=seed + i))
+
+
+def weights(state):
+    return {k: v.clone() for k, v in state['mortal'].items()}
+
+
+def same_weights(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_paired_rule_keeps_best_until_significantly_better(tmp_path):
+    noisy = lambda n: [1, 2, 3, 4] if n % 2 else [1, 1, 3, 4]  # noqa: E731 - -0.25 on half the deals
+    trainer, writer, _ = online_trainer(tmp_path, [EVEN, noisy, BETTER])
+    run_to_test_play(trainer)  # no best.pth yet: the first test play makes it, with its record
+    first = torch.load(trainer.best_state_file, weights_only=True)
+    assert first['best_perf']['deals'] == {n: [1, 2, 3, 4] for n in range(10000, 10004)}
+    run_to_test_play(trainer, seed=10)  # -0.125 ± 0.14 on 4 deals: not significant, best.pth stays
+    assert torch.load(trainer.best_state_file, weights_only=True)['steps'] == first['steps']
+    run_to_test_play(trainer, seed=20)  # BETTER: -1.0 (odd deals) / -0.75 (even): -0.875 ± 0.14
+    best = torch.load(trainer.best_state_file, weights_only=True)
+    assert best['steps'] == 12 and best['best_perf']['avg_rank'] == pytest.approx(1.625)
+    assert best['best_perf']['deals'][10001] == [1, 1, 2, 2]
+    diffs = [v for t, v, _ in writer.scalars if t == 'test_play/paired_diff']
+    assert diffs == pytest.approx([0.0, -0.125, -0.875])
+
+
+def test_rollback_after_consecutive_worse_test_plays_restores_best(tmp_path, caplog):
+    trainer, writer, _ = online_trainer(tmp_path, [EVEN, WORSE, WORSE, WORSE, WORSE],
+                                        guard={'rollback_after': 2, 'lr_factor': 0.5, 'epsilon_factor': 0.25,
+                                               'keep': 1})
+    run_to_test_play(trainer)
+    best = weights(torch.load(trainer.best_state_file, weights_only=True))
+    # a planted degradation: a learning-rate spike between the test plays
+    for group in trainer.optimizer.param_groups:
+        group['lr'] = 1.0
+    run_to_test_play(trainer, seed=10)
+    assert trainer.guard['worse_streak'] == 1 and trainer.guard['rollbacks'] == 0
+    degraded = weights(torch.load(trainer.state_file, weights_only=True))
+    assert not same_weights(degraded, best)
+    with caplog.at_level(logging.WARNING, logger='mortal.train'):
+        run_to_test_play(trainer, seed=20)
+    state = torch.load(trainer.state_file, weights_only=True)
+    assert same_weights(weights(state), best)  # state_file holds best.pth's weights again
+    assert state['steps'] == 12 and state['guard']['rollbacks'] == 1 and state['guard']['worse_streak'] == 0
+    kept = glob.glob(f'{trainer.state_file}.*.rollback')
+    assert len(kept) == 1 and not same_weights(weights(torch.load(kept[0], weights_only=True)), best)
+    assert 'ROLLBACK #1 at step 12: 2 test plays in a row significantly worse than best.pth' in caplog.text
+    # lr and epsilon lowered; the clients get the factor with the next parameters
+    assert trainer.scheduler.get_last_lr()[0] == pytest.approx(0.5e-3)
+    assert trainer.play_settings()['epsilon_factor'] == 0.25
+    assert ('guard/rollbacks', 1, 12) in writer.scalars
+    # a resumed learner keeps the guard state; a second rollback keeps only the newest copy ([guard] keep = 1)
+    again = tr.Trainer(trainer.config, test_player=trainer.test_player, writer=FakeWriter(),
+                       remote=wire.Remote('127.0.0.1', 1), sleep=lambda s: None)
+    again.submit_param = lambda is_idle=False: None
+    assert again.guard['lr_scale'] == 0.5 and again.scheduler.get_last_lr()[0] == pytest.approx(0.5e-3)
+    run_to_test_play(again, seed=30)
+    run_to_test_play(again, seed=40)
+    assert again.guard['rollbacks'] == 2 and again.guard['lr_scale'] == 0.25
+    assert len(glob.glob(f'{trainer.state_file}.*.rollback')) == 1
+
+
+def test_instrument_bound_triggers_a_rollback(tmp_path, caplog):
+    trainer, _, _ = online_trainer(tmp_path, [EVEN, EVEN], guard={'min_q_gap': 1e9})
+    run_to_test_play(trainer)  # makes best.pth: no rollback onto itself, whatever the instruments say
+    assert trainer.guard['rollbacks'] == 0
+    with caplog.at_level(logging.WARNING, logger='mortal.train'):
+        run_to_test_play(trainer, seed=10)  # not better, and q_gap < 1e9
+    assert trainer.guard['rollbacks'] == 1
+    assert 'below [guard] min_q_gap 1000000000.0' in caplog.text
+
+
+def test_sprt_test_play_stops_early_and_is_judged_by_the_sprt(tmp_path):
+    trainer, writer, player = online_trainer(tmp_path, [EVEN, WORSE],
+                                             test_play={'games': 128, 'best_rule': 'sprt', 'sprt_chunk': 32})
+    run_to_test_play(trainer)
+    assert player.calls[0] == [(10000, 32)]  # no best.pth yet: the first test play is whole, for the record
+    run_to_test_play(trainer, seed=10)
+    assert player.calls[1] == [(10000, 8)]  # WORSE: rejected at the first look
+    assert ('test_play/games', 32, 8) in writer.scalars
+    assert torch.load(trainer.best_state_file, weights_only=True)['steps'] == 4
+
+
+def test_rotation_promotes_best_and_bumps_the_baseline_version(tmp_path, caplog):
+    trainer, writer, _ = online_trainer(tmp_path, [EVEN, BETTER, BETTER], rotation={'after': 2})
+    run_to_test_play(trainer)
+    assert trainer.guard['rotate_streak'] == 0  # 2.5 does not beat the baseline
+    run_to_test_play(trainer, seed=10)
+    assert trainer.guard['rotate_streak'] == 1
+    with caplog.at_level(logging.WARNING, logger='mortal.train'):
+        run_to_test_play(trainer, seed=20)
+    baseline = trainer.config['baseline']['train']['state_file']
+    assert same_weights(weights(torch.load(baseline, weights_only=True)),
+                        weights(torch.load(trainer.best_state_file, weights_only=True)))
+    assert len(glob.glob(f'{baseline}.*.bak')) == 1
+    state = torch.load(trainer.state_file, weights_only=True)
+    assert state['best_perf'] == tr.INITIAL_BEST_PERF
+    assert state['guard']['baseline_version'] == 1 and state['guard']['rotations'] == 1
+    assert trainer.play_settings()['baseline_version'] == 1
+    assert 'ROTATION #1 at step 12: 2 test plays in a row beat the baseline' in caplog.text
+
+
+def test_a_running_client_picks_up_a_rotation_and_the_factors(tmp_path, caplog):
+    from mortal import client as cl
+    from mortal.player import load_model_pair
+    port = free_port()
+    config, _ = tiny_config(tmp_path, port=port)
+    baseline = config['baseline']['train']['state_file']
+    write_baseline(config, baseline, seed=0)
+    store = srv.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 64)
+    store.reset_dirs()
+    server = srv.ParamServer(('127.0.0.1', port), store, timeout=10)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    remote = wire.Remote('127.0.0.1', port, timeout=10)
+    brain, dqn, _ = load_model_pair(baseline)
+
+    def submit(**settings):
+        reply = remote.request({'type': 'submit_param', 'mortal': wire.pack_state_dict(brain.state_dict()),
+                                'dqn': wire.pack_state_dict(dqn.state_dict()), 'is_idle': True, **settings})
+        assert reply['status'] == 'ok'
+
+    try:
+        submit(steps=100, epsilon_factor=1.0, temp_factor=1.0, baseline_version=0)
+        client = cl.Client(config, env={}, sleep=lambda s: None)
+        client.run_round()
+        old = client.train_player.baseline_engine
+        write_baseline(config, baseline, seed=1)  # the trainer's rotation replaced the file
+        new_weights = torch.load(baseline, weights_only=True)['mortal']
+        submit(steps=200, epsilon_factor=0.5, temp_factor=2.0, baseline_version=1)
+        with caplog.at_level(logging.INFO, logger='mortal.client'):
+            client.run_round()
+        engine = client.train_player.baseline_engine
+        assert engine is not old
+        assert all(torch.equal(engine.brain.state_dict()[k], v) for k, v in new_weights.items())
+        assert 'the baseline was rotated (version 0 -> 1): reloading it' in caplog.text
+        assert client.train_player.effective_exploration() == pytest.approx((0.0025, 0.1))
+        assert len(os.listdir(store.buffer_dir)) == 8  # both rounds submitted
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_server_checks_the_play_settings():
+    assert srv.play_settings_of({}) == wire.DEFAULT_PLAY_SETTINGS
+    assert srv.play_settings_of({'epsilon_factor': 0, 'temp_factor': 3, 'steps': 5, 'baseline_version': 2}) == {
+        'steps': 5, 'baseline_version': 2, 'epsilon_factor': 0.0, 'temp_factor': 3.0}
+    for bad in ({'temp_factor': 0.0}, {'epsilon_factor': float('nan')}, {'epsilon_factor': -1.0},
+                {'temp_factor': 1e7}, {'baseline_version': -1}, {'steps': 1.5}, {'epsilon_factor': 'x'},
+                {'baseline_version': True}):
+        with pytest.raises(srv.BadRequest):
+            srv.play_settings_of(bad)
+
+
+def test_schedules_reach_their_values_at_given_steps(tmp_path):
+    assert schedule_factor({'kind': 'constant'}, 10 ** 9) == 1.0
+    assert schedule_factor({'kind': 'inverse', 'rate': 1e-7}, 10 ** 7) == pytest.approx(0.5)  # eps / (1 + 1)
+    cosine = {'kind': 'cosine', 'final': 0.2, 'max_steps': 1000}
+    assert [schedule_factor(cosine, s) for s in (0, 500, 1000, 5000)] == pytest.approx([1.0, 0.6, 0.2, 0.2])
+    with pytest.raises(ValueError):
+        schedule_factor({'kind': 'cosine', 'max_steps': 0}, 1)
+    trainer, writer, _ = online_trainer(
+        tmp_path, [EVEN], schedule={'lr': {'kind': 'inverse', 'rate': 0.5},
+                                    'epsilon': {'kind': 'cosine', 'final': 0.0, 'max_steps': 4},
+                                    'temp': {'kind': 'inverse', 'rate': 1.0}})
+    trainer.train_batch(*batch(seed=0))
+    trainer.train_batch(*batch(seed=1))
+    # peak 1e-3 / (1 + 0.5 * 2) after two steps; epsilon half way down its cosine; temp 1 / (1 + 2)
+    assert trainer.scheduler.get_last_lr()[0] == pytest.approx(0.5e-3)
+    assert trainer.submits[-1]['epsilon_factor'] == pytest.approx(0.5)
+    assert trainer.submits[-1]['temp_factor'] == pytest.approx(1 / 3)
+    assert ('hparam/epsilon_factor', pytest.approx(0.5), 2) in writer.scalars
+
+
+def test_baseline_pool_is_the_current_file_and_its_newest_backups(tmp_path):
+    from mortal.rotation import baseline_pool
+    current = tmp_path / 'baseline.pth'
+    current.write_bytes(b'x')
+    # newest by the time each baseline was written (copy2 keeps it), not by name: '-2' is the second that second
+    for age, stamp in ((300, '20261201-100000'), (100, '20261201-120000'), (200, '20261201-100000-2'),
+                       (900, '20261130-230000')):
+        bak = tmp_path / f'baseline.pth.{stamp}.bak'
+        bak.write_bytes(b'x')
+        os.utime(bak, (1.8e9 - age, 1.8e9 - age))
+    (tmp_path / 'other.pth.20261201-130000.bak').write_bytes(b'x')
+    assert baseline_pool(str(current), 1) == [str(current)]
+    assert baseline_pool(str(current), 3) == [str(current), f'{current}.20261201-120000.bak',
+                                              f'{current}.20261201-100000-2.bak']
+    assert len(baseline_pool(str(current), 10)) == 5
+
+
+def test_train_player_draws_its_opponent_from_the_pool(tmp_path, monkeypatch):
+    from mortal import player as pl
+    config, _ = tiny_config(tmp_path, rotation={'pool_size': 2})
+    baseline = config['baseline']['train']['state_file']
+    write_baseline(config, baseline, seed=0)
+    write_baseline(config, f'{baseline}.20261201-100000.bak', seed=1)
+    tp = pl.TrainPlayer(config, env={})
+    picks = iter([baseline, f'{baseline}.20261201-100000.bak', f'{baseline}.20261201-100000.bak'])
+    monkeypatch.setattr(pl.random, 'choice', lambda seq: next(picks))
+    assert tp.opponent() is tp.baseline_engine
+    older = tp.opponent()
+    assert older is not tp.baseline_engine and tp.opponent() is older  # loaded once, then cached
+    old_weights = torch.load(f'{baseline}.20261201-100000.bak', weights_only=True)['mortal']
+    assert all(torch.equal(older.brain.state_dict()[k], v) for k, v in old_weights.items())
+    tp.set_factors(500.0, 0.5)
+    assert tp.effective_exploration() == (1.0, 0.025)  # epsilon capped at 1
+
+
+def test_defaults_never_roll_back_or_rotate(tmp_path):
+    trainer, writer, _ = online_trainer(tmp_path, [EVEN, WORSE, WORSE, WORSE, BETTER, BETTER, BETTER])
+    for k in range(7):
+        run_to_test_play(trainer, seed=10 * k)
+    state = torch.load(trainer.state_file, weights_only=True)
+    assert state['guard']['rollbacks'] == 0 and state['guard']['rotations'] == 0
+    assert state['guard']['worse_streak'] == 0 and state['guard']['lr_scale'] == 1.0
+    assert not glob.glob(f'{trainer.state_file}.*.rollback')
+    assert not glob.glob(f"{trainer.config['baseline']['train']['state_file']}.*.bak")
+    assert trainer.play_settings() == {'steps': 28, 'epsilon_factor': 1.0, 'temp_factor': 1.0, 'baseline_version': 0}
+
+
+def test_rotation_backups_of_one_second_get_a_suffix(tmp_path):
+    from mortal.rotation import rotate
+    config, _ = tiny_config(tmp_path)
+    baseline = config['baseline']['train']['state_file']
+    write_baseline(config, baseline, seed=0)
+    write_baseline(config, config['control']['best_state_file'], seed=1)
+    rotate(config, stamp='20261201-101010')
+    write_baseline(config, config['control']['best_state_file'], seed=2)
+    done = rotate(config, stamp='20261201-101010')
+    assert done == [(baseline, f'{baseline}.20261201-101010-2.bak')]
+    assert sorted(glob.glob(f'{baseline}.*')) == [f'{baseline}.20261201-101010-2.bak', f'{baseline}.20261201-101010.bak']
+
+
+def test_client_ignores_bad_play_settings(tmp_path, caplog):
+    from mortal import client as cl
+    config, _ = tiny_config(tmp_path)
+
+    class Player:
+        def __init__(self):
+            self.factors, self.reloads = [], 0
+
+        def set_factors(self, e, t):
+            self.factors.append((e, t))
+
+        def effective_exploration(self):
+            return self.factors[-1]
+
+        def reload_baseline(self):
+            self.reloads += 1
+
+        def baseline_stale(self):
+            return False
+
+    player = Player()
+    client = cl.Client(config, train_player=player, remote=wire.Remote('127.0.0.1', 1), sleep=lambda s: None)
+    with caplog.at_level(logging.WARNING, logger='mortal.client'):
+        for bad in ({'epsilon_factor': None}, {'temp_factor': float('nan')}, {'baseline_version': 'x'},
+                    {'epsilon_factor': True}):
+            client.apply_play_settings({'param_version': 3, **bad})
+    assert player.factors == [] and player.reloads == 0 and client.baseline_version is None
+    assert caplog.text.count('ignoring the play settings of parameters version 3') == 4
+    client.apply_play_settings({'epsilon_factor': 0.5, 'baseline_version': 0})
+    client.apply_play_settings({'epsilon_factor': 0.5, 'baseline_version': 2})
+    assert player.factors == [(0.5, 1.0)] and player.reloads == 1 and client.baseline_version == 2
+
+
+@pytest.mark.parametrize('edit, expected', [
+    (lambda c: c.update(guard=5), '[guard] in {path} must be a table, got 5'),
+    (lambda c: c.update(schedule={'lr': 'cosine'}), "[schedule.lr] in {path} must be a table, got 'cosine'"),
+    (lambda c: (c.update(rotation={'after': 2}), c['baseline'].pop('train')),
+     '[rotation] after = 2 in {path} needs a [baseline.train] section'),
+    (lambda c: c.update(schedule={'temp': {'kind': 'cosine', 'final': 1e-40, 'max_steps': 10}}),
+     '[schedule.temp] final in {path} must be at least 1e-6'),
+    (lambda c: c.update(schedule={'lr': {'kind': 'cosine', 'max_steps': 0}}),
+     "[schedule.lr] max_steps in {path} must be > 0 with kind = 'cosine'"),
+    (lambda c: c['test_play'].update(best_rule='best'), '[test_play] best_rule in {path} must be one of paired'),
+])
+def test_bad_guard_config_names_the_key(tmp_path, edit, expected):
+    import toml
+    from conftest import tiny_config_dict
+    from mortal.config import ConfigError, load_config
+    cfg = tiny_config_dict(tmp_path)
+    edit(cfg)
+    path = tmp_path / 'bad.toml'
+    path.write_text(toml.dumps(cfg))
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert expected.format(path=path) in str(err.value)
+
+
+def test_rollback_with_a_foreign_optimizer_state_still_restores_the_weights(tmp_path, caplog):
+    trainer, _, _ = online_trainer(tmp_path, [EVEN, WORSE], guard={'rollback_after': 1})
+    run_to_test_play(trainer)
+    best = torch.load(trainer.best_state_file, weights_only=True)
+    best['optimizer'] = {'state': {}, 'param_groups': []}
+    torch.save(best, trainer.best_state_file)
+    with caplog.at_level(logging.WARNING, logger='mortal.train'):
+        run_to_test_play(trainer, seed=10)
+    assert trainer.guard['rollbacks'] == 1
+    assert same_weights(weights(torch.load(trainer.state_file, weights_only=True)), weights(best))
+    assert 'not restored' in caplog.text and 'starting it fresh' in caplog.text
+
+
+def test_temp_factor_never_reaches_zero(tmp_path):
+    trainer, _, _ = online_trainer(tmp_path, [EVEN], schedule={'temp': {'kind': 'inverse', 'rate': 1e308}})
+    trainer.steps = 10
+    assert trainer.play_settings()['temp_factor'] == wire.MIN_TEMP_FACTOR
+    assert srv.play_settings_of(trainer.play_settings())['temp_factor'] == wire.MIN_TEMP_FACTOR
+    with pytest.raises(srv.BadRequest):
+        srv.play_settings_of({'temp_factor': 1e-40})
+
+
+def test_reset_best_on_a_corrupt_state_file_touches_nothing(tmp_path):
+    from mortal.rotation import rotate
+    config, _ = tiny_config(tmp_path)
+    baseline = config['baseline']['train']['state_file']
+    write_baseline(config, baseline, seed=0)
+    write_baseline(config, config['control']['best_state_file'], seed=1)
+    with open(config['control']['state_file'], 'wb') as f:
+        f.write(b'not a checkpoint')
+    before = open(baseline, 'rb').read()
+    with pytest.raises(ValueError, match='cannot reset best_perf'):
+        rotate(config, reset_best=True)
+    assert open(baseline, 'rb').read() == before and not glob.glob(f'{baseline}.*.bak')
