@@ -245,6 +245,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
                          check=_sprt_error),
         'sprt_chunk': Key('int', 'extra: games between two looks of the SPRT (multiple of 4)', default=64,
                           check=_multiple_of_4),
+        'fresh_deals': Key('bool', 'extra: every test play meets new deals and best.pth is played on them too '
+                                   '(twice the games; no winner\'s curse of a record on fixed deals); false = '
+                                   "Mortal's fixed test seeds", default=False),
     },
     'dataset': {
         'globs': Key('str_list', 'glob patterns of gzip mjai logs (offline training)'),

@@ -173,7 +173,8 @@ def run_test_play(play: Callable[[int, int], dict], *, nonce_start: int, deals: 
     """Play a test play through ``play(first_nonce, count) -> {nonce: [ranks]}`` and judge it.
 
     Plays ``deals`` deals from ``nonce_start`` (in chunks of ``chunk_deals`` with the SPRT, else at once);
-    ``reference`` as ``reference_of``. With ``rule='sprt'`` the SPRT is looked at after each chunk: "not better"
+    ``reference`` as ``reference_of``, or a callable ``(first_nonce, count) -> {nonce: [ranks]}`` that plays the
+    reference on the same deals, chunk by chunk (``[test_play] fresh_deals``). With ``rule='sprt'`` the SPRT is looked at after each chunk: "not better"
     ends the test play early; "better" is final, and the remaining chunks are still played for the record.
     ``mortal_better(units)`` decides with ``rule='mortal'``. Raises ValueError for an unknown rule or a missing
     ``sprt``/``mortal_better``."""
@@ -185,11 +186,16 @@ def run_test_play(play: Callable[[int, int], dict], *, nonce_start: int, deals: 
         raise ValueError("best_rule = 'mortal' needs mortal_better")
     step = chunk_deals if rule == 'sprt' and chunk_deals > 0 else deals
     units: dict = {}
+    replay = reference if callable(reference) else None
+    if replay is not None:
+        reference = {}
     sprt_verdict, decided_games, llr = None, None, None
     played = 0
     while played < deals:
         count = min(step, deals - played)
         units.update(play(nonce_start + played, count))
+        if replay is not None:
+            reference.update(replay(nonce_start + played, count))
         played += count
         if rule == 'sprt' and sprt_verdict is None:
             diffs = paired_differences(units, reference)
@@ -209,7 +215,8 @@ def run_test_play(play: Callable[[int, int], dict], *, nonce_start: int, deals: 
         sprt_verdict = sprt_verdict or 'undecided'
     else:
         better = bool(mortal_better(units))
-    against = 'best.pth' if isinstance(reference, dict) else f'avg rank {float(reference):.3f}'
+    against = ('best.pth replayed' if replay is not None else 'best.pth' if isinstance(reference, dict)
+               else f'avg rank {float(reference):.3f}')
     return Verdict(rule=rule, games=sum(len(r) for r in units.values()), diff=diff, ci=ci, better=better,
                    worse=worse, sprt=sprt_verdict if rule == 'sprt' else None, llr=llr,
                    decided_games=decided_games, units=units, against=against)

@@ -137,9 +137,11 @@ class TestPlayer:
         """Start a test play: empty ``log_dir``."""
         _fresh_dir(self.log_dir)
 
-    def play_units(self, first_nonce: int, count: int, mortal, dqn, device) -> dict:
+    def play_units(self, first_nonce: int, count: int, mortal, dqn, device, *, log_dir=None,
+                   name: str = 'mortal') -> dict:
         """Play the ``count`` duplicate deals from nonce ``first_nonce`` (key ``TEST_SEED[1]``), 4 games each,
-        logs into ``log_dir``. Returns ``{nonce: [the challenger's 4 ranks, 1-4]}``."""
+        logs into ``log_dir`` (default: this test play's; the replayed best.pth uses another, as its log names
+        would collide), the challenger named ``name``. Returns ``{nonce: [the challenger's 4 ranks, 1-4]}``."""
         from mortal.arena import OneVsThree
         from mortal.engine import MortalEngine
         from mortal.one_vs_three import challenger_ranks_by_nonce
@@ -147,8 +149,8 @@ class TestPlayer:
         device = torch.device(device)
         with _CudnnBenchmarkOff(self.cudnn_benchmark):
             engine = MortalEngine(mortal, dqn, is_oracle=False, version=self.chal_version, device=device,
-                                  enable_amp=_use_amp(device), name='mortal')
-            env = OneVsThree(disable_progress_bar=False, log_dir=self.log_dir)
+                                  enable_amp=_use_amp(device), name=name)
+            env = OneVsThree(disable_progress_bar=False, log_dir=log_dir or self.log_dir)
             env.py_vs_py(challenger=engine, champion=self.baseline_engine, seed_start=(first_nonce, TEST_SEED[1]),
                          seed_count=count)
             return challenger_ranks_by_nonce(env.last_games)

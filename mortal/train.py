@@ -81,7 +81,7 @@ DISPLAY_PTS = [90, 45, 0, -135]  # test-play avg pt, display and best.pth rule o
 INITIAL_BEST_PERF = {'avg_rank': 4.0, 'avg_pt': -135.0}
 # Extra checkpoint entry 'guard' (mortal.gate, docs/operations.md): the state of the long-run guards.
 INITIAL_GUARD = {'worse_streak': 0, 'rotate_streak': 0, 'rollbacks': 0, 'rotations': 0, 'lr_scale': 1.0,
-                 'epsilon_scale': 1.0, 'baseline_version': 0}
+                 'epsilon_scale': 1.0, 'baseline_version': 0, 'test_plays': 0}
 HISTOGRAM_STRIDE = 128  # Mortal keeps every 128th q value to keep event files small
 CHECKPOINT_KEYS = ('mortal', 'current_dqn', 'aux_net', 'optimizer', 'scheduler', 'scaler', 'steps', 'timestamp',
                    'best_perf', 'config')
@@ -460,6 +460,7 @@ class Trainer:
             from mortal.gate import Sprt
             self.sprt = Sprt(test_cfg['sprt_delta'], test_cfg['sprt_alpha'], test_cfg['sprt_beta'])
         self.sprt_chunk_deals = test_cfg.get('sprt_chunk', 64) // 4
+        self.fresh_deals = test_cfg.get('fresh_deals', False)
         from mortal.config import optional_section
         self.guard_cfg = optional_section(config, 'guard')
         self.rotation_cfg = optional_section(config, 'rotation')
@@ -966,10 +967,13 @@ class Trainer:
             self.test_player.begin()
             mortal, dqn = self.played()
             rule = 'paired' if first and self.best_rule == 'sprt' else self.best_rule  # a full record
+            reference = gate.reference_of(self.best_perf)
+            if self.fresh_deals and path.exists(self.best_state_file):
+                reference = self._best_replay()
             verdict = gate.run_test_play(
                 lambda first, count: self.test_player.play_units(first, count, mortal, dqn, self.device),
                 nonce_start=self._test_nonce(), deals=self.test_games // 4,
-                reference=gate.reference_of(self.best_perf), rule=rule, confidence=self.confidence,
+                reference=reference, rule=rule, confidence=self.confidence,
                 sprt=self.sprt, chunk_deals=self.sprt_chunk_deals,
                 mortal_better=lambda units: is_better(units_summary(units)[1], units_summary(units)[0],
                                                       self.best_perf))
@@ -981,9 +985,8 @@ class Trainer:
         avg_pt = stat.avg_pt(DISPLAY_PTS)
         avg_rank = stat.avg_rank
         better = verdict.better if verdict is not None else is_better(avg_pt, avg_rank, self.best_perf)
-        if first and verdict is not None and not verdict.better:
-            logger.info('no best.pth yet: this first test play makes it')
-            better = verdict.better = True
+        if first and not better:
+            better = True  # nothing to compare with: logged below
         past_best = dict(self.best_perf)
         if better:
             self.best_perf = {'avg_pt': avg_pt, 'avg_rank': avg_rank}
@@ -993,7 +996,8 @@ class Trainer:
         logger.info('avg pt: %.6f', avg_pt)
         stat.write_tensorboard(self.writer, self.steps, DISPLAY_PTS)
         if verdict is not None:
-            logger.info('test play: %s', verdict.describe())
+            logger.info('test play: %s%s', verdict.describe(),
+                        ' (no best.pth yet: this first test play makes it)' if first else '')
             self.writer.add_scalar('test_play/paired_diff', verdict.diff, self.steps)
             if not math.isnan(verdict.ci):
                 self.writer.add_scalar('test_play/paired_diff_ci', verdict.ci, self.steps)
@@ -1009,20 +1013,40 @@ class Trainer:
                 atomic_copy(self.state_file, self.best_state_file)
             else:  # best.pth holds the weights that were test-played
                 atomic_torch_save(played_checkpoint(self.checkpoint()), self.best_state_file)
+        if verdict is not None and self.fresh_deals:
+            self.guard['test_plays'] += 1
+            self.save()  # the next test play meets the next deals, also after this learner's restart
         if self.online and verdict is not None:
-            self.run_guards(verdict)
+            self.run_guards(verdict, became_best=better)
         if self.online:
             raise TestPlayDone()
 
     def _test_nonce(self) -> int:
+        """First nonce of this test play: Mortal's fixed one, or with ``[test_play] fresh_deals`` the next unused
+        block (``guard['test_plays']`` test plays of ``games / 4`` deals each since the start)."""
         from mortal.player import TEST_SEED
-        return TEST_SEED[0]
+        if not self.fresh_deals:
+            return TEST_SEED[0]
+        return TEST_SEED[0] + self.guard['test_plays'] * (self.test_games // 4)
+
+    def _best_replay(self):
+        """``(first_nonce, count) -> units`` of best.pth on the same deals as the challenger (logs beside the test
+        play's, under ``<log_dir>_best``)."""
+        from mortal.player import _fresh_dir, load_model_pair
+        brain, dqn, _ = load_model_pair(self.best_state_file)
+        brain.to(self.device)
+        dqn.to(self.device)
+        log_dir = path.normpath(self.test_player.log_dir) + '_best'
+        _fresh_dir(log_dir)
+        return lambda first, count: self.test_player.play_units(first, count, brain, dqn, self.device,
+                                                                 log_dir=log_dir, name='best')
 
     # -- long-run guards (docs/operations.md) ----------------------------------------------------------------
 
-    def run_guards(self, verdict) -> None:
+    def run_guards(self, verdict, *, became_best: bool = False) -> None:
         """After an online test play: the degradation alarm (``[guard]``) and the baseline rotation
-        (``[rotation]``). Saves the checkpoint when their state changed."""
+        (``[rotation]``); ``became_best``: this test play has just made best.pth. Saves the checkpoint when their
+        state changed."""
         from mortal import gate
         before = dict(self.guard)
         g = self.guard_cfg
@@ -1032,7 +1056,7 @@ class Trainer:
             reasons.append(f"{self.guard['worse_streak']} test plays in a row significantly worse than best.pth "
                            f'(last: {verdict.describe()})')
         drift, q_gap = self.last_diag.get('policy_drift'), self.last_diag.get('q_gap')
-        if verdict.better:  # the model just became best.pth: rolling back would restore itself
+        if became_best:  # the model just became best.pth: rolling back would restore itself
             drift = q_gap = None
         if g['max_policy_drift'] and drift is not None and drift > g['max_policy_drift']:
             reasons.append(f"diag/policy_drift {drift:.3f} above [guard] max_policy_drift {g['max_policy_drift']}")

@@ -34,20 +34,24 @@ class UnitsStat:
 class PlannedPlayer:
     """A test player with per-deal results: test play k gets ``plans[k](nonce)`` as the 4 ranks of each deal."""
 
-    def __init__(self, plans):
+    def __init__(self, plans, log_dir='/nonexistent/test_play'):
         self.plans = list(plans)
         self.calls = []
         self.units = {}
+        self.log_dir = log_dir
+        self.replay_plan = EVEN  # best.pth replayed ([test_play] fresh_deals)
 
     def begin(self):
         self.plan = self.plans.pop(0)
         self.units = {}
         self.calls.append([])
 
-    def play_units(self, first, count, mortal, dqn, device):
-        self.calls[-1].append((first, count))
-        out = {n: list(self.plan(n)) for n in range(first, first + count)}
-        self.units.update(out)
+    def play_units(self, first, count, mortal, dqn, device, *, log_dir=None, name='mortal'):
+        self.calls[-1].append((first, count) if name == 'mortal' else (name, first, count))
+        plan = self.plan if name == 'mortal' else self.replay_plan
+        out = {n: list(plan(n)) for n in range(first, first + count)}
+        if name == 'mortal':
+            self.units.update(out)
         return out
 
     def stat(self):
@@ -67,7 +71,7 @@ def online_trainer(tmp_path, plans, **overrides):
     config, _ = tiny_config(tmp_path, online=True, control=control, test_play=test_play, **overrides)
     write_baseline(config, config['baseline']['train']['state_file'])
     writer = FakeWriter()
-    player = PlannedPlayer(plans)
+    player = PlannedPlayer(plans, log_dir=config['test_play']['log_dir'])
     trainer = tr.Trainer(config, test_player=player, writer=writer, remote=wire.Remote('127.0.0.1', 1),
                          sleep=lambda s: None)
     trainer.submits = []
@@ -404,3 +408,22 @@ def test_reset_best_on_a_corrupt_state_file_touches_nothing(tmp_path):
     with pytest.raises(ValueError, match='cannot reset best_perf'):
         rotate(config, reset_best=True)
     assert open(baseline, 'rb').read() == before and not glob.glob(f'{baseline}.*.bak')
+
+
+def test_fresh_deals_replay_best_on_new_deals_each_test_play(tmp_path):
+    trainer, writer, player = online_trainer(tmp_path, [EVEN, EVEN, EVEN], test_play={'fresh_deals': True})
+    run_to_test_play(trainer)  # no best.pth yet: no replay, deals 10000-10003
+    player.replay_plan = WORSE  # best.pth, replayed on the next deals, does worse there than the challenger
+    run_to_test_play(trainer, seed=10)
+    run_to_test_play(trainer, seed=20)
+    assert player.calls == [[(10000, 4)], [(10004, 4), ('best', 10004, 4)], [(10008, 4), ('best', 10008, 4)]]
+    assert trainer.guard['test_plays'] == 3
+    # EVEN (2.5 each deal) against the replayed WORSE (3.75 / 3.25): -1.0 a deal, a new best each time
+    diffs = [v for t, v, _ in writer.scalars if t == 'test_play/paired_diff']
+    assert diffs[1:] == pytest.approx([-1.0, -1.0])
+    assert torch.load(trainer.best_state_file, weights_only=True)['steps'] == 12
+    assert os.path.isdir(config_log_dir(trainer) + '_best')
+
+
+def config_log_dir(trainer):
+    return os.path.normpath(trainer.test_player.log_dir)
