@@ -129,7 +129,8 @@ class Verdict:
 
     ``diff``/``ci``: mean paired difference of mean ranks (challenger - reference) and its CI half-width;
     ``better``: the rule's decision to replace best.pth; ``worse``: the CI lies above 0 on a test play that
-    played all its deals (an SPRT that stopped early picked a sample for its low mean: not evidence of worse);
+    played all its deals; on one the SPRT stopped early (a sample picked for its low mean, where that CI would
+    overstate), the mirrored SPRT (H1: worse by ``delta``) reaches its upper bound;
     ``against``: what the reference was (``'best.pth'`` or an avg rank); ``games``: games played;
     ``decided_games``: games the SPRT needed for its decision (None without one); ``sprt``: its verdict
     ('better', 'not better', 'undecided') or None; ``llr``: its last log-likelihood ratio."""
@@ -207,7 +208,10 @@ def run_test_play(play: Callable[[int, int], dict], *, nonce_start: int, deals: 
                     break
     diffs = paired_differences(units, reference)
     diff, ci = mean_and_ci(diffs, confidence)
-    worse = not math.isnan(ci) and diff - ci > 0 and played >= deals
+    if played >= deals:
+        worse = not math.isnan(ci) and diff - ci > 0
+    else:  # stopped early by the SPRT: its sample was picked for a low mean, so ask the mirrored SPRT instead
+        worse = sprt.llr([-d for d in diffs]) >= sprt.upper
     if rule == 'paired':
         better = not math.isnan(ci) and diff + ci < 0
     elif rule == 'sprt':

@@ -115,8 +115,15 @@ def test_run_test_play_sprt_stops_early_when_worse_and_finishes_the_record_when_
                            sprt=gate.Sprt(0.05), chunk_deals=8)
     assert calls == [(0, 8)]  # decided after the first look (8 deals = 32 games)
     assert v.sprt == 'not better' and v.decided_games == 32 and v.games == 32 and not v.better
-    # stopped early, its sample was picked for a low mean: no evidence of "worse" for the alarm
-    assert v.diff - v.ci > 0 and not v.worse
+    # stopped early: "worse" is the mirrored SPRT's verdict (H1 worse by 0.05), clearly reached here
+    assert v.worse and gate.Sprt(0.05).llr([-d for d in gate.paired_differences(v.units, record)]) > math.log(19)
+    # a mildly worse challenger (+0.5 / -0.25 a deal) stopped after 64 of 128 deals: its CI (+0.125 ± 0.093)
+    # would call it worse, the mirrored SPRT (LLR 2.24 < log 19) does not
+    long_record = {n: [1, 2, 3, 4] for n in range(128)}
+    mild, _ = _player({n: [3, 3, 3, 3] if n % 2 else [2, 2, 2, 3] for n in range(128)})
+    m = gate.run_test_play(mild, nonce_start=0, deals=128, reference=long_record, rule='sprt',
+                           sprt=gate.Sprt(0.05), chunk_deals=8)
+    assert m.games == 256 and m.sprt == 'not better' and m.diff - m.ci > 0 and not m.worse
     better_play, calls = _player({n: [1, 1, 2, 2] if n % 3 else [1, 2, 3, 3] for n in range(64)})
     v = gate.run_test_play(better_play, nonce_start=0, deals=64, reference=record, rule='sprt',
                            sprt=gate.Sprt(0.05), chunk_deals=8)
