@@ -975,8 +975,7 @@ class Trainer:
                 nonce_start=self._test_nonce(), deals=self.test_games // 4,
                 reference=reference, rule=rule, confidence=self.confidence,
                 sprt=self.sprt, chunk_deals=self.sprt_chunk_deals,
-                mortal_better=lambda units: is_better(units_summary(units)[1], units_summary(units)[0],
-                                                      self.best_perf))
+                mortal_better=lambda units: is_better(*reversed(units_summary(units)), self.best_perf))
             stat = self.test_player.stat()
         else:
             stat = self.test_player.test_play(self.test_games // 4, *self.played(), self.device)
