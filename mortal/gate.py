@@ -176,7 +176,8 @@ def run_test_play(play: Callable[[int, int], dict], *, nonce_start: int, deals: 
     Plays ``deals`` deals from ``nonce_start`` (in chunks of ``chunk_deals`` with the SPRT, else at once);
     ``reference`` as ``reference_of``, or a callable ``(first_nonce, count) -> {nonce: [ranks]}`` that plays the
     reference on the same deals, chunk by chunk (``[test_play] fresh_deals``). With ``rule='sprt'`` the SPRT is looked at after each chunk: "not better"
-    ends the test play early; "better" is final, and the remaining chunks are still played for the record.
+    ends the test play early; "better" is final, and against a fixed record the remaining chunks are still played
+    for the new record (against a replayed reference it ends the test play too).
     ``mortal_better(units)`` decides with ``rule='mortal'``. Raises ValueError for an unknown rule or a missing
     ``sprt``/``mortal_better``."""
     if rule not in BEST_RULES:
@@ -204,7 +205,9 @@ def run_test_play(play: Callable[[int, int], dict], *, nonce_start: int, deals: 
             sprt_verdict = sprt.verdict(diffs)
             if sprt_verdict is not None:
                 decided_games = sum(len(r) for r in units.values())
-                if sprt_verdict == 'not better':
+                # with fixed deals a new best must cover every deal the next challenger meets; with a replayed
+                # reference (fresh deals) nothing reuses the record, so either verdict ends the test play
+                if sprt_verdict == 'not better' or replay is not None:
                     break
     diffs = paired_differences(units, reference)
     diff, ci = mean_and_ci(diffs, confidence)

@@ -143,3 +143,15 @@ def test_run_test_play_mortal_rule_and_bad_rules():
         gate.run_test_play(play, nonce_start=0, deals=1, reference=2.5, rule='best')
     with pytest.raises(ValueError, match='Sprt'):
         gate.run_test_play(play, nonce_start=0, deals=1, reference=2.5, rule='sprt')
+
+
+def test_run_test_play_sprt_against_a_replayed_reference_stops_at_either_verdict():
+    # fresh deals: best.pth is replayed chunk by chunk; "better" ends the test play too (no record to complete)
+    better_play, calls = _player({n: [1, 1, 2, 2] if n % 3 else [1, 2, 3, 3] for n in range(64)})
+    replay, replayed = _player({n: [1, 2, 3, 4] for n in range(64)})
+    v = gate.run_test_play(better_play, nonce_start=0, deals=64, reference=replay, rule='sprt',
+                           sprt=gate.Sprt(0.05), chunk_deals=8)
+    # the same gains as against the fixed record above: better after 16 deals (LLR 3.95)
+    assert v.sprt == 'better' and v.better and v.decided_games == 64 and v.games == 64
+    assert calls == replayed == [(0, 8), (8, 8)] and v.against == 'best.pth replayed'
+    assert v.llr == pytest.approx(3.9467, abs=1e-3) and not v.worse
