@@ -9,6 +9,12 @@ rounds, then submit the round's logs with the parameter version they were played
 Logs of a round whose submission cannot reach the server are retried until the server is back; if the server
 restarted meanwhile they still go in (tagged with an unknown parameter version).
 
+The baseline follows the trainer's (``[baseline.train] from_server``, on by default): every parameter reply names
+the digest of the trainer's baseline; a client whose ``[baseline.train] state_file`` is missing (it waits for the
+trainer's first submission) or holds other weights fetches them (``get_baseline``), checks them (architecture,
+shapes, digest), writes them to that file (the old one kept as ``.bak``, so the opponent pool works on any machine)
+and plays against them from the next round. A client on another machine then needs only the config.
+
 Parameters that do not fit this client's networks (other key names or shapes, e.g. a trainer with another
 ``[resnet]``) are not loaded: the client logs one warning per such version and plays on with the parameters it
 has, or, holding none yet, asks again every 3 s.
@@ -99,6 +105,52 @@ def check_loadable(module: torch.nn.Module, state_dict, what: str) -> None:
             raise ValueError(f'{what}: unexpected key {key!r}')
 
 
+def fetch_baseline(remote: wire.Remote, *, wait: bool, sleep=time.sleep):
+    """The server's get_baseline 'ok' reply; with ``wait``, ask until the trainer has submitted one (logged once),
+    else None while the server has none."""
+    logged = []
+
+    def accept(reply):
+        return reply.get('status') == wire.STATUS_OK or (
+            not wait and reply.get('status') == wire.STATUS_EMPTY_BASELINE)
+
+    def on_refusal(reply):
+        if not logged:
+            logger.info("waiting for the trainer's baseline: %s", reply.get('status'))
+            logged.append(reply.get('status'))
+
+    reply = wire.request_with_retry(remote, {'type': 'get_baseline'}, accept=accept, on_refusal=on_refusal,
+                                    sleep=sleep)
+    return reply if reply.get('status') == wire.STATUS_OK else None
+
+
+def unpack_baseline(reply: dict) -> tuple:
+    """``(mortal, dqn, arch, digest)`` of a get_baseline reply, checked: ``arch`` within bounds, both state dicts
+    loadable into the networks of ``arch`` (``check_loadable``), and their ``wire.baseline_digest`` equal to the
+    reply's. Raises ValueError or wire.ProtocolError naming what is wrong."""
+    from mortal.model import Brain, DQN
+    arch = wire.check_baseline_arch(reply.get('arch'))
+    digest = wire.check_digest(reply.get('baseline_digest'))
+    mortal = wire.unpack_state_dict(reply.get('mortal'))
+    dqn = wire.unpack_state_dict(reply.get('dqn'))
+    check_loadable(Brain(version=arch['version'], conv_channels=arch['conv_channels'],
+                         num_blocks=arch['num_blocks']), mortal, 'baseline mortal')
+    check_loadable(DQN(version=arch['version']), dqn, 'baseline dqn')
+    if wire.baseline_digest(mortal, dqn) != digest:
+        raise ValueError(f'the baseline weights do not match their digest {digest[:12]}')
+    return mortal, dqn, arch, digest
+
+
+def file_digest(state_file: str):
+    """``wire.baseline_digest`` of a baseline checkpoint file, or None when it is missing or unusable."""
+    from mortal.rotation import read_baseline
+    try:
+        mortal, dqn, _ = read_baseline(state_file)
+    except (OSError, ValueError):
+        return None
+    return wire.baseline_digest(mortal, dqn)
+
+
 def read_logs(file_list) -> dict:
     """``{basename: bytes}`` of the round's log files."""
     logs = {}
@@ -128,6 +180,15 @@ class Client:
         self.device = torch.device(config['control']['device'])
         self.remote = remote or wire.Remote.from_config(config)
         self.sleep = sleep
+        baseline = config['baseline']['train']
+        self.baseline_file = baseline['state_file']
+        self.from_server = baseline.get('from_server', True)
+        self.baseline_digest = None  # digest of the baseline played against, once known (from_server)
+        self.bad_baseline = None  # digest of a served baseline that failed its checks (not fetched again)
+        if train_player is None and self.from_server and not path.exists(self.baseline_file):
+            logger.info("%s does not exist: fetching the trainer's baseline from the server", self.baseline_file)
+            while self.install_baseline(wait=True) is None:
+                self.sleep(wire.RETRY_INTERVAL)
         resnet = config['resnet']
         self.mortal = Brain(version=version, conv_channels=resnet['conv_channels'],
                             num_blocks=resnet['num_blocks']).to(self.device).eval()
@@ -189,6 +250,12 @@ class Client:
             epsilon, temp = self.train_player.effective_exploration()
             logger.info('exploration from the trainer: boltzmann_epsilon %.4g, boltzmann_temp %.4g', epsilon, temp)
         version = settings['baseline_version']
+        digest = rsp.get('baseline_digest')
+        if self.from_server and isinstance(digest, str):  # a server holding the trainer's baseline
+            if digest != self.baseline_digest and digest != self.bad_baseline:
+                self.follow_baseline(digest, version)
+            self.baseline_version = version
+            return
         changed = version != self.baseline_version if self.baseline_version is not None else (
             getattr(self.train_player, 'baseline_stale', lambda: False)())  # rotated before our first fetch
         if changed:
@@ -200,6 +267,57 @@ class Client:
                                type(ex).__name__, ex)
                 return
         self.baseline_version = version
+
+    def install_baseline(self, *, wait: bool = False):
+        """Fetch the trainer's baseline from the server, check it (``unpack_baseline``) and write it to
+        ``[baseline.train] state_file`` (``mortal.rotation.install_baseline``); returns its digest, or None (logged)
+        when the server has none or it fails its checks (that digest is then not fetched again)."""
+        from mortal.rotation import install_baseline
+        try:
+            reply = fetch_baseline(self.remote, wait=wait, sleep=self.sleep)
+        except wire.RequestRefused as ex:  # e.g. a server of an older release
+            if wait:
+                raise
+            logger.warning("cannot fetch the trainer's baseline: %s", ex)
+            return None
+        if reply is None:
+            return None
+        try:
+            mortal, dqn, arch, digest = unpack_baseline(reply)
+        except (ValueError, wire.ProtocolError) as ex:
+            self.bad_baseline = reply.get('baseline_digest')
+            logger.warning("cannot use the trainer's baseline from the server: %s", ex)
+            return None
+        try:
+            backup = install_baseline(self.baseline_file, mortal, dqn, arch)
+        except OSError as ex:
+            logger.warning('cannot write the baseline to %s: %s', self.baseline_file, ex)
+            return None
+        logger.info("the trainer's baseline (version %s, digest %s) written to %s%s", reply.get('baseline_version'),
+                    digest[:12], self.baseline_file, f' (previous kept as {backup})' if backup else '')
+        return digest
+
+    def follow_baseline(self, digest: str, version: int) -> None:
+        """Play against the trainer's baseline ``digest``: fetched when ``[baseline.train] state_file`` holds other
+        weights, then loaded for the next rounds (not at the first reply when the file loaded at start is it)."""
+        local = file_digest(self.baseline_file)
+        reload = self.baseline_digest is not None or getattr(self.train_player, 'baseline_stale', lambda: False)()
+        if local != digest:
+            logger.info("the trainer's baseline (version %d, digest %s) is not %s: fetching it", version,
+                        digest[:12], self.baseline_file)
+            local = self.install_baseline()
+            if local is None:
+                return
+            reload = True
+        if reload:
+            logger.info('the baseline was rotated (version %s -> %d): reloading it', self.baseline_version, version)
+            try:
+                self.train_player.reload_baseline()
+            except Exception as ex:  # keep the old opponent, try again at the next reply
+                logger.warning('cannot reload the baseline (%s: %s): playing on against the old one',
+                               type(ex).__name__, ex)
+                return
+        self.baseline_digest = local
 
     def run_round(self) -> np.ndarray:
         """Fetch parameters, play one round, log the ranks, submit the logs; returns the (4,) rank counts."""
@@ -234,9 +352,9 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
     from mortal.config import CLIENT_SECTIONS, load_config_or_exit
     config = load_config_or_exit(args.config, required=CLIENT_SECTIONS)
-    client = Client(config)
     done = 0
     try:
+        client = Client(config)
         while not args.rounds or done < args.rounds:
             client.run_round()
             done += 1

@@ -303,7 +303,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
         'epoch_size': Key('int', 'restart the schedule every this many steps (0 = never)', default=_ABSENT,
                           check=_non_negative),
     },
-    'baseline.train': dict(_MODEL_SLOT),
+    'baseline.train': {
+        **_MODEL_SLOT,
+        'from_server': Key('bool', "extra: a client fetches the trainer's baseline from the server when this file is "
+                                   'missing or holds other weights (the old one kept as .bak)', default=True),
+    },
     'baseline.test': dict(_MODEL_SLOT),
     'online': {
         'history_window': Key('int', 'client rounds in the moving average of trainee ranks', check=_positive),

@@ -3,7 +3,8 @@ opponent pool of the newest baselines.
 
 Used by ``scripts/rotate_baseline.py`` (by hand) and by the trainer's automatic rotation (``[rotation] after``).
 Every replaced baseline is kept as ``<file>.<YYYYmmdd-HHMMSS>.bak``; the pool (``[rotation] pool_size``) is the
-current baseline file and its newest ``.bak`` copies.
+current baseline file and its newest ``.bak`` copies. A client that fetches the trainer's baseline from the server
+(``[baseline.train] from_server``) installs it with ``install_baseline``, keeping the old one the same way.
 """
 
 from __future__ import annotations
@@ -32,6 +33,51 @@ def check_source(path: str) -> None:
         raise ValueError(f'{path}: not a usable checkpoint, lacks {missing}')
 
 
+def read_baseline(path: str) -> tuple:
+    """``(mortal, dqn, arch)`` of a Mortal-layout checkpoint: its two state dicts (str -> Tensor) and ``arch``
+    (``wire.BASELINE_ARCH``: ``version``, ``conv_channels``, ``num_blocks`` from its ``config``). Loaded with
+    ``weights_only=True``. Raises FileNotFoundError, ValueError naming ``path`` (unloadable, lacking an entry)."""
+    import torch
+    from mortal import wire
+    try:
+        state = torch.load(path, map_location='cpu', weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as e:
+        raise ValueError(f'{path}: cannot load: {type(e).__name__}: {e}') from None
+    try:
+        cfg = state['config']
+        arch = wire.check_baseline_arch({'version': cfg['control'].get('version', 1),
+                                         'conv_channels': cfg['resnet']['conv_channels'],
+                                         'num_blocks': cfg['resnet']['num_blocks']})
+        return dict(state['mortal']), dict(state['current_dqn']), arch
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise ValueError(f'{path}: not a usable baseline checkpoint: {type(e).__name__}: {e}') from None
+
+
+def keep_backup(target: str, stamp: str | None = None) -> str | None:
+    """Copy ``target`` (when it exists) to ``<target>.<stamp>.bak`` through a temporary name, so that a client
+    drawing its pool never sees half a file; returns the backup's name (None when there was nothing to keep)."""
+    if not os.path.exists(target):
+        return None
+    backup = stamped_name(target, stamp or time.strftime('%Y%m%d-%H%M%S'), '.bak')
+    shutil.copy2(target, backup + '.tmp')  # copy2 keeps the time the baseline was written (the pool's order)
+    os.replace(backup + '.tmp', backup)
+    return backup
+
+
+def install_baseline(path: str, mortal: dict, dqn: dict, arch: dict) -> str | None:
+    """Write a baseline received from the server to ``path`` as a Mortal-layout checkpoint (``mortal``,
+    ``current_dqn`` and a ``config`` holding ``arch``), atomically, keeping the file it replaces as ``.bak``
+    (``keep_backup``); returns that backup's name or None."""
+    from mortal.train import atomic_torch_save
+    backup = keep_backup(path)
+    config = {'control': {'version': arch['version']},
+              'resnet': {'conv_channels': arch['conv_channels'], 'num_blocks': arch['num_blocks']}}
+    atomic_torch_save({'mortal': mortal, 'current_dqn': dqn, 'config': config}, path)
+    return backup
+
+
 def rotate(config: dict, source: str | None = None, *, reset_best: bool = False, stamp: str | None = None) -> list:
     """Copy ``source`` (default ``[control] best_state_file``) over each distinct baseline file, keeping the old
     one as ``<file>.<stamp>.bak``; returns ``[(target, backup or None)]``.
@@ -58,11 +104,7 @@ def rotate(config: dict, source: str | None = None, *, reset_best: bool = False,
             raise ValueError(f'{source} is the baseline file itself')
     done = []
     for target in targets:
-        backup = None
-        if os.path.exists(target):
-            backup = stamped_name(target, stamp, '.bak')
-            shutil.copy2(target, backup + '.tmp')  # a client drawing its pool never sees half a file
-            os.replace(backup + '.tmp', backup)
+        backup = keep_backup(target, stamp)
         os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
         atomic_copy(source, target)
         done.append((target, backup))

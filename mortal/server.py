@@ -15,6 +15,11 @@ Behaviour as Mortal's server, with its faults fixed:
 - ``submit_param`` may carry the trainer's play settings (``steps``, ``epsilon_factor``, ``temp_factor``,
   ``baseline_version``: ``mortal.schedule``, ``mortal.gate``); they are checked (finite, in range) and handed to
   every client with the parameters. A trainer that sends none leaves Mortal's (factors 1, version 0).
+- ``submit_baseline`` stores the trainer's ``[baseline.train]`` weights (safetensors, key names, dtypes and shapes
+  read from the headers), their architecture, version and digest (``wire.baseline_digest``, checked by the client
+  that fetches them); every 'ok' ``get_param`` reply then names the digest, and ``get_baseline`` hands the
+  weights to a client whose own file lacks or differs from them ('empty baseline' before any submission). Kept
+  in memory only: the trainer submits it again at each start and after a server restart.
 - ``drain`` moves the whole buffer into a freshly emptied ``drain_dir`` (under ``force_sequential`` only once the
   buffer is full) and answers ``{count, drain_dir, files, param_versions, ...}``. A drain that fails midway
   answers 'error' and keeps the logs it moved in ``drain_dir`` for the next drain: none is lost or duplicated.
@@ -205,6 +210,7 @@ class ReplayStore:
         self.param_version = 0
         self.idle_param_version = 0
         self.play_settings = dict(wire.DEFAULT_PLAY_SETTINGS)  # what travels with the parameters to the clients
+        self.baseline: Optional[dict] = None  # the last submit_baseline's fields (get_baseline's reply)
 
     def reset_dirs(self) -> None:
         """Delete and recreate buffer_dir and drain_dir (logged), as Mortal's server does at start."""
@@ -247,6 +253,10 @@ class ReplayStore:
             )
         if kind == 'drain':
             return self.drain()
+        if kind == 'submit_baseline':
+            return self.submit_baseline(msg)
+        if kind == 'get_baseline':
+            return self.get_baseline()
         raise BadRequest(f'unknown request type {kind!r} (expected one of {wire.REQUEST_TYPES})')
 
     def get_param(self, client_version: int, client_server_id: Optional[str] = None) -> dict:
@@ -269,7 +279,39 @@ class ReplayStore:
                 'param_version': self.param_version,
                 'server_id': self.server_id,
                 **self.play_settings,
+                **({'baseline_digest': self.baseline['baseline_digest']} if self.baseline else {}),
             }
+
+    def submit_baseline(self, msg: dict) -> dict:
+        """Store the trainer's baseline (``mortal``/``dqn`` safetensors bytes, ``arch``, ``baseline_version``,
+        ``baseline_digest``); BadRequest naming the field when one is missing or invalid (nothing is stored)."""
+        fields = {'mortal': _field(msg, 'mortal', bytes), 'dqn': _field(msg, 'dqn', bytes)}
+        for key, data in fields.items():
+            if not wire.state_dict_signature(data):  # ProtocolError (a bad request) when not safetensors
+                raise BadRequest(f'field {key!r} is an empty state dict')
+        try:
+            fields['arch'] = wire.check_baseline_arch(_field(msg, 'arch', dict))
+            fields['baseline_digest'] = wire.check_digest(_field(msg, 'baseline_digest', str))
+        except ValueError as ex:
+            raise BadRequest(str(ex)) from None
+        fields['baseline_version'] = _field(msg, 'baseline_version', int)
+        if fields['baseline_version'] < 0:
+            raise BadRequest(f"field 'baseline_version' must be >= 0, got {fields['baseline_version']}")
+        with self.param_lock:
+            known = self.baseline is not None and self.baseline['baseline_digest'] == fields['baseline_digest']
+            self.baseline = fields
+        if not known:
+            logger.info('baseline version %d stored (digest %s, version %d, %dx%d)', fields['baseline_version'],
+                        fields['baseline_digest'][:12], fields['arch']['version'], fields['arch']['conv_channels'],
+                        fields['arch']['num_blocks'])
+        return {'status': wire.STATUS_OK, 'baseline_version': fields['baseline_version']}
+
+    def get_baseline(self) -> dict:
+        """The stored baseline (the fields of ``submit_baseline``), or 'empty baseline' before any."""
+        with self.param_lock:
+            if self.baseline is None:
+                return {'status': wire.STATUS_EMPTY_BASELINE}
+            return {'status': wire.STATUS_OK, **self.baseline}
 
     def submit_replay(self, logs: dict, param_version: int, client_server_id: Optional[str] = None) -> dict:
         """Store the logs ``{name: bytes}`` as ``{submission_id}_{name}``, all or none.

@@ -81,7 +81,7 @@ DISPLAY_PTS = [90, 45, 0, -135]  # test-play avg pt, display and best.pth rule o
 INITIAL_BEST_PERF = {'avg_rank': 4.0, 'avg_pt': -135.0}
 # Extra checkpoint entry 'guard' (mortal.gate, docs/operations.md): the state of the long-run guards.
 INITIAL_GUARD = {'worse_streak': 0, 'rotate_streak': 0, 'rollbacks': 0, 'rotations': 0, 'lr_scale': 1.0,
-                 'epsilon_scale': 1.0, 'baseline_version': 0, 'test_plays': 0}
+                 'epsilon_scale': 1.0, 'baseline_version': 0, 'test_plays': 0, 'baseline_digest': ''}
 HISTOGRAM_STRIDE = 128  # Mortal keeps every 128th q value to keep event files small
 CHECKPOINT_KEYS = ('mortal', 'current_dqn', 'aux_net', 'optimizer', 'scheduler', 'scaler', 'steps', 'timestamp',
                    'best_perf', 'config')
@@ -653,6 +653,42 @@ class Trainer:
         logger.info('param has been submitted (version %d%s)', reply.get('param_version', -1),
                     ', idle' if is_idle else '')
 
+    def sync_baseline(self, *, rotated: bool = False) -> None:
+        """Submit ``[baseline.train] state_file`` to the server (``submit_baseline``), for clients that fetch it
+        (``[baseline.train] from_server``). When its weights differ from those last submitted
+        (``wire.baseline_digest``, kept in the checkpoint's ``guard`` entry) and ``rotated`` is False, the file was
+        replaced by hand (``scripts/rotate_baseline.py``): ``baseline_version`` is bumped, as a rotation does.
+        A missing or unusable file, or a server that refuses it, is logged and skipped: clients then play against
+        their own file, as Mortal's do."""
+        from mortal.config import lookup
+        from mortal.rotation import read_baseline
+        baseline = lookup(self.config, 'baseline.train.state_file')
+        if not baseline:
+            return
+        try:
+            mortal, dqn, arch = read_baseline(baseline)
+        except (OSError, ValueError) as ex:
+            logger.warning('baseline not submitted to the server (clients need their own file): %s', ex)
+            return
+        digest = wire.baseline_digest(mortal, dqn)
+        if digest != self.guard['baseline_digest']:
+            if self.guard['baseline_digest'] and not rotated:
+                self.guard['baseline_version'] += 1
+                logger.info('%s has changed since it was last submitted (rotated by hand?): baseline version %d',
+                            baseline, self.guard['baseline_version'])
+            self.guard['baseline_digest'] = digest
+            if not rotated and path.exists(self.state_file):
+                self.save()  # the version survives a crash before the next save
+        msg = {'type': 'submit_baseline', 'mortal': wire.pack_state_dict(mortal), 'dqn': wire.pack_state_dict(dqn),
+               'arch': arch, 'baseline_version': self.guard['baseline_version'], 'baseline_digest': digest}
+        try:
+            wire.request_with_retry(self.remote, msg, sleep=self.sleep)
+        except wire.RequestRefused as ex:  # e.g. an older server: clients keep their own files
+            logger.warning('baseline not submitted to the server: %s', ex)
+            return
+        logger.info('baseline has been submitted (version %d, digest %s)', self.guard['baseline_version'],
+                    digest[:12])
+
     def play_settings(self) -> dict:
         """What travels with the parameters to the clients (``mortal.schedule``, ``mortal.gate``): ``steps``,
         ``epsilon_factor`` ([schedule.epsilon] x the rollbacks' ``[guard] epsilon_factor``), ``temp_factor``
@@ -701,6 +737,7 @@ class Trainer:
             server_id = reply.get('server_id')
             if not reply.get('has_param', True) and server_id not in self.resubmitted_to:
                 logger.info('server holds no parameters (restarted?): resubmitting')
+                self.sync_baseline()
                 self.submit_param(is_idle=True)
                 self.resubmitted_to.add(server_id)
             if reply['count'] > 0:
@@ -1153,6 +1190,7 @@ class Trainer:
         self.best_perf = dict(INITIAL_BEST_PERF)
         self.guard.update(baseline_version=self.guard['baseline_version'] + 1, rotate_streak=0, worse_streak=0,
                           rotations=self.guard['rotations'] + 1)
+        self.sync_baseline(rotated=True)
         self.save()
         line = (f"ROTATION #{self.guard['rotations']} at step {self.steps}: {reason}; {self.best_state_file} "
                 f"promoted to {', '.join(t for t, _ in done)} (baseline version {self.guard['baseline_version']}, "
@@ -1321,6 +1359,7 @@ class Trainer:
         dev = self.device
         logger.info('device: %s%s', dev, f' ({torch.cuda.get_device_name(dev)})' if dev.type == 'cuda' else '')
         if self.online:
+            self.sync_baseline()
             self.submit_param(is_idle=True)
         while True:
             self.train_epoch()

@@ -22,7 +22,11 @@ Requests (client/trainer -> server):
      'steps': int, 'epsilon_factor': float, 'temp_factor': float, 'baseline_version': int (optional, all four;
      handed to clients in get_param's 'ok' reply)}
     {'type': 'drain'}
+    {'type': 'submit_baseline', 'mortal': bytes, 'dqn': bytes, 'arch': {'version': int, 'conv_channels': int,
+     'num_blocks': int}, 'baseline_version': int, 'baseline_digest': str}   (the trainer's [baseline.train])
+    {'type': 'get_baseline'}   (a client without that baseline; get_param's 'ok' reply names its digest)
 Replies (server -> peer) always carry ``status``: 'ok', 'samples overflow', 'empty param', 'trainer is busy',
+'empty baseline' (get_baseline before the trainer submitted one),
 'unauthorized', 'bad request' (retrying cannot help; ``reason`` says why) or 'error' (the server could not do it,
 e.g. an unwritable ``buffer_dir``; ``reason`` says why; retrying may help). See ``mortal/server.py`` for the
 fields of each 'ok' reply.
@@ -61,12 +65,13 @@ HEADER_TIMEOUT = 10.0  # seconds a server waits for a whole header (a peer canno
 RECV_CHUNK = 1 << 20
 RETRY_INTERVAL = 3.0  # seconds, as Mortal's client loop
 
-REQUEST_TYPES = ('get_param', 'submit_replay', 'submit_param', 'drain')
+REQUEST_TYPES = ('get_param', 'submit_replay', 'submit_param', 'drain', 'submit_baseline', 'get_baseline')
 # Status strings are Mortal's where Mortal has them.
 STATUS_OK = 'ok'
 STATUS_OVERFLOW = 'samples overflow'
 STATUS_EMPTY_PARAM = 'empty param'
 STATUS_BUSY = 'trainer is busy'
+STATUS_EMPTY_BASELINE = 'empty baseline'
 STATUS_UNAUTHORIZED = 'unauthorized'
 STATUS_BAD_REQUEST = 'bad request'
 STATUS_ERROR = 'error'
@@ -102,6 +107,47 @@ def check_play_settings(msg: dict) -> dict:
                              f'got {value!r}')
         out[key] = value
     return out
+
+
+# A baseline's architecture as it travels (submit_baseline, get_baseline): the checkpoint config entries that
+# mortal.player.load_model_pair reads, with their bounds.
+BASELINE_ARCH = {'version': (1, 4), 'conv_channels': (1, 4096), 'num_blocks': (1, 1024)}
+_HEX = frozenset('0123456789abcdef')
+
+
+def check_baseline_arch(arch) -> dict:
+    """The ``arch`` map of a baseline (``BASELINE_ARCH``: ``version``, ``conv_channels``, ``num_blocks``, ints
+    within their bounds). Raises ValueError naming the field."""
+    if not isinstance(arch, dict):
+        raise ValueError(f"field 'arch' is a {type(arch).__name__}, expected a map")
+    out = {}
+    for key, (low, high) in BASELINE_ARCH.items():
+        value = arch.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise ValueError(f"field 'arch.{key}' must be an int within [{low}, {high}], got {value!r}")
+        out[key] = value
+    return out
+
+
+def check_digest(digest) -> str:
+    """A ``baseline_digest``: 64 lowercase hex characters (SHA-256). Raises ValueError otherwise."""
+    if not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= _HEX:
+        raise ValueError(f"field 'baseline_digest' must be 64 lowercase hex characters, got {digest!r}")
+    return digest
+
+
+def baseline_digest(mortal: dict, dqn: dict) -> str:
+    """SHA-256 (hex) of a baseline's weights: for ``mortal`` then ``dqn`` (state dicts, str -> Tensor), each key
+    in sorted order with its dtype, shape and bytes. It depends on the values only, not on how they were stored
+    (a checkpoint file, safetensors), so a client compares its own file with the trainer's baseline by it."""
+    import torch
+    h = hashlib.sha256()
+    for part, state in (('mortal', mortal), ('dqn', dqn)):
+        for key in sorted(state):
+            t = state[key].detach().to('cpu').contiguous()
+            h.update(f'{part}/{key}:{t.dtype}:{list(t.shape)};'.encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 class ProtocolError(Exception):

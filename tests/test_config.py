@@ -76,7 +76,8 @@ def test_config_online_holds_reference_values(caplog):
                           'scheduler': {'peak': 1e-5, 'final': 1e-5, 'warm_up_steps': 0, 'max_steps': 0}}
     for slot in ('train', 'test'):
         assert c['baseline'][slot] == {'device': 'cuda:0', 'enable_compile': False,
-                                       'state_file': '/data/mortal/online/baseline.pth'}
+                                       'state_file': '/data/mortal/online/baseline.pth',
+                                       **({'from_server': True} if slot == 'train' else {})}  # the filled default
     assert (c['online']['history_window'], c['online']['enable_compile']) == (50, False)
     assert (c['online']['remote']['host'], c['online']['remote']['port']) == ('127.0.0.1', 5000)
     srv = c['online']['server']

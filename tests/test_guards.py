@@ -76,6 +76,8 @@ def online_trainer(tmp_path, plans, **overrides):
                          sleep=lambda s: None)
     trainer.submits = []
     trainer.submit_param = lambda is_idle=False: trainer.submits.append(trainer.play_settings())
+    trainer.synced = []  # sync_baseline calls (rotated=): no server here (test_baseline_sync.py has one)
+    trainer.sync_baseline = lambda rotated=False: trainer.synced.append(rotated)
     return trainer, writer, player
 
 
@@ -182,7 +184,7 @@ def test_rotation_promotes_best_and_bumps_the_baseline_version(tmp_path, caplog)
     state = torch.load(trainer.state_file, weights_only=True)
     assert state['best_perf'] == tr.INITIAL_BEST_PERF
     assert state['guard']['baseline_version'] == 1 and state['guard']['rotations'] == 1
-    assert trainer.play_settings()['baseline_version'] == 1
+    assert trainer.play_settings()['baseline_version'] == 1 and trainer.synced == [True]
     assert 'ROTATION #1 at step 12: 2 test plays in a row beat the baseline' in caplog.text
 
 

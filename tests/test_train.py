@@ -142,6 +142,7 @@ def make_trainer(tmp_path, *, online=False, results=((0.0, 2.5),), real_submit=F
     trainer.submits = []
     if not real_submit:
         trainer.submit_param = lambda is_idle=False: trainer.submits.append((trainer.steps, is_idle))
+        trainer.sync_baseline = lambda rotated=False: None  # no server to submit the baseline to
     return trainer, writer
 
 
@@ -489,17 +490,22 @@ def test_drain_waits_resubmits_after_restart_and_logs_health(tmp_path, live_serv
 
 
 class ScriptedRemote:
-    """Answers each drain with the next of ``replies`` (then empty drains); records submit_param requests."""
+    """Answers each drain with the next of ``replies`` (then empty drains); records submit_param requests (their
+    is_idle) and submit_baseline ones (their baseline_version)."""
 
     def __init__(self, replies):
         self.replies = list(replies)
         self.host, self.port = '127.0.0.1', 1
         self.submits = []
+        self.baselines = []
 
     def request(self, msg):
         if msg['type'] == 'submit_param':
             self.submits.append(msg['is_idle'])
             return {'status': 'ok', 'param_version': len(self.submits), 'server_id': 'x'}
+        if msg['type'] == 'submit_baseline':
+            self.baselines.append(msg['baseline_version'])
+            return {'status': 'ok', 'baseline_version': msg['baseline_version']}
         return self.replies.pop(0)
 
 

@@ -1,0 +1,233 @@
+"""The baseline served by the server: the trainer submits ``[baseline.train]``, a client without that file (another
+machine) fetches and installs it, and follows a rotation by its digest (``[baseline.train] from_server``)."""
+
+import glob
+import hashlib
+import logging
+import os
+import struct
+import threading
+
+import pytest
+import torch
+
+from mortal import client as cl
+from mortal import server as srv
+from mortal import wire
+from mortal.player import load_model_pair
+from test_client import free_port
+from test_train import FakeTestPlayer, FakeWriter, tiny_config, write_baseline
+from mortal import train as tr
+
+ARCH = {'version': 3, 'conv_channels': 16, 'num_blocks': 1}  # tiny_config's model
+
+
+def test_baseline_digest_by_hand():
+    mortal = {'w': torch.tensor([1.0, 2.0])}
+    dqn = {'b': torch.tensor([3])}
+    expected = hashlib.sha256(b'mortal/w:torch.float32:[2];' + struct.pack('<2f', 1.0, 2.0)
+                              + b'dqn/b:torch.int64:[1];' + struct.pack('<q', 3)).hexdigest()
+    assert wire.baseline_digest(mortal, dqn) == expected
+    # the values decide, not the storage: another key order, a non-contiguous view
+    wide = torch.tensor([[1.0, 9.0], [2.0, 9.0]])[:, 0]
+    assert not wide.is_contiguous()
+    assert wire.baseline_digest({'w': wide}, dqn) == expected
+    assert wire.baseline_digest({'w': torch.tensor([1.0, 2.5])}, dqn) != expected
+    assert wire.baseline_digest(dqn, mortal) != expected  # which part a tensor belongs to counts too
+
+
+def test_arch_and_digest_checks_name_the_field():
+    assert wire.check_baseline_arch({**ARCH, 'extra': 1}) == ARCH
+    for bad, field in (({**ARCH, 'version': 5}, 'arch.version'), ({**ARCH, 'num_blocks': True}, 'arch.num_blocks'),
+                       ({'version': 3}, 'arch.conv_channels'), ([], "'arch'")):
+        with pytest.raises(ValueError, match=field):
+            wire.check_baseline_arch(bad)
+    assert wire.check_digest('0f' * 32) == '0f' * 32
+    for bad in ('0F' * 32, '0f' * 31, 7, 'g' * 64):
+        with pytest.raises(ValueError, match='baseline_digest'):
+            wire.check_digest(bad)
+
+
+def _submission(mortal=None, dqn=None, **fields):
+    mortal = mortal if mortal is not None else {'w': torch.ones(2)}
+    dqn = dqn if dqn is not None else {'b': torch.zeros(1)}
+    return {'type': 'submit_baseline', 'mortal': wire.pack_state_dict(mortal), 'dqn': wire.pack_state_dict(dqn),
+            'arch': dict(ARCH), 'baseline_version': 2, 'baseline_digest': wire.baseline_digest(mortal, dqn),
+            **fields}
+
+
+def test_server_stores_serves_and_names_the_baseline(tmp_path):
+    store = srv.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 4)
+    store.reset_dirs()
+    assert store.handle({'type': 'get_baseline'}) == {'status': 'empty baseline'}
+    msg = _submission()
+    assert store.handle(msg) == {'status': 'ok', 'baseline_version': 2}
+    got = store.handle({'type': 'get_baseline'})
+    assert got == {'status': 'ok', **{k: msg[k] for k in ('mortal', 'dqn', 'arch', 'baseline_version',
+                                                          'baseline_digest')}}
+    m = wire.pack_state_dict({'w': torch.ones(1)})
+    store.handle({'type': 'submit_param', 'mortal': m, 'dqn': m})
+    reply = store.handle({'type': 'get_param', 'param_version': -1})
+    assert reply['baseline_digest'] == msg['baseline_digest'] and reply['baseline_version'] == 0  # play settings
+    # invalid submissions are bad requests naming the field, and leave the stored baseline alone
+    for bad, reason in (({'arch': {**ARCH, 'conv_channels': 0}}, 'arch.conv_channels'),
+                        ({'baseline_digest': 'AB' * 32}, 'baseline_digest'),
+                        ({'baseline_version': -1}, "'baseline_version' must be >= 0"),
+                        ({'mortal': b'junk'}, 'invalid safetensors'),
+                        ({'dqn': wire.pack_state_dict({})}, "'dqn' is an empty state dict")):
+        with pytest.raises((srv.BadRequest, wire.ProtocolError), match=reason):
+            store.handle({**msg, **bad})
+    assert store.handle({'type': 'get_baseline'}) == got
+
+
+class Served:
+    """A live server, and a trainer (fake test player) that submits to it."""
+
+    def __init__(self, tmp_path):
+        self.port = free_port()
+        self.config, _ = tiny_config(tmp_path, port=self.port)
+        self.baseline = self.config['baseline']['train']['state_file']
+        write_baseline(self.config, self.baseline, seed=0)
+        self.store = srv.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 64)
+        self.store.reset_dirs()
+        self.server = srv.ParamServer(('127.0.0.1', self.port), self.store, timeout=10)
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+        self.remote = wire.Remote('127.0.0.1', self.port, timeout=10)
+        self.trainer = tr.Trainer(self.config, test_player=FakeTestPlayer([]), writer=FakeWriter(),
+                                  remote=self.remote, sleep=lambda s: None)
+
+    def remote_config(self, tmp_path):
+        """The config of a client on another machine: its own (not yet existing) baseline file."""
+        other = {**self.config, 'baseline': {**self.config['baseline'],
+                                             'train': {**self.config['baseline']['train'],
+                                                       'state_file': str(tmp_path / 'remote' / 'baseline.pth')}}}
+        return other
+
+    def param_reply(self):
+        return self.remote.request({'type': 'get_param', 'param_version': -1, 'server_id': None})
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def served(tmp_path):
+    s = Served(tmp_path)
+    yield s
+    s.close()
+
+
+def weights_of(state_file):
+    state = torch.load(state_file, weights_only=True)
+    return state['mortal'], state['current_dqn']
+
+
+def test_a_client_on_another_machine_fetches_the_baseline_and_follows_a_rotation(tmp_path, served, caplog,
+                                                                                 monkeypatch):
+    trainer = served.trainer
+    with caplog.at_level(logging.INFO):
+        trainer.sync_baseline()
+    first = wire.baseline_digest(*weights_of(served.baseline))
+    assert served.store.baseline['baseline_digest'] == first == trainer.guard['baseline_digest']
+    assert served.store.baseline['arch'] == ARCH and served.store.baseline['baseline_version'] == 0
+    trainer.save()  # a learner that has run: its state_file holds the guard entry
+    trainer.submit_param(is_idle=True)
+    config = served.remote_config(tmp_path)
+    mine = config['baseline']['train']['state_file']
+    assert not os.path.exists(mine)
+    fetches = []
+    real_fetch = cl.fetch_baseline
+    monkeypatch.setattr(cl, 'fetch_baseline', lambda *a, **k: fetches.append(k['wait']) or real_fetch(*a, **k))
+    with caplog.at_level(logging.INFO):
+        client = cl.Client(config, env={}, sleep=lambda s: None)
+        # installed before the first round: the same weights, loadable as any baseline
+        assert fetches == [True] and cl.file_digest(mine) == first
+        assert all(torch.equal(a, b) for a, b in zip(weights_of(mine)[0].values(),
+                                                     weights_of(served.baseline)[0].values()))
+        load_model_pair(mine)
+        engine = client.train_player.baseline_engine
+        client.apply_play_settings(served.param_reply())
+        assert client.baseline_digest == first and fetches == [True]  # the file is it already: no reload
+        assert client.train_player.baseline_engine is engine
+        # the trainer's baseline is replaced by hand, then the trainer restarts: version 1, a new digest
+        write_baseline(served.config, served.baseline, seed=1)
+        trainer.sync_baseline()
+        second = wire.baseline_digest(*weights_of(served.baseline))
+        assert trainer.guard['baseline_version'] == 1 and served.store.baseline['baseline_digest'] == second
+        assert torch.load(trainer.state_file, weights_only=True)['guard']['baseline_version'] == 1
+        trainer.submit_param(is_idle=True)
+        client.apply_play_settings(served.param_reply())
+        assert fetches == [True, False] and client.baseline_digest == second == cl.file_digest(mine)
+        new = client.train_player.baseline_engine
+        assert new is not engine
+        assert all(torch.equal(new.brain.state_dict()[k], v) for k, v in weights_of(served.baseline)[0].items())
+        backups = glob.glob(f'{mine}.*.bak')
+        assert len(backups) == 1 and cl.file_digest(backups[0]) == first  # the pool keeps the old one
+        client.apply_play_settings(served.param_reply())  # nothing new: nothing fetched
+        assert fetches == [True, False]
+    assert 'has changed since it was last submitted (rotated by hand?): baseline version 1' in caplog.text
+    assert 'the baseline was rotated (version 0 -> 1): reloading it' in caplog.text
+    # a rotation by the trainer itself bumps the version once (rotate_baseline), not again here
+    trainer.guard['baseline_version'] = 2
+    write_baseline(served.config, served.baseline, seed=2)
+    trainer.sync_baseline(rotated=True)
+    assert trainer.guard['baseline_version'] == 2 and served.store.baseline['baseline_version'] == 2
+
+
+def test_a_served_baseline_that_fails_its_checks_is_refused_once(tmp_path, served, caplog):
+    config = served.remote_config(tmp_path)
+    mine = config['baseline']['train']['state_file']
+    os.makedirs(os.path.dirname(mine))
+    write_baseline(config, mine, seed=5)
+    before = open(mine, 'rb').read()
+    mortal, dqn = weights_of(served.baseline)
+    tampered = _submission(mortal, dqn, arch=dict(ARCH), baseline_version=1)
+    tampered['baseline_digest'] = wire.baseline_digest({**mortal, next(iter(mortal)): torch.zeros(1)}, dqn)
+    assert served.remote.request(tampered)['status'] == 'ok'
+    served.trainer.submit_param(is_idle=True)
+    client = cl.Client(config, env={}, sleep=lambda s: None)
+    engine = client.train_player.baseline_engine
+    with caplog.at_level(logging.WARNING, logger='mortal.client'):
+        client.apply_play_settings(served.param_reply())
+        client.apply_play_settings(served.param_reply())
+    assert caplog.text.count("cannot use the trainer's baseline from the server") == 1
+    assert 'do not match their digest' in caplog.text
+    assert open(mine, 'rb').read() == before and client.train_player.baseline_engine is engine
+    assert client.bad_baseline == tampered['baseline_digest'] and client.baseline_digest is None
+    # another architecture than its arch says: refused the same way
+    other = dict(_submission(mortal, dqn, arch={**ARCH, 'num_blocks': 2}, baseline_version=1))
+    assert served.remote.request(other)['status'] == 'ok'
+    client.apply_play_settings(served.param_reply())
+    assert client.bad_baseline == other['baseline_digest'] and open(mine, 'rb').read() == before
+
+
+def test_from_server_false_keeps_the_clients_own_file(tmp_path, served):
+    served.trainer.sync_baseline()
+    served.trainer.submit_param(is_idle=True)
+    config = served.remote_config(tmp_path)
+    config['baseline']['train']['from_server'] = False
+    mine = config['baseline']['train']['state_file']
+    os.makedirs(os.path.dirname(mine))
+    write_baseline(config, mine, seed=7)
+    before = open(mine, 'rb').read()
+    client = cl.Client(config, env={}, sleep=lambda s: None)
+    client.apply_play_settings(served.param_reply())
+    assert open(mine, 'rb').read() == before and client.baseline_digest is None and client.baseline_version == 0
+
+
+def test_a_client_started_before_the_trainer_waits_for_its_baseline(tmp_path, served, caplog):
+    config = served.remote_config(tmp_path)
+    sleeps = []
+
+    def sleep(seconds):  # the trainer starts while the client waits
+        sleeps.append(seconds)
+        if len(sleeps) == 2:
+            served.trainer.sync_baseline()
+
+    with caplog.at_level(logging.INFO, logger='mortal.client'):
+        client = cl.Client(config, env={}, sleep=sleep)
+    assert sleeps == [3.0, 3.0]
+    assert caplog.text.count("waiting for the trainer's baseline: empty baseline") == 1
+    assert cl.file_digest(config['baseline']['train']['state_file']) == served.store.baseline['baseline_digest']
+    assert client.train_player.baseline_engine is not None
