@@ -214,7 +214,15 @@ def state_dict_mismatches(expected, saved, limit=3):
 
 def check_checkpoints(config):
     rows = []
+    fetched = (lookup(config, 'baseline.train.state_file') if lookup(config, 'baseline.train.from_server', True)
+               else None)  # a client fetches this one from the server (mortal.client)
     for label, path, required in _read_checkpoint_files(config):
+        if not Path(path).is_file() and required and path == fetched:
+            # a client machine needs no such file; the trainer's machine does ([baseline.test]: test play)
+            rows.append(Check(INFO if label.startswith('[baseline.train]') else WARN, 'checkpoint',
+                              f"{label} = {path}: missing; fine on a client machine (a client fetches the "
+                              "trainer's baseline into it: [baseline.train] from_server), the trainer needs it"))
+            continue
         if not Path(path).is_file():
             status = FAIL if required else INFO
             what = 'missing (needed by the online client/test play)' if required else \

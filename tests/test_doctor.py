@@ -137,12 +137,23 @@ def test_corrupt_and_foreign_checkpoints_fail(work, capsys):
 
 
 def test_missing_baseline_fails_but_missing_trainer_state_is_info(work, capsys):
-    root, cfg_path, _ = work
+    root, cfg_path, cfg = work
     (root / 'online' / 'baseline.pth').unlink()
+    cfg['baseline']['train']['from_server'] = False  # the client plays against its own file: it must exist
+    _rewrite(cfg_path, cfg)
     rc, out = _run(cfg_path, capsys)
     assert rc == 1
     assert len(_fail_lines(out)) == 2
     assert '[INFO] checkpoint: [control] state_file' in out
+
+
+def test_missing_baseline_that_a_client_fetches_is_info_and_a_warning_for_test_play(work, capsys):
+    root, cfg_path, _ = work
+    (root / 'online' / 'baseline.pth').unlink()
+    rc, out = _run(cfg_path, capsys)  # [baseline.train] from_server defaults to true
+    assert rc == 0 and _fail_lines(out) == []
+    assert "[INFO] checkpoint: [baseline.train] state_file" in out and 'a client fetches the trainer' in out
+    assert "[WARN] checkpoint: [baseline.test] state_file" in out and 'the trainer needs it' in out
 
 
 def test_grp_shape_mismatch_and_missing_fail(work, capsys):
