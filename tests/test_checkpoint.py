@@ -1,0 +1,123 @@
+"""mortal.checkpoint and the atomic writes of mortal.fsutil: errors name the file on one line, writes are all or
+nothing, one state-dict comparison behind the client's, the trainer's and the doctor's wording."""
+
+import os
+
+import pytest
+import torch
+
+from mortal.checkpoint import (CheckpointError, atomic_torch_save, check_fits_config, check_loadable,
+                               describe_mismatches, load_checkpoint, load_errors, load_model_pair, read_baseline,
+                               require_entries, state_dict_mismatches)
+from mortal.fsutil import atomic_copy, atomic_write, atomic_write_bytes, empty_dir
+from mortal.model import DQN, Brain
+
+
+def _mortal_checkpoint(path, *, version=3, conv_channels=16, num_blocks=1):
+    torch.manual_seed(0)
+    state = {'mortal': Brain(version=version, conv_channels=conv_channels, num_blocks=num_blocks).state_dict(),
+             'current_dqn': DQN(version=version).state_dict(),
+             'config': {'control': {'version': version},
+                        'resnet': {'conv_channels': conv_channels, 'num_blocks': num_blocks}}}
+    atomic_torch_save(state, path)
+    return state
+
+
+def test_load_checkpoint_missing_garbage_and_foreign_files(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        load_checkpoint(tmp_path / 'none.pth')
+    bad = tmp_path / 'bad.pth'
+    bad.write_bytes(b'not a zip file')
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(bad)
+    assert str(err.value).startswith(f'{bad}: ') and '\n' not in str(err.value) and err.value.source == str(bad)
+    bad.write_bytes(b'\x80\x02' + b'\x9d' * 200)  # a pickle header and an unknown opcode
+    with pytest.raises(CheckpointError, match='not a weights-only torch checkpoint'):
+        load_checkpoint(bad)
+
+
+def test_require_entries_names_one_or_all_missing(tmp_path):
+    assert require_entries({'a': 1, 'b': 2}, ('a',), 'f.pth') == {'a': 1, 'b': 2}
+    with pytest.raises(CheckpointError, match=r"^f.pth: GRP checkpoint has no 'model' entry$"):
+        require_entries({}, ('model',), 'f.pth', kind='GRP checkpoint')
+    with pytest.raises(CheckpointError, match=r"^f.pth: checkpoint lacks \['mortal', 'config'\]$"):
+        require_entries([1], ('mortal', 'config'), 'f.pth')
+
+
+def test_load_model_pair_and_read_baseline(tmp_path):
+    path = tmp_path / 'm.pth'
+    state = _mortal_checkpoint(path)
+    brain, dqn, version = load_model_pair(path)
+    assert version == 3 and not brain.training and not dqn.training
+    assert all(torch.equal(a, b) for a, b in zip(brain.state_dict().values(), state['mortal'].values()))
+    mortal, dqn_sd, arch = read_baseline(path)
+    assert arch == {'version': 3, 'conv_channels': 16, 'num_blocks': 1} and mortal.keys() == state['mortal'].keys()
+    state['config']['resnet']['conv_channels'] = 32  # the weights no longer fit their own config
+    torch.save(state, path)
+    with pytest.raises(CheckpointError) as err:
+        load_model_pair(path)
+    assert 'weights do not match its own config (version 3, conv_channels 32' in str(err.value)
+    assert '\n' not in str(err.value)
+
+
+def test_load_errors_make_one_cli_line(tmp_path):
+    missing = tmp_path / 'missing.pth'
+    with pytest.raises(CheckpointError) as err, load_errors('[control] state_file', missing):
+        load_model_pair(missing)
+    assert str(err.value) == (f"cannot load [control] state_file {missing}: FileNotFoundError: [Errno 2] "
+                              f"No such file or directory: '{missing}'")
+    torch.save({'mortal': {}}, missing)
+    with pytest.raises(CheckpointError) as err, load_errors('[x] state_file', missing):
+        load_model_pair(missing)
+    assert str(err.value) == f"cannot load [x] state_file {missing}: checkpoint lacks ['current_dqn', 'config']"
+
+
+def test_one_comparison_three_wordings():
+    dqn = DQN(version=3)
+    saved = dict(dqn.state_dict())
+    assert state_dict_mismatches(dqn.state_dict(), saved) == []
+    check_loadable(dqn, saved, 'dqn')  # nothing to report
+    first = next(iter(saved))
+    saved[first] = torch.zeros(3)
+    saved['extra'] = torch.zeros(2)
+    kinds = [(m.kind, m.key) for m in state_dict_mismatches(dqn.state_dict(), saved)]
+    assert kinds == [('shape', first), ('unexpected', 'extra')]
+    with pytest.raises(CheckpointError, match=rf"^dqn: key '{first}' has shape \[3\], expected \["):
+        check_loadable(dqn, saved, 'dqn')
+    config = {'control': {'version': 3}, 'resnet': {'conv_channels': 16, 'num_blocks': 1}}
+    with pytest.raises(CheckpointError, match=rf'^x.pth: does not fit the configured model: current_dqn.{first} '
+                                              r'has shape \(3,\) in the checkpoint but the config expects'):
+        check_fits_config(dqn, saved, entry='current_dqn', source='x.pth', ckpt_cfg=None, config=config)
+    assert describe_mismatches(dqn.state_dict(), saved) == [
+        '1 unexpected key(s): extra', f'1 shape mismatch(es) saved vs expected: {first} (3,) vs '
+                                      f'{tuple(dqn.state_dict()[first].shape)}']
+    assert describe_mismatches(dqn.state_dict(), [1]) == ['expected a state dict, got list']
+
+
+def test_atomic_writes_are_all_or_nothing(tmp_path):
+    target = tmp_path / 'sub' / 'f.bin'
+    atomic_write_bytes(b'old', target)  # creates the folder
+    with pytest.raises(RuntimeError), atomic_write(target) as f:
+        f.write(b'half')
+        raise RuntimeError('killed')
+    assert target.read_bytes() == b'old' and os.listdir(target.parent) == ['f.bin']
+    os.utime(target, (1_000_000, 1_000_000))
+    atomic_copy(target, tmp_path / 'kept.bak', keep_times=True)
+    assert (tmp_path / 'kept.bak').read_bytes() == b'old' and os.path.getmtime(tmp_path / 'kept.bak') == 1_000_000
+    with pytest.raises(FileNotFoundError):
+        atomic_copy(tmp_path / 'none', tmp_path / 'kept.bak')
+    assert (tmp_path / 'kept.bak').read_bytes() == b'old'
+
+
+def test_empty_dir_keeps_what_is_named_and_replaces_a_file(tmp_path):
+    d = tmp_path / 'd'
+    (d / 'sub').mkdir(parents=True)
+    (d / 'a').write_text('a')
+    (d / 'keep').write_text('k')
+    empty_dir(d, keep={'keep'})
+    assert os.listdir(d) == ['keep']
+    f = tmp_path / 'f'
+    f.write_text('x')
+    empty_dir(f)
+    empty_dir(tmp_path / 'new' / 'deep')
+    assert f.is_dir() and os.listdir(f) == [] and (tmp_path / 'new' / 'deep').is_dir()
