@@ -100,7 +100,8 @@ def main(argv=None):
                lambda step, grp: print(f'step {step:5d}: val CE {val_ce(grp, val):.4f}', flush=True))
     elif args.cmd == 'make':
         grp = _train(_samples(args.train_dir), [args.steps], lambda *a: None)
-        torch.save({'model': grp.state_dict(), 'steps': args.steps, 'timestamp': 0}, args.out)
+        from mortal.checkpoint import atomic_torch_save
+        atomic_torch_save({'model': grp.state_dict(), 'steps': args.steps, 'timestamp': 0}, args.out)
         print(f'wrote {args.out}')
     else:
         for grp_file in args.grp:

@@ -135,9 +135,9 @@ def check_marks(marks, minutes):
 
 
 def checkpoint_steps(state_file):
-    import torch
+    from mortal.checkpoint import load_checkpoint
     try:
-        return int(torch.load(state_file, weights_only=True, map_location='cpu')['steps'])
+        return int(load_checkpoint(state_file)['steps'])
     except Exception:  # being replaced right now, or not written yet
         return None
 
@@ -148,16 +148,16 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes
     At each of ``mark_minutes`` (minutes online) ``best.pth`` and the played ``state_file`` are kept as
     ``marks/best_MMMm.pth`` / ``marks/final_MMMm.pth``; ``eval`` plays them like best/final (e.g. the model at 30
     minutes of a 2-hour run)."""
-    import torch
+    from mortal.checkpoint import INITIAL_BEST_PERF, atomic_torch_save, load_checkpoint
     from mortal.config import load_config
+    from mortal.fsutil import empty_dir
     from mortal.quickstart import _wait_port, free_port, keep_running, start as start_proc, stop
-    from mortal.train import INITIAL_BEST_PERF, played_checkpoint
+    from mortal.train import played_checkpoint
 
     start = pathlib.Path(out, 'start').resolve()
     arm_dir = pathlib.Path(out, 'arms', arm).resolve()
-    if arm_dir.exists():
-        shutil.rmtree(arm_dir)
-    (arm_dir / 'online').mkdir(parents=True)
+    empty_dir(arm_dir)
+    (arm_dir / 'online').mkdir()
     (arm_dir / 'snapshots').mkdir()
     (arm_dir / 'marks').mkdir()
     marks = sorted(float(m) for m in mark_minutes)
@@ -165,9 +165,9 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes
     load_config(cfg_path)  # fail early, naming the bad key
     # Trainee and baseline both start as the bootstrap model (the start dir's own mortal.pth may have trained).
     start_file = start / 'online' / 'baseline.pth'
-    trainee = torch.load(start_file, weights_only=True, map_location='cpu')
+    trainee = load_checkpoint(start_file)
     trainee['best_perf'] = dict(INITIAL_BEST_PERF)
-    torch.save(trainee, arm_dir / 'online' / 'mortal.pth')
+    atomic_torch_save(trainee, arm_dir / 'online' / 'mortal.pth')
     shutil.copyfile(start_file, arm_dir / 'online' / 'baseline.pth')
     state_file = cfg['control']['state_file']
     step0 = checkpoint_steps(state_file)
@@ -196,8 +196,8 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes
                 best_file = arm_dir / 'online' / 'best.pth'
                 if best_file.exists():
                     shutil.copyfile(best_file, arm_dir / 'marks' / f'best_{tag}.pth')
-                torch.save(played_checkpoint(torch.load(state_file, weights_only=True, map_location='cpu')),
-                           arm_dir / 'marks' / f'final_{tag}.pth')
+                atomic_torch_save(played_checkpoint(load_checkpoint(state_file)),
+                                  arm_dir / 'marks' / f'final_{tag}.pth')
                 log(f'[{arm}] mark {tag}: {trained} steps')
             if (steps and trained >= steps) or (minutes and elapsed >= minutes * 60):
                 break
@@ -207,8 +207,7 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes
     if marks:
         log(f'[{arm}] marks never reached (the run ended first): {", ".join(f"{m:g} min" for m in marks)}')
     # the played model: with [online] ema_decay the EMA, as best.pth
-    torch.save(played_checkpoint(torch.load(state_file, weights_only=True, map_location='cpu')),
-               arm_dir / 'final.pth')
+    atomic_torch_save(played_checkpoint(load_checkpoint(state_file)), arm_dir / 'final.pth')
     log(f'[{arm}] trained {trained} steps in {elapsed / 60:.1f} min')
     return {'steps': trained, 'seconds': elapsed, 'sets': [['.'.join(k), v] for k, v in sets]}
 
@@ -220,16 +219,14 @@ def run_offline(out, arm, *, epochs, lr, freeze_bn, log):
     optimizer included) for ``epochs`` more epochs of the bootstrap logs at constant ``lr``, with the offline loss
     (MSE + CQL + next rank), no self-play. With ``freeze_bn`` the BatchNorm statistics stay frozen, as online.
     Keeps ``OUT/arms/ARM/epoch_N.pth`` and returns the info of ``result.json``."""
-    import torch
     from mortal.bootstrap import RulebaseTestPlayer, offline_config
     from mortal.config import load_config
+    from mortal.fsutil import empty_dir
     from mortal.train import Trainer
 
     start = pathlib.Path(out, 'start').resolve()
     arm_dir = pathlib.Path(out, 'arms', arm).resolve()
-    if arm_dir.exists():
-        shutil.rmtree(arm_dir)
-    arm_dir.mkdir(parents=True)
+    empty_dir(arm_dir)
     cfg = offline_config(load_config(start / 'config.toml'))
     cfg['control'].update(state_file=str(arm_dir / 'mortal.pth'), best_state_file=str(arm_dir / 'best.pth'),
                           tensorboard_dir=str(arm_dir / 'tensorboard'))

@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import random
-import tempfile
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -33,6 +32,7 @@ from mjai.mlibriichi.state import PlayerState
 from riichienv import GameRule, RiichiEnv, calculate_score
 
 from mortal.agent import IllegalReaction, Scene, abs_scores, make_agent, needs_v4_encoder, rank_of
+from mortal.fsutil import atomic_write
 from mortal.obs_v4 import V4Encoder
 
 logger = logging.getLogger(__name__)
@@ -397,19 +397,13 @@ class _Game:
 
 
 def write_log_atomic(path: str, text: str) -> None:
-    """gzip ``text`` (best compression, as Mortal) to ``path`` via a temp file + rename."""
-    d = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp_", suffix=".json.gz")
-    try:
-        with os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9) as gz:
-            gz.write(text.encode())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """gzip ``text`` (best compression, as Mortal) to ``path`` through a temporary name and a rename
+    (``mortal.fsutil.atomic_write``), without fsync: a round writes hundreds of logs, and a crash loses the round
+    anyway. Raises OSError."""
+    # filename='': no file name in the gzip header (the temporary one would be recorded)
+    with atomic_write(path, fsync=False) as raw, \
+            gzip.GzipFile(filename="", mode="wb", compresslevel=9, fileobj=raw) as gz:
+        gz.write(text.encode())
 
 
 # ---------------------------------------------------------------------------

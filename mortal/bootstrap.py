@@ -30,12 +30,12 @@ import copy
 import logging
 import os
 import random
-import shutil
 import sys
 import time
 from pathlib import Path
 
 from mortal.config import SCHEMA, lookup
+from mortal.fsutil import atomic_copy, empty_dir
 
 logger = logging.getLogger(__name__)
 
@@ -224,10 +224,10 @@ def _grp_config(config, boot):
 
 
 def _grp_steps_done(state_file):
-    import torch
+    from mortal.checkpoint import load_checkpoint
     if not os.path.exists(state_file):
         return 0
-    return int(torch.load(state_file, weights_only=True, map_location='cpu').get('steps', 0))
+    return int(load_checkpoint(state_file).get('steps', 0))
 
 
 def train_grp(config, *, progress=True):
@@ -322,8 +322,7 @@ class RulebaseTestPlayer:
 
         engine = MortalEngine(mortal, dqn, is_oracle=False, version=self.version, device=torch.device(device),
                               name='mortal')
-        shutil.rmtree(self.log_dir, ignore_errors=True)
-        os.makedirs(self.log_dir)
+        empty_dir(self.log_dir)
         OneVsThree(disable_progress_bar=False, log_dir=self.log_dir).py_vs_py(
             engine, MjaiBotAgent(name='rulebase'), seed_start=TEST_SEED, seed_count=seed_count)
         return Stat.from_dir(self.log_dir, 'mortal')
@@ -331,7 +330,7 @@ class RulebaseTestPlayer:
 
 def train_offline(config):
     """Step 3. Returns the path of ``best.pth``. Skipped when a previous run finished."""
-    from mortal.train import Trainer, atomic_copy
+    from mortal.train import Trainer
 
     boot = bootstrap_config(config)
     p = _offline_paths(boot)
@@ -368,8 +367,7 @@ def prepare(config, *, force=False):
 
     Existing targets are kept unless ``force``. Returns the list of files written.
     """
-    import torch
-    from mortal.train import INITIAL_BEST_PERF, atomic_copy, atomic_torch_save
+    from mortal.checkpoint import INITIAL_BEST_PERF, atomic_torch_save, load_checkpoint
 
     boot = bootstrap_config(config)
     best = _offline_paths(boot)['best_state_file']
@@ -378,8 +376,7 @@ def prepare(config, *, force=False):
     written = []
     state_file = config['control']['state_file']
     if force or not os.path.exists(state_file):
-        os.makedirs(os.path.dirname(os.path.abspath(state_file)), exist_ok=True)
-        state = torch.load(best, weights_only=True, map_location='cpu')
+        state = load_checkpoint(best)
         # the offline best was measured against RulebaseBots; online test play is against the baseline
         state['best_perf'] = dict(INITIAL_BEST_PERF)
         atomic_torch_save(state, state_file)
@@ -387,7 +384,6 @@ def prepare(config, *, force=False):
     for slot in ('train', 'test'):
         target = lookup(config, f'baseline.{slot}.state_file')
         if target and target not in written and (force or not os.path.exists(target)):
-            os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
             atomic_copy(best, target)
             written.append(target)
     logger.info('prepare: wrote %s', written or 'nothing (all targets exist; --force to overwrite)')

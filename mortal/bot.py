@@ -127,56 +127,21 @@ def model_tag(state: dict, version: int, num_blocks: int, conv_channels: int) ->
     return f'mortal{version}-b{num_blocks}c{conv_channels}-t{time}'
 
 
-class CheckpointLoadError(ValueError):
-    """A checkpoint that cannot be loaded; the message is one line naming the file and the reason."""
-
-
-def _one_line(exc: BaseException) -> str:
-    # torch's size-mismatch report spans many lines; a CLI error must be one.
-    return ' '.join(part.strip() for part in str(exc).splitlines() if part.strip()) or type(exc).__name__
-
-
-def checkpoint_load_errors(what: str, path: str):
-    """Context manager turning every way a checkpoint can fail to load into :class:`CheckpointLoadError`."""
-    import contextlib
-    import pickle
-
-    @contextlib.contextmanager
-    def guard():
-        try:
-            yield
-        except CheckpointLoadError:
-            raise
-        except pickle.UnpicklingError as exc:
-            # torch's message is a paragraph about the weights_only default; keep its last specific line
-            detail = [part.strip() for part in str(exc).splitlines() if part.strip()]
-            detail = [d for d in detail if not d.startswith(('Weights only', 'Please file', 'Check the doc'))]
-            raise CheckpointLoadError(f'cannot load {what} {path}: not a weights-only torch checkpoint '
-                                      f'(objects other than tensors and plain containers are refused)'
-                                      + (f': {detail[-1]}' if detail else '')) from None
-        # OSError: missing/unreadable; RuntimeError: wrong shapes or a corrupt zip; KeyError/TypeError/ValueError
-        # (incl. mortal.player.CheckpointError): wrong layout.
-        except (OSError, EOFError, RuntimeError, KeyError, TypeError, ValueError) as exc:
-            raise CheckpointLoadError(f'cannot load {what} {path}: {type(exc).__name__}: {_one_line(exc)}') \
-                from None
-
-    return guard()
-
-
 def load_engine(state_file: str, *, review_mode: bool):
     """``(MortalEngine, tag)`` from a Mortal-layout checkpoint, with the bot's engine settings (CPU).
 
     Raises:
-        CheckpointLoadError: the file is missing, not a weights-only torch checkpoint, or its weights do not fit
-            its own ``config`` (the message is one line naming the file; for shapes, both shapes).
+        mortal.checkpoint.CheckpointError: the file is missing, not a weights-only torch checkpoint, or its
+            weights do not fit its own ``config`` (the message is one line naming the file; for shapes, both
+            shapes).
     """
     import torch
+    from mortal.checkpoint import load_checkpoint, load_errors, models_from_state
     from mortal.engine import MortalEngine
-    from mortal.player import load_model_pair
 
-    with checkpoint_load_errors('[control] state_file', state_file):
-        brain, dqn, version = load_model_pair(state_file)
-        state = torch.load(state_file, weights_only=True, map_location=torch.device('cpu'))
+    with load_errors('[control] state_file', state_file):
+        state = load_checkpoint(state_file)
+        brain, dqn, version = models_from_state(state, state_file)
         resnet = state['config']['resnet']
         tag = model_tag(state, version, resnet['num_blocks'], resnet['conv_channels'])
     engine = MortalEngine(
@@ -197,12 +162,13 @@ def load_review_grp(config: dict):
     """The GRP of ``[grp] state_file`` / ``[grp.network]`` in eval mode on the CPU (review mode).
 
     Raises:
-        CheckpointLoadError: missing or unusable file, or weights that do not fit ``[grp.network]``.
+        mortal.checkpoint.CheckpointError: missing or unusable file, or weights that do not fit ``[grp.network]``.
     """
+    from mortal.checkpoint import load_errors
     from mortal.reward import load_grp
 
     path = config['grp']['state_file']
-    with checkpoint_load_errors('[grp] state_file', path):
+    with load_errors('[grp] state_file', path):
         return load_grp(path, config['grp']['network'])
 
 
@@ -213,7 +179,7 @@ def phi_matrix(config: dict, log_lines: list[str], grp=None) -> list:
 
     Raises:
         mortal.grp.BadLogError: the log has no finished kyoku or is malformed.
-        CheckpointLoadError: ``grp`` not given and the GRP checkpoint cannot be loaded.
+        mortal.checkpoint.CheckpointError: ``grp`` not given and the GRP checkpoint cannot be loaded.
     """
     import torch
     from mortal.grp import Grp
@@ -266,6 +232,7 @@ def main(argv: list[str] | None = None, *, stdin: IO[str] | None = None, stdout:
     args = parser.parse_args(argv)
     review_mode = os.environ.get(REVIEW_ENV, '0') == '1'
 
+    from mortal.checkpoint import CheckpointError
     from mortal.config import BOT_SECTIONS, ConfigError, load_config
     required = BOT_SECTIONS + (('grp', 'grp.network') if review_mode else ())
     try:
@@ -276,7 +243,7 @@ def main(argv: list[str] | None = None, *, stdin: IO[str] | None = None, stdout:
     try:
         engine, tag = load_engine(config['control']['state_file'], review_mode=review_mode)
         grp = load_review_grp(config) if review_mode else None  # fail before the game, not after it
-    except CheckpointLoadError as exc:
+    except CheckpointError as exc:
         print(f'error: {exc}', file=sys.stderr)
         return 2
     bot = Bot(engine, args.seat)

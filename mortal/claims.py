@@ -29,7 +29,7 @@ import os
 import stat
 from os import path
 
-from mortal.fsutil import fsync_dir
+from mortal.fsutil import TMP_SUFFIX, atomic_write_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ class ClaimLedger:
 
     def reserved_names(self) -> set:
         """Entries of the claim folder that are not claimed logs (the manifest and its temporary file)."""
-        return {MANIFEST, MANIFEST + ".tmp"}
+        return {MANIFEST, MANIFEST + TMP_SUFFIX}
 
     def _entry(self, units: dict) -> dict:
         return {str(p): _DONE if u == _DONE else {"total": u.total, "trained": sorted(u.trained)}
@@ -200,14 +200,7 @@ class ClaimLedger:
 
     def _write(self) -> None:
         data = {"format": _FORMAT, "signature": self.signature, "passes": self.passes, "files": self.committed}
-        target = path.join(self.claim_dir, MANIFEST)
-        tmp = target + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, separators=(",", ":"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-        fsync_dir(self.claim_dir)
+        atomic_write_bytes(json.dumps(data, separators=(",", ":")).encode("utf-8"), path.join(self.claim_dir, MANIFEST))
 
     # -- claims ----------------------------------------------------------------------------------------------
 

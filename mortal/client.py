@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from mortal import wire
+from mortal.checkpoint import CheckpointError, check_loadable, read_baseline
 
 logger = logging.getLogger('mortal.client' if __name__ == '__main__' else __name__)
 
@@ -89,22 +90,6 @@ def fetch_param(remote: wire.Remote, param_version: int, server_id, *, sleep=tim
     return wire.request_with_retry(remote, msg, on_refusal=on_refusal, sleep=sleep)
 
 
-def check_loadable(module: torch.nn.Module, state_dict, what: str) -> None:
-    """ValueError naming ``what`` and the first differing key (with both shapes) unless ``state_dict`` has exactly
-    the keys and shapes of ``module.state_dict()``, so that ``load_state_dict`` can neither fail nor half-load."""
-    own = module.state_dict()
-    for key, want in own.items():
-        if key not in state_dict:
-            raise ValueError(f'{what}: key {key!r} is missing (expected shape {list(want.shape)})')
-        got = state_dict[key]
-        if not isinstance(got, torch.Tensor) or got.shape != want.shape:
-            shape = list(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-            raise ValueError(f'{what}: key {key!r} has shape {shape}, expected {list(want.shape)}')
-    for key in state_dict:
-        if key not in own:
-            raise ValueError(f'{what}: unexpected key {key!r}')
-
-
 def fetch_baseline(remote: wire.Remote, *, wait: bool, sleep=time.sleep):
     """The server's get_baseline 'ok' reply; with ``wait``, ask until the trainer has submitted one (logged once),
     else None while the server has none."""
@@ -127,7 +112,8 @@ def fetch_baseline(remote: wire.Remote, *, wait: bool, sleep=time.sleep):
 def unpack_baseline(reply: dict) -> tuple:
     """``(mortal, dqn, arch, digest)`` of a get_baseline reply, checked: ``arch`` within bounds, both state dicts
     loadable into the networks of ``arch`` (``check_loadable``), and their ``wire.baseline_digest`` equal to the
-    reply's. Raises ValueError or wire.ProtocolError naming what is wrong."""
+    reply's. Raises ValueError (mortal.checkpoint.CheckpointError for the shapes) or wire.ProtocolError naming
+    what is wrong."""
     from mortal.model import Brain, DQN
     arch = wire.check_baseline_arch(reply.get('arch'))
     digest = wire.check_digest(reply.get('baseline_digest'))
@@ -143,10 +129,9 @@ def unpack_baseline(reply: dict) -> tuple:
 
 def file_digest(state_file: str):
     """``wire.baseline_digest`` of a baseline checkpoint file, or None when it is missing or unusable."""
-    from mortal.rotation import read_baseline
     try:
         mortal, dqn, _ = read_baseline(state_file)
-    except (OSError, ValueError):
+    except (OSError, CheckpointError):
         return None
     return wire.baseline_digest(mortal, dqn)
 

@@ -25,6 +25,8 @@ from glob import glob
 import torch
 from torch import Tensor
 
+from mortal.checkpoint import atomic_torch_save, load_checkpoint
+
 logger = logging.getLogger(__name__)
 
 BATCH_KEYS = ('q_minus_target', 'q_minus_target_greedy', 'q_gap', 'q_spread', 'taken_greedy')
@@ -119,7 +121,7 @@ class Probe:
         log matches or none yields a sample; a probe of another feature version is rebuilt."""
         if os.path.exists(probe_file):
             try:
-                data = torch.load(probe_file, weights_only=True)
+                data = load_checkpoint(probe_file)
                 if data.get('version') == version:
                     return cls(data['obs'], data['masks'], data['ranks'])
                 logger.info('probe %s is of version %s: rebuilding for version %d', probe_file,
@@ -143,7 +145,6 @@ class Probe:
         obs = torch.stack([torch.from_numpy(s[0]) for s in kept])
         masks = torch.stack([torch.from_numpy(s[2]) for s in kept]).to(torch.bool)
         ranks = torch.tensor([int(s[5]) for s in kept], dtype=torch.int64)
-        from mortal.train import atomic_torch_save
         atomic_torch_save({'version': version, 'obs': obs, 'masks': masks, 'ranks': ranks}, probe_file)
         logger.info('probe of %d positions from %d logs written to %s', len(kept), len(files), probe_file)
         return cls(obs, masks, ranks)

@@ -152,15 +152,15 @@ def load_mortal_checkpoint(path, config):
     Returns a list of problems (empty = fine). The file is read with ``weights_only=True``
     (no code from the file runs). A problem names the mismatching key and both values.
     """
-    import torch
+    from mortal.checkpoint import CheckpointError, describe_error, describe_mismatches, load_checkpoint
     from mortal.model import DQN, Brain
 
     version = lookup(config, 'control.version')
     resnet = lookup(config, 'resnet', {}) or {}
     try:
-        state = torch.load(path, map_location='cpu', weights_only=True)
-    except Exception as e:  # torch raises many types for a bad file
-        return [f'cannot load: {type(e).__name__}: {e}'.splitlines()[0]]
+        state = load_checkpoint(path)
+    except (OSError, CheckpointError) as e:  # OSError: vanished or unreadable since it was seen
+        return [f'cannot load: {describe_error(e)}']
     if not isinstance(state, dict) or 'mortal' not in state or 'current_dqn' not in state:
         keys = sorted(state)[:8] if isinstance(state, dict) else type(state).__name__
         return [f"not a Mortal checkpoint: needs keys 'mortal' and 'current_dqn', has {keys}"]
@@ -181,35 +181,8 @@ def load_mortal_checkpoint(path, config):
     except (KeyError, ValueError, TypeError) as e:
         return [f'cannot build Brain/DQN from [resnet]/version: {e}']
     for name, module in (('mortal', brain), ('current_dqn', dqn)):
-        problems += [f'{name}: {p}' for p in state_dict_mismatches(module.state_dict(), state[name])]
+        problems += [f'{name}: {p}' for p in describe_mismatches(module.state_dict(), state[name])]
     return [f'weights do not fit [resnet]/version: {"; ".join(problems)}'] if problems else []
-
-
-def state_dict_mismatches(expected, saved, limit=3):
-    """Short descriptions of how ``saved`` differs from ``expected`` (name -> tensor dicts).
-
-    Lists at most ``limit`` names per kind (missing, unexpected, shape) with a total count,
-    instead of torch's message that names every key.
-    """
-    def some(names):
-        names = sorted(names)
-        more = f' (+{len(names) - limit} more)' if len(names) > limit else ''
-        return ', '.join(names[:limit]) + more
-
-    if not isinstance(saved, dict):
-        return [f'expected a state dict, got {type(saved).__name__}']
-    out = []
-    missing = expected.keys() - saved.keys()
-    unexpected = saved.keys() - expected.keys()
-    shapes = [f'{k} {tuple(saved[k].shape)} vs {tuple(v.shape)}' for k, v in expected.items()
-              if k in saved and hasattr(saved[k], 'shape') and saved[k].shape != v.shape]
-    if missing:
-        out.append(f'{len(missing)} missing key(s): {some(missing)}')
-    if unexpected:
-        out.append(f'{len(unexpected)} unexpected key(s): {some(unexpected)}')
-    if shapes:
-        out.append(f'{len(shapes)} shape mismatch(es) saved vs expected: {some(shapes)}')
-    return out
 
 
 def check_checkpoints(config):
@@ -237,7 +210,7 @@ def check_checkpoints(config):
 
 def check_grp(config):
     """GRP checkpoint (``[grp] state_file``, key ``model``) loads into ``GRP(**[grp.network])``."""
-    import torch
+    from mortal.checkpoint import describe_error, describe_mismatches, load_checkpoint
     from mortal.model import GRP
 
     path = lookup(config, 'grp.state_file')
@@ -247,12 +220,12 @@ def check_grp(config):
         return [Check(FAIL, 'grp', f'[grp] state_file = {path}: missing (train it with mortal.train_grp)')]
     network = lookup(config, 'grp.network', {}) or {}
     try:
-        state = torch.load(path, map_location='cpu', weights_only=True)
+        state = load_checkpoint(path)
         saved = state['model'] if isinstance(state, dict) and 'model' in state else None
-        problems = (state_dict_mismatches(GRP(**network).state_dict(), saved) if saved is not None
+        problems = (describe_mismatches(GRP(**network).state_dict(), saved) if saved is not None
                     else ["not a GRP checkpoint: needs key 'model'"])
-    except Exception as e:  # torch raises many types for a bad file
-        problems = [f'cannot load: {type(e).__name__}: {e}'.splitlines()[0]]
+    except Exception as e:  # a bad file (CheckpointError), one vanished meanwhile, a [grp.network] GRP rejects
+        problems = [f'cannot load: {describe_error(e)}']
     if problems:
         return [Check(FAIL, 'grp', f'[grp] state_file = {path} does not fit GRP({network}): '
                       + '; '.join(problems))]

@@ -161,8 +161,8 @@ def build_side(side: Mapping, section: str):
     ``enable_compile``.
 
     Raises:
-        ValueError: bad ``type``; mortal.bot.CheckpointLoadError (a ValueError): missing or unusable checkpoint
-            (one line naming the section, the file and the reason).
+        ValueError: bad ``type``; mortal.checkpoint.CheckpointError (a ValueError): missing or unusable
+            checkpoint (one line naming the section, the file and the reason).
     """
     kind = side_type(side, section)
     if kind == 'rulebase':
@@ -170,11 +170,10 @@ def build_side(side: Mapping, section: str):
         return MjaiBotAgent(name=side.get('name', 'rulebase'))
 
     import torch
-    from mortal.bot import checkpoint_load_errors
+    from mortal.checkpoint import load_errors, load_model_pair
     from mortal.engine import MortalEngine
-    from mortal.player import load_model_pair
 
-    with checkpoint_load_errors(f'[{section}] state_file', side['state_file']):
+    with load_errors(f'[{section}] state_file', side['state_file']):
         brain, dqn, version = load_model_pair(side['state_file'])
     if side.get('enable_compile', False):
         brain.compile()
@@ -286,10 +285,10 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             print(f'error: [1v3] log_dir {log_dir} cannot be created: {exc}', file=sys.stderr)
             return 2
-    from mortal.bot import CheckpointLoadError
+    from mortal.checkpoint import CheckpointError
     try:
         run(config, disable_progress_bar=args.no_progress)
-    except CheckpointLoadError as exc:
+    except CheckpointError as exc:
         print(f'error: {exc}', file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -15,11 +15,13 @@ import logging
 import os
 import random
 import secrets
-import shutil
 from os import path
 
 import numpy as np
 import torch
+
+from mortal.checkpoint import load_model_pair
+from mortal.fsutil import empty_dir
 
 logger = logging.getLogger(__name__)
 
@@ -27,48 +29,16 @@ TEST_SEED = (10000, 0x2000)  # Mortal's test-play seed (nonce start, key)
 TRAIN_SEED_START = 10000
 
 
-class CheckpointError(ValueError):
-    """A checkpoint file lacks what is needed to rebuild its model (names the file and the missing key)."""
-
-
 def _use_amp(device: torch.device) -> bool:
     # Mortal plays with autocast on (fp16 on CUDA); CPU autocast would mean bfloat16, slower and less exact there.
     return device.type == 'cuda'
 
 
-def load_model_pair(state_file: str, *, strict_version: bool = True):
-    """Rebuild ``(brain, dqn, version)`` in eval mode from a Mortal-layout checkpoint.
-
-    The architecture comes from the checkpoint's own ``config`` (``[control] version``, ``[resnet]``), as Mortal's
-    player does. Loaded with ``weights_only=True`` (no code runs). Raises FileNotFoundError, CheckpointError.
-    """
-    from mortal.model import Brain, DQN
-
-    state = torch.load(state_file, weights_only=True, map_location=torch.device('cpu'))
-    for key in ('mortal', 'current_dqn', 'config'):
-        if key not in state:
-            raise CheckpointError(f'{state_file}: checkpoint has no {key!r} entry')
-    cfg = state['config']
-    try:
-        version = cfg['control'].get('version', 1)
-        conv_channels = cfg['resnet']['conv_channels']
-        num_blocks = cfg['resnet']['num_blocks']
-    except (KeyError, TypeError, AttributeError) as ex:
-        raise CheckpointError(f'{state_file}: checkpoint config lacks {ex}') from None
-    brain = Brain(version=version, conv_channels=conv_channels, num_blocks=num_blocks).eval()
-    dqn = DQN(version=version).eval()
-    try:
-        brain.load_state_dict(state['mortal'])
-        dqn.load_state_dict(state['current_dqn'])
-    except RuntimeError as ex:
-        raise CheckpointError(f'{state_file}: weights do not match its own config '
-                              f'(version {version}, conv_channels {conv_channels}, num_blocks {num_blocks}): {ex}')
-    return brain, dqn, version
-
-
 def load_baseline_engine(slot: dict, *, name: str = 'baseline'):
     """A greedy ``MortalEngine`` with the agari guard from a ``[baseline.train]``/``[baseline.test]`` table
-    (keys device, enable_compile, state_file)."""
+    (keys device, enable_compile, state_file).
+
+    Raises FileNotFoundError, mortal.checkpoint.CheckpointError (``load_model_pair``)."""
     from mortal.engine import MortalEngine
 
     device = torch.device(slot['device'])
@@ -113,12 +83,6 @@ def _list_logs(log_dir: str) -> list:
     return sorted(path.join(log_dir, name) for name in os.listdir(log_dir))
 
 
-def _fresh_dir(log_dir: str) -> None:
-    if path.isdir(log_dir):
-        shutil.rmtree(log_dir)
-    os.makedirs(log_dir)
-
-
 class TestPlayer:
     """Evaluates the trainee against ``[baseline.test]`` (config: the full config dict).
 
@@ -135,7 +99,7 @@ class TestPlayer:
 
     def begin(self) -> None:
         """Start a test play: empty ``log_dir``."""
-        _fresh_dir(self.log_dir)
+        empty_dir(self.log_dir)
 
     def play_units(self, first_nonce: int, count: int, mortal, dqn, device, *, log_dir=None,
                    name: str = 'mortal') -> dict:
@@ -264,7 +228,7 @@ class TrainPlayer:
                 enable_amp=_use_amp(device), name='trainee',
                 boltzmann_epsilon=epsilon, boltzmann_temp=temp, top_p=self.top_p,
             )
-            _fresh_dir(self.log_dir)
+            empty_dir(self.log_dir)
             env = OneVsThree(disable_progress_bar=False, log_dir=self.log_dir)
             rankings = env.py_vs_py(challenger=engine, champion=self.opponent(),
                                     seed_start=self.next_seed(), seed_count=self.seed_count)

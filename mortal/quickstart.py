@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from mortal.fsutil import atomic_write_bytes
+
 logger = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -221,9 +223,7 @@ def write_config(work_dir, *, preset='full', port=None, version=3):
         old = toml.load(path).get('control', {}).get('version')
         if old is not None and old != version:
             raise ValueError(f"{work} was set up for version {old}; use --version {old} or another --work-dir")
-    tmp = path.with_suffix('.toml.tmp')
-    tmp.write_text(render_config(work, preset=preset, port=port, version=version))
-    tmp.replace(path)
+    atomic_write_bytes(render_config(work, preset=preset, port=port, version=version).encode(), path)
     return path
 
 

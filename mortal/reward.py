@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from mortal.checkpoint import CheckpointError, load_checkpoint, one_line, require_entries
+
 __all__ = ["RewardCalculator", "load_grp"]
 
 
@@ -23,32 +25,21 @@ def load_grp(state_file, network: dict | None = None, device="cpu"):
 
     Raises:
         FileNotFoundError: no such file.
-        GrpCheckpointError: not a weights-only torch file, no ``model`` entry, or weights whose shapes do not
-            fit ``network`` (the message names the file, the ``[grp.network]`` sizes and torch's shape report).
+        mortal.checkpoint.CheckpointError: not a weights-only torch file, no ``model`` entry, or weights whose
+            shapes do not fit ``network`` (the message names the file, the ``[grp.network]`` sizes and torch's
+            shape report).
     """
-    import pickle
-
     from mortal.model import GRP
 
     network = dict(network or {})
     grp = GRP(**network)
-    try:
-        state = torch.load(state_file, weights_only=True, map_location=torch.device("cpu"))
-    except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
-        raise GrpCheckpointError(f"{state_file}: not a GRP checkpoint ({type(e).__name__}: "
-                                 f"{str(e).splitlines()[0] if str(e) else ''})") from None
-    if not isinstance(state, dict) or "model" not in state:
-        raise GrpCheckpointError(f"{state_file}: GRP checkpoint has no 'model' entry")
+    state = require_entries(load_checkpoint(state_file), ("model",), state_file, kind="GRP checkpoint")
     try:
         grp.load_state_dict(state["model"])
     except (RuntimeError, TypeError, AttributeError) as e:
-        raise GrpCheckpointError(f"{state_file}: GRP weights do not fit [grp.network] {network or 'defaults'}: "
-                                 + " ".join(x.strip() for x in str(e).splitlines() if x.strip())) from None
+        raise CheckpointError(state_file, f"GRP weights do not fit [grp.network] {network or 'defaults'}: "
+                                          f"{one_line(e)}") from None
     return grp.to(device).eval()
-
-
-class GrpCheckpointError(ValueError):
-    """A GRP checkpoint that cannot be loaded (names the file and the reason)."""
 
 
 class RewardCalculator:

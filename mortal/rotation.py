@@ -12,47 +12,25 @@ from __future__ import annotations
 import glob
 import logging
 import os
-import shutil
 import time
 
-from mortal.fsutil import stamped_name
+from mortal.checkpoint import (INITIAL_BEST_PERF, MORTAL_ENTRIES, CheckpointError, atomic_torch_save, describe_error,
+                               load_checkpoint, require_entries)
+from mortal.fsutil import atomic_copy, stamped_name
 
 logger = logging.getLogger(__name__)
 
 
 def check_source(path: str) -> None:
-    """Raise ``ValueError`` naming ``path`` unless it is a loadable Mortal-layout checkpoint (``mortal``,
-    ``current_dqn`` and ``config`` entries, loaded with ``weights_only=True``)."""
-    import torch
-    try:
-        state = torch.load(path, map_location='cpu', weights_only=True)
-    except Exception as e:
-        raise ValueError(f'{path}: cannot load: {type(e).__name__}: {e}') from None
-    missing = [k for k in ('mortal', 'current_dqn', 'config') if not isinstance(state, dict) or k not in state]
-    if missing:
-        raise ValueError(f'{path}: not a usable checkpoint, lacks {missing}')
+    """Check that ``path`` is a loadable Mortal-layout checkpoint (``mortal``, ``current_dqn`` and ``config``
+    entries, loaded with ``weights_only=True``).
 
-
-def read_baseline(path: str) -> tuple:
-    """``(mortal, dqn, arch)`` of a Mortal-layout checkpoint: its two state dicts (str -> Tensor) and ``arch``
-    (``wire.BASELINE_ARCH``: ``version``, ``conv_channels``, ``num_blocks`` from its ``config``). Loaded with
-    ``weights_only=True``. Raises FileNotFoundError, ValueError naming ``path`` (unloadable, lacking an entry)."""
-    import torch
-    from mortal import wire
-    try:
-        state = torch.load(path, map_location='cpu', weights_only=True)
-    except FileNotFoundError:
-        raise
-    except Exception as e:
-        raise ValueError(f'{path}: cannot load: {type(e).__name__}: {e}') from None
-    try:
-        cfg = state['config']
-        arch = wire.check_baseline_arch({'version': cfg['control'].get('version', 1),
-                                         'conv_channels': cfg['resnet']['conv_channels'],
-                                         'num_blocks': cfg['resnet']['num_blocks']})
-        return dict(state['mortal']), dict(state['current_dqn']), arch
-    except (KeyError, TypeError, AttributeError, ValueError) as e:
-        raise ValueError(f'{path}: not a usable baseline checkpoint: {type(e).__name__}: {e}') from None
+    Raises:
+        FileNotFoundError: no such file.
+        mortal.checkpoint.CheckpointError (a ValueError): not loadable, or lacking an entry (the message names
+            ``path``).
+    """
+    require_entries(load_checkpoint(path), MORTAL_ENTRIES, path)
 
 
 def keep_backup(target: str, stamp: str | None = None) -> str | None:
@@ -61,16 +39,14 @@ def keep_backup(target: str, stamp: str | None = None) -> str | None:
     if not os.path.exists(target):
         return None
     backup = stamped_name(target, stamp or time.strftime('%Y%m%d-%H%M%S'), '.bak')
-    shutil.copy2(target, backup + '.tmp')  # copy2 keeps the time the baseline was written (the pool's order)
-    os.replace(backup + '.tmp', backup)
+    atomic_copy(target, backup, keep_times=True)  # the time the baseline was written orders the pool
     return backup
 
 
 def install_baseline(path: str, mortal: dict, dqn: dict, arch: dict) -> str | None:
     """Write a baseline received from the server to ``path`` as a Mortal-layout checkpoint (``mortal``,
     ``current_dqn`` and a ``config`` holding ``arch``), atomically, keeping the file it replaces as ``.bak``
-    (``keep_backup``); returns that backup's name or None."""
-    from mortal.train import atomic_torch_save
+    (``keep_backup``); returns that backup's name or None. Raises OSError."""
     backup = keep_backup(path)
     config = {'control': {'version': arch['version']},
               'resnet': {'conv_channels': arch['conv_channels'], 'num_blocks': arch['num_blocks']}}
@@ -83,20 +59,18 @@ def rotate(config: dict, source: str | None = None, *, reset_best: bool = False,
     one as ``<file>.<stamp>.bak``; returns ``[(target, backup or None)]``.
 
     ``reset_best``: also reset ``best_perf`` in ``[control] state_file`` (only while the trainer is stopped).
-    Raises ValueError when ``source`` is unusable or is a baseline file itself (nothing is touched then)."""
-    import torch
-    from mortal.train import INITIAL_BEST_PERF, atomic_copy, atomic_torch_save
-
+    Raises (nothing is touched then) FileNotFoundError when ``source`` is missing, ValueError (CheckpointError
+    among them) when it is unusable or is a baseline file itself or ``state_file`` cannot be reset."""
     source = source or config['control']['best_state_file']
     check_source(source)
     state = None
     if reset_best:  # read it before anything changes: a state file that cannot be reset stops the rotation
         state_file = config['control']['state_file']
         try:
-            state = torch.load(state_file, map_location='cpu', weights_only=True)
+            state = load_checkpoint(state_file)
             state['best_perf'] = dict(INITIAL_BEST_PERF)
-        except Exception as e:
-            raise ValueError(f'{state_file}: cannot reset best_perf: {type(e).__name__}: {e}') from None
+        except (OSError, TypeError, CheckpointError) as e:
+            raise CheckpointError(state_file, f'cannot reset best_perf: {describe_error(e)}') from None
     stamp = stamp or time.strftime('%Y%m%d-%H%M%S')
     targets = list(dict.fromkeys(config['baseline'][slot]['state_file'] for slot in ('train', 'test')))
     for target in targets:
@@ -105,7 +79,6 @@ def rotate(config: dict, source: str | None = None, *, reset_best: bool = False,
     done = []
     for target in targets:
         backup = keep_backup(target, stamp)
-        os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
         atomic_copy(source, target)
         done.append((target, backup))
     if state is not None:
@@ -120,7 +93,7 @@ def baseline_pool(state_file: str, size: int) -> list:
     backups = []
     for name in glob.glob(f'{glob.escape(state_file)}.*.bak'):
         try:
-            backups.append((os.path.getmtime(name), name))  # copy2 keeps the time the baseline was written
+            backups.append((os.path.getmtime(name), name))  # keep_backup keeps the time the baseline was written
         except OSError:
             continue
     return [state_file, *(name for _, name in sorted(backups, reverse=True))][:max(1, size)]

@@ -59,6 +59,7 @@ from socketserver import BaseRequestHandler, ThreadingTCPServer
 from typing import Optional
 
 from mortal import wire
+from mortal.fsutil import empty_dir
 
 logger = logging.getLogger('mortal.server' if __name__ == '__main__' else __name__)
 
@@ -213,15 +214,11 @@ class ReplayStore:
         self.baseline: Optional[dict] = None  # the last submit_baseline's fields (get_baseline's reply)
 
     def reset_dirs(self) -> None:
-        """Delete and recreate buffer_dir and drain_dir (logged), as Mortal's server does at start."""
+        """Empty buffer_dir and drain_dir, creating them when missing (logged), as Mortal's server does at start."""
         with self.dir_lock:
             for d in (self.buffer_dir, self.drain_dir):
                 existed = path.lexists(d)
-                if path.isdir(d) and not path.islink(d):
-                    shutil.rmtree(d)
-                elif existed:
-                    os.remove(d)
-                os.makedirs(d)
+                empty_dir(d)
                 logger.info('%s %s', 'cleared and recreated' if existed else 'created', d)
             self.buffer.clear()
             self.drained.clear()

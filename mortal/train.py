@@ -66,7 +66,9 @@ from torch import nn, optim
 from torch.optim.lr_scheduler import LambdaLR
 
 from mortal import wire
-from mortal.fsutil import fsync_dir, stamped_name
+from mortal.checkpoint import (INITIAL_BEST_PERF, CheckpointError, atomic_torch_save, check_fits_config, describe_error,
+                               load_checkpoint, load_model_pair, read_baseline, require_entries)
+from mortal.fsutil import atomic_copy, empty_dir, stamped_name
 from mortal.diagnostics import Probe, WindowMeans, batch_q_stats
 from mortal.loss import anchor_term, cql_term
 
@@ -78,7 +80,6 @@ GROUP_GRACE = 3.0  # seconds a finished learner's loader processes get to exit b
 RESTART_DELAY = 3.0  # seconds between a child's clean exit and the next start (Mortal)
 DRAIN_POLL_INTERVAL = 5.0  # seconds between empty drains (Mortal)
 DISPLAY_PTS = [90, 45, 0, -135]  # test-play avg pt, display and best.pth rule only; never a training signal
-INITIAL_BEST_PERF = {'avg_rank': 4.0, 'avg_pt': -135.0}
 # Extra checkpoint entry 'guard' (mortal.gate, docs/operations.md): the state of the long-run guards.
 INITIAL_GUARD = {'worse_streak': 0, 'rotate_streak': 0, 'rollbacks': 0, 'rotations': 0, 'lr_scale': 1.0,
                  'epsilon_scale': 1.0, 'baseline_version': 0, 'test_plays': 0, 'baseline_digest': ''}
@@ -151,8 +152,7 @@ class LinearWarmUpCosineAnnealingLR(LambdaLR):
         self._last_lr = lrs
 
 
-class CheckpointMismatchError(ValueError):
-    """The checkpoint's tensors do not fit the models built from ``[control] version`` / ``[resnet]``."""
+CheckpointMismatchError = CheckpointError  # the old name of a checkpoint that does not fit the config (tests use it)
 
 
 class TestPlayDone(Exception):
@@ -180,31 +180,6 @@ def build_param_groups(models, weight_decay: float) -> list:
     return [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay}]
 
 
-def atomic_torch_save(obj, filename: str) -> None:
-    """``torch.save`` to ``filename + '.tmp'``, fsync, rename over ``filename``: readers never see a partial file."""
-    filename = path.abspath(filename)
-    os.makedirs(path.dirname(filename), exist_ok=True)
-    tmp = filename + '.tmp'
-    with open(tmp, 'wb') as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, filename)
-    fsync_dir(path.dirname(filename))
-
-
-def atomic_copy(src: str, dst: str) -> None:
-    """Copy ``src`` to ``dst`` through a temporary file and a rename."""
-    dst = path.abspath(dst)
-    os.makedirs(path.dirname(dst), exist_ok=True)
-    tmp = dst + '.tmp'
-    shutil.copyfile(src, tmp)
-    with open(tmp, 'rb+') as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, dst)
-    fsync_dir(path.dirname(dst))
-
-
 def played_checkpoint(state: dict) -> dict:
     """``state`` with ``mortal``/``current_dqn`` replaced by its ``ema_mortal``/``ema_dqn`` (``[online]
     ema_decay``), without the ema keys: the model that was played, loadable by any Mortal player. Unchanged
@@ -224,37 +199,6 @@ def units_summary(units: dict) -> tuple:
     """``(avg_rank, avg_pt)`` over every game of ``{nonce: [ranks 1-4]}``, pt by ``DISPLAY_PTS``."""
     ranks = [r for rs in units.values() for r in rs]
     return sum(ranks) / len(ranks), sum(DISPLAY_PTS[r - 1] for r in ranks) / len(ranks)
-
-
-def _describe_arch(cfg) -> str:
-    try:
-        return (f"version {cfg['control'].get('version', 1)}, conv_channels {cfg['resnet']['conv_channels']}, "
-                f"num_blocks {cfg['resnet']['num_blocks']}")
-    except (KeyError, TypeError, AttributeError):
-        return 'unknown architecture (no config in the checkpoint)'
-
-
-def check_shapes(model: nn.Module, state_dict: dict, *, entry: str, state_file: str, ckpt_cfg, config) -> None:
-    """Raise CheckpointMismatchError naming the first differing tensor with both shapes and both architectures."""
-    own = model.state_dict()
-    problem = None
-    for key, tensor in own.items():
-        if key not in state_dict:
-            problem = f'{entry}.{key} is missing from the checkpoint (the config expects shape {tuple(tensor.shape)})'
-            break
-        if tuple(state_dict[key].shape) != tuple(tensor.shape):
-            problem = (f'{entry}.{key} has shape {tuple(state_dict[key].shape)} in the checkpoint but the config '
-                       f'expects {tuple(tensor.shape)}')
-            break
-    else:
-        extra = [k for k in state_dict if k not in own]
-        if extra:
-            problem = f'{entry}.{extra[0]} (shape {tuple(state_dict[extra[0]].shape)}) is not in the configured model'
-    if problem:
-        raise CheckpointMismatchError(
-            f'{state_file} does not fit the configured model: {problem}; checkpoint: {_describe_arch(ckpt_cfg)}; '
-            f'config: [control] version = {config["control"]["version"]}, [resnet] conv_channels = '
-            f'{config["resnet"]["conv_channels"]}, num_blocks = {config["resnet"]["num_blocks"]}')
 
 
 def iter_full_batches(batches, batch_size: int, on_drop=None):
@@ -291,23 +235,6 @@ def claim_dir_for(drain_dir: str) -> str:
     return path.normpath(drain_dir) + '.trainer'
 
 
-def _empty_dir(directory: str, keep=()) -> None:
-    """Make ``directory`` an empty folder, except for the entries named in ``keep``."""
-    if path.isdir(directory) and not path.islink(directory):
-        for name in os.listdir(directory):
-            if name in keep:
-                continue
-            entry = path.join(directory, name)
-            if path.isdir(entry) and not path.islink(entry):
-                shutil.rmtree(entry)
-            else:
-                os.remove(entry)
-        return
-    if path.lexists(directory):
-        os.remove(directory)
-    os.makedirs(directory)
-
-
 def _free_name(name: str, taken: set) -> str:
     # Drained names restart at '0_' with every server instance: one may meet a log still kept from before.
     k = 1
@@ -330,7 +257,7 @@ def claim_drained(drain_dir: str, files, claim_dir: str, *, keep=(), on_claim=No
     vanished before they could be claimed).
     """
     keep = set(keep)
-    _empty_dir(claim_dir, keep)
+    empty_dir(claim_dir, keep)
     targets = []
     for name in files:
         targets.append(_free_name(name, keep))
@@ -377,12 +304,10 @@ def build_file_list(dataset_cfg: dict, player_names: set) -> list:
     file_index = dataset_cfg['file_index']
     if path.exists(file_index):
         try:
-            index = torch.load(file_index, weights_only=True)
-            file_list = list(index['file_list'])
+            file_list = list(load_checkpoint(file_index)['file_list'])
         except Exception as ex:  # garbage, another format, or no 'file_list' key
-            raise ValueError(f'[dataset] file_index {file_index} is not a file index ({type(ex).__name__}: '
-                             f'{str(ex).splitlines()[0] if str(ex) else ex!r}); delete it to rebuild it from '
-                             f'[dataset] globs') from None
+            raise ValueError(f'[dataset] file_index {file_index} is not a file index ({describe_error(ex)}); '
+                             f'delete it to rebuild it from [dataset] globs') from None
         logger.info('file index loaded from %s', file_index)
         return file_list
     logger.info('building file index...')
@@ -429,8 +354,9 @@ class Trainer:
         remote: ``wire.Remote`` of the server (online), from ``[online.remote]`` when None.
         writer: a SummaryWriter-like object; ``SummaryWriter([control] tensorboard_dir)`` when None.
         sleep: the sleep function (tests replace it).
-    Raises CheckpointMismatchError, UnsupportedVersionError, ValueError for version 1 (Mortal's trainer neither
-    supports it: its phi is a latent pair).
+    Raises mortal.checkpoint.CheckpointError (a checkpoint that cannot be loaded or does not fit the config),
+    UnsupportedVersionError, ValueError for version 1 (Mortal's trainer neither supports it: its phi is a latent
+    pair).
     """
 
     def __init__(self, config: dict, *, test_player=None, remote=None, writer=None, sleep=time.sleep):
@@ -546,18 +472,17 @@ class Trainer:
         """Resume from ``[control] state_file`` if it exists; returns whether it did.
 
         An offline checkpoint loaded for online training keeps the config's optimizer/scheduler (Mortal).
+        Raises CheckpointError: not loadable, lacking an entry, or weights that do not fit the config.
         """
         if not path.exists(self.state_file):
             logger.info('no checkpoint at %s: starting from scratch', self.state_file)
             return False
-        state = torch.load(self.state_file, weights_only=True, map_location=self.device)
-        missing = [k for k in ('mortal', 'current_dqn', 'aux_net', 'steps') if k not in state]
-        if missing:
-            raise CheckpointMismatchError(f'{self.state_file} lacks checkpoint entries {missing}')
+        state = load_checkpoint(self.state_file, map_location=self.device)
+        require_entries(state, ('mortal', 'current_dqn', 'aux_net', 'steps'), self.state_file)
         ckpt_cfg = state.get('config')
         for model, entry in ((self.mortal, 'mortal'), (self.dqn, 'current_dqn'), (self.aux_net, 'aux_net')):
-            check_shapes(model, state[entry], entry=entry, state_file=self.state_file, ckpt_cfg=ckpt_cfg,
-                         config=self.config)
+            check_fits_config(model, state[entry], entry=entry, source=self.state_file, ckpt_cfg=ckpt_cfg,
+                              config=self.config)
             model.load_state_dict(state[entry])
         ckpt_online = bool(ckpt_cfg and ckpt_cfg.get('control', {}).get('online'))
         if 'optimizer' not in state or 'scheduler' not in state:
@@ -661,13 +586,12 @@ class Trainer:
         A missing or unusable file, or a server that refuses it, is logged and skipped: clients then play against
         their own file, as Mortal's do."""
         from mortal.config import lookup
-        from mortal.rotation import read_baseline
         baseline = lookup(self.config, 'baseline.train.state_file')
         if not baseline:
             return
         try:
             mortal, dqn, arch = read_baseline(baseline)
-        except (OSError, ValueError) as ex:
+        except (OSError, CheckpointError) as ex:
             logger.warning('baseline not submitted to the server (clients need their own file): %s', ex)
             return
         digest = wire.baseline_digest(mortal, dqn)
@@ -779,12 +703,12 @@ class Trainer:
         return self.config['baseline']['train']['state_file']
 
     def _load_anchor(self):
-        """The frozen (brain, dqn) of ``[baseline.train] state_file`` that ``anchor_term`` pulls towards."""
-        from mortal.player import load_model_pair
+        """The frozen (brain, dqn) of ``[baseline.train] state_file`` that ``anchor_term`` pulls towards.
+        Raises FileNotFoundError, CheckpointError (also for a baseline of another feature version)."""
         brain, dqn, version = load_model_pair(self._baseline_file())
         if version != self.version:
-            raise CheckpointMismatchError(f'anchor {self._baseline_file()} is version {version}, '
-                                          f'[control] version is {self.version}')
+            raise CheckpointError(self._baseline_file(), f'the anchor is version {version}, '
+                                                         f'[control] version is {self.version}')
         for m in (brain, dqn):
             m.to(self.device).requires_grad_(False)
         logger.info('anchor: %s, weight %g', self._baseline_file(), self.anchor_weight)
@@ -793,7 +717,6 @@ class Trainer:
     def _load_probe(self):
         """The policy-drift probe (``[online] probe_file``, built from ``[dataset] globs`` once), with the
         baseline's greedy actions; None when it cannot be built (logged, never fatal)."""
-        from mortal.player import load_model_pair
         from mortal.reward import load_grp
         online = self.config.get('online', {})
         probe_file = online.get('probe_file') or path.join(path.dirname(path.abspath(self.state_file)),
@@ -1068,12 +991,11 @@ class Trainer:
     def _best_replay(self):
         """``(first_nonce, count) -> units`` of best.pth on the same deals as the challenger (logs beside the test
         play's, under ``<log_dir>_best``)."""
-        from mortal.player import _fresh_dir, load_model_pair
         brain, dqn, _ = load_model_pair(self.best_state_file)
         brain.to(self.device)
         dqn.to(self.device)
         log_dir = path.normpath(self.test_player.log_dir) + '_best'
-        _fresh_dir(log_dir)
+        empty_dir(log_dir)
         return lambda first, count: self.test_player.play_units(first, count, brain, dqn, self.device,
                                                                  log_dir=log_dir, name='best')
 
@@ -1120,10 +1042,10 @@ class Trainer:
         the clients' ε are multiplied by ``[guard] lr_factor`` / ``epsilon_factor``. Returns False (logged) when
         best.pth is missing or does not fit."""
         try:
-            best = torch.load(self.best_state_file, weights_only=True, map_location=self.device)
+            best = load_checkpoint(self.best_state_file, map_location=self.device)
             for model, entry in ((self.mortal, 'mortal'), (self.dqn, 'current_dqn'), (self.aux_net, 'aux_net')):
-                check_shapes(model, best[entry], entry=entry, state_file=self.best_state_file,
-                             ckpt_cfg=best.get('config'), config=self.config)
+                check_fits_config(model, best[entry], entry=entry, source=self.best_state_file,
+                                  ckpt_cfg=best.get('config'), config=self.config)
         except Exception as ex:  # missing, corrupt or foreign: the guard must never stop training
             logger.error('ROLLBACK not possible (%s): %s: %s', reason, type(ex).__name__, ex)
             return False

@@ -10,7 +10,7 @@ Every game with K kyoku gives K samples (prefixes of its GRP rows, all labelled
 with the final ``rank_by_player``). Loss is cross entropy over the 24 rank
 orders; every ``save_every`` steps it validates on ``val_steps`` batches, writes
 TensorBoard scalars ``loss`` / ``acc`` (``train`` and ``val``) and ``lr``, and
-saves ``{model, optimizer, steps, timestamp}`` to ``state_file`` (temp file, then
+saves ``{model, optimizer, steps, timestamp}`` to ``state_file`` (temp file, fsync,
 rename). Run: ``python -m mortal.train_grp [-c/--config PATH] [--max-steps N]`` (config
 from ``-c``, else ``MORTAL_CFG``, else ``config.toml``).
 """
@@ -32,6 +32,7 @@ from torch import optim
 from torch.nn import functional as F
 from torch.utils.data import IterableDataset
 
+from mortal.checkpoint import CheckpointError, atomic_torch_save, describe_error, load_checkpoint
 from mortal.grp import Grp
 
 # Not __name__: that is "__main__" under ``python -m`` / as a script.
@@ -39,7 +40,7 @@ logger = logging.getLogger("mortal.train_grp")
 
 __all__ = [
     "GrpFileDatasetsIter", "NoSamplesError", "TrainGrpInputError", "build_file_index", "collate", "evaluate",
-    "main", "save_checkpoint", "train", "train_step",
+    "main", "train", "train_step",
 ]
 
 
@@ -134,16 +135,11 @@ def evaluate(grp, inputs, rank_by_players):
     return float(loss), float(acc)
 
 
-def save_checkpoint(state: dict, path) -> None:
-    """``torch.save`` to a temp name in the same folder, then atomic rename to ``path``."""
-    path = os.fspath(path)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+def _unusable(exc: BaseException) -> str:
+    """Why a torch file of ``[grp]`` cannot be used, on one line (for the user-error messages)."""
+    if isinstance(exc.__cause__, pickle.UnpicklingError):  # load_checkpoint's CheckpointError of a refused file
+        return "not a weights-only torch file"
+    return describe_error(exc)
 
 
 def build_file_index(train_globs, val_globs, file_index):
@@ -158,18 +154,16 @@ def build_file_index(train_globs, val_globs, file_index):
     """
     if file_index and os.path.exists(file_index):
         try:
-            index = torch.load(file_index, weights_only=True)
+            index = load_checkpoint(file_index)
             return list(index["train_file_list"]), list(index["val_file_list"])
-        except (pickle.UnpicklingError, RuntimeError, EOFError, KeyError, TypeError) as e:
-            reason = "not a weights-only torch file" if isinstance(e, pickle.UnpicklingError) else \
-                f"{type(e).__name__}: {e}"
-            raise TrainGrpInputError(f"[grp.dataset] file_index {file_index} is not a file index ({reason}); "
+        except (CheckpointError, KeyError, TypeError) as e:
+            raise TrainGrpInputError(f"[grp.dataset] file_index {file_index} is not a file index ({_unusable(e)}); "
                                      "delete it to rebuild it from the globs") from None
     logger.info("building file index...")
     train_files = sorted((f for pat in train_globs for f in glob(pat, recursive=True)), reverse=True)
     val_files = sorted((f for pat in val_globs for f in glob(pat, recursive=True)), reverse=True)
     if file_index and train_files and val_files:
-        save_checkpoint({"train_file_list": train_files, "val_file_list": val_files}, file_index)
+        atomic_torch_save({"train_file_list": train_files, "val_file_list": val_files}, file_index)
     return train_files, val_files
 
 
@@ -210,16 +204,14 @@ def train(cfg: dict, *, max_steps: int | None = None, num_workers: int = 1, prog
     steps = 0
     if os.path.exists(state_file):
         try:
-            state = torch.load(state_file, weights_only=True, map_location=device)
+            state = load_checkpoint(state_file, map_location=device)
             logger.info("loaded: %s", datetime.fromtimestamp(state["timestamp"]).strftime("%Y-%m-%d %H:%M:%S"))
             grp.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             steps = state["steps"]
-        except (pickle.UnpicklingError, RuntimeError, EOFError, KeyError, TypeError, ValueError) as e:
-            detail = "not a weights-only torch file" if isinstance(e, pickle.UnpicklingError) else \
-                " ".join(x.strip() for x in str(e).splitlines() if x.strip())
-            raise TrainGrpInputError(f"[grp] state_file {state_file} cannot be resumed from ({type(e).__name__}: "
-                             f"{detail}); check [grp.network] or move the file away to start afresh") from None
+        except (RuntimeError, KeyError, TypeError, ValueError) as e:  # ValueError: CheckpointError among them
+            raise TrainGrpInputError(f"[grp] state_file {state_file} cannot be resumed from ({_unusable(e)}); "
+                                     "check [grp.network] or move the file away to start afresh") from None
     lr = cfg["optim"]["lr"]
     optimizer.param_groups[0]["lr"] = lr
 
@@ -274,7 +266,7 @@ def train(cfg: dict, *, max_steps: int | None = None, num_workers: int = 1, prog
             writer.flush()
             stats = dict(train_loss=0.0, train_acc=0.0)
             logger.info("%s", progress_line())
-            save_checkpoint({
+            atomic_torch_save({
                 "model": grp.state_dict(),
                 "optimizer": optimizer.state_dict(),
                 "steps": steps,

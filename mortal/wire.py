@@ -110,7 +110,7 @@ def check_play_settings(msg: dict) -> dict:
 
 
 # A baseline's architecture as it travels (submit_baseline, get_baseline): the checkpoint config entries that
-# mortal.player.load_model_pair reads, with their bounds.
+# mortal.checkpoint.load_model_pair reads, with their bounds.
 BASELINE_ARCH = {'version': (1, 4), 'conv_channels': (1, 4096), 'num_blocks': (1, 1024)}
 _HEX = frozenset('0123456789abcdef')
 

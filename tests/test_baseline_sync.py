@@ -14,7 +14,7 @@ import torch
 from mortal import client as cl
 from mortal import server as srv
 from mortal import wire
-from mortal.player import load_model_pair
+from mortal.checkpoint import load_model_pair
 from test_client import free_port
 from test_train import FakeTestPlayer, FakeWriter, tiny_config, write_baseline
 from mortal import train as tr

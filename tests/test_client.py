@@ -18,7 +18,8 @@ from conftest import ROOT
 from mortal import client as cl
 from mortal import server as srv
 from mortal import wire
-from mortal.player import TrainPlayer, load_model_pair
+from mortal.checkpoint import load_model_pair
+from mortal.player import TrainPlayer
 from test_train import tiny_config, write_baseline
 
 

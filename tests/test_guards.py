@@ -190,7 +190,7 @@ def test_rotation_promotes_best_and_bumps_the_baseline_version(tmp_path, caplog)
 
 def test_a_running_client_picks_up_a_rotation_and_the_factors(tmp_path, caplog):
     from mortal import client as cl
-    from mortal.player import load_model_pair
+    from mortal.checkpoint import load_model_pair
     port = free_port()
     config, _ = tiny_config(tmp_path, port=port)
     baseline = config['baseline']['train']['state_file']

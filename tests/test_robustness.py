@@ -19,7 +19,8 @@ from mortal.dataloader import FileDatasetsIter
 from mortal.gameplay import GameplayLoader
 from mortal.grp import BadLogError, Grp, parse_log
 from mortal.model import DQN, GRP, Brain
-from mortal.reward import GrpCheckpointError, load_grp
+from mortal.checkpoint import CheckpointError as GrpCheckpointError
+from mortal.reward import load_grp
 from mortal.stat import LogFormatError, Stat
 
 LOG = DATA_DIR / 'riichienv_selfplay_hanchan.jsonl'

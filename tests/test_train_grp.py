@@ -10,7 +10,8 @@ from torch import optim
 
 from mortal.model import GRP
 from mortal.reward import load_grp
-from mortal.train_grp import GrpFileDatasetsIter, build_file_index, collate, save_checkpoint, train, train_step
+from mortal.checkpoint import atomic_torch_save as save_checkpoint
+from mortal.train_grp import GrpFileDatasetsIter, build_file_index, collate, train, train_step
 from mortal.train_grp import main as train_grp_main
 
 from conftest import DATA_DIR
