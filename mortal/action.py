@@ -258,7 +258,7 @@ def reaction_from_index(state, index: int, *, kan_select: int | None = None) -> 
 def _field(event: dict, key: str):
     try:
         return event[key]
-    except (KeyError, TypeError):
+    except KeyError:
         raise ValueError(f"{event.get('type')!r} event without {key!r}: {event!r}") from None
 
 
@@ -269,13 +269,15 @@ def event_to_label(event: dict) -> int | None:
     38 + chi type (low/mid/high by the deaka'd called tile), ``pon`` -> 41,
     ``daiminkan``/``kakan``/``ankan`` -> 42, ``hora`` -> 43, ``ryukyoku`` -> 44,
     ``none`` -> 45. Any other type (tsumo, dora, start_kyoku, ...) -> None.
-    The actor is not checked, and context rules (a ``ryukyoku`` is a decision
-    only when the seat could call it; inferred passes) are the loader's job.
+    ``event`` is a dict: an event of a log ``mortal.mjai_log`` read (a JSON object with
+    a known type) or a reaction its caller built or checked to be one; the actor is
+    not checked, and context rules (a ``ryukyoku`` is a decision only when the seat
+    could call it; inferred passes) are the loader's job.
 
     Raises:
         ValueError: a decision event lacks ``pai``/``consumed`` or names a bad tile.
     """
-    ty = event.get("type") if isinstance(event, dict) else None
+    ty = event.get("type")
     if ty == "dahai":
         return tile_id(_field(event, "pai"))
     if ty == "chi":
@@ -289,12 +291,13 @@ def event_to_label(event: dict) -> int | None:
 def kan_select_label(event: dict) -> int:
     """Kan-select label 0-33 of a kan event (mortal_semantics.md §1.4 rules 5-7).
 
-    ``daiminkan``/``kakan`` -> deaka(pai); ``ankan`` -> deaka(consumed[0]).
+    ``daiminkan``/``kakan`` -> deaka(pai); ``ankan`` -> deaka(consumed[0]). ``event`` is a
+    dict, as for ``event_to_label``.
 
     Raises:
         ValueError: not a kan event, or its tile field is missing/invalid.
     """
-    ty = event.get("type") if isinstance(event, dict) else None
+    ty = event.get("type")
     if ty in ("daiminkan", "kakan"):
         return deaka(tile_id(_field(event, "pai")))
     if ty == "ankan":

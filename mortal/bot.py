@@ -178,7 +178,7 @@ def phi_matrix(config: dict, log_lines: list[str], grp=None) -> list:
     ``grp``: a loaded GRP (default: :func:`load_review_grp` of ``config``).
 
     Raises:
-        mortal.grp.BadLogError: the log has no finished kyoku or is malformed.
+        mortal.mjai_log.BadLogError: the log has no finished kyoku or is malformed.
         mortal.checkpoint.CheckpointError: ``grp`` not given and the GRP checkpoint cannot be loaded.
     """
     import torch
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None, *, stdin: IO[str] | None = None, stdout:
     try:
         lines = serve(bot, stdin, stdout, review_mode=review_mode)
         if review_mode:
-            from mortal.grp import BadLogError
+            from mortal.mjai_log import BadLogError
             try:
                 matrix = phi_matrix(config, lines, grp)
             except BadLogError as exc:

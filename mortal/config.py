@@ -36,7 +36,7 @@ DEFAULT_PROFILE = 'default'
 # Frames above this are refused by the wire protocol unless [online.server] max_frame_bytes says otherwise.
 # 512 MiB holds a 192x40 model's parameters (~40 MB) or a submission of thousands of gz logs with a wide margin.
 DEFAULT_MAX_FRAME_BYTES = 512 * 1024 * 1024
-# [dataset] max_log_bytes (also the readers' default, mortal.grp): a hanchan is well under 1 MB of mjai JSON.
+# [dataset] max_log_bytes (also the readers' default, mortal.mjai_log): a hanchan is well under 1 MB of mjai JSON.
 DEFAULT_MAX_LOG_BYTES = 64 * 1024 * 1024
 SCHEDULER_DEFAULT_INIT = 1e-8  # Mortal's LinearWarmUpCosineAnnealingLR default for [optim.scheduler] init
 BEST_RULES = ('paired', 'sprt', 'mortal')  # [test_play] best_rule (mortal.gate)

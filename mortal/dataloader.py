@@ -42,7 +42,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from mortal.gameplay import GameplayLoader
-from mortal.grp import DEFAULT_MAX_LOG_BYTES
+from mortal.mjai_log import DEFAULT_MAX_LOG_BYTES
 from mortal.lifetime import die_with_parent
 from mortal.reward import RewardCalculator
 

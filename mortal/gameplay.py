@@ -28,7 +28,8 @@ import numpy as np
 from mjai.mlibriichi.state import PlayerState
 
 from mortal.action import HORA, KAN, PASS, RIICHI, RYUKYOKU, event_to_label, kan_select_label
-from mortal.grp import DEFAULT_MAX_LOG_BYTES, BadLogError, Grp, LoadedLog, parse_log, read_log, skip_message
+from mortal.grp import Grp
+from mortal.mjai_log import DEFAULT_MAX_LOG_BYTES, BadLogError, LoadedLog, parse_log, read_log, skip_message
 from mortal.obs import check_version, obs_shape
 from mortal.obs_v4 import V4Encoder
 
@@ -248,12 +249,11 @@ def _check_unmasked(log: LoadedLog, seat: int) -> None:
     for ev, no in zip(log.events, log.line_numbers):
         typ = ev["type"]
         if typ == "start_kyoku":
-            hands = ev.get("tehais")
-            if isinstance(hands, list) and len(hands) == 4 and isinstance(hands[seat], list) \
-                    and _MASKED in hands[seat]:
+            hand = ev["tehais"][seat]  # parse_log checked that there are 4
+            if isinstance(hand, list) and _MASKED in hand:
                 raise BadLogError(log.source, f"start_kyoku tehais of seat {seat} hold masked tiles '?' (a log "
                                               f"from another player's view?); training needs full hands", no)
-        elif typ == "tsumo" and ev.get("actor") != seat:
+        elif typ == "tsumo" and ev["actor"] != seat:
             continue  # another seat's masked draw is normal in a player's view
         for key in _TILE_FIELDS:
             if ev.get(key) == _MASKED:
@@ -310,7 +310,7 @@ def _is_multi_ron(nxt: dict, seat: int, ron_cans, winners: set) -> bool:
     ``ron_cans`` (its ``ActionCandidate`` right after the discard or kan being robbed): the seat
     must have been able to ron there, must not be the discarder, and must not have won already.
     """
-    return (nxt.get("type") == "hora" and ron_cans is not None and ron_cans.can_ron_agari
+    return (nxt["type"] == "hora" and ron_cans is not None and ron_cans.can_ron_agari
             and nxt.get("target") != seat and seat not in winners)
 
 
@@ -370,13 +370,14 @@ class GameplayLoader:
         """One ``Gameplay`` per kept seat of one game given as mjai JSON lines.
 
         Raises:
-            BadLogError: the log is malformed (see ``mortal.grp.parse_log``), contains an illegal
+            BadLogError: the log is malformed (see ``mortal.mjai_log.parse_log``), contains an illegal
                 move, or the Rust ``PlayerState`` rejects an event (message names line and reason).
         """
         return self.load_parsed(parse_log(raw, source))
 
     def load_parsed(self, log: LoadedLog) -> list[Gameplay]:
-        """Same as ``load_log`` for an already parsed log."""
+        """Same as ``load_log`` for a log ``mortal.mjai_log.parse_log`` returned (the fields it checked, such
+        as every ``actor``, are not checked again)."""
         if self.augmented:
             log = augment_log(log)
         grp = Grp.load_events(log.events, log.source)
@@ -411,19 +412,19 @@ class GameplayLoader:
                                   log.line_numbers[i]) from None
             if enc is not None:
                 try:
-                    enc.update(events[i])
+                    enc.update_parsed(events[i])
                 except (KeyError, ValueError, TypeError) as e:  # a field the state did not need
                     raise BadLogError(log.source, f"{cur_type} rejected by the v4 encoder of seat {seat}: "
                                       f"{type(e).__name__}: {e}", log.line_numbers[i]) from None
             if cur_type == "hora":
-                winners.add(events[i].get("actor"))
+                winners.add(events[i]["actor"])
             elif cur_type not in _SKIPPED_AS_NEXT:
                 # The state a multi-ron is judged on: every hora of a run answers this
                 # discard or kan (a kan's ``dora`` may come in between).
                 ron_cans, winners = cans, set()
             if not cans.can_act:
                 nxt = events[nxt_idx]
-                if (types[nxt_idx] in _OWN_ACTIONS and nxt.get("actor") == seat
+                if (types[nxt_idx] in _OWN_ACTIONS and nxt["actor"] == seat
                         and cur_type not in _SKIPPED_AS_NEXT
                         and not (cur_type == "hora" and _is_multi_ron(nxt, seat, ron_cans, winners))):
                     raise BadLogError(log.source, f"illegal move: seat {seat} cannot {types[nxt_idx]} here",

@@ -31,6 +31,7 @@ import os
 
 import numpy as np
 
+from mortal.mjai_log import ACTOR_EVENTS, is_seat
 from mortal.sp.agari import Hand, agari
 from mortal.sp.calc import (HAVE_CORE, MAX_TSUMOS_LEFT, SPCalculator, best_by_required, calc_batch,
                             deaka, next_tile)
@@ -65,7 +66,7 @@ SP_EV = SP_START                       # 2 rows
 SP_REQUIRED = SP_START + 2             # 68 rows (3n+2) / row +69 (3n+1)
 SP_BEST = SP_START + 70                # 1 row (3n+2), then 1 empty row
 SP_TABLE = SP_START + 72               # 3 x 17 rows: tenpai, win, EV
-_ACTOR_TYPES = frozenset({"tsumo", "dahai", "chi", "pon", "daiminkan", "kakan", "ankan", "reach", "reach_accepted"})
+_ACTOR_TYPES = ACTOR_EVENTS - {"hora"}  # the events whose actor the encoder reads
 MAX_DORA_INDICATORS = 5  # the first plus one per kan, at most 4 kans (Tenhou rule)
 
 #: Threads ``encode_batch`` runs single-player searches on by default (compiled core
@@ -100,6 +101,13 @@ def _field_tile(event: dict, kind, key: str, known: bool) -> int:
     return _check_tile(_field(event, kind, key), kind, key, known)
 
 
+def _check_tiles(names, kind, key: str, known: bool) -> list:
+    """Tile ids of the list ``names`` (the field ``key`` of a ``kind`` event)."""
+    if not isinstance(names, list):
+        raise ValueError(f"{kind} event: field {key!r}: expected a list of tile names, got {type(names).__name__}")
+    return [_check_tile(n, kind, key, known) for n in names]
+
+
 def _check_tile(name, kind, key: str, known: bool) -> int:
     try:
         tid = tile_id(name)
@@ -110,16 +118,9 @@ def _check_tile(name, kind, key: str, known: bool) -> int:
     return tid
 
 
-def _field_tiles(event: dict, kind, key: str, known: bool, index=None) -> list:
-    """Tile ids of the list ``event[key]`` (``event[key][index]`` when ``index`` is given)."""
-    names = _field(event, kind, key)
-    if index is not None:
-        if not isinstance(names, list) or len(names) != 4:
-            raise ValueError(f"{kind} event: field {key!r}: expected 4 lists of tile names")
-        names, key = names[index], f"{key}[{index}]"
-    if not isinstance(names, list):
-        raise ValueError(f"{kind} event: field {key!r}: expected a list of tile names, got {type(names).__name__}")
-    return [_check_tile(n, kind, key, known) for n in names]
+def _field_tiles(event: dict, kind, key: str, known: bool) -> list:
+    """Tile ids of the list ``event[key]``."""
+    return _check_tiles(_field(event, kind, key), kind, key, known)
 
 
 class V4Encoder:
@@ -159,6 +160,8 @@ class V4Encoder:
 
         Unknown event types are ignored. Every field the encoder reads is checked
         before any state changes, so a rejected event leaves the encoder as it was.
+        An event of a log ``mortal.mjai_log.parse_log`` accepted can go to ``update_parsed``,
+        which leaves out the checks that reader made.
 
         Raises:
             TypeError: ``event`` is not a JSON object.
@@ -172,19 +175,34 @@ class V4Encoder:
             event = json.loads(event)
         if not isinstance(event, dict):
             raise TypeError(f"an mjai event must be a JSON object, got {type(event).__name__}")
+        # What mortal.mjai_log checks of every event (with this encoder's messages); update_parsed the rest.
         kind = event.get("type")
-        me = self.player_id
-        actor = None
         if kind in _ACTOR_TYPES:
             actor = _field(event, kind, "actor")
-            if type(actor) is not int or not 0 <= actor <= 3:
+            if not is_seat(actor):
                 raise ValueError(f"{kind} event: field 'actor': expected a seat 0-3, got {actor!r}")
-        mine = actor == me
+        elif kind == "start_kyoku":
+            hands = _field(event, kind, "tehais")
+            if not isinstance(hands, list) or len(hands) != 4:
+                raise ValueError(f"{kind} event: field 'tehais': expected 4 lists of tile names")
+        self.update_parsed(event)
+
+    def update_parsed(self, event: dict) -> None:
+        """``update`` for an event of a log ``mortal.mjai_log.parse_log`` accepted (the loader's path).
+
+        The event is a dict whose ``actor`` is a seat where its type has one and whose
+        ``start_kyoku`` has 4 ``tehais``: those are not checked again. The tile fields
+        (which the reader does not read) are checked as in ``update``, before any state
+        changes; raises ``ValueError`` as ``update`` does for them.
+        """
+        kind = event.get("type")  # update passes on events of any type (those unknown are ignored)
+        me = self.player_id
+        mine = kind in _ACTOR_TYPES and event["actor"] == me
         # parse the tile fields first: nothing below may fail half way
         pai = tiles = None
         if kind == "start_kyoku":
             pai = _field_tile(event, kind, "dora_marker", known=True)
-            tiles = _field_tiles(event, kind, "tehais", known=False, index=me)
+            tiles = _check_tiles(event["tehais"][me], kind, f"tehais[{me}]", known=False)
         elif kind == "dora":
             pai = _field_tile(event, kind, "dora_marker", known=True)
             if len(self.dora_indicators) >= MAX_DORA_INDICATORS:

@@ -31,7 +31,6 @@ if __package__ in (None, ''):  # run as a script: python mortal/one_vs_three.py
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
 import argparse
-import gzip
 import dataclasses
 import logging
 import math
@@ -195,15 +194,15 @@ def build_side(side: Mapping, section: str):
 
 def _challenger_stat(log_dir: str, games: Iterable[tuple]):
     """Sum of the challenger seat's ``Stat`` over this run's logs (by seat, so equal names do not mix)."""
-    from mortal.stat import LogFormatError, Stat
+    from mortal.mjai_log import BadLogError, read_log_text
+    from mortal.stat import Stat
 
     total = Stat()
     for nonce, key, split, _scores, _ranks in games:
         path = os.path.join(log_dir, f'{nonce}_{key}_{split}.json.gz')
         try:
-            with gzip.open(path, 'rt', encoding='utf-8') as f:
-                total = total + Stat.from_log(f.read(), SPLITS.index(split), source=path)
-        except (OSError, EOFError, LogFormatError) as exc:
+            total = total + Stat.from_log(read_log_text(path), SPLITS.index(split), source=path)
+        except (OSError, BadLogError) as exc:  # a LogFormatError is a BadLogError
             logger.warning('log %s left out of the stats: %s', path, exc)
     return total
 

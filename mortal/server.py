@@ -106,7 +106,7 @@ def check_log_head(name: str, content: bytes) -> None:
     else:
         head = content[:FIRST_LINE_LIMIT]
     more = len(head) >= FIRST_LINE_LIMIT  # bytes may follow what was looked at
-    if head.startswith(_UTF8_BOM):  # mortal.grp.read_log_text drops a leading byte order mark too
+    if head.startswith(_UTF8_BOM):  # mortal.mjai_log.read_log_text drops a leading byte order mark too
         head = head[len(_UTF8_BOM):]
     text = head.lstrip()
     skipped = len(head) - len(text)  # leading blank lines, skipped within the same budget

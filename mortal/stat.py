@@ -23,16 +23,15 @@ if __package__ in (None, ''):  # run as a script: python mortal/stat.py
 import argparse
 import dataclasses
 import glob
-import gzip
-import json
 import logging
 import math
 import os
 import sys
-import zlib
 from typing import Any, Iterable, Sequence
 
 from tqdm import tqdm
+
+from mortal.mjai_log import BadLogError, is_int, is_seat, parse_events, read_log_text
 
 logger = logging.getLogger('mortal.stat')  # not __name__: '__main__' under python -m
 
@@ -43,15 +42,14 @@ DEFAULT_PTS = (90, 45, 0, -135)
 _YAKUMAN_POINT_OYA = 48000
 _YAKUMAN_POINT_KO = 32000
 _NAGASHI_MANGAN_POINT = 8000
-# Every event type of Mortal's mjai ``Event`` enum; anything else is a malformed log.
-_KNOWN_TYPES = frozenset((
-    'start_game', 'start_kyoku', 'tsumo', 'dahai', 'chi', 'pon', 'daiminkan', 'kakan', 'ankan',
-    'dora', 'reach', 'reach_accepted', 'hora', 'ryukyoku', 'end_kyoku', 'end_game', 'none',
-))
 
 
-class LogFormatError(ValueError):
-    """A log that cannot be analysed; the message names the source and line."""
+class LogFormatError(BadLogError):
+    """A log that cannot be analysed: a ``mortal.mjai_log.BadLogError`` (``source``, ``line``,
+    ``reason``) whose text is ``"<source>:<line>: <reason>"`` (``"<source>: <reason>"`` without a line)."""
+
+    def _where(self) -> str:
+        return f'{self.source}:{self.line}: ' if self.line is not None else f'{self.source}: '
 
 
 def _div(a: float, b: float) -> float:
@@ -166,14 +164,15 @@ class Stat:
 
         Raises:
             ValueError: ``seat`` is not 0-3.
-            LogFormatError: a line is not JSON, an event type is unknown, or a field the
-                statistics need (``scores``, ``oya``, ``actor``, ``target``, ``deltas``) is
-                missing or out of range, or the log holds more than one game (an event after
-                ``end_game`` or a second ``start_game``); the message names ``source`` and the line.
+            LogFormatError: the log fails ``mortal.mjai_log.parse_events`` (a line that is not
+                a JSON event of a known type, an ``actor`` that is not a seat, more than one game:
+                an event after ``end_game`` or a second ``start_game``), or a field the statistics
+                need (``scores``, ``oya``, ``target``, ``deltas``) is missing or out of range; the
+                message names ``source`` and the line.
         """
-        if isinstance(seat, bool) or not isinstance(seat, int) or not 0 <= seat <= 3:
+        if not is_seat(seat):
             raise ValueError(f'seat must be an int in 0..3, got {seat!r}')
-        return cls._from_events(_numbered_events(log, source), seat, source)
+        return cls._from_events(parse_events(log, source, error=LogFormatError), seat, source)
 
     @classmethod
     def from_dir(cls, log_dir: str | os.PathLike, player_name: str,
@@ -181,13 +180,13 @@ class Stat:
                  skipped: list[str] | None = None) -> 'Stat':
         """Sum the stats of every seat named ``player_name`` in every log under ``log_dir``.
 
-        Globs ``log_dir/**/*.json`` and ``log_dir/**/*.json.gz`` (gzip chosen by the
-        extension), as Mortal's ``Stat.from_dir``. Each log must start with ``start_game``
+        Globs ``log_dir/**/*.json`` and ``log_dir/**/*.json.gz``, as Mortal's ``Stat.from_dir``
+        (each read by :meth:`from_file`: gzip told by its content). Each log must start with ``start_game``
         carrying ``names``; every seat whose name equals ``player_name`` counts as one game
         (so a champion name in 1v3 logs yields 3 games per file).
 
-        Unlike Mortal (which aborts), a malformed file is skipped with one logged warning
-        naming the file and the reason; the paths are appended to ``skipped`` if given.
+        Unlike Mortal (which aborts), a malformed or unreadable file is skipped with one logged
+        warning naming the file and the reason; the paths are appended to ``skipped`` if given.
 
         Raises:
             FileNotFoundError: ``log_dir`` is not a directory.
@@ -205,10 +204,10 @@ class Stat:
                          ascii=True):
             try:
                 total = total + cls.from_file(path, player_name)
-            except (OSError, EOFError, zlib.error, UnicodeDecodeError, LogFormatError) as exc:
+            except (OSError, BadLogError) as exc:
                 n_skipped += 1
                 reason = str(exc)
-                if not reason.startswith(path):  # LogFormatError already names file and line
+                if not reason.startswith(path):  # a BadLogError already names the file (and line)
                     reason = f'{path}: {reason}'
                 logger.warning('skipping log %s', reason)
                 if skipped is not None:
@@ -219,28 +218,24 @@ class Stat:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, player_name: str) -> 'Stat':
-        """Stats of every seat named ``player_name`` in one log file (``.gz``: gzip).
+        """Stats of every seat named ``player_name`` in one log file, read by
+        ``mortal.mjai_log.read_log_text`` (gzip or plain, whatever the name).
 
         Raises:
-            OSError, EOFError, zlib.error, UnicodeDecodeError: the file cannot be read/decompressed.
+            OSError: the file cannot be opened.
+            BadLogError: the file cannot be read as a log (corrupt gzip data, not UTF-8, larger
+                than ``mortal.mjai_log.DEFAULT_MAX_LOG_BYTES``).
             LogFormatError: the content is malformed or does not start with ``start_game``
                 with a 4-name ``names`` list.
         """
         path = os.fspath(path)
-        if path.lower().endswith('.gz'):
-            with gzip.open(path, 'rt', encoding='utf-8') as f:
-                raw = f.read()
-        else:
-            with open(path, encoding='utf-8') as f:
-                raw = f.read()
-        events = list(_numbered_events(raw, path))
-        if not events or events[0][1].get('type') != 'start_game':
-            got = events[0][1].get('type') if events else 'an empty file'
-            raise LogFormatError(f'{path}: first event is not start_game (got {got!r})')
+        events = parse_events(read_log_text(path), path, error=LogFormatError)
+        if not events or events[0][1]['type'] != 'start_game':
+            got = events[0][1]['type'] if events else 'an empty file'
+            raise LogFormatError(path, f'first event is not start_game (got {got!r})')
         names = events[0][1].get('names')
         if not isinstance(names, list) or len(names) != 4:
-            raise LogFormatError(f'{path}:{events[0][0]}: start_game needs a list of 4 names, '
-                                 f'got {names!r}')
+            raise LogFormatError(path, f'start_game needs a list of 4 names, got {names!r}', events[0][0])
         total = cls()
         for seat, name in enumerate(names):
             if name == player_name:
@@ -249,7 +244,8 @@ class Stat:
 
     @classmethod
     def _from_events(cls, events: Sequence[tuple[int, dict]], seat: int, source: str) -> 'Stat':
-        """One game for one seat; ``events`` are (line number, event dict) pairs."""
+        """One game for one seat; ``events``: ``mortal.mjai_log.parse_events`` pairs (line, event), whose
+        types and actors are not checked again."""
         st = cls(game=1)
         scores = [0, 0, 0, 0]
         riichi_declared = riichi_accepted = others_declared = False
@@ -258,27 +254,24 @@ class Stat:
         fuuro_num = 0  # own chi/pon/daiminkan in this kyoku
 
         for lineno, ev in events:
-            where = f'{source}:{lineno}'
-            kind = ev.get('type')
-            if kind not in _KNOWN_TYPES:
-                raise LogFormatError(f'{where}: unknown event type {kind!r}')
+            kind = ev['type']
             if kind == 'start_kyoku':
                 st.round += 1
-                scores = _scores(ev, 'scores', where)
-                oya = _seat(ev, 'oya', where)
+                scores = _scores(ev, 'scores', source, lineno)
+                oya = _seat(ev, 'oya', source, lineno)
                 riichi_declared = riichi_accepted = others_declared = False
                 if oya == seat:
                     st.oya += 1
                 jun = 0
                 fuuro_num = 0
             elif kind == 'dahai':
-                if _seat(ev, 'actor', where) == seat:
+                if ev['actor'] == seat:
                     jun += 1
             elif kind in ('chi', 'pon', 'daiminkan'):
-                if _seat(ev, 'actor', where) == seat:
+                if ev['actor'] == seat:
                     fuuro_num += 1
             elif kind == 'reach':
-                actor = _seat(ev, 'actor', where)
+                actor = ev['actor']
                 if actor == seat:
                     riichi_declared = True
                     st.riichi += 1
@@ -292,14 +285,14 @@ class Stat:
                 else:
                     others_declared = True
             elif kind == 'reach_accepted':
-                actor = _seat(ev, 'actor', where)
+                actor = ev['actor']
                 scores[actor] -= 1000
                 if actor == seat:
                     riichi_accepted = True
             elif kind == 'hora':
-                actor = _seat(ev, 'actor', where)
-                target = _seat(ev, 'target', where)
-                deltas = _scores(ev, 'deltas', where)
+                actor = ev['actor']
+                target = _seat(ev, 'target', source, lineno)
+                deltas = _scores(ev, 'deltas', source, lineno)
                 for i in range(4):
                     scores[i] += deltas[i]
                 if actor == seat:
@@ -344,7 +337,7 @@ class Stat:
                         st.fuuro_houjuu += 1
                         st.fuuro_point += point
             elif kind == 'ryukyoku':
-                deltas = _scores(ev, 'deltas', where)
+                deltas = _scores(ev, 'deltas', source, lineno)
                 for i in range(4):
                     scores[i] += deltas[i]
                 point = deltas[seat]
@@ -589,58 +582,21 @@ class Stat:
         return '\n'.join(lines)
 
 
-# ---------------------------------------------------------------------- parsing helpers
-def _numbered_events(log: str | bytes | Iterable[dict | str], source: str
-                     ) -> list[tuple[int, dict]]:
-    """Events paired with their 1-based line (or list position) for error messages."""
-    if isinstance(log, bytes):
-        log = log.decode('utf-8')
-    # split('\n'), not splitlines(): a JSON string may hold U+2028 or U+0085 literally (CRLF is stripped below)
-    items = log.split('\n') if isinstance(log, str) else log
-    out = []
-    ended = False
-    for lineno, item in enumerate(items, 1):
-        if isinstance(item, str):
-            if not item.strip():
-                continue
-            try:
-                item = json.loads(item)
-            except json.JSONDecodeError as exc:
-                raise LogFormatError(f'{source}:{lineno}: not a JSON event ({exc})') from None
-            except RecursionError:
-                raise LogFormatError(f'{source}:{lineno}: JSON nested too deeply') from None
-        if not isinstance(item, dict):
-            raise LogFormatError(f'{source}:{lineno}: an event must be a JSON object, '
-                                 f'got {type(item).__name__}')
-        # One game per log: counting a second one would merge two games' scores into one placement.
-        if ended:
-            raise LogFormatError(f'{source}:{lineno}: {item.get("type")} after end_game '
-                                 f'(one game per log; two logs concatenated?)')
-        if item.get('type') == 'start_game' and out:
-            raise LogFormatError(f'{source}:{lineno}: start_game in the middle of the log '
-                                 f'(two logs concatenated?)')
-        ended = item.get('type') == 'end_game'
-        out.append((lineno, item))
-    return out
+# ---------------------------------------------------------------------- field checks
+# Fields only the statistics read (mortal.mjai_log.parse_events checked types and actors).
 
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _seat(ev: dict, key: str, where: str) -> int:
+def _seat(ev: dict, key: str, source: str, lineno: int) -> int:
     v = ev.get(key)
-    if not _is_int(v) or not 0 <= v <= 3:
-        raise LogFormatError(f'{where}: {ev.get("type")} field {key!r} must be a seat 0-3, '
-                             f'got {v!r}')
+    if not is_seat(v):
+        raise LogFormatError(source, f'{ev["type"]} field {key!r} must be a seat 0-3, got {v!r}', lineno)
     return v
 
 
-def _scores(ev: dict, key: str, where: str) -> list[int]:
+def _scores(ev: dict, key: str, source: str, lineno: int) -> list[int]:
     v = ev.get(key)
-    if not isinstance(v, list) or len(v) != 4 or not all(_is_int(x) for x in v):
-        raise LogFormatError(f'{where}: {ev.get("type")} field {key!r} must be 4 integers '
-                             f'(required for statistics), got {v!r}')
+    if not isinstance(v, list) or len(v) != 4 or not all(is_int(x) for x in v):
+        raise LogFormatError(source, f'{ev["type"]} field {key!r} must be 4 integers (required for statistics), '
+                                     f'got {v!r}', lineno)
     return list(v)
 
 

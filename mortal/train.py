@@ -1194,7 +1194,7 @@ class Trainer:
         it lists as trained are left out. ``batch_size``/``num_workers`` default to ``[control] batch_size`` and
         ``[dataset] num_workers``."""
         from mortal.dataloader import FileDatasetsIter, make_dataloader
-        from mortal.grp import DEFAULT_MAX_LOG_BYTES
+        from mortal.mjai_log import DEFAULT_MAX_LOG_BYTES
         from mortal.reward import load_grp
 
         ds = self.config['dataset']

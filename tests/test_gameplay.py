@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mortal.gameplay import GameplayLoader, augment_event
-from mortal.grp import BadLogError
+from mortal.mjai_log import BadLogError
 from mortal.obs import UnsupportedVersionError
 
 from conftest import DATA_DIR

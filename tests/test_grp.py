@@ -6,7 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from mortal.grp import BadLogError, Grp, grand_kyoku, parse_log, rank_by_player
+from mortal.grp import Grp, grand_kyoku, rank_by_player
+from mortal.mjai_log import BadLogError, parse_log
 
 from conftest import DATA_DIR
 

@@ -339,7 +339,7 @@ def _hanchan_lines():
 
 def test_blank_lines_cost_no_memory_per_line_and_keep_line_numbers():
     import tracemalloc
-    from mortal.grp import BadLogError, parse_log
+    from mortal.mjai_log import BadLogError, parse_log
     lines = _hanchan_lines()
     reference = parse_log('\n'.join(lines) + '\n')
     padded = lines[0] + '\n' + '\n' * 4_000_000 + ' \r\n' * 1000 + '\n'.join(lines[1:]) + '\n'
@@ -360,7 +360,7 @@ def test_blank_lines_cost_no_memory_per_line_and_keep_line_numbers():
 
 def test_a_log_of_too_many_events_is_skipped_with_bounded_memory():
     import tracemalloc
-    from mortal.grp import MAX_EVENTS, BadLogError, parse_log
+    from mortal.mjai_log import MAX_EVENTS, BadLogError, parse_log
     lines = _hanchan_lines()
     raw = lines[0] + '\n' + '{"type":"none"}\n' * (2 * MAX_EVENTS) + '\n'.join(lines[1:]) + '\n'
     tracemalloc.start()
@@ -378,7 +378,7 @@ def test_a_log_of_too_many_events_is_skipped_with_bounded_memory():
 @pytest.mark.parametrize('prefix', [b'\xef\xbb\xbf', b'\xef\xbb\xbf\n\n', b'\n' * 100])
 @pytest.mark.parametrize('compress', [False, True])
 def test_server_and_reader_agree_on_a_byte_order_mark_and_blank_lines(tmp_path, prefix, compress):
-    from mortal.grp import parse_log, read_log_text
+    from mortal.mjai_log import parse_log, read_log_text
     from mortal.server import check_log_head
     content = prefix + HANCHAN.read_bytes()
     if compress:

@@ -28,7 +28,7 @@ from mortal import train as tr
 from mortal.config import load_config
 from mortal.dataloader import FileDatasetsIter
 from mortal.gameplay import GameplayLoader
-from mortal.grp import BadLogError, parse_log, read_log_text
+from mortal.mjai_log import BadLogError, parse_log, read_log_text
 from test_train import FakeTestPlayer, FakeWriter, ScriptedRemote, batch, empty_drain, tiny_config, write_grp
 
 LOGS = [DATA_DIR / 'riichienv_selfplay_hanchan.jsonl', DATA_DIR / 'meta_annotated_hanchan.jsonl',

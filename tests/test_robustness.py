@@ -17,7 +17,8 @@ from mortal import one_vs_three, train_grp
 from mortal.config import ConfigError, load_config
 from mortal.dataloader import FileDatasetsIter
 from mortal.gameplay import GameplayLoader
-from mortal.grp import BadLogError, Grp, parse_log
+from mortal.grp import Grp
+from mortal.mjai_log import BadLogError, parse_log
 from mortal.model import DQN, GRP, Brain
 from mortal.checkpoint import CheckpointError as GrpCheckpointError
 from mortal.reward import load_grp
