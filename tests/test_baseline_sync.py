@@ -14,10 +14,10 @@ import torch
 from mortal import client as cl
 from mortal import server as srv
 from mortal import wire
-from mortal.player import load_model_pair
-from test_client import free_port
-from test_train import FakeTestPlayer, FakeWriter, tiny_config, write_baseline
 from mortal import train as tr
+from mortal.player import load_model_pair
+
+from conftest import FakeTestPlayer, FakeWriter, free_port, load_tiny_config, write_baseline
 
 ARCH = {'version': 3, 'conv_channels': 16, 'num_blocks': 1}  # tiny_config's model
 
@@ -85,7 +85,7 @@ class Served:
 
     def __init__(self, tmp_path):
         self.port = free_port()
-        self.config, _ = tiny_config(tmp_path, port=self.port)
+        self.config, _ = load_tiny_config(tmp_path, port=self.port)
         self.baseline = self.config['baseline']['train']['state_file']
         write_baseline(self.config, self.baseline, seed=0)
         self.store = srv.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 64)

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import DATA_DIR, ROOT
+from conftest import DATA_DIR, ROOT, load_tiny_config
 from mortal import claims
 from mortal.claims import MANIFEST, ClaimLedger
 
@@ -210,7 +210,6 @@ def test_worker_whose_fork_server_died_before_its_init_exits_at_once(tmp_path):
 def test_second_server_with_the_same_config_fails_on_the_port_and_keeps_the_buffer(tmp_path):
     from mortal import server as srv
     from mortal import wire
-    from test_train import tiny_config
 
     dirs = {'buffer_dir': str(tmp_path / 'buffer'), 'drain_dir': str(tmp_path / 'drain'), 'capacity': 8}
     first = srv.build_server({'online': {'remote': {'host': '127.0.0.1', 'port': 0}, 'server': dirs}})
@@ -223,7 +222,7 @@ def test_second_server_with_the_same_config_fails_on_the_port_and_keeps_the_buff
         assert remote.request({'type': 'submit_replay', 'logs': {'a.json': log, 'b.json': log}})['status'] == 'ok'
         before = sorted(os.listdir(tmp_path / 'buffer'))
         assert len(before) == 2
-        _, config_path = tiny_config(tmp_path, port=port)
+        _, config_path = load_tiny_config(tmp_path, port=port)
         env = {**os.environ, 'PYTHONPATH': str(ROOT), 'OMP_NUM_THREADS': '1'}
         second = subprocess.run([sys.executable, '-m', 'mortal.server', '-c', str(config_path)], env=env,
                                 cwd=tmp_path, capture_output=True, text=True, timeout=60)

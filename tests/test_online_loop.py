@@ -18,15 +18,10 @@ import pytest
 import torch
 
 from mortal import wire
-from test_train import ROOT, tiny_config, write_baseline, write_grp
+
+from conftest import ROOT, free_port, load_tiny_config, write_baseline, write_grp
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 class Proc:
@@ -78,7 +73,7 @@ def ckpt_steps(config):
 
 def setup(tmp_path, **overrides):
     port = free_port()
-    config, cfg_path = tiny_config(tmp_path, online=True, port=port, **overrides)
+    config, cfg_path = load_tiny_config(tmp_path, online=True, port=port, **overrides)
     write_baseline(config, config['baseline']['train']['state_file'])
     write_grp(config)
     return config, cfg_path
@@ -229,7 +224,7 @@ def test_client_process_killed_mid_upload(tmp_path, procs):
     port = config['online']['remote']['port']
     script = (
         'import os, signal, socket, sys\n'
-        f'sys.path.insert(0, {ROOT!r})\n'
+        f'sys.path.insert(0, {str(ROOT)!r})\n'
         'from mortal import wire\n'
         "frame = wire.encode_frame({'type': 'submit_replay', 'logs': {'x.json.gz': os.urandom(1 << 20)},"
         " 'param_version': 0})\n"

@@ -19,7 +19,7 @@ from mortal.sp.agari import Hand, agari
 from mortal.sp.calc import HAVE_CORE, SPCalculator
 from mortal.sp.shanten import calc_all_py
 
-from test_obs_v4 import hand
+from conftest import hand
 
 if HAVE_CORE:
     from mortal.sp import _core
