@@ -45,6 +45,24 @@ def free_port():
         return s.getsockname()[1]
 
 
+def start_param_server(tmp_path, capacity, *, force_sequential=False, host="127.0.0.1", port=0, **kwargs):
+    """A ``mortal.server.ParamServer`` on ``(host, port)`` (0: any free port) over a fresh ReplayStore of
+    ``capacity`` in ``tmp_path/'buffer'`` and ``tmp_path/'drain'``, serving from a daemon thread; ``kwargs`` go to
+    ParamServer. End it with ``stop_server``."""
+    import threading
+    from mortal import server as srv
+    store = srv.ReplayStore(tmp_path / "buffer", tmp_path / "drain", capacity, force_sequential)
+    store.reset_dirs()
+    server = srv.ParamServer((host, port), store, **kwargs)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    return server
+
+
+def stop_server(server):
+    server.shutdown()
+    server.server_close()
+
+
 # -- the one tiny config -------------------------------------------------------------------------------------------
 
 TINY_VERSION = 3  # the tiny config's model: version 3 (934 obs channels), [resnet] 16 channels x 1 block

@@ -313,21 +313,19 @@ def test_unknown_section_warning(tmp_path, cfg, caplog):
     assert f'unknown section [train_play.default.extra] in {path}' in warns
 
 
-def test_capacity_below_one_round_warns(tmp_path, cfg, caplog):
-    cfg['train_play']['default']['games'] = 8
-    cfg['online']['server']['capacity'] = 4
-    warns, path = load_warnings(tmp_path, cfg, caplog)
+@pytest.mark.parametrize('changes, fragments', [
+    pytest.param({'train_play.default': {'games': 8}, 'online.server': {'capacity': 4}},
+                 ['[online.server] capacity = 4 in {path}', '[train_play.default] games = 8', 'refused'],
+                 id='capacity-below-one-round'),
+    pytest.param({'online.server': {'force_sequential': True, 'capacity': 12}},
+                 ['force_sequential = true with capacity = 12 in {path}', 'wait forever', 'at least 3 clients'],
+                 id='force_sequential-capacity-above-one-round'),
+])
+def test_one_warning_names_the_keys(tmp_path, caplog, changes, fragments):
+    warns, path = load_warnings(tmp_path, tiny_config_dict(tmp_path, **changes), caplog)
     assert len(warns) == 1
-    assert f'[online.server] capacity = 4 in {path}' in warns[0]
-    assert '[train_play.default] games = 8' in warns[0] and 'refused' in warns[0]
-
-
-def test_force_sequential_capacity_above_one_round_warns(tmp_path, cfg, caplog):
-    cfg['online']['server'].update(force_sequential=True, capacity=12)
-    warns, path = load_warnings(tmp_path, cfg, caplog)
-    assert len(warns) == 1
-    assert f'force_sequential = true with capacity = 12 in {path}' in warns[0]
-    assert 'wait forever' in warns[0] and 'at least 3 clients' in warns[0]
+    for fragment in fragments:
+        assert fragment.format(path=path) in warns[0]
 
 
 def test_force_sequential_capacity_equal_round_is_quiet(tmp_path, cfg, caplog):

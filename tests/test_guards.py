@@ -4,7 +4,6 @@ rotation (and a client picking it up through a live server), and the lr/ε/T sch
 import glob
 import logging
 import os
-import threading
 
 import pytest
 import torch
@@ -14,7 +13,8 @@ from mortal import train as tr
 from mortal import wire
 from mortal.schedule import schedule_factor
 
-from conftest import FakeWriter, free_port, load_tiny_config, random_batch, tiny_config_dict, write_baseline
+from conftest import (FakeWriter, free_port, load_tiny_config, random_batch, start_param_server, stop_server,
+                      tiny_config_dict, write_baseline)
 
 
 class UnitsStat:
@@ -195,10 +195,8 @@ def test_a_running_client_picks_up_a_rotation_and_the_factors(tmp_path, caplog):
     config, _ = load_tiny_config(tmp_path, port=port)
     baseline = config['baseline']['train']['state_file']
     write_baseline(config, baseline, seed=0)
-    store = srv.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 64)
-    store.reset_dirs()
-    server = srv.ParamServer(('127.0.0.1', port), store, timeout=10)
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    server = start_param_server(tmp_path, 64, port=port, timeout=10)
+    store = server.store
     remote = wire.Remote('127.0.0.1', port, timeout=10)
     brain, dqn, _ = load_model_pair(baseline)
 
@@ -224,8 +222,7 @@ def test_a_running_client_picks_up_a_rotation_and_the_factors(tmp_path, caplog):
         assert client.train_player.effective_exploration() == pytest.approx((0.0025, 0.1))
         assert len(os.listdir(store.buffer_dir)) == 8  # both rounds submitted
     finally:
-        server.shutdown()
-        server.server_close()
+        stop_server(server)
 
 
 def test_server_checks_the_play_settings():

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import DATA_DIR, ROOT, load_tiny_config
+from conftest import DATA_DIR, ROOT, load_tiny_config, start_param_server, stop_server
 from mortal import claims
 from mortal.claims import MANIFEST, ClaimLedger
 
@@ -252,16 +252,10 @@ def small_server(tmp_path, monkeypatch):
     from mortal import server as srv
     from mortal import wire
     monkeypatch.setattr(srv, 'PAYLOAD_MIN_SECONDS', 1.0)
-    store = srv.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 4)
-    store.reset_dirs()
-    server = srv.ParamServer(('127.0.0.1', 0), store, max_frame_size=1 << 20, timeout=5,
-                             payload_min_rate=1 << 20)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
+    server = start_param_server(tmp_path, 4, max_frame_size=1 << 20, timeout=5, payload_min_rate=1 << 20)
     server.remote = wire.Remote('127.0.0.1', server.server_address[1], timeout=10, max_frame_size=1 << 24)
     yield server
-    server.shutdown()
-    server.server_close()
+    stop_server(server)
 
 
 def test_a_trickling_upload_neither_delays_get_param_nor_lives_past_its_deadline(small_server, caplog):
@@ -315,19 +309,14 @@ def test_an_authentic_oversized_frame_is_answered_with_the_limit(small_server):
 
 
 def test_an_oversized_frame_with_a_wrong_mac_gets_no_reply(tmp_path):
-    from mortal import server as srv
-    store = srv.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 4)
-    store.reset_dirs()
-    server = srv.ParamServer(('127.0.0.1', 0), store, token='s3cret', max_frame_size=1024, timeout=5)
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    server = start_param_server(tmp_path, 4, token='s3cret', max_frame_size=1024, timeout=5)
     try:
         with socket.create_connection(('127.0.0.1', server.server_address[1]), timeout=5) as s:
             s.sendall(_header(4096, token='wrong'))
             s.shutdown(socket.SHUT_WR)
             assert s.recv(100) == b''
     finally:
-        server.shutdown()
-        server.server_close()
+        stop_server(server)
 
 
 # -- D6: memory of pathological logs; server and reader agree on log heads ------------------------------------

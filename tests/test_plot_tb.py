@@ -1,7 +1,5 @@
 """scripts/plot_tb.py: TensorBoard scalars -> PNG."""
 
-import importlib.util
-import pathlib
 import struct
 import subprocess
 import sys
@@ -9,17 +7,14 @@ import sys
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from conftest import ROOT, load_script
 
 SCRIPT = ROOT / 'scripts' / 'plot_tb.py'
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 
 
 def _load_module():
-    spec = importlib.util.spec_from_file_location('plot_tb', SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script('scripts/plot_tb.py', 'plot_tb')
 
 
 def _png_size(path):

@@ -2,7 +2,6 @@
 
 import os
 import re
-import pathlib
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import pytest
 from mortal import config as mcfg
 from mortal import quickstart
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from conftest import ROOT
 
 
 @pytest.mark.parametrize('preset', ['full', 'short'])

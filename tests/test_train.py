@@ -4,7 +4,6 @@ import math
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -14,7 +13,7 @@ from mortal import train as tr
 from mortal import wire
 
 from conftest import (ROOT, FakeTestPlayer, FakeWriter, ScriptedRemote, empty_drain, load_tiny_config, random_batch,
-                      write_grp)
+                      start_param_server, stop_server, write_grp)
 
 
 # per-batch instruments written at every save (mortal/diagnostics.py); the probe tags need probe logs
@@ -323,15 +322,9 @@ def test_real_tensorboard_tags(tmp_path):
 
 @pytest.fixture
 def live_server(tmp_path):
-    from mortal import server as srv
-    store = srv.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 2)
-    store.reset_dirs()
-    server = srv.ParamServer(('127.0.0.1', 0), store, timeout=5)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
+    server = start_param_server(tmp_path, 2, timeout=5)
     yield server
-    server.shutdown()
-    server.server_close()
+    stop_server(server)
 
 
 START = b'{"type": "start_game"}\n'  # the server stores only logs that start as mjai logs
