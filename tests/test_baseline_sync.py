@@ -117,6 +117,7 @@ def weights_of(state_file):
     return state['mortal'], state['current_dqn']
 
 
+@pytest.mark.slow
 def test_a_client_on_another_machine_fetches_the_baseline_and_follows_a_rotation(tmp_path, served, caplog,
                                                                                  monkeypatch):
     trainer = served.trainer

@@ -139,6 +139,7 @@ def test_bad_input_and_usage(bot_config, monkeypatch, capsys):
         bot_mod.Bot(object(), 5)
 
 
+@pytest.mark.slow
 def test_script_entry_point(bot_config):
     config, path = bot_config
     lines = player_view(LOG, 0)[:3]  # start_game, start_kyoku, seat 0's first tsumo -> one discard
@@ -152,6 +153,7 @@ def test_script_entry_point(bot_config):
     assert r['type'] == 'dahai' and r['actor'] == 0
 
 
+@pytest.mark.slow
 def test_output_into_head_exits_quietly(bot_config, tmp_path):
     # `python -m mortal.bot -c cfg 0 < log | head -n 1`: the reader leaves after one line; the
     # bot must stop with the shell's SIGPIPE status and no BrokenPipeError traceback.

@@ -62,6 +62,7 @@ def test_train_play_profile_from_env(tmp_path):
         TrainPlayer(config, {'TRAIN_PLAY_PROFILE': 'nope'}, baseline_engine=object())
 
 
+@pytest.mark.slow
 def test_round_against_a_server_that_starts_late(tmp_path, caplog):
     """The server is down at first (client retries), then has no parameters (retries), then a real round."""
     import logging
@@ -108,6 +109,7 @@ def test_round_against_a_server_that_starts_late(tmp_path, caplog):
             s.server_close()
 
 
+@pytest.mark.slow
 def test_missing_profile_is_one_line_error_not_traceback(tmp_path):
     # TRAIN_PLAY_PROFILE naming a table the config lacks: exit status 2 and one `error:` line naming it.
     cfg = tmp_path / 'config.toml'
@@ -159,6 +161,7 @@ def filled(module, value):
     return {k: torch.full_like(v, value) if v.is_floating_point() else v for k, v in module.state_dict().items()}
 
 
+@pytest.mark.slow
 def test_parameters_that_cannot_be_loaded_are_kept_out_and_logged_once(tmp_path, caplog):
     import logging
     from mortal.model import DQN, Brain

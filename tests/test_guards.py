@@ -112,6 +112,7 @@ def test_paired_rule_keeps_best_until_significantly_better(tmp_path):
     assert diffs == pytest.approx([0.0, -0.125, -0.875])
 
 
+@pytest.mark.slow
 def test_rollback_after_consecutive_worse_test_plays_restores_best(tmp_path, caplog):
     trainer, writer, _ = online_trainer(tmp_path, [EVEN, WORSE, WORSE, WORSE, WORSE],
                                         guard={'rollback_after': 2, 'lr_factor': 0.5, 'epsilon_factor': 0.25,
@@ -188,6 +189,7 @@ def test_rotation_promotes_best_and_bumps_the_baseline_version(tmp_path, caplog)
     assert 'ROTATION #1 at step 12: 2 test plays in a row beat the baseline' in caplog.text
 
 
+@pytest.mark.slow
 def test_a_running_client_picks_up_a_rotation_and_the_factors(tmp_path, caplog):
     from mortal import client as cl
     from mortal.player import load_model_pair
@@ -291,6 +293,7 @@ def test_train_player_draws_its_opponent_from_the_pool(tmp_path, monkeypatch):
     assert tp.effective_exploration() == (1.0, 0.025)  # epsilon capped at 1
 
 
+@pytest.mark.slow
 def test_defaults_never_roll_back_or_rotate(tmp_path):
     trainer, writer, _ = online_trainer(tmp_path, [EVEN, WORSE, WORSE, WORSE, BETTER, BETTER, BETTER])
     for k in range(7):
@@ -408,6 +411,7 @@ def test_reset_best_on_a_corrupt_state_file_touches_nothing(tmp_path):
     assert open(baseline, 'rb').read() == before and not glob.glob(f'{baseline}.*.bak')
 
 
+@pytest.mark.slow
 def test_fresh_deals_replay_best_on_new_deals_each_test_play(tmp_path):
     trainer, writer, player = online_trainer(tmp_path, [EVEN, EVEN, EVEN], test_play={'fresh_deals': True})
     run_to_test_play(trainer)  # no best.pth yet: no replay, deals 10000-10003

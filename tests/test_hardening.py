@@ -178,6 +178,7 @@ def _wait(cond, seconds, step=0.02):
     return cond()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason='PR_SET_PDEATHSIG is Linux only')
 @pytest.mark.timeout(120)
 def test_worker_whose_fork_server_died_before_its_init_exits_at_once(tmp_path):
@@ -207,6 +208,7 @@ def test_worker_whose_fork_server_died_before_its_init_exits_at_once(tmp_path):
 
 # -- D4: a second server with the same config ------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_second_server_with_the_same_config_fails_on_the_port_and_keeps_the_buffer(tmp_path):
     from mortal import server as srv
     from mortal import wire
@@ -258,6 +260,7 @@ def small_server(tmp_path, monkeypatch):
     stop_server(server)
 
 
+@pytest.mark.slow
 def test_a_trickling_upload_neither_delays_get_param_nor_lives_past_its_deadline(small_server, caplog):
     port = small_server.server_address[1]
     staller = socket.create_connection(('127.0.0.1', port), timeout=10)
@@ -346,6 +349,7 @@ def test_blank_lines_cost_no_memory_per_line_and_keep_line_numbers():
     assert e.value.line == 1002
 
 
+@pytest.mark.slow
 def test_a_log_of_too_many_events_is_skipped_with_bounded_memory():
     import tracemalloc
     from mortal.grp import MAX_EVENTS, BadLogError, parse_log

@@ -212,6 +212,7 @@ def test_summarize_pairs_deals_by_nonce():
         summarize(units, {10: [1, 1, 1, 1]})
 
 
+@pytest.mark.slow
 def test_offline_mix_appends_offline_rows_with_the_offline_loss(tiny_config, fixture_logs, monkeypatch):
     """[online] offline_batch_size: the offline rows share the MSE (one mean over all rows) and carry the offline
     CQL term at [cql] min_q_weight; the online-only instruments see the online rows alone."""
@@ -253,6 +254,7 @@ def test_offline_mix_appends_offline_rows_with_the_offline_loss(tiny_config, fix
     assert len(seen) == 1 and seen[0][0] == 32 and torch.equal(seen[0][1], torch.ones(32))
 
 
+@pytest.mark.slow
 def test_offline_batches_loop_over_the_offline_logs(tiny_config, fixture_logs):
     """The stream yields full batches of offline_batch_size from the real logs and starts a new pass when one
     ends; a dataset without one full batch is a ValueError naming the key."""

@@ -132,6 +132,7 @@ def test_cli_end_to_end_identical_players_rank_2_5(tmp_path, capsys, monkeypatch
 
 
 
+@pytest.mark.slow
 def test_mortal_side_from_checkpoint_plays_end_to_end(tiny_config, tmp_path, capsys, monkeypatch,
                                                        one_torch_thread):
     from mortal.engine import MortalEngine

@@ -21,7 +21,7 @@ from mortal import wire
 
 from conftest import ROOT, free_port, load_tiny_config, write_baseline, write_grp
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]  # every test runs real processes
 
 
 class Proc:

@@ -52,6 +52,7 @@ def test_load_scalars_values_and_add_scalars_labels(tmp_path):
     assert s['test_play/ranking']['4th'] == ([200, 400], pytest.approx([0.2, 0.2]))
 
 
+@pytest.mark.slow
 def test_cli_writes_valid_pngs(tmp_path):
     logdir, out = tmp_path / 'tb', tmp_path / 'plots'
     _write_run(logdir)
@@ -77,6 +78,7 @@ def test_groups_filter(tmp_path):
         mod.render(tmp_path / 'tb', tmp_path / 'p', groups=['nope'])
 
 
+@pytest.mark.slow
 def test_empty_dir_is_a_clear_error(tmp_path):
     r = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)],
                        capture_output=True, text=True, timeout=120)

@@ -113,6 +113,7 @@ def _cleanup(mark):
             pass
 
 
+@pytest.mark.slow
 @linux_only
 @pytest.mark.timeout(240)
 def test_loader_processes_die_with_a_sigkilled_learner(tmp_path):
@@ -131,6 +132,7 @@ def test_loader_processes_die_with_a_sigkilled_learner(tmp_path):
         _cleanup(mark)
 
 
+@pytest.mark.slow
 @linux_only
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize('how', ['sigterm_supervisor', 'sigkill_learner'])
@@ -239,6 +241,7 @@ def _learners_until_drain(tmp_path, config, names, trained, caplog, *, between=N
             return runs, trainer, dropped
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize('num_workers', [0, 1])
 def test_test_play_restarts_train_every_claimed_sample_exactly_once(tmp_path, caplog, num_workers):
@@ -262,6 +265,7 @@ def test_test_play_restarts_train_every_claimed_sample_exactly_once(tmp_path, ca
     assert dropped == [0.0]  # one natural epoch end, nothing lost
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_claimed_logs_lost_between_learners_are_counted_dropped(tmp_path, caplog):
     config, _ = load_tiny_config(tmp_path, online=True, control={'batch_size': 16, 'save_every': 8, 'test_every': 24},

@@ -401,6 +401,7 @@ def test_drained_logs_vanishing_before_the_claim_are_counted_lost(tmp_path, capl
     assert got['data/logs_per_drain'] == 1 and got['data/staleness_max'] == 3  # only 0_b's version 2 counts
 
 
+@pytest.mark.slow
 def test_offline_epoch_on_real_logs_builds_index(tmp_path):
     import shutil
     (tmp_path / 'dataset').mkdir()
@@ -417,6 +418,7 @@ def test_offline_epoch_on_real_logs_builds_index(tmp_path):
     assert trainer.steps > 10  # two hanchan, four seats each: > 1000 samples at batch 64
 
 
+@pytest.mark.slow
 def test_supervisor_restarts_on_zero_and_stops_on_error(tmp_path):
     counter = tmp_path / 'n'
     script = tmp_path / 'child.py'
@@ -431,6 +433,7 @@ def test_supervisor_restarts_on_zero_and_stops_on_error(tmp_path):
     assert code == 3 and counter.read_text() == '3'
 
 
+@pytest.mark.slow
 def test_supervisor_honours_sigterm_between_learners(tmp_path):
     # A SIGTERM that lands in the restart pause (no learner running) must stop the supervisor,
     # not be lost: the child below exits 0 at once, so the signal arrives while it sleeps.

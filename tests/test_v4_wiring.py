@@ -150,6 +150,7 @@ def cut_log(path, first_kyoku, n_kyoku):
 # ---------------------------------------------------------------- arena
 
 
+@pytest.mark.slow
 def test_arena_v4_engine_gets_the_replayed_v4_obs_and_v3_engine_pays_nothing(tmp_path, short_games,
                                                                               encoder_census):
     built, encoded = encoder_census
@@ -339,6 +340,7 @@ def test_loader_v4_is_v3_repacked_plus_the_replayed_sp_block(path, first_kyoku, 
 # ---------------------------------------------------------------- self-play round -> loader -> trainer
 
 
+@pytest.mark.slow
 def test_self_play_round_to_trainer_step_with_version_4(tmp_path, monkeypatch):
     from mortal import client as cl
     from mortal import train as tr
