@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Set up (idempotent), then run the whole test suite, or the pytest arguments given instead.
+# Set up (idempotent), then run the test suite with the pytest arguments given, if any. Without a path among them
+# pytest runs pyproject.toml's testpaths (tests/): `bash scripts/test.sh` is the whole suite (what CI runs),
+# `bash scripts/test.sh -m 'not slow'` the fast subset; a path, -k or -x narrow the run as usual.
 # Exits with pytest's status; "no tests collected" (pytest status 5) counts as a failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 
 bash scripts/setup.sh || exit $?
-[ "$#" -gt 0 ] || set -- tests   # arguments, if any, replace the test path (e.g. one file, -k, -x)
 "$PY" -m pytest -q -p no:cacheprovider --timeout=600 "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then

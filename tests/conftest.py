@@ -1,4 +1,9 @@
-"""Shared pytest fixtures."""
+"""Shared fixtures and helpers of the tests.
+
+The one place for what more than one test file uses (the tiny config, checkpoint writers, fakes of the trainer's
+collaborators, a free port): test files import the plain helpers with ``from conftest import ...`` and never from
+one another. Under pytest's default (prepend) import mode this is the very module pytest loaded as the conftest.
+"""
 
 import os
 import pathlib
@@ -7,7 +12,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-# Rust errors carry a slow full backtrace when this is set (engine_choice.md).
+# Rust errors from the mjai/riichienv bindings carry a slow full backtrace when RUST_BACKTRACE is set.
 os.environ.pop("RUST_BACKTRACE", None)
 
 import pytest  # noqa: E402
@@ -32,26 +37,59 @@ def load_script(relpath: str, name: str):
     return module
 
 
-def _free_port():
+def free_port():
+    """A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released)."""
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def tiny_config_dict(root):
-    """A small, valid config (Mortal layout) with every path under ``root``; see the tiny_config fixture."""
+def start_param_server(tmp_path, capacity, *, force_sequential=False, host="127.0.0.1", port=0, **kwargs):
+    """A ``mortal.server.ParamServer`` on ``(host, port)`` (0: any free port) over a fresh ReplayStore of
+    ``capacity`` in ``tmp_path/'buffer'`` and ``tmp_path/'drain'``, serving from a daemon thread; ``kwargs`` go to
+    ParamServer. End it with ``stop_server``."""
+    import threading
+    from mortal import server as srv
+    store = srv.ReplayStore(tmp_path / "buffer", tmp_path / "drain", capacity, force_sequential)
+    store.reset_dirs()
+    server = srv.ParamServer((host, port), store, **kwargs)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    return server
+
+
+def stop_server(server):
+    server.shutdown()
+    server.server_close()
+
+
+# -- the one tiny config -------------------------------------------------------------------------------------------
+
+TINY_VERSION = 3  # the tiny config's model: version 3 (934 obs channels), [resnet] 16 channels x 1 block
+TINY_CHANNELS = 934
+
+
+def tiny_config_dict(root, *, online=True, port=None, **overrides):
+    """The raw dict (Mortal layout) of the one small config the tests share, every path under ``root``.
+
+    Version 3, ``[resnet]`` 16 channels x 1 block, device ``cpu``, ``batch_size`` 8, ``opt_step_every`` 1,
+    ``save_every`` 2, ``test_every`` 4, ``submit_every`` 2, ``[train_play.default]`` and ``[test_play]`` 4 games,
+    ``capacity`` 4, ``num_workers`` 0, ``history_window`` 3, scheduler peak = final = 1e-3, GRP 64 x 2, ``[1v3]``
+    4 games x 1 iter (seed_key 0) and the ``[grp.*]`` tables. ``online`` sets ``[control] online`` and
+    ``[freeze_bn] mortal``; ``port`` the ``[online.remote]`` port (default: a free loopback one); ``overrides``
+    ``{'section.sub': {key: value}}`` are merged in last (``section`` alone is a top-level table).
+    """
     root = pathlib.Path(root)
 
     def p(name):
         return str(root / name)
 
-    return {
+    cfg = {
         "control": {
-            "version": 3, "online": True,
+            "version": TINY_VERSION, "online": online,
             "state_file": p("mortal.pth"), "best_state_file": p("best.pth"), "tensorboard_dir": p("tb"),
             "device": "cpu", "enable_cudnn_benchmark": False, "enable_amp": False, "enable_compile": False,
-            "batch_size": 32, "opt_step_every": 1, "save_every": 4, "test_every": 8, "submit_every": 4,
+            "batch_size": 8, "opt_step_every": 1, "save_every": 2, "test_every": 4, "submit_every": 2,
         },
         "train_play": {"default": {
             "games": 4, "log_dir": p("train_play"), "boltzmann_epsilon": 0.005, "boltzmann_temp": 0.05,
@@ -59,7 +97,7 @@ def tiny_config_dict(root):
         }},
         "test_play": {"games": 4, "log_dir": p("test_play")},
         "dataset": {
-            "globs": [p("dataset/**/*.json.gz")], "file_index": p("file_index.pth"), "file_batch_size": 2,
+            "globs": [p("dataset/*.json*")], "file_index": p("file_index.pth"), "file_batch_size": 2,
             "reserve_ratio": 0.0, "num_workers": 0, "player_names_files": [], "num_epochs": 1,
             "enable_augmentation": False, "augmented_first": False,
         },
@@ -67,18 +105,18 @@ def tiny_config_dict(root):
         "resnet": {"conv_channels": 16, "num_blocks": 1},
         "cql": {"min_q_weight": 5.0},
         "aux": {"next_rank_weight": 0.2},
-        "freeze_bn": {"mortal": True},
+        "freeze_bn": {"mortal": online},
         "optim": {
             "eps": 1e-8, "betas": [0.9, 0.999], "weight_decay": 0.1, "max_grad_norm": 1.0,
-            "scheduler": {"peak": 1e-4, "final": 1e-4, "warm_up_steps": 0, "max_steps": 0},
+            "scheduler": {"peak": 1e-3, "final": 1e-3, "warm_up_steps": 0, "max_steps": 0},
         },
         "baseline": {
             "train": {"device": "cpu", "enable_compile": False, "state_file": p("baseline.pth")},
             "test": {"device": "cpu", "enable_compile": False, "state_file": p("baseline.pth")},
         },
         "online": {
-            "history_window": 50, "enable_compile": False,
-            "remote": {"host": "127.0.0.1", "port": _free_port()},
+            "history_window": 3, "enable_compile": False,
+            "remote": {"host": "127.0.0.1", "port": free_port() if port is None else port},
             "server": {
                 "buffer_dir": p("buffer"), "drain_dir": p("drain"), "sample_reuse_rate": 0,
                 "sample_reuse_threshold": 0, "capacity": 4, "force_sequential": False,
@@ -109,27 +147,174 @@ def tiny_config_dict(root):
             "optim": {"lr": 1e-5},
         },
     }
+    for dotted, values in overrides.items():
+        table = cfg
+        for part in dotted.split("."):
+            table = table.setdefault(part, {})
+        table.update(values)
+    return cfg
+
+
+def load_tiny_config(root, **kwargs):
+    """``tiny_config_dict(root, **kwargs)`` written to ``root/config.toml`` and loaded (validated, defaults filled
+    in) through ``mortal.config.load_config`` with an empty environment: returns ``(config, path)``."""
+    import toml
+    from mortal.config import load_config
+
+    path = pathlib.Path(root) / "config.toml"
+    with open(path, "w", encoding="utf-8") as f:
+        toml.dump(tiny_config_dict(root, **kwargs), f)
+    return load_config(path, env={}), path
 
 
 @pytest.fixture
 def tiny_config(tmp_path):
-    """A small valid config for CPU tests: ``(config, path)``.
+    """``load_tiny_config(tmp_path)``: ``(config, path)``, the config as load_config returns it and
+    ``tmp_path/'config.toml'``, already written. To change a value, edit the dict and ``toml.dump`` it to ``path``
+    again (or pass the dict on). Nothing under ``tmp_path`` besides the config file exists yet (no checkpoints)."""
+    return load_tiny_config(tmp_path)
 
-    ``config`` is the dict ``mortal.config.load_config(path)`` returns (defaults filled in): version 3,
-    ``[resnet]`` 16 channels x 1 block, device ``cpu``, every path under ``tmp_path``, ``[train_play.default]``
-    and ``[test_play]`` 4 games, ``capacity`` 4, ``batch_size`` 32, ``opt_step_every`` 1, ``save_every`` 4,
-    ``test_every`` 8, ``submit_every`` 4, ``num_workers`` 0, a free loopback port in ``[online.remote]``, plus
-    ``[1v3]`` (4 games x 1 iter, seed_key 0) and the ``[grp.*]`` tables. ``path`` is ``tmp_path/'config.toml'``,
-    already written; to change a value, edit the dict, ``toml.dump`` it to ``path`` again (or pass the dict on).
-    Nothing under ``tmp_path`` besides the config file exists yet (no checkpoints).
-    """
-    import toml
-    from mortal.config import load_config
 
-    path = tmp_path / "config.toml"
-    with open(path, "w", encoding="utf-8") as f:
-        toml.dump(tiny_config_dict(tmp_path), f)
-    return load_config(path), path
+def write_baseline(config, filename, seed=0):
+    """A randomly initialised checkpoint (seed ``seed``) with Mortal's keys for the tiny config's architecture."""
+    from mortal.model import AuxNet, Brain, DQN
+    torch.manual_seed(seed)
+    r = config["resnet"]
+    brain = Brain(version=TINY_VERSION, conv_channels=r["conv_channels"], num_blocks=r["num_blocks"])
+    dqn = DQN(version=TINY_VERSION)
+    torch.save({"mortal": brain.state_dict(), "current_dqn": dqn.state_dict(),
+                "aux_net": AuxNet((4,)).state_dict(), "config": config, "steps": 0}, filename)
+
+
+def write_grp(config):
+    """A randomly initialised (seed 0) GRP of ``[grp] network`` at ``[grp] state_file``."""
+    from mortal.model import GRP
+    torch.manual_seed(0)
+    grp = GRP(**config["grp"]["network"])
+    torch.save({"model": grp.state_dict()}, config["grp"]["state_file"])
+
+
+def random_batch(n=8, seed=0, *, gamma_steps=None, reward=2.0):
+    """A ``Trainer.train_batch`` argument tuple of ``n`` random version-3 samples (seeded): ``steps_to_done``
+    0..n-1 unless ``gamma_steps``, every reward ``reward``, ranks 0-3 in turn."""
+    g = torch.Generator().manual_seed(seed)
+    obs = torch.rand((n, TINY_CHANNELS, 34), generator=g)
+    masks = torch.rand((n, 46), generator=g) < 0.3
+    actions = torch.randint(0, 46, (n,), generator=g)
+    masks[torch.arange(n), actions] = True
+    steps_to_done = torch.arange(n) if gamma_steps is None else gamma_steps
+    rewards = torch.full((n,), reward, dtype=torch.float64)
+    ranks = torch.arange(n) % 4
+    return obs, actions, masks, steps_to_done, rewards, ranks
+
+
+# -- fakes of the trainer's collaborators --------------------------------------------------------------------------
+
+class FakeWriter:
+    """A SummaryWriter that records what is written."""
+
+    def __init__(self):
+        self.scalars, self.groups, self.histograms, self.texts = [], [], [], []
+
+    def add_text(self, tag, text, step):
+        self.texts.append((tag, text, step))
+
+    def add_scalar(self, tag, value, step):
+        self.scalars.append((tag, float(value), step))
+
+    def add_scalars(self, tag, values, step):
+        self.groups.append((tag, dict(values), step))
+
+    def add_histogram(self, tag, values, step):
+        self.histograms.append((tag, len(values), step))
+
+    def flush(self):
+        pass
+
+    def close(self):
+        pass
+
+    def tags(self):
+        return {t for t, _, _ in self.scalars} | {t for t, _, _ in self.groups} | {t for t, _, _ in self.histograms}
+
+
+class FakeStat:
+    def __init__(self, avg_pt, avg_rank):
+        self._pt, self.avg_rank = avg_pt, avg_rank
+
+    def avg_pt(self, pts):
+        assert list(pts) == [90, 45, 0, -135]
+        return self._pt
+
+    def write_tensorboard(self, writer, step, pts):
+        writer.add_scalar("test_play/avg_ranking", self.avg_rank, step)
+        writer.add_scalar("test_play/avg_pt", self._pt, step)
+
+
+class FakeTestPlayer:
+    """A test player whose k-th test play has the k-th of ``results``, ``(avg_pt, avg_rank)``."""
+
+    def __init__(self, results):
+        self.results = list(results)
+        self.calls = []
+
+    def test_play(self, seed_count, mortal, dqn, device):
+        self.calls.append(seed_count)
+        return FakeStat(*self.results.pop(0))
+
+
+class ScriptedRemote:
+    """Answers each drain with the next of ``replies`` (then empty drains); records submit_param requests (their
+    is_idle) and submit_baseline ones (their baseline_version)."""
+
+    def __init__(self, replies):
+        self.replies = list(replies)
+        self.host, self.port = "127.0.0.1", 1
+        self.submits = []
+        self.baselines = []
+
+    def request(self, msg):
+        if msg["type"] == "submit_param":
+            self.submits.append(msg["is_idle"])
+            return {"status": "ok", "param_version": len(self.submits), "server_id": "x"}
+        if msg["type"] == "submit_baseline":
+            self.baselines.append(msg["baseline_version"])
+            return {"status": "ok", "baseline_version": msg["baseline_version"]}
+        return self.replies.pop(0)
+
+
+def empty_drain(drain_dir, server_id, has_param):
+    """A server's reply to a drain that found no logs."""
+    return {"status": "ok", "count": 0, "drain_dir": drain_dir, "files": [], "param_versions": [],
+            "param_version": 0, "has_param": has_param, "server_id": server_id}
+
+
+# -- logs and tiles ------------------------------------------------------------------------------------------------
+
+def player_view(path, seat):
+    """The mjai log at ``path`` as the seat's server would send it: others' haipai and draws masked as '?'."""
+    import json
+    out = []
+    for line in pathlib.Path(path).read_text().splitlines():
+        ev = json.loads(line)
+        if ev["type"] == "start_kyoku":
+            ev["tehais"] = [t if i == seat else ["?"] * 13 for i, t in enumerate(ev["tehais"])]
+        elif ev["type"] == "tsumo" and ev["actor"] != seat:
+            ev["pai"] = "?"
+        out.append(json.dumps(ev))
+    return out
+
+
+_SUIT_OFFSET = {"m": 0, "p": 9, "s": 18, "z": 27}
+
+
+def hand(s):
+    """34 tile counts of a hand written as ``'123m 456p 11z'``."""
+    t = [0] * 34
+    for grp in s.split():
+        for ch in grp[:-1]:
+            t[_SUIT_OFFSET[grp[-1]] + int(ch) - 1] += 1
+    return t
 
 
 @pytest.fixture(autouse=True)

@@ -236,6 +236,7 @@ def play_game(seed, stats, max_steps=5000):
     raise AssertionError(f"game seed {seed} did not finish in {max_steps} steps")
 
 
+@pytest.mark.slow
 def test_generated_games():
     stats = collections.Counter()
     trips = collections.Counter()

@@ -244,6 +244,7 @@ def check_log(events, names):
     return n_meta
 
 
+@pytest.mark.slow
 def test_one_vs_three_logs_replay_and_balance(tmp_path):
     seed_count = 6
     arena = OneVsThree(disable_progress_bar=True, log_dir=str(tmp_path))
@@ -281,6 +282,7 @@ def test_one_vs_three_logs_replay_and_balance(tmp_path):
     assert counts == ranks
 
 
+@pytest.mark.slow
 def test_rulebase_bot_champion(tmp_path):
     bot = MjaiBotAgent(name="rulebase")
     ranks = OneVsThree(disable_progress_bar=True, log_dir=str(tmp_path)).py_vs_py(

@@ -6,7 +6,6 @@ import hashlib
 import logging
 import os
 import struct
-import threading
 
 import pytest
 import torch
@@ -14,10 +13,11 @@ import torch
 from mortal import client as cl
 from mortal import server as srv
 from mortal import wire
-from mortal.checkpoint import load_model_pair
-from test_client import free_port
-from test_train import FakeTestPlayer, FakeWriter, tiny_config, write_baseline
 from mortal import train as tr
+from mortal.checkpoint import load_model_pair
+
+from conftest import (FakeTestPlayer, FakeWriter, free_port, load_tiny_config, start_param_server, stop_server,
+                      write_baseline)
 
 ARCH = {'version': 3, 'conv_channels': 16, 'num_blocks': 1}  # tiny_config's model
 
@@ -85,13 +85,11 @@ class Served:
 
     def __init__(self, tmp_path):
         self.port = free_port()
-        self.config, _ = tiny_config(tmp_path, port=self.port)
+        self.config, _ = load_tiny_config(tmp_path, port=self.port)
         self.baseline = self.config['baseline']['train']['state_file']
         write_baseline(self.config, self.baseline, seed=0)
-        self.store = srv.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 64)
-        self.store.reset_dirs()
-        self.server = srv.ParamServer(('127.0.0.1', self.port), self.store, timeout=10)
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+        self.server = start_param_server(tmp_path, 64, port=self.port, timeout=10)
+        self.store = self.server.store
         self.remote = wire.Remote('127.0.0.1', self.port, timeout=10)
         self.trainer = tr.Trainer(self.config, test_player=FakeTestPlayer([]), writer=FakeWriter(),
                                   remote=self.remote, sleep=lambda s: None)
@@ -106,16 +104,12 @@ class Served:
     def param_reply(self):
         return self.remote.request({'type': 'get_param', 'param_version': -1, 'server_id': None})
 
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
 
 @pytest.fixture
 def served(tmp_path):
     s = Served(tmp_path)
     yield s
-    s.close()
+    stop_server(s.server)
 
 
 def weights_of(state_file):
@@ -123,6 +117,7 @@ def weights_of(state_file):
     return state['mortal'], state['current_dqn']
 
 
+@pytest.mark.slow
 def test_a_client_on_another_machine_fetches_the_baseline_and_follows_a_rotation(tmp_path, served, caplog,
                                                                                  monkeypatch):
     trainer = served.trainer

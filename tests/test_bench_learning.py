@@ -1,15 +1,12 @@
 """bench/learning.py helpers that a user's command line reaches: --set parsing and --mark-minutes."""
 
-import importlib.util
 import math
-import pathlib
 
 import pytest
 
-_SPEC = importlib.util.spec_from_file_location(
-    'bench_learning', pathlib.Path(__file__).resolve().parent.parent / 'bench' / 'learning.py')
-learning = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(learning)
+from conftest import load_script
+
+learning = load_script('bench/learning.py', 'bench_learning')
 
 
 def test_mark_tags_are_distinct_and_sort_by_minutes():

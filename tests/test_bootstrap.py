@@ -50,6 +50,7 @@ def test_plan_sets_counts_deals_and_skips_finished_ones(tmp_path):
     assert done == [1, 2] and todo == [0, 3, 4, 5, 6, 7, 8, 9]
 
 
+@pytest.mark.slow
 def test_gen_logs_writes_four_rotations_per_deal_and_resumes(config):
     written = bootstrap.gen_logs(config, progress=False)
     assert written == 8

@@ -11,7 +11,7 @@ import pytest
 import torch
 from mjai.mlibriichi.state import PlayerState
 
-from conftest import DATA_DIR, ROOT
+from conftest import DATA_DIR, ROOT, player_view
 from mortal import bot as bot_mod
 from mortal.agent import legal_reaction
 from mortal.model import DQN, GRP, Brain
@@ -20,20 +20,6 @@ from mortal.obs import encode
 LOG = DATA_DIR / 'riichienv_selfplay_hanchan.jsonl'
 SEAT = 2
 TIMESTAMP = 1700000000  # 2023-11-14 22:13 UTC -> tag suffix t23111422
-
-
-def player_view(path, seat):
-    """The log as the seat's server would send it: others' haipai and draws masked as '?'."""
-    out = []
-    for line in path.read_text().splitlines():
-        ev = json.loads(line)
-        if ev['type'] == 'start_kyoku':
-            ev['tehais'] = [t if i == seat else ['?'] * 13 for i, t in enumerate(ev['tehais'])]
-        elif ev['type'] == 'tsumo' and ev['actor'] != seat:
-            ev['pai'] = '?'
-        out.append(json.dumps(ev))
-    return out
-
 
 
 @pytest.fixture
@@ -153,6 +139,7 @@ def test_bad_input_and_usage(bot_config, monkeypatch, capsys):
         bot_mod.Bot(object(), 5)
 
 
+@pytest.mark.slow
 def test_script_entry_point(bot_config):
     config, path = bot_config
     lines = player_view(LOG, 0)[:3]  # start_game, start_kyoku, seat 0's first tsumo -> one discard
@@ -166,6 +153,7 @@ def test_script_entry_point(bot_config):
     assert r['type'] == 'dahai' and r['actor'] == 0
 
 
+@pytest.mark.slow
 def test_output_into_head_exits_quietly(bot_config, tmp_path):
     # `python -m mortal.bot -c cfg 0 < log | head -n 1`: the reader leaves after one line; the
     # bot must stop with the shell's SIGPIPE status and no BrokenPipeError traceback.

@@ -4,7 +4,6 @@ import gzip
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -14,13 +13,13 @@ import pytest
 import toml
 import torch
 
-from conftest import ROOT
 from mortal import client as cl
 from mortal import server as srv
 from mortal import wire
 from mortal.checkpoint import load_model_pair
 from mortal.player import TrainPlayer
-from test_train import tiny_config, write_baseline
+
+from conftest import ROOT, free_port, load_tiny_config, tiny_config_dict, write_baseline
 
 
 
@@ -46,7 +45,7 @@ def test_history_window_and_report_lines():
 
 
 def test_seed_schedule_advances_by_games_over_4_every_repeats(tmp_path):
-    config, _ = tiny_config(tmp_path, **{'train_play.default': {'games': 8, 'repeats': 2}})
+    config, _ = load_tiny_config(tmp_path, **{'train_play.default': {'games': 8, 'repeats': 2}})
     p = TrainPlayer(config, {}, baseline_engine=object(), train_key=12345)
     assert [p.next_seed() for _ in range(5)] == [
         (10000, 12345), (10000, 12345), (10002, 12345), (10002, 12345), (10004, 12345)]
@@ -55,7 +54,7 @@ def test_seed_schedule_advances_by_games_over_4_every_repeats(tmp_path):
 
 
 def test_train_play_profile_from_env(tmp_path):
-    config, _ = tiny_config(tmp_path)
+    config, _ = load_tiny_config(tmp_path)
     config['train_play']['fast'] = dict(config['train_play']['default'], games=12, log_dir=str(tmp_path / 'fast'))
     p = TrainPlayer(config, {'TRAIN_PLAY_PROFILE': 'fast'}, baseline_engine=object())
     assert p.seed_count == 3 and p.log_dir == str(tmp_path / 'fast')
@@ -64,17 +63,12 @@ def test_train_play_profile_from_env(tmp_path):
         TrainPlayer(config, {'TRAIN_PLAY_PROFILE': 'nope'}, baseline_engine=object())
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
+@pytest.mark.slow
 def test_round_against_a_server_that_starts_late(tmp_path, caplog):
     """The server is down at first (client retries), then has no parameters (retries), then a real round."""
     import logging
     port = free_port()
-    config, _ = tiny_config(tmp_path, port=port)
+    config, _ = load_tiny_config(tmp_path, port=port)
     write_baseline(config, config['baseline']['train']['state_file'])
     store = srv.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 8)
     store.reset_dirs()
@@ -116,10 +110,9 @@ def test_round_against_a_server_that_starts_late(tmp_path, caplog):
             s.server_close()
 
 
+@pytest.mark.slow
 def test_missing_profile_is_one_line_error_not_traceback(tmp_path):
     # TRAIN_PLAY_PROFILE naming a table the config lacks: exit status 2 and one `error:` line naming it.
-    from conftest import tiny_config_dict
-
     cfg = tmp_path / 'config.toml'
     cfg.write_text(toml.dumps(tiny_config_dict(tmp_path)))
     env = {**os.environ, 'TRAIN_PLAY_PROFILE': 'explore'}
@@ -169,10 +162,11 @@ def filled(module, value):
     return {k: torch.full_like(v, value) if v.is_floating_point() else v for k, v in module.state_dict().items()}
 
 
+@pytest.mark.slow
 def test_parameters_that_cannot_be_loaded_are_kept_out_and_logged_once(tmp_path, caplog):
     import logging
     from mortal.model import DQN, Brain
-    config, _ = tiny_config(tmp_path)  # a 16-channel 1-block Brain
+    config, _ = load_tiny_config(tmp_path)  # a 16-channel 1-block Brain
     good_brain, dqn = Brain(version=3, conv_channels=16, num_blocks=1), DQN(version=3)
     other_brain = Brain(version=3, conv_channels=32, num_blocks=2)
     good = filled(good_brain, 0.25), filled(dqn, 0.25)

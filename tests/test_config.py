@@ -144,6 +144,7 @@ def test_ints_widen_to_float(tmp_path, cfg):
 
 
 def test_path_from_env(tmp_path, cfg):
+    cfg['control']['batch_size'] = 32
     path = write(tmp_path, cfg, 'other.toml')
     assert load_config(env={'MORTAL_CFG': str(path)})['control']['batch_size'] == 32
 
@@ -159,12 +160,6 @@ def test_toml_syntax_error_names_line(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert str(path) in str(info.value) and 'line 3' in str(info.value)
-
-
-def test_missing_core_section(tmp_path, cfg):
-    del cfg['resnet']
-    msg, path = load_error(tmp_path, cfg)
-    assert f'missing section [resnet] in {path}' in msg
 
 
 def test_server_needs_only_online(tmp_path, cfg):
@@ -184,49 +179,62 @@ def test_require(cfg):
 
 # --- errors: each names the key and the file ----------------------------------------------------------------------
 
-def test_missing_key(tmp_path, cfg):
-    del cfg['control']['batch_size']
+def _set(where, key, value):
+    """An edit of the config dict: ``[where] key = value`` (``where`` dotted)."""
+    def edit(cfg):
+        node = cfg
+        for part in where.split('.'):
+            node = node[part]
+        node[key] = value
+    return edit
+
+
+BAD_CONFIGS = {  # id: (edit of the tiny config dict, what the error says; {path} is the file)
+    'missing-core-section': (lambda c: c.pop('resnet'), 'missing section [resnet] in {path}'),
+    'missing-key': (lambda c: c['control'].pop('batch_size'), 'missing key [control] batch_size in {path}'),
+    # not required by this process, but present: checked strictly
+    'missing-key-in-optional-section': (lambda c: c['grp']['control'].pop('val_steps'),
+                                        '[grp.control] val_steps in {path}'),
+    'ill-typed-int-as-str': (_set('control', 'batch_size', '32'), '[control] batch_size in {path} must be'),
+    'ill-typed-int-as-float': (_set('control', 'batch_size', 32.0), '[control] batch_size in {path} must be'),
+    'ill-typed-bool-as-int': (_set('control', 'online', 1), '[control] online in {path} must be'),
+    'ill-typed-int-as-bool': (_set('resnet', 'num_blocks', True), '[resnet] num_blocks in {path} must be'),
+    'ill-typed-str-as-int': (_set('control', 'device', 0), '[control] device in {path} must be'),
+    'ill-typed-float-as-str': (_set('env', 'gamma', 'one'), '[env] gamma in {path} must be'),
+    'ill-typed-list-as-str': (_set('dataset', 'globs', 'a/*.json.gz'), '[dataset] globs in {path} must be'),
+    'list-length': (_set('env', 'pts', [6.0, 4.0, 2.0]), '[env] pts in {path} must have exactly 4 elements'),
+    'save_every-multiple-of-opt_step_every': (
+        lambda c: c['control'].update(save_every=4, opt_step_every=3),
+        '[control] save_every = 4 in {path} must be a multiple of [control] opt_step_every = 3'),
+    'test_every-multiple-of-save_every': (
+        lambda c: c['control'].update(save_every=4, test_every=10),
+        '[control] test_every = 10 in {path} must be a multiple of [control] save_every = 4'),
+    'train-games-6': (_set('train_play.default', 'games', 6), '[train_play.default] games in {path} must be'),
+    'test-games-10': (_set('test_play', 'games', 10), '[test_play] games in {path} must be'),
+    'train-games-0': (_set('train_play.default', 'games', 0), '[train_play.default] games in {path} must be'),
+    '1v3-games-2': (_set('1v3', 'games_per_iter', 2), '[1v3] games_per_iter in {path} must be'),
+    'top_p-0': (_set('train_play.default', 'top_p', 0.0), '[train_play.default] top_p in {path} must be within (0, 1]'),
+    'top_p-negative': (_set('train_play.default', 'top_p', -0.5),
+                       '[train_play.default] top_p in {path} must be within (0, 1]'),
+    'top_p-above-1': (_set('train_play.default', 'top_p', 1.01),
+                      '[train_play.default] top_p in {path} must be within (0, 1]'),
+    'temperature-negative': (_set('train_play.default', 'boltzmann_temp', -0.05),
+                             '[train_play.default] boltzmann_temp in {path} must be > 0'),
+    'temperature-0': (_set('train_play.default', 'boltzmann_temp', 0.0),
+                      '[train_play.default] boltzmann_temp in {path} must be > 0'),
+    'epsilon-negative': (_set('train_play.default', 'boltzmann_epsilon', -0.1),
+                         '[train_play.default] boltzmann_epsilon in {path} must be within [0, 1]'),
+    'epsilon-above-1': (_set('train_play.default', 'boltzmann_epsilon', 1.5),
+                        '[train_play.default] boltzmann_epsilon in {path} must be within [0, 1]'),
+    'version-range': (_set('control', 'version', 5), '[control] version in {path} must be 1, 2, 3 or 4'),
+}
+
+
+@pytest.mark.parametrize('edit, expected', list(BAD_CONFIGS.values()), ids=list(BAD_CONFIGS))
+def test_bad_config_names_the_key_and_the_file(tmp_path, cfg, edit, expected):
+    edit(cfg)
     msg, path = load_error(tmp_path, cfg)
-    assert f'missing key [control] batch_size in {path}' in msg
-
-
-def test_missing_key_in_optional_section(tmp_path, cfg):
-    del cfg['grp']['control']['val_steps']
-    msg, path = load_error(tmp_path, cfg)  # not required by this process, but present: checked strictly
-    assert f'[grp.control] val_steps in {path}' in msg
-
-
-@pytest.mark.parametrize('section,key,value', [
-    ('control', 'batch_size', '32'),
-    ('control', 'batch_size', 32.0),
-    ('control', 'online', 1),
-    ('resnet', 'num_blocks', True),  # a bool is not an integer
-    ('control', 'device', 0),
-    ('env', 'gamma', 'one'),
-    ('dataset', 'globs', 'a/*.json.gz'),
-])
-def test_ill_typed_key(tmp_path, cfg, section, key, value):
-    cfg[section][key] = value
-    msg, path = load_error(tmp_path, cfg)
-    assert f'[{section}] {key} in {path} must be' in msg
-
-
-def test_list_length(tmp_path, cfg):
-    cfg['env']['pts'] = [6.0, 4.0, 2.0]
-    msg, path = load_error(tmp_path, cfg)
-    assert f'[env] pts in {path} must have exactly 4 elements' in msg
-
-
-def test_save_every_multiple_of_opt_step_every(tmp_path, cfg):
-    cfg['control']['opt_step_every'] = 3
-    msg, path = load_error(tmp_path, cfg)
-    assert f'[control] save_every = 4 in {path} must be a multiple of [control] opt_step_every = 3' in msg
-
-
-def test_test_every_multiple_of_save_every(tmp_path, cfg):
-    cfg['control']['test_every'] = 10
-    msg, path = load_error(tmp_path, cfg)
-    assert f'[control] test_every = 10 in {path} must be a multiple of [control] save_every = 4' in msg
+    assert expected.format(path=path) in msg
 
 
 def test_train_play_profile_missing(tmp_path, cfg):
@@ -246,48 +254,9 @@ def test_train_play_profile_accessor(tmp_path, cfg):
         train_play_profile(c, env={'TRAIN_PLAY_PROFILE': 'slow'}, path='c.toml')
 
 
-@pytest.mark.parametrize('where,games', [(('train_play', 'default'), 6), (('test_play',), 10),
-                                         (('train_play', 'default'), 0), (('1v3',), 2)])
-def test_games_multiple_of_4(tmp_path, cfg, where, games):
-    node = cfg
-    for part in where:
-        node = node[part]
-    key = 'games_per_iter' if where == ('1v3',) else 'games'
-    node[key] = games
-    msg, path = load_error(tmp_path, cfg)
-    assert f'[{".".join(where)}] {key} in {path} must be' in msg
-
-
-@pytest.mark.parametrize('top_p', [0.0, -0.5, 1.01])
-def test_top_p_range(tmp_path, cfg, top_p):
-    cfg['train_play']['default']['top_p'] = top_p
-    msg, path = load_error(tmp_path, cfg)
-    assert f'[train_play.default] top_p in {path} must be within (0, 1]' in msg
-
-
 def test_top_p_one_is_valid(tmp_path, cfg):
     cfg['train_play']['default']['top_p'] = 1
     assert load_config(write(tmp_path, cfg))['train_play']['default']['top_p'] == 1.0
-
-
-@pytest.mark.parametrize('temp', [-0.05, 0.0])
-def test_temperature_positive(tmp_path, cfg, temp):
-    cfg['train_play']['default']['boltzmann_temp'] = temp
-    msg, path = load_error(tmp_path, cfg)
-    assert f'[train_play.default] boltzmann_temp in {path} must be > 0' in msg
-
-
-@pytest.mark.parametrize('eps', [-0.1, 1.5])
-def test_epsilon_range(tmp_path, cfg, eps):
-    cfg['train_play']['default']['boltzmann_epsilon'] = eps
-    msg, path = load_error(tmp_path, cfg)
-    assert f'[train_play.default] boltzmann_epsilon in {path} must be within [0, 1]' in msg
-
-
-def test_version_range(tmp_path, cfg):
-    cfg['control']['version'] = 5
-    msg, path = load_error(tmp_path, cfg)
-    assert f'[control] version in {path} must be 1, 2, 3 or 4' in msg
 
 
 def test_scheduler_invariants(tmp_path, cfg):
@@ -344,21 +313,19 @@ def test_unknown_section_warning(tmp_path, cfg, caplog):
     assert f'unknown section [train_play.default.extra] in {path}' in warns
 
 
-def test_capacity_below_one_round_warns(tmp_path, cfg, caplog):
-    cfg['train_play']['default']['games'] = 8
-    cfg['online']['server']['capacity'] = 4
-    warns, path = load_warnings(tmp_path, cfg, caplog)
+@pytest.mark.parametrize('changes, fragments', [
+    pytest.param({'train_play.default': {'games': 8}, 'online.server': {'capacity': 4}},
+                 ['[online.server] capacity = 4 in {path}', '[train_play.default] games = 8', 'refused'],
+                 id='capacity-below-one-round'),
+    pytest.param({'online.server': {'force_sequential': True, 'capacity': 12}},
+                 ['force_sequential = true with capacity = 12 in {path}', 'wait forever', 'at least 3 clients'],
+                 id='force_sequential-capacity-above-one-round'),
+])
+def test_one_warning_names_the_keys(tmp_path, caplog, changes, fragments):
+    warns, path = load_warnings(tmp_path, tiny_config_dict(tmp_path, **changes), caplog)
     assert len(warns) == 1
-    assert f'[online.server] capacity = 4 in {path}' in warns[0]
-    assert '[train_play.default] games = 8' in warns[0] and 'refused' in warns[0]
-
-
-def test_force_sequential_capacity_above_one_round_warns(tmp_path, cfg, caplog):
-    cfg['online']['server'].update(force_sequential=True, capacity=12)
-    warns, path = load_warnings(tmp_path, cfg, caplog)
-    assert len(warns) == 1
-    assert f'force_sequential = true with capacity = 12 in {path}' in warns[0]
-    assert 'wait forever' in warns[0] and 'at least 3 clients' in warns[0]
+    for fragment in fragments:
+        assert fragment.format(path=path) in warns[0]
 
 
 def test_force_sequential_capacity_equal_round_is_quiet(tmp_path, cfg, caplog):

@@ -112,6 +112,7 @@ def test_shard_slices():
     assert ds.file_list == ["d", "e", "f"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_workers_read_each_file_once_after_native_threads(tmp_path, grp):
     # Run threaded native code in the parent first (the situation where fork can hang).
@@ -139,6 +140,7 @@ print(len(batches))
 """
 
 
+@pytest.mark.slow
 def test_worker_warnings_carry_the_log_format(tmp_path):
     # A forkserver worker does not inherit the parent's basicConfig; its 'skipped log' warning
     # used to print as a bare message through logging's last-resort handler.

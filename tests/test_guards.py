@@ -4,7 +4,6 @@ rotation (and a client picking it up through a live server), and the lr/ε/T sch
 import glob
 import logging
 import os
-import threading
 
 import pytest
 import torch
@@ -13,8 +12,9 @@ from mortal import server as srv
 from mortal import train as tr
 from mortal import wire
 from mortal.schedule import schedule_factor
-from test_client import free_port
-from test_train import FakeWriter, batch, tiny_config, write_baseline
+
+from conftest import (FakeWriter, free_port, load_tiny_config, random_batch, start_param_server, stop_server,
+                      tiny_config_dict, write_baseline)
 
 
 class UnitsStat:
@@ -68,7 +68,7 @@ def online_trainer(tmp_path, plans, **overrides):
     (16 games); submissions are recorded in ``trainer.submits``."""
     control = {'save_every': 2, 'test_every': 4, 'submit_every': 2, **overrides.pop('control', {})}
     test_play = {'games': 16, **overrides.pop('test_play', {})}
-    config, _ = tiny_config(tmp_path, online=True, control=control, test_play=test_play, **overrides)
+    config, _ = load_tiny_config(tmp_path, online=True, control=control, test_play=test_play, **overrides)
     write_baseline(config, config['baseline']['train']['state_file'])
     writer = FakeWriter()
     player = PlannedPlayer(plans, log_dir=config['test_play']['log_dir'])
@@ -85,7 +85,7 @@ def run_to_test_play(trainer, seed=0):
     """Train until the next test play has run (it ends an online learner with TestPlayDone)."""
     with pytest.raises(tr.TestPlayDone):
         for i in range(trainer.test_every):
-            trainer.train_batch(*batch(seed=seed + i))
+            trainer.train_batch(*random_batch(seed=seed + i))
 
 
 def weights(state):
@@ -112,6 +112,7 @@ def test_paired_rule_keeps_best_until_significantly_better(tmp_path):
     assert diffs == pytest.approx([0.0, -0.125, -0.875])
 
 
+@pytest.mark.slow
 def test_rollback_after_consecutive_worse_test_plays_restores_best(tmp_path, caplog):
     trainer, writer, _ = online_trainer(tmp_path, [EVEN, WORSE, WORSE, WORSE, WORSE],
                                         guard={'rollback_after': 2, 'lr_factor': 0.5, 'epsilon_factor': 0.25,
@@ -188,17 +189,16 @@ def test_rotation_promotes_best_and_bumps_the_baseline_version(tmp_path, caplog)
     assert 'ROTATION #1 at step 12: 2 test plays in a row beat the baseline' in caplog.text
 
 
+@pytest.mark.slow
 def test_a_running_client_picks_up_a_rotation_and_the_factors(tmp_path, caplog):
     from mortal import client as cl
     from mortal.checkpoint import load_model_pair
     port = free_port()
-    config, _ = tiny_config(tmp_path, port=port)
+    config, _ = load_tiny_config(tmp_path, port=port)
     baseline = config['baseline']['train']['state_file']
     write_baseline(config, baseline, seed=0)
-    store = srv.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 64)
-    store.reset_dirs()
-    server = srv.ParamServer(('127.0.0.1', port), store, timeout=10)
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    server = start_param_server(tmp_path, 64, port=port, timeout=10)
+    store = server.store
     remote = wire.Remote('127.0.0.1', port, timeout=10)
     brain, dqn, _ = load_model_pair(baseline)
 
@@ -224,8 +224,7 @@ def test_a_running_client_picks_up_a_rotation_and_the_factors(tmp_path, caplog):
         assert client.train_player.effective_exploration() == pytest.approx((0.0025, 0.1))
         assert len(os.listdir(store.buffer_dir)) == 8  # both rounds submitted
     finally:
-        server.shutdown()
-        server.server_close()
+        stop_server(server)
 
 
 def test_server_checks_the_play_settings():
@@ -250,8 +249,8 @@ def test_schedules_reach_their_values_at_given_steps(tmp_path):
         tmp_path, [EVEN], schedule={'lr': {'kind': 'inverse', 'rate': 0.5},
                                     'epsilon': {'kind': 'cosine', 'final': 0.0, 'max_steps': 4},
                                     'temp': {'kind': 'inverse', 'rate': 1.0}})
-    trainer.train_batch(*batch(seed=0))
-    trainer.train_batch(*batch(seed=1))
+    trainer.train_batch(*random_batch(seed=0))
+    trainer.train_batch(*random_batch(seed=1))
     # peak 1e-3 / (1 + 0.5 * 2) after two steps; epsilon half way down its cosine; temp 1 / (1 + 2)
     assert trainer.scheduler.get_last_lr()[0] == pytest.approx(0.5e-3)
     assert trainer.submits[-1]['epsilon_factor'] == pytest.approx(0.5)
@@ -278,7 +277,7 @@ def test_baseline_pool_is_the_current_file_and_its_newest_backups(tmp_path):
 
 def test_train_player_draws_its_opponent_from_the_pool(tmp_path, monkeypatch):
     from mortal import player as pl
-    config, _ = tiny_config(tmp_path, rotation={'pool_size': 2})
+    config, _ = load_tiny_config(tmp_path, rotation={'pool_size': 2})
     baseline = config['baseline']['train']['state_file']
     write_baseline(config, baseline, seed=0)
     write_baseline(config, f'{baseline}.20261201-100000.bak', seed=1)
@@ -294,6 +293,7 @@ def test_train_player_draws_its_opponent_from_the_pool(tmp_path, monkeypatch):
     assert tp.effective_exploration() == (1.0, 0.025)  # epsilon capped at 1
 
 
+@pytest.mark.slow
 def test_defaults_never_roll_back_or_rotate(tmp_path):
     trainer, writer, _ = online_trainer(tmp_path, [EVEN, WORSE, WORSE, WORSE, BETTER, BETTER, BETTER])
     for k in range(7):
@@ -308,7 +308,7 @@ def test_defaults_never_roll_back_or_rotate(tmp_path):
 
 def test_rotation_backups_of_one_second_get_a_suffix(tmp_path):
     from mortal.rotation import rotate
-    config, _ = tiny_config(tmp_path)
+    config, _ = load_tiny_config(tmp_path)
     baseline = config['baseline']['train']['state_file']
     write_baseline(config, baseline, seed=0)
     write_baseline(config, config['control']['best_state_file'], seed=1)
@@ -321,7 +321,7 @@ def test_rotation_backups_of_one_second_get_a_suffix(tmp_path):
 
 def test_client_ignores_bad_play_settings(tmp_path, caplog):
     from mortal import client as cl
-    config, _ = tiny_config(tmp_path)
+    config, _ = load_tiny_config(tmp_path)
 
     class Player:
         def __init__(self):
@@ -365,7 +365,6 @@ def test_client_ignores_bad_play_settings(tmp_path, caplog):
 ])
 def test_bad_guard_config_names_the_key(tmp_path, edit, expected):
     import toml
-    from conftest import tiny_config_dict
     from mortal.config import ConfigError, load_config
     cfg = tiny_config_dict(tmp_path)
     edit(cfg)
@@ -400,7 +399,7 @@ def test_temp_factor_never_reaches_zero(tmp_path):
 
 def test_reset_best_on_a_corrupt_state_file_touches_nothing(tmp_path):
     from mortal.rotation import rotate
-    config, _ = tiny_config(tmp_path)
+    config, _ = load_tiny_config(tmp_path)
     baseline = config['baseline']['train']['state_file']
     write_baseline(config, baseline, seed=0)
     write_baseline(config, config['control']['best_state_file'], seed=1)
@@ -412,6 +411,7 @@ def test_reset_best_on_a_corrupt_state_file_touches_nothing(tmp_path):
     assert open(baseline, 'rb').read() == before and not glob.glob(f'{baseline}.*.bak')
 
 
+@pytest.mark.slow
 def test_fresh_deals_replay_best_on_new_deals_each_test_play(tmp_path):
     trainer, writer, player = online_trainer(tmp_path, [EVEN, EVEN, EVEN], test_play={'fresh_deals': True})
     run_to_test_play(trainer)  # no best.pth yet: no replay, deals 10000-10003

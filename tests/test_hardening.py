@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import DATA_DIR, ROOT
+from conftest import DATA_DIR, ROOT, load_tiny_config, start_param_server, stop_server
 from mortal import claims
 from mortal.claims import MANIFEST, ClaimLedger
 
@@ -178,6 +178,7 @@ def _wait(cond, seconds, step=0.02):
     return cond()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason='PR_SET_PDEATHSIG is Linux only')
 @pytest.mark.timeout(120)
 def test_worker_whose_fork_server_died_before_its_init_exits_at_once(tmp_path):
@@ -207,10 +208,10 @@ def test_worker_whose_fork_server_died_before_its_init_exits_at_once(tmp_path):
 
 # -- D4: a second server with the same config ------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_second_server_with_the_same_config_fails_on_the_port_and_keeps_the_buffer(tmp_path):
     from mortal import server as srv
     from mortal import wire
-    from test_train import tiny_config
 
     dirs = {'buffer_dir': str(tmp_path / 'buffer'), 'drain_dir': str(tmp_path / 'drain'), 'capacity': 8}
     first = srv.build_server({'online': {'remote': {'host': '127.0.0.1', 'port': 0}, 'server': dirs}})
@@ -223,7 +224,7 @@ def test_second_server_with_the_same_config_fails_on_the_port_and_keeps_the_buff
         assert remote.request({'type': 'submit_replay', 'logs': {'a.json': log, 'b.json': log}})['status'] == 'ok'
         before = sorted(os.listdir(tmp_path / 'buffer'))
         assert len(before) == 2
-        _, config_path = tiny_config(tmp_path, port=port)
+        _, config_path = load_tiny_config(tmp_path, port=port)
         env = {**os.environ, 'PYTHONPATH': str(ROOT), 'OMP_NUM_THREADS': '1'}
         second = subprocess.run([sys.executable, '-m', 'mortal.server', '-c', str(config_path)], env=env,
                                 cwd=tmp_path, capture_output=True, text=True, timeout=60)
@@ -253,18 +254,13 @@ def small_server(tmp_path, monkeypatch):
     from mortal import server as srv
     from mortal import wire
     monkeypatch.setattr(srv, 'PAYLOAD_MIN_SECONDS', 1.0)
-    store = srv.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 4)
-    store.reset_dirs()
-    server = srv.ParamServer(('127.0.0.1', 0), store, max_frame_size=1 << 20, timeout=5,
-                             payload_min_rate=1 << 20)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
+    server = start_param_server(tmp_path, 4, max_frame_size=1 << 20, timeout=5, payload_min_rate=1 << 20)
     server.remote = wire.Remote('127.0.0.1', server.server_address[1], timeout=10, max_frame_size=1 << 24)
     yield server
-    server.shutdown()
-    server.server_close()
+    stop_server(server)
 
 
+@pytest.mark.slow
 def test_a_trickling_upload_neither_delays_get_param_nor_lives_past_its_deadline(small_server, caplog):
     port = small_server.server_address[1]
     staller = socket.create_connection(('127.0.0.1', port), timeout=10)
@@ -316,19 +312,14 @@ def test_an_authentic_oversized_frame_is_answered_with_the_limit(small_server):
 
 
 def test_an_oversized_frame_with_a_wrong_mac_gets_no_reply(tmp_path):
-    from mortal import server as srv
-    store = srv.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 4)
-    store.reset_dirs()
-    server = srv.ParamServer(('127.0.0.1', 0), store, token='s3cret', max_frame_size=1024, timeout=5)
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    server = start_param_server(tmp_path, 4, token='s3cret', max_frame_size=1024, timeout=5)
     try:
         with socket.create_connection(('127.0.0.1', server.server_address[1]), timeout=5) as s:
             s.sendall(_header(4096, token='wrong'))
             s.shutdown(socket.SHUT_WR)
             assert s.recv(100) == b''
     finally:
-        server.shutdown()
-        server.server_close()
+        stop_server(server)
 
 
 # -- D6: memory of pathological logs; server and reader agree on log heads ------------------------------------
@@ -358,6 +349,7 @@ def test_blank_lines_cost_no_memory_per_line_and_keep_line_numbers():
     assert e.value.line == 1002
 
 
+@pytest.mark.slow
 def test_a_log_of_too_many_events_is_skipped_with_bounded_memory():
     import tracemalloc
     from mortal.mjai_log import MAX_EVENTS, BadLogError, parse_log

@@ -8,6 +8,8 @@ import torch
 from mortal.diagnostics import Probe, WindowMeans, batch_q_stats
 from mortal.loss import anchor_term, cql_term
 
+from conftest import FakeWriter, random_batch, write_baseline
+
 INF = math.inf
 
 
@@ -108,41 +110,9 @@ def test_probe_without_logs_is_none(tmp_path):
                                pts=[6, 4, 2, 0], grp=GRP(hidden_size=8, num_layers=1), size=8) is None
 
 
-class _Writer:
-    def __init__(self):
-        self.scalars = []
-
-    def add_scalar(self, tag, value, step):
-        self.scalars.append((tag, float(value), step))
-
-    def add_histogram(self, *a):
-        pass
-
-    def flush(self):
-        pass
-
-    def close(self):
-        pass
-
-
-def _checkpoint(config, filename, seed):
-    from mortal.model import AuxNet, Brain, DQN
-    torch.manual_seed(seed)
-    r = config['resnet']
-    torch.save({'mortal': Brain(version=3, conv_channels=r['conv_channels'], num_blocks=r['num_blocks']).state_dict(),
-                'current_dqn': DQN(version=3).state_dict(), 'aux_net': AuxNet((4,)).state_dict(),
-                'config': config, 'steps': 0}, filename)
-
-
 def _random_batch(n, seed=0):
     """A train_batch argument tuple of ``n`` random v3 samples: reward 1, done at once, ranks 0-3 in turn."""
-    g = torch.Generator().manual_seed(seed)
-    obs = torch.rand((n, 934, 34), generator=g)
-    masks = torch.rand((n, 46), generator=g) < 0.3
-    actions = torch.randint(0, 46, (n,), generator=g)
-    masks[torch.arange(n), actions] = True
-    return (obs, actions, masks, torch.zeros(n, dtype=torch.int64), torch.full((n,), 1.0, dtype=torch.float64),
-            torch.arange(n) % 4)
+    return random_batch(n, seed, gamma_steps=torch.zeros(n, dtype=torch.int64), reward=1.0)
 
 
 def test_online_trainer_with_anchor_and_calibrated_cql_logs_every_term(tiny_config):
@@ -153,9 +123,9 @@ def test_online_trainer_with_anchor_and_calibrated_cql_logs_every_term(tiny_conf
     config['online']['anchor_weight'] = 1.0
     config['cql'].update(online_min_q_weight=0.5, calibrated=True)
     config['optim']['scheduler'].update(peak=1e-2, final=1e-2)
-    _checkpoint(config, config['baseline']['train']['state_file'], seed=3)
-    _checkpoint(config, config['control']['state_file'], seed=3)
-    writer = _Writer()
+    write_baseline(config, config['baseline']['train']['state_file'], seed=3)
+    write_baseline(config, config['control']['state_file'], seed=3)
+    writer = FakeWriter()
     trainer = tr.Trainer(config, test_player=object(), writer=writer, remote=wire.Remote('127.0.0.1', 1),
                          sleep=lambda s: None)
     trainer.submit_param = lambda is_idle=False: None
@@ -180,8 +150,8 @@ def test_ema_is_what_gets_published_test_played_and_kept_as_best(tiny_config, mo
     config, _ = tiny_config
     config['online']['ema_decay'] = 0.5
     config['optim']['scheduler'].update(peak=1e-2, final=1e-2)
-    _checkpoint(config, config['baseline']['train']['state_file'], seed=4)
-    _checkpoint(config, config['control']['state_file'], seed=4)
+    write_baseline(config, config['baseline']['train']['state_file'], seed=4)
+    write_baseline(config, config['control']['state_file'], seed=4)
     played = []
 
     class Player:
@@ -198,7 +168,7 @@ def test_ema_is_what_gets_published_test_played_and_kept_as_best(tiny_config, mo
                     pass
             return S()
 
-    trainer = tr.Trainer(config, test_player=Player(), writer=_Writer(), remote=wire.Remote('127.0.0.1', 1),
+    trainer = tr.Trainer(config, test_player=Player(), writer=FakeWriter(), remote=wire.Remote('127.0.0.1', 1),
                          sleep=lambda s: None)
     sent = []
     monkeypatch.setattr(tr.wire, 'request_with_retry',
@@ -242,17 +212,19 @@ def test_summarize_pairs_deals_by_nonce():
         summarize(units, {10: [1, 1, 1, 1]})
 
 
+@pytest.mark.slow
 def test_offline_mix_appends_offline_rows_with_the_offline_loss(tiny_config, fixture_logs, monkeypatch):
     """[online] offline_batch_size: the offline rows share the MSE (one mean over all rows) and carry the offline
     CQL term at [cql] min_q_weight; the online-only instruments see the online rows alone."""
     from mortal import train as tr, wire
     config, _ = tiny_config
     from mortal.model import GRP
+    config['control']['batch_size'] = 32  # the 32 online rows below
     config['online']['offline_batch_size'] = 8
     config['dataset']['globs'] = [str(f) for f in fixture_logs]
     torch.save({'model': GRP(**config['grp']['network']).state_dict()}, config['grp']['state_file'])
-    _checkpoint(config, config['control']['state_file'], seed=4)
-    writer = _Writer()
+    write_baseline(config, config['control']['state_file'], seed=4)
+    writer = FakeWriter()
     trainer = tr.Trainer(config, test_player=object(), writer=writer, remote=wire.Remote('127.0.0.1', 1),
                          sleep=lambda s: None)
     trainer.submit_param = lambda is_idle=False: None
@@ -282,6 +254,7 @@ def test_offline_mix_appends_offline_rows_with_the_offline_loss(tiny_config, fix
     assert len(seen) == 1 and seen[0][0] == 32 and torch.equal(seen[0][1], torch.ones(32))
 
 
+@pytest.mark.slow
 def test_offline_batches_loop_over_the_offline_logs(tiny_config, fixture_logs):
     """The stream yields full batches of offline_batch_size from the real logs and starts a new pass when one
     ends; a dataset without one full batch is a ValueError naming the key."""
@@ -291,8 +264,8 @@ def test_offline_batches_loop_over_the_offline_logs(tiny_config, fixture_logs):
     config['online']['offline_batch_size'] = 64
     config['dataset']['globs'] = [str(fixture_logs[0])]
     torch.save({'model': GRP(**config['grp']['network']).state_dict()}, config['grp']['state_file'])
-    _checkpoint(config, config['control']['state_file'], seed=4)
-    trainer = tr.Trainer(config, test_player=object(), writer=_Writer(), remote=wire.Remote('127.0.0.1', 1),
+    write_baseline(config, config['control']['state_file'], seed=4)
+    trainer = tr.Trainer(config, test_player=object(), writer=FakeWriter(), remote=wire.Remote('127.0.0.1', 1),
                          sleep=lambda s: None)
     first_pass = sum(1 for _ in tr.iter_full_batches(iter(trainer.data_loader(
         [str(fixture_logs[0])], [], batch_size=64, num_workers=0)), 64))
@@ -305,7 +278,7 @@ def test_offline_batches_loop_over_the_offline_logs(tiny_config, fixture_logs):
     # too few samples for one batch: the Trainer fails at start-up, naming the key and the file index
     config['online']['offline_batch_size'] = 60000
     with pytest.raises(ValueError, match=r'offline_batch_size = 60000: the logs of \[dataset\] file_index'):
-        tr.Trainer(config, test_player=object(), writer=_Writer(), remote=wire.Remote('127.0.0.1', 1),
+        tr.Trainer(config, test_player=object(), writer=FakeWriter(), remote=wire.Remote('127.0.0.1', 1),
                    sleep=lambda s: None)
 
 

@@ -1,7 +1,6 @@
 """Tests of mortal.obs: shapes, version checks and encoding of real logs via mjai PlayerState."""
 
 import json
-import pathlib
 
 import numpy as np
 import pytest
@@ -10,7 +9,10 @@ from mjai.mlibriichi.state import PlayerState
 
 from mortal.obs import (SUPPORTED_VERSIONS, UnsupportedVersionError, check_version, encode, new_v4_encoder,
                         obs_shape, oracle_obs_shape)
-LOG = pathlib.Path(__file__).resolve().parent / "data" / "meta_annotated_hanchan.jsonl"
+
+from conftest import DATA_DIR
+
+LOG = DATA_DIR / "meta_annotated_hanchan.jsonl"
 
 
 RUST_VERSIONS = (1, 2, 3)  # encoded by mjai.mlibriichi; 4 by mortal.obs_v4

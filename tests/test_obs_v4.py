@@ -13,15 +13,7 @@ from mortal.sp.calc import SPCalculator
 from mortal.sp.point import point
 from mortal.sp.shanten import calc_all
 
-OFF = {"m": 0, "p": 9, "s": 18, "z": 27}
-
-
-def hand(s):
-    t = [0] * 34
-    for grp in s.split():
-        for ch in grp[:-1]:
-            t[OFF[grp[-1]] + int(ch) - 1] += 1
-    return t
+from conftest import hand
 
 
 # ---- layout ----------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ import json
 import math
 
 import pytest
+import toml
 import torch
 
 from mortal import one_vs_three as ovt
@@ -80,39 +81,20 @@ class FirstLegal:
         pass
 
 
-CONFIG = """
-[1v3]
-seed_key = 7
-games_per_iter = 4
-iters = 1
-log_dir = '{log_dir}'
-
-[1v3.challenger]
-type = '{chal_type}'
-name = 'chal'
-device = 'cpu'
-state_file = 'unused'
-stochastic_latent = false
-enable_compile = false
-enable_amp = false
-enable_rule_based_agari_guard = true
-
-[1v3.champion]
-type = 'rulebase'
-name = 'champ'
-device = 'cpu'
-state_file = 'unused'
-stochastic_latent = false
-enable_compile = false
-enable_amp = false
-enable_rule_based_agari_guard = true
-"""
+def write_config(path, log_dir, chal_type):
+    """A [1v3] config of 4 games x 1 iter (seed_key 7): challenger 'chal' of ``chal_type``, rulebase champion."""
+    side = {'device': 'cpu', 'state_file': 'unused', 'stochastic_latent': False, 'enable_compile': False,
+            'enable_amp': False, 'enable_rule_based_agari_guard': True}
+    path.write_text(toml.dumps({'1v3': {
+        'seed_key': 7, 'games_per_iter': 4, 'iters': 1, 'log_dir': str(log_dir),
+        'challenger': {'type': chal_type, 'name': 'chal', **side},
+        'champion': {'type': 'rulebase', 'name': 'champ', **side}}}))
 
 
 @pytest.mark.parametrize('flag', ['--config', '-c'])
 def test_cli_rejects_bad_side_type(tmp_path, capsys, flag):
     cfg = tmp_path / 'c.toml'
-    cfg.write_text(CONFIG.format(log_dir=tmp_path / 'logs', chal_type='akochan'))
+    write_config(cfg, tmp_path / 'logs', 'akochan')
     assert ovt.main([flag, str(cfg), '--no-progress']) == 2  # the config was read: -c is --config
     err = capsys.readouterr().err
     assert "[1v3.challenger] type in" in err and "got 'akochan'" in err
@@ -130,7 +112,7 @@ def test_cli_end_to_end_identical_players_rank_2_5(tmp_path, capsys, monkeypatch
     monkeypatch.setattr(ovt, 'build_side', fake_build)
     log_dir = tmp_path / 'logs'
     cfg = tmp_path / 'c.toml'
-    cfg.write_text(CONFIG.format(log_dir=log_dir, chal_type='rulebase'))
+    write_config(cfg, log_dir, 'rulebase')
     assert ovt.main(['--config', str(cfg), '--no-progress']) == 0
     out = capsys.readouterr().out
     assert built == [('1v3.challenger', 'rulebase', 'chal'), ('1v3.champion', 'rulebase', 'champ')]
@@ -150,6 +132,7 @@ def test_cli_end_to_end_identical_players_rank_2_5(tmp_path, capsys, monkeypatch
 
 
 
+@pytest.mark.slow
 def test_mortal_side_from_checkpoint_plays_end_to_end(tiny_config, tmp_path, capsys, monkeypatch,
                                                        one_torch_thread):
     from mortal.engine import MortalEngine

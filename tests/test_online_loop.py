@@ -18,15 +18,10 @@ import pytest
 import torch
 
 from mortal import wire
-from test_train import ROOT, tiny_config, write_baseline, write_grp
 
-pytestmark = pytest.mark.timeout(240)
+from conftest import ROOT, free_port, load_tiny_config, write_baseline, write_grp
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]  # every test runs real processes
 
 
 class Proc:
@@ -78,7 +73,7 @@ def ckpt_steps(config):
 
 def setup(tmp_path, **overrides):
     port = free_port()
-    config, cfg_path = tiny_config(tmp_path, online=True, port=port, **overrides)
+    config, cfg_path = load_tiny_config(tmp_path, online=True, port=port, **overrides)
     write_baseline(config, config['baseline']['train']['state_file'])
     write_grp(config)
     return config, cfg_path
@@ -98,11 +93,21 @@ def start(procs, *args, **kwargs):
     return p
 
 
+def start_server(procs, tmp_path, cfg, name='server', what='server start'):
+    """The server process, once it listens."""
+    server = start(procs, tmp_path, name, 'server.py', cfg)
+    wait_for(lambda: 'listening on' in server.text(), 60, what, [server])
+    return server
+
+
+# a learner that saves and submits every 2 steps and never test-plays
+NO_TEST_PLAY = {'batch_size': 8, 'save_every': 2, 'submit_every': 2, 'test_every': 1000}
+
+
 def test_full_loop_with_test_play_and_restart(tmp_path, procs):
     config, cfg = setup(tmp_path, control={'batch_size': 32, 'save_every': 2, 'submit_every': 2, 'test_every': 4},
                         dataset={'num_workers': 1})
-    server = start(procs, tmp_path, 'server', 'server.py', cfg)
-    wait_for(lambda: 'listening on' in server.text(), 60, 'server start', [server])
+    server = start_server(procs, tmp_path, cfg)
     remote = wire.Remote('127.0.0.1', config['online']['remote']['port'], timeout=10)
     # garbage and a truncated frame against the real server process: that connection closes, the server stays
     for data in (b'\x80\x04garbage', wire.encode_frame({'type': 'drain'})[:-1]):
@@ -134,10 +139,8 @@ def test_full_loop_with_test_play_and_restart(tmp_path, procs):
 
 
 def test_sigkilled_learner_resumes_from_a_sound_checkpoint(tmp_path, procs):
-    config, cfg = setup(tmp_path, control={'batch_size': 8, 'save_every': 2, 'submit_every': 2,
-                                           'test_every': 1000})
-    server = start(procs, tmp_path, 'server', 'server.py', cfg)
-    wait_for(lambda: 'listening on' in server.text(), 60, 'server start', [server])
+    config, cfg = setup(tmp_path, control=NO_TEST_PLAY)
+    server = start_server(procs, tmp_path, cfg)
     client = start(procs, tmp_path, 'client', 'client.py', cfg)
     remote = wire.Remote('127.0.0.1', config['online']['remote']['port'], timeout=10)
     env = {'MORTAL_IS_SUB_PROC': '1'}  # the learner itself, without the supervisor
@@ -170,10 +173,8 @@ def test_sigkilled_learner_resumes_from_a_sound_checkpoint(tmp_path, procs):
 
 
 def test_server_restart_under_running_client_and_learner(tmp_path, procs):
-    config, cfg = setup(tmp_path, control={'batch_size': 8, 'save_every': 2, 'submit_every': 2,
-                                           'test_every': 1000})
-    server = start(procs, tmp_path, 'server', 'server.py', cfg)
-    wait_for(lambda: 'listening on' in server.text(), 60, 'server start', [server])
+    config, cfg = setup(tmp_path, control=NO_TEST_PLAY)
+    server = start_server(procs, tmp_path, cfg)
     trainer = start(procs, tmp_path, 'trainer', 'train.py', cfg)
     client = start(procs, tmp_path, 'client', 'client.py', cfg)
     # kill the server while the client plays its second round (a round takes seconds) and the learner still
@@ -181,8 +182,7 @@ def test_server_restart_under_running_client_and_learner(tmp_path, procs):
     wait_for(lambda: client.text().count('param has been updated') >= 2, 150, 'a first drain and a second round',
              [server, trainer, client])
     server.kill(signal.SIGKILL)  # returns once the process is gone; the port is reusable at once
-    server2 = start(procs, tmp_path, 'server2', 'server.py', cfg)
-    wait_for(lambda: 'listening on' in server2.text(), 60, 'server restart', [server2])
+    server2 = start_server(procs, tmp_path, cfg, 'server2', 'server restart')
     # both come back: the client fetches this instance's parameters, plays and submits; the learner drains again
     known = re.compile(r'submission (\d+): 4 logs \(param version [1-9]')
     wait_for(lambda: known.search(server2.text()), 200, 'a round played with parameters of the new server',
@@ -205,11 +205,9 @@ def test_server_restart_under_running_client_and_learner(tmp_path, procs):
 
 
 def test_force_sequential_alternates_without_deadlock(tmp_path, procs):
-    config, cfg = setup(tmp_path, control={'batch_size': 8, 'save_every': 2, 'submit_every': 2,
-                                           'test_every': 1000},
+    config, cfg = setup(tmp_path, control=NO_TEST_PLAY,
                         **{'online.server': {'capacity': 4, 'force_sequential': True}})
-    server = start(procs, tmp_path, 'server', 'server.py', cfg)
-    wait_for(lambda: 'listening on' in server.text(), 60, 'server start', [server])
+    server = start_server(procs, tmp_path, cfg)
     trainer = start(procs, tmp_path, 'trainer', 'train.py', cfg)
     client = start(procs, tmp_path, 'client', 'client.py', cfg)
     wait_for(lambda: server.text().count('files transferred to trainer') >= 3, 200, 'three drains',
@@ -224,12 +222,11 @@ def test_force_sequential_alternates_without_deadlock(tmp_path, procs):
 
 def test_client_process_killed_mid_upload(tmp_path, procs):
     config, cfg = setup(tmp_path)
-    server = start(procs, tmp_path, 'server', 'server.py', cfg)
-    wait_for(lambda: 'listening on' in server.text(), 60, 'server start', [server])
+    server = start_server(procs, tmp_path, cfg)
     port = config['online']['remote']['port']
     script = (
         'import os, signal, socket, sys\n'
-        f'sys.path.insert(0, {ROOT!r})\n'
+        f'sys.path.insert(0, {str(ROOT)!r})\n'
         'from mortal import wire\n'
         "frame = wire.encode_frame({'type': 'submit_replay', 'logs': {'x.json.gz': os.urandom(1 << 20)},"
         " 'param_version': 0})\n"

@@ -1,7 +1,5 @@
 """scripts/plot_tb.py: TensorBoard scalars -> PNG."""
 
-import importlib.util
-import pathlib
 import struct
 import subprocess
 import sys
@@ -9,17 +7,14 @@ import sys
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from conftest import ROOT, load_script
 
 SCRIPT = ROOT / 'scripts' / 'plot_tb.py'
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 
 
 def _load_module():
-    spec = importlib.util.spec_from_file_location('plot_tb', SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script('scripts/plot_tb.py', 'plot_tb')
 
 
 def _png_size(path):
@@ -57,6 +52,7 @@ def test_load_scalars_values_and_add_scalars_labels(tmp_path):
     assert s['test_play/ranking']['4th'] == ([200, 400], pytest.approx([0.2, 0.2]))
 
 
+@pytest.mark.slow
 def test_cli_writes_valid_pngs(tmp_path):
     logdir, out = tmp_path / 'tb', tmp_path / 'plots'
     _write_run(logdir)
@@ -82,6 +78,7 @@ def test_groups_filter(tmp_path):
         mod.render(tmp_path / 'tb', tmp_path / 'p', groups=['nope'])
 
 
+@pytest.mark.slow
 def test_empty_dir_is_a_clear_error(tmp_path):
     r = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)],
                        capture_output=True, text=True, timeout=120)

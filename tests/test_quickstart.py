@@ -2,7 +2,6 @@
 
 import os
 import re
-import pathlib
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import pytest
 from mortal import config as mcfg
 from mortal import quickstart
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from conftest import ROOT
 
 
 @pytest.mark.parametrize('preset', ['full', 'short'])
@@ -51,6 +50,7 @@ def _spawn(code):
     return subprocess.Popen([sys.executable, '-c', code], start_new_session=True)
 
 
+@pytest.mark.slow
 def test_stop_terminates_then_kills():
     polite = _spawn('import time; time.sleep(60)')
     stubborn = _spawn('import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); '
@@ -63,6 +63,7 @@ def test_stop_terminates_then_kills():
     assert polite.poll() is not None and stubborn.poll() is not None
 
 
+@pytest.mark.slow
 def test_wait_for_online_reports_a_dead_process(tmp_path):
     (tmp_path / 'server.log').write_text('line 1\nTraceback: boom\n')
     dead = subprocess.Popen([sys.executable, '-c', 'raise SystemExit(3)'])
@@ -71,6 +72,7 @@ def test_wait_for_online_reports_a_dead_process(tmp_path):
         quickstart.wait_for_online({'server': dead}, str(tmp_path), tmp_path, timeout=5, poll=0.1)
 
 
+@pytest.mark.slow
 def test_wait_for_online_times_out(tmp_path):
     alive = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])
     try:
@@ -81,6 +83,7 @@ def test_wait_for_online_times_out(tmp_path):
         alive.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_short_quickstart_end_to_end(tmp_path):
     """The CI-sized run of the README's main job: bootstrap, server + trainer + client, test play, restart."""

@@ -23,13 +23,13 @@ import uuid
 import pytest
 import torch
 
-from conftest import DATA_DIR, ROOT
+from conftest import (DATA_DIR, ROOT, FakeTestPlayer, FakeWriter, ScriptedRemote, empty_drain, load_tiny_config,
+                      random_batch, write_grp)
 from mortal import train as tr
 from mortal.config import load_config
 from mortal.dataloader import FileDatasetsIter
 from mortal.gameplay import GameplayLoader
 from mortal.mjai_log import BadLogError, parse_log, read_log_text
-from test_train import FakeTestPlayer, FakeWriter, ScriptedRemote, batch, empty_drain, tiny_config, write_grp
 
 LOGS = [DATA_DIR / 'riichienv_selfplay_hanchan.jsonl', DATA_DIR / 'meta_annotated_hanchan.jsonl',
         DATA_DIR / 'arena_double_ron_hanchan.json.gz']
@@ -113,6 +113,7 @@ def _cleanup(mark):
             pass
 
 
+@pytest.mark.slow
 @linux_only
 @pytest.mark.timeout(240)
 def test_loader_processes_die_with_a_sigkilled_learner(tmp_path):
@@ -131,6 +132,7 @@ def test_loader_processes_die_with_a_sigkilled_learner(tmp_path):
         _cleanup(mark)
 
 
+@pytest.mark.slow
 @linux_only
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize('how', ['sigterm_supervisor', 'sigkill_learner'])
@@ -239,10 +241,11 @@ def _learners_until_drain(tmp_path, config, names, trained, caplog, *, between=N
             return runs, trainer, dropped
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize('num_workers', [0, 1])
 def test_test_play_restarts_train_every_claimed_sample_exactly_once(tmp_path, caplog, num_workers):
-    config, _ = tiny_config(tmp_path, online=True, control={'batch_size': 16, 'save_every': 8, 'test_every': 24},
+    config, _ = load_tiny_config(tmp_path, online=True, control={'batch_size': 16, 'save_every': 8, 'test_every': 24},
                             dataset={'num_workers': num_workers, 'file_batch_size': 2, 'reserve_ratio': 0.25})
     write_grp(config)
     names = _claimable_logs(config['online']['server']['drain_dir'])
@@ -262,9 +265,10 @@ def test_test_play_restarts_train_every_claimed_sample_exactly_once(tmp_path, ca
     assert dropped == [0.0]  # one natural epoch end, nothing lost
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_claimed_logs_lost_between_learners_are_counted_dropped(tmp_path, caplog):
-    config, _ = tiny_config(tmp_path, online=True, control={'batch_size': 16, 'save_every': 8, 'test_every': 24},
+    config, _ = load_tiny_config(tmp_path, online=True, control={'batch_size': 16, 'save_every': 8, 'test_every': 24},
                             dataset={'file_batch_size': 6})
     write_grp(config)
     names = _claimable_logs(config['online']['server']['drain_dir'])
@@ -291,7 +295,7 @@ def test_claimed_logs_lost_between_learners_are_counted_dropped(tmp_path, caplog
 
 
 def test_drain_keeps_logs_of_earlier_drains_not_yet_trained(tmp_path):
-    config, _ = tiny_config(tmp_path, online=True)
+    config, _ = load_tiny_config(tmp_path, online=True)
     drain_dir = config['online']['server']['drain_dir']
     os.makedirs(drain_dir)
     trainer = tr.Trainer(config, test_player=FakeTestPlayer([]), writer=FakeWriter(), sleep=lambda s: None,
@@ -338,10 +342,10 @@ def test_gzip_bomb_is_refused_with_bounded_memory(bomb):
 
 
 def test_gzip_bomb_is_skipped_by_the_loader_with_the_configured_cap(tmp_path, bomb, caplog):
-    config, _ = tiny_config(tmp_path, online=False, dataset={'max_log_bytes': 1 << 20})
+    config, _ = load_tiny_config(tmp_path, online=False, dataset={'max_log_bytes': 1 << 20})
     assert config['dataset']['max_log_bytes'] == 1 << 20
     (tmp_path / 'd').mkdir()
-    assert tiny_config(tmp_path / 'd', online=False)[0]['dataset']['max_log_bytes'] == 64 << 20  # the default
+    assert load_tiny_config(tmp_path / 'd', online=False)[0]['dataset']['max_log_bytes'] == 64 << 20  # the default
     write_grp(config)
     trainer = tr.Trainer(config, test_player=FakeTestPlayer([]), writer=FakeWriter())
     data = trainer.data_loader([str(bomb), str(LOGS[0])], ['0']).dataset
@@ -400,7 +404,7 @@ def test_scheduler_accepts_exactly_what_the_config_accepts(tmp_path, warm_up, ma
     if init is not None:
         shape['init'] = init
     try:
-        config, _ = tiny_config(tmp_path, **{'optim.scheduler': shape})
+        config, _ = load_tiny_config(tmp_path, **{'optim.scheduler': shape})
         config_ok = True
     except ConfigError:
         config_ok = False
@@ -420,9 +424,9 @@ def test_scheduler_accepts_exactly_what_the_config_accepts(tmp_path, warm_up, ma
 
 
 def test_warm_up_without_annealing_trains(tmp_path):
-    config, _ = tiny_config(tmp_path, online=False, **{'optim.scheduler': {'warm_up_steps': 1000, 'max_steps': 0}})
+    config, _ = load_tiny_config(tmp_path, online=False, **{'optim.scheduler': {'warm_up_steps': 1000, 'max_steps': 0}})
     trainer = tr.Trainer(config, test_player=FakeTestPlayer([]), writer=FakeWriter())
-    trainer.train_batch(*batch())
+    trainer.train_batch(*random_batch())
     assert trainer.scheduler.get_last_lr()[0] == pytest.approx(1e-8 + (1e-3 - 1e-8) / 1000)
 
 
@@ -439,6 +443,6 @@ def test_offline_bootstrap_prints_a_countdown_only_with_test_play(tmp_path, capl
     n = offline['control']['batch_size']
     with caplog.at_level(logging.INFO, logger='mortal.train'):
         for i in range(10):
-            trainer.train_batch(*batch(n, seed=i))
+            trainer.train_batch(*random_batch(n, seed=i))
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith('total steps')]
     assert lines == (['total steps: 750'] if offline_test_every == 0 else ['total steps: 750 (~10)'])

@@ -20,6 +20,8 @@ import torch
 from mortal import server as srv
 from mortal import wire
 
+from conftest import start_param_server, stop_server
+
 MAX_FRAME = 1 << 20
 
 
@@ -42,14 +44,11 @@ def mjai(name='x', *, compress=True):
 class Running:
     def __init__(self, tmp_path, capacity=4, force_sequential=False, token=None, host='127.0.0.1',
                  max_frame=MAX_FRAME, **kwargs):
-        self.store = srv.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', capacity, force_sequential)
-        self.store.reset_dirs()
-        self.server = srv.ParamServer((host, 0), self.store, token=token, max_frame_size=max_frame, timeout=5,
-                                      **kwargs)
+        self.server = start_param_server(tmp_path, capacity, force_sequential=force_sequential, host=host,
+                                         token=token, max_frame_size=max_frame, timeout=5, **kwargs)
+        self.store = self.server.store
         self.port = self.server.server_address[1]
         self.remote = wire.Remote('127.0.0.1', self.port, token=token, timeout=5, max_frame_size=max_frame)
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
-        self.thread.start()
 
     def request(self, msg):
         return self.remote.request(msg)
@@ -73,8 +72,7 @@ class Running:
         return b''.join(chunks)
 
     def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        stop_server(self.server)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from mortal.sp.agari import Hand, agari
 from mortal.sp.calc import HAVE_CORE, SPCalculator
 from mortal.sp.shanten import calc_all_py
 
-from test_obs_v4 import hand
+from conftest import hand
 
 if HAVE_CORE:
     from mortal.sp import _core
@@ -65,6 +65,7 @@ def test_core_shanten_known_values(tiles, len_div3, expected):
     assert _core.shanten(bytes(hand(tiles)), len_div3) == expected
 
 
+@pytest.mark.slow
 def test_core_shanten_matches_python():
     rng = random.Random(7)
     checked = 0
@@ -203,6 +204,7 @@ def _same(got, want):
             assert a == pytest.approx(b, rel=1e-9, abs=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", LOGS)
 def test_core_search_matches_python_on_real_games(path):
     compared = with_values = 0
@@ -254,6 +256,7 @@ def test_sort_key_orders_as_mortal_comparator():
             assert [c.tile for c in sort_candidates(cands, by_ev)] == [c.tile for c in want]
 
 
+@pytest.mark.slow
 def test_encode_batch_threads_and_kan_select_reuse_match_one_by_one():
     # Replay a real game twice: in one, each acting seat encodes alone; in the other, all acting seats
     # (plus a kan-select pass and a repeated row) go through one encode_batch on 2 threads.

@@ -307,6 +307,7 @@ def test_display_table():
     assert lines[-1] == 'Nagashi mangan (rate) 0 (0.000000000)'
 
 
+@pytest.mark.slow
 def test_cli_main_and_script_entry(tmp_path, capsys):
     shutil.copy(LOG_B, tmp_path / 'b.json')
     assert main([str(tmp_path), 'me', '--no-progress']) == 0

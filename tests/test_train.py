@@ -1,141 +1,29 @@
-"""mortal/train.py step logic, checkpoints, TensorBoard tags and data plumbing, in-process on CPU with a tiny model.
-
-``tiny_config``, ``write_baseline`` and ``write_grp`` are shared with test_client.py and test_online_loop.py.
-"""
+"""mortal/train.py step logic, checkpoints, TensorBoard tags and data plumbing, in-process on CPU with a tiny model."""
 
 import math
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
-import toml
 import torch
 
 from mortal import train as tr
 from mortal import wire
 
+from conftest import (ROOT, FakeTestPlayer, FakeWriter, ScriptedRemote, empty_drain, load_tiny_config, random_batch,
+                      start_param_server, stop_server, write_grp)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 # per-batch instruments written at every save (mortal/diagnostics.py); the probe tags need probe logs
 DIAG_TAGS = {'diag/q_minus_target', 'diag/q_minus_target_greedy', 'diag/q_gap', 'diag/q_spread', 'diag/taken_greedy'}
-VERSION = 3
-C = 934  # obs channels of version 3
-
-
-def tiny_config(tmp_path, *, online=True, port=5000, **overrides):
-    """A validated config (through mortal.config.load_config) for a 16-channel, 1-block v3 model on CPU, all paths
-    under ``tmp_path``. ``overrides``: {'section.sub': {key: value}} merged in. Returns (config, toml_path)."""
-    from mortal.config import load_config
-
-    with open(os.path.join(ROOT, 'config.example.toml')) as f:
-        cfg = toml.load(f)
-    t = str(tmp_path)
-    cfg['control'].update(
-        version=VERSION, online=online, state_file=f'{t}/mortal.pth', best_state_file=f'{t}/best.pth',
-        tensorboard_dir=f'{t}/tb', device='cpu', enable_cudnn_benchmark=False, enable_amp=False,
-        enable_compile=False, batch_size=8, opt_step_every=1, save_every=2, test_every=4, submit_every=2)
-    cfg['train_play']['default'].update(games=4, log_dir=f'{t}/train_play')
-    cfg['test_play'].update(games=4, log_dir=f'{t}/test_play')
-    cfg['dataset'].update(globs=[f'{t}/dataset/*.json*'], file_index=f'{t}/file_index.pth', file_batch_size=2,
-                          num_workers=0)
-    cfg['env'].update(gamma=1, pts=[6.0, 4.0, 2.0, 0.0])
-    cfg['resnet'].update(conv_channels=16, num_blocks=1)
-    cfg['freeze_bn']['mortal'] = online
-    cfg['optim'].update(max_grad_norm=1.0)
-    cfg['optim']['scheduler'].update(peak=1e-3, final=1e-3)
-    for slot in ('train', 'test'):
-        cfg['baseline'][slot].update(device='cpu', state_file=f'{t}/baseline.pth')
-    cfg['online']['history_window'] = 3
-    cfg['online']['remote'].update(host='127.0.0.1', port=port)
-    cfg['online']['server'].update(buffer_dir=f'{t}/buffer', drain_dir=f'{t}/drain', capacity=4,
-                                   force_sequential=False)
-    cfg['grp']['state_file'] = f'{t}/grp.pth'
-    cfg['grp']['network'].update(hidden_size=8, num_layers=1)
-    for dotted, values in overrides.items():
-        table = cfg
-        for part in dotted.split('.'):
-            table = table[part]
-        table.update(values)
-    path = os.path.join(t, 'config.toml')
-    with open(path, 'w') as f:
-        toml.dump(cfg, f)
-    return load_config(path, env={}), path
-
-
-def write_baseline(config, filename, seed=0):
-    """A randomly initialised checkpoint with Mortal's keys for the config's architecture."""
-    from mortal.model import AuxNet, Brain, DQN
-    torch.manual_seed(seed)
-    r = config['resnet']
-    brain = Brain(version=VERSION, conv_channels=r['conv_channels'], num_blocks=r['num_blocks'])
-    dqn = DQN(version=VERSION)
-    torch.save({'mortal': brain.state_dict(), 'current_dqn': dqn.state_dict(),
-                'aux_net': AuxNet((4,)).state_dict(), 'config': config, 'steps': 0}, filename)
-
-
-def write_grp(config):
-    from mortal.model import GRP
-    torch.manual_seed(0)
-    grp = GRP(**config['grp']['network'])
-    torch.save({'model': grp.state_dict()}, config['grp']['state_file'])
-
-
-class FakeWriter:
-    def __init__(self):
-        self.scalars, self.groups, self.histograms, self.texts = [], [], [], []
-
-    def add_text(self, tag, text, step):
-        self.texts.append((tag, text, step))
-
-    def add_scalar(self, tag, value, step):
-        self.scalars.append((tag, float(value), step))
-
-    def add_scalars(self, tag, values, step):
-        self.groups.append((tag, dict(values), step))
-
-    def add_histogram(self, tag, values, step):
-        self.histograms.append((tag, len(values), step))
-
-    def flush(self):
-        pass
-
-    def close(self):
-        pass
-
-    def tags(self):
-        return {t for t, _, _ in self.scalars} | {t for t, _, _ in self.groups} | {t for t, _, _ in self.histograms}
-
-
-class FakeStat:
-    def __init__(self, avg_pt, avg_rank):
-        self._pt, self.avg_rank = avg_pt, avg_rank
-
-    def avg_pt(self, pts):
-        assert list(pts) == [90, 45, 0, -135]
-        return self._pt
-
-    def write_tensorboard(self, writer, step, pts):
-        writer.add_scalar('test_play/avg_ranking', self.avg_rank, step)
-        writer.add_scalar('test_play/avg_pt', self._pt, step)
-
-
-class FakeTestPlayer:
-    def __init__(self, results):
-        self.results = list(results)
-        self.calls = []
-
-    def test_play(self, seed_count, mortal, dqn, device):
-        self.calls.append(seed_count)
-        return FakeStat(*self.results.pop(0))
 
 
 def make_trainer(tmp_path, *, online=False, results=((0.0, 2.5),), real_submit=False, **overrides):
     """A Trainer with fake test player and writer; online ones record submissions in ``trainer.submits``
     instead of sending them (unless real_submit)."""
-    config, _ = tiny_config(tmp_path, online=online, **overrides)
+    config, _ = load_tiny_config(tmp_path, online=online, **overrides)
     writer = FakeWriter()
     trainer = tr.Trainer(config, test_player=FakeTestPlayer(results), writer=writer,
                          remote=wire.Remote('127.0.0.1', 1), sleep=lambda s: None)
@@ -144,18 +32,6 @@ def make_trainer(tmp_path, *, online=False, results=((0.0, 2.5),), real_submit=F
         trainer.submit_param = lambda is_idle=False: trainer.submits.append((trainer.steps, is_idle))
         trainer.sync_baseline = lambda rotated=False: None  # no server to submit the baseline to
     return trainer, writer
-
-
-def batch(n=8, seed=0, *, gamma_steps=None, reward=2.0):
-    g = torch.Generator().manual_seed(seed)
-    obs = torch.rand((n, C, 34), generator=g)
-    masks = torch.rand((n, 46), generator=g) < 0.3
-    actions = torch.randint(0, 46, (n,), generator=g)
-    masks[torch.arange(n), actions] = True
-    steps_to_done = torch.arange(n) if gamma_steps is None else gamma_steps
-    rewards = torch.full((n,), reward, dtype=torch.float64)
-    ranks = torch.arange(n) % 4
-    return obs, actions, masks, steps_to_done, rewards, ranks
 
 
 def zero_heads(trainer):
@@ -260,7 +136,7 @@ def test_losses_by_hand_offline(tmp_path):
     trainer, writer = make_trainer(tmp_path, online=False, **{
         'control': {'opt_step_every': 2, 'save_every': 2, 'test_every': 2}, 'env': {'gamma': 0.5}})
     zero_heads(trainer)
-    b = batch(gamma_steps=torch.tensor([0, 1, 2, 3, 0, 1, 2, 3]), reward=4.0)
+    b = random_batch(gamma_steps=torch.tensor([0, 1, 2, 3, 0, 1, 2, 3]), reward=4.0)
     trainer.train_batch(*b)
     # q = 0 for every legal action; target = 4 * 0.5 ** steps = 4, 2, 1, 0.5 (twice)
     expected_dqn = 0.5 * (16 + 4 + 1 + 0.25) * 2 / 8
@@ -275,10 +151,10 @@ def test_online_has_no_cql_and_learns_only_with_accumulation(tmp_path):
     trainer, writer = make_trainer(tmp_path, online=True, **{
         'control': {'opt_step_every': 2, 'save_every': 4, 'test_every': 4, 'submit_every': 4}})
     before = [p.detach().clone() for p in trainer.mortal.parameters()]
-    trainer.train_batch(*batch(seed=1))
+    trainer.train_batch(*random_batch(seed=1))
     assert trainer.stats['cql_loss'] == 0.0 and trainer.stats['dqn_loss'] > 0
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.mortal.parameters()))  # accumulating
-    trainer.train_batch(*batch(seed=2))
+    trainer.train_batch(*random_batch(seed=2))
     assert not all(torch.equal(a, b) for a, b in zip(before, trainer.mortal.parameters()))
     assert all(p.grad is None for p in trainer.mortal.parameters())
 
@@ -287,7 +163,7 @@ def test_accumulation_is_keyed_on_the_global_step(tmp_path):
     trainer, _ = make_trainer(tmp_path, **{'control': {'opt_step_every': 2, 'save_every': 4, 'test_every': 4}})
     trainer.steps = 3  # e.g. resumed mid-window: the very next batch completes an accumulation window
     before = [p.detach().clone() for p in trainer.dqn.parameters()]
-    trainer.train_batch(*batch())
+    trainer.train_batch(*random_batch())
     assert trainer.steps == 4
     assert not all(torch.equal(a, b) for a, b in zip(before, trainer.dqn.parameters()))
 
@@ -298,7 +174,7 @@ def test_freeze_bn_keeps_running_stats(tmp_path):
     bns = [m for m in trainer.mortal.modules() if isinstance(m, torch.nn.BatchNorm1d)]
     stats = [m.running_mean.clone() for m in bns]
     gammas = [m.weight.detach().clone() for m in bns]
-    trainer.train_batch(*batch())
+    trainer.train_batch(*random_batch())
     assert all(torch.equal(a, m.running_mean) for a, m in zip(stats, bns))
     assert not all(torch.equal(a, m.weight) for a, m in zip(gammas, bns))
 
@@ -319,7 +195,7 @@ def test_clipping_sees_unscaled_gradients_under_amp(tmp_path, monkeypatch):
         torch.manual_seed(0)
         trainer, _ = make_trainer(sub, **{'control': {'enable_amp': amp, 'save_every': 4, 'test_every': 4}})
         assert trainer.scaler.is_enabled() is amp
-        trainer.train_batch(*batch())
+        trainer.train_batch(*random_batch())
     plain, amp = norms
     # GradScaler starts at a scale of 65536: clipping before unscaling would see a norm ~65536x larger.
     assert 0.5 < amp / plain < 2.0
@@ -328,7 +204,7 @@ def test_clipping_sees_unscaled_gradients_under_amp(tmp_path, monkeypatch):
 def test_save_tags_checkpoint_test_play_and_best(tmp_path):
     trainer, writer = make_trainer(tmp_path, online=False, results=[(10.0, 2.4), (20.0, 2.6)])
     for i in range(2):
-        trainer.train_batch(*batch(seed=i))
+        trainer.train_batch(*random_batch(seed=i))
     state = torch.load(trainer.state_file, weights_only=True)
     assert tuple(state) == tr.CHECKPOINT_KEYS and state['steps'] == 2
     assert state['config']['control']['online'] is False
@@ -337,14 +213,14 @@ def test_save_tags_checkpoint_test_play_and_best(tmp_path):
     assert [(t, n, s) for t, n, s in writer.histograms] == [('q_predicted', 1, 2), ('q_target', 1, 2)]
     assert not os.path.exists(trainer.best_state_file)
     for i in range(2):
-        trainer.train_batch(*batch(seed=i))
+        trainer.train_batch(*random_batch(seed=i))
     assert trainer.test_player.calls == [1]  # test_play games 4 -> 1 seed
     assert trainer.best_perf == {'avg_pt': 10.0, 'avg_rank': 2.4}
     best = torch.load(trainer.best_state_file, weights_only=True)
     assert best['steps'] == 4 and best['best_perf'] == {'avg_pt': 10.0, 'avg_rank': 2.4}
     assert torch.load(trainer.state_file, weights_only=True)['best_perf'] == best['best_perf']
     for i in range(4):
-        trainer.train_batch(*batch(seed=i))
+        trainer.train_batch(*random_batch(seed=i))
     # 20 pt but rank 2.6 is worse: best stays
     assert trainer.best_perf == {'avg_pt': 10.0, 'avg_rank': 2.4}
     assert torch.load(trainer.best_state_file, weights_only=True)['steps'] == 4
@@ -353,11 +229,11 @@ def test_save_tags_checkpoint_test_play_and_best(tmp_path):
 def test_online_exits_after_test_play_and_submits(tmp_path, monkeypatch):
     trainer, writer = make_trainer(tmp_path, online=True, **{'control': {'submit_every': 3}})
     submits = trainer.submits
-    trainer.train_batch(*batch())
-    trainer.train_batch(*batch())  # save at 2 missed the submit (every 3): submitted at the save
-    trainer.train_batch(*batch())  # 3: regular submit
+    trainer.train_batch(*random_batch())
+    trainer.train_batch(*random_batch())  # save at 2 missed the submit (every 3): submitted at the save
+    trainer.train_batch(*random_batch())  # 3: regular submit
     with pytest.raises(tr.TestPlayDone):
-        trainer.train_batch(*batch())  # 4: save + submit (missed) + test play, then exit
+        trainer.train_batch(*random_batch())  # 4: save + submit (missed) + test play, then exit
     assert submits == [(2, False), (3, False), (4, False)]
     assert 'loss/cql_loss' not in writer.tags()
     assert torch.load(trainer.state_file, weights_only=True)['steps'] == 4
@@ -366,7 +242,7 @@ def test_online_exits_after_test_play_and_submits(tmp_path, monkeypatch):
 def test_resume_restores_everything(tmp_path):
     trainer, _ = make_trainer(tmp_path)
     for i in range(2):
-        trainer.train_batch(*batch(seed=i))
+        trainer.train_batch(*random_batch(seed=i))
     trainer2, _ = make_trainer(tmp_path)
     assert trainer2.steps == 2
     for a, b in zip(trainer.mortal.state_dict().values(), trainer2.mortal.state_dict().values()):
@@ -379,7 +255,7 @@ def test_resume_restores_everything(tmp_path):
 def test_offline_checkpoint_in_online_mode_keeps_config_optimizer(tmp_path):
     trainer, _ = make_trainer(tmp_path, online=False)
     for i in range(2):
-        trainer.train_batch(*batch(seed=i))
+        trainer.train_batch(*random_batch(seed=i))
     online, _ = make_trainer(tmp_path, online=True, control={'test_every': 8},
                              **{'optim.scheduler': {'peak': 5e-4, 'final': 5e-4}})
     assert online.steps == 2
@@ -388,7 +264,7 @@ def test_offline_checkpoint_in_online_mode_keeps_config_optimizer(tmp_path):
     assert [g['lr'] for g in online.optimizer.param_groups] == [5e-4, 5e-4]
     # and an online checkpoint in online mode does load them
     for i in range(2):
-        online.train_batch(*batch(seed=i))
+        online.train_batch(*random_batch(seed=i))
     again, _ = make_trainer(tmp_path, online=True, control={'test_every': 8},
                             **{'optim.scheduler': {'peak': 5e-4, 'final': 5e-4}})
     assert again.optimizer.state_dict()['state'] != {} and again.scheduler.last_epoch == 2
@@ -406,7 +282,7 @@ def test_checkpoint_mismatch_names_both_shapes(tmp_path):
 
 
 def test_version_1_is_refused(tmp_path):
-    config, _ = tiny_config(tmp_path)
+    config, _ = load_tiny_config(tmp_path)
     config['control']['version'] = 1
     with pytest.raises(ValueError, match='version = 1 cannot be trained'):
         tr.Trainer(config, test_player=FakeTestPlayer([]), writer=FakeWriter())
@@ -423,10 +299,10 @@ def test_real_tensorboard_tags(tmp_path):
         def test_play(self, seed_count, mortal, dqn, device):
             return Stat.from_dir(stat_dir, name)
 
-    config, _ = tiny_config(tmp_path, online=False)
+    config, _ = load_tiny_config(tmp_path, online=False)
     trainer = tr.Trainer(config, test_player=StatPlayer())
     for i in range(4):
-        trainer.train_batch(*batch(seed=i))
+        trainer.train_batch(*random_batch(seed=i))
     trainer.writer.close()
     acc = EventAccumulator(config['control']['tensorboard_dir'])
     acc.Reload()
@@ -446,15 +322,9 @@ def test_real_tensorboard_tags(tmp_path):
 
 @pytest.fixture
 def live_server(tmp_path):
-    from mortal import server as srv
-    store = srv.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 2)
-    store.reset_dirs()
-    server = srv.ParamServer(('127.0.0.1', 0), store, timeout=5)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
+    server = start_param_server(tmp_path, 2, timeout=5)
     yield server
-    server.shutdown()
-    server.server_close()
+    stop_server(server)
 
 
 START = b'{"type": "start_game"}\n'  # the server stores only logs that start as mjai logs
@@ -487,31 +357,6 @@ def test_drain_waits_resubmits_after_restart_and_logs_health(tmp_path, live_serv
     got = {t: v for t, v, _ in writer.scalars}
     assert got['data/logs_per_drain'] == 2 and got['data/staleness_mean'] == 1 and got['data/staleness_max'] == 1
     assert got['data/wait_seconds'] >= 0
-
-
-class ScriptedRemote:
-    """Answers each drain with the next of ``replies`` (then empty drains); records submit_param requests (their
-    is_idle) and submit_baseline ones (their baseline_version)."""
-
-    def __init__(self, replies):
-        self.replies = list(replies)
-        self.host, self.port = '127.0.0.1', 1
-        self.submits = []
-        self.baselines = []
-
-    def request(self, msg):
-        if msg['type'] == 'submit_param':
-            self.submits.append(msg['is_idle'])
-            return {'status': 'ok', 'param_version': len(self.submits), 'server_id': 'x'}
-        if msg['type'] == 'submit_baseline':
-            self.baselines.append(msg['baseline_version'])
-            return {'status': 'ok', 'baseline_version': msg['baseline_version']}
-        return self.replies.pop(0)
-
-
-def empty_drain(drain_dir, server_id, has_param):
-    return {'status': 'ok', 'count': 0, 'drain_dir': drain_dir, 'files': [], 'param_versions': [],
-            'param_version': 0, 'has_param': has_param, 'server_id': server_id}
 
 
 def test_drain_resubmits_once_per_restart_and_polls_every_5_s(tmp_path):
@@ -556,6 +401,7 @@ def test_drained_logs_vanishing_before_the_claim_are_counted_lost(tmp_path, capl
     assert got['data/logs_per_drain'] == 1 and got['data/staleness_max'] == 3  # only 0_b's version 2 counts
 
 
+@pytest.mark.slow
 def test_offline_epoch_on_real_logs_builds_index(tmp_path):
     import shutil
     (tmp_path / 'dataset').mkdir()
@@ -572,6 +418,7 @@ def test_offline_epoch_on_real_logs_builds_index(tmp_path):
     assert trainer.steps > 10  # two hanchan, four seats each: > 1000 samples at batch 64
 
 
+@pytest.mark.slow
 def test_supervisor_restarts_on_zero_and_stops_on_error(tmp_path):
     counter = tmp_path / 'n'
     script = tmp_path / 'child.py'
@@ -586,6 +433,7 @@ def test_supervisor_restarts_on_zero_and_stops_on_error(tmp_path):
     assert code == 3 and counter.read_text() == '3'
 
 
+@pytest.mark.slow
 def test_supervisor_honours_sigterm_between_learners(tmp_path):
     # A SIGTERM that lands in the restart pause (no learner running) must stop the supervisor,
     # not be lost: the child below exits 0 at once, so the signal arrives while it sleeps.

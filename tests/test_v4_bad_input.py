@@ -13,8 +13,7 @@ from mortal.gameplay import GameplayLoader
 from mortal.obs_v4 import MAX_DORA_INDICATORS, SP_EV, V4Encoder
 from mortal.sp.calc import HAVE_CORE, SPCalculator
 
-from conftest import DATA_DIR
-from test_obs_v4 import hand
+from conftest import DATA_DIR, hand
 
 if HAVE_CORE:
     from mortal.sp import _core

@@ -18,7 +18,7 @@ import torch
 from mjai.mlibriichi.state import PlayerState
 
 import mortal.arena as arena_mod
-from conftest import DATA_DIR
+from conftest import DATA_DIR, FakeTestPlayer, FakeWriter, load_tiny_config, player_view, write_grp
 import mortal.agent as agent_mod
 from mortal.agent import MortalBatchAgent, Scene, needs_v4_encoder
 from mortal.engine import MortalEngine
@@ -150,6 +150,7 @@ def cut_log(path, first_kyoku, n_kyoku):
 # ---------------------------------------------------------------- arena
 
 
+@pytest.mark.slow
 def test_arena_v4_engine_gets_the_replayed_v4_obs_and_v3_engine_pays_nothing(tmp_path, short_games,
                                                                               encoder_census):
     built, encoded = encoder_census
@@ -266,7 +267,6 @@ def test_v4_agent_quick_eval_skips_the_sp_search_and_needs_the_encoder(monkeypat
 
 def test_bot_v4_engine_sees_the_replayed_v4_obs():
     from mortal import bot as bot_mod
-    from test_bot import player_view
 
     seat = 1
     engine = Recording(tiny_engine(4, "mortal", quick_eval=False))
@@ -340,17 +340,17 @@ def test_loader_v4_is_v3_repacked_plus_the_replayed_sp_block(path, first_kyoku, 
 # ---------------------------------------------------------------- self-play round -> loader -> trainer
 
 
+@pytest.mark.slow
 def test_self_play_round_to_trainer_step_with_version_4(tmp_path, monkeypatch):
     from mortal import client as cl
     from mortal import train as tr
     from mortal import wire
     from mortal.player import TrainPlayer
-    from test_train import FakeTestPlayer, FakeWriter, tiny_config, write_grp
 
     limit_kyoku(monkeypatch, 1)
     names = tmp_path / 'names.txt'
     names.write_text('trainee\n')  # the trainer learns from the v4 trainee's seat only, as online
-    config, _ = tiny_config(tmp_path, online=False, **{
+    config, _ = load_tiny_config(tmp_path, online=False, **{
         'control': {'version': 4, 'batch_size': 8, 'save_every': 1000, 'test_every': 1000},
         'dataset': {'player_names_files': [str(names)]}})
     # the baseline is a version-3 checkpoint: a 1v3 of two versions
