@@ -7,9 +7,9 @@ id (34-36 = red fives) or, in the kan-select pass, the kan tile (0-33);
 
 ``reaction_from_index`` turns a network decision into the mjai reaction the
 board expects, choosing the red five and the kan kind the way Mortal's agent
-does (``agent/mortal.rs``; reference/mortal_semantics.md §3).
+does (``agent/mortal.rs``).
 ``event_to_label`` / ``kan_select_label`` map one logged event back to its
-label for the dataset loader (§1.4); the context rules (pass inference,
+label for the dataset loader (Mortal's ``dataset/gameplay.rs``); the context rules (pass inference,
 ryukyoku only when ``can_ryukyoku``) belong to the loader.
 
 States are ``mjai.mlibriichi.state.PlayerState`` objects; only their public
@@ -208,7 +208,7 @@ def reaction_from_index(state, index: int, *, kan_select: int | None = None) -> 
         discarder, pai, consumed}, ``ankan`` {consumed}, ``kakan`` {pai, consumed},
         ``hora`` {target = ``last_cans.target_actor``, no deltas},
         ``ryukyoku`` (no actor, no deltas), ``none``.
-        Red fives are spent whenever held (Mortal's choice, mortal_semantics.md §3):
+        Red fives are spent whenever held (Mortal's choice in ``agent/mortal.rs``):
         chi/pon consume the held red five; ankan/daiminkan of a five assume it.
 
     Raises:
@@ -263,7 +263,7 @@ def _field(event: dict, key: str):
 
 
 def event_to_label(event: dict) -> int | None:
-    """Label 0-45 of one mjai decision event (mortal_semantics.md §1.4, single event).
+    """Label 0-45 of one mjai decision event (Mortal's ``dataset/gameplay.rs``, single event).
 
     ``dahai`` -> its pai id incl. red (34-36), ``reach`` -> 37, ``chi`` ->
     38 + chi type (low/mid/high by the deaka'd called tile), ``pon`` -> 41,
@@ -289,7 +289,7 @@ def event_to_label(event: dict) -> int | None:
 
 
 def kan_select_label(event: dict) -> int:
-    """Kan-select label 0-33 of a kan event (mortal_semantics.md §1.4 rules 5-7).
+    """Kan-select label 0-33 of a kan event (Mortal's ``dataset/gameplay.rs``).
 
     ``daiminkan``/``kakan`` -> deaka(pai); ``ankan`` -> deaka(consumed[0]). ``event`` is a
     dict, as for ``event_to_label``.

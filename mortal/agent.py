@@ -5,20 +5,19 @@ An agent serves many (game, seat) slots at once. The arena hands it a list of
 back one ``Decision`` per scene, so an engine is called once per lock-step
 cycle (Mortal's ``MortalBatchAgent``, ``libriichi/src/agent/mortal.rs``).
 
-* ``MortalBatchAgent(engine)``: encodes features, applies quick eval (§3.2),
-  the kan-select second pass in the same batch (§3.1), the rule-based agari
-  guard (§2.8) and attaches Mortal's ``meta`` (§2.5).
+* ``MortalBatchAgent(engine)``: encodes features, applies quick eval,
+  the kan-select second pass in the same batch, the rule-based agari
+  guard and attaches Mortal's ``meta``, all as Mortal's ``libriichi/src/agent/mortal.rs``.
 * ``MjaiBotAgent(factory, name)``: any mjai bot with ``react(events_json) ->
   reaction_json`` (e.g. ``mjai.bot.rulebase.RulebaseBot``), one bot object per
   (game, seat); an illegal reaction is replaced by the first legal action and
-  counted in ``substitutions`` (engine_choice.md: RulebaseBot breaks kuikae).
+  counted in ``substitutions`` (mjai's RulebaseBot can propose a kuikae discard, which the rules forbid).
 
 Version 4 needs per-seat state beyond ``PlayerState`` (``mortal.obs_v4.V4Encoder``):
 the caller (arena, bot) keeps one encoder per seat of an agent for which
 ``needs_v4_encoder`` is true, feeds it the seat's events and hands it over in
 ``Scene.v4``; other seats carry ``None`` and never run the single-player search.
 
-Section numbers refer to /work/shared/reference/mortal_semantics.md.
 """
 
 from __future__ import annotations
@@ -88,7 +87,7 @@ class Decision:
 
 
 # ---------------------------------------------------------------------------
-# rule-based agari guard (§2.8)
+# rule-based agari guard (Mortal's agent/mortal.rs)
 
 
 def abs_scores(state) -> list[int]:
@@ -155,7 +154,7 @@ def _mask_bits(mask) -> int:
 
 
 def _meta_core(q, mask, is_greedy, state) -> dict:
-    """Mortal's meta fields common to the main and the kan-select evaluation (§2.5)."""
+    """Mortal's meta fields common to the main and the kan-select evaluation."""
     return {
         "q_values": [float(q[i]) for i in range(len(mask)) if mask[i]],
         "mask_bits": _mask_bits(mask),
@@ -166,7 +165,7 @@ def _meta_core(q, mask, is_greedy, state) -> dict:
 
 
 def _quick_eval_index(state, mask=None) -> int | None:
-    """The only legal discard when Mortal's quick eval applies (§3.2), else None.
+    """The only legal discard when Mortal's quick eval applies, else None.
 
     ``mask`` (46,) bool: the decision's mask; when None it is taken from the v3 encoder
     (every version has the same mask), so a v4 seat skips its single-player search for

@@ -1,11 +1,11 @@
 """One-vs-three arena: many hanchan in lock-step on ``riichienv`` tables.
 
-Design (reference/engine_choice.md): every game owns one ``riichienv.RiichiEnv``
+Design: every game owns one ``riichienv.RiichiEnv``
 played **one kyoku per reset** with an explicit wall derived from
 (nonce, key, kyoku index, honba), so all four seat rotations of a nonce see the
 same deal whenever they reach the same kyoku label (Mortal's duplicate property,
 not Mortal's exact walls). Scores, honba and kyotaku are carried here and the
-Tenhou hanchan flow (Mortal's ``arena/game.rs``, mortal_semantics.md §2.7) is
+Tenhou hanchan flow (Mortal's ``libriichi/src/arena/game.rs``) is
 applied by the pure function ``next_kyoku``. Each seat has an
 ``mjai.mlibriichi`` ``PlayerState`` fed from the table's masked events (plus, for a
 seat whose agent encodes version 4, a ``mortal.obs_v4.V4Encoder`` fed the same
@@ -145,7 +145,7 @@ def top_seat(scores: Sequence[int]) -> int:
 
 
 def next_kyoku(state: KyokuState, result: KyokuResult) -> KyokuOutcome:
-    """Tenhou hanchan flow, as Mortal's ``arena/game.rs`` (mortal_semantics.md §2.7).
+    """Tenhou hanchan flow, as Mortal's ``libriichi/src/arena/game.rs``.
 
     * scores += deltas − 1000 per accepted riichi; kyotaku → 0 on a hora, else
       grows by the accepted riichi;
@@ -316,7 +316,7 @@ class _Game:
         self.obs = obs
 
     def _best_win_scores(self, seat: int) -> list[int]:
-        """Absolute scores after this seat's hora now (agari guard, §2.8): the table's
+        """Absolute scores after this seat's hora now (the agari guard of Mortal's ``agent/mortal.rs``): the table's
         exact payment for the hand (single winner), plus, in riichi, an upper bound on
         ura dora: every ura indicator pointing at the most-held kinds."""
         st = self.states[seat]
@@ -411,7 +411,7 @@ def write_log_atomic(path: str, text: str) -> None:
 
 
 class OneVsThree:
-    """Mortal's 1v3 duplicate arena (arena/one_vs_three.rs, mortal_semantics.md §2.1-2.5).
+    """Mortal's 1v3 duplicate arena (``libriichi/src/arena/one_vs_three.rs``).
 
     Args:
         disable_progress_bar: no tqdm bar (games finished / total, games/s).

@@ -4,7 +4,7 @@ The engine only maps observations to actions. Turning an action index into an
 mjai reaction, quick eval, the kan-select second pass and the agari guard are
 done by the per-seat agent (``mortal/agent.py``), which reads the engine's
 ``enable_quick_eval`` / ``enable_rule_based_agari_guard`` attributes as
-Mortal's ``libriichi`` agent does (reference/mortal_semantics.md §2.3, §3.2).
+Mortal's ``libriichi`` agent (``agent/mortal.rs``) does.
 
 Exploration (Mortal's ``mortal/engine.py``): with ``boltzmann_epsilon == 0``
 every sample is greedy (argmax q). Otherwise each sample independently is

@@ -266,7 +266,7 @@ def _check_unmasked(log: LoadedLog, seat: int) -> None:
 
 
 def _label(cur_cans, state, events, i, nxt_idx, seat, always_kan_select):
-    """(label, kan_select_label) for a decision after ``events[i]``, or (None, None). §1.4 of the spec.
+    """(label, kan_select_label) for a decision after ``events[i]``, or (None, None). The labelling rules of Mortal's ``dataset/gameplay.rs``.
 
     Single-event labels come from ``mortal.action``; the window rules (actor checks,
     when to add a kan-select sample, agari and pass inference) are here.
@@ -304,7 +304,7 @@ def _label(cur_cans, state, events, i, nxt_idx, seat, always_kan_select):
 
 def _is_multi_ron(nxt: dict, seat: int, ron_cans, winners: set) -> bool:
     """True if ``nxt``, a ``hora`` by ``seat`` right after another ``hora``, is a legal extra winner
-    of a double/triple ron (paid, as Mortal's Tenhou rule; §1.4 rule 9).
+    of a double/triple ron (paid, as Mortal's Tenhou rule).
 
     After the first ``hora`` the seat's own state can no longer act, so the ron is judged on
     ``ron_cans`` (its ``ActionCandidate`` right after the discard or kan being robbed): the seat
@@ -358,7 +358,7 @@ class GameplayLoader:
                 f"augmented={self.augmented})")
 
     def kept_seats(self, names) -> list[int]:
-        """Seats kept for ``start_game`` ``names`` (§1.2 of the spec)."""
+        """Seats kept for ``start_game`` ``names`` (Mortal's player-name filter)."""
         names = list(names) if names is not None else [""] * 4
         if self._names:
             return [i for i, n in enumerate(names) if n in self._names]

@@ -1,7 +1,7 @@
 """Observation version 4 (1012x34), as Mortal's ``state/obs_repr.rs`` with ``version = 4``.
 
 ``mjai.mlibriichi`` encodes versions 1-3 only. Version 4 is built here from
-two parts (spec: mortal_semantics.md section 6):
+two parts:
 
 * rows 0-888: the v3 array of ``PlayerState.encode_obs(3, at_kan_select)``
   re-packed (scores get a clamp(s,0,30000)/30000 row instead of 9 RBF rows;
@@ -45,7 +45,7 @@ OBS_CHANNELS_V3 = 934
 OBS_CHANNELS_V4 = 1012
 MAX_NUM_TURNS = MAX_TSUMOS_LEFT  # 17
 
-# (name, v4 start, v3 start or None, rows) for rows 1-23; see mortal_semantics.md 6.1.
+# (name, v4 start, v3 start or None, rows) for rows 1-23, in the order of Mortal's ``obs_repr.rs``.
 ROW_TABLE = (
     ("tehai", 0, 0, 4),
     ("akas_in_hand", 4, 4, 3),

@@ -76,7 +76,7 @@ def check_position(state, stats, check_illegal=True):
 
 
 def _consumed_ok(ours, theirs, state):
-    """Same tiles; a red-five difference only where §3 spends the held red."""
+    """Same tiles; a red-five difference only where Mortal's agent spends the held red."""
     if ours == theirs:
         return True
     deaka = lambda ts: sorted(t.rstrip("r") for t in ts)  # noqa: E731

@@ -224,7 +224,7 @@ def test_double_ron_log_is_kept_and_both_winners_labelled(caplog):
         [games] = loader.load_gz_log_files([DOUBLE_RON])
     assert loader.skipped == 0 and not caplog.records
     assert [g.player_id for g in games] == [0, 1, 2, 3]
-    # §1.4 rule 9: every winner of the multi-ron gets label 43 at the discard, with ron legal
+    # Mortal's Tenhou rule: every winner of the multi-ron gets label 43 at the discard, with ron legal
     for seat in (1, 2):
         actions, masks = _at(games, seat, 358)
         assert actions == [43] and 43 in masks[0] and 45 in masks[0]

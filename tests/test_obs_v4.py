@@ -1,4 +1,4 @@
-"""Observation v4: row layout (mortal_semantics.md 6.1), shanten/agari/points, SP values by hand."""
+"""Observation v4: row layout (Mortal's obs_repr.rs, version 4), shanten/agari/points, SP values by hand."""
 
 import json
 
@@ -19,7 +19,7 @@ from conftest import hand
 # ---- layout ----------------------------------------------------------------------------------
 
 def test_row_table_matches_semantics_6_1():
-    # v4 counts of blocks 1-23 from the table in mortal_semantics.md 6.1
+    # v4 counts of blocks 1-23 in Mortal's obs_repr.rs, version 4
     v4_counts = [4, 3, 8, 4, 4, 2, 2, 1, 7, 96, 1, 585, 1, 4, 1, 28, 80, 4, 19, 6, 2, 7, 20]
     assert sum(v4_counts) == 889 and 889 + 123 == OBS_CHANNELS_V4
     starts = np.cumsum([0] + v4_counts)
