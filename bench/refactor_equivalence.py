@@ -1,0 +1,205 @@
+"""Does a restructuring keep the learning path bit for bit? Two source trees, the same seeded work, digests compared.
+
+For each tree (``--old DIR`` and ``--new DIR``, default this checkout), a fresh process with that tree first on
+``sys.path`` runs, on CPU with one thread and fixed seeds:
+
+* **loader**: ``GameplayLoader(3)`` on the real mjai logs of ``tests/data`` (obs, actions, masks, kyoku indices,
+  dones, gamma flags of every seat);
+* **offline epoch**: a tiny offline ``Trainer`` (16 channels, 1 block, batch 8, CQL on) trains one epoch on those
+  logs through the whole data path (file index, ``FileDatasetsIter``, GRP rewards, batches, loss, AdamW);
+* **online steps**: a tiny online ``Trainer`` (no CQL) takes ``--steps`` seeded random batches through
+  ``train_batch``.
+
+Each part prints a SHA-256 of its tensors (model weights, optimizer state, loss sums); the two trees must agree on
+every part. A part that one tree cannot run is reported as such. Run each tree twice (``--old . --new .``) to see
+that the digests are reproducible at all on this machine.
+
+Usage: ``python bench/refactor_equivalence.py --old /path/to/old/checkout [--new .] [--steps 20]``; exit status 1
+when a digest differs.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+CHILD = r'''
+import hashlib, json, os, random, shutil, sys
+import numpy as np
+import toml
+import torch
+
+torch.set_num_threads(1)
+data_dir, work, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+
+def seed(n=0):
+    random.seed(n)
+    np.random.seed(n)
+    torch.manual_seed(n)
+
+
+def digest(*objs):
+    h = hashlib.sha256()
+
+    def feed(x):
+        if isinstance(x, torch.Tensor):
+            t = x.detach().cpu().contiguous()
+            h.update(f'{t.dtype}{list(t.shape)}'.encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(x, np.ndarray):
+            feed(torch.from_numpy(np.ascontiguousarray(x)))
+        elif isinstance(x, dict):
+            for k in sorted(x, key=str):
+                h.update(str(k).encode())
+                feed(x[k])
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                feed(v)
+        else:
+            h.update(repr(x).encode())
+    for o in objs:
+        feed(o)
+    return h.hexdigest()
+
+
+def tiny_config(root, online):
+    from mortal.config import load_config
+    cfg = toml.load(os.path.join(TREE, 'config.example.toml'))
+    cfg['control'].update(version=3, online=online, state_file=f'{root}/mortal.pth', best_state_file=f'{root}/best.pth',
+                          tensorboard_dir=f'{root}/tb', device='cpu', enable_cudnn_benchmark=False, enable_amp=False,
+                          enable_compile=False, batch_size=8, opt_step_every=1, save_every=1000, test_every=1000,
+                          submit_every=1000)
+    cfg['train_play']['default'].update(games=4, log_dir=f'{root}/train_play')
+    cfg['test_play'].update(games=4, log_dir=f'{root}/test_play')
+    cfg['dataset'].update(globs=[f'{root}/dataset/*.json*'], file_index=f'{root}/file_index.pth', file_batch_size=2,
+                          num_workers=0)
+    cfg['env'].update(gamma=1, pts=[6.0, 4.0, 2.0, 0.0])
+    cfg['resnet'].update(conv_channels=16, num_blocks=1)
+    cfg['freeze_bn']['mortal'] = online
+    cfg['optim'].update(max_grad_norm=1.0)
+    cfg['optim']['scheduler'].update(peak=1e-3, final=1e-3)
+    for slot in ('train', 'test'):
+        cfg['baseline'][slot].update(device='cpu', state_file=f'{root}/baseline.pth')
+    cfg['online']['remote'].update(host='127.0.0.1', port=1)
+    cfg['online']['probe_size'] = 0
+    cfg['online']['server'].update(buffer_dir=f'{root}/buffer', drain_dir=f'{root}/drain', capacity=4)
+    cfg['grp']['state_file'] = f'{root}/grp.pth'
+    cfg['grp']['network'].update(hidden_size=8, num_layers=1)
+    os.makedirs(root, exist_ok=True)
+    path = f'{root}/config.toml'
+    with open(path, 'w') as f:
+        toml.dump(cfg, f)
+    return load_config(path)
+
+
+class Writer:
+    def __getattr__(self, name):
+        return lambda *a, **k: None
+
+
+class TestPlayer:
+    log_dir = '/nonexistent'
+
+
+def trainer_state(trainer):
+    state = {'mortal': trainer.mortal.state_dict(), 'dqn': trainer.dqn.state_dict(),
+             'aux': trainer.aux_net.state_dict(), 'steps': trainer.steps,
+             'stats': {k: float(v) for k, v in trainer.stats.items()}}
+    opt = trainer.optimizer.state_dict()['state']
+    state['optimizer'] = {str(k): v for k, v in opt.items()}
+    return state
+
+
+TREE = os.environ['TREE']
+out = {}
+logs = sorted(os.path.join(data_dir, n) for n in os.listdir(data_dir) if n.endswith(('.jsonl', '.json.gz')))
+try:
+    from mortal.gameplay import GameplayLoader
+    games = GameplayLoader(3).load_gz_log_files(logs)
+    out['loader'] = digest([[(g.player_id, g.obs, g.actions, g.masks, g.at_kyoku, g.dones, g.apply_gamma)
+                             for g in game] for game in games])
+except Exception as e:
+    out['loader'] = f'cannot run: {type(e).__name__}: {e}'
+
+try:
+    from mortal import train as tr
+    from mortal.model import GRP
+    root = os.path.join(work, 'offline')
+    config = tiny_config(root, online=False)
+    os.makedirs(f'{root}/dataset')
+    for p in logs:
+        name = os.path.basename(p)
+        shutil.copy(p, f'{root}/dataset/' + (name[:-1] if name.endswith('.jsonl') else name))
+    seed(1)
+    torch.save({'model': GRP(**config['grp']['network']).state_dict()}, config['grp']['state_file'])
+    seed(2)
+    trainer = tr.Trainer(config, test_player=TestPlayer(), writer=Writer())
+    seed(3)
+    batches = trainer.train_epoch()
+    out['offline_epoch'] = digest(trainer_state(trainer)) + f' ({batches} batches)'
+except Exception as e:
+    out['offline_epoch'] = f'cannot run: {type(e).__name__}: {e}'
+
+try:
+    from mortal import train as tr
+    from mortal import wire
+    config = tiny_config(os.path.join(work, 'online'), online=True)
+    seed(4)
+    trainer = tr.Trainer(config, test_player=TestPlayer(), writer=Writer(), remote=wire.Remote('127.0.0.1', 1),
+                         sleep=lambda s: None)
+    g = torch.Generator().manual_seed(5)
+    from mortal.obs import obs_shape
+    channels = obs_shape(3)[0]
+    for i in range(steps):
+        n = 8
+        obs = torch.rand((n, channels, 34), generator=g)
+        masks = torch.rand((n, 46), generator=g) < 0.3
+        actions = torch.randint(0, 46, (n,), generator=g)
+        masks[torch.arange(n), actions] = True
+        rewards = torch.randn((n,), generator=g, dtype=torch.float64)
+        trainer.train_batch(obs, actions, masks, torch.arange(n), rewards, torch.arange(n) % 4)
+    out['online_steps'] = digest(trainer_state(trainer)) + f' ({steps} steps)'
+except Exception as e:
+    out['online_steps'] = f'cannot run: {type(e).__name__}: {e}'
+print(json.dumps(out))
+'''
+
+
+def run_tree(tree: pathlib.Path, steps: int) -> dict:
+    """The digests of one tree's run (a fresh process; ``tree`` first on sys.path)."""
+    with tempfile.TemporaryDirectory() as work:
+        env = {**os.environ, 'PYTHONPATH': str(tree), 'TREE': str(tree), 'OMP_NUM_THREADS': '1'}
+        env.pop('RUST_BACKTRACE', None)
+        proc = subprocess.run([sys.executable, '-c', CHILD, str(ROOT / 'tests' / 'data'), work, str(steps)],
+                              cwd=work, env=env, capture_output=True, text=True, timeout=1800)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('{')]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f'{tree}: the run failed (status {proc.returncode}):\n{proc.stderr[-3000:]}')
+    return json.loads(lines[-1])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument('--old', required=True, type=pathlib.Path, help='the source tree before the change')
+    parser.add_argument('--new', default=ROOT, type=pathlib.Path, help='the source tree after the change')
+    parser.add_argument('--steps', type=int, default=20, help='online train_batch steps')
+    args = parser.parse_args(argv)
+    old, new = run_tree(args.old.resolve(), args.steps), run_tree(args.new.resolve(), args.steps)
+    same = True
+    for part in ('loader', 'offline_epoch', 'online_steps'):
+        a, b = old.get(part), new.get(part)
+        verdict = 'identical' if a == b and not str(a).startswith('cannot') else 'DIFFERENT'
+        same &= verdict == 'identical'
+        print(f'{part:14s} {verdict:9s} old {a}\n{"":24s} new {b}')
+    return 0 if same else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())
