@@ -16,8 +16,6 @@ if __package__ in (None, ''):  # run as a script: python bench/arena.py
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
-import argparse
-import os
 import time
 
 import numpy as np
@@ -76,8 +74,9 @@ def run(challenger, champion, seeds, progress):
 
 
 def main(argv=None):
-    os.environ.pop("RUST_BACKTRACE", None)
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from mortal import entry
+
+    p = entry.parser(__doc__.splitlines()[0], config=False)
     p.add_argument("--seeds", type=int, default=8, help="nonces; games = 4 * seeds")
     p.add_argument("--channels", type=int, default=64)
     p.add_argument("--blocks", type=int, default=4)
@@ -85,7 +84,7 @@ def main(argv=None):
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: the arena shares the CPU)")
     p.add_argument("--progress", action="store_true")
-    args = p.parse_args(argv)
+    args = entry.start(p, argv, log_level=None)
     try:
         import torch
         from mortal.engine import MortalEngine

@@ -13,7 +13,6 @@ the ``train_grp`` checkpoint layout. ``reward`` prints, per GRP, the correlation
 the last kyoku of each game. Seeds are fixed (torch and random 0).
 """
 
-import argparse
 import glob
 import math
 import os
@@ -77,7 +76,9 @@ def reward_correlation(grp_file, log_dir):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    from mortal import entry
+
+    parser = entry.parser(__doc__.split('\n\n')[0], config=False)
     sub = parser.add_subparsers(dest='cmd', required=True)
     p = sub.add_parser('curve')
     p.add_argument('train_dir')
@@ -90,7 +91,7 @@ def main(argv=None):
     p = sub.add_parser('reward')
     p.add_argument('val_dir')
     p.add_argument('grp', nargs='+')
-    args = parser.parse_args(argv)
+    args = entry.start(parser, argv, log_level=None)
     import torch
     torch.set_num_threads(1)
     if args.cmd == 'curve':

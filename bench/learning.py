@@ -396,9 +396,13 @@ def report(out, log):
 
 
 def main(argv=None):
+    import logging
+
+    from mortal import entry
+
     fmt_cls = argparse.ArgumentDefaultsHelpFormatter
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0], formatter_class=fmt_cls,
-                                     epilog='--out goes before the subcommand. What was measured: docs/learning.md')
+    parser = entry.parser(__doc__.split('\n\n')[0], config=False, formatter_class=fmt_cls,
+                          epilog='--out goes before the subcommand. What was measured: docs/learning.md')
     parser.add_argument('--out', default='work/learning', help='benchmark dir')
     sub = parser.add_subparsers(dest='cmd', required=True)
     p = sub.add_parser('start', help='bootstrap the start point into OUT/start', formatter_class=fmt_cls)
@@ -437,11 +441,8 @@ def main(argv=None):
     p.add_argument('--workers', type=int, default=os.cpu_count() or 1, help='evaluation processes')
     p.add_argument('--key', type=int, default=EVAL_KEY, help='duplicate seed key of the evaluation deals')
     sub.add_parser('report', help='Markdown table of every arm and OUT/learning_curve.png')
-    args = parser.parse_args(argv)
-    os.environ.pop('RUST_BACKTRACE', None)
-    os.environ.setdefault('OMP_NUM_THREADS', '1')
-    import logging
-    logging.basicConfig(level=logging.WARNING, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
+    os.environ.setdefault('OMP_NUM_THREADS', '1')  # before anything loads numpy or torch
+    args = entry.start(parser, argv, log_level=logging.WARNING)
     log = lambda msg: print(time.strftime('%H:%M:%S'), msg, flush=True)  # noqa: E731
     out = pathlib.Path(args.out)
     if args.cmd == 'start':

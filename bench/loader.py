@@ -22,9 +22,7 @@ if __package__ in (None, ''):  # run as a script: python bench/loader.py
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
-import argparse
 import gzip
-import os
 import pathlib
 import tempfile
 import time
@@ -92,13 +90,14 @@ def dataset(paths):
 
 
 def main(argv=None):
-    os.environ.pop("RUST_BACKTRACE", None)
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from mortal import entry
+
+    parser = entry.parser(__doc__.splitlines()[0], config=False)
     parser.add_argument("--copies", type=int, default=4, help="gzip copies of each fixture log")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement (best kept)")
     parser.add_argument("--default-malloc", action="store_true",
                         help="do not call keep_freed_memory (glibc default trimming)")
-    args = parser.parse_args(argv)
+    args = entry.start(parser, argv, log_level=None)
     from mortal.dataloader import keep_freed_memory
 
     torch.set_num_threads(1)

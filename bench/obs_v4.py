@@ -14,9 +14,7 @@ if __package__ in (None, ''):  # run as a script: python bench/obs_v4.py
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
-import argparse
 import json
-import os
 import time
 
 import numpy as np
@@ -48,13 +46,14 @@ def _replay(path, seat, limit):
 
 
 def main(argv=None):
-    os.environ.pop('RUST_BACKTRACE', None)
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from mortal import entry
+
+    ap = entry.parser(__doc__.splitlines()[0], config=False)
     ap.add_argument('--log', default='tests/data/meta_annotated_hanchan.jsonl')
     ap.add_argument('--seat', type=int, default=0)
     ap.add_argument('--limit', type=int, default=200, help='decision points to time')
     ap.add_argument('--backend', choices=('core', 'python'), default='core')
-    args = ap.parse_args(argv)
+    args = entry.start(ap, argv, log_level=None)
 
     import mortal.obs_v4 as obs_v4
     import mortal.sp.calc as sp_calc

@@ -16,8 +16,6 @@ if __package__ in (None, ''):  # run as a script: python bench/selfplay_v4.py
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
-import argparse
-import os
 import time
 
 import numpy as np
@@ -48,8 +46,9 @@ def _rows_per_s(make_engine, seeds):
 
 
 def main(argv=None):
-    os.environ.pop("RUST_BACKTRACE", None)
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from mortal import entry
+
+    p = entry.parser(__doc__.splitlines()[0], config=False)
     p.add_argument("--seeds", type=int, default=4, help="nonces; games = 4 * seeds per run")
     p.add_argument("--channels", type=int, default=64)
     p.add_argument("--blocks", type=int, default=4)
@@ -57,7 +56,7 @@ def main(argv=None):
     p.add_argument("--repeat", type=int, default=3, help="v3/v4 pairs per policy (the median ratio is kept)")
     p.add_argument("--sp-threads", type=int, default=None,
                    help="threads of the v4 single-player search (default: MORTAL_SP_THREADS, else min(8, CPUs))")
-    args = p.parse_args(argv)
+    args = entry.start(p, argv, log_level=None)
 
     import torch
     from bench.arena import FirstLegal

@@ -22,7 +22,6 @@ if __package__ in (None, ''):  # run as a script: python bench/server_auth_memor
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
-import argparse
 import os
 import pathlib
 import socket
@@ -126,10 +125,12 @@ def run_threads(targets) -> None:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from mortal import entry
+
+    parser = entry.parser(__doc__.splitlines()[0], config=False)
     parser.add_argument('--frame-mib', type=int, default=400, help='max_frame_bytes of the servers, MiB')
     parser.add_argument('--conns', type=int, default=200, help='concurrent connections in phases 2-3')
-    args = parser.parse_args(argv)
+    args = entry.start(parser, argv, log_level=None)
     frame = args.frame_mib << 20
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -68,8 +68,10 @@ def simulate(diffs, plant, *, runs, max_deals, chunk_deals, sprt, confidence, se
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    from mortal import entry
+
+    parser = entry.parser(__doc__.splitlines()[0], config=False,
+                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     src = parser.add_argument_group('where the per-deal spread comes from (one of)')
     src.add_argument('--units', help='a JSON {nonce: [4 ranks]} of the challenger (from --save-units), or an arm\'s '
                                      'result.json of bench/learning.py (its units of --label)')
@@ -90,8 +92,7 @@ def main(argv=None):
     parser.add_argument('--beta', type=float, default=0.05, help='SPRT missed "better" rate at delta')
     parser.add_argument('--confidence', type=float, default=0.95, help='two-sided confidence of the fixed rule')
     parser.add_argument('--seed', type=int, default=0, help='seed of the resampling')
-    args = parser.parse_args(argv)
-    os.environ.pop('RUST_BACKTRACE', None)
+    args = entry.start(parser, argv, log_level=None)
     from mortal.gate import Sprt, mean_and_ci
 
     if args.units:

@@ -31,8 +31,9 @@ from typing import Sequence
 from mjai.mlibriichi.state import PlayerState
 from riichienv import GameRule, RiichiEnv, calculate_score
 
-from mortal.agent import IllegalReaction, Scene, abs_scores, make_agent, needs_v4_encoder, rank_of
+from mortal.agent import IllegalReaction, Scene, abs_scores, make_agent, needs_v4_encoder
 from mortal.fsutil import atomic_write
+from mortal.grp import rank_by_player  # rankings.rs: 0-based rank of each seat, ties to the lower seat
 from mortal.obs_v4 import V4Encoder
 
 logger = logging.getLogger(__name__)
@@ -186,11 +187,6 @@ def final_scores(scores: Sequence[int], kyotaku: int) -> list[int]:
     if kyotaku > 0:
         out[top_seat(out)] += 1000 * kyotaku
     return out
-
-
-def rank_by_player(scores: Sequence[int]) -> list[int]:
-    """0-based rank of each seat; ties go to the lower seat index (rankings.rs)."""
-    return [rank_of(scores, s) for s in range(4)]
 
 
 def kyoku_result_from_events(events: Sequence[dict], oya: int, oya_shanten: int | None) -> KyokuResult:

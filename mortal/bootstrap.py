@@ -25,7 +25,6 @@ if __package__ in (None, ''):  # run as a script: python mortal/bootstrap.py
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
-import argparse
 import copy
 import logging
 import os
@@ -35,6 +34,7 @@ import time
 from pathlib import Path
 
 from mortal.config import SCHEMA, lookup
+from mortal.entry import drop_rust_backtrace
 from mortal.fsutil import atomic_copy, empty_dir
 
 logger = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ def play_set(task):
     does not stop the pool.
     """
     log_dir, nonce, key, epsilon = task
-    os.environ.pop('RUST_BACKTRACE', None)
+    drop_rust_backtrace()  # also when the pool was started by a library caller, not by main()
     try:
         from mortal.agent import MjaiBotAgent
         from mortal.arena import OneVsThree
@@ -413,29 +413,27 @@ def run_steps(config, steps, *, force=False, progress=True):
 
 
 def main(argv=None):
-    os.environ.pop('RUST_BACKTRACE', None)
-    parser = argparse.ArgumentParser(prog='python -m mortal.bootstrap',
-                                     description='Bootstrap a model from rule-based play ([bootstrap] table).')
+    """``python -m mortal.bootstrap STEP [-c PATH] [--force] [--no-progress]``; returns the exit status (2: config
+    error, 1: a failed step)."""
+    from mortal import entry
+    from mortal.config import TRAIN_SECTIONS, ConfigError
+
+    parser = entry.parser('Bootstrap a model from rule-based play ([bootstrap] table).',
+                          prog='python -m mortal.bootstrap')
     parser.add_argument('step', choices=STEPS + ('all',))
-    parser.add_argument('-c', '--config', default=None, help='config file (default: $MORTAL_CFG or config.toml)')
     parser.add_argument('--force', action='store_true', help='prepare: overwrite existing online checkpoints')
     parser.add_argument('--no-progress', action='store_true', help='hide progress bars')
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
-
-    from mortal.config import TRAIN_SECTIONS, ConfigError, load_config
+    args = entry.start(parser, argv)
     try:
-        config = load_config(args.config, required=TRAIN_SECTIONS + ('grp.control', 'grp.dataset', 'grp.optim'))
+        config = entry.load_config(args, TRAIN_SECTIONS + ('grp.control', 'grp.dataset', 'grp.optim'))
         bootstrap_config(config)
     except (ConfigError, BootstrapError) as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 2
+        return entry.error(e)
     steps = STEPS if args.step == 'all' else (args.step,)
     try:
         timings = run_steps(config, steps, force=args.force, progress=not args.no_progress)
     except BootstrapError as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 1
+        return entry.error(e, 1)
     for step, secs in timings.items():
         print(f'{step}: {secs:.0f} s')
     return 0

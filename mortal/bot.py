@@ -21,7 +21,6 @@ if __package__ in (None, ''):  # run as a script: python mortal/bot.py
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
-import argparse
 import json
 import logging
 import os
@@ -218,34 +217,27 @@ USAGE = 'python -m mortal.bot [-c/--config PATH] <SEAT>   (SEAT: the player ID, 
 
 def main(argv: list[str] | None = None, *, stdin: IO[str] | None = None, stdout: IO[str] | None = None) -> int:
     """``python -m mortal.bot <SEAT>``; returns the exit status (2 usage/config/checkpoint error, 1 bad input)."""
-    os.environ.pop('RUST_BACKTRACE', None)
-    # stdout is the protocol channel: logs go to stderr only
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format='%(asctime)s %(levelname)s %(name)s: %(message)s')
+    from mortal import entry
+    from mortal.checkpoint import CheckpointError
+    from mortal.config import BOT_SECTIONS, ConfigError
+
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
-    parser = argparse.ArgumentParser(prog='python -m mortal.bot', usage=USAGE,
-                                     description='Play one seat over mjai on stdin/stdout.')
-    parser.add_argument('-c', '--config', default=None,
-                        help='config file (default: env MORTAL_CFG, else config.toml)')
+    parser = entry.parser('Play one seat over mjai on stdin/stdout.', prog='python -m mortal.bot', usage=USAGE)
     parser.add_argument('seat', type=int, choices=range(4), metavar='SEAT')
-    args = parser.parse_args(argv)
+    # WARNING: stdout is the protocol channel, the log (stderr) carries problems only
+    args = entry.start(parser, argv, log_level=logging.WARNING)
     review_mode = os.environ.get(REVIEW_ENV, '0') == '1'
-
-    from mortal.checkpoint import CheckpointError
-    from mortal.config import BOT_SECTIONS, ConfigError, load_config
     required = BOT_SECTIONS + (('grp', 'grp.network') if review_mode else ())
     try:
-        config = load_config(args.config, required=required)
+        config = entry.load_config(args, required)
     except ConfigError as exc:
-        print(f'error: {exc}', file=sys.stderr)
-        return 2
+        return entry.error(exc)
     try:
         engine, tag = load_engine(config['control']['state_file'], review_mode=review_mode)
         grp = load_review_grp(config) if review_mode else None  # fail before the game, not after it
     except CheckpointError as exc:
-        print(f'error: {exc}', file=sys.stderr)
-        return 2
+        return entry.error(exc)
     bot = Bot(engine, args.seat)
     try:
         lines = serve(bot, stdin, stdout, review_mode=review_mode)
@@ -254,12 +246,10 @@ def main(argv: list[str] | None = None, *, stdin: IO[str] | None = None, stdout:
             try:
                 matrix = phi_matrix(config, lines, grp)
             except BadLogError as exc:
-                print(f'error: cannot review this log: {exc}', file=sys.stderr)
-                return 1
+                return entry.error(f'cannot review this log: {exc}', 1)
             print(json.dumps({'model_tag': tag, 'phi_matrix': matrix}), file=stdout, flush=True)
     except BotError as exc:
-        print(f'error: {exc}', file=sys.stderr)
-        return 1
+        return entry.error(exc, 1)
     except KeyboardInterrupt:
         return 0
     except BrokenPipeError:

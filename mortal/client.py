@@ -3,7 +3,7 @@
 Loop forever: fetch the trainee's parameters from the server (retry every 3 s while it refuses — 'samples
 overflow', 'empty param', 'trainer is busy' — or is unreachable, so the client outlives server restarts), play one
 round of ``[train_play.<TRAIN_PLAY_PROFILE>] games`` with ``TrainPlayer``, log the trainee's rank counts, average
-rank and average pt (display pts [90, 45, 0, -135]) for the round and over the last ``[online] history_window``
+rank and average pt (``mortal.stat.DISPLAY_PTS``) for the round and over the last ``[online] history_window``
 rounds, then submit the round's logs with the parameter version they were played with.
 
 Logs of a round whose submission cannot reach the server are retried until the server is back; if the server
@@ -24,7 +24,6 @@ if __package__ in (None, ''):  # run as a script: python mortal/client.py
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
-import argparse
 import gc
 import logging
 import os
@@ -37,19 +36,9 @@ import torch
 
 from mortal import wire
 from mortal.checkpoint import CheckpointError, check_loadable, read_baseline
+from mortal.stat import rank_summary  # of the display pts, as Mortal's client prints it
 
 logger = logging.getLogger('mortal.client' if __name__ == '__main__' else __name__)
-
-DISPLAY_PTS = np.array([90, 45, 0, -135])  # Tenhou-like rank pt, for display only (as Mortal's client)
-
-
-def rank_summary(rankings) -> tuple:
-    """(avg_rank, avg_pt) of rank counts ``rankings`` (4,) ints: 1st..4th places; NaN when empty."""
-    rankings = np.asarray(rankings, dtype=np.float64)
-    total = rankings.sum()
-    if total == 0:
-        return float('nan'), float('nan')
-    return float(rankings @ np.arange(1, 5) / total), float(rankings @ DISPLAY_PTS / total)
 
 
 class RankHistory:
@@ -154,7 +143,8 @@ def submit_logs(remote: wire.Remote, logs: dict, param_version: int, server_id, 
 class Client:
     """State of one self-play worker; ``run_round()`` does one fetch-play-submit cycle.
 
-    config: the full config dict; train_player: a ``TrainPlayer`` (built from config when None).
+    config: the full config dict; train_player: a ``TrainPlayer`` (built from config when None); env: where the
+    ``TrainPlayer`` finds ``TRAIN_PLAY_PROFILE`` (``mortal.config.Env``: the start-up overrides or a mapping).
     """
 
     def __init__(self, config: dict, *, train_player=None, remote=None, env=os.environ, sleep=time.sleep):
@@ -329,17 +319,15 @@ class Client:
 def main(argv=None):
     """Entry point: ``python mortal/client.py`` (config from MORTAL_CFG or ``--config``; profile from
     TRAIN_PLAY_PROFILE). ``--rounds N`` stops after N rounds (default: run forever)."""
-    os.environ.pop('RUST_BACKTRACE', None)
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('-c', '--config', help='config file (default: $MORTAL_CFG or config.toml)')
+    from mortal import entry
+    from mortal.config import CLIENT_SECTIONS
+    parser = entry.parser(__doc__.splitlines()[0])
     parser.add_argument('--rounds', type=int, default=0, help='stop after this many rounds (0 = never)')
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
-    from mortal.config import CLIENT_SECTIONS, load_config_or_exit
-    config = load_config_or_exit(args.config, required=CLIENT_SECTIONS)
+    args = entry.start(parser, argv)
+    config = entry.load_config_or_exit(args, CLIENT_SECTIONS)
     done = 0
     try:
-        client = Client(config)
+        client = Client(config, env=args.overrides)
         while not args.rounds or done < args.rounds:
             client.run_round()
             done += 1

@@ -17,11 +17,10 @@ misbehave (a buffer ``capacity`` that can never be filled, ignored keys, typos) 
 from __future__ import annotations
 
 import copy
-import ipaddress
 import logging
 import math
+import numbers
 import os
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
@@ -32,9 +31,13 @@ logger = logging.getLogger(__name__)
 DEFAULT_PATH = 'config.toml'
 ENV_PATH = 'MORTAL_CFG'
 ENV_PROFILE = 'TRAIN_PLAY_PROFILE'
+ENV_SP_THREADS = 'MORTAL_SP_THREADS'
 DEFAULT_PROFILE = 'default'
-# Frames above this are refused by the wire protocol unless [online.server] max_frame_bytes says otherwise.
-# 512 MiB holds a 192x40 model's parameters (~40 MB) or a submission of thousands of gz logs with a wide margin.
+#: Feature/model versions of ``[control] version`` (Mortal's 1-3, plus 4 with the single-player block).
+SUPPORTED_VERSIONS = (1, 2, 3, 4)
+# Frames above this are refused by the wire protocol (mortal.wire) unless [online.server] max_frame_bytes says
+# otherwise. 512 MiB holds a 192x40 model's parameters (~40 MB) or a submission of thousands of gz logs with a wide
+# margin.
 DEFAULT_MAX_FRAME_BYTES = 512 * 1024 * 1024
 # [dataset] max_log_bytes (also the readers' default, mortal.mjai_log): a hanchan is well under 1 MB of mjai JSON.
 DEFAULT_MAX_LOG_BYTES = 64 * 1024 * 1024
@@ -71,6 +74,27 @@ class ConfigError(ValueError):
         else:
             text = f'{len(self.problems)} problems in {path}:\n' + '\n'.join(f'  - {p}' for p in self.problems)
         super().__init__(text)
+
+
+class UnsupportedVersionError(ValueError):
+    """The requested feature version is not one of Mortal's versions 1-4 (or not an integer)."""
+
+
+def check_version(version) -> int:
+    """Return ``version`` as ``int`` if it is one of ``SUPPORTED_VERSIONS`` (1, 2, 3 or 4).
+
+    The one check of a feature/model version (``[control] version``, a checkpoint's, a model's): call it at
+    process start-up so that a bad version fails before any work begins. Raises ``UnsupportedVersionError``
+    (a ``ValueError``) for anything that is not an integer 1-4 (``bool``, ``str`` and ``float`` are refused).
+    """
+    # bool is an int subclass; True would silently mean version 1. numpy integers are numbers.Integral.
+    if isinstance(version, bool) or not isinstance(version, numbers.Integral):
+        raise UnsupportedVersionError(
+            f"feature version must be an integer 1-4, got {version!r} ({type(version).__name__})")
+    version = int(version)
+    if version not in SUPPORTED_VERSIONS:
+        raise UnsupportedVersionError(f"unknown feature version {version}; Mortal defines versions 1-4")
+    return version
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -116,7 +140,12 @@ def _multiple_of_4(v):
 
 
 def _version(v):
-    return None if v in (1, 2, 3, 4) else 'must be 1, 2, 3 or 4'
+    try:
+        check_version(v)
+    except UnsupportedVersionError:
+        *most, last = SUPPORTED_VERSIONS
+        return f'must be {", ".join(map(str, most))} or {last}'
+    return None
 
 
 def _top_p(v):
@@ -453,17 +482,56 @@ def _schema_for(section: str) -> dict[str, Key] | None:
 
 
 # ------------------------------------------------------------------------------------------------------------------
+# Environment overrides
+
+@dataclass(frozen=True)
+class EnvOverrides:
+    """The environment variables that steer a process, read once at start-up (``mortal.entry.start``).
+
+    ``config_path``: ``MORTAL_CFG`` (else ``config.toml``); ``profile``: ``TRAIN_PLAY_PROFILE``, the
+    ``[train_play.<profile>]`` table a client plays (else ``default``); ``sp_threads``: ``MORTAL_SP_THREADS``,
+    threads of the version-4 single-player search (None: unset or not a positive integer, the default applies).
+    """
+
+    config_path: str = DEFAULT_PATH
+    profile: str = DEFAULT_PROFILE
+    sp_threads: int | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> 'EnvOverrides':
+        """The overrides in ``env``; the one place these variables are read. A ``MORTAL_SP_THREADS`` that is
+        not a positive integer is logged as a warning and ignored."""
+        threads = env.get(ENV_SP_THREADS)
+        if threads is not None and (not threads.strip().isdigit() or int(threads) < 1):
+            logger.warning('%s=%r is not a positive integer; using the default thread count',
+                           ENV_SP_THREADS, threads)
+            threads = None
+        return cls(config_path=env.get(ENV_PATH) or DEFAULT_PATH, profile=env.get(ENV_PROFILE) or DEFAULT_PROFILE,
+                   sp_threads=None if threads is None else int(threads))
+
+    @classmethod
+    def of(cls, env: 'Env') -> 'EnvOverrides':
+        """``env`` itself when it is already resolved, else :meth:`from_env` of the mapping."""
+        return env if isinstance(env, cls) else cls.from_env(env)
+
+
+#: What the functions below take as ``env``: the overrides resolved at start-up, or a mapping such as
+#: ``os.environ`` (tests pass ``{}``) that is read on the spot.
+Env = Mapping[str, str] | EnvOverrides
+
+
+# ------------------------------------------------------------------------------------------------------------------
 # Loading
 
-def resolve_path(path: str | os.PathLike | None = None, env: Mapping[str, str] = os.environ) -> str:
+def resolve_path(path: str | os.PathLike | None = None, env: Env = os.environ) -> str:
     """The config path to use: ``path`` if given, else env ``MORTAL_CFG``, else ``'config.toml'`` (as Mortal)."""
     if path is not None:
         return os.fspath(path)
-    return env.get(ENV_PATH) or DEFAULT_PATH
+    return EnvOverrides.of(env).config_path
 
 
 def load_config(path: str | os.PathLike | None = None, *, required: Iterable[str] = CORE_SECTIONS,
-                env: Mapping[str, str] = os.environ) -> dict:
+                env: Env = os.environ) -> dict:
     """Read, validate and return the config as a plain nested dict with defaults filled in.
 
     Args:
@@ -471,7 +539,7 @@ def load_config(path: str | os.PathLike | None = None, *, required: Iterable[str
         required: dotted section names this process needs (e.g. ``SERVER_SECTIONS``); ``'train_play'`` stands for
             the ``[train_play.<profile>]`` table of the ``TRAIN_PLAY_PROFILE`` in use. Sections that are present
             are validated whether required or not.
-        env: where ``MORTAL_CFG`` and ``TRAIN_PLAY_PROFILE`` are looked up.
+        env: where ``MORTAL_CFG`` and ``TRAIN_PLAY_PROFILE`` come from (:data:`Env`).
 
     Returns:
         ``config`` with ``config['control']['version']`` etc.; optional keys of present sections filled.
@@ -503,19 +571,8 @@ def load_config(path: str | os.PathLike | None = None, *, required: Iterable[str
     return config
 
 
-def load_config_or_exit(path: str | os.PathLike | None = None, *, required: Iterable[str] = CORE_SECTIONS,
-                       env: Mapping[str, str] = os.environ) -> dict:
-    """``load_config`` for a process entry point: a ``ConfigError`` becomes one ``error: ...`` line on stderr
-    and exit status 2 (SystemExit), not a traceback."""
-    try:
-        return load_config(path, required=required, env=env)
-    except ConfigError as exc:
-        print(f'error: {exc}', file=sys.stderr)
-        raise SystemExit(2) from None
-
-
 def validate(config: dict, path: str = DEFAULT_PATH, *, required: Iterable[str] = CORE_SECTIONS,
-             env: Mapping[str, str] = os.environ) -> list[str]:
+             env: Env = os.environ) -> list[str]:
     """Validate ``config`` in place (filling defaults) and return the warnings, which are also logged.
 
     ``path`` is only used in messages. Raises :class:`ConfigError` listing every error found.
@@ -667,15 +724,6 @@ def _coerce(kind: str, value):
     raise AssertionError(kind)
 
 
-def _is_loopback(host: str) -> bool:
-    if host == 'localhost':
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _check_relations(config: dict, path: str, errors: list[str], warns: list[str]) -> None:
     """Rules that involve several keys (run only once every key has the right type)."""
     control = config.get('control')
@@ -715,10 +763,13 @@ def _check_relations(config: dict, path: str, errors: list[str], warns: list[str
             errors.append(f'[optim.scheduler] {key} in {path} {rule}')
 
     remote = _get_table(config, 'online.remote')
-    if remote is not None and not _is_loopback(remote['host']) and not remote['token']:
-        errors.append(f'[online.remote] token in {path} is required because [online.remote] host = '
-                      f'{remote["host"]!r} is not a loopback address (anyone who can reach the port could '
-                      f'otherwise submit replays and parameters)')
+    if remote is not None and not remote['token']:
+        from mortal.wire import is_loopback  # here, not at the top: mortal.wire imports this module
+        # resolve=False: no name lookup while a config loads (the host may resolve otherwise where a peer runs)
+        if not is_loopback(remote['host'], resolve=False):
+            errors.append(f'[online.remote] token in {path} is required because [online.remote] host = '
+                          f'{remote["host"]!r} is not a loopback address (anyone who can reach the port could '
+                          f'otherwise submit replays and parameters)')
 
     akochan = _get_table(config, '1v3.akochan')
     if akochan is not None and akochan['enabled']:
@@ -777,18 +828,18 @@ def scheduler_problems(*, peak, final, warm_up_steps, max_steps, init=SCHEDULER_
 # ------------------------------------------------------------------------------------------------------------------
 # Accessors
 
-def require(config: dict, *sections: str, path: str | None = None) -> None:
+def require(config: dict, *sections: str, path: str | None = None, env: Env = os.environ) -> None:
     """Raise :class:`ConfigError` unless every dotted section exists, e.g. ``require(cfg, 'online.remote')``.
 
-    ``path`` is named in the message (default: the path :func:`resolve_path` gives).
+    ``path`` is named in the message (default: the path :func:`resolve_path` gives for ``env``).
     """
-    path = resolve_path(path)
+    path = resolve_path(path, env)
     missing = [f'missing section [{s}] in {path}' for s in sections if _get_table(config, s) is None]
     if missing:
         raise ConfigError(path, missing)
 
 
-def train_play_profile(config: dict, env: Mapping[str, str] = os.environ, *, path: str | None = None) -> dict:
+def train_play_profile(config: dict, env: Env = os.environ, *, path: str | None = None) -> dict:
     """``config['train_play'][profile]`` for env ``TRAIN_PLAY_PROFILE`` (default ``'default'``), as Mortal.
 
     Raises :class:`ConfigError` naming ``[train_play.<profile>]`` and the file when that table is missing.
@@ -802,9 +853,9 @@ def train_play_profile(config: dict, env: Mapping[str, str] = os.environ, *, pat
     return table
 
 
-def profile_name(env: Mapping[str, str] = os.environ) -> str:
+def profile_name(env: Env = os.environ) -> str:
     """The train-play profile in use: env ``TRAIN_PLAY_PROFILE`` or ``'default'``."""
-    return env.get(ENV_PROFILE) or DEFAULT_PROFILE
+    return EnvOverrides.of(env).profile
 
 
 def for_checkpoint(config: dict) -> dict:

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from mortal.entry import LOG_FORMAT  # the entry points' format, for the workers too
 from mortal.gameplay import GameplayLoader
 from mortal.mjai_log import DEFAULT_MAX_LOG_BYTES
 from mortal.lifetime import die_with_parent
@@ -264,8 +265,6 @@ def keep_freed_memory() -> bool:
 
 # Environment variable holding the pid of the process that starts the fork server (mortal._forkserver_preload).
 LOADER_PARENT_ENV = "MORTAL_LOADER_PARENT_PID"
-
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # as the entry points' basicConfig
 
 
 def configure_worker_logging() -> None:

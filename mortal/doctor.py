@@ -26,7 +26,6 @@ if __package__ in (None, ''):  # run as a script: python mortal/doctor.py
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
-import argparse
 import dataclasses
 import logging
 import os
@@ -399,28 +398,34 @@ def sections_for(config):
 
 
 def main(argv=None):
-    os.environ.pop('RUST_BACKTRACE', None)
-    parser = argparse.ArgumentParser(description='Check a config before a long run.')
-    parser.add_argument('-c', '--config', default=None,
-                        help='config file (default: $MORTAL_CFG or config.toml)')
+    """``python -m mortal.doctor [-c PATH] [--server-running] [--profile NAME]``: print the checklist; returns 1
+    when a check FAILs, else 0."""
+    from mortal import config as mcfg
+    from mortal import entry
+
+    parser = entry.parser('Check a config before a long run.')
     parser.add_argument('--server-running', action='store_true',
                         help='expect a running server on [online.remote] instead of a free port')
     parser.add_argument('--profile', default=None,
                         help='train_play profile for the client estimate (default: $TRAIN_PLAY_PROFILE or default)')
-    args = parser.parse_args(argv)
+    args = entry.start(parser, argv, log_level=None)  # the checklist on stdout is the output
 
-    from mortal import config as mcfg
-
-    logging.getLogger('mortal.config').setLevel(logging.ERROR)  # warnings become WARN rows below
-    path = mcfg.resolve_path(args.config)
-    profile = args.profile or mcfg.profile_name()
+    env = args.overrides
+    if args.profile:
+        env = dataclasses.replace(env, profile=args.profile)
+    path = mcfg.resolve_path(args.config, env)
+    profile = env.profile
+    config_log = logging.getLogger('mortal.config')
+    level = config_log.level
+    config_log.setLevel(logging.ERROR)  # its warnings become WARN rows below
     try:
-        config = mcfg.load_config(path, required=mcfg.CORE_SECTIONS)
-        warns = mcfg.validate(config, path, required=sections_for(config),
-                              env={mcfg.ENV_PROFILE: profile})
+        config = mcfg.load_config(path, required=mcfg.CORE_SECTIONS, env=env)
+        warns = mcfg.validate(config, path, required=sections_for(config), env=env)
     except mcfg.ConfigError as e:
         print(Check(FAIL, 'config', str(e)).line())
         return 1
+    finally:
+        config_log.setLevel(level)  # main() may run again in this process (tests)
     print(Check(OK, 'config', f'{path} parses and validates').line())
     for w in warns:
         print(Check(WARN, 'config', w).line())

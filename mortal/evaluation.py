@@ -10,8 +10,9 @@ Used by ``scripts/evaluate.py``, ``bench/learning.py`` and the quickstart's summ
 from __future__ import annotations
 
 import math
-import os
 from typing import Mapping
+
+from mortal.entry import drop_rust_backtrace
 
 SEED_START = 10000  # first nonce, as mortal.one_vs_three
 
@@ -25,9 +26,15 @@ def _side(spec, name):
                        'enable_amp': False, 'enable_rule_based_agari_guard': True}, 'evaluation')
 
 
+def _init_worker(sp_threads):
+    """Pool worker start: the parent's search thread count (``MORTAL_SP_THREADS``, resolved at its start-up)."""
+    from mortal import obs_v4
+    obs_v4.SP_THREADS = sp_threads
+
+
 def play_chunk(task):
     """Worker: ``(challenger, champion, first_nonce, count, key)`` -> ``{nonce: [challenger ranks 1-4]}``."""
-    os.environ.pop('RUST_BACKTRACE', None)
+    drop_rust_backtrace()  # also when play_duplicate was called by a library caller, not by a main()
     import torch
     torch.set_num_threads(1)  # the workers already fill the cores
     from mortal.arena import OneVsThree
@@ -66,7 +73,8 @@ def play_duplicate(challenger, champion, *, sets: int, key: int, workers: int = 
         return units
     from tqdm import tqdm
     tqdm.set_lock(threading.RLock())  # no multiprocessing semaphore in the parent (forkserver warns)
-    with mp.get_context('forkserver').Pool(workers) as pool:
+    from mortal import obs_v4
+    with mp.get_context('forkserver').Pool(workers, initializer=_init_worker, initargs=(obs_v4.SP_THREADS,)) as pool:
         for part in pool.imap_unordered(play_chunk, tasks):
             units.update(part)
             if progress:
@@ -75,7 +83,7 @@ def play_duplicate(challenger, champion, *, sets: int, key: int, workers: int = 
 
 
 def summarize(units: Mapping[int, list], reference: Mapping[int, list] | None = None) -> dict:
-    """Avg rank and avg pt (display pts 90/45/0/-135) with 95% CI half-widths over deals; with ``reference``
+    """Avg rank and avg pt (``mortal.stat.DISPLAY_PTS``) with 95% CI half-widths over deals; with ``reference``
     units on the same nonces, also ``paired_diff``: the mean per-deal difference of mean ranks (this minus
     reference; negative = better) and its CI half-width. Raises KeyError when ``reference`` lacks a nonce."""
     from mortal.one_vs_three import duplicate_ci, mean_ci

@@ -27,20 +27,13 @@ from torch.nn import functional as F
 from torch.nn.utils.rnn import pack_padded_sequence, pad_sequence
 
 from mjai.mlibriichi.consts import ACTION_SPACE, GRP_SIZE
-from mortal.obs import obs_shape, oracle_obs_shape
+from mortal.obs import check_version, obs_shape, oracle_obs_shape
 
 __all__ = ["AuxNet", "Brain", "DQN", "GRP", "ACTION_SPACE", "GRP_SIZE"]
 
-_VERSIONS = (1, 2, 3, 4)
 _BN_MOMENTUM = 0.01
 _N_TILES = 34
 _PHI_DIM = 1024
-
-
-def _check_model_version(version) -> int:
-    if isinstance(version, bool) or version not in _VERSIONS:
-        raise ValueError(f"model version must be one of {_VERSIONS}, got {version!r}")
-    return int(version)
 
 
 def _activation(version: int) -> nn.Module:
@@ -173,7 +166,7 @@ class Brain(nn.Module):
     def __init__(self, *, conv_channels: int, num_blocks: int, is_oracle: bool = False, version: int = 1,
                  dropout: float = 0.0):
         super().__init__()
-        version = _check_model_version(version)
+        version = check_version(version)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
         self.is_oracle = is_oracle
@@ -257,7 +250,7 @@ class DQN(nn.Module):
 
     def __init__(self, *, version: int = 1):
         super().__init__()
-        self.version = _check_model_version(version)
+        self.version = check_version(version)
         if self.version == 1:
             self.v_head = nn.Linear(512, 1)
             self.a_head = nn.Linear(512, ACTION_SPACE)

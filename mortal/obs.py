@@ -15,6 +15,9 @@ never forwards version 4 or an unknown one to Rust.
 
 import numpy as np
 
+# The version check lives with [control] version in mortal.config (no numpy there: the server loads it too).
+from mortal.config import SUPPORTED_VERSIONS, UnsupportedVersionError, check_version
+
 __all__ = [
     "SUPPORTED_VERSIONS",
     "UnsupportedVersionError",
@@ -30,25 +33,6 @@ __all__ = [
 _OBS_CHANNELS = {1: 938, 2: 942, 3: 934, 4: 1012}
 _ORACLE_CHANNELS = {1: 211, 2: 217, 3: 217, 4: 217}
 
-#: Versions ``encode`` can produce (1-3 by ``mjai.mlibriichi``, 4 with a ``V4Encoder``).
-SUPPORTED_VERSIONS = (1, 2, 3, 4)
-
-
-class UnsupportedVersionError(ValueError):
-    """The requested feature version is not one of Mortal's versions 1-4 (or not an integer)."""
-
-
-def _known_version(version) -> int:
-    # bool is an int subclass; True would silently mean version 1.
-    if isinstance(version, bool) or not isinstance(version, (int, np.integer)):
-        raise UnsupportedVersionError(
-            f"feature version must be an integer 1-4, got {version!r} ({type(version).__name__})"
-        )
-    version = int(version)
-    if version not in _OBS_CHANNELS:
-        raise UnsupportedVersionError(f"unknown feature version {version}; Mortal defines versions 1-4")
-    return version
-
 
 def obs_shape(version: int) -> tuple[int, int]:
     """Shape ``(C, 34)`` of one observation for ``version`` (1-4).
@@ -56,7 +40,7 @@ def obs_shape(version: int) -> tuple[int, int]:
     Values as Mortal's ``consts.rs``: v1 938, v2 942, v3 934, v4 1012 channels.
     Raises ``UnsupportedVersionError`` for any other value.
     """
-    return (_OBS_CHANNELS[_known_version(version)], 34)
+    return (_OBS_CHANNELS[check_version(version)], 34)
 
 
 def oracle_obs_shape(version: int) -> tuple[int, int]:
@@ -64,17 +48,7 @@ def oracle_obs_shape(version: int) -> tuple[int, int]:
 
     Raises ``UnsupportedVersionError`` for a version outside 1-4.
     """
-    return (_ORACLE_CHANNELS[_known_version(version)], 34)
-
-
-def check_version(version) -> int:
-    """Return ``version`` as ``int`` if ``encode`` supports it (1, 2, 3 or 4).
-
-    Call this at process start-up so that a bad ``[control] version`` fails
-    before any work begins. Raises ``UnsupportedVersionError`` (a ``ValueError``)
-    for anything that is not an integer 1-4 (``bool``, ``str`` and ``float`` are refused).
-    """
-    return _known_version(version)
+    return (_ORACLE_CHANNELS[check_version(version)], 34)
 
 
 def new_v4_encoder(version, seat: int):

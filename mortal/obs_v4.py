@@ -70,9 +70,9 @@ _ACTOR_TYPES = ACTOR_EVENTS - {"hora"}  # the events whose actor the encoder rea
 MAX_DORA_INDICATORS = 5  # the first plus one per kan, at most 4 kans (Tenhou rule)
 
 #: Threads ``encode_batch`` runs single-player searches on by default (compiled core
-#: only; the searches release the interpreter lock): the environment variable
-#: ``MORTAL_SP_THREADS`` when set (read at each call), else min(8, CPU count). Set
-#: it lower when several clients share a machine.
+#: only; the searches release the interpreter lock); None: min(8, CPU count). Entry
+#: points set it at start-up from ``MORTAL_SP_THREADS`` (``mortal.entry.start``): set
+#: that lower when several clients share a machine.
 SP_THREADS = None
 
 _warned_no_core = False
@@ -418,19 +418,10 @@ class V4Encoder:
 
 
 def sp_threads() -> int:
-    """Default thread count of ``encode_batch``: ``SP_THREADS`` if set, else the environment
-    variable ``MORTAL_SP_THREADS`` (a positive integer; anything else is warned about
-    and ignored), else min(8, CPU count)."""
+    """Default thread count of ``encode_batch``: ``SP_THREADS`` if set, else min(8, CPU count)."""
     if SP_THREADS is not None:
         return SP_THREADS
-    default = max(1, min(8, os.cpu_count() or 1))
-    env = os.environ.get("MORTAL_SP_THREADS")
-    if env is None:
-        return default
-    if not env.strip().isdigit() or int(env) < 1:
-        logger.warning("MORTAL_SP_THREADS=%r is not a positive integer; using %d threads", env, default)
-        return default
-    return int(env)
+    return max(1, min(8, os.cpu_count() or 1))
 
 
 def prepare_sp(pairs, threads: int | None = None) -> None:

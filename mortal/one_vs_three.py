@@ -30,7 +30,6 @@ if __package__ in (None, ''):  # run as a script: python mortal/one_vs_three.py
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
-import argparse
 import dataclasses
 import logging
 import math
@@ -39,10 +38,11 @@ import secrets
 import sys
 from typing import Iterable, Mapping, Sequence
 
+from mortal.stat import DISPLAY_PTS, rank_summary  # rank_summary: also this module's API (Mortal prints it)
+
 logger = logging.getLogger('mortal.one_vs_three')  # not __name__: '__main__' under python -m
 
 SEED_START = 10000  # first nonce, as Mortal's one_vs_three.py
-PTS = (90, 45, 0, -135)  # rank points Mortal's one_vs_three.py prints
 Z_95 = 1.959963984540054  # two-sided 95% normal quantile
 SPLITS = 'abcd'  # log-name suffix = challenger seat 0-3
 SIDE_TYPES = ('mortal', 'rulebase')
@@ -84,7 +84,7 @@ def mean_ci(values: Sequence[float], z: float = Z_95) -> tuple[float, float]:
     return mean, z * math.sqrt(var / n)
 
 
-def duplicate_ci(unit_ranks: Iterable[Sequence[int]], pts: Sequence[float] = PTS,
+def duplicate_ci(unit_ranks: Iterable[Sequence[int]], pts: Sequence[float] = DISPLAY_PTS,
                  z: float = Z_95) -> DuplicateSummary:
     """Avg rank and avg pt with a normal 95% CI over duplicate units.
 
@@ -128,15 +128,6 @@ def challenger_ranks_by_nonce(games: Iterable[tuple]) -> dict[int, list[int]]:
     for nonce, _key, split, _scores, ranks in games:
         out.setdefault(int(nonce), []).append(int(ranks[SPLITS.index(split)]) + 1)
     return out
-
-
-def rank_summary(rankings: Sequence[int], pts: Sequence[float] = PTS) -> tuple[float, float]:
-    """``(avg_rank, avg_pt)`` from rank counts ``[n1, n2, n3, n4]``, as Mortal prints per iteration."""
-    total = sum(rankings)
-    if total == 0:
-        return math.nan, math.nan
-    return (sum((i + 1) * n for i, n in enumerate(rankings)) / total,
-            sum(p * n for p, n in zip(pts, rankings)) / total)
 
 
 def side_type(side: Mapping, section: str) -> str:
@@ -260,36 +251,30 @@ def run(config: dict, *, disable_progress_bar: bool = False, out=None) -> Duplic
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m mortal.one_vs_three [-c/--config PATH] [--no-progress]``."""
-    os.environ.pop('RUST_BACKTRACE', None)
-    logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
-    parser = argparse.ArgumentParser(prog='python -m mortal.one_vs_three',
-                                     description='Duplicate 1v3 evaluation ([1v3] tables of the config).')
-    parser.add_argument('-c', '--config', default=None,
-                        help='config file (default: env MORTAL_CFG, else config.toml)')
-    parser.add_argument('--no-progress', action='store_true', help='hide the progress bar')
-    args = parser.parse_args(argv)
+    from mortal import entry
+    from mortal.config import ONE_VS_THREE_SECTIONS, ConfigError
 
-    from mortal.config import ONE_VS_THREE_SECTIONS, ConfigError, load_config
+    parser = entry.parser('Duplicate 1v3 evaluation ([1v3] tables of the config).',
+                          prog='python -m mortal.one_vs_three')
+    parser.add_argument('--no-progress', action='store_true', help='hide the progress bar')
+    args = entry.start(parser, argv)
     try:
-        config = load_config(args.config, required=ONE_VS_THREE_SECTIONS)
+        config = entry.load_config(args, ONE_VS_THREE_SECTIONS)
         for section in ('challenger', 'champion'):
             side_type(config['1v3'][section], f'1v3.{section}')
     except (ConfigError, ValueError) as exc:
-        print(f'error: {exc}', file=sys.stderr)
-        return 2
+        return entry.error(exc)
     log_dir = config['1v3'].get('log_dir')
     if log_dir:
         try:  # the arena would fail here too, with a traceback
             os.makedirs(log_dir, exist_ok=True)
         except OSError as exc:
-            print(f'error: [1v3] log_dir {log_dir} cannot be created: {exc}', file=sys.stderr)
-            return 2
+            return entry.error(f'[1v3] log_dir {log_dir} cannot be created: {exc}')
     from mortal.checkpoint import CheckpointError
     try:
         run(config, disable_progress_bar=args.no_progress)
     except CheckpointError as exc:
-        print(f'error: {exc}', file=sys.stderr)
-        return 2
+        return entry.error(exc)
     except KeyboardInterrupt:
         pass
     return 0

@@ -132,14 +132,15 @@ class TestPlayer:
 
 
 class TrainPlayer:
-    """Plays the client's self-play rounds (config: the full config dict; env: where TRAIN_PLAY_PROFILE is read).
+    """Plays the client's self-play rounds (config: the full config dict; env: where TRAIN_PLAY_PROFILE comes from,
+    ``mortal.config.Env``: the overrides resolved at start-up or a mapping such as ``os.environ``).
 
     Attributes: ``train_seed`` (next nonce), ``train_key`` (64-bit key of this process), ``seed_count``
     (games / 4 per round), ``repeats``, ``repeat_counter``, ``log_dir``.
     """
 
     def __init__(self, config: dict, env=os.environ, *, baseline_engine=None, train_key=None):
-        from mortal.config import optional_section, profile_name, train_play_profile
+        from mortal.config import EnvOverrides, optional_section, train_play_profile
 
         self.baseline_slot = config['baseline']['train']
         self.baseline_mtime = _mtime(self.baseline_slot['state_file'])
@@ -148,9 +149,9 @@ class TrainPlayer:
         self._pool = {}  # state file -> (mtime, engine) of the older baselines of the pool
         self.epsilon_factor = 1.0  # from the trainer, with its parameters (mortal.schedule, [guard])
         self.temp_factor = 1.0
-        profile = profile_name(env)
+        env = EnvOverrides.of(env)  # a mapping is read once, here
         cfg = train_play_profile(config, env)
-        logger.info('using train-play profile %s', profile)
+        logger.info('using train-play profile %s', env.profile)
         self.chal_version = config['control']['version']
         self.cudnn_benchmark = config['control']['enable_cudnn_benchmark']
         self.log_dir = path.abspath(cfg['log_dir'])

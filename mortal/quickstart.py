@@ -18,7 +18,6 @@ if __package__ in (None, ''):  # run as a script: python mortal/quickstart.py
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
-import argparse
 import glob
 import logging
 import os
@@ -499,9 +498,11 @@ def _exit_on_sigterm(signum, frame):
 
 
 def main(argv=None):
-    os.environ.pop('RUST_BACKTRACE', None)
+    """``python -m mortal.quickstart [--short] [--work-dir DIR] ...``; returns 0, or 1 after a failed step."""
+    from mortal import entry
+
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    parser = argparse.ArgumentParser(prog='python -m mortal.quickstart', description=__doc__.split('\n\n')[0])
+    parser = entry.parser(__doc__.split('\n\n')[0], config=False, prog='python -m mortal.quickstart')
     parser.add_argument('--work-dir', default='work/quickstart', help='where everything goes (default: %(default)s)')
     parser.add_argument('--short', action='store_true', help='CI-sized run (a couple of minutes)')
     parser.add_argument('--port', type=int, default=None, help='server port (default: a free one)')
@@ -514,8 +515,7 @@ def main(argv=None):
     parser.add_argument('--eval-sets', type=int, default=None,
                         help='duplicate deals (4 games each) of the final evaluation against the start model '
                              '(default: 100, --short 4; 0 = none)')
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
+    args = entry.start(parser, argv)
     logging.getLogger('tensorboard').setLevel(logging.WARNING)  # its directory watcher chatters at INFO
     try:
         result = run(args.work_dir, preset='short' if args.short else 'full', port=args.port,

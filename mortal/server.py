@@ -39,17 +39,13 @@ if __package__ in (None, ''):  # run as a script: python mortal/server.py
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
-import argparse
 import errno
-import ipaddress
 import json
 import logging
-import math
 import os
 import re
 import secrets
 import shutil
-import socket
 import threading
 import time
 import zlib
@@ -60,6 +56,7 @@ from typing import Optional
 
 from mortal import wire
 from mortal.fsutil import empty_dir
+from mortal.wire import is_loopback  # bind security below (also this module's API)
 
 logger = logging.getLogger('mortal.server' if __name__ == '__main__' else __name__)
 
@@ -668,17 +665,6 @@ class ParamServer(ThreadingTCPServer):
         logger.exception('unexpected error while serving %s', client_address)
 
 
-def is_loopback(host: str) -> bool:
-    """True when every address ``host`` resolves to is a loopback address (127.0.0.0/8, ::1)."""
-    if host in ('', '0.0.0.0', '::'):
-        return False
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except socket.gaierror:
-        return False
-    return all(ipaddress.ip_address(info[4][0].split('%')[0]).is_loopback for info in infos)
-
-
 def check_bind_security(host: str, token: Optional[str]) -> None:
     """Refuse (ValueError naming the key) to serve beyond loopback without ``[online.remote] token``."""
     if not token and not is_loopback(host):
@@ -724,13 +710,10 @@ def build_server(config: dict, *, host: Optional[str] = None, port: Optional[int
 
 def main(argv=None):
     """Entry point: ``python mortal/server.py`` (config from MORTAL_CFG or ``--config``)."""
-    os.environ.pop('RUST_BACKTRACE', None)
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('-c', '--config', help='config file (default: $MORTAL_CFG or config.toml)')
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
-    from mortal.config import SERVER_SECTIONS, load_config_or_exit
-    config = load_config_or_exit(args.config, required=SERVER_SECTIONS)
+    from mortal import entry
+    from mortal.config import SERVER_SECTIONS
+    args = entry.start(entry.parser(__doc__.splitlines()[0]), argv)
+    config = entry.load_config_or_exit(args, SERVER_SECTIONS)
     try:
         server = build_server(config)
     except ServerStartError as ex:

@@ -20,7 +20,6 @@ if __package__ in (None, ''):  # run as a script: python mortal/stat.py
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
-import argparse
 import dataclasses
 import glob
 import logging
@@ -35,8 +34,9 @@ from mortal.mjai_log import BadLogError, is_int, is_seat, parse_events, read_log
 
 logger = logging.getLogger('mortal.stat')  # not __name__: '__main__' under python -m
 
-# Rank-pt table used by Mortal's trainer and Display ("Avg rank pt").
-DEFAULT_PTS = (90, 45, 0, -135)
+#: Rank points of 1st-4th (Tenhou-like) that Mortal's trainer, client, one_vs_three and ``stat`` display
+#: ("Avg rank pt"); for display and the best.pth rule only, never a training signal.
+DISPLAY_PTS = (90, 45, 0, -135)
 # Mortal's yakuman detection threshold (a yakuman ron value; the point includes honba and
 # sticks, so the count is approximate, as in Mortal).
 _YAKUMAN_POINT_OYA = 48000
@@ -59,6 +59,17 @@ def _div(a: float, b: float) -> float:
             return math.nan
         return math.copysign(math.inf, a) * (math.copysign(1.0, b))
     return a / b
+
+
+def rank_summary(rankings: Sequence[int], pts: Sequence[float] = DISPLAY_PTS) -> tuple[float, float]:
+    """``(avg_rank, avg_pt)`` from rank counts ``[n1, n2, n3, n4]`` (1st..4th places, any int sequence),
+    as Mortal's client and one_vs_three print them; NaN for no games."""
+    counts = list(rankings)
+    total = sum(counts)
+    if total == 0:
+        return math.nan, math.nan
+    return (float(sum((i + 1) * n for i, n in enumerate(counts)) / total),
+            float(sum(p * n for p, n in zip(pts, counts)) / total))
 
 
 def _fmt(x: float, prec: int = 6) -> str:
@@ -368,15 +379,15 @@ class Stat:
         return st
 
     # ------------------------------------------------------------------ derived statistics
-    def total_pt(self, pts: Sequence[float] = DEFAULT_PTS) -> float:
+    def total_pt(self, pts: Sequence[float] = DISPLAY_PTS) -> float:
         """Σ rank_k · pts[k] over the 4 ranks (``pts`` = 4 rank points, 1st first)."""
         if len(pts) != 4:
             raise ValueError(f'pts must have 4 entries, got {list(pts)!r}')
         return (self.rank_1 * pts[0] + self.rank_2 * pts[1] + self.rank_3 * pts[2]
                 + self.rank_4 * pts[3])
 
-    def avg_pt(self, pts: Sequence[float] = DEFAULT_PTS) -> float:
-        """``total_pt(pts) / game``; Mortal's trainer uses pts = [90, 45, 0, -135]."""
+    def avg_pt(self, pts: Sequence[float] = DISPLAY_PTS) -> float:
+        """``total_pt(pts) / game``; Mortal's trainer uses pts = ``DISPLAY_PTS``."""
         return _div(self.total_pt(pts), self.game)
 
     @property
@@ -460,7 +471,7 @@ class Stat:
     nagashi_mangan_rate = property(lambda s: _div(s.nagashi_mangan, s.round))
 
     # ------------------------------------------------------------------ reporting
-    def tensorboard_scalars(self, pts: Sequence[float] = DEFAULT_PTS
+    def tensorboard_scalars(self, pts: Sequence[float] = DISPLAY_PTS
                             ) -> dict[str, float | dict[str, float]]:
         """The values Mortal's ``train.py`` writes after a test play, keyed by tag.
 
@@ -508,7 +519,7 @@ class Stat:
         }
 
     def write_tensorboard(self, writer: Any, global_step: int,
-                          pts: Sequence[float] = DEFAULT_PTS) -> None:
+                          pts: Sequence[float] = DISPLAY_PTS) -> None:
         """Write :meth:`tensorboard_scalars` to a ``torch.utils.tensorboard.SummaryWriter``."""
         for tag, value in self.tensorboard_scalars(pts).items():
             if isinstance(value, dict):
@@ -530,8 +541,8 @@ class Stat:
             f'4th (rate)       {self.rank_4} ({f(self.rank_4_rate)})',
             f'Tobi(rate)       {self.tobi} ({f(self.tobi_rate)})',
             f'Avg rank         {f(self.avg_rank)}',
-            f'Total rank pt    {self.total_pt(DEFAULT_PTS)}',
-            f'Avg rank pt      {f(self.avg_pt(DEFAULT_PTS))}',
+            f'Total rank pt    {self.total_pt(DISPLAY_PTS)}',
+            f'Avg rank pt      {f(self.avg_pt(DISPLAY_PTS))}',
             f'Total Δscore     {self.point}',
             f'Avg game Δscore  {f(self.avg_point_per_game)}',
             f'Avg round Δscore {f(self.avg_point_per_round)}',
@@ -602,17 +613,15 @@ def _scores(ev: dict, key: str, source: str, lineno: int) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m mortal.stat <DIR> <PLAYER_NAME>``: print the stats table."""
-    os.environ.pop('RUST_BACKTRACE', None)
-    logging.basicConfig(level=logging.INFO,
-                        format='%(asctime)s %(levelname)s %(name)s: %(message)s')
-    parser = argparse.ArgumentParser(
-        prog='python -m mortal.stat',
-        description='Statistics of one player over mjai logs (DIR/**/*.json, DIR/**/*.json.gz).')
+    from mortal import entry
+
+    parser = entry.parser('Statistics of one player over mjai logs (DIR/**/*.json, DIR/**/*.json.gz).',
+                          config=False, prog='python -m mortal.stat')
     parser.add_argument('dir', metavar='DIR', help='directory searched recursively for logs')
     parser.add_argument('player_name', metavar='PLAYER_NAME',
                         help='name in start_game.names; every seat with it is analysed')
     parser.add_argument('--no-progress', action='store_true', help='hide the progress bar')
-    args = parser.parse_args(argv)
+    args = entry.start(parser, argv)
     try:
         stat = Stat.from_dir(args.dir, args.player_name, disable_progress_bar=args.no_progress)
     except FileNotFoundError as exc:

@@ -1396,21 +1396,17 @@ def supervise(argv, *, restart_delay: float = RESTART_DELAY, script: str = None)
 
 def main(argv=None):
     """Entry point: ``python mortal/train.py`` (config from MORTAL_CFG or ``--config``)."""
-    os.environ.pop('RUST_BACKTRACE', None)
+    from mortal import entry
+    from mortal.config import ONLINE_TRAIN_SECTIONS, TRAIN_SECTIONS, ConfigError, require
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('-c', '--config', help='config file (default: $MORTAL_CFG or config.toml)')
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
-    from mortal.config import ONLINE_TRAIN_SECTIONS, TRAIN_SECTIONS, ConfigError, load_config_or_exit, require
-    config = load_config_or_exit(args.config, required=TRAIN_SECTIONS)
+    args = entry.start(entry.parser(__doc__.splitlines()[0]), argv)
+    config = entry.load_config_or_exit(args, TRAIN_SECTIONS)
     online = config['control']['online']
     if online:
         try:
-            require(config, *ONLINE_TRAIN_SECTIONS, path=args.config)
+            require(config, *ONLINE_TRAIN_SECTIONS, path=args.config, env=args.overrides)
         except ConfigError as exc:
-            print(f'error: {exc}', file=sys.stderr)
-            sys.exit(2)
+            sys.exit(entry.error(exc))
     try:
         if not online or os.environ.get(IS_SUB_PROC_KEY) == '1':
             supervisor = os.environ.get(SUPERVISOR_PID_KEY, '')

@@ -285,25 +285,20 @@ def main(argv=None) -> int:
     Returns the exit status: 0, or 2 after a one-line message for a user error (config, empty globs, no
     usable log, a checkpoint or file index that cannot be read).
     """
-    import argparse
+    from mortal import entry
+    from mortal.config import TRAIN_GRP_SECTIONS, ConfigError
 
-    os.environ.pop("RUST_BACKTRACE", None)
-    parser = argparse.ArgumentParser(description="Train the GRP model on mjai logs ([grp] config).")
-    parser.add_argument("-c", "--config", default=None, help="config file (default: $MORTAL_CFG or config.toml)")
+    parser = entry.parser("Train the GRP model on mjai logs ([grp] config).")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from mortal.config import TRAIN_GRP_SECTIONS, ConfigError, load_config
-
+    args = entry.start(parser, argv)
     try:
-        config = load_config(args.config, required=TRAIN_GRP_SECTIONS)
+        config = entry.load_config(args, TRAIN_GRP_SECTIONS)
         train(config["grp"], max_steps=args.max_steps)
     except (ConfigError, TrainGrpInputError, NoSamplesError) as exc:  # user errors: one line, no traceback
         # from a DataLoader worker the message is torch's report ending with the original line
         lines = [x for x in str(exc).strip().splitlines() if x.strip()]
         text = lines[-1].split("NoSamplesError: ")[-1] if isinstance(exc, NoSamplesError) and lines else exc
-        print(f"error: {text}", file=sys.stderr)
-        return 2
+        return entry.error(text)
     except KeyboardInterrupt:
         pass
     return 0

@@ -38,6 +38,7 @@ not match its digest, undecodable payload, payload that is not a map with a stri
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import socket
@@ -49,6 +50,8 @@ from typing import Any, Callable, Optional
 
 import msgpack
 
+from mortal.config import DEFAULT_MAX_FRAME_BYTES, SUPPORTED_VERSIONS
+
 logger = logging.getLogger(__name__)
 
 MAGIC = b'MJRL'
@@ -57,9 +60,7 @@ PREFIX = struct.Struct('<4sH')  # magic, protocol version: read first, so a peer
 REST = struct.Struct('<Q32s32s')  # payload length, SHA-256 of the payload, HMAC-SHA256 of everything before it
 HEADER_SIZE = PREFIX.size + REST.size  # 78 bytes
 MAC_SIZE = 32
-# A 40-block, 192-channel Brain is ~ 40 MB as float32 and 800 gz logs are ~ 40 MB; 512 MiB leaves ample room
-# (same default as [online.server] max_frame_bytes in mortal/config.py).
-DEFAULT_MAX_FRAME_SIZE = 512 * 1024 * 1024
+DEFAULT_MAX_FRAME_SIZE = DEFAULT_MAX_FRAME_BYTES  # largest frame, bytes: [online.server] max_frame_bytes default
 DEFAULT_TIMEOUT = 300.0  # seconds of silence on a socket before giving up on the peer
 HEADER_TIMEOUT = 10.0  # seconds a server waits for a whole header (a peer cannot hold a slot byte by byte)
 RECV_CHUNK = 1 << 20
@@ -111,7 +112,8 @@ def check_play_settings(msg: dict) -> dict:
 
 # A baseline's architecture as it travels (submit_baseline, get_baseline): the checkpoint config entries that
 # mortal.checkpoint.load_model_pair reads, with their bounds.
-BASELINE_ARCH = {'version': (1, 4), 'conv_channels': (1, 4096), 'num_blocks': (1, 1024)}
+BASELINE_ARCH = {'version': (min(SUPPORTED_VERSIONS), max(SUPPORTED_VERSIONS)), 'conv_channels': (1, 4096),
+                 'num_blocks': (1, 1024)}
 _HEX = frozenset('0123456789abcdef')
 
 
@@ -435,6 +437,24 @@ def signature_difference(expected: dict, got: dict) -> Optional[str]:
         if key not in expected:
             return f'unexpected key {key!r} ({fmt(got[key])})'
     return None
+
+
+def is_loopback(host: str, *, resolve: bool = True) -> bool:
+    """True when ``host`` reaches this machine only (127.0.0.0/8, ::1), so a peer needs no token.
+
+    ``resolve``: look the name up and require every address it resolves to be loopback (binding a server);
+    with False only ``localhost`` and loopback address literals count, without a lookup (a config check,
+    where the name may resolve differently later or elsewhere). The wildcard addresses are never loopback.
+    """
+    if host in ('', '0.0.0.0', '::'):
+        return False
+    if not resolve and host == 'localhost':
+        return True
+    try:
+        addresses = [info[4][0] for info in socket.getaddrinfo(host, None)] if resolve else [host]
+        return all(ipaddress.ip_address(a.split('%')[0]).is_loopback for a in addresses)
+    except (socket.gaierror, ValueError):  # unknown name, or (resolve=False) not an address literal
+        return False
 
 
 def token_matches(expected: Optional[str], given) -> bool:

@@ -12,7 +12,6 @@ the interpreter lock). The model's architecture comes from the checkpoint's own 
 Prints one line per direction and, with ``--json``, writes the numbers to a file.
 """
 
-import argparse
 import dataclasses
 import json
 import os
@@ -38,7 +37,9 @@ def evaluate(state_file, *, sets, workers, key, device='cpu', progress=True):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    from mortal import entry
+
+    parser = entry.parser(__doc__.split('\n\n')[0], config=False)
     parser.add_argument('state_file', help='Mortal-layout checkpoint (e.g. best.pth)')
     parser.add_argument('--sets', type=int, default=50, help='duplicate sets (deals) per direction; 4 games each')
     parser.add_argument('--workers', type=int, default=os.cpu_count() or 1)
@@ -46,8 +47,7 @@ def main(argv=None):
     parser.add_argument('--device', default='cpu')
     parser.add_argument('--json', default=None, help='also write the results to this JSON file')
     parser.add_argument('--no-progress', action='store_true')
-    args = parser.parse_args(argv)
-    os.environ.pop('RUST_BACKTRACE', None)
+    args = entry.start(parser, argv, log_level=None)
     if args.sets < 2:
         parser.error('--sets must be >= 2 for a confidence interval')
     start = time.monotonic()

@@ -16,27 +16,26 @@ Afterwards: restart the clients (they load ``[baseline.train]`` once at start). 
 Exit status 1 with a message when the source is unusable.
 """
 
-import argparse
-import os
 import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from mortal.rotation import rotate  # noqa: E402  (after the sys.path line)
+from mortal import entry  # noqa: E402  (after the sys.path line)
+from mortal.config import ConfigError  # noqa: E402
+from mortal.rotation import rotate  # noqa: E402
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('-c', '--config', default=None, help='config file (default: $MORTAL_CFG or config.toml)')
+    """``python scripts/rotate_baseline.py [-c PATH] [--from PATH] [--reset-best]``; returns 0, or 1 when the
+    source is unusable."""
+    parser = entry.parser(__doc__.split('\n\n')[0])
     parser.add_argument('--from', dest='source', default=None, help='checkpoint to promote (default: best)')
     parser.add_argument('--reset-best', action='store_true',
                         help="reset best_perf in [control] state_file (trainer must be stopped)")
-    args = parser.parse_args(argv)
-    os.environ.pop('RUST_BACKTRACE', None)
-    from mortal.config import ConfigError, load_config
+    args = entry.start(parser, argv, log_level=None)
     try:
-        config = load_config(args.config, required=('control', 'baseline.train', 'baseline.test'))
+        config = entry.load_config(args, ('control', 'baseline.train', 'baseline.test'))
         done = rotate(config, args.source, reset_best=args.reset_best)
     except (ConfigError, ValueError, OSError) as e:
         print(f'rotate_baseline: error: {e}', file=sys.stderr)

@@ -200,6 +200,7 @@ def test_version_4_without_the_compiled_core_fails(work, capsys, monkeypatch):
     _rewrite(cfg_path, cfg)
     _save_mortal(root / 'online' / 'baseline.pth', version=4)
     monkeypatch.setattr(obs_v4, 'HAVE_CORE', False)
+    monkeypatch.setattr(obs_v4, 'SP_THREADS', None)  # main() sets it from the environment; restored after the test
     monkeypatch.setenv('MORTAL_SP_THREADS', '3')
     rc, out = _run(cfg_path, capsys)
     assert rc == 1

@@ -311,10 +311,14 @@ def test_sp_threads_from_the_environment(monkeypatch, caplog):
     import os
 
     import mortal.obs_v4 as obs_v4
+    from mortal.entry import apply_env  # what every entry point runs at start-up
 
+    monkeypatch.setattr(obs_v4, "SP_THREADS", None)  # restored after the test
     monkeypatch.setenv("MORTAL_SP_THREADS", "3")
+    apply_env()
     assert obs_v4.sp_threads() == 3
     monkeypatch.setenv("MORTAL_SP_THREADS", "0")
+    apply_env()
     assert obs_v4.sp_threads() == max(1, min(8, os.cpu_count() or 1))
     assert "MORTAL_SP_THREADS='0' is not a positive integer" in caplog.text
     monkeypatch.delenv("MORTAL_SP_THREADS")
