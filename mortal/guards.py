@@ -169,7 +169,7 @@ class Guards:
         if g['rollback_after'] and t.guard['worse_streak'] >= g['rollback_after']:
             reasons.append(f"{t.guard['worse_streak']} test plays in a row significantly worse than best.pth "
                            f'(last: {verdict.describe()})')
-        drift, q_gap = t.last_diag.get('policy_drift'), t.last_diag.get('q_gap')
+        drift, q_gap = t.instruments.last.get('policy_drift'), t.instruments.last.get('q_gap')
         if became_best:  # the model just became best.pth: rolling back would restore itself
             drift = q_gap = None
         if g['max_policy_drift'] and drift is not None and drift > g['max_policy_drift']:
@@ -225,7 +225,6 @@ class Guards:
                        lr_scale=t.guard['lr_scale'] * g['lr_factor'],
                        epsilon_scale=t.guard['epsilon_scale'] * g['epsilon_factor'])
         t.scheduler.refresh()
-        t.save()
         line = (f"ROLLBACK #{t.guard['rollbacks']} at step {t.steps}: {reason}; {t.state_file} restored "
                 f"from {t.best_state_file} (its step {best.get('steps', '?')}), the replaced one kept as {kept}; "
                 f"lr x{t.guard['lr_scale']:g}, epsilon x{t.guard['epsilon_scale']:g}")
@@ -233,8 +232,10 @@ class Guards:
         return True
 
     def _guard_event(self, tag: str, count: int, line: str) -> None:
-        """One warning line, the count under ``tag`` and the line as a ``guard/events`` text in TensorBoard."""
+        """After a rollback or rotation: save the checkpoint (its ``guard`` state has changed), then one warning
+        line, the count under ``tag`` and the line as a ``guard/events`` text in TensorBoard."""
         t = self.trainer
+        t.save()
         logger.warning('%s', line)
         t.writer.add_scalar(tag, count, t.steps)
         t.writer.add_text('guard/events', line, t.steps)
@@ -270,9 +271,8 @@ class Guards:
         t.guard.update(baseline_version=t.guard['baseline_version'] + 1, rotate_streak=0, worse_streak=0,
                        rotations=t.guard['rotations'] + 1)
         t.sync_baseline(rotated=True)
-        t.save()
         line = (f"ROTATION #{t.guard['rotations']} at step {t.steps}: {reason}; {t.best_state_file} "
-                f"promoted to {', '.join(target for target, _ in done)} (baseline version {t.guard['baseline_version']}, "
+                f"promoted to {', '.join(dst for dst, _ in done)} (baseline version {t.guard['baseline_version']}, "
                 f"previous kept as {', '.join(b for _, b in done if b) or 'nothing'}); best_perf reset")
         self._guard_event('guard/rotations', t.guard['rotations'], line)
         return True

@@ -2,10 +2,10 @@
 ``LinearWarmUpCosineAnnealingLR``) and the factors on the learning rate, ε and T (``[schedule.lr]``,
 ``[schedule.epsilon]``, ``[schedule.temp]``, ``schedule_factor``).
 
-Each ``[schedule.*]`` table is a factor on a configured value: on ``[optim.scheduler]``'s learning rate (which keeps Mortal's warm-up and
-cosine shape), and on each ``[train_play.<profile>]``'s ``boltzmann_epsilon`` and ``boltzmann_temp``. The trainer
-evaluates the ε and T factors at its step count and sends them to the clients with its parameters
-(``submit_param``), so a client far away follows the trainer without reading its steps. Kinds:
+Each ``[schedule.*]`` table is a factor on a configured value: on ``[optim.scheduler]``'s learning rate (which
+keeps Mortal's warm-up and cosine shape), and on each ``[train_play.<profile>]``'s ``boltzmann_epsilon`` and
+``boltzmann_temp``. The trainer evaluates the ε and T factors at its step count and sends them to the clients with
+its parameters (``submit_param``), so a client far away follows the trainer without reading its steps. Kinds:
 
 - ``'constant'``: 1 (Mortal's behaviour, the default).
 - ``'inverse'``: ``1 / (1 + rate * steps)``, e.g. ``rate = 1e-7`` for the ``epsilon / (1 + steps * 1e-7)`` that

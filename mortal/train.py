@@ -1,36 +1,35 @@
 """The learner (Mortal's ``mortal/train.py``), online and offline.
 
-Online (``[control] online = true``): ``main()`` runs a supervisor that starts the learner as a child process and
-restarts it 3 s after it exits with status 0 (it stops, with the child's status, on anything else). The child
-submits its parameters to the server as idle, drains replays (polling every 5 s) and hard-links them into its own
-``<drain_dir>.trainer`` (the server empties ``drain_dir`` at its next drain and at every start, possibly while the
-learner still reads), learns from the ``trainee`` seat only, submits parameters every ``submit_every`` steps (and at
-a save that missed a submit), saves every ``save_every`` steps, runs a test play every ``test_every`` steps and then
+``Trainer`` is the learner's loop; ``main()`` its entry point. Each other concern has a module of its own, named
+below where it enters.
+
+Online (``[control] online = true``): ``main()`` runs the supervisor (``mortal.supervisor``), which starts the
+learner as a child process and restarts it 3 s after each exit with status 0. The learner submits its parameters
+to the server as idle, drains replays (polling every 5 s) and claims them into its own folder (``mortal.claims``),
+learns from the ``trainee`` seat only, submits parameters every ``submit_every`` steps (and at a save that missed a
+submit), saves every ``save_every`` steps, and every ``test_every`` steps runs a test play (``mortal.guards``) and
 exits 0 (Mortal restarts the learner there to dodge a hang). It submits idle parameters at the end of every drained
-epoch. Which claimed samples are trained is recorded in ``<drain_dir>.trainer/claims.json`` (``mortal.claims``), so a
-restarted learner first finishes the claimed logs its predecessor left, and an epoch's leftover samples are trained
-with the next drain. The supervisor runs the learner in its own process group and kills what is left of the group
-after the learner ends; the learner's loader processes die with it (``mortal.lifetime``).
+epoch; a restarted learner first finishes the claimed logs its predecessor left, and an epoch's leftover samples
+are trained with the next drain.
 
-Offline (``online = false``): the logs of ``[dataset] globs`` (file list cached in ``file_index``, seats filtered
-by ``player_names_files``), one epoch per run, with the CQL term.
+Offline (``online = false``): the logs of ``[dataset]`` (``mortal.offline_data``), one epoch per run, with the CQL
+term.
 
-Loss per batch (Mortal): ``0.5 * MSE(q[action], gamma ** steps_to_done * kyoku_reward)
-+ next_rank_weight * CE(next-rank logits, player_rank)`` ``+ min_q_weight * (logsumexp(q) - q[action])`` offline.
-AdamW with weight decay on Linear/Conv1d weights only, gradient accumulation over ``opt_step_every`` batches
-(keyed on the global step), clipping at ``max_grad_norm`` after unscaling, GradScaler + autocast with
-``enable_amp``, Mortal's linear warm-up + cosine learning rate stepped every batch, BatchNorm frozen per
-``[freeze_bn] mortal``.
+Per batch: the loss of ``mortal.loss.learner_loss`` (Mortal's ``0.5 * MSE(q[action], gamma ** steps_to_done *
+kyoku_reward) + next_rank_weight * CE`` ``+ min_q_weight * CQL`` offline). AdamW with weight decay on
+Linear/Conv1d weights only, gradient accumulation over ``opt_step_every`` batches (keyed on the global step),
+clipping at ``max_grad_norm`` after unscaling, GradScaler + autocast with ``enable_amp``, Mortal's linear warm-up +
+cosine learning rate (``mortal.schedule``) stepped every batch, BatchNorm frozen per ``[freeze_bn] mortal``.
 
-Checkpoints carry Mortal's keys (``mortal``, ``current_dqn``, ``aux_net``, ``optimizer``, ``scheduler``, ``scaler``,
-``steps``, ``timestamp``, ``best_perf``, ``config``) and are written to a temporary file then renamed, so a kill at
-any moment leaves the previous checkpoint intact.
+Checkpoints carry Mortal's keys (``mortal.checkpoint.CHECKPOINT_KEYS``) and are written to a temporary file then
+renamed, so a kill at any moment leaves the previous checkpoint intact.
 
 TensorBoard: Mortal's tags (``loss/dqn_loss``, ``loss/cql_loss`` offline, ``loss/next_rank_loss``, ``hparam/lr``,
-histograms ``q_predicted``/``q_target``, the ``test_play/*`` groups) plus data-health tags (online):
-``data/logs_per_drain``, ``data/samples_per_drain``, ``data/staleness_mean``/``data/staleness_max`` (parameter
-versions between the one a log was played with and the trainer's latest), ``data/wait_seconds`` (learner time
-spent waiting for a drain), ``data/samples_dropped`` (samples of claimed logs lost untrained; 0 expected).
+histograms ``q_predicted``/``q_target``, the ``test_play/*`` groups) plus the instruments (``diag/*``,
+``mortal.diagnostics``) and data-health tags (online): ``data/logs_per_drain``, ``data/samples_per_drain``,
+``data/staleness_mean``/``data/staleness_max`` (parameter versions between the one a log was played with and the
+trainer's latest), ``data/wait_seconds`` (learner time spent waiting for a drain), ``data/samples_dropped``
+(samples of claimed logs lost untrained; 0 expected).
 
 Extras, all off by default (Mortal): ``[cql] online_min_q_weight``/``calibrated``, ``[online] anchor_weight``,
 ``ema_decay`` and ``offline_batch_size`` (offline rows of ``[dataset]`` mixed into each online batch, RLPD-style,
@@ -42,20 +41,16 @@ if __package__ in (None, ''):  # run as a script: python mortal/train.py
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
 import argparse
-import copy
 import gc
 import logging
 import os
-import random
 import sys
 import time
-import warnings
 from datetime import datetime
-from itertools import chain
 from os import path
 
 import torch
-from torch import nn, optim
+from torch import nn
 
 from mortal import wire
 from mortal.checkpoint import (INITIAL_BEST_PERF, CheckpointError, atomic_torch_save, check_fits_config,
@@ -64,17 +59,17 @@ from mortal.claims import ClaimLedger, claim_dir_for, staleness
 from mortal.config import (ONLINE_TRAIN_SECTIONS, TRAIN_SECTIONS, ConfigError, for_checkpoint, load_config_or_exit,
                            lookup, optional_section, require)
 from mortal.dataloader import iter_full_batches, learner_loader
-from mortal.diagnostics import Probe, WindowMeans, batch_q_stats
-from mortal.file_index import build_file_list, load_player_names
+from mortal.diagnostics import Instruments, batch_q_stats, learner_probe
 from mortal.guards import INITIAL_GUARD, Guards
 from mortal.loss import LossWeights, learner_loss
-from mortal.schedule import LinearWarmUpCosineAnnealingLR, schedule_factor
+from mortal.offline_data import build_file_list, load_player_names, offline_mix
+from mortal.optimizer import build_optimizer, ema_copies, ema_update, optimizer_step
+from mortal.schedule import schedule_factor
 from mortal.supervisor import end_with_supervisor, is_supervised, supervise
 
 logger = logging.getLogger('mortal.train' if __name__ == '__main__' else __name__)
 
 DRAIN_POLL_INTERVAL = 5.0  # seconds between empty drains (Mortal)
-HISTOGRAM_STRIDE = 128  # Mortal keeps every 128th q value to keep event files small
 
 
 class TestPlayDone(Exception):
@@ -84,22 +79,6 @@ class TestPlayDone(Exception):
 def parameter_count(module: nn.Module) -> int:
     """Number of trainable scalars in ``module``."""
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
-
-
-def build_param_groups(models, weight_decay: float) -> list:
-    """Two AdamW groups: weights of Linear/Conv1d layers decayed by ``weight_decay``; everything else (biases,
-    norms) undecayed, each in a deterministic (sorted-name) order, as Mortal."""
-    decay, no_decay = [], []
-    for model in models:
-        params, to_decay = {}, set()
-        for mod_name, mod in model.named_modules():
-            for name, param in mod.named_parameters(prefix=mod_name, recurse=False):
-                params[name] = param
-                if isinstance(mod, (nn.Linear, nn.Conv1d)) and name.endswith('weight'):
-                    to_decay.add(name)
-        decay.extend(params[n] for n in sorted(to_decay))
-        no_decay.extend(params[n] for n in sorted(params.keys() - to_decay))
-    return [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay}]
 
 
 class Trainer:
@@ -167,12 +146,7 @@ class Trainer:
                     f'{parameter_count(self.dqn):,}', f'{parameter_count(self.aux_net):,}')
         self.mortal.freeze_bn(config['freeze_bn']['mortal'])
 
-        opt_cfg = config['optim']
-        self.optimizer = optim.AdamW(build_param_groups(self.models, opt_cfg['weight_decay']), lr=1,
-                                     weight_decay=0, betas=tuple(opt_cfg['betas']), eps=opt_cfg['eps'])
-        self.scheduler = LinearWarmUpCosineAnnealingLR(self.optimizer, **opt_cfg['scheduler'])
-        # With accumulation the scheduler steps every batch but the optimizer every opt_step_every (Mortal).
-        warnings.filterwarnings('ignore', message=r'Detected call of `lr_scheduler.step\(\)` before')
+        self.optimizer, self.scheduler = build_optimizer(self.models, config['optim'])
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.enable_amp)
         self.best_perf = dict(INITIAL_BEST_PERF)
         self.guard = dict(INITIAL_GUARD)
@@ -184,7 +158,11 @@ class Trainer:
         self.scheduler.refresh()
         # Extra: an EMA of the weights is what gets published, test-played and kept as best.pth (0 = off, Mortal).
         self.ema_decay = online_cfg.get('ema_decay', 0.0)
-        self.ema = self._init_ema() if self.ema_decay > 0 else None
+        self.ema = None
+        if self.ema_decay > 0:  # from the checkpoint's ema_mortal/ema_dqn when it has them
+            self.ema = ema_copies((self.mortal, self.dqn), self._loaded_ema)
+            logger.info('EMA of the weights, decay %g (%s)', self.ema_decay,
+                        'resumed' if self._loaded_ema is not None else 'from the loaded weights')
         self.optimizer.zero_grad(set_to_none=True)
 
         if test_player is None:
@@ -198,14 +176,14 @@ class Trainer:
             writer = SummaryWriter(control['tensorboard_dir'])
         self.writer = writer
         self.reset_stats()
-        self.diag = WindowMeans()
-        self.last_diag = {}  # the diag/* values of the last save (the guards' instrument bounds read them)
         self.anchor = self._load_anchor() if self.anchor_weight > 0 else None
-        self.probe = self._load_probe() if self.online else None
-        self.offline_stream = self._checked_offline_stream() if self.offline_batch_size > 0 else None
-        self.all_q = torch.zeros((self.save_every, self.batch_size), device=self.device)
-        self.all_q_target = torch.zeros((self.save_every, self.batch_size), device=self.device)
-        self.idx = 0
+        self.instruments = Instruments(save_every=self.save_every, batch_size=self.batch_size, device=self.device,
+                                       probe=self._load_probe() if self.online else None)
+        self.offline_stream = None
+        if self.offline_batch_size > 0:  # loaded in this process, beside the online loader's workers
+            def offline_loader(files, names, size):
+                return self.data_loader(files, names, batch_size=size, num_workers=0)
+            self.offline_stream = offline_mix(config['dataset'], self.offline_batch_size, offline_loader)
         self.pb = None
         self.lost_logs = 0  # drained logs that vanished before the learner claimed them
         self.resubmitted_to = set()  # server_ids of instances found without parameters (each resubmitted to once)
@@ -249,26 +227,6 @@ class Trainer:
         when = datetime.fromtimestamp(state.get('timestamp', 0)).strftime('%Y-%m-%d %H:%M:%S')
         logger.info('loaded %s (saved %s, steps %d)', self.state_file, when, self.steps)
         return True
-
-    def _init_ema(self):
-        """Frozen copies of (mortal, dqn): from the checkpoint's ``ema_mortal``/``ema_dqn`` when it has them, else
-        the loaded weights."""
-        ema = tuple(copy.deepcopy(m).requires_grad_(False) for m in (self.mortal, self.dqn))
-        if self._loaded_ema is not None:
-            for model, sd in zip(ema, self._loaded_ema):
-                model.load_state_dict(sd)
-        logger.info('EMA of the weights, decay %g (%s)', self.ema_decay,
-                    'resumed' if self._loaded_ema is not None else 'from the loaded weights')
-        return ema
-
-    @torch.no_grad()
-    def update_ema(self) -> None:
-        """``ema = decay * ema + (1 - decay) * weights`` after an optimizer step; buffers are copied."""
-        for ema, model in zip(self.ema, (self.mortal, self.dqn)):
-            for e, p in zip(ema.parameters(), model.parameters()):
-                e.lerp_(p.detach(), 1.0 - self.ema_decay)
-            for e, b in zip(ema.buffers(), model.buffers()):
-                e.copy_(b)
 
     def played(self) -> tuple:
         """The (mortal, dqn) that self-play, test play and best.pth use: the EMA when ``[online] ema_decay`` > 0."""
@@ -327,7 +285,6 @@ class Trainer:
         """What travels with the parameters to the clients (``mortal.schedule``, ``mortal.gate``): ``steps``,
         ``epsilon_factor`` ([schedule.epsilon] x the rollbacks' ``[guard] epsilon_factor``), ``temp_factor``
         ([schedule.temp]) and ``baseline_version`` (bumped by each rotation)."""
-        from mortal.schedule import schedule_factor
         return {
             'steps': self.steps,
             'epsilon_factor': schedule_factor(self.schedules['epsilon'], self.steps) * self.guard['epsilon_scale'],
@@ -415,49 +372,13 @@ class Trainer:
         return brain, dqn
 
     def _load_probe(self):
-        """The policy-drift probe (``[online] probe_file``, built from ``[dataset] globs`` once), with the
-        baseline's greedy actions; None when it cannot be built (logged, never fatal)."""
-        from mortal.reward import load_grp
-        online = self.config.get('online', {})
-        probe_file = online.get('probe_file') or path.join(path.dirname(path.abspath(self.state_file)),
-                                                            'probe.pth')
-        size = online.get('probe_size', 2048)
-        if size <= 0:
-            return None
+        """``mortal.diagnostics.learner_probe`` against the anchor's baseline (loaded when there is no anchor);
+        None when it cannot be built (logged, never fatal)."""
         try:
-            grp_cfg = self.config['grp']
-            probe = Probe.load_or_build(probe_file, version=self.version, globs=self.config['dataset']['globs'],
-                                        pts=self.config['env']['pts'], size=size,
-                                        grp=lambda: load_grp(grp_cfg['state_file'], grp_cfg['network']))
-            if probe is None:
-                return None
-            if self.anchor is not None:
-                brain, dqn = self.anchor
-            else:
-                brain, dqn, _ = load_model_pair(self._baseline_file())
-                brain.to(self.device)
-                dqn.to(self.device)
-            probe.set_baseline(brain, dqn, self.device)
-            return probe
+            return learner_probe(self.config, self.version, self.state_file, self.device, baseline=self.anchor)
         except Exception as ex:  # an instrument must never stop training
             logger.warning('policy-drift probe disabled: %s: %s', type(ex).__name__, ex)
             return None
-
-    def write_diagnostics(self) -> None:
-        """The ``diag/*`` TensorBoard tags of this save window (``mortal/diagnostics.py``)."""
-        self.last_diag = dict(self.diag.means())
-        for key, value in self.last_diag.items():
-            self.writer.add_scalar(f'diag/{key}', value, self.steps)
-        self.diag.reset()
-        if self.probe is not None:
-            if self.ema is None:  # the played model is the trained one: one pass over the probe gives both
-                drift, loss = self.probe.measure(self.mortal, self.dqn, self.aux_net, self.device)
-            else:  # drift of the published EMA; the next-rank head belongs to the trained weights
-                drift = self.probe.drift(*self.ema, self.device)
-                loss = self.probe.next_rank_loss(self.mortal, self.aux_net, self.device)
-            self.last_diag['policy_drift'] = drift
-            self.writer.add_scalar('diag/policy_drift', drift, self.steps)
-            self.writer.add_scalar('diag/next_rank_loss_probe', loss, self.steps)
 
     # -- learning --------------------------------------------------------------------------------------------
 
@@ -471,7 +392,7 @@ class Trainer:
 
         obs (B, C, 34) float32, actions (B,) int64, masks (B, 46) bool, steps_to_done (B,) int64,
         kyoku_rewards (B,) float64, player_ranks (B,) int64 in 0..3, B = batch_size.
-        With ``[online] offline_batch_size`` = O > 0, O offline rows from ``offline_batches`` are appended; the
+        With ``[online] offline_batch_size`` = O > 0, O offline rows from ``offline_stream`` are appended; the
         loss (``mortal.loss.learner_loss``) treats them as offline-mix rows, and the instruments see the B online
         rows only.
         Raises ValueError when an action is masked out; TestPlayDone (online) after a test play.
@@ -511,15 +432,14 @@ class Trainer:
                 term = getattr(terms, name)
                 if term is not None:  # a term that is off stays 0
                     self.stats[name] += term.item()
-            self.diag.add(batch_q_stats(q_out[:n], masks[:n], actions[:n], q_target[:n]))
-            slot = self.idx % self.save_every
-            self.all_q[slot, :n] = terms.q[:n].float()
-            self.all_q_target[slot, :n] = q_target[:n]
+            self.instruments.add(batch_q_stats(q_out[:n], masks[:n], actions[:n], q_target[:n]), terms.q[:n],
+                                 q_target[:n])
 
         self.steps += 1
-        self.idx += 1
         if self.steps % self.opt_step_every == 0:
-            self.optimizer_step()
+            optimizer_step(self.optimizer, self.scaler, self.max_grad_norm)
+            if self.ema is not None:
+                ema_update(self.ema, (self.mortal, self.dqn), self.ema_decay)
         self.scheduler.step()
         if self.pb is not None:
             self.pb.update(1)
@@ -528,18 +448,6 @@ class Trainer:
             self.submit_param(is_idle=False)
         if self.steps % self.save_every == 0:
             self.on_save()
-
-    def optimizer_step(self) -> None:
-        """Unscale, clip to ``max_grad_norm`` (when > 0), step, update the scaler, clear the gradients."""
-        if self.max_grad_norm > 0:
-            self.scaler.unscale_(self.optimizer)
-            params = chain.from_iterable(g['params'] for g in self.optimizer.param_groups)
-            nn.utils.clip_grad_norm_(params, self.max_grad_norm)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.ema is not None:
-            self.update_ema()
 
     def on_save(self) -> None:
         """Every ``save_every`` steps: TensorBoard, checkpoint, a missed submit, and test play when due."""
@@ -561,12 +469,9 @@ class Trainer:
             settings = self.play_settings()
             w.add_scalar('hparam/epsilon_factor', settings['epsilon_factor'], self.steps)
             w.add_scalar('hparam/temp_factor', settings['temp_factor'], self.steps)
-        w.add_histogram('q_predicted', self.all_q.cpu().numpy().flatten()[::HISTOGRAM_STRIDE], self.steps)
-        w.add_histogram('q_target', self.all_q_target.cpu().numpy().flatten()[::HISTOGRAM_STRIDE], self.steps)
-        self.write_diagnostics()
+        self.instruments.write(w, self.steps, trained=self.models, ema=self.ema, device=self.device)
         w.flush()
         self.reset_stats()
-        self.idx = 0
         self.log_total_steps()
 
         self.save()
@@ -631,40 +536,6 @@ class Trainer:
         names = load_player_names(dataset_cfg['player_names_files'])
         logger.info('loaded %s players', f'{len(names):,}')
         return build_file_list(dataset_cfg, names), sorted(names)
-
-    def _checked_offline_stream(self):
-        """``offline_batches`` with its first batch already loaded, so that a dataset without one full batch fails
-        at start-up, before the first drain, rather than at the first training step."""
-        stream = self.offline_batches()
-        first = next(stream)
-        return chain([first], stream)
-
-    def offline_batches(self):
-        """Endless full batches of ``[online] offline_batch_size`` samples from the offline logs of ``[dataset]``
-        (the seats of ``player_names_files``, all seats when none), reshuffled every pass, loaded in this process.
-
-        Yields the six tensors of ``train_batch``. Raises ValueError when one pass holds no full batch."""
-        ds = self.config['dataset']
-        names = load_player_names(ds['player_names_files'])
-        files = build_file_list(ds, names)
-        logger.info('offline mix: %d samples per batch from %s offline logs', self.offline_batch_size,
-                    f'{len(files):,}')
-        passes = 0
-        while True:
-            random.shuffle(files)
-            loader = self.data_loader(list(files), sorted(names), batch_size=self.offline_batch_size,
-                                      num_workers=0)
-            count = 0
-            for batch in iter_full_batches(iter(loader), self.offline_batch_size):
-                count += 1
-                yield batch
-            if count == 0:
-                source = (f"[dataset] file_index {ds['file_index']} ({len(files)} files)"
-                          if path.exists(ds['file_index']) else f"[dataset] globs {ds['globs']}")
-                raise ValueError(f'[online] offline_batch_size = {self.offline_batch_size}: the logs of {source} '
-                                 f'hold no full batch (readable logs and their samples are listed above)')
-            passes += 1
-            logger.info('offline mix: pass %d over the offline logs done (%d batches)', passes, count)
 
     def data_loader(self, file_list, player_names, ledger=None, *, batch_size=None, num_workers=None):
         """``mortal.dataloader.learner_loader`` of this learner; ``batch_size`` defaults to ``[control]

@@ -15,6 +15,7 @@ from mortal.checkpoint import CHECKPOINT_KEYS, CheckpointError
 from mortal.claims import staleness
 from mortal.dataloader import iter_full_batches
 from mortal.guards import is_better
+from mortal.optimizer import build_param_groups
 from mortal.schedule import LinearWarmUpCosineAnnealingLR
 from mortal.supervisor import supervise
 
@@ -50,7 +51,7 @@ def zero_heads(trainer):
 
 def test_param_groups_decay_only_linear_and_conv_weights():
     net = torch.nn.Sequential(torch.nn.Conv1d(2, 3, 1), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 2))
-    decay, no_decay = tr.build_param_groups([net], 0.1)
+    decay, no_decay = build_param_groups([net], 0.1)
     assert decay['weight_decay'] == 0.1 and 'weight_decay' not in no_decay
     assert [p is q for p, q in zip(decay['params'], [net[0].weight, net[2].weight])] == [True, True]
     expected = [net[0].bias, net[1].bias, net[1].weight, net[2].bias]  # sorted names 0.bias 1.bias 1.weight 2.bias

@@ -1,8 +1,10 @@
-"""The offline logs of the learner (``[dataset]``): their file index and the players whose seats it learns from.
+"""The learner's offline data (``[dataset]``): the file index of its logs, the players whose seats it learns from,
+and the offline mix's endless stream of their batches.
 
 ``build_file_list`` expands ``globs`` once and caches the sorted list in ``file_index`` (a torch file holding
 ``{'file_list': [...]}``, as Mortal's), so a later run skips the expensive glob; ``load_player_names`` reads
-``player_names_files``. Used by the offline epoch and the online learner's offline mix (``mortal.train``).
+``player_names_files``. The offline epoch (``online = false``) reads them once; the online learner's offline mix
+(``[online] offline_batch_size``, RLPD-style) loops over them for good (``offline_mix``).
 """
 
 from __future__ import annotations
@@ -10,10 +12,13 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import random
 from glob import glob
+from itertools import chain
 from os import path
 
 from mortal.checkpoint import atomic_torch_save, describe_error, load_checkpoint
+from mortal.dataloader import iter_full_batches
 
 # The learner's lines keep the logger name they have always had (docs, log filters).
 logger = logging.getLogger('mortal.train')
@@ -76,3 +81,37 @@ def load_player_names(files) -> set:
         except (OSError, UnicodeDecodeError) as ex:
             raise ValueError(f'[dataset] player_names_files: cannot read {filename}: {ex}') from None
     return names
+
+
+def offline_mix(dataset_cfg: dict, batch_size: int, loader):
+    """Endless full batches of ``batch_size`` samples from the offline logs of ``[dataset]`` (the seats of
+    ``player_names_files``, all seats when none), reshuffled every pass. ``loader(files, player_names,
+    batch_size)`` gives one pass's DataLoader. Yields tuples of the six tensors of ``Trainer.train_batch``.
+
+    The first batch is loaded before this returns, so that a dataset without one full batch fails at start-up
+    (before the first drain) rather than at the first training step: raises ValueError then (naming
+    ``[online] offline_batch_size`` and the logs' source), and when a later pass holds no full batch."""
+    stream = _offline_batches(dataset_cfg, batch_size, loader)
+    first = next(stream)
+    return chain([first], stream)
+
+
+def _offline_batches(dataset_cfg: dict, batch_size: int, loader):
+    ds = dataset_cfg
+    names = load_player_names(ds['player_names_files'])
+    files = build_file_list(ds, names)
+    logger.info('offline mix: %d samples per batch from %s offline logs', batch_size, f'{len(files):,}')
+    passes = 0
+    while True:
+        random.shuffle(files)
+        count = 0
+        for batch in iter_full_batches(iter(loader(list(files), sorted(names), batch_size)), batch_size):
+            count += 1
+            yield batch
+        if count == 0:
+            source = (f"[dataset] file_index {ds['file_index']} ({len(files)} files)"
+                      if path.exists(ds['file_index']) else f"[dataset] globs {ds['globs']}")
+            raise ValueError(f'[online] offline_batch_size = {batch_size}: the logs of {source} '
+                             f'hold no full batch (readable logs and their samples are listed above)')
+        passes += 1
+        logger.info('offline mix: pass %d over the offline logs done (%d batches)', passes, count)
