@@ -18,7 +18,6 @@ from itertools import chain
 from os import path
 
 from mortal.checkpoint import atomic_torch_save, describe_error, load_checkpoint
-from mortal.dataloader import iter_full_batches
 
 # The learner's lines keep the logger name they have always had (docs, log filters).
 logger = logging.getLogger('mortal.train')
@@ -97,6 +96,7 @@ def offline_mix(dataset_cfg: dict, batch_size: int, loader):
 
 
 def _offline_batches(dataset_cfg: dict, batch_size: int, loader):
+    from mortal.dataloader import iter_full_batches  # here: the file index needs no loader
     ds = dataset_cfg
     names = load_player_names(ds['player_names_files'])
     files = build_file_list(ds, names)

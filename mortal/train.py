@@ -58,7 +58,6 @@ from mortal.checkpoint import (INITIAL_BEST_PERF, CheckpointError, atomic_torch_
 from mortal.claims import ClaimLedger, claim_dir_for, staleness
 from mortal.config import (ONLINE_TRAIN_SECTIONS, TRAIN_SECTIONS, ConfigError, for_checkpoint, load_config_or_exit,
                            lookup, optional_section, require)
-from mortal.dataloader import iter_full_batches, learner_loader
 from mortal.diagnostics import Instruments, batch_q_stats, learner_probe
 from mortal.guards import INITIAL_GUARD, Guards
 from mortal.loss import LossWeights, learner_loss
@@ -540,6 +539,7 @@ class Trainer:
     def data_loader(self, file_list, player_names, ledger=None, *, batch_size=None, num_workers=None):
         """``mortal.dataloader.learner_loader`` of this learner; ``batch_size`` defaults to ``[control]
         batch_size``, ``num_workers`` to ``[dataset] num_workers``."""
+        from mortal.dataloader import learner_loader  # here: the supervisor process needs no loader
         return learner_loader(self.config, self.version, file_list, player_names, ledger,
                               batch_size=batch_size or self.batch_size, num_workers=num_workers,
                               pin_memory=self.device.type == 'cuda')
@@ -550,6 +550,7 @@ class Trainer:
         Online, the ledger (``mortal.claims``) records every trained batch and is committed at each checkpoint
         and at the test play that ends the learner; samples the epoch leaves over stay claimed for the next.
         ``data/samples_dropped`` counts the claimed samples lost nonetheless (0 in a healthy run)."""
+        from mortal.dataloader import iter_full_batches
         file_list, player_names = self.file_list()
         ledger = self.ledger if self.online else None
         logger.info('file list size: %s', f'{len(file_list):,}')
