@@ -148,11 +148,10 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes
     At each of ``mark_minutes`` (minutes online) ``best.pth`` and the played ``state_file`` are kept as
     ``marks/best_MMMm.pth`` / ``marks/final_MMMm.pth``; ``eval`` plays them like best/final (e.g. the model at 30
     minutes of a 2-hour run)."""
-    from mortal.checkpoint import INITIAL_BEST_PERF, atomic_torch_save, load_checkpoint
+    from mortal.checkpoint import INITIAL_BEST_PERF, atomic_torch_save, load_checkpoint, played_checkpoint
     from mortal.config import load_config
     from mortal.fsutil import empty_dir
     from mortal.quickstart import _wait_port, free_port, keep_running, start as start_proc, stop
-    from mortal.train import played_checkpoint
 
     start = pathlib.Path(out, 'start').resolve()
     arm_dir = pathlib.Path(out, 'arms', arm).resolve()

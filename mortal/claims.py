@@ -1,8 +1,10 @@
-"""Which samples of its claimed logs the online learner has trained, kept across learner restarts.
+"""The online learner's claims on drained logs, and which of their samples it has trained, across restarts.
 
-The learner hard-links each drain into its own ``<drain_dir>.trainer`` folder (``mortal.train.claim_drained``)
-and exits after every test play, in the middle of an epoch. The ledger here lets the next learner finish exactly
-what the last one left, sample by sample, before it drains again:
+The server empties ``drain_dir`` at its next drain and at every start (Mortal), possibly while the learner's
+DataLoader still reads it, so the learner hard-links each drain into its own ``<drain_dir>.trainer`` folder
+(``claim_dir_for``, ``claim_drained``; ``ClaimLedger.claim``), which nobody else touches. It exits after every
+test play, in the middle of an epoch. The ledger here lets the next learner finish exactly what the last one left,
+sample by sample, before it drains again:
 
 * every sample carries ``[file, pass, index, count]`` from the loader (``FileDatasetsIter(sample_ids=True)``),
   in worker processes too, since the ids travel inside the batches; the learner ``record``\\ s the ids of each
@@ -26,14 +28,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import stat
 from os import path
 
-from mortal.fsutil import TMP_SUFFIX, atomic_write_bytes
+from mortal.fsutil import TMP_SUFFIX, atomic_write_bytes, empty_dir
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MANIFEST", "ClaimLedger"]
+__all__ = ["MANIFEST", "ClaimLedger", "claim_dir_for", "claim_drained", "staleness"]
 
 MANIFEST = "claims.json"
 _FORMAT = 1
@@ -64,14 +67,14 @@ class ClaimLedger:
     """Training progress of the logs claimed into ``claim_dir``; see the module docstring.
 
     Args:
-        claim_dir: the learner's claim folder (``mortal.train.claim_dir_for``).
+        claim_dir: the learner's claim folder (``claim_dir_for``).
         signature: what decides a log's samples and passes (version, player names, ``[dataset]`` pass
             settings); a manifest written under another signature is not trusted sample by sample.
         passes: passes over every file per epoch (``num_epochs`` x 2 with augmentation, else x 1).
 
     Attributes: ``duplicates`` (samples recorded twice: 0 unless the bookkeeping is broken), ``lost_samples``
     (remaining samples of claimed logs found gone, not yet reported by ``end_epoch``).
-    Use ``ClaimLedger.open`` to start from what is on disk.
+    Use ``ClaimLedger.open`` (or ``for_dataset``) to start from what is on disk.
     """
 
     def __init__(self, claim_dir: str, *, signature: dict, passes: int):
@@ -135,6 +138,16 @@ class ClaimLedger:
         ledger.committed = {name: ledger._entry(units) for name, units in ledger.files.items()}
         ledger._write()
         return ledger
+
+    @classmethod
+    def for_dataset(cls, claim_dir: str, dataset_cfg: dict, version: int) -> "ClaimLedger":
+        """``open`` with the signature and passes of the online learner's loader: ``[dataset]`` ``num_epochs``,
+        ``enable_augmentation`` and ``augmented_first``, feature ``version``, the ``trainee`` seat."""
+        ds = dataset_cfg
+        signature = {"version": version, "player_names": ["trainee"], "num_epochs": ds["num_epochs"],
+                     "enable_augmentation": ds["enable_augmentation"], "augmented_first": ds["augmented_first"]}
+        passes = ds["num_epochs"] * (2 if ds["enable_augmentation"] else 1)
+        return cls.open(claim_dir, signature=signature, passes=passes)
 
     def _name_problem(self, name) -> str:
         """Why ``name`` cannot be a claimed log of this folder ('' when it can; 'missing' when it is a plain name
@@ -215,6 +228,22 @@ class ClaimLedger:
             self.files[name] = {}
             self.committed[name] = {}
         self._write()
+
+    def claim(self, drain_dir: str, files) -> tuple:
+        """Claim the drained ``drain_dir/name`` of each of ``files`` into the claim folder (``claim_drained``,
+        keeping the tracked logs and the manifest) and track them; those that vanished first are forgotten again.
+        Returns ``(claimed paths in files order, names of files that had vanished)``; raises OSError."""
+        targets = []
+
+        def on_claim(names):
+            targets.extend(names)
+            self.add(names)
+
+        claimed, vanished = claim_drained(drain_dir, files, self.claim_dir, keep=self.names() | self.reserved_names(),
+                                          on_claim=on_claim)
+        kept = set(claimed)
+        self.forget([n for n in targets if path.join(self.claim_dir, n) not in kept])
+        return claimed, vanished
 
     def forget(self, names) -> None:
         """Stop tracking logs that could not be claimed after all (they vanished before the link)."""
@@ -321,3 +350,65 @@ class ClaimLedger:
             except FileNotFoundError:
                 pass
         return len(finished)
+
+
+# ---------------------------------------------------------------------------- drain claiming
+
+def claim_dir_for(drain_dir: str) -> str:
+    """The learner's own directory next to the server's ``drain_dir``: ``<drain_dir>.trainer``."""
+    return path.normpath(drain_dir) + ".trainer"
+
+
+def _free_name(name: str, taken: set) -> str:
+    # Drained names restart at "0_" with every server instance: one may meet a log still kept from before.
+    k = 1
+    candidate = name
+    while candidate in taken:
+        candidate = f"{k}+{name}"
+        k += 1
+    return candidate
+
+
+def claim_drained(drain_dir: str, files, claim_dir: str, *, keep=(), on_claim=None) -> tuple:
+    """Hard-link (copy where links fail, e.g. across file systems) each drained ``drain_dir/name`` of ``files``
+    into ``claim_dir``, whose other entries are removed first, except those named in ``keep`` (logs claimed
+    earlier and not yet fully trained, the ledger's manifest).
+
+    A name already in ``keep`` is claimed as ``'<k>+<name>'``. ``on_claim(names)``, if given, is called with the
+    names in ``claim_dir`` before anything is linked. Returns (claimed paths in ``files`` order, names of ``files``
+    that had vanished before they could be claimed); raises OSError when a link or copy fails otherwise.
+    """
+    keep = set(keep)
+    empty_dir(claim_dir, keep)
+    targets = []
+    for name in files:
+        targets.append(_free_name(name, keep))
+        keep.add(targets[-1])
+    if on_claim is not None:
+        on_claim(targets)
+    claimed, vanished = [], []
+    for name, target in zip(files, targets):
+        src, dst = path.join(drain_dir, name), path.join(claim_dir, target)
+        try:
+            _link_or_copy(src, dst)
+        except FileNotFoundError:
+            vanished.append(name)
+            continue
+        claimed.append(dst)
+    return claimed, vanished
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except FileNotFoundError:
+        raise
+    except OSError:  # EXDEV, EPERM, a file system without hard links: a copy (same bytes, more disk)
+        shutil.copyfile(src, dst)
+
+
+def staleness(drain_reply: dict) -> list:
+    """Parameter versions (ints >= 0) between each drained log's version and the server's current one, from a
+    drain reply's ``param_version`` and ``param_versions``; unknown versions (< 0) are left out."""
+    current = drain_reply.get("param_version", 0)
+    return [current - v for v in drain_reply.get("param_versions", []) if v >= 0]

@@ -807,7 +807,7 @@ def scheduler_problems(*, peak, final, warm_up_steps, max_steps, init=SCHEDULER_
                        epoch_size=0, **_ignored) -> list[tuple[str, str]]:
     """What is wrong with an ``[optim.scheduler]`` shape, as ``(key = value, rule)`` pairs; ``[]`` if nothing.
 
-    The single definition used by the config check and by ``mortal.train.LinearWarmUpCosineAnnealingLR``:
+    The single definition used by the config check and by ``mortal.schedule.LinearWarmUpCosineAnnealingLR``:
     ``peak >= final >= init >= 0``; ``warm_up_steps``, ``max_steps``, ``epoch_size`` >= 0; ``max_steps`` 0
     (no annealing: ``final`` from the end of the warm-up on) or >= ``warm_up_steps``. Learning rates are the
     absolute values (the optimizer's base lr is 1); steps count backward passes. Other keys are ignored.

@@ -25,6 +25,9 @@ even after its SIGKILL (``mortal.lifetime``, Linux).
 With ``sample_ids`` each sample also says which file, pass and position it is,
 and ``trained`` leaves out samples trained before: the online learner's record
 of its claimed logs (``mortal.claims``).
+
+The learner's loader: ``learner_loader`` (``[dataset]`` settings, GRP reward of
+``[grp]``); ``iter_full_batches`` turns its batches into full ones, as Mortal.
 """
 
 from __future__ import annotations
@@ -45,12 +48,12 @@ from mortal.entry import LOG_FORMAT  # the entry points' format, for the workers
 from mortal.gameplay import GameplayLoader
 from mortal.mjai_log import DEFAULT_MAX_LOG_BYTES
 from mortal.lifetime import die_with_parent
-from mortal.reward import RewardCalculator
+from mortal.reward import RewardCalculator, load_grp
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FileDatasetsIter", "LOG_FORMAT", "configure_worker_logging", "keep_freed_memory", "make_dataloader",
-           "q_target", "safe_mp_context", "worker_init_fn"]
+__all__ = ["FileDatasetsIter", "LOG_FORMAT", "configure_worker_logging", "iter_full_batches", "keep_freed_memory",
+           "learner_loader", "make_dataloader", "q_target", "safe_mp_context", "worker_init_fn"]
 
 
 def q_target(gamma: float, steps_to_done, kyoku_reward):
@@ -338,3 +341,55 @@ def make_dataloader(dataset, *, batch_size: int, num_workers: int = 1, pin_memor
         kwargs["multiprocessing_context"] = multiprocessing_context or safe_mp_context()
     return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
                       drop_last=drop_last, **kwargs)
+
+
+def learner_loader(config: dict, version: int, file_list: list, player_names, ledger=None, *, batch_size: int,
+                   num_workers: int | None = None, pin_memory: bool = False) -> DataLoader:
+    """The learner's ``DataLoader`` of ``FileDatasetsIter`` batches over ``file_list`` (``[dataset]`` settings,
+    GRP reward of ``[grp]``, ``[env] pts``), learning from the seats of ``player_names`` (all seats when empty).
+
+    With a ``mortal.claims.ClaimLedger``, each batch ends with the ``(B, 4)`` int64 sample ids and the samples
+    it lists as trained are left out. ``num_workers`` defaults to ``[dataset] num_workers``; with more than one,
+    ``file_list`` is shuffled in place. Raises what ``mortal.reward.load_grp`` raises for an unusable GRP.
+    """
+    ds = config["dataset"]
+    num_workers = ds["num_workers"] if num_workers is None else num_workers
+    if num_workers > 1:
+        random.shuffle(file_list)
+    grp = load_grp(config["grp"]["state_file"], config["grp"]["network"])
+    data = FileDatasetsIter(
+        version, file_list, config["env"]["pts"], grp,
+        file_batch_size=ds["file_batch_size"],
+        reserve_ratio=ds["reserve_ratio"],
+        player_names=player_names or None,
+        num_epochs=ds["num_epochs"],
+        enable_augmentation=ds["enable_augmentation"],
+        augmented_first=ds["augmented_first"],
+        max_log_bytes=ds.get("max_log_bytes", DEFAULT_MAX_LOG_BYTES),
+        sample_ids=ledger is not None,
+        trained=ledger.trained_map() if ledger is not None else None,
+    )
+    return make_dataloader(data, batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory)
+
+
+def iter_full_batches(batches, batch_size: int, on_drop=None):
+    """Yield the full-size batches of ``batches`` as they come; shorter ones (e.g. each DataLoader worker's last)
+    are pooled and re-cut into full batches at the end; fewer than ``batch_size`` leftover samples are dropped,
+    as Mortal. Each batch is a tuple of tensors sharing the first dimension. ``on_drop``, if given, is called
+    once with the dropped samples (a tuple like a batch, fewer than ``batch_size`` rows) when there are any."""
+    leftovers, leftover_size = [], 0
+    for batch in batches:
+        size = batch[0].shape[0]
+        if size == batch_size:
+            yield batch
+        else:
+            leftovers.append(batch)
+            leftover_size += size
+    if not leftovers:
+        return
+    pooled = [torch.cat(parts, dim=0) for parts in zip(*leftovers)]
+    full = leftover_size - leftover_size % batch_size
+    for start in range(0, full, batch_size):
+        yield tuple(t[start:start + batch_size] for t in pooled)
+    if full < leftover_size and on_drop is not None:
+        on_drop(tuple(t[full:] for t in pooled))

@@ -13,6 +13,9 @@ greedy policy moved from the baseline's. TensorBoard tags (averaged over each ``
   from the baseline's (0 at the start of online training);
 * ``diag/next_rank_loss_probe``: the next-rank cross entropy on the probe set (offline positions), to hold
   against ``loss/next_rank_loss`` on fresh online data.
+
+``Instruments`` gathers them batch by batch for the learner, with Mortal's ``q_predicted``/``q_target`` histograms,
+and writes them at each save; ``learner_probe`` builds the learner's probe.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from mortal.checkpoint import atomic_torch_save, load_checkpoint
 logger = logging.getLogger(__name__)
 
 BATCH_KEYS = ('q_minus_target', 'q_minus_target_greedy', 'q_gap', 'q_spread', 'taken_greedy')
+HISTOGRAM_STRIDE = 128  # Mortal keeps every 128th q value to keep event files small
 
 
 @torch.no_grad()
@@ -191,3 +195,81 @@ class Probe:
     def next_rank_loss(self, brain, aux_net, device) -> float:
         """Mean next-rank cross entropy (nats) of ``aux_net(brain(obs))`` on the probe (eval mode for the call)."""
         return self._pass(brain, None, aux_net, device)[1]
+
+
+def learner_probe(config: dict, version: int, state_file: str, device, baseline=None):
+    """The online learner's probe (``[online] probe_file``, by default ``probe.pth`` beside ``state_file``, built
+    once from ``[dataset] globs``, ``[online] probe_size`` positions) with the greedy actions of ``baseline``
+    (``(brain, dqn)`` on ``device``; by default ``[baseline.train] state_file``, loaded). None when
+    ``probe_size`` <= 0 or no log yields a sample. Raises whatever loading the GRP or the baseline raises."""
+    from mortal.checkpoint import load_model_pair
+    from mortal.reward import load_grp
+    online = config.get('online', {})
+    probe_file = online.get('probe_file') or os.path.join(os.path.dirname(os.path.abspath(state_file)), 'probe.pth')
+    size = online.get('probe_size', 2048)
+    if size <= 0:
+        return None
+    grp_cfg = config['grp']
+    probe = Probe.load_or_build(probe_file, version=version, globs=config['dataset']['globs'],
+                                pts=config['env']['pts'], size=size,
+                                grp=lambda: load_grp(grp_cfg['state_file'], grp_cfg['network']))
+    if probe is None:
+        return None
+    if baseline is not None:
+        brain, dqn = baseline
+    else:
+        brain, dqn, _ = load_model_pair(config['baseline']['train']['state_file'])
+        brain.to(device)
+        dqn.to(device)
+    probe.set_baseline(brain, dqn, device)
+    return probe
+
+
+class Instruments:
+    """The learner's instruments over one save window of ``save_every`` batches, written at each save.
+
+    ``add`` takes each batch's ``batch_q_stats`` and the Q and target of its taken actions (online rows); ``write``
+    puts the ``q_predicted``/``q_target`` histograms (every ``HISTOGRAM_STRIDE``-th value), the ``diag/*`` means
+    and, with a ``probe``, ``diag/policy_drift`` and ``diag/next_rank_loss_probe`` into TensorBoard and starts a
+    new window. ``last``: the ``diag/*`` values of the last write (the guards' instrument bounds read them).
+    """
+
+    def __init__(self, *, save_every: int, batch_size: int, device, probe: Probe | None = None):
+        self.window = WindowMeans()
+        self.probe = probe
+        self.last = {}
+        self.q = torch.zeros((save_every, batch_size), device=device)
+        self.q_target = torch.zeros((save_every, batch_size), device=device)
+        self.batches = 0  # of this window
+
+    @torch.no_grad()
+    def add(self, q_stats: dict, q: Tensor, q_target: Tensor) -> None:
+        """One batch: ``batch_q_stats`` of its online rows, ``q (n,)`` and ``q_target (n,)`` of their taken
+        actions (n <= batch_size)."""
+        self.window.add(q_stats)
+        slot = self.batches % self.q.shape[0]
+        n = q.shape[0]
+        self.q[slot, :n] = q.float()
+        self.q_target[slot, :n] = q_target
+        self.batches += 1
+
+    def write(self, writer, steps: int, *, trained: tuple, ema: tuple | None, device) -> None:
+        """Write the window at ``steps`` and start a new one. ``trained``: the (brain, dqn, aux_net) being trained;
+        ``ema``: the published (brain, dqn) when it is an EMA of them, else None."""
+        writer.add_histogram('q_predicted', self.q.cpu().numpy().flatten()[::HISTOGRAM_STRIDE], steps)
+        writer.add_histogram('q_target', self.q_target.cpu().numpy().flatten()[::HISTOGRAM_STRIDE], steps)
+        self.batches = 0
+        self.last = dict(self.window.means())
+        for key, value in self.last.items():
+            writer.add_scalar(f'diag/{key}', value, steps)
+        self.window.reset()
+        if self.probe is not None:
+            brain, dqn, aux_net = trained
+            if ema is None:  # the played model is the trained one: one pass over the probe gives both
+                drift, loss = self.probe.measure(brain, dqn, aux_net, device)
+            else:  # drift of the published EMA; the next-rank head belongs to the trained weights
+                drift = self.probe.drift(*ema, device)
+                loss = self.probe.next_rank_loss(brain, aux_net, device)
+            self.last['policy_drift'] = drift
+            writer.add_scalar('diag/policy_drift', drift, steps)
+            writer.add_scalar('diag/next_rank_loss_probe', loss, steps)

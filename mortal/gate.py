@@ -19,7 +19,7 @@ Rules for replacing best.pth (``[test_play] best_rule``):
   ``sprt_chunk`` games; it stops the test play as soon as it accepts "not better", and it declares "better" once
   its likelihood ratio crosses the upper bound (the test play then finishes its deals, so that the new best's
   record covers every deal the next challenger may meet).
-- ``'mortal'``: Mortal's rule, avg pt and avg rank both not worse than the best so far (``mortal.train.is_better``).
+- ``'mortal'``: Mortal's rule, avg pt and avg rank both not worse than the best so far (``mortal.guards.is_better``).
 
 A test play is *significantly worse* when the CI of the paired difference lies above 0 (``Verdict.worse``), the
 signal of the degradation alarm (``[guard] rollback_after``).

@@ -5,8 +5,8 @@ Everything lives under one work dir (default ``./work/quickstart``):
 1. writes ``config.toml`` there from the embedded template (tiny ResNet, CPU, version 3 or ``--version 4``);
 2. ``mortal.bootstrap all``: rule-based games -> GRP -> offline Mortal (CQL) -> online dir;
 3. starts server, trainer and client as real processes (``MORTAL_CFG`` = that config),
-   waits for at least one ``test_play`` and one trainer restart, then stops them
-   (SIGTERM, then SIGKILL after a grace period);
+   waits for at least one ``test_play`` and one trainer restart (by the trainer's own supervisor,
+   ``mortal.supervisor``), then stops them (SIGTERM, then SIGKILL after a grace period);
 4. prints where the TensorBoard logs and checkpoints are, the test_play results and the
    elapsed time.
 
@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from mortal.fsutil import atomic_write_bytes
+from mortal.supervisor import signal_group
 
 logger = logging.getLogger(__name__)
 
@@ -266,20 +267,14 @@ def stop(procs, grace=GRACE_SECONDS):
     for name in reversed(list(procs)):
         p = procs[name]
         if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            signal_group(p.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     for name, p in procs.items():
         try:
             p.wait(timeout=max(0.0, deadline - time.monotonic()))
             outcome[name] = f'exited {p.returncode}'
         except subprocess.TimeoutExpired:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            signal_group(p.pid, signal.SIGKILL)
             p.wait()
             outcome[name] = 'killed'
     return outcome

@@ -1,10 +1,11 @@
-"""Schedules of the learning rate, ε and T against trainer steps (``[schedule.lr]``, ``[schedule.epsilon]``,
-``[schedule.temp]``).
+"""Schedules against trainer steps: Mortal's learning rate (``[optim.scheduler]``,
+``LinearWarmUpCosineAnnealingLR``) and the factors on the learning rate, ε and T (``[schedule.lr]``,
+``[schedule.epsilon]``, ``[schedule.temp]``, ``schedule_factor``).
 
-Each is a factor on the configured value: on ``[optim.scheduler]``'s learning rate (which keeps Mortal's warm-up and
-cosine shape), and on each ``[train_play.<profile>]``'s ``boltzmann_epsilon`` and ``boltzmann_temp``. The trainer
-evaluates the ε and T factors at its step count and sends them to the clients with its parameters
-(``submit_param``), so a client far away follows the trainer without reading its steps. Kinds:
+Each ``[schedule.*]`` table is a factor on a configured value: on ``[optim.scheduler]``'s learning rate (which
+keeps Mortal's warm-up and cosine shape), and on each ``[train_play.<profile>]``'s ``boltzmann_epsilon`` and
+``boltzmann_temp``. The trainer evaluates the ε and T factors at its step count and sends them to the clients with
+its parameters (``submit_param``), so a client far away follows the trainer without reading its steps. Kinds:
 
 - ``'constant'``: 1 (Mortal's behaviour, the default).
 - ``'inverse'``: ``1 / (1 + rate * steps)``, e.g. ``rate = 1e-7`` for the ``epsilon / (1 + steps * 1e-7)`` that
@@ -17,7 +18,9 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from mortal.config import SCHEDULE_KINDS
+from torch.optim.lr_scheduler import LambdaLR
+
+from mortal.config import SCHEDULE_KINDS, scheduler_problems  # the same rules as the config check
 
 
 def schedule_factor(table: Mapping, steps: int) -> float:
@@ -37,3 +40,67 @@ def schedule_factor(table: Mapping, steps: int) -> float:
             return final
         return final + (1.0 - final) * 0.5 * (1.0 + math.cos(math.pi * steps / span))
     return 1.0
+
+
+class LinearWarmUpCosineAnnealingLR(LambdaLR):
+    """Mortal's schedule; the optimizer's base lr must be 1 so the factor is the learning rate.
+
+    lr(step) with ``s = step + offset`` (then ``s %= epoch_size`` when epoch_size > 0):
+    ``init + (peak - init) * s / warm_up_steps`` while ``s < warm_up_steps``; then, while ``s < max_steps``,
+    ``final + (peak - final) * (1 + cos(pi * (s - warm_up_steps) / (max_steps - warm_up_steps))) / 2``;
+    ``final`` afterwards (so ``max_steps = 0`` with no warm-up is a constant ``final``).
+    Raises ValueError on a shape that ``mortal.config.scheduler_problems`` (also the config check) rejects:
+    ``peak >= final >= init >= 0`` and ``max_steps`` 0 (``final`` right after the warm-up) or >= ``warm_up_steps``.
+    """
+
+    def __init__(self, optimizer, *, peak, final, warm_up_steps, max_steps, init=1e-8, offset=0, epoch_size=0,
+                 **kwargs):
+        problems = scheduler_problems(peak=peak, final=final, warm_up_steps=warm_up_steps, max_steps=max_steps,
+                                      init=init, offset=offset, epoch_size=epoch_size)
+        if problems:
+            raise ValueError('; '.join(f'[optim.scheduler] {key} {rule}' for key, rule in problems))
+        self.init, self.peak, self.final = init, peak, final
+        self.warm_up_steps, self.max_steps = warm_up_steps, max_steps
+        self.offset, self.epoch_size = offset, epoch_size
+        self.multiplier = None  # extra: a callable giving the [schedule.lr] x rollback factor (None = 1, Mortal)
+        super().__init__(optimizer, lr_lambda=self.factor, **kwargs)
+
+    def factor(self, step: int) -> float:
+        """The learning rate at ``step``: ``base_factor(step)`` times ``multiplier()`` (1 without one)."""
+        scale = 1.0 if self.multiplier is None else self.multiplier()
+        return scale * self.base_factor(step)
+
+    def base_factor(self, step: int) -> float:
+        """Mortal's learning rate at ``step``, without ``multiplier``."""
+        s = step + self.offset
+        if self.epoch_size > 0:
+            s %= self.epoch_size
+        if self.warm_up_steps > 0 and s < self.warm_up_steps:
+            return self.init + (self.peak - self.init) / self.warm_up_steps * s
+        if s < self.max_steps:
+            progress = (s - self.warm_up_steps) / (self.max_steps - self.warm_up_steps)
+            return self.final + 0.5 * (self.peak - self.final) * (1 + math.cos(progress * math.pi))
+        return self.final
+
+    _SHAPE_KEYS = ('init', 'peak', 'final', 'warm_up_steps', 'max_steps', 'offset', 'epoch_size')
+
+    def state_dict(self):
+        """Plain numbers only (loadable with ``weights_only=True``); the factor function is not stored."""
+        return {k: v for k, v in self.__dict__.items() if k not in ('optimizer', 'lr_lambdas', 'multiplier')}
+
+    def load_state_dict(self, state_dict):
+        """Restore the position in the schedule (``last_epoch`` etc.) but keep the schedule's shape from the
+        config, so an edited ``[optim.scheduler]`` takes effect on resume (Mortal silently kept the old one).
+        Accepts Mortal's checkpoints (which also hold ``lr_lambdas``)."""
+        for key, value in state_dict.items():
+            if key not in self._SHAPE_KEYS and key not in ('lr_lambdas', 'multiplier'):
+                self.__dict__[key] = value
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Set the optimizer's learning rates to the schedule's value now (after a load, or a change of
+        ``multiplier``'s value)."""
+        lrs = [base * self.factor(self.last_epoch) for base in self.base_lrs]
+        for group, lr in zip(self.optimizer.param_groups, lrs):
+            group['lr'] = lr
+        self._last_lr = lrs

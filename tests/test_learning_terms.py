@@ -259,6 +259,7 @@ def test_offline_batches_loop_over_the_offline_logs(tiny_config, fixture_logs):
     """The stream yields full batches of offline_batch_size from the real logs and starts a new pass when one
     ends; a dataset without one full batch is a ValueError naming the key."""
     from mortal import train as tr, wire
+    from mortal.dataloader import iter_full_batches
     from mortal.model import GRP
     config, _ = tiny_config
     config['online']['offline_batch_size'] = 64
@@ -267,7 +268,7 @@ def test_offline_batches_loop_over_the_offline_logs(tiny_config, fixture_logs):
     write_baseline(config, config['control']['state_file'], seed=4)
     trainer = tr.Trainer(config, test_player=object(), writer=FakeWriter(), remote=wire.Remote('127.0.0.1', 1),
                          sleep=lambda s: None)
-    first_pass = sum(1 for _ in tr.iter_full_batches(iter(trainer.data_loader(
+    first_pass = sum(1 for _ in iter_full_batches(iter(trainer.data_loader(
         [str(fixture_logs[0])], [], batch_size=64, num_workers=0)), 64))
     assert first_pass >= 1
     batches = [next(trainer.offline_stream) for _ in range(first_pass + 1)]  # crosses into a second pass
@@ -283,15 +284,15 @@ def test_offline_batches_loop_over_the_offline_logs(tiny_config, fixture_logs):
 
 
 def test_file_index_errors_name_the_key_and_an_empty_list_is_not_cached(tmp_path):
-    from mortal import train as tr
+    from mortal.offline_data import build_file_list, load_player_names
     ds = {'file_index': str(tmp_path / 'index.pth'), 'globs': [str(tmp_path / 'none' / '*.json.gz')]}
-    assert tr.build_file_list(ds, set()) == []
+    assert build_file_list(ds, set()) == []
     assert not (tmp_path / 'index.pth').exists()  # fixing the globs later takes effect
     (tmp_path / 'index.pth').write_bytes(b'not a torch file')
     with pytest.raises(ValueError, match=r'\[dataset\] file_index .*index.pth is not a file index'):
-        tr.build_file_list(ds, set())
+        build_file_list(ds, set())
     torch.save({'other': 1}, tmp_path / 'index.pth')
     with pytest.raises(ValueError, match='is not a file index'):
-        tr.build_file_list(ds, set())
+        build_file_list(ds, set())
     with pytest.raises(ValueError, match=r'player_names_files: cannot read .*missing.txt'):
-        tr.load_player_names([str(tmp_path / 'missing.txt')])
+        load_player_names([str(tmp_path / 'missing.txt')])

@@ -30,6 +30,7 @@ from mortal.config import load_config
 from mortal.dataloader import FileDatasetsIter
 from mortal.gameplay import GameplayLoader
 from mortal.mjai_log import BadLogError, parse_log, read_log_text
+from mortal.schedule import LinearWarmUpCosineAnnealingLR
 
 LOGS = [DATA_DIR / 'riichienv_selfplay_hanchan.jsonl', DATA_DIR / 'meta_annotated_hanchan.jsonl',
         DATA_DIR / 'arena_double_ron_hanchan.json.gz']
@@ -140,8 +141,8 @@ def test_no_learner_process_outlives_it_under_the_supervisor(tmp_path, how):
     script, ready, mark = tmp_path / 'learner.py', tmp_path / 'ready', uuid.uuid4().hex
     script.write_text(_FAKE_LEARNER)
     runner = tmp_path / 'runner.py'
-    runner.write_text('import sys\nfrom mortal import train\n'
-                      f'sys.exit(train.supervise([{str(ready)!r}, "with-child"], script={str(script)!r}))\n')
+    runner.write_text('import sys\nfrom mortal import supervisor\n'
+                      f'sys.exit(supervisor.supervise([{str(ready)!r}, "with-child"], script={str(script)!r}))\n')
     proc = _start(tmp_path, [sys.executable, str(runner)], mark)
     try:
         assert _wait_for(ready.exists, 180), 'the fake learner never got a batch'
@@ -410,7 +411,7 @@ def test_scheduler_accepts_exactly_what_the_config_accepts(tmp_path, warm_up, ma
         config_ok = False
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1)
     try:
-        sched = tr.LinearWarmUpCosineAnnealingLR(opt, **shape)
+        sched = LinearWarmUpCosineAnnealingLR(opt, **shape)
         sched_ok = True
     except ValueError:
         sched_ok = False

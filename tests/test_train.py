@@ -11,6 +11,13 @@ import torch
 
 from mortal import train as tr
 from mortal import wire
+from mortal.checkpoint import CHECKPOINT_KEYS, CheckpointError
+from mortal.claims import staleness
+from mortal.dataloader import iter_full_batches
+from mortal.guards import is_better
+from mortal.optimizer import build_param_groups
+from mortal.schedule import LinearWarmUpCosineAnnealingLR
+from mortal.supervisor import supervise
 
 from conftest import (ROOT, FakeTestPlayer, FakeWriter, ScriptedRemote, empty_drain, load_tiny_config, random_batch,
                       start_param_server, stop_server, write_grp)
@@ -44,7 +51,7 @@ def zero_heads(trainer):
 
 def test_param_groups_decay_only_linear_and_conv_weights():
     net = torch.nn.Sequential(torch.nn.Conv1d(2, 3, 1), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 2))
-    decay, no_decay = tr.build_param_groups([net], 0.1)
+    decay, no_decay = build_param_groups([net], 0.1)
     assert decay['weight_decay'] == 0.1 and 'weight_decay' not in no_decay
     assert [p is q for p, q in zip(decay['params'], [net[0].weight, net[2].weight])] == [True, True]
     expected = [net[0].bias, net[1].bias, net[1].weight, net[2].bias]  # sorted names 0.bias 1.bias 1.weight 2.bias
@@ -54,7 +61,7 @@ def test_param_groups_decay_only_linear_and_conv_weights():
 def test_scheduler_values_by_hand():
     p = [torch.nn.Parameter(torch.zeros(1))]
     opt = torch.optim.AdamW(p, lr=1)
-    s = tr.LinearWarmUpCosineAnnealingLR(opt, peak=1e-3, final=1e-4, warm_up_steps=10, max_steps=110)
+    s = LinearWarmUpCosineAnnealingLR(opt, peak=1e-3, final=1e-4, warm_up_steps=10, max_steps=110)
     f = s.factor
     assert f(0) == pytest.approx(1e-8)
     assert f(5) == pytest.approx(1e-8 + (1e-3 - 1e-8) * 0.5)
@@ -66,22 +73,22 @@ def test_scheduler_values_by_hand():
         opt.step()
         s.step()
     assert opt.param_groups[0]['lr'] == pytest.approx(5.5e-4)
-    const = tr.LinearWarmUpCosineAnnealingLR(torch.optim.AdamW(p, lr=1), peak=1e-5, final=1e-5,
-                                             warm_up_steps=0, max_steps=0)
+    const = LinearWarmUpCosineAnnealingLR(torch.optim.AdamW(p, lr=1), peak=1e-5, final=1e-5,
+                                          warm_up_steps=0, max_steps=0)
     assert const.factor(0) == const.factor(12345) == 1e-5
     with pytest.raises(ValueError, match='peak >= final'):
-        tr.LinearWarmUpCosineAnnealingLR(opt, peak=1e-5, final=1e-4, warm_up_steps=0, max_steps=0)
+        LinearWarmUpCosineAnnealingLR(opt, peak=1e-5, final=1e-4, warm_up_steps=0, max_steps=0)
 
 
 def test_scheduler_resume_keeps_position_but_config_shape():
     p = [torch.nn.Parameter(torch.zeros(1))]
     opt = torch.optim.AdamW(p, lr=1)
-    s = tr.LinearWarmUpCosineAnnealingLR(opt, peak=1e-3, final=1e-4, warm_up_steps=10, max_steps=110)
+    s = LinearWarmUpCosineAnnealingLR(opt, peak=1e-3, final=1e-4, warm_up_steps=10, max_steps=110)
     for _ in range(60):
         opt.step()
         s.step()
     opt2 = torch.optim.AdamW(p, lr=1)
-    s2 = tr.LinearWarmUpCosineAnnealingLR(opt2, peak=2e-3, final=1e-4, warm_up_steps=10, max_steps=110)
+    s2 = LinearWarmUpCosineAnnealingLR(opt2, peak=2e-3, final=1e-4, warm_up_steps=10, max_steps=110)
     opt2.load_state_dict(opt.state_dict())
     s2.load_state_dict(s.state_dict())
     assert s2.last_epoch == 60 and s2.peak == 2e-3
@@ -91,7 +98,7 @@ def test_scheduler_resume_keeps_position_but_config_shape():
 @pytest.mark.parametrize('pt, rank, better', [
     (10.0, 2.4, True), (10.0, 2.5, True), (5.0, 2.4, True), (4.9, 2.0, False), (20.0, 2.51, False)])
 def test_best_rule_needs_both_not_worse(pt, rank, better):
-    assert tr.is_better(pt, rank, {'avg_pt': 5.0, 'avg_rank': 2.5}) is better
+    assert is_better(pt, rank, {'avg_pt': 5.0, 'avg_rank': 2.5}) is better
 
 
 def test_iter_full_batches_pools_short_batches():
@@ -100,7 +107,7 @@ def test_iter_full_batches_pools_short_batches():
     for n in sizes:
         batches.append((torch.arange(start, start + n), torch.arange(start, start + n) * 10))
         start += n
-    out = [tuple(t.tolist() for t in b) for b in tr.iter_full_batches(batches, 4)]
+    out = [tuple(t.tolist() for t in b) for b in iter_full_batches(batches, 4)]
     assert out == [
         ([0, 1, 2, 3], [0, 10, 20, 30]),
         ([7, 8, 9, 10], [70, 80, 90, 100]),
@@ -110,8 +117,8 @@ def test_iter_full_batches_pools_short_batches():
 
 
 def test_staleness_ignores_unknown_versions():
-    assert tr.staleness({'param_version': 7, 'param_versions': [7, 5, -1, 2]}) == [0, 2, 5]
-    assert tr.staleness({'param_version': 0, 'param_versions': []}) == []
+    assert staleness({'param_version': 7, 'param_versions': [7, 5, -1, 2]}) == [0, 2, 5]
+    assert staleness({'param_version': 0, 'param_versions': []}) == []
 
 
 def test_atomic_save_never_leaves_a_partial_checkpoint(tmp_path, monkeypatch):
@@ -206,7 +213,7 @@ def test_save_tags_checkpoint_test_play_and_best(tmp_path):
     for i in range(2):
         trainer.train_batch(*random_batch(seed=i))
     state = torch.load(trainer.state_file, weights_only=True)
-    assert tuple(state) == tr.CHECKPOINT_KEYS and state['steps'] == 2
+    assert tuple(state) == CHECKPOINT_KEYS and state['steps'] == 2
     assert state['config']['control']['online'] is False
     assert {t for t, _, _ in writer.scalars} == {'loss/dqn_loss', 'loss/cql_loss', 'loss/next_rank_loss',
                                                   'hparam/lr'} | DIAG_TAGS
@@ -273,7 +280,7 @@ def test_offline_checkpoint_in_online_mode_keeps_config_optimizer(tmp_path):
 def test_checkpoint_mismatch_names_both_shapes(tmp_path):
     trainer, _ = make_trainer(tmp_path)
     trainer.save()
-    with pytest.raises(tr.CheckpointMismatchError) as err:
+    with pytest.raises(CheckpointError) as err:
         make_trainer(tmp_path, resnet={'conv_channels': 32})
     msg = str(err.value)
     assert 'mortal.encoder' in msg and 'has shape (16, 934, 3) in the checkpoint but the config expects (32, 934, 3)' \
@@ -429,7 +436,7 @@ def test_supervisor_restarts_on_zero_and_stops_on_error(tmp_path):
         'open(p, "w").write(str(n + 1))\n'
         'assert os.environ["MORTAL_IS_SUB_PROC"] == "1"\n'
         'sys.exit(0 if n < 2 else 3)\n')
-    code = tr.supervise([], restart_delay=0.05, script=str(script))
+    code = supervise([], restart_delay=0.05, script=str(script))
     assert code == 3 and counter.read_text() == '3'
 
 
@@ -445,8 +452,8 @@ def test_supervisor_honours_sigterm_between_learners(tmp_path):
                      'open(p, "w").write(str(n + 1))\n')
     runner = tmp_path / 'runner.py'
     runner.write_text('import sys\n'
-                      'from mortal import train\n'
-                      f'sys.exit(train.supervise([], restart_delay=3.0, script={str(child)!r}))\n')
+                      'from mortal import supervisor\n'
+                      f'sys.exit(supervisor.supervise([], restart_delay=3.0, script={str(child)!r}))\n')
     env = {**os.environ, 'PYTHONPATH': str(tr.path.dirname(tr.path.dirname(tr.__file__)))}
     proc = subprocess.Popen([sys.executable, str(runner)], env=env)
     try:
