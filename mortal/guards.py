@@ -26,11 +26,11 @@ from mortal.config import lookup, optional_section
 from mortal.fsutil import atomic_copy, empty_dir, stamped_name
 from mortal.player import TEST_SEED
 from mortal.rotation import rotate
+from mortal.stat import DISPLAY_PTS  # test-play avg pt: display and Mortal's best.pth rule, never a training signal
 
 # The learner's lines keep the logger name they have always had (docs/operations.md, log filters).
 logger = logging.getLogger('mortal.train')
 
-DISPLAY_PTS = [90, 45, 0, -135]  # test-play avg pt, display and best.pth rule only; never a training signal
 # The checkpoint's extra entry 'guard' (docs/operations.md): the state of the long-run guards.
 INITIAL_GUARD = {'worse_streak': 0, 'rotate_streak': 0, 'rollbacks': 0, 'rotations': 0, 'lr_scale': 1.0,
                  'epsilon_scale': 1.0, 'baseline_version': 0, 'test_plays': 0, 'baseline_digest': ''}
