@@ -16,10 +16,10 @@ def test_same_tree_is_identical_and_a_planted_loss_change_is_found(tmp_path, cap
     assert out.count('identical') == 3 and 'cannot run' not in out
     planted = tmp_path / 'tree'
     shutil.copytree(ROOT, planted, ignore=shutil.ignore_patterns('.git', 'work', '__pycache__'))
-    train = planted / 'mortal' / 'train.py'
-    text = train.read_text()
-    assert text.count('dqn_loss = 0.5 * self.mse(') == 1
-    train.write_text(text.replace('dqn_loss = 0.5 * self.mse(', 'dqn_loss = 0.5001 * self.mse('))
+    loss = planted / 'mortal' / 'learning' / 'loss.py'
+    text = loss.read_text()
+    assert text.count('dqn_loss = 0.5 * F.mse_loss(') == 1
+    loss.write_text(text.replace('dqn_loss = 0.5 * F.mse_loss(', 'dqn_loss = 0.5001 * F.mse_loss('))
     assert bench.main(['--old', str(ROOT), '--new', str(planted), '--steps', '3']) == 1
     lines = capsys.readouterr().out.splitlines()
     verdicts = {ln.split()[0]: ln.split()[1] for ln in lines if not ln.startswith(' ')}
