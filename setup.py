@@ -1,27 +1,27 @@
-"""Build of the compiled single-player core (``mortal.sp._core``); metadata lives in pyproject.toml.
+"""Build of the compiled single-player core (``mortal.features.sp._core``); metadata lives in pyproject.toml.
 
 ``scripts/setup.sh`` runs ``python setup.py build_ext --inplace``, which rebuilds
 only when a source or header is newer than the built module. Needs a C++17
-compiler and the Python headers; the build is optional (see mortal.obs_v4).
+compiler and the Python headers; the build is optional (see mortal.features.obs_v4).
 """
 
 from pathlib import Path
 
 from setuptools import Extension, setup
 
-CSRC = Path("mortal/sp/csrc")
+CSRC = Path("mortal/features/sp/csrc")
 
 setup(
     ext_modules=[
         Extension(
-            "mortal.sp._core",
+            "mortal.features.sp._core",
             sources=[str(CSRC / "core.cpp")],
             depends=[str(p) for p in sorted(CSRC.glob("*.hpp"))],
             language="c++",
             extra_compile_args=["-std=c++17", "-O3", "-pthread"],
             extra_link_args=["-pthread"],
             # without a compiler the install still succeeds; version 4 then falls back to the
-            # pure-Python search and says so (mortal.obs_v4, mortal-doctor)
+            # pure-Python search and says so (mortal.features.obs_v4, mortal-doctor)
             optional=True,
         )
     ],

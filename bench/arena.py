@@ -57,7 +57,7 @@ class Timed:
 
 
 def run(challenger, champion, seeds, progress):
-    from mortal.arena import OneVsThree
+    from mortal.play.arena import OneVsThree
 
     arena = OneVsThree(disable_progress_bar=not progress)
     finish = []
@@ -87,10 +87,10 @@ def main(argv=None):
     args = entry.start(p, argv, log_level=None)
     try:
         import torch
-        from mortal.engine import MortalEngine
-        from mortal.model import DQN, Brain
+        from mortal.play.engine import MortalEngine
+        from mortal.learning.model import DQN, Brain
     except ImportError as e:
-        raise SystemExit(f"bench/arena.py needs mortal.model and mortal.engine (and torch): {e}")
+        raise SystemExit(f"bench/arena.py needs mortal.learning.model and mortal.play.engine (and torch): {e}")
     torch.set_num_threads(args.threads)
     n_games = 4 * args.seeds
 

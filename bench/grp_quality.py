@@ -33,7 +33,7 @@ def _samples(log_dir):
 
 def _train(samples, steps_list, on_step):
     import torch
-    from mortal.model import GRP
+    from mortal.learning.model import GRP
     from mortal.train_grp import collate, train_step
     torch.manual_seed(0)
     random.seed(0)
@@ -62,8 +62,8 @@ def val_ce(grp, samples):
 def reward_correlation(grp_file, log_dir):
     """(kyoku count, corr(reward, point change), reward sd) of a GRP checkpoint on the logs of ``log_dir``."""
     import numpy as np
-    from mortal.grp import Grp
-    from mortal.reward import RewardCalculator, load_grp
+    from mortal.data.grp import Grp
+    from mortal.data.reward import RewardCalculator, load_grp
     calc = RewardCalculator(load_grp(grp_file, {'hidden_size': 64, 'num_layers': 2}), [6, 4, 2, 0])
     rewards, deltas = [], []
     for game in Grp.load_gz_log_files(sorted(glob.glob(os.path.join(log_dir, '*.json.gz')))):
@@ -101,7 +101,7 @@ def main(argv=None):
                lambda step, grp: print(f'step {step:5d}: val CE {val_ce(grp, val):.4f}', flush=True))
     elif args.cmd == 'make':
         grp = _train(_samples(args.train_dir), [args.steps], lambda *a: None)
-        from mortal.checkpoint import atomic_torch_save
+        from mortal.learning.checkpoint import atomic_torch_save
         atomic_torch_save({'model': grp.state_dict(), 'steps': args.steps, 'timestamp': 0}, args.out)
         print(f'wrote {args.out}')
     else:

@@ -135,7 +135,7 @@ def check_marks(marks, minutes):
 
 
 def checkpoint_steps(state_file):
-    from mortal.checkpoint import load_checkpoint
+    from mortal.learning.checkpoint import load_checkpoint
     try:
         return int(load_checkpoint(state_file)['steps'])
     except Exception:  # being replaced right now, or not written yet
@@ -148,9 +148,9 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes
     At each of ``mark_minutes`` (minutes online) ``best.pth`` and the played ``state_file`` are kept as
     ``marks/best_MMMm.pth`` / ``marks/final_MMMm.pth``; ``eval`` plays them like best/final (e.g. the model at 30
     minutes of a 2-hour run)."""
-    from mortal.checkpoint import INITIAL_BEST_PERF, atomic_torch_save, load_checkpoint, played_checkpoint
+    from mortal.learning.checkpoint import INITIAL_BEST_PERF, atomic_torch_save, load_checkpoint, played_checkpoint
     from mortal.config import load_config
-    from mortal.fsutil import empty_dir
+    from mortal.util.fsutil import empty_dir
     from mortal.quickstart import _wait_port, free_port, keep_running, start as start_proc, stop
 
     start = pathlib.Path(out, 'start').resolve()
@@ -220,7 +220,7 @@ def run_offline(out, arm, *, epochs, lr, freeze_bn, log):
     Keeps ``OUT/arms/ARM/epoch_N.pth`` and returns the info of ``result.json``."""
     from mortal.bootstrap import RulebaseTestPlayer, offline_config
     from mortal.config import load_config
-    from mortal.fsutil import empty_dir
+    from mortal.util.fsutil import empty_dir
     from mortal.train import Trainer
 
     start = pathlib.Path(out, 'start').resolve()
@@ -252,7 +252,7 @@ def run_offline(out, arm, *, epochs, lr, freeze_bn, log):
 
 # ---------------------------------------------------------------------------- evaluation
 
-from mortal.evaluation import format_summary as fmt, play_chunk as _play, play_duplicate, summarize  # noqa: E402
+from mortal.play.evaluation import format_summary as fmt, play_chunk as _play, play_duplicate, summarize  # noqa: E402
 
 
 def play_units(chal, champ, *, sets, key, workers, chunk):

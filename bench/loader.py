@@ -63,7 +63,7 @@ def floor_keep(paths):
 
 
 def loader(paths):
-    from mortal.gameplay import GameplayLoader
+    from mortal.data.gameplay import GameplayLoader
 
     n = 0
     t0 = time.perf_counter()
@@ -78,8 +78,8 @@ def loader(paths):
 
 
 def dataset(paths):
-    from mortal.dataloader import FileDatasetsIter, make_dataloader
-    from mortal.model import GRP
+    from mortal.data.dataloader import FileDatasetsIter, make_dataloader
+    from mortal.learning.model import GRP
 
     ds = FileDatasetsIter(VERSION, paths, [6, 4, 2, 0], GRP(), file_batch_size=20)
     n = 0
@@ -98,7 +98,7 @@ def main(argv=None):
     parser.add_argument("--default-malloc", action="store_true",
                         help="do not call keep_freed_memory (glibc default trimming)")
     args = entry.start(parser, argv, log_level=None)
-    from mortal.dataloader import keep_freed_memory
+    from mortal.data.dataloader import keep_freed_memory
 
     torch.set_num_threads(1)
     if not args.default_malloc:

@@ -1,4 +1,4 @@
-"""Time per observation encode: v4 (mortal.obs_v4) vs v3 (mjai's Rust encoder) in the same run.
+"""Time per observation encode: v4 (mortal.features.obs_v4) vs v3 (mjai's Rust encoder) in the same run.
 
 Replays a real mjai log for one seat and, at every decision point, times
 ``PlayerState.encode_obs(3, False)`` and ``V4Encoder.encode``. Prints median,
@@ -22,7 +22,7 @@ import numpy as np
 
 def _replay(path, seat, limit):
     from mjai.mlibriichi.state import PlayerState
-    from mortal.obs_v4 import V4Encoder
+    from mortal.features.obs_v4 import V4Encoder
 
     ps, enc = PlayerState(seat), V4Encoder(seat)
     t3, t4 = [], []
@@ -55,12 +55,12 @@ def main(argv=None):
     ap.add_argument('--backend', choices=('core', 'python'), default='core')
     args = entry.start(ap, argv, log_level=None)
 
-    import mortal.obs_v4 as obs_v4
-    import mortal.sp.calc as sp_calc
+    import mortal.features.obs_v4 as obs_v4
+    import mortal.features.sp.calc as sp_calc
     if args.backend == 'python':
         obs_v4.HAVE_CORE = sp_calc.HAVE_CORE = False
     elif not sp_calc.HAVE_CORE:
-        raise SystemExit('mortal.sp._core is not built: run bash scripts/setup.sh (or use --backend python)')
+        raise SystemExit('mortal.features.sp._core is not built: run bash scripts/setup.sh (or use --backend python)')
     else:
         _replay(args.log, args.seat, args.limit)  # untimed: fills the shanten tables
     a3, a4 = _replay(args.log, args.seat, args.limit)
@@ -76,7 +76,7 @@ def main(argv=None):
 
 def _loader(path):
     """Training loader (all four seats of the log): samples/s at version 3 and 4, one core."""
-    from mortal.gameplay import GameplayLoader
+    from mortal.data.gameplay import GameplayLoader
 
     with open(path) as f:
         raw = f.read()

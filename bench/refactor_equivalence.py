@@ -68,6 +68,17 @@ def digest(*objs):
     return h.hexdigest()
 
 
+def mod(new, old):
+    """Module ``new`` (the package layout), or ``old`` (the flat one) in a tree from before the split."""
+    import importlib
+    try:
+        return importlib.import_module(new)
+    except ModuleNotFoundError as e:
+        if e.name is None or not new.startswith(e.name):
+            raise
+        return importlib.import_module(old)
+
+
 def tiny_config(root, online):
     from mortal.config import load_config
     cfg = toml.load(os.path.join(TREE, 'config.example.toml'))
@@ -120,7 +131,7 @@ TREE = os.environ['TREE']
 out = {}
 logs = sorted(os.path.join(data_dir, n) for n in os.listdir(data_dir) if n.endswith(('.jsonl', '.json.gz')))
 try:
-    from mortal.gameplay import GameplayLoader
+    GameplayLoader = mod('mortal.data.gameplay', 'mortal.gameplay').GameplayLoader
     games = GameplayLoader(3).load_gz_log_files(logs)
     out['loader'] = digest([[(g.player_id, g.obs, g.actions, g.masks, g.at_kyoku, g.dones, g.apply_gamma)
                              for g in game] for game in games])
@@ -129,7 +140,7 @@ except Exception as e:
 
 try:
     from mortal import train as tr
-    from mortal.model import GRP
+    GRP = mod('mortal.learning.model', 'mortal.model').GRP
     root = os.path.join(work, 'offline')
     config = tiny_config(root, online=False)
     os.makedirs(f'{root}/dataset')
@@ -148,13 +159,13 @@ except Exception as e:
 
 try:
     from mortal import train as tr
-    from mortal import wire
+    wire = mod('mortal.net.wire', 'mortal.wire')
     config = tiny_config(os.path.join(work, 'online'), online=True)
     seed(4)
     trainer = tr.Trainer(config, test_player=TestPlayer(), writer=Writer(), remote=wire.Remote('127.0.0.1', 1),
                          sleep=lambda s: None)
     g = torch.Generator().manual_seed(5)
-    from mortal.obs import obs_shape
+    obs_shape = mod('mortal.features.obs', 'mortal.obs').obs_shape
     channels = obs_shape(3)[0]
     for i in range(steps):
         n = 8

@@ -22,7 +22,7 @@ import numpy as np
 
 
 def _rows_per_s(make_engine, seeds):
-    from mortal.arena import OneVsThree
+    from mortal.play.arena import OneVsThree
 
     rows = [0]
 
@@ -60,9 +60,9 @@ def main(argv=None):
 
     import torch
     from bench.arena import FirstLegal
-    from mortal.engine import MortalEngine
-    from mortal.model import DQN, Brain
-    import mortal.obs_v4 as obs_v4
+    from mortal.play.engine import MortalEngine
+    from mortal.learning.model import DQN, Brain
+    import mortal.features.obs_v4 as obs_v4
 
     torch.set_num_threads(args.threads)
     if args.sp_threads is not None:

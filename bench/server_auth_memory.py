@@ -33,7 +33,7 @@ import time
 
 import msgpack
 
-from mortal import wire
+from mortal.net import wire
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 HOST = '127.0.0.1'

@@ -2,12 +2,12 @@
 """What an SPRT test play costs, against a fixed 3,000-game one, for planted differences (docs/operations.md).
 
 1. The per-deal spread comes from real games: ``--challenger`` against 3x ``--champion`` on ``--deals`` duplicate
-   deals (4 games each; ``mortal.evaluation``), or from a ``--units`` JSON written by an earlier run
+   deals (4 games each; ``mortal.play.evaluation``), or from a ``--units`` JSON written by an earlier run
    (``--save-units``). Per deal, the paired difference to the champion is the challenger's mean rank minus 2.5
    (the champion against 3 copies of itself finishes each rank once per deal).
 2. These differences are centred on 0 and shifted by each planted difference (``--plant``, avg rank; negative =
    the challenger is better), then resampled with replacement into ``--runs`` test plays.
-3. Each test play runs ``mortal.gate.Sprt`` (``--delta``, ``--alpha``, ``--beta``, a look every ``--chunk`` games,
+3. Each test play runs ``mortal.learning.gate.Sprt`` (``--delta``, ``--alpha``, ``--beta``, a look every ``--chunk`` games,
    at most ``--max-games``) and, on the same resample, the fixed paired-CI rule over all ``--max-games`` games.
 
 Printed per planted difference: the share of test plays judged better by each (95% Wilson CI), the games the
@@ -47,7 +47,7 @@ def simulate(diffs, plant, *, runs, max_deals, chunk_deals, sprt, confidence, se
     """Resampled test plays of per-deal differences ``diffs`` (centred, then shifted by ``plant``).
     Returns ``{'sprt_better', 'fixed_better', 'sprt_deals': [deals to the decision], 'trainer_deals': [deals the
     trainer plays: the whole test play when the SPRT said better, for the new best's record]}``."""
-    from mortal.gate import mean_and_ci
+    from mortal.learning.gate import mean_and_ci
     mean = statistics.fmean(diffs)
     pool = [d - mean + plant for d in diffs]
     rng = random.Random(seed)
@@ -93,7 +93,7 @@ def main(argv=None):
     parser.add_argument('--confidence', type=float, default=0.95, help='two-sided confidence of the fixed rule')
     parser.add_argument('--seed', type=int, default=0, help='seed of the resampling')
     args = entry.start(parser, argv, log_level=None)
-    from mortal.gate import Sprt, mean_and_ci
+    from mortal.learning.gate import Sprt, mean_and_ci
 
     if args.units:
         data = json.loads(pathlib.Path(args.units).read_text())
@@ -103,7 +103,7 @@ def main(argv=None):
             data = data['units'][args.label]
         units = {int(k): v for k, v in data.items()}
     elif args.challenger and args.champion:
-        from mortal.evaluation import play_duplicate
+        from mortal.play.evaluation import play_duplicate
         units = play_duplicate(('mortal', args.challenger), ('mortal', args.champion), sets=args.deals,
                                key=args.key, workers=args.workers)
         if args.save_units:

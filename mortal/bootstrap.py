@@ -2,7 +2,7 @@
 
 Steps (each resumable: a finished step is skipped, an interrupted one continues):
 
-1. ``gen-logs``: hanchan of four ``mjai.bot.rulebase.RulebaseBot`` seats, played by ``mortal.arena.OneVsThree``
+1. ``gen-logs``: hanchan of four ``mjai.bot.rulebase.RulebaseBot`` seats, played by ``mortal.play.arena.OneVsThree``
    over a pool of processes (the bot's move search holds the interpreter lock ~5 ms a call), written as gzip
    mjai logs ``{nonce}_{key}_{a|b|c|d}.json.gz`` under ``[bootstrap] log_dir``/``train`` and ``/val``.
    Every bot discards a random legal tile with probability ``[bootstrap] epsilon`` (not after riichi):
@@ -35,7 +35,7 @@ from pathlib import Path
 
 from mortal.config import SCHEMA, lookup
 from mortal.entry import drop_rust_backtrace
-from mortal.fsutil import atomic_copy, empty_dir
+from mortal.util.fsutil import atomic_copy, empty_dir
 
 logger = logging.getLogger(__name__)
 
@@ -109,8 +109,8 @@ def play_set(task):
     log_dir, nonce, key, epsilon = task
     drop_rust_backtrace()  # also when the pool was started by a library caller, not by main()
     try:
-        from mortal.agent import MjaiBotAgent
-        from mortal.arena import OneVsThree
+        from mortal.play.agent import MjaiBotAgent
+        from mortal.play.arena import OneVsThree
 
         bot_cls = _exploring_rulebase_class()
         counter = iter(range(1 << 30))
@@ -224,7 +224,7 @@ def _grp_config(config, boot):
 
 
 def _grp_steps_done(state_file):
-    from mortal.checkpoint import load_checkpoint
+    from mortal.learning.checkpoint import load_checkpoint
     if not os.path.exists(state_file):
         return 0
     return int(load_checkpoint(state_file).get('steps', 0))
@@ -302,7 +302,7 @@ class RulebaseTestPlayer:
     """Test play against three RulebaseBots (the offline run has no Mortal baseline to play against).
 
     ``test_play(seed_count, mortal, dqn, device) -> mortal.stat.Stat`` of the challenger named ``mortal``,
-    on the fixed test seeds of ``mortal.player``. ``enabled`` is False when ``[bootstrap] offline_test_every`` is
+    on the fixed test seeds of ``mortal.play.player``. ``enabled`` is False when ``[bootstrap] offline_test_every`` is
     0 (the trainer then prints no countdown to a test play that never comes).
     """
 
@@ -314,10 +314,10 @@ class RulebaseTestPlayer:
 
     def test_play(self, seed_count, mortal, dqn, device):
         import torch
-        from mortal.agent import MjaiBotAgent
-        from mortal.arena import OneVsThree
-        from mortal.engine import MortalEngine
-        from mortal.player import TEST_SEED
+        from mortal.play.agent import MjaiBotAgent
+        from mortal.play.arena import OneVsThree
+        from mortal.play.engine import MortalEngine
+        from mortal.play.player import TEST_SEED
         from mortal.stat import Stat
 
         engine = MortalEngine(mortal, dqn, is_oracle=False, version=self.version, device=torch.device(device),
@@ -367,7 +367,7 @@ def prepare(config, *, force=False):
 
     Existing targets are kept unless ``force``. Returns the list of files written.
     """
-    from mortal.checkpoint import INITIAL_BEST_PERF, atomic_torch_save, load_checkpoint
+    from mortal.learning.checkpoint import INITIAL_BEST_PERF, atomic_torch_save, load_checkpoint
 
     boot = bootstrap_config(config)
     best = _offline_paths(boot)['best_state_file']

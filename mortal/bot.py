@@ -9,7 +9,7 @@ An event carrying ``"can_act": false`` only updates the state. A pass is printed
 
 Engine settings as Mortal's bot: greedy, no AMP, quick eval on (off in review mode), rule-based agari guard on,
 name ``mortal``. Known gap: outside the arena there is no table to price a hora, so the agari guard cannot
-estimate the best-case win and allows every hora (``mortal.agent.rule_based_agari`` with no estimator).
+estimate the best-case win and allows every hora (``mortal.play.agent.rule_based_agari`` with no estimator).
 
 Review mode (env ``MORTAL_REVIEW_MODE=1``): quick eval off; every event without a reaction prints
 ``{"type":"none","meta":{"mask_bits":0}}``; at EOF the GRP (``[grp] state_file``, ``[grp.network]``) is run on every
@@ -41,10 +41,10 @@ class BotError(RuntimeError):
 class Bot:
     """One seat driven by an arena agent (Mortal's ``libriichi.mjai.Bot``).
 
-    For a version-4 engine a ``mortal.obs_v4.V4Encoder`` replays the events beside the ``PlayerState``.
+    For a version-4 engine a ``mortal.features.obs_v4.V4Encoder`` replays the events beside the ``PlayerState``.
 
     Args:
-        engine: a ``MortalEngine``-like object (``react_batch``) or an arena agent (``mortal.agent``).
+        engine: a ``MortalEngine``-like object (``react_batch``) or an arena agent (``mortal.play.agent``).
         player_id: the seat 0-3.
 
     Raises:
@@ -53,7 +53,7 @@ class Bot:
 
     def __init__(self, engine, player_id: int):
         from mjai.mlibriichi.state import PlayerState
-        from mortal.agent import make_agent, needs_v4_encoder
+        from mortal.play.agent import make_agent, needs_v4_encoder
 
         if isinstance(player_id, bool) or player_id not in range(4):
             raise ValueError(f'player_id must be 0-3, got {player_id!r}')
@@ -63,7 +63,7 @@ class Bot:
         # version 4: the seat's V4Encoder sees every event the state sees (it resets at start_kyoku)
         self.v4 = None
         if needs_v4_encoder(self.agent):
-            from mortal.obs_v4 import V4Encoder
+            from mortal.features.obs_v4 import V4Encoder
             self.v4 = V4Encoder(player_id)
         self._since_last = []  # JSON events since the previous decision (mjai-bot agents read them)
         self._game = 0
@@ -103,7 +103,7 @@ class Bot:
         if not can_act or not cans.can_act:
             return None
 
-        from mortal.agent import Scene
+        from mortal.play.agent import Scene
         scene = Scene(game=self._game, seat=self.player_id, state=self.state, events=self._since_last, v4=self.v4)
         self._since_last = []
         decision = self.agent.react([scene])[0]
@@ -130,13 +130,13 @@ def load_engine(state_file: str, *, review_mode: bool):
     """``(MortalEngine, tag)`` from a Mortal-layout checkpoint, with the bot's engine settings (CPU).
 
     Raises:
-        mortal.checkpoint.CheckpointError: the file is missing, not a weights-only torch checkpoint, or its
+        mortal.learning.checkpoint.CheckpointError: the file is missing, not a weights-only torch checkpoint, or its
             weights do not fit its own ``config`` (the message is one line naming the file; for shapes, both
             shapes).
     """
     import torch
-    from mortal.checkpoint import load_checkpoint, load_errors, models_from_state
-    from mortal.engine import MortalEngine
+    from mortal.learning.checkpoint import load_checkpoint, load_errors, models_from_state
+    from mortal.play.engine import MortalEngine
 
     with load_errors('[control] state_file', state_file):
         state = load_checkpoint(state_file)
@@ -161,10 +161,10 @@ def load_review_grp(config: dict):
     """The GRP of ``[grp] state_file`` / ``[grp.network]`` in eval mode on the CPU (review mode).
 
     Raises:
-        mortal.checkpoint.CheckpointError: missing or unusable file, or weights that do not fit ``[grp.network]``.
+        mortal.learning.checkpoint.CheckpointError: missing or unusable file, or weights that do not fit ``[grp.network]``.
     """
-    from mortal.checkpoint import load_errors
-    from mortal.reward import load_grp
+    from mortal.learning.checkpoint import load_errors
+    from mortal.data.reward import load_grp
 
     path = config['grp']['state_file']
     with load_errors('[grp] state_file', path):
@@ -177,11 +177,11 @@ def phi_matrix(config: dict, log_lines: list[str], grp=None) -> list:
     ``grp``: a loaded GRP (default: :func:`load_review_grp` of ``config``).
 
     Raises:
-        mortal.mjai_log.BadLogError: the log has no finished kyoku or is malformed.
-        mortal.checkpoint.CheckpointError: ``grp`` not given and the GRP checkpoint cannot be loaded.
+        mortal.data.mjai_log.BadLogError: the log has no finished kyoku or is malformed.
+        mortal.learning.checkpoint.CheckpointError: ``grp`` not given and the GRP checkpoint cannot be loaded.
     """
     import torch
-    from mortal.grp import Grp
+    from mortal.data.grp import Grp
 
     if grp is None:
         grp = load_review_grp(config)
@@ -218,7 +218,7 @@ USAGE = 'python -m mortal.bot [-c/--config PATH] <SEAT>   (SEAT: the player ID, 
 def main(argv: list[str] | None = None, *, stdin: IO[str] | None = None, stdout: IO[str] | None = None) -> int:
     """``python -m mortal.bot <SEAT>``; returns the exit status (2 usage/config/checkpoint error, 1 bad input)."""
     from mortal import entry
-    from mortal.checkpoint import CheckpointError
+    from mortal.learning.checkpoint import CheckpointError
     from mortal.config import BOT_SECTIONS, ConfigError
 
     stdin = stdin or sys.stdin
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None, *, stdin: IO[str] | None = None, stdout:
     try:
         lines = serve(bot, stdin, stdout, review_mode=review_mode)
         if review_mode:
-            from mortal.mjai_log import BadLogError
+            from mortal.data.mjai_log import BadLogError
             try:
                 matrix = phi_matrix(config, lines, grp)
             except BadLogError as exc:

@@ -34,8 +34,8 @@ from os import path
 import numpy as np
 import torch
 
-from mortal import wire
-from mortal.checkpoint import CheckpointError, check_loadable, read_baseline
+from mortal.net import wire
+from mortal.learning.checkpoint import CheckpointError, check_loadable, read_baseline
 from mortal.stat import rank_summary  # of the display pts, as Mortal's client prints it
 
 logger = logging.getLogger('mortal.client' if __name__ == '__main__' else __name__)
@@ -101,9 +101,9 @@ def fetch_baseline(remote: wire.Remote, *, wait: bool, sleep=time.sleep):
 def unpack_baseline(reply: dict) -> tuple:
     """``(mortal, dqn, arch, digest)`` of a get_baseline reply, checked: ``arch`` within bounds, both state dicts
     loadable into the networks of ``arch`` (``check_loadable``), and their ``wire.baseline_digest`` equal to the
-    reply's. Raises ValueError (mortal.checkpoint.CheckpointError for the shapes) or wire.ProtocolError naming
+    reply's. Raises ValueError (mortal.learning.checkpoint.CheckpointError for the shapes) or wire.ProtocolError naming
     what is wrong."""
-    from mortal.model import Brain, DQN
+    from mortal.learning.model import Brain, DQN
     arch = wire.check_baseline_arch(reply.get('arch'))
     digest = wire.check_digest(reply.get('baseline_digest'))
     mortal = wire.unpack_state_dict(reply.get('mortal'))
@@ -148,8 +148,8 @@ class Client:
     """
 
     def __init__(self, config: dict, *, train_player=None, remote=None, env=os.environ, sleep=time.sleep):
-        from mortal.model import Brain, DQN
-        from mortal.obs import check_version
+        from mortal.learning.model import Brain, DQN
+        from mortal.features.obs import check_version
 
         version = check_version(config['control']['version'])
         self.device = torch.device(config['control']['device'])
@@ -172,7 +172,7 @@ class Client:
             self.mortal.compile()
             self.dqn.compile()
         if train_player is None:
-            from mortal.player import TrainPlayer
+            from mortal.play.player import TrainPlayer
             train_player = TrainPlayer(config, env)
         self.train_player = train_player
         self.param_version = -1
@@ -210,7 +210,7 @@ class Client:
         return True
 
     def apply_play_settings(self, rsp: dict) -> None:
-        """Follow the trainer's play settings of a get_param reply: the ε/T factors (``mortal.schedule``, rollbacks)
+        """Follow the trainer's play settings of a get_param reply: the ε/T factors (``mortal.learning.schedule``, rollbacks)
         and the baseline version (a rotation: ``[baseline.train] state_file`` is loaded again). A reply without
         them (an older server) changes nothing."""
         try:
@@ -245,9 +245,9 @@ class Client:
 
     def install_baseline(self, *, wait: bool = False):
         """Fetch the trainer's baseline from the server, check it (``unpack_baseline``) and write it to
-        ``[baseline.train] state_file`` (``mortal.rotation.install_baseline``); returns its digest, or None (logged)
+        ``[baseline.train] state_file`` (``mortal.learning.rotation.install_baseline``); returns its digest, or None (logged)
         when the server has none or it fails its checks (that digest is then not fetched again)."""
-        from mortal.rotation import install_baseline
+        from mortal.learning.rotation import install_baseline
         try:
             reply = fetch_baseline(self.remote, wait=wait, sleep=self.sleep)
         except wire.RequestRefused as ex:  # e.g. a server of an older release

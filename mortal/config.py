@@ -35,15 +35,15 @@ ENV_SP_THREADS = 'MORTAL_SP_THREADS'
 DEFAULT_PROFILE = 'default'
 #: Feature/model versions of ``[control] version`` (Mortal's 1-3, plus 4 with the single-player block).
 SUPPORTED_VERSIONS = (1, 2, 3, 4)
-# Frames above this are refused by the wire protocol (mortal.wire) unless [online.server] max_frame_bytes says
+# Frames above this are refused by the wire protocol (mortal.net.wire) unless [online.server] max_frame_bytes says
 # otherwise. 512 MiB holds a 192x40 model's parameters (~40 MB) or a submission of thousands of gz logs with a wide
 # margin.
 DEFAULT_MAX_FRAME_BYTES = 512 * 1024 * 1024
-# [dataset] max_log_bytes (also the readers' default, mortal.mjai_log): a hanchan is well under 1 MB of mjai JSON.
+# [dataset] max_log_bytes (also the readers' default, mortal.data.mjai_log): a hanchan is well under 1 MB of mjai JSON.
 DEFAULT_MAX_LOG_BYTES = 64 * 1024 * 1024
 SCHEDULER_DEFAULT_INIT = 1e-8  # Mortal's LinearWarmUpCosineAnnealingLR default for [optim.scheduler] init
-BEST_RULES = ('paired', 'sprt', 'mortal')  # [test_play] best_rule (mortal.gate)
-SCHEDULE_KINDS = ('constant', 'inverse', 'cosine')  # [schedule.*] kind (mortal.schedule)
+BEST_RULES = ('paired', 'sprt', 'mortal')  # [test_play] best_rule (mortal.learning.gate)
+SCHEDULE_KINDS = ('constant', 'inverse', 'cosine')  # [schedule.*] kind (mortal.learning.schedule)
 
 # Section names required by each process. 'train_play' means the [train_play.<profile>] table of the
 # TRAIN_PLAY_PROFILE in use (see train_play_profile).
@@ -232,7 +232,8 @@ def _schedule_table(what: str) -> dict:
 
 SCHEMA: dict[str, dict[str, Key]] = {
     'control': {
-        'version': Key('int', 'model/feature version (1-4); 4 adds the single-player block (mortal.obs_v4)', check=_version),
+        'version': Key('int', 'model/feature version (1-4); 4 adds the single-player block (mortal.features.obs_v4)',
+                       check=_version),
         'online': Key('bool', 'online training: replays come from the server, no CQL term (unless [cql] online_min_q_weight)'),
         'state_file': Key('str', 'trainer checkpoint (read at start, written every save_every steps)'),
         'best_state_file': Key('str', 'copy of the checkpoint with the best test-play result'),
@@ -764,7 +765,7 @@ def _check_relations(config: dict, path: str, errors: list[str], warns: list[str
 
     remote = _get_table(config, 'online.remote')
     if remote is not None and not remote['token']:
-        from mortal.wire import is_loopback  # here, not at the top: mortal.wire imports this module
+        from mortal.net.address import is_loopback
         # resolve=False: no name lookup while a config loads (the host may resolve otherwise where a peer runs)
         if not is_loopback(remote['host'], resolve=False):
             errors.append(f'[online.remote] token in {path} is required because [online.remote] host = '
@@ -807,7 +808,7 @@ def scheduler_problems(*, peak, final, warm_up_steps, max_steps, init=SCHEDULER_
                        epoch_size=0, **_ignored) -> list[tuple[str, str]]:
     """What is wrong with an ``[optim.scheduler]`` shape, as ``(key = value, rule)`` pairs; ``[]`` if nothing.
 
-    The single definition used by the config check and by ``mortal.schedule.LinearWarmUpCosineAnnealingLR``:
+    The single definition used by the config check and by ``mortal.learning.schedule.LinearWarmUpCosineAnnealingLR``:
     ``peak >= final >= init >= 0``; ``warm_up_steps``, ``max_steps``, ``epoch_size`` >= 0; ``max_steps`` 0
     (no annealing: ``final`` from the end of the warm-up on) or >= ``warm_up_steps``. Learning rates are the
     absolute values (the optimizer's base lr is 1); steps count backward passes. Other keys are ignored.

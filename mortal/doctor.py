@@ -151,8 +151,8 @@ def load_mortal_checkpoint(path, config):
     Returns a list of problems (empty = fine). The file is read with ``weights_only=True``
     (no code from the file runs). A problem names the mismatching key and both values.
     """
-    from mortal.checkpoint import CheckpointError, describe_error, describe_mismatches, load_checkpoint
-    from mortal.model import DQN, Brain
+    from mortal.learning.checkpoint import CheckpointError, describe_error, describe_mismatches, load_checkpoint
+    from mortal.learning.model import DQN, Brain
 
     version = lookup(config, 'control.version')
     resnet = lookup(config, 'resnet', {}) or {}
@@ -209,8 +209,8 @@ def check_checkpoints(config):
 
 def check_grp(config):
     """GRP checkpoint (``[grp] state_file``, key ``model``) loads into ``GRP(**[grp.network])``."""
-    from mortal.checkpoint import describe_error, describe_mismatches, load_checkpoint
-    from mortal.model import GRP
+    from mortal.learning.checkpoint import describe_error, describe_mismatches, load_checkpoint
+    from mortal.learning.model import GRP
 
     path = lookup(config, 'grp.state_file')
     if not path:
@@ -234,7 +234,7 @@ def check_grp(config):
 # ---------------------------------------------------------------------------- memory
 
 def _model_parts(conv_channels, num_blocks, version, device='meta'):
-    from mortal.model import DQN, AuxNet, Brain
+    from mortal.learning.model import DQN, AuxNet, Brain
 
     import torch
     with torch.device(device):
@@ -256,7 +256,7 @@ def activation_bytes_per_sample(conv_channels, num_blocks, version, amp=False):
     autocast stands in for CUDA float16 AMP (same 2-byte width). Returns ``int`` bytes.
     """
     import torch
-    from mortal.obs import obs_shape
+    from mortal.features.obs import obs_shape
 
     torch.manual_seed(0)
     brain, dqn, _ = _model_parts(conv_channels, num_blocks, version, device='cpu')
@@ -284,7 +284,7 @@ def activation_bytes_per_sample(conv_channels, num_blocks, version, amp=False):
 
 def inference_bytes_per_sample(conv_channels, version):
     """Peak live bytes per sample in an inference forward: the input plus ~4 tower tensors."""
-    from mortal.obs import obs_shape
+    from mortal.features.obs import obs_shape
     return 4 * 34 * (obs_shape(version)[0] + 4 * conv_channels) + 4 * 1024 * 2
 
 
@@ -363,7 +363,7 @@ def check_memory(config, profile='default'):
 
 def run_checks(config, *, server_running=False, profile='default'):
     """All checks for an already loaded config dict; returns the list of ``Check``."""
-    from mortal.obs import UnsupportedVersionError, check_version
+    from mortal.features.obs import UnsupportedVersionError, check_version
 
     rows = []
     try:
@@ -372,11 +372,12 @@ def run_checks(config, *, server_running=False, profile='default'):
     except UnsupportedVersionError as e:
         return rows + [Check(FAIL, 'version', str(e))]
     if version == 4:
-        from mortal.obs_v4 import HAVE_CORE, sp_threads
+        from mortal.features.obs_v4 import HAVE_CORE, sp_threads
         if not HAVE_CORE:
-            rows.append(Check(FAIL, 'version', 'version 4 needs the compiled single-player core (mortal.sp._core), '
-                                               'which is not built here: run bash scripts/setup.sh (needs g++ and '
-                                               'the Python headers); the Python fallback is about 50x slower'))
+            rows.append(Check(FAIL, 'version', 'version 4 needs the compiled single-player core '
+                                               '(mortal.features.sp._core), which is not built here: run bash '
+                                               'scripts/setup.sh (needs g++ and the Python headers); the Python '
+                                               'fallback is about 50x slower'))
         rows.append(Check(INFO, 'version', 'version 4 observations (1012 x 34) run a single-player search per '
                                            'decision in self-play and per sample in the loader; slower than v3 '
                                            f'({sp_threads()} search threads per process: MORTAL_SP_THREADS)'))

@@ -44,12 +44,12 @@ def drop_rust_backtrace() -> None:
 
 def apply_env(env: Mapping[str, str] = os.environ) -> mcfg.EnvOverrides:
     """Read the environment overrides once (``mortal.config.EnvOverrides``) and apply the process-wide one:
-    ``MORTAL_SP_THREADS`` becomes ``mortal.obs_v4.SP_THREADS``. Returns the overrides, to pass down."""
+    ``MORTAL_SP_THREADS`` becomes ``mortal.features.obs_v4.SP_THREADS``. Returns the overrides, to pass down."""
     overrides = mcfg.EnvOverrides.from_env(env)
     # A process that never loads the version-4 search keeps it unloaded; one that has it gets the value (None too,
     # so that a second start in the same process, e.g. a test, does not keep the first one's).
-    if overrides.sp_threads is not None or 'mortal.obs_v4' in sys.modules:
-        from mortal import obs_v4
+    if overrides.sp_threads is not None or 'mortal.features.obs_v4' in sys.modules:
+        from mortal.features import obs_v4
         obs_v4.SP_THREADS = overrides.sp_threads
     return overrides
 

@@ -145,23 +145,23 @@ def side_type(side: Mapping, section: str) -> str:
 def build_side(side: Mapping, section: str):
     """An arena player from a ``[1v3.challenger]``/``[1v3.champion]`` table.
 
-    'rulebase': a ``mortal.agent.MjaiBotAgent`` of ``RulebaseBot`` named ``name`` (default 'rulebase').
+    'rulebase': a ``mortal.play.agent.MjaiBotAgent`` of ``RulebaseBot`` named ``name`` (default 'rulebase').
     'mortal': a greedy ``MortalEngine`` from ``state_file`` (architecture from the checkpoint's own config, as
     Mortal) on ``device`` with ``enable_amp``, ``enable_rule_based_agari_guard``, ``stochastic_latent``,
     ``enable_compile``.
 
     Raises:
-        ValueError: bad ``type``; mortal.checkpoint.CheckpointError (a ValueError): missing or unusable
+        ValueError: bad ``type``; mortal.learning.checkpoint.CheckpointError (a ValueError): missing or unusable
             checkpoint (one line naming the section, the file and the reason).
     """
     kind = side_type(side, section)
     if kind == 'rulebase':
-        from mortal.agent import MjaiBotAgent
+        from mortal.play.agent import MjaiBotAgent
         return MjaiBotAgent(name=side.get('name', 'rulebase'))
 
     import torch
-    from mortal.checkpoint import load_errors, load_model_pair
-    from mortal.engine import MortalEngine
+    from mortal.learning.checkpoint import load_errors, load_model_pair
+    from mortal.play.engine import MortalEngine
 
     with load_errors(f'[{section}] state_file', side['state_file']):
         brain, dqn, version = load_model_pair(side['state_file'])
@@ -185,7 +185,7 @@ def build_side(side: Mapping, section: str):
 
 def _challenger_stat(log_dir: str, games: Iterable[tuple]):
     """Sum of the challenger seat's ``Stat`` over this run's logs (by seat, so equal names do not mix)."""
-    from mortal.mjai_log import BadLogError, read_log_text
+    from mortal.data.mjai_log import BadLogError, read_log_text
     from mortal.stat import Stat
 
     total = Stat()
@@ -203,7 +203,7 @@ def run(config: dict, *, disable_progress_bar: bool = False, out=None) -> Duplic
 
     Returns the final :class:`DuplicateSummary`.
     """
-    from mortal.arena import OneVsThree
+    from mortal.play.arena import OneVsThree
 
     out = out or sys.stdout
     cfg = config['1v3']
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             os.makedirs(log_dir, exist_ok=True)
         except OSError as exc:
             return entry.error(f'[1v3] log_dir {log_dir} cannot be created: {exc}')
-    from mortal.checkpoint import CheckpointError
+    from mortal.learning.checkpoint import CheckpointError
     try:
         run(config, disable_progress_bar=args.no_progress)
     except CheckpointError as exc:

@@ -6,7 +6,7 @@ Everything lives under one work dir (default ``./work/quickstart``):
 2. ``mortal.bootstrap all``: rule-based games -> GRP -> offline Mortal (CQL) -> online dir;
 3. starts server, trainer and client as real processes (``MORTAL_CFG`` = that config),
    waits for at least one ``test_play`` and one trainer restart (by the trainer's own supervisor,
-   ``mortal.supervisor``), then stops them (SIGTERM, then SIGKILL after a grace period);
+   ``mortal.learning.supervisor``), then stops them (SIGTERM, then SIGKILL after a grace period);
 4. prints where the TensorBoard logs and checkpoints are, the test_play results and the
    elapsed time.
 
@@ -28,8 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from mortal.fsutil import atomic_write_bytes
-from mortal.supervisor import signal_group
+from mortal.util.fsutil import atomic_write_bytes
+from mortal.learning.supervisor import signal_group
 
 logger = logging.getLogger(__name__)
 
@@ -351,8 +351,8 @@ EVAL_KEY = 0x71756963  # 'quic': duplicate key of the summary's evaluation deals
 
 def evaluate_against_start(config, sets, workers=None):
     """``best.pth`` and the final ``state_file``, each against 3x the start model (``[baseline.test]``), on the same
-    ``sets`` duplicate deals: ``{'best'|'final': mortal.evaluation.summarize(...)}`` (missing files left out)."""
-    from mortal.evaluation import play_duplicate, summarize
+    ``sets`` duplicate deals: ``{'best'|'final': mortal.play.evaluation.summarize(...)}`` (missing files left out)."""
+    from mortal.play.evaluation import play_duplicate, summarize
 
     start = ('mortal', config['baseline']['test']['state_file'])
     out = {}
@@ -480,7 +480,7 @@ def report(result, out=sys.stdout):
             p(f'  step {step:>6}: avg rank {rank:.3f}, avg pt {pts.get(step, float("nan")):+.2f}')
     ev = result.get('evaluation') or {}
     if ev:
-        from mortal.evaluation import format_summary
+        from mortal.play.evaluation import format_summary
         p('evaluation against 3x the start model on the same duplicate deals (start = 2.500 exactly; '
           'lower is better, 95% CI):')
         for label, summary in ev.items():

@@ -13,7 +13,7 @@ Behaviour as Mortal's server, with its faults fixed:
   shapes (read from the safetensors headers; no network is built) must match the first accepted submission of
   this server's lifetime unless the request says ``arch_change: true``; empty state dicts are always refused.
 - ``submit_param`` may carry the trainer's play settings (``steps``, ``epsilon_factor``, ``temp_factor``,
-  ``baseline_version``: ``mortal.schedule``, ``mortal.gate``); they are checked (finite, in range) and handed to
+  ``baseline_version``: ``mortal.learning.schedule``, ``mortal.learning.gate``); they are checked (finite, in range) and handed to
   every client with the parameters. A trainer that sends none leaves Mortal's (factors 1, version 0).
 - ``submit_baseline`` stores the trainer's ``[baseline.train]`` weights (safetensors, key names, dtypes and shapes
   read from the headers), their architecture, version and digest (``wire.baseline_digest``, checked by the client
@@ -25,7 +25,7 @@ Behaviour as Mortal's server, with its faults fixed:
   answers 'error' and keeps the logs it moved in ``drain_dir`` for the next drain: none is lost or duplicated.
 - Both dirs are cleared and recreated at start. Counts come only from files this server wrote: stray entries are
   logged and ignored in ``buffer_dir``, logged and removed when ``drain_dir`` is emptied.
-- Every request is one connection; a malformed frame closes that connection only (see ``mortal/wire.py``).
+- Every request is one connection; a malformed frame closes that connection only (see ``mortal/net/wire.py``).
   The header's MAC is checked before any payload is read; at most ``max_pending`` connections may be waiting
   for their header at once (others are closed at once), and payloads being read or handled hold at most
   ``max_inflight_bytes`` bytes together (a frame waits until its length fits; small frames such as get_param
@@ -54,9 +54,9 @@ from os import path
 from socketserver import BaseRequestHandler, ThreadingTCPServer
 from typing import Optional
 
-from mortal import wire
-from mortal.fsutil import empty_dir
-from mortal.wire import is_loopback  # bind security below (also this module's API)
+from mortal.net import wire
+from mortal.util.fsutil import empty_dir
+from mortal.net.address import is_loopback  # bind security below (also this module's API)
 
 logger = logging.getLogger('mortal.server' if __name__ == '__main__' else __name__)
 
@@ -103,7 +103,7 @@ def check_log_head(name: str, content: bytes) -> None:
     else:
         head = content[:FIRST_LINE_LIMIT]
     more = len(head) >= FIRST_LINE_LIMIT  # bytes may follow what was looked at
-    if head.startswith(_UTF8_BOM):  # mortal.mjai_log.read_log_text drops a leading byte order mark too
+    if head.startswith(_UTF8_BOM):  # mortal.data.mjai_log.read_log_text drops a leading byte order mark too
         head = head[len(_UTF8_BOM):]
     text = head.lstrip()
     skipped = len(head) - len(text)  # leading blank lines, skipped within the same budget
@@ -182,7 +182,7 @@ class ReplayStore:
 
     buffer_dir/drain_dir: directories this store owns (cleared by ``reset_dirs``); capacity: number of buffered
     logs at which clients are refused new parameters; force_sequential: clients wait for each new idle version and
-    the trainer drains only full buffers. Methods take/return the request/reply maps of ``mortal/wire.py``.
+    the trainer drains only full buffers. Methods take/return the request/reply maps of ``mortal/net/wire.py``.
     """
 
     def __init__(self, buffer_dir: str, drain_dir: str, capacity: int, force_sequential: bool = False):

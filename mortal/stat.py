@@ -30,7 +30,7 @@ from typing import Any, Iterable, Sequence
 
 from tqdm import tqdm
 
-from mortal.mjai_log import BadLogError, is_int, is_seat, parse_events, read_log_text
+from mortal.data.mjai_log import BadLogError, is_int, is_seat, parse_events, read_log_text
 
 logger = logging.getLogger('mortal.stat')  # not __name__: '__main__' under python -m
 
@@ -45,7 +45,7 @@ _NAGASHI_MANGAN_POINT = 8000
 
 
 class LogFormatError(BadLogError):
-    """A log that cannot be analysed: a ``mortal.mjai_log.BadLogError`` (``source``, ``line``,
+    """A log that cannot be analysed: a ``mortal.data.mjai_log.BadLogError`` (``source``, ``line``,
     ``reason``) whose text is ``"<source>:<line>: <reason>"`` (``"<source>: <reason>"`` without a line)."""
 
     def _where(self) -> str:
@@ -175,7 +175,7 @@ class Stat:
 
         Raises:
             ValueError: ``seat`` is not 0-3.
-            LogFormatError: the log fails ``mortal.mjai_log.parse_events`` (a line that is not
+            LogFormatError: the log fails ``mortal.data.mjai_log.parse_events`` (a line that is not
                 a JSON event of a known type, an ``actor`` that is not a seat, more than one game:
                 an event after ``end_game`` or a second ``start_game``), or a field the statistics
                 need (``scores``, ``oya``, ``target``, ``deltas``) is missing or out of range; the
@@ -230,12 +230,12 @@ class Stat:
     @classmethod
     def from_file(cls, path: str | os.PathLike, player_name: str) -> 'Stat':
         """Stats of every seat named ``player_name`` in one log file, read by
-        ``mortal.mjai_log.read_log_text`` (gzip or plain, whatever the name).
+        ``mortal.data.mjai_log.read_log_text`` (gzip or plain, whatever the name).
 
         Raises:
             OSError: the file cannot be opened.
             BadLogError: the file cannot be read as a log (corrupt gzip data, not UTF-8, larger
-                than ``mortal.mjai_log.DEFAULT_MAX_LOG_BYTES``).
+                than ``mortal.data.mjai_log.DEFAULT_MAX_LOG_BYTES``).
             LogFormatError: the content is malformed or does not start with ``start_game``
                 with a 4-name ``names`` list.
         """
@@ -255,7 +255,7 @@ class Stat:
 
     @classmethod
     def _from_events(cls, events: Sequence[tuple[int, dict]], seat: int, source: str) -> 'Stat':
-        """One game for one seat; ``events``: ``mortal.mjai_log.parse_events`` pairs (line, event), whose
+        """One game for one seat; ``events``: ``mortal.data.mjai_log.parse_events`` pairs (line, event), whose
         types and actors are not checked again."""
         st = cls(game=1)
         scores = [0, 0, 0, 0]
@@ -594,7 +594,7 @@ class Stat:
 
 
 # ---------------------------------------------------------------------- field checks
-# Fields only the statistics read (mortal.mjai_log.parse_events checked types and actors).
+# Fields only the statistics read (mortal.data.mjai_log.parse_events checked types and actors).
 
 def _seat(ev: dict, key: str, source: str, lineno: int) -> int:
     v = ev.get(key)

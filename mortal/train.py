@@ -3,30 +3,30 @@
 ``Trainer`` is the learner's loop; ``main()`` its entry point. Each other concern has a module of its own, named
 below where it enters.
 
-Online (``[control] online = true``): ``main()`` runs the supervisor (``mortal.supervisor``), which starts the
+Online (``[control] online = true``): ``main()`` runs the supervisor (``mortal.learning.supervisor``), which starts the
 learner as a child process and restarts it 3 s after each exit with status 0. The learner submits its parameters
-to the server as idle, drains replays (polling every 5 s) and claims them into its own folder (``mortal.claims``),
+to the server as idle, drains replays (polling every 5 s) and claims them into its own folder (``mortal.data.claims``),
 learns from the ``trainee`` seat only, submits parameters every ``submit_every`` steps (and at a save that missed a
-submit), saves every ``save_every`` steps, and every ``test_every`` steps runs a test play (``mortal.guards``) and
+submit), saves every ``save_every`` steps, and every ``test_every`` steps runs a test play (``mortal.learning.guards``) and
 exits 0 (Mortal restarts the learner there to dodge a hang). It submits idle parameters at the end of every drained
 epoch; a restarted learner first finishes the claimed logs its predecessor left, and an epoch's leftover samples
 are trained with the next drain.
 
-Offline (``online = false``): the logs of ``[dataset]`` (``mortal.offline_data``), one epoch per run, with the CQL
+Offline (``online = false``): the logs of ``[dataset]`` (``mortal.data.offline_data``), one epoch per run, with the CQL
 term.
 
-Per batch: the loss of ``mortal.loss.learner_loss`` (Mortal's ``0.5 * MSE(q[action], gamma ** steps_to_done *
+Per batch: the loss of ``mortal.learning.loss.learner_loss`` (Mortal's ``0.5 * MSE(q[action], gamma ** steps_to_done *
 kyoku_reward) + next_rank_weight * CE`` ``+ min_q_weight * CQL`` offline). AdamW with weight decay on
 Linear/Conv1d weights only, gradient accumulation over ``opt_step_every`` batches (keyed on the global step),
 clipping at ``max_grad_norm`` after unscaling, GradScaler + autocast with ``enable_amp``, Mortal's linear warm-up +
-cosine learning rate (``mortal.schedule``) stepped every batch, BatchNorm frozen per ``[freeze_bn] mortal``.
+cosine learning rate (``mortal.learning.schedule``) stepped every batch, BatchNorm frozen per ``[freeze_bn] mortal``.
 
-Checkpoints carry Mortal's keys (``mortal.checkpoint.CHECKPOINT_KEYS``) and are written to a temporary file then
+Checkpoints carry Mortal's keys (``mortal.learning.checkpoint.CHECKPOINT_KEYS``) and are written to a temporary file then
 renamed, so a kill at any moment leaves the previous checkpoint intact.
 
 TensorBoard: Mortal's tags (``loss/dqn_loss``, ``loss/cql_loss`` offline, ``loss/next_rank_loss``, ``hparam/lr``,
 histograms ``q_predicted``/``q_target``, the ``test_play/*`` groups) plus the instruments (``diag/*``,
-``mortal.diagnostics``) and data-health tags (online): ``data/logs_per_drain``, ``data/samples_per_drain``,
+``mortal.learning.diagnostics``) and data-health tags (online): ``data/logs_per_drain``, ``data/samples_per_drain``,
 ``data/staleness_mean``/``data/staleness_max`` (parameter versions between the one a log was played with and the
 trainer's latest), ``data/wait_seconds`` (learner time spent waiting for a drain), ``data/samples_dropped``
 (samples of claimed logs lost untrained; 0 expected).
@@ -50,18 +50,18 @@ from os import path
 import torch
 from torch import nn
 
-from mortal import wire
-from mortal.checkpoint import (INITIAL_BEST_PERF, CheckpointError, atomic_torch_save, check_fits_config,
-                               load_checkpoint, load_model_pair, require_entries)
-from mortal.claims import ClaimLedger, claim_dir_for, staleness
+from mortal.net import wire
+from mortal.learning.checkpoint import (INITIAL_BEST_PERF, CheckpointError, atomic_torch_save, check_fits_config,
+                                        load_checkpoint, load_model_pair, require_entries)
+from mortal.data.claims import ClaimLedger, claim_dir_for, staleness
 from mortal.config import for_checkpoint, lookup, optional_section
-from mortal.diagnostics import Instruments, batch_q_stats, learner_probe
-from mortal.guards import INITIAL_GUARD, Guards
-from mortal.loss import LossWeights, learner_loss
-from mortal.offline_data import build_file_list, load_player_names, offline_mix
-from mortal.optimizer import build_optimizer, ema_copies, ema_update, optimizer_step
-from mortal.schedule import schedule_factor
-from mortal.supervisor import end_with_supervisor, is_supervised, supervise
+from mortal.learning.diagnostics import Instruments, batch_q_stats, learner_probe
+from mortal.learning.guards import INITIAL_GUARD, Guards
+from mortal.learning.loss import LossWeights, learner_loss
+from mortal.data.offline_data import build_file_list, load_player_names, offline_mix
+from mortal.learning.optimizer import build_optimizer, ema_copies, ema_update, optimizer_step
+from mortal.learning.schedule import schedule_factor
+from mortal.learning.supervisor import end_with_supervisor, is_supervised, supervise
 
 logger = logging.getLogger('mortal.train' if __name__ == '__main__' else __name__)
 
@@ -87,14 +87,14 @@ class Trainer:
         remote: ``wire.Remote`` of the server (online), from ``[online.remote]`` when None.
         writer: a SummaryWriter-like object; ``SummaryWriter([control] tensorboard_dir)`` when None.
         sleep: the sleep function (tests replace it).
-    Raises mortal.checkpoint.CheckpointError (a checkpoint that cannot be loaded or does not fit the config),
+    Raises mortal.learning.checkpoint.CheckpointError (a checkpoint that cannot be loaded or does not fit the config),
     UnsupportedVersionError, ValueError for version 1 (Mortal's trainer neither supports it: its phi is a latent
     pair).
     """
 
     def __init__(self, config: dict, *, test_player=None, remote=None, writer=None, sleep=time.sleep):
-        from mortal.model import AuxNet, Brain, DQN
-        from mortal.obs import check_version, obs_shape
+        from mortal.learning.model import AuxNet, Brain, DQN
+        from mortal.features.obs import check_version, obs_shape
 
         self.config = config
         control = config['control']
@@ -113,7 +113,7 @@ class Trainer:
         self.schedules = {name: optional_section(config, f'schedule.{name}') for name in ('lr', 'epsilon', 'temp')}
         online_cfg = config.get('online', {}) if self.online else {}  # the extras below are online only
         cql = config['cql']
-        # Extras (defaults = Mortal: no CQL online, no anchor); see mortal/loss.py.
+        # Extras (defaults = Mortal: no CQL online, no anchor); see mortal/learning/loss.py.
         self.online_min_q_weight = cql.get('online_min_q_weight', 0.0)
         self.anchor_weight = online_cfg.get('anchor_weight', 0.0)
         self.loss_weights = LossWeights.resolve(
@@ -162,10 +162,10 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
 
         if test_player is None:
-            from mortal.player import TestPlayer
+            from mortal.play.player import TestPlayer
             test_player = TestPlayer(config)
         self.test_player = test_player
-        self.guards = Guards(self)  # test play, best.pth, rollback, rotation, baseline sync (mortal/guards.py)
+        self.guards = Guards(self)  # test play, best.pth, rollback, rotation, baseline sync (mortal/learning/guards.py)
         self.remote = remote if remote is not None or not self.online else wire.Remote.from_config(config)
         if writer is None:
             from torch.utils.tensorboard import SummaryWriter
@@ -183,7 +183,7 @@ class Trainer:
         self.pb = None
         self.lost_logs = 0  # drained logs that vanished before the learner claimed them
         self.resubmitted_to = set()  # server_ids of instances found without parameters (each resubmitted to once)
-        self.ledger = None  # online: mortal.claims.ClaimLedger of the claim folder (opened by claims())
+        self.ledger = None  # online: mortal.data.claims.ClaimLedger of the claim folder (opened by claims())
         self.resumed = False  # online: the claimed logs a previous learner left have been looked at
 
     # -- checkpoint ------------------------------------------------------------------------------------------
@@ -234,7 +234,7 @@ class Trainer:
         extra = {}
         if self.ema is not None:
             extra = {'ema_mortal': self.ema[0].state_dict(), 'ema_dqn': self.ema[1].state_dict()}
-        if self.online:  # the long-run guards' state (mortal/guards.py), after Mortal's keys
+        if self.online:  # the long-run guards' state (mortal/learning/guards.py), after Mortal's keys
             extra['guard'] = dict(self.guard)
         return {
             'mortal': self.mortal.state_dict(),
@@ -278,7 +278,7 @@ class Trainer:
                     ', idle' if is_idle else '')
 
     def play_settings(self) -> dict:
-        """What travels with the parameters to the clients (``mortal.schedule``, ``mortal.gate``): ``steps``,
+        """What travels with the parameters to the clients (``mortal.learning.schedule``, ``mortal.learning.gate``): ``steps``,
         ``epsilon_factor`` ([schedule.epsilon] x the rollbacks' ``[guard] epsilon_factor``), ``temp_factor``
         ([schedule.temp]) and ``baseline_version`` (bumped by each rotation)."""
         return {
@@ -290,11 +290,11 @@ class Trainer:
         }
 
     def sync_baseline(self, *, rotated: bool = False) -> None:
-        """Submit ``[baseline.train] state_file`` to the server for the clients (``mortal.guards.Guards``)."""
+        """Submit ``[baseline.train] state_file`` to the server for the clients (``mortal.learning.guards.Guards``)."""
         self.guards.sync_baseline(rotated=rotated)
 
     def claims(self, claim_dir: str):
-        """The ``mortal.claims.ClaimLedger`` of ``claim_dir``, opened (from its manifest) on first use."""
+        """The ``mortal.data.claims.ClaimLedger`` of ``claim_dir``, opened (from its manifest) on first use."""
         claim_dir = path.abspath(claim_dir)
         if self.ledger is not None and self.ledger.claim_dir == claim_dir:
             return self.ledger
@@ -368,7 +368,7 @@ class Trainer:
         return brain, dqn
 
     def _load_probe(self):
-        """``mortal.diagnostics.learner_probe`` against the anchor's baseline (loaded when there is no anchor);
+        """``mortal.learning.diagnostics.learner_probe`` against the anchor's baseline (loaded when there is no anchor);
         None when it cannot be built (logged, never fatal)."""
         try:
             return learner_probe(self.config, self.version, self.state_file, self.device, baseline=self.anchor)
@@ -389,7 +389,7 @@ class Trainer:
         obs (B, C, 34) float32, actions (B,) int64, masks (B, 46) bool, steps_to_done (B,) int64,
         kyoku_rewards (B,) float64, player_ranks (B,) int64 in 0..3, B = batch_size.
         With ``[online] offline_batch_size`` = O > 0, O offline rows from ``offline_stream`` are appended; the
-        loss (``mortal.loss.learner_loss``) treats them as offline-mix rows, and the instruments see the B online
+        loss (``mortal.learning.loss.learner_loss``) treats them as offline-mix rows, and the instruments see the B online
         rows only.
         Raises ValueError when an action is masked out; TestPlayDone (online) after a test play.
         """
@@ -495,7 +495,7 @@ class Trainer:
             logger.info('total steps: %s (~%s)', f'{self.steps:,}', f'{to_test:,}')
 
     def test_play(self) -> None:
-        """Test play, best.pth and (online) the long-run guards (``mortal.guards.Guards.test_play``); online, then
+        """Test play, best.pth and (online) the long-run guards (``mortal.learning.guards.Guards.test_play``); online, then
         TestPlayDone: the learner exits and its supervisor starts a fresh one."""
         self.guards.test_play()
         if self.online:
@@ -509,7 +509,7 @@ class Trainer:
     def file_list(self):
         """(file_list, player_names) of this epoch: claimed logs + ['trainee'] online, the dataset offline.
 
-        Online, the first epoch of a learner finishes the claimed logs a previous one left (``mortal.claims``;
+        Online, the first epoch of a learner finishes the claimed logs a previous one left (``mortal.data.claims``;
         the claim folder is found from ``[online.server] drain_dir``) without draining; later epochs drain and
         train the new logs together with what earlier epochs left over.
         """
@@ -534,9 +534,9 @@ class Trainer:
         return build_file_list(dataset_cfg, names), sorted(names)
 
     def data_loader(self, file_list, player_names, ledger=None, *, batch_size=None, num_workers=None):
-        """``mortal.dataloader.learner_loader`` of this learner; ``batch_size`` defaults to ``[control]
+        """``mortal.data.dataloader.learner_loader`` of this learner; ``batch_size`` defaults to ``[control]
         batch_size``, ``num_workers`` to ``[dataset] num_workers``."""
-        from mortal.dataloader import learner_loader  # here: the supervisor process needs no loader
+        from mortal.data.dataloader import learner_loader  # here: the supervisor process needs no loader
         return learner_loader(self.config, self.version, file_list, player_names, ledger,
                               batch_size=batch_size or self.batch_size, num_workers=num_workers,
                               pin_memory=self.device.type == 'cuda')
@@ -544,10 +544,10 @@ class Trainer:
     def train_epoch(self) -> int:
         """One pass over this epoch's files; returns the number of batches trained.
 
-        Online, the ledger (``mortal.claims``) records every trained batch and is committed at each checkpoint
+        Online, the ledger (``mortal.data.claims``) records every trained batch and is committed at each checkpoint
         and at the test play that ends the learner; samples the epoch leaves over stay claimed for the next.
         ``data/samples_dropped`` counts the claimed samples lost nonetheless (0 in a healthy run)."""
-        from mortal.dataloader import iter_full_batches
+        from mortal.data.dataloader import iter_full_batches
         file_list, player_names = self.file_list()
         ledger = self.ledger if self.online else None
         logger.info('file list size: %s', f'{len(file_list):,}')

@@ -32,8 +32,8 @@ from torch import optim
 from torch.nn import functional as F
 from torch.utils.data import IterableDataset
 
-from mortal.checkpoint import CheckpointError, atomic_torch_save, describe_error, load_checkpoint
-from mortal.grp import Grp
+from mortal.learning.checkpoint import CheckpointError, atomic_torch_save, describe_error, load_checkpoint
+from mortal.data.grp import Grp
 
 # Not __name__: that is "__main__" under ``python -m`` / as a script.
 logger = logging.getLogger("mortal.train_grp")
@@ -168,7 +168,7 @@ def build_file_index(train_globs, val_globs, file_index):
 
 
 def _loader(file_list, batch_size, file_batch_size, num_workers):
-    from mortal.dataloader import make_dataloader
+    from mortal.data.dataloader import make_dataloader
 
     data = GrpFileDatasetsIter(file_list, file_batch_size=file_batch_size, cycle=True)
     return iter(make_dataloader(data, batch_size=batch_size, num_workers=num_workers,
@@ -188,7 +188,7 @@ def train(cfg: dict, *, max_steps: int | None = None, num_workers: int = 1, prog
     """
     from tqdm import tqdm
     from torch.utils.tensorboard import SummaryWriter
-    from mortal.model import GRP
+    from mortal.learning.model import GRP
 
     control = cfg["control"]
     batch_size = control["batch_size"]

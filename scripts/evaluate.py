@@ -24,7 +24,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 def evaluate(state_file, *, sets, workers, key, device='cpu', progress=True):
     """Both directions; returns ``{'model_vs_3_rulebase': DuplicateSummary, 'rulebase_vs_3_model': ...}``."""
     from tqdm import tqdm
-    from mortal.evaluation import play_duplicate
+    from mortal.play.evaluation import play_duplicate
     from mortal.one_vs_three import duplicate_ci
 
     out = {}

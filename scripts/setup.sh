@@ -22,14 +22,14 @@ PY
 if ! installed_here; then
     "$PY" -m pip install -q -e '.[test]'
 fi
-# The compiled single-player core behind observation v4 (mortal/sp/csrc, C++17, gcc).
+# The compiled single-player core behind observation v4 (mortal/features/sp/csrc, C++17, gcc).
 # build_ext only recompiles when a source or header is newer than the built module.
 if ! "$PY" -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 77)' 2>/dev/null; then
     "$PY" -m pip install -q 'setuptools>=77'
 fi
 "$PY" setup.py -q build_ext --inplace
-if ! "$PY" -c 'import mortal.sp._core' 2>/dev/null; then
-    echo "setup.sh: WARNING: the C++ single-player core (mortal/sp/csrc) did not build: install g++ and the" >&2
+if ! "$PY" -c 'import mortal.features.sp._core' 2>/dev/null; then
+    echo "setup.sh: WARNING: the C++ single-player core (mortal/features/sp/csrc) did not build: install g++ and the" >&2
     echo "          Python headers and rerun. Versions 1-3 are unaffected; version 4 would run the ~50x slower" >&2
     echo "          pure-Python search." >&2
 fi

@@ -12,11 +12,11 @@ import random
 import pytest
 from mjai.mlibriichi.state import PlayerState
 
-from mortal.action import (
+from mortal.features.action import (
     ACTION_SPACE, CHI_HIGH, CHI_LOW, CHI_MID, HORA, KAN, PASS, PON, RIICHI, RYUKYOKU,
     event_to_label, kan_select_label, legal_indices, reaction_from_index,
 )
-from mortal.tile import tile_id
+from mortal.features.tile import tile_id
 
 VERSION = 3
 KAN_TYPES = ("daiminkan", "ankan", "kakan")

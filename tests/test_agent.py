@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mjai.mlibriichi.state import PlayerState
 
-from mortal.agent import IllegalReaction, MjaiBotAgent, MortalBatchAgent, Scene, rule_based_agari
+from mortal.play.agent import IllegalReaction, MjaiBotAgent, MortalBatchAgent, Scene, rule_based_agari
 
 UNK = ["?"] * 13
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from mjai.mlibriichi.state import PlayerState
 
-from mortal.agent import MjaiBotAgent
-from mortal.arena import (
+from mortal.play.agent import MjaiBotAgent
+from mortal.play.arena import (
     ArenaError,
     KyokuResult,
     KyokuState,
@@ -310,7 +310,7 @@ def test_illegal_engine_action_names_game_and_seat():
 
 
 def test_table_that_stops_answering_is_an_error(monkeypatch):
-    import mortal.arena as arena_mod
+    import mortal.play.arena as arena_mod
 
     real = arena_mod.RiichiEnv
 

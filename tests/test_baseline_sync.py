@@ -12,9 +12,9 @@ import torch
 
 from mortal import client as cl
 from mortal import server as srv
-from mortal import wire
+from mortal.net import wire
 from mortal import train as tr
-from mortal.checkpoint import load_model_pair
+from mortal.learning.checkpoint import load_model_pair
 
 from conftest import (FakeTestPlayer, FakeWriter, free_port, load_tiny_config, start_param_server, stop_server,
                       write_baseline)

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from conftest import load_script
-from mortal.gate import Sprt
+from mortal.learning.gate import Sprt
 
 
 def _module():

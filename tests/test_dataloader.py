@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from mortal.dataloader import FileDatasetsIter, make_dataloader, q_target
-from mortal.gameplay import GameplayLoader
-from mortal.model import GRP
-from mortal.reward import RewardCalculator
+from mortal.data.dataloader import FileDatasetsIter, make_dataloader, q_target
+from mortal.data.gameplay import GameplayLoader
+from mortal.learning.model import GRP
+from mortal.data.reward import RewardCalculator
 
 from conftest import DATA_DIR
 
@@ -130,7 +130,7 @@ def test_workers_read_each_file_once_after_native_threads(tmp_path, grp):
 
 _WORKER_LOG_SCRIPT = """
 import gzip, logging, sys
-from mortal.dataloader import make_dataloader
+from mortal.data.dataloader import make_dataloader
 from mortal.train_grp import GrpFileDatasetsIter, collate
 logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
 bad, good = sys.argv[1], sys.argv[2]

@@ -7,7 +7,7 @@ import toml
 import torch
 
 from mortal import doctor, quickstart
-from mortal.model import DQN, GRP, AuxNet, Brain
+from mortal.learning.model import DQN, GRP, AuxNet, Brain
 
 
 def _save_mortal(path, conv_channels=32, num_blocks=2, version=3, saved_config=True):
@@ -193,7 +193,7 @@ def test_version_4_is_supported(work, capsys):
 
 
 def test_version_4_without_the_compiled_core_fails(work, capsys, monkeypatch):
-    import mortal.obs_v4 as obs_v4
+    import mortal.features.obs_v4 as obs_v4
 
     root, cfg_path, cfg = work
     cfg['control']['version'] = 4
@@ -204,8 +204,8 @@ def test_version_4_without_the_compiled_core_fails(work, capsys, monkeypatch):
     monkeypatch.setenv('MORTAL_SP_THREADS', '3')
     rc, out = _run(cfg_path, capsys)
     assert rc == 1
-    assert _fail_lines(out) == ['[FAIL] version: version 4 needs the compiled single-player core (mortal.sp._core), '
-                                'which is not built here: run bash scripts/setup.sh (needs g++ and the Python '
+    assert _fail_lines(out) == ['[FAIL] version: version 4 needs the compiled single-player core '
+                                '(mortal.features.sp._core), which is not built here: run bash scripts/setup.sh (needs g++ and the Python '
                                 'headers); the Python fallback is about 50x slower']
     assert '(3 search threads per process: MORTAL_SP_THREADS)' in out
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from mortal.engine import MortalEngine, boltzmann_top_p_probs, sample_top_p
+from mortal.play.engine import MortalEngine, boltzmann_top_p_probs, sample_top_p
 
 A = 46
 # Chi-square critical values at p = 0.001 by degrees of freedom (scipy.stats.chi2.ppf(0.999, dof)).
@@ -262,7 +262,7 @@ def test_real_observations_and_amp(fixture_logs, device):
 
 
 def test_with_project_model():
-    model = pytest.importorskip("mortal.model")
+    model = pytest.importorskip("mortal.learning.model")
     brain = model.Brain(conv_channels=16, num_blocks=1, version=3)
     dqn = model.DQN(version=3)
     rng = np.random.default_rng(0)

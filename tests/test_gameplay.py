@@ -7,9 +7,9 @@ import logging
 import numpy as np
 import pytest
 
-from mortal.gameplay import GameplayLoader, augment_event
-from mortal.mjai_log import BadLogError
-from mortal.obs import UnsupportedVersionError
+from mortal.data.gameplay import GameplayLoader, augment_event
+from mortal.data.mjai_log import BadLogError
+from mortal.features.obs import UnsupportedVersionError
 
 from conftest import DATA_DIR
 
@@ -127,7 +127,7 @@ def test_augmented_swaps_manzu_and_pinzu():
 
 
 def test_version_and_oracle_errors():
-    assert GameplayLoader(4).version == 4  # loaded with mortal.obs_v4 (tests/test_v4_wiring.py)
+    assert GameplayLoader(4).version == 4  # loaded with mortal.features.obs_v4 (tests/test_v4_wiring.py)
     for bad in (5, 0, True, "4"):
         with pytest.raises(UnsupportedVersionError):
             GameplayLoader(bad)
@@ -208,7 +208,7 @@ def test_load_log_raises_bad_log_error_with_line():
 
 # ----------------------------------------------------------------- multi-ron
 
-# Written by mortal.arena.OneVsThree (rulebase MjaiBotAgent "rule_a" vs "rule_b", seed (10002,
+# Written by mortal.play.arena.OneVsThree (rulebase MjaiBotAgent "rule_a" vs "rule_b", seed (10002,
 # 6383090397482475161), split c). E2 1 honba: seat 0 discards 4p at line 359 (event 358), seats 1
 # and 2 both ron it (lines 360-361): seat 1 for 7700 + 300 honba + 1000 riichi stick, seat 2 for 1000.
 DOUBLE_RON = DATA_DIR / "arena_double_ron_hanchan.json.gz"

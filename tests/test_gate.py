@@ -1,11 +1,11 @@
-"""mortal/gate.py: paired differences, CIs, the SPRT and the test-play verdict, with values computed by hand."""
+"""mortal/learning/gate.py: paired differences, CIs, the SPRT and the test-play verdict, with values computed by hand."""
 
 import math
 import random
 
 import pytest
 
-from mortal import gate
+from mortal.learning import gate
 
 
 def test_z_value_and_mean_ci_by_hand():

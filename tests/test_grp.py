@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from mortal.grp import Grp, grand_kyoku, rank_by_player
-from mortal.mjai_log import BadLogError, parse_log
+from mortal.data.grp import Grp, grand_kyoku, rank_by_player
+from mortal.data.mjai_log import BadLogError, parse_log
 
 from conftest import DATA_DIR
 

@@ -10,8 +10,8 @@ import torch
 
 from mortal import server as srv
 from mortal import train as tr
-from mortal import wire
-from mortal.schedule import schedule_factor
+from mortal.net import wire
+from mortal.learning.schedule import schedule_factor
 
 from conftest import (FakeWriter, free_port, load_tiny_config, random_batch, start_param_server, stop_server,
                       tiny_config_dict, write_baseline)
@@ -192,7 +192,7 @@ def test_rotation_promotes_best_and_bumps_the_baseline_version(tmp_path, caplog)
 @pytest.mark.slow
 def test_a_running_client_picks_up_a_rotation_and_the_factors(tmp_path, caplog):
     from mortal import client as cl
-    from mortal.checkpoint import load_model_pair
+    from mortal.learning.checkpoint import load_model_pair
     port = free_port()
     config, _ = load_tiny_config(tmp_path, port=port)
     baseline = config['baseline']['train']['state_file']
@@ -259,7 +259,7 @@ def test_schedules_reach_their_values_at_given_steps(tmp_path):
 
 
 def test_baseline_pool_is_the_current_file_and_its_newest_backups(tmp_path):
-    from mortal.rotation import baseline_pool
+    from mortal.learning.rotation import baseline_pool
     current = tmp_path / 'baseline.pth'
     current.write_bytes(b'x')
     # newest by the time each baseline was written (copy2 keeps it), not by name: '-2' is the second that second
@@ -276,7 +276,7 @@ def test_baseline_pool_is_the_current_file_and_its_newest_backups(tmp_path):
 
 
 def test_train_player_draws_its_opponent_from_the_pool(tmp_path, monkeypatch):
-    from mortal import player as pl
+    from mortal.play import player as pl
     config, _ = load_tiny_config(tmp_path, rotation={'pool_size': 2})
     baseline = config['baseline']['train']['state_file']
     write_baseline(config, baseline, seed=0)
@@ -307,7 +307,7 @@ def test_defaults_never_roll_back_or_rotate(tmp_path):
 
 
 def test_rotation_backups_of_one_second_get_a_suffix(tmp_path):
-    from mortal.rotation import rotate
+    from mortal.learning.rotation import rotate
     config, _ = load_tiny_config(tmp_path)
     baseline = config['baseline']['train']['state_file']
     write_baseline(config, baseline, seed=0)
@@ -398,7 +398,7 @@ def test_temp_factor_never_reaches_zero(tmp_path):
 
 
 def test_reset_best_on_a_corrupt_state_file_touches_nothing(tmp_path):
-    from mortal.rotation import rotate
+    from mortal.learning.rotation import rotate
     config, _ = load_tiny_config(tmp_path)
     baseline = config['baseline']['train']['state_file']
     write_baseline(config, baseline, seed=0)

@@ -17,8 +17,8 @@ import time
 import pytest
 
 from conftest import DATA_DIR, ROOT, load_tiny_config, start_param_server, stop_server
-from mortal import claims
-from mortal.claims import MANIFEST, ClaimLedger
+from mortal.data import claims
+from mortal.data.claims import MANIFEST, ClaimLedger
 
 SIG = {'version': 3, 'player_names': ['trainee'], 'num_epochs': 1, 'enable_augmentation': False,
        'augmented_first': False}
@@ -131,8 +131,8 @@ def test_epoch_paths_outside_the_claim_folder_are_not_tracked(tmp_path):
 
 _FAKE_FORKSERVER = r'''
 import os, sys, time
-import mortal._forkserver_preload  # as the real fork server's first preload: dies with the learner
-from mortal.dataloader import worker_init_fn
+import mortal.util._forkserver_preload  # as the real fork server's first preload: dies with the learner
+from mortal.data.dataloader import worker_init_fn
 gate, pidfile = sys.argv[1], sys.argv[2]
 pid = os.fork()
 if pid == 0:
@@ -211,7 +211,7 @@ def test_worker_whose_fork_server_died_before_its_init_exits_at_once(tmp_path):
 @pytest.mark.slow
 def test_second_server_with_the_same_config_fails_on_the_port_and_keeps_the_buffer(tmp_path):
     from mortal import server as srv
-    from mortal import wire
+    from mortal.net import wire
 
     dirs = {'buffer_dir': str(tmp_path / 'buffer'), 'drain_dir': str(tmp_path / 'drain'), 'capacity': 8}
     first = srv.build_server({'online': {'remote': {'host': '127.0.0.1', 'port': 0}, 'server': dirs}})
@@ -244,7 +244,7 @@ def test_second_server_with_the_same_config_fails_on_the_port_and_keeps_the_buff
 # -- D5: a connection that trickles its payload; minor: an oversized frame ------------------------------------
 
 def _header(length, token=None):
-    from mortal import wire
+    from mortal.net import wire
     signed = wire.PREFIX.pack(wire.MAGIC, wire.PROTOCOL_VERSION) + struct.pack('<Q32s', length, b'\0' * 32)
     return signed + wire._mac(token, signed)
 
@@ -252,7 +252,7 @@ def _header(length, token=None):
 @pytest.fixture
 def small_server(tmp_path, monkeypatch):
     from mortal import server as srv
-    from mortal import wire
+    from mortal.net import wire
     monkeypatch.setattr(srv, 'PAYLOAD_MIN_SECONDS', 1.0)
     server = start_param_server(tmp_path, 4, max_frame_size=1 << 20, timeout=5, payload_min_rate=1 << 20)
     server.remote = wire.Remote('127.0.0.1', server.server_address[1], timeout=10, max_frame_size=1 << 24)
@@ -298,7 +298,7 @@ def test_a_trickling_upload_neither_delays_get_param_nor_lives_past_its_deadline
 
 
 def test_an_authentic_oversized_frame_is_answered_with_the_limit(small_server):
-    from mortal import wire
+    from mortal.net import wire
     log = HANCHAN.read_bytes()
     msg = {'type': 'submit_replay', 'logs': {f'{i}.json': log for i in range(20)}}
     assert len(wire.encode_frame(msg)) > 1 << 20
@@ -330,7 +330,7 @@ def _hanchan_lines():
 
 def test_blank_lines_cost_no_memory_per_line_and_keep_line_numbers():
     import tracemalloc
-    from mortal.mjai_log import BadLogError, parse_log
+    from mortal.data.mjai_log import BadLogError, parse_log
     lines = _hanchan_lines()
     reference = parse_log('\n'.join(lines) + '\n')
     padded = lines[0] + '\n' + '\n' * 4_000_000 + ' \r\n' * 1000 + '\n'.join(lines[1:]) + '\n'
@@ -352,7 +352,7 @@ def test_blank_lines_cost_no_memory_per_line_and_keep_line_numbers():
 @pytest.mark.slow
 def test_a_log_of_too_many_events_is_skipped_with_bounded_memory():
     import tracemalloc
-    from mortal.mjai_log import MAX_EVENTS, BadLogError, parse_log
+    from mortal.data.mjai_log import MAX_EVENTS, BadLogError, parse_log
     lines = _hanchan_lines()
     raw = lines[0] + '\n' + '{"type":"none"}\n' * (2 * MAX_EVENTS) + '\n'.join(lines[1:]) + '\n'
     tracemalloc.start()
@@ -370,7 +370,7 @@ def test_a_log_of_too_many_events_is_skipped_with_bounded_memory():
 @pytest.mark.parametrize('prefix', [b'\xef\xbb\xbf', b'\xef\xbb\xbf\n\n', b'\n' * 100])
 @pytest.mark.parametrize('compress', [False, True])
 def test_server_and_reader_agree_on_a_byte_order_mark_and_blank_lines(tmp_path, prefix, compress):
-    from mortal.mjai_log import parse_log, read_log_text
+    from mortal.data.mjai_log import parse_log, read_log_text
     from mortal.server import check_log_head
     content = prefix + HANCHAN.read_bytes()
     if compress:

@@ -1,12 +1,12 @@
-"""mortal/loss.py extras (Cal-QL, anchor) and mortal/diagnostics.py instruments, on values worked by hand."""
+"""mortal/learning/loss.py extras (Cal-QL, anchor) and mortal/learning/diagnostics.py instruments, on values worked by hand."""
 
 import math
 
 import pytest
 import torch
 
-from mortal.diagnostics import Probe, WindowMeans, batch_q_stats
-from mortal.loss import anchor_term, cql_term
+from mortal.learning.diagnostics import Probe, WindowMeans, batch_q_stats
+from mortal.learning.loss import anchor_term, cql_term
 
 from conftest import FakeWriter, random_batch, write_baseline
 
@@ -77,7 +77,7 @@ def test_batch_q_stats_by_hand():
 
 
 def test_probe_builds_caches_and_measures_drift(tmp_path, fixture_logs):
-    from mortal.model import DQN, GRP, Brain
+    from mortal.learning.model import DQN, GRP, Brain
     files = [str(f) for f in fixture_logs]
     torch.manual_seed(0)
     grp = GRP(hidden_size=8, num_layers=1).eval()
@@ -95,7 +95,7 @@ def test_probe_builds_caches_and_measures_drift(tmp_path, fixture_logs):
     k = 5
     probe.baseline_greedy[:k] = (probe.baseline_greedy[:k] + 1) % 46
     assert probe.drift(brain, dqn, torch.device('cpu')) == pytest.approx(k / len(probe))
-    from mortal.model import AuxNet
+    from mortal.learning.model import AuxNet
     aux = AuxNet((4,))
     with torch.no_grad():
         for p in aux.parameters():
@@ -105,7 +105,7 @@ def test_probe_builds_caches_and_measures_drift(tmp_path, fixture_logs):
 
 
 def test_probe_without_logs_is_none(tmp_path):
-    from mortal.model import GRP
+    from mortal.learning.model import GRP
     assert Probe.load_or_build(str(tmp_path / 'p.pth'), version=3, globs=[str(tmp_path / 'none*.gz')],
                                pts=[6, 4, 2, 0], grp=GRP(hidden_size=8, num_layers=1), size=8) is None
 
@@ -118,7 +118,8 @@ def _random_batch(n, seed=0):
 def test_online_trainer_with_anchor_and_calibrated_cql_logs_every_term(tiny_config):
     """Trainee = baseline at the start, so the first anchor loss is exactly 0; the configured CQL weight is kept
     online; the diag/* tags and loss/anchor_loss are written at each save."""
-    from mortal import train as tr, wire
+    from mortal import train as tr
+    from mortal.net import wire
     config, _ = tiny_config
     config['online']['anchor_weight'] = 1.0
     config['cql'].update(online_min_q_weight=0.5, calibrated=True)
@@ -146,7 +147,8 @@ def test_online_trainer_with_anchor_and_calibrated_cql_logs_every_term(tiny_conf
 def test_ema_is_what_gets_published_test_played_and_kept_as_best(tiny_config, monkeypatch):
     """decay 0.5: after one optimizer step the EMA is the mean of the weights before and after it, by hand; the
     submitted and test-played weights are the EMA's, and best.pth holds them under Mortal's keys."""
-    from mortal import train as tr, wire
+    from mortal import train as tr
+    from mortal.net import wire
     config, _ = tiny_config
     config['online']['ema_decay'] = 0.5
     config['optim']['scheduler'].update(peak=1e-2, final=1e-2)
@@ -196,7 +198,7 @@ def test_ema_is_what_gets_published_test_played_and_kept_as_best(tiny_config, mo
 
 
 def test_summarize_pairs_deals_by_nonce():
-    from mortal.evaluation import format_summary, summarize
+    from mortal.play.evaluation import format_summary, summarize
     units = {11: [1, 2, 3, 4], 10: [1, 1, 2, 2]}
     ref = {10: [4, 4, 4, 4], 11: [2, 2, 3, 3]}
     s = summarize(units, ref)
@@ -216,9 +218,10 @@ def test_summarize_pairs_deals_by_nonce():
 def test_offline_mix_appends_offline_rows_with_the_offline_loss(tiny_config, fixture_logs, monkeypatch):
     """[online] offline_batch_size: the offline rows share the MSE (one mean over all rows) and carry the offline
     CQL term at [cql] min_q_weight; the online-only instruments see the online rows alone."""
-    from mortal import train as tr, wire
+    from mortal import train as tr
+    from mortal.net import wire
     config, _ = tiny_config
-    from mortal.model import GRP
+    from mortal.learning.model import GRP
     config['control']['batch_size'] = 32  # the 32 online rows below
     config['online']['offline_batch_size'] = 8
     config['dataset']['globs'] = [str(f) for f in fixture_logs]
@@ -258,9 +261,10 @@ def test_offline_mix_appends_offline_rows_with_the_offline_loss(tiny_config, fix
 def test_offline_batches_loop_over_the_offline_logs(tiny_config, fixture_logs):
     """The stream yields full batches of offline_batch_size from the real logs and starts a new pass when one
     ends; a dataset without one full batch is a ValueError naming the key."""
-    from mortal import train as tr, wire
-    from mortal.dataloader import iter_full_batches
-    from mortal.model import GRP
+    from mortal import train as tr
+    from mortal.net import wire
+    from mortal.data.dataloader import iter_full_batches
+    from mortal.learning.model import GRP
     config, _ = tiny_config
     config['online']['offline_batch_size'] = 64
     config['dataset']['globs'] = [str(fixture_logs[0])]
@@ -284,7 +288,7 @@ def test_offline_batches_loop_over_the_offline_logs(tiny_config, fixture_logs):
 
 
 def test_file_index_errors_name_the_key_and_an_empty_list_is_not_cached(tmp_path):
-    from mortal.offline_data import build_file_list, load_player_names
+    from mortal.data.offline_data import build_file_list, load_player_names
     ds = {'file_index': str(tmp_path / 'index.pth'), 'globs': [str(tmp_path / 'none' / '*.json.gz')]}
     assert build_file_list(ds, set()) == []
     assert not (tmp_path / 'index.pth').exists()  # fixing the globs later takes effect

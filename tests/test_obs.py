@@ -1,4 +1,4 @@
-"""Tests of mortal.obs: shapes, version checks and encoding of real logs via mjai PlayerState."""
+"""Tests of mortal.features.obs: shapes, version checks and encoding of real logs via mjai PlayerState."""
 
 import json
 
@@ -7,15 +7,15 @@ import pytest
 from mjai.mlibriichi import consts
 from mjai.mlibriichi.state import PlayerState
 
-from mortal.obs import (SUPPORTED_VERSIONS, UnsupportedVersionError, check_version, encode, new_v4_encoder,
-                        obs_shape, oracle_obs_shape)
+from mortal.features.obs import (SUPPORTED_VERSIONS, UnsupportedVersionError, check_version, encode, new_v4_encoder,
+                                 obs_shape, oracle_obs_shape)
 
 from conftest import DATA_DIR
 
 LOG = DATA_DIR / "meta_annotated_hanchan.jsonl"
 
 
-RUST_VERSIONS = (1, 2, 3)  # encoded by mjai.mlibriichi; 4 by mortal.obs_v4
+RUST_VERSIONS = (1, 2, 3)  # encoded by mjai.mlibriichi; 4 by mortal.features.obs_v4
 
 
 def test_obs_shape_values():
@@ -45,7 +45,7 @@ def test_check_version_accepts_1_to_4():
 
 
 def test_new_v4_encoder_only_for_version_4():
-    from mortal.obs_v4 import V4Encoder
+    from mortal.features.obs_v4 import V4Encoder
     enc = new_v4_encoder(4, 2)
     assert isinstance(enc, V4Encoder) and enc.player_id == 2
     assert [new_v4_encoder(v, 2) for v in (1, 2, 3)] == [None, None, None]
@@ -69,7 +69,7 @@ def test_v4_without_encoder_is_a_clear_error_before_rust():
 
 
 def test_v4_goes_through_the_seat_encoder():
-    from mortal.obs_v4 import V4Encoder
+    from mortal.features.obs_v4 import V4Encoder
     # E1 seat 0's first decision (a discard); the encoder saw the same events as the state.
     state, enc = PlayerState(0), V4Encoder(0)
     with open(LOG) as f:

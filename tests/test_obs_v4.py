@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from mjai.mlibriichi.state import PlayerState
 
-from mortal.obs_v4 import (OBS_CHANNELS_V4, ROW_TABLE, SP_BEST, SP_REQUIRED, SP_START, SP_TABLE,
-                           V4Encoder, repack_v3)
-from mortal.sp.agari import Hand, agari, search_yakus
-from mortal.sp.calc import SPCalculator
-from mortal.sp.point import point
-from mortal.sp.shanten import calc_all
+from mortal.features.obs_v4 import (OBS_CHANNELS_V4, ROW_TABLE, SP_BEST, SP_REQUIRED, SP_START, SP_TABLE, V4Encoder,
+                                    repack_v3)
+from mortal.features.sp.agari import Hand, agari, search_yakus
+from mortal.features.sp.calc import SPCalculator
+from mortal.features.sp.point import point
+from mortal.features.sp.shanten import calc_all
 
 from conftest import hand
 

@@ -73,8 +73,8 @@ class FirstLegal:
         self.name = name
 
     def react(self, scenes):
-        from mortal.agent import Decision, first_legal
-        from mortal.obs import encode
+        from mortal.play.agent import Decision, first_legal
+        from mortal.features.obs import encode
         return [Decision(first_legal(sc.state, encode(sc.state, 1)[1])) for sc in scenes]
 
     def end_game(self, game, seat):
@@ -135,8 +135,8 @@ def test_cli_end_to_end_identical_players_rank_2_5(tmp_path, capsys, monkeypatch
 @pytest.mark.slow
 def test_mortal_side_from_checkpoint_plays_end_to_end(tiny_config, tmp_path, capsys, monkeypatch,
                                                        one_torch_thread):
-    from mortal.engine import MortalEngine
-    from mortal.model import DQN, Brain
+    from mortal.play.engine import MortalEngine
+    from mortal.learning.model import DQN, Brain
 
     config, _ = tiny_config
     chal = config['1v3']['challenger']

@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from mortal import wire
+from mortal.net import wire
 
 from conftest import ROOT, free_port, load_tiny_config, write_baseline, write_grp
 
@@ -167,7 +167,7 @@ def test_sigkilled_learner_resumes_from_a_sound_checkpoint(tmp_path, procs):
         remote.request({'type': 'drain'})
         rsp = remote.request({'type': 'get_param', 'param_version': -1})
         assert rsp['status'] == 'ok'
-        from mortal.model import Brain, DQN
+        from mortal.learning.model import Brain, DQN
         Brain(version=3, conv_channels=16, num_blocks=1).load_state_dict(wire.unpack_state_dict(rsp['mortal']))
         DQN(version=3).load_state_dict(wire.unpack_state_dict(rsp['dqn']))
 
@@ -227,7 +227,7 @@ def test_client_process_killed_mid_upload(tmp_path, procs):
     script = (
         'import os, signal, socket, sys\n'
         f'sys.path.insert(0, {str(ROOT)!r})\n'
-        'from mortal import wire\n'
+        'from mortal.net import wire\n'
         "frame = wire.encode_frame({'type': 'submit_replay', 'logs': {'x.json.gz': os.urandom(1 << 20)},"
         " 'param_version': 0})\n"
         f"s = socket.create_connection(('127.0.0.1', {port}))\n"

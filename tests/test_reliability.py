@@ -27,10 +27,10 @@ from conftest import (DATA_DIR, ROOT, FakeTestPlayer, FakeWriter, ScriptedRemote
                       random_batch, write_grp)
 from mortal import train as tr
 from mortal.config import load_config
-from mortal.dataloader import FileDatasetsIter
-from mortal.gameplay import GameplayLoader
-from mortal.mjai_log import BadLogError, parse_log, read_log_text
-from mortal.schedule import LinearWarmUpCosineAnnealingLR
+from mortal.data.dataloader import FileDatasetsIter
+from mortal.data.gameplay import GameplayLoader
+from mortal.data.mjai_log import BadLogError, parse_log, read_log_text
+from mortal.learning.schedule import LinearWarmUpCosineAnnealingLR
 
 LOGS = [DATA_DIR / 'riichienv_selfplay_hanchan.jsonl', DATA_DIR / 'meta_annotated_hanchan.jsonl',
         DATA_DIR / 'arena_double_ron_hanchan.json.gz']
@@ -49,7 +49,7 @@ _FAKE_LEARNER = r'''
 import os, subprocess, sys, time
 import torch
 from torch.utils.data import IterableDataset
-from mortal.dataloader import make_dataloader
+from mortal.data.dataloader import make_dataloader
 
 class Forever(IterableDataset):
     def __iter__(self):
@@ -141,7 +141,7 @@ def test_no_learner_process_outlives_it_under_the_supervisor(tmp_path, how):
     script, ready, mark = tmp_path / 'learner.py', tmp_path / 'ready', uuid.uuid4().hex
     script.write_text(_FAKE_LEARNER)
     runner = tmp_path / 'runner.py'
-    runner.write_text('import sys\nfrom mortal import supervisor\n'
+    runner.write_text('import sys\nfrom mortal.learning import supervisor\n'
                       f'sys.exit(supervisor.supervise([{str(ready)!r}, "with-child"], script={str(script)!r}))\n')
     proc = _start(tmp_path, [sys.executable, str(runner)], mark)
     try:
@@ -199,7 +199,7 @@ def _claimable_logs(drain_dir, seats=(0, 2)):
 
 
 def _expected_samples(config, paths):
-    from mortal.reward import load_grp
+    from mortal.data.reward import load_grp
     grp = load_grp(config['grp']['state_file'], config['grp']['network'])
     ds = FileDatasetsIter(3, paths, PTS, grp, player_names=['trainee'], file_batch_size=1)
     return collections.Counter(_fingerprint(s[0], s[1], s[2], s[3], s[5]) for s in ds)

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from mortal.grp import Grp
-from mortal.model import GRP
-from mortal.reward import RewardCalculator, load_grp
+from mortal.data.grp import Grp
+from mortal.learning.model import GRP
+from mortal.data.reward import RewardCalculator, load_grp
 
 from conftest import DATA_DIR
 

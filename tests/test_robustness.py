@@ -15,13 +15,13 @@ from conftest import DATA_DIR
 from mortal import bot as bot_mod
 from mortal import one_vs_three, train_grp
 from mortal.config import ConfigError, load_config
-from mortal.dataloader import FileDatasetsIter
-from mortal.gameplay import GameplayLoader
-from mortal.grp import Grp
-from mortal.mjai_log import BadLogError, parse_log
-from mortal.model import DQN, GRP, Brain
-from mortal.checkpoint import CheckpointError as GrpCheckpointError
-from mortal.reward import load_grp
+from mortal.data.dataloader import FileDatasetsIter
+from mortal.data.gameplay import GameplayLoader
+from mortal.data.grp import Grp
+from mortal.data.mjai_log import BadLogError, parse_log
+from mortal.learning.model import DQN, GRP, Brain
+from mortal.learning.checkpoint import CheckpointError as GrpCheckpointError
+from mortal.data.reward import load_grp
 from mortal.stat import LogFormatError, Stat
 
 LOG = DATA_DIR / 'riichienv_selfplay_hanchan.jsonl'

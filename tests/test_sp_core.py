@@ -1,6 +1,6 @@
-"""The compiled single-player core (mortal.sp._core) against the pure-Python reference.
+"""The compiled single-player core (mortal.features.sp._core) against the pure-Python reference.
 
-The Python modules mortal/sp/{shanten,agari,calc}.py were checked by hand
+The Python modules mortal/features/sp/{shanten,agari,calc}.py were checked by hand
 (tests/test_obs_v4.py); here the compiled twins must give the same numbers on
 generated hands and on every decision of two real games.
 """
@@ -13,23 +13,23 @@ import numpy as np
 import pytest
 from mjai.mlibriichi.state import PlayerState
 
-import mortal.sp.calc as calc_mod
-from mortal.obs_v4 import V4Encoder
-from mortal.sp.agari import Hand, agari
-from mortal.sp.calc import HAVE_CORE, SPCalculator
-from mortal.sp.shanten import calc_all_py
+import mortal.features.sp.calc as calc_mod
+from mortal.features.obs_v4 import V4Encoder
+from mortal.features.sp.agari import Hand, agari
+from mortal.features.sp.calc import HAVE_CORE, SPCalculator
+from mortal.features.sp.shanten import calc_all_py
 
 from conftest import hand
 
 if HAVE_CORE:
-    from mortal.sp import _core
+    from mortal.features.sp import _core
 
 LOGS = ("tests/data/meta_annotated_hanchan.jsonl", "tests/data/riichienv_selfplay_hanchan.jsonl")
 
 
 def test_core_is_built():
     # scripts/setup.sh builds it; without it version 4 falls back to the ~1000x slower Python.
-    assert HAVE_CORE, "mortal.sp._core is not built: run bash scripts/setup.sh"
+    assert HAVE_CORE, "mortal.features.sp._core is not built: run bash scripts/setup.sh"
 
 
 def _random_hand(rng, n_tiles):
@@ -244,7 +244,7 @@ def test_sort_key_orders_as_mortal_comparator():
     # sort_candidates must give the order of the column-by-column comparator (_cmp), ties included
     from functools import cmp_to_key
 
-    from mortal.sp.calc import Candidate, _cmp, sort_candidates
+    from mortal.features.sp.calc import Candidate, _cmp, sort_candidates
 
     rng = random.Random(3)
     for _ in range(300):
@@ -262,7 +262,7 @@ def test_encode_batch_threads_and_kan_select_reuse_match_one_by_one():
     # (plus a kan-select pass and a repeated row) go through one encode_batch on 2 threads.
     import numpy as np
 
-    from mortal.obs_v4 import encode_batch
+    from mortal.features.obs_v4 import encode_batch
 
     with open(LOGS[1]) as f:
         events = [json.loads(line) for line in f]
@@ -294,7 +294,7 @@ def test_encode_batch_threads_and_kan_select_reuse_match_one_by_one():
 
 
 def test_calc_batch_equals_single_calls():
-    from mortal.sp.calc import calc_batch
+    from mortal.features.sp.calc import calc_batch
 
     jobs = _decisions(LOGS[0], 1)[:80]
     got = calc_batch(jobs, threads=3)
@@ -310,7 +310,7 @@ def test_calc_batch_equals_single_calls():
 def test_sp_threads_from_the_environment(monkeypatch, caplog):
     import os
 
-    import mortal.obs_v4 as obs_v4
+    import mortal.features.obs_v4 as obs_v4
     from mortal.entry import apply_env  # what every entry point runs at start-up
 
     monkeypatch.setattr(obs_v4, "SP_THREADS", None)  # restored after the test
@@ -327,7 +327,7 @@ def test_sp_threads_from_the_environment(monkeypatch, caplog):
 
 
 def test_prepare_sp_searches_each_decision_once(monkeypatch):
-    import mortal.obs_v4 as obs_v4
+    import mortal.features.obs_v4 as obs_v4
 
     calls = []
     real = obs_v4.calc_batch

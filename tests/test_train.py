@@ -10,20 +10,20 @@ import pytest
 import torch
 
 from mortal import train as tr
-from mortal import wire
-from mortal.checkpoint import CHECKPOINT_KEYS, CheckpointError
-from mortal.claims import staleness
-from mortal.dataloader import iter_full_batches
-from mortal.guards import is_better
-from mortal.optimizer import build_param_groups
-from mortal.schedule import LinearWarmUpCosineAnnealingLR
-from mortal.supervisor import supervise
+from mortal.net import wire
+from mortal.learning.checkpoint import CHECKPOINT_KEYS, CheckpointError
+from mortal.data.claims import staleness
+from mortal.data.dataloader import iter_full_batches
+from mortal.learning.guards import is_better
+from mortal.learning.optimizer import build_param_groups
+from mortal.learning.schedule import LinearWarmUpCosineAnnealingLR
+from mortal.learning.supervisor import supervise
 
 from conftest import (ROOT, FakeTestPlayer, FakeWriter, ScriptedRemote, empty_drain, load_tiny_config, random_batch,
                       start_param_server, stop_server, write_grp)
 
 
-# per-batch instruments written at every save (mortal/diagnostics.py); the probe tags need probe logs
+# per-batch instruments written at every save (mortal/learning/diagnostics.py); the probe tags need probe logs
 DIAG_TAGS = {'diag/q_minus_target', 'diag/q_minus_target_greedy', 'diag/q_gap', 'diag/q_spread', 'diag/taken_greedy'}
 
 
@@ -452,7 +452,7 @@ def test_supervisor_honours_sigterm_between_learners(tmp_path):
                      'open(p, "w").write(str(n + 1))\n')
     runner = tmp_path / 'runner.py'
     runner.write_text('import sys\n'
-                      'from mortal import supervisor\n'
+                      'from mortal.learning import supervisor\n'
                       f'sys.exit(supervisor.supervise([], restart_delay=3.0, script={str(child)!r}))\n')
     env = {**os.environ, 'PYTHONPATH': str(tr.path.dirname(tr.path.dirname(tr.__file__)))}
     proc = subprocess.Popen([sys.executable, str(runner)], env=env)

@@ -9,16 +9,16 @@ import math
 import pytest
 from mjai.mlibriichi.state import PlayerState
 
-from mortal.gameplay import GameplayLoader
-from mortal.obs_v4 import MAX_DORA_INDICATORS, SP_EV, V4Encoder
-from mortal.sp.calc import HAVE_CORE, SPCalculator
+from mortal.data.gameplay import GameplayLoader
+from mortal.features.obs_v4 import MAX_DORA_INDICATORS, SP_EV, V4Encoder
+from mortal.features.sp.calc import HAVE_CORE, SPCalculator
 
 from conftest import DATA_DIR, hand
 
 if HAVE_CORE:
-    from mortal.sp import _core
+    from mortal.features.sp import _core
 
-needs_core = pytest.mark.skipif(not HAVE_CORE, reason="mortal.sp._core is not built (bash scripts/setup.sh)")
+needs_core = pytest.mark.skipif(not HAVE_CORE, reason="mortal.features.sp._core is not built (bash scripts/setup.sh)")
 
 # 123m 456p 789s EE SS: tenpai on E or S (shanpon), oya (jikaze E) in an East round.
 TENPAI = hand("123m 456p 789s 1122z")
@@ -269,7 +269,7 @@ def test_loader_v4_skips_bad_logs_and_loads_good_ones(tmp_path):
 
 @pytest.mark.parametrize("bad", [True, 0.0, 4, -1, "1"])
 def test_encoder_seat_must_be_an_int_0_to_3(bad):
-    from mortal.obs_v4 import V4Encoder
+    from mortal.features.obs_v4 import V4Encoder
 
     with pytest.raises(ValueError, match="player_id"):
         V4Encoder(bad)

@@ -17,14 +17,14 @@ import pytest
 import torch
 from mjai.mlibriichi.state import PlayerState
 
-import mortal.arena as arena_mod
+import mortal.play.arena as arena_mod
 from conftest import DATA_DIR, FakeTestPlayer, FakeWriter, load_tiny_config, player_view, write_grp
-import mortal.agent as agent_mod
-from mortal.agent import MortalBatchAgent, Scene, needs_v4_encoder
-from mortal.engine import MortalEngine
-from mortal.gameplay import GameplayLoader, augment_event
-from mortal.model import DQN, Brain
-from mortal.obs_v4 import SP_START, V4Encoder, repack_v3
+import mortal.play.agent as agent_mod
+from mortal.play.agent import MortalBatchAgent, Scene, needs_v4_encoder
+from mortal.play.engine import MortalEngine
+from mortal.data.gameplay import GameplayLoader, augment_event
+from mortal.learning.model import DQN, Brain
+from mortal.features.obs_v4 import SP_START, V4Encoder, repack_v3
 
 META = DATA_DIR / "meta_annotated_hanchan.jsonl"
 RIICHIENV = DATA_DIR / "riichienv_selfplay_hanchan.jsonl"
@@ -344,8 +344,8 @@ def test_loader_v4_is_v3_repacked_plus_the_replayed_sp_block(path, first_kyoku, 
 def test_self_play_round_to_trainer_step_with_version_4(tmp_path, monkeypatch):
     from mortal import client as cl
     from mortal import train as tr
-    from mortal import wire
-    from mortal.player import TrainPlayer
+    from mortal.net import wire
+    from mortal.play.player import TrainPlayer
 
     limit_kyoku(monkeypatch, 1)
     names = tmp_path / 'names.txt'

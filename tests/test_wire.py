@@ -1,4 +1,4 @@
-"""Frame format, decoding errors and state-dict transport of mortal/wire.py."""
+"""Frame format, decoding errors and state-dict transport of mortal/net/wire.py."""
 
 import hashlib
 import hmac
@@ -13,7 +13,7 @@ import msgpack
 import pytest
 import torch
 
-from mortal import wire
+from mortal.net import wire
 
 
 def header(length, *, magic=b'MJRL', version=2, digest=b'\0' * 32, token=None):

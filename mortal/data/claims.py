@@ -1,0 +1,414 @@
+"""The online learner's claims on drained logs, and which of their samples it has trained, across restarts.
+
+The server empties ``drain_dir`` at its next drain and at every start (Mortal), possibly while the learner's
+DataLoader still reads it, so the learner hard-links each drain into its own ``<drain_dir>.trainer`` folder
+(``claim_dir_for``, ``claim_drained``; ``ClaimLedger.claim``), which nobody else touches. It exits after every
+test play, in the middle of an epoch. The ledger here lets the next learner finish exactly what the last one left,
+sample by sample, before it drains again:
+
+* every sample carries ``[file, pass, index, count]`` from the loader (``FileDatasetsIter(sample_ids=True)``),
+  in worker processes too, since the ids travel inside the batches; the learner ``record``\\ s the ids of each
+  batch it has trained;
+* ``claims.json`` in the claim folder lists every claimed log not yet fully trained and, for each pass over it
+  (``[dataset] num_epochs`` x plain/augmented), either ``"done"`` or the indices trained so far. It is written
+  atomically (temporary file, fsync, rename) when logs are claimed (before they are linked) and at each
+  checkpoint (``commit``), so it always describes the state of the last checkpoint: after a test play (which
+  follows a save) nothing is trained twice and nothing is skipped; after a crash or kill the samples trained
+  since the last checkpoint, whose training the checkpoint lost too, are trained again;
+* a log whose every pass is done is unlinked at the next commit; the rest is the resume set, re-read with its
+  trained samples left out (``FileDatasetsIter(trained=...)``), together with the next drain;
+* samples the epoch's end leaves over (fewer than ``batch_size``, which Mortal drops) stay in the resume set and
+  are trained with the next drain. ``end_epoch`` returns the samples that were lost after all (a claimed log
+  gone or unreadable before its remaining samples were read): the ``data/samples_dropped`` tag, 0 in a
+  healthy run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import stat
+from os import path
+
+from mortal.util.fsutil import TMP_SUFFIX, atomic_write_bytes, empty_dir
+
+logger = logging.getLogger('mortal.claims')  # the name before the package split (log format)
+
+__all__ = ["MANIFEST", "ClaimLedger", "claim_dir_for", "claim_drained", "staleness"]
+
+MANIFEST = "claims.json"
+_FORMAT = 1
+_DONE = "done"
+# Samples one pass over one log can have (a hanchan gives a few thousand): a manifest total above it is corrupt.
+MAX_SAMPLES = 1 << 20
+
+
+class _Partial:
+    """A pass over one file with some of its ``total`` samples trained (``trained``: sample indices)."""
+
+    __slots__ = ("total", "trained")
+
+    def __init__(self, total: int, trained=()):
+        self.total = int(total)
+        self.trained = set(trained)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _remaining(unit) -> int:
+    return 0 if unit == _DONE else max(0, unit.total - len(unit.trained))
+
+
+class ClaimLedger:
+    """Training progress of the logs claimed into ``claim_dir``; see the module docstring.
+
+    Args:
+        claim_dir: the learner's claim folder (``claim_dir_for``).
+        signature: what decides a log's samples and passes (version, player names, ``[dataset]`` pass
+            settings); a manifest written under another signature is not trusted sample by sample.
+        passes: passes over every file per epoch (``num_epochs`` x 2 with augmentation, else x 1).
+
+    Attributes: ``duplicates`` (samples recorded twice: 0 unless the bookkeeping is broken), ``lost_samples``
+    (remaining samples of claimed logs found gone, not yet reported by ``end_epoch``).
+    Use ``ClaimLedger.open`` (or ``for_dataset``) to start from what is on disk.
+    """
+
+    def __init__(self, claim_dir: str, *, signature: dict, passes: int):
+        self.claim_dir = path.abspath(claim_dir)
+        self.signature = dict(signature)
+        self.passes = int(passes)
+        self.files: dict[str, dict] = {}  # claimed name -> {pass: _Partial or _DONE}, live (this process)
+        self.committed: dict[str, dict] = {}  # the manifest's 'files', as of the last commit
+        self.duplicates = 0
+        self.lost_samples = 0
+        self._epoch: list[str] = []
+        self._seen: set = set()
+
+    # -- disk ------------------------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, claim_dir: str, *, signature: dict, passes: int) -> "ClaimLedger":
+        """The ledger of ``claim_dir`` as its manifest left it (an empty one without manifest; the folder is
+        created). Listed logs missing from the folder are logged and their known remaining samples counted
+        in ``lost_samples``; under another signature every listed log is resumed whole (logged)."""
+        ledger = cls(claim_dir, signature=signature, passes=passes)
+        os.makedirs(ledger.claim_dir, exist_ok=True)
+        manifest = path.join(ledger.claim_dir, MANIFEST)
+        if not path.exists(manifest):
+            return ledger
+        try:
+            with open(manifest, encoding="utf-8") as f:
+                data = json.load(f)
+            files = data["files"]
+            if data.get("format") != _FORMAT:
+                raise ValueError(f"unknown format {data.get('format')!r}")
+            if not isinstance(files, dict):
+                raise ValueError(f"'files' is a {type(files).__name__}, expected an object")
+            same = data.get("signature") == ledger.signature and data.get("passes") == ledger.passes
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as ex:
+            logger.warning("unreadable %s (%s: %s): the logs in %s are resumed whole", manifest,
+                           type(ex).__name__, ex, ledger.claim_dir)
+            files = {n: {} for n in sorted(os.listdir(ledger.claim_dir))
+                     if n not in ledger.reserved_names() and not ledger._name_problem(n)}
+            same = True
+        if not same:
+            logger.warning("%s was written under other settings (%s, %d passes; now %s, %d passes): its %d "
+                           "logs are resumed whole", manifest, data.get("signature"), data.get("passes", 0),
+                           ledger.signature, ledger.passes, len(files))
+        gone = []
+        for name, passes_ in files.items():
+            kind = ledger._name_problem(name)
+            if kind == "missing":
+                gone.append(name)
+            elif kind:
+                logger.warning("%s: ignoring entry %r (%s): never read, never removed", manifest, name, kind)
+                continue
+            units = ledger._parse_units(manifest, name, passes_, gone=kind == "missing") if same else {}
+            if kind == "missing":
+                ledger.lost_samples += sum(_remaining(u) for u in units.values())
+            else:
+                ledger.files[name] = units
+        if gone:
+            logger.warning("%d claimed logs listed in %s are gone (%s%s): their remaining samples are lost",
+                           len(gone), manifest, ', '.join(gone[:3]), ', ...' if len(gone) > 3 else '')
+        ledger.committed = {name: ledger._entry(units) for name, units in ledger.files.items()}
+        ledger._write()
+        return ledger
+
+    @classmethod
+    def for_dataset(cls, claim_dir: str, dataset_cfg: dict, version: int) -> "ClaimLedger":
+        """``open`` with the signature and passes of the online learner's loader: ``[dataset]`` ``num_epochs``,
+        ``enable_augmentation`` and ``augmented_first``, feature ``version``, the ``trainee`` seat."""
+        ds = dataset_cfg
+        signature = {"version": version, "player_names": ["trainee"], "num_epochs": ds["num_epochs"],
+                     "enable_augmentation": ds["enable_augmentation"], "augmented_first": ds["augmented_first"]}
+        passes = ds["num_epochs"] * (2 if ds["enable_augmentation"] else 1)
+        return cls.open(claim_dir, signature=signature, passes=passes)
+
+    def _name_problem(self, name) -> str:
+        """Why ``name`` cannot be a claimed log of this folder ('' when it can; 'missing' when it is a plain name
+        with nothing at that place): only a plain file name (no separator, not '.' or '..', no NUL, not one of
+        ``reserved_names``) of a regular file directly in ``claim_dir`` (not a symlink) is one. A hand-edited or
+        corrupted manifest must never make the ledger read or unlink anything outside the folder."""
+        if not isinstance(name, str) or not name or name in (".", "..") or "\0" in name or "/" in name \
+                or (os.sep and os.sep in name) or (os.altsep and os.altsep in name):
+            return "not a plain file name"
+        if name in self.reserved_names():
+            return "a file of the ledger itself"
+        try:
+            st = os.lstat(path.join(self.claim_dir, name))
+        except FileNotFoundError:
+            return "missing"
+        except (OSError, ValueError) as ex:
+            return f"cannot be looked at: {ex}"
+        if not stat.S_ISREG(st.st_mode):
+            return "not a regular file (a symlink, folder or other)"
+        return ""
+
+    def _parse_units(self, manifest: str, name: str, passes_, *, gone: bool = False) -> dict:
+        """The ``{pass: _Partial or _DONE}`` of a manifest entry; a malformed entry (wrong types, pass outside
+        0..passes-1, total outside 1..MAX_SAMPLES, indices outside 0..total-1) is logged once, naming the file
+        and the entry, and its progress dropped: that log is resumed whole (``gone``: the log is missing, its
+        remaining samples count 0)."""
+        def bad(why):
+            text = repr(passes_)
+            logger.warning("%s: malformed entry for %r (%s: %s): %s", manifest, name, why,
+                           text if len(text) <= 200 else text[:200] + "...",
+                           "its remaining samples are unknown" if gone else "that log is resumed whole")
+            return {}
+        if not isinstance(passes_, dict):
+            return bad(f"a {type(passes_).__name__}, expected an object")
+        units = {}
+        for key, value in passes_.items():
+            try:
+                p = int(key, 10) if isinstance(key, str) else None
+            except ValueError:
+                p = None
+            if p is None or not 0 <= p < self.passes or str(p) != key:
+                return bad(f"pass {key!r} is not one of 0..{self.passes - 1}")
+            if value == _DONE:
+                units[p] = _DONE
+                continue
+            if not isinstance(value, dict):
+                return bad(f"pass {key}: a {type(value).__name__}, expected 'done' or an object")
+            total, trained = value.get("total"), value.get("trained")
+            if not _is_int(total) or not 1 <= total <= MAX_SAMPLES:
+                return bad(f"pass {key}: total {total!r} is not an integer 1..{MAX_SAMPLES}")
+            if not isinstance(trained, list) or not all(_is_int(i) and 0 <= i < total for i in trained):
+                return bad(f"pass {key}: trained must be a list of indices 0..{total - 1}")
+            units[p] = _Partial(total, trained) if len(set(trained)) < total else _DONE
+        return units
+
+    def reserved_names(self) -> set:
+        """Entries of the claim folder that are not claimed logs (the manifest and its temporary file)."""
+        return {MANIFEST, MANIFEST + TMP_SUFFIX}
+
+    def _entry(self, units: dict) -> dict:
+        return {str(p): _DONE if u == _DONE else {"total": u.total, "trained": sorted(u.trained)}
+                for p, u in sorted(units.items())}
+
+    def _write(self) -> None:
+        data = {"format": _FORMAT, "signature": self.signature, "passes": self.passes, "files": self.committed}
+        atomic_write_bytes(json.dumps(data, separators=(",", ":")).encode("utf-8"), path.join(self.claim_dir, MANIFEST))
+
+    # -- claims ----------------------------------------------------------------------------------------------
+
+    def names(self) -> set:
+        """Names of the claimed logs the ledger still tracks (a new drain must keep them)."""
+        return set(self.files)
+
+    def add(self, names) -> None:
+        """Track newly claimed logs (nothing trained yet); listed in the manifest before they are linked, so a
+        crash in between leaves no claimed log unlisted."""
+        for name in names:
+            self.files[name] = {}
+            self.committed[name] = {}
+        self._write()
+
+    def claim(self, drain_dir: str, files) -> tuple:
+        """Claim the drained ``drain_dir/name`` of each of ``files`` into the claim folder (``claim_drained``,
+        keeping the tracked logs and the manifest) and track them; those that vanished first are forgotten again.
+        Returns ``(claimed paths in files order, names of files that had vanished)``; raises OSError."""
+        targets = []
+
+        def on_claim(names):
+            targets.extend(names)
+            self.add(names)
+
+        claimed, vanished = claim_drained(drain_dir, files, self.claim_dir, keep=self.names() | self.reserved_names(),
+                                          on_claim=on_claim)
+        kept = set(claimed)
+        self.forget([n for n in targets if path.join(self.claim_dir, n) not in kept])
+        return claimed, vanished
+
+    def forget(self, names) -> None:
+        """Stop tracking logs that could not be claimed after all (they vanished before the link)."""
+        names = set(names)
+        if not names:
+            return
+        for name in names:
+            self.files.pop(name, None)
+            self.committed.pop(name, None)
+        self._write()
+
+    def _done(self, units: dict) -> bool:
+        return len(units) == self.passes and all(u == _DONE for u in units.values())
+
+    def pending(self) -> list:
+        """Paths of the tracked logs with samples left to train, in claim order."""
+        return [path.join(self.claim_dir, n) for n, units in self.files.items() if not self._done(units)]
+
+    def partly_trained(self) -> int:
+        """How many of the ``pending`` logs have some samples trained already."""
+        return sum(1 for units in self.files.values() if units and not self._done(units))
+
+    def remaining_samples(self) -> int:
+        """Untrained samples of the tracked logs as far as known (passes not read yet count 0)."""
+        return sum(_remaining(u) for units in self.files.values() for u in units.values())
+
+    def trained_map(self) -> dict:
+        """``{path: {pass: indices or None}}`` of what is trained, for ``FileDatasetsIter(trained=...)``."""
+        return {path.join(self.claim_dir, n): {p: None if u == _DONE else set(u.trained) for p, u in units.items()}
+                for n, units in self.files.items() if units}
+
+    # -- an epoch --------------------------------------------------------------------------------------------
+
+    def begin_epoch(self, paths) -> None:
+        """The files of this epoch's loader, in the order its sample ids' ``file`` refers to."""
+        # a path outside the claim folder is no claimed log (None: its samples are not tracked)
+        self._epoch = [path.basename(p) if path.dirname(path.abspath(p)) == self.claim_dir else None
+                       for p in paths]
+        self._seen = set()
+
+    def _rows(self, ids):
+        rows = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        for fid, pass_, index, total in rows:
+            if self._epoch[fid] is not None:
+                yield self._epoch[fid], int(pass_), int(index), int(total)
+
+    def record(self, ids) -> None:
+        """Mark the samples ``ids`` (``(B, 4)`` int64: file, pass, index, count) as trained."""
+        for name, pass_, index, total in self._rows(ids):
+            units = self.files.get(name)
+            if units is None:
+                self.duplicates += 1
+                continue
+            unit = units.get(pass_)
+            if unit == _DONE or (unit is not None and index in unit.trained):
+                self.duplicates += 1
+                continue
+            if unit is None:
+                unit = units[pass_] = _Partial(total)
+            unit.trained.add(index)
+            self._seen.add((name, pass_))
+            if len(unit.trained) >= unit.total:
+                units[pass_] = _DONE
+
+    def note_dropped(self, ids) -> None:
+        """Samples the epoch's end left untrained (``iter_full_batches``' remainder): they stay in the resume set."""
+        for name, pass_, _, total in self._rows(ids):
+            units = self.files.get(name)
+            if units is not None and units.get(pass_) is None:
+                units[pass_] = _Partial(total)
+            self._seen.add((name, pass_))
+
+    def end_epoch(self) -> int:
+        """After the loader was read to its end: every pass of the epoch's files has yielded all it had. A pass
+        that yielded nothing is done (no samples, or a bad log); a partly trained pass that yielded nothing
+        lost its remaining samples (the log is gone or now unreadable). Returns the samples lost since the
+        last call, ``lost_samples`` included."""
+        lost, self.lost_samples = self.lost_samples, 0
+        for name in dict.fromkeys(self._epoch):
+            units = self.files.get(name)
+            if units is None:
+                continue
+            for p in range(self.passes):
+                unit = units.get(p)
+                if unit == _DONE or (name, p) in self._seen:
+                    continue
+                lost += _remaining(unit) if unit is not None else 0
+                units[p] = _DONE
+        return lost
+
+    def commit(self) -> int:
+        """Persist the live progress (call right after a checkpoint) and unlink the logs trained in full.
+        Returns how many were unlinked."""
+        finished = [n for n, units in self.files.items() if self._done(units)]
+        for name in finished:
+            del self.files[name]
+        self.committed = {name: self._entry(units) for name, units in self.files.items()}
+        self._write()  # first: a crash before the unlinks leaves unlisted links, which the next claim removes
+        for name in finished:
+            if self._name_problem(name):  # never unlink anything but a regular file directly in the folder
+                continue
+            try:
+                os.remove(path.join(self.claim_dir, name))
+            except FileNotFoundError:
+                pass
+        return len(finished)
+
+
+# ---------------------------------------------------------------------------- drain claiming
+
+def claim_dir_for(drain_dir: str) -> str:
+    """The learner's own directory next to the server's ``drain_dir``: ``<drain_dir>.trainer``."""
+    return path.normpath(drain_dir) + ".trainer"
+
+
+def _free_name(name: str, taken: set) -> str:
+    # Drained names restart at "0_" with every server instance: one may meet a log still kept from before.
+    k = 1
+    candidate = name
+    while candidate in taken:
+        candidate = f"{k}+{name}"
+        k += 1
+    return candidate
+
+
+def claim_drained(drain_dir: str, files, claim_dir: str, *, keep=(), on_claim=None) -> tuple:
+    """Hard-link (copy where links fail, e.g. across file systems) each drained ``drain_dir/name`` of ``files``
+    into ``claim_dir``, whose other entries are removed first, except those named in ``keep`` (logs claimed
+    earlier and not yet fully trained, the ledger's manifest).
+
+    A name already in ``keep`` is claimed as ``'<k>+<name>'``. ``on_claim(names)``, if given, is called with the
+    names in ``claim_dir`` before anything is linked. Returns (claimed paths in ``files`` order, names of ``files``
+    that had vanished before they could be claimed); raises OSError when a link or copy fails otherwise.
+    """
+    keep = set(keep)
+    empty_dir(claim_dir, keep)
+    targets = []
+    for name in files:
+        targets.append(_free_name(name, keep))
+        keep.add(targets[-1])
+    if on_claim is not None:
+        on_claim(targets)
+    claimed, vanished = [], []
+    for name, target in zip(files, targets):
+        src, dst = path.join(drain_dir, name), path.join(claim_dir, target)
+        try:
+            _link_or_copy(src, dst)
+        except FileNotFoundError:
+            vanished.append(name)
+            continue
+        claimed.append(dst)
+    return claimed, vanished
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except FileNotFoundError:
+        raise
+    except OSError:  # EXDEV, EPERM, a file system without hard links: a copy (same bytes, more disk)
+        shutil.copyfile(src, dst)
+
+
+def staleness(drain_reply: dict) -> list:
+    """Parameter versions (ints >= 0) between each drained log's version and the server's current one, from a
+    drain reply's ``param_version`` and ``param_versions``; unknown versions (< 0) are left out."""
+    current = drain_reply.get("param_version", 0)
+    return [current - v for v in drain_reply.get("param_versions", []) if v >= 0]

@@ -1,0 +1,395 @@
+"""Streaming training samples from mjai log files, as Mortal's ``mortal/dataloader.py``.
+
+``FileDatasetsIter`` is a torch ``IterableDataset``. Each sample is the tuple
+``(obs, action, mask, steps_to_done, kyoku_reward, player_rank)``:
+
+* ``obs`` ``(C, 34)`` float32 numpy array (C = 934 for version 3, 1012 for version 4);
+* ``action`` numpy int64 scalar, 0-45;
+* ``mask`` ``(46,)`` bool numpy array, ``mask[action]`` is always True;
+* ``steps_to_done`` numpy int64 scalar: discounted steps to the seat's last decision
+  of the kyoku (only discard/riichi/kan-select steps count);
+* ``kyoku_reward`` numpy float64 scalar: GRP reward of the sample's kyoku in ``pts`` units;
+* ``player_rank`` numpy int64 scalar 0-3: the seat's rank by scores at the start of
+  the next kyoku (final scores after the last), ties to the lower seat.
+
+Torch's default collate turns a batch into tensors of the same dtypes; the Q
+target is ``q_target(gamma, steps_to_done, kyoku_reward)``.
+
+Workers: use ``make_dataloader``. Files are sharded across DataLoader workers so
+none is read twice, and workers are started with a ``forkserver`` (or ``spawn``)
+context: forking a parent that already ran native threaded code (torch/Rust
+thread pools) can deadlock the child, which is how Mortal's online trainer hangs.
+The fork server and the workers die with the process that iterates the loader,
+even after its SIGKILL (``mortal.util.lifetime``, Linux).
+
+With ``sample_ids`` each sample also says which file, pass and position it is,
+and ``trained`` leaves out samples trained before: the online learner's record
+of its claimed logs (``mortal.data.claims``).
+
+The learner's loader: ``learner_loader`` (``[dataset]`` settings, GRP reward of
+``[grp]``); ``iter_full_batches`` turns its batches into full ones, as Mortal.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing
+import os
+import random
+import sys
+import threading
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from mortal.entry import LOG_FORMAT  # the entry points' format, for the workers too
+from mortal.data.gameplay import GameplayLoader
+from mortal.data.mjai_log import DEFAULT_MAX_LOG_BYTES
+from mortal.util.lifetime import die_with_parent
+from mortal.data.reward import RewardCalculator, load_grp
+
+logger = logging.getLogger('mortal.dataloader')  # the name before the package split (log format)
+
+__all__ = ["FileDatasetsIter", "LOG_FORMAT", "configure_worker_logging", "iter_full_batches", "keep_freed_memory",
+           "learner_loader", "make_dataloader", "q_target", "safe_mp_context", "worker_init_fn"]
+
+
+def q_target(gamma: float, steps_to_done, kyoku_reward):
+    """Monte-Carlo Q target ``gamma ** steps_to_done * kyoku_reward`` (Mortal's ``train.py``)."""
+    return gamma ** steps_to_done * kyoku_reward
+
+
+def _ranks_by_scores(scores: np.ndarray) -> np.ndarray:
+    # (K, 4) scores -> (K, 4) rank of each seat; stable so ties go to the lower seat.
+    return (-scores).argsort(-1, kind="stable").argsort(-1, kind="stable")
+
+
+class FileDatasetsIter(IterableDataset):
+    """Samples from gzip (or plain) mjai logs; see the module docstring for the tuple.
+
+    Args:
+        version: feature version 1-4.
+        file_list: log paths; shuffled in place each epoch (per worker shard).
+        pts: ``[env] pts``, points for ranks 1-4.
+        grp: a ``mortal.learning.model.GRP`` with trained weights (see ``mortal.data.reward.load_grp``);
+            pickled to each worker.
+        file_batch_size: files decoded into the shuffle buffer at a time (Mortal: 20).
+        reserve_ratio: fraction of each batch's new samples kept back in the buffer to mix
+            with the next batch.
+        player_names / excludes: seat filters (``GameplayLoader``).
+        num_epochs: passes over the file list.
+        enable_augmentation: each epoch also yields every file with manzu/pinzu swapped,
+            after (or before, with ``augmented_first``) the plain pass.
+        max_log_bytes: cap on a file's decompressed size (``[dataset] max_log_bytes``); larger files
+            are skipped as bad input.
+        sample_ids: append to every sample a 7th element, an int64 array ``[file, pass, index, count]``:
+            ``file`` is the position in ``file_list`` as given, ``pass`` counts the passes of this
+            iteration (epochs x plain/augmented, in order), ``index`` is the sample's position among the
+            ``count`` samples of that file in that pass (before any shuffle or ``trained`` filter). Lets
+            the trainer know which samples it has trained (``mortal.data.claims``).
+        trained: ``{path: {pass: indices or None}}``: samples already trained, left out (``None``: the
+            whole pass of that file, which is then not even read). Indices refer to ``sample_ids``.
+
+    Bad files are skipped with one warning each; ``skipped`` counts them in this
+    process, and a summary is logged after each pass.
+    """
+
+    def __init__(self, version, file_list, pts, grp, *, file_batch_size=20, reserve_ratio=0,
+                 player_names=None, excludes=None, num_epochs=1, enable_augmentation=False,
+                 augmented_first=False, always_include_kan_select=True, max_log_bytes=DEFAULT_MAX_LOG_BYTES,
+                 sample_ids=False, trained=None):
+        super().__init__()
+        self.version = version
+        self.file_list = list(file_list)
+        self.files = tuple(self.file_list)  # the order sample_ids refer to (file_list is sharded and shuffled)
+        self._file_ids = {p: i for i, p in reversed(list(enumerate(self.files)))} if sample_ids else None
+        self.trained = {p: {int(k): None if v is None else frozenset(v) for k, v in passes.items()}
+                        for p, passes in (trained or {}).items()}
+        self.max_log_bytes = max_log_bytes
+        self._pass = 0
+        self.pts = pts
+        self.grp = grp
+        self.file_batch_size = max(1, int(file_batch_size))
+        self.reserve_ratio = reserve_ratio
+        self.player_names = player_names
+        self.excludes = excludes
+        self.num_epochs = num_epochs
+        self.enable_augmentation = enable_augmentation
+        self.augmented_first = augmented_first
+        self.always_include_kan_select = always_include_kan_select
+        self.skipped = 0
+        self.iterator = None
+        self._sharded = False
+
+    # ------------------------------------------------------------ sharding
+    def shard(self, worker_id: int, num_workers: int) -> None:
+        """Keep only this worker's contiguous slice of ``file_list`` (idempotent)."""
+        if self._sharded or num_workers <= 1:
+            self._sharded = True
+            return
+        per_worker = math.ceil(len(self.file_list) / num_workers)
+        start = worker_id * per_worker
+        self.file_list = self.file_list[start:start + per_worker]
+        self._sharded = True
+
+    def _shard_for_current_worker(self) -> None:
+        info = torch.utils.data.get_worker_info()
+        if info is not None:
+            self.shard(info.id, info.num_workers)
+
+    # ------------------------------------------------------------ iteration
+    def build_iter(self):
+        self._shard_for_current_worker()
+        self.reward_calc = RewardCalculator(self.grp, self.pts)
+        flags = [self.augmented_first] + ([not self.augmented_first] if self.enable_augmentation else [])
+        for epoch in range(self.num_epochs):
+            for i, augmented in enumerate(flags):
+                self._pass = epoch * len(flags) + i
+                yield from self.load_files(augmented)
+
+    def load_files(self, augmented: bool):
+        """One pass over ``file_list`` (shuffled), yielding samples through the shuffle buffer."""
+        random.shuffle(self.file_list)
+        self.loader = GameplayLoader(
+            self.version,
+            player_names=self.player_names,
+            excludes=self.excludes,
+            always_include_kan_select=self.always_include_kan_select,
+            augmented=augmented,
+            max_log_bytes=self.max_log_bytes,
+        )
+        self.buffer = []
+        files = [p for p in self.file_list if self.trained.get(p, {}).get(self._pass, ()) is not None]
+        for start in range(0, len(files), self.file_batch_size):
+            old_size = len(self.buffer)
+            self.populate_buffer(files[start:start + self.file_batch_size])
+            size = len(self.buffer)
+            reserved = int((size - old_size) * self.reserve_ratio)
+            if reserved > size:
+                continue
+            random.shuffle(self.buffer)
+            yield from self.buffer[reserved:]
+            del self.buffer[reserved:]
+        random.shuffle(self.buffer)
+        yield from self.buffer
+        self.buffer.clear()
+        self.skipped += self.loader.skipped
+        if self.loader.skipped:
+            logger.warning("pass over %d files (augmented=%s): %d skipped as bad input",
+                           len(files), augmented, self.loader.skipped)
+
+    def populate_buffer(self, file_list) -> None:
+        """Decode ``file_list`` and append every sample of every kept seat to ``self.buffer``.
+
+        A file whose samples cannot be built is left out whole, counted in the loader's ``skipped``.
+        """
+        for path, games in zip(file_list, self.loader.load_gz_log_files(file_list)):
+            try:
+                samples = [s for game in games for s in self._samples(game)]
+            except (ValueError, IndexError, AssertionError) as e:
+                # parse_log already rejects what could cause this; kept so one bad file never ends a training run
+                logger.warning("skipped log %s: %s: %s", path, type(e).__name__, e)
+                self.loader.skipped += 1
+                continue
+            if self._file_ids is not None or path in self.trained:
+                samples = self._tag_and_filter(path, samples)
+            self.buffer.extend(samples)
+
+    def _tag_and_filter(self, path, samples) -> list:
+        # Indices are taken before filtering so that they stay the same on every re-read of the file.
+        done = self.trained.get(path, {}).get(self._pass) or ()
+        count = len(samples)
+        if self._file_ids is None:
+            return [s for j, s in enumerate(samples) if j not in done]
+        fid = self._file_ids[path]
+        return [(*s, np.array([fid, self._pass, j, count], dtype=np.int64))
+                for j, s in enumerate(samples) if j not in done]
+
+    def _samples(self, game) -> list:
+        n = len(game)
+        if n == 0:  # the seat never had a decision
+            return []
+        obs = game.take_obs_list()  # no stacking copy: samples are yielded one by one
+        actions = game.take_actions()
+        masks = game.take_masks()
+        at_kyoku = game.take_at_kyoku().astype(np.int64)
+        dones = game.take_dones()
+        apply_gamma = game.take_apply_gamma()
+        grp = game.take_grp()
+        player_id = game.take_player_id()
+
+        feature = grp.take_feature()
+        rewards = self.reward_calc.calc_delta_pt(player_id, feature, grp.take_rank_by_player())
+        if len(rewards) < at_kyoku[-1] + 1:
+            raise AssertionError(f"{len(rewards)} kyoku rewards but a sample at kyoku {at_kyoku[-1]}")
+
+        scores_seq = np.concatenate((np.rint(feature[:, 3:] * 1e4), [grp.take_final_scores()]))
+        player_ranks = _ranks_by_scores(scores_seq)[:, player_id].astype(np.int64)
+
+        steps_to_done = np.zeros(n, dtype=np.int64)
+        for i in range(n - 2, -1, -1):
+            if not dones[i]:
+                steps_to_done[i] = steps_to_done[i + 1] + int(apply_gamma[i])
+
+        return [
+            (obs[i], actions[i], masks[i], steps_to_done[i], rewards[k], player_ranks[k + 1])
+            for i, k in enumerate(at_kyoku)
+        ]
+
+    def __iter__(self):
+        if self.iterator is None:
+            self.iterator = self.build_iter()
+        return self.iterator
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc malloc to keep freed memory instead of returning it to the OS at once.
+
+    Every sample is a fresh ~127 KB array (v3); with glibc's default trim/mmap
+    thresholds its pages go back to the OS when freed and must be faulted in again
+    for the next file batch, which costs about as much as encoding. Meant for
+    loader worker processes (``worker_init_fn`` calls it). Returns False where
+    ``mallopt`` is unavailable (non-glibc); process-wide, only call it in a
+    process whose job is loading.
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc malloc.h
+    return bool(mallopt(m_trim_threshold, 1 << 30)) and bool(mallopt(m_mmap_threshold, 1 << 25))
+
+
+# Environment variable holding the pid of the process that starts the fork server (mortal.util._forkserver_preload).
+LOADER_PARENT_ENV = "MORTAL_LOADER_PARENT_PID"
+
+
+def configure_worker_logging() -> None:
+    """Give a loader worker the entry points' log format at INFO level, on stderr.
+
+    Workers started by ``forkserver``/``spawn`` do not inherit the parent's
+    ``basicConfig``: their warnings (``skipped log ...``) would reach Python's
+    last-resort handler and print as a bare message without time, level or logger.
+    No-op if the process already has root handlers.
+    """
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+
+
+def _expected_worker_parent():
+    """The pid a loader worker's parent must have: the fork server's (``mortal.util._forkserver_preload``, inherited
+    by every worker it forks), else None (``die_with_parent`` then takes the parent at the time of the call).
+    Taken from the fork server itself, not from ``os.getppid()``, which is already PID 1 (or a subreaper) when
+    the learner and its fork server were killed between the worker's fork and this call."""
+    preload = sys.modules.get("mortal.util._forkserver_preload")
+    pid = getattr(preload, "FORKSERVER_PID", None)
+    return pid if isinstance(pid, int) and pid > 0 and pid != os.getpid() else None
+
+
+def worker_init_fn(*args, **kwargs):
+    """DataLoader ``worker_init_fn``: shard ``file_list`` so no file is read by two workers.
+
+    Also makes the worker die with its parent process (``mortal.util.lifetime.die_with_parent``: the fork server,
+    which itself dies with the loading process), configures logging (``configure_worker_logging``) and calls
+    ``keep_freed_memory`` (worker processes only load data).
+    """
+    # torch's own watchdog only checks the worker's parent, which under forkserver outlives a killed learner.
+    die_with_parent(expected_parent=_expected_worker_parent())
+    configure_worker_logging()
+    keep_freed_memory()
+    info = torch.utils.data.get_worker_info()
+    if info is not None and isinstance(info.dataset, FileDatasetsIter):
+        info.dataset.shard(info.id, info.num_workers)
+
+
+def safe_mp_context():
+    """Multiprocessing context for DataLoader workers: ``forkserver`` where available, else ``spawn``.
+
+    Plain ``fork`` after native threads have started can deadlock the child.
+    """
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    # Import the heavy modules once in the (thread-free) fork server so that each
+    # worker forked from it starts in well under a second. Only takes effect
+    # before the fork server is first started. The fork server is started by the
+    # thread that first iterates a loader; it dies with that thread
+    # (mortal.util._forkserver_preload, first so that it acts before the slow imports),
+    # so only the main thread, whose end is the process's, asks for that.
+    preload = ["torch", "mortal.data.dataloader"]
+    if threading.current_thread() is threading.main_thread():
+        preload.insert(0, "mortal.util._forkserver_preload")
+        # the fork server's expected parent (this process), read by mortal.util._forkserver_preload
+        os.environ[LOADER_PARENT_ENV] = str(os.getpid())
+    ctx.set_forkserver_preload(preload)
+    return ctx
+
+
+def make_dataloader(dataset, *, batch_size: int, num_workers: int = 1, pin_memory: bool = False,
+                    drop_last: bool = False, multiprocessing_context=None, **kwargs) -> DataLoader:
+    """``DataLoader`` over ``dataset`` with sharding and a fork-safe worker start method.
+
+    ``num_workers=0`` loads in the calling process. Extra ``kwargs`` go to ``DataLoader``.
+    """
+    if num_workers > 0:
+        kwargs.setdefault("worker_init_fn", worker_init_fn)
+        kwargs["multiprocessing_context"] = multiprocessing_context or safe_mp_context()
+    return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
+                      drop_last=drop_last, **kwargs)
+
+
+def learner_loader(config: dict, version: int, file_list: list, player_names, ledger=None, *, batch_size: int,
+                   num_workers: int | None = None, pin_memory: bool = False) -> DataLoader:
+    """The learner's ``DataLoader`` of ``FileDatasetsIter`` batches over ``file_list`` (``[dataset]`` settings,
+    GRP reward of ``[grp]``, ``[env] pts``), learning from the seats of ``player_names`` (all seats when empty).
+
+    With a ``mortal.data.claims.ClaimLedger``, each batch ends with the ``(B, 4)`` int64 sample ids and the samples
+    it lists as trained are left out. ``num_workers`` defaults to ``[dataset] num_workers``; with more than one,
+    ``file_list`` is shuffled in place. Raises what ``mortal.data.reward.load_grp`` raises for an unusable GRP.
+    """
+    ds = config["dataset"]
+    num_workers = ds["num_workers"] if num_workers is None else num_workers
+    if num_workers > 1:
+        random.shuffle(file_list)
+    grp = load_grp(config["grp"]["state_file"], config["grp"]["network"])
+    data = FileDatasetsIter(
+        version, file_list, config["env"]["pts"], grp,
+        file_batch_size=ds["file_batch_size"],
+        reserve_ratio=ds["reserve_ratio"],
+        player_names=player_names or None,
+        num_epochs=ds["num_epochs"],
+        enable_augmentation=ds["enable_augmentation"],
+        augmented_first=ds["augmented_first"],
+        max_log_bytes=ds.get("max_log_bytes", DEFAULT_MAX_LOG_BYTES),
+        sample_ids=ledger is not None,
+        trained=ledger.trained_map() if ledger is not None else None,
+    )
+    return make_dataloader(data, batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory)
+
+
+def iter_full_batches(batches, batch_size: int, on_drop=None):
+    """Yield the full-size batches of ``batches`` as they come; shorter ones (e.g. each DataLoader worker's last)
+    are pooled and re-cut into full batches at the end; fewer than ``batch_size`` leftover samples are dropped,
+    as Mortal. Each batch is a tuple of tensors sharing the first dimension. ``on_drop``, if given, is called
+    once with the dropped samples (a tuple like a batch, fewer than ``batch_size`` rows) when there are any."""
+    leftovers, leftover_size = [], 0
+    for batch in batches:
+        size = batch[0].shape[0]
+        if size == batch_size:
+            yield batch
+        else:
+            leftovers.append(batch)
+            leftover_size += size
+    if not leftovers:
+        return
+    pooled = [torch.cat(parts, dim=0) for parts in zip(*leftovers)]
+    full = leftover_size - leftover_size % batch_size
+    for start in range(0, full, batch_size):
+        yield tuple(t[start:start + batch_size] for t in pooled)
+    if full < leftover_size and on_drop is not None:
+        on_drop(tuple(t[full:] for t in pooled))

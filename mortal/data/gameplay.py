@@ -1,0 +1,473 @@
+"""mjai log -> per-seat training samples, as Mortal's ``libriichi/src/dataset/gameplay.rs``.
+
+For each kept seat a ``PlayerState`` replays the log. Walking windows of 4
+events ``(cur, ...)``, a sample is taken after ``cur`` whenever the seat has a
+legal action, labelled from the next event (``reach_accepted``/``dora`` in
+between are skipped). Versions 1-3 are encoded by ``PlayerState.encode_obs``
+directly (version checked once by ``mortal.features.obs.check_version``); version 4 by a
+``mortal.features.obs_v4.V4Encoder`` that replays the same events beside the state.
+
+Multi-ron (double/triple ron, paid as Mortal's Tenhou rule): every winner is labelled
+``hora`` at the discard (or robbed kan); the second and third ``hora`` are checked against
+the seat's state at that discard, since after the first ``hora`` no seat can act.
+
+Deviation from Mortal (documented): every label is checked against its mask
+and a log with an illegal move is rejected (Mortal's trainer would instead
+crash on ``assert masks[actions]``), and logs must end with ``end_game``.
+Oracle observations are not available (``mjai.mlibriichi`` has no
+``Invisible`` encoder).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+from mjai.mlibriichi.state import PlayerState
+
+from mortal.features.action import HORA, KAN, PASS, RIICHI, RYUKYOKU, event_to_label, kan_select_label
+from mortal.data.grp import Grp
+from mortal.data.mjai_log import DEFAULT_MAX_LOG_BYTES, BadLogError, LoadedLog, parse_log, read_log, skip_message
+from mortal.features.obs import check_version, obs_shape
+from mortal.features.obs_v4 import V4Encoder
+
+logger = logging.getLogger('mortal.gameplay')  # the name before the package split (log format)
+
+__all__ = ["Gameplay", "GameplayLoader", "augment_event", "augment_log"]
+
+_SKIPPED_AS_NEXT = ("reach_accepted", "dora")
+# Events by which a seat acts; one of its own that follows a moment where it
+# could not act is an illegal move.
+_OWN_ACTIONS = frozenset({"dahai", "reach", "chi", "pon", "daiminkan", "kakan", "ankan", "hora"})
+_MAX_SKIP_RECORDS = 1000
+
+
+def _is_fatal(exc: BaseException) -> bool:
+    # pyo3's PanicException derives from BaseException; treat it as a bad log,
+    # but never swallow interpreter shutdown signals.
+    return isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError))
+
+
+# ---------------------------------------------------------------- augmentation
+
+def _swap_mp(name: str) -> str:
+    # 1m<->1p ... 9m<->9p, 5mr<->5pr; souzu, honors and '?' unchanged.
+    if len(name) >= 2 and name[1] in "mp":
+        return name[0] + ("p" if name[1] == "m" else "m") + name[2:]
+    return name
+
+
+def augment_event(ev: dict) -> dict:
+    """Copy of ``ev`` with manzu and pinzu swapped in every tile field (Mortal's ``Event::augment``).
+
+    Fields: ``dora_marker``, ``tehais``, ``pai``, ``consumed``, ``ura_markers``.
+    """
+    out = dict(ev)
+    for key in ("pai", "dora_marker"):
+        if isinstance(out.get(key), str):
+            out[key] = _swap_mp(out[key])
+    for key in ("consumed", "ura_markers"):
+        if isinstance(out.get(key), list):
+            out[key] = [_swap_mp(t) for t in out[key]]
+    if isinstance(out.get("tehais"), list):
+        out["tehais"] = [[_swap_mp(t) for t in hand] for hand in out["tehais"]]
+    return out
+
+
+def augment_log(log: LoadedLog) -> LoadedLog:
+    """``augment_event`` over a whole parsed log (new JSON lines are written)."""
+    events = [augment_event(ev) for ev in log.events]
+    return LoadedLog(events, [json.dumps(ev, separators=(",", ":")) for ev in events],
+                     log.line_numbers, log.source)
+
+
+# ---------------------------------------------------------------- per-seat data
+
+@dataclass
+class Gameplay:
+    """Samples of one seat in one game.
+
+    Per decision (N rows): ``obs`` ``(N, C, 34)`` float32 (stacked on first access from
+    ``obs_list``, N arrays ``(C, 34)``; ``take_obs_list`` avoids that copy), ``actions`` ``(N,)`` int64
+    (0-45), ``masks`` ``(N, 46)`` bool, ``at_kyoku`` ``(N,)`` uint8 (0-based count of
+    ``end_kyoku`` seen), ``dones`` ``(N,)`` bool (last sample of its kyoku),
+    ``apply_gamma`` ``(N,)`` bool (label <= 37), ``at_turns`` ``(N,)`` uint8,
+    ``shantens`` ``(N,)`` int8, ``event_idx`` ``(N,)`` int32 (index in the log's events
+    of the event after which the decision was taken; for messages and tests). Per game: ``grp`` (``Grp``), ``player_id`` (0-3),
+    ``player_name``. ``take_*`` return the array and release it, as Mortal's.
+    """
+
+    obs_list: list
+    actions: np.ndarray
+    masks: np.ndarray
+    at_kyoku: np.ndarray
+    dones: np.ndarray
+    apply_gamma: np.ndarray
+    at_turns: np.ndarray
+    shantens: np.ndarray
+    event_idx: np.ndarray
+    grp: Grp = field(default_factory=Grp)
+    player_id: int = 0
+    player_name: str = ""
+    _obs_shape: tuple = (0, 34)
+
+    def __len__(self) -> int:
+        return len(self.actions)
+
+    @property
+    def obs(self) -> np.ndarray | None:
+        """``(N, C, 34)`` float32 (None once taken)."""
+        if self.obs_list is None:
+            return None
+        if isinstance(self.obs_list, list):
+            # Stacking copies every sample; done lazily since the data loader does not need it.
+            self.obs_list = np.stack(self.obs_list) if self.obs_list else np.zeros((0, *self._obs_shape),
+                                                                                    np.float32)
+        return self.obs_list
+
+    def _take(self, name):
+        value = getattr(self, name)
+        setattr(self, name, None)
+        return value
+
+    def take_obs(self) -> np.ndarray:
+        obs = self.obs
+        self.obs_list = None
+        return obs
+
+    def take_obs_list(self) -> list:
+        """The N ``(C, 34)`` float32 arrays without stacking (or rows of the stacked array)."""
+        obs = self.obs_list
+        self.obs_list = None
+        return list(obs) if obs is not None else None
+
+    def take_actions(self) -> np.ndarray:
+        return self._take("actions")
+
+    def take_masks(self) -> np.ndarray:
+        return self._take("masks")
+
+    def take_at_kyoku(self) -> np.ndarray:
+        return self._take("at_kyoku")
+
+    def take_dones(self) -> np.ndarray:
+        return self._take("dones")
+
+    def take_apply_gamma(self) -> np.ndarray:
+        return self._take("apply_gamma")
+
+    def take_at_turns(self) -> np.ndarray:
+        return self._take("at_turns")
+
+    def take_shantens(self) -> np.ndarray:
+        return self._take("shantens")
+
+    def take_grp(self) -> Grp:
+        return self.grp
+
+    def take_player_id(self) -> int:
+        return self.player_id
+
+
+class _SeatRecorder:
+    """Accumulates samples for one seat while its ``PlayerState`` replays the log."""
+
+    def __init__(self, version: int):
+        self.version = version
+        self.obs, self.masks, self.actions = [], [], []
+        self.at_kyoku, self.apply_gamma, self.at_turns, self.shantens = [], [], [], []
+        self.event_idx = []
+
+    def add(self, state, at_kan_select: bool, label: int, kyoku_idx: int, log: LoadedLog, cur_idx: int,
+            next_idx: int, v4: V4Encoder | None = None):
+        # Version checked once by GameplayLoader (mortal.features.obs.check_version), so the Rust
+        # encoder is called directly for 1-3: this is the hot loop. ``v4``: the seat's
+        # V4Encoder, given iff version 4.
+        if v4 is not None:
+            try:
+                obs, mask = v4.encode(state, at_kan_select)
+            except ValueError as e:  # e.g. more copies of a tile seen than exist
+                raise BadLogError(log.source, f"v4 encoder of seat {state.player_id}: {e}",
+                                  log.line_numbers[cur_idx]) from None
+        else:
+            obs, mask = state.encode_obs(self.version, at_kan_select)
+        if not mask[label]:
+            raise BadLogError(
+                log.source,
+                f"illegal move for seat {state.player_id}: {log.events[next_idx]['type']} "
+                f"(label {label}{', kan select' if at_kan_select else ''}) is not legal here",
+                log.line_numbers[next_idx],
+            )
+        self.obs.append(obs)
+        self.masks.append(mask)
+        self.actions.append(label)
+        self.at_kyoku.append(kyoku_idx)
+        self.apply_gamma.append(label <= RIICHI)
+        self.at_turns.append(state.at_turn)
+        self.shantens.append(state.shanten)
+        self.event_idx.append(cur_idx)
+
+    def finish(self, grp: Grp, player_id: int, player_name: str) -> Gameplay:
+        n = len(self.actions)
+        at_kyoku = np.asarray(self.at_kyoku, dtype=np.uint8)
+        dones = np.ones(n, dtype=np.bool_)
+        if n > 1:
+            dones[:-1] = at_kyoku[1:] > at_kyoku[:-1]
+        masks = np.stack(self.masks) if n else np.zeros((0, 46), np.bool_)
+        return Gameplay(
+            obs_list=self.obs,
+            actions=np.asarray(self.actions, dtype=np.int64),
+            masks=masks,
+            at_kyoku=at_kyoku,
+            dones=dones,
+            apply_gamma=np.asarray(self.apply_gamma, dtype=np.bool_),
+            at_turns=np.asarray(self.at_turns, dtype=np.uint8),
+            shantens=np.asarray(self.shantens, dtype=np.int8),
+            event_idx=np.asarray(self.event_idx, dtype=np.int32),
+            grp=grp,
+            player_id=player_id,
+            player_name=player_name,
+            _obs_shape=obs_shape(self.version),
+        )
+
+
+_MASKED = "?"
+_TILE_FIELDS = ("pai", "dora_marker")
+_TILE_LIST_FIELDS = ("consumed",)
+
+
+def _check_unmasked(log: LoadedLog, seat: int) -> None:
+    """Raise ``BadLogError`` (file, line, field) if ``seat``'s replay would meet a masked tile ``'?'``.
+
+    A log written from one player's view masks the other seats' starting hands and draws with ``'?'``. The
+    Rust ``PlayerState`` accepts that for other seats but panics on a ``'?'`` it must place (its own hand or
+    draw, a dora indicator, a called or discarded tile), and the panic hook prints a Rust backtrace to stderr
+    outside the log format; so such a log is rejected here, before the state sees it.
+    """
+    for ev, no in zip(log.events, log.line_numbers):
+        typ = ev["type"]
+        if typ == "start_kyoku":
+            hand = ev["tehais"][seat]  # parse_log checked that there are 4
+            if isinstance(hand, list) and _MASKED in hand:
+                raise BadLogError(log.source, f"start_kyoku tehais of seat {seat} hold masked tiles '?' (a log "
+                                              f"from another player's view?); training needs full hands", no)
+        elif typ == "tsumo" and ev["actor"] != seat:
+            continue  # another seat's masked draw is normal in a player's view
+        for key in _TILE_FIELDS:
+            if ev.get(key) == _MASKED:
+                raise BadLogError(log.source, f"{typ} field {key!r} is a masked tile '?' (seat {seat} needs "
+                                              f"to know it)", no)
+        for key in _TILE_LIST_FIELDS:
+            v = ev.get(key)
+            if isinstance(v, list) and _MASKED in v:
+                raise BadLogError(log.source, f"{typ} field {key!r} holds a masked tile '?'", no)
+
+
+def _label(cur_cans, state, events, i, nxt_idx, seat, always_kan_select):
+    """(label, kan_select_label) for a decision after ``events[i]``, or (None, None). The labelling rules of Mortal's ``dataset/gameplay.rs``.
+
+    Single-event labels come from ``mortal.features.action``; the window rules (actor checks,
+    when to add a kan-select sample, agari and pass inference) are here.
+    """
+    nxt = events[nxt_idx]
+    typ = nxt["type"]
+    if typ in ("dahai", "reach") or (typ in ("chi", "pon") and nxt["actor"] == seat):
+        return event_to_label(nxt), None
+    if typ == "daiminkan" and nxt["actor"] == seat:
+        return KAN, (kan_select_label(nxt) if always_kan_select else None)
+    if typ == "kakan":
+        sel = always_kan_select or len(state.kakan_candidates()) > 1
+        return KAN, (kan_select_label(nxt) if sel else None)
+    if typ == "ankan":
+        sel = always_kan_select or len(state.ankan_candidates()) > 1
+        return KAN, (kan_select_label(nxt) if sel else None)
+    if typ == "ryukyoku" and cur_cans.can_ryukyoku:
+        return RYUKYOKU, None
+    # Agari or pass. Only wnd[1..4] is scanned for this seat's hora, as Mortal.
+    has_any_ron = events[i + 1]["type"] == "hora"
+    if has_any_ron:
+        for ev in events[i + 1:i + 4]:
+            if ev["type"] == "end_kyoku":
+                break
+            if ev["type"] == "hora" and ev["actor"] == seat:
+                return HORA, None
+    # Pass only if the seat really declined: a chi chance followed by a plain
+    # tsumo, or a pon/kan/ron chance not interrupted by anyone's ron.
+    if (cur_cans.can_chi and typ == "tsumo") or (
+        (cur_cans.can_pon or cur_cans.can_daiminkan or cur_cans.can_ron_agari) and not has_any_ron
+    ):
+        return PASS, None
+    return None, None
+
+
+def _is_multi_ron(nxt: dict, seat: int, ron_cans, winners: set) -> bool:
+    """True if ``nxt``, a ``hora`` by ``seat`` right after another ``hora``, is a legal extra winner
+    of a double/triple ron (paid, as Mortal's Tenhou rule).
+
+    After the first ``hora`` the seat's own state can no longer act, so the ron is judged on
+    ``ron_cans`` (its ``ActionCandidate`` right after the discard or kan being robbed): the seat
+    must have been able to ron there, must not be the discarder, and must not have won already.
+    """
+    return (nxt["type"] == "hora" and ron_cans is not None and ron_cans.can_ron_agari
+            and nxt.get("target") != seat and seat not in winners)
+
+
+class GameplayLoader:
+    """Turns mjai logs into ``Gameplay`` samples (Mortal's ``GameplayLoader``).
+
+    Args:
+        version: feature version 1-4 (anything else raises ``UnsupportedVersionError``, see
+            ``mortal.features.obs``). Version 4 replays a ``V4Encoder`` beside each seat's ``PlayerState``
+            and runs its single-player search at every sample (slower than 1-3).
+        oracle: must be False; oracle observations cannot be encoded with ``mjai.mlibriichi``
+            (raises ``NotImplementedError``).
+        player_names: keep only seats whose ``start_game`` name is listed (then ``excludes`` is ignored).
+        excludes: otherwise drop seats whose name is listed. Neither: all 4 seats.
+        always_include_kan_select: add the kan-tile sample after every kan decision (else only
+            when there was more than one candidate of that kan kind, as Mortal).
+        augmented: swap manzu and pinzu in every event before loading.
+        max_log_bytes: cap on a file's decompressed size in bytes (``[dataset] max_log_bytes``; None = no
+            cap); a larger file is skipped like any bad log.
+
+    Attributes ``skipped`` (count of files skipped by ``load_gz_log_files``) and
+    ``skipped_files`` (up to 1000 ``(path, message)``) report bad input.
+    """
+
+    def __init__(self, version: int, *, oracle: bool = False, player_names=None, excludes=None,
+                 always_include_kan_select: bool = True, augmented: bool = False,
+                 max_log_bytes: int | None = DEFAULT_MAX_LOG_BYTES):
+        if oracle:
+            raise NotImplementedError("oracle observations are not available with mjai.mlibriichi; use oracle=False")
+        self.version = check_version(version)
+        self.oracle = False
+        self.player_names = list(player_names or [])
+        self.excludes = list(excludes or [])
+        self.always_include_kan_select = bool(always_include_kan_select)
+        self.augmented = bool(augmented)
+        self.max_log_bytes = max_log_bytes
+        self._names = frozenset(self.player_names)
+        self._excludes = frozenset(self.excludes)
+        self.skipped = 0
+        self.skipped_files: list[tuple[str, str]] = []
+
+    def __repr__(self) -> str:
+        return (f"GameplayLoader(version={self.version}, player_names={self.player_names}, "
+                f"excludes={self.excludes}, always_include_kan_select={self.always_include_kan_select}, "
+                f"augmented={self.augmented})")
+
+    def kept_seats(self, names) -> list[int]:
+        """Seats kept for ``start_game`` ``names`` (Mortal's player-name filter)."""
+        names = list(names) if names is not None else [""] * 4
+        if self._names:
+            return [i for i, n in enumerate(names) if n in self._names]
+        if self._excludes:
+            return [i for i, n in enumerate(names) if n not in self._excludes]
+        return list(range(4))
+
+    def load_log(self, raw: str, source: str = "<log>") -> list[Gameplay]:
+        """One ``Gameplay`` per kept seat of one game given as mjai JSON lines.
+
+        Raises:
+            BadLogError: the log is malformed (see ``mortal.data.mjai_log.parse_log``), contains an illegal
+                move, or the Rust ``PlayerState`` rejects an event (message names line and reason).
+        """
+        return self.load_parsed(parse_log(raw, source))
+
+    def load_parsed(self, log: LoadedLog) -> list[Gameplay]:
+        """Same as ``load_log`` for a log ``mortal.data.mjai_log.parse_log`` returned (the fields it checked, such
+        as every ``actor``, are not checked again)."""
+        if self.augmented:
+            log = augment_log(log)
+        grp = Grp.load_events(log.events, log.source)
+        names = log.events[0].get("names") or [""] * 4
+        seats = self.kept_seats(names)
+        if any('"?"' in line for line in log.lines):  # cheap test on the JSON text first: full logs have none
+            for seat in seats:
+                _check_unmasked(log, seat)
+        return [self._load_seat(log, grp, seat, str(names[seat])) for seat in seats]
+
+    def _load_seat(self, log: LoadedLog, grp: Grp, seat: int, name: str) -> Gameplay:
+        events, lines = log.events, log.lines
+        types = [ev["type"] for ev in events]
+        state = PlayerState(seat)
+        enc = V4Encoder(seat) if self.version == 4 else None
+        rec = _SeatRecorder(self.version)
+        kyoku_idx = 0
+        always = self.always_include_kan_select
+        ron_cans, winners = None, set()
+        for i in range(len(events) - 3):
+            cur_type = types[i]
+            nxt_idx = i + 2 if types[i + 1] in _SKIPPED_AS_NEXT else i + 1
+            if cur_type == "end_kyoku":
+                kyoku_idx += 1
+            try:
+                cans = state.update(lines[i])
+            except BaseException as e:  # noqa: BLE001 - pyo3 errors incl. PanicException
+                if _is_fatal(e):
+                    raise
+                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise BadLogError(log.source, f"{cur_type} rejected by PlayerState of seat {seat}: {reason}",
+                                  log.line_numbers[i]) from None
+            if enc is not None:
+                try:
+                    enc.update_parsed(events[i])
+                except (KeyError, ValueError, TypeError) as e:  # a field the state did not need
+                    raise BadLogError(log.source, f"{cur_type} rejected by the v4 encoder of seat {seat}: "
+                                      f"{type(e).__name__}: {e}", log.line_numbers[i]) from None
+            if cur_type == "hora":
+                winners.add(events[i]["actor"])
+            elif cur_type not in _SKIPPED_AS_NEXT:
+                # The state a multi-ron is judged on: every hora of a run answers this
+                # discard or kan (a kan's ``dora`` may come in between).
+                ron_cans, winners = cans, set()
+            if not cans.can_act:
+                nxt = events[nxt_idx]
+                if (types[nxt_idx] in _OWN_ACTIONS and nxt["actor"] == seat
+                        and cur_type not in _SKIPPED_AS_NEXT
+                        and not (cur_type == "hora" and _is_multi_ron(nxt, seat, ron_cans, winners))):
+                    raise BadLogError(log.source, f"illegal move: seat {seat} cannot {types[nxt_idx]} here",
+                                      log.line_numbers[nxt_idx])
+                continue
+            try:
+                label, kan = _label(cans, state, events, i, nxt_idx, seat, always)
+            except (ValueError, KeyError, TypeError) as e:  # a bad tile name or a missing field of the next event
+                if isinstance(e, BadLogError):
+                    raise
+                raise BadLogError(log.source, f"{types[nxt_idx]} cannot be labelled for seat {seat}: "
+                                  f"{type(e).__name__}: {e}", log.line_numbers[nxt_idx]) from None
+            if label is None:
+                continue
+            rec.add(state, False, label, kyoku_idx, log, i, nxt_idx, enc)
+            if kan is not None:
+                rec.add(state, True, kan, kyoku_idx, log, i, nxt_idx, enc)
+        return rec.finish(grp, seat, name)
+
+    def load_log_file(self, path) -> list[Gameplay]:
+        """``load_log`` of a gzip or plain file (at most ``max_log_bytes`` decompressed). Raises ``BadLogError``
+        or ``OSError``."""
+        return self.load_parsed(read_log(path, self.max_log_bytes))
+
+    def load_gz_log_files(self, paths) -> list[list[Gameplay]]:
+        """``load_log_file`` over ``paths``; result aligned with the input.
+
+        A bad file yields ``[]`` in its place, one warning naming the file, line and
+        reason, and increments ``self.skipped``; the other files are still loaded.
+        """
+        out = []
+        for path in paths:
+            try:
+                out.append(self.load_log_file(path))
+            except BaseException as e:  # noqa: BLE001 - see _is_fatal
+                # Anything else raised while reading one file (a KeyError for a
+                # missing field, a pyo3 panic) is also that file's fault.
+                if _is_fatal(e):
+                    raise
+                message = skip_message(path, e)
+                logger.warning("%s", message)
+                self.skipped += 1
+                if len(self.skipped_files) < _MAX_SKIP_RECORDS:
+                    self.skipped_files.append((str(path), message))
+                out.append([])
+        return out

@@ -1,0 +1,388 @@
+"""The mjai log reader: a recorded game (gzip or plain mjai JSON lines) -> checked events.
+
+Everything that reads logs goes through here: the training loaders (``mortal.data.gameplay``, the GRP record
+in ``mortal.data.grp``), the statistics (``mortal.stat``) and the 1v3 summary. Each event is decoded and its
+fields checked once, here; the consumers (``Grp``, ``Stat``, ``GameplayLoader``, ``V4Encoder.update_parsed``)
+then read those fields without checking them again.
+
+Two entry points, one scan:
+
+* ``parse_log``: one complete 4-player game with every field the training loaders read (those
+  Mortal's ``libriichi/src/dataset`` loaders take for granted), as ``LoadedLog``;
+* ``parse_events``: any run of mjai events of one game (the statistics read incomplete games too),
+  as ``(line, event)`` pairs.
+
+Every failure is a ``BadLogError`` naming the file, the line and the reason, so that a loader can skip
+the file (``skip_message``) and go on.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import re
+import zlib
+from dataclasses import dataclass
+
+from mortal import config as _config
+
+__all__ = [
+    "ACTOR_EVENTS",
+    "DEFAULT_MAX_LOG_BYTES",
+    "MAX_EVENTS",
+    "MAX_KYOKU",
+    "MJAI_EVENT_TYPES",
+    "BadLogError",
+    "LoadedLog",
+    "decode_log_bytes",
+    "is_int",
+    "is_seat",
+    "parse_events",
+    "parse_log",
+    "read_log",
+    "read_log_text",
+    "skip_message",
+]
+
+#: Gameplay numbers kyoku 0-255 in uint8 (as Mortal's ``at_kyoku: u8``); more would wrap and mix up rewards.
+MAX_KYOKU = 256
+
+#: Events one log may have: a hanchan has a few thousand, so this only stops files that are not one game before
+#: their events (kept in memory, a few hundred bytes each) cost more than the log's bytes.
+MAX_EVENTS = 100_000
+
+#: Event types Mortal's mjai ``Event`` knows; anything else is rejected.
+MJAI_EVENT_TYPES = frozenset({
+    "none", "start_game", "start_kyoku", "tsumo", "dahai", "chi", "pon", "daiminkan", "kakan", "ankan",
+    "dora", "reach", "reach_accepted", "hora", "ryukyoku", "end_kyoku", "end_game",
+})
+
+#: Event types whose ``actor`` (a seat 0-3) mjai requires; every reader checks it.
+ACTOR_EVENTS = frozenset({"tsumo", "dahai", "chi", "pon", "daiminkan", "kakan", "ankan", "reach",
+                          "reach_accepted", "hora"})
+
+#: Default cap on a log's decompressed size (``[dataset] max_log_bytes``, defined with the config schema): a
+#: hanchan is well under 1 MB of mjai JSON, so 64 MiB only stops decompression bombs and files that are not one game.
+DEFAULT_MAX_LOG_BYTES = _config.DEFAULT_MAX_LOG_BYTES
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_READ_CHUNK = 1 << 20
+# Event types with fields that only a training log must have (parse_log).
+_TRAINING_FIELDS = frozenset({"start_game", "start_kyoku", "hora", "ryukyoku"})
+
+
+class BadLogError(ValueError):
+    """A log that cannot be used.
+
+    Attributes: ``source`` (file name or ``'<log>'``), ``line`` (1-based line
+    number or None), ``reason`` (short human text). ``str()`` gives
+    ``"<source>: line <n>: <reason>"`` (``"<source>: <reason>"`` without a line).
+    """
+
+    def __init__(self, source: str, reason: str, line: int | None = None):
+        self.source = str(source)
+        self.reason = reason
+        self.line = line
+        super().__init__(self._where() + reason)
+
+    def _where(self) -> str:
+        return f"{self.source}: line {self.line}: " if self.line is not None else f"{self.source}: "
+
+
+@dataclass
+class LoadedLog:
+    """A parsed, structurally valid mjai log (``parse_log``).
+
+    ``events``: event dicts in order; ``lines``: the JSON text of each event (fed
+    as-is to ``PlayerState.update``); ``line_numbers``: 1-based line in the file of
+    each event; ``source``: file name for messages.
+    """
+
+    events: list[dict]
+    lines: list[str]
+    line_numbers: list[int]
+    source: str = "<log>"
+
+
+def is_int(v) -> bool:
+    """Whether ``v`` is an integer; ``bool`` is not (``True`` is an int in Python, not a number in mjai)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_seat(v) -> bool:
+    """Whether ``v`` is a seat: an integer 0-3 (not a bool)."""
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 3
+
+
+# ---------------------------------------------------------------------------------------------- bytes -> text
+
+def _read_capped(f, max_bytes: int, path, what: str) -> bytes:
+    # Chunked reads so that memory stays within about max_bytes + one chunk whatever the file claims to hold.
+    chunks, size = [], 0
+    while True:
+        chunk = f.read(_READ_CHUNK)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > max_bytes:
+            raise BadLogError(path, f"{what} exceeds the cap of {max_bytes:,} bytes ([dataset] max_log_bytes; "
+                                    f"a decompression bomb or not a single game?)")
+        chunks.append(chunk)
+
+
+def decode_log_bytes(data: bytes, source: str = "<log>", error: type[BadLogError] = BadLogError) -> str:
+    """The text of a log's bytes: UTF-8, a leading byte order mark dropped (the server's ``check_log_head``
+    skips it too).
+
+    Raises:
+        BadLogError (or ``error``, a subclass): the bytes are not UTF-8.
+    """
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise error(source, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def read_log_text(path, max_bytes: int | None = DEFAULT_MAX_LOG_BYTES) -> str:
+    """Read a log file, gunzipping it when it starts with the gzip magic (whatever its name).
+
+    ``max_bytes``: cap on the (decompressed) size in bytes, ``None`` for none. The file is read and
+    decompressed incrementally, so memory stays within about the cap however large the file unpacks.
+    The text is decoded by ``decode_log_bytes``.
+
+    Raises:
+        BadLogError: unreadable gzip stream, text that is not UTF-8, or more than ``max_bytes`` bytes
+            (the message names the cap).
+        OSError: the file cannot be opened.
+    """
+    cap = math.inf if max_bytes is None else max_bytes
+    with open(path, "rb") as f:
+        if f.read(2) == _GZIP_MAGIC:
+            f.seek(0)
+            try:
+                with gzip.GzipFile(fileobj=f, mode="rb") as gz:
+                    data = _read_capped(gz, cap, path, "decompressed log")
+            except (OSError, EOFError, zlib.error) as e:
+                raise BadLogError(path, f"corrupt gzip data ({e})") from None
+        else:
+            f.seek(0)
+            data = _read_capped(f, cap, path, "log")
+    return decode_log_bytes(data, path)
+
+
+# ---------------------------------------------------------------------------------------------- text -> events
+
+def _not_mjai_hint(raw: str) -> str:
+    head = raw.lstrip()[:200].lower()
+    if head.startswith("<"):
+        return "looks like XML/HTML (a Tenhou mjlog?), not mjai JSON lines; convert it to mjai first"
+    try:
+        json.loads(raw)
+    except (ValueError, RecursionError):
+        return ""
+    return ("the whole file is one JSON document (a Mahjong Soul or Tenhou JSON record?), "
+            "not mjai JSON lines; convert it to mjai first")
+
+
+# A run of lines holding only ASCII blanks, skipped in one regex step (a log padded with millions of blank lines
+# would otherwise cost one Python iteration each).
+# One character class, not a repeated group: sre keeps no backtracking state per character of a class repeat.
+_BLANK_RUN = re.compile(r"[ \t\r\f\v\n]*\n")
+_BLANKS = " \t\r\f\v\n"  # its characters: the regex is only tried on a line that starts with one
+
+
+def _numbered_lines(raw: str):
+    """Yield ``(line number, line)`` of ``raw`` split on ``\n`` only, lazily (no list of all lines is built),
+    leaving out runs of blank lines. ``\n`` only, not ``splitlines()``: JSON strings may hold U+2028, U+0085
+    etc. literally (a player name written with ensure_ascii=False), which splitlines() would break in two;
+    callers strip the ``\r`` of CRLF."""
+    pos, no, n = 0, 1, len(raw)
+    while pos < n:
+        blank = _BLANK_RUN.match(raw, pos) if raw[pos] in _BLANKS else None
+        if blank is not None:
+            no += raw.count("\n", pos, blank.end())
+            pos = blank.end()
+            continue
+        end = raw.find("\n", pos)
+        if end < 0:
+            end = n
+        yield no, raw[pos:end]
+        no += 1
+        pos = end + 1
+
+
+def _scan(items, source: str, raw: str | None, error: type[BadLogError], training: bool):
+    """The one pass over a log: ``(events, lines, line numbers)``. ``items``: ``(line number, JSON text or
+    event dict)``; ``raw``: the whole text, for the hint on a first line that is not mjai; ``training``: the
+    checks of ``parse_log`` on top of those of ``parse_events``.
+
+    One loop, checks inlined: the training loaders parse every event of every log here.
+    """
+    events: list[dict] = []
+    lines: list[str | None] = []
+    numbers: list[int] = []
+    ended = False
+    in_kyoku = False
+    n_kyoku = 0
+    for no, item in items:
+        if isinstance(item, str):
+            line = item.strip()
+            if not line:
+                continue
+        else:
+            line = None
+        if len(events) >= MAX_EVENTS:
+            raise error(source, f"more than {MAX_EVENTS:,} events (a hanchan has a few thousand): not one game", no)
+        if line is None:
+            ev = item
+        else:
+            try:
+                ev = json.loads(line)
+            except RecursionError:
+                raise error(source, "JSON nested too deeply", no) from None
+            except ValueError as e:
+                hint = _not_mjai_hint(raw) if raw is not None and not events else ""
+                raise error(source, hint or f"not a JSON event ({e})", no) from None
+        if not isinstance(ev, dict) or not isinstance(ev.get("type"), str):
+            hint = _not_mjai_hint(raw) if raw is not None and not events else ""
+            raise error(source, hint or "not an mjai event (no string field 'type')", no)
+        typ = ev["type"]
+        if typ not in MJAI_EVENT_TYPES:
+            raise error(source, f"unknown event type {typ!r}", no)
+        if typ in ACTOR_EVENTS:
+            actor = ev.get("actor")
+            if not isinstance(actor, int) or isinstance(actor, bool) or not 0 <= actor <= 3:
+                raise error(source, f"{typ} field 'actor' must be a seat 0-3, got {actor!r}", no)
+        if training and typ in _TRAINING_FIELDS:
+            _check_training_fields(ev, typ, source, no, error)
+        # One game per file: a second one would be scored (and ranked) as part of the first.
+        if ended:
+            raise error(source, f"{typ} after end_game (one game per file; two logs concatenated?)", no)
+        if typ == "start_game":
+            if events:
+                raise error(source, "start_game in the middle of the log (two logs concatenated?)", no)
+        elif typ == "end_game":
+            ended = True
+            if training and in_kyoku:
+                raise error(source, "end_game before the last kyoku's end_kyoku", no)
+        elif training:
+            if typ == "start_kyoku":
+                if in_kyoku:
+                    raise error(source, "start_kyoku before the previous kyoku's end_kyoku", no)
+                in_kyoku = True
+                n_kyoku += 1
+                if n_kyoku > MAX_KYOKU:
+                    raise error(source, f"more than {MAX_KYOKU} kyoku in one game", no)
+            elif typ == "end_kyoku":
+                # The loaders number kyoku by end_kyoku and reward them by start_kyoku: the two must pair up.
+                if not in_kyoku:
+                    raise error(source, "end_kyoku without a start_kyoku", no)
+                in_kyoku = False
+        events.append(ev)
+        lines.append(line)
+        numbers.append(no)
+    return events, lines, numbers
+
+
+def _check_training_fields(ev: dict, typ: str, source: str, no: int, error: type[BadLogError]) -> None:
+    # Only what the loaders rely on; PlayerState.update checks the rest (the GRP reader never runs it, so every
+    # field Grp.load_events reads is checked here).
+    if typ == "start_game":
+        names = ev.get("names")
+        if names is not None and (not isinstance(names, list) or len(names) != 4):
+            n = len(names) if isinstance(names, list) else "?"
+            raise error(source, f"start_game has {n} names; only 4-player logs are supported", no)
+    elif typ == "start_kyoku":
+        if "tehais" not in ev:
+            # Some converters write the starting hands under another name ('haipai'/'haipais', or one 'haipai'
+            # event per seat): that is another dialect, not a 3-player log.
+            alt = sorted(k for k in ev if "haipai" in k.lower())
+            seen = f" (it has {', '.join(repr(k) for k in alt)})" if alt else ""
+            raise error(source, f"start_kyoku has no 'tehais'{seen}: a haipai-dialect log? mjai's start_kyoku "
+                                f"lists the 4 starting hands in 'tehais'; convert the log to mjai", no)
+        for key in ("scores", "tehais"):
+            v = ev.get(key)
+            if not isinstance(v, list) or len(v) != 4:
+                n = len(v) if isinstance(v, list) else "no"
+                raise error(source, f"start_kyoku has {n} {key}; only 4-player logs are supported", no)
+        for key in ("bakaze", "kyoku", "honba", "kyotaku"):
+            if key not in ev:
+                raise error(source, f"start_kyoku lacks field {key!r}", no)
+        if ev["bakaze"] not in ("E", "S", "W", "N"):
+            raise error(source, f"start_kyoku field 'bakaze' must be E, S, W or N, got {ev['bakaze']!r}", no)
+        if not is_int(ev["kyoku"]) or not 1 <= ev["kyoku"] <= 4:
+            raise error(source, f"start_kyoku field 'kyoku' must be 1-4, got {ev['kyoku']!r}", no)
+        for key in ("honba", "kyotaku"):
+            if not is_int(ev[key]) or ev[key] < 0:
+                raise error(source, f"start_kyoku field {key!r} must be an integer >= 0, got {ev[key]!r}", no)
+        if not all(is_int(x) for x in ev["scores"]):
+            raise error(source, f"start_kyoku field 'scores' must be 4 integers, got {ev['scores']!r}", no)
+    else:  # hora, ryukyoku
+        d = ev.get("deltas")
+        if not isinstance(d, list) or len(d) != 4 or not all(is_int(x) for x in d):
+            raise error(source, f"{typ} lacks field 'deltas' (4 integers), required for GRP final scores", no)
+
+
+def parse_log(raw: str, source: str = "<log>") -> LoadedLog:
+    """Parse mjai JSON lines and check that they form one complete 4-player game (a training log).
+
+    Blank lines are ignored. Unknown extra fields in events are kept and ignored.
+
+    Checks (each failure raises ``BadLogError`` naming ``source``, the line and the reason), those of
+    ``parse_events`` and: first event ``start_game`` with 4 ``names`` if given; every ``start_kyoku``
+    with 4 ``scores`` and 4 ``tehais`` (a 3-player log fails here), integer ``scores``, ``bakaze``
+    E/S/W/N, ``kyoku`` 1-4, ``honba``/``kyotaku`` >= 0; every ``hora``/``ryukyoku`` with 4 integer
+    ``deltas`` (Mortal's ``grp.rs`` requires them); ``start_kyoku``/``end_kyoku`` paired (the loaders
+    count kyoku by both), at most ``MAX_KYOKU`` of them; last event ``end_game`` (otherwise the log is
+    truncated). Lines are split on ``\n`` only (CRLF is fine); lines are read one at a time, so memory
+    grows with the events, not with blank lines.
+    """
+    events, lines, numbers = _scan(_numbered_lines(raw), source, raw, BadLogError, True)
+    if not events:
+        raise BadLogError(source, "empty log (no events)")
+    if events[0]["type"] != "start_game":
+        raise BadLogError(source, f"first event is {events[0]['type']!r}, expected 'start_game'", numbers[0])
+    if events[-1]["type"] != "end_game":
+        raise BadLogError(source, f"truncated log: last event is {events[-1]['type']!r}, no 'end_game'",
+                          numbers[-1])
+    return LoadedLog(events, lines, numbers, str(source))
+
+
+def parse_events(log, source: str = "<log>", *, error: type[BadLogError] = BadLogError) -> list[tuple[int, dict]]:
+    """The events of one mjai game as ``[(line, event dict), ...]``, complete or not.
+
+    Args:
+        log: the text (JSON lines split on ``\n``, blank lines left out), its bytes (``decode_log_bytes``),
+            or an iterable of events (dicts, or JSON text); for an iterable ``line`` is the 1-based position.
+        source: a name for messages (e.g. the file path).
+        error: the ``BadLogError`` subclass to raise (its ``str()`` format is the caller's).
+
+    Checks: every event a JSON object with a ``type`` Mortal's mjai ``Event`` knows; ``actor`` a seat
+    0-3 in every event of ``ACTOR_EVENTS``; one game (``start_game`` only first, nothing after
+    ``end_game``); at most ``MAX_EVENTS`` events. Nothing else: the caller checks the fields it reads.
+
+    Raises:
+        BadLogError (``error``): the first line that fails, with the reason.
+    """
+    if isinstance(log, bytes):
+        log = decode_log_bytes(log, source, error)
+    if isinstance(log, str):
+        events, _, numbers = _scan(_numbered_lines(log), source, log, error, False)
+    else:
+        events, _, numbers = _scan(enumerate(log, 1), source, None, error, False)
+    return list(zip(numbers, events))
+
+
+def read_log(path, max_bytes: int | None = DEFAULT_MAX_LOG_BYTES) -> LoadedLog:
+    """``read_log_text`` (capped at ``max_bytes`` decompressed bytes) + ``parse_log``; raises ``BadLogError`` /
+    ``OSError``."""
+    return parse_log(read_log_text(path, max_bytes), str(path))
+
+
+def skip_message(path, exc: BaseException) -> str:
+    """One-line text for a skipped file: ``"skipped log <path>: line <n>: <reason>"``."""
+    if isinstance(exc, BadLogError):
+        where = f"line {exc.line}: " if exc.line is not None else ""
+        return f"skipped log {path}: {where}{exc.reason}"
+    return f"skipped log {path}: {type(exc).__name__}: {exc}"

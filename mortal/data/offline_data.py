@@ -1,0 +1,117 @@
+"""The learner's offline data (``[dataset]``): the file index of its logs, the players whose seats it learns from,
+and the offline mix's endless stream of their batches.
+
+``build_file_list`` expands ``globs`` once and caches the sorted list in ``file_index`` (a torch file holding
+``{'file_list': [...]}``, as Mortal's), so a later run skips the expensive glob; ``load_player_names`` reads
+``player_names_files``. The offline epoch (``online = false``) reads them once; the online learner's offline mix
+(``[online] offline_batch_size``, RLPD-style) loops over them for good (``offline_mix``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import random
+from glob import glob
+from itertools import chain
+from os import path
+
+from mortal.learning.checkpoint import atomic_torch_save, describe_error, load_checkpoint
+
+# The learner's lines keep the logger name they have always had (docs, log filters).
+logger = logging.getLogger('mortal.train')
+
+
+def filtered_trimmed_lines(lines) -> list:
+    """The non-empty lines of the iterable of strings ``lines``, stripped."""
+    return [line for line in (raw.strip() for raw in lines) if line]
+
+
+def _first_event(filename: str) -> dict:
+    opener = gzip.open if filename.endswith('.gz') else open
+    with opener(filename, 'rt', encoding='utf-8') as f:
+        return json.loads(next(f))
+
+
+def build_file_list(dataset_cfg: dict, player_names: set) -> list:
+    """Offline file list: ``[dataset] file_index`` if it exists, else expand ``globs`` (keeping files where one
+    of ``player_names`` sits, when given), sort descending (Mortal) and cache it in ``file_index`` (an empty list
+    is never cached, so fixing the globs takes effect). Raises ValueError naming ``file_index`` when that file is
+    not an index this function wrote."""
+    file_index = dataset_cfg['file_index']
+    if path.exists(file_index):
+        try:
+            file_list = list(load_checkpoint(file_index)['file_list'])
+        except Exception as ex:  # garbage, another format, or no 'file_list' key
+            raise ValueError(f'[dataset] file_index {file_index} is not a file index ({describe_error(ex)}); '
+                             f'delete it to rebuild it from [dataset] globs') from None
+        logger.info('file index loaded from %s', file_index)
+        return file_list
+    logger.info('building file index...')
+    file_list = []
+    for pattern in dataset_cfg['globs']:
+        file_list.extend(glob(pattern, recursive=True))
+    if player_names:
+        kept = []
+        for filename in file_list:
+            try:
+                names = _first_event(filename)['names']
+            except (OSError, EOFError, StopIteration, ValueError, KeyError, TypeError) as ex:
+                logger.warning('skipping %s while indexing: %s: %s', filename, type(ex).__name__, ex)
+                continue
+            if not player_names.isdisjoint(names):
+                kept.append(filename)
+        file_list = kept
+    file_list.sort(reverse=True)
+    if file_list:
+        atomic_torch_save({'file_list': file_list}, file_index)
+    return file_list
+
+
+def load_player_names(files) -> set:
+    """Union of the names listed one per line in ``[dataset] player_names_files``. Raises ValueError naming the
+    key and the file when one cannot be read."""
+    names = set()
+    for filename in files:
+        try:
+            with open(filename, encoding='utf-8') as f:
+                names.update(filtered_trimmed_lines(f))
+        except (OSError, UnicodeDecodeError) as ex:
+            raise ValueError(f'[dataset] player_names_files: cannot read {filename}: {ex}') from None
+    return names
+
+
+def offline_mix(dataset_cfg: dict, batch_size: int, loader):
+    """Endless full batches of ``batch_size`` samples from the offline logs of ``[dataset]`` (the seats of
+    ``player_names_files``, all seats when none), reshuffled every pass. ``loader(files, player_names,
+    batch_size)`` gives one pass's DataLoader. Yields tuples of the six tensors of ``Trainer.train_batch``.
+
+    The first batch is loaded before this returns, so that a dataset without one full batch fails at start-up
+    (before the first drain) rather than at the first training step: raises ValueError then (naming
+    ``[online] offline_batch_size`` and the logs' source), and when a later pass holds no full batch."""
+    stream = _offline_batches(dataset_cfg, batch_size, loader)
+    first = next(stream)
+    return chain([first], stream)
+
+
+def _offline_batches(dataset_cfg: dict, batch_size: int, loader):
+    from mortal.data.dataloader import iter_full_batches  # here: the file index needs no loader
+    ds = dataset_cfg
+    names = load_player_names(ds['player_names_files'])
+    files = build_file_list(ds, names)
+    logger.info('offline mix: %d samples per batch from %s offline logs', batch_size, f'{len(files):,}')
+    passes = 0
+    while True:
+        random.shuffle(files)
+        count = 0
+        for batch in iter_full_batches(iter(loader(list(files), sorted(names), batch_size)), batch_size):
+            count += 1
+            yield batch
+        if count == 0:
+            source = (f"[dataset] file_index {ds['file_index']} ({len(files)} files)"
+                      if path.exists(ds['file_index']) else f"[dataset] globs {ds['globs']}")
+            raise ValueError(f'[online] offline_batch_size = {batch_size}: the logs of {source} '
+                             f'hold no full batch (readable logs and their samples are listed above)')
+        passes += 1
+        logger.info('offline mix: pass %d over the offline logs done (%d batches)', passes, count)

@@ -1,0 +1,309 @@
+"""The 46-way action space: index <-> mjai reaction, and mjai event -> label.
+
+Index layout (Mortal's ``libriichi/src/consts.rs``): 0-36 discard of that tile
+id (34-36 = red fives) or, in the kan-select pass, the kan tile (0-33);
+37 riichi, 38/39/40 chi low/mid/high, 41 pon, 42 kan (any kind), 43 agari
+(tsumo or ron), 44 ryukyoku (kyuushu kyuuhai), 45 pass.
+
+``reaction_from_index`` turns a network decision into the mjai reaction the
+board expects, choosing the red five and the kan kind the way Mortal's agent
+does (``agent/mortal.rs``).
+``event_to_label`` / ``kan_select_label`` map one logged event back to its
+label for the dataset loader (Mortal's ``dataset/gameplay.rs``); the context rules (pass inference,
+ryukyoku only when ``can_ryukyoku``) belong to the loader.
+
+States are ``mjai.mlibriichi.state.PlayerState`` objects; only their public
+getters are used (``last_cans``, ``tehai``, ``akas_in_hand``,
+``last_self_tsumo()``, ``last_kawa_tile()``, ``ankan_candidates()``,
+``kakan_candidates()``, ``forbidden_tiles``, ``self_riichi_accepted``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from mortal.features.tile import akaize, chi_type, deaka, is_aka, tile_id, tile_name
+
+ACTION_SPACE = 46
+DISCARD = range(0, 37)  # tile ids, red fives 34-36 included
+RIICHI = 37
+CHI_LOW = 38
+CHI_MID = 39
+CHI_HIGH = 40
+PON = 41
+KAN = 42
+HORA = 43
+RYUKYOKU = 44
+PASS = 45
+
+# Event types that are one seat's decision, and their fixed labels.
+_FIXED_LABELS = {
+    "reach": RIICHI,
+    "pon": PON,
+    "daiminkan": KAN,
+    "kakan": KAN,
+    "ankan": KAN,
+    "hora": HORA,
+    "ryukyoku": RYUKYOKU,
+    "none": PASS,
+}
+_SUIT_OF_FIVE = {4: 0, 13: 1, 22: 2}  # plain five id -> index in akas_in_hand
+
+
+def legal_indices(mask: Sequence[bool] | Any) -> list[int]:
+    """Indices set in a 46-way legal mask (``(46,) bool`` array or list), ascending.
+
+    Raises:
+        ValueError: the mask does not have 46 entries.
+    """
+    if len(mask) != ACTION_SPACE:
+        raise ValueError(f"mask must have {ACTION_SPACE} entries, got {len(mask)}")
+    return [i for i, m in enumerate(mask) if m]
+
+
+# ---------------------------------------------------------------------------
+# index -> reaction
+
+
+def _holds_aka(state, plain_five: int) -> bool:
+    """Whether the seat holds the red five of ``plain_five``'s suit (4/13/22)."""
+    suit = _SUIT_OF_FIVE.get(plain_five)
+    return suit is not None and bool(state.akas_in_hand[suit])
+
+
+def _fail(state, index: int, why: str) -> ValueError:
+    # brief_info() is a multi-line dump of the seat's view (hand, cans, kawa).
+    return ValueError(
+        f"action index {index} is not legal here ({why}); state:\n{state.brief_info()}"
+    )
+
+
+def _tile_opt(name: str | None) -> int | None:
+    return None if name is None else tile_id(name)
+
+
+def _last_kawa(state, index: int) -> int:
+    tile = _tile_opt(state.last_kawa_tile())
+    if tile is None:
+        raise _fail(state, index, "no discard to call")
+    return tile
+
+
+def _dahai(state, index: int, actor: int) -> dict:
+    cans = state.last_cans
+    if not cans.can_discard:
+        raise _fail(state, index, "cannot discard now")
+    plain = deaka(index)
+    held = state.tehai[plain]
+    aka = _holds_aka(state, plain)
+    # A red id needs the red five; a plain five id needs a plain copy besides it.
+    if is_aka(index):
+        ok = aka
+    else:
+        ok = held - (1 if aka else 0) > 0
+    if not ok:
+        raise _fail(state, index, f"{tile_name(index)} is not in hand")
+    if state.forbidden_tiles[plain]:
+        raise _fail(state, index, f"{tile_name(index)} is forbidden (kuikae)")
+    tsumo = _tile_opt(state.last_self_tsumo())
+    if state.self_riichi_accepted and tsumo != index:
+        raise _fail(state, index, "in riichi only the drawn tile may be discarded")
+    # Exact, red-sensitive comparison, as Mortal's agent.
+    return {"type": "dahai", "actor": actor, "pai": tile_name(index),
+            "tsumogiri": tsumo == index}
+
+
+def _chi(state, index: int, actor: int) -> dict:
+    cans = state.last_cans
+    kind = index - CHI_LOW
+    if not (cans.can_chi_low, cans.can_chi_mid, cans.can_chi_high)[kind]:
+        raise _fail(state, index, f"cannot chi {('low', 'mid', 'high')[kind]}")
+    pai = _last_kawa(state, index)
+    p = deaka(pai)
+    # The two consumed tiles relative to the called one.
+    consumed = [p + d for d in ((1, 2), (-1, 1), (-2, -1))[kind]]
+    # Use the held red five when the run contains a five. Mortal matches on the
+    # called tile's plain id, so a called red five (id 34-36) never substitutes
+    # (the run then contains no other five anyway).
+    if not is_aka(pai):
+        consumed = [akaize(t) if _holds_aka(state, t) else t for t in consumed]
+    return {"type": "chi", "actor": actor, "target": cans.target_actor,
+            "pai": tile_name(pai), "consumed": [tile_name(t) for t in consumed]}
+
+
+def _pon(state, index: int, actor: int) -> dict:
+    cans = state.last_cans
+    if not cans.can_pon:
+        raise _fail(state, index, "cannot pon")
+    pai = _last_kawa(state, index)
+    p = deaka(pai)
+    if not is_aka(pai) and _holds_aka(state, p):
+        consumed = [akaize(p), p]
+    else:
+        consumed = [p, p]
+    return {"type": "pon", "actor": actor, "target": cans.target_actor,
+            "pai": tile_name(pai), "consumed": [tile_name(t) for t in consumed]}
+
+
+def _kan(state, index: int, actor: int, kan_select: int | None) -> dict:
+    cans = state.last_cans
+    if not (cans.can_daiminkan or cans.can_ankan or cans.can_kakan):
+        raise _fail(state, index, "cannot kan")
+    ankans = [tile_id(t) for t in state.ankan_candidates()]
+    kakans = [tile_id(t) for t in state.kakan_candidates()]
+
+    if cans.can_daiminkan:
+        pai = _last_kawa(state, index)
+        # Mortal never runs a kan-select pass for daiminkan (the tile is forced);
+        # accept only that forced tile from one.
+        if kan_select is not None and kan_select != deaka(pai):
+            raise _fail(state, index, f"kan_select {kan_select} is not the daiminkan tile")
+        p = deaka(pai)
+        # A called plain five means the red one must be among the three held.
+        consumed = [p, p, p] if is_aka(pai) else [akaize(p), p, p]
+        return {"type": "daiminkan", "actor": actor, "target": cans.target_actor,
+                "pai": tile_name(pai), "consumed": [tile_name(t) for t in consumed]}
+
+    if kan_select is not None:
+        tile = deaka(int(kan_select))
+        if tile not in ankans and tile not in kakans:
+            raise _fail(state, index, f"kan_select {kan_select} is not a kan candidate")
+    elif cans.can_ankan and ankans:
+        tile = ankans[0]
+    elif kakans:
+        tile = kakans[0]
+    else:
+        raise _fail(state, index, "no kan candidate")
+
+    if cans.can_ankan and tile in ankans:
+        # All four copies: the red one (if the kind has one) is among them.
+        consumed = [akaize(tile), tile, tile, tile]
+        return {"type": "ankan", "actor": actor,
+                "consumed": [tile_name(t) for t in consumed]}
+    if not cans.can_kakan:
+        raise _fail(state, index, f"cannot kakan {tile_name(tile)}")
+    if _holds_aka(state, tile):
+        pai, consumed = akaize(tile), [tile, tile, tile]
+    else:
+        pai, consumed = tile, [akaize(tile), tile, tile]
+    return {"type": "kakan", "actor": actor, "pai": tile_name(pai),
+            "consumed": [tile_name(t) for t in consumed]}
+
+
+def reaction_from_index(state, index: int, *, kan_select: int | None = None) -> dict:
+    """The mjai reaction for action ``index`` in ``state``, as Mortal's agent builds it.
+
+    Args:
+        state: ``mjai.mlibriichi.state.PlayerState`` right after the event that
+            let this seat act (``update()`` returned ``can_act``).
+        index: action 0-45 from the 46-way mask of ``encode_obs(v, False)``.
+        kan_select: only read when ``index == 42``: the tile id (0-33) chosen by
+            the second, ``at_kan_select=True`` evaluation. None takes Mortal's
+            default (daiminkan tile, else first ankan, else first kakan candidate).
+
+    Returns:
+        A JSON-ready dict with ``actor = state.player_id``:
+        ``dahai`` {pai, tsumogiri (exact red-sensitive match with the last
+        drawn tile)}, ``reach``, ``chi``/``pon``/``daiminkan`` {target = the
+        discarder, pai, consumed}, ``ankan`` {consumed}, ``kakan`` {pai, consumed},
+        ``hora`` {target = ``last_cans.target_actor``, no deltas},
+        ``ryukyoku`` (no actor, no deltas), ``none``.
+        Red fives are spent whenever held (Mortal's choice in ``agent/mortal.rs``):
+        chi/pon consume the held red five; ankan/daiminkan of a five assume it.
+
+    Raises:
+        ValueError: index outside 0-45, or not legal for the state (the matching
+            ``can_*`` flag is off, the tile is not held, a kuikae-forbidden or
+            post-riichi discard, a bad ``kan_select``); the message names the
+            index and includes ``state.brief_info()``. Like Mortal this checks the
+            flags and tiles, not the full mask (e.g. a riichi-declaration discard
+            that breaks tenpai is not detected; compare with the mask for that).
+    """
+    index = int(index)
+    if not 0 <= index < ACTION_SPACE:
+        raise ValueError(f"action index {index} outside 0-{ACTION_SPACE - 1}")
+    actor = state.player_id
+    cans = state.last_cans
+    if index <= 36:
+        return _dahai(state, index, actor)
+    if index == RIICHI:
+        if not cans.can_riichi:
+            raise _fail(state, index, "cannot riichi")
+        return {"type": "reach", "actor": actor}
+    if index in (CHI_LOW, CHI_MID, CHI_HIGH):
+        return _chi(state, index, actor)
+    if index == PON:
+        return _pon(state, index, actor)
+    if index == KAN:
+        return _kan(state, index, actor, kan_select)
+    if index == HORA:
+        if not cans.can_agari:
+            raise _fail(state, index, "cannot hora")
+        return {"type": "hora", "actor": actor, "target": cans.target_actor}
+    if index == RYUKYOKU:
+        if not cans.can_ryukyoku:
+            raise _fail(state, index, "cannot ryukyoku")
+        return {"type": "ryukyoku"}
+    # PASS. Mortal emits "none" unchecked; a pass on one's own turn would stall
+    # the board, so refuse it here.
+    if not cans.can_pass:
+        raise _fail(state, index, "nothing to pass on (own turn)")
+    return {"type": "none"}
+
+
+# ---------------------------------------------------------------------------
+# event -> label
+
+
+def _field(event: dict, key: str):
+    try:
+        return event[key]
+    except KeyError:
+        raise ValueError(f"{event.get('type')!r} event without {key!r}: {event!r}") from None
+
+
+def event_to_label(event: dict) -> int | None:
+    """Label 0-45 of one mjai decision event (Mortal's ``dataset/gameplay.rs``, single event).
+
+    ``dahai`` -> its pai id incl. red (34-36), ``reach`` -> 37, ``chi`` ->
+    38 + chi type (low/mid/high by the deaka'd called tile), ``pon`` -> 41,
+    ``daiminkan``/``kakan``/``ankan`` -> 42, ``hora`` -> 43, ``ryukyoku`` -> 44,
+    ``none`` -> 45. Any other type (tsumo, dora, start_kyoku, ...) -> None.
+    ``event`` is a dict: an event of a log ``mortal.data.mjai_log`` read (a JSON object with
+    a known type) or a reaction its caller built or checked to be one; the actor is
+    not checked, and context rules (a ``ryukyoku`` is a decision only when the seat
+    could call it; inferred passes) are the loader's job.
+
+    Raises:
+        ValueError: a decision event lacks ``pai``/``consumed`` or names a bad tile.
+    """
+    ty = event.get("type")
+    if ty == "dahai":
+        return tile_id(_field(event, "pai"))
+    if ty == "chi":
+        consumed = [tile_id(t) for t in _field(event, "consumed")]
+        if len(consumed) != 2:
+            raise ValueError(f"chi consumes 2 tiles, got {consumed!r}: {event!r}")
+        return CHI_LOW + chi_type(tile_id(_field(event, "pai")), consumed)
+    return _FIXED_LABELS.get(ty)
+
+
+def kan_select_label(event: dict) -> int:
+    """Kan-select label 0-33 of a kan event (Mortal's ``dataset/gameplay.rs``).
+
+    ``daiminkan``/``kakan`` -> deaka(pai); ``ankan`` -> deaka(consumed[0]). ``event`` is a
+    dict, as for ``event_to_label``.
+
+    Raises:
+        ValueError: not a kan event, or its tile field is missing/invalid.
+    """
+    ty = event.get("type")
+    if ty in ("daiminkan", "kakan"):
+        return deaka(tile_id(_field(event, "pai")))
+    if ty == "ankan":
+        consumed = _field(event, "consumed")
+        if not consumed:
+            raise ValueError(f"ankan without consumed tiles: {event!r}")
+        return deaka(tile_id(consumed[0]))
+    raise ValueError(f"not a kan event: {event!r}")
+

@@ -1,0 +1,394 @@
+// mortal.features.sp._core: the compiled single-player (SP) core behind observation v4.
+//
+// Thin CPython bindings over shanten.hpp, agari.hpp and calc.hpp. The Python
+// modules mortal/features/sp/{shanten,agari,calc}.py are the reference implementation;
+// tests/test_sp_core.py checks this module against them.
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "agari.hpp"
+#include "calc.hpp"
+#include "shanten.hpp"
+
+namespace {
+
+// Copy a bytes object of tile counts (each 0-4) into out; false + ValueError on bad input.
+bool read_counts(const char* name, const char* buf, Py_ssize_t len, uint8_t out[34]) {
+    if (len != 34) {
+        PyErr_Format(PyExc_ValueError, "%s: expected 34 tile counts, got %zd", name, len);
+        return false;
+    }
+    for (int i = 0; i < 34; ++i) {
+        const unsigned char c = static_cast<unsigned char>(buf[i]);
+        if (c > 4) {
+            PyErr_Format(PyExc_ValueError, "%s: count %d of tile %d is above 4", name, c, i);
+            return false;
+        }
+        out[i] = c;
+    }
+    return true;
+}
+
+// Copy a bytes object of at most `max_n` deaka'd tile ids (0-33).
+bool read_tiles(const char* name, const char* buf, Py_ssize_t len, int max_n, uint8_t* out, uint8_t* n) {
+    if (len > max_n) {
+        PyErr_Format(PyExc_ValueError, "%s: at most %d tiles, got %zd", name, max_n, len);
+        return false;
+    }
+    for (Py_ssize_t i = 0; i < len; ++i) {
+        const unsigned char t = static_cast<unsigned char>(buf[i]);
+        if (t > 33) {
+            PyErr_Format(PyExc_ValueError, "%s: tile id %d is not a deaka'd id 0-33", name, t);
+            return false;
+        }
+        out[i] = t;
+    }
+    *n = static_cast<uint8_t>(len);
+    return true;
+}
+
+// Dora and extra-han counts: a real hand has at most 18 tiles, each a dora of up to
+// 5 indicators, plus 3 red fives, and well under 100 extra han. Bounding them
+// keeps every han sum (and the shift in point.hpp) inside int.
+constexpr int kMaxCount = 100;
+
+bool check_count(const char* name, int v) {
+    if (v < 0 || v > kMaxCount) {
+        PyErr_Format(PyExc_ValueError, "%s: expected 0-%d, got %d", name, kMaxCount, v);
+        return false;
+    }
+    return true;
+}
+
+bool check_wind(const char* name, int w) {
+    if (w < 27 || w > 30) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a wind tile id 27-30, got %d", name, w);
+        return false;
+    }
+    return true;
+}
+
+PyObject* py_shanten(PyObject*, PyObject* args) {
+    const char* buf;
+    Py_ssize_t len;
+    int len_div3;
+    if (!PyArg_ParseTuple(args, "y#i:shanten", &buf, &len, &len_div3)) return nullptr;
+    uint8_t tehai[34];
+    if (!read_counts("tehai", buf, len, tehai)) return nullptr;
+    if (len_div3 < 0 || len_div3 > 4) {
+        PyErr_Format(PyExc_ValueError, "len_div3: expected 0-4, got %d", len_div3);
+        return nullptr;
+    }
+    try {
+        return PyLong_FromLong(sp::calc_all(tehai, len_div3));
+    } catch (const std::bad_alloc&) {  // the shanten tables are allocated on first use
+        return PyErr_NoMemory();
+    }
+}
+
+// Parse the fixed hand context shared by agari() and sp_calc().
+struct HandArgs {
+    const char *chis, *pons, *minkans, *ankans;
+    Py_ssize_t n_chis, n_pons, n_minkans, n_ankans;
+    int bakaze, jikaze, is_menzen;
+};
+
+bool fill_hand(const HandArgs& a, sp::Hand* h) {
+    if (!read_tiles("chis", a.chis, a.n_chis, 4, h->chis, &h->n_chis) ||
+        !read_tiles("pons", a.pons, a.n_pons, 4, h->pons, &h->n_pons) ||
+        !read_tiles("minkans", a.minkans, a.n_minkans, 4, h->minkans, &h->n_minkans) ||
+        !read_tiles("ankans", a.ankans, a.n_ankans, 4, h->ankans, &h->n_ankans) ||
+        !check_wind("bakaze", a.bakaze) || !check_wind("jikaze", a.jikaze))
+        return false;
+    for (int i = 0; i < h->n_chis; ++i) {
+        if (h->chis[i] >= 27 || h->chis[i] % 9 > 6) {
+            PyErr_Format(PyExc_ValueError, "chis: tile id %d cannot start a chi (a number tile of rank 1-7)",
+                         h->chis[i]);
+            return false;
+        }
+    }
+    if (h->n_chis + h->n_pons + h->n_minkans + h->n_ankans > 4) {
+        PyErr_SetString(PyExc_ValueError, "chis/pons/minkans/ankans: more than 4 calls");
+        return false;
+    }
+    h->bakaze = static_cast<uint8_t>(a.bakaze);
+    h->jikaze = static_cast<uint8_t>(a.jikaze);
+    h->is_menzen = a.is_menzen != 0;
+    return true;
+}
+
+// The concealed tiles must number 3 * (4 - calls) + extra (extra 1 or 2).
+bool check_hand_size(const sp::Hand& h, const uint8_t tehai[34], int extra) {
+    const int calls = h.n_chis + h.n_pons + h.n_minkans + h.n_ankans;
+    int total = 0;
+    for (int i = 0; i < 34; ++i) total += tehai[i];
+    if (total != 3 * (4 - calls) + extra) {
+        PyErr_Format(PyExc_ValueError, "tehai: %d tiles with %d calls, expected %d", total, calls,
+                     3 * (4 - calls) + extra);
+        return false;
+    }
+    return true;
+}
+
+PyObject* py_agari(PyObject*, PyObject* args) {
+    const char* tbuf;
+    Py_ssize_t tlen;
+    HandArgs a{};
+    int winning_tile, is_ron, additional_hans, doras;
+    if (!PyArg_ParseTuple(args, "y#py#y#y#y#iiipii:agari", &tbuf, &tlen, &a.is_menzen, &a.chis, &a.n_chis,
+                          &a.pons, &a.n_pons, &a.minkans, &a.n_minkans, &a.ankans, &a.n_ankans, &a.bakaze,
+                          &a.jikaze, &winning_tile, &is_ron, &additional_hans, &doras))
+        return nullptr;
+    sp::Hand h{};
+    if (!read_counts("tehai", tbuf, tlen, h.tehai) || !fill_hand(a, &h) || !check_hand_size(h, h.tehai, 2))
+        return nullptr;
+    if (winning_tile < 0 || winning_tile > 33) {
+        PyErr_Format(PyExc_ValueError, "winning_tile: expected a deaka'd id 0-33, got %d", winning_tile);
+        return nullptr;
+    }
+    if (!check_count("additional_hans", additional_hans) || !check_count("doras", doras)) return nullptr;
+    h.winning_tile = static_cast<uint8_t>(winning_tile);
+    h.is_ron = is_ron != 0;
+    sp::Yaku y{};
+    if (!sp::agari(h, additional_hans, doras, &y)) Py_RETURN_NONE;
+    return Py_BuildValue("(iii)", y.yakuman, y.han, y.fu);
+}
+
+PyObject* float_tuple(const double* v, int n) {
+    PyObject* t = PyTuple_New(n);
+    if (!t) return nullptr;
+    for (int i = 0; i < n; ++i) {
+        PyObject* f = PyFloat_FromDouble(v[i]);
+        if (!f) {
+            Py_DECREF(t);
+            return nullptr;
+        }
+        PyTuple_SET_ITEM(t, i, f);
+    }
+    return t;
+}
+
+PyObject* candidate_tuple(const sp::Candidate& c, int T) {
+    const int n = c.has_values ? T : 0;
+    PyObject* req = PyTuple_New(static_cast<Py_ssize_t>(c.required.size()));
+    if (!req) return nullptr;
+    for (size_t i = 0; i < c.required.size(); ++i) {
+        PyObject* p = Py_BuildValue("(ii)", c.required[i].first, c.required[i].second);
+        if (!p) {
+            Py_DECREF(req);
+            return nullptr;
+        }
+        PyTuple_SET_ITEM(req, static_cast<Py_ssize_t>(i), p);
+    }
+    PyObject* tp = float_tuple(c.values.tenpai, n);
+    PyObject* wp = float_tuple(c.values.win, n);
+    PyObject* ev = float_tuple(c.values.ev, n);
+    if (!tp || !wp || !ev) {
+        Py_XDECREF(tp);
+        Py_XDECREF(wp);
+        Py_XDECREF(ev);
+        Py_DECREF(req);
+        return nullptr;
+    }
+    return Py_BuildValue("(iNNNNO)", c.tile, tp, wp, ev, req, c.shanten_down ? Py_True : Py_False);
+}
+
+// One SP calculation, parsed from Python and run without the interpreter lock.
+struct Job {
+    sp::Context ctx;
+    uint8_t tehai[34], seen[34];
+    int akas_in_hand = 0, akas_seen = 0, can_discard = 0, tsumos_left = 1, cur_shanten = 0;
+    std::vector<sp::Candidate> out;
+    bool out_of_memory = false;  // set instead of letting std::bad_alloc end the process
+
+    void run() noexcept {
+        try {
+            sp::Search s(ctx, tehai, akas_in_hand, seen, akas_seen, tsumos_left);
+            if (cur_shanten <= sp::kShantenThres)
+                out = can_discard ? s.analyze_discard(cur_shanten) : s.analyze_draw(cur_shanten);
+            else
+                out = can_discard ? s.analyze_discard_simple(cur_shanten) : s.analyze_draw_simple();
+        } catch (const std::bad_alloc&) {
+            out.clear();
+            out_of_memory = true;
+        }
+    }
+};
+
+// Parse sp_calc's argument tuple into `job`; false with a Python error set.
+bool parse_job(PyObject* args, Job* job) {
+    HandArgs a{};
+    int len_div3, num_doras_in_fuuro, calc_double_riichi, calc_haitei, prefer_riichi;
+    const char *ind_buf, *tehai_buf, *seen_buf;
+    Py_ssize_t ind_len, tehai_len, seen_len;
+    if (!PyArg_ParseTuple(args, "iy#y#y#y#iipiy#pppy#iy#ipii:sp_calc", &len_div3, &a.chis, &a.n_chis, &a.pons,
+                          &a.n_pons, &a.minkans, &a.n_minkans, &a.ankans, &a.n_ankans, &a.bakaze, &a.jikaze,
+                          &a.is_menzen, &num_doras_in_fuuro, &ind_buf, &ind_len, &calc_double_riichi,
+                          &calc_haitei, &prefer_riichi, &tehai_buf, &tehai_len, &job->akas_in_hand, &seen_buf,
+                          &seen_len, &job->akas_seen, &job->can_discard, &job->tsumos_left, &job->cur_shanten))
+        return false;
+    sp::Context& ctx = job->ctx;
+    if (!fill_hand(a, &ctx.hand_base) || !read_counts("tehai", tehai_buf, tehai_len, job->tehai) ||
+        !read_counts("tiles_seen", seen_buf, seen_len, job->seen))
+        return false;
+    uint8_t n_ind = 0;
+    if (!read_tiles("dora_indicators", ind_buf, ind_len, 5, ctx.dora_indicators, &n_ind)) return false;
+    const sp::Hand& h = ctx.hand_base;
+    if (len_div3 != 4 - (h.n_chis + h.n_pons + h.n_minkans + h.n_ankans)) {
+        PyErr_Format(PyExc_ValueError, "len_div3: %d does not match the calls (%d)", len_div3,
+                     h.n_chis + h.n_pons + h.n_minkans + h.n_ankans);
+        return false;
+    }
+    if (!check_hand_size(h, job->tehai, job->can_discard ? 2 : 1)) return false;
+    if (job->cur_shanten < 0) {
+        PyErr_SetString(PyExc_ValueError, "can't calculate an agari hand");
+        return false;
+    }
+    if (job->tsumos_left < 1 || job->tsumos_left > sp::kMaxTsumosLeft) {
+        PyErr_Format(PyExc_ValueError, "tsumos_left must be 1-17, got %d", job->tsumos_left);
+        return false;
+    }
+    int unseen = 0;
+    for (int i = 0; i < 34; ++i) {
+        if (job->tehai[i] > job->seen[i]) {
+            PyErr_Format(PyExc_ValueError, "tiles_seen: tile %d is seen %d times but %d are in hand", i,
+                         job->seen[i], job->tehai[i]);
+            return false;
+        }
+        unseen += 4 - job->seen[i];
+    }
+    // A search path draws at most kShantenThres + 1 tiles and the uradora estimate
+    // divides by the tiles still unseen after that; a real game always leaves the
+    // dead wall (9+ tiles) unseen.
+    if (unseen < sp::kShantenThres + 2) {
+        PyErr_Format(PyExc_ValueError, "tiles_seen: only %d tiles unseen, at least %d needed", unseen,
+                     sp::kShantenThres + 2);
+        return false;
+    }
+    if (!check_count("num_doras_in_fuuro", num_doras_in_fuuro)) return false;
+    ctx.len_div3 = len_div3;
+    ctx.num_doras_in_fuuro = num_doras_in_fuuro;
+    ctx.n_indicators = n_ind;
+    for (int k = 0; k < n_ind; ++k) ctx.doras[k] = static_cast<uint8_t>(sp::next_tile(ctx.dora_indicators[k]));
+    ctx.calc_double_riichi = calc_double_riichi != 0;
+    ctx.calc_haitei = calc_haitei != 0;
+    ctx.prefer_riichi = prefer_riichi != 0;
+    return true;
+}
+
+PyObject* job_result(const Job& job) {
+    if (job.out_of_memory) return PyErr_NoMemory();
+    PyObject* out = PyList_New(static_cast<Py_ssize_t>(job.out.size()));
+    if (!out) return nullptr;
+    for (size_t i = 0; i < job.out.size(); ++i) {
+        PyObject* c = candidate_tuple(job.out[i], job.tsumos_left);
+        if (!c) {
+            Py_DECREF(out);
+            return nullptr;
+        }
+        PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), c);
+    }
+    return out;
+}
+
+PyObject* py_sp_calc(PyObject*, PyObject* args) {
+    Job job;
+    if (!parse_job(args, &job)) return nullptr;
+    Py_BEGIN_ALLOW_THREADS
+    job.run();
+    Py_END_ALLOW_THREADS
+    return job_result(job);
+}
+
+PyObject* py_sp_calc_batch(PyObject*, PyObject* args) {
+    PyObject* seq;
+    int threads;
+    if (!PyArg_ParseTuple(args, "Oi:sp_calc_batch", &seq, &threads)) return nullptr;
+    PyObject* fast = PySequence_Fast(seq, "sp_calc_batch: expected a sequence of sp_calc argument tuples");
+    if (!fast) return nullptr;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    std::vector<Job> jobs;
+    try {
+        jobs.resize(static_cast<size_t>(n));
+    } catch (const std::bad_alloc&) {
+        Py_DECREF(fast);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* item = PySequence_Fast_GET_ITEM(fast, i);
+        if (!PyTuple_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "sp_calc_batch: item %zd is not a tuple", i);
+            Py_DECREF(fast);
+            return nullptr;
+        }
+        if (!parse_job(item, &jobs[static_cast<size_t>(i)])) {
+            Py_DECREF(fast);
+            return nullptr;
+        }
+    }
+    Py_DECREF(fast);
+    const int workers = static_cast<int>(std::min<Py_ssize_t>(std::max(threads, 1), n));
+    Py_BEGIN_ALLOW_THREADS
+    std::atomic<size_t> next{0};
+    auto work = [&jobs, &next]() {
+        for (size_t i = next++; i < jobs.size(); i = next++) jobs[i].run();
+    };
+    std::vector<std::thread> pool;
+    for (int w = 1; w < workers; ++w) {
+        try {
+            pool.emplace_back(work);
+        } catch (const std::exception&) {  // no more threads (limits, memory): go on with those started
+            break;
+        }
+    }
+    work();
+    for (std::thread& t : pool) t.join();
+    Py_END_ALLOW_THREADS
+    PyObject* out = PyList_New(n);
+    if (!out) return nullptr;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* r = job_result(jobs[static_cast<size_t>(i)]);
+        if (!r) {
+            Py_DECREF(out);
+            return nullptr;
+        }
+        PyList_SET_ITEM(out, i, r);
+    }
+    return out;
+}
+
+PyMethodDef kMethods[] = {
+    {"shanten", py_shanten, METH_VARARGS,
+     "shanten(tehai: bytes[34], len_div3: int) -> int\n\n"
+     "Least shanten (standard, chitoi, kokushi) as mortal.features.sp.shanten.calc_all; -1 = complete."},
+    {"agari", py_agari, METH_VARARGS,
+     "agari(tehai, is_menzen, chis, pons, minkans, ankans, bakaze, jikaze, winning_tile, is_ron,\n"
+     "      additional_hans, doras) -> (yakuman, han, fu) | None\n\n"
+     "As mortal.features.sp.agari.agari; tile arguments are bytes of deaka'd ids."},
+    {"sp_calc", py_sp_calc, METH_VARARGS,
+     "sp_calc(len_div3, chis, pons, minkans, ankans, bakaze, jikaze, is_menzen, num_doras_in_fuuro,\n"
+     "        dora_indicators, calc_double_riichi, calc_haitei, prefer_riichi, tehai, akas_in_hand,\n"
+     "        tiles_seen, akas_seen, can_discard, tsumos_left, cur_shanten) -> list\n\n"
+     "Unsorted SP candidates as (tile, tenpai_probs, win_probs, exp_values, required_tiles,\n"
+     "shanten_down); see mortal.features.sp.calc.SPCalculator.calc. akas_* are 3-bit masks (m, p, s).\n"
+     "Runs without the interpreter lock."},
+    {"sp_calc_batch", py_sp_calc_batch, METH_VARARGS,
+     "sp_calc_batch(jobs: list[tuple], threads: int) -> list[list]\n\n"
+     "sp_calc over every argument tuple in jobs, on up to `threads` threads; results in order.\n"
+     "All arguments are checked before any search starts."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef kModule = {
+    PyModuleDef_HEAD_INIT, "_core", "Compiled single-player (SP) core for observation v4 (see mortal.features.sp.calc).",
+    -1, kMethods, nullptr, nullptr, nullptr, nullptr,
+};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__core(void) { return PyModule_Create(&kModule); }

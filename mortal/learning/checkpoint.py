@@ -1,0 +1,332 @@
+"""Checkpoint files: loading, rebuilding the models, state-dict checks, atomic saves, and their one error type.
+
+* ``load_checkpoint``: ``torch.load(..., weights_only=True)`` (no code from the file runs); a file that cannot
+  be loaded raises ``CheckpointError`` naming it, in one line.
+* A Mortal-layout checkpoint holds ``mortal`` (Brain state dict), ``current_dqn`` (DQN state dict) and ``config``
+  (at least ``[control] version`` and ``[resnet] conv_channels``/``num_blocks``); ``load_model_pair`` rebuilds
+  ``(brain, dqn, version)`` from it, ``read_baseline`` gives its state dicts and architecture.
+* ``state_dict_mismatches`` compares a state dict with a model's; ``check_loadable``, ``check_fits_config`` and
+  ``describe_mismatches`` word its result for the client, the trainer and the doctor.
+* The learner's checkpoint holds Mortal's ``CHECKPOINT_KEYS``; ``played_checkpoint`` turns one with an EMA of the
+  weights into the Mortal-layout checkpoint of the model that was played.
+* ``atomic_torch_save`` writes through ``mortal.util.fsutil.atomic_write`` (temporary name, fsync, rename); file
+  copies and bytes go through ``mortal.util.fsutil.atomic_copy`` / ``atomic_write_bytes`` (no torch there, for the
+  server's side).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import torch
+
+from mortal.net import wire
+from mortal.util.fsutil import atomic_write
+
+MORTAL_ENTRIES = ('mortal', 'current_dqn', 'config')  # what a player needs of a checkpoint (Mortal's layout)
+INITIAL_BEST_PERF = {'avg_rank': 4.0, 'avg_pt': -135.0}  # a checkpoint's ``best_perf`` before any test play
+# The learner's checkpoint entries, in Mortal's order (mortal.train.Trainer.checkpoint; extras come after them).
+CHECKPOINT_KEYS = ('mortal', 'current_dqn', 'aux_net', 'optimizer', 'scheduler', 'scaler', 'steps', 'timestamp',
+                   'best_perf', 'config')
+
+
+class CheckpointError(ValueError):
+    """A checkpoint (or other torch file) that cannot be used.
+
+    ``str()`` is one line: ``'<source>: <reason>'``, or ``'cannot load <what> <source>: <reason>'`` when ``what``
+    (the config key that named the file, e.g. ``'[control] state_file'``) is given. ``source`` is the file, or
+    for weights that came from elsewhere (the server) what they are (e.g. ``'baseline dqn'``).
+    """
+
+    def __init__(self, source, reason: str, *, what: str | None = None):
+        self.source = os.fspath(source)
+        self.reason = reason
+        self.what = what
+        super().__init__(f'cannot load {what} {self.source}: {reason}' if what else f'{self.source}: {reason}')
+
+    def __reduce__(self):  # picklable (from a worker process) although __init__ does not take the message
+        return _rebuild_error, (self.source, self.reason, self.what)
+
+
+def _rebuild_error(source, reason, what):
+    return CheckpointError(source, reason, what=what)
+
+
+def one_line(exc: BaseException) -> str:
+    """``str(exc)`` on one line (torch's reports span many), or the exception's type name when it says nothing."""
+    return ' '.join(part.strip() for part in str(exc).splitlines() if part.strip()) or type(exc).__name__
+
+
+def describe_error(exc: BaseException) -> str:
+    """Why a file could not be used, on one line: a CheckpointError's ``reason``, else ``'<type>: <message>'``."""
+    if isinstance(exc, CheckpointError):
+        return exc.reason
+    return f'{type(exc).__name__}: {one_line(exc)}'
+
+
+def _not_weights_only(exc: pickle.UnpicklingError) -> str:
+    # torch's message is a paragraph about the weights_only default; keep its last specific line
+    detail = [part.strip() for part in str(exc).splitlines() if part.strip()]
+    detail = [d for d in detail if not d.startswith(('Weights only', 'Please file', 'Check the doc'))]
+    return ('not a weights-only torch checkpoint (objects other than tensors and plain containers are refused)'
+            + (f': {detail[-1]}' if detail else ''))
+
+
+def load_checkpoint(path, *, map_location='cpu'):
+    """``torch.load(path, map_location=map_location, weights_only=True)``: tensors, numbers, strings and plain
+    containers only, so that no code from the file runs.
+
+    Returns what was saved (a dict for every file this project writes), tensors on ``map_location``.
+
+    Raises:
+        FileNotFoundError: no such file (callers tell a missing file from a bad one).
+        CheckpointError: anything else (refused objects, a damaged or foreign file); ``__cause__`` is torch's
+            exception.
+    """
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(path, _not_weights_only(exc)) from exc
+    except Exception as exc:  # torch raises many types for a damaged file (RuntimeError, EOFError, ValueError...)
+        raise CheckpointError(path, describe_error(exc)) from exc
+
+
+def require_entries(state, keys, source, *, kind: str = 'checkpoint'):
+    """``state`` when it is a dict holding every one of ``keys``.
+
+    Raises:
+        CheckpointError: ``"<source>: <kind> has no 'k' entry"`` for one missing key, ``"<source>: <kind> lacks
+            [...]"`` (all of them) for several; a ``state`` that is not a dict lacks them all.
+    """
+    missing = [k for k in keys if not isinstance(state, dict) or k not in state]
+    if len(missing) == 1:
+        raise CheckpointError(source, f'{kind} has no {missing[0]!r} entry')
+    if missing:
+        raise CheckpointError(source, f'{kind} lacks {missing}')
+    return state
+
+
+def arch_of(state: dict, source) -> dict:
+    """``{'version', 'conv_channels', 'num_blocks'}`` (ints) from a checkpoint's ``config`` (``[control] version``,
+    1 when absent as in Mortal's oldest checkpoints; ``[resnet]``). Raises CheckpointError naming what is missing
+    (``source``: the file, for the message)."""
+    try:
+        cfg = state['config']
+        return {'version': cfg['control'].get('version', 1), 'conv_channels': cfg['resnet']['conv_channels'],
+                'num_blocks': cfg['resnet']['num_blocks']}
+    except (KeyError, TypeError, AttributeError) as ex:
+        raise CheckpointError(source, f'checkpoint config lacks {ex}') from None
+
+
+def describe_arch(cfg) -> str:
+    """``'version V, conv_channels C, num_blocks B'`` of a checkpoint's ``config`` (``arch_of``), for messages."""
+    try:
+        return 'version {version}, conv_channels {conv_channels}, num_blocks {num_blocks}'.format(
+            **arch_of({'config': cfg}, ''))
+    except CheckpointError:
+        return 'unknown architecture (no config in the checkpoint)'
+
+
+def models_from_state(state, source) -> tuple:
+    """``(brain, dqn, version)`` in eval mode on the CPU from a loaded Mortal-layout checkpoint: the architecture
+    from its own ``config`` (as Mortal's player), the weights from ``mortal``/``current_dqn``.
+
+    Raises:
+        CheckpointError: an entry or a config key is missing, or the weights do not fit that config (torch's
+            report, on one line).
+    """
+    from mortal.learning.model import Brain, DQN  # here: loading a file needs no model (nor its Rust extension)
+
+    require_entries(state, MORTAL_ENTRIES, source)
+    arch = arch_of(state, source)
+    brain = Brain(version=arch['version'], conv_channels=arch['conv_channels'], num_blocks=arch['num_blocks']).eval()
+    dqn = DQN(version=arch['version']).eval()
+    try:
+        brain.load_state_dict(state['mortal'])
+        dqn.load_state_dict(state['current_dqn'])
+    except RuntimeError as ex:
+        raise CheckpointError(source, f'weights do not match its own config ({describe_arch(state["config"])}): '
+                                      f'{one_line(ex)}') from None
+    return brain, dqn, arch['version']
+
+
+def load_model_pair(state_file) -> tuple:
+    """``(brain, dqn, version)`` in eval mode on the CPU from the Mortal-layout checkpoint ``state_file``
+    (``load_checkpoint`` + ``models_from_state``).
+
+    Raises:
+        FileNotFoundError: no such file.
+        CheckpointError: not loadable, or lacking what the models need, or weights that do not fit its config.
+    """
+    return models_from_state(load_checkpoint(state_file), state_file)
+
+
+def read_baseline(path) -> tuple:
+    """``(mortal, dqn, arch)`` of a Mortal-layout checkpoint: its two state dicts (str -> Tensor, on the CPU) and
+    ``arch`` (``wire.BASELINE_ARCH``: ``version``, ``conv_channels``, ``num_blocks`` from its ``config``, within
+    the wire's bounds), without building the models.
+
+    Raises:
+        FileNotFoundError: no such file.
+        CheckpointError: not loadable, an entry missing, or an architecture out of bounds.
+    """
+    state = require_entries(load_checkpoint(path), MORTAL_ENTRIES, path)
+    arch = arch_of(state, path)
+    try:
+        arch = wire.check_baseline_arch(arch)
+        mortal, dqn = dict(state['mortal']), dict(state['current_dqn'])
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(path, f'not a usable baseline checkpoint: {type(e).__name__}: {e}') from None
+    return mortal, dqn, arch
+
+
+# ---------------------------------------------------------------------------- state-dict checks
+
+class Mismatch(NamedTuple):
+    """One difference of a saved state dict from a model's: ``kind`` ``'missing'`` (a key the model has and the
+    save lacks), ``'unexpected'`` (the reverse), ``'shape'`` (both have it, other shapes, or the saved value is no
+    tensor) or ``'not_a_dict'`` (the save is no mapping; ``key`` is ``''``). ``saved``/``expected``: the shapes
+    as tuples, None where absent, for a saved non-tensor (or non-mapping) its type name."""
+    kind: str
+    key: str
+    saved: tuple | str | None
+    expected: tuple | None
+
+
+def _shape(value):
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+def state_dict_mismatches(expected: Mapping, saved) -> list:
+    """Every ``Mismatch`` of ``saved`` (name -> tensor) against ``expected`` (e.g. ``module.state_dict()``):
+    missing and shape ones in ``expected``'s order, then unexpected ones in ``saved``'s. Empty when
+    ``load_state_dict(saved)`` can neither fail nor half-load."""
+    if not isinstance(saved, Mapping):
+        return [Mismatch('not_a_dict', '', type(saved).__name__, None)]
+    out = []
+    for key, want in expected.items():
+        if key not in saved:
+            out.append(Mismatch('missing', key, None, tuple(want.shape)))
+            continue
+        got = saved[key]
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+            out.append(Mismatch('shape', key, _shape(got), tuple(want.shape)))
+    for key, got in saved.items():
+        if key not in expected:
+            out.append(Mismatch('unexpected', key, _shape(got), None))
+    return out
+
+
+# The first Mismatch in words: for weights from the server (shapes as lists) and for a checkpoint against the config.
+_LOADABLE_WORDS = {'missing': 'key {key!r} is missing (expected shape {expected})',
+                   'shape': 'key {key!r} has shape {saved}, expected {expected}',
+                   'unexpected': 'unexpected key {key!r}',
+                   'not_a_dict': 'expected a state dict, got {saved}'}
+_FITS_WORDS = {'missing': '{entry}.{key} is missing from the checkpoint (the config expects shape {expected})',
+               'shape': '{entry}.{key} has shape {saved} in the checkpoint but the config expects {expected}',
+               'unexpected': '{entry}.{key} (shape {saved}) is not in the configured model',
+               'not_a_dict': '{entry} is a {saved}, not a state dict'}
+
+
+def _in_words(m: Mismatch, words: dict, shape=tuple, **names) -> str:
+    def shown(s):
+        return shape(s) if isinstance(s, tuple) else s
+    return words[m.kind].format(key=m.key, saved=shown(m.saved), expected=shown(m.expected), **names)
+
+
+def check_loadable(module: torch.nn.Module, state_dict, what: str) -> None:
+    """Check that ``state_dict`` has exactly the keys and shapes of ``module.state_dict()``, so that
+    ``load_state_dict`` can neither fail nor half-load (weights from the server).
+
+    Raises:
+        CheckpointError: ``"<what>: key 'k' is missing (expected shape [..])"``, ``"... has shape [..], expected
+            [..]"`` or ``"<what>: unexpected key 'k'"``, for the first difference.
+    """
+    problems = state_dict_mismatches(module.state_dict(), state_dict)
+    if problems:
+        raise CheckpointError(what, _in_words(problems[0], _LOADABLE_WORDS, list))
+
+
+def check_fits_config(model: torch.nn.Module, state_dict, *, entry: str, source, ckpt_cfg, config: dict) -> None:
+    """Check that the checkpoint entry ``entry`` (``state_dict``) fits ``model``, built from ``config``'s
+    ``[control] version`` and ``[resnet]``; ``ckpt_cfg`` is the checkpoint's own ``config`` (may be None).
+
+    Raises:
+        CheckpointError: names the first differing tensor with both shapes and both architectures.
+    """
+    problems = state_dict_mismatches(model.state_dict(), state_dict)
+    if not problems:
+        return
+    raise CheckpointError(
+        source, f'does not fit the configured model: {_in_words(problems[0], _FITS_WORDS, entry=entry)}; '
+                f'checkpoint: {describe_arch(ckpt_cfg)}; config: [control] version = {config["control"]["version"]}, '
+                f'[resnet] conv_channels = {config["resnet"]["conv_channels"]}, '
+                f'num_blocks = {config["resnet"]["num_blocks"]}')
+
+
+def describe_mismatches(expected: Mapping, saved, limit: int = 3) -> list:
+    """Short descriptions of how ``saved`` differs from ``expected`` (name -> tensor dicts), for a checklist:
+    per kind (missing, unexpected, shape) the count and at most ``limit`` names, where torch's message names
+    every key. Empty when they match."""
+    def some(names):
+        names = sorted(names)
+        more = f' (+{len(names) - limit} more)' if len(names) > limit else ''
+        return ', '.join(names[:limit]) + more
+
+    problems = state_dict_mismatches(expected, saved)
+    if problems and problems[0].kind == 'not_a_dict':
+        return [f'expected a state dict, got {problems[0].saved}']
+    by_kind = {kind: [m for m in problems if m.kind == kind] for kind in ('missing', 'unexpected', 'shape')}
+    out = []
+    if by_kind['missing']:
+        out.append(f"{len(by_kind['missing'])} missing key(s): {some(m.key for m in by_kind['missing'])}")
+    if by_kind['unexpected']:
+        out.append(f"{len(by_kind['unexpected'])} unexpected key(s): "
+                   f"{some(m.key for m in by_kind['unexpected'])}")
+    if by_kind['shape']:
+        out.append(f"{len(by_kind['shape'])} shape mismatch(es) saved vs expected: "
+                   f"{some(f'{m.key} {m.saved} vs {m.expected}' for m in by_kind['shape'])}")
+    return out
+
+
+# ---------------------------------------------------------------------------- saving, CLI errors
+
+def played_checkpoint(state: dict) -> dict:
+    """``state`` with ``mortal``/``current_dqn`` replaced by its ``ema_mortal``/``ema_dqn`` (``[online]
+    ema_decay``), without the ema keys: the model that was played, loadable by any Mortal player. Unchanged
+    (a shallow copy) without them."""
+    state = dict(state)
+    if 'ema_mortal' in state and 'ema_dqn' in state:
+        state['mortal'], state['current_dqn'] = state.pop('ema_mortal'), state.pop('ema_dqn')
+    return state
+
+
+def atomic_torch_save(obj, filename) -> None:
+    """``torch.save(obj)`` to ``filename`` through a temporary file, fsync and rename
+    (``mortal.util.fsutil.atomic_write``): a reader, or a restart after a kill at any moment, finds the previous file
+    or the whole new one. The folder is created when missing. Raises OSError (and whatever ``torch.save`` raises;
+    ``filename`` is then untouched)."""
+    with atomic_write(filename) as f:
+        torch.save(obj, f)
+
+
+@contextlib.contextmanager
+def load_errors(what: str, path):
+    """Context manager turning every way loading ``path`` can fail into one CheckpointError ``cannot load <what>
+    <path>: <reason>`` (one line, for a command-line error): a CheckpointError keeps its reason; FileNotFoundError
+    and other OSError, EOFError, RuntimeError (wrong shapes, a corrupt zip), KeyError/TypeError/ValueError (a wrong
+    layout) become ``<type>: <message>``."""
+    try:
+        yield
+    except CheckpointError as exc:
+        if exc.what is not None:
+            raise
+        raise CheckpointError(path, exc.reason, what=what) from None
+    except (OSError, EOFError, RuntimeError, KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(path, describe_error(exc), what=what) from None

@@ -1,0 +1,275 @@
+"""Learning instruments of the trainer: Q calibration and spread per batch, policy drift on a fixed probe set.
+
+They answer the questions that the loss curve cannot (Mortal issue #33: judge online training by play, not loss):
+is Q biased against its Monte-Carlo target, do the legal actions' values collapse together, and how far has the
+greedy policy moved from the baseline's. TensorBoard tags (averaged over each ``save_every`` window; README):
+
+* ``diag/q_minus_target``: mean ``Q(taken) - G``; ``diag/q_minus_target_greedy``: the same over rows whose taken
+  action is the trainee's greedy one (the maximization bias shows here first);
+* ``diag/q_gap``: mean top-1 minus top-2 Q over legal actions (rows with 2+ legal actions);
+* ``diag/q_spread``: mean standard deviation of Q over legal actions (same rows);
+* ``diag/taken_greedy``: fraction of samples whose taken action is the trainee's current greedy one;
+* ``diag/policy_drift``: on the probe set, the fraction of positions where the trainee's greedy action differs
+  from the baseline's (0 at the start of online training);
+* ``diag/next_rank_loss_probe``: the next-rank cross entropy on the probe set (offline positions), to hold
+  against ``loss/next_rank_loss`` on fresh online data.
+
+``Instruments`` gathers them batch by batch for the learner, with Mortal's ``q_predicted``/``q_target`` histograms,
+and writes them at each save; ``learner_probe`` builds the learner's probe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from glob import glob
+
+import torch
+from torch import Tensor
+
+from mortal.learning.checkpoint import atomic_torch_save, load_checkpoint
+
+logger = logging.getLogger('mortal.diagnostics')  # the name before the package split (log format)
+
+BATCH_KEYS = ('q_minus_target', 'q_minus_target_greedy', 'q_gap', 'q_spread', 'taken_greedy')
+HISTOGRAM_STRIDE = 128  # Mortal keeps every 128th q value to keep event files small
+
+
+@torch.no_grad()
+def batch_q_stats(q_out: Tensor, masks: Tensor, actions: Tensor, q_target: Tensor) -> dict:
+    """Sums and counts of one batch for the ``diag/*`` per-batch tags.
+
+    ``q_out (B, 46)`` with ``-inf`` at illegal actions, ``masks (B, 46)`` bool, ``actions (B,)`` int64,
+    ``q_target (B,)`` float. Returns ``{key: (sum, count)}`` of python floats for each of ``BATCH_KEYS``, so that
+    windows of batches average correctly (``WindowMeans``).
+    """
+    q = q_out.float()
+    masks = masks.to(torch.bool)
+    rows = torch.arange(q.shape[0], device=q.device)
+    err = q[rows, actions] - q_target.float()
+    greedy = q.argmax(-1) == actions
+    multi = masks.sum(-1) >= 2
+    out = {
+        'q_minus_target': (err.sum().item(), err.numel()),
+        'q_minus_target_greedy': (err[greedy].sum().item(), int(greedy.sum().item())),
+        'taken_greedy': (float(greedy.sum().item()), greedy.numel()),
+    }
+    if multi.any():
+        qm, mm = q[multi], masks[multi]
+        top2 = qm.topk(2, dim=-1).values
+        gap = top2[:, 0] - top2[:, 1]
+        legal_q = qm.masked_fill(~mm, 0.0)
+        n = mm.sum(-1).float()
+        mean = legal_q.sum(-1) / n
+        var = ((qm - mean.unsqueeze(-1)).masked_fill(~mm, 0.0).pow(2).sum(-1)) / n
+        out['q_gap'] = (gap.sum().item(), gap.numel())
+        out['q_spread'] = (var.sqrt().sum().item(), gap.numel())
+    else:
+        out['q_gap'] = out['q_spread'] = (0.0, 0)
+    return out
+
+
+class WindowMeans:
+    """Running ``(sum, count)`` per key between two TensorBoard writes."""
+
+    def __init__(self, keys=BATCH_KEYS):
+        self.keys = tuple(keys)
+        self.reset()
+
+    def reset(self) -> None:
+        self.sums = {k: [0.0, 0] for k in self.keys}
+
+    def add(self, stats: dict) -> None:
+        for k, (s, c) in stats.items():
+            self.sums[k][0] += s
+            self.sums[k][1] += c
+
+    def means(self) -> dict:
+        """``{key: mean}`` for the keys that saw at least one row."""
+        return {k: s / c for k, (s, c) in self.sums.items() if c}
+
+
+@contextlib.contextmanager
+def _eval_mode(*modules):
+    # eval() for the measurement, then each module's own training flag back (a Brain keeps frozen BN frozen)
+    modes = [m.training for m in modules]
+    for m in modules:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m, mode in zip(modules, modes):
+            m.train(mode)
+
+
+class Probe:
+    """A fixed set of positions from offline logs, to measure policy drift and the next-rank loss off-policy.
+
+    Attributes: ``obs (N, C, 34)`` float32, ``masks (N, 46)`` bool, ``ranks (N,)`` int64 (next-rank labels),
+    ``baseline_greedy (N,)`` int64 or None (set by ``set_baseline``).
+    """
+
+    def __init__(self, obs: Tensor, masks: Tensor, ranks: Tensor):
+        self.obs, self.masks, self.ranks = obs, masks, ranks
+        self.baseline_greedy = None
+
+    def __len__(self) -> int:
+        return self.obs.shape[0]
+
+    @classmethod
+    def load_or_build(cls, probe_file: str, *, version: int, globs, pts, grp, size: int, max_files: int = 16):
+        """Load ``probe_file`` or build it from the first ``max_files`` (sorted) logs matching ``globs``, keeping
+        every ``k``-th sample so that at most ``size`` remain, and save it there atomically. ``grp``: the reward
+        model, or a function returning it (called only when a probe is built). Returns None (and logs why) when no
+        log matches or none yields a sample; a probe of another feature version is rebuilt."""
+        if os.path.exists(probe_file):
+            try:
+                data = load_checkpoint(probe_file)
+                if data.get('version') == version:
+                    return cls(data['obs'], data['masks'], data['ranks'])
+                logger.info('probe %s is of version %s: rebuilding for version %d', probe_file,
+                            data.get('version'), version)
+            except Exception as ex:  # a damaged probe is rebuilt, never fatal
+                logger.warning('probe %s unreadable (%s): rebuilding', probe_file, ex)
+        files = sorted({f for pattern in globs for f in glob(pattern, recursive=True)})[:max_files]
+        if not files:
+            logger.info('no probe: [dataset] globs match no log')
+            return None
+        from mortal.data.dataloader import FileDatasetsIter
+        if callable(grp) and not isinstance(grp, torch.nn.Module):
+            grp = grp()
+        data = FileDatasetsIter(version, files, pts, grp, file_batch_size=len(files))
+        samples = list(data)
+        if not samples:
+            logger.info('no probe: the %d probe logs yielded no sample', len(files))
+            return None
+        stride = max(1, -(-len(samples) // size))
+        kept = samples[::stride][:size]
+        obs = torch.stack([torch.from_numpy(s[0]) for s in kept])
+        masks = torch.stack([torch.from_numpy(s[2]) for s in kept]).to(torch.bool)
+        ranks = torch.tensor([int(s[5]) for s in kept], dtype=torch.int64)
+        atomic_torch_save({'version': version, 'obs': obs, 'masks': masks, 'ranks': ranks}, probe_file)
+        logger.info('probe of %d positions from %d logs written to %s', len(kept), len(files), probe_file)
+        return cls(obs, masks, ranks)
+
+    @torch.no_grad()
+    def _pass(self, brain, dqn, aux_net, device, batch: int = 512):
+        """One pass over the probe in eval mode (modes restored): ``(greedy (N,) int64 or None, mean next-rank
+        cross entropy in nats or None)``, each only for the heads given."""
+        heads = [m for m in (dqn, aux_net) if m is not None]
+        with _eval_mode(brain, *heads):
+            greedy, total = [], 0.0
+            for i in range(0, len(self), batch):
+                phi = brain(self.obs[i:i + batch].to(device))
+                if dqn is not None:
+                    greedy.append(dqn(phi, self.masks[i:i + batch].to(device)).argmax(-1).cpu())
+                if aux_net is not None:
+                    logits, = aux_net(phi)
+                    total += torch.nn.functional.cross_entropy(
+                        logits.float(), self.ranks[i:i + batch].to(device), reduction='sum').item()
+        return (torch.cat(greedy) if dqn is not None else None,
+                total / len(self) if aux_net is not None else None)
+
+    def greedy(self, brain, dqn, device) -> Tensor:
+        """Greedy actions ``(N,)`` int64 of ``brain``/``dqn`` (put in eval mode for the call, mode restored)."""
+        return self._pass(brain, dqn, None, device)[0]
+
+    def set_baseline(self, brain, dqn, device) -> None:
+        """Record the reference (baseline) greedy actions that ``drift`` compares against."""
+        self.baseline_greedy = self.greedy(brain, dqn, device)
+
+    def measure(self, brain, dqn, aux_net, device) -> tuple:
+        """``(drift, next_rank_loss)`` of one model in a single pass over the probe (see ``drift`` and
+        ``next_rank_loss``). Raises RuntimeError before ``set_baseline``."""
+        if self.baseline_greedy is None:
+            raise RuntimeError('Probe.drift needs set_baseline first')
+        greedy, loss = self._pass(brain, dqn, aux_net, device)
+        return (greedy != self.baseline_greedy).float().mean().item(), loss
+
+    def drift(self, brain, dqn, device) -> float:
+        """Fraction of probe positions whose greedy action differs from the baseline's (0..1).
+        Raises RuntimeError before ``set_baseline``."""
+        return self.measure(brain, dqn, None, device)[0]
+
+    def next_rank_loss(self, brain, aux_net, device) -> float:
+        """Mean next-rank cross entropy (nats) of ``aux_net(brain(obs))`` on the probe (eval mode for the call)."""
+        return self._pass(brain, None, aux_net, device)[1]
+
+
+def learner_probe(config: dict, version: int, state_file: str, device, baseline=None):
+    """The online learner's probe (``[online] probe_file``, by default ``probe.pth`` beside ``state_file``, built
+    once from ``[dataset] globs``, ``[online] probe_size`` positions) with the greedy actions of ``baseline``
+    (``(brain, dqn)`` on ``device``; by default ``[baseline.train] state_file``, loaded). None when
+    ``probe_size`` <= 0 or no log yields a sample. Raises whatever loading the GRP or the baseline raises."""
+    from mortal.learning.checkpoint import load_model_pair
+    from mortal.data.reward import load_grp
+    online = config.get('online', {})
+    probe_file = online.get('probe_file') or os.path.join(os.path.dirname(os.path.abspath(state_file)), 'probe.pth')
+    size = online.get('probe_size', 2048)
+    if size <= 0:
+        return None
+    grp_cfg = config['grp']
+    probe = Probe.load_or_build(probe_file, version=version, globs=config['dataset']['globs'],
+                                pts=config['env']['pts'], size=size,
+                                grp=lambda: load_grp(grp_cfg['state_file'], grp_cfg['network']))
+    if probe is None:
+        return None
+    if baseline is not None:
+        brain, dqn = baseline
+    else:
+        brain, dqn, _ = load_model_pair(config['baseline']['train']['state_file'])
+        brain.to(device)
+        dqn.to(device)
+    probe.set_baseline(brain, dqn, device)
+    return probe
+
+
+class Instruments:
+    """The learner's instruments over one save window of ``save_every`` batches, written at each save.
+
+    ``add`` takes each batch's ``batch_q_stats`` and the Q and target of its taken actions (online rows); ``write``
+    puts the ``q_predicted``/``q_target`` histograms (every ``HISTOGRAM_STRIDE``-th value), the ``diag/*`` means
+    and, with a ``probe``, ``diag/policy_drift`` and ``diag/next_rank_loss_probe`` into TensorBoard and starts a
+    new window. ``last``: the ``diag/*`` values of the last write (the guards' instrument bounds read them).
+    """
+
+    def __init__(self, *, save_every: int, batch_size: int, device, probe: Probe | None = None):
+        self.window = WindowMeans()
+        self.probe = probe
+        self.last = {}
+        self.q = torch.zeros((save_every, batch_size), device=device)
+        self.q_target = torch.zeros((save_every, batch_size), device=device)
+        self.batches = 0  # of this window
+
+    @torch.no_grad()
+    def add(self, q_stats: dict, q: Tensor, q_target: Tensor) -> None:
+        """One batch: ``batch_q_stats`` of its online rows, ``q (n,)`` and ``q_target (n,)`` of their taken
+        actions (n <= batch_size)."""
+        self.window.add(q_stats)
+        slot = self.batches % self.q.shape[0]
+        n = q.shape[0]
+        self.q[slot, :n] = q.float()
+        self.q_target[slot, :n] = q_target
+        self.batches += 1
+
+    def write(self, writer, steps: int, *, trained: tuple, ema: tuple | None, device) -> None:
+        """Write the window at ``steps`` and start a new one. ``trained``: the (brain, dqn, aux_net) being trained;
+        ``ema``: the published (brain, dqn) when it is an EMA of them, else None."""
+        writer.add_histogram('q_predicted', self.q.cpu().numpy().flatten()[::HISTOGRAM_STRIDE], steps)
+        writer.add_histogram('q_target', self.q_target.cpu().numpy().flatten()[::HISTOGRAM_STRIDE], steps)
+        self.batches = 0
+        self.last = dict(self.window.means())
+        for key, value in self.last.items():
+            writer.add_scalar(f'diag/{key}', value, steps)
+        self.window.reset()
+        if self.probe is not None:
+            brain, dqn, aux_net = trained
+            if ema is None:  # the played model is the trained one: one pass over the probe gives both
+                drift, loss = self.probe.measure(brain, dqn, aux_net, device)
+            else:  # drift of the published EMA; the next-rank head belongs to the trained weights
+                drift = self.probe.drift(*ema, device)
+                loss = self.probe.next_rank_loss(brain, aux_net, device)
+            self.last['policy_drift'] = drift
+            writer.add_scalar('diag/policy_drift', drift, steps)
+            writer.add_scalar('diag/next_rank_loss_probe', loss, steps)

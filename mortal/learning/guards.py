@@ -1,0 +1,314 @@
+"""The learner's test play and long-run guards (``docs/operations.md``): judging a test play and keeping best.pth,
+the rollback on degradation (``[guard]``), the baseline rotation (``[rotation]``) and the baseline's sync with the
+server.
+
+``Guards`` takes the ``mortal.train.Trainer`` it watches: it reads the trainer's models, checkpoint files and
+writer, and changes its weights, ``best_perf`` and ``guard`` (the guards' state, the checkpoint's ``guard`` entry,
+``INITIAL_GUARD`` at the start) only through what the trainer offers (``save``, ``checkpoint``,
+``sync_baseline``, the scheduler's ``refresh``). The test play's statistics are ``mortal.learning.gate``'s; the baseline
+files are rotated by ``mortal.learning.rotation``.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import logging
+import math
+import os
+from datetime import datetime
+from glob import glob, escape as glob_escape
+from os import path
+
+from mortal.learning import gate
+from mortal.net import wire
+from mortal.learning.checkpoint import (INITIAL_BEST_PERF, CheckpointError, atomic_torch_save, check_fits_config,
+                                        load_checkpoint, load_model_pair, played_checkpoint, read_baseline)
+from mortal.config import lookup, optional_section
+from mortal.util.fsutil import atomic_copy, empty_dir, stamped_name
+from mortal.play.player import TEST_SEED
+from mortal.learning.rotation import rotate
+from mortal.stat import DISPLAY_PTS  # test-play avg pt: display and Mortal's best.pth rule, never a training signal
+
+# The learner's lines keep the logger name they have always had (docs/operations.md, log filters).
+logger = logging.getLogger('mortal.train')
+
+# The checkpoint's extra entry 'guard' (docs/operations.md): the state of the long-run guards.
+INITIAL_GUARD = {'worse_streak': 0, 'rotate_streak': 0, 'rollbacks': 0, 'rotations': 0, 'lr_scale': 1.0,
+                 'epsilon_scale': 1.0, 'baseline_version': 0, 'test_plays': 0, 'baseline_digest': ''}
+
+
+def is_better(avg_pt: float, avg_rank: float, best_perf: dict) -> bool:
+    """Mortal's best.pth rule: avg pt not worse AND avg rank not worse than the best so far."""
+    return avg_pt >= best_perf['avg_pt'] and avg_rank <= best_perf['avg_rank']
+
+
+def units_summary(units: dict) -> tuple:
+    """``(avg_rank, avg_pt)`` over every game of ``{nonce: [ranks 1-4]}``, pt by ``DISPLAY_PTS``."""
+    ranks = [r for rs in units.values() for r in rs]
+    return sum(ranks) / len(ranks), sum(DISPLAY_PTS[r - 1] for r in ranks) / len(ranks)
+
+
+class Guards:
+    """Test play, best.pth and the long-run guards of one learner (``trainer``, a ``mortal.train.Trainer``).
+
+    Reads ``[test_play]`` (``games``, ``best_rule``, ``confidence``, ``sprt_*``, ``fresh_deals``), ``[guard]``
+    and ``[rotation]`` from the trainer's config once.
+    """
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        config = trainer.config
+        test_cfg = config['test_play']
+        self.test_games = test_cfg['games']
+        self.best_rule = test_cfg.get('best_rule', 'paired')
+        self.confidence = test_cfg.get('confidence', 0.95)
+        self.sprt = None
+        if self.best_rule == 'sprt':
+            self.sprt = gate.Sprt(test_cfg['sprt_delta'], test_cfg['sprt_alpha'], test_cfg['sprt_beta'])
+        self.sprt_chunk_deals = test_cfg.get('sprt_chunk', 64) // 4
+        self.fresh_deals = test_cfg.get('fresh_deals', False)
+        self.guard_cfg = optional_section(config, 'guard')
+        self.rotation_cfg = optional_section(config, 'rotation')
+
+    def test_play(self) -> None:
+        """Play ``[test_play] games`` against ``[baseline.test]``, log, judge and maybe replace best.pth, then (online)
+        the guards (rollback, rotation). Sets the trained models back to training mode.
+
+        With a test player that gives per-deal results (``play_units``: ``mortal.play.player.TestPlayer``, online and
+        offline), the challenger is paired deal by deal with best.pth's record and judged by ``[test_play]
+        best_rule`` (``mortal.learning.gate``); one with ``test_play`` only (the bootstrap's test play against
+        RulebaseBots, tests' fakes) is judged by Mortal's rule and drives no guard."""
+        t = self.trainer
+        verdict = None
+        # Nothing to compare with yet (no best.pth, a fresh best_perf): the first test play makes best.pth, as
+        # Mortal's does.
+        first = (not path.exists(t.best_state_file) and not t.best_perf.get('deals')
+                 and t.best_perf.get('avg_rank', 4.0) >= INITIAL_BEST_PERF['avg_rank'])
+        if hasattr(t.test_player, 'play_units'):
+            t.test_player.begin()
+            mortal, dqn = t.played()
+            rule = 'paired' if first and self.best_rule == 'sprt' else self.best_rule  # a full record
+            reference = gate.reference_of(t.best_perf)
+            if self.fresh_deals and path.exists(t.best_state_file):
+                reference = self._best_replay()
+            verdict = gate.run_test_play(
+                lambda first, count: t.test_player.play_units(first, count, mortal, dqn, t.device),
+                nonce_start=self._test_nonce(), deals=self.test_games // 4,
+                reference=reference, rule=rule, confidence=self.confidence,
+                sprt=self.sprt, chunk_deals=self.sprt_chunk_deals,
+                mortal_better=lambda units: is_better(*reversed(units_summary(units)), t.best_perf))
+            stat = t.test_player.stat()
+        else:
+            stat = t.test_player.test_play(self.test_games // 4, *t.played(), t.device)
+        t.mortal.train()
+        t.dqn.train()
+        avg_pt = stat.avg_pt(DISPLAY_PTS)
+        avg_rank = stat.avg_rank
+        better = verdict.better if verdict is not None else is_better(avg_pt, avg_rank, t.best_perf)
+        if first and not better:
+            better = True  # nothing to compare with: logged below
+        past_best = dict(t.best_perf)
+        if better:
+            t.best_perf = {'avg_pt': avg_pt, 'avg_rank': avg_rank}
+            if verdict is not None:
+                t.best_perf['deals'] = {int(n): [int(r) for r in rs] for n, rs in verdict.units.items()}
+        logger.info('avg rank: %.6f', avg_rank)
+        logger.info('avg pt: %.6f', avg_pt)
+        stat.write_tensorboard(t.writer, t.steps, DISPLAY_PTS)
+        if verdict is not None:
+            logger.info('test play: %s%s', verdict.describe(),
+                        ' (no best.pth yet: this first test play makes it)' if first else '')
+            t.writer.add_scalar('test_play/paired_diff', verdict.diff, t.steps)
+            if not math.isnan(verdict.ci):
+                t.writer.add_scalar('test_play/paired_diff_ci', verdict.ci, t.steps)
+            t.writer.add_scalar('test_play/games', verdict.games, t.steps)
+            if verdict.llr is not None:
+                t.writer.add_scalar('test_play/sprt_llr', verdict.llr, t.steps)
+        t.writer.flush()
+        if better:
+            t.save()  # the checkpoint now records the new best_perf
+            logger.info('a new record has been made, pt: %.4f -> %.4f, rank: %.4f -> %.4f, saving to %s',
+                        past_best['avg_pt'], avg_pt, past_best['avg_rank'], avg_rank, t.best_state_file)
+            if t.ema is None:
+                atomic_copy(t.state_file, t.best_state_file)
+            else:  # best.pth holds the weights that were test-played
+                atomic_torch_save(played_checkpoint(t.checkpoint()), t.best_state_file)
+        if verdict is not None and self.fresh_deals:
+            t.guard['test_plays'] += 1
+            t.save()  # the next test play meets the next deals, also after this learner's restart
+        if t.online and verdict is not None:
+            self.run_guards(verdict, became_best=better)
+
+    def _test_nonce(self) -> int:
+        """First nonce of this test play: Mortal's fixed one, or with ``[test_play] fresh_deals`` the next unused
+        block (``guard['test_plays']`` test plays of ``games / 4`` deals each since the start)."""
+        if not self.fresh_deals:
+            return TEST_SEED[0]
+        return TEST_SEED[0] + self.trainer.guard['test_plays'] * (self.test_games // 4)
+
+    def _best_replay(self):
+        """``(first_nonce, count) -> units`` of best.pth on the same deals as the challenger (logs beside the test
+        play's, under ``<log_dir>_best``)."""
+        t = self.trainer
+        brain, dqn, _ = load_model_pair(t.best_state_file)
+        brain.to(t.device)
+        dqn.to(t.device)
+        log_dir = path.normpath(t.test_player.log_dir) + '_best'
+        empty_dir(log_dir)
+        return lambda first, count: t.test_player.play_units(first, count, brain, dqn, t.device,
+                                                             log_dir=log_dir, name='best')
+
+    def run_guards(self, verdict, *, became_best: bool = False) -> None:
+        """After an online test play: the degradation alarm (``[guard]``) and the baseline rotation
+        (``[rotation]``); ``became_best``: this test play has just made best.pth. Saves the checkpoint when their
+        state changed."""
+        t = self.trainer
+        before = dict(t.guard)
+        g = self.guard_cfg
+        t.guard['worse_streak'] = t.guard['worse_streak'] + 1 if verdict.worse else 0
+        reasons = []
+        if g['rollback_after'] and t.guard['worse_streak'] >= g['rollback_after']:
+            reasons.append(f"{t.guard['worse_streak']} test plays in a row significantly worse than best.pth "
+                           f'(last: {verdict.describe()})')
+        drift, q_gap = t.instruments.last.get('policy_drift'), t.instruments.last.get('q_gap')
+        if became_best:  # the model just became best.pth: rolling back would restore itself
+            drift = q_gap = None
+        if g['max_policy_drift'] and drift is not None and drift > g['max_policy_drift']:
+            reasons.append(f"diag/policy_drift {drift:.3f} above [guard] max_policy_drift {g['max_policy_drift']}")
+        if g['min_q_gap'] and q_gap is not None and q_gap < g['min_q_gap']:
+            reasons.append(f"diag/q_gap {q_gap:.3f} below [guard] min_q_gap {g['min_q_gap']}")
+        if reasons:
+            self.rollback('; '.join(reasons))
+        r = self.rotation_cfg
+        if r['after']:
+            means = list(gate.unit_means(verdict.units).values())
+            mean, ci = gate.mean_and_ci(means, self.confidence)
+            beats = not math.isnan(ci) and mean <= r['max_rank'] and mean + ci < gate.BASELINE_RANK
+            t.guard['rotate_streak'] = t.guard['rotate_streak'] + 1 if beats else 0
+            if t.guard['rotate_streak'] >= r['after']:
+                self.rotate_baseline(f"{t.guard['rotate_streak']} test plays in a row beat the baseline "
+                                     f"(last: avg rank {mean:.3f} ± {ci:.3f}, at most {r['max_rank']})")
+        t.writer.add_scalar('guard/worse_streak', t.guard['worse_streak'], t.steps)
+        if t.guard != before:
+            t.save()
+
+    def rollback(self, reason: str) -> bool:
+        """Restore the weights and optimizer state of best.pth into this learner and ``state_file`` (steps,
+        schedule position and ``best_perf`` go on). The replaced ``state_file`` is kept as
+        ``<state_file>.<YYYYmmdd-HHMMSS>.rollback`` (the newest ``[guard] keep`` of them); the learning rate and
+        the clients' ε are multiplied by ``[guard] lr_factor`` / ``epsilon_factor``. Returns False (logged) when
+        best.pth is missing or does not fit."""
+        t = self.trainer
+        try:
+            best = load_checkpoint(t.best_state_file, map_location=t.device)
+            for model, entry in ((t.mortal, 'mortal'), (t.dqn, 'current_dqn'), (t.aux_net, 'aux_net')):
+                check_fits_config(model, best[entry], entry=entry, source=t.best_state_file,
+                                  ckpt_cfg=best.get('config'), config=t.config)
+        except Exception as ex:  # missing, corrupt or foreign: the guard must never stop training
+            logger.error('ROLLBACK not possible (%s): %s: %s', reason, type(ex).__name__, ex)
+            return False
+        kept = self._keep_for_rollback()
+        for model, entry in ((t.mortal, 'mortal'), (t.dqn, 'current_dqn'), (t.aux_net, 'aux_net')):
+            model.load_state_dict(best[entry])
+        try:
+            if not best.get('optimizer'):
+                raise ValueError('it has none')
+            t.optimizer.load_state_dict(best['optimizer'])
+        except Exception as ex:  # another optimizer layout: the weights still roll back, with fresh moments
+            logger.warning('optimizer state of %s not restored (%s): starting it fresh', t.best_state_file, ex)
+            t.optimizer.state.clear()
+        t.optimizer.zero_grad(set_to_none=True)
+        if t.ema is not None:
+            for ema, model in zip(t.ema, (t.mortal, t.dqn)):
+                ema.load_state_dict(model.state_dict())
+        g = self.guard_cfg
+        t.guard.update(rollbacks=t.guard['rollbacks'] + 1, worse_streak=0,
+                       lr_scale=t.guard['lr_scale'] * g['lr_factor'],
+                       epsilon_scale=t.guard['epsilon_scale'] * g['epsilon_factor'])
+        t.scheduler.refresh()
+        line = (f"ROLLBACK #{t.guard['rollbacks']} at step {t.steps}: {reason}; {t.state_file} restored "
+                f"from {t.best_state_file} (its step {best.get('steps', '?')}), the replaced one kept as {kept}; "
+                f"lr x{t.guard['lr_scale']:g}, epsilon x{t.guard['epsilon_scale']:g}")
+        self._guard_event('guard/rollbacks', t.guard['rollbacks'], line)
+        return True
+
+    def _guard_event(self, tag: str, count: int, line: str) -> None:
+        """After a rollback or rotation: save the checkpoint (its ``guard`` state has changed), then one warning
+        line, the count under ``tag`` and the line as a ``guard/events`` text in TensorBoard."""
+        t = self.trainer
+        t.save()
+        logger.warning('%s', line)
+        t.writer.add_scalar(tag, count, t.steps)
+        t.writer.add_text('guard/events', line, t.steps)
+
+    def _keep_for_rollback(self) -> str:
+        """Copy ``state_file`` to a new timestamped ``.rollback`` name; remove the oldest beyond ``[guard] keep``."""
+        t = self.trainer
+        kept = stamped_name(t.state_file, datetime.now().strftime('%Y%m%d-%H%M%S'), '.rollback')
+        atomic_copy(t.state_file, kept)
+        old = sorted(glob(f'{glob_escape(t.state_file)}.*.rollback'), key=path.getmtime)
+        for name in old[:-self.guard_cfg['keep']]:
+            os.remove(name)
+        return kept
+
+    def rotate_baseline(self, reason: str) -> bool:
+        """Promote best.pth to ``[baseline.train]``/``[baseline.test]`` (``mortal.learning.rotation.rotate``: the old
+        baselines kept as ``.bak``), reset ``best_perf``, bump ``baseline_version`` (clients reload their baseline
+        when it changes). Returns False (logged) when best.pth cannot be promoted."""
+        t = self.trainer
+        baseline = lookup(t.config, 'baseline.train.state_file')
+        try:
+            if baseline is None:
+                raise ValueError('[baseline.train] state_file is not set')
+            if path.exists(baseline) and filecmp.cmp(t.best_state_file, baseline, shallow=False):
+                logger.info('rotation skipped (%s): best.pth is the baseline already', reason)
+                t.guard['rotate_streak'] = 0
+                return False
+            done = rotate(t.config, t.best_state_file)
+        except (ValueError, OSError) as ex:
+            logger.error('ROTATION not possible (%s): %s', reason, ex)
+            return False
+        t.best_perf = dict(INITIAL_BEST_PERF)
+        t.guard.update(baseline_version=t.guard['baseline_version'] + 1, rotate_streak=0, worse_streak=0,
+                       rotations=t.guard['rotations'] + 1)
+        t.sync_baseline(rotated=True)
+        line = (f"ROTATION #{t.guard['rotations']} at step {t.steps}: {reason}; {t.best_state_file} "
+                f"promoted to {', '.join(dst for dst, _ in done)} (baseline version {t.guard['baseline_version']}, "
+                f"previous kept as {', '.join(b for _, b in done if b) or 'nothing'}); best_perf reset")
+        self._guard_event('guard/rotations', t.guard['rotations'], line)
+        return True
+
+    def sync_baseline(self, *, rotated: bool = False) -> None:
+        """Submit ``[baseline.train] state_file`` to the server (``submit_baseline``), for clients that fetch it
+        (``[baseline.train] from_server``). When its weights differ from those last submitted
+        (``wire.baseline_digest``, kept in the checkpoint's ``guard`` entry) and ``rotated`` is False, the file was
+        replaced by hand (``scripts/rotate_baseline.py``): ``baseline_version`` is bumped, as a rotation does.
+        A missing or unusable file, or a server that refuses it, is logged and skipped: clients then play against
+        their own file, as Mortal's do."""
+        t = self.trainer
+        baseline = lookup(t.config, 'baseline.train.state_file')
+        if not baseline:
+            return
+        try:
+            mortal, dqn, arch = read_baseline(baseline)
+        except (OSError, CheckpointError) as ex:
+            logger.warning('baseline not submitted to the server (clients need their own file): %s', ex)
+            return
+        digest = wire.baseline_digest(mortal, dqn)
+        if digest != t.guard['baseline_digest']:
+            if t.guard['baseline_digest'] and not rotated:
+                t.guard['baseline_version'] += 1
+                logger.info('%s has changed since it was last submitted (rotated by hand?): baseline version %d',
+                            baseline, t.guard['baseline_version'])
+            t.guard['baseline_digest'] = digest
+            if not rotated and path.exists(t.state_file):
+                t.save()  # the version survives a crash before the next save
+        msg = {'type': 'submit_baseline', 'mortal': wire.pack_state_dict(mortal), 'dqn': wire.pack_state_dict(dqn),
+               'arch': arch, 'baseline_version': t.guard['baseline_version'], 'baseline_digest': digest}
+        try:
+            wire.request_with_retry(t.remote, msg, sleep=t.sleep)
+        except wire.RequestRefused as ex:  # e.g. an older server: clients keep their own files
+            logger.warning('baseline not submitted to the server: %s', ex)
+            return
+        logger.info('baseline has been submitted (version %d, digest %s)', t.guard['baseline_version'],
+                    digest[:12])

@@ -1,0 +1,120 @@
+"""The learner's loss on one batch, all of it in ``learner_loss``, and its extra terms as pure functions of tensors.
+
+Mortal's loss is ``0.5 * MSE(q[taken], G) + next_rank_weight * CE + min_q_weight * CQL`` with the CQL term offline
+only. The extras below are off by default (Mortal's behaviour) and exist because online fine-tuning without any
+term on the untaken actions lets the ranking of actions dissolve (``docs/learning.md``):
+
+* ``cql_term(..., calibrated=True)``: Cal-QL (Nakamoto et al. 2023, arXiv 2303.05479) clamps the pushed-down
+  values at the Monte-Carlo return, so conservatism never drives a Q below what the data shows it is worth;
+* ``anchor_term``: MSE of the untaken legal actions' Q to a frozen reference model's Q (the baseline), a trust
+  region that keeps what the data says nothing about where it was;
+* the offline mix (``[online] offline_batch_size``, RLPD-style): offline rows appended to each online batch share
+  the MSE and next-rank terms and carry a CQL term of their own at ``[cql] min_q_weight``.
+
+Shapes: ``q_out (B, 46)`` float with ``-inf`` at illegal actions (``mortal.learning.model.DQN``), ``masks (B, 46)`` bool,
+``actions (B,)`` int64, ``q_target (B,)`` float32 (``gamma ** steps_to_done * kyoku_reward``, in ``[env] pts``
+units).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+class LossWeights(NamedTuple):
+    """The weight of each term, resolved for online or offline training (``resolve``)."""
+
+    cql: float  # CQL on the online rows (all rows offline)
+    with_cql: bool  # whether that term is computed (and logged) at all
+    offline_cql: float  # CQL on the offline-mix rows
+    anchor: float
+    next_rank: float
+    calibrated: bool  # Cal-QL instead of CQL, in both CQL terms
+
+    @classmethod
+    def resolve(cls, *, online: bool, min_q_weight: float, online_min_q_weight: float, anchor_weight: float,
+                next_rank_weight: float, calibrated: bool) -> LossWeights:
+        """Mortal's rules on the ``[cql]``/``[online]``/``[aux]`` weights: offline, CQL at ``min_q_weight``,
+        computed even at weight 0 (Mortal logs it); online, CQL at ``online_min_q_weight`` and only when that is
+        > 0, the offline-mix rows' CQL at ``min_q_weight``, the anchor at ``anchor_weight`` (none offline)."""
+        cql = online_min_q_weight if online else min_q_weight
+        return cls(cql=cql, with_cql=not online or cql > 0, offline_cql=min_q_weight,
+                   anchor=anchor_weight if online else 0.0, next_rank=next_rank_weight, calibrated=calibrated)
+
+
+class LossTerms(NamedTuple):
+    """What ``learner_loss`` returns: scalar tensors (float32), None for a term that is off."""
+
+    total: Tensor  # the weighted sum to backpropagate
+    dqn_loss: Tensor
+    next_rank_loss: Tensor
+    cql_loss: Optional[Tensor]
+    offline_cql_loss: Optional[Tensor]
+    anchor_loss: Optional[Tensor]
+    q: Tensor  # (B,) Q of the taken actions, in the forward pass's dtype (for the q histograms)
+
+
+def learner_loss(q_out: Tensor, next_rank_logits: Tensor, actions: Tensor, q_target: Tensor, player_ranks: Tensor,
+                 *, masks: Tensor, online_rows: int, weights: LossWeights, q_ref: Optional[Tensor] = None) -> LossTerms:
+    """The loss of one batch of ``B`` rows, the first ``online_rows`` of them online (all of them offline, and
+    online without the offline mix), the rest offline-mix rows.
+
+    ``next_rank_logits (B, 4)``, ``player_ranks (B,)`` int64 in 0..3 (the seat's rank at the next kyoku);
+    ``q_ref (online_rows, 46)``: the anchor model's Q of the online rows (None: no anchor term).
+    Call it inside the forward pass's autocast; every term is computed in float32.
+    """
+    n = online_rows
+    rows = torch.arange(q_out.shape[0], device=q_out.device)
+    q = q_out[rows, actions]
+    # Mortal: the Monte-Carlo regression of the taken action's Q, and the next-rank auxiliary head.
+    dqn_loss = 0.5 * F.mse_loss(q.float(), q_target)
+    next_rank_loss = F.cross_entropy(next_rank_logits.float(), player_ranks)
+    # Conservatism on the untaken actions: CQL (Mortal's, offline), its online and offline-mix extras, the anchor.
+    cql_loss = offline_cql_loss = anchor_loss = None
+    if weights.with_cql:
+        cql_loss = cql_term(q_out[:n], actions[:n], q_target[:n], calibrated=weights.calibrated)
+    if q_out.shape[0] > n:
+        offline_cql_loss = cql_term(q_out[n:], actions[n:], q_target[n:], calibrated=weights.calibrated)
+    if q_ref is not None:
+        anchor_loss = anchor_term(q_out[:n], q_ref, masks[:n], actions[:n])
+    total = (dqn_loss + _or_zero(cql_loss) * weights.cql + _or_zero(anchor_loss) * weights.anchor
+             + _or_zero(offline_cql_loss) * weights.offline_cql + next_rank_loss * weights.next_rank)
+    return LossTerms(total, dqn_loss, next_rank_loss, cql_loss, offline_cql_loss, anchor_loss, q)
+
+
+def _or_zero(term):
+    return 0 if term is None else term
+
+
+def cql_term(q_out: Tensor, actions: Tensor, q_target: Tensor | None = None, *, calibrated: bool = False) -> Tensor:
+    """CQL(H) for discrete actions: ``mean(logsumexp_legal(q) - q[taken])``, a scalar >= 0.
+
+    With ``calibrated`` (Cal-QL) the push-down runs over ``max(q, G)`` per legal action, ``G = q_target`` of the
+    row: an action already valued below the row's return is not pushed further. The taken action's pull-up is
+    unchanged. Raises ValueError when ``calibrated`` is set without ``q_target``.
+    """
+    q_out = q_out.float()
+    rows = torch.arange(q_out.shape[0], device=q_out.device)
+    q_taken = q_out[rows, actions]
+    if calibrated:
+        if q_target is None:
+            raise ValueError('the calibrated (Cal-QL) CQL term needs q_target')
+        legal = torch.isfinite(q_out)
+        clamped = torch.maximum(q_out, q_target.float().unsqueeze(-1))
+        q_out = clamped.masked_fill(~legal, -torch.inf)
+    return (q_out.logsumexp(-1) - q_taken).mean()
+
+
+def anchor_term(q_out: Tensor, q_ref: Tensor, masks: Tensor, actions: Tensor) -> Tensor:
+    """Mean squared difference to ``q_ref (B, 46)`` (a frozen model's Q) over legal actions other than the taken
+    one; 0 when no row has a second legal action. A scalar in squared ``pts`` units."""
+    untaken = masks.to(torch.bool).clone()
+    untaken[torch.arange(untaken.shape[0], device=untaken.device), actions] = False
+    if not untaken.any():
+        return q_out.new_zeros((), dtype=torch.float32)
+    diff = (q_out.float() - q_ref.float())[untaken]
+    return diff.pow(2).mean()

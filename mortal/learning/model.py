@@ -1,0 +1,338 @@
+"""Neural networks of the trainer: ``Brain`` (encoder), ``DQN``, ``AuxNet`` and ``GRP``.
+
+The architectures and every submodule/parameter name follow Mortal's
+``mortal/model.py`` so that Mortal checkpoints (``mortal``, ``current_dqn``,
+``aux_net`` of a trainer checkpoint; ``model`` of a GRP checkpoint) load with
+``strict=True``. Attribute names below are therefore part of the file format:
+renaming one, or inserting a layer into an ``nn.Sequential``, breaks loading.
+
+Per feature version (as Mortal):
+
+========  ==========  ==========  ==============  ===========================
+version   activation  BN order    BN eps          Brain output
+========  ==========  ==========  ==============  ===========================
+1         ReLU        post-act    1e-5            ``(mu, logsig)`` (N, 512) x2
+2         Mish        pre-act     1e-5            ``phi`` (N, 1024)
+3, 4      Mish        pre-act     1e-3            ``phi`` (N, 1024)
+========  ==========  ==========  ==============  ===========================
+
+All BatchNorms use momentum 0.01.
+"""
+
+from itertools import permutations
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+from torch.nn.utils.rnn import pack_padded_sequence, pad_sequence
+
+from mjai.mlibriichi.consts import ACTION_SPACE, GRP_SIZE
+from mortal.features.obs import check_version, obs_shape, oracle_obs_shape
+
+__all__ = ["AuxNet", "Brain", "DQN", "GRP", "ACTION_SPACE", "GRP_SIZE"]
+
+_BN_MOMENTUM = 0.01
+_N_TILES = 34
+_PHI_DIM = 1024
+
+
+def _activation(version: int) -> nn.Module:
+    # In-place is safe at every use site: each activation consumes a fresh tensor.
+    return nn.ReLU(inplace=True) if version == 1 else nn.Mish(inplace=True)
+
+
+def _batch_norm(channels: int, version: int) -> nn.BatchNorm1d:
+    eps = 1e-3 if version >= 3 else 1e-5
+    return nn.BatchNorm1d(channels, eps=eps, momentum=_BN_MOMENTUM)
+
+
+def _conv3(c_in: int, c_out: int, bias: bool = False) -> nn.Conv1d:
+    """Width-preserving 1-D convolution over the 34 tile columns."""
+    return nn.Conv1d(c_in, c_out, kernel_size=3, padding=1, bias=bias)
+
+
+class ChannelAttention(nn.Module):
+    """Squeeze-and-excitation over channels using both mean- and max-pooling.
+
+    ``x`` (N, C, 34) -> same shape, each channel scaled by a gate in (0, 1).
+    The two pooled vectors go through one shared 2-layer MLP (C -> C//ratio -> C).
+    """
+
+    def __init__(self, channels: int, version: int, ratio: int = 16):
+        super().__init__()
+        hidden = channels // ratio
+        if hidden < 1:
+            raise ValueError(f"conv_channels={channels} is too small for channel attention (needs >= {ratio})")
+        self.shared_mlp = nn.Sequential(
+            nn.Linear(channels, hidden),
+            _activation(version),
+            nn.Linear(hidden, channels),
+        )
+        for layer in (self.shared_mlp[0], self.shared_mlp[2]):
+            nn.init.zeros_(layer.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate = self.shared_mlp(x.mean(dim=-1)) + self.shared_mlp(x.amax(dim=-1))
+        return x * gate.sigmoid().unsqueeze(-1)
+
+
+class ResBlock(nn.Module):
+    """Two 3-wide convolutions + channel attention with an identity skip.
+
+    Version 1 is post-activation (conv-BN-act-conv-BN, add, act); versions 2-4
+    are pre-activation (BN-act-conv-BN-act-conv, add). ``dropout`` (probability)
+    is applied to the residual branch just before the skip is added; it holds
+    no parameters, so it does not change the state-dict keys.
+    ``x`` (N, C, 34) float -> (N, C, 34).
+    """
+
+    def __init__(self, channels: int, version: int, dropout: float = 0.0):
+        super().__init__()
+        self.pre_actv = version >= 2
+        if self.pre_actv:
+            self.res_unit = nn.Sequential(
+                _batch_norm(channels, version),
+                _activation(version),
+                _conv3(channels, channels),
+                _batch_norm(channels, version),
+                _activation(version),
+                _conv3(channels, channels),
+            )
+        else:
+            self.res_unit = nn.Sequential(
+                _conv3(channels, channels),
+                _batch_norm(channels, version),
+                _activation(version),
+                _conv3(channels, channels),
+                _batch_norm(channels, version),
+            )
+            self.actv = _activation(version)
+        self.ca = ChannelAttention(channels, version)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.dropout(self.ca(self.res_unit(x))) + x
+        return out if self.pre_actv else self.actv(out)
+
+
+class ResNet(nn.Module):
+    """Stem conv, ``num_blocks`` residual blocks, 32-channel head conv, Linear to 1024.
+
+    ``x`` (N, in_channels, 34) float32 -> (N, 1024) (no final activation).
+    Everything lives in one ``nn.Sequential`` named ``net`` (Mortal's key layout).
+    """
+
+    def __init__(self, in_channels: int, conv_channels: int, num_blocks: int, version: int, dropout: float = 0.0):
+        super().__init__()
+        blocks = [ResBlock(conv_channels, version, dropout) for _ in range(num_blocks)]
+        stem = _conv3(in_channels, conv_channels)
+        if version >= 2:
+            body = [stem, *blocks, _batch_norm(conv_channels, version), _activation(version)]
+        else:
+            body = [stem, _batch_norm(conv_channels, version), _activation(version), *blocks]
+        head = [
+            _conv3(conv_channels, 32, bias=True),
+            _activation(version),
+            nn.Flatten(),
+            nn.Linear(32 * _N_TILES, _PHI_DIM),
+        ]
+        self.net = nn.Sequential(*body, *head)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+class Brain(nn.Module):
+    """Observation encoder (Mortal's ``Brain``).
+
+    Args:
+        conv_channels: width of the residual tower (>= 16, channel attention divides by 16).
+        num_blocks: number of residual blocks.
+        is_oracle: if True the input also takes the oracle obs, concatenated on channels.
+        version: feature/model version 1-4 (see the module table).
+        dropout: drop probability on each residual branch (0 = off, Mortal's behaviour).
+
+    ``forward(obs, invisible_obs=None)``:
+        obs ``(N, obs_shape(version)[0], 34)`` float32; invisible_obs
+        ``(N, oracle_obs_shape(version)[0], 34)`` float32, required iff ``is_oracle``.
+        Returns ``phi`` ``(N, 1024)`` after a final Mish for versions 2-4; for version 1
+        returns ``(mu, logsig)``, each ``(N, 512)``, the latent Gaussian's mean and log-sigma.
+
+    ``freeze_bn(True)`` keeps every BatchNorm in eval mode (normalise with, and never
+    update, the running statistics) even after ``.train()``; their weight/bias still
+    receive gradients.
+    """
+
+    def __init__(self, *, conv_channels: int, num_blocks: int, is_oracle: bool = False, version: int = 1,
+                 dropout: float = 0.0):
+        super().__init__()
+        version = check_version(version)
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        self.is_oracle = is_oracle
+        self.version = version
+        in_channels = obs_shape(version)[0]
+        if is_oracle:
+            in_channels += oracle_obs_shape(version)[0]
+        self.encoder = ResNet(in_channels, conv_channels, num_blocks, version, dropout)
+        if version == 1:
+            self.latent_net = nn.Sequential(nn.Linear(_PHI_DIM, 512), nn.ReLU(inplace=True))
+            self.mu_head = nn.Linear(512, 512)
+            self.logsig_head = nn.Linear(512, 512)
+        self.actv = _activation(version)
+        self._freeze_bn = False
+
+    def forward(self, obs: Tensor, invisible_obs: Tensor | None = None):
+        if self.is_oracle:
+            if invisible_obs is None:
+                raise ValueError("an oracle Brain needs invisible_obs")
+            obs = torch.cat((obs, invisible_obs), dim=1)
+        phi = self.encoder(obs)
+        if self.version == 1:
+            latent = self.latent_net(phi)
+            return self.mu_head(latent), self.logsig_head(latent)
+        return self.actv(phi)
+
+    def train(self, mode: bool = True):
+        """Set training mode; with frozen BN, BatchNorm layers stay in eval mode."""
+        super().train(mode)
+        if self._freeze_bn:
+            for mod in self.modules():
+                if isinstance(mod, nn.modules.batchnorm._BatchNorm):
+                    mod.eval()
+        return self
+
+    def freeze_bn(self, value: bool):
+        """Freeze (True) or release (False) BatchNorm running statistics; returns self."""
+        self._freeze_bn = bool(value)
+        return self.train(self.training)
+
+    def reset_running_stats(self) -> None:
+        """Reset running mean/var of every BatchNorm (weights untouched)."""
+        for mod in self.modules():
+            if isinstance(mod, nn.modules.batchnorm._BatchNorm):
+                mod.reset_running_stats()
+
+
+class AuxNet(nn.Module):
+    """Auxiliary heads on ``phi``: one bias-free Linear split into ``dims`` logits.
+
+    ``forward(phi (N, 1024))`` -> tuple of tensors ``(N, d)`` for each d in ``dims``.
+    Mortal uses ``dims=(4,)``: logits of the player's rank at the end of the next kyoku.
+    """
+
+    def __init__(self, dims=(4,)):
+        super().__init__()
+        self.dims = tuple(int(d) for d in dims)
+        if not self.dims or min(self.dims) < 1:
+            raise ValueError(f"AuxNet dims must be positive, got {dims!r}")
+        self.net = nn.Linear(_PHI_DIM, sum(self.dims), bias=False)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, ...]:
+        return self.net(x).split(self.dims, dim=-1)
+
+
+def _mlp_head(hidden: int, out: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(_PHI_DIM, hidden), nn.Mish(inplace=True), nn.Linear(hidden, out))
+
+
+class DQN(nn.Module):
+    """Dueling Q head: ``q = v + a - mean_legal(a)``, illegal actions set to ``-inf``.
+
+    Input width per version: v1 512 (the Brain's ``mu``), v2-v4 1024 (``phi``).
+    v1: Linear heads; v2/v3: Linear-Mish-Linear heads (hidden 512 / 256);
+    v4: one Linear to ``1 + 46`` (value first), bias initialised to 0.
+
+    ``forward(phi (N, D) float, mask (N, 46) bool) -> q (N, 46)`` in phi's dtype.
+    The advantage mean runs over legal actions only. A row without any legal
+    action comes out all ``-inf``.
+    """
+
+    def __init__(self, *, version: int = 1):
+        super().__init__()
+        self.version = check_version(version)
+        if self.version == 1:
+            self.v_head = nn.Linear(512, 1)
+            self.a_head = nn.Linear(512, ACTION_SPACE)
+        elif self.version in (2, 3):
+            hidden = 512 if self.version == 2 else 256
+            self.v_head = _mlp_head(hidden, 1)
+            self.a_head = _mlp_head(hidden, ACTION_SPACE)
+        else:
+            self.net = nn.Linear(_PHI_DIM, 1 + ACTION_SPACE)
+            nn.init.zeros_(self.net.bias)
+
+    def forward(self, phi: Tensor, mask: Tensor) -> Tensor:
+        if self.version == 4:
+            v, a = self.net(phi).split((1, ACTION_SPACE), dim=-1)
+        else:
+            v, a = self.v_head(phi), self.a_head(phi)
+        mask = mask.to(torch.bool)
+        n_legal = mask.sum(dim=-1, keepdim=True)
+        a_mean = a.masked_fill(~mask, 0.0).sum(dim=-1, keepdim=True) / n_legal
+        return (v + a - a_mean).masked_fill(~mask, -torch.inf)
+
+
+class GRP(nn.Module):
+    """Global Reward Predictor: distribution over final rank orders from kyoku history.
+
+    Each game prefix is a sequence of per-kyoku rows of ``GRP_SIZE`` = 7 features
+    ``[grand_kyoku, honba, kyotaku, s0, s1, s2, s3]`` (scores in units of 10000,
+    seat 0 first; grand_kyoku E1=0 ... S4=7, W4=11), float64. A GRU reads the
+    rows; the final hidden states of all layers, concatenated, feed an MLP giving
+    logits over the 24 permutations of ranks in ``itertools.permutations(range(4))``
+    order, read as ``rank_by_player`` (entry p = rank of seat p, 0 = first).
+    All parameters are float64.
+    """
+
+    def __init__(self, hidden_size: int = 64, num_layers: int = 2):
+        super().__init__()
+        self.rnn = nn.GRU(input_size=GRP_SIZE, hidden_size=hidden_size, num_layers=num_layers, batch_first=True)
+        width = hidden_size * num_layers
+        self.fc = nn.Sequential(nn.Linear(width, width), nn.ReLU(inplace=True), nn.Linear(width, 24))
+        perms = torch.tensor(list(permutations(range(4))), dtype=torch.int64)
+        # Persistent buffers: they are part of Mortal's GRP state dict.
+        self.register_buffer("perms", perms)  # (24, 4)
+        self.register_buffer("perms_t", perms.t().contiguous())  # (4, 24)
+        self.double()
+
+    def forward(self, inputs: list[Tensor]) -> Tensor:
+        """``inputs``: list of N tensors ``(L_i, 7)`` float64, L_i >= 1 -> logits ``(N, 24)`` float64."""
+        if len(inputs) == 0:
+            raise ValueError("GRP.forward needs at least one sequence")
+        lengths = torch.tensor([t.shape[0] for t in inputs], dtype=torch.int64)
+        if int(lengths.min()) < 1:
+            raise ValueError("GRP.forward got an empty sequence")
+        padded = pad_sequence(inputs, batch_first=True)
+        packed = pack_padded_sequence(padded, lengths, batch_first=True, enforce_sorted=False)
+        return self.forward_packed(packed)
+
+    def forward_packed(self, packed_inputs) -> Tensor:
+        """Same as ``forward`` for an already packed batch (``PackedSequence``)."""
+        _, h_n = self.rnn(packed_inputs)  # (num_layers, N, hidden)
+        return self.fc(h_n.transpose(0, 1).flatten(1))
+
+    def calc_matrix(self, logits: Tensor) -> Tensor:
+        """``logits (N, 24)`` -> ``(N, 4, 4)``: entry [n, p, r] = P(seat p finishes at rank r).
+
+        Each row and each column of a matrix sums to 1.
+        """
+        probs = logits.softmax(dim=-1)
+        # one_hot[k, p, r] = 1 iff permutation k puts seat p at rank r.
+        one_hot = F.one_hot(self.perms, 4).to(probs.dtype)
+        return torch.einsum("nk,kpr->npr", probs, one_hot)
+
+    def get_label(self, rank_by_player: Tensor) -> Tensor:
+        """``rank_by_player (N, 4)`` integer (0 = first) -> permutation index ``(N,)`` int64.
+
+        Raises ValueError if a row is not a permutation of 0-3.
+        """
+        ranks = rank_by_player.to(device=self.perms.device, dtype=torch.int64)
+        if ranks.dim() != 2 or ranks.shape[1] != 4:
+            raise ValueError(f"rank_by_player must be (N, 4), got {tuple(ranks.shape)}")
+        hits = (ranks.unsqueeze(1) == self.perms.unsqueeze(0)).all(dim=-1)  # (N, 24)
+        found = hits.any(dim=-1)
+        if not bool(found.all()):
+            bad = ranks[~found][0].tolist()
+            raise ValueError(f"rank_by_player row {bad} is not a permutation of 0-3")
+        return hits.to(torch.int64).argmax(dim=-1)

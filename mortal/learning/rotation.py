@@ -1,0 +1,99 @@
+"""Baseline rotation: promote a checkpoint (normally best.pth) to ``[baseline.train]``/``[baseline.test]``, and the
+opponent pool of the newest baselines.
+
+Used by ``scripts/rotate_baseline.py`` (by hand) and by the trainer's automatic rotation (``[rotation] after``).
+Every replaced baseline is kept as ``<file>.<YYYYmmdd-HHMMSS>.bak``; the pool (``[rotation] pool_size``) is the
+current baseline file and its newest ``.bak`` copies. A client that fetches the trainer's baseline from the server
+(``[baseline.train] from_server``) installs it with ``install_baseline``, keeping the old one the same way.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import time
+
+from mortal.learning.checkpoint import (INITIAL_BEST_PERF, MORTAL_ENTRIES, CheckpointError, atomic_torch_save,
+                                        describe_error, load_checkpoint, require_entries)
+from mortal.util.fsutil import atomic_copy, stamped_name
+
+logger = logging.getLogger('mortal.rotation')  # the name before the package split (log format)
+
+
+def check_source(path: str) -> None:
+    """Check that ``path`` is a loadable Mortal-layout checkpoint (``mortal``, ``current_dqn`` and ``config``
+    entries, loaded with ``weights_only=True``).
+
+    Raises:
+        FileNotFoundError: no such file.
+        mortal.learning.checkpoint.CheckpointError (a ValueError): not loadable, or lacking an entry (the message names
+            ``path``).
+    """
+    require_entries(load_checkpoint(path), MORTAL_ENTRIES, path)
+
+
+def keep_backup(target: str, stamp: str | None = None) -> str | None:
+    """Copy ``target`` (when it exists) to ``<target>.<stamp>.bak`` through a temporary name, so that a client
+    drawing its pool never sees half a file; returns the backup's name (None when there was nothing to keep)."""
+    if not os.path.exists(target):
+        return None
+    backup = stamped_name(target, stamp or time.strftime('%Y%m%d-%H%M%S'), '.bak')
+    atomic_copy(target, backup, keep_times=True)  # the time the baseline was written orders the pool
+    return backup
+
+
+def install_baseline(path: str, mortal: dict, dqn: dict, arch: dict) -> str | None:
+    """Write a baseline received from the server to ``path`` as a Mortal-layout checkpoint (``mortal``,
+    ``current_dqn`` and a ``config`` holding ``arch``), atomically, keeping the file it replaces as ``.bak``
+    (``keep_backup``); returns that backup's name or None. Raises OSError."""
+    backup = keep_backup(path)
+    config = {'control': {'version': arch['version']},
+              'resnet': {'conv_channels': arch['conv_channels'], 'num_blocks': arch['num_blocks']}}
+    atomic_torch_save({'mortal': mortal, 'current_dqn': dqn, 'config': config}, path)
+    return backup
+
+
+def rotate(config: dict, source: str | None = None, *, reset_best: bool = False, stamp: str | None = None) -> list:
+    """Copy ``source`` (default ``[control] best_state_file``) over each distinct baseline file, keeping the old
+    one as ``<file>.<stamp>.bak``; returns ``[(target, backup or None)]``.
+
+    ``reset_best``: also reset ``best_perf`` in ``[control] state_file`` (only while the trainer is stopped).
+    Raises (nothing is touched then) FileNotFoundError when ``source`` is missing, ValueError (CheckpointError
+    among them) when it is unusable or is a baseline file itself or ``state_file`` cannot be reset."""
+    source = source or config['control']['best_state_file']
+    check_source(source)
+    state = None
+    if reset_best:  # read it before anything changes: a state file that cannot be reset stops the rotation
+        state_file = config['control']['state_file']
+        try:
+            state = load_checkpoint(state_file)
+            state['best_perf'] = dict(INITIAL_BEST_PERF)
+        except (OSError, TypeError, CheckpointError) as e:
+            raise CheckpointError(state_file, f'cannot reset best_perf: {describe_error(e)}') from None
+    stamp = stamp or time.strftime('%Y%m%d-%H%M%S')
+    targets = list(dict.fromkeys(config['baseline'][slot]['state_file'] for slot in ('train', 'test')))
+    for target in targets:
+        if os.path.exists(target) and os.path.samefile(target, source):
+            raise ValueError(f'{source} is the baseline file itself')
+    done = []
+    for target in targets:
+        backup = keep_backup(target, stamp)
+        atomic_copy(source, target)
+        done.append((target, backup))
+    if state is not None:
+        atomic_torch_save(state, config['control']['state_file'])
+    return done
+
+
+def baseline_pool(state_file: str, size: int) -> list:
+    """The ``size`` newest baselines: ``state_file`` first, then its ``.bak`` copies, newest first (by the
+    modification time each kept, i.e. when that baseline was written). Fewer when fewer exist; ``[state_file]`` for
+    size 1."""
+    backups = []
+    for name in glob.glob(f'{glob.escape(state_file)}.*.bak'):
+        try:
+            backups.append((os.path.getmtime(name), name))  # keep_backup keeps the time the baseline was written
+        except OSError:
+            continue
+    return [state_file, *(name for _, name in sorted(backups, reverse=True))][:max(1, size)]

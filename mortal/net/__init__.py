@@ -1,0 +1,4 @@
+"""Networking: the wire protocol between server, clients and trainer (length-prefixed msgpack frames, state dicts
+as safetensors bytes, the ``Remote`` client of the server) and the loopback rule that decides when a token is
+required. Used by all three long-running processes; it knows nothing of games or training.
+"""

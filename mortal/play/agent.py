@@ -1,0 +1,398 @@
+"""Per-seat batch agents for the arena: Mortal engines and mjai bots.
+
+An agent serves many (game, seat) slots at once. The arena hands it a list of
+``Scene`` s (one per seat that can act, across all games in flight) and gets
+back one ``Decision`` per scene, so an engine is called once per lock-step
+cycle (Mortal's ``MortalBatchAgent``, ``libriichi/src/agent/mortal.rs``).
+
+* ``MortalBatchAgent(engine)``: encodes features, applies quick eval,
+  the kan-select second pass in the same batch, the rule-based agari
+  guard and attaches Mortal's ``meta``, all as Mortal's ``libriichi/src/agent/mortal.rs``.
+* ``MjaiBotAgent(factory, name)``: any mjai bot with ``react(events_json) ->
+  reaction_json`` (e.g. ``mjai.bot.rulebase.RulebaseBot``), one bot object per
+  (game, seat); an illegal reaction is replaced by the first legal action and
+  counted in ``substitutions`` (mjai's RulebaseBot can propose a kuikae discard, which the rules forbid).
+
+Version 4 needs per-seat state beyond ``PlayerState`` (``mortal.features.obs_v4.V4Encoder``):
+the caller (arena, bot) keeps one encoder per seat of an agent for which
+``needs_v4_encoder`` is true, feeds it the seat's events and hands it over in
+``Scene.v4``; other seats carry ``None`` and never run the single-player search.
+
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from mortal.features.action import HORA, KAN, event_to_label, reaction_from_index
+
+logger = logging.getLogger('mortal.agent')  # the name before the package split (log format)
+
+from mortal.features.obs import check_version, encode as _encode
+from mortal.features.obs_v4 import encode_batch as encode_v4_batch
+
+# PlayerState.bakaze is a tile id: E=27, S=28, W=29.
+_BAKAZE_S, _BAKAZE_W = 28, 29
+# lowest finite float: Mortal's agari guard puts this on q[43] before argmax
+_LOWEST = float(np.finfo(np.float32).min)
+
+
+class IllegalReaction(ValueError):
+    """An agent chose an action its seat cannot take; ``game``/``seat`` say where."""
+
+    def __init__(self, game: int, seat: int, message: str):
+        super().__init__(message)
+        self.game = game
+        self.seat = seat
+
+
+@dataclass
+class Scene:
+    """One pending decision of one seat in one game.
+
+    Attributes:
+        game: index of the game in the arena run (for error messages and bot slots).
+        seat: absolute seat 0-3.
+        state: the seat's ``PlayerState``, already updated with ``events``.
+        events: masked mjai events (JSON strings) this seat saw since its previous
+            scene; mjai-bot agents forward them to their bot.
+        best_win_scores: ``None`` or a callable returning the absolute scores (4 ints)
+            after the best-case hora of this seat now; only the agari guard calls it.
+        v4: the seat's ``mortal.features.obs_v4.V4Encoder`` (fed the same events as ``state``, in
+            the same order) when the agent encodes version 4 (``needs_v4_encoder``), else
+            ``None``; a version-4 engine given ``None`` raises ``ValueError``.
+    """
+
+    game: int
+    seat: int
+    state: Any
+    events: list = field(default_factory=list)
+    best_win_scores: Callable[[], Sequence[int]] | None = None
+    v4: Any = None
+
+
+@dataclass
+class Decision:
+    """An agent's answer to a ``Scene``: an mjai reaction dict and Mortal's ``meta``
+    (``None`` when no evaluation was made, e.g. quick eval or a bot)."""
+
+    reaction: dict
+    meta: dict | None = None
+
+
+# ---------------------------------------------------------------------------
+# rule-based agari guard (Mortal's agent/mortal.rs)
+
+
+def abs_scores(state) -> list[int]:
+    """Absolute-seat scores (4 ints) from a ``PlayerState`` (whose ``scores`` start at itself)."""
+    rel = state.scores
+    pid = state.player_id
+    return [rel[(s - pid) % 4] for s in range(4)]
+
+
+def rank_of(scores: Sequence[int], seat: int) -> int:
+    """0-based rank of ``seat``; ties go to the lower seat index (Mortal's rankings.rs)."""
+    mine = scores[seat]
+    return sum(1 for s, v in enumerate(scores) if v > mine or (v == mine and s < seat))
+
+
+def is_all_last(state) -> bool:
+    """S4 or any West kyoku (Mortal's ``is_all_last``, update.rs)."""
+    return (state.bakaze == _BAKAZE_S and state.kyoku == 3) or state.bakaze == _BAKAZE_W
+
+
+def rule_based_agari(state, best_win_scores: Callable[[], Sequence[int]] | None) -> bool:
+    """Whether a rule-based player would take the hora offered now (Mortal's
+    ``rule_based_agari``, agent_helper.rs).
+
+    It says False only for an all-last win that would end the game with this seat
+    still 4th. ``best_win_scores()`` must return the absolute scores after the best
+    case of this hora (see ``arena`` for how it is estimated: the table's exact
+    value for the hand, plus an upper bound on ura dora when in riichi). If it is
+    None the guard cannot evaluate and allows the hora.
+
+    Returns:
+        bool; False also when the seat cannot hora at all.
+    """
+    cans = state.last_cans
+    if not cans.can_agari:
+        return False
+    seat = state.player_id
+    scores = abs_scores(state)
+    if not is_all_last(state) or state.is_oya or rank_of(scores, seat) < 3:
+        return True
+    if state.bakaze == _BAKAZE_W:
+        if state.kyoku < 3:  # West but not W4: the game goes on anyway
+            return True
+    elif all(s < 30000 for s in scores):  # S4 and a West extension is still possible
+        return True
+    if best_win_scores is None:
+        return True
+    exp = list(best_win_scores())
+    if all(s < 30000 for s in exp):
+        return True
+    return rank_of(exp, seat) < 3
+
+
+# ---------------------------------------------------------------------------
+# Mortal engines
+
+
+def _mask_bits(mask) -> int:
+    bits = 0
+    for i, legal in enumerate(mask):
+        if legal:
+            bits |= 1 << i
+    return bits
+
+
+def _meta_core(q, mask, is_greedy, state) -> dict:
+    """Mortal's meta fields common to the main and the kan-select evaluation."""
+    return {
+        "q_values": [float(q[i]) for i in range(len(mask)) if mask[i]],
+        "mask_bits": _mask_bits(mask),
+        "is_greedy": bool(is_greedy),
+        "shanten": int(state.shanten),
+        "at_furiten": bool(state.at_furiten),
+    }
+
+
+def _quick_eval_index(state, mask=None) -> int | None:
+    """The only legal discard when Mortal's quick eval applies, else None.
+
+    ``mask`` (46,) bool: the decision's mask; when None it is taken from the v3 encoder
+    (every version has the same mask), so a v4 seat skips its single-player search for
+    forced discards, as Mortal checks quick eval before encoding.
+    """
+    cans = state.last_cans
+    if not cans.can_discard or cans.can_riichi or cans.can_tsumo_agari \
+            or cans.can_ankan or cans.can_kakan or cans.can_ryukyoku:
+        return None
+    if mask is None:
+        mask = _encode(state, 3, False)[1]
+    discards = np.flatnonzero(mask[:37])
+    return int(discards[0]) if len(discards) == 1 else None
+
+
+class MortalBatchAgent:
+    """Batch agent over a ``MortalEngine``-like object (contract in contracts.md:
+    attrs ``name``, ``version``, ``is_oracle``, ``enable_quick_eval``,
+    ``enable_rule_based_agari_guard``; ``react_batch(obs, masks, invisible_obs)``).
+
+    ``react(scenes)`` makes at most one ``react_batch`` call holding every main obs
+    ``(C,34) float32`` plus every kan-select obs; returns one ``Decision`` each. A
+    version-4 engine needs every scene's ``v4`` encoder (``Scene.v4``).
+
+    Raises:
+        ValueError: an oracle engine (the arena has no oracle features).
+        UnsupportedVersionError: ``engine.version`` is not 1-4.
+    """
+
+    def __init__(self, engine):
+        if getattr(engine, "is_oracle", False):
+            raise ValueError(f"engine {engine.name!r}: oracle engines are not supported in the arena")
+        self.engine = engine
+        self.name = engine.name
+        self.version = check_version(engine.version)
+        self.quick_eval = bool(getattr(engine, "enable_quick_eval", True))
+        self.agari_guard = bool(getattr(engine, "enable_rule_based_agari_guard", False))
+        self.calls = 0  # react_batch calls
+        self.rows = 0  # rows sent to react_batch
+        self.decisions = 0  # scenes answered (incl. quick eval)
+
+    def _encode_rows(self, rows) -> tuple[list, list]:
+        """Observations and masks of ``rows``; version 4 encodes them in one batch so that
+        the single-player searches of all scenes run together (``obs_v4.encode_batch``)."""
+        if self.version == 4:
+            done = encode_v4_batch([(sc.v4, sc.state, kan) for sc, kan, _, _ in rows])
+        else:
+            done = [(obs, mask) if obs is not None else _encode(sc.state, self.version, kan, v4=sc.v4)
+                    for sc, kan, obs, mask in rows]
+        return [o for o, _ in done], [m for _, m in done]
+
+    def react(self, scenes: Sequence[Scene]) -> list[Decision]:
+        """Decide all ``scenes``; see the class docstring."""
+        out: list[Decision | None] = [None] * len(scenes)
+        rows = []  # (scene, at_kan_select, obs or None, mask or None), in react_batch order
+        plan = []  # (scene index, main row, kan-select row or None)
+        for i, sc in enumerate(scenes):
+            obs = mask = None
+            if self.quick_eval:
+                if self.version != 4:  # cheap: encode now, reuse the mask
+                    obs, mask = _encode(sc.state, self.version, False, v4=sc.v4)
+                only = _quick_eval_index(sc.state, mask)
+                if only is not None:
+                    out[i] = Decision(reaction_from_index(sc.state, only))
+                    continue
+            main_row = len(rows)
+            rows.append((sc, False, obs, mask))
+            cans = sc.state.last_cans
+            kan_row = None
+            if cans.can_ankan or cans.can_kakan:
+                n_cand = len(sc.state.ankan_candidates()) + len(sc.state.kakan_candidates())
+                if not self.quick_eval or n_cand > 1:
+                    kan_row = len(rows)
+                    rows.append((sc, True, None, None))
+            plan.append((i, main_row, kan_row))
+        obs_list, mask_list = self._encode_rows(rows)
+        self.decisions += len(scenes)
+        if not plan:
+            return out  # type: ignore[return-value]
+        t0 = time.perf_counter_ns()
+        actions, q_values, masks, is_greedy = self.engine.react_batch(obs_list, mask_list, None)
+        eval_ns = time.perf_counter_ns() - t0
+        self.calls += 1
+        self.rows += len(obs_list)
+        if len(actions) != len(obs_list):
+            raise RuntimeError(f"engine {self.name!r} returned {len(actions)} actions for {len(obs_list)} rows")
+        batch_size = len(obs_list)
+        for i, main_row, kan_row in plan:
+            t1 = time.perf_counter_ns()
+            sc = scenes[i]
+            action = int(actions[main_row])
+            q = q_values[main_row]
+            if action == HORA and self.agari_guard and not rule_based_agari(sc.state, sc.best_win_scores):
+                q_alt = np.asarray(q, dtype=np.float64).copy()
+                q_alt[HORA] = _LOWEST
+                action = int(np.argmax(q_alt))
+            kan_select = None
+            if kan_row is not None and action == KAN:
+                kan_select = int(actions[kan_row])
+                if not 0 <= kan_select < 34 or not mask_list[kan_row][kan_select]:
+                    raise IllegalReaction(sc.game, sc.seat, f"engine {self.name!r} chose kan tile {kan_select}, "
+                                          "not a kan candidate")
+            if not 0 <= action < len(mask_list[main_row]) or not mask_list[main_row][action]:
+                raise IllegalReaction(sc.game, sc.seat, f"engine {self.name!r} chose illegal action {action}")
+            reaction = reaction_from_index(sc.state, action, kan_select=kan_select)
+            meta = _meta_core(q, masks[main_row], is_greedy[main_row], sc.state)
+            meta["batch_size"] = batch_size
+            if kan_row is not None:
+                meta["kan_select"] = _meta_core(q_values[kan_row], masks[kan_row], is_greedy[kan_row], sc.state)
+            meta["eval_time_ns"] = eval_ns + (time.perf_counter_ns() - t1)
+            out[i] = Decision(reaction, meta)
+        return out  # type: ignore[return-value]
+
+    def end_game(self, game: int, seat: int) -> None:
+        """Nothing is kept per game."""
+
+
+# ---------------------------------------------------------------------------
+# mjai bots
+
+
+def first_legal(state, mask) -> dict:
+    """The reaction of the lowest legal action index in ``mask`` (46,) bool."""
+    return reaction_from_index(state, int(np.flatnonzero(mask)[0]))
+
+
+def legal_reaction(state, mask, reaction: dict) -> bool:
+    """Whether an mjai ``reaction`` is legal for ``state`` under the ``encode_obs``
+    mask (46,) bool and ``PlayerState.validate_reaction`` (which alone misses kuikae)."""
+    if not isinstance(reaction, dict):
+        return False
+    ty = reaction.get("type")
+    if ty != "none" and ty != "ryukyoku" and reaction.get("actor") != state.player_id:
+        return False
+    try:
+        label = event_to_label(reaction)
+    except ValueError:
+        return False
+    if label is None or not mask[label]:
+        return False
+    try:
+        state.validate_reaction(json.dumps(reaction))
+    except Exception:  # invalid tiles/targets; RuntimeError from Rust
+        return False
+    return True
+
+
+class MjaiBotAgent:
+    """Batch agent over mjai bots: ``factory(seat)`` builds one bot per (game, seat)
+    with ``react(events_json: str) -> reaction_json: str``.
+
+    Each scene forwards the seat's new masked events (JSON list) to its bot; the
+    bot's reaction is checked against the seat's mask; an illegal or unparsable one
+    is replaced by the first legal action and counted in ``substitutions``
+    (``substitution_log`` keeps the first 100 as (game, seat, reaction)).
+
+    Args:
+        factory: callable ``seat -> bot``; default ``mjai.bot.rulebase.RulebaseBot``.
+        name: the name written in logs' ``start_game``.
+        quiet: silence the ``mjai`` package's loguru output (RulebaseBot logs every discard).
+    """
+
+    def __init__(self, factory: Callable[[int], Any] | None = None, name: str = "rulebase", *, quiet: bool = True):
+        if factory is None:
+            from mjai.bot.rulebase import RulebaseBot as factory  # noqa: N813
+        if quiet:
+            try:
+                from loguru import logger as _loguru
+                _loguru.disable("mjai")
+            except ImportError:  # pragma: no cover
+                pass
+        self.factory = factory
+        self.name = name
+        self.bots: dict[tuple[int, int], Any] = {}
+        self.substitutions = 0
+        self.substitution_log: list[tuple[int, int, str]] = []
+        self.decisions = 0
+
+    def react(self, scenes: Sequence[Scene]) -> list[Decision]:
+        """Ask each scene's bot; see the class docstring."""
+        out = []
+        for sc in scenes:
+            key = (sc.game, sc.seat)
+            bot = self.bots.get(key)
+            if bot is None:
+                bot = self.bots[key] = self.factory(sc.seat)
+            raw = bot.react("[" + ",".join(sc.events) + "]")
+            try:
+                reaction = json.loads(raw)
+            except (TypeError, ValueError):
+                reaction = None
+            _, mask = _encode(sc.state, 1, False)
+            if not legal_reaction(sc.state, mask, reaction):
+                self.substitutions += 1
+                if len(self.substitution_log) < 100:
+                    self.substitution_log.append((sc.game, sc.seat, str(raw)))
+                logger.debug("game %d seat %d: illegal bot reaction %s replaced", sc.game, sc.seat, raw)
+                reaction = first_legal(sc.state, mask)
+            out.append(Decision(reaction))
+        self.decisions += len(scenes)
+        return out
+
+    def end_game(self, game: int, seat: int) -> None:
+        """Drop the bot of a finished game."""
+        self.bots.pop((game, seat), None)
+
+
+def needs_v4_encoder(agent) -> bool:
+    """Whether ``agent`` encodes observation version 4, i.e. its ``version`` attribute is 4
+    (a ``MortalBatchAgent`` over a v4 engine); its scenes must then carry ``v4`` encoders.
+
+    Bots and engines of versions 1-3 answer False, so their seats never run the
+    single-player search.
+    """
+    version = getattr(agent, "version", None)
+    return not isinstance(version, bool) and version == 4
+
+
+def make_agent(x):
+    """An arena agent from ``x``: an agent (has ``react``) as is, an engine (has
+    ``react_batch``) wrapped in ``MortalBatchAgent``.
+
+    Raises:
+        TypeError: neither.
+    """
+    if hasattr(x, "react") and hasattr(x, "end_game"):
+        return x
+    if hasattr(x, "react_batch"):
+        return MortalBatchAgent(x)
+    raise TypeError(f"not an engine (react_batch) or arena agent (react/end_game): {x!r}")

@@ -1,0 +1,515 @@
+"""One-vs-three arena: many hanchan in lock-step on ``riichienv`` tables.
+
+Design: every game owns one ``riichienv.RiichiEnv``
+played **one kyoku per reset** with an explicit wall derived from
+(nonce, key, kyoku index, honba), so all four seat rotations of a nonce see the
+same deal whenever they reach the same kyoku label (Mortal's duplicate property,
+not Mortal's exact walls). Scores, honba and kyotaku are carried here and the
+Tenhou hanchan flow (Mortal's ``libriichi/src/arena/game.rs``) is
+applied by the pure function ``next_kyoku``. Each seat has an
+``mjai.mlibriichi`` ``PlayerState`` fed from the table's masked events (plus, for a
+seat whose agent encodes version 4, a ``mortal.features.obs_v4.V4Encoder`` fed the same
+events in the same order); an agent (``mortal.play.agent``) is called with all its
+pending decisions across all games.
+
+Within a kyoku the table scores hora (incl. honba/kyotaku, multi-ron, pao),
+nagashi mangan, noten payments and abortive draws; this module takes its
+``deltas``, ``reach_accepted`` and ``ryukyoku`` reasons.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+import os
+import random
+from dataclasses import dataclass
+from typing import Sequence
+
+from mjai.mlibriichi.state import PlayerState
+from riichienv import GameRule, RiichiEnv, calculate_score
+
+from mortal.play.agent import IllegalReaction, Scene, abs_scores, make_agent, needs_v4_encoder
+from mortal.util.fsutil import atomic_write
+from mortal.data.grp import rank_by_player  # rankings.rs: 0-based rank of each seat, ties to the lower seat
+from mortal.features.obs_v4 import V4Encoder
+
+logger = logging.getLogger('mortal.arena')  # the name before the package split (log format)
+
+SPLITS = "abcd"
+HANCHAN_LENGTH = 8  # E1-S4; kyoku index 8-11 is the West extension
+MAX_KYOKU_INDEX = 12  # no North round
+TARGET_SCORE = 30000
+_U64 = 1 << 64
+_REACTION_TYPES = frozenset(("dahai", "chi", "pon", "daiminkan", "kakan", "ankan", "reach"))
+_CALL_TYPES = frozenset(("chi", "pon", "daiminkan"))
+MAX_STEPS_PER_KYOKU = 1000  # watchdog: a kyoku takes < 300 steps
+
+
+class ArenaError(RuntimeError):
+    """A table stopped answering, an agent gave an invalid reaction, or a log
+    invariant broke; the message names the game (nonce, key, split) and seat."""
+
+
+# ---------------------------------------------------------------------------
+# walls
+
+
+def kyoku_wall(nonce: int, key: int, kyoku_index: int, honba: int) -> list[int]:
+    """The 136-tile wall (riichienv tile ids 0-135) of kyoku label
+    (nonce, key, kyoku_index, honba): SHA3-256 of the little-endian u64 nonce, u64
+    key, u8 kyoku index, u8 honba seeds a ``random.Random`` shuffle. Same label,
+    same wall (kyotaku does not count, as Mortal's board.rs); not Mortal's walls.
+
+    Raises:
+        ValueError: nonce/key outside u64 or kyoku_index outside 0-11.
+    """
+    if not (0 <= nonce < _U64 and 0 <= key < _U64):
+        raise ValueError(f"nonce and key must be u64, got {nonce}, {key}")
+    if not 0 <= kyoku_index < MAX_KYOKU_INDEX:
+        raise ValueError(f"kyoku_index must be 0-11, got {kyoku_index}")
+    seed = hashlib.sha3_256(
+        nonce.to_bytes(8, "little") + key.to_bytes(8, "little") + bytes((kyoku_index, honba % 256))
+    ).digest()
+    wall = list(range(136))
+    random.Random(int.from_bytes(seed, "little")).shuffle(wall)
+    return wall
+
+
+# ---------------------------------------------------------------------------
+# hanchan flow (pure)
+
+
+@dataclass(frozen=True)
+class KyokuState:
+    """Where a hanchan stands at the start of a kyoku.
+
+    kyoku_index: 0 = E1 … 7 = S4, 8-11 = W1-W4; honba, kyotaku: stick counts;
+    scores: 4 absolute-seat points; in_renchan: this kyoku is a dealer renchan
+    (Mortal's flag for sudden death in the West round).
+    """
+
+    kyoku_index: int = 0
+    honba: int = 0
+    kyotaku: int = 0
+    scores: tuple = (25000, 25000, 25000, 25000)
+    in_renchan: bool = False
+
+    @property
+    def oya(self) -> int:
+        return self.kyoku_index % 4
+
+    @property
+    def bakaze(self) -> str:
+        return "ESW"[self.kyoku_index // 4]
+
+    @property
+    def kyoku(self) -> int:
+        """1-4, as mjai's ``start_kyoku.kyoku``."""
+        return self.kyoku_index % 4 + 1
+
+
+@dataclass(frozen=True)
+class KyokuResult:
+    """What a finished kyoku changed.
+
+    deltas: sum of the ``deltas`` of its hora/ryukyoku events (4 ints; include
+    honba and kyotaku paid to a winner); reach_accepted: 4 ints, 1 per accepted
+    riichi (each costs 1000 and adds a kyotaku); has_hora; abortive: an abortive
+    draw (kyuushu kyuuhai, four winds/riichi/kans); can_renchan: the dealer won
+    (any multi-ron winner) or was tenpai (shanten 0) at the exhaustive draw.
+    """
+
+    deltas: tuple = (0, 0, 0, 0)
+    reach_accepted: tuple = (0, 0, 0, 0)
+    has_hora: bool = False
+    abortive: bool = False
+    can_renchan: bool = False
+
+
+@dataclass(frozen=True)
+class KyokuOutcome:
+    """``next`` is the next kyoku's state, or None when the game is over;
+    ``scores``/``kyotaku`` are the table after the kyoku (before any leftover
+    kyotaku goes to the top at game end)."""
+
+    next: KyokuState | None
+    scores: tuple
+    kyotaku: int
+
+
+def top_seat(scores: Sequence[int]) -> int:
+    """Seat with the most points; ties go to the lowest seat index (game.rs)."""
+    return max(range(4), key=lambda s: (scores[s], -s))
+
+
+def next_kyoku(state: KyokuState, result: KyokuResult) -> KyokuOutcome:
+    """Tenhou hanchan flow, as Mortal's ``libriichi/src/arena/game.rs``.
+
+    * scores += deltas − 1000 per accepted riichi; kyotaku → 0 on a hora, else
+      grows by the accepted riichi;
+    * any score < 0 (tobi): game over (exactly 0 plays on);
+    * abortive draw: same kyoku, honba + 1 (not a renchan for sudden death);
+    * no renchan: next kyoku, honba 0 after a hora else honba + 1;
+    * renchan at all-last (S4 or West) with the dealer ≥ 30000 and top
+      (seat-order ties): game over (agari-yame / tenpai-yame); else same kyoku,
+      honba + 1;
+    * before a new kyoku: over after W4 (no North), or past S4 when someone has
+      ≥ 30000 and the coming kyoku is not a dealer renchan (West extension,
+      sudden death).
+    """
+    scores = tuple(s + d - 1000 * r for s, d, r in zip(state.scores, result.deltas, result.reach_accepted))
+    kyotaku = 0 if result.has_hora else state.kyotaku + sum(result.reach_accepted)
+    if any(s < 0 for s in scores):
+        return KyokuOutcome(None, scores, kyotaku)
+    if result.abortive:
+        nxt = KyokuState(state.kyoku_index, state.honba + 1, kyotaku, scores, False)
+    elif not result.can_renchan:
+        honba = 0 if result.has_hora else state.honba + 1
+        nxt = KyokuState(state.kyoku_index + 1, honba, kyotaku, scores, False)
+    else:
+        oya = state.oya
+        if state.kyoku_index >= HANCHAN_LENGTH - 1 and scores[oya] >= TARGET_SCORE and top_seat(scores) == oya:
+            return KyokuOutcome(None, scores, kyotaku)
+        nxt = KyokuState(state.kyoku_index, state.honba + 1, kyotaku, scores, True)
+    if nxt.kyoku_index >= MAX_KYOKU_INDEX or (
+        nxt.kyoku_index >= HANCHAN_LENGTH and not nxt.in_renchan and any(s >= TARGET_SCORE for s in scores)
+    ):
+        return KyokuOutcome(None, scores, kyotaku)
+    return KyokuOutcome(nxt, scores, kyotaku)
+
+
+def final_scores(scores: Sequence[int], kyotaku: int) -> list[int]:
+    """Scores at game end: leftover kyotaku (1000 each) go to the top seat (game.rs)."""
+    out = list(scores)
+    if kyotaku > 0:
+        out[top_seat(out)] += 1000 * kyotaku
+    return out
+
+
+def kyoku_result_from_events(events: Sequence[dict], oya: int, oya_shanten: int | None) -> KyokuResult:
+    """``KyokuResult`` of one kyoku's mjai events (dicts, any order after start_kyoku).
+
+    ``oya_shanten``: the dealer's ``PlayerState.shanten`` at the end of the kyoku,
+    used for renchan at an exhaustive draw (board.rs: shanten 0 = tenpai).
+    """
+    deltas = [0, 0, 0, 0]
+    reach = [0, 0, 0, 0]
+    has_hora = abortive = renchan = False
+    for ev in events:
+        ty = ev["type"]
+        if ty == "hora":
+            has_hora = True
+            renchan |= ev["actor"] == oya
+        elif ty == "ryukyoku":
+            if ev.get("reason", "exhaustive_draw") == "exhaustive_draw":
+                renchan |= oya_shanten == 0
+            else:
+                abortive = True
+        elif ty == "reach_accepted":
+            reach[ev["actor"]] += 1
+            continue
+        else:
+            continue
+        for s, d in enumerate(ev["deltas"]):
+            deltas[s] += d
+    return KyokuResult(tuple(deltas), tuple(reach), has_hora, abortive, renchan or abortive)
+
+
+# ---------------------------------------------------------------------------
+# one game
+
+
+def tenhou_rule() -> GameRule:
+    """Tenhou rules as Mortal: kuikae forbidden, triple ron paid (no abort)."""
+    return GameRule(sanchaho_is_draw=False, kuikae_forbidden=True)
+
+
+class _Game:
+    """One hanchan: its table, four ``PlayerState`` s (and ``V4Encoder`` s for the
+    seats of version-4 agents), flow state and log."""
+
+    def __init__(self, gid, nonce, key, split, agents, names):
+        self.gid, self.nonce, self.key, self.split = gid, nonce, key, split
+        self.agents = agents  # per seat
+        self.names = names
+        self.v4_seats = [needs_v4_encoder(a) for a in agents]
+        self.encoders: list[V4Encoder | None] = [None] * 4
+        self.env = RiichiEnv(game_mode=0, seed=nonce % _U64, rule=tenhou_rule())
+        self.flow = KyokuState()
+        self.lines = [json.dumps({"type": "start_game", "names": names, "seed": [nonce, key]}, separators=(",", ":"))]
+        self.states: list[PlayerState] = []
+        self.obs: dict = {}
+        self.done = False
+        self.scores: list[int] | None = None
+        self.ranks: list[int] | None = None
+        self.substeps = 0
+        self.meta_queue: list[list] = []
+        self.tentative_calls: dict[int, list] = {}
+        self._start_kyoku()
+
+    def label(self, seat=None) -> str:
+        s = f"game {self.nonce}_{self.key}_{self.split}"
+        return s if seat is None else f"{s} seat {seat}"
+
+    def _start_kyoku(self):
+        f = self.flow
+        wall = kyoku_wall(self.nonce, self.key, f.kyoku_index, f.honba)
+        self.states = [PlayerState(s) for s in range(4)]
+        # fresh per kyoku like the states (the encoder also resets itself at start_kyoku)
+        self.encoders = [V4Encoder(s) if self.v4_seats[s] else None for s in range(4)]
+        self.meta_queue = [[] for _ in range(4)]
+        self.substeps = 0
+        self.obs = self.env.reset(oya=f.oya, wall=wall, round_wind=f.kyoku_index // 4,
+                                  scores=list(f.scores), honba=f.honba, kyotaku=f.kyotaku)
+        if not self.obs:
+            raise ArenaError(f"{self.label()}: table gave no decision at the start of kyoku {f.kyoku_index}")
+
+    def scenes(self, guard: list[bool]) -> list[Scene]:
+        out = []
+        for seat, ob in self.obs.items():
+            events = ob.new_events()
+            st, enc = self.states[seat], self.encoders[seat]
+            for ev in events:
+                st.update(ev)
+                if enc is not None:
+                    enc.update(ev)
+            if not st.last_cans.can_act:
+                raise ArenaError(f"{self.label(seat)}: the table asks for a decision the PlayerState does not offer "
+                                 f"(legal {[a.to_mjai() for a in ob.legal_actions()]})")
+            best = (lambda seat=seat: self._best_win_scores(seat)) if guard[seat] else None
+            out.append(Scene(self.gid, seat, st, events, best, enc))
+        return out
+
+    def commit(self, decisions: dict) -> None:
+        actions = {}
+        for seat, dec in decisions.items():
+            ob = self.obs[seat]
+            act = ob.select_action_from_mjai(json.dumps(dec.reaction))
+            if act is None:
+                raise ArenaError(f"{self.label(seat)}: invalid reaction {dec.reaction} "
+                                 f"(legal {[a.to_mjai() for a in ob.legal_actions()]})")
+            actions[seat] = act
+            if dec.reaction.get("type") in _REACTION_TYPES:
+                self.meta_queue[seat].append([dec.reaction, dec.meta])
+        obs = self.env.step(actions)
+        self.substeps += 1
+        # a call is executed iff its caller must act next (discard / rinshan draw)
+        for seat, dec in decisions.items():
+            if dec.reaction.get("type") in _CALL_TYPES and seat not in obs:
+                self.meta_queue[seat].pop()
+        if self.env.done():
+            self._end_kyoku()
+            return
+        if not obs:
+            raise ArenaError(f"{self.label()}: table stopped answering after actions "
+                             f"{ {s: d.reaction for s, d in decisions.items()} }")
+        if self.substeps > MAX_STEPS_PER_KYOKU:
+            raise ArenaError(f"{self.label()}: no progress, kyoku {self.flow.kyoku_index} passed "
+                             f"{MAX_STEPS_PER_KYOKU} steps")
+        self.obs = obs
+
+    def _best_win_scores(self, seat: int) -> list[int]:
+        """Absolute scores after this seat's hora now (the agari guard of Mortal's ``agent/mortal.rs``): the table's
+        exact payment for the hand (single winner), plus, in riichi, an upper bound on
+        ura dora: every ura indicator pointing at the most-held kinds."""
+        st = self.states[seat]
+        now = abs_scores(st)
+        ob = self.obs[seat]
+        hora = next((a for a in ob.legal_actions() if "RON" in str(a.action_type) or "TSUMO" in str(a.action_type)), None)
+        if hora is None:
+            return now
+        sim = self.env.clone()
+        sim.step({seat: hora})
+        hora_ev = next((e for e in sim.mjai_log if e["type"] == "hora" and e["actor"] == seat), None)
+        if hora_ev is None:
+            return now
+        exp = [s + d for s, d in zip(now, hora_ev["deltas"])]
+        if st.self_riichi_accepted:
+            results = sim.win_results
+            results = results() if callable(results) else results
+            wr = results.get(seat) if isinstance(results, dict) else None
+            if wr is not None and not wr.yakuman:
+                # upper bound: the win tile joins the largest group; each ankan is 4
+                counts = sorted((c for c in st.tehai if c), reverse=True) + [4] * len(st.ankans)
+                counts.sort(reverse=True)
+                counts[0] += 1
+                n_ura = len(hora_ev.get("ura_markers") or []) or 1
+                extra_han = sum(counts[:n_ura])
+                tsumo = hora_ev["target"] == seat
+                is_oya = seat == self.flow.oya
+                hi = calculate_score(wr.han + extra_han, wr.fu, is_oya, tsumo, self.flow.honba)
+                lo = calculate_score(wr.han, wr.fu, is_oya, tsumo, self.flow.honba)
+                if tsumo:
+                    for s in range(4):
+                        if s != seat:
+                            pay = (hi.pay_tsumo_oya - lo.pay_tsumo_oya) if s == self.flow.oya else (hi.pay_tsumo_ko - lo.pay_tsumo_ko)
+                            exp[s] -= pay
+                            exp[seat] += pay
+                else:
+                    gain = hi.pay_ron - lo.pay_ron
+                    exp[seat] += gain
+                    exp[hora_ev["target"]] -= gain
+        return exp
+
+    def _end_kyoku(self):
+        f = self.flow
+        # catch the seats' states up with the end of the kyoku (dealer tenpai)
+        tail = self.env.get_observations([0, 1, 2, 3])
+        for seat, ob in tail.items():
+            enc = self.encoders[seat]
+            for ev in ob.new_events():
+                self.states[seat].update(ev)
+                if enc is not None:
+                    enc.update(ev)
+        events = [e for e in self.env.mjai_log if e["type"] not in ("start_game", "end_game")]
+        queues = [iter(q) for q in self.meta_queue]
+        for ev in events:
+            if ev["type"] in _REACTION_TYPES:
+                actor = ev["actor"]
+                sub = next(queues[actor], None)
+                if sub is None or sub[0]["type"] != ev["type"] or sub[0].get("pai", ev.get("pai")) != ev.get("pai"):
+                    raise ArenaError(f"{self.label(actor)}: logged {ev} does not match the submitted reaction "
+                                     f"{None if sub is None else sub[0]}")
+                if sub[1] is not None:
+                    ev["meta"] = sub[1]
+        result = kyoku_result_from_events(events, f.oya, self.states[f.oya].shanten)
+        self.lines.extend(json.dumps(e, separators=(",", ":")) for e in events)
+        out = next_kyoku(f, result)
+        if out.next is None:
+            self.scores = final_scores(out.scores, out.kyotaku)
+            self.ranks = rank_by_player(self.scores)
+            self.lines.append('{"type":"end_game"}')
+            self.done = True
+            self.obs = {}
+        else:
+            self.flow = out.next
+            self._start_kyoku()
+
+    def log_text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def write_log_atomic(path: str, text: str) -> None:
+    """gzip ``text`` (best compression, as Mortal) to ``path`` through a temporary name and a rename
+    (``mortal.util.fsutil.atomic_write``), without fsync: a round writes hundreds of logs, and a crash loses the round
+    anyway. Raises OSError."""
+    # filename='': no file name in the gzip header (the temporary one would be recorded)
+    with atomic_write(path, fsync=False) as raw, \
+            gzip.GzipFile(filename="", mode="wb", compresslevel=9, fileobj=raw) as gz:
+        gz.write(text.encode())
+
+
+# ---------------------------------------------------------------------------
+# OneVsThree
+
+
+class OneVsThree:
+    """Mortal's 1v3 duplicate arena (``libriichi/src/arena/one_vs_three.rs``).
+
+    Args:
+        disable_progress_bar: no tqdm bar (games finished / total, games/s).
+        log_dir: if set, one ``{nonce}_{key}_{a|b|c|d}.json.gz`` mjai log per game
+            (decimal nonce/key; split = challenger seat 0-3), written atomically as
+            each game ends; the directory is created, not cleared.
+    """
+
+    def __init__(self, *, disable_progress_bar: bool = False, log_dir: str | None = None):
+        self.disable_progress_bar = disable_progress_bar
+        self.log_dir = log_dir
+        self.last_games: list = []  # (nonce, key, split, final scores, rank_by_player) of the last run
+
+    def py_vs_py(self, challenger, champion, seed_start: tuple[int, int], seed_count: int) -> list[int]:
+        """Play ``4 * seed_count`` hanchan, all in flight: nonces ``seed_start[0] …
+        + seed_count − 1`` with key ``seed_start[1]``, each 4 times with the
+        challenger in seat 0, 1, 2, 3 (splits a-d) and the champion in the rest.
+
+        ``challenger``/``champion``: an engine with ``react_batch`` (contracts.md) or
+        an arena agent (``mortal.play.agent.MjaiBotAgent``). Each agent call takes every
+        pending decision of that agent across all games (one ``react_batch``); the
+        agent with the most pending decisions is served next, so games fall into
+        step and batches approach the number of games in flight.
+
+        Returns:
+            ``[n1, n2, n3, n4]``: games in which the challenger finished 1st … 4th.
+
+        Raises:
+            ArenaError: an invalid reaction, a table that stops answering, or no
+                progress; the message names the game and seat.
+            ValueError: bad seed_start / seed_count.
+        """
+        from tqdm import tqdm
+
+        nonce0, key = (int(v) for v in seed_start)
+        if seed_count < 1:
+            raise ValueError(f"seed_count must be >= 1, got {seed_count}")
+        chal = make_agent(challenger)
+        champ = make_agent(champion)
+        if self.log_dir:
+            os.makedirs(self.log_dir, exist_ok=True)
+        games: list[_Game] = []
+        for n in range(seed_count):
+            for split in range(4):
+                agents = [chal if s == split else champ for s in range(4)]
+                games.append(_Game(len(games), nonce0 + n, key, SPLITS[split], agents, [a.name for a in agents]))
+        rankings = [0, 0, 0, 0]
+        self.last_games = []
+        guards = {id(a): bool(getattr(a, "agari_guard", False)) for a in (chal, champ)}
+        agents = {id(chal): chal, id(champ): champ}
+        pending: dict[int, list[Scene]] = {aid: [] for aid in agents}
+        waiting: dict[int, int] = {}  # game -> scenes not yet decided
+        decided: dict[int, dict] = {}
+
+        def gather(g: _Game) -> None:
+            scenes = g.scenes([guards[id(a)] for a in g.agents])
+            waiting[g.gid] = len(scenes)
+            decided[g.gid] = {}
+            for sc in scenes:
+                pending[id(g.agents[sc.seat])].append(sc)
+
+        for g in games:
+            gather(g)
+        remaining = len(games)
+        with tqdm(total=len(games), unit="game", disable=self.disable_progress_bar) as bar:
+            while remaining:
+                # Serve the agent with the most pending decisions: games then fall into
+                # step and each forward sees close to every game (lock-step cycles over
+                # two engines would average N/2 rows per forward).
+                aid = max(pending, key=lambda k: len(pending[k]))
+                scenes, pending[aid] = pending[aid], []
+                if not scenes:
+                    raise ArenaError(f"no progress: {remaining} games running but no decision pending")
+                try:
+                    decisions = agents[aid].react(scenes)
+                except IllegalReaction as e:
+                    raise ArenaError(f"{games[e.game].label(e.seat)}: {e}") from e
+                ready = []
+                for sc, dec in zip(scenes, decisions):
+                    decided[sc.game][sc.seat] = dec
+                    waiting[sc.game] -= 1
+                    if waiting[sc.game] == 0:
+                        ready.append(games[sc.game])
+                for g in ready:
+                    g.commit(decided.pop(g.gid))
+                    if g.done:
+                        del waiting[g.gid]
+                        remaining -= 1
+                        self._finish(g, rankings)
+                        bar.update(1)
+                    else:
+                        gather(g)
+        return rankings
+
+    def _finish(self, g: _Game, rankings: list[int]) -> None:
+        split = SPLITS.index(g.split)
+        rankings[g.ranks[split]] += 1
+        self.last_games.append((g.nonce, g.key, g.split, g.scores, g.ranks))
+        for s in range(4):
+            g.agents[s].end_game(g.gid, s)
+        if self.log_dir:
+            path = os.path.join(self.log_dir, f"{g.nonce}_{g.key}_{g.split}.json.gz")
+            write_log_atomic(path, g.log_text())
+        g.lines = []
+        g.env = None

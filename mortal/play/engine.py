@@ -1,0 +1,211 @@
+"""``MortalEngine``: batched Q-value inference plus Mortal's Boltzmann/top-p exploration.
+
+The engine only maps observations to actions. Turning an action index into an
+mjai reaction, quick eval, the kan-select second pass and the agari guard are
+done by the per-seat agent (``mortal/play/agent.py``), which reads the engine's
+``enable_quick_eval`` / ``enable_rule_based_agari_guard`` attributes as
+Mortal's ``libriichi`` agent (``agent/mortal.rs``) does.
+
+Exploration (Mortal's ``mortal/engine.py``): with ``boltzmann_epsilon == 0``
+every sample is greedy (argmax q). Otherwise each sample independently is
+greedy with probability ``1 - boltzmann_epsilon``, else its action is drawn
+from ``softmax(q / boltzmann_temp)`` over the legal actions, restricted to the
+top-``top_p`` nucleus (``top_p >= 1``: the full distribution; ``top_p <= 0``:
+argmax).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+ACTION_SPACE = 46
+
+
+def sample_top_p(logits: torch.Tensor, p: float,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+    """One draw per row from ``softmax(logits)`` restricted to the top-p nucleus.
+
+    The nucleus is the smallest prefix of actions, sorted by probability
+    (descending), whose probability mass reaches ``p``: an action is kept iff
+    the mass of the actions strictly before it is ``<= p`` (so the most likely
+    action is always kept); the kept probabilities are renormalised.
+
+    Args:
+        logits: ``(N, A)`` float, ``-inf`` for actions that must not be drawn.
+        p: nucleus mass; ``p >= 1`` samples the full softmax, ``p <= 0`` is argmax.
+        generator: torch RNG on ``logits.device``; None uses the global RNG.
+
+    Returns:
+        ``(N,)`` int64 action indices.
+    """
+    if p <= 0:
+        return logits.argmax(-1)
+    probs = logits.float().softmax(-1)
+    if p >= 1:
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    probs_sorted, order = probs.sort(-1, descending=True)
+    mass_before = probs_sorted.cumsum(-1) - probs_sorted
+    probs_sorted = probs_sorted.masked_fill(mass_before > p, 0.0)
+    picked = torch.multinomial(probs_sorted, 1, generator=generator)
+    return order.gather(-1, picked).squeeze(-1)
+
+
+def boltzmann_top_p_probs(q: np.ndarray, mask: np.ndarray, temp: float, p: float) -> np.ndarray:
+    """Analytic distribution of ``sample_top_p(q / temp masked, p)`` for one row.
+
+    ``q`` and ``mask`` are ``(46,)``; returns ``(46,)`` float64 probabilities
+    (exactly what the sampler draws from, assuming distinct probabilities; ties
+    at the nucleus edge depend on sort order). Used by tests and diagnostics.
+    """
+    q = np.asarray(q, dtype=np.float64)
+    mask = np.asarray(mask, dtype=bool)
+    logits = np.where(mask, q / temp, -np.inf)
+    if p <= 0:
+        out = np.zeros_like(q)
+        out[int(np.argmax(logits))] = 1.0
+        return out
+    z = np.exp(logits - logits[mask].max())
+    probs = z / z.sum()
+    if p >= 1:
+        return probs
+    order = np.argsort(-probs, kind="stable")
+    before = np.cumsum(probs[order]) - probs[order]
+    kept = np.zeros_like(probs)
+    keep = order[before <= p]
+    kept[keep] = probs[keep]
+    return kept / kept.sum()
+
+
+class MortalEngine:
+    """Wraps a ``Brain`` and a ``DQN`` on a device for batched self-play inference.
+
+    Interface required by the arena (Mortal's ``libriichi`` agent contract):
+    attributes ``engine_type = 'mortal'``, ``name``, ``version``, ``is_oracle``,
+    ``enable_quick_eval``, ``enable_rule_based_agari_guard`` and ``react_batch``.
+
+    Args:
+        brain: ``brain(obs (N,C,34) float32[, invisible_obs]) -> phi (N,1024)``,
+            or ``(mu, logsig)`` each ``(N,512)`` for version 1.
+        dqn: ``dqn(phi, mask (N,46) bool) -> q (N,46)``, illegal actions ``-inf``.
+        is_oracle: the brain also takes ``invisible_obs``.
+        version: observation/model version (1-4).
+        device: ``torch.device`` or string; default CPU. Modules are moved there
+            and set to eval mode (as Mortal).
+        stochastic_latent: version 1 only: sample the latent from
+            ``Normal(mu, exp(logsig) + 1e-6)`` instead of using ``mu``.
+        enable_amp: run the forward under ``torch.autocast`` of the device type.
+        enable_quick_eval, enable_rule_based_agari_guard: flags read by the agent.
+        name: engine name written to logs.
+        boltzmann_epsilon: probability in [0, 1] that a sample explores.
+        boltzmann_temp: softmax temperature (> 0 when exploring).
+        top_p: nucleus mass for exploration draws (``>= 1``: no restriction).
+        seed: seed for a private ``torch.Generator`` (reproducible draws); None
+            uses torch's global RNG, like Mortal.
+
+    Raises:
+        ValueError: ``boltzmann_epsilon`` outside [0, 1], or a non-positive
+            ``boltzmann_temp`` while ``boltzmann_epsilon > 0``.
+    """
+
+    engine_type = "mortal"
+
+    def __init__(self, brain, dqn, *, is_oracle=False, version, device=None,
+                 stochastic_latent=False, enable_amp=False, enable_quick_eval=True,
+                 enable_rule_based_agari_guard=False, name="NoName",
+                 boltzmann_epsilon=0, boltzmann_temp=1, top_p=1, seed=None):
+        if not 0 <= boltzmann_epsilon <= 1:
+            raise ValueError(f"boltzmann_epsilon must be in [0, 1], got {boltzmann_epsilon}")
+        if boltzmann_epsilon > 0 and not boltzmann_temp > 0:
+            raise ValueError(f"boltzmann_temp must be > 0 when exploring, got {boltzmann_temp}")
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.brain = brain.to(self.device).eval()
+        self.dqn = dqn.to(self.device).eval()
+        self.is_oracle = is_oracle
+        self.version = version
+        self.stochastic_latent = stochastic_latent
+        self.enable_amp = enable_amp
+        self.enable_quick_eval = enable_quick_eval
+        self.enable_rule_based_agari_guard = enable_rule_based_agari_guard
+        self.name = name
+        self.boltzmann_epsilon = boltzmann_epsilon
+        self.boltzmann_temp = boltzmann_temp
+        self.top_p = top_p
+        self.generator = None
+        if seed is not None:
+            self.generator = torch.Generator(device=self.device)
+            self.generator.manual_seed(int(seed))
+
+    def __repr__(self):
+        return (f"MortalEngine(name={self.name!r}, version={self.version}, device={self.device}, "
+                f"eps={self.boltzmann_epsilon}, temp={self.boltzmann_temp}, top_p={self.top_p})")
+
+    def react_batch(self, obs, masks, invisible_obs=None):
+        """Choose one action per sample with one batched forward.
+
+        Args:
+            obs: list of N ``np.float32 (C, 34)`` (or an ``(N, C, 34)`` array).
+            masks: list of N ``np.bool_ (46,)`` legal masks, each with a legal action.
+            invisible_obs: None, or N oracle observations (oracle engines).
+
+        Returns:
+            ``(actions, q_values, masks, is_greedy)``: ``list[int]`` (N),
+            ``list[list[float]]`` (N x 46, ``-inf`` where illegal, float32 values),
+            ``list[list[bool]]`` (N x 46), ``list[bool]`` (N; False where the
+            action was an exploration draw). Empty lists for N = 0.
+
+        Raises:
+            ValueError: lengths differ, a mask is not 46 wide, or a mask has no
+                legal action (the message names the sample).
+        """
+        if len(obs) != len(masks):
+            raise ValueError(f"react_batch: {len(obs)} observations but {len(masks)} masks")
+        if len(obs) == 0:
+            return [], [], [], []
+        masks_np = np.stack([np.asarray(m, dtype=bool) for m in masks])
+        if masks_np.shape[1:] != (ACTION_SPACE,):
+            raise ValueError(f"react_batch: masks must be (N, {ACTION_SPACE}), got {masks_np.shape}")
+        empty = np.flatnonzero(~masks_np.any(axis=1))
+        if empty.size:
+            raise ValueError(f"react_batch: sample {int(empty[0])} has no legal action")
+        with torch.inference_mode(), torch.autocast(self.device.type, enabled=self.enable_amp):
+            obs_t = torch.as_tensor(np.stack(obs), dtype=torch.float32, device=self.device)
+            mask_t = torch.as_tensor(masks_np, device=self.device)
+            inv_t = None
+            if invisible_obs is not None:
+                inv_t = torch.as_tensor(np.stack(invisible_obs), dtype=torch.float32,
+                                        device=self.device)
+            q = self._q_values(obs_t, mask_t, inv_t)
+            # float32 for sampling and for the log; re-mask so the greedy argmax
+            # and the reported values never depend on the DQN masking correctly.
+            q = q.float().masked_fill(~mask_t, -torch.inf)
+            actions, is_greedy = self._select(q, mask_t)
+        return actions.tolist(), q.tolist(), mask_t.tolist(), is_greedy.tolist()
+
+    def _q_values(self, obs, masks, invisible_obs):
+        out = self.brain(obs, invisible_obs) if invisible_obs is not None else self.brain(obs)
+        if isinstance(out, tuple):  # version 1: (mu, logsig)
+            mu, logsig = out
+            if self.stochastic_latent:
+                # Normal.sample has no generator argument: draw the noise ourselves.
+                std = logsig.exp() + 1e-6
+                noise = torch.randn(mu.shape, generator=self.generator, device=mu.device,
+                                    dtype=mu.dtype)
+                out = mu + std * noise
+            else:
+                out = mu
+        return self.dqn(out, masks)
+
+    def _select(self, q, masks):
+        n = q.shape[0]
+        greedy_actions = q.argmax(-1)
+        if self.boltzmann_epsilon <= 0:
+            return greedy_actions, torch.ones(n, dtype=torch.bool, device=q.device)
+        keep_greedy = torch.full((n,), 1.0 - self.boltzmann_epsilon, device=q.device)
+        is_greedy = torch.bernoulli(keep_greedy, generator=self.generator).bool()
+        logits = (q / self.boltzmann_temp).masked_fill(~masks, -torch.inf)
+        sampled = sample_top_p(logits, self.top_p, self.generator)
+        return torch.where(is_greedy, greedy_actions, sampled), is_greedy
+
+
+__all__ = ["MortalEngine", "sample_top_p", "boltzmann_top_p_probs"]

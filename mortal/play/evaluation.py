@@ -1,0 +1,105 @@
+"""Duplicate evaluation over a pool of processes: one challenger against three copies of a champion.
+
+A side is ``('mortal', state_file)`` or ``('mortal', state_file, device)`` (greedy, with the rule-based agari guard; architecture from the checkpoint's
+own config) or ``('rulebase', None)`` (mjai's RulebaseBot). Deals are nonces ``SEED_START, SEED_START + 1, ...``
+of one seed key; each deal is played in its four seat rotations, which form one duplicate unit, so two
+challengers evaluated with the same key and count meet the very same walls and can be compared deal by deal.
+Used by ``scripts/evaluate.py``, ``bench/learning.py`` and the quickstart's summary.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from mortal.entry import drop_rust_backtrace
+
+SEED_START = 10000  # first nonce, as mortal.one_vs_three
+
+
+def _side(spec, name):
+    from mortal.one_vs_three import build_side
+    kind, state_file, *device = spec
+    if kind == 'rulebase':
+        return build_side({'type': 'rulebase', 'name': 'rulebase'}, 'evaluation')
+    return build_side({'type': 'mortal', 'name': name, 'state_file': state_file, 'device': (device or ['cpu'])[0],
+                       'enable_amp': False, 'enable_rule_based_agari_guard': True}, 'evaluation')
+
+
+def _init_worker(sp_threads):
+    """Pool worker start: the parent's search thread count (``MORTAL_SP_THREADS``, resolved at its start-up)."""
+    from mortal.features import obs_v4
+    obs_v4.SP_THREADS = sp_threads
+
+
+def play_chunk(task):
+    """Worker: ``(challenger, champion, first_nonce, count, key)`` -> ``{nonce: [challenger ranks 1-4]}``."""
+    drop_rust_backtrace()  # also when play_duplicate was called by a library caller, not by a main()
+    import torch
+    torch.set_num_threads(1)  # the workers already fill the cores
+    from mortal.play.arena import OneVsThree
+    from mortal.one_vs_three import challenger_ranks_by_nonce
+
+    chal, champ, nonce, count, key = task
+    env = OneVsThree(disable_progress_bar=True)
+    env.py_vs_py(_side(chal, 'challenger'), _side(champ, 'champion'), seed_start=(nonce, key), seed_count=count)
+    return challenger_ranks_by_nonce(env.last_games)
+
+
+def play_duplicate(challenger, champion, *, sets: int, key: int, workers: int = 1, chunk: int | None = None,
+                   progress=None) -> dict[int, list[int]]:
+    """Play ``sets`` deals (4 games each) of ``challenger`` against 3x ``champion``.
+
+    ``chunk``: deals per task (more deals in flight batch the model better; the rule-based bot gains nothing);
+    default: the deals split evenly over 4 tasks per worker for a model, 2 deals per task with a bot.
+    ``progress``: called with the number of games of each finished task. Returns ``{nonce: [4 ranks 1-4]}``.
+    Raises ValueError for ``sets < 1``; errors of a worker (e.g. a missing checkpoint) propagate.
+    """
+    import multiprocessing as mp
+    import threading
+    if sets < 1:
+        raise ValueError(f'sets must be >= 1, got {sets}')
+    if chunk is None:
+        bot = 'rulebase' in (challenger[0], champion[0])
+        chunk = 2 if bot else max(1, math.ceil(sets / (4 * workers)))
+    tasks = [(challenger, champion, SEED_START + i, min(chunk, sets - i), key) for i in range(0, sets, chunk)]
+    units = {}
+    if workers <= 1:
+        parts = map(play_chunk, tasks)
+        for part in parts:
+            units.update(part)
+            if progress:
+                progress(sum(len(r) for r in part.values()))
+        return units
+    from tqdm import tqdm
+    tqdm.set_lock(threading.RLock())  # no multiprocessing semaphore in the parent (forkserver warns)
+    from mortal.features import obs_v4
+    with mp.get_context('forkserver').Pool(workers, initializer=_init_worker, initargs=(obs_v4.SP_THREADS,)) as pool:
+        for part in pool.imap_unordered(play_chunk, tasks):
+            units.update(part)
+            if progress:
+                progress(sum(len(r) for r in part.values()))
+    return units
+
+
+def summarize(units: Mapping[int, list], reference: Mapping[int, list] | None = None) -> dict:
+    """Avg rank and avg pt (``mortal.stat.DISPLAY_PTS``) with 95% CI half-widths over deals; with ``reference``
+    units on the same nonces, also ``paired_diff``: the mean per-deal difference of mean ranks (this minus
+    reference; negative = better) and its CI half-width. Raises KeyError when ``reference`` lacks a nonce."""
+    from mortal.one_vs_three import duplicate_ci, mean_ci
+    nonces = sorted(units)
+    s = duplicate_ci([units[n] for n in nonces])
+    out = {'deals': s.n_units, 'games': s.n_games, 'avg_rank': s.avg_rank, 'avg_rank_ci': s.avg_rank_ci,
+           'avg_pt': s.avg_pt, 'avg_pt_ci': s.avg_pt_ci}
+    if reference is not None:
+        diffs = [sum(units[n]) / len(units[n]) - sum(reference[n]) / len(reference[n]) for n in nonces]
+        out['paired_diff'], out['paired_diff_ci'] = mean_ci(diffs)
+    return out
+
+
+def format_summary(s: Mapping) -> str:
+    """One line: ``2.431 ± 0.040 rank, +5.12 ± 3.10 pt, paired diff -0.069 ± 0.040 (1600 games)``."""
+    text = f"{s['avg_rank']:.3f} ± {s['avg_rank_ci']:.3f} rank, {s['avg_pt']:+.2f} ± {s['avg_pt_ci']:.2f} pt"
+    if 'paired_diff' in s and not math.isnan(s['paired_diff_ci']):
+        text += f", paired diff {s['paired_diff']:+.3f} ± {s['paired_diff_ci']:.3f}"
+    return text + f" ({s['games']} games)"

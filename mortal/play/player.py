@@ -1,0 +1,236 @@
+"""Self-play and evaluation drivers around the 1v3 arena (Mortal's ``mortal/player.py``).
+
+- ``TrainPlayer`` (client): the trainee (Boltzmann exploration, engine name ``trainee``) against three copies of the
+  greedy ``[baseline.train]`` model (engine name ``baseline``, rule-based agari guard on), on duplicate seeds
+  ``(train_seed, train_key)``: ``train_seed`` starts at 10000, ``train_key`` is a random 64-bit number per process,
+  and ``train_seed`` advances by ``games / 4`` every ``repeats`` rounds.
+- ``TestPlayer`` (trainer): the challenger (greedy, engine name ``mortal``) against ``[baseline.test]`` on the fixed
+  seeds ``(10000, 0x2000)``; the result is ``Stat.from_dir(log_dir, 'mortal')``.
+
+Both wipe their ``log_dir`` before playing and switch cuDNN benchmarking off while playing (batch shapes vary), then
+restore ``[control] enable_cudnn_benchmark``, as Mortal does.
+"""
+
+import logging
+import os
+import random
+import secrets
+from os import path
+
+import numpy as np
+import torch
+
+from mortal.learning.checkpoint import load_model_pair
+from mortal.util.fsutil import empty_dir
+
+logger = logging.getLogger('mortal.player')  # the name before the package split (log format)
+
+TEST_SEED = (10000, 0x2000)  # Mortal's test-play seed (nonce start, key)
+TRAIN_SEED_START = 10000
+
+
+def _use_amp(device: torch.device) -> bool:
+    # Mortal plays with autocast on (fp16 on CUDA); CPU autocast would mean bfloat16, slower and less exact there.
+    return device.type == 'cuda'
+
+
+def load_baseline_engine(slot: dict, *, name: str = 'baseline'):
+    """A greedy ``MortalEngine`` with the agari guard from a ``[baseline.train]``/``[baseline.test]`` table
+    (keys device, enable_compile, state_file).
+
+    Raises FileNotFoundError, mortal.learning.checkpoint.CheckpointError (``load_model_pair``)."""
+    from mortal.play.engine import MortalEngine
+
+    device = torch.device(slot['device'])
+    brain, dqn, version = load_model_pair(slot['state_file'])
+    if slot.get('enable_compile'):
+        brain.compile()
+        dqn.compile()
+    logger.info('%s engine: %s (version %d) on %s', name, slot['state_file'], version, device)
+    return MortalEngine(
+        brain,
+        dqn,
+        is_oracle=False,
+        version=version,
+        device=device,
+        enable_amp=_use_amp(device),
+        enable_rule_based_agari_guard=True,
+        name=name,
+    )
+
+
+class _CudnnBenchmarkOff:
+    """cuDNN benchmarking off inside (batch sizes vary during play), back to the config value after."""
+
+    def __init__(self, restore_to: bool):
+        self.restore_to = restore_to
+
+    def __enter__(self):
+        torch.backends.cudnn.benchmark = False
+
+    def __exit__(self, *exc):
+        torch.backends.cudnn.benchmark = self.restore_to
+
+
+def _mtime(filename: str):
+    try:
+        return os.path.getmtime(filename)
+    except OSError:
+        return None
+
+
+def _list_logs(log_dir: str) -> list:
+    return sorted(path.join(log_dir, name) for name in os.listdir(log_dir))
+
+
+class TestPlayer:
+    """Evaluates the trainee against ``[baseline.test]`` (config: the full config dict).
+
+    ``baseline_engine`` may be given to skip loading ``[baseline.test] state_file`` (tests). A test play is
+    ``begin()``, one or more ``play_units`` (the SPRT plays in chunks), then ``stat()``; ``test_play`` does all
+    three at once (Mortal's interface).
+    """
+
+    def __init__(self, config: dict, *, baseline_engine=None):
+        self.baseline_engine = baseline_engine or load_baseline_engine(config['baseline']['test'])
+        self.chal_version = config['control']['version']
+        self.log_dir = path.abspath(config['test_play']['log_dir'])
+        self.cudnn_benchmark = config['control']['enable_cudnn_benchmark']
+
+    def begin(self) -> None:
+        """Start a test play: empty ``log_dir``."""
+        empty_dir(self.log_dir)
+
+    def play_units(self, first_nonce: int, count: int, mortal, dqn, device, *, log_dir=None,
+                   name: str = 'mortal') -> dict:
+        """Play the ``count`` duplicate deals from nonce ``first_nonce`` (key ``TEST_SEED[1]``), 4 games each,
+        logs into ``log_dir`` (default: this test play's; the replayed best.pth uses another, as its log names
+        would collide), the challenger named ``name``. Returns ``{nonce: [the challenger's 4 ranks, 1-4]}``."""
+        from mortal.play.arena import OneVsThree
+        from mortal.play.engine import MortalEngine
+        from mortal.one_vs_three import challenger_ranks_by_nonce
+
+        device = torch.device(device)
+        with _CudnnBenchmarkOff(self.cudnn_benchmark):
+            engine = MortalEngine(mortal, dqn, is_oracle=False, version=self.chal_version, device=device,
+                                  enable_amp=_use_amp(device), name=name)
+            env = OneVsThree(disable_progress_bar=False, log_dir=log_dir or self.log_dir)
+            env.py_vs_py(challenger=engine, champion=self.baseline_engine, seed_start=(first_nonce, TEST_SEED[1]),
+                         seed_count=count)
+            return challenger_ranks_by_nonce(env.last_games)
+
+    def stat(self):
+        """``mortal.stat.Stat`` of the challenger over every log of this test play."""
+        from mortal.stat import Stat
+        return Stat.from_dir(self.log_dir, 'mortal')
+
+    def test_play(self, seed_count: int, mortal, dqn, device):
+        """Play ``seed_count`` duplicate sets (4 games each) and return the challenger's ``mortal.stat.Stat``."""
+        self.begin()
+        self.play_units(TEST_SEED[0], seed_count, mortal, dqn, device)
+        return self.stat()
+
+
+class TrainPlayer:
+    """Plays the client's self-play rounds (config: the full config dict; env: where TRAIN_PLAY_PROFILE comes from,
+    ``mortal.config.Env``: the overrides resolved at start-up or a mapping such as ``os.environ``).
+
+    Attributes: ``train_seed`` (next nonce), ``train_key`` (64-bit key of this process), ``seed_count``
+    (games / 4 per round), ``repeats``, ``repeat_counter``, ``log_dir``.
+    """
+
+    def __init__(self, config: dict, env=os.environ, *, baseline_engine=None, train_key=None):
+        from mortal.config import EnvOverrides, optional_section, train_play_profile
+
+        self.baseline_slot = config['baseline']['train']
+        self.baseline_mtime = _mtime(self.baseline_slot['state_file'])
+        self.baseline_engine = baseline_engine or load_baseline_engine(self.baseline_slot)
+        self.pool_size = optional_section(config, 'rotation')['pool_size']
+        self._pool = {}  # state file -> (mtime, engine) of the older baselines of the pool
+        self.epsilon_factor = 1.0  # from the trainer, with its parameters (mortal.learning.schedule, [guard])
+        self.temp_factor = 1.0
+        env = EnvOverrides.of(env)  # a mapping is read once, here
+        cfg = train_play_profile(config, env)
+        logger.info('using train-play profile %s', env.profile)
+        self.chal_version = config['control']['version']
+        self.cudnn_benchmark = config['control']['enable_cudnn_benchmark']
+        self.log_dir = path.abspath(cfg['log_dir'])
+        self.train_key = secrets.randbits(64) if train_key is None else train_key
+        self.train_seed = TRAIN_SEED_START
+        self.seed_count = cfg['games'] // 4
+        self.boltzmann_epsilon = cfg['boltzmann_epsilon']
+        self.boltzmann_temp = cfg['boltzmann_temp']
+        self.top_p = cfg['top_p']
+        self.repeats = cfg['repeats']
+        self.repeat_counter = 0
+
+    def set_factors(self, epsilon_factor: float, temp_factor: float) -> None:
+        """The trainer's factors on this profile's ``boltzmann_epsilon`` (the product capped at 1) and
+        ``boltzmann_temp``, used from the next round on."""
+        self.epsilon_factor, self.temp_factor = float(epsilon_factor), float(temp_factor)
+
+    def effective_exploration(self) -> tuple:
+        """``(epsilon, temp)`` of the next round: the profile's values times the trainer's factors."""
+        return min(1.0, self.boltzmann_epsilon * self.epsilon_factor), self.boltzmann_temp * self.temp_factor
+
+    def reload_baseline(self) -> None:
+        """Load ``[baseline.train] state_file`` again (after a rotation); the pool's engines are dropped."""
+        mtime = _mtime(self.baseline_slot['state_file'])
+        self.baseline_engine = load_baseline_engine(self.baseline_slot)
+        self.baseline_mtime = mtime
+        self._pool.clear()
+
+    def baseline_stale(self) -> bool:
+        """Whether ``[baseline.train] state_file`` changed on disk since it was loaded."""
+        return _mtime(self.baseline_slot['state_file']) != self.baseline_mtime
+
+    def opponent(self):
+        """The baseline engine of the next round: the current one, or with ``[rotation] pool_size`` > 1 one of
+        the newest baselines (``mortal.learning.rotation.baseline_pool``) drawn uniformly."""
+        if self.pool_size <= 1:
+            return self.baseline_engine
+        from mortal.learning.rotation import baseline_pool
+        current = self.baseline_slot['state_file']
+        pick = random.choice(baseline_pool(current, self.pool_size))
+        if pick == current:
+            return self.baseline_engine
+        cached = self._pool.get(pick)
+        try:
+            mtime = os.path.getmtime(pick)
+            if cached is None or cached[0] != mtime:
+                cached = (mtime, load_baseline_engine({**self.baseline_slot, 'state_file': pick}))
+                self._pool[pick] = cached
+        except Exception as ex:  # removed or unreadable meanwhile: this round plays the current baseline
+            logger.warning('cannot load pool baseline %s (%s: %s): playing the current one', pick,
+                           type(ex).__name__, ex)
+            return self.baseline_engine
+        return cached[1]
+
+    def next_seed(self) -> tuple:
+        """The ``(nonce, key)`` of the next round, then advance the schedule (every ``repeats`` rounds)."""
+        seed = (self.train_seed, self.train_key)
+        self.repeat_counter += 1
+        if self.repeat_counter == self.repeats:
+            self.train_seed += self.seed_count
+            self.repeat_counter = 0
+        return seed
+
+    def train_play(self, mortal, dqn, device):
+        """One round: ``games`` games. Returns (rankings (4,) int64 numpy: trainee's count of 1st..4th places,
+        file_list: sorted paths of the gz logs written to ``log_dir``)."""
+        from mortal.play.arena import OneVsThree
+        from mortal.play.engine import MortalEngine
+
+        device = torch.device(device)
+        epsilon, temp = self.effective_exploration()
+        with _CudnnBenchmarkOff(self.cudnn_benchmark):
+            engine = MortalEngine(
+                mortal, dqn, is_oracle=False, version=self.chal_version, device=device,
+                enable_amp=_use_amp(device), name='trainee',
+                boltzmann_epsilon=epsilon, boltzmann_temp=temp, top_p=self.top_p,
+            )
+            empty_dir(self.log_dir)
+            env = OneVsThree(disable_progress_bar=False, log_dir=self.log_dir)
+            rankings = env.py_vs_py(challenger=engine, champion=self.opponent(),
+                                    seed_start=self.next_seed(), seed_count=self.seed_count)
+            return np.asarray(rankings, dtype=np.int64), _list_logs(self.log_dir)

@@ -1,0 +1,107 @@
+"""File-system helpers: atomic writes (temporary name, fsync, rename), emptying a folder, stamped backup names.
+
+No torch here: the server and the claim ledger use these too. Torch objects are saved with
+``mortal.learning.checkpoint.atomic_torch_save``, which writes through ``atomic_write``.
+"""
+
+import contextlib
+import os
+import shutil
+
+TMP_SUFFIX = '.tmp'  # atomic_write's temporary name: ``<filename>.tmp`` in the same folder (same file system)
+
+
+def fsync_dir(dirname: str) -> None:
+    """fsync the directory ``dirname`` so that a rename inside it survives a crash; errors are ignored (some file
+    systems cannot open or sync a directory, and the rename itself has already happened)."""
+    try:
+        fd = os.open(dirname, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_write(filename, *, fsync: bool = True):
+    """Write ``filename`` so that readers see the old file or the whole new one, never a part.
+
+    Yields a file open for binary writing at ``<filename>.tmp`` (``TMP_SUFFIX``; ``f.name`` is that path). When
+    the block ends normally the data is flushed, fsynced, renamed over ``filename`` and the folder fsynced, so it
+    also survives a crash; ``fsync=False`` skips both fsyncs (files that are rewritten soon anyway). When the block
+    raises (also KeyboardInterrupt) the temporary file is removed and ``filename`` is left as it was. The folder is
+    created when missing. Two writers of the same ``filename`` at once share the temporary name: don't.
+
+    Raises:
+        OSError: the folder or the file cannot be written.
+    """
+    filename = os.path.abspath(os.fspath(filename))
+    dirname = os.path.dirname(filename)
+    os.makedirs(dirname, exist_ok=True)
+    tmp = filename + TMP_SUFFIX
+    try:
+        with open(tmp, 'wb') as f:
+            yield f
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+        os.replace(tmp, filename)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+    if fsync:
+        fsync_dir(dirname)
+
+
+def atomic_write_bytes(data: bytes, filename, *, fsync: bool = True) -> None:
+    """Write ``data`` to ``filename`` atomically (``atomic_write``). Raises OSError."""
+    with atomic_write(filename, fsync=fsync) as f:
+        f.write(data)
+
+
+def atomic_copy(src, dst, *, keep_times: bool = False) -> None:
+    """Copy the file ``src`` to ``dst`` atomically and durably (``atomic_write``).
+
+    ``keep_times``: also copy the permission bits and the access/modification times (``shutil.copystat``), e.g.
+    for a baseline backup, whose modification time orders the opponent pool. Raises OSError (FileNotFoundError:
+    no ``src``; ``dst`` is then untouched).
+    """
+    with open(src, 'rb') as source, atomic_write(dst) as f:
+        shutil.copyfileobj(source, f, 1 << 20)
+        if keep_times:
+            f.flush()  # nothing may be written after the times are set
+            shutil.copystat(src, f.name)
+
+
+def empty_dir(directory, keep=()) -> None:
+    """Make ``directory`` an empty folder, except for the entries named in ``keep``; creates it (and its parents)
+    when missing, and replaces a file or a symbolic link found in its place. Raises OSError."""
+    directory = os.fspath(directory)
+    if os.path.isdir(directory) and not os.path.islink(directory):
+        for name in os.listdir(directory):
+            if name in keep:
+                continue
+            entry = os.path.join(directory, name)
+            if os.path.isdir(entry) and not os.path.islink(entry):
+                shutil.rmtree(entry)
+            else:
+                os.remove(entry)
+        return
+    if os.path.lexists(directory):
+        os.remove(directory)
+    os.makedirs(directory)
+
+
+def stamped_name(filename: str, stamp: str, suffix: str) -> str:
+    """``<filename>.<stamp><suffix>`` (e.g. ``baseline.pth.20261201-153000.bak``) that does not exist yet:
+    ``-2``, ``-3``, ... is added to the stamp when two are made within one second."""
+    name, k = f'{filename}.{stamp}{suffix}', 1
+    while os.path.exists(name):
+        k += 1
+        name = f'{filename}.{stamp}-{k}{suffix}'
+    return name
