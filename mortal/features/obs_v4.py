@@ -82,8 +82,9 @@ def _warn_if_no_core() -> None:
     global _warned_no_core
     if not HAVE_CORE and not _warned_no_core:
         _warned_no_core = True
-        logger.warning("the compiled single-player core (mortal.features.sp._core) is not built: version 4 runs the pure-Python single-player search, "
-                       "about 50x slower; run bash scripts/setup.sh (needs g++ and the Python headers)")
+        logger.warning("the compiled single-player core (mortal.features.sp._core) is not built: version 4 runs the "
+                       "pure-Python single-player search, about 50x slower; run bash scripts/setup.sh (needs g++ and "
+                       "the Python headers)")
 
 
 def _tid(name: str) -> int:
