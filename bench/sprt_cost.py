@@ -14,11 +14,14 @@ Printed per planted difference: the share of test plays judged better by each (9
 SPRT needed to decide (mean ± 95% CI, median, 90th percentile), and the games the trainer plays as a share of the
 fixed test play (a test play the SPRT calls better still plays all its deals, for the new best's record). The
 resampled differences are against a constant (the champion's 2.5); in the trainer they are against best.pth's own
-record, whose spread adds to the challenger's.
+record, whose spread adds to the challenger's. With ``--against`` they are the deal-by-deal differences of two
+models of one result.json (the spread of a ``[test_play] fresh_deals`` test play, best.pth replayed on the same
+deals), and a test play ends at either verdict (no record to complete); each of its deals is played by both.
 
     python bench/sprt_cost.py --challenger A.pth --champion B.pth --deals 400 --save-units units.json
     python bench/sprt_cost.py --units units.json --plant -0.05 -0.02 0
     python bench/sprt_cost.py --units OUT/arms/ARM/result.json --label final
+    python bench/sprt_cost.py --units OUT/arms/ARM/result.json --label final --against best --delta 0.1
 """
 
 import argparse
@@ -43,10 +46,11 @@ def wilson(k: int, n: int, z: float = 1.959964) -> tuple:
     return centre - half, centre + half
 
 
-def simulate(diffs, plant, *, runs, max_deals, chunk_deals, sprt, confidence, seed):
+def simulate(diffs, plant, *, runs, max_deals, chunk_deals, sprt, confidence, seed, record=True):
     """Resampled test plays of per-deal differences ``diffs`` (centred, then shifted by ``plant``).
     Returns ``{'sprt_better', 'fixed_better', 'sprt_deals': [deals to the decision], 'trainer_deals': [deals the
-    trainer plays: the whole test play when the SPRT said better, for the new best's record]}``."""
+    trainer plays: the whole test play when the SPRT said better and ``record``, for the new best's record on
+    fixed deals]}``."""
     from mortal.learning.gate import mean_and_ci
     mean = statistics.fmean(diffs)
     pool = [d - mean + plant for d in diffs]
@@ -61,7 +65,7 @@ def simulate(diffs, plant, *, runs, max_deals, chunk_deals, sprt, confidence, se
             verdict = sprt.verdict(sample[:n])
         sprt_better += verdict == 'better'
         used.append(n)
-        trainer.append(max_deals if verdict == 'better' else n)
+        trainer.append(max_deals if verdict == 'better' and record else n)
         m, ci = mean_and_ci(sample, confidence)
         fixed_better += m + ci < 0
     return {'sprt_better': sprt_better, 'fixed_better': fixed_better, 'sprt_deals': used, 'trainer_deals': trainer}
@@ -76,6 +80,8 @@ def main(argv=None):
     src.add_argument('--units', help='a JSON {nonce: [4 ranks]} of the challenger (from --save-units), or an arm\'s '
                                      'result.json of bench/learning.py (its units of --label)')
     src.add_argument('--label', default='final', help='which model of a result.json: start, best, final, ...')
+    src.add_argument('--against', help="with a result.json: pair --label deal by deal with this model's units "
+                                       '(the spread of a [test_play] fresh_deals test play, best.pth replayed)')
     src.add_argument('--challenger', help='checkpoint to play against 3x --champion')
     src.add_argument('--champion', help='checkpoint of the three opponents')
     parser.add_argument('--deals', type=int, default=400, help='duplicate deals to play (4 games each)')
@@ -100,7 +106,12 @@ def main(argv=None):
         if 'units' in data and isinstance(data['units'], dict):  # a bench/learning.py result.json
             if args.label not in data['units']:
                 parser.error(f"{args.units} has no units of {args.label!r} (it has {sorted(data['units'])})")
+            if args.against and args.against not in data['units']:
+                parser.error(f"{args.units} has no units of {args.against!r} (it has {sorted(data['units'])})")
+            reference = {int(k): v for k, v in data['units'][args.against].items()} if args.against else None
             data = data['units'][args.label]
+        elif args.against:
+            parser.error('--against needs a result.json of bench/learning.py as --units')
         units = {int(k): v for k, v in data.items()}
     elif args.challenger and args.champion:
         from mortal.play.evaluation import play_duplicate
@@ -110,7 +121,11 @@ def main(argv=None):
             pathlib.Path(args.save_units).write_text(json.dumps({str(k): v for k, v in sorted(units.items())}))
     else:
         parser.error('give --units, or --challenger and --champion')
-    diffs = [sum(r) / len(r) - 2.5 for _, r in sorted(units.items())]
+    if reference:
+        from mortal.learning.gate import paired_differences
+        diffs = paired_differences(units, reference)
+    else:
+        diffs = [sum(r) / len(r) - 2.5 for _, r in sorted(units.items())]
     mean, ci = mean_and_ci(diffs)
     sd = statistics.stdev(diffs)
     print(f'per-deal paired differences: {len(diffs)} deals, mean {mean:+.3f} ± {ci:.3f}, sd {sd:.3f} '
@@ -125,7 +140,7 @@ def main(argv=None):
     print('|---|---|---|---|---|---|---|')
     for i, plant in enumerate(args.plant):
         r = simulate(diffs, plant, runs=args.runs, max_deals=max_deals, chunk_deals=chunk, sprt=sprt,
-                     confidence=args.confidence, seed=args.seed + i)
+                     confidence=args.confidence, seed=args.seed + i, record=reference is None)
         games = [4 * n for n in r['sprt_deals']]
         g_mean, g_ci = mean_and_ci(games)
         lo, hi = wilson(r['sprt_better'], args.runs)

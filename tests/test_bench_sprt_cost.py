@@ -40,3 +40,23 @@ def test_main_reads_a_learning_result(tmp_path, capsys):
     assert 'per-deal paired differences: 40 deals, mean +0.000' in out and '| -0.050 |' in out
     with pytest.raises(SystemExit):
         mod.main(['--units', str(result), '--label', 'best'])
+
+
+def test_against_pairs_two_models_deal_by_deal_and_stops_at_either_verdict(tmp_path, capsys):
+    mod = _module()
+    result = tmp_path / 'result.json'
+    final = {str(10000 + i): [1, 2, 3, 4] if i % 2 else [2, 2, 3, 3] for i in range(40)}
+    best = {str(10000 + i): [1, 1, 3, 4] for i in range(40)}  # 2.25 on every deal
+    result.write_text(json.dumps({'units': {'final': final, 'best': best}}))
+    assert mod.main(['--units', str(result), '--against', 'best', '--runs', '10', '--plant', '-0.5']) == 0
+    out = capsys.readouterr().out
+    # every deal: 2.5 - 2.25 = +0.25, sd 0
+    assert 'per-deal paired differences: 40 deals, mean +0.250 ± 0.000, sd 0.000' in out
+    # a planted -0.5 is decided better at the first look (16 deals): without a record to finish, the trainer
+    # plays 16 of the 750 deals, 0.02 of the fixed test play (with a record it would be 1.00)
+    assert out.rstrip().endswith('| 0.02 |')
+    r = mod.simulate([0.25] * 40, -0.5, runs=5, max_deals=100, chunk_deals=10, sprt=Sprt(0.05), confidence=0.95,
+                     seed=0, record=False)
+    assert r['trainer_deals'] == [10] * 5
+    with pytest.raises(SystemExit):
+        mod.main(['--units', str(result), '--against', 'start'])
