@@ -108,9 +108,11 @@ def unpack_baseline(reply: dict) -> tuple:
     digest = wire.check_digest(reply.get('baseline_digest'))
     mortal = wire.unpack_state_dict(reply.get('mortal'))
     dqn = wire.unpack_state_dict(reply.get('dqn'))
-    check_loadable(Brain(version=arch['version'], conv_channels=arch['conv_channels'],
-                         num_blocks=arch['num_blocks']), mortal, 'baseline mortal')
-    check_loadable(DQN(version=arch['version']), dqn, 'baseline dqn')
+    with torch.device('meta'):  # shapes only: an arch at its bounds would need hundreds of GB of real weights
+        brain = Brain(version=arch['version'], conv_channels=arch['conv_channels'], num_blocks=arch['num_blocks'])
+        head = DQN(version=arch['version'])
+    check_loadable(brain, mortal, 'baseline mortal')
+    check_loadable(head, dqn, 'baseline dqn')
     if wire.baseline_digest(mortal, dqn) != digest:
         raise ValueError(f'the baseline weights do not match their digest {digest[:12]}')
     return mortal, dqn, arch, digest
@@ -259,9 +261,10 @@ class Client:
             return None
         try:
             mortal, dqn, arch, digest = unpack_baseline(reply)
-        except (ValueError, wire.ProtocolError) as ex:
+        except (ValueError, RuntimeError, wire.ProtocolError) as ex:  # RuntimeError: torch refused the arch
+            if reply.get('baseline_digest') != self.bad_baseline:  # once per digest, also while waiting at start
+                logger.warning("cannot use the trainer's baseline from the server: %s", ex)
             self.bad_baseline = reply.get('baseline_digest')
-            logger.warning("cannot use the trainer's baseline from the server: %s", ex)
             return None
         try:
             backup = install_baseline(self.baseline_file, mortal, dqn, arch)

@@ -226,3 +226,44 @@ def test_a_client_started_before_the_trainer_waits_for_its_baseline(tmp_path, se
     assert caplog.text.count("waiting for the trainer's baseline: empty baseline") == 1
     assert cl.file_digest(config['baseline']['train']['state_file']) == served.store.baseline['baseline_digest']
     assert client.train_player.baseline_engine is not None
+
+
+def test_hostile_baselines_are_refused_without_building_them(tmp_path, served, caplog):
+    from mortal.learning.checkpoint import CheckpointError, read_baseline
+    from mortal.learning.model import Brain, DQN
+    brain, dqn = Brain(version=3, conv_channels=16, num_blocks=1), DQN(version=3)
+    mortal_sd, dqn_sd = brain.state_dict(), dqn.state_dict()
+    # an arch at the wire's bounds (4096 channels, 1024 blocks: ~400 GB of weights) with tiny weights: refused by
+    # shape, the networks only built on the meta device
+    huge = _submission(mortal_sd, dqn_sd, arch={'version': 3, 'conv_channels': 4096, 'num_blocks': 1024})
+    with pytest.raises(CheckpointError, match=r"baseline mortal: key 'encoder.net.0.weight' has shape \[16, "):
+        cl.unpack_baseline(huge)
+    # refused once per digest, also when asked again (a client waiting at start asks every 3 s)
+    assert served.remote.request(huge)['status'] == 'ok'
+    config = served.remote_config(tmp_path)
+    os.makedirs(os.path.dirname(config['baseline']['train']['state_file']))
+    write_baseline(config, config['baseline']['train']['state_file'], seed=3)
+    client = cl.Client(config, env={}, sleep=lambda s: None)
+    with caplog.at_level(logging.WARNING, logger='mortal.client'):
+        assert client.install_baseline() is None and client.install_baseline() is None
+    assert caplog.text.count("cannot use the trainer's baseline from the server") == 1
+    # a checkpoint whose weights are not tensors has no digest: a CheckpointError, not an AttributeError
+    odd = tmp_path / 'odd.pth'
+    torch.save({'mortal': {'a': 5}, 'current_dqn': {}, 'config': {'control': {'version': 3},
+                                                                  'resnet': {'conv_channels': 16, 'num_blocks': 1}}},
+               odd)
+    with pytest.raises(CheckpointError, match=r"mortal\['a'\] is a int, not a tensor"):
+        read_baseline(str(odd))
+    assert cl.file_digest(str(odd)) is None
+
+
+def test_a_deeply_nested_safetensors_header_is_a_bad_request(tmp_path):
+    nested = b'[' * 100000 + b']' * 100000
+    data = struct.pack('<Q', len(nested)) + nested
+    with pytest.raises(wire.ProtocolError, match='invalid safetensors'):
+        wire.state_dict_signature(data)
+    store = srv.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 4)
+    store.reset_dirs()
+    with pytest.raises(wire.ProtocolError):
+        store.handle({**_submission(), 'mortal': data})
+    assert store.baseline is None

@@ -183,6 +183,11 @@ def read_baseline(path) -> tuple:
         mortal, dqn = dict(state['mortal']), dict(state['current_dqn'])
     except (TypeError, ValueError) as e:
         raise CheckpointError(path, f'not a usable baseline checkpoint: {type(e).__name__}: {e}') from None
+    for entry, weights in (('mortal', mortal), ('current_dqn', dqn)):
+        bad = next((k for k, v in weights.items() if not isinstance(v, torch.Tensor)), None)
+        if bad is not None:  # a digest or a network needs tensors
+            raise CheckpointError(path, f'not a usable baseline checkpoint: {entry}[{bad!r}] is a '
+                                        f'{type(weights[bad]).__name__}, not a tensor')
     return mortal, dqn, arch
 
 

@@ -383,7 +383,7 @@ def _key_order(data: bytes, tensors: dict) -> list:
         (header_len,) = struct.unpack_from('<Q', data)
         header = json.loads(bytes(data[8:8 + header_len]))
         order = json.loads(header.get('__metadata__', {}).get('keys', '[]'))
-    except (ValueError, TypeError, AttributeError, struct.error):
+    except (ValueError, TypeError, AttributeError, RecursionError, struct.error):
         order = []
     if not isinstance(order, list) or sorted(map(str, order)) != sorted(tensors):
         return sorted(tensors)
@@ -417,7 +417,7 @@ def state_dict_signature(data) -> 'OrderedDict':
                     not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
                 raise ValueError(f'bad dtype/shape for {key!r}')
             sig[key] = (dtype, tuple(shape))
-    except (ValueError, TypeError, KeyError, struct.error) as ex:
+    except (ValueError, TypeError, KeyError, RecursionError, struct.error) as ex:
         raise ProtocolError(f'invalid safetensors state dict: {ex}') from None
     return OrderedDict((k, sig[k]) for k in _key_order(data, sig))
 
