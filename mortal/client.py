@@ -235,15 +235,21 @@ class Client:
             return
         changed = version != self.baseline_version if self.baseline_version is not None else (
             getattr(self.train_player, 'baseline_stale', lambda: False)())  # rotated before our first fetch
-        if changed:
-            logger.info('the baseline was rotated (version %s -> %d): reloading it', self.baseline_version, version)
-            try:
-                self.train_player.reload_baseline()
-            except Exception as ex:  # a half-copied or missing file: keep the old opponent, try again next time
-                logger.warning('cannot reload the baseline (%s: %s): playing on against the old one',
-                               type(ex).__name__, ex)
-                return
+        if changed and not self.reload_baseline(version):
+            return
         self.baseline_version = version
+
+    def reload_baseline(self, version: int) -> bool:
+        """Load ``[baseline.train] state_file`` again for the next rounds (logged); False (logged) when it cannot be
+        loaded (a half-copied or missing file): the old opponent stays, and the next reply tries again."""
+        logger.info('the baseline was rotated (version %s -> %d): reloading it', self.baseline_version, version)
+        try:
+            self.train_player.reload_baseline()
+        except Exception as ex:  # anything the file does wrong: keep playing against the old one
+            logger.warning('cannot reload the baseline (%s: %s): playing on against the old one',
+                           type(ex).__name__, ex)
+            return False
+        return True
 
     def install_baseline(self, *, wait: bool = False):
         """Fetch the trainer's baseline from the server, check it (``unpack_baseline``) and write it to
@@ -287,14 +293,8 @@ class Client:
             if local is None:
                 return
             reload = True
-        if reload:
-            logger.info('the baseline was rotated (version %s -> %d): reloading it', self.baseline_version, version)
-            try:
-                self.train_player.reload_baseline()
-            except Exception as ex:  # keep the old opponent, try again at the next reply
-                logger.warning('cannot reload the baseline (%s: %s): playing on against the old one',
-                               type(ex).__name__, ex)
-                return
+        if reload and not self.reload_baseline(version):
+            return
         self.baseline_digest = local
 
     def run_round(self) -> np.ndarray:
