@@ -6,6 +6,7 @@ The run with a few hundred games is skipped unless MORTAL_SLOW_TESTS=1.
 
 import collections
 import gzip
+import hashlib
 import json
 import os
 
@@ -189,13 +190,19 @@ class PriorityEngine:
     def __init__(self, name, seed, guard=False):
         self.name = name
         self.enable_rule_based_agari_guard = guard
-        self.rng = np.random.default_rng(seed)
+        self.seed = seed
         self.bonus = np.zeros(46)
         self.bonus[[37, 41, 42, 43]] = [3.0, 1.0, 2.0, 10.0]
 
+    def noise(self, obs, mask):
+        """(46,) float64 draws seeded by this engine's seed and the row's obs and mask, so that a game does not
+        depend on how the arena's threads happened to batch the rows (a shared generator made it flaky)."""
+        digest = hashlib.blake2b(np.ascontiguousarray(obs).tobytes() + np.asarray(mask).tobytes(), digest_size=8)
+        return np.random.default_rng([self.seed, int.from_bytes(digest.digest(), "little")]).standard_normal(46)
+
     def react_batch(self, obs, masks, invisible_obs=None):
         m = np.stack(masks)
-        q = self.rng.standard_normal(m.shape) + self.bonus
+        q = np.stack([self.noise(o, mk) for o, mk in zip(obs, masks)]) + self.bonus
         q[~m] = -np.inf
         a = q.argmax(1)
         return a.tolist(), q.tolist(), m.tolist(), [True] * len(a)
