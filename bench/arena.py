@@ -88,9 +88,9 @@ def main(argv=None):
     try:
         import torch
         from mortal.play.engine import MortalEngine
-        from mortal.learning.model import DQN, Brain
+        from mortal.model.networks import DQN, Brain
     except ImportError as e:
-        raise SystemExit(f"bench/arena.py needs mortal.learning.model and mortal.play.engine (and torch): {e}")
+        raise SystemExit(f"bench/arena.py needs mortal.model.networks and mortal.play.engine (and torch): {e}")
     torch.set_num_threads(args.threads)
     n_games = 4 * args.seeds
 

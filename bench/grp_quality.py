@@ -33,7 +33,7 @@ def _samples(log_dir):
 
 def _train(samples, steps_list, on_step):
     import torch
-    from mortal.learning.model import GRP
+    from mortal.model.networks import GRP
     from mortal.train_grp import collate, train_step
     torch.manual_seed(0)
     random.seed(0)
@@ -101,7 +101,7 @@ def main(argv=None):
                lambda step, grp: print(f'step {step:5d}: val CE {val_ce(grp, val):.4f}', flush=True))
     elif args.cmd == 'make':
         grp = _train(_samples(args.train_dir), [args.steps], lambda *a: None)
-        from mortal.learning.checkpoint import atomic_torch_save
+        from mortal.model.checkpoint import atomic_torch_save
         atomic_torch_save({'model': grp.state_dict(), 'steps': args.steps, 'timestamp': 0}, args.out)
         print(f'wrote {args.out}')
     else:

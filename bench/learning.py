@@ -135,7 +135,7 @@ def check_marks(marks, minutes):
 
 
 def checkpoint_steps(state_file):
-    from mortal.learning.checkpoint import load_checkpoint
+    from mortal.model.checkpoint import load_checkpoint
     try:
         return int(load_checkpoint(state_file)['steps'])
     except Exception:  # being replaced right now, or not written yet
@@ -148,7 +148,7 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes
     At each of ``mark_minutes`` (minutes online) ``best.pth`` and the played ``state_file`` are kept as
     ``marks/best_MMMm.pth`` / ``marks/final_MMMm.pth``; ``eval`` plays them like best/final (e.g. the model at 30
     minutes of a 2-hour run)."""
-    from mortal.learning.checkpoint import INITIAL_BEST_PERF, atomic_torch_save, load_checkpoint, played_checkpoint
+    from mortal.model.checkpoint import INITIAL_BEST_PERF, atomic_torch_save, load_checkpoint, played_checkpoint
     from mortal.config import load_config
     from mortal.util.fsutil import empty_dir
     from mortal.quickstart import _wait_port, free_port, keep_running, start as start_proc, stop

@@ -79,7 +79,7 @@ def loader(paths):
 
 def dataset(paths):
     from mortal.data.dataloader import FileDatasetsIter, make_dataloader
-    from mortal.learning.model import GRP
+    from mortal.model.networks import GRP
 
     ds = FileDatasetsIter(VERSION, paths, [6, 4, 2, 0], GRP(), file_batch_size=20)
     n = 0

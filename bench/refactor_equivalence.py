@@ -68,12 +68,18 @@ def digest(*objs):
     return h.hexdigest()
 
 
-def mod(new, old):
-    """Module ``new`` (the package layout), or ``old`` (the flat one) in a tree from before the split. Decided by
-    the tree's folders, not by trying: an editable install of another checkout would answer the new name."""
+def mod(*names):
+    """The first of ``names`` whose folder layout this tree has, newest layout first: ``mod('mortal.model.networks',
+    'mortal.learning.model', 'mortal.model')`` answers the model package (``mortal/model/``), else the learning
+    package of the first split (``mortal/learning/``), else the flat module of a tree from before any split. A name
+    is taken when its parent package is a folder of the tree (the last name needs none). Decided by the tree's
+    folders, not by trying: an editable install of another checkout would answer any name."""
     import importlib
-    layout = os.path.isdir(os.path.join(TREE, 'mortal', 'learning'))
-    return importlib.import_module(new if layout else old)
+    for name in names[:-1]:
+        parent = name.rsplit('.', 1)[0]
+        if os.path.isfile(os.path.join(TREE, *parent.split('.'), '__init__.py')):
+            return importlib.import_module(name)
+    return importlib.import_module(names[-1])
 
 
 def tiny_config(root, online):
@@ -137,7 +143,7 @@ except Exception as e:
 
 try:
     from mortal import train as tr
-    GRP = mod('mortal.learning.model', 'mortal.model').GRP
+    GRP = mod('mortal.model.networks', 'mortal.learning.model', 'mortal.model').GRP
     root = os.path.join(work, 'offline')
     config = tiny_config(root, online=False)
     os.makedirs(f'{root}/dataset')

@@ -61,7 +61,7 @@ def main(argv=None):
     import torch
     from bench.arena import FirstLegal
     from mortal.play.engine import MortalEngine
-    from mortal.learning.model import DQN, Brain
+    from mortal.model.networks import DQN, Brain
     import mortal.features.obs_v4 as obs_v4
 
     torch.set_num_threads(args.threads)

@@ -224,7 +224,7 @@ def _grp_config(config, boot):
 
 
 def _grp_steps_done(state_file):
-    from mortal.learning.checkpoint import load_checkpoint
+    from mortal.model.checkpoint import load_checkpoint
     if not os.path.exists(state_file):
         return 0
     return int(load_checkpoint(state_file).get('steps', 0))
@@ -367,7 +367,7 @@ def prepare(config, *, force=False):
 
     Existing targets are kept unless ``force``. Returns the list of files written.
     """
-    from mortal.learning.checkpoint import INITIAL_BEST_PERF, atomic_torch_save, load_checkpoint
+    from mortal.model.checkpoint import INITIAL_BEST_PERF, atomic_torch_save, load_checkpoint
 
     boot = bootstrap_config(config)
     best = _offline_paths(boot)['best_state_file']

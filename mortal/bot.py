@@ -130,12 +130,12 @@ def load_engine(state_file: str, *, review_mode: bool):
     """``(MortalEngine, tag)`` from a Mortal-layout checkpoint, with the bot's engine settings (CPU).
 
     Raises:
-        mortal.learning.checkpoint.CheckpointError: the file is missing, not a weights-only torch checkpoint, or its
+        mortal.model.checkpoint.CheckpointError: the file is missing, not a weights-only torch checkpoint, or its
             weights do not fit its own ``config`` (the message is one line naming the file; for shapes, both
             shapes).
     """
     import torch
-    from mortal.learning.checkpoint import load_checkpoint, load_errors, models_from_state
+    from mortal.model.checkpoint import load_checkpoint, load_errors, models_from_state
     from mortal.play.engine import MortalEngine
 
     with load_errors('[control] state_file', state_file):
@@ -161,9 +161,9 @@ def load_review_grp(config: dict):
     """The GRP of ``[grp] state_file`` / ``[grp.network]`` in eval mode on the CPU (review mode).
 
     Raises:
-        mortal.learning.checkpoint.CheckpointError: missing or unusable file, or weights that do not fit ``[grp.network]``.
+        mortal.model.checkpoint.CheckpointError: missing or unusable file, or weights that do not fit ``[grp.network]``.
     """
-    from mortal.learning.checkpoint import load_errors
+    from mortal.model.checkpoint import load_errors
     from mortal.data.reward import load_grp
 
     path = config['grp']['state_file']
@@ -178,7 +178,7 @@ def phi_matrix(config: dict, log_lines: list[str], grp=None) -> list:
 
     Raises:
         mortal.data.mjai_log.BadLogError: the log has no finished kyoku or is malformed.
-        mortal.learning.checkpoint.CheckpointError: ``grp`` not given and the GRP checkpoint cannot be loaded.
+        mortal.model.checkpoint.CheckpointError: ``grp`` not given and the GRP checkpoint cannot be loaded.
     """
     import torch
     from mortal.data.grp import Grp
@@ -218,7 +218,7 @@ USAGE = 'python -m mortal.bot [-c/--config PATH] <SEAT>   (SEAT: the player ID, 
 def main(argv: list[str] | None = None, *, stdin: IO[str] | None = None, stdout: IO[str] | None = None) -> int:
     """``python -m mortal.bot <SEAT>``; returns the exit status (2 usage/config/checkpoint error, 1 bad input)."""
     from mortal import entry
-    from mortal.learning.checkpoint import CheckpointError
+    from mortal.model.checkpoint import CheckpointError
     from mortal.config import BOT_SECTIONS, ConfigError
 
     stdin = stdin or sys.stdin

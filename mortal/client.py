@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from mortal.net import wire
-from mortal.learning.checkpoint import CheckpointError, check_loadable, read_baseline
+from mortal.model.checkpoint import CheckpointError, check_loadable, read_baseline
 from mortal.stat import rank_summary  # of the display pts, as Mortal's client prints it
 
 logger = logging.getLogger('mortal.client' if __name__ == '__main__' else __name__)
@@ -101,9 +101,9 @@ def fetch_baseline(remote: wire.Remote, *, wait: bool, sleep=time.sleep):
 def unpack_baseline(reply: dict) -> tuple:
     """``(mortal, dqn, arch, digest)`` of a get_baseline reply, checked: ``arch`` within bounds, both state dicts
     loadable into the networks of ``arch`` (``check_loadable``), and their ``wire.baseline_digest`` equal to the
-    reply's. Raises ValueError (mortal.learning.checkpoint.CheckpointError for the shapes) or wire.ProtocolError naming
+    reply's. Raises ValueError (mortal.model.checkpoint.CheckpointError for the shapes) or wire.ProtocolError naming
     what is wrong."""
-    from mortal.learning.model import Brain, DQN
+    from mortal.model.networks import Brain, DQN
     arch = wire.check_baseline_arch(reply.get('arch'))
     digest = wire.check_digest(reply.get('baseline_digest'))
     mortal = wire.unpack_state_dict(reply.get('mortal'))
@@ -150,7 +150,7 @@ class Client:
     """
 
     def __init__(self, config: dict, *, train_player=None, remote=None, env=os.environ, sleep=time.sleep):
-        from mortal.learning.model import Brain, DQN
+        from mortal.model.networks import Brain, DQN
         from mortal.features.obs import check_version
 
         version = check_version(config['control']['version'])
@@ -253,9 +253,9 @@ class Client:
 
     def install_baseline(self, *, wait: bool = False):
         """Fetch the trainer's baseline from the server, check it (``unpack_baseline``) and write it to
-        ``[baseline.train] state_file`` (``mortal.learning.rotation.install_baseline``); returns its digest, or None (logged)
+        ``[baseline.train] state_file`` (``mortal.model.rotation.install_baseline``); returns its digest, or None (logged)
         when the server has none or it fails its checks (that digest is then not fetched again)."""
-        from mortal.learning.rotation import install_baseline
+        from mortal.model.rotation import install_baseline
         try:
             reply = fetch_baseline(self.remote, wait=wait, sleep=self.sleep)
         except wire.RequestRefused as ex:  # e.g. a server of an older release

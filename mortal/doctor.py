@@ -151,8 +151,8 @@ def load_mortal_checkpoint(path, config):
     Returns a list of problems (empty = fine). The file is read with ``weights_only=True``
     (no code from the file runs). A problem names the mismatching key and both values.
     """
-    from mortal.learning.checkpoint import CheckpointError, describe_error, describe_mismatches, load_checkpoint
-    from mortal.learning.model import DQN, Brain
+    from mortal.model.checkpoint import CheckpointError, describe_error, describe_mismatches, load_checkpoint
+    from mortal.model.networks import DQN, Brain
 
     version = lookup(config, 'control.version')
     resnet = lookup(config, 'resnet', {}) or {}
@@ -209,8 +209,8 @@ def check_checkpoints(config):
 
 def check_grp(config):
     """GRP checkpoint (``[grp] state_file``, key ``model``) loads into ``GRP(**[grp.network])``."""
-    from mortal.learning.checkpoint import describe_error, describe_mismatches, load_checkpoint
-    from mortal.learning.model import GRP
+    from mortal.model.checkpoint import describe_error, describe_mismatches, load_checkpoint
+    from mortal.model.networks import GRP
 
     path = lookup(config, 'grp.state_file')
     if not path:
@@ -234,7 +234,7 @@ def check_grp(config):
 # ---------------------------------------------------------------------------- memory
 
 def _model_parts(conv_channels, num_blocks, version, device='meta'):
-    from mortal.learning.model import DQN, AuxNet, Brain
+    from mortal.model.networks import DQN, AuxNet, Brain
 
     import torch
     with torch.device(device):

@@ -30,158 +30,18 @@ if __package__ in (None, ''):  # run as a script: python mortal/one_vs_three.py
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
-import dataclasses
 import logging
-import math
 import os
 import secrets
 import sys
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable
 
-from mortal.stat import DISPLAY_PTS, rank_summary  # rank_summary: also this module's API (Mortal prints it)
+# The duplicate scoring and the sides live in mortal.play.duplicate (play needs them too); this module's API still.
+from mortal.play.duplicate import (SEED_START, SIDE_TYPES, SPLITS, Z_95, DuplicateSummary,  # noqa: F401
+                                   build_side, challenger_ranks_by_nonce, duplicate_ci, mean_ci, side_type)
+from mortal.stat import DISPLAY_PTS, rank_summary  # noqa: F401  rank_summary: also this module's API (Mortal prints it)
 
 logger = logging.getLogger('mortal.one_vs_three')  # not __name__: '__main__' under python -m
-
-SEED_START = 10000  # first nonce, as Mortal's one_vs_three.py
-Z_95 = 1.959963984540054  # two-sided 95% normal quantile
-SPLITS = 'abcd'  # log-name suffix = challenger seat 0-3
-SIDE_TYPES = ('mortal', 'rulebase')
-
-
-@dataclasses.dataclass(frozen=True)
-class DuplicateSummary:
-    """Challenger's result over duplicate units (one unit = all games of one nonce).
-
-    ``*_ci`` are half-widths of the 95% interval (mean ± half-width); ``nan`` with fewer than 2 units.
-    """
-
-    n_units: int
-    n_games: int
-    avg_rank: float
-    avg_rank_ci: float
-    avg_pt: float
-    avg_pt_ci: float
-
-    def __str__(self) -> str:
-        return (f'avg rank {self.avg_rank:.4f} ± {self.avg_rank_ci:.4f}, '
-                f'avg pt {self.avg_pt:.3f} ± {self.avg_pt_ci:.3f} '
-                f'(95% CI over {self.n_units} duplicate sets, {self.n_games} games)')
-
-
-def mean_ci(values: Sequence[float], z: float = Z_95) -> tuple[float, float]:
-    """``(mean, z · sd / sqrt(n))`` with the sample sd (n − 1); half-width ``nan`` when n < 2.
-
-    Raises:
-        ValueError: ``values`` is empty.
-    """
-    n = len(values)
-    if n == 0:
-        raise ValueError('no values')
-    mean = math.fsum(values) / n
-    if n < 2:
-        return mean, math.nan
-    var = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
-    return mean, z * math.sqrt(var / n)
-
-
-def duplicate_ci(unit_ranks: Iterable[Sequence[int]], pts: Sequence[float] = DISPLAY_PTS,
-                 z: float = Z_95) -> DuplicateSummary:
-    """Avg rank and avg pt with a normal 95% CI over duplicate units.
-
-    Args:
-        unit_ranks: one sequence per duplicate unit (a nonce) of the challenger's 1-based ranks (1-4) in that
-            unit's games (normally its 4 seat rotations). Per unit the mean rank and mean pt are taken first; the
-            reported values are the means of those unit means ± ``z``·sd/sqrt(n_units). The rotations of one deal
-            are strongly correlated, so games are not independent samples but units are.
-        pts: rank points for 1st-4th.
-
-    Raises:
-        ValueError: no units, an empty unit, or a rank outside 1-4.
-    """
-    rank_means, pt_means = [], []
-    n_games = 0
-    for unit in unit_ranks:
-        unit = list(unit)
-        if not unit:
-            raise ValueError('a duplicate unit has no games')
-        for r in unit:
-            if r not in (1, 2, 3, 4):
-                raise ValueError(f'rank must be 1-4, got {r!r}')
-        n_games += len(unit)
-        rank_means.append(sum(unit) / len(unit))
-        pt_means.append(sum(pts[r - 1] for r in unit) / len(unit))
-    if not rank_means:
-        raise ValueError('no duplicate units')
-    avg_rank, rank_ci = mean_ci(rank_means, z)
-    avg_pt, pt_ci = mean_ci(pt_means, z)
-    return DuplicateSummary(len(rank_means), n_games, avg_rank, rank_ci, avg_pt, pt_ci)
-
-
-def challenger_ranks_by_nonce(games: Iterable[tuple]) -> dict[int, list[int]]:
-    """Group the challenger's 1-based ranks by nonce.
-
-    Args:
-        games: ``(nonce, key, split, final_scores, rank_by_player)`` per game (``OneVsThree.last_games``), where
-            split 'a'-'d' is the challenger's seat 0-3 and rank_by_player holds 0-based ranks.
-    """
-    out: dict[int, list[int]] = {}
-    for nonce, _key, split, _scores, ranks in games:
-        out.setdefault(int(nonce), []).append(int(ranks[SPLITS.index(split)]) + 1)
-    return out
-
-
-def side_type(side: Mapping, section: str) -> str:
-    """The ``type`` of a ``[1v3.<side>]`` table: 'mortal' (default) or 'rulebase'.
-
-    Raises:
-        ValueError: any other value (names the section).
-    """
-    kind = side.get('type', 'mortal')
-    if kind not in SIDE_TYPES:
-        raise ValueError(f'[{section}] type must be one of {SIDE_TYPES}, got {kind!r}')
-    return kind
-
-
-def build_side(side: Mapping, section: str):
-    """An arena player from a ``[1v3.challenger]``/``[1v3.champion]`` table.
-
-    'rulebase': a ``mortal.play.agent.MjaiBotAgent`` of ``RulebaseBot`` named ``name`` (default 'rulebase').
-    'mortal': a greedy ``MortalEngine`` from ``state_file`` (architecture from the checkpoint's own config, as
-    Mortal) on ``device`` with ``enable_amp``, ``enable_rule_based_agari_guard``, ``stochastic_latent``,
-    ``enable_compile``.
-
-    Raises:
-        ValueError: bad ``type``; mortal.learning.checkpoint.CheckpointError (a ValueError): missing or unusable
-            checkpoint (one line naming the section, the file and the reason).
-    """
-    kind = side_type(side, section)
-    if kind == 'rulebase':
-        from mortal.play.agent import MjaiBotAgent
-        return MjaiBotAgent(name=side.get('name', 'rulebase'))
-
-    import torch
-    from mortal.learning.checkpoint import load_errors, load_model_pair
-    from mortal.play.engine import MortalEngine
-
-    with load_errors(f'[{section}] state_file', side['state_file']):
-        brain, dqn, version = load_model_pair(side['state_file'])
-    if side.get('enable_compile', False):
-        brain.compile()
-        dqn.compile()
-    logger.info('[%s] %s: %s (version %d) on %s', section, side['name'], side['state_file'], version,
-                side['device'])
-    return MortalEngine(
-        brain,
-        dqn,
-        is_oracle=False,
-        version=version,
-        device=torch.device(side['device']),
-        stochastic_latent=side.get('stochastic_latent', False),
-        enable_amp=side.get('enable_amp', False),
-        enable_rule_based_agari_guard=side.get('enable_rule_based_agari_guard', False),
-        name=side['name'],
-    )
-
 
 def _challenger_stat(log_dir: str, games: Iterable[tuple]):
     """Sum of the challenger seat's ``Stat`` over this run's logs (by seat, so equal names do not mix)."""
@@ -270,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             os.makedirs(log_dir, exist_ok=True)
         except OSError as exc:
             return entry.error(f'[1v3] log_dir {log_dir} cannot be created: {exc}')
-    from mortal.learning.checkpoint import CheckpointError
+    from mortal.model.checkpoint import CheckpointError
     try:
         run(config, disable_progress_bar=args.no_progress)
     except CheckpointError as exc:

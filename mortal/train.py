@@ -21,7 +21,7 @@ Linear/Conv1d weights only, gradient accumulation over ``opt_step_every`` batche
 clipping at ``max_grad_norm`` after unscaling, GradScaler + autocast with ``enable_amp``, Mortal's linear warm-up +
 cosine learning rate (``mortal.learning.schedule``) stepped every batch, BatchNorm frozen per ``[freeze_bn] mortal``.
 
-Checkpoints carry Mortal's keys (``mortal.learning.checkpoint.CHECKPOINT_KEYS``) and are written to a temporary file then
+Checkpoints carry Mortal's keys (``mortal.model.checkpoint.CHECKPOINT_KEYS``) and are written to a temporary file then
 renamed, so a kill at any moment leaves the previous checkpoint intact.
 
 TensorBoard: Mortal's tags (``loss/dqn_loss``, ``loss/cql_loss`` offline, ``loss/next_rank_loss``, ``hparam/lr``,
@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from mortal.net import wire
-from mortal.learning.checkpoint import (INITIAL_BEST_PERF, CheckpointError, atomic_torch_save, check_fits_config,
+from mortal.model.checkpoint import (INITIAL_BEST_PERF, CheckpointError, atomic_torch_save, check_fits_config,
                                         load_checkpoint, load_model_pair, require_entries)
 from mortal.data.claims import ClaimLedger, claim_dir_for, staleness
 from mortal.config import for_checkpoint, lookup, optional_section
@@ -87,13 +87,13 @@ class Trainer:
         remote: ``wire.Remote`` of the server (online), from ``[online.remote]`` when None.
         writer: a SummaryWriter-like object; ``SummaryWriter([control] tensorboard_dir)`` when None.
         sleep: the sleep function (tests replace it).
-    Raises mortal.learning.checkpoint.CheckpointError (a checkpoint that cannot be loaded or does not fit the config),
+    Raises mortal.model.checkpoint.CheckpointError (a checkpoint that cannot be loaded or does not fit the config),
     UnsupportedVersionError, ValueError for version 1 (Mortal's trainer neither supports it: its phi is a latent
     pair).
     """
 
     def __init__(self, config: dict, *, test_player=None, remote=None, writer=None, sleep=time.sleep):
-        from mortal.learning.model import AuxNet, Brain, DQN
+        from mortal.model.networks import AuxNet, Brain, DQN
         from mortal.features.obs import check_version, obs_shape
 
         self.config = config

@@ -32,7 +32,7 @@ from torch import optim
 from torch.nn import functional as F
 from torch.utils.data import IterableDataset
 
-from mortal.learning.checkpoint import CheckpointError, atomic_torch_save, describe_error, load_checkpoint
+from mortal.model.checkpoint import CheckpointError, atomic_torch_save, describe_error, load_checkpoint
 from mortal.data.grp import Grp
 
 # Not __name__: that is "__main__" under ``python -m`` / as a script.
@@ -188,7 +188,7 @@ def train(cfg: dict, *, max_steps: int | None = None, num_workers: int = 1, prog
     """
     from tqdm import tqdm
     from torch.utils.tensorboard import SummaryWriter
-    from mortal.learning.model import GRP
+    from mortal.model.networks import GRP
 
     control = cfg["control"]
     batch_size = control["batch_size"]

@@ -23,7 +23,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from mortal import entry  # noqa: E402  (after the sys.path line)
 from mortal.config import ConfigError  # noqa: E402
-from mortal.learning.rotation import rotate  # noqa: E402
+from mortal.model.rotation import rotate  # noqa: E402
 
 
 def main(argv=None):

@@ -177,7 +177,7 @@ def tiny_config(tmp_path):
 
 def write_baseline(config, filename, seed=0):
     """A randomly initialised checkpoint (seed ``seed``) with Mortal's keys for the tiny config's architecture."""
-    from mortal.learning.model import AuxNet, Brain, DQN
+    from mortal.model.networks import AuxNet, Brain, DQN
     torch.manual_seed(seed)
     r = config["resnet"]
     brain = Brain(version=TINY_VERSION, conv_channels=r["conv_channels"], num_blocks=r["num_blocks"])
@@ -188,7 +188,7 @@ def write_baseline(config, filename, seed=0):
 
 def write_grp(config):
     """A randomly initialised (seed 0) GRP of ``[grp] network`` at ``[grp] state_file``."""
-    from mortal.learning.model import GRP
+    from mortal.model.networks import GRP
     torch.manual_seed(0)
     grp = GRP(**config["grp"]["network"])
     torch.save({"model": grp.state_dict()}, config["grp"]["state_file"])

@@ -14,7 +14,7 @@ from mortal import client as cl
 from mortal import server as srv
 from mortal.net import wire
 from mortal import train as tr
-from mortal.learning.checkpoint import load_model_pair
+from mortal.model.checkpoint import load_model_pair
 
 from conftest import (FakeTestPlayer, FakeWriter, free_port, load_tiny_config, start_param_server, stop_server,
                       write_baseline)
@@ -229,8 +229,8 @@ def test_a_client_started_before_the_trainer_waits_for_its_baseline(tmp_path, se
 
 
 def test_hostile_baselines_are_refused_without_building_them(tmp_path, served, caplog):
-    from mortal.learning.checkpoint import CheckpointError, read_baseline
-    from mortal.learning.model import Brain, DQN
+    from mortal.model.checkpoint import CheckpointError, read_baseline
+    from mortal.model.networks import Brain, DQN
     brain, dqn = Brain(version=3, conv_channels=16, num_blocks=1), DQN(version=3)
     mortal_sd, dqn_sd = brain.state_dict(), dqn.state_dict()
     # an arch at the wire's bounds (4096 channels, 1024 blocks: ~400 GB of weights) with tiny weights: refused by

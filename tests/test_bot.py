@@ -14,7 +14,7 @@ from mjai.mlibriichi.state import PlayerState
 from conftest import DATA_DIR, ROOT, player_view
 from mortal import bot as bot_mod
 from mortal.play.agent import legal_reaction
-from mortal.learning.model import DQN, GRP, Brain
+from mortal.model.networks import DQN, GRP, Brain
 from mortal.features.obs import encode
 
 LOG = DATA_DIR / 'riichienv_selfplay_hanchan.jsonl'

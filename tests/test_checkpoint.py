@@ -1,4 +1,4 @@
-"""mortal.learning.checkpoint and the atomic writes of mortal.util.fsutil: errors name the file on one line, writes are all or
+"""mortal.model.checkpoint and the atomic writes of mortal.util.fsutil: errors name the file on one line, writes are all or
 nothing, one state-dict comparison behind the client's, the trainer's and the doctor's wording."""
 
 import os
@@ -6,11 +6,11 @@ import os
 import pytest
 import torch
 
-from mortal.learning.checkpoint import (CheckpointError, atomic_torch_save, check_fits_config, check_loadable,
+from mortal.model.checkpoint import (CheckpointError, atomic_torch_save, check_fits_config, check_loadable,
                                         describe_mismatches, load_checkpoint, load_errors, load_model_pair,
                                         read_baseline, require_entries, state_dict_mismatches)
 from mortal.util.fsutil import atomic_copy, atomic_write, atomic_write_bytes, empty_dir
-from mortal.learning.model import DQN, Brain
+from mortal.model.networks import DQN, Brain
 
 
 def _mortal_checkpoint(path, *, version=3, conv_channels=16, num_blocks=1):

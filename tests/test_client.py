@@ -16,7 +16,7 @@ import torch
 from mortal import client as cl
 from mortal import server as srv
 from mortal.net import wire
-from mortal.learning.checkpoint import load_model_pair
+from mortal.model.checkpoint import load_model_pair
 from mortal.play.player import TrainPlayer
 
 from conftest import ROOT, free_port, load_tiny_config, tiny_config_dict, write_baseline
@@ -165,7 +165,7 @@ def filled(module, value):
 @pytest.mark.slow
 def test_parameters_that_cannot_be_loaded_are_kept_out_and_logged_once(tmp_path, caplog):
     import logging
-    from mortal.learning.model import DQN, Brain
+    from mortal.model.networks import DQN, Brain
     config, _ = load_tiny_config(tmp_path)  # a 16-channel 1-block Brain
     good_brain, dqn = Brain(version=3, conv_channels=16, num_blocks=1), DQN(version=3)
     other_brain = Brain(version=3, conv_channels=32, num_blocks=2)

@@ -8,7 +8,7 @@ import torch
 
 from mortal.data.dataloader import FileDatasetsIter, make_dataloader, q_target
 from mortal.data.gameplay import GameplayLoader
-from mortal.learning.model import GRP
+from mortal.model.networks import GRP
 from mortal.data.reward import RewardCalculator
 
 from conftest import DATA_DIR

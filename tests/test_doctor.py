@@ -7,7 +7,7 @@ import toml
 import torch
 
 from mortal import doctor, quickstart
-from mortal.learning.model import DQN, GRP, AuxNet, Brain
+from mortal.model.networks import DQN, GRP, AuxNet, Brain
 
 
 def _save_mortal(path, conv_channels=32, num_blocks=2, version=3, saved_config=True):

@@ -262,7 +262,7 @@ def test_real_observations_and_amp(fixture_logs, device):
 
 
 def test_with_project_model():
-    model = pytest.importorskip("mortal.learning.model")
+    model = pytest.importorskip("mortal.model.networks")
     brain = model.Brain(conv_channels=16, num_blocks=1, version=3)
     dqn = model.DQN(version=3)
     rng = np.random.default_rng(0)

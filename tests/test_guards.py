@@ -192,7 +192,7 @@ def test_rotation_promotes_best_and_bumps_the_baseline_version(tmp_path, caplog)
 @pytest.mark.slow
 def test_a_running_client_picks_up_a_rotation_and_the_factors(tmp_path, caplog):
     from mortal import client as cl
-    from mortal.learning.checkpoint import load_model_pair
+    from mortal.model.checkpoint import load_model_pair
     port = free_port()
     config, _ = load_tiny_config(tmp_path, port=port)
     baseline = config['baseline']['train']['state_file']
@@ -259,7 +259,7 @@ def test_schedules_reach_their_values_at_given_steps(tmp_path):
 
 
 def test_baseline_pool_is_the_current_file_and_its_newest_backups(tmp_path):
-    from mortal.learning.rotation import baseline_pool
+    from mortal.model.rotation import baseline_pool
     current = tmp_path / 'baseline.pth'
     current.write_bytes(b'x')
     # newest by the time each baseline was written (copy2 keeps it), not by name: '-2' is the second that second
@@ -307,7 +307,7 @@ def test_defaults_never_roll_back_or_rotate(tmp_path):
 
 
 def test_rotation_backups_of_one_second_get_a_suffix(tmp_path):
-    from mortal.learning.rotation import rotate
+    from mortal.model.rotation import rotate
     config, _ = load_tiny_config(tmp_path)
     baseline = config['baseline']['train']['state_file']
     write_baseline(config, baseline, seed=0)
@@ -398,7 +398,7 @@ def test_temp_factor_never_reaches_zero(tmp_path):
 
 
 def test_reset_best_on_a_corrupt_state_file_touches_nothing(tmp_path):
-    from mortal.learning.rotation import rotate
+    from mortal.model.rotation import rotate
     config, _ = load_tiny_config(tmp_path)
     baseline = config['baseline']['train']['state_file']
     write_baseline(config, baseline, seed=0)

@@ -77,7 +77,7 @@ def test_batch_q_stats_by_hand():
 
 
 def test_probe_builds_caches_and_measures_drift(tmp_path, fixture_logs):
-    from mortal.learning.model import DQN, GRP, Brain
+    from mortal.model.networks import DQN, GRP, Brain
     files = [str(f) for f in fixture_logs]
     torch.manual_seed(0)
     grp = GRP(hidden_size=8, num_layers=1).eval()
@@ -95,7 +95,7 @@ def test_probe_builds_caches_and_measures_drift(tmp_path, fixture_logs):
     k = 5
     probe.baseline_greedy[:k] = (probe.baseline_greedy[:k] + 1) % 46
     assert probe.drift(brain, dqn, torch.device('cpu')) == pytest.approx(k / len(probe))
-    from mortal.learning.model import AuxNet
+    from mortal.model.networks import AuxNet
     aux = AuxNet((4,))
     with torch.no_grad():
         for p in aux.parameters():
@@ -105,7 +105,7 @@ def test_probe_builds_caches_and_measures_drift(tmp_path, fixture_logs):
 
 
 def test_probe_without_logs_is_none(tmp_path):
-    from mortal.learning.model import GRP
+    from mortal.model.networks import GRP
     assert Probe.load_or_build(str(tmp_path / 'p.pth'), version=3, globs=[str(tmp_path / 'none*.gz')],
                                pts=[6, 4, 2, 0], grp=GRP(hidden_size=8, num_layers=1), size=8) is None
 
@@ -221,7 +221,7 @@ def test_offline_mix_appends_offline_rows_with_the_offline_loss(tiny_config, fix
     from mortal import train as tr
     from mortal.net import wire
     config, _ = tiny_config
-    from mortal.learning.model import GRP
+    from mortal.model.networks import GRP
     config['control']['batch_size'] = 32  # the 32 online rows below
     config['online']['offline_batch_size'] = 8
     config['dataset']['globs'] = [str(f) for f in fixture_logs]
@@ -264,7 +264,7 @@ def test_offline_batches_loop_over_the_offline_logs(tiny_config, fixture_logs):
     from mortal import train as tr
     from mortal.net import wire
     from mortal.data.dataloader import iter_full_batches
-    from mortal.learning.model import GRP
+    from mortal.model.networks import GRP
     config, _ = tiny_config
     config['online']['offline_batch_size'] = 64
     config['dataset']['globs'] = [str(fixture_logs[0])]

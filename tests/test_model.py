@@ -1,4 +1,4 @@
-"""Tests of mortal.learning.model: Mortal key layout, freeze_bn, dueling DQN, GRP."""
+"""Tests of mortal.model.networks: Mortal key layout, freeze_bn, dueling DQN, GRP."""
 
 from itertools import permutations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from mortal.learning.model import DQN, GRP, AuxNet, Brain
+from mortal.model.networks import DQN, GRP, AuxNet, Brain
 
 C = 16  # conv_channels of the small test config; channel attention hidden = 16 // 16 = 1
 B = 2  # num_blocks

@@ -136,7 +136,7 @@ def test_cli_end_to_end_identical_players_rank_2_5(tmp_path, capsys, monkeypatch
 def test_mortal_side_from_checkpoint_plays_end_to_end(tiny_config, tmp_path, capsys, monkeypatch,
                                                        one_torch_thread):
     from mortal.play.engine import MortalEngine
-    from mortal.learning.model import DQN, Brain
+    from mortal.model.networks import DQN, Brain
 
     config, _ = tiny_config
     chal = config['1v3']['challenger']

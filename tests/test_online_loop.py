@@ -167,7 +167,7 @@ def test_sigkilled_learner_resumes_from_a_sound_checkpoint(tmp_path, procs):
         remote.request({'type': 'drain'})
         rsp = remote.request({'type': 'get_param', 'param_version': -1})
         assert rsp['status'] == 'ok'
-        from mortal.learning.model import Brain, DQN
+        from mortal.model.networks import Brain, DQN
         Brain(version=3, conv_channels=16, num_blocks=1).load_state_dict(wire.unpack_state_dict(rsp['mortal']))
         DQN(version=3).load_state_dict(wire.unpack_state_dict(rsp['dqn']))
 

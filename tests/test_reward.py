@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mortal.data.grp import Grp
-from mortal.learning.model import GRP
+from mortal.model.networks import GRP
 from mortal.data.reward import RewardCalculator, load_grp
 
 from conftest import DATA_DIR

@@ -19,8 +19,8 @@ from mortal.data.dataloader import FileDatasetsIter
 from mortal.data.gameplay import GameplayLoader
 from mortal.data.grp import Grp
 from mortal.data.mjai_log import BadLogError, parse_log
-from mortal.learning.model import DQN, GRP, Brain
-from mortal.learning.checkpoint import CheckpointError as GrpCheckpointError
+from mortal.model.networks import DQN, GRP, Brain
+from mortal.model.checkpoint import CheckpointError as GrpCheckpointError
 from mortal.data.reward import load_grp
 from mortal.stat import LogFormatError, Stat
 

@@ -386,7 +386,7 @@ def test_concurrent_submissions_get_distinct_ids(running):
 # -- issue 13: poisoned parameters, unwritable dirs, memory before authentication, non-mjai logs ----------------
 
 def brain_params(channels, blocks):
-    from mortal.learning.model import DQN, Brain
+    from mortal.model.networks import DQN, Brain
     torch.manual_seed(0)
     return (wire.pack_state_dict(Brain(version=3, conv_channels=channels, num_blocks=blocks).state_dict()),
             wire.pack_state_dict(DQN(version=3).state_dict()))

@@ -11,7 +11,7 @@ import torch
 
 from mortal import train as tr
 from mortal.net import wire
-from mortal.learning.checkpoint import CHECKPOINT_KEYS, CheckpointError
+from mortal.model.checkpoint import CHECKPOINT_KEYS, CheckpointError
 from mortal.data.claims import staleness
 from mortal.data.dataloader import iter_full_batches
 from mortal.learning.guards import is_better

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import optim
 
-from mortal.learning.model import GRP
+from mortal.model.networks import GRP
 from mortal.data.reward import load_grp
-from mortal.learning.checkpoint import atomic_torch_save as save_checkpoint
+from mortal.model.checkpoint import atomic_torch_save as save_checkpoint
 from mortal.train_grp import GrpFileDatasetsIter, build_file_index, collate, train, train_step
 from mortal.train_grp import main as train_grp_main
 

@@ -23,7 +23,7 @@ import mortal.play.agent as agent_mod
 from mortal.play.agent import MortalBatchAgent, Scene, needs_v4_encoder
 from mortal.play.engine import MortalEngine
 from mortal.data.gameplay import GameplayLoader, augment_event
-from mortal.learning.model import DQN, Brain
+from mortal.model.networks import DQN, Brain
 from mortal.features.obs_v4 import SP_START, V4Encoder, repack_v3
 
 META = DATA_DIR / "meta_annotated_hanchan.jsonl"

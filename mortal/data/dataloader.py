@@ -73,7 +73,7 @@ class FileDatasetsIter(IterableDataset):
         version: feature version 1-4.
         file_list: log paths; shuffled in place each epoch (per worker shard).
         pts: ``[env] pts``, points for ranks 1-4.
-        grp: a ``mortal.learning.model.GRP`` with trained weights (see ``mortal.data.reward.load_grp``);
+        grp: a ``mortal.model.networks.GRP`` with trained weights (see ``mortal.data.reward.load_grp``);
             pickled to each worker.
         file_batch_size: files decoded into the shuffle buffer at a time (Mortal: 20).
         reserve_ratio: fraction of each batch's new samples kept back in the buffer to mix

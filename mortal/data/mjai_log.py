@@ -26,6 +26,7 @@ import zlib
 from dataclasses import dataclass
 
 from mortal import config as _config
+from mortal.features.mjai import ACTOR_EVENTS, MJAI_EVENT_TYPES, is_int, is_seat  # re-exported: this module's API
 
 __all__ = [
     "ACTOR_EVENTS",
@@ -51,16 +52,6 @@ MAX_KYOKU = 256
 #: Events one log may have: a hanchan has a few thousand, so this only stops files that are not one game before
 #: their events (kept in memory, a few hundred bytes each) cost more than the log's bytes.
 MAX_EVENTS = 100_000
-
-#: Event types Mortal's mjai ``Event`` knows; anything else is rejected.
-MJAI_EVENT_TYPES = frozenset({
-    "none", "start_game", "start_kyoku", "tsumo", "dahai", "chi", "pon", "daiminkan", "kakan", "ankan",
-    "dora", "reach", "reach_accepted", "hora", "ryukyoku", "end_kyoku", "end_game",
-})
-
-#: Event types whose ``actor`` (a seat 0-3) mjai requires; every reader checks it.
-ACTOR_EVENTS = frozenset({"tsumo", "dahai", "chi", "pon", "daiminkan", "kakan", "ankan", "reach",
-                          "reach_accepted", "hora"})
 
 #: Default cap on a log's decompressed size (``[dataset] max_log_bytes``, defined with the config schema): a
 #: hanchan is well under 1 MB of mjai JSON, so 64 MiB only stops decompression bombs and files that are not one game.
@@ -103,16 +94,6 @@ class LoadedLog:
     lines: list[str]
     line_numbers: list[int]
     source: str = "<log>"
-
-
-def is_int(v) -> bool:
-    """Whether ``v`` is an integer; ``bool`` is not (``True`` is an int in Python, not a number in mjai)."""
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def is_seat(v) -> bool:
-    """Whether ``v`` is a seat: an integer 0-3 (not a bool)."""
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 3
 
 
 # ---------------------------------------------------------------------------------------------- bytes -> text

@@ -17,7 +17,7 @@ from glob import glob
 from itertools import chain
 from os import path
 
-from mortal.learning.checkpoint import atomic_torch_save, describe_error, load_checkpoint
+from mortal.model.checkpoint import atomic_torch_save, describe_error, load_checkpoint
 
 # The learner's lines keep the logger name they have always had (docs, log filters).
 logger = logging.getLogger('mortal.train')

@@ -11,13 +11,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mortal.learning.checkpoint import CheckpointError, load_checkpoint, one_line, require_entries
+from mortal.model.checkpoint import CheckpointError, load_checkpoint, one_line, require_entries
 
 __all__ = ["RewardCalculator", "load_grp"]
 
 
 def load_grp(state_file, network: dict | None = None, device="cpu"):
-    """A ``mortal.learning.model.GRP`` in eval mode with weights from a ``train_grp`` checkpoint.
+    """A ``mortal.model.networks.GRP`` in eval mode with weights from a ``train_grp`` checkpoint.
 
     ``network`` is ``[grp.network]`` (``hidden_size``, ``num_layers``). The file holds
     ``{model, optimizer, steps, timestamp}``; only ``model`` is used. Loaded with
@@ -25,11 +25,11 @@ def load_grp(state_file, network: dict | None = None, device="cpu"):
 
     Raises:
         FileNotFoundError: no such file.
-        mortal.learning.checkpoint.CheckpointError: not a weights-only torch file, no ``model`` entry, or weights whose
+        mortal.model.checkpoint.CheckpointError: not a weights-only torch file, no ``model`` entry, or weights whose
             shapes do not fit ``network`` (the message names the file, the ``[grp.network]`` sizes and torch's
             shape report).
     """
-    from mortal.learning.model import GRP
+    from mortal.model.networks import GRP
 
     network = dict(network or {})
     grp = GRP(**network)
@@ -46,7 +46,7 @@ class RewardCalculator:
     """Kyoku rewards for one seat of one game.
 
     Args:
-        grp: a ``mortal.learning.model.GRP`` (float64); put in eval mode on ``device``.
+        grp: a ``mortal.model.networks.GRP`` (float64); put in eval mode on ``device``.
         pts: points by final rank, e.g. ``[6, 4, 2, 0]``; default ``[3, 1, -1, -3]`` as Mortal.
         device: torch device for the GRP forward pass.
         uniform_init: replace the E1 prediction with a uniform 1/4 (Mortal's option).

@@ -31,7 +31,7 @@ import os
 
 import numpy as np
 
-from mortal.data.mjai_log import ACTOR_EVENTS, is_seat
+from mortal.features.mjai import ACTOR_EVENTS, is_seat
 from mortal.features.sp.agari import Hand, agari
 from mortal.features.sp.calc import (HAVE_CORE, MAX_TSUMOS_LEFT, SPCalculator, best_by_required, calc_batch, deaka,
                                      next_tile)

@@ -28,7 +28,7 @@ from glob import glob
 import torch
 from torch import Tensor
 
-from mortal.learning.checkpoint import atomic_torch_save, load_checkpoint
+from mortal.model.checkpoint import atomic_torch_save, load_checkpoint
 
 logger = logging.getLogger('mortal.diagnostics')  # the name before the package split (log format)
 
@@ -202,7 +202,7 @@ def learner_probe(config: dict, version: int, state_file: str, device, baseline=
     once from ``[dataset] globs``, ``[online] probe_size`` positions) with the greedy actions of ``baseline``
     (``(brain, dqn)`` on ``device``; by default ``[baseline.train] state_file``, loaded). None when
     ``probe_size`` <= 0 or no log yields a sample. Raises whatever loading the GRP or the baseline raises."""
-    from mortal.learning.checkpoint import load_model_pair
+    from mortal.model.checkpoint import load_model_pair
     from mortal.data.reward import load_grp
     online = config.get('online', {})
     probe_file = online.get('probe_file') or os.path.join(os.path.dirname(os.path.abspath(state_file)), 'probe.pth')

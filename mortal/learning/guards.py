@@ -6,7 +6,7 @@ server.
 writer, and changes its weights, ``best_perf`` and ``guard`` (the guards' state, the checkpoint's ``guard`` entry,
 ``INITIAL_GUARD`` at the start) only through what the trainer offers (``save``, ``checkpoint``,
 ``sync_baseline``, the scheduler's ``refresh``). The test play's statistics are ``mortal.learning.gate``'s; the baseline
-files are rotated by ``mortal.learning.rotation``.
+files are rotated by ``mortal.model.rotation``.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from os import path
 
 from mortal.learning import gate
 from mortal.net import wire
-from mortal.learning.checkpoint import (INITIAL_BEST_PERF, CheckpointError, atomic_torch_save, check_fits_config,
+from mortal.model.checkpoint import (INITIAL_BEST_PERF, CheckpointError, atomic_torch_save, check_fits_config,
                                         load_checkpoint, load_model_pair, played_checkpoint, read_baseline)
 from mortal.config import lookup, optional_section
 from mortal.util.fsutil import atomic_copy, empty_dir, stamped_name
 from mortal.play.player import TEST_SEED
-from mortal.learning.rotation import rotate
+from mortal.model.rotation import rotate
 from mortal.stat import DISPLAY_PTS  # test-play avg pt: display and Mortal's best.pth rule, never a training signal
 
 # The learner's lines keep the logger name they have always had (docs/operations.md, log filters).
@@ -252,7 +252,7 @@ class Guards:
         return kept
 
     def rotate_baseline(self, reason: str) -> bool:
-        """Promote best.pth to ``[baseline.train]``/``[baseline.test]`` (``mortal.learning.rotation.rotate``: the old
+        """Promote best.pth to ``[baseline.train]``/``[baseline.test]`` (``mortal.model.rotation.rotate``: the old
         baselines kept as ``.bak``), reset ``best_perf``, bump ``baseline_version`` (clients reload their baseline
         when it changes). Returns False (logged) when best.pth cannot be promoted."""
         t = self.trainer

@@ -18,7 +18,7 @@ SEED_START = 10000  # first nonce, as mortal.one_vs_three
 
 
 def _side(spec, name):
-    from mortal.one_vs_three import build_side
+    from mortal.play.duplicate import build_side
     kind, state_file, *device = spec
     if kind == 'rulebase':
         return build_side({'type': 'rulebase', 'name': 'rulebase'}, 'evaluation')
@@ -38,7 +38,7 @@ def play_chunk(task):
     import torch
     torch.set_num_threads(1)  # the workers already fill the cores
     from mortal.play.arena import OneVsThree
-    from mortal.one_vs_three import challenger_ranks_by_nonce
+    from mortal.play.duplicate import challenger_ranks_by_nonce
 
     chal, champ, nonce, count, key = task
     env = OneVsThree(disable_progress_bar=True)
@@ -86,7 +86,7 @@ def summarize(units: Mapping[int, list], reference: Mapping[int, list] | None = 
     """Avg rank and avg pt (``mortal.stat.DISPLAY_PTS``) with 95% CI half-widths over deals; with ``reference``
     units on the same nonces, also ``paired_diff``: the mean per-deal difference of mean ranks (this minus
     reference; negative = better) and its CI half-width. Raises KeyError when ``reference`` lacks a nonce."""
-    from mortal.one_vs_three import duplicate_ci, mean_ci
+    from mortal.play.duplicate import duplicate_ci, mean_ci
     nonces = sorted(units)
     s = duplicate_ci([units[n] for n in nonces])
     out = {'deals': s.n_units, 'games': s.n_games, 'avg_rank': s.avg_rank, 'avg_rank_ci': s.avg_rank_ci,

@@ -20,7 +20,7 @@ from os import path
 import numpy as np
 import torch
 
-from mortal.learning.checkpoint import load_model_pair
+from mortal.model.checkpoint import load_model_pair
 from mortal.util.fsutil import empty_dir
 
 logger = logging.getLogger('mortal.player')  # the name before the package split (log format)
@@ -38,7 +38,7 @@ def load_baseline_engine(slot: dict, *, name: str = 'baseline'):
     """A greedy ``MortalEngine`` with the agari guard from a ``[baseline.train]``/``[baseline.test]`` table
     (keys device, enable_compile, state_file).
 
-    Raises FileNotFoundError, mortal.learning.checkpoint.CheckpointError (``load_model_pair``)."""
+    Raises FileNotFoundError, mortal.model.checkpoint.CheckpointError (``load_model_pair``)."""
     from mortal.play.engine import MortalEngine
 
     device = torch.device(slot['device'])
@@ -108,7 +108,7 @@ class TestPlayer:
         would collide), the challenger named ``name``. Returns ``{nonce: [the challenger's 4 ranks, 1-4]}``."""
         from mortal.play.arena import OneVsThree
         from mortal.play.engine import MortalEngine
-        from mortal.one_vs_three import challenger_ranks_by_nonce
+        from mortal.play.duplicate import challenger_ranks_by_nonce
 
         device = torch.device(device)
         with _CudnnBenchmarkOff(self.cudnn_benchmark):
@@ -186,10 +186,10 @@ class TrainPlayer:
 
     def opponent(self):
         """The baseline engine of the next round: the current one, or with ``[rotation] pool_size`` > 1 one of
-        the newest baselines (``mortal.learning.rotation.baseline_pool``) drawn uniformly."""
+        the newest baselines (``mortal.model.rotation.baseline_pool``) drawn uniformly."""
         if self.pool_size <= 1:
             return self.baseline_engine
-        from mortal.learning.rotation import baseline_pool
+        from mortal.model.rotation import baseline_pool
         current = self.baseline_slot['state_file']
         pick = random.choice(baseline_pool(current, self.pool_size))
         if pick == current:

@@ -1,7 +1,7 @@
 """File-system helpers: atomic writes (temporary name, fsync, rename), emptying a folder, stamped backup names.
 
 No torch here: the server and the claim ledger use these too. Torch objects are saved with
-``mortal.learning.checkpoint.atomic_torch_save``, which writes through ``atomic_write``.
+``mortal.model.checkpoint.atomic_torch_save``, which writes through ``atomic_write``.
 """
 
 import contextlib

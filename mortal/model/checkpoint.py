@@ -141,7 +141,7 @@ def models_from_state(state, source) -> tuple:
         CheckpointError: an entry or a config key is missing, or the weights do not fit that config (torch's
             report, on one line).
     """
-    from mortal.learning.model import Brain, DQN  # here: loading a file needs no model (nor its Rust extension)
+    from mortal.model.networks import Brain, DQN  # here: loading a file needs no model (nor its Rust extension)
 
     require_entries(state, MORTAL_ENTRIES, source)
     arch = arch_of(state, source)

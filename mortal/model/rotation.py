@@ -14,7 +14,7 @@ import logging
 import os
 import time
 
-from mortal.learning.checkpoint import (INITIAL_BEST_PERF, MORTAL_ENTRIES, CheckpointError, atomic_torch_save,
+from mortal.model.checkpoint import (INITIAL_BEST_PERF, MORTAL_ENTRIES, CheckpointError, atomic_torch_save,
                                         describe_error, load_checkpoint, require_entries)
 from mortal.util.fsutil import atomic_copy, stamped_name
 
@@ -27,7 +27,7 @@ def check_source(path: str) -> None:
 
     Raises:
         FileNotFoundError: no such file.
-        mortal.learning.checkpoint.CheckpointError (a ValueError): not loadable, or lacking an entry (the message names
+        mortal.model.checkpoint.CheckpointError (a ValueError): not loadable, or lacking an entry (the message names
             ``path``).
     """
     require_entries(load_checkpoint(path), MORTAL_ENTRIES, path)
