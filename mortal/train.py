@@ -44,28 +44,27 @@ import gc
 import logging
 import sys
 import time
-from datetime import datetime
 from os import path
 
 import torch
 from torch import nn
 
 from mortal.net import wire
-from mortal.model.checkpoint import (INITIAL_BEST_PERF, CheckpointError, atomic_torch_save, check_fits_config,
-                                        load_checkpoint, load_model_pair, require_entries)
-from mortal.data.claims import ClaimLedger, claim_dir_for, staleness
-from mortal.config import for_checkpoint, lookup, optional_section
+# INITIAL_BEST_PERF, atomic_torch_save: also this module's API (used through it)
+from mortal.model.checkpoint import INITIAL_BEST_PERF, CheckpointError, atomic_torch_save, load_model_pair  # noqa: F401
+from mortal.data.claims import claim_dir_for
+from mortal.config import lookup, optional_section
 from mortal.learning.diagnostics import Instruments, batch_q_stats, learner_probe
 from mortal.learning.guards import INITIAL_GUARD, Guards
+from mortal.learning.learner_checkpoint import LearnerCheckpoint
 from mortal.learning.loss import LossWeights, learner_loss
 from mortal.data.offline_data import build_file_list, load_player_names, offline_mix
 from mortal.learning.optimizer import build_optimizer, ema_copies, ema_update, optimizer_step
 from mortal.learning.schedule import schedule_factor
+from mortal.learning.server_traffic import DRAIN_POLL_INTERVAL, ServerTraffic  # noqa: F401  (also this module's API)
 from mortal.learning.supervisor import end_with_supervisor, is_supervised, supervise
 
 logger = logging.getLogger('mortal.train' if __name__ == '__main__' else __name__)
-
-DRAIN_POLL_INTERVAL = 5.0  # seconds between empty drains (Mortal)
 
 
 class TestPlayDone(Exception):
@@ -77,8 +76,11 @@ def parameter_count(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
 
-class Trainer:
-    """One learner process: models, optimizer, checkpoint, TensorBoard, server traffic.
+class Trainer(LearnerCheckpoint, ServerTraffic):
+    """One learner process: models, optimizer, checkpoint, TensorBoard, server traffic. The checkpoint methods
+    (``load_state``, ``checkpoint``, ``save``, ``played``) come from ``mortal.learning.learner_checkpoint``, the
+    server's (``submit_param``, ``play_settings``, ``sync_baseline``, ``claims``, ``drain``) from
+    ``mortal.learning.server_traffic``; the path batch -> loss -> gradient step is here.
 
     Args:
         config: the full config dict (``load_config``).
@@ -185,170 +187,6 @@ class Trainer:
         self.resubmitted_to = set()  # server_ids of instances found without parameters (each resubmitted to once)
         self.ledger = None  # online: mortal.data.claims.ClaimLedger of the claim folder (opened by claims())
         self.resumed = False  # online: the claimed logs a previous learner left have been looked at
-
-    # -- checkpoint ------------------------------------------------------------------------------------------
-
-    def load_state(self) -> bool:
-        """Resume from ``[control] state_file`` if it exists; returns whether it did.
-
-        An offline checkpoint loaded for online training keeps the config's optimizer/scheduler (Mortal).
-        Raises CheckpointError: not loadable, lacking an entry, or weights that do not fit the config.
-        """
-        if not path.exists(self.state_file):
-            logger.info('no checkpoint at %s: starting from scratch', self.state_file)
-            return False
-        state = load_checkpoint(self.state_file, map_location=self.device)
-        require_entries(state, ('mortal', 'current_dqn', 'aux_net', 'steps'), self.state_file)
-        ckpt_cfg = state.get('config')
-        for model, entry in ((self.mortal, 'mortal'), (self.dqn, 'current_dqn'), (self.aux_net, 'aux_net')):
-            check_fits_config(model, state[entry], entry=entry, source=self.state_file, ckpt_cfg=ckpt_cfg,
-                              config=self.config)
-            model.load_state_dict(state[entry])
-        ckpt_online = bool(ckpt_cfg and ckpt_cfg.get('control', {}).get('online'))
-        if 'optimizer' not in state or 'scheduler' not in state:
-            logger.info('%s has no optimizer/scheduler state (a bare model checkpoint): starting them fresh',
-                        self.state_file)
-        elif not self.online or ckpt_online:
-            self.optimizer.load_state_dict(state['optimizer'])
-            self.scheduler.load_state_dict(state['scheduler'])
-        else:
-            logger.info('offline checkpoint in online mode: optimizer and scheduler start fresh from the config')
-        if self.scaler.is_enabled() and state.get('scaler'):
-            self.scaler.load_state_dict(state['scaler'])
-        self.best_perf = dict(state.get('best_perf', INITIAL_BEST_PERF))
-        self.guard = {**INITIAL_GUARD, **state.get('guard', {})}
-        self.steps = int(state['steps'])
-        if 'ema_mortal' in state and 'ema_dqn' in state:
-            self._loaded_ema = (state['ema_mortal'], state['ema_dqn'])
-        when = datetime.fromtimestamp(state.get('timestamp', 0)).strftime('%Y-%m-%d %H:%M:%S')
-        logger.info('loaded %s (saved %s, steps %d)', self.state_file, when, self.steps)
-        return True
-
-    def played(self) -> tuple:
-        """The (mortal, dqn) that self-play, test play and best.pth use: the EMA when ``[online] ema_decay`` > 0."""
-        return self.ema if self.ema is not None else (self.mortal, self.dqn)
-
-    def checkpoint(self) -> dict:
-        """The checkpoint dict with Mortal's keys (config without the shared token), plus ``ema_mortal`` and
-        ``ema_dqn`` with an EMA."""
-        extra = {}
-        if self.ema is not None:
-            extra = {'ema_mortal': self.ema[0].state_dict(), 'ema_dqn': self.ema[1].state_dict()}
-        if self.online:  # the long-run guards' state (mortal/learning/guards.py), after Mortal's keys
-            extra['guard'] = dict(self.guard)
-        return {
-            'mortal': self.mortal.state_dict(),
-            'current_dqn': self.dqn.state_dict(),
-            'aux_net': self.aux_net.state_dict(),
-            'optimizer': self.optimizer.state_dict(),
-            'scheduler': self.scheduler.state_dict(),
-            'scaler': self.scaler.state_dict(),
-            'steps': self.steps,
-            'timestamp': datetime.now().timestamp(),
-            'best_perf': dict(self.best_perf),
-            'config': for_checkpoint(self.config),
-            **extra,
-        }
-
-    def save(self) -> None:
-        """Write ``checkpoint()`` to ``[control] state_file`` atomically."""
-        atomic_torch_save(self.checkpoint(), self.state_file)
-
-    # -- server traffic --------------------------------------------------------------------------------------
-
-    def submit_param(self, is_idle: bool = False) -> None:
-        """Send the current mortal/dqn weights to the server (retrying while it is unreachable).
-
-        A refusal (e.g. an architecture other than the one the running server accepted first) is logged as one
-        error line and ends the learner with SystemExit(2): retrying cannot help."""
-        mortal, dqn = self.played()
-        msg = {
-            'type': 'submit_param',
-            'mortal': wire.pack_state_dict(mortal.state_dict()),
-            'dqn': wire.pack_state_dict(dqn.state_dict()),
-            'is_idle': is_idle,
-            **self.play_settings(),
-        }
-        try:
-            reply = wire.request_with_retry(self.remote, msg, sleep=self.sleep)
-        except wire.RequestRefused as ex:
-            logger.error('%s', ex)
-            raise SystemExit(2) from None
-        logger.info('param has been submitted (version %d%s)', reply.get('param_version', -1),
-                    ', idle' if is_idle else '')
-
-    def play_settings(self) -> dict:
-        """What travels with the parameters to the clients (``mortal.learning.schedule``, ``mortal.learning.gate``): ``steps``,
-        ``epsilon_factor`` ([schedule.epsilon] x the rollbacks' ``[guard] epsilon_factor``), ``temp_factor``
-        ([schedule.temp]) and ``baseline_version`` (bumped by each rotation)."""
-        return {
-            'steps': self.steps,
-            'epsilon_factor': schedule_factor(self.schedules['epsilon'], self.steps) * self.guard['epsilon_scale'],
-            # never 0: a temperature of 0 cannot sample (the server refuses it)
-            'temp_factor': max(schedule_factor(self.schedules['temp'], self.steps), wire.MIN_TEMP_FACTOR),
-            'baseline_version': self.guard['baseline_version'],
-        }
-
-    def sync_baseline(self, *, rotated: bool = False) -> None:
-        """Submit ``[baseline.train] state_file`` to the server for the clients (``mortal.learning.guards.Guards``)."""
-        self.guards.sync_baseline(rotated=rotated)
-
-    def claims(self, claim_dir: str):
-        """The ``mortal.data.claims.ClaimLedger`` of ``claim_dir``, opened (from its manifest) on first use."""
-        claim_dir = path.abspath(claim_dir)
-        if self.ledger is not None and self.ledger.claim_dir == claim_dir:
-            return self.ledger
-        if self.ledger is not None:
-            logger.warning('the server drains to another folder now: claims move from %s to %s; the %d logs left '
-                           'in the old one are not trained', self.ledger.claim_dir, claim_dir,
-                           len(self.ledger.pending()))
-        self.ledger = ClaimLedger.for_dataset(claim_dir, self.config['dataset'], self.version)
-        if self.ledger.lost_samples:  # reported now: this learner may end (test play) before its epoch does
-            self.writer.add_scalar('data/samples_dropped', self.ledger.lost_samples, self.steps)
-            self.ledger.lost_samples = 0
-        return self.ledger
-
-    def drain(self) -> list:
-        """Wait for replays (polling every 5 s), claim them (``ClaimLedger.claim`` of the ledger ``claims``)
-        and return the claimed file paths; logs data-health tags. Logs claimed earlier and not yet fully trained
-        stay in the claim folder.
-
-        A poll that finds the server without parameters (it restarted) makes the learner resubmit its current ones
-        as idle, once per server instance (``server_id``). Logs that vanished before they were claimed (a server
-        restart right after the drain) are counted in ``lost_logs`` and logged once per drain.
-        """
-        start = time.monotonic()
-        while True:
-            reply = wire.request_with_retry(self.remote, {'type': 'drain'}, sleep=self.sleep)
-            server_id = reply.get('server_id')
-            if not reply.get('has_param', True) and server_id not in self.resubmitted_to:
-                logger.info('server holds no parameters (restarted?): resubmitting')
-                self.sync_baseline()
-                self.submit_param(is_idle=True)
-                self.resubmitted_to.add(server_id)
-            if reply['count'] > 0:
-                ledger = self.claims(claim_dir_for(reply['drain_dir']))
-                files, vanished = ledger.claim(reply['drain_dir'], reply['files'])
-                if vanished:
-                    self.lost_logs += len(vanished)
-                    logger.warning('%d of %d drained logs vanished from %s before the learner could read them '
-                                   '(server restarted?): lost, %d in total', len(vanished), reply['count'],
-                                   reply['drain_dir'], self.lost_logs)
-                if files:
-                    break
-            self.sleep(DRAIN_POLL_INTERVAL)
-        waited = time.monotonic() - start
-        lost = set(vanished)
-        versions = [v for name, v in zip(reply['files'], reply.get('param_versions', [])) if name not in lost]
-        behind = staleness({**reply, 'param_versions': versions})
-        self.writer.add_scalar('data/logs_per_drain', len(files), self.steps)
-        self.writer.add_scalar('data/wait_seconds', waited, self.steps)
-        if behind:
-            self.writer.add_scalar('data/staleness_mean', sum(behind) / len(behind), self.steps)
-            self.writer.add_scalar('data/staleness_max', max(behind), self.steps)
-        logger.info('drained %d logs after %.1f s; staleness %s', len(files), waited,
-                    f'mean {sum(behind) / len(behind):.2f}, max {max(behind)}' if behind else 'unknown')
-        return files
 
     # -- reference models and instruments ------------------------------------------------------------------
 

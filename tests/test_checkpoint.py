@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from mortal.model.checkpoint import (CheckpointError, atomic_torch_save, check_fits_config, check_loadable,
-                                        describe_mismatches, load_checkpoint, load_errors, load_model_pair,
-                                        read_baseline, require_entries, state_dict_mismatches)
+                                     describe_mismatches, load_checkpoint, load_errors, load_model_pair,
+                                     read_baseline, require_entries, state_dict_mismatches)
 from mortal.util.fsutil import atomic_copy, atomic_write, atomic_write_bytes, empty_dir
 from mortal.model.networks import DQN, Brain
 

@@ -22,7 +22,7 @@ from os import path
 from mortal.learning import gate
 from mortal.net import wire
 from mortal.model.checkpoint import (INITIAL_BEST_PERF, CheckpointError, atomic_torch_save, check_fits_config,
-                                        load_checkpoint, load_model_pair, played_checkpoint, read_baseline)
+                                     load_checkpoint, load_model_pair, played_checkpoint, read_baseline)
 from mortal.config import lookup, optional_section
 from mortal.util.fsutil import atomic_copy, empty_dir, stamped_name
 from mortal.play.player import TEST_SEED

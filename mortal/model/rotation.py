@@ -15,7 +15,7 @@ import os
 import time
 
 from mortal.model.checkpoint import (INITIAL_BEST_PERF, MORTAL_ENTRIES, CheckpointError, atomic_torch_save,
-                                        describe_error, load_checkpoint, require_entries)
+                                     describe_error, load_checkpoint, require_entries)
 from mortal.util.fsutil import atomic_copy, stamped_name
 
 logger = logging.getLogger('mortal.rotation')  # the name before the package split (log format)
