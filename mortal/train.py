@@ -21,8 +21,9 @@ Linear/Conv1d weights only, gradient accumulation over ``opt_step_every`` batche
 clipping at ``max_grad_norm`` after unscaling, GradScaler + autocast with ``enable_amp``, Mortal's linear warm-up +
 cosine learning rate (``mortal.learning.schedule``) stepped every batch, BatchNorm frozen per ``[freeze_bn] mortal``.
 
-Checkpoints carry Mortal's keys (``mortal.model.checkpoint.CHECKPOINT_KEYS``) and are written to a temporary file then
-renamed, so a kill at any moment leaves the previous checkpoint intact.
+Checkpoints (``mortal.learning.learner_checkpoint``) carry Mortal's keys (``mortal.model.checkpoint.CHECKPOINT_KEYS``)
+and are written to a temporary file then renamed, so a kill at any moment leaves the previous checkpoint intact. The
+server traffic (parameters out, drained logs in) is ``mortal.learning.server_traffic``.
 
 TensorBoard: Mortal's tags (``loss/dqn_loss``, ``loss/cql_loss`` offline, ``loss/next_rank_loss``, ``hparam/lr``,
 histograms ``q_predicted``/``q_target``, the ``test_play/*`` groups) plus the instruments (``diag/*``,
