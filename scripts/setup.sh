@@ -15,7 +15,7 @@ installed_here() {
 import importlib.metadata as m, json, pathlib, sys
 url = json.loads(m.distribution('mortal-online').read_text('direct_url.json'))['url']
 here = pathlib.Path(sys.argv[1]).resolve().as_uri()
-import pytest, pytest_timeout  # noqa: F401
+import pytest, pytest_timeout, pydantic  # noqa: F401  (a dependency missing from an older install: reinstall)
 sys.exit(url.rstrip('/') != here.rstrip('/'))
 PY
 }

@@ -400,3 +400,25 @@ def test_offline_batch_size_range(tmp_path, cfg, value, message):
     cfg['online']['offline_batch_size'] = value
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(write(tmp_path, cfg))
+
+
+def test_typed_sections_hold_the_loaded_values(tmp_path, cfg):
+    from mortal.config import typed
+    cfg['control']['batch_size'] = 48
+    c = load_config(write(tmp_path, cfg))
+    t = typed(c)
+    assert t.control.batch_size == 48 and t.train_play['default'].games == 4
+    assert t.one_vs_three.games_per_iter == c['1v3']['games_per_iter']
+    assert t.online.remote.token is None and t.guard.rollback_after == 0 and t.schedule.lr.kind == 'constant'
+    assert t.env.pts == [6.0, 4.0, 2.0, 0.0] and t.bootstrap is None
+
+
+@pytest.mark.parametrize('dotted', ['control', 'online.server', 'train_play.default', '1v3.champion'])
+def test_a_section_that_is_not_a_table_is_an_error(tmp_path, cfg, dotted):
+    *parents, last = dotted.split('.')
+    node = cfg
+    for part in parents:
+        node = node[part]
+    node[last] = 5
+    msg, path = load_error(tmp_path, cfg, required=())
+    assert f'[{dotted}] in {path} must be a table, got 5' in msg

@@ -1,0 +1,561 @@
+"""The schema of the TOML configuration, declared once as pydantic models (one model per ``[section]``).
+
+Every key of Mortal's ``config.example.toml`` is a field here with Mortal's meaning; the extras say "extra:" in their
+description. Each per-key invariant (type, range, enumeration, length) lives on its field, as an ``Annotated`` type:
+pydantic checks all of them in one pass and reports every problem, which :mod:`mortal.config` turns into messages
+that name the file and the key. Rules that tie several keys together are in ``mortal.config.check_relations``.
+
+Types are strict, as TOML's are: an integer key refuses ``8.0`` and ``true``, a boolean refuses ``1``, a number
+(``float``) accepts an integer and widens it, and refuses ``inf``/``nan``. Unknown keys are allowed through (they
+are reported as warnings, not errors, as Mortal would simply ignore them).
+
+pydantic rather than msgspec: a broken file should list every problem in one message, and pydantic reports all of
+them in one pass, each with its location (msgspec 0.23 stops at the first). Nothing here reads a file or the
+environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Callable, Literal, Union
+
+from pydantic import AfterValidator, AllowInfNan, BaseModel, ConfigDict, Discriminator, Field, Strict, Tag
+
+#: Feature/model versions of ``[control] version`` (Mortal's 1-3, plus 4 with the single-player block).
+SUPPORTED_VERSIONS = (1, 2, 3, 4)
+# Frames above this are refused by the wire protocol (mortal.net.wire) unless [online.server] max_frame_bytes says
+# otherwise. 512 MiB holds a 192x40 model's parameters (~40 MB) or a submission of thousands of gz logs with a wide
+# margin.
+DEFAULT_MAX_FRAME_BYTES = 512 * 1024 * 1024
+# [dataset] max_log_bytes (also the readers' default, mortal.data.mjai_log): a hanchan is well under 1 MB of mjai JSON.
+DEFAULT_MAX_LOG_BYTES = 64 * 1024 * 1024
+SCHEDULER_DEFAULT_INIT = 1e-8  # Mortal's LinearWarmUpCosineAnnealingLR default for [optim.scheduler] init
+BEST_RULES = ('paired', 'sprt', 'mortal')  # [test_play] best_rule (mortal.learning.gate)
+SCHEDULE_KINDS = ('constant', 'inverse', 'cosine')  # [schedule.*] kind (mortal.learning.schedule)
+MAX_OFFLINE_BATCH = 1 << 16  # rows; ~8 GB of version-3 observations, far past any sane mix
+# A side of [1v3] with `type = 'rulebase'` (mjai's RulebaseBot) loads no model and needs none of these keys.
+MODEL_ONLY_1V3 = ('device', 'state_file', 'stochastic_latent', 'enable_compile', 'enable_amp',
+                  'enable_rule_based_agari_guard')
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Value types
+
+@dataclass(frozen=True)
+class Kind:
+    """Marks a field's TOML type for messages and the README's key table: 'int', 'float', 'bool', 'str',
+    'str_list' or 'float_list'."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Unfilled:
+    """Marks an optional key that is accepted but left out of the loaded dict when the file lacks it (the consumer
+    then applies its own default, e.g. Mortal's scheduler ``init``)."""
+
+
+def _rule(ok: Callable[[Any], bool], reason: str) -> AfterValidator:
+    """A range check: ``reason`` (e.g. 'must be > 0') is what the message says after ``[section] key in file``."""
+
+    def check(value):
+        if not ok(value):
+            raise ValueError(reason)
+        return value
+
+    return AfterValidator(check)
+
+
+def _int64(value: int) -> int:
+    # TOML integers are 64-bit (seed_key is a u64); a parser may accept any size, which would only fail much later
+    # inside torch or the Rust core.
+    if not -2 ** 63 <= value < 2 ** 64:
+        raise ValueError('is out of the 64-bit integer range')
+    return value
+
+
+Int = Annotated[int, Strict(), Kind('int'), AfterValidator(_int64)]
+Float = Annotated[float, Strict(), AllowInfNan(False), Kind('float')]
+Bool = Annotated[bool, Strict(), Kind('bool')]
+Str = Annotated[str, Strict(), Kind('str')]
+StrList = Annotated[list[Annotated[str, Strict()]], Kind('str_list')]
+FloatList = Annotated[list[Annotated[float, Strict(), AllowInfNan(False)]], Kind('float_list')]
+
+Positive = _rule(lambda v: v > 0, 'must be > 0')
+NonNegative = _rule(lambda v: v >= 0, 'must be >= 0')
+UnitClosed = _rule(lambda v: 0 <= v <= 1, 'must be within [0, 1]')
+UnitHalfOpen = _rule(lambda v: 0 <= v < 1, 'must be within [0, 1)')
+Factor = _rule(lambda v: 0 < v <= 1, 'must be within (0, 1]')
+SprtError = _rule(lambda v: 0 < v < 0.5, 'must be within (0, 0.5)')
+Port = _rule(lambda v: 0 <= v <= 65535, 'must be within [0, 65535]')
+SeedKey = _rule(lambda v: v == -1 or 0 <= v < 2 ** 64, 'must be -1 (random) or within [0, 2^64)')
+NotEmpty = _rule(bool, 'must not be empty (leave the key out for no token)')
+Version = _rule(lambda v: v in SUPPORTED_VERSIONS,
+                f'must be {", ".join(map(str, SUPPORTED_VERSIONS[:-1]))} or {SUPPORTED_VERSIONS[-1]}')
+
+
+def _one_of(choices: tuple[str, ...]) -> AfterValidator:
+    return _rule(lambda v: v in choices, f'must be one of {", ".join(choices)}')
+
+
+def _games(value: int) -> int:
+    if value <= 0:
+        raise ValueError('must be > 0')
+    if value % 4:
+        raise ValueError('must be a multiple of 4 (one duplicate set is 4 games with rotated seats)')
+    return value
+
+
+PositiveInt = Annotated[Int, Positive]
+NonNegativeInt = Annotated[Int, NonNegative]
+Games = Annotated[Int, AfterValidator(_games)]
+PositiveFloat = Annotated[Float, Positive]
+NonNegativeFloat = Annotated[Float, NonNegative]
+
+
+def key(doc: str, default: Any = ..., **kw) -> Any:
+    """A field with its meaning; ``default`` omitted means the key is required."""
+    return Field(default, description=doc, **kw)
+
+
+def unfilled(doc: str) -> Any:
+    """An optional key that is not filled in when missing (see :class:`Unfilled`)."""
+    return Field(None, description=doc, json_schema_extra={'unfilled': True})
+
+
+class Section(BaseModel):
+    """A ``[section]`` table: its keys are fields; unknown keys pass through (reported as warnings)."""
+
+    model_config = ConfigDict(extra='allow', populate_by_name=True)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Sections
+
+class Control(Section):
+    version: Annotated[Int, Version] = key(
+        'model/feature version (1-4); 4 adds the single-player block (mortal.features.obs_v4)')
+    online: Bool = key('online training: replays come from the server, no CQL term (unless [cql] '
+                       'online_min_q_weight)')
+    state_file: Str = key('trainer checkpoint (read at start, written every save_every steps)')
+    best_state_file: Str = key('copy of the checkpoint with the best test-play result')
+    tensorboard_dir: Str = key('TensorBoard event directory')
+    device: Str = key("torch device of the trainee, e.g. 'cuda:0' or 'cpu'")
+    enable_cudnn_benchmark: Bool = key('torch.backends.cudnn.benchmark while training')
+    enable_amp: Bool = key('automatic mixed precision for training')
+    enable_compile: Bool = key('torch.compile the trainee')
+    batch_size: PositiveInt = key('samples per backward pass')
+    opt_step_every: PositiveInt = key('backward passes per optimizer step (gradient accumulation)')
+    save_every: PositiveInt = key('steps between checkpoints; a multiple of opt_step_every')
+    test_every: PositiveInt = key('steps between test plays; a multiple of save_every')
+    submit_every: PositiveInt = key('steps between parameter submissions to the server (online)')
+
+
+class TrainPlay(Section):
+    games: Games = key('games per client round (multiple of 4)')
+    log_dir: Str = key('where the client writes its self-play logs (wiped each round)')
+    boltzmann_epsilon: Annotated[Float, UnitClosed] = key('probability of sampling instead of acting greedily')
+    boltzmann_temp: PositiveFloat = key('temperature of the Boltzmann sampling over Q')
+    top_p: Annotated[Float, _rule(lambda v: 0 < v <= 1, 'must be within (0, 1]')] = key(
+        'nucleus (top-p) cut applied before sampling')
+    repeats: PositiveInt = key('rounds played on the same seeds before moving on')
+
+
+class TestPlay(Section):
+    games: Games = key('games per test play (multiple of 4)')
+    log_dir: Str = key('where test-play logs are written')
+    best_rule: Annotated[Str, _one_of(BEST_RULES)] = key(
+        "extra: when best.pth is replaced: 'paired' (the CI of the per-deal paired difference to best.pth below "
+        "0), 'sprt' (the SPRT says better) or 'mortal' (avg pt and avg rank both not worse, Mortal's rule)",
+        'paired')
+    confidence: Annotated[Float, _rule(lambda v: 0.5 <= v < 1, 'must be within [0.5, 1)')] = key(
+        'extra: two-sided confidence of the paired CI (best_rule, [guard])', 0.95)
+    sprt_delta: Annotated[Float, Factor] = key(
+        'extra: SPRT H1, the challenger better by this avg rank (H0: not better)', 0.05)
+    sprt_alpha: Annotated[Float, SprtError] = key('extra: SPRT chance of calling an equal model better', 0.05)
+    sprt_beta: Annotated[Float, SprtError] = key('extra: SPRT chance of missing a model better by sprt_delta', 0.05)
+    sprt_chunk: Games = key('extra: games between two looks of the SPRT (multiple of 4)', 64)
+    fresh_deals: Bool = key("extra: every test play meets new deals and best.pth is played on them too (twice the "
+                            "games; no winner's curse of a record on fixed deals); false = Mortal's fixed test seeds",
+                            False)
+
+
+class Dataset(Section):
+    globs: StrList = key('glob patterns of gzip mjai logs (offline training)')
+    file_index: Str = key('cache of the expanded file list')
+    file_batch_size: PositiveInt = key('log files decoded per shuffle pool')
+    reserve_ratio: Annotated[Float, UnitHalfOpen] = key('fraction of a pool kept back to mix with the next')
+    num_workers: NonNegativeInt = key('DataLoader worker processes')
+    player_names_files: StrList = key('files listing player names whose actions are learned')
+    num_epochs: PositiveInt = key('passes over the file list (offline)')
+    enable_augmentation: Bool = key('also train on suit-permuted copies of each log')
+    augmented_first: Bool = key('put the augmented copy before the original')
+    max_log_bytes: PositiveInt = key('extra: largest decompressed log in bytes; a larger one is skipped (a '
+                                     'decompression bomb)', DEFAULT_MAX_LOG_BYTES)
+
+
+class Env(Section):
+    gamma: Annotated[Float, Factor] = key('discount per decision step of the kyoku reward')
+    pts: FloatList = key('reward points for final rank 1-4, used by the GRP reward', min_length=4, max_length=4)
+
+
+class ResNet(Section):
+    conv_channels: PositiveInt = key('channels of the residual tower')
+    num_blocks: PositiveInt = key('residual blocks')
+    dropout: Annotated[Float, UnitHalfOpen] = key(
+        'extra: dropout in residual blocks during training (0 = off, as Mortal)', 0.0)
+
+
+class Cql(Section):
+    min_q_weight: NonNegativeFloat = key('CQL regularizer weight (offline only; unused online)')
+    online_min_q_weight: NonNegativeFloat = key('extra: CQL weight kept in online training (0 = none, as Mortal)',
+                                                0.0)
+    calibrated: Bool = key('extra: Cal-QL, the CQL push-down clamped at the Monte-Carlo return', False)
+
+
+class Aux(Section):
+    next_rank_weight: NonNegativeFloat = key('weight of the next-rank auxiliary cross entropy')
+
+
+class FreezeBn(Section):
+    mortal: Bool = key('keep BatchNorm statistics frozen (true for online training)')
+
+
+class Scheduler(Section):
+    peak: NonNegativeFloat = key('learning rate after warm-up (0 only for a control run)')
+    final: NonNegativeFloat = key('learning rate after max_steps (cosine annealing in between)')
+    warm_up_steps: NonNegativeInt = key('linear warm-up steps')
+    max_steps: NonNegativeInt = key('end of cosine annealing (0 = constant after warm-up)')
+    init: NonNegativeFloat | None = unfilled('learning rate at step 0 of warm-up (Mortal default 1e-8)')
+    offset: Int | None = unfilled('steps added before evaluating the schedule (Mortal default 0)')
+    epoch_size: NonNegativeInt | None = unfilled('restart the schedule every this many steps (0 = never)')
+
+
+class Optim(Section):
+    eps: PositiveFloat = key('AdamW eps')
+    betas: Annotated[FloatList, _rule(lambda v: all(0 <= b < 1 for b in v), 'each beta must be within [0, 1)')] = \
+        key('AdamW betas', min_length=2, max_length=2)
+    weight_decay: NonNegativeFloat = key('AdamW weight decay (not applied to norms and biases)')
+    max_grad_norm: NonNegativeFloat = key('gradient clipping norm (0 = no clipping)')
+    scheduler: Scheduler | None = None
+
+
+class ModelSlot(Section):
+    device: Str = key("torch device of this model, e.g. 'cuda:0' or 'cpu'")
+    enable_compile: Bool = key('torch.compile the model')
+    state_file: Str = key('checkpoint to load the model from (Mortal checkpoint layout)')
+
+
+class TrainBaseline(ModelSlot):
+    from_server: Bool = key("extra: a client fetches the trainer's baseline from the server when this file is "
+                            'missing or holds other weights (the old one kept as .bak)', True)
+
+
+class Baseline(Section):
+    train: TrainBaseline | None = None
+    test: ModelSlot | None = None
+
+
+class Remote(Section):
+    host: Str = key('server address (bind address for the server)')
+    port: Annotated[Int, Port] = key('server TCP port (0 = any free port, server only)')
+    token: Annotated[Str, NotEmpty] | None = key(
+        'extra: shared secret every peer must send; required when host is not loopback', None)
+
+
+class Server(Section):
+    buffer_dir: Str = key('where submitted logs wait (wiped at server start)')
+    drain_dir: Str = key('where drained logs are moved for the trainer (wiped at server start)')
+    sample_reuse_rate: Float = key('accepted for compatibility; has no effect (as in Mortal)', 0)
+    sample_reuse_threshold: Float = key('accepted for compatibility; has no effect (as in Mortal)', 0)
+    capacity: PositiveInt = key('buffered log files at which clients are refused (back-pressure)')
+    force_sequential: Bool = key('one client round per trainer parameter version; drain only when full')
+    max_frame_bytes: PositiveInt = key('extra: largest accepted wire frame in bytes', DEFAULT_MAX_FRAME_BYTES)
+    max_pending_connections: PositiveInt = key(
+        'extra: connections that may be sending their frame header at once (more are closed at once)', 64)
+    max_inflight_bytes: NonNegativeInt = key(
+        'extra: payload bytes the server reads or handles at once over all connections (0 = max_frame_bytes)', 0)
+    payload_min_bytes_per_s: PositiveInt = key(
+        'extra: average bytes/s a frame payload must arrive at, or its connection is closed (30 s + length / '
+        'this)', 131072)
+
+
+class Online(Section):
+    history_window: PositiveInt = key('client rounds in the moving average of trainee ranks')
+    enable_compile: Bool = key('torch.compile the trainee copy in the client')
+    anchor_weight: NonNegativeFloat = key(
+        "extra: weight of the MSE of untaken legal Q to the [baseline.train] model's Q (0 = off, as Mortal)", 0.0)
+    probe_file: Str | None = unfilled('extra: positions for diag/policy_drift (built once from [dataset] globs; '
+                                      'default probe.pth beside [control] state_file)')
+    probe_size: NonNegativeInt = key('extra: positions in the probe (0 = no probe)', 2048)
+    offline_batch_size: Annotated[Int, _rule(lambda v: 0 <= v <= MAX_OFFLINE_BATCH,
+                                             f'must be within [0, {MAX_OFFLINE_BATCH}]')] = key(
+        'extra: offline samples of [dataset] appended to each online batch, with the offline CQL term (0 = off, '
+        'as Mortal)', 0)
+    ema_decay: Annotated[Float, UnitHalfOpen] = key(
+        'extra: publish, test-play and keep as best.pth an EMA of the weights with this decay per optimizer step '
+        '(0 = off, as Mortal)', 0.0)
+    remote: Remote | None = None
+    server: Server | None = None
+
+
+class MortalSide(Section):
+    """A side of a 1v3 run that plays a checkpoint."""
+
+    type: Annotated[Str, _rule(lambda v: v in ('mortal', 'rulebase'), "must be 'mortal' or 'rulebase'")] = key(
+        "'mortal' (a checkpoint) or 'rulebase' (mjai's RulebaseBot)", 'mortal')
+    device: Str = key('torch device of this engine')
+    name: Str = key('engine name written into the logs')
+    state_file: Str = key('checkpoint to load')
+    stochastic_latent: Bool = key('sample the latent instead of taking its mean (Mortal v1 models only)')
+    enable_compile: Bool = key('torch.compile the model')
+    enable_amp: Bool = key('autocast inference')
+    enable_rule_based_agari_guard: Bool = key('never let the model decline a hora that a rule allows')
+
+
+class RulebaseSide(Section):
+    """A side of a 1v3 run played by mjai's RulebaseBot: the model keys are optional (checked when given)."""
+
+    type: Literal['rulebase']
+    name: Str = key('engine name written into the logs')
+    device: Str | None = unfilled('')
+    state_file: Str | None = unfilled('')
+    stochastic_latent: Bool | None = unfilled('')
+    enable_compile: Bool | None = unfilled('')
+    enable_amp: Bool | None = unfilled('')
+    enable_rule_based_agari_guard: Bool | None = unfilled('')
+
+
+# Pydantic puts the tag into an error's location; config.py drops location parts in angle brackets.
+MORTAL_TAG, RULEBASE_TAG = '<mortal side>', '<rulebase side>'
+
+
+def _side_tag(value) -> str:
+    if isinstance(value, dict):
+        return RULEBASE_TAG if value.get('type') == 'rulebase' else MORTAL_TAG
+    return RULEBASE_TAG if getattr(value, 'type', None) == 'rulebase' else MORTAL_TAG
+
+
+Side = Annotated[Union[Annotated[MortalSide, Tag(MORTAL_TAG)], Annotated[RulebaseSide, Tag(RULEBASE_TAG)]],
+                 Discriminator(_side_tag)]
+
+
+class Akochan(Section):
+    enabled: Annotated[Bool, _rule(lambda v: not v, 'must be false: akochan is not supported')] = key(
+        'use akochan as the champion (not supported here; must stay false)')
+    dir: Str = key('akochan directory')
+    tactics: Str = key('akochan tactics.json')
+
+
+class OneVsThree(Section):
+    seed_key: Annotated[Int, SeedKey] = key('duplicate seed key (-1 = random per run)', -1)
+    games_per_iter: Games = key('games per iteration (multiple of 4)')
+    iters: PositiveInt = key('iterations')
+    log_dir: Str = key('where 1v3 logs are written')
+    challenger: Side | None = None
+    champion: Side | None = None
+    akochan: Akochan | None = None
+
+
+class GrpNetwork(Section):
+    hidden_size: PositiveInt = key('GRU hidden size')
+    num_layers: PositiveInt = key('GRU layers')
+
+
+class GrpControl(Section):
+    device: Str = key('torch device for GRP training')
+    enable_cudnn_benchmark: Bool = key('torch.backends.cudnn.benchmark')
+    tensorboard_dir: Str = key('TensorBoard event directory for GRP training')
+    batch_size: PositiveInt = key('GRP batch size')
+    save_every: PositiveInt = key('steps between GRP checkpoints and validations')
+    val_steps: PositiveInt = key('validation batches per validation')
+
+
+class GrpDataset(Section):
+    train_globs: StrList = key('glob patterns of training logs')
+    val_globs: StrList = key('glob patterns of validation logs')
+    file_index: Str = key('cache of the expanded file lists')
+    file_batch_size: PositiveInt = key('log files decoded per shuffle pool')
+
+
+class GrpOptim(Section):
+    lr: PositiveFloat = key('AdamW learning rate')
+
+
+class Grp(Section):
+    state_file: Str = key('GRP checkpoint (reward model)')
+    network: GrpNetwork | None = None
+    control: GrpControl | None = None
+    dataset: GrpDataset | None = None
+    optim: GrpOptim | None = None
+
+
+# Extras of the long-run guards (docs/operations.md); every default is Mortal's behaviour (nothing fires).
+class Guard(Section):
+    rollback_after: NonNegativeInt = key(
+        'extra: roll back to best.pth after this many test plays in a row significantly worse than it (0 = never)', 0)
+    max_policy_drift: Annotated[Float, UnitClosed] = key(
+        'extra: roll back at a test play when diag/policy_drift is above this (0 = no bound)', 0.0)
+    min_q_gap: NonNegativeFloat = key('extra: roll back at a test play when diag/q_gap is below this (0 = no bound)',
+                                      0.0)
+    lr_factor: Annotated[Float, Factor] = key('extra: the learning rate is multiplied by this at each rollback', 1.0)
+    epsilon_factor: Annotated[Float, Factor] = key(
+        "extra: the clients' boltzmann_epsilon is multiplied by this at each rollback", 1.0)
+    keep: PositiveInt = key('extra: replaced state files kept as <state_file>.<time>.rollback (oldest removed)', 5)
+
+
+class Rotation(Section):
+    after: NonNegativeInt = key('extra: promote best.pth to the baseline after this many test plays in a row that '
+                                'beat the baseline significantly (0 = never, as Mortal)', 0)
+    max_rank: Annotated[Float, _rule(lambda v: 1 <= v < 2.5, 'must be within [1, 2.5)')] = key(
+        'extra: such a test play has avg rank at most this and its CI below 2.5', 2.45)
+    pool_size: PositiveInt = key('extra: clients draw each round one of the newest this many baselines (the current '
+                                 'one and its .bak copies; 1 = the current one only)', 1)
+
+
+_SCHEDULE_KIND_DOC = ("extra: a factor on {what} against trainer steps: 'constant' (1, Mortal), 'inverse' "
+                      "(1 / (1 + rate * steps)) or 'cosine' (1 to final over max_steps)")
+
+
+def _schedule(what: str) -> type[Section]:
+    class StepSchedule(Section):
+        kind: Annotated[Str, _one_of(SCHEDULE_KINDS)] = key(_SCHEDULE_KIND_DOC.format(what=what), 'constant')
+        rate: NonNegativeFloat = key("extra: 'inverse': the rate per step", 0.0)
+        final: Annotated[Float, UnitClosed] = key("extra: 'cosine': the factor reached at max_steps and kept after",
+                                                  0.0)
+        max_steps: NonNegativeInt = key("extra: 'cosine': trainer steps of the descent", 0)
+
+    return StepSchedule
+
+
+LrSchedule = _schedule('the learning rate of [optim.scheduler]')
+EpsilonSchedule = _schedule("each profile's boltzmann_epsilon")
+TempSchedule = _schedule("each profile's boltzmann_temp")
+
+
+class Schedule(Section):
+    lr: LrSchedule = Field(default_factory=LrSchedule)
+    epsilon: EpsilonSchedule = Field(default_factory=EpsilonSchedule)
+    temp: TempSchedule = Field(default_factory=TempSchedule)
+
+
+# Ours: `python -m mortal.bootstrap` (rule-based games -> GRP -> offline Mortal -> online dir).
+class Bootstrap(Section):
+    games: NonNegativeInt = key('training hanchan of rule-based bots to generate (a multiple of 4 when epsilon > 0)')
+    val_games: NonNegativeInt = key('validation hanchan (GRP validation split)')
+    log_dir: Str = key('generated logs go to log_dir/train and log_dir/val')
+    work_dir: Str = key('offline trainer state, TensorBoard and test-play logs')
+    grp_steps: NonNegativeInt = key('GRP training steps (a multiple of [grp.control] save_every)')
+    workers: NonNegativeInt = key('game-generation processes; 0 = one per CPU', 0)
+    epsilon: Annotated[Float, UnitHalfOpen] = key(
+        'probability that a bot discards a random legal tile (never in riichi), so the four seat rotations of a '
+        'deal differ', 0.01)
+    seed_key: Annotated[Int, SeedKey] = key('duplicate key of the train logs; validation uses seed_key + 1',
+                                            0x6f6f7473)
+    offline_test_every: NonNegativeInt = key('offline test play (vs 3 RulebaseBots) every n steps; 0 = never', 0)
+    offline_test_games: Games = key('games per offline test play', 8)
+    offline_lr: NonNegativeFloat = key("constant learning rate of the offline run; 0 = the config's "
+                                       "[optim.scheduler]", 0.0)
+
+
+class Config(Section):
+    """The whole file. A section the file lacks is ``None``, except the guards' extras, which are filled."""
+
+    control: Control | None = None
+    train_play: dict[str, TrainPlay] | None = None
+    test_play: TestPlay | None = None
+    dataset: Dataset | None = None
+    env: Env | None = None
+    resnet: ResNet | None = None
+    cql: Cql | None = None
+    aux: Aux | None = None
+    freeze_bn: FreezeBn | None = None
+    optim: Optim | None = None
+    baseline: Baseline | None = None
+    online: Online | None = None
+    one_vs_three: OneVsThree | None = Field(None, alias='1v3')
+    grp: Grp | None = None
+    guard: Guard = Field(default_factory=Guard)
+    rotation: Rotation = Field(default_factory=Rotation)
+    schedule: Schedule = Field(default_factory=Schedule)
+    bootstrap: Bootstrap | None = None
+
+
+#: Every table with keys of its own, by dotted name (``train_play.*`` stands for each profile); the order is the
+#: README's.
+SECTIONS: dict[str, type[Section]] = {
+    'control': Control, 'train_play.*': TrainPlay, 'test_play': TestPlay, 'dataset': Dataset, 'env': Env,
+    'resnet': ResNet, 'cql': Cql, 'aux': Aux, 'freeze_bn': FreezeBn, 'optim': Optim,
+    'optim.scheduler': Scheduler, 'baseline.train': TrainBaseline, 'baseline.test': ModelSlot, 'online': Online,
+    'online.remote': Remote, 'online.server': Server, '1v3': OneVsThree, '1v3.challenger': MortalSide,
+    '1v3.champion': MortalSide, '1v3.akochan': Akochan, 'grp': Grp, 'grp.network': GrpNetwork,
+    'grp.control': GrpControl, 'grp.dataset': GrpDataset, 'grp.optim': GrpOptim, 'guard': Guard,
+    'rotation': Rotation, 'schedule.lr': LrSchedule, 'schedule.epsilon': EpsilonSchedule,
+    'schedule.temp': TempSchedule, 'bootstrap': Bootstrap,
+}
+# Tables that only hold sub-tables (no keys of their own).
+CONTAINERS = ('train_play', 'baseline', 'schedule')
+# Sections of extras whose every key has a default: filled in when the file lacks them.
+OPTIONAL_SECTIONS = ('guard', 'rotation', 'schedule.lr', 'schedule.epsilon', 'schedule.temp')
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The keys, read off the models (messages, the README's key table, the bootstrap's defaults)
+
+REQUIRED = object()  # marker: the key has no default
+UNFILLED = object()  # marker: an optional key that is accepted but not filled in when missing
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key as the models declare it: TOML type, meaning, and default (:data:`REQUIRED`, :data:`UNFILLED` or the
+    value)."""
+
+    kind: str
+    doc: str
+    default: Any = REQUIRED
+
+    @property
+    def required(self) -> bool:
+        """True when the key has no default and must be in the file."""
+        return self.default is REQUIRED
+
+
+def is_section(annotation) -> bool:
+    """True when a field's annotation is a sub-table (a :class:`Section`, or a dict or Optional of one)."""
+    for arg in getattr(annotation, '__args__', ()) or ():
+        if is_section(arg):
+            return True
+    return isinstance(annotation, type) and issubclass(annotation, Section)
+
+
+def keys_of(model: type[Section]) -> dict[str, Key]:
+    """The keys (not the sub-tables) of one section model, by name."""
+    out = {}
+    for name, field in model.model_fields.items():
+        if is_section(field.annotation) or name == 'type' and model is RulebaseSide:
+            continue
+        kinds = [m.name for m in field.metadata if isinstance(m, Kind)]
+        if not kinds:  # an Optional[...] field keeps the Kind on its inner type
+            kinds = [m.name for arg in getattr(field.annotation, '__args__', ()) for m in
+                     getattr(arg, '__metadata__', ()) if isinstance(m, Kind)]
+        if (field.json_schema_extra or {}).get('unfilled'):
+            default = UNFILLED
+        elif field.is_required():
+            default = REQUIRED
+        else:
+            default = field.get_default(call_default_factory=True)
+        out[field.alias or name] = Key(kinds[0], field.description or '', default)
+    return out
+
+
+SCHEMA: dict[str, dict[str, Key]] = {dotted: keys_of(model) for dotted, model in SECTIONS.items()}
+
+
+def section_keys(dotted: str) -> dict[str, Key] | None:
+    """The keys of the table ``dotted`` (``train_play.<profile>`` included), or None for an unknown table."""
+    if dotted in SCHEMA:
+        return SCHEMA[dotted]
+    if dotted.startswith('train_play.') and dotted.count('.') == 1:
+        return SCHEMA['train_play.*']
+    return None
