@@ -49,7 +49,7 @@ from typing import Any, Callable, Optional
 
 import msgpack
 
-from mortal.config import DEFAULT_MAX_FRAME_BYTES, SUPPORTED_VERSIONS
+from mortal.config_schema import DEFAULT_MAX_FRAME_BYTES, SUPPORTED_VERSIONS
 
 logger = logging.getLogger('mortal.wire')  # the name before the package split (log format)
 
@@ -110,7 +110,7 @@ def check_play_settings(msg: dict) -> dict:
 
 
 # A baseline's architecture as it travels (submit_baseline, get_baseline): the checkpoint config entries that
-# mortal.learning.checkpoint.load_model_pair reads, with their bounds.
+# mortal.model.checkpoint.load_model_pair reads, with their bounds.
 BASELINE_ARCH = {'version': (min(SUPPORTED_VERSIONS), max(SUPPORTED_VERSIONS)), 'conv_channels': (1, 4096),
                  'num_blocks': (1, 1024)}
 _HEX = frozenset('0123456789abcdef')
