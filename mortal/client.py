@@ -34,6 +34,7 @@ from os import path
 import numpy as np
 import torch
 
+from mortal.config import typed
 from mortal.net import wire
 from mortal.model.checkpoint import CheckpointError, check_loadable, read_baseline
 from mortal.stat import rank_summary  # of the display pts, as Mortal's client prints it
@@ -153,24 +154,24 @@ class Client:
         from mortal.model.networks import Brain, DQN
         from mortal.features.obs import check_version
 
-        version = check_version(config['control']['version'])
-        self.device = torch.device(config['control']['device'])
+        cfg = typed(config)  # the typed sections, defaults from mortal/config_schema.py
+        version = check_version(cfg.control.version)
+        self.device = torch.device(cfg.control.device)
         self.remote = remote or wire.Remote.from_config(config)
         self.sleep = sleep
-        baseline = config['baseline']['train']
-        self.baseline_file = baseline['state_file']
-        self.from_server = baseline.get('from_server', True)
+        baseline = cfg.baseline.train
+        self.baseline_file = baseline.state_file
+        self.from_server = baseline.from_server
         self.baseline_digest = None  # digest of the baseline played against, once known (from_server)
         self.bad_baseline = None  # digest of a served baseline that failed its checks (not fetched again)
         if train_player is None and self.from_server and not path.exists(self.baseline_file):
             logger.info("%s does not exist: fetching the trainer's baseline from the server", self.baseline_file)
             while self.install_baseline(wait=True) is None:
                 self.sleep(wire.RETRY_INTERVAL)
-        resnet = config['resnet']
-        self.mortal = Brain(version=version, conv_channels=resnet['conv_channels'],
-                            num_blocks=resnet['num_blocks']).to(self.device).eval()
+        self.mortal = Brain(version=version, conv_channels=cfg.resnet.conv_channels,
+                            num_blocks=cfg.resnet.num_blocks).to(self.device).eval()
         self.dqn = DQN(version=version).to(self.device).eval()
-        if config['online']['enable_compile']:
+        if cfg.online.enable_compile:
             self.mortal.compile()
             self.dqn.compile()
         if train_player is None:
@@ -180,7 +181,7 @@ class Client:
         self.param_version = -1
         self.server_id = None
         self.bad_param = None  # (server_id, param_version) of the last parameters that could not be loaded
-        self.history = RankHistory(config['online']['history_window'])
+        self.history = RankHistory(cfg.online.history_window)
         self.baseline_version = None  # the trainer's baseline version last seen (None: none seen yet)
         self.factors = (1.0, 1.0)  # (epsilon_factor, temp_factor) last applied
 

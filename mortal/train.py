@@ -54,7 +54,8 @@ from mortal.net import wire
 # INITIAL_BEST_PERF, atomic_torch_save: also this module's API (used through it)
 from mortal.model.checkpoint import INITIAL_BEST_PERF, CheckpointError, atomic_torch_save, load_model_pair  # noqa: F401
 from mortal.data.claims import claim_dir_for
-from mortal.config import lookup, optional_section
+from mortal.config import lookup, typed
+from mortal.config_schema import Online
 from mortal.learning.diagnostics import Instruments, batch_q_stats, learner_probe
 from mortal.learning.guards import INITIAL_GUARD, Guards
 from mortal.learning.learner_checkpoint import LearnerCheckpoint
@@ -100,50 +101,50 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
         from mortal.features.obs import check_version, obs_shape
 
         self.config = config
-        control = config['control']
-        self.version = check_version(control['version'])
+        self.cfg = cfg = typed(config)  # the typed sections, defaults from mortal/config_schema.py
+        control = cfg.control
+        self.version = check_version(control.version)
         if self.version == 1:
             raise ValueError('[control] version = 1 cannot be trained (as in Mortal): use version 2 or 3')
-        self.online = control['online']
-        self.batch_size = control['batch_size']
-        self.opt_step_every = control['opt_step_every']
-        self.save_every = control['save_every']
-        self.test_every = control['test_every']
-        self.submit_every = control['submit_every']
-        self.state_file = control['state_file']
-        self.best_state_file = control['best_state_file']
-        self.enable_amp = control['enable_amp']
-        self.schedules = {name: optional_section(config, f'schedule.{name}') for name in ('lr', 'epsilon', 'temp')}
-        online_cfg = config.get('online', {}) if self.online else {}  # the extras below are online only
-        cql = config['cql']
+        self.online = control.online
+        self.batch_size = control.batch_size
+        self.opt_step_every = control.opt_step_every
+        self.save_every = control.save_every
+        self.test_every = control.test_every
+        self.submit_every = control.submit_every
+        self.state_file = control.state_file
+        self.best_state_file = control.best_state_file
+        self.enable_amp = control.enable_amp
+        self.schedules = {name: getattr(cfg.schedule, name).model_dump() for name in ('lr', 'epsilon', 'temp')}
+        online_cfg = cfg.online if self.online and cfg.online is not None else Online.model_construct()
+        cql = cfg.cql
         # Extras (defaults = Mortal: no CQL online, no anchor); see mortal/learning/loss.py.
-        self.online_min_q_weight = cql.get('online_min_q_weight', 0.0)
-        self.anchor_weight = online_cfg.get('anchor_weight', 0.0)
+        self.online_min_q_weight = cql.online_min_q_weight
+        self.anchor_weight = online_cfg.anchor_weight
         self.loss_weights = LossWeights.resolve(
-            online=self.online, min_q_weight=cql['min_q_weight'], online_min_q_weight=self.online_min_q_weight,
-            anchor_weight=self.anchor_weight, next_rank_weight=config['aux']['next_rank_weight'],
-            calibrated=cql.get('calibrated', False))
+            online=self.online, min_q_weight=cql.min_q_weight, online_min_q_weight=self.online_min_q_weight,
+            anchor_weight=self.anchor_weight, next_rank_weight=cfg.aux.next_rank_weight, calibrated=cql.calibrated)
         # RLPD-style mix: offline samples of [dataset] appended to each online batch (0 = off, Mortal)
-        self.offline_batch_size = online_cfg.get('offline_batch_size', 0)
-        self.gamma = config['env']['gamma']
-        self.max_grad_norm = config['optim']['max_grad_norm']
+        self.offline_batch_size = online_cfg.offline_batch_size
+        self.gamma = cfg.env.gamma
+        self.max_grad_norm = cfg.optim.max_grad_norm
         self.sleep = sleep
-        self.device = torch.device(control['device'])
-        torch.backends.cudnn.benchmark = control['enable_cudnn_benchmark']
+        self.device = torch.device(control.device)
+        torch.backends.cudnn.benchmark = control.enable_cudnn_benchmark
 
-        resnet = config['resnet']
-        self.mortal = Brain(version=self.version, conv_channels=resnet['conv_channels'],
-                            num_blocks=resnet['num_blocks'], dropout=resnet.get('dropout', 0.0)).to(self.device)
+        resnet = cfg.resnet
+        self.mortal = Brain(version=self.version, conv_channels=resnet.conv_channels,
+                            num_blocks=resnet.num_blocks, dropout=resnet.dropout).to(self.device)
         self.dqn = DQN(version=self.version).to(self.device)
         self.aux_net = AuxNet((4,)).to(self.device)
         self.models = (self.mortal, self.dqn, self.aux_net)
-        if control['enable_compile']:
+        if control.enable_compile:
             for m in self.models:
                 m.compile()
         logger.info('version: %d, obs shape: %s', self.version, obs_shape(self.version))
         logger.info('mortal params: %s, dqn params: %s, aux params: %s', f'{parameter_count(self.mortal):,}',
                     f'{parameter_count(self.dqn):,}', f'{parameter_count(self.aux_net):,}')
-        self.mortal.freeze_bn(config['freeze_bn']['mortal'])
+        self.mortal.freeze_bn(cfg.freeze_bn.mortal)
 
         self.optimizer, self.scheduler = build_optimizer(self.models, config['optim'])
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.enable_amp)
@@ -156,7 +157,7 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
                                              * self.guard['lr_scale'])
         self.scheduler.refresh()
         # Extra: an EMA of the weights is what gets published, test-played and kept as best.pth (0 = off, Mortal).
-        self.ema_decay = online_cfg.get('ema_decay', 0.0)
+        self.ema_decay = online_cfg.ema_decay
         self.ema = None
         if self.ema_decay > 0:  # from the checkpoint's ema_mortal/ema_dqn when it has them
             self.ema = ema_copies((self.mortal, self.dqn), self._loaded_ema)
@@ -172,7 +173,7 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
         self.remote = remote if remote is not None or not self.online else wire.Remote.from_config(config)
         if writer is None:
             from torch.utils.tensorboard import SummaryWriter
-            writer = SummaryWriter(control['tensorboard_dir'])
+            writer = SummaryWriter(control.tensorboard_dir)
         self.writer = writer
         self.reset_stats()
         self.anchor = self._load_anchor() if self.anchor_weight > 0 else None

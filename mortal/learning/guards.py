@@ -23,7 +23,7 @@ from mortal.learning import gate
 from mortal.net import wire
 from mortal.model.checkpoint import (INITIAL_BEST_PERF, CheckpointError, atomic_torch_save, check_fits_config,
                                      load_checkpoint, load_model_pair, played_checkpoint, read_baseline)
-from mortal.config import lookup, optional_section
+from mortal.config import lookup, typed
 from mortal.util.fsutil import atomic_copy, empty_dir, stamped_name
 from mortal.play.player import TEST_SEED
 from mortal.model.rotation import rotate
@@ -57,18 +57,18 @@ class Guards:
 
     def __init__(self, trainer):
         self.trainer = trainer
-        config = trainer.config
-        test_cfg = config['test_play']
-        self.test_games = test_cfg['games']
-        self.best_rule = test_cfg.get('best_rule', 'paired')
-        self.confidence = test_cfg.get('confidence', 0.95)
+        cfg = typed(trainer.config)
+        test_cfg = cfg.test_play
+        self.test_games = test_cfg.games
+        self.best_rule = test_cfg.best_rule
+        self.confidence = test_cfg.confidence
         self.sprt = None
         if self.best_rule == 'sprt':
-            self.sprt = gate.Sprt(test_cfg['sprt_delta'], test_cfg['sprt_alpha'], test_cfg['sprt_beta'])
-        self.sprt_chunk_deals = test_cfg.get('sprt_chunk', 64) // 4
-        self.fresh_deals = test_cfg.get('fresh_deals', False)
-        self.guard_cfg = optional_section(config, 'guard')
-        self.rotation_cfg = optional_section(config, 'rotation')
+            self.sprt = gate.Sprt(test_cfg.sprt_delta, test_cfg.sprt_alpha, test_cfg.sprt_beta)
+        self.sprt_chunk_deals = test_cfg.sprt_chunk // 4
+        self.fresh_deals = test_cfg.fresh_deals
+        self.guard_cfg = cfg.guard.model_dump()
+        self.rotation_cfg = cfg.rotation.model_dump()
 
     def test_play(self) -> None:
         """Play ``[test_play] games`` against ``[baseline.test]``, log, judge and maybe replace best.pth, then (online)
