@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mortal import client as cl
-from mortal.net import replay_store, wire
+from mortal.net import replay_store, signature, wire
 from mortal import train as tr
 from mortal.learning.checkpoint import load_model_pair
 
@@ -260,7 +260,7 @@ def test_a_deeply_nested_safetensors_header_is_a_bad_request(tmp_path):
     nested = b'[' * 100000 + b']' * 100000
     data = struct.pack('<Q', len(nested)) + nested
     with pytest.raises(wire.ProtocolError, match='invalid safetensors'):
-        wire.state_dict_signature(data)
+        signature.state_dict_signature(data)
     store = replay_store.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 4)
     store.reset_dirs()
     with pytest.raises(wire.ProtocolError):

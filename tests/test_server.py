@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from mortal import server as srv
-from mortal.net import address, param_server, replay_store, wire
+from mortal.net import address, param_server, replay_store, signature, wire
 
 from conftest import start_param_server, stop_server
 
@@ -407,9 +407,9 @@ def test_parameters_of_another_architecture_are_refused(roomy, caplog):
     # a 16-channel 1-block Brain against the 32x2 one accepted first: refused, naming the key and both shapes
     with pytest.raises(wire.RequestRefused) as err:
         running.request({'type': 'submit_param', 'mortal': m16, 'dqn': d, 'is_idle': True})
-    first = next(k for k, v in wire.state_dict_signature(m32).items()
-                 if wire.state_dict_signature(m16).get(k) != v)
-    want, got = wire.state_dict_signature(m32)[first][1], wire.state_dict_signature(m16)[first][1]
+    first = next(k for k, v in signature.state_dict_signature(m32).items()
+                 if signature.state_dict_signature(m16).get(k) != v)
+    want, got = signature.state_dict_signature(m32)[first][1], signature.state_dict_signature(m16)[first][1]
     assert want != got
     reason = str(err.value)
     assert 'bad request' in reason and f"key {first!r} is F32 {list(got)}, expected F32 {list(want)}" in reason

@@ -21,6 +21,7 @@ from os import path
 from typing import Optional
 
 from mortal.net import wire
+from mortal.net.signature import signature_difference, state_dict_signature
 from mortal.util.fsutil import empty_dir
 
 logger = logging.getLogger('mortal.server')  # the server's name (log format)
@@ -230,7 +231,7 @@ class ReplayStore:
         ``baseline_digest``); BadRequest naming the field when one is missing or invalid (nothing is stored)."""
         fields = {'mortal': _field(msg, 'mortal', bytes), 'dqn': _field(msg, 'dqn', bytes)}
         for key, data in fields.items():
-            if not wire.state_dict_signature(data):  # ProtocolError (a bad request) when not safetensors
+            if not state_dict_signature(data):  # ProtocolError (a bad request) when not safetensors
                 raise BadRequest(f'field {key!r} is an empty state dict')
         try:
             fields['arch'] = wire.check_baseline_arch(_field(msg, 'arch', dict))
@@ -308,14 +309,14 @@ class ReplayStore:
         unless ``arch_change``, which makes this submission the new reference."""
         wire.unpack_state_dict(mortal)  # ProtocolError if not a state dict: never serve garbage to clients
         wire.unpack_state_dict(dqn)
-        sig = {'mortal': wire.state_dict_signature(mortal), 'dqn': wire.state_dict_signature(dqn)}
+        sig = {'mortal': state_dict_signature(mortal), 'dqn': state_dict_signature(dqn)}
         for field, entries in sig.items():
             if not entries:
                 raise BadRequest(f'field {field!r} is an empty state dict')
         with self.param_lock:
             if self.param_signature is not None:
                 for field, entries in sig.items():
-                    diff = wire.signature_difference(self.param_signature[field], entries)
+                    diff = signature_difference(self.param_signature[field], entries)
                     if diff is None:
                         continue
                     if not arch_change:
