@@ -182,8 +182,8 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
 
     ``online_minutes``: keep the online processes running at least this long (default: stop right after the
     first test play and learner restart). ``eval_sets``: duplicate deals (4 games each) on which best.pth and the
-    final model meet 3x the start model at the end (default: the preset's; 0 = no evaluation). A rerun in the same ``work_dir`` skips the finished bootstrap and
-    continues online training from ``[control] state_file``.
+    final model meet 3x the start model at the end (default: the preset's; 0 = no evaluation). A rerun in the
+    same ``work_dir`` skips the finished bootstrap and continues online training from ``[control] state_file``.
     """
     from mortal import bootstrap
     from mortal.config import load_config
