@@ -53,7 +53,7 @@ def make_start(out, *, version, games, grp_games, progress):
     import toml
     from mortal import bootstrap
     from mortal.config import load_config
-    from mortal.quickstart import write_config
+    from mortal.quickstart_config import write_config
 
     start = pathlib.Path(out, 'start').resolve()
     cfg_path = write_config(start, preset='full', version=version)
@@ -97,7 +97,7 @@ def parse_sets(items):
 def arm_config(start, arm_dir, sets, port):
     """Write ``arm_dir/config.toml``: the start's config with its own online paths and the overrides."""
     import toml
-    from mortal.quickstart import render_config
+    from mortal.quickstart_config import render_config
 
     start_cfg = toml.load(start / 'config.toml')
     cfg = toml.loads(render_config(arm_dir, preset='full', port=port, version=start_cfg['control']['version']))
@@ -151,7 +151,8 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes
     from mortal.model.checkpoint import INITIAL_BEST_PERF, atomic_torch_save, load_checkpoint, played_checkpoint
     from mortal.config import load_config
     from mortal.util.fsutil import empty_dir
-    from mortal.quickstart import _wait_port, free_port, keep_running, start as start_proc, stop
+    from mortal.quickstart import _wait_port, keep_running, start as start_proc, stop
+    from mortal.quickstart_config import free_port
 
     start = pathlib.Path(out, 'start').resolve()
     arm_dir = pathlib.Path(out, 'arms', arm).resolve()

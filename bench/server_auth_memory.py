@@ -1,6 +1,6 @@
 """Server memory under unauthenticated load (issue 13, item 5): resident set size of a real server process.
 
-Starts ``mortal.server.ParamServer`` with a token in a child process bound to 127.0.0.1 (a throw-away
+Starts ``mortal.net.param_server.ParamServer`` with a token in a child process bound to 127.0.0.1 (a throw-away
 buffer under a temporary directory), then, from this process, only towards 127.0.0.1:
 
 1. ``idle``: the server alone;
@@ -42,11 +42,12 @@ CHUNK = b'\0' * (1 << 20)
 SERVER = r'''
 import sys
 sys.path.insert(0, sys.argv[1])
-from mortal import server as srv
-store = srv.ReplayStore(sys.argv[2] + '/buffer', sys.argv[2] + '/drain', 1000)
+from mortal.net.param_server import ParamServer
+from mortal.net.replay_store import ReplayStore
+store = ReplayStore(sys.argv[2] + '/buffer', sys.argv[2] + '/drain', 1000)
 store.reset_dirs()
 token = sys.argv[4] or None
-s = srv.ParamServer(('127.0.0.1', 0), store, token=token, max_frame_size=int(sys.argv[3]), timeout=60)
+s = ParamServer(('127.0.0.1', 0), store, token=token, max_frame_size=int(sys.argv[3]), timeout=60)
 print(s.server_address[1], flush=True)
 s.serve_forever(0.05)
 '''

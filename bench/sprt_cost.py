@@ -7,8 +7,9 @@
    (the champion against 3 copies of itself finishes each rank once per deal).
 2. These differences are centred on 0 and shifted by each planted difference (``--plant``, avg rank; negative =
    the challenger is better), then resampled with replacement into ``--runs`` test plays.
-3. Each test play runs ``mortal.learning.gate.Sprt`` (``--delta``, ``--alpha``, ``--beta``, a look every ``--chunk`` games,
-   at most ``--max-games``) and, on the same resample, the fixed paired-CI rule over all ``--max-games`` games.
+3. Each test play runs ``mortal.learning.gate.Sprt`` (``--delta``, ``--alpha``, ``--beta``, a look every
+   ``--chunk`` games, at most ``--max-games``) and, on the same resample, the fixed paired-CI rule over all
+   ``--max-games`` games.
 
 Printed per planted difference: the share of test plays judged better by each (95% Wilson CI), the games the
 SPRT needed to decide (mean ± 95% CI, median, 90th percentile), and the games the trainer plays as a share of the

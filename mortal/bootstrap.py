@@ -1,4 +1,5 @@
-"""Bootstrap a model without Mortal's weights: ``python -m mortal.bootstrap {gen-logs,train-grp,train-offline,prepare,all}``.
+"""Bootstrap a model without Mortal's weights:
+``python -m mortal.bootstrap {gen-logs,train-grp,train-offline,prepare,all}``.
 
 Steps (each resumable: a finished step is skipped, an interrupted one continues):
 

@@ -161,7 +161,8 @@ def load_review_grp(config: dict):
     """The GRP of ``[grp] state_file`` / ``[grp.network]`` in eval mode on the CPU (review mode).
 
     Raises:
-        mortal.model.checkpoint.CheckpointError: missing or unusable file, or weights that do not fit ``[grp.network]``.
+        mortal.model.checkpoint.CheckpointError: missing or unusable file, or weights that do not fit
+            ``[grp.network]``.
     """
     from mortal.model.checkpoint import load_errors
     from mortal.data.reward import load_grp

@@ -213,9 +213,9 @@ class Client:
         return True
 
     def apply_play_settings(self, rsp: dict) -> None:
-        """Follow the trainer's play settings of a get_param reply: the ε/T factors (``mortal.learning.schedule``, rollbacks)
-        and the baseline version (a rotation: ``[baseline.train] state_file`` is loaded again). A reply without
-        them (an older server) changes nothing."""
+        """Follow the trainer's play settings of a get_param reply: the ε/T factors (``mortal.learning.schedule``,
+        rollbacks) and the baseline version (a rotation: ``[baseline.train] state_file`` is loaded again). A reply
+        without them (an older server) changes nothing."""
         try:
             settings = wire.check_play_settings(rsp)
         except ValueError as ex:
@@ -254,8 +254,8 @@ class Client:
 
     def install_baseline(self, *, wait: bool = False):
         """Fetch the trainer's baseline from the server, check it (``unpack_baseline``) and write it to
-        ``[baseline.train] state_file`` (``mortal.model.rotation.install_baseline``); returns its digest, or None (logged)
-        when the server has none or it fails its checks (that digest is then not fetched again)."""
+        ``[baseline.train] state_file`` (``mortal.model.rotation.install_baseline``); returns its digest, or None
+        (logged) when the server has none or it fails its checks (that digest is then not fetched again)."""
         from mortal.model.rotation import install_baseline
         try:
             reply = fetch_baseline(self.remote, wait=wait, sleep=self.sleep)

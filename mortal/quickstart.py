@@ -2,7 +2,8 @@
 
 Everything lives under one work dir (default ``./work/quickstart``):
 
-1. writes ``config.toml`` there from the embedded template (tiny ResNet, CPU, version 3 or ``--version 4``);
+1. writes ``config.toml`` there from the embedded template (tiny ResNet, CPU, version 3 or ``--version 4``;
+   ``mortal.quickstart_config``);
 2. ``mortal.bootstrap all``: rule-based games -> GRP -> offline Mortal (CQL) -> online dir;
 3. starts server, trainer and client as real processes (``MORTAL_CFG`` = that config),
    waits for at least one ``test_play`` and one trainer restart (by the trainer's own supervisor,
@@ -28,203 +29,14 @@ import sys
 import time
 from pathlib import Path
 
-from mortal.util.fsutil import atomic_write_bytes
 from mortal.learning.supervisor import signal_group
+from mortal.quickstart_config import PRESETS, write_config
 
 logger = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent.parent
 PROCESSES = ('server', 'train', 'client')  # start order; stopped in reverse
 GRACE_SECONDS = 15  # between SIGTERM and SIGKILL
-
-# Sizes of the two embedded presets. Games are multiples of 4 (one duplicate set = 4 seat rotations).
-PRESETS = {
-    'full': dict(online_timeout=900, boot_games=96, boot_val_games=16, grp_steps=100, offline_epochs=1,
-                 train_games=16, test_games=16, batch_size=64, save_every=20, test_every=60,
-                 submit_every=20, capacity=64, eval_sets=100),
-    'short': dict(online_timeout=900, boot_games=8, boot_val_games=4, grp_steps=20, offline_epochs=1,
-                  train_games=8, test_games=8, batch_size=64, save_every=10, test_every=20,
-                  submit_every=10, capacity=32, eval_sets=4),
-}
-
-# The online loss extras of the embedded config (docs/learning.md); config_online.toml keeps Mortal's (none).
-ONLINE_REMEDY = dict(anchor_weight=1.0, ema_decay=0.0, offline_batch_size=64)
-
-# Mortal's config layout; {work} is the absolute work dir, the rest comes from a preset.
-CONFIG_TEMPLATE = """\
-# Written by mortal.quickstart: a tiny CPU setup that runs the whole pipeline in minutes.
-[control]
-version = {version}
-online = true
-state_file = '{work}/online/mortal.pth'
-best_state_file = '{work}/online/best.pth'
-tensorboard_dir = '{work}/online/tensorboard'
-device = 'cpu'
-enable_cudnn_benchmark = false
-enable_amp = false
-enable_compile = false
-batch_size = {batch_size}
-opt_step_every = 1
-save_every = {save_every}
-test_every = {test_every}
-submit_every = {submit_every}
-
-[train_play.default]
-games = {train_games}
-log_dir = '{work}/online/train_play'
-boltzmann_epsilon = 0.005
-boltzmann_temp = 0.05
-top_p = 1.0
-repeats = 1
-
-[test_play]
-games = {test_games}
-log_dir = '{work}/online/test_play'
-
-[dataset]
-globs = ['{work}/bootstrap/logs/train/**/*.json.gz']
-file_index = '{work}/bootstrap/file_index.pth'
-file_batch_size = 8
-reserve_ratio = 0.0
-num_workers = 1
-player_names_files = []
-num_epochs = {offline_epochs}
-enable_augmentation = false
-augmented_first = false
-
-[env]
-gamma = 1
-pts = [6.0, 4.0, 2.0, 0.0]
-
-[resnet]
-conv_channels = 32
-num_blocks = 2
-
-[cql]
-min_q_weight = 5
-
-[aux]
-next_rank_weight = 0.2
-
-[freeze_bn]
-mortal = true
-
-[optim]
-eps = 1e-8
-betas = [0.9, 0.999]
-weight_decay = 0.1
-max_grad_norm = 1.0
-
-[optim.scheduler]
-# online learning rate, Mortal's online reference; the offline bootstrap uses [bootstrap] offline_lr
-peak = 1e-5
-final = 1e-5
-warm_up_steps = 0
-max_steps = 0
-
-[baseline.train]
-device = 'cpu'
-enable_compile = false
-state_file = '{work}/online/baseline.pth'
-
-[baseline.test]
-device = 'cpu'
-enable_compile = false
-state_file = '{work}/online/baseline.pth'
-
-[online]
-history_window = 50
-enable_compile = false
-# Not Mortal's default (0): hold the untaken actions' Q to the baseline's, which stops the collapse that Mortal's
-# online loss causes in this small model (docs/learning.md).
-anchor_weight = {anchor_weight}
-ema_decay = {ema_decay}
-# Not Mortal's default (0): 64 bootstrap samples ([dataset]) with the offline CQL loss join each online batch
-# (RLPD-style); where the gain of the online phase comes from is in docs/learning.md.
-offline_batch_size = {offline_batch_size}
-
-[online.remote]
-host = '127.0.0.1'
-port = {port}
-
-[online.server]
-buffer_dir = '{work}/online/buffer'
-drain_dir = '{work}/online/drain'
-sample_reuse_rate = 0
-sample_reuse_threshold = 0
-capacity = {capacity}
-force_sequential = false
-
-[grp]
-state_file = '{work}/bootstrap/grp.pth'
-
-[grp.network]
-hidden_size = 64
-num_layers = 2
-
-[grp.control]
-device = 'cpu'
-enable_cudnn_benchmark = false
-tensorboard_dir = '{work}/bootstrap/grp_tensorboard'
-batch_size = 64
-save_every = {grp_save_every}
-val_steps = 4
-
-[grp.dataset]
-train_globs = ['{work}/bootstrap/logs/train/**/*.json.gz']
-val_globs = ['{work}/bootstrap/logs/val/**/*.json.gz']
-file_index = '{work}/bootstrap/grp_file_index.pth'
-file_batch_size = 8
-
-[grp.optim]
-lr = 1e-3
-
-[bootstrap]
-games = {boot_games}
-val_games = {boot_val_games}
-log_dir = '{work}/bootstrap/logs'
-work_dir = '{work}/bootstrap'
-grp_steps = {grp_steps}
-offline_lr = 1e-4
-"""
-
-
-def free_port(host='127.0.0.1'):
-    """A TCP port that is free right now on ``host`` (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def render_config(work_dir, *, preset='full', port=None, version=3):
-    """Config text for ``work_dir`` (made absolute) with the sizes of ``preset`` ('full'/'short') and
-    feature ``version`` (3 or 4)."""
-    if version not in (3, 4):
-        raise ValueError(f"quickstart version must be 3 or 4, got {version!r}")
-    sizes = dict(PRESETS[preset], version=version, **ONLINE_REMEDY)
-    sizes.pop('online_timeout')
-    sizes.pop('eval_sets')
-    sizes['grp_save_every'] = max(1, sizes['grp_steps'] // 2)
-    work = Path(work_dir).expanduser().resolve().as_posix()
-    return CONFIG_TEMPLATE.format(work=work, port=port or free_port(), **sizes)
-
-
-def write_config(work_dir, *, preset='full', port=None, version=3):
-    """Write ``work_dir/config.toml`` (creating the dir); returns its ``Path``.
-
-    Raises ValueError when the dir already holds a config of another feature version (its
-    checkpoints would not fit).
-    """
-    work = Path(work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    path = work / 'config.toml'
-    if path.exists():
-        import toml
-        old = toml.load(path).get('control', {}).get('version')
-        if old is not None and old != version:
-            raise ValueError(f"{work} was set up for version {old}; use --version {old} or another --work-dir")
-    atomic_write_bytes(render_config(work, preset=preset, port=port, version=version).encode(), path)
-    return path
 
 
 # ---------------------------------------------------------------------------- processes
@@ -370,8 +182,8 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
 
     ``online_minutes``: keep the online processes running at least this long (default: stop right after the
     first test play and learner restart). ``eval_sets``: duplicate deals (4 games each) on which best.pth and the
-    final model meet 3x the start model at the end (default: the preset's; 0 = no evaluation). A rerun in the same ``work_dir`` skips the finished bootstrap and
-    continues online training from ``[control] state_file``.
+    final model meet 3x the start model at the end (default: the preset's; 0 = no evaluation). A rerun in the
+    same ``work_dir`` skips the finished bootstrap and continues online training from ``[control] state_file``.
     """
     from mortal import bootstrap
     from mortal.config import load_config

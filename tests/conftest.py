@@ -46,14 +46,15 @@ def free_port():
 
 
 def start_param_server(tmp_path, capacity, *, force_sequential=False, host="127.0.0.1", port=0, **kwargs):
-    """A ``mortal.server.ParamServer`` on ``(host, port)`` (0: any free port) over a fresh ReplayStore of
+    """A ``mortal.net.param_server.ParamServer`` on ``(host, port)`` (0: any free port) over a fresh ReplayStore of
     ``capacity`` in ``tmp_path/'buffer'`` and ``tmp_path/'drain'``, serving from a daemon thread; ``kwargs`` go to
     ParamServer. End it with ``stop_server``."""
     import threading
-    from mortal import server as srv
-    store = srv.ReplayStore(tmp_path / "buffer", tmp_path / "drain", capacity, force_sequential)
+    from mortal.net.param_server import ParamServer
+    from mortal.net.replay_store import ReplayStore
+    store = ReplayStore(tmp_path / "buffer", tmp_path / "drain", capacity, force_sequential)
     store.reset_dirs()
-    server = srv.ParamServer((host, port), store, **kwargs)
+    server = ParamServer((host, port), store, **kwargs)
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     return server
 

@@ -17,15 +17,11 @@ from mjai.mlibriichi.state import PlayerState
 from mortal.play.agent import MjaiBotAgent
 from mortal.play.arena import (
     ArenaError,
-    KyokuResult,
-    KyokuState,
     OneVsThree,
-    final_scores,
-    kyoku_result_from_events,
     kyoku_wall,
-    next_kyoku,
     rank_by_player,
 )
+from mortal.play.kyoku_flow import KyokuResult, KyokuState, final_scores, kyoku_result_from_events, next_kyoku
 
 
 def st(idx, honba=0, kyotaku=0, scores=(25000, 25000, 25000, 25000), in_renchan=False):

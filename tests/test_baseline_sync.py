@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from mortal import client as cl
-from mortal import server as srv
-from mortal.net import wire
+from mortal.net import replay_store, signature, wire
 from mortal import train as tr
 from mortal.model.checkpoint import load_model_pair
 
@@ -57,7 +56,7 @@ def _submission(mortal=None, dqn=None, **fields):
 
 
 def test_server_stores_serves_and_names_the_baseline(tmp_path):
-    store = srv.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 4)
+    store = replay_store.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 4)
     store.reset_dirs()
     assert store.handle({'type': 'get_baseline'}) == {'status': 'empty baseline'}
     msg = _submission()
@@ -75,7 +74,7 @@ def test_server_stores_serves_and_names_the_baseline(tmp_path):
                         ({'baseline_version': -1}, "'baseline_version' must be >= 0"),
                         ({'mortal': b'junk'}, 'invalid safetensors'),
                         ({'dqn': wire.pack_state_dict({})}, "'dqn' is an empty state dict")):
-        with pytest.raises((srv.BadRequest, wire.ProtocolError), match=reason):
+        with pytest.raises((replay_store.BadRequest, wire.ProtocolError), match=reason):
             store.handle({**msg, **bad})
     assert store.handle({'type': 'get_baseline'}) == got
 
@@ -261,8 +260,8 @@ def test_a_deeply_nested_safetensors_header_is_a_bad_request(tmp_path):
     nested = b'[' * 100000 + b']' * 100000
     data = struct.pack('<Q', len(nested)) + nested
     with pytest.raises(wire.ProtocolError, match='invalid safetensors'):
-        wire.state_dict_signature(data)
-    store = srv.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 4)
+        signature.state_dict_signature(data)
+    store = replay_store.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 4)
     store.reset_dirs()
     with pytest.raises(wire.ProtocolError):
         store.handle({**_submission(), 'mortal': data})

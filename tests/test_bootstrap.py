@@ -9,13 +9,13 @@ import pytest
 import toml
 import torch
 
-from mortal import bootstrap, quickstart
+from mortal import bootstrap, quickstart_config
 from mortal.config import load_config
 
 
 @pytest.fixture
 def config(tmp_path):
-    path = quickstart.write_config(tmp_path, preset='short')
+    path = quickstart_config.write_config(tmp_path, preset='short')
     cfg = load_config(path)
     cfg['bootstrap'].update(games=4, val_games=4, workers=2)
     return cfg
@@ -131,7 +131,7 @@ def test_prepare_without_offline_best_is_an_error(config):
 
 
 def test_cli_reports_config_errors(tmp_path, capsys):
-    path = quickstart.write_config(tmp_path, preset='short')
+    path = quickstart_config.write_config(tmp_path, preset='short')
     cfg = toml.load(path)
     del cfg['bootstrap']['log_dir']
     path.write_text(toml.dumps(cfg))

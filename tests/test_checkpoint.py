@@ -1,5 +1,6 @@
-"""mortal.model.checkpoint and the atomic writes of mortal.util.fsutil: errors name the file on one line, writes are all or
-nothing, one state-dict comparison behind the client's, the trainer's and the doctor's wording."""
+"""mortal.model.checkpoint and the atomic writes of mortal.util.fsutil: errors name the file on one line,
+writes are all or nothing, one state-dict comparison behind the client's, the trainer's and the doctor's
+wording."""
 
 import os
 

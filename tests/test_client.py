@@ -14,8 +14,7 @@ import toml
 import torch
 
 from mortal import client as cl
-from mortal import server as srv
-from mortal.net import wire
+from mortal.net import param_server, replay_store, wire
 from mortal.model.checkpoint import load_model_pair
 from mortal.play.player import TrainPlayer
 
@@ -70,7 +69,7 @@ def test_round_against_a_server_that_starts_late(tmp_path, caplog):
     port = free_port()
     config, _ = load_tiny_config(tmp_path, port=port)
     write_baseline(config, config['baseline']['train']['state_file'])
-    store = srv.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 8)
+    store = replay_store.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 8)
     store.reset_dirs()
     servers = []
     sleeps = []
@@ -80,7 +79,7 @@ def test_round_against_a_server_that_starts_late(tmp_path, caplog):
     def fake_sleep(sec):
         sleeps.append(sec)
         if len(sleeps) == 2:  # the server comes up
-            server = srv.ParamServer(('127.0.0.1', port), store, timeout=10)
+            server = param_server.ParamServer(('127.0.0.1', port), store, timeout=10)
             threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
             servers.append(server)
         if len(sleeps) == 3:  # the trainer submits its first parameters

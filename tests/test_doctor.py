@@ -6,7 +6,7 @@ import pytest
 import toml
 import torch
 
-from mortal import doctor, quickstart
+from mortal import doctor, quickstart_config
 from mortal.model.networks import DQN, GRP, AuxNet, Brain
 
 
@@ -33,7 +33,7 @@ def _save_grp(path, hidden_size=64, num_layers=2):
 @pytest.fixture
 def work(tmp_path):
     """A quickstart config (conv_channels 32, num_blocks 2, version 3) with its checkpoints in place."""
-    cfg_path = quickstart.write_config(tmp_path, preset='short')
+    cfg_path = quickstart_config.write_config(tmp_path, preset='short')
     cfg = toml.load(cfg_path)
     _save_mortal(tmp_path / 'online' / 'baseline.pth')
     _save_grp(tmp_path / 'bootstrap' / 'grp.pth')

@@ -1,4 +1,5 @@
-"""mortal/learning/gate.py: paired differences, CIs, the SPRT and the test-play verdict, with values computed by hand."""
+"""mortal/learning/gate.py: paired differences, CIs, the SPRT and the test-play verdict, with values computed by
+hand."""
 
 import math
 import random

@@ -8,9 +8,8 @@ import os
 import pytest
 import torch
 
-from mortal import server as srv
+from mortal.net import replay_store, wire
 from mortal import train as tr
-from mortal.net import wire
 from mortal.learning.schedule import schedule_factor
 
 from conftest import (FakeWriter, free_port, load_tiny_config, random_batch, start_param_server, stop_server,
@@ -228,14 +227,15 @@ def test_a_running_client_picks_up_a_rotation_and_the_factors(tmp_path, caplog):
 
 
 def test_server_checks_the_play_settings():
-    assert srv.play_settings_of({}) == wire.DEFAULT_PLAY_SETTINGS
-    assert srv.play_settings_of({'epsilon_factor': 0, 'temp_factor': 3, 'steps': 5, 'baseline_version': 2}) == {
+    assert replay_store.play_settings_of({}) == wire.DEFAULT_PLAY_SETTINGS
+    assert replay_store.play_settings_of(
+            {'epsilon_factor': 0, 'temp_factor': 3, 'steps': 5, 'baseline_version': 2}) == {
         'steps': 5, 'baseline_version': 2, 'epsilon_factor': 0.0, 'temp_factor': 3.0}
     for bad in ({'temp_factor': 0.0}, {'epsilon_factor': float('nan')}, {'epsilon_factor': -1.0},
                 {'temp_factor': 1e7}, {'baseline_version': -1}, {'steps': 1.5}, {'epsilon_factor': 'x'},
                 {'baseline_version': True}):
-        with pytest.raises(srv.BadRequest):
-            srv.play_settings_of(bad)
+        with pytest.raises(replay_store.BadRequest):
+            replay_store.play_settings_of(bad)
 
 
 def test_schedules_reach_their_values_at_given_steps(tmp_path):
@@ -392,9 +392,9 @@ def test_temp_factor_never_reaches_zero(tmp_path):
     trainer, _, _ = online_trainer(tmp_path, [EVEN], schedule={'temp': {'kind': 'inverse', 'rate': 1e308}})
     trainer.steps = 10
     assert trainer.play_settings()['temp_factor'] == wire.MIN_TEMP_FACTOR
-    assert srv.play_settings_of(trainer.play_settings())['temp_factor'] == wire.MIN_TEMP_FACTOR
-    with pytest.raises(srv.BadRequest):
-        srv.play_settings_of({'temp_factor': 1e-40})
+    assert replay_store.play_settings_of(trainer.play_settings())['temp_factor'] == wire.MIN_TEMP_FACTOR
+    with pytest.raises(replay_store.BadRequest):
+        replay_store.play_settings_of({'temp_factor': 1e-40})
 
 
 def test_reset_best_on_a_corrupt_state_file_touches_nothing(tmp_path):

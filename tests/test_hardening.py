@@ -251,9 +251,8 @@ def _header(length, token=None):
 
 @pytest.fixture
 def small_server(tmp_path, monkeypatch):
-    from mortal import server as srv
-    from mortal.net import wire
-    monkeypatch.setattr(srv, 'PAYLOAD_MIN_SECONDS', 1.0)
+    from mortal.net import param_server, wire
+    monkeypatch.setattr(param_server, 'PAYLOAD_MIN_SECONDS', 1.0)
     server = start_param_server(tmp_path, 4, max_frame_size=1 << 20, timeout=5, payload_min_rate=1 << 20)
     server.remote = wire.Remote('127.0.0.1', server.server_address[1], timeout=10, max_frame_size=1 << 24)
     yield server
@@ -371,7 +370,7 @@ def test_a_log_of_too_many_events_is_skipped_with_bounded_memory():
 @pytest.mark.parametrize('compress', [False, True])
 def test_server_and_reader_agree_on_a_byte_order_mark_and_blank_lines(tmp_path, prefix, compress):
     from mortal.data.mjai_log import parse_log, read_log_text
-    from mortal.server import check_log_head
+    from mortal.net.replay_store import check_log_head
     content = prefix + HANCHAN.read_bytes()
     if compress:
         content = gzip.compress(content)
@@ -382,7 +381,7 @@ def test_server_and_reader_agree_on_a_byte_order_mark_and_blank_lines(tmp_path, 
 
 
 def test_server_names_leading_blank_lines_beyond_its_budget():
-    from mortal.server import FIRST_LINE_LIMIT, BadRequest, check_log_head
+    from mortal.net.replay_store import FIRST_LINE_LIMIT, BadRequest, check_log_head
     log = HANCHAN.read_bytes()
     with pytest.raises(BadRequest) as e:
         check_log_head('x.json', b'\n' * FIRST_LINE_LIMIT + log)

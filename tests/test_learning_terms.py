@@ -1,4 +1,5 @@
-"""mortal/learning/loss.py extras (Cal-QL, anchor) and mortal/learning/diagnostics.py instruments, on values worked by hand."""
+"""mortal/learning/loss.py extras (Cal-QL, anchor) and mortal/learning/diagnostics.py instruments, on values
+worked by hand."""
 
 import math
 

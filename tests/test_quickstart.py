@@ -10,14 +10,14 @@ import time
 import pytest
 
 from mortal import config as mcfg
-from mortal import quickstart
+from mortal import quickstart, quickstart_config
 
 from conftest import ROOT
 
 
 @pytest.mark.parametrize('preset', ['full', 'short'])
 def test_embedded_config_satisfies_every_process(tmp_path, preset):
-    path = quickstart.write_config(tmp_path, preset=preset, port=5123)
+    path = quickstart_config.write_config(tmp_path, preset=preset, port=5123)
     sections = mcfg.ONLINE_TRAIN_SECTIONS + mcfg.SERVER_SECTIONS + mcfg.CLIENT_SECTIONS + mcfg.TRAIN_GRP_SECTIONS
     cfg = mcfg.load_config(path, required=sections)
     assert cfg['online']['remote']['port'] == 5123
@@ -36,14 +36,14 @@ def test_embedded_config_satisfies_every_process(tmp_path, preset):
 
 
 def test_version_4_config_and_a_work_dir_keeps_its_version(tmp_path):
-    path = quickstart.write_config(tmp_path, preset='short', port=5123, version=4)
+    path = quickstart_config.write_config(tmp_path, preset='short', port=5123, version=4)
     cfg = mcfg.load_config(path, required=mcfg.ONLINE_TRAIN_SECTIONS)
     assert cfg['control']['version'] == 4
-    assert quickstart.write_config(tmp_path, preset='short', port=5123, version=4) == path  # rerun: same version
+    assert quickstart_config.write_config(tmp_path, preset='short', port=5123, version=4) == path  # rerun: same version
     with pytest.raises(ValueError, match='set up for version 4'):
-        quickstart.write_config(tmp_path, preset='short', version=3)
+        quickstart_config.write_config(tmp_path, preset='short', version=3)
     with pytest.raises(ValueError, match='3 or 4'):
-        quickstart.render_config(tmp_path, version=2)
+        quickstart_config.render_config(tmp_path, version=2)
 
 
 def _spawn(code):

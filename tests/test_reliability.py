@@ -435,8 +435,8 @@ def test_warm_up_without_annealing_trains(tmp_path):
 
 @pytest.mark.parametrize('offline_test_every', [0, 20])
 def test_offline_bootstrap_prints_a_countdown_only_with_test_play(tmp_path, caplog, offline_test_every):
-    from mortal import bootstrap, quickstart
-    cfg = load_config(quickstart.write_config(tmp_path, preset='short'))
+    from mortal import bootstrap, quickstart_config
+    cfg = load_config(quickstart_config.write_config(tmp_path, preset='short'))
     cfg['bootstrap']['offline_test_every'] = offline_test_every
     offline = bootstrap.offline_config(cfg)
     trainer = tr.Trainer(offline, test_player=bootstrap.RulebaseTestPlayer(offline), writer=FakeWriter())

@@ -22,7 +22,8 @@ from mortal.data.mjai_log import BadLogError, parse_log
 from mortal.model.networks import DQN, GRP, Brain
 from mortal.model.checkpoint import CheckpointError as GrpCheckpointError
 from mortal.data.reward import load_grp
-from mortal.stat import LogFormatError, Stat
+from mortal.stat import Stat
+from mortal.stat_game import LogFormatError
 
 LOG = DATA_DIR / 'riichienv_selfplay_hanchan.jsonl'
 RAW = LOG.read_text().rstrip('\n') + '\n'

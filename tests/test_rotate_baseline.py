@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import load_script
-from mortal import quickstart
+from mortal import quickstart_config
 from mortal.config import load_config
 
 
@@ -22,7 +22,7 @@ def _ckpt(path, marker, best_perf=None):
 
 @pytest.fixture
 def setup(tmp_path):
-    cfg_path = quickstart.write_config(tmp_path, preset='short')
+    cfg_path = quickstart_config.write_config(tmp_path, preset='short')
     cfg = load_config(cfg_path)
     _ckpt(pathlib.Path(cfg['control']['best_state_file']), 2)
     _ckpt(pathlib.Path(cfg['control']['state_file']), 3)

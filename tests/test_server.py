@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from mortal import server as srv
-from mortal.net import wire
+from mortal.net import address, param_server, replay_store, signature, wire
 
 from conftest import start_param_server, stop_server
 
@@ -195,7 +195,7 @@ def test_stray_files_and_folders_are_ignored_and_logged(running, caplog):
 def test_reset_dirs_clears_and_logs(tmp_path, caplog):
     (tmp_path / 'buffer').mkdir()
     (tmp_path / 'buffer' / 'left_over').write_bytes(b'x')
-    store = srv.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 4)
+    store = replay_store.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 4)
     with caplog.at_level(logging.INFO, logger='mortal.server'):
         store.reset_dirs()
     assert os.listdir(tmp_path / 'buffer') == [] and os.listdir(tmp_path / 'drain') == []
@@ -221,7 +221,7 @@ def test_failed_write_midway_stores_nothing_and_answers_error(running, monkeypat
             raise OSError(28, 'No space left on device')
         return real_replace(a, b)
 
-    monkeypatch.setattr(srv.os, 'replace', failing_replace)
+    monkeypatch.setattr(replay_store.os, 'replace', failing_replace)
     reply = running.store.submit_replay({'a': mjai(), 'b': mjai()}, 0)
     assert reply == {'status': 'error', 'reason': 'buffer_dir not writable: [Errno 28] No space left on device'}
     # the first log had been renamed before the failure: it is taken back, so a resubmission stores it once
@@ -341,8 +341,8 @@ def test_token_required_when_configured(tmp_path):
 def test_bind_beyond_loopback_requires_token(tmp_path):
     with pytest.raises(ValueError, match=r'\[online.remote\] token must be set'):
         Running(tmp_path, host='0.0.0.0')
-    assert srv.is_loopback('127.0.0.1') and srv.is_loopback('localhost') and srv.is_loopback('::1')
-    assert not srv.is_loopback('0.0.0.0') and not srv.is_loopback('')
+    assert address.is_loopback('127.0.0.1') and address.is_loopback('localhost') and address.is_loopback('::1')
+    assert not address.is_loopback('0.0.0.0') and not address.is_loopback('')
     r = Running(tmp_path, host='0.0.0.0', token='s3cret')
     r.close()
 
@@ -407,9 +407,9 @@ def test_parameters_of_another_architecture_are_refused(roomy, caplog):
     # a 16-channel 1-block Brain against the 32x2 one accepted first: refused, naming the key and both shapes
     with pytest.raises(wire.RequestRefused) as err:
         running.request({'type': 'submit_param', 'mortal': m16, 'dqn': d, 'is_idle': True})
-    first = next(k for k, v in wire.state_dict_signature(m32).items()
-                 if wire.state_dict_signature(m16).get(k) != v)
-    want, got = wire.state_dict_signature(m32)[first][1], wire.state_dict_signature(m16)[first][1]
+    first = next(k for k, v in signature.state_dict_signature(m32).items()
+                 if signature.state_dict_signature(m16).get(k) != v)
+    want, got = signature.state_dict_signature(m32)[first][1], signature.state_dict_signature(m16)[first][1]
     assert want != got
     reason = str(err.value)
     assert 'bad request' in reason and f"key {first!r} is F32 {list(got)}, expected F32 {list(want)}" in reason
@@ -482,7 +482,7 @@ def test_drain_failing_midway_loses_and_duplicates_nothing(tmp_path, monkeypatch
                 raise PermissionError(13, 'Permission denied', a)
             return real_replace(a, b)
 
-        monkeypatch.setattr(srv.os, 'replace', failing_replace)
+        monkeypatch.setattr(replay_store.os, 'replace', failing_replace)
         with caplog.at_level(logging.INFO, logger='mortal.server'):
             for _ in range(2):
                 reply = r.request({'type': 'drain'})
@@ -518,13 +518,13 @@ def test_cross_device_move_never_leaves_a_log_in_both_places(tmp_path, monkeypat
             raise PermissionError(13, 'Permission denied', p)
         return real_remove(p)
 
-    monkeypatch.setattr(srv.os, 'replace', replace)
-    monkeypatch.setattr(srv.os, 'remove', remove)
+    monkeypatch.setattr(replay_store.os, 'replace', replace)
+    monkeypatch.setattr(replay_store.os, 'remove', remove)
     with pytest.raises(PermissionError):
-        srv._move(str(src), str(dst))
+        replay_store._move(str(src), str(dst))
     assert sorted(os.listdir(tmp_path)) == ['src']  # the copy was taken back
-    monkeypatch.setattr(srv.os, 'remove', real_remove)
-    srv._move(str(src), str(dst))
+    monkeypatch.setattr(replay_store.os, 'remove', real_remove)
+    replay_store._move(str(src), str(dst))
     assert sorted(os.listdir(tmp_path)) == ['dst'] and dst.read_bytes() == b'log'
 
 
@@ -642,7 +642,7 @@ def test_payloads_in_flight_share_one_byte_budget(tmp_path):
             wait_until(lambda: r.server.inflight.used == length)
             # a payload above SMALL_FRAME_BYTES waits for the budget; a small one has a share of its own
             b.sendall(frame(msgpack.packb({'type': 'get_param', 'param_version': -1,
-                                           'pad': b'x' * srv.SMALL_FRAME_BYTES})))
+                                           'pad': b'x' * param_server.SMALL_FRAME_BYTES})))
             with pytest.raises(socket.timeout):
                 read_reply(b, 0.5)  # waits for the budget
             assert get_param(r) == {'status': 'empty param'}
@@ -651,6 +651,6 @@ def test_payloads_in_flight_share_one_byte_budget(tmp_path):
             assert read_reply(b, 5) == {'status': 'empty param'}
         wait_until(lambda: r.server.inflight.used == 0)
         with pytest.raises(ValueError, match=r'max_inflight_bytes = 1000 must be 0 or at least'):
-            srv.ParamServer(('127.0.0.1', 0), r.store, max_frame_size=MAX_FRAME, max_inflight_bytes=1000)
+            param_server.ParamServer(('127.0.0.1', 0), r.store, max_frame_size=MAX_FRAME, max_inflight_bytes=1000)
     finally:
         r.close()

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from mortal.stat import LogFormatError, Stat, main
+from mortal.stat import Stat, main
+from mortal.stat_game import LogFormatError
 
 from conftest import DATA_DIR, ROOT
 

@@ -18,6 +18,7 @@ import torch
 from mjai.mlibriichi.state import PlayerState
 
 import mortal.play.arena as arena_mod
+import mortal.play.kyoku_flow as kyoku_flow
 from conftest import DATA_DIR, FakeTestPlayer, FakeWriter, load_tiny_config, player_view, write_grp
 import mortal.play.agent as agent_mod
 from mortal.play.agent import MortalBatchAgent, Scene, needs_v4_encoder
@@ -84,7 +85,7 @@ def limit_kyoku(monkeypatch, n_kyoku):
     def short(state, result):
         out = real(state, result)
         if out.next is not None and (n_kyoku == 1 or state.kyoku_index > 0 or state.honba > 0):
-            return arena_mod.KyokuOutcome(None, out.scores, out.kyotaku)
+            return kyoku_flow.KyokuOutcome(None, out.scores, out.kyotaku)
         return out
 
     monkeypatch.setattr(arena_mod, "next_kyoku", short)

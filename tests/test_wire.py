@@ -13,7 +13,7 @@ import msgpack
 import pytest
 import torch
 
-from mortal.net import wire
+from mortal.net import signature, wire
 
 
 def header(length, *, magic=b'MJRL', version=2, digest=b'\0' * 32, token=None):
@@ -193,26 +193,26 @@ def test_request_with_retry_retries_while_server_down():
 def test_state_dict_signature_reads_the_header_only():
     net = torch.nn.Sequential(torch.nn.Conv1d(3, 4, 3), torch.nn.BatchNorm1d(4))
     data = wire.pack_state_dict(net.state_dict())
-    sig = wire.state_dict_signature(data)
+    sig = signature.state_dict_signature(data)
     assert list(sig) == list(net.state_dict())
     assert sig['0.weight'] == ('F32', (4, 3, 3)) and sig['1.num_batches_tracked'] == ('I64', ())
-    assert wire.state_dict_signature(wire.pack_state_dict({})) == {}
+    assert signature.state_dict_signature(wire.pack_state_dict({})) == {}
     for bad in (b'', b'\x05\x00\x00\x00\x00\x00\x00\x00[1,2]', b'\xff' * 8 + b'{}', 'text'):
         with pytest.raises(wire.ProtocolError):
-            wire.state_dict_signature(bad)
+            signature.state_dict_signature(bad)
 
 
 def test_signature_difference_names_first_key_and_both_shapes():
-    small = wire.state_dict_signature(wire.pack_state_dict(torch.nn.Conv1d(16, 16, 3).state_dict()))
-    big = wire.state_dict_signature(wire.pack_state_dict(torch.nn.Conv1d(32, 32, 3).state_dict()))
-    assert wire.signature_difference(big, big) is None
-    assert wire.signature_difference(big, small) == "key 'weight' is F32 [16, 16, 3], expected F32 [32, 32, 3]"
-    lin = wire.state_dict_signature(wire.pack_state_dict(torch.nn.Linear(2, 2, bias=False).state_dict()))
-    assert wire.signature_difference(big, lin) == "key 'weight' is F32 [2, 2], expected F32 [32, 32, 3]"
-    assert wire.signature_difference(lin, big) == "key 'weight' is F32 [32, 32, 3], expected F32 [2, 2]"
+    small = signature.state_dict_signature(wire.pack_state_dict(torch.nn.Conv1d(16, 16, 3).state_dict()))
+    big = signature.state_dict_signature(wire.pack_state_dict(torch.nn.Conv1d(32, 32, 3).state_dict()))
+    assert signature.signature_difference(big, big) is None
+    assert signature.signature_difference(big, small) == "key 'weight' is F32 [16, 16, 3], expected F32 [32, 32, 3]"
+    lin = signature.state_dict_signature(wire.pack_state_dict(torch.nn.Linear(2, 2, bias=False).state_dict()))
+    assert signature.signature_difference(big, lin) == "key 'weight' is F32 [2, 2], expected F32 [32, 32, 3]"
+    assert signature.signature_difference(lin, big) == "key 'weight' is F32 [32, 32, 3], expected F32 [2, 2]"
     nobias = {k: v for k, v in big.items() if k != 'bias'}
-    assert wire.signature_difference(big, nobias) == "key 'bias' is missing (expected F32 [32])"
-    assert wire.signature_difference(nobias, big) == "unexpected key 'bias' (F32 [32])"
+    assert signature.signature_difference(big, nobias) == "key 'bias' is missing (expected F32 [32])"
+    assert signature.signature_difference(nobias, big) == "unexpected key 'bias' (F32 [32])"
 
 
 class OneShotServer:

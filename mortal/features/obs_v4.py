@@ -37,6 +37,7 @@ from mortal.features.sp.calc import (HAVE_CORE, MAX_TSUMOS_LEFT, SPCalculator, b
                                      next_tile)
 from mortal.features.sp.point import yaku_point, yakuman_point
 from mortal.features.sp.shanten import calc_all
+from mortal.features.event_fields import check_tile, check_tiles, field, field_tile, field_tiles
 from mortal.features.tile import tile_id
 
 logger = logging.getLogger('mortal.obs_v4')  # the name before the package split (log format)
@@ -89,39 +90,6 @@ def _warn_if_no_core() -> None:
 
 def _tid(name: str) -> int:
     return tile_id(name)
-
-
-def _field(event: dict, kind, key: str):
-    if key not in event:
-        raise ValueError(f"{kind} event: missing field {key!r}")
-    return event[key]
-
-
-def _field_tile(event: dict, kind, key: str, known: bool) -> int:
-    """Tile id 0-37 of ``event[key]``; ``known``: the masked tile ``'?'`` is refused too."""
-    return _check_tile(_field(event, kind, key), kind, key, known)
-
-
-def _check_tiles(names, kind, key: str, known: bool) -> list:
-    """Tile ids of the list ``names`` (the field ``key`` of a ``kind`` event)."""
-    if not isinstance(names, list):
-        raise ValueError(f"{kind} event: field {key!r}: expected a list of tile names, got {type(names).__name__}")
-    return [_check_tile(n, kind, key, known) for n in names]
-
-
-def _check_tile(name, kind, key: str, known: bool) -> int:
-    try:
-        tid = tile_id(name)
-    except ValueError as e:
-        raise ValueError(f"{kind} event: field {key!r}: {e}") from None
-    if known and tid == 37:
-        raise ValueError(f"{kind} event: field {key!r}: the masked tile '?' where the tile must be known")
-    return tid
-
-
-def _field_tiles(event: dict, kind, key: str, known: bool) -> list:
-    """Tile ids of the list ``event[key]``."""
-    return _check_tiles(_field(event, kind, key), kind, key, known)
 
 
 class V4Encoder:
@@ -179,11 +147,11 @@ class V4Encoder:
         # What mortal.data.mjai_log checks of every event (with this encoder's messages); update_parsed the rest.
         kind = event.get("type")
         if kind in _ACTOR_TYPES:
-            actor = _field(event, kind, "actor")
+            actor = field(event, kind, "actor")
             if not is_seat(actor):
                 raise ValueError(f"{kind} event: field 'actor': expected a seat 0-3, got {actor!r}")
         elif kind == "start_kyoku":
-            hands = _field(event, kind, "tehais")
+            hands = field(event, kind, "tehais")
             if not isinstance(hands, list) or len(hands) != 4:
                 raise ValueError(f"{kind} event: field 'tehais': expected 4 lists of tile names")
         self.update_parsed(event)
@@ -202,18 +170,18 @@ class V4Encoder:
         # parse the tile fields first: nothing below may fail half way
         pai = tiles = None
         if kind == "start_kyoku":
-            pai = _field_tile(event, kind, "dora_marker", known=True)
-            tiles = _check_tiles(event["tehais"][me], kind, f"tehais[{me}]", known=False)
+            pai = field_tile(event, kind, "dora_marker", known=True)
+            tiles = check_tiles(event["tehais"][me], kind, f"tehais[{me}]", known=False)
         elif kind == "dora":
-            pai = _field_tile(event, kind, "dora_marker", known=True)
+            pai = field_tile(event, kind, "dora_marker", known=True)
             if len(self.dora_indicators) >= MAX_DORA_INDICATORS:
                 raise ValueError(f"dora event: more than {MAX_DORA_INDICATORS} dora indicators in one kyoku")
         elif (kind == "tsumo" and mine) or (kind == "dahai" and not mine) or kind == "kakan":
-            pai = _field_tile(event, kind, "pai", known=mine)
+            pai = field_tile(event, kind, "pai", known=mine)
         elif kind in ("chi", "pon", "daiminkan", "ankan"):
-            tiles = _field_tiles(event, kind, "consumed", known=mine)
+            tiles = field_tiles(event, kind, "consumed", known=mine)
             if mine and kind != "ankan":
-                pai = _field_tile(event, kind, "pai", known=True)
+                pai = field_tile(event, kind, "pai", known=True)
 
         self.events_seen += 1
         if self.pending_kakan:

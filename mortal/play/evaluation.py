@@ -1,10 +1,10 @@
 """Duplicate evaluation over a pool of processes: one challenger against three copies of a champion.
 
-A side is ``('mortal', state_file)`` or ``('mortal', state_file, device)`` (greedy, with the rule-based agari guard; architecture from the checkpoint's
-own config) or ``('rulebase', None)`` (mjai's RulebaseBot). Deals are nonces ``SEED_START, SEED_START + 1, ...``
-of one seed key; each deal is played in its four seat rotations, which form one duplicate unit, so two
-challengers evaluated with the same key and count meet the very same walls and can be compared deal by deal.
-Used by ``scripts/evaluate.py``, ``bench/learning.py`` and the quickstart's summary.
+A side is ``('mortal', state_file)`` or ``('mortal', state_file, device)`` (greedy, with the rule-based agari
+guard; architecture from the checkpoint's own config) or ``('rulebase', None)`` (mjai's RulebaseBot). Deals are
+nonces ``SEED_START, SEED_START + 1, ...`` of one seed key; each deal is played in its four seat rotations, which
+form one duplicate unit, so two challengers evaluated with the same key and count meet the very same walls and can
+be compared deal by deal. Used by ``scripts/evaluate.py``, ``bench/learning.py`` and the quickstart's summary.
 """
 
 from __future__ import annotations

@@ -1,0 +1,422 @@
+"""The server's state: the parameters it serves, their versions and play settings, the trainer's baseline,
+and the on-disk replay buffer (``buffer_dir``) with its hand-over to the trainer (``drain_dir``).
+
+``ReplayStore`` takes and returns the request/reply maps of ``mortal/net/wire.py`` and knows nothing of sockets
+(``mortal.net.param_server`` serves it over TCP, ``mortal/server.py`` is the process). ``check_log_head`` is the
+check every submitted log passes (its first line is an mjai ``start_game`` event); ``BadRequest`` is a valid
+frame whose content is not a valid request. Logs under the logger name ``mortal.server``.
+"""
+
+import errno
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import threading
+import zlib
+from collections import OrderedDict
+from os import path
+from typing import Optional
+
+from mortal.net import wire
+from mortal.net.signature import signature_difference, state_dict_signature
+from mortal.util.fsutil import empty_dir
+
+logger = logging.getLogger('mortal.server')  # the server's name (log format)
+
+# Names a client may give a log: one path component, no hidden/temporary names, no separators.
+_SAFE_NAME = re.compile(r'[A-Za-z0-9][A-Za-z0-9._-]{0,199}')
+_TMP_PREFIX = '.incoming-'
+UNKNOWN_VERSION = -1
+_GZIP_MAGIC = b'\x1f\x8b'
+_UTF8_BOM = b'\xef\xbb\xbf'
+# Decompressed bytes searched for a log's first line: a start_game line is ~200 bytes, so this is ample, and a
+# gzip bomb costs at most this much.
+FIRST_LINE_LIMIT = 64 * 1024
+
+
+class BadRequest(ValueError):
+    """A well-formed frame whose content is not a valid request (wrong field type, unsafe file name, ...)."""
+
+
+def check_log_head(name: str, content: bytes) -> None:
+    """BadRequest (naming the log) unless the first non-blank line of ``content`` (gzip or plain mjai JSON lines)
+    is a JSON ``start_game`` event. Decompresses at most ``FIRST_LINE_LIMIT`` bytes, leading blank lines and a
+    UTF-8 byte order mark (accepted and dropped, as the trainer's reader does) included."""
+    if content[:2] == _GZIP_MAGIC:
+        try:
+            head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(content, FIRST_LINE_LIMIT)
+        except zlib.error as ex:
+            raise BadRequest(f'log {name!r} is not an mjai log: corrupt gzip data ({ex})') from None
+    else:
+        head = content[:FIRST_LINE_LIMIT]
+    more = len(head) >= FIRST_LINE_LIMIT  # bytes may follow what was looked at
+    if head.startswith(_UTF8_BOM):  # mortal.data.mjai_log.read_log_text drops a leading byte order mark too
+        head = head[len(_UTF8_BOM):]
+    text = head.lstrip()
+    skipped = len(head) - len(text)  # leading blank lines, skipped within the same budget
+    if not text and more:
+        raise BadRequest(f'log {name!r} is not an mjai log: its first {FIRST_LINE_LIMIT} bytes are blank lines '
+                         f'(the server looks for the start_game line within that many bytes)')
+    end = text.find(b'\n')
+    if end < 0 and more:
+        after = f' after {skipped} bytes of leading blank lines' if skipped else ''
+        raise BadRequest(f'log {name!r} is not an mjai log: its first line{after} does not end within its first '
+                         f'{FIRST_LINE_LIMIT} bytes')
+    line = text if end < 0 else text[:end]
+    try:
+        event = json.loads(line)
+    except (ValueError, RecursionError) as ex:  # UnicodeDecodeError is a ValueError
+        raise BadRequest(f'log {name!r} is not an mjai log: first line is not JSON ({type(ex).__name__})') from None
+    kind = event.get('type') if isinstance(event, dict) else None
+    if kind != 'start_game':
+        raise BadRequest(f'log {name!r} is not an mjai log: first event is {kind!r}, expected \'start_game\'')
+
+
+def _remove_quietly(p: str) -> None:
+    try:
+        os.remove(p)
+    except OSError:
+        pass
+
+
+def _move(src: str, dst: str) -> None:
+    """Rename ``src`` to ``dst``; across file systems copy to a temporary name, rename, then remove ``src``.
+    On any failure the file is left at ``src`` only (never at both places); the OSError propagates."""
+    try:
+        os.replace(src, dst)
+        return
+    except OSError as ex:
+        if ex.errno != errno.EXDEV:
+            raise
+    tmp = path.join(path.dirname(dst), _TMP_PREFIX + path.basename(dst))
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    except OSError:
+        _remove_quietly(tmp)
+        raise
+    try:
+        os.remove(src)
+    except OSError:
+        _remove_quietly(dst)
+        raise
+
+
+def _field(msg: dict, key: str, types, *, default=...):
+    if key not in msg:
+        if default is ...:
+            raise BadRequest(f'missing field {key!r}')
+        return default
+    value = msg[key]
+    # bool is an int subclass: never accept it where an int is meant
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise BadRequest(f'field {key!r} is a bool, expected {types}')
+    if not isinstance(value, types):
+        raise BadRequest(f'field {key!r} is a {type(value).__name__}, expected {types}')
+    return value
+
+
+def play_settings_of(msg: dict) -> dict:
+    """``wire.check_play_settings`` of a submit_param request; BadRequest instead of its ValueError."""
+    try:
+        return wire.check_play_settings(msg)
+    except ValueError as ex:
+        raise BadRequest(str(ex)) from None
+
+
+class ReplayStore:
+    """Thread-safe state of the server: parameters, versions and the on-disk replay buffer.
+
+    buffer_dir/drain_dir: directories this store owns (cleared by ``reset_dirs``); capacity: number of buffered
+    logs at which clients are refused new parameters; force_sequential: clients wait for each new idle version and
+    the trainer drains only full buffers. Methods take/return the request/reply maps of ``mortal/net/wire.py``.
+    """
+
+    def __init__(self, buffer_dir: str, drain_dir: str, capacity: int, force_sequential: bool = False):
+        self.buffer_dir = path.abspath(buffer_dir)
+        self.drain_dir = path.abspath(drain_dir)
+        self.capacity = int(capacity)
+        self.force_sequential = bool(force_sequential)
+        self.server_id = secrets.token_hex(8)
+        self.dir_lock = threading.Lock()
+        self.param_lock = threading.Lock()
+        # protected by dir_lock: buffered file name -> param_version it was played with (UNKNOWN_VERSION if unknown)
+        self.buffer = {}
+        self.drained = set()
+        # moved into drain_dir by a drain that then failed: name -> param_version, delivered by the next drain
+        self.pending = OrderedDict()
+        self.submission_id = 0
+        self.reported_strays = set()
+        self.storage_state = {}  # operation -> (errno, exception type) of its current failure; absent when fine
+        # protected by param_lock
+        self.mortal_param: Optional[bytes] = None
+        self.dqn_param: Optional[bytes] = None
+        self.param_signature: Optional[dict] = None  # {'mortal': signature, 'dqn': signature} of accepted params
+        self.param_version = 0
+        self.idle_param_version = 0
+        self.play_settings = dict(wire.DEFAULT_PLAY_SETTINGS)  # what travels with the parameters to the clients
+        self.baseline: Optional[dict] = None  # the last submit_baseline's fields (get_baseline's reply)
+
+    def reset_dirs(self) -> None:
+        """Empty buffer_dir and drain_dir, creating them when missing (logged), as Mortal's server does at start."""
+        with self.dir_lock:
+            for d in (self.buffer_dir, self.drain_dir):
+                existed = path.lexists(d)
+                empty_dir(d)
+                logger.info('%s %s', 'cleared and recreated' if existed else 'created', d)
+            self.buffer.clear()
+            self.drained.clear()
+            self.pending.clear()
+
+    # -- requests --------------------------------------------------------------------------------------------
+
+    def handle(self, msg: dict) -> dict:
+        """Dispatch one decoded request; BadRequest for an unknown type or invalid fields."""
+        kind = msg.get('type')
+        if kind == 'get_param':
+            return self.get_param(
+                _field(msg, 'param_version', int),
+                _field(msg, 'server_id', (str, type(None)), default=None),
+            )
+        if kind == 'submit_replay':
+            return self.submit_replay(
+                _field(msg, 'logs', dict),
+                _field(msg, 'param_version', int, default=UNKNOWN_VERSION),
+                _field(msg, 'server_id', (str, type(None)), default=None),
+            )
+        if kind == 'submit_param':
+            return self.submit_param(
+                _field(msg, 'mortal', bytes),
+                _field(msg, 'dqn', bytes),
+                _field(msg, 'is_idle', bool, default=False),
+                arch_change=_field(msg, 'arch_change', bool, default=False),
+                settings=play_settings_of(msg),
+            )
+        if kind == 'drain':
+            return self.drain()
+        if kind == 'submit_baseline':
+            return self.submit_baseline(msg)
+        if kind == 'get_baseline':
+            return self.get_baseline()
+        raise BadRequest(f'unknown request type {kind!r} (expected one of {wire.REQUEST_TYPES})')
+
+    def get_param(self, client_version: int, client_server_id: Optional[str] = None) -> dict:
+        """Parameters for a self-play client, or the reason it must wait (Mortal's three refusals)."""
+        with self.dir_lock:
+            overflow = len(self.buffer) + len(self.pending) >= self.capacity
+        if overflow:
+            return {'status': wire.STATUS_OVERFLOW}
+        if client_server_id != self.server_id:
+            client_version = UNKNOWN_VERSION  # versions of another server instance mean nothing here
+        with self.param_lock:
+            if self.mortal_param is None or self.dqn_param is None:
+                return {'status': wire.STATUS_EMPTY_PARAM}
+            if self.force_sequential and self.idle_param_version <= client_version:
+                return {'status': wire.STATUS_BUSY}
+            return {
+                'status': wire.STATUS_OK,
+                'mortal': self.mortal_param,
+                'dqn': self.dqn_param,
+                'param_version': self.param_version,
+                'server_id': self.server_id,
+                **self.play_settings,
+                **({'baseline_digest': self.baseline['baseline_digest']} if self.baseline else {}),
+            }
+
+    def submit_baseline(self, msg: dict) -> dict:
+        """Store the trainer's baseline (``mortal``/``dqn`` safetensors bytes, ``arch``, ``baseline_version``,
+        ``baseline_digest``); BadRequest naming the field when one is missing or invalid (nothing is stored)."""
+        fields = {'mortal': _field(msg, 'mortal', bytes), 'dqn': _field(msg, 'dqn', bytes)}
+        for key, data in fields.items():
+            if not state_dict_signature(data):  # ProtocolError (a bad request) when not safetensors
+                raise BadRequest(f'field {key!r} is an empty state dict')
+        try:
+            fields['arch'] = wire.check_baseline_arch(_field(msg, 'arch', dict))
+            fields['baseline_digest'] = wire.check_digest(_field(msg, 'baseline_digest', str))
+        except ValueError as ex:
+            raise BadRequest(str(ex)) from None
+        fields['baseline_version'] = _field(msg, 'baseline_version', int)
+        if fields['baseline_version'] < 0:
+            raise BadRequest(f"field 'baseline_version' must be >= 0, got {fields['baseline_version']}")
+        with self.param_lock:
+            known = self.baseline is not None and self.baseline['baseline_digest'] == fields['baseline_digest']
+            self.baseline = fields
+        if not known:
+            logger.info('baseline version %d stored (digest %s, version %d, %dx%d)', fields['baseline_version'],
+                        fields['baseline_digest'][:12], fields['arch']['version'], fields['arch']['conv_channels'],
+                        fields['arch']['num_blocks'])
+        return {'status': wire.STATUS_OK, 'baseline_version': fields['baseline_version']}
+
+    def get_baseline(self) -> dict:
+        """The stored baseline (the fields of ``submit_baseline``), or 'empty baseline' before any."""
+        with self.param_lock:
+            if self.baseline is None:
+                return {'status': wire.STATUS_EMPTY_BASELINE}
+            return {'status': wire.STATUS_OK, **self.baseline}
+
+    def submit_replay(self, logs: dict, param_version: int, client_server_id: Optional[str] = None) -> dict:
+        """Store the logs ``{name: bytes}`` as ``{submission_id}_{name}``, all or none.
+
+        Raises BadRequest (nothing stored) if any name is unsafe or any content is not bytes or not an mjai log
+        (``check_log_head``). A disk failure is answered ``{'status': 'error', 'reason': 'buffer_dir not
+        writable: ...'}`` with nothing stored (logged once per change of state)."""
+        for name, content in logs.items():
+            if not isinstance(name, str) or not _SAFE_NAME.fullmatch(name) or '..' in name:
+                raise BadRequest(f'unsafe log name {name!r}')
+            if not isinstance(content, bytes):
+                raise BadRequest(f'log {name!r} is a {type(content).__name__}, expected bytes')
+        for name, content in logs.items():
+            check_log_head(name, content)
+        if client_server_id != self.server_id:
+            param_version = UNKNOWN_VERSION
+        with self.dir_lock:
+            sid = self.submission_id
+            self.submission_id += 1
+            staged, renamed = [], []
+            try:
+                for i, (name, content) in enumerate(logs.items()):
+                    tmp = path.join(self.buffer_dir, f'{_TMP_PREFIX}{sid}-{i}')
+                    staged.append((tmp, f'{sid}_{name}'))
+                    with open(tmp, 'wb') as f:
+                        f.write(content)
+                for tmp, final in staged:
+                    os.replace(tmp, path.join(self.buffer_dir, final))
+                    renamed.append(final)
+            except OSError as ex:
+                # undo the whole submission: the client resubmits it, which must not store a log twice
+                for tmp, _ in staged:
+                    _remove_quietly(tmp)
+                for final in renamed:
+                    _remove_quietly(path.join(self.buffer_dir, final))
+                return self._storage_failed('buffer_dir', f'buffer_dir not writable: {ex}', ex)
+            self._storage_ok('buffer_dir', f'buffer_dir {self.buffer_dir} writable again')
+            for final in renamed:
+                self.buffer[final] = param_version
+            size = len(self.buffer)
+        logger.info('submission %d: %d logs (param version %d); total buffer size: %d',
+                    sid, len(logs), param_version, size)
+        return {'status': wire.STATUS_OK, 'count': len(logs), 'submission_id': sid}
+
+    def submit_param(self, mortal: bytes, dqn: bytes, is_idle: bool, *, arch_change: bool = False,
+                     settings: Optional[dict] = None) -> dict:
+        """Replace the served parameters (safetensors bytes, checked to parse) and bump the version.
+
+        Raises ProtocolError (not safetensors) or BadRequest: an empty state dict, or key names/dtypes/shapes
+        other than those of the first accepted submission (naming the first differing key and both shapes)
+        unless ``arch_change``, which makes this submission the new reference."""
+        wire.unpack_state_dict(mortal)  # ProtocolError if not a state dict: never serve garbage to clients
+        wire.unpack_state_dict(dqn)
+        sig = {'mortal': state_dict_signature(mortal), 'dqn': state_dict_signature(dqn)}
+        for field, entries in sig.items():
+            if not entries:
+                raise BadRequest(f'field {field!r} is an empty state dict')
+        with self.param_lock:
+            if self.param_signature is not None:
+                for field, entries in sig.items():
+                    diff = signature_difference(self.param_signature[field], entries)
+                    if diff is None:
+                        continue
+                    if not arch_change:
+                        raise BadRequest(
+                            f'field {field!r} does not match the parameters this server accepted first: {diff} '
+                            '(send arch_change = true to change the architecture on purpose, or restart the '
+                            'server)')
+                    logger.warning('architecture change accepted (arch_change): %s: %s', field, diff)
+            self.param_signature = sig
+            self.mortal_param = mortal
+            self.dqn_param = dqn
+            self.play_settings = {**wire.DEFAULT_PLAY_SETTINGS, **(settings or {})}
+            self.param_version += 1
+            if is_idle:
+                self.idle_param_version = self.param_version
+            version = self.param_version
+        logger.info('param version %d submitted%s', version, ' (idle)' if is_idle else '')
+        return {'status': wire.STATUS_OK, 'param_version': version, 'server_id': self.server_id}
+
+    def drain(self) -> dict:
+        """Move every buffered log into a freshly emptied drain_dir (under force_sequential only when the buffer
+        is full). Reply: count, drain_dir, files (names in drain_dir), param_versions (one per file, -1 unknown),
+        param_version (current), has_param (False after a server restart: the trainer should resubmit).
+
+        A disk failure midway answers ``{'status': 'error', 'reason': ...}``: each log is then either still in
+        buffer_dir or already in drain_dir, and the next drain delivers both kinds exactly once."""
+        with self.param_lock:
+            current = self.param_version
+            has_param = self.mortal_param is not None
+        moved, versions = [], []
+        with self.dir_lock:
+            count = len(self.buffer) + len(self.pending)
+            if count > 0 and (not self.force_sequential or count >= self.capacity):
+                try:
+                    self._report_strays(self.buffer_dir, set(self.buffer))
+                    self._empty_drain_dir()
+                    for name, version in sorted(self.buffer.items()):
+                        src = path.join(self.buffer_dir, name)
+                        try:
+                            _move(src, path.join(self.drain_dir, name))
+                        except OSError:
+                            if path.lexists(src):
+                                raise
+                            logger.warning('buffered log %s vanished from %s; skipped', name, self.buffer_dir)
+                            del self.buffer[name]
+                            continue
+                        del self.buffer[name]
+                        self.pending[name] = version
+                except OSError as ex:
+                    return self._storage_failed(
+                        'drain', f'drain from buffer_dir to drain_dir failed ({len(self.pending)} moved, '
+                        f'{len(self.buffer)} still buffered; the next drain delivers all): {ex}', ex)
+                self._storage_ok('drain', 'drain works again')
+                moved = sorted(self.pending)
+                versions = [self.pending[name] for name in moved]
+                self.drained = set(moved)
+                self.pending.clear()
+                logger.info('files transferred to trainer: %d; total buffer size: 0', len(moved))
+        return {
+            'status': wire.STATUS_OK,
+            'count': len(moved),
+            'drain_dir': self.drain_dir,
+            'files': moved,
+            'param_versions': versions,
+            'param_version': current,
+            'has_param': has_param,
+            'server_id': self.server_id,
+        }
+
+    def _storage_failed(self, operation: str, reason: str, ex: OSError) -> dict:
+        """The 'error' reply for a disk failure; logs it only when it differs from the last one (errno, type)."""
+        state = (ex.errno, type(ex).__name__)
+        if self.storage_state.get(operation) != state:
+            self.storage_state[operation] = state
+            logger.error('%s; answering error until this is fixed', reason)
+        return {'status': wire.STATUS_ERROR, 'reason': reason}
+
+    def _storage_ok(self, operation: str, message: str) -> None:
+        if self.storage_state.pop(operation, None) is not None:
+            logger.info('%s', message)
+
+    # -- helpers (dir_lock held) -----------------------------------------------------------------------------
+
+    def _report_strays(self, directory: str, known: set) -> None:
+        for entry in os.listdir(directory):
+            if entry in known or entry.startswith(_TMP_PREFIX):
+                continue
+            key = (directory, entry)
+            if key not in self.reported_strays:
+                self.reported_strays.add(key)
+                logger.warning('ignoring stray entry %s in %s (not written by this server)', entry, directory)
+
+    def _empty_drain_dir(self) -> None:
+        for entry in os.listdir(self.drain_dir):
+            if entry in self.pending:
+                continue  # moved by a failed drain, not delivered yet
+            p = path.join(self.drain_dir, entry)
+            if entry not in self.drained and not entry.startswith(_TMP_PREFIX):
+                logger.warning('removing stray entry %s from %s while emptying it', entry, self.drain_dir)
+            if path.isdir(p) and not path.islink(p):
+                shutil.rmtree(p)
+            else:
+                os.remove(p)

@@ -1,0 +1,150 @@
+"""The Tenhou hanchan flow between kyoku, as Mortal's ``libriichi/src/arena/game.rs``, as pure functions of
+immutable values: where a hanchan stands (``KyokuState``), what a finished kyoku changed (``KyokuResult``, read
+from its mjai events by ``kyoku_result_from_events``), the next kyoku or the end of the game (``next_kyoku``),
+and the final scores with the leftover riichi sticks (``final_scores``). ``mortal.play.arena`` applies it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+HANCHAN_LENGTH = 8  # E1-S4; kyoku index 8-11 is the West extension
+MAX_KYOKU_INDEX = 12  # no North round
+TARGET_SCORE = 30000
+
+
+@dataclass(frozen=True)
+class KyokuState:
+    """Where a hanchan stands at the start of a kyoku.
+
+    kyoku_index: 0 = E1 … 7 = S4, 8-11 = W1-W4; honba, kyotaku: stick counts;
+    scores: 4 absolute-seat points; in_renchan: this kyoku is a dealer renchan
+    (Mortal's flag for sudden death in the West round).
+    """
+
+    kyoku_index: int = 0
+    honba: int = 0
+    kyotaku: int = 0
+    scores: tuple = (25000, 25000, 25000, 25000)
+    in_renchan: bool = False
+
+    @property
+    def oya(self) -> int:
+        return self.kyoku_index % 4
+
+    @property
+    def bakaze(self) -> str:
+        return "ESW"[self.kyoku_index // 4]
+
+    @property
+    def kyoku(self) -> int:
+        """1-4, as mjai's ``start_kyoku.kyoku``."""
+        return self.kyoku_index % 4 + 1
+
+
+@dataclass(frozen=True)
+class KyokuResult:
+    """What a finished kyoku changed.
+
+    deltas: sum of the ``deltas`` of its hora/ryukyoku events (4 ints; include
+    honba and kyotaku paid to a winner); reach_accepted: 4 ints, 1 per accepted
+    riichi (each costs 1000 and adds a kyotaku); has_hora; abortive: an abortive
+    draw (kyuushu kyuuhai, four winds/riichi/kans); can_renchan: the dealer won
+    (any multi-ron winner) or was tenpai (shanten 0) at the exhaustive draw.
+    """
+
+    deltas: tuple = (0, 0, 0, 0)
+    reach_accepted: tuple = (0, 0, 0, 0)
+    has_hora: bool = False
+    abortive: bool = False
+    can_renchan: bool = False
+
+
+@dataclass(frozen=True)
+class KyokuOutcome:
+    """``next`` is the next kyoku's state, or None when the game is over;
+    ``scores``/``kyotaku`` are the table after the kyoku (before any leftover
+    kyotaku goes to the top at game end)."""
+
+    next: KyokuState | None
+    scores: tuple
+    kyotaku: int
+
+
+def top_seat(scores: Sequence[int]) -> int:
+    """Seat with the most points; ties go to the lowest seat index (game.rs)."""
+    return max(range(4), key=lambda s: (scores[s], -s))
+
+
+def next_kyoku(state: KyokuState, result: KyokuResult) -> KyokuOutcome:
+    """Tenhou hanchan flow, as Mortal's ``libriichi/src/arena/game.rs``.
+
+    * scores += deltas − 1000 per accepted riichi; kyotaku → 0 on a hora, else
+      grows by the accepted riichi;
+    * any score < 0 (tobi): game over (exactly 0 plays on);
+    * abortive draw: same kyoku, honba + 1 (not a renchan for sudden death);
+    * no renchan: next kyoku, honba 0 after a hora else honba + 1;
+    * renchan at all-last (S4 or West) with the dealer ≥ 30000 and top
+      (seat-order ties): game over (agari-yame / tenpai-yame); else same kyoku,
+      honba + 1;
+    * before a new kyoku: over after W4 (no North), or past S4 when someone has
+      ≥ 30000 and the coming kyoku is not a dealer renchan (West extension,
+      sudden death).
+    """
+    scores = tuple(s + d - 1000 * r for s, d, r in zip(state.scores, result.deltas, result.reach_accepted))
+    kyotaku = 0 if result.has_hora else state.kyotaku + sum(result.reach_accepted)
+    if any(s < 0 for s in scores):
+        return KyokuOutcome(None, scores, kyotaku)
+    if result.abortive:
+        nxt = KyokuState(state.kyoku_index, state.honba + 1, kyotaku, scores, False)
+    elif not result.can_renchan:
+        honba = 0 if result.has_hora else state.honba + 1
+        nxt = KyokuState(state.kyoku_index + 1, honba, kyotaku, scores, False)
+    else:
+        oya = state.oya
+        if state.kyoku_index >= HANCHAN_LENGTH - 1 and scores[oya] >= TARGET_SCORE and top_seat(scores) == oya:
+            return KyokuOutcome(None, scores, kyotaku)
+        nxt = KyokuState(state.kyoku_index, state.honba + 1, kyotaku, scores, True)
+    if nxt.kyoku_index >= MAX_KYOKU_INDEX or (
+        nxt.kyoku_index >= HANCHAN_LENGTH and not nxt.in_renchan and any(s >= TARGET_SCORE for s in scores)
+    ):
+        return KyokuOutcome(None, scores, kyotaku)
+    return KyokuOutcome(nxt, scores, kyotaku)
+
+
+def final_scores(scores: Sequence[int], kyotaku: int) -> list[int]:
+    """Scores at game end: leftover kyotaku (1000 each) go to the top seat (game.rs)."""
+    out = list(scores)
+    if kyotaku > 0:
+        out[top_seat(out)] += 1000 * kyotaku
+    return out
+
+
+def kyoku_result_from_events(events: Sequence[dict], oya: int, oya_shanten: int | None) -> KyokuResult:
+    """``KyokuResult`` of one kyoku's mjai events (dicts, any order after start_kyoku).
+
+    ``oya_shanten``: the dealer's ``PlayerState.shanten`` at the end of the kyoku,
+    used for renchan at an exhaustive draw (board.rs: shanten 0 = tenpai).
+    """
+    deltas = [0, 0, 0, 0]
+    reach = [0, 0, 0, 0]
+    has_hora = abortive = renchan = False
+    for ev in events:
+        ty = ev["type"]
+        if ty == "hora":
+            has_hora = True
+            renchan |= ev["actor"] == oya
+        elif ty == "ryukyoku":
+            if ev.get("reason", "exhaustive_draw") == "exhaustive_draw":
+                renchan |= oya_shanten == 0
+            else:
+                abortive = True
+        elif ty == "reach_accepted":
+            reach[ev["actor"]] += 1
+            continue
+        else:
+            continue
+        for s, d in enumerate(ev["deltas"]):
+            deltas[s] += d
+    return KyokuResult(tuple(deltas), tuple(reach), has_hora, abortive, renchan or abortive)
