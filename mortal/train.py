@@ -7,10 +7,10 @@ Online (``[control] online = true``): ``main()`` runs the supervisor (``mortal.l
 learner as a child process and restarts it 3 s after each exit with status 0. The learner submits its parameters
 to the server as idle, drains replays (polling every 5 s) and claims them into its own folder (``mortal.data.claims``),
 learns from the ``trainee`` seat only, submits parameters every ``submit_every`` steps (and at a save that missed a
-submit), saves every ``save_every`` steps, and every ``test_every`` steps runs a test play (``mortal.learning.guards``) and
-exits 0 (Mortal restarts the learner there to dodge a hang). It submits idle parameters at the end of every drained
-epoch; a restarted learner first finishes the claimed logs its predecessor left, and an epoch's leftover samples
-are trained with the next drain.
+submit), saves every ``save_every`` steps, and every ``test_every`` steps runs a test play
+(``mortal.learning.guards``) and exits 0 (Mortal restarts the learner there to dodge a hang). It submits idle
+parameters at the end of every drained epoch; a restarted learner first finishes the claimed logs its predecessor
+left, and an epoch's leftover samples are trained with the next drain.
 
 Offline (``online = false``): the logs of ``[dataset]`` (``mortal.data.offline_data``), one epoch per run, with the CQL
 term.
@@ -229,8 +229,8 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
         obs (B, C, 34) float32, actions (B,) int64, masks (B, 46) bool, steps_to_done (B,) int64,
         kyoku_rewards (B,) float64, player_ranks (B,) int64 in 0..3, B = batch_size.
         With ``[online] offline_batch_size`` = O > 0, O offline rows from ``offline_stream`` are appended; the
-        loss (``mortal.learning.loss.learner_loss``) treats them as offline-mix rows, and the instruments see the B online
-        rows only.
+        loss (``mortal.learning.loss.learner_loss``) treats them as offline-mix rows, and the instruments see the B
+        online rows only.
         Raises ValueError when an action is masked out; TestPlayDone (online) after a test play.
         """
         dev = self.device
@@ -335,8 +335,8 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
             logger.info('total steps: %s (~%s)', f'{self.steps:,}', f'{to_test:,}')
 
     def test_play(self) -> None:
-        """Test play, best.pth and (online) the long-run guards (``mortal.learning.guards.Guards.test_play``); online, then
-        TestPlayDone: the learner exits and its supervisor starts a fresh one."""
+        """Test play, best.pth and (online) the long-run guards (``mortal.learning.guards.Guards.test_play``);
+        online, then TestPlayDone: the learner exits and its supervisor starts a fresh one."""
         self.guards.test_play()
         if self.online:
             raise TestPlayDone()

@@ -95,8 +95,8 @@ class Gameplay:
     ``end_kyoku`` seen), ``dones`` ``(N,)`` bool (last sample of its kyoku),
     ``apply_gamma`` ``(N,)`` bool (label <= 37), ``at_turns`` ``(N,)`` uint8,
     ``shantens`` ``(N,)`` int8, ``event_idx`` ``(N,)`` int32 (index in the log's events
-    of the event after which the decision was taken; for messages and tests). Per game: ``grp`` (``Grp``), ``player_id`` (0-3),
-    ``player_name``. ``take_*`` return the array and release it, as Mortal's.
+    of the event after which the decision was taken; for messages and tests). Per game: ``grp`` (``Grp``),
+    ``player_id`` (0-3), ``player_name``. ``take_*`` return the array and release it, as Mortal's.
     """
 
     obs_list: list
@@ -266,7 +266,8 @@ def _check_unmasked(log: LoadedLog, seat: int) -> None:
 
 
 def _label(cur_cans, state, events, i, nxt_idx, seat, always_kan_select):
-    """(label, kan_select_label) for a decision after ``events[i]``, or (None, None). The labelling rules of Mortal's ``dataset/gameplay.rs``.
+    """(label, kan_select_label) for a decision after ``events[i]``, or (None, None). The labelling rules of Mortal's
+    ``dataset/gameplay.rs``.
 
     Single-event labels come from ``mortal.features.action``; the window rules (actor checks,
     when to add a kan-select sample, agari and pass inference) are here.

@@ -31,13 +31,12 @@ import os
 
 import numpy as np
 
-from mortal.features.mjai import ACTOR_EVENTS, is_seat
+from mortal.features.mjai import ACTOR_EVENTS, check_tile, check_tiles, field, field_tile, field_tiles, is_seat
 from mortal.features.sp.agari import Hand, agari
 from mortal.features.sp.calc import (HAVE_CORE, MAX_TSUMOS_LEFT, SPCalculator, best_by_required, calc_batch, deaka,
                                      next_tile)
 from mortal.features.sp.point import yaku_point, yakuman_point
 from mortal.features.sp.shanten import calc_all
-from mortal.features.event_fields import check_tile, check_tiles, field, field_tile, field_tiles
 from mortal.features.tile import tile_id
 
 logger = logging.getLogger('mortal.obs_v4')  # the name before the package split (log format)

@@ -19,7 +19,8 @@ Rules for replacing best.pth (``[test_play] best_rule``):
   ``sprt_chunk`` games; it stops the test play as soon as it accepts "not better", and it declares "better" once
   its likelihood ratio crosses the upper bound (the test play then finishes its deals, so that the new best's
   record covers every deal the next challenger may meet).
-- ``'mortal'``: Mortal's rule, avg pt and avg rank both not worse than the best so far (``mortal.learning.guards.is_better``).
+- ``'mortal'``: Mortal's rule, avg pt and avg rank both not worse than the best so far
+  (``mortal.learning.guards.is_better``).
 
 A test play is *significantly worse* when the CI of the paired difference lies above 0 (``Verdict.worse``), the
 signal of the degradation alarm (``[guard] rollback_after``).
@@ -175,9 +176,9 @@ def run_test_play(play: Callable[[int, int], dict], *, nonce_start: int, deals: 
 
     Plays ``deals`` deals from ``nonce_start`` (in chunks of ``chunk_deals`` with the SPRT, else at once);
     ``reference`` as ``reference_of``, or a callable ``(first_nonce, count) -> {nonce: [ranks]}`` that plays the
-    reference on the same deals, chunk by chunk (``[test_play] fresh_deals``). With ``rule='sprt'`` the SPRT is looked at after each chunk: "not better"
-    ends the test play early; "better" is final, and against a fixed record the remaining chunks are still played
-    for the new record (against a replayed reference it ends the test play too).
+    reference on the same deals, chunk by chunk (``[test_play] fresh_deals``). With ``rule='sprt'`` the SPRT is
+    looked at after each chunk: "not better" ends the test play early; "better" is final, and against a fixed record
+    the remaining chunks are still played for the new record (against a replayed reference it ends the test play too).
     ``mortal_better(units)`` decides with ``rule='mortal'``. Raises ValueError for an unknown rule or a missing
     ``sprt``/``mortal_better``."""
     if rule not in BEST_RULES:

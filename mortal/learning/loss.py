@@ -11,8 +11,8 @@ term on the untaken actions lets the ranking of actions dissolve (``docs/learnin
 * the offline mix (``[online] offline_batch_size``, RLPD-style): offline rows appended to each online batch share
   the MSE and next-rank terms and carry a CQL term of their own at ``[cql] min_q_weight``.
 
-Shapes: ``q_out (B, 46)`` float with ``-inf`` at illegal actions (``mortal.model.networks.DQN``), ``masks (B, 46)`` bool,
-``actions (B,)`` int64, ``q_target (B,)`` float32 (``gamma ** steps_to_done * kyoku_reward``, in ``[env] pts``
+Shapes: ``q_out (B, 46)`` float with ``-inf`` at illegal actions (``mortal.model.networks.DQN``), ``masks (B, 46)``
+bool, ``actions (B,)`` int64, ``q_target (B,)`` float32 (``gamma ** steps_to_done * kyoku_reward``, in ``[env] pts``
 units).
 """
 

@@ -1,8 +1,8 @@
 """The learner's optimization (Mortal's ``train.py``): AdamW with decay on Linear/Conv1d weights only, Mortal's
 learning-rate schedule, the optimizer step with AMP unscaling and gradient clipping, and the EMA of the weights.
 
-The optimizer's base learning rate is 1, so that the schedule's factor (``mortal.learning.schedule``) is the learning rate.
-With gradient accumulation (``[control] opt_step_every``) the scheduler steps every batch but the optimizer only
+The optimizer's base learning rate is 1, so that the schedule's factor (``mortal.learning.schedule``) is the learning
+rate. With gradient accumulation (``[control] opt_step_every``) the scheduler steps every batch but the optimizer only
 every ``opt_step_every`` batches, as in Mortal. The EMA (``[online] ema_decay``, an extra, off by default) is
 what gets published, test-played and kept as best.pth.
 """

@@ -49,8 +49,8 @@ class ServerTraffic:
                     ', idle' if is_idle else '')
 
     def play_settings(self) -> dict:
-        """What travels with the parameters to the clients (``mortal.learning.schedule``, ``mortal.learning.gate``): ``steps``,
-        ``epsilon_factor`` ([schedule.epsilon] x the rollbacks' ``[guard] epsilon_factor``), ``temp_factor``
+        """What travels with the parameters to the clients (``mortal.learning.schedule``, ``mortal.learning.gate``):
+        ``steps``, ``epsilon_factor`` ([schedule.epsilon] x the rollbacks' ``[guard] epsilon_factor``), ``temp_factor``
         ([schedule.temp]) and ``baseline_version`` (bumped by each rotation)."""
         return {
             'steps': self.steps,
