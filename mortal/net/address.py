@@ -1,7 +1,7 @@
 """Whether a host name or address reaches this machine only: the rule behind the token requirement.
 
-Apart from ``mortal.net.wire`` so that the config check (``mortal.config``), which ``wire`` itself imports for its
-limits, can use it without an import cycle.
+Its own module, with no imports from the project, so that both the config check (``mortal.config``) and the
+server's bind check (``mortal.net.param_server``) use the one rule.
 """
 
 import ipaddress
