@@ -42,6 +42,12 @@ logger = logging.getLogger('mortal.stat')  # not __name__: '__main__' under pyth
 DISPLAY_PTS = (90, 45, 0, -135)
 
 
+def _ratio(numerator: str, denominator: str, doc: str | None = None) -> property:
+    """A read-only ratio of two counters of a ``Stat`` (0.0 while the denominator is 0)."""
+    return property(lambda s: _div(getattr(s, numerator), getattr(s, denominator)),
+                    doc=doc or f'{numerator} / {denominator}')
+
+
 def _div(a: float, b: float) -> float:
     """``a / b`` with IEEE semantics (Mortal divides f64s): x/0 = ±inf, 0/0 = nan."""
     if b == 0:
@@ -268,80 +274,64 @@ class Stat:
         """Average placement, 1.0 (always 1st) .. 4.0."""
         return self.avg_pt((1, 2, 3, 4))
 
-    rank_1_rate = property(lambda s: _div(s.rank_1, s.game), doc='rank_1 / game')
-    rank_2_rate = property(lambda s: _div(s.rank_2, s.game), doc='rank_2 / game')
-    rank_3_rate = property(lambda s: _div(s.rank_3, s.game), doc='rank_3 / game')
-    rank_4_rate = property(lambda s: _div(s.rank_4, s.game), doc='rank_4 / game')
-    tobi_rate = property(lambda s: _div(s.tobi, s.game), doc='tobi / game')
+    rank_1_rate = _ratio('rank_1', 'game')
+    rank_2_rate = _ratio('rank_2', 'game')
+    rank_3_rate = _ratio('rank_3', 'game')
+    rank_4_rate = _ratio('rank_4', 'game')
+    tobi_rate = _ratio('tobi', 'game')
 
-    avg_point_per_game = property(lambda s: _div(s.point, s.game),
-                                  doc='final score − 25000, per game (points)')
-    avg_point_per_round = property(lambda s: _div(s.point, s.round),
-                                   doc='final score − 25000, per kyoku (points)')
+    avg_point_per_game = _ratio('point', 'game', 'final score − 25000, per game (points)')
+    avg_point_per_round = _ratio('point', 'round', 'final score − 25000, per kyoku (points)')
 
     avg_point_per_agari = property(
         lambda s: _div(s.agari_point_ko + s.agari_point_oya, s.agari),
         doc='points per win (own riichi stick excluded)')
-    avg_point_per_oya_agari = property(lambda s: _div(s.agari_point_oya, s.agari_as_oya),
-                                       doc='points per win as dealer')
+    avg_point_per_oya_agari = _ratio('agari_point_oya', 'agari_as_oya', 'points per win as dealer')
     avg_point_per_ko_agari = property(
         lambda s: _div(s.agari_point_ko, s.agari - s.agari_as_oya),
         doc='points per win as non-dealer')
-    avg_point_per_riichi_agari = property(
-        lambda s: _div(s.riichi_agari_point, s.riichi_agari), doc='points per riichi win')
-    avg_point_per_fuuro_agari = property(
-        lambda s: _div(s.fuuro_agari_point, s.fuuro_agari), doc='points per open-hand win')
-    avg_point_per_dama_agari = property(
-        lambda s: _div(s.dama_agari_point, s.dama_agari), doc='points per closed non-riichi win')
-    avg_point_per_ryukyoku = property(lambda s: _div(s.ryukyoku_point, s.ryukyoku),
-                                      doc='points per draw')
+    avg_point_per_riichi_agari = _ratio('riichi_agari_point', 'riichi_agari', 'points per riichi win')
+    avg_point_per_fuuro_agari = _ratio('fuuro_agari_point', 'fuuro_agari', 'points per open-hand win')
+    avg_point_per_dama_agari = _ratio('dama_agari_point', 'dama_agari', 'points per closed non-riichi win')
+    avg_point_per_ryukyoku = _ratio('ryukyoku_point', 'ryukyoku', 'points per draw')
 
-    avg_agari_jun = property(lambda s: _div(s.agari_jun, s.agari),
-                             doc='own discards before a win')
-    avg_riichi_agari_jun = property(lambda s: _div(s.riichi_agari_jun, s.riichi_agari))
-    avg_fuuro_agari_jun = property(lambda s: _div(s.fuuro_agari_jun, s.fuuro_agari))
-    avg_dama_agari_jun = property(lambda s: _div(s.dama_agari_jun, s.dama_agari))
+    avg_agari_jun = _ratio('agari_jun', 'agari', 'own discards before a win')
+    avg_riichi_agari_jun = _ratio('riichi_agari_jun', 'riichi_agari')
+    avg_fuuro_agari_jun = _ratio('fuuro_agari_jun', 'fuuro_agari')
+    avg_dama_agari_jun = _ratio('dama_agari_jun', 'dama_agari')
 
     avg_point_per_houjuu = property(
         lambda s: _div(s.houjuu_point_to_ko + s.houjuu_point_to_oya, s.houjuu),
         doc='points per deal-in (negative)')
-    avg_point_per_houjuu_to_oya = property(
-        lambda s: _div(s.houjuu_point_to_oya, s.houjuu_to_oya))
+    avg_point_per_houjuu_to_oya = _ratio('houjuu_point_to_oya', 'houjuu_to_oya')
     avg_point_per_houjuu_to_ko = property(
         lambda s: _div(s.houjuu_point_to_ko, s.houjuu - s.houjuu_to_oya))
-    avg_houjuu_jun = property(lambda s: _div(s.houjuu_jun, s.houjuu),
-                              doc='own discards before a deal-in (the dealt tile included)')
+    avg_houjuu_jun = _ratio('houjuu_jun', 'houjuu', 'own discards before a deal-in (the dealt tile included)')
 
-    agari_rate = property(lambda s: _div(s.agari, s.round), doc='wins per kyoku')
-    houjuu_rate = property(lambda s: _div(s.houjuu, s.round), doc='deal-ins per kyoku')
-    riichi_rate = property(lambda s: _div(s.riichi, s.round), doc='riichi per kyoku')
-    fuuro_rate = property(lambda s: _div(s.fuuro, s.round), doc='kyoku with a call, per kyoku')
-    ryukyoku_rate = property(lambda s: _div(s.ryukyoku, s.round), doc='draws per kyoku')
+    agari_rate = _ratio('agari', 'round', 'wins per kyoku')
+    houjuu_rate = _ratio('houjuu', 'round', 'deal-ins per kyoku')
+    riichi_rate = _ratio('riichi', 'round', 'riichi per kyoku')
+    fuuro_rate = _ratio('fuuro', 'round', 'kyoku with a call, per kyoku')
+    ryukyoku_rate = _ratio('ryukyoku', 'round', 'draws per kyoku')
 
-    agari_rate_after_riichi = property(lambda s: _div(s.riichi_agari, s.riichi))
-    houjuu_rate_after_riichi = property(lambda s: _div(s.riichi_houjuu, s.riichi))
-    chasing_riichi_rate = property(lambda s: _div(s.chasing_riichi, s.riichi))
-    riichi_chased_rate = property(lambda s: _div(s.riichi_got_chased, s.riichi))
-    avg_riichi_jun = property(lambda s: _div(s.riichi_jun, s.riichi),
-                              doc='own discards before the riichi declaration')
-    avg_riichi_point = property(lambda s: _div(s.riichi_point, s.riichi),
-                                doc='points per riichi (own stick excluded)')
+    agari_rate_after_riichi = _ratio('riichi_agari', 'riichi')
+    houjuu_rate_after_riichi = _ratio('riichi_houjuu', 'riichi')
+    chasing_riichi_rate = _ratio('chasing_riichi', 'riichi')
+    riichi_chased_rate = _ratio('riichi_got_chased', 'riichi')
+    avg_riichi_jun = _ratio('riichi_jun', 'riichi', 'own discards before the riichi declaration')
+    avg_riichi_point = _ratio('riichi_point', 'riichi', 'points per riichi (own stick excluded)')
 
-    agari_rate_as_oya = property(lambda s: _div(s.agari_as_oya, s.oya),
-                                 doc='dealer wins / dealer kyoku')
-    agari_as_oya_rate = property(lambda s: _div(s.agari_as_oya, s.agari),
-                                 doc='dealer wins / all wins')
-    houjuu_to_oya_rate = property(lambda s: _div(s.houjuu_to_oya, s.houjuu),
-                                  doc='deal-ins to the dealer / all deal-ins')
+    agari_rate_as_oya = _ratio('agari_as_oya', 'oya', 'dealer wins / dealer kyoku')
+    agari_as_oya_rate = _ratio('agari_as_oya', 'agari', 'dealer wins / all wins')
+    houjuu_to_oya_rate = _ratio('houjuu_to_oya', 'houjuu', 'deal-ins to the dealer / all deal-ins')
 
-    avg_fuuro_num = property(lambda s: _div(s.fuuro_num, s.fuuro),
-                             doc='calls per kyoku with a call')
-    agari_rate_after_fuuro = property(lambda s: _div(s.fuuro_agari, s.fuuro))
-    houjuu_rate_after_fuuro = property(lambda s: _div(s.fuuro_houjuu, s.fuuro))
-    avg_fuuro_point = property(lambda s: _div(s.fuuro_point, s.fuuro))
+    avg_fuuro_num = _ratio('fuuro_num', 'fuuro', 'calls per kyoku with a call')
+    agari_rate_after_fuuro = _ratio('fuuro_agari', 'fuuro')
+    houjuu_rate_after_fuuro = _ratio('fuuro_houjuu', 'fuuro')
+    avg_fuuro_point = _ratio('fuuro_point', 'fuuro')
 
-    yakuman_rate = property(lambda s: _div(s.yakuman, s.round))
-    nagashi_mangan_rate = property(lambda s: _div(s.nagashi_mangan, s.round))
+    yakuman_rate = _ratio('yakuman', 'round')
+    nagashi_mangan_rate = _ratio('nagashi_mangan', 'round')
 
     # ------------------------------------------------------------------ reporting
     def tensorboard_scalars(self, pts: Sequence[float] = DISPLAY_PTS
