@@ -30,6 +30,7 @@ if __package__ in (None, ''):  # run as a script: python mortal/one_vs_three.py
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
+import contextlib
 import logging
 import os
 import secrets
@@ -132,11 +133,10 @@ def main(argv: list[str] | None = None) -> int:
             return entry.error(f'[1v3] log_dir {log_dir} cannot be created: {exc}')
     from mortal.model.checkpoint import CheckpointError
     try:
-        run(config, disable_progress_bar=args.no_progress)
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends a run quietly
+            run(config, disable_progress_bar=args.no_progress)
     except CheckpointError as exc:
         return entry.error(exc)
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

@@ -327,23 +327,13 @@ def _score_div(h: Hand, d: Div, any_only: bool):
                     return done()
 
         ankous = len(h.ankans) + len(d.kotsu) - (1 if minkou else 0)
-        if ankous == 4:
-            yakuman += 1
-            if any_only:
-                return done()
-        elif ankous == 3:
-            han += 2
-            if any_only:
-                return done()
-
         kans = len(h.ankans) + len(h.minkans)
-        if kans == 4:
-            yakuman += 1
-            if any_only:
-                return done()
-        elif kans == 3:
-            han += 2
-            if any_only:
+        for count in (ankous, kans):  # 4: suuankou / suukantsu (yakuman); 3: sanankou / sankantsu (2 han)
+            if count == 4:
+                yakuman += 1
+            elif count == 3:
+                han += 2
+            if count >= 3 and any_only:
                 return done()
 
         green = (19, 20, 21, 23, 25, _F)

@@ -62,24 +62,24 @@ def deaka(t: int) -> int:
     return _FIVE[t - 34] if 34 <= t <= 36 else t
 
 
-def next_tile(t: int) -> int:
-    """Dora from its indicator (deaka'd)."""
+def _shift_tile(t: int, step: int) -> int:
+    """The tile ``step`` places after ``t`` (deaka'd) in the dora order: 1-9 of a suit, E S W N, P F C, each cyclic."""
     t = deaka(t)
     if t < 27:
-        return t // 9 * 9 + (t % 9 + 1) % 9
+        return t // 9 * 9 + (t % 9 + step) % 9
     if t < 31:
-        return 27 + (t - 27 + 1) % 4
-    return 31 + (t - 31 + 1) % 3
+        return 27 + (t - 27 + step) % 4
+    return 31 + (t - 31 + step) % 3
+
+
+def next_tile(t: int) -> int:
+    """Dora from its indicator (deaka'd)."""
+    return _shift_tile(t, 1)
 
 
 def prev_tile(t: int) -> int:
     """Indicator of dora ``t`` (deaka'd)."""
-    t = deaka(t)
-    if t < 27:
-        return t // 9 * 9 + (t % 9 + 8) % 9
-    if t < 31:
-        return 27 + (t - 27 + 3) % 4
-    return 31 + (t - 31 + 2) % 3
+    return _shift_tile(t, -1)
 
 
 def cmp_discard_priority(a: int, b: int) -> int:
