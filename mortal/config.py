@@ -28,8 +28,8 @@ from pydantic import BaseModel, ValidationError
 
 from mortal.config_schema import (  # noqa: F401  (re-exported: the config's public names live here)
     BEST_RULES, CONTAINERS, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_LOG_BYTES, MAX_OFFLINE_BATCH, MODEL_ONLY_1V3,
-    OPTIONAL_SECTIONS, SCHEDULE_KINDS, SCHEDULER_DEFAULT_INIT, SCHEMA, SUPPORTED_VERSIONS, Config, Key, Section,
-    is_section, section_keys)
+    OPTIONAL_SECTIONS, SCHEDULE_KINDS, SCHEDULER_DEFAULT_INIT, SCHEMA, SECTIONS, SUPPORTED_VERSIONS, Config, Key,
+    Section, is_section, section_keys)
 from mortal.config_schema import REQUIRED as _REQUIRED, UNFILLED as _ABSENT
 
 if sys.version_info >= (3, 11):
@@ -230,6 +230,17 @@ def typed(config: dict) -> Config:
     ``pydantic.ValidationError`` for a dict that :func:`validate` would refuse.
     """
     return Config.model_validate(config)
+
+
+def section(config: dict, dotted: str) -> Section:
+    """The typed table ``dotted`` of a loaded config (e.g. ``section(c, 'online.server').capacity``), validated on
+    its own, so a process can be handed just the sections it needs. Raises KeyError for a table the config lacks or
+    the schema does not know, ``pydantic.ValidationError`` for one that :func:`validate` would refuse."""
+    model = SECTIONS.get('train_play.*' if dotted.startswith('train_play.') else dotted)
+    table = lookup(config, dotted)
+    if model is None or not isinstance(table, dict):
+        raise KeyError(f'no table [{dotted}] in this config')
+    return model.model_validate(table)
 
 
 def _as_dict(model: BaseModel) -> dict:

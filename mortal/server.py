@@ -47,8 +47,9 @@ import errno
 import logging
 from typing import Optional
 
+from mortal.config import section
 from mortal.net import wire
-from mortal.net.param_server import DEFAULT_MAX_PENDING, DEFAULT_PAYLOAD_MIN_RATE, ParamServer, check_bind_security
+from mortal.net.param_server import ParamServer, check_bind_security
 from mortal.net.replay_store import ReplayStore
 
 logger = logging.getLogger('mortal.server' if __name__ == '__main__' else __name__)
@@ -65,17 +66,15 @@ def build_server(config: dict, *, host: Optional[str] = None, port: Optional[int
     Binding comes first: a second server started with the same config must fail on the busy port before it
     wipes the buffer of the one already running. Raises ServerStartError (the address cannot be bound),
     ValueError (unsafe bind, bad limits), OSError (the dirs cannot be recreated)."""
-    cfg = config['online']['server']
+    cfg = section(config, 'online.server')  # typed, with the defaults of mortal/config_schema.py
     remote = wire.Remote.from_config(config)
-    store = ReplayStore(cfg['buffer_dir'], cfg['drain_dir'], cfg['capacity'], cfg.get('force_sequential', False))
+    store = ReplayStore(cfg.buffer_dir, cfg.drain_dir, cfg.capacity, cfg.force_sequential)
     address = (remote.host if host is None else host, remote.port if port is None else port)
     check_bind_security(address[0], remote.token)
     try:
         server = ParamServer(address, store, token=remote.token, max_frame_size=remote.max_frame_size,
-                             timeout=remote.timeout,
-                             max_pending=int(cfg.get('max_pending_connections', DEFAULT_MAX_PENDING)),
-                             max_inflight_bytes=int(cfg.get('max_inflight_bytes', 0)),
-                             payload_min_rate=int(cfg.get('payload_min_bytes_per_s', DEFAULT_PAYLOAD_MIN_RATE)))
+                             timeout=remote.timeout, max_pending=cfg.max_pending_connections,
+                             max_inflight_bytes=cfg.max_inflight_bytes, payload_min_rate=cfg.payload_min_bytes_per_s)
     except OSError as ex:
         hint = (' (is a server with this config already running? its buffer_dir and drain_dir were left alone)'
                 if ex.errno == errno.EADDRINUSE else '')

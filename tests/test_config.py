@@ -422,3 +422,16 @@ def test_a_section_that_is_not_a_table_is_an_error(tmp_path, cfg, dotted):
     node[last] = 5
     msg, path = load_error(tmp_path, cfg, required=())
     assert f'[{dotted}] in {path} must be a table, got 5' in msg
+
+
+def test_section_is_typed_on_its_own(tmp_path, cfg):
+    from mortal.config import section
+    c = load_config(write(tmp_path, cfg))
+    server = section(c, 'online.server')
+    assert server.capacity == 4 and server.max_pending_connections == 64 and server.payload_min_bytes_per_s == 131072
+    assert section(c, 'train_play.default').games == 4
+    # a table built by hand is typed with the schema's defaults, whatever the rest of the dict holds
+    assert section({'online': {'server': {'buffer_dir': 'b', 'drain_dir': 'd', 'capacity': 8,
+                                          'force_sequential': False}}}, 'online.server').max_inflight_bytes == 0
+    with pytest.raises(KeyError, match=r'\[bootstrap\]'):
+        section(c, 'bootstrap')
