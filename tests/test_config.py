@@ -422,3 +422,39 @@ def test_a_section_that_is_not_a_table_is_an_error(tmp_path, cfg, dotted):
     node[last] = 5
     msg, path = load_error(tmp_path, cfg, required=())
     assert f'[{dotted}] in {path} must be a table, got 5' in msg
+
+
+# Hostile files (s7-break): each once raised something other than ConfigError.
+
+@pytest.mark.parametrize('section, name, value, length', [
+    ('env', 'pts', [6.0, 4.0, 2.0, 0.0, 1.0], 4), ('optim', 'betas', [0.9, 0.99, 0.5], 2)])
+def test_a_list_too_long_names_its_length(tmp_path, cfg, section, name, value, length):
+    cfg[section][name] = value  # pydantic's too_long error carries max_length, not min_length
+    message, path = load_error(tmp_path, cfg)
+    assert f'[{section}] {name} in {path} must have exactly {length} elements, got {len(value)}' in message
+
+
+@pytest.mark.parametrize('text', [
+    'x = ' + '[' * 5000 + ']' * 5000,  # the parser recurses per level
+    'x = ' + '{a = ' * 3000 + '1' + '}' * 3000,
+    '[' + '.'.join(['a'] * 3000) + ']\nx = 1',  # parses, but recursing over it does not
+    'x = ' + '9' * 5000,  # more digits than int() converts: ValueError, not TOMLDecodeError
+], ids=['deep-arrays', 'deep-inline-tables', 'deep-tables', 'huge-integer'])
+def test_pathological_toml_is_a_config_error(tmp_path, text):
+    path = tmp_path / 'config.toml'
+    path.write_text(text, encoding='utf-8')
+    with pytest.raises(ConfigError, match=re.escape(str(path))):
+        load_config(path, required=())
+
+
+def test_a_loaded_config_survives_deepcopy(tmp_path, cfg):
+    cfg['control']['extra'] = nested = {}
+    for _ in range(30):  # deep but within MAX_DEPTH: loads with a warning, and for_checkpoint can copy it
+        nested['a'] = nested = {}
+    loaded = load_config(write(tmp_path, cfg), required=())
+    assert for_checkpoint(loaded)['control']['extra']['a']
+
+
+def test_a_nul_in_the_path_is_a_config_error():
+    with pytest.raises(ConfigError, match='embedded null byte'):
+        load_config('con\0fig.toml')
