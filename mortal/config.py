@@ -174,7 +174,7 @@ def load_config(path: str | os.PathLike | None = None, *, required: Iterable[str
             data = f.read()
     except FileNotFoundError:
         raise ConfigError(path, [f'config file {path} not found (set {ENV_PATH} or pass the path)']) from None
-    except OSError as e:
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
         raise ConfigError(path, [f'cannot read config file {path}: {e}']) from None
     try:
         # utf-8-sig: Windows editors (Notepad) prepend a BOM, which the TOML parser would reject at line 1.
@@ -183,6 +183,10 @@ def load_config(path: str | os.PathLike | None = None, *, required: Iterable[str
         raise ConfigError(path, [f'cannot read config file {path}: {e}']) from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(path, [f'{path}: TOML syntax error: {e}']) from None
+    except ValueError as e:  # an integer of more than sys.get_int_max_str_digits() digits
+        raise ConfigError(path, [f'{path}: TOML value error: {e}']) from None
+    except RecursionError:  # arrays or inline tables nested thousands deep
+        raise ConfigError(path, [f'{path}: TOML syntax error: arrays or inline tables nested too deeply']) from None
     validate(config, path, required=required, env=env)
     return config
 
@@ -198,6 +202,9 @@ def validate(config: dict, path: str = DEFAULT_PATH, *, required: Iterable[str] 
     errors: list[str] = []
     warns: list[str] = []
     model = None
+    too_deep = _too_deep(config)
+    if too_deep is not None:  # before anything recurses into it (pydantic, _merge, copy.deepcopy of a checkpoint)
+        raise ConfigError(path, [f'{too_deep} in {path} is nested more than {MAX_DEPTH} tables or arrays deep'])
     try:
         model = Config.model_validate(config)
     except ValidationError as e:
@@ -221,6 +228,23 @@ def validate(config: dict, path: str = DEFAULT_PATH, *, required: Iterable[str] 
     for w in warns:
         logger.warning('%s', w)
     return warns
+
+
+MAX_DEPTH = 32  # tables and arrays inside each other; the schema's deepest key is 3 levels down
+
+
+def _too_deep(config: dict) -> str | None:
+    """The first table or array nested more than ``MAX_DEPTH`` levels deep, as ``[dotted]``; None if none."""
+    stack = [(config, (), 0)]
+    while stack:
+        node, where, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return '[' + '.'.join(map(str, where[:-1])) + '] ' + str(where[-1])
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for name, value in items:
+            if isinstance(value, (dict, list)):
+                stack.append((value, where + (name,), depth + 1))
+    return None
 
 
 def typed(config: dict) -> Config:
@@ -293,8 +317,9 @@ def _problem(err: dict, config: dict, path: str) -> str:
     if err['type'] == 'missing':
         doc = f' ({key.kind}: {key.doc})' if key is not None else ''
         return f'missing key {where}{doc}'
-    if err['type'] in ('too_short', 'too_long'):
-        return f'{where} must have exactly {err["ctx"]["min_length"]} elements, got {len(value)}'
+    if err['type'] in ('too_short', 'too_long'):  # pydantic's ctx names min_length or max_length: the lists are fixed
+        length = err['ctx'].get('min_length', err['ctx'].get('max_length'))
+        return f'{where} must have exactly {length} elements, got {len(value)}'
     if err['type'] == 'value_error':
         if kind == 'float' and isinstance(value, int):
             value = float(value)

@@ -435,3 +435,39 @@ def test_section_is_typed_on_its_own(tmp_path, cfg):
                                           'force_sequential': False}}}, 'online.server').max_inflight_bytes == 0
     with pytest.raises(KeyError, match=r'\[bootstrap\]'):
         section(c, 'bootstrap')
+
+
+# Hostile files (s7-break): each once raised something other than ConfigError.
+
+@pytest.mark.parametrize('section, name, value, length', [
+    ('env', 'pts', [6.0, 4.0, 2.0, 0.0, 1.0], 4), ('optim', 'betas', [0.9, 0.99, 0.5], 2)])
+def test_a_list_too_long_names_its_length(tmp_path, cfg, section, name, value, length):
+    cfg[section][name] = value  # pydantic's too_long error carries max_length, not min_length
+    message, path = load_error(tmp_path, cfg)
+    assert f'[{section}] {name} in {path} must have exactly {length} elements, got {len(value)}' in message
+
+
+@pytest.mark.parametrize('text', [
+    'x = ' + '[' * 5000 + ']' * 5000,  # the parser recurses per level
+    'x = ' + '{a = ' * 3000 + '1' + '}' * 3000,
+    '[' + '.'.join(['a'] * 3000) + ']\nx = 1',  # parses, but recursing over it does not
+    'x = ' + '9' * 5000,  # more digits than int() converts: ValueError, not TOMLDecodeError
+], ids=['deep-arrays', 'deep-inline-tables', 'deep-tables', 'huge-integer'])
+def test_pathological_toml_is_a_config_error(tmp_path, text):
+    path = tmp_path / 'config.toml'
+    path.write_text(text, encoding='utf-8')
+    with pytest.raises(ConfigError, match=re.escape(str(path))):
+        load_config(path, required=())
+
+
+def test_a_loaded_config_survives_deepcopy(tmp_path, cfg):
+    cfg['control']['extra'] = nested = {}
+    for _ in range(30):  # deep but within MAX_DEPTH: loads with a warning, and for_checkpoint can copy it
+        nested['a'] = nested = {}
+    loaded = load_config(write(tmp_path, cfg), required=())
+    assert for_checkpoint(loaded)['control']['extra']['a']
+
+
+def test_a_nul_in_the_path_is_a_config_error():
+    with pytest.raises(ConfigError, match='embedded null byte'):
+        load_config('con\0fig.toml')
