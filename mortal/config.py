@@ -20,6 +20,7 @@ import copy
 import logging
 import numbers
 import os
+import reprlib
 import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
@@ -213,7 +214,7 @@ def validate(config: dict, path: str = DEFAULT_PATH, *, required: Iterable[str] 
     for name in required:
         if name == 'train_play':
             continue  # checked below with the profile in use
-        if _get_table(config, name) is None:
+        if _get_table(config, name) is None and lookup(config, name) is None:  # a non-table is reported above
             errors.append(f'missing section [{name}] in {path}')
     if 'train_play' in required:
         profile = profile_name(env)
@@ -301,6 +302,15 @@ _KIND_NAMES = {'int': 'an integer', 'float': 'a number', 'bool': 'true or false'
                'str_list': 'a list of strings', 'float_list': 'a list of numbers'}
 
 
+_SHOWN = reprlib.Repr()  # (keyword arguments only from Python 3.12)
+_SHOWN.maxstring, _SHOWN.maxlong, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxother = 120, 60, 8, 8, 120
+
+
+def _shown(value) -> str:
+    """``repr(value)`` cut to a line: a 5 MB string where a number belongs must not make a 5 MB message."""
+    return _SHOWN.repr(value)
+
+
 def _problem(err: dict, config: dict, path: str) -> str:
     """One pydantic error as ``[section] key in <file> ...``."""
     loc = [part for part in err['loc'] if not (isinstance(part, str) and part.startswith('<'))]
@@ -309,7 +319,7 @@ def _problem(err: dict, config: dict, path: str) -> str:
     dotted = '.'.join(map(str, loc))
     value = lookup(config, dotted, err['input'])
     if section_keys(dotted) is not None or dotted in CONTAINERS or len(loc) == 1:
-        return f'[{dotted}] in {path} must be a table, got {value!r}'
+        return f'[{dotted}] in {path} must be a table, got {_shown(value)}'
     section, name = '.'.join(map(str, loc[:-1])), loc[-1]
     key = (section_keys(section) or {}).get(name)
     kind = key.kind if key is not None else 'str'
@@ -324,8 +334,8 @@ def _problem(err: dict, config: dict, path: str) -> str:
         if kind == 'float' and isinstance(value, int):
             value = float(value)
         reason = str(err['ctx']['error'])
-        return f'{where} {reason}, got {value!r}'
-    return f'{where} must be {_KIND_NAMES[kind]}, got {value!r}'
+        return f'{where} {reason}, got {_shown(value)}'
+    return f'{where} must be {_KIND_NAMES[kind]}, got {_shown(value)}'
 
 
 def _unknown_names(config: dict, path: str, warns: list[str]) -> None:

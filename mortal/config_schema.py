@@ -89,7 +89,7 @@ Factor = _rule(lambda v: 0 < v <= 1, 'must be within (0, 1]')
 SprtError = _rule(lambda v: 0 < v < 0.5, 'must be within (0, 0.5)')
 Port = _rule(lambda v: 0 <= v <= 65535, 'must be within [0, 65535]')
 SeedKey = _rule(lambda v: v == -1 or 0 <= v < 2 ** 64, 'must be -1 (random) or within [0, 2^64)')
-NotEmpty = _rule(bool, 'must not be empty (leave the key out for no token)')
+NotEmpty = _rule(lambda v: bool(v.strip()), 'must not be empty or blank (leave the key out for no token)')
 Version = _rule(lambda v: v in SUPPORTED_VERSIONS,
                 f'must be {", ".join(map(str, SUPPORTED_VERSIONS[:-1]))} or {SUPPORTED_VERSIONS[-1]}')
 

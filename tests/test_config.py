@@ -471,3 +471,23 @@ def test_a_loaded_config_survives_deepcopy(tmp_path, cfg):
 def test_a_nul_in_the_path_is_a_config_error():
     with pytest.raises(ConfigError, match='embedded null byte'):
         load_config('con\0fig.toml')
+
+
+def test_a_huge_value_is_cut_in_the_message(tmp_path, cfg):
+    cfg['control']['batch_size'] = 'x' * 100_000
+    message, path = load_error(tmp_path, cfg)
+    assert f'[control] batch_size in {path} must be an integer, got ' in message and len(message) < 400
+
+
+def test_a_required_section_that_is_not_a_table_is_reported_once(tmp_path, cfg):
+    cfg['control'] = 'x'
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, cfg))
+    assert [p for p in info.value.problems if '[control]' in p] == [
+        f"[control] in {tmp_path / 'config.toml'} must be a table, got 'x'"]
+
+
+def test_a_blank_token_is_refused(tmp_path, cfg):
+    cfg['online']['remote']['token'] = '   '
+    message, path = load_error(tmp_path, cfg, required=SERVER_SECTIONS)
+    assert f'[online.remote] token in {path} must not be empty or blank' in message
