@@ -213,7 +213,8 @@ def test_second_server_with_the_same_config_fails_on_the_port_and_keeps_the_buff
     from mortal import server as srv
     from mortal.net import wire
 
-    dirs = {'buffer_dir': str(tmp_path / 'buffer'), 'drain_dir': str(tmp_path / 'drain'), 'capacity': 8}
+    dirs = {'buffer_dir': str(tmp_path / 'buffer'), 'drain_dir': str(tmp_path / 'drain'), 'capacity': 8,
+            'force_sequential': False}  # a loaded config always holds it (a required key)
     first = srv.build_server({'online': {'remote': {'host': '127.0.0.1', 'port': 0}, 'server': dirs}})
     port = first.server_address[1]
     thread = threading.Thread(target=first.serve_forever, args=(0.05,), daemon=True)

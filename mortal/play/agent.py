@@ -182,7 +182,7 @@ def _quick_eval_index(state, mask=None) -> int | None:
 
 
 class MortalBatchAgent:
-    """Batch agent over a ``MortalEngine``-like object (contract in contracts.md:
+    """Batch agent over a ``MortalEngine``-like object (the contract of ``mortal.play.engine.MortalEngine``:
     attrs ``name``, ``version``, ``is_oracle``, ``enable_quick_eval``,
     ``enable_rule_based_agari_guard``; ``react_batch(obs, masks, invisible_obs)``).
 

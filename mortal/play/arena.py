@@ -282,7 +282,7 @@ class OneVsThree:
         + seed_count − 1`` with key ``seed_start[1]``, each 4 times with the
         challenger in seat 0, 1, 2, 3 (splits a-d) and the champion in the rest.
 
-        ``challenger``/``champion``: an engine with ``react_batch`` (contracts.md) or
+        ``challenger``/``champion``: an engine with ``react_batch`` (as ``mortal.play.engine.MortalEngine``) or
         an arena agent (``mortal.play.agent.MjaiBotAgent``). Each agent call takes every
         pending decision of that agent across all games (one ``react_batch``); the
         agent with the most pending decisions is served next, so games fall into
