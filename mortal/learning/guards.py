@@ -23,7 +23,7 @@ from mortal.learning import gate
 from mortal.net import wire
 from mortal.model.checkpoint import (INITIAL_BEST_PERF, CheckpointError, atomic_torch_save, check_fits_config,
                                      load_checkpoint, load_model_pair, played_checkpoint, read_baseline)
-from mortal.config import lookup, typed
+from mortal.config import lookup
 from mortal.util.fsutil import atomic_copy, empty_dir, stamped_name
 from mortal.play.player import TEST_SEED
 from mortal.model.rotation import rotate
@@ -57,7 +57,7 @@ class Guards:
 
     def __init__(self, trainer):
         self.trainer = trainer
-        cfg = typed(trainer.config)
+        cfg = trainer.cfg  # the trainer's typed sections (mortal.config.typed), validated once
         test_cfg = cfg.test_play
         self.test_games = test_cfg.games
         self.best_rule = test_cfg.best_rule
