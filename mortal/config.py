@@ -214,7 +214,7 @@ def validate(config: dict, path: str = DEFAULT_PATH, *, required: Iterable[str] 
     for name in required:
         if name == 'train_play':
             continue  # checked below with the profile in use
-        if _get_table(config, name) is None and lookup(config, name) is None:  # a non-table is reported above
+        if lookup(config, name) is None:  # a table that is not one is reported above
             errors.append(f'missing section [{name}] in {path}')
     if 'train_play' in required:
         profile = profile_name(env)

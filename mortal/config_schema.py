@@ -533,7 +533,7 @@ def keys_of(model: type[Section]) -> dict[str, Key]:
     """The keys (not the sub-tables) of one section model, by name."""
     out = {}
     for name, field in model.model_fields.items():
-        if is_section(field.annotation) or name == 'type' and model is RulebaseSide:
+        if is_section(field.annotation):
             continue
         kinds = [m.name for m in field.metadata if isinstance(m, Kind)]
         if not kinds:  # an Optional[...] field keeps the Kind on its inner type
