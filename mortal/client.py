@@ -33,6 +33,7 @@ from os import path
 
 import numpy as np
 import torch
+from filelock import FileLock
 
 from mortal.config import typed
 from mortal.net import wire
@@ -254,8 +255,10 @@ class Client:
 
     def install_baseline(self, *, wait: bool = False):
         """Fetch the trainer's baseline from the server, check it (``unpack_baseline``) and write it to
-        ``[baseline.train] state_file`` (``mortal.model.rotation.install_baseline``); returns its digest, or None
-        (logged) when the server has none or it fails its checks (that digest is then not fetched again)."""
+        ``[baseline.train] state_file`` (``mortal.model.rotation.install_baseline``) under the lock file
+        ``<state_file>.lock``, unless another client holding that lock already wrote the same weights; returns its
+        digest, or None (logged) when the server has none or it fails its checks (that digest is then not fetched
+        again)."""
         from mortal.model.rotation import install_baseline
         try:
             reply = fetch_baseline(self.remote, wait=wait, sleep=self.sleep)
@@ -274,7 +277,12 @@ class Client:
             self.bad_baseline = reply.get('baseline_digest')
             return None
         try:
-            backup = install_baseline(self.baseline_file, mortal, dqn, arch)
+            # clients on one node (a fleet) share the file: one writes it, the others find it done
+            with FileLock(self.baseline_file + '.lock'):
+                if file_digest(self.baseline_file) == digest:
+                    logger.info("the trainer's baseline (digest %s) is already in %s", digest[:12], self.baseline_file)
+                    return digest
+                backup = install_baseline(self.baseline_file, mortal, dqn, arch)
         except OSError as ex:
             logger.warning('cannot write the baseline to %s: %s', self.baseline_file, ex)
             return None

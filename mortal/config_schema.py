@@ -439,6 +439,22 @@ class Schedule(Section):
     temp: TempSchedule = Field(default_factory=TempSchedule)
 
 
+# Ours: `python -m mortal.fleet` (self-play clients as Ray actors, docs/operations.md "Many machines").
+class Fleet(Section):
+    actors: PositiveInt = key('extra: self-play clients the fleet starts (--actors overrides)', 2)
+    profiles: Annotated[StrList, _rule(bool, 'must name at least one profile')] = key(
+        'extra: [train_play.<profile>] of each actor, in turn (actor i plays profiles[i % len])', ['default'])
+    num_cpus: PositiveFloat = key('extra: CPUs Ray reserves for each actor (also its torch threads)', 1.0)
+    num_gpus: Annotated[Float, UnitClosed] = key(
+        'extra: GPU fraction Ray reserves for each actor (0.25: four actors share one GPU; 0 = CPU only)', 0.0)
+    max_restarts: Annotated[Int, _rule(lambda v: v >= -1, 'must be -1 (no limit) or >= 0')] = key(
+        "extra: Ray restarts a dead actor this many times (-1 = no limit)", -1)
+    address: Str = key("extra: Ray cluster to join, e.g. 'ray-head:6379' ('' = start a local Ray instance; "
+                       "--address overrides)", '')
+    tensorboard_dir: Str = key("extra: TensorBoard directory of the fleet's records ('' = <[control] "
+                               "tensorboard_dir>/fleet)", '')
+
+
 # Ours: `python -m mortal.bootstrap` (rule-based games -> GRP -> offline Mortal -> online dir).
 class Bootstrap(Section):
     games: NonNegativeInt = key('training hanchan of rule-based bots to generate (a multiple of 4 when epsilon > 0)')
@@ -478,6 +494,7 @@ class Config(Section):
     guard: Guard = Field(default_factory=Guard)
     rotation: Rotation = Field(default_factory=Rotation)
     schedule: Schedule = Field(default_factory=Schedule)
+    fleet: Fleet = Field(default_factory=Fleet)
     bootstrap: Bootstrap | None = None
 
 
@@ -491,12 +508,12 @@ SECTIONS: dict[str, type[Section]] = {
     '1v3.champion': MortalSide, '1v3.akochan': Akochan, 'grp': Grp, 'grp.network': GrpNetwork,
     'grp.control': GrpControl, 'grp.dataset': GrpDataset, 'grp.optim': GrpOptim, 'guard': Guard,
     'rotation': Rotation, 'schedule.lr': LrSchedule, 'schedule.epsilon': EpsilonSchedule,
-    'schedule.temp': TempSchedule, 'bootstrap': Bootstrap,
+    'schedule.temp': TempSchedule, 'fleet': Fleet, 'bootstrap': Bootstrap,
 }
 # Tables that only hold sub-tables (no keys of their own).
 CONTAINERS = ('train_play', 'baseline', 'schedule')
 # Sections of extras whose every key has a default: filled in when the file lacks them.
-OPTIONAL_SECTIONS = ('guard', 'rotation', 'schedule.lr', 'schedule.epsilon', 'schedule.temp')
+OPTIONAL_SECTIONS = ('guard', 'rotation', 'schedule.lr', 'schedule.epsilon', 'schedule.temp', 'fleet')
 
 
 # ------------------------------------------------------------------------------------------------------------------

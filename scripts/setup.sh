@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install the project and its test dependencies (idempotent; quick when everything is already there).
+# Install the project, its test dependencies and the fleet's Ray, which its test needs (idempotent; quick when
+# everything is already there).
 # torch is pinned and installed first so pip takes the CPU wheel instead of pulling a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,12 +16,13 @@ installed_here() {
 import importlib.metadata as m, json, pathlib, sys
 url = json.loads(m.distribution('mortal-online').read_text('direct_url.json'))['url']
 here = pathlib.Path(sys.argv[1]).resolve().as_uri()
-import pytest, pytest_timeout, pydantic  # noqa: F401  (a dependency missing from an older install: reinstall)
+# a dependency missing from an older install: reinstall
+import pytest, pytest_timeout, pydantic, filelock, ray  # noqa: F401
 sys.exit(url.rstrip('/') != here.rstrip('/'))
 PY
 }
 if ! installed_here; then
-    "$PY" -m pip install -q -e '.[test]'
+    "$PY" -m pip install -q -e '.[test,fleet]'
 fi
 # The compiled single-player core behind observation v4 (mortal/features/sp/csrc, C++17, gcc).
 # build_ext only recompiles when a source or header is newer than the built module.

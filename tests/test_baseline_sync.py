@@ -266,3 +266,32 @@ def test_a_deeply_nested_safetensors_header_is_a_bad_request(tmp_path):
     with pytest.raises(wire.ProtocolError):
         store.handle({**_submission(), 'mortal': data})
     assert store.baseline is None
+
+
+@pytest.mark.slow
+def test_clients_sharing_a_baseline_file_write_it_once(tmp_path, served, caplog):
+    """A fleet's actors on one node share [baseline.train] state_file: under its lock, one writes the served
+    baseline and the others find it there (no second write, so no .bak of an identical file)."""
+    import threading
+    served.trainer.sync_baseline()
+    config = served.remote_config(tmp_path)
+    mine = config['baseline']['train']['state_file']
+    client = cl.Client(config, env={}, sleep=lambda s: None)
+    digest = cl.file_digest(mine)
+    os.remove(mine)
+    results = []
+    barrier = threading.Barrier(3)
+
+    def install():
+        barrier.wait()
+        results.append(client.install_baseline())
+
+    with caplog.at_level(logging.INFO):
+        threads = [threading.Thread(target=install) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert results == [digest] * 3 and cl.file_digest(mine) == digest
+    assert glob.glob(f'{mine}*.bak') == []
+    assert caplog.text.count(f'is already in {mine}') == 2

@@ -1,0 +1,168 @@
+"""The Ray fleet (mortal.fleet): actor plans, the fleet record, start-up errors, and a real fleet of 2 actors against
+a real server and trainer, one actor SIGKILLed and restarted by Ray."""
+
+import copy
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from mortal import fleet
+from mortal.config import ConfigError, load_config
+
+from conftest import ROOT, load_tiny_config, tiny_config_dict, write_baseline, write_grp
+from test_online_loop import Proc, wait_for
+
+
+def test_actors_take_the_profiles_in_turn_each_with_its_own_log_dir(tmp_path):
+    config, _ = load_tiny_config(tmp_path, **{'train_play.fast': {
+        'games': 8, 'log_dir': str(tmp_path / 'fast'), 'boltzmann_epsilon': 0.1, 'boltzmann_temp': 1.0,
+        'top_p': 1.0, 'repeats': 1}})
+    plans = fleet.plan_actors(config, 3, ['default', 'fast'])
+    assert [(p.index, p.profile, p.log_dir) for p in plans] == [
+        (0, 'default', str(tmp_path / 'train_play' / 'fleet-0')),
+        (1, 'fast', str(tmp_path / 'fast' / 'fleet-1')),
+        (2, 'default', str(tmp_path / 'train_play' / 'fleet-2'))]
+    before = copy.deepcopy(config)
+    mine = fleet.actor_config(config, plans[1])
+    assert mine['train_play']['fast']['log_dir'] == str(tmp_path / 'fast' / 'fleet-1')
+    assert mine['train_play']['default'] == config['train_play']['default']
+    assert config == before  # the driver's config is not touched
+
+
+def test_a_profile_the_config_lacks_is_named(tmp_path):
+    config, _ = load_tiny_config(tmp_path)
+    with pytest.raises(ConfigError, match=r'missing section \[train_play\.slow\]'):
+        fleet.plan_actors(config, 2, ['default', 'slow'])
+
+
+def test_a_cuda_device_needs_a_gpu_share(tmp_path):
+    config, _ = load_tiny_config(tmp_path)
+    assert fleet.check_devices(config, 0.0) == []
+    config['control']['device'] = 'cuda:0'
+    problems = fleet.check_devices(config, 0.0)
+    assert len(problems) == 1 and problems[0].startswith("[control] device is 'cuda:0' but [fleet] num_gpus is 0")
+    assert fleet.check_devices(config, 0.25) == []
+
+
+def test_fleet_section_defaults_and_bounds(tmp_path):
+    import toml
+    raw = tiny_config_dict(tmp_path)
+    path = tmp_path / 'c.toml'
+    path.write_text(toml.dumps(raw))
+    assert load_config(path, env={})['fleet'] == {
+        'actors': 2, 'profiles': ['default'], 'num_cpus': 1.0, 'num_gpus': 0.0, 'max_restarts': -1, 'address': '',
+        'tensorboard_dir': ''}
+    raw['fleet'] = {'actors': 0, 'profiles': [], 'num_gpus': 1.5, 'max_restarts': -2}
+    path.write_text(toml.dumps(raw))
+    with pytest.raises(ConfigError) as err:
+        load_config(path, env={})
+    text = str(err.value)
+    for key, why in (('actors', 'must be > 0'), ('profiles', 'must name at least one profile'),
+                     ('num_gpus', 'must be within [0, 1]'), ('max_restarts', 'must be -1 (no limit) or >= 0')):
+        assert f'[fleet] {key} in {path} {why}' in text, (key, text)
+
+
+class Writer:
+    def __init__(self):
+        self.scalars = []
+
+    def add_scalar(self, tag, value, step):
+        self.scalars.append((tag, value, step))
+
+    def flush(self):
+        pass
+
+
+def test_fleet_record_sums_one_round_of_every_live_actor():
+    clock = iter([100.0, 112.0, 130.0]).__next__
+    writer = Writer()
+    record = fleet.FleetRecord(2, writer, clock=clock)
+    assert record.add([1, 1, 1, 1], live=2) is None  # actor 0's round; actor 1's still to come
+    line = record.add([2, 0, 0, 2], live=2)
+    # 8 games in 12 s = 2400/h; ranks (1*3 + 2*1 + 3*1 + 4*3) / 8 = 2.5; pt (90*3 + 45 - 135*3) / 8 = -11.25
+    assert line == ('fleet round 1: 2 rounds of 2 actors, 8 games in 12.0 s (2400 hanchan/h); trainee rankings: '
+                    '[3, 1, 1, 3] (2.5, -11.25pt); last 1 fleet rounds: [3, 1, 1, 3] (2.5, -11.25pt); restarts 0')
+    record.restarts = 1
+    line = record.add([4, 0, 0, 0], live=1)  # one actor left: a fleet round is its round alone
+    # window [3,1,1,3] + [4,0,0,0]: ranks (7 + 2 + 3 + 12) / 12 = 2.0; pt (630 + 45 - 405) / 12 = 22.5; 4 games in 18 s
+    assert line == ('fleet round 2: 1 rounds of 1 actors, 4 games in 18.0 s (800 hanchan/h); trainee rankings: '
+                    '[4, 0, 0, 0] (1.0, 90.0pt); last 2 fleet rounds: [7, 1, 1, 3] (2.0, 22.5pt); restarts 1')
+    assert ('fleet/avg_rank', 1.0, 2) in writer.scalars and ('fleet/window_avg_pt', 22.5, 2) in writer.scalars
+    assert ('fleet/hanchan_per_hour', 800.0, 2) in writer.scalars and ('fleet/restarts', 1, 2) in writer.scalars
+    assert {t for t, _, _ in writer.scalars} == {
+        'fleet/avg_rank', 'fleet/avg_pt', 'fleet/window_avg_rank', 'fleet/window_avg_pt', 'fleet/hanchan_per_hour',
+        'fleet/actors', 'fleet/restarts'}
+
+
+def test_without_ray_the_command_says_how_to_install_it(tmp_path):
+    _, cfg = load_tiny_config(tmp_path)
+    code = ('import sys; sys.modules["ray"] = None; from mortal import fleet; '
+            f'sys.exit(fleet.main(["-c", {str(cfg)!r}]))')
+    out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1] == f'error: {fleet.INSTALL_HINT}'
+
+
+ANSI = re.compile(r'\x1b\[[0-9;]*m')
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_killed_actor_is_restarted_and_its_logs_arrive(tmp_path):
+    pytest.importorskip('ray')
+    config, cfg = load_tiny_config(tmp_path, online=True, control={
+        'batch_size': 8, 'save_every': 2, 'submit_every': 2, 'test_every': 1000})
+    write_baseline(config, config['baseline']['train']['state_file'])
+    write_grp(config)
+    server = Proc(tmp_path, 'server', 'server.py', cfg)
+    procs = [server]
+    driver = None
+    try:
+        wait_for(lambda: 'listening on' in server.text(), 60, 'the server', procs)
+        procs.append(Proc(tmp_path, 'trainer', 'train.py', cfg))
+        driver = Proc(tmp_path, 'fleet', 'fleet.py', cfg, '--actors', '2')
+        procs.append(driver)
+
+        def text():
+            return ANSI.sub('', driver.text())
+
+        ready = re.compile(r'actor (\d) ready \(pid (\d+) on \S+, profile default, log_dir (\S+)\)')
+        wait_for(lambda: len(ready.findall(text())) == 2, 180, 'two actors', procs)
+        started = {int(i): (int(pid), d) for i, pid, d in ready.findall(text())}
+        assert started[0][1] == str(tmp_path / 'train_play' / 'fleet-0')
+        assert started[1][1] == str(tmp_path / 'train_play' / 'fleet-1')
+        victim = started[0][0]
+
+        def submitted_by(pid):
+            return re.search(rf'\(SelfPlayActor pid={pid}\).*\d+ logs have been submitted', text())
+
+        wait_for(lambda: submitted_by(victim), 180, 'a round of actor 0', procs)
+        os.kill(victim, signal.SIGKILL)
+        restarted = re.compile(r'actor 0 restarted \(pid (\d+) on \S+; restart 1 of the fleet\)')
+        wait_for(lambda: restarted.search(text()), 120, 'actor 0 restarted', procs)
+        new_pid = int(restarted.search(text()).group(1))
+        assert new_pid != victim
+        wait_for(lambda: submitted_by(new_pid), 180, 'a round of the restarted actor', procs)
+        wait_for(lambda: re.search(r'fleet round \d+: .*restarts 1$', text(), re.M), 120, 'a fleet round after it',
+                 procs)
+        assert driver.alive()
+        # the restarted actor's logs reached the server as a submission of 4 logs
+        assert re.search(r'submission \d+: 4 logs', server.text())
+    finally:
+        if driver is not None and driver.alive():
+            driver.p.send_signal(signal.SIGINT)  # ray.shutdown() stops the local instance's processes
+            try:
+                driver.p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+        for p in procs:
+            p.kill()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(os.path.join(config['control']['tensorboard_dir'], 'fleet'))
+    acc.Reload()
+    assert {'fleet/avg_rank', 'fleet/hanchan_per_hour', 'fleet/restarts'} <= set(acc.Tags()['scalars'])
+    assert acc.Scalars('fleet/restarts')[-1].value == 1
