@@ -98,6 +98,7 @@ def test_fleet_record_sums_one_round_of_every_live_actor():
         'fleet/actors', 'fleet/restarts'}
 
 
+@pytest.mark.slow  # a subprocess
 def test_without_ray_the_command_says_how_to_install_it(tmp_path):
     _, cfg = load_tiny_config(tmp_path)
     code = ('import sys; sys.modules["ray"] = None; from mortal import fleet; '
@@ -166,3 +167,30 @@ def test_a_killed_actor_is_restarted_and_its_logs_arrive(tmp_path):
     acc.Reload()
     assert {'fleet/avg_rank', 'fleet/hanchan_per_hour', 'fleet/restarts'} <= set(acc.Tags()['scalars'])
     assert acc.Scalars('fleet/restarts')[-1].value == 1
+
+
+def test_bench_round_times_per_client_after_the_first_round():
+    from conftest import load_script
+    bench = load_script('bench/fleet.py', 'bench_fleet')
+    text = '\n'.join([
+        '2026-12-02 01:00:00,000 INFO mortal.client: 8 logs have been submitted',  # a plain client
+        '2026-12-02 01:00:10,000 INFO mortal.client: 8 logs have been submitted',
+        '2026-12-02 01:00:30,000 INFO mortal.client: 8 logs have been submitted',
+    ])
+    times, games = bench.round_times(text)
+    assert times == {0: [10.0, 20.0]} and games == 8
+    assert bench.steady_rate(times, games) == pytest.approx(8 / 15)
+    fleet_text = '\n'.join([
+        '\x1b[36m(SelfPlayActor pid=11)\x1b[0m 2026-12-02 01:00:00,000 INFO mortal.client: 8 logs have been submitted',
+        '(SelfPlayActor pid=12) 2026-12-02 01:00:01,000 INFO mortal.client: 8 logs have been submitted',
+        '(SelfPlayActor pid=11) 2026-12-02 01:00:20,000 INFO mortal.client: 8 logs have been submitted',
+        '(SelfPlayActor pid=12) 2026-12-02 01:00:11,500 INFO mortal.client: 8 logs have been submitted',
+    ])
+    times2, _ = bench.round_times(fleet_text)
+    assert times2 == {0: [20.0], 1: [10.5]}
+    # two clients at once: 8/20 + 8/10.5 games/s, against the plain client's 8/15
+    ratio, low, high = bench.ratio_ci(times2, times, games, n=200)
+    assert ratio == pytest.approx((8 / 20 + 8 / 10.5) / (8 / 15))
+    assert low <= ratio <= high
+    with pytest.raises(RuntimeError, match='one round size'):
+        bench.round_times(text + '\n2026-12-02 01:00:40,000 INFO mortal.client: 4 logs have been submitted')
