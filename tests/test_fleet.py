@@ -194,3 +194,127 @@ def test_bench_round_times_per_client_after_the_first_round():
     assert low <= ratio <= high
     with pytest.raises(RuntimeError, match='one round size'):
         bench.round_times(text + '\n2026-12-02 01:00:40,000 INFO mortal.client: 4 logs have been submitted')
+
+
+# --- the driver's loop against a scripted Ray -----------------------------------------------------------------------
+
+class RayActorError(Exception):
+    pass
+
+
+class ActorUnavailableError(RayActorError):
+    pass
+
+
+class RayTaskError(Exception):
+    def __init__(self, cause):
+        super().__init__(f'{type(cause).__name__}: {cause}')
+        self.cause = cause
+
+
+class FakeRay:
+    """Just what mortal.fleet.Fleet uses of ray: each actor answers its calls from a script, in order; a script
+    entry is a value or an exception to raise from ray.get."""
+
+    class exceptions:
+        pass
+
+    exceptions.RayActorError = RayActorError
+    exceptions.ActorUnavailableError = ActorUnavailableError
+    exceptions.RayTaskError = RayTaskError
+
+    def __init__(self, scripts):
+        self.scripts = scripts  # actor index -> list of outcomes
+        self.killed = []
+        self.made = 0
+
+    def remote(self, cls):
+        ray = self
+
+        class Handle:
+            def __init__(self, index):
+                self.index = index
+                self.ready = self.run_round = self  # method.remote() -> the next outcome of the script
+
+            def remote(self):
+                return Outcome(ray.scripts[self.index].pop(0))
+
+        class Options:
+            def options(self, **kw):
+                return self
+
+            def remote(self, *args):
+                ray.made += 1
+                return Handle(ray.made - 1)
+
+        return Options()
+
+    def wait(self, refs, num_returns=1):
+        return refs[:1], refs[1:]
+
+    def get(self, ref):
+        if isinstance(ref.value, BaseException):
+            raise ref.value
+        return ref.value
+
+    def kill(self, handle, no_restart=True):
+        self.killed.append((handle.index, no_restart))
+
+
+class Outcome:
+    """An ObjectRef stand-in: a distinct, hashable object per call (the driver keys its calls by it)."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def ready(pid):
+    return {'pid': pid, 'node': 'n'}
+
+
+def round_(ranks):
+    return {'rankings': ranks, 'seconds': 1.0, 'param_version': 1}
+
+
+def run_fake(tmp_path, monkeypatch, caplog, scripts, rounds, actors):
+    import logging
+    monkeypatch.setattr(fleet, 'RETRY_SECONDS', 0)
+    config, _ = load_tiny_config(tmp_path)
+    ray = FakeRay(scripts)
+    from mortal.config import typed
+    record = fleet.FleetRecord(3, clock=iter(range(0, 1000, 10)).__next__)
+    with caplog.at_level(logging.INFO, logger='mortal.fleet'):
+        status = fleet.Fleet(ray, config, typed(config).fleet, fleet.plan_actors(config, actors, ['default']),
+                             record).run(rounds)
+    return status, ray, record
+
+
+def test_the_driver_restarts_a_dead_actor_and_drops_a_refused_one(tmp_path, monkeypatch, caplog):
+    from mortal.net.wire import RequestRefused
+    scripts = {
+        0: [ready(100), round_([1, 0, 0, 3]), ActorUnavailableError('socket closed'), ready(101),
+            round_([4, 0, 0, 0]), round_([0, 4, 0, 0]), round_([0, 0, 4, 0])],
+        1: [ready(200), RayTaskError(RequestRefused('frame too big'))],
+    }
+    status, ray, record = run_fake(tmp_path, monkeypatch, caplog, scripts, rounds=4, actors=2)
+    assert status == 0 and record.restarts == 1
+    assert ray.killed == [(1, True)]
+    text = caplog.text
+    assert 'actor 1 dropped: its round was refused: frame too big' in text
+    assert 'actor 0 died during a round: socket closed' in text
+    assert 'actor 0 restarted (pid 101 on n; restart 1 of the fleet)' in text
+    # 4 rounds of actor 0 in all, the fleet rounds closed at 2 live actors, then at 1
+    assert [line for line in text.splitlines() if 'fleet round' in line][-1].endswith('restarts 1')
+    assert record.fleet_rounds == 3
+
+
+def test_the_driver_drops_an_actor_whose_start_fails_and_exits_1_without_actors(tmp_path, monkeypatch, caplog):
+    scripts = {0: [RayActorError('The actor died because of an error raised in its creation task')],
+               1: [ready(7), RayTaskError(ValueError('disk full')), ready(8), RayTaskError(ValueError('disk full')),
+                   RayActorError('no restart left')]}
+    status, ray, record = run_fake(tmp_path, monkeypatch, caplog, scripts, rounds=0, actors=2)
+    assert status == 1
+    assert 'actor 0 dropped: the actor is dead and Ray does not restart it: The actor died because' in caplog.text
+    # a round that raises restarts its actor (killed with restarts allowed) until Ray gives up on it
+    assert ray.killed == [(0, True), (1, False), (1, False), (1, True)]
+    assert record.restarts == 1 and 'no actor is left' in caplog.text
