@@ -13,7 +13,8 @@ parameters at the end of every drained epoch; a restarted learner first finishes
 left, and an epoch's leftover samples are trained with the next drain.
 
 Offline (``online = false``): the logs of ``[dataset]`` (``mortal.data.offline_data``), one epoch per run, with the CQL
-term.
+term. ``torchrun --nproc_per_node K mortal/train.py`` trains offline on K processes, each on its share of the files,
+gradients averaged, rank 0 saving and logging (``mortal.learning.distributed``); online refuses more than one.
 
 Per batch: the loss of ``mortal.learning.loss.learner_loss`` (Mortal's ``0.5 * MSE(q[action], gamma ** steps_to_done *
 kyoku_reward) + next_rank_weight * CE`` ``+ min_q_weight * CQL`` offline). AdamW with weight decay on
@@ -48,15 +49,16 @@ import time
 from os import path
 
 import torch
-from torch import nn
+from torch import nn  # noqa: F401  (tests reach torch.nn through this module)
 
 from mortal.net import wire
 # INITIAL_BEST_PERF, atomic_torch_save: also this module's API (used through it)
-from mortal.model.checkpoint import INITIAL_BEST_PERF, CheckpointError, atomic_torch_save, load_model_pair  # noqa: F401
-from mortal.data.claims import claim_dir_for
-from mortal.config import lookup, typed
+from mortal.model.checkpoint import (INITIAL_BEST_PERF, CheckpointError, atomic_torch_save,  # noqa: F401
+                                     load_frozen_pair, load_model_pair)
+from mortal.config import typed
 from mortal.config_schema import Online
 from mortal.learning.diagnostics import Instruments, batch_q_stats, learner_probe
+from mortal.learning import distributed
 from mortal.learning.guards import INITIAL_GUARD, Guards
 from mortal.learning.learner_checkpoint import LearnerCheckpoint
 from mortal.learning.loss import LossWeights, learner_loss
@@ -73,11 +75,6 @@ class TestPlayDone(Exception):
     """Online learner finished a test play: the child exits 0 and the supervisor starts a fresh one."""
 
 
-def parameter_count(module: nn.Module) -> int:
-    """Number of trainable scalars in ``module``."""
-    return sum(p.numel() for p in module.parameters() if p.requires_grad)
-
-
 class Trainer(LearnerCheckpoint, ServerTraffic):
     """One learner process: models, optimizer, checkpoint, TensorBoard, server traffic. The checkpoint methods
     (``load_state``, ``checkpoint``, ``save``, ``played``) come from ``mortal.learning.learner_checkpoint``, the
@@ -91,13 +88,14 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
         remote: ``wire.Remote`` of the server (online), from ``[online.remote]`` when None.
         writer: a SummaryWriter-like object; ``SummaryWriter([control] tensorboard_dir)`` when None.
         sleep: the sleep function (tests replace it).
+        dist: ``mortal.learning.distributed.setup``'s rank (offline under torchrun); one process when None.
     Raises mortal.model.checkpoint.CheckpointError (a checkpoint that cannot be loaded or does not fit the config),
     UnsupportedVersionError, ValueError for version 1 (Mortal's trainer neither supports it: its phi is a latent
     pair).
     """
 
-    def __init__(self, config: dict, *, test_player=None, remote=None, writer=None, sleep=time.sleep):
-        from mortal.model.networks import AuxNet, Brain, DQN
+    def __init__(self, config: dict, *, test_player=None, remote=None, writer=None, sleep=time.sleep, dist=None):
+        from mortal.model.networks import AuxNet, Brain, DQN, parameter_count
         from mortal.features.obs import check_version, obs_shape
 
         self.config = config
@@ -129,7 +127,8 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
         self.gamma = cfg.env.gamma
         self.max_grad_norm = cfg.optim.max_grad_norm
         self.sleep = sleep
-        self.device = torch.device(control.device)
+        self.dist = dist = dist or distributed.SINGLE
+        self.device = dist.device(control.device)
         torch.backends.cudnn.benchmark = control.enable_cudnn_benchmark
 
         resnet = cfg.resnet
@@ -164,17 +163,15 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
             logger.info('EMA of the weights, decay %g (%s)', self.ema_decay,
                         'resumed' if self._loaded_ema is not None else 'from the loaded weights')
         self.optimizer.zero_grad(set_to_none=True)
+        self.nets = dist.wrap(self.models)  # what trains: the models, or their DDP wrappers under torchrun
 
-        if test_player is None:
+        if test_player is None and dist.is_main:  # only rank 0 test-plays
             from mortal.play.player import TestPlayer
             test_player = TestPlayer(config)
         self.test_player = test_player
         self.guards = Guards(self)  # test play, best.pth, rollback, rotation, baseline sync (mortal/learning/guards.py)
         self.remote = remote if remote is not None or not self.online else wire.Remote.from_config(config)
-        if writer is None:
-            from torch.utils.tensorboard import SummaryWriter
-            writer = SummaryWriter(control.tensorboard_dir)
-        self.writer = writer
+        self.writer = writer if writer is not None else dist.writer(control.tensorboard_dir)  # rank 0's is real
         self.reset_stats()
         self.anchor = self._load_anchor() if self.anchor_weight > 0 else None
         self.instruments = Instruments(save_every=self.save_every, batch_size=self.batch_size, device=self.device,
@@ -198,14 +195,9 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
     def _load_anchor(self):
         """The frozen (brain, dqn) of ``[baseline.train] state_file`` that ``anchor_term`` pulls towards.
         Raises FileNotFoundError, CheckpointError (also for a baseline of another feature version)."""
-        brain, dqn, version = load_model_pair(self._baseline_file())
-        if version != self.version:
-            raise CheckpointError(self._baseline_file(), f'the anchor is version {version}, '
-                                                         f'[control] version is {self.version}')
-        for m in (brain, dqn):
-            m.to(self.device).requires_grad_(False)
+        pair = load_frozen_pair(self._baseline_file(), self.version, self.device, 'the anchor')
         logger.info('anchor: %s, weight %g', self._baseline_file(), self.anchor_weight)
-        return brain, dqn
+        return pair
 
     def _load_probe(self):
         """``mortal.learning.diagnostics.learner_probe`` against the anchor's baseline (loaded when there is no anchor);
@@ -251,25 +243,29 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
             raise ValueError('a training sample has an action outside its legal mask')
 
         q_target = (self.gamma ** steps_to_done * kyoku_rewards).to(torch.float32)  # Mortal's Monte-Carlo G
-        with torch.autocast(dev.type, enabled=self.enable_amp):
-            phi = self.mortal(obs)
-            q_out = self.dqn(phi, masks)
-            q_ref = None
-            if self.anchor is not None:
-                with torch.no_grad():
-                    q_ref = self.anchor[1](self.anchor[0](obs[:n]), masks[:n])
-            next_rank_logits, = self.aux_net(phi)
-            terms = learner_loss(q_out, next_rank_logits, actions, q_target, player_ranks, masks=masks,
-                                 online_rows=n, weights=self.loss_weights, q_ref=q_ref)
-        self.scaler.scale(terms.total / self.opt_step_every).backward()
+        brain, dqn, aux_net = self.nets
+        syncs = (self.steps + 1) % self.opt_step_every == 0  # ranks average gradients on the updating step only
+        with self.dist.no_sync(self.nets, syncs):  # forward and backward: DDP decides at the forward
+            with torch.autocast(dev.type, enabled=self.enable_amp):
+                phi = brain(obs)
+                q_out = dqn(phi, masks)
+                q_ref = None
+                if self.anchor is not None:
+                    with torch.no_grad():
+                        q_ref = self.anchor[1](self.anchor[0](obs[:n]), masks[:n])
+                next_rank_logits, = aux_net(phi)
+                terms = learner_loss(q_out, next_rank_logits, actions, q_target, player_ranks, masks=masks,
+                                     online_rows=n, weights=self.loss_weights, q_ref=q_ref)
+            self.scaler.scale(terms.total / self.opt_step_every).backward()
 
         with torch.no_grad():
             for name in self.stats:
                 term = getattr(terms, name)
                 if term is not None:  # a term that is off stays 0
                     self.stats[name] += term.item()
-            self.instruments.add(batch_q_stats(q_out[:n], masks[:n], actions[:n], q_target[:n]), terms.q[:n],
-                                 q_target[:n])
+            if self.dist.is_main:
+                self.instruments.add(batch_q_stats(q_out[:n], masks[:n], actions[:n], q_target[:n]),
+                                     terms.q[:n], q_target[:n])
 
         self.steps += 1
         if self.steps % self.opt_step_every == 0:
@@ -286,20 +282,22 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
             self.on_save()
 
     def on_save(self) -> None:
-        """Every ``save_every`` steps: TensorBoard, checkpoint, a missed submit, and test play when due."""
+        """Every ``save_every`` steps: TensorBoard, checkpoint, a missed submit, and test play when due (rank 0;
+        the loss means are those of all ranks)."""
+        self.stats = self.dist.average(self.stats)
+        if not self.dist.is_main:
+            self.reset_stats()
+            return
         if self.pb is not None:
             self.pb.close()
             self.pb = None
         n = self.save_every
         w = self.writer
-        w.add_scalar('loss/dqn_loss', self.stats['dqn_loss'] / n, self.steps)
-        if self.loss_weights.with_cql:
-            w.add_scalar('loss/cql_loss', self.stats['cql_loss'] / n, self.steps)
-        if self.anchor is not None:
-            w.add_scalar('loss/anchor_loss', self.stats['anchor_loss'] / n, self.steps)
-        if self.offline_stream is not None:
-            w.add_scalar('loss/offline_cql_loss', self.stats['offline_cql_loss'] / n, self.steps)
-        w.add_scalar('loss/next_rank_loss', self.stats['next_rank_loss'] / n, self.steps)
+        on = {'cql_loss': self.loss_weights.with_cql, 'anchor_loss': self.anchor is not None,
+              'offline_cql_loss': self.offline_stream is not None}
+        for name in self.stats:  # in reset_stats' order; a term that is off is not written
+            if on.get(name, True):
+                w.add_scalar(f'loss/{name}', self.stats[name] / n, self.steps)
         w.add_scalar('hparam/lr', self.scheduler.get_last_lr()[0], self.steps)
         if self.online:
             settings = self.play_settings()
@@ -342,6 +340,8 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
             raise TestPlayDone()
 
     def _progress_bar(self):
+        if not self.dist.is_main:
+            return None
         from tqdm.auto import tqdm
         return tqdm(total=self.save_every, desc='TRAIN', initial=self.steps % self.save_every, unit='batch',
                     dynamic_ncols=True, ascii=True)
@@ -354,24 +354,13 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
         train the new logs together with what earlier epochs left over.
         """
         if self.online:
-            self.epoch_drained = False
-            drain_dir = lookup(self.config, 'online.server.drain_dir')
-            if not self.resumed:
-                self.resumed = True
-                if drain_dir:
-                    ledger = self.claims(claim_dir_for(drain_dir))
-                    pending = ledger.pending()
-                    if pending:
-                        logger.info('resuming %d claimed logs not yet read (%d of them partly trained) before '
-                                    'draining again', len(pending), ledger.partly_trained())
-                        return pending, ['trainee']
-            self.drain()
-            self.epoch_drained = True
-            return self.ledger.pending(), ['trainee']
-        dataset_cfg = self.config['dataset']
-        names = load_player_names(dataset_cfg['player_names_files'])
-        logger.info('loaded %s players', f'{len(names):,}')
-        return build_file_list(dataset_cfg, names), sorted(names)
+            return self.online_files()  # mortal.learning.server_traffic
+
+        def offline():  # rank 0's, sent to the others under torchrun: one process writes the file index
+            names = load_player_names(self.config['dataset']['player_names_files'])
+            logger.info('loaded %s players', f'{len(names):,}')
+            return build_file_list(self.config['dataset'], names), sorted(names)
+        return self.dist.from_main(offline)
 
     def data_loader(self, file_list, player_names, ledger=None, *, batch_size=None, num_workers=None):
         """``mortal.data.dataloader.learner_loader`` of this learner; ``batch_size`` defaults to ``[control]
@@ -391,6 +380,10 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
         file_list, player_names = self.file_list()
         ledger = self.ledger if self.online else None
         logger.info('file list size: %s', f'{len(file_list):,}')
+        if self.dist.size > 1:
+            file_list = self.dist.shard(file_list)
+            logger.info('%d processes: %s files and a batch of %d each', self.dist.size, f'{len(file_list):,}',
+                        self.batch_size)
         self.log_total_steps()
         self.pb = self._progress_bar()
         batches = 0
@@ -401,7 +394,7 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
             on_drop = lambda rest: ledger.note_dropped(rest[-1])  # noqa: E731 - the ids are the last tensor
         loader_iter = iter(loader)
         try:
-            for batch in iter_full_batches(loader_iter, self.batch_size, on_drop=on_drop):
+            for batch in self.dist.batches(iter_full_batches(loader_iter, self.batch_size, on_drop=on_drop)):
                 if ledger is None:
                     self.train_batch(*batch)
                 else:
@@ -416,6 +409,7 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
             if self.pb is not None:
                 self.pb.close()
                 self.pb = None
+        self.dist.sync_buffers(self.models)  # every rank ends with rank 0's BatchNorm statistics
         if self.online:
             dropped = ledger.end_epoch()
             if dropped:
@@ -455,9 +449,10 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
                 break  # one epoch per offline run, for easier control (Mortal)
 
 
-def run_learner(config: dict) -> int:
-    """The learner process body; returns its exit status (0 after an online test play)."""
-    trainer = Trainer(config)
+def run_learner(config: dict, dist=None) -> int:
+    """The learner process body (``dist``: as ``Trainer``'s); returns its exit status (0 after an online test
+    play)."""
+    trainer = Trainer(config, dist=dist)
     try:
         trainer.run()
     except TestPlayDone:
@@ -475,22 +470,29 @@ def main(argv=None):
     args = entry.start(entry.parser(__doc__.splitlines()[0]), argv)
     config = entry.load_config_or_exit(args, TRAIN_SECTIONS)
     online = config['control']['online']
-    if online:
-        try:
+    dist = distributed.SINGLE
+    try:
+        if online:
+            if distributed.requested():
+                sys.exit(entry.error('online training runs as one learner: start it without torchrun (more '
+                                     'than one process, WORLD_SIZE > 1, is for offline training only)'))
             require(config, *ONLINE_TRAIN_SECTIONS, path=args.config, env=args.overrides)
-        except ConfigError as exc:
-            sys.exit(entry.error(exc))
+        else:  # torchrun: join the other ranks (mortal.learning.distributed); alone: nothing changes
+            dist = distributed.setup(config['control']['device'])
+    except (ConfigError, ValueError) as exc:
+        sys.exit(entry.error(exc))
     try:
         if not online or is_supervised():
             if online:
                 end_with_supervisor()  # out of the terminal's session: end with the supervisor
-            code = run_learner(config)
+            code = run_learner(config, dist)
         else:
             code = supervise(argv, script=path.abspath(__file__))
     except KeyboardInterrupt:
         code = 130
+    finally:
+        dist.close()
     sys.exit(code)
-
 
 if __name__ == '__main__':
     main()

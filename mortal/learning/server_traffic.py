@@ -12,6 +12,7 @@ import logging
 import time
 from os import path
 
+from mortal.config import lookup
 from mortal.data.claims import ClaimLedger, claim_dir_for, staleness
 from mortal.learning.schedule import schedule_factor
 from mortal.net import wire
@@ -25,7 +26,7 @@ class ServerTraffic:
     """The trainer's server methods. The host (``mortal.train.Trainer``) provides ``config``, ``version``,
     ``remote`` (a ``wire.Remote``), ``sleep``, ``writer``, ``steps``, ``schedules``, ``guard``, ``guards``
     (``mortal.learning.guards.Guards``), ``played()`` and the state this class keeps: ``ledger``, ``lost_logs``,
-    ``resubmitted_to``."""
+    ``resubmitted_to``, ``resumed``, ``epoch_drained``."""
 
     def submit_param(self, is_idle: bool = False) -> None:
         """Send the current mortal/dqn weights to the server (retrying while it is unreachable).
@@ -78,6 +79,26 @@ class ServerTraffic:
             self.writer.add_scalar('data/samples_dropped', self.ledger.lost_samples, self.steps)
             self.ledger.lost_samples = 0
         return self.ledger
+
+    def online_files(self) -> tuple:
+        """(files, ['trainee']) of an online epoch (``mortal.train.Trainer.file_list``): the first epoch of a
+        learner finishes the claimed logs a previous one left (the claim folder is found from ``[online.server]
+        drain_dir``) without draining; later epochs drain and train the new logs together with what earlier epochs
+        left over. Sets ``epoch_drained`` (and ``resumed``, once)."""
+        self.epoch_drained = False
+        drain_dir = lookup(self.config, 'online.server.drain_dir')
+        if not self.resumed:
+            self.resumed = True
+            if drain_dir:
+                ledger = self.claims(claim_dir_for(drain_dir))
+                pending = ledger.pending()
+                if pending:
+                    logger.info('resuming %d claimed logs not yet read (%d of them partly trained) before '
+                                'draining again', len(pending), ledger.partly_trained())
+                    return pending, ['trainee']
+        self.drain()
+        self.epoch_drained = True
+        return self.ledger.pending(), ['trainee']
 
     def drain(self) -> list:
         """Wait for replays (polling every 5 s), claim them (``ClaimLedger.claim`` of the ledger ``claims``)

@@ -167,6 +167,16 @@ def load_model_pair(state_file) -> tuple:
     return models_from_state(load_checkpoint(state_file), state_file)
 
 
+def load_frozen_pair(state_file, version: int, device, role: str) -> tuple:
+    """``(brain, dqn)`` of ``state_file`` (``load_model_pair``) on ``device`` without gradients: a fixed reference
+    model (``role`` names it in the error, e.g. 'the anchor'). Raises what ``load_model_pair`` raises, and
+    CheckpointError when its feature version is not ``version``."""
+    brain, dqn, got = load_model_pair(state_file)
+    if got != version:
+        raise CheckpointError(state_file, f'{role} is version {got}, [control] version is {version}')
+    return tuple(m.to(device).requires_grad_(False) for m in (brain, dqn))
+
+
 def read_baseline(path) -> tuple:
     """``(mortal, dqn, arch)`` of a Mortal-layout checkpoint: its two state dicts (str -> Tensor, on the CPU) and
     ``arch`` (``wire.BASELINE_ARCH``: ``version``, ``conv_channels``, ``num_blocks`` from its ``config``, within

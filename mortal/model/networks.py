@@ -36,6 +36,11 @@ _N_TILES = 34
 _PHI_DIM = 1024
 
 
+def parameter_count(module: nn.Module) -> int:
+    """Number of trainable scalars in ``module``."""
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
 def _activation(version: int) -> nn.Module:
     # In-place is safe at every use site: each activation consumes a fresh tensor.
     return nn.ReLU(inplace=True) if version == 1 else nn.Mish(inplace=True)
