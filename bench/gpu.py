@@ -24,7 +24,9 @@ it ends (a part that fails or runs out of time records why and the others still 
 * ``online``: the real server, trainer (``python -m mortal.train``: supervisor + learner) and clients for a
   3-minute window from the learner's first idle submission; the learner's idle fraction is the time it spent
   waiting for a non-empty drain (each ``drained N logs after X s`` line, plus a wait still running at the stop,
-  from the time of the idle submission that began it) over the window.
+  from the time of the idle submission that began it) over the window, the same after the first drain (the clients'
+  first round excluded), the steps trained, and the clients' hanchan/h beside the training learner (logs they
+  submitted in the window: whole rounds, so coarse).
 
 The config is ``config_online.toml`` (version 4, 192x40, batch 256, AMP, cuDNN benchmark) with paths in a
 temporary work dir and the sizes named in ``results.json`` (``meta.sizes``). ``--cpu-smoke`` runs every part on
@@ -185,11 +187,14 @@ class _RowCounter:
         from mortal.play.engine import MortalEngine
         self.rows = self.calls = 0
         self.hard = float('inf')
-        orig = MortalEngine.react_batch
+        self.min_calls = 0  # calls to let through before ``hard`` counts (a test play's first forwards hold the peak)
+        # the engine's own method, also when an earlier counter of this process has wrapped it
+        orig = MortalEngine.__dict__.get('_unwrapped_react_batch', MortalEngine.react_batch)
+        MortalEngine._unwrapped_react_batch = orig
         counter = self
 
         def react_batch(engine, obs, masks, invisible_obs=None):
-            if time.monotonic() > counter.hard:
+            if time.monotonic() > counter.hard and counter.calls >= counter.min_calls:
                 raise TimeBoxOver()
             counter.rows += len(obs)
             counter.calls += 1
@@ -240,7 +245,8 @@ def selfplay_worker(a):
             from mortal.play.arena import OneVsThree
             # the single-player core builds its shanten tables once per process (a long-running client has them)
             OneVsThree(disable_progress_bar=True).py_vs_py(FirstLegal('a', 4), FirstLegal('b', 4), (1, 7), 1)
-        with torch.inference_mode():  # the first CUDA forward pays for kernels and workspaces: not timed
+        # the first CUDA forward pays for kernels and workspaces: not timed (fp16 autocast on CUDA, as the engine)
+        with torch.inference_mode(), torch.autocast(device.type, enabled=device.type == 'cuda'):
             from mortal.features.obs import obs_shape
             dqn(mortal(torch.zeros(8, *obs_shape(version), device=device)), torch.ones(8, 46, dtype=torch.bool,
                                                                                      device=device))
@@ -310,15 +316,18 @@ def part_selfplay(ctx, clients, earlier=None):
         if sizes['warmup']:
             args.append('--warmup')
         procs.append(ctx['popen'](args, f'selfplay{clients}_client{i}'))
+    problem = None  # what the clients' records are read after (a version they did not reach counts as failed)
     try:
         for version in (3, 4):
             while not all((flags / f'ready{i}.{version}').exists() for i in range(clients)):
                 if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
-                    raise RuntimeError(f'a client ended or timed out before version {version}')
+                    raise RuntimeError(f'a client ended or ran out of time before version {version}')
                 time.sleep(0.05)
             (flags / f'go.{version}').touch()
         for p in procs:
             p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except (RuntimeError, subprocess.TimeoutExpired) as ex:
+        problem = f'{type(ex).__name__}: {ex}'
     finally:
         for p in procs:
             ctx['kill'](p)
@@ -346,7 +355,8 @@ def part_selfplay(ctx, clients, earlier=None):
         entry = {'version': version, 'clients': clients, 'games_per_round': sizes['games'],
                  'network': f"{sizes['channels']}x{sizes['blocks']}"}
         if not all(r and r.get('status') == 'ok' for r in recs):
-            entry.update(status='failed', per_client=recs)
+            entry.update(status=f'failed: {problem or "a client failed"} (see logs/selfplay{clients}_client*.log)',
+                         per_client=recs)
         else:
             rates = [r['hanchan_per_hour'] for r in recs]
             entry.update(
@@ -443,6 +453,7 @@ def trainer_worker(a):
         torch.cuda.reset_peak_memory_stats(device)
     start = time.monotonic()
     counter.hard = start + a.test_box
+    counter.min_calls = 3  # the first forwards (every game in flight) hold the peak; 3000 games take a while to deal
     finished = True
     try:
         player.play_units(TEST_SEED[0], base['test_play']['games'] // 4, *trainer.played(), device)
@@ -580,6 +591,17 @@ def trained_steps(log_text, save_every):
     return steps
 
 
+def submitted_logs(log_text, since, until):
+    """Logs a client submitted between the epoch seconds ``since`` and ``until`` (its ``N logs have been submitted``
+    lines)."""
+    total = 0
+    for line in re.split(r'[\r\n]+', log_text):
+        m = re.match(r'^(\S+ \S+) \w+ mortal\.client: (\d+) logs have been submitted', line)
+        if m and since <= datetime.datetime.strptime(m.group(1), '%Y-%m-%d %H:%M:%S,%f').timestamp() <= until:
+            total += int(m.group(2))
+    return total
+
+
 def idle_summary(idle, stop_time):
     """Figures of a ``learner_idle`` record: the window from the learner's first idle submission to
     ``stop_time`` (epoch seconds), the time waited in it and the idle fractions (all of it, and after the first
@@ -647,11 +669,16 @@ def part_online(ctx):
     summary = idle_summary(idle, stop)
     steps = trained_steps(text, config['control']['save_every'])
     busy = summary['window_s'] - summary['wait_s']
+    played = sum(submitted_logs((ctx['logs'] / f'online_client{i}.log').read_text(errors='replace'), idle['ready'],
+                                stop) for i in range(clients))
     return {
         'status': 'ok', 'version': sizes['online_version'], 'clients': clients,
         'games_per_round': sizes['online_games'], 'num_workers': sizes['num_workers'],
         'network': f"{sizes['channels']}x{sizes['blocks']}", **summary,
         'steps': steps, 'steps_per_busy_s': round(steps / busy, 3) if steps and busy > 0 else None,
+        # the clients beside a training learner, through the real server (whole rounds, so coarse over a window)
+        'selfplay_logs_submitted': played,
+        'selfplay_hanchan_per_hour': round(played / summary['window_s'] * 3600, 1),
         'processes': outcome,
     }
 
@@ -688,6 +715,8 @@ def table(results):
     on = results.get('online') or {}
     lines.append(f"| online {fmt(on.get('window_s'))} s | learner idle fraction (after 1st drain) | "
                  f"{fmt(on.get('idle_fraction'), 3)} ({fmt(on.get('idle_fraction_after_first_drain'), 3)}) |")
+    lines.append(f"| online | self-play hanchan/h beside the learner, steps trained | "
+                 f"{fmt(on.get('selfplay_hanchan_per_hour'))}, {fmt(on.get('steps'))} |")
     for name, err in (results.get('errors') or {}).items():
         lines.append(f'| {name} | FAILED | {err.splitlines()[-1][:100] if err else ""} |')
     lines.append(f"\ntotal {fmt(meta.get('total_s'))} s of a {meta.get('budget_s')} s budget")
@@ -710,6 +739,7 @@ def run(a):
             'mode': 'cpu-smoke' if a.cpu_smoke else 'gpu', 'device': device,
             'device_name': torch.cuda.get_device_name(0) if cuda else 'cpu', 'cuda_available': torch.cuda.is_available(),
             'torch': torch.__version__, 'torch_cuda': torch.version.cuda, 'cpu_count': os.cpu_count(),
+            'sp_threads_per_process': _sp_threads(),
             'commit': _git_commit(), 'started': datetime.datetime.now(datetime.timezone.utc).isoformat(),
             'budget_s': sizes['budget_s'], 'sizes': {k: v for k, v in sizes.items()},
         },
@@ -726,7 +756,7 @@ def run(a):
     save()
     def make_popen(children):
         def popen(args, name, env=None):
-            log = open(logs / f'{name}.log', 'ab')
+            log = open(logs / f'{name}.log', 'wb')  # one process per name and run
             full_env = {**os.environ, 'PYTHONUNBUFFERED': '1', **(env or {})}
             full_env['PYTHONPATH'] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get('PYTHONPATH')]))
             full_env.pop('RUST_BACKTRACE', None)
@@ -806,6 +836,11 @@ def run(a):
     print(table(results))
     print(f'results: {results_path}')
     return 0 if cuda or a.cpu_smoke else 2
+
+
+def _sp_threads():
+    from mortal.features import obs_v4
+    return obs_v4.sp_threads()
 
 
 def _git_commit():

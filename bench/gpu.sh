@@ -22,10 +22,22 @@ for arg in "$@"; do
     esac
 done
 RESULTS="${OUT:-$DIR}"
+rm -rf "$RESULTS/logs" "$RESULTS/results.json" "$RESULTS/results.md" "$RESULTS/setup.json"  # a rerun in DIR
 mkdir -p "$RESULTS/logs"
 
+driver() {  # bench/gpu.py; a driver that cannot even start still leaves a results.json saying why
+    "$PY" bench/gpu.py run --out "$RESULTS" "$@" 2> >(tee -a "$RESULTS/logs/driver.log" >&2)
+    local rc=$?
+    if [ "$rc" != 0 ] && [ ! -s "$RESULTS/results.json" ]; then
+        "$PY" -c 'import json, sys; json.dump({"errors": {"driver": "bench/gpu.py exited " + sys.argv[1] + "; see logs/driver.log"}}, open(sys.argv[2], "w"))' \
+            "$rc" "$RESULTS/results.json" || echo "{\"errors\": {\"driver\": \"exit $rc\"}}" > "$RESULTS/results.json"
+    fi
+    return "$rc"
+}
+
 if [ "$SMOKE" = 1 ]; then
-    exec "$PY" bench/gpu.py run --out "$RESULTS" --cpu-smoke
+    driver --cpu-smoke
+    exit $?
 fi
 
 # Set-up, bounded: scripts/setup.sh (idempotent); with a CUDA torch present, pip may not replace it.
@@ -55,4 +67,4 @@ json.dump({'status': 'ok' if rc == '0' else f'failed (exit {rc}); see logs/setup
            'cuda_torch_kept': kept or None, 'torch': now, 'sp_core': core == 'true', 'log_tail': tail},
           open(out, 'w'), indent=2)
 PY
-exec "$PY" bench/gpu.py run --out "$RESULTS" --setup-json "$RESULTS/setup.json"
+driver --setup-json "$RESULTS/setup.json"

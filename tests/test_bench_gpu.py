@@ -59,6 +59,14 @@ def test_trained_steps_follow_the_progress_bar():
     assert gpu.trained_steps('no steps here\nTRAIN: | 5/400 [', 400) is None
 
 
+def test_submitted_logs_in_the_window():
+    text = ('2026-01-01 00:00:05,000 INFO mortal.client: 128 logs have been submitted\n'
+            '2026-01-01 00:00:20,000 INFO mortal.client: 128 logs have been submitted\n'
+            '2026-01-01 00:00:50,000 INFO mortal.client: 64 logs have been submitted\n'
+            '2026-01-01 00:01:10,000 INFO mortal.client: 128 logs have been submitted\n')
+    assert gpu.submitted_logs(text, at('00:00:10'), at('00:01:00')) == 192
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_cpu_smoke_writes_every_figure(tmp_path):
@@ -113,4 +121,5 @@ def test_cpu_smoke_writes_every_figure(tmp_path):
     assert 0 <= o['idle_fraction'] <= 1
     assert o['wait_s'] == pytest.approx(sum(o['drain_waits_s']) + o['ongoing_wait_at_stop_s'], abs=0.02)
     assert o['drains'] == len(o['drain_waits_s'])
+    assert o['selfplay_logs_submitted'] >= 0 and o['selfplay_hanchan_per_hour'] >= 0
     assert 'hanchan/h' in (out / 'results.md').read_text()
