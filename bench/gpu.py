@@ -255,7 +255,8 @@ def selfplay_worker(a):
         pathlib.Path(f'{a.ready}.{version}').touch()
         _wait_file(f'{a.go}.{version}', 120)
         start = time.monotonic()
-        reserve = sum(hards[i + 1:]) + 10 * (len(versions) - i - 1)  # later versions keep their share
+        # later versions keep their expected share (box + warm-up), not their hard limits (maxima)
+        reserve = sum(boxes[i + 1:]) + 15 * (len(versions) - i - 1)
         counter.hard = min(start + hards[i], end - reserve)
         rows0, calls0 = counter.rows, counter.calls
         rounds, games, played_s, last = 0, 0, 0.0, None
