@@ -491,7 +491,7 @@ def part_trainer(ctx):
     for key in ('amp_off', 'amp_on', 'test_play'):
         if out.get(key, {}).get('status') != 'ok':
             out.setdefault(key, {})['status'] = f'failed (exit {p.returncode}; see logs/trainer.log)'
-    out['config'] = str(cfg_path)
+    ctx['shared']['trainer_config'] = str(cfg_path)  # for the memory part (a temporary path: not in the results)
     return out
 
 
@@ -504,7 +504,7 @@ def part_memory(ctx, results):
 
     sizes = ctx['sizes']
     trainer = results.get('trainer') or {}
-    cfg_path = trainer.get('config') or str(write_config(ctx['work'] / 'memory', sizes=sizes, device=ctx['device'],
+    cfg_path = ctx['shared'].get('trainer_config') or str(write_config(ctx['work'] / 'memory', sizes=sizes, device=ctx['device'],
                                                          version=sizes['trainer_version'], games=sizes['games'],
                                                          trainer=True))
     base = toml.load(cfg_path)
@@ -807,8 +807,10 @@ def run(a):
     def fn_of(fn, ctx):
         return lambda: fn(ctx)
 
+    shared = {}  # what one part leaves for a later one (the trainer's config path)
+
     def context(children):
-        return {'sizes': sizes, 'device': device, 'work': work, 'logs': logs, 'popen': make_popen(children),
+        return {'shared': shared, 'sizes': sizes, 'device': device, 'work': work, 'logs': logs, 'popen': make_popen(children),
                 'kill': kill, 'cap': lambda want: min(want, deadline - time.monotonic())}
 
     parts = [  # the memory part reads the measured peaks of the self-play and trainer parts
