@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Install the project, its test dependencies and the fleet's Ray, which its test needs (idempotent; quick when
 # everything is already there).
-# torch is pinned and installed first so pip takes the CPU wheel instead of pulling a multi-GB CUDA build.
+# torch is pinned and installed first so pip takes the CPU wheel instead of pulling a multi-GB CUDA build; a CUDA
+# build of torch that is already installed (a GPU machine) is kept whatever its version, never swapped for the CPU one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 export PIP_ROOT_USER_ACTION=ignore
 
-if ! "$PY" -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null; then
+if ! "$PY" -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0" and not torch.version.cuda)' 2>/dev/null; then
     "$PY" -m pip install -q torch==2.13.0
 fi
 # Editable install of THIS checkout present (not another clone) and test tools importable?

@@ -1,0 +1,125 @@
+"""bench/gpu.py: the log parsing of the learner's idle time (by hand), and the reduced CPU mode end to end."""
+
+import datetime
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import ROOT, load_script
+
+gpu = load_script('bench/gpu.py', 'bench_gpu')
+
+
+def at(clock):
+    """Epoch seconds of ``2026-01-01 HH:MM:SS`` local time, as the log's timestamps are read."""
+    return datetime.datetime.strptime(f'2026-01-01 {clock}', '%Y-%m-%d %H:%M:%S').timestamp()
+
+
+LOG = '\n'.join([
+    '2026-01-01 00:00:00,000 INFO mortal.train: learner started (pid 1)',
+    '2026-01-01 00:00:10,000 INFO mortal.train: param has been submitted (version 1, idle)',
+    '2026-01-01 00:00:25,500 INFO mortal.train: drained 8 logs after 15.5 s; staleness mean 0.00, max 0',
+    '2026-01-01 00:00:25,600 INFO mortal.train: total steps: 0 (~8,000)',
+    'TRAIN:   0%|          | 1/400 [00:00<05:58,  1.11batch/s]\rTRAIN:   1%|          | 3/400 [00:01<03:18]',
+    '2026-01-01 00:00:30,000 INFO mortal.train: param has been submitted (version 2)',  # not idle: no wait
+    '2026-01-01 00:00:40,000 INFO mortal.train: param has been submitted (version 3, idle)',
+    '2026-01-01 00:00:44,000 INFO mortal.client: drained 99 logs after 1.0 s',  # another logger: ignored
+])
+
+
+def test_learner_idle_counts_finished_and_ongoing_waits():
+    idle = gpu.learner_idle(LOG, at('00:01:00'))
+    assert idle['ready'] == pytest.approx(at('00:00:10'))
+    assert idle['waits'] == [15.5] and idle['logs'] == 8
+    assert idle['ongoing'] == pytest.approx(20.0)  # from the idle submission at 00:00:40 to the stop at 00:01:00
+    s = gpu.idle_summary(idle, at('00:01:00'))
+    assert s['window_s'] == pytest.approx(50.0) and s['wait_s'] == pytest.approx(35.5)
+    assert s['idle_fraction'] == pytest.approx(35.5 / 50)
+    # after the first drain (ended 00:00:25.5): 20 s of 34.5 s
+    assert s['idle_fraction_after_first_drain'] == pytest.approx(20 / 34.5, abs=1e-4)
+
+
+def test_learner_idle_without_a_drain_and_without_a_submission():
+    text = LOG.splitlines()[1]
+    idle = gpu.learner_idle(text, at('00:00:30'))
+    assert idle['waits'] == [] and idle['ongoing'] == pytest.approx(20.0)
+    s = gpu.idle_summary(idle, at('00:00:30'))
+    assert s['idle_fraction'] == 1.0 and s['idle_fraction_after_first_drain'] is None
+    assert gpu.learner_idle(LOG.splitlines()[0], at('00:00:30'))['ready'] is None
+
+
+def test_trained_steps_follow_the_progress_bar():
+    assert gpu.trained_steps(LOG, 400) == 3
+    # a resumed learner at 4,123 steps: its bar starts at 123 of 400; a completed bar and the save after it
+    text = ('x INFO mortal.train: total steps: 4,123 (~3,877)\nTRAIN: | 130/400 [\rTRAIN: | 400/400 [\r'
+            'TRAIN: | 400/400 [\nx INFO mortal.train: total steps: 4,400 (~3,600)\nTRAIN: | 2/400 [')
+    assert gpu.trained_steps(text, 400) == 4402
+    assert gpu.trained_steps('no steps here\nTRAIN: | 5/400 [', 400) is None
+
+
+def test_submitted_logs_in_the_window():
+    text = ('2026-01-01 00:00:05,000 INFO mortal.client: 128 logs have been submitted\n'
+            '2026-01-01 00:00:20,000 INFO mortal.client: 128 logs have been submitted\n'
+            '2026-01-01 00:00:50,000 INFO mortal.client: 64 logs have been submitted\n'
+            '2026-01-01 00:01:10,000 INFO mortal.client: 128 logs have been submitted\n')
+    assert gpu.submitted_logs(text, at('00:00:10'), at('00:01:00')) == 192
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_cpu_smoke_writes_every_figure(tmp_path):
+    out = tmp_path / 'results'
+    env = {k: v for k, v in os.environ.items() if k not in ('OUT', 'BENCH_T0')}
+    proc = subprocess.run(['bash', str(ROOT / 'bench' / 'gpu.sh'), '--cpu-smoke', str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=230)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads((out / 'results.json').read_text())
+    assert r['errors'] == {}, r['errors']
+    meta = r['meta']
+    assert meta['mode'] == 'cpu-smoke' and meta['device'] == 'cpu'
+    assert 0 < meta['total_s'] < meta['budget_s']
+    assert r['setup']['status'] == 'skipped'
+
+    for clients, key in ((1, 'selfplay_1_client'), (2, 'selfplay_2_clients')):
+        for v in (3, 4):
+            e = r[key][f'v{v}']
+            assert e['status'] == 'ok' and e['version'] == v and e['clients'] == clients, e
+            assert e['hanchan_per_hour'] > 0 and e['rows_per_s'] > 0
+            assert len(e['per_client']) == clients
+            for c in e['per_client']:
+                assert c['rows'] > 0 and c['rows_per_forward'] >= 1
+                assert c['peak_memory'] == {'allocated': None, 'reserved': None}
+    # the 1-client v3 round runs to its end: whole games of hundreds of decisions each; the smoke stops the other
+    # rounds after 2 s, and their hanchan/h come from the rows per game of that round
+    v3 = r['selfplay_1_client']['v3']
+    assert v3['games'] == 4 and not v3['aborted'] and v3['per_client'][0]['rows_per_game'] > 100
+    per_game = v3['per_client'][0]['rows_per_game']
+    for c in r['selfplay_2_clients']['v3']['per_client']:
+        if c['aborted']:
+            assert c['hanchan_per_hour'] == pytest.approx(c['rows_per_s'] / per_game * 3600, rel=0.01)
+
+    t = r['trainer']
+    assert t['batch_size'] == 256 and t['samples']['batches'] >= 1
+    for key, amp in (('amp_off', False), ('amp_on', True)):
+        assert t[key]['status'] == 'ok' and t[key]['enable_amp'] is amp
+        assert t[key]['steps'] >= 2 and t[key]['steps_per_s'] > 0
+        assert t[key]['steps_per_s'] == pytest.approx(t[key]['steps'] / t[key]['seconds'], rel=1e-2)
+        assert t[key]['peak_memory'] == {'allocated': None, 'reserved': None}
+    assert t['test_play']['status'] == 'ok' and t['test_play']['rows'] > 0
+
+    m = r['memory']
+    assert set(m['rows']) == {'trainer_amp_off', 'trainer_amp_on', 'test_play', 'client_v3', 'client_v4'}
+    for row in m['rows'].values():
+        assert row['allocated'] is None and row['reserved'] is None  # CPU: no CUDA counters
+        assert isinstance(row['doctor_estimate'], int) and row['doctor_estimate'] > 0
+    assert m['doctor_three_processes'] == m['doctor_trainer'] + m['doctor_client'] and m['device_total'] is None
+
+    o = r['online']
+    assert o['status'] == 'ok' and o['window_s'] > 0
+    assert 0 <= o['idle_fraction'] <= 1
+    assert o['wait_s'] == pytest.approx(sum(o['drain_waits_s']) + o['ongoing_wait_at_stop_s'], abs=0.02)
+    assert o['drains'] == len(o['drain_waits_s'])
+    assert o['selfplay_logs_submitted'] >= 0 and o['selfplay_hanchan_per_hour'] >= 0
+    assert 'hanchan/h' in (out / 'results.md').read_text()
