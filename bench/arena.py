@@ -65,7 +65,8 @@ class Timed:
 
 
 class TurnLog:
-    """Wraps an arena agent: records (time, side, games served, decisions) of every ``react`` call (a turn)."""
+    """Wraps an arena agent: records (time, side, games served, scenes, speculative scenes) of every ``react``
+    call (a turn)."""
 
     def __init__(self, agent, side, turns):
         self._agent = agent
@@ -76,16 +77,17 @@ class TurnLog:
         return getattr(self._agent, name)
 
     def react(self, scenes):
-        self._turns.append((time.perf_counter(), self._side, len({sc.game for sc in scenes}), len(scenes)))
+        spec = [sc for sc in scenes if sc.speculative]
+        self._turns.append((time.perf_counter(), self._side, len({sc.game for sc in scenes}), len(scenes), spec))
         return self._agent.react(scenes)
 
 
-def run(challenger, champion, seeds, progress, steps=None):
+def run(challenger, champion, seeds, progress, steps=None, speculate=True, spec_out=None):
     """Play the bench's games; returns (seconds, game end times). ``steps``: a dict filled with, per game id,
     its list of steps, each a tuple (decisions of side 0 = challenger, decisions of side 1 = champion)."""
     import mortal.play.arena as arena_mod
 
-    arena = arena_mod.OneVsThree(disable_progress_bar=not progress)
+    arena = arena_mod.OneVsThree(disable_progress_bar=not progress, speculate_passes=speculate)
     finish = []
     orig = arena._finish
 
@@ -96,8 +98,8 @@ def run(challenger, champion, seeds, progress, steps=None):
     arena._finish = _finish
     orig_scenes = arena_mod._Game.scenes
     if steps is not None:
-        def scenes(g, guard):  # one call per step of a game: which sides must decide
-            out = orig_scenes(g, guard)
+        def scenes(g, guard, absorbed=None):  # one call per step of a game (not a speculated one): which sides decide
+            out = orig_scenes(g, guard, absorbed)
             n = [0, 0]
             for sc in out:
                 n[0 if g.agents[sc.seat] is g.agents[SPLIT_SEAT[g.split]] else 1] += 1
@@ -108,6 +110,8 @@ def run(challenger, champion, seeds, progress, steps=None):
     try:
         t0 = time.perf_counter()
         arena.py_vs_py(challenger, champion, seed_start=(1, 2024), seed_count=seeds)
+        if spec_out is not None:
+            spec_out.extend(arena.speculated)
         return time.perf_counter() - t0, finish
     finally:
         arena_mod._Game.scenes = orig_scenes
@@ -221,6 +225,8 @@ def main(argv=None):
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: the arena shares the CPU)")
     p.add_argument("--progress", action="store_true")
+    p.add_argument("--speculate", choices=("on", "off"), default="on",
+                   help="the arena decides the step after a call step in the same batch (OneVsThree(speculate_passes))")
     p.add_argument("--bound-width", type=int, default=64,
                    help="beams of the schedule bound (0: skip it; the search takes seconds per 32 games at 64)")
     args = entry.start(p, argv, log_level=None)
@@ -235,8 +241,10 @@ def main(argv=None):
     n_games = 4 * args.seeds
 
     floor_calls = []
+    speculate = args.speculate == "on"
     wall_floor, _ = run(Timed(FirstLegal("floor", args.version), floor_calls),
-                        Timed(FirstLegal("floor", args.version), floor_calls), args.seeds, args.progress)
+                        Timed(FirstLegal("floor", args.version), floor_calls), args.seeds, args.progress,
+                        speculate=speculate)
     floor_rows = sum(c[1] for c in floor_calls)
 
     torch.manual_seed(0)
@@ -249,7 +257,8 @@ def main(argv=None):
         eng = MortalEngine(brain, dqn, version=args.version, device=torch.device(args.device), name=name)
         agents.append(TurnLog(MortalBatchAgent(Timed(eng, calls)), side, turns))
     steps = {}
-    wall_model, finish = run(agents[0], agents[1], args.seeds, args.progress, steps)
+    spec = []
+    wall_model, finish = run(agents[0], agents[1], args.seeds, args.progress, steps, speculate, spec)
 
     t_fwd = sum(c[2] for c in calls)
     rows = np.array([c[1] for c in calls])
@@ -257,6 +266,7 @@ def main(argv=None):
     cutoff = sorted(finish)[max(0, int(0.2 * n_games) - 1)] if finish else float("inf")
     early = np.array([c[1] for c in calls if c[0] < cutoff])
     decisions = int(rows.sum())
+    print(f"arena: speculate_passes={speculate}")
     print(f"games: {n_games} (all in flight), model: Brain(conv_channels={args.channels}, "
           f"num_blocks={args.blocks}, version={args.version}) + DQN on {args.device}, "
           f"torch threads {torch.get_num_threads()}")
@@ -280,7 +290,16 @@ def main(argv=None):
     print(f"agent turns (react calls) while >= 80% of games run: {len(early_turns)}; per turn: "
           f"{np.mean(running):.1f} games running, {np.mean(served):.1f} served, "
           f"{np.mean(running) - np.mean(served):.1f} waiting only on the other side's agent; "
-          f"decisions per turn {np.mean([t[3] for t in early_turns]):.1f}")
+          f"scenes per turn {np.mean([t[3] for t in early_turns]):.1f}")
+    if speculate:
+        useful = [t[3] - sum(not sc.adopted for sc in t[4]) for t in turns]
+        useful_early = useful[:len(early_turns)]
+        print(f"speculative scenes (the step after a call step, decided in the same batch): {spec[0]} handed to "
+              f"the agents, {spec[1]} used ({spec[0] - spec[1]} = {(spec[0] - spec[1]) / max(1, decisions):.1%} of "
+              f"the rows computed for nothing); useful scenes (decisions the games took) per turn: mean "
+              f"{np.mean(useful):.1f}, while >= 80% of games run {np.mean(useful_early):.1f} = "
+              f"{np.mean(useful_early) / n_games:.2f} N")
+        print("(the replay and the bound below take the steps as the arena without speculation has them)")
     seqs = [steps[g] for g in sorted(steps)]
     per_turn, early_rep = replay_max_pending(seqs)
     print(f"replay of the arena's rule on the recorded steps: {len(per_turn)} turns (run: {len(turns)}); "
