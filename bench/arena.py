@@ -17,7 +17,12 @@ Prints
   not depend on the schedule, so no arena that serves one side per forward can batch
   more decisions per turn than the best schedule there is (the beam's is a lower estimate of it).
 
+With ``--speculate on`` (the arena's default) some of the rows are speculative (the step after a call step,
+decided in the same batch in case every asked seat passes); the bench prints how many were used and the useful
+decisions per turn.
+
 Usage: python bench/arena.py [--seeds 8] [--channels 64] [--blocks 4] [--version 3] [--bound-width 64]
+       [--speculate on|off]
 """
 
 if __package__ in (None, ''):  # run as a script: python bench/arena.py
@@ -299,7 +304,8 @@ def main(argv=None):
               f"the rows computed for nothing); useful scenes (decisions the games took) per turn: mean "
               f"{np.mean(useful):.1f}, while >= 80% of games run {np.mean(useful_early):.1f} = "
               f"{np.mean(useful_early) / n_games:.2f} N")
-        print("(the replay and the bound below take the steps as the arena without speculation has them)")
+        print("(the replay and the bound below take the steps as recorded: a step whose decisions were decided "
+              "speculatively is merged into the call step before it)")
     seqs = [steps[g] for g in sorted(steps)]
     per_turn, early_rep = replay_max_pending(seqs)
     print(f"replay of the arena's rule on the recorded steps: {len(per_turn)} turns (run: {len(turns)}); "
