@@ -10,7 +10,8 @@ applied by the pure function ``next_kyoku`` (``mortal.play.kyoku_flow``). Each s
 ``mjai.mlibriichi`` ``PlayerState`` fed from the table's masked events (plus, for a
 seat whose agent encodes version 4, a ``mortal.features.obs_v4.V4Encoder`` fed the same
 events in the same order); an agent (``mortal.play.agent``) is called with all its
-pending decisions across all games.
+pending decisions across all games (and, for a call step, the step after it in case every asked seat
+passes: ``OneVsThree(speculate_passes=True)``).
 
 Within a kyoku the table scores hora (incl. honba/kyotaku, multi-ron, pao),
 nagashi mangan, noten payments and abortive draws; this module takes its
@@ -339,6 +340,9 @@ class OneVsThree:
         log_dir: if set, one ``{nonce}_{key}_{a|b|c|d}.json.gz`` mjai log per game
             (decimal nonce/key; split = challenger seat 0-3), written atomically as
             each game ends; the directory is created, not cleared.
+        speculate_passes: decide the step after a call step in the same batch as the call (see
+            ``py_vs_py``); False plays the same games with the batching before speculation. ``speculated``:
+            ``[scenes handed to agents, scenes used]`` of the last run.
     """
 
     def __init__(self, *, disable_progress_bar: bool = False, log_dir: str | None = None,
@@ -359,6 +363,15 @@ class OneVsThree:
         pending decision of that agent across all games (one ``react_batch``); the
         agent with the most pending decisions is served next, so games fall into
         step and batches approach the number of games in flight.
+
+        Why rows are still lost: a game waits whenever its next decision belongs to the other agent, and
+        every call opportunity (pass, chi, pon) shifts a game's turn order against the others. With
+        ``speculate_passes``, a call step whose asked seats and whose all-pass continuation belong to one
+        stateless agent (``MortalBatchAgent``) also hands that agent the continuation's scenes, played on a
+        clone of the table; if all pass, the game takes both steps in one batch (the decisions are those it
+        would get one batch later: a greedy engine plays the same game), else those rows are wasted.
+        Exploration draws (``MortalEngine`` with ``boltzmann_epsilon > 0``) are taken in batch order, so
+        any change of batching changes which draw a row gets: same distribution, other games.
 
         Returns:
             ``[n1, n2, n3, n4]``: games in which the challenger finished 1st … 4th.
