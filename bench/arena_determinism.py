@@ -1,8 +1,9 @@
 """Arena logs under a change of batching: seeded 1v3 runs compared log by log.
 
 Plays the same seeded OneVsThree games (a small random Brain+DQN per side, the champion with the agari guard)
-three times per exploration setting: twice with the arena as it is, once with every agent call split into two
-``react_batch`` calls (another batch composition, same games in flight). For each pair it prints how many logs
+four times per exploration setting: twice with ``speculate_passes=False`` (the batching before speculation),
+once with ``speculate_passes=True`` (the default), and once without speculation but with every agent call split
+into two ``react_batch`` calls (another batch composition, same games in flight). For each pair it prints how many logs
 are byte-identical, equal once meta ``eval_time_ns`` (wall time) is removed, once ``batch_size`` is removed too,
 and once ``q_values`` are removed too (the same events: the same game), plus the largest q-value difference.
 
@@ -33,7 +34,7 @@ def _engines(eps, torch):
             for name, e, guard in (("trainee", eps, False), ("baseline", 0, True))]
 
 
-def _play(eps, split, seeds, log_dir, torch):
+def _play(eps, split, seeds, log_dir, torch, speculate=False):
     from mortal.play.agent import MortalBatchAgent
     from mortal.play.arena import OneVsThree
 
@@ -47,7 +48,8 @@ def _play(eps, split, seeds, log_dir, torch):
     a, b = _engines(eps, torch)
     if split:
         a, b = Split(a), Split(b)
-    OneVsThree(disable_progress_bar=True, log_dir=log_dir).py_vs_py(a, b, seed_start=(300, 7), seed_count=seeds)
+    OneVsThree(disable_progress_bar=True, log_dir=log_dir, speculate_passes=speculate).py_vs_py(
+        a, b, seed_start=(300, 7), seed_count=seeds)
     return {f: gzip.open(os.path.join(log_dir, f)).read() for f in sorted(os.listdir(log_dir))}
 
 
@@ -94,12 +96,14 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         for eps in args.epsilon:
             runs = {}
-            for name, split in (("a", False), ("b", False), ("split", True)):
+            for name, split, spec in (("a", False, False), ("b", False, False), ("on", False, True),
+                                      ("split", True, False)):
                 d = os.path.join(tmp, f"{eps}_{name}")
                 os.makedirs(d)
-                runs[name] = _play(eps, split, args.seeds, d, torch)
-            print(f"epsilon {eps}, same arena twice:   {compare(runs['a'], runs['b'])}")
-            print(f"epsilon {eps}, batches split in 2: {compare(runs['a'], runs['split'])}")
+                runs[name] = _play(eps, split, args.seeds, d, torch, spec)
+            print(f"epsilon {eps}, no speculation twice:      {compare(runs['a'], runs['b'])}")
+            print(f"epsilon {eps}, speculation off vs on:     {compare(runs['a'], runs['on'])}")
+            print(f"epsilon {eps}, off vs off + split batches: {compare(runs['a'], runs['split'])}")
 
 
 if __name__ == "__main__":
