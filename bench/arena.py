@@ -7,9 +7,22 @@ Prints
 * the model's pure batched forward time for the same decisions (sum of the
   engine's ``react_batch`` time) and its share of the model run;
 * rows per forward: mean, and mean while at least 80% of the games are running,
-  against N = number of games in flight.
+  against N = number of games in flight;
+* where the other rows went: per agent turn (one ``react`` call) while at least 80% of
+  the games run, the games served and the games waiting only on the other side's agent;
+* the schedule bound: each game's sequence of steps (which side must decide) is
+  recorded; the arena's rule (serve the side with the most pending decisions) is
+  replayed on it, and a beam search (``--bound-width``) that knows every game's future
+  looks for the schedule with the fewest turns. With greedy engines a game's steps do
+  not depend on the schedule, so no arena that serves one side per forward can batch
+  more decisions per turn than the best schedule there is (the beam's is a lower estimate of it).
 
-Usage: python bench/arena.py [--seeds 8] [--channels 64] [--blocks 4] [--version 3]
+With ``--speculate on`` (the arena's default) some of the rows are speculative (the step after a call step,
+decided in the same batch in case every asked seat passes); the bench prints how many were used and the useful
+decisions per turn.
+
+Usage: python bench/arena.py [--seeds 8] [--channels 64] [--blocks 4] [--version 3] [--bound-width 64]
+       [--speculate on|off]
 """
 
 if __package__ in (None, ''):  # run as a script: python bench/arena.py
@@ -56,10 +69,30 @@ class Timed:
         return out
 
 
-def run(challenger, champion, seeds, progress):
-    from mortal.play.arena import OneVsThree
+class TurnLog:
+    """Wraps an arena agent: records (time, side, games served, scenes, speculative scenes) of every ``react``
+    call (a turn)."""
 
-    arena = OneVsThree(disable_progress_bar=not progress)
+    def __init__(self, agent, side, turns):
+        self._agent = agent
+        self._side = side
+        self._turns = turns
+
+    def __getattr__(self, name):
+        return getattr(self._agent, name)
+
+    def react(self, scenes):
+        spec = [sc for sc in scenes if sc.speculative]
+        self._turns.append((time.perf_counter(), self._side, len({sc.game for sc in scenes}), len(scenes), spec))
+        return self._agent.react(scenes)
+
+
+def run(challenger, champion, seeds, progress, steps=None, speculate=True, spec_out=None):
+    """Play the bench's games; returns (seconds, game end times). ``steps``: a dict filled with, per game id,
+    its list of steps, each a tuple (decisions of side 0 = challenger, decisions of side 1 = champion)."""
+    import mortal.play.arena as arena_mod
+
+    arena = arena_mod.OneVsThree(disable_progress_bar=not progress, speculate_passes=speculate)
     finish = []
     orig = arena._finish
 
@@ -68,9 +101,122 @@ def run(challenger, champion, seeds, progress):
         orig(g, rankings)
 
     arena._finish = _finish
-    t0 = time.perf_counter()
-    arena.py_vs_py(challenger, champion, seed_start=(1, 2024), seed_count=seeds)
-    return time.perf_counter() - t0, finish
+    orig_scenes = arena_mod._Game.scenes
+    if steps is not None:
+        def scenes(g, guard, absorbed=None):  # one call per step of a game (not a speculated one): which sides decide
+            out = orig_scenes(g, guard, absorbed)
+            n = [0, 0]
+            for sc in out:
+                n[0 if g.agents[sc.seat] is g.agents[SPLIT_SEAT[g.split]] else 1] += 1
+            steps.setdefault(g.gid, []).append(tuple(n))
+            return out
+
+        arena_mod._Game.scenes = scenes
+    try:
+        t0 = time.perf_counter()
+        arena.py_vs_py(challenger, champion, seed_start=(1, 2024), seed_count=seeds)
+        if spec_out is not None:
+            spec_out.extend(arena.speculated)
+        return time.perf_counter() - t0, finish
+    finally:
+        arena_mod._Game.scenes = orig_scenes
+
+
+SPLIT_SEAT = {"a": 0, "b": 1, "c": 2, "d": 3}  # split -> the challenger's seat
+
+
+def _early_cut(n):
+    """Turns counted as "while >= 80% of the games run": those before int(0.2 * n) games have ended (the turn
+    that ends the last of them included), as the bench's cutoff on the model run."""
+    return max(1, int(0.2 * n))
+
+
+def replay_max_pending(steps):
+    """Replay the arena's rule on recorded steps: each turn serves the side with the most pending decisions
+    (ties: the challenger, side 0, as the arena's ``max`` over its agents in that order); a game moves to its
+    next step once every side of its step has decided.
+
+    Args:
+        steps: per game, a list of steps ``(n0, n1)``: decisions of side 0 and side 1 (not both 0).
+
+    Returns:
+        ``(per_turn, early)``: decisions served in each turn, and those of the turns while >= 80% of the games
+        run (``_early_cut``).
+    """
+    n = len(steps)
+    ptr = [0] * n
+    left = [list(q[0]) for q in steps]  # decisions still pending at each game's current step
+    running = set(range(n))
+    cut = _early_cut(n)
+    per_turn, early = [], []
+    while running:
+        pend = [sum(left[g][s] for g in running) for s in (0, 1)]
+        side = 0 if pend[0] >= pend[1] else 1
+        ended_before = n - len(running)
+        for g in list(running):
+            if left[g][side]:
+                left[g][side] = 0
+                if not any(left[g]):
+                    ptr[g] += 1
+                    if ptr[g] == len(steps[g]):
+                        running.discard(g)
+                    else:
+                        left[g] = list(steps[g][ptr[g]])
+        per_turn.append(pend[side])
+        if ended_before < cut:
+            early.append(pend[side])
+    return per_turn, early
+
+
+def best_schedule(steps, width):
+    """Beam search for a short schedule of turns (which side each turn serves) knowing every game's future.
+
+    A step that needs both sides is taken as side 0 then side 1 (rare: under 0.5% of the steps). Beams are the
+    ``width`` schedules (after removing equal states) with the most steps done; ties: the smaller spread
+    between the games. The result is the best schedule found, not a proven optimum.
+
+    Args:
+        steps: as ``replay_max_pending``.
+        width: beams kept per turn (>= 1; 1 is a greedy search on steps done).
+
+    Returns:
+        ``(per_turn, early)`` as ``replay_max_pending``, for the best schedule found.
+    """
+    seqs = []
+    for q in steps:
+        seqs.append([(s, k) for n0, n1 in q for s, k in ((0, n0), (1, n1)) if k])
+    n = len(seqs)
+    lens = np.array([len(q) for q in seqs])
+    side = np.full((n, lens.max() + 1), -1, np.int8)  # -1: the game has ended
+    dec = np.zeros((n, lens.max() + 1), np.int64)
+    for g, q in enumerate(seqs):
+        side[g, :len(q)] = [s for s, _ in q]
+        dec[g, :len(q)] = [k for _, k in q]
+    rows = np.arange(n)[None, :]
+    beams = np.zeros((1, n), np.int64)
+    history = [()]  # per beam, the sides served so far
+    while not (beams[0] >= lens).all():
+        cur = side[rows, beams]
+        nxt = np.concatenate([beams + (cur == s) for s in (0, 1)])
+        parents = [(i, s) for s in (0, 1) for i in range(len(beams))]
+        score = nxt.sum(1) - (nxt.max(1) - nxt.min(1)) / (2 * n * (lens.max() + 1))
+        _, first = np.unique(nxt, axis=0, return_index=True)
+        keep = first[np.argsort(-score[first], kind="stable")][:width]
+        history = [history[parents[i][0]] + (parents[i][1],) for i in keep]
+        beams = nxt[keep]
+    # replay the winner to count decisions per turn and the early turns
+    ptr = np.zeros(n, np.int64)
+    cut = _early_cut(n)
+    per_turn, early = [], []
+    for s in history[0]:
+        ended_before = int((ptr >= lens).sum())
+        adv = side[rows[0], ptr] == s
+        k = int(dec[rows[0], ptr][adv].sum())
+        ptr += adv
+        per_turn.append(k)
+        if ended_before < cut:
+            early.append(k)
+    return per_turn, early
 
 
 def main(argv=None):
@@ -84,9 +230,14 @@ def main(argv=None):
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: the arena shares the CPU)")
     p.add_argument("--progress", action="store_true")
+    p.add_argument("--speculate", choices=("on", "off"), default="on",
+                   help="the arena decides the step after a call step in the same batch (OneVsThree(speculate_passes))")
+    p.add_argument("--bound-width", type=int, default=64,
+                   help="beams of the schedule bound (0: skip it; the search takes seconds per 32 games at 64)")
     args = entry.start(p, argv, log_level=None)
     try:
         import torch
+        from mortal.play.agent import MortalBatchAgent
         from mortal.play.engine import MortalEngine
         from mortal.model.networks import DQN, Brain
     except ImportError as e:
@@ -95,19 +246,24 @@ def main(argv=None):
     n_games = 4 * args.seeds
 
     floor_calls = []
+    speculate = args.speculate == "on"
     wall_floor, _ = run(Timed(FirstLegal("floor", args.version), floor_calls),
-                        Timed(FirstLegal("floor", args.version), floor_calls), args.seeds, args.progress)
+                        Timed(FirstLegal("floor", args.version), floor_calls), args.seeds, args.progress,
+                        speculate=speculate)
     floor_rows = sum(c[1] for c in floor_calls)
 
     torch.manual_seed(0)
     calls = []
-    engines = []
-    for name in ("challenger", "champion"):
+    turns = []
+    agents = []
+    for side, name in enumerate(("challenger", "champion")):
         brain = Brain(conv_channels=args.channels, num_blocks=args.blocks, version=args.version).eval()
         dqn = DQN(version=args.version).eval()
         eng = MortalEngine(brain, dqn, version=args.version, device=torch.device(args.device), name=name)
-        engines.append(Timed(eng, calls))
-    wall_model, finish = run(engines[0], engines[1], args.seeds, args.progress)
+        agents.append(TurnLog(MortalBatchAgent(Timed(eng, calls)), side, turns))
+    steps = {}
+    spec = []
+    wall_model, finish = run(agents[0], agents[1], args.seeds, args.progress, steps, speculate, spec)
 
     t_fwd = sum(c[2] for c in calls)
     rows = np.array([c[1] for c in calls])
@@ -115,6 +271,7 @@ def main(argv=None):
     cutoff = sorted(finish)[max(0, int(0.2 * n_games) - 1)] if finish else float("inf")
     early = np.array([c[1] for c in calls if c[0] < cutoff])
     decisions = int(rows.sum())
+    print(f"arena: speculate_passes={speculate}")
     print(f"games: {n_games} (all in flight), model: Brain(conv_channels={args.channels}, "
           f"num_blocks={args.blocks}, version={args.version}) + DQN on {args.device}, "
           f"torch threads {torch.get_num_threads()}")
@@ -129,6 +286,37 @@ def main(argv=None):
           f"forward-only bound {n_games / t_fwd:.2f} games/s; model run / forward-only {wall_model / t_fwd:.2f}x")
     print(f"rows per forward: mean {rows.mean():.1f}; while >= 80% of games run {early.mean() if len(early) else float('nan'):.1f} "
           f"(N = {n_games} games; champion sees up to 3 seats per game)")
+
+    # where the rows went: per turn while most games run, the running games not served wait on the other side
+    ends = sorted(finish)
+    early_turns = [t for t in turns if t[0] < cutoff]
+    running = [n_games - sum(1 for e in ends if e < t[0]) for t in early_turns]
+    served = [t[2] for t in early_turns]
+    print(f"agent turns (react calls) while >= 80% of games run: {len(early_turns)}; per turn: "
+          f"{np.mean(running):.1f} games running, {np.mean(served):.1f} served, "
+          f"{np.mean(running) - np.mean(served):.1f} waiting only on the other side's agent; "
+          f"scenes per turn {np.mean([t[3] for t in early_turns]):.1f}")
+    if speculate:
+        useful = [t[3] - sum(not sc.adopted for sc in t[4]) for t in turns]
+        useful_early = useful[:len(early_turns)]
+        print(f"speculative scenes (the step after a call step, decided in the same batch): {spec[0]} handed to "
+              f"the agents, {spec[1]} used ({spec[0] - spec[1]} = {(spec[0] - spec[1]) / max(1, decisions):.1%} of "
+              f"the rows computed for nothing); useful scenes (decisions the games took) per turn: mean "
+              f"{np.mean(useful):.1f}, while >= 80% of games run {np.mean(useful_early):.1f} = "
+              f"{np.mean(useful_early) / n_games:.2f} N")
+        print("(the replay and the bound below take the steps as recorded: a step whose decisions were decided "
+              "speculatively is merged into the call step before it)")
+    seqs = [steps[g] for g in sorted(steps)]
+    per_turn, early_rep = replay_max_pending(seqs)
+    print(f"replay of the arena's rule on the recorded steps: {len(per_turn)} turns (run: {len(turns)}); "
+          f"decisions per turn mean {np.mean(per_turn):.1f}, while >= 80% run {np.mean(early_rep):.1f}")
+    if args.bound_width > 0:
+        t0 = time.perf_counter()
+        per_turn, early_best = best_schedule(seqs, args.bound_width)
+        print(f"best schedule found (beam width {args.bound_width}, knowing every game's future, "
+              f"{time.perf_counter() - t0:.0f} s): {len(per_turn)} turns; decisions per turn mean "
+              f"{np.mean(per_turn):.1f}, while >= 80% run {np.mean(early_best):.1f} = "
+              f"{np.mean(early_best) / n_games:.2f} N (one side per forward)")
 
 
 if __name__ == "__main__":

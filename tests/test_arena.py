@@ -343,3 +343,45 @@ def test_many_games_replay_and_balance(tmp_path):
     for p in tmp_path.iterdir():
         events = read_log(p)
         check_log(events, events[0]["names"])
+
+
+def _events_without(path, keys=("batch_size", "eval_time_ns")):
+    out = []
+    for ev in read_log(path):
+        for k in keys:
+            (ev.get("meta") or {}).pop(k, None)
+        out.append(ev)
+    return out
+
+
+@pytest.mark.slow
+def test_speculated_steps_leave_the_games_unchanged(tmp_path):
+    # PriorityEngine's choice depends on the row only, so deciding the step after a call step in the same batch
+    # (speculation on) must give the same games, q-values included; only batch_size and eval_time_ns may differ
+    runs = {}
+    for flag in (False, True):
+        d = tmp_path / str(flag)
+        arena = OneVsThree(disable_progress_bar=True, log_dir=str(d), speculate_passes=flag)
+        ranks = arena.py_vs_py(PriorityEngine("trainee", 1), PriorityEngine("baseline", 2, guard=True),
+                               seed_start=(100, 42), seed_count=2)
+        runs[flag] = (ranks, arena.speculated, {p.name: _events_without(p) for p in d.iterdir()})
+    assert runs[False][1] == [0, 0]
+    handed, used = runs[True][1]
+    assert 0 < used < handed  # some calls were taken (scenes dropped), some passes adopted
+    assert runs[True][0] == runs[False][0]
+    assert sorted(runs[True][2]) == sorted(runs[False][2]) and len(runs[True][2]) == 8
+    for name, events in runs[False][2].items():
+        assert runs[True][2][name] == events, name
+
+
+class CountingBot(MjaiBotAgent):
+    def react(self, scenes):
+        assert not any(sc.speculative for sc in scenes)  # a bot keeps state: never a step that may not happen
+        return super().react(scenes)
+
+
+@pytest.mark.slow
+def test_no_speculation_for_agents_that_keep_state():
+    arena = OneVsThree(disable_progress_bar=True)
+    arena.py_vs_py(CountingBot(name="a"), CountingBot(name="b"), seed_start=(7, 1), seed_count=1)
+    assert arena.speculated == [0, 0]

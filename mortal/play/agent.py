@@ -67,6 +67,8 @@ class Scene:
         v4: the seat's ``mortal.features.obs_v4.V4Encoder`` (fed the same events as ``state``, in
             the same order) when the agent encodes version 4 (``needs_v4_encoder``), else
             ``None``; a version-4 engine given ``None`` raises ``ValueError``.
+        speculative: the step may never happen (the arena's guess that every seat asked for a call passes;
+            only handed to agents with ``stateless = True``); ``adopted`` is set once the arena used its decision.
     """
 
     game: int
@@ -75,6 +77,8 @@ class Scene:
     events: list = field(default_factory=list)
     best_win_scores: Callable[[], Sequence[int]] | None = None
     v4: Any = None
+    speculative: bool = False
+    adopted: bool = False
 
 
 @dataclass
@@ -190,10 +194,15 @@ class MortalBatchAgent:
     ``(C,34) float32`` plus every kan-select obs; returns one ``Decision`` each. A
     version-4 engine needs every scene's ``v4`` encoder (``Scene.v4``).
 
+    ``stateless = True``: a scene's decision depends on that scene only, so the arena may hand it scenes of
+    a step that may never happen (``OneVsThree(speculate_passes=True)``) and drop their decisions.
+
     Raises:
         ValueError: an oracle engine (the arena has no oracle features).
         UnsupportedVersionError: ``engine.version`` is not 1-4.
     """
+
+    stateless = True
 
     def __init__(self, engine):
         if getattr(engine, "is_oracle", False):

@@ -10,7 +10,8 @@ applied by the pure function ``next_kyoku`` (``mortal.play.kyoku_flow``). Each s
 ``mjai.mlibriichi`` ``PlayerState`` fed from the table's masked events (plus, for a
 seat whose agent encodes version 4, a ``mortal.features.obs_v4.V4Encoder`` fed the same
 events in the same order); an agent (``mortal.play.agent``) is called with all its
-pending decisions across all games.
+pending decisions across all games (and, for a call step, the step after it in case every asked seat
+passes: ``OneVsThree(speculate_passes=True)``).
 
 Within a kyoku the table scores hora (incl. honba/kyotaku, multi-ron, pao),
 nagashi mangan, noten payments and abortive draws; this module takes its
@@ -97,7 +98,9 @@ class _Game:
         self.flow = KyokuState()
         self.lines = [json.dumps({"type": "start_game", "names": names, "seed": [nonce, key]}, separators=(",", ":"))]
         self.states: list[PlayerState] = []
+        self.history: list[list[str]] = []  # per seat, the events its state was fed this kyoku
         self.obs: dict = {}
+        self.spec: dict | None = None  # seat -> (events, Scene) of the speculative continuation after all pass
         self.done = False
         self.scores: list[int] | None = None
         self.ranks: list[int] | None = None
@@ -114,6 +117,7 @@ class _Game:
         f = self.flow
         wall = kyoku_wall(self.nonce, self.key, f.kyoku_index, f.honba)
         self.states = [PlayerState(s) for s in range(4)]
+        self.history = [[] for _ in range(4)]
         # fresh per kyoku like the states (the encoder also resets itself at start_kyoku)
         self.encoders = [V4Encoder(s) if self.v4_seats[s] else None for s in range(4)]
         self.meta_queue = [[] for _ in range(4)]
@@ -123,8 +127,9 @@ class _Game:
         if not self.obs:
             raise ArenaError(f"{self.label()}: table gave no decision at the start of kyoku {f.kyoku_index}")
 
-    def scenes(self, guard: list[bool]) -> list[Scene]:
-        out = []
+    def absorb(self) -> dict:
+        """Feed each asked seat's new masked events to its state (and encoder); returns seat -> events."""
+        out = {}
         for seat, ob in self.obs.items():
             events = ob.new_events()
             st, enc = self.states[seat], self.encoders[seat]
@@ -132,12 +137,76 @@ class _Game:
                 st.update(ev)
                 if enc is not None:
                     enc.update(ev)
+            self.history[seat].extend(events)
+            out[seat] = events
+        return out
+
+    def scenes(self, guard: list[bool], absorbed: dict | None = None) -> list[Scene]:
+        """The scenes of the seats the table asks now (``absorbed``: their events, if ``absorb`` already ran)."""
+        if absorbed is None:
+            absorbed = self.absorb()
+        out = []
+        for seat, ob in self.obs.items():
+            st = self.states[seat]
             if not st.last_cans.can_act:
                 raise ArenaError(f"{self.label(seat)}: the table asks for a decision the PlayerState does not offer "
                                  f"(legal {[a.to_mjai() for a in ob.legal_actions()]})")
             best = (lambda seat=seat: self._best_win_scores(seat)) if guard[seat] else None
-            out.append(Scene(self.gid, seat, st, events, best, enc))
+            out.append(Scene(self.gid, seat, st, absorbed[seat], best, self.encoders[seat]))
         return out
+
+    def speculate(self, guard: list[bool]) -> list[Scene]:
+        """Scenes of the step that follows if every asked seat passes, to be decided in the same batch.
+
+        Only for a call step (no asked seat can discard) whose asked seats and whose continuation's seats all
+        belong to one agent that keeps no state between scenes (``stateless``), in a game without version-4
+        encoders: the continuation is played on a clone of the table, and each of its seats gets a fresh
+        ``PlayerState`` replayed from the seat's events of this kyoku. ``adopt`` later uses the decisions iff
+        the seats did all pass and the table then asks the same seats with the same events. Sets ``self.spec``;
+        returns its scenes (empty when there is none).
+        """
+        self.spec = None
+        agent = {id(self.agents[seat]) for seat in self.obs}
+        if len(agent) != 1 or any(self.v4_seats):
+            return []
+        agent = self.agents[next(iter(self.obs))]
+        if not getattr(agent, "stateless", False) or any(self.states[seat].last_cans.can_discard for seat in self.obs):
+            return []
+        sim = self.env.clone()
+        passes = {}
+        for seat, ob in self.obs.items():
+            act = ob.select_action_from_mjai('{"type":"none"}')
+            if act is None:
+                return []
+            passes[seat] = act
+        obs = sim.step(passes)
+        if sim.done() or not obs or any(self.agents[seat] is not agent for seat in obs):
+            return []
+        spec = {}
+        for seat, ob in obs.items():
+            events = ob.new_events()
+            st = PlayerState(seat)
+            for ev in self.history[seat]:
+                st.update(ev)
+            for ev in events:
+                st.update(ev)
+            if not st.last_cans.can_act:
+                return []
+            best = (lambda seat=seat, st=st, ob=ob: self._best_win_scores(seat, sim, ob, st)) if guard[seat] else None
+            spec[seat] = (events, Scene(self.gid, seat, st, events, best, None, speculative=True))
+        self.spec = spec
+        return [sc for _, sc in spec.values()]
+
+    def adopt(self, absorbed: dict) -> bool:
+        """Whether the speculative continuation is the table's step now (same seats, same events), after
+        ``absorb``; then its states replace the seats' states (they were fed the same events)."""
+        spec, self.spec = self.spec, None
+        if spec is None or set(spec) != set(self.obs) or any(spec[s][0] != absorbed[s] for s in spec):
+            return False
+        for seat, (_, sc) in spec.items():
+            self.states[seat] = sc.state
+            sc.adopted = True
+        return True
 
     def commit(self, decisions: dict) -> None:
         actions = {}
@@ -167,17 +236,18 @@ class _Game:
                              f"{MAX_STEPS_PER_KYOKU} steps")
         self.obs = obs
 
-    def _best_win_scores(self, seat: int) -> list[int]:
+    def _best_win_scores(self, seat: int, env=None, ob=None, st=None) -> list[int]:
         """Absolute scores after this seat's hora now (the agari guard of Mortal's ``agent/mortal.rs``): the table's
         exact payment for the hand (single winner), plus, in riichi, an upper bound on
-        ura dora: every ura indicator pointing at the most-held kinds."""
-        st = self.states[seat]
+        ura dora: every ura indicator pointing at the most-held kinds. ``env``/``ob``/``st``: the table, the
+        seat's observation and state of a speculative step (default: this game's)."""
+        st = self.states[seat] if st is None else st
         now = abs_scores(st)
-        ob = self.obs[seat]
+        ob = self.obs[seat] if ob is None else ob
         hora = next((a for a in ob.legal_actions() if "RON" in str(a.action_type) or "TSUMO" in str(a.action_type)), None)
         if hora is None:
             return now
-        sim = self.env.clone()
+        sim = (self.env if env is None else env).clone()
         sim.step({seat: hora})
         hora_ev = next((e for e in sim.mjai_log if e["type"] == "hora" and e["actor"] == seat), None)
         if hora_ev is None:
@@ -270,11 +340,17 @@ class OneVsThree:
         log_dir: if set, one ``{nonce}_{key}_{a|b|c|d}.json.gz`` mjai log per game
             (decimal nonce/key; split = challenger seat 0-3), written atomically as
             each game ends; the directory is created, not cleared.
+        speculate_passes: decide the step after a call step in the same batch as the call (see
+            ``py_vs_py``); False plays the same games with the batching before speculation. ``speculated``:
+            ``[scenes handed to agents, scenes used]`` of the last run.
     """
 
-    def __init__(self, *, disable_progress_bar: bool = False, log_dir: str | None = None):
+    def __init__(self, *, disable_progress_bar: bool = False, log_dir: str | None = None,
+                 speculate_passes: bool = True):
         self.disable_progress_bar = disable_progress_bar
         self.log_dir = log_dir
+        self.speculate_passes = speculate_passes
+        self.speculated = [0, 0]  # speculative scenes of the last run: handed to agents, and used
         self.last_games: list = []  # (nonce, key, split, final scores, rank_by_player) of the last run
 
     def py_vs_py(self, challenger, champion, seed_start: tuple[int, int], seed_count: int) -> list[int]:
@@ -287,6 +363,15 @@ class OneVsThree:
         pending decision of that agent across all games (one ``react_batch``); the
         agent with the most pending decisions is served next, so games fall into
         step and batches approach the number of games in flight.
+
+        Why rows are still lost: a game waits whenever its next decision belongs to the other agent, and
+        every call opportunity (pass, chi, pon) shifts a game's turn order against the others. With
+        ``speculate_passes``, a call step whose asked seats and whose all-pass continuation belong to one
+        stateless agent (``MortalBatchAgent``) also hands that agent the continuation's scenes, played on a
+        clone of the table; if all pass, the game takes both steps in one batch (the decisions are those it
+        would get one batch later: a greedy engine plays the same game), else those rows are wasted.
+        Exploration draws (``MortalEngine`` with ``boltzmann_epsilon > 0``) are taken in batch order, so
+        any change of batching changes which draw a row gets: same distribution, other games.
 
         Returns:
             ``[n1, n2, n3, n4]``: games in which the challenger finished 1st … 4th.
@@ -312,18 +397,41 @@ class OneVsThree:
                 games.append(_Game(len(games), nonce0 + n, key, SPLITS[split], agents, [a.name for a in agents]))
         rankings = [0, 0, 0, 0]
         self.last_games = []
+        self.speculated = [0, 0]
         guards = {id(a): bool(getattr(a, "agari_guard", False)) for a in (chal, champ)}
         agents = {id(chal): chal, id(champ): champ}
         pending: dict[int, list[Scene]] = {aid: [] for aid in agents}
         waiting: dict[int, int] = {}  # game -> scenes not yet decided
         decided: dict[int, dict] = {}
+        spec_ids: set[int] = set()  # id() of the speculative scenes pending
+        spec_decided: dict[int, dict] = {}  # game -> seat -> Decision of its speculative scenes
 
-        def gather(g: _Game) -> None:
-            scenes = g.scenes([guards[id(a)] for a in g.agents])
+        def gather(g: _Game, absorbed: dict | None = None) -> None:
+            guard = [guards[id(a)] for a in g.agents]
+            scenes = g.scenes(guard, absorbed)
             waiting[g.gid] = len(scenes)
             decided[g.gid] = {}
-            for sc in scenes:
+            spec_decided[g.gid] = {}
+            spec = g.speculate(guard) if self.speculate_passes else []
+            spec_ids.update(id(sc) for sc in spec)
+            self.speculated[0] += len(spec)
+            for sc in scenes + spec:
                 pending[id(g.agents[sc.seat])].append(sc)
+
+        def advance(g: _Game, dec: dict, spec: dict) -> None:
+            # a call step all passed whose continuation was decided in the same batch: take that step too
+            while True:
+                g.commit(dec)
+                if g.done:
+                    return
+                absorbed = g.absorb()
+                if not (spec and all(d.reaction.get("type") == "none" for d in dec.values())
+                        and g.adopt(absorbed)):
+                    g.spec = None
+                    gather(g, absorbed)
+                    return
+                self.speculated[1] += len(spec)
+                dec, spec = spec, {}
 
         for g in games:
             gather(g)
@@ -343,19 +451,21 @@ class OneVsThree:
                     raise ArenaError(f"{games[e.game].label(e.seat)}: {e}") from e
                 ready = []
                 for sc, dec in zip(scenes, decisions):
+                    if id(sc) in spec_ids:
+                        spec_ids.discard(id(sc))
+                        spec_decided[sc.game][sc.seat] = dec
+                        continue
                     decided[sc.game][sc.seat] = dec
                     waiting[sc.game] -= 1
                     if waiting[sc.game] == 0:
                         ready.append(games[sc.game])
                 for g in ready:
-                    g.commit(decided.pop(g.gid))
+                    advance(g, decided.pop(g.gid), spec_decided.pop(g.gid))
                     if g.done:
                         del waiting[g.gid]
                         remaining -= 1
                         self._finish(g, rankings)
                         bar.update(1)
-                    else:
-                        gather(g)
         return rankings
 
     def _finish(self, g: _Game, rankings: list[int]) -> None:
