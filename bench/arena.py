@@ -17,7 +17,7 @@ Prints
   not depend on the schedule, so no arena that serves one side per forward can batch
   more decisions per turn than the best schedule there is (the beam's is a lower estimate of it).
 
-With ``--speculate on`` (the arena's default) some of the rows are speculative (the step after a call step,
+With ``--speculate on`` (the bench's default; the arena's is off) some of the rows are speculative (the step after a call step,
 decided in the same batch in case every asked seat passes); the bench prints how many were used and the useful
 decisions per turn.
 

@@ -2,7 +2,7 @@
 
 Plays the same seeded OneVsThree games (a small random Brain+DQN per side, the champion with the agari guard)
 four times per exploration setting: twice with ``speculate_passes=False`` (the batching before speculation),
-once with ``speculate_passes=True`` (the default), and once without speculation but with every agent call split
+once with ``speculate_passes=True``, and once without speculation but with every agent call split
 into two ``react_batch`` calls (another batch composition, same games in flight). For each pair it prints how many logs
 are byte-identical, equal once meta ``eval_time_ns`` (wall time) is removed, once ``batch_size`` is removed too,
 and once ``q_values`` are removed too (the same events: the same game), plus the largest q-value difference.

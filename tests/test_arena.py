@@ -382,6 +382,6 @@ class CountingBot(MjaiBotAgent):
 
 @pytest.mark.slow
 def test_no_speculation_for_agents_that_keep_state():
-    arena = OneVsThree(disable_progress_bar=True)
+    arena = OneVsThree(disable_progress_bar=True, speculate_passes=True)
     arena.py_vs_py(CountingBot(name="a"), CountingBot(name="b"), seed_start=(7, 1), seed_count=1)
     assert arena.speculated == [0, 0]
