@@ -4,15 +4,20 @@ The three-process design stays as it is: every actor is a ``mortal.client.Client
 TCP exactly as ``python mortal/client.py`` does (fetch parameters, play a round, submit the logs). Ray only starts,
 places and restarts them, and carries their per-round records back to this driver:
 
-- ``[fleet] actors`` actors (``--actors``), on a local Ray instance, or on a running cluster (``[fleet] address``,
-  ``--address``). Each reserves ``num_cpus`` CPUs (its torch threads) and ``num_gpus`` of a GPU, so that four
-  actors with ``num_gpus = 0.25`` share one card.
+- ``[fleet] actors`` actors (``--actors``), on a local Ray instance, or on a running cluster (``--address``, else
+  ``[fleet] address``, else ``$RAY_ADDRESS``). Each reserves ``num_cpus`` CPUs (its torch threads) and ``num_gpus``
+  of a GPU, so that four actors with ``num_gpus = 0.25`` share one card.
 - Actor ``i`` plays ``[train_play.<profiles[i % len(profiles)]>]`` (its ``TRAIN_PLAY_PROFILE``) and writes its
   round's logs to ``<that profile's log_dir>/fleet-<i>``: clients on one node never wipe each other's logs.
 - A dead actor (killed, out of memory, a crashed node) is restarted by Ray up to ``max_restarts`` times (-1: no
   limit) and plays on; the driver logs ``actor I died ...`` and ``actor I restarted (pid P ...)``. An actor whose
   start fails (a bad config, a missing baseline file) or whose round raises is reported and dropped; the fleet
   exits with status 1 once no actor is left.
+- Bad input stops the start with one ``error:`` line and status 2, before any actor is made: a ``[fleet]`` value,
+  a profile without its table, an address where nothing answers, a TensorBoard directory that cannot be written,
+  and, on a local instance, actors that the machine cannot run at once (Ray would queue them for good; on a cluster,
+  which may grow, it is a warning). An actor not started after a minute is reported with the cluster's free
+  resources. SIGTERM stops the fleet as Ctrl-C does (status 0; a local instance is shut down).
 - Each fleet round (one round of every live actor) gives one line, ``fleet round R: ...`` with the trainee's rank
   counts, avg rank and avg pt of that round and of the last ``[online] history_window`` fleet rounds, and hanchan/h;
   and one TensorBoard group ``fleet/*`` in ``[fleet] tensorboard_dir``.
@@ -111,6 +116,13 @@ def check_devices(config: dict, num_gpus: float) -> list:
             problems.append(f'{where} is {device!r} but [fleet] num_gpus is 0: Ray gives such an actor no GPU; '
                             'reserve a share of one, e.g. num_gpus = 0.25 for four actors per GPU')
     return problems
+
+
+def check_shares(num_cpus: float, num_gpus: float) -> list:
+    """Problems of ``[fleet] num_cpus`` and ``num_gpus`` that Ray refuses only once actors are made: a share below
+    its unit, 0.0001 of a CPU or GPU. Returns the messages (empty: fine)."""
+    return [f'[fleet] {key} is {value:g}: Ray counts a CPU or GPU in steps of 0.0001, so reserve at least that'
+            for key, value in (('num_cpus', num_cpus), ('num_gpus', num_gpus)) if 0 < value < 1e-4]
 
 
 def capacity(nodes: list, num_cpus: float, num_gpus: float) -> int:
@@ -414,7 +426,7 @@ def main(argv=None):
         plans = plan_actors(config, actors, fleet.profiles, config_path)
     except ConfigError as ex:
         return entry.error(ex)
-    problems = check_devices(config, fleet.num_gpus)
+    problems = check_shares(fleet.num_cpus, fleet.num_gpus) + check_devices(config, fleet.num_gpus)
     if problems:
         return entry.error('; '.join(problems))
     address = ray_address(args.address, fleet.address)
@@ -431,18 +443,17 @@ def main(argv=None):
                            f'[control] tensorboard_dir in {config_path}): {ex}')
     os.environ.setdefault('RAY_DEDUP_LOGS', '0')  # before the import, which reads it: every actor's lines shown
     ray = import_ray()
+    old_handler = signal.signal(signal.SIGTERM, _stop)
     try:
-        if address:
-            ray.init(address=address, include_dashboard=False, log_to_driver=True)
-        else:
-            ray.init(include_dashboard=False, log_to_driver=True, object_store_memory=LOCAL_OBJECT_STORE_BYTES)
-    except (ValueError, ConnectionError, RuntimeError) as ex:  # a bad address, no cluster there, a failed start
-        writer.close()
-        ray.shutdown()
-        return entry.error(f'cannot join the Ray cluster at {address or "a new local instance"} ({where}): '
-                           f'{_last_line(ex)}')
-    signal.signal(signal.SIGTERM, _stop)  # Ray's own handler aborts the driver without shutting anything down
-    try:
+        try:
+            if address:
+                ray.init(address=address, include_dashboard=False, log_to_driver=True)
+            else:
+                ray.init(include_dashboard=False, log_to_driver=True, object_store_memory=LOCAL_OBJECT_STORE_BYTES)
+        except (ValueError, ConnectionError, RuntimeError) as ex:  # a bad address, no cluster there, a failed start
+            what = f'join the Ray cluster at {address} ({where})' if address else 'start a local Ray instance'
+            return entry.error(f'cannot {what}: {_last_line(ex)}')
+        signal.signal(signal.SIGTERM, _stop)  # again: ray.init put in its own, which aborts the driver (status -6)
         problem = resource_problem([n['Resources'] for n in ray.nodes() if n.get('Alive')], fleet.num_cpus,
                                    fleet.num_gpus, actors)
         if problem and not address:  # a local instance never grows
@@ -457,6 +468,7 @@ def main(argv=None):
     finally:
         writer.close()
         ray.shutdown()
+        signal.signal(signal.SIGTERM, old_handler)
 
 
 if __name__ == '__main__':

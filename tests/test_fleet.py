@@ -46,6 +46,13 @@ def test_a_profile_the_config_lacks_is_named_with_the_key_and_the_file(tmp_path)
     assert [p.profile for p in fleet.plan_actors(config, 3, ['default', 'default'])] == ['default'] * 3
 
 
+def test_a_share_below_rays_unit_is_refused_before_ray_starts():
+    assert fleet.check_shares(1.0, 0.0) == [] and fleet.check_shares(1e-4, 1e-4) == []
+    assert fleet.check_shares(1e-9, 5e-5) == [
+        '[fleet] num_cpus is 1e-09: Ray counts a CPU or GPU in steps of 0.0001, so reserve at least that',
+        '[fleet] num_gpus is 5e-05: Ray counts a CPU or GPU in steps of 0.0001, so reserve at least that']
+
+
 def test_the_actors_that_fit_on_the_cluster_at_once():
     big, cpu_only = {'CPU': 16.0, 'GPU': 1.0, 'memory': 1e9}, {'CPU': 8.0}
     assert fleet.capacity([big, cpu_only], 2.0, 0.0) == 8 + 4
