@@ -430,7 +430,7 @@ def main(argv=None):
     if problems:
         return entry.error('; '.join(problems))
     address = ray_address(args.address, fleet.address)
-    where = f'--address or [fleet] address in {config_path}'
+    where = f'--address, [fleet] address in {config_path}, or $RAY_ADDRESS'
     problem = address and unreachable(address)
     if problem:
         return entry.error(f'cannot join the Ray cluster at {address} ({where}): {problem}')
@@ -449,7 +449,9 @@ def main(argv=None):
             if address:
                 ray.init(address=address, include_dashboard=False, log_to_driver=True)
             else:
-                ray.init(include_dashboard=False, log_to_driver=True, object_store_memory=LOCAL_OBJECT_STORE_BYTES)
+                # 'local': a new instance even where `ray start` left one to join (ray.init() would join it)
+                ray.init(address='local', include_dashboard=False, log_to_driver=True,
+                         object_store_memory=LOCAL_OBJECT_STORE_BYTES)
         except (ValueError, ConnectionError, RuntimeError) as ex:  # a bad address, no cluster there, a failed start
             what = f'join the Ray cluster at {address} ({where})' if address else 'start a local Ray instance'
             return entry.error(f'cannot {what}: {_last_line(ex)}')

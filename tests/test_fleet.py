@@ -107,8 +107,8 @@ def test_bad_arguments_and_places_are_one_error_line_before_ray_starts(tmp_path,
     assert code == 2 and line.endswith(': error: --rounds must be >= 0')  # argparse's usage error
     dead = free_port()
     assert _main_error(capsys, ['-c', str(cfg), '--address', f'127.0.0.1:{dead}']) == (2, (
-        f'error: cannot join the Ray cluster at 127.0.0.1:{dead} (--address or [fleet] address in {cfg}): nothing '
-        f'answers at 127.0.0.1:{dead} ([Errno 111] Connection refused)'))
+        f'error: cannot join the Ray cluster at 127.0.0.1:{dead} (--address, [fleet] address in {cfg}, or '
+        f'$RAY_ADDRESS): nothing answers at 127.0.0.1:{dead} ([Errno 111] Connection refused)'))
     (tmp_path / 'a_file').write_text('')
     raw = toml.load(cfg)
     raw['fleet'] = {'tensorboard_dir': str(tmp_path / 'a_file' / 'tb')}
@@ -497,3 +497,37 @@ def test_a_local_instance_too_small_for_the_actors_is_refused(tmp_path):
                             r'\(\d+ CPUs \d+ GPUs\) has that much: Ray would queue every actor; reserve less', line)
     finally:
         driver.kill()
+
+
+def test_no_address_starts_a_new_local_instance_and_ray_address_joins_a_cluster(tmp_path, capsys, monkeypatch):
+    """'' must not join a `ray start` instance that ray.init() would find on its own (the local instance's
+    object_store_memory then made ray.init raise); RAY_ADDRESS is a cluster to join like --address."""
+    import socket
+    calls = []
+
+    class StopRay:
+        @staticmethod
+        def init(**kw):
+            calls.append(kw)
+            raise RuntimeError('no Ray in this test')
+
+        @staticmethod
+        def shutdown():
+            calls.append('shutdown')
+
+    monkeypatch.setattr(fleet, 'import_ray', lambda: StopRay)
+    monkeypatch.delenv('RAY_ADDRESS', raising=False)
+    _, cfg = load_tiny_config(tmp_path)
+    assert _main_error(capsys, ['-c', str(cfg)]) == (2, 'error: cannot start a local Ray instance: no Ray in this test')
+    assert calls == [{'address': 'local', 'include_dashboard': False, 'log_to_driver': True,
+                      'object_store_memory': fleet.LOCAL_OBJECT_STORE_BYTES}, 'shutdown']
+    calls.clear()
+    with socket.socket() as s:  # something answers there
+        s.bind(('127.0.0.1', 0))
+        s.listen()
+        head = f'127.0.0.1:{s.getsockname()[1]}'
+        monkeypatch.setenv('RAY_ADDRESS', head)
+        assert _main_error(capsys, ['-c', str(cfg)]) == (2, (
+            f'error: cannot join the Ray cluster at {head} (--address, [fleet] address in {cfg}, or $RAY_ADDRESS): '
+            'no Ray in this test'))
+    assert calls == [{'address': head, 'include_dashboard': False, 'log_to_driver': True}, 'shutdown']
