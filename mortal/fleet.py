@@ -166,7 +166,7 @@ def unreachable(address: str, timeout: float = CONNECT_SECONDS):
     if not sep or not port.isdigit():
         return None
     try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
+        socket.create_connection((host.strip('[]'), int(port)), timeout=timeout).close()  # [::1]:6379 too
     except (OSError, ValueError) as ex:  # ValueError: a port out of range
         return f'nothing answers at {address} ({ex})'
     return None

@@ -88,6 +88,15 @@ def test_an_address_where_nothing_listens_is_named_at_once():
         s.bind(('127.0.0.1', 0))
         s.listen()
         assert fleet.unreachable(f'127.0.0.1:{s.getsockname()[1]}') is None
+    if socket.has_ipv6:
+        with socket.socket(socket.AF_INET6) as s:
+            try:
+                s.bind(('::1', 0))
+            except OSError:  # no IPv6 loopback here
+                pass
+            else:
+                s.listen()
+                assert fleet.unreachable(f'[::1]:{s.getsockname()[1]}') is None
     assert fleet.unreachable('auto') is None and fleet.unreachable('garbage!!') is None  # Ray's own word on those
 
 
