@@ -33,7 +33,7 @@ from os import path
 
 import numpy as np
 import torch
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from mortal.config import typed
 from mortal.net import wire
@@ -41,6 +41,9 @@ from mortal.model.checkpoint import CheckpointError, check_loadable, read_baseli
 from mortal.stat import rank_summary  # of the display pts, as Mortal's client prints it
 
 logger = logging.getLogger('mortal.client' if __name__ == '__main__' else __name__)
+# A client holds <state_file>.lock only while it writes the baseline (seconds); longer means a stuck holder (e.g. a
+# hung network filesystem), and waiting on it silently would stall the start.
+BASELINE_LOCK_SECONDS = 60.0
 
 
 class RankHistory:
@@ -257,8 +260,8 @@ class Client:
         """Fetch the trainer's baseline from the server, check it (``unpack_baseline``) and write it to
         ``[baseline.train] state_file`` (``mortal.model.rotation.install_baseline``) under the lock file
         ``<state_file>.lock``, unless another client holding that lock already wrote the same weights; returns its
-        digest, or None (logged) when the server has none or it fails its checks (that digest is then not fetched
-        again)."""
+        digest, or None (logged) when the server has none, it fails its checks (that digest is then not fetched
+        again), the file cannot be written or the lock is held longer than ``BASELINE_LOCK_SECONDS``."""
         from mortal.model.rotation import install_baseline
         try:
             reply = fetch_baseline(self.remote, wait=wait, sleep=self.sleep)
@@ -278,11 +281,15 @@ class Client:
             return None
         try:
             # clients on one node (a fleet) share the file: one writes it, the others find it done
-            with FileLock(self.baseline_file + '.lock'):
+            with FileLock(self.baseline_file + '.lock', timeout=BASELINE_LOCK_SECONDS):
                 if file_digest(self.baseline_file) == digest:
                     logger.info("the trainer's baseline (digest %s) is already in %s", digest[:12], self.baseline_file)
                     return digest
                 backup = install_baseline(self.baseline_file, mortal, dqn, arch)
+        except Timeout:
+            logger.warning('cannot write the baseline to %s: its lock %s.lock has been held by another process for '
+                           '%g s', self.baseline_file, self.baseline_file, BASELINE_LOCK_SECONDS)
+            return None
         except OSError as ex:
             logger.warning('cannot write the baseline to %s: %s', self.baseline_file, ex)
             return None

@@ -4,15 +4,20 @@ The three-process design stays as it is: every actor is a ``mortal.client.Client
 TCP exactly as ``python mortal/client.py`` does (fetch parameters, play a round, submit the logs). Ray only starts,
 places and restarts them, and carries their per-round records back to this driver:
 
-- ``[fleet] actors`` actors (``--actors``), on a local Ray instance, or on a running cluster (``[fleet] address``,
-  ``--address``). Each reserves ``num_cpus`` CPUs (its torch threads) and ``num_gpus`` of a GPU, so that four
-  actors with ``num_gpus = 0.25`` share one card.
+- ``[fleet] actors`` actors (``--actors``), on a local Ray instance, or on a running cluster (``--address``, else
+  ``[fleet] address``, else ``$RAY_ADDRESS``). Each reserves ``num_cpus`` CPUs (its torch threads) and ``num_gpus``
+  of a GPU, so that four actors with ``num_gpus = 0.25`` share one card.
 - Actor ``i`` plays ``[train_play.<profiles[i % len(profiles)]>]`` (its ``TRAIN_PLAY_PROFILE``) and writes its
   round's logs to ``<that profile's log_dir>/fleet-<i>``: clients on one node never wipe each other's logs.
 - A dead actor (killed, out of memory, a crashed node) is restarted by Ray up to ``max_restarts`` times (-1: no
   limit) and plays on; the driver logs ``actor I died ...`` and ``actor I restarted (pid P ...)``. An actor whose
   start fails (a bad config, a missing baseline file) or whose round raises is reported and dropped; the fleet
   exits with status 1 once no actor is left.
+- Bad input stops the start with one ``error:`` line and status 2, before any actor is made: a ``[fleet]`` value,
+  a profile without its table, an address where nothing answers, a TensorBoard directory that cannot be written,
+  and, on a local instance, actors that the machine cannot run at once (Ray would queue them for good; on a cluster,
+  which may grow, it is a warning). An actor not started after a minute is reported with the cluster's free
+  resources. SIGTERM stops the fleet as Ctrl-C does (status 0; a local instance is shut down).
 - Each fleet round (one round of every live actor) gives one line, ``fleet round R: ...`` with the trainee's rank
   counts, avg rank and avg pt of that round and of the last ``[online] history_window`` fleet rounds, and hanchan/h;
   and one TensorBoard group ``fleet/*`` in ``[fleet] tensorboard_dir``.
@@ -28,7 +33,9 @@ if __package__ in (None, ''):  # run as a script: python mortal/fleet.py
 
 import copy
 import logging
+import math
 import os
+import signal
 import socket
 import time
 from dataclasses import dataclass
@@ -46,6 +53,8 @@ INSTALL_HINT = "the fleet needs Ray: pip install 'mortal-online[fleet]' (or: pip
 # default (30% of RAM, in /dev/shm) would only take memory from the clients. Ray's floor is 75 MiB.
 LOCAL_OBJECT_STORE_BYTES = 128 * 1024 * 1024
 RETRY_SECONDS = 1.0  # between two looks at an actor that Ray is restarting
+NOTICE_SECONDS = 60.0  # an actor not started after this long is reported (Ray queues an actor it cannot place)
+CONNECT_SECONDS = 10.0  # to reach a cluster's address before handing it to Ray, which retries for minutes
 
 
 def import_ray():
@@ -67,17 +76,25 @@ class ActorPlan:
     log_dir: str
 
 
-def plan_actors(config: dict, actors: int, profiles: list) -> list:
+def plan_actors(config: dict, actors: int, profiles: list, config_path: str = 'the config') -> list:
     """The :class:`ActorPlan` of each of ``actors`` actors: profiles in turn, ``<profile log_dir>/fleet-<i>``.
 
-    Raises ``mortal.config.ConfigError`` naming ``[train_play.<profile>]`` for a profile the config lacks.
+    Raises ``mortal.config.ConfigError`` naming ``[fleet] profiles``, ``config_path`` and the missing
+    ``[train_play.<profile>]`` for a profile the config lacks.
     """
-    from mortal.config import EnvOverrides, train_play_profile
+    from mortal.config import ConfigError, EnvOverrides, train_play_profile
+    tables = {}
+    for profile in dict.fromkeys(profiles):
+        try:  # the clients' own lookup, so that a name the fleet accepts is one they find
+            tables[profile] = train_play_profile(config, EnvOverrides(profile=profile))
+        except ConfigError:
+            have = ', '.join(sorted(config.get('train_play') or {})) or 'none'
+            raise ConfigError(config_path, [f'[fleet] profiles in {config_path} names {profile!r}, but there is no '
+                                            f'[train_play.{profile}] (profiles there: {have})']) from None
     plans = []
     for i in range(actors):
         profile = profiles[i % len(profiles)]
-        table = train_play_profile(config, EnvOverrides(profile=profile))
-        plans.append(ActorPlan(i, profile, path.join(path.abspath(table['log_dir']), f'fleet-{i}')))
+        plans.append(ActorPlan(i, profile, path.join(path.abspath(tables[profile]['log_dir']), f'fleet-{i}')))
     return plans
 
 
@@ -101,13 +118,72 @@ def check_devices(config: dict, num_gpus: float) -> list:
     return problems
 
 
+def check_shares(num_cpus: float, num_gpus: float) -> list:
+    """Problems of ``[fleet] num_cpus`` and ``num_gpus`` that Ray refuses only once actors are made: a share below
+    its unit, 0.0001 of a CPU or GPU. Returns the messages (empty: fine)."""
+    return [f'[fleet] {key} is {value:g}: Ray counts a CPU or GPU in steps of 0.0001, so reserve at least that'
+            for key, value in (('num_cpus', num_cpus), ('num_gpus', num_gpus)) if 0 < value < 1e-4]
+
+
+def capacity(nodes: list, num_cpus: float, num_gpus: float) -> int:
+    """How many actors reserving ``num_cpus`` CPUs and ``num_gpus`` of a GPU each the Ray nodes ``nodes`` (each a
+    resource dict such as ``{'CPU': 16.0, 'GPU': 1.0}``, the totals of ``ray.nodes()``) run at once. Ray queues the
+    others until resources free up, so with a fixed set of nodes they never start."""
+    total = 0
+    for resources in nodes:
+        fit = math.floor(resources.get('CPU', 0.0) / num_cpus + 1e-9)
+        if num_gpus > 0:
+            fit = min(fit, math.floor(resources.get('GPU', 0.0) / num_gpus + 1e-9))
+        total += fit
+    return total
+
+
+def resource_problem(nodes: list, num_cpus: float, num_gpus: float, actors: int):
+    """The message when fewer than ``actors`` actors fit on ``nodes`` at once (:func:`capacity`), else None."""
+    fit = capacity(nodes, num_cpus, num_gpus)
+    if fit >= actors:
+        return None
+    have = ', '.join(f"{r.get('CPU', 0.0):g} CPUs {r.get('GPU', 0.0):g} GPUs" for r in nodes) or 'no node'
+    want = f'[fleet] num_cpus = {num_cpus:g}' + (f' and num_gpus = {num_gpus:g}' if num_gpus > 0 else '')
+    if fit == 0:
+        return f'an actor needs {want}, but no node of the Ray cluster ({have}) has that much: Ray would queue ' \
+               'every actor; reserve less'
+    return (f'{actors} actors need {want} each, but the Ray cluster ({have}) runs {fit} of them at once: Ray '
+            f'would queue the other {actors - fit}; start at most {fit} (--actors, [fleet] actors) or '
+            'reserve less')
+
+
+def ray_address(arg, key: str, env=os.environ) -> str:
+    """The cluster to join: ``--address`` (``arg``, None when not given), else ``[fleet] address`` (``key``), else
+    ``$RAY_ADDRESS`` (which ``ray.init`` reads too); '' = start a local instance."""
+    return (key if arg is None else arg) or env.get('RAY_ADDRESS', '')
+
+
+def unreachable(address: str, timeout: float = CONNECT_SECONDS):
+    """Why nothing answers at ``address`` (``host:port``, also ``ray://host:port``), or None (reached, or another
+    form such as 'auto', left to Ray): Ray itself retries a dead address for minutes."""
+    host, sep, port = address.split('://', 1)[-1].rpartition(':')
+    if not sep or not port.isdigit():
+        return None
+    try:
+        socket.create_connection((host.strip('[]'), int(port)), timeout=timeout).close()  # [::1]:6379 too
+    except (OSError, ValueError) as ex:  # ValueError: a port out of range
+        return f'nothing answers at {address} ({ex})'
+    return None
+
+
+def _stop(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM ends the fleet as Ctrl-C does: the actors and a local Ray are shut down
+
+
 class SelfPlayActor:
     """One self-play client inside a Ray actor (``ray.remote(SelfPlayActor)``); a plain class, so it is testable
     without Ray.
 
     config: the actor's config (:func:`actor_config`); profile: its ``TRAIN_PLAY_PROFILE``; cwd: the driver's
     working directory, entered when it exists on this node (the config's relative paths mean the same there);
-    num_threads: torch threads (``[fleet] num_cpus``).
+    num_threads: torch threads (``[fleet] num_cpus``). A client that cannot be built (its log_dir cannot be made, a
+    missing or bad baseline file) leaves ``self.error`` for :meth:`ready` to report instead of a Ray traceback.
     """
 
     def __init__(self, config: dict, profile: str, cwd: str, num_threads: int = 1):
@@ -123,11 +199,18 @@ class SelfPlayActor:
         torch.set_num_threads(max(1, num_threads))
         # the node's own MORTAL_SP_THREADS still applies; the profile and the config come from the driver
         overrides = dataclasses.replace(entry.apply_env(), profile=profile)
-        self.client = Client(config, env=overrides)
+        self.client, self.error = None, None
+        try:
+            os.makedirs(config['train_play'][profile]['log_dir'], exist_ok=True)  # fail here, not in each round
+            self.client = Client(config, env=overrides)
+        except Exception as ex:  # whatever stops the start: the driver reports it and drops this actor
+            self.error = f'{type(ex).__name__}: {ex}'
+            logger.error('the client cannot start: %s', self.error)
 
     def ready(self) -> dict:
-        """``{'pid': int, 'node': str}`` of this actor's process, once it is built."""
-        return {'pid': os.getpid(), 'node': socket.gethostname()}
+        """``{'pid': int, 'node': str, 'error': str | None}`` of this actor's process, once it is built; ``error``:
+        why its client could not start (None: it did)."""
+        return {'pid': os.getpid(), 'node': socket.gethostname(), 'error': self.error}
 
     def run_round(self) -> dict:
         """One client round (``Client.run_round``): ``{'rankings': [4 ints], 'seconds': float, 'param_version':
@@ -227,11 +310,25 @@ class Fleet:
             if j == i:
                 del self.in_flight[ref]
 
+    def notice_waiting(self) -> None:
+        """Log the actors still starting (or restarting) and the cluster's free resources: Ray queues an actor it
+        cannot place without a word, and a client may be waiting for the server (its own lines say so)."""
+        waiting = sorted(i for i, kind in self.in_flight.values() if kind == 'ready')
+        if waiting:
+            free = self.ray.available_resources()
+            logger.warning('actors %s not started yet: Ray has not placed them (free in the cluster: %g CPUs, %g '
+                           'GPUs) or their clients are waiting (see their lines)', ', '.join(map(str, waiting)),
+                           free.get('CPU', 0.0), free.get('GPU', 0.0))
+
     def rounds_in_flight(self) -> int:
         return sum(kind == 'round' for _, kind in self.in_flight.values())
 
-    def on_ready(self, i: int, info: dict) -> None:
-        """Log actor ``i`` as started, or as restarted (counted) when its pid changed."""
+    def on_ready(self, i: int, info: dict) -> bool:
+        """Log actor ``i`` as started, or as restarted (counted) when its pid changed; drop it when its client could
+        not start. Returns whether it plays."""
+        if info.get('error'):
+            self.drop(i, f'its client could not start: {info["error"]}')
+            return False
         plan = self.plans[i]
         old = self.pids.get(i)
         if old is None:
@@ -242,6 +339,7 @@ class Fleet:
             logger.info('actor %d restarted (pid %d on %s; restart %d of the fleet)', i, info['pid'], info['node'],
                         self.record.restarts)
         self.pids[i] = info['pid']
+        return True
 
     def run(self, rounds: int = 0) -> int:
         """Play until ``rounds`` actor rounds are done (0: forever). Returns the exit status: 0, or 1 when every
@@ -250,7 +348,10 @@ class Fleet:
         ray = self.ray
         done = 0
         while self.in_flight and (not rounds or done < rounds):
-            ready, _ = ray.wait(list(self.in_flight), num_returns=1)
+            ready, _ = ray.wait(list(self.in_flight), num_returns=1, timeout=NOTICE_SECONDS)
+            if not ready:
+                self.notice_waiting()
+                continue
             i, kind = self.in_flight.pop(ready[0])
             actor = self.actors.get(i)
             if actor is None:
@@ -277,7 +378,8 @@ class Fleet:
                 self.in_flight[actor.ready.remote()] = (i, 'ready')
                 continue
             if kind == 'ready':
-                self.on_ready(i, value)
+                if not self.on_ready(i, value):
+                    continue
             else:
                 done += 1
                 line = self.record.add(value['rankings'], self.live)
@@ -300,46 +402,75 @@ def _last_line(ex: BaseException) -> str:
 
 def main(argv=None):
     """Entry point: ``python -m mortal.fleet [-c CONFIG] [--actors N] [--address ADDR] [--rounds R]``; exits with
-    2 on a bad config or without Ray, 1 when every actor was dropped."""
+    2 on a bad config or argument, without Ray, when the cluster cannot be joined or cannot run the actors (a local
+    instance), 1 when every actor was dropped, 0 at ``--rounds``, Ctrl-C or SIGTERM."""
     from mortal import entry
-    from mortal.config import CLIENT_SECTIONS, ConfigError, typed
+    from mortal.config import CLIENT_SECTIONS, ConfigError, resolve_path, typed
 
     parser = entry.parser(__doc__.splitlines()[0])
     parser.add_argument('--actors', type=int, default=None, help='actors to start (default: [fleet] actors)')
     parser.add_argument('--address', default=None,
-                        help="Ray cluster to join, e.g. ray-head:6379 or 'auto' (default: [fleet] address; "
-                             "empty: a local Ray instance)")
+                        help="Ray cluster to join, e.g. ray-head:6379 or 'auto' (default: [fleet] address, else "
+                             "$RAY_ADDRESS; empty: a local Ray instance)")
     parser.add_argument('--rounds', type=int, default=0, help='stop after this many actor rounds (0 = never)')
     args = entry.start(parser, argv)
     config = entry.load_config_or_exit(args, CLIENT_SECTIONS)
+    config_path = resolve_path(args.config, args.overrides)
     fleet = typed(config).fleet
     actors = fleet.actors if args.actors is None else args.actors
     if actors < 1:
         parser.error('--actors must be >= 1')
+    if args.rounds < 0:
+        parser.error('--rounds must be >= 0')
     try:
-        plans = plan_actors(config, actors, fleet.profiles)
+        plans = plan_actors(config, actors, fleet.profiles, config_path)
     except ConfigError as ex:
         return entry.error(ex)
-    problems = check_devices(config, fleet.num_gpus)
+    problems = check_shares(fleet.num_cpus, fleet.num_gpus) + check_devices(config, fleet.num_gpus)
     if problems:
         return entry.error('; '.join(problems))
+    address = ray_address(args.address, fleet.address)
+    where = f'--address, [fleet] address in {config_path}, or $RAY_ADDRESS'
+    problem = address and unreachable(address)
+    if problem:
+        return entry.error(f'cannot join the Ray cluster at {address} ({where}): {problem}')
+    tb_dir = fleet.tensorboard_dir or path.join(config['control']['tensorboard_dir'], 'fleet')
+    from torch.utils.tensorboard import SummaryWriter
+    try:
+        writer = SummaryWriter(tb_dir)  # before Ray starts: a directory it cannot write stops nothing running
+    except OSError as ex:
+        return entry.error(f'cannot write the fleet\'s TensorBoard records to {tb_dir} ([fleet] tensorboard_dir or '
+                           f'[control] tensorboard_dir in {config_path}): {ex}')
     os.environ.setdefault('RAY_DEDUP_LOGS', '0')  # before the import, which reads it: every actor's lines shown
     ray = import_ray()
-    address = fleet.address if args.address is None else args.address
-    if address:
-        ray.init(address=address, include_dashboard=False, log_to_driver=True)
-    else:
-        ray.init(include_dashboard=False, log_to_driver=True, object_store_memory=LOCAL_OBJECT_STORE_BYTES)
-    from torch.utils.tensorboard import SummaryWriter
-    writer = SummaryWriter(fleet.tensorboard_dir or path.join(config['control']['tensorboard_dir'], 'fleet'))
-    record = FleetRecord(config['online']['history_window'], writer)
+    old_handler = signal.signal(signal.SIGTERM, _stop)
     try:
+        try:
+            if address:
+                ray.init(address=address, include_dashboard=False, log_to_driver=True)
+            else:
+                # 'local': a new instance even where `ray start` left one to join (ray.init() would join it)
+                ray.init(address='local', include_dashboard=False, log_to_driver=True,
+                         object_store_memory=LOCAL_OBJECT_STORE_BYTES)
+        except (ValueError, ConnectionError, RuntimeError) as ex:  # a bad address, no cluster there, a failed start
+            what = f'join the Ray cluster at {address} ({where})' if address else 'start a local Ray instance'
+            return entry.error(f'cannot {what}: {_last_line(ex)}')
+        signal.signal(signal.SIGTERM, _stop)  # again: ray.init put in its own, which aborts the driver (status -6)
+        problem = resource_problem([n['Resources'] for n in ray.nodes() if n.get('Alive')], fleet.num_cpus,
+                                   fleet.num_gpus, actors)
+        if problem and not address:  # a local instance never grows
+            return entry.error(problem)
+        if problem:
+            logger.warning('%s (or the cluster grows: Ray starts them then)', problem)
+        record = FleetRecord(config['online']['history_window'], writer)
         return Fleet(ray, config, fleet, plans, record).run(args.rounds)
     except KeyboardInterrupt:
+        logger.info('stopping the fleet')
         return 0
     finally:
         writer.close()
         ray.shutdown()
+        signal.signal(signal.SIGTERM, old_handler)
 
 
 if __name__ == '__main__':

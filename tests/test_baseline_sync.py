@@ -295,3 +295,24 @@ def test_clients_sharing_a_baseline_file_write_it_once(tmp_path, served, caplog)
     assert results == [digest] * 3 and cl.file_digest(mine) == digest
     assert glob.glob(f'{mine}*.bak') == []
     assert caplog.text.count(f'is already in {mine}') == 2
+
+
+@pytest.mark.slow
+def test_a_baseline_lock_held_too_long_is_reported_and_the_install_tried_again(tmp_path, served, caplog,
+                                                                              monkeypatch):
+    """A stuck holder of <state_file>.lock (e.g. a hung network filesystem) does not stall a client silently: it
+    gives up after BASELINE_LOCK_SECONDS with a warning, writes nothing, and installs once the lock is free."""
+    from filelock import FileLock
+    served.trainer.sync_baseline()
+    config = served.remote_config(tmp_path)
+    mine = config['baseline']['train']['state_file']
+    client = cl.Client(config, env={}, sleep=lambda s: None)
+    digest = cl.file_digest(mine)
+    os.remove(mine)
+    monkeypatch.setattr(cl, 'BASELINE_LOCK_SECONDS', 0.2)
+    with caplog.at_level(logging.INFO), FileLock(mine + '.lock'):  # another process's lock (flock: per open file)
+        assert client.install_baseline() is None
+    assert not os.path.exists(mine)
+    assert (f'cannot write the baseline to {mine}: its lock {mine}.lock has been held by another process for '
+            '0.2 s') in caplog.text
+    assert client.install_baseline() == digest == cl.file_digest(mine)

@@ -33,10 +33,116 @@ def test_actors_take_the_profiles_in_turn_each_with_its_own_log_dir(tmp_path):
     assert config == before  # the driver's config is not touched
 
 
-def test_a_profile_the_config_lacks_is_named(tmp_path):
-    config, _ = load_tiny_config(tmp_path)
-    with pytest.raises(ConfigError, match=r'missing section \[train_play\.slow\]'):
-        fleet.plan_actors(config, 2, ['default', 'slow'])
+def test_a_profile_the_config_lacks_is_named_with_the_key_and_the_file(tmp_path):
+    config, cfg = load_tiny_config(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        fleet.plan_actors(config, 1, ['default', 'slow'], str(cfg))  # checked even where no actor plays it yet
+    assert str(err.value) == (f"[fleet] profiles in {cfg} names 'slow', but there is no [train_play.slow] "
+                              "(profiles there: default)")
+    for odd in ('a.b', '../x', '日本', ''):
+        with pytest.raises(ConfigError, match=r'\[fleet\] profiles in .* names '):
+            fleet.plan_actors(config, 1, [odd], str(cfg))
+    # duplicates are fine: the actors take them in turn
+    assert [p.profile for p in fleet.plan_actors(config, 3, ['default', 'default'])] == ['default'] * 3
+
+
+def test_a_share_below_rays_unit_is_refused_before_ray_starts():
+    assert fleet.check_shares(1.0, 0.0) == [] and fleet.check_shares(1e-4, 1e-4) == []
+    assert fleet.check_shares(1e-9, 5e-5) == [
+        '[fleet] num_cpus is 1e-09: Ray counts a CPU or GPU in steps of 0.0001, so reserve at least that',
+        '[fleet] num_gpus is 5e-05: Ray counts a CPU or GPU in steps of 0.0001, so reserve at least that']
+
+
+def test_the_actors_that_fit_on_the_cluster_at_once():
+    big, cpu_only = {'CPU': 16.0, 'GPU': 1.0, 'memory': 1e9}, {'CPU': 8.0}
+    assert fleet.capacity([big, cpu_only], 2.0, 0.0) == 8 + 4
+    assert fleet.capacity([big, cpu_only], 2.0, 0.25) == 4 + 0  # 4 GPU shares on the first node, none on the other
+    assert fleet.capacity([{'CPU': 2.0}], 0.1, 0.0) == 20  # 2 / 0.1 is 20.000000000000004 in floats
+    assert fleet.capacity([{'CPU': 2.0}], 0.3, 0.0) == 6
+    assert fleet.capacity([], 1.0, 0.0) == 0
+    assert fleet.resource_problem([{'CPU': 2.0}], 1.0, 0.0, 2) is None
+    assert fleet.resource_problem([{'CPU': 2.0}], 1.0, 0.0, 100000) == (
+        '100000 actors need [fleet] num_cpus = 1 each, but the Ray cluster (2 CPUs 0 GPUs) runs 2 of them at once: '
+        'Ray would queue the other 99998; start at most 2 (--actors, [fleet] actors) or reserve less')
+    assert fleet.resource_problem([{'CPU': 2.0}], 1.0, 0.5, 1) == (
+        'an actor needs [fleet] num_cpus = 1 and num_gpus = 0.5, but no node of the Ray cluster (2 CPUs 0 GPUs) has '
+        'that much: Ray would queue every actor; reserve less')
+
+
+def test_the_ray_address_comes_from_the_flag_the_key_then_ray_address():
+    env = {'RAY_ADDRESS': 'head:6379'}
+    assert fleet.ray_address(None, '', {}) == ''
+    assert fleet.ray_address(None, '', env) == 'head:6379'  # ray.init would join it anyway
+    assert fleet.ray_address(None, 'key:1', env) == 'key:1'
+    assert fleet.ray_address('flag:2', 'key:1', env) == 'flag:2'
+
+
+def test_an_address_where_nothing_listens_is_named_at_once():
+    import socket
+    from conftest import free_port
+    dead = free_port()
+    assert fleet.unreachable(f'127.0.0.1:{dead}').startswith(f'nothing answers at 127.0.0.1:{dead} (')
+    assert fleet.unreachable(f'ray://127.0.0.1:{dead}').startswith(f'nothing answers at ray://127.0.0.1:{dead}')
+    assert fleet.unreachable('127.0.0.1:99999').startswith('nothing answers at 127.0.0.1:99999')
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        s.listen()
+        assert fleet.unreachable(f'127.0.0.1:{s.getsockname()[1]}') is None
+    if socket.has_ipv6:
+        with socket.socket(socket.AF_INET6) as s:
+            try:
+                s.bind(('::1', 0))
+            except OSError:  # no IPv6 loopback here
+                pass
+            else:
+                s.listen()
+                assert fleet.unreachable(f'[::1]:{s.getsockname()[1]}') is None
+    assert fleet.unreachable('auto') is None and fleet.unreachable('garbage!!') is None  # Ray's own word on those
+
+
+def _main_error(capsys, argv):
+    with pytest.raises(SystemExit) as ex:
+        raise SystemExit(fleet.main(argv))
+    return ex.value.code, capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_bad_arguments_and_places_are_one_error_line_before_ray_starts(tmp_path, capsys, monkeypatch):
+    import toml
+    from conftest import free_port
+    monkeypatch.setattr(fleet, 'import_ray', lambda: pytest.fail('Ray was started'))
+    monkeypatch.delenv('RAY_ADDRESS', raising=False)
+    _, cfg = load_tiny_config(tmp_path)
+    code, line = _main_error(capsys, ['-c', str(cfg), '--rounds', '-1'])
+    assert code == 2 and line.endswith(': error: --rounds must be >= 0')  # argparse's usage error
+    dead = free_port()
+    assert _main_error(capsys, ['-c', str(cfg), '--address', f'127.0.0.1:{dead}']) == (2, (
+        f'error: cannot join the Ray cluster at 127.0.0.1:{dead} (--address, [fleet] address in {cfg}, or '
+        f'$RAY_ADDRESS): nothing answers at 127.0.0.1:{dead} ([Errno 111] Connection refused)'))
+    (tmp_path / 'a_file').write_text('')
+    raw = toml.load(cfg)
+    raw['fleet'] = {'tensorboard_dir': str(tmp_path / 'a_file' / 'tb')}
+    cfg.write_text(toml.dumps(raw))
+    assert _main_error(capsys, ['-c', str(cfg)]) == (2, (
+        f"error: cannot write the fleet's TensorBoard records to {tmp_path / 'a_file' / 'tb'} ([fleet] "
+        f"tensorboard_dir or [control] tensorboard_dir in {cfg}): [Errno 20] Not a directory: "
+        f"'{tmp_path / 'a_file' / 'tb'}'"))
+
+
+def test_an_actor_whose_client_cannot_start_reports_why_instead_of_raising(tmp_path, monkeypatch):
+    import logging
+    import torch
+    monkeypatch.setattr(logging, 'basicConfig', lambda **kw: None)  # the actor's own logging setup, not pytest's
+    monkeypatch.setattr(torch, 'set_num_threads', lambda n: None)
+    config, _ = load_tiny_config(tmp_path, **{'baseline.train': {'from_server': False}})
+    actor = fleet.SelfPlayActor(config, 'default', os.getcwd())  # cwd: the actor enters it
+    info = actor.ready()
+    assert info['pid'] == os.getpid() and actor.client is None
+    assert info['error'] == (f"FileNotFoundError: [Errno 2] No such file or directory: "
+                             f"'{config['baseline']['train']['state_file']}'")
+    (tmp_path / 'a_file').write_text('')
+    config['train_play']['default']['log_dir'] = str(tmp_path / 'a_file' / 'fleet-0')
+    info = fleet.SelfPlayActor(config, 'default', os.getcwd()).ready()
+    assert info['error'] == f"NotADirectoryError: [Errno 20] Not a directory: '{tmp_path / 'a_file' / 'fleet-0'}'"
 
 
 def test_a_cuda_device_needs_a_gpu_share(tmp_path):
@@ -223,8 +329,9 @@ class FakeRay:
     exceptions.ActorUnavailableError = ActorUnavailableError
     exceptions.RayTaskError = RayTaskError
 
-    def __init__(self, scripts):
+    def __init__(self, scripts, stalls=0):
         self.scripts = scripts  # actor index -> list of outcomes
+        self.stalls = stalls  # the first waits that time out with nothing ready
         self.killed = []
         self.made = 0
 
@@ -249,8 +356,14 @@ class FakeRay:
 
         return Options()
 
-    def wait(self, refs, num_returns=1):
+    def wait(self, refs, num_returns=1, timeout=None):
+        if self.stalls:
+            self.stalls -= 1
+            return [], refs
         return refs[:1], refs[1:]
+
+    def available_resources(self):
+        return {'CPU': 0.5, 'memory': 1e9}
 
     def get(self, ref):
         if isinstance(ref.value, BaseException):
@@ -276,11 +389,11 @@ def round_(ranks):
     return {'rankings': ranks, 'seconds': 1.0, 'param_version': 1}
 
 
-def run_fake(tmp_path, monkeypatch, caplog, scripts, rounds, actors):
+def run_fake(tmp_path, monkeypatch, caplog, scripts, rounds, actors, stalls=0):
     import logging
     monkeypatch.setattr(fleet, 'RETRY_SECONDS', 0)
     config, _ = load_tiny_config(tmp_path)
-    ray = FakeRay(scripts)
+    ray = FakeRay(scripts, stalls)
     from mortal.config import typed
     record = fleet.FleetRecord(3, clock=iter(range(0, 1000, 10)).__next__)
     with caplog.at_level(logging.INFO, logger='mortal.fleet'):
@@ -318,3 +431,112 @@ def test_the_driver_drops_an_actor_whose_start_fails_and_exits_1_without_actors(
     # a round that raises restarts its actor (killed with restarts allowed) until Ray gives up on it
     assert ray.killed == [(0, True), (1, False), (1, False), (1, True)]
     assert record.restarts == 1 and 'no actor is left' in caplog.text
+
+
+def test_the_driver_drops_an_actor_whose_client_cannot_start_and_tells_of_actors_not_started(tmp_path, monkeypatch,
+                                                                                             caplog):
+    scripts = {0: [{**ready(5), 'error': "FileNotFoundError: [Errno 2] No such file or directory: 'b.pth'"}],
+               1: [ready(6), round_([1, 1, 1, 1])]}
+    status, ray, record = run_fake(tmp_path, monkeypatch, caplog, scripts, rounds=1, actors=2, stalls=1)
+    assert status == 0 and ray.killed == [(0, True)] and record.fleet_rounds == 1
+    text = caplog.text
+    # the first wait timed out with both actors still starting
+    assert 'actors 0, 1 not started yet: Ray has not placed them (free in the cluster: 0.5 CPUs, 0 GPUs)' in text
+    assert ("actor 0 dropped: its client could not start: FileNotFoundError: [Errno 2] No such file or directory: "
+            "'b.pth'") in text
+    assert 'actor 0 ready' not in text and 'actor 1 ready (pid 6' in text
+
+
+def _descendants(pid):
+    """Pids of the processes below ``pid`` now (from /proc: a local Ray instance's are the driver's children)."""
+    children = {}
+    for entry in os.listdir('/proc'):
+        if entry.isdigit():
+            try:
+                with open(f'/proc/{entry}/stat') as f:
+                    ppid = int(f.read().rsplit(')', 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _alive(pid):
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except OSError:
+        return False
+
+
+@pytest.mark.slow  # a local Ray instance
+@pytest.mark.timeout(300)
+def test_sigterm_stops_the_fleet_and_its_local_ray_instance(tmp_path):
+    pytest.importorskip('ray')
+    config, cfg = load_tiny_config(tmp_path)  # no server: the started actors wait for it
+    write_baseline(config, config['baseline']['train']['state_file'])
+    driver = Proc(tmp_path, 'fleet', 'fleet.py', cfg, '--actors', '1', env={'RAY_ADDRESS': ''})
+    try:
+        wait_for(lambda: 'actor 0 ready (pid' in driver.text(), 180, 'the actor', [driver])
+        ray_pids = _descendants(driver.p.pid)
+        assert len(ray_pids) >= 3  # at least the GCS, the raylet and the actor
+        driver.p.send_signal(signal.SIGTERM)
+        assert driver.p.wait(timeout=60) == 0  # before: Ray's handler aborted the driver (status -6)
+        assert 'INFO mortal.fleet: stopping the fleet' in driver.text()
+        wait_for(lambda: not any(map(_alive, ray_pids)), 30, 'the Ray processes to end')
+    finally:
+        driver.kill()
+
+
+@pytest.mark.slow  # a local Ray instance
+@pytest.mark.timeout(300)
+def test_a_local_instance_too_small_for_the_actors_is_refused(tmp_path):
+    pytest.importorskip('ray')
+    _, cfg = load_tiny_config(tmp_path, fleet={'num_cpus': 1e6})
+    driver = Proc(tmp_path, 'fleet', 'fleet.py', cfg, '--actors', '1', env={'RAY_ADDRESS': ''})
+    try:
+        assert driver.p.wait(timeout=240) == 2  # before: the actor was queued without a word, for good
+        line = driver.text().strip().splitlines()[-1]
+        assert re.fullmatch(r'error: an actor needs \[fleet\] num_cpus = 1e\+06, but no node of the Ray cluster '
+                            r'\(\d+ CPUs \d+ GPUs\) has that much: Ray would queue every actor; reserve less', line)
+    finally:
+        driver.kill()
+
+
+def test_no_address_starts_a_new_local_instance_and_ray_address_joins_a_cluster(tmp_path, capsys, monkeypatch):
+    """'' must not join a `ray start` instance that ray.init() would find on its own (the local instance's
+    object_store_memory then made ray.init raise); RAY_ADDRESS is a cluster to join like --address."""
+    import socket
+    calls = []
+
+    class StopRay:
+        @staticmethod
+        def init(**kw):
+            calls.append(kw)
+            raise RuntimeError('no Ray in this test')
+
+        @staticmethod
+        def shutdown():
+            calls.append('shutdown')
+
+    monkeypatch.setattr(fleet, 'import_ray', lambda: StopRay)
+    monkeypatch.delenv('RAY_ADDRESS', raising=False)
+    _, cfg = load_tiny_config(tmp_path)
+    assert _main_error(capsys, ['-c', str(cfg)]) == (2, 'error: cannot start a local Ray instance: no Ray in this test')
+    assert calls == [{'address': 'local', 'include_dashboard': False, 'log_to_driver': True,
+                      'object_store_memory': fleet.LOCAL_OBJECT_STORE_BYTES}, 'shutdown']
+    calls.clear()
+    with socket.socket() as s:  # something answers there
+        s.bind(('127.0.0.1', 0))
+        s.listen()
+        head = f'127.0.0.1:{s.getsockname()[1]}'
+        monkeypatch.setenv('RAY_ADDRESS', head)
+        assert _main_error(capsys, ['-c', str(cfg)]) == (2, (
+            f'error: cannot join the Ray cluster at {head} (--address, [fleet] address in {cfg}, or $RAY_ADDRESS): '
+            'no Ray in this test'))
+    assert calls == [{'address': head, 'include_dashboard': False, 'log_to_driver': True}, 'shutdown']
