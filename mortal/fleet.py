@@ -8,7 +8,8 @@ places and restarts them, and carries their per-round records back to this drive
   ``[fleet] address``, else ``$RAY_ADDRESS``). Each reserves ``num_cpus`` CPUs (its torch threads) and ``num_gpus``
   of a GPU, so that four actors with ``num_gpus = 0.25`` share one card.
 - Actor ``i`` plays ``[train_play.<profiles[i % len(profiles)]>]`` (its ``TRAIN_PLAY_PROFILE``) and writes its
-  round's logs to ``<that profile's log_dir>/fleet-<i>``: clients on one node never wipe each other's logs.
+  round's logs to ``<that profile's log_dir>.fleet-<i>``, a sibling of the profile's folder: clients on one node
+  never wipe each other's logs, a plain client on the same profile included (it empties its log_dir each round).
 - A dead actor (killed, out of memory, a crashed node) is restarted by Ray up to ``max_restarts`` times (-1: no
   limit) and plays on; the driver logs ``actor I died ...`` and ``actor I restarted (pid P ...)``. An actor whose
   start fails (a bad config, a missing baseline file) or whose round raises is reported and dropped; the fleet
@@ -77,7 +78,7 @@ class ActorPlan:
 
 
 def plan_actors(config: dict, actors: int, profiles: list, config_path: str = 'the config') -> list:
-    """The :class:`ActorPlan` of each of ``actors`` actors: profiles in turn, ``<profile log_dir>/fleet-<i>``.
+    """The :class:`ActorPlan` of each of ``actors`` actors: profiles in turn, ``<profile log_dir>.fleet-<i>``.
 
     Raises ``mortal.config.ConfigError`` naming ``[fleet] profiles``, ``config_path`` and the missing
     ``[train_play.<profile>]`` for a profile the config lacks.
@@ -94,7 +95,8 @@ def plan_actors(config: dict, actors: int, profiles: list, config_path: str = 't
     plans = []
     for i in range(actors):
         profile = profiles[i % len(profiles)]
-        plans.append(ActorPlan(i, profile, path.join(path.abspath(tables[profile]['log_dir']), f'fleet-{i}')))
+        log_dir = path.abspath(tables[profile]['log_dir'])
+        plans.append(ActorPlan(i, profile, f'{log_dir}.fleet-{i}'))
     return plans
 
 

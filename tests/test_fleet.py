@@ -23,12 +23,12 @@ def test_actors_take_the_profiles_in_turn_each_with_its_own_log_dir(tmp_path):
         'top_p': 1.0, 'repeats': 1}})
     plans = fleet.plan_actors(config, 3, ['default', 'fast'])
     assert [(p.index, p.profile, p.log_dir) for p in plans] == [
-        (0, 'default', str(tmp_path / 'train_play' / 'fleet-0')),
-        (1, 'fast', str(tmp_path / 'fast' / 'fleet-1')),
-        (2, 'default', str(tmp_path / 'train_play' / 'fleet-2'))]
+        (0, 'default', str(tmp_path / 'train_play.fleet-0')),
+        (1, 'fast', str(tmp_path / 'fast.fleet-1')),
+        (2, 'default', str(tmp_path / 'train_play.fleet-2'))]
     before = copy.deepcopy(config)
     mine = fleet.actor_config(config, plans[1])
-    assert mine['train_play']['fast']['log_dir'] == str(tmp_path / 'fast' / 'fleet-1')
+    assert mine['train_play']['fast']['log_dir'] == str(tmp_path / 'fast.fleet-1')
     assert mine['train_play']['default'] == config['train_play']['default']
     assert config == before  # the driver's config is not touched
 
@@ -240,8 +240,8 @@ def test_a_killed_actor_is_restarted_and_its_logs_arrive(tmp_path):
         ready = re.compile(r'actor (\d) ready \(pid (\d+) on \S+, profile default, log_dir (\S+)\)')
         wait_for(lambda: len(ready.findall(text())) == 2, 180, 'two actors', procs)
         started = {int(i): (int(pid), d) for i, pid, d in ready.findall(text())}
-        assert started[0][1] == str(tmp_path / 'train_play' / 'fleet-0')
-        assert started[1][1] == str(tmp_path / 'train_play' / 'fleet-1')
+        assert started[0][1] == str(tmp_path / 'train_play.fleet-0')
+        assert started[1][1] == str(tmp_path / 'train_play.fleet-1')
         victim = started[0][0]
 
         def submitted_by(pid):
