@@ -102,7 +102,10 @@ def run_arm(arm: str, cfg: Path, rounds: int, log: Path) -> float:
                '--rounds', str(rounds)]
     t0 = time.perf_counter()
     with open(log, 'wb') as out:
-        subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, check=True, timeout=3600)
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=3600).returncode
+    if rc:  # the work dir goes with the bench: show the arm's own words before it does
+        tail = '\n'.join(log.read_text(errors='replace').splitlines()[-30:])
+        raise RuntimeError(f'arm {arm} exited with {rc}; the end of its output:\n{tail}')
     return time.perf_counter() - t0
 
 
