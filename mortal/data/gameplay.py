@@ -30,8 +30,9 @@ from mjai.mlibriichi.state import PlayerState
 from mortal.features.action import HORA, KAN, PASS, RIICHI, RYUKYOKU, event_to_label, kan_select_label
 from mortal.data.grp import Grp
 from mortal.data.mjai_log import DEFAULT_MAX_LOG_BYTES, BadLogError, LoadedLog, parse_log, read_log, skip_message
-from mortal.features.obs import check_version, obs_shape
+from mortal.features.obs import check_version
 from mortal.features.obs_v4 import V4Encoder
+from mortal.data.packed_obs import NotPackableError, pack_into, row_bytes, unpack
 
 logger = logging.getLogger('mortal.gameplay')  # the name before the package split (log format)
 
@@ -89,8 +90,9 @@ def augment_log(log: LoadedLog) -> LoadedLog:
 class Gameplay:
     """Samples of one seat in one game.
 
-    Per decision (N rows): ``obs`` ``(N, C, 34)`` float32 (stacked on first access from
-    ``obs_list``, N arrays ``(C, 34)``; ``take_obs_list`` avoids that copy), ``actions`` ``(N,)`` int64
+    Per decision (N rows): ``packed_obs`` ``(N, row_bytes(version))`` uint8, the observations as
+    ``mortal.data.packed_obs`` packs them (about a tenth of float32; ``obs`` unpacks them to ``(N, C, 34)``
+    float32, bit for bit as encoded), ``actions`` ``(N,)`` int64
     (0-45), ``masks`` ``(N, 46)`` bool, ``at_kyoku`` ``(N,)`` uint8 (0-based count of
     ``end_kyoku`` seen), ``dones`` ``(N,)`` bool (last sample of its kyoku),
     ``apply_gamma`` ``(N,)`` bool (label <= 37), ``at_turns`` ``(N,)`` uint8,
@@ -99,7 +101,7 @@ class Gameplay:
     ``player_id`` (0-3), ``player_name``. ``take_*`` return the array and release it, as Mortal's.
     """
 
-    obs_list: list
+    packed_obs: np.ndarray
     actions: np.ndarray
     masks: np.ndarray
     at_kyoku: np.ndarray
@@ -111,21 +113,17 @@ class Gameplay:
     grp: Grp = field(default_factory=Grp)
     player_id: int = 0
     player_name: str = ""
-    _obs_shape: tuple = (0, 34)
+    version: int = 3
 
     def __len__(self) -> int:
         return len(self.actions)
 
     @property
     def obs(self) -> np.ndarray | None:
-        """``(N, C, 34)`` float32 (None once taken)."""
-        if self.obs_list is None:
+        """``(N, C, 34)`` float32 unpacked from ``packed_obs`` (a new array each access; None once taken)."""
+        if self.packed_obs is None:
             return None
-        if isinstance(self.obs_list, list):
-            # Stacking copies every sample; done lazily since the data loader does not need it.
-            self.obs_list = np.stack(self.obs_list) if self.obs_list else np.zeros((0, *self._obs_shape),
-                                                                                    np.float32)
-        return self.obs_list
+        return unpack(self.packed_obs, self.version)
 
     def _take(self, name):
         value = getattr(self, name)
@@ -133,15 +131,19 @@ class Gameplay:
         return value
 
     def take_obs(self) -> np.ndarray:
+        """``obs`` (unpacked, ``(N, C, 34)`` float32), releasing the packed rows."""
         obs = self.obs
-        self.obs_list = None
+        self.packed_obs = None
         return obs
 
     def take_obs_list(self) -> list:
-        """The N ``(C, 34)`` float32 arrays without stacking (or rows of the stacked array)."""
-        obs = self.obs_list
-        self.obs_list = None
+        """``take_obs`` as a list of N ``(C, 34)`` float32 arrays."""
+        obs = self.take_obs()
         return list(obs) if obs is not None else None
+
+    def take_packed_obs(self) -> np.ndarray:
+        """``packed_obs`` ``(N, row_bytes(version))`` uint8, released."""
+        return self._take("packed_obs")
 
     def take_actions(self) -> np.ndarray:
         return self._take("actions")
@@ -176,7 +178,9 @@ class _SeatRecorder:
 
     def __init__(self, version: int):
         self.version = version
-        self.obs, self.masks, self.actions = [], [], []
+        self.row_bytes = row_bytes(version)
+        self.packed = np.empty((64, self.row_bytes), dtype=np.uint8)  # grown by doubling
+        self.masks, self.actions = [], []
         self.at_kyoku, self.apply_gamma, self.at_turns, self.shantens = [], [], [], []
         self.event_idx = []
 
@@ -193,6 +197,16 @@ class _SeatRecorder:
                                   log.line_numbers[cur_idx]) from None
         else:
             obs, mask = state.encode_obs(self.version, at_kan_select)
+        n = len(self.actions)
+        if n == len(self.packed):
+            grown = np.empty((2 * n, self.row_bytes), dtype=np.uint8)
+            grown[:n] = self.packed
+            self.packed = grown
+        try:
+            # packed right away: the float32 array (about 127 KB) is freed while still in cache
+            pack_into(obs, self.packed, n, self.version)
+        except NotPackableError as e:
+            raise BadLogError(log.source, f"seat {state.player_id}: {e}", log.line_numbers[cur_idx]) from None
         if not mask[label]:
             raise BadLogError(
                 log.source,
@@ -200,7 +214,6 @@ class _SeatRecorder:
                 f"(label {label}{', kan select' if at_kan_select else ''}) is not legal here",
                 log.line_numbers[next_idx],
             )
-        self.obs.append(obs)
         self.masks.append(mask)
         self.actions.append(label)
         self.at_kyoku.append(kyoku_idx)
@@ -217,7 +230,7 @@ class _SeatRecorder:
             dones[:-1] = at_kyoku[1:] > at_kyoku[:-1]
         masks = np.stack(self.masks) if n else np.zeros((0, 46), np.bool_)
         return Gameplay(
-            obs_list=self.obs,
+            packed_obs=self.packed[:n].copy() if 2 * n < len(self.packed) else self.packed[:n],
             actions=np.asarray(self.actions, dtype=np.int64),
             masks=masks,
             at_kyoku=at_kyoku,
@@ -229,7 +242,7 @@ class _SeatRecorder:
             grp=grp,
             player_id=player_id,
             player_name=player_name,
-            _obs_shape=obs_shape(self.version),
+            version=self.version,
         )
 
 
