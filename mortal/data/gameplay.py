@@ -32,7 +32,7 @@ from mortal.data.grp import Grp
 from mortal.data.mjai_log import DEFAULT_MAX_LOG_BYTES, BadLogError, LoadedLog, parse_log, read_log, skip_message
 from mortal.features.obs import check_version
 from mortal.features.obs_v4 import V4Encoder
-from mortal.data.packed_obs import NotPackableError, pack_into, row_bytes, unpack
+from mortal.data.packed_obs import NotPackableError, packer, row_bytes, unpack
 
 logger = logging.getLogger('mortal.gameplay')  # the name before the package split (log format)
 
@@ -179,6 +179,7 @@ class _SeatRecorder:
     def __init__(self, version: int):
         self.version = version
         self.row_bytes = row_bytes(version)
+        self.pack = packer(version)
         self.packed = np.empty((64, self.row_bytes), dtype=np.uint8)  # grown by doubling
         self.masks, self.actions = [], []
         self.at_kyoku, self.apply_gamma, self.at_turns, self.shantens = [], [], [], []
@@ -204,7 +205,7 @@ class _SeatRecorder:
             self.packed = grown
         try:
             # packed right away: the float32 array (about 127 KB) is freed while still in cache
-            pack_into(obs, self.packed, n, self.version)
+            self.pack(obs, self.packed, n)
         except NotPackableError as e:
             raise BadLogError(log.source, f"seat {state.player_id}: {e}", log.line_numbers[cur_idx]) from None
         if not mask[label]:
@@ -435,7 +436,9 @@ class GameplayLoader:
             elif cur_type not in _SKIPPED_AS_NEXT:
                 # The state a multi-ron is judged on: every hora of a run answers this
                 # discard or kan (a kan's ``dora`` may come in between).
-                ron_cans, winners = cans, set()
+                ron_cans = cans
+                if winners:
+                    winners.clear()
             if not cans.can_act:
                 nxt = events[nxt_idx]
                 if (types[nxt_idx] in _OWN_ACTIONS and nxt["actor"] == seat

@@ -34,7 +34,7 @@ try:
 except ImportError:  # the optional compiled core is not built
     _pack_obs = None
 
-__all__ = ["HAVE_FAST_PACK", "NotPackableError", "REAL_ROWS", "Layout", "layout", "pack", "pack_into",
+__all__ = ["HAVE_FAST_PACK", "NotPackableError", "REAL_ROWS", "Layout", "layout", "pack", "pack_into", "packer",
            "row_bytes", "unpack"]
 
 #: True when ``pack_into`` runs in the compiled core.
@@ -151,6 +151,30 @@ def pack_into(obs: np.ndarray, out: np.ndarray, index: int, version: int) -> Non
     row[:lay.real_bytes] = obs[lay.real_rows].view(np.uint8).reshape(-1)
     row[lay.real_bytes:lay.real_bytes + lay.bit_bytes] = np.packbits(nonzero, bitorder="little")
     row[lay.real_bytes + lay.bit_bytes:] = 0
+
+
+def packer(version: int):
+    """``pack_into`` bound to ``version``, for a loop that packs many observations: ``packer(v)(obs, out, index)``.
+
+    With the compiled core it checks less per call than ``pack_into`` (the dtype and C order of ``obs``; its size
+    in the kernel) and raises the same errors.
+    """
+    lay = layout(version)
+    if _pack_obs is None:
+        return functools.partial(_pack_into_v, version=version)
+    fast, flags, mask, f32 = _pack_obs, lay.real_flags, lay.binary_mask, np.dtype(np.float32)
+
+    def pack_fast(obs, out, index):
+        if obs.dtype != f32 or not obs.flags.c_contiguous:
+            raise ValueError(f"pack_into: expected a C-contiguous float32 array, got {obs.dtype}")
+        bad = fast(obs, flags, mask, out, index)
+        if bad >= 0:
+            _refuse(lay, obs, bad)
+    return pack_fast
+
+
+def _pack_into_v(obs, out, index, *, version):
+    pack_into(obs, out, index, version)
 
 
 def pack(obs: np.ndarray, version: int) -> np.ndarray:

@@ -16,6 +16,9 @@
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include "agari.hpp"
 #include "calc.hpp"
@@ -378,6 +381,18 @@ PyObject* py_sp_calc_batch(PyObject*, PyObject* args) {
 // the caller can refuse the sample. Returns -1 when the row was written.
 constexpr uint32_t kOneBits = 0x3F800000u;
 
+// Scalar bits of elements [j, n) (bytes from j / 8 on are rewritten); first bad index or -1.
+Py_ssize_t pack_bits_tail(const uint32_t* u, Py_ssize_t j, Py_ssize_t n, uint8_t* bits, const uint8_t* allowed) {
+    Py_ssize_t bad_at = -1;
+    for (Py_ssize_t k = j / 8; k < (n + 7) / 8; ++k) bits[k] = 0;
+    for (; j < n; ++j) {
+        const bool nz = u[j] != 0;
+        bits[j / 8] |= static_cast<uint8_t>(nz << (j % 8));
+        if (nz && u[j] != kOneBits && (allowed[j / 8] >> (j % 8) & 1) && bad_at < 0) bad_at = j;
+    }
+    return bad_at;
+}
+
 #ifdef __SSE2__
 // Bit k set iff 32-bit lane k of a|b|c|d (16 lanes) equals v's lanes.
 inline unsigned eq_mask16(__m128i a, __m128i b, __m128i c, __m128i d, __m128i v) {
@@ -386,6 +401,78 @@ inline unsigned eq_mask16(__m128i a, __m128i b, __m128i c, __m128i d, __m128i v)
     return static_cast<unsigned>(_mm_movemask_epi8(_mm_packs_epi16(ab, cd)));
 }
 #endif
+
+// The bits of all n elements, 16 at a time (SSE2; scalar elsewhere); first bad index or -1.
+Py_ssize_t pack_bits_sse2(const uint32_t* u, Py_ssize_t n, uint8_t* bits, const uint8_t* allowed) {
+    Py_ssize_t j = 0, bad_at = -1;
+    unsigned bad = 0;
+#ifdef __SSE2__
+    const __m128i zero = _mm_setzero_si128();
+    const __m128i one_bits = _mm_set1_epi32(static_cast<int>(kOneBits));
+    for (; j + 16 <= n; j += 16) {
+        const __m128i* p = reinterpret_cast<const __m128i*>(u + j);
+        const __m128i a = _mm_loadu_si128(p), b = _mm_loadu_si128(p + 1);
+        const __m128i c = _mm_loadu_si128(p + 2), d = _mm_loadu_si128(p + 3);
+        const uint16_t nz = static_cast<uint16_t>(~eq_mask16(a, b, c, d, zero));
+        const unsigned one = eq_mask16(a, b, c, d, one_bits);
+        uint16_t allowed16;
+        std::memcpy(&allowed16, allowed + j / 8, 2);
+        std::memcpy(bits + j / 8, &nz, 2);
+        const unsigned x = nz & ~one & allowed16;
+        if (x != 0 && bad_at < 0) {
+            bad_at = j;
+            bad = x;
+        }
+    }
+#endif
+    const Py_ssize_t tail = pack_bits_tail(u, j, n, bits, allowed);
+    return bad_at >= 0 ? bad_at + __builtin_ctz(bad) : tail;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define MORTAL_HAVE_AVX2_PATH 1
+// As eq_mask16 for 32 lanes; the packs work per 128-bit half, the permute restores lane order.
+__attribute__((target("avx2"))) inline uint32_t eq_mask32(__m256i a, __m256i b, __m256i c, __m256i d, __m256i v) {
+    const __m256i ab = _mm256_packs_epi32(_mm256_cmpeq_epi32(a, v), _mm256_cmpeq_epi32(b, v));
+    const __m256i cd = _mm256_packs_epi32(_mm256_cmpeq_epi32(c, v), _mm256_cmpeq_epi32(d, v));
+    const __m256i abcd = _mm256_packs_epi16(ab, cd);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    return static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_permutevar8x32_epi32(abcd, order)));
+}
+
+__attribute__((target("avx2"))) Py_ssize_t pack_bits_avx2(const uint32_t* u, Py_ssize_t n, uint8_t* bits,
+                                                          const uint8_t* allowed) {
+    Py_ssize_t j = 0, bad_at = -1;
+    uint32_t bad = 0;
+    const __m256i zero = _mm256_setzero_si256();
+    const __m256i one_bits = _mm256_set1_epi32(static_cast<int>(kOneBits));
+    for (; j + 32 <= n; j += 32) {
+        const __m256i* p = reinterpret_cast<const __m256i*>(u + j);
+        const __m256i a = _mm256_loadu_si256(p), b = _mm256_loadu_si256(p + 1);
+        const __m256i c = _mm256_loadu_si256(p + 2), d = _mm256_loadu_si256(p + 3);
+        const uint32_t nz = ~eq_mask32(a, b, c, d, zero);
+        const uint32_t one = eq_mask32(a, b, c, d, one_bits);
+        uint32_t allowed32;
+        std::memcpy(&allowed32, allowed + j / 8, 4);
+        std::memcpy(bits + j / 8, &nz, 4);
+        const uint32_t x = nz & ~one & allowed32;
+        if (x != 0 && bad_at < 0) {
+            bad_at = j;
+            bad = x;
+        }
+    }
+    const Py_ssize_t tail = pack_bits_tail(u, j, n, bits, allowed);
+    return bad_at >= 0 ? bad_at + __builtin_ctz(bad) : tail;
+}
+#endif
+
+Py_ssize_t pack_bits(const uint32_t* u, Py_ssize_t n, uint8_t* bits, const uint8_t* allowed) {
+#ifdef MORTAL_HAVE_AVX2_PATH
+    static const bool avx2 = __builtin_cpu_supports("avx2");
+    if (avx2) return pack_bits_avx2(u, n, bits, allowed);
+#endif
+    return pack_bits_sse2(u, n, bits, allowed);
+}
 
 PyObject* py_pack_obs(PyObject*, PyObject* args) {
     Py_buffer obs;
@@ -414,8 +501,6 @@ PyObject* py_pack_obs(PyObject*, PyObject* args) {
     } else {
         const uint32_t* u = static_cast<const uint32_t*>(obs.buf);
         uint8_t* dst = static_cast<uint8_t*>(out.buf) + index * row_bytes;
-        const uint8_t* allowed = reinterpret_cast<const uint8_t*>(binary_mask);
-        Py_ssize_t bad_at = -1;
         uint8_t* real_dst = dst;
         for (Py_ssize_t r = 0; r < n_rows; ++r) {
             if (real_rows[r]) {
@@ -423,40 +508,7 @@ PyObject* py_pack_obs(PyObject*, PyObject* args) {
                 real_dst += 34 * 4;
             }
         }
-        uint8_t* bits = dst + real_bytes;
-        Py_ssize_t j = 0;
-        unsigned bad = 0;  // bad elements of the first group that has any (at bad_at)
-#ifdef __SSE2__
-        // 16 elements -> 2 bytes: the lane comparisons are narrowed to bytes and their sign bits gathered.
-        const __m128i zero = _mm_setzero_si128();
-        const __m128i one_bits = _mm_set1_epi32(static_cast<int>(kOneBits));
-        for (; j + 16 <= n; j += 16) {
-            const __m128i* p = reinterpret_cast<const __m128i*>(u + j);
-            const __m128i a = _mm_loadu_si128(p), b = _mm_loadu_si128(p + 1);
-            const __m128i c = _mm_loadu_si128(p + 2), d = _mm_loadu_si128(p + 3);
-            const unsigned nz = ~eq_mask16(a, b, c, d, zero) & 0xFFFFu;
-            const unsigned one = eq_mask16(a, b, c, d, one_bits);
-            uint16_t allowed16;
-            std::memcpy(&allowed16, allowed + j / 8, 2);
-            const uint16_t nz16 = static_cast<uint16_t>(nz);
-            std::memcpy(bits + j / 8, &nz16, 2);
-            const unsigned x = nz & ~one & allowed16;
-            if (x != 0 && bad_at < 0) {
-                bad_at = j;
-                bad = x;
-            }
-        }
-#endif
-        for (Py_ssize_t k = j / 8; k < n_bytes; ++k) bits[k] = 0;
-        for (; j < n; ++j) {
-            const bool nz = u[j] != 0;
-            bits[j / 8] |= static_cast<uint8_t>(nz << (j % 8));
-            if (nz && u[j] != kOneBits && (allowed[j / 8] >> (j % 8) & 1) && bad_at < 0) {
-                bad_at = j;
-                bad = 1;
-            }
-        }
-        if (bad_at >= 0) bad_at += __builtin_ctz(bad);
+        const Py_ssize_t bad_at = pack_bits(u, n, dst + real_bytes, reinterpret_cast<const uint8_t*>(binary_mask));
         for (Py_ssize_t j = real_bytes + n_bytes; j < row_bytes; ++j) dst[j] = 0;
         result = PyLong_FromSsize_t(bad_at);
     }
