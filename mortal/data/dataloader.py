@@ -3,7 +3,8 @@
 ``FileDatasetsIter`` is a torch ``IterableDataset``. Each sample is the tuple
 ``(obs, action, mask, steps_to_done, kyoku_reward, player_rank)``:
 
-* ``obs`` ``(C, 34)`` float32 numpy array (C = 934 for version 3, 1012 for version 4);
+* ``obs`` ``(C, 34)`` float32 numpy array (C = 934 for version 3, 1012 for version 4; packed rows in batch
+  mode, see below);
 * ``action`` numpy int64 scalar, 0-45;
 * ``mask`` ``(46,)`` bool numpy array, ``mask[action]`` is always True;
 * ``steps_to_done`` numpy int64 scalar: discounted steps to the seat's last decision
@@ -324,9 +325,9 @@ class FileDatasetsIter(IterableDataset):
 def keep_freed_memory() -> bool:
     """Ask glibc malloc to keep freed memory instead of returning it to the OS at once.
 
-    Every sample is a fresh ~127 KB array (v3); with glibc's default trim/mmap
-    thresholds its pages go back to the OS when freed and must be faulted in again
-    for the next file batch, which costs about as much as encoding. Meant for
+    Every sample is encoded into a fresh ~127 KB array (v3), packed and freed at once, and
+    each file batch builds buffers of megabytes; with glibc's default trim/mmap thresholds
+    their pages go back to the OS when freed and must be faulted in again for the next one. Meant for
     loader worker processes (``worker_init_fn`` calls it). Returns False where
     ``mallopt`` is unavailable (non-glibc); process-wide, only call it in a
     process whose job is loading.

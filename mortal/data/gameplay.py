@@ -5,7 +5,9 @@ events ``(cur, ...)``, a sample is taken after ``cur`` whenever the seat has a
 legal action, labelled from the next event (``reach_accepted``/``dora`` in
 between are skipped). Versions 1-3 are encoded by ``PlayerState.encode_obs``
 directly (version checked once by ``mortal.features.obs.check_version``); version 4 by a
-``mortal.features.obs_v4.V4Encoder`` that replays the same events beside the state.
+``mortal.features.obs_v4.V4Encoder`` that replays the same events beside the state. Each observation
+is packed as soon as it is encoded (``mortal.data.packed_obs``: exact, about a tenth of the float32 size),
+so a seat's samples never hold the float32 arrays.
 
 Multi-ron (double/triple ron, paid as Mortal's Tenhou rule): every winner is labelled
 ``hora`` at the discard (or robbed kan); the second and third ``hora`` are checked against

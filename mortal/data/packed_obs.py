@@ -12,11 +12,11 @@ observation is one row of bytes (``row_bytes(version)``):
 
 ``unpack`` rebuilds the float32 array bit for bit: every element outside the real rows must be exactly +0.0 or
 1.0, which ``pack_into`` checks for every sample (it raises ``NotPackableError`` otherwise, so nothing is ever
-stored inexactly). Sizes per sample, packed vs float32: v1 4,736 vs 127,568 bytes, v2 12,556 vs 128,112, v3
-13,900 vs 127,024, v4 12,580 vs 137,632.
+stored inexactly). Sizes per sample, packed vs float32: v1 4,668 vs 127,568 bytes, v2 12,572 vs 128,112, v3
+13,900 vs 127,024, v4 15,320 vs 137,632.
 
-The packing runs in the compiled core (``mortal.features.sp._core.pack_obs``, one pass) where it was built, else
-in numpy (same bytes, about 3x slower). ``unpack`` takes numpy arrays or torch tensors on any device, so a batch
+The packing runs in the compiled core (``mortal.features.sp._core.pack_obs``, one pass, AVX2 or SSE2) where it was
+built, else in numpy (same bytes, several times slower: the loader then runs below its speed of before). ``unpack`` takes numpy arrays or torch tensors on any device, so a batch
 can travel packed (a DataLoader worker's shared memory, the host-to-GPU copy) and be expanded where it is used.
 """
 
