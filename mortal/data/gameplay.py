@@ -182,7 +182,7 @@ class _SeatRecorder:
         self.version = version
         self.row_bytes = row_bytes(version)
         self.pack = packer(version)
-        self.packed = np.empty((64, self.row_bytes), dtype=np.uint8)  # grown by doubling
+        self.packed = np.empty((256, self.row_bytes), dtype=np.uint8)  # a hanchan seat's decisions; grown by doubling
         self.masks, self.actions = [], []
         self.at_kyoku, self.apply_gamma, self.at_turns, self.shantens = [], [], [], []
         self.event_idx = []
@@ -403,11 +403,11 @@ class GameplayLoader:
         if any('"?"' in line for line in log.lines):  # cheap test on the JSON text first: full logs have none
             for seat in seats:
                 _check_unmasked(log, seat)
-        return [self._load_seat(log, grp, seat, str(names[seat])) for seat in seats]
+        types = [ev["type"] for ev in log.events]
+        return [self._load_seat(log, grp, seat, str(names[seat]), types) for seat in seats]
 
-    def _load_seat(self, log: LoadedLog, grp: Grp, seat: int, name: str) -> Gameplay:
+    def _load_seat(self, log: LoadedLog, grp: Grp, seat: int, name: str, types: list) -> Gameplay:
         events, lines = log.events, log.lines
-        types = [ev["type"] for ev in events]
         state = PlayerState(seat)
         enc = V4Encoder(seat) if self.version == 4 else None
         rec = _SeatRecorder(self.version)
