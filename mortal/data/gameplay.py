@@ -403,20 +403,26 @@ class GameplayLoader:
         if any('"?"' in line for line in log.lines):  # cheap test on the JSON text first: full logs have none
             for seat in seats:
                 _check_unmasked(log, seat)
+        # What every seat's walk reads of the event windows, found once per log.
         types = [ev["type"] for ev in log.events]
-        return [self._load_seat(log, grp, seat, str(names[seat]), types) for seat in seats]
+        n = max(len(types) - 3, 0)
+        nxt_of = [i + 2 if types[i + 1] in _SKIPPED_AS_NEXT else i + 1 for i in range(n)]
+        # the seat acting in the next event when that is an own action after an event that is not skipped, else -1
+        own_actor = [log.events[j]["actor"] if types[j] in _OWN_ACTIONS and types[i] not in _SKIPPED_AS_NEXT else -1
+                     for i, j in enumerate(nxt_of)]
+        return [self._load_seat(log, grp, seat, str(names[seat]), (types, nxt_of, own_actor)) for seat in seats]
 
-    def _load_seat(self, log: LoadedLog, grp: Grp, seat: int, name: str, types: list) -> Gameplay:
+    def _load_seat(self, log: LoadedLog, grp: Grp, seat: int, name: str, windows: tuple) -> Gameplay:
         events, lines = log.events, log.lines
+        types, nxt_of, own_actor = windows
         state = PlayerState(seat)
         enc = V4Encoder(seat) if self.version == 4 else None
         rec = _SeatRecorder(self.version)
         kyoku_idx = 0
         always = self.always_include_kan_select
         ron_cans, winners = None, set()
-        for i in range(len(events) - 3):
+        for i, nxt_idx in enumerate(nxt_of):
             cur_type = types[i]
-            nxt_idx = i + 2 if types[i + 1] in _SKIPPED_AS_NEXT else i + 1
             if cur_type == "end_kyoku":
                 kyoku_idx += 1
             try:
@@ -442,10 +448,8 @@ class GameplayLoader:
                 if winners:
                     winners.clear()
             if not cans.can_act:
-                nxt = events[nxt_idx]
-                if (types[nxt_idx] in _OWN_ACTIONS and nxt["actor"] == seat
-                        and cur_type not in _SKIPPED_AS_NEXT
-                        and not (cur_type == "hora" and _is_multi_ron(nxt, seat, ron_cans, winners))):
+                if (own_actor[i] == seat
+                        and not (cur_type == "hora" and _is_multi_ron(events[nxt_idx], seat, ron_cans, winners))):
                     raise BadLogError(log.source, f"illegal move: seat {seat} cannot {types[nxt_idx]} here",
                                       log.line_numbers[nxt_idx])
                 continue
