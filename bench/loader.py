@@ -1,20 +1,22 @@
-"""Loader throughput: gzip mjai logs -> v3 training tensors, vs the Rust floor, on one core.
+"""Loader throughput: gzip mjai logs -> v3 training samples and batches, vs the Rust floor, on one core.
 
 Floor: for every seat, ``PlayerState.update`` on each event plus ``encode_obs(3)`` at
 each decision point, on already decompressed lines (the unavoidable native work).
 Measured on the same logs in the same run:
 
-* ``GameplayLoader.load_gz_log_files`` + ``torch.from_numpy`` of each sample's obs and of
-  the actions/masks arrays;
-* the whole ``FileDatasetsIter`` (adds GRP rewards, targets, shuffle buffer) batched by
-  the default collate (whose 65 MB batch stacking dominates this line).
+* ``loader``: ``GameplayLoader.load_gz_log_files`` (each observation packed as it is encoded,
+  ``mortal.data.packed_obs``) + ``torch.from_numpy`` of the packed obs, actions and masks arrays;
+* ``dataset``: the whole ``FileDatasetsIter`` (adds GRP rewards, targets, shuffle buffer) in its batch
+  mode, 512-sample batches of packed obs, as the trainer's loader makes them (``learner_loader``);
+* ``unpack``: those batches unpacked to float32 ``(512, 934, 34)`` on the CPU (what a CPU trainer does
+  before the forward; on a GPU the packed batch is moved and unpacked there).
 
-A second floor retains the encoded arrays (``floor_keep``): writing ~127 KB of fresh
-memory per sample costs about as much as encoding, and no loader can avoid it.
+A second floor retains the encoded float32 arrays (``floor_keep``): writing ~127 KB of fresh
+memory per sample is what the loader paid before it packed them.
 
-Prints samples/s of each and the ratio to the floor (target >= 0.6). The process
-tunes malloc as a DataLoader worker does (``keep_freed_memory``) unless
-``--default-malloc``.
+Prints samples/s of each, the ratios to the floor (target >= 0.6 for the loader) and of the
+batches to the loader (target >= 0.5), and the bytes a sample holds. The process tunes malloc
+as a DataLoader worker does (``keep_freed_memory``) unless ``--default-malloc``.
 Usage: ``python bench/loader.py [--copies N] [--repeat R]``.
 """
 
@@ -32,6 +34,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = sorted((ROOT / "tests" / "data").glob("*.jsonl"))
 VERSION = 3
+BATCH = 512
 
 
 def floor(paths, keep=False):
@@ -70,23 +73,48 @@ def loader(paths):
     gl = GameplayLoader(VERSION)
     for games in gl.load_gz_log_files(paths):
         for g in games:
-            obs = [torch.from_numpy(o) for o in g.take_obs_list()]
+            n += len(torch.from_numpy(g.take_packed_obs()))
             torch.from_numpy(g.take_actions())
             torch.from_numpy(g.take_masks())
-            n += len(obs)
     return n, time.perf_counter() - t0
 
 
-def dataset(paths):
+def _batches(paths):
     from mortal.data.dataloader import FileDatasetsIter, make_dataloader
     from mortal.model.networks import GRP
 
-    ds = FileDatasetsIter(VERSION, paths, [6, 4, 2, 0], GRP(), file_batch_size=20)
+    ds = FileDatasetsIter(VERSION, paths, [6, 4, 2, 0], GRP(), file_batch_size=20, batch_size=BATCH)
+    return make_dataloader(ds, batch_size=BATCH, num_workers=0)
+
+
+def dataset(paths):
     n = 0
     t0 = time.perf_counter()
-    for batch in make_dataloader(ds, batch_size=512, num_workers=0):
+    for batch in _batches(paths):
         n += batch[1].shape[0]
     return n, time.perf_counter() - t0
+
+
+def unpack(paths):
+    from mortal.data.packed_obs import unpack as unpack_obs
+
+    batches = list(_batches(paths))
+    n = 0
+    t0 = time.perf_counter()
+    for batch in batches:
+        n += unpack_obs(batch[0], VERSION).shape[0]
+    return n, time.perf_counter() - t0
+
+
+def sample_bytes(paths):
+    """(bytes of one sample before: float32 obs + mask + 4 scalars, after: one row of each batch column)."""
+    from mortal.features.obs import obs_shape
+
+    c, w = obs_shape(VERSION)
+    before = c * w * 4 + 46 + 4 * 8
+    batch = next(iter(_batches(paths[:1])))
+    after = sum(t[0].numel() * t.element_size() for t in batch)
+    return before, after
 
 
 def main(argv=None):
@@ -99,6 +127,7 @@ def main(argv=None):
                         help="do not call keep_freed_memory (glibc default trimming)")
     args = entry.start(parser, argv, log_level=None)
     from mortal.data.dataloader import keep_freed_memory
+    from mortal.data.packed_obs import HAVE_FAST_PACK
 
     torch.set_num_threads(1)
     if not args.default_malloc:
@@ -110,26 +139,33 @@ def main(argv=None):
                 p = pathlib.Path(d) / f"{i}_{f.stem}.json.gz"
                 p.write_bytes(gzip.compress(f.read_bytes()))
                 paths.append(str(p))
-        # Rounds interleave the three measurements so that load from other processes
+        # Rounds interleave the measurements so that load from other processes
         # hits them alike; the best rate of each is kept. Round 0 is a warm-up.
         results = {}
         for rnd in range(args.repeat + 1):
             for name, fn in (("floor", floor), ("floor_keep", floor_keep), ("loader", loader),
-                             ("dataset", dataset)):
+                             ("dataset", dataset), ("unpack", unpack)):
                 n, dt = fn(list(paths))
                 if rnd:
                     results[name] = (n, max(results.get(name, (0, 0.0))[1], n / dt))
-    f, fk = results["floor"][1], results["floor_keep"][1]
-    print(f"{len(paths)} gzip logs, feature version {VERSION}, 1 core, best of {args.repeat} rounds")
+        before, after = sample_bytes(list(paths))
+    f, fk, ld = results["floor"][1], results["floor_keep"][1], results["loader"][1]
+    print(f"{len(paths)} gzip logs, feature version {VERSION}, 1 core, best of {args.repeat} rounds, "
+          f"packing in {'the compiled core' if HAVE_FAST_PACK else 'numpy (no compiled core)'}")
     print(f"floor       update + encode_obs               : {f:9.1f} decisions/s ({results['floor'][0]} per pass)")
-    print(f"floor_keep  same, retaining the arrays        : {fk:9.1f} decisions/s  ratio {fk / f:.2f}")
-    labels = {"loader": "gz -> per-sample tensors", "dataset": "FileDatasetsIter -> 512-batches"}
-    for name in ("loader", "dataset"):
+    print(f"floor_keep  same, retaining the float32 arrays: {fk:9.1f} decisions/s  ratio {fk / f:.2f}")
+    labels = {"loader": "gz -> packed per-seat arrays", "dataset": f"FileDatasetsIter -> {BATCH}-batches",
+              "unpack": f"{BATCH}-batch -> float32 on the CPU"}
+    for name in ("loader", "dataset", "unpack"):
         n, r = results[name]
         print(f"{name:11s} {labels[name]:34s}: {r:9.1f} samples/s ({n} per pass)  "
-              f"ratio {r / f:.2f} (vs floor_keep {r / fk:.2f})")
-    ratio = results["loader"][1] / f
+              f"ratio {r / f:.2f} (vs loader {r / ld:.2f})")
+    ratio, batching = ld / f, results["dataset"][1] / ld
+    print(f"memory per sample: {before:,} bytes as float32 tuples -> {after:,} bytes packed "
+          f"({before / after:.1f}x less)")
     print(f"loader ratio vs floor: {ratio:.2f} (target >= 0.60: {'met' if ratio >= 0.6 else 'NOT met'})")
+    print(f"batching ratio vs loader: {batching:.2f} (target >= 0.50: {'met' if batching >= 0.5 else 'NOT met'})")
+
 
 if __name__ == "__main__":
     main()

@@ -218,7 +218,8 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
     def train_batch(self, obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks) -> None:
         """One backward pass on a batch; optimizer step every ``opt_step_every`` global steps; submit/save/test.
 
-        obs (B, C, 34) float32, actions (B,) int64, masks (B, 46) bool, steps_to_done (B,) int64,
+        obs (B, C, 34) float32, or the loader's packed rows (B, row_bytes) uint8 (``mortal.data.packed_obs``,
+        unpacked on the device), actions (B,) int64, masks (B, 46) bool, steps_to_done (B,) int64,
         kyoku_rewards (B,) float64, player_ranks (B,) int64 in 0..3, B = batch_size.
         With ``[online] offline_batch_size`` = O > 0, O offline rows from ``offline_stream`` are appended; the
         loss (``mortal.learning.loss.learner_loss``) treats them as offline-mix rows, and the instruments see the B
@@ -227,12 +228,13 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
         """
         dev = self.device
         n = obs.shape[0]  # online (or, offline, all) rows
+        obs = self._obs_on_device(obs)
         if self.offline_stream is not None:
-            extra = next(self.offline_stream)
-            obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks = (
+            extra_obs, *extra = next(self.offline_stream)
+            obs = torch.cat((obs, self._obs_on_device(extra_obs)))
+            actions, masks, steps_to_done, kyoku_rewards, player_ranks = (
                 torch.cat((a, b.to(a.dtype))) for a, b in zip(
-                    (obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks), extra))
-        obs = obs.to(dtype=torch.float32, device=dev)
+                    (actions, masks, steps_to_done, kyoku_rewards, player_ranks), extra))
         actions = actions.to(dtype=torch.int64, device=dev)
         masks = masks.to(dtype=torch.bool, device=dev)
         steps_to_done = steps_to_done.to(dtype=torch.int64, device=dev)
@@ -280,6 +282,14 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
             self.submit_param(is_idle=False)
         if self.steps % self.save_every == 0:
             self.on_save()
+
+    def _obs_on_device(self, obs):
+        """``obs`` as ``(B, C, 34)`` float32 on the trainer's device: packed rows (uint8, the loader's batches) are
+        moved packed and unpacked there (``mortal.data.packed_obs.unpack``, bit for bit); float ones are moved."""
+        if obs.dtype == torch.uint8:
+            from mortal.data.packed_obs import unpack
+            return unpack(obs.to(self.device, non_blocking=True), self.version)
+        return obs.to(dtype=torch.float32, device=self.device)
 
     def on_save(self) -> None:
         """Every ``save_every`` steps: TensorBoard, checkpoint, a missed submit, and test play when due (rank 0;

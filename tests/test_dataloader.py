@@ -68,16 +68,15 @@ def test_steps_to_done_rewards_and_ranks(grp):
     actions, dones, at_kyoku = game.actions.copy(), game.dones.copy(), game.at_kyoku.copy()
     gamma_steps = game.apply_gamma.copy()
     rewards = ds.reward_calc.calc_delta_pt(0, game.grp.feature, game.grp.rank_by_player)
-    samples = ds._samples(game)
-    steps = np.array([s[3] for s in samples])
+    packed, acts, masks, steps, kyoku_rewards, ranks = ds._columns(game)
+    assert packed.shape == (len(actions), 13900) and packed.dtype == np.uint8
     assert (steps[dones] == 0).all()
     # recurrence by hand on the first kyoku: count the discounted steps after each sample
     end = int(np.flatnonzero(dones)[0])
     for i in range(end + 1):
         assert steps[i] == gamma_steps[i:end].sum()
-    np.testing.assert_array_equal([s[4] for s in samples], rewards[at_kyoku])
-    np.testing.assert_array_equal([s[1] for s in samples], actions)
-    ranks = np.array([s[5] for s in samples])
+    np.testing.assert_array_equal(kyoku_rewards, rewards[at_kyoku])
+    np.testing.assert_array_equal(acts, actions)
     # seat 0: E2 starts 21000/22000/23000/34000 -> 4th; final 2400 -> 4th
     assert (ranks[at_kyoku == 0] == 3).all() and (ranks[at_kyoku == 11] == 3).all()
 

@@ -278,7 +278,8 @@ def test_offline_batches_loop_over_the_offline_logs(tiny_config, fixture_logs):
     assert first_pass >= 1
     batches = [next(trainer.offline_stream) for _ in range(first_pass + 1)]  # crosses into a second pass
     for obs, actions, masks, steps_to_done, rewards, ranks in batches:
-        assert obs.shape == (64, 934, 34) and masks.shape == (64, 46) and ranks.shape == (64,)
+        assert obs.shape == (64, 13900) and obs.dtype == torch.uint8  # packed rows (mortal.data.packed_obs)
+        assert masks.shape == (64, 46) and ranks.shape == (64,)
         assert masks[torch.arange(64), actions].all()
 
     # too few samples for one batch: the Trainer fails at start-up, naming the key and the file index

@@ -30,6 +30,7 @@ from mortal.config import load_config
 from mortal.data.dataloader import FileDatasetsIter
 from mortal.data.gameplay import GameplayLoader
 from mortal.data.mjai_log import BadLogError, parse_log, read_log_text
+from mortal.data.packed_obs import unpack
 from mortal.learning.schedule import LinearWarmUpCosineAnnealingLR
 
 LOGS = [DATA_DIR / 'riichienv_selfplay_hanchan.jsonl', DATA_DIR / 'meta_annotated_hanchan.jsonl',
@@ -222,8 +223,10 @@ def _learners_until_drain(tmp_path, config, names, trained, caplog, *, between=N
         real = trainer.train_batch
 
         def spy(obs, actions, masks, steps, rewards, ranks, real=real):
+            assert obs.dtype == torch.uint8  # the loader's packed rows, unpacked by train_batch
+            floats = unpack(obs, 3)
             for i in range(actions.shape[0]):
-                trained[_fingerprint(obs[i], actions[i], masks[i], steps[i], ranks[i])] += 1
+                trained[_fingerprint(floats[i], actions[i], masks[i], steps[i], ranks[i])] += 1
             return real(obs, actions, masks, steps, rewards, ranks)
 
         trainer.train_batch = spy
@@ -353,9 +356,9 @@ def test_gzip_bomb_is_skipped_by_the_loader_with_the_configured_cap(tmp_path, bo
     assert data.max_log_bytes == 1 << 20
     start = time.monotonic()
     with caplog.at_level(logging.WARNING):
-        samples = list(data)
+        batches = list(data)
     assert time.monotonic() - start < 10
-    assert len(samples) == 212 and data.skipped == 1  # seat '0' of the good log (test_dataloader's count)
+    assert sum(len(b[1]) for b in batches) == 212 and data.skipped == 1  # seat '0' of the good log (test_dataloader's count)
     assert f'skipped log {bomb}: decompressed log exceeds the cap of 1,048,576 bytes' in caplog.text
     # the readers' default cap stops it too
     loader = GameplayLoader(3)

@@ -466,3 +466,26 @@ def test_supervisor_honours_sigterm_between_learners(tmp_path):
     finally:
         proc.kill()
     assert counter.read_text() == '1'  # no second learner was started
+
+
+@pytest.mark.slow
+def test_packed_batches_train_exactly_like_float_ones(tmp_path):
+    # The loader hands train_batch packed rows (mortal.data.packed_obs); the same samples as float32 must
+    # give bit-identical weights.
+    from mortal.data.packed_obs import REAL_ROWS, pack
+    g = torch.Generator().manual_seed(3)
+    _, actions, masks, steps, rewards, ranks = random_batch()
+    obs = (torch.rand((8, 934, 34), generator=g) < 0.2).float()
+    obs[:, list(REAL_ROWS[3])] = torch.rand((8, len(REAL_ROWS[3]), 34), generator=g)
+    packed = torch.from_numpy(pack(obs.numpy(), 3))
+    assert packed.dtype == torch.uint8 and packed.shape == (8, 13900)
+    states = []
+    for name, x in (('float', obs), ('packed', packed)):
+        (tmp_path / name).mkdir()
+        torch.manual_seed(0)
+        trainer, _ = make_trainer(tmp_path / name, online=False)
+        for _ in range(2):
+            trainer.train_batch(x, actions, masks, steps, rewards, ranks)
+        states.append(trainer.mortal.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(states[0].values(), states[1].values()))
+    assert not torch.equal(obs, torch.zeros_like(obs))

@@ -3,7 +3,8 @@
 ``FileDatasetsIter`` is a torch ``IterableDataset``. Each sample is the tuple
 ``(obs, action, mask, steps_to_done, kyoku_reward, player_rank)``:
 
-* ``obs`` ``(C, 34)`` float32 numpy array (C = 934 for version 3, 1012 for version 4);
+* ``obs`` ``(C, 34)`` float32 numpy array (C = 934 for version 3, 1012 for version 4; packed rows in batch
+  mode, see below);
 * ``action`` numpy int64 scalar, 0-45;
 * ``mask`` ``(46,)`` bool numpy array, ``mask[action]`` is always True;
 * ``steps_to_done`` numpy int64 scalar: discounted steps to the seat's last decision
@@ -14,6 +15,13 @@
 
 Torch's default collate turns a batch into tensors of the same dtypes; the Q
 target is ``q_target(gamma, steps_to_done, kyoku_reward)``.
+
+The trainer's path is the batch mode (``batch_size=B``, what ``learner_loader`` uses): the dataset yields whole
+batches, numpy arrays with the dtypes above, built straight from its column buffer, and ``obs`` stays packed,
+``(B, row_bytes)`` uint8 (``mortal.data.packed_obs``: about 14 KB a sample instead of 127 KB at v3). It is
+unpacked to ``(B, C, 34)`` float32, bit for bit, where it is used (``Trainer.train_batch``, on the trainer's
+device). The batches, their samples and their order are those torch's DataLoader would make of the sample
+stream with ``batch_size=B`` (the last one short), so the two modes train alike.
 
 Workers: use ``make_dataloader``. Files are sharded across DataLoader workers so
 none is read twice, and workers are started with a ``forkserver`` (or ``spawn``)
@@ -47,6 +55,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from mortal.entry import LOG_FORMAT  # the entry points' format, for the workers too
 from mortal.data.gameplay import GameplayLoader
 from mortal.data.mjai_log import DEFAULT_MAX_LOG_BYTES
+from mortal.data.packed_obs import unpack
 from mortal.util.lifetime import die_with_parent
 from mortal.data.reward import RewardCalculator, load_grp
 
@@ -91,6 +100,10 @@ class FileDatasetsIter(IterableDataset):
             the trainer know which samples it has trained (``mortal.data.claims``).
         trained: ``{path: {pass: indices or None}}``: samples already trained, left out (``None``: the
             whole pass of that file, which is then not even read). Indices refer to ``sample_ids``.
+        batch_size: None (default): iterating yields sample tuples (``obs`` unpacked to float32). B: it yields
+            tuples of B-row numpy arrays (``obs`` packed, see the module docstring), the last one shorter; give
+            such a dataset to a DataLoader with ``batch_size=None`` (``make_dataloader`` does). Raises ValueError
+            below 1.
 
     Bad files are skipped with one warning each; ``skipped`` counts them in this
     process, and a summary is logged after each pass.
@@ -99,9 +112,13 @@ class FileDatasetsIter(IterableDataset):
     def __init__(self, version, file_list, pts, grp, *, file_batch_size=20, reserve_ratio=0,
                  player_names=None, excludes=None, num_epochs=1, enable_augmentation=False,
                  augmented_first=False, always_include_kan_select=True, max_log_bytes=DEFAULT_MAX_LOG_BYTES,
-                 sample_ids=False, trained=None):
+                 sample_ids=False, trained=None, batch_size=None):
         super().__init__()
         self.version = version
+        self.batch_size = None if batch_size is None else int(batch_size)
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self.buffer = None
         self.file_list = list(file_list)
         self.files = tuple(self.file_list)  # the order sample_ids refer to (file_list is sharded and shuffled)
         self._file_ids = {p: i for i, p in reversed(list(enumerate(self.files)))} if sample_ids else None
@@ -143,14 +160,28 @@ class FileDatasetsIter(IterableDataset):
     def build_iter(self):
         self._shard_for_current_worker()
         self.reward_calc = RewardCalculator(self.grp, self.pts)
+        self._pending, self._pending_rows = [], 0
         flags = [self.augmented_first] + ([not self.augmented_first] if self.enable_augmentation else [])
         for epoch in range(self.num_epochs):
             for i, augmented in enumerate(flags):
                 self._pass = epoch * len(flags) + i
                 yield from self.load_files(augmented)
+        if self.batch_size is not None and self._pending_rows:
+            yield self._take_batch(self._pending_rows)  # the last, short batch (as a DataLoader's)
+
+    def _buffer_len(self) -> int:
+        return 0 if self.buffer is None else len(self.buffer[1])
+
+    @staticmethod
+    def _shuffled(size: int) -> np.ndarray:
+        # random.shuffle of a list of indices draws exactly what random.shuffle of the samples themselves drew
+        # (the draws depend only on the length), so the order is the one of a list-of-tuples buffer.
+        perm = list(range(size))
+        random.shuffle(perm)
+        return np.asarray(perm, dtype=np.intp)
 
     def load_files(self, augmented: bool):
-        """One pass over ``file_list`` (shuffled), yielding samples through the shuffle buffer."""
+        """One pass over ``file_list`` (shuffled), yielding samples (or batches) through the shuffle buffer."""
         random.shuffle(self.file_list)
         self.loader = GameplayLoader(
             self.version,
@@ -160,58 +191,108 @@ class FileDatasetsIter(IterableDataset):
             augmented=augmented,
             max_log_bytes=self.max_log_bytes,
         )
-        self.buffer = []
+        # The buffer is a tuple of columns (packed obs, actions, masks, ...) sharing the first dimension, None when
+        # empty: no per-sample Python object is made until a sample (or a batch) is handed out.
+        self.buffer = None
         files = [p for p in self.file_list if self.trained.get(p, {}).get(self._pass, ()) is not None]
         for start in range(0, len(files), self.file_batch_size):
-            old_size = len(self.buffer)
+            old_size = self._buffer_len()
             self.populate_buffer(files[start:start + self.file_batch_size])
-            size = len(self.buffer)
+            size = self._buffer_len()
             reserved = int((size - old_size) * self.reserve_ratio)
             if reserved > size:
                 continue
-            random.shuffle(self.buffer)
-            yield from self.buffer[reserved:]
-            del self.buffer[reserved:]
-        random.shuffle(self.buffer)
-        yield from self.buffer
-        self.buffer.clear()
+            perm = self._shuffled(size)
+            yield from self._emit(self.buffer, perm[reserved:])
+            self.buffer = None if reserved == 0 else tuple(c[perm[:reserved]] for c in self.buffer)
+        yield from self._emit(self.buffer, self._shuffled(self._buffer_len()))
+        self.buffer = None
         self.skipped += self.loader.skipped
         if self.loader.skipped:
             logger.warning("pass over %d files (augmented=%s): %d skipped as bad input",
                            len(files), augmented, self.loader.skipped)
+
+    def _emit(self, cols, idx):
+        """The rows ``idx`` of the columns ``cols`` in that order: one sample tuple each, or (``batch_size``) as
+        many full batches as they complete."""
+        if not len(idx):
+            return
+        if self.batch_size is None:
+            packed, rest = cols[0], cols[1:]
+            for i in idx:
+                obs = unpack(packed[i:i + 1], self.version)[0]
+                yield (obs, *(c[i] for c in rest))
+            return
+        self._pending.append((cols, idx))
+        self._pending_rows += len(idx)
+        while self._pending_rows >= self.batch_size:
+            yield self._take_batch(self.batch_size)
+
+    def _take_batch(self, size: int) -> tuple:
+        # Each column of the batch is allocated once and filled by np.take straight from the buffer's rows.
+        first = self._pending[0][0]
+        out = tuple(np.empty((size, *c.shape[1:]), dtype=c.dtype) for c in first)
+        pos = 0
+        while pos < size:
+            cols, idx = self._pending[0]
+            k = min(size - pos, len(idx))
+            for o, c in zip(out, cols):
+                np.take(c, idx[:k], axis=0, out=o[pos:pos + k])
+            pos += k
+            if k == len(idx):
+                self._pending.pop(0)
+            else:
+                self._pending[0] = (cols, idx[k:])
+        self._pending_rows -= size
+        return out
 
     def populate_buffer(self, file_list) -> None:
         """Decode ``file_list`` and append every sample of every kept seat to ``self.buffer``.
 
         A file whose samples cannot be built is left out whole, counted in the loader's ``skipped``.
         """
+        chunks = [] if self.buffer is None else [self.buffer]
         for path, games in zip(file_list, self.loader.load_gz_log_files(file_list)):
             try:
-                samples = [s for game in games for s in self._samples(game)]
+                parts = [c for c in (self._columns(game) for game in games) if c is not None]
             except (ValueError, IndexError, AssertionError) as e:
                 # parse_log already rejects what could cause this; kept so one bad file never ends a training run
                 logger.warning("skipped log %s: %s: %s", path, type(e).__name__, e)
                 self.loader.skipped += 1
                 continue
+            if not parts:
+                continue
+            cols = parts[0] if len(parts) == 1 else tuple(np.concatenate(c) for c in zip(*parts))
             if self._file_ids is not None or path in self.trained:
-                samples = self._tag_and_filter(path, samples)
-            self.buffer.extend(samples)
+                cols = self._tag_and_filter(path, cols)
+            chunks.append(cols)
+        if chunks:
+            self.buffer = chunks[0] if len(chunks) == 1 else tuple(np.concatenate(c) for c in zip(*chunks))
 
-    def _tag_and_filter(self, path, samples) -> list:
+    def _tag_and_filter(self, path, cols) -> tuple:
         # Indices are taken before filtering so that they stay the same on every re-read of the file.
         done = self.trained.get(path, {}).get(self._pass) or ()
-        count = len(samples)
-        if self._file_ids is None:
-            return [s for j, s in enumerate(samples) if j not in done]
-        fid = self._file_ids[path]
-        return [(*s, np.array([fid, self._pass, j, count], dtype=np.int64))
-                for j, s in enumerate(samples) if j not in done]
+        count = len(cols[1])
+        if self._file_ids is not None:
+            ids = np.empty((count, 4), dtype=np.int64)
+            ids[:, 0], ids[:, 1], ids[:, 2], ids[:, 3] = self._file_ids[path], self._pass, np.arange(count), count
+            cols = (*cols, ids)
+        if done:
+            keep = np.ones(count, dtype=np.bool_)
+            trained = np.fromiter((j for j in done if 0 <= j < count), dtype=np.intp)
+            keep[trained] = False
+            cols = tuple(c[keep] for c in cols)
+        return cols
 
-    def _samples(self, game) -> list:
+    def _columns(self, game) -> tuple | None:
+        """The samples of one seat's ``Gameplay`` as columns ``(packed obs (N, row_bytes) uint8, actions (N,)
+        int64, masks (N, 46) bool, steps_to_done (N,) int64, kyoku rewards (N,) float64, player ranks (N,)
+        int64)``; None when the seat had no decision. Raises AssertionError when the rewards do not cover every
+        kyoku of a sample, IndexError for a rank that is out of range."""
         n = len(game)
         if n == 0:  # the seat never had a decision
-            return []
-        obs = game.take_obs_list()  # no stacking copy: samples are yielded one by one
+            return None
+        obs = game.take_packed_obs()
         actions = game.take_actions()
         masks = game.take_masks()
         at_kyoku = game.take_at_kyoku().astype(np.int64)
@@ -233,10 +314,7 @@ class FileDatasetsIter(IterableDataset):
             if not dones[i]:
                 steps_to_done[i] = steps_to_done[i + 1] + int(apply_gamma[i])
 
-        return [
-            (obs[i], actions[i], masks[i], steps_to_done[i], rewards[k], player_ranks[k + 1])
-            for i, k in enumerate(at_kyoku)
-        ]
+        return obs, actions, masks, steps_to_done, rewards[at_kyoku], player_ranks[at_kyoku + 1]
 
     def __iter__(self):
         if self.iterator is None:
@@ -247,9 +325,9 @@ class FileDatasetsIter(IterableDataset):
 def keep_freed_memory() -> bool:
     """Ask glibc malloc to keep freed memory instead of returning it to the OS at once.
 
-    Every sample is a fresh ~127 KB array (v3); with glibc's default trim/mmap
-    thresholds its pages go back to the OS when freed and must be faulted in again
-    for the next file batch, which costs about as much as encoding. Meant for
+    Every sample is encoded into a fresh ~127 KB array (v3), packed and freed at once, and
+    each file batch builds buffers of megabytes; with glibc's default trim/mmap thresholds
+    their pages go back to the OS when freed and must be faulted in again for the next one. Meant for
     loader worker processes (``worker_init_fn`` calls it). Returns False where
     ``mallopt`` is unavailable (non-glibc); process-wide, only call it in a
     process whose job is loading.
@@ -334,8 +412,14 @@ def make_dataloader(dataset, *, batch_size: int, num_workers: int = 1, pin_memor
                     drop_last: bool = False, multiprocessing_context=None, **kwargs) -> DataLoader:
     """``DataLoader`` over ``dataset`` with sharding and a fork-safe worker start method.
 
-    ``num_workers=0`` loads in the calling process. Extra ``kwargs`` go to ``DataLoader``.
+    ``num_workers=0`` loads in the calling process. Extra ``kwargs`` go to ``DataLoader``. A dataset that makes
+    its own batches (``FileDatasetsIter(batch_size=B)``) gets ``batch_size=None`` (``batch_size`` must be None or
+    B; ValueError otherwise).
     """
+    if getattr(dataset, "batch_size", None) is not None:
+        if batch_size not in (None, dataset.batch_size):
+            raise ValueError(f"the dataset makes batches of {dataset.batch_size}, not {batch_size}")
+        batch_size = None  # the dataset's items are batches already
     if num_workers > 0:
         kwargs.setdefault("worker_init_fn", worker_init_fn)
         kwargs["multiprocessing_context"] = multiprocessing_context or safe_mp_context()
@@ -348,6 +432,8 @@ def learner_loader(config: dict, version: int, file_list: list, player_names, le
     """The learner's ``DataLoader`` of ``FileDatasetsIter`` batches over ``file_list`` (``[dataset]`` settings,
     GRP reward of ``[grp]``, ``[env] pts``), learning from the seats of ``player_names`` (all seats when empty).
 
+    Batches are ``(packed obs (B, row_bytes) uint8, actions, masks, steps_to_done, kyoku_rewards, player_ranks)``
+    tensors (``FileDatasetsIter`` batch mode; ``mortal.data.packed_obs.unpack`` gives the float32 obs).
     With a ``mortal.data.claims.ClaimLedger``, each batch ends with the ``(B, 4)`` int64 sample ids and the samples
     it lists as trained are left out. ``num_workers`` defaults to ``[dataset] num_workers``; with more than one,
     ``file_list`` is shuffled in place. Raises what ``mortal.data.reward.load_grp`` raises for an unusable GRP.
@@ -368,6 +454,7 @@ def learner_loader(config: dict, version: int, file_list: list, player_names, le
         max_log_bytes=ds.get("max_log_bytes", DEFAULT_MAX_LOG_BYTES),
         sample_ids=ledger is not None,
         trained=ledger.trained_map() if ledger is not None else None,
+        batch_size=batch_size,
     )
     return make_dataloader(data, batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory)
 

@@ -5,7 +5,9 @@ events ``(cur, ...)``, a sample is taken after ``cur`` whenever the seat has a
 legal action, labelled from the next event (``reach_accepted``/``dora`` in
 between are skipped). Versions 1-3 are encoded by ``PlayerState.encode_obs``
 directly (version checked once by ``mortal.features.obs.check_version``); version 4 by a
-``mortal.features.obs_v4.V4Encoder`` that replays the same events beside the state.
+``mortal.features.obs_v4.V4Encoder`` that replays the same events beside the state. Each observation
+is packed as soon as it is encoded (``mortal.data.packed_obs``: exact, about a tenth of the float32 size),
+so a seat's samples never hold the float32 arrays.
 
 Multi-ron (double/triple ron, paid as Mortal's Tenhou rule): every winner is labelled
 ``hora`` at the discard (or robbed kan); the second and third ``hora`` are checked against
@@ -30,8 +32,9 @@ from mjai.mlibriichi.state import PlayerState
 from mortal.features.action import HORA, KAN, PASS, RIICHI, RYUKYOKU, event_to_label, kan_select_label
 from mortal.data.grp import Grp
 from mortal.data.mjai_log import DEFAULT_MAX_LOG_BYTES, BadLogError, LoadedLog, parse_log, read_log, skip_message
-from mortal.features.obs import check_version, obs_shape
+from mortal.features.obs import check_version
 from mortal.features.obs_v4 import V4Encoder
+from mortal.data.packed_obs import NotPackableError, packer, row_bytes, unpack
 
 logger = logging.getLogger('mortal.gameplay')  # the name before the package split (log format)
 
@@ -89,8 +92,9 @@ def augment_log(log: LoadedLog) -> LoadedLog:
 class Gameplay:
     """Samples of one seat in one game.
 
-    Per decision (N rows): ``obs`` ``(N, C, 34)`` float32 (stacked on first access from
-    ``obs_list``, N arrays ``(C, 34)``; ``take_obs_list`` avoids that copy), ``actions`` ``(N,)`` int64
+    Per decision (N rows): ``packed_obs`` ``(N, row_bytes(version))`` uint8, the observations as
+    ``mortal.data.packed_obs`` packs them (about a tenth of float32; ``obs`` unpacks them to ``(N, C, 34)``
+    float32, bit for bit as encoded), ``actions`` ``(N,)`` int64
     (0-45), ``masks`` ``(N, 46)`` bool, ``at_kyoku`` ``(N,)`` uint8 (0-based count of
     ``end_kyoku`` seen), ``dones`` ``(N,)`` bool (last sample of its kyoku),
     ``apply_gamma`` ``(N,)`` bool (label <= 37), ``at_turns`` ``(N,)`` uint8,
@@ -99,7 +103,7 @@ class Gameplay:
     ``player_id`` (0-3), ``player_name``. ``take_*`` return the array and release it, as Mortal's.
     """
 
-    obs_list: list
+    packed_obs: np.ndarray
     actions: np.ndarray
     masks: np.ndarray
     at_kyoku: np.ndarray
@@ -111,21 +115,17 @@ class Gameplay:
     grp: Grp = field(default_factory=Grp)
     player_id: int = 0
     player_name: str = ""
-    _obs_shape: tuple = (0, 34)
+    version: int = 3
 
     def __len__(self) -> int:
         return len(self.actions)
 
     @property
     def obs(self) -> np.ndarray | None:
-        """``(N, C, 34)`` float32 (None once taken)."""
-        if self.obs_list is None:
+        """``(N, C, 34)`` float32 unpacked from ``packed_obs`` (a new array each access; None once taken)."""
+        if self.packed_obs is None:
             return None
-        if isinstance(self.obs_list, list):
-            # Stacking copies every sample; done lazily since the data loader does not need it.
-            self.obs_list = np.stack(self.obs_list) if self.obs_list else np.zeros((0, *self._obs_shape),
-                                                                                    np.float32)
-        return self.obs_list
+        return unpack(self.packed_obs, self.version)
 
     def _take(self, name):
         value = getattr(self, name)
@@ -133,15 +133,19 @@ class Gameplay:
         return value
 
     def take_obs(self) -> np.ndarray:
+        """``obs`` (unpacked, ``(N, C, 34)`` float32), releasing the packed rows."""
         obs = self.obs
-        self.obs_list = None
+        self.packed_obs = None
         return obs
 
     def take_obs_list(self) -> list:
-        """The N ``(C, 34)`` float32 arrays without stacking (or rows of the stacked array)."""
-        obs = self.obs_list
-        self.obs_list = None
+        """``take_obs`` as a list of N ``(C, 34)`` float32 arrays."""
+        obs = self.take_obs()
         return list(obs) if obs is not None else None
+
+    def take_packed_obs(self) -> np.ndarray:
+        """``packed_obs`` ``(N, row_bytes(version))`` uint8, released."""
+        return self._take("packed_obs")
 
     def take_actions(self) -> np.ndarray:
         return self._take("actions")
@@ -176,7 +180,10 @@ class _SeatRecorder:
 
     def __init__(self, version: int):
         self.version = version
-        self.obs, self.masks, self.actions = [], [], []
+        self.row_bytes = row_bytes(version)
+        self.pack = packer(version)
+        self.packed = np.empty((256, self.row_bytes), dtype=np.uint8)  # a hanchan seat's decisions; grown by doubling
+        self.masks, self.actions = [], []
         self.at_kyoku, self.apply_gamma, self.at_turns, self.shantens = [], [], [], []
         self.event_idx = []
 
@@ -193,6 +200,16 @@ class _SeatRecorder:
                                   log.line_numbers[cur_idx]) from None
         else:
             obs, mask = state.encode_obs(self.version, at_kan_select)
+        n = len(self.actions)
+        if n == len(self.packed):
+            grown = np.empty((2 * n, self.row_bytes), dtype=np.uint8)
+            grown[:n] = self.packed
+            self.packed = grown
+        try:
+            # packed right away: the float32 array (about 127 KB) is freed while still in cache
+            self.pack(obs, self.packed, n)
+        except NotPackableError as e:
+            raise BadLogError(log.source, f"seat {state.player_id}: {e}", log.line_numbers[cur_idx]) from None
         if not mask[label]:
             raise BadLogError(
                 log.source,
@@ -200,7 +217,6 @@ class _SeatRecorder:
                 f"(label {label}{', kan select' if at_kan_select else ''}) is not legal here",
                 log.line_numbers[next_idx],
             )
-        self.obs.append(obs)
         self.masks.append(mask)
         self.actions.append(label)
         self.at_kyoku.append(kyoku_idx)
@@ -217,7 +233,7 @@ class _SeatRecorder:
             dones[:-1] = at_kyoku[1:] > at_kyoku[:-1]
         masks = np.stack(self.masks) if n else np.zeros((0, 46), np.bool_)
         return Gameplay(
-            obs_list=self.obs,
+            packed_obs=self.packed[:n].copy() if 2 * n < len(self.packed) else self.packed[:n],
             actions=np.asarray(self.actions, dtype=np.int64),
             masks=masks,
             at_kyoku=at_kyoku,
@@ -229,7 +245,7 @@ class _SeatRecorder:
             grp=grp,
             player_id=player_id,
             player_name=player_name,
-            _obs_shape=obs_shape(self.version),
+            version=self.version,
         )
 
 
@@ -387,20 +403,26 @@ class GameplayLoader:
         if any('"?"' in line for line in log.lines):  # cheap test on the JSON text first: full logs have none
             for seat in seats:
                 _check_unmasked(log, seat)
-        return [self._load_seat(log, grp, seat, str(names[seat])) for seat in seats]
+        # What every seat's walk reads of the event windows, found once per log.
+        types = [ev["type"] for ev in log.events]
+        n = max(len(types) - 3, 0)
+        nxt_of = [i + 2 if types[i + 1] in _SKIPPED_AS_NEXT else i + 1 for i in range(n)]
+        # the seat acting in the next event when that is an own action after an event that is not skipped, else -1
+        own_actor = [log.events[j]["actor"] if types[j] in _OWN_ACTIONS and types[i] not in _SKIPPED_AS_NEXT else -1
+                     for i, j in enumerate(nxt_of)]
+        return [self._load_seat(log, grp, seat, str(names[seat]), (types, nxt_of, own_actor)) for seat in seats]
 
-    def _load_seat(self, log: LoadedLog, grp: Grp, seat: int, name: str) -> Gameplay:
+    def _load_seat(self, log: LoadedLog, grp: Grp, seat: int, name: str, windows: tuple) -> Gameplay:
         events, lines = log.events, log.lines
-        types = [ev["type"] for ev in events]
+        types, nxt_of, own_actor = windows
         state = PlayerState(seat)
         enc = V4Encoder(seat) if self.version == 4 else None
         rec = _SeatRecorder(self.version)
         kyoku_idx = 0
         always = self.always_include_kan_select
         ron_cans, winners = None, set()
-        for i in range(len(events) - 3):
+        for i, nxt_idx in enumerate(nxt_of):
             cur_type = types[i]
-            nxt_idx = i + 2 if types[i + 1] in _SKIPPED_AS_NEXT else i + 1
             if cur_type == "end_kyoku":
                 kyoku_idx += 1
             try:
@@ -422,12 +444,12 @@ class GameplayLoader:
             elif cur_type not in _SKIPPED_AS_NEXT:
                 # The state a multi-ron is judged on: every hora of a run answers this
                 # discard or kan (a kan's ``dora`` may come in between).
-                ron_cans, winners = cans, set()
+                ron_cans = cans
+                if winners:
+                    winners.clear()
             if not cans.can_act:
-                nxt = events[nxt_idx]
-                if (types[nxt_idx] in _OWN_ACTIONS and nxt["actor"] == seat
-                        and cur_type not in _SKIPPED_AS_NEXT
-                        and not (cur_type == "hora" and _is_multi_ron(nxt, seat, ron_cans, winners))):
+                if (own_actor[i] == seat
+                        and not (cur_type == "hora" and _is_multi_ron(events[nxt_idx], seat, ron_cans, winners))):
                     raise BadLogError(log.source, f"illegal move: seat {seat} cannot {types[nxt_idx]} here",
                                       log.line_numbers[nxt_idx])
                 continue

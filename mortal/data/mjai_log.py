@@ -58,6 +58,7 @@ MAX_EVENTS = 100_000
 DEFAULT_MAX_LOG_BYTES = _config.DEFAULT_MAX_LOG_BYTES
 
 _GZIP_MAGIC = b"\x1f\x8b"
+_scan_once = json.JSONDecoder().scan_once  # json.loads' own scanner (see _scan)
 _READ_CHUNK = 1 << 20
 # Event types with fields that only a training log must have (parse_log).
 _TRAINING_FIELDS = frozenset({"start_game", "start_kyoku", "hora", "ryukyoku"})
@@ -219,12 +220,19 @@ def _scan(items, source: str, raw: str | None, error: type[BadLogError], trainin
             ev = item
         else:
             try:
-                ev = json.loads(line)
-            except RecursionError:
-                raise error(source, "JSON nested too deeply", no) from None
-            except ValueError as e:
-                hint = _not_mjai_hint(raw) if raw is not None and not events else ""
-                raise error(source, hint or f"not a JSON event ({e})", no) from None
+                # The C scanner behind json.loads, without its per-call Python layers: a stripped line is one
+                # JSON value iff the scan ends at its end. Anything else goes to json.loads for its exact error.
+                ev, end = _scan_once(line, 0)
+            except (StopIteration, ValueError, RecursionError):
+                end = -1
+            if end != len(line):
+                try:
+                    ev = json.loads(line)
+                except RecursionError:
+                    raise error(source, "JSON nested too deeply", no) from None
+                except ValueError as e:
+                    hint = _not_mjai_hint(raw) if raw is not None and not events else ""
+                    raise error(source, hint or f"not a JSON event ({e})", no) from None
         if not isinstance(ev, dict) or not isinstance(ev.get("type"), str):
             hint = _not_mjai_hint(raw) if raw is not None and not events else ""
             raise error(source, hint or "not an mjai event (no string field 'type')", no)

@@ -7,9 +7,18 @@
 #include <Python.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <atomic>
 #include <thread>
 #include <vector>
+
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include "agari.hpp"
 #include "calc.hpp"
@@ -362,6 +371,152 @@ PyObject* py_sp_calc_batch(PyObject*, PyObject* args) {
     return out;
 }
 
+// ---------------------------------------------------------------- packed observations
+// pack_obs(obs, real_rows, binary_mask, out, index): one pass over a (C, 34) float32
+// observation writing row `index` of the packed store `out` (mortal.data.packed_obs):
+// the rows flagged in real_rows copied as float32, then one bit per element (element j
+// at bit j % 8 of byte j / 8: set iff the value is nonzero). binary_mask has a bit set
+// for every element outside the real rows; such an element must be exactly +0.0 or 1.0
+// (bit patterns 0 and 0x3F800000), else the flat index of the first one is returned so
+// the caller can refuse the sample. Returns -1 when the row was written.
+constexpr uint32_t kOneBits = 0x3F800000u;
+
+// Scalar bits of elements [j, n) (bytes from j / 8 on are rewritten); first bad index or -1.
+Py_ssize_t pack_bits_tail(const uint32_t* u, Py_ssize_t j, Py_ssize_t n, uint8_t* bits, const uint8_t* allowed) {
+    Py_ssize_t bad_at = -1;
+    for (Py_ssize_t k = j / 8; k < (n + 7) / 8; ++k) bits[k] = 0;
+    for (; j < n; ++j) {
+        const bool nz = u[j] != 0;
+        bits[j / 8] |= static_cast<uint8_t>(nz << (j % 8));
+        if (nz && u[j] != kOneBits && (allowed[j / 8] >> (j % 8) & 1) && bad_at < 0) bad_at = j;
+    }
+    return bad_at;
+}
+
+#ifdef __SSE2__
+// Bit k set iff 32-bit lane k of a|b|c|d (16 lanes) equals v's lanes.
+inline unsigned eq_mask16(__m128i a, __m128i b, __m128i c, __m128i d, __m128i v) {
+    const __m128i ab = _mm_packs_epi32(_mm_cmpeq_epi32(a, v), _mm_cmpeq_epi32(b, v));
+    const __m128i cd = _mm_packs_epi32(_mm_cmpeq_epi32(c, v), _mm_cmpeq_epi32(d, v));
+    return static_cast<unsigned>(_mm_movemask_epi8(_mm_packs_epi16(ab, cd)));
+}
+#endif
+
+// The bits of all n elements, 16 at a time (SSE2; scalar elsewhere); first bad index or -1.
+Py_ssize_t pack_bits_sse2(const uint32_t* u, Py_ssize_t n, uint8_t* bits, const uint8_t* allowed) {
+    Py_ssize_t j = 0, bad_at = -1;
+    unsigned bad = 0;
+#ifdef __SSE2__
+    const __m128i zero = _mm_setzero_si128();
+    const __m128i one_bits = _mm_set1_epi32(static_cast<int>(kOneBits));
+    for (; j + 16 <= n; j += 16) {
+        const __m128i* p = reinterpret_cast<const __m128i*>(u + j);
+        const __m128i a = _mm_loadu_si128(p), b = _mm_loadu_si128(p + 1);
+        const __m128i c = _mm_loadu_si128(p + 2), d = _mm_loadu_si128(p + 3);
+        const uint16_t nz = static_cast<uint16_t>(~eq_mask16(a, b, c, d, zero));
+        const unsigned one = eq_mask16(a, b, c, d, one_bits);
+        uint16_t allowed16;
+        std::memcpy(&allowed16, allowed + j / 8, 2);
+        std::memcpy(bits + j / 8, &nz, 2);
+        const unsigned x = nz & ~one & allowed16;
+        if (x != 0 && bad_at < 0) {
+            bad_at = j;
+            bad = x;
+        }
+    }
+#endif
+    const Py_ssize_t tail = pack_bits_tail(u, j, n, bits, allowed);
+    return bad_at >= 0 ? bad_at + __builtin_ctz(bad) : tail;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define MORTAL_HAVE_AVX2_PATH 1
+// As eq_mask16 for 32 lanes; the packs work per 128-bit half, the permute restores lane order.
+__attribute__((target("avx2"))) inline uint32_t eq_mask32(__m256i a, __m256i b, __m256i c, __m256i d, __m256i v) {
+    const __m256i ab = _mm256_packs_epi32(_mm256_cmpeq_epi32(a, v), _mm256_cmpeq_epi32(b, v));
+    const __m256i cd = _mm256_packs_epi32(_mm256_cmpeq_epi32(c, v), _mm256_cmpeq_epi32(d, v));
+    const __m256i abcd = _mm256_packs_epi16(ab, cd);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    return static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_permutevar8x32_epi32(abcd, order)));
+}
+
+__attribute__((target("avx2"))) Py_ssize_t pack_bits_avx2(const uint32_t* u, Py_ssize_t n, uint8_t* bits,
+                                                          const uint8_t* allowed) {
+    Py_ssize_t j = 0, bad_at = -1;
+    uint32_t bad = 0;
+    const __m256i zero = _mm256_setzero_si256();
+    const __m256i one_bits = _mm256_set1_epi32(static_cast<int>(kOneBits));
+    for (; j + 32 <= n; j += 32) {
+        const __m256i* p = reinterpret_cast<const __m256i*>(u + j);
+        const __m256i a = _mm256_loadu_si256(p), b = _mm256_loadu_si256(p + 1);
+        const __m256i c = _mm256_loadu_si256(p + 2), d = _mm256_loadu_si256(p + 3);
+        const uint32_t nz = ~eq_mask32(a, b, c, d, zero);
+        const uint32_t one = eq_mask32(a, b, c, d, one_bits);
+        uint32_t allowed32;
+        std::memcpy(&allowed32, allowed + j / 8, 4);
+        std::memcpy(bits + j / 8, &nz, 4);
+        const uint32_t x = nz & ~one & allowed32;
+        if (x != 0 && bad_at < 0) {
+            bad_at = j;
+            bad = x;
+        }
+    }
+    const Py_ssize_t tail = pack_bits_tail(u, j, n, bits, allowed);
+    return bad_at >= 0 ? bad_at + __builtin_ctz(bad) : tail;
+}
+#endif
+
+Py_ssize_t pack_bits(const uint32_t* u, Py_ssize_t n, uint8_t* bits, const uint8_t* allowed) {
+#ifdef MORTAL_HAVE_AVX2_PATH
+    static const bool avx2 = __builtin_cpu_supports("avx2");
+    if (avx2) return pack_bits_avx2(u, n, bits, allowed);
+#endif
+    return pack_bits_sse2(u, n, bits, allowed);
+}
+
+PyObject* py_pack_obs(PyObject*, PyObject* args) {
+    Py_buffer obs;
+    const char* real_rows;
+    Py_ssize_t n_rows;
+    const char* binary_mask;
+    Py_ssize_t mask_len;
+    Py_buffer out;
+    Py_ssize_t index;
+    if (!PyArg_ParseTuple(args, "y*y#y#w*n:pack_obs", &obs, &real_rows, &n_rows, &binary_mask, &mask_len, &out,
+                          &index))
+        return nullptr;
+    PyObject* result = nullptr;
+    const Py_ssize_t n = n_rows * 34;
+    const Py_ssize_t n_bytes = (n + 7) / 8;
+    Py_ssize_t n_real = 0;
+    for (Py_ssize_t r = 0; r < n_rows; ++r) n_real += real_rows[r] != 0;
+    const Py_ssize_t real_bytes = n_real * 34 * 4;
+    const Py_ssize_t row_bytes = real_bytes + (n_bytes + 3) / 4 * 4;
+    if (obs.len != n * 4 || mask_len != n_bytes) {
+        PyErr_Format(PyExc_ValueError, "pack_obs: %zd observation bytes and %zd mask bytes for %zd rows", obs.len,
+                     mask_len, n_rows);
+    } else if (index < 0 || out.len < (index + 1) * row_bytes) {
+        PyErr_Format(PyExc_ValueError, "pack_obs: row %zd of %zd bytes does not fit an output of %zd bytes", index,
+                     row_bytes, out.len);
+    } else {
+        const uint32_t* u = static_cast<const uint32_t*>(obs.buf);
+        uint8_t* dst = static_cast<uint8_t*>(out.buf) + index * row_bytes;
+        uint8_t* real_dst = dst;
+        for (Py_ssize_t r = 0; r < n_rows; ++r) {
+            if (real_rows[r]) {
+                std::memcpy(real_dst, u + r * 34, 34 * 4);
+                real_dst += 34 * 4;
+            }
+        }
+        const Py_ssize_t bad_at = pack_bits(u, n, dst + real_bytes, reinterpret_cast<const uint8_t*>(binary_mask));
+        for (Py_ssize_t j = real_bytes + n_bytes; j < row_bytes; ++j) dst[j] = 0;
+        result = PyLong_FromSsize_t(bad_at);
+    }
+    PyBuffer_Release(&obs);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 PyMethodDef kMethods[] = {
     {"shanten", py_shanten, METH_VARARGS,
      "shanten(tehai: bytes[34], len_div3: int) -> int\n\n"
@@ -381,6 +536,10 @@ PyMethodDef kMethods[] = {
      "sp_calc_batch(jobs: list[tuple], threads: int) -> list[list]\n\n"
      "sp_calc over every argument tuple in jobs, on up to `threads` threads; results in order.\n"
      "All arguments are checked before any search starts."},
+    {"pack_obs", py_pack_obs, METH_VARARGS,
+     "pack_obs(obs, real_rows: bytes[C], binary_mask: bytes, out, index: int) -> int\n\n"
+     "Write row `index` of a packed observation store (see mortal.data.packed_obs.pack_into); -1 when\n"
+     "written, else the flat index of the first element outside the real rows that is not 0.0 or 1.0."},
     {nullptr, nullptr, 0, nullptr},
 };
 

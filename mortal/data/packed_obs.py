@@ -1,0 +1,215 @@
+"""Packed observations: the training samples' ``(C, 34)`` float32 arrays kept at about a tenth of their size.
+
+Almost every row of an encoded observation (``mortal.features.obs.encode``, versions 1-4) holds only 0.0 and 1.0;
+a few hold real values (scores, tiles left, dora counts rescaled, the kawa rows that fade with the turn, the
+single-player block's probabilities and values of version 4). ``REAL_ROWS`` lists those per version. A packed
+observation is one row of bytes (``row_bytes(version)``):
+
+* first the real rows, copied as float32 (``len(REAL_ROWS[v]) * 34 * 4`` bytes);
+* then one bit per element of the whole ``(C, 34)`` array in row-major order, element ``j`` at bit ``j % 8``
+  of byte ``j // 8`` (numpy's ``bitorder='little'``), set iff the value is nonzero; zero-padded to a multiple
+  of 4 bytes so that a batch of rows can be viewed as float32.
+
+``unpack`` rebuilds the float32 array bit for bit: every element outside the real rows must be exactly +0.0 or
+1.0, which ``pack_into`` checks for every sample (it raises ``NotPackableError`` otherwise, so nothing is ever
+stored inexactly). Sizes per sample, packed vs float32: v1 4,668 vs 127,568 bytes, v2 12,572 vs 128,112, v3
+13,900 vs 127,024, v4 15,320 vs 137,632.
+
+The packing runs in the compiled core (``mortal.features.sp._core.pack_obs``, one pass, AVX2 or SSE2) where it was
+built, else in numpy (same bytes, several times slower: the loader then runs below its speed of before). ``unpack`` takes numpy arrays or torch tensors on any device, so a batch
+can travel packed (a DataLoader worker's shared memory, the host-to-GPU copy) and be expanded where it is used.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from mortal.features.obs import check_version, obs_shape
+
+try:
+    from mortal.features.sp import _core
+    _pack_obs = getattr(_core, "pack_obs", None)
+except ImportError:  # the optional compiled core is not built
+    _pack_obs = None
+
+__all__ = ["HAVE_FAST_PACK", "NotPackableError", "REAL_ROWS", "Layout", "layout", "pack", "pack_into", "packer",
+           "row_bytes", "unpack"]
+
+#: True when ``pack_into`` runs in the compiled core.
+HAVE_FAST_PACK = _pack_obs is not None
+
+
+def _rows(*spans) -> tuple:
+    out = []
+    for s in spans:
+        out.extend(range(s[0], s[1] + 1) if isinstance(s, tuple) else [s])
+    return tuple(out)
+
+
+#: Rows that may hold values other than 0.0/1.0, per feature version (0-based channel indices). Found by
+#: encoding every decision of the test logs (tests/data) at each version and matched to the encoders' row
+#: layout (``mortal.features.obs_v4.ROW_TABLE`` names them for v3/v4): v1 scores (4) and tiles left; v2/v3 the
+#: score rows (4 x 10), honba/kyotaku, the grand-kyoku row, doras owned/unseen (rescaled) and one action row;
+#: v3 also the last row of the own kawa and the last 3 of each opponent's; v4 the same rows in its re-packed
+#: layout plus the single-player block's expected values (rows 889-890) and its tenpai/win/EV tables
+#: (961-1011). Any other row is 0/1 by construction, and ``pack_into`` refuses a sample where it is not.
+REAL_ROWS = {
+    1: _rows((7, 10), 720),
+    2: _rows((7, 46), (55, 58), 61, (759, 775), 888),
+    3: _rows((7, 46), (55, 58), 61, 165, (358, 360), (553, 555), (748, 767), 880),
+    4: _rows((7, 14), (23, 24), 27, 131, (324, 326), (519, 521), (714, 722), 835, (889, 890), (961, 1011)),
+}
+
+_ONE_BITS = np.uint32(0x3F800000)  # float32 1.0
+
+
+class NotPackableError(ValueError):
+    """An observation with a value other than 0.0/1.0 outside ``REAL_ROWS``; ``row``, ``col``, ``value``."""
+
+    def __init__(self, version: int, row: int, col: int, value: float):
+        self.row, self.col, self.value = row, col, value
+        super().__init__(f"feature version {version}: row {row} column {col} holds {value!r}, but the packed "
+                         f"format keeps only 0.0/1.0 outside mortal.data.packed_obs.REAL_ROWS")
+
+
+class Layout:
+    """The packed format of one version. Attributes: ``version``, ``channels`` (C), ``real_rows`` (int64
+    array), ``real_bytes``, ``bit_bytes`` (unpadded), ``row_bytes`` (total, a multiple of 4)."""
+
+    def __init__(self, version: int):
+        self.version = check_version(version)
+        self.channels = obs_shape(version)[0]
+        self.real_rows = np.asarray(REAL_ROWS[version], dtype=np.int64)
+        self.elements = self.channels * 34
+        self.real_bytes = len(self.real_rows) * 34 * 4
+        self.bit_bytes = (self.elements + 7) // 8
+        self.row_bytes = self.real_bytes + (self.bit_bytes + 3) // 4 * 4
+        flags = np.zeros(self.channels, dtype=np.bool_)
+        flags[self.real_rows] = True
+        self.real_flags = flags.astype(np.uint8).tobytes()
+        binary = np.repeat(~flags, 34)  # per element: must be 0/1
+        self.binary = binary
+        self.binary_mask = np.packbits(binary, bitorder="little").tobytes()
+        self._torch = {}
+
+    def torch_consts(self, device):
+        """(real row indices, bit shifts) as tensors on ``device`` (cached)."""
+        import torch
+        key = str(device)
+        if key not in self._torch:
+            self._torch[key] = (torch.as_tensor(self.real_rows, device=device),
+                                torch.arange(8, dtype=torch.uint8, device=device))
+        return self._torch[key]
+
+
+@functools.lru_cache(maxsize=None)
+def layout(version: int) -> Layout:
+    """The ``Layout`` of feature ``version`` (1-4; ``UnsupportedVersionError`` otherwise)."""
+    return Layout(version)
+
+
+def row_bytes(version: int) -> int:
+    """Bytes of one packed observation of ``version`` (see the module docstring)."""
+    return layout(version).row_bytes
+
+
+def _refuse(lay: Layout, obs: np.ndarray, flat: int):
+    row, col = divmod(int(flat), 34)
+    raise NotPackableError(lay.version, row, col, float(obs[row, col]))
+
+
+def pack_into(obs: np.ndarray, out: np.ndarray, index: int, version: int) -> None:
+    """Write the packed form of ``obs`` into row ``index`` of ``out``.
+
+    Args:
+        obs: ``(C, 34)`` float32, C-contiguous, ``C`` of ``version``.
+        out: ``(N, row_bytes(version))`` uint8, C-contiguous, ``0 <= index < N``.
+    Raises:
+        NotPackableError: an element outside ``REAL_ROWS[version]`` is not exactly +0.0 or 1.0 (``out`` row
+            left partly written).
+        ValueError: wrong shape, dtype or index.
+    """
+    lay = layout(version)
+    if obs.dtype != np.float32 or obs.shape != (lay.channels, 34) or not obs.flags.c_contiguous:
+        raise ValueError(f"pack_into: expected a C-contiguous ({lay.channels}, 34) float32 array, "
+                         f"got {obs.dtype} {obs.shape}")
+    if _pack_obs is not None:
+        bad = _pack_obs(obs, lay.real_flags, lay.binary_mask, out, index)
+        if bad >= 0:
+            _refuse(lay, obs, bad)
+        return
+    if out.dtype != np.uint8 or out.ndim != 2 or out.shape[1] != lay.row_bytes or not 0 <= index < out.shape[0]:
+        raise ValueError(f"pack_into: row {index} does not fit an output of {out.dtype} {out.shape}")
+    u = obs.view(np.uint32).reshape(-1)
+    nonzero = u != 0
+    bad = nonzero & (u != _ONE_BITS) & lay.binary
+    if bad.any():
+        _refuse(lay, obs, np.flatnonzero(bad)[0])
+    row = out[index]
+    row[:lay.real_bytes] = obs[lay.real_rows].view(np.uint8).reshape(-1)
+    row[lay.real_bytes:lay.real_bytes + lay.bit_bytes] = np.packbits(nonzero, bitorder="little")
+    row[lay.real_bytes + lay.bit_bytes:] = 0
+
+
+def packer(version: int):
+    """``pack_into`` bound to ``version``, for a loop that packs many observations: ``packer(v)(obs, out, index)``.
+
+    With the compiled core it checks less per call than ``pack_into`` (the dtype and C order of ``obs``; its size
+    in the kernel) and raises the same errors.
+    """
+    lay = layout(version)
+    if _pack_obs is None:
+        return functools.partial(_pack_into_v, version=version)
+    fast, flags, mask, f32 = _pack_obs, lay.real_flags, lay.binary_mask, np.dtype(np.float32)
+
+    def pack_fast(obs, out, index):
+        if obs.dtype != f32 or not obs.flags.c_contiguous:
+            raise ValueError(f"pack_into: expected a C-contiguous float32 array, got {obs.dtype}")
+        bad = fast(obs, flags, mask, out, index)
+        if bad >= 0:
+            _refuse(lay, obs, bad)
+    return pack_fast
+
+
+def _pack_into_v(obs, out, index, *, version):
+    pack_into(obs, out, index, version)
+
+
+def pack(obs: np.ndarray, version: int) -> np.ndarray:
+    """``(N, C, 34)`` float32 -> ``(N, row_bytes(version))`` uint8 (``pack_into`` per row; raises as it does)."""
+    obs = np.ascontiguousarray(obs, dtype=np.float32)
+    out = np.empty((obs.shape[0], row_bytes(version)), dtype=np.uint8)
+    for i in range(obs.shape[0]):
+        pack_into(obs[i], out, i, version)
+    return out
+
+
+def unpack(packed, version: int):
+    """The float32 observations of packed rows, bit for bit as they were encoded.
+
+    Args:
+        packed: ``(B, row_bytes(version))`` uint8, a numpy array or a torch tensor (any device; rows
+            C-contiguous, as batches are).
+    Returns:
+        ``(B, C, 34)`` float32 of the same kind (numpy in, numpy out; a tensor on the input's device).
+    Raises:
+        ValueError: the row length does not match ``version``.
+    """
+    import torch
+    lay = layout(version)
+    as_numpy = isinstance(packed, np.ndarray)
+    x = torch.from_numpy(packed) if as_numpy else packed
+    if x.dtype != torch.uint8 or x.dim() != 2 or x.shape[1] != lay.row_bytes:
+        raise ValueError(f"unpack: expected (B, {lay.row_bytes}) uint8 rows of version {version}, "
+                         f"got {x.dtype} {tuple(x.shape)}")
+    x = x.contiguous()
+    rows, shifts = lay.torch_consts(x.device)
+    b = x.shape[0]
+    real = x[:, :lay.real_bytes].view(torch.float32).view(b, len(lay.real_rows), 34)
+    bits = x[:, lay.real_bytes:lay.real_bytes + lay.bit_bytes]
+    flat = ((bits.unsqueeze(-1) >> shifts) & 1).view(b, -1)[:, :lay.elements]
+    obs = flat.to(torch.float32).view(b, lay.channels, 34)
+    obs.index_copy_(1, rows, real)
+    return obs.numpy() if as_numpy else obs
