@@ -268,17 +268,24 @@ def test_a_deeply_nested_safetensors_header_is_a_bad_request(tmp_path):
     assert store.baseline is None
 
 
-@pytest.mark.slow
-def test_clients_sharing_a_baseline_file_write_it_once(tmp_path, served, caplog):
-    """A fleet's actors on one node share [baseline.train] state_file: under its lock, one writes the served
-    baseline and the others find it there (no second write, so no .bak of an identical file)."""
-    import threading
+def client_without_its_baseline(tmp_path, served):
+    """A client on another machine that has fetched the trainer's baseline once, then lost the file: ``(client,
+    its state_file, the baseline's digest)``."""
     served.trainer.sync_baseline()
     config = served.remote_config(tmp_path)
     mine = config['baseline']['train']['state_file']
     client = cl.Client(config, env={}, sleep=lambda s: None)
     digest = cl.file_digest(mine)
     os.remove(mine)
+    return client, mine, digest
+
+
+@pytest.mark.slow
+def test_clients_sharing_a_baseline_file_write_it_once(tmp_path, served, caplog):
+    """A fleet's actors on one node share [baseline.train] state_file: under its lock, one writes the served
+    baseline and the others find it there (no second write, so no .bak of an identical file)."""
+    import threading
+    client, mine, digest = client_without_its_baseline(tmp_path, served)
     results = []
     barrier = threading.Barrier(3)
 
@@ -303,12 +310,7 @@ def test_a_baseline_lock_held_too_long_is_reported_and_the_install_tried_again(t
     """A stuck holder of <state_file>.lock (e.g. a hung network filesystem) does not stall a client silently: it
     gives up after BASELINE_LOCK_SECONDS with a warning, writes nothing, and installs once the lock is free."""
     from filelock import FileLock
-    served.trainer.sync_baseline()
-    config = served.remote_config(tmp_path)
-    mine = config['baseline']['train']['state_file']
-    client = cl.Client(config, env={}, sleep=lambda s: None)
-    digest = cl.file_digest(mine)
-    os.remove(mine)
+    client, mine, digest = client_without_its_baseline(tmp_path, served)
     monkeypatch.setattr(cl, 'BASELINE_LOCK_SECONDS', 0.2)
     with caplog.at_level(logging.INFO), FileLock(mine + '.lock'):  # another process's lock (flock: per open file)
         assert client.install_baseline() is None
