@@ -99,3 +99,29 @@ def test_a_bad_hand_in_a_batch_is_reported_at_its_own_line(monkeypatch, batch):
         _per_sample(monkeypatch, lambda: GameplayLoader(4).load_log(raw, "kakan"))
     assert "tiles_seen: count 5 of tile 16 is above 4" in str(new.value)
     assert str(new.value) == str(old.value)
+
+
+@needs_core
+@pytest.mark.parametrize("batch", [4, 128])
+def test_the_first_unpackable_decision_is_reported_as_the_per_sample_path_does(monkeypatch, batch):
+    # rows 3 and 5 of seat 0 refuse to pack: both paths must name row 3's line (the earlier decision)
+    monkeypatch.setattr(gameplay, "_V4_BATCH", batch)
+    real = gameplay.packer
+
+    def failing_packer(version):
+        pack = real(version)
+
+        def run(obs, out, index):
+            if index in (3, 5):
+                raise gameplay.NotPackableError(version, index, 0, 0.5)  # "row": the sample index here
+            pack(obs, out, index)
+        return run
+
+    monkeypatch.setattr(gameplay, "packer", failing_packer)
+    raw = (pathlib.Path(__file__).parent / "data" / "meta_annotated_hanchan.jsonl").read_text()
+    with pytest.raises(BadLogError) as new:
+        GameplayLoader(4).load_log(raw, "meta")
+    with pytest.raises(BadLogError) as old:
+        _per_sample(monkeypatch, lambda: GameplayLoader(4).load_log(raw, "meta"))
+    assert "seat 0: feature version 4: row 3 column 0 holds 0.5" in str(new.value)
+    assert str(new.value) == str(old.value)

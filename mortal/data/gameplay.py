@@ -233,26 +233,30 @@ class _SeatRecorder:
         self.shantens.append(state.shanten)
         self.event_idx.append(cur_idx)
 
-    def _pack(self, obs, n: int, seat: int, log: LoadedLog, cur_idx: int) -> None:
+    def _pack(self, obs, n: int, seat: int, log: LoadedLog, cur_idx: int, pending_first: bool = True) -> None:
         try:
             # packed right away: the float32 array (about 127 KB) is freed while still in cache
             self.pack(obs, self.packed, n)
         except NotPackableError as e:
-            self.flush(log)
+            if pending_first:  # decisions still pending are earlier: their error would have come first
+                self.flush(log)
+            self.deferred = None  # the log is rejected: what is still pending is dropped
             raise BadLogError(log.source, f"seat {seat}: {e}", log.line_numbers[cur_idx]) from None
 
     def flush(self, log: LoadedLog, background: bool = False) -> None:
         """Run the pending version-4 searches (one threaded batch) and pack their observations; ``background``:
-        start them in the background and pack the batch started by the previous such call (``DeferredSP.flush``)."""
+        start them in the background and pack the batch started by the previous such call (``DeferredSP.flush``).
+        Raises ``BadLogError`` for the first bad decision; the recorder then drops the rest (flush does nothing)."""
         if self.deferred is None:
             return
         try:
             done = self.deferred.flush(background)
         except DeferredSPError as e:
+            self.deferred = None  # the log is rejected: what is still pending is dropped
             raise BadLogError(log.source, f"v4 encoder of seat {self.seat}: {e}",
                               log.line_numbers[e.tag[1]]) from None
-        for obs, (n, cur_idx) in done:
-            self._pack(obs, n, self.seat, log, cur_idx)
+        for obs, (n, cur_idx) in done:  # in decision order, all earlier than anything still pending
+            self._pack(obs, n, self.seat, log, cur_idx, pending_first=False)
 
     def finish(self, grp: Grp, player_id: int, player_name: str) -> Gameplay:
         n = len(self.actions)
