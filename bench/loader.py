@@ -17,7 +17,10 @@ memory per sample is what the loader paid before it packed them.
 Prints samples/s of each, the ratios to the floor (target >= 0.6 for the loader) and of the
 batches to the loader (target >= 0.5), and the bytes a sample holds. The process tunes malloc
 as a DataLoader worker does (``keep_freed_memory``) unless ``--default-malloc``.
-Usage: ``python bench/loader.py [--copies N] [--repeat R]``.
+``--version 4`` measures the loader, dataset and unpack at feature version 4 (the single-player searches run on
+``MORTAL_SP_THREADS`` threads, default min(8, CPUs), so "1 core" no longer holds) against the same v3 floor, and adds
+the v3 loader on the same logs to print the v4/v3 loader ratio.
+Usage: ``python bench/loader.py [--copies N] [--repeat R] [--version {3,4}]``.
 """
 
 if __package__ in (None, ''):  # run as a script: python bench/loader.py
@@ -54,7 +57,7 @@ def floor(paths, keep=False):
             state = PlayerState(seat)
             for line in lines:
                 if state.update(line).can_act:
-                    obs = state.encode_obs(VERSION, False)
+                    obs = state.encode_obs(3, False)  # the Rust floor (it has no version 4)
                     if keep:
                         kept.append(obs)
                     n += 1
@@ -65,12 +68,16 @@ def floor_keep(paths):
     return floor(paths, keep=True)
 
 
-def loader(paths):
+def loader_v3(paths):
+    return loader(paths, 3)
+
+
+def loader(paths, version=None):
     from mortal.data.gameplay import GameplayLoader
 
     n = 0
     t0 = time.perf_counter()
-    gl = GameplayLoader(VERSION)
+    gl = GameplayLoader(VERSION if version is None else version)
     for games in gl.load_gz_log_files(paths):
         for g in games:
             n += len(torch.from_numpy(g.take_packed_obs()))
@@ -123,9 +130,12 @@ def main(argv=None):
     parser = entry.parser(__doc__.splitlines()[0], config=False)
     parser.add_argument("--copies", type=int, default=4, help="gzip copies of each fixture log")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement (best kept)")
+    parser.add_argument("--version", type=int, choices=(3, 4), default=3, help="feature version of the loader")
     parser.add_argument("--default-malloc", action="store_true",
                         help="do not call keep_freed_memory (glibc default trimming)")
     args = entry.start(parser, argv, log_level=None)
+    global VERSION
+    VERSION = args.version
     from mortal.data.dataloader import keep_freed_memory
     from mortal.data.packed_obs import HAVE_FAST_PACK
 
@@ -143,14 +153,20 @@ def main(argv=None):
         # hits them alike; the best rate of each is kept. Round 0 is a warm-up.
         results = {}
         for rnd in range(args.repeat + 1):
-            for name, fn in (("floor", floor), ("floor_keep", floor_keep), ("loader", loader),
+            extra = (("loader_v3", loader_v3),) if VERSION == 4 else ()
+            for name, fn in (("floor", floor), ("floor_keep", floor_keep), ("loader", loader), *extra,
                              ("dataset", dataset), ("unpack", unpack)):
                 n, dt = fn(list(paths))
                 if rnd:
                     results[name] = (n, max(results.get(name, (0, 0.0))[1], n / dt))
         before, after = sample_bytes(list(paths))
     f, fk, ld = results["floor"][1], results["floor_keep"][1], results["loader"][1]
-    print(f"{len(paths)} gzip logs, feature version {VERSION}, 1 core, best of {args.repeat} rounds, "
+    if VERSION == 4:
+        from mortal.features.obs_v4 import sp_threads
+        cores = f"1 core + {sp_threads()} single-player search threads (floor: v3)"
+    else:
+        cores = "1 core"
+    print(f"{len(paths)} gzip logs, feature version {VERSION}, {cores}, best of {args.repeat} rounds, "
           f"packing in {'the compiled core' if HAVE_FAST_PACK else 'numpy (no compiled core)'}")
     print(f"floor       update + encode_obs               : {f:9.1f} decisions/s ({results['floor'][0]} per pass)")
     print(f"floor_keep  same, retaining the float32 arrays: {fk:9.1f} decisions/s  ratio {fk / f:.2f}")
@@ -160,6 +176,10 @@ def main(argv=None):
         n, r = results[name]
         print(f"{name:11s} {labels[name]:34s}: {r:9.1f} samples/s ({n} per pass)  "
               f"ratio {r / f:.2f} (vs loader {r / ld:.2f})")
+    if VERSION == 4:
+        n, r3 = results["loader_v3"]
+        print(f"loader_v3   the same at version 3             : {r3:9.1f} samples/s ({n} per pass)  "
+              f"v4/v3 loader ratio {ld / r3:.3f}")
     ratio, batching = ld / f, results["dataset"][1] / ld
     print(f"memory per sample: {before:,} bytes as float32 tuples -> {after:,} bytes packed "
           f"({before / after:.1f}x less)")

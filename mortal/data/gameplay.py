@@ -5,7 +5,10 @@ events ``(cur, ...)``, a sample is taken after ``cur`` whenever the seat has a
 legal action, labelled from the next event (``reach_accepted``/``dora`` in
 between are skipped). Versions 1-3 are encoded by ``PlayerState.encode_obs``
 directly (version checked once by ``mortal.features.obs.check_version``); version 4 by a
-``mortal.features.obs_v4.V4Encoder`` that replays the same events beside the state. Each observation
+``mortal.features.obs_v4.V4Encoder`` that replays the same events beside the state, its single-player
+searches batched (``obs_v4.DeferredSP``: up to 128 decisions of a seat are searched together on the core's
+``MORTAL_SP_THREADS`` threads, in a background thread while the walk goes on; samples bit for bit those of
+``V4Encoder.encode`` one by one, and a bad hand is still reported at its own line). Each observation
 is packed as soon as it is encoded (``mortal.data.packed_obs``: exact, about a tenth of the float32 size),
 so a seat's samples never hold the float32 arrays.
 
@@ -33,7 +36,7 @@ from mortal.features.action import HORA, KAN, PASS, RIICHI, RYUKYOKU, event_to_l
 from mortal.data.grp import Grp
 from mortal.data.mjai_log import DEFAULT_MAX_LOG_BYTES, BadLogError, LoadedLog, parse_log, read_log, skip_message
 from mortal.features.obs import check_version
-from mortal.features.obs_v4 import V4Encoder
+from mortal.features.obs_v4 import DeferredSP, DeferredSPError, V4Encoder
 from mortal.data.packed_obs import NotPackableError, packer, row_bytes, unpack
 
 logger = logging.getLogger('mortal.gameplay')  # the name before the package split (log format)
@@ -45,6 +48,9 @@ _SKIPPED_AS_NEXT = ("reach_accepted", "dora")
 # could not act is an illegal move.
 _OWN_ACTIONS = frozenset({"dahai", "reach", "chi", "pon", "daiminkan", "kakan", "ankan", "hora"})
 _MAX_SKIP_RECORDS = 1000
+# Version-4 decisions whose single-player searches are batched onto the core's threads: enough to keep
+# the threads busy over uneven search times, few enough that their float32 arrays (~127 KB each) stay small.
+_V4_BATCH = 128
 
 
 def _is_fatal(exc: BaseException) -> bool:
@@ -178,8 +184,10 @@ class Gameplay:
 class _SeatRecorder:
     """Accumulates samples for one seat while its ``PlayerState`` replays the log."""
 
-    def __init__(self, version: int):
+    def __init__(self, version: int, seat: int = 0):
         self.version = version
+        self.seat = seat
+        self.deferred = DeferredSP() if version == 4 else None
         self.row_bytes = row_bytes(version)
         self.pack = packer(version)
         self.packed = np.empty((256, self.row_bytes), dtype=np.uint8)  # a hanchan seat's decisions; grown by doubling
@@ -191,26 +199,26 @@ class _SeatRecorder:
             next_idx: int, v4: V4Encoder | None = None):
         # Version checked once by GameplayLoader (mortal.features.obs.check_version), so the Rust
         # encoder is called directly for 1-3: this is the hot loop. ``v4``: the seat's
-        # V4Encoder, given iff version 4.
-        if v4 is not None:
-            try:
-                obs, mask = v4.encode(state, at_kan_select)
-            except ValueError as e:  # e.g. more copies of a tile seen than exist
-                raise BadLogError(log.source, f"v4 encoder of seat {state.player_id}: {e}",
-                                  log.line_numbers[cur_idx]) from None
-        else:
-            obs, mask = state.encode_obs(self.version, at_kan_select)
+        # V4Encoder, given iff version 4; its searches wait in ``self.deferred`` until ``flush``.
         n = len(self.actions)
         if n == len(self.packed):
             grown = np.empty((2 * n, self.row_bytes), dtype=np.uint8)
             grown[:n] = self.packed
             self.packed = grown
-        try:
-            # packed right away: the float32 array (about 127 KB) is freed while still in cache
-            self.pack(obs, self.packed, n)
-        except NotPackableError as e:
-            raise BadLogError(log.source, f"seat {state.player_id}: {e}", log.line_numbers[cur_idx]) from None
+        pending = False
+        if v4 is not None:
+            try:
+                obs, mask, pending = self.deferred.encode(v4, state, at_kan_select, (n, cur_idx))
+            except ValueError as e:  # e.g. more copies of a tile seen than exist
+                self.flush(log)  # an earlier decision's error comes first, as when each was encoded at once
+                raise BadLogError(log.source, f"v4 encoder of seat {state.player_id}: {e}",
+                                  log.line_numbers[cur_idx]) from None
+        else:
+            obs, mask = state.encode_obs(self.version, at_kan_select)
+        if not pending:
+            self._pack(obs, n, state.player_id, log, cur_idx)
         if not mask[label]:
+            self.flush(log)
             raise BadLogError(
                 log.source,
                 f"illegal move for seat {state.player_id}: {log.events[next_idx]['type']} "
@@ -224,6 +232,31 @@ class _SeatRecorder:
         self.at_turns.append(state.at_turn)
         self.shantens.append(state.shanten)
         self.event_idx.append(cur_idx)
+
+    def _pack(self, obs, n: int, seat: int, log: LoadedLog, cur_idx: int, pending_first: bool = True) -> None:
+        try:
+            # packed right away: the float32 array (about 127 KB) is freed while still in cache
+            self.pack(obs, self.packed, n)
+        except NotPackableError as e:
+            if pending_first:  # decisions still pending are earlier: their error would have come first
+                self.flush(log)
+            self.deferred = None  # the log is rejected: what is still pending is dropped
+            raise BadLogError(log.source, f"seat {seat}: {e}", log.line_numbers[cur_idx]) from None
+
+    def flush(self, log: LoadedLog, background: bool = False) -> None:
+        """Run the pending version-4 searches (one threaded batch) and pack their observations; ``background``:
+        start them in the background and pack the batch started by the previous such call (``DeferredSP.flush``).
+        Raises ``BadLogError`` for the first bad decision; the recorder then drops the rest (flush does nothing)."""
+        if self.deferred is None:
+            return
+        try:
+            done = self.deferred.flush(background)
+        except DeferredSPError as e:
+            self.deferred = None  # the log is rejected: what is still pending is dropped
+            raise BadLogError(log.source, f"v4 encoder of seat {self.seat}: {e}",
+                              log.line_numbers[e.tag[1]]) from None
+        for obs, (n, cur_idx) in done:  # in decision order, all earlier than anything still pending
+            self._pack(obs, n, self.seat, log, cur_idx, pending_first=False)
 
     def finish(self, grp: Grp, player_id: int, player_name: str) -> Gameplay:
         n = len(self.actions)
@@ -337,7 +370,7 @@ class GameplayLoader:
     Args:
         version: feature version 1-4 (anything else raises ``UnsupportedVersionError``, see
             ``mortal.features.obs``). Version 4 replays a ``V4Encoder`` beside each seat's ``PlayerState``
-            and runs its single-player search at every sample (slower than 1-3).
+            and runs its single-player search at every sample, in threaded batches (slower than 1-3).
         oracle: must be False; oracle observations cannot be encoded with ``mjai.mlibriichi``
             (raises ``NotImplementedError``).
         player_names: keep only seats whose ``start_game`` name is listed (then ``excludes`` is ignored).
@@ -413,11 +446,20 @@ class GameplayLoader:
         return [self._load_seat(log, grp, seat, str(names[seat]), (types, nxt_of, own_actor)) for seat in seats]
 
     def _load_seat(self, log: LoadedLog, grp: Grp, seat: int, name: str, windows: tuple) -> Gameplay:
-        events, lines = log.events, log.lines
-        types, nxt_of, own_actor = windows
         state = PlayerState(seat)
         enc = V4Encoder(seat) if self.version == 4 else None
-        rec = _SeatRecorder(self.version)
+        rec = _SeatRecorder(self.version, seat)
+        try:
+            self._walk_seat(log, seat, windows, state, enc, rec)
+        except BadLogError:
+            rec.flush(log)  # a pending decision's error, earlier in the log, is reported instead
+            raise
+        rec.flush(log)
+        return rec.finish(grp, seat, name)
+
+    def _walk_seat(self, log: LoadedLog, seat: int, windows: tuple, state, enc, rec: _SeatRecorder) -> None:
+        events, lines = log.events, log.lines
+        types, nxt_of, own_actor = windows
         kyoku_idx = 0
         always = self.always_include_kan_select
         ron_cans, winners = None, set()
@@ -465,7 +507,8 @@ class GameplayLoader:
             rec.add(state, False, label, kyoku_idx, log, i, nxt_idx, enc)
             if kan is not None:
                 rec.add(state, True, kan, kyoku_idx, log, i, nxt_idx, enc)
-        return rec.finish(grp, seat, name)
+            if enc is not None and len(rec.deferred) >= _V4_BATCH:
+                rec.flush(log, background=True)  # searched while the walk goes on
 
     def load_log_file(self, path) -> list[Gameplay]:
         """``load_log`` of a gzip or plain file (at most ``max_log_bytes`` decompressed). Raises ``BadLogError``

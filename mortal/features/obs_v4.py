@@ -28,13 +28,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 
 import numpy as np
 
 from mortal.features.mjai import ACTOR_EVENTS, check_tile, check_tiles, field, field_tile, field_tiles, is_seat
 from mortal.features.sp.agari import Hand, agari
-from mortal.features.sp.calc import (HAVE_CORE, MAX_TSUMOS_LEFT, SPCalculator, best_by_required, calc_batch, deaka,
-                                     next_tile)
+from mortal.features.sp.calc import (HAVE_CORE, MAX_TSUMOS_LEFT, SHANTEN_THRES, SPCalculator, best_by_required,
+                                     calc_batch, deaka, next_tile, sort_candidates)
+from mortal.features.sp.calc import _candidates as sp_candidates, _require_core as _sp_core
 from mortal.features.sp.point import yaku_point, yakuman_point
 from mortal.features.sp.shanten import calc_all
 from mortal.features.tile import tile_id
@@ -271,19 +273,7 @@ class V4Encoder:
             value = self.min_tsumo_agari(state, ctx)
             _encode_ev(obs, value)
             return
-        max_ev = tables[0].exp_values[0] if tables[0].exp_values else 0.0
-        _encode_ev(obs, max_ev)
-        if cans.can_discard:
-            for c in tables:
-                row = SP_REQUIRED + (34 if c.shanten_down else 0) + deaka(c.tile)
-                for r, _ in c.required_tiles:
-                    obs[row, r] = 1.0
-            obs[SP_BEST, deaka(best_by_required(tables).tile)] = 1.0
-        else:
-            for r, _ in tables[0].required_tiles:
-                obs[SP_REQUIRED + 69, r] = 1.0
-        scale = 0.0 if max_ev < 1.0 else 1.0 / max_ev
-        _encode_sp_table(obs, tables, cans.can_discard, scale)
+        _fill_sp_tables(tables, cans.can_discard, obs)
 
     def single_player_tables(self, state, ctx=None):
         """Sorted SP candidates, or None where Mortal's ``single_player_tables`` fails.
@@ -454,6 +444,168 @@ def encode_batch(items, threads: int | None = None) -> list:
         obs[SP_START:] = enc._sp_cache[1]
         out.append((obs, mask))
     return out
+
+
+class DeferredSPError(ValueError):
+    """A pending search of ``DeferredSP.flush`` rejected its hand; ``tag`` is its decision's tag."""
+
+    def __init__(self, message: str, tag):
+        super().__init__(message)
+        self.tag = tag
+
+
+class DeferredSP:
+    """Version-4 encoding whose single-player searches are run later, many together (the loader's path).
+
+    ``encode`` returns each decision's observation at once with rows 0-888 final; where a search is
+    needed its rows 889-1011 are left zero and filled by the next ``flush``, which runs the pending
+    searches in one core call on up to ``threads`` threads (default ``sp_threads()``), at once or in a
+    background thread (``flush(background=True)``; the search releases the interpreter lock).
+    The arrays are bit for bit those of ``V4Encoder.encode``. Without the compiled core every
+    search runs at once in Python (nothing is ever pending).
+
+    Args:
+        threads: search threads of ``flush``; None: ``sp_threads()`` at flush time.
+    """
+
+    def __init__(self, threads: int | None = None):
+        self.threads = threads
+        self._jobs = []      # (calculator, core args, sort by EV, last tsumo or None, can_discard)
+        self._pending = []   # (obs, index in _jobs, tag)
+        self._last = None    # (encoder id, events_seen, job index): the kan-select pass shares the search
+        self._inflight = None  # (thread, result box) of a background flush
+
+    def __len__(self) -> int:
+        """Decisions waiting for ``flush``."""
+        return len(self._pending)
+
+    def encode(self, enc: V4Encoder, state, at_kan_select: bool, tag=None) -> tuple:
+        """``(obs (1012, 34) float32, mask (46,) bool, pending)`` of one decision of ``enc``'s seat.
+
+        ``pending`` True: rows 889-1011 of ``obs`` are filled by the next ``flush`` (which returns
+        ``tag`` with it); do not use ``obs`` before. Raises ValueError as ``V4Encoder.encode``
+        (wrong seat, an impossible hand), before any search.
+        """
+        if enc is None:
+            raise ValueError("feature version 4 needs the seat's V4Encoder (fed every event the PlayerState got)")
+        if state.player_id != enc.player_id:
+            raise ValueError(f"state is seat {state.player_id}, encoder is seat {enc.player_id}")
+        v3, mask = state.encode_obs(3, bool(at_kan_select))
+        obs = np.zeros((OBS_CHANNELS_V4, 34), dtype=np.float32)
+        repack_v3(v3, state.scores, state.honba, state.kyotaku, obs)
+        cache = enc._sp_cache
+        if cache is not None and cache[0] == enc.events_seen:
+            obs[SP_START:] = cache[1]
+            return obs, mask, False
+        last = self._last
+        if last is not None and last[0] == id(enc) and last[1] == enc.events_seen:
+            self._pending.append((obs, last[2], tag))
+            return obs, mask, True
+        ctx = enc._context(state)
+        job = enc._sp_job(state, ctx)
+        if job is None or not HAVE_CORE:
+            tables = None if job is None else V4Encoder._finish_tables(job, job[0].calc(*job[1]))
+            enc._fill_sp(state, ctx, tables, obs)
+            enc._sp_cache = (enc.events_seen, obs[SP_START:].copy())
+            return obs, mask, False
+        calc, args, last_tsumo = job
+        # checked now, so a bad hand is reported at its own decision
+        self._jobs.append((calc, calc.core_args(*args), args[6] <= SHANTEN_THRES, last_tsumo,
+                           state.last_cans.can_discard))
+        self._last = (id(enc), enc.events_seen, len(self._jobs) - 1)
+        self._pending.append((obs, len(self._jobs) - 1, tag))
+        return obs, mask, True
+
+    def flush(self, background: bool = False) -> list:
+        """Run the pending searches and fill their rows; returns ``[(obs, tag)]`` of the decisions
+        finished, in ``encode`` order.
+
+        ``background=False``: every decision encoded so far is finished (nothing is pending after).
+        ``background=True``: the pending searches start in a background thread (they release the
+        interpreter lock, so encoding goes on meanwhile) and only the batch started by the
+        previous background flush is returned (waited for). Raises ``DeferredSPError`` (a
+        ``ValueError`` naming the bad decision's tag) if the core rejects a hand; an error of a
+        background batch is raised by the next flush, which then drops what is pending.
+        """
+        out = self._wait()
+        jobs, pending = self._jobs, self._pending
+        self._jobs, self._pending, self._last = [], [], None
+        if not pending:
+            return out
+        threads = int(sp_threads() if self.threads is None else self.threads)
+        if not background:
+            return out + _run_deferred(jobs, pending, threads)
+        box = {}
+
+        def run():
+            try:
+                box["out"] = _run_deferred(jobs, pending, threads)
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+                box["error"] = e
+
+        thread = threading.Thread(target=run, name="v4-sp-search", daemon=True)
+        thread.start()
+        self._inflight = (thread, box)
+        return out
+
+    def _wait(self) -> list:
+        if self._inflight is None:
+            return []
+        thread, box = self._inflight
+        self._inflight = None
+        thread.join()
+        if "error" in box:
+            self._jobs, self._pending, self._last = [], [], None
+            raise box["error"]
+        return box["out"]
+
+
+def _run_deferred(jobs, pending, threads: int) -> list:
+    """The searches of ``DeferredSP`` ``jobs`` in one core call; fills the rows of ``pending``, returns
+    ``[(obs, tag)]``."""
+    core = _sp_core()
+    try:
+        raw = core.sp_calc_batch([j[1] for j in jobs], threads)
+    except ValueError:
+        # name the decision of the first bad hand, as a search at its own decision would have
+        for k, j in enumerate(jobs):
+            try:
+                core.sp_calc_batch([j[1]], 1)
+            except ValueError as e:
+                tag = next(t for _, kk, t in pending if kk == k)
+                raise DeferredSPError(str(e), tag) from None
+        raise
+    rows = []
+    scratch = np.zeros((OBS_CHANNELS_V4, 34), dtype=np.float32)
+    for (_, _, by_ev, last_tsumo, can_discard), r in zip(jobs, raw):
+        tables = sort_candidates(sp_candidates(r), by_ev)
+        if last_tsumo is not None:  # accepted riichi: the one candidate is the drawn tile
+            tables[0].tile = last_tsumo
+        scratch[SP_START:] = 0.0
+        _fill_sp_tables(tables, can_discard, scratch)
+        rows.append(scratch[SP_START:].copy())
+    out = []
+    for obs, k, tag in pending:
+        obs[SP_START:] = rows[k]
+        out.append((obs, tag))
+    return out
+
+
+def _fill_sp_tables(tables, can_discard: bool, obs) -> None:
+    """Rows 889-1011 of ``obs`` (assumed zero) from the sorted, non-empty SP ``tables``."""
+    max_ev = tables[0].exp_values[0] if tables[0].exp_values else 0.0
+    _encode_ev(obs, max_ev)
+    if can_discard:
+        for c in tables:
+            row = SP_REQUIRED + (34 if c.shanten_down else 0) + deaka(c.tile)
+            for r, _ in c.required_tiles:
+                obs[row, r] = 1.0
+        obs[SP_BEST, deaka(best_by_required(tables).tile)] = 1.0
+    else:
+        for r, _ in tables[0].required_tiles:
+            obs[SP_REQUIRED + 69, r] = 1.0
+    scale = 0.0 if max_ev < 1.0 else 1.0 / max_ev
+    _encode_sp_table(obs, tables, can_discard, scale)
 
 
 def repack_v3(v3: np.ndarray, scores, honba: int, kyotaku: int, out: np.ndarray) -> None:
