@@ -215,12 +215,8 @@ class SelfPlayActor:
         return {'pid': os.getpid(), 'node': socket.gethostname(), 'error': self.error}
 
     def run_round(self) -> dict:
-        """One client round (``Client.run_round``): ``{'rankings': [4 ints], 'seconds': float, 'param_version':
-        int}``, the trainee's rank counts, the round's wall time and the parameter version it played."""
-        t0 = time.monotonic()
-        rankings = self.client.run_round()
-        return {'rankings': [int(x) for x in rankings], 'seconds': time.monotonic() - t0,
-                'param_version': int(self.client.param_version)}
+        """One client round (``Client.run_round``): ``{'rankings': [4 ints]}``, the trainee's rank counts."""
+        return {'rankings': [int(x) for x in self.client.run_round()]}
 
 
 class FleetRecord:

@@ -504,5 +504,6 @@ def main(argv=None):
         dist.close()
     sys.exit(code)
 
+
 if __name__ == '__main__':
     main()

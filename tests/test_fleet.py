@@ -386,7 +386,7 @@ def ready(pid):
 
 
 def round_(ranks):
-    return {'rankings': ranks, 'seconds': 1.0, 'param_version': 1}
+    return {'rankings': ranks}
 
 
 def run_fake(tmp_path, monkeypatch, caplog, scripts, rounds, actors, stalls=0):
