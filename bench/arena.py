@@ -22,7 +22,7 @@ decided in the same batch in case every asked seat passes); the bench prints how
 decisions per turn.
 
 Usage: python bench/arena.py [--seeds 8] [--channels 64] [--blocks 4] [--version 3] [--bound-width 64]
-       [--speculate on|off]
+       [--speculate on|off] [--json PATH]
 """
 
 if __package__ in (None, ''):  # run as a script: python bench/arena.py
@@ -232,6 +232,7 @@ def main(argv=None):
     p.add_argument("--progress", action="store_true")
     p.add_argument("--speculate", choices=("on", "off"), default="on",
                    help="the arena decides the step after a call step in the same batch (OneVsThree(speculate_passes))")
+    p.add_argument("--json", default=None, help="also write the figures to this JSON file (bench/gpu.py --parts arena)")
     p.add_argument("--bound-width", type=int, default=64,
                    help="beams of the schedule bound (0: skip it; the search takes seconds per 32 games at 64)")
     args = entry.start(p, argv, log_level=None)
@@ -271,6 +272,12 @@ def main(argv=None):
     cutoff = sorted(finish)[max(0, int(0.2 * n_games) - 1)] if finish else float("inf")
     early = np.array([c[1] for c in calls if c[0] < cutoff])
     decisions = int(rows.sum())
+    figures = {"speculate_passes": speculate, "games": n_games, "device": args.device,
+               "network": f"{args.channels}x{args.blocks}", "version": args.version,
+               "floor_games_per_s": round(n_games / wall_floor, 4), "model_games_per_s": round(n_games / wall_model, 4),
+               "model_floor_ratio": round(wall_floor / wall_model, 4), "rows": decisions, "forwards": len(calls),
+               "forward_share": round(t_fwd / wall_model, 4), "rows_per_forward": round(float(rows.mean()), 2),
+               "rows_per_forward_80": round(float(early.mean()), 2) if len(early) else None}
     print(f"arena: speculate_passes={speculate}")
     print(f"games: {n_games} (all in flight), model: Brain(conv_channels={args.channels}, "
           f"num_blocks={args.blocks}, version={args.version}) + DQN on {args.device}, "
@@ -304,8 +311,14 @@ def main(argv=None):
               f"the rows computed for nothing); useful scenes (decisions the games took) per turn: mean "
               f"{np.mean(useful):.1f}, while >= 80% of games run {np.mean(useful_early):.1f} = "
               f"{np.mean(useful_early) / n_games:.2f} N")
+        figures.update(speculated=spec[0], speculated_used=spec[1],
+                       useful_per_turn_80=round(float(np.mean(useful_early)), 2))
         print("(the replay and the bound below take the steps as recorded: a step whose decisions were decided "
               "speculatively is merged into the call step before it)")
+    if args.json:
+        import json
+        with open(args.json, "w") as f:
+            json.dump(figures, f, indent=2)
     seqs = [steps[g] for g in sorted(steps)]
     per_turn, early_rep = replay_max_pending(seqs)
     print(f"replay of the arena's rule on the recorded steps: {len(per_turn)} turns (run: {len(turns)}); "

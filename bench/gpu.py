@@ -1,7 +1,7 @@
 """GPU benchmark: self-play, trainer, memory and the learner's idle time of Mortal's 192x40 network on one card.
 
-    bash bench/gpu.sh [--cpu-smoke] [DIR]           # set-up + this driver; results in $OUT, else DIR
-    python bench/gpu.py run --out DIR [--cpu-smoke]  # the driver alone (no set-up)
+    bash bench/gpu.sh [--cpu-smoke] [--arena] [DIR]                 # set-up + this driver; results in $OUT, else DIR
+    python bench/gpu.py run --out DIR [--cpu-smoke] [--parts all|arena]  # the driver alone (no set-up)
 
 Parts, each in processes of its own with a hard time limit, each writing its piece of ``results.json`` as soon as
 it ends (a part that fails or runs out of time records why and the others still run):
@@ -27,6 +27,10 @@ it ends (a part that fails or runs out of time records why and the others still 
   from the time of the idle submission that began it) over the window, the same after the first drain (the clients'
   first round excluded), the steps trained, and the clients' hanchan/h beside the training learner (logs they
   submitted in the window: whole rounds, so coarse).
+
+``--parts arena`` (``bench/gpu.sh --arena``) runs one other part instead, ``arena_speculation``: ``bench/arena.py``
+with the same network at version 3, ``speculate_passes`` off and on (``[train_play.<profile>]`` / ``[test_play]``
+``speculate_passes``), for the arena's rows per forward and games/s against its zero-cost floor on the GPU.
 
 The config is ``config_online.toml`` (version 4, 192x40, batch 256, AMP, cuDNN benchmark) with paths in a
 temporary work dir and the sizes named in ``results.json`` (``meta.sizes``). ``--cpu-smoke`` runs every part on
@@ -67,17 +71,21 @@ GPU_SIZES = dict(
     hard_s={1: {3: 50.0, 4: 62.0}, 2: {3: 50.0, 4: 62.0}}, warmup=True, online_concurrent=False,
     selfplay_cap_s={1: 110, 2: 120}, trainer_version=4, trainer_box_s=12.0, trainer_cap_s=100, test_games=3000,
     test_box_s=8.0, online_version=4, online_clients=2, online_games=128, online_window_s=180.0, num_workers=4,
-    online_margin_s=30.0,
+    online_margin_s=30.0, arena_seeds=32, arena_cap_s=150,
 )
 SMOKE_SIZES = dict(
     budget_s=100, channels=16, blocks=1, games=4, box_s={3: 0.5, 4: 0.5},
     hard_s={1: {3: 20.0, 4: 2.0}, 2: {3: 2.0, 4: 2.0}}, warmup=False, online_concurrent=True,
     selfplay_cap_s={1: 45, 2: 40}, trainer_version=3, trainer_box_s=1.0, trainer_cap_s=40, test_games=8,
     test_box_s=0.5, online_version=3, online_clients=1, online_games=4, online_window_s=12.0, num_workers=0,
-    online_margin_s=15.0,
+    online_margin_s=15.0, arena_seeds=1, arena_cap_s=40,
 )
 FIXTURE_LOGS = 'tests/data/*.json*'  # real public mjai hanchan (tests/data/README.md)
 RESULTS = 'results.json'
+# ``--parts``: the issue's measurements (the default, within the 8-minute budget), or the arena's speculation arms
+# alone (``bench/gpu.sh --arena``: about 2 x arena_cap_s at most, after the set-up).
+PART_SETS = {'all': ('selfplay_1_client', 'selfplay_2_clients', 'trainer', 'memory', 'online'),
+             'arena': ('arena_speculation',)}
 TABLE = 'results.md'
 
 
@@ -686,6 +694,41 @@ def part_online(ctx):
 
 # ---------------------------------------------------------------------------- the driver
 
+# ---------------------------------------------------------------------------- arena speculation (--parts arena)
+
+def part_arena(ctx):
+    """``bench/arena.py`` with the self-play network (version 3, ``arena_seeds`` * 4 games in flight) on the bench's
+    device, ``speculate_passes`` off then on, each in its own process within ``arena_cap_s``: games/s against the
+    zero-cost floor of the same run, rows per forward while most games run, and with speculation the useful rows per
+    turn (the arena's 0.8 N target of issue 16, measured so far on a CPU only, where speculation is slower)."""
+    sizes = ctx['sizes']
+    out = {'games': 4 * sizes['arena_seeds'], 'network': f"{sizes['channels']}x{sizes['blocks']}"}
+    for arm in ('off', 'on'):
+        cap = ctx['cap'](sizes['arena_cap_s'])
+        if cap < 10:
+            out[arm] = {'status': f'skipped: only {cap:.0f} s of the budget left'}
+            continue
+        figures = ctx['work'] / f'arena_{arm}.json'
+        args = [sys.executable, str(ROOT / 'bench' / 'arena.py'), '--device', ctx['device'], '--version', '3',
+                '--channels', str(sizes['channels']), '--blocks', str(sizes['blocks']),
+                '--seeds', str(sizes['arena_seeds']), '--speculate', arm, '--bound-width', '0', '--json', str(figures)]
+        p = ctx['popen'](args, f'arena_{arm}')
+        try:
+            rc = p.wait(timeout=cap)
+        except subprocess.TimeoutExpired:
+            ctx['kill'](p)
+            rc = None
+        rec = read_json(figures)
+        if rc == 0 and rec:
+            out[arm] = {'status': 'ok', **rec}
+        else:
+            out[arm] = {'status': f"failed: {'out of time' if rc is None else f'exit {rc}'} (see logs/arena_{arm}.log)"}
+    on, off = out.get('on') or {}, out.get('off') or {}
+    if on.get('status') == off.get('status') == 'ok':
+        out['games_per_s_on_over_off'] = round(on['model_games_per_s'] / off['model_games_per_s'], 3)
+    return out
+
+
 def table(results):
     """The short Markdown table of ``results``."""
     def fmt(x, digits=1):
@@ -718,6 +761,15 @@ def table(results):
                  f"{fmt(on.get('idle_fraction'), 3)} ({fmt(on.get('idle_fraction_after_first_drain'), 3)}) |")
     lines.append(f"| online | self-play hanchan/h beside the learner, steps trained | "
                  f"{fmt(on.get('selfplay_hanchan_per_hour'))}, {fmt(on.get('steps'))} |")
+    ar = results.get('arena_speculation')
+    if ar:
+        for arm in ('off', 'on'):
+            e = ar.get(arm) or {}
+            lines.append(f"| arena v3 {ar.get('network')}, {ar.get('games')} games, speculate {arm} | rows per forward "
+                         f"(useful) while >= 80% run; games/s vs floor | {fmt(e.get('rows_per_forward_80'), 2)} "
+                         f"({fmt(e.get('useful_per_turn_80', e.get('rows_per_forward_80')), 2)}); "
+                         f"{fmt(e.get('model_floor_ratio'), 3)} |")
+        lines.append(f"| arena | games/s speculate on / off | {fmt(ar.get('games_per_s_on_over_off'), 3)} |")
     for name, err in (results.get('errors') or {}).items():
         lines.append(f'| {name} | FAILED | {err.splitlines()[-1][:100] if err else ""} |')
     lines.append(f"\ntotal {fmt(meta.get('total_s'))} s of a {meta.get('budget_s')} s budget")
@@ -742,7 +794,7 @@ def run(a):
             'torch': torch.__version__, 'torch_cuda': torch.version.cuda, 'cpu_count': os.cpu_count(),
             'sp_threads_per_process': _sp_threads(),
             'commit': _git_commit(), 'started': datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            'budget_s': sizes['budget_s'], 'sizes': {k: v for k, v in sizes.items()},
+            'budget_s': sizes['budget_s'], 'parts': a.parts, 'sizes': {k: v for k, v in sizes.items()},
         },
         'setup': read_json(a.setup_json) if a.setup_json else {'status': 'skipped', 'seconds': 0.0},
         'errors': {},
@@ -819,10 +871,13 @@ def run(a):
         ('trainer', part_trainer),
         ('memory', lambda c: part_memory(c, results)),
         ('online', part_online),
+        ('arena_speculation', part_arena),
     ]
+    wanted = PART_SETS[a.parts]
+    parts = [(name, fn) for name, fn in parts if name in wanted]
     try:
         online = None
-        if sizes['online_concurrent']:
+        if sizes['online_concurrent'] and 'online' in wanted:
             children = []
             online = threading.Thread(target=run_part, args=('online', fn_of(part_online, context(children)),
                                                              children))
@@ -861,6 +916,8 @@ def main(argv=None):
     r.add_argument('--out', default='bench-gpu-results')
     r.add_argument('--cpu-smoke', action='store_true', help='tiny network, few games, seconds per part, on CPU')
     r.add_argument('--setup-json', default=None, help="the set-up's record (written by bench/gpu.sh)")
+    r.add_argument('--parts', choices=sorted(PART_SETS), default='all',
+                   help="all: the measurements within 8 minutes; arena: speculate_passes off/on in bench/arena.py")
     w = sub.add_parser('selfplay-worker')
     w.add_argument('--index', type=int, required=True)
     w.add_argument('--device', required=True)

@@ -2,21 +2,24 @@
 # GPU benchmark (bench/gpu.py): set-up from a clean checkout, then self-play, trainer, memory and the learner's idle
 # fraction with Mortal's 192x40 network, all within 8 minutes on one GPU.
 #
-#   bash bench/gpu.sh [--cpu-smoke] [DIR]
+#   bash bench/gpu.sh [--cpu-smoke] [--arena] [DIR]
 #
 # Results: results.json, results.md and logs/ in $OUT if set, else DIR (default bench-gpu-results/).
 # --cpu-smoke: no set-up, a tiny network on the CPU, seconds per part (CI: tests/test_bench_gpu.py).
+# --arena: instead of those parts, the arena with speculate_passes off and on (about 5 minutes at most with set-up).
 # A CUDA build of torch that is already installed is kept: setup.sh never swaps it, and pip is held to it here.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export BENCH_T0="${BENCH_T0:-$(date +%s.%N)}"
 PY="${PYTHON:-python3}"
 SMOKE=0
+PARTS=all
 DIR=bench-gpu-results
 for arg in "$@"; do
     case "$arg" in
         --cpu-smoke) SMOKE=1 ;;
-        -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+        --arena) PARTS=arena ;;
+        -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
         -*) echo "bench/gpu.sh: unknown option $arg" >&2; exit 2 ;;
         *) DIR="$arg" ;;
     esac
@@ -36,7 +39,7 @@ driver() {  # bench/gpu.py; a driver that cannot even start still leaves a resul
 }
 
 if [ "$SMOKE" = 1 ]; then
-    driver --cpu-smoke
+    driver --cpu-smoke --parts "$PARTS"
     exit $?
 fi
 
@@ -67,4 +70,4 @@ json.dump({'status': 'ok' if rc == '0' else f'failed (exit {rc}); see logs/setup
            'cuda_torch_kept': kept or None, 'torch': now, 'sp_core': core == 'true', 'log_tail': tail},
           open(out, 'w'), indent=2)
 PY
-driver --setup-json "$RESULTS/setup.json"
+driver --setup-json "$RESULTS/setup.json" --parts "$PARTS"

@@ -151,6 +151,12 @@ class Control(Section):
     submit_every: PositiveInt = key('steps between parameter submissions to the server (online)')
 
 
+SPECULATE_DOC = ("extra: decide the step after a call step in the same forward as the call, in case every asked seat "
+                 "passes (OneVsThree(speculate_passes)): more rows per forward, a few computed for nothing; meant for "
+                 "a GPU, where a forward costs about the same at any size (bench/gpu.sh --arena; 6-8% slower on a "
+                 "CPU); false = Mortal's one step per forward")
+
+
 class TrainPlay(Section):
     games: Games = key('games per client round (multiple of 4)')
     log_dir: Str = key('where the client writes its self-play logs (wiped each round)')
@@ -159,6 +165,7 @@ class TrainPlay(Section):
     top_p: Annotated[Float, _rule(lambda v: 0 < v <= 1, 'must be within (0, 1]')] = key(
         'nucleus (top-p) cut applied before sampling')
     repeats: PositiveInt = key('rounds played on the same seeds before moving on')
+    speculate_passes: Bool = key(SPECULATE_DOC, False)
 
 
 class TestPlay(Section):
@@ -178,6 +185,7 @@ class TestPlay(Section):
     fresh_deals: Bool = key("extra: every test play meets new deals and best.pth is played on them too (twice the "
                             "games; no winner's curse of a record on fixed deals); false = Mortal's fixed test seeds",
                             False)
+    speculate_passes: Bool = key(SPECULATE_DOC, False)
 
 
 class Dataset(Section):

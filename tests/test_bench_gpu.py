@@ -123,3 +123,27 @@ def test_cpu_smoke_writes_every_figure(tmp_path):
     assert o['drains'] == len(o['drain_waits_s'])
     assert o['selfplay_logs_submitted'] >= 0 and o['selfplay_hanchan_per_hour'] >= 0
     assert 'hanchan/h' in (out / 'results.md').read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_cpu_smoke_arena_measures_both_speculation_arms(tmp_path):
+    out = tmp_path / 'results'
+    env = {k: v for k, v in os.environ.items() if k not in ('OUT', 'BENCH_T0')}
+    proc = subprocess.run(['bash', str(ROOT / 'bench' / 'gpu.sh'), '--cpu-smoke', '--arena', str(out)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads((out / 'results.json').read_text())
+    assert r['errors'] == {} and r['meta']['parts'] == 'arena'
+    assert 'selfplay_1_client' not in r and 'online' not in r  # only the arena part ran
+    a = r['arena_speculation']
+    assert a['games'] == 4 and a['network'] == '16x1'
+    for arm, flag in (('off', False), ('on', True)):
+        e = a[arm]
+        assert e['status'] == 'ok' and e['speculate_passes'] is flag and e['games'] == 4 and e['version'] == 3
+        assert e['rows'] > 400 and e['forwards'] > 0 and 1 <= e['rows_per_forward'] <= 16  # 4 games, 4 seats
+        assert e['model_floor_ratio'] == pytest.approx(e['model_games_per_s'] / e['floor_games_per_s'], rel=1e-3)
+    assert 'speculated' not in a['off'] and a['on']['speculated'] >= a['on']['speculated_used'] >= 0
+    assert a['games_per_s_on_over_off'] == pytest.approx(
+        a['on']['model_games_per_s'] / a['off']['model_games_per_s'], rel=1e-2)
+    assert 'speculate on' in (out / 'results.md').read_text()

@@ -202,3 +202,26 @@ def test_parameters_that_cannot_be_loaded_are_kept_out_and_logged_once(tmp_path,
     assert all(v.unique().tolist() == [0.25] for v in client.mortal.state_dict().values() if v.is_floating_point())
     assert client.param_version == 2 and [m['param_version'] for m in remote.submits] == [2, 2, 2, 2]
     assert remote.replies == []
+
+
+@pytest.mark.parametrize('flag', [False, True])
+def test_speculate_passes_reaches_the_arena_of_train_and_test_play(tmp_path, monkeypatch, flag):
+    from mortal.play.player import TestPlayer
+    config, _ = load_tiny_config(tmp_path, **{'train_play.default': {'speculate_passes': flag},
+                                              'test_play': {'speculate_passes': flag}})
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def arena(**kwargs):
+        seen.append(kwargs['speculate_passes'])
+        raise Stop
+
+    monkeypatch.setattr('mortal.play.arena.OneVsThree', arena)
+    monkeypatch.setattr('mortal.play.engine.MortalEngine', lambda *args, **kwargs: None)
+    with pytest.raises(Stop):
+        TrainPlayer(config, {}, baseline_engine=object()).train_play(None, None, 'cpu')
+    with pytest.raises(Stop):
+        TestPlayer(config, baseline_engine=object()).play_units(0, 1, None, None, 'cpu')
+    assert seen == [flag, flag]

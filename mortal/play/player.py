@@ -22,6 +22,7 @@ import torch
 
 from mortal.model.checkpoint import load_model_pair
 from mortal.util.fsutil import empty_dir
+from mortal.config import section
 
 logger = logging.getLogger('mortal.player')  # the name before the package split (log format)
 
@@ -96,6 +97,7 @@ class TestPlayer:
         self.chal_version = config['control']['version']
         self.log_dir = path.abspath(config['test_play']['log_dir'])
         self.cudnn_benchmark = config['control']['enable_cudnn_benchmark']
+        self.speculate_passes = section(config, 'test_play').speculate_passes
 
     def begin(self) -> None:
         """Start a test play: empty ``log_dir``."""
@@ -114,7 +116,8 @@ class TestPlayer:
         with _CudnnBenchmarkOff(self.cudnn_benchmark):
             engine = MortalEngine(mortal, dqn, is_oracle=False, version=self.chal_version, device=device,
                                   enable_amp=_use_amp(device), name=name)
-            env = OneVsThree(disable_progress_bar=False, log_dir=log_dir or self.log_dir)
+            env = OneVsThree(disable_progress_bar=False, log_dir=log_dir or self.log_dir,
+                             speculate_passes=self.speculate_passes)
             env.py_vs_py(challenger=engine, champion=self.baseline_engine, seed_start=(first_nonce, TEST_SEED[1]),
                          seed_count=count)
             return challenger_ranks_by_nonce(env.last_games)
@@ -154,6 +157,7 @@ class TrainPlayer:
         logger.info('using train-play profile %s', env.profile)
         self.chal_version = config['control']['version']
         self.cudnn_benchmark = config['control']['enable_cudnn_benchmark']
+        self.speculate_passes = section(config, f'train_play.{env.profile}').speculate_passes
         self.log_dir = path.abspath(cfg['log_dir'])
         self.train_key = secrets.randbits(64) if train_key is None else train_key
         self.train_seed = TRAIN_SEED_START
@@ -230,7 +234,7 @@ class TrainPlayer:
                 boltzmann_epsilon=epsilon, boltzmann_temp=temp, top_p=self.top_p,
             )
             empty_dir(self.log_dir)
-            env = OneVsThree(disable_progress_bar=False, log_dir=self.log_dir)
+            env = OneVsThree(disable_progress_bar=False, log_dir=self.log_dir, speculate_passes=self.speculate_passes)
             rankings = env.py_vs_py(challenger=engine, champion=self.opponent(),
                                     seed_start=self.next_seed(), seed_count=self.seed_count)
             return np.asarray(rankings, dtype=np.int64), _list_logs(self.log_dir)
