@@ -17,13 +17,14 @@ misbehave (a buffer ``capacity`` that can never be filled, ignored keys, typos) 
 from __future__ import annotations
 
 import copy
+import difflib
 import logging
 import numbers
 import os
 import reprlib
 import sys
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, NamedTuple
 
 from pydantic import BaseModel, ValidationError
 
@@ -338,26 +339,50 @@ def _problem(err: dict, config: dict, path: str) -> str:
     return f'{where} must be {_KIND_NAMES[kind]}, got {_shown(value)}'
 
 
-def _unknown_names(config: dict, path: str, warns: list[str]) -> None:
-    """Warn of every table and key of the file that the schema does not know (typos; Mortal ignores them)."""
+class Unknown(NamedTuple):
+    """A table or key that the schema does not know (:func:`unknown_names`): ``table`` the dotted table holding it
+    ('' at the top level), ``name``, ``is_section`` (a whole table), ``suggestion`` the known key of that table closest
+    to ``name`` (``difflib``, similarity >= 0.8; e.g. 'fresh_deals' for 'fresh_deal') or None."""
+
+    table: str
+    name: str
+    is_section: bool
+    suggestion: str | None
+
+
+def unknown_names(config: dict) -> list[Unknown]:
+    """Every table and key of ``config`` that the schema does not know (typos; Mortal ignores them), in file order."""
+    out = []
 
     def walk(table: dict, prefix: str):
         keys = section_keys(prefix) if prefix else None
         if prefix and keys is None and prefix not in CONTAINERS:
-            warns.append(f'unknown section [{prefix}] in {path}')
+            parent, _, name = prefix.rpartition('.')
+            out.append(Unknown(parent, name, True, None))
             return
         for name, value in table.items():
-            dotted = f'{prefix}.{name}' if prefix else name
             if keys is not None and name in keys:
                 continue
             if isinstance(value, dict):
-                walk(value, dotted)
-            elif prefix:
-                warns.append(f'unknown key [{prefix}] {name} in {path}')
+                walk(value, f'{prefix}.{name}' if prefix else name)
             else:
-                warns.append(f'unknown top-level key {name} in {path}')
+                close = difflib.get_close_matches(name, list(keys or ()), n=1, cutoff=0.8)
+                out.append(Unknown(prefix, name, False, close[0] if close else None))
 
     walk(config, '')
+    return out
+
+
+def _unknown_names(config: dict, path: str, warns: list[str]) -> None:
+    """The warnings of :func:`unknown_names`."""
+    for u in unknown_names(config):
+        if u.is_section:
+            warns.append(f"unknown section [{f'{u.table}.{u.name}' if u.table else u.name}] in {path}")
+        elif u.table:
+            hint = f' (did you mean {u.suggestion!r}?)' if u.suggestion else ''
+            warns.append(f'unknown key [{u.table}] {u.name} in {path}{hint}')
+        else:
+            warns.append(f'unknown top-level key {u.name} in {path}')
 
 
 def optional_section(config: dict, dotted: str) -> dict:

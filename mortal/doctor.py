@@ -398,6 +398,22 @@ def sections_for(config):
     return mcfg.TRAIN_SECTIONS
 
 
+def typo_checks(config: dict) -> list[Check]:
+    """A FAIL row per unknown key that is close to a known key of its table (``mortal.config.unknown_names``): a
+    misspelled optional key, which every process would ignore (as Mortal does) and run on the default instead, is the
+    one config mistake that nothing else reports as an error."""
+    from mortal import config as mcfg
+
+    rows = []
+    for u in mcfg.unknown_names(config):
+        if u.suggestion:
+            value = mcfg.lookup(config, f'{u.table}.{u.suggestion}')
+            rows.append(Check(FAIL, 'config', f'[{u.table}] {u.name} is not a key: did you mean {u.suggestion!r}? '
+                                              f'As written, the processes ignore it and use {u.suggestion} = '
+                                              f'{value!r}'))
+    return rows
+
+
 def main(argv=None):
     """``python -m mortal.doctor [-c PATH] [--server-running] [--profile NAME]``: print the checklist; returns 1
     when a check FAILs, else 0."""
@@ -428,9 +444,12 @@ def main(argv=None):
     finally:
         config_log.setLevel(level)  # main() may run again in this process (tests)
     print(Check(OK, 'config', f'{path} parses and validates').line())
+    typos = typo_checks(config)
+    typo_warns = tuple(f'unknown key [{u.table}] {u.name} in ' for u in mcfg.unknown_names(config) if u.suggestion)
     for w in warns:
-        print(Check(WARN, 'config', w).line())
-    rows = run_checks(config, server_running=args.server_running, profile=profile)
+        if not w.startswith(typo_warns):  # those are the FAIL rows below
+            print(Check(WARN, 'config', w).line())
+    rows = typos + run_checks(config, server_running=args.server_running, profile=profile)
     for row in rows:
         print(row.line())
     failed = sum(r.status == FAIL for r in rows)

@@ -300,9 +300,25 @@ def test_all_errors_reported_together(tmp_path, cfg):
 def test_unknown_key_warning(tmp_path, cfg, caplog):
     cfg['control']['verison'] = 4
     cfg['online']['server']['capacty'] = 10
+    cfg['test_play']['fresh_deal'] = True
+    cfg['control']['my_note'] = 'x'
     warns, path = load_warnings(tmp_path, cfg, caplog)
-    assert f'unknown key [control] verison in {path}' in warns
-    assert f'unknown key [online.server] capacty in {path}' in warns
+    assert f"unknown key [control] verison in {path} (did you mean 'version'?)" in warns
+    assert f"unknown key [online.server] capacty in {path} (did you mean 'capacity'?)" in warns
+    assert f"unknown key [test_play] fresh_deal in {path} (did you mean 'fresh_deals'?)" in warns
+    assert f'unknown key [control] my_note in {path}' in warns  # nothing close: no suggestion
+
+
+def test_unknown_names_are_listed_with_their_closest_key(cfg):
+    from mortal.config import Unknown, unknown_names
+    cfg['train_play']['default']['boltzman_temp'] = 0.1
+    cfg['contrl'] = {'version': 3}
+    cfg['guard'] = {'rollback_afterr': 2}
+    assert unknown_names(cfg) == [
+        Unknown('train_play.default', 'boltzman_temp', False, 'boltzmann_temp'),
+        Unknown('', 'contrl', True, None),
+        Unknown('guard', 'rollback_afterr', False, 'rollback_after'),
+    ]
 
 
 def test_unknown_section_warning(tmp_path, cfg, caplog):

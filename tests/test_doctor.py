@@ -180,6 +180,19 @@ def test_invalid_config_fails_naming_the_key(work, capsys):
     assert 'missing key [control] batch_size' in out
 
 
+def test_misspelled_optional_key_fails_naming_the_key_it_resembles(work, capsys):
+    _, cfg_path, cfg = work
+    cfg['test_play']['fresh_deal'] = True  # fresh_deals: a process would warn and run on false
+    cfg['control']['my_note'] = 'resembles nothing'
+    _rewrite(cfg_path, cfg)
+    rc, out = _run(cfg_path, capsys)
+    assert rc == 1
+    assert _fail_lines(out) == ["[FAIL] config: [test_play] fresh_deal is not a key: did you mean 'fresh_deals'? "
+                                "As written, the processes ignore it and use fresh_deals = False"]
+    assert '[WARN] config: unknown key [control] my_note in' in out  # not close to a key: a warning only
+    assert 'unknown key [test_play] fresh_deal in' not in out  # no WARN beside the FAIL
+
+
 def test_version_4_is_supported(work, capsys):
     root, cfg_path, cfg = work
     cfg['control']['version'] = 4
