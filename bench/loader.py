@@ -20,7 +20,11 @@ as a DataLoader worker does (``keep_freed_memory``) unless ``--default-malloc``.
 ``--version 4`` measures the loader, dataset and unpack at feature version 4 (the single-player searches run on
 ``MORTAL_SP_THREADS`` threads, default min(8, CPUs), so "1 core" no longer holds) against the same v3 floor, and adds
 the v3 loader on the same logs to print the v4/v3 loader ratio.
-Usage: ``python bench/loader.py [--copies N] [--repeat R] [--version {3,4}]``.
+``--breakdown`` (version 3) also times, per sample and in the same rounds, what the loader adds to the floor that no
+walk in any language avoids: ``pack`` (the floor plus ``packed_obs`` packing) and ``parse`` (gunzip + ``read_log``'s
+JSON and field checks); the rest of the loader's time is its Python walk (labels, masks, per-event bookkeeping, GRP,
+the per-seat arrays). It prints the ceiling the loader's ratio would reach with that rest at zero.
+Usage: ``python bench/loader.py [--copies N] [--repeat R] [--version {3,4}] [--breakdown]``.
 """
 
 if __package__ in (None, ''):  # run as a script: python bench/loader.py
@@ -62,6 +66,48 @@ def floor(paths, keep=False):
                         kept.append(obs)
                     n += 1
     return n, time.perf_counter() - t0
+
+
+def floor_pack(paths):
+    """``floor`` with each observation packed into one reused row, as the loader packs it."""
+    import numpy as np
+    from mjai.mlibriichi.state import PlayerState
+    from mortal.data.packed_obs import packer, row_bytes
+
+    texts = [gzip.decompress(pathlib.Path(p).read_bytes()).decode().splitlines() for p in paths]
+    pack, out = packer(3), np.empty((1, row_bytes(3)), dtype=np.uint8)
+    n = 0
+    t0 = time.perf_counter()
+    for lines in texts:
+        for seat in range(4):
+            state = PlayerState(seat)
+            for line in lines:
+                if state.update(line).can_act:
+                    pack(state.encode_obs(3, False)[0], out, 0)
+                    n += 1
+    return n, time.perf_counter() - t0
+
+
+def parse(paths):
+    """``read_log`` alone (gunzip, JSON, the loader's field checks), counted per decision of the floor so that its
+    time per decision compares with the others'."""
+    from mortal.data.mjai_log import read_log
+
+    n = floor_decisions(paths)
+    t0 = time.perf_counter()
+    for p in paths:
+        read_log(p, None)
+    return n, time.perf_counter() - t0
+
+
+_DECISIONS = {}
+
+
+def floor_decisions(paths):
+    key = tuple(paths)
+    if key not in _DECISIONS:
+        _DECISIONS[key] = floor(paths)[0]
+    return _DECISIONS[key]
 
 
 def floor_keep(paths):
@@ -131,6 +177,8 @@ def main(argv=None):
     parser.add_argument("--copies", type=int, default=4, help="gzip copies of each fixture log")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement (best kept)")
     parser.add_argument("--version", type=int, choices=(3, 4), default=3, help="feature version of the loader")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also time the floor + packing and the parse alone (version 3), and print the ceiling")
     parser.add_argument("--default-malloc", action="store_true",
                         help="do not call keep_freed_memory (glibc default trimming)")
     args = entry.start(parser, argv, log_level=None)
@@ -154,6 +202,8 @@ def main(argv=None):
         results = {}
         for rnd in range(args.repeat + 1):
             extra = (("loader_v3", loader_v3),) if VERSION == 4 else ()
+            if args.breakdown and VERSION == 3:
+                extra = (("floor_pack", floor_pack), ("parse", parse))
             for name, fn in (("floor", floor), ("floor_keep", floor_keep), ("loader", loader), *extra,
                              ("dataset", dataset), ("unpack", unpack)):
                 n, dt = fn(list(paths))
@@ -180,6 +230,14 @@ def main(argv=None):
         n, r3 = results["loader_v3"]
         print(f"loader_v3   the same at version 3             : {r3:9.1f} samples/s ({n} per pass)  "
               f"v4/v3 loader ratio {ld / r3:.3f}")
+    if "floor_pack" in results:
+        us = {k: 1e6 / results[k][1] for k in ("floor", "floor_pack", "parse", "loader")}
+        rest = us["loader"] - us["floor_pack"] - us["parse"]
+        print(f"breakdown per sample: floor {us['floor']:.2f} us, packing +{us['floor_pack'] - us['floor']:.2f} us, "
+              f"parse (gunzip + read_log) {us['parse']:.2f} us, the rest of the loader (its Python walk) "
+              f"{rest:.2f} us; loader {us['loader']:.2f} us")
+        print(f"ceiling with that rest at zero: floor / (floor + packing + parse) = "
+              f"{us['floor'] / (us['floor_pack'] + us['parse']):.2f}")
     ratio, batching = ld / f, results["dataset"][1] / ld
     print(f"memory per sample: {before:,} bytes as float32 tuples -> {after:,} bytes packed "
           f"({before / after:.1f}x less)")
