@@ -398,20 +398,22 @@ def sections_for(config):
     return mcfg.TRAIN_SECTIONS
 
 
-def typo_checks(config: dict) -> list[Check]:
-    """A FAIL row per unknown key that is close to a known key of its table (``mortal.config.unknown_names``): a
-    misspelled optional key, which every process would ignore (as Mortal does) and run on the default instead, is the
-    one config mistake that nothing else reports as an error."""
+def typo_checks(config: dict, path: str) -> tuple[list[Check], set[str]]:
+    """A FAIL row per unknown key that is close to a known key of its table (``mortal.config.unknown_names``), and the
+    warnings of ``mortal.config.validate`` those rows replace. A misspelled optional key, which every process would
+    ignore (as Mortal does) and run on the default instead, is the one config mistake nothing else reports as an
+    error."""
     from mortal import config as mcfg
 
-    rows = []
+    rows, replaced = [], set()
     for u in mcfg.unknown_names(config):
         if u.suggestion:
             value = mcfg.lookup(config, f'{u.table}.{u.suggestion}')
             rows.append(Check(FAIL, 'config', f'[{u.table}] {u.name} is not a key: did you mean {u.suggestion!r}? '
                                               f'As written, the processes ignore it and use {u.suggestion} = '
                                               f'{value!r}'))
-    return rows
+            replaced.add(mcfg.unknown_warning(u, path))
+    return rows, replaced
 
 
 def main(argv=None):
@@ -444,10 +446,9 @@ def main(argv=None):
     finally:
         config_log.setLevel(level)  # main() may run again in this process (tests)
     print(Check(OK, 'config', f'{path} parses and validates').line())
-    typos = typo_checks(config)
-    typo_warns = tuple(f'unknown key [{u.table}] {u.name} in ' for u in mcfg.unknown_names(config) if u.suggestion)
+    typos, replaced = typo_checks(config, path)
     for w in warns:
-        if not w.startswith(typo_warns):  # those are the FAIL rows below
+        if w not in replaced:  # those are FAIL rows below
             print(Check(WARN, 'config', w).line())
     rows = typos + run_checks(config, server_running=args.server_running, profile=profile)
     for row in rows:
