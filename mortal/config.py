@@ -376,17 +376,20 @@ def unknown_names(config: dict) -> list[Unknown]:
     return out
 
 
+def unknown_warning(u: Unknown, path: str) -> str:
+    """The warning :func:`validate` gives for ``u`` (an entry of :func:`unknown_names`) in the file ``path``."""
+    if u.is_section:
+        name = f'"{u.name}"' if isinstance(u.name, str) and '.' in u.name else u.name  # ["a.b"], as TOML
+        return f"unknown section [{f'{u.table}.{name}' if u.table else name}] in {path}"
+    if u.table:
+        hint = f' (did you mean {u.suggestion!r}?)' if u.suggestion else ''
+        return f'unknown key [{u.table}] {u.name} in {path}{hint}'
+    return f'unknown top-level key {u.name} in {path}'
+
+
 def _unknown_names(config: dict, path: str, warns: list[str]) -> None:
     """The warnings of :func:`unknown_names`."""
-    for u in unknown_names(config):
-        if u.is_section:
-            name = f'"{u.name}"' if isinstance(u.name, str) and '.' in u.name else u.name  # ["a.b"], as TOML
-            warns.append(f"unknown section [{f'{u.table}.{name}' if u.table else name}] in {path}")
-        elif u.table:
-            hint = f' (did you mean {u.suggestion!r}?)' if u.suggestion else ''
-            warns.append(f'unknown key [{u.table}] {u.name} in {path}{hint}')
-        else:
-            warns.append(f'unknown top-level key {u.name} in {path}')
+    warns.extend(unknown_warning(u, path) for u in unknown_names(config))
 
 
 def optional_section(config: dict, dotted: str) -> dict:

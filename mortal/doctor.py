@@ -401,16 +401,26 @@ def sections_for(config):
 def typo_checks(config: dict) -> list[Check]:
     """A FAIL row per unknown key that is close to a known key of its table (``mortal.config.unknown_names``): a
     misspelled optional key, which every process would ignore (as Mortal does) and run on the default instead, is the
-    one config mistake that nothing else reports as an error."""
+    one config mistake that nothing else reports as an error. The row names the value the processes use: the file's,
+    else the schema's default (an optional key without one stays unset)."""
     from mortal import config as mcfg
+    from mortal import config_schema
 
     rows = []
     for u in mcfg.unknown_names(config):
         if u.suggestion:
-            value = mcfg.lookup(config, f'{u.table}.{u.suggestion}')
+            table = mcfg.lookup(config, u.table)
+            default = config_schema.section_keys(u.table)[u.suggestion].default
+            if u.suggestion in table:
+                used = f'use {u.suggestion} = {table[u.suggestion]!r}'
+            elif default is config_schema.UNFILLED:
+                used = f'leave {u.suggestion} unset'
+            elif default is config_schema.REQUIRED:
+                used = f'find no {u.suggestion} (a required key)'
+            else:
+                used = f'use {u.suggestion} = {default!r}'
             rows.append(Check(FAIL, 'config', f'[{u.table}] {u.name} is not a key: did you mean {u.suggestion!r}? '
-                                              f'As written, the processes ignore it and use {u.suggestion} = '
-                                              f'{value!r}'))
+                                              f'As written, the processes ignore it and {used}'))
     return rows
 
 
@@ -445,9 +455,9 @@ def main(argv=None):
         config_log.setLevel(level)  # main() may run again in this process (tests)
     print(Check(OK, 'config', f'{path} parses and validates').line())
     typos = typo_checks(config)
-    typo_warns = tuple(f'unknown key [{u.table}] {u.name} in ' for u in mcfg.unknown_names(config) if u.suggestion)
+    typo_warns = {mcfg.unknown_warning(u, path) for u in mcfg.unknown_names(config) if u.suggestion}
     for w in warns:
-        if not w.startswith(typo_warns):  # those are the FAIL rows below
+        if w not in typo_warns:  # those are the FAIL rows below
             print(Check(WARN, 'config', w).line())
     rows = typos + run_checks(config, server_running=args.server_running, profile=profile)
     for row in rows:
