@@ -236,6 +236,11 @@ def main(argv=None):
     p.add_argument("--bound-width", type=int, default=64,
                    help="beams of the schedule bound (0: skip it; the search takes seconds per 32 games at 64)")
     args = entry.start(p, argv, log_level=None)
+    if args.json:  # before the games, not after minutes of them
+        try:
+            open(args.json, "a").close()
+        except OSError as e:
+            p.error(f"--json {args.json}: cannot write it ({e.strerror})")
     try:
         import torch
         from mortal.play.agent import MortalBatchAgent

@@ -14,19 +14,21 @@ export BENCH_T0="${BENCH_T0:-$(date +%s.%N)}"
 PY="${PYTHON:-python3}"
 SMOKE=0
 PARTS=all
-DIR=bench-gpu-results
+DIR=
 for arg in "$@"; do
     case "$arg" in
         --cpu-smoke) SMOKE=1 ;;
         --arena) PARTS=arena ;;
-        -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
         -*) echo "bench/gpu.sh: unknown option $arg" >&2; exit 2 ;;
-        *) DIR="$arg" ;;
+        '') echo "bench/gpu.sh: DIR is empty (it would put the results in /)" >&2; exit 2 ;;
+        *) [ -z "$DIR" ] || { echo "bench/gpu.sh: one DIR only, got $DIR and $arg" >&2; exit 2; }
+           DIR="$arg" ;;
     esac
 done
-RESULTS="${OUT:-$DIR}"
+RESULTS="${OUT:-${DIR:-bench-gpu-results}}"
 rm -rf "$RESULTS/logs" "$RESULTS/results.json" "$RESULTS/results.md" "$RESULTS/setup.json"  # a rerun in DIR
-mkdir -p "$RESULTS/logs"
+mkdir -p "$RESULTS/logs" || { echo "bench/gpu.sh: cannot write the results to $RESULTS" >&2; exit 2; }
 
 driver() {  # bench/gpu.py; a driver that cannot even start still leaves a results.json saying why
     "$PY" bench/gpu.py run --out "$RESULTS" "$@" 2> >(tee -a "$RESULTS/logs/driver.log" >&2)

@@ -363,10 +363,13 @@ def unknown_names(config: dict) -> list[Unknown]:
         for name, value in table.items():
             if keys is not None and name in keys:
                 continue
-            if isinstance(value, dict):
+            if isinstance(value, dict) and isinstance(name, str) and '.' not in name:
                 walk(value, f'{prefix}.{name}' if prefix else name)
+            elif isinstance(value, dict):  # ["schedule.lr"] is no [schedule.lr]: the dotted path would pass it as one
+                out.append(Unknown(prefix, name, True, None))
             else:
-                close = difflib.get_close_matches(name, list(keys or ()), n=1, cutoff=0.8)
+                close = difflib.get_close_matches(name, list(keys or ()), n=1, cutoff=0.8) if isinstance(
+                    name, str) else ()  # a dict built in Python may have other keys (difflib needs a str)
                 out.append(Unknown(prefix, name, False, close[0] if close else None))
 
     walk(config, '')
@@ -374,9 +377,10 @@ def unknown_names(config: dict) -> list[Unknown]:
 
 
 def unknown_warning(u: Unknown, path: str) -> str:
-    """The warning :func:`validate` gives for ``u`` (one of :func:`unknown_names`) in the file ``path``."""
+    """The warning :func:`validate` gives for ``u`` (an entry of :func:`unknown_names`) in the file ``path``."""
     if u.is_section:
-        return f"unknown section [{f'{u.table}.{u.name}' if u.table else u.name}] in {path}"
+        name = f'"{u.name}"' if isinstance(u.name, str) and '.' in u.name else u.name  # ["a.b"], as TOML
+        return f"unknown section [{f'{u.table}.{name}' if u.table else name}] in {path}"
     if u.table:
         hint = f' (did you mean {u.suggestion!r}?)' if u.suggestion else ''
         return f'unknown key [{u.table}] {u.name} in {path}{hint}'
@@ -384,6 +388,7 @@ def unknown_warning(u: Unknown, path: str) -> str:
 
 
 def _unknown_names(config: dict, path: str, warns: list[str]) -> None:
+    """The warnings of :func:`unknown_names`."""
     warns.extend(unknown_warning(u, path) for u in unknown_names(config))
 
 

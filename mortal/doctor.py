@@ -402,16 +402,26 @@ def typo_checks(config: dict, path: str) -> tuple[list[Check], set[str]]:
     """A FAIL row per unknown key that is close to a known key of its table (``mortal.config.unknown_names``), and the
     warnings of ``mortal.config.validate`` those rows replace. A misspelled optional key, which every process would
     ignore (as Mortal does) and run on the default instead, is the one config mistake nothing else reports as an
-    error."""
+    error. The row names the value the processes use: the file's, else the schema's default (an optional key without
+    one stays unset)."""
     from mortal import config as mcfg
+    from mortal import config_schema
 
     rows, replaced = [], set()
     for u in mcfg.unknown_names(config):
         if u.suggestion:
-            value = mcfg.lookup(config, f'{u.table}.{u.suggestion}')
+            table = mcfg.lookup(config, u.table)
+            default = config_schema.section_keys(u.table)[u.suggestion].default
+            if u.suggestion in table:
+                used = f'use {u.suggestion} = {table[u.suggestion]!r}'
+            elif default is config_schema.UNFILLED:
+                used = f'leave {u.suggestion} unset'
+            elif default is config_schema.REQUIRED:
+                used = f'find no {u.suggestion} (a required key)'
+            else:
+                used = f'use {u.suggestion} = {default!r}'
             rows.append(Check(FAIL, 'config', f'[{u.table}] {u.name} is not a key: did you mean {u.suggestion!r}? '
-                                              f'As written, the processes ignore it and use {u.suggestion} = '
-                                              f'{value!r}'))
+                                              f'As written, the processes ignore it and {used}'))
             replaced.add(mcfg.unknown_warning(u, path))
     return rows, replaced
 

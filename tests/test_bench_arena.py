@@ -1,5 +1,7 @@
 """bench/arena.py: the replay of the arena's serving rule and the schedule bound, on steps worked out by hand."""
 
+import pytest
+
 from conftest import load_script
 
 
@@ -28,3 +30,14 @@ def test_best_schedule_beats_the_greedy_rule_by_waiting():
     mod = _module()
     assert mod.replay_max_pending(steps) == ([2, 1, 1], [2])
     assert mod.best_schedule(steps, 4) == ([1, 3], [1, 3])
+
+
+def test_an_unwritable_json_path_fails_before_the_games(tmp_path, capsys, monkeypatch):
+    mod = _module()
+    monkeypatch.setattr(mod, 'run', lambda *a, **k: pytest.fail('played games before checking --json'))
+    (tmp_path / 'a_file').write_text('x')
+    bad = tmp_path / 'a_file' / 'figures.json'  # its folder is a file
+    with pytest.raises(SystemExit) as info:
+        mod.main(['--seeds', '1', '--json', str(bad)])
+    assert info.value.code == 2
+    assert f'--json {bad}: cannot write it (Not a directory)' in capsys.readouterr().err

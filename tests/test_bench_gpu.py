@@ -67,6 +67,52 @@ def test_submitted_logs_in_the_window():
     assert gpu.submitted_logs(text, at('00:00:10'), at('00:01:00')) == 192
 
 
+def _gpu_sh(tmp_path, *args):
+    """bench/gpu.sh ``args`` with rm, mkdir, tee and python stubbed to record their arguments (nothing is run or
+    removed, whatever the script does): (returncode, stderr, the stubs' calls)."""
+    stubs = tmp_path / 'stubs'
+    stubs.mkdir()
+    calls = tmp_path / 'calls'
+    for name in ('rm', 'mkdir', 'tee', 'python'):
+        (stubs / name).write_text(f'#!/bin/sh\necho {name} "$@" >> {calls}\n')
+        (stubs / name).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ('OUT', 'BENCH_T0')}
+    env.update(PATH=f"{stubs}:{env['PATH']}", PYTHON=str(stubs / 'python'))
+    proc = subprocess.run(['bash', str(ROOT / 'bench' / 'gpu.sh'), *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=30)
+    return proc.returncode, proc.stderr, calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_gpu_sh_refuses_an_empty_dir_before_removing_anything(tmp_path):
+    rc, err, calls = _gpu_sh(tmp_path, '--cpu-smoke', '--arena', '')  # e.g. an unset "$DIR": rm -rf /logs
+    assert (rc, calls) == (2, [])
+    assert 'bench/gpu.sh: DIR is empty' in err
+
+
+def test_gpu_sh_refuses_a_second_dir(tmp_path):
+    rc, err, calls = _gpu_sh(tmp_path, '--cpu-smoke', 'a', '--arena', 'b')
+    assert (rc, calls) == (2, [])
+    assert 'bench/gpu.sh: one DIR only, got a and b' in err
+
+
+def test_gpu_sh_stops_when_dir_cannot_be_made(tmp_path):
+    (tmp_path / 'a_file').write_text('x')
+    env = {k: v for k, v in os.environ.items() if k not in ('OUT', 'BENCH_T0')}
+    env['PYTHON'] = 'false'  # the driver must not even start
+    proc = subprocess.run(['bash', str(ROOT / 'bench' / 'gpu.sh'), '--cpu-smoke', str(tmp_path / 'a_file' / 'out')],
+                          env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == f"bench/gpu.sh: cannot write the results to {tmp_path / 'a_file' / 'out'}"
+
+
+def test_gpu_sh_help_is_the_header_alone():
+    proc = subprocess.run(['bash', str(ROOT / 'bench' / 'gpu.sh'), '--help'], capture_output=True, text=True,
+                          timeout=30)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0 and all(line.startswith('#') for line in lines), lines
+    assert lines[-1].startswith('# A CUDA build of torch')
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_cpu_smoke_writes_every_figure(tmp_path):

@@ -321,6 +321,24 @@ def test_unknown_names_are_listed_with_their_closest_key(cfg):
     ]
 
 
+def test_a_quoted_dotted_table_is_unknown_not_the_table_it_spells(tmp_path, cfg, caplog):
+    # ["schedule.lr"] is a top-level table named 'schedule.lr', which no process reads; [schedule.lr] is another
+    path = tmp_path / 'config.toml'
+    path.write_text(toml.dumps(cfg) + '\n["schedule.lr"]\nkind = "cosine"\n', encoding='utf-8')
+    with caplog.at_level(logging.WARNING, logger='mortal.config'):
+        config = load_config(path)
+    warns = [r.getMessage() for r in caplog.records if r.name == 'mortal.config']
+    assert config['schedule']['lr']['kind'] == 'constant' and config['schedule.lr'] == {'kind': 'cosine'}
+    assert warns == [f'unknown section ["schedule.lr"] in {path}']
+
+
+def test_unknown_names_of_a_dict_with_keys_that_are_not_strings(cfg):
+    from mortal.config import Unknown, unknown_names
+    cfg['test_play'][1] = True  # a dict built in Python (TOML keys are strings): no suggestion, no TypeError
+    cfg['control'][('a', 'b')] = {'x': 1}
+    assert unknown_names(cfg) == [Unknown('control', ('a', 'b'), True, None), Unknown('test_play', 1, False, None)]
+
+
 def test_unknown_section_warning(tmp_path, cfg, caplog):
     cfg['contrl'] = {'version': 3}
     cfg['train_play']['default']['extra'] = {'x': 1}

@@ -193,6 +193,34 @@ def test_misspelled_optional_key_fails_naming_the_key_it_resembles(work, capsys)
     assert 'unknown key [test_play] fresh_deal in' not in out  # no WARN beside the FAIL
 
 
+def test_misspelled_key_without_a_filled_default_is_left_unset_not_none(work, capsys):
+    _, cfg_path, cfg = work
+    cfg['optim']['scheduler']['int'] = 1e-6  # init: optional, never filled in (the scheduler's own default, 1e-8)
+    _rewrite(cfg_path, cfg)
+    rc, out = _run(cfg_path, capsys)
+    assert rc == 1
+    assert _fail_lines(out) == ["[FAIL] config: [optim.scheduler] int is not a key: did you mean 'init'? "
+                                "As written, the processes ignore it and leave init unset"]
+
+
+def test_typo_checks_of_an_unvalidated_config_name_the_schema_default(work):
+    _, _, cfg = work
+    cfg['test_play']['fresh_deal'] = True  # no fresh_deals in the dict: validate() has not filled it in
+    [row], replaced = doctor.typo_checks(cfg, 'x.toml')
+    assert row.detail.endswith('the processes ignore it and use fresh_deals = False'), row.detail
+    assert replaced == {"unknown key [test_play] fresh_deal in x.toml (did you mean 'fresh_deals'?)"}
+
+
+def test_only_the_warning_of_the_misspelled_key_is_replaced_by_its_fail_row(work, capsys):
+    _, cfg_path, cfg = work
+    cfg['test_play']['fresh_deal'] = True
+    cfg['test_play']['fresh_deal in x'] = True  # its warning begins as the typo's would: it must still be shown
+    _rewrite(cfg_path, cfg)
+    rc, out = _run(cfg_path, capsys)
+    assert rc == 1 and len(_fail_lines(out)) == 1
+    assert f'[WARN] config: unknown key [test_play] fresh_deal in x in {cfg_path}' in out.splitlines()
+
+
 def test_version_4_is_supported(work, capsys):
     root, cfg_path, cfg = work
     cfg['control']['version'] = 4
