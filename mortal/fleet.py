@@ -12,8 +12,9 @@ places and restarts them, and carries their per-round records back to this drive
   never wipe each other's logs, a plain client on the same profile included (it empties its log_dir each round).
 - A dead actor (killed, out of memory, a crashed node) is restarted by Ray up to ``max_restarts`` times (-1: no
   limit) and plays on; the driver logs ``actor I died ...`` and ``actor I restarted (pid P ...)``. An actor whose
-  start fails (a bad config, a missing baseline file) or whose round raises is reported and dropped; the fleet
-  exits with status 1 once no actor is left.
+  start fails (a bad config, a missing baseline file) or whose round is refused by the server is reported and
+  dropped; the fleet exits with status 1 once no actor is left. An actor whose round raises is restarted, its next
+  start held back more after each failed round in a row (``backoff_seconds``: 0 s, 5 s, 10 s, ... 10 min).
 - Bad input stops the start with one ``error:`` line and status 2, before any actor is made: a ``[fleet]`` value,
   a profile without its table, an address where nothing answers, a TensorBoard directory that cannot be written,
   and, on a local instance, actors that the machine cannot run at once (Ray would queue them for good; on a cluster,
@@ -56,6 +57,18 @@ LOCAL_OBJECT_STORE_BYTES = 128 * 1024 * 1024
 RETRY_SECONDS = 1.0  # between two looks at an actor that Ray is restarting
 NOTICE_SECONDS = 60.0  # an actor not started after this long is reported (Ray queues an actor it cannot place)
 CONNECT_SECONDS = 10.0  # to reach a cluster's address before handing it to Ray, which retries for minutes
+# An actor whose rounds keep raising (a full disk, a bad baseline file) is restarted for good with max_restarts = -1;
+# its k-th failed round in a row holds its next start back by 0 s (k = 1), then 5 s, 10 s, ... up to 10 min, so that
+# a fleet left alone for days neither spins nor floods its log, and plays on once the cause is gone.
+BACKOFF_FIRST_SECONDS = 5.0
+BACKOFF_MAX_SECONDS = 600.0
+
+
+def backoff_seconds(failures: int) -> float:
+    """Seconds before an actor's next start after its ``failures``-th failed round in a row (>= 1)."""
+    if failures <= 1:
+        return 0.0
+    return min(BACKOFF_MAX_SECONDS, BACKOFF_FIRST_SECONDS * 2.0 ** min(failures - 2, 30))
 
 
 def import_ray():
@@ -291,6 +304,8 @@ class Fleet:
         self.actors = {p.index: remote_cls.options(**options).remote(actor_config(config, p), p.profile, cwd, threads)
                        for p in plans}
         self.pids = {}
+        self.failures = {}  # actor index -> rounds failed in a row
+        self.held = {}  # actor index -> monotonic time of its next start (backoff_seconds)
         self.in_flight = {}  # ObjectRef -> (actor index, 'ready' | 'round')
         for i, actor in self.actors.items():
             self.in_flight[actor.ready.remote()] = (i, 'ready')
@@ -304,6 +319,7 @@ class Fleet:
         """Stop actor ``i`` for good (no restart) and forget its calls; logged as an error."""
         logger.error('actor %d dropped: %s', i, why)
         self.ray.kill(self.actors.pop(i), no_restart=True)
+        self.held.pop(i, None)
         for ref, (j, _) in list(self.in_flight.items()):
             if j == i:
                 del self.in_flight[ref]
@@ -345,10 +361,19 @@ class Fleet:
         from mortal.net.wire import RequestRefused
         ray = self.ray
         done = 0
-        while self.in_flight and (not rounds or done < rounds):
-            ready, _ = ray.wait(list(self.in_flight), num_returns=1, timeout=NOTICE_SECONDS)
+        while (self.in_flight or self.held) and (not rounds or done < rounds):
+            now = time.monotonic()
+            for i in [i for i, due in self.held.items() if due <= now]:
+                del self.held[i]
+                self.in_flight[self.actors[i].ready.remote()] = (i, 'ready')
+            if not self.in_flight:  # every actor is held back
+                time.sleep(max(0.0, min(self.held.values()) - now))
+                continue
+            timeout = min([NOTICE_SECONDS] + [due - now for due in self.held.values()])
+            ready, _ = ray.wait(list(self.in_flight), num_returns=1, timeout=timeout)
             if not ready:
-                self.notice_waiting()
+                if timeout >= NOTICE_SECONDS:
+                    self.notice_waiting()
                 continue
             i, kind = self.in_flight.pop(ready[0])
             actor = self.actors.get(i)
@@ -371,15 +396,19 @@ class Fleet:
                 if isinstance(ex.cause, RequestRefused):  # e.g. a round too big for the server: retrying cannot help
                     self.drop(i, f'its round was refused: {ex.cause}')
                     continue
-                logger.error('actor %d: its round failed (%s): restarting it', i, _last_line(ex))
+                failures = self.failures[i] = self.failures.get(i, 0) + 1
+                wait = backoff_seconds(failures)
+                held = f'; next start in {wait:g} s ({failures} failed rounds in a row)' if wait else ''
+                logger.error('actor %d: its round failed (%s): restarting it%s', i, _last_line(ex), held)
                 ray.kill(actor, no_restart=False)  # a fresh client, within max_restarts
-                self.in_flight[actor.ready.remote()] = (i, 'ready')
+                self.held[i] = time.monotonic() + wait
                 continue
             if kind == 'ready':
                 if not self.on_ready(i, value):
                     continue
             else:
                 done += 1
+                self.failures.pop(i, None)
                 line = self.record.add(value['rankings'], self.live)
                 if line:
                     logger.info('%s', line)

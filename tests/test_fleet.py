@@ -389,11 +389,27 @@ def round_(ranks):
     return {'rankings': ranks}
 
 
+class FakeClock:
+    """The driver's ``time``: sleeping advances it (``slept`` lists the sleeps), nothing waits for real."""
+
+    def __init__(self):
+        self.t, self.slept = 1000.0, []
+
+    def monotonic(self):
+        return self.t
+
+    def sleep(self, s):
+        self.slept.append(s)
+        self.t += s
+
+
 def run_fake(tmp_path, monkeypatch, caplog, scripts, rounds, actors, stalls=0):
     import logging
     monkeypatch.setattr(fleet, 'RETRY_SECONDS', 0)
     config, _ = load_tiny_config(tmp_path)
     ray = FakeRay(scripts, stalls)
+    ray.clock = FakeClock()
+    monkeypatch.setattr(fleet, 'time', ray.clock)
     from mortal.config import typed
     record = fleet.FleetRecord(3, clock=iter(range(0, 1000, 10)).__next__)
     with caplog.at_level(logging.INFO, logger='mortal.fleet'):
@@ -431,6 +447,23 @@ def test_the_driver_drops_an_actor_whose_start_fails_and_exits_1_without_actors(
     # a round that raises restarts its actor (killed with restarts allowed) until Ray gives up on it
     assert ray.killed == [(0, True), (1, False), (1, False), (1, True)]
     assert record.restarts == 1 and 'no actor is left' in caplog.text
+
+
+def test_backoff_doubles_from_the_second_failed_round_up_to_ten_minutes():
+    assert [fleet.backoff_seconds(k) for k in (1, 2, 3, 4, 8, 9, 10, 1000)] == [0, 5, 10, 20, 320, 600, 600, 600]
+
+
+def test_a_round_that_keeps_failing_holds_its_actor_back_longer_each_time(tmp_path, monkeypatch, caplog):
+    full = RayTaskError(ValueError('disk full'))
+    scripts = {0: [ready(1), full, ready(2), full, ready(3), full, ready(4), round_([1, 1, 1, 1]), full, ready(5),
+                   round_([4, 0, 0, 0])]}
+    status, ray, record = run_fake(tmp_path, monkeypatch, caplog, scripts, rounds=2, actors=1)
+    assert status == 0 and ray.killed == [(0, False)] * 4
+    failed = [line.split('restarting it')[1] for line in caplog.text.splitlines() if 'its round failed' in line]
+    # the 1st, 2nd and 3rd failures in a row, then a good round resets the count
+    assert failed == ['', '; next start in 5 s (2 failed rounds in a row)',
+                      '; next start in 10 s (3 failed rounds in a row)', '']
+    assert ray.clock.slept == [5.0, 10.0] and record.restarts == 4
 
 
 def test_the_driver_drops_an_actor_whose_client_cannot_start_and_tells_of_actors_not_started(tmp_path, monkeypatch,
