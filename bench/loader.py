@@ -44,17 +44,28 @@ VERSION = 3
 BATCH = 512
 
 
-def floor(paths, keep=False):
+def floor(paths, keep=False, pack=False):
     """Decision points/s of PlayerState.update + encode_obs alone (decompression excluded).
 
     ``keep=True`` retains every encoded array, as any loader must until the samples
     are consumed; without it the same cache-hot buffer is reused for every call.
+    ``pack=True`` packs each observation into one reused row, as the loader packs it.
     """
     from mjai.mlibriichi.state import PlayerState
 
     texts = [gzip.decompress(pathlib.Path(p).read_bytes()).decode().splitlines() for p in paths]
     n = 0
     kept = []
+    sink = None
+    if keep:
+        sink = kept.append
+    elif pack:
+        import numpy as np
+        from mortal.data.packed_obs import packer, row_bytes
+        pack_row, out = packer(3), np.empty((1, row_bytes(3)), dtype=np.uint8)
+
+        def sink(encoded):
+            pack_row(encoded[0], out, 0)
     t0 = time.perf_counter()
     for lines in texts:
         for seat in range(4):
@@ -62,30 +73,14 @@ def floor(paths, keep=False):
             for line in lines:
                 if state.update(line).can_act:
                     obs = state.encode_obs(3, False)  # the Rust floor (it has no version 4)
-                    if keep:
-                        kept.append(obs)
+                    if sink is not None:
+                        sink(obs)
                     n += 1
     return n, time.perf_counter() - t0
 
 
 def floor_pack(paths):
-    """``floor`` with each observation packed into one reused row, as the loader packs it."""
-    import numpy as np
-    from mjai.mlibriichi.state import PlayerState
-    from mortal.data.packed_obs import packer, row_bytes
-
-    texts = [gzip.decompress(pathlib.Path(p).read_bytes()).decode().splitlines() for p in paths]
-    pack, out = packer(3), np.empty((1, row_bytes(3)), dtype=np.uint8)
-    n = 0
-    t0 = time.perf_counter()
-    for lines in texts:
-        for seat in range(4):
-            state = PlayerState(seat)
-            for line in lines:
-                if state.update(line).can_act:
-                    pack(state.encode_obs(3, False)[0], out, 0)
-                    n += 1
-    return n, time.perf_counter() - t0
+    return floor(paths, pack=True)
 
 
 def parse(paths):
