@@ -692,8 +692,6 @@ def part_online(ctx):
     }
 
 
-# ---------------------------------------------------------------------------- the driver
-
 # ---------------------------------------------------------------------------- arena speculation (--parts arena)
 
 def part_arena(ctx):
@@ -729,6 +727,8 @@ def part_arena(ctx):
     return out
 
 
+# ---------------------------------------------------------------------------- the driver
+
 def table(results):
     """The short Markdown table of ``results``."""
     def fmt(x, digits=1):
@@ -742,33 +742,35 @@ def table(results):
              '| part | figure | value |', '|---|---|---|']
     setup = results.get('setup') or {}
     lines.append(f"| setup | {setup.get('status')} | {fmt(setup.get('seconds'))} s |")
-    for clients in (1, 2):
-        sp = results.get(f'selfplay_{clients}_client{"s" if clients > 1 else ""}') or {}
-        for v in (3, 4):
-            e = sp.get(f'v{v}') or {}
-            lines.append(f"| self-play v{v}, {clients} client(s) | hanchan/h (rows/s) | "
-                         f"{fmt(e.get('hanchan_per_hour'))} ({fmt(e.get('rows_per_s'))}) |")
-    tr = results.get('trainer') or {}
-    for key in ('amp_off', 'amp_on'):
-        lines.append(f"| trainer {key} | steps/s at batch {tr.get('batch_size')} | "
-                     f"{fmt((tr.get(key) or {}).get('steps_per_s'), 2)} |")
-    mem = (results.get('memory') or {}).get('rows') or {}
-    for name, r in mem.items():
-        lines.append(f"| memory {name} | GiB allocated / reserved / doctor | {gib(r.get('allocated'))} / "
-                     f"{gib(r.get('reserved'))} / {gib(r.get('doctor_estimate'))} |")
-    on = results.get('online') or {}
-    lines.append(f"| online {fmt(on.get('window_s'))} s | learner idle fraction (after 1st drain) | "
-                 f"{fmt(on.get('idle_fraction'), 3)} ({fmt(on.get('idle_fraction_after_first_drain'), 3)}) |")
-    lines.append(f"| online | self-play hanchan/h beside the learner, steps trained | "
-                 f"{fmt(on.get('selfplay_hanchan_per_hour'))}, {fmt(on.get('steps'))} |")
+    if meta.get('parts', 'all') == 'all':  # the rows of the default run (dashes until a part ends)
+        for clients in (1, 2):
+            sp = results.get(f'selfplay_{clients}_client{"s" if clients > 1 else ""}') or {}
+            for v in (3, 4):
+                e = sp.get(f'v{v}') or {}
+                lines.append(f"| self-play v{v}, {clients} client(s) | hanchan/h (rows/s) | "
+                             f"{fmt(e.get('hanchan_per_hour'))} ({fmt(e.get('rows_per_s'))}) |")
+        tr = results.get('trainer') or {}
+        for key in ('amp_off', 'amp_on'):
+            lines.append(f"| trainer {key} | steps/s at batch {tr.get('batch_size')} | "
+                         f"{fmt((tr.get(key) or {}).get('steps_per_s'), 2)} |")
+        mem = (results.get('memory') or {}).get('rows') or {}
+        for name, r in mem.items():
+            lines.append(f"| memory {name} | GiB allocated / reserved / doctor | {gib(r.get('allocated'))} / "
+                         f"{gib(r.get('reserved'))} / {gib(r.get('doctor_estimate'))} |")
+        on = results.get('online') or {}
+        lines.append(f"| online {fmt(on.get('window_s'))} s | learner idle fraction (after 1st drain) | "
+                     f"{fmt(on.get('idle_fraction'), 3)} ({fmt(on.get('idle_fraction_after_first_drain'), 3)}) |")
+        lines.append(f"| online | self-play hanchan/h beside the learner, steps trained | "
+                     f"{fmt(on.get('selfplay_hanchan_per_hour'))}, {fmt(on.get('steps'))} |")
     ar = results.get('arena_speculation')
     if ar:
         for arm in ('off', 'on'):
             e = ar.get(arm) or {}
+            value = (f"{fmt(e.get('rows_per_forward_80'), 2)} "
+                     f"({fmt(e.get('useful_per_turn_80', e.get('rows_per_forward_80')), 2)}); "
+                     f"{fmt(e.get('model_floor_ratio'), 3)}" if e.get('status') == 'ok' else e.get('status'))
             lines.append(f"| arena v3 {ar.get('network')}, {ar.get('games')} games, speculate {arm} | rows per forward "
-                         f"(useful) while >= 80% run; games/s vs floor | {fmt(e.get('rows_per_forward_80'), 2)} "
-                         f"({fmt(e.get('useful_per_turn_80', e.get('rows_per_forward_80')), 2)}); "
-                         f"{fmt(e.get('model_floor_ratio'), 3)} |")
+                         f"(useful) while >= 80% run; games/s vs floor | {value} |")
         lines.append(f"| arena | games/s speculate on / off | {fmt(ar.get('games_per_s_on_over_off'), 3)} |")
     for name, err in (results.get('errors') or {}).items():
         lines.append(f'| {name} | FAILED | {err.splitlines()[-1][:100] if err else ""} |')

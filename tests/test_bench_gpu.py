@@ -193,3 +193,18 @@ def test_cpu_smoke_arena_measures_both_speculation_arms(tmp_path):
     assert a['games_per_s_on_over_off'] == pytest.approx(
         a['on']['model_games_per_s'] / a['off']['model_games_per_s'], rel=1e-2)
     assert 'speculate on' in (out / 'results.md').read_text()
+
+
+def test_the_arena_table_names_a_failed_arm_and_leaves_out_the_default_parts():
+    results = {'meta': {'mode': 'gpu', 'parts': 'arena', 'total_s': 200.0, 'budget_s': 470},
+               'setup': {'status': 'ok', 'seconds': 40.0}, 'errors': {},
+               'arena_speculation': {'games': 128, 'network': '192x40',
+                                     'off': {'status': 'ok', 'rows_per_forward_80': 92.1, 'model_floor_ratio': 0.5},
+                                     'on': {'status': 'failed: out of time (see logs/arena_on.log)'}}}
+    text = gpu.table(results)
+    assert 'self-play' not in text and 'trainer' not in text and 'online' not in text
+    assert '| arena v3 192x40, 128 games, speculate off | rows per forward (useful) while >= 80% run; games/s vs ' \
+           'floor | 92.10 (92.10); 0.500 |' in text
+    assert 'speculate on | rows per forward (useful) while >= 80% run; games/s vs floor | failed: out of time ' \
+           '(see logs/arena_on.log) |' in text
+    assert '| arena | games/s speculate on / off | - |' in text
