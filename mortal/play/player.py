@@ -20,9 +20,9 @@ from os import path
 import numpy as np
 import torch
 
+from mortal.config import section
 from mortal.model.checkpoint import load_model_pair
 from mortal.util.fsutil import empty_dir
-from mortal.config import section
 
 logger = logging.getLogger('mortal.player')  # the name before the package split (log format)
 
