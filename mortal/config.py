@@ -327,7 +327,12 @@ def _problem(err: dict, config: dict, path: str) -> str:
     where = f'[{section}] {name} in {path}'
     if err['type'] == 'missing':
         doc = f' ({key.kind}: {key.doc})' if key is not None else ''
-        return f'missing key {where}{doc}'
+        table = lookup(config, section)
+        known = section_keys(section) or {}
+        unknown = [k for k in table if isinstance(k, str) and k not in known] if isinstance(table, dict) else []
+        typo = difflib.get_close_matches(str(name), unknown, n=1, cutoff=0.8)  # as unknown_names, the other way
+        hint = f'; the table has {typo[0]!r}: a typo of it?' if typo else ''
+        return f'missing key {where}{doc}{hint}'
     if err['type'] in ('too_short', 'too_long'):  # pydantic's ctx names min_length or max_length: the lists are fixed
         length = err['ctx'].get('min_length', err['ctx'].get('max_length'))
         return f'{where} must have exactly {length} elements, got {len(value)}'

@@ -309,6 +309,18 @@ def test_unknown_key_warning(tmp_path, cfg, caplog):
     assert f'unknown key [control] my_note in {path}' in warns  # nothing close: no suggestion
 
 
+def test_a_missing_key_names_the_unknown_key_it_resembles(tmp_path, cfg):
+    cfg['control']['batch_sise'] = cfg['control'].pop('batch_size')
+    cfg['train_play']['default']['my_top_p'] = cfg['train_play']['default'].pop('top_p')  # not close enough
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, cfg))
+    problems = info.value.problems
+    assert [p for p in problems if 'batch_size' in p] == [
+        f"missing key [control] batch_size in {tmp_path / 'config.toml'} (int: samples per backward pass); the table "
+        f"has 'batch_sise': a typo of it?"]
+    assert [p for p in problems if 'top_p' in p][0].endswith("nucleus (top-p) cut applied before sampling)")
+
+
 def test_unknown_names_are_listed_with_their_closest_key(cfg):
     from mortal.config import Unknown, unknown_names
     cfg['train_play']['default']['boltzman_temp'] = 0.1
