@@ -327,9 +327,8 @@ def _problem(err: dict, config: dict, path: str) -> str:
     where = f'[{section}] {name} in {path}'
     if err['type'] == 'missing':
         doc = f' ({key.kind}: {key.doc})' if key is not None else ''
-        table = lookup(config, section)
-        known = section_keys(section) or {}
-        unknown = [k for k in table if isinstance(k, str) and k not in known] if isinstance(table, dict) else []
+        unknown = [u.name for u in unknown_names(config) if u.table == section and not u.is_section
+                   and isinstance(u.name, str)]
         typo = difflib.get_close_matches(str(name), unknown, n=1, cutoff=0.8)  # as unknown_names, the other way
         hint = f'; the table has {typo[0]!r}: a typo of it?' if typo else ''
         return f'missing key {where}{doc}{hint}'
