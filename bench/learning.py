@@ -5,6 +5,7 @@
     python bench/learning.py run ARM [--set SECTION.KEY=VALUE ...] [--steps N | --minutes M] [--eval-sets 400]
     python bench/learning.py offline ARM [--epochs 2] [--lr 1e-5] [--freeze-bn]   # control: offline data only
     python bench/learning.py eval ARM            # (re)evaluate an arm's checkpoints
+    python bench/learning.py flaw NAME [--minutes 30] [--set ...]   # planted flaw: online vs offline-only control
     python bench/learning.py report              # table of every arm + learning-curve PNG
 
 ``start`` makes the start point with the quickstart's bootstrap (rule-based games -> GRP -> offline CQL model) in
@@ -48,8 +49,9 @@ EVAL_KEY = 0x6c6561726e  # 'learn': duplicate key of the evaluation deals
 
 # ---------------------------------------------------------------------------- start point
 
-def make_start(out, *, version, games, grp_games, progress):
-    """Bootstrap the start point into ``out/start`` (resumable). Returns the start dir."""
+def make_start(out, *, version, games, grp_games, progress, flaw=''):
+    """Bootstrap the start point into ``out/start`` (resumable); ``flaw``: a planted flaw of every rule-based
+    player (``[bootstrap] flaw``, ``mortal.play.flaws``). Returns the start dir."""
     import toml
     from mortal import bootstrap
     from mortal.config import load_config
@@ -58,6 +60,10 @@ def make_start(out, *, version, games, grp_games, progress):
     start = pathlib.Path(out, 'start').resolve()
     cfg_path = write_config(start, preset='full', version=version)
     cfg_path.write_text(cfg_path.read_text().replace('\ngames = 96\n', f'\ngames = {games}\n'))
+    if flaw:
+        cfg = toml.load(cfg_path)
+        cfg['bootstrap']['flaw'] = flaw
+        cfg_path.write_text(toml.dumps(cfg))
     config = load_config(cfg_path)
     bootstrap.run_steps(config, ('gen-logs',), progress=progress)
     if grp_games:
@@ -214,11 +220,18 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes
 
 # ---------------------------------------------------------------------------- control: offline only
 
-def run_offline(out, arm, *, epochs, lr, freeze_bn, log):
+class _StepBudget(Exception):
+    """The offline-only control reached its ``steps``."""
+
+
+def run_offline(out, arm, *, epochs, lr, freeze_bn, log, steps=0, snapshot_every=0):
     """The offline-only control: continue the start's offline run (``start/bootstrap/offline/mortal.pth``, its
     optimizer included) for ``epochs`` more epochs of the bootstrap logs at constant ``lr``, with the offline loss
     (MSE + CQL + next rank), no self-play. With ``freeze_bn`` the BatchNorm statistics stay frozen, as online.
-    Keeps ``OUT/arms/ARM/epoch_N.pth`` and returns the info of ``result.json``."""
+    Keeps ``OUT/arms/ARM/epoch_N.pth`` and returns the info of ``result.json``. With ``steps`` > 0 it stops after
+    that many steps instead (as many epochs as that takes; the last state is ``final.pth``), keeping
+    ``snapshots/step_N.pth`` every ``snapshot_every`` steps: the control of ``flaw``, matched to the online arm's
+    offline samples."""
     from mortal.bootstrap import RulebaseTestPlayer, offline_config
     from mortal.config import load_config
     from mortal.util.fsutil import empty_dir
@@ -237,18 +250,43 @@ def run_offline(out, arm, *, epochs, lr, freeze_bn, log):
     shutil.copyfile(start / 'bootstrap' / 'offline' / 'mortal.pth', arm_dir / 'mortal.pth')
     step0 = checkpoint_steps(arm_dir / 'mortal.pth')
     t0 = time.monotonic()
-    for epoch in range(1, epochs + 1):
+    (arm_dir / 'snapshots').mkdir()
+    epoch = 0
+    while epoch < epochs if not steps else checkpoint_steps(arm_dir / 'mortal.pth') - step0 < steps:
+        epoch += 1
         trainer = Trainer(cfg, test_player=RulebaseTestPlayer(cfg))
+        if steps:
+            trainer.train_batch = _budgeted(trainer, trainer.train_batch, step0, steps, snapshot_every,
+                                            arm_dir / 'snapshots')
         try:
             trainer.run()
-            trainer.save()
+        except _StepBudget:
+            pass
         finally:
+            trainer.save()
             trainer.writer.close()
-        shutil.copyfile(arm_dir / 'mortal.pth', arm_dir / f'epoch_{epoch}.pth')
+        if not steps:
+            shutil.copyfile(arm_dir / 'mortal.pth', arm_dir / f'epoch_{epoch}.pth')
         log(f'[{arm}] offline epoch {epoch}: {trainer.steps - step0} steps ({time.monotonic() - t0:.0f} s)')
+    if steps:
+        shutil.copyfile(arm_dir / 'mortal.pth', arm_dir / 'final.pth')
     sets = [['control', 'offline only'], ['epochs', epochs], ['lr', lr], ['freeze_bn', freeze_bn]]
     return {'steps': checkpoint_steps(arm_dir / 'mortal.pth') - step0, 'seconds': time.monotonic() - t0,
             'sets': sets}
+
+
+def _budgeted(trainer, train_batch, step0, steps, snapshot_every, snapshot_dir):
+    """``trainer.train_batch`` that raises ``_StepBudget`` once ``steps`` steps past ``step0`` are done, and saves
+    a snapshot every ``snapshot_every`` steps."""
+    def step(*batch):
+        if trainer.steps - step0 >= steps:
+            raise _StepBudget
+        train_batch(*batch)
+        done = trainer.steps - step0
+        if snapshot_every and done % snapshot_every == 0:
+            trainer.save()
+            shutil.copyfile(trainer.state_file, snapshot_dir / f'step_{done:06d}.pth')
+    return step
 
 
 # ---------------------------------------------------------------------------- evaluation
@@ -440,6 +478,23 @@ def main(argv=None):
     p.add_argument('--eval-sets', type=int, default=400, help='deals vs 3x start (4 games each)')
     p.add_argument('--workers', type=int, default=os.cpu_count() or 1, help='evaluation processes')
     p.add_argument('--key', type=int, default=EVAL_KEY, help='duplicate seed key of the evaluation deals')
+    p = sub.add_parser('flaw', help='the planted-flaw benchmark: a flawed start, online vs offline-only control '
+                       '(bench/learning_flaw.py)', formatter_class=fmt_cls)
+    p.add_argument('name', choices=('overcall', 'no-riichi', 'no-fold'), help='the flaw (mortal.play.flaws)')
+    p.add_argument('--games', type=int, default=96, help='flawed rule-based training hanchan (multiple of 4)')
+    p.add_argument('--set', action='append', default=[], metavar='SECTION.KEY=VALUE',
+                   help="repeatable TOML override of the online arm's config (the quickstart's embedded config)")
+    p.add_argument('--steps', type=int, default=0, help='online steps (one of --steps/--minutes is required)')
+    p.add_argument('--minutes', type=float, default=0, help='minutes online')
+    p.add_argument('--snapshot-every', type=int, default=1000, help='snapshot both arms every N steps (the curve)')
+    p.add_argument('--eval-sets', type=int, default=200, help='deals vs 3x the flawed start (4 games each)')
+    p.add_argument('--curve-sets', type=int, default=50, help='deals per curve point')
+    p.add_argument('--teacher-sets', type=int, default=50, help='deals of the teacher (RulebaseBot) vs 3x start')
+    p.add_argument('--workers', type=int, default=os.cpu_count() or 1, help='evaluation processes')
+    p.add_argument('--key', type=int, default=EVAL_KEY, help='duplicate seed key of the evaluation deals')
+    p.add_argument('--arm', default='online', help='name of the online arm (another name adds an arm, e.g. a '
+                   'lever, from the same start and control)')
+    p.add_argument('--eval-only', action='store_true', help='only (re)evaluate the finished arms')
     sub.add_parser('report', help='Markdown table of every arm and OUT/learning_curve.png')
     os.environ.setdefault('OMP_NUM_THREADS', '1')  # before anything loads numpy or torch
     args = entry.start(parser, argv, log_level=logging.WARNING)
@@ -450,6 +505,15 @@ def main(argv=None):
         return 0
     if args.cmd == 'report':
         report(out, log)
+        return 0
+    if args.cmd == 'flaw':
+        if not (args.steps or args.minutes or args.eval_only):
+            parser.error('flaw needs --steps or --minutes (or --eval-only)')
+        import learning_flaw
+        learning_flaw.run(out, args.name, games=args.games, sets=parse_sets(args.set), steps=args.steps,
+                          minutes=args.minutes, snapshot_every=args.snapshot_every, eval_sets=args.eval_sets,
+                          curve_sets=args.curve_sets, teacher_sets=args.teacher_sets, workers=args.workers,
+                          key=args.key, eval_only=args.eval_only, log=log, arm=args.arm)
         return 0
     if args.cmd == 'run':
         if not (args.steps or args.minutes):

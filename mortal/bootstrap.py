@@ -80,12 +80,14 @@ def _exploring_rulebase_class():
 
     class ExploringRulebaseBot(RulebaseBot):
         """``RulebaseBot`` that, with probability ``epsilon``, discards a uniformly random legal tile instead
-        (never while riichi is declared or accepted, where the discard is constrained)."""
+        (never while riichi is declared or accepted, where the discard is constrained), and whose other decisions
+        go through ``flaw`` (``mortal.play.flaws``; None = the bot's own)."""
 
-        def __init__(self, player_id, epsilon, rng):
+        def __init__(self, player_id, epsilon, rng, flaw=None):
             super().__init__(player_id)
             self.epsilon = epsilon
             self.rng = rng
+            self.flaw = flaw
 
         def think(self):
             if (self.epsilon and self.can_discard and not self.self_riichi_declared
@@ -95,7 +97,8 @@ def _exploring_rulebase_class():
                 tiles = sorted({t for t in self.tehai_mjai if not forbidden.get(t[:2], True)})
                 if tiles:
                     return self.action_discard(self.rng.choice(tiles))
-            return super().think()
+            decision = super().think()
+            return self.flaw(self, decision) if self.flaw else decision
 
     return ExploringRulebaseBot
 
@@ -103,21 +106,24 @@ def _exploring_rulebase_class():
 def play_set(task):
     """Worker: play the four seat rotations of one deal with rule-based bots in every seat.
 
-    ``task`` = (log_dir, nonce, key, epsilon). Writes ``{nonce}_{key}_{a..d}.json.gz`` (only ``a`` when
+    ``task`` = (log_dir, nonce, key, epsilon[, flaw]) (flaw: a name of ``mortal.play.flaws.FLAWS`` planted in every
+    bot, '' = none). Writes ``{nonce}_{key}_{a..d}.json.gz`` (only ``a`` when
     epsilon is 0). Returns ``(nonce, substitutions, error or None)``; never raises, so one broken game
     does not stop the pool.
     """
-    log_dir, nonce, key, epsilon = task
+    log_dir, nonce, key, epsilon, *flaw = task
     drop_rust_backtrace()  # also when the pool was started by a library caller, not by main()
     try:
         from mortal.play.agent import MjaiBotAgent
         from mortal.play.arena import OneVsThree
+        from mortal.play.flaws import flaw_function
 
         bot_cls = _exploring_rulebase_class()
+        flaw_fn = flaw_function(flaw[0] if flaw else None)
         counter = iter(range(1 << 30))
 
         def factory(seat):  # deterministic per (nonce, key, creation order)
-            return bot_cls(seat, epsilon, random.Random(f'{nonce}:{key}:{next(counter)}'))
+            return bot_cls(seat, epsilon, random.Random(f'{nonce}:{key}:{next(counter)}'), flaw_fn)
 
         agents = [MjaiBotAgent(factory, name='rulebase') for _ in range(2)]
         OneVsThree(disable_progress_bar=True, log_dir=log_dir).py_vs_py(
@@ -159,6 +165,8 @@ def gen_logs(config, *, workers=None, progress=True):
     boot = bootstrap_config(config)
     eps = boot['epsilon']
     workers = workers or boot['workers'] or os.cpu_count() or 1
+    if boot['flaw']:
+        logger.info('gen-logs: every bot plays with the planted flaw %r (mortal.play.flaws)', boot['flaw'])
     tasks = []
     for split, games, key in (('train', boot['games'], boot['seed_key']),
                               ('val', boot['val_games'], boot['seed_key'] + 1)):
@@ -167,7 +175,7 @@ def gen_logs(config, *, workers=None, progress=True):
         todo, done = plan_sets(log_dir, games, key, eps)
         logger.info('gen-logs %s: %d deals on disk, %d to play (%d hanchan wanted) in %s',
                     split, len(done), len(todo), games, log_dir)
-        tasks += [(log_dir, nonce, key, eps) for nonce in todo]
+        tasks += [(log_dir, nonce, key, eps, boot['flaw']) for nonce in todo]
     if not tasks:
         logger.info('gen-logs: nothing to do')
         return 0

@@ -31,6 +31,7 @@ DEFAULT_MAX_FRAME_BYTES = 512 * 1024 * 1024
 DEFAULT_MAX_LOG_BYTES = 64 * 1024 * 1024
 SCHEDULER_DEFAULT_INIT = 1e-8  # Mortal's LinearWarmUpCosineAnnealingLR default for [optim.scheduler] init
 BEST_RULES = ('paired', 'sprt', 'mortal')  # [test_play] best_rule (mortal.learning.gate)
+BOOTSTRAP_FLAWS = ('', 'overcall', 'no-riichi', 'no-fold')  # [bootstrap] flaw (mortal.play.flaws.FLAWS)
 SCHEDULE_KINDS = ('constant', 'inverse', 'cosine')  # [schedule.*] kind (mortal.learning.schedule)
 MAX_OFFLINE_BATCH = 1 << 16  # rows; ~8 GB of version-3 observations, far past any sane mix
 # A side of [1v3] with `type = 'rulebase'` (mjai's RulebaseBot) loads no model and needs none of these keys.
@@ -480,6 +481,8 @@ class Bootstrap(Section):
     offline_test_games: Games = key('games per offline test play', 8)
     offline_lr: NonNegativeFloat = key("constant learning rate of the offline run; 0 = the config's "
                                        "[optim.scheduler]", 0.0)
+    flaw: Annotated[Str, _one_of(BOOTSTRAP_FLAWS)] = key(
+        "extra: a planted flaw of every bot's play (mortal.play.flaws; bench/learning.py flaw); '' = none", '')
 
 
 class Config(Section):

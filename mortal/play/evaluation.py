@@ -21,7 +21,7 @@ def _side(spec, name):
     from mortal.play.duplicate import build_side
     kind, state_file, *device = spec
     if kind == 'rulebase':
-        return build_side({'type': 'rulebase', 'name': 'rulebase'}, 'evaluation')
+        return build_side({'type': 'rulebase', 'name': name}, 'evaluation')
     return build_side({'type': 'mortal', 'name': name, 'state_file': state_file, 'device': (device or ['cpu'])[0],
                        'enable_amp': False, 'enable_rule_based_agari_guard': True}, 'evaluation')
 
@@ -33,26 +33,29 @@ def _init_worker(sp_threads):
 
 
 def play_chunk(task):
-    """Worker: ``(challenger, champion, first_nonce, count, key)`` -> ``{nonce: [challenger ranks 1-4]}``."""
+    """Worker: ``(challenger, champion, first_nonce, count, key[, log_dir])`` -> ``{nonce: [challenger ranks
+    1-4]}``; with a ``log_dir`` (not None) one mjai log per game goes there."""
     drop_rust_backtrace()  # also when play_duplicate was called by a library caller, not by a main()
     import torch
     torch.set_num_threads(1)  # the workers already fill the cores
     from mortal.play.arena import OneVsThree
     from mortal.play.duplicate import challenger_ranks_by_nonce
 
-    chal, champ, nonce, count, key = task
-    env = OneVsThree(disable_progress_bar=True)
+    chal, champ, nonce, count, key, *log_dir = task
+    env = OneVsThree(disable_progress_bar=True, log_dir=log_dir[0] if log_dir else None)
     env.py_vs_py(_side(chal, 'challenger'), _side(champ, 'champion'), seed_start=(nonce, key), seed_count=count)
     return challenger_ranks_by_nonce(env.last_games)
 
 
 def play_duplicate(challenger, champion, *, sets: int, key: int, workers: int = 1, chunk: int | None = None,
-                   progress=None) -> dict[int, list[int]]:
+                   progress=None, log_dir: str | None = None) -> dict[int, list[int]]:
     """Play ``sets`` deals (4 games each) of ``challenger`` against 3x ``champion``.
 
     ``chunk``: deals per task (more deals in flight batch the model better; the rule-based bot gains nothing);
     default: the deals split evenly over 4 tasks per worker for a model, 2 deals per task with a bot.
-    ``progress``: called with the number of games of each finished task. Returns ``{nonce: [4 ranks 1-4]}``.
+    ``progress``: called with the number of games of each finished task. ``log_dir``: if set, each game's mjai
+    log ``{nonce}_{key}_{a|b|c|d}.json.gz`` goes there (the seats named ``challenger`` and ``champion``, for
+    ``mortal.stat.Stat.from_dir``). Returns ``{nonce: [4 ranks 1-4]}``.
     Raises ValueError for ``sets < 1``; errors of a worker (e.g. a missing checkpoint) propagate.
     """
     import multiprocessing as mp
@@ -62,7 +65,7 @@ def play_duplicate(challenger, champion, *, sets: int, key: int, workers: int = 
     if chunk is None:
         bot = 'rulebase' in (challenger[0], champion[0])
         chunk = 2 if bot else max(1, math.ceil(sets / (4 * workers)))
-    tasks = [(challenger, champion, SEED_START + i, min(chunk, sets - i), key) for i in range(0, sets, chunk)]
+    tasks = [(challenger, champion, SEED_START + i, min(chunk, sets - i), key, log_dir) for i in range(0, sets, chunk)]
     units = {}
     if workers <= 1:
         parts = map(play_chunk, tasks)
