@@ -315,7 +315,16 @@ def _shown(value) -> str:
 
 def _problem(err: dict, config: dict, path: str) -> str:
     """One pydantic error as ``[section] key in <file> ...``."""
-    loc = [part for part in err['loc'] if not (isinstance(part, str) and part.startswith('<'))]
+    def tagged(part):
+        return isinstance(part, str) and part.startswith('<')
+
+    if err['type'] == 'invalid_key' or err['loc'][-1:] == ('[key]',):
+        # A dict built in Python may have a key that is not a string (a TOML key is one): pydantic's location ends
+        # with it (as str() writes it, which may start with '<'), or with '[key]' after it in the table of profiles.
+        key, table = err['input'], err['loc'][:-1] if err['type'] == 'invalid_key' else err['loc'][:-2]
+        where = f'[{table_name(p for p in table if not tagged(p))}] key' if table else 'top-level key'
+        return f'{where} {_shown(key)} in {path} must be a string, got {type(key).__name__}'
+    loc = [part for part in err['loc'] if not tagged(part)]
     while loc and isinstance(loc[-1], int):
         loc.pop()  # an element of a list: the message is about the whole list
     dotted = table_name(loc)  # train_play."a.b" for a profile a.b, as the file spells it

@@ -301,6 +301,21 @@ def test_a_profile_named_with_a_dot_is_selected_by_its_name(tmp_path, cfg, caplo
         "find no repeats (a required key)"]
 
 
+def test_non_string_keys_of_a_dict_are_named(cfg):
+    # a dict built in Python (TOML keys are strings): the error path raised IndexError for a top-level one
+    with pytest.raises(ConfigError) as info:
+        validate({1: {}}, 'x.toml', required=())
+    assert info.value.problems == ['top-level key 1 in x.toml must be a string, got int']
+    cfg[('a', 'b')] = 3
+    cfg['control'][2] = 'x'  # was '[control] in x.toml must be a table'
+    cfg['train_play'][None] = dict(cfg['train_play']['default'])
+    with pytest.raises(ConfigError) as info:
+        validate(cfg, 'x.toml')
+    assert sorted(info.value.problems) == ['[control] key 2 in x.toml must be a string, got int',
+                                           '[train_play] key None in x.toml must be a string, got NoneType',
+                                           "top-level key ('a', 'b') in x.toml must be a string, got tuple"]
+
+
 def test_top_p_one_is_valid(tmp_path, cfg):
     cfg['train_play']['default']['top_p'] = 1
     assert load_config(write(tmp_path, cfg))['train_play']['default']['top_p'] == 1.0
