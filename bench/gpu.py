@@ -737,6 +737,17 @@ def table(results):
     def gib(x):
         return '-' if x is None else f'{x / GIB:.2f}'
 
+    def failed(*records):
+        """The status of the first of ``records`` (the part's record, then the figure's own entry) that ended other
+        than 'ok', as one cell: a part that failed or was skipped shows why (as results.json has it), not dashes that
+        look like a part still running. None when none did."""
+        for rec in records:
+            status = (rec or {}).get('status')
+            if status is not None and status != 'ok':
+                # one line, '|' escaped: an exception's text must not end the row
+                return (str(status).splitlines() or ['-'])[0].replace('|', '\\|')
+        return None
+
     meta = results.get('meta', {})
     lines = [f"# bench/gpu.py ({meta.get('mode')}, {meta.get('device_name')}, torch {meta.get('torch')})", '',
              '| part | figure | value |', '|---|---|---|']
@@ -747,28 +758,31 @@ def table(results):
             sp = results.get(f'selfplay_{clients}_client{"s" if clients > 1 else ""}') or {}
             for v in (3, 4):
                 e = sp.get(f'v{v}') or {}
-                lines.append(f"| self-play v{v}, {clients} client(s) | hanchan/h (rows/s) | "
-                             f"{fmt(e.get('hanchan_per_hour'))} ({fmt(e.get('rows_per_s'))}) |")
+                value = failed(sp, e) or f"{fmt(e.get('hanchan_per_hour'))} ({fmt(e.get('rows_per_s'))})"
+                lines.append(f"| self-play v{v}, {clients} client(s) | hanchan/h (rows/s) | {value} |")
         tr = results.get('trainer') or {}
         for key in ('amp_off', 'amp_on'):
-            lines.append(f"| trainer {key} | steps/s at batch {tr.get('batch_size')} | "
-                         f"{fmt((tr.get(key) or {}).get('steps_per_s'), 2)} |")
-        mem = (results.get('memory') or {}).get('rows') or {}
-        for name, r in mem.items():
+            value = failed(tr, tr.get(key)) or fmt((tr.get(key) or {}).get('steps_per_s'), 2)
+            lines.append(f"| trainer {key} | steps/s at batch {tr.get('batch_size')} | {value} |")
+        memory = results.get('memory') or {}
+        if failed(memory):  # a failed part has no rows to hold dashes: one row says why
+            lines.append(f"| memory | GiB allocated / reserved / doctor | {failed(memory)} |")
+        for name, r in (memory.get('rows') or {}).items():
             lines.append(f"| memory {name} | GiB allocated / reserved / doctor | {gib(r.get('allocated'))} / "
                          f"{gib(r.get('reserved'))} / {gib(r.get('doctor_estimate'))} |")
         on = results.get('online') or {}
+        idle = f"{fmt(on.get('idle_fraction'), 3)} ({fmt(on.get('idle_fraction_after_first_drain'), 3)})"
         lines.append(f"| online {fmt(on.get('window_s'))} s | learner idle fraction (after 1st drain) | "
-                     f"{fmt(on.get('idle_fraction'), 3)} ({fmt(on.get('idle_fraction_after_first_drain'), 3)}) |")
-        lines.append(f"| online | self-play hanchan/h beside the learner, steps trained | "
-                     f"{fmt(on.get('selfplay_hanchan_per_hour'))}, {fmt(on.get('steps'))} |")
+                     f"{failed(on) or idle} |")
+        played = f"{fmt(on.get('selfplay_hanchan_per_hour'))}, {fmt(on.get('steps'))}"
+        lines.append(f"| online | self-play hanchan/h beside the learner, steps trained | {failed(on) or played} |")
     ar = results.get('arena_speculation')
     if ar:
         for arm in ('off', 'on'):
             e = ar.get(arm) or {}
-            value = (f"{fmt(e.get('rows_per_forward_80'), 2)} "
-                     f"({fmt(e.get('useful_per_turn_80', e.get('rows_per_forward_80')), 2)}); "
-                     f"{fmt(e.get('model_floor_ratio'), 3)}" if e.get('status') == 'ok' else e.get('status'))
+            value = failed(e) or (f"{fmt(e.get('rows_per_forward_80'), 2)} "
+                                  f"({fmt(e.get('useful_per_turn_80', e.get('rows_per_forward_80')), 2)}); "
+                                  f"{fmt(e.get('model_floor_ratio'), 3)}")
             lines.append(f"| arena v3 {ar.get('network')}, {ar.get('games')} games, speculate {arm} | rows per forward "
                          f"(useful) while >= 80% run; games/s vs floor | {value} |")
         lines.append(f"| arena | games/s speculate on / off | {fmt(ar.get('games_per_s_on_over_off'), 3)} |")

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ValidationError
 from mortal.config_schema import (  # noqa: F401  (re-exported: the config's public names live here)
     BEST_RULES, CONTAINERS, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_LOG_BYTES, MAX_OFFLINE_BATCH, MODEL_ONLY_1V3,
     OPTIONAL_SECTIONS, SCHEDULE_KINDS, SCHEDULER_DEFAULT_INIT, SCHEMA, SECTIONS, SUPPORTED_VERSIONS, Config, Key,
-    Section, is_section, section_keys)
+    Section, is_section, section_keys, table_name, table_path)
 from mortal.config_schema import REQUIRED as _REQUIRED, UNFILLED as _ABSENT
 
 if sys.version_info >= (3, 11):
@@ -219,8 +219,8 @@ def validate(config: dict, path: str = DEFAULT_PATH, *, required: Iterable[str] 
             errors.append(f'missing section [{name}] in {path}')
     if 'train_play' in required:
         profile = profile_name(env)
-        if _get_table(config, f'train_play.{profile}') is None:
-            errors.append(f'missing section [train_play.{profile}] in {path} '
+        if _get_table(config, profile_table(profile)) is None:
+            errors.append(f'missing section [{profile_table(profile)}] in {path} '
                           f'(selected by {ENV_PROFILE}={profile!r})')
     if model is not None and not errors:
         check_relations(model, path, errors, warns)
@@ -259,9 +259,10 @@ def typed(config: dict) -> Config:
 
 
 def section(config: dict, dotted: str) -> Section:
-    """The typed table ``dotted`` of a loaded config (e.g. ``section(c, 'online.server').capacity``), validated on
-    its own, so a process can be handed just the sections it needs. Raises KeyError for a table the config lacks or
-    the schema does not know, ``pydantic.ValidationError`` for one that :func:`validate` would refuse."""
+    """The typed table ``dotted`` of a loaded config (e.g. ``section(c, 'online.server').capacity``; a profile's as
+    :func:`profile_table` names it), validated on its own, so a process can be handed just the sections it needs.
+    Raises KeyError for a table the config lacks or the schema does not know, ``pydantic.ValidationError`` for one
+    that :func:`validate` would refuse."""
     model = SECTIONS.get('train_play.*' if dotted.startswith('train_play.') else dotted)
     table = lookup(config, dotted)
     if model is None or not isinstance(table, dict):
@@ -314,14 +315,23 @@ def _shown(value) -> str:
 
 def _problem(err: dict, config: dict, path: str) -> str:
     """One pydantic error as ``[section] key in <file> ...``."""
-    loc = [part for part in err['loc'] if not (isinstance(part, str) and part.startswith('<'))]
+    def tagged(part):
+        return isinstance(part, str) and part.startswith('<')
+
+    if err['type'] == 'invalid_key' or err['loc'][-1:] == ('[key]',):
+        # A dict built in Python may have a key that is not a string (a TOML key is one): pydantic's location ends
+        # with it (as str() writes it, which may start with '<'), or with '[key]' after it in the table of profiles.
+        key, table = err['input'], err['loc'][:-1] if err['type'] == 'invalid_key' else err['loc'][:-2]
+        where = f'[{table_name(p for p in table if not tagged(p))}] key' if table else 'top-level key'
+        return f'{where} {_shown(key)} in {path} must be a string, got {type(key).__name__}'
+    loc = [part for part in err['loc'] if not tagged(part)]
     while loc and isinstance(loc[-1], int):
         loc.pop()  # an element of a list: the message is about the whole list
-    dotted = '.'.join(map(str, loc))
+    dotted = table_name(loc)  # train_play."a.b" for a profile a.b, as the file spells it
     value = lookup(config, dotted, err['input'])
     if section_keys(dotted) is not None or dotted in CONTAINERS or len(loc) == 1:
         return f'[{dotted}] in {path} must be a table, got {_shown(value)}'
-    section, name = '.'.join(map(str, loc[:-1])), loc[-1]
+    section, name = table_name(loc[:-1]), loc[-1]
     key = (section_keys(section) or {}).get(name)
     kind = key.kind if key is not None else 'str'
     where = f'[{section}] {name} in {path}'
@@ -345,8 +355,9 @@ def _problem(err: dict, config: dict, path: str) -> str:
 
 class Unknown(NamedTuple):
     """A table or key that the schema does not know (:func:`unknown_names`): ``table`` the dotted table holding it
-    ('' at the top level), ``name``, ``is_section`` (a whole table), ``suggestion`` the known key of that table closest
-    to ``name`` (``difflib``, similarity >= 0.8; e.g. 'fresh_deals' for 'fresh_deal') or None."""
+    ('' at the top level; as :func:`table_name` spells it, e.g. ``train_play."a.b"``), ``name``, ``is_section`` (a
+    whole table), ``suggestion`` the known key of that table closest to ``name`` (``difflib``, similarity >= 0.8;
+    e.g. 'fresh_deals' for 'fresh_deal') or None."""
 
     table: str
     name: str
@@ -358,32 +369,34 @@ def unknown_names(config: dict) -> list[Unknown]:
     """Every table and key of ``config`` that the schema does not know (typos; Mortal ignores them), in file order."""
     out = []
 
-    def walk(table: dict, prefix: str):
-        keys = section_keys(prefix) if prefix else None
-        if prefix and keys is None and prefix not in CONTAINERS:
-            parent, _, name = prefix.rpartition('.')
-            out.append(Unknown(parent, name, True, None))
+    def walk(table: dict, parts: tuple):
+        # table_name quotes a key with a dot: ["schedule.lr"] is no [schedule.lr] (section_keys knows neither), while
+        # [train_play."a.b"] is the profile a.b
+        prefix = table_name(parts)
+        keys = section_keys(prefix) if parts else None
+        if parts and keys is None and prefix not in CONTAINERS:
+            out.append(Unknown(table_name(parts[:-1]), parts[-1], True, None))
             return
         for name, value in table.items():
             if keys is not None and name in keys:
                 continue
-            if isinstance(value, dict) and isinstance(name, str) and '.' not in name:
-                walk(value, f'{prefix}.{name}' if prefix else name)
-            elif isinstance(value, dict):  # ["schedule.lr"] is no [schedule.lr]: the dotted path would pass it as one
+            if isinstance(value, dict) and isinstance(name, str):
+                walk(value, parts + (name,))
+            elif isinstance(value, dict):
                 out.append(Unknown(prefix, name, True, None))
             else:
                 close = difflib.get_close_matches(name, list(keys or ()), n=1, cutoff=0.8) if isinstance(
                     name, str) else ()  # a dict built in Python may have other keys (difflib needs a str)
                 out.append(Unknown(prefix, name, False, close[0] if close else None))
 
-    walk(config, '')
+    walk(config, ())
     return out
 
 
 def unknown_warning(u: Unknown, path: str) -> str:
     """The warning :func:`validate` gives for ``u`` (an entry of :func:`unknown_names`) in the file ``path``."""
     if u.is_section:
-        name = f'"{u.name}"' if isinstance(u.name, str) and '.' in u.name else u.name  # ["a.b"], as TOML
+        name = table_name((u.name,))  # ["a.b"], as TOML
         return f"unknown section [{f'{u.table}.{name}' if u.table else name}] in {path}"
     if u.table:
         hint = f' (did you mean {u.suggestion!r}?)' if u.suggestion else ''
@@ -406,9 +419,10 @@ def optional_section(config: dict, dotted: str) -> dict:
 
 
 def lookup(config: dict, dotted: str, default=None):
-    """``config['a']['b']`` for ``'a.b'``; ``default`` when any level is missing or not a table."""
+    """``config['a']['b']`` for ``'a.b'``, ``config['train_play']['a.b']`` for ``'train_play."a.b"'`` (a quoted key,
+    as TOML writes it: :func:`table_name`); ``default`` when any level is missing or not a table."""
     node = config
-    for part in dotted.split('.'):
+    for part in table_path(dotted):
         if not isinstance(node, dict) or part not in node:
             return default
         node = node[part]
@@ -475,12 +489,12 @@ def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str])
         games = table.games  # one client round submits one log file per game
         if capacity < games:
             warns.append(f'[online.server] capacity = {capacity} in {path} is smaller than one client round of '
-                         f'[train_play.{profile}] games = {games}: every submission overflows the buffer, '
+                         f'[{profile_table(profile)}] games = {games}: every submission overflows the buffer, '
                          f'so clients would be refused ("samples overflow") forever')
         elif server.force_sequential and capacity > games:
             need = -(-capacity // games)
             warns.append(f'[online.server] force_sequential = true with capacity = {capacity} in {path} larger '
-                         f'than one client round of [train_play.{profile}] games = {games}: the server drains '
+                         f'than one client round of [{profile_table(profile)}] games = {games}: the server drains '
                          f'only a full buffer and each client plays once per trainer parameter version, so the '
                          f'trainer would wait forever unless at least {need} clients run')
 
@@ -527,10 +541,10 @@ def train_play_profile(config: dict, env: Env = os.environ, *, path: str | None 
     Raises :class:`ConfigError` naming ``[train_play.<profile>]`` and the file when that table is missing.
     """
     profile = profile_name(env)
-    table = _get_table(config, f'train_play.{profile}')
+    table = _get_table(config, profile_table(profile))
     if table is None:
         path = resolve_path(path, env)
-        raise ConfigError(path, [f'missing section [train_play.{profile}] in {path} '
+        raise ConfigError(path, [f'missing section [{profile_table(profile)}] in {path} '
                                  f'(selected by {ENV_PROFILE}={profile!r})'])
     return table
 
@@ -538,6 +552,13 @@ def train_play_profile(config: dict, env: Env = os.environ, *, path: str | None 
 def profile_name(env: Env = os.environ) -> str:
     """The train-play profile in use: env ``TRAIN_PLAY_PROFILE`` or ``'default'``."""
     return EnvOverrides.of(env).profile
+
+
+def profile_table(profile: str) -> str:
+    """The dotted name of ``[train_play.<profile>]`` for :func:`lookup`, :func:`section` and messages, as a TOML
+    header spells it: ``train_play."a.b"`` for the profile ``a.b`` (``[train_play."a.b"]`` in the file), which
+    ``train_play.a.b`` would read as a table ``b`` inside a profile ``a``."""
+    return table_name(('train_play', profile))
 
 
 def for_checkpoint(config: dict) -> dict:

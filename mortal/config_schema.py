@@ -16,8 +16,10 @@ environment.
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Literal, Union
+from typing import Annotated, Any, Callable, Iterable, Literal, Union
 
 from pydantic import AfterValidator, AllowInfNan, BaseModel, ConfigDict, Discriminator, Field, Strict, Tag
 
@@ -581,9 +583,50 @@ SCHEMA: dict[str, dict[str, Key]] = {dotted: keys_of(model) for dotted, model in
 
 
 def section_keys(dotted: str) -> dict[str, Key] | None:
-    """The keys of the table ``dotted`` (``train_play.<profile>`` included), or None for an unknown table."""
-    if dotted in SCHEMA:
-        return SCHEMA[dotted]
-    if dotted.startswith('train_play.') and dotted.count('.') == 1:
+    """The keys of the table ``dotted`` (``train_play.<profile>`` included, a quoted one such as
+    ``train_play."a.b"`` too), or None for an unknown table."""
+    parts = table_path(dotted)
+    if len(parts) == 2 and parts[0] == 'train_play':  # a profile has any name, and no sub-tables
         return SCHEMA['train_play.*']
-    return None
+    if any('.' in part for part in parts):  # ["schedule.lr"] is no [schedule.lr]: no process reads from it
+        return None
+    return SCHEMA.get('.'.join(parts))
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Dotted table names, as TOML headers spell them
+
+_BARE_KEY = re.compile(r'[A-Za-z0-9_-]+')
+_STRING = json.JSONDecoder()
+
+
+def table_name(parts: Iterable) -> str:
+    """The dotted name of the table at the keys ``parts`` as a TOML header spells it, a key that is not bare quoted:
+    ``train_play."a.b"`` is the profile ``a.b``, ``train_play.a.b`` a table ``b`` inside a profile ``a``. A key that
+    is not a string (a dict built in Python) is written as ``str`` does."""
+    return '.'.join(part if isinstance(part, str) and _BARE_KEY.fullmatch(part)
+                    else json.dumps(part, ensure_ascii=False) if isinstance(part, str) else str(part)
+                    for part in parts)
+
+
+def table_path(dotted: str) -> list[str]:
+    """The keys of a dotted name, what :func:`table_name` spelled: ``'train_play."a.b"'`` is
+    ``['train_play', 'a.b']``, ``'online.server'`` is ``['online', 'server']`` (as ``str.split('.')``)."""
+    parts, i = [], 0
+    while True:
+        if dotted.startswith('"', i):
+            try:
+                part, i = _STRING.raw_decode(dotted, i)
+            except ValueError:  # an unpaired quote: the rest is one bare part, as split would have it
+                part, i = dotted[i:], len(dotted)
+            end = dotted.find('.', i)
+            end = len(dotted) if end < 0 else end
+            part += dotted[i:end]  # nothing, for what table_name wrote
+        else:
+            end = dotted.find('.', i)
+            end = len(dotted) if end < 0 else end
+            part = dotted[i:end]
+        parts.append(part)
+        if end >= len(dotted):
+            return parts
+        i = end + 1

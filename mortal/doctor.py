@@ -34,7 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mortal.config import lookup
+from mortal.config import lookup, profile_table
 
 OK, FAIL, WARN, INFO = 'OK', 'FAIL', 'WARN', 'INFO'
 
@@ -72,7 +72,7 @@ def _written_paths(config):
     ]
     for profile, section in (lookup(config, 'train_play') or {}).items():
         if isinstance(section, dict):
-            rows.append((f'[train_play.{profile}] log_dir', section.get('log_dir'), 'dir'))
+            rows.append((f'[{profile_table(profile)}] log_dir', section.get('log_dir'), 'dir'))
     return [(label, path, kind) for label, path, kind in rows if path]
 
 
@@ -310,7 +310,7 @@ def estimate_memory(config, profile='default'):
 
     batch = lookup(config, 'control.batch_size', 512)
     test_games = lookup(config, 'test_play.games', 0)
-    train_games = lookup(config, f'train_play.{profile}.games', 0)
+    train_games = lookup(config, f'{profile_table(profile)}.games', 0)
 
     def total(device, body):
         ctx = CUDA_CONTEXT_BYTES if str(device).startswith('cuda') else 0

@@ -96,7 +96,7 @@ def plan_actors(config: dict, actors: int, profiles: list, config_path: str = 't
     Raises ``mortal.config.ConfigError`` naming ``[fleet] profiles``, ``config_path`` and the missing
     ``[train_play.<profile>]`` for a profile the config lacks.
     """
-    from mortal.config import ConfigError, EnvOverrides, train_play_profile
+    from mortal.config import ConfigError, EnvOverrides, profile_table, train_play_profile
     tables = {}
     for profile in dict.fromkeys(profiles):
         try:  # the clients' own lookup, so that a name the fleet accepts is one they find
@@ -104,7 +104,7 @@ def plan_actors(config: dict, actors: int, profiles: list, config_path: str = 't
         except ConfigError:
             have = ', '.join(sorted(config.get('train_play') or {})) or 'none'
             raise ConfigError(config_path, [f'[fleet] profiles in {config_path} names {profile!r}, but there is no '
-                                            f'[train_play.{profile}] (profiles there: {have})']) from None
+                                            f'[{profile_table(profile)}] (profiles there: {have})']) from None
     plans = []
     for i in range(actors):
         profile = profiles[i % len(profiles)]

@@ -208,3 +208,50 @@ def test_the_arena_table_names_a_failed_arm_and_leaves_out_the_default_parts():
     assert 'speculate on | rows per forward (useful) while >= 80% run; games/s vs floor | failed: out of time ' \
            '(see logs/arena_on.log) |' in text
     assert '| arena | games/s speculate on / off | - |' in text
+
+
+def test_the_table_names_the_status_of_a_failed_or_skipped_default_part():
+    # results.md showed dashes for these (as for a part still running); their status was only in results.json
+    results = {'meta': {'mode': 'gpu', 'parts': 'all', 'total_s': 470.0, 'budget_s': 470},
+               'setup': {'status': 'ok', 'seconds': 40.0},
+               'errors': {'selfplay_1_client': 'Traceback ...\nTimeoutError: only 5 s of the budget left'},
+               'selfplay_1_client': {'status': 'failed: TimeoutError: only 5 s of the budget left', 'part_s': 0.1},
+               'selfplay_2_clients': {
+                   'v3': {'status': 'ok', 'hanchan_per_hour': 1234.5, 'rows_per_s': 678.9},
+                   'v4': {'status': 'failed: RuntimeError: a client ended | or ran out of time before version 4\n'
+                                    'second line (see logs/selfplay2_client*.log)'}},
+               'trainer': {'batch_size': 256, 'amp_off': {'status': 'ok', 'steps_per_s': 3.25},
+                           'amp_on': {'status': 'failed (exit -9; see logs/trainer.log)'}},
+               'memory': {'status': 'skipped: torch sees no CUDA device (see setup)', 'part_s': 0.0},
+               'online': {'status': 'failed: TimeoutError: the learner did not submit its parameters in time'}}
+    rows = gpu.table(results).splitlines()
+    assert '| self-play v3, 1 client(s) | hanchan/h (rows/s) | failed: TimeoutError: only 5 s of the budget left |' \
+        in rows
+    assert '| self-play v4, 1 client(s) | hanchan/h (rows/s) | failed: TimeoutError: only 5 s of the budget left |' \
+        in rows
+    assert '| self-play v3, 2 client(s) | hanchan/h (rows/s) | 1,234.5 (678.9) |' in rows
+    # one line of the status, its '|' escaped, so the row stays one row of three cells
+    assert '| self-play v4, 2 client(s) | hanchan/h (rows/s) | failed: RuntimeError: a client ended \\| or ran out ' \
+           'of time before version 4 |' in rows
+    assert '| trainer amp_off | steps/s at batch 256 | 3.25 |' in rows
+    assert '| trainer amp_on | steps/s at batch 256 | failed (exit -9; see logs/trainer.log) |' in rows
+    assert '| memory | GiB allocated / reserved / doctor | skipped: torch sees no CUDA device (see setup) |' in rows
+    assert '| online - s | learner idle fraction (after 1st drain) | failed: TimeoutError: the learner did not ' \
+           'submit its parameters in time |' in rows
+    assert '| online | self-play hanchan/h beside the learner, steps trained | failed: TimeoutError: the learner ' \
+           'did not submit its parameters in time |' in rows
+    assert '| selfplay_1_client | FAILED | TimeoutError: only 5 s of the budget left |' in rows
+
+
+def test_the_table_shows_dashes_for_a_part_that_has_not_ended():
+    results = {'meta': {'mode': 'gpu', 'parts': 'all', 'total_s': 60.0, 'budget_s': 470},
+               'setup': {'status': 'ok', 'seconds': 40.0}, 'errors': {},
+               'selfplay_1_client': {'v3': {'status': 'ok', 'hanchan_per_hour': 1000.0, 'rows_per_s': 500.0},
+                                     'v4': {'status': 'ok', 'hanchan_per_hour': None, 'rows_per_s': 400.0}}}
+    rows = gpu.table(results).splitlines()
+    assert '| self-play v3, 1 client(s) | hanchan/h (rows/s) | 1,000.0 (500.0) |' in rows
+    assert '| self-play v4, 1 client(s) | hanchan/h (rows/s) | - (400.0) |' in rows
+    assert '| self-play v3, 2 client(s) | hanchan/h (rows/s) | - (-) |' in rows
+    assert '| trainer amp_on | steps/s at batch None | - |' in rows
+    assert not [r for r in rows if r.startswith('| memory')]
+    assert '| online | self-play hanchan/h beside the learner, steps trained | -, - |' in rows

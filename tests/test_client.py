@@ -62,6 +62,17 @@ def test_train_play_profile_from_env(tmp_path):
         TrainPlayer(config, {'TRAIN_PLAY_PROFILE': 'nope'}, baseline_engine=object())
 
 
+def test_a_profile_named_with_a_dot(tmp_path):
+    # [train_play."a.b"] in the file: the profile a.b, not a table b inside a profile a
+    config, _ = load_tiny_config(tmp_path)
+    config['train_play']['a.b'] = dict(config['train_play']['default'], games=16, log_dir=str(tmp_path / 'ab'),
+                                       speculate_passes=True)
+    p = TrainPlayer(config, {'TRAIN_PLAY_PROFILE': 'a.b'}, baseline_engine=object())
+    assert (p.seed_count, p.log_dir, p.speculate_passes) == (4, str(tmp_path / 'ab'), True)
+    default = TrainPlayer(config, {}, baseline_engine=object())
+    assert (default.seed_count, default.speculate_passes) == (1, False)
+
+
 @pytest.mark.slow
 def test_round_against_a_server_that_starts_late(tmp_path, caplog):
     """The server is down at first (client retries), then has no parameters (retries), then a real round."""

@@ -254,6 +254,68 @@ def test_train_play_profile_accessor(tmp_path, cfg):
         train_play_profile(c, env={'TRAIN_PLAY_PROFILE': 'slow'}, path='c.toml')
 
 
+def test_a_profile_named_with_a_dot_is_selected_by_its_name(tmp_path, cfg, caplog):
+    # [train_play."a.b"] is the profile 'a.b' (TOML's quoted key); selecting it looked up train_play -> a -> b
+    from mortal.config import section
+    from mortal.doctor import estimate_memory, typo_checks
+    path = write(tmp_path, cfg)
+    path.write_text(path.read_text(encoding='utf-8') + '\n[train_play."a.b"]\ngames = 12\nlog_dir = "ab"\n'
+                    'boltzmann_epsilon = 0.25\nboltzmann_temp = 0.5\ntop_p = 0.9\nrepeats = 3\n'
+                    'speculate_passes = true\n', encoding='utf-8')
+    env = {'TRAIN_PLAY_PROFILE': 'a.b'}
+    with caplog.at_level(logging.WARNING, logger='mortal.config'):
+        c = load_config(path, required=CLIENT_SECTIONS, env=env)
+    warns = [r.getMessage() for r in caplog.records if r.name == 'mortal.config']
+    # no 'unknown section [train_play."a.b"]': the profile is checked and used (capacity 4 < its 12 games)
+    assert warns == [f'[online.server] capacity = 4 in {path} is smaller than one client round of '
+                     f'[train_play."a.b"] games = 12: every submission overflows the buffer, so clients would be '
+                     f'refused ("samples overflow") forever']
+    assert train_play_profile(c, env=env) == {'games': 12, 'log_dir': 'ab', 'boltzmann_epsilon': 0.25,
+                                              'boltzmann_temp': 0.5, 'top_p': 0.9, 'repeats': 3,
+                                              'speculate_passes': True}
+    assert train_play_profile(c, env={})['games'] == 4
+    assert section(c, 'train_play."a.b"').repeats == 3
+    from mortal.config import profile_table  # the name that section and lookup read back
+    assert profile_table('a.b') == 'train_play."a.b"' and profile_table('default') == 'train_play.default'
+    assert estimate_memory(c, 'a.b')['client'] != estimate_memory(c, 'default')['client']  # 12 games, not 4
+    # a profile 'a' holding a table 'b' is another table, which the file lacks
+    nested = write(tmp_path, {**cfg, 'train_play': {'a': {'b': cfg['train_play']['default']}}}, name='nested.toml')
+    with pytest.raises(ConfigError) as info:
+        load_config(nested, required=CLIENT_SECTIONS, env=env)
+    assert f'missing section [train_play."a.b"] in {nested} (selected by TRAIN_PLAY_PROFILE=\'a.b\')' \
+        in info.value.problems
+    # its keys are checked and named as the file spells the table
+    path.write_text(path.read_text(encoding='utf-8').replace('games = 12', 'games = 10').replace(
+        'repeats = 3', 'repeets = 3'), encoding='utf-8')
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env=env)
+    assert info.value.problems == [
+        f'[train_play."a.b"] games in {path} must be a multiple of 4 (one duplicate set is 4 games with rotated '
+        f'seats), got 10',
+        f"missing key [train_play.\"a.b\"] repeats in {path} (int: rounds played on the same seeds before moving "
+        f"on); the table has 'repeets': a typo of it?"]
+    raw = toml.loads(path.read_text(encoding='utf-8'))
+    rows, _ = typo_checks(raw, str(path))
+    assert [r.detail for r in rows] == [
+        "[train_play.\"a.b\"] repeets is not a key: did you mean 'repeats'? As written, the processes ignore it and "
+        "find no repeats (a required key)"]
+
+
+def test_non_string_keys_of_a_dict_are_named(cfg):
+    # a dict built in Python (TOML keys are strings): the error path raised IndexError for a top-level one
+    with pytest.raises(ConfigError) as info:
+        validate({1: {}}, 'x.toml', required=())
+    assert info.value.problems == ['top-level key 1 in x.toml must be a string, got int']
+    cfg[('a', 'b')] = 3
+    cfg['control'][2] = 'x'  # was '[control] in x.toml must be a table'
+    cfg['train_play'][None] = dict(cfg['train_play']['default'])
+    with pytest.raises(ConfigError) as info:
+        validate(cfg, 'x.toml')
+    assert sorted(info.value.problems) == ['[control] key 2 in x.toml must be a string, got int',
+                                           '[train_play] key None in x.toml must be a string, got NoneType',
+                                           "top-level key ('a', 'b') in x.toml must be a string, got tuple"]
+
+
 def test_top_p_one_is_valid(tmp_path, cfg):
     cfg['train_play']['default']['top_p'] = 1
     assert load_config(write(tmp_path, cfg))['train_play']['default']['top_p'] == 1.0

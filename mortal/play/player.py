@@ -143,7 +143,7 @@ class TrainPlayer:
     """
 
     def __init__(self, config: dict, env=os.environ, *, baseline_engine=None, train_key=None):
-        from mortal.config import EnvOverrides, optional_section, train_play_profile
+        from mortal.config import EnvOverrides, optional_section, profile_table, train_play_profile
 
         self.baseline_slot = config['baseline']['train']
         self.baseline_mtime = _mtime(self.baseline_slot['state_file'])
@@ -157,7 +157,7 @@ class TrainPlayer:
         logger.info('using train-play profile %s', env.profile)
         self.chal_version = config['control']['version']
         self.cudnn_benchmark = config['control']['enable_cudnn_benchmark']
-        self.speculate_passes = section(config, f'train_play.{env.profile}').speculate_passes
+        self.speculate_passes = section(config, profile_table(env.profile)).speculate_passes
         self.log_dir = path.abspath(cfg['log_dir'])
         self.train_key = secrets.randbits(64) if train_key is None else train_key
         self.train_seed = TRAIN_SEED_START
