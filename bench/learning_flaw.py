@@ -29,9 +29,11 @@ import math
 import os
 import pathlib
 import shutil
+import sys
 import time
 
-import learning  # bench/learning.py: the start, the arms and the duplicate evaluation
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import learning  # noqa: E402  bench/learning.py: the start, the arms and the duplicate evaluation
 
 
 def statistic_by_deal(log_dir, name):
