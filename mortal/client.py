@@ -147,47 +147,34 @@ def submit_logs(remote: wire.Remote, logs: dict, param_version: int, server_id, 
     return wire.request_with_retry(remote, msg, sleep=sleep)
 
 
-class Client:
-    """State of one self-play worker; ``run_round()`` does one fetch-play-submit cycle.
+class ParamSync:
+    """The parameter sync of a ``Client`` (a mixin over its ``remote``, ``sleep`` and ``device``): the trainee's
+    networks (``mortal``, ``dqn``) and the version of the trainer's parameters they hold (``param_version``,
+    ``server_id``; -1 and None before the first). The play settings of a reply loaded go to ``apply_play_settings``
+    (``BaselineSync``)."""
 
-    config: the full config dict; train_player: a ``TrainPlayer`` (built from config when None); env: where the
-    ``TrainPlayer`` finds ``TRAIN_PLAY_PROFILE`` (``mortal.config.Env``: the start-up overrides or a mapping).
-    """
-
-    def __init__(self, config: dict, *, train_player=None, remote=None, env=os.environ, sleep=time.sleep):
+    def init_params(self, cfg, version: int) -> None:
+        """Build the networks of ``cfg``'s ``[resnet]`` (typed sections) for observation ``version``, in eval mode;
+        no parameters loaded yet."""
         from mortal.model.networks import Brain, DQN
-        from mortal.features.obs import check_version
-
-        cfg = typed(config)  # the typed sections, defaults from mortal/config_schema.py
-        version = check_version(cfg.control.version)
-        self.device = torch.device(cfg.control.device)
-        self.remote = remote or wire.Remote.from_config(config)
-        self.sleep = sleep
-        baseline = cfg.baseline.train
-        self.baseline_file = baseline.state_file
-        self.from_server = baseline.from_server
-        self.baseline_digest = None  # digest of the baseline played against, once known (from_server)
-        self.bad_baseline = None  # digest of a served baseline that failed its checks (not fetched again)
-        if train_player is None and self.from_server and not path.exists(self.baseline_file):
-            logger.info("%s does not exist: fetching the trainer's baseline from the server", self.baseline_file)
-            while self.install_baseline(wait=True) is None:
-                self.sleep(wire.RETRY_INTERVAL)
         self.mortal = Brain(version=version, conv_channels=cfg.resnet.conv_channels,
                             num_blocks=cfg.resnet.num_blocks).to(self.device).eval()
         self.dqn = DQN(version=version).to(self.device).eval()
         if cfg.online.enable_compile:
             self.mortal.compile()
             self.dqn.compile()
-        if train_player is None:
-            from mortal.play.player import TrainPlayer
-            train_player = TrainPlayer(config, env)
-        self.train_player = train_player
         self.param_version = -1
         self.server_id = None
         self.bad_param = None  # (server_id, param_version) of the last parameters that could not be loaded
-        self.history = RankHistory(cfg.online.history_window)
-        self.baseline_version = None  # the trainer's baseline version last seen (None: none seen yet)
-        self.factors = (1.0, 1.0)  # (epsilon_factor, temp_factor) last applied
+
+    def sync_params(self) -> None:
+        """Ask the server for newer parameters and load them; with none loadable yet, ask again every
+        ``wire.RETRY_INTERVAL`` s, else play on with the parameters already loaded."""
+        while not self.update_param(fetch_param(self.remote, self.param_version, self.server_id,
+                                                sleep=self.sleep)):
+            if self.param_version >= 0:
+                break  # play on with the parameters already loaded
+            self.sleep(wire.RETRY_INTERVAL)
 
     def update_param(self, rsp: dict) -> bool:
         """Load the parameters of a get_param 'ok' reply; True when loaded. Parameters that cannot be loaded
@@ -215,6 +202,27 @@ class Client:
         logger.info('param has been updated (version %d)', self.param_version)
         self.apply_play_settings(rsp)
         return True
+
+
+class BaselineSync:
+    """The play settings a ``Client`` follows from each parameter reply (a mixin over its ``remote``, ``sleep`` and
+    ``train_player``): the trainer's ε/T factors, and its baseline, fetched from the server into ``[baseline.train]
+    state_file`` (``from_server``) or reloaded from that file after a rotation (``baseline_version``,
+    ``baseline_digest``; ``bad_baseline``: a served one that failed its checks)."""
+
+    def init_baseline(self, baseline, *, fetch_missing: bool) -> None:
+        """Follow ``baseline`` (the typed ``[baseline.train]``); with ``fetch_missing``, a ``state_file`` that does
+        not exist is fetched from the server first, asking every ``wire.RETRY_INTERVAL`` s until it has one."""
+        self.baseline_file = baseline.state_file
+        self.from_server = baseline.from_server
+        self.baseline_digest = None  # digest of the baseline played against, once known (from_server)
+        self.bad_baseline = None  # digest of a served baseline that failed its checks (not fetched again)
+        self.baseline_version = None  # the trainer's baseline version last seen (None: none seen yet)
+        self.factors = (1.0, 1.0)  # (epsilon_factor, temp_factor) last applied
+        if fetch_missing and self.from_server and not path.exists(self.baseline_file):
+            logger.info("%s does not exist: fetching the trainer's baseline from the server", self.baseline_file)
+            while self.install_baseline(wait=True) is None:
+                self.sleep(wire.RETRY_INTERVAL)
 
     def apply_play_settings(self, rsp: dict) -> None:
         """Follow the trainer's play settings of a get_param reply: the ε/T factors (``mortal.learning.schedule``,
@@ -313,26 +321,53 @@ class Client:
             return
         self.baseline_digest = local
 
+
+class Client(ParamSync, BaselineSync):
+    """State of one self-play worker; ``run_round()`` does one fetch-play-submit cycle: the parameter sync
+    (``ParamSync``, with the play settings of each reply: ``BaselineSync``), the round, the upload.
+
+    config: the full config dict; train_player: a ``TrainPlayer`` (built from config when None); env: where the
+    ``TrainPlayer`` finds ``TRAIN_PLAY_PROFILE`` (``mortal.config.Env``: the start-up overrides or a mapping).
+    """
+
+    def __init__(self, config: dict, *, train_player=None, remote=None, env=os.environ, sleep=time.sleep):
+        from mortal.features.obs import check_version
+
+        cfg = typed(config)  # the typed sections, defaults from mortal/config_schema.py
+        version = check_version(cfg.control.version)
+        self.device = torch.device(cfg.control.device)
+        self.remote = remote or wire.Remote.from_config(config)
+        self.sleep = sleep
+        self.init_baseline(cfg.baseline.train, fetch_missing=train_player is None)
+        self.init_params(cfg, version)
+        if train_player is None:
+            from mortal.play.player import TrainPlayer
+            train_player = TrainPlayer(config, env)
+        self.train_player = train_player
+        self.history = RankHistory(cfg.online.history_window)
+
     def run_round(self) -> np.ndarray:
         """Fetch parameters, play one round, log the ranks, submit the logs; returns the (4,) rank counts."""
-        while not self.update_param(fetch_param(self.remote, self.param_version, self.server_id,
-                                                sleep=self.sleep)):
-            if self.param_version >= 0:
-                break  # play on with the parameters already loaded
-            self.sleep(wire.RETRY_INTERVAL)
+        self.sync_params()
 
         rankings, file_list = self.train_player.train_play(self.mortal, self.dqn, self.device)
         total = self.history.add(rankings)
         for line in format_round(rankings, self.history, total):
             logger.info('%s', line)
 
-        logs = read_logs(file_list)
-        submit_logs(self.remote, logs, self.param_version, self.server_id, sleep=self.sleep)
-        logger.info('%d logs have been submitted', len(logs))
+        self.upload(file_list)
         gc.collect()
         if self.device.type == 'cuda':
             torch.cuda.empty_cache()
         return rankings
+
+    def upload(self, file_list) -> None:
+        """Submit the round's log files with the parameter version they were played with (retrying while the
+        server is unreachable)."""
+        logs = read_logs(file_list)
+        submit_logs(self.remote, logs, self.param_version, self.server_id, sleep=self.sleep)
+        logger.info('%d logs have been submitted', len(logs))
+
 
 
 def main(argv=None):

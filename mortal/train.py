@@ -60,10 +60,12 @@ from mortal.config_schema import Online
 from mortal.learning.diagnostics import Instruments, batch_q_stats, learner_probe
 from mortal.learning import distributed
 from mortal.learning.guards import INITIAL_GUARD, Guards
+from mortal.learning.intake import Intake
 from mortal.learning.learner_checkpoint import LearnerCheckpoint
 from mortal.learning.loss import LossWeights, learner_loss
-from mortal.data.offline_data import build_file_list, load_player_names, offline_mix
+from mortal.data.offline_data import offline_mix
 from mortal.learning.optimizer import build_optimizer, ema_copies, ema_update, optimizer_step
+from mortal.learning.save_cycle import SaveCycle, TestPlayDone  # noqa: F401  TestPlayDone: also this module's API
 from mortal.learning.schedule import schedule_factor
 from mortal.learning.server_traffic import DRAIN_POLL_INTERVAL, ServerTraffic  # noqa: F401  (also this module's API)
 from mortal.learning.supervisor import end_with_supervisor, is_supervised, supervise
@@ -71,15 +73,94 @@ from mortal.learning.supervisor import end_with_supervisor, is_supervised, super
 logger = logging.getLogger('mortal.train' if __name__ == '__main__' else __name__)
 
 
-class TestPlayDone(Exception):
-    """Online learner finished a test play: the child exits 0 and the supervisor starts a fresh one."""
+class LearnerStep:
+    """The learner's step, batch -> loss -> gradient step (a part of ``Trainer``, which provides the models, the
+    optimizer and the settings): the batch onto the device (``mortal.learning.intake``), forward and backward of
+    ``mortal.learning.loss.learner_loss``, the loss sums and the instruments, the optimizer step every
+    ``opt_step_every`` steps, the EMA and the learning rate; then a submit or a save (``mortal.learning.save_cycle``)
+    when one is due."""
+
+    def reset_stats(self) -> None:
+        """Zero the loss sums averaged into TensorBoard at each save."""
+        self.stats = {'dqn_loss': 0.0, 'cql_loss': 0.0, 'anchor_loss': 0.0, 'offline_cql_loss': 0.0,
+                      'next_rank_loss': 0.0}
+
+    def train_batch(self, obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks) -> None:
+        """One backward pass on a batch; optimizer step every ``opt_step_every`` global steps; submit/save/test.
+
+        obs (B, C, 34) float32, or the loader's packed rows (B, row_bytes) uint8 (``mortal.data.packed_obs``,
+        unpacked on the device), actions (B,) int64, masks (B, 46) bool, steps_to_done (B,) int64,
+        kyoku_rewards (B,) float64, player_ranks (B,) int64 in 0..3, B = batch_size.
+        With ``[online] offline_batch_size`` = O > 0, O offline rows from ``offline_stream`` are appended; the
+        loss (``mortal.learning.loss.learner_loss``) treats them as offline-mix rows, and the instruments see the B
+        online rows only.
+        Raises ValueError when an action is masked out; TestPlayDone (online) after a test play.
+        """
+        n = obs.shape[0]  # online (or, offline, all) rows
+        obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks = self._batch_on_device(
+            obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks)  # mortal.learning.intake
+        q_target = (self.gamma ** steps_to_done * kyoku_rewards).to(torch.float32)  # Mortal's Monte-Carlo G
+        q_out, terms = self._backward(obs, actions, masks, q_target, player_ranks, n)
+        self._account(terms, q_out, masks, actions, q_target, n)
+        self._advance()
+
+    def _backward(self, obs, actions, masks, q_target, player_ranks, n: int) -> tuple:
+        """Forward and backward of the loss (``mortal.learning.loss.learner_loss``; the first ``n`` rows are online),
+        scaled for the accumulation over ``opt_step_every`` batches; returns ``(q_out, terms)``."""
+        dev = self.device
+        brain, dqn, aux_net = self.nets
+        syncs = (self.steps + 1) % self.opt_step_every == 0  # ranks average gradients on the updating step only
+        with self.dist.no_sync(self.nets, syncs):  # forward and backward: DDP decides at the forward
+            with torch.autocast(dev.type, enabled=self.enable_amp):
+                phi = brain(obs)
+                q_out = dqn(phi, masks)
+                q_ref = None
+                if self.anchor is not None:
+                    with torch.no_grad():
+                        q_ref = self.anchor[1](self.anchor[0](obs[:n]), masks[:n])
+                next_rank_logits, = aux_net(phi)
+                terms = learner_loss(q_out, next_rank_logits, actions, q_target, player_ranks, masks=masks,
+                                     online_rows=n, weights=self.loss_weights, q_ref=q_ref)
+            self.scaler.scale(terms.total / self.opt_step_every).backward()
+        return q_out, terms
+
+    def _account(self, terms, q_out, masks, actions, q_target, n: int) -> None:
+        """Add the batch's loss terms to the sums of ``stats``, and its ``n`` online rows to the instruments."""
+        with torch.no_grad():
+            for name in self.stats:
+                term = getattr(terms, name)
+                if term is not None:  # a term that is off stays 0
+                    self.stats[name] += term.item()
+            if self.dist.is_main:
+                self.instruments.add(batch_q_stats(q_out[:n], masks[:n], actions[:n], q_target[:n]),
+                                     terms.q[:n], q_target[:n])
+
+    def _advance(self) -> None:
+        """A step on: the optimizer step (every ``opt_step_every`` steps) and the EMA, the learning rate, the
+        progress bar; a submit and a save (with its test play) when due."""
+        self.steps += 1
+        if self.steps % self.opt_step_every == 0:
+            optimizer_step(self.optimizer, self.scaler, self.max_grad_norm)
+            if self.ema is not None:
+                ema_update(self.ema, (self.mortal, self.dqn), self.ema_decay)
+        self.scheduler.step()
+        if self.pb is not None:
+            self.pb.update(1)
+
+        if self.online and self.steps % self.submit_every == 0:
+            self.submit_param(is_idle=False)
+        if self.steps % self.save_every == 0:
+            self.on_save()
 
 
-class Trainer(LearnerCheckpoint, ServerTraffic):
+class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
     """One learner process: models, optimizer, checkpoint, TensorBoard, server traffic. The checkpoint methods
     (``load_state``, ``checkpoint``, ``save``, ``played``) come from ``mortal.learning.learner_checkpoint``, the
     server's (``submit_param``, ``play_settings``, ``sync_baseline``, ``claims``, ``drain``) from
-    ``mortal.learning.server_traffic``; the path batch -> loss -> gradient step is here.
+    ``mortal.learning.server_traffic``, the save/test cycle (``on_save``, ``test_play``, the progress line) from
+    ``mortal.learning.save_cycle``, the intake (``file_list``, ``data_loader``, batches onto the device, the claim
+    ledger) from ``mortal.learning.intake``, the path batch -> loss -> gradient step from ``LearnerStep`` above; the
+    construction and the epoch are here.
 
     Args:
         config: the full config dict (``load_config``).
@@ -95,11 +176,17 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
     """
 
     def __init__(self, config: dict, *, test_player=None, remote=None, writer=None, sleep=time.sleep, dist=None):
-        from mortal.model.networks import AuxNet, Brain, DQN, parameter_count
-        from mortal.features.obs import check_version, obs_shape
-
         self.config = config
         self.cfg = cfg = typed(config)  # the typed sections, defaults from mortal/config_schema.py
+        online_cfg = self._read_settings(cfg, sleep, dist)
+        self._build_models(cfg, online_cfg)
+        self._attach(config, test_player, remote, writer)
+
+    def _read_settings(self, cfg, sleep, dist):
+        """The settings this learner reads from ``cfg`` (typed sections): version, online or offline, step
+        cadence, files, loss weights, the device; returns the ``[online]`` section (its defaults offline)."""
+        from mortal.features.obs import check_version
+
         control = cfg.control
         self.version = check_version(control.version)
         if self.version == 1:
@@ -130,6 +217,13 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
         self.dist = dist = dist or distributed.SINGLE
         self.device = dist.device(control.device)
         torch.backends.cudnn.benchmark = control.enable_cudnn_benchmark
+        return online_cfg
+
+    def _build_models(self, cfg, online_cfg) -> None:
+        """The networks, optimizer, scheduler and GradScaler, resumed from ``[control] state_file`` when it exists;
+        the EMA of the weights (``[online] ema_decay``); what trains (``nets``: DDP wrappers under torchrun)."""
+        from mortal.model.networks import AuxNet, Brain, DQN, parameter_count
+        from mortal.features.obs import obs_shape
 
         resnet = cfg.resnet
         self.mortal = Brain(version=self.version, conv_channels=resnet.conv_channels,
@@ -137,7 +231,7 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
         self.dqn = DQN(version=self.version).to(self.device)
         self.aux_net = AuxNet((4,)).to(self.device)
         self.models = (self.mortal, self.dqn, self.aux_net)
-        if control.enable_compile:
+        if cfg.control.enable_compile:
             for m in self.models:
                 m.compile()
         logger.info('version: %d, obs shape: %s', self.version, obs_shape(self.version))
@@ -145,7 +239,7 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
                     f'{parameter_count(self.dqn):,}', f'{parameter_count(self.aux_net):,}')
         self.mortal.freeze_bn(cfg.freeze_bn.mortal)
 
-        self.optimizer, self.scheduler = build_optimizer(self.models, config['optim'])
+        self.optimizer, self.scheduler = build_optimizer(self.models, self.config['optim'])
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.enable_amp)
         self.best_perf = dict(INITIAL_BEST_PERF)
         self.guard = dict(INITIAL_GUARD)
@@ -163,15 +257,20 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
             logger.info('EMA of the weights, decay %g (%s)', self.ema_decay,
                         'resumed' if self._loaded_ema is not None else 'from the loaded weights')
         self.optimizer.zero_grad(set_to_none=True)
-        self.nets = dist.wrap(self.models)  # what trains: the models, or their DDP wrappers under torchrun
+        self.nets = self.dist.wrap(self.models)  # what trains: the models, or their DDP wrappers under torchrun
 
+    def _attach(self, config: dict, test_player, remote, writer) -> None:
+        """What the learner works with: the test player (rank 0) and the guards, the server, TensorBoard, the loss
+        sums, the anchor, the instruments, the offline mix; the online intake's state."""
+        dist = self.dist
         if test_player is None and dist.is_main:  # only rank 0 test-plays
             from mortal.play.player import TestPlayer
             test_player = TestPlayer(config)
         self.test_player = test_player
         self.guards = Guards(self)  # test play, best.pth, rollback, rotation, baseline sync (mortal/learning/guards.py)
         self.remote = remote if remote is not None or not self.online else wire.Remote.from_config(config)
-        self.writer = writer if writer is not None else dist.writer(control.tensorboard_dir)  # rank 0's is real
+        tensorboard_dir = self.cfg.control.tensorboard_dir
+        self.writer = writer if writer is not None else dist.writer(tensorboard_dir)  # rank 0's is real
         self.reset_stats()
         self.anchor = self._load_anchor() if self.anchor_weight > 0 else None
         self.instruments = Instruments(save_every=self.save_every, batch_size=self.batch_size, device=self.device,
@@ -207,178 +306,6 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
         except Exception as ex:  # an instrument must never stop training
             logger.warning('policy-drift probe disabled: %s: %s', type(ex).__name__, ex)
             return None
-
-    # -- learning --------------------------------------------------------------------------------------------
-
-    def reset_stats(self) -> None:
-        """Zero the loss sums averaged into TensorBoard at each save."""
-        self.stats = {'dqn_loss': 0.0, 'cql_loss': 0.0, 'anchor_loss': 0.0, 'offline_cql_loss': 0.0,
-                      'next_rank_loss': 0.0}
-
-    def train_batch(self, obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks) -> None:
-        """One backward pass on a batch; optimizer step every ``opt_step_every`` global steps; submit/save/test.
-
-        obs (B, C, 34) float32, or the loader's packed rows (B, row_bytes) uint8 (``mortal.data.packed_obs``,
-        unpacked on the device), actions (B,) int64, masks (B, 46) bool, steps_to_done (B,) int64,
-        kyoku_rewards (B,) float64, player_ranks (B,) int64 in 0..3, B = batch_size.
-        With ``[online] offline_batch_size`` = O > 0, O offline rows from ``offline_stream`` are appended; the
-        loss (``mortal.learning.loss.learner_loss``) treats them as offline-mix rows, and the instruments see the B
-        online rows only.
-        Raises ValueError when an action is masked out; TestPlayDone (online) after a test play.
-        """
-        dev = self.device
-        n = obs.shape[0]  # online (or, offline, all) rows
-        obs = self._obs_on_device(obs)
-        if self.offline_stream is not None:
-            extra_obs, *extra = next(self.offline_stream)
-            obs = torch.cat((obs, self._obs_on_device(extra_obs)))
-            actions, masks, steps_to_done, kyoku_rewards, player_ranks = (
-                torch.cat((a, b.to(a.dtype))) for a, b in zip(
-                    (actions, masks, steps_to_done, kyoku_rewards, player_ranks), extra))
-        actions = actions.to(dtype=torch.int64, device=dev)
-        masks = masks.to(dtype=torch.bool, device=dev)
-        steps_to_done = steps_to_done.to(dtype=torch.int64, device=dev)
-        kyoku_rewards = kyoku_rewards.to(dtype=torch.float64, device=dev)
-        player_ranks = player_ranks.to(dtype=torch.int64, device=dev)
-        rows = torch.arange(obs.shape[0], device=dev)
-        if not masks[rows, actions].all():
-            raise ValueError('a training sample has an action outside its legal mask')
-
-        q_target = (self.gamma ** steps_to_done * kyoku_rewards).to(torch.float32)  # Mortal's Monte-Carlo G
-        brain, dqn, aux_net = self.nets
-        syncs = (self.steps + 1) % self.opt_step_every == 0  # ranks average gradients on the updating step only
-        with self.dist.no_sync(self.nets, syncs):  # forward and backward: DDP decides at the forward
-            with torch.autocast(dev.type, enabled=self.enable_amp):
-                phi = brain(obs)
-                q_out = dqn(phi, masks)
-                q_ref = None
-                if self.anchor is not None:
-                    with torch.no_grad():
-                        q_ref = self.anchor[1](self.anchor[0](obs[:n]), masks[:n])
-                next_rank_logits, = aux_net(phi)
-                terms = learner_loss(q_out, next_rank_logits, actions, q_target, player_ranks, masks=masks,
-                                     online_rows=n, weights=self.loss_weights, q_ref=q_ref)
-            self.scaler.scale(terms.total / self.opt_step_every).backward()
-
-        with torch.no_grad():
-            for name in self.stats:
-                term = getattr(terms, name)
-                if term is not None:  # a term that is off stays 0
-                    self.stats[name] += term.item()
-            if self.dist.is_main:
-                self.instruments.add(batch_q_stats(q_out[:n], masks[:n], actions[:n], q_target[:n]),
-                                     terms.q[:n], q_target[:n])
-
-        self.steps += 1
-        if self.steps % self.opt_step_every == 0:
-            optimizer_step(self.optimizer, self.scaler, self.max_grad_norm)
-            if self.ema is not None:
-                ema_update(self.ema, (self.mortal, self.dqn), self.ema_decay)
-        self.scheduler.step()
-        if self.pb is not None:
-            self.pb.update(1)
-
-        if self.online and self.steps % self.submit_every == 0:
-            self.submit_param(is_idle=False)
-        if self.steps % self.save_every == 0:
-            self.on_save()
-
-    def _obs_on_device(self, obs):
-        """``obs`` as ``(B, C, 34)`` float32 on the trainer's device: packed rows (uint8, the loader's batches) are
-        moved packed and unpacked there (``mortal.data.packed_obs.unpack``, bit for bit); float ones are moved."""
-        if obs.dtype == torch.uint8:
-            from mortal.data.packed_obs import unpack
-            return unpack(obs.to(self.device, non_blocking=True), self.version)
-        return obs.to(dtype=torch.float32, device=self.device)
-
-    def on_save(self) -> None:
-        """Every ``save_every`` steps: TensorBoard, checkpoint, a missed submit, and test play when due (rank 0;
-        the loss means are those of all ranks)."""
-        self.stats = self.dist.average(self.stats)
-        if not self.dist.is_main:
-            self.reset_stats()
-            return
-        if self.pb is not None:
-            self.pb.close()
-            self.pb = None
-        n = self.save_every
-        w = self.writer
-        on = {'cql_loss': self.loss_weights.with_cql, 'anchor_loss': self.anchor is not None,
-              'offline_cql_loss': self.offline_stream is not None}
-        for name in self.stats:  # in reset_stats' order; a term that is off is not written
-            if on.get(name, True):
-                w.add_scalar(f'loss/{name}', self.stats[name] / n, self.steps)
-        w.add_scalar('hparam/lr', self.scheduler.get_last_lr()[0], self.steps)
-        if self.online:
-            settings = self.play_settings()
-            w.add_scalar('hparam/epsilon_factor', settings['epsilon_factor'], self.steps)
-            w.add_scalar('hparam/temp_factor', settings['temp_factor'], self.steps)
-        self.instruments.write(w, self.steps, trained=self.models, ema=self.ema, device=self.device)
-        w.flush()
-        self.reset_stats()
-        self.log_total_steps()
-
-        self.save()
-        if self.online and self.steps % self.submit_every != 0:
-            self.submit_param(is_idle=False)
-        if self.steps % self.test_every == 0:
-            self.test_play()
-        self.pb = self._progress_bar()
-
-    def steps_to_next_test(self):
-        """Steps left until the next test play (0 right at one), as Mortal's progress line; None when this
-        trainer never test-plays (its test player has ``enabled = False``, as the offline bootstrap's without
-        ``[bootstrap] offline_test_every``)."""
-        if not getattr(self.test_player, 'enabled', True):
-            return None
-        return (self.test_every - self.steps % self.test_every) % self.test_every
-
-    def log_total_steps(self) -> None:
-        """Mortal's ``total steps: N (~steps to the next test play)`` line; without the countdown when there is
-        no test play."""
-        to_test = self.steps_to_next_test()
-        if to_test is None:
-            logger.info('total steps: %s', f'{self.steps:,}')
-        else:
-            logger.info('total steps: %s (~%s)', f'{self.steps:,}', f'{to_test:,}')
-
-    def test_play(self) -> None:
-        """Test play, best.pth and (online) the long-run guards (``mortal.learning.guards.Guards.test_play``);
-        online, then TestPlayDone: the learner exits and its supervisor starts a fresh one."""
-        self.guards.test_play()
-        if self.online:
-            raise TestPlayDone()
-
-    def _progress_bar(self):
-        if not self.dist.is_main:
-            return None
-        from tqdm.auto import tqdm
-        return tqdm(total=self.save_every, desc='TRAIN', initial=self.steps % self.save_every, unit='batch',
-                    dynamic_ncols=True, ascii=True)
-
-    def file_list(self):
-        """(file_list, player_names) of this epoch: claimed logs + ['trainee'] online, the dataset offline.
-
-        Online, the first epoch of a learner finishes the claimed logs a previous one left (``mortal.data.claims``;
-        the claim folder is found from ``[online.server] drain_dir``) without draining; later epochs drain and
-        train the new logs together with what earlier epochs left over.
-        """
-        if self.online:
-            return self.online_files()  # mortal.learning.server_traffic
-
-        def offline():  # rank 0's, sent to the others under torchrun: one process writes the file index
-            names = load_player_names(self.config['dataset']['player_names_files'])
-            logger.info('loaded %s players', f'{len(names):,}')
-            return build_file_list(self.config['dataset'], names), sorted(names)
-        return self.dist.from_main(offline)
-
-    def data_loader(self, file_list, player_names, ledger=None, *, batch_size=None, num_workers=None):
-        """``mortal.data.dataloader.learner_loader`` of this learner; ``batch_size`` defaults to ``[control]
-        batch_size``, ``num_workers`` to ``[dataset] num_workers``."""
-        from mortal.data.dataloader import learner_loader  # here: the supervisor process needs no loader
-        return learner_loader(self.config, self.version, file_list, player_names, ledger,
-                              batch_size=batch_size or self.batch_size, num_workers=num_workers,
-                              pin_memory=self.device.type == 'cuda')
 
     def train_epoch(self) -> int:
         """One pass over this epoch's files; returns the number of batches trained.
@@ -429,21 +356,6 @@ class Trainer(LearnerCheckpoint, ServerTraffic):
             self.writer.add_scalar('data/samples_dropped', dropped, self.steps)
             self.submit_param(is_idle=True)
         return batches
-
-    def _train_tracked(self, batch, ledger) -> None:
-        """``train_batch`` on a batch whose last tensor holds the sample ids; record them in ``ledger`` and commit
-        it right after each checkpoint (the save inside ``train_batch``), so that the claim manifest always
-        matches the last checkpoint. The test play that ends an online learner follows a save: committed too."""
-        *data, ids = batch
-        try:
-            self.train_batch(*data)
-        except TestPlayDone:
-            ledger.record(ids)
-            ledger.commit()
-            raise
-        ledger.record(ids)
-        if self.steps % self.save_every == 0:
-            ledger.commit()
 
     def run(self) -> None:
         """Online: submit idle parameters, then epochs until a test play ends the process. Offline: one epoch."""

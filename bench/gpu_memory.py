@@ -1,0 +1,56 @@
+"""The ``memory`` part of ``bench/gpu.py``: the peaks the self-play and trainer parts measured
+(``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``) next to ``mortal.doctor.estimate_memory`` for the
+same config, term by term."""
+
+import copy
+
+from bench.gpu_common import write_config
+
+
+def part_memory(ctx, results):
+    """Measured peaks next to ``mortal.doctor.estimate_memory`` of the same configs."""
+    import toml
+    from mortal.doctor import estimate_memory
+
+    sizes = ctx['sizes']
+    trainer = results.get('trainer') or {}
+    cfg_path = ctx['shared'].get('trainer_config') or str(write_config(ctx['work'] / 'memory', sizes=sizes, device=ctx['device'],
+                                                         version=sizes['trainer_version'], games=sizes['games'],
+                                                         trainer=True))
+    base = toml.load(cfg_path)
+
+    def measured(rec):
+        return (rec or {}).get('peak_memory') or {'allocated': None, 'reserved': None}
+
+    rows = {}
+    for amp in (False, True):
+        key = f"amp_{'on' if amp else 'off'}"
+        cfg = copy.deepcopy(base)
+        cfg['control']['enable_amp'] = amp
+        cfg['test_play']['games'] = 0  # the doctor's trainer figure is then its training term
+        est = estimate_memory(cfg)['trainer'][1]
+        rows[f'trainer_{key}'] = {**measured(trainer.get(key)), 'doctor_estimate': est,
+                                  'doctor_term': 'trainer, [test_play] games = 0 (its training term)'}
+    cfg = copy.deepcopy(base)
+    cfg['control']['batch_size'] = 0  # the doctor's trainer figure is then its test-play term
+    rows['test_play'] = {**measured(trainer.get('test_play')), 'doctor_estimate': estimate_memory(cfg)['trainer'][1],
+                         'doctor_term': f"trainer, batch_size = 0 (its test-play term, {sizes['test_games']} games)"}
+    sp = results.get('selfplay_1_client') or {}
+    for version in (3, 4):
+        recs = (sp.get(f'v{version}') or {}).get('per_client') or [None]
+        cfg = copy.deepcopy(base)
+        cfg['control']['version'] = version
+        rows[f'client_v{version}'] = {**measured(recs[0]), 'doctor_estimate': estimate_memory(cfg)['client'][1],
+                                      'doctor_term': f"client, {sizes['games']} games per round"}
+    full = estimate_memory(base)
+    out = {'rows': rows, 'doctor_trainer': full['trainer'][1], 'doctor_client': full['client'][1],
+           'doctor_three_processes': full['trainer'][1] + full['client'][1],
+           'note': 'measured: torch.cuda.max_memory_allocated / max_memory_reserved (no CUDA context); doctor: '
+                   'mortal.doctor.estimate_memory, which adds a 512 MiB CUDA context and 25% slack; null on CPU'}
+    import torch
+    if ctx['device'].startswith('cuda'):
+        out['device_total'] = int(torch.cuda.get_device_properties(0).total_memory)
+    else:
+        out['device_total'] = None
+    return out
+

@@ -1,0 +1,164 @@
+"""The per-kyoku facts the version-4 single-player block needs and ``PlayerState`` does not expose (dora
+indicators, red fives seen, tiles left, own call tiles, double riichi, ippatsu, rinshan, chankan), tracked from the
+seat's mjai event stream.
+
+``KyokuFacts`` is a part of ``mortal.features.obs_v4.V4Encoder`` (a base class, so that ``enc.update(event)`` and
+its fields stay the encoder's own): ``update`` checks an event's fields, ``update_parsed`` takes the events of a log
+``mortal.data.mjai_log`` already checked.
+"""
+
+from __future__ import annotations
+
+import json
+
+from mortal.features.mjai import ACTOR_EVENTS, check_tiles, field, field_tile, field_tiles, is_seat
+
+_ACTOR_TYPES = ACTOR_EVENTS - {"hora"}  # the events whose actor the encoder reads
+MAX_DORA_INDICATORS = 5  # the first plus one per kan, at most 4 kans (Tenhou rule)
+
+
+class KyokuFacts:
+    """The facts of the current kyoku as seat ``player_id`` saw them (set by the host, ``V4Encoder``), and
+    ``events_seen``, the count of events fed (the key of the encoder's single-player cache ``_sp_cache``)."""
+
+    def _reset(self):
+        self.events_seen = getattr(self, "events_seen", 0)
+        self._sp_cache = None             # (events_seen, SP rows) of the last encode
+        self.dora_indicators: list = []   # ids 0-36 as revealed
+        self.akas_seen = [False, False, False]
+        self.tiles_left = 70
+        self.own_fuuro_tiles: list = []   # ids 0-36 of own chi/pon/kan tiles (ankan incl.)
+        self.can_w_riichi = True
+        self.is_w_riichi = False
+        self.at_ippatsu = False
+        self.at_rinshan = False
+        self.pending_kakan = False        # last event was another player's kakan
+
+    def _witness(self, tid: int):
+        if 34 <= tid <= 36:
+            self.akas_seen[tid - 34] = True
+
+    def update(self, event) -> None:
+        """Track one mjai event (dict or JSON text), in the order ``PlayerState.update`` gets them.
+
+        Unknown event types are ignored. Every field the encoder reads is checked
+        before any state changes, so a rejected event leaves the encoder as it was.
+        An event of a log ``mortal.data.mjai_log.parse_log`` accepted can go to ``update_parsed``,
+        which leaves out the checks that reader made.
+
+        Raises:
+            TypeError: ``event`` is not a JSON object.
+            ValueError: bad JSON text, a missing field, an ``actor`` that is not a seat
+                0-3, a tile field that is not an mjai tile name (or is ``'?'`` where the
+                tile must be known: dora markers and own call tiles), or a dora
+                indicator beyond ``MAX_DORA_INDICATORS`` in one kyoku. Messages name
+                the event type and the field.
+        """
+        if isinstance(event, (str, bytes)):
+            event = json.loads(event)
+        if not isinstance(event, dict):
+            raise TypeError(f"an mjai event must be a JSON object, got {type(event).__name__}")
+        # What mortal.data.mjai_log checks of every event (with this encoder's messages); update_parsed the rest.
+        kind = event.get("type")
+        if kind in _ACTOR_TYPES:
+            actor = field(event, kind, "actor")
+            if not is_seat(actor):
+                raise ValueError(f"{kind} event: field 'actor': expected a seat 0-3, got {actor!r}")
+        elif kind == "start_kyoku":
+            hands = field(event, kind, "tehais")
+            if not isinstance(hands, list) or len(hands) != 4:
+                raise ValueError(f"{kind} event: field 'tehais': expected 4 lists of tile names")
+        self.update_parsed(event)
+
+    def update_parsed(self, event: dict) -> None:
+        """``update`` for an event of a log ``mortal.data.mjai_log.parse_log`` accepted (the loader's path).
+
+        The event is a dict whose ``actor`` is a seat where its type has one and whose
+        ``start_kyoku`` has 4 ``tehais``: those are not checked again. The tile fields
+        (which the reader does not read) are checked as in ``update``, before any state
+        changes; raises ``ValueError`` as ``update`` does for them.
+        """
+        kind = event.get("type")  # update passes on events of any type (those unknown are ignored)
+        mine = kind in _ACTOR_TYPES and event["actor"] == self.player_id
+        pai, tiles = self._read_tiles(event, kind, mine)  # first: nothing below may fail half way
+        self.events_seen += 1
+        if self.pending_kakan:
+            # Mortal drops ippatsu at the event after a kakan (chankan chance over).
+            self.pending_kakan = False
+            self.at_ippatsu = False
+        self._apply(kind, mine, pai, tiles)
+
+    def _read_tiles(self, event: dict, kind, mine: bool) -> tuple:
+        """``(pai, tiles)``: the tile fields of ``event`` this encoder reads, checked (None where it reads none);
+        raises ``ValueError`` as ``update`` does for them."""
+        me = self.player_id
+        pai = tiles = None
+        if kind == "start_kyoku":
+            pai = field_tile(event, kind, "dora_marker", known=True)
+            tiles = check_tiles(event["tehais"][me], kind, f"tehais[{me}]", known=False)
+        elif kind == "dora":
+            pai = field_tile(event, kind, "dora_marker", known=True)
+            if len(self.dora_indicators) >= MAX_DORA_INDICATORS:
+                raise ValueError(f"dora event: more than {MAX_DORA_INDICATORS} dora indicators in one kyoku")
+        elif (kind == "tsumo" and mine) or (kind == "dahai" and not mine) or kind == "kakan":
+            pai = field_tile(event, kind, "pai", known=mine)
+        elif kind in ("chi", "pon", "daiminkan", "ankan"):
+            tiles = field_tiles(event, kind, "consumed", known=mine)
+            if mine and kind != "ankan":
+                pai = field_tile(event, kind, "pai", known=True)
+        return pai, tiles
+
+    def _apply(self, kind, mine: bool, pai, tiles) -> None:
+        """The facts after one event of type ``kind`` (``mine``: the seat's own), its tiles read by ``_read_tiles``."""
+        if kind == "start_kyoku":
+            self._reset()
+            self.dora_indicators.append(pai)
+            self._witness(pai)
+            for t in tiles:
+                self._witness(t)
+        elif kind == "tsumo":
+            self.tiles_left -= 1
+            if mine:
+                self._witness(pai)
+        elif kind == "dahai":
+            if mine:
+                self.at_rinshan = False
+                self.at_ippatsu = False
+                self.can_w_riichi = False
+            else:
+                self._witness(pai)
+        elif kind in ("chi", "pon", "daiminkan"):
+            if mine:
+                self.own_fuuro_tiles += tiles + [pai]
+                if kind == "daiminkan":
+                    self.at_rinshan = True
+            else:
+                for t in tiles:
+                    self._witness(t)
+                self.can_w_riichi = False
+                self.at_ippatsu = False
+        elif kind == "kakan":
+            if mine:
+                self.own_fuuro_tiles.append(pai)
+                self.at_rinshan = True
+            else:
+                self._witness(pai)
+                self.pending_kakan = True
+        elif kind == "ankan":
+            self.can_w_riichi = False
+            self.at_ippatsu = False
+            if mine:
+                self.own_fuuro_tiles += tiles
+                self.at_rinshan = True
+            else:
+                for t in tiles:
+                    self._witness(t)
+        elif kind == "dora":
+            self.dora_indicators.append(pai)
+            self._witness(pai)
+        elif kind == "reach":
+            if mine:
+                self.is_w_riichi = self.can_w_riichi
+        elif kind == "reach_accepted":
+            if mine:
+                self.at_ippatsu = True

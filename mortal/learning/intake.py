@@ -1,0 +1,93 @@
+"""The learner's intake: what each epoch of a ``Trainer`` trains on, up to tensors on the trainer's device.
+
+``Intake`` is a part of ``mortal.train.Trainer`` (a mixin, as ``mortal.learning.server_traffic``, which drains and
+claims the online logs). An epoch's files are the offline ``[dataset]`` (``mortal.data.offline_data``; rank 0's
+list under torchrun) or, online, the claimed logs (``ServerTraffic.online_files``); the loader over them is
+``mortal.data.dataloader.learner_loader``; each batch is moved to the device (packed observations unpacked there,
+``mortal.data.packed_obs``), with the rows of the offline mix appended (``[online] offline_batch_size``); online, the
+claim ledger (``mortal.data.claims``) records every trained batch and is committed with each checkpoint.
+"""
+
+import logging
+
+import torch
+
+from mortal.data.offline_data import build_file_list, load_player_names
+from mortal.learning.save_cycle import TestPlayDone
+
+logger = logging.getLogger('mortal.train')  # the trainer's lines (log format)
+
+
+class Intake:
+    """The trainer's intake methods. The host (``mortal.train.Trainer``) provides ``config``, ``version``,
+    ``online``, ``device``, ``dist``, ``batch_size``, ``save_every``, ``steps``, ``offline_stream``,
+    ``online_files()`` and ``train_batch()``."""
+
+    def file_list(self):
+        """(file_list, player_names) of this epoch: claimed logs + ['trainee'] online, the dataset offline.
+
+        Online, the first epoch of a learner finishes the claimed logs a previous one left (``mortal.data.claims``;
+        the claim folder is found from ``[online.server] drain_dir``) without draining; later epochs drain and
+        train the new logs together with what earlier epochs left over.
+        """
+        if self.online:
+            return self.online_files()  # mortal.learning.server_traffic
+
+        def offline():  # rank 0's, sent to the others under torchrun: one process writes the file index
+            names = load_player_names(self.config['dataset']['player_names_files'])
+            logger.info('loaded %s players', f'{len(names):,}')
+            return build_file_list(self.config['dataset'], names), sorted(names)
+        return self.dist.from_main(offline)
+
+    def data_loader(self, file_list, player_names, ledger=None, *, batch_size=None, num_workers=None):
+        """``mortal.data.dataloader.learner_loader`` of this learner; ``batch_size`` defaults to ``[control]
+        batch_size``, ``num_workers`` to ``[dataset] num_workers``."""
+        from mortal.data.dataloader import learner_loader  # here: the supervisor process needs no loader
+        return learner_loader(self.config, self.version, file_list, player_names, ledger,
+                              batch_size=batch_size or self.batch_size, num_workers=num_workers,
+                              pin_memory=self.device.type == 'cuda')
+
+    def _obs_on_device(self, obs):
+        """``obs`` as ``(B, C, 34)`` float32 on the trainer's device: packed rows (uint8, the loader's batches) are
+        moved packed and unpacked there (``mortal.data.packed_obs.unpack``, bit for bit); float ones are moved."""
+        if obs.dtype == torch.uint8:
+            from mortal.data.packed_obs import unpack
+            return unpack(obs.to(self.device, non_blocking=True), self.version)
+        return obs.to(dtype=torch.float32, device=self.device)
+
+    def _batch_on_device(self, obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks) -> tuple:
+        """The six tensors of ``train_batch`` on the device in the dtypes of the loss, with the rows of the
+        offline mix appended (``offline_stream``, when there is one); raises ValueError when an action is masked
+        out."""
+        dev = self.device
+        obs = self._obs_on_device(obs)
+        if self.offline_stream is not None:
+            extra_obs, *extra = next(self.offline_stream)
+            obs = torch.cat((obs, self._obs_on_device(extra_obs)))
+            actions, masks, steps_to_done, kyoku_rewards, player_ranks = (
+                torch.cat((a, b.to(a.dtype))) for a, b in zip(
+                    (actions, masks, steps_to_done, kyoku_rewards, player_ranks), extra))
+        actions = actions.to(dtype=torch.int64, device=dev)
+        masks = masks.to(dtype=torch.bool, device=dev)
+        steps_to_done = steps_to_done.to(dtype=torch.int64, device=dev)
+        kyoku_rewards = kyoku_rewards.to(dtype=torch.float64, device=dev)
+        player_ranks = player_ranks.to(dtype=torch.int64, device=dev)
+        rows = torch.arange(obs.shape[0], device=dev)
+        if not masks[rows, actions].all():
+            raise ValueError('a training sample has an action outside its legal mask')
+        return obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks
+
+    def _train_tracked(self, batch, ledger) -> None:
+        """``train_batch`` on a batch whose last tensor holds the sample ids; record them in ``ledger`` and commit
+        it right after each checkpoint (the save inside ``train_batch``), so that the claim manifest always
+        matches the last checkpoint. The test play that ends an online learner follows a save: committed too."""
+        *data, ids = batch
+        try:
+            self.train_batch(*data)
+        except TestPlayDone:
+            ledger.record(ids)
+            ledger.commit()
+            raise
+        ledger.record(ids)
+        if self.steps % self.save_every == 0:
+            ledger.commit()
