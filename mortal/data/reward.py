@@ -8,10 +8,12 @@
 * ``'points'`` (extra; the bootstrap's fallback when its GRP is no better than uniform): reward[k] = the seat's score
   change in kyoku k (points; the last kyoku's ends at the final scores, leftover deposits included) times
   ``points_scale(pts)`` = ``(max(pts) - min(pts)) / POINTS_SPREAD``. ``POINTS_SPREAD`` = 30,000 points is about the
-  mean final-score gap between first and last place, so a hanchan's summed reward (final score - 25,000 points,
+  final-score gap between first and last place, so a hanchan's summed reward (final score - 25,000 points,
   scaled) spans about the same range as the GRP reward's (pts[rank] - mean pts): with ``pts = [6, 4, 2, 0]`` a
-  1,000-point gain is worth 0.2 pt and a mangan (8,000) 1.6 pt. It needs no model and knows nothing of placement
-  (a gain that changes no rank counts as much as one that does).
+  1,000-point gain is worth 0.2 pt and a mangan (8,000) 1.6 pt. On the quickstart's 112 rule-based hanchan the
+  mean final score of first minus that of last is 26,900 points, and the least-squares line of pts[rank] on the
+  final score gives the 6-pt spread to 35,800 points: 30,000 lies between. It needs no model and knows nothing of
+  placement (a gain that changes no rank counts as much as one that does).
 """
 
 from __future__ import annotations
