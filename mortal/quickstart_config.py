@@ -13,10 +13,12 @@ from mortal.util.fsutil import atomic_write_bytes
 # Early stopping is on in both (unlike the schema's defaults, which keep Mortal's fixed lengths): the GRP trains at
 # most grp_steps, validated every grp_save_every steps, and stops after grp_patience validations without a new
 # best; the offline model trains at most offline_max_epochs epochs and stops after offline_patience epochs without
-# a new lowest validation loss. rulebase_sets: duplicate deals of the summary's start-vs-RulebaseBots line.
+# a new lowest validation loss (at most 3: an offline epoch of the full preset takes about 100 s on 2 cores, and
+# continuing the one-epoch start offline was strongest after 2 more epochs, docs/learning.md). rulebase_sets:
+# duplicate deals of the summary's start-vs-RulebaseBots line (the bot costs about 10 s a deal per core).
 PRESETS = {
     'full': dict(online_timeout=900, boot_games=96, boot_val_games=16, grp_steps=400, grp_save_every=10,
-                 grp_patience=3, offline_epochs=1, offline_max_epochs=4, offline_patience=1,
+                 grp_patience=3, offline_epochs=1, offline_max_epochs=3, offline_patience=1,
                  train_games=16, test_games=16, batch_size=64, save_every=20, test_every=60,
                  submit_every=20, capacity=64, eval_sets=100, rulebase_sets=40),
     'short': dict(online_timeout=900, boot_games=8, boot_val_games=4, grp_steps=40, grp_save_every=10,
