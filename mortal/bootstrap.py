@@ -25,7 +25,8 @@ Steps (each resumable: a finished step is skipped, an interrupted one continues)
    written to ``epochs.json`` and to TensorBoard (``bootstrap/train_loss``, ``bootstrap/val_loss``, step = epoch)
    in the offline run's ``tensorboard`` dir. With ``[bootstrap] offline_max_epochs`` E > 1 the run stops after
    ``offline_patience`` epochs without a new lowest validation loss (or at E), and ``best.pth`` is the checkpoint
-   of the epoch with the lowest one (early stopping). With E = 1 (the default) it is one epoch, as before:
+   of the epoch with the lowest one (early stopping), copied back to the state file ``mortal.pth`` at the end (so a
+   continuation of the offline run starts from it too). With E = 1 (the default) it is one epoch, as before:
    there is no Mortal baseline yet, so its test play (every ``[bootstrap] offline_test_every`` steps, 0 = never)
    is against three RulebaseBots, and ``best.pth`` is the best tested checkpoint, or the last one when none ran
    (with E > 1 the test play's pick goes to ``best_test_play.pth`` instead).
@@ -641,9 +642,13 @@ def train_offline(config):
         trainer.writer.close()
     if early:
         best, stopped = _best_epoch(history, patience)
-        logger.info('train-offline: %s after epoch %d; best.pth = epoch %d (val loss %.4f, step %d)',
-                    'early stop' if stopped else 'max epochs reached', len(history), history[best]['epoch'],
-                    history[best]['val_loss'], history[best]['steps'])
+        _sync_best(p, history, patience)
+        if _checkpoint_steps(p['state_file']) != history[best]['steps']:
+            # what continues this run (e.g. bench/learning.py's offline-only control) starts where prepare does
+            atomic_copy(p['best_state_file'], p['state_file'])
+        logger.info('train-offline: %s after epoch %d; best.pth = epoch %d (val loss %.4f, step %d), the state '
+                    'file too', 'early stop' if stopped else 'max epochs reached', len(history),
+                    history[best]['epoch'], history[best]['val_loss'], history[best]['steps'])
     elif not os.path.exists(p['best_state_file']):
         atomic_copy(p['state_file'], p['best_state_file'])
     Path(p['done']).write_text(f'steps {trainer.steps}\nepochs {len(history)}\n')

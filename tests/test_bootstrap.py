@@ -310,10 +310,10 @@ def test_offline_early_stopping_stops_where_the_val_curve_turns(tmp_path, monkey
     steps = [h['steps'] for h in history]
     assert steps[0] > 0 and steps == [steps[0], 2 * steps[0], 3 * steps[0]]  # whole epochs of the same logs
     assert all(h['train_loss'] > 0 for h in history)
-    # best.pth is epoch 2's checkpoint; the state file went on to epoch 3
+    # best.pth is epoch 2's checkpoint; the state file, which went on to epoch 3, is set back to it at the end
     assert best == p['best_state_file']
     assert torch.load(best, weights_only=False)['steps'] == steps[1]
-    assert torch.load(p['state_file'], weights_only=False)['steps'] == steps[2]
+    assert torch.load(p['state_file'], weights_only=False)['steps'] == steps[1]
     acc = EventAccumulator(p['tensorboard_dir'])
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars('bootstrap/val_loss')] == [(1, 2.0), (2, 1.5), (3, pytest.approx(1.7))]
@@ -326,7 +326,8 @@ def test_offline_early_stopping_stops_where_the_val_curve_turns(tmp_path, monkey
 
 def test_offline_early_stopping_resumes_from_its_record(tmp_path, monkeypatch):
     """A run killed between epoch 1's record and its copy to best.pth continues at epoch 2 and first copies the
-    state file (still at epoch 1) to best.pth; a best.pth lost later cannot be rebuilt, which is said plainly."""
+    state file (still at epoch 1) to best.pth; at the end the state file is the best epoch's too, so a lost best.pth
+    is rebuilt from it, and when both are gone that is said plainly."""
     config = _offline_setup(tmp_path, offline_max_epochs=3, offline_patience=0)
     p = bootstrap._offline_paths(bootstrap.bootstrap_config(config))
     curve = iter([2.0, 2.5, 3.0])  # epoch 1 stays the best
@@ -350,6 +351,10 @@ def test_offline_early_stopping_resumes_from_its_record(tmp_path, monkeypatch):
     assert [(h['epoch'], h['val_loss'], h['steps']) for h in history] == [
         (1, 2.0, steps), (2, 2.5, 2 * steps), (3, 3.0, 3 * steps)]  # patience 0: all offline_max_epochs
     assert torch.load(p['best_state_file'], weights_only=False)['steps'] == steps
+    os.remove(p['best_state_file'])  # lost after the end: the state file was set back to the best epoch
+    assert bootstrap.train_offline(config) == p['best_state_file']
+    assert torch.load(p['best_state_file'], weights_only=False)['steps'] == steps
     os.remove(p['best_state_file'])
+    os.remove(p['state_file'])
     with pytest.raises(bootstrap.BootstrapError, match="not the best epoch's checkpoint"):
         bootstrap.train_offline(config)
