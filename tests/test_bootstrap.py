@@ -316,7 +316,8 @@ def test_offline_early_stopping_stops_where_the_val_curve_turns(tmp_path, monkey
     assert torch.load(p['state_file'], weights_only=False)['steps'] == steps[1]
     acc = EventAccumulator(p['tensorboard_dir'])
     acc.Reload()
-    assert [(e.step, e.value) for e in acc.Scalars('bootstrap/val_loss')] == [(1, 2.0), (2, 1.5), (3, pytest.approx(1.7))]
+    val = [(e.step, e.value) for e in acc.Scalars('bootstrap/val_loss')]
+    assert val == [(1, 2.0), (2, 1.5), (3, pytest.approx(1.7))]
     assert [e.step for e in acc.Scalars('bootstrap/train_loss')] == [1, 2, 3]
     # finished: a rerun is skipped; prepare hands on epoch 2
     assert bootstrap.train_offline(config) == best and len(calls) == 3

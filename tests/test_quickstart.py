@@ -112,7 +112,8 @@ def test_short_quickstart_end_to_end(tmp_path):
     # each learner start writes its own event file: one restart = at least two
     assert len(list((work / 'online' / 'tensorboard').glob('events.out.tfevents.*'))) >= 2
     # the start against 3 RulebaseBots (2 deals with --short) and the reward the bootstrap chose
-    assert re.search(r'start vs 3 RulebaseBots: avg rank [1-4]\.\d{3} ± \d\.\d{3} \(95% CI, 2 deals = 8 games', out), out
+    assert re.search(r'start vs 3 RulebaseBots: avg rank [1-4]\.\d{3} ± \d\.\d{3} \(95% CI, 2 deals = 8 games',
+                     out), out
     assert re.search(r"kyoku reward: \[env\] reward = '(grp|points)'", out), out
     # the processes were stopped by signal (SIGTERM), not left running
     assert "'server': 'exited" in out or "'server': 'killed'" in out
