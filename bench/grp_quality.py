@@ -4,13 +4,18 @@
     python bench/grp_quality.py curve TRAIN_DIR VAL_DIR [--steps 25,50,100,200,400,800]
     python bench/grp_quality.py make TRAIN_DIR OUT.pth --steps 100
     python bench/grp_quality.py reward VAL_DIR GRP.pth [GRP.pth ...]
+    python bench/grp_quality.py rank VAL_DIR [GRP.pth ...]
 
 ``curve`` trains Mortal's GRP (hidden 64, 2 layers, AdamW defaults, batch 64, as ``mortal.train_grp``) on every
 ``*.json.gz`` log of TRAIN_DIR and prints the validation cross entropy over all prefixes of VAL_DIR's logs at each
 step count (uniform over the 24 rank orders is ln 24 = 3.178). ``make`` writes such a GRP after ``--steps`` steps in
 the ``train_grp`` checkpoint layout. ``reward`` prints, per GRP, the correlation between each kyoku's reward (in
 ``[env] pts`` 6/4/2/0 units) and the kyoku's point change of that seat, over all seats and kyoku of VAL_DIR except
-the last kyoku of each game. Seeds are fixed (torch and random 0).
+the last kyoku of each game. ``rank`` prints, for the ``'points'`` reward (``[env] reward``, the kyoku's score change
+x 6 / 30,000 pt per point, ``mortal.data.reward``) and for each GRP (with its validation cross entropy), the
+correlation between each kyoku's reward and the seat's final rank (1-4) over the same kyoku (the last kyoku of each
+game left out: there the GRP reward is the final rank itself); negative is right (a higher reward goes with a
+better, lower, rank) and a larger magnitude is better. Seeds are fixed (torch and random 0).
 """
 
 import glob
@@ -49,14 +54,9 @@ def _train(samples, steps_list, on_step):
 
 
 def val_ce(grp, samples):
-    """Mean cross entropy (nats) of ``grp`` over ``samples``."""
-    from mortal.train_grp import collate, evaluate
-    total = 0.0
-    for i in range(0, len(samples), 512):
-        inputs, ranks = collate(samples[i:i + 512])
-        loss, _ = evaluate(grp, inputs, ranks)
-        total += loss * len(inputs)
-    return total / len(samples)
+    """Mean cross entropy (nats) of ``grp`` over ``samples`` (``mortal.train_grp.mean_ce``)."""
+    from mortal.train_grp import mean_ce
+    return mean_ce(grp, samples)
 
 
 def reward_correlation(grp_file, log_dir):
@@ -75,6 +75,31 @@ def reward_correlation(grp_file, log_dir):
     return len(r), float(np.corrcoef(r, d)[0, 1]), float(r.std())
 
 
+def rank_correlation(log_dir, grp_file=None, pts=(6, 4, 2, 0)):
+    """``(kyoku count, corr(reward, final rank))`` of one kyoku reward on the logs of ``log_dir``: the GRP reward of
+    the checkpoint ``grp_file`` (hidden 64, 2 layers), or the ``'points'`` reward when it is None. Final rank is
+    1-4 (1 = top); every seat's every kyoku but each game's last. Raises SystemExit when ``log_dir`` has no log."""
+    import numpy as np
+    from mortal.data.grp import Grp
+    from mortal.data.reward import RewardCalculator, load_grp
+    files = sorted(glob.glob(os.path.join(log_dir, '*.json.gz')))
+    if not files:
+        raise SystemExit(f'no *.json.gz logs in {log_dir}')
+    if grp_file is None:
+        calc = RewardCalculator(None, list(pts), reward='points')
+    else:
+        calc = RewardCalculator(load_grp(grp_file, {'hidden_size': 64, 'num_layers': 2}), list(pts))
+    rewards, ranks = [], []
+    for game in Grp.load_gz_log_files(files):
+        feature, final_rank = game.take_feature(), game.take_rank_by_player()
+        for seat in range(4):
+            r = calc.kyoku_rewards(seat, feature, final_rank, game.take_final_scores())[:-1]
+            rewards += list(r)
+            ranks += [int(final_rank[seat]) + 1] * len(r)
+    r, k = np.array(rewards), np.array(ranks, dtype=np.float64)
+    return len(r), float(np.corrcoef(r, k)[0, 1])
+
+
 def main(argv=None):
     from mortal import entry
 
@@ -91,6 +116,9 @@ def main(argv=None):
     p = sub.add_parser('reward')
     p.add_argument('val_dir')
     p.add_argument('grp', nargs='+')
+    p = sub.add_parser('rank')
+    p.add_argument('val_dir')
+    p.add_argument('grp', nargs='*')
     args = entry.start(parser, argv, log_level=None)
     import torch
     torch.set_num_threads(1)
@@ -104,6 +132,17 @@ def main(argv=None):
         from mortal.model.checkpoint import atomic_torch_save
         atomic_torch_save({'model': grp.state_dict(), 'steps': args.steps, 'timestamp': 0}, args.out)
         print(f'wrote {args.out}')
+    elif args.cmd == 'rank':
+        val = _samples(args.val_dir)
+        n, corr = rank_correlation(args.val_dir)
+        print(f'uniform CE {math.log(24):.4f}; corr(kyoku reward, final rank 1-4), negative = right, larger '
+              f'magnitude = better')
+        print(f'points: {n} kyoku, corr {corr:+.3f}')
+        from mortal.data.reward import load_grp
+        for grp_file in args.grp:
+            n, corr = rank_correlation(args.val_dir, grp_file)
+            ce = val_ce(load_grp(grp_file, {'hidden_size': 64, 'num_layers': 2}), val)
+            print(f'{grp_file}: {n} kyoku, corr {corr:+.3f}, val CE {ce:.4f}')
     else:
         for grp_file in args.grp:
             n, corr, sd = reward_correlation(grp_file, args.val_dir)

@@ -10,11 +10,26 @@ Steps (each resumable: a finished step is skipped, an interrupted one continues)
    four identical deterministic bots would replay the same game in all four seat rotations of a deal, so
    without the noise three of every four logs would be byte-identical copies. With ``epsilon = 0`` only
    rotation ``a`` is kept.
-2. ``train-grp``: ``mortal.train_grp`` on those logs for ``[bootstrap] grp_steps`` steps -> ``[grp] state_file``.
-3. ``train-offline``: one offline run of ``mortal.train.Trainer`` (``online = false``, CQL on) on the train logs
-   with the config's ``[resnet]``/``[control] version``; state under ``[bootstrap] work_dir``/``offline``.
-   There is no Mortal baseline yet, so its test play (every ``[bootstrap] offline_test_every`` steps, 0 = never)
-   is against three RulebaseBots; ``best.pth`` is the best tested checkpoint, or the last one when none ran.
+2. ``train-grp``: ``mortal.train_grp`` on those logs for ``[bootstrap] grp_steps`` steps -> ``[grp] state_file``;
+   with ``[bootstrap] grp_patience`` P > 0, ``grp_steps`` is the most: training stops after P validations
+   (every ``[grp.control] save_every`` steps) without a new lowest cross entropy on the val logs, and the best
+   validated weights are kept. Then ``check_grp``: a GRP whose cross entropy over the val logs is not below
+   the uniform prediction's (ln 24 = 3.178) is not handed on: one warning line names both, and the kyoku reward
+   falls back to ``[env] reward = 'points'`` (``mortal.data.reward``). The reward chosen is logged, set in the
+   config and written into the config file the bootstrap was started with (``[env] reward``), which the online
+   processes then read.
+3. ``train-offline``: offline epochs of ``mortal.train.Trainer`` (``online = false``, CQL on) on the train logs
+   with the config's ``[resnet]``/``[control] version``; state under ``[bootstrap] work_dir``/``offline``. After
+   each epoch (one ``Trainer`` pass: ``[dataset] num_epochs`` over the logs) the offline loss (the training
+   terms, no gradient, BatchNorm on its running statistics) is measured on the val logs; both losses are logged,
+   written to ``epochs.json`` and to TensorBoard (``bootstrap/train_loss``, ``bootstrap/val_loss``, step = epoch)
+   in the offline run's ``tensorboard`` dir. With ``[bootstrap] offline_max_epochs`` E > 1 the run stops after
+   ``offline_patience`` epochs without a new lowest validation loss (or at E), and ``best.pth`` is the checkpoint
+   of the epoch with the lowest one (early stopping), copied back to the state file ``mortal.pth`` at the end (so a
+   continuation of the offline run starts from it too). With E = 1 (the default) it is one epoch, as before:
+   there is no Mortal baseline yet, so its test play (every ``[bootstrap] offline_test_every`` steps, 0 = never)
+   is against three RulebaseBots, and ``best.pth`` is the best tested checkpoint, or the last one when none ran
+   (with E > 1 the test play's pick goes to ``best_test_play.pth`` instead).
 4. ``prepare``: the online directory: ``best.pth`` copied to ``[control] state_file`` (with ``best_perf`` reset,
    since the online test play is against the baseline, not the bots) and to ``[baseline.train]``/
    ``[baseline.test] state_file``.
@@ -26,17 +41,21 @@ if __package__ in (None, ''):  # run as a script: python mortal/bootstrap.py
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
+import contextlib
 import copy
+import glob
+import json
 import logging
 import os
 import random
+import re
 import sys
 import time
 from pathlib import Path
 
 from mortal.config import SCHEMA, lookup
 from mortal.entry import drop_rust_backtrace
-from mortal.util.fsutil import atomic_copy, empty_dir
+from mortal.util.fsutil import atomic_copy, atomic_write_bytes, empty_dir
 
 logger = logging.getLogger(__name__)
 
@@ -61,9 +80,13 @@ def bootstrap_config(config):
         logger.warning('[bootstrap] unknown key(s) ignored: %s', unknown)
     for k, v in DEFAULTS.items():
         table.setdefault(k, v)
-    for k in ('games', 'val_games', 'grp_steps', 'workers', 'offline_test_every', 'offline_test_games'):
+    for k in ('games', 'val_games', 'grp_steps', 'workers', 'offline_test_every', 'offline_test_games',
+              'offline_patience', 'grp_patience'):
         if not isinstance(table[k], int) or table[k] < 0:
             raise BootstrapError(f'[bootstrap] {k} must be an integer >= 0, got {table[k]!r}')
+    if not isinstance(table['offline_max_epochs'], int) or table['offline_max_epochs'] < 1:
+        raise BootstrapError(f"[bootstrap] offline_max_epochs must be an integer >= 1, got "
+                             f"{table['offline_max_epochs']!r}")
     if not isinstance(table['offline_lr'], (int, float)) or table['offline_lr'] < 0:
         raise BootstrapError(f"[bootstrap] offline_lr must be a number >= 0, got {table['offline_lr']!r}")
     if not 0 <= table['epsilon'] < 1:
@@ -233,14 +256,18 @@ def _grp_config(config, boot):
 
 
 def _grp_steps_done(state_file):
+    """``(steps, stopped)`` of the GRP checkpoint: its step count and whether early stopping ended it."""
     from mortal.model.checkpoint import load_checkpoint
     if not os.path.exists(state_file):
-        return 0
-    return int(load_checkpoint(state_file).get('steps', 0))
+        return 0, False
+    state = load_checkpoint(state_file)
+    return int(state.get('steps', 0)), bool((state.get('early_stopping') or {}).get('stopped'))
 
 
 def train_grp(config, *, progress=True):
-    """Step 2: train the GRP to ``[bootstrap] grp_steps`` (resuming its checkpoint). Returns the steps."""
+    """Step 2: train the GRP to ``[bootstrap] grp_steps`` (resuming its checkpoint), with early stopping when
+    ``[bootstrap] grp_patience`` > 0 (``mortal.train_grp.train``'s ``patience``). Returns the steps. Skipped when
+    the checkpoint has reached ``grp_steps`` or was stopped early."""
     from mortal import train_grp as tg
 
     boot = bootstrap_config(config)
@@ -250,15 +277,112 @@ def train_grp(config, *, progress=True):
     if target % save_every:
         raise BootstrapError(f'[bootstrap] grp_steps = {target} must be a multiple of [grp.control] '
                              f'save_every = {save_every} (the GRP is saved only then)')
-    done = _grp_steps_done(grp['state_file'])
-    if done >= target:
-        logger.info('train-grp: %s already at step %d >= %d, skipped', grp['state_file'], done, target)
+    done, stopped = _grp_steps_done(grp['state_file'])
+    if done >= target or stopped:
+        logger.info('train-grp: %s already at step %d%s, skipped', grp['state_file'], done,
+                    ' (stopped early)' if stopped else f' >= {target}')
         return done
     os.makedirs(os.path.dirname(os.path.abspath(grp['state_file'])), exist_ok=True)
     start = time.monotonic()
-    steps = tg.train(grp, max_steps=target, num_workers=0, progress=progress)
+    steps = tg.train(grp, max_steps=target, num_workers=0, progress=progress, patience=boot['grp_patience'])
     logger.info('train-grp: %d steps in %.0f s -> %s', steps, time.monotonic() - start, grp['state_file'])
     return steps
+
+
+def _val_logs(boot):
+    """The bootstrap's validation logs (``[bootstrap] log_dir``/val), sorted."""
+    return sorted(glob.glob(os.path.join(boot['log_dir'], 'val', '*.json.gz')))
+
+
+def check_grp(config, config_path=None):
+    """Refuse a GRP that is no better than uniform: the reward the online run will use.
+
+    Measures the GRP of ``[grp] state_file`` on every sample (all game prefixes) of the bootstrap's val logs:
+    mean cross entropy over the 24 rank orders, in nats. Not below ``mortal.train_grp.UNIFORM_CE`` (ln 24 =
+    3.178, the uniform prediction's) -> one warning line naming both, and ``[env] reward = 'points'`` (the scaled
+    point change, ``mortal.data.reward``); below -> ``[env] reward = 'grp'`` (Mortal's). A config that already
+    says ``'points'`` keeps it (only logged). Without val logs or GRP file nothing is measured and the config's
+    reward stands. The choice is logged, set in ``config['env']`` and, with ``config_path``, written into that
+    TOML file (``write_reward``).
+
+    Returns ``{'reward': 'grp'|'points', 'ce': float or None, 'uniform': ln 24, 'val_games': int}``.
+    Raises what ``mortal.data.reward.load_grp`` raises for an unusable GRP file.
+    """
+    from mortal.data.reward import load_grp
+    from mortal.train_grp import UNIFORM_CE, load_samples, mean_ce
+
+    boot = bootstrap_config(config)
+    env = config.setdefault('env', {})
+    configured = env.get('reward', 'grp')
+    files = _val_logs(boot)
+    grp_file = config['grp']['state_file']
+    ce = None
+    samples = load_samples(files) if files and os.path.exists(grp_file) else []
+    if samples:
+        ce = mean_ce(load_grp(grp_file, config['grp'].get('network')), samples)
+    if ce is None:
+        reward = configured
+        logger.warning('train-grp: no GRP or no validation logs to check it on (%s, %d val logs): the kyoku '
+                       "reward stays [env] reward = '%s'", grp_file, len(files), reward)
+    elif configured == 'points':
+        reward = 'points'
+        logger.info("train-grp: [env] reward = 'points' set in the config (GRP validation cross entropy %.4f, "
+                    'uniform ln 24 = %.4f, %d val games)', ce, UNIFORM_CE, len(files))
+    elif ce >= UNIFORM_CE:
+        reward = 'points'
+        logger.warning("train-grp: GRP not handed on: its validation cross entropy %.4f is not below uniform's "
+                       "ln 24 = %.4f on %d val games; the kyoku reward falls back to [env] reward = 'points' "
+                       '(score change, mortal.data.reward)', ce, UNIFORM_CE, len(files))
+    else:
+        reward = 'grp'
+        logger.info("train-grp: kyoku reward [env] reward = 'grp': GRP validation cross entropy %.4f < uniform "
+                    'ln 24 = %.4f on %d val games', ce, UNIFORM_CE, len(files))
+    env['reward'] = reward
+    if config_path:
+        write_reward(config_path, reward)
+    return {'reward': reward, 'ce': ce, 'uniform': UNIFORM_CE, 'val_games': len(files)}
+
+
+_TABLE_HEADER = re.compile(r'^\s*\[')
+_ENV_HEADER = re.compile(r'^\s*\[\s*env\s*\]\s*(#.*)?$')
+_REWARD_LINE = re.compile(r'^\s*reward\s*=')
+
+
+def write_reward(path, reward):
+    """Set ``[env] reward = '<reward>'`` in the TOML file ``path``, keeping every other line (and comment) as it
+    is: the line of the key is replaced, or one is added right under the ``[env]`` header, or an ``[env]`` table
+    is appended. Nothing is written when the file already says so. Returns whether the file was changed.
+
+    Raises BootstrapError when the edited text would not read back as TOML with that value (e.g. ``[env]`` given
+    as dotted keys or an inline table): set the key by hand then.
+    """
+    from mortal.config import tomllib
+
+    text = Path(path).read_text(encoding='utf-8')
+    if (tomllib.loads(text).get('env') or {}).get('reward') == reward:
+        return False
+    lines = text.splitlines(keepends=True)
+    line = f"reward = '{reward}'  # written by mortal.bootstrap (check_grp)\n"
+    header = next((i for i, x in enumerate(lines) if _ENV_HEADER.match(x)), None)
+    if header is None:
+        lines.append(('\n' if text and not text.endswith('\n\n') else '') + '[env]\n' + line)
+    else:
+        end = next((j for j in range(header + 1, len(lines)) if _TABLE_HEADER.match(lines[j])), len(lines))
+        at = next((j for j in range(header + 1, end) if _REWARD_LINE.match(lines[j])), None)
+        if at is None:
+            lines.insert(header + 1, line)
+        else:
+            lines[at] = line
+    new = ''.join(lines)
+    try:
+        ok = (tomllib.loads(new).get('env') or {}).get('reward') == reward
+    except tomllib.TOMLDecodeError:
+        ok = False
+    if not ok:
+        raise BootstrapError(f"cannot write [env] reward = '{reward}' into {path}: set it there by hand")
+    atomic_write_bytes(new.encode('utf-8'), path)
+    logger.info("wrote [env] reward = '%s' into %s", reward, path)
+    return True
 
 
 # ---------------------------------------------------------------------------- step 3: offline Mortal
@@ -269,6 +393,8 @@ def _offline_paths(boot):
         'root': root,
         'state_file': os.path.join(root, 'mortal.pth'),
         'best_state_file': os.path.join(root, 'best.pth'),
+        'best_test_play': os.path.join(root, 'best_test_play.pth'),  # the test play's pick when early stopping
+        'history': os.path.join(root, 'epochs.json'),
         'tensorboard_dir': os.path.join(root, 'tensorboard'),
         'test_log_dir': os.path.join(root, 'test_play'),
         'file_index': os.path.join(root, 'file_index.pth'),
@@ -278,14 +404,16 @@ def _offline_paths(boot):
 
 def offline_config(config):
     """The config of the offline run: the given one with ``online = false``, the bootstrap train logs as
-    dataset and every output under ``[bootstrap] work_dir``/``offline``."""
+    dataset and every output under ``[bootstrap] work_dir``/``offline``. With ``offline_max_epochs`` > 1 the
+    trainer's own best (test play) goes to ``best_test_play.pth``: ``best.pth`` is the lowest validation loss's
+    epoch then."""
     boot = bootstrap_config(config)
     p = _offline_paths(boot)
     cfg = copy.deepcopy(config)
     control = cfg['control']
     control['online'] = False
     control['state_file'] = p['state_file']
-    control['best_state_file'] = p['best_state_file']
+    control['best_state_file'] = p['best_test_play'] if boot['offline_max_epochs'] > 1 else p['best_state_file']
     control['tensorboard_dir'] = p['tensorboard_dir']
     test_every = boot['offline_test_every']
     if test_every:
@@ -337,33 +465,201 @@ class RulebaseTestPlayer:
         return Stat.from_dir(self.log_dir, 'mortal')
 
 
-def train_offline(config):
-    """Step 3. Returns the path of ``best.pth``. Skipped when a previous run finished."""
+@contextlib.contextmanager
+def _eval_mode(*modules):
+    """eval() for a measurement, then each module's own training flag back (a Brain keeps frozen BN frozen)."""
+    modes = [m.training for m in modules]
+    for m in modules:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m, mode in zip(modules, modes):
+            m.train(mode)
+
+
+def validation_loss(trainer, files):
+    """The offline loss of ``trainer``'s models on the logs ``files``: ``(mean loss per sample, samples)``.
+
+    The terms and weights of training (``mortal.learning.loss.learner_loss`` with the trainer's ``LossWeights``:
+    0.5 MSE to the Monte-Carlo target + CQL + next-rank CE, in the config's ``[env]`` reward), over every seat's
+    every decision of one pass over ``files`` (no augmentation, all batches including the last short one), without
+    gradient and in eval mode (BatchNorm on its running statistics, no dropout), so it is the same at any batch
+    size. Raises BootstrapError when the logs give no sample.
+    """
+    import torch
+    from mortal.data.dataloader import learner_loader
+    from mortal.learning.loss import learner_loss
+
+    cfg = dict(trainer.config)
+    cfg['dataset'] = {**cfg['dataset'], 'num_epochs': 1, 'enable_augmentation': False, 'reserve_ratio': 0.0}
+    loader = learner_loader(cfg, trainer.version, list(files), [], batch_size=trainer.batch_size, num_workers=0)
+    dev = trainer.device
+    total, count = 0.0, 0
+    with torch.no_grad(), _eval_mode(trainer.mortal, trainer.dqn, trainer.aux_net):
+        for obs, actions, masks, steps_to_done, rewards, ranks in loader:
+            n = obs.shape[0]
+            obs = trainer._obs_on_device(obs)
+            actions = actions.to(dtype=torch.int64, device=dev)
+            masks = masks.to(dtype=torch.bool, device=dev)
+            q_target = (trainer.gamma ** steps_to_done.to(dev) * rewards.to(dev)).to(torch.float32)
+            with torch.autocast(dev.type, enabled=trainer.enable_amp):
+                phi = trainer.mortal(obs)
+                q_out = trainer.dqn(phi, masks)
+                next_rank_logits, = trainer.aux_net(phi)
+                terms = learner_loss(q_out, next_rank_logits, actions, q_target,
+                                     ranks.to(dtype=torch.int64, device=dev), masks=masks, online_rows=n,
+                                     weights=trainer.loss_weights)
+            total += float(terms.total) * n
+            count += n
+    if not count:
+        raise BootstrapError(f'train-offline: no validation sample in {len(files)} val logs')
+    return total / count, count
+
+
+def _epoch_trainer_class():
     from mortal.train import Trainer
 
+    class EpochTrainer(Trainer):
+        """A ``Trainer`` that also sums its loss terms over an epoch (its per-save sums are reset at each save):
+        ``take_epoch_loss(batches)`` -> the mean training loss (the weighted total of ``learner_loss``) of the
+        ``batches`` trained since the last call (or since it was made)."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)  # its reset_stats() comes before epoch_sums exists: nothing to add
+            self.epoch_sums = {}
+
+        def reset_stats(self):
+            sums = getattr(self, 'epoch_sums', None)
+            if sums is not None:
+                for name, value in self.stats.items():
+                    sums[name] = sums.get(name, 0.0) + value
+            super().reset_stats()
+
+        def take_epoch_loss(self, batches):
+            self.reset_stats()  # the tail since the last save joins the sums (and leaves the next save's mean)
+            sums, self.epoch_sums = self.epoch_sums, {}
+            w = self.loss_weights
+            total = (sums.get('dqn_loss', 0.0) + w.next_rank * sums.get('next_rank_loss', 0.0)
+                     + (w.cql * sums.get('cql_loss', 0.0) if w.with_cql else 0.0))
+            return total / max(batches, 1)
+
+    return EpochTrainer
+
+
+def read_history(path):
+    """The offline epochs recorded so far (``epochs.json``): a list of ``{epoch, steps, train_loss, val_loss}``
+    (``val_loss`` None without val logs); [] when there is none."""
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return []
+
+
+def _best_epoch(history, patience):
+    """``(index of the lowest val loss or -1, stop)`` (``mortal.train_grp.early_stopping_state``)."""
+    from mortal.train_grp import early_stopping_state
+    return early_stopping_state([h['val_loss'] for h in history], patience)
+
+
+def _checkpoint_steps(path):
+    from mortal.model.checkpoint import load_checkpoint
+    if not os.path.exists(path):
+        return None
+    return int(load_checkpoint(path, map_location='cpu').get('steps', -1))
+
+
+def _sync_best(p, history, patience):
+    """Early stopping's ``best.pth`` must be the checkpoint of the best recorded epoch. Each epoch's record is
+    written before its copy: a stop between the two leaves the state file at that very epoch, copied here."""
+    best, _ = _best_epoch(history, patience)
+    if best < 0:
+        return
+    want = history[best]['steps']
+    if _checkpoint_steps(p['best_state_file']) == want:
+        return
+    if _checkpoint_steps(p['state_file']) == want:
+        atomic_copy(p['state_file'], p['best_state_file'])
+        logger.info('train-offline: best.pth restored from the state file (epoch %d)', history[best]['epoch'])
+    else:
+        raise BootstrapError(f"train-offline: {p['best_state_file']} is not the best epoch's checkpoint (epoch "
+                             f"{history[best]['epoch']}, step {want}) and the state file has moved on; remove "
+                             f"{p['root']} to train the offline model again")
+
+
+def train_offline(config):
+    """Step 3 (see the module docstring): offline epochs, each followed by the validation loss, with early
+    stopping when ``[bootstrap] offline_max_epochs`` > 1. Returns the path of ``best.pth``. Skipped when a previous
+    run finished (``DONE``); an interrupted one continues from its last checkpoint and ``epochs.json``.
+
+    Raises BootstrapError: no GRP for the 'grp' reward, early stopping without val logs, not one full batch.
+    """
     boot = bootstrap_config(config)
     p = _offline_paths(boot)
     if os.path.exists(p['done']) and os.path.exists(p['best_state_file']):
         logger.info('train-offline: finished before (%s), skipped', p['done'])
         return p['best_state_file']
-    if not os.path.exists(config['grp']['state_file']):
+    reward = (config.get('env') or {}).get('reward', 'grp')
+    if reward == 'grp' and not os.path.exists(config['grp']['state_file']):
         raise BootstrapError(f"train-offline needs the GRP ({config['grp']['state_file']}): run train-grp first")
+    max_epochs, patience = boot['offline_max_epochs'], boot['offline_patience']
+    early = max_epochs > 1
+    val_files = _val_logs(boot)
+    if early and not val_files:
+        raise BootstrapError(f"train-offline: offline_max_epochs = {max_epochs} picks the epoch by the validation "
+                             f"loss, but {boot['log_dir']}/val has no logs ([bootstrap] val_games)")
     cfg = offline_config(config)
     os.makedirs(p['root'], exist_ok=True)
+    history = read_history(p['history'])
     start = time.monotonic()
-    trainer = Trainer(cfg, test_player=RulebaseTestPlayer(cfg))
+    trainer = _epoch_trainer_class()(cfg, test_player=RulebaseTestPlayer(cfg))
+    logger.info("train-offline: kyoku reward [env] reward = '%s'; at most %d epoch(s)%s", reward, max_epochs,
+                f', patience {patience}' if early else '')
     try:
-        trainer.run()
+        if early:
+            _sync_best(p, history, patience)
+        while len(history) < max_epochs and not (early and _best_epoch(history, patience)[1]):
+            epoch = len(history) + 1
+            batches = trainer.train_epoch()
+            if trainer.steps == 0:
+                raise BootstrapError(f"train-offline: not one full batch of {cfg['control']['batch_size']} samples "
+                                     'in the bootstrap logs; generate more games or lower [control] batch_size')
+            if trainer.steps % trainer.save_every:
+                trainer.save()  # the epoch's tail after the last save_every
+            train_loss = trainer.take_epoch_loss(batches)
+            val_loss = val_samples = None
+            if val_files:
+                val_loss, val_samples = validation_loss(trainer, val_files)
+            history.append({'epoch': epoch, 'steps': trainer.steps, 'train_loss': train_loss, 'val_loss': val_loss})
+            atomic_write_bytes(json.dumps(history, indent=1).encode(), p['history'])
+            trainer.writer.add_scalar('bootstrap/train_loss', train_loss, epoch)
+            if val_loss is not None:
+                trainer.writer.add_scalar('bootstrap/val_loss', val_loss, epoch)
+            trainer.writer.flush()
+            if val_loss is None:
+                logger.info('train-offline: epoch %d: %d steps, train loss %.4f (no val logs)', epoch,
+                            trainer.steps, train_loss)
+                continue
+            best, _ = _best_epoch(history, patience)
+            logger.info('train-offline: epoch %d/%d: %d steps, train loss %.4f, val loss %.4f on %s samples '
+                        '(best %.4f at epoch %d)', epoch, max_epochs, trainer.steps, train_loss, val_loss,
+                        f'{val_samples:,}', history[best]['val_loss'], history[best]['epoch'])
+            if early and best == len(history) - 1:
+                atomic_copy(p['state_file'], p['best_state_file'])
     finally:
         trainer.writer.close()
-    if trainer.steps == 0:
-        raise BootstrapError(f"train-offline: not one full batch of {cfg['control']['batch_size']} samples in "
-                             'the bootstrap logs; generate more games or lower [control] batch_size')
-    if trainer.steps % trainer.save_every:
-        trainer.save()  # the epoch's tail after the last save_every
-    if not os.path.exists(p['best_state_file']):
+    if early:
+        best, stopped = _best_epoch(history, patience)
+        _sync_best(p, history, patience)
+        if _checkpoint_steps(p['state_file']) != history[best]['steps']:
+            # what continues this run (e.g. bench/learning.py's offline-only control) starts where prepare does
+            atomic_copy(p['best_state_file'], p['state_file'])
+        logger.info('train-offline: %s after epoch %d; best.pth = epoch %d (val loss %.4f, step %d), the state '
+                    'file too', 'early stop' if stopped else 'max epochs reached', len(history),
+                    history[best]['epoch'], history[best]['val_loss'], history[best]['steps'])
+    elif not os.path.exists(p['best_state_file']):
         atomic_copy(p['state_file'], p['best_state_file'])
-    Path(p['done']).write_text(f'steps {trainer.steps}\n')
+    Path(p['done']).write_text(f'steps {trainer.steps}\nepochs {len(history)}\n')
     logger.info('train-offline: %d steps in %.0f s -> %s', trainer.steps, time.monotonic() - start,
                 p['best_state_file'])
     return p['best_state_file']
@@ -401,8 +697,9 @@ def prepare(config, *, force=False):
 
 # ---------------------------------------------------------------------------- driver
 
-def run_steps(config, steps, *, force=False, progress=True):
-    """Run the named steps in order; returns ``{step: seconds}``."""
+def run_steps(config, steps, *, force=False, progress=True, config_path=None):
+    """Run the named steps in order; returns ``{step: seconds}``. ``train-grp`` is followed by ``check_grp``
+    (the reward choice, written into ``config_path`` when given)."""
     timings = {}
     for step in steps:
         start = time.monotonic()
@@ -411,6 +708,7 @@ def run_steps(config, steps, *, force=False, progress=True):
             gen_logs(config, progress=progress)
         elif step == 'train-grp':
             train_grp(config, progress=progress)
+            check_grp(config, config_path)
         elif step == 'train-offline':
             train_offline(config)
         elif step == 'prepare':
@@ -425,7 +723,7 @@ def main(argv=None):
     """``python -m mortal.bootstrap STEP [-c PATH] [--force] [--no-progress]``; returns the exit status (2: config
     error, 1: a failed step)."""
     from mortal import entry
-    from mortal.config import TRAIN_SECTIONS, ConfigError
+    from mortal.config import TRAIN_SECTIONS, ConfigError, resolve_path
 
     parser = entry.parser('Bootstrap a model from rule-based play ([bootstrap] table).',
                           prog='python -m mortal.bootstrap')
@@ -440,7 +738,8 @@ def main(argv=None):
         return entry.error(e)
     steps = STEPS if args.step == 'all' else (args.step,)
     try:
-        timings = run_steps(config, steps, force=args.force, progress=not args.no_progress)
+        timings = run_steps(config, steps, force=args.force, progress=not args.no_progress,
+                            config_path=resolve_path(args.config, args.overrides))
     except BootstrapError as e:
         return entry.error(e, 1)
     for step, secs in timings.items():

@@ -34,6 +34,7 @@ DEFAULT_MAX_LOG_BYTES = 64 * 1024 * 1024
 SCHEDULER_DEFAULT_INIT = 1e-8  # Mortal's LinearWarmUpCosineAnnealingLR default for [optim.scheduler] init
 BEST_RULES = ('paired', 'sprt', 'mortal')  # [test_play] best_rule (mortal.learning.gate)
 BOOTSTRAP_FLAWS = ('', 'overcall', 'no-riichi', 'no-fold')  # [bootstrap] flaw (mortal.play.flaws.FLAWS)
+REWARDS = ('grp', 'points')  # [env] reward (mortal.data.reward.REWARDS)
 SCHEDULE_KINDS = ('constant', 'inverse', 'cosine')  # [schedule.*] kind (mortal.learning.schedule)
 MAX_OFFLINE_BATCH = 1 << 16  # rows; ~8 GB of version-3 observations, far past any sane mix
 # A side of [1v3] with `type = 'rulebase'` (mjai's RulebaseBot) loads no model and needs none of these keys.
@@ -208,6 +209,9 @@ class Dataset(Section):
 class Env(Section):
     gamma: Annotated[Float, Factor] = key('discount per decision step of the kyoku reward')
     pts: FloatList = key('reward points for final rank 1-4, used by the GRP reward', min_length=4, max_length=4)
+    reward: Annotated[Str, _one_of(REWARDS)] = key(
+        "extra: the kyoku reward: 'grp' (the GRP's change of expected pts, Mortal) or 'points' (the kyoku's score "
+        'change x (max(pts) - min(pts)) / 30000; no GRP needed, mortal.data.reward)', 'grp')
 
 
 class ResNet(Section):
@@ -485,6 +489,16 @@ class Bootstrap(Section):
                                        "[optim.scheduler]", 0.0)
     flaw: Annotated[Str, _one_of(BOOTSTRAP_FLAWS)] = key(
         "extra: a planted flaw of every bot's play (mortal.play.flaws; bench/learning.py flaw); '' = none", '')
+    offline_max_epochs: PositiveInt = key(
+        'most offline epochs (one epoch = one Trainer pass, [dataset] num_epochs over the train logs); above 1 the '
+        'validation loss on the val logs picks the epoch kept as best.pth (1 = one epoch, best.pth = best test '
+        'play or last)', 1)
+    offline_patience: NonNegativeInt = key(
+        'stop the offline run after this many epochs in a row without a new lowest validation loss (0 = run all '
+        'offline_max_epochs)', 1)
+    grp_patience: NonNegativeInt = key(
+        'stop GRP training after this many validations ([grp.control] save_every) in a row without a new lowest '
+        'cross entropy on the val logs, and keep the best (0 = train grp_steps, keep the last)', 0)
 
 
 class Config(Section):

@@ -8,7 +8,8 @@ Everything lives under one work dir (default ``./work/quickstart``):
 3. starts server, trainer and client as real processes (``MORTAL_CFG`` = that config),
    waits for at least one ``test_play`` and one trainer restart (by the trainer's own supervisor,
    ``mortal.learning.supervisor``), then stops them (SIGTERM, then SIGKILL after a grace period);
-4. prints where the TensorBoard logs and checkpoints are, the test_play results and the
+4. prints where the TensorBoard logs and checkpoints are, the test_play results, best.pth and the final
+   model against 3x the start, the start against 3 RulebaseBots, the kyoku reward the bootstrap chose and the
    elapsed time.
 
 ``--short`` shrinks every size for CI (a couple of minutes). ``scripts/quickstart.sh``
@@ -177,13 +178,30 @@ def evaluate_against_start(config, sets, workers=None):
     return out
 
 
-def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0, version=3, eval_sets=None):
+def evaluate_start_vs_rulebase(config, sets, workers=None):
+    """The start model (``[baseline.test] state_file``) against 3 RulebaseBots on ``sets`` duplicate deals (4 games
+    each): ``mortal.play.evaluation.summarize(...)`` (avg rank 1-4 and its 95% CI half-width over deals, avg pt),
+    or None when the start file is missing. Raises ValueError for ``sets < 1``."""
+    from mortal.play.evaluation import play_duplicate, summarize
+
+    start = config['baseline']['test']['state_file']
+    if not os.path.exists(start):
+        return None
+    units = play_duplicate(('mortal', start), ('rulebase', None), sets=sets, key=EVAL_KEY,
+                           workers=workers or os.cpu_count() or 1)
+    return summarize(units)
+
+
+def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0, version=3, eval_sets=None,
+        rulebase_sets=None):
     """The whole quickstart; returns a dict of what was produced (paths, timings, test_play results).
 
     ``online_minutes``: keep the online processes running at least this long (default: stop right after the
     first test play and learner restart). ``eval_sets``: duplicate deals (4 games each) on which best.pth and the
-    final model meet 3x the start model at the end (default: the preset's; 0 = no evaluation). A rerun in the
-    same ``work_dir`` skips the finished bootstrap and continues online training from ``[control] state_file``.
+    final model meet 3x the start model at the end (default: the preset's; 0 = no evaluation).
+    ``rulebase_sets``: duplicate deals of the start model against 3 RulebaseBots (default: the preset's, 40 = 160
+    games, ``short`` 2; 0 = none). A rerun in the same ``work_dir`` skips the finished bootstrap and continues
+    online training from ``[control] state_file``.
     """
     from mortal import bootstrap
     from mortal.config import load_config
@@ -192,13 +210,16 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
     timings = {}
     if eval_sets is None:
         eval_sets = PRESETS[preset]['eval_sets']
+    if rulebase_sets is None:
+        rulebase_sets = PRESETS[preset]['rulebase_sets']
     work = Path(work_dir).expanduser().resolve()
     cfg_path = write_config(work, preset=preset, port=port, version=version)
     logger.info('config: %s', cfg_path)
     logging.getLogger('mortal.config').setLevel(logging.ERROR)  # the [bootstrap] table is ours
     config = load_config(cfg_path)
 
-    timings.update(bootstrap.run_steps(config, bootstrap.STEPS, progress=progress))
+    # train-grp's GRP check writes the kyoku reward it chose ([env] reward) into cfg_path, which the processes read
+    timings.update(bootstrap.run_steps(config, bootstrap.STEPS, progress=progress, config_path=cfg_path))
 
     tb_dir = config['control']['tensorboard_dir']
     log_dir = work / 'logs'
@@ -226,6 +247,11 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
         t2 = time.monotonic()
         evaluation = evaluate_against_start(config, eval_sets)
         timings['eval'] = time.monotonic() - t2
+    rulebase = None
+    if rulebase_sets:
+        t3 = time.monotonic()
+        rulebase = evaluate_start_vs_rulebase(config, rulebase_sets)
+        timings['rulebase'] = time.monotonic() - t3
 
     plots = work / 'plots'
     subprocess.run([sys.executable, str(ROOT / 'scripts' / 'plot_tb.py'), tb_dir, '--out', str(plots)],
@@ -243,6 +269,8 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
         'plots': str(plots),
         'test_play': read_scalars(tb_dir),
         'evaluation': evaluation,
+        'rulebase': rulebase,
+        'reward': config['env'].get('reward', 'grp'),
         'stopped': stopped,
         'timings': timings,
     }
@@ -297,6 +325,12 @@ def report(result, out=sys.stdout):
           'lower is better, 95% CI):')
         for label, summary in ev.items():
             p(f'  {label:<5} {format_summary(summary)}')
+    rb = result.get('rulebase')
+    if rb:
+        p(f"start vs 3 RulebaseBots: avg rank {rb['avg_rank']:.3f} ± {rb['avg_rank_ci']:.3f} "
+          f"(95% CI, {rb['deals']} deals = {rb['games']} games; 2.500 = even)")
+    if result.get('reward'):
+        p(f"kyoku reward: [env] reward = '{result['reward']}' (chosen by the bootstrap's GRP check)")
     p(f"processes:    {result['stopped']}")
 
 
@@ -322,12 +356,15 @@ def main(argv=None):
     parser.add_argument('--eval-sets', type=int, default=None,
                         help='duplicate deals (4 games each) of the final evaluation against the start model '
                              '(default: 100, --short 4; 0 = none)')
+    parser.add_argument('--rulebase-sets', type=int, default=None,
+                        help='duplicate deals (4 games each) of the start model against 3 RulebaseBots in the '
+                             'summary (default: 40, --short 2; 0 = none)')
     args = entry.start(parser, argv)
     logging.getLogger('tensorboard').setLevel(logging.WARNING)  # its directory watcher chatters at INFO
     try:
         result = run(args.work_dir, preset='short' if args.short else 'full', port=args.port,
                      progress=not args.no_progress, online_minutes=args.online_minutes, version=args.version,
-                     eval_sets=args.eval_sets)
+                     eval_sets=args.eval_sets, rulebase_sets=args.rulebase_sets)
     except Exception as e:
         logger.error('quickstart failed: %s', e)
         return 1

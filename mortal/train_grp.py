@@ -11,15 +11,24 @@ with the final ``rank_by_player``). Loss is cross entropy over the 24 rank
 orders; every ``save_every`` steps it validates on ``val_steps`` batches, writes
 TensorBoard scalars ``loss`` / ``acc`` (``train`` and ``val``) and ``lr``, and
 saves ``{model, optimizer, steps, timestamp}`` to ``state_file`` (temp file, fsync,
-rename). Run: ``python -m mortal.train_grp [-c/--config PATH] [--max-steps N]`` (config
+rename). Run: ``python -m mortal.train_grp [-c/--config PATH] [--max-steps N] [--patience N]`` (config
 from ``-c``, else ``MORTAL_CFG``, else ``config.toml``).
+
+Extra, off by default (Mortal trains until stopped): early stopping. With ``patience`` P > 0, every validation also
+measures the cross entropy over every sample of the val logs (``mean_ce``, TensorBoard ``val_ce``); training stops
+after P validations in a row without a new lowest one, or at ``max_steps``, and the checkpoint's ``model`` is then
+the best validated weights. While it runs the checkpoint also holds ``best_model`` and ``early_stopping``
+(``best_steps``, ``best_ce``, ``history`` of ``[steps, ce]``, ``stopped``), so an interrupted run resumes with its
+record; a stopped one is not trained further.
 """
 
 if __package__ in (None, ''):  # run as a script: python mortal/train_grp.py
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
+import copy
 import logging
+import math
 import os
 import pickle
 import random
@@ -39,9 +48,12 @@ from mortal.data.grp import Grp
 logger = logging.getLogger("mortal.train_grp")
 
 __all__ = [
-    "GrpFileDatasetsIter", "NoSamplesError", "TrainGrpInputError", "build_file_index", "collate", "evaluate",
-    "main", "train", "train_step",
+    "UNIFORM_CE", "GrpFileDatasetsIter", "NoSamplesError", "TrainGrpInputError", "build_file_index", "collate",
+    "early_stopping_state", "evaluate", "load_samples", "main", "mean_ce", "train", "train_step",
 ]
+
+#: Cross entropy (nats) of the uniform prediction over the 24 rank orders: ln 24 = 3.178.
+UNIFORM_CE = math.log(24)
 
 
 class NoSamplesError(RuntimeError):
@@ -92,6 +104,19 @@ class GrpFileDatasetsIter(IterableDataset):
             if not self.cycle:
                 break
 
+    def build_iter_in_order(self):
+        """One pass over ``file_list`` in its order, samples unshuffled (each game's prefixes in order). Raises
+        NoSamplesError when no file yields a sample."""
+        yielded = 0
+        for start in range(0, len(self.file_list), self.file_batch_size):
+            self.populate_buffer(self.file_list[start:start + self.file_batch_size])
+            yielded += len(self.buffer)
+            yield from self.buffer
+            self.buffer.clear()
+        if yielded == 0:
+            raise NoSamplesError(f"no GRP samples in {len(self.file_list)} log files "
+                                 f"({self.skipped} skipped as bad input)")
+
     def populate_buffer(self, file_list) -> None:
         for game in Grp.load_gz_log_files(file_list, skipped=self.skipped_files):
             feature = torch.as_tensor(game.take_feature(), dtype=torch.float64)
@@ -135,6 +160,49 @@ def evaluate(grp, inputs, rank_by_players):
     return float(loss), float(acc)
 
 
+def load_samples(file_list) -> list:
+    """Every GRP sample of ``file_list`` (all prefixes of every game, in file order): a list of ``(inputs (L, 7)
+    float64 tensor, rank_by_player (4,) uint8 array)``; bad files are skipped with a warning. Empty when no file
+    is usable."""
+    files = list(file_list)
+    if not files:
+        return []
+    data = GrpFileDatasetsIter(files, file_batch_size=len(files))
+    try:
+        return list(data.build_iter_in_order())
+    except NoSamplesError:
+        return []
+
+
+def mean_ce(grp, samples, batch: int = 512) -> float:
+    """Mean cross entropy (nats) of ``grp`` over ``samples`` (``load_samples``), without gradients, on the GRP's
+    device; ``UNIFORM_CE`` (ln 24 = 3.178) is the uniform prediction's. Raises ValueError for no samples."""
+    if not samples:
+        raise ValueError("mean_ce needs at least one sample")
+    device = next(grp.parameters()).device
+    was_training = grp.training
+    grp.eval()
+    total = 0.0
+    try:
+        for i in range(0, len(samples), batch):
+            inputs, ranks = collate(samples[i:i + batch])
+            loss, _ = evaluate(grp, [x.to(device) for x in inputs], ranks.to(device))
+            total += loss * len(inputs)
+    finally:
+        grp.train(was_training)
+    return total / len(samples)
+
+
+def early_stopping_state(history, patience: int) -> tuple[int, bool]:
+    """``(best index, stop)`` for a ``history`` of validation losses (oldest first): the index of the lowest
+    (the earliest of equal ones; -1 when empty) and whether ``patience`` > 0 checks in a row came after it
+    without a new lowest. Plain floats in, no side effects (the offline bootstrap uses it per epoch)."""
+    if not history:
+        return -1, False
+    best = min(range(len(history)), key=lambda i: (history[i], i))
+    return best, patience > 0 and len(history) - 1 - best >= patience
+
+
 def _unusable(exc: BaseException) -> str:
     """Why a torch file of ``[grp]`` cannot be used, on one line (for the user-error messages)."""
     if isinstance(exc.__cause__, pickle.UnpicklingError):  # load_checkpoint's CheckpointError of a refused file
@@ -175,21 +243,29 @@ def _loader(file_list, batch_size, file_batch_size, num_workers):
                                 drop_last=True, collate_fn=collate))
 
 
-def train(cfg: dict, *, max_steps: int | None = None, num_workers: int = 1, progress: bool = True) -> int:
+def train(cfg: dict, *, max_steps: int | None = None, num_workers: int = 1, progress: bool = True,
+          patience: int = 0) -> int:
     """Train with the ``[grp]`` config table ``cfg``; returns the step count reached.
 
     Runs forever (as Mortal) unless ``max_steps`` is given. ``num_workers`` DataLoader
-    workers per split (Mortal uses 1; 0 loads in this process).
+    workers per split (Mortal uses 1; 0 loads in this process). ``patience`` > 0: early stopping on the
+    cross entropy over all val samples, checked at every validation (every ``save_every`` steps; see the module
+    docstring); the run then also ends after ``patience`` checks without a new best, and at the end (early stop
+    or ``max_steps``) ``state_file`` holds the best weights. A checkpoint of a stopped run returns its steps at
+    once.
 
     Raises:
         TrainGrpInputError (a ValueError): an empty train or val file list, an unusable ``file_index``, or a
             ``state_file`` that cannot be resumed from (wrong layout or shapes).
         NoSamplesError: no usable sample in the logs (every file skipped).
+        ValueError: ``patience`` < 0.
     """
     from tqdm import tqdm
     from torch.utils.tensorboard import SummaryWriter
     from mortal.model.networks import GRP
 
+    if patience < 0:
+        raise ValueError(f"patience must be >= 0, got {patience}")
     control = cfg["control"]
     batch_size = control["batch_size"]
     save_every = control["save_every"]
@@ -202,6 +278,8 @@ def train(cfg: dict, *, max_steps: int | None = None, num_workers: int = 1, prog
     optimizer = optim.AdamW(grp.parameters())
     state_file = cfg["state_file"]
     steps = 0
+    es = {"best_steps": None, "best_ce": None, "history": [], "stopped": False}
+    best_model = None
     if os.path.exists(state_file):
         try:
             state = load_checkpoint(state_file, map_location=device)
@@ -209,9 +287,19 @@ def train(cfg: dict, *, max_steps: int | None = None, num_workers: int = 1, prog
             grp.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             steps = state["steps"]
+            if patience and "early_stopping" in state:
+                es = {**es, **state["early_stopping"]}
+                es["history"] = [list(h) for h in es["history"]]
+                if state.get("best_model") is not None:
+                    best_model = state["best_model"]
+                    GRP(**cfg.get("network", {})).load_state_dict(best_model)  # the same shapes, or refused
         except (RuntimeError, KeyError, TypeError, ValueError) as e:  # ValueError: CheckpointError among them
             raise TrainGrpInputError(f"[grp] state_file {state_file} cannot be resumed from ({_unusable(e)}); "
                                      "check [grp.network] or move the file away to start afresh") from None
+    if es["stopped"]:
+        logger.info("early stopping: %s stopped before at step %d (best %.4f at step %d); not trained further",
+                    state_file, steps, es["best_ce"], es["best_steps"])
+        return steps
     lr = cfg["optim"]["lr"]
     optimizer.param_groups[0]["lr"] = lr
 
@@ -226,6 +314,13 @@ def train(cfg: dict, *, max_steps: int | None = None, num_workers: int = 1, prog
     logger.info("val file list size: %s", f"{len(val_files):,}")
     train_iter = _loader(train_files, batch_size, ds["file_batch_size"], num_workers)
     val_iter = _loader(val_files, batch_size, ds["file_batch_size"], num_workers)
+    val_samples = None
+    if patience:
+        val_samples = load_samples(val_files)
+        if not val_samples:
+            raise NoSamplesError(f"no GRP samples in the {len(val_files)} val log files")
+        logger.info("early stopping: patience %d validations of %d steps, on %s val samples", patience, save_every,
+                    f"{len(val_samples):,}")
     writer = SummaryWriter(control["tensorboard_dir"])
 
     def progress_line():
@@ -234,6 +329,19 @@ def train(cfg: dict, *, max_steps: int | None = None, num_workers: int = 1, prog
         # "400.000%" after 4 epochs; epochs say the same thing plainly.
         epochs = steps * batch_size / (len(train_files) * 10)
         return f"total steps: {steps:,} est. {epochs:.2f} epochs ({len(train_files):,} train logs, ~10 kyoku each)"
+
+    def save(stopped=False):
+        state = {
+            "model": grp.state_dict() if not stopped else best_model,
+            "optimizer": optimizer.state_dict(),
+            "steps": steps,
+            "timestamp": datetime.now().timestamp(),
+        }
+        if patience:
+            state["early_stopping"] = {**es, "stopped": stopped}
+            if not stopped:
+                state["best_model"] = best_model
+        atomic_torch_save(state, state_file)
 
     logger.info("%s", progress_line())
     stats = dict(train_loss=0.0, train_acc=0.0)
@@ -263,16 +371,28 @@ def train(cfg: dict, *, max_steps: int | None = None, num_workers: int = 1, prog
             writer.add_scalars("acc", {"train": stats["train_acc"] / save_every,
                                        "val": val_acc / val_steps}, steps)
             writer.add_scalar("lr", lr, steps)
+            stop = False
+            if patience:
+                ce = mean_ce(grp, val_samples)
+                es["history"].append([steps, ce])
+                best, stop = early_stopping_state([c for _, c in es["history"]], patience)
+                if best == len(es["history"]) - 1:
+                    best_model = copy.deepcopy(grp.state_dict())
+                    es["best_steps"], es["best_ce"] = steps, ce
+                writer.add_scalar("val_ce", ce, steps)
+                logger.info("val cross entropy %.4f at step %d (best %.4f at step %d; uniform %.4f)", ce, steps,
+                            es["best_ce"], es["best_steps"], UNIFORM_CE)
             writer.flush()
             stats = dict(train_loss=0.0, train_acc=0.0)
             logger.info("%s", progress_line())
-            atomic_torch_save({
-                "model": grp.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "steps": steps,
-                "timestamp": datetime.now().timestamp(),
-            }, state_file)
+            if stop:
+                break
+            save()
             pb = tqdm(total=save_every, desc="TRAIN", disable=not progress)
+        if patience and best_model is not None:
+            save(stopped=True)
+            logger.info("early stopping: %s at step %d; kept the best, val cross entropy %.4f at step %d",
+                        "stopped" if stop else "reached max_steps", steps, es["best_ce"], es["best_steps"])
     finally:
         pb.close()
         writer.close()
@@ -290,10 +410,15 @@ def main(argv=None) -> int:
 
     parser = entry.parser("Train the GRP model on mjai logs ([grp] config).")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
+    parser.add_argument("--patience", type=int, default=0,
+                        help="early stopping: stop after this many validations without a new lowest cross entropy "
+                             "on the val logs and keep the best weights (default: 0 = off, as Mortal)")
     args = entry.start(parser, argv)
+    if args.patience < 0:
+        return entry.error(f"--patience must be >= 0, got {args.patience}")
     try:
         config = entry.load_config(args, TRAIN_GRP_SECTIONS)
-        train(config["grp"], max_steps=args.max_steps)
+        train(config["grp"], max_steps=args.max_steps, patience=args.patience)
     except (ConfigError, TrainGrpInputError, NoSamplesError) as exc:  # user errors: one line, no traceback
         # from a DataLoader worker the message is torch's report ending with the original line
         lines = [x for x in str(exc).strip().splitlines() if x.strip()]

@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import math
 import os
 import pathlib
 
@@ -86,7 +87,8 @@ def test_offline_config_redirects_outputs(config):
     work = config['bootstrap']['work_dir']
     assert cfg['control']['online'] is False
     assert cfg['control']['state_file'] == f'{work}/offline/mortal.pth'
-    assert cfg['control']['best_state_file'] == f'{work}/offline/best.pth'
+    # the quickstart's early stopping makes best.pth the best epoch's: the test play's pick goes elsewhere
+    assert cfg['control']['best_state_file'] == f'{work}/offline/best_test_play.pth'
     assert cfg['dataset']['globs'] == [f"{config['bootstrap']['log_dir']}/train/*.json.gz"]
     assert cfg['freeze_bn']['mortal'] is False
     assert cfg['control']['test_every'] % cfg['control']['save_every'] == 0
@@ -138,3 +140,222 @@ def test_cli_reports_config_errors(tmp_path, capsys):
     assert bootstrap.main(['gen-logs', '-c', str(path)]) == 2
     err = capsys.readouterr().err
     assert f"missing key [bootstrap] log_dir in {path}" in err
+
+
+# ---------------------------------------------------------------------------- early stopping and the GRP check
+
+from conftest import DATA_DIR, FakeTestPlayer, FakeWriter, load_tiny_config, random_batch, write_grp  # noqa: E402
+
+RIICHIENV = DATA_DIR / 'riichienv_selfplay_hanchan.jsonl'  # final rank_by_player [3, 2, 1, 0]
+META = DATA_DIR / 'meta_annotated_hanchan.jsonl'
+
+
+def _put_log(src, dst):
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_bytes(gzip.compress(src.read_bytes()))
+
+
+def test_new_bootstrap_keys_keep_the_old_behaviour_by_default(config):
+    boot = bootstrap.bootstrap_config({**config, 'bootstrap': {k: config['bootstrap'][k] for k in (
+        'games', 'val_games', 'log_dir', 'work_dir', 'grp_steps')}})
+    assert (boot['offline_max_epochs'], boot['offline_patience'], boot['grp_patience']) == (1, 1, 0)
+    cfg = bootstrap.offline_config({**config, 'bootstrap': boot})
+    assert cfg['control']['best_state_file'].endswith('/offline/best.pth')  # one epoch: test play picks best.pth
+    config['bootstrap']['offline_max_epochs'] = 0
+    with pytest.raises(bootstrap.BootstrapError, match='offline_max_epochs must be an integer >= 1'):
+        bootstrap.bootstrap_config(config)
+
+
+def test_quickstart_config_turns_early_stopping_on(config):
+    boot = bootstrap.bootstrap_config(config)
+    assert boot['offline_max_epochs'] > 1 and boot['offline_patience'] >= 1 and boot['grp_patience'] >= 1
+    # early stopping: best.pth is the best epoch's, the test play's pick goes elsewhere
+    assert bootstrap.offline_config(config)['control']['best_state_file'].endswith('/offline/best_test_play.pth')
+
+
+def _grp_with_bias(config, perm_index, value):
+    """A GRP whose prediction is fixed: logit ``value`` for rank order ``perm_index``, 0 for the other 23, so that
+    its cross entropy on a game with that order is ln(e^value + 23) - value, ln(e^value + 23) on any other."""
+    from mortal.model.networks import GRP
+    grp = GRP(**config['grp']['network'])
+    with torch.no_grad():
+        grp.fc[-1].weight.zero_()
+        grp.fc[-1].bias.zero_()
+        grp.fc[-1].bias[perm_index] = value
+    path = config['grp']['state_file']
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    torch.save({'model': grp.state_dict(), 'steps': 0}, path)
+
+
+@pytest.mark.parametrize('order, ce, reward', [
+    (23, math.log(math.e ** 2 + 23) - 2, 'grp'),  # the val game's order (3, 2, 1, 0): 1.4141 < ln 24, kept
+    (0, math.log(math.e ** 2 + 23), 'points'),  # another order: 3.4141 > ln 24 = 3.1781, refused
+])
+def test_check_grp_refuses_a_grp_no_better_than_uniform(tmp_path, caplog, order, ce, reward):
+    path = quickstart_config.write_config(tmp_path, preset='short')
+    config = load_config(path)
+    _put_log(RIICHIENV, pathlib.Path(config['bootstrap']['log_dir'], 'val', '0.json.gz'))
+    _grp_with_bias(config, order, 2.0)
+    with caplog.at_level('INFO', logger='mortal.bootstrap'):
+        out = bootstrap.check_grp(config, path)
+    assert out['ce'] == pytest.approx(ce, abs=1e-9) and out['uniform'] == math.log(24)
+    assert out['reward'] == reward and config['env']['reward'] == reward
+    assert toml.load(path)['env']['reward'] == reward  # handed on in the config file the processes read
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
+    if reward == 'points':
+        assert len(warnings) == 1
+        assert f'{ce:.4f}' in warnings[0] and '3.1781' in warnings[0] and "reward = 'points'" in warnings[0]
+    else:
+        assert warnings == []
+        assert any("reward = 'grp'" in r.getMessage() and f'{ce:.4f}' in r.getMessage() for r in caplog.records)
+
+
+def test_the_fallback_reward_reaches_the_offline_data(tmp_path):
+    """After the refusal the loader gives the scaled score change, and needs no GRP at all."""
+    from mortal.data.dataloader import learner_loader
+    path = quickstart_config.write_config(tmp_path, preset='short')
+    config = load_config(path)
+    _put_log(RIICHIENV, pathlib.Path(config['bootstrap']['log_dir'], 'val', '0.json.gz'))
+    _grp_with_bias(config, 0, 2.0)
+    assert bootstrap.check_grp(config, path)['reward'] == 'points'
+    os.remove(config['grp']['state_file'])
+    cfg = bootstrap.offline_config(load_config(path))  # as a later process reads it
+    batch = next(iter(learner_loader(cfg, 3, [str(pathlib.Path(config['bootstrap']['log_dir'], 'val', '0.json.gz'))],
+                                     [], batch_size=1024, num_workers=0)))
+    rewards = batch[4].numpy()
+    # every reward is a score change (a multiple of 100 points) x 6 / 30000
+    assert abs(rewards).max() > 0
+    assert ((rewards / 2e-4 / 100).round() * 100 * 2e-4 == pytest.approx(rewards))
+
+
+def test_write_reward_edits_only_that_line(tmp_path):
+    path = tmp_path / 'c.toml'
+    path.write_text("[env]  # the env\ngamma = 1\n\n[grp]\nstate_file = 'g.pth'  # keep me\n")
+    assert bootstrap.write_reward(path, 'points')
+    assert path.read_text() == ("[env]  # the env\nreward = 'points'  # written by mortal.bootstrap (check_grp)\n"
+                                "gamma = 1\n\n[grp]\nstate_file = 'g.pth'  # keep me\n")
+    assert not bootstrap.write_reward(path, 'points')  # already so: untouched
+    assert bootstrap.write_reward(path, 'grp')
+    assert toml.load(path) == {'env': {'reward': 'grp', 'gamma': 1}, 'grp': {'state_file': 'g.pth'}}
+    other = tmp_path / 'd.toml'
+    other.write_text("[grp]\nstate_file = 'g.pth'\n")
+    assert bootstrap.write_reward(other, 'points') and toml.load(other)['env'] == {'reward': 'points'}
+    dotted = tmp_path / 'e.toml'
+    dotted.write_text("env = {gamma = 1}\n")
+    with pytest.raises(bootstrap.BootstrapError, match='by hand'):
+        bootstrap.write_reward(dotted, 'points')
+    assert dotted.read_text() == "env = {gamma = 1}\n"
+
+
+def _offline_setup(tmp_path, **boot):
+    """Tiny config (16 x 1 ResNet, batch 8; saved only at the end of an epoch) with one fixture hanchan as train
+    and one as val log, and a GRP."""
+    bootstrap_table = dict(games=4, val_games=4, log_dir=str(tmp_path / 'logs'), work_dir=str(tmp_path / 'boot'),
+                           grp_steps=4, offline_lr=1e-3, **boot)
+    config, path = load_tiny_config(tmp_path, bootstrap=bootstrap_table,
+                                    control={'save_every': 1000, 'test_every': 1000})
+    _put_log(RIICHIENV, tmp_path / 'logs' / 'train' / '0.json.gz')
+    _put_log(META, tmp_path / 'logs' / 'val' / '0.json.gz')
+    write_grp(config)
+    return config
+
+
+def test_validation_loss_is_the_offline_loss_in_eval_mode(tmp_path):
+    from mortal.train import Trainer
+    config = _offline_setup(tmp_path)
+    cfg = bootstrap.offline_config(config)
+    trainer = Trainer(cfg, test_player=bootstrap.RulebaseTestPlayer(cfg))
+    val = [str(tmp_path / 'logs' / 'val' / '0.json.gz')]
+    loss, samples = bootstrap.validation_loss(trainer, val)
+    assert samples == 160 + 159 + 151 + 147  # every seat's every decision of the meta fixture (test_dataloader)
+    assert 0 < loss < 1e3 and trainer.mortal.training  # the training mode is back
+    trainer.batch_size = 64  # eval mode and a mean per sample: the batch size changes nothing
+    assert bootstrap.validation_loss(trainer, val)[0] == pytest.approx(loss, rel=1e-5)
+    trainer.writer.close()
+
+
+def test_epoch_train_loss_counts_every_batch(tmp_path):
+    """The epoch's mean training loss is the same whether the trainer saved (and reset its sums) in between."""
+    losses = []
+    for save_every in (2, 1000):
+        (tmp_path / str(save_every)).mkdir()
+        config, _ = load_tiny_config(tmp_path / str(save_every), online=False,
+                                     control={'save_every': save_every, 'test_every': 1000})
+        torch.manual_seed(0)
+        trainer = bootstrap._epoch_trainer_class()(config, test_player=FakeTestPlayer([]), writer=FakeWriter())
+        for i in range(5):
+            trainer.train_batch(*random_batch(8, seed=i))
+        losses.append(trainer.take_epoch_loss(5))
+        assert trainer.take_epoch_loss(1) == 0.0  # taken: the next epoch starts from nothing
+    assert losses[0] > 0 and losses[0] == pytest.approx(losses[1], rel=1e-6)
+
+
+def test_offline_early_stopping_stops_where_the_val_curve_turns(tmp_path, monkeypatch):
+    """Real epochs of the tiny model; the validation curve is scripted so that it turns after epoch 2."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    config = _offline_setup(tmp_path, offline_max_epochs=6, offline_patience=1)
+    curve = iter([2.0, 1.5, 1.7, 1.4, 1.3, 1.2])
+    calls = []
+
+    def scripted(trainer, files):
+        calls.append(trainer.steps)
+        return next(curve), 617
+
+    monkeypatch.setattr(bootstrap, 'validation_loss', scripted)
+    best = bootstrap.train_offline(config)
+    p = bootstrap._offline_paths(bootstrap.bootstrap_config(config))
+    history = bootstrap.read_history(p['history'])
+    # patience 1: epoch 3 (1.7) does not beat epoch 2 (1.5), so the run stops there; the later 1.4 is never seen
+    assert [h['val_loss'] for h in history] == [2.0, 1.5, 1.7] and len(calls) == 3
+    steps = [h['steps'] for h in history]
+    assert steps[0] > 0 and steps == [steps[0], 2 * steps[0], 3 * steps[0]]  # whole epochs of the same logs
+    assert all(h['train_loss'] > 0 for h in history)
+    # best.pth is epoch 2's checkpoint; the state file, which went on to epoch 3, is set back to it at the end
+    assert best == p['best_state_file']
+    assert torch.load(best, weights_only=False)['steps'] == steps[1]
+    assert torch.load(p['state_file'], weights_only=False)['steps'] == steps[1]
+    acc = EventAccumulator(p['tensorboard_dir'])
+    acc.Reload()
+    val = [(e.step, e.value) for e in acc.Scalars('bootstrap/val_loss')]
+    assert val == [(1, 2.0), (2, 1.5), (3, pytest.approx(1.7))]
+    assert [e.step for e in acc.Scalars('bootstrap/train_loss')] == [1, 2, 3]
+    # finished: a rerun is skipped; prepare hands on epoch 2
+    assert bootstrap.train_offline(config) == best and len(calls) == 3
+    bootstrap.prepare(config)
+    assert torch.load(config['control']['state_file'], weights_only=False)['steps'] == steps[1]
+
+
+def test_offline_early_stopping_resumes_from_its_record(tmp_path, monkeypatch):
+    """A run killed between epoch 1's record and its copy to best.pth continues at epoch 2 and first copies the
+    state file (still at epoch 1) to best.pth; at the end the state file is the best epoch's too, so a lost best.pth
+    is rebuilt from it, and when both are gone that is said plainly."""
+    config = _offline_setup(tmp_path, offline_max_epochs=3, offline_patience=0)
+    p = bootstrap._offline_paths(bootstrap.bootstrap_config(config))
+    curve = iter([2.0, 2.5, 3.0])  # epoch 1 stays the best
+    monkeypatch.setattr(bootstrap, 'validation_loss', lambda trainer, files: (next(curve), 1))
+    real_copy = bootstrap.atomic_copy
+
+    def killed_copy(src, dst, **kw):
+        if dst == p['best_state_file']:
+            raise KeyboardInterrupt
+        return real_copy(src, dst, **kw)
+
+    monkeypatch.setattr(bootstrap, 'atomic_copy', killed_copy)
+    with pytest.raises(KeyboardInterrupt):
+        bootstrap.train_offline(config)
+    epoch1 = bootstrap.read_history(p['history'])
+    assert [h['epoch'] for h in epoch1] == [1] and not os.path.exists(p['best_state_file'])
+    monkeypatch.setattr(bootstrap, 'atomic_copy', real_copy)
+    bootstrap.train_offline(config)
+    history = bootstrap.read_history(p['history'])
+    steps = epoch1[0]['steps']
+    assert [(h['epoch'], h['val_loss'], h['steps']) for h in history] == [
+        (1, 2.0, steps), (2, 2.5, 2 * steps), (3, 3.0, 3 * steps)]  # patience 0: all offline_max_epochs
+    assert torch.load(p['best_state_file'], weights_only=False)['steps'] == steps
+    os.remove(p['best_state_file'])  # lost after the end: the state file was set back to the best epoch
+    assert bootstrap.train_offline(config) == p['best_state_file']
+    assert torch.load(p['best_state_file'], weights_only=False)['steps'] == steps
+    os.remove(p['best_state_file'])
+    os.remove(p['state_file'])
+    with pytest.raises(bootstrap.BootstrapError, match="not the best epoch's checkpoint"):
+        bootstrap.train_offline(config)

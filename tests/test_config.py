@@ -68,7 +68,7 @@ def test_config_online_holds_reference_values(caplog):
     assert c['dataset']['file_index'] == '/data/mortal/file_index.pth'
     assert (c['dataset']['file_batch_size'], c['dataset']['num_workers'], c['dataset']['player_names_files']) \
         == (15, 1, [])
-    assert c['env'] == {'gamma': 1, 'pts': [6.0, 4.0, 2.0, 0.0]}
+    assert c['env'] == {'gamma': 1, 'pts': [6.0, 4.0, 2.0, 0.0], 'reward': 'grp'}  # the reward filled in: Mortal's
     assert (c['resnet']['conv_channels'], c['resnet']['num_blocks']) == (192, 40)
     assert c['cql']['min_q_weight'] == 5 and c['aux']['next_rank_weight'] == 0.2
     assert c['freeze_bn']['mortal'] is True

@@ -160,3 +160,17 @@ def test_worker_warnings_carry_the_log_format(tmp_path):
     assert len(lines) == 1, proc.stderr
     assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} WARNING mortal\.grp: skipped log " + re.escape(str(bad)),
                     lines[0]), lines[0]
+
+
+def test_points_reward_needs_no_grp():
+    """[env] reward = 'points': the loader's kyoku reward is the seat's scaled score change, without a GRP."""
+    ds = FileDatasetsIter(3, [], PTS, None, reward="points")
+    list(ds)  # builds the reward calculator
+    game = GameplayLoader(3, player_names=["0"]).load_log(RIICHIENV.read_text())[0]
+    at_kyoku = game.at_kyoku.copy()
+    *_, kyoku_rewards, _ = ds._columns(game)
+    # seat 0: E1 25000 -> 21000 = -4000 points x 6 / 30000 = -0.8 pt
+    np.testing.assert_allclose(kyoku_rewards[at_kyoku == 0], -0.8)
+    expected = RewardCalculator(None, PTS, reward="points").calc_points_reward(0, game.grp.feature,
+                                                                               game.grp.final_scores)
+    np.testing.assert_array_equal(kyoku_rewards, expected[at_kyoku])

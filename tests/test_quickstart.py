@@ -1,5 +1,6 @@
 """mortal.quickstart: embedded config, process control, and the CI-sized end-to-end run."""
 
+import io
 import os
 import re
 import signal
@@ -32,7 +33,11 @@ def test_embedded_config_satisfies_every_process(tmp_path, preset):
         assert node.startswith(work + '/'), dotted
     # the server must hold at least one client round, and tests come after whole saves
     assert cfg['online']['server']['capacity'] >= cfg['train_play']['default']['games']
-    assert cfg['grp']['control']['save_every'] * 2 == cfg['bootstrap']['grp_steps']
+    # the GRP is saved (and validated) every save_every steps; early stopping is on in the embedded config
+    assert cfg['bootstrap']['grp_steps'] % cfg['grp']['control']['save_every'] == 0
+    assert cfg['bootstrap']['grp_patience'] >= 1
+    assert cfg['bootstrap']['offline_max_epochs'] > 1 and cfg['bootstrap']['offline_patience'] >= 1
+    assert cfg['env']['reward'] == 'grp'  # until the bootstrap's GRP check says otherwise
 
 
 def test_version_4_config_and_a_work_dir_keeps_its_version(tmp_path):
@@ -106,5 +111,38 @@ def test_short_quickstart_end_to_end(tmp_path):
         assert (work / rel).is_file(), rel
     # each learner start writes its own event file: one restart = at least two
     assert len(list((work / 'online' / 'tensorboard').glob('events.out.tfevents.*'))) >= 2
+    # the start against 3 RulebaseBots (2 deals with --short) and the reward the bootstrap chose
+    assert re.search(r'start vs 3 RulebaseBots: avg rank [1-4]\.\d{3} ± \d\.\d{3} \(95% CI, 2 deals = 8 games',
+                     out), out
+    assert re.search(r"kyoku reward: \[env\] reward = '(grp|points)'", out), out
     # the processes were stopped by signal (SIGTERM), not left running
     assert "'server': 'exited" in out or "'server': 'killed'" in out
+
+
+def test_start_vs_rulebase_line(tmp_path, monkeypatch):
+    """The summary's line: the start model (the test baseline) as challenger against 3x ('rulebase', None)."""
+    from mortal.config import load_config
+    from mortal.play import evaluation
+    config = load_config(quickstart_config.write_config(tmp_path, preset='short', port=5123))
+    assert quickstart.evaluate_start_vs_rulebase(config, 2) is None  # no start model yet
+    start = config['baseline']['test']['state_file']
+    os.makedirs(os.path.dirname(start))
+    open(start, 'wb').close()
+    calls = []
+
+    def fake_play(challenger, champion, *, sets, key, workers):
+        calls.append((challenger, champion, sets, key))
+        return {10000: [1, 2, 3, 4], 10001: [2, 3, 3, 4]}  # per deal: mean 2.5 and 3.0
+
+    monkeypatch.setattr(evaluation, 'play_duplicate', fake_play)
+    summary = quickstart.evaluate_start_vs_rulebase(config, 2)
+    assert calls == [(('mortal', start), ('rulebase', None), 2, quickstart.EVAL_KEY)]
+    assert (summary['avg_rank'], summary['deals'], summary['games']) == (2.75, 2, 8)
+    result = {'timings': {'total': 60.0}, 'work_dir': 'w', 'config': 'c', 'tensorboard': ['tb'], 'checkpoints': {},
+              'logs': 'l', 'plots': 'p', 'test_play': {}, 'rulebase': summary, 'reward': 'points', 'stopped': {}}
+    out = io.StringIO()
+    quickstart.report(result, out)
+    text = out.getvalue()
+    assert f"start vs 3 RulebaseBots: avg rank 2.750 ± {summary['avg_rank_ci']:.3f} (95% CI, 2 deals = 8 games" in text
+    assert "kyoku reward: [env] reward = 'points'" in text
+    assert quickstart_config.PRESETS['full']['rulebase_sets'] == 40  # 160 games by default

@@ -84,3 +84,29 @@ def test_bad_arguments():
         RewardCalculator(None, PTS)
     with pytest.raises(ValueError):
         RewardCalculator(GRP(), [1, 2, 3])
+
+
+def test_points_reward_on_a_known_kyoku(game):
+    # [env] reward = 'points': the score change x (max(pts) - min(pts)) / 30000 = 6 / 30000 = 2e-4 pt a point.
+    calc = RewardCalculator(None, PTS, reward="points")  # no GRP needed
+    assert calc.points_scale == pytest.approx(2e-4)
+    r0 = calc.kyoku_rewards(0, game.feature, game.rank_by_player, game.final_scores)
+    assert r0.dtype == np.float64 and r0.shape == (12,)
+    # seat 0: E1 25000 -> 21000 (-4000 points = -0.8 pt); last kyoku 10700 -> final 2400 (-8300 = -1.66 pt)
+    assert r0[0] == pytest.approx(-0.8) and r0[-1] == pytest.approx(-1.66)
+    # the rewards sum to (final score - 25000) x scale: 2400 - 25000 = -22600 -> -4.52 pt
+    assert r0.sum() == pytest.approx(-4.52)
+    # Mortal's pts [3, 1, -1, -3] span the same 6 pt: the same scale
+    mortal = RewardCalculator(None, [3, 1, -1, -3], reward="points")
+    np.testing.assert_allclose(mortal.calc_points_reward(0, game.feature, game.final_scores), r0)
+
+
+def test_kyoku_rewards_dispatch_and_reward_errors(game):
+    grp = _fixed_grp(torch.zeros(24))
+    calc = RewardCalculator(grp, PTS)  # default 'grp', Mortal's
+    np.testing.assert_array_equal(calc.kyoku_rewards(3, game.feature, game.rank_by_player, game.final_scores),
+                                  calc.calc_delta_pt(3, game.feature, game.rank_by_player))
+    with pytest.raises(ValueError, match="needs a GRP"):
+        RewardCalculator(None, PTS, reward="grp")
+    with pytest.raises(ValueError, match="reward must be one of"):
+        RewardCalculator(grp, PTS, reward="score")

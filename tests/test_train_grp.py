@@ -109,3 +109,57 @@ def test_cli_config_short_flag(tmp_path, capsys, flag):
     missing = tmp_path / "nope.toml"
     assert train_grp_main([flag, str(missing)]) == 2  # parsed by argparse, then the config is looked up
     assert f"config file {missing} not found" in capsys.readouterr().err
+
+
+def test_early_stopping_state():
+    from mortal.train_grp import early_stopping_state
+    assert early_stopping_state([], 2) == (-1, False)
+    curve = [3.0, 2.9, 2.95, 3.1]  # turns after the 2nd check
+    assert early_stopping_state(curve, 2) == (1, True)
+    assert early_stopping_state(curve, 3) == (1, False)
+    assert early_stopping_state(curve, 0) == (1, False)  # 0 = never stop
+    assert early_stopping_state([2.0, 2.0, 2.0], 2) == (0, True)  # no strict improvement: the first stays best
+
+
+@pytest.fixture
+def overfit_cfg(cfg, tmp_path):
+    """Train on game 0 only and validate on games 0 and 1: the val cross entropy first falls (game 0 is learned),
+    then rises as the model grows sure of game 0's order, which game 1 does not have (about step 10 at lr 1e-3)."""
+    data = tmp_path / "data" / "2024"
+    cfg["dataset"]["train_globs"] = [str(data / "0.json.gz")]
+    cfg["dataset"]["val_globs"] = [str(data / "0.json.gz"), str(data / "1.json.gz")]
+    cfg["dataset"]["file_index"] = str(tmp_path / "overfit_index.pth")
+    return cfg
+
+
+def test_early_stopping_stops_where_the_val_curve_turns_and_keeps_the_best(overfit_cfg):
+    import random
+    from mortal.train_grp import load_samples, mean_ce
+    cfg = overfit_cfg
+    torch.manual_seed(0)
+    random.seed(0)
+    steps = train(cfg, max_steps=400, num_workers=0, progress=False, patience=2)
+    state = torch.load(cfg["state_file"], weights_only=True)
+    es = state["early_stopping"]
+    ces = [ce for _, ce in es["history"]]
+    best = ces.index(min(ces))
+    assert best > 0 and ces[0] > ces[best]  # the curve fell first
+    # stopped 2 validations (of save_every = 2 steps) after the lowest one, long before max_steps
+    assert es["stopped"] and steps == state["steps"] < 400
+    assert len(ces) == best + 3 and steps == es["best_steps"] + 2 * 2
+    assert ces[best + 1] > ces[best] and ces[best + 2] > ces[best]
+    assert (es["best_steps"], es["best_ce"]) == (es["history"][best][0], ces[best])
+    assert "best_model" not in state
+    # the file's model is the best validated one: its val cross entropy is the recorded best
+    val = load_samples(cfg["dataset"]["val_globs"])
+    assert mean_ce(load_grp(cfg["state_file"], cfg["network"]), val) == pytest.approx(es["best_ce"], abs=1e-9)
+    # a stopped run is finished: a rerun trains nothing
+    assert train(cfg, max_steps=400, num_workers=0, progress=False, patience=2) == steps
+    assert torch.load(cfg["state_file"], weights_only=True)["timestamp"] == state["timestamp"]
+
+
+def test_without_patience_training_runs_to_max_steps(overfit_cfg):
+    torch.manual_seed(0)
+    assert train(overfit_cfg, max_steps=40, num_workers=0, progress=False) == 40
+    state = torch.load(overfit_cfg["state_file"], weights_only=True)
+    assert set(state) == {"model", "optimizer", "steps", "timestamp"}  # Mortal's layout, no early stopping record

@@ -9,7 +9,8 @@
 * ``mask`` ``(46,)`` bool numpy array, ``mask[action]`` is always True;
 * ``steps_to_done`` numpy int64 scalar: discounted steps to the seat's last decision
   of the kyoku (only discard/riichi/kan-select steps count);
-* ``kyoku_reward`` numpy float64 scalar: GRP reward of the sample's kyoku in ``pts`` units;
+* ``kyoku_reward`` numpy float64 scalar: reward of the sample's kyoku in ``pts`` units (the GRP's, or the scaled
+  point change with ``reward='points'``, ``mortal.data.reward``);
 * ``player_rank`` numpy int64 scalar 0-3: the seat's rank by scores at the start of
   the next kyoku (final scores after the last), ties to the lower seat.
 
@@ -83,7 +84,7 @@ class FileDatasetsIter(IterableDataset):
         file_list: log paths; shuffled in place each epoch (per worker shard).
         pts: ``[env] pts``, points for ranks 1-4.
         grp: a ``mortal.model.networks.GRP`` with trained weights (see ``mortal.data.reward.load_grp``);
-            pickled to each worker.
+            pickled to each worker. May be None with ``reward='points'``.
         file_batch_size: files decoded into the shuffle buffer at a time (Mortal: 20).
         reserve_ratio: fraction of each batch's new samples kept back in the buffer to mix
             with the next batch.
@@ -100,6 +101,8 @@ class FileDatasetsIter(IterableDataset):
             the trainer know which samples it has trained (``mortal.data.claims``).
         trained: ``{path: {pass: indices or None}}``: samples already trained, left out (``None``: the
             whole pass of that file, which is then not even read). Indices refer to ``sample_ids``.
+        reward: ``[env] reward``, the kyoku reward: ``'grp'`` (default, Mortal's) or ``'points'``
+            (``mortal.data.reward.RewardCalculator.kyoku_rewards``).
         batch_size: None (default): iterating yields sample tuples (``obs`` unpacked to float32). B: it yields
             tuples of B-row numpy arrays (``obs`` packed, see the module docstring), the last one shorter; give
             such a dataset to a DataLoader with ``batch_size=None`` (``make_dataloader`` does). Raises ValueError
@@ -112,8 +115,9 @@ class FileDatasetsIter(IterableDataset):
     def __init__(self, version, file_list, pts, grp, *, file_batch_size=20, reserve_ratio=0,
                  player_names=None, excludes=None, num_epochs=1, enable_augmentation=False,
                  augmented_first=False, always_include_kan_select=True, max_log_bytes=DEFAULT_MAX_LOG_BYTES,
-                 sample_ids=False, trained=None, batch_size=None):
+                 sample_ids=False, trained=None, batch_size=None, reward="grp"):
         super().__init__()
+        self.reward = reward
         self.version = version
         self.batch_size = None if batch_size is None else int(batch_size)
         if self.batch_size is not None and self.batch_size < 1:
@@ -159,7 +163,7 @@ class FileDatasetsIter(IterableDataset):
     # ------------------------------------------------------------ iteration
     def build_iter(self):
         self._shard_for_current_worker()
-        self.reward_calc = RewardCalculator(self.grp, self.pts)
+        self.reward_calc = RewardCalculator(self.grp, self.pts, reward=self.reward)
         self._pending, self._pending_rows = [], 0
         flags = [self.augmented_first] + ([not self.augmented_first] if self.enable_augmentation else [])
         for epoch in range(self.num_epochs):
@@ -302,7 +306,8 @@ class FileDatasetsIter(IterableDataset):
         player_id = game.take_player_id()
 
         feature = grp.take_feature()
-        rewards = self.reward_calc.calc_delta_pt(player_id, feature, grp.take_rank_by_player())
+        rewards = self.reward_calc.kyoku_rewards(player_id, feature, grp.take_rank_by_player(),
+                                                 grp.take_final_scores())
         if len(rewards) < at_kyoku[-1] + 1:
             raise AssertionError(f"{len(rewards)} kyoku rewards but a sample at kyoku {at_kyoku[-1]}")
 
@@ -430,7 +435,8 @@ def make_dataloader(dataset, *, batch_size: int, num_workers: int = 1, pin_memor
 def learner_loader(config: dict, version: int, file_list: list, player_names, ledger=None, *, batch_size: int,
                    num_workers: int | None = None, pin_memory: bool = False) -> DataLoader:
     """The learner's ``DataLoader`` of ``FileDatasetsIter`` batches over ``file_list`` (``[dataset]`` settings,
-    GRP reward of ``[grp]``, ``[env] pts``), learning from the seats of ``player_names`` (all seats when empty).
+    ``[env] reward`` (default 'grp': the GRP of ``[grp]``; 'points': no GRP is loaded), ``[env] pts``), learning
+    from the seats of ``player_names`` (all seats when empty).
 
     Batches are ``(packed obs (B, row_bytes) uint8, actions, masks, steps_to_done, kyoku_rewards, player_ranks)``
     tensors (``FileDatasetsIter`` batch mode; ``mortal.data.packed_obs.unpack`` gives the float32 obs).
@@ -442,9 +448,10 @@ def learner_loader(config: dict, version: int, file_list: list, player_names, le
     num_workers = ds["num_workers"] if num_workers is None else num_workers
     if num_workers > 1:
         random.shuffle(file_list)
-    grp = load_grp(config["grp"]["state_file"], config["grp"]["network"])
+    reward = config["env"].get("reward", "grp")
+    grp = load_grp(config["grp"]["state_file"], config["grp"]["network"]) if reward == "grp" else None
     data = FileDatasetsIter(
-        version, file_list, config["env"]["pts"], grp,
+        version, file_list, config["env"]["pts"], grp, reward=reward,
         file_batch_size=ds["file_batch_size"],
         reserve_ratio=ds["reserve_ratio"],
         player_names=player_names or None,

@@ -1,9 +1,19 @@
-"""Per-kyoku rewards from the GRP model, as Mortal's ``mortal/reward_calculator.py``.
+"""Per-kyoku rewards, from the GRP model as Mortal's ``mortal/reward_calculator.py``, or from the point changes.
 
-reward[k] = E[pt | state after kyoku k] - E[pt | state before kyoku k], where
-E[pt] before kyoku k uses the GRP rank-probability matrix of the prefix of
-rows 0..k and the state after the last kyoku is the actual final rank (one-hot).
-``pts`` is ``[env] pts`` (points for ranks 1-4).
+``[env] reward`` selects one (``REWARDS``):
+
+* ``'grp'`` (Mortal's, the default): reward[k] = E[pt | state after kyoku k] - E[pt | state before kyoku k], where
+  E[pt] before kyoku k uses the GRP rank-probability matrix of the prefix of rows 0..k and the state after the last
+  kyoku is the actual final rank (one-hot). ``pts`` is ``[env] pts`` (points for ranks 1-4).
+* ``'points'`` (extra; the bootstrap's fallback when its GRP is no better than uniform): reward[k] = the seat's score
+  change in kyoku k (points; the last kyoku's ends at the final scores, leftover deposits included) times
+  ``points_scale(pts)`` = ``(max(pts) - min(pts)) / POINTS_SPREAD``. ``POINTS_SPREAD`` = 30,000 points is about the
+  final-score gap between first and last place, so a hanchan's summed reward (final score - 25,000 points,
+  scaled) spans about the same range as the GRP reward's (pts[rank] - mean pts): with ``pts = [6, 4, 2, 0]`` a
+  1,000-point gain is worth 0.2 pt and a mangan (8,000) 1.6 pt. On the quickstart's 112 rule-based hanchan the
+  mean final score of first minus that of last is 26,900 points, and the least-squares line of pts[rank] on the
+  final score gives the 6-pt spread to 35,800 points: 30,000 lies between. It needs no model and knows nothing of
+  placement (a gain that changes no rank counts as much as one that does).
 """
 
 from __future__ import annotations
@@ -13,7 +23,21 @@ import torch
 
 from mortal.model.checkpoint import CheckpointError, load_checkpoint, one_line, require_entries
 
-__all__ = ["RewardCalculator", "load_grp"]
+__all__ = ["POINTS_SPREAD", "REWARDS", "RewardCalculator", "load_grp", "points_scale"]
+
+#: The values of ``[env] reward``: Mortal's GRP reward, or the scaled point change.
+REWARDS = ("grp", "points")
+#: Points of score that the ``'points'`` reward maps onto the whole pts spread (max(pts) - min(pts)).
+POINTS_SPREAD = 30000.0
+
+
+def points_scale(pts) -> float:
+    """pt per point of score of the ``'points'`` reward: ``(max(pts) - min(pts)) / POINTS_SPREAD`` (2e-4 for
+    ``[6, 4, 2, 0]`` or Mortal's ``[3, 1, -1, -3]``). Raises ValueError for pts without 4 entries."""
+    pts = [float(p) for p in pts]
+    if len(pts) != 4:
+        raise ValueError(f"pts must have 4 entries (ranks 1-4), got {pts!r}")
+    return (max(pts) - min(pts)) / POINTS_SPREAD
 
 
 def load_grp(state_file, network: dict | None = None, device="cpu"):
@@ -46,22 +70,31 @@ class RewardCalculator:
     """Kyoku rewards for one seat of one game.
 
     Args:
-        grp: a ``mortal.model.networks.GRP`` (float64); put in eval mode on ``device``.
+        grp: a ``mortal.model.networks.GRP`` (float64); put in eval mode on ``device``. May be None with
+            ``reward='points'``.
         pts: points by final rank, e.g. ``[6, 4, 2, 0]``; default ``[3, 1, -1, -3]`` as Mortal.
         device: torch device for the GRP forward pass.
         uniform_init: replace the E1 prediction with a uniform 1/4 (Mortal's option).
+        reward: ``[env] reward``, what ``kyoku_rewards`` returns: ``'grp'`` (``calc_delta_pt``) or ``'points'``
+            (``calc_points_reward``).
+
+    Raises ValueError: no GRP for the ``'grp'`` reward, an unknown ``reward``, pts without 4 entries.
     """
 
-    def __init__(self, grp=None, pts=None, device="cpu", *, uniform_init: bool = False):
-        if grp is None:
+    def __init__(self, grp=None, pts=None, device="cpu", *, uniform_init: bool = False, reward: str = "grp"):
+        if reward not in REWARDS:
+            raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
+        if grp is None and reward == "grp":
             raise ValueError("RewardCalculator needs a GRP model (see mortal.data.reward.load_grp)")
         self.device = torch.device(device)
-        self.grp = grp.to(self.device).eval()
+        self.grp = None if grp is None else grp.to(self.device).eval()
         self.uniform_init = uniform_init
+        self.reward = reward
         pts = list(pts) if pts is not None else [3, 1, -1, -3]
         if len(pts) != 4:
             raise ValueError(f"pts must have 4 entries (ranks 1-4), got {pts!r}")
         self.pts = torch.tensor(pts, dtype=torch.float64, device=self.device)
+        self.points_scale = points_scale(pts)
 
     def calc_grp(self, grp_feature: np.ndarray) -> torch.Tensor:
         """``grp_feature (K, 7)`` float64 -> ``(K, 4, 4)`` float64 P(seat p at rank r) for prefixes 1..K."""
@@ -91,3 +124,16 @@ class RewardCalculator:
         feature = np.asarray(grp_feature, dtype=np.float64)
         seq = np.concatenate((np.rint(feature[:, 3 + player_id] * 1e4), [final_scores[player_id]]))
         return seq[1:] - seq[:-1]
+
+    def calc_points_reward(self, player_id: int, grp_feature, final_scores) -> np.ndarray:
+        """``(K,)`` float64 ``'points'`` reward of each kyoku in pts units: ``calc_delta_points`` times
+        ``points_scale(pts)`` (see the module docstring)."""
+        return self.calc_delta_points(player_id, grp_feature, final_scores) * self.points_scale
+
+    def kyoku_rewards(self, player_id: int, grp_feature, rank_by_player, final_scores) -> np.ndarray:
+        """``(K,)`` float64 reward of each kyoku for ``player_id`` by ``self.reward``: ``calc_delta_pt`` (GRP)
+        or ``calc_points_reward`` (points). ``grp_feature (K, 7)``, ``rank_by_player (4,)``, ``final_scores (4,)``
+        points, as ``mortal.data.grp.Grp`` holds them."""
+        if self.reward == "points":
+            return self.calc_points_reward(player_id, grp_feature, final_scores)
+        return self.calc_delta_pt(player_id, grp_feature, rank_by_player)
