@@ -77,7 +77,8 @@ def make_start(out, *, version, games, grp_games, progress, flaw=''):
         cfg = toml.load(cfg_path)
         cfg['grp']['dataset']['train_globs'] = globs
         cfg_path.write_text(toml.dumps(cfg))
-    bootstrap.run_steps(config, ('train-grp', 'train-offline', 'prepare'), progress=progress)
+    # config_path: a GRP no better than uniform switches [env] reward to 'points' in the file the arms read
+    bootstrap.run_steps(config, ('train-grp', 'train-offline', 'prepare'), progress=progress, config_path=cfg_path)
     return start
 
 
