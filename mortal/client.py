@@ -336,7 +336,7 @@ class Client(ParamSync, BaselineSync):
         cfg = typed(config)  # the typed sections, defaults from mortal/config_schema.py
         version = check_version(cfg.control.version)
         self.device = torch.device(cfg.control.device)
-        self.remote = remote or wire.Remote.from_config(config)
+        self.remote = remote or wire.Remote.from_config(cfg.online.remote, cfg.online.server)
         self.sleep = sleep
         self.init_baseline(cfg.baseline.train, fetch_missing=train_player is None)
         self.init_params(cfg, version)

@@ -270,6 +270,32 @@ def section(config: dict, dotted: str) -> Section:
     return model.model_validate(table)
 
 
+def checked_section(config: dict, dotted: str, *, path: str | None = None, env: Env = os.environ) -> Section:
+    """:func:`section`, with its problems worded as :func:`validate` words them: raises :class:`ConfigError`
+    naming ``path`` (default: the path :func:`resolve_path` gives for ``env``) and the missing table or each
+    offending key. For a table a process checks on its own (e.g. the bootstrap's ``[bootstrap]``)."""
+    path = resolve_path(path, env)
+    if _get_table(config, dotted) is None:
+        raise ConfigError(path, [f'missing section [{dotted}] in {path}'])
+    try:
+        return section(config, dotted)
+    except ValidationError as e:
+        where = tuple(table_path(dotted))  # the table's errors are located within it; _problem wants the whole path
+        raise ConfigError(path, list(dict.fromkeys(
+            _problem({**err, 'loc': where + tuple(err['loc'])}, config, path) for err in e.errors()))) from None
+
+
+def put(config: dict, dotted: str, value) -> None:
+    """Set the key (or whole table) ``dotted`` of the plain config dict to ``value`` in place, making the tables
+    on the way (``put(c, 'control.online', False)``; a profile's as :func:`profile_table` names it). The one way a
+    process derives a config from another (the bootstrap's offline run, a fleet actor's): read it back typed."""
+    *tables, name = table_path(dotted)
+    node = config
+    for part in tables:
+        node = node.setdefault(part, {})
+    node[name] = value
+
+
 def _as_dict(model: BaseModel) -> dict:
     """The plain nested dict of a validated model: absent sections and unfilled optional keys left out, unknown keys
     kept as the file had them."""
@@ -535,18 +561,18 @@ def require(config: dict, *sections: str, path: str | None = None, env: Env = os
         raise ConfigError(path, missing)
 
 
-def train_play_profile(config: dict, env: Env = os.environ, *, path: str | None = None) -> dict:
-    """``config['train_play'][profile]`` for env ``TRAIN_PLAY_PROFILE`` (default ``'default'``), as Mortal.
+def train_play_profile(config: dict, env: Env = os.environ, *, path: str | None = None) -> Section:
+    """The typed ``[train_play.<profile>]`` (:func:`section`) for env ``TRAIN_PLAY_PROFILE`` (default
+    ``'default'``), as Mortal picks ``config['train_play'][profile]``.
 
     Raises :class:`ConfigError` naming ``[train_play.<profile>]`` and the file when that table is missing.
     """
     profile = profile_name(env)
-    table = _get_table(config, profile_table(profile))
-    if table is None:
+    if _get_table(config, profile_table(profile)) is None:
         path = resolve_path(path, env)
         raise ConfigError(path, [f'missing section [{profile_table(profile)}] in {path} '
                                  f'(selected by {ENV_PROFILE}={profile!r})'])
-    return table
+    return section(config, profile_table(profile))
 
 
 def profile_name(env: Env = os.environ) -> str:

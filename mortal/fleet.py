@@ -108,7 +108,7 @@ def plan_actors(config: dict, actors: int, profiles: list, config_path: str = 't
     plans = []
     for i in range(actors):
         profile = profiles[i % len(profiles)]
-        log_dir = path.abspath(tables[profile]['log_dir'])
+        log_dir = path.abspath(tables[profile].log_dir)
         plans.append(ActorPlan(i, profile, f'{log_dir}.fleet-{i}'))
     return plans
 

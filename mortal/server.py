@@ -67,7 +67,7 @@ def build_server(config: dict, *, host: Optional[str] = None, port: Optional[int
     wipes the buffer of the one already running. Raises ServerStartError (the address cannot be bound),
     ValueError (unsafe bind, bad limits), OSError (the dirs cannot be recreated)."""
     cfg = section(config, 'online.server')  # typed, with the defaults of mortal/config_schema.py
-    remote = wire.Remote.from_config(config)
+    remote = wire.Remote.from_config(section(config, 'online.remote'), cfg)
     store = ReplayStore(cfg.buffer_dir, cfg.drain_dir, cfg.capacity, cfg.force_sequential)
     address = (remote.host if host is None else host, remote.port if port is None else port)
     check_bind_security(address[0], remote.token)

@@ -268,7 +268,9 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
             test_player = TestPlayer(config)
         self.test_player = test_player
         self.guards = Guards(self)  # test play, best.pth, rollback, rotation, baseline sync (mortal/learning/guards.py)
-        self.remote = remote if remote is not None or not self.online else wire.Remote.from_config(config)
+        if remote is None and self.online:
+            remote = wire.Remote.from_config(self.cfg.online.remote, self.cfg.online.server)
+        self.remote = remote
         tensorboard_dir = self.cfg.control.tensorboard_dir
         self.writer = writer if writer is not None else dist.writer(tensorboard_dir)  # rank 0's is real
         self.reset_stats()

@@ -248,8 +248,8 @@ def test_train_play_profile_missing(tmp_path, cfg):
 def test_train_play_profile_accessor(tmp_path, cfg):
     cfg['train_play']['fast'] = dict(cfg['train_play']['default'], games=8)
     c = load_config(write(tmp_path, cfg), required=CLIENT_SECTIONS, env={'TRAIN_PLAY_PROFILE': 'fast'})
-    assert train_play_profile(c, env={'TRAIN_PLAY_PROFILE': 'fast'})['games'] == 8
-    assert train_play_profile(c, env={})['games'] == 4
+    assert train_play_profile(c, env={'TRAIN_PLAY_PROFILE': 'fast'}).games == 8
+    assert train_play_profile(c, env={}).games == 4
     with pytest.raises(ConfigError, match=r'\[train_play.slow\] in c.toml'):
         train_play_profile(c, env={'TRAIN_PLAY_PROFILE': 'slow'}, path='c.toml')
 
@@ -270,10 +270,10 @@ def test_a_profile_named_with_a_dot_is_selected_by_its_name(tmp_path, cfg, caplo
     assert warns == [f'[online.server] capacity = 4 in {path} is smaller than one client round of '
                      f'[train_play."a.b"] games = 12: every submission overflows the buffer, so clients would be '
                      f'refused ("samples overflow") forever']
-    assert train_play_profile(c, env=env) == {'games': 12, 'log_dir': 'ab', 'boltzmann_epsilon': 0.25,
+    assert train_play_profile(c, env=env).model_dump() == {'games': 12, 'log_dir': 'ab', 'boltzmann_epsilon': 0.25,
                                               'boltzmann_temp': 0.5, 'top_p': 0.9, 'repeats': 3,
                                               'speculate_passes': True}
-    assert train_play_profile(c, env={})['games'] == 4
+    assert train_play_profile(c, env={}).games == 4
     assert section(c, 'train_play."a.b"').repeats == 3
     from mortal.config import profile_table  # the name that section and lookup read back
     assert profile_table('a.b') == 'train_play."a.b"' and profile_table('default') == 'train_play.default'
@@ -543,6 +543,32 @@ def test_section_is_typed_on_its_own(tmp_path, cfg):
                                           'force_sequential': False}}}, 'online.server').max_inflight_bytes == 0
     with pytest.raises(KeyError, match=r'\[bootstrap\]'):
         section(c, 'bootstrap')
+
+
+def test_checked_section_words_its_problems_as_the_loader(tmp_path, cfg):
+    from mortal.config import checked_section
+    c = load_config(write(tmp_path, cfg))
+    assert checked_section(c, 'online.server', path='c.toml').capacity == 4
+    with pytest.raises(ConfigError, match=r'missing section \[bootstrap\] in c.toml'):
+        checked_section(c, 'bootstrap', path='c.toml')
+    c['online']['server']['capacity'] = 0
+    del c['online']['server']['drain_dir']
+    with pytest.raises(ConfigError) as info:
+        checked_section(c, 'online.server', path='c.toml')
+    assert info.value.problems == ['missing key [online.server] drain_dir in c.toml (str: where drained logs are '
+                                   'moved for the trainer (wiped at server start))',
+                                   '[online.server] capacity in c.toml must be > 0, got 0']
+
+
+def test_put_sets_a_key_or_a_table_in_place(tmp_path, cfg):
+    from mortal.config import put, section
+    c = load_config(write(tmp_path, cfg))
+    server = c['online']['server']
+    put(c, 'online.server.capacity', 16)
+    put(c, 'train_play."a.b"', dict(c['train_play']['default'], games=12))
+    put(c, 'bootstrap.games', 4)  # the tables on the way are made
+    assert c['online']['server'] is server and section(c, 'online.server').capacity == 16
+    assert section(c, 'train_play."a.b"').games == 12 and c['bootstrap'] == {'games': 4}
 
 
 # Hostile files (s7-break): each once raised something other than ConfigError.

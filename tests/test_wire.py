@@ -162,10 +162,14 @@ def test_token_matches():
 
 
 def test_remote_from_config_defaults_and_overrides():
-    r = wire.Remote.from_config({'online': {'remote': {'host': '127.0.0.1', 'port': 5000}}})
+    from mortal.config import section
+    config = {'online': {'remote': {'host': '127.0.0.1', 'port': 5000}}}
+    r = wire.Remote.from_config(section(config, 'online.remote'))  # a client's file: no [online.server]
     assert (r.host, r.port, r.token, r.max_frame_size) == ('127.0.0.1', 5000, None, 512 * 1024 * 1024)
-    r = wire.Remote.from_config({'online': {'remote': {'host': 'h', 'port': 1, 'token': 't'},
-                                            'server': {'max_frame_bytes': 10}}})
+    config = {'online': {'remote': {'host': 'h', 'port': 1, 'token': 't'},
+                         'server': {'buffer_dir': 'b', 'drain_dir': 'd', 'capacity': 4, 'force_sequential': False,
+                                    'max_frame_bytes': 10}}}
+    r = wire.Remote.from_config(section(config, 'online.remote'), section(config, 'online.server'))
     assert (r.host, r.port, r.token, r.max_frame_size) == ('h', 1, 't', 10)
 
 

@@ -413,15 +413,15 @@ class Remote:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
 
     @classmethod
-    def from_config(cls, config: dict) -> 'Remote':
-        """Build from ``[online.remote]`` host, port, optional token and ``[online.server] max_frame_bytes``."""
-        cfg = config['online']['remote']
-        server_cfg = config['online'].get('server') or {}
+    def from_config(cls, remote, server=None) -> 'Remote':
+        """Build from the typed sections (``mortal.config.section``) ``[online.remote]`` (host, port, optional
+        token) and ``[online.server]`` (``max_frame_bytes``; its schema default when None, as on a client machine,
+        whose file has no such table)."""
         return cls(
-            host=cfg['host'],
-            port=int(cfg['port']),
-            token=cfg.get('token') or None,
-            max_frame_size=int(server_cfg.get('max_frame_bytes', DEFAULT_MAX_FRAME_SIZE)),
+            host=remote.host,
+            port=remote.port,
+            token=remote.token or None,
+            max_frame_size=server.max_frame_bytes if server is not None else DEFAULT_MAX_FRAME_SIZE,
         )
 
     def request(self, msg: dict) -> dict:

@@ -143,7 +143,7 @@ class TrainPlayer:
     """
 
     def __init__(self, config: dict, env=os.environ, *, baseline_engine=None, train_key=None):
-        from mortal.config import EnvOverrides, optional_section, profile_table, train_play_profile
+        from mortal.config import EnvOverrides, optional_section, train_play_profile
 
         self.baseline_slot = config['baseline']['train']
         self.baseline_mtime = _mtime(self.baseline_slot['state_file'])
@@ -157,15 +157,15 @@ class TrainPlayer:
         logger.info('using train-play profile %s', env.profile)
         self.chal_version = config['control']['version']
         self.cudnn_benchmark = config['control']['enable_cudnn_benchmark']
-        self.speculate_passes = section(config, profile_table(env.profile)).speculate_passes
-        self.log_dir = path.abspath(cfg['log_dir'])
+        self.speculate_passes = cfg.speculate_passes
+        self.log_dir = path.abspath(cfg.log_dir)
         self.train_key = secrets.randbits(64) if train_key is None else train_key
         self.train_seed = TRAIN_SEED_START
-        self.seed_count = cfg['games'] // 4
-        self.boltzmann_epsilon = cfg['boltzmann_epsilon']
-        self.boltzmann_temp = cfg['boltzmann_temp']
-        self.top_p = cfg['top_p']
-        self.repeats = cfg['repeats']
+        self.seed_count = cfg.games // 4
+        self.boltzmann_epsilon = cfg.boltzmann_epsilon
+        self.boltzmann_temp = cfg.boltzmann_temp
+        self.top_p = cfg.top_p
+        self.repeats = cfg.repeats
         self.repeat_counter = 0
 
     def set_factors(self, epsilon_factor: float, temp_factor: float) -> None:
