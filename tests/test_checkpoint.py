@@ -85,10 +85,12 @@ def test_one_comparison_three_wordings():
     assert kinds == [('shape', first), ('unexpected', 'extra')]
     with pytest.raises(CheckpointError, match=rf"^dqn: key '{first}' has shape \[3\], expected \["):
         check_loadable(dqn, saved, 'dqn')
-    config = {'control': {'version': 3}, 'resnet': {'conv_channels': 16, 'num_blocks': 1}}
+    from mortal.config_schema import Config, Control, ResNet
+    cfg = Config.model_construct(control=Control.model_construct(version=3),  # the typed config's two tables
+                                 resnet=ResNet.model_construct(conv_channels=16, num_blocks=1))
     with pytest.raises(CheckpointError, match=rf'^x.pth: does not fit the configured model: current_dqn.{first} '
                                               r'has shape \(3,\) in the checkpoint but the config expects'):
-        check_fits_config(dqn, saved, entry='current_dqn', source='x.pth', ckpt_cfg=None, config=config)
+        check_fits_config(dqn, saved, entry='current_dqn', source='x.pth', ckpt_cfg=None, cfg=cfg)
     assert describe_mismatches(dqn.state_dict(), saved) == [
         '1 unexpected key(s): extra', f'1 shape mismatch(es) saved vs expected: {first} (3,) vs '
                                       f'{tuple(dqn.state_dict()[first].shape)}']

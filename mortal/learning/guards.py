@@ -203,7 +203,7 @@ class Guards:
             best = load_checkpoint(t.best_state_file, map_location=t.device)
             for model, entry in ((t.mortal, 'mortal'), (t.dqn, 'current_dqn'), (t.aux_net, 'aux_net')):
                 check_fits_config(model, best[entry], entry=entry, source=t.best_state_file,
-                                  ckpt_cfg=best.get('config'), config=t.config)
+                                  ckpt_cfg=best.get('config'), cfg=t.cfg)
         except Exception as ex:  # missing, corrupt or foreign: the guard must never stop training
             logger.error('ROLLBACK not possible (%s): %s: %s', reason, type(ex).__name__, ex)
             return False

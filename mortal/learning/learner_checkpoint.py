@@ -39,7 +39,7 @@ class LearnerCheckpoint:
         ckpt_cfg = state.get('config')
         for model, entry in ((self.mortal, 'mortal'), (self.dqn, 'current_dqn'), (self.aux_net, 'aux_net')):
             check_fits_config(model, state[entry], entry=entry, source=self.state_file, ckpt_cfg=ckpt_cfg,
-                              config=self.config)
+                              cfg=self.cfg)
             model.load_state_dict(state[entry])
         ckpt_online = bool(ckpt_cfg and ckpt_cfg.get('control', {}).get('online'))
         if 'optimizer' not in state or 'scheduler' not in state:

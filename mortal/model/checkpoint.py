@@ -268,9 +268,10 @@ def check_loadable(module: torch.nn.Module, state_dict, what: str) -> None:
         raise CheckpointError(what, _in_words(problems[0], _LOADABLE_WORDS, list))
 
 
-def check_fits_config(model: torch.nn.Module, state_dict, *, entry: str, source, ckpt_cfg, config: dict) -> None:
-    """Check that the checkpoint entry ``entry`` (``state_dict``) fits ``model``, built from ``config``'s
-    ``[control] version`` and ``[resnet]``; ``ckpt_cfg`` is the checkpoint's own ``config`` (may be None).
+def check_fits_config(model: torch.nn.Module, state_dict, *, entry: str, source, ckpt_cfg, cfg) -> None:
+    """Check that the checkpoint entry ``entry`` (``state_dict``) fits ``model``, built from ``cfg``'s (the typed
+    config, ``mortal.config.typed``) ``[control] version`` and ``[resnet]``; ``ckpt_cfg`` is the checkpoint's own
+    plain ``config`` (may be None).
 
     Raises:
         CheckpointError: names the first differing tensor with both shapes and both architectures.
@@ -280,9 +281,8 @@ def check_fits_config(model: torch.nn.Module, state_dict, *, entry: str, source,
         return
     raise CheckpointError(
         source, f'does not fit the configured model: {_in_words(problems[0], _FITS_WORDS, entry=entry)}; '
-                f'checkpoint: {describe_arch(ckpt_cfg)}; config: [control] version = {config["control"]["version"]}, '
-                f'[resnet] conv_channels = {config["resnet"]["conv_channels"]}, '
-                f'num_blocks = {config["resnet"]["num_blocks"]}')
+                f'checkpoint: {describe_arch(ckpt_cfg)}; config: [control] version = {cfg.control.version}, '
+                f'[resnet] conv_channels = {cfg.resnet.conv_channels}, num_blocks = {cfg.resnet.num_blocks}')
 
 
 def describe_mismatches(expected: Mapping, saved, limit: int = 3) -> list:

@@ -14,6 +14,7 @@ import logging
 import os
 import time
 
+from mortal.config import typed
 from mortal.model.checkpoint import (INITIAL_BEST_PERF, MORTAL_ENTRIES, CheckpointError, atomic_torch_save,
                                      describe_error, load_checkpoint, require_entries)
 from mortal.util.fsutil import atomic_copy, stamped_name
@@ -61,18 +62,19 @@ def rotate(config: dict, source: str | None = None, *, reset_best: bool = False,
     ``reset_best``: also reset ``best_perf`` in ``[control] state_file`` (only while the trainer is stopped).
     Raises (nothing is touched then) FileNotFoundError when ``source`` is missing, ValueError (CheckpointError
     among them) when it is unusable or is a baseline file itself or ``state_file`` cannot be reset."""
-    source = source or config['control']['best_state_file']
+    cfg = typed(config)
+    source = source or cfg.control.best_state_file
     check_source(source)
     state = None
     if reset_best:  # read it before anything changes: a state file that cannot be reset stops the rotation
-        state_file = config['control']['state_file']
+        state_file = cfg.control.state_file
         try:
             state = load_checkpoint(state_file)
             state['best_perf'] = dict(INITIAL_BEST_PERF)
         except (OSError, TypeError, CheckpointError) as e:
             raise CheckpointError(state_file, f'cannot reset best_perf: {describe_error(e)}') from None
     stamp = stamp or time.strftime('%Y%m%d-%H%M%S')
-    targets = list(dict.fromkeys(config['baseline'][slot]['state_file'] for slot in ('train', 'test')))
+    targets = list(dict.fromkeys(slot.state_file for slot in (cfg.baseline.train, cfg.baseline.test)))
     for target in targets:
         if os.path.exists(target) and os.path.samefile(target, source):
             raise ValueError(f'{source} is the baseline file itself')
@@ -82,7 +84,7 @@ def rotate(config: dict, source: str | None = None, *, reset_best: bool = False,
         atomic_copy(source, target)
         done.append((target, backup))
     if state is not None:
-        atomic_torch_save(state, config['control']['state_file'])
+        atomic_torch_save(state, cfg.control.state_file)
     return done
 
 
