@@ -63,8 +63,9 @@ def reward_correlation(grp_file, log_dir):
     """(kyoku count, corr(reward, point change), reward sd) of a GRP checkpoint on the logs of ``log_dir``."""
     import numpy as np
     from mortal.data.grp import Grp
+    from mortal.config_schema import GrpNetwork
     from mortal.data.reward import RewardCalculator, load_grp
-    calc = RewardCalculator(load_grp(grp_file, {'hidden_size': 64, 'num_layers': 2}), [6, 4, 2, 0])
+    calc = RewardCalculator(load_grp(grp_file, GrpNetwork(hidden_size=64, num_layers=2)), [6, 4, 2, 0])
     rewards, deltas = [], []
     for game in Grp.load_gz_log_files(sorted(glob.glob(os.path.join(log_dir, '*.json.gz')))):
         feature, ranks = game.take_feature(), game.take_rank_by_player()
@@ -81,6 +82,7 @@ def rank_correlation(log_dir, grp_file=None, pts=(6, 4, 2, 0)):
     1-4 (1 = top); every seat's every kyoku but each game's last. Raises SystemExit when ``log_dir`` has no log."""
     import numpy as np
     from mortal.data.grp import Grp
+    from mortal.config_schema import GrpNetwork
     from mortal.data.reward import RewardCalculator, load_grp
     files = sorted(glob.glob(os.path.join(log_dir, '*.json.gz')))
     if not files:
@@ -88,7 +90,7 @@ def rank_correlation(log_dir, grp_file=None, pts=(6, 4, 2, 0)):
     if grp_file is None:
         calc = RewardCalculator(None, list(pts), reward='points')
     else:
-        calc = RewardCalculator(load_grp(grp_file, {'hidden_size': 64, 'num_layers': 2}), list(pts))
+        calc = RewardCalculator(load_grp(grp_file, GrpNetwork(hidden_size=64, num_layers=2)), list(pts))
     rewards, ranks = [], []
     for game in Grp.load_gz_log_files(files):
         feature, final_rank = game.take_feature(), game.take_rank_by_player()
@@ -138,10 +140,11 @@ def main(argv=None):
         print(f'uniform CE {math.log(24):.4f}; corr(kyoku reward, final rank 1-4), negative = right, larger '
               f'magnitude = better')
         print(f'points: {n} kyoku, corr {corr:+.3f}')
+        from mortal.config_schema import GrpNetwork
         from mortal.data.reward import load_grp
         for grp_file in args.grp:
             n, corr = rank_correlation(args.val_dir, grp_file)
-            ce = val_ce(load_grp(grp_file, {'hidden_size': 64, 'num_layers': 2}), val)
+            ce = val_ce(load_grp(grp_file, GrpNetwork(hidden_size=64, num_layers=2)), val)
             print(f'{grp_file}: {n} kyoku, corr {corr:+.3f}, val CE {ce:.4f}')
     else:
         for grp_file in args.grp:

@@ -53,7 +53,7 @@ import sys
 import time
 from pathlib import Path
 
-from mortal.config import SCHEMA, lookup
+from mortal.config import SCHEMA, lookup, typed
 from mortal.entry import drop_rust_backtrace
 from mortal.util.fsutil import atomic_copy, atomic_write_bytes, empty_dir
 
@@ -319,7 +319,7 @@ def check_grp(config, config_path=None):
     ce = None
     samples = load_samples(files) if files and os.path.exists(grp_file) else []
     if samples:
-        ce = mean_ce(load_grp(grp_file, config['grp'].get('network')), samples)
+        ce = mean_ce(load_grp(grp_file, typed(config).grp.network), samples)
     if ce is None:
         reward = configured
         logger.warning('train-grp: no GRP or no validation logs to check it on (%s, %d val logs): the kyoku '

@@ -164,12 +164,13 @@ def load_review_grp(config: dict):
         mortal.model.checkpoint.CheckpointError: missing or unusable file, or weights that do not fit
             ``[grp.network]``.
     """
+    from mortal.config import typed
     from mortal.model.checkpoint import load_errors
     from mortal.data.reward import load_grp
 
-    path = config['grp']['state_file']
-    with load_errors('[grp] state_file', path):
-        return load_grp(path, config['grp']['network'])
+    grp = typed(config).grp
+    with load_errors('[grp] state_file', grp.state_file):
+        return load_grp(grp.state_file, grp.network)
 
 
 def phi_matrix(config: dict, log_lines: list[str], grp=None) -> list:
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None, *, stdin: IO[str] | None = None, stdout:
     """``python -m mortal.bot <SEAT>``; returns the exit status (2 usage/config/checkpoint error, 1 bad input)."""
     from mortal import entry
     from mortal.model.checkpoint import CheckpointError
-    from mortal.config import BOT_SECTIONS, ConfigError
+    from mortal.config import BOT_SECTIONS, ConfigError, typed
 
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
@@ -235,7 +236,7 @@ def main(argv: list[str] | None = None, *, stdin: IO[str] | None = None, stdout:
     except ConfigError as exc:
         return entry.error(exc)
     try:
-        engine, tag = load_engine(config['control']['state_file'], review_mode=review_mode)
+        engine, tag = load_engine(typed(config).control.state_file, review_mode=review_mode)
         grp = load_review_grp(config) if review_mode else None  # fail before the game, not after it
     except CheckpointError as exc:
         return entry.error(exc)

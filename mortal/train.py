@@ -281,7 +281,7 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
         if self.offline_batch_size > 0:  # loaded in this process, beside the online loader's workers
             def offline_loader(files, names, size):
                 return self.data_loader(files, names, batch_size=size, num_workers=0)
-            self.offline_stream = offline_mix(config['dataset'], self.offline_batch_size, offline_loader)
+            self.offline_stream = offline_mix(self.cfg.dataset, self.offline_batch_size, offline_loader)
         self.pb = None
         self.lost_logs = 0  # drained logs that vanished before the learner claimed them
         self.resubmitted_to = set()  # server_ids of instances found without parameters (each resubmitted to once)
@@ -291,7 +291,7 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
     # -- reference models and instruments ------------------------------------------------------------------
 
     def _baseline_file(self) -> str:
-        return self.config['baseline']['train']['state_file']
+        return self.cfg.baseline.train.state_file
 
     def _load_anchor(self):
         """The frozen (brain, dqn) of ``[baseline.train] state_file`` that ``anchor_term`` pulls towards.
@@ -304,7 +304,7 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
         """``mortal.learning.diagnostics.learner_probe`` against the anchor's baseline (loaded when there is no anchor);
         None when it cannot be built (logged, never fatal)."""
         try:
-            return learner_probe(self.config, self.version, self.state_file, self.device, baseline=self.anchor)
+            return learner_probe(self.cfg, self.version, self.state_file, self.device, baseline=self.anchor)
         except Exception as ex:  # an instrument must never stop training
             logger.warning('policy-drift probe disabled: %s: %s', type(ex).__name__, ex)
             return None

@@ -291,7 +291,9 @@ def test_offline_batches_loop_over_the_offline_logs(tiny_config, fixture_logs):
 
 def test_file_index_errors_name_the_key_and_an_empty_list_is_not_cached(tmp_path):
     from mortal.data.offline_data import build_file_list, load_player_names
-    ds = {'file_index': str(tmp_path / 'index.pth'), 'globs': [str(tmp_path / 'none' / '*.json.gz')]}
+    from mortal.config_schema import Dataset
+    # the typed [dataset] with the two keys the index reads
+    ds = Dataset.model_construct(file_index=str(tmp_path / 'index.pth'), globs=[str(tmp_path / 'none' / '*.json.gz')])
     assert build_file_list(ds, set()) == []
     assert not (tmp_path / 'index.pth').exists()  # fixing the globs later takes effect
     (tmp_path / 'index.pth').write_bytes(b'not a torch file')

@@ -200,8 +200,9 @@ def _claimable_logs(drain_dir, seats=(0, 2)):
 
 
 def _expected_samples(config, paths):
+    from mortal.config import section
     from mortal.data.reward import load_grp
-    grp = load_grp(config['grp']['state_file'], config['grp']['network'])
+    grp = load_grp(config['grp']['state_file'], section(config, 'grp.network'))
     ds = FileDatasetsIter(3, paths, PTS, grp, player_names=['trainee'], file_batch_size=1)
     return collections.Counter(_fingerprint(s[0], s[1], s[2], s[3], s[5]) for s in ds)
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from mortal.config_schema import GrpNetwork
 from mortal.data.grp import Grp
 from mortal.model.networks import GRP
 from mortal.data.reward import RewardCalculator, load_grp
@@ -73,7 +74,7 @@ def test_load_grp_from_checkpoint(tmp_path, game):
     torch.manual_seed(1)
     grp = GRP()
     torch.save({"model": grp.state_dict(), "optimizer": {}, "steps": 3, "timestamp": 0.0}, tmp_path / "grp.pth")
-    loaded = load_grp(tmp_path / "grp.pth", {"hidden_size": 64, "num_layers": 2})
+    loaded = load_grp(tmp_path / "grp.pth", GrpNetwork(hidden_size=64, num_layers=2))
     a = RewardCalculator(grp, PTS).calc_delta_pt(1, game.feature, game.rank_by_player)
     b = RewardCalculator(loaded, PTS).calc_delta_pt(1, game.feature, game.rank_by_player)
     np.testing.assert_array_equal(a, b)

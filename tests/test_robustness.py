@@ -15,6 +15,7 @@ from conftest import DATA_DIR
 from mortal import bot as bot_mod
 from mortal import one_vs_three, train_grp
 from mortal.config import ConfigError, load_config
+from mortal.config_schema import GrpNetwork
 from mortal.data.dataloader import FileDatasetsIter
 from mortal.data.gameplay import GameplayLoader
 from mortal.data.grp import Grp
@@ -314,7 +315,7 @@ def test_load_grp_wrong_shapes_names_file_and_network(tmp_path):
     path = tmp_path / 'grp.pth'
     torch.save({'model': GRP(hidden_size=32).state_dict()}, path)
     with pytest.raises(GrpCheckpointError) as exc:
-        load_grp(path, {'hidden_size': 64, 'num_layers': 2})
+        load_grp(path, GrpNetwork(hidden_size=64, num_layers=2))
     text = str(exc.value)
     assert text.startswith(f"{path}: GRP weights do not fit [grp.network] {{'hidden_size': 64, 'num_layers': 2}}")
     assert 'torch.Size([96, 7]) from checkpoint, the shape in current model is torch.Size([192, 7])' in text

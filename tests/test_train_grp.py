@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import optim
 
+from mortal.config_schema import GrpNetwork
 from mortal.model.networks import GRP
 from mortal.data.reward import load_grp
 from mortal.model.checkpoint import atomic_torch_save as save_checkpoint
@@ -50,7 +51,7 @@ def test_train_writes_checkpoint_tensorboard_and_resumes(cfg, tmp_path):
     assert len(index["train_file_list"]) == 3 and len(index["val_file_list"]) == 1
     assert train(cfg, max_steps=6, num_workers=0, progress=False) == 6
     assert torch.load(cfg["state_file"], weights_only=True)["steps"] == 6
-    grp = load_grp(cfg["state_file"], cfg["network"])  # what RewardCalculator uses
+    grp = load_grp(cfg["state_file"], GrpNetwork(**cfg["network"]))  # what RewardCalculator uses
     assert not grp.training
 
 
@@ -152,7 +153,7 @@ def test_early_stopping_stops_where_the_val_curve_turns_and_keeps_the_best(overf
     assert "best_model" not in state
     # the file's model is the best validated one: its val cross entropy is the recorded best
     val = load_samples(cfg["dataset"]["val_globs"])
-    assert mean_ce(load_grp(cfg["state_file"], cfg["network"]), val) == pytest.approx(es["best_ce"], abs=1e-9)
+    assert mean_ce(load_grp(cfg["state_file"], GrpNetwork(**cfg["network"])), val) == pytest.approx(es["best_ce"], abs=1e-9)
     # a stopped run is finished: a rerun trains nothing
     assert train(cfg, max_steps=400, num_workers=0, progress=False, patience=2) == steps
     assert torch.load(cfg["state_file"], weights_only=True)["timestamp"] == state["timestamp"]

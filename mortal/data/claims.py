@@ -140,13 +140,13 @@ class ClaimLedger:
         return ledger
 
     @classmethod
-    def for_dataset(cls, claim_dir: str, dataset_cfg: dict, version: int) -> "ClaimLedger":
-        """``open`` with the signature and passes of the online learner's loader: ``[dataset]`` ``num_epochs``,
-        ``enable_augmentation`` and ``augmented_first``, feature ``version``, the ``trainee`` seat."""
-        ds = dataset_cfg
-        signature = {"version": version, "player_names": ["trainee"], "num_epochs": ds["num_epochs"],
-                     "enable_augmentation": ds["enable_augmentation"], "augmented_first": ds["augmented_first"]}
-        passes = ds["num_epochs"] * (2 if ds["enable_augmentation"] else 1)
+    def for_dataset(cls, claim_dir: str, ds, version: int) -> "ClaimLedger":
+        """``open`` with the signature and passes of the online learner's loader: the typed ``[dataset]``'s
+        (``mortal.config.section``) ``num_epochs``, ``enable_augmentation`` and ``augmented_first``, feature
+        ``version``, the ``trainee`` seat."""
+        signature = {"version": version, "player_names": ["trainee"], "num_epochs": ds.num_epochs,
+                     "enable_augmentation": ds.enable_augmentation, "augmented_first": ds.augmented_first}
+        passes = ds.num_epochs * (2 if ds.enable_augmentation else 1)
         return cls.open(claim_dir, signature=signature, passes=passes)
 
     def _name_problem(self, name) -> str:

@@ -53,6 +53,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from mortal.config import typed
 from mortal.entry import LOG_FORMAT  # the entry points' format, for the workers too
 from mortal.data.gameplay import GameplayLoader
 from mortal.data.mjai_log import DEFAULT_MAX_LOG_BYTES
@@ -434,7 +435,8 @@ def make_dataloader(dataset, *, batch_size: int, num_workers: int = 1, pin_memor
 
 def learner_loader(config: dict, version: int, file_list: list, player_names, ledger=None, *, batch_size: int,
                    num_workers: int | None = None, pin_memory: bool = False) -> DataLoader:
-    """The learner's ``DataLoader`` of ``FileDatasetsIter`` batches over ``file_list`` (``[dataset]`` settings,
+    """The learner's ``DataLoader`` of ``FileDatasetsIter`` batches over ``file_list`` (``config``: the config
+    dict, read typed: ``[dataset]`` settings,
     ``[env] reward`` (default 'grp': the GRP of ``[grp]``; 'points': no GRP is loaded), ``[env] pts``), learning
     from the seats of ``player_names`` (all seats when empty).
 
@@ -444,21 +446,22 @@ def learner_loader(config: dict, version: int, file_list: list, player_names, le
     it lists as trained are left out. ``num_workers`` defaults to ``[dataset] num_workers``; with more than one,
     ``file_list`` is shuffled in place. Raises what ``mortal.data.reward.load_grp`` raises for an unusable GRP.
     """
-    ds = config["dataset"]
-    num_workers = ds["num_workers"] if num_workers is None else num_workers
+    cfg = typed(config)
+    ds = cfg.dataset
+    num_workers = ds.num_workers if num_workers is None else num_workers
     if num_workers > 1:
         random.shuffle(file_list)
-    reward = config["env"].get("reward", "grp")
-    grp = load_grp(config["grp"]["state_file"], config["grp"]["network"]) if reward == "grp" else None
+    reward = cfg.env.reward
+    grp = load_grp(cfg.grp.state_file, cfg.grp.network) if reward == "grp" else None
     data = FileDatasetsIter(
-        version, file_list, config["env"]["pts"], grp, reward=reward,
-        file_batch_size=ds["file_batch_size"],
-        reserve_ratio=ds["reserve_ratio"],
+        version, file_list, cfg.env.pts, grp, reward=reward,
+        file_batch_size=ds.file_batch_size,
+        reserve_ratio=ds.reserve_ratio,
         player_names=player_names or None,
-        num_epochs=ds["num_epochs"],
-        enable_augmentation=ds["enable_augmentation"],
-        augmented_first=ds["augmented_first"],
-        max_log_bytes=ds.get("max_log_bytes", DEFAULT_MAX_LOG_BYTES),
+        num_epochs=ds.num_epochs,
+        enable_augmentation=ds.enable_augmentation,
+        augmented_first=ds.augmented_first,
+        max_log_bytes=ds.max_log_bytes,
         sample_ids=ledger is not None,
         trained=ledger.trained_map() if ledger is not None else None,
         batch_size=batch_size,

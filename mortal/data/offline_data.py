@@ -34,12 +34,13 @@ def _first_event(filename: str) -> dict:
         return json.loads(next(f))
 
 
-def build_file_list(dataset_cfg: dict, player_names: set) -> list:
-    """Offline file list: ``[dataset] file_index`` if it exists, else expand ``globs`` (keeping files where one
+def build_file_list(dataset, player_names: set) -> list:
+    """Offline file list of the typed ``[dataset]`` (``mortal.config.section``): ``file_index`` if it exists,
+    else expand ``globs`` (keeping files where one
     of ``player_names`` sits, when given), sort descending (Mortal) and cache it in ``file_index`` (an empty list
     is never cached, so fixing the globs takes effect). Raises ValueError naming ``file_index`` when that file is
     not an index this function wrote."""
-    file_index = dataset_cfg['file_index']
+    file_index = dataset.file_index
     if path.exists(file_index):
         try:
             file_list = list(load_checkpoint(file_index)['file_list'])
@@ -50,7 +51,7 @@ def build_file_list(dataset_cfg: dict, player_names: set) -> list:
         return file_list
     logger.info('building file index...')
     file_list = []
-    for pattern in dataset_cfg['globs']:
+    for pattern in dataset.globs:
         file_list.extend(glob(pattern, recursive=True))
     if player_names:
         kept = []
@@ -82,8 +83,8 @@ def load_player_names(files) -> set:
     return names
 
 
-def offline_mix(dataset_cfg: dict, batch_size: int, loader):
-    """Endless full batches of ``batch_size`` samples from the offline logs of ``[dataset]`` (the seats of
+def offline_mix(dataset, batch_size: int, loader):
+    """Endless full batches of ``batch_size`` samples from the offline logs of the typed ``[dataset]`` (the seats of
     ``player_names_files``, all seats when none), reshuffled every pass. ``loader(files, player_names,
     batch_size)`` gives one pass's DataLoader. Yields tuples of the six tensors of ``Trainer.train_batch`` (obs as
     the loader's packed rows, ``mortal.data.packed_obs``).
@@ -91,15 +92,14 @@ def offline_mix(dataset_cfg: dict, batch_size: int, loader):
     The first batch is loaded before this returns, so that a dataset without one full batch fails at start-up
     (before the first drain) rather than at the first training step: raises ValueError then (naming
     ``[online] offline_batch_size`` and the logs' source), and when a later pass holds no full batch."""
-    stream = _offline_batches(dataset_cfg, batch_size, loader)
+    stream = _offline_batches(dataset, batch_size, loader)
     first = next(stream)
     return chain([first], stream)
 
 
-def _offline_batches(dataset_cfg: dict, batch_size: int, loader):
+def _offline_batches(ds, batch_size: int, loader):
     from mortal.data.dataloader import iter_full_batches  # here: the file index needs no loader
-    ds = dataset_cfg
-    names = load_player_names(ds['player_names_files'])
+    names = load_player_names(ds.player_names_files)
     files = build_file_list(ds, names)
     logger.info('offline mix: %d samples per batch from %s offline logs', batch_size, f'{len(files):,}')
     passes = 0
@@ -110,8 +110,8 @@ def _offline_batches(dataset_cfg: dict, batch_size: int, loader):
             count += 1
             yield batch
         if count == 0:
-            source = (f"[dataset] file_index {ds['file_index']} ({len(files)} files)"
-                      if path.exists(ds['file_index']) else f"[dataset] globs {ds['globs']}")
+            source = (f"[dataset] file_index {ds.file_index} ({len(files)} files)"
+                      if path.exists(ds.file_index) else f"[dataset] globs {ds.globs}")
             raise ValueError(f'[online] offline_batch_size = {batch_size}: the logs of {source} '
                              f'hold no full batch (readable logs and their samples are listed above)')
         passes += 1

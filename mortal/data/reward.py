@@ -40,10 +40,11 @@ def points_scale(pts) -> float:
     return (max(pts) - min(pts)) / POINTS_SPREAD
 
 
-def load_grp(state_file, network: dict | None = None, device="cpu"):
+def load_grp(state_file, network=None, device="cpu"):
     """A ``mortal.model.networks.GRP`` in eval mode with weights from a ``train_grp`` checkpoint.
 
-    ``network`` is ``[grp.network]`` (``hidden_size``, ``num_layers``). The file holds
+    ``network`` is the typed ``[grp.network]`` (``hidden_size``, ``num_layers``; ``mortal.config.section``), None
+    for the GRP's defaults. The file holds
     ``{model, optimizer, steps, timestamp}``; only ``model`` is used. Loaded with
     ``weights_only=True`` (no code executed).
 
@@ -55,13 +56,13 @@ def load_grp(state_file, network: dict | None = None, device="cpu"):
     """
     from mortal.model.networks import GRP
 
-    network = dict(network or {})
-    grp = GRP(**network)
+    grp = GRP(hidden_size=network.hidden_size, num_layers=network.num_layers) if network is not None else GRP()
     state = require_entries(load_checkpoint(state_file), ("model",), state_file, kind="GRP checkpoint")
     try:
         grp.load_state_dict(state["model"])
     except (RuntimeError, TypeError, AttributeError) as e:
-        raise CheckpointError(state_file, f"GRP weights do not fit [grp.network] {network or 'defaults'}: "
+        shape = network.model_dump() if network is not None else 'defaults'
+        raise CheckpointError(state_file, f"GRP weights do not fit [grp.network] {shape}: "
                                           f"{one_line(e)}") from None
     return grp.to(device).eval()
 

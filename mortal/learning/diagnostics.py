@@ -197,28 +197,25 @@ class Probe:
         return self._pass(brain, None, aux_net, device)[1]
 
 
-def learner_probe(config: dict, version: int, state_file: str, device, baseline=None):
-    """The online learner's probe (``[online] probe_file``, by default ``probe.pth`` beside ``state_file``, built
+def learner_probe(cfg, version: int, state_file: str, device, baseline=None):
+    """The online learner's probe (``cfg``: the typed config, ``mortal.config.typed``; ``[online] probe_file``, by default ``probe.pth`` beside ``state_file``, built
     once from ``[dataset] globs``, ``[online] probe_size`` positions) with the greedy actions of ``baseline``
     (``(brain, dqn)`` on ``device``; by default ``[baseline.train] state_file``, loaded). None when
     ``probe_size`` <= 0 or no log yields a sample. Raises whatever loading the GRP or the baseline raises."""
     from mortal.model.checkpoint import load_model_pair
     from mortal.data.reward import load_grp
-    online = config.get('online', {})
-    probe_file = online.get('probe_file') or os.path.join(os.path.dirname(os.path.abspath(state_file)), 'probe.pth')
-    size = online.get('probe_size', 2048)
+    probe_file = cfg.online.probe_file or os.path.join(os.path.dirname(os.path.abspath(state_file)), 'probe.pth')
+    size = cfg.online.probe_size
     if size <= 0:
         return None
-    grp_cfg = config['grp']
-    probe = Probe.load_or_build(probe_file, version=version, globs=config['dataset']['globs'],
-                                pts=config['env']['pts'], size=size,
-                                grp=lambda: load_grp(grp_cfg['state_file'], grp_cfg['network']))
+    probe = Probe.load_or_build(probe_file, version=version, globs=cfg.dataset.globs, pts=cfg.env.pts, size=size,
+                                grp=lambda: load_grp(cfg.grp.state_file, cfg.grp.network))
     if probe is None:
         return None
     if baseline is not None:
         brain, dqn = baseline
     else:
-        brain, dqn, _ = load_model_pair(config['baseline']['train']['state_file'])
+        brain, dqn, _ = load_model_pair(cfg.baseline.train.state_file)
         brain.to(device)
         dqn.to(device)
     probe.set_baseline(brain, dqn, device)

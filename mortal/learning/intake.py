@@ -34,9 +34,9 @@ class Intake:
             return self.online_files()  # mortal.learning.server_traffic
 
         def offline():  # rank 0's, sent to the others under torchrun: one process writes the file index
-            names = load_player_names(self.config['dataset']['player_names_files'])
+            names = load_player_names(self.cfg.dataset.player_names_files)
             logger.info('loaded %s players', f'{len(names):,}')
-            return build_file_list(self.config['dataset'], names), sorted(names)
+            return build_file_list(self.cfg.dataset, names), sorted(names)
         return self.dist.from_main(offline)
 
     def data_loader(self, file_list, player_names, ledger=None, *, batch_size=None, num_workers=None):
