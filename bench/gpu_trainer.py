@@ -110,10 +110,11 @@ def _test_play_peak(base, trainer, device, box):
     """The record of a test play (``[test_play] games`` in flight) of ``trainer``'s played models, stopped after
     ``box`` seconds: the peak memory is at its start, when every game is in flight."""
     import torch
+    from mortal.config import section
     from mortal.play.player import TEST_SEED, TestPlayer, load_baseline_engine
 
     counter = RowCounter()
-    baseline = load_baseline_engine(base['baseline']['test'])
+    baseline = load_baseline_engine(section(base, 'baseline.test'))
     player = TestPlayer(base, baseline_engine=baseline)
     player.begin()
     if device.type == 'cuda':

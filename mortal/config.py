@@ -435,15 +435,6 @@ def _unknown_names(config: dict, path: str, warns: list[str]) -> None:
     warns.extend(unknown_warning(u, path) for u in unknown_names(config))
 
 
-def optional_section(config: dict, dotted: str) -> dict:
-    """The table ``dotted`` of one of ``OPTIONAL_SECTIONS`` with its defaults under whatever ``config`` holds
-    (a config dict built by hand may lack the table). Raises KeyError for another section."""
-    if dotted not in OPTIONAL_SECTIONS:
-        raise KeyError(f'{dotted} is not an optional section')
-    table = lookup(config, dotted) or {}
-    return {**{name: key.default for name, key in SCHEMA[dotted].items()}, **table}
-
-
 def lookup(config: dict, dotted: str, default=None):
     """``config['a']['b']`` for ``'a.b'``, ``config['train_play']['a.b']`` for ``'train_play."a.b"'`` (a quoted key,
     as TOML writes it: :func:`table_name`); ``default`` when any level is missing or not a table."""

@@ -38,8 +38,8 @@ import sys
 from typing import Iterable
 
 # The duplicate scoring and the sides live in mortal.play.duplicate (play needs them too); this module's API still.
-from mortal.play.duplicate import (SEED_START, SIDE_TYPES, SPLITS, Z_95, DuplicateSummary,  # noqa: F401
-                                   build_side, challenger_ranks_by_nonce, duplicate_ci, mean_ci, side_type)
+from mortal.play.duplicate import (SEED_START, SPLITS, Z_95, DuplicateSummary,  # noqa: F401
+                                   build_side, challenger_ranks_by_nonce, duplicate_ci, mean_ci)
 from mortal.stat import DISPLAY_PTS, rank_summary  # noqa: F401  rank_summary: also this module's API (Mortal prints it)
 
 logger = logging.getLogger('mortal.one_vs_three')  # not __name__: '__main__' under python -m
@@ -64,21 +64,22 @@ def run(config: dict, *, disable_progress_bar: bool = False, out=None) -> Duplic
 
     Returns the final :class:`DuplicateSummary`.
     """
+    from mortal.config import typed
     from mortal.play.arena import OneVsThree
 
     out = out or sys.stdout
-    cfg = config['1v3']
-    games_per_iter = cfg['games_per_iter']
+    cfg = typed(config).one_vs_three
+    games_per_iter = cfg.games_per_iter
     seeds_per_iter = games_per_iter // 4
-    iters = cfg['iters']
-    log_dir = cfg.get('log_dir') or None
-    key = cfg.get('seed_key', -1)
+    iters = cfg.iters
+    log_dir = cfg.log_dir or None
+    key = cfg.seed_key
     if key == -1:
         key = secrets.randbits(64)
     logger.info('1v3: %d iterations of %d games, seed key %d', iters, games_per_iter, key)
 
-    challenger = build_side(cfg['challenger'], '1v3.challenger')
-    champion = build_side(cfg['champion'], '1v3.champion')
+    challenger = build_side(cfg.challenger, '1v3.challenger')
+    champion = build_side(cfg.champion, '1v3.champion')
 
     units: dict[int, list[int]] = {}
     all_games: list[tuple] = []
@@ -104,7 +105,7 @@ def run(config: dict, *, disable_progress_bar: bool = False, out=None) -> Duplic
 
     if log_dir and all_games:
         print('-' * 50, file=out)
-        print(f"challenger ({cfg['challenger'].get('name', '')}) over {len(all_games)} games:", file=out)
+        print(f'challenger ({cfg.challenger.name}) over {len(all_games)} games:', file=out)
         print(_challenger_stat(log_dir, all_games), file=out)
         out.flush()
     return summary
@@ -113,19 +114,17 @@ def run(config: dict, *, disable_progress_bar: bool = False, out=None) -> Duplic
 def main(argv: list[str] | None = None) -> int:
     """``python -m mortal.one_vs_three [-c/--config PATH] [--no-progress]``."""
     from mortal import entry
-    from mortal.config import ONE_VS_THREE_SECTIONS, ConfigError
+    from mortal.config import ONE_VS_THREE_SECTIONS, ConfigError, typed
 
     parser = entry.parser('Duplicate 1v3 evaluation ([1v3] tables of the config).',
                           prog='python -m mortal.one_vs_three')
     parser.add_argument('--no-progress', action='store_true', help='hide the progress bar')
     args = entry.start(parser, argv)
-    try:
+    try:  # a side's type is checked there ('mortal' or 'rulebase', mortal.config_schema.MortalSide)
         config = entry.load_config(args, ONE_VS_THREE_SECTIONS)
-        for section in ('challenger', 'champion'):
-            side_type(config['1v3'][section], f'1v3.{section}')
-    except (ConfigError, ValueError) as exc:
+    except ConfigError as exc:
         return entry.error(exc)
-    log_dir = config['1v3'].get('log_dir')
+    log_dir = typed(config).one_vs_three.log_dir
     if log_dir:
         try:  # the arena would fail here too, with a traceback
             os.makedirs(log_dir, exist_ok=True)

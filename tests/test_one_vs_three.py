@@ -54,15 +54,21 @@ def test_challenger_ranks_by_nonce_and_rank_summary():
     assert ovt.rank_summary([2, 0, 0, 2]) == (2.5, (2 * 90 - 2 * 135) / 4)
 
 
-def test_side_type():
-    assert ovt.side_type({}, 'x') == 'mortal'
-    assert ovt.side_type({'type': 'rulebase'}, 'x') == 'rulebase'
-    with pytest.raises(ValueError, match=r'\[1v3.champion\] type'):
-        ovt.side_type({'type': 'akochan'}, '1v3.champion')
+def test_a_side_is_typed_by_its_type():
+    from mortal.config import typed
+    from mortal.config_schema import MortalSide, RulebaseSide
+    mortal = {'name': 'm', 'device': 'cpu', 'state_file': 'x.pth', 'stochastic_latent': False, 'enable_compile': False,
+              'enable_amp': False, 'enable_rule_based_agari_guard': True}
+    table = {'games_per_iter': 4, 'iters': 1, 'log_dir': '', 'challenger': mortal,
+             'champion': {'type': 'rulebase', 'name': 'rb'}}
+    cfg = typed({'1v3': table}).one_vs_three
+    assert isinstance(cfg.challenger, MortalSide) and cfg.challenger.type == 'mortal'  # the default
+    assert isinstance(cfg.champion, RulebaseSide) and cfg.champion.name == 'rb'
 
 
 def test_build_side_rulebase():
-    agent = ovt.build_side({'type': 'rulebase', 'name': 'rb'}, '1v3.champion')
+    from mortal.config_schema import RulebaseSide
+    agent = ovt.build_side(RulebaseSide(type='rulebase', name='rb'), '1v3.champion')
     assert agent.name == 'rb' and hasattr(agent, 'react')
 
 
@@ -106,8 +112,8 @@ def test_cli_end_to_end_identical_players_rank_2_5(tmp_path, capsys, monkeypatch
     built = []
 
     def fake_build(side, section):
-        built.append((section, side['type'], side['name']))
-        return FirstLegal(side['name'])
+        built.append((section, side.type, side.name))
+        return FirstLegal(side.name)
 
     monkeypatch.setattr(ovt, 'build_side', fake_build)
     log_dir = tmp_path / 'logs'
@@ -139,18 +145,19 @@ def test_mortal_side_from_checkpoint_plays_end_to_end(tiny_config, tmp_path, cap
     from mortal.model.networks import DQN, Brain
 
     config, _ = tiny_config
-    chal = config['1v3']['challenger']
+    from mortal.config import section
+    chal = section(config, '1v3.challenger')
     torch.manual_seed(0)
     torch.save({'mortal': Brain(conv_channels=16, num_blocks=1, version=3).state_dict(),
                 'current_dqn': DQN(version=3).state_dict(), 'config': config, 'timestamp': 0},
-               chal['state_file'])
+               chal.state_file)
     engine = ovt.build_side(chal, '1v3.challenger')
     assert isinstance(engine, MortalEngine)
     assert (engine.name, engine.version, engine.enable_rule_based_agari_guard) == ('mortal', 3, True)
 
     real_build = ovt.build_side
     monkeypatch.setattr(ovt, 'build_side', lambda side, section: (
-        real_build(side, section) if section == '1v3.challenger' else FirstLegal(side['name'])))
+        real_build(side, section) if section == '1v3.challenger' else FirstLegal(side.name)))
     summary = ovt.run(config, disable_progress_bar=True)
     out = capsys.readouterr().out
     assert (summary.n_units, summary.n_games) == (1, 4)

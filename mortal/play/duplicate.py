@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Sequence
 
 from mortal.stat import DISPLAY_PTS
 
@@ -22,7 +22,6 @@ logger = logging.getLogger('mortal.one_vs_three')  # build_side's lines keep the
 SEED_START = 10000  # first nonce, as Mortal's one_vs_three.py
 Z_95 = 1.959963984540054  # two-sided 95% normal quantile
 SPLITS = 'abcd'  # log-name suffix = challenger seat 0-3
-SIDE_TYPES = ('mortal', 'rulebase')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,54 +106,41 @@ def challenger_ranks_by_nonce(games: Iterable[tuple]) -> dict[int, list[int]]:
     return out
 
 
-def side_type(side: Mapping, section: str) -> str:
-    """The ``type`` of a ``[1v3.<side>]`` table: 'mortal' (default) or 'rulebase'.
+def build_side(side, section: str):
+    """An arena player from a typed ``[1v3.challenger]``/``[1v3.champion]`` table (``mortal.config.section``; a
+    ``mortal.config_schema.MortalSide`` or ``RulebaseSide``), ``section`` its name for messages.
 
-    Raises:
-        ValueError: any other value (names the section).
-    """
-    kind = side.get('type', 'mortal')
-    if kind not in SIDE_TYPES:
-        raise ValueError(f'[{section}] type must be one of {SIDE_TYPES}, got {kind!r}')
-    return kind
-
-
-def build_side(side: Mapping, section: str):
-    """An arena player from a ``[1v3.challenger]``/``[1v3.champion]`` table.
-
-    'rulebase': a ``mortal.play.agent.MjaiBotAgent`` of ``RulebaseBot`` named ``name`` (default 'rulebase').
+    'rulebase': a ``mortal.play.agent.MjaiBotAgent`` of ``RulebaseBot`` named ``name``.
     'mortal': a greedy ``MortalEngine`` from ``state_file`` (architecture from the checkpoint's own config, as
     Mortal) on ``device`` with ``enable_amp``, ``enable_rule_based_agari_guard``, ``stochastic_latent``,
     ``enable_compile``.
 
     Raises:
-        ValueError: bad ``type``; mortal.model.checkpoint.CheckpointError (a ValueError): missing or unusable
-            checkpoint (one line naming the section, the file and the reason).
+        mortal.model.checkpoint.CheckpointError (a ValueError): missing or unusable checkpoint (one line naming the
+            section, the file and the reason).
     """
-    kind = side_type(side, section)
-    if kind == 'rulebase':
+    if side.type == 'rulebase':
         from mortal.play.agent import MjaiBotAgent
-        return MjaiBotAgent(name=side.get('name', 'rulebase'))
+        return MjaiBotAgent(name=side.name)
 
     import torch
     from mortal.model.checkpoint import load_errors, load_model_pair
     from mortal.play.engine import MortalEngine
 
-    with load_errors(f'[{section}] state_file', side['state_file']):
-        brain, dqn, version = load_model_pair(side['state_file'])
-    if side.get('enable_compile', False):
+    with load_errors(f'[{section}] state_file', side.state_file):
+        brain, dqn, version = load_model_pair(side.state_file)
+    if side.enable_compile:
         brain.compile()
         dqn.compile()
-    logger.info('[%s] %s: %s (version %d) on %s', section, side['name'], side['state_file'], version,
-                side['device'])
+    logger.info('[%s] %s: %s (version %d) on %s', section, side.name, side.state_file, version, side.device)
     return MortalEngine(
         brain,
         dqn,
         is_oracle=False,
         version=version,
-        device=torch.device(side['device']),
-        stochastic_latent=side.get('stochastic_latent', False),
-        enable_amp=side.get('enable_amp', False),
-        enable_rule_based_agari_guard=side.get('enable_rule_based_agari_guard', False),
-        name=side['name'],
+        device=torch.device(side.device),
+        stochastic_latent=side.stochastic_latent,
+        enable_amp=side.enable_amp,
+        enable_rule_based_agari_guard=side.enable_rule_based_agari_guard,
+        name=side.name,
     )

@@ -18,12 +18,14 @@ SEED_START = 10000  # first nonce, as mortal.one_vs_three
 
 
 def _side(spec, name):
+    from mortal.config_schema import MortalSide, RulebaseSide
     from mortal.play.duplicate import build_side
     kind, state_file, *device = spec
     if kind == 'rulebase':
-        return build_side({'type': 'rulebase', 'name': name}, 'evaluation')
-    return build_side({'type': 'mortal', 'name': name, 'state_file': state_file, 'device': (device or ['cpu'])[0],
-                       'enable_amp': False, 'enable_rule_based_agari_guard': True}, 'evaluation')
+        return build_side(RulebaseSide(type='rulebase', name=name), 'evaluation')
+    return build_side(MortalSide(name=name, state_file=state_file, device=(device or ['cpu'])[0],
+                                 stochastic_latent=False, enable_compile=False, enable_amp=False,
+                                 enable_rule_based_agari_guard=True), 'evaluation')
 
 
 def _init_worker(sp_threads):

@@ -20,7 +20,7 @@ from os import path
 import numpy as np
 import torch
 
-from mortal.config import section
+from mortal.config import typed
 from mortal.model.checkpoint import load_model_pair
 from mortal.util.fsutil import empty_dir
 
@@ -35,19 +35,19 @@ def _use_amp(device: torch.device) -> bool:
     return device.type == 'cuda'
 
 
-def load_baseline_engine(slot: dict, *, name: str = 'baseline'):
-    """A greedy ``MortalEngine`` with the agari guard from a ``[baseline.train]``/``[baseline.test]`` table
-    (keys device, enable_compile, state_file).
+def load_baseline_engine(slot, *, name: str = 'baseline'):
+    """A greedy ``MortalEngine`` with the agari guard from a typed ``[baseline.train]``/``[baseline.test]`` table
+    (``mortal.config.section``: device, enable_compile, state_file).
 
     Raises FileNotFoundError, mortal.model.checkpoint.CheckpointError (``load_model_pair``)."""
     from mortal.play.engine import MortalEngine
 
-    device = torch.device(slot['device'])
-    brain, dqn, version = load_model_pair(slot['state_file'])
-    if slot.get('enable_compile'):
+    device = torch.device(slot.device)
+    brain, dqn, version = load_model_pair(slot.state_file)
+    if slot.enable_compile:
         brain.compile()
         dqn.compile()
-    logger.info('%s engine: %s (version %d) on %s', name, slot['state_file'], version, device)
+    logger.info('%s engine: %s (version %d) on %s', name, slot.state_file, version, device)
     return MortalEngine(
         brain,
         dqn,
@@ -93,11 +93,12 @@ class TestPlayer:
     """
 
     def __init__(self, config: dict, *, baseline_engine=None):
-        self.baseline_engine = baseline_engine or load_baseline_engine(config['baseline']['test'])
-        self.chal_version = config['control']['version']
-        self.log_dir = path.abspath(config['test_play']['log_dir'])
-        self.cudnn_benchmark = config['control']['enable_cudnn_benchmark']
-        self.speculate_passes = section(config, 'test_play').speculate_passes
+        cfg = typed(config)
+        self.baseline_engine = baseline_engine or load_baseline_engine(cfg.baseline.test)
+        self.chal_version = cfg.control.version
+        self.log_dir = path.abspath(cfg.test_play.log_dir)
+        self.cudnn_benchmark = cfg.control.enable_cudnn_benchmark
+        self.speculate_passes = cfg.test_play.speculate_passes
 
     def begin(self) -> None:
         """Start a test play: empty ``log_dir``."""
@@ -143,29 +144,30 @@ class TrainPlayer:
     """
 
     def __init__(self, config: dict, env=os.environ, *, baseline_engine=None, train_key=None):
-        from mortal.config import EnvOverrides, optional_section, train_play_profile
+        from mortal.config import EnvOverrides, train_play_profile
 
-        self.baseline_slot = config['baseline']['train']
-        self.baseline_mtime = _mtime(self.baseline_slot['state_file'])
+        cfg = typed(config)
+        self.baseline_slot = cfg.baseline.train
+        self.baseline_mtime = _mtime(self.baseline_slot.state_file)
         self.baseline_engine = baseline_engine or load_baseline_engine(self.baseline_slot)
-        self.pool_size = optional_section(config, 'rotation')['pool_size']
+        self.pool_size = cfg.rotation.pool_size
         self._pool = {}  # state file -> (mtime, engine) of the older baselines of the pool
         self.epsilon_factor = 1.0  # from the trainer, with its parameters (mortal.learning.schedule, [guard])
         self.temp_factor = 1.0
         env = EnvOverrides.of(env)  # a mapping is read once, here
-        cfg = train_play_profile(config, env)
+        profile = train_play_profile(config, env)
         logger.info('using train-play profile %s', env.profile)
-        self.chal_version = config['control']['version']
-        self.cudnn_benchmark = config['control']['enable_cudnn_benchmark']
-        self.speculate_passes = cfg.speculate_passes
-        self.log_dir = path.abspath(cfg.log_dir)
+        self.chal_version = cfg.control.version
+        self.cudnn_benchmark = cfg.control.enable_cudnn_benchmark
+        self.speculate_passes = profile.speculate_passes
+        self.log_dir = path.abspath(profile.log_dir)
         self.train_key = secrets.randbits(64) if train_key is None else train_key
         self.train_seed = TRAIN_SEED_START
-        self.seed_count = cfg.games // 4
-        self.boltzmann_epsilon = cfg.boltzmann_epsilon
-        self.boltzmann_temp = cfg.boltzmann_temp
-        self.top_p = cfg.top_p
-        self.repeats = cfg.repeats
+        self.seed_count = profile.games // 4
+        self.boltzmann_epsilon = profile.boltzmann_epsilon
+        self.boltzmann_temp = profile.boltzmann_temp
+        self.top_p = profile.top_p
+        self.repeats = profile.repeats
         self.repeat_counter = 0
 
     def set_factors(self, epsilon_factor: float, temp_factor: float) -> None:
@@ -179,14 +181,14 @@ class TrainPlayer:
 
     def reload_baseline(self) -> None:
         """Load ``[baseline.train] state_file`` again (after a rotation); the pool's engines are dropped."""
-        mtime = _mtime(self.baseline_slot['state_file'])
+        mtime = _mtime(self.baseline_slot.state_file)
         self.baseline_engine = load_baseline_engine(self.baseline_slot)
         self.baseline_mtime = mtime
         self._pool.clear()
 
     def baseline_stale(self) -> bool:
         """Whether ``[baseline.train] state_file`` changed on disk since it was loaded."""
-        return _mtime(self.baseline_slot['state_file']) != self.baseline_mtime
+        return _mtime(self.baseline_slot.state_file) != self.baseline_mtime
 
     def opponent(self):
         """The baseline engine of the next round: the current one, or with ``[rotation] pool_size`` > 1 one of
@@ -194,7 +196,7 @@ class TrainPlayer:
         if self.pool_size <= 1:
             return self.baseline_engine
         from mortal.model.rotation import baseline_pool
-        current = self.baseline_slot['state_file']
+        current = self.baseline_slot.state_file
         pick = random.choice(baseline_pool(current, self.pool_size))
         if pick == current:
             return self.baseline_engine
@@ -202,7 +204,7 @@ class TrainPlayer:
         try:
             mtime = os.path.getmtime(pick)
             if cached is None or cached[0] != mtime:
-                cached = (mtime, load_baseline_engine({**self.baseline_slot, 'state_file': pick}))
+                cached = (mtime, load_baseline_engine(self.baseline_slot.model_copy(update={'state_file': pick})))
                 self._pool[pick] = cached
         except Exception as ex:  # removed or unreadable meanwhile: this round plays the current baseline
             logger.warning('cannot load pool baseline %s (%s: %s): playing the current one', pick,
