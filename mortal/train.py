@@ -200,7 +200,7 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
         self.state_file = control.state_file
         self.best_state_file = control.best_state_file
         self.enable_amp = control.enable_amp
-        self.schedules = {name: getattr(cfg.schedule, name).model_dump() for name in ('lr', 'epsilon', 'temp')}
+        self.schedules = {name: getattr(cfg.schedule, name) for name in ('lr', 'epsilon', 'temp')}  # typed tables
         online_cfg = cfg.online if self.online and cfg.online is not None else Online.model_construct()
         cql = cfg.cql
         # Extras (defaults = Mortal: no CQL online, no anchor); see mortal/learning/loss.py.
@@ -239,7 +239,7 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
                     f'{parameter_count(self.dqn):,}', f'{parameter_count(self.aux_net):,}')
         self.mortal.freeze_bn(cfg.freeze_bn.mortal)
 
-        self.optimizer, self.scheduler = build_optimizer(self.models, self.config['optim'])
+        self.optimizer, self.scheduler = build_optimizer(self.models, cfg.optim)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.enable_amp)
         self.best_perf = dict(INITIAL_BEST_PERF)
         self.guard = dict(INITIAL_GUARD)
@@ -393,7 +393,8 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     args = entry.start(entry.parser(__doc__.splitlines()[0]), argv)
     config = entry.load_config_or_exit(args, TRAIN_SECTIONS)
-    online = config['control']['online']
+    control = typed(config).control
+    online = control.online
     dist = distributed.SINGLE
     try:
         if online:
@@ -402,7 +403,7 @@ def main(argv=None):
                                      'than one process, WORLD_SIZE > 1, is for offline training only)'))
             require(config, *ONLINE_TRAIN_SECTIONS, path=args.config, env=args.overrides)
         else:  # torchrun: join the other ranks (mortal.learning.distributed); alone: nothing changes
-            dist = distributed.setup(config['control']['device'])
+            dist = distributed.setup(control.device)
     except (ConfigError, ValueError) as exc:
         sys.exit(entry.error(exc))
     try:

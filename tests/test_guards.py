@@ -239,12 +239,14 @@ def test_server_checks_the_play_settings():
 
 
 def test_schedules_reach_their_values_at_given_steps(tmp_path):
-    assert schedule_factor({'kind': 'constant'}, 10 ** 9) == 1.0
-    assert schedule_factor({'kind': 'inverse', 'rate': 1e-7}, 10 ** 7) == pytest.approx(0.5)  # eps / (1 + 1)
-    cosine = {'kind': 'cosine', 'final': 0.2, 'max_steps': 1000}
+    from mortal.config_schema import EpsilonSchedule as Table  # a typed [schedule.*] table
+
+    assert schedule_factor(Table(kind='constant'), 10 ** 9) == 1.0
+    assert schedule_factor(Table(kind='inverse', rate=1e-7), 10 ** 7) == pytest.approx(0.5)  # eps / (1 + 1)
+    cosine = Table(kind='cosine', final=0.2, max_steps=1000)
     assert [schedule_factor(cosine, s) for s in (0, 500, 1000, 5000)] == pytest.approx([1.0, 0.6, 0.2, 0.2])
     with pytest.raises(ValueError):
-        schedule_factor({'kind': 'cosine', 'max_steps': 0}, 1)
+        schedule_factor(Table(kind='cosine', max_steps=0), 1)
     trainer, writer, _ = online_trainer(
         tmp_path, [EVEN], schedule={'lr': {'kind': 'inverse', 'rate': 0.5},
                                     'epsilon': {'kind': 'cosine', 'final': 0.0, 'max_steps': 4},

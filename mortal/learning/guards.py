@@ -23,7 +23,6 @@ from mortal.learning import gate
 from mortal.net import wire
 from mortal.model.checkpoint import (INITIAL_BEST_PERF, CheckpointError, atomic_torch_save, check_fits_config,
                                      load_checkpoint, load_model_pair, played_checkpoint, read_baseline)
-from mortal.config import lookup
 from mortal.util.fsutil import atomic_copy, empty_dir, stamped_name
 from mortal.play.player import TEST_SEED
 from mortal.model.rotation import rotate
@@ -67,8 +66,8 @@ class Guards:
             self.sprt = gate.Sprt(test_cfg.sprt_delta, test_cfg.sprt_alpha, test_cfg.sprt_beta)
         self.sprt_chunk_deals = test_cfg.sprt_chunk // 4
         self.fresh_deals = test_cfg.fresh_deals
-        self.guard_cfg = cfg.guard.model_dump()
-        self.rotation_cfg = cfg.rotation.model_dump()
+        self.guard_cfg = cfg.guard  # typed [guard] and [rotation]
+        self.rotation_cfg = cfg.rotation
 
     def test_play(self) -> None:
         """Play ``[test_play] games`` against ``[baseline.test]``, log, judge and maybe replace best.pth, then (online)
@@ -167,27 +166,27 @@ class Guards:
         g = self.guard_cfg
         t.guard['worse_streak'] = t.guard['worse_streak'] + 1 if verdict.worse else 0
         reasons = []
-        if g['rollback_after'] and t.guard['worse_streak'] >= g['rollback_after']:
+        if g.rollback_after and t.guard['worse_streak'] >= g.rollback_after:
             reasons.append(f"{t.guard['worse_streak']} test plays in a row significantly worse than best.pth "
                            f'(last: {verdict.describe()})')
         drift, q_gap = t.instruments.last.get('policy_drift'), t.instruments.last.get('q_gap')
         if became_best:  # the model just became best.pth: rolling back would restore itself
             drift = q_gap = None
-        if g['max_policy_drift'] and drift is not None and drift > g['max_policy_drift']:
-            reasons.append(f"diag/policy_drift {drift:.3f} above [guard] max_policy_drift {g['max_policy_drift']}")
-        if g['min_q_gap'] and q_gap is not None and q_gap < g['min_q_gap']:
-            reasons.append(f"diag/q_gap {q_gap:.3f} below [guard] min_q_gap {g['min_q_gap']}")
+        if g.max_policy_drift and drift is not None and drift > g.max_policy_drift:
+            reasons.append(f"diag/policy_drift {drift:.3f} above [guard] max_policy_drift {g.max_policy_drift}")
+        if g.min_q_gap and q_gap is not None and q_gap < g.min_q_gap:
+            reasons.append(f"diag/q_gap {q_gap:.3f} below [guard] min_q_gap {g.min_q_gap}")
         if reasons:
             self.rollback('; '.join(reasons))
         r = self.rotation_cfg
-        if r['after']:
+        if r.after:
             means = list(gate.unit_means(verdict.units).values())
             mean, ci = gate.mean_and_ci(means, self.confidence)
-            beats = not math.isnan(ci) and mean <= r['max_rank'] and mean + ci < gate.BASELINE_RANK
+            beats = not math.isnan(ci) and mean <= r.max_rank and mean + ci < gate.BASELINE_RANK
             t.guard['rotate_streak'] = t.guard['rotate_streak'] + 1 if beats else 0
-            if t.guard['rotate_streak'] >= r['after']:
+            if t.guard['rotate_streak'] >= r.after:
                 self.rotate_baseline(f"{t.guard['rotate_streak']} test plays in a row beat the baseline "
-                                     f"(last: avg rank {mean:.3f} ± {ci:.3f}, at most {r['max_rank']})")
+                                     f"(last: avg rank {mean:.3f} ± {ci:.3f}, at most {r.max_rank})")
         t.writer.add_scalar('guard/worse_streak', t.guard['worse_streak'], t.steps)
         if t.guard != before:
             t.save()
@@ -223,8 +222,8 @@ class Guards:
                 ema.load_state_dict(model.state_dict())
         g = self.guard_cfg
         t.guard.update(rollbacks=t.guard['rollbacks'] + 1, worse_streak=0,
-                       lr_scale=t.guard['lr_scale'] * g['lr_factor'],
-                       epsilon_scale=t.guard['epsilon_scale'] * g['epsilon_factor'])
+                       lr_scale=t.guard['lr_scale'] * g.lr_factor,
+                       epsilon_scale=t.guard['epsilon_scale'] * g.epsilon_factor)
         t.scheduler.refresh()
         line = (f"ROLLBACK #{t.guard['rollbacks']} at step {t.steps}: {reason}; {t.state_file} restored "
                 f"from {t.best_state_file} (its step {best.get('steps', '?')}), the replaced one kept as {kept}; "
@@ -247,16 +246,21 @@ class Guards:
         kept = stamped_name(t.state_file, datetime.now().strftime('%Y%m%d-%H%M%S'), '.rollback')
         atomic_copy(t.state_file, kept)
         old = sorted(glob(f'{glob_escape(t.state_file)}.*.rollback'), key=path.getmtime)
-        for name in old[:-self.guard_cfg['keep']]:
+        for name in old[:-self.guard_cfg.keep]:
             os.remove(name)
         return kept
+
+    def _baseline_file(self):
+        """``[baseline.train] state_file``; None when the config has no such table."""
+        baseline = self.trainer.cfg.baseline
+        return baseline.train.state_file if baseline is not None and baseline.train is not None else None
 
     def rotate_baseline(self, reason: str) -> bool:
         """Promote best.pth to ``[baseline.train]``/``[baseline.test]`` (``mortal.model.rotation.rotate``: the old
         baselines kept as ``.bak``), reset ``best_perf``, bump ``baseline_version`` (clients reload their baseline
         when it changes). Returns False (logged) when best.pth cannot be promoted."""
         t = self.trainer
-        baseline = lookup(t.config, 'baseline.train.state_file')
+        baseline = self._baseline_file()
         try:
             if baseline is None:
                 raise ValueError('[baseline.train] state_file is not set')
@@ -286,7 +290,7 @@ class Guards:
         A missing or unusable file, or a server that refuses it, is logged and skipped: clients then play against
         their own file, as Mortal's do."""
         t = self.trainer
-        baseline = lookup(t.config, 'baseline.train.state_file')
+        baseline = self._baseline_file()
         if not baseline:
             return
         try:

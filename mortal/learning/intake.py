@@ -19,9 +19,9 @@ logger = logging.getLogger('mortal.train')  # the trainer's lines (log format)
 
 
 class Intake:
-    """The trainer's intake methods. The host (``mortal.train.Trainer``) provides ``config``, ``version``,
-    ``online``, ``device``, ``dist``, ``batch_size``, ``save_every``, ``steps``, ``offline_stream``,
-    ``online_files()`` and ``train_batch()``."""
+    """The trainer's intake methods. The host (``mortal.train.Trainer``) provides ``config`` (and ``cfg``, its typed
+    sections), ``version``, ``online``, ``device``, ``dist``, ``batch_size``, ``save_every``, ``steps``,
+    ``offline_stream``, ``online_files()`` and ``train_batch()``."""
 
     def file_list(self):
         """(file_list, player_names) of this epoch: claimed logs + ['trainee'] online, the dataset offline.

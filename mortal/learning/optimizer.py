@@ -35,13 +35,14 @@ def build_param_groups(models, weight_decay: float) -> list:
     return [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay}]
 
 
-def build_optimizer(models, opt_cfg: dict) -> tuple:
-    """``(AdamW, LinearWarmUpCosineAnnealingLR)`` over the parameters of ``models`` from ``[optim]``
-    (``weight_decay``, ``betas``, ``eps``, ``[optim.scheduler]``). Raises ValueError on a schedule shape the config
+def build_optimizer(models, optim_cfg) -> tuple:
+    """``(AdamW, LinearWarmUpCosineAnnealingLR)`` over the parameters of ``models`` from the typed ``[optim]``
+    (``mortal.config.typed``: ``weight_decay``, ``betas``, ``eps``, ``[optim.scheduler]``, whose keys the file
+    leaves unset keep the scheduler's own defaults, as Mortal's). Raises ValueError on a schedule shape the config
     check rejects."""
-    optimizer = optim.AdamW(build_param_groups(models, opt_cfg['weight_decay']), lr=1, weight_decay=0,
-                            betas=tuple(opt_cfg['betas']), eps=opt_cfg['eps'])
-    scheduler = LinearWarmUpCosineAnnealingLR(optimizer, **opt_cfg['scheduler'])
+    optimizer = optim.AdamW(build_param_groups(models, optim_cfg.weight_decay), lr=1, weight_decay=0,
+                            betas=tuple(optim_cfg.betas), eps=optim_cfg.eps)
+    scheduler = LinearWarmUpCosineAnnealingLR(optimizer, **optim_cfg.scheduler.model_dump(exclude_none=True))
     # With accumulation the scheduler steps before the optimizer has (Mortal): torch's warning about it is noise.
     warnings.filterwarnings('ignore', message=r'Detected call of `lr_scheduler.step\(\)` before')
     return optimizer, scheduler

@@ -16,24 +16,24 @@ its parameters (``submit_param``), so a client far away follows the trainer with
 from __future__ import annotations
 
 import math
-from typing import Mapping
 
 from torch.optim.lr_scheduler import LambdaLR
 
 from mortal.config import SCHEDULE_KINDS, scheduler_problems  # the same rules as the config check
 
 
-def schedule_factor(table: Mapping, steps: int) -> float:
-    """The factor of the ``[schedule.*]`` table ``table`` (keys kind, rate, final, max_steps) at trainer step
-    ``steps`` (>= 0). Raises ValueError for an unknown kind, or 'cosine' without max_steps > 0."""
-    kind = table.get('kind', 'constant')
+def schedule_factor(table, steps: int) -> float:
+    """The factor of the typed ``[schedule.*]`` table ``table`` (``mortal.config.typed``: kind, rate, final,
+    max_steps) at trainer step ``steps`` (>= 0). Raises ValueError for an unknown kind, or 'cosine' without
+    max_steps > 0."""
+    kind = table.kind
     if kind not in SCHEDULE_KINDS:
         raise ValueError(f'schedule kind must be one of {SCHEDULE_KINDS}, got {kind!r}')
     steps = max(0, int(steps))
     if kind == 'inverse':
-        return 1.0 / (1.0 + table.get('rate', 0.0) * steps)
+        return 1.0 / (1.0 + table.rate * steps)
     if kind == 'cosine':
-        final, span = table.get('final', 0.0), table.get('max_steps', 0)
+        final, span = table.final, table.max_steps
         if span <= 0:
             raise ValueError("a 'cosine' schedule needs max_steps > 0")
         if steps >= span:

@@ -12,7 +12,6 @@ import logging
 import time
 from os import path
 
-from mortal.config import lookup
 from mortal.data.claims import ClaimLedger, claim_dir_for, staleness
 from mortal.learning.schedule import schedule_factor
 from mortal.net import wire
@@ -23,10 +22,10 @@ DRAIN_POLL_INTERVAL = 5.0  # seconds between empty drains (Mortal)
 
 
 class ServerTraffic:
-    """The trainer's server methods. The host (``mortal.train.Trainer``) provides ``config``, ``version``,
-    ``remote`` (a ``wire.Remote``), ``sleep``, ``writer``, ``steps``, ``schedules``, ``guard``, ``guards``
-    (``mortal.learning.guards.Guards``), ``played()`` and the state this class keeps: ``ledger``, ``lost_logs``,
-    ``resubmitted_to``, ``resumed``, ``epoch_drained``."""
+    """The trainer's server methods. The host (``mortal.train.Trainer``) provides ``config`` (and ``cfg``, its typed
+    sections), ``version``, ``remote`` (a ``wire.Remote``), ``sleep``, ``writer``, ``steps``, ``schedules``, ``guard``,
+    ``guards`` (``mortal.learning.guards.Guards``), ``played()`` and the state this class keeps: ``ledger``,
+    ``lost_logs``, ``resubmitted_to``, ``resumed``, ``epoch_drained``."""
 
     def submit_param(self, is_idle: bool = False) -> None:
         """Send the current mortal/dqn weights to the server (retrying while it is unreachable).
@@ -86,7 +85,8 @@ class ServerTraffic:
         drain_dir``) without draining; later epochs drain and train the new logs together with what earlier epochs
         left over. Sets ``epoch_drained`` (and ``resumed``, once)."""
         self.epoch_drained = False
-        drain_dir = lookup(self.config, 'online.server.drain_dir')
+        server = self.cfg.online.server  # the trainer's machine may run no server: then no claim folder of it
+        drain_dir = server.drain_dir if server is not None else None
         if not self.resumed:
             self.resumed = True
             if drain_dir:
