@@ -284,7 +284,7 @@ def train_grp(config, *, progress=True):
         return done
     os.makedirs(os.path.dirname(os.path.abspath(grp['state_file'])), exist_ok=True)
     start = time.monotonic()
-    steps = tg.train(grp, max_steps=target, num_workers=0, progress=progress, patience=boot['grp_patience'])
+    steps = tg.train(typed({'grp': grp}).grp, max_steps=target, num_workers=0, progress=progress, patience=boot['grp_patience'])
     logger.info('train-grp: %d steps in %.0f s -> %s', steps, time.monotonic() - start, grp['state_file'])
     return steps
 

@@ -243,9 +243,10 @@ def _loader(file_list, batch_size, file_batch_size, num_workers):
                                 drop_last=True, collate_fn=collate))
 
 
-def train(cfg: dict, *, max_steps: int | None = None, num_workers: int = 1, progress: bool = True,
+def train(cfg, *, max_steps: int | None = None, num_workers: int = 1, progress: bool = True,
           patience: int = 0) -> int:
-    """Train with the ``[grp]`` config table ``cfg``; returns the step count reached.
+    """Train with the typed ``[grp]`` table ``cfg`` (``mortal.config.typed(config).grp``, its sub-tables included);
+    returns the step count reached.
 
     Runs forever (as Mortal) unless ``max_steps`` is given. ``num_workers`` DataLoader
     workers per split (Mortal uses 1; 0 loads in this process). ``patience`` > 0: early stopping on the
@@ -266,17 +267,21 @@ def train(cfg: dict, *, max_steps: int | None = None, num_workers: int = 1, prog
 
     if patience < 0:
         raise ValueError(f"patience must be >= 0, got {patience}")
-    control = cfg["control"]
-    batch_size = control["batch_size"]
-    save_every = control["save_every"]
-    val_steps = control["val_steps"]
-    device = torch.device(control.get("device", "cpu"))
-    torch.backends.cudnn.benchmark = control.get("enable_cudnn_benchmark", False)
+    control = cfg.control
+    batch_size = control.batch_size
+    save_every = control.save_every
+    val_steps = control.val_steps
+    device = torch.device(control.device)
+    torch.backends.cudnn.benchmark = control.enable_cudnn_benchmark
     logger.info("device: %s", device)
 
-    grp = GRP(**cfg.get("network", {})).to(device)
+    def new_grp():  # of [grp.network] (the GRP's defaults without one)
+        net = cfg.network
+        return GRP(hidden_size=net.hidden_size, num_layers=net.num_layers) if net is not None else GRP()
+
+    grp = new_grp().to(device)
     optimizer = optim.AdamW(grp.parameters())
-    state_file = cfg["state_file"]
+    state_file = cfg.state_file
     steps = 0
     es = {"best_steps": None, "best_ce": None, "history": [], "stopped": False}
     best_model = None
@@ -292,7 +297,7 @@ def train(cfg: dict, *, max_steps: int | None = None, num_workers: int = 1, prog
                 es["history"] = [list(h) for h in es["history"]]
                 if state.get("best_model") is not None:
                     best_model = state["best_model"]
-                    GRP(**cfg.get("network", {})).load_state_dict(best_model)  # the same shapes, or refused
+                    new_grp().load_state_dict(best_model)  # the same shapes, or refused
         except (RuntimeError, KeyError, TypeError, ValueError) as e:  # ValueError: CheckpointError among them
             raise TrainGrpInputError(f"[grp] state_file {state_file} cannot be resumed from ({_unusable(e)}); "
                                      "check [grp.network] or move the file away to start afresh") from None
@@ -300,20 +305,20 @@ def train(cfg: dict, *, max_steps: int | None = None, num_workers: int = 1, prog
         logger.info("early stopping: %s stopped before at step %d (best %.4f at step %d); not trained further",
                     state_file, steps, es["best_ce"], es["best_steps"])
         return steps
-    lr = cfg["optim"]["lr"]
+    lr = cfg.optim.lr
     optimizer.param_groups[0]["lr"] = lr
 
-    ds = cfg["dataset"]
-    train_files, val_files = build_file_index(ds["train_globs"], ds["val_globs"], ds.get("file_index"))
+    ds = cfg.dataset
+    train_files, val_files = build_file_index(ds.train_globs, ds.val_globs, ds.file_index)
     if not train_files or not val_files:
-        cached = ds.get("file_index") and os.path.exists(ds["file_index"])
-        raise TrainGrpInputError(f"[grp.dataset] {'file_index ' + ds['file_index'] if cached else 'globs'} "
+        cached = ds.file_index and os.path.exists(ds.file_index)
+        raise TrainGrpInputError(f"[grp.dataset] {'file_index ' + ds.file_index if cached else 'globs'} "
                                  f"listed {len(train_files)} train and {len(val_files)} val files; both need at "
                                  f"least one log{'; delete the index to expand the globs again' if cached else ''}")
     logger.info("train file list size: %s", f"{len(train_files):,}")
     logger.info("val file list size: %s", f"{len(val_files):,}")
-    train_iter = _loader(train_files, batch_size, ds["file_batch_size"], num_workers)
-    val_iter = _loader(val_files, batch_size, ds["file_batch_size"], num_workers)
+    train_iter = _loader(train_files, batch_size, ds.file_batch_size, num_workers)
+    val_iter = _loader(val_files, batch_size, ds.file_batch_size, num_workers)
     val_samples = None
     if patience:
         val_samples = load_samples(val_files)
@@ -321,7 +326,7 @@ def train(cfg: dict, *, max_steps: int | None = None, num_workers: int = 1, prog
             raise NoSamplesError(f"no GRP samples in the {len(val_files)} val log files")
         logger.info("early stopping: patience %d validations of %d steps, on %s val samples", patience, save_every,
                     f"{len(val_samples):,}")
-    writer = SummaryWriter(control["tensorboard_dir"])
+    writer = SummaryWriter(control.tensorboard_dir)
 
     def progress_line():
         # Epochs = samples seen / samples in the train logs, with Mortal's rough count of
@@ -406,7 +411,7 @@ def main(argv=None) -> int:
     usable log, a checkpoint or file index that cannot be read).
     """
     from mortal import entry
-    from mortal.config import TRAIN_GRP_SECTIONS, ConfigError
+    from mortal.config import TRAIN_GRP_SECTIONS, ConfigError, typed
 
     parser = entry.parser("Train the GRP model on mjai logs ([grp] config).")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
@@ -418,7 +423,7 @@ def main(argv=None) -> int:
         return entry.error(f"--patience must be >= 0, got {args.patience}")
     try:
         config = entry.load_config(args, TRAIN_GRP_SECTIONS)
-        train(config["grp"], max_steps=args.max_steps, patience=args.patience)
+        train(typed(config).grp, max_steps=args.max_steps, patience=args.patience)
     except (ConfigError, TrainGrpInputError, NoSamplesError) as exc:  # user errors: one line, no traceback
         # from a DataLoader worker the message is torch's report ending with the original line
         lines = [x for x in str(exc).strip().splitlines() if x.strip()]

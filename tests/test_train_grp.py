@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import optim
 
-from mortal.config_schema import GrpNetwork
+from mortal.config import section
 from mortal.model.networks import GRP
 from mortal.data.reward import load_grp
 from mortal.model.checkpoint import atomic_torch_save as save_checkpoint
@@ -16,6 +16,11 @@ from mortal.train_grp import GrpFileDatasetsIter, build_file_index, collate, tra
 from mortal.train_grp import main as train_grp_main
 
 from conftest import DATA_DIR
+
+
+def typed_grp(cfg):
+    """What train() takes: the typed [grp] of the plain table ``cfg`` (``mortal.config.section``)."""
+    return section({"grp": cfg}, "grp")
 
 
 @pytest.fixture
@@ -38,7 +43,7 @@ def cfg(tmp_path):
 
 
 def test_train_writes_checkpoint_tensorboard_and_resumes(cfg, tmp_path):
-    assert train(cfg, max_steps=4, num_workers=0, progress=False) == 4
+    assert train(typed_grp(cfg), max_steps=4, num_workers=0, progress=False) == 4
     state = torch.load(cfg["state_file"], weights_only=True)
     assert set(state) == {"model", "optimizer", "steps", "timestamp"}
     assert state["steps"] == 4
@@ -49,9 +54,9 @@ def test_train_writes_checkpoint_tensorboard_and_resumes(cfg, tmp_path):
     assert {"loss_train", "loss_val", "acc_train", "acc_val"} <= tb
     index = torch.load(cfg["dataset"]["file_index"], weights_only=True)
     assert len(index["train_file_list"]) == 3 and len(index["val_file_list"]) == 1
-    assert train(cfg, max_steps=6, num_workers=0, progress=False) == 6
+    assert train(typed_grp(cfg), max_steps=6, num_workers=0, progress=False) == 6
     assert torch.load(cfg["state_file"], weights_only=True)["steps"] == 6
-    grp = load_grp(cfg["state_file"], GrpNetwork(**cfg["network"]))  # what RewardCalculator uses
+    grp = load_grp(cfg["state_file"], typed_grp(cfg).network)  # what RewardCalculator uses
     assert not grp.training
 
 
@@ -74,7 +79,7 @@ def test_empty_globs_rejected(cfg, tmp_path):
     cfg["dataset"]["val_globs"] = [str(tmp_path / "nothing" / "*.gz")]
     cfg["dataset"]["file_index"] = str(tmp_path / "other_index.pth")
     with pytest.raises(ValueError, match="0 val"):
-        train(cfg, max_steps=1, num_workers=0, progress=False)
+        train(typed_grp(cfg), max_steps=1, num_workers=0, progress=False)
 
 
 def test_loss_decreases_on_a_repeated_batch(cfg):
@@ -96,7 +101,7 @@ def test_save_checkpoint_atomic(tmp_path):
 
 def test_progress_line_in_epochs_under_package_logger(cfg, caplog):
     with caplog.at_level(logging.INFO, logger="mortal.train_grp"):
-        train(cfg, max_steps=4, num_workers=0, progress=False)
+        train(typed_grp(cfg), max_steps=4, num_workers=0, progress=False)
     lines = [r.getMessage() for r in caplog.records if r.name == "mortal.train_grp"
              and r.getMessage().startswith("total steps")]
     # save_every 2: at start (0), after steps 2 and 4; 3 train logs x ~10 kyoku, batch 8 -> 8/30 epoch a step
@@ -139,7 +144,7 @@ def test_early_stopping_stops_where_the_val_curve_turns_and_keeps_the_best(overf
     cfg = overfit_cfg
     torch.manual_seed(0)
     random.seed(0)
-    steps = train(cfg, max_steps=400, num_workers=0, progress=False, patience=2)
+    steps = train(typed_grp(cfg), max_steps=400, num_workers=0, progress=False, patience=2)
     state = torch.load(cfg["state_file"], weights_only=True)
     es = state["early_stopping"]
     ces = [ce for _, ce in es["history"]]
@@ -153,14 +158,14 @@ def test_early_stopping_stops_where_the_val_curve_turns_and_keeps_the_best(overf
     assert "best_model" not in state
     # the file's model is the best validated one: its val cross entropy is the recorded best
     val = load_samples(cfg["dataset"]["val_globs"])
-    assert mean_ce(load_grp(cfg["state_file"], GrpNetwork(**cfg["network"])), val) == pytest.approx(es["best_ce"], abs=1e-9)
+    assert mean_ce(load_grp(cfg["state_file"], typed_grp(cfg).network), val) == pytest.approx(es["best_ce"], abs=1e-9)
     # a stopped run is finished: a rerun trains nothing
-    assert train(cfg, max_steps=400, num_workers=0, progress=False, patience=2) == steps
+    assert train(typed_grp(cfg), max_steps=400, num_workers=0, progress=False, patience=2) == steps
     assert torch.load(cfg["state_file"], weights_only=True)["timestamp"] == state["timestamp"]
 
 
 def test_without_patience_training_runs_to_max_steps(overfit_cfg):
     torch.manual_seed(0)
-    assert train(overfit_cfg, max_steps=40, num_workers=0, progress=False) == 40
+    assert train(typed_grp(overfit_cfg), max_steps=40, num_workers=0, progress=False) == 40
     state = torch.load(overfit_cfg["state_file"], weights_only=True)
     assert set(state) == {"model", "optimizer", "steps", "timestamp"}  # Mortal's layout, no early stopping record
