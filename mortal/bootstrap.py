@@ -34,7 +34,8 @@ Steps (each resumable: a finished step is skipped, an interrupted one continues)
    since the online test play is against the baseline, not the bots) and to ``[baseline.train]``/
    ``[baseline.test] state_file``.
 
-``all`` runs the four in order. The settings live in the config's ``[bootstrap]`` table (see ``DEFAULTS``).
+``all`` runs the four in order. The settings live in the config's ``[bootstrap]`` table (its keys and defaults:
+``mortal.config_schema.Bootstrap``).
 """
 
 if __package__ in (None, ''):  # run as a script: python mortal/bootstrap.py
@@ -53,7 +54,7 @@ import sys
 import time
 from pathlib import Path
 
-from mortal.config import SCHEMA, lookup, typed
+from mortal.config import ConfigError, checked_section, lookup, put, typed
 from mortal.entry import drop_rust_backtrace
 from mortal.util.fsutil import atomic_copy, atomic_write_bytes, empty_dir
 
@@ -61,39 +62,20 @@ logger = logging.getLogger(__name__)
 
 STEPS = ('gen-logs', 'train-grp', 'train-offline', 'prepare')
 SPLITS = 'abcd'
-# [bootstrap] keys and defaults come from the config schema (one source of truth); None = required.
-DEFAULTS = {name: (None if key.required else key.default) for name, key in SCHEMA['bootstrap'].items()}
 
 
 class BootstrapError(RuntimeError):
     """A bootstrap step cannot run or failed; the message names the step and the reason."""
 
 
-def bootstrap_config(config):
-    """The ``[bootstrap]`` table with defaults filled in. Raises ``BootstrapError`` naming a missing key."""
-    table = dict(config.get('bootstrap') or {})
-    missing = [k for k, v in DEFAULTS.items() if v is None and k not in table]
-    if missing:
-        raise BootstrapError(f'[bootstrap] lacks key(s) {missing}')
-    unknown = sorted(set(table) - set(DEFAULTS))
-    if unknown:
-        logger.warning('[bootstrap] unknown key(s) ignored: %s', unknown)
-    for k, v in DEFAULTS.items():
-        table.setdefault(k, v)
-    for k in ('games', 'val_games', 'grp_steps', 'workers', 'offline_test_every', 'offline_test_games',
-              'offline_patience', 'grp_patience'):
-        if not isinstance(table[k], int) or table[k] < 0:
-            raise BootstrapError(f'[bootstrap] {k} must be an integer >= 0, got {table[k]!r}')
-    if not isinstance(table['offline_max_epochs'], int) or table['offline_max_epochs'] < 1:
-        raise BootstrapError(f"[bootstrap] offline_max_epochs must be an integer >= 1, got "
-                             f"{table['offline_max_epochs']!r}")
-    if not isinstance(table['offline_lr'], (int, float)) or table['offline_lr'] < 0:
-        raise BootstrapError(f"[bootstrap] offline_lr must be a number >= 0, got {table['offline_lr']!r}")
-    if not 0 <= table['epsilon'] < 1:
-        raise BootstrapError(f"[bootstrap] epsilon must be within [0, 1), got {table['epsilon']!r}")
-    if table['offline_test_games'] % 4:
-        raise BootstrapError('[bootstrap] offline_test_games must be a multiple of 4')
-    return table
+def bootstrap_config(config, *, path=None):
+    """The typed ``[bootstrap]`` table (``mortal.config_schema.Bootstrap``: its defaults and ranges). Raises
+    ``BootstrapError`` naming the missing table or each offending key, and ``path`` (default: ``$MORTAL_CFG`` or
+    ``config.toml``)."""
+    try:
+        return checked_section(config, 'bootstrap', path=path)
+    except ConfigError as e:
+        raise BootstrapError(str(e)) from None
 
 
 # ---------------------------------------------------------------------------- step 1: rule-based games
@@ -186,19 +168,18 @@ def gen_logs(config, *, workers=None, progress=True):
     from tqdm import tqdm
 
     boot = bootstrap_config(config)
-    eps = boot['epsilon']
-    workers = workers or boot['workers'] or os.cpu_count() or 1
-    if boot['flaw']:
-        logger.info('gen-logs: every bot plays with the planted flaw %r (mortal.play.flaws)', boot['flaw'])
+    eps = boot.epsilon
+    workers = workers or boot.workers or os.cpu_count() or 1
+    if boot.flaw:
+        logger.info('gen-logs: every bot plays with the planted flaw %r (mortal.play.flaws)', boot.flaw)
     tasks = []
-    for split, games, key in (('train', boot['games'], boot['seed_key']),
-                              ('val', boot['val_games'], boot['seed_key'] + 1)):
-        log_dir = os.path.join(boot['log_dir'], split)
+    for split, games, key in (('train', boot.games, boot.seed_key), ('val', boot.val_games, boot.seed_key + 1)):
+        log_dir = os.path.join(boot.log_dir, split)
         os.makedirs(log_dir, exist_ok=True)
         todo, done = plan_sets(log_dir, games, key, eps)
         logger.info('gen-logs %s: %d deals on disk, %d to play (%d hanchan wanted) in %s',
                     split, len(done), len(todo), games, log_dir)
-        tasks += [(log_dir, nonce, key, eps, boot['flaw']) for nonce in todo]
+        tasks += [(log_dir, nonce, key, eps, boot.flaw) for nonce in todo]
     if not tasks:
         logger.info('gen-logs: nothing to do')
         return 0
@@ -240,8 +221,9 @@ def gen_logs(config, *, workers=None, progress=True):
 
 def _drop_file_indexes(config):
     """New logs make the cached file lists stale: remove them so the trainers rebuild them."""
-    boot = bootstrap_config(config)
-    for path in (lookup(config, 'grp.dataset.file_index'), _offline_paths(boot)['file_index']):
+    grp = typed(config).grp
+    for path in (grp.dataset.file_index if grp and grp.dataset else None,
+                 _offline_paths(bootstrap_config(config))['file_index']):
         if path and os.path.exists(path):
             os.remove(path)
 
@@ -249,10 +231,11 @@ def _drop_file_indexes(config):
 # ---------------------------------------------------------------------------- step 2: GRP
 
 def _grp_config(config, boot):
-    grp = copy.deepcopy(config['grp'])
-    grp['dataset']['train_globs'] = [os.path.join(boot['log_dir'], 'train', '*.json.gz')]
-    grp['dataset']['val_globs'] = [os.path.join(boot['log_dir'], 'val', '*.json.gz')]
-    return grp
+    """The typed ``[grp]`` the bootstrap trains: the config's, on the bootstrap's train and val logs."""
+    grp = typed(config).grp
+    dataset = grp.dataset.model_copy(update={'train_globs': [os.path.join(boot.log_dir, 'train', '*.json.gz')],
+                                             'val_globs': [os.path.join(boot.log_dir, 'val', '*.json.gz')]})
+    return grp.model_copy(update={'dataset': dataset})
 
 
 def _grp_steps_done(state_file):
@@ -272,26 +255,26 @@ def train_grp(config, *, progress=True):
 
     boot = bootstrap_config(config)
     grp = _grp_config(config, boot)
-    target = boot['grp_steps']
-    save_every = grp['control']['save_every']
+    target = boot.grp_steps
+    save_every = grp.control.save_every
     if target % save_every:
         raise BootstrapError(f'[bootstrap] grp_steps = {target} must be a multiple of [grp.control] '
                              f'save_every = {save_every} (the GRP is saved only then)')
-    done, stopped = _grp_steps_done(grp['state_file'])
+    done, stopped = _grp_steps_done(grp.state_file)
     if done >= target or stopped:
-        logger.info('train-grp: %s already at step %d%s, skipped', grp['state_file'], done,
+        logger.info('train-grp: %s already at step %d%s, skipped', grp.state_file, done,
                     ' (stopped early)' if stopped else f' >= {target}')
         return done
-    os.makedirs(os.path.dirname(os.path.abspath(grp['state_file'])), exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(grp.state_file)), exist_ok=True)
     start = time.monotonic()
-    steps = tg.train(typed({'grp': grp}).grp, max_steps=target, num_workers=0, progress=progress, patience=boot['grp_patience'])
-    logger.info('train-grp: %d steps in %.0f s -> %s', steps, time.monotonic() - start, grp['state_file'])
+    steps = tg.train(grp, max_steps=target, num_workers=0, progress=progress, patience=boot.grp_patience)
+    logger.info('train-grp: %d steps in %.0f s -> %s', steps, time.monotonic() - start, grp.state_file)
     return steps
 
 
 def _val_logs(boot):
     """The bootstrap's validation logs (``[bootstrap] log_dir``/val), sorted."""
-    return sorted(glob.glob(os.path.join(boot['log_dir'], 'val', '*.json.gz')))
+    return sorted(glob.glob(os.path.join(boot.log_dir, 'val', '*.json.gz')))
 
 
 def check_grp(config, config_path=None):
@@ -302,7 +285,7 @@ def check_grp(config, config_path=None):
     3.178, the uniform prediction's) -> one warning line naming both, and ``[env] reward = 'points'`` (the scaled
     point change, ``mortal.data.reward``); below -> ``[env] reward = 'grp'`` (Mortal's). A config that already
     says ``'points'`` keeps it (only logged). Without val logs or GRP file nothing is measured and the config's
-    reward stands. The choice is logged, set in ``config['env']`` and, with ``config_path``, written into that
+    reward stands. The choice is logged, set in ``config`` (``[env] reward``) and, with ``config_path``, written into that
     TOML file (``write_reward``).
 
     Returns ``{'reward': 'grp'|'points', 'ce': float or None, 'uniform': ln 24, 'val_games': int}``.
@@ -312,14 +295,14 @@ def check_grp(config, config_path=None):
     from mortal.train_grp import UNIFORM_CE, load_samples, mean_ce
 
     boot = bootstrap_config(config)
-    env = config.setdefault('env', {})
-    configured = env.get('reward', 'grp')
+    cfg = typed(config)
+    configured = cfg.env.reward
     files = _val_logs(boot)
-    grp_file = config['grp']['state_file']
+    grp_file = cfg.grp.state_file
     ce = None
     samples = load_samples(files) if files and os.path.exists(grp_file) else []
     if samples:
-        ce = mean_ce(load_grp(grp_file, typed(config).grp.network), samples)
+        ce = mean_ce(load_grp(grp_file, cfg.grp.network), samples)
     if ce is None:
         reward = configured
         logger.warning('train-grp: no GRP or no validation logs to check it on (%s, %d val logs): the kyoku '
@@ -337,7 +320,7 @@ def check_grp(config, config_path=None):
         reward = 'grp'
         logger.info("train-grp: kyoku reward [env] reward = 'grp': GRP validation cross entropy %.4f < uniform "
                     'ln 24 = %.4f on %d val games', ce, UNIFORM_CE, len(files))
-    env['reward'] = reward
+    put(config, 'env.reward', reward)
     if config_path:
         write_reward(config_path, reward)
     return {'reward': reward, 'ce': ce, 'uniform': UNIFORM_CE, 'val_games': len(files)}
@@ -359,7 +342,7 @@ def write_reward(path, reward):
     from mortal.config import tomllib
 
     text = Path(path).read_text(encoding='utf-8')
-    if (tomllib.loads(text).get('env') or {}).get('reward') == reward:
+    if lookup(tomllib.loads(text), 'env.reward') == reward:
         return False
     lines = text.splitlines(keepends=True)
     line = f"reward = '{reward}'  # written by mortal.bootstrap (check_grp)\n"
@@ -375,7 +358,7 @@ def write_reward(path, reward):
             lines[at] = line
     new = ''.join(lines)
     try:
-        ok = (tomllib.loads(new).get('env') or {}).get('reward') == reward
+        ok = lookup(tomllib.loads(new), 'env.reward') == reward
     except tomllib.TOMLDecodeError:
         ok = False
     if not ok:
@@ -388,7 +371,7 @@ def write_reward(path, reward):
 # ---------------------------------------------------------------------------- step 3: offline Mortal
 
 def _offline_paths(boot):
-    root = os.path.join(boot['work_dir'], 'offline')
+    root = os.path.join(boot.work_dir, 'offline')
     return {
         'root': root,
         'state_file': os.path.join(root, 'mortal.pth'),
@@ -409,29 +392,29 @@ def offline_config(config):
     epoch then."""
     boot = bootstrap_config(config)
     p = _offline_paths(boot)
+    save_every = typed(config).control.save_every
+    test_every = boot.offline_test_every
+    if test_every % save_every:  # 0 (never) is a multiple
+        raise BootstrapError(f'[bootstrap] offline_test_every = {test_every} must be a multiple of '
+                             f'[control] save_every = {save_every}')
+    changes = {
+        'control.online': False,
+        'control.state_file': p['state_file'],
+        'control.best_state_file': p['best_test_play'] if boot.offline_max_epochs > 1 else p['best_state_file'],
+        'control.tensorboard_dir': p['tensorboard_dir'],
+        'control.test_every': test_every or save_every * 10**9,  # 0: never
+        'dataset.globs': [os.path.join(boot.log_dir, 'train', '*.json.gz')],
+        'dataset.file_index': p['file_index'],
+        'dataset.player_names_files': [],
+        'test_play': {'games': boot.offline_test_games, 'log_dir': p['test_log_dir']},
+        'freeze_bn': {'mortal': False},  # offline learns the BatchNorm statistics (Mortal)
+    }
+    if boot.offline_lr:  # online rates (Mortal: 1e-5) are too slow for a bootstrap from scratch
+        changes.update({f'optim.scheduler.{key}': value for key, value in (
+            ('peak', boot.offline_lr), ('final', boot.offline_lr), ('warm_up_steps', 0), ('max_steps', 0))})
     cfg = copy.deepcopy(config)
-    control = cfg['control']
-    control['online'] = False
-    control['state_file'] = p['state_file']
-    control['best_state_file'] = p['best_test_play'] if boot['offline_max_epochs'] > 1 else p['best_state_file']
-    control['tensorboard_dir'] = p['tensorboard_dir']
-    test_every = boot['offline_test_every']
-    if test_every:
-        if test_every % control['save_every']:
-            raise BootstrapError(f'[bootstrap] offline_test_every = {test_every} must be a multiple of '
-                                 f"[control] save_every = {control['save_every']}")
-        control['test_every'] = test_every
-    else:
-        control['test_every'] = control['save_every'] * 10**9  # never
-    cfg['dataset']['globs'] = [os.path.join(boot['log_dir'], 'train', '*.json.gz')]
-    cfg['dataset']['file_index'] = p['file_index']
-    cfg['dataset']['player_names_files'] = []
-    cfg['test_play'] = {'games': boot['offline_test_games'], 'log_dir': p['test_log_dir']}
-    cfg['freeze_bn'] = {'mortal': False}  # offline learns the BatchNorm statistics (Mortal)
-    if boot['offline_lr']:
-        # online rates (Mortal: 1e-5) are too slow for a bootstrap from scratch
-        cfg['optim']['scheduler'].update(peak=float(boot['offline_lr']), final=float(boot['offline_lr']),
-                                         warm_up_steps=0, max_steps=0)
+    for dotted, value in changes.items():
+        put(cfg, dotted, value)
     return cfg
 
 
@@ -444,10 +427,10 @@ class RulebaseTestPlayer:
     """
 
     def __init__(self, config):
-        self.version = config['control']['version']
-        self.log_dir = os.path.abspath(config['test_play']['log_dir'])
-        self.enabled = bool((config.get('bootstrap') or {}).get('offline_test_every',
-                                                                DEFAULTS['offline_test_every']))
+        cfg = typed(config)
+        self.version = cfg.control.version
+        self.log_dir = os.path.abspath(cfg.test_play.log_dir)
+        self.enabled = cfg.bootstrap is not None and cfg.bootstrap.offline_test_every > 0
 
     def test_play(self, seed_count, mortal, dqn, device):
         import torch
@@ -491,8 +474,9 @@ def validation_loss(trainer, files):
     from mortal.data.dataloader import learner_loader
     from mortal.learning.loss import learner_loss
 
-    cfg = dict(trainer.config)
-    cfg['dataset'] = {**cfg['dataset'], 'num_epochs': 1, 'enable_augmentation': False, 'reserve_ratio': 0.0}
+    cfg = copy.deepcopy(trainer.config)
+    for key, value in (('num_epochs', 1), ('enable_augmentation', False), ('reserve_ratio', 0.0)):
+        put(cfg, f'dataset.{key}', value)
     loader = learner_loader(cfg, trainer.version, list(files), [], batch_size=trainer.batch_size, num_workers=0)
     dev = trainer.device
     total, count = 0.0, 0
@@ -599,15 +583,16 @@ def train_offline(config):
     if os.path.exists(p['done']) and os.path.exists(p['best_state_file']):
         logger.info('train-offline: finished before (%s), skipped', p['done'])
         return p['best_state_file']
-    reward = (config.get('env') or {}).get('reward', 'grp')
-    if reward == 'grp' and not os.path.exists(config['grp']['state_file']):
-        raise BootstrapError(f"train-offline needs the GRP ({config['grp']['state_file']}): run train-grp first")
-    max_epochs, patience = boot['offline_max_epochs'], boot['offline_patience']
+    typed_config = typed(config)
+    reward, grp_file = typed_config.env.reward, typed_config.grp.state_file
+    if reward == 'grp' and not os.path.exists(grp_file):
+        raise BootstrapError(f'train-offline needs the GRP ({grp_file}): run train-grp first')
+    max_epochs, patience = boot.offline_max_epochs, boot.offline_patience
     early = max_epochs > 1
     val_files = _val_logs(boot)
     if early and not val_files:
         raise BootstrapError(f"train-offline: offline_max_epochs = {max_epochs} picks the epoch by the validation "
-                             f"loss, but {boot['log_dir']}/val has no logs ([bootstrap] val_games)")
+                             f"loss, but {boot.log_dir}/val has no logs ([bootstrap] val_games)")
     cfg = offline_config(config)
     os.makedirs(p['root'], exist_ok=True)
     history = read_history(p['history'])
@@ -622,7 +607,7 @@ def train_offline(config):
             epoch = len(history) + 1
             batches = trainer.train_epoch()
             if trainer.steps == 0:
-                raise BootstrapError(f"train-offline: not one full batch of {cfg['control']['batch_size']} samples "
+                raise BootstrapError(f"train-offline: not one full batch of {trainer.batch_size} samples "
                                      'in the bootstrap logs; generate more games or lower [control] batch_size')
             if trainer.steps % trainer.save_every:
                 trainer.save()  # the epoch's tail after the last save_every
@@ -679,15 +664,16 @@ def prepare(config, *, force=False):
     if not os.path.exists(best):
         raise BootstrapError(f'prepare needs {best}: run train-offline first')
     written = []
-    state_file = config['control']['state_file']
+    cfg = typed(config)
+    state_file = cfg.control.state_file
     if force or not os.path.exists(state_file):
         state = load_checkpoint(best)
         # the offline best was measured against RulebaseBots; online test play is against the baseline
         state['best_perf'] = dict(INITIAL_BEST_PERF)
         atomic_torch_save(state, state_file)
         written.append(state_file)
-    for slot in ('train', 'test'):
-        target = lookup(config, f'baseline.{slot}.state_file')
+    for slot in (cfg.baseline.train, cfg.baseline.test) if cfg.baseline is not None else ():
+        target = slot.state_file if slot is not None else None
         if target and target not in written and (force or not os.path.exists(target)):
             atomic_copy(best, target)
             written.append(target)
@@ -723,7 +709,7 @@ def main(argv=None):
     """``python -m mortal.bootstrap STEP [-c PATH] [--force] [--no-progress]``; returns the exit status (2: config
     error, 1: a failed step)."""
     from mortal import entry
-    from mortal.config import TRAIN_SECTIONS, ConfigError, resolve_path
+    from mortal.config import TRAIN_SECTIONS, resolve_path
 
     parser = entry.parser('Bootstrap a model from rule-based play ([bootstrap] table).',
                           prog='python -m mortal.bootstrap')
@@ -731,15 +717,15 @@ def main(argv=None):
     parser.add_argument('--force', action='store_true', help='prepare: overwrite existing online checkpoints')
     parser.add_argument('--no-progress', action='store_true', help='hide progress bars')
     args = entry.start(parser, argv)
+    config_path = resolve_path(args.config, args.overrides)
     try:
         config = entry.load_config(args, TRAIN_SECTIONS + ('grp.control', 'grp.dataset', 'grp.optim'))
-        bootstrap_config(config)
+        bootstrap_config(config, path=config_path)
     except (ConfigError, BootstrapError) as e:
         return entry.error(e)
     steps = STEPS if args.step == 'all' else (args.step,)
     try:
-        timings = run_steps(config, steps, force=args.force, progress=not args.no_progress,
-                            config_path=resolve_path(args.config, args.overrides))
+        timings = run_steps(config, steps, force=args.force, progress=not args.no_progress, config_path=config_path)
     except BootstrapError as e:
         return entry.error(e, 1)
     for step, secs in timings.items():

@@ -29,14 +29,17 @@ def _events(path):
 
 def test_bootstrap_config_defaults_and_errors(config):
     boot = bootstrap.bootstrap_config(config)
-    assert boot['epsilon'] == 0.01 and boot['offline_test_every'] == 0
+    assert boot.epsilon == 0.01 and boot.offline_test_every == 0
     del config['bootstrap']['games']
-    with pytest.raises(bootstrap.BootstrapError, match=r"lacks key\(s\) \['games'\]"):
-        bootstrap.bootstrap_config(config)
+    with pytest.raises(bootstrap.BootstrapError, match=r'missing key \[bootstrap\] games in c.toml'):
+        bootstrap.bootstrap_config(config, path='c.toml')
     config['bootstrap']['games'] = 4
     config['bootstrap']['epsilon'] = 1.5
-    with pytest.raises(bootstrap.BootstrapError, match='epsilon must be within'):
-        bootstrap.bootstrap_config(config)
+    with pytest.raises(bootstrap.BootstrapError, match=r'\[bootstrap\] epsilon in c.toml must be within \[0, 1\)'):
+        bootstrap.bootstrap_config(config, path='c.toml')
+    del config['bootstrap']
+    with pytest.raises(bootstrap.BootstrapError, match=r'missing section \[bootstrap\] in c.toml'):
+        bootstrap.bootstrap_config(config, path='c.toml')
 
 
 def test_plan_sets_counts_deals_and_skips_finished_ones(tmp_path):
@@ -56,7 +59,7 @@ def test_gen_logs_writes_four_rotations_per_deal_and_resumes(config):
     written = bootstrap.gen_logs(config, progress=False)
     assert written == 8
     root = config['bootstrap']['log_dir']
-    key = config['bootstrap'].get('seed_key', bootstrap.DEFAULTS['seed_key'])
+    key = bootstrap.bootstrap_config(config).seed_key
     train = sorted(p.name for p in pathlib.Path(root, 'train').iterdir())
     val = sorted(p.name for p in pathlib.Path(root, 'val').iterdir())
     assert train == [f'0_{key}_{s}.json.gz' for s in 'abcd']
@@ -158,17 +161,17 @@ def _put_log(src, dst):
 def test_new_bootstrap_keys_keep_the_old_behaviour_by_default(config):
     boot = bootstrap.bootstrap_config({**config, 'bootstrap': {k: config['bootstrap'][k] for k in (
         'games', 'val_games', 'log_dir', 'work_dir', 'grp_steps')}})
-    assert (boot['offline_max_epochs'], boot['offline_patience'], boot['grp_patience']) == (1, 1, 0)
-    cfg = bootstrap.offline_config({**config, 'bootstrap': boot})
+    assert (boot.offline_max_epochs, boot.offline_patience, boot.grp_patience) == (1, 1, 0)
+    cfg = bootstrap.offline_config({**config, 'bootstrap': boot.model_dump()})
     assert cfg['control']['best_state_file'].endswith('/offline/best.pth')  # one epoch: test play picks best.pth
     config['bootstrap']['offline_max_epochs'] = 0
-    with pytest.raises(bootstrap.BootstrapError, match='offline_max_epochs must be an integer >= 1'):
+    with pytest.raises(bootstrap.BootstrapError, match=r'\[bootstrap\] offline_max_epochs in .* must be > 0'):
         bootstrap.bootstrap_config(config)
 
 
 def test_quickstart_config_turns_early_stopping_on(config):
     boot = bootstrap.bootstrap_config(config)
-    assert boot['offline_max_epochs'] > 1 and boot['offline_patience'] >= 1 and boot['grp_patience'] >= 1
+    assert boot.offline_max_epochs > 1 and boot.offline_patience >= 1 and boot.grp_patience >= 1
     # early stopping: best.pth is the best epoch's, the test play's pick goes elsewhere
     assert bootstrap.offline_config(config)['control']['best_state_file'].endswith('/offline/best_test_play.pth')
 
