@@ -96,13 +96,13 @@ def plan_actors(config: dict, actors: int, profiles: list, config_path: str = 't
     Raises ``mortal.config.ConfigError`` naming ``[fleet] profiles``, ``config_path`` and the missing
     ``[train_play.<profile>]`` for a profile the config lacks.
     """
-    from mortal.config import ConfigError, EnvOverrides, profile_table, train_play_profile
+    from mortal.config import ConfigError, EnvOverrides, profile_table, train_play_profile, typed
     tables = {}
     for profile in dict.fromkeys(profiles):
         try:  # the clients' own lookup, so that a name the fleet accepts is one they find
             tables[profile] = train_play_profile(config, EnvOverrides(profile=profile))
         except ConfigError:
-            have = ', '.join(sorted(config.get('train_play') or {})) or 'none'
+            have = ', '.join(sorted(typed(config).train_play or {})) or 'none'
             raise ConfigError(config_path, [f'[fleet] profiles in {config_path} names {profile!r}, but there is no '
                                             f'[{profile_table(profile)}] (profiles there: {have})']) from None
     plans = []
@@ -115,8 +115,9 @@ def plan_actors(config: dict, actors: int, profiles: list, config_path: str = 't
 
 def actor_config(config: dict, plan: ActorPlan) -> dict:
     """A copy of ``config`` in which ``[train_play.<plan.profile>] log_dir`` is the actor's own folder."""
+    from mortal.config import profile_table, put
     out = copy.deepcopy(config)
-    out['train_play'][plan.profile]['log_dir'] = plan.log_dir
+    put(out, f'{profile_table(plan.profile)}.log_dir', plan.log_dir)
     return out
 
 
@@ -124,9 +125,11 @@ def check_devices(config: dict, num_gpus: float) -> list:
     """Problems of running the clients of ``config`` with ``num_gpus`` of a GPU each: a CUDA device for the trainee
     (``[control] device``) or the baseline (``[baseline.train] device``) needs ``num_gpus`` > 0, since Ray hides the
     GPUs from an actor that reserved none. Returns the messages (empty: fine)."""
+    from mortal.config import typed
+    cfg = typed(config)
     problems = []
-    for where, device in (('[control] device', config['control']['device']),
-                          ('[baseline.train] device', config['baseline']['train']['device'])):
+    for where, device in (('[control] device', cfg.control.device),
+                          ('[baseline.train] device', cfg.baseline.train.device)):
         if str(device).startswith('cuda') and num_gpus <= 0:
             problems.append(f'{where} is {device!r} but [fleet] num_gpus is 0: Ray gives such an actor no GPU; '
                             'reserve a share of one, e.g. num_gpus = 0.25 for four actors per GPU')
@@ -206,6 +209,7 @@ class SelfPlayActor:
         import torch
         from mortal import entry
         from mortal.client import Client
+        from mortal.config import train_play_profile
 
         entry.drop_rust_backtrace()
         logging.basicConfig(level=logging.INFO, format=entry.LOG_FORMAT, force=True)
@@ -216,7 +220,7 @@ class SelfPlayActor:
         overrides = dataclasses.replace(entry.apply_env(), profile=profile)
         self.client, self.error = None, None
         try:
-            os.makedirs(config['train_play'][profile]['log_dir'], exist_ok=True)  # fail here, not in each round
+            os.makedirs(train_play_profile(config, overrides).log_dir, exist_ok=True)  # here, not in each round
             self.client = Client(config, env=overrides)
         except Exception as ex:  # whatever stops the start: the driver reports it and drops this actor
             self.error = f'{type(ex).__name__}: {ex}'
@@ -443,7 +447,8 @@ def main(argv=None):
     args = entry.start(parser, argv)
     config = entry.load_config_or_exit(args, CLIENT_SECTIONS)
     config_path = resolve_path(args.config, args.overrides)
-    fleet = typed(config).fleet
+    cfg = typed(config)
+    fleet = cfg.fleet
     actors = fleet.actors if args.actors is None else args.actors
     if actors < 1:
         parser.error('--actors must be >= 1')
@@ -461,7 +466,7 @@ def main(argv=None):
     problem = address and unreachable(address)
     if problem:
         return entry.error(f'cannot join the Ray cluster at {address} ({where}): {problem}')
-    tb_dir = fleet.tensorboard_dir or path.join(config['control']['tensorboard_dir'], 'fleet')
+    tb_dir = fleet.tensorboard_dir or path.join(cfg.control.tensorboard_dir, 'fleet')
     from torch.utils.tensorboard import SummaryWriter
     try:
         writer = SummaryWriter(tb_dir)  # before Ray starts: a directory it cannot write stops nothing running
@@ -489,7 +494,7 @@ def main(argv=None):
             return entry.error(problem)
         if problem:
             logger.warning('%s (or the cluster grows: Ray starts them then)', problem)
-        record = FleetRecord(config['online']['history_window'], writer)
+        record = FleetRecord(cfg.online.history_window, writer)
         return Fleet(ray, config, fleet, plans, record).run(args.rounds)
     except KeyboardInterrupt:
         logger.info('stopping the fleet')
