@@ -165,12 +165,13 @@ EVAL_KEY = 0x71756963  # 'quic': duplicate key of the summary's evaluation deals
 def evaluate_against_start(config, sets, workers=None):
     """``best.pth`` and the final ``state_file``, each against 3x the start model (``[baseline.test]``), on the same
     ``sets`` duplicate deals: ``{'best'|'final': mortal.play.evaluation.summarize(...)}`` (missing files left out)."""
+    from mortal.config import typed
     from mortal.play.evaluation import play_duplicate, summarize
 
-    start = ('mortal', config['baseline']['test']['state_file'])
+    cfg = typed(config)
+    start = ('mortal', cfg.baseline.test.state_file)
     out = {}
-    for label, key in (('best', 'best_state_file'), ('final', 'state_file')):
-        state_file = config['control'][key]
+    for label, state_file in (('best', cfg.control.best_state_file), ('final', cfg.control.state_file)):
         if os.path.exists(state_file):
             units = play_duplicate(('mortal', state_file), start, sets=sets, key=EVAL_KEY,
                                    workers=workers or os.cpu_count() or 1)
@@ -182,9 +183,10 @@ def evaluate_start_vs_rulebase(config, sets, workers=None):
     """The start model (``[baseline.test] state_file``) against 3 RulebaseBots on ``sets`` duplicate deals (4 games
     each): ``mortal.play.evaluation.summarize(...)`` (avg rank 1-4 and its 95% CI half-width over deals, avg pt),
     or None when the start file is missing. Raises ValueError for ``sets < 1``."""
+    from mortal.config import typed
     from mortal.play.evaluation import play_duplicate, summarize
 
-    start = config['baseline']['test']['state_file']
+    start = typed(config).baseline.test.state_file
     if not os.path.exists(start):
         return None
     units = play_duplicate(('mortal', start), ('rulebase', None), sets=sets, key=EVAL_KEY,
@@ -204,7 +206,7 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
     online training from ``[control] state_file``.
     """
     from mortal import bootstrap
-    from mortal.config import load_config
+    from mortal.config import load_config, typed
 
     t0 = time.monotonic()
     timings = {}
@@ -221,7 +223,8 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
     # train-grp's GRP check writes the kyoku reward it chose ([env] reward) into cfg_path, which the processes read
     timings.update(bootstrap.run_steps(config, bootstrap.STEPS, progress=progress, config_path=cfg_path))
 
-    tb_dir = config['control']['tensorboard_dir']
+    cfg = typed(config)
+    tb_dir = cfg.control.tensorboard_dir
     log_dir = work / 'logs'
     procs = {}
     t1 = time.monotonic()
@@ -231,8 +234,7 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
         for name in PROCESSES:
             procs[name] = start(name, cfg_path, log_dir)
             if name == 'server':
-                _wait_port(config['online']['remote']['host'], config['online']['remote']['port'], procs[name],
-                           log_dir)
+                _wait_port(cfg.online.remote.host, cfg.online.remote.port, procs[name], log_dir)
         wait_for_online(procs, tb_dir, log_dir, PRESETS[preset]['online_timeout'], **before)
         if online_minutes:
             logger.info('online: running until %.0f min have passed', online_minutes)
@@ -260,17 +262,16 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
     return {
         'work_dir': str(work),
         'config': str(cfg_path),
-        'tensorboard': [tb_dir, str(work / 'bootstrap' / 'offline' / 'tensorboard'),
-                        config['grp']['control']['tensorboard_dir']],
-        'checkpoints': {k: config['control'][k] for k in ('state_file', 'best_state_file')}
-        | {'baseline': config['baseline']['train']['state_file'], 'grp': config['grp']['state_file'],
-           'offline_best': str(work / 'bootstrap' / 'offline' / 'best.pth')},
+        'tensorboard': [tb_dir, str(work / 'bootstrap' / 'offline' / 'tensorboard'), cfg.grp.control.tensorboard_dir],
+        'checkpoints': {'state_file': cfg.control.state_file, 'best_state_file': cfg.control.best_state_file,
+                        'baseline': cfg.baseline.train.state_file, 'grp': cfg.grp.state_file,
+                        'offline_best': str(work / 'bootstrap' / 'offline' / 'best.pth')},
         'logs': str(log_dir),
         'plots': str(plots),
         'test_play': read_scalars(tb_dir),
         'evaluation': evaluation,
         'rulebase': rulebase,
-        'reward': config['env'].get('reward', 'grp'),
+        'reward': cfg.env.reward,  # the GRP check's choice (bootstrap.check_grp)
         'stopped': stopped,
         'timings': timings,
     }

@@ -204,7 +204,8 @@ def write_config(work_dir, *, preset='full', port=None, version=3):
     path = work / 'config.toml'
     if path.exists():
         import toml
-        old = toml.load(path).get('control', {}).get('version')
+        from mortal.config import lookup
+        old = lookup(toml.load(path), 'control.version')  # the file as it is, checked or not
         if old is not None and old != version:
             raise ValueError(f"{work} was set up for version {old}; use --version {old} or another --work-dir")
     atomic_write_bytes(render_config(work, preset=preset, port=port, version=version).encode(), path)
