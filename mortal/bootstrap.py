@@ -285,8 +285,8 @@ def check_grp(config, config_path=None):
     3.178, the uniform prediction's) -> one warning line naming both, and ``[env] reward = 'points'`` (the scaled
     point change, ``mortal.data.reward``); below -> ``[env] reward = 'grp'`` (Mortal's). A config that already
     says ``'points'`` keeps it (only logged). Without val logs or GRP file nothing is measured and the config's
-    reward stands. The choice is logged, set in ``config`` (``[env] reward``) and, with ``config_path``, written into that
-    TOML file (``write_reward``).
+    reward stands. The choice is logged, set in ``config`` (``[env] reward``) and, with ``config_path``, written
+    into that TOML file (``write_reward``).
 
     Returns ``{'reward': 'grp'|'points', 'ce': float or None, 'uniform': ln 24, 'val_games': int}``.
     Raises what ``mortal.data.reward.load_grp`` raises for an unusable GRP file.
