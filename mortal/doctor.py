@@ -34,7 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mortal.config import lookup, profile_table
+from mortal.config import lookup, profile_table, typed
 
 OK, FAIL, WARN, INFO = 'OK', 'FAIL', 'WARN', 'INFO'
 
@@ -60,19 +60,20 @@ class Check:
 
 def _written_paths(config):
     """(label, path, kind) of everything the processes create; kind 'dir' or 'file'."""
+    cfg = typed(config)
+    server = cfg.online.server if cfg.online is not None else None
     rows = [
-        ('[control] state_file', lookup(config, 'control.state_file'), 'file'),
-        ('[control] best_state_file', lookup(config, 'control.best_state_file'), 'file'),
-        ('[control] tensorboard_dir', lookup(config, 'control.tensorboard_dir'), 'dir'),
-        ('[test_play] log_dir', lookup(config, 'test_play.log_dir'), 'dir'),
-        ('[online.server] buffer_dir', lookup(config, 'online.server.buffer_dir'), 'dir'),
-        ('[online.server] drain_dir', lookup(config, 'online.server.drain_dir'), 'dir'),
-        ('[1v3] log_dir', lookup(config, '1v3.log_dir'), 'dir'),
-        ('[grp] state_file', lookup(config, 'grp.state_file'), 'file'),
+        ('[control] state_file', cfg.control.state_file, 'file'),
+        ('[control] best_state_file', cfg.control.best_state_file, 'file'),
+        ('[control] tensorboard_dir', cfg.control.tensorboard_dir, 'dir'),
+        ('[test_play] log_dir', cfg.test_play and cfg.test_play.log_dir, 'dir'),
+        ('[online.server] buffer_dir', server and server.buffer_dir, 'dir'),
+        ('[online.server] drain_dir', server and server.drain_dir, 'dir'),
+        ('[1v3] log_dir', cfg.one_vs_three and cfg.one_vs_three.log_dir, 'dir'),
+        ('[grp] state_file', cfg.grp and cfg.grp.state_file, 'file'),
     ]
-    for profile, section in (lookup(config, 'train_play') or {}).items():
-        if isinstance(section, dict):
-            rows.append((f'[{profile_table(profile)}] log_dir', section.get('log_dir'), 'dir'))
+    for profile, table in (cfg.train_play or {}).items():
+        rows.append((f'[{profile_table(profile)}] log_dir', table.log_dir, 'dir'))
     return [(label, path, kind) for label, path, kind in rows if path]
 
 
@@ -114,8 +115,8 @@ def check_paths(config):
 
 def check_port(config, server_running=False):
     """Server port: free to bind (default) or, with ``server_running``, accepting connections."""
-    host = lookup(config, 'online.remote.host', '127.0.0.1')
-    port = lookup(config, 'online.remote.port', 5000)
+    remote = typed(config).online.remote  # an online config has one (mortal.config.CLIENT_SECTIONS)
+    host, port = remote.host, remote.port
     bind_host = host  # the server binds [online.remote] host
     if server_running:
         try:
@@ -138,10 +139,12 @@ def check_port(config, server_running=False):
 
 def _read_checkpoint_files(config):
     """(label, path, required) of model checkpoints the processes read."""
-    online = bool(lookup(config, 'control.online', False))
-    rows = [('[control] state_file', lookup(config, 'control.state_file'), False)]
-    for sec in ('baseline.train', 'baseline.test'):
-        rows.append((f'[{sec}] state_file', lookup(config, f'{sec}.state_file'), online))
+    cfg = typed(config)
+    online = cfg.control.online
+    rows = [('[control] state_file', cfg.control.state_file, False)]
+    for sec in ('train', 'test'):
+        slot = getattr(cfg.baseline, sec) if cfg.baseline is not None else None
+        rows.append((f'[baseline.{sec}] state_file', slot and slot.state_file, online))
     return [(label, path, req) for label, path, req in rows if path]
 
 
@@ -154,8 +157,8 @@ def load_mortal_checkpoint(path, config):
     from mortal.model.checkpoint import CheckpointError, describe_error, describe_mismatches, load_checkpoint
     from mortal.model.networks import DQN, Brain
 
-    version = lookup(config, 'control.version')
-    resnet = lookup(config, 'resnet', {}) or {}
+    cfg = typed(config)
+    version, resnet = cfg.control.version, cfg.resnet  # [resnet] is one of mortal.config.CORE_SECTIONS
     try:
         state = load_checkpoint(path)
     except (OSError, CheckpointError) as e:  # OSError: vanished or unreadable since it was seen
@@ -164,20 +167,20 @@ def load_mortal_checkpoint(path, config):
         keys = sorted(state)[:8] if isinstance(state, dict) else type(state).__name__
         return [f"not a Mortal checkpoint: needs keys 'mortal' and 'current_dqn', has {keys}"]
     problems = []
-    saved = state.get('config') if isinstance(state.get('config'), dict) else {}
+    saved = state.get('config') if isinstance(state.get('config'), dict) else {}  # the checkpoint's plain dict
     for key in ('conv_channels', 'num_blocks'):
         have = lookup(saved, f'resnet.{key}')
-        if have is not None and have != resnet.get(key):
-            problems.append(f'saved [resnet] {key} = {have}, config has {resnet.get(key)}')
+        if have is not None and have != getattr(resnet, key):
+            problems.append(f'saved [resnet] {key} = {have}, config has {getattr(resnet, key)}')
     have_version = lookup(saved, 'control.version')
     if have_version is not None and have_version != version:
         problems.append(f'saved [control] version = {have_version}, config has {version}')
     if problems:
         return problems
     try:
-        brain = Brain(conv_channels=resnet['conv_channels'], num_blocks=resnet['num_blocks'], version=version)
+        brain = Brain(conv_channels=resnet.conv_channels, num_blocks=resnet.num_blocks, version=version)
         dqn = DQN(version=version)
-    except (KeyError, ValueError, TypeError) as e:
+    except (ValueError, TypeError) as e:
         return [f'cannot build Brain/DQN from [resnet]/version: {e}']
     for name, module in (('mortal', brain), ('current_dqn', dqn)):
         problems += [f'{name}: {p}' for p in describe_mismatches(module.state_dict(), state[name])]
@@ -186,8 +189,10 @@ def load_mortal_checkpoint(path, config):
 
 def check_checkpoints(config):
     rows = []
-    fetched = (lookup(config, 'baseline.train.state_file') if lookup(config, 'baseline.train.from_server', True)
-               else None)  # a client fetches this one from the server (mortal.client)
+    baseline = typed(config).baseline
+    train = baseline.train if baseline is not None else None
+    # a client fetches this one from the server (mortal.client)
+    fetched = train.state_file if train is not None and train.from_server else None
     for label, path, required in _read_checkpoint_files(config):
         if not Path(path).is_file() and required and path == fetched:
             # a client machine needs no such file; the trainer's machine does ([baseline.test]: test play)
@@ -212,12 +217,13 @@ def check_grp(config):
     from mortal.model.checkpoint import describe_error, describe_mismatches, load_checkpoint
     from mortal.model.networks import GRP
 
-    path = lookup(config, 'grp.state_file')
+    grp = typed(config).grp
+    path = grp.state_file if grp is not None else None
     if not path:
         return [Check(FAIL, 'grp', '[grp] state_file is not set')]
     if not Path(path).is_file():
         return [Check(FAIL, 'grp', f'[grp] state_file = {path}: missing (train it with mortal.train_grp)')]
-    network = lookup(config, 'grp.network', {}) or {}
+    network = grp.network.model_dump() if grp.network is not None else {}  # GRP's keyword arguments
     try:
         state = load_checkpoint(path)
         saved = state['model'] if isinstance(state, dict) and 'model' in state else None
@@ -297,18 +303,23 @@ def estimate_memory(config, profile='default'):
     * client: CUDA context + trainee and baseline weights + inference on up to
       3 x ``train_play.<profile>.games`` rows.
     The result is multiplied by ``ALLOCATOR_SLACK``. Returns ``{name: (device, bytes)}``.
+
+    ``config`` is read as it is (``mortal.config.lookup``), not typed: a what-if over its numbers, also outside the
+    schema's ranges (``bench/gpu_memory.py`` zeroes ``batch_size`` or the test games to isolate one term). A table
+    it lacks (no ``[test_play]``, no such profile) counts as none of that process's games; without
+    ``[baseline.train]`` the client is on the trainer's device.
     """
     version = lookup(config, 'control.version')
     cc = lookup(config, 'resnet.conv_channels')
     nb = lookup(config, 'resnet.num_blocks')
-    amp = bool(lookup(config, 'control.enable_amp', False))
+    amp = bool(lookup(config, 'control.enable_amp'))
     brain, dqn, aux = _model_parts(cc, nb, version)
     model = _param_bytes(brain, dqn)
     train_static = _param_bytes(brain, dqn, aux) * 4  # weights + grads + 2 AdamW moments
     act = activation_bytes_per_sample(cc, nb, version, amp=amp)
     infer = inference_bytes_per_sample(cc, version)
 
-    batch = lookup(config, 'control.batch_size', 512)
+    batch = lookup(config, 'control.batch_size')
     test_games = lookup(config, 'test_play.games', 0)
     train_games = lookup(config, f'{profile_table(profile)}.games', 0)
 
@@ -316,7 +327,7 @@ def estimate_memory(config, profile='default'):
         ctx = CUDA_CONTEXT_BYTES if str(device).startswith('cuda') else 0
         return device, int(ctx + body * ALLOCATOR_SLACK)
 
-    trainer_dev = lookup(config, 'control.device', 'cpu')
+    trainer_dev = lookup(config, 'control.device')
     train_peak = train_static + batch * act
     test_peak = train_static + model + 3 * test_games * infer
     client_dev = lookup(config, 'baseline.train.device', trainer_dev)
@@ -367,7 +378,7 @@ def run_checks(config, *, server_running=False, profile='default'):
 
     rows = []
     try:
-        version = check_version(lookup(config, 'control.version'))
+        version = check_version(typed(config).control.version)
         rows.append(Check(OK, 'version', f"[control] version = {version}"))
     except UnsupportedVersionError as e:
         return rows + [Check(FAIL, 'version', str(e))]
@@ -382,7 +393,7 @@ def run_checks(config, *, server_running=False, profile='default'):
                                            'decision in self-play and per sample in the loader; slower than v3 '
                                            f'({sp_threads()} search threads per process: MORTAL_SP_THREADS)'))
     rows += check_paths(config)
-    if lookup(config, 'control.online', False):
+    if typed(config).control.online:
         rows += check_port(config, server_running)
     rows += check_checkpoints(config)
     rows += check_grp(config)
@@ -393,7 +404,7 @@ def run_checks(config, *, server_running=False, profile='default'):
 def sections_for(config):
     """Config sections every process of this mode needs (online: server + client + trainer)."""
     from mortal import config as mcfg
-    if lookup(config, 'control.online', False):
+    if typed(config).control.online:
         return tuple(dict.fromkeys(mcfg.ONLINE_TRAIN_SECTIONS + mcfg.SERVER_SECTIONS + mcfg.CLIENT_SECTIONS))
     return mcfg.TRAIN_SECTIONS
 
