@@ -135,14 +135,14 @@ def load_engine(state_file: str, *, review_mode: bool):
             shapes).
     """
     import torch
-    from mortal.model.checkpoint import load_checkpoint, load_errors, models_from_state
+    from mortal.model.checkpoint import arch_of, load_checkpoint, load_errors, models_from_state
     from mortal.play.engine import MortalEngine
 
     with load_errors('[control] state_file', state_file):
         state = load_checkpoint(state_file)
         brain, dqn, version = models_from_state(state, state_file)
-        resnet = state['config']['resnet']
-        tag = model_tag(state, version, resnet['num_blocks'], resnet['conv_channels'])
+        arch = arch_of(state, state_file)  # of the checkpoint's own config
+        tag = model_tag(state, version, arch['num_blocks'], arch['conv_channels'])
     engine = MortalEngine(
         brain,
         dqn,

@@ -418,13 +418,13 @@ def typo_checks(config: dict, path: str) -> tuple[list[Check], set[str]]:
     from mortal import config as mcfg
     from mortal import config_schema
 
-    rows, replaced = [], set()
+    rows, replaced, absent = [], set(), object()
     for u in mcfg.unknown_names(config):
         if u.suggestion:
-            table = mcfg.lookup(config, u.table)
+            given = mcfg.lookup(config, f'{u.table}.{u.suggestion}', absent)  # the file's own value, if any
             default = config_schema.section_keys(u.table)[u.suggestion].default
-            if u.suggestion in table:
-                used = f'use {u.suggestion} = {table[u.suggestion]!r}'
+            if given is not absent:
+                used = f'use {u.suggestion} = {given!r}'
             elif default is config_schema.UNFILLED:
                 used = f'leave {u.suggestion} unset'
             elif default is config_schema.REQUIRED:

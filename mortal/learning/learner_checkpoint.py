@@ -11,7 +11,7 @@ import logging
 from datetime import datetime
 from os import path
 
-from mortal.config import for_checkpoint
+from mortal.config import for_checkpoint, lookup
 from mortal.learning.guards import INITIAL_GUARD
 from mortal.model.checkpoint import (INITIAL_BEST_PERF, atomic_torch_save, check_fits_config, load_checkpoint,
                                      require_entries)
@@ -41,7 +41,7 @@ class LearnerCheckpoint:
             check_fits_config(model, state[entry], entry=entry, source=self.state_file, ckpt_cfg=ckpt_cfg,
                               cfg=self.cfg)
             model.load_state_dict(state[entry])
-        ckpt_online = bool(ckpt_cfg and ckpt_cfg.get('control', {}).get('online'))
+        ckpt_online = bool(lookup(ckpt_cfg, 'control.online'))  # the checkpoint's plain dict, of any writer
         if 'optimizer' not in state or 'scheduler' not in state:
             logger.info('%s has no optimizer/scheduler state (a bare model checkpoint): starting them fresh',
                         self.state_file)
