@@ -71,9 +71,11 @@ def prepare(work: Path, preset: str) -> Path:
 def submit_params(config: dict) -> None:
     """Give the server one parameter version: the baseline's own weights."""
     import torch
+    from mortal.config import typed
     from mortal.net import wire
     state = torch.load(config['baseline']['train']['state_file'], weights_only=True)
-    remote = wire.Remote.from_config(config)
+    online = typed(config).online
+    remote = wire.Remote.from_config(online.remote, online.server)
     reply = remote.request({'type': 'submit_param', 'mortal': wire.pack_state_dict(state['mortal']),
                             'dqn': wire.pack_state_dict(state['current_dqn']), 'is_idle': True})
     assert reply.get('status') == 'ok', reply
