@@ -22,7 +22,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from mortal import entry  # noqa: E402  (after the sys.path line)
-from mortal.config import ConfigError  # noqa: E402
+from mortal.config import ConfigError, typed  # noqa: E402
 from mortal.model.rotation import rotate  # noqa: E402
 
 
@@ -40,11 +40,12 @@ def main(argv=None):
     except (ConfigError, ValueError, OSError) as e:
         print(f'rotate_baseline: error: {e}', file=sys.stderr)
         return 1
+    control = typed(config).control
     for target, backup in done:
-        print(f'{target} <- {args.source or config["control"]["best_state_file"]}'
+        print(f'{target} <- {args.source or control.best_state_file}'
               + (f' (previous kept as {backup})' if backup else ''))
     if args.reset_best:
-        print(f"best_perf reset in {config['control']['state_file']}")
+        print(f'best_perf reset in {control.state_file}')
     print('now restart the clients; the trainer picks the new baseline up at its next learner start')
     return 0
 
