@@ -672,8 +672,8 @@ def prepare(config, *, force=False):
         state['best_perf'] = dict(INITIAL_BEST_PERF)
         atomic_torch_save(state, state_file)
         written.append(state_file)
-    for slot in (cfg.baseline.train, cfg.baseline.test) if cfg.baseline is not None else ():
-        target = slot.state_file if slot is not None else None
+    slots = (cfg.baseline.train, cfg.baseline.test) if cfg.baseline is not None else ()
+    for target in [slot.state_file for slot in slots if slot is not None]:
         if target and target not in written and (force or not os.path.exists(target)):
             atomic_copy(best, target)
             written.append(target)
