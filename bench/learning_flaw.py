@@ -19,6 +19,10 @@ deal. Snapshots of both arms (every ``--snapshot-every`` steps) are played on th
 ``OUT/flaws/NAME/flaw_NAME.png`` draws the statistic and the rank against steps. Everything goes to
 ``OUT/flaws/NAME/result.json``; ``flaw NAME --eval-only`` replays the evaluation of finished arms.
 
+Next to each model it reports the instrument that says why a flaw stays: at the decisions of the start's
+validation logs where the flaw acts, the mean margin by which the model's Q prefers the flaw's action to the
+teacher's, and the probability that Boltzmann exploration picks the teacher's action (``q_margin``).
+
 The issue's target, per flaw: the online arm removes at least half of the statistic's excess over the teacher
 (``removed`` = (start - online) / (start - teacher)) and beats the control (paired CI below 0).
 """
@@ -84,6 +88,61 @@ def control_steps(online_steps, offline_batch_size, batch_size):
     return max(1, round(online_steps * offline_batch_size / batch_size))
 
 
+DECISION_RULES = ('overcall', 'no-riichi')  # the flaws flaw_decisions can find in a legal mask
+
+
+def flaw_decisions(name, masks):
+    """``(rows, flawed, correct)`` of the decisions where flaw ``name`` acts, from legal masks ``(N, 46)`` bool:
+    for ``overcall`` the rows where a chi or pon and the pass are legal (flawed: the calls, correct: the pass);
+    for ``no-riichi`` the rows where riichi is legal (flawed: the discards, correct: riichi). ``rows`` is an index
+    array, ``flawed`` a boolean ``(46,)`` mask of the flaw's actions and ``correct`` the teacher's action index."""
+    import numpy as np
+    from mortal.features.action import CHI_HIGH, CHI_LOW, PASS, PON, RIICHI
+    flawed = np.zeros(masks.shape[1], dtype=bool)
+    if name == 'overcall':
+        flawed[CHI_LOW:PON + 1] = True
+        rows = np.flatnonzero(masks[:, PASS] & masks[:, CHI_LOW:PON + 1].any(axis=1))
+        return rows, flawed, PASS
+    if name == 'no-riichi':
+        flawed[:RIICHI] = True
+        return np.flatnonzero(masks[:, RIICHI]), flawed, RIICHI
+    raise ValueError(f'no decision rule for flaw {name!r}')
+
+
+def q_margin(state_file, log_files, name, temps=(0.05, 1.0)):
+    """How far ``state_file``'s Q values keep the teacher's action from being explored, at the decisions of
+    ``log_files`` (every seat) where flaw ``name`` acts (``flaw_decisions``): ``margin`` (mean of the best flawed
+    action's Q minus the correct action's, in ``[env] pts`` units), ``greedy_correct`` (share of those decisions
+    where the correct action is greedy) and, per Boltzmann temperature T, ``p_correct@T``: the mean probability
+    of the correct action under softmax(Q / T) over the legal actions (what an exploring step picks; Mortal's
+    ``boltzmann_epsilon`` scales it, top-p aside). Returns a dict with ``decisions`` too."""
+    import numpy as np
+    import torch
+    from mortal.data.gameplay import GameplayLoader
+    from mortal.model.checkpoint import load_model_pair
+    brain, dqn, version = load_model_pair(state_file)
+    loader = GameplayLoader(version)
+    obs, masks = [], []
+    for path in log_files:
+        for game in loader.load_log_file(path):
+            obs.append(game.take_obs())
+            masks.append(game.take_masks())
+    obs, masks = np.concatenate(obs), np.concatenate(masks).astype(bool)
+    rows, flawed, correct = flaw_decisions(name, masks)
+    out = {'decisions': int(len(rows))}
+    if not len(rows):
+        return out
+    with torch.no_grad():
+        q = torch.cat([dqn(brain(torch.as_tensor(obs[rows[i:i + 512]], dtype=torch.float32)),
+                           torch.as_tensor(masks[rows[i:i + 512]])) for i in range(0, len(rows), 512)])
+    best_flawed = q.masked_fill(~torch.as_tensor(flawed), -torch.inf).amax(dim=1)
+    out['margin'] = float((best_flawed - q[:, correct]).mean())
+    out['greedy_correct'] = float((q.argmax(dim=1) == correct).float().mean())
+    for t in temps:
+        out[f'p_correct@{t:g}'] = float(torch.softmax(q / t, dim=1)[:, correct].mean())
+    return out
+
+
 def evaluate(fout, name, *, eval_sets, curve_sets, teacher_sets, workers, key, log):
     """Play every model of the flaw's arms against 3x its start; returns (and writes) ``result.json``.
 
@@ -141,6 +200,10 @@ def evaluate(fout, name, *, eval_sets, curve_sets, teacher_sets, workers, key, l
             models[label]['removed'] = removed_fraction(models['start']['statistic'], stat['statistic'],
                                                         models['teacher']['statistic'])
         log(f'[{name}] {label} vs 3x start: {format_summary(models[label])}')
+    if name in DECISION_RULES:
+        val_logs = sorted((fout / 'start' / 'bootstrap' / 'logs' / 'val').glob('*.json.gz'))
+        for label, path in [('start', start_file)] + [(k, v) for k, v in files.items() if k in models]:
+            models[label]['q_margin'] = q_margin(path, val_logs, name)
     res['models'] = models
     res['minus_control'] = {}
     for label in units:
@@ -165,16 +228,20 @@ def table(res, name):
     """The Markdown rows of one flaw's result (printed by ``flaw``)."""
     from mortal.play.flaws import STATISTICS
     stat_name = STATISTICS[name][0]
-    lines = [f'| model | steps | vs 3x flawed start | paired to start | {stat_name} (95% CI) | excess removed |',
-             '|---|---|---|---|---|---|']
+    lines = [f'| model | steps | vs 3x flawed start | paired to start | {stat_name} (95% CI) | excess removed | '
+             'Q margin of the flaw | p(correct) at T 0.05 / 1 |',
+             '|---|---|---|---|---|---|---|---|']
     info = res.get('arms', {})
     for label, m in res.get('models', {}).items():
         arm, _, kind = label.rpartition('_')
         steps = info.get(arm, {}).get('best_step' if kind == 'best' else 'steps', '-') if arm else '-'
         paired = f"{m['paired_diff']:+.3f} ± {m['paired_diff_ci']:.3f}" if 'paired_diff' in m else '-'
         removed = f"{m['removed']:.2f}" if isinstance(m.get('removed'), float) and math.isfinite(m['removed']) else '-'
+        qm = m.get('q_margin', {})
+        margin = f"{qm['margin']:.2f}" if 'margin' in qm else '-'
+        p_correct = f"{qm['p_correct@0.05']:.1e} / {qm['p_correct@1']:.4f}" if 'margin' in qm else '-'
         lines.append(f"| {label} | {steps} | {m['avg_rank']:.3f} ± {m['avg_rank_ci']:.3f} | {paired} | "
-                     f"{m['statistic']:.4f} ± {m['statistic_ci']:.4f} | {removed} |")
+                     f"{m['statistic']:.4f} ± {m['statistic_ci']:.4f} | {removed} | {margin} | {p_correct} |")
     for label, d in res.get('minus_control', {}).items():
         lines.append(f"\n{label} - control_final, paired by deal: {d['diff']:+.3f} ± {d['ci']:.3f}")
     return '\n'.join(lines)

@@ -190,3 +190,41 @@ def test_bootstrap_bots_carry_the_flaw(tmp_path):
         counts[flaw] = (st.riichi, st.fuuro, st.round)
     assert counts[''][0] > 0 and counts['no-riichi'][0] == 0
     assert counts['overcall'][1] / counts['overcall'][2] > 2 * counts[''][1] / counts[''][2]
+
+
+def test_flaw_decisions_find_the_rows_where_the_flaw_acts():
+    import numpy as np
+    masks = np.zeros((4, 46), dtype=bool)
+    masks[0, [45, 38]] = True  # a chi or the pass: overcall's decision
+    masks[1, [45, 41, 43]] = True  # a pon, a ron or the pass: overcall's decision
+    masks[2, [45, 43]] = True  # a ron or the pass: no call offered
+    masks[3, [37, 3, 5]] = True  # riichi or two discards: no-riichi's decision
+    rows, flawed, correct = flaw_bench.flaw_decisions('overcall', masks)
+    assert rows.tolist() == [0, 1] and correct == 45 and np.flatnonzero(flawed).tolist() == [38, 39, 40, 41]
+    rows, flawed, correct = flaw_bench.flaw_decisions('no-riichi', masks)
+    assert rows.tolist() == [3] and correct == 37 and np.flatnonzero(flawed).tolist() == list(range(37))
+    with pytest.raises(ValueError, match='no-fold'):
+        flaw_bench.flaw_decisions('no-fold', masks)
+
+
+def test_q_margin_of_a_model_that_always_prefers_the_pass(tmp_path, tiny_config):
+    """The advantage head's output layer zeroed but for a bias of +10 on the pass: at every call decision the best call is valued
+    exactly 10 below the pass (the dueling mean shifts all legal actions alike), the pass is greedy and Boltzmann
+    at T 0.05 picks it with probability 1."""
+    import torch
+    from conftest import DATA_DIR, write_baseline
+    config, _ = tiny_config
+    state_file = tmp_path / 'model.pth'
+    write_baseline(config, state_file)
+    state = torch.load(state_file, weights_only=False)
+    dqn = state['current_dqn']
+    last = max(k for k in dqn if k.startswith('a_head') and k.endswith('.bias')).rsplit('.', 1)[0]
+    dqn[f'{last}.weight'].zero_()  # the advantage head's output layer: a constant, its bias
+    dqn[f'{last}.bias'].zero_()
+    dqn[f'{last}.bias'][45] = 10.0
+    torch.save(state, state_file)
+    out = flaw_bench.q_margin(state_file, [DATA_DIR / 'arena_double_ron_hanchan.json.gz'], 'overcall')
+    assert out['decisions'] > 0
+    assert out['margin'] == pytest.approx(-10.0, abs=1e-4)
+    assert out['greedy_correct'] == 1.0
+    assert out['p_correct@0.05'] == pytest.approx(1.0)
