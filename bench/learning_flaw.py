@@ -263,14 +263,21 @@ def plot(res, name, png):
         xs = [p['step'] for p in pts]
         ax_s.errorbar(xs, [p['statistic'] for p in pts], yerr=[p['statistic_ci'] for p in pts], marker='o', ms=4,
                       capsize=3, label=arm)
-        ax_r.errorbar(xs, [p['avg_rank'] for p in pts], yerr=[p['avg_rank_ci'] for p in pts], marker='o', ms=4,
-                      capsize=3, label=arm)
+        line = ax_r.errorbar(xs, [p['avg_rank'] for p in pts], yerr=[p['avg_rank_ci'] for p in pts], marker='o',
+                             ms=4, capsize=3, label=arm)
+        final, steps = models.get(f'{arm}_final'), res.get('arms', {}).get(arm, {}).get('steps')
+        if final and steps:  # the full evaluation of the final model, a star
+            color = line[0].get_color()
+            ax_s.errorbar([steps], [final['statistic']], yerr=[final['statistic_ci']], color=color, marker='*',
+                          ms=11, capsize=4, ls='none')
+            ax_r.errorbar([steps], [final['avg_rank']], yerr=[final['avg_rank_ci']], color=color, marker='*', ms=11,
+                          capsize=4, ls='none')
     if 'teacher' in models:
         ax_s.axhline(models['teacher']['statistic'], color='green', ls='--', lw=1, label='teacher (RulebaseBot)')
         ax_r.axhline(models['teacher']['avg_rank'], color='green', ls='--', lw=1, label='teacher (RulebaseBot)')
     ax_r.axhline(2.5, color='grey', lw=0.8, ls=':')
     ax_s.set_title(f'{name}: {STATISTICS[name][0]} ({STATISTICS[name][3]})', fontsize=9)
-    ax_r.set_title('avg rank vs 3x the flawed start (lower is better)', fontsize=9)
+    ax_r.set_title('avg rank vs 3x the flawed start (lower is better); * final model', fontsize=9)
     ax_r.invert_yaxis()
     for ax in (ax_s, ax_r):
         ax.set_xlabel('steps')
