@@ -481,7 +481,8 @@ def main(argv=None):
     p.add_argument('--key', type=int, default=EVAL_KEY, help='duplicate seed key of the evaluation deals')
     p = sub.add_parser('flaw', help='the planted-flaw benchmark: a flawed start, online vs offline-only control '
                        '(bench/learning_flaw.py)', formatter_class=fmt_cls)
-    p.add_argument('name', choices=('overcall', 'no-riichi', 'no-fold'), help='the flaw (mortal.play.flaws)')
+    from mortal.play.flaws import FLAWS
+    p.add_argument('name', choices=sorted(FLAWS), help='the flaw (mortal.play.flaws)')
     p.add_argument('--games', type=int, default=96, help='flawed rule-based training hanchan (multiple of 4)')
     p.add_argument('--set', action='append', default=[], metavar='SECTION.KEY=VALUE',
                    help="repeatable TOML override of the online arm's config (the quickstart's embedded config)")

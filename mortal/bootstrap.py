@@ -42,7 +42,6 @@ if __package__ in (None, ''):  # run as a script: python mortal/bootstrap.py
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
-import contextlib
 import copy
 import glob
 import json
@@ -448,19 +447,6 @@ class RulebaseTestPlayer:
         return Stat.from_dir(self.log_dir, 'mortal')
 
 
-@contextlib.contextmanager
-def _eval_mode(*modules):
-    """eval() for a measurement, then each module's own training flag back (a Brain keeps frozen BN frozen)."""
-    modes = [m.training for m in modules]
-    for m in modules:
-        m.eval()
-    try:
-        yield
-    finally:
-        for m, mode in zip(modules, modes):
-            m.train(mode)
-
-
 def validation_loss(trainer, files):
     """The offline loss of ``trainer``'s models on the logs ``files``: ``(mean loss per sample, samples)``.
 
@@ -472,6 +458,7 @@ def validation_loss(trainer, files):
     """
     import torch
     from mortal.data.dataloader import learner_loader
+    from mortal.learning.diagnostics import eval_mode
     from mortal.learning.loss import learner_loss
 
     cfg = copy.deepcopy(trainer.config)
@@ -480,7 +467,7 @@ def validation_loss(trainer, files):
     loader = learner_loader(cfg, trainer.version, list(files), [], batch_size=trainer.batch_size, num_workers=0)
     dev = trainer.device
     total, count = 0.0, 0
-    with torch.no_grad(), _eval_mode(trainer.mortal, trainer.dqn, trainer.aux_net):
+    with torch.no_grad(), eval_mode(trainer.mortal, trainer.dqn, trainer.aux_net):
         for obs, actions, masks, steps_to_done, rewards, ranks in loader:
             n = obs.shape[0]
             obs = trainer._obs_on_device(obs)

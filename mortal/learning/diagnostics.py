@@ -91,8 +91,8 @@ class WindowMeans:
 
 
 @contextlib.contextmanager
-def _eval_mode(*modules):
-    # eval() for the measurement, then each module's own training flag back (a Brain keeps frozen BN frozen)
+def eval_mode(*modules):
+    """eval() for a measurement, then each module's own training flag back (a Brain keeps frozen BN frozen)."""
     modes = [m.training for m in modules]
     for m in modules:
         m.eval()
@@ -158,7 +158,7 @@ class Probe:
         """One pass over the probe in eval mode (modes restored): ``(greedy (N,) int64 or None, mean next-rank
         cross entropy in nats or None)``, each only for the heads given."""
         heads = [m for m in (dqn, aux_net) if m is not None]
-        with _eval_mode(brain, *heads):
+        with eval_mode(brain, *heads):
             greedy, total = [], 0.0
             for i in range(0, len(self), batch):
                 phi = brain(self.obs[i:i + batch].to(device))
