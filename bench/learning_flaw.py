@@ -323,6 +323,8 @@ def run(out, name, *, games, sets, steps, minutes, snapshot_every, eval_sets, cu
                 fout, 'control', epochs=0, lr=arm_cfg['optim']['scheduler']['peak'], freeze_bn=True, log=log,
                 steps=n, snapshot_every=snapshot_every)
             res_path.write_text(json.dumps(res, indent=1))
+    if not (fout / 'start' / 'online' / 'baseline.pth').exists():
+        raise SystemExit(f'flaw {name}: no start in {fout / "start"} to evaluate: run it with --minutes or --steps first')
     res = evaluate(fout, name, eval_sets=eval_sets, curve_sets=curve_sets, teacher_sets=teacher_sets,
                    workers=workers, key=key, log=log)
     plot(res, name, fout / f'flaw_{name}.png')

@@ -99,7 +99,8 @@ Version = _rule(lambda v: v in SUPPORTED_VERSIONS,
 
 
 def _one_of(choices: tuple[str, ...]) -> AfterValidator:
-    return _rule(lambda v: v in choices, f'must be one of {", ".join(choices)}')
+    # an empty choice ('' = none) is shown quoted, not as a blank between commas
+    return _rule(lambda v: v in choices, f'must be one of {", ".join(c or repr(c) for c in choices)}')
 
 
 def _games(value: int) -> int:

@@ -175,6 +175,12 @@ def test_vacuous_flaw_is_refused(tmp_path):
                        curve_sets=0, teacher_sets=0, workers=1, key=1, eval_only=False, log=print)
 
 
+def test_eval_only_without_a_start_says_so(tmp_path):
+    with pytest.raises(SystemExit, match=r'flaw overcall: no start in .*start to evaluate: run it with --minutes'):
+        flaw_bench.run(tmp_path, 'overcall', games=4, sets=[], steps=0, minutes=0, snapshot_every=0, eval_sets=1,
+                       curve_sets=0, teacher_sets=0, workers=1, key=1, eval_only=True, log=print)
+
+
 def test_bootstrap_bots_carry_the_flaw(tmp_path):
     """One deal of four deterministic RulebaseBots (epsilon 0): the teacher declares riichi in it, the no-riichi
     bots never do, and the overcalling bots call more."""
@@ -228,3 +234,13 @@ def test_q_margin_of_a_model_that_always_prefers_the_pass(tmp_path, tiny_config)
     assert out['margin'] == pytest.approx(-10.0, abs=1e-4)
     assert out['greedy_correct'] == 1.0
     assert out['p_correct@0.05'] == pytest.approx(1.0)
+
+
+def test_an_unknown_bootstrap_flaw_is_named_with_the_choices(tmp_path):
+    from mortal.config import ConfigError, load_config
+    path = tmp_path / 'c.toml'
+    path.write_text("[bootstrap]\nflaw = 'nofold'\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert (f"[bootstrap] flaw in {path} must be one of '', overcall, no-riichi, no-fold, got 'nofold'"
+            in str(err.value))
