@@ -227,6 +227,7 @@ def test_a_client_started_before_the_trainer_waits_for_its_baseline(tmp_path, se
     assert client.train_player.baseline_engine is not None
 
 
+@pytest.mark.slow
 def test_hostile_baselines_are_refused_without_building_them(tmp_path, served, caplog):
     from mortal.model.checkpoint import CheckpointError, read_baseline
     from mortal.model.networks import Brain, DQN

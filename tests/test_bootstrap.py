@@ -293,6 +293,7 @@ def test_epoch_train_loss_counts_every_batch(tmp_path):
     assert losses[0] > 0 and losses[0] == pytest.approx(losses[1], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_offline_early_stopping_stops_where_the_val_curve_turns(tmp_path, monkeypatch):
     """Real epochs of the tiny model; the validation curve is scripted so that it turns after epoch 2."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -328,6 +329,7 @@ def test_offline_early_stopping_stops_where_the_val_curve_turns(tmp_path, monkey
     assert torch.load(config['control']['state_file'], weights_only=False)['steps'] == steps[1]
 
 
+@pytest.mark.slow
 def test_offline_early_stopping_resumes_from_its_record(tmp_path, monkeypatch):
     """A run killed between epoch 1's record and its copy to best.pth continues at epoch 2 and first copies the
     state file (still at epoch 1) to best.pth; at the end the state file is the best epoch's too, so a lost best.pth

@@ -181,6 +181,7 @@ def test_eval_only_without_a_start_says_so(tmp_path):
                        curve_sets=0, teacher_sets=0, workers=1, key=1, eval_only=True, log=print)
 
 
+@pytest.mark.slow
 def test_bootstrap_bots_carry_the_flaw(tmp_path):
     """One deal of four deterministic RulebaseBots (epsilon 0): the teacher declares riichi in it, the no-riichi
     bots never do, and the overcalling bots call more."""
