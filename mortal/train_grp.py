@@ -91,25 +91,23 @@ class GrpFileDatasetsIter(IterableDataset):
     def build_iter(self):
         while True:
             random.shuffle(self.file_list)
-            yielded = 0
-            for start in range(0, len(self.file_list), self.file_batch_size):
-                self.populate_buffer(self.file_list[start:start + self.file_batch_size])
-                random.shuffle(self.buffer)
-                yielded += len(self.buffer)
-                yield from self.buffer
-                self.buffer.clear()
-            if yielded == 0:
-                raise NoSamplesError(f"no GRP samples in {len(self.file_list)} log files "
-                                   f"({self.skipped} skipped as bad input)")
+            yield from self._one_pass(shuffle=True)
             if not self.cycle:
                 break
 
     def build_iter_in_order(self):
         """One pass over ``file_list`` in its order, samples unshuffled (each game's prefixes in order). Raises
         NoSamplesError when no file yields a sample."""
+        yield from self._one_pass(shuffle=False)
+
+    def _one_pass(self, *, shuffle: bool):
+        """One pass over ``file_list`` as it stands, ``file_batch_size`` files at a time, each batch's samples
+        shuffled when ``shuffle``. Raises NoSamplesError when no file yields a sample."""
         yielded = 0
         for start in range(0, len(self.file_list), self.file_batch_size):
             self.populate_buffer(self.file_list[start:start + self.file_batch_size])
+            if shuffle:
+                random.shuffle(self.buffer)
             yielded += len(self.buffer)
             yield from self.buffer
             self.buffer.clear()
