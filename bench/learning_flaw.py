@@ -27,7 +27,6 @@ The issue's target, per flaw: the online arm removes at least half of the statis
 (``removed`` = (start - online) / (start - teacher)) and beats the control (paired CI below 0).
 """
 
-import gzip
 import json
 import math
 import os
@@ -43,11 +42,11 @@ import learning  # noqa: E402  bench/learning.py: the start, the arms and the du
 def statistic_by_deal(log_dir, name):
     """``{nonce: (numerator, denominator)}`` of flaw ``name``'s statistic for the seat named ``challenger`` in
     every ``{nonce}_{key}_{split}.json.gz`` log of ``log_dir`` (``mortal.play.flaws.statistic_counts``)."""
+    from mortal.data.mjai_log import read_log_text
     from mortal.play.flaws import statistic_counts
     out = {}
     for path in sorted(pathlib.Path(log_dir).glob('*.json.gz')):
-        with gzip.open(path, 'rt') as f:
-            events = [json.loads(line) for line in f if line.strip()]
+        events = [json.loads(line) for line in read_log_text(path).splitlines() if line.strip()]
         seat = events[0]['names'].index('challenger')
         num, den = statistic_counts(name, events, seat)
         nonce = int(path.name.split('_')[0])
