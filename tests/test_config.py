@@ -57,7 +57,7 @@ def test_config_online_holds_reference_values(caplog):
     assert ctl['tensorboard_dir'] == '/data/mortal/tb/online'
     assert c['train_play']['default'] == {
         'games': 800, 'log_dir': '/data/mortal/online/train_play', 'boltzmann_epsilon': 0.005,
-        'boltzmann_temp': 0.05, 'top_p': 1.0, 'repeats': 1, 'speculate_passes': False}
+        'boltzmann_temp': 0.05, 'top_p': 1.0, 'repeats': 1, 'speculate_passes': False, 'counterfactual_rate': 0.0}
     assert c['test_play'] == {'games': 3000, 'log_dir': '/data/mortal/online/test_play', 'best_rule': 'paired',
                               'confidence': 0.95, 'sprt_delta': 0.05, 'sprt_alpha': 0.05, 'sprt_beta': 0.05,
                               'sprt_chunk': 64, 'fresh_deals': False, 'speculate_passes': False}
