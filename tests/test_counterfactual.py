@@ -199,3 +199,153 @@ def test_no_branches_for_agents_that_keep_state(caplog, monkeypatch, two_kyoku):
                    seed_count=1)
     assert arena.counterfactual["forked"] == 0
     assert sum("no counterfactual branches" in r.message for r in caplog.records) == 1
+
+
+# ---------------------------------------------------------------- the loader
+
+from conftest import DATA_DIR  # noqa: E402
+
+RIICHIENV = DATA_DIR / "riichienv_selfplay_hanchan.jsonl"
+
+
+def _with_counterfactuals(records):
+    """The fixture log's lines with ``meta.counterfactual`` written on seat 0's reaction events: ``records`` maps
+    the sample number of seat 0 to ``(action or 'other', record)``; 'other' = a legal action that is not the
+    label. Returns (log text, the plain log's seat-0 Gameplay, {sample: the action written})."""
+    lines = RIICHIENV.read_text().splitlines()
+    plain = GameplayLoader(3, player_names=["0"]).load_log("\n".join(lines) + "\n")[0]
+    events = [json.loads(x) for x in lines]
+    written = {}
+    for n, (action, record) in records.items():
+        cur = int(plain.event_idx[n])
+        nxt = cur + 1 + (events[cur + 1]["type"] in ("reach_accepted", "dora"))
+        ev = events[nxt]
+        assert ev["actor"] == 0 and event_to_label(ev) == plain.actions[n]
+        if action == "other":
+            action = int(next(a for a in np.flatnonzero(plain.masks[n]) if a != plain.actions[n]))
+        ev["meta"] = {"q_values": [], "mask_bits": 0, "counterfactual": {"action": action, **record}}
+        lines[nxt] = json.dumps(ev, separators=(",", ":"))
+        written[n] = action
+    return "\n".join(lines) + "\n", plain, written
+
+
+def _first_discard_of_kyoku(plain, kyoku):
+    return int(next(i for i in range(len(plain)) if plain.at_kyoku[i] == kyoku and plain.actions[i] < 37
+                    and plain.masks[i].sum() > 1))
+
+
+def test_loader_records_the_counterfactual_and_its_points_delta():
+    plain = GameplayLoader(3, player_names=["0"]).load_log(RIICHIENV.read_text())[0]
+    a, b, c = (_first_discard_of_kyoku(plain, k) for k in (0, 1, 2))
+    # sample c: an action that is not legal there (a tile seat 0 cannot discard): ignored, the log still loads
+    illegal = int(next(x for x in range(37) if not plain.masks[c][x]))
+    text, _, written = _with_counterfactuals({
+        a: ("other", {"next": [1, 0, 0, 30000, 20000, 25000, 25000]}),
+        b: ("other", {"final": [40000, 20000, 20000, 20000]}),
+        c: (illegal, {"next": [3, 0, 0, 25000, 25000, 25000, 25000]})})
+    loader = GameplayLoader(3, player_names=["0"])
+    game = loader.load_log(text)[0]
+    assert loader.cf_ignored == 1
+    expected = np.full(len(game), -1)
+    expected[a], expected[b] = written[a], written[b]
+    np.testing.assert_array_equal(game.cf_actions, expected)
+    np.testing.assert_array_equal(game.actions, plain.actions)  # the samples are those of the plain log
+
+    ds = FileDatasetsIter(3, [], PTS, None, reward="points")
+    list(ds)  # builds the reward calculator
+    feature = game.grp.feature.copy()
+    cols = ds._columns(game)
+    cf_actions, cf_deltas = cols[6], cols[7]
+    np.testing.assert_array_equal(cf_actions, expected)
+    # seat 0 after E1 (the E2 start): 21000 -> branch 30000: +9000 points x 6 / 30000 = +1.8 pt
+    assert round(feature[1, 3] * 1e4) == 21000
+    assert cf_deltas[a] == pytest.approx(1.8)
+    # after E2 (the E3 start) seat 0 has s; the branch ends the game with 40000: (40000 - s) x 2e-4
+    s = round(feature[2, 3] * 1e4)
+    assert cf_deltas[b] == pytest.approx((40000 - s) * 2e-4)
+    assert (cf_deltas[expected < 0] == 0).all() and cf_deltas.dtype == np.float32
+
+
+def test_loader_grp_delta_is_the_grp_value_of_the_branch_minus_the_real_one():
+    from mortal.model.networks import GRP
+    torch.manual_seed(0)
+    grp = GRP().double()  # float64 as the trainer's
+    plain = GameplayLoader(3, player_names=["0"]).load_log(RIICHIENV.read_text())[0]
+    a, b = (_first_discard_of_kyoku(plain, k) for k in (1, 2))
+    branch_next = [2, 0, 1, 30000, 19000, 25000, 25000]
+    text, _, _ = _with_counterfactuals({a: ("other", {"next": branch_next}),
+                                        b: ("other", {"final": [10000, 20000, 30000, 40000]})})
+    game = GameplayLoader(3, player_names=["0"]).load_log(text)[0]
+    feature, ranks = game.grp.feature.copy(), game.grp.rank_by_player.copy()
+    ds = FileDatasetsIter(3, [], PTS, grp)
+    list(ds)
+    cf_deltas = ds._columns(game)[7]
+    calc = RewardCalculator(grp, PTS)
+    exp_pts = (calc.calc_rank_prob(0, feature, ranks) @ calc.pts).numpy()
+    # branch next: the GRP over E1, E2 and the branch's E3 row [2, 0, 1, 3.0, 1.9, 2.5, 2.5]
+    seq = torch.as_tensor(np.vstack((feature[:2], [[2, 0, 1, 3.0, 1.9, 2.5, 2.5]])))
+    with torch.inference_mode():
+        p = grp.calc_matrix(grp([seq]))[0, 0].to(torch.float64)
+    assert cf_deltas[a] == pytest.approx(float(p @ calc.pts) - exp_pts[2], abs=1e-6)
+    # branch final: seat 0 last (10000): pts[3] = 0, minus E[pts] before E4
+    assert cf_deltas[b] == pytest.approx(0.0 - exp_pts[3], abs=1e-6)
+
+
+# ---------------------------------------------------------------- self-play round -> loader -> trainer step
+
+
+@pytest.mark.slow
+def test_self_play_round_with_counterfactuals_to_trainer_step(tmp_path, monkeypatch, two_kyoku):
+    from conftest import FakeTestPlayer, FakeWriter, load_tiny_config, write_baseline, write_grp
+    from mortal import client as cl
+    from mortal import train as tr
+    from mortal.net import wire
+    from mortal.play.player import TrainPlayer
+
+    names = tmp_path / 'names.txt'
+    names.write_text('trainee\n')  # the trainer learns from the trainee's seat only, as online
+    config, _ = load_tiny_config(tmp_path, online=False, **{
+        'control': {'batch_size': 8, 'save_every': 1000, 'test_every': 1000},
+        'train_play.default': {'counterfactual_rate': 0.5},
+        'dataset': {'player_names_files': [str(names)]}})
+    write_baseline(config, config['baseline']['train']['state_file'], seed=3)
+    client = cl.Client(config, train_player=TrainPlayer(config, {}, train_key=9),
+                       remote=wire.Remote('127.0.0.1', 1))
+    assert client.train_player.counterfactual_rate == 0.5
+    rankings, files = client.train_player.train_play(client.mortal, client.dqn, 'cpu')
+    assert rankings.sum() == 4 and len(files) == 4
+    counts = client.train_player.counterfactual
+    assert counts['recorded'] > 0 and counts['scenes'] > 0
+    branched = [cf for f in files for *_, cf, _, _ in _branched({f: read_log(f)})]
+    assert len(branched) == counts['recorded']
+
+    dataset = tmp_path / 'dataset'
+    dataset.mkdir()
+    for f in files:
+        shutil.copy(f, dataset / os.path.basename(f))
+    trainer = tr.Trainer(config, test_player=FakeTestPlayer([]), writer=FakeWriter(),
+                         remote=wire.Remote('127.0.0.1', 1), sleep=lambda s: None)
+    write_grp(trainer.config)
+    # the term is online-only (LossWeights.resolve); this offline trainer reads the round's logs with it on
+    trainer.loss_weights = trainer.loss_weights._replace(counterfactual=1.0)
+    seen = []
+    real_train_batch = trainer.train_batch
+
+    def spy(*batch):
+        seen.append((batch[6].clone(), batch[7].clone(), batch[2].clone(), batch[1].clone()))
+        return real_train_batch(*batch)
+
+    trainer.train_batch = spy
+    trainer.run()
+    cf_actions = torch.cat([s[0] for s in seen])
+    cf_deltas = torch.cat([s[1] for s in seen])
+    masks = torch.cat([s[2] for s in seen])
+    actions = torch.cat([s[3] for s in seen])
+    has = cf_actions >= 0
+    # every branch of the trainee's seat became a sample (the last short batch may drop a few)
+    assert 0 < int(has.sum()) <= len(branched)
+    rows = torch.nonzero(has).flatten()
+    assert masks[rows, cf_actions[rows]].all() and (cf_actions[rows] != actions[rows]).all()
+    assert (cf_deltas[~has] == 0).all() and (cf_deltas[has] != 0).any()
+    assert trainer.steps == len(seen) > 0
+    assert trainer.stats['counterfactual_loss'] > 0  # the term was computed on those rows
