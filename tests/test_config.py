@@ -272,7 +272,7 @@ def test_a_profile_named_with_a_dot_is_selected_by_its_name(tmp_path, cfg, caplo
                      f'refused ("samples overflow") forever']
     assert train_play_profile(c, env=env).model_dump() == {'games': 12, 'log_dir': 'ab', 'boltzmann_epsilon': 0.25,
                                               'boltzmann_temp': 0.5, 'top_p': 0.9, 'repeats': 3,
-                                              'speculate_passes': True}
+                                              'speculate_passes': True, 'counterfactual_rate': 0.0}
     assert train_play_profile(c, env={}).games == 4
     assert section(c, 'train_play."a.b"').repeats == 3
     from mortal.config import profile_table  # the name that section and lookup read back

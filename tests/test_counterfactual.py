@@ -349,3 +349,15 @@ def test_self_play_round_with_counterfactuals_to_trainer_step(tmp_path, monkeypa
     assert (cf_deltas[~has] == 0).all() and (cf_deltas[has] != 0).any()
     assert trainer.steps == len(seen) > 0
     assert trainer.stats['counterfactual_loss'] > 0  # the term was computed on those rows
+
+
+def test_augmented_loader_swaps_the_counterfactual_action_with_the_tiles():
+    plain = GameplayLoader(3, player_names=["0"]).load_log(RIICHIENV.read_text())[0]
+    # a kyoku-0 discard whose sample has a legal manzu or pinzu alternative
+    n = next(i for i in range(len(plain)) if plain.actions[i] < 37
+             and any(a != plain.actions[i] and a < 18 for a in np.flatnonzero(plain.masks[i])))
+    alt = int(next(a for a in np.flatnonzero(plain.masks[n]) if a != plain.actions[n] and a < 18))
+    text, _, _ = _with_counterfactuals({n: (alt, {"next": [1, 0, 0, 25000, 25000, 25000, 25000]})})
+    game = GameplayLoader(3, player_names=["0"], augmented=True).load_log(text)[0]
+    assert game.cf_actions[n] == (alt + 9 if alt < 9 else alt - 9)
+    assert game.masks[n][game.cf_actions[n]]

@@ -139,7 +139,7 @@ def test_online_trainer_with_anchor_and_calibrated_cql_logs_every_term(tiny_conf
     # the counterfactual columns: every other row has a branch whose alternative is a legal action not taken
     cf_actions = torch.full((n,), -1, dtype=torch.int64)
     for i in range(0, n, 2):
-        cf_actions[i] = next(a for a in torch.flatnonzero(args[2][i]).tolist() if a != int(args[1][i]))
+        cf_actions[i] = next(a for a in torch.nonzero(args[2][i]).flatten().tolist() if a != int(args[1][i]))
     args = (*args, cf_actions, torch.full((n,), 0.5))
     trainer.train_batch(*args)
     assert trainer.stats['anchor_loss'] == 0.0  # identical weights: q == q_ref
@@ -286,7 +286,8 @@ def test_offline_batches_loop_over_the_offline_logs(tiny_config, fixture_logs):
         [str(fixture_logs[0])], [], batch_size=64, num_workers=0)), 64))
     assert first_pass >= 1
     batches = [next(trainer.offline_stream) for _ in range(first_pass + 1)]  # crosses into a second pass
-    for obs, actions, masks, steps_to_done, rewards, ranks in batches:
+    for obs, actions, masks, steps_to_done, rewards, ranks, cf_actions, cf_deltas in batches:
+        assert (cf_actions == -1).all() and (cf_deltas == 0).all()  # offline logs: no counterfactual branch
         assert obs.shape == (64, 13900) and obs.dtype == torch.uint8  # packed rows (mortal.data.packed_obs)
         assert masks.shape == (64, 46) and ranks.shape == (64,)
         assert masks[torch.arange(64), actions].all()

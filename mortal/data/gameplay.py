@@ -74,7 +74,8 @@ def _swap_mp(name: str) -> str:
 def augment_event(ev: dict) -> dict:
     """Copy of ``ev`` with manzu and pinzu swapped in every tile field (Mortal's ``Event::augment``).
 
-    Fields: ``dora_marker``, ``tehais``, ``pai``, ``consumed``, ``ura_markers``.
+    Fields: ``dora_marker``, ``tehais``, ``pai``, ``consumed``, ``ura_markers``, and the action index of the
+    arena's ``meta.counterfactual``.
     """
     out = dict(ev)
     for key in ("pai", "dora_marker"):
@@ -85,7 +86,18 @@ def augment_event(ev: dict) -> dict:
             out[key] = [_swap_mp(t) for t in out[key]]
     if isinstance(out.get("tehais"), list):
         out["tehais"] = [[_swap_mp(t) for t in hand] for hand in out["tehais"]]
+    meta = out.get("meta")
+    cf = meta.get("counterfactual") if isinstance(meta, dict) else None
+    if isinstance(cf, dict) and isinstance(cf.get("action"), int):  # the arena's branch action, an index 0-45
+        out["meta"] = {**meta, "counterfactual": {**cf, "action": _swap_mp_index(cf["action"])}}
     return out
+
+
+def _swap_mp_index(index: int) -> int:
+    # action index with manzu and pinzu swapped: 0-8 <-> 9-17, 5mr (34) <-> 5pr (35); others unchanged
+    if 0 <= index < 18:
+        return index + 9 if index < 9 else index - 9
+    return {34: 35, 35: 34}.get(index, index)
 
 
 def augment_log(log: LoadedLog) -> LoadedLog:

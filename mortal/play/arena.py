@@ -568,7 +568,7 @@ class OneVsThree:
         self.speculated = [0, 0]
         self.counterfactual = dict.fromkeys(self.counterfactual, 0)
         self._enable_counterfactuals(games, (chal, champ))
-        table: dict[int, _Game] = {g.gid: g for g in games}  # every game in flight, branches included
+        flight: dict[int, _Game] = {g.gid: g for g in games}  # gid -> every game in flight, branches included
         next_gid = [len(games)]
         guards = {id(a): bool(getattr(a, "agari_guard", False)) for a in (chal, champ)}
         agents = {id(chal): chal, id(champ): champ}
@@ -616,7 +616,7 @@ class OneVsThree:
                     continue
                 b.gid = next_gid[0]
                 next_gid[0] += 1
-                table[b.gid] = b
+                flight[b.gid] = b
                 gather(b)
             g.new_branches = []
 
@@ -625,9 +625,9 @@ class OneVsThree:
             del waiting[g.gid]
             if isinstance(g, _Branch):
                 self.counterfactual["recorded"] += 1
-                del table[g.gid]
+                del flight[g.gid]
                 g = g.parent
-            if not (g.done and not g.branches and table.pop(g.gid, None) is not None):
+            if not (g.done and not g.branches and flight.pop(g.gid, None) is not None):
                 return False
             self._finish(g, rankings)
             return True
@@ -647,7 +647,7 @@ class OneVsThree:
                 try:
                     decisions = agents[aid].react(scenes)
                 except IllegalReaction as e:
-                    raise ArenaError(f"{table[e.game].label(e.seat)}: {e}") from e
+                    raise ArenaError(f"{flight[e.game].label(e.seat)}: {e}") from e
                 ready = []
                 for sc, dec in zip(scenes, decisions):
                     if id(sc) in spec_ids:
@@ -657,7 +657,7 @@ class OneVsThree:
                     decided[sc.game][sc.seat] = dec
                     waiting[sc.game] -= 1
                     if waiting[sc.game] == 0:
-                        ready.append(table[sc.game])
+                        ready.append(flight[sc.game])
                 for g in ready:
                     advance(g, decided.pop(g.gid), spec_decided.pop(g.gid))
                     take_up(g)
