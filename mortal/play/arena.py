@@ -339,8 +339,10 @@ class _Game:
                 if sub[1] is not None:
                     ev["meta"] = sub[1]
         result = kyoku_result_from_events(events, f.oya, self.states[f.oya].shanten)
-        # kept as dicts until log_text: a counterfactual branch still running writes into its decision's meta
-        self.lines.extend(events)
+        # an event whose meta a counterfactual branch still running will write into stays a dict until log_text
+        waiting = {id(b.meta) for b in self.branches}
+        self.lines.extend(e if id(e.get("meta")) in waiting else json.dumps(e, separators=(",", ":"))
+                          for e in events)
         out = next_kyoku(f, result)
         if out.next is None:
             self.scores = final_scores(out.scores, out.kyotaku)
@@ -408,7 +410,6 @@ class _Branch(_Game):
         self.tentative_calls = {}
         self.cf_rate, self.cf_rng = 0.0, None
         self.branches, self.new_branches = set(), []
-        self.decisions = 0  # scenes of this branch decided by the agents
         self.env = parent.env.clone()
         self.obs = self.env.step(actions)
         self.substeps += 1
