@@ -468,7 +468,7 @@ def validation_loss(trainer, files):
     dev = trainer.device
     total, count = 0.0, 0
     with torch.no_grad(), eval_mode(trainer.mortal, trainer.dqn, trainer.aux_net):
-        for obs, actions, masks, steps_to_done, rewards, ranks in loader:
+        for obs, actions, masks, steps_to_done, rewards, ranks, *_cf in loader:  # offline: no counterfactual
             n = obs.shape[0]
             obs = trainer._obs_on_device(obs)
             actions = actions.to(dtype=torch.int64, device=dev)

@@ -171,6 +171,11 @@ class TrainPlay(Section):
         'nucleus (top-p) cut applied before sampling')
     repeats: PositiveInt = key('rounds played on the same seeds before moving on')
     speculate_passes: Bool = key(SPECULATE_DOC, False)
+    counterfactual_rate: Annotated[Float, UnitClosed] = key(
+        "extra: probability that a trainee decision (discard, call, kan, riichi) forks a counterfactual branch: "
+        "a clone of the table (same wall) where the trainee takes its best other legal action, played to the end "
+        "of the kyoku; the paired outcome is logged for the learner's [online] counterfactual_weight term "
+        "(0 = off, as Mortal)", 0.0)
 
 
 class TestPlay(Section):
@@ -301,6 +306,9 @@ class Online(Section):
     enable_compile: Bool = key('torch.compile the trainee copy in the client')
     anchor_weight: NonNegativeFloat = key(
         "extra: weight of the MSE of untaken legal Q to the [baseline.train] model's Q (0 = off, as Mortal)", 0.0)
+    counterfactual_weight: NonNegativeFloat = key(
+        "extra: weight of the squared error of Q[alternative] - Q[taken] to the paired outcome difference of the "
+        "clients' counterfactual branches ([train_play] counterfactual_rate; 0 = off, as Mortal)", 0.0)
     probe_file: Str | None = unfilled('extra: positions for diag/policy_drift (built once from [dataset] globs; '
                                       'default probe.pth beside [control] state_file)')
     probe_size: NonNegativeInt = key('extra: positions in the probe (0 = no probe)', 2048)

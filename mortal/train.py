@@ -83,30 +83,33 @@ class LearnerStep:
     def reset_stats(self) -> None:
         """Zero the loss sums averaged into TensorBoard at each save."""
         self.stats = {'dqn_loss': 0.0, 'cql_loss': 0.0, 'anchor_loss': 0.0, 'offline_cql_loss': 0.0,
-                      'next_rank_loss': 0.0}
+                      'next_rank_loss': 0.0, 'counterfactual_loss': 0.0}
 
-    def train_batch(self, obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks) -> None:
+    def train_batch(self, obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf_actions=None,
+                    cf_deltas=None) -> None:
         """One backward pass on a batch; optimizer step every ``opt_step_every`` global steps; submit/save/test.
 
         obs (B, C, 34) float32, or the loader's packed rows (B, row_bytes) uint8 (``mortal.data.packed_obs``,
         unpacked on the device), actions (B,) int64, masks (B, 46) bool, steps_to_done (B,) int64,
-        kyoku_rewards (B,) float64, player_ranks (B,) int64 in 0..3, B = batch_size.
+        kyoku_rewards (B,) float64, player_ranks (B,) int64 in 0..3, B = batch_size; cf_actions (B,) int64 (-1: no
+        counterfactual branch) and cf_deltas (B,) float32 (pts), the loader's counterfactual columns (None: none).
         With ``[online] offline_batch_size`` = O > 0, O offline rows from ``offline_stream`` are appended; the
         loss (``mortal.learning.loss.learner_loss``) treats them as offline-mix rows, and the instruments see the B
         online rows only.
         Raises ValueError when an action is masked out; TestPlayDone (online) after a test play.
         """
         n = obs.shape[0]  # online (or, offline, all) rows
-        obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks = self._batch_on_device(
-            obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks)  # mortal.learning.intake
+        obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf = self._batch_on_device(
+            obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf_actions, cf_deltas)  # intake
         q_target = (self.gamma ** steps_to_done * kyoku_rewards).to(torch.float32)  # Mortal's Monte-Carlo G
-        q_out, terms = self._backward(obs, actions, masks, q_target, player_ranks, n)
+        q_out, terms = self._backward(obs, actions, masks, q_target, player_ranks, n, cf)
         self._account(terms, q_out, masks, actions, q_target, n)
         self._advance()
 
-    def _backward(self, obs, actions, masks, q_target, player_ranks, n: int) -> tuple:
+    def _backward(self, obs, actions, masks, q_target, player_ranks, n: int, cf=(None, None)) -> tuple:
         """Forward and backward of the loss (``mortal.learning.loss.learner_loss``; the first ``n`` rows are online),
-        scaled for the accumulation over ``opt_step_every`` batches; returns ``(q_out, terms)``."""
+        scaled for the accumulation over ``opt_step_every`` batches; ``cf``: ``(cf_actions, cf_deltas)`` or Nones;
+        returns ``(q_out, terms)``."""
         dev = self.device
         brain, dqn, aux_net = self.nets
         syncs = (self.steps + 1) % self.opt_step_every == 0  # ranks average gradients on the updating step only
@@ -120,7 +123,8 @@ class LearnerStep:
                         q_ref = self.anchor[1](self.anchor[0](obs[:n]), masks[:n])
                 next_rank_logits, = aux_net(phi)
                 terms = learner_loss(q_out, next_rank_logits, actions, q_target, player_ranks, masks=masks,
-                                     online_rows=n, weights=self.loss_weights, q_ref=q_ref)
+                                     online_rows=n, weights=self.loss_weights, q_ref=q_ref,
+                                     cf_actions=cf[0], cf_deltas=cf[1])
             self.scaler.scale(terms.total / self.opt_step_every).backward()
         return q_out, terms
 
@@ -208,7 +212,8 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
         self.anchor_weight = online_cfg.anchor_weight
         self.loss_weights = LossWeights.resolve(
             online=self.online, min_q_weight=cql.min_q_weight, online_min_q_weight=self.online_min_q_weight,
-            anchor_weight=self.anchor_weight, next_rank_weight=cfg.aux.next_rank_weight, calibrated=cql.calibrated)
+            anchor_weight=self.anchor_weight, next_rank_weight=cfg.aux.next_rank_weight, calibrated=cql.calibrated,
+            counterfactual_weight=online_cfg.counterfactual_weight)
         # RLPD-style mix: offline samples of [dataset] appended to each online batch (0 = off, Mortal)
         self.offline_batch_size = online_cfg.offline_batch_size
         self.gamma = cfg.env.gamma

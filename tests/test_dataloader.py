@@ -49,7 +49,9 @@ def test_samples_tuple_and_counts(logs, grp):
     samples = list(ds)
     assert len(samples) == sum(N_RIICHIENV) + sum(N_META)
     assert ds.skipped == 1
-    obs, action, mask, steps, reward, rank = samples[0]
+    obs, action, mask, steps, reward, rank, cf_action, cf_delta = samples[0]
+    assert cf_action == -1 and cf_delta == 0  # offline logs carry no counterfactual branch
+    assert isinstance(cf_action, np.int64) and isinstance(cf_delta, np.float32)
     assert obs.shape == (934, 34) and obs.dtype == np.float32
     assert mask.shape == (46,) and mask.dtype == np.bool_
     assert isinstance(action, np.int64) and isinstance(steps, np.int64)
@@ -57,7 +59,7 @@ def test_samples_tuple_and_counts(logs, grp):
     assert all(s[2][s[1]] for s in samples)
     batch = next(iter(make_dataloader(_ds(files, grp), batch_size=8, num_workers=0)))
     assert [t.dtype for t in batch] == [torch.float32, torch.int64, torch.bool, torch.int64, torch.float64,
-                                        torch.int64]
+                                        torch.int64, torch.int64, torch.float32]
     assert batch[0].shape == (8, 934, 34)
 
 
@@ -68,7 +70,8 @@ def test_steps_to_done_rewards_and_ranks(grp):
     actions, dones, at_kyoku = game.actions.copy(), game.dones.copy(), game.at_kyoku.copy()
     gamma_steps = game.apply_gamma.copy()
     rewards = ds.reward_calc.calc_delta_pt(0, game.grp.feature, game.grp.rank_by_player)
-    packed, acts, masks, steps, kyoku_rewards, ranks = ds._columns(game)
+    packed, acts, masks, steps, kyoku_rewards, ranks, cf_actions, cf_deltas = ds._columns(game)
+    assert (cf_actions == -1).all() and (cf_deltas == 0).all()
     assert packed.shape == (len(actions), 13900) and packed.dtype == np.uint8
     assert (steps[dones] == 0).all()
     # recurrence by hand on the first kyoku: count the discounted steps after each sample
@@ -168,7 +171,7 @@ def test_points_reward_needs_no_grp():
     list(ds)  # builds the reward calculator
     game = GameplayLoader(3, player_names=["0"]).load_log(RIICHIENV.read_text())[0]
     at_kyoku = game.at_kyoku.copy()
-    *_, kyoku_rewards, _ = ds._columns(game)
+    kyoku_rewards = ds._columns(game)[4]
     # seat 0: E1 25000 -> 21000 = -4000 points x 6 / 30000 = -0.8 pt
     np.testing.assert_allclose(kyoku_rewards[at_kyoku == 0], -0.8)
     expected = RewardCalculator(None, PTS, reward="points").calc_points_reward(0, game.grp.feature,

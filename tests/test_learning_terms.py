@@ -123,6 +123,7 @@ def test_online_trainer_with_anchor_and_calibrated_cql_logs_every_term(tiny_conf
     from mortal.net import wire
     config, _ = tiny_config
     config['online']['anchor_weight'] = 1.0
+    config['online']['counterfactual_weight'] = 0.5
     config['cql'].update(online_min_q_weight=0.5, calibrated=True)
     config['optim']['scheduler'].update(peak=1e-2, final=1e-2)
     write_baseline(config, config['baseline']['train']['state_file'], seed=3)
@@ -132,15 +133,23 @@ def test_online_trainer_with_anchor_and_calibrated_cql_logs_every_term(tiny_conf
                          sleep=lambda s: None)
     trainer.submit_param = lambda is_idle=False: None
     assert trainer.anchor is not None and trainer.online_min_q_weight == 0.5
+    assert trainer.loss_weights.counterfactual == 0.5
     args = _random_batch(config['control']['batch_size'])
+    n = config['control']['batch_size']
+    # the counterfactual columns: every other row has a branch whose alternative is a legal action not taken
+    cf_actions = torch.full((n,), -1, dtype=torch.int64)
+    for i in range(0, n, 2):
+        cf_actions[i] = next(a for a in torch.nonzero(args[2][i]).flatten().tolist() if a != int(args[1][i]))
+    args = (*args, cf_actions, torch.full((n,), 0.5))
     trainer.train_batch(*args)
     assert trainer.stats['anchor_loss'] == 0.0  # identical weights: q == q_ref
     assert trainer.stats['cql_loss'] > 0
+    assert trainer.stats['counterfactual_loss'] > 0
     for _ in range(config['control']['save_every'] - 1):
         trainer.train_batch(*args)
     tags = {t for t, _, _ in writer.scalars}
-    assert {'loss/anchor_loss', 'loss/cql_loss', 'diag/q_minus_target', 'diag/q_gap', 'diag/q_spread',
-            'diag/taken_greedy'} <= tags
+    assert {'loss/anchor_loss', 'loss/cql_loss', 'loss/counterfactual_loss', 'diag/q_minus_target', 'diag/q_gap',
+            'diag/q_spread', 'diag/taken_greedy'} <= tags
     anchor = [v for t, v, _ in writer.scalars if t == 'loss/anchor_loss']
     assert anchor[0] > 0  # the trainee has moved away from the frozen baseline after the first step
 
@@ -277,7 +286,8 @@ def test_offline_batches_loop_over_the_offline_logs(tiny_config, fixture_logs):
         [str(fixture_logs[0])], [], batch_size=64, num_workers=0)), 64))
     assert first_pass >= 1
     batches = [next(trainer.offline_stream) for _ in range(first_pass + 1)]  # crosses into a second pass
-    for obs, actions, masks, steps_to_done, rewards, ranks in batches:
+    for obs, actions, masks, steps_to_done, rewards, ranks, cf_actions, cf_deltas in batches:
+        assert (cf_actions == -1).all() and (cf_deltas == 0).all()  # offline logs: no counterfactual branch
         assert obs.shape == (64, 13900) and obs.dtype == torch.uint8  # packed rows (mortal.data.packed_obs)
         assert masks.shape == (64, 46) and ranks.shape == (64,)
         assert masks[torch.arange(64), actions].all()

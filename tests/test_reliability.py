@@ -223,12 +223,12 @@ def _learners_until_drain(tmp_path, config, names, trained, caplog, *, between=N
                              remote=OneDrainRemote([first] if runs == 1 else []), sleep=lambda s: None)
         real = trainer.train_batch
 
-        def spy(obs, actions, masks, steps, rewards, ranks, real=real):
+        def spy(obs, actions, masks, steps, rewards, ranks, *cf, real=real):
             assert obs.dtype == torch.uint8  # the loader's packed rows, unpacked by train_batch
             floats = unpack(obs, 3)
             for i in range(actions.shape[0]):
                 trained[_fingerprint(floats[i], actions[i], masks[i], steps[i], ranks[i])] += 1
-            return real(obs, actions, masks, steps, rewards, ranks)
+            return real(obs, actions, masks, steps, rewards, ranks, *cf)
 
         trainer.train_batch = spy
         caplog.clear()

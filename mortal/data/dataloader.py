@@ -1,7 +1,7 @@
 """Streaming training samples from mjai log files, as Mortal's ``mortal/dataloader.py``.
 
 ``FileDatasetsIter`` is a torch ``IterableDataset``. Each sample is the tuple
-``(obs, action, mask, steps_to_done, kyoku_reward, player_rank)``:
+``(obs, action, mask, steps_to_done, kyoku_reward, player_rank, cf_action, cf_delta)``:
 
 * ``obs`` ``(C, 34)`` float32 numpy array (C = 934 for version 3, 1012 for version 4; packed rows in batch
   mode, see below);
@@ -12,7 +12,11 @@
 * ``kyoku_reward`` numpy float64 scalar: reward of the sample's kyoku in ``pts`` units (the GRP's, or the scaled
   point change with ``reward='points'``, ``mortal.data.reward``);
 * ``player_rank`` numpy int64 scalar 0-3: the seat's rank by scores at the start of
-  the next kyoku (final scores after the last), ties to the lower seat.
+  the next kyoku (final scores after the last), ties to the lower seat;
+* ``cf_action`` numpy int64 scalar: the action a client's counterfactual branch took instead (``[train_play]
+  counterfactual_rate``, ``mortal.play.arena``), -1 for samples without one (every offline log);
+* ``cf_delta`` numpy float32 scalar: that branch's kyoku outcome minus the real one in ``pts`` units
+  (``RewardCalculator.counterfactual_deltas``), 0 without a branch.
 
 Torch's default collate turns a batch into tensors of the same dtypes; the Q
 target is ``q_target(gamma, steps_to_done, kyoku_reward)``.
@@ -95,7 +99,7 @@ class FileDatasetsIter(IterableDataset):
             after (or before, with ``augmented_first``) the plain pass.
         max_log_bytes: cap on a file's decompressed size (``[dataset] max_log_bytes``); larger files
             are skipped as bad input.
-        sample_ids: append to every sample a 7th element, an int64 array ``[file, pass, index, count]``:
+        sample_ids: append to every sample a 9th element, an int64 array ``[file, pass, index, count]``:
             ``file`` is the position in ``file_list`` as given, ``pass`` counts the passes of this
             iteration (epochs x plain/augmented, in order), ``index`` is the sample's position among the
             ``count`` samples of that file in that pass (before any shuffle or ``trained`` filter). Lets
@@ -292,7 +296,9 @@ class FileDatasetsIter(IterableDataset):
     def _columns(self, game) -> tuple | None:
         """The samples of one seat's ``Gameplay`` as columns ``(packed obs (N, row_bytes) uint8, actions (N,)
         int64, masks (N, 46) bool, steps_to_done (N,) int64, kyoku rewards (N,) float64, player ranks (N,)
-        int64)``; None when the seat had no decision. Raises AssertionError when the rewards do not cover every
+        int64, cf_actions (N,) int64, cf_deltas (N,) float32)`` (the counterfactual columns: the alternative
+        action of a client's branch and ``RewardCalculator.counterfactual_deltas``; -1 and 0 without one); None
+        when the seat had no decision. Raises AssertionError when the rewards do not cover every
         kyoku of a sample, IndexError for a rank that is out of range."""
         n = len(game)
         if n == 0:  # the seat never had a decision
@@ -305,6 +311,8 @@ class FileDatasetsIter(IterableDataset):
         apply_gamma = game.take_apply_gamma()
         grp = game.take_grp()
         player_id = game.take_player_id()
+        cf_actions = game.take_cf_actions()
+        cf_records = game.take_cf_records()
 
         feature = grp.take_feature()
         rewards = self.reward_calc.kyoku_rewards(player_id, feature, grp.take_rank_by_player(),
@@ -320,7 +328,14 @@ class FileDatasetsIter(IterableDataset):
             if not dones[i]:
                 steps_to_done[i] = steps_to_done[i + 1] + int(apply_gamma[i])
 
-        return obs, actions, masks, steps_to_done, rewards[at_kyoku], player_ranks[at_kyoku + 1]
+        cf_deltas = np.zeros(n, dtype=np.float32)
+        has = np.flatnonzero(cf_actions >= 0)
+        if len(has):
+            cf_deltas[has] = self.reward_calc.counterfactual_deltas(
+                player_id, feature, grp.take_rank_by_player(), grp.take_final_scores(), at_kyoku[has],
+                [cf_records[i] for i in has])
+        return (obs, actions, masks, steps_to_done, rewards[at_kyoku], player_ranks[at_kyoku + 1], cf_actions,
+                cf_deltas)
 
     def __iter__(self):
         if self.iterator is None:
@@ -440,8 +455,8 @@ def learner_loader(config: dict, version: int, file_list: list, player_names, le
     ``[env] reward`` (default 'grp': the GRP of ``[grp]``; 'points': no GRP is loaded), ``[env] pts``), learning
     from the seats of ``player_names`` (all seats when empty).
 
-    Batches are ``(packed obs (B, row_bytes) uint8, actions, masks, steps_to_done, kyoku_rewards, player_ranks)``
-    tensors (``FileDatasetsIter`` batch mode; ``mortal.data.packed_obs.unpack`` gives the float32 obs).
+    Batches are ``(packed obs (B, row_bytes) uint8, actions, masks, steps_to_done, kyoku_rewards, player_ranks,
+    cf_actions, cf_deltas)`` tensors (``FileDatasetsIter`` batch mode; ``mortal.data.packed_obs.unpack`` gives the float32 obs).
     With a ``mortal.data.claims.ClaimLedger``, each batch ends with the ``(B, 4)`` int64 sample ids and the samples
     it lists as trained are left out. ``num_workers`` defaults to ``[dataset] num_workers``; with more than one,
     ``file_list`` is shuffled in place. Raises what ``mortal.data.reward.load_grp`` raises for an unusable GRP.

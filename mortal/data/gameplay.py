@@ -48,6 +48,9 @@ _SKIPPED_AS_NEXT = ("reach_accepted", "dora")
 # could not act is an illegal move.
 _OWN_ACTIONS = frozenset({"dahai", "reach", "chi", "pon", "daiminkan", "kakan", "ankan", "hora"})
 _MAX_SKIP_RECORDS = 1000
+# Reactions whose logged event may carry the arena's ``meta.counterfactual`` (mortal.play.arena._Branch).
+_CF_TYPES = frozenset({"dahai", "reach", "chi", "pon", "daiminkan", "kakan", "ankan"})
+_cf_warned = False  # a counterfactual record that is not legal was logged once
 # Version-4 decisions whose single-player searches are batched onto the core's threads: enough to keep
 # the threads busy over uneven search times, few enough that their float32 arrays (~127 KB each) stay small.
 _V4_BATCH = 128
@@ -71,7 +74,8 @@ def _swap_mp(name: str) -> str:
 def augment_event(ev: dict) -> dict:
     """Copy of ``ev`` with manzu and pinzu swapped in every tile field (Mortal's ``Event::augment``).
 
-    Fields: ``dora_marker``, ``tehais``, ``pai``, ``consumed``, ``ura_markers``.
+    Fields: ``dora_marker``, ``tehais``, ``pai``, ``consumed``, ``ura_markers``, and the action index of the
+    arena's ``meta.counterfactual``.
     """
     out = dict(ev)
     for key in ("pai", "dora_marker"):
@@ -82,7 +86,18 @@ def augment_event(ev: dict) -> dict:
             out[key] = [_swap_mp(t) for t in out[key]]
     if isinstance(out.get("tehais"), list):
         out["tehais"] = [[_swap_mp(t) for t in hand] for hand in out["tehais"]]
+    meta = out.get("meta")
+    cf = meta.get("counterfactual") if isinstance(meta, dict) else None
+    if isinstance(cf, dict) and isinstance(cf.get("action"), int):  # the arena's branch action, an index 0-45
+        out["meta"] = {**meta, "counterfactual": {**cf, "action": _swap_mp_index(cf["action"])}}
     return out
+
+
+def _swap_mp_index(index: int) -> int:
+    # action index with manzu and pinzu swapped: 0-8 <-> 9-17, 5mr (34) <-> 5pr (35); others unchanged
+    if 0 <= index < 18:
+        return index + 9 if index < 9 else index - 9
+    return {34: 35, 35: 34}.get(index, index)
 
 
 def augment_log(log: LoadedLog) -> LoadedLog:
@@ -105,7 +120,11 @@ class Gameplay:
     ``end_kyoku`` seen), ``dones`` ``(N,)`` bool (last sample of its kyoku),
     ``apply_gamma`` ``(N,)`` bool (label <= 37), ``at_turns`` ``(N,)`` uint8,
     ``shantens`` ``(N,)`` int8, ``event_idx`` ``(N,)`` int32 (index in the log's events
-    of the event after which the decision was taken; for messages and tests). Per game: ``grp`` (``Grp``),
+    of the event after which the decision was taken; for messages and tests), ``cf_actions`` ``(N,)`` int64 (the
+    action 0-45 a counterfactual branch of the client took instead, ``meta.counterfactual`` of the decision's
+    reaction event, legal in the mask and not the label; -1 for the others) and ``cf_records`` (N entries: None,
+    or that branch's outcome ``('next', [kyoku_index, honba, kyotaku, s0, s1, s2, s3])`` or ``('final', [s0, s1,
+    s2, s3])``, see ``mortal.play.arena``). Per game: ``grp`` (``Grp``),
     ``player_id`` (0-3), ``player_name``. ``take_*`` return the array and release it, as Mortal's.
     """
 
@@ -122,6 +141,8 @@ class Gameplay:
     player_id: int = 0
     player_name: str = ""
     version: int = 3
+    cf_actions: np.ndarray | None = None
+    cf_records: list | None = None
 
     def __len__(self) -> int:
         return len(self.actions)
@@ -174,6 +195,15 @@ class Gameplay:
     def take_shantens(self) -> np.ndarray:
         return self._take("shantens")
 
+    def take_cf_actions(self) -> np.ndarray:
+        """``cf_actions``, released; all -1 when the loader recorded none."""
+        out = self._take("cf_actions")
+        return np.full(len(self.actions if self.actions is not None else ()), -1, np.int64) if out is None else out
+
+    def take_cf_records(self) -> list:
+        """``cf_records``, released."""
+        return self._take("cf_records") or []
+
     def take_grp(self) -> Grp:
         return self.grp
 
@@ -194,9 +224,11 @@ class _SeatRecorder:
         self.masks, self.actions = [], []
         self.at_kyoku, self.apply_gamma, self.at_turns, self.shantens = [], [], [], []
         self.event_idx = []
+        self.cf_actions, self.cf_records = [], []
+        self.cf_ignored = 0  # counterfactual records of the log not legal for their sample
 
     def add(self, state, at_kan_select: bool, label: int, kyoku_idx: int, log: LoadedLog, cur_idx: int,
-            next_idx: int, v4: V4Encoder | None = None):
+            next_idx: int, v4: V4Encoder | None = None, cf: tuple | None = None):
         # Version checked once by GameplayLoader (mortal.features.obs.check_version), so the Rust
         # encoder is called directly for 1-3: this is the hot loop. ``v4``: the seat's
         # V4Encoder, given iff version 4; its searches wait in ``self.deferred`` until ``flush``.
@@ -232,6 +264,11 @@ class _SeatRecorder:
         self.at_turns.append(state.at_turn)
         self.shantens.append(state.shanten)
         self.event_idx.append(cur_idx)
+        if cf is not None and not (cf[0] != label and mask[cf[0]]):
+            self.cf_ignored += 1
+            cf = None
+        self.cf_actions.append(-1 if cf is None else cf[0])
+        self.cf_records.append(None if cf is None else cf[1])
 
     def _pack(self, obs, n: int, seat: int, log: LoadedLog, cur_idx: int, pending_first: bool = True) -> None:
         try:
@@ -275,6 +312,8 @@ class _SeatRecorder:
             at_turns=np.asarray(self.at_turns, dtype=np.uint8),
             shantens=np.asarray(self.shantens, dtype=np.int8),
             event_idx=np.asarray(self.event_idx, dtype=np.int32),
+            cf_actions=np.asarray(self.cf_actions, dtype=np.int64),
+            cf_records=self.cf_records,
             grp=grp,
             player_id=player_id,
             player_name=player_name,
@@ -352,6 +391,28 @@ def _label(cur_cans, state, events, i, nxt_idx, seat, always_kan_select):
     return None, None
 
 
+def _counterfactual(ev: dict, seat: int, kept: list):
+    """``(action, ('next'|'final', values))`` of the ``meta.counterfactual`` that the client's arena wrote on
+    ``seat``'s reaction event ``ev``, or None when there is none. A malformed one (wrong types or lengths, an
+    action outside 0-45) is None too, counted in ``kept[0]``: a bad record never rejects the log."""
+    if ev.get("actor") != seat or ev["type"] not in _CF_TYPES:
+        return None
+    meta = ev.get("meta")
+    cf = meta.get("counterfactual") if isinstance(meta, dict) else None
+    if cf is None:
+        return None
+    action = cf.get("action") if isinstance(cf, dict) else None
+    for kind, size in (("next", 7), ("final", 4)):
+        values = cf.get(kind) if isinstance(cf, dict) else None
+        if (isinstance(action, int) and not isinstance(action, bool) and 0 <= action < 46
+                and isinstance(values, list) and len(values) == size
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+                and (kind == "final" or 0 <= values[0] < 12)):
+            return action, (kind, values)
+    kept[0] += 1
+    return None
+
+
 def _is_multi_ron(nxt: dict, seat: int, ron_cans, winners: set) -> bool:
     """True if ``nxt``, a ``hora`` by ``seat`` right after another ``hora``, is a legal extra winner
     of a double/triple ron (paid, as Mortal's Tenhou rule).
@@ -382,7 +443,8 @@ class GameplayLoader:
             cap); a larger file is skipped like any bad log.
 
     Attributes ``skipped`` (count of files skipped by ``load_gz_log_files``) and
-    ``skipped_files`` (up to 1000 ``(path, message)``) report bad input.
+    ``skipped_files`` (up to 1000 ``(path, message)``) report bad input; ``cf_ignored`` counts the
+    counterfactual records (``Gameplay.cf_actions``) left out as malformed or not legal (the log is kept).
     """
 
     def __init__(self, version: int, *, oracle: bool = False, player_names=None, excludes=None,
@@ -401,6 +463,7 @@ class GameplayLoader:
         self._excludes = frozenset(self.excludes)
         self.skipped = 0
         self.skipped_files: list[tuple[str, str]] = []
+        self.cf_ignored = 0  # counterfactual records ignored (see _count_bad_counterfactuals)
 
     def __repr__(self) -> str:
         return (f"GameplayLoader(version={self.version}, player_names={self.player_names}, "
@@ -463,6 +526,8 @@ class GameplayLoader:
         kyoku_idx = 0
         always = self.always_include_kan_select
         ron_cans, winners = None, set()
+        has_cf = any('"counterfactual"' in line for line in lines)  # cheap test first: most logs have none
+        bad_cf = [0]
         for i, nxt_idx in enumerate(nxt_of):
             cur_type = types[i]
             if cur_type == "end_kyoku":
@@ -504,11 +569,25 @@ class GameplayLoader:
                                   f"{type(e).__name__}: {e}", log.line_numbers[nxt_idx]) from None
             if label is None:
                 continue
-            rec.add(state, False, label, kyoku_idx, log, i, nxt_idx, enc)
+            cf = _counterfactual(events[nxt_idx], seat, bad_cf) if has_cf else None
+            rec.add(state, False, label, kyoku_idx, log, i, nxt_idx, enc, cf)
             if kan is not None:
                 rec.add(state, True, kan, kyoku_idx, log, i, nxt_idx, enc)
             if enc is not None and len(rec.deferred) >= _V4_BATCH:
                 rec.flush(log, background=True)  # searched while the walk goes on
+        self._count_bad_counterfactuals(log, seat, bad_cf[0] + rec.cf_ignored)
+
+    def _count_bad_counterfactuals(self, log: LoadedLog, seat: int, n: int) -> None:
+        """Count ``n`` counterfactual records of ``seat`` that were ignored (malformed, or an action not legal
+        for its sample or equal to the taken one) in ``cf_ignored``; the first is logged once per process."""
+        global _cf_warned
+        if not n:
+            return
+        self.cf_ignored += n
+        if not _cf_warned:
+            _cf_warned = True
+            logger.warning("%s: %d counterfactual record(s) of seat %d ignored (malformed, or the action is not "
+                           "legal or is the one taken); logged once", log.source, n, seat)
 
     def load_log_file(self, path) -> list[Gameplay]:
         """``load_log`` of a gzip or plain file (at most ``max_log_bytes`` decompressed). Raises ``BadLogError``

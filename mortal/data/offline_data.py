@@ -86,7 +86,7 @@ def load_player_names(files) -> set:
 def offline_mix(dataset, batch_size: int, loader):
     """Endless full batches of ``batch_size`` samples from the offline logs of the typed ``[dataset]`` (the seats of
     ``player_names_files``, all seats when none), reshuffled every pass. ``loader(files, player_names,
-    batch_size)`` gives one pass's DataLoader. Yields tuples of the six tensors of ``Trainer.train_batch`` (obs as
+    batch_size)`` gives one pass's DataLoader. Yields tuples of the eight tensors of ``Trainer.train_batch`` (obs as
     the loader's packed rows, ``mortal.data.packed_obs``).
 
     The first batch is loaded before this returns, so that a dataset without one full batch fails at start-up

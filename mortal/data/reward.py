@@ -138,3 +138,48 @@ class RewardCalculator:
         if self.reward == "points":
             return self.calc_points_reward(player_id, grp_feature, final_scores)
         return self.calc_delta_pt(player_id, grp_feature, rank_by_player)
+
+    def counterfactual_deltas(self, player_id: int, grp_feature, rank_by_player, final_scores, at_kyoku,
+                              records) -> np.ndarray:
+        """``(M,)`` float64 ``cf_delta`` in pts units of ``M`` counterfactual branches of ``player_id``'s
+        decisions: V(branch's outcome) - V(real outcome) of the decision's kyoku, V by ``self.reward`` as
+        ``kyoku_rewards`` values the state after a kyoku.
+
+        ``grp_feature (K, 7)``, ``rank_by_player (4,)``, ``final_scores (4,)`` points: the real game's (``Grp``);
+        ``at_kyoku (M,)``: the kyoku (0..K-1) of each decision; ``records``: M ``('next', [kyoku_index, honba,
+        kyotaku, s0, s1, s2, s3])`` (the hanchan goes on, scores absolute in seat order) or ``('final', [s0, s1, s2,
+        s3])`` (final scores after leftover deposits), as ``mortal.play.arena`` writes them.
+
+        ``'grp'``: V(real) = E[pts] of the GRP rank distribution before kyoku k+1 (the actual final rank after the
+        last kyoku), as ``calc_rank_prob``; V(branch next) = E[pts] of the GRP over the real rows 0..k plus the
+        branch's next row (built as ``mortal.data.grp``: ``[kyoku_index, honba, kyotaku, s/1e4...]``); V(branch
+        final) = pts[rank of the player by the final scores, ties to the lower seat]. ``'points'``: (the player's
+        branch score - its real score after kyoku k) * ``points_scale(pts)``.
+        """
+        from mortal.data.grp import rank_by_player as ranks_of
+
+        at_kyoku = np.asarray(at_kyoku, dtype=np.int64)
+        m = len(records)
+        if m == 0:
+            return np.zeros(0, dtype=np.float64)
+        feature = np.asarray(grp_feature, dtype=np.float64)
+        real_scores = np.concatenate((np.rint(feature[:, 3:] * 1e4), [np.asarray(final_scores, np.float64)]))
+        if self.reward == "points":
+            branch = np.array([float(v[3 + player_id] if kind == "next" else v[player_id]) for kind, v in records])
+            return (branch - real_scores[at_kyoku + 1, player_id]) * self.points_scale
+        pts = self.pts.cpu().numpy()
+        exp_pts = (self.calc_rank_prob(player_id, feature, rank_by_player).to(self.pts.device) @ self.pts).cpu().numpy()
+        out = np.empty(m, dtype=np.float64)
+        seqs, where = [], []
+        for j, ((kind, v), k) in enumerate(zip(records, at_kyoku)):
+            if kind == "final":
+                out[j] = pts[ranks_of(v)[player_id]]
+                continue
+            row = np.array([[v[0], v[1], v[2], *(s / 10000 for s in v[3:7])]], dtype=np.float64)
+            seqs.append(torch.as_tensor(np.concatenate((feature[:k + 1], row)), device=self.device))
+            where.append(j)
+        if seqs:
+            with torch.inference_mode():
+                matrix = self.grp.calc_matrix(self.grp(seqs))  # (n, 4, 4): P(seat p at rank r)
+            out[where] = (matrix[:, player_id].to(torch.float64) @ self.pts).cpu().numpy()
+        return out - exp_pts[at_kyoku + 1]

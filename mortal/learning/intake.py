@@ -55,27 +55,34 @@ class Intake:
             return unpack(obs.to(self.device, non_blocking=True), self.version)
         return obs.to(dtype=torch.float32, device=self.device)
 
-    def _batch_on_device(self, obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks) -> tuple:
-        """The six tensors of ``train_batch`` on the device in the dtypes of the loss, with the rows of the
-        offline mix appended (``offline_stream``, when there is one); raises ValueError when an action is masked
-        out."""
+    def _batch_on_device(self, obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf_actions=None,
+                         cf_deltas=None) -> tuple:
+        """The tensors of ``train_batch`` on the device in the dtypes of the loss, with the rows of the offline mix
+        appended (``offline_stream``, when there is one): ``(obs, actions, masks, steps_to_done, kyoku_rewards,
+        player_ranks, (cf_actions, cf_deltas))``, the counterfactual columns ``(B,)`` int64 / float32 filled with
+        -1 / 0 where a batch has none (offline batches and callers without them). Raises ValueError when an action
+        is masked out."""
         dev = self.device
         obs = self._obs_on_device(obs)
+        cf_actions, cf_deltas = _cf_columns(actions.shape[0], cf_actions, cf_deltas)
         if self.offline_stream is not None:
             extra_obs, *extra = next(self.offline_stream)
             obs = torch.cat((obs, self._obs_on_device(extra_obs)))
-            actions, masks, steps_to_done, kyoku_rewards, player_ranks = (
+            extra = (*extra[:5], *_cf_columns(extra[0].shape[0], *(extra[5:7] if len(extra) >= 7 else ())))
+            actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf_actions, cf_deltas = (
                 torch.cat((a, b.to(a.dtype))) for a, b in zip(
-                    (actions, masks, steps_to_done, kyoku_rewards, player_ranks), extra))
+                    (actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf_actions, cf_deltas), extra))
         actions = actions.to(dtype=torch.int64, device=dev)
         masks = masks.to(dtype=torch.bool, device=dev)
         steps_to_done = steps_to_done.to(dtype=torch.int64, device=dev)
         kyoku_rewards = kyoku_rewards.to(dtype=torch.float64, device=dev)
         player_ranks = player_ranks.to(dtype=torch.int64, device=dev)
+        cf_actions = cf_actions.to(dtype=torch.int64, device=dev)
+        cf_deltas = cf_deltas.to(dtype=torch.float32, device=dev)
         rows = torch.arange(obs.shape[0], device=dev)
         if not masks[rows, actions].all():
             raise ValueError('a training sample has an action outside its legal mask')
-        return obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks
+        return obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, (cf_actions, cf_deltas)
 
     def _train_tracked(self, batch, ledger) -> None:
         """``train_batch`` on a batch whose last tensor holds the sample ids; record them in ``ledger`` and commit
@@ -91,3 +98,10 @@ class Intake:
         ledger.record(ids)
         if self.steps % self.save_every == 0:
             ledger.commit()
+
+
+def _cf_columns(n: int, cf_actions=None, cf_deltas=None) -> tuple:
+    """``(cf_actions (n,) int64, cf_deltas (n,) float32)`` as tensors; -1 / 0 (no counterfactual) when None."""
+    if cf_actions is None or cf_deltas is None:
+        return torch.full((n,), -1, dtype=torch.int64), torch.zeros(n, dtype=torch.float32)
+    return torch.as_tensor(cf_actions), torch.as_tensor(cf_deltas)

@@ -9,7 +9,11 @@ term on the untaken actions lets the ranking of actions dissolve (``docs/learnin
 * ``anchor_term``: MSE of the untaken legal actions' Q to a frozen reference model's Q (the baseline), a trust
   region that keeps what the data says nothing about where it was;
 * the offline mix (``[online] offline_batch_size``, RLPD-style): offline rows appended to each online batch share
-  the MSE and next-rank terms and carry a CQL term of their own at ``[cql] min_q_weight``.
+  the MSE and next-rank terms and carry a CQL term of their own at ``[cql] min_q_weight``;
+* ``counterfactual_term``: at decisions where the client forked a counterfactual branch (``[train_play]
+  counterfactual_rate``, ``mortal.play.arena``), the gap Q[alternative] - Q[taken] is regressed on the paired
+  difference of the two kyoku outcomes (same wall, same agents): a target for an action the policy did not take,
+  with much of the luck of the deal cancelled.
 
 Shapes: ``q_out (B, 46)`` float with ``-inf`` at illegal actions (``mortal.model.networks.DQN``), ``masks (B, 46)``
 bool, ``actions (B,)`` int64, ``q_target (B,)`` float32 (``gamma ** steps_to_done * kyoku_reward``, in ``[env] pts``
@@ -34,16 +38,19 @@ class LossWeights(NamedTuple):
     anchor: float
     next_rank: float
     calibrated: bool  # Cal-QL instead of CQL, in both CQL terms
+    counterfactual: float = 0.0  # the counterfactual term (computed only when > 0)
 
     @classmethod
     def resolve(cls, *, online: bool, min_q_weight: float, online_min_q_weight: float, anchor_weight: float,
-                next_rank_weight: float, calibrated: bool) -> LossWeights:
+                next_rank_weight: float, calibrated: bool, counterfactual_weight: float = 0.0) -> LossWeights:
         """Mortal's rules on the ``[cql]``/``[online]``/``[aux]`` weights: offline, CQL at ``min_q_weight``,
         computed even at weight 0 (Mortal logs it); online, CQL at ``online_min_q_weight`` and only when that is
-        > 0, the offline-mix rows' CQL at ``min_q_weight``, the anchor at ``anchor_weight`` (none offline)."""
+        > 0, the offline-mix rows' CQL at ``min_q_weight``, the anchor at ``anchor_weight`` and the counterfactual
+        term at ``counterfactual_weight`` (neither offline)."""
         cql = online_min_q_weight if online else min_q_weight
         return cls(cql=cql, with_cql=not online or cql > 0, offline_cql=min_q_weight,
-                   anchor=anchor_weight if online else 0.0, next_rank=next_rank_weight, calibrated=calibrated)
+                   anchor=anchor_weight if online else 0.0, next_rank=next_rank_weight, calibrated=calibrated,
+                   counterfactual=counterfactual_weight if online else 0.0)
 
 
 class LossTerms(NamedTuple):
@@ -56,15 +63,18 @@ class LossTerms(NamedTuple):
     offline_cql_loss: Optional[Tensor]
     anchor_loss: Optional[Tensor]
     q: Tensor  # (B,) Q of the taken actions, in the forward pass's dtype (for the q histograms)
+    counterfactual_loss: Optional[Tensor] = None
 
 
 def learner_loss(q_out: Tensor, next_rank_logits: Tensor, actions: Tensor, q_target: Tensor, player_ranks: Tensor,
-                 *, masks: Tensor, online_rows: int, weights: LossWeights, q_ref: Optional[Tensor] = None) -> LossTerms:
+                 *, masks: Tensor, online_rows: int, weights: LossWeights, q_ref: Optional[Tensor] = None,
+                 cf_actions: Optional[Tensor] = None, cf_deltas: Optional[Tensor] = None) -> LossTerms:
     """The loss of one batch of ``B`` rows, the first ``online_rows`` of them online (all of them offline, and
     online without the offline mix), the rest offline-mix rows.
 
     ``next_rank_logits (B, 4)``, ``player_ranks (B,)`` int64 in 0..3 (the seat's rank at the next kyoku);
     ``q_ref (online_rows, 46)``: the anchor model's Q of the online rows (None: no anchor term).
+    ``cf_actions (B,)`` int64 (-1: no branch), ``cf_deltas (B,)`` float: the counterfactual columns (None: no term).
     Call it inside the forward pass's autocast; every term is computed in float32.
     """
     n = online_rows
@@ -81,9 +91,14 @@ def learner_loss(q_out: Tensor, next_rank_logits: Tensor, actions: Tensor, q_tar
         offline_cql_loss = cql_term(q_out[n:], actions[n:], q_target[n:], calibrated=weights.calibrated)
     if q_ref is not None:
         anchor_loss = anchor_term(q_out[:n], q_ref, masks[:n], actions[:n])
+    counterfactual_loss = None
+    if weights.counterfactual > 0 and cf_actions is not None:
+        counterfactual_loss = counterfactual_term(q_out, actions, cf_actions, cf_deltas)
     total = (dqn_loss + _or_zero(cql_loss) * weights.cql + _or_zero(anchor_loss) * weights.anchor
-             + _or_zero(offline_cql_loss) * weights.offline_cql + next_rank_loss * weights.next_rank)
-    return LossTerms(total, dqn_loss, next_rank_loss, cql_loss, offline_cql_loss, anchor_loss, q)
+             + _or_zero(offline_cql_loss) * weights.offline_cql + next_rank_loss * weights.next_rank
+             + _or_zero(counterfactual_loss) * weights.counterfactual)
+    return LossTerms(total, dqn_loss, next_rank_loss, cql_loss, offline_cql_loss, anchor_loss, q,
+                     counterfactual_loss)
 
 
 def _or_zero(term):
@@ -118,3 +133,17 @@ def anchor_term(q_out: Tensor, q_ref: Tensor, masks: Tensor, actions: Tensor) ->
         return q_out.new_zeros((), dtype=torch.float32)
     diff = (q_out.float() - q_ref.float())[untaken]
     return diff.pow(2).mean()
+
+
+def counterfactual_term(q_out: Tensor, actions: Tensor, cf_actions: Tensor, cf_deltas: Tensor) -> Tensor:
+    """Mean over the rows with a counterfactual branch (``cf_actions >= 0``) of
+    ``((q[cf_action] - q[action]) - cf_delta) ** 2``; 0 when no row has one. ``cf_actions (B,)`` int64 (-1: none),
+    ``cf_deltas (B,)`` float: the branch's value minus the real one, in ``[env] pts`` units (the loader's
+    ``cf_delta``). A scalar in squared pts units, float32; both Q values get gradients."""
+    has = cf_actions >= 0
+    if not has.any():
+        return q_out.new_zeros((), dtype=torch.float32)
+    q = q_out.float()[has]
+    rows = torch.arange(q.shape[0], device=q.device)
+    gap = q[rows, cf_actions[has]] - q[rows, actions[has]]
+    return (gap - cf_deltas[has].float()).pow(2).mean()

@@ -51,7 +51,8 @@ class SaveCycle:
         n = self.save_every
         w = self.writer
         on = {'cql_loss': self.loss_weights.with_cql, 'anchor_loss': self.anchor is not None,
-              'offline_cql_loss': self.offline_stream is not None}
+              'offline_cql_loss': self.offline_stream is not None,
+              'counterfactual_loss': self.loss_weights.counterfactual > 0}
         for name in self.stats:  # in reset_stats' order; a term that is off is not written
             if on.get(name, True):
                 w.add_scalar(f'loss/{name}', self.stats[name] / n, self.steps)

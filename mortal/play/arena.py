@@ -30,7 +30,8 @@ import random
 from mjai.mlibriichi.state import PlayerState
 from riichienv import GameRule, RiichiEnv, calculate_score
 
-from mortal.play.agent import IllegalReaction, Scene, abs_scores, make_agent, needs_v4_encoder
+from mortal.features.action import event_to_label
+from mortal.play.agent import IllegalReaction, Scene, abs_scores, make_agent, needs_v4_encoder, reaction_from_index
 from mortal.util.fsutil import atomic_write
 from mortal.data.grp import rank_by_player  # rankings.rs: 0-based rank of each seat, ties to the lower seat
 from mortal.features.obs_v4 import V4Encoder
@@ -42,6 +43,7 @@ SPLITS = "abcd"
 _U64 = 1 << 64
 _REACTION_TYPES = frozenset(("dahai", "chi", "pon", "daiminkan", "kakan", "ankan", "reach"))
 _CALL_TYPES = frozenset(("chi", "pon", "daiminkan"))
+_CF_WARNED = False  # the warning that counterfactual branches cannot be played was logged
 MAX_STEPS_PER_KYOKU = 1000  # watchdog: a kyoku takes < 300 steps
 
 
@@ -107,6 +109,10 @@ class _Game:
         self.substeps = 0
         self.meta_queue: list[list] = []
         self.tentative_calls: dict[int, list] = {}
+        self.cf_rate = 0.0  # counterfactual branches (set by OneVsThree for the real games, see fork)
+        self.cf_rng: random.Random | None = None
+        self.branches: set = set()  # live _Branch es of this game (its log waits for them)
+        self.new_branches: list = []  # forked by the last commit, for the arena loop to take up
         self._start_kyoku()
 
     def label(self, seat=None) -> str:
@@ -219,12 +225,15 @@ class _Game:
             actions[seat] = act
             if dec.reaction.get("type") in _REACTION_TYPES:
                 self.meta_queue[seat].append([dec.reaction, dec.meta])
+        branch = self.fork(decisions, actions) if self.cf_rate > 0 else None
         obs = self.env.step(actions)
         self.substeps += 1
         # a call is executed iff its caller must act next (discard / rinshan draw)
         for seat, dec in decisions.items():
             if dec.reaction.get("type") in _CALL_TYPES and seat not in obs:
                 self.meta_queue[seat].pop()
+                if branch is not None and branch.seat == seat:
+                    branch.cancel()  # the call it is paired with never happened
         if self.env.done():
             self._end_kyoku()
             return
@@ -235,6 +244,34 @@ class _Game:
             raise ArenaError(f"{self.label()}: no progress, kyoku {self.flow.kyoku_index} passed "
                              f"{MAX_STEPS_PER_KYOKU} steps")
         self.obs = obs
+
+    def fork(self, decisions: dict, actions: dict):
+        """Maybe fork a counterfactual branch at this step, before the table takes ``actions`` (see
+        ``OneVsThree``'s ``counterfactual_rate``): with probability ``cf_rate``, when the challenger seat acts
+        here by a logged reaction (``_REACTION_TYPES``) without a kan-select evaluation and has another legal
+        action, a clone of the table takes the other seats' same actions and the challenger's best other action
+        (``counterfactual_action``). Returns the ``_Branch`` (also in ``branches`` and ``new_branches``) or None."""
+        seat = SPLITS.index(self.split)
+        dec = decisions.get(seat)
+        if dec is None or dec.reaction.get("type") not in _REACTION_TYPES or not isinstance(dec.meta, dict) \
+                or "kan_select" in dec.meta or self.cf_rng.random() >= self.cf_rate:
+            return None
+        taken = event_to_label(dec.reaction)
+        alt = counterfactual_action(dec.meta, taken)
+        if alt is None:
+            return None
+        try:
+            reaction = reaction_from_index(self.states[seat], alt)
+        except ValueError:
+            return None
+        act = self.obs[seat].select_action_from_mjai(json.dumps(reaction))
+        if act is None:
+            return None
+        branch = _Branch(self, seat, dec.meta, alt, {**actions, seat: act})
+        if not branch.done:  # a branch whose kyoku ended at once has recorded already
+            self.branches.add(branch)
+        self.new_branches.append(branch)
+        return branch
 
     def _best_win_scores(self, seat: int, env=None, ob=None, st=None) -> list[int]:
         """Absolute scores after this seat's hora now (the agari guard of Mortal's ``agent/mortal.rs``): the table's
@@ -302,7 +339,10 @@ class _Game:
                 if sub[1] is not None:
                     ev["meta"] = sub[1]
         result = kyoku_result_from_events(events, f.oya, self.states[f.oya].shanten)
-        self.lines.extend(json.dumps(e, separators=(",", ":")) for e in events)
+        # an event whose meta a counterfactual branch still running will write into stays a dict until log_text
+        waiting = {id(b.meta) for b in self.branches}
+        self.lines.extend(e if id(e.get("meta")) in waiting else json.dumps(e, separators=(",", ":"))
+                          for e in events)
         out = next_kyoku(f, result)
         if out.next is None:
             self.scores = final_scores(out.scores, out.kyotaku)
@@ -315,7 +355,99 @@ class _Game:
             self._start_kyoku()
 
     def log_text(self) -> str:
-        return "\n".join(self.lines) + "\n"
+        return "\n".join(ln if isinstance(ln, str) else json.dumps(ln, separators=(",", ":"))
+                         for ln in self.lines) + "\n"
+
+
+def counterfactual_action(meta: dict, taken: int) -> int | None:
+    """The action a counterfactual branch forces: the legal action (Mortal index 0-45, legal in
+    ``meta["mask_bits"]``) with the highest Q in ``meta["q_values"]`` (the legal actions' Q in index order,
+    ``mortal.play.agent._meta_core``) other than ``taken``; ties to the lower index; None without another."""
+    bits = meta.get("mask_bits")
+    q = meta.get("q_values")
+    if not isinstance(bits, int) or not isinstance(q, list):
+        return None
+    legal = [i for i in range(46) if bits >> i & 1]
+    if len(legal) != len(q):
+        return None
+    best = None
+    for i, v in zip(legal, q):
+        if i != taken and (best is None or v > best[1]):
+            best = (i, v)
+    return None if best is None else best[0]
+
+
+class _Branch(_Game):
+    """A counterfactual branch of a real ``_Game``: a clone of its table on which the challenger took another
+    action at one decision, played by the same agents to the end of that kyoku (in the arena's lock-step loop,
+    batched with the real games). Each seat's ``PlayerState`` is rebuilt from the seat's events of the kyoku
+    (``history``, as ``speculate``). When the kyoku ends, the outcome is written into the real decision's meta as
+    ``meta["counterfactual"]``: ``{"action": a, "next": [kyoku_index, honba, kyotaku, s0, s1, s2, s3]}`` when the
+    hanchan would go on, ``{"action": a, "final": [s0, s1, s2, s3]}`` (``final_scores``) when it would end.
+    The branch writes no log and never branches itself."""
+
+    def __init__(self, parent: _Game, seat: int, meta: dict, action: int, actions: dict):
+        self.gid = -1  # given by the arena loop
+        self.parent, self.seat, self.meta, self.action = parent, seat, meta, action
+        self.nonce, self.key, self.split = parent.nonce, parent.key, parent.split
+        self.agents, self.names = parent.agents, parent.names
+        self.v4_seats = [False] * 4
+        self.encoders = [None] * 4
+        self.flow = parent.flow
+        self.lines = []
+        self.history = [list(h) for h in parent.history]
+        self.states = []
+        for s in range(4):
+            st = PlayerState(s)
+            for ev in self.history[s]:
+                st.update(ev)
+            self.states.append(st)
+        self.spec = None
+        self.done = self.cancelled = False
+        self.scores = self.ranks = None
+        self.substeps = parent.substeps
+        self.meta_queue = [[] for _ in range(4)]
+        self.tentative_calls = {}
+        self.cf_rate, self.cf_rng = 0.0, None
+        self.branches, self.new_branches = set(), []
+        self.env = parent.env.clone()
+        self.obs = self.env.step(actions)
+        self.substeps += 1
+        if self.env.done():
+            self._end_kyoku()
+        elif not self.obs:
+            raise ArenaError(f"{self.label()}: a counterfactual branch's table stopped answering")
+
+    def label(self, seat=None) -> str:
+        return f"{super().label(seat)} (counterfactual branch)"
+
+    def cancel(self) -> None:
+        """Drop the branch: its decision was not executed; nothing is recorded."""
+        self.cancelled = self.done = True
+        self.meta.pop("counterfactual", None)
+        self.obs = {}
+        self.env = None
+        self.parent.branches.discard(self)
+
+    def _end_kyoku(self):
+        f = self.flow
+        tail = self.env.get_observations([0, 1, 2, 3])
+        for seat, ob in tail.items():
+            for ev in ob.new_events():
+                self.states[seat].update(ev)
+        events = [e for e in self.env.mjai_log if e["type"] not in ("start_game", "end_game")]
+        out = next_kyoku(f, kyoku_result_from_events(events, f.oya, self.states[f.oya].shanten))
+        if out.next is None:
+            record = {"action": self.action, "final": final_scores(out.scores, out.kyotaku)}
+        else:
+            n = out.next
+            record = {"action": self.action, "next": [n.kyoku_index, n.honba, n.kyotaku, *n.scores]}
+        if not self.cancelled:
+            self.meta["counterfactual"] = record
+        self.done = True
+        self.obs = {}
+        self.env = None
+        self.parent.branches.discard(self)
 
 
 def write_log_atomic(path: str, text: str) -> None:
@@ -346,15 +478,49 @@ class OneVsThree:
             (``bench/arena.py --speculate on|off``); on a GPU, where a forward costs about the same at any size, it
             should pay, unmeasured. It also changes which random draws exploring rows get (same distribution). ``speculated``:
             ``[scenes handed to agents, scenes used]`` of the last run.
+        counterfactual_rate: probability that a decision of the challenger's by a logged reaction (dahai, calls,
+            kans, reach; not one with a kan-select evaluation) forks a counterfactual branch: a clone of the
+            table (same wall) where the challenger takes its highest-Q other legal action instead, played out to
+            the end of the kyoku by the same agents in the same batches (``_Branch``); its outcome goes into
+            the real decision's ``meta["counterfactual"]`` (the learner's paired target, ``mortal.data``). 0 (the
+            default) = Mortal's games. Needs ``stateless`` agents without version 4, else nothing is forked (one
+            warning). A game's log is written once all its branches have ended. ``counterfactual``: counts of the
+            last run. ``counterfactual_seed``: seeds the per-game draws.
     """
 
     def __init__(self, *, disable_progress_bar: bool = False, log_dir: str | None = None,
-                 speculate_passes: bool = False):
+                 speculate_passes: bool = False, counterfactual_rate: float = 0.0, counterfactual_seed: int = 0):
+        if not 0.0 <= counterfactual_rate <= 1.0:
+            raise ValueError(f"counterfactual_rate must be within [0, 1], got {counterfactual_rate}")
         self.disable_progress_bar = disable_progress_bar
         self.log_dir = log_dir
         self.speculate_passes = speculate_passes
+        self.counterfactual_rate = float(counterfactual_rate)
+        self.counterfactual_seed = int(counterfactual_seed)
         self.speculated = [0, 0]  # speculative scenes of the last run: handed to agents, and used
+        # counterfactual branches of the last run: forked, outcome recorded, dropped (call not executed), and the
+        # scenes their agents decided
+        self.counterfactual = {"forked": 0, "recorded": 0, "dropped": 0, "scenes": 0}
         self.last_games: list = []  # (nonce, key, split, final scores, rank_by_player) of the last run
+
+    def _enable_counterfactuals(self, games: list[_Game], agents) -> None:
+        """Let the games fork counterfactual branches (``counterfactual_rate`` > 0) when every agent is
+        ``stateless`` and none encodes version 4; else warn once per process and play without. Each game draws
+        from its own generator, seeded by (``counterfactual_seed``, nonce, key, split): the draws do not depend
+        on the batching."""
+        global _CF_WARNED
+        if self.counterfactual_rate <= 0:
+            return
+        if not all(getattr(a, "stateless", False) and not needs_v4_encoder(a) for a in agents):
+            if not _CF_WARNED:
+                logger.warning("counterfactual_rate %g: no counterfactual branches, they need stateless agents "
+                               "of observation version 1-3 (got %s)", self.counterfactual_rate,
+                               ", ".join(type(a).__name__ for a in agents))
+                _CF_WARNED = True
+            return
+        for g in games:
+            g.cf_rate = self.counterfactual_rate
+            g.cf_rng = random.Random(f"{self.counterfactual_seed}:{g.nonce}:{g.key}:{g.split}")
 
     def py_vs_py(self, challenger, champion, seed_start: tuple[int, int], seed_count: int) -> list[int]:
         """Play ``4 * seed_count`` hanchan, all in flight: nonces ``seed_start[0] …
@@ -401,6 +567,10 @@ class OneVsThree:
         rankings = [0, 0, 0, 0]
         self.last_games = []
         self.speculated = [0, 0]
+        self.counterfactual = dict.fromkeys(self.counterfactual, 0)
+        self._enable_counterfactuals(games, (chal, champ))
+        flight: dict[int, _Game] = {g.gid: g for g in games}  # gid -> every game in flight, branches included
+        next_gid = [len(games)]
         guards = {id(a): bool(getattr(a, "agari_guard", False)) for a in (chal, champ)}
         agents = {id(chal): chal, id(champ): champ}
         pending: dict[int, list[Scene]] = {aid: [] for aid in agents}
@@ -413,6 +583,8 @@ class OneVsThree:
             guard = [guards[id(a)] for a in g.agents]
             scenes = g.scenes(guard, absorbed)
             waiting[g.gid] = len(scenes)
+            if isinstance(g, _Branch):
+                self.counterfactual["scenes"] += len(scenes)
             decided[g.gid] = {}
             spec_decided[g.gid] = {}
             spec = g.speculate(guard) if self.speculate_passes else []
@@ -436,6 +608,31 @@ class OneVsThree:
                 self.speculated[1] += len(spec)
                 dec, spec = spec, {}
 
+        def take_up(g: _Game) -> None:
+            # the branches ``g``'s last commits forked join the loop (those dropped or ended at once are counted)
+            for b in g.new_branches:
+                self.counterfactual["forked"] += 1
+                if b.done:
+                    self.counterfactual["recorded"] += not b.cancelled
+                    continue
+                b.gid = next_gid[0]
+                next_gid[0] += 1
+                flight[b.gid] = b
+                gather(b)
+            g.new_branches = []
+
+        def settle(g: _Game) -> bool:
+            # a game or branch has ended; True when a real game is finished (its log waits for its branches)
+            del waiting[g.gid]
+            if isinstance(g, _Branch):
+                self.counterfactual["recorded"] += 1
+                del flight[g.gid]
+                g = g.parent
+            if not (g.done and not g.branches and flight.pop(g.gid, None) is not None):
+                return False
+            self._finish(g, rankings)
+            return True
+
         for g in games:
             gather(g)
         remaining = len(games)
@@ -451,7 +648,7 @@ class OneVsThree:
                 try:
                     decisions = agents[aid].react(scenes)
                 except IllegalReaction as e:
-                    raise ArenaError(f"{games[e.game].label(e.seat)}: {e}") from e
+                    raise ArenaError(f"{flight[e.game].label(e.seat)}: {e}") from e
                 ready = []
                 for sc, dec in zip(scenes, decisions):
                     if id(sc) in spec_ids:
@@ -461,14 +658,14 @@ class OneVsThree:
                     decided[sc.game][sc.seat] = dec
                     waiting[sc.game] -= 1
                     if waiting[sc.game] == 0:
-                        ready.append(games[sc.game])
+                        ready.append(flight[sc.game])
                 for g in ready:
                     advance(g, decided.pop(g.gid), spec_decided.pop(g.gid))
-                    if g.done:
-                        del waiting[g.gid]
+                    take_up(g)
+                    if g.done and settle(g):
                         remaining -= 1
-                        self._finish(g, rankings)
                         bar.update(1)
+        self.counterfactual["dropped"] = self.counterfactual["forked"] - self.counterfactual["recorded"]
         return rankings
 
     def _finish(self, g: _Game, rankings: list[int]) -> None:

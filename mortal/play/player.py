@@ -140,7 +140,9 @@ class TrainPlayer:
     ``mortal.config.Env``: the overrides resolved at start-up or a mapping such as ``os.environ``).
 
     Attributes: ``train_seed`` (next nonce), ``train_key`` (64-bit key of this process), ``seed_count``
-    (games / 4 per round), ``repeats``, ``repeat_counter``, ``log_dir``.
+    (games / 4 per round), ``repeats``, ``repeat_counter``, ``log_dir``, ``counterfactual_rate`` (the profile's: the
+    arena forks counterfactual branches, ``mortal.play.arena.OneVsThree``) and ``counterfactual`` (the last round's
+    branch counts).
     """
 
     def __init__(self, config: dict, env=os.environ, *, baseline_engine=None, train_key=None):
@@ -160,6 +162,8 @@ class TrainPlayer:
         self.chal_version = cfg.control.version
         self.cudnn_benchmark = cfg.control.enable_cudnn_benchmark
         self.speculate_passes = profile.speculate_passes
+        self.counterfactual_rate = profile.counterfactual_rate
+        self.counterfactual: dict = {}
         self.log_dir = path.abspath(profile.log_dir)
         self.train_key = secrets.randbits(64) if train_key is None else train_key
         self.train_seed = TRAIN_SEED_START
@@ -236,7 +240,15 @@ class TrainPlayer:
                 boltzmann_epsilon=epsilon, boltzmann_temp=temp, top_p=self.top_p,
             )
             empty_dir(self.log_dir)
-            env = OneVsThree(disable_progress_bar=False, log_dir=self.log_dir, speculate_passes=self.speculate_passes)
-            rankings = env.py_vs_py(challenger=engine, champion=self.opponent(),
-                                    seed_start=self.next_seed(), seed_count=self.seed_count)
+            seed = self.next_seed()
+            # counterfactual draws: per round (the repeats of a seed draw anew), reproducible from the seed
+            env = OneVsThree(disable_progress_bar=False, log_dir=self.log_dir, speculate_passes=self.speculate_passes,
+                             counterfactual_rate=self.counterfactual_rate,
+                             counterfactual_seed=hash((seed, self.repeat_counter)) & ((1 << 64) - 1))
+            rankings = env.py_vs_py(challenger=engine, champion=self.opponent(), seed_start=seed,
+                                    seed_count=self.seed_count)
+            self.counterfactual = env.counterfactual
+            if self.counterfactual_rate > 0:
+                logger.info('counterfactual branches: %d forked, %d recorded, %d dropped, %d extra decisions',
+                            *(env.counterfactual[k] for k in ('forked', 'recorded', 'dropped', 'scenes')))
             return np.asarray(rankings, dtype=np.int64), _list_logs(self.log_dir)
