@@ -219,7 +219,8 @@ def best_schedule(steps, width):
     return per_turn, early
 
 
-def main(argv=None):
+def _parse(argv):
+    """The bench's arguments; ``--json`` is checked writable before the games, not after minutes of them."""
     from mortal import entry
 
     p = entry.parser(__doc__.splitlines()[0], config=False)
@@ -241,11 +242,34 @@ def main(argv=None):
             open(args.json, "a").close()
         except OSError as e:
             p.error(f"--json {args.json}: cannot write it ({e.strerror})")
+    return args
+
+
+def _model_agents(args, calls, turns):
+    """The two sides of the model run: a small Brain+DQN MortalEngine each (seeded), timed into ``calls``, their
+    turns logged into ``turns``."""
+    import torch
+    from mortal.play.agent import MortalBatchAgent
+    from mortal.play.engine import MortalEngine
+    from mortal.model.networks import DQN, Brain
+
+    torch.manual_seed(0)
+    agents = []
+    for side, name in enumerate(("challenger", "champion")):
+        brain = Brain(conv_channels=args.channels, num_blocks=args.blocks, version=args.version).eval()
+        dqn = DQN(version=args.version).eval()
+        eng = MortalEngine(brain, dqn, version=args.version, device=torch.device(args.device), name=name)
+        agents.append(TurnLog(MortalBatchAgent(Timed(eng, calls)), side, turns))
+    return agents
+
+
+def main(argv=None):
+    args = _parse(argv)
     try:
         import torch
-        from mortal.play.agent import MortalBatchAgent
-        from mortal.play.engine import MortalEngine
-        from mortal.model.networks import DQN, Brain
+        from mortal.play.agent import MortalBatchAgent  # noqa: F401 (checked here, used by _model_agents)
+        from mortal.play.engine import MortalEngine  # noqa: F401
+        from mortal.model.networks import DQN, Brain  # noqa: F401
     except ImportError as e:
         raise SystemExit(f"bench/arena.py needs mortal.model.networks and mortal.play.engine (and torch): {e}")
     torch.set_num_threads(args.threads)
@@ -258,23 +282,31 @@ def main(argv=None):
                         speculate=speculate)
     floor_rows = sum(c[1] for c in floor_calls)
 
-    torch.manual_seed(0)
-    calls = []
-    turns = []
-    agents = []
-    for side, name in enumerate(("challenger", "champion")):
-        brain = Brain(conv_channels=args.channels, num_blocks=args.blocks, version=args.version).eval()
-        dqn = DQN(version=args.version).eval()
-        eng = MortalEngine(brain, dqn, version=args.version, device=torch.device(args.device), name=name)
-        agents.append(TurnLog(MortalBatchAgent(Timed(eng, calls)), side, turns))
-    steps = {}
-    spec = []
+    calls, turns, steps, spec = [], [], {}, []
+    agents = _model_agents(args, calls, turns)
     wall_model, finish = run(agents[0], agents[1], args.seeds, args.progress, steps, speculate, spec)
-
-    t_fwd = sum(c[2] for c in calls)
-    rows = np.array([c[1] for c in calls])
     # "while most games run": calls made before 20% of the games had finished
     cutoff = sorted(finish)[max(0, int(0.2 * n_games) - 1)] if finish else float("inf")
+    figures = _report_runs(args, n_games, (wall_floor, floor_rows), wall_model, calls, cutoff)
+    early_turns = _report_turns(turns, finish, cutoff, n_games)
+    if speculate:
+        figures.update(_report_speculation(turns, len(early_turns), spec, figures["rows"], n_games))
+    if args.json:
+        import json
+        with open(args.json, "w") as f:
+            json.dump(figures, f, indent=2)
+    _report_schedule([steps[g] for g in sorted(steps)], len(turns), n_games, args.bound_width)
+
+
+def _report_runs(args, n_games, floor, wall_model, calls, cutoff) -> dict:
+    """Print the floor and model runs and the forward figures; returns the JSON figures. ``floor``: (wall
+    seconds, engine rows) of the floor run; ``calls``: the model run's (time, rows, seconds) per forward."""
+    import torch
+
+    wall_floor, floor_rows = floor
+    speculate = args.speculate == "on"
+    t_fwd = sum(c[2] for c in calls)
+    rows = np.array([c[1] for c in calls])
     early = np.array([c[1] for c in calls if c[0] < cutoff])
     decisions = int(rows.sum())
     figures = {"speculate_passes": speculate, "games": n_games, "device": args.device,
@@ -298,8 +330,12 @@ def main(argv=None):
           f"forward-only bound {n_games / t_fwd:.2f} games/s; model run / forward-only {wall_model / t_fwd:.2f}x")
     print(f"rows per forward: mean {rows.mean():.1f}; while >= 80% of games run {early.mean() if len(early) else float('nan'):.1f} "
           f"(N = {n_games} games; champion sees up to 3 seats per game)")
+    return figures
 
-    # where the rows went: per turn while most games run, the running games not served wait on the other side
+
+def _report_turns(turns, finish, cutoff, n_games) -> list:
+    """Where the rows went: per turn while most games run, the running games not served wait on the other side.
+    Returns those early turns."""
     ends = sorted(finish)
     early_turns = [t for t in turns if t[0] < cutoff]
     running = [n_games - sum(1 for e in ends if e < t[0]) for t in early_turns]
@@ -308,30 +344,32 @@ def main(argv=None):
           f"{np.mean(running):.1f} games running, {np.mean(served):.1f} served, "
           f"{np.mean(running) - np.mean(served):.1f} waiting only on the other side's agent; "
           f"scenes per turn {np.mean([t[3] for t in early_turns]):.1f}")
-    if speculate:
-        useful = [t[3] - sum(not sc.adopted for sc in t[4]) for t in turns]
-        useful_early = useful[:len(early_turns)]
-        print(f"speculative scenes (the step after a call step, decided in the same batch): {spec[0]} handed to "
-              f"the agents, {spec[1]} used ({spec[0] - spec[1]} = {(spec[0] - spec[1]) / max(1, decisions):.1%} of "
-              f"the rows computed for nothing); useful scenes (decisions the games took) per turn: mean "
-              f"{np.mean(useful):.1f}, while >= 80% of games run {np.mean(useful_early):.1f} = "
-              f"{np.mean(useful_early) / n_games:.2f} N")
-        figures.update(speculated=spec[0], speculated_used=spec[1],
-                       useful_per_turn_80=round(float(np.mean(useful_early)), 2))
-        print("(the replay and the bound below take the steps as recorded: a step whose decisions were decided "
-              "speculatively is merged into the call step before it)")
-    if args.json:
-        import json
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=2)
-    seqs = [steps[g] for g in sorted(steps)]
+    return early_turns
+
+
+def _report_speculation(turns, n_early, spec, decisions, n_games) -> dict:
+    """The speculative scenes handed out and used, the useful ones per turn; returns their JSON figures."""
+    useful = [t[3] - sum(not sc.adopted for sc in t[4]) for t in turns]
+    useful_early = useful[:n_early]
+    print(f"speculative scenes (the step after a call step, decided in the same batch): {spec[0]} handed to "
+          f"the agents, {spec[1]} used ({spec[0] - spec[1]} = {(spec[0] - spec[1]) / max(1, decisions):.1%} of "
+          f"the rows computed for nothing); useful scenes (decisions the games took) per turn: mean "
+          f"{np.mean(useful):.1f}, while >= 80% of games run {np.mean(useful_early):.1f} = "
+          f"{np.mean(useful_early) / n_games:.2f} N")
+    print("(the replay and the bound below take the steps as recorded: a step whose decisions were decided "
+          "speculatively is merged into the call step before it)")
+    return dict(speculated=spec[0], speculated_used=spec[1], useful_per_turn_80=round(float(np.mean(useful_early)), 2))
+
+
+def _report_schedule(seqs, run_turns, n_games, bound_width) -> None:
+    """The arena's rule replayed on the recorded steps (``seqs``), and the best schedule the beam finds."""
     per_turn, early_rep = replay_max_pending(seqs)
-    print(f"replay of the arena's rule on the recorded steps: {len(per_turn)} turns (run: {len(turns)}); "
+    print(f"replay of the arena's rule on the recorded steps: {len(per_turn)} turns (run: {run_turns}); "
           f"decisions per turn mean {np.mean(per_turn):.1f}, while >= 80% run {np.mean(early_rep):.1f}")
-    if args.bound_width > 0:
+    if bound_width > 0:
         t0 = time.perf_counter()
-        per_turn, early_best = best_schedule(seqs, args.bound_width)
-        print(f"best schedule found (beam width {args.bound_width}, knowing every game's future, "
+        per_turn, early_best = best_schedule(seqs, bound_width)
+        print(f"best schedule found (beam width {bound_width}, knowing every game's future, "
               f"{time.perf_counter() - t0:.0f} s): {len(per_turn)} turns; decisions per turn mean "
               f"{np.mean(per_turn):.1f}, while >= 80% run {np.mean(early_best):.1f} = "
               f"{np.mean(early_best) / n_games:.2f} N (one side per forward)")

@@ -185,9 +185,16 @@ def main(argv=None):
     torch.set_num_threads(1)
     if not args.default_malloc:
         keep_freed_memory()  # as in a DataLoader worker (worker_init_fn)
+    n_paths, results, before, after = _measure(args.copies, args.repeat, args.breakdown)
+    _report(args, HAVE_FAST_PACK, n_paths, results, before, after)
+
+
+def _measure(copies, repeat, breakdown):
+    """``(logs, results, before, after)``: each measurement's ``(decisions or samples per pass, best rate/s)`` over
+    ``copies`` gzip copies of the fixture logs, and the bytes per sample as float32 tuples and packed."""
     with tempfile.TemporaryDirectory() as d:
         paths = []
-        for i in range(args.copies):
+        for i in range(copies):
             for f in FIXTURES:
                 p = pathlib.Path(d) / f"{i}_{f.stem}.json.gz"
                 p.write_bytes(gzip.compress(f.read_bytes()))
@@ -195,9 +202,9 @@ def main(argv=None):
         # Rounds interleave the measurements so that load from other processes
         # hits them alike; the best rate of each is kept. Round 0 is a warm-up.
         results = {}
-        for rnd in range(args.repeat + 1):
+        for rnd in range(repeat + 1):
             extra = (("loader_v3", loader_v3),) if VERSION == 4 else ()
-            if args.breakdown and VERSION == 3:
+            if breakdown and VERSION == 3:
                 extra = (("floor_pack", floor_pack), ("parse", parse))
             for name, fn in (("floor", floor), ("floor_keep", floor_keep), ("loader", loader), *extra,
                              ("dataset", dataset), ("unpack", unpack)):
@@ -205,14 +212,19 @@ def main(argv=None):
                 if rnd:
                     results[name] = (n, max(results.get(name, (0, 0.0))[1], n / dt))
         before, after = sample_bytes(list(paths))
+    return len(paths), results, before, after
+
+
+def _report(args, have_fast_pack, n_paths, results, before, after) -> None:
+    """Print the rates, their ratios to the floor and the targets (``_measure``'s figures)."""
     f, fk, ld = results["floor"][1], results["floor_keep"][1], results["loader"][1]
     if VERSION == 4:
         from mortal.features.obs_v4 import sp_threads
         cores = f"1 core + {sp_threads()} single-player search threads (floor: v3)"
     else:
         cores = "1 core"
-    print(f"{len(paths)} gzip logs, feature version {VERSION}, {cores}, best of {args.repeat} rounds, "
-          f"packing in {'the compiled core' if HAVE_FAST_PACK else 'numpy (no compiled core)'}")
+    print(f"{n_paths} gzip logs, feature version {VERSION}, {cores}, best of {args.repeat} rounds, "
+          f"packing in {'the compiled core' if have_fast_pack else 'numpy (no compiled core)'}")
     print(f"floor       update + encode_obs               : {f:9.1f} decisions/s ({results['floor'][0]} per pass)")
     print(f"floor_keep  same, retaining the float32 arrays: {fk:9.1f} decisions/s  ratio {fk / f:.2f}")
     labels = {"loader": "gz -> packed per-seat arrays", "dataset": f"FileDatasetsIter -> {BATCH}-batches",

@@ -137,79 +137,90 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         os.makedirs(tmp + '/a')
         os.makedirs(tmp + '/b')
-        proc, port = start_server(tmp + '/a', frame, 'bench-token')
-        try:
-            time.sleep(0.5)
-            rows.append(('idle', status_mib(proc.pid, 'VmRSS')))
-
-            with Sampler(proc.pid) as smp:
-                socks = []
-                for _ in range(args.conns):
-                    try:
-                        s = socket.create_connection((HOST, port), timeout=10)
-                        s.sendall(bad_header(frame)[:10])
-                        socks.append(s)
-                    except OSError:
-                        pass
-                time.sleep(2.0)
-                for s in socks:
-                    s.close()
-            rows.append((f'{args.conns} conns in header phase', smp.peak))
-            time.sleep(1.0)
-
-            sent = []
-            with Sampler(proc.pid) as smp:
-                run_threads([lambda: send_stream(port, bad_header(frame), 1 << 20, sent)
-                             for _ in range(args.conns)])
-            rows.append((f'{args.conns} conns, bad MAC + 1 MiB', smp.peak))
-
-            sent = []
-            with Sampler(proc.pid) as smp:
-                run_threads([lambda: send_stream(port, bad_header(frame), frame, sent) for _ in range(2)])
-            rows.append((f'2 x {args.frame_mib} MiB frames, bad MAC', smp.peak))
-            print(f'  (payload bytes the two peers got out: {sorted(sent)})')
-            hwm_a = status_mib(proc.pid, 'VmHWM')
-        finally:
-            proc.terminate()
-            proc.wait(30)
-
-        proc, port = start_server(tmp + '/b', frame, '')
-        try:
-            time.sleep(0.5)
-            rows.append(('idle (no token)', status_mib(proc.pid, 'VmRSS')))
-            # a correctly framed get_param padded to the largest payload (the server ignores extra fields)
-            msg = {'type': 'get_param', 'param_version': -1, 'pad': b''}
-            overhead = len(msgpack.packb({**msg, 'pad': b'x' * 70000})) - 70000
-            payload = msgpack.packb({**msg, 'pad': bytes(frame - overhead)})
-            head = wire.encode_header(payload)
-            body = payload
-            del payload
-
-            def send_full(result):
-                try:
-                    with socket.create_connection((HOST, port), timeout=60) as s:
-                        s.sendall(head)
-                        s.sendall(body)
-                        s.settimeout(60)
-                        result.append(wire.recv_msg(s).get('status'))
-                except (OSError, wire.ProtocolError) as ex:
-                    result.append(repr(ex))
-
-            got = []
-            with Sampler(proc.pid) as smp:
-                run_threads([lambda: send_full(got) for _ in range(2)])
-            rows.append((f'2 x {args.frame_mib} MiB frames, no token', smp.peak))
-            print(f'  (replies without token: {got})')
-            hwm_b = status_mib(proc.pid, 'VmHWM')
-        finally:
-            proc.terminate()
-            proc.wait(30)
+        hwm_a = _with_token(tmp + '/a', frame, args, rows)
+        hwm_b = _without_token(tmp + '/b', frame, args, rows)
 
     print(f'server RSS (MiB), max_frame_bytes = {args.frame_mib} MiB, max_pending_connections = '
           f'{64}, max_inflight_bytes = max_frame_bytes')
     for name, mib in rows:
         print(f'  {name:<40} {mib:8.1f}')
     print(f'  VmHWM with token {hwm_a:.1f}, without token {hwm_b:.1f}')
+
+
+def _with_token(work, frame, args, rows):
+    """Phases 1-3 against a server with a token: idle, ``--conns`` stalled headers, ``--conns`` bad-MAC streams
+    and two whole frames with a bad MAC; appends ``(phase, peak RSS MiB)`` to ``rows``, returns the VmHWM."""
+    proc, port = start_server(work, frame, 'bench-token')
+    try:
+        time.sleep(0.5)
+        rows.append(('idle', status_mib(proc.pid, 'VmRSS')))
+
+        with Sampler(proc.pid) as smp:
+            socks = []
+            for _ in range(args.conns):
+                try:
+                    s = socket.create_connection((HOST, port), timeout=10)
+                    s.sendall(bad_header(frame)[:10])
+                    socks.append(s)
+                except OSError:
+                    pass
+            time.sleep(2.0)
+            for s in socks:
+                s.close()
+        rows.append((f'{args.conns} conns in header phase', smp.peak))
+        time.sleep(1.0)
+
+        sent = []
+        with Sampler(proc.pid) as smp:
+            run_threads([lambda: send_stream(port, bad_header(frame), 1 << 20, sent)
+                         for _ in range(args.conns)])
+        rows.append((f'{args.conns} conns, bad MAC + 1 MiB', smp.peak))
+
+        sent = []
+        with Sampler(proc.pid) as smp:
+            run_threads([lambda: send_stream(port, bad_header(frame), frame, sent) for _ in range(2)])
+        rows.append((f'2 x {args.frame_mib} MiB frames, bad MAC', smp.peak))
+        print(f'  (payload bytes the two peers got out: {sorted(sent)})')
+        return status_mib(proc.pid, 'VmHWM')
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _without_token(work, frame, args, rows):
+    """Phase 4 against a server without a token: idle, then two correctly framed get_param requests padded to
+    ``frame`` bytes; appends ``(phase, peak RSS MiB)`` to ``rows``, returns the VmHWM."""
+    proc, port = start_server(work, frame, '')
+    try:
+        time.sleep(0.5)
+        rows.append(('idle (no token)', status_mib(proc.pid, 'VmRSS')))
+        # a correctly framed get_param padded to the largest payload (the server ignores extra fields)
+        msg = {'type': 'get_param', 'param_version': -1, 'pad': b''}
+        overhead = len(msgpack.packb({**msg, 'pad': b'x' * 70000})) - 70000
+        payload = msgpack.packb({**msg, 'pad': bytes(frame - overhead)})
+        head = wire.encode_header(payload)
+        body = payload
+        del payload
+
+        def send_full(result):
+            try:
+                with socket.create_connection((HOST, port), timeout=60) as s:
+                    s.sendall(head)
+                    s.sendall(body)
+                    s.settimeout(60)
+                    result.append(wire.recv_msg(s).get('status'))
+            except (OSError, wire.ProtocolError) as ex:
+                result.append(repr(ex))
+
+        got = []
+        with Sampler(proc.pid) as smp:
+            run_threads([lambda: send_full(got) for _ in range(2)])
+        rows.append((f'2 x {args.frame_mib} MiB frames, no token', smp.peak))
+        print(f'  (replies without token: {got})')
+        return status_mib(proc.pid, 'VmHWM')
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 if __name__ == '__main__':

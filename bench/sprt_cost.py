@@ -72,7 +72,7 @@ def simulate(diffs, plant, *, runs, max_deals, chunk_deals, sprt, confidence, se
     return {'sprt_better': sprt_better, 'fixed_better': fixed_better, 'sprt_deals': used, 'trainer_deals': trainer}
 
 
-def main(argv=None):
+def _parser():
     from mortal import entry
 
     parser = entry.parser(__doc__.splitlines()[0], config=False,
@@ -99,9 +99,13 @@ def main(argv=None):
     parser.add_argument('--beta', type=float, default=0.05, help='SPRT missed "better" rate at delta')
     parser.add_argument('--confidence', type=float, default=0.95, help='two-sided confidence of the fixed rule')
     parser.add_argument('--seed', type=int, default=0, help='seed of the resampling')
-    args = entry.start(parser, argv, log_level=None)
-    from mortal.learning.gate import Sprt, mean_and_ci
+    return parser
 
+
+def _units(args, parser) -> tuple:
+    """``(units, reference)``: the challenger's ``{nonce: [4 ranks]}`` from ``--units`` or played, and the units it
+    is paired with (``--against`` of a result.json; None: each deal against the even 2.5)."""
+    reference = None
     if args.units:
         data = json.loads(pathlib.Path(args.units).read_text())
         if 'units' in data and isinstance(data['units'], dict):  # a bench/learning.py result.json
@@ -113,15 +117,25 @@ def main(argv=None):
             data = data['units'][args.label]
         elif args.against:
             parser.error('--against needs a result.json of bench/learning.py as --units')
-        units = {int(k): v for k, v in data.items()}
-    elif args.challenger and args.champion:
+        return {int(k): v for k, v in data.items()}, reference
+    if args.challenger and args.champion:
         from mortal.play.evaluation import play_duplicate
         units = play_duplicate(('mortal', args.challenger), ('mortal', args.champion), sets=args.deals,
                                key=args.key, workers=args.workers)
         if args.save_units:
             pathlib.Path(args.save_units).write_text(json.dumps({str(k): v for k, v in sorted(units.items())}))
-    else:
-        parser.error('give --units, or --challenger and --champion')
+        return units, reference
+    parser.error('give --units, or --challenger and --champion')
+
+
+def main(argv=None):
+    from mortal import entry
+
+    parser = _parser()
+    args = entry.start(parser, argv, log_level=None)
+    from mortal.learning.gate import Sprt, mean_and_ci
+
+    units, reference = _units(args, parser)
     if reference:
         from mortal.learning.gate import paired_differences
         diffs = paired_differences(units, reference)
@@ -131,7 +145,14 @@ def main(argv=None):
     sd = statistics.stdev(diffs)
     print(f'per-deal paired differences: {len(diffs)} deals, mean {mean:+.3f} ± {ci:.3f}, sd {sd:.3f} '
           f'(centred before planting)')
-    sprt = Sprt(args.delta, args.alpha, args.beta)
+    _table(args, diffs, Sprt(args.delta, args.alpha, args.beta), record=reference is None)
+    return 0
+
+
+def _table(args, diffs, sprt, *, record: bool) -> None:
+    """The SPRT against the fixed rule, one row per planted difference of ``--plant`` (``simulate``)."""
+    from mortal.learning.gate import mean_and_ci
+
     max_deals, chunk = args.max_games // 4, max(1, args.chunk // 4)
     print(f'SPRT delta {args.delta}, alpha {args.alpha}, beta {args.beta}, a look every {chunk * 4} games, '
           f'at most {max_deals * 4}; fixed rule: {args.confidence:.0%} paired CI over {max_deals * 4} games; '
@@ -141,7 +162,7 @@ def main(argv=None):
     print('|---|---|---|---|---|---|---|')
     for i, plant in enumerate(args.plant):
         r = simulate(diffs, plant, runs=args.runs, max_deals=max_deals, chunk_deals=chunk, sprt=sprt,
-                     confidence=args.confidence, seed=args.seed + i, record=reference is None)
+                     confidence=args.confidence, seed=args.seed + i, record=record)
         games = [4 * n for n in r['sprt_deals']]
         g_mean, g_ci = mean_and_ci(games)
         lo, hi = wilson(r['sprt_better'], args.runs)
@@ -151,7 +172,6 @@ def main(argv=None):
               f"{r['fixed_better'] / args.runs:.3f} [{flo:.3f}, {fhi:.3f}] | {g_mean:.0f} ± {g_ci:.0f} | "
               f"{statistics.median(games):.0f} | {q[-1]:.0f} | "
               f"{statistics.fmean(r['trainer_deals']) / max_deals:.2f} |")
-    return 0
 
 
 if __name__ == '__main__':

@@ -591,35 +591,52 @@ def train_offline(config):
         if early:
             _sync_best(p, history, patience)
         while len(history) < max_epochs and not (early and _best_epoch(history, patience)[1]):
-            epoch = len(history) + 1
-            batches = trainer.train_epoch()
-            if trainer.steps == 0:
-                raise BootstrapError(f"train-offline: not one full batch of {trainer.batch_size} samples "
-                                     'in the bootstrap logs; generate more games or lower [control] batch_size')
-            if trainer.steps % trainer.save_every:
-                trainer.save()  # the epoch's tail after the last save_every
-            train_loss = trainer.take_epoch_loss(batches)
-            val_loss = val_samples = None
-            if val_files:
-                val_loss, val_samples = validation_loss(trainer, val_files)
-            history.append({'epoch': epoch, 'steps': trainer.steps, 'train_loss': train_loss, 'val_loss': val_loss})
-            atomic_write_bytes(json.dumps(history, indent=1).encode(), p['history'])
-            trainer.writer.add_scalar('bootstrap/train_loss', train_loss, epoch)
-            if val_loss is not None:
-                trainer.writer.add_scalar('bootstrap/val_loss', val_loss, epoch)
-            trainer.writer.flush()
-            if val_loss is None:
-                logger.info('train-offline: epoch %d: %d steps, train loss %.4f (no val logs)', epoch,
-                            trainer.steps, train_loss)
-                continue
-            best, _ = _best_epoch(history, patience)
-            logger.info('train-offline: epoch %d/%d: %d steps, train loss %.4f, val loss %.4f on %s samples '
-                        '(best %.4f at epoch %d)', epoch, max_epochs, trainer.steps, train_loss, val_loss,
-                        f'{val_samples:,}', history[best]['val_loss'], history[best]['epoch'])
-            if early and best == len(history) - 1:
-                atomic_copy(p['state_file'], p['best_state_file'])
+            _offline_epoch(trainer, history, p, val_files, max_epochs, patience)
     finally:
         trainer.writer.close()
+    _keep_best_epoch(p, history, patience, early)
+    Path(p['done']).write_text(f'steps {trainer.steps}\nepochs {len(history)}\n')
+    logger.info('train-offline: %d steps in %.0f s -> %s', trainer.steps, time.monotonic() - start,
+                p['best_state_file'])
+    return p['best_state_file']
+
+
+def _offline_epoch(trainer, history, p, val_files, max_epochs, patience) -> None:
+    """One epoch of ``train_offline``: train, save its tail, the validation loss, the record appended to
+    ``history`` (and ``epochs.json``), TensorBoard and the log line; with early stopping (``max_epochs`` > 1) a
+    new best epoch is copied to best.pth."""
+    epoch = len(history) + 1
+    batches = trainer.train_epoch()
+    if trainer.steps == 0:
+        raise BootstrapError(f"train-offline: not one full batch of {trainer.batch_size} samples "
+                             'in the bootstrap logs; generate more games or lower [control] batch_size')
+    if trainer.steps % trainer.save_every:
+        trainer.save()  # the epoch's tail after the last save_every
+    train_loss = trainer.take_epoch_loss(batches)
+    val_loss = val_samples = None
+    if val_files:
+        val_loss, val_samples = validation_loss(trainer, val_files)
+    history.append({'epoch': epoch, 'steps': trainer.steps, 'train_loss': train_loss, 'val_loss': val_loss})
+    atomic_write_bytes(json.dumps(history, indent=1).encode(), p['history'])
+    trainer.writer.add_scalar('bootstrap/train_loss', train_loss, epoch)
+    if val_loss is not None:
+        trainer.writer.add_scalar('bootstrap/val_loss', val_loss, epoch)
+    trainer.writer.flush()
+    if val_loss is None:
+        logger.info('train-offline: epoch %d: %d steps, train loss %.4f (no val logs)', epoch,
+                    trainer.steps, train_loss)
+        return
+    best, _ = _best_epoch(history, patience)
+    logger.info('train-offline: epoch %d/%d: %d steps, train loss %.4f, val loss %.4f on %s samples '
+                '(best %.4f at epoch %d)', epoch, max_epochs, trainer.steps, train_loss, val_loss,
+                f'{val_samples:,}', history[best]['val_loss'], history[best]['epoch'])
+    if max_epochs > 1 and best == len(history) - 1:
+        atomic_copy(p['state_file'], p['best_state_file'])
+
+
+def _keep_best_epoch(p, history, patience, early) -> None:
+    """After the epochs: with early stopping best.pth and the state file are the best epoch's (logged); without,
+    best.pth is the last state file unless it exists."""
     if early:
         best, stopped = _best_epoch(history, patience)
         _sync_best(p, history, patience)
@@ -631,10 +648,6 @@ def train_offline(config):
                     history[best]['epoch'], history[best]['val_loss'], history[best]['steps'])
     elif not os.path.exists(p['best_state_file']):
         atomic_copy(p['state_file'], p['best_state_file'])
-    Path(p['done']).write_text(f'steps {trainer.steps}\nepochs {len(history)}\n')
-    logger.info('train-offline: %d steps in %.0f s -> %s', trainer.steps, time.monotonic() - start,
-                p['best_state_file'])
-    return p['best_state_file']
 
 
 # ---------------------------------------------------------------------------- step 4: online dir

@@ -362,7 +362,6 @@ class Fleet:
     def run(self, rounds: int = 0) -> int:
         """Play until ``rounds`` actor rounds are done (0: forever). Returns the exit status: 0, or 1 when every
         actor was dropped."""
-        from mortal.net.wire import RequestRefused
         ray = self.ray
         done = 0
         while (self.in_flight or self.held) and (not rounds or done < rounds):
@@ -386,26 +385,10 @@ class Fleet:
             try:
                 value = ray.get(ready[0])
             except ray.exceptions.RayActorError as ex:
-                unavailable = isinstance(ex, ray.exceptions.ActorUnavailableError)  # Ray restarts it, or a blip
-                if kind == 'round':
-                    logger.warning('actor %d died during a round: %s', i, _last_line(ex))
-                elif not unavailable:  # dead for good: its start failed, or no restart is left
-                    self.drop(i, f'the actor is dead and Ray does not restart it: {_last_line(ex)}')
-                    continue
-                if unavailable:
-                    time.sleep(RETRY_SECONDS)
-                self.in_flight[actor.ready.remote()] = (i, 'ready')
+                self._actor_error(i, kind, actor, ex)
                 continue
             except ray.exceptions.RayTaskError as ex:  # the round raised
-                if isinstance(ex.cause, RequestRefused):  # e.g. a round too big for the server: retrying cannot help
-                    self.drop(i, f'its round was refused: {ex.cause}')
-                    continue
-                failures = self.failures[i] = self.failures.get(i, 0) + 1
-                wait = backoff_seconds(failures)
-                held = f'; next start in {wait:g} s ({failures} failed rounds in a row)' if wait else ''
-                logger.error('actor %d: its round failed (%s): restarting it%s', i, _last_line(ex), held)
-                ray.kill(actor, no_restart=False)  # a fresh client, within max_restarts
-                self.held[i] = time.monotonic() + wait
+                self._round_error(i, actor, ex)
                 continue
             if kind == 'ready':
                 if not self.on_ready(i, value):
@@ -426,9 +409,62 @@ class Fleet:
         return 0
 
 
+    def _actor_error(self, i: int, kind: str, actor, ex) -> None:
+        """Actor ``i`` died (``ex``, a RayActorError) while its ``kind`` ('ready' or 'round') was in flight: ask it
+        to be ready again (after a pause when Ray restarts it), or drop it when Ray does not restart it."""
+        unavailable = isinstance(ex, self.ray.exceptions.ActorUnavailableError)  # Ray restarts it, or a blip
+        if kind == 'round':
+            logger.warning('actor %d died during a round: %s', i, _last_line(ex))
+        elif not unavailable:  # dead for good: its start failed, or no restart is left
+            self.drop(i, f'the actor is dead and Ray does not restart it: {_last_line(ex)}')
+            return
+        if unavailable:
+            time.sleep(RETRY_SECONDS)
+        self.in_flight[actor.ready.remote()] = (i, 'ready')
+
+    def _round_error(self, i: int, actor, ex) -> None:
+        """Actor ``i``'s round raised (``ex``, a RayTaskError): drop it when the server refused the round, else
+        restart it, held back by ``backoff_seconds`` of its failures in a row."""
+        from mortal.net.wire import RequestRefused
+
+        if isinstance(ex.cause, RequestRefused):  # e.g. a round too big for the server: retrying cannot help
+            self.drop(i, f'its round was refused: {ex.cause}')
+            return
+        failures = self.failures[i] = self.failures.get(i, 0) + 1
+        wait = backoff_seconds(failures)
+        held = f'; next start in {wait:g} s ({failures} failed rounds in a row)' if wait else ''
+        logger.error('actor %d: its round failed (%s): restarting it%s', i, _last_line(ex), held)
+        self.ray.kill(actor, no_restart=False)  # a fresh client, within max_restarts
+        self.held[i] = time.monotonic() + wait
+
 def _last_line(ex: BaseException) -> str:
     text = str(ex).strip()
     return text.splitlines()[-1] if text else type(ex).__name__
+
+
+def _start_ray(ray, address: str, where: str, fleet, actors: int):
+    """Join the Ray cluster at ``address`` (``where``: where that address comes from, for the message) or start a
+    local instance, and check that it can run ``actors`` actors of the typed ``[fleet]``. Returns the message of
+    an error (no cluster there, a failed start, a local instance too small), else None: a cluster short of
+    resources is only warned about (it may grow)."""
+    try:
+        if address:
+            ray.init(address=address, include_dashboard=False, log_to_driver=True)
+        else:
+            # 'local': a new instance even where `ray start` left one to join (ray.init() would join it)
+            ray.init(address='local', include_dashboard=False, log_to_driver=True,
+                     object_store_memory=LOCAL_OBJECT_STORE_BYTES)
+    except (ValueError, ConnectionError, RuntimeError) as ex:  # a bad address, no cluster there, a failed start
+        what = f'join the Ray cluster at {address} ({where})' if address else 'start a local Ray instance'
+        return f'cannot {what}: {_last_line(ex)}'
+    signal.signal(signal.SIGTERM, _stop)  # again: ray.init put in its own, which aborts the driver (status -6)
+    problem = resource_problem([n['Resources'] for n in ray.nodes() if n.get('Alive')], fleet.num_cpus,
+                               fleet.num_gpus, actors)
+    if problem and not address:  # a local instance never grows
+        return problem
+    if problem:
+        logger.warning('%s (or the cluster grows: Ray starts them then)', problem)
+    return None
 
 
 def main(argv=None):
@@ -477,23 +513,9 @@ def main(argv=None):
     ray = import_ray()
     old_handler = signal.signal(signal.SIGTERM, _stop)
     try:
-        try:
-            if address:
-                ray.init(address=address, include_dashboard=False, log_to_driver=True)
-            else:
-                # 'local': a new instance even where `ray start` left one to join (ray.init() would join it)
-                ray.init(address='local', include_dashboard=False, log_to_driver=True,
-                         object_store_memory=LOCAL_OBJECT_STORE_BYTES)
-        except (ValueError, ConnectionError, RuntimeError) as ex:  # a bad address, no cluster there, a failed start
-            what = f'join the Ray cluster at {address} ({where})' if address else 'start a local Ray instance'
-            return entry.error(f'cannot {what}: {_last_line(ex)}')
-        signal.signal(signal.SIGTERM, _stop)  # again: ray.init put in its own, which aborts the driver (status -6)
-        problem = resource_problem([n['Resources'] for n in ray.nodes() if n.get('Alive')], fleet.num_cpus,
-                                   fleet.num_gpus, actors)
-        if problem and not address:  # a local instance never grows
-            return entry.error(problem)
+        problem = _start_ray(ray, address, where, fleet, actors)
         if problem:
-            logger.warning('%s (or the cluster grows: Ray starts them then)', problem)
+            return entry.error(problem)
         record = FleetRecord(cfg.online.history_window, writer)
         return Fleet(ray, config, fleet, plans, record).run(args.rounds)
     except KeyboardInterrupt:

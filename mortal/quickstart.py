@@ -226,22 +226,8 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
     cfg = typed(config)
     tb_dir = cfg.control.tensorboard_dir
     log_dir = work / 'logs'
-    procs = {}
     t1 = time.monotonic()
-    before = dict(tests_before=len(read_scalars(tb_dir).get('test_play/avg_ranking', [])),
-                  starts_before=learner_starts(tb_dir))
-    try:
-        for name in PROCESSES:
-            procs[name] = start(name, cfg_path, log_dir)
-            if name == 'server':
-                _wait_port(cfg.online.remote.host, cfg.online.remote.port, procs[name], log_dir)
-        wait_for_online(procs, tb_dir, log_dir, PRESETS[preset]['online_timeout'], **before)
-        if online_minutes:
-            logger.info('online: running until %.0f min have passed', online_minutes)
-            keep_running(procs, log_dir, t1 + online_minutes * 60)
-    finally:
-        stopped = stop(procs)
-        logger.info('stopped: %s', stopped)
+    stopped = _run_online(cfg, cfg_path, log_dir, PRESETS[preset]['online_timeout'], online_minutes)
     timings['online'] = time.monotonic() - t1
 
     evaluation = {}
@@ -259,6 +245,36 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
     subprocess.run([sys.executable, str(ROOT / 'scripts' / 'plot_tb.py'), tb_dir, '--out', str(plots)],
                    check=False, stdout=subprocess.DEVNULL)
     timings['total'] = time.monotonic() - t0
+    return _summary(work, cfg_path, cfg, log_dir, plots, evaluation, rulebase, stopped, timings)
+
+
+def _run_online(cfg, cfg_path, log_dir, timeout, online_minutes):
+    """The online processes of ``PROCESSES`` (the server first, up on its port), until the first test play and
+    learner restart (``timeout`` seconds at most) and at least ``online_minutes``; always stopped. Returns their
+    exit states (``stop``)."""
+    tb_dir = cfg.control.tensorboard_dir
+    procs = {}
+    t1 = time.monotonic()
+    before = dict(tests_before=len(read_scalars(tb_dir).get('test_play/avg_ranking', [])),
+                  starts_before=learner_starts(tb_dir))
+    try:
+        for name in PROCESSES:
+            procs[name] = start(name, cfg_path, log_dir)
+            if name == 'server':
+                _wait_port(cfg.online.remote.host, cfg.online.remote.port, procs[name], log_dir)
+        wait_for_online(procs, tb_dir, log_dir, timeout, **before)
+        if online_minutes:
+            logger.info('online: running until %.0f min have passed', online_minutes)
+            keep_running(procs, log_dir, t1 + online_minutes * 60)
+    finally:
+        stopped = stop(procs)
+        logger.info('stopped: %s', stopped)
+    return stopped
+
+
+def _summary(work, cfg_path, cfg, log_dir, plots, evaluation, rulebase, stopped, timings) -> dict:
+    """``run``'s result: where everything is, the test plays, the evaluations, the stop and the timings."""
+    tb_dir = cfg.control.tensorboard_dir
     return {
         'work_dir': str(work),
         'config': str(cfg_path),

@@ -259,147 +259,189 @@ def train(cfg, *, max_steps: int | None = None, num_workers: int = 1, progress: 
         NoSamplesError: no usable sample in the logs (every file skipped).
         ValueError: ``patience`` < 0.
     """
-    from tqdm import tqdm
-    from torch.utils.tensorboard import SummaryWriter
-    from mortal.model.networks import GRP
-
     if patience < 0:
         raise ValueError(f"patience must be >= 0, got {patience}")
-    control = cfg.control
-    batch_size = control.batch_size
-    save_every = control.save_every
-    val_steps = control.val_steps
-    device = torch.device(control.device)
-    torch.backends.cudnn.benchmark = control.enable_cudnn_benchmark
-    logger.info("device: %s", device)
+    run = _GrpRun(cfg, patience)
+    if run.es["stopped"]:
+        logger.info("early stopping: %s stopped before at step %d (best %.4f at step %d); not trained further",
+                    run.state_file, run.steps, run.es["best_ce"], run.es["best_steps"])
+        return run.steps
+    run.optimizer.param_groups[0]["lr"] = run.lr
+    run.open_data(num_workers)
+    return run.fit(max_steps, progress)
 
-    def new_grp():  # of [grp.network] (the GRP's defaults without one)
-        net = cfg.network
+
+class _GrpRun:
+    """One ``train`` call: the GRP of ``cfg`` (typed ``[grp]``) with its optimizer, step count and early-stopping
+    record (``es``, ``best_model``), resumed from ``state_file`` when it exists; then its data and its loop."""
+
+    def __init__(self, cfg, patience: int):
+        self.cfg = cfg
+        self.patience = patience
+        control = cfg.control
+        self.batch_size = control.batch_size
+        self.save_every = control.save_every
+        self.val_steps = control.val_steps
+        self.device = torch.device(control.device)
+        torch.backends.cudnn.benchmark = control.enable_cudnn_benchmark
+        logger.info("device: %s", self.device)
+        self.grp = self.new_grp().to(self.device)
+        self.optimizer = optim.AdamW(self.grp.parameters())
+        self.state_file = cfg.state_file
+        self.steps = 0
+        self.es = {"best_steps": None, "best_ce": None, "history": [], "stopped": False}
+        self.best_model = None
+        if os.path.exists(self.state_file):
+            self._resume()
+        self.lr = cfg.optim.lr
+
+    def new_grp(self):
+        """A GRP of ``[grp.network]`` (the GRP's defaults without one)."""
+        from mortal.model.networks import GRP
+
+        net = self.cfg.network
         return GRP(hidden_size=net.hidden_size, num_layers=net.num_layers) if net is not None else GRP()
 
-    grp = new_grp().to(device)
-    optimizer = optim.AdamW(grp.parameters())
-    state_file = cfg.state_file
-    steps = 0
-    es = {"best_steps": None, "best_ce": None, "history": [], "stopped": False}
-    best_model = None
-    if os.path.exists(state_file):
+    def _resume(self) -> None:
+        state_file = self.state_file
         try:
-            state = load_checkpoint(state_file, map_location=device)
+            state = load_checkpoint(state_file, map_location=self.device)
             logger.info("loaded: %s", datetime.fromtimestamp(state["timestamp"]).strftime("%Y-%m-%d %H:%M:%S"))
-            grp.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            steps = state["steps"]
-            if patience and "early_stopping" in state:
-                es = {**es, **state["early_stopping"]}
-                es["history"] = [list(h) for h in es["history"]]
+            self.grp.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.steps = state["steps"]
+            if self.patience and "early_stopping" in state:
+                self.es = {**self.es, **state["early_stopping"]}
+                self.es["history"] = [list(h) for h in self.es["history"]]
                 if state.get("best_model") is not None:
-                    best_model = state["best_model"]
-                    new_grp().load_state_dict(best_model)  # the same shapes, or refused
+                    self.best_model = state["best_model"]
+                    self.new_grp().load_state_dict(self.best_model)  # the same shapes, or refused
         except (RuntimeError, KeyError, TypeError, ValueError) as e:  # ValueError: CheckpointError among them
             raise TrainGrpInputError(f"[grp] state_file {state_file} cannot be resumed from ({_unusable(e)}); "
                                      "check [grp.network] or move the file away to start afresh") from None
-    if es["stopped"]:
-        logger.info("early stopping: %s stopped before at step %d (best %.4f at step %d); not trained further",
-                    state_file, steps, es["best_ce"], es["best_steps"])
-        return steps
-    lr = cfg.optim.lr
-    optimizer.param_groups[0]["lr"] = lr
 
-    ds = cfg.dataset
-    train_files, val_files = build_file_index(ds.train_globs, ds.val_globs, ds.file_index)
-    if not train_files or not val_files:
-        cached = ds.file_index and os.path.exists(ds.file_index)
-        raise TrainGrpInputError(f"[grp.dataset] {'file_index ' + ds.file_index if cached else 'globs'} "
-                                 f"listed {len(train_files)} train and {len(val_files)} val files; both need at "
-                                 f"least one log{'; delete the index to expand the globs again' if cached else ''}")
-    logger.info("train file list size: %s", f"{len(train_files):,}")
-    logger.info("val file list size: %s", f"{len(val_files):,}")
-    train_iter = _loader(train_files, batch_size, ds.file_batch_size, num_workers)
-    val_iter = _loader(val_files, batch_size, ds.file_batch_size, num_workers)
-    val_samples = None
-    if patience:
-        val_samples = load_samples(val_files)
-        if not val_samples:
-            raise NoSamplesError(f"no GRP samples in the {len(val_files)} val log files")
-        logger.info("early stopping: patience %d validations of %d steps, on %s val samples", patience, save_every,
-                    f"{len(val_samples):,}")
-    writer = SummaryWriter(control.tensorboard_dir)
+    def open_data(self, num_workers: int) -> None:
+        """The file lists, the two cycling loaders and (with ``patience``) every val sample."""
+        ds = self.cfg.dataset
+        train_files, val_files = build_file_index(ds.train_globs, ds.val_globs, ds.file_index)
+        if not train_files or not val_files:
+            cached = ds.file_index and os.path.exists(ds.file_index)
+            raise TrainGrpInputError(f"[grp.dataset] {'file_index ' + ds.file_index if cached else 'globs'} "
+                                     f"listed {len(train_files)} train and {len(val_files)} val files; both need at "
+                                     f"least one log{'; delete the index to expand the globs again' if cached else ''}")
+        logger.info("train file list size: %s", f"{len(train_files):,}")
+        logger.info("val file list size: %s", f"{len(val_files):,}")
+        self.train_files = train_files
+        self.train_iter = _loader(train_files, self.batch_size, ds.file_batch_size, num_workers)
+        self.val_iter = _loader(val_files, self.batch_size, ds.file_batch_size, num_workers)
+        self.val_samples = None
+        if self.patience:
+            self.val_samples = load_samples(val_files)
+            if not self.val_samples:
+                raise NoSamplesError(f"no GRP samples in the {len(val_files)} val log files")
+            logger.info("early stopping: patience %d validations of %d steps, on %s val samples", self.patience,
+                        self.save_every, f"{len(self.val_samples):,}")
 
-    def progress_line():
+    def progress_line(self) -> str:
         # Epochs = samples seen / samples in the train logs, with Mortal's rough count of
         # ~10 kyoku (samples) per game. Mortal prints it x100 as a percent, which reads as
         # "400.000%" after 4 epochs; epochs say the same thing plainly.
-        epochs = steps * batch_size / (len(train_files) * 10)
-        return f"total steps: {steps:,} est. {epochs:.2f} epochs ({len(train_files):,} train logs, ~10 kyoku each)"
+        epochs = self.steps * self.batch_size / (len(self.train_files) * 10)
+        return (f"total steps: {self.steps:,} est. {epochs:.2f} epochs ({len(self.train_files):,} train logs, "
+                f"~10 kyoku each)")
 
-    def save(stopped=False):
+    def save(self, stopped: bool = False) -> None:
         state = {
-            "model": grp.state_dict() if not stopped else best_model,
-            "optimizer": optimizer.state_dict(),
-            "steps": steps,
+            "model": self.grp.state_dict() if not stopped else self.best_model,
+            "optimizer": self.optimizer.state_dict(),
+            "steps": self.steps,
             "timestamp": datetime.now().timestamp(),
         }
-        if patience:
-            state["early_stopping"] = {**es, "stopped": stopped}
+        if self.patience:
+            state["early_stopping"] = {**self.es, "stopped": stopped}
             if not stopped:
-                state["best_model"] = best_model
-        atomic_torch_save(state, state_file)
+                state["best_model"] = self.best_model
+        atomic_torch_save(state, self.state_file)
 
-    logger.info("%s", progress_line())
-    stats = dict(train_loss=0.0, train_acc=0.0)
-    pb = tqdm(total=save_every, desc="TRAIN", disable=not progress)
-    grp.train()
-    try:
-        while max_steps is None or steps < max_steps:
-            inputs, ranks = next(train_iter)
-            loss, acc = train_step(grp, optimizer, [x.to(device) for x in inputs], ranks.to(device))
-            stats["train_loss"] += loss
-            stats["train_acc"] += acc
-            steps += 1
-            pb.update(1)
-            if steps % save_every:
-                continue
+    def fit(self, max_steps, progress: bool) -> int:
+        """Train until ``max_steps`` (None: forever) or the early stop; validate and save every ``save_every``
+        steps; returns the steps reached."""
+        from tqdm import tqdm
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(self.cfg.control.tensorboard_dir)
+        logger.info("%s", self.progress_line())
+        stats = dict(train_loss=0.0, train_acc=0.0)
+        pb = tqdm(total=self.save_every, desc="TRAIN", disable=not progress)
+        self.grp.train()
+        stop = False
+        try:
+            while max_steps is None or self.steps < max_steps:
+                inputs, ranks = next(self.train_iter)
+                loss, acc = train_step(self.grp, self.optimizer, [x.to(self.device) for x in inputs],
+                                       ranks.to(self.device))
+                stats["train_loss"] += loss
+                stats["train_acc"] += acc
+                self.steps += 1
+                pb.update(1)
+                if self.steps % self.save_every:
+                    continue
+                pb.close()
+                stop = self._validate(writer, stats, progress)
+                stats = dict(train_loss=0.0, train_acc=0.0)
+                logger.info("%s", self.progress_line())
+                if stop:
+                    break
+                self.save()
+                pb = tqdm(total=self.save_every, desc="TRAIN", disable=not progress)
+            if self.patience and self.best_model is not None:
+                self.save(stopped=True)
+                logger.info("early stopping: %s at step %d; kept the best, val cross entropy %.4f at step %d",
+                            "stopped" if stop else "reached max_steps", self.steps, self.es["best_ce"],
+                            self.es["best_steps"])
+        finally:
             pb.close()
-            grp.eval()
-            val_loss = val_acc = 0.0
-            for _ in tqdm(range(val_steps), desc="VAL", disable=not progress):
-                inputs, ranks = next(val_iter)
-                loss, acc = evaluate(grp, [x.to(device) for x in inputs], ranks.to(device))
-                val_loss += loss
-                val_acc += acc
-            grp.train()
-            writer.add_scalars("loss", {"train": stats["train_loss"] / save_every,
-                                        "val": val_loss / val_steps}, steps)
-            writer.add_scalars("acc", {"train": stats["train_acc"] / save_every,
-                                       "val": val_acc / val_steps}, steps)
-            writer.add_scalar("lr", lr, steps)
-            stop = False
-            if patience:
-                ce = mean_ce(grp, val_samples)
-                es["history"].append([steps, ce])
-                best, stop = early_stopping_state([c for _, c in es["history"]], patience)
-                if best == len(es["history"]) - 1:
-                    best_model = copy.deepcopy(grp.state_dict())
-                    es["best_steps"], es["best_ce"] = steps, ce
-                writer.add_scalar("val_ce", ce, steps)
-                logger.info("val cross entropy %.4f at step %d (best %.4f at step %d; uniform %.4f)", ce, steps,
-                            es["best_ce"], es["best_steps"], UNIFORM_CE)
-            writer.flush()
-            stats = dict(train_loss=0.0, train_acc=0.0)
-            logger.info("%s", progress_line())
-            if stop:
-                break
-            save()
-            pb = tqdm(total=save_every, desc="TRAIN", disable=not progress)
-        if patience and best_model is not None:
-            save(stopped=True)
-            logger.info("early stopping: %s at step %d; kept the best, val cross entropy %.4f at step %d",
-                        "stopped" if stop else "reached max_steps", steps, es["best_ce"], es["best_steps"])
-    finally:
-        pb.close()
-        writer.close()
-    return steps
+            writer.close()
+        return self.steps
+
+    def _validate(self, writer, stats: dict, progress: bool) -> bool:
+        """``val_steps`` batches of the val loader, the TensorBoard scalars of this period (``stats``: its train
+        sums) and, with ``patience``, the early-stopping check; returns whether to stop."""
+        from tqdm import tqdm
+
+        steps = self.steps
+        self.grp.eval()
+        val_loss = val_acc = 0.0
+        for _ in tqdm(range(self.val_steps), desc="VAL", disable=not progress):
+            inputs, ranks = next(self.val_iter)
+            loss, acc = evaluate(self.grp, [x.to(self.device) for x in inputs], ranks.to(self.device))
+            val_loss += loss
+            val_acc += acc
+        self.grp.train()
+        writer.add_scalars("loss", {"train": stats["train_loss"] / self.save_every,
+                                    "val": val_loss / self.val_steps}, steps)
+        writer.add_scalars("acc", {"train": stats["train_acc"] / self.save_every,
+                                   "val": val_acc / self.val_steps}, steps)
+        writer.add_scalar("lr", self.lr, steps)
+        stop = False
+        if self.patience:
+            stop = self._early_stopping(writer)
+        writer.flush()
+        return stop
+
+    def _early_stopping(self, writer) -> bool:
+        """The cross entropy over every val sample into the record (a new best kept); whether to stop."""
+        es, steps = self.es, self.steps
+        ce = mean_ce(self.grp, self.val_samples)
+        es["history"].append([steps, ce])
+        best, stop = early_stopping_state([c for _, c in es["history"]], self.patience)
+        if best == len(es["history"]) - 1:
+            self.best_model = copy.deepcopy(self.grp.state_dict())
+            es["best_steps"], es["best_ce"] = steps, ce
+        writer.add_scalar("val_ce", ce, steps)
+        logger.info("val cross entropy %.4f at step %d (best %.4f at step %d; uniform %.4f)", ce, steps,
+                    es["best_ce"], es["best_steps"], UNIFORM_CE)
+        return stop
 
 
 def main(argv=None) -> int:

@@ -100,25 +100,7 @@ class ClaimLedger:
         manifest = path.join(ledger.claim_dir, MANIFEST)
         if not path.exists(manifest):
             return ledger
-        try:
-            with open(manifest, encoding="utf-8") as f:
-                data = json.load(f)
-            files = data["files"]
-            if data.get("format") != _FORMAT:
-                raise ValueError(f"unknown format {data.get('format')!r}")
-            if not isinstance(files, dict):
-                raise ValueError(f"'files' is a {type(files).__name__}, expected an object")
-            same = data.get("signature") == ledger.signature and data.get("passes") == ledger.passes
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as ex:
-            logger.warning("unreadable %s (%s: %s): the logs in %s are resumed whole", manifest,
-                           type(ex).__name__, ex, ledger.claim_dir)
-            files = {n: {} for n in sorted(os.listdir(ledger.claim_dir))
-                     if n not in ledger.reserved_names() and not ledger._name_problem(n)}
-            same = True
-        if not same:
-            logger.warning("%s was written under other settings (%s, %d passes; now %s, %d passes): its %d "
-                           "logs are resumed whole", manifest, data.get("signature"), data.get("passes", 0),
-                           ledger.signature, ledger.passes, len(files))
+        files, same = _read_manifest(ledger, manifest)
         gone = []
         for name, passes_ in files.items():
             kind = ledger._name_problem(name)
@@ -127,7 +109,7 @@ class ClaimLedger:
             elif kind:
                 logger.warning("%s: ignoring entry %r (%s): never read, never removed", manifest, name, kind)
                 continue
-            units = ledger._parse_units(manifest, name, passes_, gone=kind == "missing") if same else {}
+            units = _parse_units(manifest, name, passes_, ledger.passes, gone=kind == "missing") if same else {}
             if kind == "missing":
                 ledger.lost_samples += sum(_remaining(u) for u in units.values())
             else:
@@ -168,40 +150,6 @@ class ClaimLedger:
         if not stat.S_ISREG(st.st_mode):
             return "not a regular file (a symlink, folder or other)"
         return ""
-
-    def _parse_units(self, manifest: str, name: str, passes_, *, gone: bool = False) -> dict:
-        """The ``{pass: _Partial or _DONE}`` of a manifest entry; a malformed entry (wrong types, pass outside
-        0..passes-1, total outside 1..MAX_SAMPLES, indices outside 0..total-1) is logged once, naming the file
-        and the entry, and its progress dropped: that log is resumed whole (``gone``: the log is missing, its
-        remaining samples count 0)."""
-        def bad(why):
-            text = repr(passes_)
-            logger.warning("%s: malformed entry for %r (%s: %s): %s", manifest, name, why,
-                           text if len(text) <= 200 else text[:200] + "...",
-                           "its remaining samples are unknown" if gone else "that log is resumed whole")
-            return {}
-        if not isinstance(passes_, dict):
-            return bad(f"a {type(passes_).__name__}, expected an object")
-        units = {}
-        for key, value in passes_.items():
-            try:
-                p = int(key, 10) if isinstance(key, str) else None
-            except ValueError:
-                p = None
-            if p is None or not 0 <= p < self.passes or str(p) != key:
-                return bad(f"pass {key!r} is not one of 0..{self.passes - 1}")
-            if value == _DONE:
-                units[p] = _DONE
-                continue
-            if not isinstance(value, dict):
-                return bad(f"pass {key}: a {type(value).__name__}, expected 'done' or an object")
-            total, trained = value.get("total"), value.get("trained")
-            if not _is_int(total) or not 1 <= total <= MAX_SAMPLES:
-                return bad(f"pass {key}: total {total!r} is not an integer 1..{MAX_SAMPLES}")
-            if not isinstance(trained, list) or not all(_is_int(i) and 0 <= i < total for i in trained):
-                return bad(f"pass {key}: trained must be a list of indices 0..{total - 1}")
-            units[p] = _Partial(total, trained) if len(set(trained)) < total else _DONE
-        return units
 
     def reserved_names(self) -> set:
         """Entries of the claim folder that are not claimed logs (the manifest and its temporary file)."""
@@ -350,6 +298,69 @@ class ClaimLedger:
             except FileNotFoundError:
                 pass
         return len(finished)
+
+
+# ---------------------------------------------------------------------------- the manifest
+
+def _read_manifest(ledger: ClaimLedger, manifest: str) -> tuple:
+    """``(files, same)`` of the ``manifest`` of ``ledger``'s folder: its ``files`` entry and whether it was written
+    under the ledger's signature and passes (logged when not). An unreadable manifest (logged) lists every
+    plain file of the folder with no progress."""
+    try:
+        with open(manifest, encoding="utf-8") as f:
+            data = json.load(f)
+        files = data["files"]
+        if data.get("format") != _FORMAT:
+            raise ValueError(f"unknown format {data.get('format')!r}")
+        if not isinstance(files, dict):
+            raise ValueError(f"'files' is a {type(files).__name__}, expected an object")
+        same = data.get("signature") == ledger.signature and data.get("passes") == ledger.passes
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as ex:
+        logger.warning("unreadable %s (%s: %s): the logs in %s are resumed whole", manifest,
+                       type(ex).__name__, ex, ledger.claim_dir)
+        files = {n: {} for n in sorted(os.listdir(ledger.claim_dir))
+                 if n not in ledger.reserved_names() and not ledger._name_problem(n)}
+        same = True
+    if not same:
+        logger.warning("%s was written under other settings (%s, %d passes; now %s, %d passes): its %d "
+                       "logs are resumed whole", manifest, data.get("signature"), data.get("passes", 0),
+                       ledger.signature, ledger.passes, len(files))
+    return files, same
+
+
+def _parse_units(manifest: str, name: str, passes_, n_passes: int, *, gone: bool = False) -> dict:
+    """The ``{pass: _Partial or _DONE}`` of a manifest entry; a malformed entry (wrong types, pass outside
+    0..n_passes-1, total outside 1..MAX_SAMPLES, indices outside 0..total-1) is logged once, naming the file
+    and the entry, and its progress dropped: that log is resumed whole (``gone``: the log is missing, its
+    remaining samples count 0)."""
+    def bad(why):
+        text = repr(passes_)
+        logger.warning("%s: malformed entry for %r (%s: %s): %s", manifest, name, why,
+                       text if len(text) <= 200 else text[:200] + "...",
+                       "its remaining samples are unknown" if gone else "that log is resumed whole")
+        return {}
+    if not isinstance(passes_, dict):
+        return bad(f"a {type(passes_).__name__}, expected an object")
+    units = {}
+    for key, value in passes_.items():
+        try:
+            p = int(key, 10) if isinstance(key, str) else None
+        except ValueError:
+            p = None
+        if p is None or not 0 <= p < n_passes or str(p) != key:
+            return bad(f"pass {key!r} is not one of 0..{n_passes - 1}")
+        if value == _DONE:
+            units[p] = _DONE
+            continue
+        if not isinstance(value, dict):
+            return bad(f"pass {key}: a {type(value).__name__}, expected 'done' or an object")
+        total, trained = value.get("total"), value.get("trained")
+        if not _is_int(total) or not 1 <= total <= MAX_SAMPLES:
+            return bad(f"pass {key}: total {total!r} is not an integer 1..{MAX_SAMPLES}")
+        if not isinstance(trained, list) or not all(_is_int(i) and 0 <= i < total for i in trained):
+            return bad(f"pass {key}: trained must be a list of indices 0..{total - 1}")
+        units[p] = _Partial(total, trained) if len(set(trained)) < total else _DONE
+    return units
 
 
 # ---------------------------------------------------------------------------- drain claiming

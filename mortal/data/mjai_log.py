@@ -199,7 +199,8 @@ def _scan(items, source: str, raw: str | None, error: type[BadLogError], trainin
     event dict)``; ``raw``: the whole text, for the hint on a first line that is not mjai; ``training``: the
     checks of ``parse_log`` on top of those of ``parse_events``.
 
-    One loop, checks inlined: the training loaders parse every event of every log here.
+    One loop, the per-event checks inlined: the training loaders parse every event of every log here (only the
+    rare kyoku boundaries and the failing JSON path call out).
     """
     events: list[dict] = []
     lines: list[str | None] = []
@@ -226,13 +227,7 @@ def _scan(items, source: str, raw: str | None, error: type[BadLogError], trainin
             except (StopIteration, ValueError, RecursionError):
                 end = -1
             if end != len(line):
-                try:
-                    ev = json.loads(line)
-                except RecursionError:
-                    raise error(source, "JSON nested too deeply", no) from None
-                except ValueError as e:
-                    hint = _not_mjai_hint(raw) if raw is not None and not events else ""
-                    raise error(source, hint or f"not a JSON event ({e})", no) from None
+                ev = _loads_or_fail(line, source, no, error, raw if not events else None)
         if not isinstance(ev, dict) or not isinstance(ev.get("type"), str):
             hint = _not_mjai_hint(raw) if raw is not None and not events else ""
             raise error(source, hint or "not an mjai event (no string field 'type')", no)
@@ -255,23 +250,41 @@ def _scan(items, source: str, raw: str | None, error: type[BadLogError], trainin
             ended = True
             if training and in_kyoku:
                 raise error(source, "end_game before the last kyoku's end_kyoku", no)
-        elif training:
-            if typ == "start_kyoku":
-                if in_kyoku:
-                    raise error(source, "start_kyoku before the previous kyoku's end_kyoku", no)
-                in_kyoku = True
-                n_kyoku += 1
-                if n_kyoku > MAX_KYOKU:
-                    raise error(source, f"more than {MAX_KYOKU} kyoku in one game", no)
-            elif typ == "end_kyoku":
-                # The loaders number kyoku by end_kyoku and reward them by start_kyoku: the two must pair up.
-                if not in_kyoku:
-                    raise error(source, "end_kyoku without a start_kyoku", no)
-                in_kyoku = False
+        elif training and (typ == "start_kyoku" or typ == "end_kyoku"):
+            in_kyoku, n_kyoku = _kyoku_order(typ, in_kyoku, n_kyoku, source, no, error)
         events.append(ev)
         lines.append(line)
         numbers.append(no)
     return events, lines, numbers
+
+
+def _loads_or_fail(line: str, source: str, no: int, error: type[BadLogError], raw: str | None):
+    """``json.loads`` of a line the fast scan did not take as one JSON value: the event, or ``error`` with
+    json's reason (with the hint of ``_not_mjai_hint`` on ``raw``, the whole text, when given: the first line)."""
+    try:
+        return json.loads(line)
+    except RecursionError:
+        raise error(source, "JSON nested too deeply", no) from None
+    except ValueError as e:
+        hint = _not_mjai_hint(raw) if raw is not None else ""
+        raise error(source, hint or f"not a JSON event ({e})", no) from None
+
+
+def _kyoku_order(typ: str, in_kyoku: bool, n_kyoku: int, source: str, no: int,
+                 error: type[BadLogError]) -> tuple:
+    """``(in_kyoku, n_kyoku)`` after a ``start_kyoku`` or ``end_kyoku`` of a training log; ``error`` when the two
+    do not pair up or there are more than ``MAX_KYOKU``."""
+    if typ == "start_kyoku":
+        if in_kyoku:
+            raise error(source, "start_kyoku before the previous kyoku's end_kyoku", no)
+        n_kyoku += 1
+        if n_kyoku > MAX_KYOKU:
+            raise error(source, f"more than {MAX_KYOKU} kyoku in one game", no)
+        return True, n_kyoku
+    # The loaders number kyoku by end_kyoku and reward them by start_kyoku: the two must pair up.
+    if not in_kyoku:
+        raise error(source, "end_kyoku without a start_kyoku", no)
+    return False, n_kyoku
 
 
 def _check_training_fields(ev: dict, typ: str, source: str, no: int, error: type[BadLogError]) -> None:

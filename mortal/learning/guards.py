@@ -6,7 +6,9 @@ server.
 writer, and changes its weights, ``best_perf`` and ``guard`` (the guards' state, the checkpoint's ``guard`` entry,
 ``INITIAL_GUARD`` at the start) only through what the trainer offers (``save``, ``checkpoint``,
 ``sync_baseline``, the scheduler's ``refresh``). The test play's statistics are ``mortal.learning.gate``'s; the baseline
-files are rotated by ``mortal.model.rotation``.
+files are rotated by ``mortal.model.rotation``. ``Guards`` judges the test play and keeps best.pth; the rollback is
+``Rollback``'s, the rotation and the baseline's sync ``BaselineKeeper``'s (``Guards.rollback``, ``rotate_baseline``
+and ``sync_baseline`` hand over to them).
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ class Guards:
         self.fresh_deals = test_cfg.fresh_deals
         self.guard_cfg = cfg.guard  # typed [guard] and [rotation]
         self.rotation_cfg = cfg.rotation
+        self.rollbacks = Rollback(trainer, self.guard_cfg)
+        self.baselines = BaselineKeeper(trainer)
 
     def test_play(self) -> None:
         """Play ``[test_play] games`` against ``[baseline.test]``, log, judge and maybe replace best.pth, then (online)
@@ -78,27 +82,11 @@ class Guards:
         best_rule`` (``mortal.learning.gate``); one with ``test_play`` only (the bootstrap's test play against
         RulebaseBots, tests' fakes) is judged by Mortal's rule and drives no guard."""
         t = self.trainer
-        verdict = None
         # Nothing to compare with yet (no best.pth, a fresh best_perf): the first test play makes best.pth, as
         # Mortal's does.
         first = (not path.exists(t.best_state_file) and not t.best_perf.get('deals')
                  and t.best_perf.get('avg_rank', 4.0) >= INITIAL_BEST_PERF['avg_rank'])
-        if hasattr(t.test_player, 'play_units'):
-            t.test_player.begin()
-            mortal, dqn = t.played()
-            rule = 'paired' if first and self.best_rule == 'sprt' else self.best_rule  # a full record
-            reference = gate.reference_of(t.best_perf)
-            if self.fresh_deals and path.exists(t.best_state_file):
-                reference = self._best_replay()
-            verdict = gate.run_test_play(
-                lambda first, count: t.test_player.play_units(first, count, mortal, dqn, t.device),
-                nonce_start=self._test_nonce(), deals=self.test_games // 4,
-                reference=reference, rule=rule, confidence=self.confidence,
-                sprt=self.sprt, chunk_deals=self.sprt_chunk_deals,
-                mortal_better=lambda units: is_better(*reversed(units_summary(units)), t.best_perf))
-            stat = t.test_player.stat()
-        else:
-            stat = t.test_player.test_play(self.test_games // 4, *t.played(), t.device)
+        stat, verdict = self._play(first)
         t.mortal.train()
         t.dqn.train()
         avg_pt = stat.avg_pt(DISPLAY_PTS)
@@ -111,6 +99,38 @@ class Guards:
             t.best_perf = {'avg_pt': avg_pt, 'avg_rank': avg_rank}
             if verdict is not None:
                 t.best_perf['deals'] = {int(n): [int(r) for r in rs] for n, rs in verdict.units.items()}
+        self._write_result(stat, verdict, first, avg_pt, avg_rank)
+        if better:
+            self._keep_best(past_best, avg_pt, avg_rank)
+        if verdict is not None and self.fresh_deals:
+            t.guard['test_plays'] += 1
+            t.save()  # the next test play meets the next deals, also after this learner's restart
+        if t.online and verdict is not None:
+            self.run_guards(verdict, became_best=better)
+
+    def _play(self, first: bool) -> tuple:
+        """``(stat, verdict)`` of this test play; ``verdict`` (``gate.run_test_play``'s) is None for a test player
+        without ``play_units``. ``first``: no best.pth to compare with yet."""
+        t = self.trainer
+        if not hasattr(t.test_player, 'play_units'):
+            return t.test_player.test_play(self.test_games // 4, *t.played(), t.device), None
+        t.test_player.begin()
+        mortal, dqn = t.played()
+        rule = 'paired' if first and self.best_rule == 'sprt' else self.best_rule  # a full record
+        reference = gate.reference_of(t.best_perf)
+        if self.fresh_deals and path.exists(t.best_state_file):
+            reference = self._best_replay()
+        verdict = gate.run_test_play(
+            lambda first, count: t.test_player.play_units(first, count, mortal, dqn, t.device),
+            nonce_start=self._test_nonce(), deals=self.test_games // 4,
+            reference=reference, rule=rule, confidence=self.confidence,
+            sprt=self.sprt, chunk_deals=self.sprt_chunk_deals,
+            mortal_better=lambda units: is_better(*reversed(units_summary(units)), t.best_perf))
+        return t.test_player.stat(), verdict
+
+    def _write_result(self, stat, verdict, first: bool, avg_pt: float, avg_rank: float) -> None:
+        """The test play's log lines and TensorBoard values (the paired ones with a ``verdict``)."""
+        t = self.trainer
         logger.info('avg rank: %.6f', avg_rank)
         logger.info('avg pt: %.6f', avg_pt)
         stat.write_tensorboard(t.writer, t.steps, DISPLAY_PTS)
@@ -124,19 +144,17 @@ class Guards:
             if verdict.llr is not None:
                 t.writer.add_scalar('test_play/sprt_llr', verdict.llr, t.steps)
         t.writer.flush()
-        if better:
-            t.save()  # the checkpoint now records the new best_perf
-            logger.info('a new record has been made, pt: %.4f -> %.4f, rank: %.4f -> %.4f, saving to %s',
-                        past_best['avg_pt'], avg_pt, past_best['avg_rank'], avg_rank, t.best_state_file)
-            if t.ema is None:
-                atomic_copy(t.state_file, t.best_state_file)
-            else:  # best.pth holds the weights that were test-played
-                atomic_torch_save(played_checkpoint(t.checkpoint()), t.best_state_file)
-        if verdict is not None and self.fresh_deals:
-            t.guard['test_plays'] += 1
-            t.save()  # the next test play meets the next deals, also after this learner's restart
-        if t.online and verdict is not None:
-            self.run_guards(verdict, became_best=better)
+
+    def _keep_best(self, past_best: dict, avg_pt: float, avg_rank: float) -> None:
+        """Save the checkpoint (it records the new ``best_perf``) and make it best.pth (the played weights)."""
+        t = self.trainer
+        t.save()
+        logger.info('a new record has been made, pt: %.4f -> %.4f, rank: %.4f -> %.4f, saving to %s',
+                    past_best['avg_pt'], avg_pt, past_best['avg_rank'], avg_rank, t.best_state_file)
+        if t.ema is None:
+            atomic_copy(t.state_file, t.best_state_file)
+        else:  # best.pth holds the weights that were test-played
+            atomic_torch_save(played_checkpoint(t.checkpoint()), t.best_state_file)
 
     def _test_nonce(self) -> int:
         """First nonce of this test play: Mortal's fixed one, or with ``[test_play] fresh_deals`` the next unused
@@ -192,6 +210,36 @@ class Guards:
             t.save()
 
     def rollback(self, reason: str) -> bool:
+        """``Rollback.run``: restore best.pth into this learner; False (logged) when it cannot."""
+        return self.rollbacks.run(reason)
+
+    def rotate_baseline(self, reason: str) -> bool:
+        """``BaselineKeeper.rotate``: promote best.pth to the baselines; False (logged) when it cannot."""
+        return self.baselines.rotate(reason)
+
+    def sync_baseline(self, *, rotated: bool = False) -> None:
+        """``BaselineKeeper.sync``: submit ``[baseline.train] state_file`` to the server."""
+        self.baselines.sync(rotated=rotated)
+
+
+def _guard_event(t, tag: str, count: int, line: str) -> None:
+    """After a rollback or rotation of the learner ``t``: save the checkpoint (its ``guard`` state has changed),
+    then one warning line, the count under ``tag`` and the line as a ``guard/events`` text in TensorBoard."""
+    t.save()
+    logger.warning('%s', line)
+    t.writer.add_scalar(tag, count, t.steps)
+    t.writer.add_text('guard/events', line, t.steps)
+
+
+class Rollback:
+    """The rollback of ``[guard]``: best.pth's weights and optimizer state back into the learner ``trainer``
+    (``guard_cfg``: its typed ``[guard]``)."""
+
+    def __init__(self, trainer, guard_cfg):
+        self.trainer = trainer
+        self.guard_cfg = guard_cfg
+
+    def run(self, reason: str) -> bool:
         """Restore the weights and optimizer state of best.pth into this learner and ``state_file`` (steps,
         schedule position and ``best_perf`` go on). The replaced ``state_file`` is kept as
         ``<state_file>.<YYYYmmdd-HHMMSS>.rollback`` (the newest ``[guard] keep`` of them); the learning rate and
@@ -206,7 +254,7 @@ class Guards:
         except Exception as ex:  # missing, corrupt or foreign: the guard must never stop training
             logger.error('ROLLBACK not possible (%s): %s: %s', reason, type(ex).__name__, ex)
             return False
-        kept = self._keep_for_rollback()
+        kept = self._keep()
         for model, entry in ((t.mortal, 'mortal'), (t.dqn, 'current_dqn'), (t.aux_net, 'aux_net')):
             model.load_state_dict(best[entry])
         try:
@@ -228,19 +276,10 @@ class Guards:
         line = (f"ROLLBACK #{t.guard['rollbacks']} at step {t.steps}: {reason}; {t.state_file} restored "
                 f"from {t.best_state_file} (its step {best.get('steps', '?')}), the replaced one kept as {kept}; "
                 f"lr x{t.guard['lr_scale']:g}, epsilon x{t.guard['epsilon_scale']:g}")
-        self._guard_event('guard/rollbacks', t.guard['rollbacks'], line)
+        _guard_event(t, 'guard/rollbacks', t.guard['rollbacks'], line)
         return True
 
-    def _guard_event(self, tag: str, count: int, line: str) -> None:
-        """After a rollback or rotation: save the checkpoint (its ``guard`` state has changed), then one warning
-        line, the count under ``tag`` and the line as a ``guard/events`` text in TensorBoard."""
-        t = self.trainer
-        t.save()
-        logger.warning('%s', line)
-        t.writer.add_scalar(tag, count, t.steps)
-        t.writer.add_text('guard/events', line, t.steps)
-
-    def _keep_for_rollback(self) -> str:
+    def _keep(self) -> str:
         """Copy ``state_file`` to a new timestamped ``.rollback`` name; remove the oldest beyond ``[guard] keep``."""
         t = self.trainer
         kept = stamped_name(t.state_file, datetime.now().strftime('%Y%m%d-%H%M%S'), '.rollback')
@@ -250,12 +289,20 @@ class Guards:
             os.remove(name)
         return kept
 
+
+class BaselineKeeper:
+    """The learner's (``trainer``'s) baselines: the rotation of ``[rotation]`` and the baseline's sync with the
+    server."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
     def _baseline_file(self):
         """``[baseline.train] state_file``; None when the config has no such table."""
         baseline = self.trainer.cfg.baseline
         return baseline.train.state_file if baseline is not None and baseline.train is not None else None
 
-    def rotate_baseline(self, reason: str) -> bool:
+    def rotate(self, reason: str) -> bool:
         """Promote best.pth to ``[baseline.train]``/``[baseline.test]`` (``mortal.model.rotation.rotate``: the old
         baselines kept as ``.bak``), reset ``best_perf``, bump ``baseline_version`` (clients reload their baseline
         when it changes). Returns False (logged) when best.pth cannot be promoted."""
@@ -279,10 +326,10 @@ class Guards:
         line = (f"ROTATION #{t.guard['rotations']} at step {t.steps}: {reason}; {t.best_state_file} "
                 f"promoted to {', '.join(dst for dst, _ in done)} (baseline version {t.guard['baseline_version']}, "
                 f"previous kept as {', '.join(b for _, b in done if b) or 'nothing'}); best_perf reset")
-        self._guard_event('guard/rotations', t.guard['rotations'], line)
+        _guard_event(t, 'guard/rotations', t.guard['rotations'], line)
         return True
 
-    def sync_baseline(self, *, rotated: bool = False) -> None:
+    def sync(self, *, rotated: bool = False) -> None:
         """Submit ``[baseline.train] state_file`` to the server (``submit_baseline``), for clients that fetch it
         (``[baseline.train] from_server``). When its weights differ from those last submitted
         (``wire.baseline_digest``, kept in the checkpoint's ``guard`` entry) and ``rotated`` is False, the file was

@@ -2,7 +2,9 @@
 and the on-disk replay buffer (``buffer_dir``) with its hand-over to the trainer (``drain_dir``).
 
 ``ReplayStore`` takes and returns the request/reply maps of ``mortal/net/wire.py`` and knows nothing of sockets
-(``mortal.net.param_server`` serves it over TCP, ``mortal/server.py`` is the process). ``check_log_head`` is the
+(``mortal.net.param_server`` serves it over TCP, ``mortal/server.py`` is the process). It is its two halves, each
+under its own lock: ``ParamStore`` (parameters, versions, play settings, baseline) and ``LogBuffer`` (the replay
+buffer on disk and its drain). ``check_log_head`` is the
 check every submitted log passes (its first line is an mjai ``start_game`` event); ``BadRequest`` is a valid
 frame whose content is not a valid request. Logs under the logger name ``mortal.server``.
 """
@@ -127,30 +129,12 @@ def play_settings_of(msg: dict) -> dict:
         raise BadRequest(str(ex)) from None
 
 
-class ReplayStore:
-    """Thread-safe state of the server: parameters, versions and the on-disk replay buffer.
+class ParamStore:
+    """The served half of ``ReplayStore``: the parameters, their versions and play settings, and the trainer's
+    baseline, all under ``param_lock``. ``server_id`` and ``force_sequential`` are set by ``ReplayStore``."""
 
-    buffer_dir/drain_dir: directories this store owns (cleared by ``reset_dirs``); capacity: number of buffered
-    logs at which clients are refused new parameters; force_sequential: clients wait for each new idle version and
-    the trainer drains only full buffers. Methods take/return the request/reply maps of ``mortal/net/wire.py``.
-    """
-
-    def __init__(self, buffer_dir: str, drain_dir: str, capacity: int, force_sequential: bool = False):
-        self.buffer_dir = path.abspath(buffer_dir)
-        self.drain_dir = path.abspath(drain_dir)
-        self.capacity = int(capacity)
-        self.force_sequential = bool(force_sequential)
-        self.server_id = secrets.token_hex(8)
-        self.dir_lock = threading.Lock()
+    def __init__(self):
         self.param_lock = threading.Lock()
-        # protected by dir_lock: buffered file name -> param_version it was played with (UNKNOWN_VERSION if unknown)
-        self.buffer = {}
-        self.drained = set()
-        # moved into drain_dir by a drain that then failed: name -> param_version, delivered by the next drain
-        self.pending = OrderedDict()
-        self.submission_id = 0
-        self.reported_strays = set()
-        self.storage_state = {}  # operation -> (errno, exception type) of its current failure; absent when fine
         # protected by param_lock
         self.mortal_param: Optional[bytes] = None
         self.dqn_param: Optional[bytes] = None
@@ -160,57 +144,9 @@ class ReplayStore:
         self.play_settings = dict(wire.DEFAULT_PLAY_SETTINGS)  # what travels with the parameters to the clients
         self.baseline: Optional[dict] = None  # the last submit_baseline's fields (get_baseline's reply)
 
-    def reset_dirs(self) -> None:
-        """Empty buffer_dir and drain_dir, creating them when missing (logged), as Mortal's server does at start."""
-        with self.dir_lock:
-            for d in (self.buffer_dir, self.drain_dir):
-                existed = path.lexists(d)
-                empty_dir(d)
-                logger.info('%s %s', 'cleared and recreated' if existed else 'created', d)
-            self.buffer.clear()
-            self.drained.clear()
-            self.pending.clear()
-
-    # -- requests --------------------------------------------------------------------------------------------
-
-    def handle(self, msg: dict) -> dict:
-        """Dispatch one decoded request; BadRequest for an unknown type or invalid fields."""
-        kind = msg.get('type')
-        if kind == 'get_param':
-            return self.get_param(
-                _field(msg, 'param_version', int),
-                _field(msg, 'server_id', (str, type(None)), default=None),
-            )
-        if kind == 'submit_replay':
-            return self.submit_replay(
-                _field(msg, 'logs', dict),
-                _field(msg, 'param_version', int, default=UNKNOWN_VERSION),
-                _field(msg, 'server_id', (str, type(None)), default=None),
-            )
-        if kind == 'submit_param':
-            return self.submit_param(
-                _field(msg, 'mortal', bytes),
-                _field(msg, 'dqn', bytes),
-                _field(msg, 'is_idle', bool, default=False),
-                arch_change=_field(msg, 'arch_change', bool, default=False),
-                settings=play_settings_of(msg),
-            )
-        if kind == 'drain':
-            return self.drain()
-        if kind == 'submit_baseline':
-            return self.submit_baseline(msg)
-        if kind == 'get_baseline':
-            return self.get_baseline()
-        raise BadRequest(f'unknown request type {kind!r} (expected one of {wire.REQUEST_TYPES})')
-
-    def get_param(self, client_version: int, client_server_id: Optional[str] = None) -> dict:
-        """Parameters for a self-play client, or the reason it must wait (Mortal's three refusals)."""
-        with self.dir_lock:
-            overflow = len(self.buffer) + len(self.pending) >= self.capacity
-        if overflow:
-            return {'status': wire.STATUS_OVERFLOW}
-        if client_server_id != self.server_id:
-            client_version = UNKNOWN_VERSION  # versions of another server instance mean nothing here
+    def _param_reply(self, client_version: int) -> dict:
+        """``get_param``'s reply once the buffer has room (``client_version`` already UNKNOWN_VERSION when it is
+        another server instance's)."""
         with self.param_lock:
             if self.mortal_param is None or self.dqn_param is None:
                 return {'status': wire.STATUS_EMPTY_PARAM}
@@ -225,6 +161,42 @@ class ReplayStore:
                 **self.play_settings,
                 **({'baseline_digest': self.baseline['baseline_digest']} if self.baseline else {}),
             }
+
+    def submit_param(self, mortal: bytes, dqn: bytes, is_idle: bool, *, arch_change: bool = False,
+                     settings: Optional[dict] = None) -> dict:
+        """Replace the served parameters (safetensors bytes, checked to parse) and bump the version.
+
+        Raises ProtocolError (not safetensors) or BadRequest: an empty state dict, or key names/dtypes/shapes
+        other than those of the first accepted submission (naming the first differing key and both shapes)
+        unless ``arch_change``, which makes this submission the new reference."""
+        wire.unpack_state_dict(mortal)  # ProtocolError if not a state dict: never serve garbage to clients
+        wire.unpack_state_dict(dqn)
+        sig = {'mortal': state_dict_signature(mortal), 'dqn': state_dict_signature(dqn)}
+        for field, entries in sig.items():
+            if not entries:
+                raise BadRequest(f'field {field!r} is an empty state dict')
+        with self.param_lock:
+            if self.param_signature is not None:
+                for field, entries in sig.items():
+                    diff = signature_difference(self.param_signature[field], entries)
+                    if diff is None:
+                        continue
+                    if not arch_change:
+                        raise BadRequest(
+                            f'field {field!r} does not match the parameters this server accepted first: {diff} '
+                            '(send arch_change = true to change the architecture on purpose, or restart the '
+                            'server)')
+                    logger.warning('architecture change accepted (arch_change): %s: %s', field, diff)
+            self.param_signature = sig
+            self.mortal_param = mortal
+            self.dqn_param = dqn
+            self.play_settings = {**wire.DEFAULT_PLAY_SETTINGS, **(settings or {})}
+            self.param_version += 1
+            if is_idle:
+                self.idle_param_version = self.param_version
+            version = self.param_version
+        logger.info('param version %d submitted%s', version, ' (idle)' if is_idle else '')
+        return {'status': wire.STATUS_OK, 'param_version': version, 'server_id': self.server_id}
 
     def submit_baseline(self, msg: dict) -> dict:
         """Store the trainer's baseline (``mortal``/``dqn`` safetensors bytes, ``arch``, ``baseline_version``,
@@ -256,6 +228,42 @@ class ReplayStore:
             if self.baseline is None:
                 return {'status': wire.STATUS_EMPTY_BASELINE}
             return {'status': wire.STATUS_OK, **self.baseline}
+
+
+class LogBuffer:
+    """The replay half of ``ReplayStore``: the on-disk buffer of submitted logs (``buffer_dir``) and its hand-over
+    to the trainer (``drain_dir``), under ``dir_lock``. ``server_id`` and ``force_sequential`` are set by
+    ``ReplayStore``."""
+
+    def __init__(self, buffer_dir: str, drain_dir: str, capacity: int):
+        self.buffer_dir = path.abspath(buffer_dir)
+        self.drain_dir = path.abspath(drain_dir)
+        self.capacity = int(capacity)
+        self.dir_lock = threading.Lock()
+        # protected by dir_lock: buffered file name -> param_version it was played with (UNKNOWN_VERSION if unknown)
+        self.buffer = {}
+        self.drained = set()
+        # moved into drain_dir by a drain that then failed: name -> param_version, delivered by the next drain
+        self.pending = OrderedDict()
+        self.submission_id = 0
+        self.reported_strays = set()
+        self.storage_state = {}  # operation -> (errno, exception type) of its current failure; absent when fine
+
+    def reset_dirs(self) -> None:
+        """Empty buffer_dir and drain_dir, creating them when missing (logged), as Mortal's server does at start."""
+        with self.dir_lock:
+            for d in (self.buffer_dir, self.drain_dir):
+                existed = path.lexists(d)
+                empty_dir(d)
+                logger.info('%s %s', 'cleared and recreated' if existed else 'created', d)
+            self.buffer.clear()
+            self.drained.clear()
+            self.pending.clear()
+
+    def _overflow(self) -> bool:
+        """Whether the buffered logs (``pending`` included) reached ``capacity``: clients get no parameters."""
+        with self.dir_lock:
+            return len(self.buffer) + len(self.pending) >= self.capacity
 
     def submit_replay(self, logs: dict, param_version: int, client_server_id: Optional[str] = None) -> dict:
         """Store the logs ``{name: bytes}`` as ``{submission_id}_{name}``, all or none.
@@ -300,53 +308,11 @@ class ReplayStore:
                     sid, len(logs), param_version, size)
         return {'status': wire.STATUS_OK, 'count': len(logs), 'submission_id': sid}
 
-    def submit_param(self, mortal: bytes, dqn: bytes, is_idle: bool, *, arch_change: bool = False,
-                     settings: Optional[dict] = None) -> dict:
-        """Replace the served parameters (safetensors bytes, checked to parse) and bump the version.
-
-        Raises ProtocolError (not safetensors) or BadRequest: an empty state dict, or key names/dtypes/shapes
-        other than those of the first accepted submission (naming the first differing key and both shapes)
-        unless ``arch_change``, which makes this submission the new reference."""
-        wire.unpack_state_dict(mortal)  # ProtocolError if not a state dict: never serve garbage to clients
-        wire.unpack_state_dict(dqn)
-        sig = {'mortal': state_dict_signature(mortal), 'dqn': state_dict_signature(dqn)}
-        for field, entries in sig.items():
-            if not entries:
-                raise BadRequest(f'field {field!r} is an empty state dict')
-        with self.param_lock:
-            if self.param_signature is not None:
-                for field, entries in sig.items():
-                    diff = signature_difference(self.param_signature[field], entries)
-                    if diff is None:
-                        continue
-                    if not arch_change:
-                        raise BadRequest(
-                            f'field {field!r} does not match the parameters this server accepted first: {diff} '
-                            '(send arch_change = true to change the architecture on purpose, or restart the '
-                            'server)')
-                    logger.warning('architecture change accepted (arch_change): %s: %s', field, diff)
-            self.param_signature = sig
-            self.mortal_param = mortal
-            self.dqn_param = dqn
-            self.play_settings = {**wire.DEFAULT_PLAY_SETTINGS, **(settings or {})}
-            self.param_version += 1
-            if is_idle:
-                self.idle_param_version = self.param_version
-            version = self.param_version
-        logger.info('param version %d submitted%s', version, ' (idle)' if is_idle else '')
-        return {'status': wire.STATUS_OK, 'param_version': version, 'server_id': self.server_id}
-
-    def drain(self) -> dict:
-        """Move every buffered log into a freshly emptied drain_dir (under force_sequential only when the buffer
-        is full). Reply: count, drain_dir, files (names in drain_dir), param_versions (one per file, -1 unknown),
-        param_version (current), has_param (False after a server restart: the trainer should resubmit).
-
-        A disk failure midway answers ``{'status': 'error', 'reason': ...}``: each log is then either still in
-        buffer_dir or already in drain_dir, and the next drain delivers both kinds exactly once."""
-        with self.param_lock:
-            current = self.param_version
-            has_param = self.mortal_param is not None
-        moved, versions = [], []
+    def _move_to_drain(self):
+        """``drain``'s move: every buffered log into a freshly emptied drain_dir (under force_sequential only when
+        the buffer is full, else nothing). Returns the ``[(name, param_version)]`` delivered, sorted by name, or
+        the 'error' reply of a disk failure midway (``_storage_failed``)."""
+        moved = []
         with self.dir_lock:
             count = len(self.buffer) + len(self.pending)
             if count > 0 and (not self.force_sequential or count >= self.capacity):
@@ -370,21 +336,11 @@ class ReplayStore:
                         'drain', f'drain from buffer_dir to drain_dir failed ({len(self.pending)} moved, '
                         f'{len(self.buffer)} still buffered; the next drain delivers all): {ex}', ex)
                 self._storage_ok('drain', 'drain works again')
-                moved = sorted(self.pending)
-                versions = [self.pending[name] for name in moved]
-                self.drained = set(moved)
+                moved = [(name, self.pending[name]) for name in sorted(self.pending)]
+                self.drained = set(self.pending)
                 self.pending.clear()
                 logger.info('files transferred to trainer: %d; total buffer size: 0', len(moved))
-        return {
-            'status': wire.STATUS_OK,
-            'count': len(moved),
-            'drain_dir': self.drain_dir,
-            'files': moved,
-            'param_versions': versions,
-            'param_version': current,
-            'has_param': has_param,
-            'server_id': self.server_id,
-        }
+        return moved
 
     def _storage_failed(self, operation: str, reason: str, ex: OSError) -> dict:
         """The 'error' reply for a disk failure; logs it only when it differs from the last one (errno, type)."""
@@ -420,3 +376,84 @@ class ReplayStore:
                 shutil.rmtree(p)
             else:
                 os.remove(p)
+
+
+class ReplayStore(ParamStore, LogBuffer):
+    """Thread-safe state of the server: parameters, versions and the on-disk replay buffer.
+
+    buffer_dir/drain_dir: directories this store owns (cleared by ``reset_dirs``); capacity: number of buffered
+    logs at which clients are refused new parameters; force_sequential: clients wait for each new idle version and
+    the trainer drains only full buffers. Methods take/return the request/reply maps of ``mortal/net/wire.py``.
+    """
+
+    def __init__(self, buffer_dir: str, drain_dir: str, capacity: int, force_sequential: bool = False):
+        self.force_sequential = bool(force_sequential)
+        self.server_id = secrets.token_hex(8)
+        LogBuffer.__init__(self, buffer_dir, drain_dir, capacity)
+        ParamStore.__init__(self)
+
+    # -- requests --------------------------------------------------------------------------------------------
+
+    def handle(self, msg: dict) -> dict:
+        """Dispatch one decoded request; BadRequest for an unknown type or invalid fields."""
+        kind = msg.get('type')
+        if kind == 'get_param':
+            return self.get_param(
+                _field(msg, 'param_version', int),
+                _field(msg, 'server_id', (str, type(None)), default=None),
+            )
+        if kind == 'submit_replay':
+            return self.submit_replay(
+                _field(msg, 'logs', dict),
+                _field(msg, 'param_version', int, default=UNKNOWN_VERSION),
+                _field(msg, 'server_id', (str, type(None)), default=None),
+            )
+        if kind == 'submit_param':
+            return self.submit_param(
+                _field(msg, 'mortal', bytes),
+                _field(msg, 'dqn', bytes),
+                _field(msg, 'is_idle', bool, default=False),
+                arch_change=_field(msg, 'arch_change', bool, default=False),
+                settings=play_settings_of(msg),
+            )
+        if kind == 'drain':
+            return self.drain()
+        if kind == 'submit_baseline':
+            return self.submit_baseline(msg)
+        if kind == 'get_baseline':
+            return self.get_baseline()
+        raise BadRequest(f'unknown request type {kind!r} (expected one of {wire.REQUEST_TYPES})')
+
+    def get_param(self, client_version: int, client_server_id: Optional[str] = None) -> dict:
+        """Parameters for a self-play client, or the reason it must wait (Mortal's three refusals)."""
+        if self._overflow():
+            return {'status': wire.STATUS_OVERFLOW}
+        if client_server_id != self.server_id:
+            client_version = UNKNOWN_VERSION  # versions of another server instance mean nothing here
+        return self._param_reply(client_version)
+
+    def drain(self) -> dict:
+        """Move every buffered log into a freshly emptied drain_dir (under force_sequential only when the buffer
+        is full). Reply: count, drain_dir, files (names in drain_dir), param_versions (one per file, -1 unknown),
+        param_version (current), has_param (False after a server restart: the trainer should resubmit).
+
+        A disk failure midway answers ``{'status': 'error', 'reason': ...}``: each log is then either still in
+        buffer_dir or already in drain_dir, and the next drain delivers both kinds exactly once."""
+        with self.param_lock:
+            current = self.param_version
+            has_param = self.mortal_param is not None
+        delivered = self._move_to_drain()
+        if isinstance(delivered, dict):
+            return delivered  # the 'error' reply of a disk failure
+        moved = [name for name, _ in delivered]
+        versions = [version for _, version in delivered]
+        return {
+            'status': wire.STATUS_OK,
+            'count': len(moved),
+            'drain_dir': self.drain_dir,
+            'files': moved,
+            'param_versions': versions,
+            'param_version': current,
+            'has_param': has_param,
+            'server_id': self.server_id,
+        }

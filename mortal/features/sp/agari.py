@@ -203,43 +203,23 @@ def _calc_fu(h: Hand, d: Div, minkou: bool, has_pinfu: bool) -> int:
     return ((fu - 1) // 10 + 1) * 10
 
 
-def _score_div(h: Hand, d: Div, any_only: bool):
-    """Yaku of one division -> ``Yaku`` or None (no yaku). ``any_only``: stop at the first yaku."""
-    han = 0
-    yakuman = 0
+class _Facts(NamedTuple):
+    """What several yaku checks of one division read."""
+    minkou: bool        # the winning tile (ron) completes a pung: an open one for fu and sanankou
+    has_pinfu: bool
+    all_kotsu: tuple    # pungs of the division and the calls (pon, minkan, ankan)
+    all_shuntsu: tuple  # chows of the division and the calls (chi)
+    tanyao: bool
+    toitoi: bool
+
+
+def _facts(h: Hand, d: Div) -> _Facts:
     w = h.winning_tile
-    minkou = _winning_tile_makes_minkou(h, d)
     pair = d.pair
     has_pinfu = (len(d.shuntsu) == 4 and pair not in (_P, _F, _C) and pair != h.bakaze
                  and pair != h.jikaze
                  and any((s % 9 + 1 <= 6 and s == w) or (s % 9 + 1 >= 2 and s + 2 == w)
                          for s in d.shuntsu))
-
-    def done():
-        if yakuman:
-            return Yaku(yakuman, 0, 0)
-        if han:
-            fu = 0 if any_only or han >= 5 else _calc_fu(h, d, minkou, has_pinfu)
-            return Yaku(0, han, fu)
-        return None
-
-    if has_pinfu:
-        han += 1
-        if any_only:
-            return done()
-    if d.chitoi:
-        han += 2
-        if any_only:
-            return done()
-    if d.ryanpeikou:
-        han += 3
-        if any_only:
-            return done()
-    if d.chuuren:
-        yakuman += 1
-        if any_only:
-            return done()
-
     all_kotsu = d.kotsu + h.pons + h.minkans + h.ankans
     all_shuntsu = d.shuntsu + h.chis
     if d.chitoi:
@@ -247,155 +227,172 @@ def _score_div(h: Hand, d: Div, any_only: bool):
     else:
         tanyao = (all(0 < s % 9 < 6 for s in all_shuntsu)
                   and all(k < 27 and 0 < k % 9 < 8 for k in all_kotsu + (pair,)))
-    if tanyao:
-        han += 1
-        if any_only:
-            return done()
-
     toitoi = not d.chitoi and not d.shuntsu and not h.chis
-    if toitoi:
-        han += 2
-        if any_only:
-            return done()
+    return _Facts(_winning_tile_makes_minkou(h, d), has_pinfu, all_kotsu, all_shuntsu, tanyao, toitoi)
 
-    # honitsu / chinitsu / tsuuiisou: suit of every meld (and pair)
+
+# Each check yields ``(han, yakuman)`` per yaku it finds, in Mortal's order (``any_only`` stops at the first).
+
+def _shape_yaku(h: Hand, d: Div, f: _Facts):
+    """Pinfu, chiitoitsu, ryanpeikou, chuuren poutou."""
+    if f.has_pinfu:
+        yield 1, 0
+    if d.chitoi:
+        yield 2, 0
+    if d.ryanpeikou:
+        yield 3, 0
+    if d.chuuren:
+        yield 0, 1
+
+
+def _tanyao_toitoi(h: Hand, d: Div, f: _Facts):
+    if f.tanyao:
+        yield 1, 0
+    if f.toitoi:
+        yield 2, 0
+
+
+def _one_suit(h: Hand, d: Div, f: _Facts):
+    """Honitsu / chinitsu / tsuuiisou: suit of every meld (and pair)."""
     kinds = set()
     has_jihai = False
-    for t in (d.chitoi_pairs if d.chitoi else all_kotsu + all_shuntsu + (pair,)):
+    for t in (d.chitoi_pairs if d.chitoi else f.all_kotsu + f.all_shuntsu + (d.pair,)):
         if t >= 27:
             has_jihai = True
         else:
             kinds.add(t // 9)
     if not kinds:
-        yakuman += 1
-        if any_only:
-            return done()
+        yield 0, 1
     elif len(kinds) == 1:
-        han += (2 if has_jihai else 5) + (1 if h.is_menzen else 0)
-        if any_only:
-            return done()
+        yield (2 if has_jihai else 5) + (1 if h.is_menzen else 0), 0
 
-    if not d.chitoi:
-        if d.ipeikou:
-            han += 1
+
+def _sequences(h: Hand, d: Div, f: _Facts):
+    """Iipeikou, ittsuu, sanshoku doujun / doukou (no chiitoitsu)."""
+    if d.chitoi:
+        return
+    if d.ipeikou:
+        yield 1, 0
+    elif h.ankans and h.is_menzen and len(d.shuntsu) >= 2:
+        if len(set(d.shuntsu)) < len(d.shuntsu):
+            yield 1, 0
+
+    if h.is_menzen and d.ittsuu:
+        yield 2, 0
+    elif not h.chis and d.ittsuu:
+        yield 1, 0
+    elif len(d.shuntsu) + len(h.chis) >= 3:
+        marks = [0, 0, 0]
+        for s in f.all_shuntsu:
+            kind, num = divmod(s, 9)
+            if num == 0:
+                marks[kind] |= 1
+            elif num == 3:
+                marks[kind] |= 2
+            elif num == 6:
+                marks[kind] |= 4
+        if 7 in marks:
+            yield 1, 0
+
+    s_counter = [0] * 9
+    for s in f.all_shuntsu:
+        s_counter[s % 9] |= 1 << (s // 9)
+    if 7 in s_counter:
+        yield (2 if h.is_menzen else 1), 0
+    else:
+        k_counter = [0] * 9
+        for k in f.all_kotsu:
+            if k < 27:
+                k_counter[k % 9] |= 1 << (k // 9)
+        if 7 in k_counter:
+            yield 2, 0
+
+
+def _triplets(h: Hand, d: Div, f: _Facts):
+    """Sanankou / suuankou, sankantsu / suukantsu, ryuuiisou (no chiitoitsu)."""
+    if d.chitoi:
+        return
+    ankous = len(h.ankans) + len(d.kotsu) - (1 if f.minkou else 0)
+    kans = len(h.ankans) + len(h.minkans)
+    for count in (ankous, kans):  # 4: suuankou / suukantsu (yakuman); 3: sanankou / sankantsu (2 han)
+        if count == 4:
+            yield 0, 1
+        elif count == 3:
+            yield 2, 0
+
+    green = (19, 20, 21, 23, 25, _F)
+    if all(k in green for k in f.all_kotsu + (d.pair,)) and all(s == 19 for s in f.all_shuntsu):
+        yield 0, 1
+
+
+def _honors(h: Hand, d: Div, f: _Facts):
+    """Yakuhai, shousangen / daisangen, shousuushii / daisuushii (no chiitoitsu, no tanyao)."""
+    if d.chitoi or f.tanyao:
+        return
+    jihai = [False] * 7
+    for k in f.all_kotsu:
+        if k >= 27:
+            jihai[k - 27] = True
+    if jihai[h.bakaze - 27]:
+        yield 1, 0
+    if jihai[h.jikaze - 27]:
+        yield 1, 0
+    sangen = sum(jihai[4:7])
+    if sangen:
+        yield sangen, 0
+        if sangen == 3:
+            yield 0, 1
+        elif sangen == 2 and d.pair in (_P, _F, _C):
+            yield 2, 0
+    winds = sum(jihai[0:4])
+    if winds == 4 or (winds == 3 and 27 <= d.pair <= 30):
+        yield 0, 1
+
+
+def _terminals(h: Hand, d: Div, f: _Facts):
+    """Honroutou / chinroutou, chanta / junchan (no tanyao)."""
+    if f.tanyao:
+        return
+    has_jihai = False
+    all_yao = True
+    for k in (d.chitoi_pairs if d.chitoi else f.all_kotsu + (d.pair,)):
+        if k >= 27:
+            has_jihai = True
+        elif k % 9 not in (0, 8):
+            all_yao = False
+            break
+    if all_yao:
+        if d.chitoi or f.toitoi:
+            yield (2, 0) if has_jihai else (0, 1)
+        elif all(s % 9 in (0, 6) for s in f.all_shuntsu):
+            yield (1 if has_jihai else 2) + (1 if h.is_menzen else 0), 0
+
+
+_YAKU_CHECKS = (_shape_yaku, _tanyao_toitoi, _one_suit, _sequences, _triplets, _honors, _terminals)
+
+
+def _score_div(h: Hand, d: Div, any_only: bool):
+    """Yaku of one division -> ``Yaku`` or None (no yaku). ``any_only``: stop at the first yaku."""
+    f = _facts(h, d)
+    han = 0
+    yakuman = 0
+    for check in _YAKU_CHECKS:
+        for more_han, more_yakuman in check(h, d, f):
+            han += more_han
+            yakuman += more_yakuman
             if any_only:
-                return done()
-        elif h.ankans and h.is_menzen and len(d.shuntsu) >= 2:
-            if len(set(d.shuntsu)) < len(d.shuntsu):
-                han += 1
-                if any_only:
-                    return done()
+                return _yaku_of(h, d, f, han, yakuman, any_only)
+    return _yaku_of(h, d, f, han, yakuman, any_only)
 
-        if h.is_menzen and d.ittsuu:
-            han += 2
-            if any_only:
-                return done()
-        elif not h.chis and d.ittsuu:
-            han += 1
-            if any_only:
-                return done()
-        elif len(d.shuntsu) + len(h.chis) >= 3:
-            marks = [0, 0, 0]
-            for s in all_shuntsu:
-                kind, num = divmod(s, 9)
-                if num == 0:
-                    marks[kind] |= 1
-                elif num == 3:
-                    marks[kind] |= 2
-                elif num == 6:
-                    marks[kind] |= 4
-            if 7 in marks:
-                han += 1
-                if any_only:
-                    return done()
 
-        s_counter = [0] * 9
-        for s in all_shuntsu:
-            s_counter[s % 9] |= 1 << (s // 9)
-        if 7 in s_counter:
-            han += 2 if h.is_menzen else 1
-            if any_only:
-                return done()
-        else:
-            k_counter = [0] * 9
-            for k in all_kotsu:
-                if k < 27:
-                    k_counter[k % 9] |= 1 << (k // 9)
-            if 7 in k_counter:
-                han += 2
-                if any_only:
-                    return done()
-
-        ankous = len(h.ankans) + len(d.kotsu) - (1 if minkou else 0)
-        kans = len(h.ankans) + len(h.minkans)
-        for count in (ankous, kans):  # 4: suuankou / suukantsu (yakuman); 3: sanankou / sankantsu (2 han)
-            if count == 4:
-                yakuman += 1
-            elif count == 3:
-                han += 2
-            if count >= 3 and any_only:
-                return done()
-
-        green = (19, 20, 21, 23, 25, _F)
-        if all(k in green for k in all_kotsu + (pair,)) and all(s == 19 for s in all_shuntsu):
-            yakuman += 1
-            if any_only:
-                return done()
-
-        if not tanyao:
-            jihai = [False] * 7
-            for k in all_kotsu:
-                if k >= 27:
-                    jihai[k - 27] = True
-            if jihai[h.bakaze - 27]:
-                han += 1
-                if any_only:
-                    return done()
-            if jihai[h.jikaze - 27]:
-                han += 1
-                if any_only:
-                    return done()
-            sangen = sum(jihai[4:7])
-            if sangen:
-                han += sangen
-                if any_only:
-                    return done()
-                if sangen == 3:
-                    yakuman += 1
-                    if any_only:
-                        return done()
-                elif sangen == 2 and pair in (_P, _F, _C):
-                    han += 2
-                    if any_only:
-                        return done()
-            winds = sum(jihai[0:4])
-            if winds == 4 or (winds == 3 and 27 <= pair <= 30):
-                yakuman += 1
-                if any_only:
-                    return done()
-
-    if not tanyao:
-        has_jihai = False
-        all_yao = True
-        for k in (d.chitoi_pairs if d.chitoi else all_kotsu + (pair,)):
-            if k >= 27:
-                has_jihai = True
-            elif k % 9 not in (0, 8):
-                all_yao = False
-                break
-        if all_yao:
-            if d.chitoi or toitoi:
-                if has_jihai:
-                    han += 2
-                else:
-                    yakuman += 1
-                if any_only:
-                    return done()
-            elif all(s % 9 in (0, 6) for s in all_shuntsu):
-                han += (1 if has_jihai else 2) + (1 if h.is_menzen else 0)
-                if any_only:
-                    return done()
-    return done()
+def _yaku_of(h: Hand, d: Div, f: _Facts, han: int, yakuman: int, any_only: bool):
+    """The ``Yaku`` of the han and yakuman counted (fu only when it matters), None without either."""
+    if yakuman:
+        return Yaku(yakuman, 0, 0)
+    if han:
+        fu = 0 if any_only or han >= 5 else _calc_fu(h, d, f.minkou, f.has_pinfu)
+        return Yaku(0, han, fu)
+    return None
 
 
 def _kokushi(h: Hand) -> bool:

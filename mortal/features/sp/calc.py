@@ -451,7 +451,7 @@ class _Run:
             if shanten > 0:
                 nxt = self.discard_step(shanten - 1)
             else:
-                scores = self.get_score(tile)
+                scores = _tsumo_scores(self.sup, self.tehai, self.wall, self.akas_hand, tile)
                 if scores is None:
                     self.undo_deal(tile)
                     continue
@@ -510,58 +510,53 @@ class _Run:
                     best_tile[i] = tile
         return (best_t, best_w, best_e)
 
-    def get_score(self, win_tile):
-        """Tsumo values with +0..+3 extra han (double riichi, ippatsu, haitei), ura expected; None = no yaku."""
-        sup = self.sup
-        tehai = self.tehai
-        hand = Hand(tuple(tehai), sup.is_menzen, sup.chis, sup.pons, sup.minkans, sup.ankans,
-                    sup.bakaze, sup.jikaze, deaka(win_tile), False)
-        is_oya = sup.jikaze == 27
-        if sup.is_menzen:
-            additional = 2 if sup.prefer_riichi else 1
-        else:
-            additional = 0
-        num_doras = (sum(tehai[d] for d in sup.doras) + sum(self.akas_hand)
-                     + sup.num_doras_in_fuuro)
-        y = agari(hand, additional, num_doras)
-        if y is None:
-            return None
-        if y.yakuman:
-            v = float(yaku_point(is_oya, y).tsumo_total(is_oya))
-            return [v, v, v, v]
-        fu, han = y.fu, y.han
-        assume_riichi = sup.is_menzen and sup.prefer_riichi
-        n_ind = len(sup.dora_indicators)
-        scores = [0.0] * 4
-        if assume_riichi and n_ind == 1:
-            n_indicators = [0] * 5
-            sum_ind = 0
-            for tid in range(34):
-                c = tehai[tid]
-                if not c:
-                    continue
-                k = self.wall[prev_tile(tid)]
-                n_indicators[c] += k
-                sum_ind += k
-            n_left = sum(self.wall)
-            ura = [(n_left - sum_ind) / n_left] + [n_indicators[i] / n_left for i in range(1, 5)]
-            for i in range(4):
-                s = 0.0
-                for j, p in enumerate(ura):
-                    if p == 0.0:
-                        continue
-                    s += calc_point(is_oya, fu, han + i + j).tsumo_total(is_oya) * p
-                scores[i] = s
-        elif assume_riichi and n_ind > 1:
-            table = URADORA_PROB_TABLE[n_ind - 1]
-            for i in range(4):
-                s = 0.0
-                for j, p in enumerate(table):
-                    if p == 0.0:
-                        continue
-                    s += calc_point(is_oya, fu, han + i + j).tsumo_total(is_oya) * p
-                scores[i] = s
-        else:
-            for i in range(4):
-                scores[i] = float(calc_point(is_oya, fu, han + i).tsumo_total(is_oya))
-        return scores
+
+def _tsumo_scores(sup, tehai, wall, akas_hand, win_tile):
+    """Tsumo values of ``tehai`` (34 counts, the winning tile included) with +0..+3 extra han (double riichi,
+    ippatsu, haitei), ura expected over ``wall`` (34 counts); None = no yaku. ``sup``: the ``SPCalculator``."""
+    hand = Hand(tuple(tehai), sup.is_menzen, sup.chis, sup.pons, sup.minkans, sup.ankans,
+                sup.bakaze, sup.jikaze, deaka(win_tile), False)
+    is_oya = sup.jikaze == 27
+    if sup.is_menzen:
+        additional = 2 if sup.prefer_riichi else 1
+    else:
+        additional = 0
+    num_doras = (sum(tehai[d] for d in sup.doras) + sum(akas_hand)
+                 + sup.num_doras_in_fuuro)
+    y = agari(hand, additional, num_doras)
+    if y is None:
+        return None
+    if y.yakuman:
+        v = float(yaku_point(is_oya, y).tsumo_total(is_oya))
+        return [v, v, v, v]
+    fu, han = y.fu, y.han
+    assume_riichi = sup.is_menzen and sup.prefer_riichi
+    n_ind = len(sup.dora_indicators)
+    if not (assume_riichi and n_ind >= 1):
+        return [float(calc_point(is_oya, fu, han + i).tsumo_total(is_oya)) for i in range(4)]
+    ura = _ura_probs(tehai, wall) if n_ind == 1 else URADORA_PROB_TABLE[n_ind - 1]
+    scores = [0.0] * 4
+    for i in range(4):
+        s = 0.0
+        for j, p in enumerate(ura):
+            if p == 0.0:
+                continue
+            s += calc_point(is_oya, fu, han + i + j).tsumo_total(is_oya) * p
+        scores[i] = s
+    return scores
+
+
+def _ura_probs(tehai, wall) -> list:
+    """Probabilities of 0..4 uradora under one indicator drawn from ``wall``: a tile of ``tehai`` held c times is
+    c uradora when the indicator is its previous tile."""
+    n_indicators = [0] * 5
+    sum_ind = 0
+    for tid in range(34):
+        c = tehai[tid]
+        if not c:
+            continue
+        k = wall[prev_tile(tid)]
+        n_indicators[c] += k
+        sum_ind += k
+    n_left = sum(wall)
+    return [(n_left - sum_ind) / n_left] + [n_indicators[i] / n_left for i in range(1, 5)]
