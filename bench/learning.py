@@ -155,59 +155,23 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes
     At each of ``mark_minutes`` (minutes online) ``best.pth`` and the played ``state_file`` are kept as
     ``marks/best_MMMm.pth`` / ``marks/final_MMMm.pth``; ``eval`` plays them like best/final (e.g. the model at 30
     minutes of a 2-hour run)."""
-    from mortal.model.checkpoint import INITIAL_BEST_PERF, atomic_torch_save, load_checkpoint, played_checkpoint
-    from mortal.config import load_config
-    from mortal.util.fsutil import empty_dir
-    from mortal.quickstart import _wait_port, keep_running, start as start_proc, stop
-    from mortal.quickstart_config import free_port
+    from mortal.model.checkpoint import atomic_torch_save, load_checkpoint, played_checkpoint
+    from mortal.quickstart import _wait_port, start as start_proc, stop
 
-    start = pathlib.Path(out, 'start').resolve()
-    arm_dir = pathlib.Path(out, 'arms', arm).resolve()
-    empty_dir(arm_dir)
-    (arm_dir / 'online').mkdir()
-    (arm_dir / 'snapshots').mkdir()
-    (arm_dir / 'marks').mkdir()
+    arm_dir, cfg_path, cfg = prepare_arm(out, arm, sets)
     marks = sorted(float(m) for m in mark_minutes)
-    cfg_path, cfg = arm_config(start, arm_dir, sets, free_port())
-    load_config(cfg_path)  # fail early, naming the bad key
-    # Trainee and baseline both start as the bootstrap model (the start dir's own mortal.pth may have trained).
-    start_file = start / 'online' / 'baseline.pth'
-    trainee = load_checkpoint(start_file)
-    trainee['best_perf'] = dict(INITIAL_BEST_PERF)
-    atomic_torch_save(trainee, arm_dir / 'online' / 'mortal.pth')
-    shutil.copyfile(start_file, arm_dir / 'online' / 'baseline.pth')
     state_file = cfg['control']['state_file']
     step0 = checkpoint_steps(state_file)
     log(f'[{arm}] start steps {step0}, budget {steps} steps / {minutes} min, overrides {sets}')
     procs = {}
     t0 = time.monotonic()
-    last_mtime, trained, next_snap = None, 0, snapshot_every
     try:
         for name in ('server', 'train', 'client'):
             procs[name] = start_proc(name, cfg_path, arm_dir / 'logs')
             if name == 'server':
                 _wait_port('127.0.0.1', cfg['online']['remote']['port'], procs[name], arm_dir / 'logs')
-        while True:
-            keep_running(procs, arm_dir / 'logs', time.monotonic() + 5)
-            mtime = os.path.getmtime(state_file)
-            if mtime != last_mtime:
-                now = checkpoint_steps(state_file)
-                if now is not None:
-                    last_mtime, trained = mtime, now - step0
-                    if snapshot_every and trained >= next_snap:
-                        shutil.copyfile(state_file, arm_dir / 'snapshots' / f'step_{trained:06d}.pth')
-                        next_snap = (trained // snapshot_every + 1) * snapshot_every
-            elapsed = time.monotonic() - t0
-            while marks and elapsed >= marks[0] * 60:
-                tag = mark_tag(marks.pop(0))
-                best_file = arm_dir / 'online' / 'best.pth'
-                if best_file.exists():
-                    shutil.copyfile(best_file, arm_dir / 'marks' / f'best_{tag}.pth')
-                atomic_torch_save(played_checkpoint(load_checkpoint(state_file)),
-                                  arm_dir / 'marks' / f'final_{tag}.pth')
-                log(f'[{arm}] mark {tag}: {trained} steps')
-            if (steps and trained >= steps) or (minutes and elapsed >= minutes * 60):
-                break
+        trained = watch_arm(procs, arm_dir, state_file, step0, t0, arm=arm, steps=steps, minutes=minutes,
+                            snapshot_every=snapshot_every, marks=marks, log=log)
     finally:
         stop(procs)
     elapsed = time.monotonic() - t0
@@ -217,6 +181,62 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes
     atomic_torch_save(played_checkpoint(load_checkpoint(state_file)), arm_dir / 'final.pth')
     log(f'[{arm}] trained {trained} steps in {elapsed / 60:.1f} min')
     return {'steps': trained, 'seconds': elapsed, 'sets': [['.'.join(k), v] for k, v in sets]}
+
+
+def prepare_arm(out, arm, sets):
+    """Empty ``OUT/arms/ARM``, write its config (``arm_config``, checked) and start both its trainee and its
+    baseline as the bootstrap model; returns ``(arm_dir, config path, config)``."""
+    from mortal.model.checkpoint import INITIAL_BEST_PERF, atomic_torch_save, load_checkpoint
+    from mortal.config import load_config
+    from mortal.util.fsutil import empty_dir
+    from mortal.quickstart_config import free_port
+
+    start = pathlib.Path(out, 'start').resolve()
+    arm_dir = pathlib.Path(out, 'arms', arm).resolve()
+    empty_dir(arm_dir)
+    (arm_dir / 'online').mkdir()
+    (arm_dir / 'snapshots').mkdir()
+    (arm_dir / 'marks').mkdir()
+    cfg_path, cfg = arm_config(start, arm_dir, sets, free_port())
+    load_config(cfg_path)  # fail early, naming the bad key
+    # Trainee and baseline both start as the bootstrap model (the start dir's own mortal.pth may have trained).
+    start_file = start / 'online' / 'baseline.pth'
+    trainee = load_checkpoint(start_file)
+    trainee['best_perf'] = dict(INITIAL_BEST_PERF)
+    atomic_torch_save(trainee, arm_dir / 'online' / 'mortal.pth')
+    shutil.copyfile(start_file, arm_dir / 'online' / 'baseline.pth')
+    return arm_dir, cfg_path, cfg
+
+
+def watch_arm(procs, arm_dir, state_file, step0, t0, *, arm, steps, minutes, snapshot_every, marks, log):
+    """Keep the arm's processes running (looked at every 5 s) until ``steps`` are trained or ``minutes`` have
+    passed since ``t0``; copies ``state_file`` to ``snapshots/`` every ``snapshot_every`` steps and keeps the
+    models at the ``marks`` (minutes online, popped as they are reached). Returns the steps trained."""
+    from mortal.model.checkpoint import atomic_torch_save, load_checkpoint, played_checkpoint
+    from mortal.quickstart import keep_running
+
+    last_mtime, trained, next_snap = None, 0, snapshot_every
+    while True:
+        keep_running(procs, arm_dir / 'logs', time.monotonic() + 5)
+        mtime = os.path.getmtime(state_file)
+        if mtime != last_mtime:
+            now = checkpoint_steps(state_file)
+            if now is not None:
+                last_mtime, trained = mtime, now - step0
+                if snapshot_every and trained >= next_snap:
+                    shutil.copyfile(state_file, arm_dir / 'snapshots' / f'step_{trained:06d}.pth')
+                    next_snap = (trained // snapshot_every + 1) * snapshot_every
+        elapsed = time.monotonic() - t0
+        while marks and elapsed >= marks[0] * 60:
+            tag = mark_tag(marks.pop(0))
+            best_file = arm_dir / 'online' / 'best.pth'
+            if best_file.exists():
+                shutil.copyfile(best_file, arm_dir / 'marks' / f'best_{tag}.pth')
+            atomic_torch_save(played_checkpoint(load_checkpoint(state_file)),
+                              arm_dir / 'marks' / f'final_{tag}.pth')
+            log(f'[{arm}] mark {tag}: {trained} steps')
+        if (steps and trained >= steps) or (minutes and elapsed >= minutes * 60):
+            return trained
 
 
 # ---------------------------------------------------------------------------- control: offline only
@@ -307,27 +327,9 @@ def evaluate_arm(out, arm, *, eval_sets, curve_sets, rulebase_sets, workers, key
     start_file = str(start / 'online' / 'baseline.pth')
     res_path = arm_dir / 'result.json'
     res = json.loads(res_path.read_text()) if res_path.exists() else {}
-    cache = pathlib.Path(out, 'start_units.json')
-    cached = json.loads(cache.read_text()) if cache.exists() else {}
-
-    def start_units(kind, sets):
-        tag = f'{kind}:{sets}:{key}'
-        if tag not in cached:
-            champ = ('mortal', start_file) if kind == 'self' else ('rulebase', None)
-            t = time.monotonic()
-            cached[tag] = play_units(('mortal', start_file), champ, sets=sets, key=key, workers=workers,
-                                     chunk=max(1, sets // (4 * workers)) if kind == 'self' else 2)
-            cache.write_text(json.dumps(cached))
-            log(f'start vs {kind}: {sets} deals in {time.monotonic() - t:.0f} s')
-        return {int(k): v for k, v in cached[tag].items()}
-
+    start_units = start_units_cache(out, start_file, key=key, workers=workers, log=log)
     ref = start_units('self', eval_sets)
-    models = {'start': start_file, 'best': str(arm_dir / 'online' / 'best.pth'), 'final': str(arm_dir / 'final.pth')}
-    for epoch_file in sorted(arm_dir.glob('epoch_*.pth')):  # the offline-only control
-        models[epoch_file.stem] = str(epoch_file)
-    for mark in sorted((arm_dir / 'marks').glob('*_*m.pth')):  # run --mark-minutes: e.g. best@030m
-        kind, tag = mark.stem.split('_', 1)
-        models[f'{kind}@{tag}'] = str(mark)
+    models = arm_models(arm_dir, start_file)
     res['vs_start'], res['units'] = {}, {}
     for label, state_file in models.items():
         if not os.path.exists(state_file):
@@ -342,6 +344,55 @@ def evaluate_arm(out, arm, *, eval_sets, curve_sets, rulebase_sets, workers, key
         res['vs_start'][label] = summarize(units, ref)
         res['units'][label] = {str(n): r for n, r in sorted(units.items())}  # per deal, for bench/sprt_cost.py
         log(f'[{arm}] {label} vs 3x start: {fmt(res["vs_start"][label])} ({time.monotonic() - t:.0f} s)')
+    res['curve'] = snapshot_curve(arm_dir, arm, start_file, ref, curve_sets=curve_sets, key=key, workers=workers,
+                                  log=log)
+    if os.path.exists(models['best']):
+        res['best_step'] = checkpoint_steps(models['best']) - checkpoint_steps(start_file)
+    res['mark_steps'] = {label: checkpoint_steps(f) - checkpoint_steps(start_file)
+                         for label, f in models.items() if '@' in label or label.startswith('epoch_')}
+    if rulebase_sets:
+        res['vs_rulebase'] = vs_rulebase(arm_dir, arm, start_units('rulebase', rulebase_sets),
+                                         rulebase_sets=rulebase_sets, key=key, workers=workers, log=log)
+    res['diagnostics'] = read_diag(arm_dir)
+    res_path.write_text(json.dumps(res, indent=1))
+    return res
+
+
+def start_units_cache(out, start_file, *, key, workers, log):
+    """``start_units(kind, sets)``: the start's ``{nonce: [4 ranks]}`` against 3x itself (``kind='self'``) or 3
+    RulebaseBots (``'rulebase'``) on ``sets`` deals, played once and kept in ``OUT/start_units.json``."""
+    cache = pathlib.Path(out, 'start_units.json')
+    cached = json.loads(cache.read_text()) if cache.exists() else {}
+
+    def start_units(kind, sets):
+        tag = f'{kind}:{sets}:{key}'
+        if tag not in cached:
+            champ = ('mortal', start_file) if kind == 'self' else ('rulebase', None)
+            t = time.monotonic()
+            cached[tag] = play_units(('mortal', start_file), champ, sets=sets, key=key, workers=workers,
+                                     chunk=max(1, sets // (4 * workers)) if kind == 'self' else 2)
+            cache.write_text(json.dumps(cached))
+            log(f'start vs {kind}: {sets} deals in {time.monotonic() - t:.0f} s')
+        return {int(k): v for k, v in cached[tag].items()}
+
+    return start_units
+
+
+def arm_models(arm_dir, start_file):
+    """``{label: state file}`` of the models an arm's evaluation plays: start, best, final, the offline-only
+    control's epochs and the ``--mark-minutes`` marks (e.g. ``best@030m``)."""
+    models = {'start': start_file, 'best': str(arm_dir / 'online' / 'best.pth'), 'final': str(arm_dir / 'final.pth')}
+    for epoch_file in sorted(arm_dir.glob('epoch_*.pth')):  # the offline-only control
+        models[epoch_file.stem] = str(epoch_file)
+    for mark in sorted((arm_dir / 'marks').glob('*_*m.pth')):  # run --mark-minutes: e.g. best@030m
+        kind, tag = mark.stem.split('_', 1)
+        models[f'{kind}@{tag}'] = str(mark)
+    return models
+
+
+def snapshot_curve(arm_dir, arm, start_file, ref, *, curve_sets, key, workers, log):
+    """One point per snapshot (``snapshots/step_*.pth``): its summary against 3x the start on the first
+    ``curve_sets`` deals, paired to the start's own ``ref``."""
     curve = []
     ref_curve = {n: ref[n] for n in sorted(ref)[:curve_sets]}
     for snap in sorted((arm_dir / 'snapshots').glob('step_*.pth')):
@@ -350,23 +401,20 @@ def evaluate_arm(out, arm, *, eval_sets, curve_sets, rulebase_sets, workers, key
         point = {'step': int(snap.stem.split('_')[1]), **summarize(units, ref_curve)}
         curve.append(point)
         log(f'[{arm}] curve step {point["step"]}: {fmt(point)}')
-    res['curve'] = curve
-    if os.path.exists(models['best']):
-        res['best_step'] = checkpoint_steps(models['best']) - checkpoint_steps(start_file)
-    res['mark_steps'] = {label: checkpoint_steps(f) - checkpoint_steps(start_file)
-                         for label, f in models.items() if '@' in label or label.startswith('epoch_')}
-    if rulebase_sets:
-        ref_rb = start_units('rulebase', rulebase_sets)
-        res['vs_rulebase'] = {'start': summarize(ref_rb)}
-        log(f'[{arm}] start vs 3x rulebase: {fmt(res["vs_rulebase"]["start"])}')
-        t = time.monotonic()
-        units = play_units(('mortal', str(arm_dir / 'final.pth')), ('rulebase', None), sets=rulebase_sets,
-                           key=key, workers=workers, chunk=2)
-        res['vs_rulebase']['final'] = summarize(units, ref_rb)
-        log(f'[{arm}] final vs 3x rulebase: {fmt(res["vs_rulebase"]["final"])} ({time.monotonic() - t:.0f} s)')
-    res['diagnostics'] = read_diag(arm_dir)
-    res_path.write_text(json.dumps(res, indent=1))
-    return res
+    return curve
+
+
+def vs_rulebase(arm_dir, arm, ref_rb, *, rulebase_sets, key, workers, log):
+    """``{'start': ..., 'final': ...}``: the start's (``ref_rb``) and the final model's summaries against 3
+    RulebaseBots, the final one paired to the start's."""
+    out = {'start': summarize(ref_rb)}
+    log(f'[{arm}] start vs 3x rulebase: {fmt(out["start"])}')
+    t = time.monotonic()
+    units = play_units(('mortal', str(arm_dir / 'final.pth')), ('rulebase', None), sets=rulebase_sets,
+                       key=key, workers=workers, chunk=2)
+    out['final'] = summarize(units, ref_rb)
+    log(f'[{arm}] final vs 3x rulebase: {fmt(out["final"])} ({time.monotonic() - t:.0f} s)')
+    return out
 
 
 def read_diag(arm_dir):
@@ -434,9 +482,8 @@ def report(out, log):
     log(f'curve: {png}')
 
 
-def main(argv=None):
-    import logging
-
+def build_parser():
+    """The command line: ``--out`` and the subcommands start, run, eval, offline, flaw and report."""
     from mortal import entry
 
     fmt_cls = argparse.ArgumentDefaultsHelpFormatter
@@ -448,6 +495,15 @@ def main(argv=None):
     p.add_argument('--version', type=int, choices=(3, 4), default=3, help='feature version')
     p.add_argument('--games', type=int, default=96, help='rule-based training hanchan (multiple of 4)')
     p.add_argument('--grp-games', type=int, default=0, help='extra rule-based hanchan for the GRP only')
+    _add_run_eval(sub, fmt_cls)
+    _add_offline(sub, fmt_cls)
+    _add_flaw(sub, fmt_cls)
+    sub.add_parser('report', help='Markdown table of every arm and OUT/learning_curve.png')
+    return parser
+
+
+def _add_run_eval(sub, fmt_cls):
+    """The subcommands ``run`` (train one arm, then evaluate it) and ``eval``."""
     helps = {'run': 'train one arm with the real processes, then evaluate it',
              'eval': "(re)evaluate an arm's start/best/final/snapshots"}
     for name in ('run', 'eval'):
@@ -470,6 +526,10 @@ def main(argv=None):
             p.add_argument('--snapshot-every', type=int, default=500,
                            help='copy state_file every N steps for the curve (best effort: the checkpoint is '
                                 'looked at every 5 s; 0 = none)')
+
+
+def _add_offline(sub, fmt_cls):
+    """The subcommand ``offline``: the offline-only control."""
     p = sub.add_parser('offline', help='the offline-only control: more offline epochs from the start, evaluated',
                        formatter_class=fmt_cls)
     p.add_argument('arm', help='arm name: its files go to OUT/arms/ARM')
@@ -479,6 +539,10 @@ def main(argv=None):
     p.add_argument('--eval-sets', type=int, default=400, help='deals vs 3x start (4 games each)')
     p.add_argument('--workers', type=int, default=os.cpu_count() or 1, help='evaluation processes')
     p.add_argument('--key', type=int, default=EVAL_KEY, help='duplicate seed key of the evaluation deals')
+
+
+def _add_flaw(sub, fmt_cls):
+    """The subcommand ``flaw``: the planted-flaw benchmark (``bench/learning_flaw.py``)."""
     p = sub.add_parser('flaw', help='the planted-flaw benchmark: a flawed start, online vs offline-only control '
                        '(bench/learning_flaw.py)', formatter_class=fmt_cls)
     from mortal.play.flaws import FLAWS
@@ -497,7 +561,14 @@ def main(argv=None):
     p.add_argument('--arm', default='online', help='name of the online arm (another name adds an arm, e.g. a '
                    'lever, from the same start and control)')
     p.add_argument('--eval-only', action='store_true', help='only (re)evaluate the finished arms')
-    sub.add_parser('report', help='Markdown table of every arm and OUT/learning_curve.png')
+
+
+def main(argv=None):
+    import logging
+
+    from mortal import entry
+
+    parser = build_parser()
     os.environ.setdefault('OMP_NUM_THREADS', '1')  # before anything loads numpy or torch
     args = entry.start(parser, argv, log_level=logging.WARNING)
     log = lambda msg: print(time.strftime('%H:%M:%S'), msg, flush=True)  # noqa: E731

@@ -148,12 +148,50 @@ def evaluate(fout, name, *, eval_sets, curve_sets, teacher_sets, workers, key, l
     The models: the start, the teacher (RulebaseBot), ``control`` (its final model) and, for every other arm
     under ``arms/`` (the online arms), its ``best.pth`` and final model. A model whose file, deal count and key
     are unchanged since the last evaluation is not played again (``result.json``'s ``played``)."""
-    from mortal.play.evaluation import format_summary, play_duplicate, summarize
-    from mortal.util.fsutil import empty_dir
+    from mortal.play.evaluation import format_summary, summarize
 
     start_file = fout / 'start' / 'online' / 'baseline.pth'
     res_path = fout / 'result.json'
     res = json.loads(res_path.read_text()) if res_path.exists() else {}
+    play = cached_play(fout, name, res, res_path, start_file, key=key, workers=workers, log=log)
+    ref, ref_stat = play('start', ('mortal', str(start_file)), eval_sets)
+    models = {'start': {**summarize(ref, ref), **ref_stat}}
+    if teacher_sets:
+        teacher_units, stat = play('teacher', ('rulebase', None), teacher_sets)
+        models['teacher'] = {**summarize(teacher_units, {n: ref[n] for n in teacher_units}), **stat}
+        log(f'[{name}] teacher (RulebaseBot) vs 3x start: {format_summary(models["teacher"])}')
+    arms = sorted(p.name for p in (fout / 'arms').iterdir() if p.is_dir()) if (fout / 'arms').exists() else []
+    files = arm_files(fout, arms)
+    units = {}
+    for label, path in files.items():
+        if not path.exists():
+            log(f'[{name}] {label}: {path} does not exist: not evaluated')
+            continue
+        units[label], stat = play(label, ('mortal', str(path)), eval_sets)
+        models[label] = {**summarize(units[label], ref), **stat}
+        if 'teacher' in models:
+            models[label]['removed'] = removed_fraction(models['start']['statistic'], stat['statistic'],
+                                                        models['teacher']['statistic'])
+        log(f'[{name}] {label} vs 3x start: {format_summary(models[label])}')
+    if name in DECISION_RULES:
+        val_logs = sorted((fout / 'start' / 'bootstrap' / 'logs' / 'val').glob('*.json.gz'))
+        for label, path in [('start', start_file)] + [(k, v) for k, v in files.items() if k in models]:
+            models[label]['q_margin'] = q_margin(path, val_logs, name)
+    res['models'] = models
+    res['minus_control'] = minus_control(units, name, log)
+    res['curve'] = {}
+    snapshot_curves(res['curve'], play, fout, arms, ref, curve_sets)
+    res_path.write_text(json.dumps(res, indent=1))
+    return res
+
+
+def cached_play(fout, name, res, res_path, start_file, *, key, workers, log):
+    """``play(label, challenger, sets)``: ``(units, statistic)`` of ``challenger`` vs 3x the start on ``sets``
+    deals (its logs in ``eval_logs/LABEL``), from ``res['played']`` if its file is unchanged; a new play is
+    recorded there and ``res`` written to ``res_path``."""
+    from mortal.play.evaluation import play_duplicate
+    from mortal.util.fsutil import empty_dir
+
     played = res.setdefault('played', {})
 
     def play(label, challenger, sets):
@@ -176,51 +214,45 @@ def evaluate(fout, name, *, eval_sets, curve_sets, teacher_sets, workers, key, l
         res_path.write_text(json.dumps(res, indent=1))
         return units, played[label]['statistic']
 
-    ref, ref_stat = play('start', ('mortal', str(start_file)), eval_sets)
-    models = {'start': {**summarize(ref, ref), **ref_stat}}
-    if teacher_sets:
-        teacher_units, stat = play('teacher', ('rulebase', None), teacher_sets)
-        models['teacher'] = {**summarize(teacher_units, {n: ref[n] for n in teacher_units}), **stat}
-        log(f'[{name}] teacher (RulebaseBot) vs 3x start: {format_summary(models["teacher"])}')
-    arms = sorted(p.name for p in (fout / 'arms').iterdir() if p.is_dir()) if (fout / 'arms').exists() else []
+    return play
+
+
+def arm_files(fout, arms):
+    """``{label: path}`` of the arms' models: ``ARM_best`` (not for the control) and ``ARM_final``."""
     files = {}
     for arm in arms:
         if arm != 'control':
             files[f'{arm}_best'] = fout / 'arms' / arm / 'online' / 'best.pth'
         files[f'{arm}_final'] = fout / 'arms' / arm / 'final.pth'
-    units = {}
-    for label, path in files.items():
-        if not path.exists():
-            log(f'[{name}] {label}: {path} does not exist: not evaluated')
-            continue
-        units[label], stat = play(label, ('mortal', str(path)), eval_sets)
-        models[label] = {**summarize(units[label], ref), **stat}
-        if 'teacher' in models:
-            models[label]['removed'] = removed_fraction(models['start']['statistic'], stat['statistic'],
-                                                        models['teacher']['statistic'])
-        log(f'[{name}] {label} vs 3x start: {format_summary(models[label])}')
-    if name in DECISION_RULES:
-        val_logs = sorted((fout / 'start' / 'bootstrap' / 'logs' / 'val').glob('*.json.gz'))
-        for label, path in [('start', start_file)] + [(k, v) for k, v in files.items() if k in models]:
-            models[label]['q_margin'] = q_margin(path, val_logs, name)
-    res['models'] = models
-    res['minus_control'] = {}
+    return files
+
+
+def minus_control(units, name, log):
+    """``{label: {'diff', 'ci'}}``: each online arm's final model minus the control's, paired by deal."""
+    from mortal.play.evaluation import summarize
+
+    out = {}
     for label in units:
         if label.endswith('_final') and label != 'control_final' and 'control_final' in units:
             paired = summarize(units[label], units['control_final'])
-            res['minus_control'][label] = {'diff': paired['paired_diff'], 'ci': paired['paired_diff_ci']}
+            out[label] = {'diff': paired['paired_diff'], 'ci': paired['paired_diff_ci']}
             log(f"[{name}] {label} - control_final, paired by deal: {paired['paired_diff']:+.3f} ± "
                 f"{paired['paired_diff_ci']:.3f}")
+    return out
+
+
+def snapshot_curves(curve, play, fout, arms, ref, curve_sets):
+    """Fill ``curve`` (``{arm: points}``, filled in place as each arm is played) with a point per snapshot of
+    each arm: its summary and statistic against 3x the start on the first ``curve_sets`` deals."""
+    from mortal.play.evaluation import summarize
+
     curve_ref = {n: ref[n] for n in sorted(ref)[:curve_sets]}
-    res['curve'] = {}
     for arm in arms:
         points = []
         for snap in sorted((fout / 'arms' / arm / 'snapshots').glob('step_*.pth')) if curve_sets else ():
             u, stat = play(f'{arm}_{snap.stem}', ('mortal', str(snap)), curve_sets)
             points.append({'step': int(snap.stem.split('_')[1]), **summarize(u, curve_ref), **stat})
-        res['curve'][arm] = points
-    res_path.write_text(json.dumps(res, indent=1))
-    return res
+        curve[arm] = points
 
 
 def table(res, name):

@@ -81,6 +81,53 @@ def _ranks_by_scores(scores: np.ndarray) -> np.ndarray:
     return (-scores).argsort(-1, kind="stable").argsort(-1, kind="stable")
 
 
+def _game_columns(game, reward_calc: RewardCalculator) -> tuple | None:
+    """The sample columns of one seat's ``Gameplay`` (``FileDatasetsIter._columns``, which documents them), the
+    kyoku rewards and counterfactual deltas from ``reward_calc``; None when the seat had no decision."""
+    n = len(game)
+    if n == 0:  # the seat never had a decision
+        return None
+    obs = game.take_packed_obs()
+    actions = game.take_actions()
+    masks = game.take_masks()
+    at_kyoku = game.take_at_kyoku().astype(np.int64)
+    dones = game.take_dones()
+    apply_gamma = game.take_apply_gamma()
+    grp = game.take_grp()
+    player_id = game.take_player_id()
+    cf_actions = game.take_cf_actions()
+    cf_records = game.take_cf_records()
+
+    feature = grp.take_feature()
+    rewards = reward_calc.kyoku_rewards(player_id, feature, grp.take_rank_by_player(), grp.take_final_scores())
+    if len(rewards) < at_kyoku[-1] + 1:
+        raise AssertionError(f"{len(rewards)} kyoku rewards but a sample at kyoku {at_kyoku[-1]}")
+
+    scores_seq = np.concatenate((np.rint(feature[:, 3:] * 1e4), [grp.take_final_scores()]))
+    player_ranks = _ranks_by_scores(scores_seq)[:, player_id].astype(np.int64)
+
+    steps_to_done = np.zeros(n, dtype=np.int64)
+    for i in range(n - 2, -1, -1):
+        if not dones[i]:
+            steps_to_done[i] = steps_to_done[i + 1] + int(apply_gamma[i])
+
+    cf_deltas = _cf_deltas(reward_calc, n, player_id, feature, grp, at_kyoku, cf_actions, cf_records)
+    return (obs, actions, masks, steps_to_done, rewards[at_kyoku], player_ranks[at_kyoku + 1], cf_actions,
+            cf_deltas)
+
+
+def _cf_deltas(reward_calc, n, player_id, feature, grp, at_kyoku, cf_actions, cf_records) -> np.ndarray:
+    """(n,) float32: for the samples with a counterfactual branch (``cf_actions >= 0``) its kyoku outcome minus
+    the real one (``RewardCalculator.counterfactual_deltas``), 0 for the others."""
+    cf_deltas = np.zeros(n, dtype=np.float32)
+    has = np.flatnonzero(cf_actions >= 0)
+    if len(has):
+        cf_deltas[has] = reward_calc.counterfactual_deltas(
+            player_id, feature, grp.take_rank_by_player(), grp.take_final_scores(), at_kyoku[has],
+            [cf_records[i] for i in has])
+    return cf_deltas
+
+
 class FileDatasetsIter(IterableDataset):
     """Samples from gzip (or plain) mjai logs; see the module docstring for the tuple.
 
@@ -300,42 +347,7 @@ class FileDatasetsIter(IterableDataset):
         action of a client's branch and ``RewardCalculator.counterfactual_deltas``; -1 and 0 without one); None
         when the seat had no decision. Raises AssertionError when the rewards do not cover every
         kyoku of a sample, IndexError for a rank that is out of range."""
-        n = len(game)
-        if n == 0:  # the seat never had a decision
-            return None
-        obs = game.take_packed_obs()
-        actions = game.take_actions()
-        masks = game.take_masks()
-        at_kyoku = game.take_at_kyoku().astype(np.int64)
-        dones = game.take_dones()
-        apply_gamma = game.take_apply_gamma()
-        grp = game.take_grp()
-        player_id = game.take_player_id()
-        cf_actions = game.take_cf_actions()
-        cf_records = game.take_cf_records()
-
-        feature = grp.take_feature()
-        rewards = self.reward_calc.kyoku_rewards(player_id, feature, grp.take_rank_by_player(),
-                                                 grp.take_final_scores())
-        if len(rewards) < at_kyoku[-1] + 1:
-            raise AssertionError(f"{len(rewards)} kyoku rewards but a sample at kyoku {at_kyoku[-1]}")
-
-        scores_seq = np.concatenate((np.rint(feature[:, 3:] * 1e4), [grp.take_final_scores()]))
-        player_ranks = _ranks_by_scores(scores_seq)[:, player_id].astype(np.int64)
-
-        steps_to_done = np.zeros(n, dtype=np.int64)
-        for i in range(n - 2, -1, -1):
-            if not dones[i]:
-                steps_to_done[i] = steps_to_done[i + 1] + int(apply_gamma[i])
-
-        cf_deltas = np.zeros(n, dtype=np.float32)
-        has = np.flatnonzero(cf_actions >= 0)
-        if len(has):
-            cf_deltas[has] = self.reward_calc.counterfactual_deltas(
-                player_id, feature, grp.take_rank_by_player(), grp.take_final_scores(), at_kyoku[has],
-                [cf_records[i] for i in has])
-        return (obs, actions, masks, steps_to_done, rewards[at_kyoku], player_ranks[at_kyoku + 1], cf_actions,
-                cf_deltas)
+        return _game_columns(game, self.reward_calc)
 
     def __iter__(self):
         if self.iterator is None:

@@ -279,43 +279,8 @@ class _Game:
         ura dora: every ura indicator pointing at the most-held kinds. ``env``/``ob``/``st``: the table, the
         seat's observation and state of a speculative step (default: this game's)."""
         st = self.states[seat] if st is None else st
-        now = abs_scores(st)
         ob = self.obs[seat] if ob is None else ob
-        hora = next((a for a in ob.legal_actions() if "RON" in str(a.action_type) or "TSUMO" in str(a.action_type)), None)
-        if hora is None:
-            return now
-        sim = (self.env if env is None else env).clone()
-        sim.step({seat: hora})
-        hora_ev = next((e for e in sim.mjai_log if e["type"] == "hora" and e["actor"] == seat), None)
-        if hora_ev is None:
-            return now
-        exp = [s + d for s, d in zip(now, hora_ev["deltas"])]
-        if st.self_riichi_accepted:
-            results = sim.win_results
-            results = results() if callable(results) else results
-            wr = results.get(seat) if isinstance(results, dict) else None
-            if wr is not None and not wr.yakuman:
-                # upper bound: the win tile joins the largest group; each ankan is 4
-                counts = sorted((c for c in st.tehai if c), reverse=True) + [4] * len(st.ankans)
-                counts.sort(reverse=True)
-                counts[0] += 1
-                n_ura = len(hora_ev.get("ura_markers") or []) or 1
-                extra_han = sum(counts[:n_ura])
-                tsumo = hora_ev["target"] == seat
-                is_oya = seat == self.flow.oya
-                hi = calculate_score(wr.han + extra_han, wr.fu, is_oya, tsumo, self.flow.honba)
-                lo = calculate_score(wr.han, wr.fu, is_oya, tsumo, self.flow.honba)
-                if tsumo:
-                    for s in range(4):
-                        if s != seat:
-                            pay = (hi.pay_tsumo_oya - lo.pay_tsumo_oya) if s == self.flow.oya else (hi.pay_tsumo_ko - lo.pay_tsumo_ko)
-                            exp[s] -= pay
-                            exp[seat] += pay
-                else:
-                    gain = hi.pay_ron - lo.pay_ron
-                    exp[seat] += gain
-                    exp[hora_ev["target"]] -= gain
-        return exp
+        return _win_scores(self.env if env is None else env, ob, st, seat, self.flow)
 
     def _end_kyoku(self):
         f = self.flow
@@ -357,6 +322,55 @@ class _Game:
     def log_text(self) -> str:
         return "\n".join(ln if isinstance(ln, str) else json.dumps(ln, separators=(",", ":"))
                          for ln in self.lines) + "\n"
+
+
+def _win_scores(env, ob, st: PlayerState, seat: int, flow: KyokuState) -> list[int]:
+    """Absolute scores after ``seat``'s hora now on the table ``env`` (``ob``: the seat's observation, ``st``: its
+    ``PlayerState``, ``flow``: the kyoku's oya and honba): the table's exact payment for the hand, played on a
+    clone (single winner), plus, in riichi, ``_add_ura_bound``; the scores now when the seat cannot win."""
+    now = abs_scores(st)
+    hora = next((a for a in ob.legal_actions() if "RON" in str(a.action_type) or "TSUMO" in str(a.action_type)), None)
+    if hora is None:
+        return now
+    sim = env.clone()
+    sim.step({seat: hora})
+    hora_ev = next((e for e in sim.mjai_log if e["type"] == "hora" and e["actor"] == seat), None)
+    if hora_ev is None:
+        return now
+    exp = [s + d for s, d in zip(now, hora_ev["deltas"])]
+    if st.self_riichi_accepted:
+        _add_ura_bound(exp, sim, st, seat, hora_ev, flow)
+    return exp
+
+
+def _add_ura_bound(exp: list[int], sim, st: PlayerState, seat: int, hora_ev: dict, flow: KyokuState) -> None:
+    """Add to the scores ``exp`` after the hora ``hora_ev`` (played on ``sim``) an upper bound on its ura dora:
+    every ura indicator pointing at the most-held kinds (the win tile joins the largest group; each ankan is 4).
+    Nothing for a yakuman or when the table gives no win result."""
+    results = sim.win_results
+    results = results() if callable(results) else results
+    wr = results.get(seat) if isinstance(results, dict) else None
+    if wr is None or wr.yakuman:
+        return
+    counts = sorted((c for c in st.tehai if c), reverse=True) + [4] * len(st.ankans)
+    counts.sort(reverse=True)
+    counts[0] += 1
+    n_ura = len(hora_ev.get("ura_markers") or []) or 1
+    extra_han = sum(counts[:n_ura])
+    tsumo = hora_ev["target"] == seat
+    is_oya = seat == flow.oya
+    hi = calculate_score(wr.han + extra_han, wr.fu, is_oya, tsumo, flow.honba)
+    lo = calculate_score(wr.han, wr.fu, is_oya, tsumo, flow.honba)
+    if tsumo:
+        for s in range(4):
+            if s != seat:
+                pay = (hi.pay_tsumo_oya - lo.pay_tsumo_oya) if s == flow.oya else (hi.pay_tsumo_ko - lo.pay_tsumo_ko)
+                exp[s] -= pay
+                exp[seat] += pay
+    else:
+        gain = hi.pay_ron - lo.pay_ron
+        exp[seat] += gain
+        exp[hora_ev["target"]] -= gain
 
 
 def counterfactual_action(meta: dict, taken: int) -> int | None:
@@ -460,6 +474,130 @@ def write_log_atomic(path: str, text: str) -> None:
         gz.write(text.encode())
 
 
+class _LockStep:
+    """One run of ``OneVsThree.py_vs_py``'s lock-step loop over ``games`` (and the counterfactual branches they
+    fork): each agent's pending scenes across all games in flight, the games waiting for decisions, and the
+    decisions taken so far. ``run`` serves the agent with the most pending scenes until every game has ended;
+    the arena's counters (``speculated``, ``counterfactual``) are counted on ``arena``, and each finished game goes
+    through its ``_finish``."""
+
+    def __init__(self, arena: "OneVsThree", games: list[_Game], chal, champ):
+        self.arena = arena
+        self.games = games
+        self.rankings = [0, 0, 0, 0]
+        self.flight: dict[int, _Game] = {g.gid: g for g in games}  # gid -> every game in flight, branches included
+        self.next_gid = len(games)
+        self.guards = {id(a): bool(getattr(a, "agari_guard", False)) for a in (chal, champ)}
+        self.agents = {id(chal): chal, id(champ): champ}
+        self.pending: dict[int, list[Scene]] = {aid: [] for aid in self.agents}
+        self.waiting: dict[int, int] = {}  # game -> scenes not yet decided
+        self.decided: dict[int, dict] = {}
+        self.spec_ids: set[int] = set()  # id() of the speculative scenes pending
+        self.spec_decided: dict[int, dict] = {}  # game -> seat -> Decision of its speculative scenes
+
+    def run(self) -> list[int]:
+        """Play every game to its end; returns the rankings (as ``py_vs_py``)."""
+        from tqdm import tqdm
+
+        for g in self.games:
+            self.gather(g)
+        remaining = len(self.games)
+        with tqdm(total=len(self.games), unit="game", disable=self.arena.disable_progress_bar) as bar:
+            while remaining:
+                for g in self.serve(remaining):
+                    self.advance(g, self.decided.pop(g.gid), self.spec_decided.pop(g.gid))
+                    self.take_up(g)
+                    if g.done and self.settle(g):
+                        remaining -= 1
+                        bar.update(1)
+        return self.rankings
+
+    def serve(self, remaining: int) -> list[_Game]:
+        """Hand the agent with the most pending decisions all of them in one call; returns the games whose every
+        asked seat is now decided, in the order their last scene was decided."""
+        # Serve the agent with the most pending decisions: games then fall into
+        # step and each forward sees close to every game (lock-step cycles over
+        # two engines would average N/2 rows per forward).
+        pending = self.pending
+        aid = max(pending, key=lambda k: len(pending[k]))
+        scenes, pending[aid] = pending[aid], []
+        if not scenes:
+            raise ArenaError(f"no progress: {remaining} games running but no decision pending")
+        try:
+            decisions = self.agents[aid].react(scenes)
+        except IllegalReaction as e:
+            raise ArenaError(f"{self.flight[e.game].label(e.seat)}: {e}") from e
+        ready = []
+        for sc, dec in zip(scenes, decisions):
+            if id(sc) in self.spec_ids:
+                self.spec_ids.discard(id(sc))
+                self.spec_decided[sc.game][sc.seat] = dec
+                continue
+            self.decided[sc.game][sc.seat] = dec
+            self.waiting[sc.game] -= 1
+            if self.waiting[sc.game] == 0:
+                ready.append(self.flight[sc.game])
+        return ready
+
+    def gather(self, g: _Game, absorbed: dict | None = None) -> None:
+        """Queue the scenes ``g``'s table asks now (and, with ``speculate_passes``, its speculative ones)."""
+        arena = self.arena
+        guard = [self.guards[id(a)] for a in g.agents]
+        scenes = g.scenes(guard, absorbed)
+        self.waiting[g.gid] = len(scenes)
+        if isinstance(g, _Branch):
+            arena.counterfactual["scenes"] += len(scenes)
+        self.decided[g.gid] = {}
+        self.spec_decided[g.gid] = {}
+        spec = g.speculate(guard) if arena.speculate_passes else []
+        self.spec_ids.update(id(sc) for sc in spec)
+        arena.speculated[0] += len(spec)
+        for sc in scenes + spec:
+            self.pending[id(g.agents[sc.seat])].append(sc)
+
+    def advance(self, g: _Game, dec: dict, spec: dict) -> None:
+        """Commit ``g``'s decisions and gather its next scenes; a call step all passed whose continuation was
+        decided in the same batch takes that step too."""
+        while True:
+            g.commit(dec)
+            if g.done:
+                return
+            absorbed = g.absorb()
+            if not (spec and all(d.reaction.get("type") == "none" for d in dec.values())
+                    and g.adopt(absorbed)):
+                g.spec = None
+                self.gather(g, absorbed)
+                return
+            self.arena.speculated[1] += len(spec)
+            dec, spec = spec, {}
+
+    def take_up(self, g: _Game) -> None:
+        """The branches ``g``'s last commits forked join the loop (those dropped or ended at once are counted)."""
+        counts = self.arena.counterfactual
+        for b in g.new_branches:
+            counts["forked"] += 1
+            if b.done:
+                counts["recorded"] += not b.cancelled
+                continue
+            b.gid = self.next_gid
+            self.next_gid += 1
+            self.flight[b.gid] = b
+            self.gather(b)
+        g.new_branches = []
+
+    def settle(self, g: _Game) -> bool:
+        """A game or branch has ended; True when a real game is finished (its log waits for its branches)."""
+        del self.waiting[g.gid]
+        if isinstance(g, _Branch):
+            self.arena.counterfactual["recorded"] += 1
+            del self.flight[g.gid]
+            g = g.parent
+        if not (g.done and not g.branches and self.flight.pop(g.gid, None) is not None):
+            return False
+        self.arena._finish(g, self.rankings)
+        return True
+
+
 # ---------------------------------------------------------------------------
 # OneVsThree
 
@@ -550,8 +688,6 @@ class OneVsThree:
                 progress; the message names the game and seat.
             ValueError: bad seed_start / seed_count.
         """
-        from tqdm import tqdm
-
         nonce0, key = (int(v) for v in seed_start)
         if seed_count < 1:
             raise ValueError(f"seed_count must be >= 1, got {seed_count}")
@@ -564,107 +700,11 @@ class OneVsThree:
             for split in range(4):
                 agents = [chal if s == split else champ for s in range(4)]
                 games.append(_Game(len(games), nonce0 + n, key, SPLITS[split], agents, [a.name for a in agents]))
-        rankings = [0, 0, 0, 0]
         self.last_games = []
         self.speculated = [0, 0]
         self.counterfactual = dict.fromkeys(self.counterfactual, 0)
         self._enable_counterfactuals(games, (chal, champ))
-        flight: dict[int, _Game] = {g.gid: g for g in games}  # gid -> every game in flight, branches included
-        next_gid = [len(games)]
-        guards = {id(a): bool(getattr(a, "agari_guard", False)) for a in (chal, champ)}
-        agents = {id(chal): chal, id(champ): champ}
-        pending: dict[int, list[Scene]] = {aid: [] for aid in agents}
-        waiting: dict[int, int] = {}  # game -> scenes not yet decided
-        decided: dict[int, dict] = {}
-        spec_ids: set[int] = set()  # id() of the speculative scenes pending
-        spec_decided: dict[int, dict] = {}  # game -> seat -> Decision of its speculative scenes
-
-        def gather(g: _Game, absorbed: dict | None = None) -> None:
-            guard = [guards[id(a)] for a in g.agents]
-            scenes = g.scenes(guard, absorbed)
-            waiting[g.gid] = len(scenes)
-            if isinstance(g, _Branch):
-                self.counterfactual["scenes"] += len(scenes)
-            decided[g.gid] = {}
-            spec_decided[g.gid] = {}
-            spec = g.speculate(guard) if self.speculate_passes else []
-            spec_ids.update(id(sc) for sc in spec)
-            self.speculated[0] += len(spec)
-            for sc in scenes + spec:
-                pending[id(g.agents[sc.seat])].append(sc)
-
-        def advance(g: _Game, dec: dict, spec: dict) -> None:
-            # a call step all passed whose continuation was decided in the same batch: take that step too
-            while True:
-                g.commit(dec)
-                if g.done:
-                    return
-                absorbed = g.absorb()
-                if not (spec and all(d.reaction.get("type") == "none" for d in dec.values())
-                        and g.adopt(absorbed)):
-                    g.spec = None
-                    gather(g, absorbed)
-                    return
-                self.speculated[1] += len(spec)
-                dec, spec = spec, {}
-
-        def take_up(g: _Game) -> None:
-            # the branches ``g``'s last commits forked join the loop (those dropped or ended at once are counted)
-            for b in g.new_branches:
-                self.counterfactual["forked"] += 1
-                if b.done:
-                    self.counterfactual["recorded"] += not b.cancelled
-                    continue
-                b.gid = next_gid[0]
-                next_gid[0] += 1
-                flight[b.gid] = b
-                gather(b)
-            g.new_branches = []
-
-        def settle(g: _Game) -> bool:
-            # a game or branch has ended; True when a real game is finished (its log waits for its branches)
-            del waiting[g.gid]
-            if isinstance(g, _Branch):
-                self.counterfactual["recorded"] += 1
-                del flight[g.gid]
-                g = g.parent
-            if not (g.done and not g.branches and flight.pop(g.gid, None) is not None):
-                return False
-            self._finish(g, rankings)
-            return True
-
-        for g in games:
-            gather(g)
-        remaining = len(games)
-        with tqdm(total=len(games), unit="game", disable=self.disable_progress_bar) as bar:
-            while remaining:
-                # Serve the agent with the most pending decisions: games then fall into
-                # step and each forward sees close to every game (lock-step cycles over
-                # two engines would average N/2 rows per forward).
-                aid = max(pending, key=lambda k: len(pending[k]))
-                scenes, pending[aid] = pending[aid], []
-                if not scenes:
-                    raise ArenaError(f"no progress: {remaining} games running but no decision pending")
-                try:
-                    decisions = agents[aid].react(scenes)
-                except IllegalReaction as e:
-                    raise ArenaError(f"{flight[e.game].label(e.seat)}: {e}") from e
-                ready = []
-                for sc, dec in zip(scenes, decisions):
-                    if id(sc) in spec_ids:
-                        spec_ids.discard(id(sc))
-                        spec_decided[sc.game][sc.seat] = dec
-                        continue
-                    decided[sc.game][sc.seat] = dec
-                    waiting[sc.game] -= 1
-                    if waiting[sc.game] == 0:
-                        ready.append(flight[sc.game])
-                for g in ready:
-                    advance(g, decided.pop(g.gid), spec_decided.pop(g.gid))
-                    take_up(g)
-                    if g.done and settle(g):
-                        remaining -= 1
-                        bar.update(1)
+        rankings = _LockStep(self, games, chal, champ).run()
         self.counterfactual["dropped"] = self.counterfactual["forked"] - self.counterfactual["recorded"]
         return rankings
 
