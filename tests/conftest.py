@@ -264,6 +264,23 @@ class FakeTestPlayer:
         return FakeStat(*self.results.pop(0))
 
 
+def trainer_on_round(tmp_path, config, files):
+    """An offline ``mortal.train.Trainer`` of ``config`` (fake test player and writer, no server) whose dataset is
+    a copy of a self-play round's log ``files`` in ``tmp_path/dataset``; the GRP of ``config`` is written
+    (``write_grp``). The config's ``[dataset]`` globs must point at that folder."""
+    import shutil
+    from mortal import train as tr
+    from mortal.net import wire
+    dataset = tmp_path / "dataset"
+    dataset.mkdir()
+    for f in files:
+        shutil.copy(f, dataset / os.path.basename(f))
+    trainer = tr.Trainer(config, test_player=FakeTestPlayer([]), writer=FakeWriter(),
+                         remote=wire.Remote("127.0.0.1", 1), sleep=lambda s: None)
+    write_grp(trainer.config)
+    return trainer
+
+
 class ScriptedRemote:
     """Answers each drain with the next of ``replies`` (then empty drains); records submit_param requests (their
     is_idle) and submit_baseline ones (their baseline_version)."""

@@ -5,8 +5,6 @@ action must replay the real kyoku exactly), the loader's columns, and a self-pla
 import gzip
 import json
 import math
-import os
-import shutil
 
 import numpy as np
 import pytest
@@ -296,9 +294,8 @@ def test_loader_grp_delta_is_the_grp_value_of_the_branch_minus_the_real_one():
 
 @pytest.mark.slow
 def test_self_play_round_with_counterfactuals_to_trainer_step(tmp_path, monkeypatch, two_kyoku):
-    from conftest import FakeTestPlayer, FakeWriter, load_tiny_config, write_baseline, write_grp
+    from conftest import load_tiny_config, trainer_on_round, write_baseline
     from mortal import client as cl
-    from mortal import train as tr
     from mortal.net import wire
     from mortal.play.player import TrainPlayer
 
@@ -319,13 +316,7 @@ def test_self_play_round_with_counterfactuals_to_trainer_step(tmp_path, monkeypa
     branched = [cf for f in files for *_, cf, _, _ in _branched({f: read_log(f)})]
     assert len(branched) == counts['recorded']
 
-    dataset = tmp_path / 'dataset'
-    dataset.mkdir()
-    for f in files:
-        shutil.copy(f, dataset / os.path.basename(f))
-    trainer = tr.Trainer(config, test_player=FakeTestPlayer([]), writer=FakeWriter(),
-                         remote=wire.Remote('127.0.0.1', 1), sleep=lambda s: None)
-    write_grp(trainer.config)
+    trainer = trainer_on_round(tmp_path, config, files)
     # the term is online-only (LossWeights.resolve); this offline trainer reads the round's logs with it on
     trainer.loss_weights = trainer.loss_weights._replace(counterfactual=1.0)
     seen = []

@@ -8,8 +8,6 @@ loader logs to one kyoku, to keep the single-player search cheap.
 
 import gzip
 import json
-import os
-import shutil
 from collections import defaultdict
 
 import numpy as np
@@ -19,7 +17,7 @@ from mjai.mlibriichi.state import PlayerState
 
 import mortal.play.arena as arena_mod
 import mortal.play.kyoku_flow as kyoku_flow
-from conftest import DATA_DIR, FakeTestPlayer, FakeWriter, load_tiny_config, player_view, write_grp
+from conftest import DATA_DIR, load_tiny_config, player_view, trainer_on_round
 import mortal.play.agent as agent_mod
 from mortal.play.agent import MortalBatchAgent, Scene, needs_v4_encoder
 from mortal.play.engine import MortalEngine
@@ -344,7 +342,6 @@ def test_loader_v4_is_v3_repacked_plus_the_replayed_sp_block(path, first_kyoku, 
 @pytest.mark.slow
 def test_self_play_round_to_trainer_step_with_version_4(tmp_path, monkeypatch):
     from mortal import client as cl
-    from mortal import train as tr
     from mortal.net import wire
     from mortal.play.player import TrainPlayer
 
@@ -367,13 +364,7 @@ def test_self_play_round_to_trainer_step_with_version_4(tmp_path, monkeypatch):
     rankings, files = client.train_player.train_play(client.mortal, client.dqn, 'cpu')
     assert rankings.sum() == 4 and len(files) == 4
 
-    dataset = tmp_path / 'dataset'
-    dataset.mkdir()
-    for f in files:
-        shutil.copy(f, dataset / os.path.basename(f))
-    trainer = tr.Trainer(config, test_player=FakeTestPlayer([]), writer=FakeWriter(),
-                         remote=wire.Remote('127.0.0.1', 1), sleep=lambda s: None)
-    write_grp(trainer.config)
+    trainer = trainer_on_round(tmp_path, config, files)
     seen = []
     real_train_batch = trainer.train_batch
 
