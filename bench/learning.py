@@ -50,7 +50,8 @@ EVAL_KEY = 0x6c6561726e  # 'learn': duplicate key of the evaluation deals
 # ---------------------------------------------------------------------------- start point
 
 def make_start(out, *, version, games, grp_games, progress, flaw=''):
-    """Bootstrap the start point into ``out/start`` (resumable); ``flaw``: a planted flaw of every rule-based
+    """Bootstrap the start point into ``out/start`` (resumable; a finished one, with ``online/baseline.pth``, is
+    returned untouched); ``flaw``: a planted flaw of every rule-based
     player (``[bootstrap] flaw``, ``mortal.play.flaws``). Returns the start dir."""
     import toml
     from mortal import bootstrap
@@ -58,6 +59,11 @@ def make_start(out, *, version, games, grp_games, progress, flaw=''):
     from mortal.quickstart_config import write_config
 
     start = pathlib.Path(out, 'start').resolve()
+    if (start / 'online' / 'baseline.pth').exists():
+        # A finished start is reused as it is: rewriting its config from today's template would resume its GRP
+        # or offline run under other settings, and the arms and control already trained from it would no longer
+        # share one start.
+        return start
     cfg_path = write_config(start, preset='full', version=version)
     cfg_path.write_text(cfg_path.read_text().replace('\ngames = 96\n', f'\ngames = {games}\n'))
     if flaw:
@@ -108,9 +114,12 @@ def arm_config(start, arm_dir, sets, port):
 
     start_cfg = toml.load(start / 'config.toml')
     cfg = toml.loads(render_config(arm_dir, preset='full', port=port, version=start_cfg['control']['version']))
-    # The reward model, offline logs (probe) and bootstrap settings stay the start's.
+    # The reward model, offline logs (probe) and bootstrap settings stay the start's, and so does the kyoku reward
+    # (check_grp may have switched the start to 'points').
     for section in ('grp', 'dataset', 'bootstrap'):
         cfg[section] = start_cfg[section]
+    if 'reward' in start_cfg.get('env', {}):
+        cfg.setdefault('env', {})['reward'] = start_cfg['env']['reward']
     for keys, value in sets:
         node = cfg
         for k in keys[:-1]:

@@ -34,3 +34,35 @@ def test_parse_sets_reads_toml_values():
         (['grp', 'state_file'], '/x/grp.pth')]
     with pytest.raises(SystemExit):
         learning.parse_sets(['no-equals-sign'])
+
+
+def test_a_finished_start_is_reused_untouched(tmp_path, monkeypatch):
+    start = tmp_path / 'start'
+    (start / 'online').mkdir(parents=True)
+    (start / 'online' / 'baseline.pth').write_bytes(b'x')
+    (start / 'config.toml').write_text('old = 1\n')
+    from mortal import bootstrap
+
+    def no_step(*a, **k):
+        raise AssertionError('a finished start must not run a bootstrap step')
+    monkeypatch.setattr(bootstrap, 'run_steps', no_step)
+    assert learning.make_start(tmp_path, version=3, games=8, grp_games=0, progress=False) == start.resolve()
+    assert (start / 'config.toml').read_text() == 'old = 1\n'
+
+
+def test_arm_config_keeps_the_starts_reward_and_reward_model(tmp_path):
+    import toml
+    from mortal.quickstart_config import render_config
+    start = tmp_path / 'start'
+    start.mkdir()
+    cfg = toml.loads(render_config(start, preset='full', version=3))
+    cfg['env']['reward'] = 'points'  # what check_grp writes for a GRP no better than uniform
+    cfg['grp']['state_file'] = '/somewhere/grp.pth'
+    (start / 'config.toml').write_text(toml.dumps(cfg))
+    arm = tmp_path / 'arm'
+    arm.mkdir()
+    _, out = learning.arm_config(start, arm, [(['online', 'counterfactual_weight'], 1.0)], port=5123)
+    assert out['env']['reward'] == 'points'
+    assert out['grp']['state_file'] == '/somewhere/grp.pth'
+    assert out['online']['counterfactual_weight'] == 1.0
+    assert toml.load(arm / 'config.toml')['env']['reward'] == 'points'
