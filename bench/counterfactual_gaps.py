@@ -25,27 +25,6 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def action_kind(idx: int) -> str:
-    """Mortal's action index (0-45, ``mortal.features.action``) -> 'discard', 'riichi', 'chi', 'pon', 'kan',
-    'hora', 'ryukyoku' or 'pass'."""
-    from mortal.features.action import CHI_HIGH, CHI_LOW, KAN, PASS, PON, RIICHI, RYUKYOKU
-    if idx < RIICHI:
-        return 'discard'
-    if idx == RIICHI:
-        return 'riichi'
-    if CHI_LOW <= idx <= CHI_HIGH:
-        return 'chi'
-    if idx == PON:
-        return 'pon'
-    if idx == KAN:
-        return 'kan'
-    if idx == PASS:
-        return 'pass'
-    if idx == RYUKYOKU:
-        return 'ryukyoku'
-    return 'hora'
-
-
 def gaps(config: dict, log_files) -> dict:
     """``{'taken -> alternative': [cf_delta, ...]}`` over the branched decisions of ``log_files`` (every seat;
     only the trainee's reactions carry branches), ``cf_delta`` in ``[env] pts`` units by ``config``'s reward."""
@@ -53,6 +32,7 @@ def gaps(config: dict, log_files) -> dict:
     from mortal.config import typed
     from mortal.data.gameplay import GameplayLoader
     from mortal.data.reward import RewardCalculator, load_grp
+    from mortal.features.action import action_kind
 
     cfg = typed(config)
     grp = load_grp(cfg.grp.state_file, cfg.grp.network) if cfg.env.reward == 'grp' else None

@@ -176,6 +176,10 @@ class TrainPlay(Section):
         "a clone of the table (same wall) where the trainee takes its best other legal action, played to the end "
         "of the kyoku; the paired outcome is logged for the learner's [online] counterfactual_weight term "
         "(0 = off, as Mortal)", 0.0)
+    counterfactual_alternative: Annotated[Str, _one_of(('best', 'other_kind'))] = key(
+        "extra: the action a counterfactual branch takes: 'best' (the trainee's highest-Q other legal action) or "
+        "'other_kind' (its highest-Q legal action of another kind: the pass for a call, riichi for a discard, a "
+        "discard for a riichi; decisions without one fork nothing)", 'best')
 
 
 class TestPlay(Section):

@@ -17,8 +17,11 @@ from mortal.data.gameplay import GameplayLoader  # noqa: E402
 
 
 def test_action_kind_follows_mortals_action_index():
-    assert [cg.action_kind(i) for i in (0, 33, 36, 37, 38, 40, 41, 42, 43, 44, 45)] == [
+    from mortal.features.action import action_kind
+    assert [action_kind(i) for i in (0, 33, 36, 37, 38, 40, 41, 42, 43, 44, 45)] == [
         "discard", "discard", "discard", "riichi", "chi", "chi", "pon", "kan", "hora", "ryukyoku", "pass"]
+    with pytest.raises(ValueError, match="0-45"):
+        action_kind(46)
 
 
 def test_summary_by_hand():
@@ -33,6 +36,7 @@ def test_summary_by_hand():
 
 def test_gaps_of_a_log_with_points_reward(tmp_path):
     from test_counterfactual import RIICHIENV
+    from mortal.features.action import action_kind
     plain = GameplayLoader(3, player_names=["0"]).load_log(RIICHIENV.read_text())[0]
     a = _first_discard_of_kyoku(plain, 0)
     text, _, written = _with_counterfactuals({a: ("other", {"next": [1, 0, 0, 30000, 20000, 25000, 25000]})})
@@ -44,6 +48,6 @@ def test_gaps_of_a_log_with_points_reward(tmp_path):
     config["env"].update(reward="points", pts=[6.0, 4.0, 2.0, 0.0])
     config["control"]["version"] = 3
     out = cg.gaps(config, [path])
-    kind = f"discard -> {cg.action_kind(written[a])}"
+    kind = f"discard -> {action_kind(written[a])}"
     # seat 0 after E1: 21000 real, 30000 in the branch: +9000 x 6 / 30000 = +1.8 pt (as the loader's test)
     assert out == {kind: [pytest.approx(1.8)]}

@@ -81,6 +81,44 @@ def test_counterfactual_action_is_the_best_other_legal_action():
     assert counterfactual_action({"mask_bits": 3, "q_values": [0.5]}, 0) is None  # inconsistent meta
 
 
+def test_counterfactual_action_of_another_kind():
+    # legal: discards 3 and 7, riichi 37, pass 45 (as a table never offers, to test the kinds); Q 0.5 0.9 0.1 0.2
+    meta = {"mask_bits": (1 << 3) | (1 << 7) | (1 << 37) | (1 << 45), "q_values": [0.5, 0.9, 0.1, 0.2]}
+    assert counterfactual_action(meta, 3) == 7  # 'best': the other discard
+    assert counterfactual_action(meta, 3, other_kind=True) == 45  # the best of riichi 0.1 and the pass 0.2
+    assert counterfactual_action(meta, 37, other_kind=True) == 7  # riichi -> the best discard
+    # a pon with chi and the pass legal: another kind; one discard among others only: none
+    pon = {"mask_bits": (1 << 38) | (1 << 41) | (1 << 45), "q_values": [2.0, 3.0, -1.0]}
+    assert counterfactual_action(pon, 41, other_kind=True) == 38
+    assert counterfactual_action({"mask_bits": (1 << 3) | (1 << 7), "q_values": [0.5, 0.9]}, 7,
+                                 other_kind=True) is None
+
+
+def test_other_kind_branches_change_the_kind_and_count_eligible_decisions_only(tmp_path, two_kyoku):
+    from mortal.features.action import action_kind
+    arena = OneVsThree(disable_progress_bar=True, log_dir=str(tmp_path / "k"), counterfactual_rate=1.0,
+                       counterfactual_alternative="other_kind")
+    arena.py_vs_py(PriorityEngine("trainee", 1), PriorityEngine("baseline", 2, guard=True),
+                   seed_start=(100, 42), seed_count=1)
+    logs = {p.name: read_log(p) for p in sorted((tmp_path / "k").iterdir())}
+    found = list(_branched(logs))
+    assert found and len(found) == arena.counterfactual["recorded"]
+    for *_, ev, cf, _, _ in found:
+        taken = event_to_label(ev)
+        assert action_kind(cf["action"]) != action_kind(taken)
+        assert cf["action"] == counterfactual_action(ev["meta"], taken, other_kind=True)
+    # at rate 1 every eligible trainee reaction forks: none with an alternative of another kind is left out
+    for events in logs.values():
+        trainee = events[0]["names"].index("trainee")
+        for ev in events:
+            meta = ev.get("meta")
+            if ev.get("actor") == trainee and isinstance(meta, dict) and "kan_select" not in meta \
+                    and counterfactual_action(meta, event_to_label(ev), other_kind=True) is not None:
+                assert "counterfactual" in meta or ev["type"] in ("chi", "pon", "daiminkan"), ev
+    with pytest.raises(ValueError, match="counterfactual_alternative"):
+        OneVsThree(counterfactual_alternative="worst")
+
+
 @pytest.fixture
 def two_kyoku(monkeypatch):
     """Arena games (and their branches, which use the same flow) end after their second kyoku."""
@@ -153,7 +191,7 @@ def _real_next(nxt, events):
 def test_a_branch_that_repeats_the_taken_action_replays_the_real_kyoku(tmp_path, monkeypatch, two_kyoku):
     # PriorityEngine decides each row alone (deterministic, batch-independent): the branch plays the real kyoku
     # again on the cloned table with rebuilt states, so its outcome must be the real one exactly
-    monkeypatch.setattr(arena_mod, "counterfactual_action", lambda meta, taken: taken)
+    monkeypatch.setattr(arena_mod, "counterfactual_action", lambda meta, taken, other_kind=False: taken)
     arena, _, logs = _run(tmp_path / "same", 1.0)
     found = list(_branched(logs))
     # every branch recorded, but those of a call another seat's ron superseded (dropped: never in the log)

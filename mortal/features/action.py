@@ -50,6 +50,25 @@ _FIXED_LABELS = {
 _SUIT_OF_FIVE = {4: 0, 13: 1, 22: 2}  # plain five id -> index in akas_in_hand
 
 
+ACTION_KINDS = ("discard", "riichi", "chi", "pon", "kan", "hora", "ryukyoku", "pass")
+
+
+def action_kind(index: int) -> str:
+    """The kind of Mortal's action ``index`` (0-45): 'discard' (0-36, red fives included), 'riichi', 'chi'
+    (38-40, low/mid/high), 'pon', 'kan', 'hora', 'ryukyoku' or 'pass' (``ACTION_KINDS``).
+
+    Raises:
+        ValueError: an index outside 0-45.
+    """
+    if not 0 <= index < ACTION_SPACE:
+        raise ValueError(f"action index must be within 0-{ACTION_SPACE - 1}, got {index}")
+    if index < RIICHI:
+        return "discard"
+    if CHI_LOW <= index <= CHI_HIGH:
+        return "chi"
+    return {RIICHI: "riichi", PON: "pon", KAN: "kan", HORA: "hora", RYUKYOKU: "ryukyoku", PASS: "pass"}[index]
+
+
 def legal_indices(mask: Sequence[bool] | Any) -> list[int]:
     """Indices set in a 46-way legal mask (``(46,) bool`` array or list), ascending.
 

@@ -30,7 +30,7 @@ import random
 from mjai.mlibriichi.state import PlayerState
 from riichienv import GameRule, RiichiEnv, calculate_score
 
-from mortal.features.action import event_to_label
+from mortal.features.action import action_kind, event_to_label
 from mortal.play.agent import IllegalReaction, Scene, abs_scores, make_agent, needs_v4_encoder, reaction_from_index
 from mortal.util.fsutil import atomic_write
 from mortal.data.grp import rank_by_player  # rankings.rs: 0-based rank of each seat, ties to the lower seat
@@ -43,6 +43,7 @@ SPLITS = "abcd"
 _U64 = 1 << 64
 _REACTION_TYPES = frozenset(("dahai", "chi", "pon", "daiminkan", "kakan", "ankan", "reach"))
 _CALL_TYPES = frozenset(("chi", "pon", "daiminkan"))
+COUNTERFACTUAL_ALTERNATIVES = ("best", "other_kind")
 _CF_WARNED = False  # the warning that counterfactual branches cannot be played was logged
 MAX_STEPS_PER_KYOKU = 1000  # watchdog: a kyoku takes < 300 steps
 
@@ -111,6 +112,7 @@ class _Game:
         self.tentative_calls: dict[int, list] = {}
         self.cf_rate = 0.0  # counterfactual branches (set by OneVsThree for the real games, see fork)
         self.cf_rng: random.Random | None = None
+        self.cf_other_kind = False  # branch only to an action of another kind (counterfactual_alternative)
         self.branches: set = set()  # live _Branch es of this game (its log waits for them)
         self.new_branches: list = []  # forked by the last commit, for the arena loop to take up
         self._start_kyoku()
@@ -249,16 +251,17 @@ class _Game:
         """Maybe fork a counterfactual branch at this step, before the table takes ``actions`` (see
         ``OneVsThree``'s ``counterfactual_rate``): with probability ``cf_rate``, when the challenger seat acts
         here by a logged reaction (``_REACTION_TYPES``) without a kan-select evaluation and has another legal
-        action, a clone of the table takes the other seats' same actions and the challenger's best other action
-        (``counterfactual_action``). Returns the ``_Branch`` (also in ``branches`` and ``new_branches``) or None."""
+        action (of another kind with ``cf_other_kind``), a clone of the table takes the other seats' same actions
+        and the challenger's best such action (``counterfactual_action``). Returns the ``_Branch`` (also in ``branches`` and ``new_branches``) or None."""
         seat = SPLITS.index(self.split)
         dec = decisions.get(seat)
         if dec is None or dec.reaction.get("type") not in _REACTION_TYPES or not isinstance(dec.meta, dict) \
-                or "kan_select" in dec.meta or self.cf_rng.random() >= self.cf_rate:
+                or "kan_select" in dec.meta:
             return None
         taken = event_to_label(dec.reaction)
-        alt = counterfactual_action(dec.meta, taken)
-        if alt is None:
+        alt = counterfactual_action(dec.meta, taken, other_kind=self.cf_other_kind)
+        # the draw comes after the eligibility: the rate is that of the decisions that have an alternative
+        if alt is None or self.cf_rng.random() >= self.cf_rate:
             return None
         try:
             reaction = reaction_from_index(self.states[seat], alt)
@@ -373,10 +376,12 @@ def _add_ura_bound(exp: list[int], sim, st: PlayerState, seat: int, hora_ev: dic
         exp[hora_ev["target"]] -= gain
 
 
-def counterfactual_action(meta: dict, taken: int) -> int | None:
+def counterfactual_action(meta: dict, taken: int, *, other_kind: bool = False) -> int | None:
     """The action a counterfactual branch forces: the legal action (Mortal index 0-45, legal in
     ``meta["mask_bits"]``) with the highest Q in ``meta["q_values"]`` (the legal actions' Q in index order,
-    ``mortal.play.agent._meta_core``) other than ``taken``; ties to the lower index; None without another."""
+    ``mortal.play.agent._meta_core``) other than ``taken``; with ``other_kind``, only among the actions of another
+    kind than ``taken`` (``mortal.features.action.action_kind``: the pass for a call, riichi for a discard, a
+    discard for a riichi; never one discard for another). Ties to the lower index; None without one."""
     bits = meta.get("mask_bits")
     q = meta.get("q_values")
     if not isinstance(bits, int) or not isinstance(q, list):
@@ -386,7 +391,9 @@ def counterfactual_action(meta: dict, taken: int) -> int | None:
         return None
     best = None
     for i, v in zip(legal, q):
-        if i != taken and (best is None or v > best[1]):
+        if i == taken or (other_kind and action_kind(i) == action_kind(taken)):
+            continue
+        if best is None or v > best[1]:
             best = (i, v)
     return None if best is None else best[0]
 
@@ -422,7 +429,7 @@ class _Branch(_Game):
         self.substeps = parent.substeps
         self.meta_queue = [[] for _ in range(4)]
         self.tentative_calls = {}
-        self.cf_rate, self.cf_rng = 0.0, None
+        self.cf_rate, self.cf_rng, self.cf_other_kind = 0.0, None, False
         self.branches, self.new_branches = set(), []
         self.env = parent.env.clone()
         self.obs = self.env.step(actions)
@@ -623,13 +630,21 @@ class OneVsThree:
             the real decision's ``meta["counterfactual"]`` (the learner's paired target, ``mortal.data``). 0 (the
             default) = Mortal's games. Needs ``stateless`` agents without version 4, else nothing is forked (one
             warning). A game's log is written once all its branches have ended. ``counterfactual``: counts of the
-            last run. ``counterfactual_seed``: seeds the per-game draws.
+            last run. ``counterfactual_seed``: seeds the per-game draws. ``counterfactual_alternative``: 'best'
+            (the highest-Q other legal action) or 'other_kind' (the highest-Q legal action of another kind: a
+            decision with none, one discard among others, forks nothing); the rate is that of the decisions
+            that have such an alternative.
     """
 
     def __init__(self, *, disable_progress_bar: bool = False, log_dir: str | None = None,
-                 speculate_passes: bool = False, counterfactual_rate: float = 0.0, counterfactual_seed: int = 0):
+                 speculate_passes: bool = False, counterfactual_rate: float = 0.0, counterfactual_seed: int = 0,
+                 counterfactual_alternative: str = "best"):
         if not 0.0 <= counterfactual_rate <= 1.0:
             raise ValueError(f"counterfactual_rate must be within [0, 1], got {counterfactual_rate}")
+        if counterfactual_alternative not in COUNTERFACTUAL_ALTERNATIVES:
+            raise ValueError(f"counterfactual_alternative must be one of {COUNTERFACTUAL_ALTERNATIVES}, "
+                             f"got {counterfactual_alternative!r}")
+        self.counterfactual_alternative = counterfactual_alternative
         self.disable_progress_bar = disable_progress_bar
         self.log_dir = log_dir
         self.speculate_passes = speculate_passes
@@ -659,6 +674,7 @@ class OneVsThree:
         for g in games:
             g.cf_rate = self.counterfactual_rate
             g.cf_rng = random.Random(f"{self.counterfactual_seed}:{g.nonce}:{g.key}:{g.split}")
+            g.cf_other_kind = self.counterfactual_alternative == "other_kind"
 
     def py_vs_py(self, challenger, champion, seed_start: tuple[int, int], seed_count: int) -> list[int]:
         """Play ``4 * seed_count`` hanchan, all in flight: nonces ``seed_start[0] …

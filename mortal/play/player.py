@@ -163,6 +163,7 @@ class TrainPlayer:
         self.cudnn_benchmark = cfg.control.enable_cudnn_benchmark
         self.speculate_passes = profile.speculate_passes
         self.counterfactual_rate = profile.counterfactual_rate
+        self.counterfactual_alternative = profile.counterfactual_alternative
         self.counterfactual: dict = {}
         self.log_dir = path.abspath(profile.log_dir)
         self.train_key = secrets.randbits(64) if train_key is None else train_key
@@ -244,6 +245,7 @@ class TrainPlayer:
             # counterfactual draws: per round (the repeats of a seed draw anew), reproducible from the seed
             env = OneVsThree(disable_progress_bar=False, log_dir=self.log_dir, speculate_passes=self.speculate_passes,
                              counterfactual_rate=self.counterfactual_rate,
+                             counterfactual_alternative=self.counterfactual_alternative,
                              counterfactual_seed=hash((seed, self.repeat_counter)) & ((1 << 64) - 1))
             rankings = env.py_vs_py(challenger=engine, champion=self.opponent(), seed_start=seed,
                                     seed_count=self.seed_count)
