@@ -88,17 +88,22 @@ def _kakan_log():
     return "\n".join(json.dumps(e) for e in events)
 
 
+def _errors_of_both_paths(monkeypatch, raw, name):
+    """The BadLogError messages of loading ``raw`` by the batched path and by the per-sample one."""
+    with pytest.raises(BadLogError) as new:
+        GameplayLoader(4).load_log(raw, name)
+    with pytest.raises(BadLogError) as old:
+        _per_sample(monkeypatch, lambda: GameplayLoader(4).load_log(raw, name))
+    return str(new.value), str(old.value)
+
+
 @needs_core
 @pytest.mark.parametrize("batch", [128, 1])
 def test_a_bad_hand_in_a_batch_is_reported_at_its_own_line(monkeypatch, batch):
     monkeypatch.setattr(gameplay, "_V4_BATCH", batch)
-    raw = _kakan_log()
-    with pytest.raises(BadLogError) as new:
-        GameplayLoader(4).load_log(raw, "kakan")
-    with pytest.raises(BadLogError) as old:
-        _per_sample(monkeypatch, lambda: GameplayLoader(4).load_log(raw, "kakan"))
-    assert "tiles_seen: count 5 of tile 16 is above 4" in str(new.value)
-    assert str(new.value) == str(old.value)
+    new, old = _errors_of_both_paths(monkeypatch, _kakan_log(), "kakan")
+    assert "tiles_seen: count 5 of tile 16 is above 4" in new
+    assert new == old
 
 
 @needs_core
@@ -119,9 +124,6 @@ def test_the_first_unpackable_decision_is_reported_as_the_per_sample_path_does(m
 
     monkeypatch.setattr(gameplay, "packer", failing_packer)
     raw = (pathlib.Path(__file__).parent / "data" / "meta_annotated_hanchan.jsonl").read_text()
-    with pytest.raises(BadLogError) as new:
-        GameplayLoader(4).load_log(raw, "meta")
-    with pytest.raises(BadLogError) as old:
-        _per_sample(monkeypatch, lambda: GameplayLoader(4).load_log(raw, "meta"))
-    assert "seat 0: feature version 4: row 3 column 0 holds 0.5" in str(new.value)
-    assert str(new.value) == str(old.value)
+    new, old = _errors_of_both_paths(monkeypatch, raw, "meta")
+    assert "seat 0: feature version 4: row 3 column 0 holds 0.5" in new
+    assert new == old
