@@ -414,15 +414,19 @@ def snapshot_curve(arm_dir, arm, start_file, ref, *, curve_sets, key, workers, l
 
 
 def vs_rulebase(arm_dir, arm, ref_rb, *, rulebase_sets, key, workers, log):
-    """``{'start': ..., 'final': ...}``: the start's (``ref_rb``) and the final model's summaries against 3
-    RulebaseBots, the final one paired to the start's."""
+    """``{'start': ..., 'best': ..., 'final': ...}``: the start's (``ref_rb``), ``best.pth``'s and the final
+    model's summaries against 3 RulebaseBots, each model paired to the start's; a model whose file does not exist
+    (an offline-only control has no ``best.pth``) is left out."""
     out = {'start': summarize(ref_rb)}
     log(f'[{arm}] start vs 3x rulebase: {fmt(out["start"])}')
-    t = time.monotonic()
-    units = play_units(('mortal', str(arm_dir / 'final.pth')), ('rulebase', None), sets=rulebase_sets,
-                       key=key, workers=workers, chunk=2)
-    out['final'] = summarize(units, ref_rb)
-    log(f'[{arm}] final vs 3x rulebase: {fmt(out["final"])} ({time.monotonic() - t:.0f} s)')
+    for label, state_file in (('best', arm_dir / 'online' / 'best.pth'), ('final', arm_dir / 'final.pth')):
+        if not state_file.exists():
+            continue
+        t = time.monotonic()
+        units = play_units(('mortal', str(state_file)), ('rulebase', None), sets=rulebase_sets,
+                           key=key, workers=workers, chunk=2)
+        out[label] = summarize(units, ref_rb)
+        log(f'[{arm}] {label} vs 3x rulebase: {fmt(out[label])} ({time.monotonic() - t:.0f} s)')
     return out
 
 
@@ -462,6 +466,13 @@ def report(out, log):
         final = vs.get('final') or (vs[epochs[-1]] if epochs else None)  # offline control: its last epoch
         table(f"| {arm} | {changes} | {res.get('steps', '-')} | {cell(vs.get('best'))} | {cell(final)} | "
               f"{cell(rb.get('final'))} |")
+    for arm, res in rows:  # each matched control against its online arm, the same deals paired
+        online = dict(rows).get(res.get('matched'), {})
+        if 'final' in res.get('units', {}) and 'final' in online.get('units', {}):
+            d = summarize({int(k): v for k, v in online['units']['final'].items()},
+                          {int(k): v for k, v in res['units']['final'].items()})
+            table(f"\n{res['matched']} final - {arm} final, paired by deal: {d['paired_diff']:+.3f} ± "
+                  f"{d['paired_diff_ci']:.3f} ({d['games']} games)")
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
@@ -545,7 +556,14 @@ def _add_offline(sub, fmt_cls):
     p.add_argument('--epochs', type=int, default=2, help='more epochs of the bootstrap logs')
     p.add_argument('--lr', type=float, default=1e-5, help='constant learning rate')
     p.add_argument('--freeze-bn', action='store_true', help='keep BatchNorm frozen, as the online learner does')
+    p.add_argument('--matched', metavar='ARM', default='',
+                   help="instead of --epochs: as many offline samples as online arm ARM's offline mix drew (its "
+                        'steps x offline_batch_size rows), at its learning rate, BatchNorm frozen; final.pth is '
+                        'evaluated as ARM is (curve, RulebaseBots) and paired with it by deal')
     p.add_argument('--eval-sets', type=int, default=400, help='deals vs 3x start (4 games each)')
+    p.add_argument('--curve-sets', type=int, default=100, help='deals per curve point (with --matched)')
+    p.add_argument('--rulebase-sets', type=int, default=60, help='deals vs 3 RulebaseBots (with --matched)')
+    p.add_argument('--snapshot-every', type=int, default=500, help='snapshot every N steps (with --matched)')
     p.add_argument('--workers', type=int, default=os.cpu_count() or 1, help='evaluation processes')
     p.add_argument('--key', type=int, default=EVAL_KEY, help='duplicate seed key of the evaluation deals')
 
@@ -608,12 +626,36 @@ def main(argv=None):
         res_path = out / 'arms' / args.arm / 'result.json'
         res_path.write_text(json.dumps(info, indent=1))
     if args.cmd == 'offline':
-        info = run_offline(out, args.arm, epochs=args.epochs, lr=args.lr, freeze_bn=args.freeze_bn, log=log)
+        info = run_matched(out, args.arm, args.matched, args.snapshot_every, log) if args.matched else run_offline(
+            out, args.arm, epochs=args.epochs, lr=args.lr, freeze_bn=args.freeze_bn, log=log)
         (out / 'arms' / args.arm / 'result.json').write_text(json.dumps(info, indent=1))
-        args.curve_sets, args.rulebase_sets = 0, 0
+        if not args.matched:
+            args.curve_sets, args.rulebase_sets = 0, 0
     evaluate_arm(out, args.arm, eval_sets=args.eval_sets, curve_sets=args.curve_sets,
                  rulebase_sets=args.rulebase_sets, workers=args.workers, key=args.key, log=log)
     return 0
+
+
+def run_matched(out, arm, online_arm, snapshot_every, log):
+    """The offline-only control matched to ``online_arm`` (as ``flaw``'s control): as many offline samples as
+    its offline mix drew (``OUT/arms/ONLINE_ARM/result.json`` ``steps`` x ``[online] offline_batch_size`` rows, at
+    ``[control] batch_size`` rows a step; as many steps where it mixes none), at its peak learning rate, BatchNorm
+    frozen. Raises SystemExit when the online arm has not finished."""
+    import toml
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    from learning_flaw import control_steps
+    arm_dir = pathlib.Path(out, 'arms', online_arm)
+    if not (arm_dir / 'result.json').exists():
+        raise SystemExit(f'offline --matched {online_arm}: {arm_dir / "result.json"} does not exist: run the arm first')
+    steps = json.loads((arm_dir / 'result.json').read_text())['steps']
+    cfg = toml.load(arm_dir / 'config.toml')
+    mix = cfg['online'].get('offline_batch_size', 0)
+    n = control_steps(steps, mix, cfg['control']['batch_size']) if mix else steps
+    log(f'[{arm}] matched to {online_arm}: {steps} online steps x {mix} offline rows -> {n} offline steps')
+    info = run_offline(out, arm, epochs=0, lr=cfg['optim']['scheduler']['peak'], freeze_bn=True, log=log, steps=n,
+                       snapshot_every=snapshot_every)
+    info['matched'] = online_arm
+    return info
 
 
 if __name__ == '__main__':
