@@ -180,6 +180,12 @@ class TrainPlay(Section):
         "extra: the action a counterfactual branch takes: 'best' (the trainee's highest-Q other legal action) or "
         "'other_kind' (its highest-Q legal action of another kind: the pass for a call, riichi for a discard, a "
         "discard for a riichi; decisions without one fork nothing)", 'best')
+    counterfactual_persist: Bool = key(
+        "extra: a counterfactual branch keeps to its alternative's kind: at the trainee's later decisions of the "
+        "kyoku, where it picks an action of the kind it declined at the fork while one of the alternative's kind "
+        "is legal, it takes its best action of the alternative's kind (a passed call passes every later call, a "
+        "declined riichi is never declared); the paired target then measures that policy change, not one "
+        "deviation. false = the policy plays the rest of the branch", False)
 
 
 class TestPlay(Section):

@@ -58,7 +58,7 @@ def test_config_online_holds_reference_values(caplog):
     assert c['train_play']['default'] == {
         'games': 800, 'log_dir': '/data/mortal/online/train_play', 'boltzmann_epsilon': 0.005,
         'boltzmann_temp': 0.05, 'top_p': 1.0, 'repeats': 1, 'speculate_passes': False, 'counterfactual_rate': 0.0,
-        'counterfactual_alternative': 'best'}
+        'counterfactual_alternative': 'best', 'counterfactual_persist': False}
     assert c['test_play'] == {'games': 3000, 'log_dir': '/data/mortal/online/test_play', 'best_rule': 'paired',
                               'confidence': 0.95, 'sprt_delta': 0.05, 'sprt_alpha': 0.05, 'sprt_beta': 0.05,
                               'sprt_chunk': 64, 'fresh_deals': False, 'speculate_passes': False}
@@ -274,7 +274,7 @@ def test_a_profile_named_with_a_dot_is_selected_by_its_name(tmp_path, cfg, caplo
     assert train_play_profile(c, env=env).model_dump() == {'games': 12, 'log_dir': 'ab', 'boltzmann_epsilon': 0.25,
                                               'boltzmann_temp': 0.5, 'top_p': 0.9, 'repeats': 3,
                                               'speculate_passes': True, 'counterfactual_rate': 0.0,
-        'counterfactual_alternative': 'best'}
+        'counterfactual_alternative': 'best', 'counterfactual_persist': False}
     assert train_play_profile(c, env={}).games == 4
     assert section(c, 'train_play."a.b"').repeats == 3
     from mortal.config import profile_table  # the name that section and lookup read back

@@ -164,6 +164,7 @@ class TrainPlayer:
         self.speculate_passes = profile.speculate_passes
         self.counterfactual_rate = profile.counterfactual_rate
         self.counterfactual_alternative = profile.counterfactual_alternative
+        self.counterfactual_persist = profile.counterfactual_persist
         self.counterfactual: dict = {}
         self.log_dir = path.abspath(profile.log_dir)
         self.train_key = secrets.randbits(64) if train_key is None else train_key
@@ -246,11 +247,12 @@ class TrainPlayer:
             env = OneVsThree(disable_progress_bar=False, log_dir=self.log_dir, speculate_passes=self.speculate_passes,
                              counterfactual_rate=self.counterfactual_rate,
                              counterfactual_alternative=self.counterfactual_alternative,
+                             counterfactual_persist=self.counterfactual_persist,
                              counterfactual_seed=hash((seed, self.repeat_counter)) & ((1 << 64) - 1))
             rankings = env.py_vs_py(challenger=engine, champion=self.opponent(), seed_start=seed,
                                     seed_count=self.seed_count)
             self.counterfactual = env.counterfactual
             if self.counterfactual_rate > 0:
-                logger.info('counterfactual branches: %d forked, %d recorded, %d dropped, %d extra decisions',
-                            *(env.counterfactual[k] for k in ('forked', 'recorded', 'dropped', 'scenes')))
+                logger.info('counterfactual branches: %d forked, %d recorded, %d dropped, %d extra decisions, %d persisted',
+                            *(env.counterfactual[k] for k in ('forked', 'recorded', 'dropped', 'scenes', 'persisted')))
             return np.asarray(rankings, dtype=np.int64), _list_logs(self.log_dir)
