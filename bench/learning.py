@@ -469,10 +469,11 @@ def report(out, log):
     for arm, res in rows:  # each matched control against its online arm, the same deals paired
         online = dict(rows).get(res.get('matched'), {})
         if 'final' in res.get('units', {}) and 'final' in online.get('units', {}):
-            d = summarize({int(k): v for k, v in online['units']['final'].items()},
-                          {int(k): v for k, v in res['units']['final'].items()})
-            table(f"\n{res['matched']} final - {arm} final, paired by deal: {d['paired_diff']:+.3f} ± "
-                  f"{d['paired_diff_ci']:.3f} ({d['games']} games)")
+            shared = set(online['units']['final']) & set(res['units']['final'])  # deals both were played on
+            d = summarize({int(k): online['units']['final'][k] for k in shared},
+                          {int(k): res['units']['final'][k] for k in shared})
+            table(f"\n{res['matched']} final - {arm} final, avg rank vs 3x start paired by deal (below 0: the "
+                  f"online arm is better): {d['paired_diff']:+.3f} ± {d['paired_diff_ci']:.3f} ({d['games']} games)")
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
@@ -557,7 +558,7 @@ def _add_offline(sub, fmt_cls):
     p.add_argument('--lr', type=float, default=1e-5, help='constant learning rate')
     p.add_argument('--freeze-bn', action='store_true', help='keep BatchNorm frozen, as the online learner does')
     p.add_argument('--matched', metavar='ARM', default='',
-                   help="instead of --epochs: as many offline samples as online arm ARM's offline mix drew (its "
+                   help="instead of --epochs, --lr and --freeze-bn: as many offline samples as online arm ARM's offline mix drew (its "
                         'steps x offline_batch_size rows), at its learning rate, BatchNorm frozen; final.pth is '
                         'evaluated as ARM is (curve, RulebaseBots) and paired with it by deal')
     p.add_argument('--eval-sets', type=int, default=400, help='deals vs 3x start (4 games each)')
@@ -645,6 +646,8 @@ def run_matched(out, arm, online_arm, snapshot_every, log):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
     from learning_flaw import control_steps
     arm_dir = pathlib.Path(out, 'arms', online_arm)
+    if arm == online_arm:
+        raise SystemExit(f'offline --matched {online_arm}: the control needs a name of its own (it empties its arm dir)')
     if not (arm_dir / 'result.json').exists():
         raise SystemExit(f'offline --matched {online_arm}: {arm_dir / "result.json"} does not exist: run the arm first')
     steps = json.loads((arm_dir / 'result.json').read_text())['steps']

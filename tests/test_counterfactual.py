@@ -137,11 +137,19 @@ def test_persistent_branches_keep_to_the_alternative_kind(tmp_path, monkeypatch,
         kept = 0
         for (declined, chosen), dec in seen:
             taken = event_to_label(dec.reaction)
-            if kind_group(taken) == declined:
+            if kind_group(taken) == declined and "kan" not in (declined, chosen):  # a kan decision is left alone
                 assert counterfactual_action(dec.meta, taken, group=chosen) is None, (declined, chosen, dec)
             kept += kind_group(taken) == chosen
         assert kept >= counts[True]["persisted"] > 0
     assert counts[True]["forked"] > 0 and counts[False]["forked"] > 0
+    # 'best' forks one discard for another too: such a branch persists nothing (its groups are the same)
+    seen.clear()
+    arena = OneVsThree(disable_progress_bar=True, log_dir=str(tmp_path / "best"), counterfactual_rate=1.0,
+                       counterfactual_alternative="best", counterfactual_persist=True)
+    arena.py_vs_py(PriorityEngine("trainee", 1), PriorityEngine("baseline", 2, guard=True),
+                   seed_start=(100, 42), seed_count=1)
+    assert any(p is None for p, _ in seen) and all(p is None or p[0] != p[1] for p, _ in seen)
+    assert arena.counterfactual["persisted"] < counts[True]["persisted"] * 3
 
 
 def test_other_kind_branches_change_the_kind_and_count_eligible_decisions_only(tmp_path, two_kyoku):

@@ -30,7 +30,7 @@ import random
 from mjai.mlibriichi.state import PlayerState
 from riichienv import GameRule, RiichiEnv, calculate_score
 
-from mortal.features.action import action_kind, event_to_label
+from mortal.features.action import KAN, action_kind, event_to_label
 from mortal.play.agent import Decision, IllegalReaction, Scene, abs_scores, make_agent, needs_v4_encoder, reaction_from_index
 from mortal.util.fsutil import atomic_write
 from mortal.data.grp import rank_by_player  # rankings.rs: 0-based rank of each seat, ties to the lower seat
@@ -272,7 +272,8 @@ class _Game:
         if act is None:
             return None
         branch = _Branch(self, seat, dec.meta, alt, {**actions, seat: act},
-                         persist=(kind_group(taken), kind_group(alt)) if self.cf_persist else None)
+                         persist=(kind_group(taken), kind_group(alt))
+                         if self.cf_persist and kind_group(taken) != kind_group(alt) else None)
         if not branch.done:  # a branch whose kyoku ended at once has recorded already
             self.branches.add(branch)
         self.new_branches.append(branch)
@@ -421,8 +422,11 @@ class _Branch(_Game):
     ``persist`` = (taken group, alternative group) (``kind_group``; ``OneVsThree``'s ``counterfactual_persist``):
     the branch's challenger keeps deviating. At each of its later decisions of the kyoku where it picks an action
     of the taken group while one of the alternative's group is legal, it takes its highest-Q action of the
-    alternative's group instead (a branch that passed a call passes every later call; one that declined riichi
-    never declares). None: the later decisions are the policy's own. ``persisted``: how many were replaced."""
+    alternative's group instead (a branch that passed a chi or pon passes every later chi and pon, a daiminkan
+    being of the 'kan' group; one that declined riichi never declares). A decision whose taken action or
+    replacement is a kan (index 42, whose ``kan_select`` evaluation the branch does not redo) is left alone. None,
+    also for an alternative of the taken group ('best'): the later decisions are the policy's own.
+    ``persisted``: how many were replaced."""
 
     def __init__(self, parent: _Game, seat: int, meta: dict, action: int, actions: dict,
                  persist: tuple[str, str] | None = None):
@@ -465,11 +469,11 @@ class _Branch(_Game):
         """``_Game.commit``, after ``persist`` has replaced the challenger's decision (see the class)."""
         dec = decisions.get(self.seat)
         if self.persist is not None and dec is not None and isinstance(dec.meta, dict) \
-                and "kan_select" not in dec.meta and dec.reaction.get("type") in _REACTION_TYPES:
+                and dec.reaction.get("type") in _REACTION_TYPES:
             taken = event_to_label(dec.reaction)
             alt = counterfactual_action(dec.meta, taken, group=self.persist[1]) \
                 if kind_group(taken) == self.persist[0] else None
-            if alt is not None:
+            if alt is not None and KAN not in (taken, alt):
                 try:
                     reaction = reaction_from_index(self.states[self.seat], alt)
                 except ValueError:
@@ -672,8 +676,8 @@ class OneVsThree:
             (the highest-Q other legal action) or 'other_kind' (the highest-Q legal action of another kind: a
             decision with none, one discard among others, forks nothing); the rate is that of the decisions
             that have such an alternative. ``counterfactual_persist``: the branch's challenger keeps to the
-            alternative's kind at its later decisions of the kyoku (``_Branch``'s ``persist``: a passed call
-            passes every later call); False (the default) lets the policy play them.
+            alternative's kind at its later decisions of the kyoku (``_Branch``'s ``persist``: a passed chi or
+            pon passes every later chi and pon); False (the default) lets the policy play them.
     """
 
     def __init__(self, *, disable_progress_bar: bool = False, log_dir: str | None = None,
