@@ -363,6 +363,7 @@ def evaluate_arm(out, arm, *, eval_sets, curve_sets, rulebase_sets, workers, key
         res['vs_rulebase'] = vs_rulebase(arm_dir, arm, start_units('rulebase', rulebase_sets),
                                          rulebase_sets=rulebase_sets, key=key, workers=workers, log=log)
     res['diagnostics'] = read_diag(arm_dir)
+    res['eval_key'] = key  # the deals' key: report pairs two arms by deal only where it is the same
     res_path.write_text(json.dumps(res, indent=1))
     return res
 
@@ -453,7 +454,14 @@ def report(out, log):
     table = lambda line: print(line, flush=True)  # noqa: E731
     rows = []
     for res_path in sorted(pathlib.Path(out, 'arms').glob('*/result.json')):
-        res = json.loads(res_path.read_text())
+        try:
+            res = json.loads(res_path.read_text())
+        except (OSError, ValueError) as e:
+            log(f'report: {res_path} skipped, not readable JSON: {e}')
+            continue
+        if not isinstance(res, dict):
+            log(f'report: {res_path} skipped, not a JSON object')
+            continue
         rows.append((res_path.parent.name, res))
     table('| arm | changes | steps | best vs 3x start | final vs 3x start | final vs 3 RulebaseBots (paired to start) |')
     table('|---|---|---|---|---|---|')
@@ -467,9 +475,17 @@ def report(out, log):
         table(f"| {arm} | {changes} | {res.get('steps', '-')} | {cell(vs.get('best'))} | {cell(final)} | "
               f"{cell(rb.get('final'))} |")
     for arm, res in rows:  # each matched control against its online arm, the same deals paired
-        online = dict(rows).get(res.get('matched'), {})
+        if res.get('matched') not in dict(rows):
+            continue
+        online = dict(rows)[res['matched']]
+        if online.get('eval_key') != res.get('eval_key'):
+            log(f'report: {arm} and {res.get("matched")} were evaluated on deals of other keys: not paired')
+            continue
         if 'final' in res.get('units', {}) and 'final' in online.get('units', {}):
             shared = set(online['units']['final']) & set(res['units']['final'])  # deals both were played on
+            if not shared:
+                log(f'report: {arm} and {res["matched"]} share no evaluation deal: not paired')
+                continue
             d = summarize({int(k): online['units']['final'][k] for k in shared},
                           {int(k): res['units']['final'][k] for k in shared})
             table(f"\n{res['matched']} final - {arm} final, avg rank vs 3x start paired by deal (below 0: the "
@@ -646,16 +662,21 @@ def run_matched(out, arm, online_arm, snapshot_every, log):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
     from learning_flaw import control_steps
     arm_dir = pathlib.Path(out, 'arms', online_arm)
-    if arm == online_arm:
+    if pathlib.Path(out, 'arms', arm).resolve() == arm_dir.resolve():
         raise SystemExit(f'offline --matched {online_arm}: the control needs a name of its own (it empties its arm dir)')
     if not (arm_dir / 'result.json').exists():
         raise SystemExit(f'offline --matched {online_arm}: {arm_dir / "result.json"} does not exist: run the arm first')
-    steps = json.loads((arm_dir / 'result.json').read_text())['steps']
-    cfg = toml.load(arm_dir / 'config.toml')
-    mix = cfg['online'].get('offline_batch_size', 0)
-    n = control_steps(steps, mix, cfg['control']['batch_size']) if mix else steps
+    try:
+        steps = json.loads((arm_dir / 'result.json').read_text())['steps']
+        cfg = toml.load(arm_dir / 'config.toml')
+        mix = cfg['online'].get('offline_batch_size', 0)
+        n = control_steps(steps, mix, cfg['control']['batch_size']) if mix else steps
+        lr = cfg['optim']['scheduler']['peak']
+    except (OSError, ValueError, KeyError, TypeError, toml.TomlDecodeError) as e:
+        raise SystemExit(f'offline --matched {online_arm}: {arm_dir} is not a finished run arm '
+                         f'(result.json steps, config.toml [online]/[control]/[optim]): {e!r}') from e
     log(f'[{arm}] matched to {online_arm}: {steps} online steps x {mix} offline rows -> {n} offline steps')
-    info = run_offline(out, arm, epochs=0, lr=cfg['optim']['scheduler']['peak'], freeze_bn=True, log=log, steps=n,
+    info = run_offline(out, arm, epochs=0, lr=lr, freeze_bn=True, log=log, steps=n,
                        snapshot_every=snapshot_every)
     info['matched'] = online_arm
     return info

@@ -184,7 +184,7 @@ class TrainPlay(Section):
         "extra: a counterfactual branch keeps to its alternative's kind: at the trainee's later decisions of the "
         "kyoku, where it picks an action of the kind it declined at the fork while one of the alternative's kind "
         "is legal, it takes its best action of the alternative's kind (a passed chi or pon passes every later chi "
-        "and pon, a declined riichi is never declared; only with 'other_kind'); the paired target then measures that policy change, not one "
+        "and pon, a declined riichi is never declared; with 'best', only where the alternative is of another kind); the paired target then measures that policy change, not one "
         "deviation. false = the policy plays the rest of the branch", False)
 
 

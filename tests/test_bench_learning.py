@@ -66,3 +66,40 @@ def test_arm_config_keeps_the_starts_reward_and_reward_model(tmp_path):
     assert out['grp']['state_file'] == '/somewhere/grp.pth'
     assert out['online']['counterfactual_weight'] == 1.0
     assert toml.load(arm / 'config.toml')['env']['reward'] == 'points'
+
+
+def test_matched_control_refuses_its_own_arm_and_an_unfinished_one(tmp_path):
+    arm = tmp_path / 'arms' / 'cf'
+    arm.mkdir(parents=True)
+    (arm / 'result.json').write_text('{"steps": 10}')
+    for name in ('cf', './cf', 'cf/'):  # the same directory, however it is spelled: it would be emptied
+        with pytest.raises(SystemExit, match='a name of its own'):
+            learning.run_matched(tmp_path, name, 'cf', 0, print)
+    assert (arm / 'result.json').exists()
+    with pytest.raises(SystemExit, match='does not exist'):
+        learning.run_matched(tmp_path, 'control', 'nope', 0, print)
+    with pytest.raises(SystemExit, match='not a finished run arm'):  # no config.toml
+        learning.run_matched(tmp_path, 'control', 'cf', 0, print)
+
+
+def test_report_pairs_a_matched_control_on_shared_deals(tmp_path, capsys):
+    import json
+    # deal -> the 4 ranks (1-4) of the arm's model in that deal's 4 games; deal 3 only in the online arm
+    online = {'steps': 9, 'eval_key': 7, 'units': {'final': {'1': [1, 2, 1, 2], '2': [3, 3, 2, 2],
+                                                             '3': [4, 4, 4, 4]}}}
+    control = {'steps': 4, 'matched': 'cf', 'eval_key': 7,
+               'units': {'final': {'1': [2, 2, 2, 2], '2': [3, 3, 3, 3]}}}
+    for name, res in (('cf', online), ('control', control), ('broken', None)):
+        (tmp_path / 'arms' / name).mkdir(parents=True)
+        (tmp_path / 'arms' / name / 'result.json').write_text('{' if res is None else json.dumps(res))
+    logged = []
+    learning.report(tmp_path, logged.append)
+    out = capsys.readouterr().out
+    # per deal: (1.5 - 2) = -0.5 and (2.5 - 3) = -0.5; mean -0.5 over 2 deals (8 games)
+    assert 'cf final - control final' in out and '-0.500' in out and '(8 games)' in out
+    assert any('broken' in line and 'skipped' in line for line in logged)
+    control['eval_key'] = 8
+    (tmp_path / 'arms' / 'control' / 'result.json').write_text(json.dumps(control))
+    learning.report(tmp_path, logged.append)
+    assert 'cf final - control final' not in capsys.readouterr().out
+    assert any('other keys' in line for line in logged)

@@ -98,6 +98,16 @@ def test_counterfactual_action_of_another_kind():
                                  other_kind=True) is None
 
 
+def test_counterfactual_action_refuses_bad_groups_and_non_finite_q():
+    meta = {"mask_bits": (1 << 3) | (1 << 7) | (1 << 37), "q_values": [0.5, 0.9, 0.1]}
+    for bad in ("nope", "chi", ""):
+        with pytest.raises(ValueError, match="group"):
+            counterfactual_action(meta, 3, group=bad)
+    assert counterfactual_action({**meta, "q_values": [float("nan"), 0.9, 0.1]}, 37) is None
+    with pytest.raises(ValueError, match="counterfactual_persist"):
+        OneVsThree(counterfactual_persist="false")
+
+
 def test_kind_group_puts_chi_and_pon_together():
     from mortal.play.arena import kind_group
     assert [kind_group(i) for i in (0, 36, 37, 38, 40, 41, 42, 43, 44, 45)] == [

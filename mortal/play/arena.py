@@ -24,6 +24,7 @@ import gzip
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 
@@ -379,6 +380,9 @@ def _add_ura_bound(exp: list[int], sim, st: PlayerState, seat: int, hora_ev: dic
         exp[hora_ev["target"]] -= gain
 
 
+KIND_GROUPS = ("discard", "riichi", "call", "kan", "hora", "ryukyoku", "pass")
+
+
 def kind_group(index: int) -> str:
     """The kind of Mortal's action ``index`` (``mortal.features.action.action_kind``) with chi and pon as one
     group, 'call': what 'other kind' means for a counterfactual branch (a pon's other kind is the pass, not a
@@ -393,17 +397,24 @@ def counterfactual_action(meta: dict, taken: int, *, other_kind: bool = False, g
     ``mortal.play.agent._meta_core``) other than ``taken``; with ``other_kind``, only among the actions of another
     kind group than ``taken`` (``kind_group``: the pass for a call, riichi for a discard, a discard for a riichi;
     never one discard for another, nor a chi for a pon); with ``group``, only among the actions of that kind
-    group. Ties to the lower index; None without one."""
+    group. Ties to the lower index; None without one, or for a meta whose Q values are not finite numbers.
+
+    Raises:
+        ValueError: ``group`` not one of ``KIND_GROUPS``.
+    """
+    if group is not None and group not in KIND_GROUPS:
+        raise ValueError(f"group must be one of {KIND_GROUPS}, got {group!r}")
     bits = meta.get("mask_bits")
     q = meta.get("q_values")
     if not isinstance(bits, int) or not isinstance(q, list):
         return None
     legal = [i for i in range(46) if bits >> i & 1]
-    if len(legal) != len(q):
+    if len(legal) != len(q) or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in q):
         return None
     best = None
     for i, v in zip(legal, q):
-        if i == taken or (other_kind and kind_group(i) == kind_group(taken)) or (group and kind_group(i) != group):
+        if i == taken or (other_kind and kind_group(i) == kind_group(taken)) or (group is not None
+                                                                                 and kind_group(i) != group):
             continue
         if best is None or v > best[1]:
             best = (i, v)
@@ -689,7 +700,9 @@ class OneVsThree:
             raise ValueError(f"counterfactual_alternative must be one of {COUNTERFACTUAL_ALTERNATIVES}, "
                              f"got {counterfactual_alternative!r}")
         self.counterfactual_alternative = counterfactual_alternative
-        self.counterfactual_persist = bool(counterfactual_persist)
+        if not isinstance(counterfactual_persist, bool):
+            raise ValueError(f"counterfactual_persist must be True or False, got {counterfactual_persist!r}")
+        self.counterfactual_persist = counterfactual_persist
         self.disable_progress_bar = disable_progress_bar
         self.log_dir = log_dir
         self.speculate_passes = speculate_passes
