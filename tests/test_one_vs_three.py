@@ -170,3 +170,20 @@ def test_mortal_side_from_checkpoint_plays_end_to_end(tiny_config, tmp_path, cap
     assert events[0]['names'] == ['baseline', 'baseline', 'mortal', 'baseline']
     # the challenger's non-quick-eval reactions carry Mortal's meta
     assert any('meta' in e for e in events if e.get('actor') == 2 and e['type'] == 'dahai')
+
+
+def test_a_panic_in_a_worker_becomes_an_error_naming_the_deals(monkeypatch):
+    """pyo3's PanicException (a BaseException, as an mjai PlayerState overflow raised in an evaluation) must reach
+    the caller as an Exception: a pool worker that dies on a BaseException loses its chunk and the pool hangs."""
+    from mortal.play import arena, evaluation
+
+    class PanicException(BaseException):
+        pass
+
+    def panic(self, *a, **k):
+        raise PanicException('ArrayVec::push> capacity overflow!')
+
+    monkeypatch.setattr(arena.OneVsThree, 'py_vs_py', panic)
+    monkeypatch.setattr(evaluation, '_side', lambda side, role: None)
+    with pytest.raises(RuntimeError, match=r'nonces 100\.\.103 \(key 7\) failed: PanicException: ArrayVec'):
+        evaluation.play_chunk((('rulebase', None), ('rulebase', None), 100, 4, 7))

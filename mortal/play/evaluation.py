@@ -45,7 +45,15 @@ def play_chunk(task):
 
     chal, champ, nonce, count, key, *log_dir = task
     env = OneVsThree(disable_progress_bar=True, log_dir=log_dir[0] if log_dir else None)
-    env.py_vs_py(_side(chal, 'challenger'), _side(champ, 'champion'), seed_start=(nonce, key), seed_count=count)
+    try:
+        env.py_vs_py(_side(chal, 'challenger'), _side(champ, 'champion'), seed_start=(nonce, key), seed_count=count)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - pyo3's PanicException is a BaseException
+        # a pool worker that dies on a BaseException loses its chunk and the pool waits for it forever; an
+        # Exception reaches the caller instead, naming the deals
+        raise RuntimeError(f'games of nonces {nonce}..{nonce + count - 1} (key {key}) failed: '
+                           f'{type(e).__name__}: {e}') from None
     return challenger_ranks_by_nonce(env.last_games)
 
 
