@@ -319,6 +319,11 @@ class Online(Section):
     counterfactual_weight: NonNegativeFloat = key(
         "extra: weight of the squared error of Q[alternative] - Q[taken] to the paired outcome difference of the "
         "clients' counterfactual branches ([train_play] counterfactual_rate; 0 = off, as Mortal)", 0.0)
+    replay_ratio: PositiveInt = key(
+        'extra: gradient steps per fresh online batch; the k - 1 beyond the first train batches drawn from the last '
+        'replay_window online batches (RLPD-style update-to-data ratio; 1 = each sample once, as Mortal)', 1)
+    replay_window: PositiveInt = key(
+        'extra: online batches kept for replay_ratio > 1 (the recent-replay window; rows drawn uniformly)', 64)
     probe_file: Str | None = unfilled('extra: positions for diag/policy_drift (built once from [dataset] globs; '
                                       'default probe.pth beside [control] state_file)')
     probe_size: NonNegativeInt = key('extra: positions in the probe (0 = no probe)', 2048)

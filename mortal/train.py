@@ -216,6 +216,9 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
             counterfactual_weight=online_cfg.counterfactual_weight)
         # RLPD-style mix: offline samples of [dataset] appended to each online batch (0 = off, Mortal)
         self.offline_batch_size = online_cfg.offline_batch_size
+        # Extra: each fresh online batch followed by replay_ratio - 1 steps on the recent-replay window (1 = Mortal)
+        self.replay_ratio = online_cfg.replay_ratio if self.online else 1
+        self.replay_window = online_cfg.replay_window
         self.gamma = cfg.env.gamma
         self.max_grad_norm = cfg.optim.max_grad_norm
         self.sleep = sleep
@@ -282,6 +285,11 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
         self.anchor = self._load_anchor() if self.anchor_weight > 0 else None
         self.instruments = Instruments(save_every=self.save_every, batch_size=self.batch_size, device=self.device,
                                        probe=self._load_probe() if self.online else None)
+        self.replay = None
+        if self.replay_ratio > 1:  # mortal.learning.replay; lost at the learner's restart, refilled by the drains
+            from mortal.learning.replay import ReplayWindow
+            self.replay = ReplayWindow(self.replay_window)
+            logger.info('replay ratio %d over the last %d online batches', self.replay_ratio, self.replay_window)
         self.offline_stream = None
         if self.offline_batch_size > 0:  # loaded in this process, beside the online loader's workers
             def offline_loader(files, names, size):
@@ -344,6 +352,8 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
                 else:
                     self._train_tracked(batch, ledger)
                 batches += 1
+                if self.replay is not None:
+                    self._train_replays(batch, ledger)
         finally:
             # No loader worker may still read this epoch's files when the next drain replaces them.
             shutdown = getattr(loader_iter, '_shutdown_workers', None)

@@ -21,7 +21,8 @@ logger = logging.getLogger('mortal.train')  # the trainer's lines (log format)
 class Intake:
     """The trainer's intake methods. The host (``mortal.train.Trainer``) provides ``config`` (and ``cfg``, its typed
     sections), ``version``, ``online``, ``device``, ``dist``, ``batch_size``, ``save_every``, ``steps``,
-    ``offline_stream``, ``online_files()`` and ``train_batch()``."""
+    ``offline_stream``, ``online_files()`` and ``train_batch()``; online, ``replay`` (a
+    ``mortal.learning.replay.ReplayWindow`` or None) and ``replay_ratio``."""
 
     def file_list(self):
         """(file_list, player_names) of this epoch: claimed logs + ['trainee'] online, the dataset offline.
@@ -98,6 +99,22 @@ class Intake:
         ledger.record(ids)
         if self.steps % self.save_every == 0:
             ledger.commit()
+
+    def _train_replays(self, batch, ledger) -> None:
+        """Keep the fresh online ``batch`` (its claim ids, the last tensor when ``ledger`` is given, left out) in the
+        replay window (``mortal.learning.replay``), then train ``replay_ratio - 1`` batches drawn from the window.
+        A checkpoint or the test play inside one of them commits ``ledger``: the fresh batch it recorded is in that
+        checkpoint."""
+        self.replay.add(batch[:-1] if ledger is not None else batch)
+        for _ in range(self.replay_ratio - 1):
+            try:
+                self.train_batch(*self.replay.sample(self.batch_size))
+            except TestPlayDone:
+                if ledger is not None:
+                    ledger.commit()
+                raise
+            if ledger is not None and self.steps % self.save_every == 0:
+                ledger.commit()
 
 
 def _cf_columns(n: int, cf_actions=None, cf_deltas=None) -> tuple:
