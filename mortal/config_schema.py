@@ -324,6 +324,13 @@ class Online(Section):
         'replay_window online batches (RLPD-style update-to-data ratio; 1 = each sample once, as Mortal)', 1)
     replay_window: PositiveInt = key(
         'extra: online batches kept for replay_ratio > 1 (the recent-replay window; rows drawn uniformly)', 64)
+    pg_weight: NonNegativeFloat = key(
+        "extra: weight of a policy-gradient term on the online rows for the policy softmax(Q / pg_temp), advantage "
+        "= Monte-Carlo return - the policy's own value (0 = off, as Mortal)", 0.0)
+    pg_temp: PositiveFloat = key('extra: temperature of that softmax (and of kl_weight\'s), in pts (Q units)', 1.0)
+    kl_weight: NonNegativeFloat = key(
+        "extra: weight of KL(pi || pi_ref) on the online rows, pi_ref = softmax(Q / pg_temp) of the [baseline.train] "
+        "model (0 = off, as Mortal)", 0.0)
     probe_file: Str | None = unfilled('extra: positions for diag/policy_drift (built once from [dataset] globs; '
                                       'default probe.pth beside [control] state_file)')
     probe_size: NonNegativeInt = key('extra: positions in the probe (0 = no probe)', 2048)

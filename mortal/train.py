@@ -34,8 +34,9 @@ trainer's latest), ``data/wait_seconds`` (learner time spent waiting for a drain
 (samples of claimed logs lost untrained; 0 expected).
 
 Extras, all off by default (Mortal): ``[cql] online_min_q_weight``/``calibrated``, ``[online] anchor_weight``,
-``ema_decay`` and ``offline_batch_size`` (offline rows of ``[dataset]`` mixed into each online batch, RLPD-style,
-with ``loss/offline_cql_loss``); see ``docs/learning.md``.
+``pg_weight``/``pg_temp``/``kl_weight`` (``loss/pg_loss``, ``loss/kl_loss``), ``ema_decay`` and ``offline_batch_size``
+(offline rows of ``[dataset]`` mixed into each online batch, RLPD-style, with ``loss/offline_cql_loss``); see
+``docs/learning.md``.
 """
 
 if __package__ in (None, ''):  # run as a script: python mortal/train.py
@@ -83,7 +84,7 @@ class LearnerStep:
     def reset_stats(self) -> None:
         """Zero the loss sums averaged into TensorBoard at each save."""
         self.stats = {'dqn_loss': 0.0, 'cql_loss': 0.0, 'anchor_loss': 0.0, 'offline_cql_loss': 0.0,
-                      'next_rank_loss': 0.0, 'counterfactual_loss': 0.0}
+                      'next_rank_loss': 0.0, 'counterfactual_loss': 0.0, 'pg_loss': 0.0, 'kl_loss': 0.0}
 
     def train_batch(self, obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf_actions=None,
                     cf_deltas=None) -> None:
@@ -210,10 +211,12 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
         # Extras (defaults = Mortal: no CQL online, no anchor); see mortal/learning/loss.py.
         self.online_min_q_weight = cql.online_min_q_weight
         self.anchor_weight = online_cfg.anchor_weight
+        self.kl_weight = online_cfg.kl_weight
         self.loss_weights = LossWeights.resolve(
             online=self.online, min_q_weight=cql.min_q_weight, online_min_q_weight=self.online_min_q_weight,
             anchor_weight=self.anchor_weight, next_rank_weight=cfg.aux.next_rank_weight, calibrated=cql.calibrated,
-            counterfactual_weight=online_cfg.counterfactual_weight)
+            counterfactual_weight=online_cfg.counterfactual_weight, pg_weight=online_cfg.pg_weight,
+            kl_weight=self.kl_weight, pg_temp=online_cfg.pg_temp)
         # RLPD-style mix: offline samples of [dataset] appended to each online batch (0 = off, Mortal)
         self.offline_batch_size = online_cfg.offline_batch_size
         # Extra: each fresh online batch followed by replay_ratio - 1 steps on the recent-replay window (1 = Mortal)
@@ -282,7 +285,8 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
         tensorboard_dir = self.cfg.control.tensorboard_dir
         self.writer = writer if writer is not None else dist.writer(tensorboard_dir)  # rank 0's is real
         self.reset_stats()
-        self.anchor = self._load_anchor() if self.anchor_weight > 0 else None
+        # the frozen reference pair serves the anchor term and the KL term alike
+        self.anchor = self._load_anchor() if self.anchor_weight > 0 or self.kl_weight > 0 else None
         self.instruments = Instruments(save_every=self.save_every, batch_size=self.batch_size, device=self.device,
                                        probe=self._load_probe() if self.online else None)
         self.replay = None
@@ -307,10 +311,11 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
         return self.cfg.baseline.train.state_file
 
     def _load_anchor(self):
-        """The frozen (brain, dqn) of ``[baseline.train] state_file`` that ``anchor_term`` pulls towards.
-        Raises FileNotFoundError, CheckpointError (also for a baseline of another feature version)."""
+        """The frozen (brain, dqn) of ``[baseline.train] state_file`` that ``anchor_term`` and ``kl_term`` pull
+        towards. Raises FileNotFoundError, CheckpointError (also for a baseline of another feature version)."""
         pair = load_frozen_pair(self._baseline_file(), self.version, self.device, 'the anchor')
-        logger.info('anchor: %s, weight %g', self._baseline_file(), self.anchor_weight)
+        logger.info('anchor: %s, weight %g, kl_weight %g', self._baseline_file(), self.anchor_weight,
+                    self.kl_weight)
         return pair
 
     def _load_probe(self):

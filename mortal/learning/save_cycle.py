@@ -20,7 +20,7 @@ class TestPlayDone(Exception):
 
 class SaveCycle:
     """The trainer's save/test cycle. The host (``mortal.train.Trainer``) provides ``online``, ``steps``,
-    ``save_every``, ``submit_every``, ``test_every``, ``stats`` and ``reset_stats()``, ``loss_weights``, ``anchor``,
+    ``save_every``, ``submit_every``, ``test_every``, ``stats`` and ``reset_stats()``, ``loss_weights``,
     ``offline_stream``, ``scheduler``, ``models``, ``ema``, ``device``, ``dist``, ``writer``, ``instruments``,
     ``guards``, ``test_player``, ``play_settings()``, ``save()``, ``submit_param()``, and the progress bar ``pb``."""
 
@@ -50,9 +50,10 @@ class SaveCycle:
         learning rate, the exploration factors (online) and the instruments."""
         n = self.save_every
         w = self.writer
-        on = {'cql_loss': self.loss_weights.with_cql, 'anchor_loss': self.anchor is not None,
+        on = {'cql_loss': self.loss_weights.with_cql, 'anchor_loss': self.loss_weights.anchor > 0,
               'offline_cql_loss': self.offline_stream is not None,
-              'counterfactual_loss': self.loss_weights.counterfactual > 0}
+              'counterfactual_loss': self.loss_weights.counterfactual > 0, 'pg_loss': self.loss_weights.pg > 0,
+              'kl_loss': self.loss_weights.kl > 0}
         for name in self.stats:  # in reset_stats' order; a term that is off is not written
             if on.get(name, True):
                 w.add_scalar(f'loss/{name}', self.stats[name] / n, self.steps)
