@@ -37,6 +37,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import shutil
 import sys
 import time
@@ -107,8 +108,10 @@ def parse_sets(items):
     return out
 
 
-def arm_config(start, arm_dir, sets, port):
-    """Write ``arm_dir/config.toml``: the start's config with its own online paths and the overrides."""
+def arm_config(start, arm_dir, sets, port, clients=1):
+    """Write ``arm_dir/config.toml``: the start's config with its own online paths and the overrides; with
+    ``clients`` > 1, ``[train_play.client2]`` ... as copies of ``[train_play.default]`` (after the overrides), each
+    with its own ``log_dir`` (a client empties its folder every round)."""
     import toml
     from mortal.quickstart_config import render_config
 
@@ -125,6 +128,9 @@ def arm_config(start, arm_dir, sets, port):
         for k in keys[:-1]:
             node = node.setdefault(k, {})
         node[keys[-1]] = value
+    default = cfg['train_play']['default']
+    for profile in client_profiles(clients):
+        cfg['train_play'][profile] = {**default, 'log_dir': f"{default['log_dir'].rstrip('/')}_{profile}"}
     path = arm_dir / 'config.toml'
     path.write_text(toml.dumps(cfg))
     return path, cfg
@@ -158,8 +164,13 @@ def checkpoint_steps(state_file):
         return None
 
 
-def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes=()):
-    """Train one arm with the real three processes; returns ``{'steps': trained, 'seconds': online time}``.
+def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes=(), clients=1):
+    """Train one arm with the real three processes; returns ``{'steps': trained, 'seconds': online time,
+    'hanchan': the trainee's hanchan (``client_hanchan``), 'clients': clients}``.
+
+    ``clients`` > 1 starts that many self-play clients, the 2nd on ``[train_play.client2]`` and so on
+    (``client_profiles``: copies of the default profile, each with its own log folder and, per process, its own
+    random deals).
 
     At each of ``mark_minutes`` (minutes online) ``best.pth`` and the played ``state_file`` are kept as
     ``marks/best_MMMm.pth`` / ``marks/final_MMMm.pth``; ``eval`` plays them like best/final (e.g. the model at 30
@@ -167,7 +178,7 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes
     from mortal.model.checkpoint import atomic_torch_save, load_checkpoint, played_checkpoint
     from mortal.quickstart import _wait_port, start as start_proc, stop
 
-    arm_dir, cfg_path, cfg = prepare_arm(out, arm, sets)
+    arm_dir, cfg_path, cfg = prepare_arm(out, arm, sets, clients=clients)
     marks = sorted(float(m) for m in mark_minutes)
     state_file = cfg['control']['state_file']
     step0 = checkpoint_steps(state_file)
@@ -179,6 +190,8 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes
             procs[name] = start_proc(name, cfg_path, arm_dir / 'logs')
             if name == 'server':
                 _wait_port('127.0.0.1', cfg['online']['remote']['port'], procs[name], arm_dir / 'logs')
+        for profile in client_profiles(clients):
+            procs[f'client_{profile}'] = start_proc('client', cfg_path, arm_dir / 'logs', profile=profile)
         trained = watch_arm(procs, arm_dir, state_file, step0, t0, arm=arm, steps=steps, minutes=minutes,
                             snapshot_every=snapshot_every, marks=marks, log=log)
     finally:
@@ -188,13 +201,37 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes
         log(f'[{arm}] marks never reached (the run ended first): {", ".join(f"{m:g} min" for m in marks)}')
     # the played model: with [online] ema_decay the EMA, as best.pth
     atomic_torch_save(played_checkpoint(load_checkpoint(state_file)), arm_dir / 'final.pth')
-    log(f'[{arm}] trained {trained} steps in {elapsed / 60:.1f} min')
-    return {'steps': trained, 'seconds': elapsed, 'sets': [['.'.join(k), v] for k, v in sets]}
+    hanchan = client_hanchan(arm_dir / 'logs')
+    log(f'[{arm}] trained {trained} steps in {elapsed / 60:.1f} min; {hanchan} hanchan by {clients} client(s) '
+        f'({hanchan / max(elapsed / 60, 1e-9):.1f} a minute)')
+    return {'steps': trained, 'seconds': elapsed, 'hanchan': hanchan, 'clients': clients,
+            'sets': [['.'.join(k), v] for k, v in sets]}
 
 
-def prepare_arm(out, arm, sets):
-    """Empty ``OUT/arms/ARM``, write its config (``arm_config``, checked) and start both its trainee and its
-    baseline as the bootstrap model; returns ``(arm_dir, config path, config)``."""
+def client_profiles(clients):
+    """The ``[train_play.<profile>]`` names of the clients after the first: ``['client2', ...]``."""
+    return [f'client{i}' for i in range(2, clients + 1)]
+
+
+ROUND_LINE = re.compile(r'mortal\.client: trainee rankings: \[(\d+), (\d+), (\d+), (\d+)\]')
+
+
+def client_hanchan(log_dir):
+    """Hanchan the trainee played, summed over the rounds the clients logged (``client*.log`` in ``log_dir``,
+    their "trainee rankings: [a, b, c, d]" lines: a + b + c + d hanchan a round)."""
+    total = 0
+    for path in sorted(pathlib.Path(log_dir).glob('client*.log')):
+        for line in path.read_text(errors='replace').splitlines():
+            m = ROUND_LINE.search(line)
+            if m:
+                total += sum(int(g) for g in m.groups())
+    return total
+
+
+def prepare_arm(out, arm, sets, clients=1):
+    """Empty ``OUT/arms/ARM``, write its config (``arm_config``, checked; one ``[train_play]`` profile per client)
+    and start both its trainee and its baseline as the bootstrap model; returns ``(arm_dir, config path,
+    config)``."""
     from mortal.model.checkpoint import INITIAL_BEST_PERF, atomic_torch_save, load_checkpoint
     from mortal.config import load_config
     from mortal.util.fsutil import empty_dir
@@ -206,7 +243,7 @@ def prepare_arm(out, arm, sets):
     (arm_dir / 'online').mkdir()
     (arm_dir / 'snapshots').mkdir()
     (arm_dir / 'marks').mkdir()
-    cfg_path, cfg = arm_config(start, arm_dir, sets, free_port())
+    cfg_path, cfg = arm_config(start, arm_dir, sets, free_port(), clients=clients)
     load_config(cfg_path)  # fail early, naming the bad key
     # Trainee and baseline both start as the bootstrap model (the start dir's own mortal.pth may have trained).
     start_file = start / 'online' / 'baseline.pth'
@@ -560,6 +597,8 @@ def _add_run_eval(sub, fmt_cls):
             p.add_argument('--minutes', type=float, default=0, help='stop after this many minutes online')
             p.add_argument('--mark-minutes', type=float, action='append', default=[], metavar='M',
                            help='keep best.pth and the state at M minutes online; evaluated like best/final')
+            p.add_argument('--clients', type=int, default=1,
+                           help='self-play clients (the 2nd and later on [train_play.client2] ...)')
             p.add_argument('--snapshot-every', type=int, default=500,
                            help='copy state_file every N steps for the curve (best effort: the checkpoint is '
                                 'looked at every 5 s; 0 = none)')
@@ -635,11 +674,14 @@ def main(argv=None):
     if args.cmd == 'run':
         if not (args.steps or args.minutes):
             parser.error('run needs --steps or --minutes')
+        if args.clients < 1:
+            parser.error(f'--clients {args.clients}: at least 1')
         problem = check_marks(args.mark_minutes, args.minutes)
         if problem:
             parser.error(problem)
         info = run_arm(out, args.arm, sets=parse_sets(args.set), steps=args.steps, minutes=args.minutes,
-                       snapshot_every=args.snapshot_every, log=log, mark_minutes=args.mark_minutes)
+                       snapshot_every=args.snapshot_every, log=log, mark_minutes=args.mark_minutes,
+                       clients=args.clients)
         res_path = out / 'arms' / args.arm / 'result.json'
         res_path.write_text(json.dumps(info, indent=1))
     if args.cmd == 'offline':

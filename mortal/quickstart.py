@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from mortal.config import ENV_PROFILE
 from mortal.learning.supervisor import signal_group
 from mortal.quickstart_config import PRESETS, write_config
 
@@ -55,14 +56,18 @@ def child_env(config_path):
     return env
 
 
-def start(name, config_path, log_dir):
+def start(name, config_path, log_dir, profile=None):
     """Start ``python -m mortal.<name>`` in its own session (so the whole group can be signalled),
-    output appended to ``log_dir/<name>.log``. Returns the ``Popen``."""
+    output appended to ``log_dir/<name>.log`` (``<name>_<profile>.log`` with ``profile``, which sets
+    ``TRAIN_PLAY_PROFILE``: a second client on its own ``[train_play.<profile>]``). Returns the ``Popen``."""
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    log = open(log_dir / f'{name}.log', 'ab')
+    env = child_env(config_path)
+    if profile is not None:
+        env[ENV_PROFILE] = profile
+    log = open(log_dir / (f'{name}.log' if profile is None else f'{name}_{profile}.log'), 'ab')
     try:
-        proc = subprocess.Popen([sys.executable, '-m', f'mortal.{name}'], cwd=ROOT, env=child_env(config_path),
+        proc = subprocess.Popen([sys.executable, '-m', f'mortal.{name}'], cwd=ROOT, env=env,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     finally:

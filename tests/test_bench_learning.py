@@ -68,6 +68,39 @@ def test_arm_config_keeps_the_starts_reward_and_reward_model(tmp_path):
     assert toml.load(arm / 'config.toml')['env']['reward'] == 'points'
 
 
+def test_arm_config_gives_each_extra_client_a_profile_of_its_own(tmp_path):
+    """--clients 3: [train_play.client2] and [train_play.client3] copy the default after the overrides, each with
+    its own log folder (a client empties its folder every round), and the config loads."""
+    import toml
+    from mortal.config import load_config
+    from mortal.quickstart_config import render_config
+    start = tmp_path / 'start'
+    start.mkdir()
+    (start / 'config.toml').write_text(render_config(start, preset='full', version=3))
+    arm = tmp_path / 'arm'
+    arm.mkdir()
+    path, out = learning.arm_config(start, arm, [(['train_play', 'default', 'boltzmann_temp'], 1.0)], port=5123,
+                                    clients=3)
+    default = out['train_play']['default']
+    assert sorted(out['train_play']) == ['client2', 'client3', 'default']
+    for i in (2, 3):
+        profile = out['train_play'][f'client{i}']
+        assert profile['boltzmann_temp'] == 1.0 and profile['games'] == default['games']
+        assert profile['log_dir'] == default['log_dir'].rstrip('/') + f'_client{i}'
+    load_config(path)
+    _, one = learning.arm_config(start, arm, [], port=5123)
+    assert sorted(one['train_play']) == ['default']
+
+
+def test_client_hanchan_sums_the_rounds_of_every_client_log(tmp_path):
+    line = '2026-12-03 15:18:15,347 INFO mortal.client: trainee rankings: [{}] (2.3125, 14.0625pt)\n'
+    (tmp_path / 'client.log').write_text(line.format('5, 4, 4, 3') + line.format('4, 4, 4, 4')
+                                         + 'x INFO mortal.client: last 50 sessions: [182, 197, 206, 215] (2.5)\n')
+    (tmp_path / 'client_client2.log').write_text(line.format('1, 0, 2, 1'))
+    (tmp_path / 'train.log').write_text(line.format('9, 9, 9, 9'))  # not a client's
+    assert learning.client_hanchan(tmp_path) == 16 + 16 + 4
+
+
 def test_matched_control_refuses_its_own_arm_and_an_unfinished_one(tmp_path):
     arm = tmp_path / 'arms' / 'cf'
     arm.mkdir(parents=True)
