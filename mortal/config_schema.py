@@ -341,6 +341,12 @@ class Online(Section):
     ema_decay: Annotated[Float, UnitHalfOpen] = key(
         'extra: publish, test-play and keep as best.pth an EMA of the weights with this decay per optimizer step '
         '(0 = off, as Mortal)', 0.0)
+    n_step: NonNegativeInt = key(
+        "extra: regress Q[taken] of an online sample on gamma^k * max legal Q of a target network at the same "
+        "seat's decision n later in the kyoku (k its discounted steps; the Monte-Carlo target when the kyoku ends "
+        "sooner; 0 = Monte-Carlo, as Mortal)", 0)
+    target_update_every: PositiveInt = key(
+        'extra: steps between copies of the trained weights into the target network of n_step', 1000)
     remote: Remote | None = None
     server: Server | None = None
 

@@ -20,7 +20,7 @@ logger = logging.getLogger('mortal.train')  # the trainer's lines (log format)
 
 class Intake:
     """The trainer's intake methods. The host (``mortal.train.Trainer``) provides ``config`` (and ``cfg``, its typed
-    sections), ``version``, ``online``, ``device``, ``dist``, ``batch_size``, ``save_every``, ``steps``,
+    sections), ``version``, ``online``, ``device``, ``dist``, ``batch_size``, ``save_every``, ``steps``, ``n_step``,
     ``offline_stream``, ``online_files()`` and ``train_batch()``; online, ``replay`` (a
     ``mortal.learning.replay.ReplayWindow`` or None) and ``replay_ratio``."""
 
@@ -40,13 +40,15 @@ class Intake:
             return build_file_list(self.cfg.dataset, names), sorted(names)
         return self.dist.from_main(offline)
 
-    def data_loader(self, file_list, player_names, ledger=None, *, batch_size=None, num_workers=None):
+    def data_loader(self, file_list, player_names, ledger=None, *, batch_size=None, num_workers=None, n_step=None):
         """``mortal.data.dataloader.learner_loader`` of this learner; ``batch_size`` defaults to ``[control]
-        batch_size``, ``num_workers`` to ``[dataset] num_workers``."""
+        batch_size``, ``num_workers`` to ``[dataset] num_workers``, ``n_step`` (its n-step columns; 0: none) to
+        the learner's ``[online] n_step`` (0 offline)."""
         from mortal.data.dataloader import learner_loader  # here: the supervisor process needs no loader
         return learner_loader(self.config, self.version, file_list, player_names, ledger,
                               batch_size=batch_size or self.batch_size, num_workers=num_workers,
-                              pin_memory=self.device.type == 'cuda')
+                              pin_memory=self.device.type == 'cuda',
+                              n_step=self.n_step if n_step is None else n_step)
 
     def _obs_on_device(self, obs):
         """``obs`` as ``(B, C, 34)`` float32 on the trainer's device: packed rows (uint8, the loader's batches) are

@@ -17,7 +17,9 @@ term on the untaken actions lets the ranking of actions dissolve (``docs/learnin
 * ``pg_term``: a policy-gradient term on the online rows for the Boltzmann policy ``softmax(Q / pg_temp)``, with
   the policy's own value as the baseline (A2C-style advantage);
 * ``kl_term``: ``KL(pi || pi_ref)`` to the same softmax of the frozen reference model's Q (the anchor's baseline), a
-  trust region on the policy itself (RiichiEnv's PPO keeps a KL term to the starting model).
+  trust region on the policy itself (RiichiEnv's PPO keeps a KL term to the starting model);
+* ``nstep_targets`` (``[online] n_step``): an online row's target is the discounted value of a frozen target
+  network at the same seat's decision n later in the kyoku instead of the Monte-Carlo return, when there is one.
 
 Shapes: ``q_out (B, 46)`` float with ``-inf`` at illegal actions (``mortal.model.networks.DQN``), ``masks (B, 46)``
 bool, ``actions (B,)`` int64, ``q_target (B,)`` float32 (``gamma ** steps_to_done * kyoku_reward``, in ``[env] pts``
@@ -197,3 +199,15 @@ def kl_term(q_out: Tensor, q_ref: Tensor, *, temp: float = 1.0) -> Tensor:
     # Illegal actions are zeroed before the difference (no -inf - -inf) and carry pi = 0, so they add nothing.
     diff = log_pi.masked_fill(~legal, 0.0) - log_ref.masked_fill(~legal, 0.0)
     return (log_pi.exp() * diff).sum(-1).mean()
+
+
+def nstep_targets(mc_target: Tensor, has_next: Tensor, next_discount: Tensor, v_next: Tensor) -> Tensor:
+    """The n-step Q targets of ``B`` rows, ``(B,)`` float32 in ``[env] pts`` units: ``next_discount * v_next``
+    where ``has_next``, else ``mc_target``.
+
+    ``mc_target (B,)`` float32 (``gamma ** steps_to_done * kyoku_reward``), ``has_next (B,)`` bool (the same seat
+    decides again n decisions later in the kyoku), ``next_discount (B,)`` float32 (``gamma ** steps`` between
+    the two decisions), ``v_next (B,)`` float32 (max over the later decision's legal actions of the target
+    network's Q; ignored where not ``has_next``). No reward is collected in between: it comes at the kyoku's end.
+    """
+    return torch.where(has_next, next_discount * v_next, mc_target)
