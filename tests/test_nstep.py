@@ -305,3 +305,19 @@ def test_trainer_loaders_online_and_offline_mix(tiny_config, gz_logs):
     assert len(next(iter(trainer.data_loader(list(gz_logs), [], num_workers=0)))) == 12
     assert len(next(iter(trainer.data_loader(list(gz_logs), [], num_workers=0, n_step=0)))) == 8
     assert len(next(trainer.offline_stream)) == 8
+
+
+def test_replayed_batches_keep_their_n_step_columns(tiny_config):
+    """[online] replay_ratio 2: the replay window keeps the 12 columns, and a replayed batch (all 8 rows of the one
+    batch in the window, in order) gets the same n-step targets as the fresh one."""
+    config, _ = tiny_config
+    trainer = _trainer(config, n_step=1, replay_ratio=2, replay_window=1)
+    batch = _nstep_batch(config['control']['batch_size'])
+    with torch.no_grad():
+        brain, dqn = trainer.target_net
+        v_next = dqn(brain(batch[8]), batch[9]).max(-1).values
+    expected = torch.where(batch[11], batch[10] * v_next, (trainer.gamma ** batch[3] * batch[4]).float())
+    seen = _capture_q_target(trainer)
+    trainer._train_replays(batch, None)
+    assert len(seen) == 1
+    torch.testing.assert_close(seen[0], expected)
