@@ -158,7 +158,7 @@ def evaluate(fout, name, *, eval_sets, curve_sets, teacher_sets, workers, key, l
     models = {'start': {**summarize(ref, ref), **ref_stat}}
     if teacher_sets:
         teacher_units, stat = play('teacher', ('rulebase', None), teacher_sets)
-        models['teacher'] = {**summarize(teacher_units, {n: ref[n] for n in teacher_units}), **stat}
+        models['teacher'] = {**summarize(teacher_units, {n: ref[n] for n in teacher_units if n in ref}), **stat}
         log(f'[{name}] teacher (RulebaseBot) vs 3x start: {format_summary(models["teacher"])}')
     arms = sorted(p.name for p in (fout / 'arms').iterdir() if p.is_dir()) if (fout / 'arms').exists() else []
     files = arm_files(fout, arms)
@@ -208,7 +208,8 @@ def cached_play(fout, name, res, res_path, start_file, *, key, workers, log):
         units = play_duplicate(challenger, ('mortal', str(start_file)), sets=sets, key=key, workers=workers,
                                chunk=2 if challenger[0] == 'rulebase' else max(1, sets // (4 * workers)),
                                log_dir=str(log_dir))
-        stat, stat_ci = ratio_ci(statistic_by_deal(log_dir, name))
+        # only the deals play_duplicate kept (a deal with a failed game has logs of its other games)
+        stat, stat_ci = ratio_ci({n: v for n, v in statistic_by_deal(log_dir, name).items() if n in units})
         log(f'[{name}] {label}: {sets} deals in {time.monotonic() - t:.0f} s, statistic {stat:.4f} ± {stat_ci:.4f}')
         played[label] = {'tag': tag, 'units': units, 'statistic': {'statistic': stat, 'statistic_ci': stat_ci}}
         res_path.write_text(json.dumps(res, indent=1))

@@ -54,6 +54,41 @@ class ArenaError(RuntimeError):
     invariant broke; the message names the game (nonce, key, split) and seat."""
 
 
+class StatePanic(Exception):
+    """A seat's ``PlayerState`` (mjai's Rust core) panicked on an event, so that seat's view of the game is lost.
+
+    Known case: its fixed-capacity kawa (24 discards per seat) overflows on a legal kyoku in which one seat
+    discards 25 times (others pon its discards, it draws at once). The lock-step loop ends that game as failed
+    (``OneVsThree.failed_games``) or drops that counterfactual branch; the other games go on. ``seat``: 0-3;
+    ``event``: the mjai event (a dict or its JSON text)."""
+
+    def __init__(self, seat: int, event, panic: BaseException):
+        self.seat, self.event = seat, event
+        super().__init__(f"seat {seat}'s PlayerState panicked on {event}: {type(panic).__name__}: {panic}")
+
+
+def is_rust_panic(exc: BaseException) -> bool:
+    """Whether ``exc`` is pyo3's ``PanicException`` (a Rust panic surfacing in Python). It derives from
+    BaseException, not Exception, and each extension module makes its own class, so it is known by name."""
+    return type(exc).__name__ == "PanicException" and not isinstance(exc, Exception)
+
+
+def _feed(seat: int, st: PlayerState, enc, ev) -> None:
+    """Feed the mjai event ``ev`` to seat ``seat``'s state (and version-4 encoder ``enc``, if any).
+
+    Raises:
+        StatePanic: the state (or encoder) panicked; other errors propagate unchanged.
+    """
+    try:
+        st.update(ev)
+        if enc is not None:
+            enc.update(ev)
+    except BaseException as e:  # noqa: BLE001 - pyo3's PanicException is a BaseException
+        if not is_rust_panic(e):
+            raise
+        raise StatePanic(seat, ev, e) from None
+
+
 # ---------------------------------------------------------------------------
 # walls
 
@@ -106,6 +141,7 @@ class _Game:
         self.obs: dict = {}
         self.spec: dict | None = None  # seat -> (events, Scene) of the speculative continuation after all pass
         self.done = False
+        self.failed: str | None = None  # why the game was ended as failed (StatePanic), left out of the results
         self.scores: list[int] | None = None
         self.ranks: list[int] | None = None
         self.substeps = 0
@@ -144,9 +180,7 @@ class _Game:
             events = ob.new_events()
             st, enc = self.states[seat], self.encoders[seat]
             for ev in events:
-                st.update(ev)
-                if enc is not None:
-                    enc.update(ev)
+                _feed(seat, st, enc, ev)
             self.history[seat].extend(events)
             out[seat] = events
         return out
@@ -196,10 +230,11 @@ class _Game:
         for seat, ob in obs.items():
             events = ob.new_events()
             st = PlayerState(seat)
-            for ev in self.history[seat]:
-                st.update(ev)
-            for ev in events:
-                st.update(ev)
+            try:
+                for ev in self.history[seat] + events:
+                    _feed(seat, st, None, ev)
+            except StatePanic:
+                return []  # no speculation; the real step, if it comes, fails the game
             if not st.last_cans.can_act:
                 return []
             best = (lambda seat=seat, st=st, ob=ob: self._best_win_scores(seat, sim, ob, st)) if guard[seat] else None
@@ -272,9 +307,14 @@ class _Game:
         act = self.obs[seat].select_action_from_mjai(json.dumps(reaction))
         if act is None:
             return None
-        branch = _Branch(self, seat, dec.meta, alt, {**actions, seat: act},
-                         persist=(kind_group(taken), kind_group(alt))
-                         if self.cf_persist and kind_group(taken) != kind_group(alt) else None)
+        try:
+            branch = _Branch(self, seat, dec.meta, alt, {**actions, seat: act},
+                             persist=(kind_group(taken), kind_group(alt))
+                             if self.cf_persist and kind_group(taken) != kind_group(alt) else None)
+        except StatePanic as e:
+            # the branch's own step broke a state: no branch (the real game is unaffected)
+            logger.warning("%s (counterfactual branch): %s; no branch forked", self.label(), e)
+            return None
         if not branch.done:  # a branch whose kyoku ended at once has recorded already
             self.branches.add(branch)
         self.new_branches.append(branch)
@@ -296,9 +336,7 @@ class _Game:
         for seat, ob in tail.items():
             enc = self.encoders[seat]
             for ev in ob.new_events():
-                self.states[seat].update(ev)
-                if enc is not None:
-                    enc.update(ev)
+                _feed(seat, self.states[seat], enc, ev)
         events = [e for e in self.env.mjai_log if e["type"] not in ("start_game", "end_game")]
         queues = [iter(q) for q in self.meta_queue]
         for ev in events:
@@ -454,10 +492,11 @@ class _Branch(_Game):
         for s in range(4):
             st = PlayerState(s)
             for ev in self.history[s]:
-                st.update(ev)
+                _feed(s, st, None, ev)
             self.states.append(st)
         self.spec = None
         self.done = self.cancelled = False
+        self.failed = None
         self.scores = self.ranks = None
         self.substeps = parent.substeps
         self.meta_queue = [[] for _ in range(4)]
@@ -507,7 +546,7 @@ class _Branch(_Game):
         tail = self.env.get_observations([0, 1, 2, 3])
         for seat, ob in tail.items():
             for ev in ob.new_events():
-                self.states[seat].update(ev)
+                _feed(seat, self.states[seat], None, ev)
         events = [e for e in self.env.mjai_log if e["type"] not in ("start_game", "end_game")]
         out = next_kyoku(f, kyoku_result_from_events(events, f.oya, self.states[f.oya].shanten))
         if out.next is None:
@@ -538,7 +577,11 @@ class _LockStep:
     fork): each agent's pending scenes across all games in flight, the games waiting for decisions, and the
     decisions taken so far. ``run`` serves the agent with the most pending scenes until every game has ended;
     the arena's counters (``speculated``, ``counterfactual``) are counted on ``arena``, and each finished game goes
-    through its ``_finish``."""
+    through its ``_finish``.
+
+    A ``StatePanic`` while a game commits or gathers (``guarded``) ends only that game, as failed (``fail``): it
+    has no scene pending then, and its counterfactual branches still in flight play on (they are clones with
+    states of their own) before it is settled. A branch that panics is dropped the same way."""
 
     def __init__(self, arena: "OneVsThree", games: list[_Game], chal, champ):
         self.arena = arena
@@ -558,18 +601,42 @@ class _LockStep:
         """Play every game to its end; returns the rankings (as ``py_vs_py``)."""
         from tqdm import tqdm
 
-        for g in self.games:
-            self.gather(g)
         remaining = len(self.games)
+        for g in self.games:
+            if not self.guarded(g, self.gather, g) and self.settle(g):
+                remaining -= 1
         with tqdm(total=len(self.games), unit="game", disable=self.arena.disable_progress_bar) as bar:
+            bar.update(len(self.games) - remaining)
             while remaining:
                 for g in self.serve(remaining):
-                    self.advance(g, self.decided.pop(g.gid), self.spec_decided.pop(g.gid))
+                    self.guarded(g, self.advance, g, self.decided.pop(g.gid), self.spec_decided.pop(g.gid))
                     self.take_up(g)
                     if g.done and self.settle(g):
                         remaining -= 1
                         bar.update(1)
         return self.rankings
+
+    def guarded(self, g: _Game, step, *args) -> bool:
+        """``step(*args)`` for game (or branch) ``g``; on a ``StatePanic``, ``fail`` it. Returns False if it failed."""
+        try:
+            step(*args)
+        except StatePanic as e:
+            self.fail(g, e)
+            return False
+        return True
+
+    def fail(self, g: _Game, err: StatePanic) -> None:
+        """End ``g`` after ``err``: a real game is marked failed (``_finish`` leaves it out of the rankings and
+        logs, ``OneVsThree.failed_games`` names it); a branch is cancelled (its outcome counted as dropped)."""
+        g.spec = None
+        if isinstance(g, _Branch):
+            logger.warning("%s: %s; branch dropped", g.label(), err)
+            g.cancel()
+            return
+        logger.warning("%s (seed %d, %d): %s; game left out of the results", g.label(), g.nonce, g.key, err)
+        g.failed = str(err)
+        g.done = True
+        g.obs = {}
 
     def serve(self, remaining: int) -> list[_Game]:
         """Hand the agent with the most pending decisions all of them in one call; returns the games whose every
@@ -641,14 +708,18 @@ class _LockStep:
             b.gid = self.next_gid
             self.next_gid += 1
             self.flight[b.gid] = b
-            self.gather(b)
+            if not self.guarded(b, self.gather, b):
+                # dropped before it had a scene pending; settling it here would also settle its parent, which
+                # the caller settles
+                del self.flight[b.gid]
+                self.waiting.pop(b.gid, None)
         g.new_branches = []
 
     def settle(self, g: _Game) -> bool:
         """A game or branch has ended; True when a real game is finished (its log waits for its branches)."""
-        del self.waiting[g.gid]
+        self.waiting.pop(g.gid, None)  # a game that failed at its first gather has no entry
         if isinstance(g, _Branch):
-            self.arena.counterfactual["recorded"] += 1
+            self.arena.counterfactual["recorded"] += not g.cancelled
             self.arena.counterfactual["persisted"] += g.persisted
             del self.flight[g.gid]
             g = g.parent
@@ -713,6 +784,8 @@ class OneVsThree:
         # scenes their agents decided, and the challenger decisions counterfactual_persist replaced
         self.counterfactual = {"forked": 0, "recorded": 0, "dropped": 0, "scenes": 0, "persisted": 0}
         self.last_games: list = []  # (nonce, key, split, final scores, rank_by_player) of the last run
+        # (nonce, key, split, reason) of the last run's games ended as failed (StatePanic), left out of the above
+        self.failed_games: list = []
 
     def _enable_counterfactuals(self, games: list[_Game], agents) -> None:
         """Let the games fork counterfactual branches (``counterfactual_rate`` > 0) when every agent is
@@ -755,8 +828,15 @@ class OneVsThree:
         Exploration draws (``MortalEngine`` with ``boltzmann_epsilon > 0``) are taken in batch order, so
         any change of batching changes which draw a row gets: same distribution, other games.
 
+        A game in which a seat's ``PlayerState`` panics (``StatePanic``: mjai's fixed capacities, e.g. a 25th
+        discard of one seat) is ended as failed, with a warning naming its seed (nonce, key), split and event: it
+        is left out of the rankings, ``last_games`` and the logs, and listed in ``failed_games``; the other games
+        are played on. Callers that pair games by deal drop such a deal whole (``mortal.play.duplicate``
+        ``complete_units``).
+
         Returns:
-            ``[n1, n2, n3, n4]``: games in which the challenger finished 1st … 4th.
+            ``[n1, n2, n3, n4]``: games in which the challenger finished 1st … 4th (they sum to
+            ``4 * seed_count - len(failed_games)``).
 
         Raises:
             ArenaError: an invalid reaction, a table that stops answering, or no
@@ -776,6 +856,7 @@ class OneVsThree:
                 agents = [chal if s == split else champ for s in range(4)]
                 games.append(_Game(len(games), nonce0 + n, key, SPLITS[split], agents, [a.name for a in agents]))
         self.last_games = []
+        self.failed_games = []
         self.speculated = [0, 0]
         self.counterfactual = dict.fromkeys(self.counterfactual, 0)
         self._enable_counterfactuals(games, (chal, champ))
@@ -784,11 +865,16 @@ class OneVsThree:
         return rankings
 
     def _finish(self, g: _Game, rankings: list[int]) -> None:
+        for s in range(4):
+            g.agents[s].end_game(g.gid, s)
+        if g.failed is not None:  # no ranks, no log (its kyoku never ended)
+            self.failed_games.append((g.nonce, g.key, g.split, g.failed))
+            g.lines = []
+            g.env = None
+            return
         split = SPLITS.index(g.split)
         rankings[g.ranks[split]] += 1
         self.last_games.append((g.nonce, g.key, g.split, g.scores, g.ranks))
-        for s in range(4):
-            g.agents[s].end_game(g.gid, s)
         if self.log_dir:
             path = os.path.join(self.log_dir, f"{g.nonce}_{g.key}_{g.split}.json.gz")
             write_log_atomic(path, g.log_text())

@@ -3,8 +3,8 @@
 
 A duplicate unit is one nonce played in its four seat rotations; :func:`duplicate_ci` gives the challenger's avg rank
 and avg pt (``mortal.stat.DISPLAY_PTS``) with a normal 95% interval over units, :func:`challenger_ranks_by_nonce`
-groups an arena's games into units, and :func:`build_side` turns a ``[1v3.challenger]``/``[1v3.champion]`` table into
-an arena player. Used by ``mortal.one_vs_three`` (which re-exports every name), ``mortal.play.player`` (test play)
+groups an arena's games into units, :func:`complete_units` drops the deals a failed game left incomplete, and
+:func:`build_side` turns a ``[1v3.challenger]``/``[1v3.champion]`` table into an arena player. Used by ``mortal.one_vs_three`` (which re-exports every name), ``mortal.play.player`` (test play)
 and ``mortal.play.evaluation``.
 """
 
@@ -104,6 +104,14 @@ def challenger_ranks_by_nonce(games: Iterable[tuple]) -> dict[int, list[int]]:
     for nonce, _key, split, _scores, ranks in games:
         out.setdefault(int(nonce), []).append(int(ranks[SPLITS.index(split)]) + 1)
     return out
+
+
+def complete_units(units: dict[int, list[int]], games: int = 4) -> tuple[dict[int, list[int]], list[int]]:
+    """Split ``units`` (``{nonce: ranks}``) into the deals with all ``games`` games and the nonces of the others
+    (a game ended as failed, ``OneVsThree.failed_games``): a duplicate comparison pairs whole deals, so such a deal
+    is dropped whole. Returns ``(complete units, sorted dropped nonces)``."""
+    kept = {n: r for n, r in units.items() if len(r) == games}
+    return kept, sorted(n for n in units if n not in kept)
 
 
 def build_side(side, section: str):

@@ -9,12 +9,14 @@ be compared deal by deal. Used by ``scripts/evaluate.py``, ``bench/learning.py``
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Mapping
 
 from mortal.entry import drop_rust_backtrace
 
 SEED_START = 10000  # first nonce, as mortal.one_vs_three
+logger = logging.getLogger('mortal.evaluation')
 
 
 def _side(spec, name):
@@ -36,12 +38,13 @@ def _init_worker(sp_threads):
 
 def play_chunk(task):
     """Worker: ``(challenger, champion, first_nonce, count, key[, log_dir])`` -> ``{nonce: [challenger ranks
-    1-4]}``; with a ``log_dir`` (not None) one mjai log per game goes there."""
+    1-4]}``; with a ``log_dir`` (not None) one mjai log per game goes there. A deal with a game the arena ended as
+    failed (``OneVsThree.failed_games``, warned there) is left out whole."""
     drop_rust_backtrace()  # also when play_duplicate was called by a library caller, not by a main()
     import torch
     torch.set_num_threads(1)  # the workers already fill the cores
     from mortal.play.arena import OneVsThree
-    from mortal.play.duplicate import challenger_ranks_by_nonce
+    from mortal.play.duplicate import challenger_ranks_by_nonce, complete_units
 
     chal, champ, nonce, count, key, *log_dir = task
     env = OneVsThree(disable_progress_bar=True, log_dir=log_dir[0] if log_dir else None)
@@ -54,7 +57,7 @@ def play_chunk(task):
         # Exception reaches the caller instead, naming the deals
         raise RuntimeError(f'games of nonces {nonce}..{nonce + count - 1} (key {key}) failed: '
                            f'{type(e).__name__}: {e}') from None
-    return challenger_ranks_by_nonce(env.last_games)
+    return complete_units(challenger_ranks_by_nonce(env.last_games))[0]
 
 
 def play_duplicate(challenger, champion, *, sets: int, key: int, workers: int = 1, chunk: int | None = None,
@@ -65,7 +68,8 @@ def play_duplicate(challenger, champion, *, sets: int, key: int, workers: int = 
     default: the deals split evenly over 4 tasks per worker for a model, 2 deals per task with a bot.
     ``progress``: called with the number of games of each finished task. ``log_dir``: if set, each game's mjai
     log ``{nonce}_{key}_{a|b|c|d}.json.gz`` goes there (the seats named ``challenger`` and ``champion``, for
-    ``mortal.stat.Stat.from_dir``). Returns ``{nonce: [4 ranks 1-4]}``.
+    ``mortal.stat.Stat.from_dir``). Returns ``{nonce: [4 ranks 1-4]}``; a deal with a failed game (a Rust panic in
+    one seat's state, see ``OneVsThree.py_vs_py``) is left out, and their count is logged as a warning.
     Raises ValueError for ``sets < 1``; errors of a worker (e.g. a missing checkpoint) propagate.
     """
     import multiprocessing as mp
@@ -83,7 +87,7 @@ def play_duplicate(challenger, champion, *, sets: int, key: int, workers: int = 
             units.update(part)
             if progress:
                 progress(sum(len(r) for r in part.values()))
-        return units
+        return _report_dropped(units, sets, key)
     from tqdm import tqdm
     tqdm.set_lock(threading.RLock())  # no multiprocessing semaphore in the parent (forkserver warns)
     from mortal.features import obs_v4
@@ -92,27 +96,45 @@ def play_duplicate(challenger, champion, *, sets: int, key: int, workers: int = 
             units.update(part)
             if progress:
                 progress(sum(len(r) for r in part.values()))
+    return _report_dropped(units, sets, key)
+
+
+def _report_dropped(units: dict, sets: int, key: int) -> dict:
+    """``units``, after a warning naming the deals of ``SEED_START`` … ``+ sets - 1`` it lacks (failed games)."""
+    dropped = [n for n in range(SEED_START, SEED_START + sets) if n not in units]
+    if dropped:
+        logger.warning('%d of %d deals (key %d) left out, a game failed: nonces %s', len(dropped), sets, key,
+                       dropped)
     return units
 
 
 def summarize(units: Mapping[int, list], reference: Mapping[int, list] | None = None) -> dict:
     """Avg rank and avg pt (``mortal.stat.DISPLAY_PTS``) with 95% CI half-widths over deals; with ``reference``
     units on the same nonces, also ``paired_diff``: the mean per-deal difference of mean ranks (this minus
-    reference; negative = better) and its CI half-width. Raises KeyError when ``reference`` lacks a nonce."""
+    reference; negative = better) and its CI half-width, over the deals both have (either side may have dropped a
+    deal whose game failed, ``play_duplicate``), and ``unpaired``: how many of this side's deals the reference
+    lacks. Raises KeyError when the two share no deal."""
     from mortal.play.duplicate import duplicate_ci, mean_ci
     nonces = sorted(units)
     s = duplicate_ci([units[n] for n in nonces])
     out = {'deals': s.n_units, 'games': s.n_games, 'avg_rank': s.avg_rank, 'avg_rank_ci': s.avg_rank_ci,
            'avg_pt': s.avg_pt, 'avg_pt_ci': s.avg_pt_ci}
     if reference is not None:
-        diffs = [sum(units[n]) / len(units[n]) - sum(reference[n]) / len(reference[n]) for n in nonces]
+        paired = [n for n in nonces if n in reference]
+        if not paired:
+            raise KeyError(f'the reference has none of the {len(nonces)} deals')
+        diffs = [sum(units[n]) / len(units[n]) - sum(reference[n]) / len(reference[n]) for n in paired]
         out['paired_diff'], out['paired_diff_ci'] = mean_ci(diffs)
+        out['unpaired'] = len(nonces) - len(paired)
     return out
 
 
 def format_summary(s: Mapping) -> str:
-    """One line: ``2.431 ± 0.040 rank, +5.12 ± 3.10 pt, paired diff -0.069 ± 0.040 (1600 games)``."""
+    """One line: ``2.431 ± 0.040 rank, +5.12 ± 3.10 pt, paired diff -0.069 ± 0.040 (1600 games)``; with ``unpaired``
+    deals (``summarize``), ``(3 deals unpaired)`` before the game count."""
     text = f"{s['avg_rank']:.3f} ± {s['avg_rank_ci']:.3f} rank, {s['avg_pt']:+.2f} ± {s['avg_pt_ci']:.2f} pt"
     if 'paired_diff' in s and not math.isnan(s['paired_diff_ci']):
         text += f", paired diff {s['paired_diff']:+.3f} ± {s['paired_diff_ci']:.3f}"
+    if s.get('unpaired'):
+        text += f" ({s['unpaired']} deals unpaired)"
     return text + f" ({s['games']} games)"

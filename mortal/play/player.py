@@ -108,10 +108,11 @@ class TestPlayer:
                    name: str = 'mortal') -> dict:
         """Play the ``count`` duplicate deals from nonce ``first_nonce`` (key ``TEST_SEED[1]``), 4 games each,
         logs into ``log_dir`` (default: this test play's; the replayed best.pth uses another, as its log names
-        would collide), the challenger named ``name``. Returns ``{nonce: [the challenger's 4 ranks, 1-4]}``."""
+        would collide), the challenger named ``name``. Returns ``{nonce: [the challenger's 4 ranks, 1-4]}``, without
+        the deals of a game the arena ended as failed (``OneVsThree.failed_games``)."""
         from mortal.play.arena import OneVsThree
         from mortal.play.engine import MortalEngine
-        from mortal.play.duplicate import challenger_ranks_by_nonce
+        from mortal.play.duplicate import challenger_ranks_by_nonce, complete_units
 
         device = torch.device(device)
         with _CudnnBenchmarkOff(self.cudnn_benchmark):
@@ -121,7 +122,7 @@ class TestPlayer:
                              speculate_passes=self.speculate_passes)
             env.py_vs_py(challenger=engine, champion=self.baseline_engine, seed_start=(first_nonce, TEST_SEED[1]),
                          seed_count=count)
-            return challenger_ranks_by_nonce(env.last_games)
+            return complete_units(challenger_ranks_by_nonce(env.last_games))[0]  # deals with a failed game: dropped
 
     def stat(self):
         """``mortal.stat.Stat`` of the challenger over every log of this test play."""
