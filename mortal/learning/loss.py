@@ -175,7 +175,8 @@ def counterfactual_term(q_out: Tensor, actions: Tensor, cf_actions: Tensor, cf_d
 def pg_term(q_out: Tensor, actions: Tensor, q_target: Tensor, *, temp: float = 1.0) -> Tensor:
     """Policy gradient for ``pi = softmax(q / temp)`` over the legal actions (``q_out`` is ``-inf`` elsewhere):
     ``-mean(A * log pi(taken))``, ``A = q_target - sum_a pi(a) * q(a)`` detached, the policy's own value as the
-    baseline (A2C-style advantage). ``temp`` > 0 in pts; ``q_target (B,)`` the Monte-Carlo return in pts. A scalar
+    baseline (A2C-style advantage). ``temp`` > 0 in pts; ``q_target (B,)`` the rows' Q target in pts (the Monte-Carlo
+return, or with ``[online] n_step`` > 0 the n-step target where a row has one). A scalar
     float32 in pts (the advantage times a log-probability); its gradient raises ``log pi(taken)`` where ``A > 0``.
     """
     q = q_out.float()
