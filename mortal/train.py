@@ -258,6 +258,10 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
             anchor_weight=self.anchor_weight, next_rank_weight=cfg.aux.next_rank_weight, calibrated=cql.calibrated,
             counterfactual_weight=online_cfg.counterfactual_weight, pg_weight=online_cfg.pg_weight,
             kl_weight=self.kl_weight, pg_temp=online_cfg.pg_temp)
+        if self.loss_weights.pg > 0 and self.loss_weights.anchor == 0:
+            # the PG baseline is built from the Q it trains: only the anchor holds the untaken Q (loss.pg_term)
+            logger.warning('[online] pg_weight %g without anchor_weight: nothing holds the untaken actions\' Q, '
+                           'which the policy-gradient term can push up without bound', self.loss_weights.pg)
         # RLPD-style mix: offline samples of [dataset] appended to each online batch (0 = off, Mortal)
         self.offline_batch_size = online_cfg.offline_batch_size
         # Extra: each fresh online batch followed by replay_ratio - 1 steps on the recent-replay window (1 = Mortal)

@@ -205,3 +205,20 @@ def test_trainer_without_policy_terms_loads_no_reference(tiny_config):
     trainer = tr.Trainer(config, test_player=object(), writer=FakeWriter(), remote=wire.Remote('127.0.0.1', 1),
                          sleep=lambda s: None)
     assert trainer.anchor is None and trainer.loss_weights.pg == 0 and trainer.loss_weights.kl == 0
+
+
+def test_trainer_warns_when_pg_runs_without_the_anchor(tiny_config, caplog):
+    """pg_weight > 0 with anchor_weight 0: the warning that nothing bounds the untaken Q; none with the anchor."""
+    import logging
+    from mortal import train as tr
+    from mortal.net import wire
+    config, _ = tiny_config
+    write_baseline(config, config['baseline']['train']['state_file'], seed=3)
+    write_baseline(config, config['control']['state_file'], seed=3)
+    for anchor, warned in ((0.0, True), (1.0, False)):
+        config['online'].update(pg_weight=0.5, anchor_weight=anchor)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            tr.Trainer(config, test_player=object(), writer=FakeWriter(), remote=wire.Remote('127.0.0.1', 1),
+                       sleep=lambda s: None)
+        assert any('pg_weight 0.5 without anchor_weight' in r.getMessage() for r in caplog.records) == warned

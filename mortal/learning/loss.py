@@ -175,9 +175,14 @@ def counterfactual_term(q_out: Tensor, actions: Tensor, cf_actions: Tensor, cf_d
 def pg_term(q_out: Tensor, actions: Tensor, q_target: Tensor, *, temp: float = 1.0) -> Tensor:
     """Policy gradient for ``pi = softmax(q / temp)`` over the legal actions (``q_out`` is ``-inf`` elsewhere):
     ``-mean(A * log pi(taken))``, ``A = q_target - sum_a pi(a) * q(a)`` detached, the policy's own value as the
-    baseline (A2C-style advantage). ``temp`` > 0 in pts; ``q_target (B,)`` the rows' Q target in pts (the Monte-Carlo
-return, or with ``[online] n_step`` > 0 the n-step target where a row has one). A scalar
-    float32 in pts (the advantage times a log-probability); its gradient raises ``log pi(taken)`` where ``A > 0``.
+    baseline (A2C-style advantage). ``temp`` > 0 in pts; ``q_target (B,)`` the rows' Q target in pts (the
+    Monte-Carlo return, or with ``[online] n_step`` > 0 the n-step target where a row has one). A scalar float32 in
+    pts (the advantage times a log-probability); its gradient raises ``log pi(taken)`` where ``A > 0``.
+
+    The baseline is built from the Q this term trains, and the untaken actions' Q have no target of their own:
+    where ``A < 0`` the term raises them, which raises the baseline and lowers ``A`` further. Nothing but the anchor
+    term (``[online] anchor_weight``, which holds the untaken Q at the reference model's) bounds that, so the
+    trainer warns when ``pg_weight`` is set without it.
     """
     q = q_out.float()
     log_pi = torch.log_softmax(q / temp, -1)
