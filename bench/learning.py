@@ -486,8 +486,28 @@ def read_diag(arm_dir):
 
 # ---------------------------------------------------------------------------- report
 
-def report(out, log):
-    """Print one Markdown row per arm (stdout, no timestamps) and write ``OUT/learning_curve.png``."""
+def paired_line(online_arm, online, control_arm, control, log):
+    """``ONLINE final - CONTROL final`` avg rank vs 3x the start, paired by deal on the deals both were played on
+    (the same evaluation key only); None (with the reason logged) when they cannot be paired."""
+    if online.get('eval_key') != control.get('eval_key'):
+        log(f'report: {control_arm} and {online_arm} were evaluated on deals of other keys: not paired')
+        return None
+    if 'final' not in control.get('units', {}) or 'final' not in online.get('units', {}):
+        return None
+    shared = set(online['units']['final']) & set(control['units']['final'])  # deals both were played on
+    if not shared:
+        log(f'report: {control_arm} and {online_arm} share no evaluation deal: not paired')
+        return None
+    d = summarize({int(k): online['units']['final'][k] for k in shared},
+                  {int(k): control['units']['final'][k] for k in shared})
+    return (f"\n{online_arm} final - {control_arm} final, avg rank vs 3x start paired by deal (below 0: the "
+            f"online arm is better): {d['paired_diff']:+.3f} ± {d['paired_diff_ci']:.3f} ({d['games']} games)")
+
+
+def report(out, log, against=None):
+    """Print one Markdown row per arm (stdout, no timestamps), each matched control's paired difference to its
+    arm and, with ``against`` (an arm's name), every other arm's paired difference to that one; write
+    ``OUT/learning_curve.png``."""
     table = lambda line: print(line, flush=True)  # noqa: E731
     rows = []
     for res_path in sorted(pathlib.Path(out, 'arms').glob('*/result.json')):
@@ -500,8 +520,9 @@ def report(out, log):
             log(f'report: {res_path} skipped, not a JSON object')
             continue
         rows.append((res_path.parent.name, res))
-    table('| arm | changes | steps | best vs 3x start | final vs 3x start | final vs 3 RulebaseBots (paired to start) |')
-    table('|---|---|---|---|---|---|')
+    table('| arm | changes | steps | hanchan | best vs 3x start | final vs 3x start | final vs 3 RulebaseBots (paired '
+          'to start) |')
+    table('|---|---|---|---|---|---|---|')
     for arm, res in rows:
         vs = res.get('vs_start', {})
         rb = res.get('vs_rulebase', {})
@@ -509,24 +530,19 @@ def report(out, log):
         changes = ', '.join(f'{k}={v}' for k, v in res.get('sets', [])) or 'none'
         epochs = sorted((k for k in vs if k.startswith('epoch_')), key=lambda k: int(k.split('_')[1]))
         final = vs.get('final') or (vs[epochs[-1]] if epochs else None)  # offline control: its last epoch
-        table(f"| {arm} | {changes} | {res.get('steps', '-')} | {cell(vs.get('best'))} | {cell(final)} | "
+        table(f"| {arm} | {changes} | {res.get('steps', '-')} | {res.get('hanchan', '-')} | {cell(vs.get('best'))} | "
+              f"{cell(final)} | "
               f"{cell(rb.get('final'))} |")
-    for arm, res in rows:  # each matched control against its online arm, the same deals paired
-        if res.get('matched') not in dict(rows):
-            continue
-        online = dict(rows)[res['matched']]
-        if online.get('eval_key') != res.get('eval_key'):
-            log(f'report: {arm} and {res.get("matched")} were evaluated on deals of other keys: not paired')
-            continue
-        if 'final' in res.get('units', {}) and 'final' in online.get('units', {}):
-            shared = set(online['units']['final']) & set(res['units']['final'])  # deals both were played on
-            if not shared:
-                log(f'report: {arm} and {res["matched"]} share no evaluation deal: not paired')
-                continue
-            d = summarize({int(k): online['units']['final'][k] for k in shared},
-                          {int(k): res['units']['final'][k] for k in shared})
-            table(f"\n{res['matched']} final - {arm} final, avg rank vs 3x start paired by deal (below 0: the "
-                  f"online arm is better): {d['paired_diff']:+.3f} ± {d['paired_diff_ci']:.3f} ({d['games']} games)")
+    pairs = [(res['matched'], arm) for arm, res in rows if res.get('matched') in dict(rows)]  # (online, control)
+    if against is not None:  # every other arm against one control
+        if against not in dict(rows):
+            log(f'report: --against {against}: no such arm with a result')
+        else:
+            pairs += [(arm, against) for arm, _ in rows if arm != against and (arm, against) not in pairs]
+    for online_arm, control_arm in pairs:
+        line = paired_line(online_arm, dict(rows)[online_arm], control_arm, dict(rows)[control_arm], log)
+        if line:
+            table(line)
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
@@ -572,7 +588,10 @@ def build_parser():
     _add_run_eval(sub, fmt_cls)
     _add_offline(sub, fmt_cls)
     _add_flaw(sub, fmt_cls)
-    sub.add_parser('report', help='Markdown table of every arm and OUT/learning_curve.png')
+    rep = sub.add_parser('report', help='Markdown table of every arm and OUT/learning_curve.png',
+                         formatter_class=fmt_cls)
+    rep.add_argument('--against', metavar='ARM', help='also pair every other arm, by deal, with this one (e.g. an '
+                                                     'offline-only control)')
     return parser
 
 
@@ -660,7 +679,7 @@ def main(argv=None):
         log(f'start point: {make_start(out, version=args.version, games=args.games, grp_games=args.grp_games, progress=False)}')
         return 0
     if args.cmd == 'report':
-        report(out, log)
+        report(out, log, against=args.against)
         return 0
     if args.cmd == 'flaw':
         if not (args.steps or args.minutes or args.eval_only):

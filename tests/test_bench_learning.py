@@ -115,6 +115,28 @@ def test_matched_control_refuses_its_own_arm_and_an_unfinished_one(tmp_path):
         learning.run_matched(tmp_path, 'control', 'cf', 0, print)
 
 
+def test_report_against_pairs_every_arm_with_one_control(tmp_path, capsys):
+    """--against ctl: each other arm's final minus ctl's, paired by deal, by hand; the hanchan column."""
+    import json
+    arms = {'ctl': {'steps': 5, 'eval_key': 7, 'units': {'final': {'1': [2, 2, 2, 2], '2': [3, 3, 3, 3]}}},
+            'rr': {'steps': 5, 'hanchan': 272, 'eval_key': 7,
+                   'units': {'final': {'1': [1, 1, 1, 1], '2': [3, 3, 3, 3]}}},
+            'pg': {'steps': 5, 'eval_key': 7, 'units': {'final': {'1': [4, 4, 4, 4], '2': [4, 4, 4, 4]}}}}
+    for name, res in arms.items():
+        (tmp_path / 'arms' / name).mkdir(parents=True)
+        (tmp_path / 'arms' / name / 'result.json').write_text(json.dumps(res))
+    logged = []
+    learning.report(tmp_path, logged.append, against='ctl')
+    out = capsys.readouterr().out
+    # rr: deals (1 - 2, 3 - 3) -> mean -0.5; pg: (4 - 2, 4 - 3) -> mean +1.5; 2 deals, 8 games each
+    assert 'rr final - ctl final, avg rank vs 3x start paired by deal (below 0: the online arm is better): -0.500' in out
+    assert 'pg final - ctl final, avg rank vs 3x start paired by deal (below 0: the online arm is better): +1.500' in out
+    assert 'ctl final - ctl final' not in out
+    assert '| rr | none | 5 | 272 |' in out
+    learning.report(tmp_path, logged.append, against='nope')
+    assert any('--against nope: no such arm' in line for line in logged)
+
+
 def test_report_pairs_a_matched_control_on_shared_deals(tmp_path, capsys):
     import json
     # deal -> the 4 ranks (1-4) of the arm's model in that deal's 4 games; deal 3 only in the online arm
