@@ -37,7 +37,9 @@ Extras, all off by default (Mortal): ``[cql] online_min_q_weight``/``calibrated`
 ``pg_weight``/``pg_temp``/``kl_weight`` (``loss/pg_loss``, ``loss/kl_loss``), ``ema_decay``, ``offline_batch_size``
 (offline rows of ``[dataset]`` mixed into each online batch, RLPD-style, with ``loss/offline_cql_loss``) and
 ``n_step`` (online targets bootstrapped from a frozen target network refreshed every ``target_update_every`` steps,
-``diag/nstep_bootstrapped``); see ``docs/learning.md``.
+``diag/nstep_bootstrapped``), ``replay_ratio``/``replay_window`` (each fresh online batch followed by more steps on
+rows of the recent-replay window, ``mortal.learning.replay``); see ``docs/learning.md`` (part 4 measures the last
+three).
 """
 
 if __package__ in (None, ''):  # run as a script: python mortal/train.py
