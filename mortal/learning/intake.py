@@ -89,35 +89,37 @@ class Intake:
 
     def _train_tracked(self, batch, ledger) -> None:
         """``train_batch`` on a batch whose last tensor holds the sample ids; record them in ``ledger`` and commit
-        it right after each checkpoint (the save inside ``train_batch``), so that the claim manifest always
-        matches the last checkpoint. The test play that ends an online learner follows a save: committed too."""
+        it right after each checkpoint (``_train_committed``), so that the claim manifest always matches the last
+        checkpoint."""
         *data, ids = batch
+        self._train_committed(data, ledger, ids)
+
+    def _train_committed(self, data, ledger, ids=None) -> None:
+        """``train_batch(*data)``, then, with a ``ledger``, ``ids`` (if any) recorded in it and the ledger committed
+        right after a checkpoint (the save inside ``train_batch``) or the test play that ends an online learner
+        (it follows a save)."""
         try:
             self.train_batch(*data)
         except TestPlayDone:
-            ledger.record(ids)
-            ledger.commit()
+            if ledger is not None:
+                if ids is not None:
+                    ledger.record(ids)
+                ledger.commit()
             raise
-        ledger.record(ids)
-        if self.steps % self.save_every == 0:
-            ledger.commit()
+        if ledger is not None:
+            if ids is not None:
+                ledger.record(ids)
+            if self.steps % self.save_every == 0:
+                ledger.commit()
 
     def _train_replays(self, batch, ledger) -> None:
         """Keep the fresh online ``batch`` (its claim ids, the last tensor when ``ledger`` is given, left out) in the
         replay window (``mortal.learning.replay``), then train ``replay_ratio - 1`` batches drawn from the window.
-        A checkpoint or the test play inside one of them commits ``ledger``: the fresh batch it recorded is in that
-        checkpoint."""
+        A checkpoint or the test play inside one of them commits ``ledger`` (``_train_committed``): the fresh batch
+        it recorded is in that checkpoint."""
         self.replay.add(batch[:-1] if ledger is not None else batch)
         for _ in range(self.replay_ratio - 1):
-            try:
-                self.train_batch(*self.replay.sample(self.batch_size))
-            except TestPlayDone:
-                if ledger is not None:
-                    ledger.commit()
-                raise
-            if ledger is not None and self.steps % self.save_every == 0:
-                ledger.commit()
-
+            self._train_committed(self.replay.sample(self.batch_size), ledger)
 
 def _cf_columns(n: int, cf_actions=None, cf_deltas=None) -> tuple:
     """``(cf_actions (n,) int64, cf_deltas (n,) float32)`` as tensors; -1 / 0 (no counterfactual) when None."""
