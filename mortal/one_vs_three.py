@@ -39,7 +39,8 @@ from typing import Iterable
 
 # The duplicate scoring and the sides live in mortal.play.duplicate (play needs them too); this module's API still.
 from mortal.play.duplicate import (SEED_START, SPLITS, Z_95, DuplicateSummary,  # noqa: F401
-                                   build_side, challenger_ranks_by_nonce, complete_units, duplicate_ci, mean_ci)
+                                   build_side, challenger_ranks_by_nonce, complete_challenger_units,
+                                   complete_units, duplicate_ci, mean_ci)
 from mortal.stat import DISPLAY_PTS, rank_summary  # noqa: F401  rank_summary: also this module's API (Mortal prints it)
 
 logger = logging.getLogger('mortal.one_vs_three')  # not __name__: '__main__' under python -m
@@ -95,7 +96,7 @@ def run(config: dict, *, disable_progress_bar: bool = False, out=None) -> Duplic
         print(f'challenger rankings: {list(rankings)} ({avg_rank:.6f}, {avg_pt:.6f}pt)', file=out)
         games = list(env.last_games)
         all_games += games
-        units.update(complete_units(challenger_ranks_by_nonce(games))[0])  # a deal with a failed game: dropped
+        units.update(complete_challenger_units(games))  # a deal with a failed game: dropped
         if env.failed_games:
             print(f'failed games (left out with their deals): {[f"{n}_{k}_{s}" for n, k, s, _ in env.failed_games]}',
                   file=out)

@@ -264,19 +264,36 @@ class FakeTestPlayer:
         return FakeStat(*self.results.pop(0))
 
 
-def trainer_on_round(tmp_path, config, files):
-    """An offline ``mortal.train.Trainer`` of ``config`` (fake test player and writer, no server) whose dataset is
-    a copy of a self-play round's log ``files`` in ``tmp_path/dataset``; the GRP of ``config`` is written
-    (``write_grp``). The config's ``[dataset]`` globs must point at that folder."""
-    import shutil
+def fake_trainer(config, *, test_player=None, writer=None, remote=None, drop_submits=False, **kwargs):
+    """A ``mortal.train.Trainer`` of ``config`` (online or offline) with fakes for its collaborators.
+
+    ``test_player``: default ``FakeTestPlayer([])`` (no results: a test play fails). ``writer``: default a fresh
+    ``FakeWriter`` (``trainer.writer``). ``remote``: default ``wire.Remote('127.0.0.1', 1)``, where nothing listens
+    (only an online learner's server traffic uses it; offline it is never read). ``sleep``: a no-op unless given.
+    ``drop_submits``: ``trainer.submit_param`` does nothing (no server to publish to). Other ``kwargs`` (``dist``)
+    go to the Trainer as they are. Raises what the Trainer raises (a config it refuses).
+    """
     from mortal import train as tr
     from mortal.net import wire
+    kwargs.setdefault("sleep", lambda s: None)
+    trainer = tr.Trainer(config, test_player=FakeTestPlayer([]) if test_player is None else test_player,
+                         writer=FakeWriter() if writer is None else writer,
+                         remote=wire.Remote("127.0.0.1", 1) if remote is None else remote, **kwargs)
+    if drop_submits:
+        trainer.submit_param = lambda is_idle=False: None
+    return trainer
+
+
+def trainer_on_round(tmp_path, config, files):
+    """An offline ``fake_trainer`` of ``config`` whose dataset is a copy of a self-play round's log ``files`` in
+    ``tmp_path/dataset``; the GRP of ``config`` is written (``write_grp``). The config's ``[dataset]`` globs must
+    point at that folder."""
+    import shutil
     dataset = tmp_path / "dataset"
     dataset.mkdir()
     for f in files:
         shutil.copy(f, dataset / os.path.basename(f))
-    trainer = tr.Trainer(config, test_player=FakeTestPlayer([]), writer=FakeWriter(),
-                         remote=wire.Remote("127.0.0.1", 1), sleep=lambda s: None)
+    trainer = fake_trainer(config)
     write_grp(trainer.config)
     return trainer
 

@@ -77,11 +77,11 @@ def run_train(config_path: str, out: pathlib.Path) -> None:
 
 
 def run_step(config_path: str, out: pathlib.Path) -> None:
-    from conftest import FakeTestPlayer, FakeWriter, random_batch
+    from conftest import FakeTestPlayer, fake_trainer, random_batch
     config = load_config(config_path, env={})
     dist = distributed.setup(config['control']['device'])
     try:
-        trainer = tr.Trainer(config, test_player=FakeTestPlayer([(0.0, 2.5)]), writer=FakeWriter(), dist=dist)
+        trainer = fake_trainer(config, test_player=FakeTestPlayer([(0.0, 2.5)]), dist=dist)
         for i in range(4):
             trainer.train_batch(*random_batch(seed=10 * i + dist.rank))
         torch.save({'steps': trainer.steps, 'final': weights(trainer)}, out / f'rank{dist.rank}.pth')

@@ -12,11 +12,9 @@ import torch
 
 from mortal import client as cl
 from mortal.net import replay_store, signature, wire
-from mortal import train as tr
 from mortal.model.checkpoint import load_model_pair
 
-from conftest import (FakeTestPlayer, FakeWriter, free_port, load_tiny_config, start_param_server, stop_server,
-                      write_baseline)
+from conftest import fake_trainer, free_port, load_tiny_config, start_param_server, stop_server, write_baseline
 
 ARCH = {'version': 3, 'conv_channels': 16, 'num_blocks': 1}  # tiny_config's model
 
@@ -90,8 +88,7 @@ class Served:
         self.server = start_param_server(tmp_path, 64, port=self.port, timeout=10)
         self.store = self.server.store
         self.remote = wire.Remote('127.0.0.1', self.port, timeout=10)
-        self.trainer = tr.Trainer(self.config, test_player=FakeTestPlayer([]), writer=FakeWriter(),
-                                  remote=self.remote, sleep=lambda s: None)
+        self.trainer = fake_trainer(self.config, remote=self.remote)
 
     def remote_config(self, tmp_path):
         """The config of a client on another machine: its own (not yet existing) baseline file."""

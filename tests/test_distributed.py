@@ -18,8 +18,8 @@ from mortal.learning import distributed
 from mortal.model.checkpoint import CHECKPOINT_KEYS
 from mortal.model.networks import AuxNet, Brain, DQN
 
-from conftest import (FIXTURE_LOGS, ROOT, TINY_VERSION, FakeTestPlayer, FakeWriter, free_port, load_tiny_config,
-                      random_batch, tiny_config_dict, write_baseline, write_grp)
+from conftest import (FIXTURE_LOGS, ROOT, TINY_VERSION, fake_trainer, free_port, load_tiny_config, random_batch,
+                      tiny_config_dict, write_baseline, write_grp)
 
 
 # -- the pieces, by hand -------------------------------------------------------------------------------------------
@@ -68,7 +68,7 @@ def test_one_process_is_left_as_it_was(tmp_path):
         assert distributed.setup('cpu', env) is distributed.SINGLE
     assert not torch.distributed.is_initialized()
     config, _ = load_tiny_config(tmp_path, online=False)
-    trainer = tr.Trainer(config, test_player=FakeTestPlayer([]), writer=FakeWriter())
+    trainer = fake_trainer(config)
     assert trainer.dist is distributed.SINGLE
     assert all(a is b for a, b in zip(trainer.nets, trainer.models))  # the bare models train, no wrapper
     files = ['b', 'a']
@@ -194,7 +194,7 @@ def test_two_ranks_step_as_one_process_on_both_batches(tmp_path):
                                  control={'batch_size': 16, 'opt_step_every': 2, 'save_every': 100,
                                           'test_every': 100})
     shutil.copy(cfg['control']['state_file'], config['control']['state_file'])
-    one = tr.Trainer(config, test_player=FakeTestPlayer([]), writer=FakeWriter())
+    one = fake_trainer(config)
     for i in range(4):
         both = zip(random_batch(seed=10 * i), random_batch(seed=10 * i + 1))
         one.train_batch(*(torch.cat(pair) for pair in both))
@@ -213,7 +213,7 @@ def test_two_ranks_step_as_one_process_on_both_batches(tmp_path):
     config, _ = load_tiny_config(tmp_path / 'alone', online=False, freeze_bn={'mortal': True},
                                  control={'opt_step_every': 2, 'save_every': 100, 'test_every': 100})
     shutil.copy(cfg['control']['state_file'], config['control']['state_file'])
-    alone = tr.Trainer(config, test_player=FakeTestPlayer([]), writer=FakeWriter())
+    alone = fake_trainer(config)
     for i in range(4):
         alone.train_batch(*random_batch(seed=10 * i))
     gap = (alone.dqn.a_head[0].weight - ranks[0]['final']['dqn.a_head.0.weight']).abs().max().item()

@@ -12,8 +12,8 @@ from mortal.net import replay_store, wire
 from mortal import train as tr
 from mortal.learning.schedule import schedule_factor
 
-from conftest import (FakeWriter, free_port, load_tiny_config, random_batch, start_param_server, stop_server,
-                      tiny_config_dict, write_baseline)
+from conftest import (FakeWriter, fake_trainer, free_port, load_tiny_config, random_batch, start_param_server,
+                      stop_server, tiny_config_dict, write_baseline)
 
 
 class UnitsStat:
@@ -71,8 +71,7 @@ def online_trainer(tmp_path, plans, **overrides):
     write_baseline(config, config['baseline']['train']['state_file'])
     writer = FakeWriter()
     player = PlannedPlayer(plans, log_dir=config['test_play']['log_dir'])
-    trainer = tr.Trainer(config, test_player=player, writer=writer, remote=wire.Remote('127.0.0.1', 1),
-                         sleep=lambda s: None)
+    trainer = fake_trainer(config, test_player=player, writer=writer)
     trainer.submits = []
     trainer.submit_param = lambda is_idle=False: trainer.submits.append(trainer.play_settings())
     trainer.synced = []  # sync_baseline calls (rotated=): no server here (test_baseline_sync.py has one)
@@ -138,9 +137,7 @@ def test_rollback_after_consecutive_worse_test_plays_restores_best(tmp_path, cap
     assert trainer.play_settings()['epsilon_factor'] == 0.25
     assert ('guard/rollbacks', 1, 12) in writer.scalars
     # a resumed learner keeps the guard state; a second rollback keeps only the newest copy ([guard] keep = 1)
-    again = tr.Trainer(trainer.config, test_player=trainer.test_player, writer=FakeWriter(),
-                       remote=wire.Remote('127.0.0.1', 1), sleep=lambda s: None)
-    again.submit_param = lambda is_idle=False: None
+    again = fake_trainer(trainer.config, test_player=trainer.test_player, drop_submits=True)
     assert again.guard['lr_scale'] == 0.5 and again.scheduler.get_last_lr()[0] == pytest.approx(0.5e-3)
     run_to_test_play(again, seed=30)
     run_to_test_play(again, seed=40)

@@ -9,7 +9,7 @@ import torch
 from mortal.learning.diagnostics import Probe, WindowMeans, batch_q_stats
 from mortal.learning.loss import anchor_term, cql_term
 
-from conftest import FakeWriter, random_batch, write_baseline
+from conftest import FakeWriter, fake_trainer, random_batch, write_baseline
 
 INF = math.inf
 
@@ -119,8 +119,6 @@ def _random_batch(n, seed=0):
 def test_online_trainer_with_anchor_and_calibrated_cql_logs_every_term(tiny_config):
     """Trainee = baseline at the start, so the first anchor loss is exactly 0; the configured CQL weight is kept
     online; the diag/* tags and loss/anchor_loss are written at each save."""
-    from mortal import train as tr
-    from mortal.net import wire
     config, _ = tiny_config
     config['online']['anchor_weight'] = 1.0
     config['online']['counterfactual_weight'] = 0.5
@@ -129,9 +127,7 @@ def test_online_trainer_with_anchor_and_calibrated_cql_logs_every_term(tiny_conf
     write_baseline(config, config['baseline']['train']['state_file'], seed=3)
     write_baseline(config, config['control']['state_file'], seed=3)
     writer = FakeWriter()
-    trainer = tr.Trainer(config, test_player=object(), writer=writer, remote=wire.Remote('127.0.0.1', 1),
-                         sleep=lambda s: None)
-    trainer.submit_param = lambda is_idle=False: None
+    trainer = fake_trainer(config, writer=writer, drop_submits=True)
     assert trainer.anchor is not None and trainer.online_min_q_weight == 0.5
     assert trainer.loss_weights.counterfactual == 0.5
     args = _random_batch(config['control']['batch_size'])
@@ -180,8 +176,7 @@ def test_ema_is_what_gets_published_test_played_and_kept_as_best(tiny_config, mo
                     pass
             return S()
 
-    trainer = tr.Trainer(config, test_player=Player(), writer=FakeWriter(), remote=wire.Remote('127.0.0.1', 1),
-                         sleep=lambda s: None)
+    trainer = fake_trainer(config, test_player=Player())
     sent = []
     monkeypatch.setattr(tr.wire, 'request_with_retry',
                         lambda remote, msg, sleep=None: sent.append(msg) or {'param_version': 1})
@@ -233,7 +228,6 @@ def test_offline_mix_appends_offline_rows_with_the_offline_loss(tiny_config, fix
     """[online] offline_batch_size: the offline rows share the MSE (one mean over all rows) and carry the offline
     CQL term at [cql] min_q_weight; the online-only instruments see the online rows alone."""
     from mortal import train as tr
-    from mortal.net import wire
     config, _ = tiny_config
     from mortal.model.networks import GRP
     config['control']['batch_size'] = 32  # the 32 online rows below
@@ -242,9 +236,7 @@ def test_offline_mix_appends_offline_rows_with_the_offline_loss(tiny_config, fix
     torch.save({'model': GRP(**config['grp']['network']).state_dict()}, config['grp']['state_file'])
     write_baseline(config, config['control']['state_file'], seed=4)
     writer = FakeWriter()
-    trainer = tr.Trainer(config, test_player=object(), writer=writer, remote=wire.Remote('127.0.0.1', 1),
-                         sleep=lambda s: None)
-    trainer.submit_param = lambda is_idle=False: None
+    trainer = fake_trainer(config, writer=writer, drop_submits=True)
     online, offline = _random_batch(config['control']['batch_size'], seed=1), _random_batch(8, seed=2)
     # reward 1 online, 3 offline: a model whose Q is the same c everywhere would have MSE mean((c - t)^2) over 40
     offline = offline[:4] + (torch.full((8,), 3.0, dtype=torch.float64), offline[5])
@@ -275,8 +267,6 @@ def test_offline_mix_appends_offline_rows_with_the_offline_loss(tiny_config, fix
 def test_offline_batches_loop_over_the_offline_logs(tiny_config, fixture_logs):
     """The stream yields full batches of offline_batch_size from the real logs and starts a new pass when one
     ends; a dataset without one full batch is a ValueError naming the key."""
-    from mortal import train as tr
-    from mortal.net import wire
     from mortal.data.dataloader import iter_full_batches
     from mortal.model.networks import GRP
     config, _ = tiny_config
@@ -284,8 +274,7 @@ def test_offline_batches_loop_over_the_offline_logs(tiny_config, fixture_logs):
     config['dataset']['globs'] = [str(fixture_logs[0])]
     torch.save({'model': GRP(**config['grp']['network']).state_dict()}, config['grp']['state_file'])
     write_baseline(config, config['control']['state_file'], seed=4)
-    trainer = tr.Trainer(config, test_player=object(), writer=FakeWriter(), remote=wire.Remote('127.0.0.1', 1),
-                         sleep=lambda s: None)
+    trainer = fake_trainer(config)
     first_pass = sum(1 for _ in iter_full_batches(iter(trainer.data_loader(
         [str(fixture_logs[0])], [], batch_size=64, num_workers=0)), 64))
     assert first_pass >= 1
@@ -299,8 +288,7 @@ def test_offline_batches_loop_over_the_offline_logs(tiny_config, fixture_logs):
     # too few samples for one batch: the Trainer fails at start-up, naming the key and the file index
     config['online']['offline_batch_size'] = 60000
     with pytest.raises(ValueError, match=r'offline_batch_size = 60000: the logs of \[dataset\] file_index'):
-        tr.Trainer(config, test_player=object(), writer=FakeWriter(), remote=wire.Remote('127.0.0.1', 1),
-                   sleep=lambda s: None)
+        fake_trainer(config)
 
 
 def test_file_index_errors_name_the_key_and_an_empty_list_is_not_cached(tmp_path):

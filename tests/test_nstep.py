@@ -13,7 +13,7 @@ import torch
 from mortal.data.dataloader import FileDatasetsIter, learner_loader, nstep_columns
 from mortal.learning.loss import nstep_targets
 
-from conftest import FIXTURE_LOGS, FakeWriter, random_batch, write_baseline, write_grp
+from conftest import FIXTURE_LOGS, fake_trainer, random_batch, write_baseline, write_grp
 
 GAMMA = 0.9
 # two kyoku: decisions 0-3 (done at 3) and 4-6 (done at 6); decision 1 is not a discounted step
@@ -86,14 +86,10 @@ def test_nstep_targets_by_hand():
 # -- the trainer ---------------------------------------------------------------------------------------------------
 
 def _trainer(config, **online):
-    from mortal import train as tr
-    from mortal.net import wire
     config['online'].update(online)
     config['optim']['scheduler'].update(peak=1e-2, final=1e-2)
     write_baseline(config, config['control']['state_file'], seed=3)
-    trainer = tr.Trainer(config, test_player=object(), writer=FakeWriter(), remote=wire.Remote('127.0.0.1', 1),
-                         sleep=lambda s: None)
-    trainer.submit_param = lambda is_idle=False: None
+    trainer = fake_trainer(config, drop_submits=True)
     return trainer
 
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from mortal.config import ConfigError, load_config
 from mortal.learning.loss import LossWeights, kl_term, learner_loss, pg_term
 
-from conftest import FakeWriter, random_batch, tiny_config_dict, write_baseline
+from conftest import FakeWriter, fake_trainer, random_batch, tiny_config_dict, write_baseline
 
 E = math.e
 
@@ -169,16 +169,12 @@ def test_bad_policy_keys_are_named(tmp_path, key, value, message):
 def test_trainer_loads_the_reference_for_kl_alone_and_logs_the_policy_terms(tiny_config):
     """kl_weight > 0 with anchor_weight 0: the frozen pair is loaded, the anchor term stays off; trainee =
     baseline at the start, so the first KL is 0; loss/pg_loss and loss/kl_loss are written at the save."""
-    from mortal import train as tr
-    from mortal.net import wire
     config, _ = tiny_config
     config['online'].update(anchor_weight=0.0, kl_weight=1.0, pg_weight=0.5)
     write_baseline(config, config['baseline']['train']['state_file'], seed=3)
     write_baseline(config, config['control']['state_file'], seed=3)
     writer = FakeWriter()
-    trainer = tr.Trainer(config, test_player=object(), writer=writer, remote=wire.Remote('127.0.0.1', 1),
-                         sleep=lambda s: None)
-    trainer.submit_param = lambda is_idle=False: None
+    trainer = fake_trainer(config, writer=writer, drop_submits=True)
     assert trainer.anchor is not None
     assert (trainer.loss_weights.anchor, trainer.loss_weights.kl, trainer.loss_weights.pg) == (0.0, 1.0, 0.5)
     seen = []
@@ -197,21 +193,16 @@ def test_trainer_loads_the_reference_for_kl_alone_and_logs_the_policy_terms(tiny
 
 
 def test_trainer_without_policy_terms_loads_no_reference(tiny_config):
-    from mortal import train as tr
-    from mortal.net import wire
     config, _ = tiny_config
     config['online']['anchor_weight'] = 0.0
     write_baseline(config, config['control']['state_file'], seed=3)
-    trainer = tr.Trainer(config, test_player=object(), writer=FakeWriter(), remote=wire.Remote('127.0.0.1', 1),
-                         sleep=lambda s: None)
+    trainer = fake_trainer(config)
     assert trainer.anchor is None and trainer.loss_weights.pg == 0 and trainer.loss_weights.kl == 0
 
 
 def test_trainer_warns_when_pg_runs_without_the_anchor(tiny_config, caplog):
     """pg_weight > 0 with anchor_weight 0: the warning that nothing bounds the untaken Q; none with the anchor."""
     import logging
-    from mortal import train as tr
-    from mortal.net import wire
     config, _ = tiny_config
     write_baseline(config, config['baseline']['train']['state_file'], seed=3)
     write_baseline(config, config['control']['state_file'], seed=3)
@@ -219,6 +210,5 @@ def test_trainer_warns_when_pg_runs_without_the_anchor(tiny_config, caplog):
         config['online'].update(pg_weight=0.5, anchor_weight=anchor)
         caplog.clear()
         with caplog.at_level(logging.WARNING):
-            tr.Trainer(config, test_player=object(), writer=FakeWriter(), remote=wire.Remote('127.0.0.1', 1),
-                       sleep=lambda s: None)
+            fake_trainer(config)
         assert any('pg_weight 0.5 without anchor_weight' in r.getMessage() for r in caplog.records) == warned

@@ -23,8 +23,8 @@ import uuid
 import pytest
 import torch
 
-from conftest import (DATA_DIR, ROOT, FakeTestPlayer, FakeWriter, ScriptedRemote, empty_drain, load_tiny_config,
-                      random_batch, write_grp)
+from conftest import (DATA_DIR, ROOT, FakeTestPlayer, FakeWriter, ScriptedRemote, empty_drain, fake_trainer,
+                      load_tiny_config, random_batch, write_grp)
 from mortal import train as tr
 from mortal.config import load_config
 from mortal.data.dataloader import FileDatasetsIter
@@ -219,8 +219,8 @@ def _learners_until_drain(tmp_path, config, names, trained, caplog, *, between=N
         assert runs < 20
         writer = FakeWriter()
         writers.append(writer)
-        trainer = tr.Trainer(config, test_player=FakeTestPlayer([(0.0, 2.5)] * 10), writer=writer,
-                             remote=OneDrainRemote([first] if runs == 1 else []), sleep=lambda s: None)
+        trainer = fake_trainer(config, test_player=FakeTestPlayer([(0.0, 2.5)] * 10), writer=writer,
+                               remote=OneDrainRemote([first] if runs == 1 else []))
         real = trainer.train_batch
 
         def spy(obs, actions, masks, steps, rewards, ranks, *cf, real=real):
@@ -303,8 +303,7 @@ def test_drain_keeps_logs_of_earlier_drains_not_yet_trained(tmp_path):
     config, _ = load_tiny_config(tmp_path, online=True)
     drain_dir = config['online']['server']['drain_dir']
     os.makedirs(drain_dir)
-    trainer = tr.Trainer(config, test_player=FakeTestPlayer([]), writer=FakeWriter(), sleep=lambda s: None,
-                         remote=ScriptedRemote([]))
+    trainer = fake_trainer(config, remote=ScriptedRemote([]))
     for name, body in (('0_a.json.gz', b'a'), ('0_b.json.gz', b'b')):
         with open(os.path.join(drain_dir, name), 'wb') as f:
             f.write(body)
@@ -352,7 +351,7 @@ def test_gzip_bomb_is_skipped_by_the_loader_with_the_configured_cap(tmp_path, bo
     (tmp_path / 'd').mkdir()
     assert load_tiny_config(tmp_path / 'd', online=False)[0]['dataset']['max_log_bytes'] == 64 << 20  # the default
     write_grp(config)
-    trainer = tr.Trainer(config, test_player=FakeTestPlayer([]), writer=FakeWriter())
+    trainer = fake_trainer(config)
     data = trainer.data_loader([str(bomb), str(LOGS[0])], ['0']).dataset
     assert data.max_log_bytes == 1 << 20
     start = time.monotonic()
@@ -430,7 +429,7 @@ def test_scheduler_accepts_exactly_what_the_config_accepts(tmp_path, warm_up, ma
 
 def test_warm_up_without_annealing_trains(tmp_path):
     config, _ = load_tiny_config(tmp_path, online=False, **{'optim.scheduler': {'warm_up_steps': 1000, 'max_steps': 0}})
-    trainer = tr.Trainer(config, test_player=FakeTestPlayer([]), writer=FakeWriter())
+    trainer = fake_trainer(config)
     trainer.train_batch(*random_batch())
     assert trainer.scheduler.get_last_lr()[0] == pytest.approx(1e-8 + (1e-3 - 1e-8) / 1000)
 
@@ -443,7 +442,7 @@ def test_offline_bootstrap_prints_a_countdown_only_with_test_play(tmp_path, capl
     cfg = load_config(quickstart_config.write_config(tmp_path, preset='short'))
     cfg['bootstrap']['offline_test_every'] = offline_test_every
     offline = bootstrap.offline_config(cfg)
-    trainer = tr.Trainer(offline, test_player=bootstrap.RulebaseTestPlayer(offline), writer=FakeWriter())
+    trainer = fake_trainer(offline, test_player=bootstrap.RulebaseTestPlayer(offline))
     trainer.steps = 740
     n = offline['control']['batch_size']
     with caplog.at_level(logging.INFO, logger='mortal.train'):

@@ -5,7 +5,7 @@ import torch
 
 from mortal.learning.replay import ReplayWindow
 
-from conftest import FakeWriter, random_batch, write_baseline
+from conftest import fake_trainer, random_batch, write_baseline
 
 
 def _marked(n, first):
@@ -71,17 +71,13 @@ def test_epoch_trains_each_fresh_batch_then_ratio_minus_one_replays(tiny_config,
     """Two fresh batches of 8 at ratio 3: 6 steps; steps 2-3 draw from the first batch's rows only, steps 5-6
     from both; the claim ids are recorded for the fresh batches only, and each save (every 2 steps) commits the
     ledger. At ratio 1 (Mortal) the epoch is the 2 fresh steps."""
-    from mortal import train as tr
-    from mortal.net import wire
     config, _ = tiny_config
     config['online']['replay_ratio'] = ratio
     config['online']['replay_window'] = 4
     config['control']['test_every'] = 1000
     write_baseline(config, config['baseline']['train']['state_file'], seed=3)
     write_baseline(config, config['control']['state_file'], seed=3)
-    trainer = tr.Trainer(config, test_player=object(), writer=FakeWriter(), remote=wire.Remote('127.0.0.1', 1),
-                         sleep=lambda s: None)
-    trainer.submit_param = lambda is_idle=False: None
+    trainer = fake_trainer(config, drop_submits=True)
     assert (trainer.replay is None) == (ratio == 1)
     ledger = trainer.ledger = _Ledger()
     fresh = []

@@ -19,8 +19,8 @@ from mortal.learning.optimizer import build_param_groups
 from mortal.learning.schedule import LinearWarmUpCosineAnnealingLR
 from mortal.learning.supervisor import supervise
 
-from conftest import (ROOT, FakeTestPlayer, FakeWriter, ScriptedRemote, empty_drain, load_tiny_config, random_batch,
-                      start_param_server, stop_server, write_grp)
+from conftest import (ROOT, FakeTestPlayer, FakeWriter, ScriptedRemote, empty_drain, fake_trainer, load_tiny_config,
+                      random_batch, start_param_server, stop_server, write_grp)
 
 
 # per-batch instruments written at every save (mortal/learning/diagnostics.py); the probe tags need probe logs
@@ -32,8 +32,7 @@ def make_trainer(tmp_path, *, online=False, results=((0.0, 2.5),), real_submit=F
     instead of sending them (unless real_submit)."""
     config, _ = load_tiny_config(tmp_path, online=online, **overrides)
     writer = FakeWriter()
-    trainer = tr.Trainer(config, test_player=FakeTestPlayer(results), writer=writer,
-                         remote=wire.Remote('127.0.0.1', 1), sleep=lambda s: None)
+    trainer = fake_trainer(config, test_player=FakeTestPlayer(results), writer=writer)
     trainer.submits = []
     if not real_submit:
         trainer.submit_param = lambda is_idle=False: trainer.submits.append((trainer.steps, is_idle))
@@ -292,7 +291,7 @@ def test_version_1_is_refused(tmp_path):
     config, _ = load_tiny_config(tmp_path)
     config['control']['version'] = 1
     with pytest.raises(ValueError, match='version = 1 cannot be trained'):
-        tr.Trainer(config, test_player=FakeTestPlayer([]), writer=FakeWriter())
+        fake_trainer(config)
 
 
 def test_real_tensorboard_tags(tmp_path):

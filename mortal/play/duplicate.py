@@ -3,9 +3,10 @@
 
 A duplicate unit is one nonce played in its four seat rotations; :func:`duplicate_ci` gives the challenger's avg rank
 and avg pt (``mortal.stat.DISPLAY_PTS``) with a normal 95% interval over units, :func:`challenger_ranks_by_nonce`
-groups an arena's games into units, :func:`complete_units` drops the deals a failed game left incomplete, and
-:func:`build_side` turns a ``[1v3.challenger]``/``[1v3.champion]`` table into an arena player. Used by ``mortal.one_vs_three`` (which re-exports every name), ``mortal.play.player`` (test play)
-and ``mortal.play.evaluation``.
+groups an arena's games into units, :func:`complete_units` drops the deals a failed game left incomplete
+(:func:`complete_challenger_units` does both, as every 1v3 player needs), and :func:`build_side` turns a
+``[1v3.challenger]``/``[1v3.champion]`` table into an arena player. Used by ``mortal.one_vs_three`` (which
+re-exports every name), ``mortal.play.player`` (test play) and ``mortal.play.evaluation``.
 """
 
 from __future__ import annotations
@@ -112,6 +113,24 @@ def complete_units(units: dict[int, list[int]], games: int = 4) -> tuple[dict[in
     is dropped whole. Returns ``(complete units, sorted dropped nonces)``."""
     kept = {n: r for n, r in units.items() if len(r) == games}
     return kept, sorted(n for n in units if n not in kept)
+
+
+def complete_challenger_units(games: Iterable[tuple]) -> dict[int, list[int]]:
+    """The challenger's duplicate units of an arena run, without the deals a failed game left incomplete:
+    ``complete_units(challenger_ranks_by_nonce(games))[0]``, the dropped nonces discarded (the arena has already
+    warned about each failed game and lists it in ``OneVsThree.failed_games``).
+
+    Args:
+        games: ``(nonce, key, split, final_scores, rank_by_player)`` per game (``OneVsThree.last_games``), split
+            'a'-'d' the challenger's seat 0-3, rank_by_player 0-based ranks.
+    Returns:
+        ``{nonce: [the challenger's 4 ranks, 1-4]}`` (int keys; each list in the order of ``games``), only the
+        nonces with all 4 games; ``{}`` when there are none.
+    Raises:
+        ValueError: a split outside 'a'-'d' (from ``challenger_ranks_by_nonce``); IndexError/TypeError for a
+            malformed game tuple.
+    """
+    return complete_units(challenger_ranks_by_nonce(games))[0]
 
 
 def build_side(side, section: str):

@@ -44,7 +44,7 @@ def play_chunk(task):
     import torch
     torch.set_num_threads(1)  # the workers already fill the cores
     from mortal.play.arena import OneVsThree
-    from mortal.play.duplicate import challenger_ranks_by_nonce, complete_units
+    from mortal.play.duplicate import complete_challenger_units
 
     chal, champ, nonce, count, key, *log_dir = task
     env = OneVsThree(disable_progress_bar=True, log_dir=log_dir[0] if log_dir else None)
@@ -57,7 +57,7 @@ def play_chunk(task):
         # Exception reaches the caller instead, naming the deals
         raise RuntimeError(f'games of nonces {nonce}..{nonce + count - 1} (key {key}) failed: '
                            f'{type(e).__name__}: {e}') from None
-    return complete_units(challenger_ranks_by_nonce(env.last_games))[0]
+    return complete_challenger_units(env.last_games)
 
 
 def play_duplicate(challenger, champion, *, sets: int, key: int, workers: int = 1, chunk: int | None = None,

@@ -112,7 +112,7 @@ class TestPlayer:
         the deals of a game the arena ended as failed (``OneVsThree.failed_games``)."""
         from mortal.play.arena import OneVsThree
         from mortal.play.engine import MortalEngine
-        from mortal.play.duplicate import challenger_ranks_by_nonce, complete_units
+        from mortal.play.duplicate import complete_challenger_units
 
         device = torch.device(device)
         with _CudnnBenchmarkOff(self.cudnn_benchmark):
@@ -122,7 +122,7 @@ class TestPlayer:
                              speculate_passes=self.speculate_passes)
             env.py_vs_py(challenger=engine, champion=self.baseline_engine, seed_start=(first_nonce, TEST_SEED[1]),
                          seed_count=count)
-            return complete_units(challenger_ranks_by_nonce(env.last_games))[0]  # deals with a failed game: dropped
+            return complete_challenger_units(env.last_games)  # deals with a failed game: dropped
 
     def stat(self):
         """``mortal.stat.Stat`` of the challenger over every log of this test play."""
