@@ -167,9 +167,48 @@ def wait_for_online(procs, tb_dir, log_dir, timeout, poll=3.0, *, tests_before=0
 EVAL_KEY = 0x71756963  # 'quic': duplicate key of the summary's evaluation deals (not a self-play key)
 
 
-def evaluate_against_start(config, sets, workers=None):
+def same_weights(path_a, path_b) -> bool:
+    """Whether two checkpoints hold the same networks: equal ``mortal`` and ``current_dqn`` state dicts (Mortal's
+    checkpoint keys; optimizer, step and timestamps are ignored). False when either file lacks one of them.
+
+    Raises FileNotFoundError / ``CheckpointError`` as ``mortal.model.checkpoint.load_checkpoint``."""
+    import torch
+    from mortal.model.checkpoint import load_checkpoint
+
+    a, b = load_checkpoint(path_a), load_checkpoint(path_b)
+    for key in ('mortal', 'current_dqn'):
+        sa, sb = a.get(key), b.get(key)
+        if not isinstance(sa, dict) or not isinstance(sb, dict) or sa.keys() != sb.keys():
+            return False
+        if not all(torch.equal(sa[k], sb[k]) for k in sa):
+            return False
+    return True
+
+
+def _same_weights_or_false(path_a, path_b) -> bool:
+    # an unreadable file is not "the same": it is then played, and play_duplicate reports it
+    from mortal.model.checkpoint import CheckpointError
+    try:
+        return same_weights(path_a, path_b)
+    except (OSError, CheckpointError):
+        return False
+
+
+def _games_bar(label, total, progress):
+    """A tqdm bar over ``total`` games (``None`` when ``progress`` is off): evaluations run for minutes."""
+    if not progress:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, desc=label, unit='game', dynamic_ncols=True)
+
+
+def evaluate_against_start(config, sets, workers=None, progress=False):
     """``best.pth`` and the final ``state_file``, each against 3x the start model (``[baseline.test]``), on the same
-    ``sets`` duplicate deals: ``{'best'|'final': mortal.play.evaluation.summarize(...)}`` (missing files left out)."""
+    ``sets`` duplicate deals: ``{'best'|'final': mortal.play.evaluation.summarize(...)}`` (missing files left out).
+
+    A final model with the same weights as ``best.pth`` (``same_weights``; the default run stops right after the
+    test play that saved best) is not played again: its entry is best's, plus ``'same_as': 'best'``.
+    ``progress``: a tqdm bar per model (``sets * 4`` games)."""
     from mortal.config import typed
     from mortal.play.evaluation import play_duplicate, summarize
 
@@ -177,25 +216,40 @@ def evaluate_against_start(config, sets, workers=None):
     start = ('mortal', cfg.baseline.test.state_file)
     out = {}
     for label, state_file in (('best', cfg.control.best_state_file), ('final', cfg.control.state_file)):
-        if os.path.exists(state_file):
+        if not os.path.exists(state_file):
+            continue
+        if label == 'final' and 'best' in out and _same_weights_or_false(cfg.control.best_state_file, state_file):
+            out[label] = {**out['best'], 'same_as': 'best'}
+            continue
+        bar = _games_bar(f'eval {label} vs 3x start', sets * 4, progress)
+        try:
             units = play_duplicate(('mortal', state_file), start, sets=sets, key=EVAL_KEY,
-                                   workers=workers or os.cpu_count() or 1)
-            out[label] = summarize(units)
+                                   workers=workers or os.cpu_count() or 1, progress=bar and bar.update)
+        finally:
+            if bar:
+                bar.close()
+        out[label] = summarize(units)
     return out
 
 
-def evaluate_start_vs_rulebase(config, sets, workers=None):
+def evaluate_start_vs_rulebase(config, sets, workers=None, progress=False):
     """The start model (``[baseline.test] state_file``) against 3 RulebaseBots on ``sets`` duplicate deals (4 games
     each): ``mortal.play.evaluation.summarize(...)`` (avg rank 1-4 and its 95% CI half-width over deals, avg pt),
-    or None when the start file is missing. Raises ValueError for ``sets < 1``."""
+    or None when the start file is missing. ``progress``: a tqdm bar over the games. Raises ValueError for
+    ``sets < 1``."""
     from mortal.config import typed
     from mortal.play.evaluation import play_duplicate, summarize
 
     start = typed(config).baseline.test.state_file
     if not os.path.exists(start):
         return None
-    units = play_duplicate(('mortal', start), ('rulebase', None), sets=sets, key=EVAL_KEY,
-                           workers=workers or os.cpu_count() or 1)
+    bar = _games_bar('start vs 3 RulebaseBots', sets * 4, progress)
+    try:
+        units = play_duplicate(('mortal', start), ('rulebase', None), sets=sets, key=EVAL_KEY,
+                               workers=workers or os.cpu_count() or 1, progress=bar and bar.update)
+    finally:
+        if bar:
+            bar.close()
     return summarize(units)
 
 
@@ -238,12 +292,12 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
     evaluation = {}
     if eval_sets:
         t2 = time.monotonic()
-        evaluation = evaluate_against_start(config, eval_sets)
+        evaluation = evaluate_against_start(config, eval_sets, progress=progress)
         timings['eval'] = time.monotonic() - t2
     rulebase = None
     if rulebase_sets:
         t3 = time.monotonic()
-        rulebase = evaluate_start_vs_rulebase(config, rulebase_sets)
+        rulebase = evaluate_start_vs_rulebase(config, rulebase_sets, progress=progress)
         timings['rulebase'] = time.monotonic() - t3
 
     plots = work / 'plots'
@@ -346,7 +400,8 @@ def report(result, out=sys.stdout):
         p('evaluation against 3x the start model on the same duplicate deals (start = 2.500 exactly; '
           'lower is better, 95% CI):')
         for label, summary in ev.items():
-            p(f'  {label:<5} {format_summary(summary)}')
+            same = f"  (same weights as {summary['same_as']}: not played again)" if summary.get('same_as') else ''
+            p(f'  {label:<5} {format_summary(summary)}{same}')
     rb = result.get('rulebase')
     if rb:
         p(f"start vs 3 RulebaseBots: avg rank {rb['avg_rank']:.3f} ± {rb['avg_rank_ci']:.3f} "

@@ -16,10 +16,13 @@ from mortal.util.fsutil import atomic_write_bytes
 # a new lowest validation loss (at most 3: an offline epoch of the full preset takes about 100 s on 2 cores, and
 # continuing the one-epoch start offline was strongest after 2 more epochs, docs/learning.md). rulebase_sets:
 # duplicate deals of the summary's start-vs-RulebaseBots line (the bot costs about 10 s a deal per core).
+# test_every: the learner test-plays and then exits to be restarted every test_every steps; on 2 cores every 60
+# steps (about 33 s of restart, reload and a 16-game test play) held the CPU the client plays on, and 600 gives
+# 2.6x the self-play hanchan and 2.8x the steps a minute (docs/learning.md, part 4, arm test600).
 PRESETS = {
     'full': dict(online_timeout=900, boot_games=96, boot_val_games=16, grp_steps=400, grp_save_every=10,
                  grp_patience=3, offline_epochs=1, offline_max_epochs=3, offline_patience=1,
-                 train_games=16, test_games=16, batch_size=64, save_every=20, test_every=60,
+                 train_games=16, test_games=16, batch_size=64, save_every=20, test_every=600,
                  submit_every=20, capacity=64, eval_sets=100, rulebase_sets=40),
     'short': dict(online_timeout=900, boot_games=8, boot_val_games=4, grp_steps=40, grp_save_every=10,
                   grp_patience=1, offline_epochs=1, offline_max_epochs=2, offline_patience=1,

@@ -206,3 +206,62 @@ def test_bot_adapter_rejects_kuikae_discard():
     agent = MjaiBotAgent(lambda seat: ScriptBot(['{"type":"dahai","actor":0,"pai":"3m","tsumogiri":false}']))
     (dec,) = agent.react([Scene(0, 0, st)])
     assert agent.substitutions == 1 and dec.reaction["pai"] != "3m"
+
+
+# ---------------------------------------------------------------- the ukeire cache of mjai's bots
+
+def test_improving_tiles_cache_keeps_mjai_answers_and_hits():
+    import mjai.bot.base as base
+    from mortal.play.agent import cache_improving_tiles
+
+    assert cache_improving_tiles() is True
+    assert cache_improving_tiles() is True  # idempotent: not wrapped twice
+    cached = base.find_improving_tiles
+    original = cached.cached_original
+    assert getattr(original, 'cached_original', None) is None
+    # 13 tiles, 123456789m + 1234p: waits on 1p (index 9, 234p + 1p pair) or 4p (index 12, 123p + 4p pair);
+    # 34 = no discard (the hand already has 13 tiles)
+    assert cached('123456789m1234p') == [(34, [9, 12])] == original('123456789m1234p')
+    # 14 tiles: every discard candidate mjai finds, in mjai's order
+    hand = '1269m134p34579s56z'
+    before = cached.cache_info()
+    first = cached(hand)
+    assert first == original(hand) and len(first) > 1
+    first[0][1].append(99)  # a caller editing its copy changes neither the cache nor the next answer
+    first.clear()
+    again = cached(hand)
+    assert again == original(hand)
+    info = cached.cache_info()
+    assert (info.hits - before.hits, info.misses - before.misses) == (1, 1)
+
+
+def test_rulebase_bot_plays_the_same_discards_with_the_cache():
+    # The same bot on the same events with and without the cache: identical reactions (the cache is transparent).
+    import mjai.bot.base as base
+    from mjai.bot.rulebase import RulebaseBot
+    from mortal.play.agent import cache_improving_tiles
+
+    cache_improving_tiles()
+    cached = base.find_improving_tiles
+    events = [
+        {"type": "start_game", "id": 0},
+        {"type": "start_kyoku", "bakaze": "E", "dora_marker": "2s", "kyoku": 1, "honba": 0, "kyotaku": 0, "oya": 0,
+         "scores": [25000] * 4,
+         "tehais": [["1m", "2m", "6m", "9m", "1p", "3p", "4p", "3s", "4s", "5s", "7s", "9s", "P"],
+                    ["?"] * 13, ["?"] * 13, ["?"] * 13]},
+        {"type": "tsumo", "actor": 0, "pai": "F"},
+    ]
+    answers = []
+    calls = sum(cached.cache_info()[:2])  # hits + misses
+    try:
+        for fn in (cached.cached_original, cached):
+            base.find_improving_tiles = fn
+            bot = RulebaseBot(0)
+            answers.append(json.loads(bot.react(json.dumps(events))))
+    finally:
+        base.find_improving_tiles = cached
+    assert sum(cached.cache_info()[:2]) > calls  # the second bot went through the cache
+    assert answers[0] == answers[1]
+    assert answers[0]['type'] == 'dahai' and answers[0]['actor'] == 0
+    # 3-shanten (345s; 12m, 34p, 79s), no pair: every isolated tile (6m 9m 1p P F) is an equal-shanten discard
+    assert answers[0]['pai'] in ('6m', '9m', '1p', 'P', 'F')

@@ -130,7 +130,7 @@ def test_start_vs_rulebase_line(tmp_path, monkeypatch):
     open(start, 'wb').close()
     calls = []
 
-    def fake_play(challenger, champion, *, sets, key, workers):
+    def fake_play(challenger, champion, *, sets, key, workers, progress=None):
         calls.append((challenger, champion, sets, key))
         return {10000: [1, 2, 3, 4], 10001: [2, 3, 3, 4]}  # per deal: mean 2.5 and 3.0
 
@@ -146,3 +146,67 @@ def test_start_vs_rulebase_line(tmp_path, monkeypatch):
     assert f"start vs 3 RulebaseBots: avg rank 2.750 ± {summary['avg_rank_ci']:.3f} (95% CI, 2 deals = 8 games" in text
     assert "kyoku reward: [env] reward = 'points'" in text
     assert quickstart_config.PRESETS['full']['rulebase_sets'] == 40  # 160 games by default
+
+
+def _weights(path, scale, step=0):
+    import torch
+    torch.save({'mortal': {'w': torch.arange(4.0) * scale}, 'current_dqn': {'v': torch.ones(2) * scale},
+                'steps': step, 'timestamp': float(step)}, path)
+
+
+def test_same_weights_compares_the_networks_only(tmp_path):
+    a, b, c, d = (tmp_path / f'{n}.pth' for n in 'abcd')
+    _weights(a, 1.0, step=10)
+    _weights(b, 1.0, step=20)  # other step and timestamp, same networks
+    _weights(c, 2.0, step=10)
+    import torch
+    torch.save({'mortal': {'w': torch.arange(4.0)}}, d)  # no current_dqn
+    assert quickstart.same_weights(a, b) is True
+    assert quickstart.same_weights(a, c) is False
+    assert quickstart.same_weights(a, d) is False
+    with pytest.raises(FileNotFoundError):
+        quickstart.same_weights(a, tmp_path / 'missing.pth')
+
+
+@pytest.mark.parametrize('final_scale, plays', [(1.0, 1), (2.0, 2)])
+def test_final_with_best_weights_is_not_played_again(tmp_path, monkeypatch, final_scale, plays):
+    from mortal.config import load_config
+    from mortal.play import evaluation
+    config = load_config(quickstart_config.write_config(tmp_path, preset='short', port=5123))
+    best, final = config['control']['best_state_file'], config['control']['state_file']
+    os.makedirs(os.path.dirname(best), exist_ok=True)
+    _weights(best, 1.0, step=60)
+    _weights(final, final_scale, step=60)
+    calls, ticks = [], []
+
+    def fake_play(challenger, champion, *, sets, key, workers, progress=None):
+        calls.append(challenger)
+        if progress:
+            progress(4 * sets)
+        return {10000: [1, 2, 3, 4], 10001: [2, 3, 3, 4]}
+
+    monkeypatch.setattr(evaluation, 'play_duplicate', fake_play)
+    monkeypatch.setattr(quickstart, '_games_bar', lambda label, total, progress: _Bar(ticks, label, total))
+    out = quickstart.evaluate_against_start(config, 2, progress=True)
+    assert calls == [('mortal', best), ('mortal', final)][:plays]
+    assert ticks == [('eval best vs 3x start', 8, 8), ('eval final vs 3x start', 8, 8)][:plays]
+    assert out['final']['avg_rank'] == out['best']['avg_rank'] == 2.75
+    assert out['final'].get('same_as') == ('best' if plays == 1 else None)
+    result = {'timings': {'total': 60.0}, 'work_dir': 'w', 'config': 'c', 'tensorboard': ['tb'], 'checkpoints': {},
+              'logs': 'l', 'plots': 'p', 'test_play': {}, 'evaluation': out, 'stopped': {}}
+    text = io.StringIO()
+    quickstart.report(result, text)
+    assert ('(same weights as best: not played again)' in text.getvalue()) == (plays == 1)
+
+
+class _Bar:
+    """A stand-in for the tqdm bar: records (label, total, games counted) at close."""
+
+    def __init__(self, ticks, label, total):
+        self.ticks, self.label, self.total, self.n = ticks, label, total, 0
+
+    def update(self, n):
+        self.n += n
+
+    def close(self):
+        self.ticks.append((self.label, self.total, self.n))
