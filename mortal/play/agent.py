@@ -334,6 +334,8 @@ def cache_improving_tiles(maxsize: int = IMPROVING_TILES_CACHE) -> bool:
     ``bootstrap.play_set``). The four rotations of a duplicate deal meet the same hands again: ~30% of the calls of
     a gen-logs deal with epsilon 0.1 repeat one. Each call returns a fresh copy, so a caller that edits the list
     cannot change the cache. Idempotent. Returns False, and changes nothing, when this mjai has no such function.
+    (The rule-based games were not bit-reproducible before the cache either: two runs of one gen-logs deal differ in
+    one rotation of four, with or without it, also with ``PYTHONHASHSEED=0``.)
     """
     try:
         import mjai.bot.base as base
