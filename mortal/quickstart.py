@@ -176,12 +176,16 @@ def same_weights(path_a, path_b) -> bool:
     from mortal.model.checkpoint import load_checkpoint
 
     a, b = load_checkpoint(path_a), load_checkpoint(path_b)
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return False
     for key in ('mortal', 'current_dqn'):
         sa, sb = a.get(key), b.get(key)
         if not isinstance(sa, dict) or not isinstance(sb, dict) or sa.keys() != sb.keys():
             return False
-        if not all(torch.equal(sa[k], sb[k]) for k in sa):
-            return False
+        for k in sa:
+            ta, tb = sa[k], sb[k]
+            if not isinstance(ta, torch.Tensor) or not isinstance(tb, torch.Tensor) or not torch.equal(ta, tb):
+                return False
     return True
 
 
@@ -198,7 +202,9 @@ def _games_bar(label, total, progress):
     """A tqdm bar over ``total`` games (``None`` when ``progress`` is off): evaluations run for minutes."""
     if not progress:
         return None
+    import threading
     from tqdm import tqdm
+    tqdm.set_lock(threading.RLock())  # as play_duplicate: no multiprocessing semaphore in the parent
     return tqdm(total=total, desc=label, unit='game', dynamic_ncols=True)
 
 
@@ -224,9 +230,9 @@ def evaluate_against_start(config, sets, workers=None, progress=False):
         bar = _games_bar(f'eval {label} vs 3x start', sets * 4, progress)
         try:
             units = play_duplicate(('mortal', state_file), start, sets=sets, key=EVAL_KEY,
-                                   workers=workers or os.cpu_count() or 1, progress=bar and bar.update)
+                                   workers=workers or os.cpu_count() or 1, progress=None if bar is None else bar.update)
         finally:
-            if bar:
+            if bar is not None:
                 bar.close()
         out[label] = summarize(units)
     return out
@@ -246,9 +252,9 @@ def evaluate_start_vs_rulebase(config, sets, workers=None, progress=False):
     bar = _games_bar('start vs 3 RulebaseBots', sets * 4, progress)
     try:
         units = play_duplicate(('mortal', start), ('rulebase', None), sets=sets, key=EVAL_KEY,
-                               workers=workers or os.cpu_count() or 1, progress=bar and bar.update)
+                               workers=workers or os.cpu_count() or 1, progress=None if bar is None else bar.update)
     finally:
-        if bar:
+        if bar is not None:
             bar.close()
     return summarize(units)
 

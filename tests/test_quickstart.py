@@ -164,6 +164,13 @@ def test_same_weights_compares_the_networks_only(tmp_path):
     assert quickstart.same_weights(a, b) is True
     assert quickstart.same_weights(a, c) is False
     assert quickstart.same_weights(a, d) is False
+    e, f = tmp_path / 'e.pth', tmp_path / 'f.pth'
+    torch.save({'mortal': {'w': torch.arange(4.0)}, 'current_dqn': {'v': torch.zeros(2)}}, e)  # only the DQN differs
+    torch.save([1, 2], f)  # not a checkpoint dict
+    assert quickstart.same_weights(a, e) is False
+    assert quickstart.same_weights(a, f) is False
+    (tmp_path / 'g.pth').write_bytes(b'not a checkpoint')
+    assert quickstart._same_weights_or_false(a, tmp_path / 'g.pth') is False  # unreadable: played, not assumed
     with pytest.raises(FileNotFoundError):
         quickstart.same_weights(a, tmp_path / 'missing.pth')
 
