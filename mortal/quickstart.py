@@ -208,6 +208,20 @@ def _games_bar(label, total, progress):
     return tqdm(total=total, desc=label, unit='game', dynamic_ncols=True)
 
 
+def _play_eval_deals(challenger, champion, sets, workers, progress, label):
+    """``mortal.play.evaluation.play_duplicate`` on the summary's deals (``EVAL_KEY``), all cores by default, with
+    a bar labelled ``label`` when ``progress``; returns its ``{nonce: [4 ranks]}``."""
+    from mortal.play.evaluation import play_duplicate
+
+    bar = _games_bar(label, sets * 4, progress)
+    try:
+        return play_duplicate(challenger, champion, sets=sets, key=EVAL_KEY, workers=workers or os.cpu_count() or 1,
+                              progress=None if bar is None else bar.update)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
 def evaluate_against_start(config, sets, workers=None, progress=False):
     """``best.pth`` and the final ``state_file``, each against 3x the start model (``[baseline.test]``), on the same
     ``sets`` duplicate deals: ``{'best'|'final': mortal.play.evaluation.summarize(...)}`` (missing files left out).
@@ -216,7 +230,7 @@ def evaluate_against_start(config, sets, workers=None, progress=False):
     test play that saved best) is not played again: its entry is best's, plus ``'same_as': 'best'``.
     ``progress``: a tqdm bar per model (``sets * 4`` games)."""
     from mortal.config import typed
-    from mortal.play.evaluation import play_duplicate, summarize
+    from mortal.play.evaluation import summarize
 
     cfg = typed(config)
     start = ('mortal', cfg.baseline.test.state_file)
@@ -227,13 +241,7 @@ def evaluate_against_start(config, sets, workers=None, progress=False):
         if label == 'final' and 'best' in out and _same_weights_or_false(cfg.control.best_state_file, state_file):
             out[label] = {**out['best'], 'same_as': 'best'}
             continue
-        bar = _games_bar(f'eval {label} vs 3x start', sets * 4, progress)
-        try:
-            units = play_duplicate(('mortal', state_file), start, sets=sets, key=EVAL_KEY,
-                                   workers=workers or os.cpu_count() or 1, progress=None if bar is None else bar.update)
-        finally:
-            if bar is not None:
-                bar.close()
+        units = _play_eval_deals(('mortal', state_file), start, sets, workers, progress, f'eval {label} vs 3x start')
         out[label] = summarize(units)
     return out
 
@@ -244,18 +252,12 @@ def evaluate_start_vs_rulebase(config, sets, workers=None, progress=False):
     or None when the start file is missing. ``progress``: a tqdm bar over the games. Raises ValueError for
     ``sets < 1``."""
     from mortal.config import typed
-    from mortal.play.evaluation import play_duplicate, summarize
+    from mortal.play.evaluation import summarize
 
     start = typed(config).baseline.test.state_file
     if not os.path.exists(start):
         return None
-    bar = _games_bar('start vs 3 RulebaseBots', sets * 4, progress)
-    try:
-        units = play_duplicate(('mortal', start), ('rulebase', None), sets=sets, key=EVAL_KEY,
-                               workers=workers or os.cpu_count() or 1, progress=None if bar is None else bar.update)
-    finally:
-        if bar is not None:
-            bar.close()
+    units = _play_eval_deals(('mortal', start), ('rulebase', None), sets, workers, progress, 'start vs 3 RulebaseBots')
     return summarize(units)
 
 
