@@ -1,0 +1,174 @@
+"""The arena against its engine's floor: µs per decision of the client's arena and of the bare loop beneath it.
+
+Both run a zero-cost policy (the lowest legal Mortal action index), interleaved in one process (floor, arena,
+floor, arena, ...), at each version asked:
+
+* **floor**: ``riichienv`` tables playing whole hanchan (``game_mode`` 2, Tenhou's kuikae rule), four
+  ``mjai`` ``PlayerState`` s per table fed each seat's new events, the version's observation encoded at every
+  decision (``PlayerState.encode_obs``; version 4: the seats' ``V4Encoder`` s, one ``encode_batch`` per pass over
+  the tables, as the arena batches its searches), the lowest legal index mapped to a table action. No logs, no
+  arena code: the least any arena on these engines can spend per decision.
+* **arena**: ``mortal.play.arena.OneVsThree`` as the client runs it (``log_dir`` set, so every game's gzip log
+  is written; ``speculate_passes`` off), with ``FirstLegal`` engines (``bench/arena.py``) on both sides.
+
+A decision is one seat asked by its table (a scene, quick-eval ones included). Per version the bench prints each
+round's µs per decision, the median of the rounds and floor / arena (the arena's share of the floor's speed;
+1.0 = at the floor) with its spread over the rounds.
+
+Usage: ``python bench/arena_floor.py [--versions 3 4] [--games 128] [--games-v4 16] [--rounds 2] [--json PATH]``
+(``--games`` rounded up to a multiple of 4: the arena plays each seed in 4 rotations).
+"""
+
+if __package__ in (None, ''):  # run as a script: python bench/arena_floor.py
+    import sys, pathlib
+    sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+
+# riichienv ActionType (its int value) -> Mortal action index; discards (0) and chi (1) are resolved by tile
+_FIXED = {5: 37, 2: 41, 3: 42, 8: 42, 9: 42, 6: 43, 4: 43, 10: 44, 7: 45}
+_RED = {16: 34, 52: 35, 88: 36}  # riichienv's red five tile ids -> Mortal's red five indices
+
+
+def mortal_index(action) -> int:
+    """Mortal's action index (0-45) of a ``riichienv`` ``Action`` (136-tile ids; a chi's type from the called
+    tile's place in its run)."""
+    kind = int(action.action_type)
+    if kind == 0:
+        t = action.tile
+        return _RED.get(t, t // 4)
+    if kind == 1:
+        called = action.tile // 4
+        below = sum(t // 4 < called for t in action.consume_tiles)  # 0: called is the low tile, 1: mid, 2: high
+        return 38 + below
+    return _FIXED[kind]
+
+
+def _first_legal_action(ob, mask):
+    """The first table action whose Mortal index is the lowest legal one in ``mask`` (46,) bool."""
+    want = int(mask.argmax())
+    for a in ob.legal_actions():
+        if mortal_index(a) == want:
+            return a
+    raise RuntimeError(f"no table action for Mortal index {want} among {ob.legal_actions()}")
+
+
+def floor_run(version: int, games: int, seed0: int = 1) -> tuple[float, int]:
+    """Play ``games`` hanchan on bare tables (see the module docstring); returns (seconds, decisions)."""
+    import numpy as np  # noqa: F401 (the masks are numpy arrays)
+    from mjai.mlibriichi.state import PlayerState
+    from riichienv import GameRule, RiichiEnv
+
+    encode_batch = None
+    if version == 4:
+        from mortal.features.obs_v4 import V4Encoder, encode_batch
+    rule = GameRule(sanchaho_is_draw=False, kuikae_forbidden=True)
+    t0 = time.perf_counter()
+    tables = []
+    for g in range(games):
+        env = RiichiEnv(game_mode=2, seed=seed0 + g, rule=rule)
+        encs = [V4Encoder(s) for s in range(4)] if version == 4 else [None] * 4
+        tables.append((env, [PlayerState(s) for s in range(4)], encs, env.reset()))
+    decisions = 0
+    while tables:
+        asked = []  # (table index, seat, ob)
+        for i, (env, states, encs, obs) in enumerate(tables):
+            for seat, ob in obs.items():
+                st, enc = states[seat], encs[seat]
+                for ev in ob.new_events():
+                    st.update(ev)
+                    if enc is not None:
+                        enc.update(ev)
+                asked.append((i, seat, ob))
+        if version == 4:
+            masks = [m for _, m in encode_batch([(tables[i][2][s], tables[i][1][s], False) for i, s, _ in asked])]
+        else:
+            masks = [tables[i][1][s].encode_obs(version, False)[1] for i, s, _ in asked]
+        decisions += len(asked)
+        actions = [{} for _ in tables]
+        for (i, seat, ob), mask in zip(asked, masks):
+            actions[i][seat] = _first_legal_action(ob, mask)
+        left = []
+        for (env, states, encs, _), act in zip(tables, actions):
+            obs = env.step(act)
+            if not env.done():
+                left.append((env, states, encs, obs))
+        tables = left
+    return time.perf_counter() - t0, decisions
+
+
+def _first_legal_cls():
+    """``FirstLegal`` of ``bench/arena.py`` (loaded from its file: bench is no package)."""
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parent / "arena.py"
+    spec = importlib.util.spec_from_file_location("arena_bench_floor", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.FirstLegal
+
+
+def arena_run(version: int, games: int, log_dir: str, first_legal=None) -> tuple[float, int]:
+    """Play ``games`` hanchan (rounded up to a multiple of 4) in the client's arena with ``FirstLegal`` engines,
+    writing logs to ``log_dir``; returns (seconds, decisions). ``first_legal``: the engine class (default
+    ``bench/arena.py``'s ``FirstLegal``)."""
+    from mortal.play.agent import MortalBatchAgent
+    from mortal.play.arena import OneVsThree
+
+    cls = first_legal or _first_legal_cls()
+    chal, champ = MortalBatchAgent(cls("challenger", version)), MortalBatchAgent(cls("champion", version))
+    t0 = time.perf_counter()
+    OneVsThree(disable_progress_bar=True, log_dir=log_dir).py_vs_py(chal, champ, seed_start=(1, 2024),
+                                                                   seed_count=max(1, -(-games // 4)))
+    return time.perf_counter() - t0, chal.decisions + champ.decisions
+
+
+def measure(version: int, games: int, rounds: int, log=print) -> dict:
+    """Interleaved rounds of floor and arena at ``version``; returns the figures (µs per decision per round,
+    medians, ratio floor / arena per round)."""
+    cls = _first_legal_cls()
+    floor_us, arena_us, ratios = [], [], []
+    for r in range(rounds):
+        sec, n = floor_run(version, games)
+        floor_us.append(1e6 * sec / n)
+        with tempfile.TemporaryDirectory() as d:
+            sec_a, n_a = arena_run(version, games, d, cls)
+        arena_us.append(1e6 * sec_a / n_a)
+        ratios.append(floor_us[-1] / arena_us[-1])
+        log(f"v{version} round {r + 1}: floor {floor_us[-1]:6.1f} µs/decision ({n} decisions, {sec:.1f} s); "
+            f"arena {arena_us[-1]:6.1f} µs/decision ({n_a} decisions, {sec_a:.1f} s); floor/arena {ratios[-1]:.3f}")
+    fig = {"version": version, "games": games, "rounds": rounds,
+           "floor_us": [round(v, 2) for v in floor_us], "arena_us": [round(v, 2) for v in arena_us],
+           "ratio": [round(v, 4) for v in ratios],
+           "floor_us_median": round(statistics.median(floor_us), 2),
+           "arena_us_median": round(statistics.median(arena_us), 2),
+           "ratio_median": round(statistics.median(ratios), 4)}
+    spread = f" (rounds {min(ratios):.3f}-{max(ratios):.3f})" if rounds > 1 else ""
+    log(f"v{version}: floor {fig['floor_us_median']:.1f} µs/decision, arena {fig['arena_us_median']:.1f} µs/decision, "
+        f"floor/arena {fig['ratio_median']:.3f}{spread}")
+    return fig
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--versions", type=int, nargs="+", default=[3, 4], choices=(1, 2, 3, 4))
+    p.add_argument("--games", type=int, default=128, help="hanchan per run at versions 1-3")
+    p.add_argument("--games-v4", type=int, default=16, help="hanchan per run at version 4 (its search is slow)")
+    p.add_argument("--rounds", type=int, default=2, help="interleaved floor/arena rounds per version")
+    p.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    args = p.parse_args(argv)
+    if args.games < 1 or args.games_v4 < 1 or args.rounds < 1:
+        p.error("--games, --games-v4 and --rounds must be >= 1")
+    out = [measure(v, args.games_v4 if v == 4 else args.games, args.rounds) for v in args.versions]
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    return out
+
+
+if __name__ == "__main__":
+    main()

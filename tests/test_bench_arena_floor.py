@@ -1,0 +1,46 @@
+"""bench/arena_floor.py: the floor's table-action mapping on actions worked out by hand, and a tiny run that prints
+the figures of both loops."""
+
+import re
+
+from riichienv import Action, ActionType
+
+from conftest import load_script
+
+
+def _module():
+    return load_script('bench/arena_floor.py', 'arena_floor_bench')
+
+
+def test_mortal_index_of_table_actions():
+    idx = _module().mortal_index
+    # riichienv tiles: id // 4 is the kind; 16, 52, 88 are the red fives (Mortal 34, 35, 36)
+    assert idx(Action(ActionType.Discard, 9, [], 0)) == 2  # 3m
+    assert idx(Action(ActionType.Discard, 17, [], 0)) == 4  # a plain 5m
+    assert idx(Action(ActionType.Discard, 16, [], 0)) == 34  # the red 5m
+    assert idx(Action(ActionType.Discard, 88, [], 0)) == 36  # the red 5s
+    # chi of 4m (kind 3): with 5m 6m it is the low tile (38), with 3m 5m the middle (39), with 2m 3m the high (40)
+    assert idx(Action(ActionType.Chi, 12, [17, 20], 0)) == 38
+    assert idx(Action(ActionType.Chi, 12, [8, 16], 0)) == 39
+    assert idx(Action(ActionType.Chi, 12, [4, 8], 0)) == 40
+    assert idx(Action(ActionType.Riichi, None, [], 0)) == 37
+    assert idx(Action(ActionType.Pon, 12, [13, 14], 0)) == 41
+    assert idx(Action(ActionType.Kakan, 12, [13, 14, 15], 0)) == 42
+    assert idx(Action(ActionType.Ron, 12, [], 0)) == 43
+    assert idx(Action(ActionType.Tsumo, 12, [], 0)) == 43
+    assert idx(Action(ActionType.KyushuKyuhai, None, [], 0)) == 44
+    assert idx(Action(ActionType.Pass, None, [], 0)) == 45
+
+
+def test_a_tiny_run_prints_floor_arena_and_ratio(tmp_path, capsys):
+    out = _module().main(['--versions', '3', '--games', '4', '--rounds', '1', '--json', str(tmp_path / 'f.json')])
+    text = capsys.readouterr().out
+    m = re.search(r'v3: floor ([\d.]+) µs/decision, arena ([\d.]+) µs/decision, floor/arena ([\d.]+)', text)
+    assert m, text
+    floor, arena, ratio = map(float, m.groups())
+    assert floor > 0 and arena > 0 and abs(ratio - floor / arena) < 0.002
+    assert out[0]['version'] == 3 and out[0]['games'] == 4 and len(out[0]['arena_us']) == 1
+    # a hanchan takes hundreds of decisions: 4 of them well over 1,000 in each loop
+    assert re.search(r'floor +[\d.]+ µs/decision \((\d{4,}) decisions', text)
+    assert re.search(r'arena +[\d.]+ µs/decision \((\d{4,}) decisions', text)
+    assert (tmp_path / 'f.json').read_text().startswith('[')
