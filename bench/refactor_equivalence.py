@@ -8,7 +8,11 @@ For each tree (``--old DIR`` and ``--new DIR``, default this checkout), a fresh 
 * **offline epoch**: a tiny offline ``Trainer`` (16 channels, 1 block, batch 8, CQL on) trains one epoch on those
   logs through the whole data path (file index, ``FileDatasetsIter``, GRP rewards, batches, loss, AdamW);
 * **online steps**: a tiny online ``Trainer`` (no CQL) takes ``--steps`` seeded random batches through
-  ``train_batch``.
+  ``train_batch``;
+* **arena logs**: ``OneVsThree`` plays 8 hanchan between two seeded exploring engines (``HashEngine``: Q from a hash
+  of the observation) with the agari guard and writes its logs; the
+  digest covers the rankings and every log's decompressed text (``eval_time_ns``, a clock reading, set to 0). The
+  logs' total gzip size is printed beside it (information: another compression level changes it, not the text).
 
 Each part prints a SHA-256 of its tensors (model weights, optimizer state, loss sums); the two trees must agree on
 every part. A part that one tree cannot run is reported as such. Run each tree twice (``--old . --new .``) to see
@@ -181,6 +185,58 @@ try:
     out['online_steps'] = digest(trainer_state(trainer)) + f' ({steps} steps)'
 except Exception as e:
     out['online_steps'] = f'cannot run: {type(e).__name__}: {e}'
+
+
+class HashEngine:
+    """A deterministic engine for the arena digest: each legal action's Q is a function of the CRC-32 of the
+    observation's bytes (so the digest pins the encoding), in thousandths (exact in any float); with probability 0.2
+    a row explores uniformly among its legal actions, drawn from its own seeded generator in batch order (so the
+    digest pins the batching too). A torch model would do, but its float results move with the batch's memory
+    alignment, and an untrained model's near ties turn that into other games."""
+
+    engine_type = 'mortal'
+    is_oracle = False
+    enable_quick_eval = True
+    enable_rule_based_agari_guard = True
+
+    def __init__(self, name, seed):
+        import zlib
+        self.name, self.version, self.crc = name, 3, zlib.crc32
+        self.rng = np.random.default_rng(seed)
+
+    def react_batch(self, obs, masks, invisible_obs=None):
+        acts, qs, ms, greedy = [], [], [], []
+        for o, m in zip(obs, masks):
+            m = np.asarray(m, dtype=bool)
+            h = self.crc(np.ascontiguousarray(o, dtype=np.float32).tobytes())
+            q = np.where(m, ((h * (np.arange(46) + 1)) % 1000) / 1000.0, -np.inf)
+            explore = self.rng.random() < 0.2
+            legal = np.flatnonzero(m)
+            acts.append(int(self.rng.choice(legal)) if explore else int(np.argmax(q)))
+            qs.append(q.tolist())
+            ms.append(m.tolist())
+            greedy.append(not explore)
+        return acts, qs, ms, greedy
+
+
+try:
+    import gzip, re
+    OneVsThree = mod('mortal.play.arena', 'mortal.arena').OneVsThree
+    engines = [HashEngine('trainee', 7), HashEngine('baseline', 8)]
+    log_dir = os.path.join(work, 'arena_logs')
+    rankings = OneVsThree(disable_progress_bar=True, log_dir=log_dir).py_vs_py(
+        engines[0], engines[1], seed_start=(11, 2024), seed_count=2)
+    texts, raw = [], []
+    for name in sorted(os.listdir(log_dir)):
+        with open(os.path.join(log_dir, name), 'rb') as f:
+            data = f.read()
+        # eval_time_ns is a wall-clock reading: the one field two runs of the same games differ in
+        texts.append((name, re.sub(rb'"eval_time_ns":\d+', b'"eval_time_ns":0', gzip.decompress(data))))
+        raw.append(len(data))
+    out['arena_logs'] = digest(rankings, texts) + f' ({len(texts)} logs, {sum(len(t) for _, t in texts)} bytes)'
+    out['arena_gzip_bytes'] = f'{sum(raw)} bytes of gzip'
+except Exception as e:
+    out['arena_logs'] = f'cannot run: {type(e).__name__}: {e}'
 print(json.dumps(out))
 '''
 
@@ -207,11 +263,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     old, new = run_tree(args.old.resolve(), args.steps), run_tree(args.new.resolve(), args.steps)
     same = True
-    for part in ('loader', 'offline_epoch', 'online_steps'):
+    for part in ('loader', 'offline_epoch', 'online_steps', 'arena_logs'):
         a, b = old.get(part), new.get(part)
         verdict = 'identical' if a == b and not str(a).startswith('cannot') else 'DIFFERENT'
         same &= verdict == 'identical'
         print(f'{part:14s} {verdict:9s} old {a}\n{"":24s} new {b}')
+    print(f'arena gzip     old {old.get("arena_gzip_bytes")}, new {new.get("arena_gzip_bytes")}')
     return 0 if same else 1
 
 
