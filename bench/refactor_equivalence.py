@@ -188,31 +188,30 @@ except Exception as e:
 
 
 class HashEngine:
-    """A deterministic engine for the arena digest: each legal action's Q is a function of the CRC-32 of the
-    observation's bytes (so the digest pins the encoding), in thousandths (exact in any float); with probability 0.2
-    a row explores uniformly among its legal actions, drawn from its own seeded generator in batch order (so the
-    digest pins the batching too). A torch model would do, but its float results move with the batch's memory
-    alignment, and an untrained model's near ties turn that into other games."""
+    """A deterministic engine for the arena digest: each row's decision is a function of the CRC-32 of its
+    observation's bytes (so the digest pins the encoding): its legal actions' Q values in thousandths (exact in
+    any float), and one row in five explores (is_greedy False) to a legal action the hash picks. Nothing depends
+    on the order of the rows: the table's dict of asked seats comes in varying order, and a torch model's float
+    results move with the batch's memory alignment (an untrained model's near ties then make other games)."""
 
     engine_type = 'mortal'
     is_oracle = False
     enable_quick_eval = True
     enable_rule_based_agari_guard = True
 
-    def __init__(self, name, seed):
+    def __init__(self, name, salt):
         import zlib
-        self.name, self.version, self.crc = name, 3, zlib.crc32
-        self.rng = np.random.default_rng(seed)
+        self.name, self.version, self.crc, self.salt = name, 3, zlib.crc32, salt
 
     def react_batch(self, obs, masks, invisible_obs=None):
         acts, qs, ms, greedy = [], [], [], []
         for o, m in zip(obs, masks):
             m = np.asarray(m, dtype=bool)
-            h = self.crc(np.ascontiguousarray(o, dtype=np.float32).tobytes())
+            h = self.crc(np.ascontiguousarray(o, dtype=np.float32).tobytes(), self.salt)
             q = np.where(m, ((h * (np.arange(46) + 1)) % 1000) / 1000.0, -np.inf)
-            explore = self.rng.random() < 0.2
+            explore = (h >> 8) % 5 == 0
             legal = np.flatnonzero(m)
-            acts.append(int(self.rng.choice(legal)) if explore else int(np.argmax(q)))
+            acts.append(int(legal[(h >> 16) % len(legal)]) if explore else int(np.argmax(q)))
             qs.append(q.tolist())
             ms.append(m.tolist())
             greedy.append(not explore)
