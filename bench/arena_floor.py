@@ -15,8 +15,12 @@ A decision is one seat asked by its table (a scene, quick-eval ones included). P
 round's µs per decision, the median of the rounds and floor / arena (the arena's share of the floor's speed;
 1.0 = at the floor) with its spread over the rounds.
 
-Usage: ``python bench/arena_floor.py [--versions 3 4] [--games 128] [--games-v4 16] [--rounds 2] [--json PATH]``
-(``--games`` rounded up to a multiple of 4: the arena plays each seed in 4 rotations).
+With ``--against OLD`` (another checkout), each round runs this bench once on the old tree and once on this one,
+alternating (old, new, old, new, ...), each in a fresh process that measures its own floor and arena; it prints
+both trees' floor / arena per round and their medians. ``--tree DIR`` runs the arena of the checkout ``DIR``.
+
+Usage: ``python bench/arena_floor.py [--versions 3 4] [--games 128] [--games-v4 16] [--rounds 2] [--json PATH]
+[--against OLD | --tree DIR]`` (``--games`` rounded up to a multiple of 4: the arena plays each seed in 4 rotations).
 """
 
 if __package__ in (None, ''):  # run as a script: python bench/arena_floor.py
@@ -153,6 +157,37 @@ def measure(version: int, games: int, rounds: int, log=print) -> dict:
     return fig
 
 
+def against(args) -> list:
+    """``--against``: alternate fresh processes of this bench on the old tree and this one; returns per tree the
+    figures of its rounds."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    here = pathlib.Path(__file__).resolve()
+    trees = {"old": pathlib.Path(args.against).resolve(), "new": here.parent.parent}
+    runs = {"old": [], "new": []}
+    with tempfile.TemporaryDirectory() as d:
+        for r in range(args.rounds):
+            for name, tree in trees.items():
+                out = os.path.join(d, f"{name}{r}.json")
+                cmd = [sys.executable, str(here), "--tree", str(tree), "--rounds", "1", "--json", out,
+                       "--games", str(args.games), "--games-v4", str(args.games_v4),
+                       "--versions", *map(str, args.versions)]
+                print(f"round {r + 1}, {name} tree ({tree}):", flush=True)
+                subprocess.run(cmd, check=True)
+                with open(out) as f:
+                    runs[name].append(json.load(f))
+    for k, v in enumerate(args.versions):
+        for name in trees:
+            ratios = [run[k]["ratio"][0] for run in runs[name]]
+            arena = [run[k]["arena_us"][0] for run in runs[name]]
+            print(f"v{v} {name}: floor/arena {statistics.median(ratios):.3f} (rounds "
+                  f"{', '.join(f'{x:.3f}' for x in ratios)}); arena {statistics.median(arena):.1f} µs/decision")
+    return [runs[name] for name in trees]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--versions", type=int, nargs="+", default=[3, 4], choices=(1, 2, 3, 4))
@@ -160,9 +195,16 @@ def main(argv=None):
     p.add_argument("--games-v4", type=int, default=16, help="hanchan per run at version 4 (its search is slow)")
     p.add_argument("--rounds", type=int, default=2, help="interleaved floor/arena rounds per version")
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    p.add_argument("--against", default=None, metavar="OLD", help="alternate runs on the checkout OLD and this one")
+    p.add_argument("--tree", default=None, metavar="DIR", help="import mortal from the checkout DIR")
     args = p.parse_args(argv)
     if args.games < 1 or args.games_v4 < 1 or args.rounds < 1:
         p.error("--games, --games-v4 and --rounds must be >= 1")
+    if args.against:
+        return against(args)
+    if args.tree:
+        import sys
+        sys.path.insert(0, args.tree)
     out = [measure(v, args.games_v4 if v == 4 else args.games, args.rounds) for v in args.versions]
     if args.json:
         with open(args.json, "w") as f:

@@ -35,7 +35,7 @@ from mortal.features.action import HORA, KAN, event_to_label, reaction_from_inde
 
 logger = logging.getLogger('mortal.agent')  # the name before the package split (log format)
 
-from mortal.features.obs import check_version, encode as _encode
+from mortal.features.obs import check_version, encode as _encode, obs_shape
 from mortal.features.obs_v4 import encode_batch as encode_v4_batch
 
 # PlayerState.bakaze is a tile id: E=27, S=28, W=29.
@@ -150,23 +150,32 @@ def rule_based_agari(state, best_win_scores: Callable[[], Sequence[int]] | None)
 # Mortal engines
 
 
-def _mask_bits(mask) -> int:
-    bits = 0
-    for i, legal in enumerate(mask):
-        if legal:
-            bits |= 1 << i
-    return bits
+_BIT = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))  # bit i of a mask word
 
 
-def _meta_core(q, mask, is_greedy, state) -> dict:
-    """Mortal's meta fields common to the main and the kan-select evaluation."""
-    return {
-        "q_values": [float(q[i]) for i in range(len(mask)) if mask[i]],
-        "mask_bits": _mask_bits(mask),
-        "is_greedy": bool(is_greedy),
-        "shanten": int(state.shanten),
-        "at_furiten": bool(state.at_furiten),
-    }
+def batch_meta_parts(q_values, masks) -> tuple[list, list]:
+    """The per-row parts of Mortal's meta for a whole batch at once: each row's legal Q values (Python floats, in
+    index order) and its mask bits (bit i set iff action i is legal): Mortal's ``q_values`` and ``mask_bits``.
+
+    Args:
+        q_values: N rows of A floats (lists, or an ``(N, A)`` array; illegal entries are ignored).
+        masks: N rows of A bools (lists or arrays), A <= 64.
+
+    Returns:
+        ``(legal_q, bits)``: two lists of N, ``list[float]`` and ``int``.
+    """
+    if len(masks) == 0:
+        return [], []
+    m = np.asarray(masks, dtype=bool)
+    q = np.asarray(q_values, dtype=np.float64)
+    flat = q[m].tolist()  # row-major: each row's legal values in index order
+    ends = np.cumsum(m.sum(1)).tolist()
+    bits = (m * _BIT[:m.shape[1]]).sum(1, dtype=np.uint64).tolist()
+    legal_q, start = [], 0
+    for end in ends:
+        legal_q.append(flat[start:end])
+        start = end
+    return legal_q, bits
 
 
 def _quick_eval_index(state, mask=None) -> int | None:
@@ -191,9 +200,10 @@ class MortalBatchAgent:
     attrs ``name``, ``version``, ``is_oracle``, ``enable_quick_eval``,
     ``enable_rule_based_agari_guard``; ``react_batch(obs, masks, invisible_obs)``).
 
-    ``react(scenes)`` makes at most one ``react_batch`` call holding every main obs
-    ``(C,34) float32`` plus every kan-select obs; returns one ``Decision`` each. A
-    version-4 engine needs every scene's ``v4`` encoder (``Scene.v4``).
+    ``react(scenes)`` makes at most one ``react_batch`` call holding every main obs plus every kan-select obs, as
+    one ``(N, C, 34) float32`` array (a view of a buffer the agent reuses: valid during the call only) and N masks
+    ``(46,) bool``; returns one ``Decision`` each. A version-4 engine needs every scene's ``v4`` encoder
+    (``Scene.v4``).
 
     ``stateless = True``: a scene's decision depends on that scene only, so the arena may hand it scenes of
     a step that may never happen (``OneVsThree(speculate_passes=True)``) and drop their decisions.
@@ -213,35 +223,56 @@ class MortalBatchAgent:
         self.version = check_version(engine.version)
         self.quick_eval = bool(getattr(engine, "enable_quick_eval", True))
         self.agari_guard = bool(getattr(engine, "enable_rule_based_agari_guard", False))
+        self._obs_shape = obs_shape(self.version)
+        self._buf = None  # see _rows_buffer
         self.calls = 0  # react_batch calls
         self.rows = 0  # rows sent to react_batch
         self.decisions = 0  # scenes answered (incl. quick eval)
 
-    def _encode_rows(self, rows) -> tuple[list, list]:
-        """Observations and masks of ``rows``; version 4 encodes them in one batch so that
-        the single-player searches of all scenes run together (``obs_v4.encode_batch``)."""
+    def _rows_buffer(self, n: int) -> np.ndarray:
+        """A ``(>= n, C, 34)`` float32 buffer reused by every call (the engine reads it during ``react_batch``
+        only): observations are copied into it as they are encoded, so each fresh array is freed at once and no
+        batch-sized array is allocated (and page-faulted in) per call."""
+        buf = self._buf
+        if buf is None or len(buf) < n:
+            buf = self._buf = np.empty((max(n, 2 * (0 if buf is None else len(buf))),) + self._obs_shape, np.float32)
+        return buf
+
+    def _encode_rows(self, rows) -> tuple[np.ndarray, list]:
+        """The observations and masks of ``rows`` (``(scene, at_kan_select, obs or None, mask or None)``, obs given
+        as its row of the buffer, already filled): ``(buffer[:len(rows)], masks)``. The rows not yet encoded are
+        encoded into the buffer; version 4 encodes them in one batch so that the single-player searches of all
+        scenes run together (``obs_v4.encode_batch``)."""
+        buf = self._rows_buffer(len(rows))
         if self.version == 4:
-            done = encode_v4_batch([(sc.v4, sc.state, kan) for sc, kan, _, _ in rows])
-        else:
-            done = [(obs, mask) if obs is not None else _encode(sc.state, self.version, kan, v4=sc.v4)
-                    for sc, kan, obs, mask in rows]
-        return [o for o, _ in done], [m for _, m in done]
+            done = encode_v4_batch([(sc.v4, sc.state, kan) for sc, kan, _, _ in rows], out=buf)
+            return buf[:len(rows)], [m for _, m in done]
+        masks = []
+        for i, (sc, kan, obs, mask) in enumerate(rows):
+            if obs is None:
+                buf[i], mask = _encode(sc.state, self.version, kan)
+            masks.append(mask)
+        return buf[:len(rows)], masks
 
     def react(self, scenes: Sequence[Scene]) -> list[Decision]:
         """Decide all ``scenes``; see the class docstring."""
         out: list[Decision | None] = [None] * len(scenes)
-        rows = []  # (scene, at_kan_select, obs or None, mask or None), in react_batch order
+        buf = self._rows_buffer(2 * len(scenes))  # a main row and at most one kan-select row per scene
+        rows = []  # (scene, at_kan_select, obs row of buf or None, mask or None), in react_batch order
         plan = []  # (scene index, main row, kan-select row or None)
         for i, sc in enumerate(scenes):
             obs = mask = None
             if self.quick_eval:
                 if self.version != 4:  # cheap: encode now, reuse the mask
-                    obs, mask = _encode(sc.state, self.version, False, v4=sc.v4)
+                    obs, mask = _encode(sc.state, self.version, False)
                 only = _quick_eval_index(sc.state, mask)
                 if only is not None:
                     out[i] = Decision(reaction_from_index(sc.state, only))
                     continue
             main_row = len(rows)
+            if obs is not None:  # into the batch now: the fresh array is freed at once
+                buf[main_row] = obs
+                obs = buf[main_row]
             rows.append((sc, False, obs, mask))
             cans = sc.state.last_cans
             kan_row = None
@@ -251,40 +282,45 @@ class MortalBatchAgent:
                     kan_row = len(rows)
                     rows.append((sc, True, None, None))
             plan.append((i, main_row, kan_row))
-        obs_list, mask_list = self._encode_rows(rows)
+        obs_batch, masks = self._encode_rows(rows)
         self.decisions += len(scenes)
         if not plan:
             return out  # type: ignore[return-value]
+        n = len(masks)
         t0 = time.perf_counter_ns()
-        actions, q_values, masks, is_greedy = self.engine.react_batch(obs_list, mask_list, None)
+        actions, q_values, masks_used, is_greedy = self.engine.react_batch(obs_batch, masks, None)
         eval_ns = time.perf_counter_ns() - t0
         self.calls += 1
-        self.rows += len(obs_list)
-        if len(actions) != len(obs_list):
-            raise RuntimeError(f"engine {self.name!r} returned {len(actions)} actions for {len(obs_list)} rows")
-        batch_size = len(obs_list)
+        self.rows += n
+        if len(actions) != n:
+            raise RuntimeError(f"engine {self.name!r} returned {len(actions)} actions for {n} rows")
+        legal_q, bits = batch_meta_parts(q_values, masks_used)
         for i, main_row, kan_row in plan:
             t1 = time.perf_counter_ns()
             sc = scenes[i]
+            st = sc.state
             action = int(actions[main_row])
-            q = q_values[main_row]
-            if action == HORA and self.agari_guard and not rule_based_agari(sc.state, sc.best_win_scores):
-                q_alt = np.asarray(q, dtype=np.float64).copy()
+            if action == HORA and self.agari_guard and not rule_based_agari(st, sc.best_win_scores):
+                q_alt = np.asarray(q_values[main_row], dtype=np.float64).copy()
                 q_alt[HORA] = _LOWEST
                 action = int(np.argmax(q_alt))
             kan_select = None
             if kan_row is not None and action == KAN:
                 kan_select = int(actions[kan_row])
-                if not 0 <= kan_select < 34 or not mask_list[kan_row][kan_select]:
+                if not 0 <= kan_select < 34 or not masks[kan_row][kan_select]:
                     raise IllegalReaction(sc.game, sc.seat, f"engine {self.name!r} chose kan tile {kan_select}, "
                                           "not a kan candidate")
-            if not 0 <= action < len(mask_list[main_row]) or not mask_list[main_row][action]:
+            if not 0 <= action < len(masks[main_row]) or not masks[main_row][action]:
                 raise IllegalReaction(sc.game, sc.seat, f"engine {self.name!r} chose illegal action {action}")
-            reaction = reaction_from_index(sc.state, action, kan_select=kan_select)
-            meta = _meta_core(q, masks[main_row], is_greedy[main_row], sc.state)
-            meta["batch_size"] = batch_size
+            reaction = reaction_from_index(st, action, kan_select=kan_select)
+            shanten, furiten = int(st.shanten), bool(st.at_furiten)
+            meta = {"q_values": legal_q[main_row], "mask_bits": bits[main_row],
+                    "is_greedy": bool(is_greedy[main_row]), "shanten": shanten, "at_furiten": furiten,
+                    "batch_size": n}
             if kan_row is not None:
-                meta["kan_select"] = _meta_core(q_values[kan_row], masks[kan_row], is_greedy[kan_row], sc.state)
+                meta["kan_select"] = {"q_values": legal_q[kan_row], "mask_bits": bits[kan_row],
+                                      "is_greedy": bool(is_greedy[kan_row]), "shanten": shanten,
+                                      "at_furiten": furiten}
             meta["eval_time_ns"] = eval_ns + (time.perf_counter_ns() - t1)
             out[i] = Decision(reaction, meta)
         return out  # type: ignore[return-value]
