@@ -250,7 +250,7 @@ class MortalBatchAgent:
         masks = []
         for i, (sc, kan, obs, mask) in enumerate(rows):
             if obs is None:
-                buf[i], mask = _encode(sc.state, self.version, kan)
+                buf[i], mask = sc.state.encode_obs(self.version, kan)
             masks.append(mask)
         return buf[:len(rows)], masks
 
@@ -263,8 +263,8 @@ class MortalBatchAgent:
         for i, sc in enumerate(scenes):
             obs = mask = None
             if self.quick_eval:
-                if self.version != 4:  # cheap: encode now, reuse the mask
-                    obs, mask = _encode(sc.state, self.version, False)
+                if self.version != 4:  # cheap: encode now, reuse the mask (the version was checked at __init__)
+                    obs, mask = sc.state.encode_obs(self.version, False)
                 only = _quick_eval_index(sc.state, mask)
                 if only is not None:
                     out[i] = Decision(reaction_from_index(sc.state, only))
