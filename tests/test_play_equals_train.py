@@ -59,15 +59,20 @@ class Row:
 
 @dataclass
 class Decided:
-    """One scene a ``MortalBatchAgent`` decided, with its ``Decision`` and its engine rows (none: quick eval)."""
+    """One scene an agent decided, with its ``Decision`` and its engine rows (none: quick eval or a bot). For an
+    mjai bot's scene, ``state_packed``/``state_mask``: the version-3 observation (packed) and the mask of the seat's
+    ``PlayerState`` at the decision, what an engine in that seat would have been given."""
     scene: object
     decision: object
     rows: list = field(default_factory=list)
+    state_packed: np.ndarray | None = None
+    state_mask: np.ndarray | None = None
 
 
 class PlayRecord:
     """Wraps ``MortalBatchAgent.react`` / ``_encode_rows`` and ``MortalEngine.react_batch`` (for every engine of
-    every path) to keep each decision and each row exactly as the engine received it."""
+    every path) to keep each decision and each row exactly as the engine received it, and ``MjaiBotAgent.react``
+    to keep a bot seat's decisions with its state's observation and mask."""
 
     def __init__(self, monkeypatch):
         self.decided: list[Decided] = []
@@ -76,6 +81,7 @@ class PlayRecord:
         real_encode = agent_mod.MortalBatchAgent._encode_rows
         real_react = agent_mod.MortalBatchAgent.react
         real_batch = MortalEngine.react_batch
+        real_bot = agent_mod.MjaiBotAgent.react
         rec = self
 
         def encode_rows(agent, rows):
@@ -105,6 +111,16 @@ class PlayRecord:
                 rec.decided.append(Decided(sc, dec, rec._rows_of.pop(id(sc), [])))
             return decisions
 
+        def bot_react(agent, scenes):
+            decisions = real_bot(agent, scenes)
+            for sc, dec in zip(scenes, decisions):
+                obs, mask = agent_mod._encode(sc.state, 3, False)
+                packed = np.empty((1, row_bytes(3)), np.uint8)
+                packer(3)(obs, packed, 0)
+                rec.decided.append(Decided(sc, dec, [], packed[0], np.array(mask, dtype=bool)))
+            return decisions
+
+        monkeypatch.setattr(agent_mod.MjaiBotAgent, "react", bot_react)
         monkeypatch.setattr(agent_mod.MortalBatchAgent, "_encode_rows", encode_rows)
         monkeypatch.setattr(agent_mod.MortalBatchAgent, "react", react)
         monkeypatch.setattr(MortalEngine, "react_batch", react_batch)
@@ -229,10 +245,11 @@ def compare_game(name: str, path, decided_by_seat: dict, samples_by_seat: dict, 
                  agari_guard: dict) -> dict:
     """Assert that every loader sample of the log at ``path`` is the decision the arena took there, with the
     observation and mask the engine received (quick-eval decisions and kan tiles chosen without the engine: the
-    action only), and that every decision the arena took is a sample unless another seat's call or ron took the
-    turn. ``agari_guard``: seat -> whether its agent may overrule the engine's hora. Returns counts."""
+    action only; an mjai bot's seat: the mask of its state, and at version 3 its observation), and that every
+    decision the arena took is a sample unless another seat's call or ron took the turn. ``agari_guard``: seat ->
+    whether its agent may overrule the engine's hora. Returns counts."""
     events = read_events(path)
-    counts = {"rows": 0, "quick": 0, "kan_alone": 0, "preempted": 0, "cf": 0}
+    counts = {"rows": 0, "quick": 0, "kan_alone": 0, "preempted": 0, "cf": 0, "bot": 0}
     for seat, samples in samples_by_seat.items():
         decided = decided_by_seat.get(seat, [])
         positions = _decision_positions(decided, events)
@@ -252,6 +269,21 @@ def compare_game(name: str, path, decided_by_seat: dict, samples_by_seat: dict, 
             final = _chosen(d.decision)
             if s.kan:
                 assert final == KAN, f"{where}: a kan-select sample but the arena chose {d.decision.reaction}"
+            if row is None and d.state_mask is not None:  # an mjai bot's seat
+                assert s.action == (kan_select_label(d.decision.reaction) if s.kan else final), (
+                    f"{where}: the bot took {d.decision.reaction}, the loader labels {s.action}\n"
+                    + _around(events, s.event_idx))
+                if not s.kan:
+                    if not np.array_equal(d.state_mask, s.mask):
+                        pytest.fail(f"{where}: masks differ: the bot's state had legal "
+                                    f"{np.flatnonzero(d.state_mask).tolist()}, loaded legal "
+                                    f"{np.flatnonzero(s.mask).tolist()}\n  events:\n" + _around(events, s.event_idx))
+                    if version == 3 and not np.array_equal(d.state_packed, s.packed):
+                        pytest.fail(f"{where}: the observation of the bot's state differs from the loader's\n"
+                                    + _obs_diff(d.state_packed, s.packed, version) + "\n  events:\n"
+                                    + _around(events, s.event_idx))
+                    counts["bot"] += 1
+                continue
             if row is None:
                 if s.kan:  # a single candidate (or a daiminkan): the arena asks the engine nothing
                     assert s.mask.sum() == 1 and s.action == kan_select_label(d.decision.reaction), (
@@ -433,3 +465,22 @@ def test_evaluation_equals_what_the_learner_loads(tmp_path, monkeypatch, version
     counts = compare_logs(record, tmp_path / "eval", 20000, 11, version, "challenger",
                           {"challenger": True, "champion": True})
     _assert_covered(counts, hanchan)
+
+
+@pytest.mark.parametrize("version,hanchan", PLAYS)
+def test_evaluation_against_rule_based_bots_equals_what_the_learner_loads(tmp_path, monkeypatch, version, hanchan):
+    """``play_chunk`` of a checkpoint against three RulebaseBots (``scripts/evaluate.py --champion rulebase``): the
+    bots declare riichi and win, so the engine's decisions after a riichi, a hora and a kyoku that ended in one are
+    compared too; the bot seats' samples are checked against their states (mask; observation at version 3)."""
+    from mortal.play.evaluation import play_chunk
+    if not hanchan:
+        _end_games_early(monkeypatch)
+    config, _, _ = _setup(tmp_path, version)
+    record = PlayRecord(monkeypatch)
+    units = play_chunk((("mortal", config["control"]["state_file"]), ("rulebase", None), 20000, 1, 11,
+                        str(tmp_path / "eval")))
+    assert list(units) == [20000]
+    counts = compare_logs(record, tmp_path / "eval", 20000, 11, version, "challenger",
+                          {"challenger": True, "champion": False})
+    assert counts["bot"] > 300 and counts["ev_reach"] > 0 and counts["ev_hora"] > 0, counts
+    assert counts["ev_start_kyoku"] >= 8 and counts["rows"] > 100, counts
