@@ -1,10 +1,11 @@
 """Play equals train: what a Mortal engine received at each decision in the arena is what the learner's loader
 rebuilds from the written log for that decision.
 
-Each test plays one duplicate deal (4 hanchan) of tiny random models through a real play path (the client's
-``TrainPlayer``, the trainer's ``TestPlayer``, ``mortal.play.evaluation.play_chunk``) at feature version 3 or 4,
-recording every ``MortalEngine.react_batch`` row as the engine received it (observation, mask) with the action it
-chose, and every decision the agent took (quick eval included). Then each log goes through the learner's path
+Each test plays one duplicate deal (4 games) of tiny random models through a real play path (the client's
+``TrainPlayer``, the trainer's ``TestPlayer``, ``mortal.play.evaluation.play_chunk``, also against RulebaseBots) at
+feature version 3 or 4, recording every ``MortalEngine.react_batch`` row as the engine received it (observation,
+mask) with the action it chose, and every decision the agents took (quick eval and bots included). The fast
+variants end each game after 2-4 kyoku (``_end_games_early``); the ``slow`` ones play whole hanchan. Then each log goes through the learner's path
 (``GameplayLoader`` as ``FileDatasetsIter.load_files`` builds it, then ``_game_columns``, the function that turns a
 seat's ``Gameplay`` into the trainer's columns) and the two are compared decision for decision, for every seat the
 loader yields and for the loader that keeps the trainee's seat only (the online learner's ``player_names``), the
@@ -59,15 +60,25 @@ class Row:
 
 @dataclass
 class Decided:
-    """One scene a ``MortalBatchAgent`` decided, with its ``Decision`` and its engine rows (none: quick eval)."""
+    """One scene an agent decided, with its ``Decision`` and its engine rows (none: quick eval or a bot). For an
+    mjai bot's scene, ``state_packed``/``state_mask``: the version-3 observation (packed) and the mask of the seat's
+    ``PlayerState`` at the decision, what an engine in that seat would have been given."""
     scene: object
     decision: object
     rows: list = field(default_factory=list)
+    state_packed: np.ndarray | None = None
+    state_mask: np.ndarray | None = None
 
 
 class PlayRecord:
     """Wraps ``MortalBatchAgent.react`` / ``_encode_rows`` and ``MortalEngine.react_batch`` (for every engine of
-    every path) to keep each decision and each row exactly as the engine received it."""
+    every path) to keep each decision and each row exactly as the engine received it, and ``MjaiBotAgent.react``
+    to keep a bot seat's decisions with its state's observation and mask.
+
+    What it relies on: ``_encode_rows`` returns the rows of the agent's next ``react_batch`` call in that order
+    (``(scene, at_kan_select, ...)`` each); a ``Scene`` carries ``game``, ``seat``, ``events`` (every event the seat
+    was fed since its previous scene), ``speculative`` and ``adopted``; counterfactual branches get game ids after
+    the real games'. An arena or agent rewrite that moves these moves the hooks here with it."""
 
     def __init__(self, monkeypatch):
         self.decided: list[Decided] = []
@@ -76,6 +87,7 @@ class PlayRecord:
         real_encode = agent_mod.MortalBatchAgent._encode_rows
         real_react = agent_mod.MortalBatchAgent.react
         real_batch = MortalEngine.react_batch
+        real_bot = agent_mod.MjaiBotAgent.react
         rec = self
 
         def encode_rows(agent, rows):
@@ -105,6 +117,16 @@ class PlayRecord:
                 rec.decided.append(Decided(sc, dec, rec._rows_of.pop(id(sc), [])))
             return decisions
 
+        def bot_react(agent, scenes):
+            decisions = real_bot(agent, scenes)
+            for sc, dec in zip(scenes, decisions):
+                obs, mask = agent_mod._encode(sc.state, 3, False)
+                packed = np.empty((1, row_bytes(3)), np.uint8)
+                packer(3)(obs, packed, 0)
+                rec.decided.append(Decided(sc, dec, [], packed[0], np.array(mask, dtype=bool)))
+            return decisions
+
+        monkeypatch.setattr(agent_mod.MjaiBotAgent, "react", bot_react)
         monkeypatch.setattr(agent_mod.MortalBatchAgent, "_encode_rows", encode_rows)
         monkeypatch.setattr(agent_mod.MortalBatchAgent, "react", react)
         monkeypatch.setattr(MortalEngine, "react_batch", react_batch)
@@ -187,7 +209,7 @@ def _obs_diff(a: np.ndarray, b: np.ndarray, version: int) -> str:
     return "\n".join(lines)
 
 
-def _decision_positions(decided: list, events: list) -> list:
+def _decision_positions(name: str, decided: list, events: list) -> list:
     """Log event index of each decision of one seat: within a kyoku the seat's events (after the ``start_game``
     the arena sends every kyoku) are those of the log from its ``start_kyoku`` on, masked; the last event before
     a decision is checked against the log's (type and actor)."""
@@ -206,7 +228,7 @@ def _decision_positions(decided: list, events: list) -> list:
         idx = starts[kyoku] + count - 1
         logged = events[idx]
         assert (logged["type"], logged.get("actor")) == (last["type"], last.get("actor")), (
-            f"seat {d.scene.seat}: the arena's event before a decision {last} is not the log's [{idx}]\n"
+            f"{name} seat {d.scene.seat}: the arena's event before a decision {last} is not the log's [{idx}]\n"
             + _around(events, idx))
         out.append(idx)
     return out
@@ -229,13 +251,14 @@ def compare_game(name: str, path, decided_by_seat: dict, samples_by_seat: dict, 
                  agari_guard: dict) -> dict:
     """Assert that every loader sample of the log at ``path`` is the decision the arena took there, with the
     observation and mask the engine received (quick-eval decisions and kan tiles chosen without the engine: the
-    action only), and that every decision the arena took is a sample unless another seat's call or ron took the
-    turn. ``agari_guard``: seat -> whether its agent may overrule the engine's hora. Returns counts."""
+    action only; an mjai bot's seat: the mask of its state, and at version 3 its observation), and that every
+    decision the arena took is a sample unless another seat's call or ron took the turn. ``agari_guard``: seat ->
+    whether its agent may overrule the engine's hora. Returns counts."""
     events = read_events(path)
-    counts = {"rows": 0, "quick": 0, "kan_alone": 0, "preempted": 0, "cf": 0}
+    counts = {"rows": 0, "quick": 0, "kan_alone": 0, "preempted": 0, "cf": 0, "bot": 0}
     for seat, samples in samples_by_seat.items():
         decided = decided_by_seat.get(seat, [])
-        positions = _decision_positions(decided, events)
+        positions = _decision_positions(name, decided, events)
         at = {}
         for idx, d in zip(positions, decided):
             assert idx not in at, f"{name} seat {seat}: two decisions after log event {idx}\n" + _around(events, idx)
@@ -252,6 +275,21 @@ def compare_game(name: str, path, decided_by_seat: dict, samples_by_seat: dict, 
             final = _chosen(d.decision)
             if s.kan:
                 assert final == KAN, f"{where}: a kan-select sample but the arena chose {d.decision.reaction}"
+            if row is None and d.state_mask is not None:  # an mjai bot's seat
+                assert s.action == (kan_select_label(d.decision.reaction) if s.kan else final), (
+                    f"{where}: the bot took {d.decision.reaction}, the loader labels {s.action}\n"
+                    + _around(events, s.event_idx))
+                if not s.kan:
+                    if not np.array_equal(d.state_mask, s.mask):
+                        pytest.fail(f"{where}: masks differ: the bot's state had legal "
+                                    f"{np.flatnonzero(d.state_mask).tolist()}, loaded legal "
+                                    f"{np.flatnonzero(s.mask).tolist()}\n  events:\n" + _around(events, s.event_idx))
+                    if version == 3 and not np.array_equal(d.state_packed, s.packed):
+                        pytest.fail(f"{where}: the observation of the bot's state differs from the loader's\n"
+                                    + _obs_diff(d.state_packed, s.packed, version) + "\n  events:\n"
+                                    + _around(events, s.event_idx))
+                    counts["bot"] += 1
+                continue
             if row is None:
                 if s.kan:  # a single candidate (or a daiminkan): the arena asks the engine nothing
                     assert s.mask.sum() == 1 and s.action == kan_select_label(d.decision.reaction), (
@@ -370,10 +408,11 @@ def _end_games_early(monkeypatch):
 
 
 def _assert_covered(counts: dict, hanchan: bool) -> None:
-    """The games were not trivial: every game had a second kyoku (the per-kyoku table reset), and there were calls
-    and hundreds of engine rows to compare."""
+    """The games were not trivial: every game had a second kyoku (the per-kyoku table reset), there were calls and
+    a kan's new dora (the seeds are chosen for it: an event that is silently lost on the way to a seat shows as a
+    feature difference only after it), and hundreds of engine rows to compare."""
     assert counts["ev_start_kyoku"] >= 4 * (4 if hanchan else 2), counts
-    assert counts.get("ev_chi", 0) + counts.get("ev_pon", 0) > 0, counts
+    assert counts.get("ev_chi", 0) + counts.get("ev_pon", 0) > 0 and counts.get("ev_dora", 0) > 0, counts
     assert counts["rows"] > (2000 if hanchan else 300), counts
 
 
@@ -394,10 +433,11 @@ def test_self_play_round_equals_what_the_learner_loads(tmp_path, monkeypatch, ve
     config, brain, dqn = _setup(tmp_path, version, **{"train_play.default": {
         "boltzmann_epsilon": 0.2, "boltzmann_temp": 1.0, "counterfactual_rate": rate}})
     record = PlayRecord(monkeypatch)
-    player = TrainPlayer(config, {}, train_key=7)
+    key = {3: 7, 4: 10}[version]  # deals with a kan (see _assert_covered)
+    player = TrainPlayer(config, {}, train_key=key)
     rankings, files = player.train_play(brain, dqn, "cpu")
     assert len(files) == 4 and rankings.sum() == 4
-    counts = compare_logs(record, tmp_path / "train_play", 10000, 7, version, "trainee",
+    counts = compare_logs(record, tmp_path / "train_play", 10000, key, version, "trainee",
                           {"trainee": False, "baseline": True})
     _assert_covered(counts, hanchan)
     if rate:
@@ -428,8 +468,27 @@ def test_evaluation_equals_what_the_learner_loads(tmp_path, monkeypatch, version
     record = PlayRecord(monkeypatch)
     chal = ("mortal", config["control"]["state_file"])
     champ = ("mortal", config["baseline"]["train"]["state_file"])
-    units = play_chunk((chal, champ, 20000, 1, 11, str(tmp_path / "eval")))
+    units = play_chunk((chal, champ, 20000, 1, 13, str(tmp_path / "eval")))
     assert list(units) == [20000]
-    counts = compare_logs(record, tmp_path / "eval", 20000, 11, version, "challenger",
+    counts = compare_logs(record, tmp_path / "eval", 20000, 13, version, "challenger",
                           {"challenger": True, "champion": True})
     _assert_covered(counts, hanchan)
+
+
+@pytest.mark.parametrize("version,hanchan", PLAYS)
+def test_evaluation_against_rule_based_bots_equals_what_the_learner_loads(tmp_path, monkeypatch, version, hanchan):
+    """``play_chunk`` of a checkpoint against three RulebaseBots (``scripts/evaluate.py --champion rulebase``): the
+    bots declare riichi and win, so the engine's decisions after a riichi, a hora and a kyoku that ended in one are
+    compared too; the bot seats' samples are checked against their states (mask; observation at version 3)."""
+    from mortal.play.evaluation import play_chunk
+    if not hanchan:
+        _end_games_early(monkeypatch)
+    config, _, _ = _setup(tmp_path, version)
+    record = PlayRecord(monkeypatch)
+    units = play_chunk((("mortal", config["control"]["state_file"]), ("rulebase", None), 20000, 1, 12,
+                        str(tmp_path / "eval")))
+    assert list(units) == [20000]
+    counts = compare_logs(record, tmp_path / "eval", 20000, 12, version, "challenger",
+                          {"challenger": True, "champion": False})
+    assert counts["bot"] > 300 and counts["ev_reach"] > 0 and counts["ev_hora"] > 0, counts
+    assert counts["ev_start_kyoku"] >= 8 and counts.get("ev_dora", 0) > 0 and counts["rows"] > 100, counts
