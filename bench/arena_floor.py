@@ -9,7 +9,9 @@ floor, arena, ...), at each version asked:
   the tables, as the arena batches its searches), the lowest legal index mapped to a table action. No logs, no
   arena code: the least any arena on these engines can spend per decision.
 * **arena**: ``mortal.play.arena.OneVsThree`` as the client runs it (``log_dir`` set, so every game's gzip log
-  is written; ``speculate_passes`` off), with ``FirstLegal`` engines (``bench/arena.py``) on both sides.
+  is written; ``speculate_passes`` off), with ``FirstLegal`` engines (``bench/arena.py``) on both sides; with
+  ``--batch`` the engine first makes its rows one ``(N, C, 34)`` array, as a network's forward must (a stack of
+  the rows when it is handed a list, nothing when it is handed an array).
 
 A decision is one seat asked by its table (a scene, quick-eval ones included). Per version the bench prints each
 round's µs per decision, the median of the rounds and floor / arena (the arena's share of the floor's speed;
@@ -105,15 +107,29 @@ def floor_run(version: int, games: int, seed0: int = 1) -> tuple[float, int]:
     return time.perf_counter() - t0, decisions
 
 
-def _first_legal_cls():
-    """``FirstLegal`` of ``bench/arena.py`` (loaded from its file: bench is no package)."""
+def _first_legal_cls(batch: bool = False):
+    """``FirstLegal`` of ``bench/arena.py`` (loaded from its file: bench is no package); ``batch``: a subclass that
+    first makes the rows one ``(N, C, 34)`` float32 array, as a network's forward must (``np.stack`` of a list; an
+    array as it is)."""
     import importlib.util
     import pathlib
+
+    import numpy as np
+
     path = pathlib.Path(__file__).resolve().parent / "arena.py"
     spec = importlib.util.spec_from_file_location("arena_bench_floor", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.FirstLegal
+    if not batch:
+        return mod.FirstLegal
+
+    class FirstLegalBatch(mod.FirstLegal):
+        def react_batch(self, obs, masks, invisible_obs=None):
+            rows = obs if isinstance(obs, np.ndarray) else np.stack(obs)
+            assert rows.dtype == np.float32 and len(rows) == len(masks)
+            return super().react_batch(rows, masks, invisible_obs)
+
+    return FirstLegalBatch
 
 
 def arena_run(version: int, games: int, log_dir: str, first_legal=None) -> tuple[float, int]:
@@ -131,10 +147,11 @@ def arena_run(version: int, games: int, log_dir: str, first_legal=None) -> tuple
     return time.perf_counter() - t0, chal.decisions + champ.decisions
 
 
-def measure(version: int, games: int, rounds: int, log=print) -> dict:
+def measure(version: int, games: int, rounds: int, log=print, batch: bool = False) -> dict:
     """Interleaved rounds of floor and arena at ``version``; returns the figures (µs per decision per round,
-    medians, ratio floor / arena per round)."""
-    cls = _first_legal_cls()
+    medians, ratio floor / arena per round). ``batch``: the arena's engine takes its rows as one array."""
+    cls = _first_legal_cls(batch)
+    log(f"v{version}: {games} games; arena engine {cls.__name__} ({'rows as one array' if batch else 'rows as handed'})")
     floor_us, arena_us, ratios = [], [], []
     for r in range(rounds):
         sec, n = floor_run(version, games)
@@ -174,7 +191,7 @@ def against(args) -> list:
                 out = os.path.join(d, f"{name}{r}.json")
                 cmd = [sys.executable, str(here), "--tree", str(tree), "--rounds", "1", "--json", out,
                        "--games", str(args.games), "--games-v4", str(args.games_v4),
-                       "--versions", *map(str, args.versions)]
+                       "--versions", *map(str, args.versions)] + (["--batch"] if args.batch else [])
                 print(f"round {r + 1}, {name} tree ({tree}):", flush=True)
                 subprocess.run(cmd, check=True)
                 with open(out) as f:
@@ -197,6 +214,8 @@ def main(argv=None):
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
     p.add_argument("--against", default=None, metavar="OLD", help="alternate runs on the checkout OLD and this one")
     p.add_argument("--tree", default=None, metavar="DIR", help="import mortal from the checkout DIR")
+    p.add_argument("--batch", action="store_true",
+                   help="the arena's engine first makes its rows one (N, C, 34) array, as a network must")
     args = p.parse_args(argv)
     if args.games < 1 or args.games_v4 < 1 or args.rounds < 1:
         p.error("--games, --games-v4 and --rounds must be >= 1")
@@ -205,7 +224,7 @@ def main(argv=None):
     if args.tree:
         import sys
         sys.path.insert(0, args.tree)
-    out = [measure(v, args.games_v4 if v == 4 else args.games, args.rounds) for v in args.versions]
+    out = [measure(v, args.games_v4 if v == 4 else args.games, args.rounds, batch=args.batch) for v in args.versions]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
