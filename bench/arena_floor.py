@@ -15,7 +15,8 @@ floor, arena, ...), at each version asked:
 
 A decision is one seat asked by its table (a scene, quick-eval ones included). Per version the bench prints each
 round's µs per decision, the median of the rounds and floor / arena (the arena's share of the floor's speed;
-1.0 = at the floor) with its spread over the rounds.
+1.0 = at the floor) with its spread over the rounds, in wall time and in CPU time of the process (all its
+threads: on a shared machine the steadier figure; a log-writer thread's work counts, its overlap does not).
 
 With ``--against OLD`` (another checkout), each round runs this bench once on the old tree and once on this one,
 alternating (old, new, old, new, ...), each in a fresh process that measures its own floor and arena; it prints
@@ -63,8 +64,9 @@ def _first_legal_action(ob, mask):
     raise RuntimeError(f"no table action for Mortal index {want} among {ob.legal_actions()}")
 
 
-def floor_run(version: int, games: int, seed0: int = 1) -> tuple[float, int]:
-    """Play ``games`` hanchan on bare tables (see the module docstring); returns (seconds, decisions)."""
+def floor_run(version: int, games: int, seed0: int = 1) -> tuple[float, int, float]:
+    """Play ``games`` hanchan on bare tables (see the module docstring); returns (wall seconds, decisions, CPU
+    seconds of the process)."""
     import numpy as np  # noqa: F401 (the masks are numpy arrays)
     from mjai.mlibriichi.state import PlayerState
     from riichienv import GameRule, RiichiEnv
@@ -73,7 +75,7 @@ def floor_run(version: int, games: int, seed0: int = 1) -> tuple[float, int]:
     if version == 4:
         from mortal.features.obs_v4 import V4Encoder, encode_batch
     rule = GameRule(sanchaho_is_draw=False, kuikae_forbidden=True)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     tables = []
     for g in range(games):
         env = RiichiEnv(game_mode=2, seed=seed0 + g, rule=rule)
@@ -104,7 +106,7 @@ def floor_run(version: int, games: int, seed0: int = 1) -> tuple[float, int]:
             if not env.done():
                 left.append((env, states, encs, obs))
         tables = left
-    return time.perf_counter() - t0, decisions
+    return time.perf_counter() - t0, decisions, time.process_time() - c0
 
 
 def _first_legal_cls(batch: bool = False):
@@ -132,19 +134,19 @@ def _first_legal_cls(batch: bool = False):
     return FirstLegalBatch
 
 
-def arena_run(version: int, games: int, log_dir: str, first_legal=None) -> tuple[float, int]:
+def arena_run(version: int, games: int, log_dir: str, first_legal=None) -> tuple[float, int, float]:
     """Play ``games`` hanchan (rounded up to a multiple of 4) in the client's arena with ``FirstLegal`` engines,
-    writing logs to ``log_dir``; returns (seconds, decisions). ``first_legal``: the engine class (default
+    writing logs to ``log_dir``; returns (wall seconds, decisions, CPU seconds of the process: all its threads). ``first_legal``: the engine class (default
     ``bench/arena.py``'s ``FirstLegal``)."""
     from mortal.play.agent import MortalBatchAgent
     from mortal.play.arena import OneVsThree
 
     cls = first_legal or _first_legal_cls()
     chal, champ = MortalBatchAgent(cls("challenger", version)), MortalBatchAgent(cls("champion", version))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     OneVsThree(disable_progress_bar=True, log_dir=log_dir).py_vs_py(chal, champ, seed_start=(1, 2024),
                                                                    seed_count=max(1, -(-games // 4)))
-    return time.perf_counter() - t0, chal.decisions + champ.decisions
+    return time.perf_counter() - t0, chal.decisions + champ.decisions, time.process_time() - c0
 
 
 def measure(version: int, games: int, rounds: int, log=print, batch: bool = False) -> dict:
@@ -152,25 +154,31 @@ def measure(version: int, games: int, rounds: int, log=print, batch: bool = Fals
     medians, ratio floor / arena per round). ``batch``: the arena's engine takes its rows as one array."""
     cls = _first_legal_cls(batch)
     log(f"v{version}: {games} games; arena engine {cls.__name__} ({'rows as one array' if batch else 'rows as handed'})")
-    floor_us, arena_us, ratios = [], [], []
+    floor_us, arena_us, ratios, floor_cpu, arena_cpu, cpu_ratios = [], [], [], [], [], []
     for r in range(rounds):
-        sec, n = floor_run(version, games)
+        sec, n, cpu = floor_run(version, games)
         floor_us.append(1e6 * sec / n)
+        floor_cpu.append(1e6 * cpu / n)
         with tempfile.TemporaryDirectory() as d:
-            sec_a, n_a = arena_run(version, games, d, cls)
+            sec_a, n_a, cpu_a = arena_run(version, games, d, cls)
         arena_us.append(1e6 * sec_a / n_a)
+        arena_cpu.append(1e6 * cpu_a / n_a)
         ratios.append(floor_us[-1] / arena_us[-1])
+        cpu_ratios.append(floor_cpu[-1] / arena_cpu[-1])
         log(f"v{version} round {r + 1}: floor {floor_us[-1]:6.1f} µs/decision ({n} decisions, {sec:.1f} s); "
-            f"arena {arena_us[-1]:6.1f} µs/decision ({n_a} decisions, {sec_a:.1f} s); floor/arena {ratios[-1]:.3f}")
-    fig = {"version": version, "games": games, "rounds": rounds,
+            f"arena {arena_us[-1]:6.1f} µs/decision ({n_a} decisions, {sec_a:.1f} s); floor/arena {ratios[-1]:.3f}; "
+            f"CPU: floor {floor_cpu[-1]:.1f}, arena {arena_cpu[-1]:.1f} µs/decision, floor/arena {cpu_ratios[-1]:.3f}")
+    med = statistics.median
+    fig = {"version": version, "games": games, "rounds": rounds, "batch": batch,
            "floor_us": [round(v, 2) for v in floor_us], "arena_us": [round(v, 2) for v in arena_us],
            "ratio": [round(v, 4) for v in ratios],
-           "floor_us_median": round(statistics.median(floor_us), 2),
-           "arena_us_median": round(statistics.median(arena_us), 2),
-           "ratio_median": round(statistics.median(ratios), 4)}
+           "floor_cpu_us": [round(v, 2) for v in floor_cpu], "arena_cpu_us": [round(v, 2) for v in arena_cpu],
+           "cpu_ratio": [round(v, 4) for v in cpu_ratios],
+           "floor_us_median": round(med(floor_us), 2), "arena_us_median": round(med(arena_us), 2),
+           "ratio_median": round(med(ratios), 4), "cpu_ratio_median": round(med(cpu_ratios), 4)}
     spread = f" (rounds {min(ratios):.3f}-{max(ratios):.3f})" if rounds > 1 else ""
     log(f"v{version}: floor {fig['floor_us_median']:.1f} µs/decision, arena {fig['arena_us_median']:.1f} µs/decision, "
-        f"floor/arena {fig['ratio_median']:.3f}{spread}")
+        f"floor/arena {fig['ratio_median']:.3f}{spread}; CPU time: floor/arena {fig['cpu_ratio_median']:.3f}")
     return fig
 
 
@@ -198,10 +206,15 @@ def against(args) -> list:
                     runs[name].append(json.load(f))
     for k, v in enumerate(args.versions):
         for name in trees:
-            ratios = [run[k]["ratio"][0] for run in runs[name]]
-            arena = [run[k]["arena_us"][0] for run in runs[name]]
+            figs = [run[k] for run in runs[name]]
+            ratios = [f["ratio"][0] for f in figs]
+            cpu = [f["cpu_ratio"][0] for f in figs]
+            arena = [f["arena_us"][0] for f in figs]
+            arena_cpu = [f["arena_cpu_us"][0] for f in figs]
             print(f"v{v} {name}: floor/arena {statistics.median(ratios):.3f} (rounds "
-                  f"{', '.join(f'{x:.3f}' for x in ratios)}); arena {statistics.median(arena):.1f} µs/decision")
+                  f"{', '.join(f'{x:.3f}' for x in ratios)}); CPU floor/arena {statistics.median(cpu):.3f} (rounds "
+                  f"{', '.join(f'{x:.3f}' for x in cpu)}); arena {statistics.median(arena):.1f} µs/decision, "
+                  f"{statistics.median(arena_cpu):.1f} CPU µs/decision")
     return [runs[name] for name in trees]
 
 

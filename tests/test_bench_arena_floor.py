@@ -43,4 +43,5 @@ def test_a_tiny_run_prints_floor_arena_and_ratio(tmp_path, capsys):
     # a hanchan takes hundreds of decisions: 4 of them well over 1,000 in each loop
     assert re.search(r'floor +[\d.]+ µs/decision \((\d{4,}) decisions', text)
     assert re.search(r'arena +[\d.]+ µs/decision \((\d{4,}) decisions', text)
+    assert re.search(r'CPU time: floor/arena [\d.]+', text) and out[0]['cpu_ratio'][0] > 0
     assert (tmp_path / 'f.json').read_text().startswith('[')
