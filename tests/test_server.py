@@ -584,22 +584,28 @@ def wait_until(cond, timeout=5.0):
         time.sleep(0.01)
 
 
-def test_connections_sending_their_header_are_capped(tmp_path, caplog):
+def test_unauthenticated_connections_are_capped_and_the_oldest_gives_way(tmp_path, caplog):
     r = Running(tmp_path, max_pending=3)
     try:
         idle = [socket.create_connection(('127.0.0.1', r.port), timeout=5) for _ in range(3)]
         idle[0].sendall(b'MJRL')  # a partial header
         wait_until(lambda: r.server.pending == 3)
         with caplog.at_level(logging.INFO, logger='mortal.server'):
-            for _ in range(3):  # closed at once, without a handler thread
-                assert r.raw(b'', close_write=False) == b''
-            assert r.server.pending == 3
+            # a real peer still gets through: the oldest unauthenticated connection is closed for it
+            assert get_param(r) == {'status': 'empty param'}
+            assert idle[0].recv(10) == b''  # closed, without a reply
+            assert r.server.pending == 2
+            idle.append(socket.create_connection(('127.0.0.1', r.port), timeout=5))
+            wait_until(lambda: r.server.pending == 3)
+            assert get_param(r) == {'status': 'empty param'}
+            assert idle[1].recv(10) == b''
+            assert r.server.pending == 2
+            assert 'closing connection' not in caplog.text  # the closed ones are not logged one by one
             for s in idle:
                 s.close()
             wait_until(lambda: r.server.pending == 0)
         assert caplog.text.count('connections are still sending their frame header') == 1
-        assert 'accepting new connections again (3 closed meanwhile)' in caplog.text
-        assert get_param(r) == {'status': 'empty param'}
+        assert 'accepting new connections again (2 oldest closed meanwhile)' in caplog.text
     finally:
         r.close()
 
@@ -638,15 +644,18 @@ def test_payloads_in_flight_share_one_byte_budget(tmp_path):
         assert length == MAX_FRAME  # the whole budget: any other payload must wait
         with socket.create_connection(('127.0.0.1', r.port), timeout=5) as a, \
                 socket.create_connection(('127.0.0.1', r.port), timeout=5) as b:
-            a.sendall(big[:wire.HEADER_SIZE + 1000])  # holds nearly the whole budget while it sends
-            wait_until(lambda: r.server.inflight.used == length)
+            a.sendall(big[:wire.HEADER_SIZE])
+            time.sleep(0.2)
+            assert r.server.inflight.used == 0  # a declared length holds nothing: bytes are held as they come
+            a.sendall(big[wire.HEADER_SIZE:-1000])  # holds nearly the whole budget
+            wait_until(lambda: r.server.inflight.used == length - 1000)
             # a payload above SMALL_FRAME_BYTES waits for the budget; a small one has a share of its own
             b.sendall(frame(msgpack.packb({'type': 'get_param', 'param_version': -1,
                                            'pad': b'x' * param_server.SMALL_FRAME_BYTES})))
             with pytest.raises(socket.timeout):
                 read_reply(b, 0.5)  # waits for the budget
             assert get_param(r) == {'status': 'empty param'}
-            a.sendall(big[wire.HEADER_SIZE + 1000:])
+            a.sendall(big[-1000:])  # the frame that holds bytes is served before the one waiting for its first
             assert read_reply(a, 5) == {'status': 'empty param'}
             assert read_reply(b, 5) == {'status': 'empty param'}
         wait_until(lambda: r.server.inflight.used == 0)

@@ -61,7 +61,9 @@ HEADER_SIZE = PREFIX.size + REST.size  # 78 bytes
 MAC_SIZE = 32
 DEFAULT_MAX_FRAME_SIZE = DEFAULT_MAX_FRAME_BYTES  # largest frame, bytes: [online.server] max_frame_bytes default
 DEFAULT_TIMEOUT = 300.0  # seconds of silence on a socket before giving up on the peer
-HEADER_TIMEOUT = 10.0  # seconds a server waits for a whole header (a peer cannot hold a slot byte by byte)
+# Seconds a server waits for a whole header: a peer cannot hold an unauthenticated slot byte by byte. A real peer
+# sends its 78 bytes right after connecting, so they arrive within a round trip or two.
+HEADER_TIMEOUT = 5.0
 RECV_CHUNK = 1 << 20
 RETRY_INTERVAL = 3.0  # seconds, as Mortal's client loop
 
@@ -313,6 +315,68 @@ def recv_payload(sock: socket.socket, header: FrameHeader, *, deadline: Optional
     if not hmac.compare_digest(hasher.digest(), header.digest):
         raise ProtocolError('payload does not match the SHA-256 digest in its header (corrupted in transit?)')
     return decode_payload(payload)
+
+
+def recv_payload_paced(sock: socket.socket, header: FrameHeader, *, min_rate: int, window: float,
+                       take: Callable[[int], Any], give: Callable[[int], Any]) -> dict:
+    """Read the payload announced by ``header`` as ``recv_payload`` does, holding memory only for bytes that came.
+
+    Pace: in every ``window`` seconds at least ``min(min_rate * window, bytes still due)`` bytes must arrive
+    (``min_rate`` in bytes/s), checked at each window's end, so a stalled or trickling sender is closed within two
+    windows whatever length it declared. Budget: before each read the reader calls ``take(n)`` (n <= 1 MiB, the
+    bytes it may read next; it may wait, and raises to refuse) and ``give(k)`` for what that read did not use, so
+    a sender that declared a large frame and went silent holds nothing. Time spent in ``take`` does not count
+    against the pace. On success the whole ``header.length`` is still taken: the caller gives it back once the
+    message is handled; on an exception the caller gives back what was taken.
+    Raises ProtocolError (stalled, truncated, digest mismatch, undecodable), OSError from the socket, and
+    whatever ``take`` raises.
+    """
+    hasher = hashlib.sha256()
+    buf = bytearray()
+    length = header.length
+    timeout = sock.gettimeout()
+    window_end = time.monotonic() + window
+    window_from = 0  # bytes received when the current window began
+    try:
+        while len(buf) < length:
+            now = time.monotonic()
+            if now >= window_end:
+                due = min(min_rate * window, length - window_from)
+                if len(buf) - window_from < due:
+                    raise ProtocolError(
+                        f'payload stalled: {len(buf) - window_from} bytes in the last {window:g} s, below '
+                        f'[online.server] payload_min_bytes_per_s = {min_rate} ({len(buf)} of {length} bytes)')
+                window_from, window_end = len(buf), now + window
+                continue
+            sock.settimeout(window_end - now)
+            try:
+                ready = sock.recv(1, socket.MSG_PEEK)  # wait for data before taking any budget for it
+            except socket.timeout:
+                continue  # the window's check above decides
+            if not ready:
+                raise ProtocolError(f'truncated frame: connection closed after {len(buf)} of {length} payload '
+                                    'bytes')
+            size = min(length - len(buf), RECV_CHUNK)
+            started = time.monotonic()
+            take(size)
+            window_end += time.monotonic() - started  # waiting for the budget is not the sender's fault
+            try:
+                chunk = sock.recv(size)  # data is there: returns at once
+            except BaseException:
+                give(size)
+                raise
+            give(size - len(chunk))
+            if not chunk:
+                raise ProtocolError(f'truncated frame: connection closed after {len(buf)} of {length} payload '
+                                    'bytes')
+            buf += chunk
+            hasher.update(chunk)
+            del chunk
+    finally:
+        sock.settimeout(timeout)
+    if not hmac.compare_digest(hasher.digest(), header.digest):
+        raise ProtocolError('payload does not match the SHA-256 digest in its header (corrupted in transit?)')
+    return decode_payload(buf)
 
 
 def discard(sock: socket.socket, size: int, *, deadline: float) -> int:
