@@ -303,12 +303,13 @@ class Server(Section):
     force_sequential: Bool = key('one client round per trainer parameter version; drain only when full')
     max_frame_bytes: PositiveInt = key('extra: largest accepted wire frame in bytes', DEFAULT_MAX_FRAME_BYTES)
     max_pending_connections: PositiveInt = key(
-        'extra: connections that may be sending their frame header at once (more are closed at once)', 64)
+        'extra: connections that may be unauthenticated (sending their frame header) at once; a new one beyond '
+        'this closes the oldest', 64)
     max_inflight_bytes: NonNegativeInt = key(
         'extra: payload bytes the server reads or handles at once over all connections (0 = max_frame_bytes)', 0)
     payload_min_bytes_per_s: PositiveInt = key(
-        'extra: average bytes/s a frame payload must arrive at, or its connection is closed (30 s + length / '
-        'this)', 131072)
+        'extra: bytes/s a frame payload must keep over every 2 s (or the rest of the frame within them), or its '
+        'connection is closed', 131072)
 
 
 class Online(Section):
