@@ -663,3 +663,29 @@ def test_payloads_in_flight_share_one_byte_budget(tmp_path):
             param_server.ParamServer(('127.0.0.1', 0), r.store, max_frame_size=MAX_FRAME, max_inflight_bytes=1000)
     finally:
         r.close()
+
+
+def test_frames_that_wait_on_each_other_for_budget_are_resolved_at_once():
+    budget = param_server.ByteBudget(100)
+    assert budget.acquire(60, 1) and budget.acquire(30, 1)  # frames A and B hold 60 and 30 bytes
+    assert (budget.used, budget.holders) == (90, 2)
+    got = {}
+
+    def more(name, size, held):
+        t0 = time.monotonic()
+        got[name] = (budget.acquire(size, 5, held=held), time.monotonic() - t0)
+    a = threading.Thread(target=more, args=('a', 20, 60))
+    a.start()
+    time.sleep(0.3)
+    assert 'a' not in got  # B is not waiting (it reads or is handled): A waits for it
+    new = threading.Thread(target=more, args=('new', 5, 0))
+    new.start()
+    time.sleep(0.1)
+    assert 'new' not in got  # 5 bytes would fit, but A, holding bytes, is served first
+    more('b', 20, 30)  # now both holders wait for more and A's 20 do not fit: B, holding least, is refused
+    assert got['b'][0] is False and got['b'][1] < 0.1
+    budget.release(30, held=0)  # B's connection closes
+    a.join(5)
+    new.join(5)
+    assert got['a'][0] is True and got['new'][0] is True
+    assert (budget.used, budget.holders) == (85, 2)

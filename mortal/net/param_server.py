@@ -44,68 +44,88 @@ def _log_closing(peer, ex) -> None:
 
 
 class ByteBudget:
-    """At most ``limit`` bytes reserved at once over all threads. Reservations are served in arrival order,
-    those of frames that already hold bytes (``more=True``) before those of frames that hold none, so a frame
-    once started is not starved by newcomers."""
+    """At most ``limit`` bytes reserved at once over all threads, by frames that take them as their bytes arrive.
+
+    Requests are served in arrival order, those of frames that already hold bytes before those of new frames, so
+    a frame once started is not starved by newcomers. Frames that together need more than the limit could wait on
+    each other for ever: when every frame holding bytes waits for more and the first in line does not fit, the
+    one holding least is refused at once (its connection closes and its peer retries)."""
 
     def __init__(self, limit: int):
         self.limit = int(limit)
         self.used = 0
+        self.holders = 0  # frames holding bytes
         self._cond = threading.Condition()
-        self._queues = (deque(), deque())  # (frames that hold bytes, new frames)
+        self._queues = (deque(), deque())  # tickets [size, held] of (frames holding bytes, new frames)
 
-    def acquire(self, size: int, timeout: float, more: bool = False) -> bool:
-        """Reserve ``size`` bytes, waiting up to ``timeout`` seconds; False (nothing reserved) on timeout or when
-        ``size`` exceeds the limit. ``more``: the caller already holds bytes of this budget (served first)."""
+    def acquire(self, size: int, timeout: float, held: int = 0) -> bool:
+        """Reserve ``size`` bytes, waiting up to ``timeout`` seconds; False (nothing reserved) on timeout, when
+        ``size`` exceeds the limit, or when this frame is refused to end a deadlock. ``held``: bytes the caller
+        already holds in this budget (0 for a new frame)."""
         if size > self.limit:
             return False
         with self._cond:
-            ticket = object()
-            queue = self._queues[0 if more else 1]
+            ticket = [size, held]
+            queue = self._queues[0 if held else 1]
             queue.append(ticket)
-
-            def turn():
+            self._cond.notify_all()  # a new waiter may complete a deadlock
+            end = time.monotonic() + timeout
+            granted = False
+            while True:
                 head = self._queues[0][0] if self._queues[0] else self._queues[1][0]
-                return head is ticket and self.used + size <= self.limit
-            ok = self._cond.wait_for(turn, timeout)
+                if head is ticket and self.used + size <= self.limit:
+                    granted = True
+                    break
+                left = end - time.monotonic()
+                if left <= 0 or (held and self._deadlock_victim() is ticket):
+                    break
+                self._cond.wait(left)
             queue.remove(ticket)
-            if ok:
+            if granted:
                 self.used += size
+                self.holders += not held
             self._cond.notify_all()
-            return ok
+            return granted
 
-    def release(self, size: int) -> None:
-        """Give back ``size`` bytes reserved by ``acquire``."""
+    def _deadlock_victim(self):
+        """The ticket to refuse when every holder waits for more and the first in line does not fit, else None
+        (a holder that is reading or being handled will give its bytes back)."""
+        more = self._queues[0]
+        if not more or len(more) < self.holders or self.used + more[0][0] <= self.limit:
+            return None
+        return min(reversed(more), key=lambda t: t[1])  # the least held; of equals, the newest
+
+    def release(self, size: int, held: int = 0) -> None:
+        """Give back ``size`` bytes reserved by ``acquire``; ``held``: what the frame still holds after it."""
         with self._cond:
             self.used -= size
+            self.holders -= not held
             self._cond.notify_all()
 
 
 class Reservation:
     """The bytes of one payload held in a ``ByteBudget``, taken as they arrive (``take``/``give`` are
-    ``wire.recv_payload_paced``'s callbacks). A first reservation may wait ``first_wait`` seconds (it holds no
-    memory meanwhile); a frame already holding bytes waits at most ``next_wait``, then is refused, so frames that
-    together exceed the budget cannot wait on each other for ever."""
+    ``wire.recv_payload_paced``'s callbacks). A frame waits at most ``wait`` seconds for each part; it holds no
+    more memory meanwhile, and its pace is not checked."""
 
-    def __init__(self, budget: ByteBudget, first_wait: float, next_wait: float):
+    def __init__(self, budget: ByteBudget, wait: float):
         self.budget = budget
-        self.first_wait = first_wait
-        self.next_wait = next_wait
+        self.wait = wait
         self.held = 0
 
     def take(self, size: int) -> None:
-        """Reserve ``size`` more bytes; ProtocolError (naming the limit) when they do not fit in time."""
-        wait = self.next_wait if self.held else self.first_wait
-        if not self.budget.acquire(size, wait, more=self.held > 0):
-            raise wire.ProtocolError(f'its payload did not fit in max_inflight_bytes = {self.budget.limit} within '
-                                     f'{wait:.0f} s ({self.held} bytes read)')
+        """Reserve ``size`` more bytes; ProtocolError (naming the limit) when they are refused."""
+        if not self.budget.acquire(size, self.wait, held=self.held):
+            raise wire.ProtocolError(f'its payload did not fit in max_inflight_bytes = {self.budget.limit} '
+                                     f'({self.held} bytes read, {self.budget.holders} frames holding '
+                                     f'{self.budget.used} bytes)')
         self.held += size
 
     def give(self, size: int) -> None:
         """Give back ``size`` of the bytes taken."""
         if size:
             self.held -= size
-            self.budget.release(size)
+            self.budget.release(size, held=self.held)
 
     def give_all(self) -> None:
         """Give back every byte still held."""
@@ -161,7 +181,7 @@ class Handler(BaseRequestHandler):
             return  # closed at once: nothing it sends next is read
         # Small frames (get_param, drain, ...) have a budget of their own: they never wait behind big uploads.
         budget = srv.small_inflight if header.length <= SMALL_FRAME_BYTES else srv.inflight
-        held = Reservation(budget, first_wait=srv.timeout, next_wait=PAYLOAD_WINDOW)
+        held = Reservation(budget, wait=srv.timeout)
         try:
             try:
                 msg = wire.recv_payload_paced(sock, header, min_rate=srv.payload_min_rate, window=PAYLOAD_WINDOW,
