@@ -6,11 +6,14 @@ connections, renewed 0.2 s after the server drops them, while a real peer sends 
 submit_replay three times each.
 """
 
+import logging
+import socket
 import time
 
 import pytest
 
 from conftest import load_script, start_param_server, stop_server
+from mortal.net import param_server, wire
 
 bench = load_script('bench/server_exhaustion.py', 'server_exhaustion_bench')
 TOKEN = 's3cret'
@@ -47,4 +50,24 @@ def test_a_real_peer_is_served_at_once_under_hostile_connections(tmp_path, kind,
             assert server.inflight.used == 0
     finally:
         hostile.stop()
+        stop_server(server)
+
+
+def test_refusals_before_authentication_are_logged_a_few_then_counted(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(param_server, 'REFUSED_LOG_PERIOD', 2.0)
+    server = start_param_server(tmp_path, 10, token=TOKEN)
+    try:
+        with caplog.at_level(logging.WARNING, logger='mortal.server'):
+            t0 = time.monotonic()
+            for _ in range(25):
+                with socket.create_connection(('127.0.0.1', server.server_address[1]), timeout=5) as s:
+                    s.sendall(bench.header(1000, 'not-the-token'))
+                    assert wire.recv_msg(s)['status'] == 'unauthorized'
+            assert time.monotonic() - t0 < 2.0  # all in one period
+            wait_until(lambda: 'more connections before authentication' in caplog.text, 4)
+        lines = [r.getMessage() for r in caplog.records]
+        assert sum(1 for line in lines if line.endswith(': missing or wrong token')) == 10
+        assert lines[-1] == ('closed 15 more connections before authentication in the last 2 s (the last: missing '
+                             'or wrong token)')
+    finally:
         stop_server(server)

@@ -33,14 +33,20 @@ PAYLOAD_WINDOW = 2.0
 # SMALL_INFLIGHT_BYTES over all connections, so big uploads never delay them.
 SMALL_FRAME_BYTES = 64 * 1024
 SMALL_INFLIGHT_BYTES = 8 * 1024 * 1024
+# Connections refused before authentication are logged one by one up to this many per period, then counted, so
+# a flood of hostile connections cannot fill the disk with log lines.
+REFUSED_LOG_BURST = 10
+REFUSED_LOG_PERIOD = 60.0  # seconds
+
+
+def _closing_reason(ex) -> str:
+    """Why a connection is closed: the protocol's reason, or a socket error's type and message."""
+    return str(ex) if isinstance(ex, wire.ProtocolError) else f'{type(ex).__name__}: {ex}'
 
 
 def _log_closing(peer, ex) -> None:
-    """One warning for a connection closed on a bad frame (the protocol's reason) or a socket error (its type)."""
-    if isinstance(ex, wire.ProtocolError):
-        logger.warning('closing connection from %s: %s', peer, ex)
-    else:
-        logger.warning('closing connection from %s: %s: %s', peer, type(ex).__name__, ex)
+    """One warning for an authenticated connection closed on a bad frame or a socket error."""
+    logger.warning('closing connection from %s: %s', peer, _closing_reason(ex))
 
 
 class ByteBudget:
@@ -163,7 +169,7 @@ class Handler(BaseRequestHandler):
         except wire.FrameTooLarge as ex:
             if not self._leave_unauthenticated(srv):
                 return  # closed to admit a newer connection: nothing to say
-            logger.warning('closing connection from %s: %s', peer, ex)
+            srv.log_refused(peer, str(ex))
             if ex.header.authentic(srv.token):  # tell an authentic sender why, or it retries the frame forever
                 reason = (f'frame of {ex.header.length} bytes exceeds the server\'s [online.server] max_frame_bytes '
                           f'= {ex.limit}')
@@ -171,12 +177,12 @@ class Handler(BaseRequestHandler):
             return  # closed at once: the reply stays readable for the peer after the reset
         except (wire.ProtocolError, OSError) as ex:
             if self._leave_unauthenticated(srv):
-                _log_closing(peer, ex)
+                srv.log_refused(peer, _closing_reason(ex))
             return
         if not self._leave_unauthenticated(srv):
             return
         if not header.authentic(srv.token):
-            logger.warning('closing connection from %s: missing or wrong token', peer)
+            srv.log_refused(peer, 'missing or wrong token')
             self._reply(sock, peer, {'status': wire.STATUS_UNAUTHORIZED, 'reason': 'missing or wrong token'})
             return  # closed at once: nothing it sends next is read
         # Small frames (get_param, drain, ...) have a budget of their own: they never wait behind big uploads.
@@ -254,6 +260,11 @@ class ParamServer(ThreadingTCPServer):
         self.unauthenticated = OrderedDict()
         self.evicted = 0  # connections closed to admit newer ones since the last "no longer full" (pending_lock)
         self.pending_lock = threading.Lock()
+        self.refused_logged = 0  # refusals logged in this period (log_lock)
+        self.refused_quiet = 0  # refusals counted but not logged in this period (log_lock)
+        self.refused_last = ''  # the reason of the last quiet one (log_lock)
+        self.refused_period_end = 0.0  # time.monotonic() (log_lock)
+        self.log_lock = threading.Lock()
         super().__init__(address, Handler)
 
     @property
@@ -294,6 +305,35 @@ class ParamServer(ThreadingTCPServer):
                 logger.info('accepting new connections again (%d oldest closed meanwhile)', self.evicted)
                 self.evicted = 0
             return present
+
+    def log_refused(self, peer: str, reason: str) -> None:
+        """Log a connection closed before authentication (a bad header, a wrong token, an oversized frame): one
+        warning each up to ``REFUSED_LOG_BURST`` per ``REFUSED_LOG_PERIOD`` s, then one count at the period's
+        end."""
+        with self.log_lock:
+            self._end_refused_period(time.monotonic())
+            if self.refused_logged < REFUSED_LOG_BURST:
+                self.refused_logged += 1
+                logger.warning('closing connection from %s: %s', peer, reason)
+            else:
+                self.refused_quiet += 1
+                self.refused_last = reason
+
+    def _end_refused_period(self, now: float) -> None:
+        # log_lock held
+        if now < self.refused_period_end:
+            return
+        if self.refused_quiet:
+            logger.warning('closed %d more connections before authentication in the last %.0f s (the last: %s)',
+                           self.refused_quiet, REFUSED_LOG_PERIOD, self.refused_last)
+        self.refused_logged = self.refused_quiet = 0
+        self.refused_period_end = now + REFUSED_LOG_PERIOD
+
+    def service_actions(self):
+        """Between polls of ``serve_forever``: log the count of unlogged refusals once their period is over."""
+        super().service_actions()
+        with self.log_lock:
+            self._end_refused_period(time.monotonic())
 
     def handle_error(self, request, client_address):
         logger.exception('unexpected error while serving %s', client_address)
