@@ -41,13 +41,12 @@ def test_a_real_peer_is_served_at_once_under_hostile_connections(tmp_path, kind,
     try:
         wait_until(lambda: hostile.opened >= conns)
         time.sleep(0.3)
+        if kind == 'stalled':  # all connected (closed only after 2 s without a byte), yet they hold no budget
+            assert hostile.opened - hostile.dropped == conns and server.inflight.used == 0
         results = bench.real_requests(port, token, count=6, pause=0.2, timeout=3)
         assert [(t, ok) for t, ok, _ in results] == [('get_param', True), ('submit_replay', True)] * 3
-        assert max(seconds for _, _, seconds in results) < 1.0
+        assert max(seconds for _, _, seconds in results) < 2.0  # ~2 ms unloaded; the bench checks p99 < 1 s
         assert server.pending <= 64
-        if kind == 'stalled':
-            assert hostile.opened - hostile.dropped > 60  # they are still connected, yet they hold no budget
-            assert server.inflight.used == 0
     finally:
         hostile.stop()
         stop_server(server)
