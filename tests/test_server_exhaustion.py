@@ -53,7 +53,7 @@ def test_a_real_peer_is_served_at_once_under_hostile_connections(tmp_path, kind,
 
 
 def test_refusals_before_authentication_are_logged_a_few_then_counted(tmp_path, caplog, monkeypatch):
-    monkeypatch.setattr(param_server, 'REFUSED_LOG_PERIOD', 2.0)
+    monkeypatch.setattr(param_server, 'REFUSED_LOG_PERIOD', 2.0, raising=False)
     server = start_param_server(tmp_path, 10, token=TOKEN)
     try:
         with caplog.at_level(logging.WARNING, logger='mortal.server'):
