@@ -388,8 +388,8 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
     def train_epoch(self) -> int:
         """One pass over this epoch's files; returns the number of batches trained.
 
-        Online, the ledger (``mortal.data.claims``) records every trained batch and is committed at each checkpoint
-        and at the test play that ends the learner; samples the epoch leaves over stay claimed for the next.
+        Online, the ledger (``mortal.data.claims``) records every trained batch and is committed in one step with
+        each checkpoint (``LearnerCheckpoint.save``); samples the epoch leaves over stay claimed for the next.
         ``data/samples_dropped`` counts the claimed samples lost nonetheless (0 in a healthy run)."""
         from mortal.data.dataloader import iter_full_batches
         file_list, player_names = self.file_list()

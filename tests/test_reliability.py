@@ -299,6 +299,118 @@ def test_claimed_logs_lost_between_learners_are_counted_dropped(tmp_path, caplog
     assert name not in manifest['files']
 
 
+class Killed(BaseException):
+    """A simulated SIGKILL of the learner: nothing in the learner catches it, and what it had in memory is lost."""
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize('stage', ['before_save', 'after_save', 'in_test_play', 'after_ledger'])
+def test_a_kill_at_any_stage_of_the_save_cycle_trains_every_sample_once(tmp_path, caplog, monkeypatch, stage):
+    """The first learner is killed once, at the test play of step 24 (before its checkpoint is written, right after
+    it, inside the test play) or right after the commit of step 8 (the next batch); learners then restart as the
+    supervisor does until one drains again. A sample counts as trained once a checkpoint holds it (what a kill
+    loses was lost by the checkpoint too); every sample must be so counted exactly once (issue 35, case 4)."""
+    from mortal.learning import learner_checkpoint
+    config, _ = load_tiny_config(tmp_path, online=True,
+                                 control={'batch_size': 16, 'save_every': 8, 'test_every': 24},
+                                 dataset={'num_workers': 0, 'file_batch_size': 2, 'reserve_ratio': 0.25})
+    write_grp(config)
+    drain_dir = config['online']['server']['drain_dir']
+    names = _claimable_logs(drain_dir)
+    expected = _expected_samples(config, [os.path.join(drain_dir, n) for n in names])
+    durable, pending = collections.Counter(), collections.Counter()
+    state_file = config['control']['state_file']
+    armed = [True]
+    real_save = learner_checkpoint.atomic_torch_save
+
+    def save(obj, filename, *args, **kwargs):
+        if filename == state_file and armed[0] and obj['steps'] == 24 and stage == 'before_save':
+            armed[0] = False
+            raise Killed()
+        real_save(obj, filename, *args, **kwargs)
+        if filename == state_file:
+            durable.update(pending)  # this checkpoint holds what was trained since the last
+            pending.clear()
+            if armed[0] and obj['steps'] == 24 and stage == 'after_save':
+                armed[0] = False
+                raise Killed()
+
+    monkeypatch.setattr(learner_checkpoint, 'atomic_torch_save', save)
+    first = {**empty_drain(drain_dir, 'A', True), 'count': len(names), 'files': names,
+             'param_versions': [1] * len(names), 'param_version': 1}
+    kills = runs = 0
+    while True:
+        runs += 1
+        assert runs < 20
+        trainer = fake_trainer(config, test_player=FakeTestPlayer([(0.0, 2.5)] * 10),
+                               remote=OneDrainRemote([first] if runs == 1 else []))
+        real = trainer.train_batch
+
+        def spy(obs, actions, masks, steps, rewards, ranks, *cf, real=real, trainer=trainer):
+            if armed[0] and stage == 'after_ledger' and trainer.steps == 8:
+                armed[0] = False
+                raise Killed()
+            floats = unpack(obs, 3)
+            for i in range(actions.shape[0]):
+                pending[_fingerprint(floats[i], actions[i], masks[i], steps[i], ranks[i])] += 1
+            return real(obs, actions, masks, steps, rewards, ranks, *cf)
+
+        trainer.train_batch = spy
+        if stage == 'in_test_play' and armed[0]:
+            def killed_in_test_play():
+                armed[0] = False
+                raise Killed()
+            trainer.guards.test_play = killed_in_test_play
+        caplog.clear()
+        try:
+            with caplog.at_level(logging.INFO):
+                trainer.run()
+        except tr.TestPlayDone:
+            assert not pending  # the test play follows a save
+            continue
+        except Killed:
+            kills += 1
+            pending.clear()  # trained, but in no checkpoint: lost with the process, trained again after it
+            continue
+        except DrainCalled:
+            durable.update(pending)  # the last learner is alive: what it trained since its save is its own
+            break
+    assert kills == 1 and runs >= 3
+    over = {k: (n, expected[k]) for k, n in durable.items() if n > expected[k]}
+    assert over == {}  # no sample trained twice across the kill
+    untrained = sum(expected.values()) - sum(durable.values())
+    assert 0 <= untrained < 16  # none dropped: only the epoch's last partial batch is left...
+    assert trainer.ledger.remaining_samples() == untrained  # ...and stays claimed for the next drain
+    assert trainer.ledger.duplicates == 0
+
+
+def test_a_commit_staged_for_a_checkpoint_is_kept_only_with_that_checkpoint(tmp_path, caplog):
+    """``ClaimLedger.open`` settles a commit that a kill cut between the checkpoint and the ledger's rename by the
+    checkpoint's step: the staged manifest of step 8 is the ledger of a step-8 checkpoint, and is dropped when the
+    checkpoint on disk is still of step 0."""
+    from mortal.data.claims import MANIFEST, STAGED, ClaimLedger
+    sig = {'version': 3}
+    for on_disk, progress in ((8, [0, 1]), (0, [])):
+        d = tmp_path / f'claims{on_disk}'
+        d.mkdir()
+        (d / 'a').write_bytes(b'x')
+        ledger = ClaimLedger.open(str(d), signature=sig, passes=1, steps=0)
+        ledger.add(['a'])
+        ledger.begin_epoch([str(d / 'a')])
+        ledger.record([[0, 0, 0, 3], [0, 0, 1, 3]])
+
+        def killed_after_the_save():
+            raise Killed()  # the checkpoint of step 8 is written (or not, for on_disk 0); the rename never happens
+        with pytest.raises(Killed):
+            ledger.commit_with(8, killed_after_the_save)
+        assert (d / STAGED).exists()
+        with caplog.at_level(logging.INFO, logger='mortal.claims'):
+            again = ClaimLedger.open(str(d), signature=sig, passes=1, steps=on_disk)
+        assert not (d / STAGED).exists()
+        assert again.trained_map() == ({str(d / 'a'): {0: set(progress)}} if progress else {})
+        assert json.loads((d / MANIFEST).read_text())['steps'] == (8 if on_disk == 8 else None)
+
+
 def test_drain_keeps_logs_of_earlier_drains_not_yet_trained(tmp_path):
     config, _ = load_tiny_config(tmp_path, online=True)
     drain_dir = config['online']['server']['drain_dir']

@@ -73,7 +73,8 @@ class ServerTraffic:
             logger.warning('the server drains to another folder now: claims move from %s to %s; the %d logs left '
                            'in the old one are not trained', self.ledger.claim_dir, claim_dir,
                            len(self.ledger.pending()))
-        self.ledger = ClaimLedger.for_dataset(claim_dir, self.cfg.dataset, self.version)
+        # the checkpoint's step settles a commit a kill cut short (ClaimLedger.open)
+        self.ledger = ClaimLedger.for_dataset(claim_dir, self.cfg.dataset, self.version, steps=self.steps)
         if self.ledger.lost_samples:  # reported now: this learner may end (test play) before its epoch does
             self.writer.add_scalar('data/samples_dropped', self.ledger.lost_samples, self.steps)
             self.ledger.lost_samples = 0
