@@ -402,11 +402,10 @@ def run_checks(config, *, server_running=False, profile='default'):
 
 
 def sections_for(config):
-    """Config sections every process of this mode needs (online: server + client + trainer)."""
+    """Config sections every process of this mode needs (online: server + client + trainer):
+    ``mortal.config.mode_sections``."""
     from mortal import config as mcfg
-    if typed(config).control.online:
-        return tuple(dict.fromkeys(mcfg.ONLINE_TRAIN_SECTIONS + mcfg.SERVER_SECTIONS + mcfg.CLIENT_SECTIONS))
-    return mcfg.TRAIN_SECTIONS
+    return mcfg.mode_sections(config)
 
 
 def typo_checks(config: dict, path: str) -> tuple[list[Check], set[str]]:
@@ -459,8 +458,9 @@ def main(argv=None):
     level = config_log.level
     config_log.setLevel(logging.ERROR)  # its warnings become WARN rows below
     try:
-        config = mcfg.load_config(path, required=mcfg.CORE_SECTIONS, env=env)
-        warns = mcfg.validate(config, path, required=sections_for(config), env=env)
+        # one pass of the processes' own validator (mortal.config.config_errors): every problem at once
+        config = mcfg.read_config(path, env)
+        warns = mcfg.validate(config, path, required=mcfg.mode_sections, env=env)
     except mcfg.ConfigError as e:
         print(Check(FAIL, 'config', str(e)).line())
         return 1

@@ -18,7 +18,7 @@ import argparse
 import logging
 import os
 import sys
-from typing import Iterable, Mapping
+from typing import Mapping
 
 from mortal import config as mcfg
 
@@ -77,14 +77,14 @@ def error(message, status: int = 2) -> int:
     return status
 
 
-def load_config(args: argparse.Namespace, required: Iterable[str]) -> dict:
-    """The config of ``args.config`` (else ``$MORTAL_CFG``, else ``config.toml``) with the ``required`` sections,
-    read with ``args.overrides``; raises ``mortal.config.ConfigError`` (for a ``main()`` that reports it its
+def load_config(args: argparse.Namespace, required: mcfg.Required) -> dict:
+    """The config of ``args.config`` (else ``$MORTAL_CFG``, else ``config.toml``) with the ``required`` sections
+    (names, or a function of the file's dict: ``mortal.config.Required``), read with ``args.overrides``; raises ``mortal.config.ConfigError`` (for a ``main()`` that reports it its
     own way)."""
     return mcfg.load_config(args.config, required=required, env=args.overrides)
 
 
-def load_config_or_exit(args: argparse.Namespace, required: Iterable[str]) -> dict:
+def load_config_or_exit(args: argparse.Namespace, required: mcfg.Required) -> dict:
     """:func:`load_config`, but a ``ConfigError`` becomes one ``error: ...`` line on stderr and exit status 2
     (``SystemExit``)."""
     try:

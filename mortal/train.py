@@ -467,10 +467,10 @@ def run_learner(config: dict, dist=None) -> int:
 def main(argv=None):
     """Entry point: ``python mortal/train.py`` (config from MORTAL_CFG or ``--config``)."""
     from mortal import entry
-    from mortal.config import ONLINE_TRAIN_SECTIONS, TRAIN_SECTIONS, ConfigError, require
+    from mortal.config import ConfigError, train_sections
     argv = list(sys.argv[1:] if argv is None else argv)
     args = entry.start(entry.parser(__doc__.splitlines()[0]), argv)
-    config = entry.load_config_or_exit(args, TRAIN_SECTIONS)
+    config = entry.load_config_or_exit(args, train_sections)  # online: [online] and [online.remote] too
     control = typed(config).control
     online = control.online
     dist = distributed.SINGLE
@@ -479,7 +479,6 @@ def main(argv=None):
             if distributed.requested():
                 sys.exit(entry.error('online training runs as one learner: start it without torchrun (more '
                                      'than one process, WORLD_SIZE > 1, is for offline training only)'))
-            require(config, *ONLINE_TRAIN_SECTIONS, path=args.config, env=args.overrides)
         else:  # torchrun: join the other ranks (mortal.learning.distributed); alone: nothing changes
             dist = distributed.setup(control.device)
     except (ConfigError, ValueError) as exc:

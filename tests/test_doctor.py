@@ -294,3 +294,32 @@ def test_trainer_estimate_grows_with_batch_size(work):
     cfg['control']['batch_size'] *= 2
     big = doctor.estimate_memory(cfg)['trainer'][1]
     assert big - small == pytest.approx(doctor.ALLOCATOR_SLACK * 256 * act, abs=2)
+
+
+def _listed(text):
+    """The problems of a ConfigError's message (one per '  - ' line), or its single line."""
+    lines = [line[4:] for line in text.splitlines() if line.startswith('  - ')]
+    return set(lines) if lines else {text.split(': ', 1)[1].strip()}
+
+
+def test_doctor_lists_exactly_what_the_learner_refuses_a_missing_table_included(work, capsys, monkeypatch):
+    """A file missing [aux] with three errors elsewhere: the doctor lists the missing table with the three, the
+    very set that mortal.train refuses (issue 35, case 5)."""
+    from mortal import train
+    tmp_path, cfg_path, cfg = work
+    cfg['control']['online'] = False  # the learner alone: the doctor's set is the learner's
+    del cfg['aux']
+    cfg['env']['gamma'] = 'one'
+    cfg['resnet']['conv_channels'] = 'wide'
+    cfg['control'].update(save_every=4, test_every=10)
+    _rewrite(cfg_path, cfg)
+    rc, out = _run(cfg_path, capsys)
+    assert rc == 1
+    doctor_says = _listed(out.split('[FAIL] config: ', 1)[1])
+    monkeypatch.setattr('sys.argv', ['train.py'])
+    with pytest.raises(SystemExit) as info:
+        train.main(['-c', str(cfg_path)])
+    assert info.value.code == 2
+    train_says = _listed(capsys.readouterr().err.split('error: ', 1)[1])
+    assert f'missing section [aux] in {cfg_path}' in doctor_says
+    assert len(doctor_says) == 4 and doctor_says == train_says
