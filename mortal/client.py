@@ -379,6 +379,7 @@ def main(argv=None):
     parser.add_argument('--rounds', type=int, default=0, help='stop after this many rounds (0 = never)')
     args = entry.start(parser, argv)
     config = entry.load_config_or_exit(args, CLIENT_SECTIONS)
+    entry.check_devices(config, entry.CLIENT_DEVICES)
     done = 0
     try:
         client = Client(config, env=args.overrides)

@@ -356,8 +356,8 @@ def check_memory(config, profile='default'):
         text = f'{name} on {device} ~ {nbytes / GIB:.2f} GiB (estimate)'
         if str(device).startswith('cuda'):
             gpu = _gpu_total_bytes(device)
-            if gpu is None:
-                rows.append(Check(FAIL, 'memory', f'{text}; but no CUDA device is visible to torch'))
+            if gpu is None:  # a FAIL row of check_devices names the key and the fixes
+                rows.append(Check(INFO, 'memory', f'{text}; but no CUDA device is visible to torch'))
                 continue
             if nbytes > gpu:
                 rows.append(Check(FAIL, 'memory', f'{text} exceeds {device} total {gpu / GIB:.1f} GiB; '
@@ -368,6 +368,16 @@ def check_memory(config, profile='default'):
             text += ' of tensors; the Python + torch process itself adds ~0.5-1 GiB of RAM'
         rows.append(Check(INFO, 'memory', text))
     return rows
+
+
+# ---------------------------------------------------------------------------- devices
+
+def check_devices(config):
+    """A FAIL row per CUDA device key that this torch cannot use, worded as every process words it at its start
+    (``mortal.entry.device_problems``)."""
+    from mortal import entry
+    keys = dict.fromkeys(entry.TRAIN_DEVICES + entry.CLIENT_DEVICES + entry.GRP_DEVICES + entry.ONE_VS_THREE_DEVICES)
+    return [Check(FAIL, 'device', line) for line in entry.device_problems(config, keys)]
 
 
 # ---------------------------------------------------------------------------- driver
@@ -392,6 +402,7 @@ def run_checks(config, *, server_running=False, profile='default'):
         rows.append(Check(INFO, 'version', 'version 4 observations (1012 x 34) run a single-player search per '
                                            'decision in self-play and per sample in the loader; slower than v3 '
                                            f'({sp_threads()} search threads per process: MORTAL_SP_THREADS)'))
+    rows += check_devices(config)
     rows += check_paths(config)
     if typed(config).control.online:
         rows += check_port(config, server_running)

@@ -18,7 +18,7 @@ import argparse
 import logging
 import os
 import sys
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from mortal import config as mcfg
 
@@ -91,3 +91,44 @@ def load_config_or_exit(args: argparse.Namespace, required: mcfg.Required) -> di
         return load_config(args, required)
     except mcfg.ConfigError as exc:
         raise SystemExit(error(exc)) from None
+
+
+#: The device keys of each process (dotted, for :func:`check_devices`); a key the file lacks is skipped.
+TRAIN_DEVICES = ('control.device', 'baseline.test.device')
+CLIENT_DEVICES = ('control.device', 'baseline.train.device')
+GRP_DEVICES = ('grp.control.device',)
+ONE_VS_THREE_DEVICES = ('1v3.challenger.device', '1v3.champion.device')
+
+
+def device_problems(config: dict, keys: Iterable[str]) -> list[str]:
+    """One line for each of ``keys`` (dotted, e.g. ``'control.device'``) whose value in ``config`` is a CUDA device
+    that this torch cannot use, naming the key and both fixes: a CUDA build of torch (or a visible GPU, when this
+    torch has CUDA) or ``device = 'cpu'``. ``[]`` when every device is usable or not CUDA. Imports torch."""
+    cuda = [(dotted, value) for dotted in keys
+            if isinstance(value := mcfg.lookup(config, dotted), str) and value.strip().lower().startswith('cuda')]
+    if not cuda:
+        return []
+    import torch
+    if torch.cuda.is_available():
+        return []
+    out = []
+    for dotted, value in cuda:
+        *table, name = mcfg.table_path(dotted)
+        key = f'[{mcfg.table_name(table)}] {name}'
+        if not torch.backends.cuda.is_built():
+            out.append(f"{key} = {value!r}, but this torch ({torch.__version__}) is a CPU-only build: install a "
+                       f"CUDA build of torch, or set {key} = 'cpu'")
+        else:
+            out.append(f"{key} = {value!r}, but torch sees no CUDA device (driver, CUDA_VISIBLE_DEVICES): make a "
+                       f"GPU visible, or set {key} = 'cpu'")
+    return out
+
+
+def check_devices(config: dict, keys: Iterable[str]) -> None:
+    """At process start: each of :func:`device_problems` as one ``error: ...`` line on stderr, then exit status 2
+    (``SystemExit``); nothing when every device of ``keys`` is usable."""
+    problems = device_problems(config, keys)
+    for line in problems:
+        error(line)
+    if problems:
+        raise SystemExit(2)

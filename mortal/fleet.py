@@ -482,6 +482,7 @@ def main(argv=None):
     parser.add_argument('--rounds', type=int, default=0, help='stop after this many actor rounds (0 = never)')
     args = entry.start(parser, argv)
     config = entry.load_config_or_exit(args, CLIENT_SECTIONS)
+    entry.check_devices(config, entry.CLIENT_DEVICES)
     config_path = resolve_path(args.config, args.overrides)
     cfg = typed(config)
     fleet = cfg.fleet

@@ -471,6 +471,7 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     args = entry.start(entry.parser(__doc__.splitlines()[0]), argv)
     config = entry.load_config_or_exit(args, train_sections)  # online: [online] and [online.remote] too
+    entry.check_devices(config, entry.TRAIN_DEVICES)
     control = typed(config).control
     online = control.online
     dist = distributed.SINGLE

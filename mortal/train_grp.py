@@ -463,6 +463,7 @@ def main(argv=None) -> int:
         return entry.error(f"--patience must be >= 0, got {args.patience}")
     try:
         config = entry.load_config(args, TRAIN_GRP_SECTIONS)
+        entry.check_devices(config, entry.GRP_DEVICES)
         train(typed(config).grp, max_steps=args.max_steps, patience=args.patience)
     except (ConfigError, TrainGrpInputError, NoSamplesError) as exc:  # user errors: one line, no traceback
         # from a DataLoader worker the message is torch's report ending with the original line

@@ -269,7 +269,9 @@ def test_cuda_device_without_gpu_fails(work, capsys, monkeypatch):
     rc, out = _run(cfg_path, capsys)
     assert rc == 1
     [line] = _fail_lines(out)
-    assert 'trainer on cuda:0' in line and 'no CUDA device is visible' in line
+    assert line.startswith("[FAIL] device: [control] device = 'cuda:0', but ")
+    assert line.endswith("or set [control] device = 'cpu'")
+    assert 'trainer on cuda:0' in out and 'no CUDA device is visible' in out
 
 
 def test_activation_estimate_counts_seven_tensors_per_block():
