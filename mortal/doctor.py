@@ -370,6 +370,47 @@ def check_memory(config, profile='default'):
     return rows
 
 
+# ---------------------------------------------------------------------------- file indexes
+
+def check_file_indexes(config):
+    """Each cached file index (``[dataset] file_index``, ``[grp.dataset] file_index``) that exists: FAIL when it is
+    not one, or when a file it lists is missing or outside the globs it is read with
+    (``mortal.data.offline_data.index_problems``); WARN when it was built from other globs (or has no record of
+    them): the next run rebuilds it."""
+    from mortal.data.offline_data import index_problems, stale_index
+    from mortal.model.checkpoint import describe_error, load_checkpoint
+
+    cfg = typed(config)
+    grp_ds = cfg.grp.dataset if cfg.grp is not None else None
+    tables = []
+    if cfg.dataset is not None:
+        tables.append(('[dataset]', cfg.dataset.file_index, {'file_list': cfg.dataset.globs}, {'globs': cfg.dataset.globs}))
+    if grp_ds is not None:
+        tables.append(('[grp.dataset]', grp_ds.file_index,
+                       {'train_file_list': grp_ds.train_globs, 'val_file_list': grp_ds.val_globs},
+                       {'train_globs': grp_ds.train_globs, 'val_globs': grp_ds.val_globs}))
+    rows = []
+    for table, file_index, lists, globs in tables:
+        if not file_index or not Path(file_index).is_file():
+            continue
+        where = f'{table} file_index = {file_index}'
+        try:
+            index = load_checkpoint(file_index)
+            if not isinstance(index, dict) or not all(isinstance(index.get(k), (list, tuple)) for k in lists):
+                raise ValueError(f'needs the lists {sorted(lists)}')
+        except Exception as e:  # garbage, another format
+            rows.append(Check(FAIL, 'file index', f'{where}: not a file index ({describe_error(e)}); delete it'))
+            continue
+        stale = stale_index(index, globs)
+        if stale is not None:
+            rows.append(Check(WARN, 'file index', f'{where}: {stale}: the next run rebuilds it'))
+            continue
+        problems = index_problems(index, lists)
+        rows.append(Check(FAIL, 'file index', f'{where}: {"; ".join(problems)}; delete it to rebuild it')
+                    if problems else Check(OK, 'file index', f'{where}: every listed file is there, within the globs'))
+    return rows
+
+
 # ---------------------------------------------------------------------------- devices
 
 def check_devices(config):
@@ -408,6 +449,7 @@ def run_checks(config, *, server_running=False, profile='default'):
         rows += check_port(config, server_running)
     rows += check_checkpoints(config)
     rows += check_grp(config)
+    rows += check_file_indexes(config)
     rows += check_memory(config, profile)
     return rows
 

@@ -325,3 +325,29 @@ def test_doctor_lists_exactly_what_the_learner_refuses_a_missing_table_included(
     train_says = _listed(capsys.readouterr().err.split('error: ', 1)[1])
     assert f'missing section [aux] in {cfg_path}' in doctor_says
     assert len(doctor_says) == 4 and doctor_says == train_says
+
+
+def test_a_file_index_with_a_missing_file_or_one_outside_the_globs_fails(work, capsys):
+    """[dataset] file_index built from the config's globs but listing a file that is gone and one outside the
+    globs: a FAIL naming both (issue 35, case 7); one built from other globs is a WARN (the next run rebuilds it)."""
+    tmp_path, cfg_path, cfg = work
+    logs = tmp_path / 'logs'
+    logs.mkdir()
+    (logs / 'in.json.gz').write_bytes(b'x')
+    elsewhere = tmp_path / 'original' / 'old.json.gz'
+    elsewhere.parent.mkdir()
+    elsewhere.write_bytes(b'x')
+    cfg['dataset']['globs'] = [str(logs / '*.json.gz')]
+    _rewrite(cfg_path, cfg)
+    index = cfg['dataset']['file_index']
+    listed = [str(logs / 'in.json.gz'), str(logs / 'gone.json.gz'), str(elsewhere)]
+    torch.save({'file_list': listed, 'globs': cfg['dataset']['globs']}, index)
+    rc, out = _run(cfg_path, capsys)
+    assert rc == 1
+    [row] = [line for line in out.splitlines() if line.startswith('[FAIL] file index:')]
+    assert f'[dataset] file_index = {index}' in row
+    assert f'1 of its 3 file_list files are missing ({logs / "gone.json.gz"})' in row
+    assert f'1 of its 3 file_list files are outside the globs ({elsewhere})' in row
+    torch.save({'file_list': listed, 'globs': [str(elsewhere.parent / '*.json.gz')]}, index)
+    rc, out = _run(cfg_path, capsys)
+    assert '[WARN] file index: [dataset] file_index' in out and 'the next run rebuilds it' in out
