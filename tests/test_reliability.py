@@ -562,3 +562,83 @@ def test_offline_bootstrap_prints_a_countdown_only_with_test_play(tmp_path, capl
             trainer.train_batch(*random_batch(n, seed=i))
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith('total steps')]
     assert lines == (['total steps: 750'] if offline_test_every == 0 else ['total steps: 750 (~10)'])
+
+
+# -- one learner per state file, one client per log_dir (issue 35, cases 1 and 6) ----------------------------------
+
+def _holder_line(pid):
+    import socket
+    return f'PID {pid} on host {socket.gethostname()} since '
+
+
+@pytest.mark.parametrize('online', [False, True])
+def test_a_second_learner_on_one_state_file_refuses_before_reading_anything(tmp_path, capsys, monkeypatch, online):
+    """While a learner holds [control] state_file, a second mortal.train on the same config exits 2 at once (the
+    supervisor, online, before it starts a child), naming the holder and the key; it built no Trainer."""
+    from mortal.util import runlock
+    config, path = load_tiny_config(tmp_path, online=online)
+
+    def no_trainer(*a, **k):
+        raise AssertionError('the second learner read the state')
+    monkeypatch.setattr(tr, 'Trainer', no_trainer)
+    monkeypatch.setattr(tr, 'supervise', lambda *a, **k: no_trainer())
+    monkeypatch.setattr('sys.argv', ['train.py'])
+    with runlock.hold(config['control']['state_file'], who='learner', key='[control] state_file', fix='-'):
+        with pytest.raises(SystemExit) as info:
+            tr.main(['-c', str(path)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: another learner runs on [control] state_file = {config['control']['state_file']}: " in err
+    assert _holder_line(os.getpid()) in err and 'its own [control] state_file' in err
+
+
+@linux_only
+def test_a_lock_left_by_a_sigkilled_holder_is_taken_over_with_a_log_line(tmp_path, caplog):
+    """A process holds the lock and is SIGKILLed: the kernel frees the OS lock, the holder's record stays; the next
+    taker takes it over and logs the dead holder's PID."""
+    from mortal.util import runlock
+    target = tmp_path / 'state' / 'mortal.pth'
+    code = (f'import sys, time; sys.path.insert(0, {str(ROOT)!r})\n'
+            f'from mortal.util import runlock\n'
+            f'with runlock.hold({str(target)!r}, who="learner", key="k", fix="-"):\n'
+            f'    print("held", flush=True); time.sleep(60)\n')
+    proc = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == 'held\n'
+        with pytest.raises(runlock.LockHeld, match=_holder_line(proc.pid)):
+            with runlock.hold(str(target), who='learner', key='[control] state_file', fix='-'):
+                pass
+        proc.kill()
+        proc.wait()
+        with caplog.at_level(logging.WARNING, logger='mortal.util.runlock'):
+            with runlock.hold(str(target), who='learner', key='[control] state_file', fix='-'):
+                assert runlock.holder_if_held(str(target)) is not None
+        assert f'its holder (PID {proc.pid} on host ' in caplog.text and 'ended without releasing it' in caplog.text
+        assert runlock.holder_if_held(str(target)) is None
+        assert not os.path.exists(runlock.lock_path_for(str(target)) + runlock.OWNER_SUFFIX)  # a clean release
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_second_client_on_one_log_dir_refuses_naming_the_key_and_the_profile(tmp_path, capsys, monkeypatch):
+    """While a client holds its [train_play.default] log_dir, a second client on the same config exits 2, naming
+    the holder, the key and the other way out (a profile of its own); it made no Client."""
+    from mortal import client as cl
+    from mortal.util import runlock
+    config, path = load_tiny_config(tmp_path, online=True)
+
+    def no_client(*a, **k):
+        raise AssertionError('the second client started')
+    monkeypatch.setattr(cl, 'Client', no_client)
+    monkeypatch.delenv('TRAIN_PLAY_PROFILE', raising=False)
+    log_dir = config['train_play']['default']['log_dir']
+    with runlock.hold(log_dir, who='client', key='k', fix='-'):
+        with pytest.raises(SystemExit) as info:
+            cl.main(['-c', str(path), '--rounds', '1'])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f'error: another client runs on [train_play.default] log_dir = {log_dir}: ' in err
+    assert _holder_line(os.getpid()) in err
+    assert 'set another [train_play.default] log_dir, or run this client with a profile of its own' in err
+    assert 'TRAIN_PLAY_PROFILE=<name>' in err
