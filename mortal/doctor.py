@@ -384,7 +384,8 @@ def check_file_indexes(config):
     grp_ds = cfg.grp.dataset if cfg.grp is not None else None
     tables = []
     if cfg.dataset is not None:
-        tables.append(('[dataset]', cfg.dataset.file_index, {'file_list': cfg.dataset.globs}, {'globs': cfg.dataset.globs}))
+        tables.append(('[dataset]', cfg.dataset.file_index, {'file_list': cfg.dataset.globs},
+                       {'globs': cfg.dataset.globs}))
     if grp_ds is not None:
         tables.append(('[grp.dataset]', grp_ds.file_index,
                        {'train_file_list': grp_ds.train_globs, 'val_file_list': grp_ds.val_globs},

@@ -79,8 +79,8 @@ def error(message, status: int = 2) -> int:
 
 def load_config(args: argparse.Namespace, required: mcfg.Required) -> dict:
     """The config of ``args.config`` (else ``$MORTAL_CFG``, else ``config.toml``) with the ``required`` sections
-    (names, or a function of the file's dict: ``mortal.config.Required``), read with ``args.overrides``; raises ``mortal.config.ConfigError`` (for a ``main()`` that reports it its
-    own way)."""
+    (names, or a function of the file's dict: ``mortal.config.Required``), read with ``args.overrides``; raises
+    ``mortal.config.ConfigError`` (for a ``main()`` that reports it its own way)."""
     return mcfg.load_config(args.config, required=required, env=args.overrides)
 
 
