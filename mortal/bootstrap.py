@@ -723,6 +723,7 @@ def main(argv=None):
         bootstrap_config(config, path=config_path)
     except (ConfigError, BootstrapError) as e:
         return entry.error(e)
+    entry.check_devices(config, entry.TRAIN_DEVICES + entry.GRP_DEVICES)
     steps = STEPS if args.step == 'all' else (args.step,)
     try:
         timings = run_steps(config, steps, force=args.force, progress=not args.no_progress, config_path=config_path)

@@ -35,10 +35,11 @@ import numpy as np
 import torch
 from filelock import FileLock, Timeout
 
-from mortal.config import typed
+from mortal.config import ENV_PROFILE, profile_name, profile_table, train_play_profile, typed
 from mortal.net import wire
 from mortal.model.checkpoint import CheckpointError, check_loadable, read_baseline
 from mortal.stat import rank_summary  # of the display pts, as Mortal's client prints it
+from mortal.util import runlock
 
 logger = logging.getLogger('mortal.client' if __name__ == '__main__' else __name__)
 # A client holds <state_file>.lock only while it writes the baseline (seconds); longer means a stuck holder (e.g. a
@@ -370,6 +371,17 @@ class Client(ParamSync, BaselineSync):
 
 
 
+def hold_log_dir(config: dict, env=os.environ):
+    """The lock of this client's ``[train_play.<profile>] log_dir`` (``mortal.util.runlock.hold``), for the client's
+    whole run: a second client on the same folder would submit the first one's logs. Raises ``runlock.LockHeld``
+    naming the holder, the key and the fixes."""
+    profile = profile_name(env)
+    key = f'[{profile_table(profile)}] log_dir'
+    return runlock.hold(train_play_profile(config, env).log_dir, who='client', key=key,
+                        fix=f'set another {key}, or run this client with a profile of its own (a '
+                            f'[train_play.<name>] table with another log_dir, chosen by {ENV_PROFILE}=<name>)')
+
+
 def main(argv=None):
     """Entry point: ``python mortal/client.py`` (config from MORTAL_CFG or ``--config``; profile from
     TRAIN_PLAY_PROFILE). ``--rounds N`` stops after N rounds (default: run forever)."""
@@ -379,12 +391,16 @@ def main(argv=None):
     parser.add_argument('--rounds', type=int, default=0, help='stop after this many rounds (0 = never)')
     args = entry.start(parser, argv)
     config = entry.load_config_or_exit(args, CLIENT_SECTIONS)
+    entry.check_devices(config, entry.CLIENT_DEVICES)
     done = 0
     try:
-        client = Client(config, env=args.overrides)
-        while not args.rounds or done < args.rounds:
-            client.run_round()
-            done += 1
+        with hold_log_dir(config, args.overrides):
+            client = Client(config, env=args.overrides)
+            while not args.rounds or done < args.rounds:
+                client.run_round()
+                done += 1
+    except runlock.LockHeld as ex:
+        raise SystemExit(entry.error(ex)) from None
     except KeyboardInterrupt:
         pass
     except wire.RequestRefused as ex:  # e.g. a round too big for the server's max_frame_bytes: retrying cannot help

@@ -77,17 +77,58 @@ def error(message, status: int = 2) -> int:
     return status
 
 
-def load_config(args: argparse.Namespace, required: Iterable[str]) -> dict:
-    """The config of ``args.config`` (else ``$MORTAL_CFG``, else ``config.toml``) with the ``required`` sections,
-    read with ``args.overrides``; raises ``mortal.config.ConfigError`` (for a ``main()`` that reports it its
-    own way)."""
+def load_config(args: argparse.Namespace, required: mcfg.Required) -> dict:
+    """The config of ``args.config`` (else ``$MORTAL_CFG``, else ``config.toml``) with the ``required`` sections
+    (names, or a function of the file's dict: ``mortal.config.Required``), read with ``args.overrides``; raises
+    ``mortal.config.ConfigError`` (for a ``main()`` that reports it its own way)."""
     return mcfg.load_config(args.config, required=required, env=args.overrides)
 
 
-def load_config_or_exit(args: argparse.Namespace, required: Iterable[str]) -> dict:
+def load_config_or_exit(args: argparse.Namespace, required: mcfg.Required) -> dict:
     """:func:`load_config`, but a ``ConfigError`` becomes one ``error: ...`` line on stderr and exit status 2
     (``SystemExit``)."""
     try:
         return load_config(args, required)
     except mcfg.ConfigError as exc:
         raise SystemExit(error(exc)) from None
+
+
+#: The device keys of each process (dotted, for :func:`check_devices`); a key the file lacks is skipped.
+TRAIN_DEVICES = ('control.device', 'baseline.test.device')
+CLIENT_DEVICES = ('control.device', 'baseline.train.device')
+GRP_DEVICES = ('grp.control.device',)
+ONE_VS_THREE_DEVICES = ('1v3.challenger.device', '1v3.champion.device')
+
+
+def device_problems(config: dict, keys: Iterable[str]) -> list[str]:
+    """One line for each of ``keys`` (dotted, e.g. ``'control.device'``) whose value in ``config`` is a CUDA device
+    that this torch cannot use, naming the key and both fixes: a CUDA build of torch (or a visible GPU, when this
+    torch has CUDA) or ``device = 'cpu'``. ``[]`` when every device is usable or not CUDA. Imports torch."""
+    cuda = [(dotted, value) for dotted in keys
+            if isinstance(value := mcfg.lookup(config, dotted), str) and value.strip().lower().startswith('cuda')]
+    if not cuda:
+        return []
+    import torch
+    if torch.cuda.is_available():
+        return []
+    out = []
+    for dotted, value in cuda:
+        *table, name = mcfg.table_path(dotted)
+        key = f'[{mcfg.table_name(table)}] {name}'
+        if not torch.backends.cuda.is_built():
+            out.append(f"{key} = {value!r}, but this torch ({torch.__version__}) is a CPU-only build: install a "
+                       f"CUDA build of torch, or set {key} = 'cpu'")
+        else:
+            out.append(f"{key} = {value!r}, but torch sees no CUDA device (driver, CUDA_VISIBLE_DEVICES): make a "
+                       f"GPU visible, or set {key} = 'cpu'")
+    return out
+
+
+def check_devices(config: dict, keys: Iterable[str]) -> None:
+    """At process start: each of :func:`device_problems` as one ``error: ...`` line on stderr, then exit status 2
+    (``SystemExit``); nothing when every device of ``keys`` is usable."""
+    problems = device_problems(config, keys)
+    for line in problems:
+        error(line)
+    if problems:
+        raise SystemExit(2)

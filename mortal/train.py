@@ -46,6 +46,7 @@ if __package__ in (None, ''):  # run as a script: python mortal/train.py
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
+import contextlib
 import gc
 import logging
 import sys
@@ -388,8 +389,8 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
     def train_epoch(self) -> int:
         """One pass over this epoch's files; returns the number of batches trained.
 
-        Online, the ledger (``mortal.data.claims``) records every trained batch and is committed at each checkpoint
-        and at the test play that ends the learner; samples the epoch leaves over stay claimed for the next.
+        Online, the ledger (``mortal.data.claims``) records every trained batch and is committed in one step with
+        each checkpoint (``LearnerCheckpoint.save``); samples the epoch leaves over stay claimed for the next.
         ``data/samples_dropped`` counts the claimed samples lost nonetheless (0 in a healthy run)."""
         from mortal.data.dataloader import iter_full_batches
         file_list, player_names = self.file_list()
@@ -451,26 +452,37 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
                 break  # one epoch per offline run, for easier control (Mortal)
 
 
+STATE_FIX = ('give this run its own [control] state_file (and, online, its own server: [online.remote] port, '
+             '[online.server] buffer_dir and drain_dir)')
+
+
 def run_learner(config: dict, dist=None) -> int:
     """The learner process body (``dist``: as ``Trainer``'s); returns its exit status (0 after an online test
-    play)."""
-    trainer = Trainer(config, dist=dist)
-    try:
-        trainer.run()
-    except TestPlayDone:
-        logger.info('test play done: exiting so that the supervisor restarts the learner')
-    finally:
-        trainer.writer.close()
+    play). Rank 0 holds the lock of ``[control] state_file`` (``mortal.util.runlock``) from before anything is
+    read to its end: raises ``runlock.LockHeld`` when another learner holds it."""
+    from mortal.util import runlock
+    dist = dist or distributed.SINGLE
+    lock = (runlock.hold(typed(config).control.state_file, who='learner', key='[control] state_file', fix=STATE_FIX)
+            if dist.is_main else contextlib.nullcontext())
+    with lock:
+        trainer = Trainer(config, dist=dist)
+        try:
+            trainer.run()
+        except TestPlayDone:
+            logger.info('test play done: exiting so that the supervisor restarts the learner')
+        finally:
+            trainer.writer.close()
     return 0
 
 
 def main(argv=None):
     """Entry point: ``python mortal/train.py`` (config from MORTAL_CFG or ``--config``)."""
     from mortal import entry
-    from mortal.config import ONLINE_TRAIN_SECTIONS, TRAIN_SECTIONS, ConfigError, require
+    from mortal.config import ConfigError, train_sections
     argv = list(sys.argv[1:] if argv is None else argv)
     args = entry.start(entry.parser(__doc__.splitlines()[0]), argv)
-    config = entry.load_config_or_exit(args, TRAIN_SECTIONS)
+    config = entry.load_config_or_exit(args, train_sections)  # online: [online] and [online.remote] too
+    entry.check_devices(config, entry.TRAIN_DEVICES)
     control = typed(config).control
     online = control.online
     dist = distributed.SINGLE
@@ -479,18 +491,24 @@ def main(argv=None):
             if distributed.requested():
                 sys.exit(entry.error('online training runs as one learner: start it without torchrun (more '
                                      'than one process, WORLD_SIZE > 1, is for offline training only)'))
-            require(config, *ONLINE_TRAIN_SECTIONS, path=args.config, env=args.overrides)
         else:  # torchrun: join the other ranks (mortal.learning.distributed); alone: nothing changes
             dist = distributed.setup(control.device)
     except (ConfigError, ValueError) as exc:
         sys.exit(entry.error(exc))
+    from mortal.util import runlock
     try:
         if not online or is_supervised():
             if online:
                 end_with_supervisor()  # out of the terminal's session: end with the supervisor
             code = run_learner(config, dist)
         else:
+            holder = runlock.holder_if_held(control.state_file)  # refused at once, not at the child's start
+            if holder is not None:
+                raise runlock.LockHeld(f'another learner runs on [control] state_file = {control.state_file}: '
+                                       f'{holder} holds its lock; stop it, or {STATE_FIX}')
             code = supervise(argv, script=path.abspath(__file__))
+    except runlock.LockHeld as exc:
+        code = entry.error(exc)
     except KeyboardInterrupt:
         code = 130
     finally:

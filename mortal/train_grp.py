@@ -43,6 +43,7 @@ from torch.utils.data import IterableDataset
 
 from mortal.model.checkpoint import CheckpointError, atomic_torch_save, describe_error, load_checkpoint
 from mortal.data.grp import Grp
+from mortal.data.offline_data import stale_index
 
 # Not __name__: that is "__main__" under ``python -m`` / as a script.
 logger = logging.getLogger("mortal.train_grp")
@@ -215,21 +216,29 @@ def build_file_index(train_globs, val_globs, file_index):
     and saves ``{train_file_list, val_file_list}`` to ``file_index`` unless a list is
     empty (an empty cache would hide logs added later).
 
+    The index also records the globs (``train_globs``, ``val_globs``); one built from other globs (or with no
+    record of them) is rebuilt, with a log line (``mortal.data.offline_data.stale_index``).
+
     Raises:
         TrainGrpInputError: ``file_index`` exists but is not such a file (weights-only torch file).
     """
     if file_index and os.path.exists(file_index):
         try:
             index = load_checkpoint(file_index)
-            return list(index["train_file_list"]), list(index["val_file_list"])
+            lists = list(index["train_file_list"]), list(index["val_file_list"])
         except (CheckpointError, KeyError, TypeError) as e:
             raise TrainGrpInputError(f"[grp.dataset] file_index {file_index} is not a file index ({_unusable(e)}); "
                                      "delete it to rebuild it from the globs") from None
+        stale = stale_index(index, {"train_globs": train_globs, "val_globs": val_globs})
+        if stale is None:
+            return lists
+        logger.info("[grp.dataset] file_index %s is rebuilt: %s", file_index, stale)
     logger.info("building file index...")
     train_files = sorted((f for pat in train_globs for f in glob(pat, recursive=True)), reverse=True)
     val_files = sorted((f for pat in val_globs for f in glob(pat, recursive=True)), reverse=True)
     if file_index and train_files and val_files:
-        atomic_torch_save({"train_file_list": train_files, "val_file_list": val_files}, file_index)
+        atomic_torch_save({"train_file_list": train_files, "val_file_list": val_files,
+                           "train_globs": list(train_globs), "val_globs": list(val_globs)}, file_index)
     return train_files, val_files
 
 
@@ -463,6 +472,7 @@ def main(argv=None) -> int:
         return entry.error(f"--patience must be >= 0, got {args.patience}")
     try:
         config = entry.load_config(args, TRAIN_GRP_SECTIONS)
+        entry.check_devices(config, entry.GRP_DEVICES)
         train(typed(config).grp, max_steps=args.max_steps, patience=args.patience)
     except (ConfigError, TrainGrpInputError, NoSamplesError) as exc:  # user errors: one line, no traceback
         # from a DataLoader worker the message is torch's report ending with the original line

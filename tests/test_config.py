@@ -627,3 +627,42 @@ def test_a_blank_token_is_refused(tmp_path, cfg):
     cfg['online']['remote']['token'] = '   '
     message, path = load_error(tmp_path, cfg, required=SERVER_SECTIONS)
     assert f'[online.remote] token in {path} must not be empty or blank' in message
+
+
+# --- every error at once (issue 35, case 5) -----------------------------------------------------------------------
+
+def test_a_broken_cross_field_rule_is_listed_beside_an_error_in_another_table(tmp_path, cfg):
+    """The rule test_every % save_every is checked even while [resnet] has an error of its own: both are listed,
+    by the raising load and by config_errors alike."""
+    from mortal.config import TRAIN_SECTIONS, config_errors
+    cfg['control'].update(save_every=4, test_every=10)
+    cfg['resnet']['num_blocks'] = 'two'
+    msg, path = load_error(tmp_path, cfg, required=TRAIN_SECTIONS)
+    rule = f'[control] test_every = 10 in {path} must be a multiple of [control] save_every = 4'
+    typed_error = f'[resnet] num_blocks in {path} must be an integer'
+    assert rule in msg and typed_error in msg
+    errors = config_errors(path, required=TRAIN_SECTIONS, env={})
+    assert len(errors) == 2 and rule in errors and any(e.startswith(typed_error) for e in errors)
+
+
+def test_a_rule_over_a_broken_table_is_not_reported_as_a_missing_one(tmp_path, cfg):
+    """[rotation] after needs [baseline.train]; a [baseline] that is present but broken is its own error, not a
+    'needs a [baseline.train] section'."""
+    from mortal.config import config_errors
+    cfg['rotation'] = {'after': 2}
+    cfg['baseline']['train']['state_file'] = 3
+    errors = config_errors(write(tmp_path, cfg), env={})
+    assert errors and not any('needs a [baseline.train] section' in e for e in errors)
+    assert any('[baseline.train] state_file' in e for e in errors)
+
+
+def test_the_learner_lists_its_online_tables_with_every_other_error(tmp_path, cfg):
+    """mortal.train online needs [online.remote]: it is listed beside an error in [control], in one refusal."""
+    from mortal.config import config_errors, train_sections
+    del cfg['online']['remote']
+    cfg['control']['batch_size'] = -1
+    path = write(tmp_path, cfg)
+    errors = config_errors(path, required=train_sections, env={})
+    assert f'missing section [online.remote] in {path}' in errors
+    assert any(e.startswith(f'[control] batch_size in {path}') for e in errors)
+    assert config_errors(write(tmp_path, tiny_config_dict(tmp_path), name='good.toml'), env={}) == []

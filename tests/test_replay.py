@@ -54,7 +54,8 @@ class _Ledger:
     def record(self, ids):
         self.recorded.append(ids[:, 2].tolist())
 
-    def commit(self):
+    def commit_with(self, steps, save):
+        save()
         self.commits.append(len(self.recorded))
 
     def end_epoch(self):

@@ -238,6 +238,8 @@ def test_wrong_field_types_are_bad_requests(running):
         ({'type': 'get_param', 'param_version': True}, 'is a bool'),
         ({'type': 'submit_param', 'mortal': b'junk', 'dqn': b'junk'}, 'invalid safetensors'),
         ({'type': 'submit_replay', 'logs': {'a': 'text'}, 'param_version': 0}, 'expected bytes'),
+        ({'type': 'submit_param', 'mortal': b'junk', 'dqn': b'junk', 'learner': 5}, "field 'learner' is a int"),
+        ({'type': 'submit_param', 'mortal': b'junk', 'dqn': b'junk', 'learner': ''}, "'learner' must be 1-1024"),
         ({'type': 'shutdown'}, "unknown request type 'shutdown'"),
     ]:
         with pytest.raises(wire.RequestRefused, match=reason):
@@ -689,3 +691,61 @@ def test_frames_that_wait_on_each_other_for_budget_are_resolved_at_once():
     new.join(5)
     assert got['a'][0] is True and got['new'][0] is True
     assert (budget.used, budget.holders) == (85, 2)
+
+
+# -- one learner per server (issue 35, case 1) ----------------------------------------------------------------------
+
+def test_a_second_learners_parameters_are_refused_while_the_first_is_live(tmp_path, caplog):
+    """Two learners (their runs: host and state file) on one server: the second's submit_param is refused with
+    'another learner is live', naming the first, until the first has been silent for the liveness window; the
+    first's restarts (same run) and a peer that sends no 'learner' are taken as before."""
+    import time as _time
+    from mortal.learning.server_traffic import ServerTraffic
+    store = replay_store.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 4, learner_liveness=0.5)
+    mortal, dqn = tiny_params()
+    params = {'mortal': mortal, 'dqn': dqn}
+
+    def submit(learner, **extra):
+        msg = {'type': 'submit_param', **params, 'is_idle': True, **extra}
+        if learner is not None:
+            msg['learner'] = learner
+        return store.handle(msg)
+
+    assert submit('h:/run1/mortal.pth')['status'] == 'ok'
+    refused = submit('h:/run2/mortal.pth')
+    assert refused['status'] == wire.STATUS_OTHER_LEARNER == 'another learner is live'
+    assert 'learner h:/run1/mortal.pth submitted parameters 0 s ago' in refused['reason']
+    assert store.param_version == 1
+    assert submit('h:/run1/mortal.pth')['param_version'] == 2  # the first learner restarted by its supervisor
+    assert submit(None)['param_version'] == 3  # an older learner without the field
+    _time.sleep(0.6)
+    assert submit('h:/run2/mortal.pth')['param_version'] == 4  # the first went silent: the second takes over
+    assert submit('h:/run1/mortal.pth')['status'] == 'another learner is live'
+    # the learner's id: its host and state file, the same across the supervisor's restarts
+    traffic = ServerTraffic()
+    traffic.state_file = str(tmp_path / 'mortal.pth')
+    assert traffic.learner_id() == f'{socket.gethostname()}:{tmp_path / "mortal.pth"}'
+
+
+def test_a_second_learner_on_one_server_exits_naming_the_first(tmp_path, caplog):
+    """End to end over TCP: a learner submits; a second learner of another state file ends with status 2 and one
+    error line naming the first; a restart of the first (a fresh Trainer of its config) is accepted."""
+    from conftest import fake_trainer, load_tiny_config, start_param_server, stop_server
+    server = start_param_server(tmp_path, 4)
+    try:
+        port = server.server_address[1]
+        remote = wire.Remote('127.0.0.1', port)
+        (tmp_path / 'a').mkdir()
+        (tmp_path / 'b').mkdir()
+        first, _ = load_tiny_config(tmp_path / 'a', online=True)
+        second, _ = load_tiny_config(tmp_path / 'b', online=True)
+        fake_trainer(first, remote=remote).submit_param(is_idle=True)
+        with caplog.at_level(logging.ERROR, logger='mortal.train'), pytest.raises(SystemExit) as info:
+            fake_trainer(second, remote=remote).submit_param(is_idle=True)
+        assert info.value.code == 2
+        assert 'another learner is live' in caplog.text
+        assert f"learner {socket.gethostname()}:{first['control']['state_file']} submitted" in caplog.text
+        fake_trainer(first, remote=remote).submit_param(is_idle=True)  # the supervisor's restart
+        assert server.store.param_version == 2
+    finally:
+        stop_server(server)

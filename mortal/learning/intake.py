@@ -5,7 +5,7 @@ claims the online logs). An epoch's files are the offline ``[dataset]`` (``morta
 list under torchrun) or, online, the claimed logs (``ServerTraffic.online_files``); the loader over them is
 ``mortal.data.dataloader.learner_loader``; each batch is moved to the device (packed observations unpacked there,
 ``mortal.data.packed_obs``), with the rows of the offline mix appended (``[online] offline_batch_size``); online, the
-claim ledger (``mortal.data.claims``) records every trained batch and is committed with each checkpoint.
+claim ledger (``mortal.data.claims``) records every trained batch and is committed in one step with each checkpoint.
 """
 
 import logging
@@ -13,7 +13,6 @@ import logging
 import torch
 
 from mortal.data.offline_data import build_file_list, load_player_names
-from mortal.learning.save_cycle import TestPlayDone
 
 logger = logging.getLogger('mortal.train')  # the trainer's lines (log format)
 
@@ -88,29 +87,18 @@ class Intake:
         return obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, (cf_actions, cf_deltas)
 
     def _train_tracked(self, batch, ledger) -> None:
-        """``train_batch`` on a batch whose last tensor holds the sample ids; record them in ``ledger`` and commit
-        it right after each checkpoint (``_train_committed``), so that the claim manifest always matches the last
-        checkpoint."""
+        """``train_batch`` on a batch whose last tensor holds the sample ids, recorded in ``ledger``
+        (``_train_committed``)."""
         *data, ids = batch
         self._train_committed(data, ledger, ids)
 
     def _train_committed(self, data, ledger, ids=None) -> None:
-        """``train_batch(*data)``, then, with a ``ledger``, ``ids`` (if any) recorded in it and the ledger committed
-        right after a checkpoint (the save inside ``train_batch``) or the test play that ends an online learner
-        (it follows a save)."""
-        try:
-            self.train_batch(*data)
-        except TestPlayDone:
-            if ledger is not None:
-                if ids is not None:
-                    ledger.record(ids)
-                ledger.commit()
-            raise
-        if ledger is not None:
-            if ids is not None:
-                ledger.record(ids)
-            if self.steps % self.save_every == 0:
-                ledger.commit()
+        """``train_batch(*data)``, its sample ``ids`` (if any) recorded in ``ledger`` first: a checkpoint that
+        ``train_batch`` writes (a save, the test play's) holds this batch, and commits the ledger in the same step
+        (``LearnerCheckpoint.save``)."""
+        if ledger is not None and ids is not None:
+            ledger.record(ids)
+        self.train_batch(*data)
 
     def _train_replays(self, batch, ledger) -> None:
         """Keep the fresh online ``batch`` (its claim ids, the last tensor when ``ledger`` is given, left out) in the

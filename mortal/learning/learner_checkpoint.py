@@ -88,5 +88,11 @@ class LearnerCheckpoint:
         }
 
     def save(self) -> None:
-        """Write ``checkpoint()`` to ``[control] state_file`` atomically."""
-        atomic_torch_save(self.checkpoint(), self.state_file)
+        """Write ``checkpoint()`` to ``[control] state_file`` atomically; online, in one step with the claim
+        ledger's commit (``mortal.data.claims.ClaimLedger.commit_with``), so that the ledger on disk always
+        describes the checkpoint on disk, whatever the kill point."""
+        ledger = getattr(self, 'ledger', None) if self.online else None
+        if ledger is None:
+            atomic_torch_save(self.checkpoint(), self.state_file)
+        else:
+            ledger.commit_with(self.steps, lambda: atomic_torch_save(self.checkpoint(), self.state_file))

@@ -20,13 +20,15 @@ Requests (client/trainer -> server):
     {'type': 'submit_replay', 'logs': {name: gz bytes}, 'param_version': int, 'server_id': str|None}
     {'type': 'submit_param', 'mortal': bytes, 'dqn': bytes, 'is_idle': bool, 'arch_change': bool (optional),
      'steps': int, 'epsilon_factor': float, 'temp_factor': float, 'baseline_version': int (optional, all four;
-     handed to clients in get_param's 'ok' reply)}
+     handed to clients in get_param's 'ok' reply), 'learner': str (optional: the learner's run, refused
+     'another learner is live' while another run's learner submitted within the server's liveness window)}
     {'type': 'drain'}
     {'type': 'submit_baseline', 'mortal': bytes, 'dqn': bytes, 'arch': {'version': int, 'conv_channels': int,
      'num_blocks': int}, 'baseline_version': int, 'baseline_digest': str}   (the trainer's [baseline.train])
     {'type': 'get_baseline'}   (a client without that baseline; get_param's 'ok' reply names its digest)
 Replies (server -> peer) always carry ``status``: 'ok', 'samples overflow', 'empty param', 'trainer is busy',
-'empty baseline' (get_baseline before the trainer submitted one),
+'empty baseline' (get_baseline before the trainer submitted one), 'another learner is live' (submit_param;
+``reason`` names the live one),
 'unauthorized', 'bad request' (retrying cannot help; ``reason`` says why) or 'error' (the server could not do it,
 e.g. an unwritable ``buffer_dir``; ``reason`` says why; retrying may help). See ``mortal/server.py`` for the
 fields of each 'ok' reply.
@@ -77,6 +79,7 @@ STATUS_EMPTY_BASELINE = 'empty baseline'
 STATUS_UNAUTHORIZED = 'unauthorized'
 STATUS_BAD_REQUEST = 'bad request'
 STATUS_ERROR = 'error'
+STATUS_OTHER_LEARNER = 'another learner is live'  # submit_param of a second learner (mortal.net.replay_store)
 
 
 # submit_param's optional play settings (mortal.train.Trainer.play_settings), handed to clients by get_param,
@@ -491,8 +494,8 @@ class Remote:
     def request(self, msg: dict) -> dict:
         """Open a connection, send ``msg`` in a frame signed with the token, return the reply map.
 
-        Raises OSError (server down, reset, timeout), ProtocolError (bad reply), RequestRefused on 'unauthorized'
-        or 'bad request' (retrying cannot help).
+        Raises OSError (server down, reset, timeout), ProtocolError (bad reply), RequestRefused on 'unauthorized',
+        'bad request' or 'another learner is live' (retrying cannot help).
         """
         with socket.create_connection((self.host, self.port), timeout=self.timeout) as sock:
             try:
@@ -510,7 +513,7 @@ class Remote:
                 except PeerClosed:
                     raise ProtocolError('server closed the connection without a reply') from None
         status = reply.get('status')
-        if status in (STATUS_UNAUTHORIZED, STATUS_BAD_REQUEST):
+        if status in (STATUS_UNAUTHORIZED, STATUS_BAD_REQUEST, STATUS_OTHER_LEARNER):
             raise RequestRefused(f'server refused {msg.get("type")!r}: {status}: {reply.get("reason", "")}')
         return reply
 
