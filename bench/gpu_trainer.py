@@ -142,7 +142,7 @@ def part_trainer(ctx):
         raise TimeoutError(f'only {cap:.0f} s of the budget left')
     work = ctx['work'] / 'trainer'
     cfg_path = write_config(work, sizes=sizes, device=ctx['device'], version=sizes['trainer_version'],
-                            games=sizes['games'], trainer=True)
+                            games=sizes['games'][sizes['trainer_version']], trainer=True)
     write_models(load(cfg_path))
     result = work / 'trainer.json'
     p = ctx['popen']([sys.executable, str(GPU_SCRIPT), 'trainer-worker', '--config',
