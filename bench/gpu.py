@@ -31,7 +31,9 @@ it ends (a part that fails or runs out of time records why and the others still 
   first round excluded), the steps trained, and the clients' hanchan/h beside the training learner (logs they
   submitted in the window: whole rounds, so coarse).
 
-``--parts arena`` (``bench/gpu.sh --arena``) runs one other part instead, ``arena_speculation``: ``bench/arena.py``
+``--parts sweep`` (``bench/gpu.sh --sweep``) runs the profile and the sweep alone, with the budget's time for the
+sweep (longer hard limits: slower rounds still end in them). ``--parts arena`` (``bench/gpu.sh --arena``) runs one
+other part instead, ``arena_speculation``: ``bench/arena.py``
 with the same network at version 3, ``speculate_passes`` off and on (``[train_play.<profile>]`` / ``[test_play]``
 ``speculate_passes``), for the arena's rows per forward and games/s against its zero-cost floor on the GPU.
 
@@ -110,10 +112,15 @@ SMOKE_SIZES = dict(
     arena_cap_s=40,
 )
 MODES = {'gpu': GPU_SIZES, 'quick': QUICK_SIZES, 'cpu-smoke': SMOKE_SIZES}
+# ``--parts sweep`` (the profile and the sweep alone) gives the sweep the whole budget: longer hard limits, so that
+# rounds of a slower box still end inside them (set per mode over the sizes above)
+SWEEP_ONLY = {'gpu': dict(sweep_cap_s=400, first_hard_s={3: 80.0, 4: 100.0}, hard_max_s=90.0),
+              'quick': {}, 'cpu-smoke': {}}
 RESULTS = 'results.json'
 # ``--parts``: the issue's measurements (the default, within the 8-minute budget), or the arena's speculation arms
 # alone (``bench/gpu.sh --arena``: about 2 x arena_cap_s at most, after the set-up).
 PART_SETS = {'all': ('profile', 'selfplay_sweep', 'trainer', 'memory', 'online'),
+             'sweep': ('profile', 'selfplay_sweep'),
              'arena': ('arena_speculation',)}
 TABLE = 'results.md'
 
@@ -201,7 +208,8 @@ def run(a):
     """The driver: the parts of ``--parts`` within the budget; results.json and results.md in ``--out``."""
     import torch
 
-    sizes = apply_overrides(MODES[mode_of(a)], a.set or [])
+    sizes = dict(MODES[mode_of(a)], **(SWEEP_ONLY[mode_of(a)] if a.parts == 'sweep' else {}))
+    sizes = apply_overrides(sizes, a.set or [])
     out_dir = pathlib.Path(a.out).resolve()
     logs = out_dir / 'logs'
     logs.mkdir(parents=True, exist_ok=True)
@@ -315,7 +323,8 @@ def main(argv=None):
                    help='override one size of the mode (JSON value; games.4=16 for one version); repeatable')
     r.add_argument('--setup-json', default=None, help="the set-up's record (written by bench/gpu.sh)")
     r.add_argument('--parts', choices=sorted(PART_SETS), default='all',
-                   help="all: the measurements within 8 minutes; arena: speculate_passes off/on in bench/arena.py")
+                   help="all: the measurements within 8 minutes; sweep: the profile and the self-play sweep alone, "
+                        "with longer rounds; arena: speculate_passes off/on in bench/arena.py")
     w = sub.add_parser('selfplay-worker')
     w.add_argument('--index', type=int, required=True)
     w.add_argument('--device', required=True)

@@ -3,12 +3,13 @@
 # sweep over 1-12 client processes at versions 3 and 4, trainer, memory and the learner's idle fraction with
 # Mortal's 192x40 network, all within 8 minutes on one GPU.
 #
-#   bash bench/gpu.sh [--quick|--cpu-smoke] [--arena] [--set KEY=VALUE ...] [DIR]
+#   bash bench/gpu.sh [--quick|--cpu-smoke] [--sweep|--arena] [--set KEY=VALUE ...] [DIR]
 #
 # Results: results.json, results.md, setup.json and logs.tar.gz (logs/ outside $OUT) in $OUT if set, else DIR
 # (default bench-gpu-results/). --quick: every part on the GPU with a small network, within 2 minutes, set-up
 # included. --cpu-smoke: no set-up, a tiny network on the CPU, seconds per part (CI: tests/test_bench_gpu.py).
-# --arena: instead of those parts, the arena with speculate_passes off and on. --set: one size of the mode.
+# --sweep: the profile and the self-play sweep alone, with the whole budget. --arena: instead of those parts, the
+# arena with speculate_passes off and on. --set: one size of the mode (bench/gpu.py's sizes).
 # Set-up never calls a package index: the wheels in .whl/ (bash scripts/device_wheels.sh, on a machine with one)
 # go into a temporary site folder on PYTHONPATH; an installed CUDA torch is kept; the compiled core is built.
 set -uo pipefail
@@ -27,8 +28,9 @@ for arg in "$@"; do
         --cpu-smoke) SMOKE=1 ;;
         --quick) MODE=(--quick) ;;
         --arena) PARTS=arena ;;
+        --sweep) PARTS=sweep ;;
         --set) NEXT_IS_SET=1 ;;
-        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
         -*) echo "bench/gpu.sh: unknown option $arg" >&2; exit 2 ;;
         '') echo "bench/gpu.sh: DIR is empty (it would put the results in /)" >&2; exit 2 ;;
         *) [ -z "$DIR" ] || { echo "bench/gpu.sh: one DIR only, got $DIR and $arg" >&2; exit 2; }

@@ -110,7 +110,82 @@ def test_gpu_sh_help_is_the_header_alone():
                           timeout=30)
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0 and all(line.startswith('#') for line in lines), lines
-    assert lines[-1].startswith('# A CUDA build of torch')
+    assert lines[-1].startswith('# go into a temporary site folder on PYTHONPATH')
+
+
+def test_gpu_sh_sets_up_offline(tmp_path):
+    # the device's Python has no package index: scripts/setup.sh's pip calls hung or failed there, before any part ran
+    (tmp_path / 'out' / 'logs').mkdir(parents=True)  # mkdir is a stub
+    rc, err, calls = _gpu_sh(tmp_path, str(tmp_path / 'out'))
+    pips = [c for c in calls if ' -m pip ' in f' {c} ']
+    assert all('--no-index' in c and 'download' not in c for c in pips), pips
+    assert any(c.endswith('setup.py -q build_ext --inplace') for c in calls), calls
+    assert not [c for c in calls if 'scripts/setup.sh' in c]
+    driver = [c for c in calls if 'bench/gpu.py run' in c]
+    assert len(driver) == 1 and '--parts all' in driver[0] and '--quick' not in driver[0], calls
+
+
+def test_gpu_sh_passes_quick_sweep_and_sizes_to_the_driver(tmp_path):
+    rc, err, calls = _gpu_sh(tmp_path, '--quick', '--sweep', '--set', 'games.4=16', str(tmp_path / 'out'))
+    driver = [c for c in calls if 'bench/gpu.py run' in c]
+    assert len(driver) == 1, calls
+    assert ' --quick --set games.4=16 ' in driver[0] and driver[0].endswith('--parts sweep'), driver
+    (tmp_path / 'x').mkdir()
+    rc, err, calls = _gpu_sh(tmp_path / 'x', '--set')
+    assert (rc, calls) == (2, []) and 'bench/gpu.sh: --set needs KEY=VALUE' in err
+
+
+def test_sizes_overrides():
+    sizes = gpu.apply_overrides(gpu.GPU_SIZES, ['games.4=16', 'clients=[1,4]', 'online_window_s=50.5'])
+    assert sizes['games'] == {3: 32, 4: 16} and sizes['clients'] == (1, 4) and sizes['online_window_s'] == 50.5
+    assert gpu.GPU_SIZES['games'] == {3: 32, 4: 32}  # a copy: the mode's sizes stay
+    for bad, msg in (('nosuch=1', "no size 'nosuch'"), ('games.5=1', "games has no entry 5"),
+                     ('games', 'expected KEY=VALUE'), ('budget_s.3=1', "no size 'budget_s.3'")):
+        with pytest.raises(SystemExit, match=msg):
+            gpu.apply_overrides(gpu.GPU_SIZES, [bad])
+
+
+def test_client_counts_follow_the_cores():
+    from bench.gpu_selfplay import client_counts
+    assert client_counts(gpu.GPU_SIZES, 16) == [1, 2, 4, 8, 12]
+    assert client_counts(gpu.GPU_SIZES, 8) == [1, 2, 4, 8]
+    assert client_counts(gpu.GPU_SIZES, 1) == [1]
+
+
+def test_a_sweep_count_sums_its_clients_and_says_when_no_game_finished(tmp_path):
+    from bench.gpu_selfplay import _collect, _finish_entry, _rows_per_game, best_counts
+    flags = tmp_path / 'flags'
+    flags.mkdir()
+    files = []
+    recs = [  # client 0 finished one round of 32 games in 40 s; client 1 none, but 5 games ended in its 30 s window
+        {'status': 'ok', 'rounds': 1, 'games': 32, 'round_s': 40.0, 'games_finished': 32, 'seconds': 41.0,
+         'hanchan_per_hour': 2880.0, 'rows_per_s': 800.0, 'rows_per_forward': 24.0, 'aborted': False,
+         'rows_per_game': 1000.0},
+        {'status': 'ok', 'rounds': 0, 'games': 0, 'round_s': None, 'games_finished': 5, 'seconds': 30.0,
+         'hanchan_per_hour': 600.0, 'rows_per_s': 700.0, 'rows_per_forward': 20.0, 'aborted': True,
+         'rows_per_game': None}]
+    for i, rec in enumerate(recs):
+        f = tmp_path / f'client{i}.json'
+        f.write_text(json.dumps({'versions': {'3': {'2': rec}}}))
+        files.append(f)
+        (flags / f'done.3.2.{i}').touch()
+    e = _collect([], files, flags, 3, 2, 0)
+    assert e['status'] == 'ok' and e['games_finished'] == 37 and e['rounds'] == 1
+    assert e['hanchan_per_hour'] == 3480.0 and e['basis'] == 'games finished in the window'
+    assert e['rows_per_s'] == 1500.0 and e['rows_per_forward'] == 22.0 and e['aborted'] is True
+    none = {'status': 'ok', 'hanchan_per_hour': None, 'rows_per_s': 2000.0, 'seconds': 12.0, 'games_per_round': 32}
+    out = {'v3': {'2': e, '4': none}, 'v4': {}}
+    per_game = _rows_per_game(out)
+    assert per_game == {3: 1000.0}
+    _finish_entry(none, per_game[3])
+    assert none['hanchan_per_hour_from_rows'] == 7200.0  # 2000 rows/s / 1000 rows per game * 3600
+    assert none['note'] == 'no game finished in 12 s (rounds of 32 games): hanchan/h only estimated from rows'
+    assert best_counts(out) == {3: (2, 3480.0)}
+    text = gpu.table({'meta': {'mode': 'gpu', 'parts': 'all'}, 'selfplay_sweep': out})
+    assert '| self-play v3, 2 client(s) | hanchan/h [games finished, basis] (rows/s) | 3,480.0 [37 games, games ' \
+           'finished in the window] (1,500.0) |' in text
+    assert '| self-play v3, 4 client(s) | hanchan/h [games finished, basis] (rows/s) | no game finished in 12.0 s; ' \
+           'estimate from rows 7,200.0 (2,000.0) |' in text
 
 
 @pytest.mark.slow
@@ -128,23 +203,42 @@ def test_cpu_smoke_writes_every_figure(tmp_path):
     assert 0 < meta['total_s'] < meta['budget_s']
     assert r['setup']['status'] == 'skipped'
 
-    for clients, key in ((1, 'selfplay_1_client'), (2, 'selfplay_2_clients')):
-        for v in (3, 4):
-            e = r[key][f'v{v}']
-            assert e['status'] == 'ok' and e['version'] == v and e['clients'] == clients, e
-            assert e['hanchan_per_hour'] > 0 and e['rows_per_s'] > 0
-            assert len(e['per_client']) == clients
+    sw = r['selfplay_sweep']
+    assert sw['counts'] == [1, 2][:os.cpu_count()] and sw['network'] == '16x1'
+    for v in (3, 4):
+        for n in sw['counts']:
+            e = sw[f'v{v}'][str(n)]
+            assert e['status'] == 'ok' and e['version'] == v and e['clients'] == n, e
+            assert e['rows_per_s'] > 0 and len(e['per_client']) == n
+            assert e['games_finished'] == sum(c['games_finished'] for c in e['per_client'])
             for c in e['per_client']:
-                assert c['rows'] > 0 and c['rows_per_forward'] >= 1
+                assert c['rows'] > 0 and c['rows_per_forward'] >= 1 and 0 < c['cpu_fraction'] <= 1.5
                 assert c['peak_memory'] == {'allocated': None, 'reserved': None}
-    # the 1-client v3 round runs to its end: whole games of hundreds of decisions each; the smoke stops the other
-    # rounds after 2 s, and their hanchan/h come from the rows per game of that round
-    v3 = r['selfplay_1_client']['v3']
-    assert v3['games'] == 4 and not v3['aborted'] and v3['per_client'][0]['rows_per_game'] > 100
-    per_game = v3['per_client'][0]['rows_per_game']
-    for c in r['selfplay_2_clients']['v3']['per_client']:
-        if c['aborted']:
-            assert c['hanchan_per_hour'] == pytest.approx(c['rows_per_s'] / per_game * 3600, rel=0.01)
+            if e['hanchan_per_hour'] is None:  # no game finished: said so, and an estimate only from rows
+                assert e['games_finished'] == 0 and e['note'].startswith('no game finished in')
+            else:
+                assert e['games_finished'] > 0 and e['basis'] in ('whole rounds', 'games finished in the window')
+    # the 1-client v3 round runs to its end (its hard limit is long): 4 whole games of hundreds of decisions each,
+    # timed one by one as they end; the later counts are stopped early and estimated from its rows per game
+    v3 = sw['v3']['1']
+    c = v3['per_client'][0]
+    assert v3['basis'] == 'whole rounds' and c['rounds'] >= 1 and c['games'] == 4 * c['rounds']
+    assert c['games_finished'] >= c['games'] and c['rows_per_game'] > 100
+    assert v3['hanchan_per_hour'] == pytest.approx(c['games'] / (c['round_s'] * c['rounds']) * 3600, rel=0.01)
+    for n in sw['counts'][1:]:
+        e = sw['v3'][str(n)]
+        assert e['rows_per_game_ref'] == c['rows_per_game']
+        assert e['hanchan_per_hour_from_rows'] == pytest.approx(e['rows_per_s'] / c['rows_per_game'] * 3600, rel=0.01)
+
+    p = r['profile']
+    assert p['version'] == 3 and p['games'] == 4
+    s = p['split']
+    assert s['status'] == 'ok' and s['forwards'] > 0 and s['rows_per_forward'] >= 1
+    assert s['cycle_ms'] == pytest.approx(s['arena_ms'] + s['engine_ms'], abs=0.01)
+    assert s['engine_cpu_ms'] <= s['engine_ms'] * 1.05 and s['engine_gpu_span_ms'] is None  # CPU: no CUDA events
+    assert p['profiler']['status'] == 'ok' and p['profiler']['forwards'] > 0
+    assert p['profiler']['gpu_busy_ms'] is None and p['explained'].startswith(f"{s['cycle_ms']:.1f} ms per cycle")
+    assert 'Self CPU' in (out / 'logs' / 'profile_ops.txt').read_text()
 
     t = r['trainer']
     assert t['batch_size'] == 256 and t['samples']['batches'] >= 1
@@ -168,6 +262,7 @@ def test_cpu_smoke_writes_every_figure(tmp_path):
     assert o['wait_s'] == pytest.approx(sum(o['drain_waits_s']) + o['ongoing_wait_at_stop_s'], abs=0.02)
     assert o['drains'] == len(o['drain_waits_s'])
     assert o['selfplay_logs_submitted'] >= 0 and o['selfplay_hanchan_per_hour'] >= 0
+    assert o['steps'] is None or o['steps_per_s'] == pytest.approx(o['steps'] / o['window_s'], rel=0.01)
     assert 'hanchan/h' in (out / 'results.md').read_text()
 
 
@@ -181,7 +276,7 @@ def test_cpu_smoke_arena_measures_both_speculation_arms(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads((out / 'results.json').read_text())
     assert r['errors'] == {} and r['meta']['parts'] == 'arena'
-    assert 'selfplay_1_client' not in r and 'online' not in r  # only the arena part ran
+    assert 'selfplay_sweep' not in r and 'online' not in r  # only the arena part ran
     a = r['arena_speculation']
     assert a['games'] == 4 and a['network'] == '16x1'
     for arm, flag in (('off', False), ('on', True)):
@@ -214,44 +309,46 @@ def test_the_table_names_the_status_of_a_failed_or_skipped_default_part():
     # results.md showed dashes for these (as for a part still running); their status was only in results.json
     results = {'meta': {'mode': 'gpu', 'parts': 'all', 'total_s': 470.0, 'budget_s': 470},
                'setup': {'status': 'ok', 'seconds': 40.0},
-               'errors': {'selfplay_1_client': 'Traceback ...\nTimeoutError: only 5 s of the budget left'},
-               'selfplay_1_client': {'status': 'failed: TimeoutError: only 5 s of the budget left', 'part_s': 0.1},
-               'selfplay_2_clients': {
-                   'v3': {'status': 'ok', 'hanchan_per_hour': 1234.5, 'rows_per_s': 678.9},
-                   'v4': {'status': 'failed: RuntimeError: a client ended | or ran out of time before version 4\n'
-                                    'second line (see logs/selfplay2_client*.log)'}},
+               'errors': {'profile': 'Traceback ...\nTimeoutError: only 5 s of the budget left'},
+               'profile': {'status': 'failed: TimeoutError: only 5 s of the budget left', 'part_s': 0.1},
+               'selfplay_sweep': {
+                   'v3': {'1': {'status': 'ok', 'hanchan_per_hour': 1234.5, 'rows_per_s': 678.9, 'games_finished': 32,
+                                'basis': 'whole rounds'}},
+                   'v4': {'1': {'status': 'failed: RuntimeError: a client ended | or overran its hard limit\n'
+                                          'second line (see logs/sweep_client*.log)'},
+                          '2': {'status': "skipped: 3 s left of version 4's time"}}},
                'trainer': {'batch_size': 256, 'amp_off': {'status': 'ok', 'steps_per_s': 3.25},
                            'amp_on': {'status': 'failed (exit -9; see logs/trainer.log)'}},
                'memory': {'status': 'skipped: torch sees no CUDA device (see setup)', 'part_s': 0.0},
                'online': {'status': 'failed: TimeoutError: the learner did not submit its parameters in time'}}
     rows = gpu.table(results).splitlines()
-    assert '| self-play v3, 1 client(s) | hanchan/h (rows/s) | failed: TimeoutError: only 5 s of the budget left |' \
-        in rows
-    assert '| self-play v4, 1 client(s) | hanchan/h (rows/s) | failed: TimeoutError: only 5 s of the budget left |' \
-        in rows
-    assert '| self-play v3, 2 client(s) | hanchan/h (rows/s) | 1,234.5 (678.9) |' in rows
+    assert "| profile | one client's cycle | failed: TimeoutError: only 5 s of the budget left |" in rows
+    cell = '| self-play v{} | hanchan/h [games finished, basis] (rows/s) | {} |'
+    assert cell.format('3, 1 client(s)', '1,234.5 [32 games, whole rounds] (678.9)') in rows
     # one line of the status, its '|' escaped, so the row stays one row of three cells
-    assert '| self-play v4, 2 client(s) | hanchan/h (rows/s) | failed: RuntimeError: a client ended \\| or ran out ' \
-           'of time before version 4 |' in rows
+    assert cell.format('4, 1 client(s)', 'failed: RuntimeError: a client ended \\| or overran its hard limit') in rows
+    assert cell.format('4, 2 client(s)', "skipped: 3 s left of version 4's time") in rows
     assert '| trainer amp_off | steps/s at batch 256 | 3.25 |' in rows
     assert '| trainer amp_on | steps/s at batch 256 | failed (exit -9; see logs/trainer.log) |' in rows
     assert '| memory | GiB allocated / reserved / doctor | skipped: torch sees no CUDA device (see setup) |' in rows
     assert '| online - s | learner idle fraction (after 1st drain) | failed: TimeoutError: the learner did not ' \
            'submit its parameters in time |' in rows
-    assert '| online | self-play hanchan/h beside the learner, steps trained | failed: TimeoutError: the learner ' \
-           'did not submit its parameters in time |' in rows
-    assert '| selfplay_1_client | FAILED | TimeoutError: only 5 s of the budget left |' in rows
+    assert '| online, - clients | self-play hanchan/h beside the learner, steps trained (per s) | failed: ' \
+           'TimeoutError: the learner did not submit its parameters in time |' in rows
+    assert '| profile | FAILED | TimeoutError: only 5 s of the budget left |' in rows
 
 
 def test_the_table_shows_dashes_for_a_part_that_has_not_ended():
     results = {'meta': {'mode': 'gpu', 'parts': 'all', 'total_s': 60.0, 'budget_s': 470},
                'setup': {'status': 'ok', 'seconds': 40.0}, 'errors': {},
-               'selfplay_1_client': {'v3': {'status': 'ok', 'hanchan_per_hour': 1000.0, 'rows_per_s': 500.0},
-                                     'v4': {'status': 'ok', 'hanchan_per_hour': None, 'rows_per_s': 400.0}}}
+               'selfplay_sweep': {'v3': {'1': {'status': 'ok', 'hanchan_per_hour': 1000.0, 'rows_per_s': 500.0,
+                                               'games_finished': 8, 'basis': 'whole rounds'},
+                                         '2': {'status': 'ok', 'rows_per_s': 400.0}}}}
     rows = gpu.table(results).splitlines()
-    assert '| self-play v3, 1 client(s) | hanchan/h (rows/s) | 1,000.0 (500.0) |' in rows
-    assert '| self-play v4, 1 client(s) | hanchan/h (rows/s) | - (400.0) |' in rows
-    assert '| self-play v3, 2 client(s) | hanchan/h (rows/s) | - (-) |' in rows
+    cell = '| self-play v3, {} client(s) | hanchan/h [games finished, basis] (rows/s) | {} |'
+    assert cell.format(1, '1,000.0 [8 games, whole rounds] (500.0)') in rows
+    assert cell.format(2, '- (400.0)') in rows
+    assert not [r for r in rows if r.startswith('| profile')]
     assert '| trainer amp_on | steps/s at batch None | - |' in rows
     assert not [r for r in rows if r.startswith('| memory')]
-    assert '| online | self-play hanchan/h beside the learner, steps trained | -, - |' in rows
+    assert '| online, - clients | self-play hanchan/h beside the learner, steps trained (per s) | -, - (-/s) |' in rows
