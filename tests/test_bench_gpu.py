@@ -67,14 +67,16 @@ def test_submitted_logs_in_the_window():
     assert gpu.submitted_logs(text, at('00:00:10'), at('00:01:00')) == 192
 
 
-def _gpu_sh(tmp_path, *args):
+def _gpu_sh(tmp_path, *args, bare_python=False):
     """bench/gpu.sh ``args`` with rm, mkdir, tee and python stubbed to record their arguments (nothing is run or
-    removed, whatever the script does): (returncode, stderr, the stubs' calls)."""
+    removed, whatever the script does): (returncode, stderr, the stubs' calls). ``bare_python``: its checks
+    (``python -c``, ``-I``, ``-``) fail, as on a machine that lacks the project's packages."""
     stubs = tmp_path / 'stubs'
     stubs.mkdir()
     calls = tmp_path / 'calls'
     for name in ('rm', 'mkdir', 'tee', 'python'):
-        (stubs / name).write_text(f'#!/bin/sh\necho {name} "$@" >> {calls}\n')
+        fail = 'case "$1" in -c|-I|-) exit 1;; esac\n' if bare_python and name == 'python' else ''
+        (stubs / name).write_text(f'#!/bin/sh\necho {name} "$@" >> {calls}\n{fail}')
         (stubs / name).chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in ('OUT', 'BENCH_T0')}
     env.update(PATH=f"{stubs}:{env['PATH']}", PYTHON=str(stubs / 'python'))
@@ -116,7 +118,7 @@ def test_gpu_sh_help_is_the_header_alone():
 def test_gpu_sh_sets_up_offline(tmp_path):
     # the device's Python has no package index: scripts/setup.sh's pip calls hung or failed there, before any part ran
     (tmp_path / 'out' / 'logs').mkdir(parents=True)  # mkdir is a stub
-    rc, err, calls = _gpu_sh(tmp_path, str(tmp_path / 'out'))
+    rc, err, calls = _gpu_sh(tmp_path, str(tmp_path / 'out'), bare_python=True)
     pips = [c for c in calls if ' -m pip ' in f' {c} ']
     assert all('--no-index' in c and 'download' not in c for c in pips), pips
     assert any(c.endswith('setup.py -q build_ext --inplace') for c in calls), calls
