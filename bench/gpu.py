@@ -79,19 +79,21 @@ from bench.gpu_trainer import part_trainer, trainer_worker
 # Self-play sweep (bench/gpu_selfplay.py): clients: the counts (up to the box's cores); games: games per round of a
 # client, per version; box_s: the first count's box (another round only if it should end within it); first_hard_s:
 # the first count's hard limit (long enough for a round to end: its round time is the box of the later counts);
-# hard_max_s / min_hard_s: a later count's hard limit (its share of the version's time) at most / at least (else
-# skipped); version_share: the part of the sweep's time left that a version may take. Profile (gpu_profile.py): one
+# hard_max_s / min_hard_s: a later count's hard limit (its share of the version's time) at most (when no first round
+# ended) / at least (else skipped); round_slowdown: a later count's round time over the first's, planned for (its
+# clients share the card; bench/gpu_selfplay.py's plan_counts); version_share: the part of the sweep's time left that a version may take. Profile (gpu_profile.py): one
 # client's rounds of profile_games games, profile_split_s unprofiled then profile_profiler_s under torch.profiler.
 # online_concurrent (smoke only, whose figures mean nothing): the online run beside the other parts.
 _COMMON = dict(warmup=False, online_concurrent=False, version_share={3: 0.45, 4: 1.0}, count_overhead_s=2.0,
+               round_slowdown=1.3,
                trainer_version=4, online_version=4, profile_version=3, test_games=3000, num_workers=4)
 GPU_SIZES = dict(
     _COMMON, budget_s=470, channels=192, blocks=40, warmup=True,
     clients=(1, 2, 4, 8, 12), games={3: 32, 4: 32}, box_s={3: 20.0, 4: 25.0}, first_hard_s={3: 45.0, 4: 55.0},
-    hard_max_s=60.0, min_hard_s=8.0, sweep_cap_s=200,
+    hard_max_s=60.0, min_hard_s=8.0, sweep_cap_s=250,
     profile_games=128, profile_split_s=10.0, profile_profiler_s=4.0, profile_cap_s=60,
     trainer_box_s=8.0, trainer_cap_s=80, test_box_s=6.0,
-    online_clients=8, online_games=32, online_window_s=100.0, online_margin_s=25.0, arena_seeds=32, arena_cap_s=150,
+    online_clients=8, online_games=32, online_window_s=80.0, online_margin_s=20.0, arena_seeds=32, arena_cap_s=150,
 )
 QUICK_SIZES = dict(  # the machinery on the GPU within 2 minutes, set-up included; its figures mean little
     _COMMON, budget_s=115, channels=32, blocks=2, warmup=True,

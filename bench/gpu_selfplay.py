@@ -15,8 +15,9 @@ games:
 * no game finished: ``hanchan_per_hour`` is None and ``status`` says so; ``hanchan_per_hour_from_rows`` is then the
   rows/s over the rows per game of this version's finished rounds elsewhere in the part (an estimate, named so).
 
-The first count of a version (N = 1) runs until its first round ends (within ``first_hard_s``): its round time is the
-box of the later counts, whose hard limits share what is left of the version's time.
+The first count of a version (N = 1) runs until its first round ends (within ``first_hard_s``): its round time sizes
+the later counts (``plan_counts``): as many as the version's time left holds with a whole round each are measured
+(the largest first), the others are skipped and say why.
 """
 
 import json
@@ -242,27 +243,54 @@ def _run_version(ctx, version, counts, procs, results, flags, v_deadline):
                 (flags / f'go.{version}.{n}').write_text(json.dumps({'skip': True}))
             return entries
         time.sleep(0.05)
-    ref_round = None
+    first = counts[0]
+    left = v_deadline - time.monotonic() - sizes['count_overhead_s']
+    plan = {first: (min(sizes['first_hard_s'][version], left), sizes['box_s'][version])}
     for k, n in enumerate(counts):
-        left = v_deadline - time.monotonic() - sizes['count_overhead_s'] * (len(counts) - k)
-        if k == 0:
-            hard = min(sizes['first_hard_s'][version], left)
-            box = sizes['box_s'][version]
-        else:
-            hard = min(left / (len(counts) - k), sizes['hard_max_s'])
-            box = min(ref_round or sizes['box_s'][version], hard)
+        if k == 1:  # the first count's round time sizes the others
+            ref = entries[str(first)].get('round_s') if entries[str(first)].get('status') == 'ok' else None
+            plan, skipped = plan_counts(counts[1:], ref, v_deadline - time.monotonic(), sizes, version)
+            for m, why in skipped.items():
+                entries[str(m)] = {'status': why, 'clients': m, 'version': version}
         go = flags / f'go.{version}.{n}'
-        if hard < sizes['min_hard_s']:
+        if n not in plan or plan[n][0] < sizes['min_hard_s']:
             go.write_text(json.dumps({'skip': True}))
-            entries[str(n)] = {'status': f'skipped: {max(hard, 0):.0f} s left of version {version}\'s time',
-                               'clients': n, 'version': version}
+            entries.setdefault(str(n), {'status': f"skipped: {max(plan.get(n, (0,))[0], 0):.0f} s left of version "
+                                                  f"{version}'s time", 'clients': n, 'version': version})
             continue
+        hard, box = plan[n]
         go.write_text(json.dumps({'box_s': box, 'hard_s': hard}))
         entry = entries[str(n)] = _collect(procs[:n], results[:n], flags, version, n, time.monotonic() + hard + 30)
         entry.update(box_s=round(box, 1), hard_s=round(hard, 1), games_per_round=sizes['games'][version])
-        if k == 0 and entry.get('round_s'):
-            ref_round = entry['round_s']
     return entries
+
+
+def plan_counts(rest, ref_round, left, sizes, version):
+    """The hard limit and box of each later client count, and why the others are skipped.
+
+    ``rest``: the counts after the first; ``ref_round``: the first count's round time (s; None when no round
+    ended); ``left``: seconds left of the version's time. Without a round time the counts share ``left`` equally
+    (each at most ``hard_max_s``). With one, a count needs ``ref_round * round_slowdown`` (its clients share the
+    card) plus ``count_overhead_s`` for its round to end: as many counts as ``left`` holds are measured, the largest
+    first, then those nearest the middle of the range (the geometric mean of 1 and the largest), each with an equal
+    share; the others are skipped, saying why. Returns ``({count: (hard_s, box_s)}, {count: reason})``."""
+    import math
+    overhead = sizes['count_overhead_s']
+    if not rest:
+        return {}, {}
+    if not ref_round:
+        hard = min(left / len(rest) - overhead, sizes['hard_max_s'])
+        return {n: (hard, min(sizes['box_s'][version], hard)) for n in rest}, {}
+    need = ref_round * sizes['round_slowdown'] + overhead
+    fit = min(len(rest), int(left // need))
+    middle = math.log(max(rest)) / 2
+    order = [max(rest)] + sorted((n for n in rest if n != max(rest)), key=lambda n: abs(math.log(n) - middle))
+    chosen = set(order[:fit])
+    hard = left / fit - overhead if fit else 0.0
+    skipped = {n: f"skipped: a round took {ref_round:.0f} s with 1 client; the {left:.0f} s left of version "
+                  f"{version}'s time held {fit} of the {len(rest)} later counts" for n in rest if n not in chosen}
+    # another round only when it should end within the hard limit
+    return {n: (hard, hard) for n in rest if n in chosen}, skipped
 
 
 def _collect(procs, results, flags, version, n, wait_until):

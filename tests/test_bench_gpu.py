@@ -354,3 +354,26 @@ def test_the_table_shows_dashes_for_a_part_that_has_not_ended():
     assert '| trainer amp_on | steps/s at batch None | - |' in rows
     assert not [r for r in rows if r.startswith('| memory')]
     assert '| online, - clients | self-play hanchan/h beside the learner, steps trained (per s) | -, - (-/s) |' in rows
+
+
+def test_plan_counts_measures_what_fits_with_a_whole_round_each():
+    from bench.gpu_selfplay import plan_counts
+    sizes = dict(gpu.GPU_SIZES, count_overhead_s=2.0, round_slowdown=1.3, hard_max_s=60.0)
+    # a 40 s round at 1 client: a later count needs 40 * 1.3 + 2 = 54 s; 120 s hold two counts of 120/2 - 2 = 58 s:
+    # 12 (the largest), then 4 (nearest the geometric middle of 1..12, 3.46)
+    plan, skipped = plan_counts([2, 4, 8, 12], 40.0, 120.0, sizes, 3)
+    assert plan == {4: (58.0, 58.0), 12: (58.0, 58.0)}
+    assert set(skipped) == {2, 8}
+    assert skipped[2] == "skipped: a round took 40 s with 1 client; the 120 s left of version 3's time held 2 of " \
+                         "the 4 later counts"
+    # a 10 s round: all four fit (15 s each), each with (300 / 4 - 2) s
+    plan, skipped = plan_counts([2, 4, 8, 12], 10.0, 300.0, sizes, 4)
+    assert plan == {n: (73.0, 73.0) for n in (2, 4, 8, 12)} and skipped == {}
+    # no round ended at 1 client: equal shares, each at most hard_max_s, the box of the mode
+    plan, skipped = plan_counts([2, 4], None, 100.0, sizes, 4)
+    assert plan == {2: (48.0, 25.0), 4: (48.0, 25.0)} and skipped == {}
+    plan, _ = plan_counts([2, 4], None, 300.0, sizes, 3)
+    assert plan == {2: (60.0, 20.0), 4: (60.0, 20.0)}
+    # not even one fits
+    plan, skipped = plan_counts([2], 100.0, 50.0, sizes, 3)
+    assert plan == {} and skipped[2].startswith('skipped: a round took 100 s')
