@@ -76,24 +76,27 @@ from bench.gpu_selfplay import part_selfplay, selfplay_worker
 from bench.gpu_trainer import part_trainer, trainer_worker
 
 # Sizes of the three modes. budget_s: the whole run, set-up included, from BENCH_T0 (set by bench/gpu.sh).
-# Self-play sweep (bench/gpu_selfplay.py): clients: the counts (up to the box's cores); games: games per round of a
-# client, per version; box_s: the first count's box (another round only if it should end within it); first_hard_s:
-# the first count's hard limit (long enough for a round to end: its round time is the box of the later counts);
-# hard_max_s / min_hard_s: a later count's hard limit (its share of the version's time) at most (when no first round
-# ended) / at least (else skipped); round_slowdown: a later count's round time over the first's, planned for (its
-# clients share the card; bench/gpu_selfplay.py's plan_counts); version_share: the part of the sweep's time left that a version may take. Profile (gpu_profile.py): one
-# client's rounds of profile_games games, profile_split_s unprofiled then profile_profiler_s under torch.profiler.
-# online_concurrent (smoke only, whose figures mean nothing): the online run beside the other parts.
-_COMMON = dict(warmup=False, online_concurrent=False, version_share={3: 0.45, 4: 1.0}, count_overhead_s=2.0,
-               round_slowdown=1.3,
+# Self-play sweep (bench/gpu_selfplay.py): clients: the counts (up to the box's cores), measured largest first, then
+# 1, then the others; games: games per round of a client, per version; box_s / first_hard_s: the first count's box
+# (another round only if it should end within it) and hard limit (long enough for a round to end: its round time
+# plans the later counts); hard_max_s / min_hard_s: a later count's hard limit at most (when no first round ended)
+# / at least (else skipped); round_slowdown: a later count's round time over the first's, planned for
+# (plan_counts); sweep_versions: the versions swept; version_share: the part of the sweep's time left that a version
+# (not the last) may take. Profile (gpu_profile.py): one client's round of profile_games games, profile_split_s
+# unprofiled then profile_profiler_s under torch.profiler. online_concurrent (smoke only, whose figures mean
+# nothing): the online run beside the other parts.
+# The GPU run's sizes follow the last H200 run (docs/performance_gpu.md): a round is about 1,500 forwards of 30-45 ms
+# at v3 and 45-95 ms at v4, so a whole round takes about 50 s at v3 (64 games) and 80 s at v4 (32 games).
+_COMMON = dict(warmup=False, online_concurrent=False, sweep_versions=(3, 4), version_share={3: 0.42, 4: 1.0},
+               count_overhead_s=2.0, round_slowdown=1.0,
                trainer_version=4, online_version=4, profile_version=3, test_games=3000, num_workers=4)
 GPU_SIZES = dict(
     _COMMON, budget_s=470, channels=192, blocks=40, warmup=True,
-    clients=(1, 2, 4, 8, 12), games={3: 32, 4: 32}, box_s={3: 20.0, 4: 25.0}, first_hard_s={3: 45.0, 4: 55.0},
-    hard_max_s=60.0, min_hard_s=8.0, sweep_cap_s=250,
-    profile_games=128, profile_split_s=10.0, profile_profiler_s=4.0, profile_cap_s=60,
-    trainer_box_s=8.0, trainer_cap_s=80, test_box_s=6.0,
-    online_clients=8, online_games=32, online_window_s=80.0, online_margin_s=20.0, arena_seeds=32, arena_cap_s=150,
+    clients=(1, 2, 4, 8, 12), games={3: 64, 4: 32}, box_s={3: 20.0, 4: 25.0}, first_hard_s={3: 75.0, 4: 100.0},
+    hard_max_s=60.0, min_hard_s=8.0, sweep_cap_s=270,
+    profile_games=128, profile_split_s=8.0, profile_profiler_s=3.0, profile_cap_s=50,
+    trainer_box_s=5.0, trainer_cap_s=60, test_box_s=5.0,
+    online_clients=8, online_games=32, online_window_s=75.0, online_margin_s=20.0, arena_seeds=32, arena_cap_s=150,
 )
 QUICK_SIZES = dict(  # the machinery on the GPU within 2 minutes, set-up included; its figures mean little
     _COMMON, budget_s=115, channels=32, blocks=2, warmup=True,
@@ -106,8 +109,8 @@ QUICK_SIZES = dict(  # the machinery on the GPU within 2 minutes, set-up include
 )
 SMOKE_SIZES = dict(
     _COMMON, budget_s=150, channels=16, blocks=1, online_concurrent=True,
-    clients=(1, 2), games={3: 4, 4: 4}, box_s={3: 0.5, 4: 0.5}, first_hard_s={3: 25.0, 4: 3.0},
-    hard_max_s=3.0, min_hard_s=1.0, count_overhead_s=0.5, sweep_cap_s=70,
+    clients=(1, 2), games={3: 4, 4: 4}, box_s={3: 0.5, 4: 0.5}, first_hard_s={3: 40.0, 4: 3.0},
+    hard_max_s=3.0, min_hard_s=1.0, count_overhead_s=0.5, sweep_cap_s=80, version_share={3: 0.8, 4: 1.0},
     profile_games=4, profile_split_s=1.5, profile_profiler_s=1.0, profile_cap_s=40,
     trainer_version=3, trainer_box_s=1.0, trainer_cap_s=40, test_games=8, test_box_s=0.5, num_workers=0,
     online_version=3, online_clients=1, online_games=4, online_window_s=12.0, online_margin_s=15.0, arena_seeds=1,
@@ -116,7 +119,7 @@ SMOKE_SIZES = dict(
 MODES = {'gpu': GPU_SIZES, 'quick': QUICK_SIZES, 'cpu-smoke': SMOKE_SIZES}
 # ``--parts sweep`` (the profile and the sweep alone) gives the sweep the whole budget: longer hard limits, so that
 # rounds of a slower box still end inside them (set per mode over the sizes above)
-SWEEP_ONLY = {'gpu': dict(sweep_cap_s=400, first_hard_s={3: 80.0, 4: 100.0}, hard_max_s=90.0),
+SWEEP_ONLY = {'gpu': dict(sweep_cap_s=400, hard_max_s=90.0),
               'quick': {}, 'cpu-smoke': {}}
 RESULTS = 'results.json'
 # ``--parts``: the measurements (the default, within the 8-minute budget), or the arena's speculation arms

@@ -51,7 +51,7 @@ def _default_rows(results):
     if _failed(sp):
         lines.append(f"| self-play sweep | hanchan/h | {_failed(sp)} |")
     for v in (3, 4):
-        for n, e in (sp.get(f'v{v}') or {}).items():
+        for n, e in sorted((sp.get(f'v{v}') or {}).items(), key=lambda item: int(item[0])):
             lines.append(f"| self-play v{v}, {n} client(s) | hanchan/h [games finished, basis] (rows/s) | "
                          f"{_failed(e) or _sweep_cell(e)} |")
     tr = results.get('trainer') or {}

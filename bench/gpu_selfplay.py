@@ -15,9 +15,12 @@ games:
 * no game finished: ``hanchan_per_hour`` is None and ``status`` says so; ``hanchan_per_hour_from_rows`` is then the
   rows/s over the rows per game of this version's finished rounds elsewhere in the part (an estimate, named so).
 
-The first count of a version (N = 1) runs until its first round ends (within ``first_hard_s``): its round time sizes
-the later counts (``plan_counts``): as many as the version's time left holds with a whole round each are measured
-(the largest first), the others are skipped and say why.
+The counts run largest first (the box's figure), then 1 (the reference), then the others (``sweep_order``). The
+first runs until its first round ends (within ``first_hard_s``): its round time sizes the later counts
+(``plan_counts``): as many as the version's time left holds with a whole round each are measured, the others are
+skipped and say why. A round is long whatever its games: about 1,500 forwards one after the other (a hanchan's
+decisions), with its first game ending at about 0.6-0.8 of it (measured on CPU, 32 games), so a count without a
+whole round has no honest figure.
 """
 
 import json
@@ -180,41 +183,42 @@ def _play_box(rec, player, mortal, dqn, device, box, counter, clock, start):
 # ---------------------------------------------------------------------------- the driver's side
 
 def part_selfplay(ctx):
-    """The sweep: ``max(counts)`` client processes, per version (3, then 4) each client count in turn. Returns
-    ``{'counts': [...], 'v3': {'1': entry, '2': entry, ...}, 'v4': {...}}``."""
+    """The sweep: ``max(counts)`` client processes, per version of ``sweep_versions`` (3, then 4) each client count
+    in turn. Returns ``{'counts': [...], 'v3': {'1': entry, '2': entry, ...}, 'v4': {...}}``."""
     sizes = ctx['sizes']
-    counts = client_counts(sizes, ctx['cpus'])
+    counts = sweep_order(client_counts(sizes, ctx['cpus']))
     cap = ctx['cap'](sizes['sweep_cap_s'])
     if cap < 20:
         raise TimeoutError(f'only {cap:.0f} s of the budget left')
     deadline = time.monotonic() + cap
     work = ctx['work'] / 'sweep'
+    versions = tuple(sizes['sweep_versions'])
     configs = []
-    for version in (3, 4):
+    for version in versions:
         cfg_path = write_config(work / f'v{version}', sizes=sizes, device=ctx['device'], version=version,
                                 games=sizes['games'][version], clients=max(counts))
         write_models(load(cfg_path))
         configs.append(str(cfg_path))
     flags = work / 'flags'
     flags.mkdir(parents=True, exist_ok=True)
-    procs, results = _start_clients(ctx, counts, work, configs, flags, cap)
-    out = {'counts': counts, 'cpus': ctx['cpus'], 'network': f"{sizes['channels']}x{sizes['blocks']}"}
+    procs, results = _start_clients(ctx, counts, work, versions, configs, flags, cap)
+    out = {'counts': sorted(counts), 'order': counts, 'cpus': ctx['cpus'], 'network': f"{sizes['channels']}x{sizes['blocks']}"}
     try:
-        for version in (3, 4):
-            share = sizes['version_share'][version]
+        for version in versions:
+            share = sizes['version_share'][version] if version != versions[-1] else 1.0
             v_deadline = min(deadline, time.monotonic() + share * (deadline - time.monotonic()))
             out[f'v{version}'] = _run_version(ctx, version, counts, procs, results, flags, v_deadline)
     finally:
         for p in procs:
             ctx['kill'](p)
     per_game = _rows_per_game(out)
-    for version in (3, 4):
+    for version in versions:
         for entry in out[f'v{version}'].values():
             _finish_entry(entry, per_game.get(version))
     return out
 
 
-def _start_clients(ctx, counts, work, configs, flags, cap):
+def _start_clients(ctx, counts, work, versions, configs, flags, cap):
     """Start ``max(counts)`` worker processes; returns them and their result files."""
     sizes = ctx['sizes']
     procs, results = [], []
@@ -223,7 +227,7 @@ def _start_clients(ctx, counts, work, configs, flags, cap):
         result = work / f'client{i}.json'
         results.append(result)
         args = [sys.executable, str(GPU_SCRIPT), 'selfplay-worker', '--index', str(i), '--device', ctx['device'],
-                '--versions', '3,4', '--configs', ','.join(configs), '--counts', ','.join(map(str, counts)),
+                '--versions', ','.join(map(str, versions)), '--configs', ','.join(configs), '--counts', ','.join(map(str, counts)),
                 '--flags', str(flags), '--result', str(result), '--deadline-wall', str(worker_deadline)]
         if sizes['warmup']:
             args.append('--warmup')
@@ -232,7 +236,8 @@ def _start_clients(ctx, counts, work, configs, flags, cap):
 
 
 def _run_version(ctx, version, counts, procs, results, flags, v_deadline):
-    """Each client count of ``version`` in turn, within ``v_deadline`` (monotonic); returns ``{str(N): entry}``."""
+    """Each client count of ``version`` in turn (``counts`` in ``sweep_order``), within ``v_deadline`` (monotonic);
+    returns ``{str(N): entry}``."""
     sizes = ctx['sizes']
     entries = {}
     while not all((flags / f'ready.{version}.{i}').exists() for i in range(len(procs))):
@@ -249,7 +254,7 @@ def _run_version(ctx, version, counts, procs, results, flags, v_deadline):
     for k, n in enumerate(counts):
         if k == 1:  # the first count's round time sizes the others
             ref = entries[str(first)].get('round_s') if entries[str(first)].get('status') == 'ok' else None
-            plan, skipped = plan_counts(counts[1:], ref, v_deadline - time.monotonic(), sizes, version)
+            plan, skipped = plan_counts(counts[1:], first, ref, v_deadline - time.monotonic(), sizes, version)
             for m, why in skipped.items():
                 entries[str(m)] = {'status': why, 'clients': m, 'version': version}
         go = flags / f'go.{version}.{n}'
@@ -265,16 +270,25 @@ def _run_version(ctx, version, counts, procs, results, flags, v_deadline):
     return entries
 
 
-def plan_counts(rest, ref_round, left, sizes, version):
+def sweep_order(counts):
+    """The order the counts are measured in: the largest (the box's figure) first, then 1 (the reference), then the
+    others nearest the middle of the range (the geometric mean of 1 and the largest) first."""
+    import math
+    top = max(counts)
+    rest = sorted((n for n in counts if n not in (top, 1)), key=lambda n: abs(math.log(n) - math.log(top) / 2))
+    return [top] + ([1] if 1 in counts and top != 1 else []) + rest
+
+
+def plan_counts(rest, first, ref_round, left, sizes, version):
     """The hard limit and box of each later client count, and why the others are skipped.
 
-    ``rest``: the counts after the first; ``ref_round``: the first count's round time (s; None when no round
-    ended); ``left``: seconds left of the version's time. Without a round time the counts share ``left`` equally
-    (each at most ``hard_max_s``). With one, a count needs ``ref_round * round_slowdown`` (its clients share the
-    card) plus ``count_overhead_s`` for its round to end: as many counts as ``left`` holds are measured, the largest
-    first, then those nearest the middle of the range (the geometric mean of 1 and the largest), each with an equal
-    share; the others are skipped, saying why. Returns ``({count: (hard_s, box_s)}, {count: reason})``."""
-    import math
+    ``rest``: the counts after the first (``first`` clients), in ``sweep_order``; ``ref_round``: the first count's
+    round time (s; None when no round ended); ``left``: seconds left of the version's time. Without a round time the
+    counts share ``left`` equally (each at most ``hard_max_s``). With one, a count needs ``ref_round *
+    round_slowdown`` plus ``count_overhead_s`` for a whole round: as many counts as ``left`` holds are measured, in
+    their order, each with an equal share of it; the others are skipped, saying why. Returns ``({count: (hard_s,
+    box_s)}, {count: reason})``; a box equal to the hard limit starts another round only when it should end within
+    it."""
     overhead = sizes['count_overhead_s']
     if not rest:
         return {}, {}
@@ -282,15 +296,11 @@ def plan_counts(rest, ref_round, left, sizes, version):
         hard = min(left / len(rest) - overhead, sizes['hard_max_s'])
         return {n: (hard, min(sizes['box_s'][version], hard)) for n in rest}, {}
     need = ref_round * sizes['round_slowdown'] + overhead
-    fit = min(len(rest), int(left // need))
-    middle = math.log(max(rest)) / 2
-    order = [max(rest)] + sorted((n for n in rest if n != max(rest)), key=lambda n: abs(math.log(n) - middle))
-    chosen = set(order[:fit])
+    fit = min(len(rest), int(max(left, 0) // need))
     hard = left / fit - overhead if fit else 0.0
-    skipped = {n: f"skipped: a round took {ref_round:.0f} s with 1 client; the {left:.0f} s left of version "
-                  f"{version}'s time held {fit} of the {len(rest)} later counts" for n in rest if n not in chosen}
-    # another round only when it should end within the hard limit
-    return {n: (hard, hard) for n in rest if n in chosen}, skipped
+    skipped = {n: f"skipped: a round took {ref_round:.0f} s with {first} client(s); the {max(left, 0):.0f} s left of "
+                  f"version {version}'s time held {fit} of the {len(rest)} later counts" for n in rest[fit:]}
+    return {n: (hard, hard) for n in rest[:fit]}, skipped
 
 
 def _collect(procs, results, flags, version, n, wait_until):
@@ -325,7 +335,7 @@ def _rows_per_game(out):
     """Per version, the mean rows per game over the finished rounds of the part (None when none finished)."""
     per_game = {}
     for version in (3, 4):
-        vals = [c['rows_per_game'] for e in out[f'v{version}'].values() for c in e.get('per_client') or []
+        vals = [c['rows_per_game'] for e in (out.get(f'v{version}') or {}).values() for c in e.get('per_client') or []
                 if c and c.get('rows_per_game')]
         if vals:
             per_game[version] = sum(vals) / len(vals)

@@ -139,8 +139,8 @@ def test_gpu_sh_passes_quick_sweep_and_sizes_to_the_driver(tmp_path):
 
 def test_sizes_overrides():
     sizes = gpu.apply_overrides(gpu.GPU_SIZES, ['games.4=16', 'clients=[1,4]', 'online_window_s=50.5'])
-    assert sizes['games'] == {3: 32, 4: 16} and sizes['clients'] == (1, 4) and sizes['online_window_s'] == 50.5
-    assert gpu.GPU_SIZES['games'] == {3: 32, 4: 32}  # a copy: the mode's sizes stay
+    assert sizes['games'] == {3: 64, 4: 16} and sizes['clients'] == (1, 4) and sizes['online_window_s'] == 50.5
+    assert gpu.GPU_SIZES['games'] == {3: 64, 4: 32}  # a copy: the mode's sizes stay
     for bad, msg in (('nosuch=1', "no size 'nosuch'"), ('games.5=1', "games has no entry 5"),
                      ('games', 'expected KEY=VALUE'), ('budget_s.3=1', "no size 'budget_s.3'")):
         with pytest.raises(SystemExit, match=msg):
@@ -207,12 +207,14 @@ def test_cpu_smoke_writes_every_figure(tmp_path):
 
     sw = r['selfplay_sweep']
     assert sw['counts'] == [1, 2][:os.cpu_count()] and sw['network'] == '16x1'
+    assert sw['order'] == sorted(sw['counts'], reverse=True)  # the largest first
+    first = str(sw['order'][0])
     for v in (3, 4):
         for n in sw['counts']:
             e = sw[f'v{v}'][str(n)]
             assert e['version'] == v and e['clients'] == n, e
-            if v == 3 and n > 1 and e['status'].startswith('skipped: a round took'):
-                continue  # the 1-client round left too little of version 3's time for a whole round of 2 clients
+            if v == 3 and str(n) != first and e['status'].startswith('skipped: a round took'):
+                continue  # the first count's round left too little of version 3's time for another whole round
             assert e['status'] == 'ok', e
             assert e['rows_per_s'] > 0 and len(e['per_client']) == n
             assert e['games_finished'] == sum(c['games_finished'] for c in e['per_client'])
@@ -223,19 +225,21 @@ def test_cpu_smoke_writes_every_figure(tmp_path):
                 assert e['games_finished'] == 0 and e['note'].startswith('no game finished in')
             else:
                 assert e['games_finished'] > 0 and e['basis'] in ('whole rounds', 'games finished in the window')
-    # the 1-client v3 round runs to its end (its hard limit is long): 4 whole games of hundreds of decisions each,
-    # timed one by one as they end; the later counts are stopped early and estimated from its rows per game
-    v3 = sw['v3']['1']
-    c = v3['per_client'][0]
-    assert v3['basis'] == 'whole rounds' and c['rounds'] >= 1 and c['games'] == 4 * c['rounds']
-    assert c['games_finished'] >= c['games'] and c['rows_per_game'] > 100
-    assert v3['hanchan_per_hour'] == pytest.approx(c['games'] / (c['round_s'] * c['rounds']) * 3600, rel=0.01)
-    for n in sw['counts'][1:]:
-        e = sw['v3'][str(n)]
-        if e['status'] != 'ok':
-            continue
-        assert e['rows_per_game_ref'] == c['rows_per_game']
-        assert e['hanchan_per_hour_from_rows'] == pytest.approx(e['rows_per_s'] / c['rows_per_game'] * 3600, rel=0.01)
+    # the first v3 count's rounds run to their end (its hard limit is long): 4 whole games of hundreds of decisions
+    # each per client, timed one by one as they end; the v4 counts are stopped early and have no finished game
+    v3 = sw['v3'][first]
+    assert v3['basis'] == 'whole rounds' and v3['rounds'] >= len(v3['per_client'])
+    for c in v3['per_client']:
+        assert c['games'] == 4 * c['rounds'] and c['games_finished'] >= c['games'] and c['rows_per_game'] > 100
+        assert c['hanchan_per_hour'] == pytest.approx(c['games'] / (c['round_s'] * c['rounds']) * 3600, rel=0.01)
+    assert v3['hanchan_per_hour'] == pytest.approx(sum(c['hanchan_per_hour'] for c in v3['per_client']), abs=0.2)
+    finished = [c['rows_per_game'] for e in sw['v3'].values() for c in e.get('per_client') or []
+                if c.get('rows_per_game')]  # every finished round of version 3 in the part
+    per_game = sum(finished) / len(finished)
+    for e in sw['v3'].values():
+        if e['status'] == 'ok':
+            assert e['rows_per_game_ref'] == pytest.approx(per_game, abs=0.1)
+            assert e['hanchan_per_hour_from_rows'] == pytest.approx(e['rows_per_s'] / per_game * 3600, rel=0.01)
 
     p = r['profile']
     assert p['version'] == 3 and p['games'] == 4
@@ -362,23 +366,27 @@ def test_the_table_shows_dashes_for_a_part_that_has_not_ended():
 
 
 def test_plan_counts_measures_what_fits_with_a_whole_round_each():
-    from bench.gpu_selfplay import plan_counts
+    from bench.gpu_selfplay import plan_counts, sweep_order
+    # the largest first (the box's figure), then 1 (the reference), then nearest the geometric middle of 1..12 (3.46)
+    assert sweep_order([1, 2, 4, 8, 12]) == [12, 1, 4, 2, 8]
+    assert sweep_order([1, 2]) == [2, 1] and sweep_order([1]) == [1]
     sizes = dict(gpu.GPU_SIZES, count_overhead_s=2.0, round_slowdown=1.3, hard_max_s=60.0)
-    # a 40 s round at 1 client: a later count needs 40 * 1.3 + 2 = 54 s; 120 s hold two counts of 120/2 - 2 = 58 s:
-    # 12 (the largest), then 4 (nearest the geometric middle of 1..12, 3.46)
-    plan, skipped = plan_counts([2, 4, 8, 12], 40.0, 120.0, sizes, 3)
-    assert plan == {4: (58.0, 58.0), 12: (58.0, 58.0)}
+    # a 40 s round at 12 clients: a later count needs 40 * 1.3 + 2 = 54 s; 120 s hold two counts of 120/2 - 2 = 58 s
+    plan, skipped = plan_counts([1, 4, 2, 8], 12, 40.0, 120.0, sizes, 3)
+    assert plan == {1: (58.0, 58.0), 4: (58.0, 58.0)}
     assert set(skipped) == {2, 8}
-    assert skipped[2] == "skipped: a round took 40 s with 1 client; the 120 s left of version 3's time held 2 of " \
-                         "the 4 later counts"
+    assert skipped[2] == "skipped: a round took 40 s with 12 client(s); the 120 s left of version 3's time held 2 " \
+                         "of the 4 later counts"
     # a 10 s round: all four fit (15 s each), each with (300 / 4 - 2) s
-    plan, skipped = plan_counts([2, 4, 8, 12], 10.0, 300.0, sizes, 4)
-    assert plan == {n: (73.0, 73.0) for n in (2, 4, 8, 12)} and skipped == {}
-    # no round ended at 1 client: equal shares, each at most hard_max_s, the box of the mode
-    plan, skipped = plan_counts([2, 4], None, 100.0, sizes, 4)
-    assert plan == {2: (48.0, 25.0), 4: (48.0, 25.0)} and skipped == {}
-    plan, _ = plan_counts([2, 4], None, 300.0, sizes, 3)
-    assert plan == {2: (60.0, 20.0), 4: (60.0, 20.0)}
-    # not even one fits
-    plan, skipped = plan_counts([2], 100.0, 50.0, sizes, 3)
-    assert plan == {} and skipped[2].startswith('skipped: a round took 100 s')
+    plan, skipped = plan_counts([1, 4, 2, 8], 12, 10.0, 300.0, sizes, 4)
+    assert plan == {n: (73.0, 73.0) for n in (1, 2, 4, 8)} and skipped == {}
+    # no round ended at the first count: equal shares, each at most hard_max_s, the box of the mode
+    plan, skipped = plan_counts([1, 4], 8, None, 100.0, sizes, 4)
+    assert plan == {1: (48.0, 25.0), 4: (48.0, 25.0)} and skipped == {}
+    plan, _ = plan_counts([1, 4], 8, None, 300.0, sizes, 3)
+    assert plan == {1: (60.0, 20.0), 4: (60.0, 20.0)}
+    # not even one fits; nor with the time already over
+    plan, skipped = plan_counts([1], 2, 100.0, 50.0, sizes, 3)
+    assert plan == {} and skipped[1].startswith('skipped: a round took 100 s with 2 client(s); the 50 s left')
+    plan, skipped = plan_counts([1], 2, 100.0, -5.0, sizes, 3)
+    assert plan == {} and 'the 0 s left' in skipped[1]
