@@ -25,7 +25,8 @@ it ends (a part that fails or runs out of time records why and the others still 
   ``mortal.doctor.estimate_memory`` for the same config (the doctor adds a CUDA context, which torch's counters
   do not include, and 25% slack).
 * ``online``: the real server, trainer (``python -m mortal.train``: supervisor + learner) and ``online_clients``
-  clients (rounds of ``online_games`` games, so that their logs arrive while the window runs) for a window from the learner's first idle submission; the learner's idle fraction is the time it spent
+  clients (rounds of ``online_games`` games, so that their logs arrive while the window runs) for a window from the
+  learner's first idle submission; the learner's idle fraction is the time it spent
   waiting for a non-empty drain (each ``drained N logs after X s`` line, plus a wait still running at the stop,
   from the time of the idle submission that began it) over the window, the same after the first drain (the clients'
   first round excluded), the steps trained, and the clients' hanchan/h beside the training learner (logs they
@@ -43,10 +44,10 @@ temporary work dir and the sizes named in ``results.json`` (``meta.sizes``; ``--
 machinery within 2 minutes; ``--cpu-smoke`` the same on the CPU with a 16x1 network (CI: tests/test_bench_gpu.py).
 Their figures only show that the machinery works.
 
-The parts live in modules of their own: ``bench/gpu_profile.py``, ``gpu_selfplay.py``, ``gpu_trainer.py``, ``gpu_memory.py``,
-``gpu_online.py`` and ``gpu_arena.py``, over what they share (``gpu_common.py``: config, models, JSON records, CUDA
-peaks, the row counter); ``gpu_report.py`` writes ``results.md``. Here: the sizes, the driver that runs the parts
-(``PartRunner``) and the command line, whose ``*-worker`` commands are the parts' processes.
+The parts live in modules of their own: ``bench/gpu_profile.py``, ``gpu_selfplay.py``, ``gpu_trainer.py``,
+``gpu_memory.py``, ``gpu_online.py`` and ``gpu_arena.py``, over what they share (``gpu_common.py``: config, models,
+JSON records, CUDA peaks, the row counter); ``gpu_report.py`` writes ``results.md``. Here: the sizes, the driver that
+runs the parts (``PartRunner``) and the command line, whose ``*-worker`` commands are the parts' processes.
 """
 
 if __package__ in (None, ''):  # run as a script: python bench/gpu.py
@@ -93,18 +94,18 @@ _COMMON = dict(warmup=False, online_concurrent=False, sweep_versions=(3, 4), ver
 GPU_SIZES = dict(
     _COMMON, budget_s=470, channels=192, blocks=40, warmup=True,
     clients=(1, 2, 4, 8, 12), games={3: 64, 4: 32}, box_s={3: 20.0, 4: 25.0}, first_hard_s={3: 75.0, 4: 100.0},
-    hard_max_s=60.0, min_hard_s=8.0, sweep_cap_s=270,
+    hard_max_s=60.0, min_hard_s=8.0, sweep_cap_s=250,
     profile_games=128, profile_split_s=8.0, profile_profiler_s=3.0, profile_cap_s=50,
     trainer_box_s=5.0, trainer_cap_s=60, test_box_s=5.0,
-    online_clients=8, online_games=32, online_window_s=75.0, online_margin_s=20.0, arena_seeds=32, arena_cap_s=150,
+    online_clients=8, online_games=16, online_window_s=90.0, online_margin_s=20.0, arena_seeds=32, arena_cap_s=150,
 )
 QUICK_SIZES = dict(  # the machinery on the GPU within 2 minutes, set-up included; its figures mean little
-    _COMMON, budget_s=115, channels=32, blocks=2, warmup=True,
-    clients=(1, 2), games={3: 8, 4: 8}, box_s={3: 3.0, 4: 3.0}, first_hard_s={3: 8.0, 4: 8.0},
-    hard_max_s=5.0, min_hard_s=2.0, sweep_cap_s=40,
-    profile_games=8, profile_split_s=3.0, profile_profiler_s=1.5, profile_cap_s=25,
-    trainer_box_s=1.5, trainer_cap_s=30, test_games=64, test_box_s=1.0, num_workers=0,
-    online_version=3, online_clients=2, online_games=8, online_window_s=15.0, online_margin_s=8.0, arena_seeds=2,
+    _COMMON, budget_s=120, channels=32, blocks=2, warmup=True,
+    clients=(1, 2), games={3: 8, 4: 8}, box_s={3: 3.0, 4: 3.0}, first_hard_s={3: 6.0, 4: 6.0},
+    hard_max_s=5.0, min_hard_s=2.0, count_overhead_s=1.0, sweep_cap_s=30,
+    profile_games=8, profile_split_s=2.0, profile_profiler_s=1.0, profile_cap_s=20,
+    trainer_box_s=1.0, trainer_cap_s=25, test_games=64, test_box_s=1.0, num_workers=0,
+    online_version=3, online_clients=2, online_games=8, online_window_s=10.0, online_margin_s=5.0, arena_seeds=2,
     arena_cap_s=30,
 )
 SMOKE_SIZES = dict(

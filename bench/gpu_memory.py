@@ -14,10 +14,9 @@ def part_memory(ctx, results):
 
     sizes = ctx['sizes']
     trainer = results.get('trainer') or {}
-    cfg_path = ctx['shared'].get('trainer_config') or str(write_config(ctx['work'] / 'memory', sizes=sizes, device=ctx['device'],
-                                                         version=sizes['trainer_version'],
-                                                         games=sizes['games'][sizes['trainer_version']],
-                                                         trainer=True))
+    cfg_path = ctx['shared'].get('trainer_config') or str(write_config(
+        ctx['work'] / 'memory', sizes=sizes, device=ctx['device'], version=sizes['trainer_version'],
+        games=sizes['games'][sizes['trainer_version']], trainer=True))
     base = toml.load(cfg_path)
 
     def measured(rec):
@@ -45,6 +44,10 @@ def part_memory(ctx, results):
         cfg['train_play']['default']['games'] = sizes['games'][version]
         rows[f'client_v{version}'] = {**measured(recs[0]), 'doctor_estimate': estimate_memory(cfg)['client'][1],
                                       'doctor_term': f"client, {sizes['games'][version]} games per round"}
+    from mortal.doctor import CUDA_CONTEXT_BYTES
+    for row in rows.values():  # the doctor's figure includes a CUDA context; torch's counters do not
+        if row.get('reserved'):
+            row['doctor_over_measured'] = round(row['doctor_estimate'] / (row['reserved'] + CUDA_CONTEXT_BYTES), 3)
     full = estimate_memory(base)
     out = {'rows': rows, 'doctor_trainer': full['trainer'][1], 'doctor_client': full['client'][1],
            'doctor_three_processes': full['trainer'][1] + full['client'][1],

@@ -183,7 +183,8 @@ def explain(split, prof):
     if split.get('status') != 'ok':
         return None
     parts = [f"{split['cycle_ms']:.1f} ms per cycle of {split['rows_per_forward']:.0f} rows: arena "
-             f"{split['arena_ms']:.1f}, engine {split['engine_ms']:.1f} (its thread's CPU {split['engine_cpu_ms']:.1f})"]
+             f"{split['arena_ms']:.1f}, engine {split['engine_ms']:.1f} "
+             f"(its thread's CPU {split['engine_cpu_ms']:.1f})"]
     if prof.get('status') == 'ok' and prof.get('gpu_busy_ms') is not None:
         rt = prof['runtime_cpu_ms']
         parts.append(f"GPU busy {prof['gpu_busy_ms']:.1f} ms in {prof['kernels_per_forward']:.0f} kernels; under the "

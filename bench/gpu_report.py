@@ -68,7 +68,8 @@ def _default_rows(results):
     idle = f"{_fmt(on.get('idle_fraction'), 3)} ({_fmt(on.get('idle_fraction_after_first_drain'), 3)})"
     lines.append(f"| online {_fmt(on.get('window_s'))} s | learner idle fraction (after 1st drain) | "
                  f"{_failed(on) or idle} |")
-    played = f"{_fmt(on.get('selfplay_hanchan_per_hour'))}, {_fmt(on.get('steps'))} ({_fmt(on.get('steps_per_s'), 2)}/s)"
+    played = (f"{_fmt(on.get('selfplay_hanchan_per_hour'))}, {_fmt(on.get('steps'))} "
+              f"({_fmt(on.get('steps_per_s'), 2)}/s)")
     lines.append(f"| online, {_fmt(on.get('clients'))} clients | self-play hanchan/h beside the learner, steps trained "
                  f"(per s) | {_failed(on) or played} |")
     return lines

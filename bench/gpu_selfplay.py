@@ -202,7 +202,8 @@ def part_selfplay(ctx):
     flags = work / 'flags'
     flags.mkdir(parents=True, exist_ok=True)
     procs, results = _start_clients(ctx, counts, work, versions, configs, flags, cap)
-    out = {'counts': sorted(counts), 'order': counts, 'cpus': ctx['cpus'], 'network': f"{sizes['channels']}x{sizes['blocks']}"}
+    out = {'counts': sorted(counts), 'order': counts, 'cpus': ctx['cpus'],
+           'network': f"{sizes['channels']}x{sizes['blocks']}"}
     try:
         for version in versions:
             share = sizes['version_share'][version] if version != versions[-1] else 1.0
@@ -227,7 +228,8 @@ def _start_clients(ctx, counts, work, versions, configs, flags, cap):
         result = work / f'client{i}.json'
         results.append(result)
         args = [sys.executable, str(GPU_SCRIPT), 'selfplay-worker', '--index', str(i), '--device', ctx['device'],
-                '--versions', ','.join(map(str, versions)), '--configs', ','.join(configs), '--counts', ','.join(map(str, counts)),
+                '--versions', ','.join(map(str, versions)), '--configs', ','.join(configs),
+                '--counts', ','.join(map(str, counts)),
                 '--flags', str(flags), '--result', str(result), '--deadline-wall', str(worker_deadline)]
         if sizes['warmup']:
             args.append('--warmup')
