@@ -29,7 +29,9 @@ def part_memory(ctx, results):
         cfg['control']['enable_amp'] = amp
         cfg['test_play']['games'] = 0  # the doctor's trainer figure is then its training term
         est = estimate_memory(cfg)['trainer'][1]
+        steady = (trainer.get(key) or {}).get('peak_memory_steady') or {}
         rows[f'trainer_{key}'] = {**measured(trainer.get(key)), 'doctor_estimate': est,
+                                  'steady_allocated': steady.get('allocated'), 'steady_reserved': steady.get('reserved'),
                                   'doctor_term': 'trainer, [test_play] games = 0 (its training term)'}
     cfg = copy.deepcopy(base)
     cfg['control']['batch_size'] = 0  # the doctor's trainer figure is then its test-play term

@@ -147,6 +147,14 @@ def test_sizes_overrides():
             gpu.apply_overrides(gpu.GPU_SIZES, [bad])
 
 
+def test_the_trainer_peak_is_the_larger_of_warmup_and_steady():
+    from bench.gpu_trainer import _max_peak
+    assert _max_peak({'allocated': 5, 'reserved': 9}, {'allocated': 7, 'reserved': 8}) == {'allocated': 7,
+                                                                                           'reserved': 9}
+    assert _max_peak({'allocated': None, 'reserved': None}, {'allocated': None, 'reserved': None}) == {
+        'allocated': None, 'reserved': None}
+
+
 def test_client_counts_follow_the_cores():
     from bench.gpu_selfplay import client_counts
     assert client_counts(gpu.GPU_SIZES, 16) == [1, 2, 4, 8, 12]
@@ -258,6 +266,7 @@ def test_cpu_smoke_writes_every_figure(tmp_path):
         assert t[key]['steps'] >= 2 and t[key]['steps_per_s'] > 0
         assert t[key]['steps_per_s'] == pytest.approx(t[key]['steps'] / t[key]['seconds'], rel=1e-2)
         assert t[key]['peak_memory'] == {'allocated': None, 'reserved': None}
+        assert t[key]['peak_memory_warmup'] == t[key]['peak_memory_steady'] == t[key]['peak_memory']
     assert t['test_play']['status'] == 'ok' and t['test_play']['rows'] > 0
 
     m = r['memory']
