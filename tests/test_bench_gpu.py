@@ -399,3 +399,18 @@ def test_plan_counts_measures_what_fits_with_a_whole_round_each():
     assert plan == {} and skipped[1].startswith('skipped: a round took 100 s with 2 client(s); the 50 s left')
     plan, skipped = plan_counts([1], 2, 100.0, -5.0, sizes, 3)
     assert plan == {} and 'the 0 s left' in skipped[1]
+
+
+def test_device_wheels_pin_what_pyproject_pins():
+    # the device installs these wheels with --no-deps: a pin of pyproject.toml that moves must move here too
+    import re
+    import tomllib
+    script = (ROOT / 'scripts' / 'device_wheels.sh').read_text()
+    wheels = dict(re.findall(r'([A-Za-z][\w-]*)==([\w.]+)', script[script.index('WHEELS=('):script.index(')\n')]))
+    deps = tomllib.loads((ROOT / 'pyproject.toml').read_text())['project']['dependencies']
+    pinned = dict(re.match(r'([\w-]+)==([\w.]+)$', d).groups() for d in deps if re.match(r'[\w-]+==[\w.]+$', d))
+    assert pinned == {'mjai': '0.2.1', 'riichienv': '0.4.11'}
+    assert {k: wheels.get(k) for k in pinned} == pinned
+    # mjai imports loguru; pydantic needs its core and typing helpers (--no-deps brings none of them)
+    assert {'loguru', 'pydantic', 'pydantic-core', 'annotated-types', 'typing-inspection', 'typing-extensions',
+            'toml', 'setuptools'} <= set(wheels)
