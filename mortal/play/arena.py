@@ -168,6 +168,10 @@ class _Game:
         self.encoders = [V4Encoder(s) if self.v4_seats[s] else None for s in range(4)]
         self.meta_queue = [[] for _ in range(4)]
         self.substeps = 0
+        # A fresh table every kyoku also sends each seat a start_game before its start_kyoku, which resets an mjai
+        # bot: mjai's Bot keeps its call, discard and dora events from start_game on (its Match sends one a
+        # hanchan), and a meld of an earlier kyoku left in its hand string makes find_improving_tiles return
+        # nothing, so the teacher only discards its draws (tests/test_teacher_whole.py).
         self.obs = self.env.reset(oya=f.oya, wall=wall, round_wind=f.kyoku_index // 4,
                                   scores=list(f.scores), honba=f.honba, kyotaku=f.kyotaku)
         if not self.obs:
