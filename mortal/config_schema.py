@@ -319,18 +319,6 @@ class Online(Section):
     counterfactual_weight: NonNegativeFloat = key(
         "extra: weight of the squared error of Q[alternative] - Q[taken] to the paired outcome difference of the "
         "clients' counterfactual branches ([train_play] counterfactual_rate; 0 = off, as Mortal)", 0.0)
-    replay_ratio: PositiveInt = key(
-        'extra: gradient steps per fresh online batch; the k - 1 beyond the first train batches drawn from the last '
-        'replay_window online batches (RLPD-style update-to-data ratio; 1 = each sample once, as Mortal)', 1)
-    replay_window: PositiveInt = key(
-        'extra: online batches kept for replay_ratio > 1 (the recent-replay window; rows drawn uniformly)', 64)
-    pg_weight: NonNegativeFloat = key(
-        "extra: weight of a policy-gradient term on the online rows for the policy softmax(Q / pg_temp), advantage "
-        "= Monte-Carlo return - the policy's own value (0 = off, as Mortal)", 0.0)
-    pg_temp: PositiveFloat = key('extra: temperature of that softmax (and of kl_weight\'s), in pts (Q units)', 1.0)
-    kl_weight: NonNegativeFloat = key(
-        "extra: weight of KL(pi || pi_ref) on the online rows, pi_ref = softmax(Q / pg_temp) of the [baseline.train] "
-        "model (0 = off, as Mortal)", 0.0)
     probe_file: Str | None = unfilled('extra: positions for diag/policy_drift (built once from [dataset] globs; '
                                       'default probe.pth beside [control] state_file)')
     probe_size: NonNegativeInt = key('extra: positions in the probe (0 = no probe)', 2048)
@@ -341,12 +329,6 @@ class Online(Section):
     ema_decay: Annotated[Float, UnitHalfOpen] = key(
         'extra: publish, test-play and keep as best.pth an EMA of the weights with this decay per optimizer step '
         '(0 = off, as Mortal)', 0.0)
-    n_step: NonNegativeInt = key(
-        "extra: regress Q[taken] of an online sample on gamma^k * max legal Q of a target network at the same "
-        "seat's decision n later in the kyoku (k its discounted steps; the Monte-Carlo target when the kyoku ends "
-        "sooner; 0 = Monte-Carlo, as Mortal)", 0)
-    target_update_every: PositiveInt = key(
-        'extra: steps between copies of the trained weights into the target network of n_step', 1000)
     remote: Remote | None = None
     server: Server | None = None
 
@@ -560,6 +542,14 @@ class Config(Section):
     schedule: Schedule = Field(default_factory=Schedule)
     fleet: Fleet = Field(default_factory=Fleet)
     bootstrap: Bootstrap | None = None
+
+
+#: Keys that were removed, by (table, key): a file that still sets one gets an error saying so (an unknown key is only
+#: a warning). Each was an extra whose arm docs/learning.md measured as no gain (part 4), with no measured case
+#: where it helped.
+REMOVED_KEYS = {('online', key): "removed: measured as no gain (docs/learning.md, part 4); delete the line"
+                for key in ('replay_ratio', 'replay_window', 'n_step', 'target_update_every', 'pg_weight', 'pg_temp',
+                            'kl_weight')}
 
 
 #: Every table with keys of its own, by dotted name (``train_play.*`` stands for each profile); the order is the

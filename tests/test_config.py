@@ -11,6 +11,7 @@ from conftest import ROOT, tiny_config_dict
 from mortal.config import (
     CLIENT_SECTIONS, DEFAULT_MAX_FRAME_BYTES, ONLINE_TRAIN_SECTIONS, ONE_VS_THREE_SECTIONS, SERVER_SECTIONS,
     TRAIN_GRP_SECTIONS, ConfigError, for_checkpoint, key_table, load_config, require, train_play_profile, validate)
+from mortal.config_schema import SCHEMA
 
 ALL_PROCESSES = ONLINE_TRAIN_SECTIONS + CLIENT_SECTIONS + SERVER_SECTIONS + ONE_VS_THREE_SECTIONS + TRAIN_GRP_SECTIONS
 
@@ -117,6 +118,17 @@ def test_readme_documents_every_key():
             for line in readme.splitlines() if line.startswith('|')}
     missing = [(s, k) for s, k, *_ in key_table() if (f'[{s}]', k) not in rows]
     assert missing == []
+
+
+@pytest.mark.parametrize('key', ['replay_ratio', 'replay_window', 'n_step', 'target_update_every', 'pg_weight',
+                                 'pg_temp', 'kl_weight'])
+def test_removed_key_is_an_error_naming_it(tmp_path, cfg, key):
+    """The seven [online] extras measured as no gain were removed: a file that still sets one is refused with the
+    key, the file and the reason (an unknown key would only warn, and the run would silently differ)."""
+    cfg['online'][key] = 1
+    msg, path = load_error(tmp_path, cfg)
+    assert f'[online] {key} in {path} was removed: measured as no gain (docs/learning.md, part 4)' in msg
+    assert key not in SCHEMA['online']
 
 
 def test_tiny_config_fixture(tiny_config):
