@@ -7,7 +7,7 @@ import re
 import pytest
 import toml
 
-from conftest import ROOT, tiny_config_dict
+from conftest import ROOT, load_script, tiny_config_dict
 from mortal.config import (
     CLIENT_SECTIONS, DEFAULT_MAX_FRAME_BYTES, ONLINE_TRAIN_SECTIONS, ONE_VS_THREE_SECTIONS, SERVER_SECTIONS,
     TRAIN_GRP_SECTIONS, ConfigError, for_checkpoint, key_table, load_config, require, train_play_profile, validate)
@@ -112,12 +112,31 @@ def test_example_has_every_key():
         assert key in node, (section, key)
 
 
-def test_readme_documents_every_key():
-    readme = (ROOT / 'README.md').read_text(encoding='utf-8')
+def test_config_doc_documents_every_key():
+    text = (ROOT / 'docs' / 'config.md').read_text(encoding='utf-8')
     rows = {tuple(cell.strip().strip('`') for cell in line.strip('|').split('|')[:2])
-            for line in readme.splitlines() if line.startswith('|')}
+            for line in text.splitlines() if line.startswith('|')}
     missing = [(s, k) for s, k, *_ in key_table() if (f'[{s}]', k) not in rows]
     assert missing == []
+
+
+def test_config_doc_is_generated_from_the_schema():
+    """docs/config.md is what scripts/gen_config_doc.py writes: regenerate it after changing the schema."""
+    gen = load_script('scripts/gen_config_doc.py', 'gen_config_doc')
+    assert (ROOT / 'docs' / 'config.md').read_text(encoding='utf-8') == gen.render(), \
+        'docs/config.md is stale: python scripts/gen_config_doc.py > docs/config.md'
+
+
+def test_extras_are_marked_and_each_has_its_measurement_line():
+    """Mortal's config.example.toml has 97 keys, all in the schema; every other key says 'extra:' (so the count of
+    extras is right) and has a line in the generator's MEASURED (a measurement, or why none is needed)."""
+    gen = load_script('scripts/gen_config_doc.py', 'gen_config_doc')
+    rows = key_table()
+    extras = {(s, k) for s, k, _, _, doc in rows if doc.startswith('extra:')}
+    assert len(rows) - len(extras) == 97
+    assert sorted(extras - set(gen.MEASURED)) == []
+    assert sorted(set(gen.MEASURED) - extras) == []  # no line for a key that is gone or is Mortal's
+    assert all(note.strip() for note in gen.MEASURED.values())
 
 
 @pytest.mark.parametrize('key', ['replay_ratio', 'replay_window', 'n_step', 'target_update_every', 'pg_weight',
