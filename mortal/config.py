@@ -597,7 +597,8 @@ def for_checkpoint(config: dict) -> dict:
 
 
 def key_table() -> list[tuple[str, str, str, str, str]]:
-    """Every known key as ``(section, key, type, default, meaning)``; the README's table is checked against it."""
+    """Every known key as ``(section, key, type, default, meaning)``; docs/config.md is generated from it
+    (``scripts/gen_config_doc.py``)."""
     rows = []
     for section, keys in SCHEMA.items():
         for name, key in keys.items():

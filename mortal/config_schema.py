@@ -47,7 +47,7 @@ MODEL_ONLY_1V3 = ('device', 'state_file', 'stochastic_latent', 'enable_compile',
 
 @dataclass(frozen=True)
 class Kind:
-    """Marks a field's TOML type for messages and the README's key table: 'int', 'float', 'bool', 'str',
+    """Marks a field's TOML type for messages and the key table (docs/config.md): 'int', 'float', 'bool', 'str',
     'str_list' or 'float_list'."""
 
     name: str
@@ -564,7 +564,7 @@ REMOVED_KEYS = {('online', key): "removed: measured as no gain (docs/learning.md
 
 
 #: Every table with keys of its own, by dotted name (``train_play.*`` stands for each profile); the order is the
-#: README's.
+#: key table's (docs/config.md).
 SECTIONS: dict[str, type[Section]] = {
     'control': Control, 'train_play.*': TrainPlay, 'test_play': TestPlay, 'dataset': Dataset, 'env': Env,
     'resnet': ResNet, 'cql': Cql, 'aux': Aux, 'freeze_bn': FreezeBn, 'optim': Optim,
@@ -582,7 +582,7 @@ OPTIONAL_SECTIONS = ('guard', 'rotation', 'schedule.lr', 'schedule.epsilon', 'sc
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# The keys, read off the models (messages, the README's key table, the bootstrap's defaults)
+# The keys, read off the models (messages, docs/config.md, the bootstrap's defaults)
 
 REQUIRED = object()  # marker: the key has no default
 UNFILLED = object()  # marker: an optional key that is accepted but not filled in when missing

@@ -2,7 +2,8 @@
 
 They answer the questions that the loss curve cannot (Mortal issue #33: judge online training by play, not loss):
 is Q biased against its Monte-Carlo target, do the legal actions' values collapse together, and how far has the
-greedy policy moved from the baseline's. TensorBoard tags (averaged over each ``save_every`` window; README):
+greedy policy moved from the baseline's. TensorBoard tags (averaged over each ``save_every`` window;
+docs/operations.md):
 
 * ``diag/q_minus_target``: mean ``Q(taken) - G``; ``diag/q_minus_target_greedy``: the same over rows whose taken
   action is the trainee's greedy one (the maximization bias shows here first);
