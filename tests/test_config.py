@@ -11,7 +11,7 @@ from conftest import ROOT, load_script, tiny_config_dict
 from mortal.config import (
     CLIENT_SECTIONS, DEFAULT_MAX_FRAME_BYTES, ONLINE_TRAIN_SECTIONS, ONE_VS_THREE_SECTIONS, SERVER_SECTIONS,
     TRAIN_GRP_SECTIONS, ConfigError, for_checkpoint, key_table, load_config, require, train_play_profile, validate)
-from mortal.config_schema import SCHEMA
+from mortal.config_schema import REQUIRED, SCHEMA, UNFILLED
 
 ALL_PROCESSES = ONLINE_TRAIN_SECTIONS + CLIENT_SECTIONS + SERVER_SECTIONS + ONE_VS_THREE_SECTIONS + TRAIN_GRP_SECTIONS
 
@@ -110,6 +110,46 @@ def test_example_has_every_key():
         if key in ('init', 'offset', 'epoch_size', 'token', 'probe_file'):  # optional, documented in comments
             continue
         assert key in node, (section, key)
+
+
+def _values(table: dict, parts=()):
+    """``(dotted table, key, value)`` of every key of a TOML dict, ``train_play.<profile>`` as the schema's
+    ``train_play.*``."""
+    for name, value in table.items():
+        if isinstance(value, dict):
+            yield from _values(value, parts + (name,))
+        else:
+            yield '.'.join(('train_play', '*') if parts[:1] == ('train_play',) else parts), name, value
+
+
+def _schema_default(section, name):
+    key = SCHEMA[section][name]  # KeyError: a key the schema does not know
+    return None if key.default in (REQUIRED, UNFILLED) else key.default
+
+
+def test_example_values_are_the_schema_defaults():
+    """config.example.toml restates every default as the schema declares it: the schema is the one description."""
+    raw = toml.load(ROOT / 'config.example.toml')
+    differ = [(s, k, v, _schema_default(s, k)) for s, k, v in _values(raw)
+              if _schema_default(s, k) is not None and v != _schema_default(s, k)]
+    assert differ == []
+
+
+@pytest.mark.parametrize('preset, version', [('full', 3), ('short', 3), ('full', 4)])
+def test_quickstart_config_is_checked_against_the_schema(tmp_path, caplog, preset, version):
+    """The quickstart's embedded config: every key known (no warning), every required key of its tables there (it
+    loads for every process), and no schema default restated (a key it sets with a default is a deliberate change:
+    a third copy of the defaults would drift)."""
+    from mortal.quickstart_config import render_config
+    text = render_config(tmp_path, preset=preset, port=5123, version=version)
+    path = tmp_path / 'config.toml'
+    path.write_text(text, encoding='utf-8')
+    with caplog.at_level(logging.WARNING, logger='mortal.config'):
+        load_config(path, required=ONLINE_TRAIN_SECTIONS + CLIENT_SECTIONS + SERVER_SECTIONS + TRAIN_GRP_SECTIONS
+                    + ('bootstrap',), env={})
+    assert caplog.records == []
+    restated = [(s, k) for s, k, v in _values(toml.loads(text)) if v == _schema_default(s, k)]
+    assert restated == []
 
 
 def test_config_doc_documents_every_key():
