@@ -33,6 +33,7 @@ from mortal.config_schema import (  # noqa: F401  (re-exported: the config's pub
     OPTIONAL_SECTIONS, SCHEDULE_KINDS, SCHEDULER_DEFAULT_INIT, SCHEMA, SECTIONS, SUPPORTED_VERSIONS, Config, Key,
     Section, is_section, section_keys, table_name, table_path)
 from mortal.config_schema import REQUIRED as _REQUIRED, UNFILLED as _ABSENT
+from mortal.config_schema import REMOVED_KEYS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -266,7 +267,7 @@ def _check(config: dict, path: str, required: Required, env: Env) -> tuple:
         model = Config.model_validate(config)
     except ValidationError as e:
         errors.extend(dict.fromkeys(_problem(err, config, path) for err in e.errors()))
-    _unknown_names(config, path, warns)
+    _unknown_names(config, path, warns, errors)
     for name in required:
         if name == 'train_play':
             continue  # checked below with the profile in use
@@ -498,9 +499,14 @@ def unknown_warning(u: Unknown, path: str) -> str:
     return f'unknown top-level key {u.name} in {path}'
 
 
-def _unknown_names(config: dict, path: str, warns: list[str]) -> None:
-    """The warnings of :func:`unknown_names`."""
-    warns.extend(unknown_warning(u, path) for u in unknown_names(config))
+def _unknown_names(config: dict, path: str, warns: list[str], errors: list[str]) -> None:
+    """The warnings of :func:`unknown_names`; a key the schema removed (``REMOVED_KEYS``) is an error instead."""
+    for u in unknown_names(config):
+        removed = None if u.is_section else REMOVED_KEYS.get((u.table, u.name))
+        if removed:
+            errors.append(f'[{u.table}] {u.name} in {path} was {removed}')
+        else:
+            warns.append(unknown_warning(u, path))
 
 
 def lookup(config: dict, dotted: str, default=None):
@@ -660,7 +666,8 @@ def for_checkpoint(config: dict) -> dict:
 
 
 def key_table() -> list[tuple[str, str, str, str, str]]:
-    """Every known key as ``(section, key, type, default, meaning)``; the README's table is checked against it."""
+    """Every known key as ``(section, key, type, default, meaning)``; docs/config.md is generated from it
+    (``scripts/gen_config_doc.py``)."""
     rows = []
     for section, keys in SCHEMA.items():
         for name, key in keys.items():

@@ -44,9 +44,11 @@ GRACE_SECONDS = 15  # between SIGTERM and SIGKILL
 # ---------------------------------------------------------------------------- processes
 
 def child_env(config_path):
-    """Environment of the pipeline's processes: the config, unbuffered output, no slow Rust backtraces."""
+    """Environment of the pipeline's processes: the config, unbuffered output, no slow Rust backtraces, no
+    progress bars (their output goes to a log file, where every redraw of a bar would be kept)."""
     env = dict(os.environ)
     env.pop('RUST_BACKTRACE', None)
+    env['TQDM_DISABLE'] = '1'  # tqdm reads its defaults from TQDM_* (a bar given disable= explicitly keeps it)
     env['MORTAL_CFG'] = str(config_path)
     env['PYTHONUNBUFFERED'] = '1'
     env['PYTHONPATH'] = os.pathsep.join(filter(None, [str(ROOT), env.get('PYTHONPATH')]))

@@ -374,35 +374,41 @@ class _GrpRun:
 
     def fit(self, max_steps, progress: bool) -> int:
         """Train until ``max_steps`` (None: forever) or the early stop; validate and save every ``save_every``
-        steps; returns the steps reached."""
+        steps; returns the steps reached. ``progress``: one bar over the whole run, with the log line of each
+        validation printed above it (not a fresh bar every ``save_every`` steps)."""
+        from contextlib import nullcontext
+
         from tqdm import tqdm
+        from tqdm.contrib.logging import logging_redirect_tqdm
         from torch.utils.tensorboard import SummaryWriter
 
         writer = SummaryWriter(self.cfg.control.tensorboard_dir)
         logger.info("%s", self.progress_line())
         stats = dict(train_loss=0.0, train_acc=0.0)
-        pb = tqdm(total=self.save_every, desc="TRAIN", disable=not progress)
+        pb = tqdm(total=max_steps, initial=self.steps, desc="TRAIN", unit="step", disable=not progress,
+                  dynamic_ncols=True)
         self.grp.train()
         stop = False
         try:
-            while max_steps is None or self.steps < max_steps:
-                inputs, ranks = next(self.train_iter)
-                loss, acc = train_step(self.grp, self.optimizer, [x.to(self.device) for x in inputs],
-                                       ranks.to(self.device))
-                stats["train_loss"] += loss
-                stats["train_acc"] += acc
-                self.steps += 1
-                pb.update(1)
-                if self.steps % self.save_every:
-                    continue
-                pb.close()
-                stop = self._validate(writer, stats, progress)
-                stats = dict(train_loss=0.0, train_acc=0.0)
-                logger.info("%s", self.progress_line())
-                if stop:
-                    break
-                self.save()
-                pb = tqdm(total=self.save_every, desc="TRAIN", disable=not progress)
+            with logging_redirect_tqdm() if progress else nullcontext():
+                while max_steps is None or self.steps < max_steps:
+                    inputs, ranks = next(self.train_iter)
+                    loss, acc = train_step(self.grp, self.optimizer, [x.to(self.device) for x in inputs],
+                                           ranks.to(self.device))
+                    stats["train_loss"] += loss
+                    stats["train_acc"] += acc
+                    self.steps += 1
+                    pb.update(1)
+                    if self.steps % self.save_every:
+                        continue
+                    pb.set_postfix_str('validating')  # the same bar: no second one below it
+                    stop = self._validate(writer, stats)
+                    pb.set_postfix_str('')
+                    stats = dict(train_loss=0.0, train_acc=0.0)
+                    logger.info("%s", self.progress_line())
+                    if stop:
+                        break
+                    self.save()
             if self.patience and self.best_model is not None:
                 self.save(stopped=True)
                 logger.info("early stopping: %s at step %d; kept the best, val cross entropy %.4f at step %d",
@@ -413,15 +419,13 @@ class _GrpRun:
             writer.close()
         return self.steps
 
-    def _validate(self, writer, stats: dict, progress: bool) -> bool:
+    def _validate(self, writer, stats: dict) -> bool:
         """``val_steps`` batches of the val loader, the TensorBoard scalars of this period (``stats``: its train
         sums) and, with ``patience``, the early-stopping check; returns whether to stop."""
-        from tqdm import tqdm
-
         steps = self.steps
         self.grp.eval()
         val_loss = val_acc = 0.0
-        for _ in tqdm(range(self.val_steps), desc="VAL", disable=not progress):
+        for _ in range(self.val_steps):
             inputs, ranks = next(self.val_iter)
             loss, acc = evaluate(self.grp, [x.to(self.device) for x in inputs], ranks.to(self.device))
             val_loss += loss

@@ -7,10 +7,11 @@ import re
 import pytest
 import toml
 
-from conftest import ROOT, tiny_config_dict
+from conftest import ROOT, load_script, tiny_config_dict
 from mortal.config import (
     CLIENT_SECTIONS, DEFAULT_MAX_FRAME_BYTES, ONLINE_TRAIN_SECTIONS, ONE_VS_THREE_SECTIONS, SERVER_SECTIONS,
     TRAIN_GRP_SECTIONS, ConfigError, for_checkpoint, key_table, load_config, require, train_play_profile, validate)
+from mortal.config_schema import REQUIRED, SCHEMA, UNFILLED
 
 ALL_PROCESSES = ONLINE_TRAIN_SECTIONS + CLIENT_SECTIONS + SERVER_SECTIONS + ONE_VS_THREE_SECTIONS + TRAIN_GRP_SECTIONS
 
@@ -111,12 +112,82 @@ def test_example_has_every_key():
         assert key in node, (section, key)
 
 
-def test_readme_documents_every_key():
-    readme = (ROOT / 'README.md').read_text(encoding='utf-8')
+def _values(table: dict, parts=()):
+    """``(dotted table, key, value)`` of every key of a TOML dict, ``train_play.<profile>`` as the schema's
+    ``train_play.*``."""
+    for name, value in table.items():
+        if isinstance(value, dict):
+            yield from _values(value, parts + (name,))
+        else:
+            yield '.'.join(('train_play', '*') if parts[:1] == ('train_play',) else parts), name, value
+
+
+def _schema_default(section, name):
+    key = SCHEMA[section][name]  # KeyError: a key the schema does not know
+    return None if key.default in (REQUIRED, UNFILLED) else key.default
+
+
+def test_example_values_are_the_schema_defaults():
+    """config.example.toml restates every default as the schema declares it: the schema is the one description."""
+    raw = toml.load(ROOT / 'config.example.toml')
+    differ = [(s, k, v, _schema_default(s, k)) for s, k, v in _values(raw)
+              if _schema_default(s, k) is not None and v != _schema_default(s, k)]
+    assert differ == []
+
+
+@pytest.mark.parametrize('preset, version', [('full', 3), ('short', 3), ('full', 4)])
+def test_quickstart_config_is_checked_against_the_schema(tmp_path, caplog, preset, version):
+    """The quickstart's embedded config: every key known (no warning), every required key of its tables there (it
+    loads for every process), and no schema default restated (a key it sets with a default is a deliberate change:
+    a third copy of the defaults would drift)."""
+    from mortal.quickstart_config import render_config
+    text = render_config(tmp_path, preset=preset, port=5123, version=version)
+    path = tmp_path / 'config.toml'
+    path.write_text(text, encoding='utf-8')
+    with caplog.at_level(logging.WARNING, logger='mortal.config'):
+        load_config(path, required=ONLINE_TRAIN_SECTIONS + CLIENT_SECTIONS + SERVER_SECTIONS + TRAIN_GRP_SECTIONS
+                    + ('bootstrap',), env={})
+    assert caplog.records == []
+    restated = [(s, k) for s, k, v in _values(toml.loads(text)) if v == _schema_default(s, k)]
+    assert restated == []
+
+
+def test_config_doc_documents_every_key():
+    text = (ROOT / 'docs' / 'config.md').read_text(encoding='utf-8')
     rows = {tuple(cell.strip().strip('`') for cell in line.strip('|').split('|')[:2])
-            for line in readme.splitlines() if line.startswith('|')}
+            for line in text.splitlines() if line.startswith('|')}
     missing = [(s, k) for s, k, *_ in key_table() if (f'[{s}]', k) not in rows]
     assert missing == []
+
+
+def test_config_doc_is_generated_from_the_schema():
+    """docs/config.md is what scripts/gen_config_doc.py writes: regenerate it after changing the schema."""
+    gen = load_script('scripts/gen_config_doc.py', 'gen_config_doc')
+    assert (ROOT / 'docs' / 'config.md').read_text(encoding='utf-8') == gen.render(), \
+        'docs/config.md is stale: python scripts/gen_config_doc.py > docs/config.md'
+
+
+def test_extras_are_marked_and_each_has_its_measurement_line():
+    """Mortal's config.example.toml has 97 keys, all in the schema; every other key says 'extra:' (so the count of
+    extras is right) and has a line in the generator's MEASURED (a measurement, or why none is needed)."""
+    gen = load_script('scripts/gen_config_doc.py', 'gen_config_doc')
+    rows = key_table()
+    extras = {(s, k) for s, k, _, _, doc in rows if doc.startswith('extra:')}
+    assert len(rows) - len(extras) == 97
+    assert sorted(extras - set(gen.MEASURED)) == []
+    assert sorted(set(gen.MEASURED) - extras) == []  # no line for a key that is gone or is Mortal's
+    assert all(note.strip() for note in gen.MEASURED.values())
+
+
+@pytest.mark.parametrize('key', ['replay_ratio', 'replay_window', 'n_step', 'target_update_every', 'pg_weight',
+                                 'pg_temp', 'kl_weight'])
+def test_removed_key_is_an_error_naming_it(tmp_path, cfg, key):
+    """The seven [online] extras measured as no gain were removed: a file that still sets one is refused with the
+    key, the file and the reason (an unknown key would only warn, and the run would silently differ)."""
+    cfg['online'][key] = 1
+    msg, path = load_error(tmp_path, cfg)
+    assert f'[online] {key} in {path} was removed: measured as no gain (docs/learning.md, part 4)' in msg
+    assert key not in SCHEMA['online']
 
 
 def test_tiny_config_fixture(tiny_config):

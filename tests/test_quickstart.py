@@ -217,3 +217,14 @@ class _Bar:
 
     def close(self):
         self.ticks.append((self.label, self.total, self.n))
+
+
+def test_children_draw_no_bar_into_their_log_file(tmp_path):
+    """The pipeline's processes write to log files: a tqdm bar there is kept at every redraw, so their environment
+    turns bars off (tqdm reads TQDM_DISABLE as its default; the learner's TRAIN bar has no explicit setting)."""
+    env = quickstart.child_env(tmp_path / 'config.toml')
+    assert env['TQDM_DISABLE'] == '1'
+    code = ('import sys\nfrom tqdm.auto import tqdm\nbar = tqdm(total=3, desc="TRAIN")\nbar.update(3)\nbar.close()\n'
+            'print(bar.disable)')
+    out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == 'True' and 'TRAIN' not in out.stderr

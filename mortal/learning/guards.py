@@ -268,8 +268,6 @@ class Rollback:
         if t.ema is not None:
             for ema, model in zip(t.ema, (t.mortal, t.dqn)):
                 ema.load_state_dict(model.state_dict())
-        if getattr(t, 'target_net', None) is not None:  # [online] n_step: no bootstrapping from diverged weights
-            t._refresh_target()
         g = self.guard_cfg
         t.guard.update(rollbacks=t.guard['rollbacks'] + 1, worse_streak=0,
                        lr_scale=t.guard['lr_scale'] * g.lr_factor,

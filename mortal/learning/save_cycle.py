@@ -52,8 +52,7 @@ class SaveCycle:
         w = self.writer
         on = {'cql_loss': self.loss_weights.with_cql, 'anchor_loss': self.loss_weights.anchor > 0,
               'offline_cql_loss': self.offline_stream is not None,
-              'counterfactual_loss': self.loss_weights.counterfactual > 0, 'pg_loss': self.loss_weights.pg > 0,
-              'kl_loss': self.loss_weights.kl > 0}
+              'counterfactual_loss': self.loss_weights.counterfactual > 0}
         for name in self.stats:  # in reset_stats' order; a term that is off is not written
             if on.get(name, True):
                 w.add_scalar(f'loss/{name}', self.stats[name] / n, self.steps)
