@@ -85,7 +85,8 @@ class LearnerStep:
     when one is due."""
 
     def reset_stats(self) -> None:
-        """Zero the loss sums averaged into TensorBoard at each save."""
+        """Zero the loss sums averaged into TensorBoard at each save, and their count of batches."""
+        self.stat_batches = 0  # batches summed into stats: the divisor of the means (a resumed window is short)
         self.stats = {'dqn_loss': 0.0, 'cql_loss': 0.0, 'anchor_loss': 0.0, 'offline_cql_loss': 0.0,
                       'next_rank_loss': 0.0, 'counterfactual_loss': 0.0, 'pg_loss': 0.0, 'kl_loss': 0.0}
 
@@ -165,6 +166,7 @@ class LearnerStep:
         (``bootstrapped``: how many of them have an n-step target, for ``diag/nstep_bootstrapped``; None: n-step
         off)."""
         with torch.no_grad():
+            self.stat_batches += 1
             for name in self.stats:
                 term = getattr(terms, name)
                 if term is not None:  # a term that is off stays 0
