@@ -61,7 +61,7 @@ def test_config_online_holds_reference_values(caplog):
         'counterfactual_alternative': 'best', 'counterfactual_persist': False}
     assert c['test_play'] == {'games': 3000, 'log_dir': '/data/mortal/online/test_play', 'best_rule': 'paired',
                               'confidence': 0.95, 'sprt_delta': 0.05, 'sprt_alpha': 0.05, 'sprt_beta': 0.05,
-                              'sprt_chunk': 64, 'fresh_deals': False, 'speculate_passes': False}
+                              'sprt_chunk': 64, 'min_deals': 8, 'fresh_deals': False, 'speculate_passes': False}
     # the guards' sections are filled with defaults that change nothing of Mortal's run
     assert c['guard']['rollback_after'] == 0 and c['rotation']['after'] == 0
     assert {c['schedule'][k]['kind'] for k in ('lr', 'epsilon', 'temp')} == {'constant'}

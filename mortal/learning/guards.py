@@ -52,7 +52,8 @@ def units_summary(units: dict) -> tuple:
 class Guards:
     """Test play, best.pth and the long-run guards of one learner (``trainer``, a ``mortal.train.Trainer``).
 
-    Reads ``[test_play]`` (``games``, ``best_rule``, ``confidence``, ``sprt_*``, ``fresh_deals``), ``[guard]``
+    Reads ``[test_play]`` (``games``, ``best_rule``, ``confidence``, ``sprt_*``, ``fresh_deals``, ``min_deals``),
+    ``[guard]``
     and ``[rotation]`` from the trainer's config once.
     """
 
@@ -68,6 +69,7 @@ class Guards:
             self.sprt = gate.Sprt(test_cfg.sprt_delta, test_cfg.sprt_alpha, test_cfg.sprt_beta)
         self.sprt_chunk_deals = test_cfg.sprt_chunk // 4
         self.fresh_deals = test_cfg.fresh_deals
+        self.min_deals = test_cfg.min_deals
         self.guard_cfg = cfg.guard  # typed [guard] and [rotation]
         self.rotation_cfg = cfg.rotation
         self.rollbacks = Rollback(trainer, self.guard_cfg)
@@ -79,7 +81,8 @@ class Guards:
 
         With a test player that gives per-deal results (``play_units``: ``mortal.play.player.TestPlayer``, online and
         offline), the challenger is paired deal by deal with best.pth's record and judged by ``[test_play]
-        best_rule`` (``mortal.learning.gate``); one with ``test_play`` only (the bootstrap's test play against
+        best_rule`` (``mortal.learning.gate``), and a "better" of fewer than ``[test_play] min_deals`` deals does not
+        replace best.pth (except the first, which makes it); one with ``test_play`` only (the bootstrap's test play against
         RulebaseBots, tests' fakes) is judged by Mortal's rule and drives no guard."""
         t = self.trainer
         # Nothing to compare with yet (no best.pth, a fresh best_perf): the first test play makes best.pth, as
@@ -94,12 +97,18 @@ class Guards:
         better = verdict.better if verdict is not None else is_better(avg_pt, avg_rank, t.best_perf)
         if first and not better:
             better = True  # nothing to compare with: logged below
+        too_few = None
+        if better and not first and verdict is not None and len(verdict.units) < max(self.min_deals, 1):
+            better, too_few = False, len(verdict.units)
         past_best = dict(t.best_perf)
         if better:
             t.best_perf = {'avg_pt': avg_pt, 'avg_rank': avg_rank}
             if verdict is not None:
                 t.best_perf['deals'] = {int(n): [int(r) for r in rs] for n, rs in verdict.units.items()}
         self._write_result(stat, verdict, first, avg_pt, avg_rank)
+        if too_few is not None:
+            logger.info('best.pth not replaced: this test play has %d deals, fewer than [test_play] min_deals %d '
+                        '(a CI over so few deals is noise)', too_few, self.min_deals)
         if better:
             self._keep_best(past_best, avg_pt, avg_rank)
         if verdict is not None and self.fresh_deals:
