@@ -412,8 +412,10 @@ def report(result, out=sys.stdout):
             p(f'  {label:<5} {format_summary(summary)}{same}')
     rb = result.get('rulebase')
     if rb:
+        from mortal.play.duplicate import unreliable_note
+        note = unreliable_note(rb['deals'])
         p(f"start vs 3 RulebaseBots: avg rank {rb['avg_rank']:.3f} ± {rb['avg_rank_ci']:.3f} "
-          f"(95% CI, {rb['deals']} deals = {rb['games']} games; 2.500 = even)")
+          f"(95% CI, {rb['deals']} deals = {rb['games']} games; {note + '; ' if note else ''}2.500 = even)")
     if result.get('reward'):
         p(f"kyoku reward: [env] reward = '{result['reward']}' (chosen by the bootstrap's GRP check)")
     p(f"processes:    {result['stopped']}")

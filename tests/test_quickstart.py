@@ -143,7 +143,7 @@ def test_start_vs_rulebase_line(tmp_path, monkeypatch):
     out = io.StringIO()
     quickstart.report(result, out)
     text = out.getvalue()
-    assert f"start vs 3 RulebaseBots: avg rank 2.750 ± {summary['avg_rank_ci']:.3f} (95% CI, 2 deals = 8 games" in text
+    assert f"start vs 3 RulebaseBots: avg rank 2.750 ± {summary['avg_rank_ci']:.3f} (95% CI, 2 deals = 8 games; unreliable: 2 sets; 2.500 = even)" in text
     assert "kyoku reward: [env] reward = 'points'" in text
     assert quickstart_config.PRESETS['full']['rulebase_sets'] == 40  # 160 games by default
 

@@ -26,6 +26,7 @@ from mortal.net import wire
 from mortal.model.checkpoint import (INITIAL_BEST_PERF, CheckpointError, atomic_torch_save, check_fits_config,
                                      load_checkpoint, load_model_pair, played_checkpoint, read_baseline)
 from mortal.util.fsutil import atomic_copy, empty_dir, stamped_name
+from mortal.play.duplicate import unreliable_note
 from mortal.play.player import TEST_SEED
 from mortal.model.rotation import rotate
 from mortal.stat import DISPLAY_PTS  # test-play avg pt: display and Mortal's best.pth rule, never a training signal
@@ -213,7 +214,8 @@ class Guards:
             t.guard['rotate_streak'] = t.guard['rotate_streak'] + 1 if beats else 0
             if t.guard['rotate_streak'] >= r.after:
                 self.rotate_baseline(f"{t.guard['rotate_streak']} test plays in a row beat the baseline "
-                                     f"(last: avg rank {mean:.3f} ± {ci:.3f}, at most {r.max_rank})")
+                                     f"(last: avg rank {mean:.3f} ± {ci:.3f}{_note(len(means))}, at most "
+                                     f"{r.max_rank})")
         t.writer.add_scalar('guard/worse_streak', t.guard['worse_streak'], t.steps)
         if t.guard != before:
             t.save()
@@ -229,6 +231,12 @@ class Guards:
     def sync_baseline(self, *, rotated: bool = False) -> None:
         """``BaselineKeeper.sync``: submit ``[baseline.train] state_file`` to the server."""
         self.baselines.sync(rotated=rotated)
+
+
+def _note(sets: int) -> str:
+    """``mortal.play.duplicate.unreliable_note`` as ``' (unreliable: N sets)'``, or ``''``."""
+    note = unreliable_note(sets)
+    return f' ({note})' if note else ''
 
 
 def _guard_event(t, tag: str, count: int, line: str) -> None:
