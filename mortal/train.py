@@ -469,7 +469,7 @@ def run_learner(config: dict, dist=None) -> int:
 def main(argv=None):
     """Entry point: ``python mortal/train.py`` (config from MORTAL_CFG or ``--config``)."""
     from mortal import entry
-    from mortal.config import ONLINE_TRAIN_SECTIONS, TRAIN_SECTIONS, ConfigError, require
+    from mortal.config import ONLINE_TRAIN_SECTIONS, TRAIN_SECTIONS, ConfigError, require, resolve_path
     argv = list(sys.argv[1:] if argv is None else argv)
     args = entry.start(entry.parser(__doc__.splitlines()[0]), argv)
     config = entry.load_config_or_exit(args, TRAIN_SECTIONS)
@@ -492,7 +492,8 @@ def main(argv=None):
                 end_with_supervisor()  # out of the terminal's session: end with the supervisor
             code = run_learner(config, dist)
         else:
-            code = supervise(argv, script=path.abspath(__file__))
+            code = supervise(argv, script=path.abspath(__file__), required=ONLINE_TRAIN_SECTIONS, env=args.overrides,
+                             config_path=resolve_path(args.config, args.overrides))
     except KeyboardInterrupt:
         code = 130
     finally:
