@@ -71,8 +71,9 @@ def format_round(rankings, history: RankHistory, total) -> tuple:
     )
 
 
-def fetch_param(remote: wire.Remote, param_version: int, server_id, *, sleep=time.sleep) -> dict:
-    """Ask for parameters until the server answers 'ok' (logging each change of refusal reason once)."""
+def fetch_param(remote: wire.Remote, param_version: int, server_id, *, sleep=time.sleep, on_wait=None) -> dict:
+    """Ask for parameters until the server answers 'ok' (logging each change of refusal reason once);
+    ``on_wait()`` before every wait (``wire.request_with_retry``)."""
     last = {'status': None}
 
     def on_refusal(reply):
@@ -81,7 +82,7 @@ def fetch_param(remote: wire.Remote, param_version: int, server_id, *, sleep=tim
             last['status'] = reply.get('status')
 
     msg = {'type': 'get_param', 'param_version': param_version, 'server_id': server_id}
-    return wire.request_with_retry(remote, msg, on_refusal=on_refusal, sleep=sleep)
+    return wire.request_with_retry(remote, msg, on_refusal=on_refusal, sleep=sleep, on_wait=on_wait)
 
 
 def fetch_baseline(remote: wire.Remote, *, wait: bool, sleep=time.sleep):
@@ -151,7 +152,8 @@ class ParamSync:
     """The parameter sync of a ``Client`` (a mixin over its ``remote``, ``sleep`` and ``device``): the trainee's
     networks (``mortal``, ``dqn``) and the version of the trainer's parameters they hold (``param_version``,
     ``server_id``; -1 and None before the first). The play settings of a reply loaded go to ``apply_play_settings``
-    (``BaselineSync``)."""
+    (``BaselineSync``). With no new parameters for ``[online] no_param_warn_minutes`` it warns once a minute
+    (``warn_if_stale``; ``clock``: the host's monotonic clock)."""
 
     def init_params(self, cfg, version: int) -> None:
         """Build the networks of ``cfg``'s ``[resnet]`` (typed sections) for observation ``version``, in eval mode;
@@ -166,15 +168,34 @@ class ParamSync:
         self.param_version = -1
         self.server_id = None
         self.bad_param = None  # (server_id, param_version) of the last parameters that could not be loaded
+        self.no_param_warn = cfg.online.no_param_warn_minutes * 60.0  # s; 0 = never
+        self.param_since = self.clock()  # when the parameters last changed (or the client started)
+        self.stale_warned = None  # when warn_if_stale last warned
+
+    def warn_if_stale(self) -> None:
+        """A WARNING, at most once a minute, while the client has had no new parameters for ``[online]
+        no_param_warn_minutes`` (0: never)."""
+        now = self.clock()
+        idle = now - self.param_since
+        if not self.no_param_warn or idle < self.no_param_warn:
+            return
+        if self.stale_warned is not None and now - self.stale_warned < 60.0:
+            return
+        self.stale_warned = now
+        held = f'still version {self.param_version}' if self.param_version >= 0 else 'none loaded yet'
+        logger.warning('no new parameters for %.0f min (%s): the trainer is stopped, or waits (its log says why)',
+                       idle / 60, held)
 
     def sync_params(self) -> None:
         """Ask the server for newer parameters and load them; with none loadable yet, ask again every
         ``wire.RETRY_INTERVAL`` s, else play on with the parameters already loaded."""
         while not self.update_param(fetch_param(self.remote, self.param_version, self.server_id,
-                                                sleep=self.sleep)):
+                                                sleep=self.sleep, on_wait=self.warn_if_stale)):
             if self.param_version >= 0:
                 break  # play on with the parameters already loaded
+            self.warn_if_stale()
             self.sleep(wire.RETRY_INTERVAL)
+        self.warn_if_stale()
 
     def update_param(self, rsp: dict) -> bool:
         """Load the parameters of a get_param 'ok' reply; True when loaded. Parameters that cannot be loaded
@@ -197,6 +218,8 @@ class ParamSync:
             return False
         self.mortal.load_state_dict(mortal)
         self.dqn.load_state_dict(dqn)
+        if key != (self.server_id, self.param_version):
+            self.param_since, self.stale_warned = self.clock(), None
         self.param_version = key[1]
         self.server_id = key[0]
         logger.info('param has been updated (version %d)', self.param_version)
@@ -327,10 +350,12 @@ class Client(ParamSync, BaselineSync):
     (``ParamSync``, with the play settings of each reply: ``BaselineSync``), the round, the upload.
 
     config: the full config dict; train_player: a ``TrainPlayer`` (built from config when None); env: where the
-    ``TrainPlayer`` finds ``TRAIN_PLAY_PROFILE`` (``mortal.config.Env``: the start-up overrides or a mapping).
+    ``TrainPlayer`` finds ``TRAIN_PLAY_PROFILE`` (``mortal.config.Env``: the start-up overrides or a mapping);
+    ``sleep`` and ``clock`` (monotonic seconds): tests replace them.
     """
 
-    def __init__(self, config: dict, *, train_player=None, remote=None, env=os.environ, sleep=time.sleep):
+    def __init__(self, config: dict, *, train_player=None, remote=None, env=os.environ, sleep=time.sleep,
+                 clock=time.monotonic):
         from mortal.features.obs import check_version
 
         cfg = typed(config)  # the typed sections, defaults from mortal/config_schema.py
@@ -338,6 +363,7 @@ class Client(ParamSync, BaselineSync):
         self.device = torch.device(cfg.control.device)
         self.remote = remote or wire.Remote.from_config(cfg.online.remote, cfg.online.server)
         self.sleep = sleep
+        self.clock = clock
         self.init_baseline(cfg.baseline.train, fetch_missing=train_player is None)
         self.init_params(cfg, version)
         if train_player is None:

@@ -351,6 +351,9 @@ class Online(Section):
         "sooner; 0 = Monte-Carlo, as Mortal)", 0)
     target_update_every: PositiveInt = key(
         'extra: steps between copies of the trained weights into the target network of n_step', 1000)
+    no_param_warn_minutes: NonNegativeFloat = key(
+        'extra: a client that has had no new parameters for this many minutes (the trainer stopped, or its '
+        'supervisor waits for a valid config) says so at WARNING, once a minute (0 = never, as Mortal)', 10.0)
     remote: Remote | None = None
     server: Server | None = None
 
