@@ -371,21 +371,46 @@ class Client(ParamSync, BaselineSync):
             train_player = TrainPlayer(config, env)
         self.train_player = train_player
         self.history = RankHistory(cfg.online.history_window)
+        self.phase = 'idle'  # 'fetch', 'play' or 'upload' while a round runs: what a stop discards
+        self.rounds = 0  # rounds submitted
+        self.pending_logs = 0  # logs of the round being submitted
 
     def run_round(self) -> np.ndarray:
         """Fetch parameters, play one round, log the ranks, submit the logs; returns the (4,) rank counts."""
+        self.phase = 'fetch'
         self.sync_params()
 
+        self.phase = 'play'
         rankings, file_list = self.train_player.train_play(self.mortal, self.dqn, self.device)
         total = self.history.add(rankings)
         for line in format_round(rankings, self.history, total):
             logger.info('%s', line)
 
+        self.phase, self.pending_logs = 'upload', len(file_list)
         self.upload(file_list)
+        self.phase = 'idle'
+        self.rounds += 1
         gc.collect()
         if self.device.type == 'cuda':
             torch.cuda.empty_cache()
         return rankings
+
+    def stop_summary(self) -> str:
+        """What a stop now keeps and discards: the round in progress (its games done so far, counted in
+        ``[train_play.<profile>] log_dir``), or a round not yet submitted; the rounds submitted."""
+        if self.phase == 'play':
+            games = getattr(self.train_player, 'seed_count', 0) * 4
+            try:
+                done = len(os.listdir(self.train_player.log_dir))
+            except (AttributeError, OSError):
+                done = None
+            of = f'{done} of {games} games' if done is not None and games else f'{games or "?"} games'
+            what = f'round in progress discarded ({of}, parameters version {self.param_version})'
+        elif self.phase == 'upload':
+            what = f'round not yet submitted discarded ({self.pending_logs} logs)'
+        else:
+            what = 'no round in progress'
+        return f'{what}; {self.rounds} rounds submitted'
 
     def upload(self, file_list) -> None:
         """Submit the round's log files with the parameter version they were played with (retrying while the
@@ -405,14 +430,20 @@ def main(argv=None):
     parser.add_argument('--rounds', type=int, default=0, help='stop after this many rounds (0 = never)')
     args = entry.start(parser, argv)
     config = entry.load_config_or_exit(args, CLIENT_SECTIONS)
+    entry.log_settings(logger, config, 'client', args.config, args.overrides)
+    entry.stop_on_sigterm()
     done = 0
+    client = None
     try:
         client = Client(config, env=args.overrides)
         while not args.rounds or done < args.rounds:
             client.run_round()
             done += 1
-    except KeyboardInterrupt:
-        pass
+        logger.info('stopped after %d rounds (--rounds)', done)
+    except KeyboardInterrupt as exc:  # also SIGTERM (entry.stop_on_sigterm)
+        logger.info('stopped on %s; %s', entry.stop_cause(exc),
+                    client.stop_summary() if client is not None else 'while starting, nothing played')
+        raise SystemExit(entry.stop_status(exc)) from None
     except wire.RequestRefused as ex:  # e.g. a round too big for the server's max_frame_bytes: retrying cannot help
         logger.error('%s', ex)
         raise SystemExit(2) from None

@@ -308,6 +308,7 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
         self.best_perf = dict(INITIAL_BEST_PERF)
         self.guard = dict(INITIAL_GUARD)
         self.steps = 0
+        self.saved_steps = None  # the step of state_file as this learner last loaded or wrote it (None: none)
         self._loaded_ema = None
         self.load_state()
         self.scheduler.multiplier = lambda: (schedule_factor(self.schedules['lr'], self.steps)
@@ -453,14 +454,34 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
                 break  # one epoch per offline run, for easier control (Mortal)
 
 
+def stop_summary(trainer) -> str:
+    """What a learner stopped at ``trainer.steps`` keeps and discards, for its last line."""
+    if trainer.saved_steps is None:
+        kept = f'the {trainer.steps:,} steps trained discarded (no checkpoint written yet)'
+    elif trainer.saved_steps == trainer.steps:
+        kept = f'nothing discarded ({trainer.state_file} holds step {trainer.steps:,})'
+    else:
+        kept = (f'the {trainer.steps - trainer.saved_steps:,} steps since the last save discarded '
+                f'({trainer.state_file} keeps step {trainer.saved_steps:,})')
+    if trainer.online:
+        kept += '; claimed logs not yet trained are kept for the next learner'
+    return kept
+
+
 def run_learner(config: dict, dist=None) -> int:
     """The learner process body (``dist``: as ``Trainer``'s); returns its exit status (0 after an online test
-    play)."""
+    play; after a stop signal 128 + its number, 130 for Ctrl-C), with a last line saying why it stopped and what it
+    kept (``stop_summary``)."""
+    from mortal import entry
     trainer = Trainer(config, dist=dist)
     try:
         trainer.run()
     except TestPlayDone:
         logger.info('test play done: exiting so that the supervisor restarts the learner')
+    except KeyboardInterrupt as exc:  # also SIGTERM (entry.stop_on_sigterm)
+        logger.info('stopped on %s at step %s; %s', entry.stop_cause(exc), f'{trainer.steps:,}',
+                    stop_summary(trainer))
+        return entry.stop_status(exc, 130)
     finally:
         trainer.writer.close()
     return 0
@@ -488,14 +509,17 @@ def main(argv=None):
         sys.exit(entry.error(exc))
     try:
         if not online or is_supervised():
+            entry.stop_on_sigterm()
             if online:
                 end_with_supervisor()  # out of the terminal's session: end with the supervisor
+            entry.log_settings(logger, config, 'learner', args.config, args.overrides)
             code = run_learner(config, dist)
         else:
             code = supervise(argv, script=path.abspath(__file__), required=ONLINE_TRAIN_SECTIONS, env=args.overrides,
                              config_path=resolve_path(args.config, args.overrides))
-    except KeyboardInterrupt:
-        code = 130
+    except KeyboardInterrupt as exc:  # before the learner ran (run_learner says its own)
+        logger.info('stopped on %s while starting', entry.stop_cause(exc))
+        code = entry.stop_status(exc, 130)
     finally:
         dist.close()
     sys.exit(code)

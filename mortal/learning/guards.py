@@ -83,8 +83,8 @@ class Guards:
         With a test player that gives per-deal results (``play_units``: ``mortal.play.player.TestPlayer``, online and
         offline), the challenger is paired deal by deal with best.pth's record and judged by ``[test_play]
         best_rule`` (``mortal.learning.gate``), and a "better" of fewer than ``[test_play] min_deals`` deals does not
-        replace best.pth (except the first, which makes it); one with ``test_play`` only (the bootstrap's test play against
-        RulebaseBots, tests' fakes) is judged by Mortal's rule and drives no guard."""
+        replace best.pth (except the first, which makes it); one with ``test_play`` only (the bootstrap's test play
+        against RulebaseBots, tests' fakes) is judged by Mortal's rule and drives no guard."""
         t = self.trainer
         # Nothing to compare with yet (no best.pth, a fresh best_perf): the first test play makes best.pth, as
         # Mortal's does.

@@ -55,6 +55,7 @@ class LearnerCheckpoint:
         self.best_perf = dict(state.get('best_perf', INITIAL_BEST_PERF))
         self.guard = {**INITIAL_GUARD, **state.get('guard', {})}
         self.steps = int(state['steps'])
+        self.saved_steps = self.steps
         if 'ema_mortal' in state and 'ema_dqn' in state:
             self._loaded_ema = (state['ema_mortal'], state['ema_dqn'])
         when = datetime.fromtimestamp(state.get('timestamp', 0)).strftime('%Y-%m-%d %H:%M:%S')
@@ -88,5 +89,6 @@ class LearnerCheckpoint:
         }
 
     def save(self) -> None:
-        """Write ``checkpoint()`` to ``[control] state_file`` atomically."""
+        """Write ``checkpoint()`` to ``[control] state_file`` atomically; ``saved_steps`` is then its step."""
         atomic_torch_save(self.checkpoint(), self.state_file)
+        self.saved_steps = self.steps

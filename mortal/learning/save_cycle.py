@@ -21,8 +21,9 @@ class TestPlayDone(Exception):
 class SaveCycle:
     """The trainer's save/test cycle. The host (``mortal.train.Trainer``) provides ``online``, ``steps``,
     ``save_every``, ``submit_every``, ``test_every``, ``stats``, ``stat_batches`` and ``reset_stats()``,
-    ``loss_weights``, ``offline_stream``, ``scheduler``, ``models``, ``ema``, ``device``, ``dist``, ``writer``, ``instruments``,
-    ``guards``, ``test_player``, ``play_settings()``, ``save()``, ``submit_param()``, and the progress bar ``pb``."""
+    ``loss_weights``, ``offline_stream``, ``scheduler``, ``models``, ``ema``, ``device``, ``dist``, ``writer``,
+    ``instruments``, ``guards``, ``test_player``, ``play_settings()``, ``save()``, ``submit_param()``, and the
+    progress bar ``pb``."""
 
     def on_save(self) -> None:
         """Every ``save_every`` steps: TensorBoard, checkpoint, a missed submit, and test play when due (rank 0;

@@ -7,10 +7,10 @@ fresh process has run none. ``supervise`` starts ``python <script> argv`` with `
 it 3 s after each exit with status 0 and returns the child's status on anything else. Before each start it checks
 the config (``config_path``): a broken one (a typo saved while the run goes on) is waited for, its errors logged at
 ERROR, checked again every 30 s and reported once a minute, and the learner starts once it is fixed; each start logs
-the keys changed since the last one (``config changed since the last start: [control] test_every 600 -> 300``). The child runs in a session
-and process group of its own; whatever is left of that group when the child has ended is killed
-(``reap_process_group``), and the child ends with the supervisor (``end_with_supervisor``), so no process of a
-learner outlives it (its loader processes die with it: ``mortal.util.lifetime``).
+the keys changed since the last one (``config changed since the last start: [control] test_every 600 -> 300``).
+The child runs in a session and process group of its own; whatever is left of that group when the child has ended
+is killed (``reap_process_group``), and the child ends with the supervisor (``end_with_supervisor``), so no
+process of a learner outlives it (its loader processes die with it: ``mortal.util.lifetime``).
 
 ``mortal.quickstart`` has no supervisor of its own: it starts ``python -m mortal.train`` (this supervisor, which
 restarts the learner) beside the server and a client, treats any exit of the three as a failure, and stops them
@@ -165,6 +165,7 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
     child_env = {**os.environ, IS_SUB_PROC_KEY: '1', SUPERVISOR_PID_KEY: str(os.getpid())}
     child = None
     stopping = False
+    stop_signal = 'SIGINT'  # the name of the signal that asked the supervisor to stop
     started_with = None  # the config the last learner started with
 
     def next_config() -> bool:
@@ -183,8 +184,9 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
         return True
 
     def forward(signum, frame):
-        nonlocal stopping
+        nonlocal stopping, stop_signal
         stopping = True
+        stop_signal = signal.Signals(signum).name
         if child is not None and child.poll() is None:
             child.send_signal(signum)
 
@@ -192,7 +194,8 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
     try:
         while True:
             if not next_config():
-                logger.info('stop requested while waiting for a valid config: not restarting')
+                logger.info('stopped on %s while waiting for a valid config: no learner running, nothing '
+                            'discarded', stop_signal)
                 return 0
             # A session of its own: the whole learner (with its loader processes) is one process group to reap.
             child = subprocess.Popen(cmd, env=child_env, start_new_session=True)
@@ -214,7 +217,8 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
                 if code < 0:
                     code = 128 - code
                 if stopping:
-                    logger.info('learner stopped on request (status %d)', code)
+                    logger.info('stopped on %s: the learner ended with status %d (its last line says what it '
+                                'kept)', stop_signal, code)
                 else:
                     logger.error('learner exited with status %d: stopping', code)
                 return code
@@ -224,7 +228,7 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
             except KeyboardInterrupt:
                 stopping = True
             if stopping:  # a SIGTERM/SIGINT in the pause had no child to reach: honour it here
-                logger.info('stop requested between learners: not restarting')
+                logger.info('stopped on %s between learners: not restarting, nothing discarded', stop_signal)
                 return 0
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -152,6 +152,9 @@ class Handler(BaseRequestHandler):
             logger.warning('could not reply to %s: %s', peer, ex)
 
 
+TRAINER_QUIET_SECONDS = 60.0  # no drain for this long with a full buffer: a line saying that the clients wait
+
+
 class ParamServer(ThreadingTCPServer):
     """Threaded TCP server around a ReplayStore. Bind errors propagate; per-connection errors are logged.
 
@@ -191,7 +194,26 @@ class ParamServer(ThreadingTCPServer):
         self.pending = 0  # connections in their header phase (pending_lock)
         self.refused = 0  # connections closed for want of a slot since the last "accepting again" (pending_lock)
         self.pending_lock = threading.Lock()
+        self.wait_said = None  # when service_actions last said that clients wait for a drain
+        self.clock = time.monotonic
         super().__init__(address, Handler)
+
+    def service_actions(self):
+        """Between two polls of ``serve_forever``: while the buffer is full and the trainer has not drained it for
+        ``TRAINER_QUIET_SECONDS`` (it is stopped, or its supervisor waits for a valid config), a WARNING at most
+        that often saying that the clients wait."""
+        now = self.clock()
+        quiet = now - self.store.last_drain
+        said_lately = self.wait_said is not None and now - self.wait_said < TRAINER_QUIET_SECONDS
+        if quiet < TRAINER_QUIET_SECONDS or said_lately:
+            return
+        buffered = self.store.buffered()
+        if buffered < self.store.capacity:
+            return
+        self.wait_said = now
+        logger.warning('no drain for %.0f min and the buffer is full (%d logs, capacity %d): the clients wait until '
+                       'the trainer drains it (is it running? its log says why)', quiet / 60, buffered,
+                       self.store.capacity)
 
     def payload_seconds(self, length: int) -> float:
         """Seconds allowed for a whole payload of ``length`` bytes to arrive: ``PAYLOAD_MIN_SECONDS`` plus its
