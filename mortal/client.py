@@ -442,7 +442,7 @@ def main(argv=None):
         logger.info('stopped after %d rounds (--rounds)', done)
     except KeyboardInterrupt as exc:  # also SIGTERM (entry.stop_on_sigterm)
         logger.info('stopped on %s; %s', entry.stop_cause(exc),
-                    client.stop_summary() if client is not None else 'while starting, nothing played')
+                    client.stop_summary() if client is not None else 'while starting; nothing played')
         raise SystemExit(entry.stop_status(exc)) from None
     except wire.RequestRefused as ex:  # e.g. a round too big for the server's max_frame_bytes: retrying cannot help
         logger.error('%s', ex)
