@@ -627,3 +627,21 @@ def test_a_blank_token_is_refused(tmp_path, cfg):
     cfg['online']['remote']['token'] = '   '
     message, path = load_error(tmp_path, cfg, required=SERVER_SECTIONS)
     assert f'[online.remote] token in {path} must not be empty or blank' in message
+
+
+def test_paths_may_start_at_the_config_files_folder(tmp_path):
+    # issue 36: '{config_dir}' stands for the config file's folder, so a work dir can be moved or copied; other
+    # strings, relative paths included (relative to the working directory, as Mortal's), stay as written
+    from mortal.config import CORE_SECTIONS, typed
+    import toml
+    d = tiny_config_dict(tmp_path)
+    d['control']['state_file'] = '{config_dir}/online/mortal.pth'
+    d['control']['best_state_file'] = 'online/best.pth'
+    d['dataset']['globs'] = ['{config_dir}/logs/**/*.json.gz', '/data/*.json.gz']
+    folder = tmp_path / 'run'
+    folder.mkdir()
+    (folder / 'c.toml').write_text(toml.dumps(d))
+    c = typed(load_config(folder / 'c.toml', required=CORE_SECTIONS, env={}))
+    assert c.control.state_file == f'{folder}/online/mortal.pth'
+    assert c.control.best_state_file == 'online/best.pth'
+    assert c.dataset.globs == [f'{folder}/logs/**/*.json.gz', '/data/*.json.gz']
