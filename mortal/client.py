@@ -183,8 +183,8 @@ class ParamSync:
             return
         self.stale_warned = now
         held = f'still version {self.param_version}' if self.param_version >= 0 else 'none loaded yet'
-        logger.warning('no new parameters for %.0f min (%s): the trainer is stopped, or waits (its log says why)',
-                       idle / 60, held)
+        logger.warning('no new parameters for %.0f min (%s): is the trainer running? (its log says why it stopped '
+                       'or waits; [online] no_param_warn_minutes sets this warning)', idle / 60, held)
 
     def sync_params(self) -> None:
         """Ask the server for newer parameters and load them; with none loadable yet, ask again every

@@ -267,8 +267,8 @@ def test_a_client_without_new_parameters_warns_once_a_minute(tmp_path, caplog):
         client.run_round()  # version 2: the clock restarts
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     # the 20th wait starts at 57 s, the 21st at 60 s: the first warning; the next a minute later, at 120 s
-    assert warnings == ['no new parameters for 1 min (still version 1): the trainer is stopped, or waits (its log '
-                        'says why)',
-                        'no new parameters for 2 min (still version 1): the trainer is stopped, or waits (its log '
-                        'says why)']
+    why = ('is the trainer running? (its log says why it stopped or waits; [online] no_param_warn_minutes sets this '
+           'warning)')
+    assert warnings == [f'no new parameters for 1 min (still version 1): {why}',
+                        f'no new parameters for 2 min (still version 1): {why}']
     assert sleeps == [3.0] * 40 and client.param_version == 2 and client.param_since == 120.0
