@@ -78,7 +78,7 @@ def test_a_typo_saved_while_training_waits_then_resumes_once_fixed(tmp_path):
     assert errors[0].startswith(f'config {cfg} is broken: the learner is not restarted until it is fixed')
     assert 'batch_size' in errors[0]
     assert any(m.startswith('config ') and 'is valid again' in m for _, m in lines.records)
-    assert f'config changed since the last start: [control] test_every 4 -> 8' in [m for _, m in lines.records]
+    assert 'config changed since the last start: [control] test_every 4 -> 8' in [m for _, m in lines.records]
     # the learner's own error still ends the run once the config is valid (the fake exits 3): at ERROR
     assert errors[-1] == 'learner exited with status 3: stopping'
 
@@ -184,7 +184,6 @@ def test_client_says_its_settings_at_start_and_why_it_stopped(tmp_path):
 def test_a_stopped_round_says_how_many_games_it_discards(tmp_path):
     # "stopped on SIGTERM; round in progress discarded (9 of 16 games)": a round stopped after 9 of its 16 games
     import signal
-    from conftest import ROOT  # noqa: F401
     from mortal import client as cl
     from mortal.entry import Stopped
     config, _ = load_tiny_config(tmp_path, online=True)
