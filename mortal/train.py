@@ -454,24 +454,10 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
                 break  # one epoch per offline run, for easier control (Mortal)
 
 
-def stop_summary(trainer) -> str:
-    """What a learner stopped at ``trainer.steps`` keeps and discards, for its last line."""
-    if trainer.saved_steps is None:
-        kept = f'the {trainer.steps:,} steps trained discarded (no checkpoint written yet)'
-    elif trainer.saved_steps == trainer.steps:
-        kept = f'nothing discarded ({trainer.state_file} holds step {trainer.steps:,})'
-    else:
-        kept = (f'the {trainer.steps - trainer.saved_steps:,} steps since the last save discarded '
-                f'({trainer.state_file} keeps step {trainer.saved_steps:,})')
-    if trainer.online:
-        kept += '; claimed logs not yet trained are kept for the next learner'
-    return kept
-
-
 def run_learner(config: dict, dist=None) -> int:
     """The learner process body (``dist``: as ``Trainer``'s); returns its exit status (0 after an online test
     play; after a stop signal 128 + its number, 130 for Ctrl-C), with a last line saying why it stopped and what it
-    kept (``stop_summary``)."""
+    kept (``LearnerCheckpoint.stop_summary``)."""
     from mortal import entry
     trainer = Trainer(config, dist=dist)
     try:
@@ -480,7 +466,7 @@ def run_learner(config: dict, dist=None) -> int:
         logger.info('test play done: exiting so that the supervisor restarts the learner')
     except KeyboardInterrupt as exc:  # also SIGTERM (entry.stop_on_sigterm)
         logger.info('stopped on %s at step %s; %s', entry.stop_cause(exc), f'{trainer.steps:,}',
-                    stop_summary(trainer))
+                    trainer.stop_summary())
         return entry.stop_status(exc, 130)
     finally:
         trainer.writer.close()

@@ -230,7 +230,7 @@ def test_a_stopped_learner_says_what_it_kept(tmp_path, monkeypatch, caplog):
         f'stopped on SIGTERM at step 3; the 1 steps since the last save discarded ({trainer.state_file} keeps '
         'step 2)')
     trainer.saved_steps = None
-    assert tr.stop_summary(trainer) == 'the 3 steps trained discarded (no checkpoint written yet)'
+    assert trainer.stop_summary() == 'the 3 steps trained discarded (no checkpoint written yet)'
 
 
 def test_changed_keys_name_each_key_with_both_values():

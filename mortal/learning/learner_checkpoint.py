@@ -23,7 +23,7 @@ class LearnerCheckpoint:
     """The trainer's checkpoint methods. The host (``mortal.train.Trainer``) provides ``config``, ``online``,
     ``device``, ``state_file``, the models ``mortal``, ``dqn``, ``aux_net``, ``optimizer``, ``scheduler``,
     ``scaler``, ``ema`` (None or the (mortal, dqn) EMA copies), and the state this class fills in: ``best_perf``,
-    ``guard``, ``steps``, ``_loaded_ema``."""
+    ``guard``, ``steps``, ``saved_steps`` (the step of ``state_file`` as last loaded or written), ``_loaded_ema``."""
 
     def load_state(self) -> bool:
         """Resume from ``[control] state_file`` if it exists; returns whether it did.
@@ -87,6 +87,20 @@ class LearnerCheckpoint:
             'config': for_checkpoint(self.config),
             **extra,
         }
+
+    def stop_summary(self) -> str:
+        """What a learner stopped now keeps and discards (its last line): the steps since ``saved_steps``, and
+        online the claimed logs, which the next learner trains."""
+        if self.saved_steps is None:
+            kept = f'the {self.steps:,} steps trained discarded (no checkpoint written yet)'
+        elif self.saved_steps == self.steps:
+            kept = f'nothing discarded ({self.state_file} holds step {self.steps:,})'
+        else:
+            kept = (f'the {self.steps - self.saved_steps:,} steps since the last save discarded '
+                    f'({self.state_file} keeps step {self.saved_steps:,})')
+        if self.online:
+            kept += '; claimed logs not yet trained are kept for the next learner'
+        return kept
 
     def save(self) -> None:
         """Write ``checkpoint()`` to ``[control] state_file`` atomically; ``saved_steps`` is then its step."""
