@@ -50,6 +50,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from learning_arms import (  # noqa: E402  the start, the arms and the offline-only control (shared with learning_flaw)
     check_marks, checkpoint_steps, control_steps, make_start, parse_sets, run_arm, run_offline)
 from mortal.play.evaluation import format_summary as fmt, play_chunk as _play, play_duplicate, summarize  # noqa: E402
+from mortal.play.duplicate import unreliable_note  # noqa: E402
 
 
 def play_units(chal, champ, *, sets, key, workers, chunk):
@@ -191,8 +192,10 @@ def paired_line(online_arm, online, control_arm, control, log):
         return None
     d = summarize({int(k): online['units']['final'][k] for k in shared},
                   {int(k): control['units']['final'][k] for k in shared})
+    note = unreliable_note(d['deals'])
     return (f"\n{online_arm} final - {control_arm} final, avg rank vs 3x start paired by deal (below 0: the "
-            f"online arm is better): {d['paired_diff']:+.3f} ± {d['paired_diff_ci']:.3f} ({d['games']} games)")
+            f"online arm is better): {d['paired_diff']:+.3f} ± {d['paired_diff_ci']:.3f} ({d['games']} games"
+            f"{'; ' + note if note else ''})")
 
 
 def report(out, log, against=None):

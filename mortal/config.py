@@ -43,6 +43,7 @@ else:  # pragma: no cover - Python 3.10 has no tomllib; tomli is the same parser
 logger = logging.getLogger(__name__)
 
 DEFAULT_PATH = 'config.toml'
+CONFIG_DIR = '{config_dir}'  # a string value that starts with it starts at the config file's folder instead
 ENV_PATH = 'MORTAL_CFG'
 ENV_PROFILE = 'TRAIN_PLAY_PROFILE'
 ENV_SP_THREADS = 'MORTAL_SP_THREADS'
@@ -204,7 +205,8 @@ def load_config(path: str | os.PathLike | None = None, *, required: Required = C
         env: where ``MORTAL_CFG`` and ``TRAIN_PLAY_PROFILE`` come from (:data:`Env`).
 
     Returns:
-        ``config`` with ``config['control']['version']`` etc.; optional keys of present sections filled.
+        ``config`` with ``config['control']['version']`` etc.; optional keys of present sections filled; a string
+        that starts with ``{config_dir}`` starts with the config file's folder instead (:func:`expand_config_dir`).
         :func:`typed` gives the same content as typed sections.
 
     Raises:
@@ -218,7 +220,23 @@ def load_config(path: str | os.PathLike | None = None, *, required: Required = C
     path = resolve_path(path, env)
     config = read_config(path, env)
     validate(config, path, required=required, env=env)
+    expand_config_dir(config, os.path.dirname(os.path.abspath(path)))
     return config
+
+
+def expand_config_dir(node, folder: str):
+    """In place, every string of the loaded config ``node`` (its tables and arrays) that starts with
+    ``{config_dir}`` starts with ``folder`` (the config file's, absolute) instead: ``state_file =
+    '{config_dir}/online/mortal.pth'`` names a file beside the config, wherever the folder is moved or copied.
+    Other strings, relative paths included (relative to the working directory, as Mortal's), are left as they are.
+    Returns ``node``."""
+    items = node.items() if isinstance(node, dict) else enumerate(node)
+    for k, v in list(items):
+        if isinstance(v, str) and v.startswith(CONFIG_DIR):
+            node[k] = folder + v[len(CONFIG_DIR):]
+        elif isinstance(v, (dict, list)):
+            expand_config_dir(v, folder)
+    return node
 
 
 def config_errors(path: str | os.PathLike | None = None, *, required: Required = mode_sections,

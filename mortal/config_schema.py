@@ -205,6 +205,10 @@ class TestPlay(Section):
     sprt_alpha: Annotated[Float, SprtError] = key('extra: SPRT chance of calling an equal model better', 0.05)
     sprt_beta: Annotated[Float, SprtError] = key('extra: SPRT chance of missing a model better by sprt_delta', 0.05)
     sprt_chunk: Games = key('extra: games between two looks of the SPRT (multiple of 4)', 64)
+    min_deals: NonNegativeInt = key(
+        'extra: best.pth is replaced only by a test play of at least this many deals (4 games each; a CI over fewer '
+        'is noise); fewer: not replaced, with a line saying why. The first test play (no best.pth yet) always makes '
+        "it. 0 or 1 = any count, Mortal's rule", 8)
     fresh_deals: Bool = key("extra: every test play meets new deals and best.pth is played on them too (twice the "
                             "games; no winner's curse of a record on fixed deals); false = Mortal's fixed test seeds",
                             False)
@@ -338,6 +342,9 @@ class Online(Section):
     ema_decay: Annotated[Float, UnitHalfOpen] = key(
         'extra: publish, test-play and keep as best.pth an EMA of the weights with this decay per optimizer step '
         '(0 = off, as Mortal); state_file adds ema_mortal/ema_dqn', 0.0)
+    no_param_warn_minutes: NonNegativeFloat = key(
+        'extra: a client that has had no new parameters for this many minutes (the trainer stopped, or its '
+        'supervisor waits for a valid config) says so at WARNING, once a minute (0 = never, as Mortal)', 10.0)
     remote: Remote | None = None
     server: Server | None = None
 

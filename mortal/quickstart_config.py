@@ -7,6 +7,7 @@ benches that need a tiny working config.
 import socket
 from pathlib import Path
 
+from mortal.config import CONFIG_DIR
 from mortal.util.fsutil import atomic_write_bytes
 
 # Sizes of the two embedded presets. Games are multiples of 4 (one duplicate set = 4 seat rotations).
@@ -33,7 +34,8 @@ PRESETS = {
 # The online loss extras of the embedded config (docs/learning.md); config_online.toml keeps Mortal's (none).
 ONLINE_REMEDY = dict(anchor_weight=1.0, offline_batch_size=64)
 
-# Mortal's config layout; {work} is the absolute work dir, the rest comes from a preset.
+# Mortal's config layout; {work} is the absolute work dir (or '{config_dir}', render_config's relative), the rest
+# comes from a preset.
 CONFIG_TEMPLATE = """\
 # Written by mortal.quickstart: a tiny CPU setup that runs the whole pipeline in minutes.
 [control]
@@ -181,20 +183,23 @@ def free_port(host='127.0.0.1'):
         return s.getsockname()[1]
 
 
-def render_config(work_dir, *, preset='full', port=None, version=3):
+def render_config(work_dir, *, preset='full', port=None, version=3, relative=False):
     """Config text for ``work_dir`` (made absolute) with the sizes of ``preset`` ('full'/'short') and
-    feature ``version`` (3 or 4)."""
+    feature ``version`` (3 or 4). With ``relative``, every path is written from ``{config_dir}`` (the folder of the
+    config file, ``mortal.config.expand_config_dir``), so that the config works in ``work_dir`` wherever it is
+    moved or copied to."""
     if version not in (3, 4):
         raise ValueError(f"quickstart version must be 3 or 4, got {version!r}")
     sizes = dict(PRESETS[preset], version=version, **ONLINE_REMEDY)
     for key in ('online_timeout', 'eval_sets', 'rulebase_sets'):
         sizes.pop(key)
-    work = Path(work_dir).expanduser().resolve().as_posix()
+    work = CONFIG_DIR if relative else Path(work_dir).expanduser().resolve().as_posix()
     return CONFIG_TEMPLATE.format(work=work, port=port or free_port(), **sizes)
 
 
-def write_config(work_dir, *, preset='full', port=None, version=3):
-    """Write ``work_dir/config.toml`` (creating the dir); returns its ``Path``.
+def write_config(work_dir, *, preset='full', port=None, version=3, relative=False):
+    """Write ``work_dir/config.toml`` (creating the dir; ``relative``: as ``render_config``'s); returns its
+    ``Path``.
 
     Raises ValueError when the dir already holds a config of another feature version (its
     checkpoints would not fit).
@@ -208,5 +213,6 @@ def write_config(work_dir, *, preset='full', port=None, version=3):
         old = lookup(toml.load(path), 'control.version')  # the file as it is, checked or not
         if old is not None and old != version:
             raise ValueError(f"{work} was set up for version {old}; use --version {old} or another --work-dir")
-    atomic_write_bytes(render_config(work, preset=preset, port=port, version=version).encode(), path)
+    text = render_config(work, preset=preset, port=port, version=version, relative=relative)
+    atomic_write_bytes(text.encode(), path)
     return path

@@ -95,6 +95,8 @@ def main(argv=None):
     from mortal.config import SERVER_SECTIONS
     args = entry.start(entry.parser(__doc__.splitlines()[0]), argv)
     config = entry.load_config_or_exit(args, SERVER_SECTIONS)
+    entry.log_settings(logger, config, 'server', args.config, args.overrides)
+    entry.stop_on_sigterm()
     try:
         server = build_server(config)
     except ServerStartError as ex:
@@ -106,8 +108,20 @@ def main(argv=None):
                     server.store.capacity, server.store.force_sequential)
         try:
             server.serve_forever()
-        except KeyboardInterrupt:
-            pass
+        except KeyboardInterrupt as exc:  # also SIGTERM (entry.stop_on_sigterm)
+            logger.info('stopped on %s; %s', entry.stop_cause(exc), stop_summary(server.store))
+            raise SystemExit(entry.stop_status(exc)) from None
+
+
+def stop_summary(store: ReplayStore) -> str:
+    """What a stopping server discards: the logs still buffered (``buffer_dir`` is emptied at the next start) and
+    the parameters it holds (only in memory: the trainer submits them again)."""
+    buffered = store.buffered()
+    logs = (f'{buffered} buffered logs discarded (buffer_dir is emptied at the next start)' if buffered
+            else 'no buffered log discarded')
+    held = (f'parameters version {store.param_version} dropped from memory (the trainer submits them again)'
+            if store.mortal_param is not None else 'no parameters held')
+    return f'{logs}; {held}'
 
 
 if __name__ == '__main__':

@@ -82,7 +82,8 @@ class LearnerStep:
     when one is due."""
 
     def reset_stats(self) -> None:
-        """Zero the loss sums averaged into TensorBoard at each save."""
+        """Zero the loss sums averaged into TensorBoard at each save, and their count of batches."""
+        self.stat_batches = 0  # batches summed into stats: the divisor of the means (a resumed window is short)
         self.stats = {'dqn_loss': 0.0, 'cql_loss': 0.0, 'anchor_loss': 0.0, 'offline_cql_loss': 0.0,
                       'next_rank_loss': 0.0, 'counterfactual_loss': 0.0}
 
@@ -132,6 +133,7 @@ class LearnerStep:
     def _account(self, terms, q_out, masks, actions, q_target, n: int) -> None:
         """Add the batch's loss terms to the sums of ``stats``, and its ``n`` online rows to the instruments."""
         with torch.no_grad():
+            self.stat_batches += 1
             for name in self.stats:
                 term = getattr(terms, name)
                 if term is not None:  # a term that is off stays 0
@@ -250,6 +252,7 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
         self.best_perf = dict(INITIAL_BEST_PERF)
         self.guard = dict(INITIAL_GUARD)
         self.steps = 0
+        self.saved_steps = None  # the step of state_file as this learner last loaded or wrote it (None: none)
         self._loaded_ema = None
         self.load_state()
         self.scheduler.multiplier = lambda: (schedule_factor(self.schedules['lr'], self.steps)
@@ -384,8 +387,11 @@ STATE_FIX = ('give this run its own [control] state_file (and, online, its own s
 
 def run_learner(config: dict, dist=None) -> int:
     """The learner process body (``dist``: as ``Trainer``'s); returns its exit status (0 after an online test
-    play). Rank 0 holds the lock of ``[control] state_file`` (``mortal.util.runlock``) from before anything is
-    read to its end: raises ``runlock.LockHeld`` when another learner holds it."""
+    play; after a stop signal 128 + its number, 130 for Ctrl-C), with a last line saying why it stopped and what it
+    kept (``LearnerCheckpoint.stop_summary``). Rank 0 holds the lock of ``[control] state_file``
+    (``mortal.util.runlock``) from before anything is read to its end: raises ``runlock.LockHeld`` when another
+    learner holds it."""
+    from mortal import entry
     from mortal.util import runlock
     dist = dist or distributed.SINGLE
     lock = (runlock.hold(typed(config).control.state_file, who='learner', key='[control] state_file', fix=STATE_FIX)
@@ -396,6 +402,10 @@ def run_learner(config: dict, dist=None) -> int:
             trainer.run()
         except TestPlayDone:
             logger.info('test play done: exiting so that the supervisor restarts the learner')
+        except KeyboardInterrupt as exc:  # also SIGTERM (entry.stop_on_sigterm)
+            logger.info('stopped on %s at step %s; %s', entry.stop_cause(exc), f'{trainer.steps:,}',
+                        trainer.stop_summary())
+            return entry.stop_status(exc, 130)
         finally:
             trainer.writer.close()
     return 0
@@ -404,7 +414,7 @@ def run_learner(config: dict, dist=None) -> int:
 def main(argv=None):
     """Entry point: ``python mortal/train.py`` (config from MORTAL_CFG or ``--config``)."""
     from mortal import entry
-    from mortal.config import ConfigError, train_sections
+    from mortal.config import ConfigError, resolve_path, train_sections
     argv = list(sys.argv[1:] if argv is None else argv)
     args = entry.start(entry.parser(__doc__.splitlines()[0]), argv)
     config = entry.load_config_or_exit(args, train_sections)  # online: [online] and [online.remote] too
@@ -424,19 +434,23 @@ def main(argv=None):
     from mortal.util import runlock
     try:
         if not online or is_supervised():
+            entry.stop_on_sigterm()
             if online:
                 end_with_supervisor()  # out of the terminal's session: end with the supervisor
+            entry.log_settings(logger, config, 'learner', args.config, args.overrides)
             code = run_learner(config, dist)
         else:
             holder = runlock.holder_if_held(control.state_file)  # refused at once, not at the child's start
             if holder is not None:
                 raise runlock.LockHeld(f'another learner runs on [control] state_file = {control.state_file}: '
                                        f'{holder} holds its lock; stop it, or {STATE_FIX}')
-            code = supervise(argv, script=path.abspath(__file__))
+            code = supervise(argv, script=path.abspath(__file__), required=train_sections, env=args.overrides,
+                             config_path=resolve_path(args.config, args.overrides))
     except runlock.LockHeld as exc:
         code = entry.error(exc)
-    except KeyboardInterrupt:
-        code = 130
+    except KeyboardInterrupt as exc:  # before the learner ran (run_learner says its own)
+        logger.info('stopped on %s while starting', entry.stop_cause(exc))
+        code = entry.stop_status(exc, 130)
     finally:
         dist.close()
     sys.exit(code)

@@ -57,6 +57,8 @@ MEASURED = {
     ('test_play', 'fresh_deals'): 'docs/operations.md, "A guarded run": on fixed deals best.pth kept a lucky record '
                                   '(−0.006 ± 0.051 against the start, the final model −0.119 ± 0.069 better); on '
                                   'fresh deals the pick was a real gain (−0.160 ± 0.051)',
+    ('test_play', 'min_deals'): 'a safety bound, not a lever: a 4-deal test play (16 games) read −0.500 ± 0.447 '
+                                  'and replaced best.pth from noise (issue 36; `tests/test_guards.py`)',
     ('test_play', 'speculate_passes'): 'as `[train_play.<profile>] speculate_passes`',
     ('dataset', 'max_log_bytes'): _WIRE,
     ('env', 'reward'): 'docs/learning.md, "The reward-model arm" and "The targets", part 1: the points reward '
@@ -71,6 +73,8 @@ MEASURED = {
     ('optim.scheduler', 'epoch_size'): 'none needed: Mortal\'s scheduler argument',
     ('baseline.train', 'from_server'): 'none: keeps every client on the trainer\'s baseline (docs/operations.md, '
                                        '"Baseline sync")',
+    ('online', 'no_param_warn_minutes'): 'an operator\'s alarm, not a lever: a client waiting on a stopped '
+                                         'learner said nothing (issue 36; `tests/test_client.py`)',
     ('online', 'anchor_weight'): 'docs/learning.md, "The ablation": final 2.504 ± 0.046 against 3x the start '
                                  'where Mortal\'s loss collapses to 3.147 ± 0.047 in 1,200 steps; on in the '
                                  'quickstart',

@@ -153,7 +153,7 @@ def test_report_pairs_a_matched_control_on_shared_deals(tmp_path, capsys):
     learning.report(tmp_path, logged.append)
     out = capsys.readouterr().out
     # per deal: (1.5 - 2) = -0.5 and (2.5 - 3) = -0.5; mean -0.5 over 2 deals (8 games)
-    assert 'cf final - control final' in out and '-0.500' in out and '(8 games)' in out
+    assert 'cf final - control final' in out and '-0.500' in out and '(8 games; unreliable: 2 sets)' in out
     assert any('broken' in line and 'skipped' in line for line in logged)
     control['eval_key'] = 8
     (tmp_path / 'arms' / 'control' / 'result.json').write_text(json.dumps(control))

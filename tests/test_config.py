@@ -62,7 +62,7 @@ def test_config_online_holds_reference_values(caplog):
         'counterfactual_alternative': 'best', 'counterfactual_persist': False}
     assert c['test_play'] == {'games': 3000, 'log_dir': '/data/mortal/online/test_play', 'best_rule': 'paired',
                               'confidence': 0.95, 'sprt_delta': 0.05, 'sprt_alpha': 0.05, 'sprt_beta': 0.05,
-                              'sprt_chunk': 64, 'fresh_deals': False, 'speculate_passes': False}
+                              'sprt_chunk': 64, 'min_deals': 8, 'fresh_deals': False, 'speculate_passes': False}
     # the guards' sections are filled with defaults that change nothing of Mortal's run
     assert c['guard']['rollback_after'] == 0 and c['rotation']['after'] == 0
     assert {c['schedule'][k]['kind'] for k in ('lr', 'epsilon', 'temp')} == {'constant'}
@@ -737,3 +737,21 @@ def test_the_learner_lists_its_online_tables_with_every_other_error(tmp_path, cf
     assert f'missing section [online.remote] in {path}' in errors
     assert any(e.startswith(f'[control] batch_size in {path}') for e in errors)
     assert config_errors(write(tmp_path, tiny_config_dict(tmp_path), name='good.toml'), env={}) == []
+
+
+def test_paths_may_start_at_the_config_files_folder(tmp_path):
+    # issue 36: '{config_dir}' stands for the config file's folder, so a work dir can be moved or copied; other
+    # strings, relative paths included (relative to the working directory, as Mortal's), stay as written
+    from mortal.config import CORE_SECTIONS, typed
+    import toml
+    d = tiny_config_dict(tmp_path)
+    d['control']['state_file'] = '{config_dir}/online/mortal.pth'
+    d['control']['best_state_file'] = 'online/best.pth'
+    d['dataset']['globs'] = ['{config_dir}/logs/**/*.json.gz', '/data/*.json.gz']
+    folder = tmp_path / 'run'
+    folder.mkdir()
+    (folder / 'c.toml').write_text(toml.dumps(d))
+    c = typed(load_config(folder / 'c.toml', required=CORE_SECTIONS, env={}))
+    assert c.control.state_file == f'{folder}/online/mortal.pth'
+    assert c.control.best_state_file == 'online/best.pth'
+    assert c.dataset.globs == [f'{folder}/logs/**/*.json.gz', '/data/*.json.gz']

@@ -214,7 +214,7 @@ def test_summarize_pairs_deals_by_nonce():
     assert s['paired_diff_ci'] == pytest.approx(1.959963984540054 * math.sqrt(2 * 1.25 ** 2) / math.sqrt(2))
     # display pts 90/45/0/-135: nonce 10 -> (90+90+45+45)/4 = 67.5, nonce 11 -> 0
     assert s['avg_pt'] == pytest.approx(33.75)
-    assert format_summary(s).startswith('2.000 ± ') and format_summary(s).endswith('(8 games)')
+    assert format_summary(s).startswith('2.000 ± ') and format_summary(s).endswith('(8 games; unreliable: 2 sets)')
     # a deal the reference lacks (its deal dropped for a failed game) is left out of the pairing and counted
     s = summarize(units, {10: [4, 4, 4, 4]})
     assert s['deals'] == 2 and s['paired_diff'] == pytest.approx(-2.5) and s['unpaired'] == 1

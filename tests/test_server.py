@@ -749,3 +749,27 @@ def test_a_second_learner_on_one_server_exits_naming_the_first(tmp_path, caplog)
         assert server.store.param_version == 2
     finally:
         stop_server(server)
+
+
+def test_a_full_buffer_without_drains_says_that_the_clients_wait(running, caplog):
+    # issue 36: with the trainer stopped the server said nothing while its clients waited
+    server, store = running.server, running.store
+    now = [store.last_drain]
+    server.clock = lambda: now[0]
+    with caplog.at_level(logging.WARNING, logger='mortal.net.param_server'):
+        now[0] += 61
+        server.service_actions()  # the buffer has room: the clients play on
+        assert store.submit_replay({f'l{i}': mjai() for i in range(4)}, 0)['status'] == 'ok'  # capacity 4: full
+        server.service_actions()
+        now[0] += 30
+        server.service_actions()  # said 30 s ago
+        now[0] += 31
+        server.service_actions()
+        store.drain()  # the trainer is back
+        now[0] += 30
+        server.service_actions()
+    said = [r.getMessage() for r in caplog.records if 'no drain' in r.getMessage()]
+    assert said == ['no drain for 1 min and the buffer is full (4 logs, capacity 4): the clients wait until the '
+                    'trainer drains it (is it running? its log says why)',
+                    'no drain for 2 min and the buffer is full (4 logs, capacity 4): the clients wait until the '
+                    'trainer drains it (is it running? its log says why)']

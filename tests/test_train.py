@@ -153,6 +153,20 @@ def test_losses_by_hand_offline(tmp_path):
     assert trainer.stats['next_rank_loss'] == pytest.approx(math.log(4), rel=1e-6)
 
 
+def test_first_loss_point_after_a_resume_is_the_mean_of_the_batches_trained(tmp_path):
+    # issue 36: a learner resumed at step 3 of a save_every=4 window writes the loss at step 4 after ONE batch;
+    # its mean is that batch's loss, not a quarter of it
+    trainer, writer = make_trainer(tmp_path, online=False, **{
+        'control': {'opt_step_every': 1, 'save_every': 4, 'test_every': 8}, 'env': {'gamma': 0.5}})
+    zero_heads(trainer)
+    trainer.steps = 3
+    trainer.train_batch(*random_batch(gamma_steps=torch.tensor([0, 1, 2, 3, 0, 1, 2, 3]), reward=4.0))
+    written = {t: v for t, v, s in writer.scalars if s == 4}
+    assert written['loss/dqn_loss'] == pytest.approx(0.5 * (16 + 4 + 1 + 0.25) * 2 / 8, rel=1e-6)
+    assert written['loss/next_rank_loss'] == pytest.approx(math.log(4), rel=1e-6)
+    assert trainer.stat_batches == 0  # reset with the sums
+
+
 def test_online_has_no_cql_and_learns_only_with_accumulation(tmp_path):
     trainer, writer = make_trainer(tmp_path, online=True, **{
         'control': {'opt_step_every': 2, 'save_every': 4, 'test_every': 4, 'submit_every': 4}})

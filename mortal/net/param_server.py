@@ -219,6 +219,9 @@ class Handler(BaseRequestHandler):
             logger.warning('could not reply to %s: %s', peer, ex)
 
 
+TRAINER_QUIET_SECONDS = 60.0  # no drain for this long with a full buffer: a line saying that the clients wait
+
+
 class ParamServer(ThreadingTCPServer):
     """Threaded TCP server around a ReplayStore. Bind errors propagate; per-connection errors are logged.
 
@@ -265,12 +268,35 @@ class ParamServer(ThreadingTCPServer):
         self.refused_last = ''  # the reason of the last quiet one (log_lock)
         self.refused_period_end = 0.0  # time.monotonic() (log_lock)
         self.log_lock = threading.Lock()
+        self.wait_said = None  # when service_actions last said that clients wait for a drain
+        self.clock = time.monotonic
         super().__init__(address, Handler)
 
     @property
     def pending(self) -> int:
         """Unauthenticated connections now."""
         return len(self.unauthenticated)
+
+    def service_actions(self):
+        """Between two polls of ``serve_forever``: log the count of unlogged refusals once their period is over;
+        and while the buffer is full and the trainer has not drained it for ``TRAINER_QUIET_SECONDS`` (it is
+        stopped, or its supervisor waits for a valid config), a WARNING at most that often saying that the clients
+        wait."""
+        super().service_actions()
+        with self.log_lock:
+            self._end_refused_period(time.monotonic())
+        now = self.clock()
+        quiet = now - self.store.last_drain
+        said_lately = self.wait_said is not None and now - self.wait_said < TRAINER_QUIET_SECONDS
+        if quiet < TRAINER_QUIET_SECONDS or said_lately:
+            return
+        buffered = self.store.buffered()
+        if buffered < self.store.capacity:
+            return
+        self.wait_said = now
+        logger.warning('no drain for %.0f min and the buffer is full (%d logs, capacity %d): the clients wait until '
+                       'the trainer drains it (is it running? its log says why)', quiet / 60, buffered,
+                       self.store.capacity)
 
     def process_request(self, request, client_address):
         """Start a handler thread for a new (unauthenticated) connection; when ``max_pending`` are already
@@ -328,12 +354,6 @@ class ParamServer(ThreadingTCPServer):
                            self.refused_quiet, REFUSED_LOG_PERIOD, self.refused_last)
         self.refused_logged = self.refused_quiet = 0
         self.refused_period_end = now + REFUSED_LOG_PERIOD
-
-    def service_actions(self):
-        """Between polls of ``serve_forever``: log the count of unlogged refusals once their period is over."""
-        super().service_actions()
-        with self.log_lock:
-            self._end_refused_period(time.monotonic())
 
     def handle_error(self, request, client_address):
         logger.exception('unexpected error while serving %s', client_address)

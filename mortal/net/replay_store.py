@@ -286,6 +286,7 @@ class LogBuffer:
         self.submission_id = 0
         self.reported_strays = set()
         self.storage_state = {}  # operation -> (errno, exception type) of its current failure; absent when fine
+        self.last_drain = time.monotonic()  # when the trainer last asked for a drain (or the store was made)
 
     def reset_dirs(self) -> None:
         """Empty buffer_dir and drain_dir, creating them when missing (logged), as Mortal's server does at start."""
@@ -297,6 +298,11 @@ class LogBuffer:
             self.buffer.clear()
             self.drained.clear()
             self.pending.clear()
+
+    def buffered(self) -> int:
+        """Logs in the buffer, those of a failed drain (``pending``) included."""
+        with self.dir_lock:
+            return len(self.buffer) + len(self.pending)
 
     def _overflow(self) -> bool:
         """Whether the buffered logs (``pending`` included) reached ``capacity``: clients get no parameters."""
@@ -479,6 +485,7 @@ class ReplayStore(ParamStore, LogBuffer):
 
         A disk failure midway answers ``{'status': 'error', 'reason': ...}``: each log is then either still in
         buffer_dir or already in drain_dir, and the next drain delivers both kinds exactly once."""
+        self.last_drain = time.monotonic()
         with self.param_lock:
             current = self.param_version
             has_param = self.mortal_param is not None

@@ -526,12 +526,14 @@ def request_with_retry(
     interval: float = RETRY_INTERVAL,
     on_refusal: Optional[Callable[[dict], None]] = None,
     sleep: Callable[[float], Any] = time.sleep,
+    on_wait: Optional[Callable[[], None]] = None,
 ) -> dict:
     """Send ``msg`` until a reply satisfies ``accept``, sleeping ``interval`` seconds between tries.
 
     A server that is down, restarting, or answers with a broken frame is retried (logged once per outage);
     an 'error' reply (e.g. the server cannot write its buffer_dir) is retried, logged once per distinct reason;
-    another refusal (e.g. 'samples overflow') calls ``on_refusal(reply)`` then retries. RequestRefused propagates.
+    another refusal (e.g. 'samples overflow') calls ``on_refusal(reply)`` then retries. ``on_wait()`` is called
+    before every wait, whatever its cause. RequestRefused propagates.
     """
     outage_logged = False
     error_logged = None
@@ -543,7 +545,7 @@ def request_with_retry(
                 logger.warning('server %s:%d unreachable for %r (%s); retrying every %.0f s',
                                remote.host, remote.port, msg.get('type'), ex, interval)
                 outage_logged = True
-            sleep(interval)
+            _wait(on_wait, sleep, interval)
             continue
         if outage_logged:
             logger.info('server %s:%d reachable again', remote.host, remote.port)
@@ -554,7 +556,7 @@ def request_with_retry(
                 logger.warning('server %s:%d could not handle %r: %s; retrying every %.0f s',
                                remote.host, remote.port, msg.get('type'), reason, interval)
                 error_logged = reason
-            sleep(interval)
+            _wait(on_wait, sleep, interval)
             continue
         if error_logged is not None:
             logger.info('server %s:%d handles %r again', remote.host, remote.port, msg.get('type'))
@@ -563,4 +565,10 @@ def request_with_retry(
             return reply
         if on_refusal is not None:
             on_refusal(reply)
-        sleep(interval)
+        _wait(on_wait, sleep, interval)
+
+
+def _wait(on_wait, sleep, interval: float) -> None:
+    if on_wait is not None:
+        on_wait()
+    sleep(interval)
