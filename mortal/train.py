@@ -407,6 +407,8 @@ def run_learner(config: dict, dist=None) -> int:
                         trainer.stop_summary())
             return entry.stop_status(exc, 130)
         finally:
+            if trainer.pb is not None:  # a stop between two saves leaves the bar open
+                trainer.pb.close()
             trainer.writer.close()
     return 0
 
