@@ -15,12 +15,17 @@ trained model has. Each variant maps a list of N observations and masks to greed
 * ``compile`` (``--compile``): ``torch.compile`` of Brain + DQN; its compile time is printed.
 
 For each batch size and thread count the variants run in turn (A B C ... A B C ...), ``--reps`` times; the bench
-prints µs per row (median, min) and each variant's speed-up over ``today`` (median of the per-round ratios, and
-their 10-90% spread), and the largest q-value difference to ``today`` over all observations. ``--profile``
+prints µs per row, of process CPU time (steadier on a shared machine; with 2 threads it sums both) and of wall
+time, each as the median and each variant's speed-up over ``today`` (median of the per-round ratios, and their
+10-90% spread), and the largest q-value difference to ``today`` over all observations. ``--profile``
 prints the torch profiler's op table of ``today`` and ``frozen`` at batch 96.
 
-Usage: python bench/forward.py [--version 3] [--channels 32] [--blocks 2] [--batches 1,64,96,128]
+``--selfplay`` instead plays the quickstart's self-play round (``selfplay``), today's engine against the frozen
+one, A B A B.
+
+Usage: python bench/forward.py [--version 3] [--channels 32] [--blocks 2] [--batches 1,16,64,96,128]
        [--threads 1,2] [--reps 7] [--variants today,frozen,...] [--compile] [--profile]
+       python bench/forward.py --selfplay [--seeds 4] [--pairs 2] [--threads 1]
 """
 
 if __package__ in (None, ''):  # run as a script: python bench/forward.py
@@ -189,6 +194,55 @@ def profile(variants, obs, masks, batch=96):
                                                               max_name_column_width=28, max_shapes_column_width=48))
 
 
+def selfplay(args, brain, dqn, out=print):
+    """The quickstart's self-play round, today's engine (A) against the frozen one (B), A B A B ...: OneVsThree of
+    ``--seeds`` x 4 games with logs written (as TrainPlayer.train_play), the trainee greedy-with-exploration as in
+    the embedded config, the same model on both sides. Prints rows/s (wall) and CPU µs per row of each run, and
+    the B/A ratios (median and range over the pairs)."""
+    import tempfile
+
+    import torch
+    from mortal.play.arena import OneVsThree
+    from mortal.play.engine import MortalEngine
+
+    figures = {"today": [], "frozen": []}
+    for pair in range(args.pairs):
+        for name in ("today", "frozen"):
+            frozen = name == "frozen"
+            rows = [0]
+
+            class Counted:
+                def __init__(self, engine):
+                    self._engine = engine
+
+                def __getattr__(self, attr):
+                    return getattr(self._engine, attr)
+
+                def react_batch(self, obs, masks, invisible_obs=None):
+                    rows[0] += len(obs)
+                    return self._engine.react_batch(obs, masks, invisible_obs)
+
+            trainee = MortalEngine(brain, dqn, version=args.version, name="trainee", boltzmann_epsilon=0.005,
+                                   boltzmann_temp=0.05, seed=pair, frozen_cpu=frozen)
+            baseline = MortalEngine(brain, dqn, version=args.version, name="baseline",
+                                    enable_rule_based_agari_guard=True, frozen_cpu=frozen)
+            with tempfile.TemporaryDirectory() as log_dir:
+                arena = OneVsThree(disable_progress_bar=True, log_dir=log_dir)
+                t0, c0 = time.perf_counter(), time.process_time()
+                arena.py_vs_py(Counted(trainee), Counted(baseline), seed_start=(10000 + pair, 2024),
+                               seed_count=args.seeds)
+                wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            figures[name].append((rows[0], wall, cpu))
+            out(f"selfplay pair {pair} {name:6s}: {rows[0]} rows in {wall:.1f} s = {rows[0] / wall:.0f} rows/s; "
+                f"CPU {cpu / rows[0] * 1e6:.0f} us/row (torch threads {torch.get_num_threads()})")
+    a, b = np.array(figures["today"]), np.array(figures["frozen"])
+    speed = (b[:, 0] / b[:, 1]) / (a[:, 0] / a[:, 1])
+    cpu = (a[:, 2] / a[:, 0]) / (b[:, 2] / b[:, 0])
+    out(f"selfplay frozen/today: rows/s x{np.median(speed):.2f} [{speed.min():.2f}-{speed.max():.2f}], "
+        f"CPU per row x{np.median(cpu):.2f} [{cpu.min():.2f}-{cpu.max():.2f}] over {args.pairs} pairs")
+    return figures
+
+
 def main(argv=None):
     from mortal import entry
 
@@ -196,18 +250,27 @@ def main(argv=None):
     p.add_argument("--version", type=int, default=3)
     p.add_argument("--channels", type=int, default=32)
     p.add_argument("--blocks", type=int, default=2)
-    p.add_argument("--batches", default="1,64,96,128")
+    p.add_argument("--batches", default="1,16,64,96,128")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--rows", type=int, default=400, help="rows timed per variant per round (at least one call)")
     p.add_argument("--variants", default="today,no_grad,jit,bf16,frozen_dense,frozen")
     p.add_argument("--compile", action="store_true", help="also torch.compile (slow to compile)")
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--selfplay", action="store_true",
+                   help="instead: self-play rounds (OneVsThree, logs written), today's engine vs the frozen one")
+    p.add_argument("--seeds", type=int, default=4, help="--selfplay: nonces per round (games = 4 x seeds; the "
+                   "quickstart's train_games 16 = 4)")
+    p.add_argument("--pairs", type=int, default=2, help="--selfplay: A B rounds")
     args = entry.start(p, argv, log_level=None)
 
     import torch
     from mortal.model.inference import HAVE_SPARSE_STEM
 
+    if args.selfplay:
+        torch.set_num_threads(int(args.threads.split(",")[0]))
+        selfplay(args, *trained_like(args.version, args.channels, args.blocks))
+        return
     names = args.variants.split(",") + (["compile"] if args.compile else [])
     if "today" not in names:
         names.insert(0, "today")
@@ -222,29 +285,33 @@ def main(argv=None):
         torch.set_num_threads(threads)
         for batch in [int(b) for b in args.batches.split(",")]:
             variants = make_variants(names, brain, dqn, args.version, batch, obs, compile_log)
-            if threads == 1 and batch == 96 or batch == int(args.batches.split(",")[0]) and threads == 1:
+            if threads == int(args.threads.split(",")[0]) and batch == int(args.batches.split(",")[-1]):
                 worst, flips = max_q_diff(variants, obs, masks)
                 print(f"  max |q - q_today| over all observations (batch 128 chunks): " + ", ".join(
                     f"{k} {worst[k]:.2e} (greedy differs {flips[k]:.2%})" for k in names))
             calls = max(1, args.rows // batch)
-            times = {k: [] for k in names}
+            wall = {k: [] for k in names}
+            cpu = {k: [] for k in names}
             for _ in range(args.reps):
                 idx = rng.choice(len(obs), batch)
                 o, m = [obs[i] for i in idx], [masks[i] for i in idx]
                 for k in names:
                     variants[k](o, m)  # warm
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     for _ in range(calls):
                         variants[k](o, m)
-                    times[k].append((time.perf_counter() - t0) / calls / batch * 1e6)
-            base = np.array(times["today"])
-            line = []
-            for k in names:
-                t = np.array(times[k])
-                ratio = base / t
-                line.append(f"{k} {np.median(t):.1f} (min {t.min():.1f}) x{np.median(ratio):.2f} "
-                            f"[{np.quantile(ratio, 0.1):.2f}-{np.quantile(ratio, 0.9):.2f}]")
-            print(f"threads {threads} batch {batch:3d}: us/row median (min) speed-up [10-90%]: " + "; ".join(line))
+                    wall[k].append((time.perf_counter() - t0) / calls / batch * 1e6)
+                    cpu[k].append((time.process_time() - c0) / calls / batch * 1e6)
+            for label, times in (("cpu", cpu), ("wall", wall)):
+                base = np.array(times["today"])
+                line = []
+                for k in names:
+                    t = np.array(times[k])
+                    ratio = base / t
+                    line.append(f"{k} {np.median(t):.1f} x{np.median(ratio):.2f} "
+                                f"[{np.quantile(ratio, 0.1):.2f}-{np.quantile(ratio, 0.9):.2f}]")
+                print(f"threads {threads} batch {batch:3d} {label:4s} us/row, median, speed-up [10-90%]: "
+                      + "; ".join(line))
     for batch, seconds in compile_log:
         print(f"torch.compile: first call at batch {batch} took {seconds:.1f} s")
     if args.profile:

@@ -45,7 +45,7 @@ _OBS = {}
 
 def observations(version):
     if version not in _OBS:  # encoded once per version for the whole file
-        _OBS[version] = real_observations(version, seats=range(4) if version != 4 else (0, 1))
+        _OBS[version] = real_observations(version, seats=(0, 1) if version != 4 else (0,))
     return _OBS[version]
 
 
@@ -96,6 +96,11 @@ def test_frozen_q_equals_reference_on_real_observations(version, sparse):
     # the training modules are untouched
     assert all(torch.equal(before[k], v) for k, v in brain.state_dict().items())
     assert not brain.training
+
+
+def test_sparse_stem_is_built():
+    """scripts/setup.sh builds it (setup.py); without it CPU self-play runs the dense first convolution."""
+    assert inference.HAVE_SPARSE_STEM, "mortal.model._stem is not built: run bash scripts/setup.sh"
 
 
 def test_sparse_stem_kernel_matches_conv1d():

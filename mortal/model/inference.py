@@ -18,6 +18,8 @@ The oracle Brain is not covered (``supports`` says False).
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 from torch import Tensor, nn
@@ -34,6 +36,9 @@ __all__ = ["FrozenQ", "HAVE_SPARSE_STEM", "mish", "supports", "weights_key"]
 
 #: True when the first convolution runs from the nonzero inputs (``mortal.model._stem`` is built).
 HAVE_SPARSE_STEM = _stem is not None
+
+logger = logging.getLogger(__name__)
+_warned_dense = False
 
 _MISH_CLAMP = 20.0  # above it e^x (e^x + 2) / (e^x (e^x + 2) + 2) is 1.0 in float32
 
@@ -93,6 +98,11 @@ class _Stem:
         self.weight, self.bias = _fold(conv, bn)
         self.out_channels, self.in_channels = self.weight.shape[:2]
         self.sparse = sparse and _stem is not None
+        global _warned_dense
+        if sparse and _stem is None and not _warned_dense:
+            _warned_dense = True
+            logger.warning("mortal.model._stem is not built: CPU inference runs the dense first convolution, "
+                           "about half the speed of self-play's forward; run bash scripts/setup.sh (needs g++)")
         # (C, 3, O): each input channel's three taps side by side, as the compiled kernel reads them
         self.weight_cko = self.weight.permute(1, 2, 0).contiguous().numpy() if self.sparse else None
 
@@ -128,19 +138,20 @@ class _Block:
         mlp = block.ca.shared_mlp
         self.ca1, self.ca2 = _lin(mlp[0]), _lin(mlp[2])
         self.act = _act(version)
+        # the attention's hidden layer has 2 units a row: one fused op beats the one-exp form's seven
+        self.ca_act = (lambda x: F.relu(x)) if version == 1 else F.mish
 
     def __call__(self, h: Tensor) -> Tensor:
         if self.pre_actv:
-            r = self.act(h * self.bn1[0][:, None] + self.bn1[1][:, None])
+            r = mish(torch.addcmul(self.bn1[1][:, None], h, self.bn1[0][:, None]))
         else:
             r = h
         r = self.act(F.conv1d(r, *self.conv1, padding=1))
         r = F.conv1d(r, *self.conv2, padding=1)
         # channel attention: one shared MLP over the mean- and max-pooled vectors, stacked
-        n = r.shape[0]
         pooled = torch.cat((r.mean(dim=-1), r.amax(dim=-1)))
-        g = F.linear(self.act(F.linear(pooled, *self.ca1)), *self.ca2)
-        r = r * (g[:n] + g[n:]).sigmoid_().unsqueeze(-1)
+        g_mean, g_max = F.linear(self.ca_act(F.linear(pooled, *self.ca1)), *self.ca2).chunk(2)
+        r = r * (g_mean + g_max).sigmoid_().unsqueeze(-1)
         out = r.add_(h)
         return out if self.pre_actv else out.relu_()
 
@@ -204,7 +215,7 @@ class FrozenQ:
         for block in self.blocks:
             h = block(h)
         if self.final_bn is not None:
-            h = mish(h * self.final_bn[0][:, None] + self.final_bn[1][:, None])
+            h = mish(torch.addcmul(self.final_bn[1][:, None], h, self.final_bn[0][:, None]))
         h = self.act(F.conv1d(h, *self.head, padding=1))
         return F.linear(h.flatten(1), *self.flat)
 
