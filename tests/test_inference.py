@@ -195,6 +195,15 @@ def test_engine_rebuilds_its_copy_after_a_weight_update():
 
 def test_frozen_path_only_where_it_applies():
     brain, dqn = model(3)
+    obs, masks = observations(3)
+    engine = MortalEngine(brain, dqn, version=3)
+    engine.react_batch(obs[:4], masks[:4])
+    assert engine._frozen is not None
+    brain.train()  # modules back in train mode (batch statistics): their own forward, not the eval-mode copy
+    with torch.inference_mode():
+        ref = dqn(brain(torch.from_numpy(np.stack(obs[:40]))), torch.from_numpy(np.stack(masks[:40])))
+    assert_q_close(engine.react_batch(obs[:40], masks[:40])[1], ref)
+    brain.eval()
     assert not MortalEngine(brain, dqn, version=3, enable_amp=True).frozen_cpu
     assert not MortalEngine(brain, dqn, version=3, frozen_cpu=False).frozen_cpu
     oracle = Brain(conv_channels=16, num_blocks=1, version=3, is_oracle=True)

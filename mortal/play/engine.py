@@ -113,7 +113,9 @@ class MortalEngine:
             the q-values with ``mortal.model.inference.FrozenQ`` (a frozen copy of the
             weights: sparse first convolution, folded BatchNorm; the same q-values up
             to float rounding, docs/performance_forward.md). The copy is rebuilt when
-            the modules' weights change. False: always the modules' own forward.
+            the modules' weights change (``load_state_dict``, an in-place step); modules
+            put back into train mode use their own forward. False: always the modules'
+            own forward.
 
     Raises:
         ValueError: ``boltzmann_epsilon`` outside [0, 1], or a non-positive
@@ -185,7 +187,8 @@ class MortalEngine:
         empty = np.flatnonzero(~masks_np.any(axis=1))
         if empty.size:
             raise ValueError(f"react_batch: sample {int(empty[0])} has no legal action")
-        if self.frozen_cpu and invisible_obs is None:
+        # the copy holds eval-mode weights: modules switched back to train mode keep their own forward
+        if self.frozen_cpu and invisible_obs is None and not (self.brain.training or self.dqn.training):
             frozen = self._frozen_model()
             with torch.inference_mode():
                 mask_t = torch.from_numpy(masks_np)
