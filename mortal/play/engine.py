@@ -113,7 +113,8 @@ class MortalEngine:
             the q-values with ``mortal.model.inference.FrozenQ`` (a frozen copy of the
             weights: sparse first convolution, folded BatchNorm; the same q-values up
             to float rounding, docs/performance_forward.md). The copy is rebuilt when
-            the modules' weights change (``load_state_dict``, an in-place step); modules
+            the modules' weights are written (``load_state_dict``, an in-place step; not a
+            parameter object swapped for another, ``assign=True``); modules
             put back into train mode use their own forward. False: always the modules'
             own forward.
 
@@ -150,6 +151,7 @@ class MortalEngine:
                                and inference.supports(self.brain, self.dqn))
         self._frozen = None
         self._frozen_key = None
+        self._watched = inference.module_tensors(self.brain, self.dqn) if self.frozen_cpu else []
         self.generator = None
         if seed is not None:
             self.generator = torch.Generator(device=self.device)
@@ -212,7 +214,7 @@ class MortalEngine:
 
     def _frozen_model(self):
         """The frozen copy of the current weights: rebuilt when ``brain``/``dqn`` were written since."""
-        key = inference.weights_key(self.brain, self.dqn)
+        key = inference.weights_key(self._watched)
         if key != self._frozen_key:
             self._frozen = inference.FrozenQ(self.brain, self.dqn)
             self._frozen_key = key
