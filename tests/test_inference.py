@@ -89,10 +89,14 @@ def test_frozen_q_equals_reference_on_real_observations(version, sparse):
     before = {k: v.clone() for k, v in brain.state_dict().items()}
     ref = reference_q(brain, dqn, obs, masks)
     frozen = FrozenQ(brain, dqn, sparse_stem=sparse)
+    mask_t = torch.from_numpy(np.stack(masks))
     with torch.inference_mode():
-        q = frozen.q_values(obs, torch.from_numpy(np.stack(masks)))
-    assert_q_close(q, ref)
-    assert torch.equal(q.argmax(-1), ref.argmax(-1))
+        q = frozen.q_values(obs, mask_t)
+        # below 32 rows the small convolutions run as matrix products: batches of 12, as the quickstart's
+        q_small = torch.cat([frozen.q_values(obs[i:i + 12], mask_t[i:i + 12]) for i in range(0, len(obs), 12)])
+    for got in (q, q_small):
+        assert_q_close(got, ref)
+        assert torch.equal(got.argmax(-1), ref.argmax(-1))
     # the training modules are untouched
     assert all(torch.equal(before[k], v) for k, v in brain.state_dict().items())
     assert not brain.training

@@ -94,6 +94,32 @@ def _fold(conv: nn.Conv1d, bn: nn.BatchNorm1d | None) -> tuple[Tensor, Tensor | 
     return w.contiguous(), b
 
 
+# Below this many rows a width-3 convolution runs as one batched matrix product and two shifted adds: oneDNN's
+# per-call cost dominates there (x1.1-1.2 at 12-16 rows; x0.7 at 64-128, docs/performance_forward.md).
+_SMALL_BATCH = 32
+
+
+class _Conv3:
+    """A width-3, padding-1 convolution ``(N, C, 34) -> (N, O, 34)`` with its (folded) weight and bias."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None):
+        self.weight, self.bias = weight.contiguous(), bias
+        o, c = weight.shape[:2]
+        self.out_channels = o
+        self.taps = weight.permute(2, 0, 1).reshape(3 * o, c).contiguous()  # row k * O + o: tap k of output o
+        self.bias_col = None if bias is None else bias[:, None]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if x.shape[0] >= _SMALL_BATCH:
+            return F.conv1d(x, self.weight, self.bias, padding=1)
+        o = self.out_channels
+        y = torch.matmul(self.taps, x)  # (N, 3 O, 34): each tap's product at every column
+        out = y[:, o:2 * o].clone() if self.bias_col is None else y[:, o:2 * o] + self.bias_col
+        out[..., 1:] += y[:, :o, :-1]  # tap 0 reads the column to the left
+        out[..., :-1] += y[:, 2 * o:, 1:]  # tap 2 the one to the right
+        return out
+
+
 def _lin(layer: nn.Linear) -> tuple[Tensor, Tensor | None]:
     return layer.weight.detach().float().clone(), None if layer.bias is None else layer.bias.detach().float().clone()
 
@@ -137,11 +163,11 @@ class _Block:
         self.pre_actv = block.pre_actv
         if self.pre_actv:  # BN, act, conv, BN, act, conv
             self.bn1 = _bn_affine(u[0])
-            self.conv1 = _fold(u[2], u[3])
-            self.conv2 = _fold(u[5], None)
+            self.conv1 = _Conv3(*_fold(u[2], u[3]))
+            self.conv2 = _Conv3(*_fold(u[5], None))
         else:  # conv, BN, act, conv, BN
-            self.conv1 = _fold(u[0], u[1])
-            self.conv2 = _fold(u[3], u[4])
+            self.conv1 = _Conv3(*_fold(u[0], u[1]))
+            self.conv2 = _Conv3(*_fold(u[3], u[4]))
         mlp = block.ca.shared_mlp
         self.ca1, self.ca2 = _lin(mlp[0]), _lin(mlp[2])
         self.act = _act(version)
@@ -153,8 +179,8 @@ class _Block:
             r = mish(torch.addcmul(self.bn1[1][:, None], h, self.bn1[0][:, None]))
         else:
             r = h
-        r = self.act(F.conv1d(r, *self.conv1, padding=1))
-        r = F.conv1d(r, *self.conv2, padding=1)
+        r = self.act(self.conv1(r))
+        r = self.conv2(r)
         # channel attention: one shared MLP over the mean- and max-pooled vectors, stacked
         pooled = torch.cat((r.mean(dim=-1), r.amax(dim=-1)))
         g_mean, g_max = F.linear(self.ca_act(F.linear(pooled, *self.ca1)), *self.ca2).chunk(2)
@@ -199,7 +225,7 @@ class FrozenQ:
             self.stem = _Stem(net[0], net[1], sparse_stem)
             self.final_bn = None
         self.blocks = [_Block(b, v) for b in blocks]
-        self.head = _fold(head_conv, None)
+        self.head = _Conv3(*_fold(head_conv, None))
         self.flat = _lin(flat_lin)
         self.act = _act(v)
         if v == 1:
@@ -223,7 +249,7 @@ class FrozenQ:
             h = block(h)
         if self.final_bn is not None:
             h = mish(torch.addcmul(self.final_bn[1][:, None], h, self.final_bn[0][:, None]))
-        h = self.act(F.conv1d(h, *self.head, padding=1))
+        h = self.act(self.head(h))
         return F.linear(h.flatten(1), *self.flat)
 
     def latent(self, obs) -> tuple[Tensor, Tensor]:
