@@ -23,6 +23,15 @@ setup(
             # without a compiler the install still succeeds; version 4 then falls back to the
             # pure-Python search and says so (mortal.features.obs_v4, mortal-doctor)
             optional=True,
-        )
+        ),
+        # the Brain's first convolution from the nonzero inputs (CPU inference, mortal.model.inference);
+        # without it the inference copy runs the dense convolution
+        Extension(
+            "mortal.model._stem",
+            sources=["mortal/model/csrc/stem.cpp"],
+            language="c++",
+            extra_compile_args=["-std=c++17", "-O3"],
+            optional=True,
+        ),
     ],
 )

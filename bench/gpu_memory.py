@@ -14,9 +14,9 @@ def part_memory(ctx, results):
 
     sizes = ctx['sizes']
     trainer = results.get('trainer') or {}
-    cfg_path = ctx['shared'].get('trainer_config') or str(write_config(ctx['work'] / 'memory', sizes=sizes, device=ctx['device'],
-                                                         version=sizes['trainer_version'], games=sizes['games'],
-                                                         trainer=True))
+    cfg_path = ctx['shared'].get('trainer_config') or str(write_config(
+        ctx['work'] / 'memory', sizes=sizes, device=ctx['device'], version=sizes['trainer_version'],
+        games=sizes['games'][sizes['trainer_version']], trainer=True))
     base = toml.load(cfg_path)
 
     def measured(rec):
@@ -29,19 +29,27 @@ def part_memory(ctx, results):
         cfg['control']['enable_amp'] = amp
         cfg['test_play']['games'] = 0  # the doctor's trainer figure is then its training term
         est = estimate_memory(cfg)['trainer'][1]
+        steady = (trainer.get(key) or {}).get('peak_memory_steady') or {}
         rows[f'trainer_{key}'] = {**measured(trainer.get(key)), 'doctor_estimate': est,
+                                  'steady_allocated': steady.get('allocated'), 'steady_reserved': steady.get('reserved'),
                                   'doctor_term': 'trainer, [test_play] games = 0 (its training term)'}
     cfg = copy.deepcopy(base)
     cfg['control']['batch_size'] = 0  # the doctor's trainer figure is then its test-play term
     rows['test_play'] = {**measured(trainer.get('test_play')), 'doctor_estimate': estimate_memory(cfg)['trainer'][1],
                          'doctor_term': f"trainer, batch_size = 0 (its test-play term, {sizes['test_games']} games)"}
-    sp = results.get('selfplay_1_client') or {}
-    for version in (3, 4):
-        recs = (sp.get(f'v{version}') or {}).get('per_client') or [None]
+    sp = results.get('selfplay_sweep') or {}
+    for version in (3, 4):  # one client of the sweep's first count (1 client on the card)
+        first = next(iter((sp.get(f'v{version}') or {}).values()), None) or {}
+        recs = first.get('per_client') or [None]
         cfg = copy.deepcopy(base)
         cfg['control']['version'] = version
+        cfg['train_play']['default']['games'] = sizes['games'][version]
         rows[f'client_v{version}'] = {**measured(recs[0]), 'doctor_estimate': estimate_memory(cfg)['client'][1],
-                                      'doctor_term': f"client, {sizes['games']} games per round"}
+                                      'doctor_term': f"client, {sizes['games'][version]} games per round"}
+    from mortal.doctor import CUDA_CONTEXT_BYTES
+    for row in rows.values():  # the doctor's figure includes a CUDA context; torch's counters do not
+        if row.get('reserved'):
+            row['doctor_over_measured'] = round(row['doctor_estimate'] / (row['reserved'] + CUDA_CONTEXT_BYTES), 3)
     full = estimate_memory(base)
     out = {'rows': rows, 'doctor_trainer': full['trainer'][1], 'doctor_client': full['client'][1],
            'doctor_three_processes': full['trainer'][1] + full['client'][1],

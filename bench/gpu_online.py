@@ -84,11 +84,17 @@ def idle_summary(idle, stop_time):
     return out
 
 
+def online_clients(ctx):
+    """The online part's clients: ``online_clients``, at most half the box's cores (the learner, its loader's workers
+    and the server need the rest)."""
+    return max(1, min(ctx['sizes']['online_clients'], ctx['cpus'] // 2))
+
+
 def part_online(ctx):
     """Real server + trainer + clients; the learner's idle fraction over the window."""
     sizes = ctx['sizes']
     work = ctx['work'] / 'online'
-    clients = sizes['online_clients']
+    clients = online_clients(ctx)
     cfg_path = write_config(work, sizes=sizes, device=ctx['device'], version=sizes['online_version'],
                             games=sizes['online_games'], clients=clients)
     config = load(cfg_path)
@@ -143,7 +149,7 @@ def _online_figures(ctx, config, stop, outcome):
     """The part's record from the logs of a window that ended at ``stop`` (epoch seconds); ``outcome``: how the
     processes ended."""
     sizes = ctx['sizes']
-    clients = sizes['online_clients']
+    clients = online_clients(ctx)
     text = (ctx['logs'] / 'online_train.log').read_text(errors='replace')
     idle = learner_idle(text, stop)
     if idle['ready'] is None:
@@ -157,7 +163,8 @@ def _online_figures(ctx, config, stop, outcome):
         'status': 'ok', 'version': sizes['online_version'], 'clients': clients,
         'games_per_round': sizes['online_games'], 'num_workers': sizes['num_workers'],
         'network': f"{sizes['channels']}x{sizes['blocks']}", **summary,
-        'steps': steps, 'steps_per_busy_s': round(steps / busy, 3) if steps and busy > 0 else None,
+        'steps': steps, 'steps_per_s': round(steps / summary['window_s'], 3) if steps is not None else None,
+        'steps_per_busy_s': round(steps / busy, 3) if steps and busy > 0 else None,
         # the clients beside a training learner, through the real server (whole rounds, so coarse over a window)
         'selfplay_logs_submitted': played,
         'selfplay_hanchan_per_hour': round(played / summary['window_s'] * 3600, 1),

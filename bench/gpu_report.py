@@ -45,14 +45,15 @@ def _failed(*records):
 
 
 def _default_rows(results):
-    """The rows of the default run: self-play, trainer, memory, online."""
-    lines = []
-    for clients in (1, 2):
-        sp = results.get(f'selfplay_{clients}_client{"s" if clients > 1 else ""}') or {}
-        for v in (3, 4):
-            e = sp.get(f'v{v}') or {}
-            value = _failed(sp, e) or f"{_fmt(e.get('hanchan_per_hour'))} ({_fmt(e.get('rows_per_s'))})"
-            lines.append(f"| self-play v{v}, {clients} client(s) | hanchan/h (rows/s) | {value} |")
+    """The rows of the default run: profile, self-play sweep, trainer, memory, online."""
+    lines = _profile_rows(results.get('profile'))
+    sp = results.get('selfplay_sweep') or {}
+    if _failed(sp):
+        lines.append(f"| self-play sweep | hanchan/h | {_failed(sp)} |")
+    for v in (3, 4):
+        for n, e in sorted((sp.get(f'v{v}') or {}).items(), key=lambda item: int(item[0])):
+            lines.append(f"| self-play v{v}, {n} client(s) | hanchan/h [games finished, basis] (rows/s) | "
+                         f"{_failed(e) or _sweep_cell(e)} |")
     tr = results.get('trainer') or {}
     for key in ('amp_off', 'amp_on'):
         value = _failed(tr, tr.get(key)) or _fmt((tr.get(key) or {}).get('steps_per_s'), 2)
@@ -67,8 +68,39 @@ def _default_rows(results):
     idle = f"{_fmt(on.get('idle_fraction'), 3)} ({_fmt(on.get('idle_fraction_after_first_drain'), 3)})"
     lines.append(f"| online {_fmt(on.get('window_s'))} s | learner idle fraction (after 1st drain) | "
                  f"{_failed(on) or idle} |")
-    played = f"{_fmt(on.get('selfplay_hanchan_per_hour'))}, {_fmt(on.get('steps'))}"
-    lines.append(f"| online | self-play hanchan/h beside the learner, steps trained | {_failed(on) or played} |")
+    played = (f"{_fmt(on.get('selfplay_hanchan_per_hour'))}, {_fmt(on.get('steps'))} "
+              f"({_fmt(on.get('steps_per_s'), 2)}/s)")
+    lines.append(f"| online, {_fmt(on.get('clients'))} clients | self-play hanchan/h beside the learner, steps trained "
+                 f"(per s) | {_failed(on) or played} |")
+    return lines
+
+
+def _sweep_cell(e):
+    """One count of the sweep: hanchan/h from finished games with their count and basis, or the estimate from rows
+    named as such when no game finished."""
+    rows = _fmt(e.get('rows_per_s'))
+    if e.get('hanchan_per_hour') is not None:
+        return f"{_fmt(e['hanchan_per_hour'])} [{e.get('games_finished')} games, {e.get('basis')}] ({rows})"
+    est = e.get('hanchan_per_hour_from_rows')
+    return (f"no game finished in {_fmt(e.get('seconds'))} s; estimate from rows {_fmt(est)} ({rows})"
+            if e.get('seconds') is not None else f"- ({rows})")
+
+
+def _profile_rows(pr):
+    """The rows of the profile part (none before it ends)."""
+    if not pr:
+        return []
+    if _failed(pr):
+        return [f"| profile | one client's cycle | {_failed(pr)} |"]
+    sp, prof = pr.get('split') or {}, pr.get('profiler') or {}
+    lines = [f"| profile v{pr.get('version')}, {pr.get('games')} games | ms per cycle: arena / engine (its CPU) | "
+             + (_failed(sp) or f"{_fmt(sp.get('cycle_ms'))}: {_fmt(sp.get('arena_ms'))} / {_fmt(sp.get('engine_ms'))} "
+                                f"({_fmt(sp.get('engine_cpu_ms'))}), {_fmt(sp.get('rows_per_forward'))} rows |")]
+    rt = prof.get('runtime_cpu_ms') or {}
+    lines.append("| profile | GPU busy ms, kernels per forward; runtime CPU ms launch / copy / sync | "
+                 + (_failed(prof) or f"{_fmt(prof.get('gpu_busy_ms'))}, {_fmt(prof.get('kernels_per_forward'))}; "
+                                     f"{_fmt(rt.get('launch'))} / {_fmt(rt.get('memcpy'))} / "
+                                     f"{_fmt(rt.get('synchronize'))} |"))
     return lines
 
 

@@ -92,6 +92,11 @@ def _timed_trainer(Trainer, base, amp, batches, device, box):
         trainer.train_batch(*batches[i % len(batches)])
     if device.type == 'cuda':
         torch.cuda.synchronize(device)
+    # cuDNN's benchmark tries algorithms with workspaces as large as the free memory allows: a peak of the first
+    # steps that a smaller card would not reach; the steady peak is the training's own
+    warmup_peak = cuda_peak(device)
+    if device.type == 'cuda':
+        torch.cuda.reset_peak_memory_stats(device)
     steps, start = 0, time.monotonic()
     while steps < 2 or time.monotonic() - start < box:
         trainer.train_batch(*batches[steps % len(batches)])
@@ -99,11 +104,18 @@ def _timed_trainer(Trainer, base, amp, batches, device, box):
     if device.type == 'cuda':
         torch.cuda.synchronize(device)
     wall = time.monotonic() - start
+    steady = cuda_peak(device)
     return trainer, {'status': 'ok', 'enable_amp': amp, 'steps': steps, 'seconds': round(wall, 3),
                      'steps_per_s': round(steps / wall, 3),
                      'samples_per_s': round(steps * len(batches[0][0]) / wall, 1),
                      'opt_step_every': trainer.opt_step_every, 'init_s': round(init_s, 2),
-                     'peak_memory': cuda_peak(device)}
+                     'peak_memory': _max_peak(warmup_peak, steady), 'peak_memory_warmup': warmup_peak,
+                     'peak_memory_steady': steady}
+
+
+def _max_peak(a, b):
+    """The larger of two ``cuda_peak`` records, key by key (None on the CPU)."""
+    return {k: None if a[k] is None else max(a[k], b[k]) for k in a}
 
 
 def _test_play_peak(base, trainer, device, box):
@@ -142,7 +154,7 @@ def part_trainer(ctx):
         raise TimeoutError(f'only {cap:.0f} s of the budget left')
     work = ctx['work'] / 'trainer'
     cfg_path = write_config(work, sizes=sizes, device=ctx['device'], version=sizes['trainer_version'],
-                            games=sizes['games'], trainer=True)
+                            games=sizes['games'][sizes['trainer_version']], trainer=True)
     write_models(load(cfg_path))
     result = work / 'trainer.json'
     p = ctx['popen']([sys.executable, str(GPU_SCRIPT), 'trainer-worker', '--config',

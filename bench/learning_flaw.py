@@ -36,7 +36,8 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import learning  # noqa: E402  bench/learning.py: the start, the arms and the duplicate evaluation
+import learning_arms as learning  # noqa: E402  the start, the arms and the offline-only control
+from learning_arms import control_steps  # noqa: E402,F401  (the flaw control's steps; tests reach it here)
 
 
 def statistic_by_deal(log_dir, name):
@@ -79,12 +80,6 @@ def removed_fraction(start, model, teacher):
     (``start == teacher``)."""
     excess = start - teacher
     return (start - model) / excess if excess else math.nan
-
-
-def control_steps(online_steps, offline_batch_size, batch_size):
-    """Steps of the control that draw as many offline samples as ``online_steps`` online steps with
-    ``offline_batch_size`` offline rows each, at ``batch_size`` rows a step (rounded to the nearest step)."""
-    return max(1, round(online_steps * offline_batch_size / batch_size))
 
 
 DECISION_RULES = ('overcall', 'no-riichi')  # the flaws flaw_decisions can find in a legal mask

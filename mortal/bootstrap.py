@@ -491,17 +491,58 @@ def validation_loss(trainer, files):
     return total / count, count
 
 
+class _EpochBar:
+    """The trainer's progress bar for one whole offline epoch: the trainer closes and reopens its bar at every save
+    (``save_every`` batches, Mortal's cadence); this one ignores those closes and is closed by ``finish``, so the
+    console shows one bar per epoch. ``bar``: a tqdm bar (total unknown: the loader's batches are counted as they
+    come)."""
+
+    def __init__(self, bar):
+        self.bar = bar
+
+    def update(self, n=1):
+        self.bar.update(n)
+
+    def close(self):
+        pass  # a save inside the epoch: the same bar goes on
+
+    def finish(self):
+        self.bar.close()
+
+
 def _epoch_trainer_class():
     from mortal.train import Trainer
 
     class EpochTrainer(Trainer):
         """A ``Trainer`` that also sums its loss terms over an epoch (its per-save sums are reset at each save):
         ``take_epoch_loss(batches)`` -> the mean training loss (the weighted total of ``learner_loss``) of the
-        ``batches`` trained since the last call (or since it was made)."""
+        ``batches`` trained since the last call (or since it was made). Its progress bar spans an epoch
+        (``epoch_bar``; none when ``progress`` is off)."""
 
-        def __init__(self, *args, **kwargs):
+        def __init__(self, *args, progress=True, **kwargs):
+            self.progress = progress
+            self.epoch_bar = None
             super().__init__(*args, **kwargs)  # its reset_stats() comes before epoch_sums exists: nothing to add
             self.epoch_sums = {}
+
+        def _progress_bar(self):
+            return self.epoch_bar
+
+        def log_total_steps(self):
+            if self.epoch_bar is None:  # the epoch's bar counts the steps: no line per save beside it
+                super().log_total_steps()
+
+        def train_epoch(self, label='offline'):
+            """``Trainer.train_epoch`` under one bar labelled ``label``; returns the batches trained."""
+            if self.progress:
+                from tqdm import tqdm
+                self.epoch_bar = _EpochBar(tqdm(desc=label, unit='batch', dynamic_ncols=True, ascii=True))
+            try:
+                return super().train_epoch()
+            finally:
+                if self.epoch_bar is not None:
+                    self.epoch_bar.finish()
+                    self.epoch_bar = None
 
         def reset_stats(self):
             sums = getattr(self, 'epoch_sums', None)
@@ -561,10 +602,11 @@ def _sync_best(p, history, patience):
                              f"{p['root']} to train the offline model again")
 
 
-def train_offline(config):
+def train_offline(config, *, progress=True):
     """Step 3 (see the module docstring): offline epochs, each followed by the validation loss, with early
     stopping when ``[bootstrap] offline_max_epochs`` > 1. Returns the path of ``best.pth``. Skipped when a previous
     run finished (``DONE``); an interrupted one continues from its last checkpoint and ``epochs.json``.
+    ``progress``: one bar per epoch.
 
     Raises BootstrapError: no GRP for the 'grp' reward, early stopping without val logs, not one full batch.
     """
@@ -587,7 +629,7 @@ def train_offline(config):
     os.makedirs(p['root'], exist_ok=True)
     history = read_history(p['history'])
     start = time.monotonic()
-    trainer = _epoch_trainer_class()(cfg, test_player=RulebaseTestPlayer(cfg))
+    trainer = _epoch_trainer_class()(cfg, test_player=RulebaseTestPlayer(cfg), progress=progress)
     logger.info("train-offline: kyoku reward [env] reward = '%s'; at most %d epoch(s)%s", reward, max_epochs,
                 f', patience {patience}' if early else '')
     try:
@@ -609,7 +651,7 @@ def _offline_epoch(trainer, history, p, val_files, max_epochs, patience) -> None
     ``history`` (and ``epochs.json``), TensorBoard and the log line; with early stopping (``max_epochs`` > 1) a
     new best epoch is copied to best.pth."""
     epoch = len(history) + 1
-    batches = trainer.train_epoch()
+    batches = trainer.train_epoch(f'offline epoch {epoch}/{max_epochs}')
     if trainer.steps == 0:
         raise BootstrapError(f"train-offline: not one full batch of {trainer.batch_size} samples "
                              'in the bootstrap logs; generate more games or lower [control] batch_size')
@@ -689,22 +731,28 @@ def prepare(config, *, force=False):
 def run_steps(config, steps, *, force=False, progress=True, config_path=None):
     """Run the named steps in order; returns ``{step: seconds}``. ``train-grp`` is followed by ``check_grp``
     (the reward choice, written into ``config_path`` when given)."""
+    from contextlib import nullcontext
+
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
     timings = {}
-    for step in steps:
-        start = time.monotonic()
-        logger.info('=== bootstrap %s', step)
-        if step == 'gen-logs':
-            gen_logs(config, progress=progress)
-        elif step == 'train-grp':
-            train_grp(config, progress=progress)
-            check_grp(config, config_path)
-        elif step == 'train-offline':
-            train_offline(config)
-        elif step == 'prepare':
-            prepare(config, force=force)
-        else:
-            raise BootstrapError(f'unknown step {step!r}; one of {STEPS} or all')
-        timings[step] = time.monotonic() - start
+    # a log line while a bar is drawn goes above the bar (tqdm.write), not into it
+    with logging_redirect_tqdm() if progress else nullcontext():
+        for step in steps:
+            start = time.monotonic()
+            logger.info('=== bootstrap %s', step)
+            if step == 'gen-logs':
+                gen_logs(config, progress=progress)
+            elif step == 'train-grp':
+                train_grp(config, progress=progress)
+                check_grp(config, config_path)
+            elif step == 'train-offline':
+                train_offline(config, progress=progress)
+            elif step == 'prepare':
+                prepare(config, force=force)
+            else:
+                raise BootstrapError(f'unknown step {step!r}; one of {STEPS} or all')
+            timings[step] = time.monotonic() - start
     return timings
 
 
@@ -726,6 +774,7 @@ def main(argv=None):
         bootstrap_config(config, path=config_path)
     except (ConfigError, BootstrapError) as e:
         return entry.error(e)
+    entry.check_devices(config, entry.TRAIN_DEVICES + entry.GRP_DEVICES)
     steps = STEPS if args.step == 'all' else (args.step,)
     try:
         timings = run_steps(config, steps, force=args.force, progress=not args.no_progress, config_path=config_path)

@@ -24,6 +24,7 @@ if __package__ in (None, ''):  # run as a script: python mortal/bot.py
 import json
 import logging
 import os
+import signal
 import sys
 from datetime import datetime, timezone
 from typing import IO, Iterable
@@ -67,6 +68,7 @@ class Bot:
             self.v4 = V4Encoder(player_id)
         self._since_last = []  # JSON events since the previous decision (mjai-bot agents read them)
         self._game = 0
+        self.events = 0  # events applied (the stop line's count)
 
     def react(self, line: str, *, can_act: bool = True) -> str | None:
         """Update with one mjai event (JSON text) and return the reaction JSON line, or None.
@@ -93,6 +95,7 @@ class Bot:
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
             raise BotError(f'seat {self.player_id} cannot apply event {line[:200]}: {exc}') from None
+        self.events += 1
         kind = event['type']
         if kind == 'end_game':
             self.agent.end_game(self._game, self.player_id)
@@ -127,7 +130,8 @@ def model_tag(state: dict, version: int, num_blocks: int, conv_channels: int) ->
 
 
 def load_engine(state_file: str, *, review_mode: bool):
-    """``(MortalEngine, tag)`` from a Mortal-layout checkpoint, with the bot's engine settings (CPU).
+    """``(MortalEngine, tag)`` from a Mortal-layout checkpoint, with the bot's engine settings (CPU); logs the file,
+    its version, tag and steps (stderr).
 
     Raises:
         mortal.model.checkpoint.CheckpointError: the file is missing, not a weights-only torch checkpoint, or its
@@ -143,6 +147,8 @@ def load_engine(state_file: str, *, review_mode: bool):
         brain, dqn, version = models_from_state(state, state_file)
         arch = arch_of(state, state_file)  # of the checkpoint's own config
         tag = model_tag(state, version, arch['num_blocks'], arch['conv_channels'])
+    logger.info('loaded %s: version %d, %d blocks x %d channels, tag %s, steps %s', os.path.abspath(state_file),
+                version, arch['num_blocks'], arch['conv_channels'], tag, state.get('steps', '?'))
     engine = MortalEngine(
         brain,
         dqn,
@@ -227,8 +233,10 @@ def main(argv: list[str] | None = None, *, stdin: IO[str] | None = None, stdout:
     stdout = stdout or sys.stdout
     parser = entry.parser('Play one seat over mjai on stdin/stdout.', prog='python -m mortal.bot', usage=USAGE)
     parser.add_argument('seat', type=int, choices=range(4), metavar='SEAT')
-    # WARNING: stdout is the protocol channel, the log (stderr) carries problems only
+    # WARNING: stdout is the protocol channel, the log (stderr) carries problems, and the bot's own lines (what it
+    # loaded, why it stopped)
     args = entry.start(parser, argv, log_level=logging.WARNING)
+    logger.setLevel(logging.INFO)
     review_mode = os.environ.get(REVIEW_ENV, '0') == '1'
     required = BOT_SECTIONS + (('grp', 'grp.network') if review_mode else ())
     try:
@@ -241,8 +249,10 @@ def main(argv: list[str] | None = None, *, stdin: IO[str] | None = None, stdout:
     except CheckpointError as exc:
         return entry.error(exc)
     bot = Bot(engine, args.seat)
+    previous = entry.stop_on_sigterm()
     try:
         lines = serve(bot, stdin, stdout, review_mode=review_mode)
+        logger.info('input ended after %d events (%d games): stopped', bot.events, bot._game)
         if review_mode:
             from mortal.data.mjai_log import BadLogError
             try:
@@ -252,10 +262,15 @@ def main(argv: list[str] | None = None, *, stdin: IO[str] | None = None, stdout:
             print(json.dumps({'model_tag': tag, 'phi_matrix': matrix}), file=stdout, flush=True)
     except BotError as exc:
         return entry.error(exc, 1)
-    except KeyboardInterrupt:
-        return 0
+    except KeyboardInterrupt as exc:  # also SIGTERM (entry.stop_on_sigterm)
+        logger.info('stopped on %s after %d events (%d games); nothing is kept', entry.stop_cause(exc), bot.events,
+                    bot._game)
+        return entry.stop_status(exc)
     except BrokenPipeError:
         return _reader_gone(stdout)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return 0
 
 

@@ -35,10 +35,11 @@ import numpy as np
 import torch
 from filelock import FileLock, Timeout
 
-from mortal.config import typed
+from mortal.config import ENV_PROFILE, profile_name, profile_table, train_play_profile, typed
 from mortal.net import wire
 from mortal.model.checkpoint import CheckpointError, check_loadable, read_baseline
 from mortal.stat import rank_summary  # of the display pts, as Mortal's client prints it
+from mortal.util import runlock
 
 logger = logging.getLogger('mortal.client' if __name__ == '__main__' else __name__)
 # A client holds <state_file>.lock only while it writes the baseline (seconds); longer means a stuck holder (e.g. a
@@ -71,8 +72,9 @@ def format_round(rankings, history: RankHistory, total) -> tuple:
     )
 
 
-def fetch_param(remote: wire.Remote, param_version: int, server_id, *, sleep=time.sleep) -> dict:
-    """Ask for parameters until the server answers 'ok' (logging each change of refusal reason once)."""
+def fetch_param(remote: wire.Remote, param_version: int, server_id, *, sleep=time.sleep, on_wait=None) -> dict:
+    """Ask for parameters until the server answers 'ok' (logging each change of refusal reason once);
+    ``on_wait()`` before every wait (``wire.request_with_retry``)."""
     last = {'status': None}
 
     def on_refusal(reply):
@@ -81,7 +83,7 @@ def fetch_param(remote: wire.Remote, param_version: int, server_id, *, sleep=tim
             last['status'] = reply.get('status')
 
     msg = {'type': 'get_param', 'param_version': param_version, 'server_id': server_id}
-    return wire.request_with_retry(remote, msg, on_refusal=on_refusal, sleep=sleep)
+    return wire.request_with_retry(remote, msg, on_refusal=on_refusal, sleep=sleep, on_wait=on_wait)
 
 
 def fetch_baseline(remote: wire.Remote, *, wait: bool, sleep=time.sleep):
@@ -151,7 +153,8 @@ class ParamSync:
     """The parameter sync of a ``Client`` (a mixin over its ``remote``, ``sleep`` and ``device``): the trainee's
     networks (``mortal``, ``dqn``) and the version of the trainer's parameters they hold (``param_version``,
     ``server_id``; -1 and None before the first). The play settings of a reply loaded go to ``apply_play_settings``
-    (``BaselineSync``)."""
+    (``BaselineSync``). With no new parameters for ``[online] no_param_warn_minutes`` it warns once a minute
+    (``warn_if_stale``; ``clock``: the host's monotonic clock)."""
 
     def init_params(self, cfg, version: int) -> None:
         """Build the networks of ``cfg``'s ``[resnet]`` (typed sections) for observation ``version``, in eval mode;
@@ -166,15 +169,34 @@ class ParamSync:
         self.param_version = -1
         self.server_id = None
         self.bad_param = None  # (server_id, param_version) of the last parameters that could not be loaded
+        self.no_param_warn = cfg.online.no_param_warn_minutes * 60.0  # s; 0 = never
+        self.param_since = self.clock()  # when the parameters last changed (or the client started)
+        self.stale_warned = None  # when warn_if_stale last warned
+
+    def warn_if_stale(self) -> None:
+        """A WARNING, at most once a minute, while the client has had no new parameters for ``[online]
+        no_param_warn_minutes`` (0: never)."""
+        now = self.clock()
+        idle = now - self.param_since
+        if not self.no_param_warn or idle < self.no_param_warn:
+            return
+        if self.stale_warned is not None and now - self.stale_warned < 60.0:
+            return
+        self.stale_warned = now
+        held = f'still version {self.param_version}' if self.param_version >= 0 else 'none loaded yet'
+        logger.warning('no new parameters for %.0f min (%s): is the trainer running? (its log says why it stopped '
+                       'or waits; [online] no_param_warn_minutes sets this warning)', idle / 60, held)
 
     def sync_params(self) -> None:
         """Ask the server for newer parameters and load them; with none loadable yet, ask again every
         ``wire.RETRY_INTERVAL`` s, else play on with the parameters already loaded."""
         while not self.update_param(fetch_param(self.remote, self.param_version, self.server_id,
-                                                sleep=self.sleep)):
+                                                sleep=self.sleep, on_wait=self.warn_if_stale)):
             if self.param_version >= 0:
                 break  # play on with the parameters already loaded
+            self.warn_if_stale()
             self.sleep(wire.RETRY_INTERVAL)
+        self.warn_if_stale()
 
     def update_param(self, rsp: dict) -> bool:
         """Load the parameters of a get_param 'ok' reply; True when loaded. Parameters that cannot be loaded
@@ -197,6 +219,8 @@ class ParamSync:
             return False
         self.mortal.load_state_dict(mortal)
         self.dqn.load_state_dict(dqn)
+        if key != (self.server_id, self.param_version):
+            self.param_since, self.stale_warned = self.clock(), None
         self.param_version = key[1]
         self.server_id = key[0]
         logger.info('param has been updated (version %d)', self.param_version)
@@ -327,10 +351,12 @@ class Client(ParamSync, BaselineSync):
     (``ParamSync``, with the play settings of each reply: ``BaselineSync``), the round, the upload.
 
     config: the full config dict; train_player: a ``TrainPlayer`` (built from config when None); env: where the
-    ``TrainPlayer`` finds ``TRAIN_PLAY_PROFILE`` (``mortal.config.Env``: the start-up overrides or a mapping).
+    ``TrainPlayer`` finds ``TRAIN_PLAY_PROFILE`` (``mortal.config.Env``: the start-up overrides or a mapping);
+    ``sleep`` and ``clock`` (monotonic seconds): tests replace them.
     """
 
-    def __init__(self, config: dict, *, train_player=None, remote=None, env=os.environ, sleep=time.sleep):
+    def __init__(self, config: dict, *, train_player=None, remote=None, env=os.environ, sleep=time.sleep,
+                 clock=time.monotonic):
         from mortal.features.obs import check_version
 
         cfg = typed(config)  # the typed sections, defaults from mortal/config_schema.py
@@ -338,6 +364,7 @@ class Client(ParamSync, BaselineSync):
         self.device = torch.device(cfg.control.device)
         self.remote = remote or wire.Remote.from_config(cfg.online.remote, cfg.online.server)
         self.sleep = sleep
+        self.clock = clock
         self.init_baseline(cfg.baseline.train, fetch_missing=train_player is None)
         self.init_params(cfg, version)
         if train_player is None:
@@ -345,21 +372,46 @@ class Client(ParamSync, BaselineSync):
             train_player = TrainPlayer(config, env)
         self.train_player = train_player
         self.history = RankHistory(cfg.online.history_window)
+        self.phase = 'idle'  # 'fetch', 'play' or 'upload' while a round runs: what a stop discards
+        self.rounds = 0  # rounds submitted
+        self.pending_logs = 0  # logs of the round being submitted
 
     def run_round(self) -> np.ndarray:
         """Fetch parameters, play one round, log the ranks, submit the logs; returns the (4,) rank counts."""
+        self.phase = 'fetch'
         self.sync_params()
 
+        self.phase = 'play'
         rankings, file_list = self.train_player.train_play(self.mortal, self.dqn, self.device)
         total = self.history.add(rankings)
         for line in format_round(rankings, self.history, total):
             logger.info('%s', line)
 
+        self.phase, self.pending_logs = 'upload', len(file_list)
         self.upload(file_list)
+        self.phase = 'idle'
+        self.rounds += 1
         gc.collect()
         if self.device.type == 'cuda':
             torch.cuda.empty_cache()
         return rankings
+
+    def stop_summary(self) -> str:
+        """What a stop now keeps and discards: the round in progress (its games done so far, counted in
+        ``[train_play.<profile>] log_dir``), or a round not yet submitted; the rounds submitted."""
+        if self.phase == 'play':
+            games = getattr(self.train_player, 'seed_count', 0) * 4
+            try:
+                done = len(os.listdir(self.train_player.log_dir))
+            except (AttributeError, OSError):
+                done = None
+            of = f'{done} of {games} games' if done is not None and games else f'{games or "?"} games'
+            what = f'round in progress discarded ({of}, parameters version {self.param_version})'
+        elif self.phase == 'upload':
+            what = f'round not yet submitted discarded ({self.pending_logs} logs)'
+        else:
+            what = 'no round in progress'
+        return f'{what}; {self.rounds} rounds submitted'
 
     def upload(self, file_list) -> None:
         """Submit the round's log files with the parameter version they were played with (retrying while the
@@ -368,6 +420,17 @@ class Client(ParamSync, BaselineSync):
         submit_logs(self.remote, logs, self.param_version, self.server_id, sleep=self.sleep)
         logger.info('%d logs have been submitted', len(logs))
 
+
+
+def hold_log_dir(config: dict, env=os.environ):
+    """The lock of this client's ``[train_play.<profile>] log_dir`` (``mortal.util.runlock.hold``), for the client's
+    whole run: a second client on the same folder would submit the first one's logs. Raises ``runlock.LockHeld``
+    naming the holder, the key and the fixes."""
+    profile = profile_name(env)
+    key = f'[{profile_table(profile)}] log_dir'
+    return runlock.hold(train_play_profile(config, env).log_dir, who='client', key=key,
+                        fix=f'set another {key}, or run this client with a profile of its own (a '
+                            f'[train_play.<name>] table with another log_dir, chosen by {ENV_PROFILE}=<name>)')
 
 
 def main(argv=None):
@@ -379,14 +442,24 @@ def main(argv=None):
     parser.add_argument('--rounds', type=int, default=0, help='stop after this many rounds (0 = never)')
     args = entry.start(parser, argv)
     config = entry.load_config_or_exit(args, CLIENT_SECTIONS)
+    entry.check_devices(config, entry.CLIENT_DEVICES)
+    entry.log_settings(logger, config, 'client', args.config, args.overrides)
+    entry.stop_on_sigterm()
     done = 0
+    client = None
     try:
-        client = Client(config, env=args.overrides)
-        while not args.rounds or done < args.rounds:
-            client.run_round()
-            done += 1
-    except KeyboardInterrupt:
-        pass
+        with hold_log_dir(config, args.overrides):
+            client = Client(config, env=args.overrides)
+            while not args.rounds or done < args.rounds:
+                client.run_round()
+                done += 1
+        logger.info('stopped after %d rounds (--rounds)', done)
+    except runlock.LockHeld as ex:
+        raise SystemExit(entry.error(ex)) from None
+    except KeyboardInterrupt as exc:  # also SIGTERM (entry.stop_on_sigterm)
+        logger.info('stopped on %s; %s', entry.stop_cause(exc),
+                    client.stop_summary() if client is not None else 'while starting; nothing played')
+        raise SystemExit(entry.stop_status(exc)) from None
     except wire.RequestRefused as ex:  # e.g. a round too big for the server's max_frame_bytes: retrying cannot help
         logger.error('%s', ex)
         raise SystemExit(2) from None

@@ -24,7 +24,7 @@ import os
 import reprlib
 import sys
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, NamedTuple
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from pydantic import BaseModel, ValidationError
 
@@ -33,6 +33,7 @@ from mortal.config_schema import (  # noqa: F401  (re-exported: the config's pub
     OPTIONAL_SECTIONS, SCHEDULE_KINDS, SCHEDULER_DEFAULT_INIT, SCHEMA, SECTIONS, SUPPORTED_VERSIONS, Config, Key,
     Section, is_section, section_keys, table_name, table_path)
 from mortal.config_schema import REQUIRED as _REQUIRED, UNFILLED as _ABSENT
+from mortal.config_schema import REMOVED_KEYS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -42,6 +43,7 @@ else:  # pragma: no cover - Python 3.10 has no tomllib; tomli is the same parser
 logger = logging.getLogger(__name__)
 
 DEFAULT_PATH = 'config.toml'
+CONFIG_DIR = '{config_dir}'  # a string value that starts with it starts at the config file's folder instead
 ENV_PATH = 'MORTAL_CFG'
 ENV_PROFILE = 'TRAIN_PLAY_PROFILE'
 ENV_SP_THREADS = 'MORTAL_SP_THREADS'
@@ -148,28 +150,28 @@ def resolve_path(path: str | os.PathLike | None = None, env: Env = os.environ) -
     return EnvOverrides.of(env).config_path
 
 
-def load_config(path: str | os.PathLike | None = None, *, required: Iterable[str] = CORE_SECTIONS,
-                env: Env = os.environ) -> dict:
-    """Read, validate and return the config as a plain nested dict with defaults filled in.
+#: What a process passes as ``required``: dotted section names, or a function of the file's plain dict that gives
+#: them (:func:`train_sections`, :func:`mode_sections`: the sections depend on ``[control] online``).
+Required = Iterable[str] | Callable[[dict], Iterable[str]]
 
-    Args:
-        path: TOML file; ``None`` means env ``MORTAL_CFG`` or ``config.toml`` in the working directory.
-        required: dotted section names this process needs (e.g. ``SERVER_SECTIONS``); ``'train_play'`` stands for
-            the ``[train_play.<profile>]`` table of the ``TRAIN_PLAY_PROFILE`` in use. Sections that are present
-            are validated whether required or not.
-        env: where ``MORTAL_CFG`` and ``TRAIN_PLAY_PROFILE`` come from (:data:`Env`).
 
-    Returns:
-        ``config`` with ``config['control']['version']`` etc.; optional keys of present sections filled.
-        :func:`typed` gives the same content as typed sections.
+def train_sections(config: dict) -> tuple:
+    """The sections ``mortal.train`` needs for ``config`` (its plain dict, valid or not): ``ONLINE_TRAIN_SECTIONS``
+    when ``[control] online = true`` as written, else ``TRAIN_SECTIONS``."""
+    return ONLINE_TRAIN_SECTIONS if lookup(config, 'control.online') is True else TRAIN_SECTIONS
 
-    Raises:
-        ConfigError: file missing or unreadable, TOML syntax error (with line), or any validation error; the
-            message names the file and every offending key.
 
-    Warnings (logged on logger ``mortal.config``) are returned by :func:`validate` and cover unknown keys,
-    ineffective keys and buffer settings that would stall a run.
-    """
+def mode_sections(config: dict) -> tuple:
+    """Every section the processes of ``config``'s mode need together (what ``mortal.doctor`` checks): online
+    (``[control] online = true`` as written) the server's, the client's and the learner's; offline the learner's."""
+    if lookup(config, 'control.online') is True:
+        return tuple(dict.fromkeys(ONLINE_TRAIN_SECTIONS + SERVER_SECTIONS + CLIENT_SECTIONS))
+    return TRAIN_SECTIONS
+
+
+def read_config(path: str | os.PathLike | None = None, env: Env = os.environ) -> dict:
+    """The TOML file ``path`` (None: :func:`resolve_path`) as a plain dict, not validated. Raises
+    :class:`ConfigError`: the file is missing or unreadable, or its TOML is malformed (with the line)."""
     path = resolve_path(path, env)
     try:
         with open(path, 'rb') as f:
@@ -180,7 +182,7 @@ def load_config(path: str | os.PathLike | None = None, *, required: Iterable[str
         raise ConfigError(path, [f'cannot read config file {path}: {e}']) from None
     try:
         # utf-8-sig: Windows editors (Notepad) prepend a BOM, which the TOML parser would reject at line 1.
-        config = tomllib.loads(data.decode('utf-8-sig'))
+        return tomllib.loads(data.decode('utf-8-sig'))
     except UnicodeDecodeError as e:
         raise ConfigError(path, [f'cannot read config file {path}: {e}']) from None
     except tomllib.TOMLDecodeError as e:
@@ -189,18 +191,90 @@ def load_config(path: str | os.PathLike | None = None, *, required: Iterable[str
         raise ConfigError(path, [f'{path}: TOML value error: {e}']) from None
     except RecursionError:  # arrays or inline tables nested thousands deep
         raise ConfigError(path, [f'{path}: TOML syntax error: arrays or inline tables nested too deeply']) from None
+
+
+def load_config(path: str | os.PathLike | None = None, *, required: Required = CORE_SECTIONS,
+                env: Env = os.environ) -> dict:
+    """Read, validate and return the config as a plain nested dict with defaults filled in.
+
+    Args:
+        path: TOML file; ``None`` means env ``MORTAL_CFG`` or ``config.toml`` in the working directory.
+        required: dotted section names this process needs (e.g. ``SERVER_SECTIONS``), or a function of the file's
+            dict giving them (:data:`Required`); ``'train_play'`` stands for the ``[train_play.<profile>]`` table
+            of the ``TRAIN_PLAY_PROFILE`` in use. Sections that are present are validated whether required or not.
+        env: where ``MORTAL_CFG`` and ``TRAIN_PLAY_PROFILE`` come from (:data:`Env`).
+
+    Returns:
+        ``config`` with ``config['control']['version']`` etc.; optional keys of present sections filled; a string
+        that starts with ``{config_dir}`` starts with the config file's folder instead (:func:`expand_config_dir`).
+        :func:`typed` gives the same content as typed sections.
+
+    Raises:
+        ConfigError: file missing or unreadable, TOML syntax error (with line), or any validation error; the
+            message names the file and every offending key, cross-field rules included (:func:`config_errors`
+            gives the same list without raising).
+
+    Warnings (logged on logger ``mortal.config``) are returned by :func:`validate` and cover unknown keys,
+    ineffective keys and buffer settings that would stall a run.
+    """
+    path = resolve_path(path, env)
+    config = read_config(path, env)
     validate(config, path, required=required, env=env)
+    expand_config_dir(config, os.path.dirname(os.path.abspath(path)))
     return config
 
 
-def validate(config: dict, path: str = DEFAULT_PATH, *, required: Iterable[str] = CORE_SECTIONS,
+def expand_config_dir(node, folder: str):
+    """In place, every string of the loaded config ``node`` (its tables and arrays) that starts with
+    ``{config_dir}`` starts with ``folder`` (the config file's, absolute) instead: ``state_file =
+    '{config_dir}/online/mortal.pth'`` names a file beside the config, wherever the folder is moved or copied.
+    Other strings, relative paths included (relative to the working directory, as Mortal's), are left as they are.
+    Returns ``node``."""
+    items = node.items() if isinstance(node, dict) else enumerate(node)
+    for k, v in list(items):
+        if isinstance(v, str) and v.startswith(CONFIG_DIR):
+            node[k] = folder + v[len(CONFIG_DIR):]
+        elif isinstance(v, (dict, list)):
+            expand_config_dir(v, folder)
+    return node
+
+
+def config_errors(path: str | os.PathLike | None = None, *, required: Required = mode_sections,
+                  env: Env = os.environ) -> list[str]:
+    """Every problem of the config file ``path`` (None: :func:`resolve_path`), one string each naming the file and
+    the key: what :func:`load_config` with the same ``required`` would refuse, all at once; ``[]`` when it loads.
+    The one validator the processes and ``mortal.doctor`` share. ``required`` defaults to :func:`mode_sections`
+    (every process of the file's mode; the learner alone: :func:`train_sections`). Logs nothing."""
+    path = resolve_path(path, env)
+    try:
+        config = read_config(path, env)
+        errors, _, _ = _check(config, path, required, env)
+    except ConfigError as e:
+        return list(e.problems)
+    return errors
+
+
+def validate(config: dict, path: str = DEFAULT_PATH, *, required: Required = CORE_SECTIONS,
              env: Env = os.environ) -> list[str]:
     """Validate ``config`` in place (filling defaults, widening integers of number keys) and return the warnings,
     which are also logged. Validating a loaded config again changes nothing.
 
-    ``path`` is only used in messages. Raises :class:`ConfigError` listing every error found.
+    ``path`` is only used in messages. Raises :class:`ConfigError` listing every error found: each table's, the
+    missing sections and the rules across keys (:func:`check_relations`, over the tables that validate).
     """
-    required = tuple(required)
+    errors, warns, model = _check(config, path, required, env)
+    if errors:
+        raise ConfigError(path, errors)
+    _merge(config, _as_dict(model))
+    for w in warns:
+        logger.warning('%s', w)
+    return warns
+
+
+def _check(config: dict, path: str, required: Required, env: Env) -> tuple:
+    """``(errors, warnings, the validated model or None)`` of ``config``; raises :class:`ConfigError` only for a
+    config nested too deeply to look at."""
+    required = tuple(required(config) if callable(required) else required)
     errors: list[str] = []
     warns: list[str] = []
     model = None
@@ -211,7 +285,7 @@ def validate(config: dict, path: str = DEFAULT_PATH, *, required: Iterable[str] 
         model = Config.model_validate(config)
     except ValidationError as e:
         errors.extend(dict.fromkeys(_problem(err, config, path) for err in e.errors()))
-    _unknown_names(config, path, warns)
+    _unknown_names(config, path, warns, errors)
     for name in required:
         if name == 'train_play':
             continue  # checked below with the profile in use
@@ -222,14 +296,27 @@ def validate(config: dict, path: str = DEFAULT_PATH, *, required: Iterable[str] 
         if _get_table(config, profile_table(profile)) is None:
             errors.append(f'missing section [{profile_table(profile)}] in {path} '
                           f'(selected by {ENV_PROFILE}={profile!r})')
-    if model is not None and not errors:
-        check_relations(model, path, errors, warns)
-    if errors:
-        raise ConfigError(path, errors)
-    _merge(config, _as_dict(model))
-    for w in warns:
-        logger.warning('%s', w)
-    return warns
+    # The rules across keys run whatever else is wrong, over the tables that validate on their own.
+    checked, broken = (model, set()) if model is not None else _valid_tables(config)
+    relation_errors: list[str] = []
+    check_relations(checked, path, relation_errors, warns, broken=broken)
+    errors.extend(e for e in relation_errors if e not in errors)
+    return errors, warns, model
+
+
+def _valid_tables(config: dict) -> tuple:
+    """``(a Config of the top-level tables of config that validate on their own, the names of those that do not)``;
+    a table that does not validate is left out (None, or its defaults for the extras' tables)."""
+    fields, broken = {}, set()
+    for name, field in Config.model_fields.items():
+        key = field.alias or name
+        if not isinstance(config, dict) or key not in config:
+            continue
+        try:
+            fields[name] = getattr(Config.model_validate({key: config[key]}), name)
+        except ValidationError:
+            broken.add(key)
+    return Config.model_construct(**fields), broken
 
 
 MAX_DEPTH = 32  # tables and arrays inside each other; the schema's deepest key is 3 levels down
@@ -430,9 +517,14 @@ def unknown_warning(u: Unknown, path: str) -> str:
     return f'unknown top-level key {u.name} in {path}'
 
 
-def _unknown_names(config: dict, path: str, warns: list[str]) -> None:
-    """The warnings of :func:`unknown_names`."""
-    warns.extend(unknown_warning(u, path) for u in unknown_names(config))
+def _unknown_names(config: dict, path: str, warns: list[str], errors: list[str]) -> None:
+    """The warnings of :func:`unknown_names`; a key the schema removed (``REMOVED_KEYS``) is an error instead."""
+    for u in unknown_names(config):
+        removed = None if u.is_section else REMOVED_KEYS.get((u.table, u.name))
+        if removed:
+            errors.append(f'[{u.table}] {u.name} in {path} was {removed}')
+        else:
+            warns.append(unknown_warning(u, path))
 
 
 def lookup(config: dict, dotted: str, default=None):
@@ -451,8 +543,9 @@ def _get_table(config: dict, dotted: str):
     return table if isinstance(table, dict) else None
 
 
-def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str]) -> None:
-    """The rules that tie several keys together (run once every key has its type), appended as messages."""
+def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str], *, broken=()) -> None:
+    """The rules that tie several keys together, appended as messages. ``cfg`` holds the tables that validate
+    (a table that does not is None there, and named in ``broken``: a rule over it is not checked)."""
     control, online, server = cfg.control, cfg.online, cfg.online and cfg.online.server
     if control is not None and online is not None and online.offline_batch_size and not control.online:
         warns.append(f'[online] offline_batch_size = {online.offline_batch_size} in {path} has no effect with '
@@ -468,7 +561,7 @@ def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str])
         if cfg.test_play.best_rule == 'sprt' and cfg.test_play.games // 4 < 8:
             warns.append(f"[test_play] games = {cfg.test_play.games} in {path} is fewer than the 32 games the SPRT "
                          f"needs before it decides (best_rule = 'sprt'): best.pth would never be replaced")
-    if cfg.rotation.after and (cfg.baseline is None or cfg.baseline.train is None):
+    if cfg.rotation.after and 'baseline' not in broken and (cfg.baseline is None or cfg.baseline.train is None):
         errors.append(f'[rotation] after = {cfg.rotation.after} in {path} needs a [baseline.train] section '
                       f'(the file it promotes best.pth to)')
     for name in ('lr', 'epsilon', 'temp'):
@@ -591,7 +684,8 @@ def for_checkpoint(config: dict) -> dict:
 
 
 def key_table() -> list[tuple[str, str, str, str, str]]:
-    """Every known key as ``(section, key, type, default, meaning)``; the README's table is checked against it."""
+    """Every known key as ``(section, key, type, default, meaning)``; docs/config.md is generated from it
+    (``scripts/gen_config_doc.py``)."""
     rows = []
     for section, keys in SCHEMA.items():
         for name, key in keys.items():

@@ -47,7 +47,7 @@ MODEL_ONLY_1V3 = ('device', 'state_file', 'stochastic_latent', 'enable_compile',
 
 @dataclass(frozen=True)
 class Kind:
-    """Marks a field's TOML type for messages and the README's key table: 'int', 'float', 'bool', 'str',
+    """Marks a field's TOML type for messages and the key table (docs/config.md): 'int', 'float', 'bool', 'str',
     'str_list' or 'float_list'."""
 
     name: str
@@ -139,7 +139,7 @@ class Section(BaseModel):
 
 class Control(Section):
     version: Annotated[Int, Version] = key(
-        'model/feature version (1-4); 4 adds the single-player block (mortal.features.obs_v4)')
+        'model/feature version (1-4; the trainer takes 2-4); 4 adds the single-player block (mortal.features.obs_v4)')
     online: Bool = key('online training: replays come from the server, no CQL term (unless [cql] '
                        'online_min_q_weight)')
     state_file: Str = key('trainer checkpoint (read at start, written every save_every steps)')
@@ -173,19 +173,22 @@ class TrainPlay(Section):
     speculate_passes: Bool = key(SPECULATE_DOC, False)
     counterfactual_rate: Annotated[Float, UnitClosed] = key(
         "extra: probability that a trainee decision (discard, call, kan, riichi) forks a counterfactual branch: "
-        "a clone of the table (same wall) where the trainee takes its best other legal action, played to the end "
-        "of the kyoku; the paired outcome is logged for the learner's [online] counterfactual_weight term "
-        "(0 = off, as Mortal)", 0.0)
+        "a clone of the table (same wall) where the trainee takes its highest-Q other legal action, played by the "
+        "same agents to the end of the kyoku, its outcome logged in the decision's meta.counterfactual for "
+        "[online] counterfactual_weight (0 = off, as Mortal; needs stateless agents of version 1-3)", 0.0)
     counterfactual_alternative: Annotated[Str, _one_of(('best', 'other_kind'))] = key(
         "extra: the action a counterfactual branch takes: 'best' (the trainee's highest-Q other legal action) or "
         "'other_kind' (its highest-Q legal action of another kind: the pass for a call, riichi for a discard, a "
-        "discard for a riichi; decisions without one fork nothing)", 'best')
+        "discard for a riichi; decisions without one fork nothing, and counterfactual_rate is the share of those that "
+        "have one)", 'best')
     counterfactual_persist: Bool = key(
-        "extra: a counterfactual branch keeps to its alternative's kind: at the trainee's later decisions of the "
-        "kyoku, where it picks an action of the kind it declined at the fork while one of the alternative's kind "
-        "is legal, it takes its best action of the alternative's kind (a passed chi or pon passes every later chi "
-        "and pon, a declined riichi is never declared; with 'best', only where the alternative is of another kind); the paired target then measures that policy change, not one "
-        "deviation. false = the policy plays the rest of the branch", False)
+        "extra: a counterfactual branch keeps to its alternative's kind for the rest of the kyoku: at each later "
+        "trainee decision where it picks an action of the kind declined at the fork (chi and pon count as one "
+        "kind, a call) while one of the alternative's kind is legal, it takes its best action of the alternative's "
+        "kind (a passed chi or pon passes every later chi and pon; a declined riichi is never declared; a kan "
+        "decision is left alone; with 'best', an alternative of the taken kind persists nothing); the paired "
+        "target then measures that change of policy, not one deviation. false = the policy plays the rest of the "
+        "branch", False)
 
 
 class TestPlay(Section):
@@ -202,6 +205,10 @@ class TestPlay(Section):
     sprt_alpha: Annotated[Float, SprtError] = key('extra: SPRT chance of calling an equal model better', 0.05)
     sprt_beta: Annotated[Float, SprtError] = key('extra: SPRT chance of missing a model better by sprt_delta', 0.05)
     sprt_chunk: Games = key('extra: games between two looks of the SPRT (multiple of 4)', 64)
+    min_deals: NonNegativeInt = key(
+        'extra: best.pth is replaced only by a test play of at least this many deals (4 games each; a CI over fewer '
+        'is noise); fewer: not replaced, with a line saying why. The first test play (no best.pth yet) always makes '
+        "it. 0 or 1 = any count, Mortal's rule", 8)
     fresh_deals: Bool = key("extra: every test play meets new deals and best.pth is played on them too (twice the "
                             "games; no winner's curse of a record on fixed deals); false = Mortal's fixed test seeds",
                             False)
@@ -256,10 +263,13 @@ class Scheduler(Section):
     peak: NonNegativeFloat = key('learning rate after warm-up (0 only for a control run)')
     final: NonNegativeFloat = key('learning rate after max_steps (cosine annealing in between)')
     warm_up_steps: NonNegativeInt = key('linear warm-up steps')
-    max_steps: NonNegativeInt = key('end of cosine annealing (0 = constant after warm-up)')
-    init: NonNegativeFloat | None = unfilled('learning rate at step 0 of warm-up (Mortal default 1e-8)')
-    offset: Int | None = unfilled('steps added before evaluating the schedule (Mortal default 0)')
-    epoch_size: NonNegativeInt | None = unfilled('restart the schedule every this many steps (0 = never)')
+    max_steps: NonNegativeInt = key('end of cosine annealing (0 = constant after warm-up: final from its end on)')
+    init: NonNegativeFloat | None = unfilled("extra: Mortal's scheduler argument, not in its config: learning rate at "
+                                                      'step 0 of warm-up (Mortal default 1e-8)')
+    offset: Int | None = unfilled("extra: Mortal's scheduler argument: steps added before evaluating the "
+                                      'schedule (Mortal default 0)')
+    epoch_size: NonNegativeInt | None = unfilled("extra: Mortal's scheduler argument: restart the schedule "
+                                                     'every this many steps (0 = never)')
 
 
 class Optim(Section):
@@ -303,12 +313,13 @@ class Server(Section):
     force_sequential: Bool = key('one client round per trainer parameter version; drain only when full')
     max_frame_bytes: PositiveInt = key('extra: largest accepted wire frame in bytes', DEFAULT_MAX_FRAME_BYTES)
     max_pending_connections: PositiveInt = key(
-        'extra: connections that may be sending their frame header at once (more are closed at once)', 64)
+        'extra: connections that may be unauthenticated (sending their frame header) at once; a new one beyond '
+        'this closes the oldest', 64)
     max_inflight_bytes: NonNegativeInt = key(
         'extra: payload bytes the server reads or handles at once over all connections (0 = max_frame_bytes)', 0)
     payload_min_bytes_per_s: PositiveInt = key(
-        'extra: average bytes/s a frame payload must arrive at, or its connection is closed (30 s + length / '
-        'this)', 131072)
+        'extra: bytes/s a frame payload must keep over every 2 s (or the rest of the frame within them), or its '
+        'connection is closed', 131072)
 
 
 class Online(Section):
@@ -317,36 +328,23 @@ class Online(Section):
     anchor_weight: NonNegativeFloat = key(
         "extra: weight of the MSE of untaken legal Q to the [baseline.train] model's Q (0 = off, as Mortal)", 0.0)
     counterfactual_weight: NonNegativeFloat = key(
-        "extra: weight of the squared error of Q[alternative] - Q[taken] to the paired outcome difference of the "
-        "clients' counterfactual branches ([train_play] counterfactual_rate; 0 = off, as Mortal)", 0.0)
-    replay_ratio: PositiveInt = key(
-        'extra: gradient steps per fresh online batch; the k - 1 beyond the first train batches drawn from the last '
-        'replay_window online batches (RLPD-style update-to-data ratio; 1 = each sample once, as Mortal)', 1)
-    replay_window: PositiveInt = key(
-        'extra: online batches kept for replay_ratio > 1 (the recent-replay window; rows drawn uniformly)', 64)
-    pg_weight: NonNegativeFloat = key(
-        "extra: weight of a policy-gradient term on the online rows for the policy softmax(Q / pg_temp), advantage "
-        "= Monte-Carlo return - the policy's own value (0 = off, as Mortal)", 0.0)
-    pg_temp: PositiveFloat = key('extra: temperature of that softmax (and of kl_weight\'s), in pts (Q units)', 1.0)
-    kl_weight: NonNegativeFloat = key(
-        "extra: weight of KL(pi || pi_ref) on the online rows, pi_ref = softmax(Q / pg_temp) of the [baseline.train] "
-        "model (0 = off, as Mortal)", 0.0)
+        "extra: weight of the counterfactual term, the mean over samples with a branch of ((Q[alternative] - "
+        "Q[taken]) - delta)^2, delta the paired difference of the branch's and the real kyoku's value by [env] "
+        "reward ([train_play.<profile>] counterfactual_rate; 0 = off, as Mortal)", 0.0)
     probe_file: Str | None = unfilled('extra: positions for diag/policy_drift (built once from [dataset] globs; '
                                       'default probe.pth beside [control] state_file)')
-    probe_size: NonNegativeInt = key('extra: positions in the probe (0 = no probe)', 2048)
+    probe_size: NonNegativeInt = key('extra: positions in the probe (0 = no probe; about 127 KB each at '
+                                     'version 3, on disk and in memory)', 2048)
     offline_batch_size: Annotated[Int, _rule(lambda v: 0 <= v <= MAX_OFFLINE_BATCH,
                                              f'must be within [0, {MAX_OFFLINE_BATCH}]')] = key(
-        'extra: offline samples of [dataset] appended to each online batch, with the offline CQL term (0 = off, '
-        'as Mortal)', 0)
+        'extra: offline samples of [dataset] appended to each online batch (RLPD-style), with the offline CQL term '
+        'at [cql] min_q_weight (0 = off, as Mortal)', 0)
     ema_decay: Annotated[Float, UnitHalfOpen] = key(
         'extra: publish, test-play and keep as best.pth an EMA of the weights with this decay per optimizer step '
-        '(0 = off, as Mortal)', 0.0)
-    n_step: NonNegativeInt = key(
-        "extra: regress Q[taken] of an online sample on gamma^k * max legal Q of a target network at the same "
-        "seat's decision n later in the kyoku (k its discounted steps; the Monte-Carlo target when the kyoku ends "
-        "sooner; 0 = Monte-Carlo, as Mortal)", 0)
-    target_update_every: PositiveInt = key(
-        'extra: steps between copies of the trained weights into the target network of n_step', 1000)
+        '(0 = off, as Mortal); state_file adds ema_mortal/ema_dqn', 0.0)
+    no_param_warn_minutes: NonNegativeFloat = key(
+        'extra: a client that has had no new parameters for this many minutes (the trainer stopped, or its '
+        'supervisor waits for a valid config) says so at WARNING, once a minute (0 = never, as Mortal)', 10.0)
     remote: Remote | None = None
     server: Server | None = None
 
@@ -355,7 +353,7 @@ class MortalSide(Section):
     """A side of a 1v3 run that plays a checkpoint."""
 
     type: Annotated[Str, _rule(lambda v: v in ('mortal', 'rulebase'), "must be 'mortal' or 'rulebase'")] = key(
-        "'mortal' (a checkpoint) or 'rulebase' (mjai's RulebaseBot)", 'mortal')
+        "extra: 'mortal' (a checkpoint) or 'rulebase' (mjai's RulebaseBot; needs only name)", 'mortal')
     device: Str = key('torch device of this engine')
     name: Str = key('engine name written into the logs')
     state_file: Str = key('checkpoint to load')
@@ -509,33 +507,36 @@ class Fleet(Section):
 
 # Ours: `python -m mortal.bootstrap` (rule-based games -> GRP -> offline Mortal -> online dir).
 class Bootstrap(Section):
-    games: NonNegativeInt = key('training hanchan of rule-based bots to generate (a multiple of 4 when epsilon > 0)')
-    val_games: NonNegativeInt = key('validation hanchan (GRP validation split)')
-    log_dir: Str = key('generated logs go to log_dir/train and log_dir/val')
-    work_dir: Str = key('offline trainer state, TensorBoard and test-play logs')
-    grp_steps: NonNegativeInt = key('GRP training steps (a multiple of [grp.control] save_every)')
-    workers: NonNegativeInt = key('game-generation processes; 0 = one per CPU', 0)
+    games: NonNegativeInt = key(
+        'extra: training hanchan of rule-based bots to generate (a multiple of 4 when epsilon > 0)')
+    val_games: NonNegativeInt = key('extra: validation hanchan (GRP validation split)')
+    log_dir: Str = key('extra: generated logs go to log_dir/train and log_dir/val')
+    work_dir: Str = key('extra: offline trainer state, TensorBoard and test-play logs')
+    grp_steps: NonNegativeInt = key('extra: GRP training steps (a multiple of [grp.control] save_every)')
+    workers: NonNegativeInt = key('extra: game-generation processes; 0 = one per CPU', 0)
     epsilon: Annotated[Float, UnitHalfOpen] = key(
-        'probability that a bot discards a random legal tile (never in riichi), so the four seat rotations of a '
+        'extra: probability that a bot discards a random legal tile (never in riichi), so the four seat rotations of a '
         'deal differ', 0.01)
-    seed_key: Annotated[Int, SeedKey] = key('duplicate key of the train logs; validation uses seed_key + 1',
+    seed_key: Annotated[Int, SeedKey] = key('extra: duplicate key of the train logs; validation uses seed_key + 1',
                                             0x6f6f7473)
-    offline_test_every: NonNegativeInt = key('offline test play (vs 3 RulebaseBots) every n steps; 0 = never', 0)
-    offline_test_games: Games = key('games per offline test play', 8)
-    offline_lr: NonNegativeFloat = key("constant learning rate of the offline run; 0 = the config's "
+    offline_test_every: NonNegativeInt = key(
+        'extra: offline test play (vs 3 RulebaseBots) every n steps; 0 = never', 0)
+    offline_test_games: Games = key('extra: games per offline test play', 8)
+    offline_lr: NonNegativeFloat = key("extra: constant learning rate of the offline run; 0 = the config's "
                                        "[optim.scheduler]", 0.0)
     flaw: Annotated[Str, _one_of(BOOTSTRAP_FLAWS)] = key(
-        "extra: a planted flaw of every bot's play (mortal.play.flaws; bench/learning.py flaw); '' = none", '')
+        "extra: a planted flaw of every bot's play (overcall, no-riichi, no-fold; mortal.play.flaws, for "
+        "bench/learning.py flaw); '' = none", '')
     offline_max_epochs: PositiveInt = key(
-        'most offline epochs (one epoch = one Trainer pass, [dataset] num_epochs over the train logs); above 1 the '
-        'validation loss on the val logs picks the epoch kept as best.pth (1 = one epoch, best.pth = best test '
+        'extra: most offline epochs (one epoch = one Trainer pass, [dataset] num_epochs over the train logs); above '
+        '1 the validation loss on the val logs picks the epoch kept as best.pth (1 = one epoch, best.pth = best test '
         'play or last)', 1)
     offline_patience: NonNegativeInt = key(
-        'stop the offline run after this many epochs in a row without a new lowest validation loss (0 = run all '
-        'offline_max_epochs)', 1)
+        'extra: stop the offline run after this many epochs in a row without a new lowest validation loss (0 = run '
+        'all offline_max_epochs)', 1)
     grp_patience: NonNegativeInt = key(
-        'stop GRP training after this many validations ([grp.control] save_every) in a row without a new lowest '
-        'cross entropy on the val logs, and keep the best (0 = train grp_steps, keep the last)', 0)
+        'extra: stop GRP training after this many validations ([grp.control] save_every) in a row without a new '
+        'lowest cross entropy on the val logs, and keep the best (0 = train grp_steps, keep the last)', 0)
 
 
 class Config(Section):
@@ -562,8 +563,16 @@ class Config(Section):
     bootstrap: Bootstrap | None = None
 
 
+#: Keys that were removed, by (table, key): a file that still sets one gets an error saying so (an unknown key is only
+#: a warning). Each was an extra whose arm docs/learning.md measured as no gain (part 4), with no measured case
+#: where it helped.
+REMOVED_KEYS = {('online', key): "removed: measured as no gain (docs/learning.md, part 4); delete the line"
+                for key in ('replay_ratio', 'replay_window', 'n_step', 'target_update_every', 'pg_weight', 'pg_temp',
+                            'kl_weight')}
+
+
 #: Every table with keys of its own, by dotted name (``train_play.*`` stands for each profile); the order is the
-#: README's.
+#: key table's (docs/config.md).
 SECTIONS: dict[str, type[Section]] = {
     'control': Control, 'train_play.*': TrainPlay, 'test_play': TestPlay, 'dataset': Dataset, 'env': Env,
     'resnet': ResNet, 'cql': Cql, 'aux': Aux, 'freeze_bn': FreezeBn, 'optim': Optim,
@@ -581,7 +590,7 @@ OPTIONAL_SECTIONS = ('guard', 'rotation', 'schedule.lr', 'schedule.epsilon', 'sc
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# The keys, read off the models (messages, the README's key table, the bootstrap's defaults)
+# The keys, read off the models (messages, docs/config.md, the bootstrap's defaults)
 
 REQUIRED = object()  # marker: the key has no default
 UNFILLED = object()  # marker: an optional key that is accepted but not filled in when missing

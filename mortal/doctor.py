@@ -356,8 +356,8 @@ def check_memory(config, profile='default'):
         text = f'{name} on {device} ~ {nbytes / GIB:.2f} GiB (estimate)'
         if str(device).startswith('cuda'):
             gpu = _gpu_total_bytes(device)
-            if gpu is None:
-                rows.append(Check(FAIL, 'memory', f'{text}; but no CUDA device is visible to torch'))
+            if gpu is None:  # a FAIL row of check_devices names the key and the fixes
+                rows.append(Check(INFO, 'memory', f'{text}; but no CUDA device is visible to torch'))
                 continue
             if nbytes > gpu:
                 rows.append(Check(FAIL, 'memory', f'{text} exceeds {device} total {gpu / GIB:.1f} GiB; '
@@ -368,6 +368,58 @@ def check_memory(config, profile='default'):
             text += ' of tensors; the Python + torch process itself adds ~0.5-1 GiB of RAM'
         rows.append(Check(INFO, 'memory', text))
     return rows
+
+
+# ---------------------------------------------------------------------------- file indexes
+
+def check_file_indexes(config):
+    """Each cached file index (``[dataset] file_index``, ``[grp.dataset] file_index``) that exists: FAIL when it is
+    not one, or when a file it lists is missing or outside the globs it is read with
+    (``mortal.data.offline_data.index_problems``); WARN when it was built from other globs (or has no record of
+    them): the next run rebuilds it."""
+    from mortal.data.offline_data import index_problems, stale_index
+    from mortal.model.checkpoint import describe_error, load_checkpoint
+
+    cfg = typed(config)
+    grp_ds = cfg.grp.dataset if cfg.grp is not None else None
+    tables = []
+    if cfg.dataset is not None:
+        tables.append(('[dataset]', cfg.dataset.file_index, {'file_list': cfg.dataset.globs},
+                       {'globs': cfg.dataset.globs}))
+    if grp_ds is not None:
+        tables.append(('[grp.dataset]', grp_ds.file_index,
+                       {'train_file_list': grp_ds.train_globs, 'val_file_list': grp_ds.val_globs},
+                       {'train_globs': grp_ds.train_globs, 'val_globs': grp_ds.val_globs}))
+    rows = []
+    for table, file_index, lists, globs in tables:
+        if not file_index or not Path(file_index).is_file():
+            continue
+        where = f'{table} file_index = {file_index}'
+        try:
+            index = load_checkpoint(file_index)
+            if not isinstance(index, dict) or not all(isinstance(index.get(k), (list, tuple)) for k in lists):
+                raise ValueError(f'needs the lists {sorted(lists)}')
+        except Exception as e:  # garbage, another format
+            rows.append(Check(FAIL, 'file index', f'{where}: not a file index ({describe_error(e)}); delete it'))
+            continue
+        stale = stale_index(index, globs)
+        if stale is not None:
+            rows.append(Check(WARN, 'file index', f'{where}: {stale}: the next run rebuilds it'))
+            continue
+        problems = index_problems(index, lists)
+        rows.append(Check(FAIL, 'file index', f'{where}: {"; ".join(problems)}; delete it to rebuild it')
+                    if problems else Check(OK, 'file index', f'{where}: every listed file is there, within the globs'))
+    return rows
+
+
+# ---------------------------------------------------------------------------- devices
+
+def check_devices(config):
+    """A FAIL row per CUDA device key that this torch cannot use, worded as every process words it at its start
+    (``mortal.entry.device_problems``)."""
+    from mortal import entry
+    keys = dict.fromkeys(entry.TRAIN_DEVICES + entry.CLIENT_DEVICES + entry.GRP_DEVICES + entry.ONE_VS_THREE_DEVICES)
+    return [Check(FAIL, 'device', line) for line in entry.device_problems(config, keys)]
 
 
 # ---------------------------------------------------------------------------- driver
@@ -392,21 +444,22 @@ def run_checks(config, *, server_running=False, profile='default'):
         rows.append(Check(INFO, 'version', 'version 4 observations (1012 x 34) run a single-player search per '
                                            'decision in self-play and per sample in the loader; slower than v3 '
                                            f'({sp_threads()} search threads per process: MORTAL_SP_THREADS)'))
+    rows += check_devices(config)
     rows += check_paths(config)
     if typed(config).control.online:
         rows += check_port(config, server_running)
     rows += check_checkpoints(config)
     rows += check_grp(config)
+    rows += check_file_indexes(config)
     rows += check_memory(config, profile)
     return rows
 
 
 def sections_for(config):
-    """Config sections every process of this mode needs (online: server + client + trainer)."""
+    """Config sections every process of this mode needs (online: server + client + trainer):
+    ``mortal.config.mode_sections``."""
     from mortal import config as mcfg
-    if typed(config).control.online:
-        return tuple(dict.fromkeys(mcfg.ONLINE_TRAIN_SECTIONS + mcfg.SERVER_SECTIONS + mcfg.CLIENT_SECTIONS))
-    return mcfg.TRAIN_SECTIONS
+    return mcfg.mode_sections(config)
 
 
 def typo_checks(config: dict, path: str) -> tuple[list[Check], set[str]]:
@@ -459,8 +512,9 @@ def main(argv=None):
     level = config_log.level
     config_log.setLevel(logging.ERROR)  # its warnings become WARN rows below
     try:
-        config = mcfg.load_config(path, required=mcfg.CORE_SECTIONS, env=env)
-        warns = mcfg.validate(config, path, required=sections_for(config), env=env)
+        # one pass of the processes' own validator (mortal.config.config_errors): every problem at once
+        config = mcfg.read_config(path, env)
+        warns = mcfg.validate(config, path, required=mcfg.mode_sections, env=env)
     except mcfg.ConfigError as e:
         print(Check(FAIL, 'config', str(e)).line())
         return 1

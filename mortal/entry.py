@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 from typing import Iterable, Mapping
 
 from mortal import config as mcfg
@@ -77,17 +79,142 @@ def error(message, status: int = 2) -> int:
     return status
 
 
-def load_config(args: argparse.Namespace, required: Iterable[str]) -> dict:
-    """The config of ``args.config`` (else ``$MORTAL_CFG``, else ``config.toml``) with the ``required`` sections,
-    read with ``args.overrides``; raises ``mortal.config.ConfigError`` (for a ``main()`` that reports it its
-    own way)."""
+def load_config(args: argparse.Namespace, required: mcfg.Required) -> dict:
+    """The config of ``args.config`` (else ``$MORTAL_CFG``, else ``config.toml``) with the ``required`` sections
+    (names, or a function of the file's dict: ``mortal.config.Required``), read with ``args.overrides``; raises
+    ``mortal.config.ConfigError`` (for a ``main()`` that reports it its own way)."""
     return mcfg.load_config(args.config, required=required, env=args.overrides)
 
 
-def load_config_or_exit(args: argparse.Namespace, required: Iterable[str]) -> dict:
+def load_config_or_exit(args: argparse.Namespace, required: mcfg.Required) -> dict:
     """:func:`load_config`, but a ``ConfigError`` becomes one ``error: ...`` line on stderr and exit status 2
     (``SystemExit``)."""
     try:
         return load_config(args, required)
     except mcfg.ConfigError as exc:
         raise SystemExit(error(exc)) from None
+
+
+#: The device keys of each process (dotted, for :func:`check_devices`); a key the file lacks is skipped.
+TRAIN_DEVICES = ('control.device', 'baseline.test.device')
+CLIENT_DEVICES = ('control.device', 'baseline.train.device')
+GRP_DEVICES = ('grp.control.device',)
+ONE_VS_THREE_DEVICES = ('1v3.challenger.device', '1v3.champion.device')
+
+
+def device_problems(config: dict, keys: Iterable[str]) -> list[str]:
+    """One line for each of ``keys`` (dotted, e.g. ``'control.device'``) whose value in ``config`` is a CUDA device
+    that this torch cannot use, naming the key and both fixes: a CUDA build of torch (or a visible GPU, when this
+    torch has CUDA) or ``device = 'cpu'``. ``[]`` when every device is usable or not CUDA. Imports torch."""
+    cuda = [(dotted, value) for dotted in keys
+            if isinstance(value := mcfg.lookup(config, dotted), str) and value.strip().lower().startswith('cuda')]
+    if not cuda:
+        return []
+    import torch
+    if torch.cuda.is_available():
+        return []
+    out = []
+    for dotted, value in cuda:
+        *table, name = mcfg.table_path(dotted)
+        key = f'[{mcfg.table_name(table)}] {name}'
+        if not torch.backends.cuda.is_built():
+            out.append(f"{key} = {value!r}, but this torch ({torch.__version__}) is a CPU-only build: install a "
+                       f"CUDA build of torch, or set {key} = 'cpu'")
+        else:
+            out.append(f"{key} = {value!r}, but torch sees no CUDA device (driver, CUDA_VISIBLE_DEVICES): make a "
+                       f"GPU visible, or set {key} = 'cpu'")
+    return out
+
+
+def check_devices(config: dict, keys: Iterable[str]) -> None:
+    """At process start: each of :func:`device_problems` as one ``error: ...`` line on stderr, then exit status 2
+    (``SystemExit``); nothing when every device of ``keys`` is usable."""
+    problems = device_problems(config, keys)
+    for line in problems:
+        error(line)
+    if problems:
+        raise SystemExit(2)
+
+
+# -- what a process runs with, and why it stopped ---------------------------------------------------------------
+
+#: The keys a user tunes, per process, as ``table.key`` (``train_play`` stands for the profile in use): what
+#: :func:`log_settings` prints at start. Not every key: the rest is in the file.
+SETTINGS = {
+    'learner': ('control.version', 'control.online', 'control.device', 'control.batch_size',
+                'control.opt_step_every', 'control.save_every', 'control.test_every', 'control.submit_every',
+                'control.enable_amp', 'control.state_file', 'control.best_state_file', 'control.tensorboard_dir',
+                'optim.scheduler.peak', 'test_play.games', 'test_play.best_rule', 'test_play.min_deals',
+                'baseline.test.state_file', 'online.remote.host', 'online.remote.port'),
+    'client': ('control.version', 'control.device', 'train_play.games', 'train_play.boltzmann_epsilon',
+               'train_play.boltzmann_temp', 'train_play.top_p', 'train_play.repeats', 'train_play.log_dir',
+               'baseline.train.state_file', 'online.history_window', 'online.no_param_warn_minutes',
+               'online.remote.host', 'online.remote.port'),
+    'server': ('online.remote.host', 'online.remote.port', 'online.server.capacity',
+               'online.server.force_sequential', 'online.server.buffer_dir', 'online.server.drain_dir'),
+}
+
+
+def settings_lines(config: dict, keys, env=os.environ) -> list[str]:
+    """One line per table of ``keys`` (``SETTINGS``' form), in their order, with the loaded (effective) values:
+    ``[control] version = 3, device = 'cpu', batch_size = 64``. ``train_play`` is the ``[train_play.<profile>]``
+    of ``TRAIN_PLAY_PROFILE`` in ``env``; a table the config lacks is left out."""
+    from mortal.util.config_diff import shown
+    tables = {}
+    for dotted in keys:
+        table, name = dotted.rsplit('.', 1)
+        if table == 'train_play':
+            table = mcfg.profile_table(mcfg.profile_name(env))
+        tables.setdefault(table, []).append(name)
+    lines = []
+    for table, names in tables.items():
+        try:
+            sec = mcfg.section(config, table)
+        except KeyError:  # a table this config does not have
+            continue
+        lines.append(f'[{table}] ' + ', '.join(f'{n} = {shown(getattr(sec, n))}' for n in names))
+    return lines
+
+
+def log_settings(log: logging.Logger, config: dict, process: str, path: str | None = None, env=os.environ) -> None:
+    """Log at INFO the ``SETTINGS`` of ``process`` in ``config`` (as loaded: defaults filled), one line per table
+    after a line naming the config file (``path``, else ``MORTAL_CFG`` of ``env``, else ``config.toml``; ``env``
+    also gives ``TRAIN_PLAY_PROFILE``)."""
+    log.info('settings (config %s):', os.path.abspath(mcfg.resolve_path(path, env)))
+    for line in settings_lines(config, SETTINGS[process], env):
+        log.info('  %s', line)
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop signal turned into an exception (:func:`stop_on_sigterm`), so that a ``main()`` unwinds as on Ctrl-C
+    (every ``except KeyboardInterrupt`` still applies) and can say why it stopped (:func:`stop_cause`)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_stopped(signum, frame):
+    raise Stopped(signum)
+
+
+def stop_on_sigterm():
+    """From now on SIGTERM raises :class:`Stopped` in the main thread (instead of ending the process without a
+    word), so that the process can say why it stops and what it keeps. Returns the previous handler (for a
+    ``main()`` that tests run in-process to put back); does nothing and returns None outside the main thread,
+    where Python cannot set a handler."""
+    if threading.current_thread() is threading.main_thread():
+        return signal.signal(signal.SIGTERM, _raise_stopped)
+    return None
+
+
+def stop_cause(exc: BaseException) -> str:
+    """The signal behind a stop, by name: ``'SIGTERM'`` for :class:`Stopped` of SIGTERM, ``'SIGINT'`` for any
+    other KeyboardInterrupt (Ctrl-C)."""
+    return signal.Signals(exc.signum).name if isinstance(exc, Stopped) else 'SIGINT'
+
+
+def stop_status(exc: BaseException, default: int = 0) -> int:
+    """The exit status after a stop: 128 + the signal number for :class:`Stopped` (what a shell reports for a
+    process the signal ended), ``default`` for Ctrl-C."""
+    return 128 + exc.signum if isinstance(exc, Stopped) else default

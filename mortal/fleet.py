@@ -205,10 +205,11 @@ class SelfPlayActor:
     """
 
     def __init__(self, config: dict, profile: str, cwd: str, num_threads: int = 1):
+        import contextlib
         import dataclasses
         import torch
         from mortal import entry
-        from mortal.client import Client
+        from mortal.client import Client, hold_log_dir
         from mortal.config import train_play_profile
 
         entry.drop_rust_backtrace()
@@ -219,10 +220,13 @@ class SelfPlayActor:
         # the node's own MORTAL_SP_THREADS still applies; the profile and the config come from the driver
         overrides = dataclasses.replace(entry.apply_env(), profile=profile)
         self.client, self.error = None, None
+        self.held = contextlib.ExitStack()  # the log_dir's lock, for the actor's life (its process's end frees it)
         try:
             os.makedirs(train_play_profile(config, overrides).log_dir, exist_ok=True)  # here, not in each round
+            self.held.enter_context(hold_log_dir(config, overrides))  # runlock.LockHeld: another client has it
             self.client = Client(config, env=overrides)
         except Exception as ex:  # whatever stops the start: the driver reports it and drops this actor
+            self.held.close()
             self.error = f'{type(ex).__name__}: {ex}'
             logger.error('the client cannot start: %s', self.error)
 
@@ -482,6 +486,7 @@ def main(argv=None):
     parser.add_argument('--rounds', type=int, default=0, help='stop after this many actor rounds (0 = never)')
     args = entry.start(parser, argv)
     config = entry.load_config_or_exit(args, CLIENT_SECTIONS)
+    entry.check_devices(config, entry.CLIENT_DEVICES)
     config_path = resolve_path(args.config, args.overrides)
     cfg = typed(config)
     fleet = cfg.fleet

@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         config = entry.load_config(args, ONE_VS_THREE_SECTIONS)
     except ConfigError as exc:
         return entry.error(exc)
+    entry.check_devices(config, entry.ONE_VS_THREE_DEVICES)
     log_dir = typed(config).one_vs_three.log_dir
     if log_dir:
         try:  # the arena would fail here too, with a traceback

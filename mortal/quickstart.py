@@ -23,6 +23,7 @@ if __package__ in (None, ''):  # run as a script: python mortal/quickstart.py
 import glob
 import logging
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -44,9 +45,11 @@ GRACE_SECONDS = 15  # between SIGTERM and SIGKILL
 # ---------------------------------------------------------------------------- processes
 
 def child_env(config_path):
-    """Environment of the pipeline's processes: the config, unbuffered output, no slow Rust backtraces."""
+    """Environment of the pipeline's processes: the config, unbuffered output, no slow Rust backtraces, no
+    progress bars (their output goes to a log file, where every redraw of a bar would be kept)."""
     env = dict(os.environ)
     env.pop('RUST_BACKTRACE', None)
+    env['TQDM_DISABLE'] = '1'  # tqdm reads its defaults from TQDM_* (a bar given disable= explicitly keeps it)
     env['MORTAL_CFG'] = str(config_path)
     env['PYTHONUNBUFFERED'] = '1'
     env['PYTHONPATH'] = os.pathsep.join(filter(None, [str(ROOT), env.get('PYTHONPATH')]))
@@ -282,7 +285,7 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
     if rulebase_sets is None:
         rulebase_sets = PRESETS[preset]['rulebase_sets']
     work = Path(work_dir).expanduser().resolve()
-    cfg_path = write_config(work, preset=preset, port=port, version=version)
+    cfg_path = write_config(work, preset=preset, port=port, version=version, relative=True)  # a movable work dir
     logger.info('config: %s', cfg_path)
     logging.getLogger('mortal.config').setLevel(logging.ERROR)  # the [bootstrap] table is ours
     config = load_config(cfg_path)
@@ -412,11 +415,31 @@ def report(result, out=sys.stdout):
             p(f'  {label:<5} {format_summary(summary)}{same}')
     rb = result.get('rulebase')
     if rb:
+        from mortal.play.duplicate import unreliable_note
+        note = unreliable_note(rb['deals'])
         p(f"start vs 3 RulebaseBots: avg rank {rb['avg_rank']:.3f} ± {rb['avg_rank_ci']:.3f} "
-          f"(95% CI, {rb['deals']} deals = {rb['games']} games; 2.500 = even)")
+          f"(95% CI, {rb['deals']} deals = {rb['games']} games; {note + '; ' if note else ''}2.500 = even)")
     if result.get('reward'):
         p(f"kyoku reward: [env] reward = '{result['reward']}' (chosen by the bootstrap's GRP check)")
     p(f"processes:    {result['stopped']}")
+    for line in next_commands(result['config'], result['tensorboard'][0]):
+        p(line)
+
+
+def next_commands(config, tensorboard_dir) -> list:
+    """The summary's last lines: how to go on with this work dir's run in three terminals (the server first, then
+    the trainer and a client; each terminal exports the config) and TensorBoard, as commands to paste. The
+    config's paths start at its own folder (``{config_dir}``), so the work dir may be moved first."""
+    export = f'export MORTAL_CFG={shlex.quote(str(config))}'
+    return ['next: go on with this run in three terminals (in each, from the repository root: the export, then one '
+            'command; the server first):',
+            f'  {export}',
+            '  python -m mortal.server      # terminal 1',
+            '  python -m mortal.train       # terminal 2: the learner (restarted by its supervisor)',
+            '  python -m mortal.client      # terminal 3 (more clients: more terminals)',
+            f'  tensorboard --logdir {shlex.quote(str(tensorboard_dir))}',
+            'edits to the config take effect at the learner\'s next restart (every test_every steps) or at a '
+            'process restart: docs/operations.md']
 
 
 def _exit_on_sigterm(signum, frame):

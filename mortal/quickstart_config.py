@@ -7,13 +7,14 @@ benches that need a tiny working config.
 import socket
 from pathlib import Path
 
+from mortal.config import CONFIG_DIR
 from mortal.util.fsutil import atomic_write_bytes
 
 # Sizes of the two embedded presets. Games are multiples of 4 (one duplicate set = 4 seat rotations).
 # Early stopping is on in both (unlike the schema's defaults, which keep Mortal's fixed lengths): the GRP trains at
 # most grp_steps, validated every grp_save_every steps, and stops after grp_patience validations without a new
-# best; the offline model trains at most offline_max_epochs epochs and stops after offline_patience epochs without
-# a new lowest validation loss (at most 3: an offline epoch of the full preset takes about 100 s on 2 cores, and
+# best; the offline model trains at most offline_max_epochs epochs and stops after one epoch ([bootstrap]
+# offline_patience, the schema's default) without a new lowest validation loss (at most 3: an offline epoch of the full preset takes about 100 s on 2 cores, and
 # continuing the one-epoch start offline was strongest after 2 more epochs, docs/learning.md). rulebase_sets:
 # duplicate deals of the summary's start-vs-RulebaseBots line (the bot costs about 10 s a deal per core).
 # test_every: the learner test-plays and then exits to be restarted every test_every steps; on 2 cores every 60
@@ -21,19 +22,20 @@ from mortal.util.fsutil import atomic_write_bytes
 # 2.6x the self-play hanchan and 2.8x the steps a minute (docs/learning.md, part 4, arm test600).
 PRESETS = {
     'full': dict(online_timeout=900, boot_games=96, boot_val_games=16, grp_steps=400, grp_save_every=10,
-                 grp_patience=3, offline_epochs=1, offline_max_epochs=3, offline_patience=1,
+                 grp_patience=3, offline_epochs=1, offline_max_epochs=3,
                  train_games=16, test_games=16, batch_size=64, save_every=20, test_every=600,
                  submit_every=20, capacity=64, eval_sets=100, rulebase_sets=40),
     'short': dict(online_timeout=900, boot_games=8, boot_val_games=4, grp_steps=40, grp_save_every=10,
-                  grp_patience=1, offline_epochs=1, offline_max_epochs=2, offline_patience=1,
+                  grp_patience=1, offline_epochs=1, offline_max_epochs=2,
                   train_games=8, test_games=8, batch_size=64, save_every=10, test_every=20,
                   submit_every=10, capacity=32, eval_sets=4, rulebase_sets=2),
 }
 
 # The online loss extras of the embedded config (docs/learning.md); config_online.toml keeps Mortal's (none).
-ONLINE_REMEDY = dict(anchor_weight=1.0, ema_decay=0.0, offline_batch_size=64)
+ONLINE_REMEDY = dict(anchor_weight=1.0, offline_batch_size=64)
 
-# Mortal's config layout; {work} is the absolute work dir, the rest comes from a preset.
+# Mortal's config layout; {work} is the absolute work dir (or '{config_dir}', render_config's relative), the rest
+# comes from a preset.
 CONFIG_TEMPLATE = """\
 # Written by mortal.quickstart: a tiny CPU setup that runs the whole pipeline in minutes.
 [control]
@@ -121,7 +123,6 @@ enable_compile = false
 # Not Mortal's default (0): hold the untaken actions' Q to the baseline's, which stops the collapse that Mortal's
 # online loss causes in this small model (docs/learning.md).
 anchor_weight = {anchor_weight}
-ema_decay = {ema_decay}
 # Not Mortal's default (0): 64 bootstrap samples ([dataset]) with the offline CQL loss join each online batch
 # (RLPD-style); where the gain of the online phase comes from is in docs/learning.md.
 offline_batch_size = {offline_batch_size}
@@ -133,8 +134,6 @@ port = {port}
 [online.server]
 buffer_dir = '{work}/online/buffer'
 drain_dir = '{work}/online/drain'
-sample_reuse_rate = 0
-sample_reuse_threshold = 0
 capacity = {capacity}
 force_sequential = false
 
@@ -171,9 +170,9 @@ work_dir = '{work}/bootstrap'
 grp_steps = {grp_steps}
 grp_patience = {grp_patience}
 offline_lr = 1e-4
-# early stopping of the offline run on the val logs' offline loss (schema default: 1 epoch, as before)
+# early stopping of the offline run on the val logs' offline loss (schema default: 1 epoch, as before), after
+# [bootstrap] offline_patience (the schema's 1) epochs without a new lowest one
 offline_max_epochs = {offline_max_epochs}
-offline_patience = {offline_patience}
 """
 
 
@@ -184,20 +183,23 @@ def free_port(host='127.0.0.1'):
         return s.getsockname()[1]
 
 
-def render_config(work_dir, *, preset='full', port=None, version=3):
+def render_config(work_dir, *, preset='full', port=None, version=3, relative=False):
     """Config text for ``work_dir`` (made absolute) with the sizes of ``preset`` ('full'/'short') and
-    feature ``version`` (3 or 4)."""
+    feature ``version`` (3 or 4). With ``relative``, every path is written from ``{config_dir}`` (the folder of the
+    config file, ``mortal.config.expand_config_dir``), so that the config works in ``work_dir`` wherever it is
+    moved or copied to."""
     if version not in (3, 4):
         raise ValueError(f"quickstart version must be 3 or 4, got {version!r}")
     sizes = dict(PRESETS[preset], version=version, **ONLINE_REMEDY)
     for key in ('online_timeout', 'eval_sets', 'rulebase_sets'):
         sizes.pop(key)
-    work = Path(work_dir).expanduser().resolve().as_posix()
+    work = CONFIG_DIR if relative else Path(work_dir).expanduser().resolve().as_posix()
     return CONFIG_TEMPLATE.format(work=work, port=port or free_port(), **sizes)
 
 
-def write_config(work_dir, *, preset='full', port=None, version=3):
-    """Write ``work_dir/config.toml`` (creating the dir); returns its ``Path``.
+def write_config(work_dir, *, preset='full', port=None, version=3, relative=False):
+    """Write ``work_dir/config.toml`` (creating the dir; ``relative``: as ``render_config``'s); returns its
+    ``Path``.
 
     Raises ValueError when the dir already holds a config of another feature version (its
     checkpoints would not fit).
@@ -211,5 +213,6 @@ def write_config(work_dir, *, preset='full', port=None, version=3):
         old = lookup(toml.load(path), 'control.version')  # the file as it is, checked or not
         if old is not None and old != version:
             raise ValueError(f"{work} was set up for version {old}; use --version {old} or another --work-dir")
-    atomic_write_bytes(render_config(work, preset=preset, port=port, version=version).encode(), path)
+    text = render_config(work, preset=preset, port=port, version=version, relative=relative)
+    atomic_write_bytes(text.encode(), path)
     return path

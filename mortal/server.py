@@ -27,11 +27,12 @@ Behaviour as Mortal's server, with its faults fixed:
 - Both dirs are cleared and recreated at start. Counts come only from files this server wrote: stray entries are
   logged and ignored in ``buffer_dir``, logged and removed when ``drain_dir`` is emptied.
 - Every request is one connection; a malformed frame closes that connection only (see ``mortal/net/wire.py``).
-  The header's MAC is checked before any payload is read; at most ``max_pending`` connections may be waiting
-  for their header at once (others are closed at once), and payloads being read or handled hold at most
-  ``max_inflight_bytes`` bytes together (a frame waits until its length fits; small frames such as get_param
-  have a share of their own); a payload must arrive at ``payload_min_bytes_per_s`` on average or is closed. An
-  authentic frame above ``max_frame_bytes`` is answered 'bad request' naming the limit.
+  The header's MAC is checked before any payload is read; at most ``max_pending_connections`` connections may
+  be unauthenticated at once (a new one closes the oldest; a header must come within 5 s; a bad MAC closes at
+  once), and payloads being read or handled hold at most ``max_inflight_bytes`` bytes together, taken as they
+  arrive (small frames such as get_param have a share of their own); a payload must keep
+  ``payload_min_bytes_per_s`` over every 2 s or is closed. An authentic frame above ``max_frame_bytes`` is
+  answered 'bad request' naming the limit.
 - Each server instance has a random ``server_id``; a client or trainer that reconnects after a restart is
   recognised as holding no parameters of this instance (otherwise ``force_sequential`` would deadlock).
 
@@ -94,6 +95,8 @@ def main(argv=None):
     from mortal.config import SERVER_SECTIONS
     args = entry.start(entry.parser(__doc__.splitlines()[0]), argv)
     config = entry.load_config_or_exit(args, SERVER_SECTIONS)
+    entry.log_settings(logger, config, 'server', args.config, args.overrides)
+    entry.stop_on_sigterm()
     try:
         server = build_server(config)
     except ServerStartError as ex:
@@ -105,8 +108,20 @@ def main(argv=None):
                     server.store.capacity, server.store.force_sequential)
         try:
             server.serve_forever()
-        except KeyboardInterrupt:
-            pass
+        except KeyboardInterrupt as exc:  # also SIGTERM (entry.stop_on_sigterm)
+            logger.info('stopped on %s; %s', entry.stop_cause(exc), stop_summary(server.store))
+            raise SystemExit(entry.stop_status(exc)) from None
+
+
+def stop_summary(store: ReplayStore) -> str:
+    """What a stopping server discards: the logs still buffered (``buffer_dir`` is emptied at the next start) and
+    the parameters it holds (only in memory: the trainer submits them again)."""
+    buffered = store.buffered()
+    logs = (f'{buffered} buffered logs discarded (buffer_dir is emptied at the next start)' if buffered
+            else 'no buffered log discarded')
+    held = (f'parameters version {store.param_version} dropped from memory (the trainer submits them again)'
+            if store.mortal_param is not None else 'no parameters held')
+    return f'{logs}; {held}'
 
 
 if __name__ == '__main__':

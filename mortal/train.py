@@ -34,18 +34,15 @@ trainer's latest), ``data/wait_seconds`` (learner time spent waiting for a drain
 (samples of claimed logs lost untrained; 0 expected).
 
 Extras, all off by default (Mortal): ``[cql] online_min_q_weight``/``calibrated``, ``[online] anchor_weight``,
-``pg_weight``/``pg_temp``/``kl_weight`` (``loss/pg_loss``, ``loss/kl_loss``), ``ema_decay``, ``offline_batch_size``
-(offline rows of ``[dataset]`` mixed into each online batch, RLPD-style, with ``loss/offline_cql_loss``) and
-``n_step`` (online targets bootstrapped from a frozen target network refreshed every ``target_update_every`` steps,
-``diag/nstep_bootstrapped``), ``replay_ratio``/``replay_window`` (each fresh online batch followed by more steps on
-rows of the recent-replay window, ``mortal.learning.replay``); see ``docs/learning.md`` (part 4 measures the last
-three).
+``counterfactual_weight``, ``ema_decay`` and ``offline_batch_size`` (offline rows of ``[dataset]`` mixed into each
+online batch, RLPD-style, with ``loss/offline_cql_loss``); see ``docs/learning.md``.
 """
 
 if __package__ in (None, ''):  # run as a script: python mortal/train.py
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
+import contextlib
 import gc
 import logging
 import sys
@@ -66,7 +63,7 @@ from mortal.learning import distributed
 from mortal.learning.guards import INITIAL_GUARD, Guards
 from mortal.learning.intake import Intake
 from mortal.learning.learner_checkpoint import LearnerCheckpoint
-from mortal.learning.loss import LossWeights, learner_loss, nstep_targets
+from mortal.learning.loss import LossWeights, learner_loss
 from mortal.data.offline_data import offline_mix
 from mortal.learning.optimizer import build_optimizer, ema_copies, ema_update, optimizer_step
 from mortal.learning.save_cycle import SaveCycle, TestPlayDone  # noqa: F401  TestPlayDone: also this module's API
@@ -85,24 +82,21 @@ class LearnerStep:
     when one is due."""
 
     def reset_stats(self) -> None:
-        """Zero the loss sums averaged into TensorBoard at each save."""
+        """Zero the loss sums averaged into TensorBoard at each save, and their count of batches."""
+        self.stat_batches = 0  # batches summed into stats: the divisor of the means (a resumed window is short)
         self.stats = {'dqn_loss': 0.0, 'cql_loss': 0.0, 'anchor_loss': 0.0, 'offline_cql_loss': 0.0,
-                      'next_rank_loss': 0.0, 'counterfactual_loss': 0.0, 'pg_loss': 0.0, 'kl_loss': 0.0}
+                      'next_rank_loss': 0.0, 'counterfactual_loss': 0.0}
 
     def train_batch(self, obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf_actions=None,
-                    cf_deltas=None, next_obs=None, next_masks=None, next_discount=None, has_next=None) -> None:
+                    cf_deltas=None) -> None:
         """One backward pass on a batch; optimizer step every ``opt_step_every`` global steps; submit/save/test.
 
         obs (B, C, 34) float32, or the loader's packed rows (B, row_bytes) uint8 (``mortal.data.packed_obs``,
         unpacked on the device), actions (B,) int64, masks (B, 46) bool, steps_to_done (B,) int64,
         kyoku_rewards (B,) float64, player_ranks (B,) int64 in 0..3, B = batch_size; cf_actions (B,) int64 (-1: no
         counterfactual branch) and cf_deltas (B,) float32 (pts), the loader's counterfactual columns (None: none).
-        next_obs (like obs), next_masks (B, 46) bool, next_discount (B,) float32, has_next (B,) bool: the loader's
-        n-step columns (``mortal.data.dataloader.nstep_columns``); with ``[online] n_step`` > 0 the target of a
-        row with has_next is next_discount * max legal Q of the target network at next_obs (``_nstep_target``),
-        the Monte-Carlo one otherwise (and whenever they are None).
         With ``[online] offline_batch_size`` = O > 0, O offline rows from ``offline_stream`` are appended (always
-        with the Monte-Carlo target); the loss (``mortal.learning.loss.learner_loss``) treats them as offline-mix
+        with the Monte-Carlo target as well); the loss (``mortal.learning.loss.learner_loss``) treats them as offline-mix
         rows, and the instruments see the B online rows only.
         Raises ValueError when an action is masked out; TestPlayDone (online) after a test play.
         """
@@ -110,33 +104,9 @@ class LearnerStep:
         obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf = self._batch_on_device(
             obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf_actions, cf_deltas)  # intake
         q_target = (self.gamma ** steps_to_done * kyoku_rewards).to(torch.float32)  # Mortal's Monte-Carlo G
-        bootstrapped = None
-        if self.target_net is not None and has_next is not None:
-            q_target[:n] = self._nstep_target(q_target[:n], next_obs, next_masks, next_discount, has_next)
-            bootstrapped = int(has_next.sum())
         q_out, terms = self._backward(obs, actions, masks, q_target, player_ranks, n, cf)
-        self._account(terms, q_out, masks, actions, q_target, n, bootstrapped)
+        self._account(terms, q_out, masks, actions, q_target, n)
         self._advance()
-
-    @torch.no_grad()
-    def _nstep_target(self, mc_target, next_obs, next_masks, next_discount, has_next):
-        """The ``(n,)`` float32 targets of the ``n`` online rows (``mortal.learning.loss.nstep_targets``): where
-        ``has_next``, ``next_discount`` times the max over ``next_masks``' legal actions of the target network's
-        Q at ``next_obs``; ``mc_target`` (float32, on the device) elsewhere. Only the bootstrapped rows are moved
-        to the device and evaluated."""
-        dev = self.device
-        has_next = has_next.to(torch.bool)
-        rows = torch.nonzero(has_next).flatten()
-        v_next = torch.zeros(mc_target.shape[0], dtype=torch.float32, device=dev)
-        if rows.numel():
-            obs = self._obs_on_device(next_obs[rows.to(next_obs.device)])
-            masks = next_masks[rows.to(next_masks.device)].to(dtype=torch.bool, device=dev)
-            brain, dqn = self.target_net
-            with torch.autocast(dev.type, enabled=self.enable_amp):
-                q = dqn(brain(obs), masks)  # -inf at illegal actions: the max is over the legal ones
-            v_next[rows.to(dev)] = q.float().max(-1).values
-        return nstep_targets(mc_target, has_next.to(dev),
-                             next_discount.to(dtype=torch.float32, device=dev), v_next)
 
     def _backward(self, obs, actions, masks, q_target, player_ranks, n: int, cf=(None, None)) -> tuple:
         """Forward and backward of the loss (``mortal.learning.loss.learner_loss``; the first ``n`` rows are online),
@@ -160,19 +130,16 @@ class LearnerStep:
             self.scaler.scale(terms.total / self.opt_step_every).backward()
         return q_out, terms
 
-    def _account(self, terms, q_out, masks, actions, q_target, n: int, bootstrapped: int | None = None) -> None:
-        """Add the batch's loss terms to the sums of ``stats``, and its ``n`` online rows to the instruments
-        (``bootstrapped``: how many of them have an n-step target, for ``diag/nstep_bootstrapped``; None: n-step
-        off)."""
+    def _account(self, terms, q_out, masks, actions, q_target, n: int) -> None:
+        """Add the batch's loss terms to the sums of ``stats``, and its ``n`` online rows to the instruments."""
         with torch.no_grad():
+            self.stat_batches += 1
             for name in self.stats:
                 term = getattr(terms, name)
                 if term is not None:  # a term that is off stays 0
                     self.stats[name] += term.item()
             if self.dist.is_main:
                 q_stats = batch_q_stats(q_out[:n], masks[:n], actions[:n], q_target[:n])
-                if bootstrapped is not None:
-                    q_stats['nstep_bootstrapped'] = (float(bootstrapped), n)
                 self.instruments.add(q_stats, terms.q[:n], q_target[:n])
 
     def _advance(self) -> None:
@@ -183,8 +150,6 @@ class LearnerStep:
             optimizer_step(self.optimizer, self.scaler, self.max_grad_norm)
             if self.ema is not None:
                 ema_update(self.ema, (self.mortal, self.dqn), self.ema_decay)
-        if self.target_net is not None and self.steps % self.target_update_every == 0:
-            self._refresh_target()
         self.scheduler.step()
         if self.pb is not None:
             self.pb.update(1)
@@ -193,12 +158,6 @@ class LearnerStep:
             self.submit_param(is_idle=False)
         if self.steps % self.save_every == 0:
             self.on_save()
-
-    @torch.no_grad()
-    def _refresh_target(self) -> None:
-        """Copy the trained (mortal, dqn) weights and buffers into the target network of ``[online] n_step``."""
-        for target, model in zip(self.target_net, (self.mortal, self.dqn)):
-            target.load_state_dict(model.state_dict())
 
 
 class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
@@ -254,24 +213,12 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
         # Extras (defaults = Mortal: no CQL online, no anchor); see mortal/learning/loss.py.
         self.online_min_q_weight = cql.online_min_q_weight
         self.anchor_weight = online_cfg.anchor_weight
-        self.kl_weight = online_cfg.kl_weight
         self.loss_weights = LossWeights.resolve(
             online=self.online, min_q_weight=cql.min_q_weight, online_min_q_weight=self.online_min_q_weight,
             anchor_weight=self.anchor_weight, next_rank_weight=cfg.aux.next_rank_weight, calibrated=cql.calibrated,
-            counterfactual_weight=online_cfg.counterfactual_weight, pg_weight=online_cfg.pg_weight,
-            kl_weight=self.kl_weight, pg_temp=online_cfg.pg_temp)
-        if self.loss_weights.pg > 0 and self.loss_weights.anchor == 0:
-            # the PG baseline is built from the Q it trains: only the anchor holds the untaken Q (loss.pg_term)
-            logger.warning('[online] pg_weight %g without anchor_weight: nothing holds the untaken actions\' Q, '
-                           'which the policy-gradient term can push up without bound', self.loss_weights.pg)
+            counterfactual_weight=online_cfg.counterfactual_weight)
         # RLPD-style mix: offline samples of [dataset] appended to each online batch (0 = off, Mortal)
         self.offline_batch_size = online_cfg.offline_batch_size
-        # Extra: each fresh online batch followed by replay_ratio - 1 steps on the recent-replay window (1 = Mortal)
-        self.replay_ratio = online_cfg.replay_ratio if self.online else 1
-        self.replay_window = online_cfg.replay_window
-        # n-step targets from a target network (0 = Monte-Carlo, Mortal); 0 offline (the [online] defaults)
-        self.n_step = online_cfg.n_step
-        self.target_update_every = online_cfg.target_update_every
         self.gamma = cfg.env.gamma
         self.max_grad_norm = cfg.optim.max_grad_norm
         self.sleep = sleep
@@ -282,8 +229,7 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
 
     def _build_models(self, cfg, online_cfg) -> None:
         """The networks, optimizer, scheduler and GradScaler, resumed from ``[control] state_file`` when it exists;
-        the EMA of the weights (``[online] ema_decay``); the target network of ``[online] n_step`` (None when 0);
-        what trains (``nets``: DDP wrappers under torchrun)."""
+        the EMA of the weights (``[online] ema_decay``); what trains (``nets``: DDP wrappers under torchrun)."""
         from mortal.model.networks import AuxNet, Brain, DQN, parameter_count
         from mortal.features.obs import obs_shape
 
@@ -306,6 +252,7 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
         self.best_perf = dict(INITIAL_BEST_PERF)
         self.guard = dict(INITIAL_GUARD)
         self.steps = 0
+        self.saved_steps = None  # the step of state_file as this learner last loaded or wrote it (None: none)
         self._loaded_ema = None
         self.load_state()
         self.scheduler.multiplier = lambda: (schedule_factor(self.schedules['lr'], self.steps)
@@ -318,13 +265,6 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
             self.ema = ema_copies((self.mortal, self.dqn), self._loaded_ema)
             logger.info('EMA of the weights, decay %g (%s)', self.ema_decay,
                         'resumed' if self._loaded_ema is not None else 'from the loaded weights')
-        # Extra: n-step targets bootstrap from a frozen, eval-mode copy of (mortal, dqn), refreshed every
-        # target_update_every steps (_advance); made here from the loaded weights.
-        self.target_net = None
-        if self.n_step > 0:
-            self.target_net = tuple(m.eval() for m in ema_copies((self.mortal, self.dqn)))
-            logger.info('%d-step targets, target network refreshed every %d steps', self.n_step,
-                        self.target_update_every)
         self.optimizer.zero_grad(set_to_none=True)
         self.nets = self.dist.wrap(self.models)  # what trains: the models, or their DDP wrappers under torchrun
 
@@ -343,19 +283,13 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
         tensorboard_dir = self.cfg.control.tensorboard_dir
         self.writer = writer if writer is not None else dist.writer(tensorboard_dir)  # rank 0's is real
         self.reset_stats()
-        # the frozen reference pair serves the anchor term and the KL term alike
-        self.anchor = self._load_anchor() if self.anchor_weight > 0 or self.kl_weight > 0 else None
+        self.anchor = self._load_anchor() if self.anchor_weight > 0 else None
         self.instruments = Instruments(save_every=self.save_every, batch_size=self.batch_size, device=self.device,
                                        probe=self._load_probe() if self.online else None)
-        self.replay = None
-        if self.replay_ratio > 1:  # mortal.learning.replay; lost at the learner's restart, refilled by the drains
-            from mortal.learning.replay import ReplayWindow
-            self.replay = ReplayWindow(self.replay_window)
-            logger.info('replay ratio %d over the last %d online batches', self.replay_ratio, self.replay_window)
         self.offline_stream = None
         if self.offline_batch_size > 0:  # loaded in this process, beside the online loader's workers
-            def offline_loader(files, names, size):  # Monte-Carlo targets only: no n-step columns
-                return self.data_loader(files, names, batch_size=size, num_workers=0, n_step=0)
+            def offline_loader(files, names, size):
+                return self.data_loader(files, names, batch_size=size, num_workers=0)
             self.offline_stream = offline_mix(self.cfg.dataset, self.offline_batch_size, offline_loader)
         self.pb = None
         self.lost_logs = 0  # drained logs that vanished before the learner claimed them
@@ -369,11 +303,9 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
         return self.cfg.baseline.train.state_file
 
     def _load_anchor(self):
-        """The frozen (brain, dqn) of ``[baseline.train] state_file`` that ``anchor_term`` and ``kl_term`` pull
-        towards. Raises FileNotFoundError, CheckpointError (also for a baseline of another feature version)."""
+        """The frozen (brain, dqn) of ``[baseline.train] state_file`` that ``anchor_term`` pulls towards. Raises FileNotFoundError, CheckpointError (also for a baseline of another feature version)."""
         pair = load_frozen_pair(self._baseline_file(), self.version, self.device, 'the anchor')
-        logger.info('anchor: %s, weight %g, kl_weight %g', self._baseline_file(), self.anchor_weight,
-                    self.kl_weight)
+        logger.info('anchor: %s, weight %g', self._baseline_file(), self.anchor_weight)
         return pair
 
     def _load_probe(self):
@@ -388,8 +320,8 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
     def train_epoch(self) -> int:
         """One pass over this epoch's files; returns the number of batches trained.
 
-        Online, the ledger (``mortal.data.claims``) records every trained batch and is committed at each checkpoint
-        and at the test play that ends the learner; samples the epoch leaves over stay claimed for the next.
+        Online, the ledger (``mortal.data.claims``) records every trained batch and is committed in one step with
+        each checkpoint (``LearnerCheckpoint.save``); samples the epoch leaves over stay claimed for the next.
         ``data/samples_dropped`` counts the claimed samples lost nonetheless (0 in a healthy run)."""
         from mortal.data.dataloader import iter_full_batches
         file_list, player_names = self.file_list()
@@ -415,8 +347,6 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
                 else:
                     self._train_tracked(batch, ledger)
                 batches += 1
-                if self.replay is not None:
-                    self._train_replays(batch, ledger)
         finally:
             # No loader worker may still read this epoch's files when the next drain replaces them.
             shutdown = getattr(loader_iter, '_shutdown_workers', None)
@@ -451,26 +381,46 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
                 break  # one epoch per offline run, for easier control (Mortal)
 
 
+STATE_FIX = ('give this run its own [control] state_file (and, online, its own server: [online.remote] port, '
+             '[online.server] buffer_dir and drain_dir)')
+
+
 def run_learner(config: dict, dist=None) -> int:
     """The learner process body (``dist``: as ``Trainer``'s); returns its exit status (0 after an online test
-    play)."""
-    trainer = Trainer(config, dist=dist)
-    try:
-        trainer.run()
-    except TestPlayDone:
-        logger.info('test play done: exiting so that the supervisor restarts the learner')
-    finally:
-        trainer.writer.close()
+    play; after a stop signal 128 + its number, 130 for Ctrl-C), with a last line saying why it stopped and what it
+    kept (``LearnerCheckpoint.stop_summary``). Rank 0 holds the lock of ``[control] state_file``
+    (``mortal.util.runlock``) from before anything is read to its end: raises ``runlock.LockHeld`` when another
+    learner holds it."""
+    from mortal import entry
+    from mortal.util import runlock
+    dist = dist or distributed.SINGLE
+    lock = (runlock.hold(typed(config).control.state_file, who='learner', key='[control] state_file', fix=STATE_FIX)
+            if dist.is_main else contextlib.nullcontext())
+    with lock:
+        trainer = Trainer(config, dist=dist)
+        try:
+            trainer.run()
+        except TestPlayDone:
+            logger.info('test play done: exiting so that the supervisor restarts the learner')
+        except KeyboardInterrupt as exc:  # also SIGTERM (entry.stop_on_sigterm)
+            logger.info('stopped on %s at step %s; %s', entry.stop_cause(exc), f'{trainer.steps:,}',
+                        trainer.stop_summary())
+            return entry.stop_status(exc, 130)
+        finally:
+            if trainer.pb is not None:  # a stop between two saves leaves the bar open
+                trainer.pb.close()
+            trainer.writer.close()
     return 0
 
 
 def main(argv=None):
     """Entry point: ``python mortal/train.py`` (config from MORTAL_CFG or ``--config``)."""
     from mortal import entry
-    from mortal.config import ONLINE_TRAIN_SECTIONS, TRAIN_SECTIONS, ConfigError, require
+    from mortal.config import ConfigError, resolve_path, train_sections
     argv = list(sys.argv[1:] if argv is None else argv)
     args = entry.start(entry.parser(__doc__.splitlines()[0]), argv)
-    config = entry.load_config_or_exit(args, TRAIN_SECTIONS)
+    config = entry.load_config_or_exit(args, train_sections)  # online: [online] and [online.remote] too
+    entry.check_devices(config, entry.TRAIN_DEVICES)
     control = typed(config).control
     online = control.online
     dist = distributed.SINGLE
@@ -479,20 +429,30 @@ def main(argv=None):
             if distributed.requested():
                 sys.exit(entry.error('online training runs as one learner: start it without torchrun (more '
                                      'than one process, WORLD_SIZE > 1, is for offline training only)'))
-            require(config, *ONLINE_TRAIN_SECTIONS, path=args.config, env=args.overrides)
         else:  # torchrun: join the other ranks (mortal.learning.distributed); alone: nothing changes
             dist = distributed.setup(control.device)
     except (ConfigError, ValueError) as exc:
         sys.exit(entry.error(exc))
+    from mortal.util import runlock
     try:
         if not online or is_supervised():
+            entry.stop_on_sigterm()
             if online:
                 end_with_supervisor()  # out of the terminal's session: end with the supervisor
+            entry.log_settings(logger, config, 'learner', args.config, args.overrides)
             code = run_learner(config, dist)
         else:
-            code = supervise(argv, script=path.abspath(__file__))
-    except KeyboardInterrupt:
-        code = 130
+            holder = runlock.holder_if_held(control.state_file)  # refused at once, not at the child's start
+            if holder is not None:
+                raise runlock.LockHeld(f'another learner runs on [control] state_file = {control.state_file}: '
+                                       f'{holder} holds its lock; stop it, or {STATE_FIX}')
+            code = supervise(argv, script=path.abspath(__file__), required=train_sections, env=args.overrides,
+                             config_path=resolve_path(args.config, args.overrides))
+    except runlock.LockHeld as exc:
+        code = entry.error(exc)
+    except KeyboardInterrupt as exc:  # before the learner ran (run_learner says its own)
+        logger.info('stopped on %s while starting', entry.stop_cause(exc))
+        code = entry.stop_status(exc, 130)
     finally:
         dist.close()
     sys.exit(code)

@@ -43,6 +43,7 @@ from torch.utils.data import IterableDataset
 
 from mortal.model.checkpoint import CheckpointError, atomic_torch_save, describe_error, load_checkpoint
 from mortal.data.grp import Grp
+from mortal.data.offline_data import stale_index
 
 # Not __name__: that is "__main__" under ``python -m`` / as a script.
 logger = logging.getLogger("mortal.train_grp")
@@ -215,21 +216,29 @@ def build_file_index(train_globs, val_globs, file_index):
     and saves ``{train_file_list, val_file_list}`` to ``file_index`` unless a list is
     empty (an empty cache would hide logs added later).
 
+    The index also records the globs (``train_globs``, ``val_globs``); one built from other globs (or with no
+    record of them) is rebuilt, with a log line (``mortal.data.offline_data.stale_index``).
+
     Raises:
         TrainGrpInputError: ``file_index`` exists but is not such a file (weights-only torch file).
     """
     if file_index and os.path.exists(file_index):
         try:
             index = load_checkpoint(file_index)
-            return list(index["train_file_list"]), list(index["val_file_list"])
+            lists = list(index["train_file_list"]), list(index["val_file_list"])
         except (CheckpointError, KeyError, TypeError) as e:
             raise TrainGrpInputError(f"[grp.dataset] file_index {file_index} is not a file index ({_unusable(e)}); "
                                      "delete it to rebuild it from the globs") from None
+        stale = stale_index(index, {"train_globs": train_globs, "val_globs": val_globs})
+        if stale is None:
+            return lists
+        logger.info("[grp.dataset] file_index %s is rebuilt: %s", file_index, stale)
     logger.info("building file index...")
     train_files = sorted((f for pat in train_globs for f in glob(pat, recursive=True)), reverse=True)
     val_files = sorted((f for pat in val_globs for f in glob(pat, recursive=True)), reverse=True)
     if file_index and train_files and val_files:
-        atomic_torch_save({"train_file_list": train_files, "val_file_list": val_files}, file_index)
+        atomic_torch_save({"train_file_list": train_files, "val_file_list": val_files,
+                           "train_globs": list(train_globs), "val_globs": list(val_globs)}, file_index)
     return train_files, val_files
 
 
@@ -365,35 +374,41 @@ class _GrpRun:
 
     def fit(self, max_steps, progress: bool) -> int:
         """Train until ``max_steps`` (None: forever) or the early stop; validate and save every ``save_every``
-        steps; returns the steps reached."""
+        steps; returns the steps reached. ``progress``: one bar over the whole run, with the log line of each
+        validation printed above it (not a fresh bar every ``save_every`` steps)."""
+        from contextlib import nullcontext
+
         from tqdm import tqdm
+        from tqdm.contrib.logging import logging_redirect_tqdm
         from torch.utils.tensorboard import SummaryWriter
 
         writer = SummaryWriter(self.cfg.control.tensorboard_dir)
         logger.info("%s", self.progress_line())
         stats = dict(train_loss=0.0, train_acc=0.0)
-        pb = tqdm(total=self.save_every, desc="TRAIN", disable=not progress)
+        pb = tqdm(total=max_steps, initial=self.steps, desc="TRAIN", unit="step", disable=not progress,
+                  dynamic_ncols=True)
         self.grp.train()
         stop = False
         try:
-            while max_steps is None or self.steps < max_steps:
-                inputs, ranks = next(self.train_iter)
-                loss, acc = train_step(self.grp, self.optimizer, [x.to(self.device) for x in inputs],
-                                       ranks.to(self.device))
-                stats["train_loss"] += loss
-                stats["train_acc"] += acc
-                self.steps += 1
-                pb.update(1)
-                if self.steps % self.save_every:
-                    continue
-                pb.close()
-                stop = self._validate(writer, stats, progress)
-                stats = dict(train_loss=0.0, train_acc=0.0)
-                logger.info("%s", self.progress_line())
-                if stop:
-                    break
-                self.save()
-                pb = tqdm(total=self.save_every, desc="TRAIN", disable=not progress)
+            with logging_redirect_tqdm() if progress else nullcontext():
+                while max_steps is None or self.steps < max_steps:
+                    inputs, ranks = next(self.train_iter)
+                    loss, acc = train_step(self.grp, self.optimizer, [x.to(self.device) for x in inputs],
+                                           ranks.to(self.device))
+                    stats["train_loss"] += loss
+                    stats["train_acc"] += acc
+                    self.steps += 1
+                    pb.update(1)
+                    if self.steps % self.save_every:
+                        continue
+                    pb.set_postfix_str('validating')  # the same bar: no second one below it
+                    stop = self._validate(writer, stats)
+                    pb.set_postfix_str('')
+                    stats = dict(train_loss=0.0, train_acc=0.0)
+                    logger.info("%s", self.progress_line())
+                    if stop:
+                        break
+                    self.save()
             if self.patience and self.best_model is not None:
                 self.save(stopped=True)
                 logger.info("early stopping: %s at step %d; kept the best, val cross entropy %.4f at step %d",
@@ -404,15 +419,13 @@ class _GrpRun:
             writer.close()
         return self.steps
 
-    def _validate(self, writer, stats: dict, progress: bool) -> bool:
+    def _validate(self, writer, stats: dict) -> bool:
         """``val_steps`` batches of the val loader, the TensorBoard scalars of this period (``stats``: its train
         sums) and, with ``patience``, the early-stopping check; returns whether to stop."""
-        from tqdm import tqdm
-
         steps = self.steps
         self.grp.eval()
         val_loss = val_acc = 0.0
-        for _ in tqdm(range(self.val_steps), desc="VAL", disable=not progress):
+        for _ in range(self.val_steps):
             inputs, ranks = next(self.val_iter)
             loss, acc = evaluate(self.grp, [x.to(self.device) for x in inputs], ranks.to(self.device))
             val_loss += loss
@@ -463,6 +476,7 @@ def main(argv=None) -> int:
         return entry.error(f"--patience must be >= 0, got {args.patience}")
     try:
         config = entry.load_config(args, TRAIN_GRP_SECTIONS)
+        entry.check_devices(config, entry.GRP_DEVICES)
         train(typed(config).grp, max_steps=args.max_steps, patience=args.patience)
     except (ConfigError, TrainGrpInputError, NoSamplesError) as exc:  # user errors: one line, no traceback
         # from a DataLoader worker the message is torch's report ending with the original line

@@ -360,3 +360,13 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def no_bar_left_open():
+    """A test whose trainer is dropped mid-cycle leaves its tqdm bar registered; tqdm then draws every later bar one
+    line lower (cursor moves), which breaks tests that read a bar's output. Close what a test left open."""
+    yield
+    from tqdm import tqdm
+    for bar in list(getattr(tqdm, '_instances', ())):
+        bar.close()

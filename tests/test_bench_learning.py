@@ -1,4 +1,5 @@
-"""bench/learning.py helpers that a user's command line reaches: --set parsing and --mark-minutes."""
+"""bench/learning.py helpers that a user's command line reaches: --set parsing and --mark-minutes, and the arms
+(bench/learning_arms.py) it runs."""
 
 import math
 
@@ -7,10 +8,11 @@ import pytest
 from conftest import load_script
 
 learning = load_script('bench/learning.py', 'bench_learning')
+arms = load_script('bench/learning_arms.py', 'bench_learning_arms')
 
 
 def test_mark_tags_are_distinct_and_sort_by_minutes():
-    assert [learning.mark_tag(m) for m in (30, 0.4, 0.5, 7.5, 120)] == ['030m', '000.4m', '000.5m', '007.5m',
+    assert [arms.mark_tag(m) for m in (30, 0.4, 0.5, 7.5, 120)] == ['030m', '000.4m', '000.5m', '007.5m',
                                                                        '120m']
 
 
@@ -61,7 +63,7 @@ def test_arm_config_keeps_the_starts_reward_and_reward_model(tmp_path):
     (start / 'config.toml').write_text(toml.dumps(cfg))
     arm = tmp_path / 'arm'
     arm.mkdir()
-    _, out = learning.arm_config(start, arm, [(['online', 'counterfactual_weight'], 1.0)], port=5123)
+    _, out = arms.arm_config(start, arm, [(['online', 'counterfactual_weight'], 1.0)], port=5123)
     assert out['env']['reward'] == 'points'
     assert out['grp']['state_file'] == '/somewhere/grp.pth'
     assert out['online']['counterfactual_weight'] == 1.0
@@ -79,7 +81,7 @@ def test_arm_config_gives_each_extra_client_a_profile_of_its_own(tmp_path):
     (start / 'config.toml').write_text(render_config(start, preset='full', version=3))
     arm = tmp_path / 'arm'
     arm.mkdir()
-    path, out = learning.arm_config(start, arm, [(['train_play', 'default', 'boltzmann_temp'], 1.0)], port=5123,
+    path, out = arms.arm_config(start, arm, [(['train_play', 'default', 'boltzmann_temp'], 1.0)], port=5123,
                                     clients=3)
     default = out['train_play']['default']
     assert sorted(out['train_play']) == ['client2', 'client3', 'default']
@@ -88,7 +90,7 @@ def test_arm_config_gives_each_extra_client_a_profile_of_its_own(tmp_path):
         assert profile['boltzmann_temp'] == 1.0 and profile['games'] == default['games']
         assert profile['log_dir'] == default['log_dir'].rstrip('/') + f'_client{i}'
     load_config(path)
-    _, one = learning.arm_config(start, arm, [], port=5123)
+    _, one = arms.arm_config(start, arm, [], port=5123)
     assert sorted(one['train_play']) == ['default']
 
 
@@ -98,7 +100,7 @@ def test_client_hanchan_sums_the_rounds_of_every_client_log(tmp_path):
                                          + 'x INFO mortal.client: last 50 sessions: [182, 197, 206, 215] (2.5)\n')
     (tmp_path / 'client_client2.log').write_text(line.format('1, 0, 2, 1'))
     (tmp_path / 'train.log').write_text(line.format('9, 9, 9, 9'))  # not a client's
-    assert learning.client_hanchan(tmp_path) == 16 + 16 + 4
+    assert arms.client_hanchan(tmp_path) == 16 + 16 + 4
 
 
 def test_matched_control_refuses_its_own_arm_and_an_unfinished_one(tmp_path):
@@ -151,10 +153,26 @@ def test_report_pairs_a_matched_control_on_shared_deals(tmp_path, capsys):
     learning.report(tmp_path, logged.append)
     out = capsys.readouterr().out
     # per deal: (1.5 - 2) = -0.5 and (2.5 - 3) = -0.5; mean -0.5 over 2 deals (8 games)
-    assert 'cf final - control final' in out and '-0.500' in out and '(8 games)' in out
+    assert 'cf final - control final' in out and '-0.500' in out and '(8 games; unreliable: 2 sets)' in out
     assert any('broken' in line and 'skipped' in line for line in logged)
     control['eval_key'] = 8
     (tmp_path / 'arms' / 'control' / 'result.json').write_text(json.dumps(control))
     learning.report(tmp_path, logged.append)
     assert 'cf final - control final' not in capsys.readouterr().out
     assert any('other keys' in line for line in logged)
+
+
+def test_learning_and_learning_flaw_import_no_circle():
+    """bench/learning.py runs bench/learning_flaw.py; the flaw bench takes the arms from learning_arms.py, never
+    from learning.py (an import circle would run learning.py's module body inside learning_flaw's)."""
+    import ast
+    from conftest import ROOT
+
+    def imports(name):
+        tree = ast.parse((ROOT / 'bench' / f'{name}.py').read_text(encoding='utf-8'))
+        return {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | {
+            n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+
+    assert 'learning_flaw' in imports('learning') and 'learning_arms' in imports('learning')
+    assert 'learning' not in imports('learning_flaw') and 'learning_arms' in imports('learning_flaw')
+    assert not {'learning', 'learning_flaw'} & imports('learning_arms')

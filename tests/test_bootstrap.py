@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import logging
 import math
 import os
 import pathlib
@@ -291,6 +292,27 @@ def test_epoch_train_loss_counts_every_batch(tmp_path):
         losses.append(trainer.take_epoch_loss(5))
         assert trainer.take_epoch_loss(1) == 0.0  # taken: the next epoch starts from nothing
     assert losses[0] > 0 and losses[0] == pytest.approx(losses[1], rel=1e-6)
+
+
+def test_offline_epoch_draws_one_bar_not_one_per_save(tmp_path, capsys, caplog):
+    """The offline trainer closes and reopens its bar at every save (save_every 2 here: 3 saves in 6 batches); the
+    bootstrap's epoch trainer shows one bar for the epoch, so a terminal or a log gets one bar line per epoch, and no
+    `total steps` line per save beside it."""
+    config, _ = load_tiny_config(tmp_path, online=False, control={'save_every': 2, 'test_every': 1000})
+    trainer = bootstrap._epoch_trainer_class()(config, test_player=FakeTestPlayer([]), writer=FakeWriter(),
+                                               progress=True)
+    batches = [random_batch(8, seed=i) for i in range(6)]
+    trainer.file_list = lambda: ([], [])
+    trainer.data_loader = lambda *a, **k: iter(batches)
+    capsys.readouterr()
+    with caplog.at_level(logging.INFO, logger='mortal.train'):
+        assert trainer.train_epoch('offline epoch 1/1') == 6 and trainer.steps == 6
+    assert not [r for r in caplog.records if r.getMessage().startswith('total steps')]  # the bar counts them
+    err = capsys.readouterr().err
+    bars = [line for line in err.split('\n') if 'batch' in line]
+    assert len(bars) == 1 and bars[0].rstrip().split('\r')[-1].startswith('offline epoch 1/1: 6batch')
+    assert trainer.epoch_bar is None  # closed with the epoch
+    trainer.writer.close()
 
 
 @pytest.mark.slow

@@ -172,3 +172,29 @@ def test_output_into_head_exits_quietly(bot_config, tmp_path):
     stderr = err.read_text()
     assert rc == bot_mod.SIGPIPE_STATUS == 141, stderr
     assert 'Traceback' not in stderr and 'BrokenPipeError' not in stderr, stderr
+
+
+def test_bot_logs_what_it_loaded_and_why_it_stopped(bot_config, monkeypatch, caplog):
+    # issue 36: mortal-bot did not say which checkpoint it loaded, nor why it stopped
+    import logging
+    import signal
+    from mortal import entry
+    config, path = bot_config
+    monkeypatch.delenv(bot_mod.REVIEW_ENV, raising=False)
+    lines = player_view(LOG, SEAT)[:10]
+    with caplog.at_level(logging.INFO, logger='mortal.bot'):
+        assert bot_mod.main(['--config', str(path), str(SEAT)], stdin=io.StringIO('\n'.join(lines) + '\n'),
+                            stdout=io.StringIO()) == 0
+
+        def terminated():  # stdin that delivers 10 events, then SIGTERM arrives (as entry.stop_on_sigterm raises it)
+            yield from lines
+            raise entry.Stopped(signal.SIGTERM)
+
+        assert bot_mod.main(['--config', str(path), str(SEAT)], stdin=terminated(), stdout=io.StringIO()) == 143
+    said = [r.getMessage() for r in caplog.records if r.name == 'mortal.bot']
+    state_file = os.path.abspath(config['control']['state_file'])
+    loaded = f'loaded {state_file}: version 3, 1 blocks x 16 channels, tag mortal3-b1c16-t'
+    assert said[0].startswith(loaded) and said[0].endswith(', steps ?')  # this checkpoint records no steps
+    assert said[1] == 'input ended after 10 events (0 games): stopped'
+    assert said[2].startswith(loaded)
+    assert said[3] == 'stopped on SIGTERM after 10 events (0 games); nothing is kept'

@@ -236,3 +236,39 @@ def test_speculate_passes_reaches_the_arena_of_train_and_test_play(tmp_path, mon
     with pytest.raises(Stop):
         TestPlayer(config, baseline_engine=object()).play_units(0, 1, None, None, 'cpu')
     assert seen == [flag, flag]
+
+
+def test_a_client_without_new_parameters_warns_once_a_minute(tmp_path, caplog):
+    # issue 36: the trainer stopped (a typo in its config), the buffer is full: the client logged
+    # `waiting for parameters: samples overflow` once, then nothing, forever. Now a WARNING once a minute after
+    # [online] no_param_warn_minutes (here 1) without new parameters.
+    import logging
+    from mortal.model.networks import DQN, Brain
+    from mortal.config import put
+    config, _ = load_tiny_config(tmp_path)
+    put(config, 'online.no_param_warn_minutes', 1.0)
+    good = filled(Brain(version=3, conv_channels=16, num_blocks=1), 0.25), filled(DQN(version=3), 0.25)
+    now = [0.0]
+    sleeps = []
+
+    def sleep(s):  # the clock moves only while the client waits
+        sleeps.append(s)
+        now[0] += s
+
+    # version 1, then 40 refusals (120 s of waiting at 3 s each), then version 1 again (no news), then version 2
+    remote = ScriptedParamRemote([params_reply(1, *good)] + [{'status': 'samples overflow'}] * 40
+                                 + [params_reply(1, *good), params_reply(2, *good)])
+    client = cl.Client(config, train_player=RecordingPlayer(tmp_path), remote=remote, sleep=sleep,
+                       clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger='mortal.client'):
+        client.run_round()
+        assert now[0] == 0.0
+        client.run_round()  # waits 120 s, then gets version 1 again
+        client.run_round()  # version 2: the clock restarts
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    # the 20th wait starts at 57 s, the 21st at 60 s: the first warning; the next a minute later, at 120 s
+    why = ('is the trainer running? (its log says why it stopped or waits; [online] no_param_warn_minutes sets this '
+           'warning)')
+    assert warnings == [f'no new parameters for 1 min (still version 1): {why}',
+                        f'no new parameters for 2 min (still version 1): {why}']
+    assert sleeps == [3.0] * 40 and client.param_version == 2 and client.param_since == 120.0

@@ -7,10 +7,11 @@ import re
 import pytest
 import toml
 
-from conftest import ROOT, tiny_config_dict
+from conftest import ROOT, load_script, tiny_config_dict
 from mortal.config import (
     CLIENT_SECTIONS, DEFAULT_MAX_FRAME_BYTES, ONLINE_TRAIN_SECTIONS, ONE_VS_THREE_SECTIONS, SERVER_SECTIONS,
     TRAIN_GRP_SECTIONS, ConfigError, for_checkpoint, key_table, load_config, require, train_play_profile, validate)
+from mortal.config_schema import REQUIRED, SCHEMA, UNFILLED
 
 ALL_PROCESSES = ONLINE_TRAIN_SECTIONS + CLIENT_SECTIONS + SERVER_SECTIONS + ONE_VS_THREE_SECTIONS + TRAIN_GRP_SECTIONS
 
@@ -61,7 +62,7 @@ def test_config_online_holds_reference_values(caplog):
         'counterfactual_alternative': 'best', 'counterfactual_persist': False}
     assert c['test_play'] == {'games': 3000, 'log_dir': '/data/mortal/online/test_play', 'best_rule': 'paired',
                               'confidence': 0.95, 'sprt_delta': 0.05, 'sprt_alpha': 0.05, 'sprt_beta': 0.05,
-                              'sprt_chunk': 64, 'fresh_deals': False, 'speculate_passes': False}
+                              'sprt_chunk': 64, 'min_deals': 8, 'fresh_deals': False, 'speculate_passes': False}
     # the guards' sections are filled with defaults that change nothing of Mortal's run
     assert c['guard']['rollback_after'] == 0 and c['rotation']['after'] == 0
     assert {c['schedule'][k]['kind'] for k in ('lr', 'epsilon', 'temp')} == {'constant'}
@@ -111,12 +112,82 @@ def test_example_has_every_key():
         assert key in node, (section, key)
 
 
-def test_readme_documents_every_key():
-    readme = (ROOT / 'README.md').read_text(encoding='utf-8')
+def _values(table: dict, parts=()):
+    """``(dotted table, key, value)`` of every key of a TOML dict, ``train_play.<profile>`` as the schema's
+    ``train_play.*``."""
+    for name, value in table.items():
+        if isinstance(value, dict):
+            yield from _values(value, parts + (name,))
+        else:
+            yield '.'.join(('train_play', '*') if parts[:1] == ('train_play',) else parts), name, value
+
+
+def _schema_default(section, name):
+    key = SCHEMA[section][name]  # KeyError: a key the schema does not know
+    return None if key.default in (REQUIRED, UNFILLED) else key.default
+
+
+def test_example_values_are_the_schema_defaults():
+    """config.example.toml restates every default as the schema declares it: the schema is the one description."""
+    raw = toml.load(ROOT / 'config.example.toml')
+    differ = [(s, k, v, _schema_default(s, k)) for s, k, v in _values(raw)
+              if _schema_default(s, k) is not None and v != _schema_default(s, k)]
+    assert differ == []
+
+
+@pytest.mark.parametrize('preset, version', [('full', 3), ('short', 3), ('full', 4)])
+def test_quickstart_config_is_checked_against_the_schema(tmp_path, caplog, preset, version):
+    """The quickstart's embedded config: every key known (no warning), every required key of its tables there (it
+    loads for every process), and no schema default restated (a key it sets with a default is a deliberate change:
+    a third copy of the defaults would drift)."""
+    from mortal.quickstart_config import render_config
+    text = render_config(tmp_path, preset=preset, port=5123, version=version)
+    path = tmp_path / 'config.toml'
+    path.write_text(text, encoding='utf-8')
+    with caplog.at_level(logging.WARNING, logger='mortal.config'):
+        load_config(path, required=ONLINE_TRAIN_SECTIONS + CLIENT_SECTIONS + SERVER_SECTIONS + TRAIN_GRP_SECTIONS
+                    + ('bootstrap',), env={})
+    assert caplog.records == []
+    restated = [(s, k) for s, k, v in _values(toml.loads(text)) if v == _schema_default(s, k)]
+    assert restated == []
+
+
+def test_config_doc_documents_every_key():
+    text = (ROOT / 'docs' / 'config.md').read_text(encoding='utf-8')
     rows = {tuple(cell.strip().strip('`') for cell in line.strip('|').split('|')[:2])
-            for line in readme.splitlines() if line.startswith('|')}
+            for line in text.splitlines() if line.startswith('|')}
     missing = [(s, k) for s, k, *_ in key_table() if (f'[{s}]', k) not in rows]
     assert missing == []
+
+
+def test_config_doc_is_generated_from_the_schema():
+    """docs/config.md is what scripts/gen_config_doc.py writes: regenerate it after changing the schema."""
+    gen = load_script('scripts/gen_config_doc.py', 'gen_config_doc')
+    assert (ROOT / 'docs' / 'config.md').read_text(encoding='utf-8') == gen.render(), \
+        'docs/config.md is stale: python scripts/gen_config_doc.py > docs/config.md'
+
+
+def test_extras_are_marked_and_each_has_its_measurement_line():
+    """Mortal's config.example.toml has 97 keys, all in the schema; every other key says 'extra:' (so the count of
+    extras is right) and has a line in the generator's MEASURED (a measurement, or why none is needed)."""
+    gen = load_script('scripts/gen_config_doc.py', 'gen_config_doc')
+    rows = key_table()
+    extras = {(s, k) for s, k, _, _, doc in rows if doc.startswith('extra:')}
+    assert len(rows) - len(extras) == 97
+    assert sorted(extras - set(gen.MEASURED)) == []
+    assert sorted(set(gen.MEASURED) - extras) == []  # no line for a key that is gone or is Mortal's
+    assert all(note.strip() for note in gen.MEASURED.values())
+
+
+@pytest.mark.parametrize('key', ['replay_ratio', 'replay_window', 'n_step', 'target_update_every', 'pg_weight',
+                                 'pg_temp', 'kl_weight'])
+def test_removed_key_is_an_error_naming_it(tmp_path, cfg, key):
+    """The seven [online] extras measured as no gain were removed: a file that still sets one is refused with the
+    key, the file and the reason (an unknown key would only warn, and the run would silently differ)."""
+    cfg['online'][key] = 1
+    msg, path = load_error(tmp_path, cfg)
+    assert f'[online] {key} in {path} was removed: measured as no gain (docs/learning.md, part 4)' in msg
+    assert key not in SCHEMA['online']
 
 
 def test_tiny_config_fixture(tiny_config):
@@ -627,3 +698,60 @@ def test_a_blank_token_is_refused(tmp_path, cfg):
     cfg['online']['remote']['token'] = '   '
     message, path = load_error(tmp_path, cfg, required=SERVER_SECTIONS)
     assert f'[online.remote] token in {path} must not be empty or blank' in message
+
+
+# --- every error at once (issue 35, case 5) -----------------------------------------------------------------------
+
+def test_a_broken_cross_field_rule_is_listed_beside_an_error_in_another_table(tmp_path, cfg):
+    """The rule test_every % save_every is checked even while [resnet] has an error of its own: both are listed,
+    by the raising load and by config_errors alike."""
+    from mortal.config import TRAIN_SECTIONS, config_errors
+    cfg['control'].update(save_every=4, test_every=10)
+    cfg['resnet']['num_blocks'] = 'two'
+    msg, path = load_error(tmp_path, cfg, required=TRAIN_SECTIONS)
+    rule = f'[control] test_every = 10 in {path} must be a multiple of [control] save_every = 4'
+    typed_error = f'[resnet] num_blocks in {path} must be an integer'
+    assert rule in msg and typed_error in msg
+    errors = config_errors(path, required=TRAIN_SECTIONS, env={})
+    assert len(errors) == 2 and rule in errors and any(e.startswith(typed_error) for e in errors)
+
+
+def test_a_rule_over_a_broken_table_is_not_reported_as_a_missing_one(tmp_path, cfg):
+    """[rotation] after needs [baseline.train]; a [baseline] that is present but broken is its own error, not a
+    'needs a [baseline.train] section'."""
+    from mortal.config import config_errors
+    cfg['rotation'] = {'after': 2}
+    cfg['baseline']['train']['state_file'] = 3
+    errors = config_errors(write(tmp_path, cfg), env={})
+    assert errors and not any('needs a [baseline.train] section' in e for e in errors)
+    assert any('[baseline.train] state_file' in e for e in errors)
+
+
+def test_the_learner_lists_its_online_tables_with_every_other_error(tmp_path, cfg):
+    """mortal.train online needs [online.remote]: it is listed beside an error in [control], in one refusal."""
+    from mortal.config import config_errors, train_sections
+    del cfg['online']['remote']
+    cfg['control']['batch_size'] = -1
+    path = write(tmp_path, cfg)
+    errors = config_errors(path, required=train_sections, env={})
+    assert f'missing section [online.remote] in {path}' in errors
+    assert any(e.startswith(f'[control] batch_size in {path}') for e in errors)
+    assert config_errors(write(tmp_path, tiny_config_dict(tmp_path), name='good.toml'), env={}) == []
+
+
+def test_paths_may_start_at_the_config_files_folder(tmp_path):
+    # issue 36: '{config_dir}' stands for the config file's folder, so a work dir can be moved or copied; other
+    # strings, relative paths included (relative to the working directory, as Mortal's), stay as written
+    from mortal.config import CORE_SECTIONS, typed
+    import toml
+    d = tiny_config_dict(tmp_path)
+    d['control']['state_file'] = '{config_dir}/online/mortal.pth'
+    d['control']['best_state_file'] = 'online/best.pth'
+    d['dataset']['globs'] = ['{config_dir}/logs/**/*.json.gz', '/data/*.json.gz']
+    folder = tmp_path / 'run'
+    folder.mkdir()
+    (folder / 'c.toml').write_text(toml.dumps(d))
+    c = typed(load_config(folder / 'c.toml', required=CORE_SECTIONS, env={}))
+    assert c.control.state_file == f'{folder}/online/mortal.pth'
+    assert c.control.best_state_file == 'online/best.pth'
+    assert c.dataset.globs == [f'{folder}/logs/**/*.json.gz', '/data/*.json.gz']

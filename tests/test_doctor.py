@@ -269,7 +269,9 @@ def test_cuda_device_without_gpu_fails(work, capsys, monkeypatch):
     rc, out = _run(cfg_path, capsys)
     assert rc == 1
     [line] = _fail_lines(out)
-    assert 'trainer on cuda:0' in line and 'no CUDA device is visible' in line
+    assert line.startswith("[FAIL] device: [control] device = 'cuda:0', but ")
+    assert line.endswith("or set [control] device = 'cpu'")
+    assert 'trainer on cuda:0' in out and 'no CUDA device is visible' in out
 
 
 def test_activation_estimate_counts_seven_tensors_per_block():
@@ -294,3 +296,58 @@ def test_trainer_estimate_grows_with_batch_size(work):
     cfg['control']['batch_size'] *= 2
     big = doctor.estimate_memory(cfg)['trainer'][1]
     assert big - small == pytest.approx(doctor.ALLOCATOR_SLACK * 256 * act, abs=2)
+
+
+def _listed(text):
+    """The problems of a ConfigError's message (one per '  - ' line), or its single line."""
+    lines = [line[4:] for line in text.splitlines() if line.startswith('  - ')]
+    return set(lines) if lines else {text.split(': ', 1)[1].strip()}
+
+
+def test_doctor_lists_exactly_what_the_learner_refuses_a_missing_table_included(work, capsys, monkeypatch):
+    """A file missing [aux] with three errors elsewhere: the doctor lists the missing table with the three, the
+    very set that mortal.train refuses (issue 35, case 5)."""
+    from mortal import train
+    tmp_path, cfg_path, cfg = work
+    cfg['control']['online'] = False  # the learner alone: the doctor's set is the learner's
+    del cfg['aux']
+    cfg['env']['gamma'] = 'one'
+    cfg['resnet']['conv_channels'] = 'wide'
+    cfg['control'].update(save_every=4, test_every=10)
+    _rewrite(cfg_path, cfg)
+    rc, out = _run(cfg_path, capsys)
+    assert rc == 1
+    doctor_says = _listed(out.split('[FAIL] config: ', 1)[1])
+    monkeypatch.setattr('sys.argv', ['train.py'])
+    with pytest.raises(SystemExit) as info:
+        train.main(['-c', str(cfg_path)])
+    assert info.value.code == 2
+    train_says = _listed(capsys.readouterr().err.split('error: ', 1)[1])
+    assert f'missing section [aux] in {cfg_path}' in doctor_says
+    assert len(doctor_says) == 4 and doctor_says == train_says
+
+
+def test_a_file_index_with_a_missing_file_or_one_outside_the_globs_fails(work, capsys):
+    """[dataset] file_index built from the config's globs but listing a file that is gone and one outside the
+    globs: a FAIL naming both (issue 35, case 7); one built from other globs is a WARN (the next run rebuilds it)."""
+    tmp_path, cfg_path, cfg = work
+    logs = tmp_path / 'logs'
+    logs.mkdir()
+    (logs / 'in.json.gz').write_bytes(b'x')
+    elsewhere = tmp_path / 'original' / 'old.json.gz'
+    elsewhere.parent.mkdir()
+    elsewhere.write_bytes(b'x')
+    cfg['dataset']['globs'] = [str(logs / '*.json.gz')]
+    _rewrite(cfg_path, cfg)
+    index = cfg['dataset']['file_index']
+    listed = [str(logs / 'in.json.gz'), str(logs / 'gone.json.gz'), str(elsewhere)]
+    torch.save({'file_list': listed, 'globs': cfg['dataset']['globs']}, index)
+    rc, out = _run(cfg_path, capsys)
+    assert rc == 1
+    [row] = [line for line in out.splitlines() if line.startswith('[FAIL] file index:')]
+    assert f'[dataset] file_index = {index}' in row
+    assert f'1 of its 3 file_list files are missing ({logs / "gone.json.gz"})' in row
+    assert f'1 of its 3 file_list files are outside the globs ({elsewhere})' in row
+    torch.save({'file_list': listed, 'globs': [str(elsewhere.parent / '*.json.gz')]}, index)
+    rc, out = _run(cfg_path, capsys)
+    assert '[WARN] file index: [dataset] file_index' in out and 'the next run rebuilds it' in out

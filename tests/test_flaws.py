@@ -145,7 +145,7 @@ def test_statistic_by_deal_reads_the_challengers_seat(tmp_path):
 
 
 def test_budgeted_training_stops_and_snapshots(tmp_path):
-    learning = load_script('bench/learning.py', 'bench_learning_budget')
+    learning = load_script('bench/learning_arms.py', 'bench_learning_budget')
 
     class FakeTrainer:
         steps = 10

@@ -64,9 +64,10 @@ BETTER = lambda n: [1, 1, 2, 2] if n % 2 else [1, 2, 1, 3]  # noqa: E731
 
 def online_trainer(tmp_path, plans, **overrides):
     """An online learner of the tiny model with a planned test player: test play every 4 steps of 4 deals
-    (16 games); submissions are recorded in ``trainer.submits``."""
+    (16 games; ``min_deals`` 0, as the rules judged here are those of any count); submissions are recorded in
+    ``trainer.submits``."""
     control = {'save_every': 2, 'test_every': 4, 'submit_every': 2, **overrides.pop('control', {})}
-    test_play = {'games': 16, **overrides.pop('test_play', {})}
+    test_play = {'games': 16, 'min_deals': 0, **overrides.pop('test_play', {})}
     config, _ = load_tiny_config(tmp_path, online=True, control=control, test_play=test_play, **overrides)
     write_baseline(config, config['baseline']['train']['state_file'])
     writer = FakeWriter()
@@ -92,6 +93,24 @@ def weights(state):
 
 def same_weights(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize('games, replaced', [(16, False), (32, True)])
+def test_best_needs_min_deals(tmp_path, caplog, games, replaced):
+    # issue 36: a "better" test play of 4 deals (16 games) does not replace best.pth under the default min_deals 8;
+    # one of 8 deals does. BETTER: -1.0 / -0.75 a deal against EVEN's record
+    trainer, _, _ = online_trainer(tmp_path, [EVEN, BETTER], test_play={'games': games, 'min_deals': 8})
+    run_to_test_play(trainer)  # the first makes best.pth whatever its size
+    first = torch.load(trainer.best_state_file, weights_only=True)
+    assert first['steps'] == 4
+    with caplog.at_level(logging.INFO, logger='mortal.train'):
+        run_to_test_play(trainer, seed=10)
+    best = torch.load(trainer.best_state_file, weights_only=True)
+    assert best['steps'] == (8 if replaced else 4)
+    assert trainer.best_perf['avg_rank'] == pytest.approx(1.625 if replaced else 2.5)
+    why = [r.getMessage() for r in caplog.records if 'not replaced' in r.getMessage()]
+    assert why == ([] if replaced else ['best.pth not replaced: this test play has 4 deals, fewer than '
+                                         '[test_play] min_deals 8 (a CI over so few deals is noise)'])
 
 
 def test_paired_rule_keeps_best_until_significantly_better(tmp_path):

@@ -214,7 +214,7 @@ def test_summarize_pairs_deals_by_nonce():
     assert s['paired_diff_ci'] == pytest.approx(1.959963984540054 * math.sqrt(2 * 1.25 ** 2) / math.sqrt(2))
     # display pts 90/45/0/-135: nonce 10 -> (90+90+45+45)/4 = 67.5, nonce 11 -> 0
     assert s['avg_pt'] == pytest.approx(33.75)
-    assert format_summary(s).startswith('2.000 ± ') and format_summary(s).endswith('(8 games)')
+    assert format_summary(s).startswith('2.000 ± ') and format_summary(s).endswith('(8 games; unreliable: 2 sets)')
     # a deal the reference lacks (its deal dropped for a failed game) is left out of the pairing and counted
     s = summarize(units, {10: [4, 4, 4, 4]})
     assert s['deals'] == 2 and s['paired_diff'] == pytest.approx(-2.5) and s['unpaired'] == 1
@@ -306,3 +306,36 @@ def test_file_index_errors_name_the_key_and_an_empty_list_is_not_cached(tmp_path
         build_file_list(ds, set())
     with pytest.raises(ValueError, match=r'player_names_files: cannot read .*missing.txt'):
         load_player_names([str(tmp_path / 'missing.txt')])
+
+
+def test_a_copied_work_dirs_file_index_is_rebuilt_from_its_own_globs(tmp_path, caplog):
+    """A work dir copied with every path of the config rewritten: its cached file index still lists the original's
+    logs, and is rebuilt from the copy's globs (issue 35, case 7); the same for [grp.dataset]."""
+    import logging
+    import shutil
+    from mortal.config_schema import Dataset
+    from mortal.data.offline_data import build_file_list
+    from mortal.train_grp import build_file_index
+    original = tmp_path / 'original'
+    (original / 'logs').mkdir(parents=True)
+    for name in ('a.json.gz', 'b.json.gz'):
+        (original / 'logs' / name).write_bytes(b'x')
+
+    def dataset(root):
+        return Dataset.model_construct(file_index=str(root / 'index.pth'), globs=[str(root / 'logs' / '*.json.gz')])
+
+    assert build_file_list(dataset(original), set()) == [str(original / 'logs' / n) for n in ('b.json.gz',
+                                                                                              'a.json.gz')]
+    build_file_index([str(original / 'logs' / 'a*')], [str(original / 'logs' / 'b*')], str(original / 'grp.pth'))
+    copy = tmp_path / 'copy'
+    shutil.copytree(original, copy)
+    with caplog.at_level(logging.INFO):
+        files = build_file_list(dataset(copy), set())
+        grp_files = build_file_index([str(copy / 'logs' / 'a*')], [str(copy / 'logs' / 'b*')], str(copy / 'grp.pth'))
+    assert files == [str(copy / 'logs' / 'b.json.gz'), str(copy / 'logs' / 'a.json.gz')]
+    assert grp_files == ([str(copy / 'logs' / 'a.json.gz')], [str(copy / 'logs' / 'b.json.gz')])
+    assert f'file_index {copy / "index.pth"} is rebuilt: it was built from globs' in caplog.text
+    assert torch.load(copy / 'index.pth')['globs'] == [str(copy / 'logs' / '*.json.gz')]
+    # the same globs: the cache is read, not rebuilt
+    (copy / 'logs' / 'c.json.gz').write_bytes(b'x')
+    assert build_file_list(dataset(copy), set()) == files

@@ -124,7 +124,7 @@ def test_cli_end_to_end_identical_players_rank_2_5(tmp_path, capsys, monkeypatch
     assert built == [('1v3.challenger', 'rulebase', 'chal'), ('1v3.champion', 'rulebase', 'champ')]
     assert '# 0' in out
     assert 'challenger rankings: [1, 1, 1, 1] (2.500000, 0.000000pt)' in out
-    assert 'total: avg rank 2.5000 ± nan, avg pt 0.000 ± nan (95% CI over 1 duplicate sets, 4 games)' in out
+    assert 'total: avg rank 2.5000 ± nan, avg pt 0.000 ± nan (95% CI over 1 duplicate sets, 4 games; unreliable: 1 sets)' in out
     # Mortal's log names: nonce 10000 (first iteration), key 7, split a-d
     names = sorted(p.name for p in log_dir.iterdir())
     assert names == [f'10000_7_{s}.json.gz' for s in 'abcd']
@@ -187,3 +187,17 @@ def test_a_panic_in_a_worker_becomes_an_error_naming_the_deals(monkeypatch):
     monkeypatch.setattr(evaluation, '_side', lambda side, role: None)
     with pytest.raises(RuntimeError, match=r'nonces 100\.\.103 \(key 7\) failed: PanicException: ArrayVec'):
         evaluation.play_chunk((('rulebase', None), ('rulebase', None), 100, 4, 7))
+
+
+def test_every_ci_of_fewer_than_10_sets_says_unreliable():
+    # issue 36: `scripts/evaluate.py --sets 2` printed `2.5000 ± 0.0000` with no warning (two identical sets)
+    from mortal.learning.gate import Verdict
+    from mortal.play.duplicate import duplicate_ci
+    two = duplicate_ci([[1, 2, 3, 4], [1, 2, 3, 4]])
+    assert str(two) == ('avg rank 2.5000 ± 0.0000, avg pt 0.000 ± 0.000 '
+                        '(95% CI over 2 duplicate sets, 8 games; unreliable: 2 sets)')
+    ten = duplicate_ci([[1, 2, 3, 4]] * 10)
+    assert str(ten).endswith('(95% CI over 10 duplicate sets, 40 games)')
+    verdict = Verdict(rule='paired', games=16, diff=-0.5, ci=0.447, better=True, worse=False,
+                      units={n: [1, 1, 2, 2] for n in range(4)})
+    assert verdict.describe() == 'paired diff to best.pth -0.500 ± 0.447 (16 games; unreliable: 4 sets): better'

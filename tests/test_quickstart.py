@@ -40,6 +40,38 @@ def test_embedded_config_satisfies_every_process(tmp_path, preset):
     assert cfg['env']['reward'] == 'grp'  # until the bootstrap's GRP check says otherwise
 
 
+def test_the_quickstart_work_dir_can_be_moved(tmp_path):
+    # issue 36: continuing from the quickstart's work dir took 18 path rewrites by hand once it was moved or copied
+    path = quickstart_config.write_config(tmp_path / 'qs', preset='short', port=5123, relative=True)
+    assert "state_file = '{config_dir}/online/mortal.pth'" in path.read_text()
+    moved = tmp_path / 'elsewhere'
+    (tmp_path / 'qs').rename(moved)
+    sections = mcfg.ONLINE_TRAIN_SECTIONS + mcfg.SERVER_SECTIONS + mcfg.CLIENT_SECTIONS + mcfg.TRAIN_GRP_SECTIONS
+    cfg = mcfg.load_config(moved / 'config.toml', required=sections)
+    typed = mcfg.typed(cfg)
+    assert typed.control.state_file == f'{moved}/online/mortal.pth'
+    assert typed.online.server.buffer_dir == f'{moved}/online/buffer'
+    assert typed.dataset.globs == [f'{moved}/bootstrap/logs/train/**/*.json.gz']
+    assert typed.grp.state_file == f'{moved}/bootstrap/grp.pth'
+
+
+def test_the_summary_ends_with_the_next_commands_for_its_work_dir():
+    # issue 36: from the quickstart to the three terminals was a research project
+    result = {'timings': {'total': 60.0}, 'work_dir': '/w/qs', 'config': '/w/q s/config.toml',
+              'tensorboard': ['/w/q s/online/tensorboard'], 'checkpoints': {}, 'logs': 'l', 'plots': 'p',
+              'test_play': {}, 'stopped': {}}
+    out = io.StringIO()
+    quickstart.report(result, out)
+    lines = out.getvalue().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith('next: '))
+    assert lines[start + 1:start + 6] == [
+        "  export MORTAL_CFG='/w/q s/config.toml'",
+        '  python -m mortal.server      # terminal 1',
+        '  python -m mortal.train       # terminal 2: the learner (restarted by its supervisor)',
+        '  python -m mortal.client      # terminal 3 (more clients: more terminals)',
+        "  tensorboard --logdir '/w/q s/online/tensorboard'"]
+
+
 def test_version_4_config_and_a_work_dir_keeps_its_version(tmp_path):
     path = quickstart_config.write_config(tmp_path, preset='short', port=5123, version=4)
     cfg = mcfg.load_config(path, required=mcfg.ONLINE_TRAIN_SECTIONS)
@@ -104,7 +136,9 @@ def test_short_quickstart_end_to_end(tmp_path):
     assert '(not written)' not in out  # every listed checkpoint exists
     # the summary's duplicate evaluation of best.pth and the final model against 3x the start (4 deals, 16 games)
     assert 'evaluation against 3x the start model' in out
-    assert re.search(r'  final [1-4]\.\d{3} ± \d\.\d{3} rank, [-+]\d+\.\d\d ± \d+\.\d\d pt \(16 games\)', out), out
+    assert re.search(r'  final [1-4]\.\d{3} ± \d\.\d{3} rank, [-+]\d+\.\d\d ± \d+\.\d\d pt '
+                     r'\(16 games; unreliable: 4 sets\)', out), out
+    assert "  export MORTAL_CFG=" in out and '  python -m mortal.train ' in out  # the next commands
     work = tmp_path / 'qs'
     for rel in ('online/mortal.pth', 'online/best.pth', 'online/baseline.pth', 'bootstrap/grp.pth',
                 'bootstrap/offline/best.pth', 'plots/test_play.png', 'plots/loss.png'):
@@ -143,7 +177,7 @@ def test_start_vs_rulebase_line(tmp_path, monkeypatch):
     out = io.StringIO()
     quickstart.report(result, out)
     text = out.getvalue()
-    assert f"start vs 3 RulebaseBots: avg rank 2.750 ± {summary['avg_rank_ci']:.3f} (95% CI, 2 deals = 8 games" in text
+    assert f"start vs 3 RulebaseBots: avg rank 2.750 ± {summary['avg_rank_ci']:.3f} (95% CI, 2 deals = 8 games; unreliable: 2 sets; 2.500 = even)" in text
     assert "kyoku reward: [env] reward = 'points'" in text
     assert quickstart_config.PRESETS['full']['rulebase_sets'] == 40  # 160 games by default
 
@@ -217,3 +251,14 @@ class _Bar:
 
     def close(self):
         self.ticks.append((self.label, self.total, self.n))
+
+
+def test_children_draw_no_bar_into_their_log_file(tmp_path):
+    """The pipeline's processes write to log files: a tqdm bar there is kept at every redraw, so their environment
+    turns bars off (tqdm reads TQDM_DISABLE as its default; the learner's TRAIN bar has no explicit setting)."""
+    env = quickstart.child_env(tmp_path / 'config.toml')
+    assert env['TQDM_DISABLE'] == '1'
+    code = ('import sys\nfrom tqdm.auto import tqdm\nbar = tqdm(total=3, desc="TRAIN")\nbar.update(3)\nbar.close()\n'
+            'print(bar.disable)')
+    out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == 'True' and 'TRAIN' not in out.stderr

@@ -299,6 +299,118 @@ def test_claimed_logs_lost_between_learners_are_counted_dropped(tmp_path, caplog
     assert name not in manifest['files']
 
 
+class Killed(BaseException):
+    """A simulated SIGKILL of the learner: nothing in the learner catches it, and what it had in memory is lost."""
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize('stage', ['before_save', 'after_save', 'in_test_play', 'after_ledger'])
+def test_a_kill_at_any_stage_of_the_save_cycle_trains_every_sample_once(tmp_path, caplog, monkeypatch, stage):
+    """The first learner is killed once, at the test play of step 24 (before its checkpoint is written, right after
+    it, inside the test play) or right after the commit of step 8 (the next batch); learners then restart as the
+    supervisor does until one drains again. A sample counts as trained once a checkpoint holds it (what a kill
+    loses was lost by the checkpoint too); every sample must be so counted exactly once (issue 35, case 4)."""
+    from mortal.learning import learner_checkpoint
+    config, _ = load_tiny_config(tmp_path, online=True,
+                                 control={'batch_size': 16, 'save_every': 8, 'test_every': 24},
+                                 dataset={'num_workers': 0, 'file_batch_size': 2, 'reserve_ratio': 0.25})
+    write_grp(config)
+    drain_dir = config['online']['server']['drain_dir']
+    names = _claimable_logs(drain_dir)
+    expected = _expected_samples(config, [os.path.join(drain_dir, n) for n in names])
+    durable, pending = collections.Counter(), collections.Counter()
+    state_file = config['control']['state_file']
+    armed = [True]
+    real_save = learner_checkpoint.atomic_torch_save
+
+    def save(obj, filename, *args, **kwargs):
+        if filename == state_file and armed[0] and obj['steps'] == 24 and stage == 'before_save':
+            armed[0] = False
+            raise Killed()
+        real_save(obj, filename, *args, **kwargs)
+        if filename == state_file:
+            durable.update(pending)  # this checkpoint holds what was trained since the last
+            pending.clear()
+            if armed[0] and obj['steps'] == 24 and stage == 'after_save':
+                armed[0] = False
+                raise Killed()
+
+    monkeypatch.setattr(learner_checkpoint, 'atomic_torch_save', save)
+    first = {**empty_drain(drain_dir, 'A', True), 'count': len(names), 'files': names,
+             'param_versions': [1] * len(names), 'param_version': 1}
+    kills = runs = 0
+    while True:
+        runs += 1
+        assert runs < 20
+        trainer = fake_trainer(config, test_player=FakeTestPlayer([(0.0, 2.5)] * 10),
+                               remote=OneDrainRemote([first] if runs == 1 else []))
+        real = trainer.train_batch
+
+        def spy(obs, actions, masks, steps, rewards, ranks, *cf, real=real, trainer=trainer):
+            if armed[0] and stage == 'after_ledger' and trainer.steps == 8:
+                armed[0] = False
+                raise Killed()
+            floats = unpack(obs, 3)
+            for i in range(actions.shape[0]):
+                pending[_fingerprint(floats[i], actions[i], masks[i], steps[i], ranks[i])] += 1
+            return real(obs, actions, masks, steps, rewards, ranks, *cf)
+
+        trainer.train_batch = spy
+        if stage == 'in_test_play' and armed[0]:
+            def killed_in_test_play():
+                armed[0] = False
+                raise Killed()
+            trainer.guards.test_play = killed_in_test_play
+        caplog.clear()
+        try:
+            with caplog.at_level(logging.INFO):
+                trainer.run()
+        except tr.TestPlayDone:
+            assert not pending  # the test play follows a save
+            continue
+        except Killed:
+            kills += 1
+            pending.clear()  # trained, but in no checkpoint: lost with the process, trained again after it
+            continue
+        except DrainCalled:
+            durable.update(pending)  # the last learner is alive: what it trained since its save is its own
+            break
+    assert kills == 1 and runs >= 3
+    over = {k: (n, expected[k]) for k, n in durable.items() if n > expected[k]}
+    assert over == {}  # no sample trained twice across the kill
+    untrained = sum(expected.values()) - sum(durable.values())
+    assert 0 <= untrained < 16  # none dropped: only the epoch's last partial batch is left...
+    assert trainer.ledger.remaining_samples() == untrained  # ...and stays claimed for the next drain
+    assert trainer.ledger.duplicates == 0
+
+
+def test_a_commit_staged_for_a_checkpoint_is_kept_only_with_that_checkpoint(tmp_path, caplog):
+    """``ClaimLedger.open`` settles a commit that a kill cut between the checkpoint and the ledger's rename by the
+    checkpoint's step: the staged manifest of step 8 is the ledger of a step-8 checkpoint, and is dropped when the
+    checkpoint on disk is still of step 0."""
+    from mortal.data.claims import MANIFEST, STAGED, ClaimLedger
+    sig = {'version': 3}
+    for on_disk, progress in ((8, [0, 1]), (0, [])):
+        d = tmp_path / f'claims{on_disk}'
+        d.mkdir()
+        (d / 'a').write_bytes(b'x')
+        ledger = ClaimLedger.open(str(d), signature=sig, passes=1, steps=0)
+        ledger.add(['a'])
+        ledger.begin_epoch([str(d / 'a')])
+        ledger.record([[0, 0, 0, 3], [0, 0, 1, 3]])
+
+        def killed_after_the_save():
+            raise Killed()  # the checkpoint of step 8 is written (or not, for on_disk 0); the rename never happens
+        with pytest.raises(Killed):
+            ledger.commit_with(8, killed_after_the_save)
+        assert (d / STAGED).exists()
+        with caplog.at_level(logging.INFO, logger='mortal.claims'):
+            again = ClaimLedger.open(str(d), signature=sig, passes=1, steps=on_disk)
+        assert not (d / STAGED).exists()
+        assert again.trained_map() == ({str(d / 'a'): {0: set(progress)}} if progress else {})
+        assert json.loads((d / MANIFEST).read_text())['steps'] == (8 if on_disk == 8 else None)
+
+
 def test_drain_keeps_logs_of_earlier_drains_not_yet_trained(tmp_path):
     config, _ = load_tiny_config(tmp_path, online=True)
     drain_dir = config['online']['server']['drain_dir']
@@ -450,3 +562,83 @@ def test_offline_bootstrap_prints_a_countdown_only_with_test_play(tmp_path, capl
             trainer.train_batch(*random_batch(n, seed=i))
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith('total steps')]
     assert lines == (['total steps: 750'] if offline_test_every == 0 else ['total steps: 750 (~10)'])
+
+
+# -- one learner per state file, one client per log_dir (issue 35, cases 1 and 6) ----------------------------------
+
+def _holder_line(pid):
+    import socket
+    return f'PID {pid} on host {socket.gethostname()} since '
+
+
+@pytest.mark.parametrize('online', [False, True])
+def test_a_second_learner_on_one_state_file_refuses_before_reading_anything(tmp_path, capsys, monkeypatch, online):
+    """While a learner holds [control] state_file, a second mortal.train on the same config exits 2 at once (the
+    supervisor, online, before it starts a child), naming the holder and the key; it built no Trainer."""
+    from mortal.util import runlock
+    config, path = load_tiny_config(tmp_path, online=online)
+
+    def no_trainer(*a, **k):
+        raise AssertionError('the second learner read the state')
+    monkeypatch.setattr(tr, 'Trainer', no_trainer)
+    monkeypatch.setattr(tr, 'supervise', lambda *a, **k: no_trainer())
+    monkeypatch.setattr('sys.argv', ['train.py'])
+    with runlock.hold(config['control']['state_file'], who='learner', key='[control] state_file', fix='-'):
+        with pytest.raises(SystemExit) as info:
+            tr.main(['-c', str(path)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: another learner runs on [control] state_file = {config['control']['state_file']}: " in err
+    assert _holder_line(os.getpid()) in err and 'its own [control] state_file' in err
+
+
+@linux_only
+def test_a_lock_left_by_a_sigkilled_holder_is_taken_over_with_a_log_line(tmp_path, caplog):
+    """A process holds the lock and is SIGKILLed: the kernel frees the OS lock, the holder's record stays; the next
+    taker takes it over and logs the dead holder's PID."""
+    from mortal.util import runlock
+    target = tmp_path / 'state' / 'mortal.pth'
+    code = (f'import sys, time; sys.path.insert(0, {str(ROOT)!r})\n'
+            f'from mortal.util import runlock\n'
+            f'with runlock.hold({str(target)!r}, who="learner", key="k", fix="-"):\n'
+            f'    print("held", flush=True); time.sleep(60)\n')
+    proc = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == 'held\n'
+        with pytest.raises(runlock.LockHeld, match=_holder_line(proc.pid)):
+            with runlock.hold(str(target), who='learner', key='[control] state_file', fix='-'):
+                pass
+        proc.kill()
+        proc.wait()
+        with caplog.at_level(logging.WARNING, logger='mortal.util.runlock'):
+            with runlock.hold(str(target), who='learner', key='[control] state_file', fix='-'):
+                assert runlock.holder_if_held(str(target)) is not None
+        assert f'its holder (PID {proc.pid} on host ' in caplog.text and 'ended without releasing it' in caplog.text
+        assert runlock.holder_if_held(str(target)) is None
+        assert not os.path.exists(runlock.lock_path_for(str(target)) + runlock.OWNER_SUFFIX)  # a clean release
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_second_client_on_one_log_dir_refuses_naming_the_key_and_the_profile(tmp_path, capsys, monkeypatch):
+    """While a client holds its [train_play.default] log_dir, a second client on the same config exits 2, naming
+    the holder, the key and the other way out (a profile of its own); it made no Client."""
+    from mortal import client as cl
+    from mortal.util import runlock
+    config, path = load_tiny_config(tmp_path, online=True)
+
+    def no_client(*a, **k):
+        raise AssertionError('the second client started')
+    monkeypatch.setattr(cl, 'Client', no_client)
+    monkeypatch.delenv('TRAIN_PLAY_PROFILE', raising=False)
+    log_dir = config['train_play']['default']['log_dir']
+    with runlock.hold(log_dir, who='client', key='k', fix='-'):
+        with pytest.raises(SystemExit) as info:
+            cl.main(['-c', str(path), '--rounds', '1'])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f'error: another client runs on [train_play.default] log_dir = {log_dir}: ' in err
+    assert _holder_line(os.getpid()) in err
+    assert 'set another [train_play.default] log_dir, or run this client with a profile of its own' in err
+    assert 'TRAIN_PLAY_PROFILE=<name>' in err

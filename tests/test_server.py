@@ -238,6 +238,8 @@ def test_wrong_field_types_are_bad_requests(running):
         ({'type': 'get_param', 'param_version': True}, 'is a bool'),
         ({'type': 'submit_param', 'mortal': b'junk', 'dqn': b'junk'}, 'invalid safetensors'),
         ({'type': 'submit_replay', 'logs': {'a': 'text'}, 'param_version': 0}, 'expected bytes'),
+        ({'type': 'submit_param', 'mortal': b'junk', 'dqn': b'junk', 'learner': 5}, "field 'learner' is a int"),
+        ({'type': 'submit_param', 'mortal': b'junk', 'dqn': b'junk', 'learner': ''}, "'learner' must be 1-1024"),
         ({'type': 'shutdown'}, "unknown request type 'shutdown'"),
     ]:
         with pytest.raises(wire.RequestRefused, match=reason):
@@ -584,22 +586,28 @@ def wait_until(cond, timeout=5.0):
         time.sleep(0.01)
 
 
-def test_connections_sending_their_header_are_capped(tmp_path, caplog):
+def test_unauthenticated_connections_are_capped_and_the_oldest_gives_way(tmp_path, caplog):
     r = Running(tmp_path, max_pending=3)
     try:
         idle = [socket.create_connection(('127.0.0.1', r.port), timeout=5) for _ in range(3)]
         idle[0].sendall(b'MJRL')  # a partial header
         wait_until(lambda: r.server.pending == 3)
         with caplog.at_level(logging.INFO, logger='mortal.server'):
-            for _ in range(3):  # closed at once, without a handler thread
-                assert r.raw(b'', close_write=False) == b''
-            assert r.server.pending == 3
+            # a real peer still gets through: the oldest unauthenticated connection is closed for it
+            assert get_param(r) == {'status': 'empty param'}
+            assert idle[0].recv(10) == b''  # closed, without a reply
+            assert r.server.pending == 2
+            idle.append(socket.create_connection(('127.0.0.1', r.port), timeout=5))
+            wait_until(lambda: r.server.pending == 3)
+            assert get_param(r) == {'status': 'empty param'}
+            assert idle[1].recv(10) == b''
+            assert r.server.pending == 2
+            assert 'closing connection' not in caplog.text  # the closed ones are not logged one by one
             for s in idle:
                 s.close()
             wait_until(lambda: r.server.pending == 0)
         assert caplog.text.count('connections are still sending their frame header') == 1
-        assert 'accepting new connections again (3 closed meanwhile)' in caplog.text
-        assert get_param(r) == {'status': 'empty param'}
+        assert 'accepting new connections again (2 oldest closed meanwhile)' in caplog.text
     finally:
         r.close()
 
@@ -638,15 +646,18 @@ def test_payloads_in_flight_share_one_byte_budget(tmp_path):
         assert length == MAX_FRAME  # the whole budget: any other payload must wait
         with socket.create_connection(('127.0.0.1', r.port), timeout=5) as a, \
                 socket.create_connection(('127.0.0.1', r.port), timeout=5) as b:
-            a.sendall(big[:wire.HEADER_SIZE + 1000])  # holds nearly the whole budget while it sends
-            wait_until(lambda: r.server.inflight.used == length)
+            a.sendall(big[:wire.HEADER_SIZE])
+            time.sleep(0.2)
+            assert r.server.inflight.used == 0  # a declared length holds nothing: bytes are held as they come
+            a.sendall(big[wire.HEADER_SIZE:-1000])  # holds nearly the whole budget
+            wait_until(lambda: r.server.inflight.used == length - 1000)
             # a payload above SMALL_FRAME_BYTES waits for the budget; a small one has a share of its own
             b.sendall(frame(msgpack.packb({'type': 'get_param', 'param_version': -1,
                                            'pad': b'x' * param_server.SMALL_FRAME_BYTES})))
             with pytest.raises(socket.timeout):
                 read_reply(b, 0.5)  # waits for the budget
             assert get_param(r) == {'status': 'empty param'}
-            a.sendall(big[wire.HEADER_SIZE + 1000:])
+            a.sendall(big[-1000:])  # the frame that holds bytes is served before the one waiting for its first
             assert read_reply(a, 5) == {'status': 'empty param'}
             assert read_reply(b, 5) == {'status': 'empty param'}
         wait_until(lambda: r.server.inflight.used == 0)
@@ -654,3 +665,111 @@ def test_payloads_in_flight_share_one_byte_budget(tmp_path):
             param_server.ParamServer(('127.0.0.1', 0), r.store, max_frame_size=MAX_FRAME, max_inflight_bytes=1000)
     finally:
         r.close()
+
+
+def test_frames_that_wait_on_each_other_for_budget_are_resolved_at_once():
+    budget = param_server.ByteBudget(100)
+    assert budget.acquire(60, 1) and budget.acquire(30, 1)  # frames A and B hold 60 and 30 bytes
+    assert (budget.used, budget.holders) == (90, 2)
+    got = {}
+
+    def more(name, size, held):
+        t0 = time.monotonic()
+        got[name] = (budget.acquire(size, 5, held=held), time.monotonic() - t0)
+    a = threading.Thread(target=more, args=('a', 20, 60))
+    a.start()
+    time.sleep(0.3)
+    assert 'a' not in got  # B is not waiting (it reads or is handled): A waits for it
+    new = threading.Thread(target=more, args=('new', 5, 0))
+    new.start()
+    time.sleep(0.1)
+    assert 'new' not in got  # 5 bytes would fit, but A, holding bytes, is served first
+    more('b', 20, 30)  # now both holders wait for more and A's 20 do not fit: B, holding least, is refused
+    assert got['b'][0] is False and got['b'][1] < 0.1
+    budget.release(30, held=0)  # B's connection closes
+    a.join(5)
+    new.join(5)
+    assert got['a'][0] is True and got['new'][0] is True
+    assert (budget.used, budget.holders) == (85, 2)
+
+
+# -- one learner per server (issue 35, case 1) ----------------------------------------------------------------------
+
+def test_a_second_learners_parameters_are_refused_while_the_first_is_live(tmp_path, caplog):
+    """Two learners (their runs: host and state file) on one server: the second's submit_param is refused with
+    'another learner is live', naming the first, until the first has been silent for the liveness window; the
+    first's restarts (same run) and a peer that sends no 'learner' are taken as before."""
+    import time as _time
+    from mortal.learning.server_traffic import ServerTraffic
+    store = replay_store.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 4, learner_liveness=0.5)
+    mortal, dqn = tiny_params()
+    params = {'mortal': mortal, 'dqn': dqn}
+
+    def submit(learner, **extra):
+        msg = {'type': 'submit_param', **params, 'is_idle': True, **extra}
+        if learner is not None:
+            msg['learner'] = learner
+        return store.handle(msg)
+
+    assert submit('h:/run1/mortal.pth')['status'] == 'ok'
+    refused = submit('h:/run2/mortal.pth')
+    assert refused['status'] == wire.STATUS_OTHER_LEARNER == 'another learner is live'
+    assert 'learner h:/run1/mortal.pth submitted parameters 0 s ago' in refused['reason']
+    assert store.param_version == 1
+    assert submit('h:/run1/mortal.pth')['param_version'] == 2  # the first learner restarted by its supervisor
+    assert submit(None)['param_version'] == 3  # an older learner without the field
+    _time.sleep(0.6)
+    assert submit('h:/run2/mortal.pth')['param_version'] == 4  # the first went silent: the second takes over
+    assert submit('h:/run1/mortal.pth')['status'] == 'another learner is live'
+    # the learner's id: its host and state file, the same across the supervisor's restarts
+    traffic = ServerTraffic()
+    traffic.state_file = str(tmp_path / 'mortal.pth')
+    assert traffic.learner_id() == f'{socket.gethostname()}:{tmp_path / "mortal.pth"}'
+
+
+def test_a_second_learner_on_one_server_exits_naming_the_first(tmp_path, caplog):
+    """End to end over TCP: a learner submits; a second learner of another state file ends with status 2 and one
+    error line naming the first; a restart of the first (a fresh Trainer of its config) is accepted."""
+    from conftest import fake_trainer, load_tiny_config, start_param_server, stop_server
+    server = start_param_server(tmp_path, 4)
+    try:
+        port = server.server_address[1]
+        remote = wire.Remote('127.0.0.1', port)
+        (tmp_path / 'a').mkdir()
+        (tmp_path / 'b').mkdir()
+        first, _ = load_tiny_config(tmp_path / 'a', online=True)
+        second, _ = load_tiny_config(tmp_path / 'b', online=True)
+        fake_trainer(first, remote=remote).submit_param(is_idle=True)
+        with caplog.at_level(logging.ERROR, logger='mortal.train'), pytest.raises(SystemExit) as info:
+            fake_trainer(second, remote=remote).submit_param(is_idle=True)
+        assert info.value.code == 2
+        assert 'another learner is live' in caplog.text
+        assert f"learner {socket.gethostname()}:{first['control']['state_file']} submitted" in caplog.text
+        fake_trainer(first, remote=remote).submit_param(is_idle=True)  # the supervisor's restart
+        assert server.store.param_version == 2
+    finally:
+        stop_server(server)
+
+
+def test_a_full_buffer_without_drains_says_that_the_clients_wait(running, caplog):
+    # issue 36: with the trainer stopped the server said nothing while its clients waited
+    server, store = running.server, running.store
+    now = [store.last_drain]
+    server.clock = lambda: now[0]
+    with caplog.at_level(logging.WARNING, logger='mortal.net.param_server'):
+        now[0] += 61
+        server.service_actions()  # the buffer has room: the clients play on
+        assert store.submit_replay({f'l{i}': mjai() for i in range(4)}, 0)['status'] == 'ok'  # capacity 4: full
+        server.service_actions()
+        now[0] += 30
+        server.service_actions()  # said 30 s ago
+        now[0] += 31
+        server.service_actions()
+        store.drain()  # the trainer is back
+        now[0] += 30
+        server.service_actions()
+    said = [r.getMessage() for r in caplog.records if 'no drain' in r.getMessage()]
+    assert said == ['no drain for 1 min and the buffer is full (4 logs, capacity 4): the clients wait until the '
+                    'trainer drains it (is it running? its log says why)',
+                    'no drain for 2 min and the buffer is full (4 logs, capacity 4): the clients wait until the '
+                    'trainer drains it (is it running? its log says why)']

@@ -153,6 +153,20 @@ def test_losses_by_hand_offline(tmp_path):
     assert trainer.stats['next_rank_loss'] == pytest.approx(math.log(4), rel=1e-6)
 
 
+def test_first_loss_point_after_a_resume_is_the_mean_of_the_batches_trained(tmp_path):
+    # issue 36: a learner resumed at step 3 of a save_every=4 window writes the loss at step 4 after ONE batch;
+    # its mean is that batch's loss, not a quarter of it
+    trainer, writer = make_trainer(tmp_path, online=False, **{
+        'control': {'opt_step_every': 1, 'save_every': 4, 'test_every': 8}, 'env': {'gamma': 0.5}})
+    zero_heads(trainer)
+    trainer.steps = 3
+    trainer.train_batch(*random_batch(gamma_steps=torch.tensor([0, 1, 2, 3, 0, 1, 2, 3]), reward=4.0))
+    written = {t: v for t, v, s in writer.scalars if s == 4}
+    assert written['loss/dqn_loss'] == pytest.approx(0.5 * (16 + 4 + 1 + 0.25) * 2 / 8, rel=1e-6)
+    assert written['loss/next_rank_loss'] == pytest.approx(math.log(4), rel=1e-6)
+    assert trainer.stat_batches == 0  # reset with the sums
+
+
 def test_online_has_no_cql_and_learns_only_with_accumulation(tmp_path):
     trainer, writer = make_trainer(tmp_path, online=True, **{
         'control': {'opt_step_every': 2, 'save_every': 4, 'test_every': 4, 'submit_every': 4}})
@@ -488,3 +502,40 @@ def test_packed_batches_train_exactly_like_float_ones(tmp_path):
         states.append(trainer.mortal.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(states[0].values(), states[1].values()))
     assert not torch.equal(obs, torch.zeros_like(obs))
+
+
+# -- a CUDA device on a CPU-only torch (issue 35, case 8) ----------------------------------------------------------
+
+def _cpu_only_torch(monkeypatch):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setattr(torch.backends.cuda, 'is_built', lambda: False)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize('process, key', [('train', '[control] device'), ('train', '[baseline.test] device'),
+                                          ('client', '[baseline.train] device'),
+                                          ('train_grp', '[grp.control] device'),
+                                          ('one_vs_three', '[1v3.champion] device')])
+def test_a_cuda_device_on_a_cpu_only_torch_is_one_line_naming_the_key_and_both_fixes(tmp_path, capsys, monkeypatch,
+                                                                                      process, key):
+    import importlib
+    import toml
+    from conftest import tiny_config_dict
+    _cpu_only_torch(monkeypatch)
+    config = tiny_config_dict(tmp_path, online=False)
+    table, name = key[1:].split('] ')
+    node = config
+    for part in table.split('.'):
+        node = node[part]
+    node[name] = 'cuda:0'
+    path = tmp_path / 'config.toml'
+    path.write_text(toml.dumps(config))
+    monkeypatch.setattr('sys.argv', [f'{process}.py'])
+    main = importlib.import_module(f'mortal.{process}').main
+    with pytest.raises(SystemExit) as info:
+        code = main(['-c', str(path)])
+        raise SystemExit(code)
+    assert info.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith('error: ')]
+    assert lines == [f"error: {key} = 'cuda:0', but this torch ({torch.__version__}) is a CPU-only build: install a "
+                     f"CUDA build of torch, or set {key} = 'cpu'"]

@@ -169,3 +169,16 @@ def test_without_patience_training_runs_to_max_steps(overfit_cfg):
     assert train(typed_grp(overfit_cfg), max_steps=40, num_workers=0, progress=False) == 40
     state = torch.load(overfit_cfg["state_file"], weights_only=True)
     assert set(state) == {"model", "optimizer", "steps", "timestamp"}  # Mortal's layout, no early stopping record
+
+
+def test_one_bar_for_the_whole_run(cfg, capsys):
+    """save_every 2 over 6 steps: one TRAIN bar for the run, the 3 validations shown on it (no bar of their own),
+    instead of a fresh TRAIN bar and a VAL bar every save_every steps."""
+    capsys.readouterr()
+    assert train(typed_grp(cfg), max_steps=6, num_workers=0, progress=True) == 6
+    err = capsys.readouterr().err
+    assert 'VAL' not in err and err.count('validating') >= 3
+    # a bar's last state before its line ends (the fixture's bad log warns in between, outside any handler)
+    bars = [line.split('\r')[-1] for line in err.split('\n') if line.split('\r')[-1].startswith('TRAIN')]
+    assert len(bars) == 1 and bars[0].startswith('TRAIN: 100%') and '6/6' in bars[0]
+

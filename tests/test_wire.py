@@ -249,3 +249,74 @@ def test_error_replies_are_retried_and_logged_once_per_reason(caplog):
     assert reply == {'status': 'ok', 'count': 1} and sleeps == [3.0, 3.0, 3.0]
     assert caplog.text.count('buffer_dir not writable') == 1
     assert 'unreachable' not in caplog.text and caplog.text.count("handles 'drain' again") == 1
+
+
+class Ledger:
+    """take/give callbacks of recv_payload_paced that record what is held; refuses beyond ``limit``."""
+
+    def __init__(self, limit=1 << 30):
+        self.held = self.peak = 0
+        self.limit = limit
+
+    def take(self, n):
+        if self.held + n > self.limit:
+            raise wire.ProtocolError('refused')
+        self.held += n
+        self.peak = max(self.peak, self.held)
+
+    def give(self, n):
+        self.held -= n
+
+
+def test_a_paced_payload_holds_only_the_bytes_that_came():
+    payload = msgpack.packb({'type': 'drain', 'pad': b'x' * 300_000})
+    h = wire.decode_header(wire.encode_frame({'type': 'drain', 'pad': b'x' * 300_000})[:wire.HEADER_SIZE])
+    a, b = socket.socketpair()
+    with a, b:
+        ledger = Ledger()
+        held_after_first = []
+
+        def send():
+            a.sendall(payload[:1000])
+            time.sleep(0.3)
+            held_after_first.append(ledger.held)
+            a.sendall(payload[1000:])
+        t = threading.Thread(target=send)
+        t.start()
+        msg = wire.recv_payload_paced(b, h, min_rate=1000, window=1.0, take=ledger.take, give=ledger.give)
+        t.join()
+    assert msg == {'type': 'drain', 'pad': b'x' * 300_000}
+    assert held_after_first == [1000]  # a 300 KB frame holds only its first 1000 bytes while the rest is due
+    assert ledger.held == len(payload)  # the caller gives the whole payload back once handled
+
+
+def test_a_stalled_payload_is_closed_at_the_end_of_its_window():
+    h = wire.decode_header(header(1 << 20))
+    a, b = socket.socketpair()
+    with a, b:
+        ledger = Ledger()
+        a.sendall(b'x' * 500)  # 500 bytes, then nothing: below 1000 bytes/s over a 0.3 s window (300 bytes)...
+        t0 = time.monotonic()
+        with pytest.raises(wire.ProtocolError, match=r'payload stalled: 0 bytes in the last 0.3 s, below '
+                                                     r'\[online.server\] payload_min_bytes_per_s = 1000 '
+                                                     r'\(500 of 1048576 bytes\)'):
+            wire.recv_payload_paced(b, h, min_rate=1000, window=0.3, take=ledger.take, give=ledger.give)
+        # ...the first window passes (500 >= 300), the second has 0: closed after two windows
+        assert 0.55 < time.monotonic() - t0 < 1.0
+        assert ledger.held == 500
+
+
+def test_a_paced_payload_waits_for_data_before_it_takes_any_budget():
+    h = wire.decode_header(header(1 << 20))
+    a, b = socket.socketpair()
+    with a, b:
+        ledger = Ledger(limit=0)  # any take is refused
+        with pytest.raises(wire.ProtocolError, match='payload stalled: 0 bytes'):
+            wire.recv_payload_paced(b, h, min_rate=1, window=0.2, take=ledger.take, give=ledger.give)
+        a.sendall(b'x')
+        with pytest.raises(wire.ProtocolError, match='refused'):  # the refusal of take propagates
+            wire.recv_payload_paced(b, h, min_rate=1, window=0.2, take=ledger.take, give=ledger.give)
+        a.close()
+        assert b.recv(1) == b'x'  # nothing was read before the budget allowed it
+        with pytest.raises(wire.ProtocolError, match='truncated frame: connection closed after 0 of 1048576'):
+            wire.recv_payload_paced(b, h, min_rate=1, window=0.2, take=Ledger().take, give=ledger.give)

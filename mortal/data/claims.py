@@ -11,10 +11,14 @@ sample by sample, before it drains again:
   batch it has trained;
 * ``claims.json`` in the claim folder lists every claimed log not yet fully trained and, for each pass over it
   (``[dataset] num_epochs`` x plain/augmented), either ``"done"`` or the indices trained so far. It is written
-  atomically (temporary file, fsync, rename) when logs are claimed (before they are linked) and at each
-  checkpoint (``commit``), so it always describes the state of the last checkpoint: after a test play (which
-  follows a save) nothing is trained twice and nothing is skipped; after a crash or kill the samples trained
-  since the last checkpoint, whose training the checkpoint lost too, are trained again;
+  atomically (temporary file, fsync, rename) when logs are claimed (before they are linked) and, with each
+  checkpoint, in one step with it (``commit_with``): the manifest of the checkpoint's step is staged as
+  ``claims.json.next`` before the checkpoint is written and renamed over ``claims.json`` after it, and a learner
+  killed in between has it reconciled at the next ``open`` by the step of the checkpoint on disk (the staged
+  manifest is the checkpoint's when its ``steps`` equal the checkpoint's, else it is dropped). So the manifest
+  always describes the state of the last checkpoint, whatever the kill point (before the save, after it, inside
+  the test play, after the commit): nothing is trained twice and nothing is skipped; the samples trained since
+  the last checkpoint, whose training the checkpoint lost too, are trained again;
 * a log whose every pass is done is unlinked at the next commit; the rest is the resume set, re-read with its
   trained samples left out (``FileDatasetsIter(trained=...)``), together with the next drain;
 * samples the epoch's end leaves over (fewer than ``batch_size``, which Mortal drops) stay in the resume set and
@@ -32,13 +36,14 @@ import shutil
 import stat
 from os import path
 
-from mortal.util.fsutil import TMP_SUFFIX, atomic_write_bytes, empty_dir
+from mortal.util.fsutil import TMP_SUFFIX, atomic_write_bytes, empty_dir, fsync_dir
 
 logger = logging.getLogger('mortal.claims')  # the name before the package split (log format)
 
-__all__ = ["MANIFEST", "ClaimLedger", "claim_dir_for", "claim_drained", "staleness"]
+__all__ = ["MANIFEST", "STAGED", "ClaimLedger", "claim_dir_for", "claim_drained", "staleness"]
 
 MANIFEST = "claims.json"
+STAGED = "claims.json.next"  # the manifest of a checkpoint being written (commit_with)
 _FORMAT = 1
 _DONE = "done"
 # Samples one pass over one log can have (a hanchan gives a few thousand): a manifest total above it is corrupt.
@@ -83,6 +88,7 @@ class ClaimLedger:
         self.passes = int(passes)
         self.files: dict[str, dict] = {}  # claimed name -> {pass: _Partial or _DONE}, live (this process)
         self.committed: dict[str, dict] = {}  # the manifest's 'files', as of the last commit
+        self.steps = None  # the checkpoint step of the last commit (None: unknown, e.g. a commit without one)
         self.duplicates = 0
         self.lost_samples = 0
         self._epoch: list[str] = []
@@ -91,16 +97,22 @@ class ClaimLedger:
     # -- disk ------------------------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, claim_dir: str, *, signature: dict, passes: int) -> "ClaimLedger":
+    def open(cls, claim_dir: str, *, signature: dict, passes: int, steps: int | None = None) -> "ClaimLedger":
         """The ledger of ``claim_dir`` as its manifest left it (an empty one without manifest; the folder is
         created). Listed logs missing from the folder are logged and their known remaining samples counted
-        in ``lost_samples``; under another signature every listed log is resumed whole (logged)."""
+        in ``lost_samples``; under another signature every listed log is resumed whole (logged).
+
+        ``steps``: the step of the learner's checkpoint on disk (None: none is known). A manifest staged by
+        ``commit_with`` and never renamed (the learner was killed between its checkpoint and the rename) becomes
+        the manifest when its step is ``steps`` (that checkpoint was written), else it is dropped (it was not);
+        both are logged."""
         ledger = cls(claim_dir, signature=signature, passes=passes)
         os.makedirs(ledger.claim_dir, exist_ok=True)
         manifest = path.join(ledger.claim_dir, MANIFEST)
+        _reconcile(ledger.claim_dir, steps)
         if not path.exists(manifest):
             return ledger
-        files, same = _read_manifest(ledger, manifest)
+        files, same, ledger.steps = _read_manifest(ledger, manifest)
         gone = []
         for name, passes_ in files.items():
             kind = ledger._name_problem(name)
@@ -122,14 +134,14 @@ class ClaimLedger:
         return ledger
 
     @classmethod
-    def for_dataset(cls, claim_dir: str, ds, version: int) -> "ClaimLedger":
+    def for_dataset(cls, claim_dir: str, ds, version: int, steps: int | None = None) -> "ClaimLedger":
         """``open`` with the signature and passes of the online learner's loader: the typed ``[dataset]``'s
         (``mortal.config.section``) ``num_epochs``, ``enable_augmentation`` and ``augmented_first``, feature
-        ``version``, the ``trainee`` seat."""
+        ``version``, the ``trainee`` seat; ``steps`` the step of the learner's checkpoint."""
         signature = {"version": version, "player_names": ["trainee"], "num_epochs": ds.num_epochs,
                      "enable_augmentation": ds.enable_augmentation, "augmented_first": ds.augmented_first}
         passes = ds.num_epochs * (2 if ds.enable_augmentation else 1)
-        return cls.open(claim_dir, signature=signature, passes=passes)
+        return cls.open(claim_dir, signature=signature, passes=passes, steps=steps)
 
     def _name_problem(self, name) -> str:
         """Why ``name`` cannot be a claimed log of this folder ('' when it can; 'missing' when it is a plain name
@@ -153,15 +165,18 @@ class ClaimLedger:
 
     def reserved_names(self) -> set:
         """Entries of the claim folder that are not claimed logs (the manifest and its temporary file)."""
-        return {MANIFEST, MANIFEST + TMP_SUFFIX}
+        return {MANIFEST, MANIFEST + TMP_SUFFIX, STAGED, STAGED + TMP_SUFFIX}
 
     def _entry(self, units: dict) -> dict:
         return {str(p): _DONE if u == _DONE else {"total": u.total, "trained": sorted(u.trained)}
                 for p, u in sorted(units.items())}
 
-    def _write(self) -> None:
-        data = {"format": _FORMAT, "signature": self.signature, "passes": self.passes, "files": self.committed}
-        atomic_write_bytes(json.dumps(data, separators=(",", ":")).encode("utf-8"), path.join(self.claim_dir, MANIFEST))
+    def _write(self, files: dict | None = None, steps: int | None = None, name: str = MANIFEST) -> None:
+        """Write the manifest ``name`` (default: the committed state) atomically."""
+        data = {"format": _FORMAT, "signature": self.signature, "passes": self.passes,
+                "steps": self.steps if files is None else steps,
+                "files": self.committed if files is None else files}
+        atomic_write_bytes(json.dumps(data, separators=(",", ":")).encode("utf-8"), path.join(self.claim_dir, name))
 
     # -- claims ----------------------------------------------------------------------------------------------
 
@@ -282,16 +297,19 @@ class ClaimLedger:
                 units[p] = _DONE
         return lost
 
-    def commit(self) -> int:
-        """Persist the live progress (call right after a checkpoint) and unlink the logs trained in full.
-        Returns how many were unlinked."""
+    def _staged(self) -> tuple:
+        """``(names trained in full, the manifest's files entry of the live progress without them)``."""
         finished = [n for n, units in self.files.items() if self._done(units)]
+        files = {name: self._entry(units) for name, units in self.files.items() if name not in finished}
+        return finished, files
+
+    def _finish(self, finished: list, files: dict) -> int:
+        """After the manifest listing ``files`` is on disk: forget and unlink the logs trained in full."""
         for name in finished:
             del self.files[name]
-        self.committed = {name: self._entry(units) for name, units in self.files.items()}
-        self._write()  # first: a crash before the unlinks leaves unlisted links, which the next claim removes
-        for name in finished:
-            if self._name_problem(name):  # never unlink anything but a regular file directly in the folder
+        self.committed = files
+        for name in finished:  # after the manifest: a crash before the unlinks leaves unlisted links, which the
+            if self._name_problem(name):  # next claim removes; never unlink anything but a plain file of the folder
                 continue
             try:
                 os.remove(path.join(self.claim_dir, name))
@@ -299,13 +317,72 @@ class ClaimLedger:
                 pass
         return len(finished)
 
+    def commit(self) -> int:
+        """Persist the live progress (with no checkpoint: ``commit_with`` ties it to one) and unlink the logs
+        trained in full. Returns how many were unlinked."""
+        finished, files = self._staged()
+        self.steps = None
+        self._write(files, None)
+        return self._finish(finished, files)
+
+    def commit_with(self, steps: int, save) -> int:
+        """Persist the live progress in one step with the checkpoint that ``save()`` writes at step ``steps``:
+        the manifest is staged as ``STAGED`` (with ``steps``), ``save()`` runs, and the rename makes the staged
+        manifest the manifest (``open`` reconciles a kill in between by the checkpoint's step). When ``save()``
+        raises, the staged manifest is removed and nothing is committed. Returns how many logs trained in full
+        were unlinked."""
+        finished, files = self._staged()
+        staged = path.join(self.claim_dir, STAGED)
+        self._write(files, steps, STAGED)
+        try:
+            save()
+        except Exception:
+            try:
+                os.remove(staged)
+            except OSError:
+                pass
+            raise
+        os.replace(staged, path.join(self.claim_dir, MANIFEST))
+        fsync_dir(self.claim_dir)
+        self.steps = steps
+        return self._finish(finished, files)
+
 
 # ---------------------------------------------------------------------------- the manifest
 
+def _staged_steps(staged: str):
+    """The ``steps`` of a staged manifest; None when it has none or cannot be read."""
+    try:
+        with open(staged, encoding="utf-8") as f:
+            steps = json.load(f).get("steps")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    return steps if _is_int(steps) else None
+
+
+def _reconcile(claim_dir: str, steps) -> None:
+    """Settle a manifest ``commit_with`` staged in ``claim_dir`` and never renamed: it becomes the manifest when
+    it belongs to the checkpoint on disk (its steps are ``steps``), else it is removed (that checkpoint was never
+    written). Logged either way."""
+    staged, manifest = path.join(claim_dir, STAGED), path.join(claim_dir, MANIFEST)
+    if not path.exists(staged):
+        return
+    at = _staged_steps(staged)
+    if steps is not None and at == steps:
+        os.replace(staged, manifest)
+        fsync_dir(claim_dir)
+        logger.warning("the checkpoint of step %d was written but its learner stopped before the claim ledger's "
+                       "commit: committing the ledger of that step now", steps)
+    else:
+        os.remove(staged)
+        logger.info("dropping the claim ledger staged for step %s: the checkpoint on disk is of step %s (the "
+                    "learner stopped before that checkpoint was written)", at, steps)
+
+
 def _read_manifest(ledger: ClaimLedger, manifest: str) -> tuple:
-    """``(files, same)`` of the ``manifest`` of ``ledger``'s folder: its ``files`` entry and whether it was written
-    under the ledger's signature and passes (logged when not). An unreadable manifest (logged) lists every
-    plain file of the folder with no progress."""
+    """``(files, same, steps)`` of the ``manifest`` of ``ledger``'s folder: its ``files`` entry, whether it was
+    written under the ledger's signature and passes (logged when not), the checkpoint step of its commit (None
+    when unknown). An unreadable manifest (logged) lists every plain file of the folder with no progress."""
     try:
         with open(manifest, encoding="utf-8") as f:
             data = json.load(f)
@@ -315,17 +392,18 @@ def _read_manifest(ledger: ClaimLedger, manifest: str) -> tuple:
         if not isinstance(files, dict):
             raise ValueError(f"'files' is a {type(files).__name__}, expected an object")
         same = data.get("signature") == ledger.signature and data.get("passes") == ledger.passes
+        steps = data.get("steps") if _is_int(data.get("steps")) else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as ex:
         logger.warning("unreadable %s (%s: %s): the logs in %s are resumed whole", manifest,
                        type(ex).__name__, ex, ledger.claim_dir)
         files = {n: {} for n in sorted(os.listdir(ledger.claim_dir))
                  if n not in ledger.reserved_names() and not ledger._name_problem(n)}
-        same = True
+        same, steps = True, None
     if not same:
         logger.warning("%s was written under other settings (%s, %d passes; now %s, %d passes): its %d "
                        "logs are resumed whole", manifest, data.get("signature"), data.get("passes", 0),
                        ledger.signature, ledger.passes, len(files))
-    return files, same
+    return files, same, steps
 
 
 def _parse_units(manifest: str, name: str, passes_, n_passes: int, *, gone: bool = False) -> dict:

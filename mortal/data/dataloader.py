@@ -21,11 +21,6 @@
 Torch's default collate turns a batch into tensors of the same dtypes; the Q
 target is ``q_target(gamma, steps_to_done, kyoku_reward)``.
 
-With ``n_step`` = n > 0 (``[online] n_step``, the online learner's loader only) each sample also carries the
-bootstrap columns of ``nstep_columns``: ``next_obs`` (the obs of the same seat's decision n later in the kyoku,
-zeros when there is none; packed like ``obs`` in batch mode), ``next_mask`` ``(46,)`` bool, ``next_discount``
-float32 and ``has_next`` bool.
-
 The trainer's path is the batch mode (``batch_size=B``, what ``learner_loader`` uses): the dataset yields whole
 batches, numpy arrays with the dtypes above, built straight from its column buffer, and ``obs`` stays packed,
 ``(B, row_bytes)`` uint8 (``mortal.data.packed_obs``: about 14 KB a sample instead of 127 KB at v3). It is
@@ -73,7 +68,7 @@ from mortal.data.reward import RewardCalculator, load_grp
 logger = logging.getLogger('mortal.dataloader')  # the name before the package split (log format)
 
 __all__ = ["FileDatasetsIter", "LOG_FORMAT", "configure_worker_logging", "iter_full_batches", "keep_freed_memory",
-           "learner_loader", "make_dataloader", "nstep_columns", "q_target", "safe_mp_context", "worker_init_fn"]
+           "learner_loader", "make_dataloader", "q_target", "safe_mp_context", "worker_init_fn"]
 
 
 def q_target(gamma: float, steps_to_done, kyoku_reward):
@@ -86,10 +81,9 @@ def _ranks_by_scores(scores: np.ndarray) -> np.ndarray:
     return (-scores).argsort(-1, kind="stable").argsort(-1, kind="stable")
 
 
-def _game_columns(game, reward_calc: RewardCalculator, n_step: int = 0, gamma: float = 1.0) -> tuple | None:
+def _game_columns(game, reward_calc: RewardCalculator) -> tuple | None:
     """The sample columns of one seat's ``Gameplay`` (``FileDatasetsIter._columns``, which documents them), the
-    kyoku rewards and counterfactual deltas from ``reward_calc``, and with ``n_step`` > 0 the four columns of
-    ``nstep_columns`` (discount ``gamma``) after them; None when the seat had no decision."""
+    kyoku rewards and counterfactual deltas from ``reward_calc``; None when the seat had no decision."""
     n = len(game)
     if n == 0:  # the seat never had a decision
         return None
@@ -118,39 +112,7 @@ def _game_columns(game, reward_calc: RewardCalculator, n_step: int = 0, gamma: f
             steps_to_done[i] = steps_to_done[i + 1] + int(apply_gamma[i])
 
     cf_deltas = _cf_deltas(reward_calc, n, player_id, feature, grp, at_kyoku, cf_actions, cf_records)
-    cols = (obs, actions, masks, steps_to_done, rewards[at_kyoku], player_ranks[at_kyoku + 1], cf_actions, cf_deltas)
-    if n_step > 0:
-        cols += nstep_columns(obs, masks, dones, apply_gamma, n_step, gamma)
-    return cols
-
-
-def nstep_columns(packed_obs: np.ndarray, masks: np.ndarray, dones: np.ndarray, apply_gamma: np.ndarray,
-                  n_step: int, gamma: float) -> tuple:
-    """The n-step bootstrap columns of one seat's N decisions (in order, as ``Gameplay`` holds them): decision i's
-    next state is decision j = i + ``n_step`` when that is in the same kyoku (no ``done`` among i..j-1).
-
-    ``packed_obs (N, row_bytes)`` uint8, ``masks (N, 46)`` bool, ``dones (N,)`` bool (last decision of its kyoku),
-    ``apply_gamma (N,)`` bool (whether a decision counts as a discounted step, as for ``steps_to_done``),
-    ``n_step`` >= 1, ``gamma`` the discount per step. Returns ``(next_obs (N, row_bytes) uint8, next_masks (N, 46)
-    bool, next_discount (N,) float32, has_next (N,) bool)``: j's packed obs and legal mask (zeros / all False
-    without a j), ``gamma ** (apply_gamma steps among i..j-1)`` (so that ``steps_to_done[i]`` is that count plus
-    ``steps_to_done[j]``; 0 without a j), and whether there is a j.
-    """
-    n = len(dones)
-    kyoku = np.cumsum(dones) - dones  # index of each decision's kyoku in this seat's trajectory
-    has_next = np.zeros(n, dtype=np.bool_)
-    src = np.flatnonzero(np.arange(n) + n_step < n)
-    has_next[src] = kyoku[src + n_step] == kyoku[src]
-    i = np.flatnonzero(has_next)
-    j = i + n_step
-    next_obs = np.zeros_like(packed_obs)
-    next_obs[i] = packed_obs[j]
-    next_masks = np.zeros_like(masks, dtype=np.bool_)
-    next_masks[i] = masks[j]
-    steps_before = np.concatenate(([0], np.cumsum(apply_gamma, dtype=np.int64)))  # apply_gamma steps before each
-    next_discount = np.zeros(n, dtype=np.float32)
-    next_discount[i] = gamma ** (steps_before[j] - steps_before[i]).astype(np.float64)
-    return next_obs, next_masks, next_discount, has_next
+    return obs, actions, masks, steps_to_done, rewards[at_kyoku], player_ranks[at_kyoku + 1], cf_actions, cf_deltas
 
 
 def _cf_deltas(reward_calc, n, player_id, feature, grp, at_kyoku, cf_actions, cf_records) -> np.ndarray:
@@ -196,9 +158,6 @@ class FileDatasetsIter(IterableDataset):
             tuples of B-row numpy arrays (``obs`` packed, see the module docstring), the last one shorter; give
             such a dataset to a DataLoader with ``batch_size=None`` (``make_dataloader`` does). Raises ValueError
             below 1.
-        n_step / gamma: with ``n_step`` > 0, every sample also carries the four columns of ``nstep_columns``
-            (``next_obs`` unpacked or packed as ``obs``), after ``cf_delta`` (and before the ``sample_ids``);
-            ``gamma``: ``[env] gamma``. 0 (default): no such columns.
 
     Bad files are skipped with one warning each; ``skipped`` counts them in this
     process, and a summary is logged after each pass.
@@ -207,10 +166,8 @@ class FileDatasetsIter(IterableDataset):
     def __init__(self, version, file_list, pts, grp, *, file_batch_size=20, reserve_ratio=0,
                  player_names=None, excludes=None, num_epochs=1, enable_augmentation=False,
                  augmented_first=False, always_include_kan_select=True, max_log_bytes=DEFAULT_MAX_LOG_BYTES,
-                 sample_ids=False, trained=None, batch_size=None, reward="grp", n_step=0, gamma=1.0):
+                 sample_ids=False, trained=None, batch_size=None, reward="grp"):
         super().__init__()
-        self.n_step = int(n_step)
-        self.gamma = float(gamma)
         self.reward = reward
         self.version = version
         self.batch_size = None if batch_size is None else int(batch_size)
@@ -316,9 +273,8 @@ class FileDatasetsIter(IterableDataset):
         if not len(idx):
             return
         if self.batch_size is None:
-            packed = (0, 8) if self.n_step > 0 else (0,)  # obs, and next_obs of the n-step columns
             for i in idx:
-                yield tuple(unpack(c[i:i + 1], self.version)[0] if k in packed else c[i] for k, c in enumerate(cols))
+                yield tuple(unpack(c[i:i + 1], self.version)[0] if k == 0 else c[i] for k, c in enumerate(cols))
             return
         self._pending.append((cols, idx))
         self._pending_rows += len(idx)
@@ -385,11 +341,11 @@ class FileDatasetsIter(IterableDataset):
         """The samples of one seat's ``Gameplay`` as columns ``(packed obs (N, row_bytes) uint8, actions (N,)
         int64, masks (N, 46) bool, steps_to_done (N,) int64, kyoku rewards (N,) float64, player ranks (N,)
         int64, cf_actions (N,) int64, cf_deltas (N,) float32)`` (the counterfactual columns: the alternative
-        action of a client's branch and ``RewardCalculator.counterfactual_deltas``; -1 and 0 without one), then
-        with ``n_step`` > 0 the four of ``nstep_columns``; None when the seat had no decision. Raises
+        action of a client's branch and ``RewardCalculator.counterfactual_deltas``; -1 and 0 without one); None
+        when the seat had no decision. Raises
         AssertionError when the rewards do not cover every kyoku of a sample, IndexError for a rank that is out of
         range."""
-        return _game_columns(game, self.reward_calc, self.n_step, self.gamma)
+        return _game_columns(game, self.reward_calc)
 
     def __iter__(self):
         if self.iterator is None:
@@ -503,17 +459,15 @@ def make_dataloader(dataset, *, batch_size: int, num_workers: int = 1, pin_memor
 
 
 def learner_loader(config: dict, version: int, file_list: list, player_names, ledger=None, *, batch_size: int,
-                   num_workers: int | None = None, pin_memory: bool = False, n_step: int = 0) -> DataLoader:
+                   num_workers: int | None = None, pin_memory: bool = False) -> DataLoader:
     """The learner's ``DataLoader`` of ``FileDatasetsIter`` batches over ``file_list`` (``config``: the config
     dict, read typed: ``[dataset]`` settings,
     ``[env] reward`` (default 'grp': the GRP of ``[grp]``; 'points': no GRP is loaded), ``[env] pts``), learning
     from the seats of ``player_names`` (all seats when empty).
 
     Batches are ``(packed obs (B, row_bytes) uint8, actions, masks, steps_to_done, kyoku_rewards, player_ranks,
-    cf_actions, cf_deltas)`` tensors (``FileDatasetsIter`` batch mode; ``mortal.data.packed_obs.unpack`` gives the float32 obs),
-    followed with ``n_step`` > 0 (``[online] n_step``; the caller decides, as the offline mix must not get them) by
-    ``(next_obs (B, row_bytes) uint8, next_masks (B, 46) bool, next_discount (B,) float32, has_next (B,) bool)``
-    (``nstep_columns``, discounted by ``[env] gamma``).
+    cf_actions, cf_deltas)`` tensors (``FileDatasetsIter`` batch mode; ``mortal.data.packed_obs.unpack`` gives the
+    float32 obs).
     With a ``mortal.data.claims.ClaimLedger``, each batch ends with the ``(B, 4)`` int64 sample ids and the samples
     it lists as trained are left out. ``num_workers`` defaults to ``[dataset] num_workers``; with more than one,
     ``file_list`` is shuffled in place. Raises what ``mortal.data.reward.load_grp`` raises for an unusable GRP.
@@ -537,8 +491,6 @@ def learner_loader(config: dict, version: int, file_list: list, player_names, le
         sample_ids=ledger is not None,
         trained=ledger.trained_map() if ledger is not None else None,
         batch_size=batch_size,
-        n_step=n_step,
-        gamma=cfg.env.gamma,
     )
     return make_dataloader(data, batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory)
 

@@ -2,7 +2,10 @@
 and the offline mix's endless stream of their batches.
 
 ``build_file_list`` expands ``globs`` once and caches the sorted list in ``file_index`` (a torch file holding
-``{'file_list': [...]}``, as Mortal's), so a later run skips the expensive glob; ``load_player_names`` reads
+``{'file_list': [...]}``, as Mortal's, plus ``'globs'``, the globs it was built from), so a later run skips the
+expensive glob; an index built from other globs (or with no record of them: Mortal's, or a copied work dir's) is
+rebuilt (``stale_index``), and ``index_problems`` lists the indexed files that are missing or outside the globs
+(``mortal.doctor``); ``load_player_names`` reads
 ``player_names_files``. The offline epoch (``online = false``) reads them once; the online learner's offline mix
 (``[online] offline_batch_size``, RLPD-style) loops over them for good (``offline_mix``).
 """
@@ -39,16 +42,21 @@ def build_file_list(dataset, player_names: set) -> list:
     else expand ``globs`` (keeping files where one
     of ``player_names`` sits, when given), sort descending (Mortal) and cache it in ``file_index`` (an empty list
     is never cached, so fixing the globs takes effect). Raises ValueError naming ``file_index`` when that file is
-    not an index this function wrote."""
+    not an index this function wrote. An index built from other globs than ``[dataset] globs`` (or with no record
+    of them) is rebuilt, with a log line."""
     file_index = dataset.file_index
     if path.exists(file_index):
         try:
-            file_list = list(load_checkpoint(file_index)['file_list'])
+            index = load_checkpoint(file_index)
+            file_list = list(index['file_list'])
         except Exception as ex:  # garbage, another format, or no 'file_list' key
             raise ValueError(f'[dataset] file_index {file_index} is not a file index ({describe_error(ex)}); '
                              f'delete it to rebuild it from [dataset] globs') from None
-        logger.info('file index loaded from %s', file_index)
-        return file_list
+        stale = stale_index(index, {'globs': dataset.globs})
+        if stale is None:
+            logger.info('file index loaded from %s', file_index)
+            return file_list
+        logger.info('[dataset] file_index %s is rebuilt: %s', file_index, stale)
     logger.info('building file index...')
     file_list = []
     for pattern in dataset.globs:
@@ -66,8 +74,38 @@ def build_file_list(dataset, player_names: set) -> list:
         file_list = kept
     file_list.sort(reverse=True)
     if file_list:
-        atomic_torch_save({'file_list': file_list}, file_index)
+        atomic_torch_save({'file_list': file_list, 'globs': list(dataset.globs)}, file_index)
     return file_list
+
+
+def stale_index(index: dict, globs: dict) -> str | None:
+    """Why the loaded file index ``index`` was not built from ``globs`` (its record's key -> the config's list of
+    glob patterns, e.g. ``{'globs': [...]}``), as a phrase for a log line; None when it was."""
+    for key, want in globs.items():
+        have = index.get(key) if isinstance(index, dict) else None
+        if not isinstance(have, (list, tuple)):
+            return f'it has no record of the {key} it was built from'
+        if list(have) != list(want):
+            return f'it was built from {key} {list(have)}, the config has {list(want)}'
+    return None
+
+
+def index_problems(index: dict, lists: dict, *, shown: int = 3) -> list[str]:
+    """The files of the loaded file index ``index`` that a run would read wrongly: for each ``list key -> glob
+    patterns`` of ``lists`` (e.g. ``{'file_list': [dataset] globs}``), the listed files that are missing and those
+    that the patterns do not match (a moved or copied work dir's index). One phrase per kind, naming the count and
+    the first ``shown`` files; ``[]`` when every listed file is there and matched. Expands the globs."""
+    out = []
+    for key, patterns in lists.items():
+        files = [str(f) for f in index.get(key, [])] if isinstance(index, dict) else []
+        matched = set(chain.from_iterable(glob(p, recursive=True) for p in patterns))
+        missing = [f for f in files if not path.exists(f)]
+        outside = [f for f in files if f not in matched and path.exists(f)]
+        for what, bad in (('missing', missing), ('outside the globs', outside)):
+            if bad:
+                more = ', ...' if len(bad) > shown else ''
+                out.append(f'{len(bad)} of its {len(files)} {key} files are {what} ({", ".join(bad[:shown])}{more})')
+    return out
 
 
 def load_player_names(files) -> set:

@@ -2,15 +2,14 @@
 
 They answer the questions that the loss curve cannot (Mortal issue #33: judge online training by play, not loss):
 is Q biased against its Monte-Carlo target, do the legal actions' values collapse together, and how far has the
-greedy policy moved from the baseline's. TensorBoard tags (averaged over each ``save_every`` window; README):
+greedy policy moved from the baseline's. TensorBoard tags (averaged over each ``save_every`` window;
+docs/operations.md):
 
 * ``diag/q_minus_target``: mean ``Q(taken) - G``; ``diag/q_minus_target_greedy``: the same over rows whose taken
   action is the trainee's greedy one (the maximization bias shows here first);
 * ``diag/q_gap``: mean top-1 minus top-2 Q over legal actions (rows with 2+ legal actions);
 * ``diag/q_spread``: mean standard deviation of Q over legal actions (same rows);
 * ``diag/taken_greedy``: fraction of samples whose taken action is the trainee's current greedy one;
-* ``diag/nstep_bootstrapped`` (``[online] n_step`` > 0): fraction of online samples whose target is bootstrapped
-  from the target network (the others keep the Monte-Carlo G, which ``q_minus_target`` then mixes with it);
 * ``diag/policy_drift``: on the probe set, the fraction of positions where the trainee's greedy action differs
   from the baseline's (0 at the start of online training);
 * ``diag/next_rank_loss_probe``: the next-rank cross entropy on the probe set (offline positions), to hold
@@ -34,9 +33,7 @@ from mortal.model.checkpoint import atomic_torch_save, load_checkpoint
 
 logger = logging.getLogger('mortal.diagnostics')  # the name before the package split (log format)
 
-# nstep_bootstrapped: added by the learner (not batch_q_stats) when [online] n_step > 0
-BATCH_KEYS = ('q_minus_target', 'q_minus_target_greedy', 'q_gap', 'q_spread', 'taken_greedy',
-              'nstep_bootstrapped')
+BATCH_KEYS = ('q_minus_target', 'q_minus_target_greedy', 'q_gap', 'q_spread', 'taken_greedy')
 HISTOGRAM_STRIDE = 128  # Mortal keeps every 128th q value to keep event files small
 
 
@@ -45,8 +42,8 @@ def batch_q_stats(q_out: Tensor, masks: Tensor, actions: Tensor, q_target: Tenso
     """Sums and counts of one batch for the ``diag/*`` per-batch tags.
 
     ``q_out (B, 46)`` with ``-inf`` at illegal actions, ``masks (B, 46)`` bool, ``actions (B,)`` int64,
-    ``q_target (B,)`` float. Returns ``{key: (sum, count)}`` of python floats for each of ``BATCH_KEYS`` but
-    ``nstep_bootstrapped`` (the learner's), so that windows of batches average correctly (``WindowMeans``).
+    ``q_target (B,)`` float. Returns ``{key: (sum, count)}`` of python floats for each of ``BATCH_KEYS``, so
+    that windows of batches average correctly (``WindowMeans``).
     """
     q = q_out.float()
     masks = masks.to(torch.bool)

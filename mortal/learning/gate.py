@@ -34,6 +34,7 @@ from statistics import NormalDist
 from typing import Callable, Mapping, Optional
 
 from mortal.config import BEST_RULES
+from mortal.play.duplicate import unreliable_note
 
 BASELINE_RANK = 2.5  # the baseline against 3 copies of itself: each rank once per deal
 VARIANCE_FLOOR = 1e-9  # identical players give identical deals: a zero variance must not divide
@@ -149,9 +150,12 @@ class Verdict:
     against: str = 'best.pth'
 
     def describe(self) -> str:
-        """One log line, e.g. ``paired diff to best.pth -0.062 ± 0.041 (1600 games): better``."""
+        """One log line, e.g. ``paired diff to best.pth -0.062 ± 0.041 (1600 games): better``; under
+        ``mortal.play.duplicate.MIN_RELIABLE_SETS`` deals ``(16 games; unreliable: 4 sets)``."""
         ci = 'n/a' if math.isnan(self.ci) else f'{self.ci:.3f}'
-        text = f'paired diff to {self.against} {self.diff:+.3f} ± {ci} ({self.games} games)'
+        note = unreliable_note(len(self.units))
+        note = f'; {note}' if note else ''
+        text = f'paired diff to {self.against} {self.diff:+.3f} ± {ci} ({self.games} games{note})'
         if self.sprt is not None:
             text += f', SPRT {self.sprt} (LLR {self.llr:+.2f}'
             text += f', decided after {self.decided_games} games)' if self.decided_games else ')'

@@ -26,6 +26,7 @@ from mortal.net import wire
 from mortal.model.checkpoint import (INITIAL_BEST_PERF, CheckpointError, atomic_torch_save, check_fits_config,
                                      load_checkpoint, load_model_pair, played_checkpoint, read_baseline)
 from mortal.util.fsutil import atomic_copy, empty_dir, stamped_name
+from mortal.play.duplicate import unreliable_note
 from mortal.play.player import TEST_SEED
 from mortal.model.rotation import rotate
 from mortal.stat import DISPLAY_PTS  # test-play avg pt: display and Mortal's best.pth rule, never a training signal
@@ -52,7 +53,8 @@ def units_summary(units: dict) -> tuple:
 class Guards:
     """Test play, best.pth and the long-run guards of one learner (``trainer``, a ``mortal.train.Trainer``).
 
-    Reads ``[test_play]`` (``games``, ``best_rule``, ``confidence``, ``sprt_*``, ``fresh_deals``), ``[guard]``
+    Reads ``[test_play]`` (``games``, ``best_rule``, ``confidence``, ``sprt_*``, ``fresh_deals``, ``min_deals``),
+    ``[guard]``
     and ``[rotation]`` from the trainer's config once.
     """
 
@@ -68,6 +70,7 @@ class Guards:
             self.sprt = gate.Sprt(test_cfg.sprt_delta, test_cfg.sprt_alpha, test_cfg.sprt_beta)
         self.sprt_chunk_deals = test_cfg.sprt_chunk // 4
         self.fresh_deals = test_cfg.fresh_deals
+        self.min_deals = test_cfg.min_deals
         self.guard_cfg = cfg.guard  # typed [guard] and [rotation]
         self.rotation_cfg = cfg.rotation
         self.rollbacks = Rollback(trainer, self.guard_cfg)
@@ -79,8 +82,9 @@ class Guards:
 
         With a test player that gives per-deal results (``play_units``: ``mortal.play.player.TestPlayer``, online and
         offline), the challenger is paired deal by deal with best.pth's record and judged by ``[test_play]
-        best_rule`` (``mortal.learning.gate``); one with ``test_play`` only (the bootstrap's test play against
-        RulebaseBots, tests' fakes) is judged by Mortal's rule and drives no guard."""
+        best_rule`` (``mortal.learning.gate``), and a "better" of fewer than ``[test_play] min_deals`` deals does not
+        replace best.pth (except the first, which makes it); one with ``test_play`` only (the bootstrap's test play
+        against RulebaseBots, tests' fakes) is judged by Mortal's rule and drives no guard."""
         t = self.trainer
         # Nothing to compare with yet (no best.pth, a fresh best_perf): the first test play makes best.pth, as
         # Mortal's does.
@@ -94,12 +98,18 @@ class Guards:
         better = verdict.better if verdict is not None else is_better(avg_pt, avg_rank, t.best_perf)
         if first and not better:
             better = True  # nothing to compare with: logged below
+        too_few = None
+        if better and not first and verdict is not None and len(verdict.units) < max(self.min_deals, 1):
+            better, too_few = False, len(verdict.units)
         past_best = dict(t.best_perf)
         if better:
             t.best_perf = {'avg_pt': avg_pt, 'avg_rank': avg_rank}
             if verdict is not None:
                 t.best_perf['deals'] = {int(n): [int(r) for r in rs] for n, rs in verdict.units.items()}
         self._write_result(stat, verdict, first, avg_pt, avg_rank)
+        if too_few is not None:
+            logger.info('best.pth not replaced: this test play has %d deals, fewer than [test_play] min_deals %d '
+                        '(a CI over so few deals is noise)', too_few, self.min_deals)
         if better:
             self._keep_best(past_best, avg_pt, avg_rank)
         if verdict is not None and self.fresh_deals:
@@ -204,7 +214,8 @@ class Guards:
             t.guard['rotate_streak'] = t.guard['rotate_streak'] + 1 if beats else 0
             if t.guard['rotate_streak'] >= r.after:
                 self.rotate_baseline(f"{t.guard['rotate_streak']} test plays in a row beat the baseline "
-                                     f"(last: avg rank {mean:.3f} ± {ci:.3f}, at most {r.max_rank})")
+                                     f"(last: avg rank {mean:.3f} ± {ci:.3f}{_note(len(means))}, at most "
+                                     f"{r.max_rank})")
         t.writer.add_scalar('guard/worse_streak', t.guard['worse_streak'], t.steps)
         if t.guard != before:
             t.save()
@@ -220,6 +231,12 @@ class Guards:
     def sync_baseline(self, *, rotated: bool = False) -> None:
         """``BaselineKeeper.sync``: submit ``[baseline.train] state_file`` to the server."""
         self.baselines.sync(rotated=rotated)
+
+
+def _note(sets: int) -> str:
+    """``mortal.play.duplicate.unreliable_note`` as ``' (unreliable: N sets)'``, or ``''``."""
+    note = unreliable_note(sets)
+    return f' ({note})' if note else ''
 
 
 def _guard_event(t, tag: str, count: int, line: str) -> None:
@@ -268,8 +285,6 @@ class Rollback:
         if t.ema is not None:
             for ema, model in zip(t.ema, (t.mortal, t.dqn)):
                 ema.load_state_dict(model.state_dict())
-        if getattr(t, 'target_net', None) is not None:  # [online] n_step: no bootstrapping from diverged weights
-            t._refresh_target()
         g = self.guard_cfg
         t.guard.update(rollbacks=t.guard['rollbacks'] + 1, worse_streak=0,
                        lr_scale=t.guard['lr_scale'] * g.lr_factor,

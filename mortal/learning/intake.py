@@ -5,7 +5,7 @@ claims the online logs). An epoch's files are the offline ``[dataset]`` (``morta
 list under torchrun) or, online, the claimed logs (``ServerTraffic.online_files``); the loader over them is
 ``mortal.data.dataloader.learner_loader``; each batch is moved to the device (packed observations unpacked there,
 ``mortal.data.packed_obs``), with the rows of the offline mix appended (``[online] offline_batch_size``); online, the
-claim ledger (``mortal.data.claims``) records every trained batch and is committed with each checkpoint.
+claim ledger (``mortal.data.claims``) records every trained batch and is committed in one step with each checkpoint.
 """
 
 import logging
@@ -13,16 +13,14 @@ import logging
 import torch
 
 from mortal.data.offline_data import build_file_list, load_player_names
-from mortal.learning.save_cycle import TestPlayDone
 
 logger = logging.getLogger('mortal.train')  # the trainer's lines (log format)
 
 
 class Intake:
     """The trainer's intake methods. The host (``mortal.train.Trainer``) provides ``config`` (and ``cfg``, its typed
-    sections), ``version``, ``online``, ``device``, ``dist``, ``batch_size``, ``save_every``, ``steps``, ``n_step``,
-    ``offline_stream``, ``online_files()`` and ``train_batch()``; online, ``replay`` (a
-    ``mortal.learning.replay.ReplayWindow`` or None) and ``replay_ratio``."""
+    sections), ``version``, ``online``, ``device``, ``dist``, ``batch_size``, ``save_every``, ``steps``,
+    ``offline_stream``, ``online_files()`` and ``train_batch()``."""
 
     def file_list(self):
         """(file_list, player_names) of this epoch: claimed logs + ['trainee'] online, the dataset offline.
@@ -40,15 +38,13 @@ class Intake:
             return build_file_list(self.cfg.dataset, names), sorted(names)
         return self.dist.from_main(offline)
 
-    def data_loader(self, file_list, player_names, ledger=None, *, batch_size=None, num_workers=None, n_step=None):
+    def data_loader(self, file_list, player_names, ledger=None, *, batch_size=None, num_workers=None):
         """``mortal.data.dataloader.learner_loader`` of this learner; ``batch_size`` defaults to ``[control]
-        batch_size``, ``num_workers`` to ``[dataset] num_workers``, ``n_step`` (its n-step columns; 0: none) to
-        the learner's ``[online] n_step`` (0 offline)."""
+        batch_size``, ``num_workers`` to ``[dataset] num_workers``."""
         from mortal.data.dataloader import learner_loader  # here: the supervisor process needs no loader
         return learner_loader(self.config, self.version, file_list, player_names, ledger,
                               batch_size=batch_size or self.batch_size, num_workers=num_workers,
-                              pin_memory=self.device.type == 'cuda',
-                              n_step=self.n_step if n_step is None else n_step)
+                              pin_memory=self.device.type == 'cuda')
 
     def _obs_on_device(self, obs):
         """``obs`` as ``(B, C, 34)`` float32 on the trainer's device: packed rows (uint8, the loader's batches) are
@@ -88,38 +84,19 @@ class Intake:
         return obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, (cf_actions, cf_deltas)
 
     def _train_tracked(self, batch, ledger) -> None:
-        """``train_batch`` on a batch whose last tensor holds the sample ids; record them in ``ledger`` and commit
-        it right after each checkpoint (``_train_committed``), so that the claim manifest always matches the last
-        checkpoint."""
+        """``train_batch`` on a batch whose last tensor holds the sample ids, recorded in ``ledger``
+        (``_train_committed``)."""
         *data, ids = batch
         self._train_committed(data, ledger, ids)
 
     def _train_committed(self, data, ledger, ids=None) -> None:
-        """``train_batch(*data)``, then, with a ``ledger``, ``ids`` (if any) recorded in it and the ledger committed
-        right after a checkpoint (the save inside ``train_batch``) or the test play that ends an online learner
-        (it follows a save)."""
-        try:
-            self.train_batch(*data)
-        except TestPlayDone:
-            if ledger is not None:
-                if ids is not None:
-                    ledger.record(ids)
-                ledger.commit()
-            raise
-        if ledger is not None:
-            if ids is not None:
-                ledger.record(ids)
-            if self.steps % self.save_every == 0:
-                ledger.commit()
+        """``train_batch(*data)``, its sample ``ids`` (if any) recorded in ``ledger`` first: a checkpoint that
+        ``train_batch`` writes (a save, the test play's) holds this batch, and commits the ledger in the same step
+        (``LearnerCheckpoint.save``)."""
+        if ledger is not None and ids is not None:
+            ledger.record(ids)
+        self.train_batch(*data)
 
-    def _train_replays(self, batch, ledger) -> None:
-        """Keep the fresh online ``batch`` (its claim ids, the last tensor when ``ledger`` is given, left out) in the
-        replay window (``mortal.learning.replay``), then train ``replay_ratio - 1`` batches drawn from the window.
-        A checkpoint or the test play inside one of them commits ``ledger`` (``_train_committed``): the fresh batch
-        it recorded is in that checkpoint."""
-        self.replay.add(batch[:-1] if ledger is not None else batch)
-        for _ in range(self.replay_ratio - 1):
-            self._train_committed(self.replay.sample(self.batch_size), ledger)
 
 def _cf_columns(n: int, cf_actions=None, cf_deltas=None) -> tuple:
     """``(cf_actions (n,) int64, cf_deltas (n,) float32)`` as tensors; -1 / 0 (no counterfactual) when None."""

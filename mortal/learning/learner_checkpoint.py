@@ -23,7 +23,7 @@ class LearnerCheckpoint:
     """The trainer's checkpoint methods. The host (``mortal.train.Trainer``) provides ``config``, ``online``,
     ``device``, ``state_file``, the models ``mortal``, ``dqn``, ``aux_net``, ``optimizer``, ``scheduler``,
     ``scaler``, ``ema`` (None or the (mortal, dqn) EMA copies), and the state this class fills in: ``best_perf``,
-    ``guard``, ``steps``, ``_loaded_ema``."""
+    ``guard``, ``steps``, ``saved_steps`` (the step of ``state_file`` as last loaded or written), ``_loaded_ema``."""
 
     def load_state(self) -> bool:
         """Resume from ``[control] state_file`` if it exists; returns whether it did.
@@ -55,6 +55,7 @@ class LearnerCheckpoint:
         self.best_perf = dict(state.get('best_perf', INITIAL_BEST_PERF))
         self.guard = {**INITIAL_GUARD, **state.get('guard', {})}
         self.steps = int(state['steps'])
+        self.saved_steps = self.steps
         if 'ema_mortal' in state and 'ema_dqn' in state:
             self._loaded_ema = (state['ema_mortal'], state['ema_dqn'])
         when = datetime.fromtimestamp(state.get('timestamp', 0)).strftime('%Y-%m-%d %H:%M:%S')
@@ -87,6 +88,27 @@ class LearnerCheckpoint:
             **extra,
         }
 
+    def stop_summary(self) -> str:
+        """What a learner stopped now keeps and discards (its last line): the steps since ``saved_steps``, and
+        online the claimed logs, which the next learner trains."""
+        if self.saved_steps is None:
+            kept = f'the {self.steps:,} steps trained discarded (no checkpoint written yet)'
+        elif self.saved_steps == self.steps:
+            kept = f'nothing discarded ({self.state_file} holds step {self.steps:,})'
+        else:
+            kept = (f'the {self.steps - self.saved_steps:,} steps since the last save discarded '
+                    f'({self.state_file} keeps step {self.saved_steps:,})')
+        if self.online:
+            kept += '; claimed logs not yet trained are kept for the next learner'
+        return kept
+
     def save(self) -> None:
-        """Write ``checkpoint()`` to ``[control] state_file`` atomically."""
-        atomic_torch_save(self.checkpoint(), self.state_file)
+        """Write ``checkpoint()`` to ``[control] state_file`` atomically; online, in one step with the claim
+        ledger's commit (``mortal.data.claims.ClaimLedger.commit_with``), so that the ledger on disk always
+        describes the checkpoint on disk, whatever the kill point; ``saved_steps`` is then its step."""
+        ledger = getattr(self, 'ledger', None) if self.online else None
+        if ledger is None:
+            atomic_torch_save(self.checkpoint(), self.state_file)
+        else:
+            ledger.commit_with(self.steps, lambda: atomic_torch_save(self.checkpoint(), self.state_file))
+        self.saved_steps = self.steps

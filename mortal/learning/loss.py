@@ -13,13 +13,10 @@ term on the untaken actions lets the ranking of actions dissolve (``docs/learnin
 * ``counterfactual_term``: at decisions where the client forked a counterfactual branch (``[train_play]
   counterfactual_rate``, ``mortal.play.arena``), the gap Q[alternative] - Q[taken] is regressed on the paired
   difference of the two kyoku outcomes (same wall, same agents): a target for an action the policy did not take,
-  with much of the luck of the deal cancelled;
-* ``pg_term``: a policy-gradient term on the online rows for the Boltzmann policy ``softmax(Q / pg_temp)``, with
-  the policy's own value as the baseline (A2C-style advantage);
-* ``kl_term``: ``KL(pi || pi_ref)`` to the same softmax of the frozen reference model's Q (the anchor's baseline), a
-  trust region on the policy itself (RiichiEnv's PPO keeps a KL term to the starting model);
-* ``nstep_targets`` (``[online] n_step``): an online row's target is the discounted value of a frozen target
-  network at the same seat's decision n later in the kyoku instead of the Monte-Carlo return, when there is one.
+  with much of the luck of the deal cancelled.
+
+A policy-gradient term, a KL term to the reference policy and n-step targets were measured as no gain and removed
+(``docs/learning.md``, part 4).
 
 Shapes: ``q_out (B, 46)`` float with ``-inf`` at illegal actions (``mortal.model.networks.DQN``), ``masks (B, 46)``
 bool, ``actions (B,)`` int64, ``q_target (B,)`` float32 (``gamma ** steps_to_done * kyoku_reward``, in ``[env] pts``
@@ -45,24 +42,18 @@ class LossWeights(NamedTuple):
     next_rank: float
     calibrated: bool  # Cal-QL instead of CQL, in both CQL terms
     counterfactual: float = 0.0  # the counterfactual term (computed only when > 0)
-    pg: float = 0.0  # the policy-gradient term (computed only when > 0)
-    kl: float = 0.0  # the KL term to the reference policy (computed only when > 0)
-    pg_temp: float = 1.0  # the softmax temperature of both, in pts
 
     @classmethod
     def resolve(cls, *, online: bool, min_q_weight: float, online_min_q_weight: float, anchor_weight: float,
-                next_rank_weight: float, calibrated: bool, counterfactual_weight: float = 0.0,
-                pg_weight: float = 0.0, kl_weight: float = 0.0, pg_temp: float = 1.0) -> LossWeights:
+                next_rank_weight: float, calibrated: bool, counterfactual_weight: float = 0.0) -> LossWeights:
         """Mortal's rules on the ``[cql]``/``[online]``/``[aux]`` weights: offline, CQL at ``min_q_weight``,
         computed even at weight 0 (Mortal logs it); online, CQL at ``online_min_q_weight`` and only when that is
-        > 0, the offline-mix rows' CQL at ``min_q_weight``, the anchor at ``anchor_weight``, the counterfactual
-        term at ``counterfactual_weight``, the policy-gradient and KL terms at ``pg_weight``/``kl_weight`` (none of
-        these offline)."""
+        > 0, the offline-mix rows' CQL at ``min_q_weight``, the anchor at ``anchor_weight`` and the counterfactual
+        term at ``counterfactual_weight`` (neither offline)."""
         cql = online_min_q_weight if online else min_q_weight
         return cls(cql=cql, with_cql=not online or cql > 0, offline_cql=min_q_weight,
                    anchor=anchor_weight if online else 0.0, next_rank=next_rank_weight, calibrated=calibrated,
-                   counterfactual=counterfactual_weight if online else 0.0, pg=pg_weight if online else 0.0,
-                   kl=kl_weight if online else 0.0, pg_temp=pg_temp)
+                   counterfactual=counterfactual_weight if online else 0.0)
 
 
 class LossTerms(NamedTuple):
@@ -76,8 +67,6 @@ class LossTerms(NamedTuple):
     anchor_loss: Optional[Tensor]
     q: Tensor  # (B,) Q of the taken actions, in the forward pass's dtype (for the q histograms)
     counterfactual_loss: Optional[Tensor] = None
-    pg_loss: Optional[Tensor] = None
-    kl_loss: Optional[Tensor] = None
 
 
 def learner_loss(q_out: Tensor, next_rank_logits: Tensor, actions: Tensor, q_target: Tensor, player_ranks: Tensor,
@@ -88,7 +77,7 @@ def learner_loss(q_out: Tensor, next_rank_logits: Tensor, actions: Tensor, q_tar
 
     ``next_rank_logits (B, 4)``, ``player_ranks (B,)`` int64 in 0..3 (the seat's rank at the next kyoku);
     ``q_ref (online_rows, 46)``: the reference (anchor) model's Q of the online rows, for the anchor term (at
-    ``weights.anchor`` > 0) and the KL term (at ``weights.kl`` > 0; None then raises ValueError).
+    ``weights.anchor`` > 0).
     ``cf_actions (B,)`` int64 (-1: no branch), ``cf_deltas (B,)`` float: the counterfactual columns (None: no term).
     Call it inside the forward pass's autocast; every term is computed in float32.
     """
@@ -104,24 +93,16 @@ def learner_loss(q_out: Tensor, next_rank_logits: Tensor, actions: Tensor, q_tar
         cql_loss = cql_term(q_out[:n], actions[:n], q_target[:n], calibrated=weights.calibrated)
     if q_out.shape[0] > n:
         offline_cql_loss = cql_term(q_out[n:], actions[n:], q_target[n:], calibrated=weights.calibrated)
-    if q_ref is not None and weights.anchor > 0:  # q_ref may be there for the KL term alone
+    if q_ref is not None and weights.anchor > 0:
         anchor_loss = anchor_term(q_out[:n], q_ref, masks[:n], actions[:n])
-    counterfactual_loss = pg_loss = kl_loss = None
+    counterfactual_loss = None
     if weights.counterfactual > 0 and cf_actions is not None:
         counterfactual_loss = counterfactual_term(q_out, actions, cf_actions, cf_deltas)
-    # The policy terms see the online rows only: the offline mix was not played by this policy.
-    if weights.pg > 0:
-        pg_loss = pg_term(q_out[:n], actions[:n], q_target[:n], temp=weights.pg_temp)
-    if weights.kl > 0:
-        if q_ref is None:
-            raise ValueError('the KL term (kl_weight > 0) needs q_ref, the reference model\'s Q')
-        kl_loss = kl_term(q_out[:n], q_ref, temp=weights.pg_temp)
     total = (dqn_loss + _or_zero(cql_loss) * weights.cql + _or_zero(anchor_loss) * weights.anchor
              + _or_zero(offline_cql_loss) * weights.offline_cql + next_rank_loss * weights.next_rank
-             + _or_zero(counterfactual_loss) * weights.counterfactual + _or_zero(pg_loss) * weights.pg
-             + _or_zero(kl_loss) * weights.kl)
+             + _or_zero(counterfactual_loss) * weights.counterfactual)
     return LossTerms(total, dqn_loss, next_rank_loss, cql_loss, offline_cql_loss, anchor_loss, q,
-                     counterfactual_loss, pg_loss, kl_loss)
+                     counterfactual_loss)
 
 
 def _or_zero(term):
@@ -171,49 +152,3 @@ def counterfactual_term(q_out: Tensor, actions: Tensor, cf_actions: Tensor, cf_d
     gap = q[rows, cf_actions[has]] - q[rows, actions[has]]
     return (gap - cf_deltas[has].float()).pow(2).mean()
 
-
-def pg_term(q_out: Tensor, actions: Tensor, q_target: Tensor, *, temp: float = 1.0) -> Tensor:
-    """Policy gradient for ``pi = softmax(q / temp)`` over the legal actions (``q_out`` is ``-inf`` elsewhere):
-    ``-mean(A * log pi(taken))``, ``A = q_target - sum_a pi(a) * q(a)`` detached, the policy's own value as the
-    baseline (A2C-style advantage). ``temp`` > 0 in pts; ``q_target (B,)`` the rows' Q target in pts (the
-    Monte-Carlo return, or with ``[online] n_step`` > 0 the n-step target where a row has one). A scalar float32 in
-    pts (the advantage times a log-probability); its gradient raises ``log pi(taken)`` where ``A > 0``.
-
-    The baseline is built from the Q this term trains, and the untaken actions' Q have no target of their own:
-    where ``A < 0`` the term raises them, which raises the baseline and lowers ``A`` further. Nothing but the anchor
-    term (``[online] anchor_weight``, which holds the untaken Q at the reference model's) bounds that, so the
-    trainer warns when ``pg_weight`` is set without it.
-    """
-    q = q_out.float()
-    log_pi = torch.log_softmax(q / temp, -1)
-    rows = torch.arange(q.shape[0], device=q.device)
-    with torch.no_grad():
-        # 0 at illegal actions before the product: pi is 0 there, but 0 * -inf would be NaN
-        value = (log_pi.exp() * q.masked_fill(~torch.isfinite(q), 0.0)).sum(-1)
-        advantage = q_target.float() - value
-    return -(advantage * log_pi[rows, actions]).mean()
-
-
-def kl_term(q_out: Tensor, q_ref: Tensor, *, temp: float = 1.0) -> Tensor:
-    """Mean over rows of ``KL(pi || pi_ref)``, ``pi = softmax(q_out / temp)`` and ``pi_ref = softmax(q_ref /
-    temp)`` over the legal actions, ``q_out`` and ``q_ref (B, 46)`` both ``-inf`` at the same illegal actions (one
-    mask). A scalar float32 >= 0 in nats; gradients flow to ``q_out`` only."""
-    q = q_out.float()
-    legal = torch.isfinite(q)
-    log_pi = torch.log_softmax(q / temp, -1)
-    log_ref = torch.log_softmax(q_ref.float().detach() / temp, -1)
-    # Illegal actions are zeroed before the difference (no -inf - -inf) and carry pi = 0, so they add nothing.
-    diff = log_pi.masked_fill(~legal, 0.0) - log_ref.masked_fill(~legal, 0.0)
-    return (log_pi.exp() * diff).sum(-1).mean()
-
-
-def nstep_targets(mc_target: Tensor, has_next: Tensor, next_discount: Tensor, v_next: Tensor) -> Tensor:
-    """The n-step Q targets of ``B`` rows, ``(B,)`` float32 in ``[env] pts`` units: ``next_discount * v_next``
-    where ``has_next``, else ``mc_target``.
-
-    ``mc_target (B,)`` float32 (``gamma ** steps_to_done * kyoku_reward``), ``has_next (B,)`` bool (the same seat
-    decides again n decisions later in the kyoku), ``next_discount (B,)`` float32 (``gamma ** steps`` between
-    the two decisions), ``v_next (B,)`` float32 (max over the later decision's legal actions of the target
-    network's Q; ignored where not ``has_next``). No reward is collected in between: it comes at the kyoku's end.
-    """
-    return torch.where(has_next, next_discount * v_next, mc_target)

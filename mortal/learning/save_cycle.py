@@ -20,9 +20,10 @@ class TestPlayDone(Exception):
 
 class SaveCycle:
     """The trainer's save/test cycle. The host (``mortal.train.Trainer``) provides ``online``, ``steps``,
-    ``save_every``, ``submit_every``, ``test_every``, ``stats`` and ``reset_stats()``, ``loss_weights``,
-    ``offline_stream``, ``scheduler``, ``models``, ``ema``, ``device``, ``dist``, ``writer``, ``instruments``,
-    ``guards``, ``test_player``, ``play_settings()``, ``save()``, ``submit_param()``, and the progress bar ``pb``."""
+    ``save_every``, ``submit_every``, ``test_every``, ``stats``, ``stat_batches`` and ``reset_stats()``,
+    ``loss_weights``, ``offline_stream``, ``scheduler``, ``models``, ``ema``, ``device``, ``dist``, ``writer``,
+    ``instruments``, ``guards``, ``test_player``, ``play_settings()``, ``save()``, ``submit_param()``, and the
+    progress bar ``pb``."""
 
     def on_save(self) -> None:
         """Every ``save_every`` steps: TensorBoard, checkpoint, a missed submit, and test play when due (rank 0;
@@ -46,14 +47,14 @@ class SaveCycle:
         self.pb = self._progress_bar()
 
     def _write_tensorboard(self) -> None:
-        """The means of the loss sums over the last ``save_every`` steps (a term that is off is not written), the
+        """The means of the loss sums over the batches summed since the last write (``stat_batches``: ``save_every``,
+        or fewer when the learner resumed from a step between two saves; a term that is off is not written), the
         learning rate, the exploration factors (online) and the instruments."""
-        n = self.save_every
+        n = max(self.stat_batches, 1)
         w = self.writer
         on = {'cql_loss': self.loss_weights.with_cql, 'anchor_loss': self.loss_weights.anchor > 0,
               'offline_cql_loss': self.offline_stream is not None,
-              'counterfactual_loss': self.loss_weights.counterfactual > 0, 'pg_loss': self.loss_weights.pg > 0,
-              'kl_loss': self.loss_weights.kl > 0}
+              'counterfactual_loss': self.loss_weights.counterfactual > 0}
         for name in self.stats:  # in reset_stats' order; a term that is off is not written
             if on.get(name, True):
                 w.add_scalar(f'loss/{name}', self.stats[name] / n, self.steps)

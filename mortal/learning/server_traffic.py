@@ -9,6 +9,7 @@ polls the server every ``DRAIN_POLL_INTERVAL`` seconds until logs arrive, claims
 """
 
 import logging
+import socket
 import time
 from os import path
 
@@ -30,14 +31,16 @@ class ServerTraffic:
     def submit_param(self, is_idle: bool = False) -> None:
         """Send the current mortal/dqn weights to the server (retrying while it is unreachable).
 
-        A refusal (e.g. an architecture other than the one the running server accepted first) is logged as one
-        error line and ends the learner with SystemExit(2): retrying cannot help."""
+        A refusal (e.g. an architecture other than the one the running server accepted first, or another learner
+        live on that server) is logged as one error line and ends the learner with SystemExit(2): retrying cannot
+        help."""
         mortal, dqn = self.played()
         msg = {
             'type': 'submit_param',
             'mortal': wire.pack_state_dict(mortal.state_dict()),
             'dqn': wire.pack_state_dict(dqn.state_dict()),
             'is_idle': is_idle,
+            'learner': self.learner_id(),
             **self.play_settings(),
         }
         try:
@@ -47,6 +50,12 @@ class ServerTraffic:
             raise SystemExit(2) from None
         logger.info('param has been submitted (version %d%s)', reply.get('param_version', -1),
                     ', idle' if is_idle else '')
+
+    def learner_id(self) -> str:
+        """This learner's run as the server tells learners apart: ``<host>:<[control] state_file, absolute>``. The
+        supervisor's restarts (and a restart after a kill) keep it, so the server takes them as the same learner;
+        a second learner, of another state file or machine, is refused while this one is live."""
+        return f'{socket.gethostname()}:{path.abspath(self.state_file)}'
 
     def play_settings(self) -> dict:
         """What travels with the parameters to the clients (``mortal.learning.schedule``, ``mortal.learning.gate``):
@@ -73,7 +82,8 @@ class ServerTraffic:
             logger.warning('the server drains to another folder now: claims move from %s to %s; the %d logs left '
                            'in the old one are not trained', self.ledger.claim_dir, claim_dir,
                            len(self.ledger.pending()))
-        self.ledger = ClaimLedger.for_dataset(claim_dir, self.cfg.dataset, self.version)
+        # the checkpoint's step settles a commit a kill cut short (ClaimLedger.open)
+        self.ledger = ClaimLedger.for_dataset(claim_dir, self.cfg.dataset, self.version, steps=self.steps)
         if self.ledger.lost_samples:  # reported now: this learner may end (test play) before its epoch does
             self.writer.add_scalar('data/samples_dropped', self.ledger.lost_samples, self.steps)
             self.ledger.lost_samples = 0

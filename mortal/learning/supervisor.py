@@ -4,10 +4,13 @@ clean exit.
 The online learner exits 0 after every test play and a fresh process takes its place, as in Mortal: DataLoader
 workers forked from a process that already ran native threaded code (torch and Rust thread pools) can hang, and a
 fresh process has run none. ``supervise`` starts ``python <script> argv`` with ``MORTAL_IS_SUB_PROC=1``, restarts
-it 3 s after each exit with status 0 and returns the child's status on anything else. The child runs in a session
-and process group of its own; whatever is left of that group when the child has ended is killed
-(``reap_process_group``), and the child ends with the supervisor (``end_with_supervisor``), so no process of a
-learner outlives it (its loader processes die with it: ``mortal.util.lifetime``).
+it 3 s after each exit with status 0 and returns the child's status on anything else. Before each start it checks
+the config (``config_path``): a broken one (a typo saved while the run goes on) is waited for, its errors logged at
+ERROR, checked again every 30 s and reported once a minute, and the learner starts once it is fixed; each start logs
+the keys changed since the last one (``config changed since the last start: [control] test_every 600 -> 300``).
+The child runs in a session and process group of its own; whatever is left of that group when the child has ended
+is killed (``reap_process_group``), and the child ends with the supervisor (``end_with_supervisor``), so no
+process of a learner outlives it (its loader processes die with it: ``mortal.util.lifetime``).
 
 ``mortal.quickstart`` has no supervisor of its own: it starts ``python -m mortal.train`` (this supervisor, which
 restarts the learner) beside the server and a client, treats any exit of the three as a failure, and stops them
@@ -23,6 +26,8 @@ import subprocess
 import sys
 import time
 
+from mortal.util.config_diff import changed_keys
+
 # The learner's lines keep the logger name they have always had (README, log filters).
 logger = logging.getLogger('mortal.train')
 
@@ -30,6 +35,8 @@ IS_SUB_PROC_KEY = 'MORTAL_IS_SUB_PROC'  # set by the supervisor for its child; d
 SUPERVISOR_PID_KEY = 'MORTAL_SUPERVISOR_PID'  # set with it: the learner dies with this process
 GROUP_GRACE = 3.0  # seconds a finished learner's loader processes get to exit by themselves before a SIGKILL
 RESTART_DELAY = 3.0  # seconds between a child's clean exit and the next start (Mortal)
+CONFIG_RETRY_INTERVAL = 30.0  # seconds between two checks of a broken config before a restart
+CONFIG_REMIND_EVERY = 60.0  # seconds between two lines saying that the learner still waits for a valid config
 
 
 def signal_group(pgid: int, sig: int) -> bool:
@@ -78,29 +85,109 @@ def reap_process_group(pgid: int, grace: float = GROUP_GRACE) -> bool:
     return False
 
 
-def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY) -> int:
+def checked_config(path: str, required, env) -> tuple:
+    """``(config, [])`` with the loaded config when ``path`` is valid (``mortal.config.config_errors``, the
+    validator the processes and the doctor share), else ``(None, errors)``. Its warnings (unknown keys) are left to
+    the learner, which logs them at its start."""
+    from mortal.config import ConfigError, config_errors, load_config
+    quiet = logging.getLogger('mortal.config')
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        errors = config_errors(path, required=required, env=env)
+        if errors:
+            return None, errors
+        try:
+            return load_config(path, required=required, env=env), []
+        except ConfigError as exc:  # broken between the two reads
+            return None, list(exc.problems)
+    finally:
+        quiet.setLevel(level)
+
+
+def wait_for_config(path: str, required, env, *, stop_requested, retry_interval: float = CONFIG_RETRY_INTERVAL,
+                    remind_every: float = CONFIG_REMIND_EVERY, sleep=time.sleep, clock=time.monotonic):
+    """The loaded config of ``path`` once it is valid (``checked_config``); None when ``stop_requested()`` turns
+    true first. While it is broken: its errors at ERROR, a check every ``retry_interval`` seconds, a line at ERROR
+    every ``remind_every`` seconds (and whenever the errors change), a line at INFO when it is fixed. Waits in
+    slices of at most 1 s so that a stop is honoured at once."""
+    config, errors = checked_config(path, required, env)
+    if not errors:
+        return config
+    logger.error('config %s is broken: the learner is not restarted until it is fixed (checked every %.0f s; '
+                 'its checkpoint is kept, the server and the clients wait):\n%s', path, retry_interval,
+                 '\n'.join(f'  - {e}' for e in errors))
+    since = said = clock()
+    shown = errors
+    while True:
+        deadline = clock() + retry_interval
+        while not stop_requested() and clock() < deadline:
+            sleep(min(1.0, max(deadline - clock(), 0.0)))
+        if stop_requested():
+            return None
+        config, errors = checked_config(path, required, env)
+        if not errors:
+            logger.info('config %s is valid again (broken for %.0f s): restarting the learner', path, clock() - since)
+            return config
+        if errors != shown or clock() - said >= remind_every:
+            logger.error('still waiting for a valid config %s (broken for %.0f min; checked every %.0f s):\n%s',
+                         path, (clock() - since) / 60, retry_interval, '\n'.join(f'  - {e}' for e in errors))
+            shown, said = errors, clock()
+
+
+def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config_path: str | None = None,
+              required=(), env=None, retry_interval: float = CONFIG_RETRY_INTERVAL,
+              remind_every: float = CONFIG_REMIND_EVERY) -> int:
     """Run ``python script argv`` as a child with MORTAL_IS_SUB_PROC=1; restart it ``restart_delay`` seconds after
     each exit with 0; return its status otherwise (128 + signal number when killed). SIGTERM and Ctrl-C (SIGINT)
     to the supervisor are passed on to the child.
 
     The child runs in its own session and process group; whenever it has ended, however it ended, what is left
-    of its group is killed (``reap_process_group``), so no process of a learner outlives it."""
+    of its group is killed (``reap_process_group``), so no process of a learner outlives it.
+
+    With ``config_path`` (``required``: its sections, ``env``: as ``mortal.config.load_config``'s), the config is
+    checked before every restart: a broken one is waited for (``wait_for_config``, every ``retry_interval`` s,
+    a line every ``remind_every`` s) instead of starting a learner that would fail on it, also after a learner
+    that exited with an error while the config is broken; the keys changed since the last start are logged
+    (``mortal.util.config_diff``)."""
     cmd = [sys.executable, script, *argv]
-    env = {**os.environ, IS_SUB_PROC_KEY: '1', SUPERVISOR_PID_KEY: str(os.getpid())}
+    child_env = {**os.environ, IS_SUB_PROC_KEY: '1', SUPERVISOR_PID_KEY: str(os.getpid())}
     child = None
     stopping = False
+    stop_signal = 'SIGINT'  # the name of the signal that asked the supervisor to stop
+    started_with = None  # the config the last learner started with
+
+    def next_config() -> bool:
+        """Wait for a valid config (with ``config_path``) and log what changed; False when a stop came first."""
+        nonlocal started_with
+        if config_path is None:
+            return True
+        config = wait_for_config(config_path, required, env, stop_requested=lambda: stopping,
+                                 retry_interval=retry_interval, remind_every=remind_every)
+        if config is None:
+            return False
+        if started_with is not None:
+            changed = changed_keys(started_with, config)
+            logger.info('config changed since the last start: %s', '; '.join(changed) if changed else 'nothing')
+        started_with = config
+        return True
 
     def forward(signum, frame):
-        nonlocal stopping
+        nonlocal stopping, stop_signal
         stopping = True
+        stop_signal = signal.Signals(signum).name
         if child is not None and child.poll() is None:
             child.send_signal(signum)
 
     previous = signal.signal(signal.SIGTERM, forward)
     try:
         while True:
+            if not next_config():
+                logger.info('stopped on %s while waiting for a valid config: no learner running, nothing '
+                            'discarded', stop_signal)
+                return 0
             # A session of its own: the whole learner (with its loader processes) is one process group to reap.
-            child = subprocess.Popen(cmd, env=env, start_new_session=True)
+            child = subprocess.Popen(cmd, env=child_env, start_new_session=True)
             logger.info('learner started (pid %d)', child.pid)
             while True:
                 try:
@@ -111,13 +198,18 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY) -> int
                     if child.poll() is None:
                         child.send_signal(signal.SIGINT)
             reap_process_group(child.pid)
+            if code != 0 and not stopping and config_path is not None and checked_config(config_path, required, env)[1]:
+                # most likely it failed on the broken config: wait for the fix (next_config) instead of stopping
+                logger.error('learner exited with status %d on a broken config', code)
+                continue
             if code != 0 or stopping:
                 if code < 0:
                     code = 128 - code
                 if stopping:
-                    logger.info('learner stopped on request (status %d)', code)
+                    logger.info('stopped on %s: the learner ended with status %d (its last line says what it '
+                                'kept)', stop_signal, code)
                 else:
-                    logger.info('learner exited with status %d: stopping', code)
+                    logger.error('learner exited with status %d: stopping', code)
                 return code
             logger.info('learner exited normally; restarting in %.0f s', restart_delay)
             try:
@@ -125,7 +217,7 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY) -> int
             except KeyboardInterrupt:
                 stopping = True
             if stopping:  # a SIGTERM/SIGINT in the pause had no child to reach: honour it here
-                logger.info('stop requested between learners: not restarting')
+                logger.info('stopped on %s between learners: not restarting, nothing discarded', stop_signal)
                 return 0
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -1,16 +1,21 @@
 """The TCP front of the server: one request frame and one reply frame per connection, over a ``ReplayStore``.
 
 ``ParamServer`` (a threaded ``socketserver`` server) authenticates each frame header before it reads any
-payload byte, limits the connections still sending their header (``max_pending``) and the payload bytes read or
-handled at once (``ByteBudget``; small frames have a budget of their own), and closes payloads that arrive
-slower than ``payload_min_rate``. ``check_bind_security`` refuses a bind beyond loopback without a token. Logs
-under the logger name ``mortal.server``.
+payload byte. Before that a connection is *unauthenticated*: at most ``max_pending`` of them exist at once (a new
+one closes the oldest), each must deliver its whole header within ``header_timeout``, and a bad MAC or an
+oversized length closes it at once. Without a token a header authenticates when it parses and its length is
+within ``max_frame_size``. Authenticated connections are not counted there, so hostile peers cannot take their
+slots. A payload takes its share of the ``ByteBudget`` (small frames have a budget of their own) only as its bytes
+arrive, and must keep ``payload_min_rate`` over every ``PAYLOAD_WINDOW`` seconds, so a stalled frame holds nothing
+for long. ``check_bind_security`` refuses a bind beyond loopback without a token. Logs under the logger name
+``mortal.server``.
 """
 
 import logging
+import socket
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from socketserver import BaseRequestHandler, ThreadingTCPServer
 from typing import Optional
 
@@ -20,73 +25,139 @@ from mortal.net.replay_store import BadRequest, ReplayStore
 
 logger = logging.getLogger('mortal.server')  # the server's name (log format)
 
-DEFAULT_MAX_PENDING = 64  # connections still sending their header ([online.server] max_pending_connections)
-DISCARD_SECONDS = 30.0  # how long a refused peer may go on sending (so it reads its 'unauthorized' reply)
-DEFAULT_PAYLOAD_MIN_RATE = 128 * 1024  # bytes/s a payload must average ([online.server] payload_min_bytes_per_s)
-PAYLOAD_MIN_SECONDS = 30.0  # every payload gets at least this long, whatever its size
+DEFAULT_MAX_PENDING = 64  # unauthenticated connections at once ([online.server] max_pending_connections)
+DEFAULT_PAYLOAD_MIN_RATE = 128 * 1024  # bytes/s a payload must keep ([online.server] payload_min_bytes_per_s)
+# Seconds over which the payload rate is checked: a stalled sender is closed within two of them.
+PAYLOAD_WINDOW = 2.0
 # Payloads up to this size (every request but submit_replay/submit_param) are read within a budget of their own,
-# SMALL_INFLIGHT_BYTES over all connections, so a stalled big upload never delays them.
+# SMALL_INFLIGHT_BYTES over all connections, so big uploads never delay them.
 SMALL_FRAME_BYTES = 64 * 1024
 SMALL_INFLIGHT_BYTES = 8 * 1024 * 1024
+# Connections refused before authentication are logged one by one up to this many per period, then counted, so
+# a flood of hostile connections cannot fill the disk with log lines.
+REFUSED_LOG_BURST = 10
+REFUSED_LOG_PERIOD = 60.0  # seconds
+
+
+def _closing_reason(ex) -> str:
+    """Why a connection is closed: the protocol's reason, or a socket error's type and message."""
+    return str(ex) if isinstance(ex, wire.ProtocolError) else f'{type(ex).__name__}: {ex}'
 
 
 def _log_closing(peer, ex) -> None:
-    """One warning for a connection closed on a bad frame (the protocol's reason) or a socket error (its type)."""
-    if isinstance(ex, wire.ProtocolError):
-        logger.warning('closing connection from %s: %s', peer, ex)
-    else:
-        logger.warning('closing connection from %s: %s: %s', peer, type(ex).__name__, ex)
+    """One warning for an authenticated connection closed on a bad frame or a socket error."""
+    logger.warning('closing connection from %s: %s', peer, _closing_reason(ex))
 
 
 class ByteBudget:
-    """At most ``limit`` bytes reserved at once over all threads; reservations are served in arrival order."""
+    """At most ``limit`` bytes reserved at once over all threads, by frames that take them as their bytes arrive.
+
+    Requests are served in arrival order, those of frames that already hold bytes before those of new frames, so
+    a frame once started is not starved by newcomers. Frames that together need more than the limit could wait on
+    each other for ever: when every frame holding bytes waits for more and the first in line does not fit, the
+    one holding least is refused at once (its connection closes and its peer retries)."""
 
     def __init__(self, limit: int):
         self.limit = int(limit)
         self.used = 0
+        self.holders = 0  # frames holding bytes
         self._cond = threading.Condition()
-        self._queue = deque()
+        self._queues = (deque(), deque())  # tickets [size, held] of (frames holding bytes, new frames)
 
-    def acquire(self, size: int, timeout: float) -> bool:
-        """Reserve ``size`` bytes, waiting up to ``timeout`` seconds; False (nothing reserved) on timeout or when
-        ``size`` exceeds the limit."""
+    def acquire(self, size: int, timeout: float, held: int = 0) -> bool:
+        """Reserve ``size`` bytes, waiting up to ``timeout`` seconds; False (nothing reserved) on timeout, when
+        ``size`` exceeds the limit, or when this frame is refused to end a deadlock. ``held``: bytes the caller
+        already holds in this budget (0 for a new frame)."""
         if size > self.limit:
             return False
         with self._cond:
-            ticket = object()
-            self._queue.append(ticket)
-            ok = self._cond.wait_for(lambda: self._queue[0] is ticket and self.used + size <= self.limit, timeout)
-            self._queue.remove(ticket)
-            if ok:
+            ticket = [size, held]
+            queue = self._queues[0 if held else 1]
+            queue.append(ticket)
+            self._cond.notify_all()  # a new waiter may complete a deadlock
+            end = time.monotonic() + timeout
+            granted = False
+            while True:
+                head = self._queues[0][0] if self._queues[0] else self._queues[1][0]
+                if head is ticket and self.used + size <= self.limit:
+                    granted = True
+                    break
+                left = end - time.monotonic()
+                if left <= 0 or (held and self._deadlock_victim() is ticket):
+                    break
+                self._cond.wait(left)
+            queue.remove(ticket)
+            if granted:
                 self.used += size
+                self.holders += not held
             self._cond.notify_all()
-            return ok
+            return granted
 
-    def release(self, size: int) -> None:
-        """Give back ``size`` bytes reserved by ``acquire``."""
+    def _deadlock_victim(self):
+        """The ticket to refuse when every holder waits for more and the first in line does not fit, else None
+        (a holder that is reading or being handled will give its bytes back)."""
+        more = self._queues[0]
+        if not more or len(more) < self.holders or self.used + more[0][0] <= self.limit:
+            return None
+        return min(reversed(more), key=lambda t: t[1])  # the least held; of equals, the newest
+
+    def release(self, size: int, held: int = 0) -> None:
+        """Give back ``size`` bytes reserved by ``acquire``; ``held``: what the frame still holds after it."""
         with self._cond:
             self.used -= size
+            self.holders -= not held
             self._cond.notify_all()
+
+
+class Reservation:
+    """The bytes of one payload held in a ``ByteBudget``, taken as they arrive (``take``/``give`` are
+    ``wire.recv_payload_paced``'s callbacks). A frame waits at most ``wait`` seconds for each part; it holds no
+    more memory meanwhile, and its pace is not checked."""
+
+    def __init__(self, budget: ByteBudget, wait: float):
+        self.budget = budget
+        self.wait = wait
+        self.held = 0
+
+    def take(self, size: int) -> None:
+        """Reserve ``size`` more bytes; ProtocolError (naming the limit) when they are refused."""
+        if not self.budget.acquire(size, self.wait, held=self.held):
+            raise wire.ProtocolError(f'its payload did not fit in max_inflight_bytes = {self.budget.limit} '
+                                     f'({self.held} bytes read, {self.budget.holders} frames holding '
+                                     f'{self.budget.used} bytes)')
+        self.held += size
+
+    def give(self, size: int) -> None:
+        """Give back ``size`` of the bytes taken."""
+        if size:
+            self.held -= size
+            self.budget.release(size, held=self.held)
+
+    def give_all(self) -> None:
+        """Give back every byte still held."""
+        self.give(self.held)
 
 
 class Handler(BaseRequestHandler):
     """One connection = one request frame and one reply frame.
 
     The header (78 bytes, within ``header_timeout``) is authenticated before any payload byte is read; the
-    payload is read only once its length fits in the server's ``inflight`` budget."""
+    payload's bytes are then held in the server's budget as they arrive."""
 
     def handle(self):
         srv: ParamServer = self.server
-        self.in_header_phase = True
+        self.unauthenticated = True
         try:
             self._serve(srv, '%s:%s' % self.client_address[:2], self.request)
         finally:
-            self._leave_header_phase(srv)
+            self._leave_unauthenticated(srv)
 
-    def _leave_header_phase(self, srv):
-        if self.in_header_phase:
-            self.in_header_phase = False
-            srv.leave_header_phase()
+    def _leave_unauthenticated(self, srv) -> bool:
+        """Leave the unauthenticated set (once); False when the server had closed this connection meanwhile."""
+        if not self.unauthenticated:
+            return True
+        self.unauthenticated = False
+        return srv.leave_unauthenticated(self.request)
 
     def _serve(self, srv, peer, sock):
         sock.settimeout(srv.timeout)
@@ -96,42 +167,38 @@ class Handler(BaseRequestHandler):
         except wire.PeerClosed:
             return
         except wire.FrameTooLarge as ex:
-            logger.warning('closing connection from %s: %s', peer, ex)
+            if not self._leave_unauthenticated(srv):
+                return  # closed to admit a newer connection: nothing to say
+            srv.log_refused(peer, str(ex))
             if ex.header.authentic(srv.token):  # tell an authentic sender why, or it retries the frame forever
                 reason = (f'frame of {ex.header.length} bytes exceeds the server\'s [online.server] max_frame_bytes '
                           f'= {ex.limit}')
                 self._reply(sock, peer, {'status': wire.STATUS_BAD_REQUEST, 'reason': reason})
-                wire.discard(sock, ex.header.length, deadline=time.monotonic() + min(DISCARD_SECONDS, srv.timeout))
-            return
+            return  # closed at once: the reply stays readable for the peer after the reset
         except (wire.ProtocolError, OSError) as ex:
-            _log_closing(peer, ex)
+            if self._leave_unauthenticated(srv):
+                srv.log_refused(peer, _closing_reason(ex))
+            return
+        if not self._leave_unauthenticated(srv):
             return
         if not header.authentic(srv.token):
-            logger.warning('closing connection from %s: missing or wrong token', peer)
+            srv.log_refused(peer, 'missing or wrong token')
             self._reply(sock, peer, {'status': wire.STATUS_UNAUTHORIZED, 'reason': 'missing or wrong token'})
-            # let the peer finish sending so that it reads the reply instead of a reset; nothing is kept
-            wire.discard(sock, header.length, deadline=time.monotonic() + min(DISCARD_SECONDS, srv.timeout))
-            return
-        self._leave_header_phase(srv)
+            return  # closed at once: nothing it sends next is read
         # Small frames (get_param, drain, ...) have a budget of their own: they never wait behind big uploads.
         budget = srv.small_inflight if header.length <= SMALL_FRAME_BYTES else srv.inflight
-        if not budget.acquire(header.length, srv.timeout):
-            logger.warning('closing connection from %s: its %d payload bytes did not fit in max_inflight_bytes = %d '
-                           'within %.0f s', peer, header.length, budget.limit, srv.timeout)
-            return
+        held = Reservation(budget, wait=srv.timeout)
         try:
             try:
-                # the whole payload must arrive at payload_min_bytes_per_s: a trickling sender cannot hold its
-                # share of the budget for long
-                deadline = time.monotonic() + srv.payload_seconds(header.length)
-                msg = wire.recv_payload(sock, header, deadline=deadline)
+                msg = wire.recv_payload_paced(sock, header, min_rate=srv.payload_min_rate, window=PAYLOAD_WINDOW,
+                                              take=held.take, give=held.give)
             except (wire.ProtocolError, OSError) as ex:
                 _log_closing(peer, ex)
                 return
             reply = self._dispatch(srv, peer, msg)
             del msg  # free the payload before the budget is given back
         finally:
-            budget.release(header.length)
+            held.give_all()
         self._reply(sock, peer, reply)
 
     @staticmethod
@@ -152,15 +219,19 @@ class Handler(BaseRequestHandler):
             logger.warning('could not reply to %s: %s', peer, ex)
 
 
+TRAINER_QUIET_SECONDS = 60.0  # no drain for this long with a full buffer: a line saying that the clients wait
+
+
 class ParamServer(ThreadingTCPServer):
     """Threaded TCP server around a ReplayStore. Bind errors propagate; per-connection errors are logged.
 
     token: shared secret (None = none, loopback only); max_frame_size: largest payload, bytes; timeout: seconds
-    of socket silence; max_pending: connections allowed to be sending their header at once (more are closed at
-    once); max_inflight_bytes: payload bytes read or being handled at once over all connections (None or 0 =
-    max_frame_size; ValueError when below it); header_timeout: seconds for a whole header to arrive;
-    payload_min_rate: bytes/s a payload must average (it is closed after ``payload_seconds(length)``). Payloads
-    of at most ``SMALL_FRAME_BYTES`` are read within a separate budget of ``SMALL_INFLIGHT_BYTES``.
+    of socket silence (and the longest wait of a new payload for the budget); max_pending: unauthenticated
+    connections at once (a new one beyond it closes the oldest); max_inflight_bytes: payload bytes read or being
+    handled at once over all connections (None or 0 = max_frame_size; ValueError when below it); header_timeout:
+    seconds for a whole header to arrive; payload_min_rate: bytes/s a payload must keep over every
+    ``PAYLOAD_WINDOW`` seconds. Payloads of at most ``SMALL_FRAME_BYTES`` are read within a separate budget of
+    ``SMALL_INFLIGHT_BYTES``.
     """
 
     allow_reuse_address = True
@@ -188,44 +259,101 @@ class ParamServer(ThreadingTCPServer):
         self.inflight = ByteBudget(max_inflight_bytes or max_frame_size)
         self.small_inflight = ByteBudget(SMALL_INFLIGHT_BYTES)
         self.payload_min_rate = int(payload_min_rate)
-        self.pending = 0  # connections in their header phase (pending_lock)
-        self.refused = 0  # connections closed for want of a slot since the last "accepting again" (pending_lock)
+        # unauthenticated connections, oldest first (pending_lock); a socket closed to admit a newer one leaves it
+        self.unauthenticated = OrderedDict()
+        self.evicted = 0  # connections closed to admit newer ones since the last "no longer full" (pending_lock)
         self.pending_lock = threading.Lock()
+        self.refused_logged = 0  # refusals logged in this period (log_lock)
+        self.refused_quiet = 0  # refusals counted but not logged in this period (log_lock)
+        self.refused_last = ''  # the reason of the last quiet one (log_lock)
+        self.refused_period_end = 0.0  # time.monotonic() (log_lock)
+        self.log_lock = threading.Lock()
+        self.wait_said = None  # when service_actions last said that clients wait for a drain
+        self.clock = time.monotonic
         super().__init__(address, Handler)
 
-    def payload_seconds(self, length: int) -> float:
-        """Seconds allowed for a whole payload of ``length`` bytes to arrive: ``PAYLOAD_MIN_SECONDS`` plus its
-        length at ``payload_min_rate`` bytes/s."""
-        return PAYLOAD_MIN_SECONDS + length / self.payload_min_rate
+    @property
+    def pending(self) -> int:
+        """Unauthenticated connections now."""
+        return len(self.unauthenticated)
+
+    def service_actions(self):
+        """Between two polls of ``serve_forever``: log the count of unlogged refusals once their period is over;
+        and while the buffer is full and the trainer has not drained it for ``TRAINER_QUIET_SECONDS`` (it is
+        stopped, or its supervisor waits for a valid config), a WARNING at most that often saying that the clients
+        wait."""
+        super().service_actions()
+        with self.log_lock:
+            self._end_refused_period(time.monotonic())
+        now = self.clock()
+        quiet = now - self.store.last_drain
+        said_lately = self.wait_said is not None and now - self.wait_said < TRAINER_QUIET_SECONDS
+        if quiet < TRAINER_QUIET_SECONDS or said_lately:
+            return
+        buffered = self.store.buffered()
+        if buffered < self.store.capacity:
+            return
+        self.wait_said = now
+        logger.warning('no drain for %.0f min and the buffer is full (%d logs, capacity %d): the clients wait until '
+                       'the trainer drains it (is it running? its log says why)', quiet / 60, buffered,
+                       self.store.capacity)
 
     def process_request(self, request, client_address):
-        """Start a handler thread, or close the connection at once when ``max_pending`` connections are still
-        sending their header (logged when that starts and when it ends, not per connection)."""
+        """Start a handler thread for a new (unauthenticated) connection; when ``max_pending`` are already
+        unauthenticated, first close the oldest of them (logged when that starts and when it ends, not per
+        connection): a real peer authenticates within a round trip, so it is never the oldest for long."""
         with self.pending_lock:
-            full = self.pending >= self.max_pending
-            if full:
-                self.refused += 1
-                if self.refused == 1:
-                    logger.warning('%d connections are still sending their frame header: closing new '
-                                   'connections until some finish', self.pending)
-            else:
-                self.pending += 1
-        if full:
-            self.shutdown_request(request)
-            return
+            if len(self.unauthenticated) >= self.max_pending:
+                oldest, _ = self.unauthenticated.popitem(last=False)
+                self.evicted += 1
+                if self.evicted == 1:
+                    logger.warning('%d connections are still sending their frame header: closing the oldest to '
+                                   'admit new ones', self.max_pending)
+                # under the lock: its handler cannot have closed it (leave_unauthenticated takes the lock first)
+                try:
+                    oldest.shutdown(socket.SHUT_RDWR)  # its handler's recv returns at once
+                except OSError:
+                    pass
+            self.unauthenticated[request] = None
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self.leave_header_phase()
+            self.leave_unauthenticated(request)
             raise
 
-    def leave_header_phase(self) -> None:
-        """A connection left its header phase (authenticated, refused or closed): free its slot."""
+    def leave_unauthenticated(self, request) -> bool:
+        """A connection authenticated, was refused or closed: free its slot. False when it had been closed to
+        admit a newer connection (its handler then drops it without a word)."""
         with self.pending_lock:
-            self.pending -= 1
-            if self.refused and self.pending <= self.max_pending // 2:
-                logger.info('accepting new connections again (%d closed meanwhile)', self.refused)
-                self.refused = 0
+            present = request in self.unauthenticated
+            self.unauthenticated.pop(request, None)
+            if self.evicted and len(self.unauthenticated) <= self.max_pending // 2:
+                logger.info('accepting new connections again (%d oldest closed meanwhile)', self.evicted)
+                self.evicted = 0
+            return present
+
+    def log_refused(self, peer: str, reason: str) -> None:
+        """Log a connection closed before authentication (a bad header, a wrong token, an oversized frame): one
+        warning each up to ``REFUSED_LOG_BURST`` per ``REFUSED_LOG_PERIOD`` s, then one count at the period's
+        end."""
+        with self.log_lock:
+            self._end_refused_period(time.monotonic())
+            if self.refused_logged < REFUSED_LOG_BURST:
+                self.refused_logged += 1
+                logger.warning('closing connection from %s: %s', peer, reason)
+            else:
+                self.refused_quiet += 1
+                self.refused_last = reason
+
+    def _end_refused_period(self, now: float) -> None:
+        # log_lock held
+        if now < self.refused_period_end:
+            return
+        if self.refused_quiet:
+            logger.warning('closed %d more connections before authentication in the last %.0f s (the last: %s)',
+                           self.refused_quiet, REFUSED_LOG_PERIOD, self.refused_last)
+        self.refused_logged = self.refused_quiet = 0
+        self.refused_period_end = now + REFUSED_LOG_PERIOD
 
     def handle_error(self, request, client_address):
         logger.exception('unexpected error while serving %s', client_address)

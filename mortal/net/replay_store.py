@@ -17,6 +17,7 @@ import re
 import secrets
 import shutil
 import threading
+import time
 import zlib
 from collections import OrderedDict
 from os import path
@@ -121,6 +122,14 @@ def _field(msg: dict, key: str, types, *, default=...):
     return value
 
 
+def _learner_id(msg: dict) -> Optional[str]:
+    """submit_param's optional 'learner' (None when absent); BadRequest when it is not a short string."""
+    learner = _field(msg, 'learner', (str, type(None)), default=None)
+    if learner is not None and not 0 < len(learner) <= MAX_LEARNER_ID:
+        raise BadRequest(f"field 'learner' must be 1-{MAX_LEARNER_ID} characters, got {len(learner)}")
+    return learner
+
+
 def play_settings_of(msg: dict) -> dict:
     """``wire.check_play_settings`` of a submit_param request; BadRequest instead of its ValueError."""
     try:
@@ -129,11 +138,19 @@ def play_settings_of(msg: dict) -> dict:
         raise BadRequest(str(ex)) from None
 
 
+# Seconds after its last submit_param during which a learner's run counts as live: another run's submit_param is
+# refused meanwhile. A learner submits every submit_every steps and at each drained epoch's end; its restarts keep
+# the run (the same host and state file), so this only delays a deliberate switch to another learner.
+LEARNER_LIVENESS = 600.0
+MAX_LEARNER_ID = 1024  # characters of submit_param's 'learner' (it is logged and sent back)
+
+
 class ParamStore:
     """The served half of ``ReplayStore``: the parameters, their versions and play settings, and the trainer's
-    baseline, all under ``param_lock``. ``server_id`` and ``force_sequential`` are set by ``ReplayStore``."""
+    baseline, all under ``param_lock``. ``server_id`` and ``force_sequential`` are set by ``ReplayStore``.
+    ``learner_liveness``: seconds a learner's run counts as live after its last submit_param."""
 
-    def __init__(self):
+    def __init__(self, learner_liveness: float = LEARNER_LIVENESS):
         self.param_lock = threading.Lock()
         # protected by param_lock
         self.mortal_param: Optional[bytes] = None
@@ -143,6 +160,9 @@ class ParamStore:
         self.idle_param_version = 0
         self.play_settings = dict(wire.DEFAULT_PLAY_SETTINGS)  # what travels with the parameters to the clients
         self.baseline: Optional[dict] = None  # the last submit_baseline's fields (get_baseline's reply)
+        self.learner_liveness = float(learner_liveness)
+        self.learner: Optional[str] = None  # the run of the last learner that sent one, and when (monotonic)
+        self.learner_seen = 0.0
 
     def _param_reply(self, client_version: int) -> dict:
         """``get_param``'s reply once the buffer has room (``client_version`` already UNKNOWN_VERSION when it is
@@ -163,8 +183,12 @@ class ParamStore:
             }
 
     def submit_param(self, mortal: bytes, dqn: bytes, is_idle: bool, *, arch_change: bool = False,
-                     settings: Optional[dict] = None) -> dict:
+                     settings: Optional[dict] = None, learner: Optional[str] = None) -> dict:
         """Replace the served parameters (safetensors bytes, checked to parse) and bump the version.
+
+        ``learner`` (the learner's run; None from a peer that sends none, accepted as before): refused with
+        'another learner is live' while the parameters of another run were submitted less than
+        ``learner_liveness`` seconds ago, so that two learners never feed one server.
 
         Raises ProtocolError (not safetensors) or BadRequest: an empty state dict, or key names/dtypes/shapes
         other than those of the first accepted submission (naming the first differing key and both shapes)
@@ -176,6 +200,16 @@ class ParamStore:
             if not entries:
                 raise BadRequest(f'field {field!r} is an empty state dict')
         with self.param_lock:
+            now = time.monotonic()
+            age = now - self.learner_seen
+            if learner is not None and self.learner not in (None, learner) and age < self.learner_liveness:
+                logger.warning('refused the parameters of learner %s: learner %s submitted %.0f s ago', learner,
+                               self.learner, age)
+                return {'status': wire.STATUS_OTHER_LEARNER, 'reason': (
+                    f'learner {self.learner} submitted parameters {age:.0f} s ago, and this server takes one '
+                    f'learner at a time (this one is {learner}): stop one of them, or point this one at its own '
+                    f'server ([online.remote] port); if that learner has ended, start this one again in '
+                    f'{self.learner_liveness - age:.0f} s or restart the server')}
             if self.param_signature is not None:
                 for field, entries in sig.items():
                     diff = signature_difference(self.param_signature[field], entries)
@@ -187,6 +221,10 @@ class ParamStore:
                             '(send arch_change = true to change the architecture on purpose, or restart the '
                             'server)')
                     logger.warning('architecture change accepted (arch_change): %s: %s', field, diff)
+            if learner is not None:
+                if self.learner not in (None, learner):
+                    logger.info('learner %s takes over from %s (silent for %.0f s)', learner, self.learner, age)
+                self.learner, self.learner_seen = learner, now
             self.param_signature = sig
             self.mortal_param = mortal
             self.dqn_param = dqn
@@ -248,6 +286,7 @@ class LogBuffer:
         self.submission_id = 0
         self.reported_strays = set()
         self.storage_state = {}  # operation -> (errno, exception type) of its current failure; absent when fine
+        self.last_drain = time.monotonic()  # when the trainer last asked for a drain (or the store was made)
 
     def reset_dirs(self) -> None:
         """Empty buffer_dir and drain_dir, creating them when missing (logged), as Mortal's server does at start."""
@@ -259,6 +298,11 @@ class LogBuffer:
             self.buffer.clear()
             self.drained.clear()
             self.pending.clear()
+
+    def buffered(self) -> int:
+        """Logs in the buffer, those of a failed drain (``pending``) included."""
+        with self.dir_lock:
+            return len(self.buffer) + len(self.pending)
 
     def _overflow(self) -> bool:
         """Whether the buffered logs (``pending`` included) reached ``capacity``: clients get no parameters."""
@@ -386,11 +430,12 @@ class ReplayStore(ParamStore, LogBuffer):
     the trainer drains only full buffers. Methods take/return the request/reply maps of ``mortal/net/wire.py``.
     """
 
-    def __init__(self, buffer_dir: str, drain_dir: str, capacity: int, force_sequential: bool = False):
+    def __init__(self, buffer_dir: str, drain_dir: str, capacity: int, force_sequential: bool = False, *,
+                 learner_liveness: float = LEARNER_LIVENESS):
         self.force_sequential = bool(force_sequential)
         self.server_id = secrets.token_hex(8)
         LogBuffer.__init__(self, buffer_dir, drain_dir, capacity)
-        ParamStore.__init__(self)
+        ParamStore.__init__(self, learner_liveness)
 
     # -- requests --------------------------------------------------------------------------------------------
 
@@ -415,6 +460,7 @@ class ReplayStore(ParamStore, LogBuffer):
                 _field(msg, 'is_idle', bool, default=False),
                 arch_change=_field(msg, 'arch_change', bool, default=False),
                 settings=play_settings_of(msg),
+                learner=_learner_id(msg),
             )
         if kind == 'drain':
             return self.drain()
@@ -439,6 +485,7 @@ class ReplayStore(ParamStore, LogBuffer):
 
         A disk failure midway answers ``{'status': 'error', 'reason': ...}``: each log is then either still in
         buffer_dir or already in drain_dir, and the next drain delivers both kinds exactly once."""
+        self.last_drain = time.monotonic()
         with self.param_lock:
             current = self.param_version
             has_param = self.mortal_param is not None

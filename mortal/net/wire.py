@@ -20,13 +20,15 @@ Requests (client/trainer -> server):
     {'type': 'submit_replay', 'logs': {name: gz bytes}, 'param_version': int, 'server_id': str|None}
     {'type': 'submit_param', 'mortal': bytes, 'dqn': bytes, 'is_idle': bool, 'arch_change': bool (optional),
      'steps': int, 'epsilon_factor': float, 'temp_factor': float, 'baseline_version': int (optional, all four;
-     handed to clients in get_param's 'ok' reply)}
+     handed to clients in get_param's 'ok' reply), 'learner': str (optional: the learner's run, refused
+     'another learner is live' while another run's learner submitted within the server's liveness window)}
     {'type': 'drain'}
     {'type': 'submit_baseline', 'mortal': bytes, 'dqn': bytes, 'arch': {'version': int, 'conv_channels': int,
      'num_blocks': int}, 'baseline_version': int, 'baseline_digest': str}   (the trainer's [baseline.train])
     {'type': 'get_baseline'}   (a client without that baseline; get_param's 'ok' reply names its digest)
 Replies (server -> peer) always carry ``status``: 'ok', 'samples overflow', 'empty param', 'trainer is busy',
-'empty baseline' (get_baseline before the trainer submitted one),
+'empty baseline' (get_baseline before the trainer submitted one), 'another learner is live' (submit_param;
+``reason`` names the live one),
 'unauthorized', 'bad request' (retrying cannot help; ``reason`` says why) or 'error' (the server could not do it,
 e.g. an unwritable ``buffer_dir``; ``reason`` says why; retrying may help). See ``mortal/server.py`` for the
 fields of each 'ok' reply.
@@ -61,7 +63,9 @@ HEADER_SIZE = PREFIX.size + REST.size  # 78 bytes
 MAC_SIZE = 32
 DEFAULT_MAX_FRAME_SIZE = DEFAULT_MAX_FRAME_BYTES  # largest frame, bytes: [online.server] max_frame_bytes default
 DEFAULT_TIMEOUT = 300.0  # seconds of silence on a socket before giving up on the peer
-HEADER_TIMEOUT = 10.0  # seconds a server waits for a whole header (a peer cannot hold a slot byte by byte)
+# Seconds a server waits for a whole header: a peer cannot hold an unauthenticated slot byte by byte. A real peer
+# sends its 78 bytes right after connecting, so they arrive within a round trip or two.
+HEADER_TIMEOUT = 5.0
 RECV_CHUNK = 1 << 20
 RETRY_INTERVAL = 3.0  # seconds, as Mortal's client loop
 
@@ -75,6 +79,7 @@ STATUS_EMPTY_BASELINE = 'empty baseline'
 STATUS_UNAUTHORIZED = 'unauthorized'
 STATUS_BAD_REQUEST = 'bad request'
 STATUS_ERROR = 'error'
+STATUS_OTHER_LEARNER = 'another learner is live'  # submit_param of a second learner (mortal.net.replay_store)
 
 
 # submit_param's optional play settings (mortal.train.Trainer.play_settings), handed to clients by get_param,
@@ -315,6 +320,68 @@ def recv_payload(sock: socket.socket, header: FrameHeader, *, deadline: Optional
     return decode_payload(payload)
 
 
+def recv_payload_paced(sock: socket.socket, header: FrameHeader, *, min_rate: int, window: float,
+                       take: Callable[[int], Any], give: Callable[[int], Any]) -> dict:
+    """Read the payload announced by ``header`` as ``recv_payload`` does, holding memory only for bytes that came.
+
+    Pace: in every ``window`` seconds at least ``min(min_rate * window, bytes still due)`` bytes must arrive
+    (``min_rate`` in bytes/s), checked at each window's end, so a stalled or trickling sender is closed within two
+    windows whatever length it declared. Budget: before each read the reader calls ``take(n)`` (n <= 1 MiB, the
+    bytes it may read next; it may wait, and raises to refuse) and ``give(k)`` for what that read did not use, so
+    a sender that declared a large frame and went silent holds nothing. Time spent in ``take`` does not count
+    against the pace. On success the whole ``header.length`` is still taken: the caller gives it back once the
+    message is handled; on an exception the caller gives back what was taken.
+    Raises ProtocolError (stalled, truncated, digest mismatch, undecodable), OSError from the socket, and
+    whatever ``take`` raises.
+    """
+    hasher = hashlib.sha256()
+    buf = bytearray()
+    length = header.length
+    timeout = sock.gettimeout()
+    window_end = time.monotonic() + window
+    window_from = 0  # bytes received when the current window began
+    try:
+        while len(buf) < length:
+            now = time.monotonic()
+            if now >= window_end:
+                due = min(min_rate * window, length - window_from)
+                if len(buf) - window_from < due:
+                    raise ProtocolError(
+                        f'payload stalled: {len(buf) - window_from} bytes in the last {window:g} s, below '
+                        f'[online.server] payload_min_bytes_per_s = {min_rate} ({len(buf)} of {length} bytes)')
+                window_from, window_end = len(buf), now + window
+                continue
+            sock.settimeout(window_end - now)
+            try:
+                ready = sock.recv(1, socket.MSG_PEEK)  # wait for data before taking any budget for it
+            except socket.timeout:
+                continue  # the window's check above decides
+            if not ready:
+                raise ProtocolError(f'truncated frame: connection closed after {len(buf)} of {length} payload '
+                                    'bytes')
+            size = min(length - len(buf), RECV_CHUNK)
+            started = time.monotonic()
+            take(size)
+            window_end += time.monotonic() - started  # waiting for the budget is not the sender's fault
+            try:
+                chunk = sock.recv(size)  # data is there: returns at once
+            except BaseException:
+                give(size)
+                raise
+            give(size - len(chunk))
+            if not chunk:
+                raise ProtocolError(f'truncated frame: connection closed after {len(buf)} of {length} payload '
+                                    'bytes')
+            buf += chunk
+            hasher.update(chunk)
+            del chunk
+    finally:
+        sock.settimeout(timeout)
+    if not hmac.compare_digest(hasher.digest(), header.digest):
+        raise ProtocolError('payload does not match the SHA-256 digest in its header (corrupted in transit?)')
+    return decode_payload(buf)
+
+
 def discard(sock: socket.socket, size: int, *, deadline: float) -> int:
     """Read and drop up to ``size`` bytes (in a fixed 64 KiB buffer) until the peer stops or ``deadline``
     (``time.monotonic()``) passes; returns the bytes dropped. Never raises for socket errors."""
@@ -427,8 +494,8 @@ class Remote:
     def request(self, msg: dict) -> dict:
         """Open a connection, send ``msg`` in a frame signed with the token, return the reply map.
 
-        Raises OSError (server down, reset, timeout), ProtocolError (bad reply), RequestRefused on 'unauthorized'
-        or 'bad request' (retrying cannot help).
+        Raises OSError (server down, reset, timeout), ProtocolError (bad reply), RequestRefused on 'unauthorized',
+        'bad request' or 'another learner is live' (retrying cannot help).
         """
         with socket.create_connection((self.host, self.port), timeout=self.timeout) as sock:
             try:
@@ -446,7 +513,7 @@ class Remote:
                 except PeerClosed:
                     raise ProtocolError('server closed the connection without a reply') from None
         status = reply.get('status')
-        if status in (STATUS_UNAUTHORIZED, STATUS_BAD_REQUEST):
+        if status in (STATUS_UNAUTHORIZED, STATUS_BAD_REQUEST, STATUS_OTHER_LEARNER):
             raise RequestRefused(f'server refused {msg.get("type")!r}: {status}: {reply.get("reason", "")}')
         return reply
 
@@ -459,12 +526,14 @@ def request_with_retry(
     interval: float = RETRY_INTERVAL,
     on_refusal: Optional[Callable[[dict], None]] = None,
     sleep: Callable[[float], Any] = time.sleep,
+    on_wait: Optional[Callable[[], None]] = None,
 ) -> dict:
     """Send ``msg`` until a reply satisfies ``accept``, sleeping ``interval`` seconds between tries.
 
     A server that is down, restarting, or answers with a broken frame is retried (logged once per outage);
     an 'error' reply (e.g. the server cannot write its buffer_dir) is retried, logged once per distinct reason;
-    another refusal (e.g. 'samples overflow') calls ``on_refusal(reply)`` then retries. RequestRefused propagates.
+    another refusal (e.g. 'samples overflow') calls ``on_refusal(reply)`` then retries. ``on_wait()`` is called
+    before every wait, whatever its cause. RequestRefused propagates.
     """
     outage_logged = False
     error_logged = None
@@ -476,7 +545,7 @@ def request_with_retry(
                 logger.warning('server %s:%d unreachable for %r (%s); retrying every %.0f s',
                                remote.host, remote.port, msg.get('type'), ex, interval)
                 outage_logged = True
-            sleep(interval)
+            _wait(on_wait, sleep, interval)
             continue
         if outage_logged:
             logger.info('server %s:%d reachable again', remote.host, remote.port)
@@ -487,7 +556,7 @@ def request_with_retry(
                 logger.warning('server %s:%d could not handle %r: %s; retrying every %.0f s',
                                remote.host, remote.port, msg.get('type'), reason, interval)
                 error_logged = reason
-            sleep(interval)
+            _wait(on_wait, sleep, interval)
             continue
         if error_logged is not None:
             logger.info('server %s:%d handles %r again', remote.host, remote.port, msg.get('type'))
@@ -496,4 +565,10 @@ def request_with_retry(
             return reply
         if on_refusal is not None:
             on_refusal(reply)
-        sleep(interval)
+        _wait(on_wait, sleep, interval)
+
+
+def _wait(on_wait, sleep, interval: float) -> None:
+    if on_wait is not None:
+        on_wait()
+    sleep(interval)

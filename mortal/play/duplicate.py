@@ -25,11 +25,22 @@ Z_95 = 1.959963984540054  # two-sided 95% normal quantile
 SPLITS = 'abcd'  # log-name suffix = challenger seat 0-3
 
 
+MIN_RELIABLE_SETS = 10  # duplicate sets (deals) below which a printed CI says it is unreliable
+
+
+def unreliable_note(sets: int) -> str:
+    """``'unreliable: N sets'`` for a CI computed over ``sets`` < ``MIN_RELIABLE_SETS`` duplicate sets (deals), else
+    ``''``: every printed CI carries it, as a normal interval over a handful of sets is noise (2 identical sets give
+    a zero width)."""
+    return f'unreliable: {sets} sets' if sets < MIN_RELIABLE_SETS else ''
+
+
 @dataclasses.dataclass(frozen=True)
 class DuplicateSummary:
     """Challenger's result over duplicate units (one unit = all games of one nonce).
 
-    ``*_ci`` are half-widths of the 95% interval (mean ± half-width); ``nan`` with fewer than 2 units.
+    ``*_ci`` are half-widths of the 95% interval (mean ± half-width); ``nan`` with fewer than 2 units. Printed, it
+    says ``unreliable: N sets`` under ``MIN_RELIABLE_SETS`` units.
     """
 
     n_units: int
@@ -42,7 +53,13 @@ class DuplicateSummary:
     def __str__(self) -> str:
         return (f'avg rank {self.avg_rank:.4f} ± {self.avg_rank_ci:.4f}, '
                 f'avg pt {self.avg_pt:.3f} ± {self.avg_pt_ci:.3f} '
-                f'(95% CI over {self.n_units} duplicate sets, {self.n_games} games)')
+                f'(95% CI over {self.n_units} duplicate sets, {self.n_games} games{_note(self.n_units)})')
+
+
+def _note(sets: int) -> str:
+    """``unreliable_note`` as the tail of a parenthesis: ``'; unreliable: N sets'`` or ``''``."""
+    note = unreliable_note(sets)
+    return f'; {note}' if note else ''
 
 
 def mean_ci(values: Sequence[float], z: float = Z_95) -> tuple[float, float]:

@@ -19,7 +19,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from mortal.model import inference
+
 ACTION_SPACE = 46
+
+
+def _stacked(arrays):
+    """``(N, ...)`` array of ``arrays``: an array as it is (no copy), else ``np.stack``."""
+    return arrays if isinstance(arrays, np.ndarray) else np.stack(arrays)
 
 
 def sample_top_p(logits: torch.Tensor, p: float,
@@ -102,6 +109,14 @@ class MortalEngine:
         top_p: nucleus mass for exploration draws (``>= 1``: no restriction).
         seed: seed for a private ``torch.Generator`` (reproducible draws); None
             uses torch's global RNG, like Mortal.
+        frozen_cpu: on CPU without AMP, for a non-oracle ``Brain`` + ``DQN``, compute
+            the q-values with ``mortal.model.inference.FrozenQ`` (a frozen copy of the
+            weights: sparse first convolution, folded BatchNorm; the same q-values up
+            to float rounding, docs/performance_forward.md). The copy is rebuilt when
+            the modules' weights are written (``load_state_dict``, an in-place step; not a
+            parameter object swapped for another, ``assign=True``); modules
+            put back into train mode use their own forward. False: always the modules'
+            own forward.
 
     Raises:
         ValueError: ``boltzmann_epsilon`` outside [0, 1], or a non-positive
@@ -113,7 +128,7 @@ class MortalEngine:
     def __init__(self, brain, dqn, *, is_oracle=False, version, device=None,
                  stochastic_latent=False, enable_amp=False, enable_quick_eval=True,
                  enable_rule_based_agari_guard=False, name="NoName",
-                 boltzmann_epsilon=0, boltzmann_temp=1, top_p=1, seed=None):
+                 boltzmann_epsilon=0, boltzmann_temp=1, top_p=1, seed=None, frozen_cpu=True):
         if not 0 <= boltzmann_epsilon <= 1:
             raise ValueError(f"boltzmann_epsilon must be in [0, 1], got {boltzmann_epsilon}")
         if boltzmann_epsilon > 0 and not boltzmann_temp > 0:
@@ -131,6 +146,12 @@ class MortalEngine:
         self.boltzmann_epsilon = boltzmann_epsilon
         self.boltzmann_temp = boltzmann_temp
         self.top_p = top_p
+        # the frozen copy is CPU-only and float32: CUDA (and AMP) keep the modules' own forward
+        self.frozen_cpu = bool(frozen_cpu and self.device.type == "cpu" and not enable_amp and not is_oracle
+                               and inference.supports(self.brain, self.dqn))
+        self._frozen = None
+        self._frozen_key = None
+        self._watched = inference.module_tensors(self.brain, self.dqn) if self.frozen_cpu else []
         self.generator = None
         if seed is not None:
             self.generator = torch.Generator(device=self.device)
@@ -168,12 +189,21 @@ class MortalEngine:
         empty = np.flatnonzero(~masks_np.any(axis=1))
         if empty.size:
             raise ValueError(f"react_batch: sample {int(empty[0])} has no legal action")
+        # the copy holds eval-mode weights: modules switched back to train mode keep their own forward
+        if self.frozen_cpu and invisible_obs is None and not (self.brain.training or self.dqn.training):
+            frozen = self._frozen_model()
+            with torch.inference_mode():
+                mask_t = torch.from_numpy(masks_np)
+                q = self._q_frozen(frozen, obs, mask_t)
+                q = q.masked_fill(~mask_t, -torch.inf)
+                actions, is_greedy = self._select(q, mask_t)
+            return actions.tolist(), q.tolist(), masks_np.tolist(), is_greedy.tolist()
         with torch.inference_mode(), torch.autocast(self.device.type, enabled=self.enable_amp):
-            obs_t = torch.as_tensor(np.stack(obs), dtype=torch.float32, device=self.device)
+            obs_t = torch.as_tensor(_stacked(obs), dtype=torch.float32, device=self.device)
             mask_t = torch.as_tensor(masks_np, device=self.device)
             inv_t = None
             if invisible_obs is not None:
-                inv_t = torch.as_tensor(np.stack(invisible_obs), dtype=torch.float32,
+                inv_t = torch.as_tensor(_stacked(invisible_obs), dtype=torch.float32,
                                         device=self.device)
             q = self._q_values(obs_t, mask_t, inv_t)
             # float32 for sampling and for the log; re-mask so the greedy argmax
@@ -182,18 +212,34 @@ class MortalEngine:
             actions, is_greedy = self._select(q, mask_t)
         return actions.tolist(), q.tolist(), mask_t.tolist(), is_greedy.tolist()
 
+    def _frozen_model(self):
+        """The frozen copy of the current weights: rebuilt when ``brain``/``dqn`` were written since."""
+        key = inference.weights_key(self._watched)
+        if key != self._frozen_key:
+            self._frozen = inference.FrozenQ(self.brain, self.dqn)
+            self._frozen_key = key
+        return self._frozen
+
+    def _q_frozen(self, frozen, obs, masks):
+        if self.version != 1:
+            return frozen.q_values(obs, masks)
+        mu, logsig = frozen.latent(obs)
+        return self._latent_q(mu, logsig, frozen.q_from_features, masks)
+
+    def _latent_q(self, mu, logsig, dqn, masks):
+        """Version 1: ``dqn(latent, masks)`` with the latent ``mu``, or a draw around it (``stochastic_latent``)."""
+        out = mu
+        if self.stochastic_latent:
+            # Normal.sample has no generator argument: draw the noise ourselves.
+            std = logsig.exp() + 1e-6
+            noise = torch.randn(mu.shape, generator=self.generator, device=mu.device, dtype=mu.dtype)
+            out = mu + std * noise
+        return dqn(out, masks)
+
     def _q_values(self, obs, masks, invisible_obs):
         out = self.brain(obs, invisible_obs) if invisible_obs is not None else self.brain(obs)
         if isinstance(out, tuple):  # version 1: (mu, logsig)
-            mu, logsig = out
-            if self.stochastic_latent:
-                # Normal.sample has no generator argument: draw the noise ourselves.
-                std = logsig.exp() + 1e-6
-                noise = torch.randn(mu.shape, generator=self.generator, device=mu.device,
-                                    dtype=mu.dtype)
-                out = mu + std * noise
-            else:
-                out = mu
+            return self._latent_q(*out, self.dqn, masks)
         return self.dqn(out, masks)
 
     def _select(self, q, masks):

@@ -14,6 +14,7 @@ import math
 from typing import Mapping
 
 from mortal.entry import drop_rust_backtrace
+from mortal.play.duplicate import unreliable_note
 
 SEED_START = 10000  # first nonce, as mortal.one_vs_three
 logger = logging.getLogger('mortal.evaluation')
@@ -131,10 +132,12 @@ def summarize(units: Mapping[int, list], reference: Mapping[int, list] | None = 
 
 def format_summary(s: Mapping) -> str:
     """One line: ``2.431 ± 0.040 rank, +5.12 ± 3.10 pt, paired diff -0.069 ± 0.040 (1600 games)``; with ``unpaired``
-    deals (``summarize``), ``(3 deals unpaired)`` before the game count."""
+    deals (``summarize``), ``(3 deals unpaired)`` before the game count; under ``MIN_RELIABLE_SETS`` deals the count
+    says ``unreliable: N sets`` (``(8 games; unreliable: 2 sets)``)."""
     text = f"{s['avg_rank']:.3f} ± {s['avg_rank_ci']:.3f} rank, {s['avg_pt']:+.2f} ± {s['avg_pt_ci']:.2f} pt"
     if 'paired_diff' in s and not math.isnan(s['paired_diff_ci']):
         text += f", paired diff {s['paired_diff']:+.3f} ± {s['paired_diff_ci']:.3f}"
     if s.get('unpaired'):
         text += f" ({s['unpaired']} deals unpaired)"
-    return text + f" ({s['games']} games)"
+    note = unreliable_note(s['deals'])
+    return text + f" ({s['games']} games{'; ' + note if note else ''})"

@@ -1,0 +1,251 @@
+// mortal.model._stem: the first convolution of the Brain, computed from the nonzero inputs only.
+//
+// An encoded observation (C, 34) float32 is about 90% zeros (most rows are 0/1 flags), so the
+// width-3, padding-1 convolution out[o, t] = sum_{c,k} W[o, c, k] * x[c, t + k - 1] costs far less
+// when it walks the nonzero x[c, t] and adds v * W[:, c, k] to out[:, t - k + 1] for k = 0..2 than
+// as a dense product. Every value is used as it is (not only 0/1), so the result is the dense
+// convolution's up to the order of the float additions. Used by mortal.model.inference for CPU
+// inference; training never calls it.
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int kWidth = 34;  // tile columns
+constexpr int kPad = kWidth + 2;  // accumulator positions -1 .. 34; the two ends are dropped
+
+// acc[p * O + o] += v * w[o] for one tap; O is a multiple of 8 on the AVX2 path.
+inline void axpy(float* acc, const float* w, float v, int n_out) {
+    for (int o = 0; o < n_out; ++o) acc[o] += v * w[o];
+}
+
+// Bit t set iff row[t] != 0 (any nonzero bit pattern but -0.0), t < 34.
+inline uint64_t nonzero_bits_scalar(const uint32_t* row) {
+    uint64_t bits = 0;
+    for (int t = 0; t < kWidth; ++t) bits |= static_cast<uint64_t>((row[t] & 0x7FFFFFFFu) != 0) << t;
+    return bits;
+}
+
+// Per input position t, the nonzero channels: y[t] = sum_c x[c, t] * W[c] (3 * O floats, the three taps
+// side by side) is accumulated in registers, 96 floats at a time; then out[:, t] = y[t + 1] tap 0 +
+// y[t] tap 1 + y[t - 1] tap 2. No store-to-load chain through memory, unlike the per-nonzero scatter.
+struct Scratch {
+    std::vector<int32_t> chan;   // (34, C): the nonzero channels of each position
+    std::vector<float> val;      // (34, C): their values
+    std::vector<float> y;        // (34, 3 * O)
+    Scratch(int n_in, int n_out)
+        : chan(static_cast<size_t>(kWidth) * n_in), val(static_cast<size_t>(kWidth) * n_in),
+          y(static_cast<size_t>(kWidth) * 3 * n_out) {}
+};
+
+// One sample without SIMD: x (C, 34), w (C, 3, O), out (O, 34); the nonzero x[c, t] scattered into the
+// outputs (acc: positions -1 .. 34, the two ends dropped).
+void stem_scalar(const float* x, const float* w, float* out, Scratch& s, int n_in, int n_out) {
+    float* acc = s.y.data();  // at least kPad * O floats
+    std::memset(acc, 0, sizeof(float) * kPad * n_out);
+    for (int c = 0; c < n_in; ++c) {
+        const float* row = x + static_cast<size_t>(c) * kWidth;
+        uint64_t bits = nonzero_bits_scalar(reinterpret_cast<const uint32_t*>(row));
+        const float* wc = w + static_cast<size_t>(c) * 3 * n_out;
+        while (bits) {
+            const int t = __builtin_ctzll(bits);
+            bits &= bits - 1;
+            const float v = row[t];
+            // tap k sends x[c, t] to output t - k + 1, accumulator position t - k + 2
+            for (int k = 0; k < 3; ++k) axpy(acc + (t - k + 2) * n_out, wc + k * n_out, v, n_out);
+        }
+    }
+    for (int o = 0; o < n_out; ++o)
+        for (int t = 0; t < kWidth; ++t) out[o * kWidth + t] = acc[(t + 1) * n_out + o];
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define MORTAL_STEM_AVX2 1
+__attribute__((target("avx2,fma"))) inline uint64_t nonzero_bits_avx2(const float* row) {
+    const __m256i abs_mask = _mm256_set1_epi32(0x7FFFFFFF);
+    const __m256i zero = _mm256_setzero_si256();
+    uint64_t bits = 0;
+    for (int j = 0; j < 32; j += 8) {
+        const __m256i v = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + j)), abs_mask);
+        const unsigned is_zero = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(v, zero))));
+        bits |= static_cast<uint64_t>(~is_zero & 0xFFu) << j;
+    }
+    const uint32_t* u = reinterpret_cast<const uint32_t*>(row);
+    bits |= static_cast<uint64_t>((u[32] & 0x7FFFFFFFu) != 0) << 32 | static_cast<uint64_t>((u[33] & 0x7FFFFFFFu) != 0) << 33;
+    return bits;
+}
+
+__attribute__((target("avx2,fma"))) void stem_avx2(const float* x, const float* w, float* out, Scratch& s, int n_in,
+                                                   int n_out) {
+    int count[kWidth] = {0};
+    int32_t* chan = s.chan.data();
+    float* val = s.val.data();
+    for (int c = 0; c < n_in; ++c) {
+        const float* row = x + static_cast<size_t>(c) * kWidth;
+        uint64_t bits = nonzero_bits_avx2(row);
+        while (bits) {
+            const int t = __builtin_ctzll(bits);
+            bits &= bits - 1;
+            const int k = t * n_in + count[t]++;
+            chan[k] = c;
+            val[k] = row[t];
+        }
+    }
+    const int width = 3 * n_out;  // a multiple of 24
+    for (int t = 0; t < kWidth; ++t) {
+        const int32_t* ct = chan + t * n_in;
+        const float* vt = val + t * n_in;
+        float* yt = s.y.data() + static_cast<size_t>(t) * width;
+        int j = 0;
+        for (; j + 96 <= width; j += 96) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
+            __m256 a6 = a0, a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+            for (int i = 0; i < count[t]; ++i) {
+                const float* wr = w + static_cast<size_t>(ct[i]) * width + j;
+                const __m256 v = _mm256_set1_ps(vt[i]);
+                a0 = _mm256_fmadd_ps(v, _mm256_loadu_ps(wr), a0);
+                a1 = _mm256_fmadd_ps(v, _mm256_loadu_ps(wr + 8), a1);
+                a2 = _mm256_fmadd_ps(v, _mm256_loadu_ps(wr + 16), a2);
+                a3 = _mm256_fmadd_ps(v, _mm256_loadu_ps(wr + 24), a3);
+                a4 = _mm256_fmadd_ps(v, _mm256_loadu_ps(wr + 32), a4);
+                a5 = _mm256_fmadd_ps(v, _mm256_loadu_ps(wr + 40), a5);
+                a6 = _mm256_fmadd_ps(v, _mm256_loadu_ps(wr + 48), a6);
+                a7 = _mm256_fmadd_ps(v, _mm256_loadu_ps(wr + 56), a7);
+                a8 = _mm256_fmadd_ps(v, _mm256_loadu_ps(wr + 64), a8);
+                a9 = _mm256_fmadd_ps(v, _mm256_loadu_ps(wr + 72), a9);
+                a10 = _mm256_fmadd_ps(v, _mm256_loadu_ps(wr + 80), a10);
+                a11 = _mm256_fmadd_ps(v, _mm256_loadu_ps(wr + 88), a11);
+            }
+            _mm256_storeu_ps(yt + j, a0);
+            _mm256_storeu_ps(yt + j + 8, a1);
+            _mm256_storeu_ps(yt + j + 16, a2);
+            _mm256_storeu_ps(yt + j + 24, a3);
+            _mm256_storeu_ps(yt + j + 32, a4);
+            _mm256_storeu_ps(yt + j + 40, a5);
+            _mm256_storeu_ps(yt + j + 48, a6);
+            _mm256_storeu_ps(yt + j + 56, a7);
+            _mm256_storeu_ps(yt + j + 64, a8);
+            _mm256_storeu_ps(yt + j + 72, a9);
+            _mm256_storeu_ps(yt + j + 80, a10);
+            _mm256_storeu_ps(yt + j + 88, a11);
+        }
+        for (; j < width; j += 8) {  // the last < 96 floats, 8 at a time
+            __m256 a = _mm256_setzero_ps();
+            for (int i = 0; i < count[t]; ++i)
+                a = _mm256_fmadd_ps(_mm256_set1_ps(vt[i]), _mm256_loadu_ps(w + static_cast<size_t>(ct[i]) * width + j), a);
+            _mm256_storeu_ps(yt + j, a);
+        }
+    }
+    const float* y = s.y.data();
+    for (int o = 0; o < n_out; ++o) {
+        for (int t = 0; t < kWidth; ++t) {
+            float acc = y[t * width + n_out + o];  // tap 1 of position t
+            if (t > 0) acc += y[(t - 1) * width + o];  // tap 0 of position t - 1
+            if (t + 1 < kWidth) acc += y[(t + 1) * width + 2 * n_out + o];  // tap 2 of position t + 1
+            out[o * kWidth + t] = acc;
+        }
+    }
+}
+#endif
+
+using StemFn = void (*)(const float*, const float*, float*, Scratch&, int, int);
+
+StemFn pick(int n_out) {
+#ifdef MORTAL_STEM_AVX2
+    static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (avx2 && n_out % 8 == 0) return stem_avx2;
+#endif
+    return stem_scalar;
+}
+
+bool is_c_float32(const Py_buffer& b) {
+    return b.itemsize == 4 && b.format != nullptr && std::strcmp(b.format, "f") == 0 && PyBuffer_IsContiguous(&b, 'C');
+}
+
+// sparse_stem(obs, weight, out): see the method table.
+PyObject* py_sparse_stem(PyObject*, PyObject* args) {
+    PyObject *obs_seq, *w_obj, *o_obj;
+    Py_buffer wbuf, obuf;
+    int n_in, n_out;
+    if (!PyArg_ParseTuple(args, "OOOii:sparse_stem", &obs_seq, &w_obj, &o_obj, &n_in, &n_out)) return nullptr;
+    if (PyObject_GetBuffer(w_obj, &wbuf, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) return nullptr;
+    if (PyObject_GetBuffer(o_obj, &obuf, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) != 0) {
+        PyBuffer_Release(&wbuf);
+        return nullptr;
+    }
+    PyObject* result = nullptr;
+    std::vector<Py_buffer> views;
+    PyObject* seq = PySequence_Fast(obs_seq, "sparse_stem: obs must be a sequence of (C, 34) float32 arrays");
+    Py_ssize_t n = seq ? PySequence_Fast_GET_SIZE(seq) : 0;
+    const size_t sample = static_cast<size_t>(n_in) * kWidth;
+    if (!seq) {
+        // error set
+    } else if (n_in <= 0 || n_out <= 0) {
+        PyErr_Format(PyExc_ValueError, "sparse_stem: bad sizes C=%d O=%d", n_in, n_out);
+    } else if (!is_c_float32(wbuf) || wbuf.len != static_cast<Py_ssize_t>(sample / kWidth * 3 * n_out * 4)) {
+        PyErr_Format(PyExc_ValueError, "sparse_stem: weight must be contiguous float32 (C=%d, 3, O=%d)", n_in, n_out);
+    } else if (!is_c_float32(obuf) || obuf.len != static_cast<Py_ssize_t>(n) * n_out * kWidth * 4) {
+        PyErr_Format(PyExc_ValueError, "sparse_stem: out must be contiguous float32 (N=%zd, O=%d, 34)", n, n_out);
+    } else {
+        views.reserve(static_cast<size_t>(n));
+        bool ok = true;
+        for (Py_ssize_t i = 0; i < n && ok; ++i) {
+            Py_buffer b;
+            if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, i), &b, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) {
+                ok = false;
+                break;
+            }
+            views.push_back(b);
+            if (!is_c_float32(b) || b.len != static_cast<Py_ssize_t>(sample * 4)) {
+                PyErr_Format(PyExc_ValueError, "sparse_stem: observation %zd must be contiguous float32 (%d, 34)", i,
+                             n_in);
+                ok = false;
+            }
+        }
+        if (ok) {
+            const StemFn fn = pick(n_out);
+            const float* w = static_cast<const float*>(wbuf.buf);
+            float* out = static_cast<float*>(obuf.buf);
+            Scratch scratch(n_in, n_out);
+            Py_BEGIN_ALLOW_THREADS
+            for (Py_ssize_t i = 0; i < n; ++i)
+                fn(static_cast<const float*>(views[static_cast<size_t>(i)].buf), w,
+                   out + static_cast<size_t>(i) * n_out * kWidth, scratch, n_in, n_out);
+            Py_END_ALLOW_THREADS
+            Py_INCREF(Py_None);
+            result = Py_None;
+        }
+    }
+    for (auto& b : views) PyBuffer_Release(&b);
+    Py_XDECREF(seq);
+    PyBuffer_Release(&wbuf);
+    PyBuffer_Release(&obuf);
+    return result;
+}
+
+PyMethodDef kMethods[] = {
+    {"sparse_stem", py_sparse_stem, METH_VARARGS,
+     "sparse_stem(obs, weight, out, C: int, O: int) -> None\n\n"
+     "out[n] = conv1d(obs[n], W, padding=1) for a width-3 convolution without bias, from the nonzero\n"
+     "inputs only. obs: a sequence of N C-contiguous float32 (C, 34) buffers; weight: float32 (C, 3, O)\n"
+     "(W permuted so that each input channel's three taps are adjacent); out: writable float32\n"
+     "(N, O, 34). Runs without the interpreter lock."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef kModule = {
+    PyModuleDef_HEAD_INIT, "_stem", "Sparse first convolution of the Brain for CPU inference (mortal.model.inference).",
+    -1, kMethods, nullptr, nullptr, nullptr, nullptr,
+};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__stem(void) { return PyModule_Create(&kModule); }

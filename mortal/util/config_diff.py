@@ -1,0 +1,45 @@
+"""The keys that differ between two loaded configs (plain nested dicts), as lines a user reads at a restart:
+``[control] test_every 600 -> 300``. Knows nothing of the schema: any nested dict of TOML values will do."""
+
+from __future__ import annotations
+
+
+def flat_keys(table: dict, prefix: tuple = ()) -> dict:
+    """``{(table, ..., key): value}`` of every non-table value of ``table``, tables walked depth first (a list is
+    one value)."""
+    out = {}
+    for name, value in table.items():
+        if isinstance(value, dict):
+            out.update(flat_keys(value, prefix + (str(name),)))
+        else:
+            out[prefix + (str(name),)] = value
+    return out
+
+
+def shown(value) -> str:
+    """A value as TOML writes it, near enough: strings quoted, booleans lower case."""
+    if isinstance(value, bool):
+        return 'true' if value else 'false'
+    if isinstance(value, str):
+        return repr(value)
+    return str(value)
+
+
+def key_name(parts: tuple) -> str:
+    """``('control', 'test_every')`` -> ``[control] test_every``; a top-level key is its bare name."""
+    return f"[{'.'.join(parts[:-1])}] {parts[-1]}" if len(parts) > 1 else parts[0]
+
+
+def changed_keys(old: dict, new: dict) -> list[str]:
+    """One line per key whose value differs between the configs ``old`` and ``new``, in ``new``'s order (then the
+    removed ones): ``[control] test_every 600 -> 300``, ``[guard] keep (unset) -> 3``, ``[guard] keep 3 ->
+    (unset)``. Empty when they hold the same values."""
+    before, after = flat_keys(old), flat_keys(new)
+    lines = []
+    for parts, value in after.items():
+        if parts not in before:
+            lines.append(f'{key_name(parts)} (unset) -> {shown(value)}')
+        elif before[parts] != value or type(before[parts]) is not type(value):
+            lines.append(f'{key_name(parts)} {shown(before[parts])} -> {shown(value)}')
+    lines += [f'{key_name(parts)} {shown(value)} -> (unset)' for parts, value in before.items() if parts not in after]
+    return lines
