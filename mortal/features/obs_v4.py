@@ -140,29 +140,27 @@ def prepare_sp(pairs, threads: int | None = None) -> None:
         enc._sp_cache = (enc.events_seen, scratch[SP_START:].copy())
 
 
-def encode_batch(items, threads: int | None = None, out: np.ndarray | None = None) -> list:
+def encode_batch(items, threads: int | None = None) -> list:
     """Encode many decisions at once; the single-player searches run together.
 
     ``items``: sequence of ``(encoder, state, at_kan_select)`` (a ``V4Encoder``,
     its seat's ``PlayerState``). Returns ``[(obs (1012, 34) float32, mask (46,) bool)]``
     in order. The searches run as ``prepare_sp`` runs them; a decision met twice
-    (main and kan-select pass) or already prepared is not searched again. ``out``: an
-    ``(>= len(items), 1012, 34)`` float32 array; row i's observation is written into ``out[i]``
-    (and returned as that view) instead of a fresh array.
+    (main and kan-select pass) or already prepared is not searched again.
 
     Raises:
         ValueError: an encoder is None or belongs to another seat than its state.
     """
     prepare_sp([(enc, state) for enc, state, _ in items], threads)
-    done = []
-    for i, (enc, state, at_kan_select) in enumerate(items):
+    out = []
+    for enc, state, at_kan_select in items:
         v3, mask = state.encode_obs(3, bool(at_kan_select))
-        obs = np.empty((OBS_CHANNELS_V4, 34), dtype=np.float32) if out is None else out[i]
+        obs = np.empty((OBS_CHANNELS_V4, 34), dtype=np.float32)
         obs[:SP_START] = 0.0
         repack_v3(v3, state.scores, state.honba, state.kyotaku, obs)
         obs[SP_START:] = enc._sp_cache[1]
-        done.append((obs, mask))
-    return done
+        out.append((obs, mask))
+    return out
 
 
 class DeferredSPError(ValueError):

@@ -35,7 +35,7 @@ from mortal.features.action import HORA, KAN, event_to_label, reaction_from_inde
 
 logger = logging.getLogger('mortal.agent')  # the name before the package split (log format)
 
-from mortal.features.obs import check_version, encode as _encode, obs_shape
+from mortal.features.obs import check_version, encode as _encode
 from mortal.features.obs_v4 import encode_batch as encode_v4_batch
 
 # PlayerState.bakaze is a tile id: E=27, S=28, W=29.
@@ -200,10 +200,9 @@ class MortalBatchAgent:
     attrs ``name``, ``version``, ``is_oracle``, ``enable_quick_eval``,
     ``enable_rule_based_agari_guard``; ``react_batch(obs, masks, invisible_obs)``).
 
-    ``react(scenes)`` makes at most one ``react_batch`` call holding every main obs plus every kan-select obs, as
-    one ``(N, C, 34) float32`` array (a view of a buffer the agent reuses: valid during the call only) and N masks
-    ``(46,) bool``; returns one ``Decision`` each. A version-4 engine needs every scene's ``v4`` encoder
-    (``Scene.v4``).
+    ``react(scenes)`` makes at most one ``react_batch`` call holding every main obs
+    ``(C,34) float32`` plus every kan-select obs; returns one ``Decision`` each. A
+    version-4 engine needs every scene's ``v4`` encoder (``Scene.v4``).
 
     ``stateless = True``: a scene's decision depends on that scene only, so the arena may hand it scenes of
     a step that may never happen (``OneVsThree(speculate_passes=True)``) and drop their decisions.
@@ -223,56 +222,36 @@ class MortalBatchAgent:
         self.version = check_version(engine.version)
         self.quick_eval = bool(getattr(engine, "enable_quick_eval", True))
         self.agari_guard = bool(getattr(engine, "enable_rule_based_agari_guard", False))
-        self._obs_shape = obs_shape(self.version)
-        self._buf = None  # see _rows_buffer
         self.calls = 0  # react_batch calls
         self.rows = 0  # rows sent to react_batch
         self.decisions = 0  # scenes answered (incl. quick eval)
 
-    def _rows_buffer(self, n: int) -> np.ndarray:
-        """A ``(>= n, C, 34)`` float32 buffer reused by every call (the engine reads it during ``react_batch``
-        only): observations are copied into it as they are encoded, so each fresh array is freed at once and no
-        batch-sized array is allocated (and page-faulted in) per call."""
-        buf = self._buf
-        if buf is None or len(buf) < n:
-            buf = self._buf = np.empty((max(n, 2 * (0 if buf is None else len(buf))),) + self._obs_shape, np.float32)
-        return buf
-
-    def _encode_rows(self, rows) -> tuple[np.ndarray, list]:
-        """The observations and masks of ``rows`` (``(scene, at_kan_select, obs or None, mask or None)``, obs given
-        as its row of the buffer, already filled): ``(buffer[:len(rows)], masks)``. The rows not yet encoded are
-        encoded into the buffer; version 4 encodes them in one batch so that the single-player searches of all
-        scenes run together (``obs_v4.encode_batch``)."""
-        buf = self._rows_buffer(len(rows))
+    def _encode_rows(self, rows) -> tuple[list, list]:
+        """Observations and masks of ``rows`` (``(scene, at_kan_select, obs or None, mask or None)``); version 4
+        encodes them in one batch so that the single-player searches of all scenes run together
+        (``obs_v4.encode_batch``). The version was checked at ``__init__``: versions 1-3 call ``encode_obs``."""
         if self.version == 4:
-            done = encode_v4_batch([(sc.v4, sc.state, kan) for sc, kan, _, _ in rows], out=buf)
-            return buf[:len(rows)], [m for _, m in done]
-        masks = []
-        for i, (sc, kan, obs, mask) in enumerate(rows):
-            if obs is None:
-                buf[i], mask = sc.state.encode_obs(self.version, kan)
-            masks.append(mask)
-        return buf[:len(rows)], masks
+            done = encode_v4_batch([(sc.v4, sc.state, kan) for sc, kan, _, _ in rows])
+        else:
+            done = [(obs, mask) if obs is not None else sc.state.encode_obs(self.version, kan)
+                    for sc, kan, obs, mask in rows]
+        return [o for o, _ in done], [m for _, m in done]
 
     def react(self, scenes: Sequence[Scene]) -> list[Decision]:
         """Decide all ``scenes``; see the class docstring."""
         out: list[Decision | None] = [None] * len(scenes)
-        buf = self._rows_buffer(2 * len(scenes))  # a main row and at most one kan-select row per scene
-        rows = []  # (scene, at_kan_select, obs row of buf or None, mask or None), in react_batch order
+        rows = []  # (scene, at_kan_select, obs or None, mask or None), in react_batch order
         plan = []  # (scene index, main row, kan-select row or None)
         for i, sc in enumerate(scenes):
             obs = mask = None
             if self.quick_eval:
-                if self.version != 4:  # cheap: encode now, reuse the mask (the version was checked at __init__)
+                if self.version != 4:  # cheap: encode now, reuse the mask
                     obs, mask = sc.state.encode_obs(self.version, False)
                 only = _quick_eval_index(sc.state, mask)
                 if only is not None:
                     out[i] = Decision(reaction_from_index(sc.state, only))
                     continue
             main_row = len(rows)
-            if obs is not None:  # into the batch now: the fresh array is freed at once
-                buf[main_row] = obs
-                obs = buf[main_row]
             rows.append((sc, False, obs, mask))
             cans = sc.state.last_cans
             kan_row = None
@@ -282,13 +261,13 @@ class MortalBatchAgent:
                     kan_row = len(rows)
                     rows.append((sc, True, None, None))
             plan.append((i, main_row, kan_row))
-        obs_batch, masks = self._encode_rows(rows)
+        obs_list, masks = self._encode_rows(rows)
         self.decisions += len(scenes)
         if not plan:
             return out  # type: ignore[return-value]
         n = len(masks)
         t0 = time.perf_counter_ns()
-        actions, q_values, masks_used, is_greedy = self.engine.react_batch(obs_batch, masks, None)
+        actions, q_values, masks_used, is_greedy = self.engine.react_batch(obs_list, masks, None)
         eval_ns = time.perf_counter_ns() - t0
         self.calls += 1
         self.rows += n
