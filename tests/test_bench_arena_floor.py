@@ -45,3 +45,19 @@ def test_a_tiny_run_prints_floor_arena_and_ratio(tmp_path, capsys):
     assert re.search(r'arena +[\d.]+ µs/decision \((\d{4,}) decisions', text)
     assert re.search(r'CPU time: floor/arena [\d.]+', text) and out[0]['cpu_ratio'][0] > 0
     assert (tmp_path / 'f.json').read_text().startswith('[')
+
+
+def test_profile_grouping_by_function_and_source_line(tmp_path):
+    prof = load_script('bench/arena_profile.py', 'arena_profile_bench')
+    tree = tmp_path / 'tree'
+    (tree / 'mortal' / 'play').mkdir(parents=True)
+    (tree / 'mortal' / 'play' / 'arena.py').write_text('x = 1\n        obs = self.env.step(actions)\n')
+    top = 'main (x.py:1);OneVsThree.py_vs_py (mortal/play/arena.py:1)'
+    raw = [f'{top};_Game.commit (mortal/play/arena.py:2) 3\n',  # the line's text: the table step
+           f'{top};_feed (mortal/play/arena.py:1) 2\n',  # the function's name: PlayerState.update
+           f'{top};_LockStep.run (mortal/play/arena.py:1) 5\n',  # neither: bookkeeping
+           'Thread._bootstrap (threading.py:1);OneVsThree.py_vs_py (mortal/play/arena.py:1) 7\n',  # another thread
+           'main (x.py:1) 9\n']  # outside the arena loop
+    cats, total = prof.categorize(raw, str(tree))
+    assert total == 10
+    assert cats == {'table step (riichienv)': 3, 'PlayerState.update': 2, 'lock-step bookkeeping (the rest)': 5}
