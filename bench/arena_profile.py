@@ -26,7 +26,7 @@ RULES = [  # (category, function-name regex or None, source-text substring or No
     ("logs: JSON lines", None, "_dumps(e)"),
     ("logs: JSON lines", "log_text", None),
     ("logs: gzip + write (main thread)", "write_log_atomic", None),
-    ("logs: gzip + write (main thread)", "LogWriter", None),
+    ("logs: gzip + write (main thread)", "_reap", None),  # LogWriter waiting for its thread
     ("PlayerState.update", "_feed", None),
     ("encode_obs", None, "state.encode_obs("),
     ("encode_obs", None, "np.asarray(obs, dtype=np.float32)"),
