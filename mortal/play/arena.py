@@ -34,7 +34,7 @@ from mortal.features.action import KAN, action_kind, event_to_label
 from mortal.play.agent import Decision, IllegalReaction, Scene, abs_scores, make_agent, needs_v4_encoder, reaction_from_index
 from mortal.data.grp import rank_by_player  # rankings.rs: 0-based rank of each seat, ties to the lower seat
 from mortal.features.obs_v4 import V4Encoder
-from mortal.play.log_writer import LogWriter, write_log_atomic  # noqa: F401 (write_log_atomic: its old home)
+from mortal.play.log_writer import LogWriter
 from mortal.play.kyoku_flow import MAX_KYOKU_INDEX, KyokuState, final_scores, kyoku_result_from_events, next_kyoku
 
 logger = logging.getLogger('mortal.arena')  # the name before the package split (log format)
