@@ -385,3 +385,13 @@ def test_no_speculation_for_agents_that_keep_state():
     arena = OneVsThree(disable_progress_bar=True, speculate_passes=True)
     arena.py_vs_py(CountingBot(name="a"), CountingBot(name="b"), seed_start=(7, 1), seed_count=1)
     assert arena.speculated == [0, 0]
+
+
+@pytest.mark.slow
+def test_the_games_bar_is_not_drawn_into_a_file(tmp_path, capsys):
+    """The client's log is its redirected stderr: the arena's games bar is drawn on a terminal only (tqdm's
+    disable=None), not redrawn into the file line after line (issue 34, item 7)."""
+    arena = OneVsThree(log_dir=str(tmp_path))  # the client's own setting: the bar is not switched off
+    arena.py_vs_py(PriorityEngine("trainee", 1), PriorityEngine("baseline", 2), seed_start=(10000, 0), seed_count=1)
+    err = capsys.readouterr().err
+    assert 'game/s' not in err and '4/4' not in err

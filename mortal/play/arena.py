@@ -597,7 +597,7 @@ class _LockStep:
         for g in self.games:
             if not self.guarded(g, self.gather, g) and self.settle(g):
                 remaining -= 1
-        with tqdm(total=len(self.games), unit="game", disable=self.arena.disable_progress_bar) as bar:
+        with tqdm(total=len(self.games), unit="game", disable=self.arena.disable_progress_bar or None) as bar:
             bar.update(len(self.games) - remaining)
             while remaining:
                 for g in self.serve(remaining):
