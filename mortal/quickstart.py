@@ -434,6 +434,7 @@ def next_commands(config, tensorboard_dir) -> list:
     return ['next: go on with this run in three terminals (in each, from the repository root: the export, then one '
             'command; the server first):',
             f'  {export}',
+            '  export OMP_NUM_THREADS=1    # CPU: small models run far faster single-threaded',
             '  python -m mortal.server      # terminal 1',
             '  python -m mortal.train       # terminal 2: the learner (restarted by its supervisor)',
             '  python -m mortal.client      # terminal 3 (more clients: more terminals)',

@@ -64,8 +64,9 @@ def test_the_summary_ends_with_the_next_commands_for_its_work_dir():
     quickstart.report(result, out)
     lines = out.getvalue().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith('next: '))
-    assert lines[start + 1:start + 6] == [
+    assert lines[start + 1:start + 7] == [
         "  export MORTAL_CFG='/w/q s/config.toml'",
+        '  export OMP_NUM_THREADS=1    # CPU: small models run far faster single-threaded',
         '  python -m mortal.server      # terminal 1',
         '  python -m mortal.train       # terminal 2: the learner (restarted by its supervisor)',
         '  python -m mortal.client      # terminal 3 (more clients: more terminals)',

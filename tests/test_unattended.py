@@ -240,6 +240,10 @@ def test_changed_keys_name_each_key_with_both_values():
     new = {'control': {'test_every': 300, 'device': 'cpu'}, 'train_play': {'default': {'boltzmann_epsilon': 0.01}},
            'online': {'ema_decay': 0.999}}
     assert changed_keys(old, new) == ['[control] test_every 600 -> 300',
-                                      '[train_play.default] boltzmann_epsilon 0.005 -> 0.01',
+                                      '[train_play.default] boltzmann_epsilon 0.005 -> 0.01 (used by clients: at '
+                                      'their restart)',
                                       '[online] ema_decay (unset) -> 0.999', '[guard] keep 3 -> (unset)']
     assert changed_keys(new, new) == []
+    # the server's table, not the learner's: the line says so (the new user read a client key as applied)
+    assert changed_keys({'online': {'server': {'capacity': 64}}}, {'online': {'server': {'capacity': 32}}}) == [
+        '[online.server] capacity 64 -> 32 (used by the server: at its restart)']

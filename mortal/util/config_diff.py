@@ -30,16 +30,28 @@ def key_name(parts: tuple) -> str:
     return f"[{'.'.join(parts[:-1])}] {parts[-1]}" if len(parts) > 1 else parts[0]
 
 
+#: Tables the learner does not read (first table name -> who reads them): a change there takes effect only at that
+#: process's restart, which the learner's restart line says.
+OTHER_READERS = {'train_play': 'clients', 'server': 'the server'}
+
+
+def _reader_note(parts: tuple) -> str:
+    reader = OTHER_READERS.get(parts[0]) or (OTHER_READERS['server'] if parts[:2] == ('online', 'server') else None)
+    return f' (used by {reader}: at {"its" if reader == "the server" else "their"} restart)' if reader else ''
+
+
 def changed_keys(old: dict, new: dict) -> list[str]:
     """One line per key whose value differs between the configs ``old`` and ``new``, in ``new``'s order (then the
     removed ones): ``[control] test_every 600 -> 300``, ``[guard] keep (unset) -> 3``, ``[guard] keep 3 ->
-    (unset)``. Empty when they hold the same values."""
+    (unset)``; a key the learner does not read says who does (``[train_play.default] boltzmann_epsilon 0.005 ->
+    0.01 (used by clients: at their restart)``). Empty when they hold the same values."""
     before, after = flat_keys(old), flat_keys(new)
     lines = []
     for parts, value in after.items():
         if parts not in before:
-            lines.append(f'{key_name(parts)} (unset) -> {shown(value)}')
+            lines.append(f'{key_name(parts)} (unset) -> {shown(value)}{_reader_note(parts)}')
         elif before[parts] != value or type(before[parts]) is not type(value):
-            lines.append(f'{key_name(parts)} {shown(before[parts])} -> {shown(value)}')
-    lines += [f'{key_name(parts)} {shown(value)} -> (unset)' for parts, value in before.items() if parts not in after]
+            lines.append(f'{key_name(parts)} {shown(before[parts])} -> {shown(value)}{_reader_note(parts)}')
+    lines += [f'{key_name(parts)} {shown(value)} -> (unset){_reader_note(parts)}'
+              for parts, value in before.items() if parts not in after]
     return lines
