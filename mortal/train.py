@@ -62,7 +62,7 @@ from mortal.learning.diagnostics import Instruments, batch_q_stats, learner_prob
 from mortal.learning import distributed
 from mortal.learning.guards import INITIAL_GUARD, Guards
 from mortal.learning.intake import Intake
-from mortal.learning.learner_checkpoint import LearnerCheckpoint
+from mortal.learning import learner_checkpoint
 from mortal.learning.loss import LossWeights, learner_loss
 from mortal.data.offline_data import offline_mix
 from mortal.learning.optimizer import build_optimizer, ema_copies, ema_update, optimizer_step
@@ -160,9 +160,10 @@ class LearnerStep:
             self.on_save()
 
 
-class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
+class Trainer(LearnerStep, ServerTraffic, SaveCycle, Intake):
     """One learner process: models, optimizer, checkpoint, TensorBoard, server traffic. The checkpoint methods
-    (``load_state``, ``checkpoint``, ``save``, ``played``) come from ``mortal.learning.learner_checkpoint``, the
+    (``checkpoint``, ``save``, ``played``, ``stop_summary``) hand their state to the functions of
+    ``mortal.learning.learner_checkpoint``, the
     server's (``submit_param``, ``play_settings``, ``sync_baseline``, ``claims``, ``drain``) from
     ``mortal.learning.server_traffic``, the save/test cycle (``on_save``, ``test_play``, the progress line) from
     ``mortal.learning.save_cycle``, the intake (``file_list``, ``data_loader``, batches onto the device, the claim
@@ -253,8 +254,12 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
         self.guard = dict(INITIAL_GUARD)
         self.steps = 0
         self.saved_steps = None  # the step of state_file as this learner last loaded or wrote it (None: none)
-        self._loaded_ema = None
-        self.load_state()
+        resumed = learner_checkpoint.load_state(self.state_file, self.models, self.optimizer, self.scheduler,
+                                                self.scaler, online=self.online, device=self.device, cfg=cfg)
+        loaded_ema = None
+        if resumed is not None:
+            self.steps = self.saved_steps = resumed.steps
+            self.best_perf, self.guard, loaded_ema = resumed.best_perf, resumed.guard, resumed.ema
         self.scheduler.multiplier = lambda: (schedule_factor(self.schedules['lr'], self.steps)
                                              * self.guard['lr_scale'])
         self.scheduler.refresh()
@@ -262,9 +267,9 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
         self.ema_decay = online_cfg.ema_decay
         self.ema = None
         if self.ema_decay > 0:  # from the checkpoint's ema_mortal/ema_dqn when it has them
-            self.ema = ema_copies((self.mortal, self.dqn), self._loaded_ema)
+            self.ema = ema_copies((self.mortal, self.dqn), loaded_ema)
             logger.info('EMA of the weights, decay %g (%s)', self.ema_decay,
-                        'resumed' if self._loaded_ema is not None else 'from the loaded weights')
+                        'resumed' if loaded_ema is not None else 'from the loaded weights')
         self.optimizer.zero_grad(set_to_none=True)
         self.nets = self.dist.wrap(self.models)  # what trains: the models, or their DDP wrappers under torchrun
 
@@ -297,6 +302,29 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
         self.ledger = None  # online: mortal.data.claims.ClaimLedger of the claim folder (opened by claims())
         self.resumed = False  # online: the claimed logs a previous learner left have been looked at
 
+    # -- the checkpoint (mortal.learning.learner_checkpoint) ---------------------------------------------------
+
+    def played(self) -> tuple:
+        """The (mortal, dqn) that self-play, test play and best.pth use: the EMA when ``[online] ema_decay`` > 0."""
+        return self.ema if self.ema is not None else (self.mortal, self.dqn)
+
+    def checkpoint(self) -> dict:
+        """This learner's checkpoint dict (``learner_checkpoint.checkpoint_dict``)."""
+        return learner_checkpoint.checkpoint_dict(
+            (self.mortal, self.dqn, self.aux_net), self.optimizer, self.scheduler, self.scaler, steps=self.steps,
+            best_perf=self.best_perf, guard=self.guard, ema=self.ema, online=self.online, config=self.config)
+
+    def save(self) -> None:
+        """Write ``checkpoint()`` to ``[control] state_file`` atomically, online in one step with the claim
+        ledger's commit (``learner_checkpoint.write``); ``saved_steps`` is then its step."""
+        ledger = getattr(self, 'ledger', None) if self.online else None
+        learner_checkpoint.write(self.checkpoint, self.state_file, self.steps, ledger)
+        self.saved_steps = self.steps
+
+    def stop_summary(self) -> str:
+        """What this learner, stopped now, keeps and discards (``learner_checkpoint.stop_summary``)."""
+        return learner_checkpoint.stop_summary(self.steps, self.saved_steps, self.state_file, self.online)
+
     # -- reference models and instruments ------------------------------------------------------------------
 
     def _baseline_file(self) -> str:
@@ -321,7 +349,7 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
         """One pass over this epoch's files; returns the number of batches trained.
 
         Online, the ledger (``mortal.data.claims``) records every trained batch and is committed in one step with
-        each checkpoint (``LearnerCheckpoint.save``); samples the epoch leaves over stay claimed for the next.
+        each checkpoint (``Trainer.save``); samples the epoch leaves over stay claimed for the next.
         ``data/samples_dropped`` counts the claimed samples lost nonetheless (0 in a healthy run)."""
         from mortal.data.dataloader import iter_full_batches
         file_list, player_names = self.file_list()
@@ -388,7 +416,7 @@ STATE_FIX = ('give this run its own [control] state_file (and, online, its own s
 def run_learner(config: dict, dist=None) -> int:
     """The learner process body (``dist``: as ``Trainer``'s); returns its exit status (0 after an online test
     play; after a stop signal 128 + its number, 130 for Ctrl-C), with a last line saying why it stopped and what it
-    kept (``LearnerCheckpoint.stop_summary``). Rank 0 holds the lock of ``[control] state_file``
+    kept (``Trainer.stop_summary``). Rank 0 holds the lock of ``[control] state_file``
     (``mortal.util.runlock``) from before anything is read to its end: raises ``runlock.LockHeld`` when another
     learner holds it."""
     from mortal import entry

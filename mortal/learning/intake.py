@@ -92,7 +92,7 @@ class Intake:
     def _train_committed(self, data, ledger, ids=None) -> None:
         """``train_batch(*data)``, its sample ``ids`` (if any) recorded in ``ledger`` first: a checkpoint that
         ``train_batch`` writes (a save, the test play's) holds this batch, and commits the ledger in the same step
-        (``LearnerCheckpoint.save``)."""
+        (``Trainer.save``)."""
         if ledger is not None and ids is not None:
             ledger.record(ids)
         self.train_batch(*data)
