@@ -68,7 +68,7 @@ from mortal.data.offline_data import offline_mix
 from mortal.learning.optimizer import build_optimizer, ema_copies, ema_update, optimizer_step
 from mortal.learning.save_cycle import SaveCycle, TestPlayDone  # noqa: F401  TestPlayDone: also this module's API
 from mortal.learning.schedule import schedule_factor
-from mortal.learning.server_traffic import DRAIN_POLL_INTERVAL, ServerTraffic  # noqa: F401  (also this module's API)
+from mortal.learning.server_traffic import DRAIN_POLL_INTERVAL, ServerTraffic, play_settings  # noqa: F401  (also this module's API)
 from mortal.learning.supervisor import end_with_supervisor, is_supervised, supervise
 
 logger = logging.getLogger('mortal.train' if __name__ == '__main__' else __name__)
@@ -160,7 +160,7 @@ class LearnerStep:
             self.on_save()
 
 
-class Trainer(LearnerStep, ServerTraffic, SaveCycle, Intake):
+class Trainer(LearnerStep, SaveCycle, Intake):
     """One learner process: models, optimizer, checkpoint, TensorBoard, server traffic. The checkpoint methods
     (``checkpoint``, ``save``, ``played``, ``stop_summary``) hand their state to the functions of
     ``mortal.learning.learner_checkpoint``, the
@@ -186,11 +186,11 @@ class Trainer(LearnerStep, ServerTraffic, SaveCycle, Intake):
     def __init__(self, config: dict, *, test_player=None, remote=None, writer=None, sleep=time.sleep, dist=None):
         self.config = config
         self.cfg = cfg = typed(config)  # the typed sections, defaults from mortal/config_schema.py
-        online_cfg = self._read_settings(cfg, sleep, dist)
+        online_cfg = self._read_settings(cfg, dist)
         self._build_models(cfg, online_cfg)
-        self._attach(config, test_player, remote, writer)
+        self._attach(config, test_player, remote, writer, sleep)
 
-    def _read_settings(self, cfg, sleep, dist):
+    def _read_settings(self, cfg, dist):
         """The settings this learner reads from ``cfg`` (typed sections): version, online or offline, step
         cadence, files, loss weights, the device; returns the ``[online]`` section (its defaults offline)."""
         from mortal.features.obs import check_version
@@ -222,7 +222,6 @@ class Trainer(LearnerStep, ServerTraffic, SaveCycle, Intake):
         self.offline_batch_size = online_cfg.offline_batch_size
         self.gamma = cfg.env.gamma
         self.max_grad_norm = cfg.optim.max_grad_norm
-        self.sleep = sleep
         self.dist = dist = dist or distributed.SINGLE
         self.device = dist.device(control.device)
         torch.backends.cudnn.benchmark = control.enable_cudnn_benchmark
@@ -273,7 +272,7 @@ class Trainer(LearnerStep, ServerTraffic, SaveCycle, Intake):
         self.optimizer.zero_grad(set_to_none=True)
         self.nets = self.dist.wrap(self.models)  # what trains: the models, or their DDP wrappers under torchrun
 
-    def _attach(self, config: dict, test_player, remote, writer) -> None:
+    def _attach(self, config: dict, test_player, remote, writer, sleep) -> None:
         """What the learner works with: the test player (rank 0) and the guards, the server, TensorBoard, the loss
         sums, the anchor, the instruments, the offline mix; the online intake's state."""
         dist = self.dist
@@ -281,12 +280,15 @@ class Trainer(LearnerStep, ServerTraffic, SaveCycle, Intake):
             from mortal.play.player import TestPlayer
             test_player = TestPlayer(config)
         self.test_player = test_player
-        self.guards = Guards(self)  # test play, best.pth, rollback, rotation, baseline sync (mortal/learning/guards.py)
-        if remote is None and self.online:
-            remote = wire.Remote.from_config(self.cfg.online.remote, self.cfg.online.server)
-        self.remote = remote
         tensorboard_dir = self.cfg.control.tensorboard_dir
         self.writer = writer if writer is not None else dist.writer(tensorboard_dir)  # rank 0's is real
+        if remote is None and self.online:
+            remote = wire.Remote.from_config(self.cfg.online.remote, self.cfg.online.server)
+        server = self.cfg.online.server if self.online else None  # this machine may run no server: no claim folder
+        self.server = ServerTraffic(remote, state_file=self.state_file, sleep=sleep, writer=self.writer,
+                                    dataset_cfg=self.cfg.dataset, version=self.version,
+                                    drain_dir=server.drain_dir if server is not None else None)
+        self.guards = Guards(self)  # test play, best.pth, rollback, rotation, baseline sync (mortal/learning/guards.py)
         self.reset_stats()
         self.anchor = self._load_anchor() if self.anchor_weight > 0 else None
         self.instruments = Instruments(save_every=self.save_every, batch_size=self.batch_size, device=self.device,
@@ -297,10 +299,6 @@ class Trainer(LearnerStep, ServerTraffic, SaveCycle, Intake):
                 return self.data_loader(files, names, batch_size=size, num_workers=0)
             self.offline_stream = offline_mix(self.cfg.dataset, self.offline_batch_size, offline_loader)
         self.pb = None
-        self.lost_logs = 0  # drained logs that vanished before the learner claimed them
-        self.resubmitted_to = set()  # server_ids of instances found without parameters (each resubmitted to once)
-        self.ledger = None  # online: mortal.data.claims.ClaimLedger of the claim folder (opened by claims())
-        self.resumed = False  # online: the claimed logs a previous learner left have been looked at
 
     # -- the checkpoint (mortal.learning.learner_checkpoint) ---------------------------------------------------
 
@@ -317,13 +315,37 @@ class Trainer(LearnerStep, ServerTraffic, SaveCycle, Intake):
     def save(self) -> None:
         """Write ``checkpoint()`` to ``[control] state_file`` atomically, online in one step with the claim
         ledger's commit (``learner_checkpoint.write``); ``saved_steps`` is then its step."""
-        ledger = getattr(self, 'ledger', None) if self.online else None
+        ledger = self.server.ledger if self.online else None
         learner_checkpoint.write(self.checkpoint, self.state_file, self.steps, ledger)
         self.saved_steps = self.steps
 
     def stop_summary(self) -> str:
         """What this learner, stopped now, keeps and discards (``learner_checkpoint.stop_summary``)."""
         return learner_checkpoint.stop_summary(self.steps, self.saved_steps, self.state_file, self.online)
+
+    # -- the server (mortal.learning.server_traffic) -------------------------------------------------------------
+
+    def play_settings(self) -> dict:
+        """The play settings sent with the parameters at this step (``server_traffic.play_settings``)."""
+        return play_settings(self.steps, self.schedules, self.guard)
+
+    def submit_param(self, is_idle: bool = False) -> None:
+        """Send the played weights (``played``) with the play settings to the server (``ServerTraffic.submit``)."""
+        mortal, dqn = self.played()
+        self.server.submit(mortal, dqn, is_idle=is_idle, settings=self.play_settings())
+
+    def sync_baseline(self, *, rotated: bool = False) -> None:
+        """Submit ``[baseline.train] state_file`` to the server for the clients (``mortal.learning.guards.Guards``)."""
+        self.guards.sync_baseline(rotated=rotated)
+
+    def resubmit(self) -> None:
+        """To a server found without parameters (it restarted): the baseline, then the parameters as idle."""
+        self.sync_baseline()
+        self.submit_param(is_idle=True)
+
+    def drain(self) -> list:
+        """Wait for replays and claim them (``ServerTraffic.drain``); returns the claimed file paths."""
+        return self.server.drain(self.steps, self.resubmit)
 
     # -- reference models and instruments ------------------------------------------------------------------
 
@@ -353,7 +375,7 @@ class Trainer(LearnerStep, ServerTraffic, SaveCycle, Intake):
         ``data/samples_dropped`` counts the claimed samples lost nonetheless (0 in a healthy run)."""
         from mortal.data.dataloader import iter_full_batches
         file_list, player_names = self.file_list()
-        ledger = self.ledger if self.online else None
+        ledger = self.server.ledger if self.online else None
         logger.info('file list size: %s', f'{len(file_list):,}')
         if self.dist.size > 1:
             file_list = self.dist.shard(file_list)
@@ -389,7 +411,7 @@ class Trainer(LearnerStep, ServerTraffic, SaveCycle, Intake):
             dropped = ledger.end_epoch()
             if dropped:
                 logger.warning('%d samples of claimed logs were lost before they could be trained', dropped)
-            if self.epoch_drained:
+            if self.server.epoch_drained:
                 self.writer.add_scalar('data/samples_per_drain', batches * self.batch_size, self.steps)
             self.writer.add_scalar('data/samples_dropped', dropped, self.steps)
             self.submit_param(is_idle=True)

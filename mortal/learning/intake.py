@@ -20,7 +20,7 @@ logger = logging.getLogger('mortal.train')  # the trainer's lines (log format)
 class Intake:
     """The trainer's intake methods. The host (``mortal.train.Trainer``) provides ``config`` (and ``cfg``, its typed
     sections), ``version``, ``online``, ``device``, ``dist``, ``batch_size``, ``save_every``, ``steps``,
-    ``offline_stream``, ``online_files()`` and ``train_batch()``."""
+    ``offline_stream``, ``server`` (``ServerTraffic``), ``resubmit()`` and ``train_batch()``."""
 
     def file_list(self):
         """(file_list, player_names) of this epoch: claimed logs + ['trainee'] online, the dataset offline.
@@ -30,7 +30,7 @@ class Intake:
         train the new logs together with what earlier epochs left over.
         """
         if self.online:
-            return self.online_files()  # mortal.learning.server_traffic
+            return self.server.online_files(self.steps, self.resubmit)  # mortal.learning.server_traffic
 
         def offline():  # rank 0's, sent to the others under torchrun: one process writes the file index
             names = load_player_names(self.cfg.dataset.player_names_files)
