@@ -66,7 +66,8 @@ from mortal.learning import learner_checkpoint
 from mortal.learning.loss import LossWeights, learner_loss
 from mortal.data.offline_data import offline_mix
 from mortal.learning.optimizer import build_optimizer, ema_copies, ema_update, optimizer_step
-from mortal.learning.save_cycle import SaveCycle, TestPlayDone  # noqa: F401  TestPlayDone: also this module's API
+from mortal.learning import save_cycle
+from mortal.learning.save_cycle import TestPlayDone  # noqa: F401  TestPlayDone: also this module's API
 from mortal.learning.schedule import schedule_factor
 from mortal.learning.server_traffic import DRAIN_POLL_INTERVAL, ServerTraffic, play_settings  # noqa: F401  (also this module's API)
 from mortal.learning.supervisor import end_with_supervisor, is_supervised, supervise
@@ -160,7 +161,7 @@ class LearnerStep:
             self.on_save()
 
 
-class Trainer(LearnerStep, SaveCycle, Intake):
+class Trainer(LearnerStep, Intake):
     """One learner process: models, optimizer, checkpoint, TensorBoard, server traffic. The checkpoint methods
     (``checkpoint``, ``save``, ``played``, ``stop_summary``) hand their state to the functions of
     ``mortal.learning.learner_checkpoint``, the
@@ -322,6 +323,49 @@ class Trainer(LearnerStep, SaveCycle, Intake):
     def stop_summary(self) -> str:
         """What this learner, stopped now, keeps and discards (``learner_checkpoint.stop_summary``)."""
         return learner_checkpoint.stop_summary(self.steps, self.saved_steps, self.state_file, self.online)
+
+    # -- the save/test cycle (mortal.learning.save_cycle) ------------------------------------------------------
+
+    def on_save(self) -> None:
+        """Every ``save_every`` steps: TensorBoard, checkpoint, a missed submit, and test play when due (rank 0;
+        the loss means are those of all ranks)."""
+        self.stats = self.dist.average(self.stats)
+        if not self.dist.is_main:
+            self.reset_stats()
+            return
+        if self.pb is not None:
+            self.pb.close()
+            self.pb = None
+        save_cycle.write_scalars(
+            self.writer, self.steps, self.stats, self.stat_batches, loss_weights=self.loss_weights,
+            offline_mix=self.offline_stream is not None, lr=self.scheduler.get_last_lr()[0],
+            settings=self.play_settings() if self.online else None, instruments=self.instruments,
+            trained=self.models, ema=self.ema, device=self.device)
+        self.reset_stats()
+        self.log_total_steps()
+
+        self.save()
+        if self.online and self.steps % self.submit_every != 0:
+            self.submit_param(is_idle=False)
+        if self.steps % self.test_every == 0:
+            self.test_play()
+        self.pb = self._progress_bar()
+
+    def test_play(self) -> None:
+        """Test play, best.pth and (online) the long-run guards (``mortal.learning.guards.Guards.test_play``);
+        online, then TestPlayDone: the learner exits and its supervisor starts a fresh one."""
+        self.guards.test_play()
+        if self.online:
+            raise TestPlayDone()
+
+    def log_total_steps(self) -> None:
+        """Mortal's ``total steps`` line, with the countdown to the next test play when there is one."""
+        save_cycle.log_total_steps(self.steps, save_cycle.steps_to_next_test(self.steps, self.test_every,
+                                                                             self.test_player))
+
+    def _progress_bar(self):
+        """The bar of this save cycle (rank 0; None on the others)."""
+        return save_cycle.progress_bar(self.save_every, self.steps) if self.dist.is_main else None
 
     # -- the server (mortal.learning.server_traffic) -------------------------------------------------------------
 
