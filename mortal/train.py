@@ -12,8 +12,8 @@ arguments; the settings are read once, from the typed config, in ``Trainer._read
 
 Offline: one epoch per run, with the CQL term; under ``torchrun`` each rank trains its share of the files,
 gradients averaged, rank 0 saving and logging (``mortal.learning.distributed``). Online: one learner, learning from
-the ``trainee`` seat only. The TensorBoard tags, the checkpoint keys and the extras (all off by default): see
-docs/architecture.md ("The learner") and docs/learning.md.
+the ``trainee`` seat only. The learner in parts: docs/architecture.md; its TensorBoard tags and lines:
+docs/operations.md; the extras beyond Mortal (all off by default): docs/learning.md.
 """
 
 if __package__ in (None, ''):  # run as a script: python mortal/train.py
