@@ -151,8 +151,8 @@ class Trainer:
         kyoku_rewards (B,) float64, player_ranks (B,) int64 in 0..3, B = batch_size; cf_actions (B,) int64 (-1: no
         counterfactual branch) and cf_deltas (B,) float32 (pts), the loader's counterfactual columns (None: none).
         With ``[online] offline_batch_size`` = O > 0, O offline rows from ``offline_stream`` are appended (always
-        with the Monte-Carlo target as well); the loss (``mortal.learning.loss.learner_loss``) treats them as offline-mix
-        rows, and the instruments see the B online rows only.
+        with the Monte-Carlo target as well); the loss (``mortal.learning.loss.learner_loss``) treats them as
+        offline-mix rows, and the instruments see the B online rows only.
         Raises ValueError when an action is masked out; TestPlayDone (online) after a test play.
         """
         n = obs.shape[0]  # online (or, offline, all) rows
