@@ -462,6 +462,7 @@ def validation_loss(trainer, files):
     import torch
     from mortal.data.dataloader import learner_loader
     from mortal.learning.diagnostics import eval_mode
+    from mortal.learning.intake import obs_on_device
     from mortal.learning.loss import learner_loss
 
     cfg = copy.deepcopy(trainer.config)
@@ -473,7 +474,7 @@ def validation_loss(trainer, files):
     with torch.no_grad(), eval_mode(trainer.mortal, trainer.dqn, trainer.aux_net):
         for obs, actions, masks, steps_to_done, rewards, ranks, *_cf in loader:  # offline: no counterfactual
             n = obs.shape[0]
-            obs = trainer._obs_on_device(obs)
+            obs = obs_on_device(obs, trainer.device, trainer.version)
             actions = actions.to(dtype=torch.int64, device=dev)
             masks = masks.to(dtype=torch.bool, device=dev)
             q_target = (trainer.gamma ** steps_to_done.to(dev) * rewards.to(dev)).to(torch.float32)

@@ -1,41 +1,19 @@
-"""The learner (Mortal's ``mortal/train.py``), online and offline.
+"""The learner (Mortal's ``mortal/train.py``), online and offline, read top to bottom.
 
-``Trainer`` is the learner's loop; ``main()`` its entry point. Each other concern has a module of its own, named
-below where it enters.
+``Trainer.run`` is the loop: each epoch (``train_epoch``) gets its files (online: drain the server and claim the
+logs, ``mortal.learning.server_traffic``; offline: ``[dataset]``, ``mortal.learning.intake``), loads them
+(``mortal.data.dataloader``) and steps on each batch (``train_batch``: the batch onto the device, the loss of
+``mortal.learning.loss.learner_loss``, backward, the optimizer step every ``opt_step_every`` batches); every
+``submit_every`` steps it submits the parameters, every ``save_every`` steps it writes TensorBoard and the
+checkpoint (``on_save``: ``mortal.learning.save_cycle``, ``mortal.learning.learner_checkpoint``), every
+``test_every`` steps it test-plays (``mortal.learning.guards``), and online then exits 0 for its supervisor
+(``mortal.learning.supervisor``) to start a fresh learner, as Mortal does. Each helper takes what it reads as
+arguments; the settings are read once, from the typed config, in ``Trainer._read_settings``.
 
-Online (``[control] online = true``): ``main()`` runs the supervisor (``mortal.learning.supervisor``), which starts the
-learner as a child process and restarts it 3 s after each exit with status 0. The learner submits its parameters
-to the server as idle, drains replays (polling every 5 s) and claims them into its own folder (``mortal.data.claims``),
-learns from the ``trainee`` seat only, submits parameters every ``submit_every`` steps (and at a save that missed a
-submit), saves every ``save_every`` steps, and every ``test_every`` steps runs a test play
-(``mortal.learning.guards``) and exits 0 (Mortal restarts the learner there to dodge a hang). It submits idle
-parameters at the end of every drained epoch; a restarted learner first finishes the claimed logs its predecessor
-left, and an epoch's leftover samples are trained with the next drain.
-
-Offline (``online = false``): the logs of ``[dataset]`` (``mortal.data.offline_data``), one epoch per run, with the CQL
-term. ``torchrun --nproc_per_node K mortal/train.py`` trains offline on K processes, each on its share of the files,
-gradients averaged, rank 0 saving and logging (``mortal.learning.distributed``); online refuses more than one.
-
-Per batch: the loss of ``mortal.learning.loss.learner_loss`` (Mortal's ``0.5 * MSE(q[action], gamma ** steps_to_done *
-kyoku_reward) + next_rank_weight * CE`` ``+ min_q_weight * CQL`` offline). AdamW with weight decay on
-Linear/Conv1d weights only, gradient accumulation over ``opt_step_every`` batches (keyed on the global step),
-clipping at ``max_grad_norm`` after unscaling, GradScaler + autocast with ``enable_amp``, Mortal's linear warm-up +
-cosine learning rate (``mortal.learning.schedule``) stepped every batch, BatchNorm frozen per ``[freeze_bn] mortal``.
-
-Checkpoints (``mortal.learning.learner_checkpoint``) carry Mortal's keys (``mortal.model.checkpoint.CHECKPOINT_KEYS``)
-and are written to a temporary file then renamed, so a kill at any moment leaves the previous checkpoint intact. The
-server traffic (parameters out, drained logs in) is ``mortal.learning.server_traffic``.
-
-TensorBoard: Mortal's tags (``loss/dqn_loss``, ``loss/cql_loss`` offline, ``loss/next_rank_loss``, ``hparam/lr``,
-histograms ``q_predicted``/``q_target``, the ``test_play/*`` groups) plus the instruments (``diag/*``,
-``mortal.learning.diagnostics``) and data-health tags (online): ``data/logs_per_drain``, ``data/samples_per_drain``,
-``data/staleness_mean``/``data/staleness_max`` (parameter versions between the one a log was played with and the
-trainer's latest), ``data/wait_seconds`` (learner time spent waiting for a drain), ``data/samples_dropped``
-(samples of claimed logs lost untrained; 0 expected).
-
-Extras, all off by default (Mortal): ``[cql] online_min_q_weight``/``calibrated``, ``[online] anchor_weight``,
-``counterfactual_weight``, ``ema_decay`` and ``offline_batch_size`` (offline rows of ``[dataset]`` mixed into each
-online batch, RLPD-style, with ``loss/offline_cql_loss``); see ``docs/learning.md``.
+Offline: one epoch per run, with the CQL term; under ``torchrun`` each rank trains its share of the files,
+gradients averaged, rank 0 saving and logging (``mortal.learning.distributed``). Online: one learner, learning from
+the ``trainee`` seat only. The learner in parts: docs/architecture.md; its TensorBoard tags and lines:
+docs/operations.md; the extras beyond Mortal (all off by default): docs/learning.md.
 """
 
 if __package__ in (None, ''):  # run as a script: python mortal/train.py
@@ -58,34 +36,111 @@ from mortal.model.checkpoint import (INITIAL_BEST_PERF, CheckpointError, atomic_
                                      load_frozen_pair, load_model_pair)
 from mortal.config import typed
 from mortal.config_schema import Online
-from mortal.learning.diagnostics import Instruments, batch_q_stats, learner_probe
-from mortal.learning import distributed
-from mortal.learning.guards import INITIAL_GUARD, Guards
-from mortal.learning.intake import Intake
-from mortal.learning.learner_checkpoint import LearnerCheckpoint
-from mortal.learning.loss import LossWeights, learner_loss
 from mortal.data.offline_data import offline_mix
+from mortal.learning import distributed, intake, learner_checkpoint, save_cycle
+from mortal.learning.diagnostics import Instruments, batch_q_stats, learner_probe
+from mortal.learning.guards import INITIAL_GUARD, Guards
+from mortal.learning.loss import LossWeights, learner_loss
 from mortal.learning.optimizer import build_optimizer, ema_copies, ema_update, optimizer_step
-from mortal.learning.save_cycle import SaveCycle, TestPlayDone  # noqa: F401  TestPlayDone: also this module's API
+from mortal.learning.save_cycle import TestPlayDone  # noqa: F401  TestPlayDone: also this module's API
 from mortal.learning.schedule import schedule_factor
-from mortal.learning.server_traffic import DRAIN_POLL_INTERVAL, ServerTraffic  # noqa: F401  (also this module's API)
+# DRAIN_POLL_INTERVAL: also this module's API
+from mortal.learning.server_traffic import DRAIN_POLL_INTERVAL, ServerTraffic, play_settings  # noqa: F401
 from mortal.learning.supervisor import end_with_supervisor, is_supervised, supervise
 
 logger = logging.getLogger('mortal.train' if __name__ == '__main__' else __name__)
 
 
-class LearnerStep:
-    """The learner's step, batch -> loss -> gradient step (a part of ``Trainer``, which provides the models, the
-    optimizer and the settings): the batch onto the device (``mortal.learning.intake``), forward and backward of
-    ``mortal.learning.loss.learner_loss``, the loss sums and the instruments, the optimizer step every
-    ``opt_step_every`` steps, the EMA and the learning rate; then a submit or a save (``mortal.learning.save_cycle``)
-    when one is due."""
+class Trainer:
+    """One learner process: its models, optimizer and collaborators, built in ``__init__``; the loop ``run`` ->
+    ``train_epoch`` -> ``train_batch`` -> ``on_save``, in that order below; then what the loop hands over to
+    (the server, ``self.server``: ``mortal.learning.server_traffic.ServerTraffic``; the checkpoint functions of
+    ``mortal.learning.learner_checkpoint``; the test play and guards, ``self.guards``); the construction last.
 
-    def reset_stats(self) -> None:
-        """Zero the loss sums averaged into TensorBoard at each save, and their count of batches."""
-        self.stat_batches = 0  # batches summed into stats: the divisor of the means (a resumed window is short)
-        self.stats = {'dqn_loss': 0.0, 'cql_loss': 0.0, 'anchor_loss': 0.0, 'offline_cql_loss': 0.0,
-                      'next_rank_loss': 0.0, 'counterfactual_loss': 0.0}
+    Args:
+        config: the full config dict (``load_config``).
+        test_player: object with ``test_play(seed_count, mortal, dqn, device) -> Stat``; built from
+            ``[baseline.test]`` when None.
+        remote: ``wire.Remote`` of the server (online), from ``[online.remote]`` when None.
+        writer: a SummaryWriter-like object; ``SummaryWriter([control] tensorboard_dir)`` when None.
+        sleep: the sleep function (tests replace it).
+        dist: ``mortal.learning.distributed.setup``'s rank (offline under torchrun); one process when None.
+    Raises mortal.model.checkpoint.CheckpointError (a checkpoint that cannot be loaded or does not fit the config),
+    UnsupportedVersionError, ValueError for version 1 (Mortal's trainer neither supports it: its phi is a latent
+    pair).
+    """
+
+    def __init__(self, config: dict, *, test_player=None, remote=None, writer=None, sleep=time.sleep, dist=None):
+        self.config = config
+        self.cfg = cfg = typed(config)  # the typed sections, defaults from mortal/config_schema.py
+        online_cfg = self._read_settings(cfg, dist)
+        self._build_models(cfg, online_cfg)
+        self._attach(config, test_player, remote, writer, sleep)
+
+    # -- the loop: epochs, batches, saves ------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Online: submit idle parameters, then epochs until a test play ends the process. Offline: one epoch."""
+        dev = self.device
+        logger.info('device: %s%s', dev, f' ({torch.cuda.get_device_name(dev)})' if dev.type == 'cuda' else '')
+        if self.online:
+            self.sync_baseline()
+            self.submit_param(is_idle=True)
+        while True:
+            self.train_epoch()
+            gc.collect()
+            if not self.online:
+                break  # one epoch per offline run, for easier control (Mortal)
+
+    def train_epoch(self) -> int:
+        """One pass over this epoch's files; returns the number of batches trained.
+
+        Online, the ledger (``mortal.data.claims``) records every trained batch and is committed in one step with
+        each checkpoint (``Trainer.save``); samples the epoch leaves over stay claimed for the next.
+        ``data/samples_dropped`` counts the claimed samples lost nonetheless (0 in a healthy run)."""
+        from mortal.data.dataloader import iter_full_batches
+        file_list, player_names = self.file_list()
+        ledger = self.server.ledger if self.online else None
+        logger.info('file list size: %s', f'{len(file_list):,}')
+        if self.dist.size > 1:
+            file_list = self.dist.shard(file_list)
+            logger.info('%d processes: %s files and a batch of %d each', self.dist.size, f'{len(file_list):,}',
+                        self.batch_size)
+        self.log_total_steps()
+        self.pb = self._progress_bar()
+        batches = 0
+        loader = self.data_loader(file_list, player_names, ledger=ledger)
+        on_drop = None
+        if ledger is not None:
+            ledger.begin_epoch(loader.dataset.files)
+            on_drop = lambda rest: ledger.note_dropped(rest[-1])  # noqa: E731 - the ids are the last tensor
+        loader_iter = iter(loader)
+        try:
+            for batch in self.dist.batches(iter_full_batches(loader_iter, self.batch_size, on_drop=on_drop)):
+                if ledger is not None:  # recorded first: a checkpoint this step writes holds the batch
+                    *batch, ids = batch
+                    ledger.record(ids)
+                self.train_batch(*batch)
+                batches += 1
+        finally:
+            # No loader worker may still read this epoch's files when the next drain replaces them.
+            shutdown = getattr(loader_iter, '_shutdown_workers', None)
+            if shutdown is not None:
+                shutdown()
+            del loader_iter
+            if self.pb is not None:
+                self.pb.close()
+                self.pb = None
+        self.dist.sync_buffers(self.models)  # every rank ends with rank 0's BatchNorm statistics
+        if self.online:
+            dropped = ledger.end_epoch()
+            if dropped:
+                logger.warning('%d samples of claimed logs were lost before they could be trained', dropped)
+            if self.server.epoch_drained:
+                self.writer.add_scalar('data/samples_per_drain', batches * self.batch_size, self.steps)
+            self.writer.add_scalar('data/samples_dropped', dropped, self.steps)
+            self.submit_param(is_idle=True)
+        return batches
 
     def train_batch(self, obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf_actions=None,
                     cf_deltas=None) -> None:
@@ -96,13 +151,14 @@ class LearnerStep:
         kyoku_rewards (B,) float64, player_ranks (B,) int64 in 0..3, B = batch_size; cf_actions (B,) int64 (-1: no
         counterfactual branch) and cf_deltas (B,) float32 (pts), the loader's counterfactual columns (None: none).
         With ``[online] offline_batch_size`` = O > 0, O offline rows from ``offline_stream`` are appended (always
-        with the Monte-Carlo target as well); the loss (``mortal.learning.loss.learner_loss``) treats them as offline-mix
-        rows, and the instruments see the B online rows only.
+        with the Monte-Carlo target as well); the loss (``mortal.learning.loss.learner_loss``) treats them as
+        offline-mix rows, and the instruments see the B online rows only.
         Raises ValueError when an action is masked out; TestPlayDone (online) after a test play.
         """
         n = obs.shape[0]  # online (or, offline, all) rows
-        obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf = self._batch_on_device(
-            obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf_actions, cf_deltas)  # intake
+        obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf = intake.batch_on_device(
+            (obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf_actions, cf_deltas), self.device,
+            self.version, self.offline_stream)
         q_target = (self.gamma ** steps_to_done * kyoku_rewards).to(torch.float32)  # Mortal's Monte-Carlo G
         q_out, terms = self._backward(obs, actions, masks, q_target, player_ranks, n, cf)
         self._account(terms, q_out, masks, actions, q_target, n)
@@ -159,37 +215,121 @@ class LearnerStep:
         if self.steps % self.save_every == 0:
             self.on_save()
 
+    def on_save(self) -> None:
+        """Every ``save_every`` steps: TensorBoard, checkpoint, a missed submit, and test play when due (rank 0;
+        the loss means are those of all ranks)."""
+        self.stats = self.dist.average(self.stats)
+        if not self.dist.is_main:
+            self.reset_stats()
+            return
+        if self.pb is not None:
+            self.pb.close()
+            self.pb = None
+        save_cycle.write_scalars(
+            self.writer, self.steps, self.stats, self.stat_batches, loss_weights=self.loss_weights,
+            offline_mix=self.offline_stream is not None, lr=self.scheduler.get_last_lr()[0],
+            settings=self.play_settings() if self.online else None, instruments=self.instruments,
+            trained=self.models, ema=self.ema, device=self.device)
+        self.reset_stats()
+        self.log_total_steps()
 
-class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
-    """One learner process: models, optimizer, checkpoint, TensorBoard, server traffic. The checkpoint methods
-    (``load_state``, ``checkpoint``, ``save``, ``played``) come from ``mortal.learning.learner_checkpoint``, the
-    server's (``submit_param``, ``play_settings``, ``sync_baseline``, ``claims``, ``drain``) from
-    ``mortal.learning.server_traffic``, the save/test cycle (``on_save``, ``test_play``, the progress line) from
-    ``mortal.learning.save_cycle``, the intake (``file_list``, ``data_loader``, batches onto the device, the claim
-    ledger) from ``mortal.learning.intake``, the path batch -> loss -> gradient step from ``LearnerStep`` above; the
-    construction and the epoch are here.
+        self.save()
+        if self.online and self.steps % self.submit_every != 0:
+            self.submit_param(is_idle=False)
+        if self.steps % self.test_every == 0:
+            self.test_play()
+        self.pb = self._progress_bar()
 
-    Args:
-        config: the full config dict (``load_config``).
-        test_player: object with ``test_play(seed_count, mortal, dqn, device) -> Stat``; built from
-            ``[baseline.test]`` when None.
-        remote: ``wire.Remote`` of the server (online), from ``[online.remote]`` when None.
-        writer: a SummaryWriter-like object; ``SummaryWriter([control] tensorboard_dir)`` when None.
-        sleep: the sleep function (tests replace it).
-        dist: ``mortal.learning.distributed.setup``'s rank (offline under torchrun); one process when None.
-    Raises mortal.model.checkpoint.CheckpointError (a checkpoint that cannot be loaded or does not fit the config),
-    UnsupportedVersionError, ValueError for version 1 (Mortal's trainer neither supports it: its phi is a latent
-    pair).
-    """
+    def test_play(self) -> None:
+        """Test play, best.pth and (online) the long-run guards (``mortal.learning.guards.Guards.test_play``);
+        online, then TestPlayDone: the learner exits and its supervisor starts a fresh one."""
+        self.guards.test_play()
+        if self.online:
+            raise TestPlayDone()
 
-    def __init__(self, config: dict, *, test_player=None, remote=None, writer=None, sleep=time.sleep, dist=None):
-        self.config = config
-        self.cfg = cfg = typed(config)  # the typed sections, defaults from mortal/config_schema.py
-        online_cfg = self._read_settings(cfg, sleep, dist)
-        self._build_models(cfg, online_cfg)
-        self._attach(config, test_player, remote, writer)
+    def reset_stats(self) -> None:
+        """Zero the loss sums averaged into TensorBoard at each save, and their count of batches."""
+        self.stat_batches = 0  # batches summed into stats: the divisor of the means (a resumed window is short)
+        self.stats = {'dqn_loss': 0.0, 'cql_loss': 0.0, 'anchor_loss': 0.0, 'offline_cql_loss': 0.0,
+                      'next_rank_loss': 0.0, 'counterfactual_loss': 0.0}
 
-    def _read_settings(self, cfg, sleep, dist):
+    def log_total_steps(self) -> None:
+        """Mortal's ``total steps`` line, with the countdown to the next test play when there is one."""
+        save_cycle.log_total_steps(self.steps, save_cycle.steps_to_next_test(self.steps, self.test_every,
+                                                                             self.test_player))
+
+    def _progress_bar(self):
+        """The bar of this save cycle (rank 0; None on the others)."""
+        return save_cycle.progress_bar(self.save_every, self.steps) if self.dist.is_main else None
+
+    # -- the intake (mortal.learning.intake) ---------------------------------------------------------------------
+
+    def file_list(self) -> tuple:
+        """(file_list, player_names) of this epoch: online, the claimed logs + ['trainee']
+        (``ServerTraffic.online_files``: a learner's first epoch finishes the logs a previous one left, later ones
+        drain); offline, the dataset (``intake.offline_files``)."""
+        if self.online:
+            return self.server.online_files(self.steps, self.resubmit)
+        return intake.offline_files(self.cfg.dataset, self.dist)
+
+    def data_loader(self, file_list, player_names, ledger=None, *, batch_size=None, num_workers=None):
+        """``mortal.data.dataloader.learner_loader`` of this learner; ``batch_size`` defaults to ``[control]
+        batch_size``, ``num_workers`` to ``[dataset] num_workers``."""
+        from mortal.data.dataloader import learner_loader  # here: the supervisor process needs no loader
+        return learner_loader(self.config, self.version, file_list, player_names, ledger,
+                              batch_size=batch_size or self.batch_size, num_workers=num_workers,
+                              pin_memory=self.device.type == 'cuda')
+
+    # -- the server (mortal.learning.server_traffic) -------------------------------------------------------------
+
+    def play_settings(self) -> dict:
+        """The play settings sent with the parameters at this step (``server_traffic.play_settings``)."""
+        return play_settings(self.steps, self.schedules, self.guard)
+
+    def submit_param(self, is_idle: bool = False) -> None:
+        """Send the played weights (``played``) with the play settings to the server (``ServerTraffic.submit``)."""
+        mortal, dqn = self.played()
+        self.server.submit(mortal, dqn, is_idle=is_idle, settings=self.play_settings())
+
+    def sync_baseline(self, *, rotated: bool = False) -> None:
+        """Submit ``[baseline.train] state_file`` to the server for the clients (``mortal.learning.guards.Guards``)."""
+        self.guards.sync_baseline(rotated=rotated)
+
+    def resubmit(self) -> None:
+        """To a server found without parameters (it restarted): the baseline, then the parameters as idle."""
+        self.sync_baseline()
+        self.submit_param(is_idle=True)
+
+    def drain(self) -> list:
+        """Wait for replays and claim them (``ServerTraffic.drain``); returns the claimed file paths."""
+        return self.server.drain(self.steps, self.resubmit)
+
+    # -- the checkpoint (mortal.learning.learner_checkpoint) -----------------------------------------------------
+
+    def played(self) -> tuple:
+        """The (mortal, dqn) that self-play, test play and best.pth use: the EMA when ``[online] ema_decay`` > 0."""
+        return self.ema if self.ema is not None else (self.mortal, self.dqn)
+
+    def checkpoint(self) -> dict:
+        """This learner's checkpoint dict (``learner_checkpoint.checkpoint_dict``)."""
+        return learner_checkpoint.checkpoint_dict(
+            (self.mortal, self.dqn, self.aux_net), self.optimizer, self.scheduler, self.scaler, steps=self.steps,
+            best_perf=self.best_perf, guard=self.guard, ema=self.ema, online=self.online, config=self.config)
+
+    def save(self) -> None:
+        """Write ``checkpoint()`` to ``[control] state_file`` atomically, online in one step with the claim
+        ledger's commit (``learner_checkpoint.write``); ``saved_steps`` is then its step."""
+        ledger = self.server.ledger if self.online else None
+        learner_checkpoint.write(self.checkpoint, self.state_file, self.steps, ledger)
+        self.saved_steps = self.steps
+
+    def stop_summary(self) -> str:
+        """What this learner, stopped now, keeps and discards (``learner_checkpoint.stop_summary``)."""
+        return learner_checkpoint.stop_summary(self.steps, self.saved_steps, self.state_file, self.online)
+
+    # -- construction --------------------------------------------------------------------------------------------
+
+    def _read_settings(self, cfg, dist):
         """The settings this learner reads from ``cfg`` (typed sections): version, online or offline, step
         cadence, files, loss weights, the device; returns the ``[online]`` section (its defaults offline)."""
         from mortal.features.obs import check_version
@@ -221,7 +361,6 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
         self.offline_batch_size = online_cfg.offline_batch_size
         self.gamma = cfg.env.gamma
         self.max_grad_norm = cfg.optim.max_grad_norm
-        self.sleep = sleep
         self.dist = dist = dist or distributed.SINGLE
         self.device = dist.device(control.device)
         torch.backends.cudnn.benchmark = control.enable_cudnn_benchmark
@@ -253,8 +392,12 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
         self.guard = dict(INITIAL_GUARD)
         self.steps = 0
         self.saved_steps = None  # the step of state_file as this learner last loaded or wrote it (None: none)
-        self._loaded_ema = None
-        self.load_state()
+        resumed = learner_checkpoint.load_state(self.state_file, self.models, self.optimizer, self.scheduler,
+                                                self.scaler, online=self.online, device=self.device, cfg=cfg)
+        loaded_ema = None
+        if resumed is not None:
+            self.steps = self.saved_steps = resumed.steps
+            self.best_perf, self.guard, loaded_ema = resumed.best_perf, resumed.guard, resumed.ema
         self.scheduler.multiplier = lambda: (schedule_factor(self.schedules['lr'], self.steps)
                                              * self.guard['lr_scale'])
         self.scheduler.refresh()
@@ -262,13 +405,13 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
         self.ema_decay = online_cfg.ema_decay
         self.ema = None
         if self.ema_decay > 0:  # from the checkpoint's ema_mortal/ema_dqn when it has them
-            self.ema = ema_copies((self.mortal, self.dqn), self._loaded_ema)
+            self.ema = ema_copies((self.mortal, self.dqn), loaded_ema)
             logger.info('EMA of the weights, decay %g (%s)', self.ema_decay,
-                        'resumed' if self._loaded_ema is not None else 'from the loaded weights')
+                        'resumed' if loaded_ema is not None else 'from the loaded weights')
         self.optimizer.zero_grad(set_to_none=True)
         self.nets = self.dist.wrap(self.models)  # what trains: the models, or their DDP wrappers under torchrun
 
-    def _attach(self, config: dict, test_player, remote, writer) -> None:
+    def _attach(self, config: dict, test_player, remote, writer, sleep) -> None:
         """What the learner works with: the test player (rank 0) and the guards, the server, TensorBoard, the loss
         sums, the anchor, the instruments, the offline mix; the online intake's state."""
         dist = self.dist
@@ -276,12 +419,15 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
             from mortal.play.player import TestPlayer
             test_player = TestPlayer(config)
         self.test_player = test_player
-        self.guards = Guards(self)  # test play, best.pth, rollback, rotation, baseline sync (mortal/learning/guards.py)
-        if remote is None and self.online:
-            remote = wire.Remote.from_config(self.cfg.online.remote, self.cfg.online.server)
-        self.remote = remote
         tensorboard_dir = self.cfg.control.tensorboard_dir
         self.writer = writer if writer is not None else dist.writer(tensorboard_dir)  # rank 0's is real
+        if remote is None and self.online:
+            remote = wire.Remote.from_config(self.cfg.online.remote, self.cfg.online.server)
+        server = self.cfg.online.server if self.online else None  # this machine may run no server: no claim folder
+        self.server = ServerTraffic(remote, state_file=self.state_file, sleep=sleep, writer=self.writer,
+                                    dataset_cfg=self.cfg.dataset, version=self.version,
+                                    drain_dir=server.drain_dir if server is not None else None)
+        self.guards = Guards(self)  # test play, best.pth, rollback, rotation, baseline sync (mortal/learning/guards.py)
         self.reset_stats()
         self.anchor = self._load_anchor() if self.anchor_weight > 0 else None
         self.instruments = Instruments(save_every=self.save_every, batch_size=self.batch_size, device=self.device,
@@ -292,20 +438,13 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
                 return self.data_loader(files, names, batch_size=size, num_workers=0)
             self.offline_stream = offline_mix(self.cfg.dataset, self.offline_batch_size, offline_loader)
         self.pb = None
-        self.lost_logs = 0  # drained logs that vanished before the learner claimed them
-        self.resubmitted_to = set()  # server_ids of instances found without parameters (each resubmitted to once)
-        self.ledger = None  # online: mortal.data.claims.ClaimLedger of the claim folder (opened by claims())
-        self.resumed = False  # online: the claimed logs a previous learner left have been looked at
-
-    # -- reference models and instruments ------------------------------------------------------------------
-
-    def _baseline_file(self) -> str:
-        return self.cfg.baseline.train.state_file
 
     def _load_anchor(self):
-        """The frozen (brain, dqn) of ``[baseline.train] state_file`` that ``anchor_term`` pulls towards. Raises FileNotFoundError, CheckpointError (also for a baseline of another feature version)."""
-        pair = load_frozen_pair(self._baseline_file(), self.version, self.device, 'the anchor')
-        logger.info('anchor: %s, weight %g', self._baseline_file(), self.anchor_weight)
+        """The frozen (brain, dqn) of ``[baseline.train] state_file`` that ``anchor_term`` pulls towards. Raises
+        FileNotFoundError, CheckpointError (also for a baseline of another feature version)."""
+        baseline_file = self.cfg.baseline.train.state_file
+        pair = load_frozen_pair(baseline_file, self.version, self.device, 'the anchor')
+        logger.info('anchor: %s, weight %g', baseline_file, self.anchor_weight)
         return pair
 
     def _load_probe(self):
@@ -317,78 +456,16 @@ class Trainer(LearnerStep, LearnerCheckpoint, ServerTraffic, SaveCycle, Intake):
             logger.warning('policy-drift probe disabled: %s: %s', type(ex).__name__, ex)
             return None
 
-    def train_epoch(self) -> int:
-        """One pass over this epoch's files; returns the number of batches trained.
-
-        Online, the ledger (``mortal.data.claims``) records every trained batch and is committed in one step with
-        each checkpoint (``LearnerCheckpoint.save``); samples the epoch leaves over stay claimed for the next.
-        ``data/samples_dropped`` counts the claimed samples lost nonetheless (0 in a healthy run)."""
-        from mortal.data.dataloader import iter_full_batches
-        file_list, player_names = self.file_list()
-        ledger = self.ledger if self.online else None
-        logger.info('file list size: %s', f'{len(file_list):,}')
-        if self.dist.size > 1:
-            file_list = self.dist.shard(file_list)
-            logger.info('%d processes: %s files and a batch of %d each', self.dist.size, f'{len(file_list):,}',
-                        self.batch_size)
-        self.log_total_steps()
-        self.pb = self._progress_bar()
-        batches = 0
-        loader = self.data_loader(file_list, player_names, ledger=ledger)
-        on_drop = None
-        if ledger is not None:
-            ledger.begin_epoch(loader.dataset.files)
-            on_drop = lambda rest: ledger.note_dropped(rest[-1])  # noqa: E731 - the ids are the last tensor
-        loader_iter = iter(loader)
-        try:
-            for batch in self.dist.batches(iter_full_batches(loader_iter, self.batch_size, on_drop=on_drop)):
-                if ledger is None:
-                    self.train_batch(*batch)
-                else:
-                    self._train_tracked(batch, ledger)
-                batches += 1
-        finally:
-            # No loader worker may still read this epoch's files when the next drain replaces them.
-            shutdown = getattr(loader_iter, '_shutdown_workers', None)
-            if shutdown is not None:
-                shutdown()
-            del loader_iter
-            if self.pb is not None:
-                self.pb.close()
-                self.pb = None
-        self.dist.sync_buffers(self.models)  # every rank ends with rank 0's BatchNorm statistics
-        if self.online:
-            dropped = ledger.end_epoch()
-            if dropped:
-                logger.warning('%d samples of claimed logs were lost before they could be trained', dropped)
-            if self.epoch_drained:
-                self.writer.add_scalar('data/samples_per_drain', batches * self.batch_size, self.steps)
-            self.writer.add_scalar('data/samples_dropped', dropped, self.steps)
-            self.submit_param(is_idle=True)
-        return batches
-
-    def run(self) -> None:
-        """Online: submit idle parameters, then epochs until a test play ends the process. Offline: one epoch."""
-        dev = self.device
-        logger.info('device: %s%s', dev, f' ({torch.cuda.get_device_name(dev)})' if dev.type == 'cuda' else '')
-        if self.online:
-            self.sync_baseline()
-            self.submit_param(is_idle=True)
-        while True:
-            self.train_epoch()
-            gc.collect()
-            if not self.online:
-                break  # one epoch per offline run, for easier control (Mortal)
-
 
 STATE_FIX = ('give this run its own [control] state_file (and, online, its own server: [online.remote] port, '
              '[online.server] buffer_dir and drain_dir)')
 
 
+
 def run_learner(config: dict, dist=None) -> int:
     """The learner process body (``dist``: as ``Trainer``'s); returns its exit status (0 after an online test
     play; after a stop signal 128 + its number, 130 for Ctrl-C), with a last line saying why it stopped and what it
-    kept (``LearnerCheckpoint.stop_summary``). Rank 0 holds the lock of ``[control] state_file``
+    kept (``Trainer.stop_summary``). Rank 0 holds the lock of ``[control] state_file``
     (``mortal.util.runlock``) from before anything is read to its end: raises ``runlock.LockHeld`` when another
     learner holds it."""
     from mortal import entry
@@ -411,6 +488,7 @@ def run_learner(config: dict, dist=None) -> int:
                 trainer.pb.close()
             trainer.writer.close()
     return 0
+
 
 
 def main(argv=None):
@@ -456,6 +534,7 @@ def main(argv=None):
     finally:
         dist.close()
     sys.exit(code)
+
 
 
 if __name__ == '__main__':

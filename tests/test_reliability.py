@@ -265,8 +265,8 @@ def test_test_play_restarts_train_every_claimed_sample_exactly_once(tmp_path, ca
     assert over == {}  # no sample trained twice (and none that is not in the logs)
     untrained = total - sum(trained.values())
     assert 0 <= untrained < 16  # only the epoch's last partial batch is left...
-    assert trainer.ledger.remaining_samples() == untrained  # ...and it stays claimed for the next drain
-    assert trainer.ledger.duplicates == 0
+    assert trainer.server.ledger.remaining_samples() == untrained  # ...and it stays claimed for the next drain
+    assert trainer.server.ledger.duplicates == 0
     assert dropped == [0.0]  # one natural epoch end, nothing lost
 
 
@@ -283,7 +283,7 @@ def test_claimed_logs_lost_between_learners_are_counted_dropped(tmp_path, caplog
     def lose_a_partly_trained_log(trainer):
         if removed:
             return
-        ledger = trainer.ledger
+        ledger = trainer.server.ledger
         name = next(n for n, units in ledger.files.items() if units and not ledger._done(units))
         removed[name] = sum(u.total - len(u.trained) for u in ledger.files[name].values() if u != 'done')
         os.remove(os.path.join(ledger.claim_dir, name))
@@ -294,8 +294,8 @@ def test_claimed_logs_lost_between_learners_are_counted_dropped(tmp_path, caplog
     (name, lost), = removed.items()
     assert lost > 0 and sum(dropped) == lost  # reported once, by the learner that found the log gone
     assert all(n <= expected[k] for k, n in trained.items())
-    assert sum(expected.values()) - sum(trained.values()) == lost + trainer.ledger.remaining_samples()
-    manifest = json.loads(open(os.path.join(trainer.ledger.claim_dir, 'claims.json')).read())
+    assert sum(expected.values()) - sum(trained.values()) == lost + trainer.server.ledger.remaining_samples()
+    manifest = json.loads(open(os.path.join(trainer.server.ledger.claim_dir, 'claims.json')).read())
     assert name not in manifest['files']
 
 
@@ -380,8 +380,8 @@ def test_a_kill_at_any_stage_of_the_save_cycle_trains_every_sample_once(tmp_path
     assert over == {}  # no sample trained twice across the kill
     untrained = sum(expected.values()) - sum(durable.values())
     assert 0 <= untrained < 16  # none dropped: only the epoch's last partial batch is left...
-    assert trainer.ledger.remaining_samples() == untrained  # ...and stays claimed for the next drain
-    assert trainer.ledger.duplicates == 0
+    assert trainer.server.ledger.remaining_samples() == untrained  # ...and stays claimed for the next drain
+    assert trainer.server.ledger.duplicates == 0
 
 
 def test_a_commit_staged_for_a_checkpoint_is_kept_only_with_that_checkpoint(tmp_path, caplog):
@@ -421,17 +421,17 @@ def test_drain_keeps_logs_of_earlier_drains_not_yet_trained(tmp_path):
             f.write(body)
     reply = {**empty_drain(drain_dir, 'A', True), 'count': 2, 'files': ['0_a.json.gz', '0_b.json.gz'],
              'param_versions': [1, 1]}
-    trainer.remote = ScriptedRemote([reply])
+    trainer.server.remote = ScriptedRemote([reply])
     first = trainer.drain()
     # the server restarts and names its next drain from 0_ again; 0_a is still untrained
     os.remove(os.path.join(drain_dir, '0_a.json.gz'))
     with open(os.path.join(drain_dir, '0_a.json.gz'), 'wb') as f:
         f.write(b'new a')
-    trainer.remote = ScriptedRemote([{**reply, 'count': 1, 'files': ['0_a.json.gz'], 'param_versions': [1]}])
+    trainer.server.remote = ScriptedRemote([{**reply, 'count': 1, 'files': ['0_a.json.gz'], 'param_versions': [1]}])
     second = trainer.drain()
     assert [open(p, 'rb').read() for p in first] == [b'a', b'b']  # not emptied by the second claim
     assert [os.path.basename(p) for p in second] == ['1+0_a.json.gz'] and open(second[0], 'rb').read() == b'new a'
-    manifest = json.loads(open(os.path.join(trainer.ledger.claim_dir, 'claims.json')).read())
+    manifest = json.loads(open(os.path.join(trainer.server.ledger.claim_dir, 'claims.json')).read())
     assert sorted(manifest['files']) == ['0_a.json.gz', '0_b.json.gz', '1+0_a.json.gz']
 
 

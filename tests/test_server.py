@@ -722,8 +722,7 @@ def test_a_second_learners_parameters_are_refused_while_the_first_is_live(tmp_pa
     assert submit('h:/run2/mortal.pth')['param_version'] == 4  # the first went silent: the second takes over
     assert submit('h:/run1/mortal.pth')['status'] == 'another learner is live'
     # the learner's id: its host and state file, the same across the supervisor's restarts
-    traffic = ServerTraffic()
-    traffic.state_file = str(tmp_path / 'mortal.pth')
+    traffic = ServerTraffic(None, state_file=str(tmp_path / 'mortal.pth'), sleep=None, writer=None)
     assert traffic.learner_id() == f'{socket.gethostname()}:{tmp_path / "mortal.pth"}'
 
 

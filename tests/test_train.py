@@ -352,8 +352,8 @@ START = b'{"type": "start_game"}\n'  # the server stores only logs that start as
 
 def test_drain_waits_resubmits_after_restart_and_logs_health(tmp_path, live_server):
     trainer, writer = make_trainer(tmp_path, online=True, real_submit=True)
-    trainer.remote = wire.Remote('127.0.0.1', live_server.server_address[1], timeout=5)
-    remote = trainer.remote
+    trainer.server.remote = wire.Remote('127.0.0.1', live_server.server_address[1], timeout=5)
+    remote = trainer.server.remote
     sleeps = []
 
     def fake_sleep(sec):
@@ -364,7 +364,7 @@ def test_drain_waits_resubmits_after_restart_and_logs_health(tmp_path, live_serv
                             'param_version': 1, 'server_id': sid})
             trainer.submit_param()  # version 2
 
-    trainer.sleep = fake_sleep
+    trainer.server.sleep = fake_sleep
     files = trainer.drain()
     assert sleeps == [5.0, 5.0]
     assert [os.path.basename(f) for f in files] == ['0_a.json.gz', '0_b.json.gz']
@@ -387,12 +387,12 @@ def test_drain_resubmits_once_per_restart_and_polls_every_5_s(tmp_path):
     full = {**empty_drain(drain_dir, 'B', True), 'count': 1, 'files': ['3_x.json.gz'], 'param_versions': [-1]}
     # instance A without parameters for three polls (our resubmission not yet visible, e.g. a slow link), then a
     # second restart (instance B) also without parameters, then data
-    trainer.remote = ScriptedRemote([empty_drain(drain_dir, 'A', False)] * 3 + [empty_drain(drain_dir, 'B', False),
+    trainer.server.remote = ScriptedRemote([empty_drain(drain_dir, 'A', False)] * 3 + [empty_drain(drain_dir, 'B', False),
                                      full])
     sleeps = []
-    trainer.sleep = sleeps.append
+    trainer.server.sleep = sleeps.append
     files = trainer.drain()
-    assert trainer.remote.submits == [True, True]  # once for A, once for B: never a loop
+    assert trainer.server.remote.submits == [True, True]  # once for A, once for B: never a loop
     assert sleeps == [5.0, 5.0, 5.0, 5.0]
     assert [os.path.basename(f) for f in files] == ['3_x.json.gz']
 
@@ -406,14 +406,14 @@ def test_drained_logs_vanishing_before_the_claim_are_counted_lost(tmp_path, capl
     lost = {**empty_drain(drain_dir, 'A', True), 'count': 3, 'files': ['0_a.json.gz', '0_b.json.gz', '0_c.json.gz'],
             'param_versions': [1, 2, 3], 'param_version': 5}
     all_lost = {**lost, 'files': ['1_d.json.gz'], 'count': 1, 'param_versions': [4]}
-    trainer.remote = ScriptedRemote([all_lost, lost])
+    trainer.server.remote = ScriptedRemote([all_lost, lost])
     sleeps = []
-    trainer.sleep = sleeps.append
+    trainer.server.sleep = sleeps.append
     with caplog.at_level('WARNING', logger='mortal.train'):
         files = trainer.drain()
     assert [os.path.basename(f) for f in files] == ['0_b.json.gz'] and open(files[0], 'rb').read() == b'b'
     assert sleeps == [5.0]  # a drain whose logs all vanished is an empty one: poll again
-    assert trainer.lost_logs == 3
+    assert trainer.server.lost_logs == 3
     warnings_ = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
     assert len(warnings_) == 2 and '1 of 1 drained logs vanished' in warnings_[0]
     assert '2 of 3 drained logs vanished' in warnings_[1] and 'lost, 3 in total' in warnings_[1]

@@ -374,7 +374,7 @@ class BaselineKeeper:
         msg = {'type': 'submit_baseline', 'mortal': wire.pack_state_dict(mortal), 'dqn': wire.pack_state_dict(dqn),
                'arch': arch, 'baseline_version': t.guard['baseline_version'], 'baseline_digest': digest}
         try:
-            wire.request_with_retry(t.remote, msg, sleep=t.sleep)
+            wire.request_with_retry(t.server.remote, msg, sleep=t.server.sleep)
         except wire.RequestRefused as ex:  # e.g. an older server: clients keep their own files
             logger.warning('baseline not submitted to the server: %s', ex)
             return

@@ -1,13 +1,15 @@
-"""The learner's checkpoint: resuming a ``Trainer`` from ``[control] state_file`` and writing it back.
+"""The learner's checkpoint: resuming from ``[control] state_file`` and writing it back, as plain functions.
 
-``LearnerCheckpoint`` is a part of ``mortal.train.Trainer`` (a mixin, so that ``trainer.load_state()``,
-``trainer.checkpoint()`` and ``trainer.save()`` stay the trainer's own methods): it reads and writes the models,
-optimizer, scheduler, GradScaler, step count, ``best_perf``, the long-run guards' state and the EMA under Mortal's
-checkpoint keys (``mortal.model.checkpoint.CHECKPOINT_KEYS``, plus ``guard``, ``ema_mortal``, ``ema_dqn``), with
-the atomic save of ``mortal.model.checkpoint``. Its lines are logged as ``mortal.train``, the trainer's logger.
+``load_state`` reads the models, optimizer, scheduler, GradScaler, step count, ``best_perf``, the long-run guards'
+state and the EMA under Mortal's checkpoint keys (``mortal.model.checkpoint.CHECKPOINT_KEYS``, plus ``guard``,
+``ema_mortal``, ``ema_dqn``); ``checkpoint_dict`` builds that dict; ``write`` saves it atomically
+(``mortal.model.checkpoint.atomic_torch_save``), online in one step with the claim ledger's commit. Each takes
+what it reads as arguments (``mortal.train.Trainer`` passes its own). Its lines are logged as ``mortal.train``, the
+trainer's logger.
 """
 
 import logging
+from collections import namedtuple
 from datetime import datetime
 from os import path
 
@@ -18,97 +20,94 @@ from mortal.model.checkpoint import (INITIAL_BEST_PERF, atomic_torch_save, check
 
 logger = logging.getLogger('mortal.train')  # the trainer's lines (log format)
 
+# What a resumed learner takes from its checkpoint besides the weights and optimizer states it loads in place:
+# ``ema`` is ``(ema_mortal, ema_dqn)`` state dicts, or None when the checkpoint has none.
+Resumed = namedtuple('Resumed', 'steps best_perf guard ema')
 
-class LearnerCheckpoint:
-    """The trainer's checkpoint methods. The host (``mortal.train.Trainer``) provides ``config``, ``online``,
-    ``device``, ``state_file``, the models ``mortal``, ``dqn``, ``aux_net``, ``optimizer``, ``scheduler``,
-    ``scaler``, ``ema`` (None or the (mortal, dqn) EMA copies), and the state this class fills in: ``best_perf``,
-    ``guard``, ``steps``, ``saved_steps`` (the step of ``state_file`` as last loaded or written), ``_loaded_ema``."""
 
-    def load_state(self) -> bool:
-        """Resume from ``[control] state_file`` if it exists; returns whether it did.
+def load_state(state_file: str, models: tuple, optimizer, scheduler, scaler, *, online: bool, device,
+               cfg) -> 'Resumed | None':
+    """Resume from ``state_file`` if it exists: load ``models`` = (mortal, dqn, aux_net), ``optimizer``,
+    ``scheduler`` and ``scaler`` in place and return the rest (``Resumed``); None when there is no file.
 
-        An offline checkpoint loaded for online training keeps the config's optimizer/scheduler (Mortal).
-        Raises CheckpointError: not loadable, lacking an entry, or weights that do not fit the config.
-        """
-        if not path.exists(self.state_file):
-            logger.info('no checkpoint at %s: starting from scratch', self.state_file)
-            return False
-        state = load_checkpoint(self.state_file, map_location=self.device)
-        require_entries(state, ('mortal', 'current_dqn', 'aux_net', 'steps'), self.state_file)
-        ckpt_cfg = state.get('config')
-        for model, entry in ((self.mortal, 'mortal'), (self.dqn, 'current_dqn'), (self.aux_net, 'aux_net')):
-            check_fits_config(model, state[entry], entry=entry, source=self.state_file, ckpt_cfg=ckpt_cfg,
-                              cfg=self.cfg)
-            model.load_state_dict(state[entry])
-        ckpt_online = bool(lookup(ckpt_cfg, 'control.online'))  # the checkpoint's plain dict, of any writer
-        if 'optimizer' not in state or 'scheduler' not in state:
-            logger.info('%s has no optimizer/scheduler state (a bare model checkpoint): starting them fresh',
-                        self.state_file)
-        elif not self.online or ckpt_online:
-            self.optimizer.load_state_dict(state['optimizer'])
-            self.scheduler.load_state_dict(state['scheduler'])
-        else:
-            logger.info('offline checkpoint in online mode: optimizer and scheduler start fresh from the config')
-        if self.scaler.is_enabled() and state.get('scaler'):
-            self.scaler.load_state_dict(state['scaler'])
-        self.best_perf = dict(state.get('best_perf', INITIAL_BEST_PERF))
-        self.guard = {**INITIAL_GUARD, **state.get('guard', {})}
-        self.steps = int(state['steps'])
-        self.saved_steps = self.steps
-        if 'ema_mortal' in state and 'ema_dqn' in state:
-            self._loaded_ema = (state['ema_mortal'], state['ema_dqn'])
-        when = datetime.fromtimestamp(state.get('timestamp', 0)).strftime('%Y-%m-%d %H:%M:%S')
-        logger.info('loaded %s (saved %s, steps %d)', self.state_file, when, self.steps)
-        return True
+    An offline checkpoint loaded for online training (``online``) keeps the config's optimizer/scheduler (Mortal).
+    ``cfg``: the typed config the weights must fit. Raises CheckpointError: not loadable, lacking an entry, or
+    weights that do not fit the config.
+    """
+    if not path.exists(state_file):
+        logger.info('no checkpoint at %s: starting from scratch', state_file)
+        return None
+    state = load_checkpoint(state_file, map_location=device)
+    require_entries(state, ('mortal', 'current_dqn', 'aux_net', 'steps'), state_file)
+    ckpt_cfg = state.get('config')
+    for model, entry in zip(models, ('mortal', 'current_dqn', 'aux_net')):
+        check_fits_config(model, state[entry], entry=entry, source=state_file, ckpt_cfg=ckpt_cfg, cfg=cfg)
+        model.load_state_dict(state[entry])
+    ckpt_online = bool(lookup(ckpt_cfg, 'control.online'))  # the checkpoint's plain dict, of any writer
+    if 'optimizer' not in state or 'scheduler' not in state:
+        logger.info('%s has no optimizer/scheduler state (a bare model checkpoint): starting them fresh', state_file)
+    elif not online or ckpt_online:
+        optimizer.load_state_dict(state['optimizer'])
+        scheduler.load_state_dict(state['scheduler'])
+    else:
+        logger.info('offline checkpoint in online mode: optimizer and scheduler start fresh from the config')
+    if scaler.is_enabled() and state.get('scaler'):
+        scaler.load_state_dict(state['scaler'])
+    steps = int(state['steps'])
+    ema = (state['ema_mortal'], state['ema_dqn']) if 'ema_mortal' in state and 'ema_dqn' in state else None
+    when = datetime.fromtimestamp(state.get('timestamp', 0)).strftime('%Y-%m-%d %H:%M:%S')
+    logger.info('loaded %s (saved %s, steps %d)', state_file, when, steps)
+    return Resumed(steps=steps, best_perf=dict(state.get('best_perf', INITIAL_BEST_PERF)),
+                   guard={**INITIAL_GUARD, **state.get('guard', {})}, ema=ema)
 
-    def played(self) -> tuple:
-        """The (mortal, dqn) that self-play, test play and best.pth use: the EMA when ``[online] ema_decay`` > 0."""
-        return self.ema if self.ema is not None else (self.mortal, self.dqn)
 
-    def checkpoint(self) -> dict:
-        """The checkpoint dict with Mortal's keys (config without the shared token), plus ``ema_mortal`` and
-        ``ema_dqn`` with an EMA."""
-        extra = {}
-        if self.ema is not None:
-            extra = {'ema_mortal': self.ema[0].state_dict(), 'ema_dqn': self.ema[1].state_dict()}
-        if self.online:  # the long-run guards' state (mortal/learning/guards.py), after Mortal's keys
-            extra['guard'] = dict(self.guard)
-        return {
-            'mortal': self.mortal.state_dict(),
-            'current_dqn': self.dqn.state_dict(),
-            'aux_net': self.aux_net.state_dict(),
-            'optimizer': self.optimizer.state_dict(),
-            'scheduler': self.scheduler.state_dict(),
-            'scaler': self.scaler.state_dict(),
-            'steps': self.steps,
-            'timestamp': datetime.now().timestamp(),
-            'best_perf': dict(self.best_perf),
-            'config': for_checkpoint(self.config),
-            **extra,
-        }
+def checkpoint_dict(models: tuple, optimizer, scheduler, scaler, *, steps: int, best_perf: dict, guard: dict,
+                    ema, online: bool, config: dict) -> dict:
+    """The checkpoint dict with Mortal's keys of ``models`` = (mortal, dqn, aux_net) and the training state
+    (``config``: the plain dict, written without the shared token), plus ``ema_mortal`` and ``ema_dqn`` with an
+    EMA (``ema``: the (mortal, dqn) copies, or None) and, ``online``, the guards' state ``guard``."""
+    mortal, dqn, aux_net = models
+    extra = {}
+    if ema is not None:
+        extra = {'ema_mortal': ema[0].state_dict(), 'ema_dqn': ema[1].state_dict()}
+    if online:  # the long-run guards' state (mortal/learning/guards.py), after Mortal's keys
+        extra['guard'] = dict(guard)
+    return {
+        'mortal': mortal.state_dict(),
+        'current_dqn': dqn.state_dict(),
+        'aux_net': aux_net.state_dict(),
+        'optimizer': optimizer.state_dict(),
+        'scheduler': scheduler.state_dict(),
+        'scaler': scaler.state_dict(),
+        'steps': steps,
+        'timestamp': datetime.now().timestamp(),
+        'best_perf': dict(best_perf),
+        'config': for_checkpoint(config),
+        **extra,
+    }
 
-    def stop_summary(self) -> str:
-        """What a learner stopped now keeps and discards (its last line): the steps since ``saved_steps``, and
-        online the claimed logs, which the next learner trains."""
-        if self.saved_steps is None:
-            kept = f'the {self.steps:,} steps trained discarded (no checkpoint written yet)'
-        elif self.saved_steps == self.steps:
-            kept = f'nothing discarded ({self.state_file} holds step {self.steps:,})'
-        else:
-            kept = (f'the {self.steps - self.saved_steps:,} steps since the last save discarded '
-                    f'({self.state_file} keeps step {self.saved_steps:,})')
-        if self.online:
-            kept += '; claimed logs not yet trained are kept for the next learner'
-        return kept
 
-    def save(self) -> None:
-        """Write ``checkpoint()`` to ``[control] state_file`` atomically; online, in one step with the claim
-        ledger's commit (``mortal.data.claims.ClaimLedger.commit_with``), so that the ledger on disk always
-        describes the checkpoint on disk, whatever the kill point; ``saved_steps`` is then its step."""
-        ledger = getattr(self, 'ledger', None) if self.online else None
-        if ledger is None:
-            atomic_torch_save(self.checkpoint(), self.state_file)
-        else:
-            ledger.commit_with(self.steps, lambda: atomic_torch_save(self.checkpoint(), self.state_file))
-        self.saved_steps = self.steps
+def write(build, state_file: str, steps: int, ledger=None) -> None:
+    """Write ``build()`` (the checkpoint dict, built at the moment of writing) to ``state_file`` atomically; with a
+    claim ``ledger`` (online), in one step with its commit (``mortal.data.claims.ClaimLedger.commit_with``), so that
+    the ledger on disk always describes the checkpoint on disk, whatever the kill point."""
+    if ledger is None:
+        atomic_torch_save(build(), state_file)
+    else:
+        ledger.commit_with(steps, lambda: atomic_torch_save(build(), state_file))
+
+
+def stop_summary(steps: int, saved_steps, state_file: str, online: bool) -> str:
+    """What a learner stopped at ``steps`` keeps and discards (its last line): the steps since ``saved_steps`` (the
+    step of ``state_file`` as last loaded or written; None: none), and ``online`` the claimed logs, which the next
+    learner trains."""
+    if saved_steps is None:
+        kept = f'the {steps:,} steps trained discarded (no checkpoint written yet)'
+    elif saved_steps == steps:
+        kept = f'nothing discarded ({state_file} holds step {steps:,})'
+    else:
+        kept = (f'the {steps - saved_steps:,} steps since the last save discarded '
+                f'({state_file} keeps step {saved_steps:,})')
+    if online:
+        kept += '; claimed logs not yet trained are kept for the next learner'
+    return kept
