@@ -22,6 +22,7 @@ import logging
 import numbers
 import os
 import reprlib
+import stat
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
@@ -174,6 +175,12 @@ def read_config(path: str | os.PathLike | None = None, env: Env = os.environ) ->
     """The TOML file ``path`` (None: :func:`resolve_path`) as a plain dict, not validated. Raises
     :class:`ConfigError`: the file is missing or unreadable, or its TOML is malformed (with the line)."""
     path = resolve_path(path, env)
+    try:
+        regular = not os.path.exists(path) or stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        regular = True  # the open below names the error
+    if not regular:  # a FIFO would block the open forever, a device be read without end
+        raise ConfigError(path, [f'config path {path} is not a regular file'])
     try:
         with open(path, 'rb') as f:
             data = f.read()
