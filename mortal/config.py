@@ -524,8 +524,13 @@ def _unknown_names(config: dict, path: str, warns: list[str], errors: list[str])
         removed = None if u.is_section else REMOVED_KEYS.get((u.table, u.name))
         if removed:
             errors.append(f'[{u.table}] {u.name} in {path} was {removed}')
-        else:
-            warns.append(unknown_warning(u, path))
+            continue
+        warning = unknown_warning(u, path)
+        elsewhere = [(t, reason) for (t, n), reason in REMOVED_KEYS.items() if n == u.name and not u.is_section]
+        if elsewhere:  # a removed key written in another table than its own
+            table, reason = elsewhere[0]
+            warning += f' ([{table}] {u.name} was {reason})'
+        warns.append(warning)
 
 
 def lookup(config: dict, dotted: str, default=None):
