@@ -101,3 +101,17 @@ def test_doctor_sees_the_expanded_paths_of_a_relative_quickstart_config(tmp_path
     out = capsys.readouterr().out
     assert '{config_dir}' not in out, out
     assert str(work / 'online') in out  # the writable checks name the expanded folders
+
+
+def test_doctor_refuses_the_buffer_dir_at_the_config_folder(tmp_path, capsys):
+    work = tmp_path / 'work'
+    cfg_path = quickstart_config.write_config(work, preset='short', relative=True)
+    cfg = toml.load(cfg_path)
+    cfg['online']['server']['buffer_dir'] = '{config_dir}'
+    cfg_path.write_text(toml.dumps(cfg))
+    assert doctor.main(['-c', str(cfg_path)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith('[FAIL] config: ')
+    assert f"[online.server] buffer_dir = '{{config_dir}}' in {cfg_path} is emptied by its process but holds the " \
+           f"config file ({cfg_path})" in out
+    assert 'all checks passed' not in out
