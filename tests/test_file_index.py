@@ -63,3 +63,14 @@ def test_glob_regex_matches_what_glob_gives():
     assert not glob_regex('/d/[!a]?.gz').match('/d/a1.gz')
     assert glob_regex('/d/[ab]?.gz').match('/d/b1.gz')
     assert listed_problem(('/d/a.gz',), ['/d/*.gz']) == "1 of its 1 files are missing ('/d/a.gz')"
+
+
+def test_a_bad_grp_index_is_rebuilt_from_the_globs_with_a_warning(tmp_path, ds, caplog):
+    from mortal.train_grp import build_file_index
+    val = [str(tmp_path / 'other.json.gz')]
+    torch.save({'train_file_list': [1, 2, None], 'val_file_list': val, 'train_globs': ds.globs,
+                'val_globs': val}, ds.file_index)
+    with caplog.at_level(logging.WARNING, logger='mortal.train_grp'):
+        assert build_file_index(ds.globs, val, ds.file_index) == (_built(tmp_path), val)
+    assert (f'[grp.dataset] file_index {ds.file_index} is rebuilt from the globs: train_file_list: 3 of its 3 '
+            f'entries are not paths (1, 2, None)') in caplog.text
