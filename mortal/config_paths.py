@@ -17,6 +17,8 @@ from __future__ import annotations
 import glob
 import os
 
+from mortal.config_schema import table_name
+
 CONFIG_DIR = '{config_dir}'
 NOT_EXPANDED = (('online', 'remote', 'token'),)  # a secret: a value that merely starts with {config_dir} stays so
 
@@ -108,7 +110,7 @@ def emptied_folders(cfg) -> list[tuple[str, str]]:
                 ('[online.server] drain_dir (its .trainer claim folder)', os.path.normpath(server.drain_dir)
                  + '.trainer')]
     for profile, table in sorted((cfg.train_play or {}).items()):
-        out.append((f'[train_play.{profile}] log_dir', table.log_dir))
+        out.append((f'[{table_name(("train_play", profile))}] log_dir', table.log_dir))
     if cfg.test_play is not None:
         out += [('[test_play] log_dir', cfg.test_play.log_dir),
                 ('[test_play] log_dir (its _best folder)', os.path.normpath(cfg.test_play.log_dir) + '_best')]
