@@ -22,6 +22,7 @@ import logging
 import numbers
 import os
 import reprlib
+import stat
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
@@ -34,6 +35,7 @@ from mortal.config_schema import (  # noqa: F401  (re-exported: the config's pub
     Section, is_section, section_keys, table_name, table_path)
 from mortal.config_schema import REQUIRED as _REQUIRED, UNFILLED as _ABSENT
 from mortal.config_schema import REMOVED_KEYS
+from mortal import config_paths
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -174,6 +176,12 @@ def read_config(path: str | os.PathLike | None = None, env: Env = os.environ) ->
     :class:`ConfigError`: the file is missing or unreadable, or its TOML is malformed (with the line)."""
     path = resolve_path(path, env)
     try:
+        regular = not os.path.exists(path) or stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        regular = True  # the open below names the error
+    if not regular:  # a FIFO would block the open forever, a device be read without end
+        raise ConfigError(path, [f'config path {path} is not a regular file'])
+    try:
         with open(path, 'rb') as f:
             data = f.read()
     except FileNotFoundError:
@@ -220,23 +228,15 @@ def load_config(path: str | os.PathLike | None = None, *, required: Required = C
     path = resolve_path(path, env)
     config = read_config(path, env)
     validate(config, path, required=required, env=env)
-    expand_config_dir(config, os.path.dirname(os.path.abspath(path)))
+    expand_config_dir(config, config_paths.config_folder(path))
     return config
 
 
 def expand_config_dir(node, folder: str):
-    """In place, every string of the loaded config ``node`` (its tables and arrays) that starts with
-    ``{config_dir}`` starts with ``folder`` (the config file's, absolute) instead: ``state_file =
-    '{config_dir}/online/mortal.pth'`` names a file beside the config, wherever the folder is moved or copied.
-    Other strings, relative paths included (relative to the working directory, as Mortal's), are left as they are.
-    Returns ``node``."""
-    items = node.items() if isinstance(node, dict) else enumerate(node)
-    for k, v in list(items):
-        if isinstance(v, str) and v.startswith(CONFIG_DIR):
-            node[k] = folder + v[len(CONFIG_DIR):]
-        elif isinstance(v, (dict, list)):
-            expand_config_dir(v, folder)
-    return node
+    """:func:`mortal.config_paths.expand_config_dir`: in place, a string value that starts with ``{config_dir}``
+    (then its end or a path separator; ``[online.remote] token`` never) starts with ``folder`` instead. Returns
+    ``node``."""
+    return config_paths.expand_config_dir(node, folder)
 
 
 def config_errors(path: str | os.PathLike | None = None, *, required: Required = mode_sections,
@@ -286,6 +286,7 @@ def _check(config: dict, path: str, required: Required, env: Env) -> tuple:
     except ValidationError as e:
         errors.extend(dict.fromkeys(_problem(err, config, path) for err in e.errors()))
     _unknown_names(config, path, warns, errors)
+    errors.extend(config_paths.config_dir_errors(config, path))
     for name in required:
         if name == 'train_play':
             continue  # checked below with the profile in use
@@ -523,8 +524,13 @@ def _unknown_names(config: dict, path: str, warns: list[str], errors: list[str])
         removed = None if u.is_section else REMOVED_KEYS.get((u.table, u.name))
         if removed:
             errors.append(f'[{u.table}] {u.name} in {path} was {removed}')
-        else:
-            warns.append(unknown_warning(u, path))
+            continue
+        warning = unknown_warning(u, path)
+        elsewhere = [(t, reason) for (t, n), reason in REMOVED_KEYS.items() if n == u.name and not u.is_section]
+        if elsewhere:  # a removed key written in another table than its own
+            table, reason = elsewhere[0]
+            warning += f' ([{table}] {u.name} was {reason})'
+        warns.append(warning)
 
 
 def lookup(config: dict, dotted: str, default=None):
@@ -547,6 +553,8 @@ def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str],
     """The rules that tie several keys together, appended as messages. ``cfg`` holds the tables that validate
     (a table that does not is None there, and named in ``broken``: a rule over it is not checked)."""
     control, online, server = cfg.control, cfg.online, cfg.online and cfg.online.server
+    # no folder a process empties may hold the config, the checkpoints or another emptied folder
+    errors.extend(config_paths.folder_errors(cfg, path))
     if control is not None and online is not None and online.offline_batch_size and not control.online:
         warns.append(f'[online] offline_batch_size = {online.offline_batch_size} in {path} has no effect with '
                      f'[control] online = false (offline training reads [dataset] whole)')

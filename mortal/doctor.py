@@ -494,7 +494,7 @@ def main(argv=None):
     """``python -m mortal.doctor [-c PATH] [--server-running] [--profile NAME]``: print the checklist; returns 1
     when a check FAILs, else 0."""
     from mortal import config as mcfg
-    from mortal import entry
+    from mortal import config_paths, entry
 
     parser = entry.parser('Check a config before a long run.')
     parser.add_argument('--server-running', action='store_true',
@@ -515,6 +515,8 @@ def main(argv=None):
         # one pass of the processes' own validator (mortal.config.config_errors): every problem at once
         config = mcfg.read_config(path, env)
         warns = mcfg.validate(config, path, required=mcfg.mode_sections, env=env)
+        # the checks below see the paths the processes use (mortal.config.load_config expands them the same way)
+        mcfg.expand_config_dir(config, config_paths.config_folder(path))
     except mcfg.ConfigError as e:
         print(Check(FAIL, 'config', str(e)).line())
         return 1

@@ -103,26 +103,45 @@ ONE_VS_THREE_DEVICES = ('1v3.challenger.device', '1v3.champion.device')
 
 
 def device_problems(config: dict, keys: Iterable[str]) -> list[str]:
-    """One line for each of ``keys`` (dotted, e.g. ``'control.device'``) whose value in ``config`` is a CUDA device
-    that this torch cannot use, naming the key and both fixes: a CUDA build of torch (or a visible GPU, when this
-    torch has CUDA) or ``device = 'cpu'``. ``[]`` when every device is usable or not CUDA. Imports torch."""
-    cuda = [(dotted, value) for dotted in keys
-            if isinstance(value := mcfg.lookup(config, dotted), str) and value.strip().lower().startswith('cuda')]
-    if not cuda:
+    """One line for each of ``keys`` (dotted, e.g. ``'control.device'``) whose value in ``config`` is a device
+    this torch cannot use, naming the key and the fix: not a torch device string at all (``'banana'``, a path),
+    a kind the processes do not run on (only ``cpu``, ``cuda[:N]`` and ``mps``), ``mps`` where this torch has none,
+    a CUDA device on a CPU-only build or with no GPU visible (both fixes: a CUDA build of torch / a visible GPU, or
+    ``device = 'cpu'``), or a CUDA index beyond the visible GPUs. ``[]`` when every device is usable. Imports
+    torch only when a key is set."""
+    given = [(dotted, value) for dotted in keys if isinstance(value := mcfg.lookup(config, dotted), str)]
+    if not given:
         return []
     import torch
-    if torch.cuda.is_available():
-        return []
     out = []
-    for dotted, value in cuda:
+    for dotted, value in given:
         *table, name = mcfg.table_path(dotted)
         key = f'[{mcfg.table_name(table)}] {name}'
-        if not torch.backends.cuda.is_built():
-            out.append(f"{key} = {value!r}, but this torch ({torch.__version__}) is a CPU-only build: install a "
+        shown = repr(value[:200]) + ('...' if len(value) > 200 else '')
+        try:
+            device = torch.device(value)
+        except (RuntimeError, ValueError) as e:
+            out.append(f"{key} = {shown} is not a torch device ({str(e).splitlines()[0][:120]}): use 'cpu', "
+                       f"'cuda', 'cuda:N' or 'mps'")
+            continue
+        if device.type == 'cpu':
+            continue
+        if device.type == 'mps':
+            if not torch.backends.mps.is_available():
+                out.append(f"{key} = {shown}, but this torch ({torch.__version__}) cannot use an Apple GPU (mps): "
+                           f"set {key} = 'cpu'")
+        elif device.type != 'cuda':
+            out.append(f"{key} = {shown} is a {device.type!r} device, which the processes do not run on: use "
+                       f"'cpu', 'cuda', 'cuda:N' or 'mps'")
+        elif not torch.backends.cuda.is_built():
+            out.append(f"{key} = {shown}, but this torch ({torch.__version__}) is a CPU-only build: install a "
                        f"CUDA build of torch, or set {key} = 'cpu'")
-        else:
-            out.append(f"{key} = {value!r}, but torch sees no CUDA device (driver, CUDA_VISIBLE_DEVICES): make a "
+        elif not torch.cuda.is_available():
+            out.append(f"{key} = {shown}, but torch sees no CUDA device (driver, CUDA_VISIBLE_DEVICES): make a "
                        f"GPU visible, or set {key} = 'cpu'")
+        elif device.index is not None and device.index >= torch.cuda.device_count():
+            out.append(f"{key} = {shown}, but torch sees {torch.cuda.device_count()} CUDA device(s) (indices from "
+                       f"0): set a visible index, or {key} = 'cpu'")
     return out
 
 

@@ -43,7 +43,7 @@ from torch.utils.data import IterableDataset
 
 from mortal.model.checkpoint import CheckpointError, atomic_torch_save, describe_error, load_checkpoint
 from mortal.data.grp import Grp
-from mortal.data.offline_data import stale_index
+from mortal.data.offline_data import listed_problem, stale_index
 
 # Not __name__: that is "__main__" under ``python -m`` / as a script.
 logger = logging.getLogger("mortal.train_grp")
@@ -217,7 +217,8 @@ def build_file_index(train_globs, val_globs, file_index):
     empty (an empty cache would hide logs added later).
 
     The index also records the globs (``train_globs``, ``val_globs``); one built from other globs (or with no
-    record of them) is rebuilt, with a log line (``mortal.data.offline_data.stale_index``).
+    record of them) is rebuilt, with a log line (``mortal.data.offline_data.stale_index``); so is, with a WARNING,
+    one that lists anything but existing str paths within the globs (``offline_data.listed_problem``).
 
     Raises:
         TrainGrpInputError: ``file_index`` exists but is not such a file (weights-only torch file).
@@ -231,8 +232,15 @@ def build_file_index(train_globs, val_globs, file_index):
                                      "delete it to rebuild it from the globs") from None
         stale = stale_index(index, {"train_globs": train_globs, "val_globs": val_globs})
         if stale is None:
-            return lists
-        logger.info("[grp.dataset] file_index %s is rebuilt: %s", file_index, stale)
+            bad = [f"{key}: {why}" for key, patterns in (("train_file_list", train_globs),
+                                                         ("val_file_list", val_globs))
+                   if (why := listed_problem(index[key], patterns)) is not None]
+            if not bad:
+                return lists
+            # never read what a damaged or planted index lists
+            logger.warning("[grp.dataset] file_index %s is rebuilt from the globs: %s", file_index, "; ".join(bad))
+        else:
+            logger.info("[grp.dataset] file_index %s is rebuilt: %s", file_index, stale)
     logger.info("building file index...")
     train_files = sorted((f for pat in train_globs for f in glob(pat, recursive=True)), reverse=True)
     val_files = sorted((f for pat in val_globs for f in glob(pat, recursive=True)), reverse=True)

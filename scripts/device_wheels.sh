@@ -8,6 +8,7 @@
 # the list below is what the project imports at run time beyond those (mjai needs loguru at import; its other
 # requirement, mahjong, is never imported), plus setuptools for building the compiled core with this pyproject.toml
 # (its license fields need setuptools >= 77). Versions are pinned to what this checkout is tested with.
+if [ -z "${BASH_VERSION:-}" ]; then exec bash "$0" "$@"; fi  # run with sh: pipefail and arrays need bash
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"

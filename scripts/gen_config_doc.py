@@ -3,7 +3,7 @@
 default and meaning, and for each key beyond Mortal's (its description starts with ``extra:``) the measurement behind
 it, where one exists (``MEASURED`` below).
 
-    python scripts/gen_config_doc.py > docs/config.md
+    python scripts/gen_config_doc.py > docs/config.md      # or: python scripts/gen_config_doc.py docs/config.md
 
 ``tests/test_config.py`` checks that docs/config.md is what this script writes, so a new key in the schema is a
 regenerated file, not a hand-written row.
@@ -192,4 +192,9 @@ def render() -> str:
 
 
 if __name__ == '__main__':
-    sys.stdout.write(render())
+    # UTF-8 whatever PYTHONIOENCODING or the locale say (the doc has non-ASCII signs): to the file argument if given
+    if len(sys.argv) > 1:
+        pathlib.Path(sys.argv[1]).write_text(render(), encoding='utf-8')
+    else:
+        sys.stdout.reconfigure(encoding='utf-8')
+        sys.stdout.write(render())

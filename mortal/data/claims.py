@@ -365,7 +365,15 @@ def _reconcile(claim_dir: str, steps) -> None:
     it belongs to the checkpoint on disk (its steps are ``steps``), else it is removed (that checkpoint was never
     written). Logged either way."""
     staged, manifest = path.join(claim_dir, STAGED), path.join(claim_dir, MANIFEST)
-    if not path.exists(staged):
+    if not path.lexists(staged):
+        return
+    if path.islink(staged) or not path.isfile(staged):
+        # a damaged ledger never stops the learner: what is no staged file (a folder, a link) is dropped
+        try:
+            shutil.rmtree(staged) if path.isdir(staged) and not path.islink(staged) else os.remove(staged)
+            logger.warning("dropping %s: it is no staged claim ledger (a folder or a link)", staged)
+        except OSError as ex:
+            logger.warning("cannot drop %s, which is no staged claim ledger: %s", staged, ex)
         return
     at = _staged_steps(staged)
     if steps is not None and at == steps:

@@ -16,6 +16,7 @@ import gzip
 import json
 import logging
 import random
+import re
 from glob import glob
 from itertools import chain
 from os import path
@@ -43,7 +44,8 @@ def build_file_list(dataset, player_names: set) -> list:
     of ``player_names`` sits, when given), sort descending (Mortal) and cache it in ``file_index`` (an empty list
     is never cached, so fixing the globs takes effect). Raises ValueError naming ``file_index`` when that file is
     not an index this function wrote. An index built from other globs than ``[dataset] globs`` (or with no record
-    of them) is rebuilt, with a log line."""
+    of them) is rebuilt, with a log line; so is, with a WARNING, an index that lists anything but existing str paths
+    within the globs (``listed_problem``)."""
     file_index = dataset.file_index
     if path.exists(file_index):
         try:
@@ -54,9 +56,14 @@ def build_file_list(dataset, player_names: set) -> list:
                              f'delete it to rebuild it from [dataset] globs') from None
         stale = stale_index(index, {'globs': dataset.globs})
         if stale is None:
-            logger.info('file index loaded from %s', file_index)
-            return file_list
-        logger.info('[dataset] file_index %s is rebuilt: %s', file_index, stale)
+            bad = listed_problem(index['file_list'], dataset.globs)
+            if bad is None:
+                logger.info('file index loaded from %s', file_index)
+                return file_list
+            # never read what a damaged or planted index lists (open(1) would be this process's stdout)
+            logger.warning('[dataset] file_index %s is rebuilt from [dataset] globs: %s', file_index, bad)
+        else:
+            logger.info('[dataset] file_index %s is rebuilt: %s', file_index, stale)
     logger.info('building file index...')
     file_list = []
     for pattern in dataset.globs:
@@ -87,6 +94,58 @@ def stale_index(index: dict, globs: dict) -> str | None:
             return f'it has no record of the {key} it was built from'
         if list(have) != list(want):
             return f'it was built from {key} {list(have)}, the config has {list(want)}'
+    return None
+
+
+def glob_regex(pattern: str) -> re.Pattern:
+    """The regular expression of the paths that ``glob(pattern, recursive=True)`` can give (``**`` any number of
+    folders, ``*`` and ``?`` within one name, ``[...]`` a class), to check a listed path without listing folders;
+    looser only in that ``*`` also matches a name that starts with a dot."""
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith('**/', i):
+            out.append('(?:[^/]*/)*')
+            i += 3
+        elif pattern.startswith('**', i):
+            out.append('.*')
+            i += 2
+        elif pattern[i] == '*':
+            out.append('[^/]*')
+            i += 1
+        elif pattern[i] == '?':
+            out.append('[^/]')
+            i += 1
+        elif pattern[i] == '[' and pattern.find(']', i + 2) != -1:
+            j = pattern.find(']', i + 2)
+            body = pattern[i + 1:j]
+            body = '^' + body[1:] if body.startswith('!') else body
+            out.append('[' + body.replace('\\', '\\\\') + ']')
+            i = j + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile(''.join(out) + r'\Z')
+
+
+def listed_problem(file_list, patterns, *, shown: int = 3) -> str | None:
+    """Why the ``file_list`` of a loaded file index must not be read, as a phrase for a log line; None when it is a
+    list of str paths that all exist and match one of the glob ``patterns`` (``glob_regex``: no folder is listed).
+    Listed entries are clipped in the phrase."""
+    def some(items):
+        return ', '.join(repr(x)[:200] for x in items[:shown]) + (', ...' if len(items) > shown else '')
+
+    if not isinstance(file_list, (list, tuple)):
+        return f'its file_list is a {type(file_list).__name__}, not a list of paths'
+    not_str = [f for f in file_list if not isinstance(f, str)]
+    if not_str:
+        return f'{len(not_str)} of its {len(file_list)} entries are not paths ({some(not_str)})'
+    regexes = [glob_regex(p) for p in patterns]
+    outside = [f for f in file_list if not any(r.match(f) for r in regexes)]
+    if outside:
+        return f'{len(outside)} of its {len(file_list)} files are outside the globs ({some(outside)})'
+    missing = [f for f in file_list if not path.isfile(f)]
+    if missing:
+        return f'{len(missing)} of its {len(file_list)} files are missing ({some(missing)})'
     return None
 
 

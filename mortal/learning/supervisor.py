@@ -19,6 +19,7 @@ with ``signal_group``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -149,9 +150,13 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
     checked before every restart: a broken one is waited for (``wait_for_config``, every ``retry_interval`` s,
     a line every ``remind_every`` s) instead of starting a learner that would fail on it, also after a learner
     that exited with an error while the config is broken; the keys changed since the last start are logged
-    (``mortal.util.config_diff``)."""
+    (``mortal.util.config_diff``). With it, the supervisor also holds the lock of ``[control] state_file``
+    (``mortal.util.runlock``) from the first valid config to its end, and its learners run under that hold
+    (``runlock.child_env``): a second trainer on the same state file is refused even between two learners; raises
+    ``runlock.LockHeld`` when another process holds it."""
     cmd = [sys.executable, script, *argv]
     child_env = {**os.environ, IS_SUB_PROC_KEY: '1', SUPERVISOR_PID_KEY: str(os.getpid())}
+    locks = contextlib.ExitStack()  # the state file's lock, held from the first valid config to the end
     child = None
     stopping = False
     stop_signal = 'SIGINT'  # the name of the signal that asked the supervisor to stop
@@ -164,13 +169,27 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
             return True
         config = wait_for_config(config_path, required, env, stop_requested=lambda: stopping,
                                  retry_interval=retry_interval, remind_every=remind_every)
-        if config is None:
+        if config is None or stopping:  # a stop that came during the last check: no learner starts
             return False
+        if started_with is None:
+            hold_state_lock(config)
         if started_with is not None:
             changed = changed_keys(started_with, config)
             logger.info('config changed since the last start: %s', '; '.join(changed) if changed else 'nothing')
         started_with = config
         return True
+
+    def hold_state_lock(config) -> None:
+        # The supervisor holds the learner's lock for its whole life, its children run under it: a second trainer
+        # is refused even in the pause between two learners (raises runlock.LockHeld).
+        from mortal.config import typed
+        from mortal.util import runlock
+        nonlocal child_env
+        state_file = typed(config).control.state_file
+        lock_path = locks.enter_context(runlock.hold(
+            state_file, who='learner', key='[control] state_file',
+            fix='give this run its own [control] state_file'))
+        child_env = runlock.child_env(child_env, lock_path)
 
     def forward(signum, frame):
         nonlocal stopping, stop_signal
@@ -221,6 +240,7 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
                 return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
+        locks.close()
 
 
 def is_supervised() -> bool:

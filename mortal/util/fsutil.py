@@ -78,11 +78,39 @@ def atomic_copy(src, dst, *, keep_times: bool = False) -> None:
             shutil.copystat(src, f.name)
 
 
+#: Files no emptied folder ever holds by itself (its logs are .json.gz): a config or a checkpoint found there means
+#: the folder was configured onto the run's own files, and emptying it is refused (ForeignFilesError).
+FOREIGN_SUFFIXES = ('.toml', '.pth')
+
+
+class ForeignFilesError(OSError):
+    """``empty_dir`` refused: the folder holds a config (.toml) or checkpoint (.pth) file it never holds by itself."""
+
+
+def foreign_files(directory, keep=()) -> list[str]:
+    """The paths under ``directory`` (recursively; entries named in ``keep`` at its top skipped) whose names end
+    with one of ``FOREIGN_SUFFIXES``; symbolic links are not followed."""
+    found = []
+    for root, dirs, files in os.walk(directory):
+        if root == directory:
+            dirs[:] = [d for d in dirs if d not in keep]
+            files = [f for f in files if f not in keep]
+        found += [os.path.join(root, f) for f in files + dirs if f.endswith(FOREIGN_SUFFIXES)]
+    return sorted(found)
+
+
 def empty_dir(directory, keep=()) -> None:
     """Make ``directory`` an empty folder, except for the entries named in ``keep``; creates it (and its parents)
-    when missing, and replaces a file or a symbolic link found in its place. Raises OSError."""
+    when missing, and replaces a file or a symbolic link found in its place. Raises OSError;
+    :class:`ForeignFilesError` (nothing removed) when the folder holds a ``.toml`` or ``.pth`` file (a config or a
+    checkpoint: the folder is not one the processes own; the config check refuses such a folder first)."""
     directory = os.fspath(directory)
     if os.path.isdir(directory) and not os.path.islink(directory):
+        foreign = foreign_files(directory, keep)
+        if foreign:
+            raise ForeignFilesError(
+                f'refusing to empty {directory}: it holds {len(foreign)} config or checkpoint file(s) '
+                f'({", ".join(foreign[:3])[:300]}); point the folder key at a folder of its own')
         for name in os.listdir(directory):
             if name in keep:
                 continue

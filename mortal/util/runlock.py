@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import socket
 import time
@@ -28,8 +29,18 @@ logger = logging.getLogger(__name__)
 OWNER_SUFFIX = '.owner'
 
 
+INHERITED_KEY = 'MORTAL_LOCK_HELD_BY_PARENT'  # '<parent pid>:<lock path>': the parent holds that lock for the child
+SHOWN_CHARS = 200  # a holder record's host is cut to this many characters in messages
+RECORD_BYTES = 4096  # a holder record larger than this is a bad record (it is a few dozen bytes)
+
+
 class LockHeld(RuntimeError):
     """Another live process holds the lock. ``str()`` is the whole refusal: the holder and what to change."""
+
+
+class LockFailed(LockHeld):
+    """The OS refused the lock file itself (a read-only folder, a directory in its place, a file system without
+    locks): ``str()`` names the key and the OS error. A ``LockHeld`` so that every caller refuses it alike."""
 
 
 def lock_path_for(target: str) -> str:
@@ -39,21 +50,59 @@ def lock_path_for(target: str) -> str:
 
 
 def _holder(lock_path: str) -> dict:
-    """The holder record of ``lock_path`` (``{}`` when there is none or it cannot be read)."""
+    """The holder record of ``lock_path``, validated: ``{'pid': int, 'host': str (cut to SHOWN_CHARS), 'since':
+    float}`` with only the parts that are sound; ``{}`` when there is none, it cannot be read, or it is no record
+    (too large, not JSON, not an object)."""
     try:
-        with open(lock_path + OWNER_SUFFIX, encoding='utf-8') as f:
-            owner = json.load(f)
-    except (OSError, ValueError):
+        with open(lock_path + OWNER_SUFFIX, 'rb') as f:
+            data = f.read(RECORD_BYTES + 1)
+        owner = json.loads(data.decode('utf-8')) if len(data) <= RECORD_BYTES else None
+    except (OSError, ValueError, RecursionError):
         return {}
-    return owner if isinstance(owner, dict) else {}
+    if not isinstance(owner, dict):
+        return {}
+    out = {}
+    pid, host, since = owner.get('pid'), owner.get('host'), owner.get('since')
+    if isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 1 << 32:
+        out['pid'] = pid
+    if isinstance(host, str) and host:
+        out['host'] = host[:SHOWN_CHARS]
+    if isinstance(since, (int, float)) and not isinstance(since, bool) and math.isfinite(since) \
+            and 0 <= since < 1e11:  # gmtime accepts it; later than year 5000 is no time a holder started
+        out['since'] = float(since)
+    return out
 
 
 def describe_holder(owner: dict) -> str:
-    """``PID 123 on host h since 2026-12-04 20:00:00 UTC``, from a holder record (unknown parts said so)."""
+    """``PID 123 on host h since 2026-12-04 20:00:00 UTC``, from a holder record (unknown or unsound parts said
+    so; a host cut to ``SHOWN_CHARS``)."""
     since = owner.get('since')
-    when = (time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(since)) if isinstance(since, (int, float))
-            else 'an unknown time')
-    return f"PID {owner.get('pid', '?')} on host {owner.get('host', '?')} since {when}"
+    try:
+        when = (time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(since)) if isinstance(since, (int, float))
+                else 'an unknown time')
+    except (OverflowError, OSError, ValueError):
+        when = 'an unknown time'
+    pid = owner.get('pid')
+    pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else '?'
+    host = owner.get('host')
+    host = host[:SHOWN_CHARS] if isinstance(host, str) else '?'
+    return f"PID {pid} on host {host} since {when}"
+
+
+def _inherited(lock_path: str) -> bool:
+    """Whether this process's parent holds ``lock_path`` for it (``INHERITED_KEY``, set by ``child_env``)."""
+    return os.environ.get(INHERITED_KEY) == f'{os.getppid()}:{lock_path}'
+
+
+def child_env(env: dict, lock_path: str) -> dict:
+    """``env`` for a child process that runs under this process's hold of ``lock_path``: its ``hold`` of the same
+    target then takes nothing (the lock stays this process's, so no other process can take it between two
+    children)."""
+    return {**env, INHERITED_KEY: f'{os.getpid()}:{lock_path}'}
+
+
+def _failed(lock_path: str, key: str, target: str, exc: BaseException) -> LockFailed:
+    return LockFailed(f'cannot take the lock {lock_path} of {key} = {target}: {exc}')
 
 
 @contextlib.contextmanager
@@ -62,23 +111,39 @@ def hold(target: str, *, who: str, key: str, fix: str):
 
     ``who`` names the process ('learner', 'client'), ``key`` the config key whose value is ``target`` (e.g.
     ``[control] state_file``), ``fix`` what to change, for the refusal. Raises :class:`LockHeld` at once when a
-    live process holds it. A lock whose holder died (its record left behind) is taken over with a warning."""
+    live process holds it, :class:`LockFailed` (one line: the key and the OS error) when the lock file cannot be
+    made. A lock whose holder died (its record left behind) is taken over with a warning. In a child whose parent
+    holds the same lock for it (``child_env``) nothing is taken."""
     lock_path = lock_path_for(target)
-    os.makedirs(os.path.dirname(lock_path), exist_ok=True)
-    lock = FileLock(lock_path)
+    if _inherited(lock_path):
+        yield lock_path
+        return
     try:
+        os.makedirs(os.path.dirname(lock_path), exist_ok=True)
+        lock = FileLock(lock_path)
         lock.acquire(timeout=0)
     except Timeout:
+        try:  # filelock answers Timeout also when the file cannot be made at all (e.g. under /proc)
+            os.close(os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644))
+        except OSError as e:
+            raise _failed(lock_path, key, target, e) from None
         raise LockHeld(f'another {who} runs on {key} = {target}: {describe_holder(_holder(lock_path))} holds '
                        f'{lock_path}. Two {who}s on one {key} would {_harm(who)}; stop the other one, or {fix}'
                        ) from None
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
+        raise _failed(lock_path, key, target, e) from None
     try:
         left = _holder(lock_path)
-        if left:
+        if left or os.path.lexists(lock_path + OWNER_SUFFIX):
             logger.warning('taking over %s: its holder (%s) ended without releasing it (killed?)', lock_path,
                            describe_holder(left))
         owner = {'host': socket.gethostname(), 'pid': os.getpid(), 'since': time.time()}
-        atomic_write_bytes(json.dumps(owner).encode('utf-8'), lock_path + OWNER_SUFFIX, fsync=False)
+        try:
+            if os.path.isdir(lock_path + OWNER_SUFFIX) and not os.path.islink(lock_path + OWNER_SUFFIX):
+                raise IsADirectoryError(f'{lock_path + OWNER_SUFFIX} is a directory')
+            atomic_write_bytes(json.dumps(owner).encode('utf-8'), lock_path + OWNER_SUFFIX, fsync=False)
+        except OSError as e:  # the lock holds without its record; a refusal then names an unknown holder
+            logger.warning('cannot write the holder record of %s: %s', lock_path, e)
         yield lock_path
     finally:
         with contextlib.suppress(OSError):
@@ -90,13 +155,15 @@ def holder_if_held(target: str) -> str | None:
     """``describe_holder`` of the live holder of ``target``'s lock, or None when it is free (a check without taking
     it, e.g. for a supervisor whose child will take it)."""
     lock_path = lock_path_for(target)
-    if not os.path.exists(lock_path):
-        return None
+    if not os.path.isfile(lock_path) or _inherited(lock_path):
+        return None  # not a lock file: ``hold`` says what is wrong with it
     lock = FileLock(lock_path)
     try:
         lock.acquire(timeout=0)
     except Timeout:
         return describe_holder(_holder(lock_path))
+    except OSError:
+        return None  # ``hold`` names the OS error
     lock.release()
     return None
 

@@ -1,0 +1,162 @@
+"""Paths of the config: the ``{config_dir}`` prefix, and the rule that no folder a process empties holds the config
+or the run's state.
+
+``{config_dir}`` at the start of a string value, followed by the end of the value or a path separator, stands for the
+folder of the config file as given (a symbolic link to the file is not followed: the link's folder counts). Another
+use (``'{config_dir}..'``, ``'{config_dir}x'``) is an error naming the key. ``[online.remote] token`` is a secret,
+never a path: it is never expanded.
+
+Folders the processes empty: ``[online.server] buffer_dir`` and ``drain_dir`` (the server, at start),
+``<drain_dir>.trainer`` (the learner's claims), every ``[train_play.<profile>] log_dir`` (a client, each round),
+``[test_play] log_dir`` and ``<log_dir>_best`` (the learner's test plays). ``[1v3] log_dir`` is never emptied.
+Two ``[train_play.*]`` profiles may name the same ``log_dir`` (a client locks it, so one plays at a time).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from mortal.config_schema import table_name
+
+CONFIG_DIR = '{config_dir}'
+NOT_EXPANDED = (('online', 'remote', 'token'),)  # a secret: a value that merely starts with {config_dir} stays so
+
+
+def config_folder(path: str | os.PathLike) -> str:
+    """The absolute folder of the config file ``path`` as given (a symbolic link to the file is not followed)."""
+    return os.path.dirname(os.path.abspath(os.fspath(path)))
+
+
+def expands(value: str) -> bool:
+    """Whether the string ``value`` starts with ``{config_dir}`` followed by its end or a path separator."""
+    if not value.startswith(CONFIG_DIR):
+        return False
+    rest = value[len(CONFIG_DIR):]
+    return rest == '' or rest[0] in (os.sep, os.altsep or os.sep, '/')
+
+
+def expand(value: str, folder: str) -> str:
+    """``value`` with a leading ``{config_dir}`` (see :func:`expands`) replaced by ``folder``; else unchanged."""
+    return folder + value[len(CONFIG_DIR):] if expands(value) else value
+
+
+def expand_config_dir(node, folder: str, _where: tuple = ()):
+    """In place, every string of the loaded config ``node`` (its tables and arrays) that starts with
+    ``{config_dir}`` (then its end or a separator) starts with ``folder`` (the config file's, absolute) instead:
+    ``state_file = '{config_dir}/online/mortal.pth'`` names a file beside the config, wherever the folder is moved
+    or copied. ``[online.remote] token`` is left as it is. Other strings, relative paths included (relative to the
+    working directory, as Mortal's), are left as they are. Returns ``node``."""
+    items = node.items() if isinstance(node, dict) else enumerate(node)
+    for k, v in list(items):
+        where = _where + (k,)
+        if isinstance(v, str) and where not in NOT_EXPANDED:
+            node[k] = expand(v, folder)
+        elif isinstance(v, (dict, list)):
+            expand_config_dir(v, folder, where)
+    return node
+
+
+def config_dir_errors(config: dict, path: str) -> list[str]:
+    """One message per string of ``config`` (the plain dict) that starts with ``{config_dir}`` not followed by its
+    end or a path separator (``'{config_dir}..'``): naming the key and the file."""
+    out = []
+
+    def walk(node, where):
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for k, v in items:
+            here = where + (k,)
+            if isinstance(v, str) and here not in NOT_EXPANDED and v.startswith(CONFIG_DIR) and not expands(v):
+                table = '.'.join(str(p) for p in where if not isinstance(p, int))
+                name = k if not isinstance(k, int) else str(where[-1])
+                out.append(f'[{table}] {name} in {path}: {CONFIG_DIR} must be the whole value or be followed by '
+                           f'a path separator, got {v[:200]!r}')
+            elif isinstance(v, (dict, list)):
+                walk(v, here)
+
+    walk(config, ())
+    return out
+
+
+def _real(value: str, folder: str) -> str:
+    return os.path.realpath(expand(value, folder))
+
+
+def _inside(child: str, parent: str) -> bool:
+    """Whether the real path ``child`` is ``parent`` or lies under it."""
+    return child == parent or child.startswith(parent.rstrip(os.sep) + os.sep)
+
+
+def _glob_root(pattern: str) -> str:
+    """The folder part of a glob pattern before its first wildcard (``data/**/*.gz`` -> ``data``)."""
+    parts = pattern.split(os.sep)
+    fixed = []
+    for part in parts:
+        if glob.has_magic(part):
+            break
+        fixed.append(part)
+    if len(fixed) == len(parts):
+        fixed = fixed[:-1]  # no wildcard: the file's folder holds it
+    return os.sep.join(fixed) or ('/' if pattern.startswith(os.sep) else '.')
+
+
+def emptied_folders(cfg) -> list[tuple[str, str]]:
+    """``(key, path as written)`` of every folder the processes of ``cfg`` (a typed, possibly partial Config)
+    empty (see the module's docstring)."""
+    out = []
+    server = cfg.online and cfg.online.server
+    if server is not None:
+        out += [('[online.server] buffer_dir', server.buffer_dir), ('[online.server] drain_dir', server.drain_dir),
+                ('[online.server] drain_dir (its .trainer claim folder)', os.path.normpath(server.drain_dir)
+                 + '.trainer')]
+    for profile, table in sorted((cfg.train_play or {}).items()):
+        out.append((f'[{table_name(("train_play", profile))}] log_dir', table.log_dir))
+    if cfg.test_play is not None:
+        out += [('[test_play] log_dir', cfg.test_play.log_dir),
+                ('[test_play] log_dir (its _best folder)', os.path.normpath(cfg.test_play.log_dir) + '_best')]
+    return out
+
+
+def kept_paths(cfg, config_path: str) -> list[tuple[str, str]]:
+    """``(key, path as written)`` of every file or folder of ``cfg`` that no emptied folder may hold: the config
+    file, the state, best, baseline and GRP checkpoints, the file index and the dataset globs' root folders."""
+    out = [('the config file', os.fspath(config_path))]
+    if cfg.control is not None:
+        out += [('[control] state_file', cfg.control.state_file),
+                ('[control] best_state_file', cfg.control.best_state_file),
+                ('[control] tensorboard_dir', cfg.control.tensorboard_dir)]
+    baseline = cfg.baseline
+    for name in ('train', 'test'):
+        slot = baseline and getattr(baseline, name)
+        if slot is not None:
+            out.append((f'[baseline.{name}] state_file', slot.state_file))
+    if cfg.grp is not None:
+        out.append(('[grp] state_file', cfg.grp.state_file))
+    if cfg.dataset is not None:
+        out.append(('[dataset] file_index', cfg.dataset.file_index))
+        out += [(f'[dataset] globs {g!r}', _glob_root(g)) for g in cfg.dataset.globs]
+    return [(k, v) for k, v in out if v]
+
+
+def folder_errors(cfg, config_path: str) -> list[str]:
+    """One message per emptied folder (:func:`emptied_folders`) of ``cfg`` that is, holds or lies inside another
+    emptied folder, or holds a kept path (:func:`kept_paths`): paths compared after ``{config_dir}`` expansion and
+    ``os.path.realpath`` (relative paths: from the working directory)."""
+    folder = config_folder(config_path)
+    where = f' in {config_path}'
+    emptied = [(k, v, _real(v, folder)) for k, v in emptied_folders(cfg) if v]
+    errors = []
+    for i, (key, value, real) in enumerate(emptied):
+        for key2, value2, real2 in emptied[i + 1:]:
+            if (key.split(' (')[0] == key2.split(' (')[0]) or not (_inside(real2, real) or _inside(real, real2)):
+                continue  # a folder and its own derived folder are side by side, never inside each other
+            if real == real2 and key.startswith('[train_play.') and key2.startswith('[train_play.'):
+                continue  # profiles played one at a time may share a folder (a client locks its log_dir)
+            errors.append(f'{key} = {value!r}{where} and {key2} = {value2!r} are or contain the same folder '
+                          f'({real}): each is emptied by its process, so one would delete the other\'s files')
+        for key2, value2 in kept_paths(cfg, config_path):
+            real2 = _real(value2, folder)
+            if _inside(real2, real):
+                errors.append(f'{key} = {value!r}{where} is emptied by its process but holds {key2} ({real2}): '
+                              f'choose a folder of its own')
+    return errors

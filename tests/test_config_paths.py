@@ -1,0 +1,117 @@
+"""Folders the processes empty never hold the config or the run's state; {config_dir} edge cases (issues 35/36)."""
+
+import os
+
+import pytest
+import toml
+
+from conftest import tiny_config_dict
+from mortal import config_paths, doctor, quickstart_config
+from mortal.config import config_errors, load_config
+from mortal.util.fsutil import ForeignFilesError, empty_dir
+
+
+def _write(tmp_path, cfg):
+    path = tmp_path / 'config.toml'
+    path.write_text(toml.dumps(cfg), encoding='utf-8')
+    return path
+
+
+def _folder_errors(tmp_path, cfg):
+    return [e for e in config_errors(_write(tmp_path, cfg), env={}) if 'emptied' in e]
+
+
+def test_tiny_config_has_no_folder_error(tmp_path):
+    assert _folder_errors(tmp_path, tiny_config_dict(tmp_path)) == []
+
+
+def test_buffer_dir_at_the_config_folder_is_refused(tmp_path):
+    cfg = tiny_config_dict(tmp_path)
+    cfg['online']['server']['buffer_dir'] = '{config_dir}'
+    errors = _folder_errors(tmp_path, cfg)
+    assert any(e.startswith("[online.server] buffer_dir = '{config_dir}'") and 'the config file' in e
+               for e in errors), errors
+
+
+def test_train_play_log_dir_holding_the_state_file_is_refused(tmp_path):
+    cfg = tiny_config_dict(tmp_path)
+    cfg['train_play']['default']['log_dir'] = '{config_dir}/'
+    errors = _folder_errors(tmp_path, cfg)
+    assert any('[train_play.default] log_dir' in e and '[control] state_file' in e for e in errors), errors
+
+
+def test_buffer_dir_equal_to_drain_dir_is_refused(tmp_path):
+    cfg = tiny_config_dict(tmp_path)
+    cfg['online']['server']['drain_dir'] = cfg['online']['server']['buffer_dir']
+    errors = _folder_errors(tmp_path, cfg)
+    assert len([e for e in errors if '[online.server] buffer_dir' in e and '[online.server] drain_dir' in e]) == 1
+
+
+def test_relative_test_play_log_dir_compared_after_resolution(tmp_path, monkeypatch):
+    # '.' from the working directory is the folder holding best.pth, written absolute
+    monkeypatch.chdir(tmp_path)
+    cfg = tiny_config_dict(tmp_path)
+    cfg['test_play']['log_dir'] = '.'
+    errors = _folder_errors(tmp_path, cfg)
+    assert any("[test_play] log_dir = '.'" in e and '[control] best_state_file' in e for e in errors), errors
+
+
+def test_dataset_root_inside_an_emptied_folder_is_refused_and_load_config_refuses_too(tmp_path):
+    cfg = tiny_config_dict(tmp_path)
+    cfg['dataset']['globs'] = [str(tmp_path / 'tp' / 'logs' / '*.json.gz')]
+    cfg['train_play']['default']['log_dir'] = str(tmp_path / 'tp')
+    path = _write(tmp_path, cfg)
+    with pytest.raises(Exception) as info:
+        load_config(path, required=('control',), env={})
+    assert '[train_play.default] log_dir' in str(info.value) and '[dataset] globs' in str(info.value)
+
+
+def test_empty_dir_refuses_a_folder_holding_a_config_or_checkpoint(tmp_path):
+    (tmp_path / 'a.json.gz').write_bytes(b'x')
+    (tmp_path / 'sub').mkdir()
+    (tmp_path / 'sub' / 'best.pth').write_bytes(b'x')
+    with pytest.raises(ForeignFilesError, match='refusing to empty'):
+        empty_dir(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ['a.json.gz', 'sub']  # nothing removed
+    empty_dir(tmp_path, keep=('sub',))  # what the caller keeps is not looked at
+    assert os.listdir(tmp_path) == ['sub']
+
+
+def test_config_dir_followed_by_other_text_is_an_error_and_the_token_is_never_expanded(tmp_path):
+    cfg = tiny_config_dict(tmp_path)
+    cfg['control']['tensorboard_dir'] = '{config_dir}..'
+    cfg['online']['remote']['token'] = '{config_dir}/secret'
+    errors = config_errors(_write(tmp_path, cfg), env={})
+    assert [e for e in errors if '{config_dir}' in e] == [
+        f"[control] tensorboard_dir in {tmp_path / 'config.toml'}: {{config_dir}} must be the whole value or be "
+        f"followed by a path separator, got '{{config_dir}}..'"]
+    cfg['control']['tensorboard_dir'] = '{config_dir}/tb'
+    loaded = load_config(_write(tmp_path, cfg), required=('control',), env={})
+    assert loaded['control']['tensorboard_dir'] == f'{tmp_path}/tb'
+    assert loaded['online']['remote']['token'] == '{config_dir}/secret'
+    assert config_paths.expand('{config_dir}', '/w') == '/w'
+    assert config_paths.expand('{config_dir}x', '/w') == '{config_dir}x'
+
+
+def test_doctor_sees_the_expanded_paths_of_a_relative_quickstart_config(tmp_path, capsys):
+    work = tmp_path / 'work'
+    cfg_path = quickstart_config.write_config(work, preset='short', relative=True)
+    assert '{config_dir}' in cfg_path.read_text()
+    doctor.main(['-c', str(cfg_path)])
+    out = capsys.readouterr().out
+    assert '{config_dir}' not in out, out
+    assert str(work / 'online') in out  # the writable checks name the expanded folders
+
+
+def test_doctor_refuses_the_buffer_dir_at_the_config_folder(tmp_path, capsys):
+    work = tmp_path / 'work'
+    cfg_path = quickstart_config.write_config(work, preset='short', relative=True)
+    cfg = toml.load(cfg_path)
+    cfg['online']['server']['buffer_dir'] = '{config_dir}'
+    cfg_path.write_text(toml.dumps(cfg))
+    assert doctor.main(['-c', str(cfg_path)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith('[FAIL] config: ')
+    assert f"[online.server] buffer_dir = '{{config_dir}}' in {cfg_path} is emptied by its process but holds the " \
+           f"config file ({cfg_path})" in out
+    assert 'all checks passed' not in out
