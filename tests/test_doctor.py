@@ -1,4 +1,4 @@
-"""mortal.doctor: a good config passes; each broken item FAILs with a message naming it."""
+"""mortal.tools.doctor: a good config passes; each broken item FAILs with a message naming it."""
 
 import socket
 
@@ -6,7 +6,7 @@ import pytest
 import toml
 import torch
 
-from mortal import doctor, quickstart_config
+from mortal.tools import doctor, quickstart_config
 from mortal.model.networks import DQN, GRP, AuxNet, Brain
 
 

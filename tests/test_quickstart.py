@@ -1,4 +1,4 @@
-"""mortal.quickstart: embedded config, process control, and the CI-sized end-to-end run."""
+"""mortal.tools.quickstart: embedded config, process control, and the CI-sized end-to-end run."""
 
 import io
 import os
@@ -11,7 +11,7 @@ import time
 import pytest
 
 from mortal import config as mcfg
-from mortal import quickstart, quickstart_config
+from mortal.tools import quickstart, quickstart_config
 
 from conftest import ROOT
 
@@ -126,7 +126,7 @@ def test_short_quickstart_end_to_end(tmp_path):
     """The CI-sized run of the README's main job: bootstrap, server + trainer + client, test play, restart."""
     env = dict(os.environ)
     env.pop('RUST_BACKTRACE', None)
-    r = subprocess.run([sys.executable, '-m', 'mortal.quickstart', '--short', '--no-progress',
+    r = subprocess.run([sys.executable, '-m', 'mortal.tools.quickstart', '--short', '--no-progress',
                         '--work-dir', str(tmp_path / 'qs')], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=1400)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]

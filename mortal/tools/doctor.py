@@ -1,4 +1,4 @@
-"""Pre-flight checks of a config before a long run: ``python -m mortal.doctor [-c config.toml]``.
+"""Pre-flight checks of a config before a long run: ``python -m mortal.tools.doctor [-c config.toml]``.
 
 Prints a checklist, one line per check::
 
@@ -22,9 +22,9 @@ Checks (each a small function returning ``Check`` rows):
    the GPU's memory when the device is CUDA and one is visible.
 """
 
-if __package__ in (None, ''):  # run as a script: python mortal/doctor.py
+if __package__ in (None, ''):  # run as a script: python mortal/tools/doctor.py
     import sys, pathlib
-    sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
+    sys.path[0] = str(pathlib.Path(__file__).resolve().parents[2])
 
 import dataclasses
 import logging
@@ -491,7 +491,7 @@ def typo_checks(config: dict, path: str) -> tuple[list[Check], set[str]]:
 
 
 def main(argv=None):
-    """``python -m mortal.doctor [-c PATH] [--server-running] [--profile NAME]``: print the checklist; returns 1
+    """``python -m mortal.tools.doctor [-c PATH] [--server-running] [--profile NAME]``: print the checklist; returns 1
     when a check FAILs, else 0."""
     from mortal import config as mcfg
     from mortal import entry
