@@ -435,12 +435,10 @@ def run_checks(config, *, server_running=False, profile='default'):
     except UnsupportedVersionError as e:
         return rows + [Check(FAIL, 'version', str(e))]
     if version == 4:
-        from mortal.features.obs_v4 import HAVE_CORE, sp_threads
-        if not HAVE_CORE:
-            rows.append(Check(FAIL, 'version', 'version 4 needs the compiled single-player core '
-                                               '(mortal.features.sp._core), which is not built here: run bash '
-                                               'scripts/setup.sh (needs g++ and the Python headers); the Python '
-                                               'fallback is about 50x slower'))
+        from mortal.features.obs_v4 import sp_threads
+        from mortal.features.sp import calc
+        if not calc.HAVE_CORE:
+            rows.append(Check(FAIL, 'version', calc.CORE_MISSING))
         rows.append(Check(INFO, 'version', 'version 4 observations (1012 x 34) run a single-player search per '
                                            'decision in self-play and per sample in the loader; slower than v3 '
                                            f'({sp_threads()} search threads per process: MORTAL_SP_THREADS)'))
