@@ -2,6 +2,7 @@
 
 import io
 import os
+import pathlib
 import re
 import signal
 import subprocess
@@ -81,6 +82,13 @@ def test_version_4_config_and_a_work_dir_keeps_its_version(tmp_path):
         quickstart_config.write_config(tmp_path, preset='short', version=3)
     with pytest.raises(ValueError, match='3 or 4'):
         quickstart_config.render_config(tmp_path, version=2)
+
+
+def test_the_processes_start_from_the_repository():
+    # mortal/tools/quickstart.py sits two floors below the repository: its children run there (cwd, PYTHONPATH)
+    from conftest import ROOT
+    assert quickstart.ROOT == pathlib.Path(ROOT).resolve()
+    assert (quickstart.ROOT / 'scripts' / 'plot_tb.py').is_file() and (quickstart.ROOT / 'mortal' / 'server.py').is_file()
 
 
 def _spawn(code):

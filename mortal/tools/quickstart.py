@@ -37,7 +37,7 @@ from mortal.tools.quickstart_config import PRESETS, write_config
 
 logger = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 PROCESSES = ('server', 'train', 'client')  # start order; stopped in reverse
 GRACE_SECONDS = 15  # between SIGTERM and SIGKILL
 
