@@ -20,8 +20,8 @@ setup(
             language="c++",
             extra_compile_args=["-std=c++17", "-O3", "-pthread"],
             extra_link_args=["-pthread"],
-            # without a compiler the install still succeeds; version 4 then falls back to the
-            # pure-Python search and says so (mortal.features.obs_v4, mortal-doctor)
+            # without a compiler the install still succeeds for versions 1-3; a version-4 process
+            # then stops at start-up naming the fix (mortal.entry, mortal-doctor)
             optional=True,
         ),
         # the Brain's first convolution from the nonzero inputs (CPU inference, mortal.model.inference);

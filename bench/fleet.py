@@ -8,7 +8,7 @@ all, the arms in turn, ``--repeats`` times:
 * ``client``: ``python mortal/client.py --rounds R`` with one torch thread (OMP_NUM_THREADS=1), the control an
   actor with ``[fleet] num_cpus = 1`` is measured against;
 * ``client-all-threads``: the same with torch's default threads (what a user starting a client gets);
-* ``fleet-1``: ``python -m mortal.fleet --actors 1 --rounds R``;
+* ``fleet-1``: ``python -m mortal.tools.fleet --actors 1 --rounds R``;
 * ``fleet-2``: ``--actors 2 --rounds R`` (the same games, split over two actors).
 
 From the clients' own ``N logs have been submitted`` lines it takes each client's round times after its first
@@ -52,7 +52,7 @@ def prepare(work: Path, preset: str) -> Path:
     import toml
     import torch
     from mortal.model.networks import Brain, DQN
-    from mortal.quickstart_config import write_config
+    from mortal.tools.quickstart_config import write_config
     path = write_config(work, preset=preset)
     raw = toml.load(path)
     raw['online']['server']['capacity'] = 1 << 20
@@ -100,7 +100,7 @@ def run_arm(arm: str, cfg: Path, rounds: int, log: Path) -> float:
     if arm.startswith('client'):
         cmd = [sys.executable, str(ROOT / 'mortal' / 'client.py'), '-c', str(cfg), '--rounds', str(rounds)]
     else:
-        cmd = [sys.executable, '-m', 'mortal.fleet', '-c', str(cfg), '--actors', arm.split('-')[1],
+        cmd = [sys.executable, '-m', 'mortal.tools.fleet', '-c', str(cfg), '--actors', arm.split('-')[1],
                '--rounds', str(rounds)]
     t0 = time.perf_counter()
     with open(log, 'wb') as out:

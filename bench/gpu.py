@@ -22,7 +22,7 @@ it ends (a part that fails or runs out of time records why and the others still 
   in the AMP-on trainer, the peak of a test play (``TestPlayer.play_units`` with ``[test_play] games`` in flight,
   stopped after a few seconds: the peak is at the start, when every game is in flight).
 * ``memory``: those peaks (``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``) next to
-  ``mortal.doctor.estimate_memory`` for the same config (the doctor adds a CUDA context, which torch's counters
+  ``mortal.tools.doctor.estimate_memory`` for the same config (the doctor adds a CUDA context, which torch's counters
   do not include, and 25% slack).
 * ``online``: the real server, trainer (``python -m mortal.train``: supervisor + learner) and ``online_clients``
   clients (rounds of ``online_games`` games, so that their logs arrive while the window runs) for a window from the

@@ -1,5 +1,5 @@
 """The ``memory`` part of ``bench/gpu.py``: the peaks the self-play and trainer parts measured
-(``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``) next to ``mortal.doctor.estimate_memory`` for the
+(``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``) next to ``mortal.tools.doctor.estimate_memory`` for the
 same config, term by term."""
 
 import copy
@@ -8,9 +8,9 @@ from bench.gpu_common import write_config
 
 
 def part_memory(ctx, results):
-    """Measured peaks next to ``mortal.doctor.estimate_memory`` of the same configs."""
+    """Measured peaks next to ``mortal.tools.doctor.estimate_memory`` of the same configs."""
     import toml
-    from mortal.doctor import estimate_memory
+    from mortal.tools.doctor import estimate_memory
 
     sizes = ctx['sizes']
     trainer = results.get('trainer') or {}
@@ -46,7 +46,7 @@ def part_memory(ctx, results):
         cfg['train_play']['default']['games'] = sizes['games'][version]
         rows[f'client_v{version}'] = {**measured(recs[0]), 'doctor_estimate': estimate_memory(cfg)['client'][1],
                                       'doctor_term': f"client, {sizes['games'][version]} games per round"}
-    from mortal.doctor import CUDA_CONTEXT_BYTES
+    from mortal.tools.doctor import CUDA_CONTEXT_BYTES
     for row in rows.values():  # the doctor's figure includes a CUDA context; torch's counters do not
         if row.get('reserved'):
             row['doctor_over_measured'] = round(row['doctor_estimate'] / (row['reserved'] + CUDA_CONTEXT_BYTES), 3)
@@ -54,7 +54,7 @@ def part_memory(ctx, results):
     out = {'rows': rows, 'doctor_trainer': full['trainer'][1], 'doctor_client': full['client'][1],
            'doctor_three_processes': full['trainer'][1] + full['client'][1],
            'note': 'measured: torch.cuda.max_memory_allocated / max_memory_reserved (no CUDA context); doctor: '
-                   'mortal.doctor.estimate_memory, which adds a 512 MiB CUDA context and 25% slack; null on CPU'}
+                   'mortal.tools.doctor.estimate_memory, which adds a 512 MiB CUDA context and 25% slack; null on CPU'}
     import torch
     if ctx['device'].startswith('cuda'):
         out['device_total'] = int(torch.cuda.get_device_properties(0).total_memory)

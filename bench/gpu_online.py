@@ -104,7 +104,7 @@ def part_online(ctx):
         _run_window(ctx, config, {'MORTAL_CFG': str(cfg_path)}, procs, clients)
         stop = time.time()
     finally:
-        from mortal.quickstart import stop as stop_procs
+        from mortal.tools.quickstart import stop as stop_procs
         outcome = stop_procs(procs, grace=10) if procs else {}
     return _online_figures(ctx, config, stop, outcome)
 
@@ -113,7 +113,7 @@ def _run_window(ctx, config, env, procs, clients):
     """Start the server, the trainer and ``clients`` clients (into ``procs``), wait for the learner's first idle
     submission, then let them run for the window (cut to the budget left); raises when a process ends or the time
     runs out."""
-    from mortal.quickstart import _wait_port
+    from mortal.tools.quickstart import _wait_port
 
     sizes = ctx['sizes']
     started = time.monotonic()

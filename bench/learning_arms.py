@@ -22,9 +22,9 @@ def make_start(out, *, version, games, grp_games, progress, flaw=''):
     returned untouched); ``flaw``: a planted flaw of every rule-based
     player (``[bootstrap] flaw``, ``mortal.play.flaws``). Returns the start dir."""
     import toml
-    from mortal import bootstrap
+    from mortal.tools import bootstrap
     from mortal.config import load_config
-    from mortal.quickstart_config import write_config
+    from mortal.tools.quickstart_config import write_config
 
     start = pathlib.Path(out, 'start').resolve()
     if (start / 'online' / 'baseline.pth').exists():
@@ -80,7 +80,7 @@ def arm_config(start, arm_dir, sets, port, clients=1):
     ``clients`` > 1, ``[train_play.client2]`` ... as copies of ``[train_play.default]`` (after the overrides), each
     with its own ``log_dir`` (a client empties its folder every round)."""
     import toml
-    from mortal.quickstart_config import render_config
+    from mortal.tools.quickstart_config import render_config
 
     start_cfg = toml.load(start / 'config.toml')
     cfg = toml.loads(render_config(arm_dir, preset='full', port=port, version=start_cfg['control']['version']))
@@ -143,7 +143,7 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes
     ``marks/best_MMMm.pth`` / ``marks/final_MMMm.pth``; ``eval`` plays them like best/final (e.g. the model at 30
     minutes of a 2-hour run)."""
     from mortal.model.checkpoint import atomic_torch_save, load_checkpoint, played_checkpoint
-    from mortal.quickstart import _wait_port, start as start_proc, stop
+    from mortal.tools.quickstart import _wait_port, start as start_proc, stop
 
     arm_dir, cfg_path, cfg = prepare_arm(out, arm, sets, clients=clients)
     marks = sorted(float(m) for m in mark_minutes)
@@ -202,7 +202,7 @@ def prepare_arm(out, arm, sets, clients=1):
     from mortal.model.checkpoint import INITIAL_BEST_PERF, atomic_torch_save, load_checkpoint
     from mortal.config import load_config
     from mortal.util.fsutil import empty_dir
-    from mortal.quickstart_config import free_port
+    from mortal.tools.quickstart_config import free_port
 
     start = pathlib.Path(out, 'start').resolve()
     arm_dir = pathlib.Path(out, 'arms', arm).resolve()
@@ -226,7 +226,7 @@ def watch_arm(procs, arm_dir, state_file, step0, t0, *, arm, steps, minutes, sna
     passed since ``t0``; copies ``state_file`` to ``snapshots/`` every ``snapshot_every`` steps and keeps the
     models at the ``marks`` (minutes online, popped as they are reached). Returns the steps trained."""
     from mortal.model.checkpoint import atomic_torch_save, load_checkpoint, played_checkpoint
-    from mortal.quickstart import keep_running
+    from mortal.tools.quickstart import keep_running
 
     last_mtime, trained, next_snap = None, 0, snapshot_every
     while True:
@@ -266,7 +266,7 @@ def run_offline(out, arm, *, epochs, lr, freeze_bn, log, steps=0, snapshot_every
     that many steps instead (as many epochs as that takes; the last state is ``final.pth``), keeping
     ``snapshots/step_N.pth`` every ``snapshot_every`` steps: the control of ``flaw``, matched to the online arm's
     offline samples."""
-    from mortal.bootstrap import RulebaseTestPlayer, offline_config
+    from mortal.tools.bootstrap import RulebaseTestPlayer, offline_config
     from mortal.config import load_config
     from mortal.util.fsutil import empty_dir
     from mortal.train import Trainer

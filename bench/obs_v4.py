@@ -4,8 +4,7 @@ Replays a real mjai log for one seat and, at every decision point, times
 ``PlayerState.encode_obs(3, False)`` and ``V4Encoder.encode``. Prints median,
 p99 and mean (milliseconds) of both and their ratios (v4 / v3). By default the
 single-player search runs on the compiled core after one untimed pass over the
-log (its shanten tables fill lazily, once per process); ``--backend python``
-times the pure-Python reference instead (about 1000x slower: use a small --limit).
+log (its shanten tables fill lazily, once per process).
 
     python bench/obs_v4.py [--log tests/data/meta_annotated_hanchan.jsonl] [--seat 0] [--limit 200]
 """
@@ -52,26 +51,20 @@ def main(argv=None):
     ap.add_argument('--log', default='tests/data/meta_annotated_hanchan.jsonl')
     ap.add_argument('--seat', type=int, default=0)
     ap.add_argument('--limit', type=int, default=200, help='decision points to time')
-    ap.add_argument('--backend', choices=('core', 'python'), default='core')
     args = entry.start(ap, argv, log_level=None)
 
-    import mortal.features.obs_v4 as obs_v4
     import mortal.features.sp.calc as sp_calc
-    if args.backend == 'python':
-        obs_v4.HAVE_CORE = sp_calc.HAVE_CORE = False
-    elif not sp_calc.HAVE_CORE:
-        raise SystemExit('mortal.features.sp._core is not built: run bash scripts/setup.sh (or use --backend python)')
-    else:
-        _replay(args.log, args.seat, args.limit)  # untimed: fills the shanten tables
+    if not sp_calc.HAVE_CORE:
+        raise SystemExit(sp_calc.CORE_MISSING)
+    _replay(args.log, args.seat, args.limit)  # untimed: fills the shanten tables
     a3, a4 = _replay(args.log, args.seat, args.limit)
     m3, m4 = np.median(a3), np.median(a4)
     p3, p4 = np.percentile(a3, 99), np.percentile(a4, 99)
-    print(f'decisions timed: {len(a4)} ({args.log}, seat {args.seat}, SP backend {args.backend})')
+    print(f'decisions timed: {len(a4)} ({args.log}, seat {args.seat})')
     print(f'v3 encode: median {m3:.3f} ms  p99 {p3:.3f} ms  mean {a3.mean():.3f} ms')
     print(f'v4 encode: median {m4:.3f} ms  p99 {p4:.3f} ms  mean {a4.mean():.3f} ms  max {a4.max():.1f} ms')
     print(f'ratio v4/v3: median {m4 / m3:.0f}x  p99 {p4 / p3:.0f}x  mean {a4.mean() / a3.mean():.0f}x')
-    if args.backend == 'core':
-        _loader(args.log)
+    _loader(args.log)
 
 
 def _loader(path):

@@ -164,7 +164,7 @@ def train_sections(config: dict) -> tuple:
 
 
 def mode_sections(config: dict) -> tuple:
-    """Every section the processes of ``config``'s mode need together (what ``mortal.doctor`` checks): online
+    """Every section the processes of ``config``'s mode need together (what ``mortal.tools.doctor`` checks): online
     (``[control] online = true`` as written) the server's, the client's and the learner's; offline the learner's."""
     if lookup(config, 'control.online') is True:
         return tuple(dict.fromkeys(ONLINE_TRAIN_SECTIONS + SERVER_SECTIONS + CLIENT_SECTIONS))
@@ -243,7 +243,7 @@ def config_errors(path: str | os.PathLike | None = None, *, required: Required =
                   env: Env = os.environ) -> list[str]:
     """Every problem of the config file ``path`` (None: :func:`resolve_path`), one string each naming the file and
     the key: what :func:`load_config` with the same ``required`` would refuse, all at once; ``[]`` when it loads.
-    The one validator the processes and ``mortal.doctor`` share. ``required`` defaults to :func:`mode_sections`
+    The one validator the processes and ``mortal.tools.doctor`` share. ``required`` defaults to :func:`mode_sections`
     (every process of the file's mode; the learner alone: :func:`train_sections`). Logs nothing."""
     path = resolve_path(path, env)
     try:

@@ -489,7 +489,7 @@ class Schedule(Section):
     temp: TempSchedule = Field(default_factory=TempSchedule)
 
 
-# Ours: `python -m mortal.fleet` (self-play clients as Ray actors, docs/operations.md "Many machines").
+# Ours: `python -m mortal.tools.fleet` (self-play clients as Ray actors, docs/operations.md "Many machines").
 class Fleet(Section):
     actors: PositiveInt = key('extra: self-play clients the fleet starts (--actors overrides)', 2)
     profiles: Annotated[StrList, _rule(bool, 'must name at least one profile')] = key(
@@ -505,7 +505,7 @@ class Fleet(Section):
                                "tensorboard_dir>/fleet)", '')
 
 
-# Ours: `python -m mortal.bootstrap` (rule-based games -> GRP -> offline Mortal -> online dir).
+# Ours: `python -m mortal.tools.bootstrap` (rule-based games -> GRP -> offline Mortal -> online dir).
 class Bootstrap(Section):
     games: NonNegativeInt = key(
         'extra: training hanchan of rule-based bots to generate (a multiple of 4 when epsilon > 0)')

@@ -82,8 +82,24 @@ def error(message, status: int = 2) -> int:
 def load_config(args: argparse.Namespace, required: mcfg.Required) -> dict:
     """The config of ``args.config`` (else ``$MORTAL_CFG``, else ``config.toml``) with the ``required`` sections
     (names, or a function of the file's dict: ``mortal.config.Required``), read with ``args.overrides``; raises
-    ``mortal.config.ConfigError`` (for a ``main()`` that reports it its own way)."""
-    return mcfg.load_config(args.config, required=required, env=args.overrides)
+    ``mortal.config.ConfigError`` (for a ``main()`` that reports it its own way), also for version 4 on a checkout
+    without the compiled single-player core (:func:`sp_core_problem`)."""
+    config = mcfg.load_config(args.config, required=required, env=args.overrides)
+    problem = sp_core_problem(config, required)
+    if problem:
+        raise mcfg.ConfigError(mcfg.resolve_path(args.config, args.overrides), [problem])
+    return config
+
+
+def sp_core_problem(config: dict, required: mcfg.Required) -> str | None:
+    """``mortal.features.sp.calc.CORE_MISSING`` when the process (its ``required`` sections include ``[control]``)
+    is asked for ``[control] version = 4`` and the compiled core is not built, else None: the process then stops
+    at start-up with that one line rather than at its first version-4 observation."""
+    names = required(config) if callable(required) else required
+    if 'control' not in names or mcfg.typed(config).control.version != 4:
+        return None
+    from mortal.features.sp import calc
+    return None if calc.HAVE_CORE else calc.CORE_MISSING
 
 
 def load_config_or_exit(args: argparse.Namespace, required: mcfg.Required) -> dict:

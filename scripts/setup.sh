@@ -33,6 +33,6 @@ fi
 "$PY" setup.py -q build_ext --inplace
 if ! "$PY" -c 'import mortal.features.sp._core' 2>/dev/null; then
     echo "setup.sh: WARNING: the C++ single-player core (mortal/features/sp/csrc) did not build: install g++ and the" >&2
-    echo "          Python headers and rerun. Versions 1-3 are unaffected; version 4 would run the ~50x slower" >&2
-    echo "          pure-Python search." >&2
+    echo "          Python headers and rerun. Versions 1-3 are unaffected; version 4 needs it (its processes refuse" >&2
+    echo "          to start without it)." >&2
 fi

@@ -43,7 +43,7 @@ def test_a_finished_start_is_reused_untouched(tmp_path, monkeypatch):
     (start / 'online').mkdir(parents=True)
     (start / 'online' / 'baseline.pth').write_bytes(b'x')
     (start / 'config.toml').write_text('old = 1\n')
-    from mortal import bootstrap
+    from mortal.tools import bootstrap
 
     def no_step(*a, **k):
         raise AssertionError('a finished start must not run a bootstrap step')

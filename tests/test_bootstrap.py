@@ -1,4 +1,4 @@
-"""mortal.bootstrap: rule-based log generation, step planning, offline config and the online dir."""
+"""mortal.tools.bootstrap: rule-based log generation, step planning, offline config and the online dir."""
 
 import gzip
 import json
@@ -11,7 +11,7 @@ import pytest
 import toml
 import torch
 
-from mortal import bootstrap, quickstart_config
+from mortal.tools import bootstrap, quickstart_config
 from mortal.config import load_config
 
 
@@ -200,7 +200,7 @@ def test_check_grp_refuses_a_grp_no_better_than_uniform(tmp_path, caplog, order,
     config = load_config(path)
     _put_log(RIICHIENV, pathlib.Path(config['bootstrap']['log_dir'], 'val', '0.json.gz'))
     _grp_with_bias(config, order, 2.0)
-    with caplog.at_level('INFO', logger='mortal.bootstrap'):
+    with caplog.at_level('INFO', logger='mortal.tools.bootstrap'):
         out = bootstrap.check_grp(config, path)
     assert out['ce'] == pytest.approx(ce, abs=1e-9) and out['uniform'] == math.log(24)
     assert out['reward'] == reward and config['env']['reward'] == reward
@@ -236,7 +236,7 @@ def test_write_reward_edits_only_that_line(tmp_path):
     path = tmp_path / 'c.toml'
     path.write_text("[env]  # the env\ngamma = 1\n\n[grp]\nstate_file = 'g.pth'  # keep me\n")
     assert bootstrap.write_reward(path, 'points')
-    assert path.read_text() == ("[env]  # the env\nreward = 'points'  # written by mortal.bootstrap (check_grp)\n"
+    assert path.read_text() == ("[env]  # the env\nreward = 'points'  # written by mortal.tools.bootstrap (check_grp)\n"
                                 "gamma = 1\n\n[grp]\nstate_file = 'g.pth'  # keep me\n")
     assert not bootstrap.write_reward(path, 'points')  # already so: untouched
     assert bootstrap.write_reward(path, 'grp')

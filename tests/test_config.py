@@ -140,7 +140,7 @@ def test_quickstart_config_is_checked_against_the_schema(tmp_path, caplog, prese
     """The quickstart's embedded config: every key known (no warning), every required key of its tables there (it
     loads for every process), and no schema default restated (a key it sets with a default is a deliberate change:
     a third copy of the defaults would drift)."""
-    from mortal.quickstart_config import render_config
+    from mortal.tools.quickstart_config import render_config
     text = render_config(tmp_path, preset=preset, port=5123, version=version)
     path = tmp_path / 'config.toml'
     path.write_text(text, encoding='utf-8')
@@ -329,7 +329,7 @@ def test_train_play_profile_accessor(tmp_path, cfg):
 def test_a_profile_named_with_a_dot_is_selected_by_its_name(tmp_path, cfg, caplog):
     # [train_play."a.b"] is the profile 'a.b' (TOML's quoted key); selecting it looked up train_play -> a -> b
     from mortal.config import section
-    from mortal.doctor import estimate_memory, typo_checks
+    from mortal.tools.doctor import estimate_memory, typo_checks
     path = write(tmp_path, cfg)
     path.write_text(path.read_text(encoding='utf-8') + '\n[train_play."a.b"]\ngames = 12\nlog_dir = "ab"\n'
                     'boltzmann_epsilon = 0.25\nboltzmann_temp = 0.5\ntop_p = 0.9\nrepeats = 3\n'

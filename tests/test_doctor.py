@@ -1,4 +1,4 @@
-"""mortal.doctor: a good config passes; each broken item FAILs with a message naming it."""
+"""mortal.tools.doctor: a good config passes; each broken item FAILs with a message naming it."""
 
 import socket
 
@@ -6,7 +6,7 @@ import pytest
 import toml
 import torch
 
-from mortal import doctor, quickstart_config
+from mortal.tools import doctor, quickstart_config
 from mortal.model.networks import DQN, GRP, AuxNet, Brain
 
 
@@ -235,19 +235,20 @@ def test_version_4_is_supported(work, capsys):
 
 def test_version_4_without_the_compiled_core_fails(work, capsys, monkeypatch):
     import mortal.features.obs_v4 as obs_v4
+    from mortal.features.sp import calc
 
     root, cfg_path, cfg = work
     cfg['control']['version'] = 4
     _rewrite(cfg_path, cfg)
     _save_mortal(root / 'online' / 'baseline.pth', version=4)
-    monkeypatch.setattr(obs_v4, 'HAVE_CORE', False)
+    monkeypatch.setattr(calc, 'HAVE_CORE', False)
     monkeypatch.setattr(obs_v4, 'SP_THREADS', None)  # main() sets it from the environment; restored after the test
     monkeypatch.setenv('MORTAL_SP_THREADS', '3')
     rc, out = _run(cfg_path, capsys)
     assert rc == 1
-    assert _fail_lines(out) == ['[FAIL] version: version 4 needs the compiled single-player core '
-                                '(mortal.features.sp._core), which is not built here: run bash scripts/setup.sh (needs g++ and the Python '
-                                'headers); the Python fallback is about 50x slower']
+    assert _fail_lines(out) == ['[FAIL] version: observation version 4 needs the compiled single-player core '
+                                '(mortal.features.sp._core), which is not built here: run bash scripts/setup.sh '
+                                '(needs g++ and the Python headers)']
     assert '(3 search threads per process: MORTAL_SP_THREADS)' in out
 
 

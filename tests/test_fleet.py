@@ -1,4 +1,4 @@
-"""The Ray fleet (mortal.fleet): actor plans, the fleet record, start-up errors, and a real fleet of 2 actors against
+"""The Ray fleet (mortal.tools.fleet): actor plans, the fleet record, start-up errors, and a real fleet of 2 actors against
 a real server and trainer, one actor SIGKILLed and restarted by Ray."""
 
 import copy
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from mortal import fleet
+from mortal.tools import fleet
 from mortal.config import ConfigError, load_config
 
 from conftest import ROOT, load_tiny_config, tiny_config_dict, write_baseline, write_grp
@@ -207,7 +207,7 @@ def test_fleet_record_sums_one_round_of_every_live_actor():
 @pytest.mark.slow  # a subprocess
 def test_without_ray_the_command_says_how_to_install_it(tmp_path):
     _, cfg = load_tiny_config(tmp_path)
-    code = ('import sys; sys.modules["ray"] = None; from mortal import fleet; '
+    code = ('import sys; sys.modules["ray"] = None; from mortal.tools import fleet; '
             f'sys.exit(fleet.main(["-c", {str(cfg)!r}]))')
     out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
@@ -231,7 +231,7 @@ def test_a_killed_actor_is_restarted_and_its_logs_arrive(tmp_path):
     try:
         wait_for(lambda: 'listening on' in server.text(), 60, 'the server', procs)
         procs.append(Proc(tmp_path, 'trainer', 'train.py', cfg))
-        driver = Proc(tmp_path, 'fleet', 'fleet.py', cfg, '--actors', '2')
+        driver = Proc(tmp_path, 'fleet', 'tools/fleet.py', cfg, '--actors', '2')
         procs.append(driver)
 
         def text():
@@ -319,7 +319,7 @@ class RayTaskError(Exception):
 
 
 class FakeRay:
-    """Just what mortal.fleet.Fleet uses of ray: each actor answers its calls from a script, in order; a script
+    """Just what mortal.tools.fleet.Fleet uses of ray: each actor answers its calls from a script, in order; a script
     entry is a value or an exception to raise from ray.get."""
 
     class exceptions:
@@ -412,7 +412,7 @@ def run_fake(tmp_path, monkeypatch, caplog, scripts, rounds, actors, stalls=0):
     monkeypatch.setattr(fleet, 'time', ray.clock)
     from mortal.config import typed
     record = fleet.FleetRecord(3, clock=iter(range(0, 1000, 10)).__next__)
-    with caplog.at_level(logging.INFO, logger='mortal.fleet'):
+    with caplog.at_level(logging.INFO, logger='mortal.tools.fleet'):
         status = fleet.Fleet(ray, config, typed(config).fleet, fleet.plan_actors(config, actors, ['default']),
                              record).run(rounds)
     return status, ray, record
@@ -513,14 +513,14 @@ def test_sigterm_stops_the_fleet_and_its_local_ray_instance(tmp_path):
     pytest.importorskip('ray')
     config, cfg = load_tiny_config(tmp_path)  # no server: the started actors wait for it
     write_baseline(config, config['baseline']['train']['state_file'])
-    driver = Proc(tmp_path, 'fleet', 'fleet.py', cfg, '--actors', '1', env={'RAY_ADDRESS': ''})
+    driver = Proc(tmp_path, 'fleet', 'tools/fleet.py', cfg, '--actors', '1', env={'RAY_ADDRESS': ''})
     try:
         wait_for(lambda: 'actor 0 ready (pid' in driver.text(), 180, 'the actor', [driver])
         ray_pids = _descendants(driver.p.pid)
         assert len(ray_pids) >= 3  # at least the GCS, the raylet and the actor
         driver.p.send_signal(signal.SIGTERM)
         assert driver.p.wait(timeout=60) == 0  # before: Ray's handler aborted the driver (status -6)
-        assert 'INFO mortal.fleet: stopping the fleet' in driver.text()
+        assert 'INFO mortal.tools.fleet: stopping the fleet' in driver.text()
         wait_for(lambda: not any(map(_alive, ray_pids)), 30, 'the Ray processes to end')
     finally:
         driver.kill()
@@ -531,7 +531,7 @@ def test_sigterm_stops_the_fleet_and_its_local_ray_instance(tmp_path):
 def test_a_local_instance_too_small_for_the_actors_is_refused(tmp_path):
     pytest.importorskip('ray')
     _, cfg = load_tiny_config(tmp_path, fleet={'num_cpus': 1e6})
-    driver = Proc(tmp_path, 'fleet', 'fleet.py', cfg, '--actors', '1', env={'RAY_ADDRESS': ''})
+    driver = Proc(tmp_path, 'fleet', 'tools/fleet.py', cfg, '--actors', '1', env={'RAY_ADDRESS': ''})
     try:
         assert driver.p.wait(timeout=240) == 2  # before: the actor was queued without a word, for good
         line = driver.text().strip().splitlines()[-1]

@@ -1,4 +1,7 @@
-"""Observation v4: row layout (Mortal's obs_repr.rs, version 4), shanten/agari/points, SP values by hand."""
+"""Observation v4: row layout (Mortal's obs_repr.rs, version 4), shanten/agari/points, SP values by hand.
+
+Shanten, agari and the SP search are checked by hand on both the compiled core (what the project runs) and the
+pure-Python oracle (tests/sp_oracle) that tests/test_sp_core.py compares the core against."""
 
 import json
 
@@ -8,12 +11,20 @@ from mjai.mlibriichi.state import PlayerState
 
 from mortal.features.obs_v4 import (OBS_CHANNELS_V4, ROW_TABLE, SP_BEST, SP_REQUIRED, SP_START, SP_TABLE, V4Encoder,
                                     repack_v3)
-from mortal.features.sp.agari import Hand, agari, search_yakus
-from mortal.features.sp.calc import SPCalculator
+from mortal.features.sp import calc as core
+from mortal.features.sp.calc import Hand, SPCalculator
 from mortal.features.sp.point import point
-from mortal.features.sp.shanten import calc_all
 
 from conftest import hand
+from sp_oracle import agari as oracle_agari, search as oracle_search
+from sp_oracle.shanten import calc_all_py
+
+SHANTEN = {'core': core.calc_all, 'oracle': calc_all_py}
+# search_yakus is agari without situational han (a yaku-less hand: None either way)
+SEARCH_YAKUS = {'core': lambda h: core.agari(h, 0, 0), 'oracle': oracle_agari.search_yakus}
+AGARI = {'core': core.agari, 'oracle': oracle_agari.agari}
+SEARCH = {'core': SPCalculator.calc, 'oracle': oracle_search.calc}
+BOTH = pytest.mark.parametrize('impl', ['core', 'oracle'])
 
 
 # ---- layout ----------------------------------------------------------------------------------
@@ -83,15 +94,18 @@ def test_repack_against_v3_on_real_log(fixture_logs):
     ("55m", 0, -1),
     ("12223456m 78889p 2m", 4, -1),
 ])
-def test_shanten(tiles, len_div3, expected):
-    assert calc_all(hand(tiles), len_div3) == expected
+@BOTH
+def test_shanten(tiles, len_div3, expected, impl):
+    assert SHANTEN[impl](hand(tiles), len_div3) == expected
 
 
 def _hand(tiles, win, *, ron, menzen=True, chis=(), pons=(), minkans=(), ankans=(), bakaze=27, jikaze=28):
     return Hand(tuple(hand(tiles)), menzen, chis, pons, minkans, ankans, bakaze, jikaze, win, ron)
 
 
-def test_agari_values():
+@BOTH
+def test_agari_values(impl):
+    search_yakus, agari = SEARCH_YAKUS[impl], AGARI[impl]
     # pinfu + tanyao + iipeikou + sanshoku? 2234455m 234p 234s +3m ron: tanyao, sanshoku 2, iipeikou 1 = 4 han 40 fu
     y = search_yakus(_hand("22334455m 234p 234s", 2, ron=True))
     assert (y.han, y.fu) == (4, 40)
@@ -128,14 +142,15 @@ def _calc(**kw):
     return SPCalculator(**args)
 
 
-def test_sp_open_tanki_two_draws():
+@BOTH
+def test_sp_open_tanki_two_draws(impl):
     # 234m 567p 789s 9m + pon of haku: tanki on 9m (3 left of 122 unseen), 30 fu 1 han tsumo = 1100.
     tehai = hand("2349m 567p 789s")
     seen = list(tehai)
     seen[31] += 3   # the pon
     seen[17] += 1   # dora indicator 9p
     calc = _calc(tehai_len_div3=3, pons=[31], is_menzen=False, dora_indicators=[17])
-    (c,) = calc.calc(tehai, [False] * 3, seen, [False] * 3, False, 2, 0)
+    (c,) = SEARCH[impl](calc, tehai, [False] * 3, seen, [False] * 3, False, 2, 0)
     assert c.tile == 37 and c.required_tiles == [(8, 3)]
     assert c.tenpai_probs == [1.0, 1.0]
     win0 = 3 / 122 + (119 / 122) * (3 / 121)   # = 720 / 14762
@@ -145,14 +160,15 @@ def test_sp_open_tanki_two_draws():
     assert c.exp_values[1] == pytest.approx(1100 * 3 / 121, rel=1e-9)
 
 
-def test_sp_riichi_ippatsu_and_uradora_one_draw():
+@BOTH
+def test_sp_riichi_ippatsu_and_uradora_one_draw(impl):
     # 123m 456p 789s 34s 99m, menzen, riichi preferred, indicator E (no dora), one draw left.
     # Win on 2s/5s: pinfu + riichi + tsumo = 3 han 20 fu, +1 ippatsu (win on the next draw).
     # Ura: 121 tiles left after the draw; 38 indicator tiles hit one hand tile, 4 (8m) hit the 9m pair.
     tehai = hand("123m 456p 789s 34s 99m")
     seen = list(tehai)
     seen[27] += 1
-    (c,) = _calc().calc(tehai, [False] * 3, seen, [False] * 3, False, 1, 0)
+    (c,) = SEARCH[impl](_calc(), tehai, [False] * 3, seen, [False] * 3, False, 1, 0)
     plain = (79 * 5200 + 38 * 8000 + 4 * 12000) / 121   # 4 / 5 / 6 han tsumo totals
     aka = (79 * 8000 + 38 * 12000 + 4 * 12000) / 121    # red 5s: one more han
     assert c.win_probs == [pytest.approx(8 / 122)]

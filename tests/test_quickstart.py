@@ -1,7 +1,8 @@
-"""mortal.quickstart: embedded config, process control, and the CI-sized end-to-end run."""
+"""mortal.tools.quickstart: embedded config, process control, and the CI-sized end-to-end run."""
 
 import io
 import os
+import pathlib
 import re
 import signal
 import subprocess
@@ -11,7 +12,7 @@ import time
 import pytest
 
 from mortal import config as mcfg
-from mortal import quickstart, quickstart_config
+from mortal.tools import quickstart, quickstart_config
 
 from conftest import ROOT
 
@@ -84,6 +85,13 @@ def test_version_4_config_and_a_work_dir_keeps_its_version(tmp_path):
         quickstart_config.render_config(tmp_path, version=2)
 
 
+def test_the_processes_start_from_the_repository():
+    # mortal/tools/quickstart.py sits two floors below the repository: its children run there (cwd, PYTHONPATH)
+    from conftest import ROOT
+    assert quickstart.ROOT == pathlib.Path(ROOT).resolve()
+    assert (quickstart.ROOT / 'scripts' / 'plot_tb.py').is_file() and (quickstart.ROOT / 'mortal' / 'server.py').is_file()
+
+
 def _spawn(code):
     return subprocess.Popen([sys.executable, '-c', code], start_new_session=True)
 
@@ -127,7 +135,7 @@ def test_short_quickstart_end_to_end(tmp_path):
     """The CI-sized run of the README's main job: bootstrap, server + trainer + client, test play, restart."""
     env = dict(os.environ)
     env.pop('RUST_BACKTRACE', None)
-    r = subprocess.run([sys.executable, '-m', 'mortal.quickstart', '--short', '--no-progress',
+    r = subprocess.run([sys.executable, '-m', 'mortal.tools.quickstart', '--short', '--no-progress',
                         '--work-dir', str(tmp_path / 'qs')], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=1400)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]

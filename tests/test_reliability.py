@@ -550,7 +550,7 @@ def test_warm_up_without_annealing_trains(tmp_path):
 
 @pytest.mark.parametrize('offline_test_every', [0, 20])
 def test_offline_bootstrap_prints_a_countdown_only_with_test_play(tmp_path, caplog, offline_test_every):
-    from mortal import bootstrap, quickstart_config
+    from mortal.tools import bootstrap, quickstart_config
     cfg = load_config(quickstart_config.write_config(tmp_path, preset='short'))
     cfg['bootstrap']['offline_test_every'] = offline_test_every
     offline = bootstrap.offline_config(cfg)

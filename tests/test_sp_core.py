@@ -1,7 +1,6 @@
-"""The compiled single-player core (mortal.features.sp._core) against the pure-Python reference.
+"""The compiled single-player core (mortal.features.sp._core) against the pure-Python oracle (tests/sp_oracle).
 
-The Python modules mortal/features/sp/{shanten,agari,calc}.py were checked by hand
-(tests/test_obs_v4.py); here the compiled twins must give the same numbers on
+Both were checked by hand (tests/test_obs_v4.py); here the core must give the oracle's numbers on
 generated hands and on every decision of two real games.
 """
 
@@ -15,11 +14,12 @@ from mjai.mlibriichi.state import PlayerState
 
 import mortal.features.sp.calc as calc_mod
 from mortal.features.obs_v4 import V4Encoder
-from mortal.features.sp.agari import Hand, agari
-from mortal.features.sp.calc import HAVE_CORE, SPCalculator
-from mortal.features.sp.shanten import calc_all_py
+from mortal.features.sp.calc import HAVE_CORE, Hand, SPCalculator
 
 from conftest import hand
+from sp_oracle.agari import agari
+from sp_oracle.search import calc as oracle_calc
+from sp_oracle.shanten import calc_all_py
 
 if HAVE_CORE:
     from mortal.features.sp import _core
@@ -28,7 +28,7 @@ LOGS = ("tests/data/meta_annotated_hanchan.jsonl", "tests/data/riichienv_selfpla
 
 
 def test_core_is_built():
-    # scripts/setup.sh builds it; without it version 4 falls back to the ~1000x slower Python.
+    # scripts/setup.sh builds it; without it version 4 does not run.
     assert HAVE_CORE, "mortal.features.sp._core is not built: run bash scripts/setup.sh"
 
 
@@ -211,10 +211,10 @@ def test_core_search_matches_python_on_real_games(path):
     for seat in (0, 2):
         for calc, args in _decisions(path, seat):
             t0 = time.perf_counter()
-            got = calc.calc(*args, backend="core")
+            got = calc.calc(*args)
             if time.perf_counter() - t0 > 3e-4:
                 continue  # the Python reference would take seconds on this hand
-            _same(got, calc.calc(*args, backend="python"))
+            _same(got, oracle_calc(calc, *args))
             compared += 1
             with_values += bool(got[0].exp_values and got[0].exp_values[0] > 0)
     assert compared >= 60 and with_values >= 20, (compared, with_values)
@@ -227,16 +227,14 @@ def test_core_search_rejects_bad_input():
     tehai = hand("123m 456p 789s 34s 99m")
     seen = list(tehai)
     with pytest.raises(ValueError, match="tsumos_left"):
-        calc.calc(tehai, [False] * 3, seen, [False] * 3, False, 18, 0, backend="core")
+        calc.calc(tehai, [False] * 3, seen, [False] * 3, False, 18, 0)
     seen[0] = 0
     with pytest.raises(ValueError, match="tiles_seen: tile 0"):
-        calc.calc(tehai, [False] * 3, seen, [False] * 3, False, 5, 0, backend="core")
+        calc.calc(tehai, [False] * 3, seen, [False] * 3, False, 5, 0)
     with pytest.raises(ValueError, match="tehai: 13 tiles with 0 calls, expected 14"):
-        calc.calc(tehai, [False] * 3, list(tehai), [False] * 3, True, 5, 0, backend="core")
+        calc.calc(tehai, [False] * 3, list(tehai), [False] * 3, True, 5, 0)
     with pytest.raises(ValueError, match="cannot start a chi"):
         _core.agari(bytes(hand("123m 456p 99s")), False, bytes([8]), b"", b"", b"", 27, 27, 0, True, 0, 0)
-    with pytest.raises(ValueError, match="backend"):
-        calc.calc(tehai, [False] * 3, list(tehai), [False] * 3, False, 5, 0, backend="rust")
     assert calc_mod.HAVE_CORE
 
 
@@ -300,7 +298,7 @@ def test_calc_batch_equals_single_calls():
     got = calc_batch(jobs, threads=3)
     assert len(got) == len(jobs)
     for (calc, args), cands in zip(jobs, got):
-        want = calc.calc(*args, backend="core")
+        want = calc.calc(*args)
         assert [(c.tile, c.exp_values, c.win_probs, c.required_tiles) for c in cands] == \
                [(c.tile, c.exp_values, c.win_probs, c.required_tiles) for c in want]
     with pytest.raises(ValueError, match="tsumos_left"):

@@ -18,7 +18,7 @@ import pytest
 from mjai.bot.rulebase import RulebaseBot
 from mjai.bot.tools import convert_vec34_to_short, fmt_calls
 
-from mortal import bootstrap
+from mortal.tools import bootstrap
 from mortal.play.agent import MjaiBotAgent
 from mortal.play.arena import SPLITS, OneVsThree
 

@@ -14,6 +14,7 @@ from mortal.features.obs_v4 import MAX_DORA_INDICATORS, SP_EV, V4Encoder
 from mortal.features.sp.calc import HAVE_CORE, SPCalculator
 
 from conftest import DATA_DIR, hand
+from sp_oracle.search import calc as oracle_calc
 
 if HAVE_CORE:
     from mortal.features.sp import _core
@@ -84,11 +85,11 @@ def test_core_smallest_wall_gives_the_hand_computed_value():
     ((tile, tenpai, win, ev, required, down),) = _core.sp_calc(*_sp_args(tiles_seen=bytes(seen)))
     assert (tile, required, down) == (37, ((27, 1),), False)
     assert tenpai == (1.0,) and win[0] == pytest.approx(0.2) and ev[0] == pytest.approx(3600.0)
-    # the pure-Python reference agrees
+    # the pure-Python oracle agrees
     calc = SPCalculator(tehai_len_div3=4, chis=[], pons=[], minkans=[], ankans=[], bakaze=27, jikaze=27,
                         is_menzen=True, num_doras_in_fuuro=0, dora_indicators=[0], calc_double_riichi=False,
                         calc_haitei=False, prefer_riichi=True)
-    (c,) = calc.calc(TENPAI, [False] * 3, seen, [False] * 3, False, 1, 0, backend="python")
+    (c,) = oracle_calc(calc, TENPAI, [False] * 3, seen, [False] * 3, False, 1, 0)
     assert c.exp_values[0] == pytest.approx(3600.0) and c.win_probs[0] == pytest.approx(0.2)
 
 
@@ -273,3 +274,41 @@ def test_encoder_seat_must_be_an_int_0_to_3(bad):
 
     with pytest.raises(ValueError, match="player_id"):
         V4Encoder(bad)
+
+
+# ---- version 4 without the compiled core ------------------------------------------------------
+
+CORE_MISSING = ("observation version 4 needs the compiled single-player core (mortal.features.sp._core), which is "
+                "not built here: run bash scripts/setup.sh (needs g++ and the Python headers)")
+
+
+def test_v4_encoder_without_the_core_names_the_fix(monkeypatch):
+    from mortal.features.sp import calc
+
+    monkeypatch.setattr(calc, "_core", None)
+    with pytest.raises(calc.SPCoreMissing) as info:
+        V4Encoder(0)
+    assert str(info.value) == CORE_MISSING
+    assert not isinstance(info.value, ValueError)  # no bad-input handler (the loader's) takes it for a bad log
+
+
+@pytest.mark.parametrize("version", [3, 4])
+def test_a_version_4_process_without_the_core_stops_at_start_up_with_one_line(tmp_path, monkeypatch, capsys, version):
+    from mortal import entry
+    from mortal.config import CLIENT_SECTIONS, SERVER_SECTIONS, train_sections
+    from mortal.features.sp import calc
+    from mortal.tools.quickstart_config import render_config
+
+    path = tmp_path / "config.toml"
+    path.write_text(render_config(tmp_path, preset="short", port=5123, version=version), encoding="utf-8")
+    monkeypatch.setattr(calc, "HAVE_CORE", False)
+    args = entry.start(entry.parser("test"), ["-c", str(path)], log_level=None)
+    assert entry.load_config_or_exit(args, SERVER_SECTIONS)  # the server encodes nothing: it starts
+    for required in (CLIENT_SECTIONS, train_sections):
+        if version == 3:
+            assert entry.load_config_or_exit(args, required)
+            continue
+        with pytest.raises(SystemExit) as info:
+            entry.load_config_or_exit(args, required)
+        assert info.value.code == 2
+        assert capsys.readouterr().err == f"error: {CORE_MISSING}\n"

@@ -5,7 +5,7 @@ and the offline mix's endless stream of their batches.
 ``{'file_list': [...]}``, as Mortal's, plus ``'globs'``, the globs it was built from), so a later run skips the
 expensive glob; an index built from other globs (or with no record of them: Mortal's, or a copied work dir's) is
 rebuilt (``stale_index``), and ``index_problems`` lists the indexed files that are missing or outside the globs
-(``mortal.doctor``); ``load_player_names`` reads
+(``mortal.tools.doctor``); ``load_player_names`` reads
 ``player_names_files``. The offline epoch (``online = false``) reads them once; the online learner's offline mix
 (``[online] offline_batch_size``, RLPD-style) loops over them for good (``offline_mix``).
 """

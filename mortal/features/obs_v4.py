@@ -19,8 +19,8 @@ event stream. Usage, per seat::
         state.update(json.dumps(event)); enc.update(event)
         obs, mask = enc.encode(state, at_kan_select=False)   # when deciding
 
-Cost: the SP search is pure Python; a 1-2 shanten hand takes ~0.1-2 s and a
-3 shanten hand can take far longer (see bench/obs_v4.py).
+Version 4 needs the compiled single-player core (``mortal.features.sp._core``, built by
+``scripts/setup.sh``): ``V4Encoder`` raises ``SPCoreMissing`` without it. Cost: bench/obs_v4.py.
 
 The parts: ``mortal.features.obs_v4_rows`` (the array's rows, the v3 re-pack, the SP rows),
 ``mortal.features.obs_v4_kyoku`` (the facts tracked from the events) and ``mortal.features.obs_v4_search`` (one
@@ -41,8 +41,8 @@ from mortal.features.obs_v4_kyoku import MAX_DORA_INDICATORS, KyokuFacts  # noqa
 from mortal.features.obs_v4_rows import (OBS_CHANNELS_V3, OBS_CHANNELS_V4, MAX_NUM_TURNS, ROW_TABLE,  # noqa: F401
                                          SP_BEST, SP_EV, SP_REQUIRED, SP_START, SP_TABLE, fill_sp_tables, repack_v3)
 from mortal.features.obs_v4_search import SinglePlayerSearch
-from mortal.features.sp.calc import HAVE_CORE, SHANTEN_THRES, calc_batch, sort_candidates
-from mortal.features.sp.calc import _candidates as sp_candidates, _require_core as _sp_core
+from mortal.features.sp.calc import SHANTEN_THRES, calc_batch, require_core, sort_candidates
+from mortal.features.sp.calc import _candidates as sp_candidates
 
 logger = logging.getLogger('mortal.obs_v4')  # the name before the package split (log format)
 
@@ -53,17 +53,6 @@ logger = logging.getLogger('mortal.obs_v4')  # the name before the package split
 #: that lower when several clients share a machine.
 SP_THREADS = None
 
-_warned_no_core = False
-
-
-def _warn_if_no_core() -> None:
-    global _warned_no_core
-    if not HAVE_CORE and not _warned_no_core:
-        _warned_no_core = True
-        logger.warning("the compiled single-player core (mortal.features.sp._core) is not built: version 4 runs the "
-                       "pure-Python single-player search, about 50x slower; run bash scripts/setup.sh (needs g++ and "
-                       "the Python headers)")
-
 
 class V4Encoder(KyokuFacts, SinglePlayerSearch):
     """Per-seat v4 observation encoder; feed it every mjai event the seat's ``PlayerState`` gets.
@@ -73,12 +62,15 @@ class V4Encoder(KyokuFacts, SinglePlayerSearch):
 
     Args:
         player_id: absolute seat 0-3.
+
+    Raises:
+        ValueError: a bad seat. ``mortal.features.sp.calc.SPCoreMissing``: the compiled core is not built.
     """
 
     def __init__(self, player_id: int):
         if type(player_id) is not int or not 0 <= player_id <= 3:
             raise ValueError(f"player_id must be 0-3, got {player_id!r}")
-        _warn_if_no_core()
+        require_core()
         self.player_id = player_id
         self._reset()
 
@@ -104,8 +96,7 @@ def prepare_sp(pairs, threads: int | None = None) -> None:
     in the encoder (``encode`` and ``encode_batch`` then reuse them until its next ``update``).
 
     Decisions already prepared are skipped; the others are searched together on the
-    compiled core on up to ``threads`` threads (default ``sp_threads()``), or one by
-    one in Python when it is not built. Safe to run in a background thread while
+    compiled core on up to ``threads`` threads (default ``sp_threads()``). Safe to run in a background thread while
     other encoders are used elsewhere (the search releases the interpreter lock).
 
     Raises:
@@ -127,10 +118,8 @@ def prepare_sp(pairs, threads: int | None = None) -> None:
             jobs.append(job)
     if not pending:
         return
-    if HAVE_CORE and jobs:
-        results = calc_batch([(calc, args) for calc, args, _ in jobs], sp_threads() if threads is None else threads)
-    else:
-        results = [calc.calc(*args) for calc, args, _ in jobs]
+    results = calc_batch([(calc, args) for calc, args, _ in jobs],
+                         sp_threads() if threads is None else threads) if jobs else []
     by_job = {id(job): tables for job, tables in zip(jobs, results)}
     scratch = np.zeros((OBS_CHANNELS_V4, 34), dtype=np.float32)
     for enc, state, ctx, job in pending.values():
@@ -178,8 +167,7 @@ class DeferredSP:
     needed its rows 889-1011 are left zero and filled by the next ``flush``, which runs the pending
     searches in one core call on up to ``threads`` threads (default ``sp_threads()``), at once or in a
     background thread (``flush(background=True)``; the search releases the interpreter lock).
-    The arrays are bit for bit those of ``V4Encoder.encode``. Without the compiled core every
-    search runs at once in Python (nothing is ever pending).
+    The arrays are bit for bit those of ``V4Encoder.encode``.
 
     Args:
         threads: search threads of ``flush``; None: ``sp_threads()`` at flush time.
@@ -220,9 +208,8 @@ class DeferredSP:
             return obs, mask, True
         ctx = enc._context(state)
         job = enc._sp_job(state, ctx)
-        if job is None or not HAVE_CORE:
-            tables = None if job is None else V4Encoder._finish_tables(job, job[0].calc(*job[1]))
-            enc._fill_sp(state, ctx, tables, obs)
+        if job is None:
+            enc._fill_sp(state, ctx, None, obs)
             enc._sp_cache = (enc.events_seen, obs[SP_START:].copy())
             return obs, mask, False
         calc, args, last_tsumo = job
@@ -280,7 +267,7 @@ class DeferredSP:
 def _run_deferred(jobs, pending, threads: int) -> list:
     """The searches of ``DeferredSP`` ``jobs`` in one core call; fills the rows of ``pending``, returns
     ``[(obs, tag)]``."""
-    core = _sp_core()
+    core = require_core()
     try:
         raw = core.sp_calc_batch([j[1] for j in jobs], threads)
     except ValueError:

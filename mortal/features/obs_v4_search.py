@@ -11,10 +11,8 @@ discard), the sorted candidate tables, the fallback value where no search runs (
 from __future__ import annotations
 
 from mortal.features.obs_v4_rows import encode_ev, fill_sp_tables
-from mortal.features.sp.agari import Hand, agari
-from mortal.features.sp.calc import MAX_TSUMOS_LEFT, SPCalculator, deaka, next_tile
+from mortal.features.sp.calc import MAX_TSUMOS_LEFT, Hand, SPCalculator, agari, calc_all, deaka, next_tile
 from mortal.features.sp.point import yaku_point, yakuman_point
-from mortal.features.sp.shanten import calc_all
 from mortal.features.tile import tile_id
 
 

@@ -12,7 +12,7 @@ The child runs in a session and process group of its own; whatever is left of th
 is killed (``reap_process_group``), and the child ends with the supervisor (``end_with_supervisor``), so no
 process of a learner outlives it (its loader processes die with it: ``mortal.util.lifetime``).
 
-``mortal.quickstart`` has no supervisor of its own: it starts ``python -m mortal.train`` (this supervisor, which
+``mortal.tools.quickstart`` has no supervisor of its own: it starts ``python -m mortal.train`` (this supervisor, which
 restarts the learner) beside the server and a client, treats any exit of the three as a failure, and stops them
 with ``signal_group``.
 """

@@ -1,4 +1,4 @@
-// Yaku, fu and han of a winning hand: the compiled twin of mortal/features/sp/agari.py
+// Yaku, fu and han of a winning hand: the compiled twin of tests/sp_oracle/agari.py
 // (Tenhou rule, with the semantics of Mortal's algo/agari.rs, quirks included:
 // 4-fu double-wind pair, dora only with a yaku, best-fu fallback for a win that
 // only additional_hans make possible, no double yakuman for a single yakuman).
@@ -475,7 +475,7 @@ struct Search {
 }  // namespace agari_detail
 
 // Final yaku of a winning hand with situational han (riichi, menzen tsumo,
-// haitei, ...) and dora added; false where mortal.features.sp.agari.agari returns None
+// haitei, ...) and dora added; false where tests/sp_oracle/agari.py agari returns None
 // (no yaku and additional_hans == 0, or not a winning shape). A yakuman hand
 // gives {yakuman, 0, 0}; fu is 0 when han >= 5. Tenhou rule, as Mortal's
 // algo/agari.rs. `out` must not be null; it is written only on true.

@@ -1,4 +1,4 @@
-// Single-player (SP) expected-value search: the compiled twin of mortal/features/sp/calc.py.
+// Single-player (SP) expected-value search: the compiled twin of tests/sp_oracle/search.py.
 //
 // Same model and settings as the Python reference (Mortal's algo/sp with the
 // options obs v4 uses: no tegawari, no shanten-down search, rank by EV): from a

@@ -1,8 +1,8 @@
 // mortal.features.sp._core: the compiled single-player (SP) core behind observation v4.
 //
-// Thin CPython bindings over shanten.hpp, agari.hpp and calc.hpp. The Python
-// modules mortal/features/sp/{shanten,agari,calc}.py are the reference implementation;
-// tests/test_sp_core.py checks this module against them.
+// Thin CPython bindings over shanten.hpp, agari.hpp and calc.hpp, reached through
+// mortal/features/sp/calc.py. The pure-Python twin is a test oracle (tests/sp_oracle);
+// tests/test_sp_core.py checks this module against it.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -520,11 +520,11 @@ PyObject* py_pack_obs(PyObject*, PyObject* args) {
 PyMethodDef kMethods[] = {
     {"shanten", py_shanten, METH_VARARGS,
      "shanten(tehai: bytes[34], len_div3: int) -> int\n\n"
-     "Least shanten (standard, chitoi, kokushi) as mortal.features.sp.shanten.calc_all; -1 = complete."},
+     "Least shanten (standard, chitoi, kokushi) as tests/sp_oracle/shanten.py calc_all_py; -1 = complete."},
     {"agari", py_agari, METH_VARARGS,
      "agari(tehai, is_menzen, chis, pons, minkans, ankans, bakaze, jikaze, winning_tile, is_ron,\n"
      "      additional_hans, doras) -> (yakuman, han, fu) | None\n\n"
-     "As mortal.features.sp.agari.agari; tile arguments are bytes of deaka'd ids."},
+     "As mortal.features.sp.calc.agari; tile arguments are bytes of deaka'd ids."},
     {"sp_calc", py_sp_calc, METH_VARARGS,
      "sp_calc(len_div3, chis, pons, minkans, ankans, bakaze, jikaze, is_menzen, num_doras_in_fuuro,\n"
      "        dora_indicators, calc_double_riichi, calc_haitei, prefer_riichi, tehai, akas_in_hand,\n"

@@ -1,4 +1,4 @@
-// Shanten numbers with the four-copies limit: the compiled twin of mortal/features/sp/shanten.py.
+// Shanten numbers with the four-copies limit: the compiled twin of tests/sp_oracle/shanten.py.
 //
 // Shanten = least number of tiles to exchange to reach a complete hand whose
 // counts never exceed four, minus one (the definition Mortal's algo/shanten.rs
@@ -192,7 +192,7 @@ inline int calc_kokushi(const uint8_t tehai[34]) {
 }
 
 // Least of standard, seven pairs and thirteen orphans (the latter two only for a
-// fully concealed hand, len_div3 == 4), exactly as mortal/features/sp/shanten.py calc_all.
+// fully concealed hand, len_div3 == 4), exactly as tests/sp_oracle/shanten.py calc_all_py.
 inline int calc_all(const uint8_t tehai[34], int len_div3) {
     int s = calc_normal(tehai, len_div3);
     if (s <= 0 || len_div3 < 4) return s;

@@ -1,4 +1,4 @@
-"""Pre-flight checks of a config before a long run: ``python -m mortal.doctor [-c config.toml]``.
+"""Pre-flight checks of a config before a long run: ``python -m mortal.tools.doctor [-c config.toml]``.
 
 Prints a checklist, one line per check::
 
@@ -22,9 +22,9 @@ Checks (each a small function returning ``Check`` rows):
    the GPU's memory when the device is CUDA and one is visible.
 """
 
-if __package__ in (None, ''):  # run as a script: python mortal/doctor.py
+if __package__ in (None, ''):  # run as a script: python mortal/tools/doctor.py
     import sys, pathlib
-    sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
+    sys.path[0] = str(pathlib.Path(__file__).resolve().parents[2])
 
 import dataclasses
 import logging
@@ -435,12 +435,10 @@ def run_checks(config, *, server_running=False, profile='default'):
     except UnsupportedVersionError as e:
         return rows + [Check(FAIL, 'version', str(e))]
     if version == 4:
-        from mortal.features.obs_v4 import HAVE_CORE, sp_threads
-        if not HAVE_CORE:
-            rows.append(Check(FAIL, 'version', 'version 4 needs the compiled single-player core '
-                                               '(mortal.features.sp._core), which is not built here: run bash '
-                                               'scripts/setup.sh (needs g++ and the Python headers); the Python '
-                                               'fallback is about 50x slower'))
+        from mortal.features.obs_v4 import sp_threads
+        from mortal.features.sp import calc
+        if not calc.HAVE_CORE:
+            rows.append(Check(FAIL, 'version', calc.CORE_MISSING))
         rows.append(Check(INFO, 'version', 'version 4 observations (1012 x 34) run a single-player search per '
                                            'decision in self-play and per sample in the loader; slower than v3 '
                                            f'({sp_threads()} search threads per process: MORTAL_SP_THREADS)'))
@@ -491,7 +489,7 @@ def typo_checks(config: dict, path: str) -> tuple[list[Check], set[str]]:
 
 
 def main(argv=None):
-    """``python -m mortal.doctor [-c PATH] [--server-running] [--profile NAME]``: print the checklist; returns 1
+    """``python -m mortal.tools.doctor [-c PATH] [--server-running] [--profile NAME]``: print the checklist; returns 1
     when a check FAILs, else 0."""
     from mortal import config as mcfg
     from mortal import config_paths, entry

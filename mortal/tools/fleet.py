@@ -1,4 +1,4 @@
-"""Self-play fleet on Ray (``python -m mortal.fleet``): N clients of ``mortal.client`` as Ray actors.
+"""Self-play fleet on Ray (``python -m mortal.tools.fleet``): N clients of ``mortal.client`` as Ray actors.
 
 The three-process design stays as it is: every actor is a ``mortal.client.Client`` that talks to the server over
 TCP exactly as ``python mortal/client.py`` does (fetch parameters, play a round, submit the logs). Ray only starts,
@@ -29,9 +29,9 @@ file (paths in it are taken relative to the driver's working directory where tha
 ``ray`` is an optional extra: ``pip install 'mortal-online[fleet]'``.
 """
 
-if __package__ in (None, ''):  # run as a script: python mortal/fleet.py
+if __package__ in (None, ''):  # run as a script: python mortal/tools/fleet.py
     import sys, pathlib
-    sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
+    sys.path[0] = str(pathlib.Path(__file__).resolve().parents[2])
 
 import copy
 import logging
@@ -48,7 +48,7 @@ import numpy as np
 from mortal.client import RankHistory
 from mortal.stat import rank_summary
 
-logger = logging.getLogger('mortal.fleet' if __name__ == '__main__' else __name__)
+logger = logging.getLogger('mortal.tools.fleet' if __name__ == '__main__' else __name__)
 
 INSTALL_HINT = "the fleet needs Ray: pip install 'mortal-online[fleet]' (or: pip install ray)"
 # A local instance's object store: the fleet moves only configs and round records through it (a few KB), so Ray's
@@ -472,7 +472,7 @@ def _start_ray(ray, address: str, where: str, fleet, actors: int):
 
 
 def main(argv=None):
-    """Entry point: ``python -m mortal.fleet [-c CONFIG] [--actors N] [--address ADDR] [--rounds R]``; exits with
+    """Entry point: ``python -m mortal.tools.fleet [-c CONFIG] [--actors N] [--address ADDR] [--rounds R]``; exits with
     2 on a bad config or argument, without Ray, when the cluster cannot be joined or cannot run the actors (a local
     instance), 1 when every actor was dropped, 0 at ``--rounds``, Ctrl-C or SIGTERM."""
     from mortal import entry

@@ -1,6 +1,6 @@
 """The quickstart's embedded config: the two size presets (``full``, ``short``), the online loss extras, the
 template in Mortal's config layout, and writing it as ``config.toml`` into a work dir (``render_config``,
-``write_config``), with ``free_port`` for the server's port. Used by ``mortal.quickstart`` and by tests and
+``write_config``), with ``free_port`` for the server's port. Used by ``mortal.tools.quickstart`` and by tests and
 benches that need a tiny working config.
 """
 
@@ -37,7 +37,7 @@ ONLINE_REMEDY = dict(anchor_weight=1.0, offline_batch_size=64)
 # Mortal's config layout; {work} is the absolute work dir (or '{config_dir}', render_config's relative), the rest
 # comes from a preset.
 CONFIG_TEMPLATE = """\
-# Written by mortal.quickstart: a tiny CPU setup that runs the whole pipeline in minutes.
+# Written by mortal.tools.quickstart: a tiny CPU setup that runs the whole pipeline in minutes.
 [control]
 version = {version}
 online = true

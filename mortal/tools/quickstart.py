@@ -1,10 +1,10 @@
-"""One-command tour of the whole pipeline on a small model: ``python -m mortal.quickstart``.
+"""One-command tour of the whole pipeline on a small model: ``python -m mortal.tools.quickstart``.
 
 Everything lives under one work dir (default ``./work/quickstart``):
 
 1. writes ``config.toml`` there from the embedded template (tiny ResNet, CPU, version 3 or ``--version 4``;
-   ``mortal.quickstart_config``);
-2. ``mortal.bootstrap all``: rule-based games -> GRP -> offline Mortal (CQL) -> online dir;
+   ``mortal.tools.quickstart_config``);
+2. ``mortal.tools.bootstrap all``: rule-based games -> GRP -> offline Mortal (CQL) -> online dir;
 3. starts server, trainer and client as real processes (``MORTAL_CFG`` = that config),
    waits for at least one ``test_play`` and one trainer restart (by the trainer's own supervisor,
    ``mortal.learning.supervisor``), then stops them (SIGTERM, then SIGKILL after a grace period);
@@ -16,9 +16,9 @@ Everything lives under one work dir (default ``./work/quickstart``):
 installs the dependencies first (``scripts/setup.sh``) and then runs this module.
 """
 
-if __package__ in (None, ''):  # run as a script: python mortal/quickstart.py
+if __package__ in (None, ''):  # run as a script: python mortal/tools/quickstart.py
     import sys, pathlib
-    sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
+    sys.path[0] = str(pathlib.Path(__file__).resolve().parents[2])
 
 import glob
 import logging
@@ -33,11 +33,11 @@ from pathlib import Path
 
 from mortal.config import ENV_PROFILE
 from mortal.learning.supervisor import signal_group
-from mortal.quickstart_config import PRESETS, write_config
+from mortal.tools.quickstart_config import PRESETS, write_config
 
 logger = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 PROCESSES = ('server', 'train', 'client')  # start order; stopped in reverse
 GRACE_SECONDS = 15  # between SIGTERM and SIGKILL
 
@@ -275,7 +275,7 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
     games, ``short`` 2; 0 = none). A rerun in the same ``work_dir`` skips the finished bootstrap and continues
     online training from ``[control] state_file``.
     """
-    from mortal import bootstrap
+    from mortal.tools import bootstrap
     from mortal.config import load_config, typed
 
     t0 = time.monotonic()
@@ -448,11 +448,11 @@ def _exit_on_sigterm(signum, frame):
 
 
 def main(argv=None):
-    """``python -m mortal.quickstart [--short] [--work-dir DIR] ...``; returns 0, or 1 after a failed step."""
+    """``python -m mortal.tools.quickstart [--short] [--work-dir DIR] ...``; returns 0, or 1 after a failed step."""
     from mortal import entry
 
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    parser = entry.parser(__doc__.split('\n\n')[0], config=False, prog='python -m mortal.quickstart')
+    parser = entry.parser(__doc__.split('\n\n')[0], config=False, prog='python -m mortal.tools.quickstart')
     parser.add_argument('--work-dir', default='work/quickstart', help='where everything goes (default: %(default)s)')
     parser.add_argument('--short', action='store_true', help='CI-sized run (a couple of minutes)')
     parser.add_argument('--port', type=int, default=None, help='server port (default: a free one)')

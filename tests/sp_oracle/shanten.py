@@ -1,11 +1,14 @@
-"""Shanten numbers with the four-copies limit, as Mortal's ``algo/shanten.rs``.
+"""Test oracle: shanten numbers with the four-copies limit, as Mortal's ``algo/shanten.rs``, in pure Python.
+
+The compiled core (``mortal.features.sp._core.shanten``) is what the project runs; ``tests/test_sp_core.py`` checks
+it against ``calc_all_py`` here on generated hands.
 
 Mortal counts shanten as the least number of tiles that must be exchanged to
 reach a complete target hand whose tile counts never exceed four, minus one
 (tomohxx's table method). Here the per-suit part of that minimum is computed by
 a small dynamic programme over the nine ranks and memoised per suit pattern, so
 no precomputed 2-million-entry table is needed. Results are identical by
-definition; ``tests/test_obs_v4.py`` checks known values from Mortal's tests.
+definition; ``tests/test_obs_v4.py`` checks known values from Mortal's tests against both.
 
 Note: ``mjai.mlibriichi.tools.calc_shanten`` uses a different algorithm that
 ignores the four-copies limit (``1111m333p222s444z`` gives 0 there, 1 here).
@@ -130,12 +133,6 @@ def calc_kokushi(tehai) -> int:
     return 14 - kinds - (1 if pairs else 0) - 1
 
 
-try:  # the compiled twin (mortal/features/sp/csrc/shanten.hpp), built by scripts/setup.sh
-    from mortal.features.sp import _core
-except ImportError:  # pragma: no cover - unbuilt checkout
-    _core = None
-
-
 @lru_cache(maxsize=1 << 18)
 def _calc_all_cached(t: tuple, len_div3: int) -> int:
     s = calc_normal(t, len_div3)
@@ -148,18 +145,9 @@ def _calc_all_cached(t: tuple, len_div3: int) -> int:
 
 
 def calc_all_py(tehai, len_div3: int) -> int:
-    """``calc_all`` in pure Python (the reference the compiled core is tested against)."""
-    return _calc_all_cached(tuple(tehai), len_div3)
-
-
-def calc_all(tehai, len_div3: int) -> int:
     """Least shanten over standard, seven pairs and (fully concealed) thirteen orphans.
 
-    ``tehai``: 34 counts (0-4) of the concealed tiles; ``len_div3``: melds still to
-    be formed from them (4 minus calls, 0-4). Works for 3n+1 and 3n+2 hands;
-    -1 = complete. Uses the compiled core when built (ValueError on a count
-    outside 0-4 there), else ``calc_all_py``.
+    ``tehai``: 34 counts (0-4) of the concealed tiles; ``len_div3``: melds still to be formed from them (4 minus
+    calls, 0-4). Works for 3n+1 and 3n+2 hands; -1 = complete.
     """
-    if _core is not None:
-        return _core.shanten(bytes(tehai), len_div3)
     return _calc_all_cached(tuple(tehai), len_div3)

@@ -1,5 +1,5 @@
 """Bootstrap a model without Mortal's weights:
-``python -m mortal.bootstrap {gen-logs,train-grp,train-offline,prepare,all}``.
+``python -m mortal.tools.bootstrap {gen-logs,train-grp,train-offline,prepare,all}``.
 
 Steps (each resumable: a finished step is skipped, an interrupted one continues):
 
@@ -38,9 +38,9 @@ Steps (each resumable: a finished step is skipped, an interrupted one continues)
 ``mortal.config_schema.Bootstrap``).
 """
 
-if __package__ in (None, ''):  # run as a script: python mortal/bootstrap.py
+if __package__ in (None, ''):  # run as a script: python mortal/tools/bootstrap.py
     import sys, pathlib
-    sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
+    sys.path[0] = str(pathlib.Path(__file__).resolve().parents[2])
 
 import copy
 import glob
@@ -194,7 +194,7 @@ def gen_logs(config, *, workers=None, progress=True):
     ctx = mp.get_context('forkserver')
     start = time.monotonic()
     # import by name so that workers find play_set even when this module runs as __main__
-    from mortal import bootstrap as this
+    from mortal.tools import bootstrap as this
     with ctx.Pool(min(workers, len(tasks))) as pool, \
             tqdm(total=len(tasks) * per_set, unit='game', desc='gen-logs', disable=not progress) as bar:
         finished = 0
@@ -347,7 +347,7 @@ def write_reward(path, reward):
     if lookup(tomllib.loads(text), 'env.reward') == reward:
         return False
     lines = text.splitlines(keepends=True)
-    line = f"reward = '{reward}'  # written by mortal.bootstrap (check_grp)\n"
+    line = f"reward = '{reward}'  # written by mortal.tools.bootstrap (check_grp)\n"
     header = next((i for i, x in enumerate(lines) if _ENV_HEADER.match(x)), None)
     if header is None:
         lines.append(('\n' if text and not text.endswith('\n\n') else '') + '[env]\n' + line)
@@ -758,13 +758,13 @@ def run_steps(config, steps, *, force=False, progress=True, config_path=None):
 
 
 def main(argv=None):
-    """``python -m mortal.bootstrap STEP [-c PATH] [--force] [--no-progress]``; returns the exit status (2: config
+    """``python -m mortal.tools.bootstrap STEP [-c PATH] [--force] [--no-progress]``; returns the exit status (2: config
     error, 1: a failed step)."""
     from mortal import entry
     from mortal.config import TRAIN_SECTIONS, resolve_path
 
     parser = entry.parser('Bootstrap a model from rule-based play ([bootstrap] table).',
-                          prog='python -m mortal.bootstrap')
+                          prog='python -m mortal.tools.bootstrap')
     parser.add_argument('step', choices=STEPS + ('all',))
     parser.add_argument('--force', action='store_true', help='prepare: overwrite existing online checkpoints')
     parser.add_argument('--no-progress', action='store_true', help='hide progress bars')

@@ -1,4 +1,7 @@
-"""Yaku, fu and han of a winning hand, as Mortal's ``algo/agari.rs`` (Tenhou rule).
+"""Test oracle: yaku, fu and han of a winning hand, as Mortal's ``algo/agari.rs`` (Tenhou rule), in pure Python.
+
+The compiled core (``mortal.features.sp._core.agari``, reached through ``mortal.features.sp.calc.agari``) is what the
+project runs; ``tests/test_sp_core.py`` checks it against ``agari`` here on generated hands.
 
 Mortal looks the concealed part up in a table of hand divisions (pair + pungs +
 chows, or seven pairs) and scores every division, keeping the best. Here the
@@ -23,7 +26,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
-from mortal.features.sp.shanten import calc_kokushi
+from mortal.features.sp.calc import Hand, Yaku
+from sp_oracle.shanten import calc_kokushi
 
 _P, _F, _C = 31, 32, 33
 _YAOKYUU = frozenset((0, 8, 9, 17, 18, 26, 27, 28, 29, 30, 31, 32, 33))
@@ -40,13 +44,6 @@ class Div(NamedTuple):
     ryanpeikou: bool
     ipeikou: bool
     chitoi_pairs: tuple  # the seven pair tiles (chitoi only)
-
-
-class Yaku(NamedTuple):
-    """Result of scoring: ``yakuman`` > 0 means a yakuman hand (han/fu unused)."""
-    yakuman: int
-    han: int
-    fu: int
 
 
 def _melds(counts: list, start: int, kotsu: list, shuntsu: list, out: list) -> None:
@@ -134,20 +131,6 @@ def divisions(tehai: tuple) -> tuple:
         if len(pairs) == 7:
             out.append(Div(pairs[0], (), (), True, False, False, False, False, pairs))
     return tuple(out)
-
-
-class Hand(NamedTuple):
-    """Fixed context of an agari evaluation (Mortal's ``AgariCalculator`` fields)."""
-    tehai: tuple         # concealed 34 counts incl. the winning tile
-    is_menzen: bool
-    chis: tuple
-    pons: tuple
-    minkans: tuple
-    ankans: tuple
-    bakaze: int
-    jikaze: int
-    winning_tile: int    # deaka'd
-    is_ron: bool
 
 
 def _winning_tile_makes_minkou(h: Hand, d: Div) -> bool:
@@ -417,13 +400,6 @@ def search_yakus(h: Hand):
         if y is not None and _better(y, best):
             best = y
     return best
-
-
-def has_yaku(h: Hand) -> bool:
-    """Whether the winning hand has a yaku of its own (no riichi/tsumo/haitei assumed)."""
-    if _kokushi(h):
-        return True
-    return any(_score_div(h, d, True) is not None for d in divisions(h.tehai))
 
 
 def agari(h: Hand, additional_hans: int, doras: int):
