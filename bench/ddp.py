@@ -2,7 +2,7 @@
 
 Trains the offline path of ``mortal/train.py`` (the real entry point, started by ``python -m torch.distributed.run
 --nproc_per_node K``) on copies of the fixture logs (tests/data/*.jsonl) with the quickstart's embedded network and
-batch (``mortal.quickstart_config``: version 3, 32 channels x 2 blocks, batch 64, 1 loader worker per process),
+batch (``mortal.tools.quickstart_config``: version 3, 32 channels x 2 blocks, batch 64, 1 loader worker per process),
 once with K = 1 (no process group: the one-process path) and once with K = 2, and prints for each:
 
 * seconds per optimizer step on rank 0 (time between the ends of consecutive ``train_batch`` calls, loading, saving
@@ -48,7 +48,7 @@ def prepare(work: pathlib.Path, copies: int) -> pathlib.Path:
     import toml
     import torch
     from mortal.model.networks import GRP, AuxNet, Brain, DQN
-    from mortal.quickstart_config import render_config
+    from mortal.tools.quickstart_config import render_config
 
     cfg = toml.loads(render_config(work, preset='full'))
     data = work / 'logs'
@@ -130,7 +130,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.worker:
         return worker(*args.worker)
-    from mortal.quickstart_config import PRESETS
+    from mortal.tools.quickstart_config import PRESETS
     batch = PRESETS['full']['batch_size']
     print(f'CPU cores: {os.cpu_count()}; {args.copies * len(FIXTURES)} log files; embedded network '
           f'(version 3, 32 x 2), batch {batch} per process, 1 loader worker per process, gloo')

@@ -110,8 +110,8 @@ QUICK_SIZES = dict(  # the machinery on the GPU within 2 minutes, set-up include
 )
 SMOKE_SIZES = dict(
     _COMMON, budget_s=150, channels=16, blocks=1, online_concurrent=True,
-    clients=(1, 2), games={3: 4, 4: 4}, box_s={3: 0.5, 4: 0.5}, first_hard_s={3: 40.0, 4: 3.0},
-    hard_max_s=3.0, min_hard_s=1.0, count_overhead_s=0.5, sweep_cap_s=80, version_share={3: 0.8, 4: 1.0},
+    clients=(1, 2), games={3: 4, 4: 4}, box_s={3: 0.5, 4: 0.5}, first_hard_s={3: 40.0, 4: 15.0},
+    hard_max_s=15.0, min_hard_s=1.0, count_overhead_s=0.5, sweep_cap_s=80, version_share={3: 0.8, 4: 1.0},
     profile_games=4, profile_split_s=1.5, profile_profiler_s=1.0, profile_cap_s=40,
     trainer_version=3, trainer_box_s=1.0, trainer_cap_s=40, test_games=8, test_box_s=0.5, num_workers=0,
     online_version=3, online_clients=1, online_games=4, online_window_s=12.0, online_margin_s=15.0, arena_seeds=1,

@@ -56,7 +56,7 @@ def write_config(work, *, sizes, device, version, games, port=None, enable_amp=N
 
     ``trainer``: save/submit/test every 10**6 steps (the trainer part times bare ``train_batch`` calls)."""
     import toml
-    from mortal.quickstart_config import free_port
+    from mortal.tools.quickstart_config import free_port
 
     work = pathlib.Path(work).resolve()
     work.mkdir(parents=True, exist_ok=True)

@@ -54,7 +54,7 @@ def test_a_finished_start_is_reused_untouched(tmp_path, monkeypatch):
 
 def test_arm_config_keeps_the_starts_reward_and_reward_model(tmp_path):
     import toml
-    from mortal.quickstart_config import render_config
+    from mortal.tools.quickstart_config import render_config
     start = tmp_path / 'start'
     start.mkdir()
     cfg = toml.loads(render_config(start, preset='full', version=3))
@@ -75,7 +75,7 @@ def test_arm_config_gives_each_extra_client_a_profile_of_its_own(tmp_path):
     its own log folder (a client empties its folder every round), and the config loads."""
     import toml
     from mortal.config import load_config
-    from mortal.quickstart_config import render_config
+    from mortal.tools.quickstart_config import render_config
     start = tmp_path / 'start'
     start.mkdir()
     (start / 'config.toml').write_text(render_config(start, preset='full', version=3))

@@ -6,7 +6,8 @@ import pytest
 import toml
 
 from conftest import tiny_config_dict
-from mortal import config_paths, doctor, quickstart_config
+from mortal import config_paths
+from mortal.tools import doctor, quickstart_config
 from mortal.config import config_errors, load_config
 from mortal.util.fsutil import ForeignFilesError, empty_dir
 

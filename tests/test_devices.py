@@ -5,7 +5,8 @@ import toml
 import torch
 
 from conftest import tiny_config_dict
-from mortal import doctor, entry
+from mortal import entry
+from mortal.tools import doctor
 
 
 def _problems(tmp_path, value):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import load_script
-from mortal import quickstart_config
+from mortal.tools import quickstart_config
 from mortal.config import load_config
 
 
