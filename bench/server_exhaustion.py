@@ -256,6 +256,47 @@ def run_kind(kind: str, args, tmp: str) -> dict:
             'log_lines': log_lines}
 
 
+def bomb_payload(size: int) -> bytes:
+    """A get_param of about ``size`` bytes whose extra field is a list of empty lists (1 byte each): decoded
+    whole, each costs about 70 bytes."""
+    import msgpack
+    return msgpack.packb({'type': 'get_param', 'x': [[]] * max(0, size - 32)}, use_bin_type=True)
+
+
+def run_bomb(size: int, tmp: str) -> dict:
+    """One decoding bomb of ``size`` bytes sent (no token) to a fresh server process; returns its VmRSS before and
+    its peak (sampled every 5 ms) until the server has closed the connection, and the seconds that took."""
+    payload = bomb_payload(size)
+    work = os.path.join(tmp, f'bomb{size}')
+    os.makedirs(work)
+    with open(os.path.join(work, 'server.log'), 'w') as log:
+        server = subprocess.Popen([sys.executable, '-c', SERVER, str(ROOT), work, ''],
+                                  stdout=subprocess.PIPE, stderr=log, text=True)
+    try:
+        port = int(server.stdout.readline())
+        real_requests(port, None, count=2)  # warm up: both request kinds once
+        rss_before = peak = vm_rss_mib(server.pid)
+        t0 = time.monotonic()
+        with socket.create_connection((HOST, port), timeout=60) as s:
+            s.sendall(wire.encode_header(payload) + payload)
+            s.setblocking(False)
+            while time.monotonic() - t0 < 60:
+                peak = max(peak, vm_rss_mib(server.pid))
+                try:
+                    if not s.recv(65536):
+                        break  # closed by the server
+                except BlockingIOError:
+                    time.sleep(0.005)
+                except OSError:
+                    break
+        seconds = time.monotonic() - t0
+        peak = max(peak, vm_rss_mib(server.pid))
+    finally:
+        server.terminate()
+        server.wait(10)
+    return {'size': len(payload), 'rss_before': rss_before, 'rss_peak': peak, 'seconds': seconds}
+
+
 def hostile_main(args) -> None:
     """The hostile process: run ``Hostile`` until SIGTERM or ``--limit``, then print opened and dropped."""
     import signal
@@ -274,6 +315,7 @@ def main():
     p.add_argument('--interval', type=float, default=2.0, help='seconds between slowloris header bytes')
     p.add_argument('--pause', type=float, default=0.05, help='seconds between real requests')
     p.add_argument('--kinds', default=','.join(KINDS), help='comma-separated kinds')
+    p.add_argument('--bombs', default='4,16', help='sizes in MiB of the decoding bombs (one each; "" for none)')
     p.add_argument('--hostile', help=argparse.SUPPRESS)
     p.add_argument('--port', type=int, help=argparse.SUPPRESS)
     p.add_argument('--token', default='', help=argparse.SUPPRESS)
@@ -283,13 +325,22 @@ def main():
         return hostile_main(args)
     if not 1 <= args.conns <= 1000 or not 0 < args.seconds <= 60:
         sys.exit('error: --conns must be within [1, 1000] and --seconds within (0, 60]')
-    print(f'{args.conns} hostile connections per kind, renewed {args.renew:g} s after a drop; a real peer '
-          f'alternating get_param and a 111 KB submit_replay for {args.seconds:g} s; server defaults '
-          '(max_pending_connections 64, max_frame_bytes = max_inflight_bytes = 512 MiB)')
-    print(f'{"kind":<20} {"token":<5} {"ok":>9} {"get_param":>9} {"submit":>7} {"p50 ms":>7} {"p99 ms":>7} '
-          f'{"max ms":>7} {"opened":>7} {"dropped":>7} {"RSS MiB before/peak":>20} {"log lines":>9}')
+    sizes = [float(x) for x in args.bombs.split(',') if x]
+    if any(not 0 < x <= 64 for x in sizes):
+        sys.exit('error: --bombs sizes must be within (0, 64] MiB')
     with tempfile.TemporaryDirectory() as tmp:
-        for kind in args.kinds.split(','):
+        for mib in sizes:
+            r = run_bomb(int(mib * 2 ** 20), tmp)
+            print(f'decoding bomb of {r["size"] / 2 ** 20:.1f} MiB (empty lists): server RSS {r["rss_before"]:.1f} '
+                  f'-> peak {r["rss_peak"]:.1f} MiB, closed after {r["seconds"]:.2f} s', flush=True)
+        kinds = [k for k in args.kinds.split(',') if k]
+        if kinds:
+            print(f'{args.conns} hostile connections per kind, renewed {args.renew:g} s after a drop; a real peer '
+                  f'alternating get_param and a 111 KB submit_replay for {args.seconds:g} s; server defaults '
+                  '(max_pending_connections 64, max_frame_bytes = max_inflight_bytes = 512 MiB)')
+            print(f'{"kind":<20} {"token":<5} {"ok":>9} {"get_param":>9} {"submit":>7} {"p50 ms":>7} {"p99 ms":>7} '
+                  f'{"max ms":>7} {"opened":>7} {"dropped":>7} {"RSS MiB before/peak":>20} {"log lines":>9}')
+        for kind in kinds:
             r = run_kind(kind, args, tmp)
             print(f'{r["kind"]:<20} {"yes" if r["token"] else "no":<5} {r["ok"]:>4}/{r["requests"]:<4} '
                   f'{r["ok_get_param"]:>9} {r["ok_submit_replay"]:>7} {r["p50"] * 1000:>7.1f} '

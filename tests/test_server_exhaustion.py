@@ -70,3 +70,52 @@ def test_refusals_before_authentication_are_logged_a_few_then_counted(tmp_path, 
                              'or wrong token)')
     finally:
         stop_server(server)
+
+
+# -- issue 35 (hostile tester, second round): what an authenticated peer can make the server hold ---------------------
+
+def bomb(entries: int) -> bytes:
+    """A get_param whose extra field is ``entries`` empty lists (1 byte each): about 70x its size once decoded."""
+    import msgpack
+    return msgpack.packb({'type': 'get_param', 'x': [[]] * entries}, use_bin_type=True)
+
+
+def test_a_decoding_bomb_is_refused_before_it_is_decoded(tmp_path, caplog):
+    """A frame of 1 MiB of empty lists (no token on loopback) used to cost ~70 MiB while decoding; now its objects
+    are counted first and it is refused, the server holding little more than the frame itself."""
+    import tracemalloc
+    payload = bomb(1 << 20)
+    limit, _ = wire.request_limits(len(payload))
+    assert limit == 1024 + len(payload) // 256 == 5120
+    with pytest.raises(wire.ProtocolError, match=f'more than {limit} msgpack objects'):
+        wire.decode_payload(payload, wire.request_limits(len(payload)))
+    server = start_param_server(tmp_path, 10)
+    tracemalloc.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger='mortal.server'):
+            with socket.create_connection(('127.0.0.1', server.server_address[1]), timeout=10) as s:
+                s.sendall(wire.encode_header(payload) + payload)
+                with pytest.raises(wire.PeerClosed):
+                    wire.recv_msg(s)  # closed without a reply, as any undecodable payload
+            wait_until(lambda: 'a decoding bomb?' in caplog.text)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        stop_server(server)
+    assert peak < 8 * len(payload)  # the frame, read in 1 MiB parts; decoding it used to take ~70x
+    # a real request of the same size decodes: 100 logs of 10 KiB each
+    logs = {f'{i}.json.gz': bytes(10240) for i in range(100)}
+    real = __import__('msgpack').packb({'type': 'submit_replay', 'logs': logs}, use_bin_type=True)
+    assert wire.decode_payload(real, wire.request_limits(len(real)))['logs'] == logs
+
+
+def test_shape_check_counts_every_msgpack_object_and_bounds_nesting():
+    import msgpack
+    msg = {'a': [1, -3, 200, -200, 70000, 2 ** 40, -2 ** 40, 2.5, 'x' * 40, 'y' * 300, 'z' * 70000, b'q', b'w' * 300,
+                 b'e' * 70000, True, None, {'k': {}}], 'b': msgpack.ExtType(3, b'abc'), 'c': msgpack.ExtType(3, b'a' * 20)}
+    # the map (1), its 3 keys and 3 values (6), the list's 17 items, the inner map's key and value (2)
+    assert wire.check_shape(msgpack.packb(msg, use_bin_type=True), 100, 4) == 1 + 6 + 17 + 2
+    with pytest.raises(wire.ProtocolError, match='more than 25 msgpack objects'):
+        wire.check_shape(msgpack.packb(msg, use_bin_type=True), 25, 4)
+    with pytest.raises(wire.ProtocolError, match='deeper than 4 levels'):
+        wire.check_shape(msgpack.packb({'a': [[[[1]]]]}), 100, 4)
