@@ -119,3 +119,81 @@ def test_shape_check_counts_every_msgpack_object_and_bounds_nesting():
         wire.check_shape(msgpack.packb(msg, use_bin_type=True), 25, 4)
     with pytest.raises(wire.ProtocolError, match='deeper than 4 levels'):
         wire.check_shape(msgpack.packb({'a': [[[[1]]]]}), 100, 4)
+
+
+def test_peers_that_never_read_their_reply_are_closed_within_seconds_and_hold_no_copy(tmp_path, caplog):
+    """20 peers send get_param and never read the 16 MiB reply (their receive buffers are 4 KiB): each used to
+    hold its own packed copy of the parameters, and its thread, until the 300 s socket timeout. Now the reply
+    shares the stored parameters and must keep payload_min_bytes_per_s, so all are closed within two 2 s windows
+    after their socket buffers fill, and a real peer is served meanwhile."""
+    import threading
+    import tracemalloc
+    import torch
+    server = start_param_server(tmp_path, 10)
+    port = server.server_address[1]
+    weights = wire.pack_state_dict({'w': torch.zeros(4 << 20)})  # 16 MiB
+    assert server.store.submit_param(weights, wire.pack_state_dict({'b': torch.zeros(4)}), True)['status'] == 'ok'
+    threads_before = threading.active_count()
+    socks = []
+    tracemalloc.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger='mortal.server'):
+            for _ in range(20):
+                s = socket.socket()
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                s.connect(('127.0.0.1', port))
+                s.sendall(wire.encode_frame({'type': 'get_param', 'param_version': -1}))
+                socks.append(s)
+            wait_until(lambda: threading.active_count() == threads_before + 20, 5)  # a thread each
+            t0 = time.monotonic()
+            results = bench.real_requests(port, None, count=2, timeout=5)
+            assert [(t, ok) for t, ok, _ in results] == [('get_param', True), ('submit_replay', True)]
+            wait_until(lambda: threading.active_count() <= threads_before, 10)
+            closed_after = time.monotonic() - t0
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        for s in socks:
+            s.close()
+        stop_server(server)
+    assert closed_after < 6.0
+    assert caplog.text.count('reply stalled: the peer took') == 20
+    assert peak < 3 * len(weights)  # the real peer's reply and submit; 20 copies were 20 x 16 MiB
+
+
+def test_replies_travel_in_pieces_equal_to_the_frame_sharing_the_large_fields():
+    big, small = bytes(range(256)) * 300, b'x' * 100
+    msg = {'status': 'ok', 'mortal': big, 'dqn': small, 'param_version': 3, 'z': bytearray(b'q' * 70000)}
+    pieces = wire.encode_pieces(msg, 'tok')
+    assert b''.join(pieces) == wire.encode_frame(msg, 'tok')
+    assert any(piece is big for piece in pieces) and not any(piece is small for piece in pieces)
+
+
+def test_connections_beyond_max_connections_are_closed_at_once_with_one_line(tmp_path, caplog):
+    """With every slot held by authenticated peers (payloads trickling at the floor), a new connection is closed
+    at once, logged once; once they end, new ones are served again."""
+    server = start_param_server(tmp_path, 10, max_pending=2, max_connections=4)
+    port = server.server_address[1]
+    held = []
+    try:
+        with caplog.at_level(logging.INFO, logger='mortal.server'):
+            for _ in range(4):  # authenticated, then slow enough: 1 byte of a 1 MiB payload
+                s = socket.create_connection(('127.0.0.1', port), timeout=5)
+                s.sendall(bench.header(1 << 20, None) + b'x')
+                held.append(s)
+            wait_until(lambda: server.serving == 4 and server.pending == 0)
+            for _ in range(3):
+                with socket.create_connection(('127.0.0.1', port), timeout=5) as s:
+                    assert s.recv(10) == b''  # closed at once, unread
+            wait_until(lambda: 'closing new ones until some end' in caplog.text)
+            assert caplog.text.count('4 connections are being served, the most at once') == 1
+            for s in held:
+                s.close()
+            wait_until(lambda: server.serving == 0)
+            results = bench.real_requests(port, None, count=2, timeout=5)
+            assert [ok for _, ok, _ in results] == [True, True]
+            assert 'accepting new connections again (3 closed at once meanwhile' in caplog.text
+    finally:
+        for s in held:
+            s.close()
+        stop_server(server)

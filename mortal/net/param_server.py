@@ -26,6 +26,10 @@ from mortal.net.replay_store import BadRequest, ReplayStore
 logger = logging.getLogger('mortal.server')  # the server's name (log format)
 
 DEFAULT_MAX_PENDING = 64  # unauthenticated connections at once ([online.server] max_pending_connections)
+# Connections served at once (one thread each), authenticated or not. Beyond it the oldest unauthenticated one is
+# closed to admit a new one, or, when all are authenticated (reading a paced payload, being handled, or being
+# answered at a paced rate), the new one is closed at once and its peer retries.
+DEFAULT_MAX_CONNECTIONS = 256
 DEFAULT_PAYLOAD_MIN_RATE = 128 * 1024  # bytes/s a payload must keep ([online.server] payload_min_bytes_per_s)
 # Seconds over which the payload rate is checked: a stalled sender is closed within two of them.
 PAYLOAD_WINDOW = 2.0
@@ -213,10 +217,14 @@ class Handler(BaseRequestHandler):
             return {'status': wire.STATUS_ERROR, 'reason': f'internal server error: {type(ex).__name__}: {ex}'}
 
     def _reply(self, sock, peer, reply):
+        # No copy of the reply's large fields (the served parameters): a peer that does not read holds only its
+        # thread, and only for two PAYLOAD_WINDOWs once its socket buffers are full.
+        srv = self.server
         try:
-            wire.send_msg(sock, reply, self.server.token)
-        except OSError as ex:
-            logger.warning('could not reply to %s: %s', peer, ex)
+            wire.send_paced(sock, wire.encode_pieces(reply, srv.token), min_rate=srv.payload_min_rate,
+                            window=PAYLOAD_WINDOW)
+        except (OSError, wire.ProtocolError) as ex:
+            logger.warning('could not reply to %s: %s', peer, _closing_reason(ex))
 
 
 TRAINER_QUIET_SECONDS = 60.0  # no drain for this long with a full buffer: a line saying that the clients wait
@@ -230,7 +238,9 @@ class ParamServer(ThreadingTCPServer):
     connections at once (a new one beyond it closes the oldest); max_inflight_bytes: payload bytes read or being
     handled at once over all connections (None or 0 = max_frame_size; ValueError when below it); header_timeout:
     seconds for a whole header to arrive; payload_min_rate: bytes/s a payload must keep over every
-    ``PAYLOAD_WINDOW`` seconds. Payloads of at most ``SMALL_FRAME_BYTES`` are read within a separate budget of
+    ``PAYLOAD_WINDOW`` seconds, and a reply the same (else the connection is closed); max_connections:
+    connections served at once (one thread each; beyond it the oldest unauthenticated one is closed, or the new
+    one when none is). Payloads of at most ``SMALL_FRAME_BYTES`` are read within a separate budget of
     ``SMALL_INFLIGHT_BYTES``.
     """
 
@@ -241,7 +251,8 @@ class ParamServer(ThreadingTCPServer):
     def __init__(self, address, store: ReplayStore, *, token: Optional[str] = None,
                  max_frame_size: int = wire.DEFAULT_MAX_FRAME_SIZE, timeout: float = wire.DEFAULT_TIMEOUT,
                  max_pending: int = DEFAULT_MAX_PENDING, max_inflight_bytes: Optional[int] = None,
-                 header_timeout: float = wire.HEADER_TIMEOUT, payload_min_rate: int = DEFAULT_PAYLOAD_MIN_RATE):
+                 header_timeout: float = wire.HEADER_TIMEOUT, payload_min_rate: int = DEFAULT_PAYLOAD_MIN_RATE,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS):
         check_bind_security(address[0], token)
         if payload_min_rate < 1:
             raise ValueError(f'[online.server] payload_min_bytes_per_s = {payload_min_rate} must be at least 1')
@@ -250,12 +261,18 @@ class ParamServer(ThreadingTCPServer):
                              f'max_frame_bytes = {max_frame_size} (a largest frame must fit)')
         if max_pending < 1:
             raise ValueError(f'[online.server] max_pending_connections = {max_pending} must be at least 1')
+        if max_connections < max_pending:
+            raise ValueError(f'max_connections = {max_connections} must be at least [online.server] '
+                             f'max_pending_connections = {max_pending}')
         self.store = store
         self.token = token
         self.max_frame_size = max_frame_size
         self.timeout = timeout
         self.header_timeout = header_timeout
         self.max_pending = int(max_pending)
+        self.max_connections = int(max_connections)
+        self.serving = 0  # connections with a handler thread (pending_lock)
+        self.turned_away = 0  # new connections closed at max_connections since the last "accepting" (pending_lock)
         self.inflight = ByteBudget(max_inflight_bytes or max_frame_size)
         self.small_inflight = ByteBudget(SMALL_INFLIGHT_BYTES)
         self.payload_min_rate = int(payload_min_rate)
@@ -303,23 +320,47 @@ class ParamServer(ThreadingTCPServer):
         unauthenticated, first close the oldest of them (logged when that starts and when it ends, not per
         connection): a real peer authenticates within a round trip, so it is never the oldest for long."""
         with self.pending_lock:
-            if len(self.unauthenticated) >= self.max_pending:
+            if self.serving >= self.max_connections and not self.unauthenticated:
+                self.turned_away += 1
+                if self.turned_away == 1:
+                    logger.warning('%d connections are being served, the most at once: closing new ones until some '
+                                   'end (each payload and reply must keep payload_min_bytes_per_s)', self.serving)
+                self.shutdown_request(request)
+                return
+            if len(self.unauthenticated) >= self.max_pending or self.serving >= self.max_connections:
                 oldest, _ = self.unauthenticated.popitem(last=False)
                 self.evicted += 1
                 if self.evicted == 1:
                     logger.warning('%d connections are still sending their frame header: closing the oldest to '
-                                   'admit new ones', self.max_pending)
+                                   'admit new ones', len(self.unauthenticated) + 1)
                 # under the lock: its handler cannot have closed it (leave_unauthenticated takes the lock first)
                 try:
                     oldest.shutdown(socket.SHUT_RDWR)  # its handler's recv returns at once
                 except OSError:
                     pass
             self.unauthenticated[request] = None
+            self.serving += 1
         try:
             super().process_request(request, client_address)
         except BaseException:
             self.leave_unauthenticated(request)
+            self._served()
             raise
+
+    def process_request_thread(self, request, client_address):
+        """The handler thread of one connection (``ThreadingTCPServer``'s), counted in ``serving``."""
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._served()
+
+    def _served(self) -> None:
+        with self.pending_lock:
+            self.serving -= 1
+            if self.turned_away and self.serving <= self.max_connections * 3 // 4:
+                logger.info('accepting new connections again (%d closed at once meanwhile, %d served now)',
+                            self.turned_away, self.serving)
+                self.turned_away = 0
 
     def leave_unauthenticated(self, request) -> bool:
         """A connection authenticated, was refused or closed: free its slot. False when it had been closed to

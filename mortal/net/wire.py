@@ -488,6 +488,63 @@ def send_msg(sock: socket.socket, msg: dict, token: Optional[str] = None) -> Non
     sock.sendall(payload)  # two calls: no copy of a large payload just to prepend 78 bytes
 
 
+# Byte strings of at least this size travel as their own piece (``encode_pieces``): msgpack packs them as bin32.
+PIECE_BYTES = 1 << 16
+
+
+def encode_pieces(msg: dict, token: Optional[str] = None) -> list:
+    """``encode_frame(msg, token)`` as a list of pieces whose concatenation is that frame, without copying the
+    map's large byte-string values (``PIECE_BYTES`` and over, e.g. served parameters): each is a piece of its own,
+    the very object in ``msg``. So a reply that waits on a slow reader holds no copy of the parameters."""
+    packer = msgpack.Packer(use_bin_type=True)
+    pieces = [packer.pack_map_header(len(msg))]
+    for key, value in msg.items():
+        if isinstance(value, (bytes, bytearray)) and len(value) >= PIECE_BYTES:
+            pieces[-1] += packer.pack(key) + b'\xc6' + struct.pack('>I', len(value))  # bin32 header
+            pieces.append(value)
+            pieces.append(b'')
+        else:
+            pieces[-1] += packer.pack(key) + packer.pack(value)
+    hasher = hashlib.sha256()
+    for piece in pieces:
+        hasher.update(piece)
+    signed = PREFIX.pack(MAGIC, PROTOCOL_VERSION) + struct.pack('<Q32s', sum(map(len, pieces)), hasher.digest())
+    return [signed + _mac(token, signed)] + [piece for piece in pieces if piece]
+
+
+def send_paced(sock: socket.socket, pieces: list, *, min_rate: int, window: float) -> None:
+    """Send ``pieces`` (bytes-like, e.g. ``encode_pieces``) in order, at least ``min(min_rate * window, bytes
+    still due)`` bytes in every ``window`` seconds (``min_rate`` in bytes/s), so a peer that stops reading is
+    given up within two windows instead of holding its connection until the socket timeout.
+    Raises ProtocolError ('reply stalled'), OSError from the socket."""
+    total = sum(len(piece) for piece in pieces)
+    timeout = sock.gettimeout()
+    sent = window_from = 0
+    window_end = time.monotonic() + window
+    try:
+        for piece in pieces:
+            view = memoryview(piece)
+            offset = 0
+            while offset < len(view):
+                now = time.monotonic()
+                if now >= window_end:
+                    if sent - window_from < min(min_rate * window, total - window_from):
+                        raise ProtocolError(f'reply stalled: the peer took {sent - window_from} bytes in the last '
+                                            f'{window:g} s, below [online.server] payload_min_bytes_per_s = '
+                                            f'{min_rate} ({sent} of {total} bytes)')
+                    window_from, window_end = sent, now + window
+                    continue
+                sock.settimeout(window_end - now)
+                try:
+                    n = sock.send(view[offset:offset + RECV_CHUNK])
+                except socket.timeout:
+                    continue  # the window's check above decides
+                offset += n
+                sent += n
+    finally:
+        sock.settimeout(timeout)
+
+
 def recv_msg(sock: socket.socket, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, token: Optional[str] = None) -> dict:
     """Receive one frame and return its decoded map; with ``token``, its MAC is checked before the payload is read.
 
