@@ -172,12 +172,13 @@ def test_replies_travel_in_pieces_equal_to_the_frame_sharing_the_large_fields():
 def test_connections_beyond_max_connections_are_closed_at_once_with_one_line(tmp_path, caplog):
     """With every slot held by authenticated peers (payloads trickling at the floor), a new connection is closed
     at once, logged once; once they end, new ones are served again."""
-    server = start_param_server(tmp_path, 10, max_pending=2, max_connections=4)
+    # payload_min_rate 1 byte/s: the held payloads are not closed as stalled while the test runs
+    server = start_param_server(tmp_path, 10, max_pending=2, max_connections=4, payload_min_rate=1)
     port = server.server_address[1]
     held = []
     try:
         with caplog.at_level(logging.INFO, logger='mortal.server'):
-            for _ in range(4):  # authenticated, then slow enough: 1 byte of a 1 MiB payload
+            for _ in range(4):  # authenticated, then slow: 1 byte of a 1 MiB payload
                 s = socket.create_connection(('127.0.0.1', port), timeout=5)
                 s.sendall(bench.header(1 << 20, None) + b'x')
                 held.append(s)
@@ -196,4 +197,24 @@ def test_connections_beyond_max_connections_are_closed_at_once_with_one_line(tmp
     finally:
         for s in held:
             s.close()
+        stop_server(server)
+
+
+def test_uploads_trickling_just_above_the_floor_do_not_keep_a_real_upload_out(tmp_path, caplog):
+    """12 frames declaring the whole budget (1 MiB here) trickle at 160 KiB/s, above the 128 KiB/s floor, and
+    hold all of max_inflight_bytes. A real 111 KB submit_replay used to wait behind them until its timeout; now
+    after 2 s of waiting it closes the slowest of them and goes first."""
+    server = start_param_server(tmp_path, 1000, token=TOKEN, max_frame_size=1 << 20, max_inflight_bytes=1 << 20)
+    port = server.server_address[1]
+    hostile = bench.Hostile('trickle', port, 12, token=TOKEN, max_frame=1 << 20, renew=0.2, limit=40).start()
+    try:
+        with caplog.at_level(logging.WARNING, logger='mortal.server'):
+            wait_until(lambda: server.inflight.used > (1 << 20) - 64 * 1024, 10)  # the budget is theirs
+            results = bench.real_requests(port, TOKEN, count=4, pause=0.2, timeout=8)
+        assert [(t, ok) for t, ok, _ in results] == [('get_param', True), ('submit_replay', True)] * 2
+        assert max(seconds for t, _, seconds in results if t == 'submit_replay') < 5.0  # ~2 s: one preemption
+        assert server.inflight.preempted >= 1
+        assert 'preempted to admit a new frame: it held' in caplog.text
+    finally:
+        hostile.stop()
         stop_server(server)

@@ -37,6 +37,8 @@ PAYLOAD_WINDOW = 2.0
 # SMALL_INFLIGHT_BYTES over all connections, so big uploads never delay them.
 SMALL_FRAME_BYTES = 64 * 1024
 SMALL_INFLIGHT_BYTES = 8 * 1024 * 1024
+# Seconds a new frame waits for a full budget before it closes the slowest frame holding bytes (ByteBudget).
+PREEMPT_AFTER = 2.0
 # Connections refused before authentication are logged one by one up to this many per period, then counted, so
 # a flood of hostile connections cannot fill the disk with log lines.
 REFUSED_LOG_BURST = 10
@@ -59,37 +61,56 @@ class ByteBudget:
     Requests are served in arrival order, those of frames that already hold bytes before those of new frames, so
     a frame once started is not starved by newcomers. Frames that together need more than the limit could wait on
     each other for ever: when every frame holding bytes waits for more and the first in line does not fit, the
-    one holding least is refused at once (its connection closes and its peer retries)."""
+    one holding least is refused at once (its connection closes and its peer retries).
 
-    def __init__(self, limit: int):
+    Frames that hold the budget while their bytes trickle in (just above the minimum rate) would keep new frames
+    out for as long as they last: a new frame that has waited ``preempt_after`` seconds closes the reading frame
+    with the lowest average rate (``Reservation.preempt``) and goes first in line, and again after each further
+    ``preempt_after`` seconds while it still does not fit. So an honest upload waits a few seconds at most."""
+
+    def __init__(self, limit: int, preempt_after: float = PREEMPT_AFTER):
         self.limit = int(limit)
+        self.preempt_after = float(preempt_after)
         self.used = 0
         self.holders = 0  # frames holding bytes
+        self.preempted = 0  # frames closed to admit new ones
+        self.readers = set()  # Reservations holding bytes (to pick whom to preempt)
         self._cond = threading.Condition()
-        self._queues = (deque(), deque())  # tickets [size, held] of (frames holding bytes, new frames)
+        # tickets [size, held] of (new frames that preempted one, frames holding bytes, new frames)
+        self._queues = (deque(), deque(), deque())
 
-    def acquire(self, size: int, timeout: float, held: int = 0) -> bool:
+    def acquire(self, size: int, timeout: float, held: int = 0, owner: Optional['Reservation'] = None) -> bool:
         """Reserve ``size`` bytes, waiting up to ``timeout`` seconds; False (nothing reserved) on timeout, when
-        ``size`` exceeds the limit, or when this frame is refused to end a deadlock. ``held``: bytes the caller
-        already holds in this budget (0 for a new frame)."""
+        ``size`` exceeds the limit, when this frame is refused to end a deadlock, or when ``owner`` (the caller's
+        Reservation: it may preempt and be preempted) was preempted. ``held``: bytes the caller already holds in
+        this budget (0 for a new frame)."""
         if size > self.limit:
             return False
         with self._cond:
             ticket = [size, held]
-            queue = self._queues[0 if held else 1]
+            queue = self._queues[1 if held else 2]
             queue.append(ticket)
             self._cond.notify_all()  # a new waiter may complete a deadlock
-            end = time.monotonic() + timeout
+            now = time.monotonic()
+            end = now + timeout
+            next_preempt = now + self.preempt_after
             granted = False
             while True:
-                head = self._queues[0][0] if self._queues[0] else self._queues[1][0]
+                head = next(q[0] for q in self._queues if q)
                 if head is ticket and self.used + size <= self.limit:
                     granted = True
                     break
-                left = end - time.monotonic()
-                if left <= 0 or (held and self._deadlock_victim() is ticket):
+                now = time.monotonic()
+                if end <= now or (held and self._deadlock_victim() is ticket) or (owner and owner.preempted):
                     break
-                self._cond.wait(left)
+                if not held and owner is not None and now >= next_preempt and self.used + size > self.limit:
+                    next_preempt = now + self.preempt_after
+                    if self._preempt_slowest(now, owner, self.used + size - self.limit) and queue is not self._queues[0]:
+                        queue.remove(ticket)
+                        queue = self._queues[0]
+                        queue.append(ticket)
+                    continue
+                self._cond.wait(min(end, next_preempt) - now if not held and owner is not None else end - now)
             queue.remove(ticket)
             if granted:
                 self.used += size
@@ -97,10 +118,26 @@ class ByteBudget:
             self._cond.notify_all()
             return granted
 
+    def _preempt_slowest(self, now: float, owner, needed: int) -> bool:
+        """Preempt reading frames (bytes still due), those of the lowest average rate first, until they held
+        ``needed`` bytes; False when there is none. _cond held."""
+        reading = sorted((r for r in self.readers if r is not owner and not r.preempted and r.held < r.length),
+                         key=lambda r: r.held / max(now - r.started, 1e-3))
+        freed = 0
+        for victim in reading:
+            if freed >= needed:
+                break
+            freed += victim.held
+            self.preempted += 1
+            victim.preempt(f'preempted to admit a new frame: it held {victim.held} of max_inflight_bytes = '
+                           f'{self.limit} at {victim.held / max(now - victim.started, 1e-3) / 1024:.0f} KiB/s')
+        self._cond.notify_all()
+        return bool(reading)
+
     def _deadlock_victim(self):
         """The ticket to refuse when every holder waits for more and the first in line does not fit, else None
         (a holder that is reading or being handled will give its bytes back)."""
-        more = self._queues[0]
+        more = self._queues[1]
         if not more or len(more) < self.holders or self.used + more[0][0] <= self.limit:
             return None
         return min(reversed(more), key=lambda t: t[1])  # the least held; of equals, the newest
@@ -118,23 +155,43 @@ class Reservation:
     ``wire.recv_payload_paced``'s callbacks). A frame waits at most ``wait`` seconds for each part; it holds no
     more memory meanwhile, and its pace is not checked."""
 
-    def __init__(self, budget: ByteBudget, wait: float):
+    def __init__(self, budget: ByteBudget, wait: float, sock=None, length: int = 0):
         self.budget = budget
         self.wait = wait
         self.held = 0
+        self.sock = sock  # shut down when this frame is preempted
+        self.length = length  # the payload's declared bytes
+        self.started = time.monotonic()
+        self.preempted = None  # why this frame was preempted (ByteBudget), else None
+
+    def preempt(self, reason: str) -> None:
+        """Close this frame's connection to give its bytes to a new frame (``ByteBudget._preempt_slowest``):
+        its reader stops at once and gives back what it holds."""
+        self.preempted = reason
+        if self.sock is not None:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def take(self, size: int) -> None:
         """Reserve ``size`` more bytes; ProtocolError (naming the limit) when they are refused."""
-        if not self.budget.acquire(size, self.wait, held=self.held):
-            raise wire.ProtocolError(f'its payload did not fit in max_inflight_bytes = {self.budget.limit} '
-                                     f'({self.held} bytes read, {self.budget.holders} frames holding '
-                                     f'{self.budget.used} bytes)')
-        self.held += size
+        if not self.budget.acquire(size, self.wait, held=self.held, owner=self):
+            raise wire.ProtocolError(self.preempted or (
+                f'its payload did not fit in max_inflight_bytes = {self.budget.limit} ({self.held} bytes read, '
+                f'{self.budget.holders} frames holding {self.budget.used} bytes)'))
+        with self.budget._cond:
+            if not self.held:
+                self.budget.readers.add(self)
+            self.held += size
 
     def give(self, size: int) -> None:
         """Give back ``size`` of the bytes taken."""
         if size:
-            self.held -= size
+            with self.budget._cond:
+                self.held -= size
+                if not self.held:
+                    self.budget.readers.discard(self)
             self.budget.release(size, held=self.held)
 
     def give_all(self) -> None:
@@ -191,13 +248,13 @@ class Handler(BaseRequestHandler):
             return  # closed at once: nothing it sends next is read
         # Small frames (get_param, drain, ...) have a budget of their own: they never wait behind big uploads.
         budget = srv.small_inflight if header.length <= SMALL_FRAME_BYTES else srv.inflight
-        held = Reservation(budget, wait=srv.timeout)
+        held = Reservation(budget, wait=srv.timeout, sock=sock, length=header.length)
         try:
             try:
                 msg = wire.recv_payload_paced(sock, header, min_rate=srv.payload_min_rate, window=PAYLOAD_WINDOW,
                                               take=held.take, give=held.give)
             except (wire.ProtocolError, OSError) as ex:
-                _log_closing(peer, ex)
+                _log_closing(peer, wire.ProtocolError(held.preempted) if held.preempted else ex)
                 return
             reply = self._dispatch(srv, peer, msg)
             del msg  # free the payload before the budget is given back

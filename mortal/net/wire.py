@@ -403,9 +403,10 @@ def recv_payload_paced(sock: socket.socket, header: FrameHeader, *, min_rate: in
 
     Pace: in every ``window`` seconds at least ``min(min_rate * window, bytes still due)`` bytes must arrive
     (``min_rate`` in bytes/s), checked at each window's end, so a stalled or trickling sender is closed within two
-    windows whatever length it declared. Budget: before each read the reader calls ``take(n)`` (n <= 1 MiB, the
-    bytes it may read next; it may wait, and raises to refuse) and ``give(k)`` for what that read did not use, so
-    a sender that declared a large frame and went silent holds nothing. Time spent in ``take`` does not count
+    windows whatever length it declared. Budget: before each read the reader calls ``take(n)`` (n <= 1 MiB: the
+    bytes already waiting in the socket, as far as they are due; it may wait, and raises to refuse) and
+    ``give(k)`` for what that read did not use, so a sender that declared a large frame and went silent, or
+    trickles, holds only what came. Time spent in ``take`` does not count
     against the pace. On success the whole ``header.length`` is still taken: the caller gives it back once the
     message is handled; on an exception the caller gives back what was taken.
     The payload is a request: ``check_shape`` bounds its objects by ``request_limits`` before it is decoded.
@@ -438,7 +439,8 @@ def recv_payload_paced(sock: socket.socket, header: FrameHeader, *, min_rate: in
             if not ready:
                 raise ProtocolError(f'truncated frame: connection closed after {len(buf)} of {length} payload '
                                     'bytes')
-            size = min(length - len(buf), RECV_CHUNK)
+            # take only what has arrived: a frame trickling in holds, and waits for, no more than that
+            size = min(length - len(buf), RECV_CHUNK, _readable(sock) or RECV_CHUNK)
             started = time.monotonic()
             take(size)
             window_end += time.monotonic() - started  # waiting for the budget is not the sender's fault
@@ -459,6 +461,16 @@ def recv_payload_paced(sock: socket.socket, header: FrameHeader, *, min_rate: in
     if not hmac.compare_digest(hasher.digest(), header.digest):
         raise ProtocolError('payload does not match the SHA-256 digest in its header (corrupted in transit?)')
     return decode_payload(buf, request_limits(length))
+
+
+def _readable(sock: socket.socket) -> int:
+    """Bytes waiting in ``sock``'s receive buffer (FIONREAD), or 0 where that cannot be asked."""
+    try:
+        import fcntl
+        import termios
+        return struct.unpack('i', fcntl.ioctl(sock.fileno(), termios.FIONREAD, b'\0\0\0\0'))[0]
+    except (ImportError, OSError, AttributeError):
+        return 0
 
 
 def discard(sock: socket.socket, size: int, *, deadline: float) -> int:
