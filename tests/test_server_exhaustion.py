@@ -112,7 +112,8 @@ def test_a_decoding_bomb_is_refused_before_it_is_decoded(tmp_path, caplog):
 def test_shape_check_counts_every_msgpack_object_and_bounds_nesting():
     import msgpack
     msg = {'a': [1, -3, 200, -200, 70000, 2 ** 40, -2 ** 40, 2.5, 'x' * 40, 'y' * 300, 'z' * 70000, b'q', b'w' * 300,
-                 b'e' * 70000, True, None, {'k': {}}], 'b': msgpack.ExtType(3, b'abc'), 'c': msgpack.ExtType(3, b'a' * 20)}
+                 b'e' * 70000, True, None, {'k': {}}],
+           'b': msgpack.ExtType(3, b'abc'), 'c': msgpack.ExtType(3, b'a' * 20)}
     # the map (1), its 3 keys and 3 values (6), the list's 17 items, the inner map's key and value (2)
     assert wire.check_shape(msgpack.packb(msg, use_bin_type=True), 100, 4) == 1 + 6 + 17 + 2
     with pytest.raises(wire.ProtocolError, match='more than 25 msgpack objects'):
@@ -214,7 +215,7 @@ def test_uploads_trickling_just_above_the_floor_do_not_keep_a_real_upload_out(tm
         assert [(t, ok) for t, ok, _ in results] == [('get_param', True), ('submit_replay', True)] * 2
         assert max(seconds for t, _, seconds in results if t == 'submit_replay') < 5.0  # ~2 s: one preemption
         assert server.inflight.preempted >= 1
-        assert 'preempted to admit a new frame: it held' in caplog.text
+        assert 'preempted to admit another frame: it held' in caplog.text
     finally:
         hostile.stop()
         stop_server(server)

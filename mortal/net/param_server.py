@@ -64,9 +64,10 @@ class ByteBudget:
     one holding least is refused at once (its connection closes and its peer retries).
 
     Frames that hold the budget while their bytes trickle in (just above the minimum rate) would keep new frames
-    out for as long as they last: a new frame that has waited ``preempt_after`` seconds closes the reading frame
-    with the lowest average rate (``Reservation.preempt``) and goes first in line, and again after each further
-    ``preempt_after`` seconds while it still does not fit. So an honest upload waits a few seconds at most."""
+    out for as long as they last: a new frame that has waited ``preempt_after`` seconds closes the reading frames of
+    the lowest rates (``Reservation.rate``: time waiting for the budget excluded) until it would fit
+    (``Reservation.preempt``) and goes first in line, and again after each further ``preempt_after`` seconds
+    while it still does not fit. So an honest upload, fast once admitted, waits a few seconds at most."""
 
     def __init__(self, limit: int, preempt_after: float = PREEMPT_AFTER):
         self.limit = int(limit)
@@ -105,7 +106,8 @@ class ByteBudget:
                     break
                 if not held and owner is not None and now >= next_preempt and self.used + size > self.limit:
                     next_preempt = now + self.preempt_after
-                    if self._preempt_slowest(now, owner, self.used + size - self.limit) and queue is not self._queues[0]:
+                    needed = self.used + size - self.limit
+                    if self._preempt_slowest(now, owner, needed) and queue is not self._queues[0]:
                         queue.remove(ticket)
                         queue = self._queues[0]
                         queue.append(ticket)
@@ -122,15 +124,15 @@ class ByteBudget:
         """Preempt reading frames (bytes still due), those of the lowest average rate first, until they held
         ``needed`` bytes; False when there is none. _cond held."""
         reading = sorted((r for r in self.readers if r is not owner and not r.preempted and r.held < r.length),
-                         key=lambda r: r.held / max(now - r.started, 1e-3))
+                         key=lambda r: r.rate(now))
         freed = 0
         for victim in reading:
             if freed >= needed:
                 break
             freed += victim.held
             self.preempted += 1
-            victim.preempt(f'preempted to admit a new frame: it held {victim.held} of max_inflight_bytes = '
-                           f'{self.limit} at {victim.held / max(now - victim.started, 1e-3) / 1024:.0f} KiB/s')
+            victim.preempt(f'preempted to admit another frame: it held {victim.held} of max_inflight_bytes = '
+                           f'{self.limit}, read at {victim.rate(now) / 1024:.0f} KiB/s')
         self._cond.notify_all()
         return bool(reading)
 
@@ -162,7 +164,12 @@ class Reservation:
         self.sock = sock  # shut down when this frame is preempted
         self.length = length  # the payload's declared bytes
         self.started = time.monotonic()
+        self.waited = 0.0  # seconds spent waiting for the budget (not the sender's doing)
         self.preempted = None  # why this frame was preempted (ByteBudget), else None
+
+    def rate(self, now: float) -> float:
+        """Bytes/s this frame has read, over the time it was not waiting for the budget."""
+        return self.held / max(now - self.started - self.waited, 1e-3)
 
     def preempt(self, reason: str) -> None:
         """Close this frame's connection to give its bytes to a new frame (``ByteBudget._preempt_slowest``):
@@ -176,7 +183,10 @@ class Reservation:
 
     def take(self, size: int) -> None:
         """Reserve ``size`` more bytes; ProtocolError (naming the limit) when they are refused."""
-        if not self.budget.acquire(size, self.wait, held=self.held, owner=self):
+        started = time.monotonic()
+        granted = self.budget.acquire(size, self.wait, held=self.held, owner=self)
+        self.waited += time.monotonic() - started
+        if not granted:
             raise wire.ProtocolError(self.preempted or (
                 f'its payload did not fit in max_inflight_bytes = {self.budget.limit} ({self.held} bytes read, '
                 f'{self.budget.holders} frames holding {self.budget.used} bytes)'))

@@ -67,6 +67,7 @@ DEFAULT_TIMEOUT = 300.0  # seconds of silence on a socket before giving up on th
 # sends its 78 bytes right after connecting, so they arrive within a round trip or two.
 HEADER_TIMEOUT = 5.0
 RECV_CHUNK = 1 << 20
+WHOLE_AT_ONCE = 256 * 1024  # a payload up to this size is taken from the server's budget at once, not as it comes
 RETRY_INTERVAL = 3.0  # seconds, as Mortal's client loop
 
 REQUEST_TYPES = ('get_param', 'submit_replay', 'submit_param', 'drain', 'submit_baseline', 'get_baseline')
@@ -403,10 +404,10 @@ def recv_payload_paced(sock: socket.socket, header: FrameHeader, *, min_rate: in
 
     Pace: in every ``window`` seconds at least ``min(min_rate * window, bytes still due)`` bytes must arrive
     (``min_rate`` in bytes/s), checked at each window's end, so a stalled or trickling sender is closed within two
-    windows whatever length it declared. Budget: before each read the reader calls ``take(n)`` (n <= 1 MiB: the
-    bytes already waiting in the socket, as far as they are due; it may wait, and raises to refuse) and
-    ``give(k)`` for what that read did not use, so a sender that declared a large frame and went silent, or
-    trickles, holds only what came. Time spent in ``take`` does not count
+    windows whatever length it declared. Budget: before each read the reader calls ``take(n)`` (n: the whole
+    payload up to ``WHOLE_AT_ONCE``, else the bytes already waiting in the socket, up to 1 MiB; it may wait,
+    and raises to refuse) and ``give(k)`` for what that read did not use, so a sender that declared a large
+    frame and went silent, or trickles, holds only what came. Time spent in ``take`` does not count
     against the pace. On success the whole ``header.length`` is still taken: the caller gives it back once the
     message is handled; on an exception the caller gives back what was taken.
     The payload is a request: ``check_shape`` bounds its objects by ``request_limits`` before it is decoded.
@@ -439,8 +440,11 @@ def recv_payload_paced(sock: socket.socket, header: FrameHeader, *, min_rate: in
             if not ready:
                 raise ProtocolError(f'truncated frame: connection closed after {len(buf)} of {length} payload '
                                     'bytes')
-            # take only what has arrived: a frame trickling in holds, and waits for, no more than that
-            size = min(length - len(buf), RECV_CHUNK, _readable(sock) or RECV_CHUNK)
+            # A frame of at most WHOLE_AT_ONCE takes it whole at once; a larger one only what has arrived, so that
+            # trickling in it holds, and waits for, no more than that.
+            size = min(length - len(buf), RECV_CHUNK)
+            if length > WHOLE_AT_ONCE:
+                size = min(size, _readable(sock) or size)
             started = time.monotonic()
             take(size)
             window_end += time.monotonic() - started  # waiting for the budget is not the sender's fault
