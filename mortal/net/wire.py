@@ -20,8 +20,9 @@ Requests (client/trainer -> server):
     {'type': 'submit_replay', 'logs': {name: gz bytes}, 'param_version': int, 'server_id': str|None}
     {'type': 'submit_param', 'mortal': bytes, 'dqn': bytes, 'is_idle': bool, 'arch_change': bool (optional),
      'steps': int, 'epsilon_factor': float, 'temp_factor': float, 'baseline_version': int (optional, all four;
-     handed to clients in get_param's 'ok' reply), 'learner': str (optional: the learner's run, refused
-     'another learner is live' while another run's learner submitted within the server's liveness window)}
+     handed to clients in get_param's 'ok' reply), 'learner': str (optional: the learner's run, printable
+     characters only; refused 'another learner is live' while another run's learner, or any learner when this
+     field is absent, submitted within the server's liveness window)}
     {'type': 'drain'}
     {'type': 'submit_baseline', 'mortal': bytes, 'dqn': bytes, 'arch': {'version': int, 'conv_channels': int,
      'num_blocks': int}, 'baseline_version': int, 'baseline_digest': str}   (the trainer's [baseline.train])
