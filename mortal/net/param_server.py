@@ -37,8 +37,9 @@ PAYLOAD_WINDOW = 2.0
 # SMALL_INFLIGHT_BYTES over all connections, so big uploads never delay them.
 SMALL_FRAME_BYTES = 64 * 1024
 SMALL_INFLIGHT_BYTES = 8 * 1024 * 1024
-# Seconds a new frame waits for a full budget before it closes the slowest frame holding bytes (ByteBudget).
-PREEMPT_AFTER = 2.0
+# Seconds a new frame waits before it goes first in line and, when the budget is full, closes the slowest frames
+# holding bytes (ByteBudget).
+PREEMPT_AFTER = 1.0
 # Connections refused before authentication are logged one by one up to this many per period, then counted, so
 # a flood of hostile connections cannot fill the disk with log lines.
 REFUSED_LOG_BURST = 10
@@ -64,10 +65,10 @@ class ByteBudget:
     one holding least is refused at once (its connection closes and its peer retries).
 
     Frames that hold the budget while their bytes trickle in (just above the minimum rate) would keep new frames
-    out for as long as they last: a new frame that has waited ``preempt_after`` seconds closes the reading frames of
-    the lowest rates (``Reservation.rate``: time waiting for the budget excluded) until it would fit
-    (``Reservation.preempt``) and goes first in line, and again after each further ``preempt_after`` seconds
-    while it still does not fit. So an honest upload, fast once admitted, waits a few seconds at most."""
+    out for as long as they last: a new frame that has waited ``preempt_after`` seconds goes first in line and,
+    when the budget is full, closes the reading frames of the lowest rates (``Reservation.rate``: time waiting
+    for the budget excluded) until it would fit (``Reservation.preempt``), and again after each further
+    ``preempt_after`` seconds while it still does not fit. So an honest upload, fast once admitted, waits a few seconds at most."""
 
     def __init__(self, limit: int, preempt_after: float = PREEMPT_AFTER):
         self.limit = int(limit)
@@ -104,10 +105,13 @@ class ByteBudget:
                 now = time.monotonic()
                 if end <= now or (held and self._deadlock_victim() is ticket) or (owner and owner.preempted):
                     break
-                if not held and owner is not None and now >= next_preempt and self.used + size > self.limit:
+                if not held and owner is not None and now >= next_preempt:
+                    # waited long enough: first in line (ahead of frames waiting for more, which may not fit even
+                    # when this one does), and preempt what it needs when the budget is full
                     next_preempt = now + self.preempt_after
-                    needed = self.used + size - self.limit
-                    if self._preempt_slowest(now, owner, needed) and queue is not self._queues[0]:
+                    if self.used + size > self.limit:
+                        self._preempt_slowest(now, owner, self.used + size - self.limit)
+                    if queue is not self._queues[0]:
                         queue.remove(ticket)
                         queue = self._queues[0]
                         queue.append(ticket)
