@@ -31,8 +31,11 @@ Behaviour as Mortal's server, with its faults fixed:
   be unauthenticated at once (a new one closes the oldest; a header must come within 5 s; a bad MAC closes at
   once), and payloads being read or handled hold at most ``max_inflight_bytes`` bytes together, taken as they
   arrive (small frames such as get_param have a share of their own); a payload must keep
-  ``payload_min_bytes_per_s`` over every 2 s or is closed. An authentic frame above ``max_frame_bytes`` is
-  answered 'bad request' naming the limit.
+  ``payload_min_bytes_per_s`` over every 2 s or is closed, and so must a reply (sent without a copy of the
+  parameters); a request's msgpack objects are counted before it is decoded (no decoding bomb); at most 256
+  connections are served at once; a new frame that waited 1 s for a full budget preempts the slowest readers. An
+  authentic frame above ``max_frame_bytes`` is answered 'bad request' naming the limit. ``submit_param``'s
+  ``learner`` must be printable (it is logged).
 - Each server instance has a random ``server_id``; a client or trainer that reconnects after a restart is
   recognised as holding no parameters of this instance (otherwise ``force_sequential`` would deadlock).
 

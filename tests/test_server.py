@@ -717,13 +717,38 @@ def test_a_second_learners_parameters_are_refused_while_the_first_is_live(tmp_pa
     assert 'learner h:/run1/mortal.pth submitted parameters 0 s ago' in refused['reason']
     assert store.param_version == 1
     assert submit('h:/run1/mortal.pth')['param_version'] == 2  # the first learner restarted by its supervisor
-    assert submit(None)['param_version'] == 3  # an older learner without the field
+    # a peer without the field while an identified learner is live: refused as another learner would be
+    anonymous = submit(None)
+    assert anonymous['status'] == 'another learner is live'
+    assert 'learner h:/run1/mortal.pth submitted parameters 0 s ago' in anonymous['reason']
+    assert '(this one is a learner without an id)' in anonymous['reason']
+    assert store.param_version == 2
     _time.sleep(0.6)
+    assert submit(None)['param_version'] == 3  # no learner identified within the window: an older learner
     assert submit('h:/run2/mortal.pth')['param_version'] == 4  # the first went silent: the second takes over
     assert submit('h:/run1/mortal.pth')['status'] == 'another learner is live'
     # the learner's id: its host and state file, the same across the supervisor's restarts
     traffic = ServerTraffic(None, state_file=str(tmp_path / 'mortal.pth'), sleep=None, writer=None)
     assert traffic.learner_id() == f'{socket.gethostname()}:{tmp_path / "mortal.pth"}'
+
+
+@pytest.mark.parametrize('learner', ['evil\n2026-12-04 21:00:00,000 ERROR mortal.server: FAKE LINE',
+                                     'red \x1b[31m text', 'tab\there', 'bell\x07', 'nul\x00', 'del\x7f',
+                                     'line\u2028separator', 'bidi\u202eoverride'])
+def test_a_learner_id_with_control_characters_is_a_bad_request_and_forges_no_log_line(tmp_path, caplog, learner):
+    """submit_param's 'learner' is logged: a newline, an ANSI escape or another non-printable character is
+    refused as a bad request (its reason shows it escaped), and nothing of it reaches the log raw."""
+    store = replay_store.ReplayStore(tmp_path / 'buffer', tmp_path / 'drain', 4)
+    mortal, dqn = tiny_params()
+    with caplog.at_level(logging.DEBUG):
+        with pytest.raises(replay_store.BadRequest, match="field 'learner' must be printable characters only") as ex:
+            store.handle({'type': 'submit_param', 'mortal': mortal, 'dqn': dqn, 'learner': learner})
+    assert ascii(learner) in str(ex.value) and learner not in str(ex.value)
+    assert store.param_version == 0 and store.learner is None
+    assert learner not in caplog.text
+    # a printable id, non-ASCII letters included (a state file under such a folder), is taken
+    ok = store.handle({'type': 'submit_param', 'mortal': mortal, 'dqn': dqn, 'learner': 'h\u00f4te:/r\u00e9p/m.pth'})
+    assert ok['status'] == 'ok' and store.learner == 'h\u00f4te:/r\u00e9p/m.pth'
 
 
 def test_a_second_learner_on_one_server_exits_naming_the_first(tmp_path, caplog):

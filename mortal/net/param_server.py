@@ -26,6 +26,10 @@ from mortal.net.replay_store import BadRequest, ReplayStore
 logger = logging.getLogger('mortal.server')  # the server's name (log format)
 
 DEFAULT_MAX_PENDING = 64  # unauthenticated connections at once ([online.server] max_pending_connections)
+# Connections served at once (one thread each), authenticated or not. Beyond it the oldest unauthenticated one is
+# closed to admit a new one, or, when all are authenticated (reading a paced payload, being handled, or being
+# answered at a paced rate), the new one is closed at once and its peer retries.
+DEFAULT_MAX_CONNECTIONS = 256
 DEFAULT_PAYLOAD_MIN_RATE = 128 * 1024  # bytes/s a payload must keep ([online.server] payload_min_bytes_per_s)
 # Seconds over which the payload rate is checked: a stalled sender is closed within two of them.
 PAYLOAD_WINDOW = 2.0
@@ -33,6 +37,9 @@ PAYLOAD_WINDOW = 2.0
 # SMALL_INFLIGHT_BYTES over all connections, so big uploads never delay them.
 SMALL_FRAME_BYTES = 64 * 1024
 SMALL_INFLIGHT_BYTES = 8 * 1024 * 1024
+# Seconds a new frame waits before it goes first in line and, when the budget is full, closes the slowest frames
+# holding bytes (ByteBudget).
+PREEMPT_AFTER = 1.0
 # Connections refused before authentication are logged one by one up to this many per period, then counted, so
 # a flood of hostile connections cannot fill the disk with log lines.
 REFUSED_LOG_BURST = 10
@@ -55,37 +62,61 @@ class ByteBudget:
     Requests are served in arrival order, those of frames that already hold bytes before those of new frames, so
     a frame once started is not starved by newcomers. Frames that together need more than the limit could wait on
     each other for ever: when every frame holding bytes waits for more and the first in line does not fit, the
-    one holding least is refused at once (its connection closes and its peer retries)."""
+    one holding least is refused at once (its connection closes and its peer retries).
 
-    def __init__(self, limit: int):
+    Frames that hold the budget while their bytes trickle in (just above the minimum rate) would keep new frames
+    out for as long as they last: a new frame that has waited ``preempt_after`` seconds goes first in line and,
+    when the budget is full, closes the reading frames of the lowest rates (``Reservation.rate``: time waiting
+    for the budget excluded) until it would fit (``Reservation.preempt``), and again after each further
+    ``preempt_after`` seconds while it still does not fit. So an honest upload, fast once admitted, waits a few seconds at most."""
+
+    def __init__(self, limit: int, preempt_after: float = PREEMPT_AFTER):
         self.limit = int(limit)
+        self.preempt_after = float(preempt_after)
         self.used = 0
         self.holders = 0  # frames holding bytes
+        self.preempted = 0  # frames closed to admit new ones
+        self.readers = set()  # Reservations holding bytes (to pick whom to preempt)
         self._cond = threading.Condition()
-        self._queues = (deque(), deque())  # tickets [size, held] of (frames holding bytes, new frames)
+        # tickets [size, held] of (new frames that preempted one, frames holding bytes, new frames)
+        self._queues = (deque(), deque(), deque())
 
-    def acquire(self, size: int, timeout: float, held: int = 0) -> bool:
+    def acquire(self, size: int, timeout: float, held: int = 0, owner: Optional['Reservation'] = None) -> bool:
         """Reserve ``size`` bytes, waiting up to ``timeout`` seconds; False (nothing reserved) on timeout, when
-        ``size`` exceeds the limit, or when this frame is refused to end a deadlock. ``held``: bytes the caller
-        already holds in this budget (0 for a new frame)."""
+        ``size`` exceeds the limit, when this frame is refused to end a deadlock, or when ``owner`` (the caller's
+        Reservation: it may preempt and be preempted) was preempted. ``held``: bytes the caller already holds in
+        this budget (0 for a new frame)."""
         if size > self.limit:
             return False
         with self._cond:
             ticket = [size, held]
-            queue = self._queues[0 if held else 1]
+            queue = self._queues[1 if held else 2]
             queue.append(ticket)
             self._cond.notify_all()  # a new waiter may complete a deadlock
-            end = time.monotonic() + timeout
+            now = time.monotonic()
+            end = now + timeout
+            next_preempt = now + self.preempt_after
             granted = False
             while True:
-                head = self._queues[0][0] if self._queues[0] else self._queues[1][0]
+                head = next(q[0] for q in self._queues if q)
                 if head is ticket and self.used + size <= self.limit:
                     granted = True
                     break
-                left = end - time.monotonic()
-                if left <= 0 or (held and self._deadlock_victim() is ticket):
+                now = time.monotonic()
+                if end <= now or (held and self._deadlock_victim() is ticket) or (owner and owner.preempted):
                     break
-                self._cond.wait(left)
+                if not held and owner is not None and now >= next_preempt:
+                    # waited long enough: first in line (ahead of frames waiting for more, which may not fit even
+                    # when this one does), and preempt what it needs when the budget is full
+                    next_preempt = now + self.preempt_after
+                    if self.used + size > self.limit:
+                        self._preempt_slowest(now, owner, self.used + size - self.limit)
+                    if queue is not self._queues[0]:
+                        queue.remove(ticket)
+                        queue = self._queues[0]
+                        queue.append(ticket)
+                    continue
+                self._cond.wait(min(end, next_preempt) - now if not held and owner is not None else end - now)
             queue.remove(ticket)
             if granted:
                 self.used += size
@@ -93,10 +124,26 @@ class ByteBudget:
             self._cond.notify_all()
             return granted
 
+    def _preempt_slowest(self, now: float, owner, needed: int) -> bool:
+        """Preempt reading frames (bytes still due), those of the lowest average rate first, until they held
+        ``needed`` bytes; False when there is none. _cond held."""
+        reading = sorted((r for r in self.readers if r is not owner and not r.preempted and r.held < r.length),
+                         key=lambda r: r.rate(now))
+        freed = 0
+        for victim in reading:
+            if freed >= needed:
+                break
+            freed += victim.held
+            self.preempted += 1
+            victim.preempt(f'preempted to admit another frame: it held {victim.held} of max_inflight_bytes = '
+                           f'{self.limit}, read at {victim.rate(now) / 1024:.0f} KiB/s')
+        self._cond.notify_all()
+        return bool(reading)
+
     def _deadlock_victim(self):
         """The ticket to refuse when every holder waits for more and the first in line does not fit, else None
         (a holder that is reading or being handled will give its bytes back)."""
-        more = self._queues[0]
+        more = self._queues[1]
         if not more or len(more) < self.holders or self.used + more[0][0] <= self.limit:
             return None
         return min(reversed(more), key=lambda t: t[1])  # the least held; of equals, the newest
@@ -114,23 +161,51 @@ class Reservation:
     ``wire.recv_payload_paced``'s callbacks). A frame waits at most ``wait`` seconds for each part; it holds no
     more memory meanwhile, and its pace is not checked."""
 
-    def __init__(self, budget: ByteBudget, wait: float):
+    def __init__(self, budget: ByteBudget, wait: float, sock=None, length: int = 0):
         self.budget = budget
         self.wait = wait
         self.held = 0
+        self.sock = sock  # shut down when this frame is preempted
+        self.length = length  # the payload's declared bytes
+        self.started = time.monotonic()
+        self.waited = 0.0  # seconds spent waiting for the budget (not the sender's doing)
+        self.preempted = None  # why this frame was preempted (ByteBudget), else None
+
+    def rate(self, now: float) -> float:
+        """Bytes/s this frame has read, over the time it was not waiting for the budget."""
+        return self.held / max(now - self.started - self.waited, 1e-3)
+
+    def preempt(self, reason: str) -> None:
+        """Close this frame's connection to give its bytes to a new frame (``ByteBudget._preempt_slowest``):
+        its reader stops at once and gives back what it holds."""
+        self.preempted = reason
+        if self.sock is not None:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def take(self, size: int) -> None:
         """Reserve ``size`` more bytes; ProtocolError (naming the limit) when they are refused."""
-        if not self.budget.acquire(size, self.wait, held=self.held):
-            raise wire.ProtocolError(f'its payload did not fit in max_inflight_bytes = {self.budget.limit} '
-                                     f'({self.held} bytes read, {self.budget.holders} frames holding '
-                                     f'{self.budget.used} bytes)')
-        self.held += size
+        started = time.monotonic()
+        granted = self.budget.acquire(size, self.wait, held=self.held, owner=self)
+        self.waited += time.monotonic() - started
+        if not granted:
+            raise wire.ProtocolError(self.preempted or (
+                f'its payload did not fit in max_inflight_bytes = {self.budget.limit} ({self.held} bytes read, '
+                f'{self.budget.holders} frames holding {self.budget.used} bytes)'))
+        with self.budget._cond:
+            if not self.held:
+                self.budget.readers.add(self)
+            self.held += size
 
     def give(self, size: int) -> None:
         """Give back ``size`` of the bytes taken."""
         if size:
-            self.held -= size
+            with self.budget._cond:
+                self.held -= size
+                if not self.held:
+                    self.budget.readers.discard(self)
             self.budget.release(size, held=self.held)
 
     def give_all(self) -> None:
@@ -187,13 +262,13 @@ class Handler(BaseRequestHandler):
             return  # closed at once: nothing it sends next is read
         # Small frames (get_param, drain, ...) have a budget of their own: they never wait behind big uploads.
         budget = srv.small_inflight if header.length <= SMALL_FRAME_BYTES else srv.inflight
-        held = Reservation(budget, wait=srv.timeout)
+        held = Reservation(budget, wait=srv.timeout, sock=sock, length=header.length)
         try:
             try:
                 msg = wire.recv_payload_paced(sock, header, min_rate=srv.payload_min_rate, window=PAYLOAD_WINDOW,
                                               take=held.take, give=held.give)
             except (wire.ProtocolError, OSError) as ex:
-                _log_closing(peer, ex)
+                _log_closing(peer, wire.ProtocolError(held.preempted) if held.preempted else ex)
                 return
             reply = self._dispatch(srv, peer, msg)
             del msg  # free the payload before the budget is given back
@@ -213,10 +288,14 @@ class Handler(BaseRequestHandler):
             return {'status': wire.STATUS_ERROR, 'reason': f'internal server error: {type(ex).__name__}: {ex}'}
 
     def _reply(self, sock, peer, reply):
+        # No copy of the reply's large fields (the served parameters): a peer that does not read holds only its
+        # thread, and only for two PAYLOAD_WINDOWs once its socket buffers are full.
+        srv = self.server
         try:
-            wire.send_msg(sock, reply, self.server.token)
-        except OSError as ex:
-            logger.warning('could not reply to %s: %s', peer, ex)
+            wire.send_paced(sock, wire.encode_pieces(reply, srv.token), min_rate=srv.payload_min_rate,
+                            window=PAYLOAD_WINDOW)
+        except (OSError, wire.ProtocolError) as ex:
+            logger.warning('could not reply to %s: %s', peer, _closing_reason(ex))
 
 
 TRAINER_QUIET_SECONDS = 60.0  # no drain for this long with a full buffer: a line saying that the clients wait
@@ -230,7 +309,9 @@ class ParamServer(ThreadingTCPServer):
     connections at once (a new one beyond it closes the oldest); max_inflight_bytes: payload bytes read or being
     handled at once over all connections (None or 0 = max_frame_size; ValueError when below it); header_timeout:
     seconds for a whole header to arrive; payload_min_rate: bytes/s a payload must keep over every
-    ``PAYLOAD_WINDOW`` seconds. Payloads of at most ``SMALL_FRAME_BYTES`` are read within a separate budget of
+    ``PAYLOAD_WINDOW`` seconds, and a reply the same (else the connection is closed); max_connections:
+    connections served at once (one thread each; beyond it the oldest unauthenticated one is closed, or the new
+    one when none is). Payloads of at most ``SMALL_FRAME_BYTES`` are read within a separate budget of
     ``SMALL_INFLIGHT_BYTES``.
     """
 
@@ -241,7 +322,8 @@ class ParamServer(ThreadingTCPServer):
     def __init__(self, address, store: ReplayStore, *, token: Optional[str] = None,
                  max_frame_size: int = wire.DEFAULT_MAX_FRAME_SIZE, timeout: float = wire.DEFAULT_TIMEOUT,
                  max_pending: int = DEFAULT_MAX_PENDING, max_inflight_bytes: Optional[int] = None,
-                 header_timeout: float = wire.HEADER_TIMEOUT, payload_min_rate: int = DEFAULT_PAYLOAD_MIN_RATE):
+                 header_timeout: float = wire.HEADER_TIMEOUT, payload_min_rate: int = DEFAULT_PAYLOAD_MIN_RATE,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS):
         check_bind_security(address[0], token)
         if payload_min_rate < 1:
             raise ValueError(f'[online.server] payload_min_bytes_per_s = {payload_min_rate} must be at least 1')
@@ -250,12 +332,18 @@ class ParamServer(ThreadingTCPServer):
                              f'max_frame_bytes = {max_frame_size} (a largest frame must fit)')
         if max_pending < 1:
             raise ValueError(f'[online.server] max_pending_connections = {max_pending} must be at least 1')
+        if max_connections < max_pending:
+            raise ValueError(f'max_connections = {max_connections} must be at least [online.server] '
+                             f'max_pending_connections = {max_pending}')
         self.store = store
         self.token = token
         self.max_frame_size = max_frame_size
         self.timeout = timeout
         self.header_timeout = header_timeout
         self.max_pending = int(max_pending)
+        self.max_connections = int(max_connections)
+        self.serving = 0  # connections with a handler thread (pending_lock)
+        self.turned_away = 0  # new connections closed at max_connections since the last "accepting" (pending_lock)
         self.inflight = ByteBudget(max_inflight_bytes or max_frame_size)
         self.small_inflight = ByteBudget(SMALL_INFLIGHT_BYTES)
         self.payload_min_rate = int(payload_min_rate)
@@ -303,23 +391,47 @@ class ParamServer(ThreadingTCPServer):
         unauthenticated, first close the oldest of them (logged when that starts and when it ends, not per
         connection): a real peer authenticates within a round trip, so it is never the oldest for long."""
         with self.pending_lock:
-            if len(self.unauthenticated) >= self.max_pending:
+            if self.serving >= self.max_connections and not self.unauthenticated:
+                self.turned_away += 1
+                if self.turned_away == 1:
+                    logger.warning('%d connections are being served, the most at once: closing new ones until some '
+                                   'end (each payload and reply must keep payload_min_bytes_per_s)', self.serving)
+                self.shutdown_request(request)
+                return
+            if len(self.unauthenticated) >= self.max_pending or self.serving >= self.max_connections:
                 oldest, _ = self.unauthenticated.popitem(last=False)
                 self.evicted += 1
                 if self.evicted == 1:
                     logger.warning('%d connections are still sending their frame header: closing the oldest to '
-                                   'admit new ones', self.max_pending)
+                                   'admit new ones', len(self.unauthenticated) + 1)
                 # under the lock: its handler cannot have closed it (leave_unauthenticated takes the lock first)
                 try:
                     oldest.shutdown(socket.SHUT_RDWR)  # its handler's recv returns at once
                 except OSError:
                     pass
             self.unauthenticated[request] = None
+            self.serving += 1
         try:
             super().process_request(request, client_address)
         except BaseException:
             self.leave_unauthenticated(request)
+            self._served()
             raise
+
+    def process_request_thread(self, request, client_address):
+        """The handler thread of one connection (``ThreadingTCPServer``'s), counted in ``serving``."""
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._served()
+
+    def _served(self) -> None:
+        with self.pending_lock:
+            self.serving -= 1
+            if self.turned_away and self.serving <= self.max_connections * 3 // 4:
+                logger.info('accepting new connections again (%d closed at once meanwhile, %d served now)',
+                            self.turned_away, self.serving)
+                self.turned_away = 0
 
     def leave_unauthenticated(self, request) -> bool:
         """A connection authenticated, was refused or closed: free its slot. False when it had been closed to

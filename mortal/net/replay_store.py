@@ -123,10 +123,14 @@ def _field(msg: dict, key: str, types, *, default=...):
 
 
 def _learner_id(msg: dict) -> Optional[str]:
-    """submit_param's optional 'learner' (None when absent); BadRequest when it is not a short string."""
+    """submit_param's optional 'learner' (None when absent); BadRequest when it is not a short string of printable
+    characters (no newline, escape or other control character: it is logged, and must not forge log lines)."""
     learner = _field(msg, 'learner', (str, type(None)), default=None)
     if learner is not None and not 0 < len(learner) <= MAX_LEARNER_ID:
         raise BadRequest(f"field 'learner' must be 1-{MAX_LEARNER_ID} characters, got {len(learner)}")
+    if learner is not None and not learner.isprintable():
+        raise BadRequest(f"field 'learner' must be printable characters only (no control character), got "
+                         f"{ascii(learner[:80])}")
     return learner
 
 
@@ -186,9 +190,10 @@ class ParamStore:
                      settings: Optional[dict] = None, learner: Optional[str] = None) -> dict:
         """Replace the served parameters (safetensors bytes, checked to parse) and bump the version.
 
-        ``learner`` (the learner's run; None from a peer that sends none, accepted as before): refused with
-        'another learner is live' while the parameters of another run were submitted less than
-        ``learner_liveness`` seconds ago, so that two learners never feed one server.
+        ``learner`` (the learner's run; None from a peer that sends none): refused with 'another learner is live'
+        while the parameters of another run were submitted less than ``learner_liveness`` seconds ago, so that two
+        learners never feed one server. A submission without a learner is refused the same way while an
+        identified learner is live (it could be anyone's), and accepted otherwise (an older learner).
 
         Raises ProtocolError (not safetensors) or BadRequest: an empty state dict, or key names/dtypes/shapes
         other than those of the first accepted submission (naming the first differing key and both shapes)
@@ -202,12 +207,13 @@ class ParamStore:
         with self.param_lock:
             now = time.monotonic()
             age = now - self.learner_seen
-            if learner is not None and self.learner not in (None, learner) and age < self.learner_liveness:
-                logger.warning('refused the parameters of learner %s: learner %s submitted %.0f s ago', learner,
-                               self.learner, age)
+            if self.learner not in (None, learner) and age < self.learner_liveness:
+                this = learner if learner is not None else 'a learner without an id'
+                logger.warning('refused the parameters of %s: learner %s submitted %.0f s ago',
+                               f'learner {learner}' if learner is not None else this, self.learner, age)
                 return {'status': wire.STATUS_OTHER_LEARNER, 'reason': (
                     f'learner {self.learner} submitted parameters {age:.0f} s ago, and this server takes one '
-                    f'learner at a time (this one is {learner}): stop one of them, or point this one at its own '
+                    f'learner at a time (this one is {this}): stop one of them, or point this one at its own '
                     f'server ([online.remote] port); if that learner has ended, start this one again in '
                     f'{self.learner_liveness - age:.0f} s or restart the server')}
             if self.param_signature is not None:

@@ -20,8 +20,9 @@ Requests (client/trainer -> server):
     {'type': 'submit_replay', 'logs': {name: gz bytes}, 'param_version': int, 'server_id': str|None}
     {'type': 'submit_param', 'mortal': bytes, 'dqn': bytes, 'is_idle': bool, 'arch_change': bool (optional),
      'steps': int, 'epsilon_factor': float, 'temp_factor': float, 'baseline_version': int (optional, all four;
-     handed to clients in get_param's 'ok' reply), 'learner': str (optional: the learner's run, refused
-     'another learner is live' while another run's learner submitted within the server's liveness window)}
+     handed to clients in get_param's 'ok' reply), 'learner': str (optional: the learner's run, printable
+     characters only; refused 'another learner is live' while another run's learner, or any learner when this
+     field is absent, submitted within the server's liveness window)}
     {'type': 'drain'}
     {'type': 'submit_baseline', 'mortal': bytes, 'dqn': bytes, 'arch': {'version': int, 'conv_channels': int,
      'num_blocks': int}, 'baseline_version': int, 'baseline_digest': str}   (the trainer's [baseline.train])
@@ -67,6 +68,7 @@ DEFAULT_TIMEOUT = 300.0  # seconds of silence on a socket before giving up on th
 # sends its 78 bytes right after connecting, so they arrive within a round trip or two.
 HEADER_TIMEOUT = 5.0
 RECV_CHUNK = 1 << 20
+WHOLE_AT_ONCE = 256 * 1024  # a payload up to this size is taken from the server's budget at once, not as it comes
 RETRY_INTERVAL = 3.0  # seconds, as Mortal's client loop
 
 REQUEST_TYPES = ('get_param', 'submit_replay', 'submit_param', 'drain', 'submit_baseline', 'get_baseline')
@@ -236,8 +238,85 @@ def decode_header(header: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -
     return decoded
 
 
-def decode_payload(payload: bytes) -> dict:
-    """Decode a msgpack payload into a dict with a string ``type`` or ``status``; ProtocolError otherwise."""
+# What a request may contain, checked before it is decoded (``request_limits``). Decoding builds one Python object
+# per msgpack object, and the smallest of those (an empty list or map: 1 byte) costs about 70 bytes, so a payload of
+# tiny objects would cost 70 times its size. A request is a map of scalars, byte strings and small maps (logs,
+# arch): a few objects, or one name and one log (hundreds of bytes at least) per submitted log.
+REQUEST_MIN_OBJECTS = 1024  # objects any request may hold, however short
+REQUEST_BYTES_PER_OBJECT = 256  # beyond them, at least this many payload bytes per object
+REQUEST_MAX_DEPTH = 4  # nesting: the request map, the logs map, its entries (and one more level of slack)
+_FIXED_SIZES = {0xc0: 0, 0xc2: 0, 0xc3: 0, 0xca: 4, 0xcb: 8, 0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8, 0xd0: 1, 0xd1: 2,
+                0xd2: 4, 0xd3: 8, 0xd4: 2, 0xd5: 3, 0xd6: 5, 0xd7: 9, 0xd8: 17}  # bytes after the type byte
+_LENGTH_PREFIXED = {0xc4: 1, 0xc5: 2, 0xc6: 4, 0xd9: 1, 0xda: 2, 0xdb: 4,  # bin, str: size of the length
+                    0xc7: 1, 0xc8: 2, 0xc9: 4}  # ext: length, then a type byte
+_CONTAINERS = {0xdc: (2, 1), 0xdd: (4, 1), 0xde: (2, 2), 0xdf: (4, 2)}  # array/map 16/32: length size, items each
+
+
+def request_limits(length: int) -> tuple:
+    """``(max_objects, max_depth)`` for a request payload of ``length`` bytes (``check_shape``): at least
+    ``REQUEST_MIN_OBJECTS`` objects, one more per ``REQUEST_BYTES_PER_OBJECT`` bytes, so decoding it costs at most
+    about ``length`` bytes plus 70 bytes per object: under 1.3 x ``length`` + 72 KiB."""
+    return REQUEST_MIN_OBJECTS + length // REQUEST_BYTES_PER_OBJECT, REQUEST_MAX_DEPTH
+
+
+def check_shape(payload, max_objects: int, max_depth: int) -> int:
+    """Walk the msgpack objects of ``payload`` (bytes-like) without building them and return how many there are.
+
+    Raises ProtocolError when there are more than ``max_objects`` (counting every object: containers, their
+    items, map keys) or containers nest deeper than ``max_depth``, naming the limit. A malformed payload is
+    left to the decoder, which reports it. It costs one step per object, and strings and byte strings are
+    skipped over, so a request of a few large fields is checked at once."""
+    data = memoryview(payload)
+    size = len(data)
+    pos = objects = 0
+    pending = [1]  # objects still due at each open nesting level
+    while pending:
+        if not pending[-1]:
+            pending.pop()
+            continue
+        pending[-1] -= 1
+        if pos >= size:
+            return objects  # truncated: the decoder says so
+        objects += 1
+        if objects > max_objects:
+            raise ProtocolError(f'payload holds more than {max_objects} msgpack objects, the most a request of '
+                                f'{size} bytes may hold (a decoding bomb?)')
+        kind = data[pos]
+        pos += 1
+        if kind <= 0x7f or kind >= 0xe0:
+            continue  # fixint
+        if kind <= 0x9f:  # fixmap, fixarray
+            items = (kind & 0x0f) * 2 if kind <= 0x8f else kind & 0x0f
+        elif kind <= 0xbf:  # fixstr
+            pos += kind & 0x1f
+            continue
+        elif kind in _FIXED_SIZES:
+            pos += _FIXED_SIZES[kind]
+            continue
+        elif kind in _LENGTH_PREFIXED:
+            width = _LENGTH_PREFIXED[kind]
+            pos += width + int.from_bytes(data[pos:pos + width], 'big') + (kind in (0xc7, 0xc8, 0xc9))
+            continue
+        elif kind in _CONTAINERS:
+            width, each = _CONTAINERS[kind]
+            items = int.from_bytes(data[pos:pos + width], 'big') * each
+            pos += width
+        else:
+            return objects  # 0xc1 (never used): the decoder says so
+        if items:
+            if len(pending) >= max_depth:
+                raise ProtocolError(f'payload nests msgpack containers deeper than {max_depth} levels')
+            pending.append(items)
+    return objects
+
+
+def decode_payload(payload: bytes, limits: Optional[tuple] = None) -> dict:
+    """Decode a msgpack payload into a dict with a string ``type`` or ``status``; ProtocolError otherwise.
+
+    ``limits``: ``(max_objects, max_depth)`` checked by ``check_shape`` before anything is built (a server
+    decoding a request: ``request_limits``); None for none (a peer decoding the server's reply)."""
+    if limits is not None:
+        check_shape(payload, *limits)
     try:
         # strict_map_key: only str/bytes keys; ext types stay inert ExtType objects, never code.
         msg = msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True)
@@ -326,12 +405,15 @@ def recv_payload_paced(sock: socket.socket, header: FrameHeader, *, min_rate: in
 
     Pace: in every ``window`` seconds at least ``min(min_rate * window, bytes still due)`` bytes must arrive
     (``min_rate`` in bytes/s), checked at each window's end, so a stalled or trickling sender is closed within two
-    windows whatever length it declared. Budget: before each read the reader calls ``take(n)`` (n <= 1 MiB, the
-    bytes it may read next; it may wait, and raises to refuse) and ``give(k)`` for what that read did not use, so
-    a sender that declared a large frame and went silent holds nothing. Time spent in ``take`` does not count
+    windows whatever length it declared. Budget: before each read the reader calls ``take(n)`` (n: the whole
+    payload up to ``WHOLE_AT_ONCE``, else the bytes already waiting in the socket, up to 1 MiB; it may wait,
+    and raises to refuse) and ``give(k)`` for what that read did not use, so a sender that declared a large
+    frame and went silent, or trickles, holds only what came. Time spent in ``take`` does not count
     against the pace. On success the whole ``header.length`` is still taken: the caller gives it back once the
     message is handled; on an exception the caller gives back what was taken.
-    Raises ProtocolError (stalled, truncated, digest mismatch, undecodable), OSError from the socket, and
+    The payload is a request: ``check_shape`` bounds its objects by ``request_limits`` before it is decoded.
+    Raises ProtocolError (stalled, truncated, digest mismatch, too many objects, undecodable), OSError from the
+    socket, and
     whatever ``take`` raises.
     """
     hasher = hashlib.sha256()
@@ -359,7 +441,11 @@ def recv_payload_paced(sock: socket.socket, header: FrameHeader, *, min_rate: in
             if not ready:
                 raise ProtocolError(f'truncated frame: connection closed after {len(buf)} of {length} payload '
                                     'bytes')
+            # A frame of at most WHOLE_AT_ONCE takes it whole at once; a larger one only what has arrived, so that
+            # trickling in it holds, and waits for, no more than that.
             size = min(length - len(buf), RECV_CHUNK)
+            if length > WHOLE_AT_ONCE:
+                size = min(size, _readable(sock) or size)
             started = time.monotonic()
             take(size)
             window_end += time.monotonic() - started  # waiting for the budget is not the sender's fault
@@ -379,7 +465,17 @@ def recv_payload_paced(sock: socket.socket, header: FrameHeader, *, min_rate: in
         sock.settimeout(timeout)
     if not hmac.compare_digest(hasher.digest(), header.digest):
         raise ProtocolError('payload does not match the SHA-256 digest in its header (corrupted in transit?)')
-    return decode_payload(buf)
+    return decode_payload(buf, request_limits(length))
+
+
+def _readable(sock: socket.socket) -> int:
+    """Bytes waiting in ``sock``'s receive buffer (FIONREAD), or 0 where that cannot be asked."""
+    try:
+        import fcntl
+        import termios
+        return struct.unpack('i', fcntl.ioctl(sock.fileno(), termios.FIONREAD, b'\0\0\0\0'))[0]
+    except (ImportError, OSError, AttributeError):
+        return 0
 
 
 def discard(sock: socket.socket, size: int, *, deadline: float) -> int:
@@ -407,6 +503,63 @@ def send_msg(sock: socket.socket, msg: dict, token: Optional[str] = None) -> Non
     payload = msgpack.packb(msg, use_bin_type=True)
     sock.sendall(encode_header(payload, token))
     sock.sendall(payload)  # two calls: no copy of a large payload just to prepend 78 bytes
+
+
+# Byte strings of at least this size travel as their own piece (``encode_pieces``): msgpack packs them as bin32.
+PIECE_BYTES = 1 << 16
+
+
+def encode_pieces(msg: dict, token: Optional[str] = None) -> list:
+    """``encode_frame(msg, token)`` as a list of pieces whose concatenation is that frame, without copying the
+    map's large byte-string values (``PIECE_BYTES`` and over, e.g. served parameters): each is a piece of its own,
+    the very object in ``msg``. So a reply that waits on a slow reader holds no copy of the parameters."""
+    packer = msgpack.Packer(use_bin_type=True)
+    pieces = [packer.pack_map_header(len(msg))]
+    for key, value in msg.items():
+        if isinstance(value, (bytes, bytearray)) and len(value) >= PIECE_BYTES:
+            pieces[-1] += packer.pack(key) + b'\xc6' + struct.pack('>I', len(value))  # bin32 header
+            pieces.append(value)
+            pieces.append(b'')
+        else:
+            pieces[-1] += packer.pack(key) + packer.pack(value)
+    hasher = hashlib.sha256()
+    for piece in pieces:
+        hasher.update(piece)
+    signed = PREFIX.pack(MAGIC, PROTOCOL_VERSION) + struct.pack('<Q32s', sum(map(len, pieces)), hasher.digest())
+    return [signed + _mac(token, signed)] + [piece for piece in pieces if piece]
+
+
+def send_paced(sock: socket.socket, pieces: list, *, min_rate: int, window: float) -> None:
+    """Send ``pieces`` (bytes-like, e.g. ``encode_pieces``) in order, at least ``min(min_rate * window, bytes
+    still due)`` bytes in every ``window`` seconds (``min_rate`` in bytes/s), so a peer that stops reading is
+    given up within two windows instead of holding its connection until the socket timeout.
+    Raises ProtocolError ('reply stalled'), OSError from the socket."""
+    total = sum(len(piece) for piece in pieces)
+    timeout = sock.gettimeout()
+    sent = window_from = 0
+    window_end = time.monotonic() + window
+    try:
+        for piece in pieces:
+            view = memoryview(piece)
+            offset = 0
+            while offset < len(view):
+                now = time.monotonic()
+                if now >= window_end:
+                    if sent - window_from < min(min_rate * window, total - window_from):
+                        raise ProtocolError(f'reply stalled: the peer took {sent - window_from} bytes in the last '
+                                            f'{window:g} s, below [online.server] payload_min_bytes_per_s = '
+                                            f'{min_rate} ({sent} of {total} bytes)')
+                    window_from, window_end = sent, now + window
+                    continue
+                sock.settimeout(window_end - now)
+                try:
+                    n = sock.send(view[offset:offset + RECV_CHUNK])
+                except socket.timeout:
+                    continue  # the window's check above decides
+                offset += n
+                sent += n
+    finally:
+        sock.settimeout(timeout)
 
 
 def recv_msg(sock: socket.socket, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, token: Optional[str] = None) -> dict:
