@@ -8,6 +8,7 @@ submit_replay three times each.
 
 import logging
 import socket
+import threading
 import time
 
 import pytest
@@ -177,18 +178,33 @@ def test_connections_beyond_max_connections_are_closed_at_once_with_one_line(tmp
     server = start_param_server(tmp_path, 10, max_pending=2, max_connections=4, payload_min_rate=1)
     port = server.server_address[1]
     held = []
+    stop_feeding = threading.Event()
+
+    def feed():  # a byte every 0.3 s keeps each held payload above 1 byte/s, however slow this machine is
+        while not stop_feeding.wait(0.3):
+            for s in list(held):
+                try:
+                    s.sendall(b'x')
+                except OSError:
+                    pass
+    feeder = threading.Thread(target=feed, daemon=True)
     try:
         with caplog.at_level(logging.INFO, logger='mortal.server'):
-            for _ in range(4):  # authenticated, then slow: 1 byte of a 1 MiB payload
+            for _ in range(4):  # authenticated, then slow: a trickle of a 1 MiB payload
                 s = socket.create_connection(('127.0.0.1', port), timeout=5)
                 s.sendall(bench.header(1 << 20, None) + b'x')
                 held.append(s)
+                # its header read before the next connects: max_pending = 2 would close the oldest unread one
+                wait_until(lambda: server.serving == len(held) and server.pending == 0)
+            feeder.start()
             wait_until(lambda: server.serving == 4 and server.pending == 0)
             for _ in range(3):
                 with socket.create_connection(('127.0.0.1', port), timeout=5) as s:
                     assert s.recv(10) == b''  # closed at once, unread
             wait_until(lambda: 'closing new ones until some end' in caplog.text)
             assert caplog.text.count('4 connections are being served, the most at once') == 1
+            stop_feeding.set()
+            feeder.join(5)
             for s in held:
                 s.close()
             wait_until(lambda: server.serving == 0)
@@ -196,6 +212,7 @@ def test_connections_beyond_max_connections_are_closed_at_once_with_one_line(tmp
             assert [ok for _, ok, _ in results] == [True, True]
             assert 'accepting new connections again (3 closed at once meanwhile' in caplog.text
     finally:
+        stop_feeding.set()
         for s in held:
             s.close()
         stop_server(server)
