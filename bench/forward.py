@@ -41,15 +41,16 @@ ROOT = Path(__file__).resolve().parent.parent
 LOGS = [ROOT / "tests/data/riichienv_selfplay_hanchan.jsonl", ROOT / "tests/data/meta_annotated_hanchan.jsonl"]
 
 
-def real_observations(version: int, logs=LOGS) -> tuple[list, list]:
-    """Every decision of ``logs`` for all four seats: (obs list of (C, 34) float32, mask list of (46,) bool)."""
+def real_observations(version: int, logs=LOGS, seats=range(4)) -> tuple[list, list]:
+    """Every decision of ``logs`` for ``seats`` (default all four): (obs list of (C, 34) float32, mask list of
+    (46,) bool)."""
     from mjai.mlibriichi.state import PlayerState
     from mortal.features.obs import encode, new_v4_encoder
 
     obs, masks = [], []
     for log in logs:
         lines = Path(log).read_text().splitlines()
-        for seat in range(4):
+        for seat in seats:
             state, v4 = PlayerState(seat), new_v4_encoder(version, seat)
             for line in lines:
                 if v4 is not None:

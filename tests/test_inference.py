@@ -15,29 +15,17 @@ from mortal.model.inference import FrozenQ
 from mortal.model.networks import DQN, Brain
 from mortal.play.engine import MortalEngine
 
-from conftest import DATA_DIR
+from conftest import DATA_DIR, load_script
 
 ATOL = RTOL = 1e-5
 LOG = DATA_DIR / "riichienv_selfplay_hanchan.jsonl"
+_FORWARD_BENCH = load_script("bench/forward.py", "forward_bench")
 
 
 def real_observations(version, seats=range(4)):
-    """Every decision of a public hanchan for ``seats``, encoded at ``version``: (obs list, mask list)."""
-    from mjai.mlibriichi.state import PlayerState
-    from mortal.features.obs import encode, new_v4_encoder
-
-    obs, masks = [], []
-    lines = LOG.read_text().splitlines()
-    for seat in seats:
-        state, v4 = PlayerState(seat), new_v4_encoder(version, seat)
-        for line in lines:
-            if v4 is not None:
-                v4.update(line)
-            if state.update(line).can_act:
-                o, m = encode(state, version, False, v4=v4)
-                obs.append(o)
-                masks.append(m)
-    return obs, masks
+    """Every decision of a public hanchan for ``seats``, encoded at ``version``: (obs list, mask list), by the
+    bench's own encoder loop (``bench/forward.py``)."""
+    return _FORWARD_BENCH.real_observations(version, logs=[LOG], seats=seats)
 
 
 _OBS = {}
