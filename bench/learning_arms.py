@@ -142,7 +142,7 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes
     At each of ``mark_minutes`` (minutes online) ``best.pth`` and the played ``state_file`` are kept as
     ``marks/best_MMMm.pth`` / ``marks/final_MMMm.pth``; ``eval`` plays them like best/final (e.g. the model at 30
     minutes of a 2-hour run)."""
-    from mortal.model.checkpoint import atomic_torch_save, load_checkpoint, played_checkpoint
+    from mortal.util.fsutil import atomic_copy
     from mortal.tools.quickstart import _wait_port, start as start_proc, stop
 
     arm_dir, cfg_path, cfg = prepare_arm(out, arm, sets, clients=clients)
@@ -166,8 +166,7 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes
     elapsed = time.monotonic() - t0
     if marks:
         log(f'[{arm}] marks never reached (the run ended first): {", ".join(f"{m:g} min" for m in marks)}')
-    # the played model: with [online] ema_decay the EMA, as best.pth
-    atomic_torch_save(played_checkpoint(load_checkpoint(state_file)), arm_dir / 'final.pth')
+    atomic_copy(state_file, arm_dir / 'final.pth')  # the played model
     hanchan = client_hanchan(arm_dir / 'logs')
     log(f'[{arm}] trained {trained} steps in {elapsed / 60:.1f} min; {hanchan} hanchan by {clients} client(s) '
         f'({hanchan / max(elapsed / 60, 1e-9):.1f} a minute)')
@@ -225,7 +224,7 @@ def watch_arm(procs, arm_dir, state_file, step0, t0, *, arm, steps, minutes, sna
     """Keep the arm's processes running (looked at every 5 s) until ``steps`` are trained or ``minutes`` have
     passed since ``t0``; copies ``state_file`` to ``snapshots/`` every ``snapshot_every`` steps and keeps the
     models at the ``marks`` (minutes online, popped as they are reached). Returns the steps trained."""
-    from mortal.model.checkpoint import atomic_torch_save, load_checkpoint, played_checkpoint
+    from mortal.util.fsutil import atomic_copy
     from mortal.tools.quickstart import keep_running
 
     last_mtime, trained, next_snap = None, 0, snapshot_every
@@ -245,8 +244,7 @@ def watch_arm(procs, arm_dir, state_file, step0, t0, *, arm, steps, minutes, sna
             best_file = arm_dir / 'online' / 'best.pth'
             if best_file.exists():
                 shutil.copyfile(best_file, arm_dir / 'marks' / f'best_{tag}.pth')
-            atomic_torch_save(played_checkpoint(load_checkpoint(state_file)),
-                              arm_dir / 'marks' / f'final_{tag}.pth')
+            atomic_copy(state_file, arm_dir / 'marks' / f'final_{tag}.pth')
             log(f'[{arm}] mark {tag}: {trained} steps')
         if (steps and trained >= steps) or (minutes and elapsed >= minutes * 60):
             return trained

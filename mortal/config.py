@@ -1,8 +1,8 @@
 """Loading and validating the TOML configuration shared by every process.
 
 The file is Mortal's ``config.toml`` layout (``[control]``, ``[train_play.<profile>]``, ``[online.server]``, ...):
-every key of Mortal's ``config.example.toml`` is understood with Mortal's meaning, plus a few documented extras
-(``[resnet] dropout``, ``[online.remote] token``, ``[online.server] max_frame_bytes``). The result is the plain
+every key of Mortal's ``config.example.toml`` is understood with Mortal's meaning, plus documented extras
+(docs/config.md). The result is the plain
 nested dict Mortal uses (``config['control']['version']``), with defaults filled in for optional keys, so it can be
 stored in a checkpoint as ``state['config']`` and read back with ``torch.load(..., weights_only=True)``.
 
@@ -31,7 +31,7 @@ from pydantic import BaseModel, ValidationError
 
 from mortal.config_schema import (  # noqa: F401  (re-exported: the config's public names live here)
     BEST_RULES, CONTAINERS, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_LOG_BYTES, MAX_OFFLINE_BATCH, MODEL_ONLY_1V3,
-    OPTIONAL_SECTIONS, SCHEDULE_KINDS, SCHEDULER_DEFAULT_INIT, SCHEMA, SECTIONS, SUPPORTED_VERSIONS, Config, Key,
+    OPTIONAL_SECTIONS, SCHEDULER_DEFAULT_INIT, SCHEMA, SECTIONS, SUPPORTED_VERSIONS, Config, Key,
     Section, is_section, section_keys, table_name, table_path)
 from mortal.config_schema import REQUIRED as _REQUIRED, UNFILLED as _ABSENT
 from mortal.config_schema import REMOVED_KEYS
@@ -298,17 +298,16 @@ def _check(config: dict, path: str, required: Required, env: Env) -> tuple:
             errors.append(f'missing section [{profile_table(profile)}] in {path} '
                           f'(selected by {ENV_PROFILE}={profile!r})')
     # The rules across keys run whatever else is wrong, over the tables that validate on their own.
-    checked, broken = (model, set()) if model is not None else _valid_tables(config)
     relation_errors: list[str] = []
-    check_relations(checked, path, relation_errors, warns, broken=broken)
+    check_relations(model if model is not None else _valid_tables(config), path, relation_errors, warns)
     errors.extend(e for e in relation_errors if e not in errors)
     return errors, warns, model
 
 
-def _valid_tables(config: dict) -> tuple:
-    """``(a Config of the top-level tables of config that validate on their own, the names of those that do not)``;
-    a table that does not validate is left out (None, or its defaults for the extras' tables)."""
-    fields, broken = {}, set()
+def _valid_tables(config: dict) -> Config:
+    """A Config of the top-level tables of ``config`` that validate on their own; a table that does not is left out
+    (None, or its defaults for the extras' tables)."""
+    fields = {}
     for name, field in Config.model_fields.items():
         key = field.alias or name
         if not isinstance(config, dict) or key not in config:
@@ -316,8 +315,8 @@ def _valid_tables(config: dict) -> tuple:
         try:
             fields[name] = getattr(Config.model_validate({key: config[key]}), name)
         except ValidationError:
-            broken.add(key)
-    return Config.model_construct(**fields), broken
+            pass
+    return Config.model_construct(**fields)
 
 
 MAX_DEPTH = 32  # tables and arrays inside each other; the schema's deepest key is 3 levels down
@@ -484,7 +483,7 @@ def unknown_names(config: dict) -> list[Unknown]:
     out = []
 
     def walk(table: dict, parts: tuple):
-        # table_name quotes a key with a dot: ["schedule.lr"] is no [schedule.lr] (section_keys knows neither), while
+        # table_name quotes a key with a dot: ["online.server"] is no [online.server] (section_keys knows neither), while
         # [train_play."a.b"] is the profile a.b
         prefix = table_name(parts)
         keys = section_keys(prefix) if parts else None
@@ -518,12 +517,38 @@ def unknown_warning(u: Unknown, path: str) -> str:
     return f'unknown top-level key {u.name} in {path}'
 
 
+def removed_reason(table: str, name) -> str | None:
+    """Why the key ``name`` of the dotted ``table`` was removed (``REMOVED_KEYS``; a profile's as
+    ``train_play.<profile>``), or None when it was not."""
+    parts = table_path(table)
+    if len(parts) == 2 and parts[0] == 'train_play':
+        table = 'train_play.<profile>'
+    return REMOVED_KEYS.get((table, name))
+
+
+def _leaves(node: dict, parts: tuple):
+    """``(dotted table, key)`` of every key inside the table ``node`` at ``parts``, sub-tables walked."""
+    for name, value in node.items():
+        if isinstance(value, dict) and isinstance(name, str):
+            yield from _leaves(value, parts + (name,))
+        else:
+            yield table_name(parts), name
+
+
 def _unknown_names(config: dict, path: str, warns: list[str], errors: list[str]) -> None:
-    """The warnings of :func:`unknown_names`; a key the schema removed (``REMOVED_KEYS``) is an error instead."""
+    """The warnings of :func:`unknown_names`; a removed key (``REMOVED_KEYS``), also in a removed table, is an error
+    instead."""
     for u in unknown_names(config):
-        removed = None if u.is_section else REMOVED_KEYS.get((u.table, u.name))
-        if removed:
-            errors.append(f'[{u.table}] {u.name} in {path} was {removed}')
+        if u.is_section and isinstance(u.name, str):
+            parts = (*table_path(u.table), u.name) if u.table else (u.name,)
+            removed = [f'[{t}] {n} in {path} was {why}' for t, n in _leaves(lookup(config, table_name(parts)), parts)
+                       if (why := removed_reason(t, n))]
+            if removed:
+                errors.extend(removed)
+                continue
+        why = None if u.is_section else removed_reason(u.table, u.name)
+        if why:
+            errors.append(f'[{u.table}] {u.name} in {path} was {why}')
             continue
         warning = unknown_warning(u, path)
         elsewhere = [(t, reason) for (t, n), reason in REMOVED_KEYS.items() if n == u.name and not u.is_section]
@@ -549,9 +574,9 @@ def _get_table(config: dict, dotted: str):
     return table if isinstance(table, dict) else None
 
 
-def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str], *, broken=()) -> None:
+def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str]) -> None:
     """The rules that tie several keys together, appended as messages. ``cfg`` holds the tables that validate
-    (a table that does not is None there, and named in ``broken``: a rule over it is not checked)."""
+    (a table that does not is None there: a rule over it is not checked)."""
     control, online, server = cfg.control, cfg.online, cfg.online and cfg.online.server
     # no folder a process empties may hold the config, the checkpoints or another emptied folder
     errors.extend(config_paths.folder_errors(cfg, path))
@@ -569,16 +594,6 @@ def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str],
         if cfg.test_play.best_rule == 'sprt' and cfg.test_play.games // 4 < 8:
             warns.append(f"[test_play] games = {cfg.test_play.games} in {path} is fewer than the 32 games the SPRT "
                          f"needs before it decides (best_rule = 'sprt'): best.pth would never be replaced")
-    if cfg.rotation.after and 'baseline' not in broken and (cfg.baseline is None or cfg.baseline.train is None):
-        errors.append(f'[rotation] after = {cfg.rotation.after} in {path} needs a [baseline.train] section '
-                      f'(the file it promotes best.pth to)')
-    for name in ('lr', 'epsilon', 'temp'):
-        table = getattr(cfg.schedule, name)
-        if table.kind == 'cosine' and table.max_steps <= 0:
-            errors.append(f"[schedule.{name}] max_steps in {path} must be > 0 with kind = 'cosine'")
-        if name == 'temp' and table.kind == 'cosine' and table.final < 1e-6:
-            errors.append(f"[schedule.temp] final in {path} must be at least 1e-6 (a temperature near 0 cannot "
-                          f"sample)")
     if cfg.optim is not None and cfg.optim.scheduler is not None:
         # The very rules the scheduler enforces (one function), so a config that loads also trains.
         shape = {k: v for k, v in cfg.optim.scheduler.model_dump().items() if v is not None}  # unset: defaults

@@ -35,7 +35,6 @@ SCHEDULER_DEFAULT_INIT = 1e-8  # Mortal's LinearWarmUpCosineAnnealingLR default 
 BEST_RULES = ('paired', 'sprt', 'mortal')  # [test_play] best_rule (mortal.learning.gate)
 BOOTSTRAP_FLAWS = ('', 'overcall', 'no-riichi', 'no-fold')  # [bootstrap] flaw (mortal.play.flaws.FLAWS)
 REWARDS = ('grp', 'points')  # [env] reward (mortal.data.reward.REWARDS)
-SCHEDULE_KINDS = ('constant', 'inverse', 'cosine')  # [schedule.*] kind (mortal.learning.schedule)
 MAX_OFFLINE_BATCH = 1 << 16  # rows; ~8 GB of version-3 observations, far past any sane mix
 # A side of [1v3] with `type = 'rulebase'` (mjai's RulebaseBot) loads no model and needs none of these keys.
 MODEL_ONLY_1V3 = ('device', 'state_file', 'stochastic_latent', 'enable_compile', 'enable_amp',
@@ -181,14 +180,6 @@ class TrainPlay(Section):
         "'other_kind' (its highest-Q legal action of another kind: the pass for a call, riichi for a discard, a "
         "discard for a riichi; decisions without one fork nothing, and counterfactual_rate is the share of those that "
         "have one)", 'best')
-    counterfactual_persist: Bool = key(
-        "extra: a counterfactual branch keeps to its alternative's kind for the rest of the kyoku: at each later "
-        "trainee decision where it picks an action of the kind declined at the fork (chi and pon count as one "
-        "kind, a call) while one of the alternative's kind is legal, it takes its best action of the alternative's "
-        "kind (a passed chi or pon passes every later chi and pon; a declined riichi is never declared; a kan "
-        "decision is left alone; with 'best', an alternative of the taken kind persists nothing); the paired "
-        "target then measures that change of policy, not one deviation. false = the policy plays the rest of the "
-        "branch", False)
 
 
 class TestPlay(Section):
@@ -240,8 +231,6 @@ class Env(Section):
 class ResNet(Section):
     conv_channels: PositiveInt = key('channels of the residual tower')
     num_blocks: PositiveInt = key('residual blocks')
-    dropout: Annotated[Float, UnitHalfOpen] = key(
-        'extra: dropout in residual blocks during training (0 = off, as Mortal)', 0.0)
 
 
 class Cql(Section):
@@ -339,9 +328,6 @@ class Online(Section):
                                              f'must be within [0, {MAX_OFFLINE_BATCH}]')] = key(
         'extra: offline samples of [dataset] appended to each online batch (RLPD-style), with the offline CQL term '
         'at [cql] min_q_weight (0 = off, as Mortal)', 0)
-    ema_decay: Annotated[Float, UnitHalfOpen] = key(
-        'extra: publish, test-play and keep as best.pth an EMA of the weights with this decay per optimizer step '
-        '(0 = off, as Mortal); state_file adds ema_mortal/ema_dqn', 0.0)
     no_param_warn_minutes: NonNegativeFloat = key(
         'extra: a client that has had no new parameters for this many minutes (the trainer stopped, or its '
         'supervisor waits for a valid config) says so at WARNING, once a minute (0 = never, as Mortal)', 10.0)
@@ -454,41 +440,6 @@ class Guard(Section):
     keep: PositiveInt = key('extra: replaced state files kept as <state_file>.<time>.rollback (oldest removed)', 5)
 
 
-class Rotation(Section):
-    after: NonNegativeInt = key('extra: promote best.pth to the baseline after this many test plays in a row that '
-                                'beat the baseline significantly (0 = never, as Mortal)', 0)
-    max_rank: Annotated[Float, _rule(lambda v: 1 <= v < 2.5, 'must be within [1, 2.5)')] = key(
-        'extra: such a test play has avg rank at most this and its CI below 2.5', 2.45)
-    pool_size: PositiveInt = key('extra: clients draw each round one of the newest this many baselines (the current '
-                                 'one and its .bak copies; 1 = the current one only)', 1)
-
-
-_SCHEDULE_KIND_DOC = ("extra: a factor on {what} against trainer steps: 'constant' (1, Mortal), 'inverse' "
-                      "(1 / (1 + rate * steps)) or 'cosine' (1 to final over max_steps)")
-
-
-def _schedule(what: str) -> type[Section]:
-    class StepSchedule(Section):
-        kind: Annotated[Str, _one_of(SCHEDULE_KINDS)] = key(_SCHEDULE_KIND_DOC.format(what=what), 'constant')
-        rate: NonNegativeFloat = key("extra: 'inverse': the rate per step", 0.0)
-        final: Annotated[Float, UnitClosed] = key("extra: 'cosine': the factor reached at max_steps and kept after",
-                                                  0.0)
-        max_steps: NonNegativeInt = key("extra: 'cosine': trainer steps of the descent", 0)
-
-    return StepSchedule
-
-
-LrSchedule = _schedule('the learning rate of [optim.scheduler]')
-EpsilonSchedule = _schedule("each profile's boltzmann_epsilon")
-TempSchedule = _schedule("each profile's boltzmann_temp")
-
-
-class Schedule(Section):
-    lr: LrSchedule = Field(default_factory=LrSchedule)
-    epsilon: EpsilonSchedule = Field(default_factory=EpsilonSchedule)
-    temp: TempSchedule = Field(default_factory=TempSchedule)
-
-
 # Ours: `python -m mortal.tools.fleet` (self-play clients as Ray actors, docs/operations.md "Many machines").
 class Fleet(Section):
     actors: PositiveInt = key('extra: self-play clients the fleet starts (--actors overrides)', 2)
@@ -557,18 +508,25 @@ class Config(Section):
     one_vs_three: OneVsThree | None = Field(None, alias='1v3')
     grp: Grp | None = None
     guard: Guard = Field(default_factory=Guard)
-    rotation: Rotation = Field(default_factory=Rotation)
-    schedule: Schedule = Field(default_factory=Schedule)
     fleet: Fleet = Field(default_factory=Fleet)
     bootstrap: Bootstrap | None = None
 
 
-#: Keys that were removed, by (table, key): a file that still sets one gets an error saying so (an unknown key is only
-#: a warning). Each was an extra whose arm docs/learning.md measured as no gain (part 4), with no measured case
-#: where it helped.
-REMOVED_KEYS = {('online', key): "removed: measured as no gain (docs/learning.md, part 4); delete the line"
-                for key in ('replay_ratio', 'replay_window', 'n_step', 'target_update_every', 'pg_weight', 'pg_temp',
-                            'kl_weight')}
+def _removed(why: str, table: str, *names: str) -> dict:
+    return {(table, name): f'removed: {why} (docs/config.md, "Removed keys"); delete the line' for name in names}
+
+
+#: Keys that were removed, by (table as docs/config.md spells it, key): a file that still sets one gets an error
+#: saying so (an unknown key is only a warning). Each was an extra measured as no gain, or never measured to gain.
+REMOVED_KEYS = {
+    **_removed('measured as no gain', 'online', 'replay_ratio', 'replay_window', 'n_step', 'target_update_every',
+               'pg_weight', 'pg_temp', 'kl_weight', 'ema_decay'),
+    **_removed('measured as no gain', 'train_play.<profile>', 'counterfactual_persist'),
+    **_removed('never measured to gain', 'resnet', 'dropout'),
+    **_removed('never measured to gain', 'rotation', 'after', 'max_rank', 'pool_size'),
+    **{key: why for table in ('schedule.lr', 'schedule.epsilon', 'schedule.temp') for key, why in _removed(
+        'never measured to gain', table, 'kind', 'rate', 'final', 'max_steps').items()},
+}
 
 
 #: Every table with keys of its own, by dotted name (``train_play.*`` stands for each profile); the order is the
@@ -580,13 +538,12 @@ SECTIONS: dict[str, type[Section]] = {
     'online.remote': Remote, 'online.server': Server, '1v3': OneVsThree, '1v3.challenger': MortalSide,
     '1v3.champion': MortalSide, '1v3.akochan': Akochan, 'grp': Grp, 'grp.network': GrpNetwork,
     'grp.control': GrpControl, 'grp.dataset': GrpDataset, 'grp.optim': GrpOptim, 'guard': Guard,
-    'rotation': Rotation, 'schedule.lr': LrSchedule, 'schedule.epsilon': EpsilonSchedule,
-    'schedule.temp': TempSchedule, 'fleet': Fleet, 'bootstrap': Bootstrap,
+    'fleet': Fleet, 'bootstrap': Bootstrap,
 }
 # Tables that only hold sub-tables (no keys of their own).
-CONTAINERS = ('train_play', 'baseline', 'schedule')
+CONTAINERS = ('train_play', 'baseline')
 # Sections of extras whose every key has a default: filled in when the file lacks them.
-OPTIONAL_SECTIONS = ('guard', 'rotation', 'schedule.lr', 'schedule.epsilon', 'schedule.temp', 'fleet')
+OPTIONAL_SECTIONS = ('guard', 'fleet')
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ Behaviour as Mortal's server, with its faults fixed:
   shapes (read from the safetensors headers; no network is built) must match the first accepted submission of
   this server's lifetime unless the request says ``arch_change: true``; empty state dicts are always refused.
 - ``submit_param`` may carry the trainer's play settings (``steps``, ``epsilon_factor``, ``temp_factor``,
-  ``baseline_version``: ``mortal.learning.schedule``, ``mortal.learning.gate``); they are checked (finite, in
+  ``baseline_version``: ``mortal.learning.server_traffic.play_settings``); they are checked (finite, in
   range) and handed to every client with the parameters. A trainer that sends none leaves Mortal's (factors 1,
   version 0).
 - ``submit_baseline`` stores the trainer's ``[baseline.train]`` weights (safetensors, key names, dtypes and shapes

@@ -41,9 +41,8 @@ from mortal.learning import distributed, intake, learner_checkpoint, save_cycle
 from mortal.learning.diagnostics import Instruments, batch_q_stats, learner_probe
 from mortal.learning.guards import INITIAL_GUARD, Guards
 from mortal.learning.loss import LossWeights, learner_loss
-from mortal.learning.optimizer import build_optimizer, ema_copies, ema_update, optimizer_step
+from mortal.learning.optimizer import build_optimizer, optimizer_step
 from mortal.learning.save_cycle import TestPlayDone  # noqa: F401  TestPlayDone: also this module's API
-from mortal.learning.schedule import schedule_factor
 # DRAIN_POLL_INTERVAL: also this module's API
 from mortal.learning.server_traffic import DRAIN_POLL_INTERVAL, ServerTraffic, play_settings  # noqa: F401
 from mortal.learning.supervisor import end_with_supervisor, is_supervised, supervise
@@ -73,8 +72,8 @@ class Trainer:
     def __init__(self, config: dict, *, test_player=None, remote=None, writer=None, sleep=time.sleep, dist=None):
         self.config = config
         self.cfg = cfg = typed(config)  # the typed sections, defaults from mortal/config_schema.py
-        online_cfg = self._read_settings(cfg, dist)
-        self._build_models(cfg, online_cfg)
+        self._read_settings(cfg, dist)
+        self._build_models(cfg)
         self._attach(config, test_player, remote, writer, sleep)
 
     # -- the loop: epochs, batches, saves ------------------------------------------------------------------------
@@ -199,13 +198,10 @@ class Trainer:
                 self.instruments.add(q_stats, terms.q[:n], q_target[:n])
 
     def _advance(self) -> None:
-        """A step on: the optimizer step (every ``opt_step_every`` steps) and the EMA, the learning rate, the
-        progress bar; a submit and a save (with its test play) when due."""
+        """A step on: the optimizer step (every ``opt_step_every`` steps), the learning rate, the progress bar; a submit and a save (with its test play) when due."""
         self.steps += 1
         if self.steps % self.opt_step_every == 0:
             optimizer_step(self.optimizer, self.scaler, self.max_grad_norm)
-            if self.ema is not None:
-                ema_update(self.ema, (self.mortal, self.dqn), self.ema_decay)
         self.scheduler.step()
         if self.pb is not None:
             self.pb.update(1)
@@ -229,7 +225,7 @@ class Trainer:
             self.writer, self.steps, self.stats, self.stat_batches, loss_weights=self.loss_weights,
             offline_mix=self.offline_stream is not None, lr=self.scheduler.get_last_lr()[0],
             settings=self.play_settings() if self.online else None, instruments=self.instruments,
-            trained=self.models, ema=self.ema, device=self.device)
+            trained=self.models, device=self.device)
         self.reset_stats()
         self.log_total_steps()
 
@@ -284,16 +280,16 @@ class Trainer:
 
     def play_settings(self) -> dict:
         """The play settings sent with the parameters at this step (``server_traffic.play_settings``)."""
-        return play_settings(self.steps, self.schedules, self.guard)
+        return play_settings(self.steps, self.guard)
 
     def submit_param(self, is_idle: bool = False) -> None:
         """Send the played weights (``played``) with the play settings to the server (``ServerTraffic.submit``)."""
         mortal, dqn = self.played()
         self.server.submit(mortal, dqn, is_idle=is_idle, settings=self.play_settings())
 
-    def sync_baseline(self, *, rotated: bool = False) -> None:
+    def sync_baseline(self) -> None:
         """Submit ``[baseline.train] state_file`` to the server for the clients (``mortal.learning.guards.Guards``)."""
-        self.guards.sync_baseline(rotated=rotated)
+        self.guards.sync_baseline()
 
     def resubmit(self) -> None:
         """To a server found without parameters (it restarted): the baseline, then the parameters as idle."""
@@ -307,14 +303,14 @@ class Trainer:
     # -- the checkpoint (mortal.learning.learner_checkpoint) -----------------------------------------------------
 
     def played(self) -> tuple:
-        """The (mortal, dqn) that self-play, test play and best.pth use: the EMA when ``[online] ema_decay`` > 0."""
-        return self.ema if self.ema is not None else (self.mortal, self.dqn)
+        """The (mortal, dqn) that self-play, test play and best.pth use: the trained ones."""
+        return self.mortal, self.dqn
 
     def checkpoint(self) -> dict:
         """This learner's checkpoint dict (``learner_checkpoint.checkpoint_dict``)."""
         return learner_checkpoint.checkpoint_dict(
             (self.mortal, self.dqn, self.aux_net), self.optimizer, self.scheduler, self.scaler, steps=self.steps,
-            best_perf=self.best_perf, guard=self.guard, ema=self.ema, online=self.online, config=self.config)
+            best_perf=self.best_perf, guard=self.guard, online=self.online, config=self.config)
 
     def save(self) -> None:
         """Write ``checkpoint()`` to ``[control] state_file`` atomically, online in one step with the claim
@@ -329,9 +325,9 @@ class Trainer:
 
     # -- construction --------------------------------------------------------------------------------------------
 
-    def _read_settings(self, cfg, dist):
+    def _read_settings(self, cfg, dist) -> None:
         """The settings this learner reads from ``cfg`` (typed sections): version, online or offline, step
-        cadence, files, loss weights, the device; returns the ``[online]`` section (its defaults offline)."""
+        cadence, files, loss weights, the device."""
         from mortal.features.obs import check_version
 
         control = cfg.control
@@ -347,7 +343,6 @@ class Trainer:
         self.state_file = control.state_file
         self.best_state_file = control.best_state_file
         self.enable_amp = control.enable_amp
-        self.schedules = {name: getattr(cfg.schedule, name) for name in ('lr', 'epsilon', 'temp')}  # typed tables
         online_cfg = cfg.online if self.online and cfg.online is not None else Online.model_construct()
         cql = cfg.cql
         # Extras (defaults = Mortal: no CQL online, no anchor); see mortal/learning/loss.py.
@@ -364,17 +359,16 @@ class Trainer:
         self.dist = dist = dist or distributed.SINGLE
         self.device = dist.device(control.device)
         torch.backends.cudnn.benchmark = control.enable_cudnn_benchmark
-        return online_cfg
 
-    def _build_models(self, cfg, online_cfg) -> None:
+    def _build_models(self, cfg) -> None:
         """The networks, optimizer, scheduler and GradScaler, resumed from ``[control] state_file`` when it exists;
-        the EMA of the weights (``[online] ema_decay``); what trains (``nets``: DDP wrappers under torchrun)."""
+        what trains (``nets``: DDP wrappers under torchrun)."""
         from mortal.model.networks import AuxNet, Brain, DQN, parameter_count
         from mortal.features.obs import obs_shape
 
         resnet = cfg.resnet
         self.mortal = Brain(version=self.version, conv_channels=resnet.conv_channels,
-                            num_blocks=resnet.num_blocks, dropout=resnet.dropout).to(self.device)
+                            num_blocks=resnet.num_blocks).to(self.device)
         self.dqn = DQN(version=self.version).to(self.device)
         self.aux_net = AuxNet((4,)).to(self.device)
         self.models = (self.mortal, self.dqn, self.aux_net)
@@ -394,20 +388,11 @@ class Trainer:
         self.saved_steps = None  # the step of state_file as this learner last loaded or wrote it (None: none)
         resumed = learner_checkpoint.load_state(self.state_file, self.models, self.optimizer, self.scheduler,
                                                 self.scaler, online=self.online, device=self.device, cfg=cfg)
-        loaded_ema = None
         if resumed is not None:
             self.steps = self.saved_steps = resumed.steps
-            self.best_perf, self.guard, loaded_ema = resumed.best_perf, resumed.guard, resumed.ema
-        self.scheduler.multiplier = lambda: (schedule_factor(self.schedules['lr'], self.steps)
-                                             * self.guard['lr_scale'])
+            self.best_perf, self.guard = resumed.best_perf, resumed.guard
+        self.scheduler.multiplier = lambda: self.guard['lr_scale']  # the rollbacks' factor ([guard] lr_factor)
         self.scheduler.refresh()
-        # Extra: an EMA of the weights is what gets published, test-played and kept as best.pth (0 = off, Mortal).
-        self.ema_decay = online_cfg.ema_decay
-        self.ema = None
-        if self.ema_decay > 0:  # from the checkpoint's ema_mortal/ema_dqn when it has them
-            self.ema = ema_copies((self.mortal, self.dqn), loaded_ema)
-            logger.info('EMA of the weights, decay %g (%s)', self.ema_decay,
-                        'resumed' if loaded_ema is not None else 'from the loaded weights')
         self.optimizer.zero_grad(set_to_none=True)
         self.nets = self.dist.wrap(self.models)  # what trains: the models, or their DDP wrappers under torchrun
 

@@ -26,7 +26,6 @@ _CF = ('docs/learning.md parts 2-3: on the `no-riichi` flaw 30 minutes beat the 
 _GUARD = ('docs/operations.md, "A guarded run" and "A 2-hour guarded run": 60 and 120 minutes of the embedded '
           'default with `rollback_after = 2`; no rollback fired in either (nothing collapsed), so the guard is '
           'measured as quiet, not as a gain')
-_SCHEDULE = 'none: a knob for long runs, not measured here'
 _FLEET = 'none measured on this machine (2 cores): the scaling of self-play over Ray is for real clusters'
 _WIRE = ('a safety bound, not a lever: bad input must not take the server down (`tests/test_hardening.py`; memory '
          'under a flood: `bench/server_auth_memory.py`; hostile connections: `bench/server_exhaustion.py`)')
@@ -41,9 +40,6 @@ MEASURED = {
     ('train_play.<profile>', 'counterfactual_rate'): _CF,
     ('train_play.<profile>', 'counterfactual_alternative'): 'docs/learning.md part 2: `other_kind` is the arm that '
                                                             'taught riichi on `no-riichi` (above)',
-    ('train_play.<profile>', 'counterfactual_persist'): 'docs/learning.md, "overcall with persistent counterfactual '
-                                                        'branches": persist − control +0.018 ± 0.099, call rate '
-                                                        '0.925: no gain measured',
     ('test_play', 'best_rule'): 'docs/operations.md, "Paired test play": `bench/sprt_cost.py` (both rules call an '
                                 'equal model better about 3% of the time; the SPRT plays 11-63% of a fixed test '
                                 'play on a model that is not better); the 2-hour run\'s SPRT pick is −0.160 ± 0.051 '
@@ -64,7 +60,6 @@ MEASURED = {
     ('env', 'reward'): 'docs/learning.md, "The reward-model arm" and "The targets", part 1: the points reward '
                        'correlates −0.265 with the final rank, an early-stopped GRP −0.30 to −0.32; the fallback '
                        'when the GRP is no better than uniform',
-    ('resnet', 'dropout'): 'none',
     ('cql', 'online_min_q_weight'): 'docs/learning.md, "The ablation": with `calibrated`, final 2.517 ± 0.048 '
                                     'against 3x the start where Mortal\'s loss ends at 3.147 ± 0.047',
     ('cql', 'calibrated'): 'as `online_min_q_weight`',
@@ -84,8 +79,6 @@ MEASURED = {
     ('online', 'offline_batch_size'): 'docs/learning.md, "The offline mix": final 2.399 ± 0.046 against 3x the '
                                       'start after 1,807 steps, as good as the offline-only control (2.36-2.43); on '
                                       'in the quickstart',
-    ('online', 'ema_decay'): 'docs/learning.md, "The ablation": with the anchor, final 2.496 ± 0.046 against the '
-                             'anchor alone\'s 2.504 ± 0.046: no gain measured',
     ('online.remote', 'token'): _WIRE,
     ('online.server', 'max_frame_bytes'): _WIRE,
     ('online.server', 'max_pending_connections'): _WIRE,
@@ -99,11 +92,6 @@ MEASURED = {
     ('guard', 'lr_factor'): _GUARD,
     ('guard', 'epsilon_factor'): _GUARD,
     ('guard', 'keep'): 'none needed: disk bound of the rollbacks',
-    ('rotation', 'after'): 'none: no run promoted a baseline here',
-    ('rotation', 'max_rank'): 'none (as `after`)',
-    ('rotation', 'pool_size'): 'none (as `after`)',
-    **{(f'schedule.{s}', k): _SCHEDULE for s in ('lr', 'epsilon', 'temp')
-       for k in ('kind', 'rate', 'final', 'max_steps')},
     **{('fleet', k): _FLEET for k in ('actors', 'profiles', 'num_cpus', 'num_gpus', 'max_restarts', 'address',
                                       'tensorboard_dir')},
     **{('bootstrap', k): _BOOT for k in ('games', 'val_games', 'log_dir', 'work_dir', 'grp_steps', 'workers',
@@ -118,16 +106,23 @@ MEASURED = {
                                    '2.39-2.59 (uniform 3.18) against 2.86 for a fixed 100 steps',
 }
 
-# The arm of docs/learning.md part 4 behind each removed key (20 minutes from part 3's start; final model minus the
-# matched offline-only control, paired on 800 games).
-REMOVED_ARMS = {
-    'replay_ratio': 'arm `rr4` (`replay_ratio = 4`): +0.056 ± 0.090',
-    'replay_window': 'as `replay_ratio`',
-    'n_step': 'arm `nstep3` (`n_step = 3`): +0.061 ± 0.084',
-    'target_update_every': 'as `n_step`',
-    'pg_weight': 'arm `pgkl` (`pg_weight = 1`, `kl_weight = 1`, `pg_temp = 1`): +0.066 ± 0.096',
-    'pg_temp': 'as `pg_weight`',
-    'kl_weight': 'as `pg_weight`',
+# The measurement behind each removed key (REMOVED_KEYS), or its absence. Part 4's arms ran 20 minutes from part 3's
+# start: the final model minus the matched offline-only control, paired on 800 games.
+_ROTATION = 'no run promoted a baseline here (promote by hand: `scripts/rotate_baseline.py`)'
+_SCHEDULE = 'a knob for long runs, not measured here'
+_ARM = 'docs/learning.md part 4, arm '
+REMOVED_WHY = {
+    **{('online', k): _ARM + '`rr4` (`replay_ratio = 4`): +0.056 ± 0.090' for k in ('replay_ratio', 'replay_window')},
+    **{('online', k): _ARM + '`nstep3` (`n_step = 3`): +0.061 ± 0.084' for k in ('n_step', 'target_update_every')},
+    **{('online', k): _ARM + '`pgkl` (`pg_weight = 1`, `kl_weight = 1`, `pg_temp = 1`): +0.066 ± 0.096'
+       for k in ('pg_weight', 'pg_temp', 'kl_weight')},
+    ('online', 'ema_decay'): 'docs/learning.md, "The ablation": with the anchor, final 2.496 ± 0.046 against the '
+                             'anchor alone\'s 2.504 ± 0.046',
+    ('train_play.<profile>', 'counterfactual_persist'): 'docs/learning.md, "overcall with persistent counterfactual '
+                                                        'branches": persist − control +0.018 ± 0.099',
+    ('resnet', 'dropout'): 'never measured',
+    **{('rotation', k): _ROTATION for k in ('after', 'max_rank', 'pool_size')},
+    **{(f'schedule.{s}', k): _SCHEDULE for s in ('lr', 'epsilon', 'temp') for k in ('kind', 'rate', 'final', 'max_steps')},
 }
 
 INTRO = """\
@@ -147,13 +142,12 @@ Rules checked besides types: `save_every` is a multiple of `opt_step_every`; `te
 `save_every`; every `games` / `games_per_iter` is a positive multiple of 4; `top_p` lies in (0, 1];
 `boltzmann_epsilon` in [0, 1]; `boltzmann_temp` > 0; `[optim.scheduler]` keeps peak ≥ final ≥ init ≥ 0 and
 max_steps ≥ warm_up_steps or 0 (no annealing: final from the end of the warm-up on; the scheduler applies the very
-same rules); `[cql] online_min_q_weight`, `[online] anchor_weight` ≥ 0, `[online] ema_decay` in [0, 1),
-`probe_size` ≥ 0, `offline_batch_size` in [0, 65536] (a warning when set with `online = false`); a
+same rules); `[cql] online_min_q_weight`, `[online] anchor_weight` ≥ 0, `probe_size` ≥ 0, `offline_batch_size` in [0, 65536] (a warning when set with `online = false`); a
 `[online.remote] host` that is not a loopback address requires a `token`.
 
 Each process needs only its own sections: the server `[online]`, `[online.remote]` and `[online.server]`; the client
-`[control]`, `[resnet]`, `[env]`, `[online]`, `[online.remote]`, `[baseline.train]` and its `[train_play.<profile>]`
-(and `[rotation] pool_size`, read from the client's own file, defaults to 1); the trainer additionally
+`[control]`, `[resnet]`, `[env]`, `[online]`, `[online.remote]`, `[baseline.train]` and its `[train_play.<profile>]`;
+the trainer additionally
 `[test_play]`, `[dataset]`, `[cql]`, `[aux]`, `[freeze_bn]`, `[optim]`, `[optim.scheduler]`, `[baseline.test]`,
 `[grp]` and `[grp.network]`. Any section present is checked fully.
 
@@ -184,10 +178,14 @@ def render() -> str:
         measured = MEASURED.get((section, key), '') if extra else ''
         out.append(f'| `[{section}]` | `{key}` | {kind} | {_cell(shown)} | {_cell(meaning)} | {_cell(measured)} |')
     out += ['', '## Removed keys', '',
-            'A file that still sets one of these is refused, the message naming the key and the file. The figure is '
-            'the arm\'s final model minus the offline-only control matched to its offline samples (docs/learning.md '
-            'part 4, 800 games; the plain embedded default: +0.107 ± 0.078):', '']
-    out += [f'* `[{table}] {key}`: {REMOVED_ARMS.get(key, why)}' for (table, key), why in REMOVED_KEYS.items()]
+            'Extras measured as no gain, or never measured to gain, were removed with their code. A file that still '
+            'sets one is refused, the message naming the table, the key and the file. A figure is the arm\'s final '
+            'model minus the offline-only control matched to its offline samples, in avg rank (docs/learning.md '
+            'part 4, 800 games; the plain embedded default: +0.107 ± 0.078), or the measurement named:', '']
+    groups: dict = {}  # (table, reason) -> keys, in REMOVED_KEYS' order
+    for table, key in REMOVED_KEYS:
+        groups.setdefault((table, REMOVED_WHY[table, key]), []).append(key)
+    out += [f'* `[{table}]` {", ".join(f"`{k}`" for k in keys)}: {why}' for (table, why), keys in groups.items()]
     return '\n'.join(out) + '\n'
 
 

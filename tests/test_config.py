@@ -59,13 +59,12 @@ def test_config_online_holds_reference_values(caplog):
     assert c['train_play']['default'] == {
         'games': 800, 'log_dir': '/data/mortal/online/train_play', 'boltzmann_epsilon': 0.005,
         'boltzmann_temp': 0.05, 'top_p': 1.0, 'repeats': 1, 'speculate_passes': False, 'counterfactual_rate': 0.0,
-        'counterfactual_alternative': 'best', 'counterfactual_persist': False}
+        'counterfactual_alternative': 'best'}
     assert c['test_play'] == {'games': 3000, 'log_dir': '/data/mortal/online/test_play', 'best_rule': 'paired',
                               'confidence': 0.95, 'sprt_delta': 0.05, 'sprt_alpha': 0.05, 'sprt_beta': 0.05,
                               'sprt_chunk': 64, 'min_deals': 8, 'fresh_deals': False, 'speculate_passes': False}
     # the guards' sections are filled with defaults that change nothing of Mortal's run
-    assert c['guard']['rollback_after'] == 0 and c['rotation']['after'] == 0
-    assert {c['schedule'][k]['kind'] for k in ('lr', 'epsilon', 'temp')} == {'constant'}
+    assert c['guard']['rollback_after'] == 0 and 'rotation' not in c and 'schedule' not in c
     assert c['dataset']['globs'] == ['/data/dataset/**/*.json.gz']
     assert c['dataset']['file_index'] == '/data/mortal/file_index.pth'
     assert (c['dataset']['file_batch_size'], c['dataset']['num_workers'], c['dataset']['player_names_files']) \
@@ -98,7 +97,7 @@ def test_example_loads_without_warnings(caplog):
     with caplog.at_level(logging.WARNING, logger='mortal.config'):
         c = load_config(ROOT / 'config.example.toml', required=ALL_PROCESSES + ('1v3.akochan',), env={})
     assert caplog.records == []
-    assert c['resnet']['dropout'] == 0.0
+    assert c['resnet'] == {'conv_channels': 192, 'num_blocks': 40}
 
 
 def test_example_has_every_key():
@@ -179,15 +178,38 @@ def test_extras_are_marked_and_each_has_its_measurement_line():
     assert all(note.strip() for note in gen.MEASURED.values())
 
 
-@pytest.mark.parametrize('key', ['replay_ratio', 'replay_window', 'n_step', 'target_update_every', 'pg_weight',
-                                 'pg_temp', 'kl_weight'])
-def test_removed_key_is_an_error_naming_it(tmp_path, cfg, key):
-    """The seven [online] extras measured as no gain were removed: a file that still sets one is refused with the
-    key, the file and the reason (an unknown key would only warn, and the run would silently differ)."""
-    cfg['online'][key] = 1
+@pytest.mark.parametrize('table, key, why', [
+    ('online', 'replay_ratio', 'measured as no gain'), ('online', 'kl_weight', 'measured as no gain'),
+    ('online', 'ema_decay', 'measured as no gain'),
+    ('train_play.default', 'counterfactual_persist', 'measured as no gain'),
+    ('resnet', 'dropout', 'never measured to gain'), ('rotation', 'pool_size', 'never measured to gain'),
+    ('schedule.temp', 'kind', 'never measured to gain'), ('schedule.lr', 'max_steps', 'never measured to gain')])
+def test_removed_key_is_an_error_naming_it(tmp_path, cfg, table, key, why):
+    """An extra measured as no gain, or never measured to gain, was removed: a file that still sets it is refused
+    with the table, the key, the file and the reason (an unknown key would only warn, and the run would silently
+    differ), also when its whole table is gone ([rotation], [schedule.*])."""
+    node = cfg
+    for part in table.split('.'):
+        node = node.setdefault(part, {})
+    node[key] = 1
     msg, path = load_error(tmp_path, cfg)
-    assert f'[online] {key} in {path} was removed: measured as no gain (docs/learning.md, part 4)' in msg
-    assert key not in SCHEMA['online']
+    assert msg == f'[{table}] {key} in {path} was removed: {why} (docs/config.md, "Removed keys"); delete the line'
+    assert key not in (SCHEMA.get(table.replace('default', '*')) or {})
+
+
+def test_a_removed_table_with_other_keys_names_only_the_removed_ones(tmp_path, cfg, caplog):
+    """Two removed keys of the removed [rotation] are two errors; a table that only resembles a removed one
+    ([schedule.lrx]) is the unknown section it was."""
+    cfg['rotation'] = {'after': 2, 'max_rank': 2.4}
+    msg, path = load_error(tmp_path, cfg)
+    assert msg.splitlines()[1:] == [f'  - [rotation] after in {path} was removed: never measured to gain '
+                                    f'(docs/config.md, "Removed keys"); delete the line',
+                                    f'  - [rotation] max_rank in {path} was removed: never measured to gain '
+                                    f'(docs/config.md, "Removed keys"); delete the line']
+    del cfg['rotation']
+    cfg['schedule'] = {'lrx': {'kind': 'cosine'}}
+    warns, path = load_warnings(tmp_path, cfg, caplog)
+    assert warns == [f'unknown section [schedule] in {path}']
 
 
 def test_tiny_config_fixture(tiny_config):
@@ -203,7 +225,6 @@ def test_tiny_config_fixture(tiny_config):
 
 def test_defaults_filled(tmp_path, cfg):
     c = load_config(write(tmp_path, cfg))
-    assert c['resnet']['dropout'] == 0.0
     assert c['online']['remote']['token'] is None
     assert c['online']['server']['max_frame_bytes'] == DEFAULT_MAX_FRAME_BYTES
     assert 'init' not in c['optim']['scheduler']  # accepted but not filled, as Mortal's scheduler default applies
@@ -345,7 +366,7 @@ def test_a_profile_named_with_a_dot_is_selected_by_its_name(tmp_path, cfg, caplo
     assert train_play_profile(c, env=env).model_dump() == {'games': 12, 'log_dir': 'ab', 'boltzmann_epsilon': 0.25,
                                               'boltzmann_temp': 0.5, 'top_p': 0.9, 'repeats': 3,
                                               'speculate_passes': True, 'counterfactual_rate': 0.0,
-        'counterfactual_alternative': 'best', 'counterfactual_persist': False}
+        'counterfactual_alternative': 'best'}
     assert train_play_profile(c, env={}).games == 4
     assert section(c, 'train_play."a.b"').repeats == 3
     from mortal.config import profile_table  # the name that section and lookup read back
@@ -469,14 +490,15 @@ def test_unknown_names_are_listed_with_their_closest_key(cfg):
 
 
 def test_a_quoted_dotted_table_is_unknown_not_the_table_it_spells(tmp_path, cfg, caplog):
-    # ["schedule.lr"] is a top-level table named 'schedule.lr', which no process reads; [schedule.lr] is another
+    # ["online.server"] is a top-level table named 'online.server', which no process reads; [online.server] is another
     path = tmp_path / 'config.toml'
-    path.write_text(toml.dumps(cfg) + '\n["schedule.lr"]\nkind = "cosine"\n', encoding='utf-8')
+    path.write_text(toml.dumps(cfg) + '\n["online.server"]\ncapacity = 8\n', encoding='utf-8')
     with caplog.at_level(logging.WARNING, logger='mortal.config'):
         config = load_config(path)
     warns = [r.getMessage() for r in caplog.records if r.name == 'mortal.config']
-    assert config['schedule']['lr']['kind'] == 'constant' and config['schedule.lr'] == {'kind': 'cosine'}
-    assert warns == [f'unknown section ["schedule.lr"] in {path}']
+    assert config['online']['server']['capacity'] == cfg['online']['server']['capacity'] != 8
+    assert config['online.server'] == {'capacity': 8}
+    assert warns == [f'unknown section ["online.server"] in {path}']
 
 
 def test_unknown_names_of_a_dict_with_keys_that_are_not_strings(cfg):
@@ -590,7 +612,7 @@ def test_typed_sections_hold_the_loaded_values(tmp_path, cfg):
     t = typed(c)
     assert t.control.batch_size == 48 and t.train_play['default'].games == 4
     assert t.one_vs_three.games_per_iter == c['1v3']['games_per_iter']
-    assert t.online.remote.token is None and t.guard.rollback_after == 0 and t.schedule.lr.kind == 'constant'
+    assert t.online.remote.token is None and t.guard.rollback_after == 0
     assert t.env.pts == [6.0, 4.0, 2.0, 0.0] and t.bootstrap is None
 
 
@@ -714,17 +736,6 @@ def test_a_broken_cross_field_rule_is_listed_beside_an_error_in_another_table(tm
     assert rule in msg and typed_error in msg
     errors = config_errors(path, required=TRAIN_SECTIONS, env={})
     assert len(errors) == 2 and rule in errors and any(e.startswith(typed_error) for e in errors)
-
-
-def test_a_rule_over_a_broken_table_is_not_reported_as_a_missing_one(tmp_path, cfg):
-    """[rotation] after needs [baseline.train]; a [baseline] that is present but broken is its own error, not a
-    'needs a [baseline.train] section'."""
-    from mortal.config import config_errors
-    cfg['rotation'] = {'after': 2}
-    cfg['baseline']['train']['state_file'] = 3
-    errors = config_errors(write(tmp_path, cfg), env={})
-    assert errors and not any('needs a [baseline.train] section' in e for e in errors)
-    assert any('[baseline.train] state_file' in e for e in errors)
 
 
 def test_the_learner_lists_its_online_tables_with_every_other_error(tmp_path, cfg):

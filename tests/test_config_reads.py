@@ -18,7 +18,7 @@ CONFIG_NAME = re.compile(r'(^|_)(config|cfg|conf|section|table|slot|side|ds)(_|$
 # also name entries of other dicts (a checkpoint's guard state, the quickstart's timings and results); a config
 # table of those names is caught by the dict's name.
 SECTION_KEYS = frozenset({'control', 'train_play', 'dataset', 'env', 'resnet', 'cql', 'aux', 'freeze_bn', 'optim',
-                          'baseline', '1v3', 'grp', 'rotation', 'schedule', 'fleet', 'bootstrap'})
+                          'baseline', '1v3', 'grp', 'fleet', 'bootstrap'})
 # Where the plain dict must be read, by (file, function), each with why. Keep it short.
 ALLOWED = {
     ('mortal/config.py', '*'): 'the loader, its checks and the typed accessors themselves',

@@ -181,21 +181,13 @@ class Probe:
         self.baseline_greedy = self.greedy(brain, dqn, device)
 
     def measure(self, brain, dqn, aux_net, device) -> tuple:
-        """``(drift, next_rank_loss)`` of one model in a single pass over the probe (see ``drift`` and
-        ``next_rank_loss``). Raises RuntimeError before ``set_baseline``."""
+        """``(drift, next_rank_loss)`` of one model in a single pass over the probe: the fraction (0..1) of probe
+        positions whose greedy action differs from the baseline's, and the mean next-rank cross entropy (nats) of
+        ``aux_net(brain(obs))`` (None without ``aux_net``). Raises RuntimeError before ``set_baseline``."""
         if self.baseline_greedy is None:
-            raise RuntimeError('Probe.drift needs set_baseline first')
+            raise RuntimeError('Probe.measure needs set_baseline first')
         greedy, loss = self._pass(brain, dqn, aux_net, device)
         return (greedy != self.baseline_greedy).float().mean().item(), loss
-
-    def drift(self, brain, dqn, device) -> float:
-        """Fraction of probe positions whose greedy action differs from the baseline's (0..1).
-        Raises RuntimeError before ``set_baseline``."""
-        return self.measure(brain, dqn, None, device)[0]
-
-    def next_rank_loss(self, brain, aux_net, device) -> float:
-        """Mean next-rank cross entropy (nats) of ``aux_net(brain(obs))`` on the probe (eval mode for the call)."""
-        return self._pass(brain, None, aux_net, device)[1]
 
 
 def learner_probe(cfg, version: int, state_file: str, device, baseline=None):
@@ -252,9 +244,9 @@ class Instruments:
         self.q_target[slot, :n] = q_target
         self.batches += 1
 
-    def write(self, writer, steps: int, *, trained: tuple, ema: tuple | None, device) -> None:
-        """Write the window at ``steps`` and start a new one. ``trained``: the (brain, dqn, aux_net) being trained;
-        ``ema``: the published (brain, dqn) when it is an EMA of them, else None."""
+    def write(self, writer, steps: int, *, trained: tuple, device) -> None:
+        """Write the window at ``steps`` and start a new one. ``trained``: the (brain, dqn, aux_net) being trained
+        (and played)."""
         writer.add_histogram('q_predicted', self.q.cpu().numpy().flatten()[::HISTOGRAM_STRIDE], steps)
         writer.add_histogram('q_target', self.q_target.cpu().numpy().flatten()[::HISTOGRAM_STRIDE], steps)
         self.batches = 0
@@ -263,12 +255,7 @@ class Instruments:
             writer.add_scalar(f'diag/{key}', value, steps)
         self.window.reset()
         if self.probe is not None:
-            brain, dqn, aux_net = trained
-            if ema is None:  # the played model is the trained one: one pass over the probe gives both
-                drift, loss = self.probe.measure(brain, dqn, aux_net, device)
-            else:  # drift of the published EMA; the next-rank head belongs to the trained weights
-                drift = self.probe.drift(*ema, device)
-                loss = self.probe.next_rank_loss(brain, aux_net, device)
+            drift, loss = self.probe.measure(*trained, device)
             self.last['policy_drift'] = drift
             writer.add_scalar('diag/policy_drift', drift, steps)
             writer.add_scalar('diag/next_rank_loss_probe', loss, steps)

@@ -1,19 +1,16 @@
 """The learner's test play and long-run guards (``docs/operations.md``): judging a test play and keeping best.pth,
-the rollback on degradation (``[guard]``), the baseline rotation (``[rotation]``) and the baseline's sync with the
-server.
+the rollback on degradation (``[guard]``) and the baseline's sync with the server.
 
 ``Guards`` takes the ``mortal.train.Trainer`` it watches: it reads the trainer's models, checkpoint files and
 writer, and changes its weights, ``best_perf`` and ``guard`` (the guards' state, the checkpoint's ``guard`` entry,
 ``INITIAL_GUARD`` at the start) only through what the trainer offers (``save``, ``checkpoint``,
-``sync_baseline``, the scheduler's ``refresh``). The test play's statistics are ``mortal.learning.gate``'s; the baseline
-files are rotated by ``mortal.model.rotation``. ``Guards`` judges the test play and keeps best.pth; the rollback is
-``Rollback``'s, the rotation and the baseline's sync ``BaselineKeeper``'s (``Guards.rollback``, ``rotate_baseline``
-and ``sync_baseline`` hand over to them).
+``sync_baseline``, the scheduler's ``refresh``). The test play's statistics are ``mortal.learning.gate``'s.
+``Guards`` judges the test play and keeps best.pth; the rollback is ``Rollback``'s, the baseline's sync
+``BaselineKeeper``'s (``Guards.rollback`` and ``sync_baseline`` hand over to them).
 """
 
 from __future__ import annotations
 
-import filecmp
 import logging
 import math
 import os
@@ -23,20 +20,18 @@ from os import path
 
 from mortal.learning import gate
 from mortal.net import wire
-from mortal.model.checkpoint import (INITIAL_BEST_PERF, CheckpointError, atomic_torch_save, check_fits_config,
-                                     load_checkpoint, load_model_pair, played_checkpoint, read_baseline)
+from mortal.model.checkpoint import (INITIAL_BEST_PERF, CheckpointError, check_fits_config, load_checkpoint,
+                                     load_model_pair, read_baseline)
 from mortal.util.fsutil import atomic_copy, empty_dir, stamped_name
-from mortal.play.duplicate import unreliable_note
 from mortal.play.player import TEST_SEED
-from mortal.model.rotation import rotate
 from mortal.stat import DISPLAY_PTS  # test-play avg pt: display and Mortal's best.pth rule, never a training signal
 
 # The learner's lines keep the logger name they have always had (docs/operations.md, log filters).
 logger = logging.getLogger('mortal.train')
 
 # The checkpoint's extra entry 'guard' (docs/operations.md): the state of the long-run guards.
-INITIAL_GUARD = {'worse_streak': 0, 'rotate_streak': 0, 'rollbacks': 0, 'rotations': 0, 'lr_scale': 1.0,
-                 'epsilon_scale': 1.0, 'baseline_version': 0, 'test_plays': 0, 'baseline_digest': ''}
+INITIAL_GUARD = {'worse_streak': 0, 'rollbacks': 0, 'lr_scale': 1.0, 'epsilon_scale': 1.0, 'baseline_version': 0,
+                 'test_plays': 0, 'baseline_digest': ''}
 
 
 def is_better(avg_pt: float, avg_rank: float, best_perf: dict) -> bool:
@@ -53,9 +48,8 @@ def units_summary(units: dict) -> tuple:
 class Guards:
     """Test play, best.pth and the long-run guards of one learner (``trainer``, a ``mortal.train.Trainer``).
 
-    Reads ``[test_play]`` (``games``, ``best_rule``, ``confidence``, ``sprt_*``, ``fresh_deals``, ``min_deals``),
-    ``[guard]``
-    and ``[rotation]`` from the trainer's config once.
+    Reads ``[test_play]`` (``games``, ``best_rule``, ``confidence``, ``sprt_*``, ``fresh_deals``, ``min_deals``)
+    and ``[guard]`` from the trainer's config once.
     """
 
     def __init__(self, trainer):
@@ -71,14 +65,13 @@ class Guards:
         self.sprt_chunk_deals = test_cfg.sprt_chunk // 4
         self.fresh_deals = test_cfg.fresh_deals
         self.min_deals = test_cfg.min_deals
-        self.guard_cfg = cfg.guard  # typed [guard] and [rotation]
-        self.rotation_cfg = cfg.rotation
+        self.guard_cfg = cfg.guard  # typed [guard]
         self.rollbacks = Rollback(trainer, self.guard_cfg)
         self.baselines = BaselineKeeper(trainer)
 
     def test_play(self) -> None:
         """Play ``[test_play] games`` against ``[baseline.test]``, log, judge and maybe replace best.pth, then (online)
-        the guards (rollback, rotation). Sets the trained models back to training mode.
+        the guards (rollback). Sets the trained models back to training mode.
 
         With a test player that gives per-deal results (``play_units``: ``mortal.play.player.TestPlayer``, online and
         offline), the challenger is paired deal by deal with best.pth's record and judged by ``[test_play]
@@ -161,10 +154,7 @@ class Guards:
         t.save()
         logger.info('a new record has been made, pt: %.4f -> %.4f, rank: %.4f -> %.4f, saving to %s',
                     past_best['avg_pt'], avg_pt, past_best['avg_rank'], avg_rank, t.best_state_file)
-        if t.ema is None:
-            atomic_copy(t.state_file, t.best_state_file)
-        else:  # best.pth holds the weights that were test-played
-            atomic_torch_save(played_checkpoint(t.checkpoint()), t.best_state_file)
+        atomic_copy(t.state_file, t.best_state_file)
 
     def _test_nonce(self) -> int:
         """First nonce of this test play: Mortal's fixed one, or with ``[test_play] fresh_deals`` the next unused
@@ -186,9 +176,8 @@ class Guards:
                                                              log_dir=log_dir, name='best')
 
     def run_guards(self, verdict, *, became_best: bool = False) -> None:
-        """After an online test play: the degradation alarm (``[guard]``) and the baseline rotation
-        (``[rotation]``); ``became_best``: this test play has just made best.pth. Saves the checkpoint when their
-        state changed."""
+        """After an online test play: the degradation alarm (``[guard]``); ``became_best``: this test play has just
+        made best.pth. Saves the checkpoint when the guards' state changed."""
         t = self.trainer
         before = dict(t.guard)
         g = self.guard_cfg
@@ -206,16 +195,6 @@ class Guards:
             reasons.append(f"diag/q_gap {q_gap:.3f} below [guard] min_q_gap {g.min_q_gap}")
         if reasons:
             self.rollback('; '.join(reasons))
-        r = self.rotation_cfg
-        if r.after:
-            means = list(gate.unit_means(verdict.units).values())
-            mean, ci = gate.mean_and_ci(means, self.confidence)
-            beats = not math.isnan(ci) and mean <= r.max_rank and mean + ci < gate.BASELINE_RANK
-            t.guard['rotate_streak'] = t.guard['rotate_streak'] + 1 if beats else 0
-            if t.guard['rotate_streak'] >= r.after:
-                self.rotate_baseline(f"{t.guard['rotate_streak']} test plays in a row beat the baseline "
-                                     f"(last: avg rank {mean:.3f} ± {ci:.3f}{_note(len(means))}, at most "
-                                     f"{r.max_rank})")
         t.writer.add_scalar('guard/worse_streak', t.guard['worse_streak'], t.steps)
         if t.guard != before:
             t.save()
@@ -224,23 +203,13 @@ class Guards:
         """``Rollback.run``: restore best.pth into this learner; False (logged) when it cannot."""
         return self.rollbacks.run(reason)
 
-    def rotate_baseline(self, reason: str) -> bool:
-        """``BaselineKeeper.rotate``: promote best.pth to the baselines; False (logged) when it cannot."""
-        return self.baselines.rotate(reason)
-
-    def sync_baseline(self, *, rotated: bool = False) -> None:
+    def sync_baseline(self) -> None:
         """``BaselineKeeper.sync``: submit ``[baseline.train] state_file`` to the server."""
-        self.baselines.sync(rotated=rotated)
-
-
-def _note(sets: int) -> str:
-    """``mortal.play.duplicate.unreliable_note`` as ``' (unreliable: N sets)'``, or ``''``."""
-    note = unreliable_note(sets)
-    return f' ({note})' if note else ''
+        self.baselines.sync()
 
 
 def _guard_event(t, tag: str, count: int, line: str) -> None:
-    """After a rollback or rotation of the learner ``t``: save the checkpoint (its ``guard`` state has changed),
+    """After a rollback of the learner ``t``: save the checkpoint (its ``guard`` state has changed),
     then one warning line, the count under ``tag`` and the line as a ``guard/events`` text in TensorBoard."""
     t.save()
     logger.warning('%s', line)
@@ -282,9 +251,6 @@ class Rollback:
             logger.warning('optimizer state of %s not restored (%s): starting it fresh', t.best_state_file, ex)
             t.optimizer.state.clear()
         t.optimizer.zero_grad(set_to_none=True)
-        if t.ema is not None:
-            for ema, model in zip(t.ema, (t.mortal, t.dqn)):
-                ema.load_state_dict(model.state_dict())
         g = self.guard_cfg
         t.guard.update(rollbacks=t.guard['rollbacks'] + 1, worse_streak=0,
                        lr_scale=t.guard['lr_scale'] * g.lr_factor,
@@ -308,8 +274,7 @@ class Rollback:
 
 
 class BaselineKeeper:
-    """The learner's (``trainer``'s) baselines: the rotation of ``[rotation]`` and the baseline's sync with the
-    server."""
+    """The learner's (``trainer``'s) baseline: its sync with the server."""
 
     def __init__(self, trainer):
         self.trainer = trainer
@@ -319,38 +284,11 @@ class BaselineKeeper:
         baseline = self.trainer.cfg.baseline
         return baseline.train.state_file if baseline is not None and baseline.train is not None else None
 
-    def rotate(self, reason: str) -> bool:
-        """Promote best.pth to ``[baseline.train]``/``[baseline.test]`` (``mortal.model.rotation.rotate``: the old
-        baselines kept as ``.bak``), reset ``best_perf``, bump ``baseline_version`` (clients reload their baseline
-        when it changes). Returns False (logged) when best.pth cannot be promoted."""
-        t = self.trainer
-        baseline = self._baseline_file()
-        try:
-            if baseline is None:
-                raise ValueError('[baseline.train] state_file is not set')
-            if path.exists(baseline) and filecmp.cmp(t.best_state_file, baseline, shallow=False):
-                logger.info('rotation skipped (%s): best.pth is the baseline already', reason)
-                t.guard['rotate_streak'] = 0
-                return False
-            done = rotate(t.config, t.best_state_file)
-        except (ValueError, OSError) as ex:
-            logger.error('ROTATION not possible (%s): %s', reason, ex)
-            return False
-        t.best_perf = dict(INITIAL_BEST_PERF)
-        t.guard.update(baseline_version=t.guard['baseline_version'] + 1, rotate_streak=0, worse_streak=0,
-                       rotations=t.guard['rotations'] + 1)
-        t.sync_baseline(rotated=True)
-        line = (f"ROTATION #{t.guard['rotations']} at step {t.steps}: {reason}; {t.best_state_file} "
-                f"promoted to {', '.join(dst for dst, _ in done)} (baseline version {t.guard['baseline_version']}, "
-                f"previous kept as {', '.join(b for _, b in done if b) or 'nothing'}); best_perf reset")
-        _guard_event(t, 'guard/rotations', t.guard['rotations'], line)
-        return True
-
-    def sync(self, *, rotated: bool = False) -> None:
+    def sync(self) -> None:
         """Submit ``[baseline.train] state_file`` to the server (``submit_baseline``), for clients that fetch it
         (``[baseline.train] from_server``). When its weights differ from those last submitted
-        (``wire.baseline_digest``, kept in the checkpoint's ``guard`` entry) and ``rotated`` is False, the file was
-        replaced by hand (``scripts/rotate_baseline.py``): ``baseline_version`` is bumped, as a rotation does.
+        (``wire.baseline_digest``, kept in the checkpoint's ``guard`` entry), the file was replaced
+        (``scripts/rotate_baseline.py``): ``baseline_version`` is bumped, and clients reload their baseline.
         A missing or unusable file, or a server that refuses it, is logged and skipped: clients then play against
         their own file, as Mortal's do."""
         t = self.trainer
@@ -364,12 +302,12 @@ class BaselineKeeper:
             return
         digest = wire.baseline_digest(mortal, dqn)
         if digest != t.guard['baseline_digest']:
-            if t.guard['baseline_digest'] and not rotated:
+            if t.guard['baseline_digest']:
                 t.guard['baseline_version'] += 1
                 logger.info('%s has changed since it was last submitted (rotated by hand?): baseline version %d',
                             baseline, t.guard['baseline_version'])
             t.guard['baseline_digest'] = digest
-            if not rotated and path.exists(t.state_file):
+            if path.exists(t.state_file):
                 t.save()  # the version survives a crash before the next save
         msg = {'type': 'submit_baseline', 'mortal': wire.pack_state_dict(mortal), 'dqn': wire.pack_state_dict(dqn),
                'arch': arch, 'baseline_version': t.guard['baseline_version'], 'baseline_digest': digest}

@@ -1,8 +1,8 @@
 """The learner's checkpoint: resuming from ``[control] state_file`` and writing it back, as plain functions.
 
-``load_state`` reads the models, optimizer, scheduler, GradScaler, step count, ``best_perf``, the long-run guards'
-state and the EMA under Mortal's checkpoint keys (``mortal.model.checkpoint.CHECKPOINT_KEYS``, plus ``guard``,
-``ema_mortal``, ``ema_dqn``); ``checkpoint_dict`` builds that dict; ``write`` saves it atomically
+``load_state`` reads the models, optimizer, scheduler, GradScaler, step count, ``best_perf`` and the long-run
+guards' state under Mortal's checkpoint keys (``mortal.model.checkpoint.CHECKPOINT_KEYS``, plus ``guard``);
+``checkpoint_dict`` builds that dict; ``write`` saves it atomically
 (``mortal.model.checkpoint.atomic_torch_save``), online in one step with the claim ledger's commit. Each takes
 what it reads as arguments (``mortal.train.Trainer`` passes its own). Its lines are logged as ``mortal.train``, the
 trainer's logger.
@@ -20,9 +20,8 @@ from mortal.model.checkpoint import (INITIAL_BEST_PERF, atomic_torch_save, check
 
 logger = logging.getLogger('mortal.train')  # the trainer's lines (log format)
 
-# What a resumed learner takes from its checkpoint besides the weights and optimizer states it loads in place:
-# ``ema`` is ``(ema_mortal, ema_dqn)`` state dicts, or None when the checkpoint has none.
-Resumed = namedtuple('Resumed', 'steps best_perf guard ema')
+# What a resumed learner takes from its checkpoint besides the weights and optimizer states it loads in place.
+Resumed = namedtuple('Resumed', 'steps best_perf guard')
 
 
 def load_state(state_file: str, models: tuple, optimizer, scheduler, scaler, *, online: bool, device,
@@ -54,22 +53,19 @@ def load_state(state_file: str, models: tuple, optimizer, scheduler, scaler, *, 
     if scaler.is_enabled() and state.get('scaler'):
         scaler.load_state_dict(state['scaler'])
     steps = int(state['steps'])
-    ema = (state['ema_mortal'], state['ema_dqn']) if 'ema_mortal' in state and 'ema_dqn' in state else None
     when = datetime.fromtimestamp(state.get('timestamp', 0)).strftime('%Y-%m-%d %H:%M:%S')
     logger.info('loaded %s (saved %s, steps %d)', state_file, when, steps)
     return Resumed(steps=steps, best_perf=dict(state.get('best_perf', INITIAL_BEST_PERF)),
-                   guard={**INITIAL_GUARD, **state.get('guard', {})}, ema=ema)
+                   guard={**INITIAL_GUARD, **state.get('guard', {})})
 
 
 def checkpoint_dict(models: tuple, optimizer, scheduler, scaler, *, steps: int, best_perf: dict, guard: dict,
-                    ema, online: bool, config: dict) -> dict:
+                    online: bool, config: dict) -> dict:
     """The checkpoint dict with Mortal's keys of ``models`` = (mortal, dqn, aux_net) and the training state
-    (``config``: the plain dict, written without the shared token), plus ``ema_mortal`` and ``ema_dqn`` with an
-    EMA (``ema``: the (mortal, dqn) copies, or None) and, ``online``, the guards' state ``guard``."""
+    (``config``: the plain dict, written without the shared token), plus, ``online``, the guards' state
+    ``guard``."""
     mortal, dqn, aux_net = models
     extra = {}
-    if ema is not None:
-        extra = {'ema_mortal': ema[0].state_dict(), 'ema_dqn': ema[1].state_dict()}
     if online:  # the long-run guards' state (mortal/learning/guards.py), after Mortal's keys
         extra['guard'] = dict(guard)
     return {

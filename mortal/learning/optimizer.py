@@ -1,15 +1,13 @@
 """The learner's optimization (Mortal's ``train.py``): AdamW with decay on Linear/Conv1d weights only, Mortal's
-learning-rate schedule, the optimizer step with AMP unscaling and gradient clipping, and the EMA of the weights.
+learning-rate schedule, and the optimizer step with AMP unscaling and gradient clipping.
 
 The optimizer's base learning rate is 1, so that the schedule's factor (``mortal.learning.schedule``) is the learning
 rate. With gradient accumulation (``[control] opt_step_every``) the scheduler steps every batch but the optimizer only
-every ``opt_step_every`` batches, as in Mortal. The EMA (``[online] ema_decay``, an extra, off by default) is
-what gets published, test-played and kept as best.pth.
+every ``opt_step_every`` batches, as in Mortal.
 """
 
 from __future__ import annotations
 
-import copy
 import warnings
 from itertools import chain
 
@@ -59,23 +57,3 @@ def optimizer_step(optimizer, scaler, max_grad_norm: float) -> None:
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
 
-
-def ema_copies(models, state_dicts=None) -> tuple:
-    """Frozen deep copies of ``models`` (no gradients), loaded with ``state_dicts`` (one per model, e.g. a
-    checkpoint's ``ema_mortal``/``ema_dqn``) when given, else holding the models' current weights."""
-    ema = tuple(copy.deepcopy(m).requires_grad_(False) for m in models)
-    if state_dicts is not None:
-        for model, sd in zip(ema, state_dicts):
-            model.load_state_dict(sd)
-    return ema
-
-
-@torch.no_grad()
-def ema_update(ema, models, decay: float) -> None:
-    """``ema = decay * ema + (1 - decay) * weights`` for each pair of ``ema`` and ``models`` (after an optimizer
-    step); buffers (BatchNorm statistics) are copied."""
-    for e_model, model in zip(ema, models):
-        for e, p in zip(e_model.parameters(), model.parameters()):
-            e.lerp_(p.detach(), 1.0 - decay)
-        for e, b in zip(e_model.buffers(), model.buffers()):
-            e.copy_(b)

@@ -1,7 +1,7 @@
 """The helpers of the learner's save/test cycle (``mortal.train.Trainer.on_save``), and its progress line.
 
 Every ``save_every`` steps the trainer averages the loss sums over the ranks and writes them to TensorBoard with the
-learning rate, the exploration factors (online) and the instruments (``write_scalars``), saves the checkpoint,
+learning rate, the exploration factor (online) and the instruments (``write_scalars``), saves the checkpoint,
 submits the parameters when the save missed a submit, and every ``test_every`` steps test-plays
 (``mortal.learning.guards``): online, that ends the learner (``TestPlayDone``), and its supervisor starts a fresh one.
 Its lines are logged as ``mortal.train``, the trainer's logger.
@@ -17,13 +17,13 @@ class TestPlayDone(Exception):
 
 
 def write_scalars(writer, steps: int, stats: dict, batches: int, *, loss_weights, offline_mix: bool, lr: float,
-                  settings, instruments, trained, ema, device) -> None:
+                  settings, instruments, trained, device) -> None:
     """Write one save's TensorBoard scalars at ``steps`` and flush ``writer``: ``loss/<name>``, the mean of each
     loss sum of ``stats`` over ``batches`` (the batches summed since the last write: ``save_every``, or fewer after a
     resume between two saves; a term that is off, by ``loss_weights`` (``LossWeights``) or ``offline_mix`` (False: no
-    ``[online] offline_batch_size``), is not written), ``hparam/lr`` = ``lr``, online the exploration factors of
+    ``[online] offline_batch_size``), is not written), ``hparam/lr`` = ``lr``, online the exploration factor of
     ``settings`` (``server_traffic.play_settings``; None offline), then ``instruments.write`` (``trained``: the
-    models, ``ema``: their EMA copies or None, ``device``)."""
+    models, ``device``)."""
     n = max(batches, 1)
     on = {'cql_loss': loss_weights.with_cql, 'anchor_loss': loss_weights.anchor > 0,
           'offline_cql_loss': offline_mix, 'counterfactual_loss': loss_weights.counterfactual > 0}
@@ -33,8 +33,7 @@ def write_scalars(writer, steps: int, stats: dict, batches: int, *, loss_weights
     writer.add_scalar('hparam/lr', lr, steps)
     if settings is not None:
         writer.add_scalar('hparam/epsilon_factor', settings['epsilon_factor'], steps)
-        writer.add_scalar('hparam/temp_factor', settings['temp_factor'], steps)
-    instruments.write(writer, steps, trained=trained, ema=ema, device=device)
+    instruments.write(writer, steps, trained=trained, device=device)
     writer.flush()
 
 

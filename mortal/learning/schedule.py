@@ -1,17 +1,5 @@
-"""Schedules against trainer steps: Mortal's learning rate (``[optim.scheduler]``,
-``LinearWarmUpCosineAnnealingLR``) and the factors on the learning rate, ε and T (``[schedule.lr]``,
-``[schedule.epsilon]``, ``[schedule.temp]``, ``schedule_factor``).
-
-Each ``[schedule.*]`` table is a factor on a configured value: on ``[optim.scheduler]``'s learning rate (which
-keeps Mortal's warm-up and cosine shape), and on each ``[train_play.<profile>]``'s ``boltzmann_epsilon`` and
-``boltzmann_temp``. The trainer evaluates the ε and T factors at its step count and sends them to the clients with
-its parameters (``submit_param``), so a client far away follows the trainer without reading its steps. Kinds:
-
-- ``'constant'``: 1 (Mortal's behaviour, the default).
-- ``'inverse'``: ``1 / (1 + rate * steps)``, e.g. ``rate = 1e-7`` for the ``epsilon / (1 + steps * 1e-7)`` that
-  Mortal users apply by hand.
-- ``'cosine'``: from 1 at step 0 to ``final`` at ``max_steps`` along half a cosine, then ``final``.
-"""
+"""Mortal's learning-rate schedule (``[optim.scheduler]``, ``LinearWarmUpCosineAnnealingLR``), times the long-run
+guards' factor after a rollback (``[guard] lr_factor``)."""
 
 from __future__ import annotations
 
@@ -19,27 +7,7 @@ import math
 
 from torch.optim.lr_scheduler import LambdaLR
 
-from mortal.config import SCHEDULE_KINDS, scheduler_problems  # the same rules as the config check
-
-
-def schedule_factor(table, steps: int) -> float:
-    """The factor of the typed ``[schedule.*]`` table ``table`` (``mortal.config.typed``: kind, rate, final,
-    max_steps) at trainer step ``steps`` (>= 0). Raises ValueError for an unknown kind, or 'cosine' without
-    max_steps > 0."""
-    kind = table.kind
-    if kind not in SCHEDULE_KINDS:
-        raise ValueError(f'schedule kind must be one of {SCHEDULE_KINDS}, got {kind!r}')
-    steps = max(0, int(steps))
-    if kind == 'inverse':
-        return 1.0 / (1.0 + table.rate * steps)
-    if kind == 'cosine':
-        final, span = table.final, table.max_steps
-        if span <= 0:
-            raise ValueError("a 'cosine' schedule needs max_steps > 0")
-        if steps >= span:
-            return final
-        return final + (1.0 - final) * 0.5 * (1.0 + math.cos(math.pi * steps / span))
-    return 1.0
+from mortal.config import scheduler_problems  # the same rules as the config check
 
 
 class LinearWarmUpCosineAnnealingLR(LambdaLR):
@@ -62,7 +30,7 @@ class LinearWarmUpCosineAnnealingLR(LambdaLR):
         self.init, self.peak, self.final = init, peak, final
         self.warm_up_steps, self.max_steps = warm_up_steps, max_steps
         self.offset, self.epoch_size = offset, epoch_size
-        self.multiplier = None  # extra: a callable giving the [schedule.lr] x rollback factor (None = 1, Mortal)
+        self.multiplier = None  # extra: a callable giving the rollbacks' factor (None = 1, Mortal)
         super().__init__(optimizer, lr_lambda=self.factor, **kwargs)
 
     def factor(self, step: int) -> float:

@@ -3,7 +3,7 @@
 ``ServerTraffic`` is a small object that ``mortal.train.Trainer`` builds with what it needs (the server's
 ``wire.Remote``, the state file that names this learner, the sleep function, the TensorBoard writer, where and how
 claimed logs are read). ``submit`` sends the played weights with the play settings (``play_settings``: the
-schedules' exploration factors, the baseline version) through ``mortal.net.wire``; ``drain`` polls the server every
+rollbacks' exploration factor, the baseline version) through ``mortal.net.wire``; ``drain`` polls the server every
 ``DRAIN_POLL_INTERVAL`` seconds until logs arrive, claims them into the learner's folder (``mortal.data.claims``)
 and writes the data-health tags (``data/logs_per_drain``, ``data/wait_seconds``, ``data/staleness_mean``,
 ``data/staleness_max``). Its lines are logged as ``mortal.train``, the trainer's logger.
@@ -15,7 +15,6 @@ import time
 from os import path
 
 from mortal.data.claims import ClaimLedger, claim_dir_for, staleness
-from mortal.learning.schedule import schedule_factor
 from mortal.net import wire
 
 logger = logging.getLogger('mortal.train')  # the trainer's lines (log format)
@@ -23,18 +22,12 @@ logger = logging.getLogger('mortal.train')  # the trainer's lines (log format)
 DRAIN_POLL_INTERVAL = 5.0  # seconds between empty drains (Mortal)
 
 
-def play_settings(steps: int, schedules: dict, guard: dict) -> dict:
-    """What travels with the parameters to the clients (``mortal.learning.schedule``, ``mortal.learning.gate``) at
-    ``steps``: ``steps``, ``epsilon_factor`` ([schedule.epsilon] x the rollbacks' ``guard['epsilon_scale']``),
-    ``temp_factor`` ([schedule.temp]) and ``baseline_version`` (bumped by each rotation). ``schedules``: the typed
-    ``[schedule.*]`` tables by name; ``guard``: the long-run guards' state (``mortal.learning.guards``)."""
-    return {
-        'steps': steps,
-        'epsilon_factor': schedule_factor(schedules['epsilon'], steps) * guard['epsilon_scale'],
-        # never 0: a temperature of 0 cannot sample (the server refuses it)
-        'temp_factor': max(schedule_factor(schedules['temp'], steps), wire.MIN_TEMP_FACTOR),
-        'baseline_version': guard['baseline_version'],
-    }
+def play_settings(steps: int, guard: dict) -> dict:
+    """What travels with the parameters to the clients at ``steps``: ``steps``, ``epsilon_factor`` (the rollbacks'
+    ``guard['epsilon_scale']``, ``mortal.learning.guards``), ``temp_factor`` (1: kept on the wire for its peers) and
+    ``baseline_version`` (bumped when the baseline file changes)."""
+    return {'steps': steps, 'epsilon_factor': guard['epsilon_scale'], 'temp_factor': 1.0,
+            'baseline_version': guard['baseline_version']}
 
 
 class ServerTraffic:

@@ -7,8 +7,7 @@
   ``(brain, dqn, version)`` from it, ``read_baseline`` gives its state dicts and architecture.
 * ``state_dict_mismatches`` compares a state dict with a model's; ``check_loadable``, ``check_fits_config`` and
   ``describe_mismatches`` word its result for the client, the trainer and the doctor.
-* The learner's checkpoint holds Mortal's ``CHECKPOINT_KEYS``; ``played_checkpoint`` turns one with an EMA of the
-  weights into the Mortal-layout checkpoint of the model that was played.
+* The learner's checkpoint holds Mortal's ``CHECKPOINT_KEYS``.
 * ``atomic_torch_save`` writes through ``mortal.util.fsutil.atomic_write`` (temporary name, fsync, rename); file
   copies and bytes go through ``mortal.util.fsutil.atomic_copy`` / ``atomic_write_bytes`` (no torch there, for the
   server's side).
@@ -311,16 +310,6 @@ def describe_mismatches(expected: Mapping, saved, limit: int = 3) -> list:
 
 
 # ---------------------------------------------------------------------------- saving, CLI errors
-
-def played_checkpoint(state: dict) -> dict:
-    """``state`` with ``mortal``/``current_dqn`` replaced by its ``ema_mortal``/``ema_dqn`` (``[online]
-    ema_decay``), without the ema keys: the model that was played, loadable by any Mortal player. Unchanged
-    (a shallow copy) without them."""
-    state = dict(state)
-    if 'ema_mortal' in state and 'ema_dqn' in state:
-        state['mortal'], state['current_dqn'] = state.pop('ema_mortal'), state.pop('ema_dqn')
-    return state
-
 
 def atomic_torch_save(obj, filename) -> None:
     """``torch.save(obj)`` to ``filename`` through a temporary file, fsync and rename

@@ -85,13 +85,11 @@ class ResBlock(nn.Module):
     """Two 3-wide convolutions + channel attention with an identity skip.
 
     Version 1 is post-activation (conv-BN-act-conv-BN, add, act); versions 2-4
-    are pre-activation (BN-act-conv-BN-act-conv, add). ``dropout`` (probability)
-    is applied to the residual branch just before the skip is added; it holds
-    no parameters, so it does not change the state-dict keys.
+    are pre-activation (BN-act-conv-BN-act-conv, add).
     ``x`` (N, C, 34) float -> (N, C, 34).
     """
 
-    def __init__(self, channels: int, version: int, dropout: float = 0.0):
+    def __init__(self, channels: int, version: int):
         super().__init__()
         self.pre_actv = version >= 2
         if self.pre_actv:
@@ -113,10 +111,9 @@ class ResBlock(nn.Module):
             )
             self.actv = _activation(version)
         self.ca = ChannelAttention(channels, version)
-        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
-        out = self.dropout(self.ca(self.res_unit(x))) + x
+        out = self.ca(self.res_unit(x)) + x
         return out if self.pre_actv else self.actv(out)
 
 
@@ -127,9 +124,9 @@ class ResNet(nn.Module):
     Everything lives in one ``nn.Sequential`` named ``net`` (Mortal's key layout).
     """
 
-    def __init__(self, in_channels: int, conv_channels: int, num_blocks: int, version: int, dropout: float = 0.0):
+    def __init__(self, in_channels: int, conv_channels: int, num_blocks: int, version: int):
         super().__init__()
-        blocks = [ResBlock(conv_channels, version, dropout) for _ in range(num_blocks)]
+        blocks = [ResBlock(conv_channels, version) for _ in range(num_blocks)]
         stem = _conv3(in_channels, conv_channels)
         if version >= 2:
             body = [stem, *blocks, _batch_norm(conv_channels, version), _activation(version)]
@@ -155,7 +152,6 @@ class Brain(nn.Module):
         num_blocks: number of residual blocks.
         is_oracle: if True the input also takes the oracle obs, concatenated on channels.
         version: feature/model version 1-4 (see the module table).
-        dropout: drop probability on each residual branch (0 = off, Mortal's behaviour).
 
     ``forward(obs, invisible_obs=None)``:
         obs ``(N, obs_shape(version)[0], 34)`` float32; invisible_obs
@@ -168,18 +164,15 @@ class Brain(nn.Module):
     receive gradients.
     """
 
-    def __init__(self, *, conv_channels: int, num_blocks: int, is_oracle: bool = False, version: int = 1,
-                 dropout: float = 0.0):
+    def __init__(self, *, conv_channels: int, num_blocks: int, is_oracle: bool = False, version: int = 1):
         super().__init__()
         version = check_version(version)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
         self.is_oracle = is_oracle
         self.version = version
         in_channels = obs_shape(version)[0]
         if is_oracle:
             in_channels += oracle_obs_shape(version)[0]
-        self.encoder = ResNet(in_channels, conv_channels, num_blocks, version, dropout)
+        self.encoder = ResNet(in_channels, conv_channels, num_blocks, version)
         if version == 1:
             self.latent_net = nn.Sequential(nn.Linear(_PHI_DIM, 512), nn.ReLU(inplace=True))
             self.mu_head = nn.Linear(512, 512)

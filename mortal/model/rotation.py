@@ -1,15 +1,12 @@
-"""Baseline rotation: promote a checkpoint (normally best.pth) to ``[baseline.train]``/``[baseline.test]``, and the
-opponent pool of the newest baselines.
+"""Baseline rotation: promote a checkpoint (normally best.pth) to ``[baseline.train]``/``[baseline.test]``.
 
-Used by ``scripts/rotate_baseline.py`` (by hand) and by the trainer's automatic rotation (``[rotation] after``).
-Every replaced baseline is kept as ``<file>.<YYYYmmdd-HHMMSS>.bak``; the pool (``[rotation] pool_size``) is the
-current baseline file and its newest ``.bak`` copies. A client that fetches the trainer's baseline from the server
+Used by ``scripts/rotate_baseline.py`` (by hand). Every replaced baseline is kept as
+``<file>.<YYYYmmdd-HHMMSS>.bak``. A client that fetches the trainer's baseline from the server
 (``[baseline.train] from_server``) installs it with ``install_baseline``, keeping the old one the same way.
 """
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 import time
@@ -40,7 +37,7 @@ def keep_backup(target: str, stamp: str | None = None) -> str | None:
     if not os.path.exists(target):
         return None
     backup = stamped_name(target, stamp or time.strftime('%Y%m%d-%H%M%S'), '.bak')
-    atomic_copy(target, backup, keep_times=True)  # the time the baseline was written orders the pool
+    atomic_copy(target, backup, keep_times=True)  # the backup keeps when that baseline was written
     return backup
 
 
@@ -87,15 +84,3 @@ def rotate(config: dict, source: str | None = None, *, reset_best: bool = False,
         atomic_torch_save(state, cfg.control.state_file)
     return done
 
-
-def baseline_pool(state_file: str, size: int) -> list:
-    """The ``size`` newest baselines: ``state_file`` first, then its ``.bak`` copies, newest first (by the
-    modification time each kept, i.e. when that baseline was written). Fewer when fewer exist; ``[state_file]`` for
-    size 1."""
-    backups = []
-    for name in glob.glob(f'{glob.escape(state_file)}.*.bak'):
-        try:
-            backups.append((os.path.getmtime(name), name))  # keep_backup keeps the time the baseline was written
-        except OSError:
-            continue
-    return [state_file, *(name for _, name in sorted(backups, reverse=True))][:max(1, size)]

@@ -30,8 +30,8 @@ import random
 from mjai.mlibriichi.state import PlayerState
 from riichienv import GameRule, RiichiEnv, calculate_score
 
-from mortal.features.action import KAN, action_kind, event_to_label
-from mortal.play.agent import Decision, IllegalReaction, Scene, abs_scores, make_agent, needs_v4_encoder, reaction_from_index
+from mortal.features.action import action_kind, event_to_label
+from mortal.play.agent import IllegalReaction, Scene, abs_scores, make_agent, needs_v4_encoder, reaction_from_index
 from mortal.data.grp import rank_by_player  # rankings.rs: 0-based rank of each seat, ties to the lower seat
 from mortal.features.obs_v4 import V4Encoder
 from mortal.play.log_writer import LogWriter
@@ -150,7 +150,6 @@ class _Game:
         self.cf_rate = 0.0  # counterfactual branches (set by OneVsThree for the real games, see fork)
         self.cf_rng: random.Random | None = None
         self.cf_other_kind = False  # branch only to an action of another kind (counterfactual_alternative)
-        self.cf_persist = False  # the branch keeps to the alternative's kind (counterfactual_persist)
         self.branches: set = set()  # live _Branch es of this game (its log waits for them)
         self.new_branches: list = []  # forked by the last commit, for the arena loop to take up
         self._start_kyoku()
@@ -312,9 +311,7 @@ class _Game:
         if act is None:
             return None
         try:
-            branch = _Branch(self, seat, dec.meta, alt, {**actions, seat: act},
-                             persist=(kind_group(taken), kind_group(alt))
-                             if self.cf_persist and kind_group(taken) != kind_group(alt) else None)
+            branch = _Branch(self, seat, dec.meta, alt, {**actions, seat: act})
         except StatePanic as e:
             # the branch's own step broke a state: no branch (the real game is unaffected)
             logger.warning("%s (counterfactual branch): %s; no branch forked", self.label(), e)
@@ -420,9 +417,6 @@ def _add_ura_bound(exp: list[int], sim, st: PlayerState, seat: int, hora_ev: dic
         exp[hora_ev["target"]] -= gain
 
 
-KIND_GROUPS = ("discard", "riichi", "call", "kan", "hora", "ryukyoku", "pass")
-
-
 def kind_group(index: int) -> str:
     """The kind of Mortal's action ``index`` (``mortal.features.action.action_kind``) with chi and pon as one
     group, 'call': what 'other kind' means for a counterfactual branch (a pon's other kind is the pass, not a
@@ -431,19 +425,14 @@ def kind_group(index: int) -> str:
     return "call" if kind in ("chi", "pon") else kind
 
 
-def counterfactual_action(meta: dict, taken: int, *, other_kind: bool = False, group: str | None = None) -> int | None:
+def counterfactual_action(meta: dict, taken: int, *, other_kind: bool = False) -> int | None:
     """The action a counterfactual branch forces: the legal action (Mortal index 0-45, legal in
     ``meta["mask_bits"]``) with the highest Q in ``meta["q_values"]`` (the legal actions' Q in index order,
     ``mortal.play.agent.batch_meta_parts``) other than ``taken``; with ``other_kind``, only among the actions of another
     kind group than ``taken`` (``kind_group``: the pass for a call, riichi for a discard, a discard for a riichi;
-    never one discard for another, nor a chi for a pon); with ``group``, only among the actions of that kind
-    group. Ties to the lower index; None without one, or for a meta whose Q values are not finite numbers.
-
-    Raises:
-        ValueError: ``group`` not one of ``KIND_GROUPS``.
+    never one discard for another, nor a chi for a pon). Ties to the lower index; None without one, or for a meta
+    whose Q values are not finite numbers.
     """
-    if group is not None and group not in KIND_GROUPS:
-        raise ValueError(f"group must be one of {KIND_GROUPS}, got {group!r}")
     bits = meta.get("mask_bits")
     q = meta.get("q_values")
     if not isinstance(bits, int) or not isinstance(q, list):
@@ -453,8 +442,7 @@ def counterfactual_action(meta: dict, taken: int, *, other_kind: bool = False, g
         return None
     best = None
     for i, v in zip(legal, q):
-        if i == taken or (other_kind and kind_group(i) == kind_group(taken)) or (group is not None
-                                                                                 and kind_group(i) != group):
+        if i == taken or (other_kind and kind_group(i) == kind_group(taken)):
             continue
         if best is None or v > best[1]:
             best = (i, v)
@@ -468,19 +456,9 @@ class _Branch(_Game):
     (``history``, as ``speculate``). When the kyoku ends, the outcome is written into the real decision's meta as
     ``meta["counterfactual"]``: ``{"action": a, "next": [kyoku_index, honba, kyotaku, s0, s1, s2, s3]}`` when the
     hanchan would go on, ``{"action": a, "final": [s0, s1, s2, s3]}`` (``final_scores``) when it would end.
-    The branch writes no log and never branches itself.
+    The branch writes no log and never branches itself."""
 
-    ``persist`` = (taken group, alternative group) (``kind_group``; ``OneVsThree``'s ``counterfactual_persist``):
-    the branch's challenger keeps deviating. At each of its later decisions of the kyoku where it picks an action
-    of the taken group while one of the alternative's group is legal, it takes its highest-Q action of the
-    alternative's group instead (a branch that passed a chi or pon passes every later chi and pon, a daiminkan
-    being of the 'kan' group; one that declined riichi never declares). A decision whose taken action or
-    replacement is a kan (index 42, whose ``kan_select`` evaluation the branch does not redo) is left alone. None,
-    also for an alternative of the taken group ('best'): the later decisions are the policy's own.
-    ``persisted``: how many were replaced."""
-
-    def __init__(self, parent: _Game, seat: int, meta: dict, action: int, actions: dict,
-                 persist: tuple[str, str] | None = None):
+    def __init__(self, parent: _Game, seat: int, meta: dict, action: int, actions: dict):
         self.gid = -1  # given by the arena loop
         self.parent, self.seat, self.meta, self.action = parent, seat, meta, action
         self.nonce, self.key, self.split = parent.nonce, parent.key, parent.split
@@ -503,8 +481,7 @@ class _Branch(_Game):
         self.substeps = parent.substeps
         self.meta_queue = [[] for _ in range(4)]
         self.tentative_calls = {}
-        self.cf_rate, self.cf_rng, self.cf_other_kind, self.cf_persist = 0.0, None, False, False
-        self.persist, self.persisted = persist, 0
+        self.cf_rate, self.cf_rng, self.cf_other_kind = 0.0, None, False
         self.branches, self.new_branches = set(), []
         self.env = parent.env.clone()
         self.obs = self.env.step(actions)
@@ -516,24 +493,6 @@ class _Branch(_Game):
 
     def label(self, seat=None) -> str:
         return f"{super().label(seat)} (counterfactual branch)"
-
-    def commit(self, decisions: dict) -> None:
-        """``_Game.commit``, after ``persist`` has replaced the challenger's decision (see the class)."""
-        dec = decisions.get(self.seat)
-        if self.persist is not None and dec is not None and isinstance(dec.meta, dict) \
-                and dec.reaction.get("type") in _REACTION_TYPES:
-            taken = event_to_label(dec.reaction)
-            alt = counterfactual_action(dec.meta, taken, group=self.persist[1]) \
-                if kind_group(taken) == self.persist[0] else None
-            if alt is not None and KAN not in (taken, alt):
-                try:
-                    reaction = reaction_from_index(self.states[self.seat], alt)
-                except ValueError:
-                    reaction = None
-                if reaction is not None and self.obs[self.seat].select_action_from_mjai(reaction):
-                    decisions = {**decisions, self.seat: Decision(reaction, dec.meta)}
-                    self.persisted += 1
-        super().commit(decisions)
 
     def cancel(self) -> None:
         """Drop the branch: its decision was not executed; nothing is recorded."""
@@ -712,7 +671,6 @@ class _LockStep:
         self.waiting.pop(g.gid, None)  # a game that failed at its first gather has no entry
         if isinstance(g, _Branch):
             self.arena.counterfactual["recorded"] += not g.cancelled
-            self.arena.counterfactual["persisted"] += g.persisted
             del self.flight[g.gid]
             g = g.parent
         if not (g.done and not g.branches and self.flight.pop(g.gid, None) is not None):
@@ -750,23 +708,18 @@ class OneVsThree:
             last run. ``counterfactual_seed``: seeds the per-game draws. ``counterfactual_alternative``: 'best'
             (the highest-Q other legal action) or 'other_kind' (the highest-Q legal action of another kind: a
             decision with none, one discard among others, forks nothing); the rate is that of the decisions
-            that have such an alternative. ``counterfactual_persist``: the branch's challenger keeps to the
-            alternative's kind at its later decisions of the kyoku (``_Branch``'s ``persist``: a passed chi or
-            pon passes every later chi and pon); False (the default) lets the policy play them.
+            that have such an alternative.
     """
 
     def __init__(self, *, disable_progress_bar: bool = False, log_dir: str | None = None,
                  speculate_passes: bool = False, counterfactual_rate: float = 0.0, counterfactual_seed: int = 0,
-                 counterfactual_alternative: str = "best", counterfactual_persist: bool = False):
+                 counterfactual_alternative: str = "best"):
         if not 0.0 <= counterfactual_rate <= 1.0:
             raise ValueError(f"counterfactual_rate must be within [0, 1], got {counterfactual_rate}")
         if counterfactual_alternative not in COUNTERFACTUAL_ALTERNATIVES:
             raise ValueError(f"counterfactual_alternative must be one of {COUNTERFACTUAL_ALTERNATIVES}, "
                              f"got {counterfactual_alternative!r}")
         self.counterfactual_alternative = counterfactual_alternative
-        if not isinstance(counterfactual_persist, bool):
-            raise ValueError(f"counterfactual_persist must be True or False, got {counterfactual_persist!r}")
-        self.counterfactual_persist = counterfactual_persist
         self.disable_progress_bar = disable_progress_bar
         self.log_dir = log_dir
         self.speculate_passes = speculate_passes
@@ -774,8 +727,8 @@ class OneVsThree:
         self.counterfactual_seed = int(counterfactual_seed)
         self.speculated = [0, 0]  # speculative scenes of the last run: handed to agents, and used
         # counterfactual branches of the last run: forked, outcome recorded, dropped (call not executed), the
-        # scenes their agents decided, and the challenger decisions counterfactual_persist replaced
-        self.counterfactual = {"forked": 0, "recorded": 0, "dropped": 0, "scenes": 0, "persisted": 0}
+        # scenes their agents decided
+        self.counterfactual = {"forked": 0, "recorded": 0, "dropped": 0, "scenes": 0}
         self.last_games: list = []  # (nonce, key, split, final scores, rank_by_player) of the last run
         # (nonce, key, split, reason) of the last run's games ended as failed (StatePanic), left out of the above
         self.failed_games: list = []
@@ -800,7 +753,6 @@ class OneVsThree:
             g.cf_rate = self.counterfactual_rate
             g.cf_rng = random.Random(f"{self.counterfactual_seed}:{g.nonce}:{g.key}:{g.split}")
             g.cf_other_kind = self.counterfactual_alternative == "other_kind"
-            g.cf_persist = self.counterfactual_persist
 
     def py_vs_py(self, challenger, champion, seed_start: tuple[int, int], seed_count: int) -> list[int]:
         """Play ``4 * seed_count`` hanchan, all in flight: nonces ``seed_start[0] …

@@ -13,7 +13,6 @@ restore ``[control] enable_cudnn_benchmark``, as Mortal does.
 
 import logging
 import os
-import random
 import secrets
 from os import path
 
@@ -153,9 +152,7 @@ class TrainPlayer:
         self.baseline_slot = cfg.baseline.train
         self.baseline_mtime = _mtime(self.baseline_slot.state_file)
         self.baseline_engine = baseline_engine or load_baseline_engine(self.baseline_slot)
-        self.pool_size = cfg.rotation.pool_size
-        self._pool = {}  # state file -> (mtime, engine) of the older baselines of the pool
-        self.epsilon_factor = 1.0  # from the trainer, with its parameters (mortal.learning.schedule, [guard])
+        self.epsilon_factor = 1.0  # from the trainer, with its parameters ([guard] epsilon_factor)
         self.temp_factor = 1.0
         env = EnvOverrides.of(env)  # a mapping is read once, here
         profile = train_play_profile(config, env)
@@ -165,7 +162,6 @@ class TrainPlayer:
         self.speculate_passes = profile.speculate_passes
         self.counterfactual_rate = profile.counterfactual_rate
         self.counterfactual_alternative = profile.counterfactual_alternative
-        self.counterfactual_persist = profile.counterfactual_persist
         self.counterfactual: dict = {}
         self.log_dir = path.abspath(profile.log_dir)
         self.train_key = secrets.randbits(64) if train_key is None else train_key
@@ -187,37 +183,14 @@ class TrainPlayer:
         return min(1.0, self.boltzmann_epsilon * self.epsilon_factor), self.boltzmann_temp * self.temp_factor
 
     def reload_baseline(self) -> None:
-        """Load ``[baseline.train] state_file`` again (after a rotation); the pool's engines are dropped."""
+        """Load ``[baseline.train] state_file`` again (after a rotation)."""
         mtime = _mtime(self.baseline_slot.state_file)
         self.baseline_engine = load_baseline_engine(self.baseline_slot)
         self.baseline_mtime = mtime
-        self._pool.clear()
 
     def baseline_stale(self) -> bool:
         """Whether ``[baseline.train] state_file`` changed on disk since it was loaded."""
         return _mtime(self.baseline_slot.state_file) != self.baseline_mtime
-
-    def opponent(self):
-        """The baseline engine of the next round: the current one, or with ``[rotation] pool_size`` > 1 one of
-        the newest baselines (``mortal.model.rotation.baseline_pool``) drawn uniformly."""
-        if self.pool_size <= 1:
-            return self.baseline_engine
-        from mortal.model.rotation import baseline_pool
-        current = self.baseline_slot.state_file
-        pick = random.choice(baseline_pool(current, self.pool_size))
-        if pick == current:
-            return self.baseline_engine
-        cached = self._pool.get(pick)
-        try:
-            mtime = os.path.getmtime(pick)
-            if cached is None or cached[0] != mtime:
-                cached = (mtime, load_baseline_engine(self.baseline_slot.model_copy(update={'state_file': pick})))
-                self._pool[pick] = cached
-        except Exception as ex:  # removed or unreadable meanwhile: this round plays the current baseline
-            logger.warning('cannot load pool baseline %s (%s: %s): playing the current one', pick,
-                           type(ex).__name__, ex)
-            return self.baseline_engine
-        return cached[1]
 
     def next_seed(self) -> tuple:
         """The ``(nonce, key)`` of the next round, then advance the schedule (every ``repeats`` rounds)."""
@@ -248,12 +221,11 @@ class TrainPlayer:
             env = OneVsThree(disable_progress_bar=False, log_dir=self.log_dir, speculate_passes=self.speculate_passes,
                              counterfactual_rate=self.counterfactual_rate,
                              counterfactual_alternative=self.counterfactual_alternative,
-                             counterfactual_persist=self.counterfactual_persist,
                              counterfactual_seed=hash((seed, self.repeat_counter)) & ((1 << 64) - 1))
-            rankings = env.py_vs_py(challenger=engine, champion=self.opponent(), seed_start=seed,
+            rankings = env.py_vs_py(challenger=engine, champion=self.baseline_engine, seed_start=seed,
                                     seed_count=self.seed_count)
             self.counterfactual = env.counterfactual
             if self.counterfactual_rate > 0:
-                logger.info('counterfactual branches: %d forked, %d recorded, %d dropped, %d extra decisions, %d persisted',
-                            *(env.counterfactual[k] for k in ('forked', 'recorded', 'dropped', 'scenes', 'persisted')))
+                logger.info('counterfactual branches: %d forked, %d recorded, %d dropped, %d extra decisions',
+                            *(env.counterfactual[k] for k in ('forked', 'recorded', 'dropped', 'scenes')))
             return np.asarray(rankings, dtype=np.int64), _list_logs(self.log_dir)

@@ -68,7 +68,7 @@ def atomic_copy(src, dst, *, keep_times: bool = False) -> None:
     """Copy the file ``src`` to ``dst`` atomically and durably (``atomic_write``).
 
     ``keep_times``: also copy the permission bits and the access/modification times (``shutil.copystat``), e.g.
-    for a baseline backup, whose modification time orders the opponent pool. Raises OSError (FileNotFoundError:
+    for a baseline backup. Raises OSError (FileNotFoundError:
     no ``src``; ``dst`` is then untouched).
     """
     with open(src, 'rb') as source, atomic_write(dst) as f:
