@@ -25,7 +25,7 @@ import reprlib
 import stat
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, NamedTuple
+from typing import Callable, Iterable, Mapping, NamedTuple
 
 from pydantic import BaseModel, ValidationError
 

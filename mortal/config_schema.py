@@ -605,7 +605,7 @@ def section_keys(dotted: str) -> dict[str, Key] | None:
     parts = table_path(dotted)
     if len(parts) == 2 and parts[0] == 'train_play':  # a profile has any name, and no sub-tables
         return SCHEMA['train_play.*']
-    if any('.' in part for part in parts):  # ["schedule.lr"] is no [schedule.lr]: no process reads from it
+    if any('.' in part for part in parts):  # ["online.server"] is no [online.server]: no process reads from it
         return None
     return SCHEMA.get('.'.join(parts))
 

@@ -412,7 +412,7 @@ class Trainer:
         self.server = ServerTraffic(remote, state_file=self.state_file, sleep=sleep, writer=self.writer,
                                     dataset_cfg=self.cfg.dataset, version=self.version,
                                     drain_dir=server.drain_dir if server is not None else None)
-        self.guards = Guards(self)  # test play, best.pth, rollback, rotation, baseline sync (mortal/learning/guards.py)
+        self.guards = Guards(self)  # test play, best.pth, rollback, baseline sync (mortal/learning/guards.py)
         self.reset_stats()
         self.anchor = self._load_anchor() if self.anchor_weight > 0 else None
         self.instruments = Instruments(save_every=self.save_every, batch_size=self.batch_size, device=self.device,

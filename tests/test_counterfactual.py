@@ -91,21 +91,14 @@ def test_counterfactual_action_of_another_kind():
     pon = {"mask_bits": (1 << 38) | (1 << 41) | (1 << 45), "q_values": [2.0, 3.0, -1.0]}
     assert counterfactual_action(pon, 41, other_kind=True) == 45  # the pass: a chi is a call as the pon is
     assert counterfactual_action(pon, 41) == 38  # 'best': the chi
-    assert counterfactual_action(pon, 45, group="call") == 41  # the best call for a pass
-    assert counterfactual_action(meta, 7, group="riichi") == 37
-    assert counterfactual_action(meta, 37, group="riichi") is None
     assert counterfactual_action({"mask_bits": (1 << 3) | (1 << 7), "q_values": [0.5, 0.9]}, 7,
                                  other_kind=True) is None
 
 
-def test_counterfactual_action_refuses_bad_groups_and_non_finite_q():
+def test_counterfactual_action_refuses_non_finite_q():
     meta = {"mask_bits": (1 << 3) | (1 << 7) | (1 << 37), "q_values": [0.5, 0.9, 0.1]}
-    for bad in ("nope", "chi", ""):
-        with pytest.raises(ValueError, match="group"):
-            counterfactual_action(meta, 3, group=bad)
+    assert counterfactual_action(meta, 37) == 7
     assert counterfactual_action({**meta, "q_values": [float("nan"), 0.9, 0.1]}, 37) is None
-    with pytest.raises(ValueError, match="counterfactual_persist"):
-        OneVsThree(counterfactual_persist="false")
 
 
 def test_kind_group_puts_chi_and_pon_together():
@@ -114,52 +107,6 @@ def test_kind_group_puts_chi_and_pon_together():
         "discard", "discard", "riichi", "call", "call", "call", "kan", "hora", "ryukyoku", "pass"]
     with pytest.raises(ValueError):
         kind_group(46)
-
-
-def test_persistent_branches_keep_to_the_alternative_kind(tmp_path, monkeypatch, two_kyoku):
-    """counterfactual_persist: no branch's trainee takes an action of the group it declined at the fork while one
-    of the alternative's group is legal; each replacement is counted. PriorityEngine favours pon (+1) and riichi
-    (+3), so branches that passed a pon or declined a riichi meet the same choice again."""
-    from mortal.play.arena import kind_group
-    seen = []  # (branch persist, the decision the table took) of every logged trainee reaction in a branch
-    real_commit = arena_mod._Game.commit
-
-    def spy(self, decisions):
-        dec = decisions.get(getattr(self, "seat", -1))
-        if isinstance(self, arena_mod._Branch) and dec is not None and isinstance(dec.meta, dict) \
-                and "kan_select" not in dec.meta and dec.reaction.get("type") in arena_mod._REACTION_TYPES:
-            seen.append((self.persist, dec))
-        real_commit(self, decisions)
-
-    monkeypatch.setattr(arena_mod._Game, "commit", spy)
-    counts = {}
-    for persist in (False, True):
-        seen.clear()
-        arena = OneVsThree(disable_progress_bar=True, log_dir=str(tmp_path / str(persist)), counterfactual_rate=1.0,
-                           counterfactual_alternative="other_kind", counterfactual_persist=persist)
-        arena.py_vs_py(PriorityEngine("trainee", 1), PriorityEngine("baseline", 2, guard=True),
-                       seed_start=(100, 42), seed_count=1)
-        counts[persist] = dict(arena.counterfactual)
-        if not persist:
-            assert all(p is None for p, _ in seen) and counts[False]["persisted"] == 0
-            continue
-        assert seen and all(p is not None for p, _ in seen)
-        kept = 0
-        for (declined, chosen), dec in seen:
-            taken = event_to_label(dec.reaction)
-            if kind_group(taken) == declined and "kan" not in (declined, chosen):  # a kan decision is left alone
-                assert counterfactual_action(dec.meta, taken, group=chosen) is None, (declined, chosen, dec)
-            kept += kind_group(taken) == chosen
-        assert kept >= counts[True]["persisted"] > 0
-    assert counts[True]["forked"] > 0 and counts[False]["forked"] > 0
-    # 'best' forks one discard for another too: such a branch persists nothing (its groups are the same)
-    seen.clear()
-    arena = OneVsThree(disable_progress_bar=True, log_dir=str(tmp_path / "best"), counterfactual_rate=1.0,
-                       counterfactual_alternative="best", counterfactual_persist=True)
-    arena.py_vs_py(PriorityEngine("trainee", 1), PriorityEngine("baseline", 2, guard=True),
-                   seed_start=(100, 42), seed_count=1)
-    assert any(p is None for p, _ in seen) and all(p is None or p[0] != p[1] for p, _ in seen)
-    assert arena.counterfactual["persisted"] < counts[True]["persisted"] * 3
 
 
 def test_other_kind_branches_change_the_kind_and_count_eligible_decisions_only(tmp_path, two_kyoku):

@@ -1,5 +1,5 @@
-"""The long-run guards of the online learner: the paired best.pth rule, SPRT test plays, rollback, baseline
-rotation (and a client picking it up through a live server), and the lr/ε/T schedules."""
+"""The long-run guards of the online learner: the paired best.pth rule, SPRT test plays, rollback, and a client
+picking up a replaced baseline and the trainer's factors through a live server."""
 
 import glob
 import logging
@@ -10,7 +10,6 @@ import torch
 
 from mortal.net import replay_store, wire
 from mortal import train as tr
-from mortal.learning.schedule import schedule_factor
 
 from conftest import (FakeWriter, fake_trainer, free_port, load_tiny_config, random_batch, start_param_server,
                       stop_server, tiny_config_dict, write_baseline)
@@ -75,8 +74,7 @@ def online_trainer(tmp_path, plans, **overrides):
     trainer = fake_trainer(config, test_player=player, writer=writer)
     trainer.submits = []
     trainer.submit_param = lambda is_idle=False: trainer.submits.append(trainer.play_settings())
-    trainer.synced = []  # sync_baseline calls (rotated=): no server here (test_baseline_sync.py has one)
-    trainer.sync_baseline = lambda rotated=False: trainer.synced.append(rotated)
+    trainer.sync_baseline = lambda: None  # no server here (test_baseline_sync.py has one)
     return trainer, writer, player
 
 
@@ -185,25 +183,6 @@ def test_sprt_test_play_stops_early_and_is_judged_by_the_sprt(tmp_path):
     assert torch.load(trainer.best_state_file, weights_only=True)['steps'] == 4
 
 
-def test_rotation_promotes_best_and_bumps_the_baseline_version(tmp_path, caplog):
-    trainer, writer, _ = online_trainer(tmp_path, [EVEN, BETTER, BETTER], rotation={'after': 2})
-    run_to_test_play(trainer)
-    assert trainer.guard['rotate_streak'] == 0  # 2.5 does not beat the baseline
-    run_to_test_play(trainer, seed=10)
-    assert trainer.guard['rotate_streak'] == 1
-    with caplog.at_level(logging.WARNING, logger='mortal.train'):
-        run_to_test_play(trainer, seed=20)
-    baseline = trainer.config['baseline']['train']['state_file']
-    assert same_weights(weights(torch.load(baseline, weights_only=True)),
-                        weights(torch.load(trainer.best_state_file, weights_only=True)))
-    assert len(glob.glob(f'{baseline}.*.bak')) == 1
-    state = torch.load(trainer.state_file, weights_only=True)
-    assert state['best_perf'] == tr.INITIAL_BEST_PERF
-    assert state['guard']['baseline_version'] == 1 and state['guard']['rotations'] == 1
-    assert trainer.play_settings()['baseline_version'] == 1 and trainer.synced == [True]
-    assert 'ROTATION #1 at step 12: 2 test plays in a row beat the baseline' in caplog.text
-
-
 @pytest.mark.slow
 def test_a_running_client_picks_up_a_rotation_and_the_factors(tmp_path, caplog):
     from mortal import client as cl
@@ -227,7 +206,7 @@ def test_a_running_client_picks_up_a_rotation_and_the_factors(tmp_path, caplog):
         client = cl.Client(config, env={}, sleep=lambda s: None)
         client.run_round()
         old = client.train_player.baseline_engine
-        write_baseline(config, baseline, seed=1)  # the trainer's rotation replaced the file
+        write_baseline(config, baseline, seed=1)  # replaced by hand (scripts/rotate_baseline.py)
         new_weights = torch.load(baseline, weights_only=True)['mortal']
         submit(steps=200, epsilon_factor=0.5, temp_factor=2.0, baseline_version=1)
         with caplog.at_level(logging.INFO, logger='mortal.client'):
@@ -254,70 +233,22 @@ def test_server_checks_the_play_settings():
             replay_store.play_settings_of(bad)
 
 
-def test_schedules_reach_their_values_at_given_steps(tmp_path):
-    from mortal.config_schema import EpsilonSchedule as Table  # a typed [schedule.*] table
-
-    assert schedule_factor(Table(kind='constant'), 10 ** 9) == 1.0
-    assert schedule_factor(Table(kind='inverse', rate=1e-7), 10 ** 7) == pytest.approx(0.5)  # eps / (1 + 1)
-    cosine = Table(kind='cosine', final=0.2, max_steps=1000)
-    assert [schedule_factor(cosine, s) for s in (0, 500, 1000, 5000)] == pytest.approx([1.0, 0.6, 0.2, 0.2])
-    with pytest.raises(ValueError):
-        schedule_factor(Table(kind='cosine', max_steps=0), 1)
-    trainer, writer, _ = online_trainer(
-        tmp_path, [EVEN], schedule={'lr': {'kind': 'inverse', 'rate': 0.5},
-                                    'epsilon': {'kind': 'cosine', 'final': 0.0, 'max_steps': 4},
-                                    'temp': {'kind': 'inverse', 'rate': 1.0}})
-    trainer.train_batch(*random_batch(seed=0))
-    trainer.train_batch(*random_batch(seed=1))
-    # peak 1e-3 / (1 + 0.5 * 2) after two steps; epsilon half way down its cosine; temp 1 / (1 + 2)
-    assert trainer.scheduler.get_last_lr()[0] == pytest.approx(0.5e-3)
-    assert trainer.submits[-1]['epsilon_factor'] == pytest.approx(0.5)
-    assert trainer.submits[-1]['temp_factor'] == pytest.approx(1 / 3)
-    assert ('hparam/epsilon_factor', pytest.approx(0.5), 2) in writer.scalars
-
-
-def test_baseline_pool_is_the_current_file_and_its_newest_backups(tmp_path):
-    from mortal.model.rotation import baseline_pool
-    current = tmp_path / 'baseline.pth'
-    current.write_bytes(b'x')
-    # newest by the time each baseline was written (copy2 keeps it), not by name: '-2' is the second that second
-    for age, stamp in ((300, '20261201-100000'), (100, '20261201-120000'), (200, '20261201-100000-2'),
-                       (900, '20261130-230000')):
-        bak = tmp_path / f'baseline.pth.{stamp}.bak'
-        bak.write_bytes(b'x')
-        os.utime(bak, (1.8e9 - age, 1.8e9 - age))
-    (tmp_path / 'other.pth.20261201-130000.bak').write_bytes(b'x')
-    assert baseline_pool(str(current), 1) == [str(current)]
-    assert baseline_pool(str(current), 3) == [str(current), f'{current}.20261201-120000.bak',
-                                              f'{current}.20261201-100000-2.bak']
-    assert len(baseline_pool(str(current), 10)) == 5
-
-
-def test_train_player_draws_its_opponent_from_the_pool(tmp_path, monkeypatch):
+def test_train_player_applies_the_trainers_factors(tmp_path):
     from mortal.play import player as pl
-    config, _ = load_tiny_config(tmp_path, rotation={'pool_size': 2})
-    baseline = config['baseline']['train']['state_file']
-    write_baseline(config, baseline, seed=0)
-    write_baseline(config, f'{baseline}.20261201-100000.bak', seed=1)
+    config, _ = load_tiny_config(tmp_path)
+    write_baseline(config, config['baseline']['train']['state_file'], seed=0)
     tp = pl.TrainPlayer(config, env={})
-    picks = iter([baseline, f'{baseline}.20261201-100000.bak', f'{baseline}.20261201-100000.bak'])
-    monkeypatch.setattr(pl.random, 'choice', lambda seq: next(picks))
-    assert tp.opponent() is tp.baseline_engine
-    older = tp.opponent()
-    assert older is not tp.baseline_engine and tp.opponent() is older  # loaded once, then cached
-    old_weights = torch.load(f'{baseline}.20261201-100000.bak', weights_only=True)['mortal']
-    assert all(torch.equal(older.brain.state_dict()[k], v) for k, v in old_weights.items())
     tp.set_factors(500.0, 0.5)
     assert tp.effective_exploration() == (1.0, 0.025)  # epsilon capped at 1
 
 
 @pytest.mark.slow
-def test_defaults_never_roll_back_or_rotate(tmp_path):
+def test_defaults_never_roll_back(tmp_path):
     trainer, writer, _ = online_trainer(tmp_path, [EVEN, WORSE, WORSE, WORSE, BETTER, BETTER, BETTER])
     for k in range(7):
         run_to_test_play(trainer, seed=10 * k)
     state = torch.load(trainer.state_file, weights_only=True)
-    assert state['guard']['rollbacks'] == 0 and state['guard']['rotations'] == 0
+    assert state['guard']['rollbacks'] == 0
     assert state['guard']['worse_streak'] == 0 and state['guard']['lr_scale'] == 1.0
     assert not glob.glob(f'{trainer.state_file}.*.rollback')
     assert not glob.glob(f"{trainer.config['baseline']['train']['state_file']}.*.bak")
@@ -372,13 +303,6 @@ def test_client_ignores_bad_play_settings(tmp_path, caplog):
 
 @pytest.mark.parametrize('edit, expected', [
     (lambda c: c.update(guard=5), '[guard] in {path} must be a table, got 5'),
-    (lambda c: c.update(schedule={'lr': 'cosine'}), "[schedule.lr] in {path} must be a table, got 'cosine'"),
-    (lambda c: (c.update(rotation={'after': 2}), c['baseline'].pop('train')),
-     '[rotation] after = 2 in {path} needs a [baseline.train] section'),
-    (lambda c: c.update(schedule={'temp': {'kind': 'cosine', 'final': 1e-40, 'max_steps': 10}}),
-     '[schedule.temp] final in {path} must be at least 1e-6'),
-    (lambda c: c.update(schedule={'lr': {'kind': 'cosine', 'max_steps': 0}}),
-     "[schedule.lr] max_steps in {path} must be > 0 with kind = 'cosine'"),
     (lambda c: c['test_play'].update(best_rule='best'), '[test_play] best_rule in {path} must be one of paired'),
 ])
 def test_bad_guard_config_names_the_key(tmp_path, edit, expected):
@@ -406,11 +330,8 @@ def test_rollback_with_a_foreign_optimizer_state_still_restores_the_weights(tmp_
     assert 'not restored' in caplog.text and 'starting it fresh' in caplog.text
 
 
-def test_temp_factor_never_reaches_zero(tmp_path):
-    trainer, _, _ = online_trainer(tmp_path, [EVEN], schedule={'temp': {'kind': 'inverse', 'rate': 1e308}})
-    trainer.steps = 10
-    assert trainer.play_settings()['temp_factor'] == wire.MIN_TEMP_FACTOR
-    assert replay_store.play_settings_of(trainer.play_settings())['temp_factor'] == wire.MIN_TEMP_FACTOR
+def test_the_server_refuses_a_temp_factor_near_zero():
+    assert replay_store.play_settings_of({'temp_factor': wire.MIN_TEMP_FACTOR})['temp_factor'] == wire.MIN_TEMP_FACTOR
     with pytest.raises(replay_store.BadRequest):
         replay_store.play_settings_of({'temp_factor': 1e-40})
 

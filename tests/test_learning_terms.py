@@ -91,18 +91,19 @@ def test_probe_builds_caches_and_measures_drift(tmp_path, fixture_logs):
 
     brain, dqn = Brain(version=3, conv_channels=16, num_blocks=1).eval(), DQN(version=3).eval()
     probe.set_baseline(brain, dqn, torch.device('cpu'))
-    assert probe.drift(brain, dqn, torch.device('cpu')) == 0.0
+    assert probe.measure(brain, dqn, None, torch.device('cpu')) == (0.0, None)
     # plant k disagreements: drift is exactly k / N
     k = 5
     probe.baseline_greedy[:k] = (probe.baseline_greedy[:k] + 1) % 46
-    assert probe.drift(brain, dqn, torch.device('cpu')) == pytest.approx(k / len(probe))
+    assert probe.measure(brain, dqn, None, torch.device('cpu'))[0] == pytest.approx(k / len(probe))
     from mortal.model.networks import AuxNet
     aux = AuxNet((4,))
     with torch.no_grad():
         for p in aux.parameters():
             p.zero_()
     # zero logits: cross entropy ln 4 whatever the labels
-    assert probe.next_rank_loss(brain, aux, torch.device('cpu')) == pytest.approx(math.log(4), rel=1e-6)
+    drift, loss = probe.measure(brain, dqn, aux, torch.device('cpu'))
+    assert drift == pytest.approx(k / len(probe)) and loss == pytest.approx(math.log(4), rel=1e-6)
 
 
 def test_probe_without_logs_is_none(tmp_path):
@@ -148,58 +149,6 @@ def test_online_trainer_with_anchor_and_calibrated_cql_logs_every_term(tiny_conf
             'diag/q_spread', 'diag/taken_greedy'} <= tags
     anchor = [v for t, v, _ in writer.scalars if t == 'loss/anchor_loss']
     assert anchor[0] > 0  # the trainee has moved away from the frozen baseline after the first step
-
-
-def test_ema_is_what_gets_published_test_played_and_kept_as_best(tiny_config, monkeypatch):
-    """decay 0.5: after one optimizer step the EMA is the mean of the weights before and after it, by hand; the
-    submitted and test-played weights are the EMA's, and best.pth holds them under Mortal's keys."""
-    from mortal import train as tr
-    from mortal.net import wire
-    config, _ = tiny_config
-    config['online']['ema_decay'] = 0.5
-    config['optim']['scheduler'].update(peak=1e-2, final=1e-2)
-    write_baseline(config, config['baseline']['train']['state_file'], seed=4)
-    write_baseline(config, config['control']['state_file'], seed=4)
-    played = []
-
-    class Player:
-        def test_play(self, seed_count, mortal, dqn, device):
-            played.append(mortal)
-
-            class S:
-                avg_rank = 2.4
-
-                def avg_pt(self, pts):
-                    return 5.0
-
-                def write_tensorboard(self, *a):
-                    pass
-            return S()
-
-    trainer = fake_trainer(config, test_player=Player())
-    sent = []
-    monkeypatch.setattr(tr.wire, 'request_with_retry',
-                        lambda remote, msg, sleep=None: sent.append(msg) or {'param_version': 1})
-    before = [p.detach().clone() for p in trainer.mortal.parameters()]
-    args = _random_batch(config['control']['batch_size'])
-    trainer.train_batch(*args)
-    after = [p.detach().clone() for p in trainer.mortal.parameters()]
-    ema = list(trainer.ema[0].parameters())
-    assert any(not torch.equal(a, b) for a, b in zip(before, after))
-    for b, a, e in zip(before, after, ema):
-        assert torch.allclose(e, 0.5 * b + 0.5 * a, atol=1e-7)
-    trainer.submit_param()
-    sd = wire.unpack_state_dict(sent[-1]['mortal'])
-    first = next(iter(trainer.ema[0].state_dict()))
-    assert torch.equal(sd[first], trainer.ema[0].state_dict()[first])
-    with pytest.raises(tr.TestPlayDone):
-        trainer.test_play()
-    assert played == [trainer.ema[0]]
-    best = torch.load(config['control']['best_state_file'], weights_only=True)
-    assert 'ema_mortal' not in best and torch.equal(best['mortal'][first], trainer.ema[0].state_dict()[first])
-    state = torch.load(config['control']['state_file'], weights_only=True)
-    assert torch.equal(state['mortal'][first], trainer.mortal.state_dict()[first])  # raw, for resuming
-    assert torch.equal(state['ema_mortal'][first], trainer.ema[0].state_dict()[first])
 
 
 def test_summarize_pairs_deals_by_nonce():

@@ -241,25 +241,6 @@ def test_freeze_bn_survives_train_call_and_can_be_released():
     assert all(m.training for m in bns)
 
 
-def test_dropout_keeps_keys_and_is_off_in_eval():
-    torch.manual_seed(2)
-    plain = Brain(conv_channels=C, num_blocks=B, version=3)
-    dropped = Brain(conv_channels=C, num_blocks=B, version=3, dropout=0.5)
-    assert list(plain.state_dict()) == list(dropped.state_dict())
-    dropped.load_state_dict(plain.state_dict(), strict=True)
-    obs = torch.randn(2, 934, 34)
-    plain.eval()
-    dropped.eval()
-    with torch.no_grad():
-        assert torch.equal(plain(obs), dropped(obs))
-        dropped.freeze_bn(True).train()
-        torch.manual_seed(3)
-        a = dropped(obs)
-        torch.manual_seed(4)
-        b = dropped(obs)
-    assert not torch.equal(a, b)
-
-
 def test_dqn_dueling_masked_mean_by_hand():
     dqn = DQN(version=4)
     with torch.no_grad():

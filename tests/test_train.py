@@ -36,7 +36,7 @@ def make_trainer(tmp_path, *, online=False, results=((0.0, 2.5),), real_submit=F
     trainer.submits = []
     if not real_submit:
         trainer.submit_param = lambda is_idle=False: trainer.submits.append((trainer.steps, is_idle))
-        trainer.sync_baseline = lambda rotated=False: None  # no server to submit the baseline to
+        trainer.sync_baseline = lambda: None  # no server to submit the baseline to
     return trainer, writer
 
 

@@ -238,11 +238,11 @@ def test_changed_keys_name_each_key_with_both_values():
     old = {'control': {'test_every': 600, 'device': 'cpu'}, 'train_play': {'default': {'boltzmann_epsilon': 0.005}},
            'guard': {'keep': 3}}
     new = {'control': {'test_every': 300, 'device': 'cpu'}, 'train_play': {'default': {'boltzmann_epsilon': 0.01}},
-           'online': {'ema_decay': 0.999}}
+           'online': {'anchor_weight': 1.0}}
     assert changed_keys(old, new) == ['[control] test_every 600 -> 300',
                                       '[train_play.default] boltzmann_epsilon 0.005 -> 0.01 (used by clients: at '
                                       'their restart)',
-                                      '[online] ema_decay (unset) -> 0.999', '[guard] keep 3 -> (unset)']
+                                      '[online] anchor_weight (unset) -> 1.0', '[guard] keep 3 -> (unset)']
     assert changed_keys(new, new) == []
     # the server's table, not the learner's: the line says so (the new user read a client key as applied)
     assert changed_keys({'online': {'server': {'capacity': 64}}}, {'online': {'server': {'capacity': 32}}}) == [
