@@ -1,17 +1,11 @@
 """Loading and validating the TOML configuration shared by every process.
 
-The file is Mortal's ``config.toml`` layout (``[control]``, ``[train_play.<profile>]``, ``[online.server]``, ...):
-every key of Mortal's ``config.example.toml`` is understood with Mortal's meaning, plus documented extras
-(docs/config.md). The result is the plain
-nested dict Mortal uses (``config['control']['version']``), with defaults filled in for optional keys, so it can be
-stored in a checkpoint as ``state['config']`` and read back with ``torch.load(..., weights_only=True)``.
-
-Nothing is read at import time: each process calls :func:`load_config` once in ``main()`` and passes the dict down.
-
-Validation happens at load time and is strict for every section that is present (a missing, ill-typed or
-out-of-range key is an error that names the key and the file). Which sections must exist depends on the process:
-pass one of the ``*_SECTIONS`` tuples below as ``required``. Problems that would not crash but would make a run
-misbehave (a buffer ``capacity`` that can never be filled, ignored keys, typos) are logged as warnings.
+The file is Mortal's ``config.toml`` layout; every key of Mortal's ``config.example.toml`` has Mortal's meaning, plus
+the documented extras (docs/config.md). :func:`load_config` returns the plain nested dict Mortal uses
+(``config['control']['version']``), defaults filled in, so it can be stored as a checkpoint's ``state['config']``;
+:func:`typed` reads it as typed sections. Each process loads it once in ``main()``, passing the ``*_SECTIONS`` it
+needs as ``required``. Every error names the key and the file; problems that would not crash but would make a run
+misbehave (a buffer that can never fill, unknown keys) are logged as warnings.
 """
 
 from __future__ import annotations
@@ -19,23 +13,23 @@ from __future__ import annotations
 import copy
 import difflib
 import logging
-import numbers
 import os
 import reprlib
 import stat
 import sys
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, NamedTuple
+from typing import Callable, Iterable, Mapping
 
 from pydantic import BaseModel, ValidationError
 
-from mortal.config_schema import (  # noqa: F401  (re-exported: the config's public names live here)
-    BEST_RULES, CONTAINERS, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_LOG_BYTES, MAX_OFFLINE_BATCH, MODEL_ONLY_1V3,
-    OPTIONAL_SECTIONS, SCHEDULER_DEFAULT_INIT, SCHEMA, SECTIONS, SUPPORTED_VERSIONS, Config, Key,
-    Section, is_section, section_keys, table_name, table_path)
-from mortal.config_schema import REQUIRED as _REQUIRED, UNFILLED as _ABSENT
-from mortal.config_schema import REMOVED_KEYS
+from mortal.config_schema import (  # noqa: F401  (some re-exported: the config's public names live here)
+    BEST_RULES, CONTAINERS, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_LOG_BYTES, SCHEDULER_DEFAULT_INIT, SECTIONS, Config,
+    Section)
+from mortal.config_keys import (  # noqa: F401  (as well)
+    REMOVED_KEYS, Unknown, is_section, key_table, removed_reason, section_keys, table_name, table_path, unknown_names,
+    unknown_warning)
 from mortal import config_paths
+from mortal.config_paths import CONFIG_DIR  # noqa: F401  (a value starting with it starts at the file's folder)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -45,7 +39,6 @@ else:  # pragma: no cover - Python 3.10 has no tomllib; tomli is the same parser
 logger = logging.getLogger(__name__)
 
 DEFAULT_PATH = 'config.toml'
-CONFIG_DIR = '{config_dir}'  # a string value that starts with it starts at the config file's folder instead
 ENV_PATH = 'MORTAL_CFG'
 ENV_PROFILE = 'TRAIN_PLAY_PROFILE'
 ENV_SP_THREADS = 'MORTAL_SP_THREADS'
@@ -63,14 +56,12 @@ ONLINE_TRAIN_SECTIONS = TRAIN_SECTIONS + ('online', 'online.remote')
 ONE_VS_THREE_SECTIONS = ('1v3', '1v3.challenger', '1v3.champion')
 TRAIN_GRP_SECTIONS = ('grp', 'grp.network', 'grp.control', 'grp.dataset', 'grp.optim')
 BOT_SECTIONS = ('control',)
+MAX_DEPTH = 32  # tables and arrays inside each other; the schema's deepest key is 3 levels down
 
 
 class ConfigError(ValueError):
-    """The configuration file is missing, unparsable or invalid.
-
-    ``str(err)`` names the file and, for each problem, the key as ``[section] key``.
-    Attributes: ``path`` (str), ``problems`` (list of str, one per problem, each naming key and file).
-    """
+    """The configuration file is missing, unparsable or invalid: ``path`` (str) and ``problems`` (list of str, each
+    naming the key as ``[section] key`` and the file); ``str(err)`` lists them all."""
 
     def __init__(self, path: str, problems: list[str]):
         self.path = path
@@ -82,38 +73,12 @@ class ConfigError(ValueError):
         super().__init__(text)
 
 
-class UnsupportedVersionError(ValueError):
-    """The requested feature version is not one of Mortal's versions 1-4 (or not an integer)."""
-
-
-def check_version(version) -> int:
-    """Return ``version`` as ``int`` if it is one of ``SUPPORTED_VERSIONS`` (1, 2, 3 or 4).
-
-    The one check of a feature/model version (``[control] version``, a checkpoint's, a model's): call it at
-    process start-up so that a bad version fails before any work begins. Raises ``UnsupportedVersionError``
-    (a ``ValueError``) for anything that is not an integer 1-4 (``bool``, ``str`` and ``float`` are refused).
-    """
-    # bool is an int subclass; True would silently mean version 1. numpy integers are numbers.Integral.
-    if isinstance(version, bool) or not isinstance(version, numbers.Integral):
-        raise UnsupportedVersionError(
-            f"feature version must be an integer 1-4, got {version!r} ({type(version).__name__})")
-    version = int(version)
-    if version not in SUPPORTED_VERSIONS:
-        raise UnsupportedVersionError(f"unknown feature version {version}; Mortal defines versions 1-4")
-    return version
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# Environment overrides
-
 @dataclass(frozen=True)
 class EnvOverrides:
-    """The environment variables that steer a process, read once at start-up (``mortal.entry.start``).
-
-    ``config_path``: ``MORTAL_CFG`` (else ``config.toml``); ``profile``: ``TRAIN_PLAY_PROFILE``, the
-    ``[train_play.<profile>]`` table a client plays (else ``default``); ``sp_threads``: ``MORTAL_SP_THREADS``,
-    threads of the version-4 single-player search (None: unset or not a positive integer, the default applies).
-    """
+    """The environment variables that steer a process, read once at start-up (``mortal.entry.start``):
+    ``config_path`` (``MORTAL_CFG``, else ``config.toml``), ``profile`` (``TRAIN_PLAY_PROFILE``, the
+    ``[train_play.<profile>]`` a client plays, else ``default``) and ``sp_threads`` (``MORTAL_SP_THREADS``, threads
+    of the version-4 single-player search; None: unset or not a positive integer, the default applies)."""
 
     config_path: str = DEFAULT_PATH
     profile: str = DEFAULT_PROFILE
@@ -121,8 +86,7 @@ class EnvOverrides:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> 'EnvOverrides':
-        """The overrides in ``env``; the one place these variables are read. A ``MORTAL_SP_THREADS`` that is
-        not a positive integer is logged as a warning and ignored."""
+        """The overrides in ``env``; a bad ``MORTAL_SP_THREADS`` is logged and ignored."""
         threads = env.get(ENV_SP_THREADS)
         if threads is not None and (not threads.strip().isdigit() or int(threads) < 1):
             logger.warning('%s=%r is not a positive integer; using the default thread count',
@@ -140,32 +104,25 @@ class EnvOverrides:
 #: What the functions below take as ``env``: the overrides resolved at start-up, or a mapping such as
 #: ``os.environ`` (tests pass ``{}``) that is read on the spot.
 Env = Mapping[str, str] | EnvOverrides
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# Loading
-
-def resolve_path(path: str | os.PathLike | None = None, env: Env = os.environ) -> str:
-    """The config path to use: ``path`` if given, else env ``MORTAL_CFG``, else ``'config.toml'`` (as Mortal)."""
-    if path is not None:
-        return os.fspath(path)
-    return EnvOverrides.of(env).config_path
-
-
 #: What a process passes as ``required``: dotted section names, or a function of the file's plain dict that gives
 #: them (:func:`train_sections`, :func:`mode_sections`: the sections depend on ``[control] online``).
 Required = Iterable[str] | Callable[[dict], Iterable[str]]
 
 
+def resolve_path(path: str | os.PathLike | None = None, env: Env = os.environ) -> str:
+    """The config path to use: ``path`` if given, else env ``MORTAL_CFG``, else ``'config.toml'`` (as Mortal)."""
+    return os.fspath(path) if path is not None else EnvOverrides.of(env).config_path
+
+
 def train_sections(config: dict) -> tuple:
-    """The sections ``mortal.train`` needs for ``config`` (its plain dict, valid or not): ``ONLINE_TRAIN_SECTIONS``
-    when ``[control] online = true`` as written, else ``TRAIN_SECTIONS``."""
+    """The sections ``mortal.train`` needs: ``ONLINE_TRAIN_SECTIONS`` when ``[control] online = true`` is written
+    in ``config`` (its plain dict, valid or not), else ``TRAIN_SECTIONS``."""
     return ONLINE_TRAIN_SECTIONS if lookup(config, 'control.online') is True else TRAIN_SECTIONS
 
 
 def mode_sections(config: dict) -> tuple:
-    """Every section the processes of ``config``'s mode need together (what ``mortal.tools.doctor`` checks): online
-    (``[control] online = true`` as written) the server's, the client's and the learner's; offline the learner's."""
+    """Every section the processes of ``config``'s mode need (what ``mortal.tools.doctor`` checks): online the
+    server's, the client's and the learner's; offline the learner's."""
     if lookup(config, 'control.online') is True:
         return tuple(dict.fromkeys(ONLINE_TRAIN_SECTIONS + SERVER_SECTIONS + CLIENT_SECTIONS))
     return TRAIN_SECTIONS
@@ -191,77 +148,49 @@ def read_config(path: str | os.PathLike | None = None, env: Env = os.environ) ->
     try:
         # utf-8-sig: Windows editors (Notepad) prepend a BOM, which the TOML parser would reject at line 1.
         return tomllib.loads(data.decode('utf-8-sig'))
-    except UnicodeDecodeError as e:
-        raise ConfigError(path, [f'cannot read config file {path}: {e}']) from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(path, [f'{path}: TOML syntax error: {e}']) from None
-    except ValueError as e:  # an integer of more than sys.get_int_max_str_digits() digits
-        raise ConfigError(path, [f'{path}: TOML value error: {e}']) from None
     except RecursionError:  # arrays or inline tables nested thousands deep
         raise ConfigError(path, [f'{path}: TOML syntax error: arrays or inline tables nested too deeply']) from None
+    except ValueError as e:  # not UTF-8, or an integer of more than sys.get_int_max_str_digits() digits
+        raise ConfigError(path, [f'cannot read config file {path}: {e}']) from None
 
 
 def load_config(path: str | os.PathLike | None = None, *, required: Required = CORE_SECTIONS,
                 env: Env = os.environ) -> dict:
     """Read, validate and return the config as a plain nested dict with defaults filled in.
 
-    Args:
-        path: TOML file; ``None`` means env ``MORTAL_CFG`` or ``config.toml`` in the working directory.
-        required: dotted section names this process needs (e.g. ``SERVER_SECTIONS``), or a function of the file's
-            dict giving them (:data:`Required`); ``'train_play'`` stands for the ``[train_play.<profile>]`` table
-            of the ``TRAIN_PLAY_PROFILE`` in use. Sections that are present are validated whether required or not.
-        env: where ``MORTAL_CFG`` and ``TRAIN_PLAY_PROFILE`` come from (:data:`Env`).
-
-    Returns:
-        ``config`` with ``config['control']['version']`` etc.; optional keys of present sections filled; a string
-        that starts with ``{config_dir}`` starts with the config file's folder instead (:func:`expand_config_dir`).
-        :func:`typed` gives the same content as typed sections.
-
-    Raises:
-        ConfigError: file missing or unreadable, TOML syntax error (with line), or any validation error; the
-            message names the file and every offending key, cross-field rules included (:func:`config_errors`
-            gives the same list without raising).
-
-    Warnings (logged on logger ``mortal.config``) are returned by :func:`validate` and cover unknown keys,
-    ineffective keys and buffer settings that would stall a run.
+    ``path``: the TOML file (None: :func:`resolve_path`); ``required``: the dotted sections this process needs
+    (:data:`Required`; ``'train_play'`` is the ``[train_play.<profile>]`` of ``TRAIN_PLAY_PROFILE``), a section
+    present is validated whether required or not; ``env``: :data:`Env`. A string value that starts with
+    ``{config_dir}`` starts at the config file's folder instead. Raises :class:`ConfigError` naming the file and
+    every offending key (:func:`config_errors` gives the same list without raising); warnings are logged.
     """
     path = resolve_path(path, env)
     config = read_config(path, env)
     validate(config, path, required=required, env=env)
-    expand_config_dir(config, config_paths.config_folder(path))
+    config_paths.expand_config_dir(config, config_paths.config_folder(path))
     return config
-
-
-def expand_config_dir(node, folder: str):
-    """:func:`mortal.config_paths.expand_config_dir`: in place, a string value that starts with ``{config_dir}``
-    (then its end or a path separator; ``[online.remote] token`` never) starts with ``folder`` instead. Returns
-    ``node``."""
-    return config_paths.expand_config_dir(node, folder)
 
 
 def config_errors(path: str | os.PathLike | None = None, *, required: Required = mode_sections,
                   env: Env = os.environ) -> list[str]:
-    """Every problem of the config file ``path`` (None: :func:`resolve_path`), one string each naming the file and
-    the key: what :func:`load_config` with the same ``required`` would refuse, all at once; ``[]`` when it loads.
-    The one validator the processes and ``mortal.tools.doctor`` share. ``required`` defaults to :func:`mode_sections`
-    (every process of the file's mode; the learner alone: :func:`train_sections`). Logs nothing."""
+    """Every problem of the config file ``path`` that :func:`load_config` with the same ``required`` would refuse,
+    one string each naming the file and the key; ``[]`` when it loads. The one validator the processes and
+    ``mortal.tools.doctor`` share; ``required`` defaults to :func:`mode_sections`. Logs nothing."""
     path = resolve_path(path, env)
     try:
-        config = read_config(path, env)
-        errors, _, _ = _check(config, path, required, env)
+        return _check(read_config(path, env), path, required, env)[0]
     except ConfigError as e:
         return list(e.problems)
-    return errors
 
 
 def validate(config: dict, path: str = DEFAULT_PATH, *, required: Required = CORE_SECTIONS,
              env: Env = os.environ) -> list[str]:
     """Validate ``config`` in place (filling defaults, widening integers of number keys) and return the warnings,
-    which are also logged. Validating a loaded config again changes nothing.
-
-    ``path`` is only used in messages. Raises :class:`ConfigError` listing every error found: each table's, the
-    missing sections and the rules across keys (:func:`check_relations`, over the tables that validate).
-    """
+    which are also logged; validating a loaded config again changes nothing. ``path`` is only named in messages.
+    Raises :class:`ConfigError` listing every error: each table's, the missing sections and the rules across keys
+    (:func:`check_relations`, over the tables that validate)."""
     errors, warns, model = _check(config, path, required, env)
     if errors:
         raise ConfigError(path, errors)
@@ -275,12 +204,12 @@ def _check(config: dict, path: str, required: Required, env: Env) -> tuple:
     """``(errors, warnings, the validated model or None)`` of ``config``; raises :class:`ConfigError` only for a
     config nested too deeply to look at."""
     required = tuple(required(config) if callable(required) else required)
-    errors: list[str] = []
-    warns: list[str] = []
-    model = None
     too_deep = _too_deep(config)
     if too_deep is not None:  # before anything recurses into it (pydantic, _merge, copy.deepcopy of a checkpoint)
         raise ConfigError(path, [f'{too_deep} in {path} is nested more than {MAX_DEPTH} tables or arrays deep'])
+    errors: list[str] = []
+    warns: list[str] = []
+    model = None
     try:
         model = Config.model_validate(config)
     except ValidationError as e:
@@ -289,14 +218,11 @@ def _check(config: dict, path: str, required: Required, env: Env) -> tuple:
     errors.extend(config_paths.config_dir_errors(config, path))
     for name in required:
         if name == 'train_play':
-            continue  # checked below with the profile in use
-        if lookup(config, name) is None:  # a table that is not one is reported above
+            name = profile_table(profile_name(env))
+            if _get_table(config, name) is None:
+                errors.append(f'missing section [{name}] in {path} (selected by {ENV_PROFILE}={profile_name(env)!r})')
+        elif lookup(config, name) is None:  # a table that is not one is reported above
             errors.append(f'missing section [{name}] in {path}')
-    if 'train_play' in required:
-        profile = profile_name(env)
-        if _get_table(config, profile_table(profile)) is None:
-            errors.append(f'missing section [{profile_table(profile)}] in {path} '
-                          f'(selected by {ENV_PROFILE}={profile!r})')
     # The rules across keys run whatever else is wrong, over the tables that validate on their own.
     relation_errors: list[str] = []
     check_relations(model if model is not None else _valid_tables(config), path, relation_errors, warns)
@@ -305,21 +231,16 @@ def _check(config: dict, path: str, required: Required, env: Env) -> tuple:
 
 
 def _valid_tables(config: dict) -> Config:
-    """A Config of the top-level tables of ``config`` that validate on their own; a table that does not is left out
-    (None, or its defaults for the extras' tables)."""
+    """A Config of the top-level tables of ``config`` that validate on their own (the others left out)."""
     fields = {}
     for name, field in Config.model_fields.items():
         key = field.alias or name
-        if not isinstance(config, dict) or key not in config:
-            continue
-        try:
-            fields[name] = getattr(Config.model_validate({key: config[key]}), name)
-        except ValidationError:
-            pass
+        if isinstance(config, dict) and key in config:
+            try:
+                fields[name] = getattr(Config.model_validate({key: config[key]}), name)
+            except ValidationError:
+                pass
     return Config.model_construct(**fields)
-
-
-MAX_DEPTH = 32  # tables and arrays inside each other; the schema's deepest key is 3 levels down
 
 
 def _too_deep(config: dict) -> str | None:
@@ -336,20 +257,20 @@ def _too_deep(config: dict) -> str | None:
     return None
 
 
-def typed(config: dict) -> Config:
-    """The typed view of a loaded config: ``typed(c).control.batch_size`` is ``c['control']['batch_size']``.
+# ------------------------------------------------------------------------------------------------------------------
+# Typed views and edits
 
-    Sections the file lacks are ``None``; ``typed(c).one_vs_three`` is ``[1v3]``. Raises
-    ``pydantic.ValidationError`` for a dict that :func:`validate` would refuse.
-    """
+def typed(config: dict) -> Config:
+    """The typed view of a loaded config: ``typed(c).control.batch_size`` is ``c['control']['batch_size']``;
+    sections the file lacks are None, ``typed(c).one_vs_three`` is ``[1v3]``. Raises ``pydantic.ValidationError``
+    for a dict that :func:`validate` would refuse."""
     return Config.model_validate(config)
 
 
 def section(config: dict, dotted: str) -> Section:
-    """The typed table ``dotted`` of a loaded config (e.g. ``section(c, 'online.server').capacity``; a profile's as
-    :func:`profile_table` names it), validated on its own, so a process can be handed just the sections it needs.
-    Raises KeyError for a table the config lacks or the schema does not know, ``pydantic.ValidationError`` for one
-    that :func:`validate` would refuse."""
+    """The typed table ``dotted`` of a loaded config (``section(c, 'online.server').capacity``; a profile's as
+    :func:`profile_table` names it), validated on its own. Raises KeyError for a table the config lacks or the
+    schema does not know, ``pydantic.ValidationError`` for one that :func:`validate` would refuse."""
     model = SECTIONS.get('train_play.*' if dotted.startswith('train_play.') else dotted)
     table = lookup(config, dotted)
     if model is None or not isinstance(table, dict):
@@ -358,9 +279,8 @@ def section(config: dict, dotted: str) -> Section:
 
 
 def checked_section(config: dict, dotted: str, *, path: str | None = None, env: Env = os.environ) -> Section:
-    """:func:`section`, with its problems worded as :func:`validate` words them: raises :class:`ConfigError`
-    naming ``path`` (default: the path :func:`resolve_path` gives for ``env``) and the missing table or each
-    offending key. For a table a process checks on its own (e.g. the bootstrap's ``[bootstrap]``)."""
+    """:func:`section`, its problems worded as :func:`validate` words them: raises :class:`ConfigError` naming
+    ``path`` (default: :func:`resolve_path`) and the missing table or each offending key (e.g. ``[bootstrap]``)."""
     path = resolve_path(path, env)
     if _get_table(config, dotted) is None:
         raise ConfigError(path, [f'missing section [{dotted}] in {path}'])
@@ -373,14 +293,29 @@ def checked_section(config: dict, dotted: str, *, path: str | None = None, env: 
 
 
 def put(config: dict, dotted: str, value) -> None:
-    """Set the key (or whole table) ``dotted`` of the plain config dict to ``value`` in place, making the tables
-    on the way (``put(c, 'control.online', False)``; a profile's as :func:`profile_table` names it). The one way a
-    process derives a config from another (the bootstrap's offline run, a fleet actor's): read it back typed."""
+    """Set the key (or table) ``dotted`` of the plain config dict to ``value`` in place, making the tables on the
+    way (``put(c, 'control.online', False)``): how a process derives a config from another."""
     *tables, name = table_path(dotted)
     node = config
     for part in tables:
         node = node.setdefault(part, {})
     node[name] = value
+
+
+def lookup(config: dict, dotted: str, default=None):
+    """``config['a']['b']`` for ``'a.b'`` (``'train_play."a.b"'``: the profile ``a.b``, :func:`table_name`);
+    ``default`` when any level is missing or not a table."""
+    node = config
+    for part in table_path(dotted):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _get_table(config: dict, dotted: str):
+    table = lookup(config, dotted)
+    return table if isinstance(table, dict) else None
 
 
 def _as_dict(model: BaseModel) -> dict:
@@ -389,9 +324,8 @@ def _as_dict(model: BaseModel) -> dict:
     out = {}
     for name, field in type(model).model_fields.items():
         value = getattr(model, name)
-        unset = name not in model.model_fields_set
-        if unset and ((value is None and is_section(field.annotation))
-                      or (field.json_schema_extra or {}).get('unfilled')):
+        if name not in model.model_fields_set and ((value is None and is_section(field.annotation))
+                                                   or (field.json_schema_extra or {}).get('unfilled')):
             continue
         if isinstance(value, BaseModel):
             value = _as_dict(value)
@@ -413,10 +347,44 @@ def _merge(target: dict, values: dict) -> None:
             target[name] = value
 
 
+def train_play_profile(config: dict, env: Env = os.environ, *, path: str | None = None) -> Section:
+    """The typed ``[train_play.<profile>]`` of env ``TRAIN_PLAY_PROFILE`` (default ``'default'``), as Mortal picks
+    ``config['train_play'][profile]``. Raises :class:`ConfigError` naming the table and the file when it is
+    missing."""
+    profile = profile_name(env)
+    if _get_table(config, profile_table(profile)) is None:
+        path = resolve_path(path, env)
+        raise ConfigError(path, [f'missing section [{profile_table(profile)}] in {path} '
+                                 f'(selected by {ENV_PROFILE}={profile!r})'])
+    return section(config, profile_table(profile))
+
+
+def profile_name(env: Env = os.environ) -> str:
+    """The train-play profile in use: env ``TRAIN_PLAY_PROFILE`` or ``'default'``."""
+    return EnvOverrides.of(env).profile
+
+
+def profile_table(profile: str) -> str:
+    """The dotted name of ``[train_play.<profile>]`` as a TOML header spells it: ``train_play."a.b"`` for the
+    profile ``a.b``, which ``train_play.a.b`` would read as a table ``b`` inside a profile ``a``."""
+    return table_name(('train_play', profile))
+
+
+def for_checkpoint(config: dict) -> dict:
+    """A deep copy of ``config`` without the shared secret ``[online.remote] token``, to store as
+    ``state['config']`` (checkpoints get shared)."""
+    public = copy.deepcopy(config)
+    remote = _get_table(public, 'online.remote')
+    if remote is not None:
+        remote.pop('token', None)
+    return public
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Messages
+
 _KIND_NAMES = {'int': 'an integer', 'float': 'a number', 'bool': 'true or false', 'str': 'a string',
                'str_list': 'a list of strings', 'float_list': 'a list of numbers'}
-
-
 _SHOWN = reprlib.Repr()  # (keyword arguments only from Python 3.12)
 _SHOWN.maxstring, _SHOWN.maxlong, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxother = 120, 60, 8, 8, 120
 
@@ -444,13 +412,13 @@ def _problem(err: dict, config: dict, path: str) -> str:
     value = lookup(config, dotted, err['input'])
     if section_keys(dotted) is not None or dotted in CONTAINERS or len(loc) == 1:
         return f'[{dotted}] in {path} must be a table, got {_shown(value)}'
-    section, name = table_name(loc[:-1]), loc[-1]
-    key = (section_keys(section) or {}).get(name)
+    table, name = table_name(loc[:-1]), loc[-1]
+    key = (section_keys(table) or {}).get(name)
     kind = key.kind if key is not None else 'str'
-    where = f'[{section}] {name} in {path}'
+    where = f'[{table}] {name} in {path}'
     if err['type'] == 'missing':
         doc = f' ({key.kind}: {key.doc})' if key is not None else ''
-        unknown = [u.name for u in unknown_names(config) if u.table == section and not u.is_section
+        unknown = [u.name for u in unknown_names(config) if u.table == table and not u.is_section
                    and isinstance(u.name, str)]
         typo = difflib.get_close_matches(str(name), unknown, n=1, cutoff=0.8)  # as unknown_names, the other way
         hint = f'; the table has {typo[0]!r}: a typo of it?' if typo else ''
@@ -459,120 +427,40 @@ def _problem(err: dict, config: dict, path: str) -> str:
         length = err['ctx'].get('min_length', err['ctx'].get('max_length'))
         return f'{where} must have exactly {length} elements, got {len(value)}'
     if err['type'] == 'value_error':
-        if kind == 'float' and isinstance(value, int):
-            value = float(value)
-        reason = str(err['ctx']['error'])
-        return f'{where} {reason}, got {_shown(value)}'
+        value = float(value) if kind == 'float' and isinstance(value, int) else value
+        return f"{where} {err['ctx']['error']}, got {_shown(value)}"
     return f'{where} must be {_KIND_NAMES[kind]}, got {_shown(value)}'
-
-
-class Unknown(NamedTuple):
-    """A table or key that the schema does not know (:func:`unknown_names`): ``table`` the dotted table holding it
-    ('' at the top level; as :func:`table_name` spells it, e.g. ``train_play."a.b"``), ``name``, ``is_section`` (a
-    whole table), ``suggestion`` the known key of that table closest to ``name`` (``difflib``, similarity >= 0.8;
-    e.g. 'fresh_deals' for 'fresh_deal') or None."""
-
-    table: str
-    name: str
-    is_section: bool
-    suggestion: str | None
-
-
-def unknown_names(config: dict) -> list[Unknown]:
-    """Every table and key of ``config`` that the schema does not know (typos; Mortal ignores them), in file order."""
-    out = []
-
-    def walk(table: dict, parts: tuple):
-        # table_name quotes a key with a dot: ["online.server"] is no [online.server] (section_keys knows neither), while
-        # [train_play."a.b"] is the profile a.b
-        prefix = table_name(parts)
-        keys = section_keys(prefix) if parts else None
-        if parts and keys is None and prefix not in CONTAINERS:
-            out.append(Unknown(table_name(parts[:-1]), parts[-1], True, None))
-            return
-        for name, value in table.items():
-            if keys is not None and name in keys:
-                continue
-            if isinstance(value, dict) and isinstance(name, str):
-                walk(value, parts + (name,))
-            elif isinstance(value, dict):
-                out.append(Unknown(prefix, name, True, None))
-            else:
-                close = difflib.get_close_matches(name, list(keys or ()), n=1, cutoff=0.8) if isinstance(
-                    name, str) else ()  # a dict built in Python may have other keys (difflib needs a str)
-                out.append(Unknown(prefix, name, False, close[0] if close else None))
-
-    walk(config, ())
-    return out
-
-
-def unknown_warning(u: Unknown, path: str) -> str:
-    """The warning :func:`validate` gives for ``u`` (an entry of :func:`unknown_names`) in the file ``path``."""
-    if u.is_section:
-        name = table_name((u.name,))  # ["a.b"], as TOML
-        return f"unknown section [{f'{u.table}.{name}' if u.table else name}] in {path}"
-    if u.table:
-        hint = f' (did you mean {u.suggestion!r}?)' if u.suggestion else ''
-        return f'unknown key [{u.table}] {u.name} in {path}{hint}'
-    return f'unknown top-level key {u.name} in {path}'
-
-
-def removed_reason(table: str, name) -> str | None:
-    """Why the key ``name`` of the dotted ``table`` was removed (``REMOVED_KEYS``; a profile's as
-    ``train_play.<profile>``), or None when it was not."""
-    parts = table_path(table)
-    if len(parts) == 2 and parts[0] == 'train_play':
-        table = 'train_play.<profile>'
-    return REMOVED_KEYS.get((table, name))
-
-
-def _leaves(node: dict, parts: tuple):
-    """``(dotted table, key)`` of every key inside the table ``node`` at ``parts``, sub-tables walked."""
-    for name, value in node.items():
-        if isinstance(value, dict) and isinstance(name, str):
-            yield from _leaves(value, parts + (name,))
-        else:
-            yield table_name(parts), name
 
 
 def _unknown_names(config: dict, path: str, warns: list[str], errors: list[str]) -> None:
     """The warnings of :func:`unknown_names`; a removed key (``REMOVED_KEYS``), also in a removed table, is an error
     instead."""
+    def leaves(node: dict, parts: tuple):  # (dotted table, key) of every key inside a table
+        for name, value in node.items():
+            if isinstance(value, dict) and isinstance(name, str):
+                yield from leaves(value, parts + (name,))
+            else:
+                yield table_name(parts), name
+
     for u in unknown_names(config):
         if u.is_section and isinstance(u.name, str):
             parts = (*table_path(u.table), u.name) if u.table else (u.name,)
-            removed = [f'[{t}] {n} in {path} was {why}' for t, n in _leaves(lookup(config, table_name(parts)), parts)
-                       if (why := removed_reason(t, n))]
-            if removed:
-                errors.extend(removed)
-                continue
-        why = None if u.is_section else removed_reason(u.table, u.name)
-        if why:
-            errors.append(f'[{u.table}] {u.name} in {path} was {why}')
+            keys = leaves(lookup(config, table_name(parts)), parts)
+        else:
+            keys = () if u.is_section else ((u.table, u.name),)
+        removed = [f'[{t}] {n} in {path} was {why}' for t, n in keys if (why := removed_reason(t, n))]
+        if removed:
+            errors.extend(removed)
             continue
         warning = unknown_warning(u, path)
         elsewhere = [(t, reason) for (t, n), reason in REMOVED_KEYS.items() if n == u.name and not u.is_section]
         if elsewhere:  # a removed key written in another table than its own
-            table, reason = elsewhere[0]
-            warning += f' ([{table}] {u.name} was {reason})'
+            warning += f' ([{elsewhere[0][0]}] {u.name} was {elsewhere[0][1]})'
         warns.append(warning)
 
 
-def lookup(config: dict, dotted: str, default=None):
-    """``config['a']['b']`` for ``'a.b'``, ``config['train_play']['a.b']`` for ``'train_play."a.b"'`` (a quoted key,
-    as TOML writes it: :func:`table_name`); ``default`` when any level is missing or not a table."""
-    node = config
-    for part in table_path(dotted):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
-
-
-def _get_table(config: dict, dotted: str):
-    table = lookup(config, dotted)
-    return table if isinstance(table, dict) else None
-
+# ------------------------------------------------------------------------------------------------------------------
+# Rules across keys
 
 def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str]) -> None:
     """The rules that tie several keys together, appended as messages. ``cfg`` holds the tables that validate
@@ -590,15 +478,14 @@ def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str])
         if control.test_every % control.save_every != 0:
             errors.append(f'[control] test_every = {control.test_every} in {path} must be a multiple of '
                           f'[control] save_every = {control.save_every}')
-    if cfg.test_play is not None and control is not None and control.online:
-        if cfg.test_play.best_rule == 'sprt' and cfg.test_play.games // 4 < 8:
+        if cfg.test_play is not None and control.online and cfg.test_play.best_rule == 'sprt' \
+                and cfg.test_play.games // 4 < 8:
             warns.append(f"[test_play] games = {cfg.test_play.games} in {path} is fewer than the 32 games the SPRT "
                          f"needs before it decides (best_rule = 'sprt'): best.pth would never be replaced")
     if cfg.optim is not None and cfg.optim.scheduler is not None:
         # The very rules the scheduler enforces (one function), so a config that loads also trains.
         shape = {k: v for k, v in cfg.optim.scheduler.model_dump().items() if v is not None}  # unset: defaults
-        for key, rule in scheduler_problems(**shape):
-            errors.append(f'[optim.scheduler] {key} in {path} {rule}')
+        errors.extend(f'[optim.scheduler] {key} in {path} {rule}' for key, rule in scheduler_problems(**shape))
     remote = online and online.remote
     if remote is not None and not remote.token:
         from mortal.net.address import is_loopback
@@ -625,22 +512,18 @@ def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str])
                          f'[{profile_table(profile)}] games = {games}: every submission overflows the buffer, '
                          f'so clients would be refused ("samples overflow") forever')
         elif server.force_sequential and capacity > games:
-            need = -(-capacity // games)
             warns.append(f'[online.server] force_sequential = true with capacity = {capacity} in {path} larger '
                          f'than one client round of [{profile_table(profile)}] games = {games}: the server drains '
                          f'only a full buffer and each client plays once per trainer parameter version, so the '
-                         f'trainer would wait forever unless at least {need} clients run')
+                         f'trainer would wait forever unless at least {-(-capacity // games)} clients run')
 
 
 def scheduler_problems(*, peak, final, warm_up_steps, max_steps, init=SCHEDULER_DEFAULT_INIT, offset=0,
                        epoch_size=0, **_ignored) -> list[tuple[str, str]]:
-    """What is wrong with an ``[optim.scheduler]`` shape, as ``(key = value, rule)`` pairs; ``[]`` if nothing.
-
-    The single definition used by the config check and by ``mortal.learning.schedule.LinearWarmUpCosineAnnealingLR``:
-    ``peak >= final >= init >= 0``; ``warm_up_steps``, ``max_steps``, ``epoch_size`` >= 0; ``max_steps`` 0
-    (no annealing: ``final`` from the end of the warm-up on) or >= ``warm_up_steps``. Learning rates are the
-    absolute values (the optimizer's base lr is 1); steps count backward passes. Other keys are ignored.
-    """
+    """What is wrong with an ``[optim.scheduler]`` shape, as ``(key = value, rule)`` pairs; ``[]`` if nothing: the
+    one definition the config check and ``mortal.learning.schedule.LinearWarmUpCosineAnnealingLR`` use.
+    ``peak >= final >= init >= 0``; ``warm_up_steps``, ``max_steps``, ``epoch_size`` >= 0; ``max_steps`` 0 (no
+    annealing: ``final`` from the end of the warm-up on) or >= ``warm_up_steps``. Other keys are ignored."""
     out = []
     if init < 0:
         out.append((f'init = {init}', 'must be >= 0'))
@@ -652,73 +535,3 @@ def scheduler_problems(*, peak, final, warm_up_steps, max_steps, init=SCHEDULER_
     if max_steps and max_steps < warm_up_steps:
         out.append((f'max_steps = {max_steps}', f'must be 0 or >= warm_up_steps = {warm_up_steps}'))
     return out
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# Accessors
-
-def require(config: dict, *sections: str, path: str | None = None, env: Env = os.environ) -> None:
-    """Raise :class:`ConfigError` unless every dotted section exists, e.g. ``require(cfg, 'online.remote')``.
-
-    ``path`` is named in the message (default: the path :func:`resolve_path` gives for ``env``).
-    """
-    path = resolve_path(path, env)
-    missing = [f'missing section [{s}] in {path}' for s in sections if _get_table(config, s) is None]
-    if missing:
-        raise ConfigError(path, missing)
-
-
-def train_play_profile(config: dict, env: Env = os.environ, *, path: str | None = None) -> Section:
-    """The typed ``[train_play.<profile>]`` (:func:`section`) for env ``TRAIN_PLAY_PROFILE`` (default
-    ``'default'``), as Mortal picks ``config['train_play'][profile]``.
-
-    Raises :class:`ConfigError` naming ``[train_play.<profile>]`` and the file when that table is missing.
-    """
-    profile = profile_name(env)
-    if _get_table(config, profile_table(profile)) is None:
-        path = resolve_path(path, env)
-        raise ConfigError(path, [f'missing section [{profile_table(profile)}] in {path} '
-                                 f'(selected by {ENV_PROFILE}={profile!r})'])
-    return section(config, profile_table(profile))
-
-
-def profile_name(env: Env = os.environ) -> str:
-    """The train-play profile in use: env ``TRAIN_PLAY_PROFILE`` or ``'default'``."""
-    return EnvOverrides.of(env).profile
-
-
-def profile_table(profile: str) -> str:
-    """The dotted name of ``[train_play.<profile>]`` for :func:`lookup`, :func:`section` and messages, as a TOML
-    header spells it: ``train_play."a.b"`` for the profile ``a.b`` (``[train_play."a.b"]`` in the file), which
-    ``train_play.a.b`` would read as a table ``b`` inside a profile ``a``."""
-    return table_name(('train_play', profile))
-
-
-def for_checkpoint(config: dict) -> dict:
-    """A deep copy of ``config`` without secrets (``[online.remote] token``), to store as ``state['config']``.
-
-    Checkpoints get shared (best.pth, baseline.pth); the shared secret must not travel with them.
-    """
-    public = copy.deepcopy(config)
-    remote = _get_table(public, 'online.remote')
-    if remote is not None:
-        remote.pop('token', None)
-    return public
-
-
-def key_table() -> list[tuple[str, str, str, str, str]]:
-    """Every known key as ``(section, key, type, default, meaning)``; docs/config.md is generated from it
-    (``scripts/gen_config_doc.py``)."""
-    rows = []
-    for section, keys in SCHEMA.items():
-        for name, key in keys.items():
-            if key.default is _REQUIRED:
-                default = 'required'
-            elif key.default is _ABSENT:
-                default = '(unset)'
-            elif key.default is None:
-                default = '(none)'
-            else:
-                default = repr(key.default)
-            rows.append((section.replace('*', '<profile>'), name, key.kind, default, key.doc))
-    return rows

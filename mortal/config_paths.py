@@ -17,7 +17,7 @@ from __future__ import annotations
 import glob
 import os
 
-from mortal.config_schema import table_name
+from mortal.config_keys import table_name
 
 CONFIG_DIR = '{config_dir}'
 NOT_EXPANDED = (('online', 'remote', 'token'),)  # a secret: a value that merely starts with {config_dir} stays so

@@ -1,25 +1,19 @@
-"""The schema of the TOML configuration, declared once as pydantic models (one model per ``[section]``).
+"""The schema of the TOML configuration, declared once as pydantic models (one model per ``[section]``): the single
+description of every key (config.example.toml, the quickstart's config and docs/config.md are checked against it or
+generated from it).
 
-Every key of Mortal's ``config.example.toml`` is a field here with Mortal's meaning; the extras say "extra:" in their
-description. Each per-key invariant (type, range, enumeration, length) lives on its field, as an ``Annotated`` type:
-pydantic checks all of them in one pass and reports every problem, which :mod:`mortal.config` turns into messages
-that name the file and the key. Rules that tie several keys together are in ``mortal.config.check_relations``.
-
-Types are strict, as TOML's are: an integer key refuses ``8.0`` and ``true``, a boolean refuses ``1``, a number
-(``float``) accepts an integer and widens it, and refuses ``inf``/``nan``. Unknown keys are allowed through (they
-are reported as warnings, not errors, as Mortal would simply ignore them).
-
-pydantic rather than msgspec: a broken file should list every problem in one message, and pydantic reports all of
-them in one pass, each with its location (msgspec 0.23 stops at the first). Nothing here reads a file or the
-environment.
+Every key of Mortal's ``config.example.toml`` is a field with Mortal's meaning; an extra's description starts with
+"extra:". A key's type and range live on its field (``Annotated``); pydantic reports every problem in one pass (msgspec
+stops at the first), which :mod:`mortal.config` words with the file and the key; rules across keys are
+``mortal.config.check_relations``. Types are strict, as TOML's: an integer refuses ``8.0`` and ``true``, a number
+takes an integer and widens it and refuses ``inf``/``nan``. Unknown keys pass through (warnings, as Mortal ignores
+them).
 """
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Iterable, Literal, Union
+from typing import Annotated, Any, Callable, Literal, Union
 
 from pydantic import AfterValidator, AllowInfNan, BaseModel, ConfigDict, Discriminator, Field, Strict, Tag
 
@@ -50,12 +44,6 @@ class Kind:
     'str_list' or 'float_list'."""
 
     name: str
-
-
-@dataclass(frozen=True)
-class Unfilled:
-    """Marks an optional key that is accepted but left out of the loaded dict when the file lacks it (the consumer
-    then applies its own default, e.g. Mortal's scheduler ``init``)."""
 
 
 def _rule(ok: Callable[[Any], bool], reason: str) -> AfterValidator:
@@ -123,7 +111,8 @@ def key(doc: str, default: Any = ..., **kw) -> Any:
 
 
 def unfilled(doc: str) -> Any:
-    """An optional key that is not filled in when missing (see :class:`Unfilled`)."""
+    """An optional key that is accepted but left out of the loaded dict when the file lacks it (its reader applies its
+    own default, e.g. Mortal's scheduler ``init``)."""
     return Field(None, description=doc, json_schema_extra={'unfilled': True})
 
 
@@ -512,23 +501,6 @@ class Config(Section):
     bootstrap: Bootstrap | None = None
 
 
-def _removed(why: str, table: str, *names: str) -> dict:
-    return {(table, name): f'removed: {why} (docs/config.md, "Removed keys"); delete the line' for name in names}
-
-
-#: Keys that were removed, by (table as docs/config.md spells it, key): a file that still sets one gets an error
-#: saying so (an unknown key is only a warning). Each was an extra measured as no gain, or never measured to gain.
-REMOVED_KEYS = {
-    **_removed('measured as no gain', 'online', 'replay_ratio', 'replay_window', 'n_step', 'target_update_every',
-               'pg_weight', 'pg_temp', 'kl_weight', 'ema_decay'),
-    **_removed('measured as no gain', 'train_play.<profile>', 'counterfactual_persist'),
-    **_removed('never measured to gain', 'resnet', 'dropout'),
-    **_removed('never measured to gain', 'rotation', 'after', 'max_rank', 'pool_size'),
-    **{key: why for table in ('schedule.lr', 'schedule.epsilon', 'schedule.temp') for key, why in _removed(
-        'never measured to gain', table, 'kind', 'rate', 'final', 'max_steps').items()},
-}
-
-
 #: Every table with keys of its own, by dotted name (``train_play.*`` stands for each profile); the order is the
 #: key table's (docs/config.md).
 SECTIONS: dict[str, type[Section]] = {
@@ -544,106 +516,3 @@ SECTIONS: dict[str, type[Section]] = {
 CONTAINERS = ('train_play', 'baseline')
 # Sections of extras whose every key has a default: filled in when the file lacks them.
 OPTIONAL_SECTIONS = ('guard', 'fleet')
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# The keys, read off the models (messages, docs/config.md, the bootstrap's defaults)
-
-REQUIRED = object()  # marker: the key has no default
-UNFILLED = object()  # marker: an optional key that is accepted but not filled in when missing
-
-
-@dataclass(frozen=True)
-class Key:
-    """One key as the models declare it: TOML type, meaning, and default (:data:`REQUIRED`, :data:`UNFILLED` or the
-    value)."""
-
-    kind: str
-    doc: str
-    default: Any = REQUIRED
-
-    @property
-    def required(self) -> bool:
-        """True when the key has no default and must be in the file."""
-        return self.default is REQUIRED
-
-
-def is_section(annotation) -> bool:
-    """True when a field's annotation is a sub-table (a :class:`Section`, or a dict or Optional of one)."""
-    for arg in getattr(annotation, '__args__', ()) or ():
-        if is_section(arg):
-            return True
-    return isinstance(annotation, type) and issubclass(annotation, Section)
-
-
-def keys_of(model: type[Section]) -> dict[str, Key]:
-    """The keys (not the sub-tables) of one section model, by name."""
-    out = {}
-    for name, field in model.model_fields.items():
-        if is_section(field.annotation):
-            continue
-        kinds = [m.name for m in field.metadata if isinstance(m, Kind)]
-        if not kinds:  # an Optional[...] field keeps the Kind on its inner type
-            kinds = [m.name for arg in getattr(field.annotation, '__args__', ()) for m in
-                     getattr(arg, '__metadata__', ()) if isinstance(m, Kind)]
-        if (field.json_schema_extra or {}).get('unfilled'):
-            default = UNFILLED
-        elif field.is_required():
-            default = REQUIRED
-        else:
-            default = field.get_default(call_default_factory=True)
-        out[field.alias or name] = Key(kinds[0], field.description or '', default)
-    return out
-
-
-SCHEMA: dict[str, dict[str, Key]] = {dotted: keys_of(model) for dotted, model in SECTIONS.items()}
-
-
-def section_keys(dotted: str) -> dict[str, Key] | None:
-    """The keys of the table ``dotted`` (``train_play.<profile>`` included, a quoted one such as
-    ``train_play."a.b"`` too), or None for an unknown table."""
-    parts = table_path(dotted)
-    if len(parts) == 2 and parts[0] == 'train_play':  # a profile has any name, and no sub-tables
-        return SCHEMA['train_play.*']
-    if any('.' in part for part in parts):  # ["online.server"] is no [online.server]: no process reads from it
-        return None
-    return SCHEMA.get('.'.join(parts))
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# Dotted table names, as TOML headers spell them
-
-_BARE_KEY = re.compile(r'[A-Za-z0-9_-]+')
-_STRING = json.JSONDecoder()
-
-
-def table_name(parts: Iterable) -> str:
-    """The dotted name of the table at the keys ``parts`` as a TOML header spells it, a key that is not bare quoted:
-    ``train_play."a.b"`` is the profile ``a.b``, ``train_play.a.b`` a table ``b`` inside a profile ``a``. A key that
-    is not a string (a dict built in Python) is written as ``str`` does."""
-    return '.'.join(part if isinstance(part, str) and _BARE_KEY.fullmatch(part)
-                    else json.dumps(part, ensure_ascii=False) if isinstance(part, str) else str(part)
-                    for part in parts)
-
-
-def table_path(dotted: str) -> list[str]:
-    """The keys of a dotted name, what :func:`table_name` spelled: ``'train_play."a.b"'`` is
-    ``['train_play', 'a.b']``, ``'online.server'`` is ``['online', 'server']`` (as ``str.split('.')``)."""
-    parts, i = [], 0
-    while True:
-        if dotted.startswith('"', i):
-            try:
-                part, i = _STRING.raw_decode(dotted, i)
-            except ValueError:  # an unpaired quote: the rest is one bare part, as split would have it
-                part, i = dotted[i:], len(dotted)
-            end = dotted.find('.', i)
-            end = len(dotted) if end < 0 else end
-            part += dotted[i:end]  # nothing, for what table_name wrote
-        else:
-            end = dotted.find('.', i)
-            end = len(dotted) if end < 0 else end
-            part = dotted[i:end]
-        parts.append(part)
-        if end >= len(dotted):
-            return parts
-        i = end + 1

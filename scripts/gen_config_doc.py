@@ -16,7 +16,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mortal.config import key_table  # noqa: E402
-from mortal.config_schema import REMOVED_KEYS  # noqa: E402
+from mortal.config_keys import REMOVED_KEYS  # noqa: E402
 
 EXTRA_TARGET = 60  # the most extras the project means to keep (issue 34)
 

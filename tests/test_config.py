@@ -10,8 +10,8 @@ import toml
 from conftest import ROOT, load_script, tiny_config_dict
 from mortal.config import (
     CLIENT_SECTIONS, DEFAULT_MAX_FRAME_BYTES, ONLINE_TRAIN_SECTIONS, ONE_VS_THREE_SECTIONS, SERVER_SECTIONS,
-    TRAIN_GRP_SECTIONS, ConfigError, for_checkpoint, key_table, load_config, require, train_play_profile, validate)
-from mortal.config_schema import REQUIRED, SCHEMA, UNFILLED
+    TRAIN_GRP_SECTIONS, ConfigError, for_checkpoint, key_table, load_config, train_play_profile, validate)
+from mortal.config_keys import REQUIRED, SCHEMA, UNFILLED
 
 ALL_PROCESSES = ONLINE_TRAIN_SECTIONS + CLIENT_SECTIONS + SERVER_SECTIONS + ONE_VS_THREE_SECTIONS + TRAIN_GRP_SECTIONS
 
@@ -261,13 +261,6 @@ def test_server_needs_only_online(tmp_path, cfg):
     assert c['online']['server']['capacity'] == 4
     msg, path = load_error(tmp_path, only_online)  # default: the core sections
     assert f'missing section [control] in {path}' in msg
-
-
-def test_require(cfg):
-    del cfg['online']['remote']
-    require(cfg, 'control', 'online')
-    with pytest.raises(ConfigError, match=r'missing section \[online.remote\] in x.toml'):
-        require(cfg, 'online.remote', path='x.toml')
 
 
 # --- errors: each names the key and the file ----------------------------------------------------------------------

@@ -13,10 +13,11 @@ it). Every entry point here therefore validates the version in Python first and
 never forwards version 4 or an unknown one to Rust.
 """
 
+import numbers
+
 import numpy as np
 
-# The version check lives with [control] version in mortal.config (no numpy there: the server loads it too).
-from mortal.config import SUPPORTED_VERSIONS, UnsupportedVersionError, check_version
+from mortal.config_schema import SUPPORTED_VERSIONS
 
 __all__ = [
     "SUPPORTED_VERSIONS",
@@ -27,6 +28,23 @@ __all__ = [
     "obs_shape",
     "oracle_obs_shape",
 ]
+
+class UnsupportedVersionError(ValueError):
+    """The requested feature version is not one of Mortal's versions 1-4 (or not an integer)."""
+
+
+def check_version(version) -> int:
+    """``version`` as ``int`` if it is one of ``SUPPORTED_VERSIONS`` (1-4): the one check of a feature/model version
+    (``[control] version``, a checkpoint's, a model's), called at start-up so a bad one fails before any work.
+    Raises ``UnsupportedVersionError`` (a ``ValueError``) for anything else (``bool``, ``str`` and ``float`` too)."""
+    # bool is an int subclass; True would silently mean version 1. numpy integers are numbers.Integral.
+    if isinstance(version, bool) or not isinstance(version, numbers.Integral):
+        raise UnsupportedVersionError(
+            f"feature version must be an integer 1-4, got {version!r} ({type(version).__name__})")
+    if int(version) not in SUPPORTED_VERSIONS:
+        raise UnsupportedVersionError(f"unknown feature version {version}; Mortal defines versions 1-4")
+    return int(version)
+
 
 # Channel counts per version, as Mortal's libriichi consts.rs. Kept in Python
 # because mlibriichi's obs_shape(4) panics.

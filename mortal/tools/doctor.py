@@ -467,18 +467,18 @@ def typo_checks(config: dict, path: str) -> tuple[list[Check], set[str]]:
     error. The row names the value the processes use: the file's, else the schema's default (an optional key without
     one stays unset)."""
     from mortal import config as mcfg
-    from mortal import config_schema
+    from mortal import config_keys
 
     rows, replaced, absent = [], set(), object()
     for u in mcfg.unknown_names(config):
         if u.suggestion:
             given = mcfg.lookup(config, f'{u.table}.{u.suggestion}', absent)  # the file's own value, if any
-            default = config_schema.section_keys(u.table)[u.suggestion].default
+            default = config_keys.section_keys(u.table)[u.suggestion].default
             if given is not absent:
                 used = f'use {u.suggestion} = {given!r}'
-            elif default is config_schema.UNFILLED:
+            elif default is config_keys.UNFILLED:
                 used = f'leave {u.suggestion} unset'
-            elif default is config_schema.REQUIRED:
+            elif default is config_keys.REQUIRED:
                 used = f'find no {u.suggestion} (a required key)'
             else:
                 used = f'use {u.suggestion} = {default!r}'
@@ -514,7 +514,7 @@ def main(argv=None):
         config = mcfg.read_config(path, env)
         warns = mcfg.validate(config, path, required=mcfg.mode_sections, env=env)
         # the checks below see the paths the processes use (mortal.config.load_config expands them the same way)
-        mcfg.expand_config_dir(config, config_paths.config_folder(path))
+        config_paths.expand_config_dir(config, config_paths.config_folder(path))
     except mcfg.ConfigError as e:
         print(Check(FAIL, 'config', str(e)).line())
         return 1

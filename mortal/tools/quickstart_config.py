@@ -186,7 +186,7 @@ def free_port(host='127.0.0.1'):
 def render_config(work_dir, *, preset='full', port=None, version=3, relative=False):
     """Config text for ``work_dir`` (made absolute) with the sizes of ``preset`` ('full'/'short') and
     feature ``version`` (3 or 4). With ``relative``, every path is written from ``{config_dir}`` (the folder of the
-    config file, ``mortal.config.expand_config_dir``), so that the config works in ``work_dir`` wherever it is
+    config file, ``mortal.config_paths.expand_config_dir``), so that the config works in ``work_dir`` wherever it is
     moved or copied to."""
     if version not in (3, 4):
         raise ValueError(f"quickstart version must be 3 or 4, got {version!r}")

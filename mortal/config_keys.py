@@ -1,0 +1,194 @@
+"""The config's keys by name: the key table read off the schema's models (``SCHEMA``, ``section_keys``,
+``key_table``), a table's dotted name as a TOML header spells it (``table_name``, ``table_path``), and the names a
+file should not hold (``unknown_names``, ``REMOVED_KEYS``). Nothing here reads a file."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, NamedTuple
+
+from mortal.config_schema import CONTAINERS, SECTIONS, Kind, Section
+
+REQUIRED = object()  # marker: the key has no default
+UNFILLED = object()  # marker: an optional key that is accepted but not filled in when missing
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key as the models declare it: TOML type, meaning, and default (:data:`REQUIRED`, :data:`UNFILLED` or the
+    value)."""
+
+    kind: str
+    doc: str
+    default: Any = REQUIRED
+
+    @property
+    def required(self) -> bool:
+        """True when the key has no default and must be in the file."""
+        return self.default is REQUIRED
+
+
+def is_section(annotation) -> bool:
+    """True when a field's annotation is a sub-table (a :class:`Section`, or a dict or Optional of one)."""
+    for arg in getattr(annotation, '__args__', ()) or ():
+        if is_section(arg):
+            return True
+    return isinstance(annotation, type) and issubclass(annotation, Section)
+
+
+def keys_of(model: type[Section]) -> dict[str, Key]:
+    """The keys (not the sub-tables) of one section model, by name."""
+    out = {}
+    for name, field in model.model_fields.items():
+        if is_section(field.annotation):
+            continue
+        kinds = [m.name for m in field.metadata if isinstance(m, Kind)]
+        if not kinds:  # an Optional[...] field keeps the Kind on its inner type
+            kinds = [m.name for arg in getattr(field.annotation, '__args__', ()) for m in
+                     getattr(arg, '__metadata__', ()) if isinstance(m, Kind)]
+        if (field.json_schema_extra or {}).get('unfilled'):
+            default = UNFILLED
+        elif field.is_required():
+            default = REQUIRED
+        else:
+            default = field.get_default(call_default_factory=True)
+        out[field.alias or name] = Key(kinds[0], field.description or '', default)
+    return out
+
+
+SCHEMA: dict[str, dict[str, Key]] = {dotted: keys_of(model) for dotted, model in SECTIONS.items()}
+
+
+def section_keys(dotted: str) -> dict[str, Key] | None:
+    """The keys of the table ``dotted`` (``train_play.<profile>`` included, a quoted one such as
+    ``train_play."a.b"`` too), or None for an unknown table."""
+    parts = table_path(dotted)
+    if len(parts) == 2 and parts[0] == 'train_play':  # a profile has any name, and no sub-tables
+        return SCHEMA['train_play.*']
+    if any('.' in part for part in parts):  # ["online.server"] is no [online.server]: no process reads from it
+        return None
+    return SCHEMA.get('.'.join(parts))
+
+
+_BARE_KEY = re.compile(r'[A-Za-z0-9_-]+')
+_STRING = json.JSONDecoder()
+
+
+def table_name(parts: Iterable) -> str:
+    """The dotted name of the table at the keys ``parts`` as a TOML header spells it, a key that is not bare quoted:
+    ``train_play."a.b"`` is the profile ``a.b``, ``train_play.a.b`` a table ``b`` inside a profile ``a``. A key that
+    is not a string (a dict built in Python) is written as ``str`` does."""
+    return '.'.join(part if isinstance(part, str) and _BARE_KEY.fullmatch(part)
+                    else json.dumps(part, ensure_ascii=False) if isinstance(part, str) else str(part)
+                    for part in parts)
+
+
+def table_path(dotted: str) -> list[str]:
+    """The keys of a dotted name, what :func:`table_name` spelled: ``'train_play."a.b"'`` is
+    ``['train_play', 'a.b']``, ``'online.server'`` is ``['online', 'server']`` (as ``str.split('.')``)."""
+    parts, i = [], 0
+    while True:
+        if dotted.startswith('"', i):
+            try:
+                part, i = _STRING.raw_decode(dotted, i)
+            except ValueError:  # an unpaired quote: the rest is one bare part, as split would have it
+                part, i = dotted[i:], len(dotted)
+            end = dotted.find('.', i)
+            end = len(dotted) if end < 0 else end
+            part += dotted[i:end]  # nothing, for what table_name wrote
+        else:
+            end = dotted.find('.', i)
+            end = len(dotted) if end < 0 else end
+            part = dotted[i:end]
+        parts.append(part)
+        if end >= len(dotted):
+            return parts
+        i = end + 1
+
+
+def _removed(why: str, table: str, *names: str) -> dict:
+    return {(table, name): f'removed: {why} (docs/config.md, "Removed keys"); delete the line' for name in names}
+
+
+#: Keys that were removed, by (table as docs/config.md spells it, key): a file that still sets one gets an error
+#: saying so (an unknown key is only a warning). Each was an extra measured as no gain, or never measured to gain.
+REMOVED_KEYS = {
+    **_removed('measured as no gain', 'online', 'replay_ratio', 'replay_window', 'n_step', 'target_update_every',
+               'pg_weight', 'pg_temp', 'kl_weight', 'ema_decay'),
+    **_removed('measured as no gain', 'train_play.<profile>', 'counterfactual_persist'),
+    **_removed('never measured to gain', 'resnet', 'dropout'),
+    **_removed('never measured to gain', 'rotation', 'after', 'max_rank', 'pool_size'),
+    **{key: why for table in ('schedule.lr', 'schedule.epsilon', 'schedule.temp') for key, why in _removed(
+        'never measured to gain', table, 'kind', 'rate', 'final', 'max_steps').items()},
+}
+
+
+def key_table() -> list[tuple[str, str, str, str, str]]:
+    """Every known key as ``(section, key, type, default, meaning)``, for docs/config.md
+    (``scripts/gen_config_doc.py``)."""
+    def shown(default) -> str:
+        if default is REQUIRED:
+            return 'required'
+        return '(unset)' if default is UNFILLED else '(none)' if default is None else repr(default)
+
+    return [(section.replace('*', '<profile>'), name, key.kind, shown(key.default), key.doc)
+            for section, keys in SCHEMA.items() for name, key in keys.items()]
+
+
+class Unknown(NamedTuple):
+    """A table or key the schema does not know (:func:`unknown_names`): ``table`` the dotted table holding it ('' at
+    the top level; as :func:`table_name` spells it), ``name``, ``is_section`` (a whole table) and ``suggestion``,
+    the known key of that table closest to ``name`` (``difflib``, similarity >= 0.8), or None."""
+
+    table: str
+    name: str
+    is_section: bool
+    suggestion: str | None
+
+
+def unknown_names(config: dict) -> list[Unknown]:
+    """Every table and key of ``config`` that the schema does not know (typos; Mortal ignores them), in file order."""
+    out = []
+
+    def walk(table: dict, parts: tuple):
+        # table_name quotes a key with a dot: ["online.server"] is no [online.server] (section_keys knows neither),
+        # while [train_play."a.b"] is the profile a.b
+        prefix = table_name(parts)
+        keys = section_keys(prefix) if parts else None
+        if parts and keys is None and prefix not in CONTAINERS:
+            out.append(Unknown(table_name(parts[:-1]), parts[-1], True, None))
+            return
+        for name, value in table.items():
+            if keys is not None and name in keys:
+                continue
+            if isinstance(value, dict) and isinstance(name, str):
+                walk(value, parts + (name,))
+            elif isinstance(value, dict):
+                out.append(Unknown(prefix, name, True, None))
+            else:
+                close = difflib.get_close_matches(name, list(keys or ()), n=1, cutoff=0.8) if isinstance(
+                    name, str) else ()  # a dict built in Python may have other keys (difflib needs a str)
+                out.append(Unknown(prefix, name, False, close[0] if close else None))
+
+    walk(config, ())
+    return out
+
+
+def unknown_warning(u: Unknown, path: str) -> str:
+    """The warning :func:`validate` gives for ``u`` (an entry of :func:`unknown_names`) in the file ``path``."""
+    if u.is_section:
+        name = table_name((u.name,))  # ["a.b"], as TOML
+        return f"unknown section [{f'{u.table}.{name}' if u.table else name}] in {path}"
+    if u.table:
+        hint = f' (did you mean {u.suggestion!r}?)' if u.suggestion else ''
+        return f'unknown key [{u.table}] {u.name} in {path}{hint}'
+    return f'unknown top-level key {u.name} in {path}'
+
+
+def removed_reason(table: str, name) -> str | None:
+    """Why the key ``name`` of the dotted ``table`` was removed (``REMOVED_KEYS``), or None."""
+    parts = table_path(table)
+    return REMOVED_KEYS.get(('train_play.<profile>' if len(parts) == 2 and parts[0] == 'train_play' else table, name))
