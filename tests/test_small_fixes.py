@@ -22,7 +22,7 @@ def test_a_removed_key_in_the_wrong_table_says_it_was_removed(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger='mortal.config'):
         load_config(path, required=('control',), env={})
     assert (f'unknown key [control] n_step in {path} ([online] n_step was removed: measured as no gain '
-            f'(docs/learning.md, part 4); delete the line)') in caplog.text
+            f'(docs/config.md, "Removed keys"); delete the line)') in caplog.text
 
 
 def test_gen_config_doc_writes_utf8_whatever_the_io_encoding(tmp_path):
