@@ -454,7 +454,7 @@ def _unknown_names(config: dict, path: str, warns: list[str], errors: list[str])
             continue
         warning = unknown_warning(u, path)
         elsewhere = [(t, reason) for (t, n), reason in REMOVED_KEYS.items() if n == u.name and not u.is_section]
-        if elsewhere:  # a removed key written in another table than its own
+        if len(elsewhere) == 1:  # a removed key written in another table than its own (not [schedule.*]'s kind)
             warning += f' ([{elsewhere[0][0]}] {u.name} was {elsewhere[0][1]})'
         warns.append(warning)
 

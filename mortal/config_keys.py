@@ -25,11 +25,6 @@ class Key:
     doc: str
     default: Any = REQUIRED
 
-    @property
-    def required(self) -> bool:
-        """True when the key has no default and must be in the file."""
-        return self.default is REQUIRED
-
 
 def is_section(annotation) -> bool:
     """True when a field's annotation is a sub-table (a :class:`Section`, or a dict or Optional of one)."""
@@ -178,7 +173,7 @@ def unknown_names(config: dict) -> list[Unknown]:
 
 
 def unknown_warning(u: Unknown, path: str) -> str:
-    """The warning :func:`validate` gives for ``u`` (an entry of :func:`unknown_names`) in the file ``path``."""
+    """The warning ``mortal.config.validate`` gives for ``u`` (an entry of :func:`unknown_names`) in the file ``path``."""
     if u.is_section:
         name = table_name((u.name,))  # ["a.b"], as TOML
         return f"unknown section [{f'{u.table}.{name}' if u.table else name}] in {path}"
