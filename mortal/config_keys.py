@@ -173,7 +173,7 @@ def unknown_names(config: dict) -> list[Unknown]:
 
 
 def unknown_warning(u: Unknown, path: str) -> str:
-    """The warning ``mortal.config.validate`` gives for ``u`` (an entry of :func:`unknown_names`) in the file ``path``."""
+    """The warning ``mortal.config.validate`` gives for ``u`` (an entry of :func:`unknown_names`) in ``path``."""
     if u.is_section:
         name = table_name((u.name,))  # ["a.b"], as TOML
         return f"unknown section [{f'{u.table}.{name}' if u.table else name}] in {path}"

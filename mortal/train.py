@@ -198,7 +198,8 @@ class Trainer:
                 self.instruments.add(q_stats, terms.q[:n], q_target[:n])
 
     def _advance(self) -> None:
-        """A step on: the optimizer step (every ``opt_step_every`` steps), the learning rate, the progress bar; a submit and a save (with its test play) when due."""
+        """A step on: the optimizer step (every ``opt_step_every`` steps), the learning rate, the progress bar;
+        a submit and a save (with its test play) when due."""
         self.steps += 1
         if self.steps % self.opt_step_every == 0:
             optimizer_step(self.optimizer, self.scaler, self.max_grad_norm)

@@ -122,7 +122,8 @@ REMOVED_WHY = {
                                                         'branches": persist − control +0.018 ± 0.099',
     ('resnet', 'dropout'): 'never measured',
     **{('rotation', k): _ROTATION for k in ('after', 'max_rank', 'pool_size')},
-    **{(f'schedule.{s}', k): _SCHEDULE for s in ('lr', 'epsilon', 'temp') for k in ('kind', 'rate', 'final', 'max_steps')},
+    **{(f'schedule.{s}', k): _SCHEDULE for s in ('lr', 'epsilon', 'temp')
+       for k in ('kind', 'rate', 'final', 'max_steps')},
 }
 
 INTRO = """\
