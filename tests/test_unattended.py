@@ -83,6 +83,52 @@ def test_a_typo_saved_while_training_waits_then_resumes_once_fixed(tmp_path):
     assert errors[-1] == 'learner exited with status 3: stopping'
 
 
+def test_an_edit_saved_while_the_learner_runs_is_judged_at_once(tmp_path):
+    # A user saves a typo, then a fix with one changed key, while a learner runs (it would only restart after its
+    # next test play, maybe an hour later). On main nothing was said until that restart; now each save is judged
+    # within two watch intervals, while the same learner still runs.
+    _, cfg = load_tiny_config(tmp_path, online=True)
+    good = cfg.read_text()
+    release = tmp_path / 'release'
+    script = tmp_path / 'learner.py'
+    script.write_text(
+        'import os, sys, time\n'
+        f'deadline = time.time() + 60\n'
+        f'while not os.path.exists({str(release)!r}) and time.time() < deadline:\n'
+        '    time.sleep(0.02)\n'
+        'sys.exit(4)\n')
+    lines = Lines()
+    logger = logging.getLogger('mortal.train')
+    logger.addHandler(lines)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+
+    def edit():
+        wait_until(lambda: lines.has('learner started'))
+        cfg.write_text(good.replace('batch_size = 8', 'batch_sise = 8'))
+        wait_until(lambda: lines.has('was saved with errors'))
+        cfg.write_text(good.replace('test_every = 4', 'test_every = 8'))
+        wait_until(lambda: lines.has('saved: valid'))
+        release.write_text('')
+
+    editor = threading.Thread(target=edit)
+    editor.start()
+    try:
+        code = supervisor.supervise([], script=str(script), restart_delay=0.05, config_path=str(cfg),
+                                    required=ONLINE_TRAIN_SECTIONS, env={}, retry_interval=0.05, remind_every=60,
+                                    watch_interval=0.05)
+    finally:
+        editor.join(timeout=60)
+        logger.removeHandler(lines)
+        logger.setLevel(old_level)
+    assert code == 4  # one learner ran throughout: both verdicts came while it ran
+    errors = [m for level, m in lines.records if level == logging.ERROR]
+    assert errors[0].startswith(f'config {cfg} was saved with errors: the running learner keeps its config')
+    assert 'batch_sise' in errors[0] or 'batch_size' in errors[0]
+    assert f"config {cfg} saved: valid; at the learner's next start: [control] test_every 4 -> 8" in \
+        [m for _, m in lines.records]
+
+
 def test_a_learner_failing_on_a_broken_config_is_waited_for(tmp_path):
     # A config broken after the supervisor's check (the learner fails on it with status 2): the supervisor waits
     # for the fix instead of stopping.
