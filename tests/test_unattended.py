@@ -293,3 +293,32 @@ def test_changed_keys_name_each_key_with_both_values():
     # the server's table, not the learner's: the line says so (the new user read a client key as applied)
     assert changed_keys({'online': {'server': {'capacity': 64}}}, {'online': {'server': {'capacity': 32}}}) == [
         '[online.server] capacity 64 -> 32 (used by the server: at its restart)']
+
+
+def test_a_line_logged_while_the_train_bar_is_drawn_starts_a_line_of_its_own(tmp_path):
+    # A new user's trial saw "TRAIN: ... it/s]2026-... INFO mortal.train: ..." glued together: the learner logged
+    # while its bar was on the terminal. The learner now runs under tqdm's logging redirect.
+    import os
+    import subprocess
+    import sys
+    _, cfg = load_tiny_config(tmp_path, online=False)
+    code = (
+        'import logging, sys\n'
+        'from tqdm import tqdm\n'
+        'from mortal import train\n'
+        'def fake_learner(config, dist):\n'
+        '    pb = tqdm(total=10, desc="TRAIN", ascii=True)\n'
+        '    pb.update(3)\n'
+        '    logging.getLogger("mortal.train").info("a line while the bar is drawn")\n'
+        '    pb.close()\n'
+        '    return 0\n'
+        'train.run_learner = fake_learner\n'
+        f'train.main(["-c", {str(cfg)!r}])\n')
+    env = {**os.environ, 'PYTHONPATH': os.pathsep.join(sys.path)}
+    env.pop('MORTAL_CFG', None)
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    before, _, _ = out.stderr.partition('INFO mortal.train: a line while the bar is drawn')
+    assert before, out.stderr
+    line_start = before.rsplit('\n', 1)[-1].rsplit('\r', 1)[-1]  # what precedes it on its terminal line
+    assert re.fullmatch(r'[\d\-:, ]+', line_start), repr(before[-120:])
