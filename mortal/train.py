@@ -228,7 +228,7 @@ class Trainer:
             settings=self.play_settings() if self.online else None, instruments=self.instruments,
             trained=self.models, device=self.device)
         self.reset_stats()
-        self.log_total_steps()
+        self.log_total_steps(tested=False)
 
         self.save()
         if self.online and self.steps % self.submit_every != 0:
@@ -250,10 +250,11 @@ class Trainer:
         self.stats = {'dqn_loss': 0.0, 'cql_loss': 0.0, 'anchor_loss': 0.0, 'offline_cql_loss': 0.0,
                       'next_rank_loss': 0.0, 'counterfactual_loss': 0.0}
 
-    def log_total_steps(self) -> None:
-        """Mortal's ``total steps`` line, with the countdown to the next test play when there is one."""
-        save_cycle.log_total_steps(self.steps, save_cycle.steps_to_next_test(self.steps, self.test_every,
-                                                                             self.test_player))
+    def log_total_steps(self, tested: bool = True) -> None:
+        """Mortal's ``total steps`` line, with the countdown to the next test play when there is one (``tested``:
+        a test play due at this step has been played)."""
+        save_cycle.log_total_steps(self.steps, save_cycle.steps_to_next_test(
+            self.steps, self.test_every, self.test_player, tested=tested))
 
     def _progress_bar(self):
         """The bar of this save cycle (rank 0; None on the others)."""
@@ -504,7 +505,9 @@ def main(argv=None):
             if online:
                 end_with_supervisor()  # out of the terminal's session: end with the supervisor
             entry.log_settings(logger, config, 'learner', args.config, args.overrides)
-            code = run_learner(config, dist)
+            from tqdm.contrib.logging import logging_redirect_tqdm
+            with logging_redirect_tqdm():  # a line logged while the TRAIN bar is drawn goes above it, not into it
+                code = run_learner(config, dist)
         else:
             holder = runlock.holder_if_held(control.state_file)  # refused at once, not at the child's start
             if holder is not None:

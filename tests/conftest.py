@@ -36,6 +36,15 @@ def load_script(relpath: str, name: str):
     spec.loader.exec_module(module)
     return module
 
+def wait_until(cond, timeout: float = 30.0, interval: float = 0.01) -> None:
+    """Poll ``cond()`` every ``interval`` s until it is true; fails the test after ``timeout`` s."""
+    import time
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, 'timed out'
+        time.sleep(interval)
+
+
 
 def free_port():
     """A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released)."""

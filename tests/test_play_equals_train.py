@@ -382,14 +382,18 @@ def _write_checkpoint(config, filename, version: int, seed: int):
                 "config": config, "steps": 0}, filename)
 
 
-def _setup(tmp_path, version: int, **overrides):
+def _setup(tmp_path, monkeypatch, version: int, hanchan: bool, **overrides):
+    """The tiny config at ``version`` with two checkpoints, games cut short unless ``hanchan``, and a recorder of
+    the engines' rows: ``(config, brain, dqn, record)``."""
+    if not hanchan:
+        _end_games_early(monkeypatch)
     config, _ = load_tiny_config(tmp_path, online=False, control={"version": version}, **overrides)
     _write_checkpoint(config, config["baseline"]["train"]["state_file"], version, seed=3)
     _write_checkpoint(config, config["control"]["state_file"], version, seed=5)
     from mortal.model.checkpoint import load_model_pair
     brain, dqn, got = load_model_pair(config["control"]["state_file"])
     assert got == version
-    return config, brain, dqn
+    return config, brain, dqn, PlayRecord(monkeypatch)
 
 
 def _end_games_early(monkeypatch):
@@ -427,12 +431,9 @@ def test_self_play_round_equals_what_the_learner_loads(tmp_path, monkeypatch, ve
     """The client's round (``TrainPlayer.train_play``, exploring trainee vs greedy baseline); at version 3 with
     counterfactual branches (version 4 forks none), whose columns must be the forks'."""
     from mortal.play.player import TrainPlayer
-    if not hanchan:
-        _end_games_early(monkeypatch)
     rate = 0.3 if version == 3 else 0.0
-    config, brain, dqn = _setup(tmp_path, version, **{"train_play.default": {
+    config, brain, dqn, record = _setup(tmp_path, monkeypatch, version, hanchan, **{"train_play.default": {
         "boltzmann_epsilon": 0.2, "boltzmann_temp": 1.0, "counterfactual_rate": rate}})
-    record = PlayRecord(monkeypatch)
     key = {3: 7, 4: 10}[version]  # deals with a kan (see _assert_covered)
     player = TrainPlayer(config, {}, train_key=key)
     rankings, files = player.train_play(brain, dqn, "cpu")
@@ -448,10 +449,7 @@ def test_self_play_round_equals_what_the_learner_loads(tmp_path, monkeypatch, ve
 def test_test_play_equals_what_the_learner_loads(tmp_path, monkeypatch, version, hanchan):
     """The trainer's test play (``TestPlayer``: greedy challenger 'mortal' vs the ``[baseline.test]`` engine)."""
     from mortal.play.player import TEST_SEED, TestPlayer
-    if not hanchan:
-        _end_games_early(monkeypatch)
-    config, brain, dqn = _setup(tmp_path, version)
-    record = PlayRecord(monkeypatch)
+    config, brain, dqn, record = _setup(tmp_path, monkeypatch, version, hanchan)
     TestPlayer(config).test_play(1, brain, dqn, "cpu")
     counts = compare_logs(record, tmp_path / "test_play", TEST_SEED[0], TEST_SEED[1], version, "mortal",
                           {"mortal": False, "baseline": True})
@@ -462,10 +460,7 @@ def test_test_play_equals_what_the_learner_loads(tmp_path, monkeypatch, version,
 def test_evaluation_equals_what_the_learner_loads(tmp_path, monkeypatch, version, hanchan):
     """``mortal.play.evaluation.play_chunk`` (what ``play_duplicate`` runs in each worker) from two checkpoints."""
     from mortal.play.evaluation import play_chunk
-    if not hanchan:
-        _end_games_early(monkeypatch)
-    config, _, _ = _setup(tmp_path, version)
-    record = PlayRecord(monkeypatch)
+    config, _, _, record = _setup(tmp_path, monkeypatch, version, hanchan)
     chal = ("mortal", config["control"]["state_file"])
     champ = ("mortal", config["baseline"]["train"]["state_file"])
     units = play_chunk((chal, champ, 20000, 1, 13, str(tmp_path / "eval")))
@@ -481,10 +476,7 @@ def test_evaluation_against_rule_based_bots_equals_what_the_learner_loads(tmp_pa
     bots declare riichi and win, so the engine's decisions after a riichi, a hora and a kyoku that ended in one are
     compared too; the bot seats' samples are checked against their states (mask; observation at version 3)."""
     from mortal.play.evaluation import play_chunk
-    if not hanchan:
-        _end_games_early(monkeypatch)
-    config, _, _ = _setup(tmp_path, version)
-    record = PlayRecord(monkeypatch)
+    config, _, _, record = _setup(tmp_path, monkeypatch, version, hanchan)
     units = play_chunk((("mortal", config["control"]["state_file"]), ("rulebase", None), 20000, 1, 12,
                         str(tmp_path / "eval")))
     assert list(units) == [20000]

@@ -564,6 +564,22 @@ def test_offline_bootstrap_prints_a_countdown_only_with_test_play(tmp_path, capl
     assert lines == (['total steps: 750'] if offline_test_every == 0 else ['total steps: 750 (~10)'])
 
 
+def test_a_learner_starting_after_its_test_play_counts_down_a_whole_cycle(tmp_path, caplog):
+    # The online learner restarts at a multiple of test_every, right after that step's test play: its first line
+    # said "(~0)" as if a test play were due (a new user's trial). The line before a due test play keeps 0.
+    from mortal.learning.save_cycle import steps_to_next_test
+    assert steps_to_next_test(600, 600, None) == 600
+    assert steps_to_next_test(600, 600, None, tested=False) == 0
+    assert steps_to_next_test(601, 600, None) == 599
+    assert steps_to_next_test(1199, 600, None, tested=False) == 1
+    config, _ = load_tiny_config(tmp_path, online=False)
+    trainer = fake_trainer(config)
+    trainer.steps = 3 * trainer.test_every
+    with caplog.at_level(logging.INFO, logger='mortal.train'):
+        trainer.log_total_steps()
+    assert caplog.records[-1].getMessage() == f'total steps: {trainer.steps:,} (~{trainer.test_every:,})'
+
+
 # -- one learner per state file, one client per log_dir (issue 35, cases 1 and 6) ----------------------------------
 
 def _holder_line(pid):

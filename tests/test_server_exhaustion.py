@@ -13,18 +13,12 @@ import time
 
 import pytest
 
-from conftest import load_script, start_param_server, stop_server
+from conftest import load_script, start_param_server, stop_server, wait_until
 from mortal.net import param_server, wire
 
 bench = load_script('bench/server_exhaustion.py', 'server_exhaustion_bench')
 TOKEN = 's3cret'
 
-
-def wait_until(cond, timeout=5.0):
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, 'timed out'
-        time.sleep(0.01)
 
 
 @pytest.mark.parametrize('kind, conns', [

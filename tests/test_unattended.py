@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import load_tiny_config
+from conftest import load_tiny_config, wait_until
 from mortal.config import ONLINE_TRAIN_SECTIONS
 from mortal.learning import supervisor
 
@@ -28,51 +28,63 @@ class Lines(logging.Handler):
         return any(text in m for _, m in self.records)
 
 
-def wait_until(cond, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, 'timed out'
-        time.sleep(0.02)
+@pytest.fixture
+def train_lines():
+    """A ``Lines`` on the ``mortal.train`` logger at INFO for the test's length."""
+    lines = Lines()
+    logger = logging.getLogger('mortal.train')
+    logger.addHandler(lines)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+    yield lines
+    logger.removeHandler(lines)
+    logger.setLevel(old_level)
 
 
-def test_a_typo_saved_while_training_waits_then_resumes_once_fixed(tmp_path):
-    # The first learner saves `batch_sise` into the running config (as a user's editor would) and exits 0, as after a
-    # test play; the supervisor must not start a learner on it (on main it did, which failed with status 2 and
-    # ended the run) but wait, say why at ERROR, remind, and start the next learner once the file is fixed.
-    _, cfg = load_tiny_config(tmp_path, online=True)
-    good = cfg.read_text()
-    assert re.search(r'^batch_size = 8$', good, re.M) and re.search(r'^test_every = 4$', good, re.M)
-    counter = tmp_path / 'n'
-    script = tmp_path / 'learner.py'
+def counting_learner(tmp_path, cfg, edit, status):
+    """A fake learner script and the file counting its runs: run n (from 0) replaces ``edit[0]`` with ``edit[1]``
+    in ``cfg`` when n is 0, and exits with the Python expression ``status`` of n."""
+    counter, script = tmp_path / 'n', tmp_path / 'learner.py'
     script.write_text(
         'import os, sys\n'
         f'p, cfg = {str(counter)!r}, {str(cfg)!r}\n'
         'n = int(open(p).read()) if os.path.exists(p) else 0\n'
         'open(p, "w").write(str(n + 1))\n'
         'if n == 0:\n'
-        '    text = open(cfg).read().replace("batch_size = 8", "batch_sise = 8")\n'
+        f'    text = open(cfg).read().replace({edit[0]!r}, {edit[1]!r})\n'
         '    open(cfg, "w").write(text)\n'
-        'sys.exit(0 if n == 0 else 3)\n')
-    lines = Lines()
-    logger = logging.getLogger('mortal.train')
-    logger.addHandler(lines)
-    old_level = logger.level
-    logger.setLevel(logging.INFO)
+        f'sys.exit({status})\n')
+    return script, counter
 
+
+def supervise_while(script, cfg, user, **kwargs):
+    """``supervisor.supervise`` of ``script`` on the online config ``cfg`` (``kwargs`` added) while ``user()`` runs
+    on a thread, as a person editing the file; returns the supervisor's status."""
+    thread = threading.Thread(target=user)
+    thread.start()
+    try:
+        return supervisor.supervise([], script=str(script), restart_delay=0.05, config_path=str(cfg),
+                                    required=ONLINE_TRAIN_SECTIONS, env={}, **kwargs)
+    finally:
+        thread.join(timeout=60)
+
+
+
+def test_a_typo_saved_while_training_waits_then_resumes_once_fixed(tmp_path, train_lines):
+    lines = train_lines
+    # The first learner saves `batch_sise` into the running config (as a user's editor would) and exits 0, as after a
+    # test play; the supervisor must not start a learner on it (on main it did, which failed with status 2 and
+    # ended the run) but wait, say why at ERROR, remind, and start the next learner once the file is fixed.
+    _, cfg = load_tiny_config(tmp_path, online=True)
+    good = cfg.read_text()
+    assert re.search(r'^batch_size = 8$', good, re.M) and re.search(r'^test_every = 4$', good, re.M)
+    script, counter = counting_learner(tmp_path, cfg, ('batch_size = 8', 'batch_sise = 8'), '0 if n == 0 else 3')
     def fix():
         wait_until(lambda: lines.has('still waiting for a valid config'))  # it waits, and says so again
         assert counter.read_text() == '1'  # no learner was started on the broken file
         cfg.write_text(good.replace('test_every = 4', 'test_every = 8'))  # fixed, and one key changed
 
-    fixer = threading.Thread(target=fix)
-    fixer.start()
-    try:
-        code = supervisor.supervise([], script=str(script), restart_delay=0.05, config_path=str(cfg),
-                                    required=ONLINE_TRAIN_SECTIONS, env={}, retry_interval=0.05, remind_every=0.2)
-    finally:
-        fixer.join(timeout=60)
-        logger.removeHandler(lines)
-        logger.setLevel(old_level)
+    code = supervise_while(script, cfg, fix, retry_interval=0.05, remind_every=0.2)
     assert code == 3 and counter.read_text() == '2'  # the second learner ran on the fixed file
     errors = [m for level, m in lines.records if level == logging.ERROR]
     assert errors[0].startswith(f'config {cfg} is broken: the learner is not restarted until it is fixed')
@@ -83,21 +95,45 @@ def test_a_typo_saved_while_training_waits_then_resumes_once_fixed(tmp_path):
     assert errors[-1] == 'learner exited with status 3: stopping'
 
 
+def test_an_edit_saved_while_the_learner_runs_is_judged_at_once(tmp_path, train_lines):
+    lines = train_lines
+    # A user saves a typo, then a fix with one changed key, while a learner runs (it would only restart after its
+    # next test play, maybe an hour later). On main nothing was said until that restart; now each save is judged
+    # within two watch intervals, while the same learner still runs.
+    _, cfg = load_tiny_config(tmp_path, online=True)
+    good = cfg.read_text()
+    release = tmp_path / 'release'
+    script = tmp_path / 'learner.py'
+    script.write_text(
+        'import os, sys, time\n'
+        f'deadline = time.time() + 60\n'
+        f'while not os.path.exists({str(release)!r}) and time.time() < deadline:\n'
+        '    time.sleep(0.02)\n'
+        'sys.exit(4)\n')
+    def edit():
+        wait_until(lambda: lines.has('learner started'))
+        cfg.write_text(good.replace('batch_size = 8', 'batch_sise = 8'))
+        wait_until(lambda: lines.has('was saved with errors'))
+        cfg.write_text(good.replace('test_every = 4', 'test_every = 8'))
+        wait_until(lambda: lines.has('saved: valid'))
+        release.write_text('')
+
+    code = supervise_while(script, cfg, edit, retry_interval=0.05, remind_every=60, watch_interval=0.05)
+    assert code == 4  # one learner ran throughout: both verdicts came while it ran
+    errors = [m for level, m in lines.records if level == logging.ERROR]
+    assert errors[0].startswith(f'config {cfg} was saved with errors: the running learner keeps its config')
+    assert 'batch_sise' in errors[0] or 'batch_size' in errors[0]
+    assert f"config {cfg} saved: valid; at the learner's next start: [control] test_every 4 -> 8" in \
+        [m for _, m in lines.records]
+
+
 def test_a_learner_failing_on_a_broken_config_is_waited_for(tmp_path):
     # A config broken after the supervisor's check (the learner fails on it with status 2): the supervisor waits
     # for the fix instead of stopping.
     _, cfg = load_tiny_config(tmp_path, online=True)
     good = cfg.read_text()
-    counter = tmp_path / 'n'
-    script = tmp_path / 'learner.py'
-    script.write_text(
-        'import os, sys\n'
-        f'p, cfg = {str(counter)!r}, {str(cfg)!r}\n'
-        'n = int(open(p).read()) if os.path.exists(p) else 0\n'
-        'open(p, "w").write(str(n + 1))\n'
-        'if n == 0:\n'
-        '    open(cfg, "w").write(open(cfg).read().replace("batch_size = 8", "batch_size = -8"))\n'
-        'sys.exit(2 if n == 0 else 0 if n == 1 else 5)\n')
+    script, counter = counting_learner(tmp_path, cfg, ('batch_size = 8', 'batch_size = -8'),
+                                       '2 if n == 0 else 0 if n == 1 else 5')
     seen = []
 
     def fix():
@@ -106,13 +142,7 @@ def test_a_learner_failing_on_a_broken_config_is_waited_for(tmp_path):
         seen.append(counter.read_text())
         cfg.write_text(good)
 
-    fixer = threading.Thread(target=fix)
-    fixer.start()
-    try:
-        code = supervisor.supervise([], script=str(script), restart_delay=0.05, config_path=str(cfg),
-                                    required=ONLINE_TRAIN_SECTIONS, env={}, retry_interval=0.05, remind_every=60)
-    finally:
-        fixer.join(timeout=60)
+    code = supervise_while(script, cfg, fix, retry_interval=0.05, remind_every=60)
     assert seen == ['1'] and code == 5 and counter.read_text() == '3'
 
 
@@ -247,3 +277,32 @@ def test_changed_keys_name_each_key_with_both_values():
     # the server's table, not the learner's: the line says so (the new user read a client key as applied)
     assert changed_keys({'online': {'server': {'capacity': 64}}}, {'online': {'server': {'capacity': 32}}}) == [
         '[online.server] capacity 64 -> 32 (used by the server: at its restart)']
+
+
+def test_a_line_logged_while_the_train_bar_is_drawn_starts_a_line_of_its_own(tmp_path):
+    # A new user's trial saw "TRAIN: ... it/s]2026-... INFO mortal.train: ..." glued together: the learner logged
+    # while its bar was on the terminal. The learner now runs under tqdm's logging redirect.
+    import os
+    import subprocess
+    import sys
+    _, cfg = load_tiny_config(tmp_path, online=False)
+    code = (
+        'import logging, sys\n'
+        'from tqdm import tqdm\n'
+        'from mortal import train\n'
+        'def fake_learner(config, dist):\n'
+        '    pb = tqdm(total=10, desc="TRAIN", ascii=True)\n'
+        '    pb.update(3)\n'
+        '    logging.getLogger("mortal.train").info("a line while the bar is drawn")\n'
+        '    pb.close()\n'
+        '    return 0\n'
+        'train.run_learner = fake_learner\n'
+        f'train.main(["-c", {str(cfg)!r}])\n')
+    env = {**os.environ, 'PYTHONPATH': os.pathsep.join(sys.path)}
+    env.pop('MORTAL_CFG', None)
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    before, _, _ = out.stderr.partition('INFO mortal.train: a line while the bar is drawn')
+    assert before, out.stderr
+    line_start = before.rsplit('\n', 1)[-1].rsplit('\r', 1)[-1]  # what precedes it on its terminal line
+    assert re.fullmatch(r'[\d\-:, ]+', line_start), repr(before[-120:])

@@ -37,13 +37,15 @@ def write_scalars(writer, steps: int, stats: dict, batches: int, *, loss_weights
     writer.flush()
 
 
-def steps_to_next_test(steps: int, test_every: int, test_player):
-    """Steps left from ``steps`` until the next test play (0 right at one), as Mortal's progress line; None when
-    ``test_player`` never plays (its ``enabled`` is False, as the offline bootstrap's without ``[bootstrap]
-    offline_test_every``)."""
+def steps_to_next_test(steps: int, test_every: int, test_player, *, tested: bool = True):
+    """Steps left from ``steps`` until the next test play, for the progress line; None when ``test_player`` never
+    plays (its ``enabled`` is False, as the offline bootstrap's without ``[bootstrap] offline_test_every``). At a
+    multiple of ``test_every`` it is 0 when that step's test play is still to come (``tested`` False: the line
+    before it), else ``test_every`` (a learner starting there has had that test play)."""
     if not getattr(test_player, 'enabled', True):
         return None
-    return (test_every - steps % test_every) % test_every
+    left = (test_every - steps % test_every) % test_every
+    return test_every if left == 0 and tested else left
 
 
 def log_total_steps(steps: int, to_test) -> None:

@@ -38,6 +38,7 @@ GROUP_GRACE = 3.0  # seconds a finished learner's loader processes get to exit b
 RESTART_DELAY = 3.0  # seconds between a child's clean exit and the next start (Mortal)
 CONFIG_RETRY_INTERVAL = 30.0  # seconds between two checks of a broken config before a restart
 CONFIG_REMIND_EVERY = 60.0  # seconds between two lines saying that the learner still waits for a valid config
+CONFIG_WATCH_INTERVAL = 5.0  # seconds between two looks at the config's modification time while a learner runs
 
 
 def signal_group(pgid: int, sig: int) -> bool:
@@ -106,6 +107,28 @@ def checked_config(path: str, required, env) -> tuple:
         quiet.setLevel(level)
 
 
+def config_mtime(path: str):
+    """The modification time of ``path`` in ns, or None when it cannot be read (removed, renamed mid-save)."""
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def report_config_edit(path: str, required, env, started_with) -> None:
+    """Log what a save of ``path`` made while a learner runs means: its errors at ERROR (the next restart waits for
+    a fix, the running learner is not affected), else at INFO the keys that change when the learner next starts
+    (against ``started_with``, the config it started with)."""
+    config, errors = checked_config(path, required, env)
+    if errors:
+        logger.error('config %s was saved with errors: the running learner keeps its config, but the next one will '
+                     'not start until they are fixed:\n%s', path, '\n'.join(f'  - {e}' for e in errors))
+        return
+    changed = changed_keys(started_with, config) if started_with is not None else []
+    logger.info('config %s saved: valid; at the learner\'s next start: %s', path,
+                '; '.join(changed) if changed else 'no key changes')
+
+
 def wait_for_config(path: str, required, env, *, stop_requested, retry_interval: float = CONFIG_RETRY_INTERVAL,
                     remind_every: float = CONFIG_REMIND_EVERY, sleep=time.sleep, clock=time.monotonic):
     """The loaded config of ``path`` once it is valid (``checked_config``); None when ``stop_requested()`` turns
@@ -138,7 +161,7 @@ def wait_for_config(path: str, required, env, *, stop_requested, retry_interval:
 
 def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config_path: str | None = None,
               required=(), env=None, retry_interval: float = CONFIG_RETRY_INTERVAL,
-              remind_every: float = CONFIG_REMIND_EVERY) -> int:
+              remind_every: float = CONFIG_REMIND_EVERY, watch_interval: float = CONFIG_WATCH_INTERVAL) -> int:
     """Run ``python script argv`` as a child with MORTAL_IS_SUB_PROC=1; restart it ``restart_delay`` seconds after
     each exit with 0; return its status otherwise (128 + signal number when killed). SIGTERM and Ctrl-C (SIGINT)
     to the supervisor are passed on to the child.
@@ -150,7 +173,9 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
     checked before every restart: a broken one is waited for (``wait_for_config``, every ``retry_interval`` s,
     a line every ``remind_every`` s) instead of starting a learner that would fail on it, also after a learner
     that exited with an error while the config is broken; the keys changed since the last start are logged
-    (``mortal.util.config_diff``). With it, the supervisor also holds the lock of ``[control] state_file``
+    (``mortal.util.config_diff``), and a save of it while a learner runs is reported within about two
+    ``watch_interval`` s (``report_config_edit``; once its modification time has held for one interval, so a
+    half-written file is not judged). With it, the supervisor also holds the lock of ``[control] state_file``
     (``mortal.util.runlock``) from the first valid config to its end, and its learners run under that hold
     (``runlock.child_env``): a second trainer on the same state file is refused even between two learners; raises
     ``runlock.LockHeld`` when another process holds it."""
@@ -208,10 +233,18 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
             # A session of its own: the whole learner (with its loader processes) is one process group to reap.
             child = subprocess.Popen(cmd, env=child_env, start_new_session=True)
             logger.info('learner started (pid %d)', child.pid)
+            seen = config_mtime(config_path) if config_path is not None else None
+            pending = None  # a new modification time, reported once it has held for one interval
             while True:
                 try:
-                    code = child.wait()
+                    code = child.wait(timeout=watch_interval if config_path is not None else None)
                     break
+                except subprocess.TimeoutExpired:
+                    now = config_mtime(config_path)
+                    if now != seen and now is not None and now == pending:
+                        seen = now
+                        report_config_edit(config_path, required, env, started_with)
+                    pending = now
                 except KeyboardInterrupt:  # the terminal's Ctrl-C does not reach the child's session: pass it on
                     stopping = True
                     if child.poll() is None:

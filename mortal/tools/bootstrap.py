@@ -529,9 +529,9 @@ def _epoch_trainer_class():
         def _progress_bar(self):
             return self.epoch_bar
 
-        def log_total_steps(self):
+        def log_total_steps(self, tested=True):
             if self.epoch_bar is None:  # the epoch's bar counts the steps: no line per save beside it
-                super().log_total_steps()
+                super().log_total_steps(tested)
 
         def train_epoch(self, label='offline'):
             """``Trainer.train_epoch`` under one bar labelled ``label``; returns the batches trained."""
