@@ -77,10 +77,7 @@ def measure(tree: pathlib.Path) -> list:
             if up.f_code.co_name == '<module>' and up.f_code.co_filename != this:
                 return
             up = up.f_back
-        name = os.path.relpath(code.co_filename, tree)
-        if name not in files:
-            caller = frame.f_back.f_code
-            files[name] = f'{code.co_name} (from {os.path.relpath(caller.co_filename, tree)}:{caller.co_name})'
+        files.setdefault(os.path.relpath(code.co_filename, tree), set()).add(code.co_qualname)
 
     on.set()
     threading.setprofile(profile)
@@ -102,12 +99,12 @@ def measure(tree: pathlib.Path) -> list:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--tree', type=pathlib.Path, default=ROOT, help='the checkout to measure (default: this one)')
-    parser.add_argument('--why', action='store_true', help='name the first function called in each module')
+    parser.add_argument('--why', action='store_true', help='name the functions called in each module')
     args = parser.parse_args(argv)
     os.environ.setdefault('OMP_NUM_THREADS', '1')
     modules = measure(args.tree.resolve())
-    for m, first in modules:
-        print(f'{m}  {first}' if args.why else m)
+    for m, functions in modules:
+        print(f'{m}  {", ".join(sorted(functions))}' if args.why else m)
     print(f'{len(modules)} modules')
     return 0
 
