@@ -152,21 +152,6 @@ def file_digest(state_file: str):
     return wire.baseline_digest(mortal, dqn)
 
 
-def read_logs(file_list) -> dict:
-    """``{basename: bytes}`` of the round's log files."""
-    logs = {}
-    for filename in file_list:
-        with open(filename, 'rb') as f:
-            logs[path.basename(filename)] = f.read()
-    return logs
-
-
-def submit_logs(remote: wire.Remote, logs: dict, param_version: int, server_id, *, sleep=time.sleep) -> dict:
-    """Submit ``logs`` until the server stores them (retrying while it is unreachable)."""
-    msg = {'type': 'submit_replay', 'logs': logs, 'param_version': param_version, 'server_id': server_id}
-    return wire.request_with_retry(remote, msg, sleep=sleep)
-
-
 class BaselineSync:
     """The play settings a client follows from each parameter reply: the trainer's ε/T factors, and its baseline,
     fetched from ``remote`` into ``baseline.state_file`` (``[baseline.train]``; with ``from_server``) or reloaded
@@ -429,10 +414,14 @@ class Client:
         return f'{what}; {self.rounds} rounds submitted'
 
     def upload(self, file_list) -> None:
-        """Submit the round's log files with the parameter version they were played with (retrying while the
-        server is unreachable)."""
-        logs = read_logs(file_list)
-        submit_logs(self.remote, logs, self.param_version, self.server_id, sleep=self.sleep)
+        """Submit the round's log files (``{basename: bytes}``) with the parameter version they were played with,
+        retrying until the server stores them."""
+        logs = {}
+        for filename in file_list:
+            with open(filename, 'rb') as f:
+                logs[path.basename(filename)] = f.read()
+        msg = {'type': 'submit_replay', 'logs': logs, 'param_version': self.param_version, 'server_id': self.server_id}
+        wire.request_with_retry(self.remote, msg, sleep=self.sleep)
         logger.info('%d logs have been submitted', len(logs))
 
 

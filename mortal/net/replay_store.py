@@ -222,7 +222,7 @@ class ReplayStore:
 
     def get_param(self, client_version: int, client_server_id: Optional[str] = None) -> dict:
         """Parameters for a self-play client, or the reason it must wait (Mortal's three refusals)."""
-        if self._overflow():
+        if self.buffered() >= self.capacity:  # the trainer has not drained: clients get no parameters
             return {'status': wire.STATUS_OVERFLOW}
         if client_server_id != self.server_id:
             client_version = UNKNOWN_VERSION  # versions of another server instance mean nothing here
@@ -379,11 +379,6 @@ class ReplayStore:
         """Logs in the buffer, those of a failed drain (``pending``) included."""
         with self.dir_lock:
             return len(self.buffer) + len(self.pending)
-
-    def _overflow(self) -> bool:
-        """Whether the buffered logs (``pending`` included) reached ``capacity``: clients get no parameters."""
-        with self.dir_lock:
-            return len(self.buffer) + len(self.pending) >= self.capacity
 
     def submit_replay(self, logs: dict, param_version: int, client_server_id: Optional[str] = None) -> dict:
         """Store the logs ``{name: bytes}`` as ``{submission_id}_{name}``, all or none.
