@@ -64,7 +64,7 @@ def measure(tree: pathlib.Path) -> list:
     mortal_dir = str(tree / 'mortal') + os.sep
     on = threading.Event()
 
-    this = os.path.abspath(__file__)
+    here = sys._getframe()  # the learner's calls run under this frame, the server's in threads of their own
 
     def profile(frame, event, arg):
         code = frame.f_code
@@ -73,8 +73,8 @@ def measure(tree: pathlib.Path) -> list:
         if not code.co_flags & inspect.CO_OPTIMIZED:
             return  # a module or class body
         up = frame.f_back
-        while up is not None:  # run by an import (a decorator, a table built at import time): not the path
-            if up.f_code.co_name == '<module>' and up.f_code.co_filename != this:
+        while up is not None and up is not here:  # run by an import (a decorator, a table built at import time)
+            if up.f_code.co_name == '<module>':
                 return
             up = up.f_back
         files.setdefault(os.path.relpath(code.co_filename, tree), set()).add(code.co_qualname)
