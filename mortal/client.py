@@ -72,15 +72,33 @@ def format_round(rankings, history: RankHistory, total) -> tuple:
     )
 
 
-def fetch_param(remote: wire.Remote, param_version: int, server_id, *, sleep=time.sleep, on_wait=None) -> dict:
-    """Ask for parameters until the server answers 'ok' (logging each change of refusal reason once);
-    ``on_wait()`` before every wait (``wire.request_with_retry``)."""
+WAIT_REASONS = {  # get_param's refusals as a client logs them: what it waits for
+    wire.STATUS_EMPTY_PARAM: 'waiting for the trainer (train.py) to submit parameters: the server holds none yet',
+    wire.STATUS_BUSY: 'waiting for the trainer (train.py) to submit parameters newer than version {version} '
+                      '([online.server] force_sequential)',
+    wire.STATUS_OVERFLOW: "waiting for the trainer (train.py) to drain the server's full buffer",
+}
+
+
+def fetch_param(remote: wire.Remote, param_version: int, server_id, *, sleep=time.sleep, on_wait=None,
+                warn_minutes: float = 0.0) -> dict:
+    """Ask for parameters until the server answers 'ok', logging each change of refusal reason once
+    (``WAIT_REASONS``; ``warn_minutes``: the client's ``[online] no_param_warn_minutes``, named in it); ``on_wait()``
+    before every wait (``wire.request_with_retry``)."""
     last = {'status': None}
+    then = (f', a warning after {warn_minutes:g} min without new ones ([online] no_param_warn_minutes)'
+            if warn_minutes else '')
 
     def on_refusal(reply):
-        if reply.get('status') != last['status']:
-            logger.info('waiting for parameters: %s', reply.get('status'))
-            last['status'] = reply.get('status')
+        status = reply.get('status')
+        if status != last['status']:
+            last['status'] = status
+            reason = WAIT_REASONS.get(status)
+            if reason is None:
+                logger.info('waiting for parameters: %s', status)
+            else:
+                logger.info('%s (%s); asking again every %g s%s', reason.format(version=param_version), status,
+                            wire.RETRY_INTERVAL, then)
 
     msg = {'type': 'get_param', 'param_version': param_version, 'server_id': server_id}
     return wire.request_with_retry(remote, msg, on_refusal=on_refusal, sleep=sleep, on_wait=on_wait)
@@ -134,166 +152,77 @@ def file_digest(state_file: str):
     return wire.baseline_digest(mortal, dqn)
 
 
-def read_logs(file_list) -> dict:
-    """``{basename: bytes}`` of the round's log files."""
-    logs = {}
-    for filename in file_list:
-        with open(filename, 'rb') as f:
-            logs[path.basename(filename)] = f.read()
-    return logs
-
-
-def submit_logs(remote: wire.Remote, logs: dict, param_version: int, server_id, *, sleep=time.sleep) -> dict:
-    """Submit ``logs`` until the server stores them (retrying while it is unreachable)."""
-    msg = {'type': 'submit_replay', 'logs': logs, 'param_version': param_version, 'server_id': server_id}
-    return wire.request_with_retry(remote, msg, sleep=sleep)
-
-
-class ParamSync:
-    """The parameter sync of a ``Client`` (a mixin over its ``remote``, ``sleep`` and ``device``): the trainee's
-    networks (``mortal``, ``dqn``) and the version of the trainer's parameters they hold (``param_version``,
-    ``server_id``; -1 and None before the first). The play settings of a reply loaded go to ``apply_play_settings``
-    (``BaselineSync``). With no new parameters for ``[online] no_param_warn_minutes`` it warns once a minute
-    (``warn_if_stale``; ``clock``: the host's monotonic clock)."""
-
-    def init_params(self, cfg, version: int) -> None:
-        """Build the networks of ``cfg``'s ``[resnet]`` (typed sections) for observation ``version``, in eval mode;
-        no parameters loaded yet."""
-        from mortal.model.networks import Brain, DQN
-        self.mortal = Brain(version=version, conv_channels=cfg.resnet.conv_channels,
-                            num_blocks=cfg.resnet.num_blocks).to(self.device).eval()
-        self.dqn = DQN(version=version).to(self.device).eval()
-        if cfg.online.enable_compile:
-            self.mortal.compile()
-            self.dqn.compile()
-        self.param_version = -1
-        self.server_id = None
-        self.bad_param = None  # (server_id, param_version) of the last parameters that could not be loaded
-        self.no_param_warn = cfg.online.no_param_warn_minutes * 60.0  # s; 0 = never
-        self.param_since = self.clock()  # when the parameters last changed (or the client started)
-        self.stale_warned = None  # when warn_if_stale last warned
-
-    def warn_if_stale(self) -> None:
-        """A WARNING, at most once a minute, while the client has had no new parameters for ``[online]
-        no_param_warn_minutes`` (0: never)."""
-        now = self.clock()
-        idle = now - self.param_since
-        if not self.no_param_warn or idle < self.no_param_warn:
-            return
-        if self.stale_warned is not None and now - self.stale_warned < 60.0:
-            return
-        self.stale_warned = now
-        held = f'still version {self.param_version}' if self.param_version >= 0 else 'none loaded yet'
-        logger.warning('no new parameters for %.0f min (%s): is the trainer running? (its log says why it stopped '
-                       'or waits; [online] no_param_warn_minutes sets this warning)', idle / 60, held)
-
-    def sync_params(self) -> None:
-        """Ask the server for newer parameters and load them; with none loadable yet, ask again every
-        ``wire.RETRY_INTERVAL`` s, else play on with the parameters already loaded."""
-        while not self.update_param(fetch_param(self.remote, self.param_version, self.server_id,
-                                                sleep=self.sleep, on_wait=self.warn_if_stale)):
-            if self.param_version >= 0:
-                break  # play on with the parameters already loaded
-            self.warn_if_stale()
-            self.sleep(wire.RETRY_INTERVAL)
-        self.warn_if_stale()
-
-    def update_param(self, rsp: dict) -> bool:
-        """Load the parameters of a get_param 'ok' reply; True when loaded. Parameters that cannot be loaded
-        (undecodable, other keys or shapes) leave the current ones in place and return False, logging one warning
-        per (server_id, param_version)."""
-        key = (rsp.get('server_id'), rsp.get('param_version'))
-        try:
-            mortal = wire.unpack_state_dict(rsp['mortal'], self.device)
-            dqn = wire.unpack_state_dict(rsp['dqn'], self.device)
-            check_loadable(self.mortal, mortal, 'mortal')
-            check_loadable(self.dqn, dqn, 'dqn')
-            if not isinstance(key[1], int) or isinstance(key[1], bool):
-                raise ValueError(f'param_version is {key[1]!r}, expected an int')
-        except (wire.ProtocolError, ValueError, KeyError) as ex:
-            if key != self.bad_param:
-                self.bad_param = key
-                keeping = (f'keeping version {self.param_version}' if self.param_version >= 0
-                           else 'waiting for loadable ones')
-                logger.warning('cannot load parameters version %s from the server (%s): %s', key[1], keeping, ex)
-            return False
-        self.mortal.load_state_dict(mortal)
-        self.dqn.load_state_dict(dqn)
-        if key != (self.server_id, self.param_version):
-            self.param_since, self.stale_warned = self.clock(), None
-        self.param_version = key[1]
-        self.server_id = key[0]
-        logger.info('param has been updated (version %d)', self.param_version)
-        self.apply_play_settings(rsp)
-        return True
-
-
 class BaselineSync:
-    """The play settings a ``Client`` follows from each parameter reply (a mixin over its ``remote``, ``sleep`` and
-    ``train_player``): the trainer's ε/T factors, and its baseline, fetched from the server into ``[baseline.train]
-    state_file`` (``from_server``) or reloaded from that file after a rotation (``baseline_version``,
-    ``baseline_digest``; ``bad_baseline``: a served one that failed its checks)."""
+    """The play settings a client follows from each parameter reply: the trainer's ε/T factors, and its baseline,
+    fetched from ``remote`` into ``baseline.state_file`` (``[baseline.train]``; with ``from_server``) or reloaded
+    from that file after a rotation. ``version`` and ``digest``: the trainer's baseline last followed;
+    ``bad_digest``: a served one that failed its checks (not fetched again). The ``TrainPlayer`` to change is an
+    argument of each call: it is built after ``fetch_missing``."""
 
-    def init_baseline(self, baseline, *, fetch_missing: bool) -> None:
-        """Follow ``baseline`` (the typed ``[baseline.train]``); with ``fetch_missing``, a ``state_file`` that does
-        not exist is fetched from the server first, asking every ``wire.RETRY_INTERVAL`` s until it has one."""
-        self.baseline_file = baseline.state_file
+    def __init__(self, remote: wire.Remote, baseline, *, sleep=time.sleep):
+        self.remote = remote
+        self.sleep = sleep
+        self.state_file = baseline.state_file
         self.from_server = baseline.from_server
-        self.baseline_digest = None  # digest of the baseline played against, once known (from_server)
-        self.bad_baseline = None  # digest of a served baseline that failed its checks (not fetched again)
-        self.baseline_version = None  # the trainer's baseline version last seen (None: none seen yet)
+        self.digest = None  # digest of the baseline played against, once known (from_server)
+        self.bad_digest = None
+        self.version = None  # the trainer's baseline version last seen (None: none seen yet)
         self.factors = (1.0, 1.0)  # (epsilon_factor, temp_factor) last applied
-        if fetch_missing and self.from_server and not path.exists(self.baseline_file):
-            logger.info("%s does not exist: fetching the trainer's baseline from the server", self.baseline_file)
-            while self.install_baseline(wait=True) is None:
+
+    def fetch_missing(self) -> None:
+        """With ``from_server``, a ``state_file`` that does not exist is fetched from the server, asking every
+        ``wire.RETRY_INTERVAL`` s until it has one."""
+        if self.from_server and not path.exists(self.state_file):
+            logger.info("%s does not exist: fetching the trainer's baseline from the server", self.state_file)
+            while self.install(wait=True) is None:
                 self.sleep(wire.RETRY_INTERVAL)
 
-    def apply_play_settings(self, rsp: dict) -> None:
-        """Follow the trainer's play settings of a get_param reply: the ε/T factors (``mortal.learning.schedule``,
-        rollbacks) and the baseline version (a rotation: ``[baseline.train] state_file`` is loaded again). A reply
-        without them (an older server) changes nothing."""
+    def apply_play_settings(self, rsp: dict, player) -> None:
+        """Follow the trainer's play settings of a get_param reply on ``player`` (a ``TrainPlayer``): the ε/T
+        factors (``mortal.learning.schedule``, rollbacks) and the baseline version (a rotation: ``state_file`` is
+        loaded again). A reply without them (an older server) changes nothing."""
         try:
             settings = wire.check_play_settings(rsp)
         except ValueError as ex:
             logger.warning('ignoring the play settings of parameters version %s: %s', rsp.get('param_version'), ex)
             return
         factors = (settings['epsilon_factor'], settings['temp_factor'])
-        if factors != self.factors and hasattr(self.train_player, 'set_factors'):
-            self.train_player.set_factors(*factors)
+        if factors != self.factors and hasattr(player, 'set_factors'):
+            player.set_factors(*factors)
             self.factors = factors
-            epsilon, temp = self.train_player.effective_exploration()
+            epsilon, temp = player.effective_exploration()
             logger.info('exploration from the trainer: boltzmann_epsilon %.4g, boltzmann_temp %.4g', epsilon, temp)
         version = settings['baseline_version']
         digest = rsp.get('baseline_digest')
         if self.from_server and isinstance(digest, str):  # a server holding the trainer's baseline
-            if digest != self.baseline_digest and digest != self.bad_baseline:
-                self.follow_baseline(digest, version)
-            self.baseline_version = version
+            if digest != self.digest and digest != self.bad_digest:
+                self.follow(digest, version, player)
+            self.version = version
             return
-        changed = version != self.baseline_version if self.baseline_version is not None else (
-            getattr(self.train_player, 'baseline_stale', lambda: False)())  # rotated before our first fetch
-        if changed and not self.reload_baseline(version):
+        changed = version != self.version if self.version is not None else (
+            getattr(player, 'baseline_stale', lambda: False)())  # rotated before our first fetch
+        if changed and not self.reload(version, player):
             return
-        self.baseline_version = version
+        self.version = version
 
-    def reload_baseline(self, version: int) -> bool:
-        """Load ``[baseline.train] state_file`` again for the next rounds (logged); False (logged) when it cannot be
+    def reload(self, version: int, player) -> bool:
+        """Load ``state_file`` again into ``player`` for the next rounds (logged); False (logged) when it cannot be
         loaded (a half-copied or missing file): the old opponent stays, and the next reply tries again."""
-        logger.info('the baseline was rotated (version %s -> %d): reloading it', self.baseline_version, version)
+        logger.info('the baseline was rotated (version %s -> %d): reloading it', self.version, version)
         try:
-            self.train_player.reload_baseline()
+            player.reload_baseline()
         except Exception as ex:  # anything the file does wrong: keep playing against the old one
             logger.warning('cannot reload the baseline (%s: %s): playing on against the old one',
                            type(ex).__name__, ex)
             return False
         return True
 
-    def install_baseline(self, *, wait: bool = False):
+    def install(self, *, wait: bool = False):
         """Fetch the trainer's baseline from the server, check it (``unpack_baseline``) and write it to
-        ``[baseline.train] state_file`` (``mortal.model.rotation.install_baseline``) under the lock file
-        ``<state_file>.lock``, unless another client holding that lock already wrote the same weights; returns its
-        digest, or None (logged) when the server has none, it fails its checks (that digest is then not fetched
-        again), the file cannot be written or the lock is held longer than ``BASELINE_LOCK_SECONDS``."""
+        ``state_file`` (``mortal.model.rotation.install_baseline``) under the lock file ``<state_file>.lock``,
+        unless another client holding that lock already wrote the same weights; returns its digest, or None
+        (logged) when the server has none, it fails its checks (that digest is then not fetched again), the file
+        cannot be written or the lock is held longer than ``BASELINE_LOCK_SECONDS``."""
         from mortal.model.rotation import install_baseline
         try:
             reply = fetch_baseline(self.remote, wait=wait, sleep=self.sleep)
@@ -307,57 +236,62 @@ class BaselineSync:
         try:
             mortal, dqn, arch, digest = unpack_baseline(reply)
         except (ValueError, RuntimeError, wire.ProtocolError) as ex:  # RuntimeError: torch refused the arch
-            if reply.get('baseline_digest') != self.bad_baseline:  # once per digest, also while waiting at start
+            if reply.get('baseline_digest') != self.bad_digest:  # once per digest, also while waiting at start
                 logger.warning("cannot use the trainer's baseline from the server: %s", ex)
-            self.bad_baseline = reply.get('baseline_digest')
+            self.bad_digest = reply.get('baseline_digest')
             return None
         try:
             # clients on one node (a fleet) share the file: one writes it, the others find it done
-            with FileLock(self.baseline_file + '.lock', timeout=BASELINE_LOCK_SECONDS):
-                if file_digest(self.baseline_file) == digest:
-                    logger.info("the trainer's baseline (digest %s) is already in %s", digest[:12], self.baseline_file)
+            with FileLock(self.state_file + '.lock', timeout=BASELINE_LOCK_SECONDS):
+                if file_digest(self.state_file) == digest:
+                    logger.info("the trainer's baseline (digest %s) is already in %s", digest[:12], self.state_file)
                     return digest
-                backup = install_baseline(self.baseline_file, mortal, dqn, arch)
+                backup = install_baseline(self.state_file, mortal, dqn, arch)
         except Timeout:
             logger.warning('cannot write the baseline to %s: its lock %s.lock has been held by another process for '
-                           '%g s', self.baseline_file, self.baseline_file, BASELINE_LOCK_SECONDS)
+                           '%g s', self.state_file, self.state_file, BASELINE_LOCK_SECONDS)
             return None
         except OSError as ex:
-            logger.warning('cannot write the baseline to %s: %s', self.baseline_file, ex)
+            logger.warning('cannot write the baseline to %s: %s', self.state_file, ex)
             return None
         logger.info("the trainer's baseline (version %s, digest %s) written to %s%s", reply.get('baseline_version'),
-                    digest[:12], self.baseline_file, f' (previous kept as {backup})' if backup else '')
+                    digest[:12], self.state_file, f' (previous kept as {backup})' if backup else '')
         return digest
 
-    def follow_baseline(self, digest: str, version: int) -> None:
-        """Play against the trainer's baseline ``digest``: fetched when ``[baseline.train] state_file`` holds other
-        weights, then loaded for the next rounds (not at the first reply when the file loaded at start is it)."""
-        local = file_digest(self.baseline_file)
-        reload = self.baseline_digest is not None or getattr(self.train_player, 'baseline_stale', lambda: False)()
+    def follow(self, digest: str, version: int, player) -> None:
+        """Play against the trainer's baseline ``digest``: fetched when ``state_file`` holds other weights, then
+        loaded into ``player`` for the next rounds (not at the first reply when the file loaded at start is it)."""
+        local = file_digest(self.state_file)
+        reload = self.digest is not None or getattr(player, 'baseline_stale', lambda: False)()
         if local != digest:
             logger.info("the trainer's baseline (version %d, digest %s) is not %s: fetching it", version,
-                        digest[:12], self.baseline_file)
-            local = self.install_baseline()
+                        digest[:12], self.state_file)
+            local = self.install()
             if local is None:
                 return
             reload = True
-        if reload and not self.reload_baseline(version):
+        if reload and not self.reload(version, player):
             return
-        self.baseline_digest = local
+        self.digest = local
 
 
-class Client(ParamSync, BaselineSync):
-    """State of one self-play worker; ``run_round()`` does one fetch-play-submit cycle: the parameter sync
-    (``ParamSync``, with the play settings of each reply: ``BaselineSync``), the round, the upload.
+class Client:
+    """One self-play worker; ``run_round()`` does one fetch-play-submit cycle: the parameter sync (``sync_params``,
+    the play settings of each reply going to ``self.baseline``, a ``BaselineSync``), the round, the upload.
 
-    config: the full config dict; train_player: a ``TrainPlayer`` (built from config when None); env: where the
-    ``TrainPlayer`` finds ``TRAIN_PLAY_PROFILE`` (``mortal.config.Env``: the start-up overrides or a mapping);
-    ``sleep`` and ``clock`` (monotonic seconds): tests replace them.
+    It holds the trainee's networks (``mortal``, ``dqn``) and the version of the trainer's parameters they hold
+    (``param_version``, ``server_id``; -1 and None before the first). With no new parameters for ``[online]
+    no_param_warn_minutes`` it warns once a minute (``warn_if_stale``).
+
+    config: the full config dict; train_player: a ``TrainPlayer`` (built from config when None, after a missing
+    baseline was fetched); env: where the ``TrainPlayer`` finds ``TRAIN_PLAY_PROFILE`` (``mortal.config.Env``: the
+    start-up overrides or a mapping); ``sleep`` and ``clock`` (monotonic seconds): tests replace them.
     """
 
     def __init__(self, config: dict, *, train_player=None, remote=None, env=os.environ, sleep=time.sleep,
                  clock=time.monotonic):
         from mortal.features.obs import check_version
+        from mortal.model.networks import Brain, DQN
 
         cfg = typed(config)  # the typed sections, defaults from mortal/config_schema.py
         version = check_version(cfg.control.version)
@@ -365,8 +299,21 @@ class Client(ParamSync, BaselineSync):
         self.remote = remote or wire.Remote.from_config(cfg.online.remote, cfg.online.server)
         self.sleep = sleep
         self.clock = clock
-        self.init_baseline(cfg.baseline.train, fetch_missing=train_player is None)
-        self.init_params(cfg, version)
+        self.baseline = BaselineSync(self.remote, cfg.baseline.train, sleep=sleep)
+        if train_player is None:
+            self.baseline.fetch_missing()  # before the TrainPlayer, which loads it
+        self.mortal = Brain(version=version, conv_channels=cfg.resnet.conv_channels,
+                            num_blocks=cfg.resnet.num_blocks).to(self.device).eval()
+        self.dqn = DQN(version=version).to(self.device).eval()
+        if cfg.online.enable_compile:
+            self.mortal.compile()
+            self.dqn.compile()
+        self.param_version = -1
+        self.server_id = None
+        self.bad_param = None  # (server_id, param_version) of the last parameters that could not be loaded
+        self.warn_minutes = cfg.online.no_param_warn_minutes  # 0 = never
+        self.param_since = clock()  # when the parameters last changed (or the client started)
+        self.stale_warned = None  # when warn_if_stale last warned
         if train_player is None:
             from mortal.play.player import TrainPlayer
             train_player = TrainPlayer(config, env)
@@ -396,6 +343,59 @@ class Client(ParamSync, BaselineSync):
             torch.cuda.empty_cache()
         return rankings
 
+    def sync_params(self) -> None:
+        """Ask the server for newer parameters and load them; with none loadable yet, ask again every
+        ``wire.RETRY_INTERVAL`` s, else play on with the parameters already loaded."""
+        while not self.update_param(fetch_param(self.remote, self.param_version, self.server_id, sleep=self.sleep,
+                                                on_wait=self.warn_if_stale, warn_minutes=self.warn_minutes)):
+            if self.param_version >= 0:
+                break  # play on with the parameters already loaded
+            self.warn_if_stale()
+            self.sleep(wire.RETRY_INTERVAL)
+        self.warn_if_stale()
+
+    def update_param(self, rsp: dict) -> bool:
+        """Load the parameters of a get_param 'ok' reply; True when loaded. Parameters that cannot be loaded
+        (undecodable, other keys or shapes) leave the current ones in place and return False, logging one warning
+        per (server_id, param_version)."""
+        key = (rsp.get('server_id'), rsp.get('param_version'))
+        try:
+            mortal = wire.unpack_state_dict(rsp['mortal'], self.device)
+            dqn = wire.unpack_state_dict(rsp['dqn'], self.device)
+            check_loadable(self.mortal, mortal, 'mortal')
+            check_loadable(self.dqn, dqn, 'dqn')
+            if not isinstance(key[1], int) or isinstance(key[1], bool):
+                raise ValueError(f'param_version is {key[1]!r}, expected an int')
+        except (wire.ProtocolError, ValueError, KeyError) as ex:
+            if key != self.bad_param:
+                self.bad_param = key
+                keeping = (f'keeping version {self.param_version}' if self.param_version >= 0
+                           else 'waiting for loadable ones')
+                logger.warning('cannot load parameters version %s from the server (%s): %s', key[1], keeping, ex)
+            return False
+        self.mortal.load_state_dict(mortal)
+        self.dqn.load_state_dict(dqn)
+        if key != (self.server_id, self.param_version):
+            self.param_since, self.stale_warned = self.clock(), None
+        self.server_id, self.param_version = key
+        logger.info('param has been updated (version %d)', self.param_version)
+        self.baseline.apply_play_settings(rsp, self.train_player)
+        return True
+
+    def warn_if_stale(self) -> None:
+        """A WARNING, at most once a minute, while the client has had no new parameters for ``[online]
+        no_param_warn_minutes`` (0: never)."""
+        now = self.clock()
+        idle = now - self.param_since
+        if not self.warn_minutes or idle < self.warn_minutes * 60.0:
+            return
+        if self.stale_warned is not None and now - self.stale_warned < 60.0:
+            return
+        self.stale_warned = now
+        held = f'still version {self.param_version}' if self.param_version >= 0 else 'none loaded yet'
+        logger.warning('no new parameters for %.0f min (%s): is the trainer running? (its log says why it stopped '
+                       'or waits; [online] no_param_warn_minutes sets this warning)', idle / 60, held)
+
     def stop_summary(self) -> str:
         """What a stop now keeps and discards: the round in progress (its games done so far, counted in
         ``[train_play.<profile>] log_dir``), or a round not yet submitted; the rounds submitted."""
@@ -414,12 +414,15 @@ class Client(ParamSync, BaselineSync):
         return f'{what}; {self.rounds} rounds submitted'
 
     def upload(self, file_list) -> None:
-        """Submit the round's log files with the parameter version they were played with (retrying while the
-        server is unreachable)."""
-        logs = read_logs(file_list)
-        submit_logs(self.remote, logs, self.param_version, self.server_id, sleep=self.sleep)
+        """Submit the round's log files (``{basename: bytes}``) with the parameter version they were played with,
+        retrying until the server stores them."""
+        logs = {}
+        for filename in file_list:
+            with open(filename, 'rb') as f:
+                logs[path.basename(filename)] = f.read()
+        msg = {'type': 'submit_replay', 'logs': logs, 'param_version': self.param_version, 'server_id': self.server_id}
+        wire.request_with_retry(self.remote, msg, sleep=self.sleep)
         logger.info('%d logs have been submitted', len(logs))
-
 
 
 def hold_log_dir(config: dict, env=os.environ):

@@ -15,9 +15,7 @@ f64 division). Conventions kept from Mortal:
 CLI: ``python -m mortal.stat <DIR> <PLAYER_NAME>`` prints the table of every seat named
 ``PLAYER_NAME`` in ``DIR/**/*.json`` and ``DIR/**/*.json.gz`` (Mortal's ``stat`` binary).
 
-The counting of one game for one seat is ``mortal.stat_game.count_game``; the derived statistics (rates, averages,
-rank points) are ``mortal.stat_rates.StatRates``; the TensorBoard scalars and the printed table are
-``mortal.stat_report.StatReport``. ``DISPLAY_PTS`` and ``rank_summary`` are read from here.
+The counting of one game for one seat is ``mortal.stat_game.count_game``.
 """
 
 if __package__ in (None, ''):  # run as a script: python mortal/stat.py
@@ -27,6 +25,7 @@ if __package__ in (None, ''):  # run as a script: python mortal/stat.py
 import dataclasses
 import glob
 import logging
+import math
 import os
 import sys
 from typing import Any, Iterable, Sequence
@@ -35,22 +34,57 @@ from tqdm import tqdm
 
 from mortal.data.mjai_log import BadLogError, is_seat, parse_events, read_log_text
 from mortal.stat_game import LogFormatError, count_game
-# DISPLAY_PTS and rank_summary are read from here (the trainer, the client, one_vs_three, the 1v3 scoring)
-from mortal.stat_rates import DISPLAY_PTS, StatRates, rank_summary  # noqa: F401
-from mortal.stat_report import StatReport
 
 logger = logging.getLogger('mortal.stat')  # not __name__: '__main__' under python -m
 
+#: Rank points of 1st-4th (Tenhou-like) that Mortal's trainer, client, one_vs_three and ``stat`` display
+#: ("Avg rank pt"); for display and the best.pth rule only, never a training signal.
+DISPLAY_PTS = (90, 45, 0, -135)
+
+
+def _ratio(numerator: str, denominator: str, doc: str | None = None) -> property:
+    """A read-only ratio of two counters of a ``Stat`` (0.0 while the denominator is 0)."""
+    return property(lambda s: _div(getattr(s, numerator), getattr(s, denominator)),
+                    doc=doc or f'{numerator} / {denominator}')
+
+
+def _div(a: float, b: float) -> float:
+    """``a / b`` with IEEE semantics (Mortal divides f64s): x/0 = ±inf, 0/0 = nan."""
+    if b == 0:
+        if a == 0 or math.isnan(a):
+            return math.nan
+        return math.copysign(math.inf, a) * (math.copysign(1.0, b))
+    return a / b
+
+
+def rank_summary(rankings: Sequence[int], pts: Sequence[float] = DISPLAY_PTS) -> tuple[float, float]:
+    """``(avg_rank, avg_pt)`` from rank counts ``[n1, n2, n3, n4]`` (1st..4th places, any int sequence),
+    as Mortal's client and one_vs_three print them; NaN for no games."""
+    counts = list(rankings)
+    total = sum(counts)
+    if total == 0:
+        return math.nan, math.nan
+    return (float(sum((i + 1) * n for i, n in enumerate(counts)) / total),
+            float(sum(p * n for p, n in zip(pts, counts)) / total))
+
+
+def _fmt(x: float, prec: int = 6) -> str:
+    """Format like Rust's ``{:.N}`` for f64 (fixed decimals; ``NaN``/``inf``/``-inf``)."""
+    if math.isnan(x):
+        return 'NaN'
+    if math.isinf(x):
+        return 'inf' if x > 0 else '-inf'
+    return f'{x:.{prec}f}'
+
 
 @dataclasses.dataclass
-class Stat(StatRates, StatReport):
+class Stat:
     """Raw counters of one or more analysed seats (field names and order as Mortal's).
 
     Build with :meth:`from_log` (one game, one seat) or :meth:`from_dir`; add with ``+``
     (field-wise, also ``sum(stats)``). Derived statistics are read-only properties
-    (``avg_rank``, ``agari_rate``, ...) plus the methods :meth:`total_pt` / :meth:`avg_pt`
-    (``mortal.stat_rates.StatRates``); ``str()`` is Mortal's table and :meth:`write_tensorboard` writes the test play
-    tags (``mortal.stat_report.StatReport``).
+    (``avg_rank``, ``agari_rate``, ...) plus the methods :meth:`total_pt` / :meth:`avg_pt`;
+    ``str()`` is Mortal's table and :meth:`write_tensorboard` writes the test play tags.
     """
 
     game: int = 0
@@ -224,6 +258,213 @@ class Stat(StatRates, StatReport):
         count_game(st, events, seat, source)
         return st
 
+
+    # ------------------------------------------------------------------ derived statistics
+    def total_pt(self, pts: Sequence[float] = DISPLAY_PTS) -> float:
+        """Σ rank_k · pts[k] over the 4 ranks (``pts`` = 4 rank points, 1st first)."""
+        if len(pts) != 4:
+            raise ValueError(f'pts must have 4 entries, got {list(pts)!r}')
+        return (self.rank_1 * pts[0] + self.rank_2 * pts[1] + self.rank_3 * pts[2]
+                + self.rank_4 * pts[3])
+
+    def avg_pt(self, pts: Sequence[float] = DISPLAY_PTS) -> float:
+        """``total_pt(pts) / game``; Mortal's trainer uses pts = ``DISPLAY_PTS``."""
+        return _div(self.total_pt(pts), self.game)
+
+    @property
+    def avg_rank(self) -> float:
+        """Average placement, 1.0 (always 1st) .. 4.0."""
+        return self.avg_pt((1, 2, 3, 4))
+
+    rank_1_rate = _ratio('rank_1', 'game')
+    rank_2_rate = _ratio('rank_2', 'game')
+    rank_3_rate = _ratio('rank_3', 'game')
+    rank_4_rate = _ratio('rank_4', 'game')
+    tobi_rate = _ratio('tobi', 'game')
+
+    avg_point_per_game = _ratio('point', 'game', 'final score − 25000, per game (points)')
+    avg_point_per_round = _ratio('point', 'round', 'final score − 25000, per kyoku (points)')
+
+    avg_point_per_agari = property(
+        lambda s: _div(s.agari_point_ko + s.agari_point_oya, s.agari),
+        doc='points per win (own riichi stick excluded)')
+    avg_point_per_oya_agari = _ratio('agari_point_oya', 'agari_as_oya', 'points per win as dealer')
+    avg_point_per_ko_agari = property(
+        lambda s: _div(s.agari_point_ko, s.agari - s.agari_as_oya),
+        doc='points per win as non-dealer')
+    avg_point_per_riichi_agari = _ratio('riichi_agari_point', 'riichi_agari', 'points per riichi win')
+    avg_point_per_fuuro_agari = _ratio('fuuro_agari_point', 'fuuro_agari', 'points per open-hand win')
+    avg_point_per_dama_agari = _ratio('dama_agari_point', 'dama_agari', 'points per closed non-riichi win')
+    avg_point_per_ryukyoku = _ratio('ryukyoku_point', 'ryukyoku', 'points per draw')
+
+    avg_agari_jun = _ratio('agari_jun', 'agari', 'own discards before a win')
+    avg_riichi_agari_jun = _ratio('riichi_agari_jun', 'riichi_agari')
+    avg_fuuro_agari_jun = _ratio('fuuro_agari_jun', 'fuuro_agari')
+    avg_dama_agari_jun = _ratio('dama_agari_jun', 'dama_agari')
+
+    avg_point_per_houjuu = property(
+        lambda s: _div(s.houjuu_point_to_ko + s.houjuu_point_to_oya, s.houjuu),
+        doc='points per deal-in (negative)')
+    avg_point_per_houjuu_to_oya = _ratio('houjuu_point_to_oya', 'houjuu_to_oya')
+    avg_point_per_houjuu_to_ko = property(
+        lambda s: _div(s.houjuu_point_to_ko, s.houjuu - s.houjuu_to_oya))
+    avg_houjuu_jun = _ratio('houjuu_jun', 'houjuu', 'own discards before a deal-in (the dealt tile included)')
+
+    agari_rate = _ratio('agari', 'round', 'wins per kyoku')
+    houjuu_rate = _ratio('houjuu', 'round', 'deal-ins per kyoku')
+    riichi_rate = _ratio('riichi', 'round', 'riichi per kyoku')
+    fuuro_rate = _ratio('fuuro', 'round', 'kyoku with a call, per kyoku')
+    ryukyoku_rate = _ratio('ryukyoku', 'round', 'draws per kyoku')
+
+    agari_rate_after_riichi = _ratio('riichi_agari', 'riichi')
+    houjuu_rate_after_riichi = _ratio('riichi_houjuu', 'riichi')
+    chasing_riichi_rate = _ratio('chasing_riichi', 'riichi')
+    riichi_chased_rate = _ratio('riichi_got_chased', 'riichi')
+    avg_riichi_jun = _ratio('riichi_jun', 'riichi', 'own discards before the riichi declaration')
+    avg_riichi_point = _ratio('riichi_point', 'riichi', 'points per riichi (own stick excluded)')
+
+    agari_rate_as_oya = _ratio('agari_as_oya', 'oya', 'dealer wins / dealer kyoku')
+    agari_as_oya_rate = _ratio('agari_as_oya', 'agari', 'dealer wins / all wins')
+    houjuu_to_oya_rate = _ratio('houjuu_to_oya', 'houjuu', 'deal-ins to the dealer / all deal-ins')
+
+    avg_fuuro_num = _ratio('fuuro_num', 'fuuro', 'calls per kyoku with a call')
+    agari_rate_after_fuuro = _ratio('fuuro_agari', 'fuuro')
+    houjuu_rate_after_fuuro = _ratio('fuuro_houjuu', 'fuuro')
+    avg_fuuro_point = _ratio('fuuro_point', 'fuuro')
+
+    yakuman_rate = _ratio('yakuman', 'round')
+    nagashi_mangan_rate = _ratio('nagashi_mangan', 'round')
+
+    # ------------------------------------------------------------------ display
+    def tensorboard_scalars(self, pts: Sequence[float] = DISPLAY_PTS
+                            ) -> dict[str, float | dict[str, float]]:
+        """The values Mortal's ``train.py`` writes after a test play, keyed by tag.
+
+        A ``float`` value is written with ``writer.add_scalar(tag, value, step)``, a
+        ``dict`` value with ``writer.add_scalars(tag, value, step)`` (Mortal uses both;
+        :meth:`write_tensorboard` does the dispatch).
+        """
+        return {
+            'test_play/avg_ranking': self.avg_rank,
+            'test_play/avg_pt': self.avg_pt(pts),
+            'test_play/ranking': {
+                '1st': self.rank_1_rate, '2nd': self.rank_2_rate,
+                '3rd': self.rank_3_rate, '4th': self.rank_4_rate,
+            },
+            'test_play/behavior': {
+                'agari': self.agari_rate, 'houjuu': self.houjuu_rate,
+                'fuuro': self.fuuro_rate, 'riichi': self.riichi_rate,
+            },
+            'test_play/agari_point': {
+                'overall': self.avg_point_per_agari,
+                'riichi': self.avg_point_per_riichi_agari,
+                'fuuro': self.avg_point_per_fuuro_agari,
+                'dama': self.avg_point_per_dama_agari,
+            },
+            'test_play/houjuu_point': self.avg_point_per_houjuu,
+            'test_play/point_per_round': self.avg_point_per_round,
+            'test_play/key_step': {
+                'agari_jun': self.avg_agari_jun,
+                'houjuu_jun': self.avg_houjuu_jun,
+                'riichi_jun': self.avg_riichi_jun,
+            },
+            'test_play/riichi': {
+                'agari_after_riichi': self.agari_rate_after_riichi,
+                'houjuu_after_riichi': self.houjuu_rate_after_riichi,
+                'chasing_riichi': self.chasing_riichi_rate,
+                'riichi_chased': self.riichi_chased_rate,
+            },
+            'test_play/riichi_point': self.avg_riichi_point,
+            'test_play/fuuro': {
+                'agari_after_fuuro': self.agari_rate_after_fuuro,
+                'houjuu_after_fuuro': self.houjuu_rate_after_fuuro,
+            },
+            'test_play/fuuro_num': self.avg_fuuro_num,
+            'test_play/fuuro_point': self.avg_fuuro_point,
+        }
+
+    def write_tensorboard(self, writer: Any, global_step: int,
+                          pts: Sequence[float] = DISPLAY_PTS) -> None:
+        """Write :meth:`tensorboard_scalars` to a ``torch.utils.tensorboard.SummaryWriter``."""
+        for tag, value in self.tensorboard_scalars(pts).items():
+            if isinstance(value, dict):
+                writer.add_scalars(tag, value, global_step)
+            else:
+                writer.add_scalar(tag, value, global_step)
+
+    def __str__(self) -> str:
+        """The table of Mortal's ``Stat`` Display (labels and order), rates to 6 decimals."""
+        return '\n'.join(self._result_lines() + [''] + self._play_lines())
+
+    def _result_lines(self) -> list[str]:
+        """The results: games and rounds, placements, rank points and Δscore."""
+        f = _fmt
+        return [
+            f'Games            {self.game}',
+            f'Rounds           {self.round}',
+            f'Rounds as dealer {self.oya}',
+            '',
+            f'1st (rate)       {self.rank_1} ({f(self.rank_1_rate)})',
+            f'2nd (rate)       {self.rank_2} ({f(self.rank_2_rate)})',
+            f'3rd (rate)       {self.rank_3} ({f(self.rank_3_rate)})',
+            f'4th (rate)       {self.rank_4} ({f(self.rank_4_rate)})',
+            f'Tobi(rate)       {self.tobi} ({f(self.tobi_rate)})',
+            f'Avg rank         {f(self.avg_rank)}',
+            f'Total rank pt    {self.total_pt(DISPLAY_PTS)}',
+            f'Avg rank pt      {f(self.avg_pt(DISPLAY_PTS))}',
+            f'Total Δscore     {self.point}',
+            f'Avg game Δscore  {f(self.avg_point_per_game)}',
+            f'Avg round Δscore {f(self.avg_point_per_round)}',
+        ]
+
+    def _play_lines(self) -> list[str]:
+        """The rest: how the seat played. Wins, deal-ins, riichi and calls (how often, for how much, on which turn),
+        the dealer, yakuman and nagashi mangan."""
+        f = _fmt
+        return [
+            f'Win rate      {f(self.agari_rate)}',
+            f'Deal-in rate  {f(self.houjuu_rate)}',
+            f'Call rate     {f(self.fuuro_rate)}',
+            f'Riichi rate   {f(self.riichi_rate)}',
+            f'Ryukyoku rate {f(self.ryukyoku_rate)}',
+            '',
+            f'Avg winning Δscore               {f(self.avg_point_per_agari)}',
+            f'Avg winning Δscore as dealer     {f(self.avg_point_per_oya_agari)}',
+            f'Avg winning Δscore as non-dealer {f(self.avg_point_per_ko_agari)}',
+            f'Avg riichi winning Δscore        {f(self.avg_point_per_riichi_agari)}',
+            f'Avg open winning Δscore          {f(self.avg_point_per_fuuro_agari)}',
+            f'Avg dama winning Δscore          {f(self.avg_point_per_dama_agari)}',
+            f'Avg ryukyoku Δscore              {f(self.avg_point_per_ryukyoku)}',
+            '',
+            f'Avg winning turn        {f(self.avg_agari_jun)}',
+            f'Avg riichi winning turn {f(self.avg_riichi_agari_jun)}',
+            f'Avg open winning turn   {f(self.avg_fuuro_agari_jun)}',
+            f'Avg dama winning turn   {f(self.avg_dama_agari_jun)}',
+            '',
+            f'Avg deal-in turn                 {f(self.avg_houjuu_jun)}',
+            f'Avg deal-in Δscore               {f(self.avg_point_per_houjuu)}',
+            f'Avg deal-in Δscore to dealer     {f(self.avg_point_per_houjuu_to_oya)}',
+            f'Avg deal-in Δscore to non-dealer {f(self.avg_point_per_houjuu_to_ko)}',
+            '',
+            f'Chasing riichi rate       {f(self.chasing_riichi_rate)}',
+            f'Riichi chased rate        {f(self.riichi_chased_rate)}',
+            f'Winning rate after riichi {f(self.agari_rate_after_riichi)}',
+            f'Deal-in rate after riichi {f(self.houjuu_rate_after_riichi)}',
+            f'Avg riichi turn           {f(self.avg_riichi_jun)}',
+            f'Avg riichi Δscore         {f(self.avg_riichi_point)}',
+            '',
+            f'Avg number of calls     {f(self.avg_fuuro_num)}',
+            f'Winning rate after call {f(self.agari_rate_after_fuuro)}',
+            f'Deal-in rate after call {f(self.houjuu_rate_after_fuuro)}',
+            f'Avg call Δscore         {f(self.avg_fuuro_point)}',
+            '',
+            f'Dealer wins/all dealer rounds  {f(self.agari_rate_as_oya)}',
+            f'Dealer wins/all wins           {f(self.agari_as_oya_rate)}',
+            f'Deal-in to dealer/all deal-ins {f(self.houjuu_to_oya_rate)}',
+            '',
+            f'Yakuman (rate)        {self.yakuman} ({f(self.yakuman_rate, 9)})',
+            f'Nagashi mangan (rate) {self.nagashi_mangan} ({f(self.nagashi_mangan_rate, 9)})',
+        ]
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m mortal.stat <DIR> <PLAYER_NAME>``: print the stats table."""

@@ -274,7 +274,7 @@ class Trainer:
         """``mortal.data.dataloader.learner_loader`` of this learner; ``batch_size`` defaults to ``[control]
         batch_size``, ``num_workers`` to ``[dataset] num_workers``."""
         from mortal.data.dataloader import learner_loader  # here: the supervisor process needs no loader
-        return learner_loader(self.config, self.version, file_list, player_names, ledger,
+        return learner_loader(self.cfg, self.version, file_list, player_names, ledger,
                               batch_size=batch_size or self.batch_size, num_workers=num_workers,
                               pin_memory=self.device.type == 'cuda')
 

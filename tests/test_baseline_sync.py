@@ -138,8 +138,8 @@ def test_a_client_on_another_machine_fetches_the_baseline_and_follows_a_rotation
                                                      weights_of(served.baseline)[0].values()))
         load_model_pair(mine)
         engine = client.train_player.baseline_engine
-        client.apply_play_settings(served.param_reply())
-        assert client.baseline_digest == first and fetches == [True]  # the file is it already: no reload
+        client.baseline.apply_play_settings(served.param_reply(), client.train_player)
+        assert client.baseline.digest == first and fetches == [True]  # the file is it already: no reload
         assert client.train_player.baseline_engine is engine
         # the trainer's baseline is replaced by hand, then the trainer restarts: version 1, a new digest
         write_baseline(served.config, served.baseline, seed=1)
@@ -148,14 +148,14 @@ def test_a_client_on_another_machine_fetches_the_baseline_and_follows_a_rotation
         assert trainer.guard['baseline_version'] == 1 and served.store.baseline['baseline_digest'] == second
         assert torch.load(trainer.state_file, weights_only=True)['guard']['baseline_version'] == 1
         trainer.submit_param(is_idle=True)
-        client.apply_play_settings(served.param_reply())
-        assert fetches == [True, False] and client.baseline_digest == second == cl.file_digest(mine)
+        client.baseline.apply_play_settings(served.param_reply(), client.train_player)
+        assert fetches == [True, False] and client.baseline.digest == second == cl.file_digest(mine)
         new = client.train_player.baseline_engine
         assert new is not engine
         assert all(torch.equal(new.brain.state_dict()[k], v) for k, v in weights_of(served.baseline)[0].items())
         backups = glob.glob(f'{mine}.*.bak')
         assert len(backups) == 1 and cl.file_digest(backups[0]) == first  # the old one kept as .bak
-        client.apply_play_settings(served.param_reply())  # nothing new: nothing fetched
+        client.baseline.apply_play_settings(served.param_reply(), client.train_player)  # nothing new: nothing fetched
         assert fetches == [True, False]
     assert 'has changed since it was last submitted (rotated by hand?): baseline version 1' in caplog.text
     assert 'the baseline was rotated (version 0 -> 1): reloading it' in caplog.text
@@ -175,17 +175,17 @@ def test_a_served_baseline_that_fails_its_checks_is_refused_once(tmp_path, serve
     client = cl.Client(config, env={}, sleep=lambda s: None)
     engine = client.train_player.baseline_engine
     with caplog.at_level(logging.WARNING, logger='mortal.client'):
-        client.apply_play_settings(served.param_reply())
-        client.apply_play_settings(served.param_reply())
+        client.baseline.apply_play_settings(served.param_reply(), client.train_player)
+        client.baseline.apply_play_settings(served.param_reply(), client.train_player)
     assert caplog.text.count("cannot use the trainer's baseline from the server") == 1
     assert 'do not match their digest' in caplog.text
     assert open(mine, 'rb').read() == before and client.train_player.baseline_engine is engine
-    assert client.bad_baseline == tampered['baseline_digest'] and client.baseline_digest is None
+    assert client.baseline.bad_digest == tampered['baseline_digest'] and client.baseline.digest is None
     # another architecture than its arch says: refused the same way
     other = dict(_submission(mortal, dqn, arch={**ARCH, 'num_blocks': 2}, baseline_version=1))
     assert served.remote.request(other)['status'] == 'ok'
-    client.apply_play_settings(served.param_reply())
-    assert client.bad_baseline == other['baseline_digest'] and open(mine, 'rb').read() == before
+    client.baseline.apply_play_settings(served.param_reply(), client.train_player)
+    assert client.baseline.bad_digest == other['baseline_digest'] and open(mine, 'rb').read() == before
 
 
 def test_from_server_false_keeps_the_clients_own_file(tmp_path, served):
@@ -198,8 +198,8 @@ def test_from_server_false_keeps_the_clients_own_file(tmp_path, served):
     write_baseline(config, mine, seed=7)
     before = open(mine, 'rb').read()
     client = cl.Client(config, env={}, sleep=lambda s: None)
-    client.apply_play_settings(served.param_reply())
-    assert open(mine, 'rb').read() == before and client.baseline_digest is None and client.baseline_version == 0
+    client.baseline.apply_play_settings(served.param_reply(), client.train_player)
+    assert open(mine, 'rb').read() == before and client.baseline.digest is None and client.baseline.version == 0
 
 
 def test_a_client_started_before_the_trainer_waits_for_its_baseline(tmp_path, served, caplog):
@@ -237,7 +237,7 @@ def test_hostile_baselines_are_refused_without_building_them(tmp_path, served, c
     write_baseline(config, config['baseline']['train']['state_file'], seed=3)
     client = cl.Client(config, env={}, sleep=lambda s: None)
     with caplog.at_level(logging.WARNING, logger='mortal.client'):
-        assert client.install_baseline() is None and client.install_baseline() is None
+        assert client.baseline.install() is None and client.baseline.install() is None
     assert caplog.text.count("cannot use the trainer's baseline from the server") == 1
     # a checkpoint whose weights are not tensors has no digest: a CheckpointError, not an AttributeError
     odd = tmp_path / 'odd.pth'
@@ -284,7 +284,7 @@ def test_clients_sharing_a_baseline_file_write_it_once(tmp_path, served, caplog)
 
     def install():
         barrier.wait()
-        results.append(client.install_baseline())
+        results.append(client.baseline.install())
 
     with caplog.at_level(logging.INFO):
         threads = [threading.Thread(target=install) for _ in range(3)]
@@ -306,8 +306,8 @@ def test_a_baseline_lock_held_too_long_is_reported_and_the_install_tried_again(t
     client, mine, digest = client_without_its_baseline(tmp_path, served)
     monkeypatch.setattr(cl, 'BASELINE_LOCK_SECONDS', 0.2)
     with caplog.at_level(logging.INFO), FileLock(mine + '.lock'):  # another process's lock (flock: per open file)
-        assert client.install_baseline() is None
+        assert client.baseline.install() is None
     assert not os.path.exists(mine)
     assert (f'cannot write the baseline to {mine}: its lock {mine}.lock has been held by another process for '
             '0.2 s') in caplog.text
-    assert client.install_baseline() == digest == cl.file_digest(mine)
+    assert client.baseline.install() == digest == cl.file_digest(mine)

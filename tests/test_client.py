@@ -111,7 +111,8 @@ def test_round_against_a_server_that_starts_late(tmp_path, caplog):
         with gzip.open(os.path.join(store.buffer_dir, names[1]), 'rt') as f:
             start = json.loads(f.readline())
         assert start['type'] == 'start_game' and start['names'] == ['baseline', 'trainee', 'baseline', 'baseline']
-        assert 'waiting for parameters: empty param' in caplog.text
+        assert ('waiting for the trainer (train.py) to submit parameters: the server holds none yet (empty param)'
+                in caplog.text)
         assert f'trainee rankings: {rankings.tolist()}' in caplog.text and 'last 1 sessions' in caplog.text
         assert client.train_player.train_seed == 10001
     finally:
@@ -272,3 +273,30 @@ def test_a_client_without_new_parameters_warns_once_a_minute(tmp_path, caplog):
     assert warnings == [f'no new parameters for 1 min (still version 1): {why}',
                         f'no new parameters for 2 min (still version 1): {why}']
     assert sleeps == [3.0] * 40 and client.param_version == 2 and client.param_since == 120.0
+
+
+def test_a_client_waiting_for_parameters_says_it_waits_for_the_trainer(tmp_path, caplog):
+    # A new user's first client, started before the trainer, logged a bare `waiting for parameters: empty param`:
+    # each refusal now names what the client waits for, once per change of reason.
+    import logging
+    from mortal.model.networks import DQN, Brain
+    from mortal.config import put
+    config, _ = load_tiny_config(tmp_path)
+    put(config, 'online.no_param_warn_minutes', 2.5)
+    good = filled(Brain(version=3, conv_channels=16, num_blocks=1), 0.25), filled(DQN(version=3), 0.25)
+    remote = ScriptedParamRemote([{'status': 'empty param'}] * 2 + [params_reply(1, *good)]
+                                 + [{'status': 'samples overflow'}, {'status': 'trainer is busy'},
+                                    params_reply(2, *good)])
+    client = cl.Client(config, train_player=RecordingPlayer(tmp_path), remote=remote, sleep=lambda s: None)
+    with caplog.at_level(logging.INFO, logger='mortal.client'):
+        client.sync_params()
+        client.sync_params()
+    waits = [r.getMessage() for r in caplog.records if 'waiting' in r.getMessage()]
+    then = 'asking again every 3 s, a warning after 2.5 min without new ones ([online] no_param_warn_minutes)'
+    assert waits == [
+        f'waiting for the trainer (train.py) to submit parameters: the server holds none yet (empty param); {then}',
+        f"waiting for the trainer (train.py) to drain the server's full buffer (samples overflow); {then}",
+        'waiting for the trainer (train.py) to submit parameters newer than version 1 ([online.server] '
+        f'force_sequential) (trainer is busy); {then}',
+    ]
+    assert client.param_version == 2

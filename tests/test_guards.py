@@ -293,12 +293,12 @@ def test_client_ignores_bad_play_settings(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger='mortal.client'):
         for bad in ({'epsilon_factor': None}, {'temp_factor': float('nan')}, {'baseline_version': 'x'},
                     {'epsilon_factor': True}):
-            client.apply_play_settings({'param_version': 3, **bad})
-    assert player.factors == [] and player.reloads == 0 and client.baseline_version is None
+            client.baseline.apply_play_settings({'param_version': 3, **bad}, client.train_player)
+    assert player.factors == [] and player.reloads == 0 and client.baseline.version is None
     assert caplog.text.count('ignoring the play settings of parameters version 3') == 4
-    client.apply_play_settings({'epsilon_factor': 0.5, 'baseline_version': 0})
-    client.apply_play_settings({'epsilon_factor': 0.5, 'baseline_version': 2})
-    assert player.factors == [(0.5, 1.0)] and player.reloads == 1 and client.baseline_version == 2
+    client.baseline.apply_play_settings({'epsilon_factor': 0.5, 'baseline_version': 0}, client.train_player)
+    client.baseline.apply_play_settings({'epsilon_factor': 0.5, 'baseline_version': 2}, client.train_player)
+    assert player.factors == [(0.5, 1.0)] and player.reloads == 1 and client.baseline.version == 2
 
 
 @pytest.mark.parametrize('edit, expected', [

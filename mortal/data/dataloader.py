@@ -461,7 +461,7 @@ def make_dataloader(dataset, *, batch_size: int, num_workers: int = 1, pin_memor
 def learner_loader(config: dict, version: int, file_list: list, player_names, ledger=None, *, batch_size: int,
                    num_workers: int | None = None, pin_memory: bool = False) -> DataLoader:
     """The learner's ``DataLoader`` of ``FileDatasetsIter`` batches over ``file_list`` (``config``: the config
-    dict, read typed: ``[dataset]`` settings,
+    dict or its ``typed`` view, validated once already: ``[dataset]`` settings,
     ``[env] reward`` (default 'grp': the GRP of ``[grp]``; 'points': no GRP is loaded), ``[env] pts``), learning
     from the seats of ``player_names`` (all seats when empty).
 

@@ -2,9 +2,7 @@
 and the on-disk replay buffer (``buffer_dir``) with its hand-over to the trainer (``drain_dir``).
 
 ``ReplayStore`` takes and returns the request/reply maps of ``mortal/net/wire.py`` and knows nothing of sockets
-(``mortal.net.param_server`` serves it over TCP, ``mortal/server.py`` is the process). It is its two halves, each
-under its own lock: ``ParamStore`` (parameters, versions, play settings, baseline) and ``LogBuffer`` (the replay
-buffer on disk and its drain). ``check_log_head`` is the
+(``mortal.net.param_server`` serves it over TCP, ``mortal/server.py`` is the process). ``check_log_head`` is the
 check every submitted log passes (its first line is an mjai ``start_game`` event); ``BadRequest`` is a valid
 frame whose content is not a valid request. Logs under the logger name ``mortal.server``.
 """
@@ -149,12 +147,20 @@ LEARNER_LIVENESS = 600.0
 MAX_LEARNER_ID = 1024  # characters of submit_param's 'learner' (it is logged and sent back)
 
 
-class ParamStore:
-    """The served half of ``ReplayStore``: the parameters, their versions and play settings, and the trainer's
-    baseline, all under ``param_lock``. ``server_id`` and ``force_sequential`` are set by ``ReplayStore``.
-    ``learner_liveness``: seconds a learner's run counts as live after its last submit_param."""
+class ReplayStore:
+    """Thread-safe state of the server: the parameters, their versions and play settings, and the trainer's baseline
+    (under ``param_lock``); the on-disk replay buffer and its drain (under ``dir_lock``).
 
-    def __init__(self, learner_liveness: float = LEARNER_LIVENESS):
+    buffer_dir/drain_dir: directories this store owns (cleared by ``reset_dirs``); capacity: number of buffered
+    logs at which clients are refused new parameters; force_sequential: clients wait for each new idle version and
+    the trainer drains only full buffers; learner_liveness: seconds a learner's run counts as live after its last
+    submit_param. Methods take/return the request/reply maps of ``mortal/net/wire.py``.
+    """
+
+    def __init__(self, buffer_dir: str, drain_dir: str, capacity: int, force_sequential: bool = False, *,
+                 learner_liveness: float = LEARNER_LIVENESS):
+        self.force_sequential = bool(force_sequential)
+        self.server_id = secrets.token_hex(8)
         self.param_lock = threading.Lock()
         # protected by param_lock
         self.mortal_param: Optional[bytes] = None
@@ -167,6 +173,89 @@ class ParamStore:
         self.learner_liveness = float(learner_liveness)
         self.learner: Optional[str] = None  # the run of the last learner that sent one, and when (monotonic)
         self.learner_seen = 0.0
+        self.buffer_dir = path.abspath(buffer_dir)
+        self.drain_dir = path.abspath(drain_dir)
+        self.capacity = int(capacity)
+        self.dir_lock = threading.Lock()
+        # protected by dir_lock: buffered file name -> param_version it was played with (UNKNOWN_VERSION if unknown)
+        self.buffer = {}
+        self.drained = set()
+        # moved into drain_dir by a drain that then failed: name -> param_version, delivered by the next drain
+        self.pending = OrderedDict()
+        self.submission_id = 0
+        self.reported_strays = set()
+        self.storage_state = {}  # operation -> (errno, exception type) of its current failure; absent when fine
+        self.last_drain = time.monotonic()  # when the trainer last asked for a drain (or the store was made)
+
+    # -- requests --------------------------------------------------------------------------------------------
+
+    def handle(self, msg: dict) -> dict:
+        """Dispatch one decoded request; BadRequest for an unknown type or invalid fields."""
+        kind = msg.get('type')
+        if kind == 'get_param':
+            return self.get_param(
+                _field(msg, 'param_version', int),
+                _field(msg, 'server_id', (str, type(None)), default=None),
+            )
+        if kind == 'submit_replay':
+            return self.submit_replay(
+                _field(msg, 'logs', dict),
+                _field(msg, 'param_version', int, default=UNKNOWN_VERSION),
+                _field(msg, 'server_id', (str, type(None)), default=None),
+            )
+        if kind == 'submit_param':
+            return self.submit_param(
+                _field(msg, 'mortal', bytes),
+                _field(msg, 'dqn', bytes),
+                _field(msg, 'is_idle', bool, default=False),
+                arch_change=_field(msg, 'arch_change', bool, default=False),
+                settings=play_settings_of(msg),
+                learner=_learner_id(msg),
+            )
+        if kind == 'drain':
+            return self.drain()
+        if kind == 'submit_baseline':
+            return self.submit_baseline(msg)
+        if kind == 'get_baseline':
+            return self.get_baseline()
+        raise BadRequest(f'unknown request type {kind!r} (expected one of {wire.REQUEST_TYPES})')
+
+    def get_param(self, client_version: int, client_server_id: Optional[str] = None) -> dict:
+        """Parameters for a self-play client, or the reason it must wait (Mortal's three refusals)."""
+        if self.buffered() >= self.capacity:  # the trainer has not drained: clients get no parameters
+            return {'status': wire.STATUS_OVERFLOW}
+        if client_server_id != self.server_id:
+            client_version = UNKNOWN_VERSION  # versions of another server instance mean nothing here
+        return self._param_reply(client_version)
+
+    def drain(self) -> dict:
+        """Move every buffered log into a freshly emptied drain_dir (under force_sequential only when the buffer
+        is full). Reply: count, drain_dir, files (names in drain_dir), param_versions (one per file, -1 unknown),
+        param_version (current), has_param (False after a server restart: the trainer should resubmit).
+
+        A disk failure midway answers ``{'status': 'error', 'reason': ...}``: each log is then either still in
+        buffer_dir or already in drain_dir, and the next drain delivers both kinds exactly once."""
+        self.last_drain = time.monotonic()
+        with self.param_lock:
+            current = self.param_version
+            has_param = self.mortal_param is not None
+        delivered = self._move_to_drain()
+        if isinstance(delivered, dict):
+            return delivered  # the 'error' reply of a disk failure
+        moved = [name for name, _ in delivered]
+        versions = [version for _, version in delivered]
+        return {
+            'status': wire.STATUS_OK,
+            'count': len(moved),
+            'drain_dir': self.drain_dir,
+            'files': moved,
+            'param_versions': versions,
+            'param_version': current,
+            'has_param': has_param,
+            'server_id': self.server_id,
+        }
+
+    # -- parameters and baseline (param_lock) ----------------------------------------------------------------
 
     def _param_reply(self, client_version: int) -> dict:
         """``get_param``'s reply once the buffer has room (``client_version`` already UNKNOWN_VERSION when it is
@@ -273,26 +362,7 @@ class ParamStore:
                 return {'status': wire.STATUS_EMPTY_BASELINE}
             return {'status': wire.STATUS_OK, **self.baseline}
 
-
-class LogBuffer:
-    """The replay half of ``ReplayStore``: the on-disk buffer of submitted logs (``buffer_dir``) and its hand-over
-    to the trainer (``drain_dir``), under ``dir_lock``. ``server_id`` and ``force_sequential`` are set by
-    ``ReplayStore``."""
-
-    def __init__(self, buffer_dir: str, drain_dir: str, capacity: int):
-        self.buffer_dir = path.abspath(buffer_dir)
-        self.drain_dir = path.abspath(drain_dir)
-        self.capacity = int(capacity)
-        self.dir_lock = threading.Lock()
-        # protected by dir_lock: buffered file name -> param_version it was played with (UNKNOWN_VERSION if unknown)
-        self.buffer = {}
-        self.drained = set()
-        # moved into drain_dir by a drain that then failed: name -> param_version, delivered by the next drain
-        self.pending = OrderedDict()
-        self.submission_id = 0
-        self.reported_strays = set()
-        self.storage_state = {}  # operation -> (errno, exception type) of its current failure; absent when fine
-        self.last_drain = time.monotonic()  # when the trainer last asked for a drain (or the store was made)
+    # -- the replay buffer (dir_lock) ------------------------------------------------------------------------
 
     def reset_dirs(self) -> None:
         """Empty buffer_dir and drain_dir, creating them when missing (logged), as Mortal's server does at start."""
@@ -309,11 +379,6 @@ class LogBuffer:
         """Logs in the buffer, those of a failed drain (``pending``) included."""
         with self.dir_lock:
             return len(self.buffer) + len(self.pending)
-
-    def _overflow(self) -> bool:
-        """Whether the buffered logs (``pending`` included) reached ``capacity``: clients get no parameters."""
-        with self.dir_lock:
-            return len(self.buffer) + len(self.pending) >= self.capacity
 
     def submit_replay(self, logs: dict, param_version: int, client_server_id: Optional[str] = None) -> dict:
         """Store the logs ``{name: bytes}`` as ``{submission_id}_{name}``, all or none.
@@ -426,87 +491,3 @@ class LogBuffer:
                 shutil.rmtree(p)
             else:
                 os.remove(p)
-
-
-class ReplayStore(ParamStore, LogBuffer):
-    """Thread-safe state of the server: parameters, versions and the on-disk replay buffer.
-
-    buffer_dir/drain_dir: directories this store owns (cleared by ``reset_dirs``); capacity: number of buffered
-    logs at which clients are refused new parameters; force_sequential: clients wait for each new idle version and
-    the trainer drains only full buffers. Methods take/return the request/reply maps of ``mortal/net/wire.py``.
-    """
-
-    def __init__(self, buffer_dir: str, drain_dir: str, capacity: int, force_sequential: bool = False, *,
-                 learner_liveness: float = LEARNER_LIVENESS):
-        self.force_sequential = bool(force_sequential)
-        self.server_id = secrets.token_hex(8)
-        LogBuffer.__init__(self, buffer_dir, drain_dir, capacity)
-        ParamStore.__init__(self, learner_liveness)
-
-    # -- requests --------------------------------------------------------------------------------------------
-
-    def handle(self, msg: dict) -> dict:
-        """Dispatch one decoded request; BadRequest for an unknown type or invalid fields."""
-        kind = msg.get('type')
-        if kind == 'get_param':
-            return self.get_param(
-                _field(msg, 'param_version', int),
-                _field(msg, 'server_id', (str, type(None)), default=None),
-            )
-        if kind == 'submit_replay':
-            return self.submit_replay(
-                _field(msg, 'logs', dict),
-                _field(msg, 'param_version', int, default=UNKNOWN_VERSION),
-                _field(msg, 'server_id', (str, type(None)), default=None),
-            )
-        if kind == 'submit_param':
-            return self.submit_param(
-                _field(msg, 'mortal', bytes),
-                _field(msg, 'dqn', bytes),
-                _field(msg, 'is_idle', bool, default=False),
-                arch_change=_field(msg, 'arch_change', bool, default=False),
-                settings=play_settings_of(msg),
-                learner=_learner_id(msg),
-            )
-        if kind == 'drain':
-            return self.drain()
-        if kind == 'submit_baseline':
-            return self.submit_baseline(msg)
-        if kind == 'get_baseline':
-            return self.get_baseline()
-        raise BadRequest(f'unknown request type {kind!r} (expected one of {wire.REQUEST_TYPES})')
-
-    def get_param(self, client_version: int, client_server_id: Optional[str] = None) -> dict:
-        """Parameters for a self-play client, or the reason it must wait (Mortal's three refusals)."""
-        if self._overflow():
-            return {'status': wire.STATUS_OVERFLOW}
-        if client_server_id != self.server_id:
-            client_version = UNKNOWN_VERSION  # versions of another server instance mean nothing here
-        return self._param_reply(client_version)
-
-    def drain(self) -> dict:
-        """Move every buffered log into a freshly emptied drain_dir (under force_sequential only when the buffer
-        is full). Reply: count, drain_dir, files (names in drain_dir), param_versions (one per file, -1 unknown),
-        param_version (current), has_param (False after a server restart: the trainer should resubmit).
-
-        A disk failure midway answers ``{'status': 'error', 'reason': ...}``: each log is then either still in
-        buffer_dir or already in drain_dir, and the next drain delivers both kinds exactly once."""
-        self.last_drain = time.monotonic()
-        with self.param_lock:
-            current = self.param_version
-            has_param = self.mortal_param is not None
-        delivered = self._move_to_drain()
-        if isinstance(delivered, dict):
-            return delivered  # the 'error' reply of a disk failure
-        moved = [name for name, _ in delivered]
-        versions = [version for _, version in delivered]
-        return {
-            'status': wire.STATUS_OK,
-            'count': len(moved),
-            'drain_dir': self.drain_dir,
-            'files': moved,
-            'param_versions': versions,
-            'param_version': current,
-            'has_param': has_param,
-            'server_id': self.server_id,
-        }
