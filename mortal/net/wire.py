@@ -158,7 +158,7 @@ class RequestRefused(Exception):
 
 @dataclass(frozen=True)
 class FrameHeader:
-    """A decoded frame header: ``length`` (payload bytes), ``digest``, ``mac``, ``signed`` (the bytes the MAC covers)."""
+    """A decoded frame header: ``length`` (payload bytes), ``digest``, ``mac``, ``signed`` (what the MAC covers)."""
     length: int
     digest: bytes
     mac: bytes
@@ -498,7 +498,8 @@ class Remote:
 def request_with_retry(remote: Remote, msg: dict, *,
                        accept: Callable[[dict], bool] = lambda reply: reply.get('status') == STATUS_OK,
                        interval: float = RETRY_INTERVAL, on_refusal: Optional[Callable[[dict], None]] = None,
-                       sleep: Callable[[float], Any] = time.sleep, on_wait: Optional[Callable[[], None]] = None) -> dict:
+                       sleep: Callable[[float], Any] = time.sleep,
+                       on_wait: Optional[Callable[[], None]] = None) -> dict:
     """Send ``msg`` until a reply satisfies ``accept``, ``interval`` seconds apart. An unreachable server or broken
     frame (logged once per outage) and an 'error' reply (once per reason) are retried; another refusal calls
     ``on_refusal(reply)`` first. ``on_wait()`` before every wait. RequestRefused propagates."""
