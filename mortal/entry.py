@@ -1,15 +1,8 @@
 """Start-up shared by the command-line entry points (``mortal.server``, ``mortal.client``, ``mortal.train``, ...).
 
-A ``main()`` builds its parser with :func:`parser` (which adds ``-c/--config``), hands it to :func:`start`, which
-parses the arguments and prepares the process once, and reads its config with :func:`load_config` or
-:func:`load_config_or_exit`::
-
-    def main(argv=None):
-        args = entry.start(entry.parser('What it does.'), argv)
-        config = entry.load_config_or_exit(args, SERVER_SECTIONS)
-
-The ``sys.path`` line of a module run as a script (``python mortal/server.py``) stays in that module: it is what
-makes this package importable in the first place.
+A ``main()`` builds its parser with :func:`parser` (adds ``-c/--config``), prepares the process with
+:func:`start`, and reads its config with :func:`load_config` or :func:`load_config_or_exit`. The ``sys.path`` line
+of a module run as a script stays in that module: it makes this package importable in the first place.
 """
 
 from __future__ import annotations

@@ -1,30 +1,14 @@
 """The online learner's claims on drained logs, and which of their samples it has trained, across restarts.
 
-The server empties ``drain_dir`` at its next drain and at every start (Mortal), possibly while the learner's
-DataLoader still reads it, so the learner hard-links each drain into its own ``<drain_dir>.trainer`` folder
-(``claim_dir_for``, ``claim_drained``; ``ClaimLedger.claim``), which nobody else touches. It exits after every
-test play, in the middle of an epoch. The ledger here lets the next learner finish exactly what the last one left,
-sample by sample, before it drains again:
-
-* every sample carries ``[file, pass, index, count]`` from the loader (``FileDatasetsIter(sample_ids=True)``),
-  in worker processes too, since the ids travel inside the batches; the learner ``record``\\ s the ids of each
-  batch it has trained;
-* ``claims.json`` in the claim folder lists every claimed log not yet fully trained and, for each pass over it
-  (``[dataset] num_epochs`` x plain/augmented), either ``"done"`` or the indices trained so far. It is written
-  atomically (temporary file, fsync, rename) when logs are claimed (before they are linked) and, with each
-  checkpoint, in one step with it (``commit_with``): the manifest of the checkpoint's step is staged as
-  ``claims.json.next`` before the checkpoint is written and renamed over ``claims.json`` after it, and a learner
-  killed in between has it reconciled at the next ``open`` by the step of the checkpoint on disk (the staged
-  manifest is the checkpoint's when its ``steps`` equal the checkpoint's, else it is dropped). So the manifest
-  always describes the state of the last checkpoint, whatever the kill point (before the save, after it, inside
-  the test play, after the commit): nothing is trained twice and nothing is skipped; the samples trained since
-  the last checkpoint, whose training the checkpoint lost too, are trained again;
-* a log whose every pass is done is unlinked at the next commit; the rest is the resume set, re-read with its
-  trained samples left out (``FileDatasetsIter(trained=...)``), together with the next drain;
-* samples the epoch's end leaves over (fewer than ``batch_size``, which Mortal drops) stay in the resume set and
-  are trained with the next drain. ``end_epoch`` returns the samples that were lost after all (a claimed log
-  gone or unreadable before its remaining samples were read): the ``data/samples_dropped`` tag, 0 in a
-  healthy run.
+The server empties ``drain_dir`` at its next drain and start (Mortal), so the learner hard-links each drain into
+its own ``<drain_dir>.trainer`` (``claim_drained``). Every sample carries ``[file, pass, index, count]``
+(``FileDatasetsIter(sample_ids=True)``) and the learner records (``record``) each trained batch's ids. ``claims.json``
+lists every claimed log not fully trained and, per pass, ``"done"`` or the indices trained; it is written
+atomically when logs are claimed and, with each checkpoint, in one step with it (``commit_with``: staged as
+``claims.json.next``, renamed after the checkpoint, reconciled at ``open`` by the checkpoint's ``steps``), so it
+always describes the last checkpoint: nothing is trained twice or skipped. Finished logs are unlinked at the next
+commit; the rest is re-read with trained samples left out (``FileDatasetsIter(trained=...)``). ``end_epoch``
+returns the samples lost after all (``data/samples_dropped``). See docs/operations.md, "The claim ledger".
 """
 
 from __future__ import annotations

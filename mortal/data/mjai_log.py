@@ -1,19 +1,9 @@
 """The mjai log reader: a recorded game (gzip or plain mjai JSON lines) -> checked events.
 
-Everything that reads logs goes through here: the training loaders (``mortal.data.gameplay``, the GRP record
-in ``mortal.data.grp``), the statistics (``mortal.stat``) and the 1v3 summary. Each event is decoded and its
-fields checked once, here; the consumers (``Grp``, ``Stat``, ``GameplayLoader``, ``V4Encoder.update_parsed``)
-then read those fields without checking them again.
-
-Two entry points, one scan:
-
-* ``parse_log``: one complete 4-player game with every field the training loaders read (those
-  Mortal's ``libriichi/src/dataset`` loaders take for granted), as ``LoadedLog``;
-* ``parse_events``: any run of mjai events of one game (the statistics read incomplete games too),
-  as ``(line, event)`` pairs.
-
-Every failure is a ``BadLogError`` naming the file, the line and the reason, so that a loader can skip
-the file (``skip_message``) and go on.
+Everything that reads logs (the loaders, ``mortal.data.grp``, ``mortal.stat``) goes through here, and each
+event's fields are checked once. ``parse_log``: one complete 4-player game with every field the training loaders
+read, as ``LoadedLog``; ``parse_events``: any run of one game's events (the statistics read incomplete games), as
+``(line, event)`` pairs. Every failure is a ``BadLogError`` naming file, line and reason (``skip_message``).
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Per-kyoku rewards, from the GRP model as Mortal's ``mortal/reward_calculator.py``, or from the point changes.
 
-``[env] reward`` selects one (``REWARDS``):
-
-* ``'grp'`` (Mortal's, the default): reward[k] = E[pt | state after kyoku k] - E[pt | state before kyoku k], where
-  E[pt] before kyoku k uses the GRP rank-probability matrix of the prefix of rows 0..k and the state after the last
-  kyoku is the actual final rank (one-hot). ``pts`` is ``[env] pts`` (points for ranks 1-4).
-* ``'points'`` (extra; the bootstrap's fallback when its GRP is no better than uniform): reward[k] = the seat's score
-  change in kyoku k (points; the last kyoku's ends at the final scores, leftover deposits included) times
-  ``points_scale(pts)`` = ``(max(pts) - min(pts)) / POINTS_SPREAD``. ``POINTS_SPREAD`` = 30,000 points is about the
-  final-score gap between first and last place, so a hanchan's summed reward (final score - 25,000 points,
-  scaled) spans about the same range as the GRP reward's (pts[rank] - mean pts): with ``pts = [6, 4, 2, 0]`` a
-  1,000-point gain is worth 0.2 pt and a mangan (8,000) 1.6 pt. On the quickstart's 112 rule-based hanchan the
-  mean final score of first minus that of last is 26,900 points, and the least-squares line of pts[rank] on the
-  final score gives the 6-pt spread to 35,800 points: 30,000 lies between. It needs no model and knows nothing of
-  placement (a gain that changes no rank counts as much as one that does).
+``[env] reward`` (``REWARDS``): ``'grp'`` (Mortal's): reward[k] = E[pt | after kyoku k] - E[pt | before kyoku k],
+from the GRP's rank probabilities of the prefix 0..k, the last state being the final rank (``pts``: ``[env] pts``).
+``'points'`` (the bootstrap's fallback for a GRP no better than uniform): the seat's score change in kyoku k times
+``points_scale(pts)`` = ``(max(pts) - min(pts)) / POINTS_SPREAD``; 30,000 points is about the final gap between
+first and last (26,900 to 35,800 measured on the quickstart's hanchan), so a hanchan's rewards span about the GRP
+reward's range. It needs no model and knows nothing of placement.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """Checkpoint files: loading, rebuilding the models, state-dict checks, atomic saves, and their one error type.
 
-* ``load_checkpoint``: ``torch.load(..., weights_only=True)`` (no code from the file runs); a file that cannot
-  be loaded raises ``CheckpointError`` naming it, in one line.
-* A Mortal-layout checkpoint holds ``mortal`` (Brain state dict), ``current_dqn`` (DQN state dict) and ``config``
-  (at least ``[control] version`` and ``[resnet] conv_channels``/``num_blocks``); ``load_model_pair`` rebuilds
-  ``(brain, dqn, version)`` from it, ``read_baseline`` gives its state dicts and architecture.
-* ``state_dict_mismatches`` compares a state dict with a model's; ``check_loadable``, ``check_fits_config`` and
-  ``describe_mismatches`` word its result for the client, the trainer and the doctor.
-* The learner's checkpoint holds Mortal's ``CHECKPOINT_KEYS``; ``played_checkpoint`` turns one with an EMA of the
-  weights into the Mortal-layout checkpoint of the model that was played.
-* ``atomic_torch_save`` writes through ``mortal.util.fsutil.atomic_write`` (temporary name, fsync, rename); file
-  copies and bytes go through ``mortal.util.fsutil.atomic_copy`` / ``atomic_write_bytes`` (no torch there, for the
-  server's side).
+``load_checkpoint`` reads with ``weights_only=True`` (``CheckpointError`` naming the file otherwise). A
+Mortal-layout checkpoint holds ``mortal``, ``current_dqn`` and ``config`` (``[control] version``, ``[resnet]``):
+``load_model_pair`` rebuilds ``(brain, dqn, version)``, ``read_baseline`` gives its state dicts and architecture.
+``state_dict_mismatches`` compares a state dict with a model's (worded by ``check_loadable``,
+``check_fits_config``, ``describe_mismatches``). The learner's checkpoint holds ``CHECKPOINT_KEYS``;
+``played_checkpoint`` turns its EMA into the played model's. ``atomic_torch_save``: temporary name, fsync, rename.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """One-command tour of the whole pipeline on a small model: ``python -m mortal.tools.quickstart``.
 
-Everything lives under one work dir (default ``./work/quickstart``):
-
-1. writes ``config.toml`` there from the embedded template (tiny ResNet, CPU, version 3 or ``--version 4``;
-   ``mortal.tools.quickstart_config``);
-2. ``mortal.tools.bootstrap all``: rule-based games -> GRP -> offline Mortal (CQL) -> online dir;
-3. starts server, trainer and client as real processes (``MORTAL_CFG`` = that config),
-   waits for at least one ``test_play`` and one trainer restart (by the trainer's own supervisor,
-   ``mortal.learning.supervisor``), then stops them (SIGTERM, then SIGKILL after a grace period);
-4. prints where the TensorBoard logs and checkpoints are, the test_play results, best.pth and the final
-   model against 3x the start, the start against 3 RulebaseBots, the kyoku reward the bootstrap chose and the
-   elapsed time.
-
-``--short`` shrinks every size for CI (a couple of minutes). ``scripts/quickstart.sh``
-installs the dependencies first (``scripts/setup.sh``) and then runs this module.
+Under one work dir (default ``./work/quickstart``): writes ``config.toml`` (``mortal.tools.quickstart_config``,
+version 3 or ``--version 4``), runs ``mortal.tools.bootstrap all``, starts server, trainer and client as processes
+until one ``test_play`` and one trainer restart, stops them, and prints the TensorBoard and checkpoint paths, the
+test plays, the final model against 3x the start, the start against 3 RulebaseBots, the reward and the time.
+``--short`` shrinks every size for CI; ``scripts/quickstart.sh`` installs the dependencies first.
 """
 
 if __package__ in (None, ''):  # run as a script: python mortal/tools/quickstart.py
