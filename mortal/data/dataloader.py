@@ -62,14 +62,14 @@ def _game_columns(game, reward_calc: RewardCalculator) -> tuple | None:
     n = len(game)
     if n == 0:  # the seat never had a decision
         return None
-    obs = game.take_packed_obs()
-    actions = game.take_actions()
-    masks = game.take_masks()
-    at_kyoku = game.take_at_kyoku().astype(np.int64)
-    dones = game.take_dones()
-    apply_gamma = game.take_apply_gamma()
-    grp = game.take_grp()
-    player_id = game.take_player_id()
+    obs = game.take("packed_obs")
+    actions = game.take("actions")
+    masks = game.take("masks")
+    at_kyoku = game.take("at_kyoku").astype(np.int64)
+    dones = game.take("dones")
+    apply_gamma = game.take("apply_gamma")
+    grp = game.grp
+    player_id = game.player_id
     cf_actions = game.take_cf_actions()
     cf_records = game.take_cf_records()
 

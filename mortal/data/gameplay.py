@@ -54,7 +54,7 @@ def _is_fatal(exc: BaseException) -> bool:
 
 @dataclass
 class Gameplay:
-    """Samples of one seat in one game; ``take_*`` return a field and release it, as Mortal's.
+    """Samples of one seat in one game; ``take`` returns a field and releases it (Mortal's ``take_*``).
 
     Per decision (N rows): ``packed_obs`` ``(N, row_bytes(version))`` uint8 (``obs`` unpacks it to ``(N, C, 34)``
     float32), ``actions`` ``(N,)`` int64 (0-45), ``masks`` ``(N, 46)`` bool, ``at_kyoku`` ``(N,)`` uint8 (count of
@@ -91,46 +91,23 @@ class Gameplay:
             return None
         return unpack(self.packed_obs, self.version)
 
-    def _take(self, name):
+    def take(self, name: str):
+        """Field ``name`` (e.g. ``"actions"``), released: Mortal's ``take_*``."""
         value = getattr(self, name)
         setattr(self, name, None)
         return value
 
     def take_obs(self) -> np.ndarray:
         """``obs`` (``(N, C, 34)`` float32), releasing the packed rows."""
-        return unpack(self._take("packed_obs"), self.version) if self.packed_obs is not None else None
-
-    def take_packed_obs(self) -> np.ndarray:
-        return self._take("packed_obs")
-
-    def take_actions(self) -> np.ndarray:
-        return self._take("actions")
-
-    def take_masks(self) -> np.ndarray:
-        return self._take("masks")
-
-    def take_at_kyoku(self) -> np.ndarray:
-        return self._take("at_kyoku")
-
-    def take_dones(self) -> np.ndarray:
-        return self._take("dones")
-
-    def take_apply_gamma(self) -> np.ndarray:
-        return self._take("apply_gamma")
+        return unpack(self.take("packed_obs"), self.version) if self.packed_obs is not None else None
 
     def take_cf_actions(self) -> np.ndarray:
         """``cf_actions``, released; all -1 when the loader recorded none."""
-        out = self._take("cf_actions")
+        out = self.take("cf_actions")
         return np.full(len(self.actions if self.actions is not None else ()), -1, np.int64) if out is None else out
 
     def take_cf_records(self) -> list:
-        return self._take("cf_records") or []
-
-    def take_grp(self) -> Grp:
-        return self.grp
-
-    def take_player_id(self) -> int:
-        return self.player_id
+        return self.take("cf_records") or []
 
 
 class _SeatRecorder:
