@@ -465,7 +465,7 @@ def test_gzip_bomb_is_skipped_by_the_loader_with_the_configured_cap(tmp_path, bo
     write_grp(config)
     trainer = fake_trainer(config)
     data = trainer.data_loader([str(bomb), str(LOGS[0])], ['0']).dataset
-    assert data.max_log_bytes == 1 << 20
+    assert data.loader_options['max_log_bytes'] == 1 << 20
     start = time.monotonic()
     with caplog.at_level(logging.WARNING):
         batches = list(data)

@@ -132,18 +132,16 @@ class FileDatasetsIter(IterableDataset):
         self._file_ids = {p: i for i, p in reversed(list(enumerate(self.files)))} if sample_ids else None
         self.trained = {p: {int(k): None if v is None else frozenset(v) for k, v in passes.items()}
                         for p, passes in (trained or {}).items()}
-        self.max_log_bytes = max_log_bytes
         self._pass = 0
         self.pts = pts
         self.grp = grp
         self.file_batch_size = max(1, int(file_batch_size))
         self.reserve_ratio = reserve_ratio
-        self.player_names = player_names
-        self.excludes = excludes
+        self.loader_options = dict(player_names=player_names, excludes=excludes, max_log_bytes=max_log_bytes,
+                                   always_include_kan_select=always_include_kan_select)  # GameplayLoader's
         self.num_epochs = num_epochs
         self.enable_augmentation = enable_augmentation
         self.augmented_first = augmented_first
-        self.always_include_kan_select = always_include_kan_select
         self.skipped = 0
         self.iterator = None
         self._sharded = False
@@ -191,14 +189,7 @@ class FileDatasetsIter(IterableDataset):
     def load_files(self, augmented: bool):
         """One pass over ``file_list`` (shuffled), yielding samples (or batches) through the shuffle buffer."""
         random.shuffle(self.file_list)
-        self.loader = GameplayLoader(
-            self.version,
-            player_names=self.player_names,
-            excludes=self.excludes,
-            always_include_kan_select=self.always_include_kan_select,
-            augmented=augmented,
-            max_log_bytes=self.max_log_bytes,
-        )
+        self.loader = GameplayLoader(self.version, augmented=augmented, **self.loader_options)
         # The buffer is a tuple of columns (packed obs, actions, masks, ...) sharing the first dimension, None when
         # empty: no per-sample Python object is made until a sample (or a batch) is handed out.
         self.buffer = None
