@@ -370,3 +370,12 @@ def no_bar_left_open():
     from tqdm import tqdm
     for bar in list(getattr(tqdm, '_instances', ())):
         bar.close()
+
+
+def wait_until(cond, timeout=30.0, interval=0.02):
+    """Poll ``cond()`` every ``interval`` seconds until it is true; AssertionError after ``timeout`` seconds."""
+    import time
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, 'timed out'
+        time.sleep(interval)

@@ -20,7 +20,7 @@ import torch
 from mortal import server as srv
 from mortal.net import address, param_server, replay_store, signature, wire
 
-from conftest import start_param_server, stop_server
+from conftest import start_param_server, stop_server, wait_until as poll_until
 
 MAX_FRAME = 1 << 20
 
@@ -580,10 +580,7 @@ def test_wrong_token_is_refused_before_the_payload_is_read(tmp_path):
 
 
 def wait_until(cond, timeout=5.0):
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, 'timed out'
-        time.sleep(0.01)
+    poll_until(cond, timeout, interval=0.01)
 
 
 def test_unauthenticated_connections_are_capped_and_the_oldest_gives_way(tmp_path, caplog):

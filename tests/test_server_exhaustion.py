@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import load_script, start_param_server, stop_server
+from conftest import load_script, start_param_server, stop_server, wait_until as poll_until
 from mortal.net import msgpack_bounds, param_server, wire
 
 bench = load_script('bench/server_exhaustion.py', 'server_exhaustion_bench')
@@ -21,10 +21,7 @@ TOKEN = 's3cret'
 
 
 def wait_until(cond, timeout=5.0):
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, 'timed out'
-        time.sleep(0.01)
+    poll_until(cond, timeout, interval=0.01)
 
 
 @pytest.mark.parametrize('kind, conns', [

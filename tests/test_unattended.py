@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import load_tiny_config
+from conftest import load_tiny_config, wait_until
 from mortal.config import ONLINE_TRAIN_SECTIONS
 from mortal.learning import supervisor
 
@@ -28,11 +28,32 @@ class Lines(logging.Handler):
         return any(text in m for _, m in self.records)
 
 
-def wait_until(cond, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, 'timed out'
-        time.sleep(0.02)
+def learner_script(tmp_path, cfg, replace, exits):
+    """A fake learner at ``tmp_path/learner.py`` counting its runs in ``tmp_path/n``: its first run replaces
+    ``replace`` = (old, new) in the config file; run n exits with ``exits`` (a Python expression in n)."""
+    counter, script = tmp_path / 'n', tmp_path / 'learner.py'
+    script.write_text(
+        'import os, sys\n'
+        f'p, cfg = {str(counter)!r}, {str(cfg)!r}\n'
+        'n = int(open(p).read()) if os.path.exists(p) else 0\n'
+        'open(p, "w").write(str(n + 1))\n'
+        'if n == 0:\n'
+        f'    text = open(cfg).read().replace{replace!r}\n'
+        '    open(cfg, "w").write(text)\n'
+        f'sys.exit({exits})\n')
+    return counter, script
+
+
+def supervise_while(fix, script, cfg, remind_every):
+    """``supervisor.supervise`` of the fake learner ``script`` while ``fix`` runs in a thread; its status."""
+    fixer = threading.Thread(target=fix)
+    fixer.start()
+    try:
+        return supervisor.supervise([], script=str(script), restart_delay=0.05, config_path=str(cfg),
+                                    required=ONLINE_TRAIN_SECTIONS, env={}, retry_interval=0.05,
+                                    remind_every=remind_every)
+    finally:
+        fixer.join(timeout=60)
 
 
 def test_a_typo_saved_while_training_waits_then_resumes_once_fixed(tmp_path):
@@ -42,17 +63,7 @@ def test_a_typo_saved_while_training_waits_then_resumes_once_fixed(tmp_path):
     _, cfg = load_tiny_config(tmp_path, online=True)
     good = cfg.read_text()
     assert re.search(r'^batch_size = 8$', good, re.M) and re.search(r'^test_every = 4$', good, re.M)
-    counter = tmp_path / 'n'
-    script = tmp_path / 'learner.py'
-    script.write_text(
-        'import os, sys\n'
-        f'p, cfg = {str(counter)!r}, {str(cfg)!r}\n'
-        'n = int(open(p).read()) if os.path.exists(p) else 0\n'
-        'open(p, "w").write(str(n + 1))\n'
-        'if n == 0:\n'
-        '    text = open(cfg).read().replace("batch_size = 8", "batch_sise = 8")\n'
-        '    open(cfg, "w").write(text)\n'
-        'sys.exit(0 if n == 0 else 3)\n')
+    counter, script = learner_script(tmp_path, cfg, ('batch_size = 8', 'batch_sise = 8'), '0 if n == 0 else 3')
     lines = Lines()
     logger = logging.getLogger('mortal.train')
     logger.addHandler(lines)
@@ -64,13 +75,9 @@ def test_a_typo_saved_while_training_waits_then_resumes_once_fixed(tmp_path):
         assert counter.read_text() == '1'  # no learner was started on the broken file
         cfg.write_text(good.replace('test_every = 4', 'test_every = 8'))  # fixed, and one key changed
 
-    fixer = threading.Thread(target=fix)
-    fixer.start()
     try:
-        code = supervisor.supervise([], script=str(script), restart_delay=0.05, config_path=str(cfg),
-                                    required=ONLINE_TRAIN_SECTIONS, env={}, retry_interval=0.05, remind_every=0.2)
+        code = supervise_while(fix, script, cfg, remind_every=0.2)
     finally:
-        fixer.join(timeout=60)
         logger.removeHandler(lines)
         logger.setLevel(old_level)
     assert code == 3 and counter.read_text() == '2'  # the second learner ran on the fixed file
@@ -88,16 +95,8 @@ def test_a_learner_failing_on_a_broken_config_is_waited_for(tmp_path):
     # for the fix instead of stopping.
     _, cfg = load_tiny_config(tmp_path, online=True)
     good = cfg.read_text()
-    counter = tmp_path / 'n'
-    script = tmp_path / 'learner.py'
-    script.write_text(
-        'import os, sys\n'
-        f'p, cfg = {str(counter)!r}, {str(cfg)!r}\n'
-        'n = int(open(p).read()) if os.path.exists(p) else 0\n'
-        'open(p, "w").write(str(n + 1))\n'
-        'if n == 0:\n'
-        '    open(cfg, "w").write(open(cfg).read().replace("batch_size = 8", "batch_size = -8"))\n'
-        'sys.exit(2 if n == 0 else 0 if n == 1 else 5)\n')
+    counter, script = learner_script(tmp_path, cfg, ('batch_size = 8', 'batch_size = -8'),
+                                     '2 if n == 0 else 0 if n == 1 else 5')
     seen = []
 
     def fix():
@@ -106,13 +105,7 @@ def test_a_learner_failing_on_a_broken_config_is_waited_for(tmp_path):
         seen.append(counter.read_text())
         cfg.write_text(good)
 
-    fixer = threading.Thread(target=fix)
-    fixer.start()
-    try:
-        code = supervisor.supervise([], script=str(script), restart_delay=0.05, config_path=str(cfg),
-                                    required=ONLINE_TRAIN_SECTIONS, env={}, retry_interval=0.05, remind_every=60)
-    finally:
-        fixer.join(timeout=60)
+    code = supervise_while(fix, script, cfg, remind_every=60)
     assert seen == ['1'] and code == 5 and counter.read_text() == '3'
 
 

@@ -109,16 +109,9 @@ def _refuse(lay: Layout, obs: np.ndarray, flat: int):
 
 
 def pack_into(obs: np.ndarray, out: np.ndarray, index: int, version: int) -> None:
-    """Write the packed form of ``obs`` into row ``index`` of ``out``.
-
-    Args:
-        obs: ``(C, 34)`` float32, C-contiguous, ``C`` of ``version``.
-        out: ``(N, row_bytes(version))`` uint8, C-contiguous, ``0 <= index < N``.
-    Raises:
-        NotPackableError: an element outside ``REAL_ROWS[version]`` is not exactly +0.0 or 1.0 (``out`` row
-            left partly written).
-        ValueError: wrong shape, dtype or index.
-    """
+    """Pack ``obs`` (``(C, 34)`` float32, C-contiguous) into row ``index`` of ``out`` (``(N, row_bytes(version))``
+    uint8). Raises ``NotPackableError`` (an element outside ``REAL_ROWS`` not exactly +0.0 or 1.0; the row is left
+    partly written) or ValueError (shape, dtype, index)."""
     lay = layout(version)
     if obs.dtype != np.float32 or obs.shape != (lay.channels, 34) or not obs.flags.c_contiguous:
         raise ValueError(f"pack_into: expected a C-contiguous ({lay.channels}, 34) float32 array, "
@@ -175,16 +168,8 @@ def pack(obs: np.ndarray, version: int) -> np.ndarray:
 
 
 def unpack(packed, version: int):
-    """The float32 observations of packed rows, bit for bit as they were encoded.
-
-    Args:
-        packed: ``(B, row_bytes(version))`` uint8, a numpy array or a torch tensor (any device; rows
-            C-contiguous, as batches are).
-    Returns:
-        ``(B, C, 34)`` float32 of the same kind (numpy in, numpy out; a tensor on the input's device).
-    Raises:
-        ValueError: the row length does not match ``version``.
-    """
+    """``(B, C, 34)`` float32 of ``packed`` rows (``(B, row_bytes(version))`` uint8, numpy or a torch tensor on any
+    device), bit for bit as encoded, of the same kind and device. ValueError for a row length not ``version``'s."""
     import torch
     lay = layout(version)
     as_numpy = isinstance(packed, np.ndarray)

@@ -71,10 +71,7 @@ class ActorPlan:
 
 def plan_actors(config: dict, actors: int, profiles: list, config_path: str = 'the config') -> list:
     """The :class:`ActorPlan` of each of ``actors`` actors: profiles in turn, ``<profile log_dir>.fleet-<i>``.
-
-    Raises ``mortal.config.ConfigError`` naming ``[fleet] profiles``, ``config_path`` and the missing
-    ``[train_play.<profile>]`` for a profile the config lacks.
-    """
+    ``ConfigError`` naming ``[fleet] profiles``, ``config_path`` and the missing ``[train_play.<profile>]``."""
     from mortal.config import ConfigError, EnvOverrides, profile_table, train_play_profile, typed
     tables = {}
     for profile in dict.fromkeys(profiles):
@@ -174,14 +171,9 @@ def _stop(signum, frame):
 
 
 class SelfPlayActor:
-    """One self-play client inside a Ray actor (``ray.remote(SelfPlayActor)``); a plain class, so it is testable
-    without Ray.
-
-    config: the actor's config (:func:`actor_config`); profile: its ``TRAIN_PLAY_PROFILE``; cwd: the driver's
-    working directory, entered when it exists on this node (the config's relative paths mean the same there);
-    num_threads: torch threads (``[fleet] num_cpus``). A client that cannot be built (its log_dir cannot be made, a
-    missing or bad baseline file) leaves ``self.error`` for :meth:`ready` to report instead of a Ray traceback.
-    """
+    """One self-play client inside a Ray actor (a plain class, testable without Ray): ``config``
+    (:func:`actor_config`), ``profile``, ``cwd`` (the driver's, entered where it exists), ``num_threads``. A
+    client that cannot be built leaves ``self.error`` for :meth:`ready` to report instead of a Ray traceback."""
 
     def __init__(self, config: dict, profile: str, cwd: str, num_threads: int = 1):
         import contextlib
@@ -220,12 +212,8 @@ class SelfPlayActor:
 
 
 class FleetRecord:
-    """The fleet's per-round record: the rounds of all live actors summed into fleet rounds.
-
-    window: fleet rounds in the moving window (``[online] history_window``); writer: a SummaryWriter-like object
-    (``add_scalar``) or None. :meth:`add` takes each actor round as it comes and returns the log line of a finished
-    fleet round (``live`` actor rounds) or None.
-    """
+    """The actors' rounds summed into fleet rounds (``window``: ``[online] history_window``; ``writer``: with
+    ``add_scalar``, or None); :meth:`add` returns the log line of a finished fleet round, else None."""
 
     def __init__(self, window: int, writer=None, *, clock=time.monotonic):
         self.history = RankHistory(window)
@@ -273,11 +261,8 @@ class FleetRecord:
 
 
 class Fleet:
-    """The driver: starts the actors of ``plans`` on Ray and keeps one call in flight per actor.
-
-    ray: the ``ray`` module (initialised); config: the full config; fleet: the typed ``[fleet]`` section;
-    plans: from :func:`plan_actors`; record: a :class:`FleetRecord`.
-    """
+    """The driver: starts the actors of ``plans`` (:func:`plan_actors`) on ``ray`` (initialised) and keeps one call
+    in flight per actor; ``fleet``: the typed ``[fleet]``; ``record``: a :class:`FleetRecord`."""
 
     def __init__(self, ray, config: dict, fleet, plans: list, record: FleetRecord):
         self.ray = ray
