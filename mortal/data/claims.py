@@ -53,17 +53,10 @@ def _remaining(unit) -> int:
 
 
 class ClaimLedger:
-    """Training progress of the logs claimed into ``claim_dir``; see the module docstring.
-
-    Args:
-        claim_dir: the learner's claim folder (``claim_dir_for``).
-        signature: what decides a log's samples and passes (version, player names, ``[dataset]`` pass
-            settings); a manifest written under another signature is not trusted sample by sample.
-        passes: passes over every file per epoch (``num_epochs`` x 2 with augmentation, else x 1).
-
-    Attributes: ``duplicates`` (samples recorded twice: 0 unless the bookkeeping is broken), ``lost_samples``
-    (remaining samples of claimed logs found gone, not yet reported by ``end_epoch``).
-    Use ``ClaimLedger.open`` (or ``for_dataset``) to start from what is on disk.
+    """Training progress of the logs claimed into ``claim_dir`` (the module docstring); start from disk with
+    ``open`` or ``for_dataset``. ``signature``: what decides a log's samples and passes (a manifest under another
+    is not trusted sample by sample); ``passes`` per epoch. ``duplicates``: samples recorded twice (0 unless broken);
+    ``lost_samples``: remaining samples of claimed logs found gone, not yet reported by ``end_epoch``.
     """
 
     def __init__(self, claim_dir: str, *, signature: dict, passes: int):
@@ -82,14 +75,10 @@ class ClaimLedger:
 
     @classmethod
     def open(cls, claim_dir: str, *, signature: dict, passes: int, steps: int | None = None) -> "ClaimLedger":
-        """The ledger of ``claim_dir`` as its manifest left it (an empty one without manifest; the folder is
-        created). Listed logs missing from the folder are logged and their known remaining samples counted
-        in ``lost_samples``; under another signature every listed log is resumed whole (logged).
-
-        ``steps``: the step of the learner's checkpoint on disk (None: none is known). A manifest staged by
-        ``commit_with`` and never renamed (the learner was killed between its checkpoint and the rename) becomes
-        the manifest when its step is ``steps`` (that checkpoint was written), else it is dropped (it was not);
-        both are logged."""
+        """The ledger of ``claim_dir`` (created) as its manifest left it: missing logs' remaining samples count in
+        ``lost_samples``; under another signature every log is resumed whole. A manifest staged by ``commit_with``
+        and never renamed becomes the manifest when its step is ``steps`` (the checkpoint on disk), else it is
+        dropped; all logged."""
         ledger = cls(claim_dir, signature=signature, passes=passes)
         os.makedirs(ledger.claim_dir, exist_ok=True)
         manifest = path.join(ledger.claim_dir, MANIFEST)
@@ -310,11 +299,9 @@ class ClaimLedger:
         return self._finish(finished, files)
 
     def commit_with(self, steps: int, save) -> int:
-        """Persist the live progress in one step with the checkpoint that ``save()`` writes at step ``steps``:
-        the manifest is staged as ``STAGED`` (with ``steps``), ``save()`` runs, and the rename makes the staged
-        manifest the manifest (``open`` reconciles a kill in between by the checkpoint's step). When ``save()``
-        raises, the staged manifest is removed and nothing is committed. Returns how many logs trained in full
-        were unlinked."""
+        """Persist the progress in one step with the checkpoint ``save()`` writes at ``steps``: staged as ``STAGED``,
+        ``save()``, renamed (``open`` reconciles a kill between); nothing is committed when ``save()`` raises.
+        Returns how many fully trained logs were unlinked."""
         finished, files = self._staged()
         staged = path.join(self.claim_dir, STAGED)
         self._write(files, steps, STAGED)
@@ -451,14 +438,9 @@ def _free_name(name: str, taken: set) -> str:
 
 
 def claim_drained(drain_dir: str, files, claim_dir: str, *, keep=(), on_claim=None) -> tuple:
-    """Hard-link (copy where links fail, e.g. across file systems) each drained ``drain_dir/name`` of ``files``
-    into ``claim_dir``, whose other entries are removed first, except those named in ``keep`` (logs claimed
-    earlier and not yet fully trained, the ledger's manifest).
-
-    A name already in ``keep`` is claimed as ``'<k>+<name>'``. ``on_claim(names)``, if given, is called with the
-    names in ``claim_dir`` before anything is linked. Returns (claimed paths in ``files`` order, names of ``files``
-    that had vanished before they could be claimed); raises OSError when a link or copy fails otherwise.
-    """
+    """Hard-link (else copy) each drained ``drain_dir/name`` of ``files`` into ``claim_dir``, first emptied except
+    for ``keep`` (a clashing name is claimed as ``'<k>+<name>'``); ``on_claim(names)`` is called before any link.
+    Returns (claimed paths in ``files`` order, names that vanished first); OSError when a link or copy fails."""
     keep = set(keep)
     empty_dir(claim_dir, keep)
     targets = []
