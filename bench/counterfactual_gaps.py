@@ -46,10 +46,10 @@ def gaps(config: dict, log_files) -> dict:
             if not len(has):
                 continue
             records = game.take_cf_records()
-            actions = game.take_actions()
-            at_kyoku = game.take_at_kyoku().astype(np.int64)
-            g = game.take_grp()
-            deltas = calc.counterfactual_deltas(game.take_player_id(), g.take_feature(), g.take_rank_by_player(),
+            actions = game.take("actions")
+            at_kyoku = game.take("at_kyoku").astype(np.int64)
+            g = game.grp
+            deltas = calc.counterfactual_deltas(game.player_id, g.take_feature(), g.take_rank_by_player(),
                                                 g.take_final_scores(), at_kyoku[has], [records[i] for i in has])
             for i, d in zip(has, deltas):
                 out.setdefault(f'{action_kind(int(actions[i]))} -> {action_kind(int(cf[i]))}', []).append(float(d))

@@ -264,7 +264,7 @@ def run_offline(out, arm, *, epochs, lr, freeze_bn, log, steps=0, snapshot_every
     that many steps instead (as many epochs as that takes; the last state is ``final.pth``), keeping
     ``snapshots/step_N.pth`` every ``snapshot_every`` steps: the control of ``flaw``, matched to the online arm's
     offline samples."""
-    from mortal.tools.bootstrap import RulebaseTestPlayer, offline_config
+    from mortal.tools.offline_epochs import RulebaseTestPlayer, offline_config
     from mortal.config import load_config
     from mortal.util.fsutil import empty_dir
     from mortal.train import Trainer

@@ -120,7 +120,7 @@ def q_margin(state_file, log_files, name, temps=(0.05, 1.0)):
     for path in log_files:
         for game in loader.load_log_file(path):
             obs.append(game.take_obs())
-            masks.append(game.take_masks())
+            masks.append(game.take("masks"))
     obs, masks = np.concatenate(obs), np.concatenate(masks).astype(bool)
     rows, flawed, correct = flaw_decisions(name, masks)
     out = {'decisions': int(len(rows))}

@@ -121,9 +121,9 @@ def loader(paths, version=None):
     gl = GameplayLoader(VERSION if version is None else version)
     for games in gl.load_gz_log_files(paths):
         for g in games:
-            n += len(torch.from_numpy(g.take_packed_obs()))
-            torch.from_numpy(g.take_actions())
-            torch.from_numpy(g.take_masks())
+            n += len(torch.from_numpy(g.take("packed_obs")))
+            torch.from_numpy(g.take("actions"))
+            torch.from_numpy(g.take("masks"))
     return n, time.perf_counter() - t0
 
 

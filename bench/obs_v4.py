@@ -76,7 +76,7 @@ def _loader(path):
     rates = {}
     for version in (3, 4):
         t0 = time.perf_counter()
-        samples = sum(len(g.take_actions()) for g in GameplayLoader(version).load_log(raw, path))
+        samples = sum(len(g.take("actions")) for g in GameplayLoader(version).load_log(raw, path))
         rates[version] = samples / (time.perf_counter() - t0)
         print(f'loader v{version}: {rates[version]:8.0f} samples/s ({samples} samples)')
     print(f'loader v4/v3 throughput ratio: {rates[4] / rates[3]:.3f}')

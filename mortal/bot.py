@@ -40,17 +40,8 @@ class BotError(RuntimeError):
 
 
 class Bot:
-    """One seat driven by an arena agent (Mortal's ``libriichi.mjai.Bot``).
-
-    For a version-4 engine a ``mortal.features.obs_v4.V4Encoder`` replays the events beside the ``PlayerState``.
-
-    Args:
-        engine: a ``MortalEngine``-like object (``react_batch``) or an arena agent (``mortal.play.agent``).
-        player_id: the seat 0-3.
-
-    Raises:
-        ValueError: ``player_id`` not in 0-3.
-    """
+    """Seat ``player_id`` (0-3, else ValueError) driven by ``engine``, a ``MortalEngine``-like object or an arena
+    agent (Mortal's ``libriichi.mjai.Bot``); version 4 replays a ``V4Encoder`` beside the ``PlayerState``."""
 
     def __init__(self, engine, player_id: int):
         from mjai.mlibriichi.state import PlayerState
@@ -71,13 +62,8 @@ class Bot:
         self.events = 0  # events applied (the stop line's count)
 
     def react(self, line: str, *, can_act: bool = True) -> str | None:
-        """Update with one mjai event (JSON text) and return the reaction JSON line, or None.
-
-        None when the seat cannot act, ``can_act`` is False, or the event has ``"can_act": false``.
-
-        Raises:
-            BotError: the line is not a JSON object with a ``type``, or the state rejects the event.
-        """
+        """Update with one mjai event (JSON text); the reaction JSON line, or None when the seat cannot act (or the
+        event says ``"can_act": false``). Raises ``BotError`` for a bad line or an event the state rejects."""
         try:
             event = json.loads(line)
         except json.JSONDecodeError as exc:
@@ -130,14 +116,8 @@ def model_tag(state: dict, version: int, num_blocks: int, conv_channels: int) ->
 
 
 def load_engine(state_file: str, *, review_mode: bool):
-    """``(MortalEngine, tag)`` from a Mortal-layout checkpoint, with the bot's engine settings (CPU); logs the file,
-    its version, tag and steps (stderr).
-
-    Raises:
-        mortal.model.checkpoint.CheckpointError: the file is missing, not a weights-only torch checkpoint, or its
-            weights do not fit its own ``config`` (the message is one line naming the file; for shapes, both
-            shapes).
-    """
+    """``(MortalEngine, tag)`` from a Mortal-layout checkpoint with the bot's settings (CPU), logged to stderr.
+    Raises ``CheckpointError`` (one line naming the file) for a missing, unsafe or ill-fitting file."""
     import torch
     from mortal.model.checkpoint import arch_of, load_checkpoint, load_errors, models_from_state
     from mortal.play.engine import MortalEngine
@@ -164,12 +144,8 @@ def load_engine(state_file: str, *, review_mode: bool):
 
 
 def load_review_grp(config: dict):
-    """The GRP of ``[grp] state_file`` / ``[grp.network]`` in eval mode on the CPU (review mode).
-
-    Raises:
-        mortal.model.checkpoint.CheckpointError: missing or unusable file, or weights that do not fit
-            ``[grp.network]``.
-    """
+    """The GRP of ``[grp] state_file`` / ``[grp.network]`` in eval mode on the CPU (review mode); raises
+    ``CheckpointError`` for a missing, unusable or ill-fitting file."""
     from mortal.config import typed
     from mortal.model.checkpoint import load_errors
     from mortal.data.reward import load_grp
@@ -180,14 +156,8 @@ def load_review_grp(config: dict):
 
 
 def phi_matrix(config: dict, log_lines: list[str], grp=None) -> list:
-    """GRP rank-probability matrices ``(K, 4, 4)`` (as nested lists) for every kyoku prefix of ``log_lines``.
-
-    ``grp``: a loaded GRP (default: :func:`load_review_grp` of ``config``).
-
-    Raises:
-        mortal.data.mjai_log.BadLogError: the log has no finished kyoku or is malformed.
-        mortal.model.checkpoint.CheckpointError: ``grp`` not given and the GRP checkpoint cannot be loaded.
-    """
+    """GRP rank-probability matrices ``(K, 4, 4)`` (nested lists) for every kyoku prefix of ``log_lines``, by
+    ``grp`` (default: :func:`load_review_grp`). Raises ``BadLogError`` (no finished kyoku), ``CheckpointError``."""
     import torch
     from mortal.data.grp import Grp
 
@@ -201,11 +171,8 @@ def phi_matrix(config: dict, log_lines: list[str], grp=None) -> list:
 
 
 def serve(bot: Bot, stdin: IO[str], stdout: IO[str], *, review_mode: bool = False) -> list[str]:
-    """The stdin/stdout loop: one reaction line per decision (flushed); returns the input lines.
-
-    Raises:
-        BotError: a bad input line (the message has its 1-based number among the non-empty lines).
-    """
+    """The stdin/stdout loop: one reaction line per decision (flushed); returns the input lines. Raises
+    ``BotError`` naming a bad line by its 1-based number among the non-empty lines."""
     lines = []
     for n, line in enumerate(filtered_trimmed_lines(stdin), 1):
         lines.append(line)
@@ -278,11 +245,8 @@ SIGPIPE_STATUS = 141  # 128 + SIGPIPE, what a shell reports for `yes | head`
 
 
 def _reader_gone(stdout: IO[str]) -> int:
-    """The reader of stdout went away (``... | head``): stop quietly with ``SIGPIPE_STATUS``.
-
-    Python's documented idiom: point the stdout file descriptor at devnull so the flush
-    at interpreter exit does not raise a second BrokenPipeError (and print a traceback).
-    """
+    """The reader of stdout went away (``... | head``): stop quietly with ``SIGPIPE_STATUS``; stdout points at
+    devnull so the flush at exit raises no second BrokenPipeError (Python's documented idiom)."""
     if stdout is sys.stdout:
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)

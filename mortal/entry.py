@@ -1,15 +1,8 @@
 """Start-up shared by the command-line entry points (``mortal.server``, ``mortal.client``, ``mortal.train``, ...).
 
-A ``main()`` builds its parser with :func:`parser` (which adds ``-c/--config``), hands it to :func:`start`, which
-parses the arguments and prepares the process once, and reads its config with :func:`load_config` or
-:func:`load_config_or_exit`::
-
-    def main(argv=None):
-        args = entry.start(entry.parser('What it does.'), argv)
-        config = entry.load_config_or_exit(args, SERVER_SECTIONS)
-
-The ``sys.path`` line of a module run as a script (``python mortal/server.py``) stays in that module: it is what
-makes this package importable in the first place.
+A ``main()`` builds its parser with :func:`parser` (adds ``-c/--config``), prepares the process with
+:func:`start`, and reads its config with :func:`load_config` or :func:`load_config_or_exit`. The ``sys.path`` line
+of a module run as a script stays in that module: it makes this package importable in the first place.
 """
 
 from __future__ import annotations
@@ -58,12 +51,8 @@ def apply_env(env: Mapping[str, str] = os.environ) -> mcfg.EnvOverrides:
 
 def start(parser: argparse.ArgumentParser, argv: list[str] | None = None, *,
           log_level: int | None = logging.INFO) -> argparse.Namespace:
-    """Parse ``argv`` (None: ``sys.argv[1:]``; a usage error exits with status 2, as argparse does) and prepare
-    the process: :func:`drop_rust_backtrace`, logging to stderr at ``log_level`` in ``LOG_FORMAT`` (None: logging
-    is left as it is), :func:`apply_env`.
-
-    Returns the parsed arguments plus ``args.overrides``, the ``EnvOverrides`` to pass down (``env=``).
-    """
+    """Parse ``argv`` (usage error: status 2) and prepare the process (:func:`drop_rust_backtrace`, logging at
+    ``log_level`` in ``LOG_FORMAT`` unless None, :func:`apply_env`); the arguments plus ``args.overrides``."""
     drop_rust_backtrace()
     args = parser.parse_args(argv)
     if log_level is not None:
@@ -119,12 +108,8 @@ ONE_VS_THREE_DEVICES = ('1v3.challenger.device', '1v3.champion.device')
 
 
 def device_problems(config: dict, keys: Iterable[str]) -> list[str]:
-    """One line for each of ``keys`` (dotted, e.g. ``'control.device'``) whose value in ``config`` is a device
-    this torch cannot use, naming the key and the fix: not a torch device string at all (``'banana'``, a path),
-    a kind the processes do not run on (only ``cpu``, ``cuda[:N]`` and ``mps``), ``mps`` where this torch has none,
-    a CUDA device on a CPU-only build or with no GPU visible (both fixes: a CUDA build of torch / a visible GPU, or
-    ``device = 'cpu'``), or a CUDA index beyond the visible GPUs. ``[]`` when every device is usable. Imports
-    torch only when a key is set."""
+    """One line, naming the key and the fix, for each of ``keys`` (dotted) whose device this torch cannot use: not
+    a device string, not ``cpu``/``cuda[:N]``/``mps``, no MPS, no CUDA build or GPU, an index beyond the GPUs."""
     given = [(dotted, value) for dotted in keys if isinstance(value := mcfg.lookup(config, dotted), str)]
     if not given:
         return []
@@ -234,10 +219,8 @@ def _raise_stopped(signum, frame):
 
 
 def stop_on_sigterm():
-    """From now on SIGTERM raises :class:`Stopped` in the main thread (instead of ending the process without a
-    word), so that the process can say why it stops and what it keeps. Returns the previous handler (for a
-    ``main()`` that tests run in-process to put back); does nothing and returns None outside the main thread,
-    where Python cannot set a handler."""
+    """SIGTERM raises :class:`Stopped` in the main thread from now on, so the process can say why it stops;
+    returns the previous handler (None outside the main thread, where nothing is set)."""
     if threading.current_thread() is threading.main_thread():
         return signal.signal(signal.SIGTERM, _raise_stopped)
     return None

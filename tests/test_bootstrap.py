@@ -11,7 +11,7 @@ import pytest
 import toml
 import torch
 
-from mortal.tools import bootstrap, quickstart_config
+from mortal.tools import bootstrap, offline_epochs, quickstart_config, rulebase_games
 from mortal.config import load_config
 
 
@@ -45,13 +45,13 @@ def test_bootstrap_config_defaults_and_errors(config):
 
 def test_plan_sets_counts_deals_and_skips_finished_ones(tmp_path):
     # 10 hanchan: ceil(10 / 4) = 3 deals of 4 rotations; with epsilon 0 each deal keeps 1 log -> 10 deals
-    todo, done = bootstrap.plan_sets(tmp_path, 10, 7, 0.01)
+    todo, done = rulebase_games.plan_sets(tmp_path, 10, 7, 0.01)
     assert (todo, done) == ([0, 1, 2], [])
     for s in 'abcd':
         (tmp_path / f'1_7_{s}.json.gz').write_bytes(b'')
     (tmp_path / '2_7_a.json.gz').write_bytes(b'')  # incomplete deal: replayed
-    assert bootstrap.plan_sets(tmp_path, 10, 7, 0.01) == ([0, 2], [1])
-    todo, done = bootstrap.plan_sets(tmp_path, 10, 7, 0.0)
+    assert rulebase_games.plan_sets(tmp_path, 10, 7, 0.01) == ([0, 2], [1])
+    todo, done = rulebase_games.plan_sets(tmp_path, 10, 7, 0.0)
     assert done == [1, 2] and todo == [0, 3, 4, 5, 6, 7, 8, 9]
 
 
@@ -81,13 +81,13 @@ def test_gen_logs_writes_four_rotations_per_deal_and_resumes(config):
 
 def test_exploring_bot_discards_only_legal_tiles():
     """With epsilon = 1 every free discard is random; the arena's mask check would count an illegal one."""
-    nonce, subs, err = bootstrap.play_set((None, 3, 11, 1.0))
+    nonce, subs, err = rulebase_games.play_set((None, 3, 11, 1.0))
     assert err is None
     assert subs == 0
 
 
 def test_offline_config_redirects_outputs(config):
-    cfg = bootstrap.offline_config(config)
+    cfg = offline_epochs.offline_config(config)
     work = config['bootstrap']['work_dir']
     assert cfg['control']['online'] is False
     assert cfg['control']['state_file'] == f'{work}/offline/mortal.pth'
@@ -103,7 +103,7 @@ def test_offline_config_redirects_outputs(config):
     assert config['optim']['scheduler']['peak'] == 1e-5
     config['bootstrap']['offline_test_every'] = 15  # save_every is 10
     with pytest.raises(bootstrap.BootstrapError, match='multiple of'):
-        bootstrap.offline_config(config)
+        offline_epochs.offline_config(config)
 
 
 def test_train_grp_skips_when_target_reached(config):
@@ -114,7 +114,7 @@ def test_train_grp_skips_when_target_reached(config):
 
 
 def test_prepare_copies_best_and_resets_best_perf(config):
-    p = bootstrap._offline_paths(bootstrap.bootstrap_config(config))
+    p = offline_epochs.offline_paths(bootstrap.bootstrap_config(config))
     os.makedirs(p['root'], exist_ok=True)
     weights = {'w': torch.arange(3.0)}
     torch.save({'mortal': weights, 'current_dqn': {}, 'best_perf': {'avg_rank': 2.1, 'avg_pt': 20.0},
@@ -163,7 +163,7 @@ def test_new_bootstrap_keys_keep_the_old_behaviour_by_default(config):
     boot = bootstrap.bootstrap_config({**config, 'bootstrap': {k: config['bootstrap'][k] for k in (
         'games', 'val_games', 'log_dir', 'work_dir', 'grp_steps')}})
     assert (boot.offline_max_epochs, boot.offline_patience, boot.grp_patience) == (1, 1, 0)
-    cfg = bootstrap.offline_config({**config, 'bootstrap': boot.model_dump()})
+    cfg = offline_epochs.offline_config({**config, 'bootstrap': boot.model_dump()})
     assert cfg['control']['best_state_file'].endswith('/offline/best.pth')  # one epoch: test play picks best.pth
     config['bootstrap']['offline_max_epochs'] = 0
     with pytest.raises(bootstrap.BootstrapError, match=r'\[bootstrap\] offline_max_epochs in .* must be > 0'):
@@ -174,7 +174,7 @@ def test_quickstart_config_turns_early_stopping_on(config):
     boot = bootstrap.bootstrap_config(config)
     assert boot.offline_max_epochs > 1 and boot.offline_patience >= 1 and boot.grp_patience >= 1
     # early stopping: best.pth is the best epoch's, the test play's pick goes elsewhere
-    assert bootstrap.offline_config(config)['control']['best_state_file'].endswith('/offline/best_test_play.pth')
+    assert offline_epochs.offline_config(config)['control']['best_state_file'].endswith('/offline/best_test_play.pth')
 
 
 def _grp_with_bias(config, perm_index, value):
@@ -223,7 +223,7 @@ def test_the_fallback_reward_reaches_the_offline_data(tmp_path):
     _grp_with_bias(config, 0, 2.0)
     assert bootstrap.check_grp(config, path)['reward'] == 'points'
     os.remove(config['grp']['state_file'])
-    cfg = bootstrap.offline_config(load_config(path))  # as a later process reads it
+    cfg = offline_epochs.offline_config(load_config(path))  # as a later process reads it
     batch = next(iter(learner_loader(cfg, 3, [str(pathlib.Path(config['bootstrap']['log_dir'], 'val', '0.json.gz'))],
                                      [], batch_size=1024, num_workers=0)))
     rewards = batch[4].numpy()
@@ -267,14 +267,14 @@ def _offline_setup(tmp_path, **boot):
 def test_validation_loss_is_the_offline_loss_in_eval_mode(tmp_path):
     from mortal.train import Trainer
     config = _offline_setup(tmp_path)
-    cfg = bootstrap.offline_config(config)
-    trainer = Trainer(cfg, test_player=bootstrap.RulebaseTestPlayer(cfg))
+    cfg = offline_epochs.offline_config(config)
+    trainer = Trainer(cfg, test_player=offline_epochs.RulebaseTestPlayer(cfg))
     val = [str(tmp_path / 'logs' / 'val' / '0.json.gz')]
-    loss, samples = bootstrap.validation_loss(trainer, val)
+    loss, samples = offline_epochs.validation_loss(trainer, val)
     assert samples == 160 + 159 + 151 + 147  # every seat's every decision of the meta fixture (test_dataloader)
     assert 0 < loss < 1e3 and trainer.mortal.training  # the training mode is back
     trainer.batch_size = 64  # eval mode and a mean per sample: the batch size changes nothing
-    assert bootstrap.validation_loss(trainer, val)[0] == pytest.approx(loss, rel=1e-5)
+    assert offline_epochs.validation_loss(trainer, val)[0] == pytest.approx(loss, rel=1e-5)
     trainer.writer.close()
 
 
@@ -286,7 +286,7 @@ def test_epoch_train_loss_counts_every_batch(tmp_path):
         config, _ = load_tiny_config(tmp_path / str(save_every), online=False,
                                      control={'save_every': save_every, 'test_every': 1000})
         torch.manual_seed(0)
-        trainer = bootstrap._epoch_trainer_class()(config, test_player=FakeTestPlayer([]), writer=FakeWriter())
+        trainer = offline_epochs._epoch_trainer_class()(config, test_player=FakeTestPlayer([]), writer=FakeWriter())
         for i in range(5):
             trainer.train_batch(*random_batch(8, seed=i))
         losses.append(trainer.take_epoch_loss(5))
@@ -299,7 +299,7 @@ def test_offline_epoch_draws_one_bar_not_one_per_save(tmp_path, capsys, caplog):
     bootstrap's epoch trainer shows one bar for the epoch, so a terminal or a log gets one bar line per epoch, and no
     `total steps` line per save beside it."""
     config, _ = load_tiny_config(tmp_path, online=False, control={'save_every': 2, 'test_every': 1000})
-    trainer = bootstrap._epoch_trainer_class()(config, test_player=FakeTestPlayer([]), writer=FakeWriter(),
+    trainer = offline_epochs._epoch_trainer_class()(config, test_player=FakeTestPlayer([]), writer=FakeWriter(),
                                                progress=True)
     batches = [random_batch(8, seed=i) for i in range(6)]
     trainer.file_list = lambda: ([], [])
@@ -327,10 +327,10 @@ def test_offline_early_stopping_stops_where_the_val_curve_turns(tmp_path, monkey
         calls.append(trainer.steps)
         return next(curve), 617
 
-    monkeypatch.setattr(bootstrap, 'validation_loss', scripted)
+    monkeypatch.setattr(offline_epochs, 'validation_loss', scripted)
     best = bootstrap.train_offline(config)
-    p = bootstrap._offline_paths(bootstrap.bootstrap_config(config))
-    history = bootstrap.read_history(p['history'])
+    p = offline_epochs.offline_paths(bootstrap.bootstrap_config(config))
+    history = offline_epochs.read_history(p['history'])
     # patience 1: epoch 3 (1.7) does not beat epoch 2 (1.5), so the run stops there; the later 1.4 is never seen
     assert [h['val_loss'] for h in history] == [2.0, 1.5, 1.7] and len(calls) == 3
     steps = [h['steps'] for h in history]
@@ -357,24 +357,24 @@ def test_offline_early_stopping_resumes_from_its_record(tmp_path, monkeypatch):
     state file (still at epoch 1) to best.pth; at the end the state file is the best epoch's too, so a lost best.pth
     is rebuilt from it, and when both are gone that is said plainly."""
     config = _offline_setup(tmp_path, offline_max_epochs=3, offline_patience=0)
-    p = bootstrap._offline_paths(bootstrap.bootstrap_config(config))
+    p = offline_epochs.offline_paths(bootstrap.bootstrap_config(config))
     curve = iter([2.0, 2.5, 3.0])  # epoch 1 stays the best
-    monkeypatch.setattr(bootstrap, 'validation_loss', lambda trainer, files: (next(curve), 1))
-    real_copy = bootstrap.atomic_copy
+    monkeypatch.setattr(offline_epochs, 'validation_loss', lambda trainer, files: (next(curve), 1))
+    real_copy = offline_epochs.atomic_copy
 
     def killed_copy(src, dst, **kw):
         if dst == p['best_state_file']:
             raise KeyboardInterrupt
         return real_copy(src, dst, **kw)
 
-    monkeypatch.setattr(bootstrap, 'atomic_copy', killed_copy)
+    monkeypatch.setattr(offline_epochs, 'atomic_copy', killed_copy)
     with pytest.raises(KeyboardInterrupt):
         bootstrap.train_offline(config)
-    epoch1 = bootstrap.read_history(p['history'])
+    epoch1 = offline_epochs.read_history(p['history'])
     assert [h['epoch'] for h in epoch1] == [1] and not os.path.exists(p['best_state_file'])
-    monkeypatch.setattr(bootstrap, 'atomic_copy', real_copy)
+    monkeypatch.setattr(offline_epochs, 'atomic_copy', real_copy)
     bootstrap.train_offline(config)
-    history = bootstrap.read_history(p['history'])
+    history = offline_epochs.read_history(p['history'])
     steps = epoch1[0]['steps']
     assert [(h['epoch'], h['val_loss'], h['steps']) for h in history] == [
         (1, 2.0, steps), (2, 2.5, 2 * steps), (3, 3.0, 3 * steps)]  # patience 0: all offline_max_epochs

@@ -185,7 +185,7 @@ def test_eval_only_without_a_start_says_so(tmp_path):
 def test_bootstrap_bots_carry_the_flaw(tmp_path):
     """One deal of four deterministic RulebaseBots (epsilon 0): the teacher declares riichi in it, the no-riichi
     bots never do, and the overcalling bots call more."""
-    from mortal.tools.bootstrap import play_set
+    from mortal.tools.rulebase_games import play_set
     from mortal.stat import Stat
     counts = {}
     for flaw in ('', 'no-riichi', 'overcall'):

@@ -7,7 +7,8 @@ import logging
 import numpy as np
 import pytest
 
-from mortal.data.gameplay import GameplayLoader, augment_event
+from mortal.data.augment import augment_event
+from mortal.data.gameplay import GameplayLoader
 from mortal.data.mjai_log import BadLogError
 from mortal.features.obs import UnsupportedVersionError
 

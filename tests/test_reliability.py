@@ -465,7 +465,7 @@ def test_gzip_bomb_is_skipped_by_the_loader_with_the_configured_cap(tmp_path, bo
     write_grp(config)
     trainer = fake_trainer(config)
     data = trainer.data_loader([str(bomb), str(LOGS[0])], ['0']).dataset
-    assert data.max_log_bytes == 1 << 20
+    assert data.loader_options['max_log_bytes'] == 1 << 20
     start = time.monotonic()
     with caplog.at_level(logging.WARNING):
         batches = list(data)
@@ -550,11 +550,11 @@ def test_warm_up_without_annealing_trains(tmp_path):
 
 @pytest.mark.parametrize('offline_test_every', [0, 20])
 def test_offline_bootstrap_prints_a_countdown_only_with_test_play(tmp_path, caplog, offline_test_every):
-    from mortal.tools import bootstrap, quickstart_config
+    from mortal.tools import offline_epochs, quickstart_config
     cfg = load_config(quickstart_config.write_config(tmp_path, preset='short'))
     cfg['bootstrap']['offline_test_every'] = offline_test_every
-    offline = bootstrap.offline_config(cfg)
-    trainer = fake_trainer(offline, test_player=bootstrap.RulebaseTestPlayer(offline))
+    offline = offline_epochs.offline_config(cfg)
+    trainer = fake_trainer(offline, test_player=offline_epochs.RulebaseTestPlayer(offline))
     trainer.steps = 740
     n = offline['control']['batch_size']
     with caplog.at_level(logging.INFO, logger='mortal.train'):

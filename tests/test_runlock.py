@@ -10,19 +10,12 @@ import time
 
 import pytest
 
-from conftest import ROOT, load_tiny_config
+from conftest import ROOT, load_tiny_config, wait_until
 from mortal.config import ONLINE_TRAIN_SECTIONS
 from mortal.learning import supervisor
 from mortal.util import runlock
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith('linux'), reason='/proc, FIFOs')
-
-
-def _wait_until(cond, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, 'timed out'
-        time.sleep(0.02)
 
 
 def _try_hold(target):
@@ -52,7 +45,7 @@ def test_a_second_trainer_in_the_pause_between_learners_is_refused(tmp_path):
     seen = []
 
     def intrude():
-        _wait_until(counter.exists)
+        wait_until(counter.exists)
         seen.append(_try_hold(state))
 
     intruder = threading.Thread(target=intrude)

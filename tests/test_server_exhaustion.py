@@ -14,7 +14,7 @@ import time
 import pytest
 
 from conftest import load_script, start_param_server, stop_server, wait_until
-from mortal.net import param_server, wire
+from mortal.net import msgpack_bounds, param_server, wire
 
 bench = load_script('bench/server_exhaustion.py', 'server_exhaustion_bench')
 TOKEN = 's3cret'
@@ -80,10 +80,10 @@ def test_a_decoding_bomb_is_refused_before_it_is_decoded(tmp_path, caplog):
     are counted first and it is refused, the server holding little more than the frame itself."""
     import tracemalloc
     payload = bomb(1 << 20)
-    limit, _ = wire.request_limits(len(payload))
+    limit, _ = msgpack_bounds.request_limits(len(payload))
     assert limit == 1024 + len(payload) // 256 == 5120
     with pytest.raises(wire.ProtocolError, match=f'more than {limit} msgpack objects'):
-        wire.decode_payload(payload, wire.request_limits(len(payload)))
+        wire.decode_payload(payload, msgpack_bounds.request_limits(len(payload)))
     server = start_param_server(tmp_path, 10)
     tracemalloc.start()
     try:
@@ -101,7 +101,7 @@ def test_a_decoding_bomb_is_refused_before_it_is_decoded(tmp_path, caplog):
     # a real request of the same size decodes: 100 logs of 10 KiB each
     logs = {f'{i}.json.gz': bytes(10240) for i in range(100)}
     real = __import__('msgpack').packb({'type': 'submit_replay', 'logs': logs}, use_bin_type=True)
-    assert wire.decode_payload(real, wire.request_limits(len(real)))['logs'] == logs
+    assert wire.decode_payload(real, msgpack_bounds.request_limits(len(real)))['logs'] == logs
 
 
 def test_shape_check_counts_every_msgpack_object_and_bounds_nesting():
@@ -110,11 +110,11 @@ def test_shape_check_counts_every_msgpack_object_and_bounds_nesting():
                  b'e' * 70000, True, None, {'k': {}}],
            'b': msgpack.ExtType(3, b'abc'), 'c': msgpack.ExtType(3, b'a' * 20)}
     # the map (1), its 3 keys and 3 values (6), the list's 17 items, the inner map's key and value (2)
-    assert wire.check_shape(msgpack.packb(msg, use_bin_type=True), 100, 4) == 1 + 6 + 17 + 2
-    with pytest.raises(wire.ProtocolError, match='more than 25 msgpack objects'):
-        wire.check_shape(msgpack.packb(msg, use_bin_type=True), 25, 4)
-    with pytest.raises(wire.ProtocolError, match='deeper than 4 levels'):
-        wire.check_shape(msgpack.packb({'a': [[[[1]]]]}), 100, 4)
+    assert msgpack_bounds.check_shape(msgpack.packb(msg, use_bin_type=True), 100, 4) == 1 + 6 + 17 + 2
+    with pytest.raises(ValueError, match='more than 25 msgpack objects'):
+        msgpack_bounds.check_shape(msgpack.packb(msg, use_bin_type=True), 25, 4)
+    with pytest.raises(ValueError, match='deeper than 4 levels'):
+        msgpack_bounds.check_shape(msgpack.packb({'a': [[[[1]]]]}), 100, 4)
 
 
 def test_peers_that_never_read_their_reply_are_closed_within_seconds_and_hold_no_copy(tmp_path, caplog):

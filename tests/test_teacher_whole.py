@@ -3,7 +3,7 @@
 mjai's ``Bot`` keeps its call, discard and dora events from ``start_game`` on. A meld of an earlier kyoku left in
 its hand string makes ``find_improving_tiles`` return nothing, and the bot then only discards its draw: no riichi,
 no win. The arena keeps it whole by sending every seat a ``start_game`` before each ``start_kyoku`` (a fresh table
-every kyoku). These tests watch every bot at every decision in the gen-logs path (``bootstrap.play_set``) and in
+every kyoku). These tests watch every bot at every decision in the gen-logs path (``rulebase_games.play_set``) and in
 the arena with plain RulebaseBot seats (evaluation against rulebase), and check that the bot's riichi and win rates
 after a call in an earlier kyoku of the hanchan are those without one.
 """
@@ -18,7 +18,7 @@ import pytest
 from mjai.bot.rulebase import RulebaseBot
 from mjai.bot.tools import convert_vec34_to_short, fmt_calls
 
-from mortal.tools import bootstrap
+from mortal.tools import rulebase_games
 from mortal.play.agent import MjaiBotAgent
 from mortal.play.arena import SPLITS, OneVsThree
 
@@ -133,14 +133,14 @@ def test_seat_kyoku_outcomes_of_a_written_log(tmp_path):
 
 
 def test_gen_logs_bots_hold_only_this_kyokus_melds(tmp_path, monkeypatch):
-    """One gen-logs deal (``bootstrap.play_set``, the bots of every seat, epsilon 0; games ended after 2-4 kyoku to
+    """One gen-logs deal (``rulebase_games.play_set``, the bots of every seat, epsilon 0; games ended after 2-4 kyoku to
     stay fast): at every decision of every bot, its hand string has the melds of the current kyoku only, also
     after calls in earlier kyoku."""
     _end_games_early(monkeypatch)
     watch = HandWatch()
-    real = bootstrap._exploring_rulebase_class
-    monkeypatch.setattr(bootstrap, "_exploring_rulebase_class", lambda: _watched(real(), watch))
-    nonce, subs, err = bootstrap.play_set((str(tmp_path), 7, 5, 0.0))
+    real = rulebase_games._exploring_rulebase_class
+    monkeypatch.setattr(rulebase_games, "_exploring_rulebase_class", lambda: _watched(real(), watch))
+    nonce, subs, err = rulebase_games.play_set((str(tmp_path), 7, 5, 0.0))
     assert err is None, err
     assert (tmp_path / "7_5_a.json.gz").is_file()
     watch.assert_whole()

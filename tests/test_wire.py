@@ -152,15 +152,6 @@ def test_bad_state_dict_bytes_raise_protocol_error(data):
         wire.unpack_state_dict(data)
 
 
-def test_token_matches():
-    assert wire.token_matches(None, None)
-    assert wire.token_matches('', 'anything')
-    assert wire.token_matches('s3cret', 's3cret')
-    assert not wire.token_matches('s3cret', 's3creT')
-    assert not wire.token_matches('s3cret', None)
-    assert not wire.token_matches('s3cret', b's3cret')
-
-
 def test_remote_from_config_defaults_and_overrides():
     from mortal.config import section
     config = {'online': {'remote': {'host': '127.0.0.1', 'port': 5000}}}

@@ -1,30 +1,14 @@
 """The online learner's claims on drained logs, and which of their samples it has trained, across restarts.
 
-The server empties ``drain_dir`` at its next drain and at every start (Mortal), possibly while the learner's
-DataLoader still reads it, so the learner hard-links each drain into its own ``<drain_dir>.trainer`` folder
-(``claim_dir_for``, ``claim_drained``; ``ClaimLedger.claim``), which nobody else touches. It exits after every
-test play, in the middle of an epoch. The ledger here lets the next learner finish exactly what the last one left,
-sample by sample, before it drains again:
-
-* every sample carries ``[file, pass, index, count]`` from the loader (``FileDatasetsIter(sample_ids=True)``),
-  in worker processes too, since the ids travel inside the batches; the learner ``record``\\ s the ids of each
-  batch it has trained;
-* ``claims.json`` in the claim folder lists every claimed log not yet fully trained and, for each pass over it
-  (``[dataset] num_epochs`` x plain/augmented), either ``"done"`` or the indices trained so far. It is written
-  atomically (temporary file, fsync, rename) when logs are claimed (before they are linked) and, with each
-  checkpoint, in one step with it (``commit_with``): the manifest of the checkpoint's step is staged as
-  ``claims.json.next`` before the checkpoint is written and renamed over ``claims.json`` after it, and a learner
-  killed in between has it reconciled at the next ``open`` by the step of the checkpoint on disk (the staged
-  manifest is the checkpoint's when its ``steps`` equal the checkpoint's, else it is dropped). So the manifest
-  always describes the state of the last checkpoint, whatever the kill point (before the save, after it, inside
-  the test play, after the commit): nothing is trained twice and nothing is skipped; the samples trained since
-  the last checkpoint, whose training the checkpoint lost too, are trained again;
-* a log whose every pass is done is unlinked at the next commit; the rest is the resume set, re-read with its
-  trained samples left out (``FileDatasetsIter(trained=...)``), together with the next drain;
-* samples the epoch's end leaves over (fewer than ``batch_size``, which Mortal drops) stay in the resume set and
-  are trained with the next drain. ``end_epoch`` returns the samples that were lost after all (a claimed log
-  gone or unreadable before its remaining samples were read): the ``data/samples_dropped`` tag, 0 in a
-  healthy run.
+The server empties ``drain_dir`` at its next drain and start (Mortal), so the learner hard-links each drain into
+its own ``<drain_dir>.trainer`` (``claim_drained``). Every sample carries ``[file, pass, index, count]``
+(``FileDatasetsIter(sample_ids=True)``) and the learner records (``record``) each trained batch's ids. ``claims.json``
+lists every claimed log not fully trained and, per pass, ``"done"`` or the indices trained; it is written
+atomically when logs are claimed and, with each checkpoint, in one step with it (``commit_with``: staged as
+``claims.json.next``, renamed after the checkpoint, reconciled at ``open`` by the checkpoint's ``steps``), so it
+always describes the last checkpoint: nothing is trained twice or skipped. Finished logs are unlinked at the next
+commit; the rest is re-read with trained samples left out (``FileDatasetsIter(trained=...)``). ``end_epoch``
+returns the samples lost after all (``data/samples_dropped``). See docs/operations.md, "The claim ledger".
 """
 
 from __future__ import annotations
@@ -69,17 +53,10 @@ def _remaining(unit) -> int:
 
 
 class ClaimLedger:
-    """Training progress of the logs claimed into ``claim_dir``; see the module docstring.
-
-    Args:
-        claim_dir: the learner's claim folder (``claim_dir_for``).
-        signature: what decides a log's samples and passes (version, player names, ``[dataset]`` pass
-            settings); a manifest written under another signature is not trusted sample by sample.
-        passes: passes over every file per epoch (``num_epochs`` x 2 with augmentation, else x 1).
-
-    Attributes: ``duplicates`` (samples recorded twice: 0 unless the bookkeeping is broken), ``lost_samples``
-    (remaining samples of claimed logs found gone, not yet reported by ``end_epoch``).
-    Use ``ClaimLedger.open`` (or ``for_dataset``) to start from what is on disk.
+    """Training progress of the logs claimed into ``claim_dir`` (the module docstring); start from disk with
+    ``open`` or ``for_dataset``. ``signature``: what decides a log's samples and passes (a manifest under another
+    is not trusted sample by sample); ``passes`` per epoch. ``duplicates``: samples recorded twice (0 unless broken);
+    ``lost_samples``: remaining samples of claimed logs found gone, not yet reported by ``end_epoch``.
     """
 
     def __init__(self, claim_dir: str, *, signature: dict, passes: int):
@@ -98,14 +75,10 @@ class ClaimLedger:
 
     @classmethod
     def open(cls, claim_dir: str, *, signature: dict, passes: int, steps: int | None = None) -> "ClaimLedger":
-        """The ledger of ``claim_dir`` as its manifest left it (an empty one without manifest; the folder is
-        created). Listed logs missing from the folder are logged and their known remaining samples counted
-        in ``lost_samples``; under another signature every listed log is resumed whole (logged).
-
-        ``steps``: the step of the learner's checkpoint on disk (None: none is known). A manifest staged by
-        ``commit_with`` and never renamed (the learner was killed between its checkpoint and the rename) becomes
-        the manifest when its step is ``steps`` (that checkpoint was written), else it is dropped (it was not);
-        both are logged."""
+        """The ledger of ``claim_dir`` (created) as its manifest left it: missing logs' remaining samples count in
+        ``lost_samples``; under another signature every log is resumed whole. A manifest staged by ``commit_with``
+        and never renamed becomes the manifest when its step is ``steps`` (the checkpoint on disk), else it is
+        dropped; all logged."""
         ledger = cls(claim_dir, signature=signature, passes=passes)
         os.makedirs(ledger.claim_dir, exist_ok=True)
         manifest = path.join(ledger.claim_dir, MANIFEST)
@@ -326,11 +299,9 @@ class ClaimLedger:
         return self._finish(finished, files)
 
     def commit_with(self, steps: int, save) -> int:
-        """Persist the live progress in one step with the checkpoint that ``save()`` writes at step ``steps``:
-        the manifest is staged as ``STAGED`` (with ``steps``), ``save()`` runs, and the rename makes the staged
-        manifest the manifest (``open`` reconciles a kill in between by the checkpoint's step). When ``save()``
-        raises, the staged manifest is removed and nothing is committed. Returns how many logs trained in full
-        were unlinked."""
+        """Persist the progress in one step with the checkpoint ``save()`` writes at ``steps``: staged as ``STAGED``,
+        ``save()``, renamed (``open`` reconciles a kill between); nothing is committed when ``save()`` raises.
+        Returns how many fully trained logs were unlinked."""
         finished, files = self._staged()
         staged = path.join(self.claim_dir, STAGED)
         self._write(files, steps, STAGED)
@@ -467,14 +438,9 @@ def _free_name(name: str, taken: set) -> str:
 
 
 def claim_drained(drain_dir: str, files, claim_dir: str, *, keep=(), on_claim=None) -> tuple:
-    """Hard-link (copy where links fail, e.g. across file systems) each drained ``drain_dir/name`` of ``files``
-    into ``claim_dir``, whose other entries are removed first, except those named in ``keep`` (logs claimed
-    earlier and not yet fully trained, the ledger's manifest).
-
-    A name already in ``keep`` is claimed as ``'<k>+<name>'``. ``on_claim(names)``, if given, is called with the
-    names in ``claim_dir`` before anything is linked. Returns (claimed paths in ``files`` order, names of ``files``
-    that had vanished before they could be claimed); raises OSError when a link or copy fails otherwise.
-    """
+    """Hard-link (else copy) each drained ``drain_dir/name`` of ``files`` into ``claim_dir``, first emptied except
+    for ``keep`` (a clashing name is claimed as ``'<k>+<name>'``); ``on_claim(names)`` is called before any link.
+    Returns (claimed paths in ``files`` order, names that vanished first); OSError when a link or copy fails."""
     keep = set(keep)
     empty_dir(claim_dir, keep)
     targets = []

@@ -1,46 +1,20 @@
 """Streaming training samples from mjai log files, as Mortal's ``mortal/dataloader.py``.
 
-``FileDatasetsIter`` is a torch ``IterableDataset``. Each sample is the tuple
-``(obs, action, mask, steps_to_done, kyoku_reward, player_rank, cf_action, cf_delta)``:
+``FileDatasetsIter`` (a torch ``IterableDataset``) yields ``(obs, action, mask, steps_to_done, kyoku_reward,
+player_rank, cf_action, cf_delta)``: ``obs`` ``(C, 34)`` float32 (C = 934 at v3, 1012 at v4); ``action`` int64 0-45;
+``mask`` ``(46,)`` bool with ``mask[action]``; ``steps_to_done`` int64 (discard/riichi/kan-select steps to the
+seat's last decision of the kyoku); ``kyoku_reward`` float64 in ``pts`` units (``mortal.data.reward``);
+``player_rank`` int64 0-3 at the next kyoku's start (ties to the lower seat); ``cf_action`` int64, the action a
+counterfactual branch took instead (-1: none); ``cf_delta`` float32, that branch's kyoku outcome minus the real
+one (0: none). The Q target is ``q_target(gamma, steps_to_done, kyoku_reward)``.
 
-* ``obs`` ``(C, 34)`` float32 numpy array (C = 934 for version 3, 1012 for version 4; packed rows in batch
-  mode, see below);
-* ``action`` numpy int64 scalar, 0-45;
-* ``mask`` ``(46,)`` bool numpy array, ``mask[action]`` is always True;
-* ``steps_to_done`` numpy int64 scalar: discounted steps to the seat's last decision
-  of the kyoku (only discard/riichi/kan-select steps count);
-* ``kyoku_reward`` numpy float64 scalar: reward of the sample's kyoku in ``pts`` units (the GRP's, or the scaled
-  point change with ``reward='points'``, ``mortal.data.reward``);
-* ``player_rank`` numpy int64 scalar 0-3: the seat's rank by scores at the start of
-  the next kyoku (final scores after the last), ties to the lower seat;
-* ``cf_action`` numpy int64 scalar: the action a client's counterfactual branch took instead (``[train_play]
-  counterfactual_rate``, ``mortal.play.arena``), -1 for samples without one (every offline log);
-* ``cf_delta`` numpy float32 scalar: that branch's kyoku outcome minus the real one in ``pts`` units
-  (``RewardCalculator.counterfactual_deltas``), 0 without a branch.
-
-Torch's default collate turns a batch into tensors of the same dtypes; the Q
-target is ``q_target(gamma, steps_to_done, kyoku_reward)``.
-
-The trainer's path is the batch mode (``batch_size=B``, what ``learner_loader`` uses): the dataset yields whole
-batches, numpy arrays with the dtypes above, built straight from its column buffer, and ``obs`` stays packed,
-``(B, row_bytes)`` uint8 (``mortal.data.packed_obs``: about 14 KB a sample instead of 127 KB at v3). It is
-unpacked to ``(B, C, 34)`` float32, bit for bit, where it is used (``Trainer.train_batch``, on the trainer's
-device). The batches, their samples and their order are those torch's DataLoader would make of the sample
-stream with ``batch_size=B`` (the last one short), so the two modes train alike.
-
-Workers: use ``make_dataloader``. Files are sharded across DataLoader workers so
-none is read twice, and workers are started with a ``forkserver`` (or ``spawn``)
-context: forking a parent that already ran native threaded code (torch/Rust
-thread pools) can deadlock the child, which is how Mortal's online trainer hangs.
-The fork server and the workers die with the process that iterates the loader,
-even after its SIGKILL (``mortal.util.lifetime``, Linux).
-
-With ``sample_ids`` each sample also says which file, pass and position it is,
-and ``trained`` leaves out samples trained before: the online learner's record
-of its claimed logs (``mortal.data.claims``).
-
-The learner's loader: ``learner_loader`` (``[dataset]`` settings, GRP reward of
-``[grp]``); ``iter_full_batches`` turns its batches into full ones, as Mortal.
+Batch mode (``batch_size=B``, the trainer's ``learner_loader``) yields whole batches of numpy arrays with ``obs``
+packed ``(B, row_bytes)`` uint8 (``mortal.data.packed_obs``), unpacked where used; the batches are those torch's
+DataLoader would make of the sample stream. Workers (``make_dataloader``) read disjoint shards and start from a
+``forkserver`` (forking after native thread pools can deadlock, as Mortal's online trainer hangs), and die with
+the iterating process (``mortal.util.lifetime``). With ``sample_ids`` each sample names its file, pass and
+position, and ``trained`` leaves out samples trained before (``mortal.data.claims``). ``iter_full_batches`` turns
+the loader's batches into full ones, as Mortal.
 """
 
 from __future__ import annotations
@@ -82,19 +56,20 @@ def _ranks_by_scores(scores: np.ndarray) -> np.ndarray:
 
 
 def _game_columns(game, reward_calc: RewardCalculator) -> tuple | None:
-    """The sample columns of one seat's ``Gameplay`` (``FileDatasetsIter._columns``, which documents them), the
-    kyoku rewards and counterfactual deltas from ``reward_calc``; None when the seat had no decision."""
+    """One seat's ``Gameplay`` as columns ``(packed obs (N, row_bytes) uint8, actions (N,) int64, masks (N, 46) bool,
+    steps_to_done (N,) int64, kyoku rewards (N,) float64, player ranks (N,) int64, cf_actions (N,) int64, cf_deltas
+    (N,) float32)``, rewards and deltas from ``reward_calc``; None when the seat had no decision."""
     n = len(game)
     if n == 0:  # the seat never had a decision
         return None
-    obs = game.take_packed_obs()
-    actions = game.take_actions()
-    masks = game.take_masks()
-    at_kyoku = game.take_at_kyoku().astype(np.int64)
-    dones = game.take_dones()
-    apply_gamma = game.take_apply_gamma()
-    grp = game.take_grp()
-    player_id = game.take_player_id()
+    obs = game.take("packed_obs")
+    actions = game.take("actions")
+    masks = game.take("masks")
+    at_kyoku = game.take("at_kyoku").astype(np.int64)
+    dones = game.take("dones")
+    apply_gamma = game.take("apply_gamma")
+    grp = game.grp
+    player_id = game.player_id
     cf_actions = game.take_cf_actions()
     cf_records = game.take_cf_records()
 
@@ -128,39 +103,17 @@ def _cf_deltas(reward_calc, n, player_id, feature, grp, at_kyoku, cf_actions, cf
 
 
 class FileDatasetsIter(IterableDataset):
-    """Samples from gzip (or plain) mjai logs; see the module docstring for the tuple.
+    """Samples from gzip (or plain) mjai logs (the module docstring gives the tuple).
 
-    Args:
-        version: feature version 1-4.
-        file_list: log paths; shuffled in place each epoch (per worker shard).
-        pts: ``[env] pts``, points for ranks 1-4.
-        grp: a ``mortal.model.networks.GRP`` with trained weights (see ``mortal.data.reward.load_grp``);
-            pickled to each worker. May be None with ``reward='points'``.
-        file_batch_size: files decoded into the shuffle buffer at a time (Mortal: 20).
-        reserve_ratio: fraction of each batch's new samples kept back in the buffer to mix
-            with the next batch.
-        player_names / excludes: seat filters (``GameplayLoader``).
-        num_epochs: passes over the file list.
-        enable_augmentation: each epoch also yields every file with manzu/pinzu swapped,
-            after (or before, with ``augmented_first``) the plain pass.
-        max_log_bytes: cap on a file's decompressed size (``[dataset] max_log_bytes``); larger files
-            are skipped as bad input.
-        sample_ids: append to every sample a 9th element, an int64 array ``[file, pass, index, count]``:
-            ``file`` is the position in ``file_list`` as given, ``pass`` counts the passes of this
-            iteration (epochs x plain/augmented, in order), ``index`` is the sample's position among the
-            ``count`` samples of that file in that pass (before any shuffle or ``trained`` filter). Lets
-            the trainer know which samples it has trained (``mortal.data.claims``).
-        trained: ``{path: {pass: indices or None}}``: samples already trained, left out (``None``: the
-            whole pass of that file, which is then not even read). Indices refer to ``sample_ids``.
-        reward: ``[env] reward``, the kyoku reward: ``'grp'`` (default, Mortal's) or ``'points'``
-            (``mortal.data.reward.RewardCalculator.kyoku_rewards``).
-        batch_size: None (default): iterating yields sample tuples (``obs`` unpacked to float32). B: it yields
-            tuples of B-row numpy arrays (``obs`` packed, see the module docstring), the last one shorter; give
-            such a dataset to a DataLoader with ``batch_size=None`` (``make_dataloader`` does). Raises ValueError
-            below 1.
-
-    Bad files are skipped with one warning each; ``skipped`` counts them in this
-    process, and a summary is logged after each pass.
+    ``file_list`` is shuffled in place each epoch; ``pts``: ``[env] pts``; ``grp``: a trained GRP (None with
+    ``reward='points'``); ``file_batch_size`` files fill the shuffle buffer at a time (Mortal: 20), keeping back
+    ``reserve_ratio`` of each batch's new samples; ``player_names``/``excludes``: seat filters; ``num_epochs``
+    passes, each also augmented (manzu/pinzu swapped) with ``enable_augmentation``, first with ``augmented_first``;
+    ``max_log_bytes``: larger files are skipped. ``sample_ids``: a 9th element ``[file, pass, index, count]``
+    int64 (position in ``file_list`` as given, pass of this iteration, position among the file's ``count`` samples
+    in that pass before any shuffle or filter); ``trained``: ``{path: {pass: indices or None (the whole pass)}}``
+    left out. ``batch_size`` B: yields B-row numpy batches (``obs`` packed; the last shorter); None: samples.
+    Bad files are skipped with a warning, counted in ``skipped``; a summary is logged after each pass.
     """
 
     def __init__(self, version, file_list, pts, grp, *, file_batch_size=20, reserve_ratio=0,
@@ -179,18 +132,16 @@ class FileDatasetsIter(IterableDataset):
         self._file_ids = {p: i for i, p in reversed(list(enumerate(self.files)))} if sample_ids else None
         self.trained = {p: {int(k): None if v is None else frozenset(v) for k, v in passes.items()}
                         for p, passes in (trained or {}).items()}
-        self.max_log_bytes = max_log_bytes
         self._pass = 0
         self.pts = pts
         self.grp = grp
         self.file_batch_size = max(1, int(file_batch_size))
         self.reserve_ratio = reserve_ratio
-        self.player_names = player_names
-        self.excludes = excludes
+        self.loader_options = dict(player_names=player_names, excludes=excludes, max_log_bytes=max_log_bytes,
+                                   always_include_kan_select=always_include_kan_select)  # GameplayLoader's
         self.num_epochs = num_epochs
         self.enable_augmentation = enable_augmentation
         self.augmented_first = augmented_first
-        self.always_include_kan_select = always_include_kan_select
         self.skipped = 0
         self.iterator = None
         self._sharded = False
@@ -238,14 +189,7 @@ class FileDatasetsIter(IterableDataset):
     def load_files(self, augmented: bool):
         """One pass over ``file_list`` (shuffled), yielding samples (or batches) through the shuffle buffer."""
         random.shuffle(self.file_list)
-        self.loader = GameplayLoader(
-            self.version,
-            player_names=self.player_names,
-            excludes=self.excludes,
-            always_include_kan_select=self.always_include_kan_select,
-            augmented=augmented,
-            max_log_bytes=self.max_log_bytes,
-        )
+        self.loader = GameplayLoader(self.version, augmented=augmented, **self.loader_options)
         # The buffer is a tuple of columns (packed obs, actions, masks, ...) sharing the first dimension, None when
         # empty: no per-sample Python object is made until a sample (or a batch) is handed out.
         self.buffer = None
@@ -300,10 +244,7 @@ class FileDatasetsIter(IterableDataset):
         return out
 
     def populate_buffer(self, file_list) -> None:
-        """Decode ``file_list`` and append every sample of every kept seat to ``self.buffer``.
-
-        A file whose samples cannot be built is left out whole, counted in the loader's ``skipped``.
-        """
+        """Append every sample of every kept seat of ``file_list`` to ``self.buffer`` (a bad file: none, counted)."""
         chunks = [] if self.buffer is None else [self.buffer]
         for path, games in zip(file_list, self.loader.load_gz_log_files(file_list)):
             try:
@@ -338,13 +279,7 @@ class FileDatasetsIter(IterableDataset):
         return cols
 
     def _columns(self, game) -> tuple | None:
-        """The samples of one seat's ``Gameplay`` as columns ``(packed obs (N, row_bytes) uint8, actions (N,)
-        int64, masks (N, 46) bool, steps_to_done (N,) int64, kyoku rewards (N,) float64, player ranks (N,)
-        int64, cf_actions (N,) int64, cf_deltas (N,) float32)`` (the counterfactual columns: the alternative
-        action of a client's branch and ``RewardCalculator.counterfactual_deltas``; -1 and 0 without one); None
-        when the seat had no decision. Raises
-        AssertionError when the rewards do not cover every kyoku of a sample, IndexError for a rank that is out of
-        range."""
+        """``_game_columns`` with this dataset's rewards."""
         return _game_columns(game, self.reward_calc)
 
     def __iter__(self):
@@ -354,15 +289,8 @@ class FileDatasetsIter(IterableDataset):
 
 
 def keep_freed_memory() -> bool:
-    """Ask glibc malloc to keep freed memory instead of returning it to the OS at once.
-
-    Every sample is encoded into a fresh ~127 KB array (v3), packed and freed at once, and
-    each file batch builds buffers of megabytes; with glibc's default trim/mmap thresholds
-    their pages go back to the OS when freed and must be faulted in again for the next one. Meant for
-    loader worker processes (``worker_init_fn`` calls it). Returns False where
-    ``mallopt`` is unavailable (non-glibc); process-wide, only call it in a
-    process whose job is loading.
-    """
+    """Ask glibc malloc to keep freed memory (the ~127 KB arrays of each sample, the megabyte buffers of each file
+    batch) instead of faulting it in again and again; process-wide, for loader workers. False without ``mallopt``."""
     import ctypes
     import ctypes.util
 
@@ -380,33 +308,22 @@ LOADER_PARENT_ENV = "MORTAL_LOADER_PARENT_PID"
 
 
 def configure_worker_logging() -> None:
-    """Give a loader worker the entry points' log format at INFO level, on stderr.
-
-    Workers started by ``forkserver``/``spawn`` do not inherit the parent's
-    ``basicConfig``: their warnings (``skipped log ...``) would reach Python's
-    last-resort handler and print as a bare message without time, level or logger.
-    No-op if the process already has root handlers.
-    """
+    """The entry points' log format at INFO on stderr for a loader worker (forkserver/spawn workers do not inherit
+    ``basicConfig``); no-op with root handlers."""
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
 
 
 def _expected_worker_parent():
-    """The pid a loader worker's parent must have: the fork server's (``mortal.util._forkserver_preload``, inherited
-    by every worker it forks), else None (``die_with_parent`` then takes the parent at the time of the call).
-    Taken from the fork server itself, not from ``os.getppid()``, which is already PID 1 (or a subreaper) when
-    the learner and its fork server were killed between the worker's fork and this call."""
+    # The fork server's pid (mortal.util._forkserver_preload), else None: not os.getppid(), already PID 1 when the
+    # learner and its fork server were killed between the worker's fork and this call.
     preload = sys.modules.get("mortal.util._forkserver_preload")
     pid = getattr(preload, "FORKSERVER_PID", None)
     return pid if isinstance(pid, int) and pid > 0 and pid != os.getpid() else None
 
 
 def worker_init_fn(*args, **kwargs):
-    """DataLoader ``worker_init_fn``: shard ``file_list`` so no file is read by two workers.
-
-    Also makes the worker die with its parent process (``mortal.util.lifetime.die_with_parent``: the fork server,
-    which itself dies with the loading process), configures logging (``configure_worker_logging``) and calls
-    ``keep_freed_memory`` (worker processes only load data).
-    """
+    """DataLoader ``worker_init_fn``: dies with the fork server, configures logging, keeps freed memory, and shards
+    ``file_list`` so no file is read by two workers."""
     # torch's own watchdog only checks the worker's parent, which under forkserver outlives a killed learner.
     die_with_parent(expected_parent=_expected_worker_parent())
     configure_worker_logging()
@@ -417,19 +334,12 @@ def worker_init_fn(*args, **kwargs):
 
 
 def safe_mp_context():
-    """Multiprocessing context for DataLoader workers: ``forkserver`` where available, else ``spawn``.
-
-    Plain ``fork`` after native threads have started can deadlock the child.
-    """
+    """Multiprocessing context for DataLoader workers: ``forkserver`` where available, else ``spawn`` (not fork)."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
-    # Import the heavy modules once in the (thread-free) fork server so that each
-    # worker forked from it starts in well under a second. Only takes effect
-    # before the fork server is first started. The fork server is started by the
-    # thread that first iterates a loader; it dies with that thread
-    # (mortal.util._forkserver_preload, first so that it acts before the slow imports),
-    # so only the main thread, whose end is the process's, asks for that.
+    # The fork server imports the heavy modules once, so a worker starts in well under a second. It dies with the
+    # thread that started it (mortal.util._forkserver_preload, first): asked only by the main thread.
     preload = ["torch", "mortal.data.dataloader"]
     if threading.current_thread() is threading.main_thread():
         preload.insert(0, "mortal.util._forkserver_preload")
@@ -441,12 +351,8 @@ def safe_mp_context():
 
 def make_dataloader(dataset, *, batch_size: int, num_workers: int = 1, pin_memory: bool = False,
                     drop_last: bool = False, multiprocessing_context=None, **kwargs) -> DataLoader:
-    """``DataLoader`` over ``dataset`` with sharding and a fork-safe worker start method.
-
-    ``num_workers=0`` loads in the calling process. Extra ``kwargs`` go to ``DataLoader``. A dataset that makes
-    its own batches (``FileDatasetsIter(batch_size=B)``) gets ``batch_size=None`` (``batch_size`` must be None or
-    B; ValueError otherwise).
-    """
+    """``DataLoader`` over ``dataset`` with sharding and a fork-safe start (``num_workers=0``: in this process); a
+    dataset that makes its own batches of B gets ``batch_size=None`` (ValueError unless None or B)."""
     if getattr(dataset, "batch_size", None) is not None:
         if batch_size not in (None, dataset.batch_size):
             raise ValueError(f"the dataset makes batches of {dataset.batch_size}, not {batch_size}")
@@ -460,18 +366,10 @@ def make_dataloader(dataset, *, batch_size: int, num_workers: int = 1, pin_memor
 
 def learner_loader(config: dict, version: int, file_list: list, player_names, ledger=None, *, batch_size: int,
                    num_workers: int | None = None, pin_memory: bool = False) -> DataLoader:
-    """The learner's ``DataLoader`` of ``FileDatasetsIter`` batches over ``file_list`` (``config``: the config
-    dict or its ``typed`` view, validated once already: ``[dataset]`` settings,
-    ``[env] reward`` (default 'grp': the GRP of ``[grp]``; 'points': no GRP is loaded), ``[env] pts``), learning
-    from the seats of ``player_names`` (all seats when empty).
-
-    Batches are ``(packed obs (B, row_bytes) uint8, actions, masks, steps_to_done, kyoku_rewards, player_ranks,
-    cf_actions, cf_deltas)`` tensors (``FileDatasetsIter`` batch mode; ``mortal.data.packed_obs.unpack`` gives the
-    float32 obs).
-    With a ``mortal.data.claims.ClaimLedger``, each batch ends with the ``(B, 4)`` int64 sample ids and the samples
-    it lists as trained are left out. ``num_workers`` defaults to ``[dataset] num_workers``; with more than one,
-    ``file_list`` is shuffled in place. Raises what ``mortal.data.reward.load_grp`` raises for an unusable GRP.
-    """
+    """The learner's ``DataLoader`` of ``FileDatasetsIter`` batches (packed obs ``(B, row_bytes)`` uint8, then the
+    columns of ``_game_columns`` as tensors) over ``file_list``, from ``[dataset]``, ``[env] reward``/``pts`` and
+    ``[grp]``, for the seats of ``player_names`` (all when empty). With a ``ClaimLedger`` each batch ends with its
+    ``(B, 4)`` int64 sample ids and trained samples are left out. More than one worker shuffles ``file_list``."""
     cfg = typed(config)
     ds = cfg.dataset
     num_workers = ds.num_workers if num_workers is None else num_workers

@@ -1,31 +1,18 @@
 """mjai log -> per-seat training samples, as Mortal's ``libriichi/src/dataset/gameplay.rs``.
 
-For each kept seat a ``PlayerState`` replays the log. Walking windows of 4
-events ``(cur, ...)``, a sample is taken after ``cur`` whenever the seat has a
-legal action, labelled from the next event (``reach_accepted``/``dora`` in
-between are skipped). Versions 1-3 are encoded by ``PlayerState.encode_obs``
-directly (version checked once by ``mortal.features.obs.check_version``); version 4 by a
-``mortal.features.obs_v4.V4Encoder`` that replays the same events beside the state, its single-player
-searches batched (``obs_v4.DeferredSP``: up to 128 decisions of a seat are searched together on the core's
-``MORTAL_SP_THREADS`` threads, in a background thread while the walk goes on; samples bit for bit those of
-``V4Encoder.encode`` one by one, and a bad hand is still reported at its own line). Each observation
-is packed as soon as it is encoded (``mortal.data.packed_obs``: exact, about a tenth of the float32 size),
-so a seat's samples never hold the float32 arrays.
+For each kept seat a ``PlayerState`` replays the log; walking windows of 4 events, a sample is taken after ``cur``
+whenever the seat has a legal action, labelled from the next event (``reach_accepted``/``dora`` skipped). Version 4
+replays a ``V4Encoder`` beside the state, its single-player searches batched (``obs_v4.DeferredSP``), bit for bit
+``V4Encoder.encode`` one by one. Each observation is packed at once (``mortal.data.packed_obs``).
 
-Multi-ron (double/triple ron, paid as Mortal's Tenhou rule): every winner is labelled
-``hora`` at the discard (or robbed kan); the second and third ``hora`` are checked against
-the seat's state at that discard, since after the first ``hora`` no seat can act.
-
-Deviation from Mortal (documented): every label is checked against its mask
-and a log with an illegal move is rejected (Mortal's trainer would instead
-crash on ``assert masks[actions]``), and logs must end with ``end_game``.
-Oracle observations are not available (``mjai.mlibriichi`` has no
+Multi-ron (Mortal's Tenhou rule): every winner is labelled ``hora``; the second and third are checked against the
+seat's state at the discard. Deviations from Mortal: every label is checked against its mask and a log with an
+illegal move is rejected; logs must end with ``end_game``; no oracle observations (``mjai.mlibriichi`` has no
 ``Invisible`` encoder).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 
@@ -33,6 +20,7 @@ import numpy as np
 from mjai.mlibriichi.state import PlayerState
 
 from mortal.features.action import HORA, KAN, PASS, RIICHI, RYUKYOKU, event_to_label, kan_select_label
+from mortal.data.augment import augment_log
 from mortal.data.grp import Grp
 from mortal.data.mjai_log import DEFAULT_MAX_LOG_BYTES, BadLogError, LoadedLog, parse_log, read_log, skip_message
 from mortal.features.obs import check_version
@@ -41,7 +29,7 @@ from mortal.data.packed_obs import NotPackableError, packer, row_bytes, unpack
 
 logger = logging.getLogger('mortal.gameplay')  # the name before the package split (log format)
 
-__all__ = ["Gameplay", "GameplayLoader", "augment_event", "augment_log"]
+__all__ = ["Gameplay", "GameplayLoader"]
 
 _SKIPPED_AS_NEXT = ("reach_accepted", "dora")
 # Events by which a seat acts; one of its own that follows a moment where it
@@ -62,70 +50,19 @@ def _is_fatal(exc: BaseException) -> bool:
     return isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError))
 
 
-# ---------------------------------------------------------------- augmentation
-
-def _swap_mp(name: str) -> str:
-    # 1m<->1p ... 9m<->9p, 5mr<->5pr; souzu, honors and '?' unchanged.
-    if len(name) >= 2 and name[1] in "mp":
-        return name[0] + ("p" if name[1] == "m" else "m") + name[2:]
-    return name
-
-
-def augment_event(ev: dict) -> dict:
-    """Copy of ``ev`` with manzu and pinzu swapped in every tile field (Mortal's ``Event::augment``).
-
-    Fields: ``dora_marker``, ``tehais``, ``pai``, ``consumed``, ``ura_markers``, and the action index of the
-    arena's ``meta.counterfactual``.
-    """
-    out = dict(ev)
-    for key in ("pai", "dora_marker"):
-        if isinstance(out.get(key), str):
-            out[key] = _swap_mp(out[key])
-    for key in ("consumed", "ura_markers"):
-        if isinstance(out.get(key), list):
-            out[key] = [_swap_mp(t) for t in out[key]]
-    if isinstance(out.get("tehais"), list):
-        out["tehais"] = [[_swap_mp(t) for t in hand] for hand in out["tehais"]]
-    meta = out.get("meta")
-    cf = meta.get("counterfactual") if isinstance(meta, dict) else None
-    if isinstance(cf, dict) and isinstance(cf.get("action"), int):  # the arena's branch action, an index 0-45
-        out["meta"] = {**meta, "counterfactual": {**cf, "action": _swap_mp_index(cf["action"])}}
-    return out
-
-
-def _swap_mp_index(index: int) -> int:
-    # action index with manzu and pinzu swapped: 0-8 <-> 9-17, 5mr (34) <-> 5pr (35); others unchanged
-    if 0 <= index < 18:
-        return index + 9 if index < 9 else index - 9
-    return {34: 35, 35: 34}.get(index, index)
-
-
-def augment_log(log: LoadedLog) -> LoadedLog:
-    """``augment_event`` over a whole parsed log (new JSON lines are written)."""
-    events = [augment_event(ev) for ev in log.events]
-    return LoadedLog(events, [json.dumps(ev, separators=(",", ":")) for ev in events],
-                     log.line_numbers, log.source)
-
-
 # ---------------------------------------------------------------- per-seat data
 
 @dataclass
 class Gameplay:
-    """Samples of one seat in one game.
+    """Samples of one seat in one game; ``take`` returns a field and releases it (Mortal's ``take_*``).
 
-    Per decision (N rows): ``packed_obs`` ``(N, row_bytes(version))`` uint8, the observations as
-    ``mortal.data.packed_obs`` packs them (about a tenth of float32; ``obs`` unpacks them to ``(N, C, 34)``
-    float32, bit for bit as encoded), ``actions`` ``(N,)`` int64
-    (0-45), ``masks`` ``(N, 46)`` bool, ``at_kyoku`` ``(N,)`` uint8 (0-based count of
-    ``end_kyoku`` seen), ``dones`` ``(N,)`` bool (last sample of its kyoku),
-    ``apply_gamma`` ``(N,)`` bool (label <= 37), ``at_turns`` ``(N,)`` uint8,
-    ``shantens`` ``(N,)`` int8, ``event_idx`` ``(N,)`` int32 (index in the log's events
-    of the event after which the decision was taken; for messages and tests), ``cf_actions`` ``(N,)`` int64 (the
-    action 0-45 a counterfactual branch of the client took instead, ``meta.counterfactual`` of the decision's
-    reaction event, legal in the mask and not the label; -1 for the others) and ``cf_records`` (N entries: None,
-    or that branch's outcome ``('next', [kyoku_index, honba, kyotaku, s0, s1, s2, s3])`` or ``('final', [s0, s1,
-    s2, s3])``, see ``mortal.play.arena``). Per game: ``grp`` (``Grp``),
-    ``player_id`` (0-3), ``player_name``. ``take_*`` return the array and release it, as Mortal's.
+    Per decision (N rows): ``packed_obs`` ``(N, row_bytes(version))`` uint8 (``obs`` unpacks it to ``(N, C, 34)``
+    float32), ``actions`` ``(N,)`` int64 (0-45), ``masks`` ``(N, 46)`` bool, ``at_kyoku`` ``(N,)`` uint8 (count of
+    ``end_kyoku`` seen), ``dones`` ``(N,)`` bool (last of its kyoku), ``apply_gamma`` ``(N,)`` bool (label <= 37),
+    ``at_turns`` ``(N,)`` uint8, ``shantens`` ``(N,)`` int8, ``event_idx`` ``(N,)`` int32 (the event the decision
+    follows), ``cf_actions`` ``(N,)`` int64 (the legal, other action a counterfactual branch took, -1 for none) and
+    ``cf_records`` (None or that branch's outcome ``('next', [kyoku, honba, kyotaku, s0..s3])`` or ``('final',
+    [s0..s3])``, see ``mortal.play.arena``). Per game: ``grp``, ``player_id`` (0-3), ``player_name``.
     """
 
     packed_obs: np.ndarray
@@ -154,61 +91,23 @@ class Gameplay:
             return None
         return unpack(self.packed_obs, self.version)
 
-    def _take(self, name):
+    def take(self, name: str):
+        """Field ``name`` (e.g. ``"actions"``), released: Mortal's ``take_*``."""
         value = getattr(self, name)
         setattr(self, name, None)
         return value
 
     def take_obs(self) -> np.ndarray:
-        """``obs`` (unpacked, ``(N, C, 34)`` float32), releasing the packed rows."""
-        obs = self.obs
-        self.packed_obs = None
-        return obs
-
-    def take_obs_list(self) -> list:
-        """``take_obs`` as a list of N ``(C, 34)`` float32 arrays."""
-        obs = self.take_obs()
-        return list(obs) if obs is not None else None
-
-    def take_packed_obs(self) -> np.ndarray:
-        """``packed_obs`` ``(N, row_bytes(version))`` uint8, released."""
-        return self._take("packed_obs")
-
-    def take_actions(self) -> np.ndarray:
-        return self._take("actions")
-
-    def take_masks(self) -> np.ndarray:
-        return self._take("masks")
-
-    def take_at_kyoku(self) -> np.ndarray:
-        return self._take("at_kyoku")
-
-    def take_dones(self) -> np.ndarray:
-        return self._take("dones")
-
-    def take_apply_gamma(self) -> np.ndarray:
-        return self._take("apply_gamma")
-
-    def take_at_turns(self) -> np.ndarray:
-        return self._take("at_turns")
-
-    def take_shantens(self) -> np.ndarray:
-        return self._take("shantens")
+        """``obs`` (``(N, C, 34)`` float32), releasing the packed rows."""
+        return unpack(self.take("packed_obs"), self.version) if self.packed_obs is not None else None
 
     def take_cf_actions(self) -> np.ndarray:
         """``cf_actions``, released; all -1 when the loader recorded none."""
-        out = self._take("cf_actions")
+        out = self.take("cf_actions")
         return np.full(len(self.actions if self.actions is not None else ()), -1, np.int64) if out is None else out
 
     def take_cf_records(self) -> list:
-        """``cf_records``, released."""
-        return self._take("cf_records") or []
-
-    def take_grp(self) -> Grp:
-        return self.grp
-
-    def take_player_id(self) -> int:
-        return self.player_id
+        return self.take("cf_records") or []
 
 
 class _SeatRecorder:
@@ -229,9 +128,8 @@ class _SeatRecorder:
 
     def add(self, state, at_kan_select: bool, label: int, kyoku_idx: int, log: LoadedLog, cur_idx: int,
             next_idx: int, v4: V4Encoder | None = None, cf: tuple | None = None):
-        # Version checked once by GameplayLoader (mortal.features.obs.check_version), so the Rust
-        # encoder is called directly for 1-3: this is the hot loop. ``v4``: the seat's
-        # V4Encoder, given iff version 4; its searches wait in ``self.deferred`` until ``flush``.
+        # The hot loop: the version was checked once, so 1-3 call the Rust encoder directly. ``v4``: the seat's
+        # V4Encoder iff version 4; its searches wait in ``self.deferred`` until ``flush``.
         n = len(self.actions)
         if n == len(self.packed):
             grown = np.empty((2 * n, self.row_bytes), dtype=np.uint8)
@@ -327,13 +225,8 @@ _TILE_LIST_FIELDS = ("consumed",)
 
 
 def _check_unmasked(log: LoadedLog, seat: int) -> None:
-    """Raise ``BadLogError`` (file, line, field) if ``seat``'s replay would meet a masked tile ``'?'``.
-
-    A log written from one player's view masks the other seats' starting hands and draws with ``'?'``. The
-    Rust ``PlayerState`` accepts that for other seats but panics on a ``'?'`` it must place (its own hand or
-    draw, a dora indicator, a called or discarded tile), and the panic hook prints a Rust backtrace to stderr
-    outside the log format; so such a log is rejected here, before the state sees it.
-    """
+    """Raise ``BadLogError`` (file, line, field) if ``seat``'s replay would meet a masked tile ``'?'``: the Rust
+    ``PlayerState`` panics on a ``'?'`` it must place (printing a backtrace outside the log format)."""
     for ev, no in zip(log.events, log.line_numbers):
         typ = ev["type"]
         if typ == "start_kyoku":
@@ -354,12 +247,8 @@ def _check_unmasked(log: LoadedLog, seat: int) -> None:
 
 
 def _label(cur_cans, state, events, i, nxt_idx, seat, always_kan_select):
-    """(label, kan_select_label) for a decision after ``events[i]``, or (None, None). The labelling rules of Mortal's
-    ``dataset/gameplay.rs``.
-
-    Single-event labels come from ``mortal.features.action``; the window rules (actor checks,
-    when to add a kan-select sample, agari and pass inference) are here.
-    """
+    """(label, kan_select_label) for a decision after ``events[i]``, or (None, None): the window rules of Mortal's
+    ``dataset/gameplay.rs`` (single-event labels: ``mortal.features.action``)."""
     nxt = events[nxt_idx]
     typ = nxt["type"]
     if typ in ("dahai", "reach") or (typ in ("chi", "pon") and nxt["actor"] == seat):
@@ -414,13 +303,8 @@ def _counterfactual(ev: dict, seat: int, kept: list):
 
 
 def _is_multi_ron(nxt: dict, seat: int, ron_cans, winners: set) -> bool:
-    """True if ``nxt``, a ``hora`` by ``seat`` right after another ``hora``, is a legal extra winner
-    of a double/triple ron (paid, as Mortal's Tenhou rule).
-
-    After the first ``hora`` the seat's own state can no longer act, so the ron is judged on
-    ``ron_cans`` (its ``ActionCandidate`` right after the discard or kan being robbed): the seat
-    must have been able to ron there, must not be the discarder, and must not have won already.
-    """
+    """True if ``nxt``, a ``hora`` by ``seat`` after another ``hora``, is a legal extra winner of a multi-ron:
+    judged on ``ron_cans`` (the seat's candidates at the discard or robbed kan), not the discarder, not a winner."""
     return (nxt["type"] == "hora" and ron_cans is not None and ron_cans.can_ron_agari
             and nxt.get("target") != seat and seat not in winners)
 
@@ -428,23 +312,11 @@ def _is_multi_ron(nxt: dict, seat: int, ron_cans, winners: set) -> bool:
 class GameplayLoader:
     """Turns mjai logs into ``Gameplay`` samples (Mortal's ``GameplayLoader``).
 
-    Args:
-        version: feature version 1-4 (anything else raises ``UnsupportedVersionError``, see
-            ``mortal.features.obs``). Version 4 replays a ``V4Encoder`` beside each seat's ``PlayerState``
-            and runs its single-player search at every sample, in threaded batches (slower than 1-3).
-        oracle: must be False; oracle observations cannot be encoded with ``mjai.mlibriichi``
-            (raises ``NotImplementedError``).
-        player_names: keep only seats whose ``start_game`` name is listed (then ``excludes`` is ignored).
-        excludes: otherwise drop seats whose name is listed. Neither: all 4 seats.
-        always_include_kan_select: add the kan-tile sample after every kan decision (else only
-            when there was more than one candidate of that kan kind, as Mortal).
-        augmented: swap manzu and pinzu in every event before loading.
-        max_log_bytes: cap on a file's decompressed size in bytes (``[dataset] max_log_bytes``; None = no
-            cap); a larger file is skipped like any bad log.
-
-    Attributes ``skipped`` (count of files skipped by ``load_gz_log_files``) and
-    ``skipped_files`` (up to 1000 ``(path, message)``) report bad input; ``cf_ignored`` counts the
-    counterfactual records (``Gameplay.cf_actions``) left out as malformed or not legal (the log is kept).
+    ``version`` 1-4 (``mortal.features.obs``); ``oracle`` must be False; ``player_names``: keep only those seats,
+    else drop the ``excludes``; ``always_include_kan_select``: a kan-tile sample after every kan (else only with
+    several candidates, as Mortal); ``augmented``: swap manzu and pinzu; ``max_log_bytes``: cap on a file's
+    decompressed size (None: none). ``skipped``, ``skipped_files`` (up to 1000 ``(path, message)``) and
+    ``cf_ignored`` (counterfactual records left out) report bad input.
     """
 
     def __init__(self, version: int, *, oracle: bool = False, player_names=None, excludes=None,
@@ -453,7 +325,6 @@ class GameplayLoader:
         if oracle:
             raise NotImplementedError("oracle observations are not available with mjai.mlibriichi; use oracle=False")
         self.version = check_version(version)
-        self.oracle = False
         self.player_names = list(player_names or [])
         self.excludes = list(excludes or [])
         self.always_include_kan_select = bool(always_include_kan_select)
@@ -480,12 +351,8 @@ class GameplayLoader:
         return list(range(4))
 
     def load_log(self, raw: str, source: str = "<log>") -> list[Gameplay]:
-        """One ``Gameplay`` per kept seat of one game given as mjai JSON lines.
-
-        Raises:
-            BadLogError: the log is malformed (see ``mortal.data.mjai_log.parse_log``), contains an illegal
-                move, or the Rust ``PlayerState`` rejects an event (message names line and reason).
-        """
+        """One ``Gameplay`` per kept seat of one game given as mjai JSON lines. Raises ``BadLogError`` (line and
+        reason) for a malformed log, an illegal move, or an event the Rust ``PlayerState`` rejects."""
         return self.load_parsed(parse_log(raw, source))
 
     def load_parsed(self, log: LoadedLog) -> list[Gameplay]:
@@ -578,8 +445,7 @@ class GameplayLoader:
         self._count_bad_counterfactuals(log, seat, bad_cf[0] + rec.cf_ignored)
 
     def _count_bad_counterfactuals(self, log: LoadedLog, seat: int, n: int) -> None:
-        """Count ``n`` counterfactual records of ``seat`` that were ignored (malformed, or an action not legal
-        for its sample or equal to the taken one) in ``cf_ignored``; the first is logged once per process."""
+        # counted in cf_ignored; the first is logged once per process
         global _cf_warned
         if not n:
             return
@@ -595,18 +461,13 @@ class GameplayLoader:
         return self.load_parsed(read_log(path, self.max_log_bytes))
 
     def load_gz_log_files(self, paths) -> list[list[Gameplay]]:
-        """``load_log_file`` over ``paths``; result aligned with the input.
-
-        A bad file yields ``[]`` in its place, one warning naming the file, line and
-        reason, and increments ``self.skipped``; the other files are still loaded.
-        """
+        """``load_log_file`` over ``paths``, aligned with them; a bad file yields ``[]``, a warning naming file,
+        line and reason, and counts in ``skipped``."""
         out = []
         for path in paths:
             try:
                 out.append(self.load_log_file(path))
-            except BaseException as e:  # noqa: BLE001 - see _is_fatal
-                # Anything else raised while reading one file (a KeyError for a
-                # missing field, a pyo3 panic) is also that file's fault.
+            except BaseException as e:  # noqa: BLE001 - a KeyError, a pyo3 panic: also that file's fault
                 if _is_fatal(e):
                     raise
                 message = skip_message(path, e)

@@ -81,17 +81,9 @@ class Grp:
 
     @staticmethod
     def load_events(events: list[dict], source: str = "<log>") -> "Grp":
-        """Build the record from the events of a log ``mortal.data.mjai_log.parse_log`` accepted (their
-        ``scores``, ``deltas``, ``actor`` etc. are not checked again).
-
-        Final scores = scores of the last ``start_kyoku`` + every ``deltas`` of
-        ``hora``/``ryukyoku`` after it - 1000 per ``reach_accepted`` after it. The
-        ranking is taken on those; then, if they sum to less than 100000 (deposits
-        nobody won), the difference goes to the top player (``grp.rs``).
-
-        Raises:
-            BadLogError: no ``start_kyoku``, or no ``hora``/``ryukyoku`` after the last one.
-        """
+        """The record of a log ``parse_log`` accepted. Final scores: the last ``start_kyoku``'s + the ``deltas``
+        after it - 1000 per ``reach_accepted``, ranked, then deposits nobody won to the top player (``grp.rs``).
+        ``BadLogError`` without a ``start_kyoku`` or a ``hora``/``ryukyoku`` after the last one."""
         rows = []
         final = None
         settled = False
@@ -131,11 +123,8 @@ class Grp:
 
     @staticmethod
     def load_gz_log_files(paths, skipped: list | None = None) -> list["Grp"]:
-        """One ``Grp`` per readable file (gzip or plain), in input order.
-
-        A bad file is left out with one warning naming the file and the reason;
-        when ``skipped`` is a list, ``(path, reason)`` is appended to it.
-        """
+        """One ``Grp`` per readable file, in order; a bad file is left out with a warning (and ``(path, reason)``
+        appended to ``skipped`` when a list)."""
         out = []
         for path in paths:
             try:

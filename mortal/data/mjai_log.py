@@ -1,19 +1,9 @@
 """The mjai log reader: a recorded game (gzip or plain mjai JSON lines) -> checked events.
 
-Everything that reads logs goes through here: the training loaders (``mortal.data.gameplay``, the GRP record
-in ``mortal.data.grp``), the statistics (``mortal.stat``) and the 1v3 summary. Each event is decoded and its
-fields checked once, here; the consumers (``Grp``, ``Stat``, ``GameplayLoader``, ``V4Encoder.update_parsed``)
-then read those fields without checking them again.
-
-Two entry points, one scan:
-
-* ``parse_log``: one complete 4-player game with every field the training loaders read (those
-  Mortal's ``libriichi/src/dataset`` loaders take for granted), as ``LoadedLog``;
-* ``parse_events``: any run of mjai events of one game (the statistics read incomplete games too),
-  as ``(line, event)`` pairs.
-
-Every failure is a ``BadLogError`` naming the file, the line and the reason, so that a loader can skip
-the file (``skip_message``) and go on.
+Everything that reads logs (the loaders, ``mortal.data.grp``, ``mortal.stat``) goes through here, and each
+event's fields are checked once. ``parse_log``: one complete 4-player game with every field the training loaders
+read, as ``LoadedLog``; ``parse_events``: any run of one game's events (the statistics read incomplete games), as
+``(line, event)`` pairs. Every failure is a ``BadLogError`` naming file, line and reason (``skip_message``).
 """
 
 from __future__ import annotations
@@ -127,17 +117,8 @@ def decode_log_bytes(data: bytes, source: str = "<log>", error: type[BadLogError
 
 
 def read_log_text(path, max_bytes: int | None = DEFAULT_MAX_LOG_BYTES) -> str:
-    """Read a log file, gunzipping it when it starts with the gzip magic (whatever its name).
-
-    ``max_bytes``: cap on the (decompressed) size in bytes, ``None`` for none. The file is read and
-    decompressed incrementally, so memory stays within about the cap however large the file unpacks.
-    The text is decoded by ``decode_log_bytes``.
-
-    Raises:
-        BadLogError: unreadable gzip stream, text that is not UTF-8, or more than ``max_bytes`` bytes
-            (the message names the cap).
-        OSError: the file cannot be opened.
-    """
+    """A log file's text, gunzipped when it starts with the gzip magic, read incrementally up to ``max_bytes``
+    decompressed (None: no cap). Raises ``BadLogError`` (bad gzip, not UTF-8, over the cap), OSError."""
     cap = math.inf if max_bytes is None else max_bytes
     with open(path, "rb") as f:
         if f.read(2) == _GZIP_MAGIC:
@@ -327,19 +308,11 @@ def _check_training_fields(ev: dict, typ: str, source: str, no: int, error: type
 
 
 def parse_log(raw: str, source: str = "<log>") -> LoadedLog:
-    """Parse mjai JSON lines and check that they form one complete 4-player game (a training log).
-
-    Blank lines are ignored. Unknown extra fields in events are kept and ignored.
-
-    Checks (each failure raises ``BadLogError`` naming ``source``, the line and the reason), those of
-    ``parse_events`` and: first event ``start_game`` with 4 ``names`` if given; every ``start_kyoku``
-    with 4 ``scores`` and 4 ``tehais`` (a 3-player log fails here), integer ``scores``, ``bakaze``
-    E/S/W/N, ``kyoku`` 1-4, ``honba``/``kyotaku`` >= 0; every ``hora``/``ryukyoku`` with 4 integer
-    ``deltas`` (Mortal's ``grp.rs`` requires them); ``start_kyoku``/``end_kyoku`` paired (the loaders
-    count kyoku by both), at most ``MAX_KYOKU`` of them; last event ``end_game`` (otherwise the log is
-    truncated). Lines are split on ``\n`` only (CRLF is fine); lines are read one at a time, so memory
-    grows with the events, not with blank lines.
-    """
+    """Parse mjai JSON lines that must form one complete 4-player game (a training log); ``BadLogError`` naming
+    ``source``, line and reason otherwise. On top of ``parse_events``: ``start_game`` first (4 ``names`` if any);
+    each ``start_kyoku`` with 4 integer ``scores``, 4 ``tehais``, ``bakaze`` E/S/W/N, ``kyoku`` 1-4, ``honba``/
+    ``kyotaku`` >= 0; 4 integer ``deltas`` on every ``hora``/``ryukyoku``; kyoku paired, at most ``MAX_KYOKU``;
+    ``end_game`` last. Blank lines and extra fields are ignored."""
     events, lines, numbers = _scan(_numbered_lines(raw), source, raw, BadLogError, True)
     if not events:
         raise BadLogError(source, "empty log (no events)")
@@ -352,21 +325,10 @@ def parse_log(raw: str, source: str = "<log>") -> LoadedLog:
 
 
 def parse_events(log, source: str = "<log>", *, error: type[BadLogError] = BadLogError) -> list[tuple[int, dict]]:
-    """The events of one mjai game as ``[(line, event dict), ...]``, complete or not.
-
-    Args:
-        log: the text (JSON lines split on ``\n``, blank lines left out), its bytes (``decode_log_bytes``),
-            or an iterable of events (dicts, or JSON text); for an iterable ``line`` is the 1-based position.
-        source: a name for messages (e.g. the file path).
-        error: the ``BadLogError`` subclass to raise (its ``str()`` format is the caller's).
-
-    Checks: every event a JSON object with a ``type`` Mortal's mjai ``Event`` knows; ``actor`` a seat
-    0-3 in every event of ``ACTOR_EVENTS``; one game (``start_game`` only first, nothing after
-    ``end_game``); at most ``MAX_EVENTS`` events. Nothing else: the caller checks the fields it reads.
-
-    Raises:
-        BadLogError (``error``): the first line that fails, with the reason.
-    """
+    """The events of one mjai game, complete or not, as ``[(line, event dict), ...]``. ``log``: the text, its bytes,
+    or an iterable of events (dicts or JSON; ``line`` = position). Checks: JSON objects with a ``type`` Mortal
+    knows, ``actor`` 0-3 in ``ACTOR_EVENTS``, one game, at most ``MAX_EVENTS``; the first failure raises
+    ``error`` (a ``BadLogError`` subclass) naming ``source``, line and reason."""
     if isinstance(log, bytes):
         log = decode_log_bytes(log, source, error)
     if isinstance(log, str):

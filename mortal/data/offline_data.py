@@ -1,13 +1,10 @@
 """The learner's offline data (``[dataset]``): the file index of its logs, the players whose seats it learns from,
 and the offline mix's endless stream of their batches.
 
-``build_file_list`` expands ``globs`` once and caches the sorted list in ``file_index`` (a torch file holding
-``{'file_list': [...]}``, as Mortal's, plus ``'globs'``, the globs it was built from), so a later run skips the
-expensive glob; an index built from other globs (or with no record of them: Mortal's, or a copied work dir's) is
-rebuilt (``stale_index``), and ``index_problems`` lists the indexed files that are missing or outside the globs
-(``mortal.tools.doctor``); ``load_player_names`` reads
-``player_names_files``. The offline epoch (``online = false``) reads them once; the online learner's offline mix
-(``[online] offline_batch_size``, RLPD-style) loops over them for good (``offline_mix``).
+``build_file_list`` caches the sorted glob in ``file_index`` (``{'file_list', 'globs'}``, Mortal's plus the globs),
+rebuilt when built from other globs (``stale_index``); ``index_problems`` lists missing or foreign files (the
+doctor); ``load_player_names`` reads ``player_names_files``; ``offline_mix`` loops over them for good (the online
+learner's ``[online] offline_batch_size``).
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """Packed observations: the training samples' ``(C, 34)`` float32 arrays kept at about a tenth of their size.
 
-Almost every row of an encoded observation (``mortal.features.obs.encode``, versions 1-4) holds only 0.0 and 1.0;
-a few hold real values (scores, tiles left, dora counts rescaled, the kawa rows that fade with the turn, the
-single-player block's probabilities and values of version 4). ``REAL_ROWS`` lists those per version. A packed
-observation is one row of bytes (``row_bytes(version)``):
-
-* first the real rows, copied as float32 (``len(REAL_ROWS[v]) * 34 * 4`` bytes);
-* then one bit per element of the whole ``(C, 34)`` array in row-major order, element ``j`` at bit ``j % 8``
-  of byte ``j // 8`` (numpy's ``bitorder='little'``), set iff the value is nonzero; zero-padded to a multiple
-  of 4 bytes so that a batch of rows can be viewed as float32.
-
-``unpack`` rebuilds the float32 array bit for bit: every element outside the real rows must be exactly +0.0 or
-1.0, which ``pack_into`` checks for every sample (it raises ``NotPackableError`` otherwise, so nothing is ever
-stored inexactly). Sizes per sample, packed vs float32: v1 4,668 vs 127,568 bytes, v2 12,572 vs 128,112, v3
-13,900 vs 127,024, v4 15,320 vs 137,632.
-
-The packing runs in the compiled core (``mortal.features.sp._core.pack_obs``, one pass, AVX2 or SSE2) where it was
-built, else in numpy (same bytes, several times slower: the loader then runs below its speed of before). ``unpack`` takes numpy arrays or torch tensors on any device, so a batch
-can travel packed (a DataLoader worker's shared memory, the host-to-GPU copy) and be expanded where it is used.
+A packed observation is one row of ``row_bytes(version)`` bytes: the real-valued rows ``REAL_ROWS[version]``
+(scores, tiles left, the fading kawa rows, version 4's single-player block) as float32, then one bit per element
+of the whole array, row-major, little bit order (set iff nonzero), zero-padded to a multiple of 4 bytes.
+``pack_into`` raises ``NotPackableError`` for any other element that is not exactly +0.0 or 1.0, so ``unpack``
+rebuilds the array bit for bit (numpy arrays or torch tensors on any device). Per sample, packed vs float32: v3
+13,900 vs 127,024 bytes, v4 15,320 vs 137,632. The compiled core packs (``_core.pack_obs``) where built, else numpy.
 """
 
 from __future__ import annotations
@@ -121,16 +109,9 @@ def _refuse(lay: Layout, obs: np.ndarray, flat: int):
 
 
 def pack_into(obs: np.ndarray, out: np.ndarray, index: int, version: int) -> None:
-    """Write the packed form of ``obs`` into row ``index`` of ``out``.
-
-    Args:
-        obs: ``(C, 34)`` float32, C-contiguous, ``C`` of ``version``.
-        out: ``(N, row_bytes(version))`` uint8, C-contiguous, ``0 <= index < N``.
-    Raises:
-        NotPackableError: an element outside ``REAL_ROWS[version]`` is not exactly +0.0 or 1.0 (``out`` row
-            left partly written).
-        ValueError: wrong shape, dtype or index.
-    """
+    """Pack ``obs`` (``(C, 34)`` float32, C-contiguous) into row ``index`` of ``out`` (``(N, row_bytes(version))``
+    uint8). Raises ``NotPackableError`` (an element outside ``REAL_ROWS`` not exactly +0.0 or 1.0; the row is left
+    partly written) or ValueError (shape, dtype, index)."""
     lay = layout(version)
     if obs.dtype != np.float32 or obs.shape != (lay.channels, 34) or not obs.flags.c_contiguous:
         raise ValueError(f"pack_into: expected a C-contiguous ({lay.channels}, 34) float32 array, "
@@ -187,16 +168,8 @@ def pack(obs: np.ndarray, version: int) -> np.ndarray:
 
 
 def unpack(packed, version: int):
-    """The float32 observations of packed rows, bit for bit as they were encoded.
-
-    Args:
-        packed: ``(B, row_bytes(version))`` uint8, a numpy array or a torch tensor (any device; rows
-            C-contiguous, as batches are).
-    Returns:
-        ``(B, C, 34)`` float32 of the same kind (numpy in, numpy out; a tensor on the input's device).
-    Raises:
-        ValueError: the row length does not match ``version``.
-    """
+    """``(B, C, 34)`` float32 of ``packed`` rows (``(B, row_bytes(version))`` uint8, numpy or a torch tensor on any
+    device), bit for bit as encoded, of the same kind and device. ValueError for a row length not ``version``'s."""
     import torch
     lay = layout(version)
     as_numpy = isinstance(packed, np.ndarray)

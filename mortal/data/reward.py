@@ -1,19 +1,11 @@
 """Per-kyoku rewards, from the GRP model as Mortal's ``mortal/reward_calculator.py``, or from the point changes.
 
-``[env] reward`` selects one (``REWARDS``):
-
-* ``'grp'`` (Mortal's, the default): reward[k] = E[pt | state after kyoku k] - E[pt | state before kyoku k], where
-  E[pt] before kyoku k uses the GRP rank-probability matrix of the prefix of rows 0..k and the state after the last
-  kyoku is the actual final rank (one-hot). ``pts`` is ``[env] pts`` (points for ranks 1-4).
-* ``'points'`` (extra; the bootstrap's fallback when its GRP is no better than uniform): reward[k] = the seat's score
-  change in kyoku k (points; the last kyoku's ends at the final scores, leftover deposits included) times
-  ``points_scale(pts)`` = ``(max(pts) - min(pts)) / POINTS_SPREAD``. ``POINTS_SPREAD`` = 30,000 points is about the
-  final-score gap between first and last place, so a hanchan's summed reward (final score - 25,000 points,
-  scaled) spans about the same range as the GRP reward's (pts[rank] - mean pts): with ``pts = [6, 4, 2, 0]`` a
-  1,000-point gain is worth 0.2 pt and a mangan (8,000) 1.6 pt. On the quickstart's 112 rule-based hanchan the
-  mean final score of first minus that of last is 26,900 points, and the least-squares line of pts[rank] on the
-  final score gives the 6-pt spread to 35,800 points: 30,000 lies between. It needs no model and knows nothing of
-  placement (a gain that changes no rank counts as much as one that does).
+``[env] reward`` (``REWARDS``): ``'grp'`` (Mortal's): reward[k] = E[pt | after kyoku k] - E[pt | before kyoku k],
+from the GRP's rank probabilities of the prefix 0..k, the last state being the final rank (``pts``: ``[env] pts``).
+``'points'`` (the bootstrap's fallback for a GRP no better than uniform): the seat's score change in kyoku k times
+``points_scale(pts)`` = ``(max(pts) - min(pts)) / POINTS_SPREAD``; 30,000 points is about the final gap between
+first and last (26,900 to 35,800 measured on the quickstart's hanchan), so a hanchan's rewards span about the GRP
+reward's range. It needs no model and knows nothing of placement.
 """
 
 from __future__ import annotations
@@ -41,19 +33,9 @@ def points_scale(pts) -> float:
 
 
 def load_grp(state_file, network=None, device="cpu"):
-    """A ``mortal.model.networks.GRP`` in eval mode with weights from a ``train_grp`` checkpoint.
-
-    ``network`` is the typed ``[grp.network]`` (``hidden_size``, ``num_layers``; ``mortal.config.section``), None
-    for the GRP's defaults. The file holds
-    ``{model, optimizer, steps, timestamp}``; only ``model`` is used. Loaded with
-    ``weights_only=True`` (no code executed).
-
-    Raises:
-        FileNotFoundError: no such file.
-        mortal.model.checkpoint.CheckpointError: not a weights-only torch file, no ``model`` entry, or weights whose
-            shapes do not fit ``network`` (the message names the file, the ``[grp.network]`` sizes and torch's
-            shape report).
-    """
+    """A ``GRP`` in eval mode with the ``model`` weights of a ``train_grp`` checkpoint (read ``weights_only``), sized
+    by the typed ``[grp.network]`` (None: defaults). Raises FileNotFoundError, or ``CheckpointError`` naming the
+    file, the sizes and torch's shape report."""
     from mortal.model.networks import GRP
 
     grp = GRP(hidden_size=network.hidden_size, num_layers=network.num_layers) if network is not None else GRP()
@@ -68,19 +50,10 @@ def load_grp(state_file, network=None, device="cpu"):
 
 
 class RewardCalculator:
-    """Kyoku rewards for one seat of one game.
-
-    Args:
-        grp: a ``mortal.model.networks.GRP`` (float64); put in eval mode on ``device``. May be None with
-            ``reward='points'``.
-        pts: points by final rank, e.g. ``[6, 4, 2, 0]``; default ``[3, 1, -1, -3]`` as Mortal.
-        device: torch device for the GRP forward pass.
-        uniform_init: replace the E1 prediction with a uniform 1/4 (Mortal's option).
-        reward: ``[env] reward``, what ``kyoku_rewards`` returns: ``'grp'`` (``calc_delta_pt``) or ``'points'``
-            (``calc_points_reward``).
-
-    Raises ValueError: no GRP for the ``'grp'`` reward, an unknown ``reward``, pts without 4 entries.
-    """
+    """Kyoku rewards for one seat of one game: ``grp`` (float64 GRP, eval mode on ``device``; None with
+    ``reward='points'``), ``pts`` by final rank (default ``[3, 1, -1, -3]``, Mortal's), ``uniform_init`` (a uniform
+    E1 prediction, Mortal's option), ``reward``: ``'grp'`` (``calc_delta_pt``) or ``'points'``. ValueError for a
+    missing GRP, an unknown reward or pts without 4 entries."""
 
     def __init__(self, grp=None, pts=None, device="cpu", *, uniform_init: bool = False, reward: str = "grp"):
         if reward not in REWARDS:
@@ -150,11 +123,8 @@ class RewardCalculator:
         kyotaku, s0, s1, s2, s3])`` (the hanchan goes on, scores absolute in seat order) or ``('final', [s0, s1, s2,
         s3])`` (final scores after leftover deposits), as ``mortal.play.arena`` writes them.
 
-        ``'grp'``: V(real) = E[pts] of the GRP rank distribution before kyoku k+1 (the actual final rank after the
-        last kyoku), as ``calc_rank_prob``; V(branch next) = E[pts] of the GRP over the real rows 0..k plus the
-        branch's next row (built as ``mortal.data.grp``: ``[kyoku_index, honba, kyotaku, s/1e4...]``); V(branch
-        final) = pts[rank of the player by the final scores, ties to the lower seat]. ``'points'``: (the player's
-        branch score - its real score after kyoku k) * ``points_scale(pts)``.
+        ``'grp'``: V = E[pts] of the GRP over the real rows 0..k plus the next row (real or branch), or pts[rank]
+        by final scores; ``'points'``: (branch score - real score after kyoku k) * ``points_scale(pts)``.
         """
         from mortal.data.grp import rank_by_player as ranks_of
 

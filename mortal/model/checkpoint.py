@@ -1,16 +1,11 @@
 """Checkpoint files: loading, rebuilding the models, state-dict checks, atomic saves, and their one error type.
 
-* ``load_checkpoint``: ``torch.load(..., weights_only=True)`` (no code from the file runs); a file that cannot
-  be loaded raises ``CheckpointError`` naming it, in one line.
-* A Mortal-layout checkpoint holds ``mortal`` (Brain state dict), ``current_dqn`` (DQN state dict) and ``config``
-  (at least ``[control] version`` and ``[resnet] conv_channels``/``num_blocks``); ``load_model_pair`` rebuilds
-  ``(brain, dqn, version)`` from it, ``read_baseline`` gives its state dicts and architecture.
-* ``state_dict_mismatches`` compares a state dict with a model's; ``check_loadable``, ``check_fits_config`` and
-  ``describe_mismatches`` word its result for the client, the trainer and the doctor.
-* The learner's checkpoint holds Mortal's ``CHECKPOINT_KEYS``.
-* ``atomic_torch_save`` writes through ``mortal.util.fsutil.atomic_write`` (temporary name, fsync, rename); file
-  copies and bytes go through ``mortal.util.fsutil.atomic_copy`` / ``atomic_write_bytes`` (no torch there, for the
-  server's side).
+``load_checkpoint`` reads with ``weights_only=True`` (``CheckpointError`` naming the file otherwise). A
+Mortal-layout checkpoint holds ``mortal``, ``current_dqn`` and ``config`` (``[control] version``, ``[resnet]``):
+``load_model_pair`` rebuilds ``(brain, dqn, version)``, ``read_baseline`` gives its state dicts and architecture.
+``state_dict_mismatches`` compares a state dict with a model's (worded by ``check_loadable``,
+``check_fits_config``, ``describe_mismatches``). The learner's checkpoint holds ``CHECKPOINT_KEYS``.
+``atomic_torch_save``: temporary name, fsync, rename.
 """
 
 from __future__ import annotations
@@ -76,16 +71,8 @@ def _not_weights_only(exc: pickle.UnpicklingError) -> str:
 
 
 def load_checkpoint(path, *, map_location='cpu'):
-    """``torch.load(path, map_location=map_location, weights_only=True)``: tensors, numbers, strings and plain
-    containers only, so that no code from the file runs.
-
-    Returns what was saved (a dict for every file this project writes), tensors on ``map_location``.
-
-    Raises:
-        FileNotFoundError: no such file (callers tell a missing file from a bad one).
-        CheckpointError: anything else (refused objects, a damaged or foreign file); ``__cause__`` is torch's
-            exception.
-    """
+    """``torch.load(path, map_location=..., weights_only=True)``: no code from the file runs. Raises
+    FileNotFoundError, or ``CheckpointError`` (``__cause__``: torch's) for refused objects or a damaged file."""
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
@@ -133,13 +120,8 @@ def describe_arch(cfg) -> str:
 
 
 def models_from_state(state, source) -> tuple:
-    """``(brain, dqn, version)`` in eval mode on the CPU from a loaded Mortal-layout checkpoint: the architecture
-    from its own ``config`` (as Mortal's player), the weights from ``mortal``/``current_dqn``.
-
-    Raises:
-        CheckpointError: an entry or a config key is missing, or the weights do not fit that config (torch's
-            report, on one line).
-    """
+    """``(brain, dqn, version)`` in eval mode on the CPU from a loaded Mortal-layout checkpoint, built from its own
+    ``config`` (as Mortal's player). ``CheckpointError`` for a missing entry or key, or weights that do not fit."""
     from mortal.model.networks import Brain, DQN  # here: loading a file needs no model (nor its Rust extension)
 
     require_entries(state, MORTAL_ENTRIES, source)
@@ -156,13 +138,7 @@ def models_from_state(state, source) -> tuple:
 
 
 def load_model_pair(state_file) -> tuple:
-    """``(brain, dqn, version)`` in eval mode on the CPU from the Mortal-layout checkpoint ``state_file``
-    (``load_checkpoint`` + ``models_from_state``).
-
-    Raises:
-        FileNotFoundError: no such file.
-        CheckpointError: not loadable, or lacking what the models need, or weights that do not fit its config.
-    """
+    """``models_from_state(load_checkpoint(state_file))``; FileNotFoundError, ``CheckpointError``."""
     return models_from_state(load_checkpoint(state_file), state_file)
 
 
@@ -177,14 +153,8 @@ def load_frozen_pair(state_file, version: int, device, role: str) -> tuple:
 
 
 def read_baseline(path) -> tuple:
-    """``(mortal, dqn, arch)`` of a Mortal-layout checkpoint: its two state dicts (str -> Tensor, on the CPU) and
-    ``arch`` (``wire.BASELINE_ARCH``: ``version``, ``conv_channels``, ``num_blocks`` from its ``config``, within
-    the wire's bounds), without building the models.
-
-    Raises:
-        FileNotFoundError: no such file.
-        CheckpointError: not loadable, an entry missing, or an architecture out of bounds.
-    """
+    """``(mortal, dqn, arch)`` of a Mortal-layout checkpoint: its CPU state dicts and ``arch``
+    (``wire.BASELINE_ARCH``, bounded), no models built. FileNotFoundError, ``CheckpointError``."""
     state = require_entries(load_checkpoint(path), MORTAL_ENTRIES, path)
     arch = arch_of(state, path)
     try:
@@ -255,26 +225,16 @@ def _in_words(m: Mismatch, words: dict, shape=tuple, **names) -> str:
 
 
 def check_loadable(module: torch.nn.Module, state_dict, what: str) -> None:
-    """Check that ``state_dict`` has exactly the keys and shapes of ``module.state_dict()``, so that
-    ``load_state_dict`` can neither fail nor half-load (weights from the server).
-
-    Raises:
-        CheckpointError: ``"<what>: key 'k' is missing (expected shape [..])"``, ``"... has shape [..], expected
-            [..]"`` or ``"<what>: unexpected key 'k'"``, for the first difference.
-    """
+    """``CheckpointError`` naming the first key or shape where ``state_dict`` differs from ``module``'s, so that
+    ``load_state_dict`` can neither fail nor half-load (weights from the server)."""
     problems = state_dict_mismatches(module.state_dict(), state_dict)
     if problems:
         raise CheckpointError(what, _in_words(problems[0], _LOADABLE_WORDS, list))
 
 
 def check_fits_config(model: torch.nn.Module, state_dict, *, entry: str, source, ckpt_cfg, cfg) -> None:
-    """Check that the checkpoint entry ``entry`` (``state_dict``) fits ``model``, built from ``cfg``'s (the typed
-    config, ``mortal.config.typed``) ``[control] version`` and ``[resnet]``; ``ckpt_cfg`` is the checkpoint's own
-    plain ``config`` (may be None).
-
-    Raises:
-        CheckpointError: names the first differing tensor with both shapes and both architectures.
-    """
+    """``CheckpointError`` naming the first tensor of checkpoint ``entry`` that does not fit ``model`` (built from
+    the typed ``cfg``), with both shapes and both architectures (``ckpt_cfg``: the checkpoint's, may be None)."""
     problems = state_dict_mismatches(model.state_dict(), state_dict)
     if not problems:
         return

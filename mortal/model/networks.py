@@ -57,11 +57,8 @@ def _conv3(c_in: int, c_out: int, bias: bool = False) -> nn.Conv1d:
 
 
 class ChannelAttention(nn.Module):
-    """Squeeze-and-excitation over channels using both mean- and max-pooling.
-
-    ``x`` (N, C, 34) -> same shape, each channel scaled by a gate in (0, 1).
-    The two pooled vectors go through one shared 2-layer MLP (C -> C//ratio -> C).
-    """
+    """Squeeze-and-excitation over channels: ``x`` (N, C, 34) -> same, each channel scaled by a gate in (0, 1)
+    from its mean- and max-pooled values through one shared MLP (C -> C//ratio -> C)."""
 
     def __init__(self, channels: int, version: int, ratio: int = 16):
         super().__init__()
@@ -82,12 +79,8 @@ class ChannelAttention(nn.Module):
 
 
 class ResBlock(nn.Module):
-    """Two 3-wide convolutions + channel attention with an identity skip.
-
-    Version 1 is post-activation (conv-BN-act-conv-BN, add, act); versions 2-4
-    are pre-activation (BN-act-conv-BN-act-conv, add).
-    ``x`` (N, C, 34) float -> (N, C, 34).
-    """
+    """Two 3-wide convolutions + channel attention with an identity skip, ``x`` (N, C, 34) -> (N, C, 34): version 1
+    post-activation, 2-4 pre-activation."""
 
     def __init__(self, channels: int, version: int):
         super().__init__()
@@ -145,23 +138,12 @@ class ResNet(nn.Module):
 
 
 class Brain(nn.Module):
-    """Observation encoder (Mortal's ``Brain``).
+    """Observation encoder (Mortal's ``Brain``): ``conv_channels`` (>= 16) x ``num_blocks``, ``is_oracle`` (the
+    oracle obs concatenated on channels), ``version`` 1-4.
 
-    Args:
-        conv_channels: width of the residual tower (>= 16, channel attention divides by 16).
-        num_blocks: number of residual blocks.
-        is_oracle: if True the input also takes the oracle obs, concatenated on channels.
-        version: feature/model version 1-4 (see the module table).
-
-    ``forward(obs, invisible_obs=None)``:
-        obs ``(N, obs_shape(version)[0], 34)`` float32; invisible_obs
-        ``(N, oracle_obs_shape(version)[0], 34)`` float32, required iff ``is_oracle``.
-        Returns ``phi`` ``(N, 1024)`` after a final Mish for versions 2-4; for version 1
-        returns ``(mu, logsig)``, each ``(N, 512)``, the latent Gaussian's mean and log-sigma.
-
-    ``freeze_bn(True)`` keeps every BatchNorm in eval mode (normalise with, and never
-    update, the running statistics) even after ``.train()``; their weight/bias still
-    receive gradients.
+    ``forward(obs (N, obs_shape(version)[0], 34) float32, invisible_obs=None (its oracle twin, iff is_oracle))``
+    -> ``phi`` ``(N, 1024)`` (versions 2-4, after a Mish) or ``(mu, logsig)`` ``(N, 512)`` each (version 1).
+    ``freeze_bn(True)`` keeps every BatchNorm on its running statistics even after ``.train()`` (still trained).
     """
 
     def __init__(self, *, conv_channels: int, num_blocks: int, is_oracle: bool = False, version: int = 1):
@@ -235,16 +217,9 @@ def _mlp_head(hidden: int, out: int) -> nn.Sequential:
 
 
 class DQN(nn.Module):
-    """Dueling Q head: ``q = v + a - mean_legal(a)``, illegal actions set to ``-inf``.
-
-    Input width per version: v1 512 (the Brain's ``mu``), v2-v4 1024 (``phi``).
-    v1: Linear heads; v2/v3: Linear-Mish-Linear heads (hidden 512 / 256);
-    v4: one Linear to ``1 + 46`` (value first), bias initialised to 0.
-
-    ``forward(phi (N, D) float, mask (N, 46) bool) -> q (N, 46)`` in phi's dtype.
-    The advantage mean runs over legal actions only. A row without any legal
-    action comes out all ``-inf``.
-    """
+    """Dueling Q head ``forward(phi (N, D), mask (N, 46) bool) -> q (N, 46)`` in phi's dtype: ``v + a -
+    mean_legal(a)``, illegal actions ``-inf`` (a row without any: all ``-inf``). D: 512 at v1, else 1024; v1 Linear
+    heads, v2/v3 Linear-Mish-Linear (hidden 512 / 256), v4 one Linear to ``1 + 46`` (value first, bias 0)."""
 
     def __init__(self, *, version: int = 1):
         super().__init__()
@@ -272,16 +247,9 @@ class DQN(nn.Module):
 
 
 class GRP(nn.Module):
-    """Global Reward Predictor: distribution over final rank orders from kyoku history.
-
-    Each game prefix is a sequence of per-kyoku rows of ``GRP_SIZE`` = 7 features
-    ``[grand_kyoku, honba, kyotaku, s0, s1, s2, s3]`` (scores in units of 10000,
-    seat 0 first; grand_kyoku E1=0 ... S4=7, W4=11), float64. A GRU reads the
-    rows; the final hidden states of all layers, concatenated, feed an MLP giving
-    logits over the 24 permutations of ranks in ``itertools.permutations(range(4))``
-    order, read as ``rank_by_player`` (entry p = rank of seat p, 0 = first).
-    All parameters are float64.
-    """
+    """Global Reward Predictor (float64): a GRU over a game prefix's kyoku rows of ``GRP_SIZE`` = 7 features
+    ``[grand_kyoku (E1=0 ... W4=11), honba, kyotaku, s0..s3 / 10000]``, all layers' last hidden states into an MLP
+    -> logits over the 24 ``rank_by_player`` permutations (``itertools.permutations(range(4))`` order)."""
 
     def __init__(self, hidden_size: int = 64, num_layers: int = 2):
         super().__init__()
@@ -311,20 +279,14 @@ class GRP(nn.Module):
         return self.fc(h_n.transpose(0, 1).flatten(1))
 
     def calc_matrix(self, logits: Tensor) -> Tensor:
-        """``logits (N, 24)`` -> ``(N, 4, 4)``: entry [n, p, r] = P(seat p finishes at rank r).
-
-        Each row and each column of a matrix sums to 1.
-        """
+        """``logits (N, 24)`` -> ``(N, 4, 4)``: [n, p, r] = P(seat p finishes at rank r) (rows, columns sum to 1)."""
         probs = logits.softmax(dim=-1)
         # one_hot[k, p, r] = 1 iff permutation k puts seat p at rank r.
         one_hot = F.one_hot(self.perms, 4).to(probs.dtype)
         return torch.einsum("nk,kpr->npr", probs, one_hot)
 
     def get_label(self, rank_by_player: Tensor) -> Tensor:
-        """``rank_by_player (N, 4)`` integer (0 = first) -> permutation index ``(N,)`` int64.
-
-        Raises ValueError if a row is not a permutation of 0-3.
-        """
+        """``rank_by_player (N, 4)`` integer (0 = first) -> permutation index ``(N,)`` int64; ValueError otherwise."""
         ranks = rank_by_player.to(device=self.perms.device, dtype=torch.int64)
         if ranks.dim() != 2 or ranks.shape[1] != 4:
             raise ValueError(f"rank_by_player must be (N, 4), got {tuple(ranks.shape)}")

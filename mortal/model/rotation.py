@@ -20,14 +20,8 @@ logger = logging.getLogger('mortal.rotation')  # the name before the package spl
 
 
 def check_source(path: str) -> None:
-    """Check that ``path`` is a loadable Mortal-layout checkpoint (``mortal``, ``current_dqn`` and ``config``
-    entries, loaded with ``weights_only=True``).
-
-    Raises:
-        FileNotFoundError: no such file.
-        mortal.model.checkpoint.CheckpointError (a ValueError): not loadable, or lacking an entry (the message names
-            ``path``).
-    """
+    """Check that ``path`` is a loadable Mortal-layout checkpoint (``mortal``, ``current_dqn``, ``config``).
+    Raises FileNotFoundError, or ``CheckpointError`` (a ValueError) naming ``path``."""
     require_entries(load_checkpoint(path), MORTAL_ENTRIES, path)
 
 

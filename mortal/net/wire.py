@@ -1,42 +1,24 @@
-"""Wire protocol between server, clients and trainer (safe replacement of Mortal's torch.save framing).
+"""Wire protocol between server, clients and trainer (Mortal's torch.save framing, made safe).
 
-Mortal (``mortal/common.py``) sends a u64 LE length followed by a ``torch.save`` pickle and reads it back with
-``torch.load(weights_only=False)``: any peer that can reach the port can run code. This module keeps the message
-set and the one-request-per-connection pattern but changes the encoding:
+Mortal sends a u64 length and a ``torch.save`` pickle that the peer ``torch.load``s: any peer can run code. This keeps
+the message set and one request per connection, framed as (docs/operations.md, "Bad input on the network"):
 
-    frame   = header | payload
-    header  = MAGIC (4 bytes b'MJRL') | protocol version (u16 LE) | payload length (u64 LE)
-              | SHA-256 of the payload (32 bytes) | MAC (32 bytes)
-    MAC     = HMAC-SHA256(key = token as UTF-8, or empty without a token, message = the 46 header bytes before it)
-    payload = one msgpack map (no ext types are interpreted; nothing executes on decode)
+    frame  = MAGIC b'MJRL' | protocol version u16 LE | payload length u64 LE | SHA-256 of the payload
+             | HMAC-SHA256 (key: the token as UTF-8, or empty) of those 46 bytes | payload: one msgpack map
     state dicts travel as ``safetensors`` bytes inside the map (``pack_state_dict`` / ``unpack_state_dict``)
 
-The MAC lets a server with a token refuse a peer after reading 78 header bytes, before it reads (and holds) any
-payload; the token itself never travels. The digest then binds the payload to the authenticated header. Replies
-are framed the same way (signed with the server's token) but peers do not check their MAC.
-
-Requests (client/trainer -> server):
+A server with a token refuses a peer after its 78 header bytes; the token never travels. Requests:
     {'type': 'get_param', 'param_version': int, 'server_id': str|None}
     {'type': 'submit_replay', 'logs': {name: gz bytes}, 'param_version': int, 'server_id': str|None}
     {'type': 'submit_param', 'mortal': bytes, 'dqn': bytes, 'is_idle': bool, 'arch_change': bool (optional),
-     'steps': int, 'epsilon_factor': float, 'temp_factor': float, 'baseline_version': int (optional, all four;
-     handed to clients in get_param's 'ok' reply), 'learner': str (optional: the learner's run, printable
-     characters only; refused 'another learner is live' while another run's learner, or any learner when this
-     field is absent, submitted within the server's liveness window)}
+     'steps', 'epsilon_factor', 'temp_factor', 'baseline_version' (optional play settings, handed to clients),
+     'learner': str (optional: the learner's run; another live run's is refused 'another learner is live')}
     {'type': 'drain'}
-    {'type': 'submit_baseline', 'mortal': bytes, 'dqn': bytes, 'arch': {'version': int, 'conv_channels': int,
-     'num_blocks': int}, 'baseline_version': int, 'baseline_digest': str}   (the trainer's [baseline.train])
-    {'type': 'get_baseline'}   (a client without that baseline; get_param's 'ok' reply names its digest)
-Replies (server -> peer) always carry ``status``: 'ok', 'samples overflow', 'empty param', 'trainer is busy',
-'empty baseline' (get_baseline before the trainer submitted one), 'another learner is live' (submit_param;
-``reason`` names the live one),
-'unauthorized', 'bad request' (retrying cannot help; ``reason`` says why) or 'error' (the server could not do it,
-e.g. an unwritable ``buffer_dir``; ``reason`` says why; retrying may help). See ``mortal/server.py`` for the
-fields of each 'ok' reply.
-
-Any violation (bad magic, other protocol version, frame above the size limit, truncated frame, payload that does
-not match its digest, undecodable payload, payload that is not a map with a string ``type``) raises
-``ProtocolError``; the server logs the reason and closes that connection only.
+    {'type': 'submit_baseline', 'mortal': bytes, 'dqn': bytes, 'arch': {'version', 'conv_channels', 'num_blocks'},
+     'baseline_version': int, 'baseline_digest': str}   (the trainer's [baseline.train])
+    {'type': 'get_baseline'}
+Replies carry ``status`` (``STATUS_*``; 'bad request' and 'error' with a ``reason``); their fields:
+``mortal/server.py``. A frame that breaks the protocol raises ``ProtocolError`` and closes that connection only.
 """
 
 import hashlib
@@ -53,6 +35,7 @@ from typing import Any, Callable, Optional
 import msgpack
 
 from mortal.config_schema import DEFAULT_MAX_FRAME_BYTES, SUPPORTED_VERSIONS
+from mortal.net.msgpack_bounds import check_shape, request_limits
 
 logger = logging.getLogger('mortal.wire')  # the name before the package split (log format)
 
@@ -64,12 +47,11 @@ HEADER_SIZE = PREFIX.size + REST.size  # 78 bytes
 MAC_SIZE = 32
 DEFAULT_MAX_FRAME_SIZE = DEFAULT_MAX_FRAME_BYTES  # largest frame, bytes: [online.server] max_frame_bytes default
 DEFAULT_TIMEOUT = 300.0  # seconds of silence on a socket before giving up on the peer
-# Seconds a server waits for a whole header: a peer cannot hold an unauthenticated slot byte by byte. A real peer
-# sends its 78 bytes right after connecting, so they arrive within a round trip or two.
-HEADER_TIMEOUT = 5.0
+HEADER_TIMEOUT = 5.0  # seconds for a whole header: no unauthenticated slot held byte by byte (a real peer: 1 RTT)
 RECV_CHUNK = 1 << 20
 WHOLE_AT_ONCE = 256 * 1024  # a payload up to this size is taken from the server's budget at once, not as it comes
 RETRY_INTERVAL = 3.0  # seconds, as Mortal's client loop
+PIECE_BYTES = 1 << 16  # byte strings from this size travel as their own piece (``encode_pieces``), packed as bin32
 
 REQUEST_TYPES = ('get_param', 'submit_replay', 'submit_param', 'drain', 'submit_baseline', 'get_baseline')
 # Status strings are Mortal's where Mortal has them.
@@ -84,8 +66,7 @@ STATUS_ERROR = 'error'
 STATUS_OTHER_LEARNER = 'another learner is live'  # submit_param of a second learner (mortal.net.replay_store)
 
 
-# submit_param's optional play settings (mortal.train.Trainer.play_settings), handed to clients by get_param,
-# and their defaults (Mortal's behaviour).
+# submit_param's optional play settings, handed to clients by get_param; the defaults are Mortal's behaviour.
 DEFAULT_PLAY_SETTINGS = {'steps': -1, 'epsilon_factor': 1.0, 'temp_factor': 1.0, 'baseline_version': 0}
 MAX_FACTOR = 1e6  # a factor beyond this is a bug of the sender, not a schedule
 MIN_TEMP_FACTOR = 1e-6  # below this a Boltzmann softmax over Q overflows in float32
@@ -93,8 +74,7 @@ MIN_TEMP_FACTOR = 1e-6  # below this a Boltzmann softmax over Q overflows in flo
 
 def check_play_settings(msg: dict) -> dict:
     """The play settings of a submit_param request or a get_param reply, defaults for absent ones. Raises
-    ValueError naming the field for a wrong type (bools are not numbers), a non-finite or out-of-range factor
-    (epsilon_factor in [0, 1e6], temp_factor in [1e-6, 1e6]) or a negative baseline_version."""
+    ValueError naming a field of the wrong type or range (factors finite, within [low, 1e6])."""
     import math
     out = {}
     for key in ('steps', 'baseline_version'):
@@ -116,11 +96,9 @@ def check_play_settings(msg: dict) -> dict:
     return out
 
 
-# A baseline's architecture as it travels (submit_baseline, get_baseline): the checkpoint config entries that
-# mortal.model.checkpoint.load_model_pair reads, with their bounds.
+# A baseline's architecture as it travels: the checkpoint config entries load_model_pair reads, with their bounds.
 BASELINE_ARCH = {'version': (min(SUPPORTED_VERSIONS), max(SUPPORTED_VERSIONS)), 'conv_channels': (1, 4096),
                  'num_blocks': (1, 1024)}
-_HEX = frozenset('0123456789abcdef')
 
 
 def check_baseline_arch(arch) -> dict:
@@ -139,15 +117,14 @@ def check_baseline_arch(arch) -> dict:
 
 def check_digest(digest) -> str:
     """A ``baseline_digest``: 64 lowercase hex characters (SHA-256). Raises ValueError otherwise."""
-    if not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= _HEX:
+    if not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= set('0123456789abcdef'):
         raise ValueError(f"field 'baseline_digest' must be 64 lowercase hex characters, got {digest!r}")
     return digest
 
 
 def baseline_digest(mortal: dict, dqn: dict) -> str:
-    """SHA-256 (hex) of a baseline's weights: for ``mortal`` then ``dqn`` (state dicts, str -> Tensor), each key
-    in sorted order with its dtype, shape and bytes. It depends on the values only, not on how they were stored
-    (a checkpoint file, safetensors), so a client compares its own file with the trainer's baseline by it."""
+    """SHA-256 (hex) of a baseline's weights (``mortal`` then ``dqn`` state dicts, each key sorted, with dtype, shape
+    and bytes): the values only, however stored, so a client compares its own file with the trainer's by it."""
     import torch
     h = hashlib.sha256()
     for part, state in (('mortal', mortal), ('dqn', dqn)):
@@ -163,12 +140,11 @@ class ProtocolError(Exception):
 
 
 class PeerClosed(ProtocolError):
-    """The peer closed the connection before sending any byte of a frame (not an error by itself)."""
+    """The peer closed the connection before any byte of a frame (not an error by itself)."""
 
 
 class FrameTooLarge(ProtocolError):
-    """A well-formed header whose payload length exceeds the receiver's limit; ``header`` is the decoded header
-    (so that a server can check its MAC and tell an authentic sender why, instead of just closing)."""
+    """A payload length above the receiver's limit; ``header``: decoded, so a server can tell an authentic sender."""
 
     def __init__(self, message: str, header: 'FrameHeader', limit: int):
         super().__init__(message)
@@ -177,20 +153,19 @@ class FrameTooLarge(ProtocolError):
 
 
 class RequestRefused(Exception):
-    """The server answered with a non-'ok' status that the caller cannot wait out (e.g. 'unauthorized')."""
+    """A status the caller cannot wait out (e.g. 'unauthorized')."""
 
 
 @dataclass(frozen=True)
 class FrameHeader:
-    """A decoded frame header: ``length`` (payload bytes), ``digest`` (SHA-256 of the payload), ``mac``, and
-    ``signed`` (the 46 bytes the MAC covers)."""
+    """A decoded frame header: ``length`` (payload bytes), ``digest``, ``mac``, ``signed`` (what the MAC covers)."""
     length: int
     digest: bytes
     mac: bytes
     signed: bytes
 
     def authentic(self, token: Optional[str]) -> bool:
-        """Constant-time check of the MAC against ``token``; True for any header when no token is configured."""
+        """Constant-time MAC check against ``token``; True without a token."""
         if not token:
             return True
         return hmac.compare_digest(self.mac, _mac(token, self.signed))
@@ -202,22 +177,21 @@ def _mac(token: Optional[str], signed: bytes) -> bytes:
 
 def encode_header(payload: bytes, token: Optional[str] = None) -> bytes:
     """The 78-byte header of ``payload``, signed with ``token`` (an empty key when None)."""
-    signed = PREFIX.pack(MAGIC, PROTOCOL_VERSION) + struct.pack('<Q32s', len(payload), hashlib.sha256(payload).digest())
+    return _signed_header(len(payload), hashlib.sha256(payload).digest(), token)
+
+
+def _signed_header(length: int, digest: bytes, token: Optional[str]) -> bytes:
+    signed = PREFIX.pack(MAGIC, PROTOCOL_VERSION) + struct.pack('<Q32s', length, digest)
     return signed + _mac(token, signed)
 
 
 def encode_frame(msg: dict, token: Optional[str] = None) -> bytes:
-    """Serialize ``msg`` (a dict of msgpack-able values: None/bool/int/float/str/bytes/list/dict) to one frame
-    whose header is signed with ``token``.
-
-    Raises TypeError for values msgpack cannot encode (e.g. a tensor: use ``pack_state_dict``).
-    """
+    """``msg`` (msgpack-able values; a tensor raises TypeError) as one frame signed with ``token``."""
     payload = msgpack.packb(msg, use_bin_type=True)
     return encode_header(payload, token) + payload
 
 
 def decode_prefix(prefix: bytes) -> None:
-    """Check the first 6 header bytes (magic, protocol version); ProtocolError when invalid."""
     magic, version = PREFIX.unpack(prefix)
     if magic != MAGIC:
         raise ProtocolError(f'bad magic {magic!r} (expected {MAGIC!r}): not a frame of this protocol')
@@ -226,9 +200,8 @@ def decode_prefix(prefix: bytes) -> None:
 
 
 def decode_header(header: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> FrameHeader:
-    """Check a 78-byte frame header (magic, version, length <= ``max_frame_size`` bytes) and return it decoded;
-    ProtocolError when invalid (FrameTooLarge for a length above the limit). The MAC is not checked here
-    (``FrameHeader.authentic``)."""
+    """Check a 78-byte frame header (magic, version, length <= ``max_frame_size``; not the MAC) and decode it;
+    ProtocolError when invalid (FrameTooLarge above the limit)."""
     decode_prefix(header[:PREFIX.size])
     length, digest, mac = REST.unpack(header[PREFIX.size:])
     decoded = FrameHeader(length, digest, mac, header[:-MAC_SIZE])
@@ -238,85 +211,14 @@ def decode_header(header: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -
     return decoded
 
 
-# What a request may contain, checked before it is decoded (``request_limits``). Decoding builds one Python object
-# per msgpack object, and the smallest of those (an empty list or map: 1 byte) costs about 70 bytes, so a payload of
-# tiny objects would cost 70 times its size. A request is a map of scalars, byte strings and small maps (logs,
-# arch): a few objects, or one name and one log (hundreds of bytes at least) per submitted log.
-REQUEST_MIN_OBJECTS = 1024  # objects any request may hold, however short
-REQUEST_BYTES_PER_OBJECT = 256  # beyond them, at least this many payload bytes per object
-REQUEST_MAX_DEPTH = 4  # nesting: the request map, the logs map, its entries (and one more level of slack)
-_FIXED_SIZES = {0xc0: 0, 0xc2: 0, 0xc3: 0, 0xca: 4, 0xcb: 8, 0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8, 0xd0: 1, 0xd1: 2,
-                0xd2: 4, 0xd3: 8, 0xd4: 2, 0xd5: 3, 0xd6: 5, 0xd7: 9, 0xd8: 17}  # bytes after the type byte
-_LENGTH_PREFIXED = {0xc4: 1, 0xc5: 2, 0xc6: 4, 0xd9: 1, 0xda: 2, 0xdb: 4,  # bin, str: size of the length
-                    0xc7: 1, 0xc8: 2, 0xc9: 4}  # ext: length, then a type byte
-_CONTAINERS = {0xdc: (2, 1), 0xdd: (4, 1), 0xde: (2, 2), 0xdf: (4, 2)}  # array/map 16/32: length size, items each
-
-
-def request_limits(length: int) -> tuple:
-    """``(max_objects, max_depth)`` for a request payload of ``length`` bytes (``check_shape``): at least
-    ``REQUEST_MIN_OBJECTS`` objects, one more per ``REQUEST_BYTES_PER_OBJECT`` bytes, so decoding it costs at most
-    about ``length`` bytes plus 70 bytes per object: under 1.3 x ``length`` + 72 KiB."""
-    return REQUEST_MIN_OBJECTS + length // REQUEST_BYTES_PER_OBJECT, REQUEST_MAX_DEPTH
-
-
-def check_shape(payload, max_objects: int, max_depth: int) -> int:
-    """Walk the msgpack objects of ``payload`` (bytes-like) without building them and return how many there are.
-
-    Raises ProtocolError when there are more than ``max_objects`` (counting every object: containers, their
-    items, map keys) or containers nest deeper than ``max_depth``, naming the limit. A malformed payload is
-    left to the decoder, which reports it. It costs one step per object, and strings and byte strings are
-    skipped over, so a request of a few large fields is checked at once."""
-    data = memoryview(payload)
-    size = len(data)
-    pos = objects = 0
-    pending = [1]  # objects still due at each open nesting level
-    while pending:
-        if not pending[-1]:
-            pending.pop()
-            continue
-        pending[-1] -= 1
-        if pos >= size:
-            return objects  # truncated: the decoder says so
-        objects += 1
-        if objects > max_objects:
-            raise ProtocolError(f'payload holds more than {max_objects} msgpack objects, the most a request of '
-                                f'{size} bytes may hold (a decoding bomb?)')
-        kind = data[pos]
-        pos += 1
-        if kind <= 0x7f or kind >= 0xe0:
-            continue  # fixint
-        if kind <= 0x9f:  # fixmap, fixarray
-            items = (kind & 0x0f) * 2 if kind <= 0x8f else kind & 0x0f
-        elif kind <= 0xbf:  # fixstr
-            pos += kind & 0x1f
-            continue
-        elif kind in _FIXED_SIZES:
-            pos += _FIXED_SIZES[kind]
-            continue
-        elif kind in _LENGTH_PREFIXED:
-            width = _LENGTH_PREFIXED[kind]
-            pos += width + int.from_bytes(data[pos:pos + width], 'big') + (kind in (0xc7, 0xc8, 0xc9))
-            continue
-        elif kind in _CONTAINERS:
-            width, each = _CONTAINERS[kind]
-            items = int.from_bytes(data[pos:pos + width], 'big') * each
-            pos += width
-        else:
-            return objects  # 0xc1 (never used): the decoder says so
-        if items:
-            if len(pending) >= max_depth:
-                raise ProtocolError(f'payload nests msgpack containers deeper than {max_depth} levels')
-            pending.append(items)
-    return objects
-
-
 def decode_payload(payload: bytes, limits: Optional[tuple] = None) -> dict:
     """Decode a msgpack payload into a dict with a string ``type`` or ``status``; ProtocolError otherwise.
-
-    ``limits``: ``(max_objects, max_depth)`` checked by ``check_shape`` before anything is built (a server
-    decoding a request: ``request_limits``); None for none (a peer decoding the server's reply)."""
+    ``limits``: ``(max_objects, max_depth)`` checked before anything is built (a request), or None (a reply)."""
     if limits is not None:
-        check_shape(payload, *limits)
+        try:
+            check_shape(payload, *limits)
+        except ValueError as ex:
+            raise ProtocolError(str(ex)) from None
     try:
         # strict_map_key: only str/bytes keys; ext types stay inert ExtType objects, never code.
         msg = msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True)
@@ -330,13 +232,11 @@ def decode_payload(payload: bytes, limits: Optional[tuple] = None) -> dict:
 
 
 def _recv_exact(sock: socket.socket, size: int, *, what: str, allow_clean_eof: bool = False,
-                deadline: Optional[float] = None, into: Optional[bytearray] = None, hasher=None,
-                shown: Optional[tuple] = None) -> bytes:
-    # Memory grows with the bytes that actually arrive, not with the length a peer claims in its header.
-    # deadline (time.monotonic()): the whole read must end by then, however slowly the bytes trickle in.
-    # shown: (offset, total) of this read within the part named in errors (the header is read in two reads).
+                deadline: Optional[float] = None, shown: Optional[tuple] = None) -> bytearray:
+    # Memory grows with the bytes that arrive, not the length claimed. deadline (time.monotonic()): the whole read
+    # ends by then. shown: (offset, total) of this read within the part named in errors.
     offset, total = shown or (0, size)
-    buf = bytearray() if into is None else into
+    buf = bytearray()
     got = 0
     timeout = sock.gettimeout()
     try:
@@ -360,62 +260,34 @@ def _recv_exact(sock: socket.socket, size: int, *, what: str, allow_clean_eof: b
                 raise ProtocolError(f'truncated frame: connection closed after {offset + got} of {total} {what} '
                                     'bytes')
             buf += chunk
-            if hasher is not None:
-                hasher.update(chunk)
             got += len(chunk)
     finally:
         if deadline is not None:
             sock.settimeout(timeout)
-    return bytes(buf) if into is None else buf
+    return buf
 
 
 def recv_header(sock: socket.socket, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, *,
                 deadline: Optional[float] = None) -> FrameHeader:
-    """Read and check one frame header (magic and version first, then the rest); the MAC is left to the caller.
-
-    Raises PeerClosed (closed before the first byte), ProtocolError (bad header, truncated, or not complete by
-    ``deadline``, a ``time.monotonic()`` value), socket.timeout/OSError from the socket.
-    """
+    """Read and check one frame header (magic and version first); the MAC is left to the caller. Raises PeerClosed
+    (closed before the first byte), ProtocolError (bad, truncated, not whole by ``deadline``), OSError."""
     prefix = _recv_exact(sock, PREFIX.size, what='header', allow_clean_eof=True, deadline=deadline,
                          shown=(0, HEADER_SIZE))
     decode_prefix(prefix)
     rest = _recv_exact(sock, REST.size, what='header', deadline=deadline, shown=(PREFIX.size, HEADER_SIZE))
-    return decode_header(prefix + rest, max_frame_size)
-
-
-def recv_payload(sock: socket.socket, header: FrameHeader, *, deadline: Optional[float] = None) -> dict:
-    """Read the payload announced by ``header``, check its digest and decode it (``decode_payload``).
-
-    ``deadline`` (a ``time.monotonic()`` value): the whole payload must have arrived by then, however slowly
-    its bytes trickle in (None: only the socket's per-recv timeout applies).
-    Raises ProtocolError (truncated, not complete by ``deadline``, digest mismatch, undecodable),
-    socket.timeout/OSError from the socket.
-    """
-    hasher = hashlib.sha256()
-    payload = _recv_exact(sock, header.length, what='payload', into=bytearray(), hasher=hasher,
-                          deadline=deadline)
-    if not hmac.compare_digest(hasher.digest(), header.digest):
-        raise ProtocolError('payload does not match the SHA-256 digest in its header (corrupted in transit?)')
-    return decode_payload(payload)
+    return decode_header(bytes(prefix + rest), max_frame_size)
 
 
 def recv_payload_paced(sock: socket.socket, header: FrameHeader, *, min_rate: int, window: float,
                        take: Callable[[int], Any], give: Callable[[int], Any]) -> dict:
-    """Read the payload announced by ``header`` as ``recv_payload`` does, holding memory only for bytes that came.
+    """Read and decode the request payload announced by ``header`` (bounded by ``request_limits``).
 
-    Pace: in every ``window`` seconds at least ``min(min_rate * window, bytes still due)`` bytes must arrive
-    (``min_rate`` in bytes/s), checked at each window's end, so a stalled or trickling sender is closed within two
-    windows whatever length it declared. Budget: before each read the reader calls ``take(n)`` (n: the whole
-    payload up to ``WHOLE_AT_ONCE``, else the bytes already waiting in the socket, up to 1 MiB; it may wait,
-    and raises to refuse) and ``give(k)`` for what that read did not use, so a sender that declared a large
-    frame and went silent, or trickles, holds only what came. Time spent in ``take`` does not count
-    against the pace. On success the whole ``header.length`` is still taken: the caller gives it back once the
-    message is handled; on an exception the caller gives back what was taken.
-    The payload is a request: ``check_shape`` bounds its objects by ``request_limits`` before it is decoded.
-    Raises ProtocolError (stalled, truncated, digest mismatch, too many objects, undecodable), OSError from the
-    socket, and
-    whatever ``take`` raises.
-    """
+    Pace: every ``window`` seconds at least ``min(min_rate * window, bytes still due)`` bytes (``min_rate``: bytes/s)
+    must arrive, so a stalled sender is closed within two windows. Budget: ``take(n)`` before each read (the whole
+    payload up to ``WHOLE_AT_ONCE``, else what waits in the socket; it may wait, not counted against the pace, or
+    raise) and ``give(k)`` for what the read did not use; on success ``header.length`` stays taken for the caller
+    to give back. Raises ProtocolError (stalled, truncated, digest, bounds, undecodable), OSError, what ``take``
+    raises."""
     hasher = hashlib.sha256()
     buf = bytearray()
     length = header.length
@@ -463,9 +335,13 @@ def recv_payload_paced(sock: socket.socket, header: FrameHeader, *, min_rate: in
             del chunk
     finally:
         sock.settimeout(timeout)
-    if not hmac.compare_digest(hasher.digest(), header.digest):
-        raise ProtocolError('payload does not match the SHA-256 digest in its header (corrupted in transit?)')
+    _check_digest(hasher.digest(), header)
     return decode_payload(buf, request_limits(length))
+
+
+def _check_digest(digest: bytes, header: FrameHeader) -> None:
+    if not hmac.compare_digest(digest, header.digest):
+        raise ProtocolError('payload does not match the SHA-256 digest in its header (corrupted in transit?)')
 
 
 def _readable(sock: socket.socket) -> int:
@@ -478,26 +354,6 @@ def _readable(sock: socket.socket) -> int:
         return 0
 
 
-def discard(sock: socket.socket, size: int, *, deadline: float) -> int:
-    """Read and drop up to ``size`` bytes (in a fixed 64 KiB buffer) until the peer stops or ``deadline``
-    (``time.monotonic()``) passes; returns the bytes dropped. Never raises for socket errors."""
-    buf = bytearray(1 << 16)
-    dropped = 0
-    try:
-        while dropped < size:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            sock.settimeout(left)
-            n = sock.recv_into(buf, min(len(buf), size - dropped))
-            if not n:
-                break
-            dropped += n
-    except OSError:
-        pass
-    return dropped
-
-
 def send_msg(sock: socket.socket, msg: dict, token: Optional[str] = None) -> None:
     """Send one message as one frame signed with ``token`` (blocking). OSError on a broken connection."""
     payload = msgpack.packb(msg, use_bin_type=True)
@@ -505,14 +361,10 @@ def send_msg(sock: socket.socket, msg: dict, token: Optional[str] = None) -> Non
     sock.sendall(payload)  # two calls: no copy of a large payload just to prepend 78 bytes
 
 
-# Byte strings of at least this size travel as their own piece (``encode_pieces``): msgpack packs them as bin32.
-PIECE_BYTES = 1 << 16
-
 
 def encode_pieces(msg: dict, token: Optional[str] = None) -> list:
-    """``encode_frame(msg, token)`` as a list of pieces whose concatenation is that frame, without copying the
-    map's large byte-string values (``PIECE_BYTES`` and over, e.g. served parameters): each is a piece of its own,
-    the very object in ``msg``. So a reply that waits on a slow reader holds no copy of the parameters."""
+    """``encode_frame(msg, token)`` as pieces to concatenate, the large byte strings (``PIECE_BYTES``) the very
+    objects in ``msg``: a reply waiting on a slow reader holds no copy of the parameters."""
     packer = msgpack.Packer(use_bin_type=True)
     pieces = [packer.pack_map_header(len(msg))]
     for key, value in msg.items():
@@ -525,15 +377,12 @@ def encode_pieces(msg: dict, token: Optional[str] = None) -> list:
     hasher = hashlib.sha256()
     for piece in pieces:
         hasher.update(piece)
-    signed = PREFIX.pack(MAGIC, PROTOCOL_VERSION) + struct.pack('<Q32s', sum(map(len, pieces)), hasher.digest())
-    return [signed + _mac(token, signed)] + [piece for piece in pieces if piece]
+    return [_signed_header(sum(map(len, pieces)), hasher.digest(), token)] + [piece for piece in pieces if piece]
 
 
 def send_paced(sock: socket.socket, pieces: list, *, min_rate: int, window: float) -> None:
-    """Send ``pieces`` (bytes-like, e.g. ``encode_pieces``) in order, at least ``min(min_rate * window, bytes
-    still due)`` bytes in every ``window`` seconds (``min_rate`` in bytes/s), so a peer that stops reading is
-    given up within two windows instead of holding its connection until the socket timeout.
-    Raises ProtocolError ('reply stalled'), OSError from the socket."""
+    """Send ``pieces`` (bytes-like) in order, at least ``min(min_rate * window, bytes due)`` bytes every ``window``
+    seconds (``min_rate``: bytes/s), else ProtocolError ('reply stalled'); OSError from the socket."""
     total = sum(len(piece) for piece in pieces)
     timeout = sock.gettimeout()
     sent = window_from = 0
@@ -563,22 +412,18 @@ def send_paced(sock: socket.socket, pieces: list, *, min_rate: int, window: floa
 
 
 def recv_msg(sock: socket.socket, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, token: Optional[str] = None) -> dict:
-    """Receive one frame and return its decoded map; with ``token``, its MAC is checked before the payload is read.
-
-    Raises ProtocolError (PeerClosed when the peer closed before the first byte; 'bad MAC' for a header not signed
-    with ``token``), socket.timeout/OSError from the socket itself.
-    """
+    """Receive one frame's decoded map; with ``token``, its MAC is checked before the payload is read. Raises
+    ProtocolError (PeerClosed before the first byte; 'bad MAC'), socket.timeout/OSError."""
     header = recv_header(sock, max_frame_size)
     if not header.authentic(token):
         raise ProtocolError('bad MAC: the frame was not signed with this token')
-    return recv_payload(sock, header)
+    payload = _recv_exact(sock, header.length, what='payload')
+    _check_digest(hashlib.sha256(payload).digest(), header)
+    return decode_payload(payload)
 
 
 def pack_state_dict(state_dict) -> bytes:
-    """Serialize a state dict (str -> Tensor) to safetensors bytes (tensors copied to contiguous CPU memory).
-
-    safetensors stores tensors in its own order; the state dict's key order travels in the metadata.
-    """
+    """A state dict (str -> Tensor) as safetensors bytes (CPU copies), its key order in the metadata."""
     from safetensors.torch import save
     tensors = {k: v.detach().to('cpu').contiguous().clone() for k, v in state_dict.items()}
     return save(tensors, metadata={'keys': json.dumps(list(tensors))})
@@ -610,22 +455,10 @@ def _key_order(data: bytes, tensors: dict) -> list:
     return order
 
 
-def token_matches(expected: Optional[str], given) -> bool:
-    """Constant-time token check; with no token configured every request passes."""
-    if not expected:
-        return True
-    if not isinstance(given, str):
-        return False
-    return hmac.compare_digest(expected.encode(), given.encode())
-
-
 @dataclass
 class Remote:
-    """Where the server is and how to talk to it (``[online.remote]``).
-
-    host/port: the server address; token: shared secret sent in every request (None = none);
-    timeout: seconds of socket silence before a request fails; max_frame_size: largest reply accepted, bytes.
-    """
+    """Where the server is (``[online.remote]``): ``token`` signs every request (None: none), ``timeout``: seconds
+    of socket silence before a request fails, ``max_frame_size``: largest reply accepted, bytes."""
     host: str = '127.0.0.1'
     port: int = 5000
     token: Optional[str] = None
@@ -634,22 +467,13 @@ class Remote:
 
     @classmethod
     def from_config(cls, remote, server=None) -> 'Remote':
-        """Build from the typed sections (``mortal.config.section``) ``[online.remote]`` (host, port, optional
-        token) and ``[online.server]`` (``max_frame_bytes``; its schema default when None, as on a client machine,
-        whose file has no such table)."""
-        return cls(
-            host=remote.host,
-            port=remote.port,
-            token=remote.token or None,
-            max_frame_size=server.max_frame_bytes if server is not None else DEFAULT_MAX_FRAME_SIZE,
-        )
+        """From the typed ``[online.remote]`` and ``[online.server]`` (None on a client machine: schema default)."""
+        return cls(host=remote.host, port=remote.port, token=remote.token or None,
+                   max_frame_size=server.max_frame_bytes if server is not None else DEFAULT_MAX_FRAME_SIZE)
 
     def request(self, msg: dict) -> dict:
-        """Open a connection, send ``msg`` in a frame signed with the token, return the reply map.
-
-        Raises OSError (server down, reset, timeout), ProtocolError (bad reply), RequestRefused on 'unauthorized',
-        'bad request' or 'another learner is live' (retrying cannot help).
-        """
+        """Send ``msg`` on a new connection and return the reply map. Raises OSError, ProtocolError, RequestRefused
+        ('unauthorized', 'bad request', 'another learner is live': retrying cannot help)."""
         with socket.create_connection((self.host, self.port), timeout=self.timeout) as sock:
             try:
                 send_msg(sock, msg, self.token)
@@ -671,23 +495,14 @@ class Remote:
         return reply
 
 
-def request_with_retry(
-    remote: Remote,
-    msg: dict,
-    *,
-    accept: Callable[[dict], bool] = lambda reply: reply.get('status') == STATUS_OK,
-    interval: float = RETRY_INTERVAL,
-    on_refusal: Optional[Callable[[dict], None]] = None,
-    sleep: Callable[[float], Any] = time.sleep,
-    on_wait: Optional[Callable[[], None]] = None,
-) -> dict:
-    """Send ``msg`` until a reply satisfies ``accept``, sleeping ``interval`` seconds between tries.
-
-    A server that is down, restarting, or answers with a broken frame is retried (logged once per outage);
-    an 'error' reply (e.g. the server cannot write its buffer_dir) is retried, logged once per distinct reason;
-    another refusal (e.g. 'samples overflow') calls ``on_refusal(reply)`` then retries. ``on_wait()`` is called
-    before every wait, whatever its cause. RequestRefused propagates.
-    """
+def request_with_retry(remote: Remote, msg: dict, *,
+                       accept: Callable[[dict], bool] = lambda reply: reply.get('status') == STATUS_OK,
+                       interval: float = RETRY_INTERVAL, on_refusal: Optional[Callable[[dict], None]] = None,
+                       sleep: Callable[[float], Any] = time.sleep,
+                       on_wait: Optional[Callable[[], None]] = None) -> dict:
+    """Send ``msg`` until a reply satisfies ``accept``, ``interval`` seconds apart. An unreachable server or broken
+    frame (logged once per outage) and an 'error' reply (once per reason) are retried; another refusal calls
+    ``on_refusal(reply)`` first. ``on_wait()`` before every wait. RequestRefused propagates."""
     outage_logged = False
     error_logged = None
     while True:

@@ -1,25 +1,10 @@
 """Pre-flight checks of a config before a long run: ``python -m mortal.tools.doctor [-c config.toml]``.
 
-Prints a checklist, one line per check::
-
-    [ OK ] config: /path/config.toml parses and validates
-    [FAIL] writable: [control] tensorboard_dir = /x/y: /x is a file, not a directory
-    [INFO] memory: trainer on cuda:0 ~ 2.1 GiB (estimate; see estimate_memory)
-
-and exits 1 when any check FAILs (0 otherwise), so it can gate a launcher script.
-
-Checks (each a small function returning ``Check`` rows):
- * the config loads and validates (``mortal.config``), the feature version is supported (1-4;
-   version 4 also gets an INFO line on the cost of its single-player search);
- * every directory / file the processes write to is writable (probed with a real temp file
-   in the nearest existing ancestor, since ``os.access`` says yes to root everywhere);
- * the server port is free (or, with ``--server-running``, that a server answers there);
- * each checkpoint that the processes read (trainer ``state_file``, baselines) loads and
-   matches ``[resnet]`` and ``[control] version`` (``strict`` state-dict load into a freshly
-   built ``Brain``/``DQN``);
- * the GRP checkpoint loads into ``GRP(**[grp.network])``;
- * a per-process memory estimate from the model size and the batch sizes, compared with
-   the GPU's memory when the device is CUDA and one is visible.
+Prints one ``[ OK ]``/``[FAIL]``/``[INFO]`` line per check and exits 1 when any check fails. Checks: the config
+validates and its feature version is supported; every directory and file the processes write is writable (probed
+with a real temp file: ``os.access`` says yes to root); the server port is free (or answers, ``--server-running``);
+each checkpoint read (trainer, baselines, GRP) loads strictly into the configured networks; a per-process memory
+estimate against the GPU's memory.
 """
 
 if __package__ in (None, ''):  # run as a script: python mortal/tools/doctor.py
@@ -78,10 +63,8 @@ def _written_paths(config):
 
 
 def probe_writable(path, kind):
-    """None when ``path`` (a 'dir' to create/write into, or a 'file') can be written, else the reason.
-
-    Creates and removes one temp file in the nearest existing ancestor; creates nothing else.
-    """
+    """None when ``path`` (a 'dir' or a 'file') can be written, else the reason; probes with one temp file in the
+    nearest existing ancestor and creates nothing else."""
     p = Path(path).expanduser()
     if p.exists():
         if kind == 'dir' and not p.is_dir():
@@ -149,11 +132,8 @@ def _read_checkpoint_files(config):
 
 
 def load_mortal_checkpoint(path, config):
-    """Load a trainer checkpoint and check it against ``[resnet]`` and ``[control] version``.
-
-    Returns a list of problems (empty = fine). The file is read with ``weights_only=True``
-    (no code from the file runs). A problem names the mismatching key and both values.
-    """
+    """The problems (each naming the key and both values; [] = fine) of a trainer checkpoint, read with
+    ``weights_only=True``, against ``[resnet]`` and ``[control] version``."""
     from mortal.model.checkpoint import CheckpointError, describe_error, describe_mismatches, load_checkpoint
     from mortal.model.networks import DQN, Brain
 
@@ -254,13 +234,8 @@ def _param_bytes(*modules):
 
 
 def activation_bytes_per_sample(conv_channels, num_blocks, version, amp=False):
-    """Measured bytes of activations autograd keeps for backward, per sample.
-
-    Runs forwards of the real ``Brain``+``DQN`` on CPU with batches of 1 and 3 and sums the
-    distinct tensors saved for backward; the difference / 2 is the per-sample part (per-batch
-    constants such as autocast's weight copies cancel out). With ``amp`` a bfloat16 CPU
-    autocast stands in for CUDA float16 AMP (same 2-byte width). Returns ``int`` bytes.
-    """
+    """Bytes of activations autograd keeps per sample, measured: the saved tensors of CPU forwards of ``Brain`` +
+    ``DQN`` at batches 1 and 3, difference / 2 (``amp``: bfloat16 autocast stands in for CUDA float16)."""
     import torch
     from mortal.features.obs import obs_shape
 
@@ -295,20 +270,11 @@ def inference_bytes_per_sample(conv_channels, version):
 
 
 def estimate_memory(config, profile='default'):
-    """Rough per-process memory in bytes, keyed by process name.
-
-    * trainer: CUDA context + Brain/DQN/AuxNet weights, grads and AdamW moments (16 B/param)
-      + ``batch_size`` x measured saved activations; during ``test_play`` the baseline model is
-      also resident and inference runs on up to 3 x ``test_play.games`` rows (champion seats).
-    * client: CUDA context + trainee and baseline weights + inference on up to
-      3 x ``train_play.<profile>.games`` rows.
-    The result is multiplied by ``ALLOCATOR_SLACK``. Returns ``{name: (device, bytes)}``.
-
-    ``config`` is read as it is (``mortal.config.lookup``), not typed: a what-if over its numbers, also outside the
-    schema's ranges (``bench/gpu_memory.py`` zeroes ``batch_size`` or the test games to isolate one term). A table
-    it lacks (no ``[test_play]``, no such profile) counts as none of that process's games; without
-    ``[baseline.train]`` the client is on the trainer's device.
-    """
+    """Rough memory per process, ``{name: (device, bytes)}`` x ``ALLOCATOR_SLACK``: the trainer's CUDA context,
+    weights, grads and AdamW moments (16 B/param), ``batch_size`` x saved activations, and the baseline with 3 x
+    ``test_play.games`` rows; each client's context, two models and 3 x its profile's games rows. ``config`` is
+    read untyped, a what-if also outside the schema's ranges (``bench/gpu_memory.py``); a missing table counts as
+    no games."""
     version = lookup(config, 'control.version')
     cc = lookup(config, 'resnet.conv_channels')
     nb = lookup(config, 'resnet.num_blocks')
@@ -453,19 +419,9 @@ def run_checks(config, *, server_running=False, profile='default'):
     return rows
 
 
-def sections_for(config):
-    """Config sections every process of this mode needs (online: server + client + trainer):
-    ``mortal.config.mode_sections``."""
-    from mortal import config as mcfg
-    return mcfg.mode_sections(config)
-
-
 def typo_checks(config: dict, path: str) -> tuple[list[Check], set[str]]:
-    """A FAIL row per unknown key that is close to a known key of its table (``mortal.config.unknown_names``), and the
-    warnings of ``mortal.config.validate`` those rows replace. A misspelled optional key, which every process would
-    ignore (as Mortal does) and run on the default instead, is the one config mistake nothing else reports as an
-    error. The row names the value the processes use: the file's, else the schema's default (an optional key without
-    one stays unset)."""
+    """A FAIL row per unknown key close to a known one of its table (a misspelled optional key is otherwise ignored,
+    as in Mortal), naming the value the processes use instead, and the ``validate`` warnings those rows replace."""
     from mortal import config as mcfg
     from mortal import config_keys
 

@@ -1,32 +1,11 @@
 """Self-play fleet on Ray (``python -m mortal.tools.fleet``): N clients of ``mortal.client`` as Ray actors.
 
-The three-process design stays as it is: every actor is a ``mortal.client.Client`` that talks to the server over
-TCP exactly as ``python mortal/client.py`` does (fetch parameters, play a round, submit the logs). Ray only starts,
-places and restarts them, and carries their per-round records back to this driver:
-
-- ``[fleet] actors`` actors (``--actors``), on a local Ray instance, or on a running cluster (``--address``, else
-  ``[fleet] address``, else ``$RAY_ADDRESS``). Each reserves ``num_cpus`` CPUs (its torch threads) and ``num_gpus``
-  of a GPU, so that four actors with ``num_gpus = 0.25`` share one card.
-- Actor ``i`` plays ``[train_play.<profiles[i % len(profiles)]>]`` (its ``TRAIN_PLAY_PROFILE``) and writes its
-  round's logs to ``<that profile's log_dir>.fleet-<i>``, a sibling of the profile's folder: clients on one node
-  never wipe each other's logs, a plain client on the same profile included (it empties its log_dir each round).
-- A dead actor (killed, out of memory, a crashed node) is restarted by Ray up to ``max_restarts`` times (-1: no
-  limit) and plays on; the driver logs ``actor I died ...`` and ``actor I restarted (pid P ...)``. An actor whose
-  start fails (a bad config, a missing baseline file) or whose round is refused by the server is reported and
-  dropped; the fleet exits with status 1 once no actor is left. An actor whose round raises is restarted, its next
-  start held back more after each failed round in a row (``backoff_seconds``: 0 s, 5 s, 10 s, ... 10 min).
-- Bad input stops the start with one ``error:`` line and status 2, before any actor is made: a ``[fleet]`` value,
-  a profile without its table, an address where nothing answers, a TensorBoard directory that cannot be written,
-  and, on a local instance, actors that the machine cannot run at once (Ray would queue them for good; on a cluster,
-  which may grow, it is a warning). An actor not started after a minute is reported with the cluster's free
-  resources. SIGTERM stops the fleet as Ctrl-C does (status 0; a local instance is shut down).
-- Each fleet round (one round of every live actor) gives one line, ``fleet round R: ...`` with the trainee's rank
-  counts, avg rank and avg pt of that round and of the last ``[online] history_window`` fleet rounds, and hanchan/h;
-  and one TensorBoard group ``fleet/*`` in ``[fleet] tensorboard_dir``.
-
-The config is read here, once, and handed to every actor: a node of a cluster needs the package installed, not the
-file (paths in it are taken relative to the driver's working directory where that exists on the node).
-``ray`` is an optional extra: ``pip install 'mortal-online[fleet]'``.
+Every actor is a ``mortal.client.Client`` talking to the server over TCP as ``python mortal/client.py`` does; Ray
+only starts, places and restarts them and carries their per-round records back to this driver, which prints one
+``fleet round R: ...`` line and one TensorBoard group ``fleet/*`` per fleet round. Actor ``i`` plays
+``[train_play.<profiles[i % len(profiles)]>]`` into ``<that log_dir>.fleet-<i>``. Restarts, refusals, back-off,
+and the checks before any actor starts: docs/operations.md. ``ray`` is an optional extra
+(``pip install 'mortal-online[fleet]'``).
 """
 
 if __package__ in (None, ''):  # run as a script: python mortal/tools/fleet.py
@@ -92,10 +71,7 @@ class ActorPlan:
 
 def plan_actors(config: dict, actors: int, profiles: list, config_path: str = 'the config') -> list:
     """The :class:`ActorPlan` of each of ``actors`` actors: profiles in turn, ``<profile log_dir>.fleet-<i>``.
-
-    Raises ``mortal.config.ConfigError`` naming ``[fleet] profiles``, ``config_path`` and the missing
-    ``[train_play.<profile>]`` for a profile the config lacks.
-    """
+    ``ConfigError`` naming ``[fleet] profiles``, ``config_path`` and the missing ``[train_play.<profile>]``."""
     from mortal.config import ConfigError, EnvOverrides, profile_table, train_play_profile, typed
     tables = {}
     for profile in dict.fromkeys(profiles):
@@ -195,14 +171,9 @@ def _stop(signum, frame):
 
 
 class SelfPlayActor:
-    """One self-play client inside a Ray actor (``ray.remote(SelfPlayActor)``); a plain class, so it is testable
-    without Ray.
-
-    config: the actor's config (:func:`actor_config`); profile: its ``TRAIN_PLAY_PROFILE``; cwd: the driver's
-    working directory, entered when it exists on this node (the config's relative paths mean the same there);
-    num_threads: torch threads (``[fleet] num_cpus``). A client that cannot be built (its log_dir cannot be made, a
-    missing or bad baseline file) leaves ``self.error`` for :meth:`ready` to report instead of a Ray traceback.
-    """
+    """One self-play client inside a Ray actor (a plain class, testable without Ray): ``config``
+    (:func:`actor_config`), ``profile``, ``cwd`` (the driver's, entered where it exists), ``num_threads``. A
+    client that cannot be built leaves ``self.error`` for :meth:`ready` to report instead of a Ray traceback."""
 
     def __init__(self, config: dict, profile: str, cwd: str, num_threads: int = 1):
         import contextlib
@@ -241,12 +212,8 @@ class SelfPlayActor:
 
 
 class FleetRecord:
-    """The fleet's per-round record: the rounds of all live actors summed into fleet rounds.
-
-    window: fleet rounds in the moving window (``[online] history_window``); writer: a SummaryWriter-like object
-    (``add_scalar``) or None. :meth:`add` takes each actor round as it comes and returns the log line of a finished
-    fleet round (``live`` actor rounds) or None.
-    """
+    """The actors' rounds summed into fleet rounds (``window``: ``[online] history_window``; ``writer``: with
+    ``add_scalar``, or None); :meth:`add` returns the log line of a finished fleet round, else None."""
 
     def __init__(self, window: int, writer=None, *, clock=time.monotonic):
         self.history = RankHistory(window)
@@ -294,11 +261,8 @@ class FleetRecord:
 
 
 class Fleet:
-    """The driver: starts the actors of ``plans`` on Ray and keeps one call in flight per actor.
-
-    ray: the ``ray`` module (initialised); config: the full config; fleet: the typed ``[fleet]`` section;
-    plans: from :func:`plan_actors`; record: a :class:`FleetRecord`.
-    """
+    """The driver: starts the actors of ``plans`` (:func:`plan_actors`) on ``ray`` (initialised) and keeps one call
+    in flight per actor; ``fleet``: the typed ``[fleet]``; ``record``: a :class:`FleetRecord`."""
 
     def __init__(self, ray, config: dict, fleet, plans: list, record: FleetRecord):
         self.ray = ray

@@ -1,19 +1,10 @@
 """One-command tour of the whole pipeline on a small model: ``python -m mortal.tools.quickstart``.
 
-Everything lives under one work dir (default ``./work/quickstart``):
-
-1. writes ``config.toml`` there from the embedded template (tiny ResNet, CPU, version 3 or ``--version 4``;
-   ``mortal.tools.quickstart_config``);
-2. ``mortal.tools.bootstrap all``: rule-based games -> GRP -> offline Mortal (CQL) -> online dir;
-3. starts server, trainer and client as real processes (``MORTAL_CFG`` = that config),
-   waits for at least one ``test_play`` and one trainer restart (by the trainer's own supervisor,
-   ``mortal.learning.supervisor``), then stops them (SIGTERM, then SIGKILL after a grace period);
-4. prints where the TensorBoard logs and checkpoints are, the test_play results, best.pth and the final
-   model against 3x the start, the start against 3 RulebaseBots, the kyoku reward the bootstrap chose and the
-   elapsed time.
-
-``--short`` shrinks every size for CI (a couple of minutes). ``scripts/quickstart.sh``
-installs the dependencies first (``scripts/setup.sh``) and then runs this module.
+Under one work dir (default ``./work/quickstart``): writes ``config.toml`` (``mortal.tools.quickstart_config``,
+version 3 or ``--version 4``), runs ``mortal.tools.bootstrap all``, starts server, trainer and client as processes
+until one ``test_play`` and one trainer restart, stops them, and prints the TensorBoard and checkpoint paths, the
+test plays, the final model against 3x the start, the start against 3 RulebaseBots, the reward and the time.
+``--short`` shrinks every size for CI; ``scripts/quickstart.sh`` installs the dependencies first.
 """
 
 if __package__ in (None, ''):  # run as a script: python mortal/tools/quickstart.py
@@ -138,12 +129,8 @@ def keep_running(procs, log_dir, until, poll=5.0):
 
 
 def wait_for_online(procs, tb_dir, log_dir, timeout, poll=3.0, *, tests_before=0, starts_before=0):
-    """Block until a new test play has been logged and the learner has restarted after it.
-
-    ``tests_before``/``starts_before``: test plays and learner starts already in ``tb_dir`` (a rerun).
-
-    Raises ``RuntimeError`` (with the log tail) when a process dies, or on ``timeout`` seconds.
-    """
+    """Block until a test play beyond ``tests_before`` is logged and the learner restarted after it (beyond
+    ``starts_before``). ``RuntimeError`` with the log tail when a process dies, or after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     last = None
     while True:
@@ -266,15 +253,10 @@ def evaluate_start_vs_rulebase(config, sets, workers=None, progress=False):
 
 def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0, version=3, eval_sets=None,
         rulebase_sets=None):
-    """The whole quickstart; returns a dict of what was produced (paths, timings, test_play results).
-
-    ``online_minutes``: keep the online processes running at least this long (default: stop right after the
-    first test play and learner restart). ``eval_sets``: duplicate deals (4 games each) on which best.pth and the
-    final model meet 3x the start model at the end (default: the preset's; 0 = no evaluation).
-    ``rulebase_sets``: duplicate deals of the start model against 3 RulebaseBots (default: the preset's, 40 = 160
-    games, ``short`` 2; 0 = none). A rerun in the same ``work_dir`` skips the finished bootstrap and continues
-    online training from ``[control] state_file``.
-    """
+    """The whole quickstart; returns what it produced (paths, timings, test_play results). ``online_minutes``: run
+    online at least this long (default: to the first test play and restart); ``eval_sets``, ``rulebase_sets``:
+    duplicate deals (4 games each) of best/final vs 3x the start, and of the start vs 3 RulebaseBots (None: the
+    preset's; 0: none). A rerun skips the finished bootstrap and continues online training."""
     from mortal.tools import bootstrap
     from mortal.config import load_config, typed
 

@@ -28,17 +28,9 @@ def fsync_dir(dirname: str) -> None:
 
 @contextlib.contextmanager
 def atomic_write(filename, *, fsync: bool = True):
-    """Write ``filename`` so that readers see the old file or the whole new one, never a part.
-
-    Yields a file open for binary writing at ``<filename>.tmp`` (``TMP_SUFFIX``; ``f.name`` is that path). When
-    the block ends normally the data is flushed, fsynced, renamed over ``filename`` and the folder fsynced, so it
-    also survives a crash; ``fsync=False`` skips both fsyncs (files that are rewritten soon anyway). When the block
-    raises (also KeyboardInterrupt) the temporary file is removed and ``filename`` is left as it was. The folder is
-    created when missing. Two writers of the same ``filename`` at once share the temporary name: don't.
-
-    Raises:
-        OSError: the folder or the file cannot be written.
-    """
+    """Write ``filename`` so that readers see the old file or the whole new one, never a part: yields a binary file
+    at ``<filename>.tmp`` that is flushed, fsynced (unless ``fsync=False``), renamed over ``filename`` with its
+    folder fsynced, or removed when the block raises. The folder is created; two writers at once: don't. OSError."""
     filename = os.path.abspath(os.fspath(filename))
     dirname = os.path.dirname(filename)
     os.makedirs(dirname, exist_ok=True)

@@ -20,15 +20,9 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def die_with_parent(sig: int = signal.SIGKILL, expected_parent: int | None = None) -> bool:
-    """Have the kernel send ``sig`` to this process as soon as its parent exits.
-
-    ``expected_parent``: the pid the parent should have (default: the parent at the time of the call). If the
-    parent is already gone when the request takes effect (this process was re-parented), ``sig`` is sent to
-    this process at once. Returns True where the request was made (Linux), False elsewhere (nothing happens).
-
-    The kernel signals when the parent *thread* that forked this process exits: call it only in processes
-    started from their parent's main thread (as the DataLoader's fork server and workers are).
-    """
+    """Have the kernel send ``sig`` to this process when its parent (``expected_parent``, default: the current one)
+    exits, at once when it is already gone; True where requested (Linux). The kernel signals when the forking
+    *thread* exits: only for processes started from their parent's main thread."""
     if not sys.platform.startswith("linux"):
         return False
     parent = os.getppid() if expected_parent is None else expected_parent
