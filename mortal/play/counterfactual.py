@@ -102,7 +102,7 @@ class _Branch(_Game):
         self.scores = self.ranks = None
         self.substeps = parent.substeps
         self.meta_queue = [[] for _ in range(4)]
-        self.tentative_calls = {}
+        self.guard, self.queues, self.waiting, self.decided, self.spec_decided = parent.guard, parent.queues, 0, {}, {}
         self.fork = None
         self.persist, self.persisted = persist, 0
         self.branches, self.new_branches = set(), []

@@ -119,7 +119,14 @@ class _Game:
         self.ranks: list[int] | None = None
         self.substeps = 0
         self.meta_queue: list[list] = []
-        self.tentative_calls: dict[int, list] = {}
+        # the lock-step loop's (mortal.play.lockstep): per seat, the agari guard's switch and the agent's queue of
+        # pending scenes; the scenes of this step not yet decided; the decisions of this step and of its
+        # speculative continuation
+        self.guard: list[bool] = [False] * 4
+        self.queues: list[list] | None = None
+        self.waiting = 0
+        self.decided: dict = {}
+        self.spec_decided: dict = {}
         # fork(game, decisions, actions) -> branch or None: mortal.play.counterfactual.fork with this game's
         # draws, set by OneVsThree when it plays counterfactual branches
         self.fork = None

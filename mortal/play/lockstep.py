@@ -29,13 +29,11 @@ class _LockStep:
         self.rankings = [0, 0, 0, 0]
         self.flight: dict[int, _Game] = {g.gid: g for g in games}  # gid -> every game in flight, branches included
         self.next_gid = len(games)
-        self.guards = {id(a): bool(getattr(a, "agari_guard", False)) for a in (chal, champ)}
         self.agents = {id(chal): chal, id(champ): champ}
-        self.pending: dict[int, list[Scene]] = {aid: [] for aid in self.agents}
-        self.waiting: dict[int, int] = {}  # game -> scenes not yet decided
-        self.decided: dict[int, dict] = {}
-        self.spec_ids: set[int] = set()  # id() of the speculative scenes pending
-        self.spec_decided: dict[int, dict] = {}  # game -> seat -> Decision of its speculative scenes
+        self.pending: dict[int, list[Scene]] = {aid: [] for aid in self.agents}  # agent -> its scenes pending
+        for g in games:  # the per-seat lookups a step needs, once per game (a branch shares its parent's)
+            g.guard = [bool(getattr(a, "agari_guard", False)) for a in g.agents]
+            g.queues = [self.pending[id(a)] for a in g.agents]
 
     def run(self) -> list[int]:
         """Play every game to its end; returns the rankings (as ``py_vs_py``)."""
@@ -49,7 +47,8 @@ class _LockStep:
             bar.update(len(self.games) - remaining)
             while remaining:
                 for g in self.serve(remaining):
-                    self.guarded(g, self.advance, g, self.decided.pop(g.gid), self.spec_decided.pop(g.gid))
+                    dec, spec, g.decided, g.spec_decided = g.decided, g.spec_decided, {}, {}
+                    self.guarded(g, self.advance, g, dec, spec)
                     self.take_up(g)
                     if g.done and self.settle(g):
                         remaining -= 1
@@ -86,7 +85,9 @@ class _LockStep:
         # two engines would average N/2 rows per forward).
         pending = self.pending
         aid = max(pending, key=lambda k: len(pending[k]))
-        scenes, pending[aid] = pending[aid], []
+        queue = pending[aid]
+        scenes = queue[:]  # the games hold the queue itself (``queues``): emptied in place
+        queue.clear()
         if not scenes:
             raise ArenaError(f"no progress: {remaining} games running but no decision pending")
         try:
@@ -94,32 +95,32 @@ class _LockStep:
         except IllegalReaction as e:
             raise ArenaError(f"{self.flight[e.game].label(e.seat)}: {e}") from e
         ready = []
+        flight = self.flight
         for sc, dec in zip(scenes, decisions):
-            if id(sc) in self.spec_ids:
-                self.spec_ids.discard(id(sc))
-                self.spec_decided[sc.game][sc.seat] = dec
+            g = flight[sc.game]
+            if sc.speculative:
+                g.spec_decided[sc.seat] = dec
                 continue
-            self.decided[sc.game][sc.seat] = dec
-            self.waiting[sc.game] -= 1
-            if self.waiting[sc.game] == 0:
-                ready.append(self.flight[sc.game])
+            g.decided[sc.seat] = dec
+            g.waiting -= 1
+            if not g.waiting:
+                ready.append(g)
         return ready
 
     def gather(self, g: _Game, absorbed: dict | None = None) -> None:
         """Queue the scenes ``g``'s table asks now (and, with ``speculate_passes``, its speculative ones)."""
-        arena = self.arena
-        guard = [self.guards[id(a)] for a in g.agents]
-        scenes = g.scenes(guard, absorbed)
-        self.waiting[g.gid] = len(scenes)
+        scenes = g.scenes(g.guard, absorbed)
+        g.waiting = len(scenes)
+        queues = g.queues
+        for sc in scenes:
+            queues[sc.seat].append(sc)
         if isinstance(g, _Branch):
-            arena.counterfactual["scenes"] += len(scenes)
-        self.decided[g.gid] = {}
-        self.spec_decided[g.gid] = {}
-        spec = g.speculate(guard) if arena.speculate_passes else []
-        self.spec_ids.update(id(sc) for sc in spec)
-        arena.speculated[0] += len(spec)
-        for sc in scenes + spec:
-            self.pending[id(g.agents[sc.seat])].append(sc)
+            self.arena.counterfactual["scenes"] += len(scenes)
+        if self.arena.speculate_passes:
+            spec = g.speculate(g.guard)
+            self.arena.speculated[0] += len(spec)
+            for sc in spec:
+                queues[sc.seat].append(sc)
 
     def advance(self, g: _Game, dec: dict, spec: dict) -> None:
         """Commit ``g``'s decisions and gather its next scenes; a call step all passed whose continuation was
@@ -152,12 +153,10 @@ class _LockStep:
                 # dropped before it had a scene pending; settling it here would also settle its parent, which
                 # the caller settles
                 del self.flight[b.gid]
-                self.waiting.pop(b.gid, None)
         g.new_branches = []
 
     def settle(self, g: _Game) -> bool:
         """A game or branch has ended; True when a real game is finished (its log waits for its branches)."""
-        self.waiting.pop(g.gid, None)  # a game that failed at its first gather has no entry
         if isinstance(g, _Branch):
             self.arena.counterfactual["recorded"] += not g.cancelled
             self.arena.counterfactual["persisted"] += g.persisted
