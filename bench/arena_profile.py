@@ -24,7 +24,7 @@ RULES = [  # (category, function-name regex or None, source-text substring or No
     ("logs: riichienv mjai_log parse", None, "self.env.mjai_log"),
     ("logs: JSON lines", None, "json.dumps(e, separators"),
     ("logs: JSON lines", None, "_dumps(e)"),
-    ("logs: JSON lines", "log_text", None),
+    ("logs: JSON lines", "log_text|kyoku_lines|kyoku_results|render_line|_event_type", None),
     ("logs: gzip + write (main thread)", "write_log_atomic", None),
     ("logs: gzip + write (main thread)", "_reap", None),  # LogWriter waiting for its thread
     ("PlayerState.update", "_feed", None),

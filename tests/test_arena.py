@@ -15,12 +15,8 @@ import pytest
 from mjai.mlibriichi.state import PlayerState
 
 from mortal.play.agent import MjaiBotAgent
-from mortal.play.arena import (
-    ArenaError,
-    OneVsThree,
-    kyoku_wall,
-    rank_by_player,
-)
+from mortal.data.grp import rank_by_player
+from mortal.play.arena import ArenaError, OneVsThree, kyoku_wall
 from mortal.play.kyoku_flow import KyokuResult, KyokuState, final_scores, kyoku_result_from_events, next_kyoku
 
 
@@ -313,9 +309,9 @@ def test_illegal_engine_action_names_game_and_seat():
 
 
 def test_table_that_stops_answering_is_an_error(monkeypatch):
-    import mortal.play.arena as arena_mod
+    import mortal.play.game as game_mod
 
-    real = arena_mod.RiichiEnv
+    real = game_mod.RiichiEnv
 
     class Stuck:
         def __init__(self, *a, **k):
@@ -329,7 +325,7 @@ def test_table_that_stops_answering_is_an_error(monkeypatch):
             self.n += 1
             return {} if self.n > 5 else self.env.step(actions)
 
-    monkeypatch.setattr(arena_mod, "RiichiEnv", Stuck)
+    monkeypatch.setattr(game_mod, "RiichiEnv", Stuck)
     with pytest.raises(ArenaError, match="stopped answering"):
         OneVsThree(disable_progress_bar=True).py_vs_py(PriorityEngine("x", 0), PriorityEngine("y", 1), (3, 4), 1)
 

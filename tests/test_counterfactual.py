@@ -11,6 +11,8 @@ import pytest
 import torch
 
 import mortal.play.arena as arena_mod
+import mortal.play.counterfactual as cf_mod
+import mortal.play.game as game_mod
 import mortal.play.kyoku_flow as kyoku_flow
 from mortal.data.dataloader import FileDatasetsIter
 from mortal.data.gameplay import GameplayLoader
@@ -137,7 +139,7 @@ def test_other_kind_branches_change_the_kind_and_count_eligible_decisions_only(t
 @pytest.fixture
 def two_kyoku(monkeypatch):
     """Arena games (and their branches, which use the same flow) end after their second kyoku."""
-    real = arena_mod.next_kyoku
+    real = game_mod.next_kyoku
 
     def short(state, result):
         out = real(state, result)
@@ -145,7 +147,8 @@ def two_kyoku(monkeypatch):
             return kyoku_flow.KyokuOutcome(None, out.scores, out.kyotaku)
         return out
 
-    monkeypatch.setattr(arena_mod, "next_kyoku", short)
+    monkeypatch.setattr(game_mod, "next_kyoku", short)
+    monkeypatch.setattr(cf_mod, "next_kyoku", short)
 
 
 def _run(log_dir, rate, seed_count=1, seed=0):
@@ -206,7 +209,7 @@ def _real_next(nxt, events):
 def test_a_branch_that_repeats_the_taken_action_replays_the_real_kyoku(tmp_path, monkeypatch, two_kyoku):
     # PriorityEngine decides each row alone (deterministic, batch-independent): the branch plays the real kyoku
     # again on the cloned table with rebuilt states, so its outcome must be the real one exactly
-    monkeypatch.setattr(arena_mod, "counterfactual_action", lambda meta, taken, other_kind=False: taken)
+    monkeypatch.setattr(cf_mod, "counterfactual_action", lambda meta, taken, other_kind=False: taken)
     arena, _, logs = _run(tmp_path / "same", 1.0)
     found = list(_branched(logs))
     # every branch recorded, but those of a call another seat's ron superseded (dropped: never in the log)

@@ -31,7 +31,7 @@ from mortal.data.packed_obs import packer, row_bytes, unpack
 from mortal.data.reward import RewardCalculator
 from mortal.features.action import HORA, KAN, event_to_label, kan_select_label
 from mortal.play import agent as agent_mod
-import mortal.play.arena as arena_mod
+import mortal.play.game as game_mod
 from mortal.play.arena import SPLITS
 from mortal.play.engine import MortalEngine
 from mortal.play.kyoku_flow import KyokuOutcome
@@ -400,7 +400,7 @@ def _end_games_early(monkeypatch):
     """Games (and counterfactual branches, same flow) end once the next kyoku would be E3 or later or at honba 2
     or more: 2-4 kyoku a game, each on a fresh table, as ``(kyoku index, honba)`` rises with every kyoku. Keeps
     the fast subset fast; the ``slow`` variants play whole hanchan."""
-    real = arena_mod.next_kyoku
+    real = game_mod.next_kyoku
 
     def short(state, result):
         out = real(state, result)
@@ -408,7 +408,7 @@ def _end_games_early(monkeypatch):
             return KyokuOutcome(None, out.scores, out.kyotaku)
         return out
 
-    monkeypatch.setattr(arena_mod, "next_kyoku", short)
+    monkeypatch.setattr(game_mod, "next_kyoku", short)
 
 
 def _assert_covered(counts: dict, hanchan: bool) -> None:

@@ -16,6 +16,7 @@ import torch
 from mjai.mlibriichi.state import PlayerState
 
 import mortal.play.arena as arena_mod
+import mortal.play.game as game_mod
 import mortal.play.kyoku_flow as kyoku_flow
 from conftest import DATA_DIR, load_tiny_config, player_view, trainer_on_round
 import mortal.play.agent as agent_mod
@@ -79,7 +80,7 @@ class SpyAgent(MortalBatchAgent):
 
 def limit_kyoku(monkeypatch, n_kyoku):
     """Arena games end after their first (``n_kyoku`` = 1) or second (2: E1's repeat or E2) kyoku."""
-    real = arena_mod.next_kyoku
+    real = game_mod.next_kyoku
 
     def short(state, result):
         out = real(state, result)
@@ -87,7 +88,7 @@ def limit_kyoku(monkeypatch, n_kyoku):
             return kyoku_flow.KyokuOutcome(None, out.scores, out.kyotaku)
         return out
 
-    monkeypatch.setattr(arena_mod, "next_kyoku", short)
+    monkeypatch.setattr(game_mod, "next_kyoku", short)
 
 
 @pytest.fixture
@@ -113,7 +114,7 @@ def encoder_census(monkeypatch):
             encoded[enc.player_id] += 1
         return real_batch(items, threads)
 
-    monkeypatch.setattr(arena_mod, "V4Encoder", Counting)
+    monkeypatch.setattr(game_mod, "V4Encoder", Counting)
     monkeypatch.setattr(agent_mod, "encode_v4_batch", counting_batch)
     return built, encoded
 

@@ -53,7 +53,7 @@ class IllegalReaction(ValueError):
         self.seat = seat
 
 
-@dataclass
+@dataclass(slots=True)
 class Scene:
     """One pending decision of one seat in one game.
 
@@ -82,7 +82,7 @@ class Scene:
     adopted: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class Decision:
     """An agent's answer to a ``Scene``: an mjai reaction dict and Mortal's ``meta``
     (``None`` when no evaluation was made, e.g. quick eval or a bot)."""

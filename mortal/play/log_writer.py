@@ -4,15 +4,23 @@
 ``LogWriter`` runs those writes on one background thread: zlib releases the GIL while it compresses, so on a
 machine with a spare core the arena's loop does not wait for them. The files are the same (same text, same
 compression level); only when they appear changes: every log is on disk once ``close`` returns.
+
+``kyoku_lines`` builds one kyoku's log lines from the four seats' masked events (the JSON text the table already
+gave each seat), without the table's full ``mjai_log``: every line but ``start_kyoku`` is one seat's view of the
+event (any seat's for public events, the actor's for a ``tsumo``); ``start_kyoku`` merges the four seats' hands.
 """
 
 from __future__ import annotations
 
 import gzip
+import json
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from mortal.util.fsutil import atomic_write
 
+REACTION_TYPES = frozenset(("dahai", "chi", "pon", "daiminkan", "kakan", "ankan", "reach"))  # logged with meta
+_RESULT_TYPES = frozenset(("hora", "ryukyoku", "reach_accepted"))  # what kyoku_flow reads of a kyoku
+dumps = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps(x, separators=...) without a new encoder per call
 MAX_PENDING = 64  # logs queued at most (a hanchan's text is ~0.3-1 MB): the loop waits for the oldest beyond
 
 
@@ -24,6 +32,67 @@ def write_log_atomic(path: str, text: str) -> None:
     with atomic_write(path, fsync=False) as raw, \
             gzip.GzipFile(filename="", mode="wb", compresslevel=9, fileobj=raw) as gz:
         gz.write(text.encode())
+
+
+def _event_type(line: str) -> str:
+    """The ``type`` of one mjai event's JSON text (the table's compact, key-sorted form)."""
+    i = line.rfind('"type":"') + 8
+    return line[i:line.index('"', i)]
+
+
+def kyoku_lines(views: list[list[str]], meta_queues: list[list], waiting=frozenset()) -> tuple[list, list[dict]]:
+    """One kyoku's log lines from the seats' masked events, and its result events.
+
+    ``views``: per seat 0-3, every event (JSON text, as ``riichienv`` gives it: compact, keys sorted) the seat saw
+    this kyoku, in order; they are index-aligned (each seat sees every event, masked), one seat may lack the last
+    ones (a ron winner). ``start_game`` / ``end_game`` (a fresh table's) are left out. ``meta_queues``: per seat,
+    the ``[reaction dict, meta or None]`` of its logged reactions (``REACTION_TYPES``) in order; each is checked
+    against its event (type, ``pai``), and a meta is appended to the line as its last key, ``"meta"``. A meta whose
+    ``id`` is in ``waiting`` (a counterfactual branch will still write into it) stays a ``(line without its closing
+    brace, meta)`` pair until ``render_line``.
+
+    Returns:
+        (lines, the ``hora`` / ``ryukyoku`` / ``reach_accepted`` events as dicts, for ``kyoku_result_from_events``).
+
+    Raises:
+        ValueError: a logged reaction that is not the one submitted (names the seat).
+    """
+    back = max(views, key=len)
+    queues = [iter(q) for q in meta_queues]
+    lines, results = [], []
+    for i, line in enumerate(back):
+        ty = _event_type(line)
+        if ty in REACTION_TYPES:
+            actor = int(line[9])  # '{"actor":N,...': actor is the first key of a reaction
+            sub = next(queues[actor], None)
+            if sub is None or sub[0]["type"] != ty or ("pai" in sub[0] and f'"pai":"{sub[0]["pai"]}"' not in line):
+                raise ValueError(f"seat {actor}: logged {line} does not match the submitted reaction "
+                                 f"{None if sub is None else sub[0]}")
+            meta = sub[1]
+            if meta is not None:
+                line = (line[:-1], meta) if id(meta) in waiting else f'{line[:-1]},"meta":{dumps(meta)}}}'
+        elif ty == "tsumo":
+            line = views[int(line[9])][i]  # the drawer's own view shows the tile
+        elif ty == "start_kyoku":
+            ev = json.loads(line)
+            ev["tehais"] = [json.loads(v[i])["tehais"][s] for s, v in enumerate(views)]
+            line = dumps(ev)
+        elif ty in _RESULT_TYPES:
+            results.append(json.loads(line))
+        elif ty in ("start_game", "end_game"):
+            continue
+        lines.append(line)
+    return lines, results
+
+
+def kyoku_results(views: list[list[str]]) -> list[dict]:
+    """The ``hora`` / ``ryukyoku`` / ``reach_accepted`` events (dicts) of one kyoku's seat views (as ``kyoku_lines``)."""
+    return [json.loads(ln) for ln in max(views, key=len) if _event_type(ln) in _RESULT_TYPES]
+
+
+def render_line(line) -> str:
+    """A log line of ``kyoku_lines`` as text (a ``(head, meta)`` pair gets its meta now)."""
+    return line if isinstance(line, str) else f'{line[0]},"meta":{dumps(line[1])}}}'
 
 
 class LogWriter:

@@ -1,0 +1,359 @@
+"""One hanchan on a ``riichienv`` table, for the arena's lock-step loop (``mortal.play.arena``, ``mortal.play.lockstep``).
+
+A ``_Game`` owns one ``riichienv.RiichiEnv`` played **one kyoku per reset** with an explicit wall derived from
+(nonce, key, kyoku index, honba) (``kyoku_wall``), so all four seat rotations of a nonce see the same deal whenever
+they reach the same kyoku label (Mortal's duplicate property, not Mortal's exact walls). Scores, honba and kyotaku
+are carried here and the Tenhou hanchan flow (Mortal's ``libriichi/src/arena/game.rs``) is applied by
+``mortal.play.kyoku_flow.next_kyoku``. Each seat has an ``mjai.mlibriichi`` ``PlayerState`` fed from the table's
+masked events (plus, for a seat whose agent encodes version 4, a ``V4Encoder`` fed the same events in the same
+order). Within a kyoku the table scores hora (incl. honba/kyotaku, multi-ron, pao), nagashi mangan, noten payments
+and abortive draws. The log's lines are built from the seats' own events (``mortal.play.log_writer.kyoku_lines``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+from mjai.mlibriichi.state import PlayerState
+from riichienv import GameRule, RiichiEnv, calculate_score
+
+from mortal.data.grp import rank_by_player  # rankings.rs: 0-based rank of each seat, ties to the lower seat
+from mortal.features.obs_v4 import V4Encoder
+from mortal.play.agent import Scene, abs_scores, needs_v4_encoder
+from mortal.play.kyoku_flow import MAX_KYOKU_INDEX, KyokuState, final_scores, kyoku_result_from_events, next_kyoku
+from mortal.play.log_writer import REACTION_TYPES, dumps, kyoku_lines, render_line
+
+SPLITS = "abcd"  # the challenger's seat 0-3 as a log name's split
+_U64 = 1 << 64
+_CALL_TYPES = frozenset(("chi", "pon", "daiminkan"))
+MAX_STEPS_PER_KYOKU = 1000  # watchdog: a kyoku takes < 300 steps
+
+
+class ArenaError(RuntimeError):
+    """A table stopped answering, an agent gave an invalid reaction, or a log
+    invariant broke; the message names the game (nonce, key, split) and seat."""
+
+
+class StatePanic(Exception):
+    """A seat's ``PlayerState`` (mjai's Rust core) panicked on an event, so that seat's view of the game is lost.
+
+    Known case: its fixed-capacity kawa (24 discards per seat) overflows on a legal kyoku in which one seat
+    discards 25 times (others pon its discards, it draws at once). The lock-step loop ends that game as failed
+    (``OneVsThree.failed_games``) or drops that counterfactual branch; the other games go on. ``seat``: 0-3;
+    ``event``: the mjai event (a dict or its JSON text)."""
+
+    def __init__(self, seat: int, event, panic: BaseException):
+        self.seat, self.event = seat, event
+        super().__init__(f"seat {seat}'s PlayerState panicked on {event}: {type(panic).__name__}: {panic}")
+
+
+def is_rust_panic(exc: BaseException) -> bool:
+    """Whether ``exc`` is pyo3's ``PanicException`` (a Rust panic surfacing in Python). It derives from
+    BaseException, not Exception, and each extension module makes its own class, so it is known by name."""
+    return type(exc).__name__ == "PanicException" and not isinstance(exc, Exception)
+
+
+def _feed(seat: int, st: PlayerState, enc, ev) -> None:
+    """Feed the mjai event ``ev`` to seat ``seat``'s state (and version-4 encoder ``enc``, if any).
+
+    Raises:
+        StatePanic: the state (or encoder) panicked; other errors propagate unchanged.
+    """
+    try:
+        st.update(ev)
+        if enc is not None:
+            enc.update(ev)
+    except BaseException as e:  # noqa: BLE001 - pyo3's PanicException is a BaseException
+        if not is_rust_panic(e):
+            raise
+        raise StatePanic(seat, ev, e) from None
+
+
+def kyoku_wall(nonce: int, key: int, kyoku_index: int, honba: int) -> list[int]:
+    """The 136-tile wall (riichienv tile ids 0-135) of kyoku label
+    (nonce, key, kyoku_index, honba): SHA3-256 of the little-endian u64 nonce, u64
+    key, u8 kyoku index, u8 honba seeds a ``random.Random`` shuffle. Same label,
+    same wall (kyotaku does not count, as Mortal's board.rs); not Mortal's walls.
+
+    Raises:
+        ValueError: nonce/key outside u64 or kyoku_index outside 0-11.
+    """
+    if not (0 <= nonce < _U64 and 0 <= key < _U64):
+        raise ValueError(f"nonce and key must be u64, got {nonce}, {key}")
+    if not 0 <= kyoku_index < MAX_KYOKU_INDEX:
+        raise ValueError(f"kyoku_index must be 0-11, got {kyoku_index}")
+    seed = hashlib.sha3_256(
+        nonce.to_bytes(8, "little") + key.to_bytes(8, "little") + bytes((kyoku_index, honba % 256))
+    ).digest()
+    wall = list(range(136))
+    random.Random(int.from_bytes(seed, "little")).shuffle(wall)
+    return wall
+
+
+def tenhou_rule() -> GameRule:
+    """Tenhou rules as Mortal: kuikae forbidden, triple ron paid (no abort)."""
+    return GameRule(sanchaho_is_draw=False, kuikae_forbidden=True)
+
+
+class _Game:
+    """One hanchan: its table, four ``PlayerState`` s (and ``V4Encoder`` s for the
+    seats of version-4 agents), flow state and log."""
+
+    def __init__(self, gid, nonce, key, split, agents, names):
+        self.gid, self.nonce, self.key, self.split = gid, nonce, key, split
+        self.agents = agents  # per seat
+        self.names = names
+        self.v4_seats = [needs_v4_encoder(a) for a in agents]
+        self.encoders: list[V4Encoder | None] = [None] * 4
+        self.env = RiichiEnv(game_mode=0, seed=nonce % _U64, rule=tenhou_rule())
+        self.flow = KyokuState()
+        self.lines = [dumps({"type": "start_game", "names": names, "seed": [nonce, key]})]
+        self.states: list[PlayerState] = []
+        self.history: list[list[str]] = []  # per seat, the events its state was fed this kyoku
+        self.obs: dict = {}
+        self.spec: dict | None = None  # seat -> (events, Scene) of the speculative continuation after all pass
+        self.done = False
+        self.failed: str | None = None  # why the game was ended as failed (StatePanic), left out of the results
+        self.scores: list[int] | None = None
+        self.ranks: list[int] | None = None
+        self.substeps = 0
+        self.meta_queue: list[list] = []
+        # the lock-step loop's (mortal.play.lockstep): per seat, the agari guard's switch and the agent's queue of
+        # pending scenes; the scenes of this step not yet decided; the decisions of this step and of its
+        # speculative continuation
+        self.guard: list[bool] = [False] * 4
+        self.queues: list[list] | None = None
+        self.waiting = 0
+        self.decided: dict = {}
+        self.spec_decided: dict = {}
+        # fork(game, decisions, actions) -> branch or None: mortal.play.counterfactual.fork with this game's
+        # draws, set by OneVsThree when it plays counterfactual branches
+        self.fork = None
+        self.branches: set = set()  # live _Branch es of this game (its log waits for them)
+        self.new_branches: list = []  # forked by the last commit, for the arena loop to take up
+        self._start_kyoku()
+
+    def label(self, seat=None) -> str:
+        s = f"game {self.nonce}_{self.key}_{self.split}"
+        return s if seat is None else f"{s} seat {seat}"
+
+    def _start_kyoku(self):
+        f = self.flow
+        wall = kyoku_wall(self.nonce, self.key, f.kyoku_index, f.honba)
+        self.states = [PlayerState(s) for s in range(4)]
+        self.history = [[] for _ in range(4)]
+        # fresh per kyoku like the states (the encoder also resets itself at start_kyoku)
+        self.encoders = [V4Encoder(s) if self.v4_seats[s] else None for s in range(4)]
+        self.meta_queue = [[] for _ in range(4)]
+        self.substeps = 0
+        # A fresh table every kyoku also sends each seat a start_game before its start_kyoku, which resets an mjai
+        # bot: mjai's Bot keeps its call, discard and dora events from start_game on (its Match sends one a
+        # hanchan), and a meld of an earlier kyoku left in its hand string makes find_improving_tiles return
+        # nothing, so the teacher only discards its draws (tests/test_teacher_whole.py).
+        self.obs = self.env.reset(oya=f.oya, wall=wall, round_wind=f.kyoku_index // 4,
+                                  scores=list(f.scores), honba=f.honba, kyotaku=f.kyotaku)
+        if not self.obs:
+            raise ArenaError(f"{self.label()}: table gave no decision at the start of kyoku {f.kyoku_index}")
+
+    def absorb(self) -> dict:
+        """Feed each asked seat's new masked events to its state (and encoder); returns seat -> events."""
+        out = {}
+        for seat, ob in self.obs.items():
+            events = ob.new_events()
+            st, enc = self.states[seat], self.encoders[seat]
+            for ev in events:
+                _feed(seat, st, enc, ev)
+            self.history[seat].extend(events)
+            out[seat] = events
+        return out
+
+    def scenes(self, guard: list[bool], absorbed: dict | None = None) -> list[Scene]:
+        """The scenes of the seats the table asks now (``absorbed``: their events, if ``absorb`` already ran)."""
+        if absorbed is None:
+            absorbed = self.absorb()
+        out = []
+        for seat, ob in self.obs.items():
+            st = self.states[seat]
+            if not st.last_cans.can_act:
+                raise ArenaError(f"{self.label(seat)}: the table asks for a decision the PlayerState does not offer "
+                                 f"(legal {[a.to_mjai() for a in ob.legal_actions()]})")
+            best = (lambda seat=seat: self._best_win_scores(seat)) if guard[seat] else None
+            out.append(Scene(self.gid, seat, st, absorbed[seat], best, self.encoders[seat]))
+        return out
+
+    def speculate(self, guard: list[bool]) -> list[Scene]:
+        """Scenes of the step that follows if every asked seat passes, to be decided in the same batch.
+
+        Only for a call step (no asked seat can discard) whose asked seats and whose continuation's seats all
+        belong to one agent that keeps no state between scenes (``stateless``), in a game without version-4
+        encoders: the continuation is played on a clone of the table, and each of its seats gets a fresh
+        ``PlayerState`` replayed from the seat's events of this kyoku. ``adopt`` later uses the decisions iff
+        the seats did all pass and the table then asks the same seats with the same events. Sets ``self.spec``;
+        returns its scenes (empty when there is none).
+        """
+        self.spec = None
+        agent = {id(self.agents[seat]) for seat in self.obs}
+        if len(agent) != 1 or any(self.v4_seats):
+            return []
+        agent = self.agents[next(iter(self.obs))]
+        if not getattr(agent, "stateless", False) or any(self.states[seat].last_cans.can_discard for seat in self.obs):
+            return []
+        sim = self.env.clone()
+        passes = {}
+        for seat, ob in self.obs.items():
+            act = ob.select_action_from_mjai('{"type":"none"}')
+            if act is None:
+                return []
+            passes[seat] = act
+        obs = sim.step(passes)
+        if sim.done() or not obs or any(self.agents[seat] is not agent for seat in obs):
+            return []
+        spec = {}
+        for seat, ob in obs.items():
+            events = ob.new_events()
+            st = PlayerState(seat)
+            try:
+                for ev in self.history[seat] + events:
+                    _feed(seat, st, None, ev)
+            except StatePanic:
+                return []  # no speculation; the real step, if it comes, fails the game
+            if not st.last_cans.can_act:
+                return []
+            best = (lambda seat=seat, st=st, ob=ob: self._best_win_scores(seat, sim, ob, st)) if guard[seat] else None
+            spec[seat] = (events, Scene(self.gid, seat, st, events, best, None, speculative=True))
+        self.spec = spec
+        return [sc for _, sc in spec.values()]
+
+    def adopt(self, absorbed: dict) -> bool:
+        """Whether the speculative continuation is the table's step now (same seats, same events), after
+        ``absorb``; then its states replace the seats' states (they were fed the same events)."""
+        spec, self.spec = self.spec, None
+        if spec is None or set(spec) != set(self.obs) or any(spec[s][0] != absorbed[s] for s in spec):
+            return False
+        for seat, (_, sc) in spec.items():
+            self.states[seat] = sc.state
+            sc.adopted = True
+        return True
+
+    def commit(self, decisions: dict) -> None:
+        actions = {}
+        for seat, dec in decisions.items():
+            ob = self.obs[seat]
+            act = ob.select_action_from_mjai(dec.reaction)  # a dict: no JSON text to build and parse
+            if act is None:
+                raise ArenaError(f"{self.label(seat)}: invalid reaction {dec.reaction} "
+                                 f"(legal {[a.to_mjai() for a in ob.legal_actions()]})")
+            actions[seat] = act
+            if dec.reaction.get("type") in REACTION_TYPES:
+                self.meta_queue[seat].append([dec.reaction, dec.meta])
+        branch = self.fork(self, decisions, actions) if self.fork is not None else None
+        obs = self.env.step(actions)
+        self.substeps += 1
+        # a call is executed iff its caller must act next (discard / rinshan draw)
+        for seat, dec in decisions.items():
+            if dec.reaction.get("type") in _CALL_TYPES and seat not in obs:
+                self.meta_queue[seat].pop()
+                if branch is not None and branch.seat == seat:
+                    branch.cancel()  # the call it is paired with never happened
+        if self.env.done():
+            self._end_kyoku()
+            return
+        if not obs:
+            raise ArenaError(f"{self.label()}: table stopped answering after actions "
+                             f"{ {s: d.reaction for s, d in decisions.items()} }")
+        if self.substeps > MAX_STEPS_PER_KYOKU:
+            raise ArenaError(f"{self.label()}: no progress, kyoku {self.flow.kyoku_index} passed "
+                             f"{MAX_STEPS_PER_KYOKU} steps")
+        self.obs = obs
+
+    def _best_win_scores(self, seat: int, env=None, ob=None, st=None) -> list[int]:
+        """Absolute scores after this seat's hora now (the agari guard of Mortal's ``agent/mortal.rs``): the table's
+        exact payment for the hand (single winner), plus, in riichi, an upper bound on
+        ura dora: every ura indicator pointing at the most-held kinds. ``env``/``ob``/``st``: the table, the
+        seat's observation and state of a speculative step (default: this game's)."""
+        st = self.states[seat] if st is None else st
+        ob = self.obs[seat] if ob is None else ob
+        return _win_scores(self.env if env is None else env, ob, st, seat, self.flow)
+
+    def _catch_up(self) -> None:
+        """Feed each seat's last events of the ended kyoku (dealer tenpai, the result) to its state and history."""
+        for seat, ob in self.env.get_observations([0, 1, 2, 3]).items():
+            events = ob.new_events()
+            st, enc = self.states[seat], self.encoders[seat]
+            for ev in events:
+                _feed(seat, st, enc, ev)
+            self.history[seat].extend(events)
+
+    def _end_kyoku(self):
+        f = self.flow
+        self._catch_up()
+        waiting = {id(b.meta) for b in self.branches}  # metas a counterfactual branch still running writes into
+        try:
+            lines, results = kyoku_lines(self.history, self.meta_queue, waiting)
+        except ValueError as e:
+            raise ArenaError(f"{self.label()}: {e}") from None
+        self.lines.extend(lines)
+        out = next_kyoku(f, kyoku_result_from_events(results, f.oya, self.states[f.oya].shanten))
+        if out.next is None:
+            self.scores = final_scores(out.scores, out.kyotaku)
+            self.ranks = rank_by_player(self.scores)
+            self.lines.append('{"type":"end_game"}')
+            self.done = True
+            self.obs = {}
+        else:
+            self.flow = out.next
+            self._start_kyoku()
+
+    def log_text(self) -> str:
+        return "\n".join(map(render_line, self.lines)) + "\n"
+
+
+def _win_scores(env, ob, st: PlayerState, seat: int, flow: KyokuState) -> list[int]:
+    """Absolute scores after ``seat``'s hora now on the table ``env`` (``ob``: the seat's observation, ``st``: its
+    ``PlayerState``, ``flow``: the kyoku's oya and honba): the table's exact payment for the hand, played on a
+    clone (single winner), plus, in riichi, ``_add_ura_bound``; the scores now when the seat cannot win."""
+    now = abs_scores(st)
+    hora = next((a for a in ob.legal_actions() if "RON" in str(a.action_type) or "TSUMO" in str(a.action_type)), None)
+    if hora is None:
+        return now
+    sim = env.clone()
+    sim.step({seat: hora})
+    hora_ev = next((e for e in sim.mjai_log if e["type"] == "hora" and e["actor"] == seat), None)
+    if hora_ev is None:
+        return now
+    exp = [s + d for s, d in zip(now, hora_ev["deltas"])]
+    if st.self_riichi_accepted:
+        _add_ura_bound(exp, sim, st, seat, hora_ev, flow)
+    return exp
+
+
+def _add_ura_bound(exp: list[int], sim, st: PlayerState, seat: int, hora_ev: dict, flow: KyokuState) -> None:
+    """Add to the scores ``exp`` after the hora ``hora_ev`` (played on ``sim``) an upper bound on its ura dora:
+    every ura indicator pointing at the most-held kinds (the win tile joins the largest group; each ankan is 4).
+    Nothing for a yakuman or when the table gives no win result."""
+    results = sim.win_results
+    results = results() if callable(results) else results
+    wr = results.get(seat) if isinstance(results, dict) else None
+    if wr is None or wr.yakuman:
+        return
+    counts = sorted((c for c in st.tehai if c), reverse=True) + [4] * len(st.ankans)
+    counts.sort(reverse=True)
+    counts[0] += 1
+    n_ura = len(hora_ev.get("ura_markers") or []) or 1
+    extra_han = sum(counts[:n_ura])
+    tsumo = hora_ev["target"] == seat
+    is_oya = seat == flow.oya
+    hi = calculate_score(wr.han + extra_han, wr.fu, is_oya, tsumo, flow.honba)
+    lo = calculate_score(wr.han, wr.fu, is_oya, tsumo, flow.honba)
+    if tsumo:
+        for s in range(4):
+            if s != seat:
+                pay = (hi.pay_tsumo_oya - lo.pay_tsumo_oya) if s == flow.oya else (hi.pay_tsumo_ko - lo.pay_tsumo_ko)
+                exp[s] -= pay
+                exp[seat] += pay
+    else:
+        gain = hi.pay_ron - lo.pay_ron
+        exp[seat] += gain
+        exp[hora_ev["target"]] -= gain
+
