@@ -115,6 +115,7 @@ REMOVED_KEYS = {
                'pg_weight', 'pg_temp', 'kl_weight', 'ema_decay'),
     **_removed('measured as no gain', 'train_play.<profile>', 'counterfactual_persist'),
     **_removed('never measured to gain', 'resnet', 'dropout'),
+    **_removed('never measured to gain: the probe is probe.pth beside [control] state_file', 'online', 'probe_file'),
     **_removed('never measured to gain', 'rotation', 'after', 'max_rank', 'pool_size'),
     **{key: why for table in ('schedule.lr', 'schedule.epsilon', 'schedule.temp') for key, why in _removed(
         'never measured to gain', table, 'kind', 'rate', 'final', 'max_steps').items()},

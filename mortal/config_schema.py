@@ -309,9 +309,8 @@ class Online(Section):
         "extra: weight of the counterfactual term, the mean over samples with a branch of ((Q[alternative] - "
         "Q[taken]) - delta)^2, delta the paired difference of the branch's and the real kyoku's value by [env] "
         "reward ([train_play.<profile>] counterfactual_rate; 0 = off, as Mortal)", 0.0)
-    probe_file: Str | None = unfilled('extra: positions for diag/policy_drift (built once from [dataset] globs; '
-                                      'default probe.pth beside [control] state_file)')
-    probe_size: NonNegativeInt = key('extra: positions in the probe (0 = no probe; about 127 KB each at '
+    probe_size: NonNegativeInt = key('extra: positions for diag/policy_drift, built once from [dataset] globs into '
+                                     'probe.pth beside [control] state_file (0 = no probe; about 127 KB each at '
                                      'version 3, on disk and in memory)', 2048)
     offline_batch_size: Annotated[Int, _rule(lambda v: 0 <= v <= MAX_OFFLINE_BATCH,
                                              f'must be within [0, {MAX_OFFLINE_BATCH}]')] = key(

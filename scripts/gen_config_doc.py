@@ -74,8 +74,7 @@ MEASURED = {
                                  'where Mortal\'s loss collapses to 3.147 ± 0.047 in 1,200 steps; on in the '
                                  'quickstart',
     ('online', 'counterfactual_weight'): _CF,
-    ('online', 'probe_file'): 'none: an instrument (`diag/policy_drift`, docs/operations.md)',
-    ('online', 'probe_size'): 'none: an instrument (as `probe_file`)',
+    ('online', 'probe_size'): 'none: an instrument (`diag/policy_drift`, docs/operations.md)',
     ('online', 'offline_batch_size'): 'docs/learning.md, "The offline mix": final 2.399 ± 0.046 against 3x the '
                                       'start after 1,807 steps, as good as the offline-only control (2.36-2.43); on '
                                       'in the quickstart',
@@ -121,6 +120,7 @@ REMOVED_WHY = {
     ('train_play.<profile>', 'counterfactual_persist'): 'docs/learning.md, "overcall with persistent counterfactual '
                                                         'branches": persist − control +0.018 ± 0.099',
     ('resnet', 'dropout'): 'never measured',
+    ('online', 'probe_file'): 'a path nobody needed to move: the probe is `probe.pth` beside `[control] state_file`',
     **{('rotation', k): _ROTATION for k in ('after', 'max_rank', 'pool_size')},
     **{(f'schedule.{s}', k): _SCHEDULE for s in ('lr', 'epsilon', 'temp')
        for k in ('kind', 'rate', 'final', 'max_steps')},

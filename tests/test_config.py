@@ -106,7 +106,7 @@ def test_example_has_every_key():
         node = raw
         for part in section.replace('<profile>', 'default').split('.'):
             node = node[part]
-        if key in ('init', 'offset', 'epoch_size', 'token', 'probe_file'):  # optional, documented in comments
+        if key in ('init', 'offset', 'epoch_size', 'token'):  # optional, documented in comments
             continue
         assert key in node, (section, key)
 

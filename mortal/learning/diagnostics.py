@@ -191,14 +191,13 @@ class Probe:
 
 
 def learner_probe(cfg, version: int, state_file: str, device, baseline=None):
-    """The online learner's probe (``cfg``: the typed config, ``mortal.config.typed``; ``[online] probe_file``, by
-    default ``probe.pth`` beside ``state_file``, built once from ``[dataset] globs``, ``[online] probe_size`` positions)
+    """The online learner's probe (``cfg``: the typed config, ``mortal.config.typed``; ``probe.pth`` beside ``state_file``, built once from ``[dataset] globs``, ``[online] probe_size`` positions)
     with the greedy actions of ``baseline`` (``(brain, dqn)`` on ``device``; by default ``[baseline.train] state_file``,
     loaded). None when ``probe_size`` <= 0 or no log yields a sample. Raises whatever loading the GRP or the baseline
     raises."""
     from mortal.model.checkpoint import load_model_pair
     from mortal.data.reward import load_grp
-    probe_file = cfg.online.probe_file or os.path.join(os.path.dirname(os.path.abspath(state_file)), 'probe.pth')
+    probe_file = os.path.join(os.path.dirname(os.path.abspath(state_file)), 'probe.pth')
     size = cfg.online.probe_size
     if size <= 0:
         return None
