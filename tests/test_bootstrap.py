@@ -328,6 +328,15 @@ def test_offline_early_stopping_stops_where_the_val_curve_turns(tmp_path, monkey
         return next(curve), 617
 
     monkeypatch.setattr(offline_epochs, 'validation_loss', scripted)
+    import tqdm
+    totals = []  # the total of each epoch's bar: unknown for the first, the last epoch's batches after it
+
+    class Bar(tqdm.tqdm):
+        def __init__(self, *args, **kwargs):
+            totals.append((kwargs.get('desc'), kwargs.get('total')))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(tqdm, 'tqdm', Bar)
     best = bootstrap.train_offline(config)
     p = offline_epochs.offline_paths(bootstrap.bootstrap_config(config))
     history = offline_epochs.read_history(p['history'])
@@ -335,6 +344,9 @@ def test_offline_early_stopping_stops_where_the_val_curve_turns(tmp_path, monkey
     assert [h['val_loss'] for h in history] == [2.0, 1.5, 1.7] and len(calls) == 3
     steps = [h['steps'] for h in history]
     assert steps[0] > 0 and steps == [steps[0], 2 * steps[0], 3 * steps[0]]  # whole epochs of the same logs
+    assert [h['batches'] for h in history] == [steps[0]] * 3
+    assert [t for t in totals if (t[0] or '').startswith('offline epoch')] == [
+        ('offline epoch 1/6', None), ('offline epoch 2/6', steps[0]), ('offline epoch 3/6', steps[0])]
     assert all(h['train_loss'] > 0 for h in history)
     # best.pth is epoch 2's checkpoint; the state file, which went on to epoch 3, is set back to it at the end
     assert best == p['best_state_file']

@@ -147,11 +147,13 @@ def _epoch_trainer_class():
             if self.epoch_bar is None:  # the epoch's bar counts the steps: no line per save beside it
                 super().log_total_steps(tested)
 
-        def train_epoch(self, label='offline'):
-            """``Trainer.train_epoch`` under one bar labelled ``label``; returns the batches trained."""
+        def train_epoch(self, label='offline', total=None):
+            """``Trainer.train_epoch`` under one bar labelled ``label`` over ``total`` batches (None: unknown, as
+            in a first epoch); returns the batches trained."""
             if self.progress:
                 from tqdm import tqdm
-                self.epoch_bar = _EpochBar(tqdm(desc=label, unit='batch', dynamic_ncols=True, ascii=True))
+                self.epoch_bar = _EpochBar(tqdm(desc=label, total=total, unit='batch', dynamic_ncols=True,
+                                                ascii=True))
             try:
                 return super().train_epoch()
             finally:
@@ -178,7 +180,8 @@ def _epoch_trainer_class():
 
 
 def read_history(path):
-    """The epochs recorded in ``epochs.json``: ``[{epoch, steps, train_loss, val_loss or None}]``, [] for none."""
+    """The epochs recorded in ``epochs.json``: ``[{epoch, steps, batches, train_loss, val_loss or None}]`` (no
+    ``batches`` in a file of an older version), [] for none."""
     try:
         return json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -259,7 +262,9 @@ def train_offline(config, *, progress=True):
 def _offline_epoch(trainer, history, p, val_files, max_epochs, patience) -> None:
     # train, save the tail, validate, record (epochs.json, TensorBoard, log); a new best epoch to best.pth
     epoch = len(history) + 1
-    batches = trainer.train_epoch(f'offline epoch {epoch}/{max_epochs}')
+    # every epoch trains the same full batches of the same logs: the last one's count is this one's total
+    total = history[-1].get('batches') if history else None
+    batches = trainer.train_epoch(f'offline epoch {epoch}/{max_epochs}', total=total)
     if trainer.steps == 0:
         raise BootstrapError(f"train-offline: not one full batch of {trainer.batch_size} samples "
                              'in the bootstrap logs; generate more games or lower [control] batch_size')
@@ -269,7 +274,8 @@ def _offline_epoch(trainer, history, p, val_files, max_epochs, patience) -> None
     val_loss = val_samples = None
     if val_files:
         val_loss, val_samples = validation_loss(trainer, val_files)
-    history.append({'epoch': epoch, 'steps': trainer.steps, 'train_loss': train_loss, 'val_loss': val_loss})
+    history.append({'epoch': epoch, 'steps': trainer.steps, 'batches': batches, 'train_loss': train_loss,
+                    'val_loss': val_loss})
     atomic_write_bytes(json.dumps(history, indent=1).encode(), p['history'])
     trainer.writer.add_scalar('bootstrap/train_loss', train_loss, epoch)
     if val_loss is not None:
