@@ -56,9 +56,21 @@ def start(parser: argparse.ArgumentParser, argv: list[str] | None = None, *,
     drop_rust_backtrace()
     args = parser.parse_args(argv)
     if log_level is not None:
-        logging.basicConfig(level=log_level, format=LOG_FORMAT)
+        logging.basicConfig(level=log_level, format=LOG_FORMAT, handlers=[AboveBars(sys.stderr)])
     args.overrides = apply_env()
     return args
+
+
+class AboveBars(logging.StreamHandler):
+    """A stream handler that writes each line above the tqdm bars drawn on its stream (``tqdm.write``), so that a
+    line logged while the TRAIN or game bar is drawn is not glued to it."""
+
+    def emit(self, record):
+        try:
+            from tqdm import tqdm
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # noqa: BLE001 - logging's own contract: report, never raise
+            self.handleError(record)
 
 
 def error(message, status: int = 2) -> int:

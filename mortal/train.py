@@ -505,9 +505,7 @@ def main(argv=None):
             if online:
                 end_with_supervisor()  # out of the terminal's session: end with the supervisor
             entry.log_settings(logger, config, 'learner', args.config, args.overrides)
-            from tqdm.contrib.logging import logging_redirect_tqdm
-            with logging_redirect_tqdm():  # a line logged while the TRAIN bar is drawn goes above it, not into it
-                code = run_learner(config, dist)
+            code = run_learner(config, dist)
         else:
             holder = runlock.holder_if_held(control.state_file)  # refused at once, not at the child's start
             if holder is not None:

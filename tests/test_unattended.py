@@ -281,7 +281,7 @@ def test_changed_keys_name_each_key_with_both_values():
 
 def test_a_line_logged_while_the_train_bar_is_drawn_starts_a_line_of_its_own(tmp_path):
     # A new user's trial saw "TRAIN: ... it/s]2026-... INFO mortal.train: ..." glued together: the learner logged
-    # while its bar was on the terminal. The learner now runs under tqdm's logging redirect.
+    # while its bar was on the terminal. Every process now logs through entry.AboveBars (tqdm.write).
     import os
     import subprocess
     import sys
