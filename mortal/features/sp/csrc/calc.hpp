@@ -242,6 +242,7 @@ struct Workspace {
     StateMap discard[kShantenThres + 1];
     MaskMap draw_effect;   // 3n+1 hand -> tiles whose draw lowers the shanten
     MaskMap discard_keep;  // 3n+2 hand -> tiles whose discard keeps the shanten
+    NeighbourCache neighbours;  // group pattern -> its cost vectors and its neighbours'
 };
 
 // Workspaces outlive searches so their memory is reused; one per concurrently
@@ -458,7 +459,7 @@ private:
         uint64_t mask = 0;
         if (cache.find(a, b, &mask)) return mask;
         ShantenView view;
-        view.init(tehai_, ctx_.len_div3);
+        view.init(tehai_, ctx_.len_div3, ws_->neighbours);
         for (int tid = 0; tid < 34; ++tid) {
             const int c = tehai_[tid];
             if (delta > 0 ? c == 4 : c == 0) continue;
@@ -488,7 +489,7 @@ private:
     int discard_tiles(int shanten, int* tiles, int* diffs) {
         int n = 0;
         ShantenView view;
-        view.init(tehai_, ctx_.len_div3);
+        view.init(tehai_, ctx_.len_div3, ws_->neighbours);
         for (int tid = 0; tid < 34; ++tid) {
             const int c = tehai_[tid];
             if (!c) continue;
@@ -509,7 +510,7 @@ private:
         std::vector<std::pair<int, int>> out;
         const int shanten = calc_all(tehai_, ctx_.len_div3);
         ShantenView view;
-        view.init(tehai_, ctx_.len_div3);
+        view.init(tehai_, ctx_.len_div3, ws_->neighbours);
         for (int tid = 0; tid < 34; ++tid) {
             const int count = wall_[tid];
             if (count && view.with_delta(tid, +1) < shanten) out.emplace_back(tid, count);
