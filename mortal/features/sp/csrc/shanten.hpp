@@ -249,20 +249,52 @@ private:
     std::vector<Slot> slots_;
 };
 
+// Standard-form shanten after changing one tile of a group, for each position of the group: 4 bits per
+// position p (bits 4p-4p+3: shanten + 1, 15 where the count would leave 0-4), keyed by all it depends on (the
+// group's pattern, the other groups' combined cost vector, len_div3, the sign of the change). Direct-mapped, one
+// per search workspace, kept across searches: the hands of a search share most of their groups and most of
+// those groups' surroundings, so a hand's tile masks come mostly from here.
+class GroupShantenCache {
+public:
+    static constexpr int kBits = 13;
+
+    GroupShantenCache() : slots_(size_t{1} << kBits) {}
+
+    bool find(uint64_t a, uint64_t b, uint64_t* fields) const {
+        const Slot& s = slots_[index(a, b)];
+        if (s.a != a || s.b != b) return false;
+        *fields = s.fields;
+        return true;
+    }
+
+    void put(uint64_t a, uint64_t b, uint64_t fields) { slots_[index(a, b)] = Slot{a, b, fields}; }
+
+private:
+    struct Slot {
+        uint64_t a = 0, b = 0, fields = 0;  // a has bit 63 set when used
+    };
+    std::vector<Slot> slots_;
+
+    static size_t index(uint64_t a, uint64_t b) {
+        const uint64_t h = (a ^ (b * 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
+        return static_cast<size_t>(h >> (64 - kBits));
+    }
+};
+
 // Shanten of a fixed hand changed by one tile, cheaply: the cost vectors of the
 // other three groups are combined once in init(), so each query is one
 // look-up of the group's neighbouring pattern and one partial combine. with_delta() equals calc_all() of the
-// changed hand (tests/test_sp_core.py checks it).
+// changed hand (tests/test_sp_core.py checks it); group_fields() gives a group's standard-form part at once.
 class ShantenView {
 public:
     void init(const uint8_t tehai[34], int len_div3, NeighbourCache& cache) {
         tehai_ = tehai;
         len_ = len_div3;
+        cache_ = &cache;
         CostVec v[4];
         for (int g = 0; g < 4; ++g) {
-            const int idx = group_index(tehai + 9 * g, g == 3 ? 7 : 9);
-            nb_[g] = cache.get(idx, g == 3);
-            v[g] = nb_[g].self;
+            idx_[g] = group_index(tehai + 9 * g, g == 3 ? 7 : 9);
+            v[g] = cache.get(idx_[g], g == 3).self;
         }
         const CostVec p1 = combine(v[0], v[1], len_div3);
         const CostVec s2 = combine(v[2], v[3], len_div3);
@@ -285,15 +317,39 @@ public:
     // calc_all() of the hand with tile `tid` changed by `delta` (+1 or -1; the count stays within 0-4).
     int with_delta(int tid, int delta) const {
         const int g = tid < 27 ? tid / 9 : 3;
+        const Neighbours& nb = cache_->get(idx_[g], g == 3);
         const int pos = tid - 9 * g;
-        const CostVec& gv = delta > 0 ? nb_[g].plus[pos] : nb_[g].minus[pos];
+        return adjust(tid, delta, normal(delta > 0 ? nb.plus[pos] : nb.minus[pos], rest_[g]));
+    }
+
+    // The standard-form shanten + 1 (at most 14) of the hand with each tile of group g changed by delta, 4 bits
+    // per position (15 where the count would leave 0-4); from `gc` or computed and kept there.
+    uint64_t group_fields(int g, int delta, GroupShantenCache& gc) const {
         const CostVec& r = rest_[g];
-        int best = kInf * 2;
-        for (int i = 0; i <= len_; ++i) {
-            const int j = len_ - i;
-            best = std::min(best, std::min(gv.v[i] + r.v[5 + j], gv.v[5 + i] + r.v[j]));
+        uint64_t b;
+        std::memcpy(&b, r.v, 8);
+        const uint64_t a = static_cast<uint64_t>(idx_[g]) | uint64_t{g == 3} << 21 |
+                           static_cast<uint64_t>(len_) << 22 | uint64_t{delta > 0} << 25 |
+                           static_cast<uint64_t>(r.v[8]) << 32 | static_cast<uint64_t>(r.v[9]) << 40 |
+                           uint64_t{1} << 63;
+        uint64_t fields = 0;
+        if (gc.find(a, b, &fields)) return fields;
+        const Neighbours& nb = cache_->get(idx_[g], g == 3);
+        const int n = g == 3 ? 7 : 9;
+        for (int p = 0; p < n; ++p) {
+            const int c = tehai_[9 * g + p];
+            uint64_t f = 15;
+            if (delta > 0 ? c < 4 : c > 0)
+                f = static_cast<uint64_t>(std::min(normal(delta > 0 ? nb.plus[p] : nb.minus[p], r) + 1, 14));
+            fields |= f << (4 * p);
         }
-        int s = best - 1;
+        gc.put(a, b, fields);
+        return fields;
+    }
+
+    // The least of standard-form shanten `s` of the hand with `tid` changed by `delta` and its seven-pairs and
+    // thirteen-orphans shanten (closed hands only), as calc_all() takes it.
+    int adjust(int tid, int delta, int s) const {
         if (s <= 0 || len_ < 4) return s;
         const int c = tehai_[tid], c2 = c + delta;
         const int kinds = kinds_ - (c > 0) + (c2 > 0);
@@ -311,9 +367,20 @@ public:
 private:
     const uint8_t* tehai_ = nullptr;
     int len_ = 4;
-    Neighbours nb_[4];
+    NeighbourCache* cache_ = nullptr;
+    int idx_[4] = {};
     CostVec rest_[4];
     int pairs_ = 0, kinds_ = 0, y_kinds_ = 0, y_pairs_ = 0;
+
+    // Standard-form shanten of the group with cost vector gv beside the rest r.
+    int normal(const CostVec& gv, const CostVec& r) const {
+        int best = kInf * 2;
+        for (int i = 0; i <= len_; ++i) {
+            const int j = len_ - i;
+            best = std::min(best, std::min(gv.v[i] + r.v[5 + j], gv.v[5 + i] + r.v[j]));
+        }
+        return best - 1;
+    }
 
     static bool is_yaokyuu(int t) { return t >= 27 || t % 9 == 0 || t % 9 == 8; }
 };
