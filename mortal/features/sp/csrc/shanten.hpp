@@ -140,12 +140,15 @@ inline CostVec suit_costs(const uint8_t* counts) { return group_costs(group_inde
 
 inline CostVec honor_costs(const uint8_t* counts) { return group_costs(group_index(counts, 7), true); }
 
-inline CostVec combine(const CostVec& lhs, const CostVec& rhs, int len_div3) {
+// Cost vector of two groups together (entries up to L melds; the others stay kInf). L is a template
+// argument so that the loops unroll: this runs six times for every hand a search meets.
+template <int L>
+inline CostVec combine_n(const CostVec& lhs, const CostVec& rhs) {
     CostVec out;
     std::memset(out.v, kInf, sizeof out.v);
-    for (int i = 0; i <= len_div3; ++i) {
+    for (int i = 0; i <= L; ++i) {
         const int li = lhs.v[i], lpi = lhs.v[5 + i];
-        for (int j = 0; j <= len_div3 - i; ++j) {
+        for (int j = 0; j <= L - i; ++j) {
             const int ri = rhs.v[j], rpi = rhs.v[5 + j];
             const int s = i + j;
             int v = li + ri;
@@ -155,6 +158,16 @@ inline CostVec combine(const CostVec& lhs, const CostVec& rhs, int len_div3) {
         }
     }
     return out;
+}
+
+inline CostVec combine(const CostVec& lhs, const CostVec& rhs, int len_div3) {
+    switch (len_div3) {
+        case 0: return combine_n<0>(lhs, rhs);
+        case 1: return combine_n<1>(lhs, rhs);
+        case 2: return combine_n<2>(lhs, rhs);
+        case 3: return combine_n<3>(lhs, rhs);
+        default: return combine_n<4>(lhs, rhs);
+    }
 }
 
 // Standard-form shanten for len_div3 melds plus a pair (-1 = complete).
