@@ -44,16 +44,18 @@ bool read_counts(const char* name, const char* buf, Py_ssize_t len, uint8_t out[
     return true;
 }
 
-// Copy a bytes object of at most `max_n` deaka'd tile ids (0-33).
-bool read_tiles(const char* name, const char* buf, Py_ssize_t len, int max_n, uint8_t* out, uint8_t* n) {
+// Copy a bytes object of at most `max_n` tile ids, deaka'd (0-33) unless `red` (0-36: red fives 34-36).
+bool read_tiles(const char* name, const char* buf, Py_ssize_t len, int max_n, uint8_t* out, uint8_t* n,
+                bool red = false) {
     if (len > max_n) {
         PyErr_Format(PyExc_ValueError, "%s: at most %d tiles, got %zd", name, max_n, len);
         return false;
     }
     for (Py_ssize_t i = 0; i < len; ++i) {
         const unsigned char t = static_cast<unsigned char>(buf[i]);
-        if (t > 33) {
-            PyErr_Format(PyExc_ValueError, "%s: tile id %d is not a deaka'd id 0-33", name, t);
+        if (t > (red ? 36 : 33)) {
+            PyErr_Format(PyExc_ValueError, "%s: tile id %d is not %s", name, t,
+                         red ? "an id 0-36" : "a deaka'd id 0-33");
             return false;
         }
         out[i] = t;
@@ -324,24 +326,6 @@ bool parse_job(PyObject* args, Job* job) {
     return check_job(job, len_div3, num_doras_in_fuuro);
 }
 
-// Copy a bytes object of at most `max_n` tile ids 0-36 (red fives 34-36).
-bool read_ids(const char* name, const char* buf, Py_ssize_t len, int max_n, uint8_t* out, int* n) {
-    if (len > max_n) {
-        PyErr_Format(PyExc_ValueError, "%s: at most %d tiles, got %zd", name, max_n, len);
-        return false;
-    }
-    for (Py_ssize_t i = 0; i < len; ++i) {
-        const unsigned char t = static_cast<unsigned char>(buf[i]);
-        if (t > 36) {
-            PyErr_Format(PyExc_ValueError, "%s: tile id %d is not an id 0-36", name, t);
-            return false;
-        }
-        out[i] = t;
-    }
-    *n = static_cast<int>(len);
-    return true;
-}
-
 enum DecisionFlag {
     kCanDiscard = 1, kRiichiAccepted = 2, kCanWRiichi = 4, kCanRon = 8, kCanTsumo = 16, kIsOya = 32,
     kIsWRiichi = 64, kAtIppatsu = 128, kAtRinshan = 256, kPendingKakan = 512,
@@ -363,12 +347,11 @@ bool parse_decision(PyObject* args, Job* job) {
     a.is_menzen = a.n_chis + a.n_pons + a.n_minkans == 0;
     sp::Context& ctx = job->ctx;
     sp::Decision& d = job->decision;
-    uint8_t ind[5], fuuro[16];
-    int n_ind = 0, n_fuuro = 0;
+    uint8_t ind[5], fuuro[16], n_ind = 0, n_fuuro = 0;
     if (!fill_hand(a, &ctx.hand_base) || !read_counts("tehai", tehai_buf, tehai_len, job->tehai) ||
         !read_counts("tiles_seen", seen_buf, seen_len, job->seen) ||
-        !read_ids("dora_indicators", ind_buf, ind_len, 5, ind, &n_ind) ||
-        !read_ids("own_fuuro_tiles", fuuro_buf, fuuro_len, 16, fuuro, &n_fuuro))
+        !read_tiles("dora_indicators", ind_buf, ind_len, 5, ind, &n_ind, true) ||
+        !read_tiles("own_fuuro_tiles", fuuro_buf, fuuro_len, 16, fuuro, &n_fuuro, true))
         return false;
     if (last_tsumo < -1 || last_tsumo > 36 || last_kawa < -1 || last_kawa > 36) {
         PyErr_Format(PyExc_ValueError, "last tiles: expected ids -1-36, got %d and %d", last_tsumo, last_kawa);
