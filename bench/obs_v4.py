@@ -3,7 +3,8 @@ v3's ``PlayerState.encode_obs(3, False)``, in the same run.
 
 Replays each log for all four seats; at every decision point times ``encode_obs(3)`` and ``V4Encoder.encode``
 (the v3 encode, the single-player search and its rows: a whole v4 observation) in wall time and in CPU time of
-the thread (steadier on a shared machine). Prints median, p99 and mean in µs. One untimed pass first fills the
+the thread (steadier on a shared machine). Prints median, p99 and mean in µs, and how much of the mean CPU time
+is spent inside the compiled core's search call. One untimed pass first fills the
 single-player core's lazily built shanten tables (once per process, as in a long-running client).
 
 With ``--against OLD`` (another checkout), runs itself ``--rounds`` times on each tree, alternating (old, new,
@@ -71,14 +72,34 @@ def _replay(logs, out=None):
                         out[key].append(v * 1e6)
 
 
+def _time_core_calls(box: list) -> None:
+    """Wrap the core's search entry point (``sp_rows``; ``sp_calc_batch`` on an older tree) so that its thread CPU
+    time adds up in ``box[0]`` (µs)."""
+    from mortal.features.sp import _core
+
+    name = 'sp_rows' if hasattr(_core, 'sp_rows') else 'sp_calc_batch'
+    real = getattr(_core, name)
+
+    def timed(*args):
+        t = time.thread_time()
+        try:
+            return real(*args)
+        finally:
+            box[0] += (time.thread_time() - t) * 1e6
+
+    setattr(_core, name, timed)
+
+
 def measure(log_paths) -> dict:
-    """``{key: {'median', 'p99', 'mean'}}`` µs per decision (keys v3_wall, v3_cpu, v4_wall, v4_cpu) and
-    ``decisions``."""
+    """``{key: {'median', 'p99', 'mean'}}`` µs per decision (keys v3_wall, v3_cpu, v4_wall, v4_cpu),
+    ``decisions`` and ``search_cpu_mean``: the mean CPU µs per decision inside the core's search call."""
     logs = [_events(p) for p in log_paths]
     _replay(logs)  # untimed: fills the shanten tables
+    box = [0.0]
+    _time_core_calls(box)
     times = {k: [] for k in ('v3_wall', 'v3_cpu', 'v4_wall', 'v4_cpu')}
     _replay(logs, times)
-    out = {'decisions': len(times['v4_wall'])}
+    out = {'decisions': len(times['v4_wall']), 'search_cpu_mean': box[0] / len(times['v4_wall'])}
     for key, v in times.items():
         a = np.asarray(v)
         out[key] = {'median': float(np.median(a)), 'p99': float(np.percentile(a, 99)), 'mean': float(a.mean())}
@@ -101,7 +122,7 @@ def _line(label, r):
     v4w, v4c, v3c = r['v4_wall'], r['v4_cpu'], r['v3_cpu']
     return (f"{label:>4s} v4 µs/decision: wall median {v4w['median']:6.0f} p99 {v4w['p99']:6.0f} mean {v4w['mean']:5.0f}"
             f" | cpu median {v4c['median']:6.0f} p99 {v4c['p99']:6.0f} mean {v4c['mean']:5.0f}"
-            f" | v3 encode cpu median {v3c['median']:4.0f}")
+            f" | of the cpu mean: search {r['search_cpu_mean']:4.0f}, v3 encode {v3c['mean']:3.0f}")
 
 
 def against(old: str, rounds: int, log_paths, json_path=None) -> None:
@@ -120,6 +141,11 @@ def against(old: str, rounds: int, log_paths, json_path=None) -> None:
             runs[label].append(res)
             print(_line(f'{label}{r + 1}', res), flush=True)
     print(f"decisions per run: {runs['new'][0]['decisions']}; pinned to one core: {bool(pin)}")
+    for label in ('old', 'new'):
+        search = statistics.median(r['search_cpu_mean'] for r in runs[label])
+        total = statistics.median(r['v4_cpu']['mean'] for r in runs[label])
+        print(f"{label}: cpu mean {total:.0f} µs per decision = core search call {search:.0f} + the rest "
+              f"(Python around it, the v3 encode inside V4Encoder.encode) {total - search:.0f}")
     for key in ('v4_cpu', 'v4_wall'):
         for stat in ('median', 'p99', 'mean'):
             ratios = [o[key][stat] / n[key][stat] for o, n in zip(runs['old'], runs['new'])]
