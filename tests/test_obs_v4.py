@@ -11,9 +11,9 @@ from mjai.mlibriichi.state import PlayerState
 
 from mortal.features.obs_v4 import (OBS_CHANNELS_V4, ROW_TABLE, SP_BEST, SP_REQUIRED, SP_START, SP_TABLE, V4Encoder,
                                     repack_v3)
-from mortal.features.sp import calc as core
-from mortal.features.sp.calc import Hand, SPCalculator
-from mortal.features.sp.point import point
+from sp_oracle import core_py as core
+from sp_oracle.core_py import Hand, SPCalculator
+from sp_oracle.point import point
 
 from conftest import hand
 from sp_oracle import agari as oracle_agari, search as oracle_search

@@ -14,7 +14,9 @@ from mjai.mlibriichi.state import PlayerState
 
 import mortal.features.sp.calc as calc_mod
 from mortal.features.obs_v4 import V4Encoder
-from mortal.features.sp.calc import HAVE_CORE, Hand, SPCalculator
+from mortal.features.sp.calc import HAVE_CORE
+from sp_oracle.core_py import Hand, SPCalculator
+from sp_oracle import v4_rows
 
 from conftest import hand
 from sp_oracle.agari import agari
@@ -185,7 +187,7 @@ def _decisions(path, seat):
         cans = ps.update(json.dumps(ev))
         enc.update(ev)
         if ev["type"] not in ("hora", "ryukyoku", "end_kyoku", "end_game") and cans.can_act:
-            job = enc._sp_job(ps, enc._context(ps))
+            job = v4_rows.sp_job(enc, ps, v4_rows.context(enc, ps))
             if job is not None:
                 out.append(job[:2])
     return out
@@ -242,7 +244,7 @@ def test_sort_key_orders_as_mortal_comparator():
     # sort_candidates must give the order of the column-by-column comparator (_cmp), ties included
     from functools import cmp_to_key
 
-    from mortal.features.sp.calc import Candidate, _cmp, sort_candidates
+    from sp_oracle.core_py import Candidate, _cmp, sort_candidates
 
     rng = random.Random(3)
     for _ in range(300):
@@ -291,18 +293,36 @@ def test_encode_batch_threads_and_kan_select_reuse_match_one_by_one():
     assert batches >= 5 and rows >= 1000, (batches, rows)
 
 
-def test_calc_batch_equals_single_calls():
-    from mortal.features.sp.calc import calc_batch
+def _facts(path, seat, limit):
+    """``V4Encoder._facts`` of the first ``limit`` decisions of ``seat`` replaying ``path``."""
+    out = []
+    ps, enc = PlayerState(seat), V4Encoder(seat)
+    with open(path) as f:
+        for line in f:
+            ev = json.loads(line)
+            ev.pop("meta", None)
+            cans = ps.update(json.dumps(ev))
+            enc.update(ev)
+            if ev["type"] not in ("hora", "ryukyoku", "end_kyoku", "end_game") and cans.can_act:
+                out.append(enc._facts(ps))
+                if len(out) == limit:
+                    break
+    return out
 
-    jobs = _decisions(LOGS[0], 1)[:80]
-    got = calc_batch(jobs, threads=3)
-    assert len(got) == len(jobs)
-    for (calc, args), cands in zip(jobs, got):
-        want = calc.calc(*args)
-        assert [(c.tile, c.exp_values, c.win_probs, c.required_tiles) for c in cands] == \
-               [(c.tile, c.exp_values, c.win_probs, c.required_tiles) for c in want]
-    with pytest.raises(ValueError, match="tsumos_left"):
-        calc_batch([jobs[0], (jobs[1][0], jobs[1][1][:5] + (0, jobs[1][1][6]))])
+
+def test_sp_rows_batch_on_threads_equals_single_calls():
+    from mortal.features.obs_v4 import sp_rows
+
+    facts = _facts(LOGS[0], 1, 80)
+    got = sp_rows(facts, threads=3)
+    assert got.shape == (80, 123, 34)
+    for f, rows in zip(facts, got):
+        np.testing.assert_array_equal(rows, sp_rows([f], threads=1)[0])
+    assert (got[:, 0] > 0).any() and (got[:, 72] > 0).any()  # EVs and tenpai tables were written
+    bad = facts[1][:12] + (-1,) + facts[1][13:]  # tiles left below zero: no search, nothing to win
+    with pytest.raises(ValueError, match="tiles_seen"):
+        sp_rows([facts[0], facts[1][:8] + (bytes(34),) + facts[1][9:]], threads=2)
+    assert not sp_rows([bad], threads=1).any()
 
 
 def test_sp_threads_from_the_environment(monkeypatch, caplog):
@@ -328,8 +348,8 @@ def test_prepare_sp_searches_each_decision_once(monkeypatch):
     import mortal.features.obs_v4 as obs_v4
 
     calls = []
-    real = obs_v4.calc_batch
-    monkeypatch.setattr(obs_v4, "calc_batch", lambda jobs, threads: calls.append(len(jobs)) or real(jobs, threads))
+    real = obs_v4.sp_rows
+    monkeypatch.setattr(obs_v4, "sp_rows", lambda facts, threads: calls.append(len(facts)) or real(facts, threads))
     with open(LOGS[0]) as f:
         events = [json.loads(line) for line in f]
     ps, enc = PlayerState(0), V4Encoder(0)

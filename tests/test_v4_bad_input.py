@@ -6,12 +6,15 @@ import gzip
 import json
 import math
 
+import numpy as np
 import pytest
 from mjai.mlibriichi.state import PlayerState
 
 from mortal.data.gameplay import GameplayLoader
 from mortal.features.obs_v4 import MAX_DORA_INDICATORS, SP_EV, V4Encoder
-from mortal.features.sp.calc import HAVE_CORE, SPCalculator
+from mortal.features.sp.calc import HAVE_CORE
+from sp_oracle import v4_rows
+from sp_oracle.core_py import SPCalculator
 
 from conftest import DATA_DIR, hand
 from sp_oracle.search import calc as oracle_calc
@@ -103,19 +106,41 @@ def test_core_lying_shanten_terminates_with_finite_values(shanten):
     assert (max(win + ev) == 0.0) == (shanten >= 2)
 
 
+def _decision_facts():
+    """``V4Encoder._facts`` of seat 0's first discard decision of the fixture game."""
+    ps, enc = PlayerState(0), V4Encoder(0)
+    for ev in _first_kyoku():
+        cans = ps.update(json.dumps(ev))
+        enc.update(ev)
+        if cans.can_discard and ev["type"] == "tsumo":
+            return enc._facts(ps)
+    raise AssertionError("no discard decision")
+
+
 @needs_core
-def test_core_batch_checks_every_job_and_any_thread_count():
-    good = _sp_args(tsumos_left=5)
-    want = _core.sp_calc(*good)
+def test_core_rows_check_every_decision_and_any_thread_count():
+    good = _decision_facts()
+    want = np.empty((1, 123, 34), np.float32)
+    _core.sp_rows([good], want, 1)
+    assert want[0, 0, 0] > 0.0  # an EV was written
     for threads in (0, -5, 1, 3, 1000):
-        assert _core.sp_calc_batch([good, good, good], threads) == [want] * 3
-    assert _core.sp_calc_batch([], 4) == []
-    with pytest.raises(ValueError, match="tsumos_left must be 1-17, got 0"):
-        _core.sp_calc_batch([good, _sp_args(tsumos_left=0), good], 4)
+        out = np.empty((3, 123, 34), np.float32)
+        assert _core.sp_rows([good, good, good], out, threads) is None
+        np.testing.assert_array_equal(out, np.repeat(want, 3, axis=0))
+    assert _core.sp_rows([], np.empty((0, 123, 34), np.float32), 4) is None
+    out = np.zeros((3, 123, 34), np.float32)
+    bad_seen = good[:8] + (bytes(34),) + good[9:]  # fewer tiles seen than in hand
+    with pytest.raises(ValueError, match="tiles_seen: tile .* is seen 0 times"):
+        _core.sp_rows([good, bad_seen, good], out, 4)
+    assert not out.any()  # checked before any search
+    with pytest.raises(ValueError, match="dora_indicators: tile id 40"):
+        _core.sp_rows([good[:10] + (bytes([40]),) + good[11:]], out[:1], 1)
+    with pytest.raises(ValueError, match="an output of"):
+        _core.sp_rows([good, good], out, 1)
     with pytest.raises(TypeError, match="item 1 is not a tuple"):
-        _core.sp_calc_batch([good, list(good)], 4)
+        _core.sp_rows([good, list(good)], out[:2], 4)
     with pytest.raises(TypeError, match="expected a sequence"):
-        _core.sp_calc_batch(None, 4)
+        _core.sp_rows(None, out, 4)
 
 
 # ---- V4Encoder.update: event checks -----------------------------------------------------------
@@ -211,8 +236,14 @@ def test_kakan_by_another_player_then_immediate_end(tail):
     assert obs.shape == (1012, 34) and mask[43]  # hora is legal (chankan)
     # ron on 5sr: tanyao + pinfu + chankan + aka = 4 han 30 fu; Mortal's value is the tsumo
     # total of that hand for a ko: 2000 + 2000 + 3900 = 7900
-    assert enc.min_tsumo_agari(ps) == 7900.0
-    assert 0.0 < obs[SP_EV, 0] <= 1.0
+    assert 0.0 < obs[SP_EV, 0] <= 1.0  # a search ran (tiles are left): its best EV
+    assert v4_rows.min_tsumo_agari(enc, ps, v4_rows.context(enc, ps)) == 7900.0
+    # the core's fallback value: the same decision with 3 tiles left (no search; not the last tile)
+    facts = enc._facts(ps)
+    rows = np.empty((1, 123, 34), np.float32)
+    _core.sp_rows([facts[:12] + (3,) + facts[13:]], rows, 1)
+    assert rows[0, 0, 0] == np.float32(7900 / 100000) and rows[0, 1, 5] == np.float32(7900 / 30000)
+    assert not rows[0, 2:].any()
     for kind in tail:
         ev = {"type": kind}
         if kind == "hora":

@@ -7,7 +7,8 @@ two parts:
   re-packed (scores get a clamp(s,0,30000)/30000 row instead of 9 RBF rows;
   honba/kyotaku become min(n,10)/10; doras owned/unseen keep only their
   rescale row). The action mask is v3's, which equals v4's.
-* rows 889-1011: the single-player (SP) block from ``mortal.features.sp.calc``.
+* rows 889-1011: the single-player (SP) block, written by the compiled core (``_core.sp_rows``: the
+  search set up as Mortal's ``agent_helper.rs`` does, its candidates sorted, the rows filled).
 
 The SP block needs per-kyoku facts that ``PlayerState`` does not expose (dora
 indicators, red fives seen, tiles left, own call tiles, double riichi,
@@ -22,10 +23,10 @@ event stream. Usage, per seat::
 Version 4 needs the compiled single-player core (``mortal.features.sp._core``, built by
 ``scripts/setup.sh``): ``V4Encoder`` raises ``SPCoreMissing`` without it. Cost: bench/obs_v4.py.
 
-The parts: ``mortal.features.obs_v4_rows`` (the array's rows, the v3 re-pack, the SP rows),
-``mortal.features.obs_v4_kyoku`` (the facts tracked from the events) and ``mortal.features.obs_v4_search`` (one
-decision's search); here the encoder that joins them and the batching of the searches, at once (``encode_batch``)
-or later (``DeferredSP``, the loader's path). The names of the parts are read from here.
+The parts: ``mortal.features.obs_v4_rows`` (the array's rows, the v3 re-pack) and ``mortal.features.obs_v4_kyoku``
+(the facts tracked from the events); here the encoder that hands a decision's facts to the core, and the batching
+of the searches, at once (``encode_batch``) or later (``DeferredSP``, the loader's path). The names of the parts
+are read from here.
 """
 
 from __future__ import annotations
@@ -39,13 +40,13 @@ import numpy as np
 # the parts' names are also this module's API (tests, the loader, the agents and the packer read them from here)
 from mortal.features.obs_v4_kyoku import MAX_DORA_INDICATORS, KyokuFacts  # noqa: F401
 from mortal.features.obs_v4_rows import (OBS_CHANNELS_V3, OBS_CHANNELS_V4, MAX_NUM_TURNS, ROW_TABLE,  # noqa: F401
-                                         SP_BEST, SP_EV, SP_REQUIRED, SP_START, SP_TABLE, fill_sp_tables, repack_v3)
-from mortal.features.obs_v4_search import SinglePlayerSearch
-from mortal.features.sp.calc import SHANTEN_THRES, calc_batch, require_core, sort_candidates
-from mortal.features.sp.calc import _candidates as sp_candidates
+                                         SP_BEST, SP_EV, SP_REQUIRED, SP_START, SP_TABLE, repack_v3)
+from mortal.features.sp.calc import require_core
+from mortal.features.tile import TILE_IDS
 
 logger = logging.getLogger('mortal.obs_v4')  # the name before the package split (log format)
 
+SP_ROWS = OBS_CHANNELS_V4 - SP_START  # 123
 
 #: Threads ``encode_batch`` runs single-player searches on by default (compiled core
 #: only; the searches release the interpreter lock); None: min(8, CPU count). Entry
@@ -54,11 +55,11 @@ logger = logging.getLogger('mortal.obs_v4')  # the name before the package split
 SP_THREADS = None
 
 
-class V4Encoder(KyokuFacts, SinglePlayerSearch):
+class V4Encoder(KyokuFacts):
     """Per-seat v4 observation encoder; feed it every mjai event the seat's ``PlayerState`` gets.
 
-    The facts of the kyoku come from ``KyokuFacts`` (``update``, ``update_parsed``), the single-player search of a
-    decision from ``SinglePlayerSearch``.
+    The facts of the kyoku come from ``KyokuFacts`` (``update``, ``update_parsed``); a decision's single-player
+    rows from the compiled core (``_facts`` gathers what it reads).
 
     Args:
         player_id: absolute seat 0-3.
@@ -79,9 +80,24 @@ class V4Encoder(KyokuFacts, SinglePlayerSearch):
 
         The single-player rows are computed once per decision: a second call
         before the next ``update`` (the kan-select pass) reuses them.
-        Raises ValueError if ``state`` belongs to another seat.
+        Raises ValueError if ``state`` belongs to another seat or the core refuses the hand.
         """
         return encode_batch([(self, state, at_kan_select)], threads=1)[0]
+
+    def _facts(self, state) -> tuple:
+        """The decision tuple of ``_core.sp_rows``: the hand and calls of ``state``, what the seat has seen, the
+        kyoku facts, the options (flags), the last tiles and the seat's score."""
+        cans = state.last_cans
+        akas, seen = state.akas_in_hand, self.akas_seen
+        flags = (cans.can_discard | state.self_riichi_accepted << 1 | state.can_w_riichi << 2
+                 | cans.can_ron_agari << 3 | cans.can_tsumo_agari << 4 | state.is_oya << 5 | self.is_w_riichi << 6
+                 | self.at_ippatsu << 7 | self.at_rinshan << 8 | self.pending_kakan << 9)
+        tsumo, kawa = state.last_self_tsumo(), state.last_kawa_tile()
+        return (bytes(state.tehai), akas[0] | akas[1] << 1 | akas[2] << 2, bytes(state.chis), bytes(state.pons),
+                bytes(state.minkans), bytes(state.ankans), state.bakaze, state.jikaze, bytes(state.tiles_seen),
+                seen[0] | seen[1] << 1 | seen[2] << 2, bytes(self.dora_indicators), bytes(self.own_fuuro_tiles),
+                self.tiles_left, flags, (cans.target_actor - self.player_id) % 4,
+                -1 if tsumo is None else TILE_IDS[tsumo], -1 if kawa is None else TILE_IDS[kawa], state.scores[0])
 
 
 def sp_threads() -> int:
@@ -89,6 +105,22 @@ def sp_threads() -> int:
     if SP_THREADS is not None:
         return SP_THREADS
     return max(1, min(8, os.cpu_count() or 1))
+
+
+def _checked(enc, state) -> None:
+    if enc is None:
+        raise ValueError("feature version 4 needs the seat's V4Encoder (fed every event the PlayerState got)")
+    if state.player_id != enc.player_id:
+        raise ValueError(f"state is seat {state.player_id}, encoder is seat {enc.player_id}")
+
+
+def sp_rows(facts: list, threads: int) -> np.ndarray:
+    """Rows 889-1011 of each decision of ``facts`` (``V4Encoder._facts`` tuples), ``(len(facts), 123, 34)``
+    float32, searched together on up to ``threads`` threads. Raises ValueError (naming the field) for a hand the
+    core refuses, before any search."""
+    rows = np.empty((len(facts), SP_ROWS, 34), dtype=np.float32)
+    require_core().sp_rows(facts, rows, int(threads))
+    return rows
 
 
 def prepare_sp(pairs, threads: int | None = None) -> None:
@@ -100,33 +132,20 @@ def prepare_sp(pairs, threads: int | None = None) -> None:
     other encoders are used elsewhere (the search releases the interpreter lock).
 
     Raises:
-        ValueError: an encoder is None or belongs to another seat than its state.
+        ValueError: an encoder is None or belongs to another seat than its state; the core refuses a hand.
     """
-    pending, jobs = {}, []
+    pending = {}
     for enc, state in pairs:
-        if enc is None:
-            raise ValueError("feature version 4 needs the seat's V4Encoder (fed every event the PlayerState got)")
-        if state.player_id != enc.player_id:
-            raise ValueError(f"state is seat {state.player_id}, encoder is seat {enc.player_id}")
+        _checked(enc, state)
         cache = enc._sp_cache
         if (cache is not None and cache[0] == enc.events_seen) or id(enc) in pending:
             continue
-        ctx = enc._context(state)
-        job = enc._sp_job(state, ctx)
-        pending[id(enc)] = (enc, state, ctx, job)
-        if job is not None:
-            jobs.append(job)
+        pending[id(enc)] = (enc, enc._facts(state))
     if not pending:
         return
-    results = calc_batch([(calc, args) for calc, args, _ in jobs],
-                         sp_threads() if threads is None else threads) if jobs else []
-    by_job = {id(job): tables for job, tables in zip(jobs, results)}
-    scratch = np.zeros((OBS_CHANNELS_V4, 34), dtype=np.float32)
-    for enc, state, ctx, job in pending.values():
-        tables = None if job is None else V4Encoder._finish_tables(job, by_job[id(job)])
-        scratch[SP_START:] = 0.0
-        enc._fill_sp(state, ctx, tables, scratch)
-        enc._sp_cache = (enc.events_seen, scratch[SP_START:].copy())
+    rows = sp_rows([f for _, f in pending.values()], sp_threads() if threads is None else threads)
+    for (enc, _), r in zip(pending.values(), rows):
+        enc._sp_cache = (enc.events_seen, r)
 
 
 def encode_batch(items, threads: int | None = None) -> list:
@@ -138,22 +157,22 @@ def encode_batch(items, threads: int | None = None) -> list:
     (main and kan-select pass) or already prepared is not searched again.
 
     Raises:
-        ValueError: an encoder is None or belongs to another seat than its state.
+        ValueError: an encoder is None or belongs to another seat than its state; the core refuses a hand.
     """
     prepare_sp([(enc, state) for enc, state, _ in items], threads)
+    core = require_core()
     out = []
     for enc, state, at_kan_select in items:
         v3, mask = state.encode_obs(3, bool(at_kan_select))
         obs = np.empty((OBS_CHANNELS_V4, 34), dtype=np.float32)
-        obs[:SP_START] = 0.0
-        repack_v3(v3, state.scores, state.honba, state.kyotaku, obs)
+        core.repack_v3(v3, state.scores, state.honba, state.kyotaku, obs)
         obs[SP_START:] = enc._sp_cache[1]
         out.append((obs, mask))
     return out
 
 
 class DeferredSPError(ValueError):
-    """A pending search of ``DeferredSP.flush`` rejected its hand; ``tag`` is its decision's tag."""
+    """A pending search of ``DeferredSP.flush`` failed; ``tag`` is its decision's tag."""
 
     def __init__(self, message: str, tag):
         super().__init__(message)
@@ -175,7 +194,7 @@ class DeferredSP:
 
     def __init__(self, threads: int | None = None):
         self.threads = threads
-        self._jobs = []      # (calculator, core args, sort by EV, last tsumo or None, can_discard)
+        self._jobs = []      # facts of the decisions to search
         self._pending = []   # (obs, index in _jobs, tag)
         self._last = None    # (encoder id, events_seen, job index): the kan-select pass shares the search
         self._inflight = None  # (thread, result box) of a background flush
@@ -189,15 +208,12 @@ class DeferredSP:
 
         ``pending`` True: rows 889-1011 of ``obs`` are filled by the next ``flush`` (which returns
         ``tag`` with it); do not use ``obs`` before. Raises ValueError as ``V4Encoder.encode``
-        (wrong seat, an impossible hand), before any search.
+        (wrong seat, a hand the core refuses), before any search.
         """
-        if enc is None:
-            raise ValueError("feature version 4 needs the seat's V4Encoder (fed every event the PlayerState got)")
-        if state.player_id != enc.player_id:
-            raise ValueError(f"state is seat {state.player_id}, encoder is seat {enc.player_id}")
+        _checked(enc, state)
         v3, mask = state.encode_obs(3, bool(at_kan_select))
-        obs = np.zeros((OBS_CHANNELS_V4, 34), dtype=np.float32)
-        repack_v3(v3, state.scores, state.honba, state.kyotaku, obs)
+        obs = np.empty((OBS_CHANNELS_V4, 34), dtype=np.float32)
+        require_core().repack_v3(v3, state.scores, state.honba, state.kyotaku, obs)
         cache = enc._sp_cache
         if cache is not None and cache[0] == enc.events_seen:
             obs[SP_START:] = cache[1]
@@ -206,16 +222,12 @@ class DeferredSP:
         if last is not None and last[0] == id(enc) and last[1] == enc.events_seen:
             self._pending.append((obs, last[2], tag))
             return obs, mask, True
-        ctx = enc._context(state)
-        job = enc._sp_job(state, ctx)
-        if job is None:
-            enc._fill_sp(state, ctx, None, obs)
+        facts = enc._facts(state)
+        # checked now, so a bad hand is reported at its own decision; a decision without a search is written now
+        if not require_core().sp_rows([facts], obs[SP_START:], 1, True)[0]:
             enc._sp_cache = (enc.events_seen, obs[SP_START:].copy())
             return obs, mask, False
-        calc, args, last_tsumo = job
-        # checked now, so a bad hand is reported at its own decision
-        self._jobs.append((calc, calc.core_args(*args), args[6] <= SHANTEN_THRES, last_tsumo,
-                           state.last_cans.can_discard))
+        self._jobs.append(facts)
         self._last = (id(enc), enc.events_seen, len(self._jobs) - 1)
         self._pending.append((obs, len(self._jobs) - 1, tag))
         return obs, mask, True
@@ -228,7 +240,7 @@ class DeferredSP:
         ``background=True``: the pending searches start in a background thread (they release the
         interpreter lock, so encoding goes on meanwhile) and only the batch started by the
         previous background flush is returned (waited for). Raises ``DeferredSPError`` (a
-        ``ValueError`` naming the bad decision's tag) if the core rejects a hand; an error of a
+        ``ValueError`` naming the failed decision's tag) if the core fails a search; an error of a
         background batch is raised by the next flush, which then drops what is pending.
         """
         out = self._wait()
@@ -267,27 +279,10 @@ class DeferredSP:
 def _run_deferred(jobs, pending, threads: int) -> list:
     """The searches of ``DeferredSP`` ``jobs`` in one core call; fills the rows of ``pending``, returns
     ``[(obs, tag)]``."""
-    core = require_core()
     try:
-        raw = core.sp_calc_batch([j[1] for j in jobs], threads)
-    except ValueError:
-        # name the decision of the first bad hand, as a search at its own decision would have
-        for k, j in enumerate(jobs):
-            try:
-                core.sp_calc_batch([j[1]], 1)
-            except ValueError as e:
-                tag = next(t for _, kk, t in pending if kk == k)
-                raise DeferredSPError(str(e), tag) from None
-        raise
-    rows = []
-    scratch = np.zeros((OBS_CHANNELS_V4, 34), dtype=np.float32)
-    for (_, _, by_ev, last_tsumo, can_discard), r in zip(jobs, raw):
-        tables = sort_candidates(sp_candidates(r), by_ev)
-        if last_tsumo is not None:  # accepted riichi: the one candidate is the drawn tile
-            tables[0].tile = last_tsumo
-        scratch[SP_START:] = 0.0
-        fill_sp_tables(tables, can_discard, scratch)
-        rows.append(scratch[SP_START:].copy())
+        rows = sp_rows(jobs, threads)
+    except ValueError as e:  # checked at encode: only a search that failed ends here
+        raise DeferredSPError(str(e), pending[0][2]) from None
     out = []
     for obs, k, tag in pending:
         obs[SP_START:] = rows[k]

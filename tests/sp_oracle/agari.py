@@ -26,7 +26,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
-from mortal.features.sp.calc import Hand, Yaku
+from sp_oracle.core_py import Hand, Yaku
 from sp_oracle.shanten import calc_kokushi
 
 _P, _F, _C = 31, 32, 33

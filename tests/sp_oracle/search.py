@@ -1,4 +1,4 @@
-"""Test oracle: the single-player search of ``mortal.features.sp.calc.SPCalculator.calc`` in pure Python.
+"""Test oracle: the single-player search of ``sp_oracle.core_py.SPCalculator.calc`` in pure Python.
 
 The compiled core (``mortal.features.sp._core.sp_calc``) is what the project runs; ``tests/test_sp_core.py`` checks it
 against ``calc`` here on every decision of two real games, and ``tests/test_obs_v4.py`` checks both against values
@@ -9,9 +9,9 @@ Arithmetic is float64 (Mortal uses f32), so values agree with Mortal to ~1e-6 re
 
 from __future__ import annotations
 
-from mortal.features.sp.calc import (_FIVE, MAX_TSUMOS_LEFT, SHANTEN_THRES, Candidate, Hand, SPCalculator,
-                                     cmp_discard_priority, deaka, sort_candidates)
-from mortal.features.sp.point import point as calc_point, yaku_point
+from sp_oracle.core_py import (_FIVE, MAX_TSUMOS_LEFT, SHANTEN_THRES, Candidate, Hand, SPCalculator,
+                               cmp_discard_priority, deaka, sort_candidates)
+from sp_oracle.point import point as calc_point, yaku_point
 from sp_oracle.agari import agari
 from sp_oracle.shanten import calc_all_py as calc_all
 

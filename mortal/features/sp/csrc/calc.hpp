@@ -119,9 +119,17 @@ class StateMap {
 public:
     StateMap() { slots_.assign(64, Slot{}); }
 
+    // Forget every state. The slots are sized for the states of the search just ended (at most half
+    // full): a table grown by one large search would make every look-up of the smaller searches that
+    // follow a cache miss.
     void clear() {
+        size_t want = 64;
+        while (want < 2 * pool_.size()) want *= 2;
         pool_.clear();
-        if (++gen_ == 0) {  // wrapped: forget every generation explicitly
+        if (slots_.size() > 2 * want) {
+            slots_.assign(want, Slot{});
+            gen_ = 1;
+        } else if (++gen_ == 0) {  // wrapped: forget every generation explicitly
             for (Slot& s : slots_) s.gen = 0;
             gen_ = 1;
         }
@@ -181,7 +189,7 @@ private:
 // mostly the same hands. Emptied when it reaches kMaxEntries.
 class MaskMap {
 public:
-    static constexpr size_t kMaxEntries = size_t{1} << 16;
+    static constexpr size_t kMaxEntries = size_t{1} << 14;
 
     MaskMap() { slots_.assign(1024, Slot{}); }
 
@@ -242,6 +250,8 @@ struct Workspace {
     StateMap discard[kShantenThres + 1];
     MaskMap draw_effect;   // 3n+1 hand -> tiles whose draw lowers the shanten
     MaskMap discard_keep;  // 3n+2 hand -> tiles whose discard keeps the shanten
+    NeighbourCache neighbours;  // group pattern -> its cost vectors and its neighbours'
+    GroupShantenCache group_shanten;  // group in its surroundings -> standard shanten after a change
 };
 
 // Workspaces outlive searches so their memory is reused; one per concurrently
@@ -458,11 +468,15 @@ private:
         uint64_t mask = 0;
         if (cache.find(a, b, &mask)) return mask;
         ShantenView view;
-        view.init(tehai_, ctx_.len_div3);
-        for (int tid = 0; tid < 34; ++tid) {
-            const int c = tehai_[tid];
-            if (delta > 0 ? c == 4 : c == 0) continue;
-            if (view.with_delta(tid, delta) == target) mask |= uint64_t{1} << tid;
+        view.init(tehai_, ctx_.len_div3, ws_->neighbours);
+        for (int g = 0; g < 4; ++g) {
+            const uint64_t fields = view.group_fields(g, delta, ws_->group_shanten);
+            for (int p = 0; p < (g == 3 ? 7 : 9); ++p) {
+                const int f = static_cast<int>(fields >> (4 * p) & 15);
+                if (f == 15) continue;  // the count would leave 0-4
+                const int tid = 9 * g + p;
+                if (view.adjust(tid, delta, f - 1) == target) mask |= uint64_t{1} << tid;
+            }
         }
         cache.insert(a, b, mask);
         return mask;
@@ -488,7 +502,7 @@ private:
     int discard_tiles(int shanten, int* tiles, int* diffs) {
         int n = 0;
         ShantenView view;
-        view.init(tehai_, ctx_.len_div3);
+        view.init(tehai_, ctx_.len_div3, ws_->neighbours);
         for (int tid = 0; tid < 34; ++tid) {
             const int c = tehai_[tid];
             if (!c) continue;
@@ -509,7 +523,7 @@ private:
         std::vector<std::pair<int, int>> out;
         const int shanten = calc_all(tehai_, ctx_.len_div3);
         ShantenView view;
-        view.init(tehai_, ctx_.len_div3);
+        view.init(tehai_, ctx_.len_div3, ws_->neighbours);
         for (int tid = 0; tid < 34; ++tid) {
             const int count = wall_[tid];
             if (count && view.with_delta(tid, +1) < shanten) out.emplace_back(tid, count);

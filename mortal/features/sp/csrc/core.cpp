@@ -22,6 +22,7 @@
 
 #include "agari.hpp"
 #include "calc.hpp"
+#include "rows.hpp"
 #include "shanten.hpp"
 
 namespace {
@@ -43,16 +44,18 @@ bool read_counts(const char* name, const char* buf, Py_ssize_t len, uint8_t out[
     return true;
 }
 
-// Copy a bytes object of at most `max_n` deaka'd tile ids (0-33).
-bool read_tiles(const char* name, const char* buf, Py_ssize_t len, int max_n, uint8_t* out, uint8_t* n) {
+// Copy a bytes object of at most `max_n` tile ids, deaka'd (0-33) unless `red` (0-36: red fives 34-36).
+bool read_tiles(const char* name, const char* buf, Py_ssize_t len, int max_n, uint8_t* out, uint8_t* n,
+                bool red = false) {
     if (len > max_n) {
         PyErr_Format(PyExc_ValueError, "%s: at most %d tiles, got %zd", name, max_n, len);
         return false;
     }
     for (Py_ssize_t i = 0; i < len; ++i) {
         const unsigned char t = static_cast<unsigned char>(buf[i]);
-        if (t > 33) {
-            PyErr_Format(PyExc_ValueError, "%s: tile id %d is not a deaka'd id 0-33", name, t);
+        if (t > (red ? 36 : 33)) {
+            PyErr_Format(PyExc_ValueError, "%s: tile id %d is not %s", name, t,
+                         red ? "an id 0-36" : "a deaka'd id 0-33");
             return false;
         }
         out[i] = t;
@@ -207,21 +210,46 @@ PyObject* candidate_tuple(const sp::Candidate& c, int T) {
     return Py_BuildValue("(iNNNNO)", c.tile, tp, wp, ev, req, c.shanten_down ? Py_True : Py_False);
 }
 
-// One SP calculation, parsed from Python and run without the interpreter lock.
+// One SP calculation (and, for sp_rows, its decision's rows), parsed from Python and run without the
+// interpreter lock.
 struct Job {
     sp::Context ctx;
     uint8_t tehai[34], seen[34];
     int akas_in_hand = 0, akas_seen = 0, can_discard = 0, tsumos_left = 1, cur_shanten = 0;
     std::vector<sp::Candidate> out;
     bool out_of_memory = false;  // set instead of letting std::bad_alloc end the process
+    bool no_candidates = false;
+    sp::Decision decision;       // sp_rows only
+    float* rows = nullptr;       // sp_rows only: 123 x 34 float32 to write
+
+    void search() {
+        sp::Search s(ctx, tehai, akas_in_hand, seen, akas_seen, tsumos_left);
+        if (cur_shanten <= sp::kShantenThres)
+            out = can_discard ? s.analyze_discard(cur_shanten) : s.analyze_draw(cur_shanten);
+        else
+            out = can_discard ? s.analyze_discard_simple(cur_shanten) : s.analyze_draw_simple();
+    }
 
     void run() noexcept {
         try {
-            sp::Search s(ctx, tehai, akas_in_hand, seen, akas_seen, tsumos_left);
-            if (cur_shanten <= sp::kShantenThres)
-                out = can_discard ? s.analyze_discard(cur_shanten) : s.analyze_draw(cur_shanten);
-            else
-                out = can_discard ? s.analyze_discard_simple(cur_shanten) : s.analyze_draw_simple();
+            if (rows == nullptr) {
+                search();
+                return;
+            }
+            const sp::Decision& d = decision;
+            if (!d.search) {
+                std::memset(rows, 0, sizeof(float) * sp::kSpRows * 34);
+                sp::fill_ev(rows, sp::fallback_value(d));
+                return;
+            }
+            search();
+            if (out.empty()) {
+                no_candidates = true;
+                return;
+            }
+            sp::sort_candidates(out, d.by_ev);
+            if (d.last_tsumo >= 0) out[0].tile = d.last_tsumo;
+            sp::fill_rows(out, tsumos_left, d.can_discard, rows);
         } catch (const std::bad_alloc&) {
             out.clear();
             out_of_memory = true;
@@ -229,24 +257,10 @@ struct Job {
     }
 };
 
-// Parse sp_calc's argument tuple into `job`; false with a Python error set.
-bool parse_job(PyObject* args, Job* job) {
-    HandArgs a{};
-    int len_div3, num_doras_in_fuuro, calc_double_riichi, calc_haitei, prefer_riichi;
-    const char *ind_buf, *tehai_buf, *seen_buf;
-    Py_ssize_t ind_len, tehai_len, seen_len;
-    if (!PyArg_ParseTuple(args, "iy#y#y#y#iipiy#pppy#iy#ipii:sp_calc", &len_div3, &a.chis, &a.n_chis, &a.pons,
-                          &a.n_pons, &a.minkans, &a.n_minkans, &a.ankans, &a.n_ankans, &a.bakaze, &a.jikaze,
-                          &a.is_menzen, &num_doras_in_fuuro, &ind_buf, &ind_len, &calc_double_riichi,
-                          &calc_haitei, &prefer_riichi, &tehai_buf, &tehai_len, &job->akas_in_hand, &seen_buf,
-                          &seen_len, &job->akas_seen, &job->can_discard, &job->tsumos_left, &job->cur_shanten))
-        return false;
+// The checks of a parsed job (ctx.hand_base, tehai, seen, the scalars set); completes ctx. False with a
+// Python error set.
+bool check_job(Job* job, int len_div3, int num_doras_in_fuuro) {
     sp::Context& ctx = job->ctx;
-    if (!fill_hand(a, &ctx.hand_base) || !read_counts("tehai", tehai_buf, tehai_len, job->tehai) ||
-        !read_counts("tiles_seen", seen_buf, seen_len, job->seen))
-        return false;
-    uint8_t n_ind = 0;
-    if (!read_tiles("dora_indicators", ind_buf, ind_len, 5, ctx.dora_indicators, &n_ind)) return false;
     const sp::Hand& h = ctx.hand_base;
     if (len_div3 != 4 - (h.n_chis + h.n_pons + h.n_minkans + h.n_ankans)) {
         PyErr_Format(PyExc_ValueError, "len_div3: %d does not match the calls (%d)", len_div3,
@@ -282,11 +296,151 @@ bool parse_job(PyObject* args, Job* job) {
     if (!check_count("num_doras_in_fuuro", num_doras_in_fuuro)) return false;
     ctx.len_div3 = len_div3;
     ctx.num_doras_in_fuuro = num_doras_in_fuuro;
+    for (int k = 0; k < ctx.n_indicators; ++k)
+        ctx.doras[k] = static_cast<uint8_t>(sp::next_tile(ctx.dora_indicators[k]));
+    return true;
+}
+
+// Parse sp_calc's argument tuple into `job`; false with a Python error set.
+bool parse_job(PyObject* args, Job* job) {
+    HandArgs a{};
+    int len_div3, num_doras_in_fuuro, calc_double_riichi, calc_haitei, prefer_riichi;
+    const char *ind_buf, *tehai_buf, *seen_buf;
+    Py_ssize_t ind_len, tehai_len, seen_len;
+    if (!PyArg_ParseTuple(args, "iy#y#y#y#iipiy#pppy#iy#ipii:sp_calc", &len_div3, &a.chis, &a.n_chis, &a.pons,
+                          &a.n_pons, &a.minkans, &a.n_minkans, &a.ankans, &a.n_ankans, &a.bakaze, &a.jikaze,
+                          &a.is_menzen, &num_doras_in_fuuro, &ind_buf, &ind_len, &calc_double_riichi,
+                          &calc_haitei, &prefer_riichi, &tehai_buf, &tehai_len, &job->akas_in_hand, &seen_buf,
+                          &seen_len, &job->akas_seen, &job->can_discard, &job->tsumos_left, &job->cur_shanten))
+        return false;
+    sp::Context& ctx = job->ctx;
+    if (!fill_hand(a, &ctx.hand_base) || !read_counts("tehai", tehai_buf, tehai_len, job->tehai) ||
+        !read_counts("tiles_seen", seen_buf, seen_len, job->seen))
+        return false;
+    uint8_t n_ind = 0;
+    if (!read_tiles("dora_indicators", ind_buf, ind_len, 5, ctx.dora_indicators, &n_ind)) return false;
     ctx.n_indicators = n_ind;
-    for (int k = 0; k < n_ind; ++k) ctx.doras[k] = static_cast<uint8_t>(sp::next_tile(ctx.dora_indicators[k]));
     ctx.calc_double_riichi = calc_double_riichi != 0;
     ctx.calc_haitei = calc_haitei != 0;
     ctx.prefer_riichi = prefer_riichi != 0;
+    return check_job(job, len_div3, num_doras_in_fuuro);
+}
+
+enum DecisionFlag {
+    kCanDiscard = 1, kRiichiAccepted = 2, kCanWRiichi = 4, kCanRon = 8, kCanTsumo = 16, kIsOya = 32,
+    kIsWRiichi = 64, kAtIppatsu = 128, kAtRinshan = 256, kPendingKakan = 512,
+};
+
+// Parse one decision's facts (see sp_rows) into `job` as Mortal's agent_helper.rs sets up its search, or
+// its fallback; false with a Python error set.
+bool parse_decision(PyObject* args, Job* job) {
+    HandArgs a{};
+    const char *tehai_buf, *seen_buf, *ind_buf, *fuuro_buf;
+    Py_ssize_t tehai_len, seen_len, ind_len, fuuro_len;
+    int tiles_left, flags, target_rel, last_tsumo, last_kawa, score0;
+    if (!PyArg_ParseTuple(args, "y#iy#y#y#y#iiy#iy#y#iiiiii:sp_rows", &tehai_buf, &tehai_len, &job->akas_in_hand,
+                          &a.chis, &a.n_chis, &a.pons, &a.n_pons, &a.minkans, &a.n_minkans, &a.ankans,
+                          &a.n_ankans, &a.bakaze, &a.jikaze, &seen_buf, &seen_len, &job->akas_seen, &ind_buf,
+                          &ind_len, &fuuro_buf, &fuuro_len, &tiles_left, &flags, &target_rel, &last_tsumo,
+                          &last_kawa, &score0))
+        return false;
+    a.is_menzen = a.n_chis + a.n_pons + a.n_minkans == 0;
+    sp::Context& ctx = job->ctx;
+    sp::Decision& d = job->decision;
+    uint8_t ind[5], fuuro[16], n_ind = 0, n_fuuro = 0;
+    if (!fill_hand(a, &ctx.hand_base) || !read_counts("tehai", tehai_buf, tehai_len, job->tehai) ||
+        !read_counts("tiles_seen", seen_buf, seen_len, job->seen) ||
+        !read_tiles("dora_indicators", ind_buf, ind_len, 5, ind, &n_ind, true) ||
+        !read_tiles("own_fuuro_tiles", fuuro_buf, fuuro_len, 16, fuuro, &n_fuuro, true))
+        return false;
+    if (last_tsumo < -1 || last_tsumo > 36 || last_kawa < -1 || last_kawa > 36) {
+        PyErr_Format(PyExc_ValueError, "last tiles: expected ids -1-36, got %d and %d", last_tsumo, last_kawa);
+        return false;
+    }
+    job->akas_in_hand &= 7;
+    job->akas_seen &= 7;
+    const sp::Hand& h = ctx.hand_base;
+    const int len_div3 = 4 - (h.n_chis + h.n_pons + h.n_minkans + h.n_ankans);
+    int factor[34] = {};
+    for (int k = 0; k < n_ind; ++k) {
+        ctx.dora_indicators[k] = static_cast<uint8_t>(sp::deaka(ind[k]));
+        ++factor[sp::next_tile(ind[k])];
+    }
+    ctx.n_indicators = n_ind;
+    int in_fuuro = 0, doras_owned = 0;
+    for (int k = 0; k < n_fuuro; ++k) in_fuuro += factor[sp::deaka(fuuro[k])] + (fuuro[k] >= 34);
+    for (int t = 0; t < 34; ++t) doras_owned += job->tehai[t] * factor[t];
+    for (int r = 0; r < 3; ++r) doras_owned += job->akas_in_hand >> r & 1;
+    doras_owned += in_fuuro;
+    if (h.is_menzen && h.n_ankans == 0) in_fuuro = 0;
+
+    d.can_discard = flags & kCanDiscard;
+    int shanten = -1, tsumos_left = 0;
+    bool haitei = false;
+    if (tiles_left >= 4) {
+        shanten = sp::calc_all(job->tehai, len_div3);
+        if (!d.can_discard) shanten = std::max(shanten, 0);
+        if (shanten >= 0) {
+            const int next = d.can_discard ? tiles_left : std::max(tiles_left - (4 - target_rel), 0);
+            tsumos_left = next / 4;
+            haitei = next % 4 == 0;
+        }
+    }
+    d.search = shanten >= 0 && tsumos_left >= 1;
+    if (d.search) {
+        job->can_discard = d.can_discard;
+        if (d.can_discard && (flags & kRiichiAccepted)) {  // the discard after riichi: only the drawn tile
+            const int t = sp::deaka(last_tsumo);
+            if (last_tsumo < 0 || job->tehai[t] == 0) {
+                PyErr_SetString(PyExc_ValueError, "riichi accepted: the last own draw is not in the hand");
+                return false;
+            }
+            job->tehai[t] -= 1;
+            if (last_tsumo >= 34) job->akas_in_hand &= ~(1 << (last_tsumo - 34));
+            job->can_discard = 0;
+            d.last_tsumo = last_tsumo;
+        }
+        ctx.calc_double_riichi = d.can_discard && (flags & kCanWRiichi);
+        ctx.calc_haitei = haitei;
+        ctx.prefer_riichi = score0 >= 1000;
+        job->tsumos_left = std::min(tsumos_left, sp::kMaxTsumosLeft);
+        job->cur_shanten = shanten;
+        d.by_ev = shanten <= sp::kShantenThres;
+        return check_job(job, len_div3, in_fuuro);
+    }
+    // no search: the value of winning now
+    d.can_ron = flags & kCanRon;
+    d.can_tsumo = flags & kCanTsumo;
+    d.is_oya = flags & kIsOya;
+    if (!(d.can_ron || d.can_tsumo)) return true;
+    if (!d.can_ron && (flags & kCanWRiichi)) {
+        d.w_riichi_tsumo = true;
+        return true;
+    }
+    const int win = d.can_ron ? last_kawa : last_tsumo;
+    d.win_tile = win;
+    if (win < 0) return true;
+    const bool ron = d.can_ron, kakan = flags & kPendingKakan, rinshan = flags & kAtRinshan;
+    const int riichi = (flags & kRiichiAccepted) != 0, w_riichi = (flags & kIsWRiichi) != 0;
+    const int ippatsu = (flags & kAtIppatsu) && !(kakan && !ron);
+    const bool last = tiles_left == 0;
+    uint8_t counts[34];
+    std::memcpy(counts, job->tehai, 34);
+    if (ron) {
+        d.extra_han = riichi + w_riichi + ippatsu + last + (kakan && ron);
+        counts[sp::deaka(win)] += 1;
+        doras_owned += factor[sp::deaka(win)] + (win >= 34);
+    } else {
+        d.extra_han = riichi + w_riichi + ippatsu + h.is_menzen + (last && !rinshan) + rinshan;
+    }
+    d.doras = doras_owned;
+    d.hand = h;
+    if (!read_counts("tehai", reinterpret_cast<const char*>(counts), 34, d.hand.tehai) ||
+        !check_hand_size(d.hand, d.hand.tehai, 2) || !check_count("additional_hans", d.extra_han) ||
+        !check_count("doras", d.doras))
+        return false;
+    d.hand.winning_tile = static_cast<uint8_t>(sp::deaka(win));
+    d.hand.is_ron = ron;
     return true;
 }
 
@@ -314,35 +468,9 @@ PyObject* py_sp_calc(PyObject*, PyObject* args) {
     return job_result(job);
 }
 
-PyObject* py_sp_calc_batch(PyObject*, PyObject* args) {
-    PyObject* seq;
-    int threads;
-    if (!PyArg_ParseTuple(args, "Oi:sp_calc_batch", &seq, &threads)) return nullptr;
-    PyObject* fast = PySequence_Fast(seq, "sp_calc_batch: expected a sequence of sp_calc argument tuples");
-    if (!fast) return nullptr;
-    const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-    std::vector<Job> jobs;
-    try {
-        jobs.resize(static_cast<size_t>(n));
-    } catch (const std::bad_alloc&) {
-        Py_DECREF(fast);
-        return PyErr_NoMemory();
-    }
-    for (Py_ssize_t i = 0; i < n; ++i) {
-        PyObject* item = PySequence_Fast_GET_ITEM(fast, i);
-        if (!PyTuple_Check(item)) {
-            PyErr_Format(PyExc_TypeError, "sp_calc_batch: item %zd is not a tuple", i);
-            Py_DECREF(fast);
-            return nullptr;
-        }
-        if (!parse_job(item, &jobs[static_cast<size_t>(i)])) {
-            Py_DECREF(fast);
-            return nullptr;
-        }
-    }
-    Py_DECREF(fast);
-    const int workers = static_cast<int>(std::min<Py_ssize_t>(std::max(threads, 1), n));
-    Py_BEGIN_ALLOW_THREADS
+// Run jobs[i].run() for every job on up to `threads` threads (the caller released the interpreter lock).
+void run_jobs(std::vector<Job>& jobs, int threads) {
+    const int workers = static_cast<int>(std::min<size_t>(static_cast<size_t>(std::max(threads, 1)), jobs.size()));
     std::atomic<size_t> next{0};
     auto work = [&jobs, &next]() {
         for (size_t i = next++; i < jobs.size(); i = next++) jobs[i].run();
@@ -357,18 +485,122 @@ PyObject* py_sp_calc_batch(PyObject*, PyObject* args) {
     }
     work();
     for (std::thread& t : pool) t.join();
-    Py_END_ALLOW_THREADS
-    PyObject* out = PyList_New(n);
-    if (!out) return nullptr;
-    for (Py_ssize_t i = 0; i < n; ++i) {
-        PyObject* r = job_result(jobs[static_cast<size_t>(i)]);
-        if (!r) {
-            Py_DECREF(out);
-            return nullptr;
-        }
-        PyList_SET_ITEM(out, i, r);
+}
+
+PyObject* py_sp_rows(PyObject*, PyObject* args) {
+    PyObject* seq;
+    Py_buffer out;
+    int threads, defer = 0;
+    if (!PyArg_ParseTuple(args, "Ow*i|p:sp_rows", &seq, &out, &threads, &defer)) return nullptr;
+    PyObject* fast = PySequence_Fast(seq, "sp_rows: expected a sequence of decision tuples");
+    if (!fast) {
+        PyBuffer_Release(&out);
+        return nullptr;
     }
-    return out;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    const Py_ssize_t row_bytes = static_cast<Py_ssize_t>(sizeof(float)) * sp::kSpRows * 34;
+    std::vector<Job> jobs;
+    bool ok = true;
+    if (out.len != n * row_bytes) {
+        PyErr_Format(PyExc_ValueError, "sp_rows: an output of %zd bytes for %zd decisions (%zd bytes each)",
+                     out.len, n, row_bytes);
+        ok = false;
+    } else {
+        try {
+            jobs.resize(static_cast<size_t>(n));
+        } catch (const std::bad_alloc&) {
+            PyErr_NoMemory();
+            ok = false;
+        }
+    }
+    for (Py_ssize_t i = 0; ok && i < n; ++i) {
+        PyObject* item = PySequence_Fast_GET_ITEM(fast, i);
+        if (!PyTuple_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "sp_rows: item %zd is not a tuple", i);
+            ok = false;
+        } else if (!parse_decision(item, &jobs[static_cast<size_t>(i)])) {
+            ok = false;
+        } else {
+            jobs[static_cast<size_t>(i)].rows = reinterpret_cast<float*>(static_cast<char*>(out.buf) + i * row_bytes);
+        }
+    }
+    Py_DECREF(fast);
+    if (ok && defer) {  // checked; only the decisions without a search are written (cheap: no search)
+        PyObject* pending = PyList_New(n);
+        for (Py_ssize_t i = 0; pending && i < n; ++i) {
+            Job& job = jobs[static_cast<size_t>(i)];
+            if (!job.decision.search) job.run();
+            PyObject* flag = job.decision.search ? Py_True : Py_False;
+            Py_INCREF(flag);
+            PyList_SET_ITEM(pending, i, flag);
+        }
+        PyBuffer_Release(&out);
+        return pending;
+    }
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        run_jobs(jobs, threads);
+        Py_END_ALLOW_THREADS
+        for (const Job& job : jobs) {
+            if (job.out_of_memory) {
+                PyErr_NoMemory();
+                ok = false;
+                break;
+            }
+            if (job.no_candidates) {
+                PyErr_SetString(PyExc_ValueError, "sp_rows: the search found no candidate");
+                ok = false;
+                break;
+            }
+        }
+    }
+    PyBuffer_Release(&out);
+    if (!ok) return nullptr;
+    Py_RETURN_NONE;
+}
+
+// repack_v3(v3, scores, honba, kyotaku, out): rows 0-888 of a version-4 observation (1012 x 34 float32)
+// from a version-3 one (934 x 34), as mortal.features.obs_v4_rows.ROW_TABLE lays them out: v3 rows copied
+// in blocks, each score as clamp(s, 0, 30000) / 30000 after its v3 row, honba and kyotaku as min(n, 10) / 10,
+// the doras-owned rescale rows only.
+struct RowCopy {
+    int dst, src, n;
+};
+constexpr RowCopy kV3Rows[] = {{0, 0, 4},    {4, 4, 3},     {15, 47, 4},   {19, 51, 4},    {25, 59, 2},
+                               {27, 61, 1},  {28, 62, 7},   {35, 69, 683}, {722, 764, 1}, {723, 768, 166}};
+constexpr int kV3Channels = 934, kV4Channels = 1012, kV4SpStart = 889;
+
+PyObject* py_repack_v3(PyObject*, PyObject* args) {
+    Py_buffer v3, out;
+    int scores[4], honba, kyotaku;
+    if (!PyArg_ParseTuple(args, "y*(iiii)iiw*:repack_v3", &v3, &scores[0], &scores[1], &scores[2], &scores[3],
+                          &honba, &kyotaku, &out))
+        return nullptr;
+    PyObject* result = nullptr;
+    if (v3.len != kV3Channels * 34 * 4 || out.len != kV4Channels * 34 * 4) {
+        PyErr_Format(PyExc_ValueError, "repack_v3: %zd and %zd bytes, expected (934, 34) and (1012, 34) float32",
+                     v3.len, out.len);
+    } else {
+        const float* src = static_cast<const float*>(v3.buf);
+        float* dst = static_cast<float*>(out.buf);
+        for (const RowCopy& r : kV3Rows) std::memcpy(dst + 34 * r.dst, src + 34 * r.src, sizeof(float) * 34 * r.n);
+        auto fill = [dst](int row, double v) {
+            for (int c = 0; c < 34; ++c) dst[34 * row + c] = static_cast<float>(v);
+        };
+        for (int p = 0; p < 4; ++p) {
+            std::memcpy(dst + 34 * (7 + 2 * p), src + 34 * (7 + 10 * p), sizeof(float) * 34);
+            fill(8 + 2 * p, std::min(std::max(scores[p], 0), 30000) / 30000.0);
+            std::memcpy(dst + 34 * (718 + p), src + 34 * (752 + 3 * p), sizeof(float) * 34);
+        }
+        fill(23, std::min(honba, 10) / 10.0);
+        fill(24, std::min(kyotaku, 10) / 10.0);
+        static_assert(kV4SpStart == 723 + 166, "the v3 rows end where the single-player rows start");
+        Py_INCREF(Py_None);
+        result = Py_None;
+    }
+    PyBuffer_Release(&v3);
+    PyBuffer_Release(&out);
+    return result;
 }
 
 // ---------------------------------------------------------------- packed observations
@@ -532,10 +764,17 @@ PyMethodDef kMethods[] = {
      "Unsorted SP candidates as (tile, tenpai_probs, win_probs, exp_values, required_tiles,\n"
      "shanten_down); see mortal.features.sp.calc.SPCalculator.calc. akas_* are 3-bit masks (m, p, s).\n"
      "Runs without the interpreter lock."},
-    {"sp_calc_batch", py_sp_calc_batch, METH_VARARGS,
-     "sp_calc_batch(jobs: list[tuple], threads: int) -> list[list]\n\n"
-     "sp_calc over every argument tuple in jobs, on up to `threads` threads; results in order.\n"
-     "All arguments are checked before any search starts."},
+    {"sp_rows", py_sp_rows, METH_VARARGS,
+     "sp_rows(decisions: list[tuple], out: writable buffer, threads: int, defer: bool = False) -> None | list\n\n"
+     "Rows 889-1011 (123 x 34 float32) of each version-4 decision into out (len(decisions) x 123 x 34),\n"
+     "searched on up to `threads` threads without the interpreter lock. A decision is (tehai: bytes[34],\n"
+     "akas_in_hand, chis, pons, minkans, ankans, bakaze, jikaze, tiles_seen: bytes[34], akas_seen,\n"
+     "dora_indicators, own_fuuro_tiles, tiles_left, flags, target_rel, last_self_tsumo, last_kawa_tile,\n"
+     "score): see mortal.features.obs_v4.V4Encoder. Every decision is checked before any search.\n"
+     "defer: check every decision, write only those that need no search, return which need one."},
+    {"repack_v3", py_repack_v3, METH_VARARGS,
+     "repack_v3(v3: (934, 34) float32, scores: 4 ints, honba: int, kyotaku: int, out: (1012, 34) float32)\n\n"
+     "Write rows 0-888 of the version-4 observation out from the version-3 one (mortal.features.obs_v4_rows)."},
     {"pack_obs", py_pack_obs, METH_VARARGS,
      "pack_obs(obs, real_rows: bytes[C], binary_mask: bytes, out, index: int) -> int\n\n"
      "Write row `index` of a packed observation store (see mortal.data.packed_obs.pack_into); -1 when\n"

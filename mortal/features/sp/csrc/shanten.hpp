@@ -140,12 +140,15 @@ inline CostVec suit_costs(const uint8_t* counts) { return group_costs(group_inde
 
 inline CostVec honor_costs(const uint8_t* counts) { return group_costs(group_index(counts, 7), true); }
 
-inline CostVec combine(const CostVec& lhs, const CostVec& rhs, int len_div3) {
+// Cost vector of two groups together (entries up to L melds; the others stay kInf). L is a template
+// argument so that the loops unroll: this runs six times for every hand a search meets.
+template <int L>
+inline CostVec combine_n(const CostVec& lhs, const CostVec& rhs) {
     CostVec out;
     std::memset(out.v, kInf, sizeof out.v);
-    for (int i = 0; i <= len_div3; ++i) {
+    for (int i = 0; i <= L; ++i) {
         const int li = lhs.v[i], lpi = lhs.v[5 + i];
-        for (int j = 0; j <= len_div3 - i; ++j) {
+        for (int j = 0; j <= L - i; ++j) {
             const int ri = rhs.v[j], rpi = rhs.v[5 + j];
             const int s = i + j;
             int v = li + ri;
@@ -155,6 +158,16 @@ inline CostVec combine(const CostVec& lhs, const CostVec& rhs, int len_div3) {
         }
     }
     return out;
+}
+
+inline CostVec combine(const CostVec& lhs, const CostVec& rhs, int len_div3) {
+    switch (len_div3) {
+        case 0: return combine_n<0>(lhs, rhs);
+        case 1: return combine_n<1>(lhs, rhs);
+        case 2: return combine_n<2>(lhs, rhs);
+        case 3: return combine_n<3>(lhs, rhs);
+        default: return combine_n<4>(lhs, rhs);
+    }
 }
 
 // Standard-form shanten for len_div3 melds plus a pair (-1 = complete).
@@ -201,19 +214,100 @@ inline int calc_all(const uint8_t tehai[34], int len_div3) {
     return s;
 }
 
+constexpr int kPow5[9] = {390625, 78125, 15625, 3125, 625, 125, 25, 5, 1};
+
+// The cost vectors of a group's pattern and of each pattern one tile away (+1 / -1 at each position; entries
+// that would leave 0-4 are not set).
+struct Neighbours {
+    CostVec self;
+    CostVec plus[9], minus[9];
+};
+
+inline void fill_neighbours(int idx, bool honors, Neighbours* nb) {
+    const int n = honors ? 7 : 9;
+    nb->self = group_costs(idx, honors);
+    int rest = idx;
+    for (int p = n - 1; p >= 0; --p, rest /= 5) {
+        const int c = rest % 5;
+        const int step = kPow5[p + (honors ? 2 : 0)];
+        if (c < 4) nb->plus[p] = group_costs(idx + step, honors);
+        if (c > 0) nb->minus[p] = group_costs(idx - step, honors);
+    }
+}
+
+// Neighbours by group pattern, direct-mapped (one cache per search workspace, kept across searches). The hands
+// of a search differ from each other in one or two groups, so most look-ups hit; each hit replaces up to 19
+// scattered reads of the 20 MB tables.
+class NeighbourCache {
+public:
+    static constexpr int kBits = 12;
+
+    NeighbourCache() : slots_(size_t{1} << kBits) {}
+
+    const Neighbours& get(int idx, bool honors) {
+        const uint32_t key = (static_cast<uint32_t>(idx) << 1 | (honors ? 1u : 0u)) + 1;
+        Slot& s = slots_[(key * 0x9E3779B1u) >> (32 - kBits)];
+        if (s.key != key) {
+            fill_neighbours(idx, honors, &s.nb);
+            s.key = key;
+        }
+        return s.nb;
+    }
+
+private:
+    struct Slot {
+        uint32_t key = 0;  // pattern index * 2 + honors, plus 1 (0: empty)
+        Neighbours nb;
+    };
+    std::vector<Slot> slots_;
+};
+
+// Standard-form shanten after changing one tile of a group, for each position of the group: 4 bits per
+// position p (bits 4p-4p+3: shanten + 1, 15 where the count would leave 0-4), keyed by all it depends on (the
+// group's pattern, the other groups' combined cost vector, len_div3, the sign of the change). Direct-mapped, one
+// per search workspace, kept across searches: the hands of a search share most of their groups and most of
+// those groups' surroundings, so a hand's tile masks come mostly from here.
+class GroupShantenCache {
+public:
+    static constexpr int kBits = 13;
+
+    GroupShantenCache() : slots_(size_t{1} << kBits) {}
+
+    bool find(uint64_t a, uint64_t b, uint64_t* fields) const {
+        const Slot& s = slots_[index(a, b)];
+        if (s.a != a || s.b != b) return false;
+        *fields = s.fields;
+        return true;
+    }
+
+    void put(uint64_t a, uint64_t b, uint64_t fields) { slots_[index(a, b)] = Slot{a, b, fields}; }
+
+private:
+    struct Slot {
+        uint64_t a = 0, b = 0, fields = 0;  // a has bit 63 set when used
+    };
+    std::vector<Slot> slots_;
+
+    static size_t index(uint64_t a, uint64_t b) {
+        const uint64_t h = (a ^ (b * 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
+        return static_cast<size_t>(h >> (64 - kBits));
+    }
+};
+
 // Shanten of a fixed hand changed by one tile, cheaply: the cost vectors of the
-// other three groups are combined once in init(), so each query is one table
-// look-up and one partial combine. with_delta() equals calc_all() of the
-// changed hand (tests/test_sp_core.py checks it).
+// other three groups are combined once in init(), so each query is one
+// look-up of the group's neighbouring pattern and one partial combine. with_delta() equals calc_all() of the
+// changed hand (tests/test_sp_core.py checks it); group_fields() gives a group's standard-form part at once.
 class ShantenView {
 public:
-    void init(const uint8_t tehai[34], int len_div3) {
+    void init(const uint8_t tehai[34], int len_div3, NeighbourCache& cache) {
         tehai_ = tehai;
         len_ = len_div3;
+        cache_ = &cache;
         CostVec v[4];
         for (int g = 0; g < 4; ++g) {
             idx_[g] = group_index(tehai + 9 * g, g == 3 ? 7 : 9);
-            v[g] = group_costs(idx_[g], g == 3);
+            v[g] = cache.get(idx_[g], g == 3).self;
         }
         const CostVec p1 = combine(v[0], v[1], len_div3);
         const CostVec s2 = combine(v[2], v[3], len_div3);
@@ -233,21 +327,42 @@ public:
         }
     }
 
-    // calc_all() of the hand with tile `tid` changed by `delta` (+1 or -1).
+    // calc_all() of the hand with tile `tid` changed by `delta` (+1 or -1; the count stays within 0-4).
     int with_delta(int tid, int delta) const {
-        static constexpr int kPow5[9] = {390625, 78125, 15625, 3125, 625, 125, 25, 5, 1};
         const int g = tid < 27 ? tid / 9 : 3;
+        const Neighbours& nb = cache_->get(idx_[g], g == 3);
         const int pos = tid - 9 * g;
-        const bool honors = g == 3;
-        const int idx = idx_[g] + delta * kPow5[pos + (honors ? 2 : 0)];
-        const CostVec gv = group_costs(idx, honors);
+        return adjust(tid, delta, normal(delta > 0 ? nb.plus[pos] : nb.minus[pos], rest_[g]));
+    }
+
+    // The standard-form shanten + 1 (at most 14) of the hand with each tile of group g changed by delta, 4 bits
+    // per position (15 where the count would leave 0-4); from `gc` or computed and kept there.
+    uint64_t group_fields(int g, int delta, GroupShantenCache& gc) const {
         const CostVec& r = rest_[g];
-        int best = kInf * 2;
-        for (int i = 0; i <= len_; ++i) {
-            const int j = len_ - i;
-            best = std::min(best, std::min(gv.v[i] + r.v[5 + j], gv.v[5 + i] + r.v[j]));
+        uint64_t b;
+        std::memcpy(&b, r.v, 8);
+        const uint64_t a = static_cast<uint64_t>(idx_[g]) | uint64_t{g == 3} << 21 |
+                           static_cast<uint64_t>(len_) << 22 | uint64_t{delta > 0} << 25 |
+                           static_cast<uint64_t>(r.v[8]) << 32 | static_cast<uint64_t>(r.v[9]) << 40 |
+                           uint64_t{1} << 63;
+        uint64_t fields = 0;
+        if (gc.find(a, b, &fields)) return fields;
+        const Neighbours& nb = cache_->get(idx_[g], g == 3);
+        const int n = g == 3 ? 7 : 9;
+        for (int p = 0; p < n; ++p) {
+            const int c = tehai_[9 * g + p];
+            uint64_t f = 15;
+            if (delta > 0 ? c < 4 : c > 0)
+                f = static_cast<uint64_t>(std::min(normal(delta > 0 ? nb.plus[p] : nb.minus[p], r) + 1, 14));
+            fields |= f << (4 * p);
         }
-        int s = best - 1;
+        gc.put(a, b, fields);
+        return fields;
+    }
+
+    // The least of standard-form shanten `s` of the hand with `tid` changed by `delta` and its seven-pairs and
+    // thirteen-orphans shanten (closed hands only), as calc_all() takes it.
+    int adjust(int tid, int delta, int s) const {
         if (s <= 0 || len_ < 4) return s;
         const int c = tehai_[tid], c2 = c + delta;
         const int kinds = kinds_ - (c > 0) + (c2 > 0);
@@ -265,9 +380,20 @@ public:
 private:
     const uint8_t* tehai_ = nullptr;
     int len_ = 4;
+    NeighbourCache* cache_ = nullptr;
     int idx_[4] = {};
     CostVec rest_[4];
     int pairs_ = 0, kinds_ = 0, y_kinds_ = 0, y_pairs_ = 0;
+
+    // Standard-form shanten of the group with cost vector gv beside the rest r.
+    int normal(const CostVec& gv, const CostVec& r) const {
+        int best = kInf * 2;
+        for (int i = 0; i <= len_; ++i) {
+            const int j = len_ - i;
+            best = std::min(best, std::min(gv.v[i] + r.v[5 + j], gv.v[5 + i] + r.v[j]));
+        }
+        return best - 1;
+    }
 
     static bool is_yaokyuu(int t) { return t >= 27 || t % 9 == 0 || t % 9 == 8; }
 };
