@@ -79,31 +79,16 @@ class Candidate:
         return n
 
 
+_COLUMNS = (lambda c: c.exp_values[0], lambda c: c.win_probs[0], lambda c: c.tenpai_probs[0],
+            lambda c: not c.shanten_down, lambda c: c.num_required_tiles)
+
+
 def _cmp(l: Candidate, r: Candidate, by: int) -> int:
-    # by: 0 EV, 1 win prob, 2 tenpai prob, 3 not-shanten-down, 4 required count, 5 priority
+    # columns from ``by`` on: 0 EV, 1 win prob, 2 tenpai prob, 3 not-shanten-down, 4 required count; then priority
     if l.tile == r.tile:
         return 0
-    if by == 0:
-        a, b = l.exp_values[0], r.exp_values[0]
-        if a != b:
-            return 1 if a > b else -1
-        by = 1
-    if by == 1:
-        a, b = l.win_probs[0], r.win_probs[0]
-        if a != b:
-            return 1 if a > b else -1
-        by = 2
-    if by == 2:
-        a, b = l.tenpai_probs[0], r.tenpai_probs[0]
-        if a != b:
-            return 1 if a > b else -1
-        by = 3
-    if by == 3:
-        if l.shanten_down != r.shanten_down:
-            return -1 if l.shanten_down else 1
-        by = 4
-    if by == 4:
-        a, b = l.num_required_tiles, r.num_required_tiles
+    for column in _COLUMNS[by:]:  # read lazily: a candidate sorted from column 3 has no EVs
+        a, b = column(l), column(r)
         if a != b:
             return 1 if a > b else -1
     return cmp_discard_priority(l.tile, r.tile)
