@@ -5,8 +5,16 @@ The driver's side (``part_trainer``) runs the worker (``bench/gpu.py trainer-wor
 within its time cap; the worker (``trainer_worker``) writes its record as it goes.
 """
 
+if __name__ == '__main__':  # a script: --tree's mortal/ (default this checkout's) first on the path, then this root
+    import sys
+    import pathlib
+    sys.path[:1] = ([sys.argv[sys.argv.index('--tree') + 1]] if '--tree' in sys.argv else []) + [
+        str(pathlib.Path(__file__).resolve().parent.parent)]
+
 import copy
 import glob
+import json
+import pathlib
 import subprocess
 import sys
 import time
@@ -172,3 +180,160 @@ def part_trainer(ctx):
             out.setdefault(key, {})['status'] = f'failed (exit {p.returncode}; see logs/trainer.log)'
     ctx['shared']['trainer_config'] = str(cfg_path)  # for the memory part (a temporary path: not in the results)
     return out
+
+
+# ---------------------------------------------------------------------------- the step on the CPU (issue 32 part 5)
+
+# Ops that launch no kernel on a GPU (views, shape and bookkeeping): left out of the kernel count of a step.
+NO_KERNEL_OPS = {'aten::view', 'aten::as_strided', 'aten::unsqueeze', 'aten::squeeze', 'aten::t', 'aten::expand',
+                 'aten::empty', 'aten::empty_strided', 'aten::resize_', 'aten::detach', 'aten::reshape',
+                 'aten::_reshape_alias', 'aten::permute', 'aten::transpose', 'aten::select', 'aten::slice',
+                 'aten::alias', 'aten::_unsafe_view', 'aten::empty_like', 'aten::lift_fresh', 'aten::result_type',
+                 'aten::is_nonzero', 'aten::_local_scalar_dense', 'aten::item', 'aten::unbind', 'aten::flatten',
+                 'aten::set_', 'aten::stride', 'aten::size', 'aten::numel', 'aten::_has_compatible_shallow_copy_type',
+                 'aten::contiguous', 'aten::resolve_conj', 'aten::resolve_neg', 'aten::conj', 'aten::split',
+                 'aten::narrow', 'aten::expand_as', 'aten::view_as', 'aten::chunk', 'aten::dim'}
+
+
+def step_config(work, channels, blocks, batch, version, amp=False, compile_=False):
+    """The trainer part's config on the CPU at this network and batch (models written), loaded."""
+    sizes = {'test_games': 4, 'num_workers': 0, 'channels': channels, 'blocks': blocks}
+    cfg_path = write_config(work, sizes=sizes, device='cpu', version=version, games=4, trainer=True)
+    config = load(cfg_path)
+    config['control'].update(batch_size=batch, enable_amp=amp, enable_compile=compile_)
+    write_models(config)
+    return config
+
+
+def _phase_clock(trainer, times):
+    """Wrap the parts of ``trainer``'s step so that their wall time adds up in ``times`` (also profiler ranges)."""
+    import torch
+    import mortal.train as tr
+    from mortal.learning import intake
+
+    def wrap(name, fn):
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            with torch.profiler.record_function(name):
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    times[name] = times.get(name, 0.0) + time.perf_counter() - t
+        return timed
+
+    restore = [(intake, 'batch_on_device', intake.batch_on_device), (tr, 'learner_loss', tr.learner_loss),
+               (tr, 'optimizer_step', tr.optimizer_step), (torch.Tensor, 'backward', torch.Tensor.backward)]
+    intake.batch_on_device = wrap('to device (+ unpack, mask check)', intake.batch_on_device)
+    tr.learner_loss = wrap('loss terms', tr.learner_loss)
+    tr.optimizer_step = wrap('optimizer (AdamW, clip, every opt_step_every)', tr.optimizer_step)
+    torch.Tensor.backward = wrap('backward', torch.Tensor.backward)
+    trainer.mortal.forward = wrap('forward: Brain', trainer.mortal.forward)
+    trainer.dqn.forward = wrap('forward: DQN', trainer.dqn.forward)
+    trainer.aux_net.forward = wrap('forward: aux next-rank head', trainer.aux_net.forward)
+    trainer._account = wrap('loss sums + q stats (host syncs)', trainer._account)
+    return restore
+
+
+def step_worker(a):
+    """Steps/s of ``Trainer.train_batch`` on the CPU at ``--channels x --blocks``, batch ``--batch`` (real samples);
+    with ``--phases`` the wall time per part of the step, with ``--profile`` torch.profiler's op table and the count
+    of ops that would launch a GPU kernel. Prints one JSON line."""
+    import tempfile
+    import torch
+    from mortal.train import Trainer
+    torch.manual_seed(0)
+    Trainer._load_probe = lambda self: None
+    work = tempfile.mkdtemp(prefix='step-')
+    config = step_config(work, a.channels, a.blocks, a.batch, a.version, amp=a.amp, compile_=a.compile)
+    batches = real_batches(config, a.version, a.batch, limit=4)
+    trainer = Trainer(config, test_player=_NoTestPlay(), remote=object(), writer=_NullWriter())
+    t = time.perf_counter()
+    for i in range(a.warmup):  # compile (when on) and the allocator's first fill: not timed
+        trainer.train_batch(*batches[i % len(batches)])
+    out = {'tree': a.tree, 'channels': a.channels, 'blocks': a.blocks, 'batch': a.batch, 'amp': a.amp,
+           'compile': a.compile, 'warmup_s': round(time.perf_counter() - t, 2), 'threads': torch.get_num_threads()}
+    times = {}
+    if a.phases or a.profile:
+        _phase_clock(trainer, times)
+    prof = None
+    if a.profile:
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
+        prof.__enter__()
+    t = time.perf_counter()
+    for i in range(a.steps):
+        trainer.train_batch(*batches[i % len(batches)])
+    wall = time.perf_counter() - t
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        out['kernels_per_step'] = {k: v / a.steps for k, v in _kernel_count(prof, times).items()}
+        print(prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=25), file=sys.stderr)
+    out.update(steps=a.steps, ms_per_step=round(1e3 * wall / a.steps, 2),
+               samples_per_s=round(a.steps * a.batch / wall, 1),
+               phases_ms={k: round(1e3 * v / a.steps, 3) for k, v in times.items()})
+    print(json.dumps(out))
+    return 0
+
+
+def _kernel_count(prof, phases=()):
+    """Ops of the profile that would launch a GPU kernel (aten ops with no aten op below them, views left out):
+    ``{phase: count}`` for each profiler range named in ``phases`` and ``'all'``."""
+    def leaves(e):
+        kids = [c for c in e.cpu_children if c.name.startswith('aten::')]
+        if e.name.startswith('aten::') and not kids:
+            return 0 if e.name in NO_KERNEL_OPS else 1
+        return sum(leaves(c) for c in e.cpu_children)
+    top = [e for e in prof.events() if e.cpu_parent is None]
+    out = {'all': sum(leaves(e) for e in top)}
+    for e in prof.events():
+        if e.name in phases:
+            out[e.name] = out.get(e.name, 0) + leaves(e)
+    return out
+
+
+def interleave(a):
+    """``step_worker`` of ``--old`` and ``--new`` trees in turn, ``--rounds`` times each (A B A B ...): each tree's
+    samples/s and the new/old ratio per pair (median, min, max)."""
+    import statistics
+    runs = {'old': [], 'new': []}
+    ratios = []
+    for _ in range(a.rounds):
+        for which in ('old', 'new'):
+            tree = getattr(a, which)
+            cmd = [sys.executable, __file__, 'step', '--tree', tree, '--channels', str(a.channels), '--blocks',
+                   str(a.blocks), '--batch', str(a.batch), '--steps', str(a.steps), '--warmup', str(a.warmup),
+                   '--version', str(a.version)] + (['--amp'] if a.amp else [])
+            res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            runs[which].append(json.loads(res.stdout.strip().splitlines()[-1])['samples_per_s'])
+        ratios.append(runs['new'][-1] / runs['old'][-1])
+    print(json.dumps({'old': runs['old'], 'new': runs['new'], 'ratio_median': round(statistics.median(ratios), 3),
+                      'ratio_min': round(min(ratios), 3), 'ratio_max': round(max(ratios), 3)}))
+
+
+def main(argv=None):
+    import argparse
+    p = argparse.ArgumentParser(description='the learner step on the CPU: steps/s, its parts, old against new')
+    sub = p.add_subparsers(dest='cmd', required=True)
+    for name in ('step', 'interleave'):
+        s = sub.add_parser(name)
+        s.add_argument('--channels', type=int, default=32)
+        s.add_argument('--blocks', type=int, default=2)
+        s.add_argument('--batch', type=int, default=256)
+        s.add_argument('--version', type=int, default=4)
+        s.add_argument('--steps', type=int, default=20)
+        s.add_argument('--warmup', type=int, default=3)
+        s.add_argument('--amp', action='store_true', help='bf16 autocast on the CPU')
+    s = sub.choices['step']
+    s.add_argument('--tree', default=str(ROOT), help='the source tree whose mortal/ runs')
+    s.add_argument('--compile', action='store_true', help='[control] enable_compile')
+    s.add_argument('--phases', action='store_true')
+    s.add_argument('--profile', action='store_true')
+    i = sub.choices['interleave']
+    i.add_argument('--old', required=True)
+    i.add_argument('--new', default=str(ROOT))
+    i.add_argument('--rounds', type=int, default=3)
+    a = p.parse_args(argv)
+    return step_worker(a) if a.cmd == 'step' else interleave(a)
+
+
+if __name__ == '__main__':
+    sys.exit(main())

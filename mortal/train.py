@@ -49,6 +49,8 @@ from mortal.learning.server_traffic import DRAIN_POLL_INTERVAL, ServerTraffic, p
 from mortal.learning.supervisor import end_with_supervisor, is_supervised, supervise
 
 logger = logging.getLogger('mortal.train' if __name__ == '__main__' else __name__)
+# The loss sums written as loss/<name> at each save, in this order (Mortal's tags and the extras').
+STAT_KEYS = ('dqn_loss', 'cql_loss', 'anchor_loss', 'offline_cql_loss', 'next_rank_loss', 'counterfactual_loss')
 
 
 class Trainer:
@@ -187,13 +189,14 @@ class Trainer:
         return q_out, terms
 
     def _account(self, terms, q_out, masks, actions, q_target, n: int) -> None:
-        """Add the batch's loss terms to the sums of ``stats``, and its ``n`` online rows to the instruments."""
+        """Add the batch's loss terms to the sums of ``stats`` and its ``n`` online rows to the instruments, all on
+        the device: no host round trip per step (a GPU's queue keeps running); they are read at the save."""
         with torch.no_grad():
             self.stat_batches += 1
-            for name in self.stats:
-                term = getattr(terms, name)
-                if term is not None:  # a term that is off stays 0
-                    self.stats[name] += term.item()
+            sums = self._stat_sums  # float64 as Python's floats were (on the CPU where the device has none: mps)
+            zero = sums.new_zeros(())  # a term that is off stays 0
+            sums += torch.stack([zero if getattr(terms, k) is None else getattr(terms, k).to(sums.device).double()
+                                 for k in STAT_KEYS])
             if self.dist.is_main:
                 q_stats = batch_q_stats(q_out[:n], masks[:n], actions[:n], q_target[:n])
                 self.instruments.add(q_stats, terms.q[:n], q_target[:n])
@@ -218,7 +221,7 @@ class Trainer:
     def on_save(self) -> None:
         """Every ``save_every`` steps: TensorBoard, checkpoint, a missed submit, and test play when due (rank 0;
         the loss means are those of all ranks)."""
-        self.stats = self.dist.average(self.stats)
+        stats = self.dist.average(self.stats)
         if not self.dist.is_main:
             self.reset_stats()
             return
@@ -226,7 +229,7 @@ class Trainer:
             self.pb.close()
             self.pb = None
         save_cycle.write_scalars(
-            self.writer, self.steps, self.stats, self.stat_batches, loss_weights=self.loss_weights,
+            self.writer, self.steps, stats, self.stat_batches, loss_weights=self.loss_weights,
             offline_mix=self.offline_stream is not None, lr=self.scheduler.get_last_lr()[0],
             settings=self.play_settings() if self.online else None, instruments=self.instruments,
             trained=self.models, ema=self.ema, device=self.device)
@@ -250,8 +253,13 @@ class Trainer:
     def reset_stats(self) -> None:
         """Zero the loss sums averaged into TensorBoard at each save, and their count of batches."""
         self.stat_batches = 0  # batches summed into stats: the divisor of the means (a resumed window is short)
-        self.stats = {'dqn_loss': 0.0, 'cql_loss': 0.0, 'anchor_loss': 0.0, 'offline_cql_loss': 0.0,
-                      'next_rank_loss': 0.0, 'counterfactual_loss': 0.0}
+        dev = self.device if self.device.type != 'mps' else torch.device('cpu')
+        self._stat_sums = torch.zeros(len(STAT_KEYS), dtype=torch.float64, device=dev)
+
+    @property
+    def stats(self) -> dict:
+        """The loss sums since the last save, ``{name: float}`` in ``STAT_KEYS`` order (read from the device)."""
+        return dict(zip(STAT_KEYS, self._stat_sums.tolist()))
 
     def log_total_steps(self) -> None:
         """Mortal's ``total steps`` line, with the countdown to the next test play when there is one."""

@@ -42,33 +42,29 @@ def batch_q_stats(q_out: Tensor, masks: Tensor, actions: Tensor, q_target: Tenso
     """Sums and counts of one batch for the ``diag/*`` per-batch tags.
 
     ``q_out (B, 46)`` with ``-inf`` at illegal actions, ``masks (B, 46)`` bool, ``actions (B,)`` int64,
-    ``q_target (B,)`` float. Returns ``{key: (sum, count)}`` of python floats for each of ``BATCH_KEYS``, so
-    that windows of batches average correctly (``WindowMeans``).
+    ``q_target (B,)`` float. Returns ``{key: (sum, count)}`` for each of ``BATCH_KEYS``, 0-dim tensors on
+    ``q_out``'s device (float64 sums, int64 counts; float32 on mps), so that windows of batches average correctly
+    (``WindowMeans``) with no host round trip per batch. ``q_gap`` and ``q_spread`` count rows with 2+ legal actions.
     """
+    acc = torch.float32 if q_out.device.type == 'mps' else torch.float64  # mps has no float64
     q = q_out.float()
     masks = masks.to(torch.bool)
     rows = torch.arange(q.shape[0], device=q.device)
     err = q[rows, actions] - q_target.float()
     greedy = q.argmax(-1) == actions
-    multi = masks.sum(-1) >= 2
-    out = {
-        'q_minus_target': (err.sum().item(), err.numel()),
-        'q_minus_target_greedy': (err[greedy].sum().item(), int(greedy.sum().item())),
-        'taken_greedy': (float(greedy.sum().item()), greedy.numel()),
-    }
-    if multi.any():
-        qm, mm = q[multi], masks[multi]
-        top2 = qm.topk(2, dim=-1).values
-        gap = top2[:, 0] - top2[:, 1]
-        legal_q = qm.masked_fill(~mm, 0.0)
-        n = mm.sum(-1).float()
-        mean = legal_q.sum(-1) / n
-        var = ((qm - mean.unsqueeze(-1)).masked_fill(~mm, 0.0).pow(2).sum(-1)) / n
-        out['q_gap'] = (gap.sum().item(), gap.numel())
-        out['q_spread'] = (var.sqrt().sum().item(), gap.numel())
-    else:
-        out['q_gap'] = out['q_spread'] = (0.0, 0)
-    return out
+    legal = masks.sum(-1)
+    multi = legal >= 2
+    top2 = q.topk(2, dim=-1).values  # a one-action row's second is -inf: left out by multi below
+    n = legal.float()
+    mean = q.masked_fill(~masks, 0.0).sum(-1) / n
+    std = ((q - mean.unsqueeze(-1)).masked_fill(~masks, 0.0).pow(2).sum(-1) / n).sqrt()
+    zero = q.new_zeros(())
+
+    def over(values, rows_in):  # masked sums rather than boolean indexing, which waits for the device
+        return torch.where(rows_in, values, zero).sum().to(acc), rows_in.sum()
+    return {'q_minus_target': (err.sum().to(acc), err.numel()), 'q_minus_target_greedy': over(err, greedy),
+            'taken_greedy': (greedy.sum().to(acc), greedy.numel()), 'q_gap': over(top2[:, 0] - top2[:, 1], multi),
+            'q_spread': over(std, multi)}
 
 
 class WindowMeans:
@@ -87,8 +83,8 @@ class WindowMeans:
             self.sums[k][1] += c
 
     def means(self) -> dict:
-        """``{key: mean}`` for the keys that saw at least one row."""
-        return {k: s / c for k, (s, c) in self.sums.items() if c}
+        """``{key: mean}`` (floats) for the keys that saw at least one row."""
+        return {k: float(s) / int(c) for k, (s, c) in self.sums.items() if c}
 
 
 @contextlib.contextmanager
