@@ -245,7 +245,9 @@ def step_worker(a):
     Trainer._load_probe = lambda self: None
     work = tempfile.mkdtemp(prefix='step-')
     config = step_config(work, a.channels, a.blocks, a.batch, a.version, amp=a.amp, compile_=a.compile)
+    t = time.perf_counter()
     batches = real_batches(config, a.version, a.batch, limit=4)
+    load_ms = 1e3 * (time.perf_counter() - t) / len(batches)  # the loader in this process (num_workers = 0)
     trainer = Trainer(config, test_player=_NoTestPlay(), remote=object(), writer=_NullWriter())
     t = time.perf_counter()
     for i in range(a.warmup):  # compile (when on) and the allocator's first fill: not timed
@@ -267,7 +269,17 @@ def step_worker(a):
         prof.__exit__(None, None, None)
         out['kernels_per_step'] = {k: v / a.steps for k, v in _kernel_count(prof, times).items()}
         print(prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=25), file=sys.stderr)
-    out.update(steps=a.steps, ms_per_step=round(1e3 * wall / a.steps, 2),
+    if a.phases:  # a save's TensorBoard writes (every save_every steps), into a real event file
+        from torch.utils.tensorboard import SummaryWriter
+        from mortal.learning import save_cycle
+        writer, t = SummaryWriter(work + '/tb'), time.perf_counter()
+        save_cycle.write_scalars(writer, trainer.steps, trainer.stats, trainer.stat_batches,
+                                 loss_weights=trainer.loss_weights, offline_mix=False, lr=1e-4,
+                                 settings=trainer.play_settings(), instruments=trainer.instruments,
+                                 trained=trainer.models, ema=None, device=trainer.device)
+        out['tensorboard_ms_per_save'] = round(1e3 * (time.perf_counter() - t), 2)
+        writer.close()
+    out.update(steps=a.steps, ms_per_step=round(1e3 * wall / a.steps, 2), load_ms_per_batch=round(load_ms, 1),
                samples_per_s=round(a.steps * a.batch / wall, 1),
                phases_ms={k: round(1e3 * v / a.steps, 3) for k, v in times.items()})
     print(json.dumps(out))
@@ -309,11 +321,47 @@ def interleave(a):
                       'ratio_min': round(min(ratios), 3), 'ratio_max': round(max(ratios), 3)}))
 
 
+def arms_worker(a):
+    """``[control] enable_compile`` and AMP (bf16 autocast on the CPU) against the plain step, in one process with
+    their steps interleaved (eager, compile, amp, eager, ...: the machine's noise falls on all alike); each arm's
+    samples/s over ``--rounds`` blocks of ``--steps`` steps, after ``--warmup`` steps (compiling) not timed."""
+    import tempfile
+    import statistics
+    import torch
+    from mortal.train import Trainer
+    Trainer._load_probe = lambda self: None
+    flags = {'eager': (False, False), 'compile': (False, True), 'amp': (True, False), 'amp+compile': (True, True)}
+    trainers, out, batches = {}, {}, None
+    for arm in a.arms.split(','):
+        torch.manual_seed(0)
+        config = step_config(tempfile.mkdtemp(prefix='arm-'), a.channels, a.blocks, a.batch, a.version,
+                             amp=flags[arm][0], compile_=flags[arm][1])
+        batches = batches or real_batches(config, a.version, a.batch, limit=4)
+        trainers[arm] = Trainer(config, test_player=_NoTestPlay(), remote=object(), writer=_NullWriter())
+        t = time.perf_counter()
+        for i in range(a.warmup):
+            trainers[arm].train_batch(*batches[i % len(batches)])
+        out[arm] = {'warmup_s': round(time.perf_counter() - t, 1), 'samples_per_s': []}
+    for r in range(a.rounds):
+        for arm, trainer in trainers.items():
+            t = time.perf_counter()
+            for i in range(a.steps):
+                trainer.train_batch(*batches[i % len(batches)])
+            out[arm]['samples_per_s'].append(round(a.steps * a.batch / (time.perf_counter() - t), 1))
+    for arm in out:  # the ratio of each round's pair (the noise of a moment falls on both)
+        out[arm]['median'] = statistics.median(out[arm]['samples_per_s'])
+        if 'eager' in out:
+            pairs = sorted(x / e for x, e in zip(out[arm]['samples_per_s'], out['eager']['samples_per_s']))
+            out[arm]['over_eager'] = [round(statistics.median(pairs), 3), round(pairs[0], 3), round(pairs[-1], 3)]
+    print(json.dumps({'channels': a.channels, 'blocks': a.blocks, 'batch': a.batch, 'arms': out}))
+    return 0
+
+
 def main(argv=None):
     import argparse
     p = argparse.ArgumentParser(description='the learner step on the CPU: steps/s, its parts, old against new')
     sub = p.add_subparsers(dest='cmd', required=True)
-    for name in ('step', 'interleave'):
+    for name in ('step', 'interleave', 'arms'):
         s = sub.add_parser(name)
         s.add_argument('--channels', type=int, default=32)
         s.add_argument('--blocks', type=int, default=2)
@@ -331,8 +379,10 @@ def main(argv=None):
     i.add_argument('--old', required=True)
     i.add_argument('--new', default=str(ROOT))
     i.add_argument('--rounds', type=int, default=3)
+    sub.choices['arms'].add_argument('--arms', default='eager,compile,amp')
+    sub.choices['arms'].add_argument('--rounds', type=int, default=3)
     a = p.parse_args(argv)
-    return step_worker(a) if a.cmd == 'step' else interleave(a)
+    return {'step': step_worker, 'interleave': interleave, 'arms': arms_worker}[a.cmd](a)
 
 
 if __name__ == '__main__':
