@@ -270,8 +270,8 @@ def saved_bytes(conv_channels, num_blocks, version, batch, *, amp=False, weights
     tensors a residual block (its input, BN1, Mish1, conv1, BN2 and Mish2 outputs, conv2's output for the
     attention) and 3 after the tower, the head's two 32 x 34, two 1024-vectors, a block's attention 3 C-vectors and
     4 of C / 16, and (v2, v3) the DQN heads' 4 hidden vectors (512, 256); the masks (2 x 46 bytes) and an index
-    (8). Per batch: the BatchNorms' float32 statistics
-    (8 C-vectors a block, 4 after) and, under AMP, the 2-byte copy of the ``weights`` conv/linear weight elements."""
+    (8). Per batch: the BatchNorms' float32 statistics (8 C-vectors a block, 4 after) and, under AMP, the 2-byte
+    copy of the ``weights`` conv/linear weight elements."""
     from mortal.features.obs import obs_shape
     c, width = conv_channels, 2 if amp else 4
     per_row = width * (34 * (obs_shape(version)[0] + (7 * num_blocks + 3) * c + 64)
@@ -301,12 +301,11 @@ def estimate_memory(config, profile='default'):
     """Per-process memory in bytes, keyed by process name; the terms and the figures they were fitted on:
     docs/operations.md, "The doctor's memory estimate".
 
-    * trainer: CUDA context + ``ALLOCATOR_SLACK`` x (Brain/DQN/AuxNet weights, grads and AdamW moments, 16 B a
-      parameter, + ``step_bytes`` at ``batch_size``), + on CUDA with ``[control] enable_cudnn_benchmark`` the
-      benchmark's workspaces, ``CUDNN_BENCHMARK_FACTOR`` x the saved activations; during ``test_play`` the baseline
-      model is also resident and inference runs on up to 3 x ``test_play.games`` rows (champion seats).
-    * client: CUDA context + ``ALLOCATOR_SLACK`` x (trainee and baseline weights + inference on up to
-      3 x ``train_play.<profile>.games`` rows). Returns ``{name: (device, bytes)}``.
+    * trainer: CUDA context + ``ALLOCATOR_SLACK`` x (16 B a parameter: weights, grads, AdamW moments + ``step_bytes``)
+      + on CUDA with ``enable_cudnn_benchmark`` ``CUDNN_BENCHMARK_FACTOR`` x the saved activations; or the test
+      play's peak (+ the baseline, inference on 3 x ``test_play.games`` rows).
+    * client: context + ``ALLOCATOR_SLACK`` x (trainee and baseline weights + inference on 3 x ``games`` of the
+      profile). Returns ``{name: (device, bytes)}``.
 
     ``config`` is read as it is (``mortal.config.lookup``), not typed: a what-if over its numbers, also outside the
     schema's ranges (``bench/gpu_memory.py`` zeroes ``batch_size`` or the test games to isolate one term). A table
@@ -326,9 +325,8 @@ def estimate_memory(config, profile='default'):
     test_games = lookup(config, 'test_play.games', 0)
     train_games = lookup(config, f'{profile_table(profile)}.games', 0)
     trainer_dev = lookup(config, 'control.device')
-    cuda = str(trainer_dev).startswith('cuda')
     workspace = 0
-    if cuda and lookup(config, 'control.enable_cudnn_benchmark', False):
+    if str(trainer_dev).startswith('cuda') and lookup(config, 'control.enable_cudnn_benchmark', False):
         workspace = CUDNN_BENCHMARK_FACTOR[amp] * saved_bytes(cc, nb, version, batch, amp=amp)
 
     def total(device, body, extra=0):
