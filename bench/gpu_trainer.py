@@ -242,6 +242,8 @@ def step_worker(a):
     import torch
     from mortal.train import Trainer
     torch.manual_seed(0)
+    if a.threads:
+        torch.set_num_threads(a.threads)
     Trainer._load_probe = lambda self: None
     work = tempfile.mkdtemp(prefix='step-')
     config = step_config(work, a.channels, a.blocks, a.batch, a.version, amp=a.amp, compile_=a.compile)
@@ -261,10 +263,10 @@ def step_worker(a):
     if a.profile:
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
         prof.__enter__()
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     for i in range(a.steps):
         trainer.train_batch(*batches[i % len(batches)])
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, time.process_time() - cpu
     if prof is not None:
         prof.__exit__(None, None, None)
         out['kernels_per_step'] = {k: v / a.steps for k, v in _kernel_count(prof, times).items()}
@@ -281,6 +283,8 @@ def step_worker(a):
         writer.close()
     out.update(steps=a.steps, ms_per_step=round(1e3 * wall / a.steps, 2), load_ms_per_batch=round(load_ms, 1),
                samples_per_s=round(a.steps * a.batch / wall, 1),
+               # the process's CPU seconds: on a shared box less bent by other processes than the wall clock
+               samples_per_cpu_s=round(a.steps * a.batch / cpu, 1),
                phases_ms={k: round(1e3 * v / a.steps, 3) for k, v in times.items()})
     print(json.dumps(out))
     return 0
@@ -313,11 +317,11 @@ def interleave(a):
             tree = getattr(a, which)
             cmd = [sys.executable, __file__, 'step', '--tree', tree, '--channels', str(a.channels), '--blocks',
                    str(a.blocks), '--batch', str(a.batch), '--steps', str(a.steps), '--warmup', str(a.warmup),
-                   '--version', str(a.version)] + (['--amp'] if a.amp else [])
+                   '--version', str(a.version), '--threads', str(a.threads)] + (['--amp'] if a.amp else [])
             res = subprocess.run(cmd, capture_output=True, text=True, check=True)
-            runs[which].append(json.loads(res.stdout.strip().splitlines()[-1])['samples_per_s'])
+            runs[which].append(json.loads(res.stdout.strip().splitlines()[-1])[a.metric])
         ratios.append(runs['new'][-1] / runs['old'][-1])
-    print(json.dumps({'old': runs['old'], 'new': runs['new'], 'ratio_median': round(statistics.median(ratios), 3),
+    print(json.dumps({'metric': a.metric, 'old': runs['old'], 'new': runs['new'], 'ratio_median': round(statistics.median(ratios), 3),
                       'ratio_min': round(min(ratios), 3), 'ratio_max': round(max(ratios), 3)}))
 
 
@@ -330,6 +334,8 @@ def arms_worker(a):
     import torch
     from mortal.train import Trainer
     Trainer._load_probe = lambda self: None
+    if a.threads:
+        torch.set_num_threads(a.threads)
     flags = {'eager': (False, False), 'compile': (False, True), 'amp': (True, False), 'amp+compile': (True, True)}
     trainers, out, batches = {}, {}, None
     for arm in a.arms.split(','):
@@ -341,18 +347,21 @@ def arms_worker(a):
         t = time.perf_counter()
         for i in range(a.warmup):
             trainers[arm].train_batch(*batches[i % len(batches)])
-        out[arm] = {'warmup_s': round(time.perf_counter() - t, 1), 'samples_per_s': []}
+        out[arm] = {'warmup_s': round(time.perf_counter() - t, 1), 'samples_per_s': [], 'samples_per_cpu_s': []}
     for r in range(a.rounds):
         for arm, trainer in trainers.items():
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), time.process_time()
             for i in range(a.steps):
                 trainer.train_batch(*batches[i % len(batches)])
             out[arm]['samples_per_s'].append(round(a.steps * a.batch / (time.perf_counter() - t), 1))
-    for arm in out:  # the ratio of each round's pair (the noise of a moment falls on both)
-        out[arm]['median'] = statistics.median(out[arm]['samples_per_s'])
-        if 'eager' in out:
-            pairs = sorted(x / e for x, e in zip(out[arm]['samples_per_s'], out['eager']['samples_per_s']))
-            out[arm]['over_eager'] = [round(statistics.median(pairs), 3), round(pairs[0], 3), round(pairs[-1], 3)]
+            out[arm]['samples_per_cpu_s'].append(round(a.steps * a.batch / (time.process_time() - cpu), 1))
+    for arm in out:  # the ratio of each round's pair (the noise of a moment falls on both): median, min, max
+        for key in ('samples_per_s', 'samples_per_cpu_s'):
+            out[arm][key + '_median'] = statistics.median(out[arm][key])
+            if 'eager' in out:
+                pairs = sorted(x / e for x, e in zip(out[arm][key], out['eager'][key]))
+                out[arm][key + '_over_eager'] = [round(statistics.median(pairs), 3), round(pairs[0], 3),
+                                                 round(pairs[-1], 3)]
     print(json.dumps({'channels': a.channels, 'blocks': a.blocks, 'batch': a.batch, 'arms': out}))
     return 0
 
@@ -370,6 +379,7 @@ def main(argv=None):
         s.add_argument('--steps', type=int, default=20)
         s.add_argument('--warmup', type=int, default=3)
         s.add_argument('--amp', action='store_true', help='bf16 autocast on the CPU')
+        s.add_argument('--threads', type=int, default=0, help='torch threads (0: torch\'s default)')
     s = sub.choices['step']
     s.add_argument('--tree', default=str(ROOT), help='the source tree whose mortal/ runs')
     s.add_argument('--compile', action='store_true', help='[control] enable_compile')
@@ -379,6 +389,7 @@ def main(argv=None):
     i.add_argument('--old', required=True)
     i.add_argument('--new', default=str(ROOT))
     i.add_argument('--rounds', type=int, default=3)
+    i.add_argument('--metric', choices=('samples_per_s', 'samples_per_cpu_s'), default='samples_per_cpu_s')
     sub.choices['arms'].add_argument('--arms', default='eager,compile,amp')
     sub.choices['arms'].add_argument('--rounds', type=int, default=3)
     a = p.parse_args(argv)

@@ -193,10 +193,10 @@ class Trainer:
         the device: no host round trip per step (a GPU's queue keeps running); they are read at the save."""
         with torch.no_grad():
             self.stat_batches += 1
-            sums = self._stat_sums  # float64 as Python's floats were (on the CPU where the device has none: mps)
-            zero = sums.new_zeros(())  # a term that is off stays 0
-            sums += torch.stack([zero if getattr(terms, k) is None else getattr(terms, k).to(sums.device).double()
-                                 for k in STAT_KEYS])
+            for k, total in self._stat_sums.items():  # float64 as Python's floats were; a term that is off stays 0
+                term = getattr(terms, k)
+                if term is not None:
+                    total += term.detach().to(total.device)
             if self.dist.is_main:
                 q_stats = batch_q_stats(q_out[:n], masks[:n], actions[:n], q_target[:n])
                 self.instruments.add(q_stats, terms.q[:n], q_target[:n])
@@ -253,13 +253,13 @@ class Trainer:
     def reset_stats(self) -> None:
         """Zero the loss sums averaged into TensorBoard at each save, and their count of batches."""
         self.stat_batches = 0  # batches summed into stats: the divisor of the means (a resumed window is short)
-        dev = self.device if self.device.type != 'mps' else torch.device('cpu')
-        self._stat_sums = torch.zeros(len(STAT_KEYS), dtype=torch.float64, device=dev)
+        dev = self.device if self.device.type != 'mps' else torch.device('cpu')  # mps has no float64
+        self._stat_sums = {k: torch.zeros((), dtype=torch.float64, device=dev) for k in STAT_KEYS}
 
     @property
     def stats(self) -> dict:
         """The loss sums since the last save, ``{name: float}`` in ``STAT_KEYS`` order (read from the device)."""
-        return dict(zip(STAT_KEYS, self._stat_sums.tolist()))
+        return dict(zip(STAT_KEYS, torch.stack(tuple(self._stat_sums.values())).tolist()))
 
     def log_total_steps(self) -> None:
         """Mortal's ``total steps`` line, with the countdown to the next test play when there is one."""

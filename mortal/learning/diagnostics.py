@@ -38,15 +38,14 @@ HISTOGRAM_STRIDE = 128  # Mortal keeps every 128th q value to keep event files s
 
 
 @torch.no_grad()
-def batch_q_stats(q_out: Tensor, masks: Tensor, actions: Tensor, q_target: Tensor) -> dict:
+def batch_q_stats(q_out: Tensor, masks: Tensor, actions: Tensor, q_target: Tensor) -> Tensor:
     """Sums and counts of one batch for the ``diag/*`` per-batch tags.
 
     ``q_out (B, 46)`` with ``-inf`` at illegal actions, ``masks (B, 46)`` bool, ``actions (B,)`` int64,
-    ``q_target (B,)`` float. Returns ``{key: (sum, count)}`` for each of ``BATCH_KEYS``, 0-dim tensors on
-    ``q_out``'s device (float64 sums, int64 counts; float32 on mps), so that windows of batches average correctly
+    ``q_target (B,)`` float. Returns a ``(2, len(BATCH_KEYS))`` tensor on ``q_out``'s device, float64 (float32 on
+    mps): the sums, then the counts, in ``BATCH_KEYS`` order, so that windows of batches average correctly
     (``WindowMeans``) with no host round trip per batch. ``q_gap`` and ``q_spread`` count rows with 2+ legal actions.
     """
-    acc = torch.float32 if q_out.device.type == 'mps' else torch.float64  # mps has no float64
     q = q_out.float()
     masks = masks.to(torch.bool)
     rows = torch.arange(q.shape[0], device=q.device)
@@ -58,13 +57,12 @@ def batch_q_stats(q_out: Tensor, masks: Tensor, actions: Tensor, q_target: Tenso
     n = legal.float()
     mean = q.masked_fill(~masks, 0.0).sum(-1) / n
     std = ((q - mean.unsqueeze(-1)).masked_fill(~masks, 0.0).pow(2).sum(-1) / n).sqrt()
-    zero = q.new_zeros(())
-
-    def over(values, rows_in):  # masked sums rather than boolean indexing, which waits for the device
-        return torch.where(rows_in, values, zero).sum().to(acc), rows_in.sum()
-    return {'q_minus_target': (err.sum().to(acc), err.numel()), 'q_minus_target_greedy': over(err, greedy),
-            'taken_greedy': (greedy.sum().to(acc), greedy.numel()), 'q_gap': over(top2[:, 0] - top2[:, 1], multi),
-            'q_spread': over(std, multi)}
+    every = torch.ones_like(greedy)
+    # masked sums rather than boolean indexing, which waits for the device; in BATCH_KEYS order
+    values = torch.stack((err, err, top2[:, 0] - top2[:, 1], std, greedy.float()))
+    counted = torch.stack((every, greedy, multi, multi, every))
+    acc = torch.float32 if q.device.type == 'mps' else torch.float64  # mps has no float64
+    return torch.stack((torch.where(counted, values, 0.0).sum(-1), counted.sum(-1).to(values.dtype))).to(acc)
 
 
 class WindowMeans:
@@ -76,15 +74,25 @@ class WindowMeans:
 
     def reset(self) -> None:
         self.sums = {k: [0.0, 0] for k in self.keys}
+        self.total = None  # the sum of the (2, keys) tensors added (on their device)
 
-    def add(self, stats: dict) -> None:
+    def add(self, stats) -> None:
+        """``stats``: ``{key: (sum, count)}``, or ``batch_q_stats``' (2, keys) tensor (one device op)."""
+        if isinstance(stats, Tensor):
+            self.total = stats.clone() if self.total is None else self.total.add_(stats)
+            return
         for k, (s, c) in stats.items():
             self.sums[k][0] += s
             self.sums[k][1] += c
 
     def means(self) -> dict:
-        """``{key: mean}`` (floats) for the keys that saw at least one row."""
-        return {k: float(s) / int(c) for k, (s, c) in self.sums.items() if c}
+        """``{key: mean}`` for the keys that saw at least one row."""
+        sums = {k: list(v) for k, v in self.sums.items()}
+        if self.total is not None:
+            for k, s, c in zip(self.keys, *self.total.tolist()):
+                sums[k][0] += s
+                sums[k][1] += c
+        return {k: s / c for k, (s, c) in sums.items() if c}
 
 
 @contextlib.contextmanager
