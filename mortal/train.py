@@ -49,8 +49,6 @@ from mortal.learning.server_traffic import DRAIN_POLL_INTERVAL, ServerTraffic, p
 from mortal.learning.supervisor import end_with_supervisor, is_supervised, supervise
 
 logger = logging.getLogger('mortal.train' if __name__ == '__main__' else __name__)
-# The loss sums written as loss/<name> at each save, in this order (Mortal's tags and the extras').
-STAT_KEYS = ('dqn_loss', 'cql_loss', 'anchor_loss', 'offline_cql_loss', 'next_rank_loss', 'counterfactual_loss')
 
 
 class Trainer:
@@ -254,12 +252,13 @@ class Trainer:
         """Zero the loss sums averaged into TensorBoard at each save, and their count of batches."""
         self.stat_batches = 0  # batches summed into stats: the divisor of the means (a resumed window is short)
         dev = self.device if self.device.type != 'mps' else torch.device('cpu')  # mps has no float64
-        self._stat_sums = {k: torch.zeros((), dtype=torch.float64, device=dev) for k in STAT_KEYS}
+        self._stat_sums = {k: torch.zeros((), dtype=torch.float64, device=dev) for k in (  # loss/<name>, in order
+            'dqn_loss', 'cql_loss', 'anchor_loss', 'offline_cql_loss', 'next_rank_loss', 'counterfactual_loss')}
 
     @property
     def stats(self) -> dict:
-        """The loss sums since the last save, ``{name: float}`` in ``STAT_KEYS`` order (read from the device)."""
-        return dict(zip(STAT_KEYS, torch.stack(tuple(self._stat_sums.values())).tolist()))
+        """The loss sums since the last save, ``{name: float}`` (read from the device)."""
+        return dict(zip(self._stat_sums, torch.stack(tuple(self._stat_sums.values())).tolist()))
 
     def log_total_steps(self) -> None:
         """Mortal's ``total steps`` line, with the countdown to the next test play when there is one."""

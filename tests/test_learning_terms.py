@@ -71,8 +71,7 @@ def test_batch_q_stats_by_hand():
     assert s['q_gap'] == pytest.approx((1 + 3, 2))  # the one-action row is left out
     assert s['q_spread'] == pytest.approx((0.5 + math.sqrt(2), 2))  # std of [1, 2] and of [0, 0, 3]
     w = WindowMeans()
-    w.add(s)
-    w.add(stacked)  # the learner's way: the tensor, summed on its device
+    w.add(stacked)
     w.add(stacked)
     assert w.means()['q_gap'] == pytest.approx(2.0)
     assert w.means()['taken_greedy'] == pytest.approx(2 / 3)
@@ -246,7 +245,7 @@ def test_offline_mix_appends_offline_rows_with_the_offline_loss(tiny_config, fix
     trainer.offline_stream = iter([offline])
     seen = []
     monkeypatch.setattr(tr, 'batch_q_stats', lambda q_out, masks, actions, q_target: seen.append(
-        (q_out.shape[0], q_target.clone())) or {})
+        (q_out.shape[0], q_target.clone())) or torch.zeros(2, 5))
     with torch.no_grad():
         trainer.mortal.eval(), trainer.dqn.eval()
         all_obs = torch.cat((online[0], offline[0]))

@@ -66,33 +66,24 @@ def batch_q_stats(q_out: Tensor, masks: Tensor, actions: Tensor, q_target: Tenso
 
 
 class WindowMeans:
-    """Running ``(sum, count)`` per key between two TensorBoard writes."""
+    """Running sums and counts of ``batch_q_stats`` per key between two TensorBoard writes, on their device."""
 
     def __init__(self, keys=BATCH_KEYS):
         self.keys = tuple(keys)
         self.reset()
 
     def reset(self) -> None:
-        self.sums = {k: [0.0, 0] for k in self.keys}
-        self.total = None  # the sum of the (2, keys) tensors added (on their device)
+        self.total = None  # the (2, keys) sums and counts added since the last reset
 
-    def add(self, stats) -> None:
-        """``stats``: ``{key: (sum, count)}``, or ``batch_q_stats``' (2, keys) tensor (one device op)."""
-        if isinstance(stats, Tensor):
-            self.total = stats.clone() if self.total is None else self.total.add_(stats)
-            return
-        for k, (s, c) in stats.items():
-            self.sums[k][0] += s
-            self.sums[k][1] += c
+    def add(self, stats: Tensor) -> None:
+        """``stats``: ``batch_q_stats``' (2, keys) tensor (one device op a batch)."""
+        self.total = stats.clone() if self.total is None else self.total.add_(stats)
 
     def means(self) -> dict:
-        """``{key: mean}`` for the keys that saw at least one row."""
-        sums = {k: list(v) for k, v in self.sums.items()}
-        if self.total is not None:
-            for k, s, c in zip(self.keys, *self.total.tolist()):
-                sums[k][0] += s
-                sums[k][1] += c
-        return {k: s / c for k, (s, c) in sums.items() if c}
+        """``{key: mean}`` (floats) for the keys that saw at least one row."""
+        if self.total is None:
+            return {}
+        return {k: s / c for k, s, c in zip(self.keys, *self.total.tolist()) if c}
 
 
 @contextlib.contextmanager
