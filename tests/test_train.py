@@ -170,7 +170,7 @@ def test_first_loss_point_after_a_resume_is_the_mean_of_the_batches_trained(tmp_
 def test_a_step_reads_no_value_back_but_the_mask_check(tmp_path):
     # issue 32 part 5: each scalar read (.item(), bool(tensor), boolean indexing) of a device tensor stalls a GPU's
     # queue; the step without an optimizer update makes one, the host-side mask check (the loader's tensors). The
-    # loss sums and the q statistics stay on the device until the save (main made 11 reads a step).
+    # loss sums and the q statistics stay on the device until the save (main made 10 reads a step).
     from torch.utils._python_dispatch import TorchDispatchMode
     trainer, writer = make_trainer(tmp_path, online=True, **{
         'control': {'opt_step_every': 2, 'save_every': 4, 'test_every': 4, 'submit_every': 4}})
