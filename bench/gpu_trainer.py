@@ -323,7 +323,8 @@ def interleave(a):
             res = subprocess.run(cmd, capture_output=True, text=True, check=True)
             runs[which].append(json.loads(res.stdout.strip().splitlines()[-1])[a.metric])
         ratios.append(runs['new'][-1] / runs['old'][-1])
-    print(json.dumps({'metric': a.metric, 'old': runs['old'], 'new': runs['new'], 'ratio_median': round(statistics.median(ratios), 3),
+    print(json.dumps({'metric': a.metric, 'old': runs['old'], 'new': runs['new'],
+                      'ratio_median': round(statistics.median(ratios), 3),
                       'ratio_min': round(min(ratios), 3), 'ratio_max': round(max(ratios), 3)}))
 
 

@@ -389,3 +389,18 @@ def test_a_file_index_with_a_missing_file_or_one_outside_the_globs_fails(work, c
     torch.save({'file_list': listed, 'globs': [str(elsewhere.parent / '*.json.gz')]}, index)
     rc, out = _run(cfg_path, capsys)
     assert '[WARN] file index: [dataset] file_index' in out and 'the next run rebuilds it' in out
+
+
+def test_memory_over_the_card_only_with_the_benchmark_term_is_a_warning(work, monkeypatch):
+    # 192 x 40 at batch 256 without AMP: 16.8 GiB with the cuDNN benchmark's fitted term, 3.0 without; the benchmark
+    # takes what is free, so a 16 GiB card gets a warning, a 2 GiB card a failure
+    _, cfg_path, cfg = work
+    cfg['resnet'].update(conv_channels=192, num_blocks=40)
+    cfg['control'].update(version=4, batch_size=256, enable_amp=False, device='cuda:0', enable_cudnn_benchmark=True)
+    cfg['test_play']['games'] = 0
+    for slot in ('train', 'test'):
+        cfg['baseline'][slot]['device'] = 'cuda:0'
+    for card_gib, status in ((16, doctor.WARN), (2, doctor.FAIL)):
+        monkeypatch.setattr(doctor, '_gpu_total_bytes', lambda device: card_gib * 2**30)
+        [trainer] = [r for r in doctor.check_memory(cfg) if r.detail.startswith('trainer')]
+        assert trainer.status == status, trainer.line()

@@ -353,6 +353,7 @@ def _gpu_total_bytes(device):
 def check_memory(config, profile='default'):
     try:
         est = estimate_memory(config, profile)
+        lean = estimate_memory({**config, 'control': {**config['control'], 'enable_cudnn_benchmark': False}}, profile)
     except Exception as e:  # a broken [resnet] is reported by the checkpoint checks too
         return [Check(FAIL, 'memory', f'cannot build the model from [resnet]/version: {e}')]
     rows = []
@@ -362,6 +363,11 @@ def check_memory(config, profile='default'):
             gpu = _gpu_total_bytes(device)
             if gpu is None:  # a FAIL row of check_devices names the key and the fixes
                 rows.append(Check(INFO, 'memory', f'{text}; but no CUDA device is visible to torch'))
+                continue
+            if nbytes > gpu >= lean[name][1]:  # the benchmark takes what is free: a smaller card gives it less
+                rows.append(Check(WARN, 'memory', f'{text} exceeds {device} total {gpu / GIB:.1f} GiB with the '
+                                  f'cuDNN benchmark\'s workspaces (fitted on an H200), {lean[name][1] / GIB:.2f} GiB '
+                                  'without'))
                 continue
             if nbytes > gpu:
                 rows.append(Check(FAIL, 'memory', f'{text} exceeds {device} total {gpu / GIB:.1f} GiB; '
