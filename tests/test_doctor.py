@@ -309,7 +309,7 @@ def test_saved_bytes_by_hand():
     # + 92 (masks) + 8 (index) = 192,052; the batch adds (8 + 4) x 32 float32 BatchNorm statistics = 1,536
     assert doctor.saved_bytes(32, 1, 3, 2) == 2 * 192_052 + 1_536
     # the step adds 2 (32, 34) float32 gradients a row: 8,704; the estimate grows by 1.25 x that a row
-    assert doctor.step_bytes(32, 1, 3, 2) == 2 * (192_052 + 8_704) + 1_536
+    assert doctor.saved_bytes(32, 1, 3, 2, step=True) == 2 * (192_052 + 8_704) + 1_536
 
 
 def test_trainer_estimate_grows_with_batch_size(work):

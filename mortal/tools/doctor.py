@@ -263,7 +263,7 @@ def _weight_count(*modules):
     return sum(m.weight.numel() for mod in modules for m in mod.modules() if isinstance(m, (nn.Conv1d, nn.Linear)))
 
 
-def saved_bytes(conv_channels, num_blocks, version, batch, *, amp=False, weights=0):
+def saved_bytes(conv_channels, num_blocks, version, batch, *, amp=False, weights=0, step=False):
     """Bytes autograd keeps for backward in one training forward of ``Brain`` + ``DQN`` + ``AuxNet`` at ``batch``
     rows, counted from the graph (versions 2-4; equal to ``saved_tensors_hooks``' distinct storages on the CPU,
     tests/test_doctor.py). Per row, in the forward's width (4 bytes, 2 under AMP): the observation, 7 (C, 34)
@@ -271,23 +271,16 @@ def saved_bytes(conv_channels, num_blocks, version, batch, *, amp=False, weights
     attention) and 3 after the tower, the head's two 32 x 34, two 1024-vectors, a block's attention 3 C-vectors and
     4 of C / 16, and (v2, v3) the DQN heads' 4 hidden vectors (512, 256); the masks (2 x 46 bytes) and an index
     (8). Per batch: the BatchNorms' float32 statistics (8 C-vectors a block, 4 after) and, under AMP, the 2-byte
-    copy of the ``weights`` conv/linear weight elements."""
+    copy of the ``weights`` conv/linear weight elements. With ``step``, the step's peak (the start of backward):
+    also the float32 observation AMP keeps beside its copy and 2 (C, 34) gradients a row (counted, not measured)."""
     from mortal.features.obs import obs_shape
     c, width = conv_channels, 2 if amp else 4
     per_row = width * (34 * (obs_shape(version)[0] + (7 * num_blocks + 3) * c + 64)
                        + num_blocks * (3 * c + 4 * (c // 16)) + 2 * 1024 + 4 * {2: 512, 3: 256}.get(version, 0))
     per_row += 2 * 46 + 8
+    if step:
+        per_row += (34 * obs_shape(version)[0] * 4 if amp else 0) + 2 * 34 * c * width
     return batch * per_row + (8 * num_blocks + 4) * c * 4 + (2 * weights if amp else 0)
-
-
-def step_bytes(conv_channels, num_blocks, version, batch, *, amp=False, weights=0):
-    """A training step's tensors at their peak (the start of backward), without the parameters' state:
-    ``saved_bytes``, the float32 observation that AMP keeps beside its 2-byte copy, and 2 (C, 34) gradients a row
-    in flight (counted, not measured)."""
-    from mortal.features.obs import obs_shape
-    width = 2 if amp else 4
-    extra = (34 * obs_shape(version)[0] * 4 if amp else 0) + 2 * 34 * conv_channels * width
-    return saved_bytes(conv_channels, num_blocks, version, batch, amp=amp, weights=weights) + batch * extra
 
 
 def inference_bytes_per_sample(conv_channels, version):
@@ -301,9 +294,9 @@ def estimate_memory(config, profile='default'):
     """Per-process memory in bytes, keyed by process name; the terms and the figures they were fitted on:
     docs/operations.md, "The doctor's memory estimate".
 
-    * trainer: CUDA context + ``ALLOCATOR_SLACK`` x (16 B a parameter: weights, grads, AdamW moments + ``step_bytes``)
-      + on CUDA with ``enable_cudnn_benchmark`` ``CUDNN_BENCHMARK_FACTOR`` x the saved activations; or the test
-      play's peak (+ the baseline, inference on 3 x ``test_play.games`` rows).
+    * trainer: CUDA context + ``ALLOCATOR_SLACK`` x (16 B a parameter: weights, grads, AdamW moments + the step's
+      ``saved_bytes``) + on CUDA with ``enable_cudnn_benchmark`` ``CUDNN_BENCHMARK_FACTOR`` x the saved
+      activations; or the test play's peak (+ the baseline, inference on 3 x ``test_play.games`` rows).
     * client: context + ``ALLOCATOR_SLACK`` x (trainee and baseline weights + inference on 3 x ``games`` of the
       profile). Returns ``{name: (device, bytes)}``.
 
@@ -333,7 +326,8 @@ def estimate_memory(config, profile='default'):
         ctx = CUDA_CONTEXT_BYTES if str(device).startswith('cuda') else 0
         return device, int(ctx + body * ALLOCATOR_SLACK + extra)
 
-    train_peak = train_static + step_bytes(cc, nb, version, batch, amp=amp, weights=_weight_count(brain, dqn, aux))
+    train_peak = train_static + saved_bytes(cc, nb, version, batch, amp=amp, weights=_weight_count(brain, dqn, aux),
+                                            step=True)
     test_peak = train_static + model + 3 * test_games * infer
     client_dev = lookup(config, 'baseline.train.device', trainer_dev)
     client = 2 * model + 3 * train_games * infer
