@@ -195,10 +195,10 @@ NO_KERNEL_OPS = {'aten::view', 'aten::as_strided', 'aten::unsqueeze', 'aten::squ
                  'aten::narrow', 'aten::expand_as', 'aten::view_as', 'aten::chunk', 'aten::dim'}
 
 
-def step_config(work, channels, blocks, batch, version, amp=False, compile_=False):
-    """The trainer part's config on the CPU at this network and batch (models written), loaded."""
+def step_config(work, channels, blocks, batch, version, amp=False, compile_=False, device='cpu'):
+    """The trainer part's config on ``device`` at this network and batch (models written), loaded."""
     sizes = {'test_games': 4, 'num_workers': 0, 'channels': channels, 'blocks': blocks}
-    cfg_path = write_config(work, sizes=sizes, device='cpu', version=version, games=4, trainer=True)
+    cfg_path = write_config(work, sizes=sizes, device=device, version=version, games=4, trainer=True)
     config = load(cfg_path)
     config['control'].update(batch_size=batch, enable_amp=amp, enable_compile=compile_)
     write_models(config)
@@ -246,9 +246,10 @@ def step_worker(a):
         torch.set_num_threads(a.threads)
     Trainer._load_probe = lambda self: None
     work = tempfile.mkdtemp(prefix='step-')
-    config = step_config(work, a.channels, a.blocks, a.batch, a.version, amp=a.amp, compile_=a.compile)
+    config = step_config(work, a.channels, a.blocks, a.batch, a.version, amp=a.amp, compile_=a.compile,
+                         device=a.device)
     t = time.perf_counter()
-    batches = real_batches(config, a.version, a.batch, limit=4)
+    batches = _batches(config, a)
     load_ms = 1e3 * (time.perf_counter() - t) / len(batches)  # the loader in this process (num_workers = 0)
     trainer = Trainer(config, test_player=_NoTestPlay(), remote=object(), writer=_NullWriter())
     t = time.perf_counter()
@@ -261,11 +262,15 @@ def step_worker(a):
         _phase_clock(trainer, times)
     prof = None
     if a.profile:
-        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
+        acts = [torch.profiler.ProfilerActivity.CPU] + (
+            [torch.profiler.ProfilerActivity.CUDA] if a.device.startswith('cuda') else [])
+        prof = torch.profiler.profile(activities=acts, record_shapes=True)
         prof.__enter__()
+    _sync(a.device)
     t, cpu = time.perf_counter(), time.process_time()
     for i in range(a.steps):
         trainer.train_batch(*batches[i % len(batches)])
+    _sync(a.device)
     wall, cpu = time.perf_counter() - t, time.process_time() - cpu
     if prof is not None:
         prof.__exit__(None, None, None)
@@ -290,6 +295,19 @@ def step_worker(a):
                phases_ms={k: round(1e3 * v / a.steps, 3) for k, v in times.items()})
     print(json.dumps(out))
     return 0
+
+
+def _batches(config, a):
+    """Up to 4 real batches of ``a.batch``, pinned for a GPU as the learner's loader pins them."""
+    batches = real_batches(config, a.version, a.batch, limit=4)
+    return [tuple(t.pin_memory() for t in b) for b in batches] if a.device.startswith('cuda') else batches
+
+
+def _sync(device):
+    """Wait for a GPU's queue (a timing boundary); nothing on the CPU."""
+    if device.startswith('cuda'):
+        import torch
+        torch.cuda.synchronize(device)
 
 
 def _kernel_count(prof, phases=()):
@@ -319,7 +337,8 @@ def interleave(a):
             tree = getattr(a, which)
             cmd = [sys.executable, __file__, 'step', '--tree', tree, '--channels', str(a.channels), '--blocks',
                    str(a.blocks), '--batch', str(a.batch), '--steps', str(a.steps), '--warmup', str(a.warmup),
-                   '--version', str(a.version), '--threads', str(a.threads)] + (['--amp'] if a.amp else [])
+                   '--version', str(a.version), '--threads', str(a.threads), '--device', a.device] + (
+                       ['--amp'] if a.amp else [])
             res = subprocess.run(cmd, capture_output=True, text=True, check=True)
             runs[which].append(json.loads(res.stdout.strip().splitlines()[-1])[a.metric])
         ratios.append(runs['new'][-1] / runs['old'][-1])
@@ -344,8 +363,8 @@ def arms_worker(a):
     for arm in a.arms.split(','):
         torch.manual_seed(0)
         config = step_config(tempfile.mkdtemp(prefix='arm-'), a.channels, a.blocks, a.batch, a.version,
-                             amp=flags[arm][0], compile_=flags[arm][1])
-        batches = batches or real_batches(config, a.version, a.batch, limit=4)
+                             amp=flags[arm][0], compile_=flags[arm][1], device=a.device)
+        batches = batches or _batches(config, a)
         trainers[arm] = Trainer(config, test_player=_NoTestPlay(), remote=object(), writer=_NullWriter())
         t = time.perf_counter()
         for i in range(a.warmup):
@@ -353,9 +372,11 @@ def arms_worker(a):
         out[arm] = {'warmup_s': round(time.perf_counter() - t, 1), 'samples_per_s': [], 'samples_per_cpu_s': []}
     for r in range(a.rounds):
         for arm, trainer in trainers.items():
+            _sync(a.device)
             t, cpu = time.perf_counter(), time.process_time()
             for i in range(a.steps):
                 trainer.train_batch(*batches[i % len(batches)])
+            _sync(a.device)
             out[arm]['samples_per_s'].append(round(a.steps * a.batch / (time.perf_counter() - t), 1))
             out[arm]['samples_per_cpu_s'].append(round(a.steps * a.batch / (time.process_time() - cpu), 1))
     for arm in out:  # the ratio of each round's pair (the noise of a moment falls on both): median, min, max
@@ -383,6 +404,7 @@ def main(argv=None):
         s.add_argument('--warmup', type=int, default=3)
         s.add_argument('--amp', action='store_true', help='bf16 autocast on the CPU')
         s.add_argument('--threads', type=int, default=0, help='torch threads (0: torch\'s default)')
+        s.add_argument('--device', default='cpu', help="cpu, or cuda:0 (the device run: --amp is fp16 there)")
     s = sub.choices['step']
     s.add_argument('--tree', default=str(ROOT), help='the source tree whose mortal/ runs')
     s.add_argument('--compile', action='store_true', help='[control] enable_compile')
