@@ -54,7 +54,8 @@ def part_memory(ctx, results):
     out = {'rows': rows, 'doctor_trainer': full['trainer'][1], 'doctor_client': full['client'][1],
            'doctor_three_processes': full['trainer'][1] + full['client'][1],
            'note': 'measured: torch.cuda.max_memory_allocated / max_memory_reserved (no CUDA context); doctor: '
-                   'mortal.tools.doctor.estimate_memory, which adds a 512 MiB CUDA context and 25% slack; null on CPU'}
+                   'mortal.tools.doctor.estimate_memory, which adds a 512 MiB CUDA context, 25% slack and (cuDNN '
+                   'benchmark on) its fitted workspace term; null on CPU'}
     import torch
     if ctx['device'].startswith('cuda'):
         out['device_total'] = int(torch.cuda.get_device_properties(0).total_memory)

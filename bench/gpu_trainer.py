@@ -5,8 +5,16 @@ The driver's side (``part_trainer``) runs the worker (``bench/gpu.py trainer-wor
 within its time cap; the worker (``trainer_worker``) writes its record as it goes.
 """
 
+if __name__ == '__main__':  # a script: --tree's mortal/ (default this checkout's) first on the path, then this root
+    import sys
+    import pathlib
+    sys.path[:1] = ([sys.argv[sys.argv.index('--tree') + 1]] if '--tree' in sys.argv else []) + [
+        str(pathlib.Path(__file__).resolve().parent.parent)]
+
 import copy
 import glob
+import json
+import pathlib
 import subprocess
 import sys
 import time
@@ -172,3 +180,246 @@ def part_trainer(ctx):
             out.setdefault(key, {})['status'] = f'failed (exit {p.returncode}; see logs/trainer.log)'
     ctx['shared']['trainer_config'] = str(cfg_path)  # for the memory part (a temporary path: not in the results)
     return out
+
+
+# ---------------------------------------------------------------------------- the step on the CPU (issue 32 part 5)
+
+# Ops that launch no kernel on a GPU (views, shape and bookkeeping): left out of the kernel count of a step.
+NO_KERNEL_OPS = {'aten::view', 'aten::as_strided', 'aten::unsqueeze', 'aten::squeeze', 'aten::t', 'aten::expand',
+                 'aten::empty', 'aten::empty_strided', 'aten::resize_', 'aten::detach', 'aten::reshape',
+                 'aten::_reshape_alias', 'aten::permute', 'aten::transpose', 'aten::select', 'aten::slice',
+                 'aten::alias', 'aten::_unsafe_view', 'aten::empty_like', 'aten::lift_fresh', 'aten::result_type',
+                 'aten::is_nonzero', 'aten::_local_scalar_dense', 'aten::item', 'aten::unbind', 'aten::flatten',
+                 'aten::set_', 'aten::stride', 'aten::size', 'aten::numel', 'aten::_has_compatible_shallow_copy_type',
+                 'aten::contiguous', 'aten::resolve_conj', 'aten::resolve_neg', 'aten::conj', 'aten::split',
+                 'aten::narrow', 'aten::expand_as', 'aten::view_as', 'aten::chunk', 'aten::dim'}
+
+
+def step_config(work, channels, blocks, batch, version, amp=False, compile_=False, device='cpu'):
+    """The trainer part's config on ``device`` at this network and batch (models written), loaded."""
+    sizes = {'test_games': 4, 'num_workers': 0, 'channels': channels, 'blocks': blocks}
+    cfg_path = write_config(work, sizes=sizes, device=device, version=version, games=4, trainer=True)
+    config = load(cfg_path)
+    config['control'].update(batch_size=batch, enable_amp=amp, enable_compile=compile_)
+    write_models(config)
+    return config
+
+
+def _phase_clock(trainer, times):
+    """Wrap the parts of ``trainer``'s step so that their wall time adds up in ``times`` (also profiler ranges)."""
+    import torch
+    import mortal.train as tr
+    from mortal.learning import intake
+
+    def wrap(name, fn):
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            with torch.profiler.record_function(name):
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    times[name] = times.get(name, 0.0) + time.perf_counter() - t
+        return timed
+
+    restore = [(intake, 'batch_on_device', intake.batch_on_device), (tr, 'learner_loss', tr.learner_loss),
+               (tr, 'optimizer_step', tr.optimizer_step), (torch.Tensor, 'backward', torch.Tensor.backward)]
+    intake.batch_on_device = wrap('to device (+ unpack, mask check)', intake.batch_on_device)
+    tr.learner_loss = wrap('loss terms', tr.learner_loss)
+    tr.optimizer_step = wrap('optimizer (AdamW, clip, every opt_step_every)', tr.optimizer_step)
+    torch.Tensor.backward = wrap('backward', torch.Tensor.backward)
+    trainer.mortal.forward = wrap('forward: Brain', trainer.mortal.forward)
+    trainer.dqn.forward = wrap('forward: DQN', trainer.dqn.forward)
+    trainer.aux_net.forward = wrap('forward: aux next-rank head', trainer.aux_net.forward)
+    trainer._account = wrap('loss sums + q stats (host syncs)', trainer._account)
+    return restore
+
+
+def step_worker(a):
+    """Steps/s of ``Trainer.train_batch`` on the CPU at ``--channels x --blocks``, batch ``--batch`` (real samples);
+    with ``--phases`` the wall time per part of the step, with ``--profile`` torch.profiler's op table and the count
+    of ops that would launch a GPU kernel. Prints one JSON line."""
+    import tempfile
+    import torch
+    from mortal.train import Trainer
+    torch.manual_seed(0)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    Trainer._load_probe = lambda self: None
+    work = tempfile.mkdtemp(prefix='step-')
+    config = step_config(work, a.channels, a.blocks, a.batch, a.version, amp=a.amp, compile_=a.compile,
+                         device=a.device)
+    t = time.perf_counter()
+    batches = _batches(config, a)
+    load_ms = 1e3 * (time.perf_counter() - t) / len(batches)  # the loader in this process (num_workers = 0)
+    trainer = Trainer(config, test_player=_NoTestPlay(), remote=object(), writer=_NullWriter())
+    t = time.perf_counter()
+    for i in range(a.warmup):  # compile (when on) and the allocator's first fill: not timed
+        trainer.train_batch(*batches[i % len(batches)])
+    out = {'tree': a.tree, 'channels': a.channels, 'blocks': a.blocks, 'batch': a.batch, 'amp': a.amp,
+           'compile': a.compile, 'warmup_s': round(time.perf_counter() - t, 2), 'threads': torch.get_num_threads()}
+    times = {}
+    if a.phases or a.profile:
+        _phase_clock(trainer, times)
+    prof = None
+    if a.profile:
+        acts = [torch.profiler.ProfilerActivity.CPU] + (
+            [torch.profiler.ProfilerActivity.CUDA] if a.device.startswith('cuda') else [])
+        prof = torch.profiler.profile(activities=acts, record_shapes=True)
+        prof.__enter__()
+    _sync(a.device)
+    t, cpu = time.perf_counter(), time.process_time()
+    for i in range(a.steps):
+        trainer.train_batch(*batches[i % len(batches)])
+    _sync(a.device)
+    wall, cpu = time.perf_counter() - t, time.process_time() - cpu
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        out['kernels_per_step'] = {k: v / a.steps for k, v in _kernel_count(prof, times).items()}
+        print(prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=25), file=sys.stderr)
+    if a.phases:  # a save's TensorBoard writes (every save_every steps), into a real event file
+        from torch.utils.tensorboard import SummaryWriter
+        from mortal.learning import save_cycle
+        writer = SummaryWriter(work + '/tb')
+        for key in ('tensorboard_ms_first_save', 'tensorboard_ms_per_save'):  # the first pays for first use
+            t = time.perf_counter()
+            save_cycle.write_scalars(writer, trainer.steps, trainer.stats, trainer.stat_batches,
+                                     loss_weights=trainer.loss_weights, offline_mix=False, lr=1e-4,
+                                     settings=trainer.play_settings(), instruments=trainer.instruments,
+                                     trained=trainer.models, ema=None, device=trainer.device)
+            out[key] = round(1e3 * (time.perf_counter() - t), 2)
+        writer.close()
+    out.update(steps=a.steps, ms_per_step=round(1e3 * wall / a.steps, 2), load_ms_per_batch=round(load_ms, 1),
+               samples_per_s=round(a.steps * a.batch / wall, 1),
+               # the process's CPU seconds: on a shared box less bent by other processes than the wall clock
+               samples_per_cpu_s=round(a.steps * a.batch / cpu, 1),
+               phases_ms={k: round(1e3 * v / a.steps, 3) for k, v in times.items()})
+    print(json.dumps(out))
+    return 0
+
+
+def _batches(config, a):
+    """Up to 4 real batches of ``a.batch``, pinned for a GPU as the learner's loader pins them."""
+    batches = real_batches(config, a.version, a.batch, limit=4)
+    return [tuple(t.pin_memory() for t in b) for b in batches] if a.device.startswith('cuda') else batches
+
+
+def _sync(device):
+    """Wait for a GPU's queue (a timing boundary); nothing on the CPU."""
+    if device.startswith('cuda'):
+        import torch
+        torch.cuda.synchronize(device)
+
+
+def _kernel_count(prof, phases=()):
+    """Ops of the profile that would launch a GPU kernel (aten ops with no aten op below them, views left out):
+    ``{phase: count}`` for each profiler range named in ``phases`` and ``'all'``."""
+    def leaves(e):
+        kids = [c for c in e.cpu_children if c.name.startswith('aten::')]
+        if e.name.startswith('aten::') and not kids:
+            return 0 if e.name in NO_KERNEL_OPS else 1
+        return sum(leaves(c) for c in e.cpu_children)
+    top = [e for e in prof.events() if e.cpu_parent is None]
+    out = {'all': sum(leaves(e) for e in top)}
+    for e in prof.events():
+        if e.name in phases:
+            out[e.name] = out.get(e.name, 0) + leaves(e)
+    return out
+
+
+def interleave(a):
+    """``step_worker`` of ``--old`` and ``--new`` trees in turn, ``--rounds`` times each (A B A B ...): each tree's
+    samples/s and the new/old ratio per pair (median, min, max)."""
+    import statistics
+    runs = {'old': [], 'new': []}
+    ratios = []
+    for _ in range(a.rounds):
+        for which in ('old', 'new'):
+            tree = getattr(a, which)
+            cmd = [sys.executable, __file__, 'step', '--tree', tree, '--channels', str(a.channels), '--blocks',
+                   str(a.blocks), '--batch', str(a.batch), '--steps', str(a.steps), '--warmup', str(a.warmup),
+                   '--version', str(a.version), '--threads', str(a.threads), '--device', a.device] + (
+                       ['--amp'] if a.amp else [])
+            res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            runs[which].append(json.loads(res.stdout.strip().splitlines()[-1])[a.metric])
+        ratios.append(runs['new'][-1] / runs['old'][-1])
+    print(json.dumps({'metric': a.metric, 'old': runs['old'], 'new': runs['new'],
+                      'ratio_median': round(statistics.median(ratios), 3),
+                      'ratio_min': round(min(ratios), 3), 'ratio_max': round(max(ratios), 3)}))
+
+
+def arms_worker(a):
+    """``[control] enable_compile`` and AMP (bf16 autocast on the CPU) against the plain step, in one process with
+    their steps interleaved (eager, compile, amp, eager, ...: the machine's noise falls on all alike); each arm's
+    samples/s over ``--rounds`` blocks of ``--steps`` steps, after ``--warmup`` steps (compiling) not timed."""
+    import tempfile
+    import statistics
+    import torch
+    from mortal.train import Trainer
+    Trainer._load_probe = lambda self: None
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    flags = {'eager': (False, False), 'compile': (False, True), 'amp': (True, False), 'amp+compile': (True, True)}
+    trainers, out, batches = {}, {}, None
+    for arm in a.arms.split(','):
+        torch.manual_seed(0)
+        config = step_config(tempfile.mkdtemp(prefix='arm-'), a.channels, a.blocks, a.batch, a.version,
+                             amp=flags[arm][0], compile_=flags[arm][1], device=a.device)
+        batches = batches or _batches(config, a)
+        trainers[arm] = Trainer(config, test_player=_NoTestPlay(), remote=object(), writer=_NullWriter())
+        t = time.perf_counter()
+        for i in range(a.warmup):
+            trainers[arm].train_batch(*batches[i % len(batches)])
+        out[arm] = {'warmup_s': round(time.perf_counter() - t, 1), 'samples_per_s': [], 'samples_per_cpu_s': []}
+    for r in range(a.rounds):
+        for arm, trainer in trainers.items():
+            _sync(a.device)
+            t, cpu = time.perf_counter(), time.process_time()
+            for i in range(a.steps):
+                trainer.train_batch(*batches[i % len(batches)])
+            _sync(a.device)
+            out[arm]['samples_per_s'].append(round(a.steps * a.batch / (time.perf_counter() - t), 1))
+            out[arm]['samples_per_cpu_s'].append(round(a.steps * a.batch / (time.process_time() - cpu), 1))
+    for arm in out:  # the ratio of each round's pair (the noise of a moment falls on both): median, min, max
+        for key in ('samples_per_s', 'samples_per_cpu_s'):
+            out[arm][key + '_median'] = statistics.median(out[arm][key])
+            if 'eager' in out:
+                pairs = sorted(x / e for x, e in zip(out[arm][key], out['eager'][key]))
+                out[arm][key + '_over_eager'] = [round(statistics.median(pairs), 3), round(pairs[0], 3),
+                                                 round(pairs[-1], 3)]
+    print(json.dumps({'channels': a.channels, 'blocks': a.blocks, 'batch': a.batch, 'arms': out}))
+    return 0
+
+
+def main(argv=None):
+    import argparse
+    p = argparse.ArgumentParser(description='the learner step on the CPU: steps/s, its parts, old against new')
+    sub = p.add_subparsers(dest='cmd', required=True)
+    for name in ('step', 'interleave', 'arms'):
+        s = sub.add_parser(name)
+        s.add_argument('--channels', type=int, default=32)
+        s.add_argument('--blocks', type=int, default=2)
+        s.add_argument('--batch', type=int, default=256)
+        s.add_argument('--version', type=int, default=4)
+        s.add_argument('--steps', type=int, default=20)
+        s.add_argument('--warmup', type=int, default=3)
+        s.add_argument('--amp', action='store_true', help='bf16 autocast on the CPU')
+        s.add_argument('--threads', type=int, default=0, help='torch threads (0: torch\'s default)')
+        s.add_argument('--device', default='cpu', help="cpu, or cuda:0 (the device run: --amp is fp16 there)")
+    s = sub.choices['step']
+    s.add_argument('--tree', default=str(ROOT), help='the source tree whose mortal/ runs')
+    s.add_argument('--compile', action='store_true', help='[control] enable_compile')
+    s.add_argument('--phases', action='store_true')
+    s.add_argument('--profile', action='store_true')
+    i = sub.choices['interleave']
+    i.add_argument('--old', required=True)
+    i.add_argument('--new', default=str(ROOT))
+    i.add_argument('--rounds', type=int, default=3)
+    i.add_argument('--metric', choices=('samples_per_s', 'samples_per_cpu_s'), default='samples_per_cpu_s')
+    sub.choices['arms'].add_argument('--arms', default='eager,compile,amp')
+    sub.choices['arms'].add_argument('--rounds', type=int, default=3)
+    a = p.parse_args(argv)
+    return {'step': step_worker, 'interleave': interleave, 'arms': arms_worker}[a.cmd](a)
+
+
+if __name__ == '__main__':
+    sys.exit(main())

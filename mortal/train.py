@@ -186,13 +186,14 @@ class Trainer:
         return q_out, terms
 
     def _account(self, terms, q_out, masks, actions, q_target, n: int) -> None:
-        """Add the batch's loss terms to the sums of ``stats``, and its ``n`` online rows to the instruments."""
+        """Add the batch's loss terms to the sums of ``stats`` and its ``n`` online rows to the instruments, all on
+        the device: no host round trip per step (a GPU's queue keeps running); they are read at the save."""
         with torch.no_grad():
             self.stat_batches += 1
-            for name in self.stats:
-                term = getattr(terms, name)
-                if term is not None:  # a term that is off stays 0
-                    self.stats[name] += term.item()
+            for k, total in self._stat_sums.items():  # float64 as Python's floats were; a term that is off stays 0
+                term = getattr(terms, k)
+                if term is not None:
+                    total += term.detach().to(total.device)
             if self.dist.is_main:
                 q_stats = batch_q_stats(q_out[:n], masks[:n], actions[:n], q_target[:n])
                 self.instruments.add(q_stats, terms.q[:n], q_target[:n])
@@ -215,7 +216,7 @@ class Trainer:
     def on_save(self) -> None:
         """Every ``save_every`` steps: TensorBoard, checkpoint, a missed submit, and test play when due (rank 0;
         the loss means are those of all ranks)."""
-        self.stats = self.dist.average(self.stats)
+        stats = self.dist.average(self.stats)
         if not self.dist.is_main:
             self.reset_stats()
             return
@@ -223,7 +224,7 @@ class Trainer:
             self.pb.close()
             self.pb = None
         save_cycle.write_scalars(
-            self.writer, self.steps, self.stats, self.stat_batches, loss_weights=self.loss_weights,
+            self.writer, self.steps, stats, self.stat_batches, loss_weights=self.loss_weights,
             offline_mix=self.offline_stream is not None, lr=self.scheduler.get_last_lr()[0],
             settings=self.play_settings() if self.online else None, instruments=self.instruments,
             trained=self.models, device=self.device)
@@ -247,8 +248,14 @@ class Trainer:
     def reset_stats(self) -> None:
         """Zero the loss sums averaged into TensorBoard at each save, and their count of batches."""
         self.stat_batches = 0  # batches summed into stats: the divisor of the means (a resumed window is short)
-        self.stats = {'dqn_loss': 0.0, 'cql_loss': 0.0, 'anchor_loss': 0.0, 'offline_cql_loss': 0.0,
-                      'next_rank_loss': 0.0, 'counterfactual_loss': 0.0}
+        dev = self.device if self.device.type != 'mps' else torch.device('cpu')  # mps has no float64
+        self._stat_sums = {k: torch.zeros((), dtype=torch.float64, device=dev) for k in (  # loss/<name>, in order
+            'dqn_loss', 'cql_loss', 'anchor_loss', 'offline_cql_loss', 'next_rank_loss', 'counterfactual_loss')}
+
+    @property
+    def stats(self) -> dict:
+        """The loss sums since the last save, ``{name: float}`` (read from the device)."""
+        return dict(zip(self._stat_sums, torch.stack(tuple(self._stat_sums.values())).tolist()))
 
     def log_total_steps(self, tested: bool = True) -> None:
         """Mortal's ``total steps`` line, with the countdown to the next test play when there is one (``tested``:

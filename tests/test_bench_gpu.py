@@ -4,6 +4,7 @@ import datetime
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -414,3 +415,18 @@ def test_device_wheels_pin_what_pyproject_pins():
     # mjai imports loguru; pydantic needs its core and typing helpers (--no-deps brings none of them)
     assert {'loguru', 'pydantic', 'pydantic-core', 'annotated-types', 'typing-inspection', 'typing-extensions',
             'toml', 'setuptools'} <= set(wheels)
+
+
+def test_step_bench_counts_the_kernels_of_each_part():
+    """bench/gpu_trainer.py step: the real train_batch, its parts timed and their kernel-launching ops counted; the
+    Brain's forward is 6 ops plus 17 a residual block (40 at 32x2, 686 at 192x40: docs/performance_gpu.md)."""
+    out = subprocess.run([sys.executable, str(ROOT / 'bench' / 'gpu_trainer.py'), 'step', '--profile', '--phases',
+                          '--channels', '16', '--blocks', '1', '--batch', '8', '--steps', '2', '--warmup', '1',
+                          '--threads', '1'], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rec = json.loads(out.stdout.strip().splitlines()[-1])
+    kernels = rec['kernels_per_step']
+    assert kernels['forward: Brain'] == 6 + 17 * 1
+    assert kernels['forward: DQN'] == 14 and kernels['loss terms'] == 15
+    assert kernels['loss sums + q stats (host syncs)'] == 44
+    assert set(rec['phases_ms']) == set(kernels) - {'all'} and rec['samples_per_s'] > 0

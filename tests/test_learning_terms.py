@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from mortal.learning.diagnostics import Probe, WindowMeans, batch_q_stats
+from mortal.learning.diagnostics import BATCH_KEYS, Probe, WindowMeans, batch_q_stats
 from mortal.learning.loss import anchor_term, cql_term
 
 from conftest import FakeWriter, fake_trainer, random_batch, write_baseline
@@ -63,16 +63,18 @@ def test_batch_q_stats_by_hand():
     masks = torch.isfinite(q)
     actions = torch.tensor([1, 0, 0])
     target = torch.tensor([1.5, 1.0, 4.0])
-    s = batch_q_stats(q, masks, actions, target)
+    stacked = batch_q_stats(q, masks, actions, target)  # sums, then counts, in BATCH_KEYS order
+    s = dict(zip(BATCH_KEYS, zip(*stacked.tolist())))
     assert s['q_minus_target'] == pytest.approx((0.5 - 1 + 1, 3))
     assert s['q_minus_target_greedy'] == pytest.approx((1.5, 2))  # rows 0 and 2 took their argmax
     assert s['taken_greedy'] == pytest.approx((2, 3))
     assert s['q_gap'] == pytest.approx((1 + 3, 2))  # the one-action row is left out
     assert s['q_spread'] == pytest.approx((0.5 + math.sqrt(2), 2))  # std of [1, 2] and of [0, 0, 3]
     w = WindowMeans()
-    w.add(s)
-    w.add(s)
+    w.add(stacked)
+    w.add(stacked)
     assert w.means()['q_gap'] == pytest.approx(2.0)
+    assert w.means()['taken_greedy'] == pytest.approx(2 / 3)
     w.reset()
     assert w.means() == {}
 
@@ -192,7 +194,7 @@ def test_offline_mix_appends_offline_rows_with_the_offline_loss(tiny_config, fix
     trainer.offline_stream = iter([offline])
     seen = []
     monkeypatch.setattr(tr, 'batch_q_stats', lambda q_out, masks, actions, q_target: seen.append(
-        (q_out.shape[0], q_target.clone())) or {})
+        (q_out.shape[0], q_target.clone())) or torch.zeros(2, 5))
     with torch.no_grad():
         trainer.mortal.eval(), trainer.dqn.eval()
         all_obs = torch.cat((online[0], offline[0]))

@@ -167,6 +167,28 @@ def test_first_loss_point_after_a_resume_is_the_mean_of_the_batches_trained(tmp_
     assert trainer.stat_batches == 0  # reset with the sums
 
 
+def test_a_step_reads_no_value_back_but_the_mask_check(tmp_path):
+    # issue 32 part 5: each scalar read (.item(), bool(tensor), boolean indexing) of a device tensor stalls a GPU's
+    # queue; the step without an optimizer update makes one, the host-side mask check (the loader's tensors). The
+    # loss sums and the q statistics stay on the device until the save (main made 10 reads a step).
+    from torch.utils._python_dispatch import TorchDispatchMode
+    trainer, writer = make_trainer(tmp_path, online=True, **{
+        'control': {'opt_step_every': 2, 'save_every': 4, 'test_every': 4, 'submit_every': 4}})
+    reads = []
+
+    class Reads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.split('.')[0] in ('_local_scalar_dense', 'nonzero'):
+                reads.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    batch = random_batch(seed=1)
+    with Reads():
+        trainer.train_batch(*batch)
+    assert reads == ['_local_scalar_dense.default']
+    assert trainer.stats['dqn_loss'] > 0 and trainer.stat_batches == 1
+
+
 def test_online_has_no_cql_and_learns_only_with_accumulation(tmp_path):
     trainer, writer = make_trainer(tmp_path, online=True, **{
         'control': {'opt_step_every': 2, 'save_every': 4, 'test_every': 4, 'submit_every': 4}})

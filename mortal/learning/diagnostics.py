@@ -38,57 +38,52 @@ HISTOGRAM_STRIDE = 128  # Mortal keeps every 128th q value to keep event files s
 
 
 @torch.no_grad()
-def batch_q_stats(q_out: Tensor, masks: Tensor, actions: Tensor, q_target: Tensor) -> dict:
+def batch_q_stats(q_out: Tensor, masks: Tensor, actions: Tensor, q_target: Tensor) -> Tensor:
     """Sums and counts of one batch for the ``diag/*`` per-batch tags.
 
     ``q_out (B, 46)`` with ``-inf`` at illegal actions, ``masks (B, 46)`` bool, ``actions (B,)`` int64,
-    ``q_target (B,)`` float. Returns ``{key: (sum, count)}`` of python floats for each of ``BATCH_KEYS``, so
-    that windows of batches average correctly (``WindowMeans``).
+    ``q_target (B,)`` float. Returns a ``(2, len(BATCH_KEYS))`` tensor on ``q_out``'s device, float64 (float32 on
+    mps): the sums, then the counts, in ``BATCH_KEYS`` order, so that windows of batches average correctly
+    (``WindowMeans``) with no host round trip per batch. ``q_gap`` and ``q_spread`` count rows with 2+ legal actions.
     """
     q = q_out.float()
     masks = masks.to(torch.bool)
     rows = torch.arange(q.shape[0], device=q.device)
     err = q[rows, actions] - q_target.float()
     greedy = q.argmax(-1) == actions
-    multi = masks.sum(-1) >= 2
-    out = {
-        'q_minus_target': (err.sum().item(), err.numel()),
-        'q_minus_target_greedy': (err[greedy].sum().item(), int(greedy.sum().item())),
-        'taken_greedy': (float(greedy.sum().item()), greedy.numel()),
-    }
-    if multi.any():
-        qm, mm = q[multi], masks[multi]
-        top2 = qm.topk(2, dim=-1).values
-        gap = top2[:, 0] - top2[:, 1]
-        legal_q = qm.masked_fill(~mm, 0.0)
-        n = mm.sum(-1).float()
-        mean = legal_q.sum(-1) / n
-        var = ((qm - mean.unsqueeze(-1)).masked_fill(~mm, 0.0).pow(2).sum(-1)) / n
-        out['q_gap'] = (gap.sum().item(), gap.numel())
-        out['q_spread'] = (var.sqrt().sum().item(), gap.numel())
-    else:
-        out['q_gap'] = out['q_spread'] = (0.0, 0)
-    return out
+    legal = masks.sum(-1)
+    multi = legal >= 2
+    top2 = q.topk(2, dim=-1).values  # a one-action row's second is -inf: left out by multi below
+    n = legal.float()
+    mean = q.masked_fill(~masks, 0.0).sum(-1) / n
+    std = ((q - mean.unsqueeze(-1)).masked_fill(~masks, 0.0).pow(2).sum(-1) / n).sqrt()
+    every = torch.ones_like(greedy)
+    # masked sums rather than boolean indexing, which waits for the device; in BATCH_KEYS order
+    values = torch.stack((err, err, top2[:, 0] - top2[:, 1], std, greedy.float()))
+    counted = torch.stack((every, greedy, multi, multi, every))
+    acc = torch.float32 if q.device.type == 'mps' else torch.float64  # mps has no float64
+    return torch.stack((torch.where(counted, values, 0.0).sum(-1), counted.sum(-1).to(values.dtype))).to(acc)
 
 
 class WindowMeans:
-    """Running ``(sum, count)`` per key between two TensorBoard writes."""
+    """Running sums and counts of ``batch_q_stats`` per key between two TensorBoard writes, on their device."""
 
     def __init__(self, keys=BATCH_KEYS):
         self.keys = tuple(keys)
         self.reset()
 
     def reset(self) -> None:
-        self.sums = {k: [0.0, 0] for k in self.keys}
+        self.total = None  # the (2, keys) sums and counts added since the last reset
 
-    def add(self, stats: dict) -> None:
-        for k, (s, c) in stats.items():
-            self.sums[k][0] += s
-            self.sums[k][1] += c
+    def add(self, stats: Tensor) -> None:
+        """``stats``: ``batch_q_stats``' (2, keys) tensor (one device op a batch)."""
+        self.total = stats.clone() if self.total is None else self.total.add_(stats)
 
     def means(self) -> dict:
-        """``{key: mean}`` for the keys that saw at least one row."""
-        return {k: s / c for k, (s, c) in self.sums.items() if c}
+        """``{key: mean}`` (floats) for the keys that saw at least one row."""
+        if self.total is None:
+            return {}
+        return {k: s / c for k, s, c in zip(self.keys, *self.total.tolist()) if c}
 
 
 @contextlib.contextmanager

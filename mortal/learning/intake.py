@@ -54,16 +54,15 @@ def batch_on_device(batch: tuple, device, version: int, offline_stream=None) -> 
         actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf_actions, cf_deltas = (
             torch.cat((a, b.to(a.dtype))) for a, b in zip(
                 (actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf_actions, cf_deltas), extra))
-    actions = actions.to(dtype=torch.int64, device=device)
-    masks = masks.to(dtype=torch.bool, device=device)
-    steps_to_done = steps_to_done.to(dtype=torch.int64, device=device)
-    kyoku_rewards = kyoku_rewards.to(dtype=torch.float64, device=device)
-    player_ranks = player_ranks.to(dtype=torch.int64, device=device)
-    cf_actions = cf_actions.to(dtype=torch.int64, device=device)
-    cf_deltas = cf_deltas.to(dtype=torch.float32, device=device)
-    rows = torch.arange(obs.shape[0], device=device)
-    if not masks[rows, actions].all():
+    actions, masks = actions.to(torch.int64), masks.to(torch.bool)
+    # checked where the loader left them (the host): on a GPU this check would wait for the device every step
+    if not masks[torch.arange(actions.shape[0], device=masks.device), actions].all():
         raise ValueError('a training sample has an action outside its legal mask')
+    actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf_actions, cf_deltas = (
+        t.to(device=device, dtype=dtype, non_blocking=True) for t, dtype in (
+            (actions, torch.int64), (masks, torch.bool), (steps_to_done, torch.int64),
+            (kyoku_rewards, torch.float64), (player_ranks, torch.int64), (cf_actions, torch.int64),
+            (cf_deltas, torch.float32)))
     return obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, (cf_actions, cf_deltas)
 
 

@@ -27,6 +27,10 @@ OK, FAIL, WARN, INFO = 'OK', 'FAIL', 'WARN', 'INFO'
 CUDA_CONTEXT_BYTES = 512 * 2**20
 # Caching-allocator fragmentation and temporaries on top of what the estimate counts.
 ALLOCATOR_SLACK = 1.25
+# cuDNN's benchmark (the first steps try algorithms with workspaces as large as the free memory allows; the caching
+# allocator keeps them) as a multiple of the saved activations, by AMP: fitted to the one H200 run (192x40, v4,
+# batch 256: 3.1 GiB with AMP, 16.3 without, torch's peak counters); docs/operations.md.
+CUDNN_BENCHMARK_FACTOR = {True: 1.85, False: 7.57}
 GIB = 2**30
 
 
@@ -233,48 +237,54 @@ def _param_bytes(*modules):
         sum(b.numel() * b.element_size() for m in modules for b in m.buffers())
 
 
-def activation_bytes_per_sample(conv_channels, num_blocks, version, amp=False):
-    """Bytes of activations autograd keeps per sample, measured: the saved tensors of CPU forwards of ``Brain`` +
-    ``DQN`` at batches 1 and 3, difference / 2 (``amp``: bfloat16 autocast stands in for CUDA float16)."""
-    import torch
+def _weight_count(*modules):
+    """Elements of the convolution and linear weights (what autocast keeps a 2-byte copy of)."""
+    from torch import nn
+    return sum(m.weight.numel() for mod in modules for m in mod.modules() if isinstance(m, (nn.Conv1d, nn.Linear)))
+
+
+def saved_bytes(conv_channels, num_blocks, version, batch, *, amp=False, weights=0, step=False):
+    """Bytes autograd keeps for backward in one training forward of ``Brain`` + ``DQN`` + ``AuxNet`` at ``batch``
+    rows, counted from the graph (versions 2-4; equal to ``saved_tensors_hooks``' distinct storages on the CPU,
+    tests/test_doctor.py). Per row, in the forward's width (4 bytes, 2 under AMP): the observation, 7 (C, 34)
+    tensors a residual block (its input, BN1, Mish1, conv1, BN2 and Mish2 outputs, conv2's output for the
+    attention) and 3 after the tower, the head's two 32 x 34, two 1024-vectors, a block's attention 3 C-vectors and
+    4 of C / 16, and (v2, v3) the DQN heads' 4 hidden vectors (512, 256); the masks (2 x 46 bytes) and an index
+    (8). Per batch: the BatchNorms' float32 statistics (8 C-vectors a block, 4 after) and, under AMP, the 2-byte
+    copy of the ``weights`` conv/linear weight elements. With ``step``, the step's peak (the start of backward):
+    also the float32 observation AMP keeps beside its copy and 2 (C, 34) gradients a row (counted, not measured)."""
     from mortal.features.obs import obs_shape
-
-    torch.manual_seed(0)
-    brain, dqn, _ = _model_parts(conv_channels, num_blocks, version, device='cpu')
-    params = {p.untyped_storage().data_ptr() for m in (brain, dqn) for p in m.parameters()}
-
-    def saved_bytes(n):
-        seen = {}
-
-        def pack(t):
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in params:
-                seen.setdefault(storage.data_ptr(), storage.nbytes())
-            return t
-
-        obs = torch.randn(n, *obs_shape(version))
-        mask = torch.ones(n, 46, dtype=torch.bool)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-                torch.autocast('cpu', dtype=torch.bfloat16, enabled=amp):
-            phi = brain(obs)
-            dqn(phi[0] if version == 1 else phi, mask)
-        return sum(seen.values())
-
-    return max(0, saved_bytes(3) - saved_bytes(1)) // 2
+    c, width = conv_channels, 2 if amp else 4
+    per_row = width * (34 * (obs_shape(version)[0] + (7 * num_blocks + 3) * c + 64)
+                       + num_blocks * (3 * c + 4 * (c // 16)) + 2 * 1024 + 4 * {2: 512, 3: 256}.get(version, 0))
+    per_row += 2 * 46 + 8
+    if step:
+        per_row += (34 * obs_shape(version)[0] * 4 if amp else 0) + 2 * 34 * c * width
+    return batch * per_row + (8 * num_blocks + 4) * c * 4 + (2 * weights if amp else 0)
 
 
 def inference_bytes_per_sample(conv_channels, version):
-    """Peak live bytes per sample in an inference forward: the input plus ~4 tower tensors."""
+    """Peak live bytes per row of an inference forward (float32): the observation, a block's input and its two
+    live intermediates, the attention's 2 C-vectors, phi and the 46 Q values."""
     from mortal.features.obs import obs_shape
-    return 4 * 34 * (obs_shape(version)[0] + 4 * conv_channels) + 4 * 1024 * 2
+    return 4 * (34 * (obs_shape(version)[0] + 3 * conv_channels) + 2 * conv_channels + 1024 + 46)
 
 
 def estimate_memory(config, profile='default'):
-    """Rough memory per process, ``{name: (device, bytes)}`` x ``ALLOCATOR_SLACK``: the trainer's CUDA context,
-    weights, grads and AdamW moments (16 B/param), ``batch_size`` x saved activations, and the baseline with 3 x
-    ``test_play.games`` rows; each client's context, two models and 3 x its profile's games rows. ``config`` is
-    read untyped, a what-if also outside the schema's ranges (``bench/gpu_memory.py``); a missing table counts as
-    no games."""
+    """Per-process memory in bytes, keyed by process name; the terms and the figures they were fitted on:
+    docs/operations.md, "The doctor's memory estimate".
+
+    * trainer: CUDA context + ``ALLOCATOR_SLACK`` x (16 B a parameter: weights, grads, AdamW moments + the step's
+      ``saved_bytes``) + on CUDA with ``enable_cudnn_benchmark`` ``CUDNN_BENCHMARK_FACTOR`` x the saved
+      activations; or the test play's peak (+ the baseline, inference on 3 x ``test_play.games`` rows).
+    * client: context + ``ALLOCATOR_SLACK`` x (trainee and baseline weights + inference on 3 x ``games`` of the
+      profile). Returns ``{name: (device, bytes)}``.
+
+    ``config`` is read as it is (``mortal.config.lookup``), not typed: a what-if over its numbers, also outside the
+    schema's ranges (``bench/gpu_memory.py`` zeroes ``batch_size`` or the test games to isolate one term). A table
+    it lacks (no ``[test_play]``, no such profile) counts as none of that process's games; without
+    ``[baseline.train]`` the client is on the trainer's device.
+    """
     version = lookup(config, 'control.version')
     cc = lookup(config, 'resnet.conv_channels')
     nb = lookup(config, 'resnet.num_blocks')
@@ -282,26 +292,28 @@ def estimate_memory(config, profile='default'):
     brain, dqn, aux = _model_parts(cc, nb, version)
     model = _param_bytes(brain, dqn)
     train_static = _param_bytes(brain, dqn, aux) * 4  # weights + grads + 2 AdamW moments
-    act = activation_bytes_per_sample(cc, nb, version, amp=amp)
     infer = inference_bytes_per_sample(cc, version)
 
     batch = lookup(config, 'control.batch_size')
     test_games = lookup(config, 'test_play.games', 0)
     train_games = lookup(config, f'{profile_table(profile)}.games', 0)
-
-    def total(device, body):
-        ctx = CUDA_CONTEXT_BYTES if str(device).startswith('cuda') else 0
-        return device, int(ctx + body * ALLOCATOR_SLACK)
-
     trainer_dev = lookup(config, 'control.device')
-    train_peak = train_static + batch * act
+    workspace = 0
+    if str(trainer_dev).startswith('cuda') and lookup(config, 'control.enable_cudnn_benchmark', False):
+        workspace = CUDNN_BENCHMARK_FACTOR[amp] * saved_bytes(cc, nb, version, batch, amp=amp)
+
+    def total(device, body, extra=0):
+        ctx = CUDA_CONTEXT_BYTES if str(device).startswith('cuda') else 0
+        return device, int(ctx + body * ALLOCATOR_SLACK + extra)
+
+    train_peak = train_static + saved_bytes(cc, nb, version, batch, amp=amp, weights=_weight_count(brain, dqn, aux),
+                                            step=True)
     test_peak = train_static + model + 3 * test_games * infer
     client_dev = lookup(config, 'baseline.train.device', trainer_dev)
     client = 2 * model + 3 * train_games * infer
-    return {
-        'trainer': total(trainer_dev, max(train_peak, test_peak)),
-        'client': total(client_dev, client),
-    }
+    trainer = total(trainer_dev, train_peak, workspace) if train_peak + workspace > test_peak else \
+        total(trainer_dev, test_peak)
+    return {'trainer': trainer, 'client': total(client_dev, client)}
 
 
 def _gpu_total_bytes(device):
@@ -315,6 +327,7 @@ def _gpu_total_bytes(device):
 def check_memory(config, profile='default'):
     try:
         est = estimate_memory(config, profile)
+        lean = estimate_memory({**config, 'control': {**config['control'], 'enable_cudnn_benchmark': False}}, profile)
     except Exception as e:  # a broken [resnet] is reported by the checkpoint checks too
         return [Check(FAIL, 'memory', f'cannot build the model from [resnet]/version: {e}')]
     rows = []
@@ -324,6 +337,11 @@ def check_memory(config, profile='default'):
             gpu = _gpu_total_bytes(device)
             if gpu is None:  # a FAIL row of check_devices names the key and the fixes
                 rows.append(Check(INFO, 'memory', f'{text}; but no CUDA device is visible to torch'))
+                continue
+            if nbytes > gpu >= lean[name][1]:  # the benchmark takes what is free: a smaller card gives it less
+                rows.append(Check(WARN, 'memory', f'{text} exceeds {device} total {gpu / GIB:.1f} GiB with the '
+                                  f'cuDNN benchmark\'s workspaces (fitted on an H200), {lean[name][1] / GIB:.2f} GiB '
+                                  'without'))
                 continue
             if nbytes > gpu:
                 rows.append(Check(FAIL, 'memory', f'{text} exceeds {device} total {gpu / GIB:.1f} GiB; '
