@@ -285,7 +285,7 @@ def step_worker(a):
             save_cycle.write_scalars(writer, trainer.steps, trainer.stats, trainer.stat_batches,
                                      loss_weights=trainer.loss_weights, offline_mix=False, lr=1e-4,
                                      settings=trainer.play_settings(), instruments=trainer.instruments,
-                                     trained=trainer.models, ema=None, device=trainer.device)
+                                     trained=trainer.models, device=trainer.device)
             out[key] = round(1e3 * (time.perf_counter() - t), 2)
         writer.close()
     out.update(steps=a.steps, ms_per_step=round(1e3 * wall / a.steps, 2), load_ms_per_batch=round(load_ms, 1),
