@@ -11,6 +11,7 @@ if __package__ in (None, ''):  # run as a script: python mortal/tools/doctor.py
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parents[2])
 
+import copy
 import dataclasses
 import logging
 import os
@@ -19,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mortal.config import lookup, profile_table, typed
+from mortal.config import lookup, profile_table, put, typed
 
 OK, FAIL, WARN, INFO = 'OK', 'FAIL', 'WARN', 'INFO'
 
@@ -327,7 +328,9 @@ def _gpu_total_bytes(device):
 def check_memory(config, profile='default'):
     try:
         est = estimate_memory(config, profile)
-        lean = estimate_memory({**config, 'control': {**config['control'], 'enable_cudnn_benchmark': False}}, profile)
+        lean_config = copy.deepcopy(config)
+        put(lean_config, 'control.enable_cudnn_benchmark', False)
+        lean = estimate_memory(lean_config, profile)
     except Exception as e:  # a broken [resnet] is reported by the checkpoint checks too
         return [Check(FAIL, 'memory', f'cannot build the model from [resnet]/version: {e}')]
     rows = []
