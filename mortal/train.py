@@ -1,20 +1,9 @@
 """The learner (Mortal's ``mortal/train.py``), online and offline, read top to bottom.
 
-``Trainer.run`` is the loop: each epoch (``train_epoch``) gets its files (online: drain the server and claim the
-logs, ``mortal.learning.server_traffic``; offline: ``[dataset]``, ``mortal.learning.intake``), loads them
-(``mortal.data.dataloader``) and steps on each batch (``train_batch``: the batch onto the device, the loss of
-``mortal.learning.loss.learner_loss``, backward, the optimizer step every ``opt_step_every`` batches); every
-``submit_every`` steps it submits the parameters, every ``save_every`` steps it writes TensorBoard and the
-checkpoint (``on_save``: ``mortal.learning.save_cycle``, ``mortal.learning.learner_checkpoint``), every
-``test_every`` steps it test-plays (``mortal.learning.guards``), and online then exits 0 for its supervisor
-(``mortal.learning.supervisor``) to start a fresh learner, as Mortal does. Each helper takes what it reads as
-arguments; the settings are read once, from the typed config, in ``Trainer._read_settings``.
-
-Offline: one epoch per run, with the CQL term; under ``torchrun`` each rank trains its share of the files,
-gradients averaged, rank 0 saving and logging (``mortal.learning.distributed``). Online: one learner, learning from
-the ``trainee`` seat only. The learner in parts: docs/architecture.md; its TensorBoard tags and lines:
-docs/operations.md; the extras beyond Mortal (all off by default): docs/learning.md.
-"""
+``Trainer.run`` -> ``train_epoch`` -> ``train_batch`` -> ``on_save``; the settings are read once, in
+``Trainer._read_settings``. Offline: one epoch per run, with the CQL term, optionally under ``torchrun``.
+Online: the ``trainee`` seat only; after a test play the learner exits 0 for its supervisor to start a fresh one,
+as Mortal does. The parts: docs/architecture.md; tags and lines: docs/operations.md; extras: docs/learning.md."""
 
 if __package__ in (None, ''):  # run as a script: python mortal/train.py
     import sys, pathlib
@@ -51,23 +40,11 @@ logger = logging.getLogger('mortal.train' if __name__ == '__main__' else __name_
 
 
 class Trainer:
-    """One learner process: its models, optimizer and collaborators, built in ``__init__``; the loop ``run`` ->
-    ``train_epoch`` -> ``train_batch`` -> ``on_save``, in that order below; then what the loop hands over to
-    (the server, ``self.server``: ``mortal.learning.server_traffic.ServerTraffic``; the checkpoint functions of
-    ``mortal.learning.learner_checkpoint``; the test play and guards, ``self.guards``); the construction last.
+    """One learner process: its models, optimizer and collaborators; the loop first, the construction last.
 
-    Args:
-        config: the full config dict (``load_config``).
-        test_player: object with ``test_play(seed_count, mortal, dqn, device) -> Stat``; built from
-            ``[baseline.test]`` when None.
-        remote: ``wire.Remote`` of the server (online), from ``[online.remote]`` when None.
-        writer: a SummaryWriter-like object; ``SummaryWriter([control] tensorboard_dir)`` when None.
-        sleep: the sleep function (tests replace it).
-        dist: ``mortal.learning.distributed.setup``'s rank (offline under torchrun); one process when None.
-    Raises mortal.model.checkpoint.CheckpointError (a checkpoint that cannot be loaded or does not fit the config),
-    UnsupportedVersionError, ValueError for version 1 (Mortal's trainer neither supports it: its phi is a latent
-    pair).
-    """
+    ``test_player`` (``test_play(seed_count, mortal, dqn, device) -> Stat``), ``remote``, ``writer`` default from the
+    config; ``dist``: ``mortal.learning.distributed.setup``'s rank, or None. Raises CheckpointError,
+    UnsupportedVersionError, ValueError for version 1 (Mortal's trainer does not support it either)."""
 
     def __init__(self, config: dict, *, test_player=None, remote=None, writer=None, sleep=time.sleep, dist=None):
         self.config = config
@@ -94,9 +71,7 @@ class Trainer:
     def train_epoch(self) -> int:
         """One pass over this epoch's files; returns the number of batches trained.
 
-        Online, the ledger (``mortal.data.claims``) records every trained batch and is committed in one step with
-        each checkpoint (``Trainer.save``); samples the epoch leaves over stay claimed for the next.
-        ``data/samples_dropped`` counts the claimed samples lost nonetheless (0 in a healthy run)."""
+        Online, the claim ledger records every trained batch and commits with each checkpoint."""
         from mortal.data.dataloader import iter_full_batches
         file_list, player_names = self.file_list()
         ledger = self.server.ledger if self.online else None
@@ -145,15 +120,11 @@ class Trainer:
                     cf_deltas=None) -> None:
         """One backward pass on a batch; optimizer step every ``opt_step_every`` global steps; submit/save/test.
 
-        obs (B, C, 34) float32, or the loader's packed rows (B, row_bytes) uint8 (``mortal.data.packed_obs``,
-        unpacked on the device), actions (B,) int64, masks (B, 46) bool, steps_to_done (B,) int64,
-        kyoku_rewards (B,) float64, player_ranks (B,) int64 in 0..3, B = batch_size; cf_actions (B,) int64 (-1: no
-        counterfactual branch) and cf_deltas (B,) float32 (pts), the loader's counterfactual columns (None: none).
-        With ``[online] offline_batch_size`` = O > 0, O offline rows from ``offline_stream`` are appended (always
-        with the Monte-Carlo target as well); the loss (``mortal.learning.loss.learner_loss``) treats them as
-        offline-mix rows, and the instruments see the B online rows only.
-        Raises ValueError when an action is masked out; TestPlayDone (online) after a test play.
-        """
+        obs (B, C, 34) float32 or packed rows (B, row_bytes) uint8, actions (B,) int64, masks (B, 46) bool,
+        steps_to_done (B,) int64, kyoku_rewards (B,) float64, player_ranks (B,) int64 in 0..3; cf_actions (B,) int64
+        (-1: none) and cf_deltas (B,) float32 (pts), or None. ``[online] offline_batch_size`` rows are appended as
+        offline-mix rows; the instruments see the B online rows only.
+        Raises ValueError when an action is masked out; TestPlayDone (online) after a test play."""
         n = obs.shape[0]  # online (or, offline, all) rows
         obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf = intake.batch_on_device(
             (obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf_actions, cf_deltas), self.device,
@@ -164,9 +135,7 @@ class Trainer:
         self._advance()
 
     def _backward(self, obs, actions, masks, q_target, player_ranks, n: int, cf=(None, None)) -> tuple:
-        """Forward and backward of the loss (``mortal.learning.loss.learner_loss``; the first ``n`` rows are online),
-        scaled for the accumulation over ``opt_step_every`` batches; ``cf``: ``(cf_actions, cf_deltas)`` or Nones;
-        returns ``(q_out, terms)``."""
+        """Forward and backward of the loss (first ``n`` rows online), scaled for accumulation; -> (q_out, terms)."""
         dev = self.device
         brain, dqn, aux_net = self.nets
         syncs = (self.steps + 1) % self.opt_step_every == 0  # ranks average gradients on the updating step only
@@ -186,8 +155,7 @@ class Trainer:
         return q_out, terms
 
     def _account(self, terms, q_out, masks, actions, q_target, n: int) -> None:
-        """Add the batch's loss terms to the sums of ``stats`` and its ``n`` online rows to the instruments, all on
-        the device: no host round trip per step (a GPU's queue keeps running); they are read at the save."""
+        """Add the batch's loss terms and instruments on the device (no host sync per step); read at the save."""
         with torch.no_grad():
             self.stat_batches += 1
             for k, total in self._stat_sums.items():  # float64 as Python's floats were; a term that is off stays 0
@@ -199,8 +167,7 @@ class Trainer:
                 self.instruments.add(q_stats, terms.q[:n], q_target[:n])
 
     def _advance(self) -> None:
-        """A step on: the optimizer step (every ``opt_step_every`` steps), the learning rate, the progress bar;
-        a submit and a save (with its test play) when due."""
+        """Optimizer step when due, learning rate, progress bar; then a submit and a save when due."""
         self.steps += 1
         if self.steps % self.opt_step_every == 0:
             optimizer_step(self.optimizer, self.scaler, self.max_grad_norm)
@@ -214,8 +181,7 @@ class Trainer:
             self.on_save()
 
     def on_save(self) -> None:
-        """Every ``save_every`` steps: TensorBoard, checkpoint, a missed submit, and test play when due (rank 0;
-        the loss means are those of all ranks)."""
+        """Every ``save_every`` steps: TensorBoard, checkpoint, a missed submit, test play when due (rank 0)."""
         stats = self.dist.average(self.stats)
         if not self.dist.is_main:
             self.reset_stats()
@@ -239,8 +205,7 @@ class Trainer:
         self.pb = self._progress_bar()
 
     def test_play(self) -> None:
-        """Test play, best.pth and (online) the long-run guards (``mortal.learning.guards.Guards.test_play``);
-        online, then TestPlayDone: the learner exits and its supervisor starts a fresh one."""
+        """Test play, best.pth and (online) the guards; online, then TestPlayDone."""
         self.guards.test_play()
         if self.online:
             raise TestPlayDone()
@@ -258,8 +223,7 @@ class Trainer:
         return dict(zip(self._stat_sums, torch.stack(tuple(self._stat_sums.values())).tolist()))
 
     def log_total_steps(self, tested: bool = True) -> None:
-        """Mortal's ``total steps`` line, with the countdown to the next test play when there is one (``tested``:
-        a test play due at this step has been played)."""
+        """Mortal's ``total steps`` line, with the countdown to the next test play when there is one."""
         save_cycle.log_total_steps(self.steps, save_cycle.steps_to_next_test(
             self.steps, self.test_every, self.test_player, tested=tested))
 
@@ -270,16 +234,13 @@ class Trainer:
     # -- the intake (mortal.learning.intake) ---------------------------------------------------------------------
 
     def file_list(self) -> tuple:
-        """(file_list, player_names) of this epoch: online, the claimed logs + ['trainee']
-        (``ServerTraffic.online_files``: a learner's first epoch finishes the logs a previous one left, later ones
-        drain); offline, the dataset (``intake.offline_files``)."""
+        """(file_list, player_names) of this epoch: online the claimed logs + ['trainee'], offline the dataset."""
         if self.online:
             return self.server.online_files(self.steps, self.resubmit)
         return intake.offline_files(self.cfg.dataset, self.dist)
 
     def data_loader(self, file_list, player_names, ledger=None, *, batch_size=None, num_workers=None):
-        """``mortal.data.dataloader.learner_loader`` of this learner; ``batch_size`` defaults to ``[control]
-        batch_size``, ``num_workers`` to ``[dataset] num_workers``."""
+        """``learner_loader`` of this learner (defaults: ``[control] batch_size``, ``[dataset] num_workers``)."""
         from mortal.data.dataloader import learner_loader  # here: the supervisor process needs no loader
         return learner_loader(self.cfg, self.version, file_list, player_names, ledger,
                               batch_size=batch_size or self.batch_size, num_workers=num_workers,
@@ -322,8 +283,7 @@ class Trainer:
             best_perf=self.best_perf, guard=self.guard, online=self.online, config=self.config)
 
     def save(self) -> None:
-        """Write ``checkpoint()`` to ``[control] state_file`` atomically, online in one step with the claim
-        ledger's commit (``learner_checkpoint.write``); ``saved_steps`` is then its step."""
+        """Write ``checkpoint()`` atomically, online in one step with the claim ledger's commit."""
         ledger = self.server.ledger if self.online else None
         learner_checkpoint.write(self.checkpoint, self.state_file, self.steps, ledger)
         self.saved_steps = self.steps
@@ -335,8 +295,7 @@ class Trainer:
     # -- construction --------------------------------------------------------------------------------------------
 
     def _read_settings(self, cfg, dist) -> None:
-        """The settings this learner reads from ``cfg`` (typed sections): version, online or offline, step
-        cadence, files, loss weights, the device."""
+        """The settings this learner reads from ``cfg`` (typed sections)."""
         from mortal.features.obs import check_version
 
         control = cfg.control
@@ -370,8 +329,7 @@ class Trainer:
         torch.backends.cudnn.benchmark = control.enable_cudnn_benchmark
 
     def _build_models(self, cfg) -> None:
-        """The networks, optimizer, scheduler and GradScaler, resumed from ``[control] state_file`` when it exists;
-        what trains (``nets``: DDP wrappers under torchrun)."""
+        """Networks, optimizer, scheduler and GradScaler, resumed from ``[control] state_file`` when it exists."""
         from mortal.model.networks import AuxNet, Brain, DQN, parameter_count
         from mortal.features.obs import obs_shape
 
@@ -406,8 +364,7 @@ class Trainer:
         self.nets = self.dist.wrap(self.models)  # what trains: the models, or their DDP wrappers under torchrun
 
     def _attach(self, config: dict, test_player, remote, writer, sleep) -> None:
-        """What the learner works with: the test player (rank 0) and the guards, the server, TensorBoard, the loss
-        sums, the anchor, the instruments, the offline mix; the online intake's state."""
+        """The test player, guards, server traffic, TensorBoard, loss sums, anchor, instruments, offline mix."""
         dist = self.dist
         if test_player is None and dist.is_main:  # only rank 0 test-plays
             from mortal.play.player import TestPlayer
@@ -434,16 +391,14 @@ class Trainer:
         self.pb = None
 
     def _load_anchor(self):
-        """The frozen (brain, dqn) of ``[baseline.train] state_file`` that ``anchor_term`` pulls towards. Raises
-        FileNotFoundError, CheckpointError (also for a baseline of another feature version)."""
+        """The frozen (brain, dqn) of ``[baseline.train] state_file``. Raises FileNotFoundError, CheckpointError."""
         baseline_file = self.cfg.baseline.train.state_file
         pair = load_frozen_pair(baseline_file, self.version, self.device, 'the anchor')
         logger.info('anchor: %s, weight %g', baseline_file, self.anchor_weight)
         return pair
 
     def _load_probe(self):
-        """``mortal.learning.diagnostics.learner_probe`` against the anchor's baseline (loaded when there is no anchor);
-        None when it cannot be built (logged, never fatal)."""
+        """``diagnostics.learner_probe`` against the baseline; None when it cannot be built (logged)."""
         try:
             return learner_probe(self.cfg, self.version, self.state_file, self.device, baseline=self.anchor)
         except Exception as ex:  # an instrument must never stop training
@@ -457,11 +412,9 @@ STATE_FIX = ('give this run its own [control] state_file (and, online, its own s
 
 
 def run_learner(config: dict, dist=None) -> int:
-    """The learner process body (``dist``: as ``Trainer``'s); returns its exit status (0 after an online test
-    play; after a stop signal 128 + its number, 130 for Ctrl-C), with a last line saying why it stopped and what it
-    kept (``Trainer.stop_summary``). Rank 0 holds the lock of ``[control] state_file``
-    (``mortal.util.runlock``) from before anything is read to its end: raises ``runlock.LockHeld`` when another
-    learner holds it."""
+    """The learner process body; returns its exit status (0 after an online test play, 128 + signal after a stop).
+
+    Rank 0 holds the lock of ``[control] state_file`` throughout (``runlock.LockHeld`` when another learner does)."""
     from mortal import entry
     from mortal.util import runlock
     dist = dist or distributed.SINGLE

@@ -1,26 +1,12 @@
-"""Train the GRP (Global Reward Predictor) on mjai logs, as Mortal's ``mortal/train_grp.py``.
+"""Train the GRP (Global Reward Predictor) on mjai logs, as Mortal's ``mortal/train_grp.py`` (the ``[grp]`` table).
 
-Config: the ``[grp]`` table (Mortal's keys): ``state_file``; ``[grp.network]``
-``hidden_size``, ``num_layers``; ``[grp.control]`` ``device``,
-``enable_cudnn_benchmark``, ``tensorboard_dir``, ``batch_size``, ``save_every``,
-``val_steps``; ``[grp.dataset]`` ``train_globs``, ``val_globs``, ``file_index``,
-``file_batch_size``; ``[grp.optim]`` ``lr``.
+Every game with K kyoku gives K samples (prefixes of its GRP rows, labelled with the final ``rank_by_player``);
+the loss is cross entropy over the 24 rank orders. Run: ``python -m mortal.train_grp [-c PATH] [--max-steps N]
+[--patience N]``.
 
-Every game with K kyoku gives K samples (prefixes of its GRP rows, all labelled
-with the final ``rank_by_player``). Loss is cross entropy over the 24 rank
-orders; every ``save_every`` steps it validates on ``val_steps`` batches, writes
-TensorBoard scalars ``loss`` / ``acc`` (``train`` and ``val``) and ``lr``, and
-saves ``{model, optimizer, steps, timestamp}`` to ``state_file`` (temp file, fsync,
-rename). Run: ``python -m mortal.train_grp [-c/--config PATH] [--max-steps N] [--patience N]`` (config
-from ``-c``, else ``MORTAL_CFG``, else ``config.toml``).
-
-Extra, off by default (Mortal trains until stopped): early stopping. With ``patience`` P > 0, every validation also
-measures the cross entropy over every sample of the val logs (``mean_ce``, TensorBoard ``val_ce``); training stops
-after P validations in a row without a new lowest one, or at ``max_steps``, and the checkpoint's ``model`` is then
-the best validated weights. While it runs the checkpoint also holds ``best_model`` and ``early_stopping``
-(``best_steps``, ``best_ce``, ``history`` of ``[steps, ce]``, ``stopped``), so an interrupted run resumes with its
-record; a stopped one is not trained further.
-"""
+Extra, off by default (Mortal trains until stopped): with ``patience`` P > 0 training stops after P validations
+without a new lowest cross entropy over all val samples (``val_ce``), and ``model`` is then the best weights; the
+checkpoint's ``best_model`` and ``early_stopping`` let an interrupted run resume with its record."""
 
 if __package__ in (None, ''):  # run as a script: python mortal/train_grp.py
     import sys, pathlib
@@ -68,13 +54,8 @@ class TrainGrpInputError(ValueError):
 class GrpFileDatasetsIter(IterableDataset):
     """GRP samples ``(inputs (L, 7) float64 tensor, rank_by_player (4,) uint8 array)`` from log files.
 
-    Files are read ``file_batch_size`` at a time, samples shuffled within that
-    batch; the list is reshuffled each pass; ``cycle=True`` repeats forever.
-    Bad files are skipped (one warning each, counted in ``skipped``).
-
-    Raises :class:`NoSamplesError` (a ``RuntimeError``) when a whole pass yields no sample
-    (no usable file), instead of cycling forever.
-    """
+    Files are read ``file_batch_size`` at a time, samples shuffled within that batch; bad files are skipped (one
+    warning each, counted in ``skipped``). Raises NoSamplesError when a whole pass yields no sample."""
 
     def __init__(self, file_list, file_batch_size=50, cycle=False):
         super().__init__()
@@ -97,13 +78,11 @@ class GrpFileDatasetsIter(IterableDataset):
                 break
 
     def build_iter_in_order(self):
-        """One pass over ``file_list`` in its order, samples unshuffled (each game's prefixes in order). Raises
-        NoSamplesError when no file yields a sample."""
+        """One pass over ``file_list`` in order, unshuffled. Raises NoSamplesError when no file yields a sample."""
         yield from self._one_pass(shuffle=False)
 
     def _one_pass(self, *, shuffle: bool):
-        """One pass over ``file_list`` as it stands, ``file_batch_size`` files at a time, each batch's samples
-        shuffled when ``shuffle``. Raises NoSamplesError when no file yields a sample."""
+        """One pass, ``file_batch_size`` files at a time. Raises NoSamplesError when no file yields a sample."""
         yielded = 0
         for start in range(0, len(self.file_list), self.file_batch_size):
             self.populate_buffer(self.file_list[start:start + self.file_batch_size])
@@ -160,9 +139,7 @@ def evaluate(grp, inputs, rank_by_players):
 
 
 def load_samples(file_list) -> list:
-    """Every GRP sample of ``file_list`` (all prefixes of every game, in file order): a list of ``(inputs (L, 7)
-    float64 tensor, rank_by_player (4,) uint8 array)``; bad files are skipped with a warning. Empty when no file
-    is usable."""
+    """Every GRP sample of ``file_list``, in file order, as ``GrpFileDatasetsIter`` yields them; bad files skipped."""
     files = list(file_list)
     if not files:
         return []
@@ -174,8 +151,7 @@ def load_samples(file_list) -> list:
 
 
 def mean_ce(grp, samples, batch: int = 512) -> float:
-    """Mean cross entropy (nats) of ``grp`` over ``samples`` (``load_samples``), without gradients, on the GRP's
-    device; ``UNIFORM_CE`` (ln 24 = 3.178) is the uniform prediction's. Raises ValueError for no samples."""
+    """Mean cross entropy (nats) of ``grp`` over ``samples``, without gradients. Raises ValueError for no samples."""
     if not samples:
         raise ValueError("mean_ce needs at least one sample")
     device = next(grp.parameters()).device
@@ -193,9 +169,9 @@ def mean_ce(grp, samples, batch: int = 512) -> float:
 
 
 def early_stopping_state(history, patience: int) -> tuple[int, bool]:
-    """``(best index, stop)`` for a ``history`` of validation losses (oldest first): the index of the lowest
-    (the earliest of equal ones; -1 when empty) and whether ``patience`` > 0 checks in a row came after it
-    without a new lowest. Plain floats in, no side effects (the offline bootstrap uses it per epoch)."""
+    """``(best index, stop)`` for a ``history`` of validation losses (oldest first).
+
+    The index of the earliest lowest (-1 when empty); stop when ``patience`` > 0 checks in a row came after it."""
     if not history:
         return -1, False
     best = min(range(len(history)), key=lambda i: (history[i], i))
@@ -210,19 +186,10 @@ def _unusable(exc: BaseException) -> str:
 
 
 def build_file_index(train_globs, val_globs, file_index):
-    """``(train_file_list, val_file_list)``, from the cached ``file_index`` if it exists.
+    """``(train_file_list, val_file_list)``, from the cached ``file_index`` if it is current.
 
-    Otherwise expands the recursive globs, sorts each list in reverse (as Mortal)
-    and saves ``{train_file_list, val_file_list}`` to ``file_index`` unless a list is
-    empty (an empty cache would hide logs added later).
-
-    The index also records the globs (``train_globs``, ``val_globs``); one built from other globs (or with no
-    record of them) is rebuilt, with a log line (``mortal.data.offline_data.stale_index``); so is, with a WARNING,
-    one that lists anything but existing str paths within the globs (``offline_data.listed_problem``).
-
-    Raises:
-        TrainGrpInputError: ``file_index`` exists but is not such a file (weights-only torch file).
-    """
+    Otherwise expands the globs, sorts each list in reverse (as Mortal) and caches them unless a list is empty (an
+    empty cache would hide logs added later). Raises TrainGrpInputError for an unusable ``file_index``."""
     if file_index and os.path.exists(file_index):
         try:
             index = load_checkpoint(file_index)
@@ -260,22 +227,10 @@ def _loader(file_list, batch_size, file_batch_size, num_workers):
 
 def train(cfg, *, max_steps: int | None = None, num_workers: int = 1, progress: bool = True,
           patience: int = 0) -> int:
-    """Train with the typed ``[grp]`` table ``cfg`` (``mortal.config.typed(config).grp``, its sub-tables included);
-    returns the step count reached.
+    """Train with the typed ``[grp]`` table ``cfg``; returns the steps reached (forever, as Mortal, if no max_steps).
 
-    Runs forever (as Mortal) unless ``max_steps`` is given. ``num_workers`` DataLoader
-    workers per split (Mortal uses 1; 0 loads in this process). ``patience`` > 0: early stopping on the
-    cross entropy over all val samples, checked at every validation (every ``save_every`` steps; see the module
-    docstring); the run then also ends after ``patience`` checks without a new best, and at the end (early stop
-    or ``max_steps``) ``state_file`` holds the best weights. A checkpoint of a stopped run returns its steps at
-    once.
-
-    Raises:
-        TrainGrpInputError (a ValueError): an empty train or val file list, an unusable ``file_index``, or a
-            ``state_file`` that cannot be resumed from (wrong layout or shapes).
-        NoSamplesError: no usable sample in the logs (every file skipped).
-        ValueError: ``patience`` < 0.
-    """
+    Raises TrainGrpInputError (empty file list, unusable ``file_index`` or ``state_file``), NoSamplesError,
+    ValueError (``patience`` < 0)."""
     if patience < 0:
         raise ValueError(f"patience must be >= 0, got {patience}")
     run = _GrpRun(cfg, patience)
@@ -289,8 +244,7 @@ def train(cfg, *, max_steps: int | None = None, num_workers: int = 1, progress: 
 
 
 class _GrpRun:
-    """One ``train`` call: the GRP of ``cfg`` (typed ``[grp]``) with its optimizer, step count and early-stopping
-    record (``es``, ``best_model``), resumed from ``state_file`` when it exists; then its data and its loop."""
+    """One ``train`` call: the GRP, its optimizer, step count and early-stopping record, resumed when possible."""
 
     def __init__(self, cfg, patience: int):
         self.cfg = cfg
@@ -381,9 +335,7 @@ class _GrpRun:
         atomic_torch_save(state, self.state_file)
 
     def fit(self, max_steps, progress: bool) -> int:
-        """Train until ``max_steps`` (None: forever) or the early stop; validate and save every ``save_every``
-        steps; returns the steps reached. ``progress``: one bar over the whole run, with the log line of each
-        validation printed above it (not a fresh bar every ``save_every`` steps)."""
+        """Train until ``max_steps`` or the early stop, validating and saving every ``save_every`` steps; -> steps."""
         from contextlib import nullcontext
 
         from tqdm import tqdm
@@ -428,8 +380,7 @@ class _GrpRun:
         return self.steps
 
     def _validate(self, writer, stats: dict) -> bool:
-        """``val_steps`` batches of the val loader, the TensorBoard scalars of this period (``stats``: its train
-        sums) and, with ``patience``, the early-stopping check; returns whether to stop."""
+        """``val_steps`` val batches, this period's TensorBoard scalars, the early-stopping check; -> stop?"""
         steps = self.steps
         self.grp.eval()
         val_loss = val_acc = 0.0
@@ -466,11 +417,7 @@ class _GrpRun:
 
 
 def main(argv=None) -> int:
-    """Entry point: load the config once and train until interrupted.
-
-    Returns the exit status: 0, or 2 after a one-line message for a user error (config, empty globs, no
-    usable log, a checkpoint or file index that cannot be read).
-    """
+    """Entry point; returns 0, or 2 after a one-line message for a user error."""
     from mortal import entry
     from mortal.config import TRAIN_GRP_SECTIONS, ConfigError, typed
 

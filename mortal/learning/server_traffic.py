@@ -1,13 +1,6 @@
 """The learner's side of the server traffic: publishing parameters and draining played logs.
 
-``ServerTraffic`` is a small object that ``mortal.train.Trainer`` builds with what it needs (the server's
-``wire.Remote``, the state file that names this learner, the sleep function, the TensorBoard writer, where and how
-claimed logs are read). ``submit`` sends the played weights with the play settings (``play_settings``: the
-rollbacks' exploration factor, the baseline version) through ``mortal.net.wire``; ``drain`` polls the server every
-``DRAIN_POLL_INTERVAL`` seconds until logs arrive, claims them into the learner's folder (``mortal.data.claims``)
-and writes the data-health tags (``data/logs_per_drain``, ``data/wait_seconds``, ``data/staleness_mean``,
-``data/staleness_max``). Its lines are logged as ``mortal.train``, the trainer's logger.
-"""
+Lines are logged as ``mortal.train``, the trainer's logger."""
 
 import logging
 import socket
@@ -23,30 +16,17 @@ DRAIN_POLL_INTERVAL = 5.0  # seconds between empty drains (Mortal)
 
 
 def play_settings(steps: int, guard: dict) -> dict:
-    """What travels with the parameters to the clients at ``steps``: ``steps``, ``epsilon_factor`` (the rollbacks'
-    ``guard['epsilon_scale']``, ``mortal.learning.guards``), ``temp_factor`` (1: kept on the wire for its peers) and
-    ``baseline_version`` (bumped when the baseline file changes)."""
+    """What travels with the parameters to the clients at ``steps`` (``temp_factor`` stays 1 for wire peers)."""
     return {'steps': steps, 'epsilon_factor': guard['epsilon_scale'], 'temp_factor': 1.0,
             'baseline_version': guard['baseline_version']}
 
 
 class ServerTraffic:
-    """One learner's traffic with its server.
+    """One learner's traffic with its server (``remote`` None offline: then nothing here is called).
 
-    Args:
-        remote: the server's ``wire.Remote`` (None offline: then nothing here is called).
-        state_file: ``[control] state_file``, which names this learner to the server (``learner_id``).
-        sleep: the sleep function (tests replace it).
-        writer: the SummaryWriter-like object of the ``data/*`` tags.
-        dataset_cfg: the typed ``[dataset]`` the claimed logs are read with; version: the feature version.
-        drain_dir: ``[online.server] drain_dir`` when this machine runs the server (None: no claim folder known
-            before the first drain).
-
-    State: ``ledger`` (the ``mortal.data.claims.ClaimLedger`` of the claim folder, opened by ``claims``),
-    ``lost_logs`` (drained logs that vanished before they were claimed), ``resubmitted_to`` (server_ids found without
-    parameters, each resubmitted to once), ``resumed`` (the logs a previous learner left have been looked at),
-    ``epoch_drained`` (the last ``online_files`` drained).
-    """
+    ``drain_dir``: ``[online.server] drain_dir`` when this machine runs the server, else None. State: ``ledger``
+    (ClaimLedger of the claim folder), ``lost_logs``, ``resubmitted_to`` (server_ids resubmitted to once),
+    ``resumed``, ``epoch_drained``."""
 
     def __init__(self, remote, *, state_file: str, sleep, writer, dataset_cfg=None, version: int = 0,
                  drain_dir=None):
@@ -64,18 +44,13 @@ class ServerTraffic:
         self.epoch_drained = False
 
     def learner_id(self) -> str:
-        """This learner's run as the server tells learners apart: ``<host>:<[control] state_file, absolute>``. The
-        supervisor's restarts (and a restart after a kill) keep it, so the server takes them as the same learner;
-        a second learner, of another state file or machine, is refused while this one is live."""
+        """``<host>:<abs state_file>``: restarts of this learner keep it; the server refuses a second live learner."""
         return f'{socket.gethostname()}:{path.abspath(self.state_file)}'
 
     def submit(self, mortal, dqn, *, is_idle: bool, settings: dict) -> None:
-        """Send the weights of ``mortal`` and ``dqn`` with ``settings`` (``play_settings``) to the server, retrying
-        while it is unreachable.
+        """Send the weights of ``mortal`` and ``dqn`` with ``settings``, retrying while the server is unreachable.
 
-        A refusal (e.g. an architecture other than the one the running server accepted first, or another learner
-        live on that server) is logged as one error line and ends the learner with SystemExit(2): retrying cannot
-        help."""
+        A refusal is logged as one error line and ends the learner with SystemExit(2): retrying cannot help."""
         msg = {
             'type': 'submit_param',
             'mortal': wire.pack_state_dict(mortal.state_dict()),
@@ -93,8 +68,7 @@ class ServerTraffic:
                     ', idle' if is_idle else '')
 
     def claims(self, claim_dir: str, steps: int):
-        """The ``mortal.data.claims.ClaimLedger`` of ``claim_dir``, opened (from its manifest) on first use; the
-        checkpoint's ``steps`` settle a commit a kill cut short (``ClaimLedger.open``)."""
+        """The ClaimLedger of ``claim_dir``, opened on first use (``steps`` settle a commit a kill cut short)."""
         claim_dir = path.abspath(claim_dir)
         if self.ledger is not None and self.ledger.claim_dir == claim_dir:
             return self.ledger
@@ -109,10 +83,8 @@ class ServerTraffic:
         return self.ledger
 
     def online_files(self, steps: int, resubmit) -> tuple:
-        """(files, ['trainee']) of an online epoch at ``steps``: the first epoch of a learner finishes the claimed
-        logs a previous one left (the claim folder is found from ``drain_dir``) without draining; later epochs
-        drain (``drain``; ``resubmit`` as there) and train the new logs together with what earlier epochs left
-        over. Sets ``epoch_drained`` (and ``resumed``, once)."""
+        """(files, ['trainee']) of an online epoch: the first finishes the claimed logs a previous learner left,
+        later ones drain and train new logs with the leftovers."""
         self.epoch_drained = False
         if not self.resumed:
             self.resumed = True
@@ -128,15 +100,10 @@ class ServerTraffic:
         return self.ledger.pending(), ['trainee']
 
     def drain(self, steps: int, resubmit) -> list:
-        """Wait for replays (polling every 5 s), claim them (``ClaimLedger.claim`` of the ledger ``claims``)
-        and return the claimed file paths; logs the data-health tags at ``steps``. Logs claimed earlier and not yet
-        fully trained stay in the claim folder.
+        """Poll until replays arrive, claim them and return their paths; writes the data-health tags at ``steps``.
 
-        A poll that finds the server without parameters (it restarted) calls ``resubmit()`` (the learner submits
-        its baseline and current parameters as idle), once per server instance (``server_id``). Logs that vanished
-        before they were claimed (a server restart right after the drain) are counted in ``lost_logs`` and logged
-        once per drain.
-        """
+        A server found without parameters (restarted) gets ``resubmit()`` once per ``server_id``; logs that vanished
+        before they were claimed count in ``lost_logs``."""
         start = time.monotonic()
         while True:
             reply = wire.request_with_retry(self.remote, {'type': 'drain'}, sleep=self.sleep)
