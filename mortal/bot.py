@@ -1,21 +1,12 @@
 """Play one seat over the mjai protocol (Mortal's ``mortal/mortal.py`` and ``libriichi.mjai.Bot``).
 
-``python -m mortal.bot <SEAT>`` (SEAT 0-3, the last argument, as Mortal) loads ``[control] state_file`` of the
-config (``-c/--config``, else env ``MORTAL_CFG``, else ``config.toml``) on the CPU, reads one mjai event (JSON) per line
-on stdin (blank lines skipped, surrounding whitespace stripped) and, whenever the seat can act after an event,
-prints one reaction line: the mjai event plus Mortal's ``meta`` (q-values of the legal actions in index order,
-``mask_bits``, ``is_greedy``, ``batch_size``, ``eval_time_ns``, ``shanten``, ``at_furiten``, nested ``kan_select``).
-An event carrying ``"can_act": false`` only updates the state. A pass is printed as ``{"type":"none",...}``.
+``python -m mortal.bot <SEAT>`` loads ``[control] state_file`` on the CPU, reads one mjai event per line on stdin
+and prints a reaction line (with Mortal's ``meta``) whenever the seat can act. Settings as Mortal's bot; the agari
+guard has no table to price a hora and allows every one.
 
-Engine settings as Mortal's bot: greedy, no AMP, quick eval on (off in review mode), rule-based agari guard on,
-name ``mortal``. Known gap: outside the arena there is no table to price a hora, so the agari guard cannot
-estimate the best-case win and allows every hora (``mortal.play.agent.rule_based_agari`` with no estimator).
-
-Review mode (env ``MORTAL_REVIEW_MODE=1``): quick eval off; every event without a reaction prints
-``{"type":"none","meta":{"mask_bits":0}}``; at EOF the GRP (``[grp] state_file``, ``[grp.network]``) is run on every
-prefix of the game's kyoku and one last line ``{"model_tag": ..., "phi_matrix": [K x 4 x 4]}`` is printed
-(entry [k][p][r] = P(seat p finishes at rank r) after kyoku k's start).
-"""
+Review mode (``MORTAL_REVIEW_MODE=1``): quick eval off, every event without a reaction prints ``{"type":"none",
+"meta":{"mask_bits":0}}``, and at EOF one line ``{"model_tag": ..., "phi_matrix": [K x 4 x 4]}`` of the GRP
+(entry [k][p][r] = P(seat p finishes at rank r) after kyoku k's start)."""
 
 if __package__ in (None, ''):  # run as a script: python mortal/bot.py
     import sys, pathlib
@@ -40,8 +31,7 @@ class BotError(RuntimeError):
 
 
 class Bot:
-    """Seat ``player_id`` (0-3, else ValueError) driven by ``engine``, a ``MortalEngine``-like object or an arena
-    agent (Mortal's ``libriichi.mjai.Bot``); version 4 replays a ``V4Encoder`` beside the ``PlayerState``."""
+    """Seat ``player_id`` (0-3, else ValueError) driven by ``engine`` (Mortal's ``libriichi.mjai.Bot``)."""
 
     def __init__(self, engine, player_id: int):
         from mjai.mlibriichi.state import PlayerState
@@ -62,8 +52,7 @@ class Bot:
         self.events = 0  # events applied (the stop line's count)
 
     def react(self, line: str, *, can_act: bool = True) -> str | None:
-        """Update with one mjai event (JSON text); the reaction JSON line, or None when the seat cannot act (or the
-        event says ``"can_act": false``). Raises ``BotError`` for a bad line or an event the state rejects."""
+        """Update with one mjai event (JSON text); the reaction JSON line or None. Raises BotError for a bad line."""
         try:
             event = json.loads(line)
         except json.JSONDecodeError as exc:
@@ -116,8 +105,7 @@ def model_tag(state: dict, version: int, num_blocks: int, conv_channels: int) ->
 
 
 def load_engine(state_file: str, *, review_mode: bool):
-    """``(MortalEngine, tag)`` from a Mortal-layout checkpoint with the bot's settings (CPU), logged to stderr.
-    Raises ``CheckpointError`` (one line naming the file) for a missing, unsafe or ill-fitting file."""
+    """``(MortalEngine, tag)`` from a checkpoint with the bot's settings (CPU). Raises CheckpointError."""
     import torch
     from mortal.model.checkpoint import arch_of, load_checkpoint, load_errors, models_from_state
     from mortal.play.engine import MortalEngine
@@ -144,8 +132,7 @@ def load_engine(state_file: str, *, review_mode: bool):
 
 
 def load_review_grp(config: dict):
-    """The GRP of ``[grp] state_file`` / ``[grp.network]`` in eval mode on the CPU (review mode); raises
-    ``CheckpointError`` for a missing, unusable or ill-fitting file."""
+    """The GRP of ``[grp] state_file`` in eval mode on the CPU. Raises CheckpointError."""
     from mortal.config import typed
     from mortal.model.checkpoint import load_errors
     from mortal.data.reward import load_grp
@@ -156,8 +143,9 @@ def load_review_grp(config: dict):
 
 
 def phi_matrix(config: dict, log_lines: list[str], grp=None) -> list:
-    """GRP rank-probability matrices ``(K, 4, 4)`` (nested lists) for every kyoku prefix of ``log_lines``, by
-    ``grp`` (default: :func:`load_review_grp`). Raises ``BadLogError`` (no finished kyoku), ``CheckpointError``."""
+    """GRP rank-probability matrices ``(K, 4, 4)`` (nested lists) for every kyoku prefix of ``log_lines``.
+
+    Raises BadLogError (no finished kyoku), CheckpointError."""
     import torch
     from mortal.data.grp import Grp
 
@@ -171,8 +159,7 @@ def phi_matrix(config: dict, log_lines: list[str], grp=None) -> list:
 
 
 def serve(bot: Bot, stdin: IO[str], stdout: IO[str], *, review_mode: bool = False) -> list[str]:
-    """The stdin/stdout loop: one reaction line per decision (flushed); returns the input lines. Raises
-    ``BotError`` naming a bad line by its 1-based number among the non-empty lines."""
+    """The stdin/stdout loop; returns the input lines. Raises BotError naming a bad line's 1-based number."""
     lines = []
     for n, line in enumerate(filtered_trimmed_lines(stdin), 1):
         lines.append(line)
@@ -245,8 +232,7 @@ SIGPIPE_STATUS = 141  # 128 + SIGPIPE, what a shell reports for `yes | head`
 
 
 def _reader_gone(stdout: IO[str]) -> int:
-    """The reader of stdout went away (``... | head``): stop quietly with ``SIGPIPE_STATUS``; stdout points at
-    devnull so the flush at exit raises no second BrokenPipeError (Python's documented idiom)."""
+    """stdout's reader went away: exit quietly; stdout to devnull so the exit flush raises nothing (Python's idiom)."""
     if stdout is sys.stdout:
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)

@@ -1,24 +1,10 @@
 """Self-play worker of online training (Mortal's ``mortal/client.py``).
 
-Loop forever: fetch the trainee's parameters from the server (retry every 3 s while it refuses — 'samples
-overflow', 'empty param', 'trainer is busy' — or is unreachable, so the client outlives server restarts), play one
-round of ``[train_play.<TRAIN_PLAY_PROFILE>] games`` with ``TrainPlayer``, log the trainee's rank counts, average
-rank and average pt (``mortal.stat.DISPLAY_PTS``) for the round and over the last ``[online] history_window``
-rounds, then submit the round's logs with the parameter version they were played with.
-
-Logs of a round whose submission cannot reach the server are retried until the server is back; if the server
-restarted meanwhile they still go in (tagged with an unknown parameter version).
-
-The baseline follows the trainer's (``[baseline.train] from_server``, on by default): every parameter reply names
-the digest of the trainer's baseline; a client whose ``[baseline.train] state_file`` is missing (it waits for the
-trainer's first submission) or holds other weights fetches them (``get_baseline``), checks them (architecture,
-shapes, digest), writes them to that file (the old one kept as ``.bak``, so the opponent pool works on any machine)
-and plays against them from the next round. A client on another machine then needs only the config.
-
-Parameters that do not fit this client's networks (other key names or shapes, e.g. a trainer with another
-``[resnet]``) are not loaded: the client logs one warning per such version and plays on with the parameters it
-has, or, holding none yet, asks again every 3 s.
-"""
+Loop forever: fetch the trainee's parameters (retrying every 3 s while the server refuses or is unreachable), play
+one round with ``TrainPlayer``, log the round's rank and pt figures, submit the logs with the parameter version
+they were played with. With ``[baseline.train] from_server`` the client also fetches and plays against the
+trainer's baseline. Parameters that do not fit this client's networks are not loaded (one warning per version).
+Details: docs/operations.md."""
 
 if __package__ in (None, ''):  # run as a script: python mortal/client.py
     import sys, pathlib
@@ -82,9 +68,7 @@ WAIT_REASONS = {  # get_param's refusals as a client logs them: what it waits fo
 
 def fetch_param(remote: wire.Remote, param_version: int, server_id, *, sleep=time.sleep, on_wait=None,
                 warn_minutes: float = 0.0) -> dict:
-    """Ask for parameters until the server answers 'ok', logging each change of refusal reason once
-    (``WAIT_REASONS``; ``warn_minutes``: the client's ``[online] no_param_warn_minutes``, named in it); ``on_wait()``
-    before every wait (``wire.request_with_retry``)."""
+    """Ask until the server answers 'ok', logging each new refusal reason once; ``on_wait()`` before each wait."""
     last = {'status': None}
     then = (f', a warning after {warn_minutes:g} min without new ones ([online] no_param_warn_minutes)'
             if warn_minutes else '')
@@ -105,8 +89,7 @@ def fetch_param(remote: wire.Remote, param_version: int, server_id, *, sleep=tim
 
 
 def fetch_baseline(remote: wire.Remote, *, wait: bool, sleep=time.sleep):
-    """The server's get_baseline 'ok' reply; with ``wait``, ask until the trainer has submitted one (logged once),
-    else None while the server has none."""
+    """The server's get_baseline 'ok' reply; with ``wait`` ask until there is one, else None while it has none."""
     logged = []
 
     def accept(reply):
@@ -124,10 +107,9 @@ def fetch_baseline(remote: wire.Remote, *, wait: bool, sleep=time.sleep):
 
 
 def unpack_baseline(reply: dict) -> tuple:
-    """``(mortal, dqn, arch, digest)`` of a get_baseline reply, checked: ``arch`` within bounds, both state dicts
-    loadable into the networks of ``arch`` (``check_loadable``), and their ``wire.baseline_digest`` equal to the
-    reply's. Raises ValueError (mortal.model.checkpoint.CheckpointError for the shapes) or wire.ProtocolError naming
-    what is wrong."""
+    """``(mortal, dqn, arch, digest)`` of a get_baseline reply, checked (arch bounds, loadable, digest).
+
+    Raises ValueError (CheckpointError for the shapes) or wire.ProtocolError naming what is wrong."""
     from mortal.model.networks import Brain, DQN
     arch = wire.check_baseline_arch(reply.get('arch'))
     digest = wire.check_digest(reply.get('baseline_digest'))
@@ -153,11 +135,9 @@ def file_digest(state_file: str):
 
 
 class BaselineSync:
-    """The play settings a client follows from each parameter reply: the trainer's ε/T factors, and its baseline,
-    fetched from ``remote`` into ``baseline.state_file`` (``[baseline.train]``; with ``from_server``) or reloaded
-    from that file after a rotation. ``version`` and ``digest``: the trainer's baseline last followed;
-    ``bad_digest``: a served one that failed its checks (not fetched again). The ``TrainPlayer`` to change is an
-    argument of each call: it is built after ``fetch_missing``."""
+    """The play settings a client follows from each parameter reply: the ε/T factors and the trainer's baseline.
+
+    ``version``/``digest``: the baseline last followed; ``bad_digest``: a served one that failed its checks."""
 
     def __init__(self, remote: wire.Remote, baseline, *, sleep=time.sleep):
         self.remote = remote
@@ -170,17 +150,14 @@ class BaselineSync:
         self.factors = (1.0, 1.0)  # (epsilon_factor, temp_factor) last applied
 
     def fetch_missing(self) -> None:
-        """With ``from_server``, a ``state_file`` that does not exist is fetched from the server, asking every
-        ``wire.RETRY_INTERVAL`` s until it has one."""
+        """With ``from_server``, fetch a missing ``state_file``, asking until the server has one."""
         if self.from_server and not path.exists(self.state_file):
             logger.info("%s does not exist: fetching the trainer's baseline from the server", self.state_file)
             while self.install(wait=True) is None:
                 self.sleep(wire.RETRY_INTERVAL)
 
     def apply_play_settings(self, rsp: dict, player) -> None:
-        """Follow the trainer's play settings of a get_param reply on ``player`` (a ``TrainPlayer``): the ε/T
-        factors (``mortal.learning.schedule``, rollbacks) and the baseline version (a rotation: ``state_file`` is
-        loaded again). A reply without them (an older server) changes nothing."""
+        """Follow a get_param reply's play settings on ``player``; a reply without them changes nothing."""
         try:
             settings = wire.check_play_settings(rsp)
         except ValueError as ex:
@@ -206,8 +183,7 @@ class BaselineSync:
         self.version = version
 
     def reload(self, version: int, player) -> bool:
-        """Load ``state_file`` again into ``player`` for the next rounds (logged); False (logged) when it cannot be
-        loaded (a half-copied or missing file): the old opponent stays, and the next reply tries again."""
+        """Load ``state_file`` again into ``player``; False (logged, old opponent kept) when it cannot be loaded."""
         logger.info('the baseline was rotated (version %s -> %d): reloading it', self.version, version)
         try:
             player.reload_baseline()
@@ -218,11 +194,9 @@ class BaselineSync:
         return True
 
     def install(self, *, wait: bool = False):
-        """Fetch the trainer's baseline from the server, check it (``unpack_baseline``) and write it to
-        ``state_file`` (``mortal.model.rotation.install_baseline``) under the lock file ``<state_file>.lock``,
-        unless another client holding that lock already wrote the same weights; returns its digest, or None
-        (logged) when the server has none, it fails its checks (that digest is then not fetched again), the file
-        cannot be written or the lock is held longer than ``BASELINE_LOCK_SECONDS``."""
+        """Fetch, check and write the trainer's baseline to ``state_file`` (under its ``.lock``); -> digest or None.
+
+        None (logged) when the server has none, it fails its checks, it cannot be written or the lock stays held."""
         from mortal.model.rotation import install_baseline
         try:
             reply = fetch_baseline(self.remote, wait=wait, sleep=self.sleep)
@@ -259,8 +233,7 @@ class BaselineSync:
         return digest
 
     def follow(self, digest: str, version: int, player) -> None:
-        """Play against the trainer's baseline ``digest``: fetched when ``state_file`` holds other weights, then
-        loaded into ``player`` for the next rounds (not at the first reply when the file loaded at start is it)."""
+        """Play against the trainer's baseline ``digest`` from the next round, fetching it when the file differs."""
         local = file_digest(self.state_file)
         reload = self.digest is not None or getattr(player, 'baseline_stale', lambda: False)()
         if local != digest:
@@ -276,17 +249,10 @@ class BaselineSync:
 
 
 class Client:
-    """One self-play worker; ``run_round()`` does one fetch-play-submit cycle: the parameter sync (``sync_params``,
-    the play settings of each reply going to ``self.baseline``, a ``BaselineSync``), the round, the upload.
+    """One self-play worker; ``run_round()`` does one fetch-play-submit cycle.
 
-    It holds the trainee's networks (``mortal``, ``dqn``) and the version of the trainer's parameters they hold
-    (``param_version``, ``server_id``; -1 and None before the first). With no new parameters for ``[online]
-    no_param_warn_minutes`` it warns once a minute (``warn_if_stale``).
-
-    config: the full config dict; train_player: a ``TrainPlayer`` (built from config when None, after a missing
-    baseline was fetched); env: where the ``TrainPlayer`` finds ``TRAIN_PLAY_PROFILE`` (``mortal.config.Env``: the
-    start-up overrides or a mapping); ``sleep`` and ``clock`` (monotonic seconds): tests replace them.
-    """
+    ``param_version``/``server_id``: the trainer's parameters held (-1 and None before the first). ``train_player``
+    is built from the config when None; ``env`` supplies ``TRAIN_PLAY_PROFILE``; tests replace ``sleep``/``clock``."""
 
     def __init__(self, config: dict, *, train_player=None, remote=None, env=os.environ, sleep=time.sleep,
                  clock=time.monotonic):
@@ -344,8 +310,7 @@ class Client:
         return rankings
 
     def sync_params(self) -> None:
-        """Ask the server for newer parameters and load them; with none loadable yet, ask again every
-        ``wire.RETRY_INTERVAL`` s, else play on with the parameters already loaded."""
+        """Load newer parameters from the server; with none loadable yet, ask again every ``wire.RETRY_INTERVAL`` s."""
         while not self.update_param(fetch_param(self.remote, self.param_version, self.server_id, sleep=self.sleep,
                                                 on_wait=self.warn_if_stale, warn_minutes=self.warn_minutes)):
             if self.param_version >= 0:
@@ -355,9 +320,7 @@ class Client:
         self.warn_if_stale()
 
     def update_param(self, rsp: dict) -> bool:
-        """Load the parameters of a get_param 'ok' reply; True when loaded. Parameters that cannot be loaded
-        (undecodable, other keys or shapes) leave the current ones in place and return False, logging one warning
-        per (server_id, param_version)."""
+        """Load a get_param 'ok' reply's parameters; False (one warning per version) when they cannot be loaded."""
         key = (rsp.get('server_id'), rsp.get('param_version'))
         try:
             mortal = wire.unpack_state_dict(rsp['mortal'], self.device)
@@ -383,8 +346,7 @@ class Client:
         return True
 
     def warn_if_stale(self) -> None:
-        """A WARNING, at most once a minute, while the client has had no new parameters for ``[online]
-        no_param_warn_minutes`` (0: never)."""
+        """A WARNING, at most once a minute, after ``[online] no_param_warn_minutes`` without new parameters."""
         now = self.clock()
         idle = now - self.param_since
         if not self.warn_minutes or idle < self.warn_minutes * 60.0:
@@ -397,8 +359,7 @@ class Client:
                        'or waits; [online] no_param_warn_minutes sets this warning)', idle / 60, held)
 
     def stop_summary(self) -> str:
-        """What a stop now keeps and discards: the round in progress (its games done so far, counted in
-        ``[train_play.<profile>] log_dir``), or a round not yet submitted; the rounds submitted."""
+        """What a stop now keeps and discards: the round in progress or not yet submitted; the rounds submitted."""
         if self.phase == 'play':
             games = getattr(self.train_player, 'seed_count', 0) * 4
             try:
@@ -414,8 +375,7 @@ class Client:
         return f'{what}; {self.rounds} rounds submitted'
 
     def upload(self, file_list) -> None:
-        """Submit the round's log files (``{basename: bytes}``) with the parameter version they were played with,
-        retrying until the server stores them."""
+        """Submit the round's ``{basename: bytes}`` with its param version, retrying until stored."""
         logs = {}
         for filename in file_list:
             with open(filename, 'rb') as f:
@@ -426,9 +386,7 @@ class Client:
 
 
 def hold_log_dir(config: dict, env=os.environ):
-    """The lock of this client's ``[train_play.<profile>] log_dir`` (``mortal.util.runlock.hold``), for the client's
-    whole run: a second client on the same folder would submit the first one's logs. Raises ``runlock.LockHeld``
-    naming the holder, the key and the fixes."""
+    """The lock of this client's ``log_dir`` for its whole run. Raises ``runlock.LockHeld`` naming the holder."""
     profile = profile_name(env)
     key = f'[{profile_table(profile)}] log_dir'
     return runlock.hold(train_play_profile(config, env).log_dir, who='client', key=key,
@@ -437,8 +395,7 @@ def hold_log_dir(config: dict, env=os.environ):
 
 
 def main(argv=None):
-    """Entry point: ``python mortal/client.py`` (config from MORTAL_CFG or ``--config``; profile from
-    TRAIN_PLAY_PROFILE). ``--rounds N`` stops after N rounds (default: run forever)."""
+    """Entry point: ``python mortal/client.py`` (``--rounds N`` stops after N rounds)."""
     from mortal import entry
     from mortal.config import CLIENT_SECTIONS
     parser = entry.parser(__doc__.splitlines()[0])

@@ -1,30 +1,9 @@
-"""Duplicate 1-vs-3 evaluation of two players (Mortal's ``mortal/one_vs_three.py``).
+"""Duplicate 1-vs-3 evaluation of two players (Mortal's ``mortal/one_vs_three.py``), from the ``[1v3]`` tables.
 
-``python -m mortal.one_vs_three [-c/--config PATH]`` reads the ``[1v3]`` tables of the config (path: ``-c/--config``,
-else env ``MORTAL_CFG``, else ``config.toml``)::
-
-    [1v3]
-    seed_key = -1            # duplicate key; -1 = a random 64-bit key per run (printed)
-    games_per_iter = 2000    # multiple of 4: games_per_iter / 4 nonces, each played in the 4 seat rotations
-    iters = 500
-    log_dir = '/path/to/1v3' # {nonce}_{key}_{a|b|c|d}.json.gz per game; created, never cleared
-
-    [1v3.challenger]         # and [1v3.champion], same keys
-    type = 'mortal'          # extra: 'mortal' (default) or 'rulebase' (mjai.bot.rulebase.RulebaseBot)
-    name = 'mortal'          # engine name written into the logs
-    device = 'cuda:0'        # type = 'mortal' only, like the keys below
-    state_file = '/path/to/challenger.pth'
-    stochastic_latent = false
-    enable_compile = false
-    enable_amp = true
-    enable_rule_based_agari_guard = true
-
-Iteration ``i`` plays nonces ``10000 + i·n .. 10000 + (i+1)·n − 1`` (``n = games_per_iter / 4``) with the key, as
-Mortal. After each iteration it prints the challenger's rank counts, avg rank and avg pt (pts 90/45/0/−135) of
-that iteration, as Mortal, and the running totals with a 95% confidence interval computed over duplicate sets: the
-four rotations of one nonce are one unit (:func:`duplicate_ci`). At the end it prints the challenger's full
-``Stat`` table over this run's logs (when ``log_dir`` is set).
-"""
+``python -m mortal.one_vs_three [-c PATH]``. Iteration ``i`` plays nonces ``10000 + i·n ..`` (``n =
+games_per_iter / 4``) in the 4 seat rotations, as Mortal, and prints the challenger's figures as Mortal, plus running
+totals with a 95% confidence interval over duplicate sets (``duplicate_ci``); at the end the full ``Stat`` table.
+``[1v3.*] type = 'rulebase'`` (extra) plays ``mjai.bot.rulebase.RulebaseBot``."""
 
 if __package__ in (None, ''):  # run as a script: python mortal/one_vs_three.py
     import sys, pathlib
@@ -61,10 +40,7 @@ def _challenger_stat(log_dir: str, games: Iterable[tuple]):
 
 
 def run(config: dict, *, disable_progress_bar: bool = False, out=None) -> DuplicateSummary:
-    """Play ``iters`` iterations as configured (``config``: the loaded config dict) and print the results.
-
-    Returns the final :class:`DuplicateSummary`.
-    """
+    """Play ``iters`` iterations as configured and print the results; returns the final DuplicateSummary."""
     from mortal.config import typed
     from mortal.play.arena import OneVsThree
 

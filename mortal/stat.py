@@ -1,22 +1,9 @@
 """Per-player game statistics from mjai logs, as Mortal's ``libriichi/src/stat.rs``.
 
-``Stat`` holds raw counters (all ``int``) summed over games; the derived statistics are
-plain ratios of them (IEEE semantics: x/0 gives ``inf`` and 0/0 gives ``nan``, as Mortal's
-f64 division). Conventions kept from Mortal:
-
-- "point"/"Δscore" values are score changes in points (1 riichi stick = 1000).
-- Riichi Δscores exclude the player's own 1000-point riichi stick but include the others'
-  sticks; every other Δscore includes sticks.
-- A deal-in after riichi counts from the moment the declaration tile is discarded.
-- Ankan is not a call (fuuro); kakan adds no call either.
-- Being hit by another player's tsumo is not recorded anywhere.
-- ``round`` counts every ``start_kyoku`` (renchan and abortive draws included).
-
-CLI: ``python -m mortal.stat <DIR> <PLAYER_NAME>`` prints the table of every seat named
-``PLAYER_NAME`` in ``DIR/**/*.json`` and ``DIR/**/*.json.gz`` (Mortal's ``stat`` binary).
-
-The counting of one game for one seat is ``mortal.stat_game.count_game``.
-"""
+``Stat`` holds raw int counters summed over games; derived statistics are plain ratios (x/0 = inf, 0/0 = nan, as
+Mortal's f64). Points are score changes (1 riichi stick = 1000); riichi deltas exclude the own stick. Ankan and
+kakan are no calls; ``round`` counts every ``start_kyoku``. One game for one seat: ``mortal.stat_game``.
+CLI: ``python -m mortal.stat <DIR> <PLAYER_NAME>`` (Mortal's ``stat`` binary)."""
 
 if __package__ in (None, ''):  # run as a script: python mortal/stat.py
     import sys, pathlib
@@ -58,8 +45,7 @@ def _div(a: float, b: float) -> float:
 
 
 def rank_summary(rankings: Sequence[int], pts: Sequence[float] = DISPLAY_PTS) -> tuple[float, float]:
-    """``(avg_rank, avg_pt)`` from rank counts ``[n1, n2, n3, n4]`` (1st..4th places, any int sequence),
-    as Mortal's client and one_vs_three print them; NaN for no games."""
+    """``(avg_rank, avg_pt)`` from rank counts ``[n1, n2, n3, n4]``; NaN for no games."""
     counts = list(rankings)
     total = sum(counts)
     if total == 0:
@@ -79,13 +65,7 @@ def _fmt(x: float, prec: int = 6) -> str:
 
 @dataclasses.dataclass
 class Stat:
-    """Raw counters of one or more analysed seats (field names and order as Mortal's).
-
-    Build with :meth:`from_log` (one game, one seat) or :meth:`from_dir`; add with ``+``
-    (field-wise, also ``sum(stats)``). Derived statistics are read-only properties
-    (``avg_rank``, ``agari_rate``, ...) plus the methods :meth:`total_pt` / :meth:`avg_pt`;
-    ``str()`` is Mortal's table and :meth:`write_tensorboard` writes the test play tags.
-    """
+    """Raw counters of one or more analysed seats (field names and order as Mortal's); add with ``+``."""
 
     game: int = 0
     round: int = 0
@@ -160,24 +140,9 @@ class Stat:
     @classmethod
     def from_log(cls, log: str | bytes | Iterable[dict | str], seat: int, *,
                  source: str = '<log>') -> 'Stat':
-        """Analyse one game for one seat.
+        """Analyse one game (text, bytes or events) for absolute ``seat`` 0-3; returns a Stat with ``game == 1``.
 
-        Args:
-            log: the raw log text (one JSON event per line; blank lines ignored), its bytes,
-                or an iterable of events (dicts, or JSON strings).
-            seat: absolute seat 0-3 to analyse.
-            source: a name for error messages (e.g. the file path).
-
-        Returns a Stat with ``game == 1``.
-
-        Raises:
-            ValueError: ``seat`` is not 0-3.
-            LogFormatError: the log fails ``mortal.data.mjai_log.parse_events`` (a line that is not
-                a JSON event of a known type, an ``actor`` that is not a seat, more than one game:
-                an event after ``end_game`` or a second ``start_game``), or a field the statistics
-                need (``scores``, ``oya``, ``target``, ``deltas``) is missing or out of range; the
-                message names ``source`` and the line.
-        """
+        Raises ValueError (bad seat), LogFormatError (malformed log or missing field, naming ``source`` and line)."""
         if not is_seat(seat):
             raise ValueError(f'seat must be an int in 0..3, got {seat!r}')
         return cls._from_events(parse_events(log, source, error=LogFormatError), seat, source)
@@ -186,19 +151,10 @@ class Stat:
     def from_dir(cls, log_dir: str | os.PathLike, player_name: str,
                  disable_progress_bar: bool = True, *,
                  skipped: list[str] | None = None) -> 'Stat':
-        """Sum the stats of every seat named ``player_name`` in every log under ``log_dir``.
+        """Sum the stats of every seat named ``player_name`` in ``log_dir/**/*.json[.gz]``.
 
-        Globs ``log_dir/**/*.json`` and ``log_dir/**/*.json.gz``, as Mortal's ``Stat.from_dir``
-        (each read by :meth:`from_file`: gzip told by its content). Each log must start with ``start_game``
-        carrying ``names``; every seat whose name equals ``player_name`` counts as one game
-        (so a champion name in 1v3 logs yields 3 games per file).
-
-        Unlike Mortal (which aborts), a malformed or unreadable file is skipped with one logged
-        warning naming the file and the reason; the paths are appended to ``skipped`` if given.
-
-        Raises:
-            FileNotFoundError: ``log_dir`` is not a directory.
-        """
+        Unlike Mortal (which aborts), a bad file is skipped with a warning and appended to ``skipped``.
+        Raises FileNotFoundError when ``log_dir`` is not a directory."""
         log_dir = os.fspath(log_dir)
         if not os.path.isdir(log_dir):
             raise FileNotFoundError(f'log directory not found: {log_dir}')
@@ -226,16 +182,9 @@ class Stat:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, player_name: str) -> 'Stat':
-        """Stats of every seat named ``player_name`` in one log file, read by
-        ``mortal.data.mjai_log.read_log_text`` (gzip or plain, whatever the name).
+        """Stats of every seat named ``player_name`` in one log file (gzip or plain).
 
-        Raises:
-            OSError: the file cannot be opened.
-            BadLogError: the file cannot be read as a log (corrupt gzip data, not UTF-8, larger
-                than ``mortal.data.mjai_log.DEFAULT_MAX_LOG_BYTES``).
-            LogFormatError: the content is malformed or does not start with ``start_game``
-                with a 4-name ``names`` list.
-        """
+        Raises OSError, BadLogError (unreadable as a log), LogFormatError (malformed content)."""
         path = os.fspath(path)
         events = parse_events(read_log_text(path), path, error=LogFormatError)
         if not events or events[0][1]['type'] != 'start_game':
@@ -252,12 +201,10 @@ class Stat:
 
     @classmethod
     def _from_events(cls, events: Sequence[tuple[int, dict]], seat: int, source: str) -> 'Stat':
-        """One game for one seat; ``events``: ``mortal.data.mjai_log.parse_events`` pairs (line, event), whose
-        types and actors are not checked again (``mortal.stat_game.count_game``)."""
+        """One game for one seat from ``parse_events`` pairs (line, event)."""
         st = cls(game=1)
         count_game(st, events, seat, source)
         return st
-
 
     # ------------------------------------------------------------------ derived statistics
     def total_pt(self, pts: Sequence[float] = DISPLAY_PTS) -> float:
@@ -338,12 +285,7 @@ class Stat:
     # ------------------------------------------------------------------ display
     def tensorboard_scalars(self, pts: Sequence[float] = DISPLAY_PTS
                             ) -> dict[str, float | dict[str, float]]:
-        """The values Mortal's ``train.py`` writes after a test play, keyed by tag.
-
-        A ``float`` value is written with ``writer.add_scalar(tag, value, step)``, a
-        ``dict`` value with ``writer.add_scalars(tag, value, step)`` (Mortal uses both;
-        :meth:`write_tensorboard` does the dispatch).
-        """
+        """The values Mortal's ``train.py`` writes after a test play, by tag (float: add_scalar, dict: add_scalars)."""
         return {
             'test_play/avg_ranking': self.avg_rank,
             'test_play/avg_pt': self.avg_pt(pts),
@@ -418,8 +360,7 @@ class Stat:
         ]
 
     def _play_lines(self) -> list[str]:
-        """The rest: how the seat played. Wins, deal-ins, riichi and calls (how often, for how much, on which turn),
-        the dealer, yakuman and nagashi mangan."""
+        """Wins, deal-ins, riichi, calls, the dealer, yakuman and nagashi mangan."""
         f = _fmt
         return [
             f'Win rate      {f(self.agari_rate)}',

@@ -1,10 +1,6 @@
-"""Counting one mjai game for one seat into ``mortal.stat.Stat``'s raw counters, as Mortal's
-``libriichi/src/stat.rs``: the per-kyoku bookkeeping (riichi, calls, wins, deal-ins, draws, own discards),
-the final placement, and the checks of the event fields only the statistics read (``LogFormatError``).
+"""Counting one mjai game for one seat into ``mortal.stat.Stat``'s raw counters, as Mortal's ``stat.rs``.
 
-The conventions (what a "point" includes, when a deal-in counts as after riichi, ...) are those listed in
-``mortal.stat``'s module docstring.
-"""
+The conventions are listed in ``mortal.stat``'s module docstring."""
 
 from typing import Any, Sequence
 
@@ -18,21 +14,17 @@ _NAGASHI_MANGAN_POINT = 8000
 
 
 class LogFormatError(BadLogError):
-    """A log that cannot be analysed: a ``mortal.data.mjai_log.BadLogError`` (``source``, ``line``,
-    ``reason``) whose text is ``"<source>:<line>: <reason>"`` (``"<source>: <reason>"`` without a line)."""
+    """A log that cannot be analysed: a BadLogError whose text is ``"<source>:<line>: <reason>"``."""
 
     def _where(self) -> str:
         return f'{self.source}:{self.line}: ' if self.line is not None else f'{self.source}: '
 
 
 def count_game(st: Any, events: Sequence[tuple[int, dict]], seat: int, source: str) -> None:
-    """Add one game of ``seat`` (0-3) to the counters of ``st`` (a ``mortal.stat.Stat``, ``game`` already set by
-    the caller; the other counters are incremented in place, ``point``/``tobi``/``rank_k`` set).
+    """Add one game of ``seat`` (0-3) to the counters of ``st`` (``game`` set by the caller).
 
-    ``events``: ``mortal.data.mjai_log.parse_events`` pairs (line, event), whose types and actors are not
-    checked again; ``source``: a name for error messages. Raises LogFormatError (naming ``source`` and the line)
-    when a field the statistics need (``scores``, ``oya``, ``target``, ``deltas``) is missing or out of range.
-    """
+    ``events``: ``parse_events`` pairs (line, event), not checked again. Raises LogFormatError (naming ``source``
+    and the line) when a field the statistics need is missing or out of range."""
     game = _GameCount(st, seat, source)
     for lineno, ev in events:
         handler = _HANDLERS.get(ev['type'])
@@ -42,8 +34,7 @@ def count_game(st: Any, events: Sequence[tuple[int, dict]], seat: int, source: s
 
 
 class _GameCount:
-    """One game of ``seat`` being counted into ``st``: the scores and the state of the current kyoku, one method
-    per event kind that the statistics read."""
+    """One game of ``seat`` being counted into ``st``: one method per event kind the statistics read."""
 
     def __init__(self, st: Any, seat: int, source: str):
         self.st = st

@@ -1,23 +1,7 @@
 """Learning instruments of the trainer: Q calibration and spread per batch, policy drift on a fixed probe set.
 
-They answer the questions that the loss curve cannot (Mortal issue #33: judge online training by play, not loss):
-is Q biased against its Monte-Carlo target, do the legal actions' values collapse together, and how far has the
-greedy policy moved from the baseline's. TensorBoard tags (averaged over each ``save_every`` window;
-docs/operations.md):
-
-* ``diag/q_minus_target``: mean ``Q(taken) - G``; ``diag/q_minus_target_greedy``: the same over rows whose taken
-  action is the trainee's greedy one (the maximization bias shows here first);
-* ``diag/q_gap``: mean top-1 minus top-2 Q over legal actions (rows with 2+ legal actions);
-* ``diag/q_spread``: mean standard deviation of Q over legal actions (same rows);
-* ``diag/taken_greedy``: fraction of samples whose taken action is the trainee's current greedy one;
-* ``diag/policy_drift``: on the probe set, the fraction of positions where the trainee's greedy action differs
-  from the baseline's (0 at the start of online training);
-* ``diag/next_rank_loss_probe``: the next-rank cross entropy on the probe set (offline positions), to hold
-  against ``loss/next_rank_loss`` on fresh online data.
-
-``Instruments`` gathers them batch by batch for the learner, with Mortal's ``q_predicted``/``q_target`` histograms,
-and writes them at each save; ``learner_probe`` builds the learner's probe.
-"""
+They answer what the loss curve cannot (Mortal issue #33): Q's bias against its Monte-Carlo target, collapsing
+action values, the greedy policy's drift from the baseline's. The ``diag/*`` tags: docs/operations.md."""
 
 from __future__ import annotations
 
@@ -39,13 +23,10 @@ HISTOGRAM_STRIDE = 128  # Mortal keeps every 128th q value to keep event files s
 
 @torch.no_grad()
 def batch_q_stats(q_out: Tensor, masks: Tensor, actions: Tensor, q_target: Tensor) -> Tensor:
-    """Sums and counts of one batch for the ``diag/*`` per-batch tags.
+    """Sums and counts of one batch for the ``diag/*`` tags: a ``(2, len(BATCH_KEYS))`` float64 tensor (float32 on mps).
 
-    ``q_out (B, 46)`` with ``-inf`` at illegal actions, ``masks (B, 46)`` bool, ``actions (B,)`` int64,
-    ``q_target (B,)`` float. Returns a ``(2, len(BATCH_KEYS))`` tensor on ``q_out``'s device, float64 (float32 on
-    mps): the sums, then the counts, in ``BATCH_KEYS`` order, so that windows of batches average correctly
-    (``WindowMeans``) with no host round trip per batch. ``q_gap`` and ``q_spread`` count rows with 2+ legal actions.
-    """
+    ``q_out (B, 46)`` with ``-inf`` at illegal actions, ``masks (B, 46)`` bool, ``actions (B,)`` int64, ``q_target
+    (B,)`` float. Kept on the device (no host sync per batch); gap and spread count rows with 2+ legal actions."""
     q = q_out.float()
     masks = masks.to(torch.bool)
     rows = torch.arange(q.shape[0], device=q.device)
@@ -100,11 +81,8 @@ def eval_mode(*modules):
 
 
 class Probe:
-    """A fixed set of positions from offline logs, to measure policy drift and the next-rank loss off-policy.
-
-    Attributes: ``obs (N, C, 34)`` float32, ``masks (N, 46)`` bool, ``ranks (N,)`` int64 (next-rank labels),
-    ``baseline_greedy (N,)`` int64 or None (set by ``set_baseline``).
-    """
+    """Fixed offline positions for policy drift and the next-rank loss: ``obs (N, C, 34)`` float32, ``masks (N, 46)``
+    bool, ``ranks (N,)`` int64, ``baseline_greedy (N,)`` int64 or None."""
 
     def __init__(self, obs: Tensor, masks: Tensor, ranks: Tensor):
         self.obs, self.masks, self.ranks = obs, masks, ranks
@@ -115,10 +93,9 @@ class Probe:
 
     @classmethod
     def load_or_build(cls, probe_file: str, *, version: int, globs, pts, grp, size: int, max_files: int = 16):
-        """Load ``probe_file`` or build it from the first ``max_files`` (sorted) logs matching ``globs``, keeping
-        every ``k``-th sample so that at most ``size`` remain, and save it there atomically. ``grp``: the reward
-        model, or a function returning it (called only when a probe is built). Returns None (and logs why) when no
-        log matches or none yields a sample; a probe of another feature version is rebuilt."""
+        """Load ``probe_file`` or build it (every k-th sample, at most ``size``) from the first ``max_files`` logs.
+
+        ``grp``: the reward model or a function returning it. None (logged) when no log yields a sample."""
         if os.path.exists(probe_file):
             try:
                 data = load_checkpoint(probe_file)
@@ -151,8 +128,7 @@ class Probe:
 
     @torch.no_grad()
     def _pass(self, brain, dqn, aux_net, device, batch: int = 512):
-        """One pass over the probe in eval mode (modes restored): ``(greedy (N,) int64 or None, mean next-rank
-        cross entropy in nats or None)``, each only for the heads given."""
+        """One eval-mode pass: ``(greedy (N,) int64 or None, mean next-rank CE in nats or None)``."""
         heads = [m for m in (dqn, aux_net) if m is not None]
         with eval_mode(brain, *heads):
             greedy, total = [], 0.0
@@ -176,9 +152,8 @@ class Probe:
         self.baseline_greedy = self.greedy(brain, dqn, device)
 
     def measure(self, brain, dqn, aux_net, device) -> tuple:
-        """``(drift, next_rank_loss)`` of one model in a single pass over the probe: the fraction (0..1) of probe
-        positions whose greedy action differs from the baseline's, and the mean next-rank cross entropy (nats) of
-        ``aux_net(brain(obs))`` (None without ``aux_net``). Raises RuntimeError before ``set_baseline``."""
+        """``(drift, next_rank_loss)``: fraction of positions whose greedy action differs from the baseline's, and
+        the mean next-rank CE (nats; None without ``aux_net``). Raises RuntimeError before ``set_baseline``."""
         if self.baseline_greedy is None:
             raise RuntimeError('Probe.measure needs set_baseline first')
         greedy, loss = self._pass(brain, dqn, aux_net, device)
@@ -186,10 +161,9 @@ class Probe:
 
 
 def learner_probe(cfg, version: int, state_file: str, device, baseline=None):
-    """The online learner's probe (``cfg``: the typed config, ``mortal.config.typed``; ``probe.pth`` beside ``state_file``, built once from ``[dataset] globs``, ``[online] probe_size`` positions)
-    with the greedy actions of ``baseline`` (``(brain, dqn)`` on ``device``; by default ``[baseline.train] state_file``,
-    loaded). None when ``probe_size`` <= 0 or no log yields a sample. Raises whatever loading the GRP or the baseline
-    raises."""
+    """The online learner's probe (``probe.pth`` beside ``state_file``) with ``baseline``'s greedy actions.
+
+    None when ``probe_size`` <= 0 or no log yields a sample."""
     from mortal.model.checkpoint import load_model_pair
     from mortal.data.reward import load_grp
     probe_file = os.path.join(os.path.dirname(os.path.abspath(state_file)), 'probe.pth')
@@ -211,13 +185,9 @@ def learner_probe(cfg, version: int, state_file: str, device, baseline=None):
 
 
 class Instruments:
-    """The learner's instruments over one save window of ``save_every`` batches, written at each save.
+    """The learner's instruments over one ``save_every`` window, written at each save.
 
-    ``add`` takes each batch's ``batch_q_stats`` and the Q and target of its taken actions (online rows); ``write``
-    puts the ``q_predicted``/``q_target`` histograms (every ``HISTOGRAM_STRIDE``-th value), the ``diag/*`` means
-    and, with a ``probe``, ``diag/policy_drift`` and ``diag/next_rank_loss_probe`` into TensorBoard and starts a
-    new window. ``last``: the ``diag/*`` values of the last write (the guards' instrument bounds read them).
-    """
+    ``last``: the ``diag/*`` values of the last write (the guards' bounds read them)."""
 
     def __init__(self, *, save_every: int, batch_size: int, device, probe: Probe | None = None):
         self.window = WindowMeans()
@@ -229,8 +199,7 @@ class Instruments:
 
     @torch.no_grad()
     def add(self, q_stats: dict, q: Tensor, q_target: Tensor) -> None:
-        """One batch: ``batch_q_stats`` of its online rows, ``q (n,)`` and ``q_target (n,)`` of their taken
-        actions (n <= batch_size)."""
+        """One batch: ``batch_q_stats`` of its online rows, ``q (n,)`` and ``q_target (n,)`` of their taken actions."""
         self.window.add(q_stats)
         slot = self.batches % self.q.shape[0]
         n = q.shape[0]
@@ -239,8 +208,7 @@ class Instruments:
         self.batches += 1
 
     def write(self, writer, steps: int, *, trained: tuple, device) -> None:
-        """Write the window at ``steps`` and start a new one. ``trained``: the (brain, dqn, aux_net) being trained
-        (and played)."""
+        """Write the window at ``steps`` and start a new one; ``trained``: (brain, dqn, aux_net)."""
         writer.add_histogram('q_predicted', self.q.cpu().numpy().flatten()[::HISTOGRAM_STRIDE], steps)
         writer.add_histogram('q_target', self.q_target.cpu().numpy().flatten()[::HISTOGRAM_STRIDE], steps)
         self.batches = 0

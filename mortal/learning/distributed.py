@@ -1,31 +1,9 @@
 """Offline training on several processes (``torchrun``, DistributedDataParallel) for ``mortal.train``.
 
-``python mortal/train.py`` run by ``torchrun --nproc_per_node K`` finds torchrun's environment (``WORLD_SIZE``,
-``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``); :func:`setup` then joins the process group (gloo on
-CPU, nccl when ``[control] device`` is cuda, each rank on ``cuda:LOCAL_RANK``) and returns a :class:`Distributed`.
-Without that environment, or with ``WORLD_SIZE=1``, it returns :data:`SINGLE`, which changes nothing: no process
-group, the bare models, the same results as before.
-
-What K ranks do (the trainer asks its ``dist`` at each of these points):
-
-* the file list: rank 0 builds (or loads) ``[dataset] file_index`` and sends it to the others
-  (:meth:`Distributed.from_main`); each rank trains on its own strided slice of it (:func:`shard_files`);
-* gradients: the three models are wrapped in ``DistributedDataParallel`` (:meth:`Distributed.wrap`), so each
-  backward pass averages the gradients over the ranks (the global batch is K x ``batch_size``); on the micro-steps
-  of gradient accumulation the averaging is deferred to the step that updates (:meth:`Distributed.no_sync`);
-  clipping and the GradScaler then see the same averaged gradients on every rank;
-* the end of an epoch: ranks hold different numbers of batches; every step all ranks agree whether each still has
-  one (:func:`lockstep`), and all stop at the first step where one has none, so none waits in a collective that
-  the others never join;
-* BatchNorm: DDP sends rank 0's running statistics to the others before each forward pass (``broadcast_buffers``),
-  so the statistics saved are rank 0's; :meth:`Distributed.sync_buffers` copies them to all ranks at the end;
-* saving, TensorBoard, progress lines and test play happen on rank 0 only; the loss sums that TensorBoard shows are
-  averaged over the ranks first (:meth:`Distributed.average`). The other ranks log warnings and errors only.
-
-Online training stays one learner (as Mortal): ``mortal.train`` refuses ``online = true`` under torchrun
-(:func:`requested`). A rank that dies makes torchrun stop the others; without torchrun, a collective gives up after
-:data:`TIMEOUT` (long enough for rank 0's test play, during which the others wait).
-"""
+Without torchrun's environment ``setup`` returns ``SINGLE``, which changes nothing. With K ranks: rank 0 builds the
+file index and each rank trains a strided slice; DDP averages gradients (deferred on accumulation micro-steps);
+ranks stop together at the first step where one has no batch (``lockstep``); BatchNorm statistics are rank 0's;
+saving, TensorBoard and test play happen on rank 0. Online training stays one learner, as Mortal."""
 
 from __future__ import annotations
 
@@ -64,10 +42,7 @@ def requested(env: Mapping[str, str] = os.environ) -> bool:
 
 
 def shard_files(files: list, rank: int, size: int) -> list:
-    """The files of rank ``rank`` of ``size``: every ``size``-th one from position ``rank`` (``files[rank::size]``),
-    so that shards differ by at most one file and each takes a share of every part of the (sorted) list.
-
-    Raises ValueError when there are fewer files than ranks (a rank would have nothing to train on)."""
+    """``files[rank::size]``: shards differ by at most one file. Raises ValueError for fewer files than ranks."""
     if len(files) < size:
         raise ValueError(f'{len(files)} log files cannot be shared by {size} training processes: '
                          f'each needs at least one')
@@ -75,9 +50,8 @@ def shard_files(files: list, rank: int, size: int) -> list:
 
 
 def lockstep(batches: Iterable, all_have) -> Iterator:
-    """The items of ``batches`` for as long as every rank has one: before each, ``all_have(mine: bool) -> bool``
-    says whether all ranks have one (a collective, so it is called exactly once per step on every rank, and once
-    more, with False, when this rank runs out). Stops at the first step where any rank has none."""
+    """The items of ``batches`` while every rank has one; ``all_have(mine) -> bool`` is a collective, called once
+    per step on every rank (and once more with False when this rank runs out)."""
     it = iter(batches)
     while True:
         batch = next(it, None)
@@ -109,8 +83,7 @@ class Single:
         return torch.device(name)
 
     def writer(self, log_dir: str):
-        """A ``SummaryWriter`` of ``log_dir`` (``[control] tensorboard_dir``); a :class:`NullWriter` on ranks other
-        than 0."""
+        """A SummaryWriter of ``log_dir``; a NullWriter on ranks other than 0."""
         if not self.is_main:
             return NullWriter()
         from torch.utils.tensorboard import SummaryWriter
@@ -167,15 +140,13 @@ class Distributed(Single):
         return torch.device('cuda', self.local_rank) if self.device_type == 'cuda' else torch.device('cpu')
 
     def wrap(self, models: tuple) -> tuple:
-        """``DistributedDataParallel`` of each of ``models`` (already on this rank's device, checkpoint loaded):
-        rank 0's parameters and buffers are copied to all ranks here."""
+        """DDP of each of ``models`` (on this rank's device, loaded); rank 0's parameters are copied to all."""
         from torch.nn.parallel import DistributedDataParallel as DDP
         ids = [self.local_rank] if self.device_type == 'cuda' else None
         return tuple(DDP(m, device_ids=ids) for m in models)  # buffers: sent from rank 0 before each forward
 
     def no_sync(self, wrapped: tuple, sync: bool):
-        """Around one forward + backward pass: when ``sync`` is False (an accumulation micro-step), the gradients
-        stay local and are averaged with the next synced pass's (DDP's ``no_sync``)."""
+        """Around one forward + backward: with ``sync`` False the gradients stay local (DDP's ``no_sync``)."""
         stack = contextlib.ExitStack()
         if not sync:
             for m in wrapped:
@@ -226,13 +197,9 @@ class Distributed(Single):
 
 
 def setup(device: str, env: Mapping[str, str] = os.environ, *, timeout: timedelta = TIMEOUT) -> Single:
-    """:data:`SINGLE` without torchrun (``WORLD_SIZE`` unset or 1); else join the process group of ``env``
-    (``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``) with nccl when ``device`` (``[control] device``)
-    is cuda (and make ``cuda:LOCAL_RANK`` this process's device), gloo otherwise, and return its
-    :class:`Distributed`. Ranks other than 0 log warnings and errors only from here on.
+    """``SINGLE`` without torchrun; else join the process group (nccl for cuda, gloo otherwise) as ``Distributed``.
 
-    Raises ValueError for a bad ``WORLD_SIZE``/``RANK``/``LOCAL_RANK``; what ``init_process_group`` raises, e.g.
-    when the other ranks do not come within ``timeout``."""
+    Raises ValueError for a bad ``WORLD_SIZE``/``RANK``/``LOCAL_RANK``, or what ``init_process_group`` raises."""
     size = world_size(env)
     if size == 1:
         return SINGLE

@@ -1,30 +1,10 @@
 """Statistical gates of test play: the paired comparison with best.pth, the SPRT, and the verdict.
 
-A test play puts the challenger (the trainee, greedy) against three copies of ``[baseline.test]`` on fixed duplicate
-deals (``mortal.play.player.TEST_SEED``): every deal is played in its four seat rotations, and the mean of the
-challenger's four ranks is one observation (a *unit*). Because every test play meets the very same deals, two
-test plays compare deal by deal: the paired difference ``d_i = mean rank of the challenger on deal i - mean rank
-of the reference on deal i`` (negative = the challenger is better) removes the luck of the walls, which is most of
-the variance of a single game.
-
-The reference is the current best (``best_perf['deals']``: its ranks per deal, kept in the checkpoint). A
-checkpoint without that record (a fresh run, or one of Mortal's) is compared against its recorded average rank
-instead, as a constant per deal; a fresh run's ``best_perf`` then means the baseline itself (2.5 on every deal:
-the baseline against three copies of itself finishes each rank once per deal).
-
-Rules for replacing best.pth (``[test_play] best_rule``):
-
-- ``'paired'``: the two-sided ``confidence`` CI of the mean paired difference lies below 0.
-- ``'sprt'``: Wald's sequential probability ratio test on the per-deal differences (``Sprt``), looked at every
-  ``sprt_chunk`` games; it stops the test play as soon as it accepts "not better", and it declares "better" once
-  its likelihood ratio crosses the upper bound (the test play then finishes its deals, so that the new best's
-  record covers every deal the next challenger may meet).
-- ``'mortal'``: Mortal's rule, avg pt and avg rank both not worse than the best so far
-  (``mortal.learning.guards.is_better``).
-
-A test play is *significantly worse* when the CI of the paired difference lies above 0 (``Verdict.worse``), the
-signal of the degradation alarm (``[guard] rollback_after``).
-"""
+Every test play meets the same duplicate deals, so the challenger is compared deal by deal with best.pth's record:
+``d_i`` = mean rank of the challenger minus the reference's on deal i (negative = better), which removes the luck
+of the walls. Without a record the reference is the recorded avg rank (2.5 for the baseline). Rules
+(``[test_play] best_rule``): ``paired`` (CI below 0), ``sprt`` (Wald's SPRT), ``mortal`` (Mortal's rule). A CI
+above 0 is *significantly worse*, the signal of ``[guard] rollback_after``. Details: docs/learning.md."""
 
 from __future__ import annotations
 
@@ -55,9 +35,8 @@ def unit_means(units: Mapping[int, list]) -> dict:
 def paired_differences(units: Mapping[int, list], reference) -> list:
     """Per-deal ``mean rank of units - mean rank of reference``, in nonce order.
 
-    ``reference``: ``{nonce: [ranks]}``, paired on the deals both have (a record made with fewer ``[test_play]
-    games`` covers only the first deals; with no deal in common, the record's mean rank stands for every deal), or
-    a number, the reference's mean rank on every deal (a record without deals, e.g. 2.5 for the baseline)."""
+    ``reference``: ``{nonce: [ranks]}`` (paired on common deals; none in common: its mean stands for every deal) or a
+    number, the reference's mean rank on every deal."""
     mine = unit_means(units)
     if not isinstance(reference, (int, float)):
         ref = unit_means(reference)
@@ -69,8 +48,7 @@ def paired_differences(units: Mapping[int, list], reference) -> list:
 
 
 def mean_and_ci(values, confidence: float = 0.95) -> tuple:
-    """``(mean, half-width)`` of the ``confidence`` normal CI with the sample sd (n - 1); half-width ``nan``
-    when fewer than 2 values, ``nan`` mean when none."""
+    """``(mean, half-width)`` of the ``confidence`` normal CI (sample sd); nan when too few values."""
     n = len(values)
     if n == 0:
         return math.nan, math.nan
@@ -82,15 +60,11 @@ def mean_and_ci(values, confidence: float = 0.95) -> tuple:
 
 
 class Sprt:
-    """Wald's SPRT on per-deal paired rank differences, Gaussian with the variance estimated from the data (the
-    "normalized" form chess-engine testing uses for paired game results).
+    """Wald's SPRT on per-deal paired rank differences, Gaussian with the variance estimated from the data.
 
-    H0: the challenger is not better (mean improvement 0); H1: it is better by ``delta`` avg rank (mean of
-    ``-d_i`` equal to ``delta``). With ``n`` differences, improvement sum ``S`` and sample variance ``s2``:
-    ``LLR = delta / s2 * (S - n * delta / 2)``. H1 is accepted at ``LLR >= log((1 - beta) / alpha)``, H0 at
-    ``LLR <= log(beta / (1 - alpha))``; ``alpha`` is the chance of calling an equal model better, ``beta`` that
-    of missing one better by ``delta``. Raises ValueError for delta <= 0 or alpha/beta outside (0, 0.5).
-    """
+    H0: not better; H1: better by ``delta`` avg rank. ``LLR = delta / s2 * (S - n * delta / 2)`` with S the sum of
+    ``-d_i``; bounds ``log((1 - beta) / alpha)`` and ``log(beta / (1 - alpha))``. Raises ValueError for delta <= 0 or
+    alpha/beta outside (0, 0.5)."""
 
     def __init__(self, delta: float = 0.05, alpha: float = 0.05, beta: float = 0.05, min_deals: int = 8):
         if delta <= 0:
@@ -103,8 +77,7 @@ class Sprt:
         self.upper = math.log((1 - beta) / alpha)
 
     def llr(self, diffs) -> float:
-        """The log-likelihood ratio of H1 against H0 for the paired differences ``diffs`` (d_i, negative =
-        better); 0 for fewer than 2."""
+        """The log-likelihood ratio of H1 against H0 for ``diffs``; 0 for fewer than 2."""
         n = len(diffs)
         if n < 2:
             return 0.0
@@ -127,15 +100,10 @@ class Sprt:
 
 @dataclass
 class Verdict:
-    """The result of a test play compared with the reference.
+    """A test play compared with the reference.
 
-    ``diff``/``ci``: mean paired difference of mean ranks (challenger - reference) and its CI half-width;
-    ``better``: the rule's decision to replace best.pth; ``worse``: the CI lies above 0 on a test play that
-    played all its deals; on one the SPRT stopped early (a sample picked for its low mean, where that CI would
-    overstate), the mirrored SPRT (H1: worse by ``delta``) reaches its upper bound;
-    ``against``: what the reference was (``'best.pth'`` or an avg rank); ``games``: games played;
-    ``decided_games``: games the SPRT needed for its decision (None without one); ``sprt``: its verdict
-    ('better', 'not better', 'undecided') or None; ``llr``: its last log-likelihood ratio."""
+    ``diff``/``ci``: mean paired difference and CI half-width; ``better``: replace best.pth; ``worse``: the CI lies
+    above 0 (after an early SPRT stop: the mirrored SPRT says worse); ``sprt``/``llr``/``decided_games``: the SPRT's."""
 
     rule: str
     games: int
@@ -150,8 +118,7 @@ class Verdict:
     against: str = 'best.pth'
 
     def describe(self) -> str:
-        """One log line, e.g. ``paired diff to best.pth -0.062 ± 0.041 (1600 games): better``; under
-        ``mortal.play.duplicate.MIN_RELIABLE_SETS`` deals ``(16 games; unreliable: 4 sets)``."""
+        """One log line, e.g. ``paired diff to best.pth -0.062 ± 0.041 (1600 games): better``."""
         ci = 'n/a' if math.isnan(self.ci) else f'{self.ci:.3f}'
         note = unreliable_note(len(self.units))
         note = f'; {note}' if note else ''
@@ -164,8 +131,7 @@ class Verdict:
 
 
 def reference_of(best_perf: Mapping):
-    """What a challenger is paired with: the per-deal record ``best_perf['deals']`` when there is one, else the
-    recorded avg rank as a constant (the baseline's 2.5 for a fresh ``best_perf`` of avg rank 4)."""
+    """The per-deal record ``best_perf['deals']`` when there is one, else the recorded avg rank."""
     deals = best_perf.get('deals')
     if deals:
         return {int(n): list(r) for n, r in deals.items()}
@@ -178,12 +144,9 @@ def run_test_play(play: Callable[[int, int], dict], *, nonce_start: int, deals: 
                   mortal_better: Optional[Callable[[dict], bool]] = None) -> Verdict:
     """Play a test play through ``play(first_nonce, count) -> {nonce: [ranks]}`` and judge it.
 
-    Plays ``deals`` deals from ``nonce_start`` (in chunks of ``chunk_deals`` with the SPRT, else at once);
-    ``reference`` as ``reference_of``, or a callable ``(first_nonce, count) -> {nonce: [ranks]}`` that plays the
-    reference on the same deals, chunk by chunk (``[test_play] fresh_deals``). With ``rule='sprt'`` the SPRT is
-    looked at after each chunk: "not better" ends the test play early; "better" is final, and against a fixed record
-    the remaining chunks are still played for the new record (against a replayed reference it ends the test play too).
-    ``mortal_better(units)`` decides with ``rule='mortal'``. Raises ValueError for an unknown rule or a missing
+    ``reference``: as ``reference_of``, or a callable replaying the reference on the same deals. With ``rule='sprt'``
+    the SPRT is looked at after each chunk: "not better" ends early; "better" against a fixed record still plays the
+    remaining chunks for the new record. Raises ValueError for an unknown rule or a missing
     ``sprt``/``mortal_better``."""
     if rule not in BEST_RULES:
         raise ValueError(f"[test_play] best_rule must be one of {BEST_RULES}, got {rule!r}")

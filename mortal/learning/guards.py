@@ -1,13 +1,7 @@
-"""The learner's test play and long-run guards (``docs/operations.md``): judging a test play and keeping best.pth,
-the rollback on degradation (``[guard]``) and the baseline's sync with the server.
+"""The learner's test play and long-run guards: judging a test play and keeping best.pth, the rollback on
+degradation (``[guard]``) and the baseline's sync with the server (docs/operations.md).
 
-``Guards`` takes the ``mortal.train.Trainer`` it watches: it reads the trainer's models, checkpoint files and
-writer, and changes its weights, ``best_perf`` and ``guard`` (the guards' state, the checkpoint's ``guard`` entry,
-``INITIAL_GUARD`` at the start) only through what the trainer offers (``save``, ``checkpoint``,
-``sync_baseline``, the scheduler's ``refresh``). The test play's statistics are ``mortal.learning.gate``'s.
-``Guards`` judges the test play and keeps best.pth; the rollback is ``Rollback``'s, the baseline's sync
-``BaselineKeeper``'s (``Guards.rollback`` and ``sync_baseline`` hand over to them).
-"""
+``Guards`` changes the trainer's weights, ``best_perf`` and ``guard`` state only through what the trainer offers."""
 
 from __future__ import annotations
 
@@ -46,11 +40,7 @@ def units_summary(units: dict) -> tuple:
 
 
 class Guards:
-    """Test play, best.pth and the long-run guards of one learner (``trainer``, a ``mortal.train.Trainer``).
-
-    Reads ``[test_play]`` (``games``, ``best_rule``, ``confidence``, ``sprt_*``, ``fresh_deals``, ``min_deals``)
-    and ``[guard]`` from the trainer's config once.
-    """
+    """Test play, best.pth and the long-run guards of one learner; reads ``[test_play]`` and ``[guard]`` once."""
 
     def __init__(self, trainer):
         self.trainer = trainer
@@ -70,14 +60,11 @@ class Guards:
         self.baselines = BaselineKeeper(trainer)
 
     def test_play(self) -> None:
-        """Play ``[test_play] games`` against ``[baseline.test]``, log, judge and maybe replace best.pth, then (online)
-        the guards (rollback). Sets the trained models back to training mode.
+        """Play ``[test_play] games`` against ``[baseline.test]``, log, judge, maybe replace best.pth, then (online)
+        the guards; the trained models go back to training mode.
 
-        With a test player that gives per-deal results (``play_units``: ``mortal.play.player.TestPlayer``, online and
-        offline), the challenger is paired deal by deal with best.pth's record and judged by ``[test_play]
-        best_rule`` (``mortal.learning.gate``), and a "better" of fewer than ``[test_play] min_deals`` deals does not
-        replace best.pth (except the first, which makes it); one with ``test_play`` only (the bootstrap's test play
-        against RulebaseBots, tests' fakes) is judged by Mortal's rule and drives no guard."""
+        A player with ``play_units`` is judged by ``[test_play] best_rule`` (a "better" on fewer than ``min_deals``
+        deals does not replace best.pth, except the first); one without, by Mortal's rule, driving no guard."""
         t = self.trainer
         # Nothing to compare with yet (no best.pth, a fresh best_perf): the first test play makes best.pth, as
         # Mortal's does.
@@ -112,8 +99,7 @@ class Guards:
             self.run_guards(verdict, became_best=better)
 
     def _play(self, first: bool) -> tuple:
-        """``(stat, verdict)`` of this test play; ``verdict`` (``gate.run_test_play``'s) is None for a test player
-        without ``play_units``. ``first``: no best.pth to compare with yet."""
+        """``(stat, verdict)``; ``verdict`` None for a player without ``play_units``."""
         t = self.trainer
         if not hasattr(t.test_player, 'play_units'):
             return t.test_player.test_play(self.test_games // 4, *t.played(), t.device), None
@@ -157,15 +143,13 @@ class Guards:
         atomic_copy(t.state_file, t.best_state_file)
 
     def _test_nonce(self) -> int:
-        """First nonce of this test play: Mortal's fixed one, or with ``[test_play] fresh_deals`` the next unused
-        block (``guard['test_plays']`` test plays of ``games / 4`` deals each since the start)."""
+        """First nonce: Mortal's fixed one, or with ``fresh_deals`` the next unused block."""
         if not self.fresh_deals:
             return TEST_SEED[0]
         return TEST_SEED[0] + self.trainer.guard['test_plays'] * (self.test_games // 4)
 
     def _best_replay(self):
-        """``(first_nonce, count) -> units`` of best.pth on the same deals as the challenger (logs beside the test
-        play's, under ``<log_dir>_best``)."""
+        """``(first_nonce, count) -> units`` of best.pth on the challenger's deals (logs under ``<log_dir>_best``)."""
         t = self.trainer
         brain, dqn, _ = load_model_pair(t.best_state_file)
         brain.to(t.device)
@@ -176,8 +160,7 @@ class Guards:
                                                              log_dir=log_dir, name='best')
 
     def run_guards(self, verdict, *, became_best: bool = False) -> None:
-        """After an online test play: the degradation alarm (``[guard]``); ``became_best``: this test play has just
-        made best.pth. Saves the checkpoint when the guards' state changed."""
+        """After an online test play: the degradation alarm; saves the checkpoint when the guards' state changed."""
         t = self.trainer
         before = dict(t.guard)
         g = self.guard_cfg
@@ -209,8 +192,7 @@ class Guards:
 
 
 def _guard_event(t, tag: str, count: int, line: str) -> None:
-    """After a rollback of the learner ``t``: save the checkpoint (its ``guard`` state has changed),
-    then one warning line, the count under ``tag`` and the line as a ``guard/events`` text in TensorBoard."""
+    """After a rollback: save, one warning line, the count under ``tag`` and a ``guard/events`` text."""
     t.save()
     logger.warning('%s', line)
     t.writer.add_scalar(tag, count, t.steps)
@@ -218,19 +200,18 @@ def _guard_event(t, tag: str, count: int, line: str) -> None:
 
 
 class Rollback:
-    """The rollback of ``[guard]``: best.pth's weights and optimizer state back into the learner ``trainer``
-    (``guard_cfg``: its typed ``[guard]``)."""
+    """The rollback of ``[guard]``: best.pth's weights and optimizer state back into ``trainer``."""
 
     def __init__(self, trainer, guard_cfg):
         self.trainer = trainer
         self.guard_cfg = guard_cfg
 
     def run(self, reason: str) -> bool:
-        """Restore the weights and optimizer state of best.pth into this learner and ``state_file`` (steps,
-        schedule position and ``best_perf`` go on). The replaced ``state_file`` is kept as
-        ``<state_file>.<YYYYmmdd-HHMMSS>.rollback`` (the newest ``[guard] keep`` of them); the learning rate and
-        the clients' ε are multiplied by ``[guard] lr_factor`` / ``epsilon_factor``. Returns False (logged) when
-        best.pth is missing or does not fit."""
+        """Restore best.pth into this learner and ``state_file`` (steps, schedule and ``best_perf`` go on).
+
+        The replaced file is kept as ``<state_file>.<YYYYmmdd-HHMMSS>.rollback`` (the newest ``keep``); lr and the
+        clients'
+        ε are scaled by ``lr_factor``/``epsilon_factor``. False (logged) when best.pth is missing or does not fit."""
         t = self.trainer
         try:
             best = load_checkpoint(t.best_state_file, map_location=t.device)
@@ -285,12 +266,10 @@ class BaselineKeeper:
         return baseline.train.state_file if baseline is not None and baseline.train is not None else None
 
     def sync(self) -> None:
-        """Submit ``[baseline.train] state_file`` to the server (``submit_baseline``), for clients that fetch it
-        (``[baseline.train] from_server``). When its weights differ from those last submitted
-        (``wire.baseline_digest``, kept in the checkpoint's ``guard`` entry), the file was replaced
-        (``scripts/rotate_baseline.py``): ``baseline_version`` is bumped, and clients reload their baseline.
-        A missing or unusable file, or a server that refuses it, is logged and skipped: clients then play against
-        their own file, as Mortal's do."""
+        """Submit ``[baseline.train] state_file`` to the server; new weights bump ``baseline_version``.
+
+        A missing or unusable file, or a refusal, is logged and skipped: clients then play their own file, as
+        Mortal's."""
         t = self.trainer
         baseline = self._baseline_file()
         if not baseline:

@@ -1,11 +1,4 @@
-"""The learner's intake: an epoch's offline files, and a batch up to tensors on the trainer's device.
-
-An epoch's files are the offline ``[dataset]`` (``offline_files``; rank 0's list under torchrun) or, online, the
-claimed logs (``mortal.learning.server_traffic.ServerTraffic.online_files``); the loader over them is
-``mortal.data.dataloader.learner_loader``. ``batch_on_device`` moves each batch to the device (packed observations
-unpacked there, ``mortal.data.packed_obs``), with the rows of the offline mix appended (``[online]
-offline_batch_size``).
-"""
+"""The learner's intake: an epoch's offline files, and a batch up to tensors on the trainer's device."""
 
 import logging
 
@@ -17,9 +10,7 @@ logger = logging.getLogger('mortal.train')  # the trainer's lines (log format)
 
 
 def offline_files(dataset_cfg, dist) -> tuple:
-    """(file_list, player_names) of an offline epoch over the typed ``[dataset]`` ``dataset_cfg``: built on rank 0
-    of ``dist`` (``mortal.learning.distributed``) and sent to the others, so that one process writes the file
-    index."""
+    """(file_list, player_names) of an offline epoch, built on rank 0 and sent to the others."""
     def offline():
         names = load_player_names(dataset_cfg.player_names_files)
         logger.info('loaded %s players', f'{len(names):,}')
@@ -28,9 +19,7 @@ def offline_files(dataset_cfg, dist) -> tuple:
 
 
 def obs_on_device(obs, device, version: int):
-    """``obs`` as ``(B, C, 34)`` float32 on ``device``: packed rows (uint8, the loader's batches) of feature
-    ``version`` are moved packed and unpacked there (``mortal.data.packed_obs.unpack``, bit for bit); float ones are
-    moved."""
+    """``obs`` as ``(B, C, 34)`` float32 on ``device``; packed uint8 rows are unpacked there, bit for bit."""
     if obs.dtype == torch.uint8:
         from mortal.data.packed_obs import unpack
         return unpack(obs.to(device, non_blocking=True), version)
@@ -38,12 +27,11 @@ def obs_on_device(obs, device, version: int):
 
 
 def batch_on_device(batch: tuple, device, version: int, offline_stream=None) -> tuple:
-    """The tensors of ``Trainer.train_batch`` (``batch``: ``(obs, actions, masks, steps_to_done, kyoku_rewards,
-    player_ranks[, cf_actions, cf_deltas])``) on ``device`` in the dtypes of the loss, with the rows of the next
-    offline batch of ``offline_stream`` appended (None: no offline mix): ``(obs, actions, masks, steps_to_done,
-    kyoku_rewards, player_ranks, (cf_actions, cf_deltas))``, the counterfactual columns ``(B,)`` int64 / float32
-    filled with -1 / 0 where a batch has none (offline batches and callers without them). Raises ValueError when an
-    action is masked out."""
+    """The tensors of ``Trainer.train_batch`` on ``device`` in the loss's dtypes, the offline-mix rows appended.
+
+    Returns ``(obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, (cf_actions, cf_deltas))``, the
+    counterfactual columns ``(B,)`` int64/float32 filled with -1/0 where absent. Raises ValueError when an action is
+    masked out."""
     obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf_actions, cf_deltas = batch
     obs = obs_on_device(obs, device, version)
     cf_actions, cf_deltas = _cf_columns(actions.shape[0], cf_actions, cf_deltas)

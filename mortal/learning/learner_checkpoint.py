@@ -1,12 +1,5 @@
-"""The learner's checkpoint: resuming from ``[control] state_file`` and writing it back, as plain functions.
-
-``load_state`` reads the models, optimizer, scheduler, GradScaler, step count, ``best_perf`` and the long-run
-guards' state under Mortal's checkpoint keys (``mortal.model.checkpoint.CHECKPOINT_KEYS``, plus ``guard``);
-``checkpoint_dict`` builds that dict; ``write`` saves it atomically
-(``mortal.model.checkpoint.atomic_torch_save``), online in one step with the claim ledger's commit. Each takes
-what it reads as arguments (``mortal.train.Trainer`` passes its own). Its lines are logged as ``mortal.train``, the
-trainer's logger.
-"""
+"""The learner's checkpoint under Mortal's keys (plus ``guard``): resuming from ``[control] state_file`` and
+writing it back atomically. Lines are logged as ``mortal.train``."""
 
 import logging
 from collections import namedtuple
@@ -26,13 +19,10 @@ Resumed = namedtuple('Resumed', 'steps best_perf guard')
 
 def load_state(state_file: str, models: tuple, optimizer, scheduler, scaler, *, online: bool, device,
                cfg) -> 'Resumed | None':
-    """Resume from ``state_file`` if it exists: load ``models`` = (mortal, dqn, aux_net), ``optimizer``,
-    ``scheduler`` and ``scaler`` in place and return the rest (``Resumed``); None when there is no file.
+    """Resume from ``state_file``: load ``models`` = (mortal, dqn, aux_net), optimizer, scheduler and scaler in
+    place and return the rest (``Resumed``); None when there is no file.
 
-    An offline checkpoint loaded for online training (``online``) keeps the config's optimizer/scheduler (Mortal).
-    ``cfg``: the typed config the weights must fit. Raises CheckpointError: not loadable, lacking an entry, or
-    weights that do not fit the config.
-    """
+    Online from an offline checkpoint keeps the config's optimizer/scheduler (Mortal). Raises CheckpointError."""
     if not path.exists(state_file):
         logger.info('no checkpoint at %s: starting from scratch', state_file)
         return None
@@ -61,9 +51,7 @@ def load_state(state_file: str, models: tuple, optimizer, scheduler, scaler, *, 
 
 def checkpoint_dict(models: tuple, optimizer, scheduler, scaler, *, steps: int, best_perf: dict, guard: dict,
                     online: bool, config: dict) -> dict:
-    """The checkpoint dict with Mortal's keys of ``models`` = (mortal, dqn, aux_net) and the training state
-    (``config``: the plain dict, written without the shared token), plus, ``online``, the guards' state
-    ``guard``."""
+    """The checkpoint dict with Mortal's keys (``config`` without the shared token), plus ``guard`` online."""
     mortal, dqn, aux_net = models
     extra = {}
     if online:  # the long-run guards' state (mortal/learning/guards.py), after Mortal's keys
@@ -84,9 +72,7 @@ def checkpoint_dict(models: tuple, optimizer, scheduler, scaler, *, steps: int, 
 
 
 def write(build, state_file: str, steps: int, ledger=None) -> None:
-    """Write ``build()`` (the checkpoint dict, built at the moment of writing) to ``state_file`` atomically; with a
-    claim ``ledger`` (online), in one step with its commit (``mortal.data.claims.ClaimLedger.commit_with``), so that
-    the ledger on disk always describes the checkpoint on disk, whatever the kill point."""
+    """Write ``build()`` to ``state_file`` atomically; with a claim ``ledger``, in one step with its commit."""
     if ledger is None:
         atomic_torch_save(build(), state_file)
     else:
@@ -94,9 +80,7 @@ def write(build, state_file: str, steps: int, ledger=None) -> None:
 
 
 def stop_summary(steps: int, saved_steps, state_file: str, online: bool) -> str:
-    """What a learner stopped at ``steps`` keeps and discards (its last line): the steps since ``saved_steps`` (the
-    step of ``state_file`` as last loaded or written; None: none), and ``online`` the claimed logs, which the next
-    learner trains."""
+    """What a learner stopped at ``steps`` keeps and discards (its last line)."""
     if saved_steps is None:
         kept = f'the {steps:,} steps trained discarded (no checkpoint written yet)'
     elif saved_steps == steps:

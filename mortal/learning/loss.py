@@ -1,27 +1,11 @@
-"""The learner's loss on one batch, all of it in ``learner_loss``, and its extra terms as pure functions of tensors.
+"""The learner's loss on one batch (``learner_loss``) and its extra terms as pure functions of tensors.
 
-Mortal's loss is ``0.5 * MSE(q[taken], G) + next_rank_weight * CE + min_q_weight * CQL`` with the CQL term offline
-only. The extras below are off by default (Mortal's behaviour) and exist because online fine-tuning without any
-term on the untaken actions lets the ranking of actions dissolve (``docs/learning.md``):
+Mortal's loss is ``0.5 * MSE(q[taken], G) + next_rank_weight * CE + min_q_weight * CQL``, CQL offline only. The
+extras (Cal-QL, the anchor term, the offline mix, the counterfactual term) are off by default; why and what they
+measured: docs/learning.md.
 
-* ``cql_term(..., calibrated=True)``: Cal-QL (Nakamoto et al. 2023, arXiv 2303.05479) clamps the pushed-down
-  values at the Monte-Carlo return, so conservatism never drives a Q below what the data shows it is worth;
-* ``anchor_term``: MSE of the untaken legal actions' Q to a frozen reference model's Q (the baseline), a trust
-  region that keeps what the data says nothing about where it was;
-* the offline mix (``[online] offline_batch_size``, RLPD-style): offline rows appended to each online batch share
-  the MSE and next-rank terms and carry a CQL term of their own at ``[cql] min_q_weight``;
-* ``counterfactual_term``: at decisions where the client forked a counterfactual branch (``[train_play]
-  counterfactual_rate``, ``mortal.play.arena``), the gap Q[alternative] - Q[taken] is regressed on the paired
-  difference of the two kyoku outcomes (same wall, same agents): a target for an action the policy did not take,
-  with much of the luck of the deal cancelled.
-
-A policy-gradient term, a KL term to the reference policy and n-step targets were measured as no gain and removed
-(``docs/learning.md``, part 4).
-
-Shapes: ``q_out (B, 46)`` float with ``-inf`` at illegal actions (``mortal.model.networks.DQN``), ``masks (B, 46)``
-bool, ``actions (B,)`` int64, ``q_target (B,)`` float32 (``gamma ** steps_to_done * kyoku_reward``, in ``[env] pts``
-units).
-"""
+Shapes: ``q_out (B, 46)`` float with ``-inf`` at illegal actions, ``masks (B, 46)`` bool, ``actions (B,)``
+int64, ``q_target (B,)`` float32 (``gamma ** steps_to_done * kyoku_reward``, ``[env] pts`` units)."""
 
 from __future__ import annotations
 
@@ -46,10 +30,9 @@ class LossWeights(NamedTuple):
     @classmethod
     def resolve(cls, *, online: bool, min_q_weight: float, online_min_q_weight: float, anchor_weight: float,
                 next_rank_weight: float, calibrated: bool, counterfactual_weight: float = 0.0) -> LossWeights:
-        """Mortal's rules on the ``[cql]``/``[online]``/``[aux]`` weights: offline, CQL at ``min_q_weight``,
-        computed even at weight 0 (Mortal logs it); online, CQL at ``online_min_q_weight`` and only when that is
-        > 0, the offline-mix rows' CQL at ``min_q_weight``, the anchor at ``anchor_weight`` and the counterfactual
-        term at ``counterfactual_weight`` (neither offline)."""
+        """Mortal's rules on the weights: offline, CQL at ``min_q_weight`` (computed even at 0, Mortal logs it);
+        online, CQL only when ``online_min_q_weight`` > 0, plus the mix rows' CQL, the anchor and counterfactual
+        terms."""
         cql = online_min_q_weight if online else min_q_weight
         return cls(cql=cql, with_cql=not online or cql > 0, offline_cql=min_q_weight,
                    anchor=anchor_weight if online else 0.0, next_rank=next_rank_weight, calibrated=calibrated,
@@ -72,15 +55,11 @@ class LossTerms(NamedTuple):
 def learner_loss(q_out: Tensor, next_rank_logits: Tensor, actions: Tensor, q_target: Tensor, player_ranks: Tensor,
                  *, masks: Tensor, online_rows: int, weights: LossWeights, q_ref: Optional[Tensor] = None,
                  cf_actions: Optional[Tensor] = None, cf_deltas: Optional[Tensor] = None) -> LossTerms:
-    """The loss of one batch of ``B`` rows, the first ``online_rows`` of them online (all of them offline, and
-    online without the offline mix), the rest offline-mix rows.
+    """The loss of one batch of ``B`` rows, the first ``online_rows`` online, the rest offline-mix rows.
 
-    ``next_rank_logits (B, 4)``, ``player_ranks (B,)`` int64 in 0..3 (the seat's rank at the next kyoku);
-    ``q_ref (online_rows, 46)``: the reference (anchor) model's Q of the online rows, for the anchor term (at
-    ``weights.anchor`` > 0).
-    ``cf_actions (B,)`` int64 (-1: no branch), ``cf_deltas (B,)`` float: the counterfactual columns (None: no term).
-    Call it inside the forward pass's autocast; every term is computed in float32.
-    """
+    ``next_rank_logits (B, 4)``, ``player_ranks (B,)`` int64 in 0..3; ``q_ref (online_rows, 46)``: the anchor's Q;
+    ``cf_actions (B,)`` int64 (-1: none), ``cf_deltas (B,)`` float (None: no term). Call inside autocast; every term
+    is computed in float32."""
     n = online_rows
     rows = torch.arange(q_out.shape[0], device=q_out.device)
     q = q_out[rows, actions]
@@ -110,12 +89,10 @@ def _or_zero(term):
 
 
 def cql_term(q_out: Tensor, actions: Tensor, q_target: Tensor | None = None, *, calibrated: bool = False) -> Tensor:
-    """CQL(H) for discrete actions: ``mean(logsumexp_legal(q) - q[taken])``, a scalar >= 0.
+    """CQL(H): ``mean(logsumexp_legal(q) - q[taken])``, a scalar >= 0.
 
-    With ``calibrated`` (Cal-QL) the push-down runs over ``max(q, G)`` per legal action, ``G = q_target`` of the
-    row: an action already valued below the row's return is not pushed further. The taken action's pull-up is
-    unchanged. Raises ValueError when ``calibrated`` is set without ``q_target``.
-    """
+    With ``calibrated`` (Cal-QL) the push-down runs over ``max(q, q_target)``. Raises ValueError without
+    ``q_target``."""
     q_out = q_out.float()
     rows = torch.arange(q_out.shape[0], device=q_out.device)
     q_taken = q_out[rows, actions]
@@ -129,8 +106,7 @@ def cql_term(q_out: Tensor, actions: Tensor, q_target: Tensor | None = None, *, 
 
 
 def anchor_term(q_out: Tensor, q_ref: Tensor, masks: Tensor, actions: Tensor) -> Tensor:
-    """Mean squared difference to ``q_ref (B, 46)`` (a frozen model's Q) over legal actions other than the taken
-    one; 0 when no row has a second legal action. A scalar in squared ``pts`` units."""
+    """Mean squared difference to ``q_ref (B, 46)`` over legal untaken actions (0 if none); squared pts."""
     untaken = masks.to(torch.bool).clone()
     untaken[torch.arange(untaken.shape[0], device=untaken.device), actions] = False
     if not untaken.any():
@@ -140,10 +116,9 @@ def anchor_term(q_out: Tensor, q_ref: Tensor, masks: Tensor, actions: Tensor) ->
 
 
 def counterfactual_term(q_out: Tensor, actions: Tensor, cf_actions: Tensor, cf_deltas: Tensor) -> Tensor:
-    """Mean over the rows with a counterfactual branch (``cf_actions >= 0``) of
-    ``((q[cf_action] - q[action]) - cf_delta) ** 2``; 0 when no row has one. ``cf_actions (B,)`` int64 (-1: none),
-    ``cf_deltas (B,)`` float: the branch's value minus the real one, in ``[env] pts`` units (the loader's
-    ``cf_delta``). A scalar in squared pts units, float32; both Q values get gradients."""
+    """Mean of ``((q[cf_action] - q[action]) - cf_delta) ** 2`` over rows with ``cf_actions >= 0`` (0 if none).
+
+    ``cf_deltas (B,)``: branch value minus real one, pts. A float32 scalar in squared pts."""
     has = cf_actions >= 0
     if not has.any():
         return q_out.new_zeros((), dtype=torch.float32)

@@ -1,10 +1,5 @@
-"""The learner's optimization (Mortal's ``train.py``): AdamW with decay on Linear/Conv1d weights only, Mortal's
-learning-rate schedule, and the optimizer step with AMP unscaling and gradient clipping.
-
-The optimizer's base learning rate is 1, so that the schedule's factor (``mortal.learning.schedule``) is the learning
-rate. With gradient accumulation (``[control] opt_step_every``) the scheduler steps every batch but the optimizer only
-every ``opt_step_every`` batches, as in Mortal.
-"""
+"""The learner's optimization (Mortal's ``train.py``): AdamW with decay on Linear/Conv1d weights only, and the
+optimizer step with AMP unscaling and clipping. The base lr is 1 so the schedule's factor is the learning rate."""
 
 from __future__ import annotations
 
@@ -18,8 +13,7 @@ from mortal.learning.schedule import LinearWarmUpCosineAnnealingLR
 
 
 def build_param_groups(models, weight_decay: float) -> list:
-    """Two AdamW groups: weights of Linear/Conv1d layers decayed by ``weight_decay``; everything else (biases,
-    norms) undecayed, each in a deterministic (sorted-name) order, as Mortal."""
+    """Two AdamW groups: Linear/Conv1d weights decayed, the rest not, each in sorted-name order, as Mortal."""
     decay, no_decay = [], []
     for model in models:
         params, to_decay = {}, set()
@@ -34,10 +28,9 @@ def build_param_groups(models, weight_decay: float) -> list:
 
 
 def build_optimizer(models, optim_cfg) -> tuple:
-    """``(AdamW, LinearWarmUpCosineAnnealingLR)`` over the parameters of ``models`` from the typed ``[optim]``
-    (``mortal.config.typed``: ``weight_decay``, ``betas``, ``eps``, ``[optim.scheduler]``, whose keys the file
-    leaves unset keep the scheduler's own defaults, as Mortal's). Raises ValueError on a schedule shape the config
-    check rejects."""
+    """``(AdamW, LinearWarmUpCosineAnnealingLR)`` over ``models`` from the typed ``[optim]``.
+
+    Raises ValueError on a schedule shape the config check rejects."""
     optimizer = optim.AdamW(build_param_groups(models, optim_cfg.weight_decay), lr=1, weight_decay=0,
                             betas=tuple(optim_cfg.betas), eps=optim_cfg.eps)
     scheduler = LinearWarmUpCosineAnnealingLR(optimizer, **optim_cfg.scheduler.model_dump(exclude_none=True))
@@ -47,8 +40,7 @@ def build_optimizer(models, optim_cfg) -> tuple:
 
 
 def optimizer_step(optimizer, scaler, max_grad_norm: float) -> None:
-    """Unscale the gradients, clip their norm to ``max_grad_norm`` (when > 0), step, update the GradScaler
-    ``scaler``, clear the gradients."""
+    """Unscale, clip the grad norm to ``max_grad_norm`` (when > 0), step, update ``scaler``, zero the grads."""
     if max_grad_norm > 0:
         scaler.unscale_(optimizer)  # clipping must see the true gradients, not the AMP-scaled ones
         params = chain.from_iterable(g['params'] for g in optimizer.param_groups)

@@ -13,13 +13,9 @@ from mortal.config import scheduler_problems  # the same rules as the config che
 class LinearWarmUpCosineAnnealingLR(LambdaLR):
     """Mortal's schedule; the optimizer's base lr must be 1 so the factor is the learning rate.
 
-    lr(step) with ``s = step + offset`` (then ``s %= epoch_size`` when epoch_size > 0):
-    ``init + (peak - init) * s / warm_up_steps`` while ``s < warm_up_steps``; then, while ``s < max_steps``,
-    ``final + (peak - final) * (1 + cos(pi * (s - warm_up_steps) / (max_steps - warm_up_steps))) / 2``;
-    ``final`` afterwards (so ``max_steps = 0`` with no warm-up is a constant ``final``).
-    Raises ValueError on a shape that ``mortal.config.scheduler_problems`` (also the config check) rejects:
-    ``peak >= final >= init >= 0`` and ``max_steps`` 0 (``final`` right after the warm-up) or >= ``warm_up_steps``.
-    """
+    With ``s = step + offset`` (mod ``epoch_size`` when > 0): linear from ``init`` to ``peak`` over ``warm_up_steps``,
+    then cosine to ``final`` at ``max_steps``, ``final`` afterwards. Raises ValueError on a shape that
+    ``mortal.config.scheduler_problems`` rejects."""
 
     def __init__(self, optimizer, *, peak, final, warm_up_steps, max_steps, init=1e-8, offset=0, epoch_size=0,
                  **kwargs):
@@ -57,17 +53,15 @@ class LinearWarmUpCosineAnnealingLR(LambdaLR):
         return {k: v for k, v in self.__dict__.items() if k not in ('optimizer', 'lr_lambdas', 'multiplier')}
 
     def load_state_dict(self, state_dict):
-        """Restore the position in the schedule (``last_epoch`` etc.) but keep the schedule's shape from the
-        config, so an edited ``[optim.scheduler]`` takes effect on resume (Mortal silently kept the old one).
-        Accepts Mortal's checkpoints (which also hold ``lr_lambdas``)."""
+        """Restore the position but keep the config's shape, so an edited ``[optim.scheduler]`` takes effect
+        (Mortal kept the old one). Accepts Mortal's checkpoints."""
         for key, value in state_dict.items():
             if key not in self._SHAPE_KEYS and key not in ('lr_lambdas', 'multiplier'):
                 self.__dict__[key] = value
         self.refresh()
 
     def refresh(self) -> None:
-        """Set the optimizer's learning rates to the schedule's value now (after a load, or a change of
-        ``multiplier``'s value)."""
+        """Set the optimizer's learning rates to the schedule's value now."""
         lrs = [base * self.factor(self.last_epoch) for base in self.base_lrs]
         for group, lr in zip(self.optimizer.param_groups, lrs):
             group['lr'] = lr

@@ -1,21 +1,9 @@
-"""The online learner's supervisor (Mortal's ``train.py`` main): run the learner as a child, restart it after each
-clean exit.
+"""The online learner's supervisor (Mortal's ``train.py`` main): run the learner as a child, restart it after
+each clean exit.
 
-The online learner exits 0 after every test play and a fresh process takes its place, as in Mortal: DataLoader
-workers forked from a process that already ran native threaded code (torch and Rust thread pools) can hang, and a
-fresh process has run none. ``supervise`` starts ``python <script> argv`` with ``MORTAL_IS_SUB_PROC=1``, restarts
-it 3 s after each exit with status 0 and returns the child's status on anything else. Before each start it checks
-the config (``config_path``): a broken one (a typo saved while the run goes on) is waited for, its errors logged at
-ERROR, checked again every 30 s and reported once a minute, and the learner starts once it is fixed; each start logs
-the keys changed since the last one (``config changed since the last start: [control] test_every 600 -> 300``).
-The child runs in a session and process group of its own; whatever is left of that group when the child has ended
-is killed (``reap_process_group``), and the child ends with the supervisor (``end_with_supervisor``), so no
-process of a learner outlives it (its loader processes die with it: ``mortal.util.lifetime``).
-
-``mortal.tools.quickstart`` has no supervisor of its own: it starts ``python -m mortal.train`` (this supervisor, which
-restarts the learner) beside the server and a client, treats any exit of the three as a failure, and stops them
-with ``signal_group``.
-"""
+A fresh process after every test play, as Mortal: DataLoader workers forked from a process that already ran
+threaded native code can hang. The config is checked before each start (a broken one is waited for), and no
+process of a learner outlives it. Details: docs/operations.md."""
 
 from __future__ import annotations
 
@@ -51,11 +39,9 @@ def signal_group(pgid: int, sig: int) -> bool:
 
 
 def reap_process_group(pgid: int, grace: float = GROUP_GRACE) -> bool:
-    """After the leader of process group ``pgid`` (the learner) has exited and been waited for: give the rest of
-    the group (DataLoader fork server and workers, multiprocessing's resource tracker) ``grace`` seconds to exit
-    by themselves (they die with the learner, see ``mortal.util.lifetime``; the tracker then cleans up), then SIGKILL
-    whatever is left. Reaps members that are this process's children. Returns True when something was killed;
-    False also where process groups do not exist (not POSIX)."""
+    """After the leader of ``pgid`` has exited: give the rest ``grace`` seconds, then SIGKILL what is left.
+
+    Returns True when something was killed (False also off POSIX)."""
     if not hasattr(os, 'killpg'):
         return False
 
@@ -88,9 +74,7 @@ def reap_process_group(pgid: int, grace: float = GROUP_GRACE) -> bool:
 
 
 def checked_config(path: str, required, env) -> tuple:
-    """``(config, [])`` with the loaded config when ``path`` is valid (``mortal.config.config_errors``, the
-    validator the processes and the doctor share), else ``(None, errors)``. Its warnings (unknown keys) are left to
-    the learner, which logs them at its start."""
+    """``(config, [])`` when ``path`` is valid, else ``(None, errors)``; warnings are left to the learner."""
     from mortal.config import ConfigError, config_errors, load_config
     quiet = logging.getLogger('mortal.config')
     level = quiet.level
@@ -116,9 +100,7 @@ def config_mtime(path: str):
 
 
 def report_config_edit(path: str, required, env, started_with) -> None:
-    """Log what a save of ``path`` made while a learner runs means: its errors at ERROR (the next restart waits for
-    a fix, the running learner is not affected), else at INFO the keys that change when the learner next starts
-    (against ``started_with``, the config it started with)."""
+    """Log what a save of ``path`` during a run means: its errors at ERROR, else the keys that will change."""
     config, errors = checked_config(path, required, env)
     if errors:
         logger.error('config %s was saved with errors: the running learner keeps its config, but the next one will '
@@ -131,10 +113,9 @@ def report_config_edit(path: str, required, env, started_with) -> None:
 
 def wait_for_config(path: str, required, env, *, stop_requested, retry_interval: float = CONFIG_RETRY_INTERVAL,
                     remind_every: float = CONFIG_REMIND_EVERY, sleep=time.sleep, clock=time.monotonic):
-    """The loaded config of ``path`` once it is valid (``checked_config``); None when ``stop_requested()`` turns
-    true first. While it is broken: its errors at ERROR, a check every ``retry_interval`` seconds, a line at ERROR
-    every ``remind_every`` seconds (and whenever the errors change), a line at INFO when it is fixed. Waits in
-    slices of at most 1 s so that a stop is honoured at once."""
+    """The loaded config of ``path`` once valid; None when ``stop_requested()`` first.
+
+    While broken: errors at ERROR, a check every ``retry_interval`` s, a reminder every ``remind_every`` s."""
     config, errors = checked_config(path, required, env)
     if not errors:
         return config
@@ -162,23 +143,12 @@ def wait_for_config(path: str, required, env, *, stop_requested, retry_interval:
 def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config_path: str | None = None,
               required=(), env=None, retry_interval: float = CONFIG_RETRY_INTERVAL,
               remind_every: float = CONFIG_REMIND_EVERY, watch_interval: float = CONFIG_WATCH_INTERVAL) -> int:
-    """Run ``python script argv`` as a child with MORTAL_IS_SUB_PROC=1; restart it ``restart_delay`` seconds after
-    each exit with 0; return its status otherwise (128 + signal number when killed). SIGTERM and Ctrl-C (SIGINT)
-    to the supervisor are passed on to the child.
+    """Run ``python script argv`` as a child with MORTAL_IS_SUB_PROC=1, restarting it ``restart_delay`` s after
+    each exit 0; return its status otherwise (128 + signal when killed). SIGTERM and SIGINT are passed on.
 
-    The child runs in its own session and process group; whenever it has ended, however it ended, what is left
-    of its group is killed (``reap_process_group``), so no process of a learner outlives it.
-
-    With ``config_path`` (``required``: its sections, ``env``: as ``mortal.config.load_config``'s), the config is
-    checked before every restart: a broken one is waited for (``wait_for_config``, every ``retry_interval`` s,
-    a line every ``remind_every`` s) instead of starting a learner that would fail on it, also after a learner
-    that exited with an error while the config is broken; the keys changed since the last start are logged
-    (``mortal.util.config_diff``), and a save of it while a learner runs is reported within about two
-    ``watch_interval`` s (``report_config_edit``; once its modification time has held for one interval, so a
-    half-written file is not judged). With it, the supervisor also holds the lock of ``[control] state_file``
-    (``mortal.util.runlock``) from the first valid config to its end, and its learners run under that hold
-    (``runlock.child_env``): a second trainer on the same state file is refused even between two learners; raises
-    ``runlock.LockHeld`` when another process holds it."""
+    The child runs in its own process group, reaped when it ends. With ``config_path`` the config is checked before
+    every restart (a broken one is waited for), edits during a run are reported, and the lock of ``[control]
+    state_file`` is held throughout: raises ``runlock.LockHeld`` when another process holds it."""
     cmd = [sys.executable, script, *argv]
     child_env = {**os.environ, IS_SUB_PROC_KEY: '1', SUPERVISOR_PID_KEY: str(os.getpid())}
     locks = contextlib.ExitStack()  # the state file's lock, held from the first valid config to the end
@@ -282,9 +252,7 @@ def is_supervised() -> bool:
 
 
 def end_with_supervisor() -> None:
-    """In a child of ``supervise``: have the kernel send this process SIGTERM when the supervisor exits, even by
-    SIGKILL (the child is out of the terminal's session, so nothing else would stop it). Does nothing without
-    the supervisor's pid in the environment, or off Linux (``mortal.util.lifetime.die_with_parent``)."""
+    """In a child of ``supervise``: get SIGTERM when the supervisor exits, even by SIGKILL (Linux only)."""
     supervisor = os.environ.get(SUPERVISOR_PID_KEY, '')
     if supervisor.isdigit():
         from mortal.util.lifetime import die_with_parent
