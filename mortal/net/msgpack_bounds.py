@@ -16,19 +16,15 @@ _CONTAINERS = {0xdc: (2, 1), 0xdd: (4, 1), 0xde: (2, 2), 0xdf: (4, 2)}  # array/
 
 
 def request_limits(length: int) -> tuple:
-    """``(max_objects, max_depth)`` for a request payload of ``length`` bytes (``check_shape``): at least
-    ``REQUEST_MIN_OBJECTS`` objects, one more per ``REQUEST_BYTES_PER_OBJECT`` bytes, so decoding it costs at most
-    about ``length`` bytes plus 70 bytes per object: under 1.3 x ``length`` + 72 KiB."""
+    """``(max_objects, max_depth)`` for ``length`` request bytes: decoding costs < 1.3 x ``length`` + 72 KiB."""
     return REQUEST_MIN_OBJECTS + length // REQUEST_BYTES_PER_OBJECT, REQUEST_MAX_DEPTH
 
 
 def check_shape(payload, max_objects: int, max_depth: int) -> int:
-    """Walk the msgpack objects of ``payload`` (bytes-like) without building them and return how many there are.
+    """Count the msgpack objects of ``payload`` without building them (strings skipped over).
 
-    Raises ValueError when there are more than ``max_objects`` (counting every object: containers, their
-    items, map keys) or containers nest deeper than ``max_depth``, naming the limit. A malformed payload is
-    left to the decoder, which reports it. It costs one step per object, and strings and byte strings are
-    skipped over, so a request of a few large fields is checked at once."""
+    Raises ValueError, naming the limit, above ``max_objects`` or ``max_depth``; malformed payloads are left to the
+    decoder."""
     data = memoryview(payload)
     size = len(data)
     pos = objects = 0

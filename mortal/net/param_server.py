@@ -1,15 +1,8 @@
 """The TCP front of the server: one request frame and one reply frame per connection, over a ``ReplayStore``.
 
-``ParamServer`` (a threaded ``socketserver`` server) authenticates each frame header before it reads any
-payload byte. Before that a connection is *unauthenticated*: at most ``max_pending`` of them exist at once (a new
-one closes the oldest), each must deliver its whole header within ``header_timeout``, and a bad MAC or an
-oversized length closes it at once. Without a token a header authenticates when it parses and its length is
-within ``max_frame_size``. Authenticated connections are not counted there, so hostile peers cannot take their
-slots. A payload takes its share of the ``ByteBudget`` (small frames have a budget of their own) only as its bytes
-arrive, and must keep ``payload_min_rate`` over every ``PAYLOAD_WINDOW`` seconds, so a stalled frame holds nothing
-for long. ``check_bind_security`` refuses a bind beyond loopback without a token. Logs under the logger name
-``mortal.server``.
-"""
+Each frame header is authenticated before any payload byte is read; unauthenticated connections are bounded
+(``max_pending``, ``header_timeout``), payloads take their share of a ``ByteBudget`` as they arrive and must keep
+``payload_min_rate``. Limits and their reasons: docs/operations.md. Logs as ``mortal.server``."""
 
 import logging
 import socket
@@ -59,16 +52,9 @@ def _log_closing(peer, ex) -> None:
 class ByteBudget:
     """At most ``limit`` bytes reserved at once over all threads, by frames that take them as their bytes arrive.
 
-    Requests are served in arrival order, those of frames that already hold bytes before those of new frames, so
-    a frame once started is not starved by newcomers. Frames that together need more than the limit could wait on
-    each other for ever: when every frame holding bytes waits for more and the first in line does not fit, the
-    one holding least is refused at once (its connection closes and its peer retries).
-
-    Frames that hold the budget while their bytes trickle in (just above the minimum rate) would keep new frames
-    out for as long as they last: a new frame that has waited ``preempt_after`` seconds goes first in line and,
-    when the budget is full, closes the reading frames of the lowest rates (``Reservation.rate``: time waiting
-    for the budget excluded) until it would fit (``Reservation.preempt``), and again after each further
-    ``preempt_after`` seconds while it still does not fit. So an honest upload, fast once admitted, waits a few seconds at most."""
+    Frames already holding bytes go before new ones; when every holder waits and the first in line does not fit, the
+    one holding least is refused (deadlock). A new frame waiting ``preempt_after`` s closes the slowest readers until
+    it fits, so trickling frames cannot keep honest uploads out."""
 
     def __init__(self, limit: int, preempt_after: float = PREEMPT_AFTER):
         self.limit = int(limit)
@@ -82,10 +68,8 @@ class ByteBudget:
         self._queues = (deque(), deque(), deque())
 
     def acquire(self, size: int, timeout: float, held: int = 0, owner: Optional['Reservation'] = None) -> bool:
-        """Reserve ``size`` bytes, waiting up to ``timeout`` seconds; False (nothing reserved) on timeout, when
-        ``size`` exceeds the limit, when this frame is refused to end a deadlock, or when ``owner`` (the caller's
-        Reservation: it may preempt and be preempted) was preempted. ``held``: bytes the caller already holds in
-        this budget (0 for a new frame)."""
+        """Reserve ``size`` bytes within ``timeout`` s; False (nothing reserved) on timeout, oversize, deadlock refusal
+        or preemption of ``owner``. ``held``: bytes the caller already holds."""
         if size > self.limit:
             return False
         with self._cond:
@@ -125,8 +109,7 @@ class ByteBudget:
             return granted
 
     def _preempt_slowest(self, now: float, owner, needed: int) -> bool:
-        """Preempt reading frames (bytes still due), those of the lowest average rate first, until they held
-        ``needed`` bytes; False when there is none. _cond held."""
+        """Preempt the slowest reading frames until they held ``needed`` bytes; False when none. _cond held."""
         reading = sorted((r for r in self.readers if r is not owner and not r.preempted and r.held < r.length),
                          key=lambda r: r.rate(now))
         freed = 0
@@ -141,8 +124,7 @@ class ByteBudget:
         return bool(reading)
 
     def _deadlock_victim(self):
-        """The ticket to refuse when every holder waits for more and the first in line does not fit, else None
-        (a holder that is reading or being handled will give its bytes back)."""
+        """The ticket to refuse when every holder waits and the first in line does not fit, else None."""
         more = self._queues[1]
         if not more or len(more) < self.holders or self.used + more[0][0] <= self.limit:
             return None
@@ -157,9 +139,7 @@ class ByteBudget:
 
 
 class Reservation:
-    """The bytes of one payload held in a ``ByteBudget``, taken as they arrive (``take``/``give`` are
-    ``wire.recv_payload_paced``'s callbacks). A frame waits at most ``wait`` seconds for each part; it holds no
-    more memory meanwhile, and its pace is not checked."""
+    """The bytes of one payload held in a ``ByteBudget``, taken as they arrive (``recv_payload_paced``'s callbacks)."""
 
     def __init__(self, budget: ByteBudget, wait: float, sock=None, length: int = 0):
         self.budget = budget
@@ -176,8 +156,7 @@ class Reservation:
         return self.held / max(now - self.started - self.waited, 1e-3)
 
     def preempt(self, reason: str) -> None:
-        """Close this frame's connection to give its bytes to a new frame (``ByteBudget._preempt_slowest``):
-        its reader stops at once and gives back what it holds."""
+        """Close this frame's connection so that its bytes go to a new frame."""
         self.preempted = reason
         if self.sock is not None:
             try:
@@ -214,10 +193,7 @@ class Reservation:
 
 
 class Handler(BaseRequestHandler):
-    """One connection = one request frame and one reply frame.
-
-    The header (78 bytes, within ``header_timeout``) is authenticated before any payload byte is read; the
-    payload's bytes are then held in the server's budget as they arrive."""
+    """One connection = one request frame and one reply frame; the header is authenticated first."""
 
     def handle(self):
         srv: ParamServer = self.server
@@ -304,16 +280,10 @@ TRAINER_QUIET_SECONDS = 60.0  # no drain for this long with a full buffer: a lin
 class ParamServer(ThreadingTCPServer):
     """Threaded TCP server around a ReplayStore. Bind errors propagate; per-connection errors are logged.
 
-    token: shared secret (None = none, loopback only); max_frame_size: largest payload, bytes; timeout: seconds
-    of socket silence (and the longest wait of a new payload for the budget); max_pending: unauthenticated
-    connections at once (a new one beyond it closes the oldest); max_inflight_bytes: payload bytes read or being
-    handled at once over all connections (None or 0 = max_frame_size; ValueError when below it); header_timeout:
-    seconds for a whole header to arrive; payload_min_rate: bytes/s a payload must keep over every
-    ``PAYLOAD_WINDOW`` seconds, and a reply the same (else the connection is closed); max_connections:
-    connections served at once (one thread each; beyond it the oldest unauthenticated one is closed, or the new
-    one when none is). Payloads of at most ``SMALL_FRAME_BYTES`` are read within a separate budget of
-    ``SMALL_INFLIGHT_BYTES``.
-    """
+    token: shared secret (None: loopback only); max_frame_size: bytes; timeout: s of socket silence;
+    max_pending: unauthenticated connections at once; max_inflight_bytes: payload bytes held at once (None or 0 =
+    max_frame_size, ValueError below it); header_timeout: s; payload_min_rate: bytes/s over every ``PAYLOAD_WINDOW``;
+    max_connections: threads at once."""
 
     allow_reuse_address = True
     daemon_threads = True
@@ -366,10 +336,7 @@ class ParamServer(ThreadingTCPServer):
         return len(self.unauthenticated)
 
     def service_actions(self):
-        """Between two polls of ``serve_forever``: log the count of unlogged refusals once their period is over;
-        and while the buffer is full and the trainer has not drained it for ``TRAINER_QUIET_SECONDS`` (it is
-        stopped, or its supervisor waits for a valid config), a WARNING at most that often saying that the clients
-        wait."""
+        """Between polls: log pending refusal counts, and warn (rate-limited) while a full buffer goes undrained."""
         super().service_actions()
         with self.log_lock:
             self._end_refused_period(time.monotonic())
@@ -387,9 +354,7 @@ class ParamServer(ThreadingTCPServer):
                        self.store.capacity)
 
     def process_request(self, request, client_address):
-        """Start a handler thread for a new (unauthenticated) connection; when ``max_pending`` are already
-        unauthenticated, first close the oldest of them (logged when that starts and when it ends, not per
-        connection): a real peer authenticates within a round trip, so it is never the oldest for long."""
+        """Start a handler thread, first closing the oldest unauthenticated connection when ``max_pending`` are."""
         with self.pending_lock:
             if self.serving >= self.max_connections and not self.unauthenticated:
                 self.turned_away += 1
@@ -434,8 +399,7 @@ class ParamServer(ThreadingTCPServer):
                 self.turned_away = 0
 
     def leave_unauthenticated(self, request) -> bool:
-        """A connection authenticated, was refused or closed: free its slot. False when it had been closed to
-        admit a newer connection (its handler then drops it without a word)."""
+        """Free a connection's pending slot; False when it had been closed to admit a newer one."""
         with self.pending_lock:
             present = request in self.unauthenticated
             self.unauthenticated.pop(request, None)
@@ -445,9 +409,7 @@ class ParamServer(ThreadingTCPServer):
             return present
 
     def log_refused(self, peer: str, reason: str) -> None:
-        """Log a connection closed before authentication (a bad header, a wrong token, an oversized frame): one
-        warning each up to ``REFUSED_LOG_BURST`` per ``REFUSED_LOG_PERIOD`` s, then one count at the period's
-        end."""
+        """Log a connection closed before authentication, at most ``REFUSED_LOG_BURST`` per period, then a count."""
         with self.log_lock:
             self._end_refused_period(time.monotonic())
             if self.refused_logged < REFUSED_LOG_BURST:

@@ -1,11 +1,6 @@
-"""The server's state: the parameters it serves, their versions and play settings, the trainer's baseline,
-and the on-disk replay buffer (``buffer_dir``) with its hand-over to the trainer (``drain_dir``).
-
-``ReplayStore`` takes and returns the request/reply maps of ``mortal/net/wire.py`` and knows nothing of sockets
-(``mortal.net.param_server`` serves it over TCP, ``mortal/server.py`` is the process). ``check_log_head`` is the
-check every submitted log passes (its first line is an mjai ``start_game`` event); ``BadRequest`` is a valid
-frame whose content is not a valid request. Logs under the logger name ``mortal.server``.
-"""
+"""The server's state: the parameters it serves, their versions and play settings, the trainer's baseline, and the
+on-disk replay buffer (``buffer_dir``) with its hand-over to the trainer (``drain_dir``). No sockets here.
+Logs as ``mortal.server``."""
 
 import errno
 import json
@@ -43,9 +38,8 @@ class BadRequest(ValueError):
 
 
 def check_log_head(name: str, content: bytes) -> None:
-    """BadRequest (naming the log) unless the first non-blank line of ``content`` (gzip or plain mjai JSON lines)
-    is a JSON ``start_game`` event. Decompresses at most ``FIRST_LINE_LIMIT`` bytes, leading blank lines and a
-    UTF-8 byte order mark (accepted and dropped, as the trainer's reader does) included."""
+    """BadRequest (naming the log) unless the first non-blank line of ``content`` (gzip or plain) is a
+    ``start_game`` event; decompresses at most ``FIRST_LINE_LIMIT`` bytes (a UTF-8 BOM is dropped)."""
     if content[:2] == _GZIP_MAGIC:
         try:
             head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(content, FIRST_LINE_LIMIT)
@@ -84,8 +78,7 @@ def _remove_quietly(p: str) -> None:
 
 
 def _move(src: str, dst: str) -> None:
-    """Rename ``src`` to ``dst``; across file systems copy to a temporary name, rename, then remove ``src``.
-    On any failure the file is left at ``src`` only (never at both places); the OSError propagates."""
+    """Rename ``src`` to ``dst`` (across file systems via a temporary name); on failure the file stays at ``src``."""
     try:
         os.replace(src, dst)
         return
@@ -121,8 +114,7 @@ def _field(msg: dict, key: str, types, *, default=...):
 
 
 def _learner_id(msg: dict) -> Optional[str]:
-    """submit_param's optional 'learner' (None when absent); BadRequest when it is not a short string of printable
-    characters (no newline, escape or other control character: it is logged, and must not forge log lines)."""
+    """submit_param's optional 'learner'; BadRequest unless a short printable string (it is logged)."""
     learner = _field(msg, 'learner', (str, type(None)), default=None)
     if learner is not None and not 0 < len(learner) <= MAX_LEARNER_ID:
         raise BadRequest(f"field 'learner' must be 1-{MAX_LEARNER_ID} characters, got {len(learner)}")
@@ -148,14 +140,10 @@ MAX_LEARNER_ID = 1024  # characters of submit_param's 'learner' (it is logged an
 
 
 class ReplayStore:
-    """Thread-safe state of the server: the parameters, their versions and play settings, and the trainer's baseline
-    (under ``param_lock``); the on-disk replay buffer and its drain (under ``dir_lock``).
+    """Thread-safe state of the server: parameters and baseline under ``param_lock``, the buffer under ``dir_lock``.
 
-    buffer_dir/drain_dir: directories this store owns (cleared by ``reset_dirs``); capacity: number of buffered
-    logs at which clients are refused new parameters; force_sequential: clients wait for each new idle version and
-    the trainer drains only full buffers; learner_liveness: seconds a learner's run counts as live after its last
-    submit_param. Methods take/return the request/reply maps of ``mortal/net/wire.py``.
-    """
+    capacity: buffered logs at which clients are refused new parameters; force_sequential: clients wait for each new
+    idle version and the trainer drains only full buffers; learner_liveness: s a learner counts as live."""
 
     def __init__(self, buffer_dir: str, drain_dir: str, capacity: int, force_sequential: bool = False, *,
                  learner_liveness: float = LEARNER_LIVENESS):
@@ -229,12 +217,10 @@ class ReplayStore:
         return self._param_reply(client_version)
 
     def drain(self) -> dict:
-        """Move every buffered log into a freshly emptied drain_dir (under force_sequential only when the buffer
-        is full). Reply: count, drain_dir, files (names in drain_dir), param_versions (one per file, -1 unknown),
-        param_version (current), has_param (False after a server restart: the trainer should resubmit).
+        """Move every buffered log into a freshly emptied drain_dir; reply: count, drain_dir, files,
+        param_versions (-1 unknown), param_version, has_param.
 
-        A disk failure midway answers ``{'status': 'error', 'reason': ...}``: each log is then either still in
-        buffer_dir or already in drain_dir, and the next drain delivers both kinds exactly once."""
+        A disk failure midway answers 'error'; the next drain delivers every log exactly once."""
         self.last_drain = time.monotonic()
         with self.param_lock:
             current = self.param_version
@@ -258,8 +244,7 @@ class ReplayStore:
     # -- parameters and baseline (param_lock) ----------------------------------------------------------------
 
     def _param_reply(self, client_version: int) -> dict:
-        """``get_param``'s reply once the buffer has room (``client_version`` already UNKNOWN_VERSION when it is
-        another server instance's)."""
+        """``get_param``'s reply once the buffer has room."""
         with self.param_lock:
             if self.mortal_param is None or self.dqn_param is None:
                 return {'status': wire.STATUS_EMPTY_PARAM}
@@ -277,16 +262,10 @@ class ReplayStore:
 
     def submit_param(self, mortal: bytes, dqn: bytes, is_idle: bool, *, arch_change: bool = False,
                      settings: Optional[dict] = None, learner: Optional[str] = None) -> dict:
-        """Replace the served parameters (safetensors bytes, checked to parse) and bump the version.
+        """Replace the served parameters (safetensors bytes) and bump the version.
 
-        ``learner`` (the learner's run; None from a peer that sends none): refused with 'another learner is live'
-        while the parameters of another run were submitted less than ``learner_liveness`` seconds ago, so that two
-        learners never feed one server. A submission without a learner is refused the same way while an
-        identified learner is live (it could be anyone's), and accepted otherwise (an older learner).
-
-        Raises ProtocolError (not safetensors) or BadRequest: an empty state dict, or key names/dtypes/shapes
-        other than those of the first accepted submission (naming the first differing key and both shapes)
-        unless ``arch_change``, which makes this submission the new reference."""
+        Refused ('another learner is live') while another learner's run submitted within ``learner_liveness`` s. Raises
+        ProtocolError or BadRequest (empty, or a signature other than the first accepted one unless ``arch_change``)."""
         wire.unpack_state_dict(mortal)  # ProtocolError if not a state dict: never serve garbage to clients
         wire.unpack_state_dict(dqn)
         sig = {'mortal': state_dict_signature(mortal), 'dqn': state_dict_signature(dqn)}
@@ -332,8 +311,7 @@ class ReplayStore:
         return {'status': wire.STATUS_OK, 'param_version': version, 'server_id': self.server_id}
 
     def submit_baseline(self, msg: dict) -> dict:
-        """Store the trainer's baseline (``mortal``/``dqn`` safetensors bytes, ``arch``, ``baseline_version``,
-        ``baseline_digest``); BadRequest naming the field when one is missing or invalid (nothing is stored)."""
+        """Store the trainer's baseline; BadRequest naming a missing or invalid field (nothing stored)."""
         fields = {'mortal': _field(msg, 'mortal', bytes), 'dqn': _field(msg, 'dqn', bytes)}
         for key, data in fields.items():
             if not state_dict_signature(data):  # ProtocolError (a bad request) when not safetensors
@@ -383,9 +361,7 @@ class ReplayStore:
     def submit_replay(self, logs: dict, param_version: int, client_server_id: Optional[str] = None) -> dict:
         """Store the logs ``{name: bytes}`` as ``{submission_id}_{name}``, all or none.
 
-        Raises BadRequest (nothing stored) if any name is unsafe or any content is not bytes or not an mjai log
-        (``check_log_head``). A disk failure is answered ``{'status': 'error', 'reason': 'buffer_dir not
-        writable: ...'}`` with nothing stored (logged once per change of state)."""
+        Raises BadRequest for an unsafe name or a non-log; a disk failure answers 'error' with nothing stored."""
         for name, content in logs.items():
             if not isinstance(name, str) or not _SAFE_NAME.fullmatch(name) or '..' in name:
                 raise BadRequest(f'unsafe log name {name!r}')
@@ -424,9 +400,7 @@ class ReplayStore:
         return {'status': wire.STATUS_OK, 'count': len(logs), 'submission_id': sid}
 
     def _move_to_drain(self):
-        """``drain``'s move: every buffered log into a freshly emptied drain_dir (under force_sequential only when
-        the buffer is full, else nothing). Returns the ``[(name, param_version)]`` delivered, sorted by name, or
-        the 'error' reply of a disk failure midway (``_storage_failed``)."""
+        """``drain``'s move; returns ``[(name, param_version)]`` sorted by name, or the 'error' reply."""
         moved = []
         with self.dir_lock:
             count = len(self.buffer) + len(self.pending)

@@ -1,7 +1,4 @@
-"""State-dict signatures: the key names, dtypes and shapes of a safetensors state dict, read from its JSON
-header only (no tensor is built), and the sentence naming how two signatures differ. The server checks every
-``submit_param`` against the first one it accepted, and a ``submit_baseline`` for an empty state dict, this way.
-"""
+"""State-dict signatures (key names, dtypes, shapes) read from a safetensors header only, and how two differ."""
 
 import json
 import struct
@@ -14,11 +11,9 @@ MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024  # bytes; safetensors' own limit
 
 
 def state_dict_signature(data) -> 'OrderedDict':
-    """``{key: (dtype, shape)}`` of a safetensors state dict, read from its JSON header only (no tensor is built;
-    dtype is safetensors' name such as 'F32', shape a tuple of ints), in the sender's key order.
+    """``{key: (dtype, shape)}`` of a safetensors state dict from its header (dtype e.g. 'F32'), in key order.
 
-    Raises ProtocolError when ``data`` is not bytes or its header is malformed.
-    """
+    Raises ProtocolError when ``data`` is not bytes or its header is malformed."""
     if not isinstance(data, (bytes, bytearray)):
         raise ProtocolError(f'state dict field is a {type(data).__name__}, expected bytes')
     try:
@@ -43,8 +38,7 @@ def state_dict_signature(data) -> 'OrderedDict':
 
 
 def signature_difference(expected: dict, got: dict) -> Optional[str]:
-    """None when two ``state_dict_signature`` results agree, else a sentence naming the first differing key
-    (in ``expected``'s order, then keys only ``got`` has) with both dtypes/shapes."""
+    """None when two signatures agree, else a sentence naming the first differing key with both."""
     def fmt(entry):
         return f'{entry[0]} {list(entry[1])}'
     for key, want in expected.items():

@@ -73,8 +73,7 @@ MIN_TEMP_FACTOR = 1e-6  # below this a Boltzmann softmax over Q overflows in flo
 
 
 def check_play_settings(msg: dict) -> dict:
-    """The play settings of a submit_param request or a get_param reply, defaults for absent ones. Raises
-    ValueError naming a field of the wrong type or range (factors finite, within [low, 1e6])."""
+    """The play settings of a message, defaults for absent ones. Raises ValueError naming a bad field."""
     import math
     out = {}
     for key in ('steps', 'baseline_version'):
@@ -102,8 +101,7 @@ BASELINE_ARCH = {'version': (min(SUPPORTED_VERSIONS), max(SUPPORTED_VERSIONS)), 
 
 
 def check_baseline_arch(arch) -> dict:
-    """The ``arch`` map of a baseline (``BASELINE_ARCH``: ``version``, ``conv_channels``, ``num_blocks``, ints
-    within their bounds). Raises ValueError naming the field."""
+    """The ``arch`` map of a baseline, ints within bounds. Raises ValueError naming the field."""
     if not isinstance(arch, dict):
         raise ValueError(f"field 'arch' is a {type(arch).__name__}, expected a map")
     out = {}
@@ -123,8 +121,7 @@ def check_digest(digest) -> str:
 
 
 def baseline_digest(mortal: dict, dqn: dict) -> str:
-    """SHA-256 (hex) of a baseline's weights (``mortal`` then ``dqn`` state dicts, each key sorted, with dtype, shape
-    and bytes): the values only, however stored, so a client compares its own file with the trainer's by it."""
+    """SHA-256 (hex) of a baseline's weights (keys sorted, dtype, shape and bytes): values only, however stored."""
     import torch
     h = hashlib.sha256()
     for part, state in (('mortal', mortal), ('dqn', dqn)):
@@ -200,8 +197,7 @@ def decode_prefix(prefix: bytes) -> None:
 
 
 def decode_header(header: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> FrameHeader:
-    """Check a 78-byte frame header (magic, version, length <= ``max_frame_size``; not the MAC) and decode it;
-    ProtocolError when invalid (FrameTooLarge above the limit)."""
+    """Check and decode a 78-byte frame header (not the MAC); ProtocolError (FrameTooLarge above the limit)."""
     decode_prefix(header[:PREFIX.size])
     length, digest, mac = REST.unpack(header[PREFIX.size:])
     decoded = FrameHeader(length, digest, mac, header[:-MAC_SIZE])
@@ -212,8 +208,9 @@ def decode_header(header: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -
 
 
 def decode_payload(payload: bytes, limits: Optional[tuple] = None) -> dict:
-    """Decode a msgpack payload into a dict with a string ``type`` or ``status``; ProtocolError otherwise.
-    ``limits``: ``(max_objects, max_depth)`` checked before anything is built (a request), or None (a reply)."""
+    """Decode a msgpack payload into a dict with a str ``type`` or ``status``; ProtocolError otherwise.
+
+    ``limits``: ``(max_objects, max_depth)`` checked before decoding (a request), or None (a reply)."""
     if limits is not None:
         try:
             check_shape(payload, *limits)
@@ -269,8 +266,7 @@ def _recv_exact(sock: socket.socket, size: int, *, what: str, allow_clean_eof: b
 
 def recv_header(sock: socket.socket, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, *,
                 deadline: Optional[float] = None) -> FrameHeader:
-    """Read and check one frame header (magic and version first); the MAC is left to the caller. Raises PeerClosed
-    (closed before the first byte), ProtocolError (bad, truncated, not whole by ``deadline``), OSError."""
+    """Read and check one frame header (not the MAC). Raises PeerClosed, ProtocolError, OSError."""
     prefix = _recv_exact(sock, PREFIX.size, what='header', allow_clean_eof=True, deadline=deadline,
                          shown=(0, HEADER_SIZE))
     decode_prefix(prefix)
@@ -280,14 +276,11 @@ def recv_header(sock: socket.socket, max_frame_size: int = DEFAULT_MAX_FRAME_SIZ
 
 def recv_payload_paced(sock: socket.socket, header: FrameHeader, *, min_rate: int, window: float,
                        take: Callable[[int], Any], give: Callable[[int], Any]) -> dict:
-    """Read and decode the request payload announced by ``header`` (bounded by ``request_limits``).
+    """Read and decode the request payload announced by ``header``.
 
-    Pace: every ``window`` seconds at least ``min(min_rate * window, bytes still due)`` bytes (``min_rate``: bytes/s)
-    must arrive, so a stalled sender is closed within two windows. Budget: ``take(n)`` before each read (the whole
-    payload up to ``WHOLE_AT_ONCE``, else what waits in the socket; it may wait, not counted against the pace, or
-    raise) and ``give(k)`` for what the read did not use; on success ``header.length`` stays taken for the caller
-    to give back. Raises ProtocolError (stalled, truncated, digest, bounds, undecodable), OSError, what ``take``
-    raises."""
+    At least ``min(min_rate * window, bytes due)`` bytes must arrive every ``window`` s. ``take(n)`` before each read,
+    ``give(k)`` for what it did not use; on success ``header.length`` stays taken for the caller. Raises
+    ProtocolError, OSError, what ``take`` raises."""
     hasher = hashlib.sha256()
     buf = bytearray()
     length = header.length
@@ -363,8 +356,7 @@ def send_msg(sock: socket.socket, msg: dict, token: Optional[str] = None) -> Non
 
 
 def encode_pieces(msg: dict, token: Optional[str] = None) -> list:
-    """``encode_frame(msg, token)`` as pieces to concatenate, the large byte strings (``PIECE_BYTES``) the very
-    objects in ``msg``: a reply waiting on a slow reader holds no copy of the parameters."""
+    """``encode_frame``'s pieces, the large byte strings not copied (a slow reader holds no parameter copy)."""
     packer = msgpack.Packer(use_bin_type=True)
     pieces = [packer.pack_map_header(len(msg))]
     for key, value in msg.items():
@@ -381,8 +373,7 @@ def encode_pieces(msg: dict, token: Optional[str] = None) -> list:
 
 
 def send_paced(sock: socket.socket, pieces: list, *, min_rate: int, window: float) -> None:
-    """Send ``pieces`` (bytes-like) in order, at least ``min(min_rate * window, bytes due)`` bytes every ``window``
-    seconds (``min_rate``: bytes/s), else ProtocolError ('reply stalled'); OSError from the socket."""
+    """Send ``pieces`` at ``min_rate`` bytes/s over every ``window`` s, else ProtocolError ('reply stalled')."""
     total = sum(len(piece) for piece in pieces)
     timeout = sock.gettimeout()
     sent = window_from = 0
@@ -412,8 +403,7 @@ def send_paced(sock: socket.socket, pieces: list, *, min_rate: int, window: floa
 
 
 def recv_msg(sock: socket.socket, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, token: Optional[str] = None) -> dict:
-    """Receive one frame's decoded map; with ``token``, its MAC is checked before the payload is read. Raises
-    ProtocolError (PeerClosed before the first byte; 'bad MAC'), socket.timeout/OSError."""
+    """Receive one frame's map; with ``token`` the MAC is checked before the payload. Raises ProtocolError, OSError."""
     header = recv_header(sock, max_frame_size)
     if not header.authentic(token):
         raise ProtocolError('bad MAC: the frame was not signed with this token')
@@ -457,8 +447,7 @@ def _key_order(data: bytes, tensors: dict) -> list:
 
 @dataclass
 class Remote:
-    """Where the server is (``[online.remote]``): ``token`` signs every request (None: none), ``timeout``: seconds
-    of socket silence before a request fails, ``max_frame_size``: largest reply accepted, bytes."""
+    """The server of ``[online.remote]``: ``token`` (None: none), ``timeout`` s, ``max_frame_size`` bytes."""
     host: str = '127.0.0.1'
     port: int = 5000
     token: Optional[str] = None
@@ -472,8 +461,7 @@ class Remote:
                    max_frame_size=server.max_frame_bytes if server is not None else DEFAULT_MAX_FRAME_SIZE)
 
     def request(self, msg: dict) -> dict:
-        """Send ``msg`` on a new connection and return the reply map. Raises OSError, ProtocolError, RequestRefused
-        ('unauthorized', 'bad request', 'another learner is live': retrying cannot help)."""
+        """Send ``msg`` on a new connection; the reply map. Raises OSError, ProtocolError, RequestRefused."""
         with socket.create_connection((self.host, self.port), timeout=self.timeout) as sock:
             try:
                 send_msg(sock, msg, self.token)
@@ -500,9 +488,8 @@ def request_with_retry(remote: Remote, msg: dict, *,
                        interval: float = RETRY_INTERVAL, on_refusal: Optional[Callable[[dict], None]] = None,
                        sleep: Callable[[float], Any] = time.sleep,
                        on_wait: Optional[Callable[[], None]] = None) -> dict:
-    """Send ``msg`` until a reply satisfies ``accept``, ``interval`` seconds apart. An unreachable server or broken
-    frame (logged once per outage) and an 'error' reply (once per reason) are retried; another refusal calls
-    ``on_refusal(reply)`` first. ``on_wait()`` before every wait. RequestRefused propagates."""
+    """Send ``msg`` until a reply satisfies ``accept``, ``interval`` s apart; outages and 'error' replies are
+    retried (logged once), other refusals go to ``on_refusal``. RequestRefused propagates."""
     outage_logged = False
     error_logged = None
     while True:
