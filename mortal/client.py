@@ -28,8 +28,7 @@ from mortal.stat import rank_summary  # of the display pts, as Mortal's client p
 from mortal.util import runlock
 
 logger = logging.getLogger('mortal.client' if __name__ == '__main__' else __name__)
-# A client holds <state_file>.lock only while it writes the baseline (seconds); longer means a stuck holder (e.g. a
-# hung network filesystem), and waiting on it silently would stall the start.
+# The lock is held for seconds while a client writes the baseline; longer means a stuck holder.
 BASELINE_LOCK_SECONDS = 60.0
 
 

@@ -119,7 +119,6 @@ class Stat:
     yakuman: int = 0
     nagashi_mangan: int = 0
 
-    # ------------------------------------------------------------------ arithmetic
     def __add__(self, other: 'Stat') -> 'Stat':
         if not isinstance(other, Stat):
             return NotImplemented
@@ -136,7 +135,6 @@ class Stat:
         """Raw counters as a plain dict (Mortal's field order)."""
         return dataclasses.asdict(self)
 
-    # ------------------------------------------------------------------ construction
     @classmethod
     def from_log(cls, log: str | bytes | Iterable[dict | str], seat: int, *,
                  source: str = '<log>') -> 'Stat':
@@ -206,7 +204,6 @@ class Stat:
         count_game(st, events, seat, source)
         return st
 
-    # ------------------------------------------------------------------ derived statistics
     def total_pt(self, pts: Sequence[float] = DISPLAY_PTS) -> float:
         """Σ rank_k · pts[k] over the 4 ranks (``pts`` = 4 rank points, 1st first)."""
         if len(pts) != 4:
@@ -282,7 +279,6 @@ class Stat:
     yakuman_rate = _ratio('yakuman', 'round')
     nagashi_mangan_rate = _ratio('nagashi_mangan', 'round')
 
-    # ------------------------------------------------------------------ display
     def tensorboard_scalars(self, pts: Sequence[float] = DISPLAY_PTS
                             ) -> dict[str, float | dict[str, float]]:
         """The values Mortal's ``train.py`` writes after a test play, by tag (float: add_scalar, dict: add_scalars)."""

@@ -6,8 +6,7 @@ from typing import Any, Sequence
 
 from mortal.data.mjai_log import BadLogError, is_int, is_seat
 
-# Mortal's yakuman detection threshold (a yakuman ron value; the point includes honba and
-# sticks, so the count is approximate, as in Mortal).
+# Mortal's yakuman threshold (the point includes honba and sticks: approximate, as in Mortal).
 _YAKUMAN_POINT_OYA = 48000
 _YAKUMAN_POINT_KO = 32000
 _NAGASHI_MANGAN_POINT = 8000
@@ -182,7 +181,6 @@ _HANDLERS = {'start_kyoku': _GameCount.start_kyoku, 'dahai': _GameCount.dahai, '
              'ryukyoku': _GameCount.ryukyoku, 'end_kyoku': _GameCount.end_kyoku}
 
 
-# ---------------------------------------------------------------------- field checks
 # Fields only the statistics read (mortal.data.mjai_log.parse_events checked types and actors).
 
 def _seat(ev: dict, key: str, source: str, lineno: int) -> int:

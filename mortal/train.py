@@ -53,8 +53,6 @@ class Trainer:
         self._build_models(cfg)
         self._attach(config, test_player, remote, writer, sleep)
 
-    # -- the loop: epochs, batches, saves ------------------------------------------------------------------------
-
     def run(self) -> None:
         """Online: submit idle parameters, then epochs until a test play ends the process. Offline: one epoch."""
         dev = self.device
@@ -231,8 +229,6 @@ class Trainer:
         """The bar of this save cycle (rank 0; None on the others)."""
         return save_cycle.progress_bar(self.save_every, self.steps) if self.dist.is_main else None
 
-    # -- the intake (mortal.learning.intake) ---------------------------------------------------------------------
-
     def file_list(self) -> tuple:
         """(file_list, player_names) of this epoch: online the claimed logs + ['trainee'], offline the dataset."""
         if self.online:
@@ -245,8 +241,6 @@ class Trainer:
         return learner_loader(self.cfg, self.version, file_list, player_names, ledger,
                               batch_size=batch_size or self.batch_size, num_workers=num_workers,
                               pin_memory=self.device.type == 'cuda')
-
-    # -- the server (mortal.learning.server_traffic) -------------------------------------------------------------
 
     def play_settings(self) -> dict:
         """The play settings sent with the parameters at this step (``server_traffic.play_settings``)."""
@@ -270,8 +264,6 @@ class Trainer:
         """Wait for replays and claim them (``ServerTraffic.drain``); returns the claimed file paths."""
         return self.server.drain(self.steps, self.resubmit)
 
-    # -- the checkpoint (mortal.learning.learner_checkpoint) -----------------------------------------------------
-
     def played(self) -> tuple:
         """The (mortal, dqn) that self-play, test play and best.pth use: the trained ones."""
         return self.mortal, self.dqn
@@ -291,8 +283,6 @@ class Trainer:
     def stop_summary(self) -> str:
         """What this learner, stopped now, keeps and discards (``learner_checkpoint.stop_summary``)."""
         return learner_checkpoint.stop_summary(self.steps, self.saved_steps, self.state_file, self.online)
-
-    # -- construction --------------------------------------------------------------------------------------------
 
     def _read_settings(self, cfg, dist) -> None:
         """The settings this learner reads from ``cfg`` (typed sections)."""

@@ -314,9 +314,7 @@ class _GrpRun:
                         self.save_every, f"{len(self.val_samples):,}")
 
     def progress_line(self) -> str:
-        # Epochs = samples seen / samples in the train logs, with Mortal's rough count of
-        # ~10 kyoku (samples) per game. Mortal prints it x100 as a percent, which reads as
-        # "400.000%" after 4 epochs; epochs say the same thing plainly.
+        # Epochs = samples seen / train samples at Mortal's ~10 kyoku per game (Mortal prints it x100 as a %).
         epochs = self.steps * self.batch_size / (len(self.train_files) * 10)
         return (f"total steps: {self.steps:,} est. {epochs:.2f} epochs ({len(self.train_files):,} train logs, "
                 f"~10 kyoku each)")

@@ -17,8 +17,7 @@ import torch
 
 logger = logging.getLogger('mortal.train')  # the trainer's lines (log format)
 
-# How long a rank waits in a collective (and at the start for the others) before it gives up: the other ranks wait
-# in one while rank 0 test-plays.
+# A rank's wait in a collective; long enough for rank 0's test play, during which the others wait.
 TIMEOUT = timedelta(hours=1)
 
 

@@ -66,8 +66,7 @@ class Guards:
         A player with ``play_units`` is judged by ``[test_play] best_rule`` (a "better" on fewer than ``min_deals``
         deals does not replace best.pth, except the first); one without, by Mortal's rule, driving no guard."""
         t = self.trainer
-        # Nothing to compare with yet (no best.pth, a fresh best_perf): the first test play makes best.pth, as
-        # Mortal's does.
+        # Nothing to compare with yet: the first test play makes best.pth, as Mortal's does.
         first = (not path.exists(t.best_state_file) and not t.best_perf.get('deals')
                  and t.best_perf.get('avg_rank', 4.0) >= INITIAL_BEST_PERF['avg_rank'])
         stat, verdict = self._play(first)

@@ -175,8 +175,7 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
         return True
 
     def hold_state_lock(config) -> None:
-        # The supervisor holds the learner's lock for its whole life, its children run under it: a second trainer
-        # is refused even in the pause between two learners (raises runlock.LockHeld).
+        # Held for the supervisor's whole life: a second trainer is refused even between two learners.
         from mortal.config import typed
         from mortal.util import runlock
         nonlocal child_env

@@ -1,10 +1,8 @@
 """Bounds on a msgpack request checked before it is decoded: a payload of tiny objects must not cost 70 times its
 size in Python objects (``mortal.net.wire.decode_payload``)."""
 
-# What a request may contain, checked before it is decoded (``request_limits``). Decoding builds one Python object
-# per msgpack object, and the smallest of those (an empty list or map: 1 byte) costs about 70 bytes, so a payload of
-# tiny objects would cost 70 times its size. A request is a map of scalars, byte strings and small maps (logs,
-# arch): a few objects, or one name and one log (hundreds of bytes at least) per submitted log.
+# Decoding builds one Python object (~70 bytes) per msgpack object, even a 1-byte one; a request holds a few
+# objects, or a name and a log (hundreds of bytes) per submitted log, so bound the count by the size.
 REQUEST_MIN_OBJECTS = 1024  # objects any request may hold, however short
 REQUEST_BYTES_PER_OBJECT = 256  # beyond them, at least this many payload bytes per object
 REQUEST_MAX_DEPTH = 4  # nesting: the request map, the logs map, its entries (and one more level of slack)

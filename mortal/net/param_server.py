@@ -19,22 +19,16 @@ from mortal.net.replay_store import BadRequest, ReplayStore
 logger = logging.getLogger('mortal.server')  # the server's name (log format)
 
 DEFAULT_MAX_PENDING = 64  # unauthenticated connections at once ([online.server] max_pending_connections)
-# Connections served at once (one thread each), authenticated or not. Beyond it the oldest unauthenticated one is
-# closed to admit a new one, or, when all are authenticated (reading a paced payload, being handled, or being
-# answered at a paced rate), the new one is closed at once and its peer retries.
+# Handler threads at once; beyond it the oldest unauthenticated connection (or else the new one) is closed.
 DEFAULT_MAX_CONNECTIONS = 256
 DEFAULT_PAYLOAD_MIN_RATE = 128 * 1024  # bytes/s a payload must keep ([online.server] payload_min_bytes_per_s)
-# Seconds over which the payload rate is checked: a stalled sender is closed within two of them.
-PAYLOAD_WINDOW = 2.0
-# Payloads up to this size (every request but submit_replay/submit_param) are read within a budget of their own,
-# SMALL_INFLIGHT_BYTES over all connections, so big uploads never delay them.
+PAYLOAD_WINDOW = 2.0  # seconds over which the payload rate is checked: a stall is closed within two
+# Small payloads (all but submit_replay/submit_param) have a budget of their own: big uploads never delay them.
 SMALL_FRAME_BYTES = 64 * 1024
 SMALL_INFLIGHT_BYTES = 8 * 1024 * 1024
-# Seconds a new frame waits before it goes first in line and, when the budget is full, closes the slowest frames
-# holding bytes (ByteBudget).
+# Seconds before a new frame goes first in line and may preempt the slowest frames holding bytes.
 PREEMPT_AFTER = 1.0
-# Connections refused before authentication are logged one by one up to this many per period, then counted, so
-# a flood of hostile connections cannot fill the disk with log lines.
+# Refusals logged one by one per period, then counted: a flood cannot fill the disk with log lines.
 REFUSED_LOG_BURST = 10
 REFUSED_LOG_PERIOD = 60.0  # seconds
 
@@ -90,8 +84,7 @@ class ByteBudget:
                 if end <= now or (held and self._deadlock_victim() is ticket) or (owner and owner.preempted):
                     break
                 if not held and owner is not None and now >= next_preempt:
-                    # waited long enough: first in line (ahead of frames waiting for more, which may not fit even
-                    # when this one does), and preempt what it needs when the budget is full
+                    # waited long enough: first in line, preempting what it needs when the budget is full
                     next_preempt = now + self.preempt_after
                     if self.used + size > self.limit:
                         self._preempt_slowest(now, owner, self.used + size - self.limit)
@@ -264,8 +257,7 @@ class Handler(BaseRequestHandler):
             return {'status': wire.STATUS_ERROR, 'reason': f'internal server error: {type(ex).__name__}: {ex}'}
 
     def _reply(self, sock, peer, reply):
-        # No copy of the reply's large fields (the served parameters): a peer that does not read holds only its
-        # thread, and only for two PAYLOAD_WINDOWs once its socket buffers are full.
+        # No copy of the served parameters: a peer that does not read holds only its thread, for two windows.
         srv = self.server
         try:
             wire.send_paced(sock, wire.encode_pieces(reply, srv.token), min_rate=srv.payload_min_rate,

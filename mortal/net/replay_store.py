@@ -28,8 +28,7 @@ _TMP_PREFIX = '.incoming-'
 UNKNOWN_VERSION = -1
 _GZIP_MAGIC = b'\x1f\x8b'
 _UTF8_BOM = b'\xef\xbb\xbf'
-# Decompressed bytes searched for a log's first line: a start_game line is ~200 bytes, so this is ample, and a
-# gzip bomb costs at most this much.
+# Decompressed bytes searched for a log's first line (~200 bytes): also what a gzip bomb costs at most.
 FIRST_LINE_LIMIT = 64 * 1024
 
 
@@ -132,9 +131,7 @@ def play_settings_of(msg: dict) -> dict:
         raise BadRequest(str(ex)) from None
 
 
-# Seconds after its last submit_param during which a learner's run counts as live: another run's submit_param is
-# refused meanwhile. A learner submits every submit_every steps and at each drained epoch's end; its restarts keep
-# the run (the same host and state file), so this only delays a deliberate switch to another learner.
+# Seconds a learner's run counts as live after its last submit_param (its restarts keep the run).
 LEARNER_LIVENESS = 600.0
 MAX_LEARNER_ID = 1024  # characters of submit_param's 'learner' (it is logged and sent back)
 
@@ -174,8 +171,6 @@ class ReplayStore:
         self.reported_strays = set()
         self.storage_state = {}  # operation -> (errno, exception type) of its current failure; absent when fine
         self.last_drain = time.monotonic()  # when the trainer last asked for a drain (or the store was made)
-
-    # -- requests --------------------------------------------------------------------------------------------
 
     def handle(self, msg: dict) -> dict:
         """Dispatch one decoded request; BadRequest for an unknown type or invalid fields."""
@@ -240,8 +235,6 @@ class ReplayStore:
             'has_param': has_param,
             'server_id': self.server_id,
         }
-
-    # -- parameters and baseline (param_lock) ----------------------------------------------------------------
 
     def _param_reply(self, client_version: int) -> dict:
         """``get_param``'s reply once the buffer has room."""
@@ -339,8 +332,6 @@ class ReplayStore:
             if self.baseline is None:
                 return {'status': wire.STATUS_EMPTY_BASELINE}
             return {'status': wire.STATUS_OK, **self.baseline}
-
-    # -- the replay buffer (dir_lock) ------------------------------------------------------------------------
 
     def reset_dirs(self) -> None:
         """Empty buffer_dir and drain_dir, creating them when missing (logged), as Mortal's server does at start."""
@@ -442,8 +433,6 @@ class ReplayStore:
     def _storage_ok(self, operation: str, message: str) -> None:
         if self.storage_state.pop(operation, None) is not None:
             logger.info('%s', message)
-
-    # -- helpers (dir_lock held) -----------------------------------------------------------------------------
 
     def _report_strays(self, directory: str, known: set) -> None:
         for entry in os.listdir(directory):

@@ -230,8 +230,7 @@ def decode_payload(payload: bytes, limits: Optional[tuple] = None) -> dict:
 
 def _recv_exact(sock: socket.socket, size: int, *, what: str, allow_clean_eof: bool = False,
                 deadline: Optional[float] = None, shown: Optional[tuple] = None) -> bytearray:
-    # Memory grows with the bytes that arrive, not the length claimed. deadline (time.monotonic()): the whole read
-    # ends by then. shown: (offset, total) of this read within the part named in errors.
+    # Memory grows with the bytes that arrive, not the length claimed; shown: (offset, total) for the errors.
     offset, total = shown or (0, size)
     buf = bytearray()
     got = 0
@@ -306,8 +305,7 @@ def recv_payload_paced(sock: socket.socket, header: FrameHeader, *, min_rate: in
             if not ready:
                 raise ProtocolError(f'truncated frame: connection closed after {len(buf)} of {length} payload '
                                     'bytes')
-            # A frame of at most WHOLE_AT_ONCE takes it whole at once; a larger one only what has arrived, so that
-            # trickling in it holds, and waits for, no more than that.
+            # up to WHOLE_AT_ONCE: the whole payload at once; larger: only what has arrived (trickling holds little)
             size = min(length - len(buf), RECV_CHUNK)
             if length > WHOLE_AT_ONCE:
                 size = min(size, _readable(sock) or size)
@@ -466,8 +464,7 @@ class Remote:
             try:
                 send_msg(sock, msg, self.token)
             except OSError as ex:
-                # The server may have answered (e.g. 'unauthorized' after the header) and closed before taking
-                # the whole payload: read that reply if it is there, else report the send error.
+                # The server may have answered (e.g. 'unauthorized') and closed early: read that reply if there.
                 try:
                     reply = recv_msg(sock, self.max_frame_size)
                 except (OSError, ProtocolError):
