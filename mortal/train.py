@@ -21,14 +21,13 @@ from torch import nn  # noqa: F401  (tests reach torch.nn through this module)
 
 from mortal.net import wire
 # INITIAL_BEST_PERF, atomic_torch_save: also this module's API (used through it)
-from mortal.model.checkpoint import (INITIAL_BEST_PERF, CheckpointError, atomic_torch_save,  # noqa: F401
-                                     load_frozen_pair, load_model_pair)
+from mortal.model.checkpoint import INITIAL_BEST_PERF, atomic_torch_save, load_frozen_pair  # noqa: F401
 from mortal.config import typed
 from mortal.config_schema import Online
 from mortal.data.offline_data import offline_mix
 from mortal.learning import distributed, intake, learner_checkpoint, save_cycle
 from mortal.learning.diagnostics import Instruments, batch_q_stats, learner_probe
-from mortal.learning.guards import INITIAL_GUARD, Guards
+from mortal.learning.guards import INITIAL_GUARD, Guards, sync_baseline
 from mortal.learning.loss import LossWeights, learner_loss
 from mortal.learning.optimizer import build_optimizer, optimizer_step
 from mortal.learning.save_cycle import TestPlayDone  # noqa: F401  TestPlayDone: also this module's API
@@ -252,8 +251,8 @@ class Trainer:
         self.server.submit(mortal, dqn, is_idle=is_idle, settings=self.play_settings())
 
     def sync_baseline(self) -> None:
-        """Submit ``[baseline.train] state_file`` to the server for the clients (``mortal.learning.guards.Guards``)."""
-        self.guards.sync_baseline()
+        """Submit ``[baseline.train] state_file`` to the server for the clients (``guards.sync_baseline``)."""
+        sync_baseline(self)
 
     def resubmit(self) -> None:
         """To a server found without parameters (it restarted): the baseline, then the parameters as idle."""
@@ -368,7 +367,7 @@ class Trainer:
         self.server = ServerTraffic(remote, state_file=self.state_file, sleep=sleep, writer=self.writer,
                                     dataset_cfg=self.cfg.dataset, version=self.version,
                                     drain_dir=server.drain_dir if server is not None else None)
-        self.guards = Guards(self)  # test play, best.pth, rollback, baseline sync (mortal/learning/guards.py)
+        self.guards = Guards(self)  # test play, best.pth, rollback (mortal/learning/guards.py)
         self.reset_stats()
         self.anchor = self._load_anchor() if self.anchor_weight > 0 else None
         self.instruments = Instruments(save_every=self.save_every, batch_size=self.batch_size, device=self.device,

@@ -56,8 +56,6 @@ class Guards:
         self.fresh_deals = test_cfg.fresh_deals
         self.min_deals = test_cfg.min_deals
         self.guard_cfg = cfg.guard  # typed [guard]
-        self.rollbacks = Rollback(trainer, self.guard_cfg)
-        self.baselines = BaselineKeeper(trainer)
 
     def test_play(self) -> None:
         """Play ``[test_play] games`` against ``[baseline.test]``, log, judge, maybe replace best.pth, then (online)
@@ -176,123 +174,89 @@ class Guards:
         if g.min_q_gap and q_gap is not None and q_gap < g.min_q_gap:
             reasons.append(f"diag/q_gap {q_gap:.3f} below [guard] min_q_gap {g.min_q_gap}")
         if reasons:
-            self.rollback('; '.join(reasons))
+            rollback(t, g, '; '.join(reasons))
         t.writer.add_scalar('guard/worse_streak', t.guard['worse_streak'], t.steps)
         if t.guard != before:
             t.save()
 
-    def rollback(self, reason: str) -> bool:
-        """``Rollback.run``: restore best.pth into this learner; False (logged) when it cannot."""
-        return self.rollbacks.run(reason)
 
-    def sync_baseline(self) -> None:
-        """``BaselineKeeper.sync``: submit ``[baseline.train] state_file`` to the server."""
-        self.baselines.sync()
+def rollback(t, g, reason: str) -> bool:
+    """Restore best.pth into the learner ``t`` and its ``state_file`` (steps, schedule and ``best_perf`` go on).
 
-
-def _guard_event(t, tag: str, count: int, line: str) -> None:
-    """After a rollback: save, one warning line, the count under ``tag`` and a ``guard/events`` text."""
+    The replaced file is kept as ``<state_file>.<YYYYmmdd-HHMMSS>.rollback`` (the newest ``[guard] keep``, ``g``);
+    lr and the clients' ε are scaled by ``lr_factor``/``epsilon_factor``. False (logged) when best.pth is missing or
+    does not fit."""
+    try:
+        best = load_checkpoint(t.best_state_file, map_location=t.device)
+        for model, entry in ((t.mortal, 'mortal'), (t.dqn, 'current_dqn'), (t.aux_net, 'aux_net')):
+            check_fits_config(model, best[entry], entry=entry, source=t.best_state_file,
+                              ckpt_cfg=best.get('config'), cfg=t.cfg)
+    except Exception as ex:  # missing, corrupt or foreign: the guard must never stop training
+        logger.error('ROLLBACK not possible (%s): %s: %s', reason, type(ex).__name__, ex)
+        return False
+    kept = _keep_replaced(t.state_file, g.keep)
+    for model, entry in ((t.mortal, 'mortal'), (t.dqn, 'current_dqn'), (t.aux_net, 'aux_net')):
+        model.load_state_dict(best[entry])
+    try:
+        if not best.get('optimizer'):
+            raise ValueError('it has none')
+        t.optimizer.load_state_dict(best['optimizer'])
+    except Exception as ex:  # another optimizer layout: the weights still roll back, with fresh moments
+        logger.warning('optimizer state of %s not restored (%s): starting it fresh', t.best_state_file, ex)
+        t.optimizer.state.clear()
+    t.optimizer.zero_grad(set_to_none=True)
+    t.guard.update(rollbacks=t.guard['rollbacks'] + 1, worse_streak=0,
+                   lr_scale=t.guard['lr_scale'] * g.lr_factor,
+                   epsilon_scale=t.guard['epsilon_scale'] * g.epsilon_factor)
+    t.scheduler.refresh()
+    line = (f"ROLLBACK #{t.guard['rollbacks']} at step {t.steps}: {reason}; {t.state_file} restored "
+            f"from {t.best_state_file} (its step {best.get('steps', '?')}), the replaced one kept as {kept}; "
+            f"lr x{t.guard['lr_scale']:g}, epsilon x{t.guard['epsilon_scale']:g}")
     t.save()
     logger.warning('%s', line)
-    t.writer.add_scalar(tag, count, t.steps)
+    t.writer.add_scalar('guard/rollbacks', t.guard['rollbacks'], t.steps)
     t.writer.add_text('guard/events', line, t.steps)
+    return True
 
 
-class Rollback:
-    """The rollback of ``[guard]``: best.pth's weights and optimizer state back into ``trainer``."""
-
-    def __init__(self, trainer, guard_cfg):
-        self.trainer = trainer
-        self.guard_cfg = guard_cfg
-
-    def run(self, reason: str) -> bool:
-        """Restore best.pth into this learner and ``state_file`` (steps, schedule and ``best_perf`` go on).
-
-        The replaced file is kept as ``<state_file>.<YYYYmmdd-HHMMSS>.rollback`` (the newest ``keep``); lr and the
-        clients'
-        ε are scaled by ``lr_factor``/``epsilon_factor``. False (logged) when best.pth is missing or does not fit."""
-        t = self.trainer
-        try:
-            best = load_checkpoint(t.best_state_file, map_location=t.device)
-            for model, entry in ((t.mortal, 'mortal'), (t.dqn, 'current_dqn'), (t.aux_net, 'aux_net')):
-                check_fits_config(model, best[entry], entry=entry, source=t.best_state_file,
-                                  ckpt_cfg=best.get('config'), cfg=t.cfg)
-        except Exception as ex:  # missing, corrupt or foreign: the guard must never stop training
-            logger.error('ROLLBACK not possible (%s): %s: %s', reason, type(ex).__name__, ex)
-            return False
-        kept = self._keep()
-        for model, entry in ((t.mortal, 'mortal'), (t.dqn, 'current_dqn'), (t.aux_net, 'aux_net')):
-            model.load_state_dict(best[entry])
-        try:
-            if not best.get('optimizer'):
-                raise ValueError('it has none')
-            t.optimizer.load_state_dict(best['optimizer'])
-        except Exception as ex:  # another optimizer layout: the weights still roll back, with fresh moments
-            logger.warning('optimizer state of %s not restored (%s): starting it fresh', t.best_state_file, ex)
-            t.optimizer.state.clear()
-        t.optimizer.zero_grad(set_to_none=True)
-        g = self.guard_cfg
-        t.guard.update(rollbacks=t.guard['rollbacks'] + 1, worse_streak=0,
-                       lr_scale=t.guard['lr_scale'] * g.lr_factor,
-                       epsilon_scale=t.guard['epsilon_scale'] * g.epsilon_factor)
-        t.scheduler.refresh()
-        line = (f"ROLLBACK #{t.guard['rollbacks']} at step {t.steps}: {reason}; {t.state_file} restored "
-                f"from {t.best_state_file} (its step {best.get('steps', '?')}), the replaced one kept as {kept}; "
-                f"lr x{t.guard['lr_scale']:g}, epsilon x{t.guard['epsilon_scale']:g}")
-        _guard_event(t, 'guard/rollbacks', t.guard['rollbacks'], line)
-        return True
-
-    def _keep(self) -> str:
-        """Copy ``state_file`` to a new timestamped ``.rollback`` name; remove the oldest beyond ``[guard] keep``."""
-        t = self.trainer
-        kept = stamped_name(t.state_file, datetime.now().strftime('%Y%m%d-%H%M%S'), '.rollback')
-        atomic_copy(t.state_file, kept)
-        old = sorted(glob(f'{glob_escape(t.state_file)}.*.rollback'), key=path.getmtime)
-        for name in old[:-self.guard_cfg.keep]:
-            os.remove(name)
-        return kept
+def _keep_replaced(state_file: str, keep: int) -> str:
+    """Copy ``state_file`` to a new timestamped ``.rollback`` name; remove the oldest beyond ``keep``."""
+    kept = stamped_name(state_file, datetime.now().strftime('%Y%m%d-%H%M%S'), '.rollback')
+    atomic_copy(state_file, kept)
+    old = sorted(glob(f'{glob_escape(state_file)}.*.rollback'), key=path.getmtime)
+    for name in old[:-keep]:
+        os.remove(name)
+    return kept
 
 
-class BaselineKeeper:
-    """The learner's (``trainer``'s) baseline: its sync with the server."""
-
-    def __init__(self, trainer):
-        self.trainer = trainer
-
-    def _baseline_file(self):
-        """``[baseline.train] state_file``; None when the config has no such table."""
-        baseline = self.trainer.cfg.baseline
-        return baseline.train.state_file if baseline is not None and baseline.train is not None else None
-
-    def sync(self) -> None:
-        """Submit ``[baseline.train] state_file`` to the server; new weights bump ``baseline_version``.
-
-        A missing or unusable file, or a refusal, is logged and skipped: clients then play their own file, as
-        Mortal's."""
-        t = self.trainer
-        baseline = self._baseline_file()
-        if not baseline:
-            return
-        try:
-            mortal, dqn, arch = read_baseline(baseline)
-        except (OSError, CheckpointError) as ex:
-            logger.warning('baseline not submitted to the server (clients need their own file): %s', ex)
-            return
-        digest = wire.baseline_digest(mortal, dqn)
-        if digest != t.guard['baseline_digest']:
-            if t.guard['baseline_digest']:
-                t.guard['baseline_version'] += 1
-                logger.info('%s has changed since it was last submitted (rotated by hand?): baseline version %d',
-                            baseline, t.guard['baseline_version'])
-            t.guard['baseline_digest'] = digest
-            if path.exists(t.state_file):
-                t.save()  # the version survives a crash before the next save
-        msg = {'type': 'submit_baseline', 'mortal': wire.pack_state_dict(mortal), 'dqn': wire.pack_state_dict(dqn),
-               'arch': arch, 'baseline_version': t.guard['baseline_version'], 'baseline_digest': digest}
-        try:
-            wire.request_with_retry(t.server.remote, msg, sleep=t.server.sleep)
-        except wire.RequestRefused as ex:  # e.g. an older server: clients keep their own files
-            logger.warning('baseline not submitted to the server: %s', ex)
-            return
-        logger.info('baseline has been submitted (version %d, digest %s)', t.guard['baseline_version'],
-                    digest[:12])
+def sync_baseline(t) -> None:
+    """Submit the learner ``t``'s ``[baseline.train] state_file`` to the server; new weights bump
+    ``baseline_version``. A missing or unusable file, or a refusal, is logged and skipped (clients then play their
+    own file, as Mortal's)."""
+    cfg = t.cfg.baseline
+    baseline = cfg.train.state_file if cfg is not None and cfg.train is not None else None
+    if not baseline:
+        return
+    try:
+        mortal, dqn, arch = read_baseline(baseline)
+    except (OSError, CheckpointError) as ex:
+        logger.warning('baseline not submitted to the server (clients need their own file): %s', ex)
+        return
+    digest = wire.baseline_digest(mortal, dqn)
+    if digest != t.guard['baseline_digest']:
+        if t.guard['baseline_digest']:
+            t.guard['baseline_version'] += 1
+            logger.info('%s has changed since it was last submitted (rotated by hand?): baseline version %d',
+                        baseline, t.guard['baseline_version'])
+        t.guard['baseline_digest'] = digest
+        if path.exists(t.state_file):
+            t.save()  # the version survives a crash before the next save
+    msg = {'type': 'submit_baseline', 'mortal': wire.pack_state_dict(mortal), 'dqn': wire.pack_state_dict(dqn),
+           'arch': arch, 'baseline_version': t.guard['baseline_version'], 'baseline_digest': digest}
+    try:
+        wire.request_with_retry(t.server.remote, msg, sleep=t.server.sleep)
+    except wire.RequestRefused as ex:  # e.g. an older server: clients keep their own files
+        logger.warning('baseline not submitted to the server: %s', ex)
+        return
+    logger.info('baseline has been submitted (version %d, digest %s)', t.guard['baseline_version'],
+                digest[:12])

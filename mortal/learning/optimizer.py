@@ -6,7 +6,6 @@ from __future__ import annotations
 import warnings
 from itertools import chain
 
-import torch
 from torch import nn, optim
 
 from mortal.learning.schedule import LinearWarmUpCosineAnnealingLR
