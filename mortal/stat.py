@@ -136,8 +136,7 @@ class Stat:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_log(cls, log: str | bytes | Iterable[dict | str], seat: int, *,
-                 source: str = '<log>') -> 'Stat':
+    def from_log(cls, log: str | bytes | Iterable[dict | str], seat: int, *, source: str = '<log>') -> 'Stat':
         """Analyse one game (text, bytes or events) for absolute ``seat`` 0-3; returns a Stat with ``game == 1``.
 
         Raises ValueError (bad seat), LogFormatError (malformed log or missing field, naming ``source`` and line)."""
@@ -279,50 +278,32 @@ class Stat:
     yakuman_rate = _ratio('yakuman', 'round')
     nagashi_mangan_rate = _ratio('nagashi_mangan', 'round')
 
-    def tensorboard_scalars(self, pts: Sequence[float] = DISPLAY_PTS
-                            ) -> dict[str, float | dict[str, float]]:
+    def tensorboard_scalars(self, pts: Sequence[float] = DISPLAY_PTS) -> dict[str, float | dict[str, float]]:
         """The values Mortal's ``train.py`` writes after a test play, by tag (float: add_scalar, dict: add_scalars)."""
         return {
             'test_play/avg_ranking': self.avg_rank,
             'test_play/avg_pt': self.avg_pt(pts),
-            'test_play/ranking': {
-                '1st': self.rank_1_rate, '2nd': self.rank_2_rate,
-                '3rd': self.rank_3_rate, '4th': self.rank_4_rate,
-            },
-            'test_play/behavior': {
-                'agari': self.agari_rate, 'houjuu': self.houjuu_rate,
-                'fuuro': self.fuuro_rate, 'riichi': self.riichi_rate,
-            },
-            'test_play/agari_point': {
-                'overall': self.avg_point_per_agari,
-                'riichi': self.avg_point_per_riichi_agari,
-                'fuuro': self.avg_point_per_fuuro_agari,
-                'dama': self.avg_point_per_dama_agari,
-            },
+            'test_play/ranking': {'1st': self.rank_1_rate, '2nd': self.rank_2_rate, '3rd': self.rank_3_rate,
+                                  '4th': self.rank_4_rate},
+            'test_play/behavior': {'agari': self.agari_rate, 'houjuu': self.houjuu_rate, 'fuuro': self.fuuro_rate,
+                                   'riichi': self.riichi_rate},
+            'test_play/agari_point': {'overall': self.avg_point_per_agari, 'riichi': self.avg_point_per_riichi_agari,
+                                      'fuuro': self.avg_point_per_fuuro_agari, 'dama': self.avg_point_per_dama_agari},
             'test_play/houjuu_point': self.avg_point_per_houjuu,
             'test_play/point_per_round': self.avg_point_per_round,
-            'test_play/key_step': {
-                'agari_jun': self.avg_agari_jun,
-                'houjuu_jun': self.avg_houjuu_jun,
-                'riichi_jun': self.avg_riichi_jun,
-            },
-            'test_play/riichi': {
-                'agari_after_riichi': self.agari_rate_after_riichi,
-                'houjuu_after_riichi': self.houjuu_rate_after_riichi,
-                'chasing_riichi': self.chasing_riichi_rate,
-                'riichi_chased': self.riichi_chased_rate,
-            },
+            'test_play/key_step': {'agari_jun': self.avg_agari_jun, 'houjuu_jun': self.avg_houjuu_jun,
+                                   'riichi_jun': self.avg_riichi_jun},
+            'test_play/riichi': {'agari_after_riichi': self.agari_rate_after_riichi,
+                                 'houjuu_after_riichi': self.houjuu_rate_after_riichi,
+                                 'chasing_riichi': self.chasing_riichi_rate, 'riichi_chased': self.riichi_chased_rate},
             'test_play/riichi_point': self.avg_riichi_point,
-            'test_play/fuuro': {
-                'agari_after_fuuro': self.agari_rate_after_fuuro,
-                'houjuu_after_fuuro': self.houjuu_rate_after_fuuro,
-            },
+            'test_play/fuuro': {'agari_after_fuuro': self.agari_rate_after_fuuro,
+                                'houjuu_after_fuuro': self.houjuu_rate_after_fuuro},
             'test_play/fuuro_num': self.avg_fuuro_num,
             'test_play/fuuro_point': self.avg_fuuro_point,
         }
 
-    def write_tensorboard(self, writer: Any, global_step: int,
-                          pts: Sequence[float] = DISPLAY_PTS) -> None:
+    def write_tensorboard(self, writer: Any, global_step: int, pts: Sequence[float] = DISPLAY_PTS) -> None:
         """Write :meth:`tensorboard_scalars` to a ``torch.utils.tensorboard.SummaryWriter``."""
         for tag, value in self.tensorboard_scalars(pts).items():
             if isinstance(value, dict):

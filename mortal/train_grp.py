@@ -225,8 +225,7 @@ def _loader(file_list, batch_size, file_batch_size, num_workers):
                                 drop_last=True, collate_fn=collate))
 
 
-def train(cfg, *, max_steps: int | None = None, num_workers: int = 1, progress: bool = True,
-          patience: int = 0) -> int:
+def train(cfg, *, max_steps: int | None = None, num_workers: int = 1, progress: bool = True, patience: int = 0) -> int:
     """Train with the typed ``[grp]`` table ``cfg``; returns the steps reached (forever, as Mortal, if no max_steps).
 
     Raises TrainGrpInputError (empty file list, unusable ``file_index`` or ``state_file``), NoSamplesError,

@@ -28,8 +28,7 @@ class ServerTraffic:
     (ClaimLedger of the claim folder), ``lost_logs``, ``resubmitted_to`` (server_ids resubmitted to once),
     ``resumed``, ``epoch_drained``."""
 
-    def __init__(self, remote, *, state_file: str, sleep, writer, dataset_cfg=None, version: int = 0,
-                 drain_dir=None):
+    def __init__(self, remote, *, state_file: str, sleep, writer, dataset_cfg=None, version: int = 0, drain_dir=None):
         self.remote = remote
         self.state_file = state_file
         self.sleep = sleep
@@ -51,14 +50,9 @@ class ServerTraffic:
         """Send the weights of ``mortal`` and ``dqn`` with ``settings``, retrying while the server is unreachable.
 
         A refusal is logged as one error line and ends the learner with SystemExit(2): retrying cannot help."""
-        msg = {
-            'type': 'submit_param',
-            'mortal': wire.pack_state_dict(mortal.state_dict()),
-            'dqn': wire.pack_state_dict(dqn.state_dict()),
-            'is_idle': is_idle,
-            'learner': self.learner_id(),
-            **settings,
-        }
+        msg = {'type': 'submit_param', 'mortal': wire.pack_state_dict(mortal.state_dict()),
+               'dqn': wire.pack_state_dict(dqn.state_dict()), 'is_idle': is_idle, 'learner': self.learner_id(),
+               **settings}
         try:
             reply = wire.request_with_retry(self.remote, msg, sleep=self.sleep)
         except wire.RequestRefused as ex:

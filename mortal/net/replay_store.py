@@ -181,20 +181,14 @@ class ReplayStore:
                 _field(msg, 'server_id', (str, type(None)), default=None),
             )
         if kind == 'submit_replay':
-            return self.submit_replay(
-                _field(msg, 'logs', dict),
-                _field(msg, 'param_version', int, default=UNKNOWN_VERSION),
-                _field(msg, 'server_id', (str, type(None)), default=None),
-            )
+            return self.submit_replay(_field(msg, 'logs', dict),
+                                      _field(msg, 'param_version', int, default=UNKNOWN_VERSION),
+                                      _field(msg, 'server_id', (str, type(None)), default=None))
         if kind == 'submit_param':
-            return self.submit_param(
-                _field(msg, 'mortal', bytes),
-                _field(msg, 'dqn', bytes),
-                _field(msg, 'is_idle', bool, default=False),
-                arch_change=_field(msg, 'arch_change', bool, default=False),
-                settings=play_settings_of(msg),
-                learner=_learner_id(msg),
-            )
+            return self.submit_param(_field(msg, 'mortal', bytes), _field(msg, 'dqn', bytes),
+                                     _field(msg, 'is_idle', bool, default=False),
+                                     arch_change=_field(msg, 'arch_change', bool, default=False),
+                                     settings=play_settings_of(msg), learner=_learner_id(msg))
         if kind == 'drain':
             return self.drain()
         if kind == 'submit_baseline':
@@ -225,16 +219,9 @@ class ReplayStore:
             return delivered  # the 'error' reply of a disk failure
         moved = [name for name, _ in delivered]
         versions = [version for _, version in delivered]
-        return {
-            'status': wire.STATUS_OK,
-            'count': len(moved),
-            'drain_dir': self.drain_dir,
-            'files': moved,
-            'param_versions': versions,
-            'param_version': current,
-            'has_param': has_param,
-            'server_id': self.server_id,
-        }
+        return {'status': wire.STATUS_OK, 'count': len(moved), 'drain_dir': self.drain_dir, 'files': moved,
+                'param_versions': versions, 'param_version': current, 'has_param': has_param,
+                'server_id': self.server_id}
 
     def _param_reply(self, client_version: int) -> dict:
         """``get_param``'s reply once the buffer has room."""
@@ -243,15 +230,9 @@ class ReplayStore:
                 return {'status': wire.STATUS_EMPTY_PARAM}
             if self.force_sequential and self.idle_param_version <= client_version:
                 return {'status': wire.STATUS_BUSY}
-            return {
-                'status': wire.STATUS_OK,
-                'mortal': self.mortal_param,
-                'dqn': self.dqn_param,
-                'param_version': self.param_version,
-                'server_id': self.server_id,
-                **self.play_settings,
-                **({'baseline_digest': self.baseline['baseline_digest']} if self.baseline else {}),
-            }
+            return {'status': wire.STATUS_OK, 'mortal': self.mortal_param, 'dqn': self.dqn_param,
+                    'param_version': self.param_version, 'server_id': self.server_id, **self.play_settings,
+                    **({'baseline_digest': self.baseline['baseline_digest']} if self.baseline else {})}
 
     def submit_param(self, mortal: bytes, dqn: bytes, is_idle: bool, *, arch_change: bool = False,
                      settings: Optional[dict] = None, learner: Optional[str] = None) -> dict:
