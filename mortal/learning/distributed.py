@@ -71,14 +71,13 @@ class NullWriter:
 
 
 class Single:
-    """One process (no torchrun): every method leaves things as they are. ``rank`` 0, ``size`` 1."""
+    """One process (no torchrun): every method leaves things as they are (``Distributed`` documents them)."""
 
     rank = 0
     size = 1
     is_main = True
 
     def device(self, name: str) -> torch.device:
-        """The training device: ``torch.device(name)`` (``[control] device``)."""
         return torch.device(name)
 
     def writer(self, log_dir: str):
@@ -89,34 +88,28 @@ class Single:
         return SummaryWriter(log_dir)
 
     def wrap(self, models: tuple) -> tuple:
-        """The modules that train: ``models`` themselves."""
         return tuple(models)
 
     def no_sync(self, wrapped: tuple, sync: bool):
-        """A context for one forward + backward pass; nothing to defer here."""
         return contextlib.nullcontext()
 
     def from_main(self, make):
-        """``make()``."""
         return make()
 
     def shard(self, files: list) -> list:
-        """All of ``files``."""
         return files
 
     def batches(self, batches: Iterable) -> Iterable:
-        """``batches`` as they are."""
         return batches
 
     def average(self, values: dict) -> dict:
-        """``values`` as they are."""
         return values
 
     def sync_buffers(self, models) -> None:
-        """Nothing to copy."""
+        pass
 
     def close(self) -> None:
-        """Nothing to leave."""
+        pass
 
 
 SINGLE = Single()
