@@ -194,9 +194,14 @@ def _print_play(runs: list, hanchan: int, args) -> None:
             k[0] += forked
             k[1] += sc
     scenes = sum(sc for _, sc in kinds.values())
+    # the extra seconds, shared out by the scenes each kind's branches decided, in hanchan played without branches
+    extra = sum(cf['seconds'] - base['seconds'] for base, cf in runs)
+    per_hanchan = sum(base['seconds'] for base, _ in runs) / (hanchan * len(runs))
     for kind, (forked, sc) in sorted(kinds.items()):
+        cost = extra * sc / max(scenes, 1) / per_hanchan
         print(f"  {kind:14} {forked:6d} branches ({forked / (hanchan * len(runs)):.2f} a hanchan), {sc:7d} scenes, "
-              f"~{100 * share.mean() * sc / max(scenes, 1):.1f}% of the CPU")
+              f"~{100 * share.mean() * sc / max(scenes, 1):.1f}% of the CPU, {cost:.1f} hanchan "
+              f"({100 * cost / max(forked, 1):.1f} per 100 branches)")
 
 
 def main(argv=None):
