@@ -152,6 +152,43 @@ def test_fork_draws_only_at_contested_decisions():
     assert _draws(none, _meta({43: 0.5, 45: 1.0}), quiet, contested=True) == 0
 
 
+class FakeBranch:
+    """Stands for ``_Branch``: the seats its table asks next are ``FakeBranch.next_seats``."""
+    next_seats = ()
+
+    def __init__(self, parent, seat, meta, action, actions):
+        self.done, self.cancelled, self.action = False, False, action
+        self.obs = dict.fromkeys(FakeBranch.next_seats)
+
+    def cancel(self):
+        self.cancelled = True
+
+
+def test_a_pass_forks_only_when_the_branch_executes_its_call(monkeypatch):
+    import mortal.play.counterfactual as cf_mod
+    monkeypatch.setattr(cf_mod, "_Branch", FakeBranch)
+    monkeypatch.setattr(cf_mod, "reaction_from_index", lambda state, index: {"type": "pon"})
+    history = _riichi_kyoku()[:3]
+    dec = SimpleNamespace(reaction={"type": "none"}, meta=_meta({41: 0.5, 45: 1.0}))
+
+    def game():
+        return SimpleNamespace(split="a", history=[history, [], [], []], states=[None] * 4, branches=set(),
+                               new_branches=[], pass_metas=[[], [], [], []],
+                               obs={0: SimpleNamespace(select_action_from_mjai=lambda reaction: "pon")})
+
+    # another seat acts next on the branch's table (its pon or ron came first): the pon was not executed
+    FakeBranch.next_seats = (2,)
+    g = game()
+    assert fork(g, {0: dec}, {}, rate=1.0, rng=random.Random(0), contested=True) is None
+    assert g.new_branches == [] and g.pass_metas == [[], [], [], []]
+    # the caller acts next: the branch forks, and the pass's record waits for the log at the answered event
+    FakeBranch.next_seats = (0,)
+    g = game()
+    b = fork(g, {0: dec}, {}, rate=1.0, rng=random.Random(0), contested=True)
+    assert b is not None and b.action == 41 and b.kind == "pass->call" and g.new_branches == [b]
+    assert g.pass_metas[0] == [(2, {"actor": 0, "meta": dec.meta})]
+
+
 # ---------------------------------------------------------------- a pass's branch in the log and the loader
 
 
