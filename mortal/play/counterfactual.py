@@ -118,6 +118,8 @@ def riichi_genbutsu(events, seat: int) -> frozenset | None:
     such an opponent when the opponent discarded it this kyoku, or anyone discarded it after the opponent's
     ``reach_accepted`` (no ron came, else the kyoku would have ended). None when no opponent's riichi is accepted.
     A simple rule: no suji, no kabe, no tiles safe by counting."""
+    if all(isinstance(ev, str) and '"reach_accepted"' not in ev for ev in events):
+        return None  # most discards: nobody's riichi, nothing to parse
     discards = [set() for _ in range(4)]
     passed: dict[int, set] = {}  # riichi opponent -> kinds discarded after its riichi
     for ev in events:
