@@ -164,11 +164,13 @@ class TrainPlay(Section):
         "a clone of the table (same wall) where the trainee takes its highest-Q other legal action, played by the "
         "same agents to the end of the kyoku, its outcome logged in the decision's meta.counterfactual for "
         "[online] counterfactual_weight (0 = off, as Mortal; needs stateless agents of version 1-3)", 0.0)
-    counterfactual_alternative: Annotated[Str, _one_of(('best', 'other_kind'))] = key(
-        "extra: the action a counterfactual branch takes: 'best' (the trainee's highest-Q other legal action) or "
+    counterfactual_alternative: Annotated[Str, _one_of(('best', 'other_kind', 'contested'))] = key(
+        "extra: the action a counterfactual branch takes: 'best' (the trainee's highest-Q other legal action), "
         "'other_kind' (its highest-Q legal action of another kind: the pass for a call, riichi for a discard, a "
-        "discard for a riichi; decisions without one fork nothing, and counterfactual_rate is the share of those that "
-        "have one)", 'best')
+        "discard for a riichi) or 'contested' (only where the decision is contested, the other side: riichi vs the "
+        "best dama discard, a call vs the pass (passes fork too), and after an opponent's riichi an unsafe discard "
+        "vs the best genbutsu one; never at other discards); decisions without one fork nothing, and "
+        "counterfactual_rate is the share of those that have one", 'best')
 
 
 class TestPlay(Section):

@@ -39,7 +39,9 @@ MEASURED = {
                                                   '`bench/gpu.sh --arena`',
     ('train_play.<profile>', 'counterfactual_rate'): _CF,
     ('train_play.<profile>', 'counterfactual_alternative'): 'docs/learning.md part 2: `other_kind` is the arm that '
-                                                            'taught riichi on `no-riichi` (above)',
+                                                            'taught riichi on `no-riichi` (above); `contested`: '
+                                                            'docs/learning.md, "Branches where the decision is '
+                                                            'contested" (the gaps by kind and reward, the CPU share)',
     ('test_play', 'best_rule'): 'docs/operations.md, "Paired test play": `bench/sprt_cost.py` (both rules call an '
                                 'equal model better about 3% of the time; the SPRT plays 11-63% of a fixed test '
                                 'play on a model that is not better); the 2-hour run\'s SPRT pick is −0.160 ± 0.051 '

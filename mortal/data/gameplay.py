@@ -286,7 +286,20 @@ def _counterfactual(ev: dict, seat: int, kept: list):
     action outside 0-45) is None too, counted in ``kept[0]``: a bad record never rejects the log."""
     if ev.get("actor") != seat or ev["type"] not in _CF_TYPES:
         return None
-    meta = ev.get("meta")
+    return _cf_record(ev.get("meta"), kept)
+
+
+def _pass_counterfactual(ev: dict, seat: int, kept: list):
+    """As ``_counterfactual``, for ``seat``'s pass on the event ``ev`` it answered: the arena logs a pass that
+    forked a branch (``counterfactual_alternative = 'contested'``) on that event as ``"pass": {"actor": seat,
+    "meta": {..., "counterfactual": ...}}`` (``mortal.play.log_writer.kyoku_lines``)."""
+    rec = ev.get("pass")
+    if not isinstance(rec, dict) or rec.get("actor") != seat:
+        return None
+    return _cf_record(rec.get("meta"), kept)
+
+
+def _cf_record(meta, kept: list):
     cf = meta.get("counterfactual") if isinstance(meta, dict) else None
     if cf is None:
         return None
@@ -436,7 +449,10 @@ class GameplayLoader:
                                   f"{type(e).__name__}: {e}", log.line_numbers[nxt_idx]) from None
             if label is None:
                 continue
-            cf = _counterfactual(events[nxt_idx], seat, bad_cf) if has_cf else None
+            cf = None
+            if has_cf:
+                cf = (_pass_counterfactual(events[i], seat, bad_cf) if label == PASS
+                      else _counterfactual(events[nxt_idx], seat, bad_cf))
             rec.add(state, False, label, kyoku_idx, log, i, nxt_idx, enc, cf)
             if kan is not None:
                 rec.add(state, True, kan, kyoku_idx, log, i, nxt_idx, enc)

@@ -16,14 +16,15 @@ import os
 import random
 
 from mortal.play.agent import make_agent, needs_v4_encoder
-from mortal.play.counterfactual import _Branch, counterfactual_action, fork, kind_group  # noqa: F401 (re-exported)
+from mortal.play.counterfactual import (  # noqa: F401 (re-exported)
+    CONTESTED_KINDS, _Branch, contested_action, counterfactual_action, fork, kind_group, riichi_genbutsu)
 from mortal.play.game import SPLITS, ArenaError, StatePanic, _feed, _Game, kyoku_wall, tenhou_rule  # noqa: F401
 from mortal.play.lockstep import _LockStep
 from mortal.play.log_writer import LogWriter
 
 logger = logging.getLogger('mortal.arena')  # the name before the package split (log format)
 
-COUNTERFACTUAL_ALTERNATIVES = ("best", "other_kind")
+COUNTERFACTUAL_ALTERNATIVES = ("best", "other_kind", "contested")
 _CF_WARNED = False  # the warning that counterfactual branches cannot be played was logged
 
 
@@ -51,8 +52,11 @@ class OneVsThree:
             warning). A game's log is written once all its branches have ended. ``counterfactual``: counts of the
             last run. ``counterfactual_seed``: seeds the per-game draws. ``counterfactual_alternative``: 'best'
             (the highest-Q other legal action) or 'other_kind' (the highest-Q legal action of another kind: a
-            decision with none, one discard among others, forks nothing); the rate is that of the decisions
-            that have such an alternative.
+            decision with none, one discard among others, forks nothing) or 'contested' (only riichi vs dama,
+            call vs pass and, after an opponent's riichi, push vs fold, with the other side as the alternative:
+            ``mortal.play.counterfactual.contested_action``; passes fork too); the rate is that of the decisions
+            that have such an alternative. ``counterfactual_kinds``: under 'contested', per kind
+            (``CONTESTED_KINDS``), ``[forked, scenes]`` of the last run.
     """
 
     def __init__(self, *, disable_progress_bar: bool = False, log_dir: str | None = None,
@@ -73,6 +77,7 @@ class OneVsThree:
         # counterfactual branches of the last run: forked, outcome recorded, dropped (call not executed), the
         # scenes their agents decided
         self.counterfactual = {"forked": 0, "recorded": 0, "dropped": 0, "scenes": 0}
+        self.counterfactual_kinds: dict = {}
         self.last_games: list = []  # (nonce, key, split, final scores, rank_by_player) of the last run
         # (nonce, key, split, reason) of the last run's games ended as failed (StatePanic), left out of the above
         self.failed_games: list = []
@@ -96,7 +101,8 @@ class OneVsThree:
         for g in games:
             g.fork = functools.partial(fork, rate=self.counterfactual_rate,
                                        rng=random.Random(f"{self.counterfactual_seed}:{g.nonce}:{g.key}:{g.split}"),
-                                       other_kind=self.counterfactual_alternative == "other_kind")
+                                       other_kind=self.counterfactual_alternative == "other_kind",
+                                       contested=self.counterfactual_alternative == "contested")
 
     def py_vs_py(self, challenger, champion, seed_start: tuple[int, int], seed_count: int) -> list[int]:
         """Play ``4 * seed_count`` hanchan, all in flight: nonces ``seed_start[0] …
@@ -149,6 +155,7 @@ class OneVsThree:
         self.failed_games = []
         self.speculated = [0, 0]
         self.counterfactual = dict.fromkeys(self.counterfactual, 0)
+        self.counterfactual_kinds = {}
         self._enable_counterfactuals(games, (chal, champ))
         with LogWriter() as self._logs:  # every log is on disk when py_vs_py returns
             rankings = _LockStep(self, games, chal, champ).run()

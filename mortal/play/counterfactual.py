@@ -5,13 +5,15 @@ paired target). ``fork`` makes one, ``_Branch`` plays it, ``counterfactual_actio
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
 
 from mjai.mlibriichi.state import PlayerState
 
-from mortal.features.action import action_kind, event_to_label
+from mortal.features.action import CHI_LOW, KAN, PASS, RIICHI, action_kind, event_to_label
+from mortal.features.tile import deaka, tile_id
 from mortal.play.agent import reaction_from_index
 from mortal.play.game import SPLITS, ArenaError, StatePanic, _feed, _Game
 from mortal.play.kyoku_flow import final_scores, kyoku_result_from_events, next_kyoku
@@ -28,6 +30,28 @@ def kind_group(index: int) -> str:
     return "call" if kind in ("chi", "pon") else kind
 
 
+def _legal_q(meta: dict) -> list | None:
+    """``[(index, Q), ...]`` of a decision's meta (its legal actions in index order), or None when the meta has no
+    mask bits and Q values that agree, or a Q value that is not a finite number."""
+    bits = meta.get("mask_bits")
+    q = meta.get("q_values")
+    if not isinstance(bits, int) or not isinstance(q, list):
+        return None
+    legal = [i for i in range(46) if bits >> i & 1]
+    if len(legal) != len(q) or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in q):
+        return None
+    return list(zip(legal, q))
+
+
+def _best(pairs) -> int | None:
+    """The index of the highest Q of ``(index, Q)`` pairs in index order (ties to the lower index), None if none."""
+    best = None
+    for i, v in pairs:
+        if best is None or v > best[1]:
+            best = (i, v)
+    return None if best is None else best[0]
+
+
 def counterfactual_action(meta: dict, taken: int, *, other_kind: bool = False) -> int | None:
     """The action a counterfactual branch forces: the legal action (Mortal index 0-45, legal in
     ``meta["mask_bits"]``) with the highest Q in ``meta["q_values"]`` (the legal actions' Q in index order,
@@ -36,20 +60,84 @@ def counterfactual_action(meta: dict, taken: int, *, other_kind: bool = False) -
     never one discard for another, nor a chi for a pon). Ties to the lower index; None without one, or for a meta
     whose Q values are not finite numbers.
     """
-    bits = meta.get("mask_bits")
-    q = meta.get("q_values")
-    if not isinstance(bits, int) or not isinstance(q, list):
+    pairs = _legal_q(meta)
+    if pairs is None:
         return None
-    legal = [i for i in range(46) if bits >> i & 1]
-    if len(legal) != len(q) or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in q):
+    return _best((i, v) for i, v in pairs
+                 if i != taken and not (other_kind and kind_group(i) == kind_group(taken)))
+
+
+CONTESTED_KINDS = ("riichi->dama", "dama->riichi", "call->pass", "pass->call", "push->fold", "fold->push")
+
+
+def contested_action(meta: dict, taken: int, safe: frozenset | None = None) -> tuple[str, int] | None:
+    """The alternative of a contested decision (``counterfactual_alternative = 'contested'``): ``(kind, action)``
+    with ``kind`` one of ``CONTESTED_KINDS`` and ``action`` a legal Mortal index 0-45 of ``meta`` (as
+    ``counterfactual_action``), or None when the decision is not contested or has no such alternative.
+
+    * riichi legal (37): riichi taken -> the highest-Q discard (0-36), 'riichi->dama'; a discard taken -> riichi,
+      'dama->riichi';
+    * a call offered (the pass 45 and a chi, pon or daiminkan 38-42 legal): a call taken -> the pass,
+      'call->pass'; the pass taken -> the highest-Q call, 'pass->call';
+    * else a discard taken while an opponent's riichi is accepted (``safe``: the tile kinds 0-33 that are genbutsu
+      against every such opponent, ``riichi_genbutsu``; None when there is none): an unsafe tile taken -> the
+      highest-Q safe discard, 'push->fold'; a safe tile taken -> the highest-Q unsafe discard, 'fold->push'.
+
+    Any other decision (an ordinary discard, a kan, a hora) is not contested.
+    """
+    pairs = _legal_q(meta)
+    if pairs is None:
         return None
-    best = None
-    for i, v in zip(legal, q):
-        if i == taken or (other_kind and kind_group(i) == kind_group(taken)):
-            continue
-        if best is None or v > best[1]:
-            best = (i, v)
-    return None if best is None else best[0]
+    legal = {i for i, _ in pairs}
+    if RIICHI in legal:
+        if taken == RIICHI:
+            kind, alt = "riichi->dama", _best((i, v) for i, v in pairs if i < RIICHI)
+        elif taken < RIICHI:
+            kind, alt = "dama->riichi", RIICHI
+        else:
+            return None
+    elif PASS in legal and any(CHI_LOW <= i <= KAN for i in legal):
+        if CHI_LOW <= taken <= KAN:
+            kind, alt = "call->pass", PASS
+        elif taken == PASS:
+            kind, alt = "pass->call", _best((i, v) for i, v in pairs if CHI_LOW <= i <= KAN)
+        else:
+            return None
+    elif safe is not None and taken < RIICHI:
+        taken_safe = deaka(taken) in safe
+        kind = "fold->push" if taken_safe else "push->fold"
+        alt = _best((i, v) for i, v in pairs if i < RIICHI and i != taken and (deaka(i) in safe) != taken_safe)
+    else:
+        return None
+    return None if alt is None else (kind, alt)
+
+
+def riichi_genbutsu(events, seat: int) -> frozenset | None:
+    """The tile kinds (0-33, red fives as plain) that are genbutsu against every opponent of ``seat`` whose riichi
+    is accepted, from one seat's events of the kyoku (mjai JSON text or dicts, in order): a kind is safe against
+    such an opponent when the opponent discarded it this kyoku, or anyone discarded it after the opponent's
+    ``reach_accepted`` (no ron came, else the kyoku would have ended). None when no opponent's riichi is accepted.
+    A simple rule: no suji, no kabe, no tiles safe by counting."""
+    if all(isinstance(ev, str) and '"reach_accepted"' not in ev for ev in events):
+        return None  # most discards: nobody's riichi, nothing to parse
+    discards = [set() for _ in range(4)]
+    passed: dict[int, set] = {}  # riichi opponent -> kinds discarded after its riichi
+    for ev in events:
+        if isinstance(ev, str):
+            if '"dahai"' not in ev and '"reach_accepted"' not in ev:
+                continue
+            ev = json.loads(ev)
+        ty = ev.get("type")
+        if ty == "dahai":
+            k = deaka(tile_id(ev["pai"]))
+            discards[ev["actor"]].add(k)
+            for s in passed.values():
+                s.add(k)
+        elif ty == "reach_accepted" and ev["actor"] != seat:
+            passed.setdefault(ev["actor"], set())
+    if not passed:
+        return None
+    return frozenset.intersection(*(frozenset(discards[o] | p) for o, p in passed.items()))
 
 
 class _Branch(_Game):
@@ -64,6 +152,7 @@ class _Branch(_Game):
     def __init__(self, parent: _Game, seat: int, meta: dict, action: int, actions: dict):
         self.gid = -1  # given by the arena loop
         self.parent, self.seat, self.meta, self.action = parent, seat, meta, action
+        self.kind = None  # the contested kind (CONTESTED_KINDS) under 'contested', set by fork
         self.nonce, self.key, self.split = parent.nonce, parent.key, parent.split
         self.agents, self.names = parent.agents, parent.names
         self.v4_seats = [False] * 4
@@ -122,20 +211,40 @@ class _Branch(_Game):
         self.parent.branches.discard(self)
 
 
-def fork(self: _Game, decisions: dict, actions: dict, *, rate: float, rng: random.Random, other_kind: bool = False):
+def _contested(game: _Game, seat: int, meta: dict, taken: int) -> tuple[str, int] | None:
+    """``contested_action`` of the challenger's decision in ``game``; the genbutsu (from the seat's events of the
+    kyoku) only for a discard that neither riichi nor a call makes contested."""
+    bits = meta.get("mask_bits")
+    safe = None
+    if taken < RIICHI and isinstance(bits, int) and not bits >> RIICHI & 1 and not bits >> PASS & 1:
+        safe = riichi_genbutsu(game.history[seat], seat)
+    return contested_action(meta, taken, safe)
+
+
+def fork(self: _Game, decisions: dict, actions: dict, *, rate: float, rng: random.Random, other_kind: bool = False,
+         contested: bool = False):
     """Maybe fork a counterfactual branch at this step, before the table takes ``actions`` (see
     ``OneVsThree``'s ``counterfactual_rate``) of the game ``self``: with probability ``rate`` (drawn from
     ``rng``), when the challenger seat acts here by a logged reaction (``REACTION_TYPES``) without a kan-select
     evaluation and has another legal action (of another kind with ``other_kind``), a clone of the table takes the
-    other seats' same actions and the challenger's best such action (``counterfactual_action``). Returns the ``_Branch`` (also in the game's
-    ``branches`` and ``new_branches``) or None."""
+    other seats' same actions and the challenger's best such action (``counterfactual_action``). With
+    ``contested``, only at a contested decision (``contested_action``; a pass counts), with its alternative; a call
+    the branch's table does not execute (another seat's pon or ron comes first) forks nothing, and a pass's meta
+    is logged on the event it answered (``kyoku_lines``). Returns the ``_Branch`` (also in the game's ``branches``
+    and ``new_branches``) or None."""
     seat = SPLITS.index(self.split)
     dec = decisions.get(seat)
-    if dec is None or dec.reaction.get("type") not in REACTION_TYPES or not isinstance(dec.meta, dict) \
-            or "kan_select" in dec.meta:
+    if dec is None or not isinstance(dec.meta, dict) or "kan_select" in dec.meta:
+        return None
+    rtype = dec.reaction.get("type")
+    if rtype not in REACTION_TYPES and not (contested and rtype == "none"):
         return None
     taken = event_to_label(dec.reaction)
-    alt = counterfactual_action(dec.meta, taken, other_kind=other_kind)
+    if contested:
+        found = _contested(self, seat, dec.meta, taken)
+        kind, alt = found if found is not None else (None, None)
+    else:
+        kind, alt = None, counterfactual_action(dec.meta, taken, other_kind=other_kind)
     # the draw comes after the eligibility: the rate is that of the decisions that have an alternative
     if alt is None or rng.random() >= rate:
         return None
@@ -152,6 +261,12 @@ def fork(self: _Game, decisions: dict, actions: dict, *, rate: float, rng: rando
         # the branch's own step broke a state: no branch (the real game is unaffected)
         logger.warning("%s (counterfactual branch): %s; no branch forked", self.label(), e)
         return None
+    branch.kind = kind
+    if kind == "pass->call" and (branch.done or seat not in branch.obs):
+        branch.cancel()  # the call was not executed: the branch would replay the pass
+        return None
+    if rtype == "none":  # logged on the answered event, its last in the seat's view (views are index-aligned)
+        self.pass_metas[seat].append((len(self.history[seat]) - 1, {"actor": seat, "meta": dec.meta}))
     if not branch.done:  # a branch whose kyoku ended at once has recorded already
         self.branches.add(branch)
     self.new_branches.append(branch)

@@ -119,6 +119,7 @@ class _Game:
         self.ranks: list[int] | None = None
         self.substeps = 0
         self.meta_queue: list[list] = []
+        self.pass_metas: list[list] = []
         # the lock-step loop's (mortal.play.lockstep): per seat, the agari guard's switch and the agent's queue of
         # pending scenes; the scenes of this step not yet decided; the decisions of this step and of its
         # speculative continuation
@@ -146,6 +147,7 @@ class _Game:
         # fresh per kyoku like the states (the encoder also resets itself at start_kyoku)
         self.encoders = [V4Encoder(s) if self.v4_seats[s] else None for s in range(4)]
         self.meta_queue = [[] for _ in range(4)]
+        self.pass_metas = [[] for _ in range(4)]  # per seat, (view index, record) of its passes that forked
         self.substeps = 0
         # A fresh table every kyoku also sends each seat a start_game before its start_kyoku, which resets an mjai
         # bot: mjai's Bot keeps its call, discard and dora events from start_game on (its Match sends one a
@@ -290,7 +292,7 @@ class _Game:
         self._catch_up()
         waiting = {id(b.meta) for b in self.branches}  # metas a counterfactual branch still running writes into
         try:
-            lines, results = kyoku_lines(self.history, self.meta_queue, waiting)
+            lines, results = kyoku_lines(self.history, self.meta_queue, waiting, self.pass_metas)
         except ValueError as e:
             raise ArenaError(f"{self.label()}: {e}") from None
         self.lines.extend(lines)

@@ -116,6 +116,8 @@ class _LockStep:
             queues[sc.seat].append(sc)
         if isinstance(g, _Branch):
             self.arena.counterfactual["scenes"] += len(scenes)
+            if g.kind is not None:
+                self.arena.counterfactual_kinds.setdefault(g.kind, [0, 0])[1] += len(scenes)
         if self.arena.speculate_passes:
             spec = g.speculate(g.guard)
             self.arena.speculated[0] += len(spec)
@@ -143,6 +145,8 @@ class _LockStep:
         counts = self.arena.counterfactual
         for b in g.new_branches:
             counts["forked"] += 1
+            if b.kind is not None:
+                self.arena.counterfactual_kinds.setdefault(b.kind, [0, 0])[0] += 1
             if b.done:
                 counts["recorded"] += not b.cancelled
                 continue

@@ -40,7 +40,8 @@ def _event_type(line: str) -> str:
     return line[i:line.index('"', i)]
 
 
-def kyoku_lines(views: list[list[str]], meta_queues: list[list], waiting=frozenset()) -> tuple[list, list[dict]]:
+def kyoku_lines(views: list[list[str]], meta_queues: list[list], waiting=frozenset(),
+                pass_metas=()) -> tuple[list, list[dict]]:
     """One kyoku's log lines from the seats' masked events, and its result events.
 
     ``views``: per seat 0-3, every event (JSON text, as ``riichienv`` gives it: compact, keys sorted) the seat saw
@@ -49,7 +50,10 @@ def kyoku_lines(views: list[list[str]], meta_queues: list[list], waiting=frozens
     the ``[reaction dict, meta or None]`` of its logged reactions (``REACTION_TYPES``) in order; each is checked
     against its event (type, ``pai``), and a meta is appended to the line as its last key, ``"meta"``. A meta whose
     ``id`` is in ``waiting`` (a counterfactual branch will still write into it) stays a ``(line without its closing
-    brace, meta)`` pair until ``render_line``.
+    brace, meta)`` pair until ``render_line``. ``pass_metas``: per seat, ``(view index, {"actor": seat, "meta":
+    meta})`` of its passes that forked a counterfactual branch (``counterfactual_alternative = 'contested'``; a pass
+    has no event of its own): each is appended to the line of the event it answered as the key ``"pass"``, once its
+    meta has a ``counterfactual`` (or while a branch may still write one: a ``(head, record, "pass")`` triple).
 
     Returns:
         (lines, the ``hora`` / ``ryukyoku`` / ``reach_accepted`` events as dicts, for ``kyoku_result_from_events``).
@@ -58,6 +62,7 @@ def kyoku_lines(views: list[list[str]], meta_queues: list[list], waiting=frozens
         ValueError: a logged reaction that is not the one submitted (names the seat).
     """
     back = max(views, key=len)
+    passes = {i: rec for q in pass_metas for i, rec in q}
     queues = [iter(q) for q in meta_queues]
     lines, results = [], []
     for i, line in enumerate(back):
@@ -81,6 +86,12 @@ def kyoku_lines(views: list[list[str]], meta_queues: list[list], waiting=frozens
             results.append(json.loads(line))
         elif ty in ("start_game", "end_game"):
             continue
+        rec = passes.get(i)
+        if rec is not None and isinstance(line, str):
+            if id(rec["meta"]) in waiting:
+                line = (line[:-1], rec, "pass")
+            elif "counterfactual" in rec["meta"]:
+                line = f'{line[:-1]},"pass":{dumps(rec)}}}'
         lines.append(line)
     return lines, results
 
@@ -91,8 +102,11 @@ def kyoku_results(views: list[list[str]]) -> list[dict]:
 
 
 def render_line(line) -> str:
-    """A log line of ``kyoku_lines`` as text (a ``(head, meta)`` pair gets its meta now)."""
-    return line if isinstance(line, str) else f'{line[0]},"meta":{dumps(line[1])}}}'
+    """A log line of ``kyoku_lines`` as text (a ``(head, meta)`` pair gets its meta now, a ``(head, record, key)``
+    triple its record under ``key``)."""
+    if isinstance(line, str):
+        return line
+    return f'{line[0]},"{line[2] if len(line) > 2 else "meta"}":{dumps(line[1])}}}'
 
 
 class LogWriter:
