@@ -1,12 +1,6 @@
-"""Loading and validating the TOML configuration shared by every process.
-
-The file is Mortal's ``config.toml`` layout; every key of Mortal's ``config.example.toml`` has Mortal's meaning, plus
-the documented extras (docs/config.md). :func:`load_config` returns the plain nested dict Mortal uses
-(``config['control']['version']``), defaults filled in, so it can be stored as a checkpoint's ``state['config']``;
-:func:`typed` reads it as typed sections. Each process loads it once in ``main()``, passing the ``*_SECTIONS`` it
-needs as ``required``. Every error names the key and the file; problems that would not crash but would make a run
-misbehave (a buffer that can never fill, unknown keys) are logged as warnings.
-"""
+"""Loading and validating the TOML configuration shared by every process (Mortal's ``config.toml`` layout
+plus the extras of docs/config.md). ``load_config`` returns the plain nested dict, defaults filled; ``typed``
+reads it as typed sections. Errors name the key and the file; likely misconfigurations are logged as warnings."""
 
 from __future__ import annotations
 
@@ -75,10 +69,9 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class EnvOverrides:
-    """The environment variables that steer a process, read once at start-up (``mortal.entry.start``):
-    ``config_path`` (``MORTAL_CFG``, else ``config.toml``), ``profile`` (``TRAIN_PLAY_PROFILE``, the
-    ``[train_play.<profile>]`` a client plays, else ``default``) and ``sp_threads`` (``MORTAL_SP_THREADS``, threads
-    of the version-4 single-player search; None: unset or not a positive integer, the default applies)."""
+    """The environment read once at start-up: ``config_path`` (``MORTAL_CFG``, else ``config.toml``),
+    ``profile`` (``TRAIN_PLAY_PROFILE``, else ``default``), ``sp_threads`` (``MORTAL_SP_THREADS``; None if unset or bad).
+    """
 
     config_path: str = DEFAULT_PATH
     profile: str = DEFAULT_PROFILE
@@ -160,12 +153,9 @@ def load_config(path: str | os.PathLike | None = None, *, required: Required = C
                 env: Env = os.environ) -> dict:
     """Read, validate and return the config as a plain nested dict with defaults filled in.
 
-    ``path``: the TOML file (None: :func:`resolve_path`); ``required``: the dotted sections this process needs
-    (:data:`Required`; ``'train_play'`` is the ``[train_play.<profile>]`` of ``TRAIN_PLAY_PROFILE``), a section
-    present is validated whether required or not; ``env``: :data:`Env`. A string value that starts with
-    ``{config_dir}`` starts at the config file's folder instead. Raises :class:`ConfigError` naming the file and
-    every offending key (:func:`config_errors` gives the same list without raising); warnings are logged.
-    """
+    ``required``: the dotted sections this process needs (``'train_play'``: the profile's); a ``{config_dir}``
+    prefix of a string value is the config file's folder. Raises ``ConfigError`` naming the file and every offending
+    key; warnings are logged."""
     path = resolve_path(path, env)
     config = read_config(path, env)
     validate(config, path, required=required, env=env)
@@ -187,10 +177,8 @@ def config_errors(path: str | os.PathLike | None = None, *, required: Required =
 
 def validate(config: dict, path: str = DEFAULT_PATH, *, required: Required = CORE_SECTIONS,
              env: Env = os.environ) -> list[str]:
-    """Validate ``config`` in place (filling defaults, widening integers of number keys) and return the warnings,
-    which are also logged; validating a loaded config again changes nothing. ``path`` is only named in messages.
-    Raises :class:`ConfigError` listing every error: each table's, the missing sections and the rules across keys
-    (:func:`check_relations`, over the tables that validate)."""
+    """Validate ``config`` in place (defaults, widened numbers; idempotent) and return the warnings, also logged.
+    Raises ``ConfigError`` listing every error, including ``check_relations``."""
     errors, warns, model = _check(config, path, required, env)
     if errors:
         raise ConfigError(path, errors)
@@ -257,7 +245,6 @@ def _too_deep(config: dict) -> str | None:
     return None
 
 
-# ------------------------------------------------------------------------------------------------------------------
 # Typed views and edits
 
 def typed(config: dict) -> Config:
@@ -380,7 +367,6 @@ def for_checkpoint(config: dict) -> dict:
     return public
 
 
-# ------------------------------------------------------------------------------------------------------------------
 # Messages
 
 _KIND_NAMES = {'int': 'an integer', 'float': 'a number', 'bool': 'true or false', 'str': 'a string',
@@ -459,7 +445,6 @@ def _unknown_names(config: dict, path: str, warns: list[str], errors: list[str])
         warns.append(warning)
 
 
-# ------------------------------------------------------------------------------------------------------------------
 # Rules across keys
 
 def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str]) -> None:
@@ -520,10 +505,8 @@ def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str])
 
 def scheduler_problems(*, peak, final, warm_up_steps, max_steps, init=SCHEDULER_DEFAULT_INIT, offset=0,
                        epoch_size=0, **_ignored) -> list[tuple[str, str]]:
-    """What is wrong with an ``[optim.scheduler]`` shape, as ``(key = value, rule)`` pairs; ``[]`` if nothing: the
-    one definition the config check and ``mortal.learning.schedule.LinearWarmUpCosineAnnealingLR`` use.
-    ``peak >= final >= init >= 0``; ``warm_up_steps``, ``max_steps``, ``epoch_size`` >= 0; ``max_steps`` 0 (no
-    annealing: ``final`` from the end of the warm-up on) or >= ``warm_up_steps``. Other keys are ignored."""
+    """``[(key = value, rule)]`` wrong with an ``[optim.scheduler]`` shape, ``[]`` if none:
+    ``peak >= final >= init >= 0``, the step counts >= 0, ``max_steps`` 0 or >= ``warm_up_steps``."""
     out = []
     if init < 0:
         out.append((f'init = {init}', 'must be >= 0'))

@@ -1,15 +1,8 @@
 """The online learner's claims on drained logs, and which of their samples it has trained, across restarts.
 
-The server empties ``drain_dir`` at its next drain and start (Mortal), so the learner hard-links each drain into
-its own ``<drain_dir>.trainer`` (``claim_drained``). Every sample carries ``[file, pass, index, count]``
-(``FileDatasetsIter(sample_ids=True)``) and the learner records (``record``) each trained batch's ids. ``claims.json``
-lists every claimed log not fully trained and, per pass, ``"done"`` or the indices trained; it is written
-atomically when logs are claimed and, with each checkpoint, in one step with it (``commit_with``: staged as
-``claims.json.next``, renamed after the checkpoint, reconciled at ``open`` by the checkpoint's ``steps``), so it
-always describes the last checkpoint: nothing is trained twice or skipped. Finished logs are unlinked at the next
-commit; the rest is re-read with trained samples left out (``FileDatasetsIter(trained=...)``). ``end_epoch``
-returns the samples lost after all (``data/samples_dropped``). See docs/operations.md, "The claim ledger".
-"""
+``claims.json`` in ``<drain_dir>.trainer`` lists each claimed log not fully trained and, per pass, ``"done"`` or
+the trained indices; it is committed in one step with each checkpoint (``commit_with``), so nothing is trained
+twice or skipped. See docs/operations.md, "The claim ledger"."""
 
 from __future__ import annotations
 
@@ -53,11 +46,9 @@ def _remaining(unit) -> int:
 
 
 class ClaimLedger:
-    """Training progress of the logs claimed into ``claim_dir`` (the module docstring); start from disk with
-    ``open`` or ``for_dataset``. ``signature``: what decides a log's samples and passes (a manifest under another
-    is not trusted sample by sample); ``passes`` per epoch. ``duplicates``: samples recorded twice (0 unless broken);
-    ``lost_samples``: remaining samples of claimed logs found gone, not yet reported by ``end_epoch``.
-    """
+    """Training progress of the logs claimed into ``claim_dir``; start it with ``open`` or ``for_dataset``.
+    ``signature``: what decides a log's samples and passes; ``duplicates``: samples recorded twice (0 unless broken);
+    ``lost_samples``: remaining samples of vanished logs not yet reported by ``end_epoch``."""
 
     def __init__(self, claim_dir: str, *, signature: dict, passes: int):
         self.claim_dir = path.abspath(claim_dir)
@@ -75,10 +66,8 @@ class ClaimLedger:
 
     @classmethod
     def open(cls, claim_dir: str, *, signature: dict, passes: int, steps: int | None = None) -> "ClaimLedger":
-        """The ledger of ``claim_dir`` (created) as its manifest left it: missing logs' remaining samples count in
-        ``lost_samples``; under another signature every log is resumed whole. A manifest staged by ``commit_with``
-        and never renamed becomes the manifest when its step is ``steps`` (the checkpoint on disk), else it is
-        dropped; all logged."""
+        """The ledger of ``claim_dir`` (created) as its manifest left it; under another signature every log
+        is resumed whole; a staged manifest is adopted only if its step is ``steps`` (the checkpoint on disk)."""
         ledger = cls(claim_dir, signature=signature, passes=passes)
         os.makedirs(ledger.claim_dir, exist_ok=True)
         manifest = path.join(ledger.claim_dir, MANIFEST)
@@ -117,10 +106,9 @@ class ClaimLedger:
         return cls.open(claim_dir, signature=signature, passes=passes, steps=steps)
 
     def _name_problem(self, name) -> str:
-        """Why ``name`` cannot be a claimed log of this folder ('' when it can; 'missing' when it is a plain name
-        with nothing at that place): only a plain file name (no separator, not '.' or '..', no NUL, not one of
-        ``reserved_names``) of a regular file directly in ``claim_dir`` (not a symlink) is one. A hand-edited or
-        corrupted manifest must never make the ledger read or unlink anything outside the folder."""
+        """Why ``name`` cannot be a claimed log here ('' when it can, 'missing' when absent): only a plain
+        name of a regular file directly in ``claim_dir``, not reserved, so a corrupt manifest never touches files outside.
+        """
         if not isinstance(name, str) or not name or name in (".", "..") or "\0" in name or "/" in name \
                 or (os.sep and os.sep in name) or (os.altsep and os.altsep in name):
             return "not a plain file name"
@@ -253,10 +241,8 @@ class ClaimLedger:
             self._seen.add((name, pass_))
 
     def end_epoch(self) -> int:
-        """After the loader was read to its end: every pass of the epoch's files has yielded all it had. A pass
-        that yielded nothing is done (no samples, or a bad log); a partly trained pass that yielded nothing
-        lost its remaining samples (the log is gone or now unreadable). Returns the samples lost since the
-        last call, ``lost_samples`` included."""
+        """After the loader was read to its end: passes that yielded nothing are done; returns the samples
+        lost since the last call, ``lost_samples`` included."""
         lost, self.lost_samples = self.lost_samples, 0
         for name in dict.fromkeys(self._epoch):
             units = self.files.get(name)
@@ -386,10 +372,8 @@ def _read_manifest(ledger: ClaimLedger, manifest: str) -> tuple:
 
 
 def _parse_units(manifest: str, name: str, passes_, n_passes: int, *, gone: bool = False) -> dict:
-    """The ``{pass: _Partial or _DONE}`` of a manifest entry; a malformed entry (wrong types, pass outside
-    0..n_passes-1, total outside 1..MAX_SAMPLES, indices outside 0..total-1) is logged once, naming the file
-    and the entry, and its progress dropped: that log is resumed whole (``gone``: the log is missing, its
-    remaining samples count 0)."""
+    """The ``{pass: _Partial or _DONE}`` of a manifest entry; a malformed entry is logged once (file and
+    entry) and its progress dropped (``gone``: the log is missing, 0 remaining samples)."""
     def bad(why):
         text = repr(passes_)
         logger.warning("%s: malformed entry for %r (%s: %s): %s", manifest, name, why,

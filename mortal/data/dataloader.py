@@ -1,21 +1,10 @@
 """Streaming training samples from mjai log files, as Mortal's ``mortal/dataloader.py``.
 
-``FileDatasetsIter`` (a torch ``IterableDataset``) yields ``(obs, action, mask, steps_to_done, kyoku_reward,
-player_rank, cf_action, cf_delta)``: ``obs`` ``(C, 34)`` float32 (C = 934 at v3, 1012 at v4); ``action`` int64 0-45;
-``mask`` ``(46,)`` bool with ``mask[action]``; ``steps_to_done`` int64 (discard/riichi/kan-select steps to the
-seat's last decision of the kyoku); ``kyoku_reward`` float64 in ``pts`` units (``mortal.data.reward``);
-``player_rank`` int64 0-3 at the next kyoku's start (ties to the lower seat); ``cf_action`` int64, the action a
-counterfactual branch took instead (-1: none); ``cf_delta`` float32, that branch's kyoku outcome minus the real
-one (0: none). The Q target is ``q_target(gamma, steps_to_done, kyoku_reward)``.
-
-Batch mode (``batch_size=B``, the trainer's ``learner_loader``) yields whole batches of numpy arrays with ``obs``
-packed ``(B, row_bytes)`` uint8 (``mortal.data.packed_obs``), unpacked where used; the batches are those torch's
-DataLoader would make of the sample stream. Workers (``make_dataloader``) read disjoint shards and start from a
-``forkserver`` (forking after native thread pools can deadlock, as Mortal's online trainer hangs), and die with
-the iterating process (``mortal.util.lifetime``). With ``sample_ids`` each sample names its file, pass and
-position, and ``trained`` leaves out samples trained before (``mortal.data.claims``). ``iter_full_batches`` turns
-the loader's batches into full ones, as Mortal.
-"""
+``FileDatasetsIter`` yields ``(obs, action, mask, steps_to_done, kyoku_reward, player_rank, cf_action,
+cf_delta)``: ``obs`` ``(C, 34)`` float32; ``action`` int64 0-45; ``mask`` ``(46,)`` bool; ``steps_to_done``
+int64; ``kyoku_reward`` float64 in ``pts`` units; ``player_rank`` int64 0-3 at the next kyoku; ``cf_action``
+int64 (-1: none); ``cf_delta`` float32 (0: none). In batch mode ``obs`` is packed ``(B, row_bytes)`` uint8
+(``packed_obs``). Workers start from a forkserver (forking after native thread pools can deadlock)."""
 
 from __future__ import annotations
 
@@ -105,16 +94,10 @@ def _cf_deltas(reward_calc, n, player_id, feature, grp, at_kyoku, cf_actions, cf
 class FileDatasetsIter(IterableDataset):
     """Samples from gzip (or plain) mjai logs (the module docstring gives the tuple).
 
-    ``file_list`` is shuffled in place each epoch; ``pts``: ``[env] pts``; ``grp``: a trained GRP (None with
-    ``reward='points'``); ``file_batch_size`` files fill the shuffle buffer at a time (Mortal: 20), keeping back
-    ``reserve_ratio`` of each batch's new samples; ``player_names``/``excludes``: seat filters; ``num_epochs``
-    passes, each also augmented (manzu/pinzu swapped) with ``enable_augmentation``, first with ``augmented_first``;
-    ``max_log_bytes``: larger files are skipped. ``sample_ids``: a 9th element ``[file, pass, index, count]``
-    int64 (position in ``file_list`` as given, pass of this iteration, position among the file's ``count`` samples
-    in that pass before any shuffle or filter); ``trained``: ``{path: {pass: indices or None (the whole pass)}}``
-    left out. ``batch_size`` B: yields B-row numpy batches (``obs`` packed; the last shorter); None: samples.
-    Bad files are skipped with a warning, counted in ``skipped``; a summary is logged after each pass.
-    """
+    ``file_list`` is shuffled in place each epoch; ``file_batch_size`` files fill the shuffle buffer at a time,
+    keeping back ``reserve_ratio``; ``sample_ids`` adds ``[file, pass, index, count]`` int64; ``trained``
+    (``{path: {pass: indices or None}}``) is left out; ``batch_size`` B yields B-row numpy batches, None samples.
+    Bad files are skipped with a warning and counted in ``skipped``."""
 
     def __init__(self, version, file_list, pts, grp, *, file_batch_size=20, reserve_ratio=0,
                  player_names=None, excludes=None, num_epochs=1, enable_augmentation=False,
@@ -366,10 +349,8 @@ def make_dataloader(dataset, *, batch_size: int, num_workers: int = 1, pin_memor
 
 def learner_loader(config: dict, version: int, file_list: list, player_names, ledger=None, *, batch_size: int,
                    num_workers: int | None = None, pin_memory: bool = False) -> DataLoader:
-    """The learner's ``DataLoader`` of ``FileDatasetsIter`` batches (packed obs ``(B, row_bytes)`` uint8, then the
-    columns of ``_game_columns`` as tensors) over ``file_list``, from ``[dataset]``, ``[env] reward``/``pts`` and
-    ``[grp]``, for the seats of ``player_names`` (all when empty). With a ``ClaimLedger`` each batch ends with its
-    ``(B, 4)`` int64 sample ids and trained samples are left out. More than one worker shuffles ``file_list``."""
+    """The learner's ``DataLoader`` of ``FileDatasetsIter`` batches over ``file_list`` from the config; with
+    a ``ClaimLedger`` each batch ends with its ``(B, 4)`` int64 sample ids and trained samples are left out."""
     cfg = typed(config)
     ds = cfg.dataset
     num_workers = ds.num_workers if num_workers is None else num_workers
@@ -394,10 +375,8 @@ def learner_loader(config: dict, version: int, file_list: list, player_names, le
 
 
 def iter_full_batches(batches, batch_size: int, on_drop=None):
-    """Yield the full-size batches of ``batches`` as they come; shorter ones (e.g. each DataLoader worker's last)
-    are pooled and re-cut into full batches at the end; fewer than ``batch_size`` leftover samples are dropped,
-    as Mortal. Each batch is a tuple of tensors sharing the first dimension. ``on_drop``, if given, is called
-    once with the dropped samples (a tuple like a batch, fewer than ``batch_size`` rows) when there are any."""
+    """Yield the full-size batches of ``batches``; shorter ones are pooled and re-cut at the end, and the
+    last < ``batch_size`` samples dropped as Mortal (``on_drop`` gets them once, as a batch tuple)."""
     leftovers, leftover_size = [], 0
     for batch in batches:
         size = batch[0].shape[0]

@@ -1,33 +1,9 @@
 """Observation version 4 (1012x34), as Mortal's ``state/obs_repr.rs`` with ``version = 4``.
 
-``mjai.mlibriichi`` encodes versions 1-3 only. Version 4 is built here from
-two parts:
-
-* rows 0-888: the v3 array of ``PlayerState.encode_obs(3, at_kan_select)``
-  re-packed (scores get a clamp(s,0,30000)/30000 row instead of 9 RBF rows;
-  honba/kyotaku become min(n,10)/10; doras owned/unseen keep only their
-  rescale row). The action mask is v3's, which equals v4's.
-* rows 889-1011: the single-player (SP) block, written by the compiled core (``_core.sp_rows``: the
-  search set up as Mortal's ``agent_helper.rs`` does, its candidates sorted, the rows filled).
-
-The SP block needs per-kyoku facts that ``PlayerState`` does not expose (dora
-indicators, red fives seen, tiles left, own call tiles, double riichi,
-ippatsu, rinshan, chankan), so ``V4Encoder`` tracks them from the same mjai
-event stream. Usage, per seat::
-
-    state = PlayerState(seat); enc = V4Encoder(seat)
-    for event in events:          # every event, in order, both objects
-        state.update(json.dumps(event)); enc.update(event)
-        obs, mask = enc.encode(state, at_kan_select=False)   # when deciding
-
-Version 4 needs the compiled single-player core (``mortal.features.sp._core``, built by
-``scripts/setup.sh``): ``V4Encoder`` raises ``SPCoreMissing`` without it. Cost: bench/obs_v4.py.
-
-The parts: ``mortal.features.obs_v4_rows`` (the array's rows, the v3 re-pack) and ``mortal.features.obs_v4_kyoku``
-(the facts tracked from the events); here the encoder that hands a decision's facts to the core, and the batching
-of the searches, at once (``encode_batch``) or later (``DeferredSP``, the loader's path). The names of the parts
-are read from here.
-"""
+Rows 0-888 are the re-packed v3 array (``obs_v4_rows``); rows 889-1011 are the single-player block from the
+compiled core (``_core.sp_rows``), fed per-kyoku facts ``PlayerState`` lacks (``obs_v4_kyoku``). Feed a seat's
+``V4Encoder`` every event its ``PlayerState`` gets, in order. Without the core ``V4Encoder`` raises
+``SPCoreMissing``. See docs/architecture.md."""
 
 from __future__ import annotations
 
@@ -48,25 +24,14 @@ logger = logging.getLogger('mortal.obs_v4')  # the name before the package split
 
 SP_ROWS = OBS_CHANNELS_V4 - SP_START  # 123
 
-#: Threads ``encode_batch`` runs single-player searches on by default (compiled core
-#: only; the searches release the interpreter lock); None: min(8, CPU count). Entry
-#: points set it at start-up from ``MORTAL_SP_THREADS`` (``mortal.entry.start``): set
-#: that lower when several clients share a machine.
+#: Default single-player search threads; None: min(8, CPU count). ``entry.start`` sets it from MORTAL_SP_THREADS.
 SP_THREADS = None
 
 
 class V4Encoder(KyokuFacts):
     """Per-seat v4 observation encoder; feed it every mjai event the seat's ``PlayerState`` gets.
 
-    The facts of the kyoku come from ``KyokuFacts`` (``update``, ``update_parsed``); a decision's single-player
-    rows from the compiled core (``_facts`` gathers what it reads).
-
-    Args:
-        player_id: absolute seat 0-3.
-
-    Raises:
-        ValueError: a bad seat. ``mortal.features.sp.calc.SPCoreMissing``: the compiled core is not built.
-    """
+    Raises ValueError for a bad seat (``player_id`` 0-3), ``SPCoreMissing`` when the core is not built."""
 
     def __init__(self, player_id: int):
         if type(player_id) is not int or not 0 <= player_id <= 3:
@@ -76,12 +41,8 @@ class V4Encoder(KyokuFacts):
         self._reset()
 
     def encode(self, state, at_kan_select: bool = False) -> tuple:
-        """``(obs (1012, 34) float32, mask (46,) bool)`` for ``state`` (a ``PlayerState``).
-
-        The single-player rows are computed once per decision: a second call
-        before the next ``update`` (the kan-select pass) reuses them.
-        Raises ValueError if ``state`` belongs to another seat or the core refuses the hand.
-        """
+        """``(obs (1012, 34) float32, mask (46,) bool)`` for ``state``; the SP rows are reused until the next
+        ``update`` (the kan-select pass). ValueError for another seat's state or a hand the core refuses."""
         return encode_batch([(self, state, at_kan_select)], threads=1)[0]
 
     def _facts(self, state) -> tuple:
@@ -124,16 +85,10 @@ def sp_rows(facts: list, threads: int) -> np.ndarray:
 
 
 def prepare_sp(pairs, threads: int | None = None) -> None:
-    """Compute the single-player rows of each ``(encoder, state)`` decision and keep them
-    in the encoder (``encode`` and ``encode_batch`` then reuse them until its next ``update``).
+    """Search the SP rows of each ``(encoder, state)`` decision not yet prepared, together on up to ``threads``
+    threads, and keep them in the encoder until its next ``update``. Releases the GIL while searching.
 
-    Decisions already prepared are skipped; the others are searched together on the
-    compiled core on up to ``threads`` threads (default ``sp_threads()``). Safe to run in a background thread while
-    other encoders are used elsewhere (the search releases the interpreter lock).
-
-    Raises:
-        ValueError: an encoder is None or belongs to another seat than its state; the core refuses a hand.
-    """
+    Raises ValueError: an encoder is None or of another seat; the core refuses a hand."""
     pending = {}
     for enc, state in pairs:
         _checked(enc, state)
@@ -149,16 +104,8 @@ def prepare_sp(pairs, threads: int | None = None) -> None:
 
 
 def encode_batch(items, threads: int | None = None) -> list:
-    """Encode many decisions at once; the single-player searches run together.
-
-    ``items``: sequence of ``(encoder, state, at_kan_select)`` (a ``V4Encoder``,
-    its seat's ``PlayerState``). Returns ``[(obs (1012, 34) float32, mask (46,) bool)]``
-    in order. The searches run as ``prepare_sp`` runs them; a decision met twice
-    (main and kan-select pass) or already prepared is not searched again.
-
-    Raises:
-        ValueError: an encoder is None or belongs to another seat than its state; the core refuses a hand.
-    """
+    """``[(obs (1012, 34) float32, mask (46,) bool)]`` of ``(encoder, state, at_kan_select)`` items, the searches
+    run together as in ``prepare_sp``. Raises ValueError as ``prepare_sp``."""
     prepare_sp([(enc, state) for enc, state, _ in items], threads)
     core = require_core()
     out = []
@@ -180,17 +127,10 @@ class DeferredSPError(ValueError):
 
 
 class DeferredSP:
-    """Version-4 encoding whose single-player searches are run later, many together (the loader's path).
+    """Version-4 encoding whose SP searches run later, many together (the loader's path).
 
-    ``encode`` returns each decision's observation at once with rows 0-888 final; where a search is
-    needed its rows 889-1011 are left zero and filled by the next ``flush``, which runs the pending
-    searches in one core call on up to ``threads`` threads (default ``sp_threads()``), at once or in a
-    background thread (``flush(background=True)``; the search releases the interpreter lock).
-    The arrays are bit for bit those of ``V4Encoder.encode``.
-
-    Args:
-        threads: search threads of ``flush``; None: ``sp_threads()`` at flush time.
-    """
+    ``encode`` returns rows 0-888 at once; rows 889-1011 of a pending decision are filled by the next ``flush``.
+    The arrays equal ``V4Encoder.encode``'s bit for bit. ``threads`` None: ``sp_threads()`` at flush time."""
 
     def __init__(self, threads: int | None = None):
         self.threads = threads
@@ -204,12 +144,8 @@ class DeferredSP:
         return len(self._pending)
 
     def encode(self, enc: V4Encoder, state, at_kan_select: bool, tag=None) -> tuple:
-        """``(obs (1012, 34) float32, mask (46,) bool, pending)`` of one decision of ``enc``'s seat.
-
-        ``pending`` True: rows 889-1011 of ``obs`` are filled by the next ``flush`` (which returns
-        ``tag`` with it); do not use ``obs`` before. Raises ValueError as ``V4Encoder.encode``
-        (wrong seat, a hand the core refuses), before any search.
-        """
+        """``(obs (1012, 34) float32, mask (46,) bool, pending)``; when ``pending`` do not read ``obs`` before the
+        ``flush`` that returns ``tag``. Raises ValueError as ``V4Encoder.encode``, before any search."""
         _checked(enc, state)
         v3, mask = state.encode_obs(3, bool(at_kan_select))
         obs = np.empty((OBS_CHANNELS_V4, 34), dtype=np.float32)
@@ -233,16 +169,11 @@ class DeferredSP:
         return obs, mask, True
 
     def flush(self, background: bool = False) -> list:
-        """Run the pending searches and fill their rows; returns ``[(obs, tag)]`` of the decisions
-        finished, in ``encode`` order.
+        """Run the pending searches; returns ``[(obs, tag)]`` of the decisions finished, in ``encode`` order.
 
-        ``background=False``: every decision encoded so far is finished (nothing is pending after).
-        ``background=True``: the pending searches start in a background thread (they release the
-        interpreter lock, so encoding goes on meanwhile) and only the batch started by the
-        previous background flush is returned (waited for). Raises ``DeferredSPError`` (a
-        ``ValueError`` naming the failed decision's tag) if the core fails a search; an error of a
-        background batch is raised by the next flush, which then drops what is pending.
-        """
+        ``background=True`` starts them in a thread and returns only the batch of the previous background flush.
+        Raises ``DeferredSPError`` (a ValueError naming the tag) if a search fails; a background batch's error is raised
+        by the next flush, which drops what is pending."""
         out = self._wait()
         jobs, pending = self._jobs, self._pending
         self._jobs, self._pending, self._last = [], [], None

@@ -1,24 +1,8 @@
 """Per-seat batch agents for the arena: Mortal engines and mjai bots.
 
-An agent serves many (game, seat) slots at once. The arena hands it a list of
-``Scene`` s (one per seat that can act, across all games in flight) and gets
-back one ``Decision`` per scene, so an engine is called once per lock-step
-cycle (Mortal's ``MortalBatchAgent``, ``libriichi/src/agent/mortal.rs``).
-
-* ``MortalBatchAgent(engine)``: encodes features, applies quick eval,
-  the kan-select second pass in the same batch, the rule-based agari
-  guard and attaches Mortal's ``meta``, all as Mortal's ``libriichi/src/agent/mortal.rs``.
-* ``MjaiBotAgent(factory, name)``: any mjai bot with ``react(events_json) ->
-  reaction_json`` (e.g. ``mjai.bot.rulebase.RulebaseBot``), one bot object per
-  (game, seat); an illegal reaction is replaced by the first legal action and
-  counted in ``substitutions`` (mjai's RulebaseBot can propose a kuikae discard, which the rules forbid).
-
-Version 4 needs per-seat state beyond ``PlayerState`` (``mortal.features.obs_v4.V4Encoder``):
-the caller (arena, bot) keeps one encoder per seat of an agent for which
-``needs_v4_encoder`` is true, feeds it the seat's events and hands it over in
-``Scene.v4``; other seats carry ``None`` and never run the single-player search.
-
-"""
+An agent gets the ``Scene`` s of every seat that can act, across all games in flight, and returns one
+``Decision`` each, so an engine runs once per lock-step cycle (Mortal's ``libriichi/src/agent/mortal.rs``).
+Version-4 seats carry their ``V4Encoder`` in ``Scene.v4``; see docs/architecture.md."""
 
 from __future__ import annotations
 
@@ -57,20 +41,10 @@ class IllegalReaction(ValueError):
 class Scene:
     """One pending decision of one seat in one game.
 
-    Attributes:
-        game: index of the game in the arena run (for error messages and bot slots).
-        seat: absolute seat 0-3.
-        state: the seat's ``PlayerState``, already updated with ``events``.
-        events: masked mjai events (JSON strings) this seat saw since its previous
-            scene; mjai-bot agents forward them to their bot.
-        best_win_scores: ``None`` or a callable returning the absolute scores (4 ints)
-            after the best-case hora of this seat now; only the agari guard calls it.
-        v4: the seat's ``mortal.features.obs_v4.V4Encoder`` (fed the same events as ``state``, in
-            the same order) when the agent encodes version 4 (``needs_v4_encoder``), else
-            ``None``; a version-4 engine given ``None`` raises ``ValueError``.
-        speculative: the step may never happen (the arena's guess that every seat asked for a call passes;
-            only handed to agents with ``stateless = True``); ``adopted`` is set once the arena used its decision.
-    """
+    ``events``: masked mjai events (JSON strings) since the seat's previous scene. ``best_win_scores``: None or a
+    callable giving the 4 absolute scores after this seat's best-case hora (agari guard only). ``v4``: the seat's
+    ``V4Encoder`` when the agent encodes version 4, else None. ``speculative``: the step may never happen (only for
+    ``stateless`` agents); ``adopted`` is set once the arena used the decision."""
 
     game: int
     seat: int
@@ -91,7 +65,6 @@ class Decision:
     meta: dict | None = None
 
 
-# ---------------------------------------------------------------------------
 # rule-based agari guard (Mortal's agent/mortal.rs)
 
 
@@ -114,18 +87,10 @@ def is_all_last(state) -> bool:
 
 
 def rule_based_agari(state, best_win_scores: Callable[[], Sequence[int]] | None) -> bool:
-    """Whether a rule-based player would take the hora offered now (Mortal's
-    ``rule_based_agari``, agent_helper.rs).
+    """Whether a rule-based player takes the hora offered now (Mortal's ``rule_based_agari``).
 
-    It says False only for an all-last win that would end the game with this seat
-    still 4th. ``best_win_scores()`` must return the absolute scores after the best
-    case of this hora (see ``arena`` for how it is estimated: the table's exact
-    value for the hand, plus an upper bound on ura dora when in riichi). If it is
-    None the guard cannot evaluate and allows the hora.
-
-    Returns:
-        bool; False also when the seat cannot hora at all.
-    """
+    False only for an all-last win that leaves this seat 4th, or when it cannot hora; True when ``best_win_scores``
+    is None."""
     cans = state.last_cans
     if not cans.can_agari:
         return False
@@ -146,7 +111,6 @@ def rule_based_agari(state, best_win_scores: Callable[[], Sequence[int]] | None)
     return rank_of(exp, seat) < 3
 
 
-# ---------------------------------------------------------------------------
 # Mortal engines
 
 
@@ -154,16 +118,10 @@ _BIT = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))  # bit i of a
 
 
 def batch_meta_parts(q_values, masks) -> tuple[list, list]:
-    """The per-row parts of Mortal's meta for a whole batch at once: each row's legal Q values (Python floats, in
-    index order) and its mask bits (bit i set iff action i is legal): Mortal's ``q_values`` and ``mask_bits``.
+    """Mortal's ``q_values`` and ``mask_bits`` meta for N rows: ``(legal_q, bits)``.
 
-    Args:
-        q_values: N rows of A floats (lists, or an ``(N, A)`` array; illegal entries are ignored).
-        masks: N rows of A bools (lists or arrays), A <= 64.
-
-    Returns:
-        ``(legal_q, bits)``: two lists of N, ``list[float]`` and ``int``.
-    """
+    ``q_values``: N rows of A floats; ``masks``: N rows of A bools, A <= 64. ``legal_q[i]`` is the legal Q values
+    (floats, index order), ``bits[i]`` has bit j set iff action j is legal."""
     if len(masks) == 0:
         return [], []
     m = np.asarray(masks, dtype=bool)
@@ -179,12 +137,8 @@ def batch_meta_parts(q_values, masks) -> tuple[list, list]:
 
 
 def _quick_eval_index(state, mask=None) -> int | None:
-    """The only legal discard when Mortal's quick eval applies, else None.
-
-    ``mask`` (46,) bool: the decision's mask; when None it is taken from the v3 encoder
-    (every version has the same mask), so a v4 seat skips its single-player search for
-    forced discards, as Mortal checks quick eval before encoding.
-    """
+    """The only legal discard when quick eval applies, else None; ``mask`` (46,) bool or None (then the
+    v3 encoder's mask, so a v4 seat skips its search for forced discards, as Mortal does)."""
     cans = state.last_cans
     if not cans.can_discard or cans.can_riichi or cans.can_tsumo_agari \
             or cans.can_ankan or cans.can_kakan or cans.can_ryukyoku:
@@ -196,21 +150,15 @@ def _quick_eval_index(state, mask=None) -> int | None:
 
 
 class MortalBatchAgent:
-    """Batch agent over a ``MortalEngine``-like object (the contract of ``mortal.play.engine.MortalEngine``:
-    attrs ``name``, ``version``, ``is_oracle``, ``enable_quick_eval``,
-    ``enable_rule_based_agari_guard``; ``react_batch(obs, masks, invisible_obs)``).
+    """Batch agent over a ``MortalEngine``-like object (``name``, ``version``, ``is_oracle``,
+    ``enable_quick_eval``, ``enable_rule_based_agari_guard``, ``react_batch(obs, masks, invisible_obs)``).
 
-    ``react(scenes)`` makes at most one ``react_batch`` call holding every main obs
-    ``(C,34) float32`` plus every kan-select obs; returns one ``Decision`` each. A
-    version-4 engine needs every scene's ``v4`` encoder (``Scene.v4``).
-
-    ``stateless = True``: a scene's decision depends on that scene only, so the arena may hand it scenes of
-    a step that may never happen (``OneVsThree(speculate_passes=True)``) and drop their decisions.
+    ``react(scenes)`` makes at most one ``react_batch`` call (main obs ``(C, 34) float32`` plus kan-select obs).
+    ``stateless = True``: the arena may hand it speculative scenes.
 
     Raises:
-        ValueError: an oracle engine (the arena has no oracle features).
-        UnsupportedVersionError: ``engine.version`` is not 1-4.
-    """
+        ValueError: an oracle engine.
+        UnsupportedVersionError: ``engine.version`` is not 1-4."""
 
     stateless = True
 
@@ -308,7 +256,6 @@ class MortalBatchAgent:
         """Nothing is kept per game."""
 
 
-# ---------------------------------------------------------------------------
 # mjai bots
 
 
@@ -342,16 +289,8 @@ IMPROVING_TILES_CACHE = 8192  # hands; one deal's four rotations see ~1,300 dist
 
 
 def cache_improving_tiles(maxsize: int = IMPROVING_TILES_CACHE) -> bool:
-    """Memoize ``mjai.bot.base.find_improving_tiles``, per process.
-
-    mjai's ``Bot`` computes every discard's ukeire with ``find_improving_tiles(tehai)``, a pure function of the hand
-    string (e.g. ``'123m456p789s1122z'``), and that call is ~85% of a RulebaseBot's time (4.5 ms each, profiled on
-    ``bootstrap.play_set``). The four rotations of a duplicate deal meet the same hands again: ~30% of the calls of
-    a gen-logs deal with epsilon 0.1 repeat one. Each call returns a fresh copy, so a caller that edits the list
-    cannot change the cache. Idempotent. Returns False, and changes nothing, when this mjai has no such function.
-    (The rule-based games were not bit-reproducible before the cache either: two runs of one gen-logs deal differ in
-    one rotation of four, with or without it, also with ``PYTHONHASHSEED=0``.)
-    """
+    """Memoize ``mjai.bot.base.find_improving_tiles`` per process (~85% of a RulebaseBot's time; the
+    rotations of a duplicate deal repeat hands). Returns copies. Idempotent; False when mjai lacks the function."""
     try:
         import mjai.bot.base as base
     except ImportError:  # pragma: no cover
@@ -373,19 +312,10 @@ def cache_improving_tiles(maxsize: int = IMPROVING_TILES_CACHE) -> bool:
 
 
 class MjaiBotAgent:
-    """Batch agent over mjai bots: ``factory(seat)`` builds one bot per (game, seat)
-    with ``react(events_json: str) -> reaction_json: str``.
+    """Batch agent over mjai bots, one per (game, seat) from ``factory(seat)`` (default RulebaseBot).
 
-    Each scene forwards the seat's new masked events (JSON list) to its bot; the
-    bot's reaction is checked against the seat's mask; an illegal or unparsable one
-    is replaced by the first legal action and counted in ``substitutions``
-    (``substitution_log`` keeps the first 100 as (game, seat, reaction)).
-
-    Args:
-        factory: callable ``seat -> bot``; default ``mjai.bot.rulebase.RulebaseBot``.
-        name: the name written in logs' ``start_game``.
-        quiet: silence the ``mjai`` package's loguru output (RulebaseBot logs every discard).
-    """
+    An illegal or unparsable reaction is replaced by the first legal action and counted in ``substitutions``
+    (``substitution_log`` keeps the first 100). ``quiet`` silences mjai's loguru output."""
 
     def __init__(self, factory: Callable[[int], Any] | None = None, name: str = "rulebase", *, quiet: bool = True):
         if factory is None:
@@ -434,23 +364,13 @@ class MjaiBotAgent:
 
 
 def needs_v4_encoder(agent) -> bool:
-    """Whether ``agent`` encodes observation version 4, i.e. its ``version`` attribute is 4
-    (a ``MortalBatchAgent`` over a v4 engine); its scenes must then carry ``v4`` encoders.
-
-    Bots and engines of versions 1-3 answer False, so their seats never run the
-    single-player search.
-    """
+    """Whether ``agent`` encodes observation version 4 (its scenes then need ``v4`` encoders)."""
     version = getattr(agent, "version", None)
     return not isinstance(version, bool) and version == 4
 
 
 def make_agent(x):
-    """An arena agent from ``x``: an agent (has ``react``) as is, an engine (has
-    ``react_batch``) wrapped in ``MortalBatchAgent``.
-
-    Raises:
-        TypeError: neither.
-    """
+    """An arena agent from ``x``: an agent as is, an engine wrapped in ``MortalBatchAgent``; TypeError if neither."""
     if hasattr(x, "react") and hasattr(x, "end_game"):
         return x
     if hasattr(x, "react_batch"):
