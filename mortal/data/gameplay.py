@@ -1,15 +1,9 @@
 """mjai log -> per-seat training samples, as Mortal's ``libriichi/src/dataset/gameplay.rs``.
 
-For each kept seat a ``PlayerState`` replays the log; walking windows of 4 events, a sample is taken after ``cur``
-whenever the seat has a legal action, labelled from the next event (``reach_accepted``/``dora`` skipped). Version 4
-replays a ``V4Encoder`` beside the state, its single-player searches batched (``obs_v4.DeferredSP``), bit for bit
-``V4Encoder.encode`` one by one. Each observation is packed at once (``mortal.data.packed_obs``).
-
-Multi-ron (Mortal's Tenhou rule): every winner is labelled ``hora``; the second and third are checked against the
-seat's state at the discard. Deviations from Mortal: every label is checked against its mask and a log with an
-illegal move is rejected; logs must end with ``end_game``; no oracle observations (``mjai.mlibriichi`` has no
-``Invisible`` encoder).
-"""
+A ``PlayerState`` per kept seat replays the log; a sample is taken whenever the seat has a legal action,
+labelled from the next event. Version 4 batches its searches (``obs_v4.DeferredSP``). Unlike Mortal, every label
+is checked against its mask (a log with an illegal move is rejected), logs must end with ``end_game``, and there
+are no oracle observations."""
 
 from __future__ import annotations
 
@@ -56,14 +50,10 @@ def _is_fatal(exc: BaseException) -> bool:
 class Gameplay:
     """Samples of one seat in one game; ``take`` returns a field and releases it (Mortal's ``take_*``).
 
-    Per decision (N rows): ``packed_obs`` ``(N, row_bytes(version))`` uint8 (``obs`` unpacks it to ``(N, C, 34)``
-    float32), ``actions`` ``(N,)`` int64 (0-45), ``masks`` ``(N, 46)`` bool, ``at_kyoku`` ``(N,)`` uint8 (count of
-    ``end_kyoku`` seen), ``dones`` ``(N,)`` bool (last of its kyoku), ``apply_gamma`` ``(N,)`` bool (label <= 37),
-    ``at_turns`` ``(N,)`` uint8, ``shantens`` ``(N,)`` int8, ``event_idx`` ``(N,)`` int32 (the event the decision
-    follows), ``cf_actions`` ``(N,)`` int64 (the legal, other action a counterfactual branch took, -1 for none) and
-    ``cf_records`` (None or that branch's outcome ``('next', [kyoku, honba, kyotaku, s0..s3])`` or ``('final',
-    [s0..s3])``, see ``mortal.play.arena``). Per game: ``grp``, ``player_id`` (0-3), ``player_name``.
-    """
+    Per decision (N rows): ``packed_obs`` ``(N, row_bytes)`` uint8, ``actions`` ``(N,)`` int64, ``masks``
+    ``(N, 46)`` bool, ``at_kyoku`` ``(N,)`` uint8, ``dones`` / ``apply_gamma`` ``(N,)`` bool, ``at_turns`` ``(N,)``
+    uint8, ``shantens`` ``(N,)`` int8, ``event_idx`` ``(N,)`` int32, ``cf_actions`` ``(N,)`` int64 (-1: none),
+    ``cf_records``. Per game: ``grp``, ``player_id``, ``player_name``."""
 
     packed_obs: np.ndarray
     actions: np.ndarray
@@ -310,14 +300,8 @@ def _is_multi_ron(nxt: dict, seat: int, ron_cans, winners: set) -> bool:
 
 
 class GameplayLoader:
-    """Turns mjai logs into ``Gameplay`` samples (Mortal's ``GameplayLoader``).
-
-    ``version`` 1-4 (``mortal.features.obs``); ``oracle`` must be False; ``player_names``: keep only those seats,
-    else drop the ``excludes``; ``always_include_kan_select``: a kan-tile sample after every kan (else only with
-    several candidates, as Mortal); ``augmented``: swap manzu and pinzu; ``max_log_bytes``: cap on a file's
-    decompressed size (None: none). ``skipped``, ``skipped_files`` (up to 1000 ``(path, message)``) and
-    ``cf_ignored`` (counterfactual records left out) report bad input.
-    """
+    """Turns mjai logs into ``Gameplay`` samples (Mortal's ``GameplayLoader``); ``oracle`` must be False.
+    ``skipped``, ``skipped_files`` (up to 1000 ``(path, message)``) and ``cf_ignored`` report bad input."""
 
     def __init__(self, version: int, *, oracle: bool = False, player_names=None, excludes=None,
                  always_include_kan_select: bool = True, augmented: bool = False,

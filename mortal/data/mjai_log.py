@@ -1,10 +1,7 @@
 """The mjai log reader: a recorded game (gzip or plain mjai JSON lines) -> checked events.
 
-Everything that reads logs (the loaders, ``mortal.data.grp``, ``mortal.stat``) goes through here, and each
-event's fields are checked once. ``parse_log``: one complete 4-player game with every field the training loaders
-read, as ``LoadedLog``; ``parse_events``: any run of one game's events (the statistics read incomplete games), as
-``(line, event)`` pairs. Every failure is a ``BadLogError`` naming file, line and reason (``skip_message``).
-"""
+``parse_log``: one complete 4-player game, as ``LoadedLog``; ``parse_events``: any run of one game's events as
+``(line, event)`` pairs. Every failure is a ``BadLogError`` naming file, line and reason."""
 
 from __future__ import annotations
 
@@ -55,12 +52,8 @@ _TRAINING_FIELDS = frozenset({"start_game", "start_kyoku", "hora", "ryukyoku"})
 
 
 class BadLogError(ValueError):
-    """A log that cannot be used.
-
-    Attributes: ``source`` (file name or ``'<log>'``), ``line`` (1-based line
-    number or None), ``reason`` (short human text). ``str()`` gives
-    ``"<source>: line <n>: <reason>"`` (``"<source>: <reason>"`` without a line).
-    """
+    """A log that cannot be used: ``source``, ``line`` (1-based or None), ``reason``; ``str()`` is
+    ``"<source>: line <n>: <reason>"``."""
 
     def __init__(self, source: str, reason: str, line: int | None = None):
         self.source = str(source)
@@ -74,12 +67,7 @@ class BadLogError(ValueError):
 
 @dataclass
 class LoadedLog:
-    """A parsed, structurally valid mjai log (``parse_log``).
-
-    ``events``: event dicts in order; ``lines``: the JSON text of each event (fed
-    as-is to ``PlayerState.update``); ``line_numbers``: 1-based line in the file of
-    each event; ``source``: file name for messages.
-    """
+    """A parsed mjai log: ``events`` (dicts), ``lines`` (their JSON text), ``line_numbers`` (1-based), ``source``."""
 
     events: list[dict]
     lines: list[str]
@@ -104,12 +92,7 @@ def _read_capped(f, max_bytes: int, path, what: str) -> bytes:
 
 
 def decode_log_bytes(data: bytes, source: str = "<log>", error: type[BadLogError] = BadLogError) -> str:
-    """The text of a log's bytes: UTF-8, a leading byte order mark dropped (the server's ``check_log_head``
-    skips it too).
-
-    Raises:
-        BadLogError (or ``error``, a subclass): the bytes are not UTF-8.
-    """
+    """UTF-8 text of a log's bytes, a leading BOM dropped; ``BadLogError`` (or ``error``) if not UTF-8."""
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -156,10 +139,8 @@ _BLANKS = " \t\r\f\v\n"  # its characters: the regex is only tried on a line tha
 
 
 def _numbered_lines(raw: str):
-    """Yield ``(line number, line)`` of ``raw`` split on ``\n`` only, lazily (no list of all lines is built),
-    leaving out runs of blank lines. ``\n`` only, not ``splitlines()``: JSON strings may hold U+2028, U+0085
-    etc. literally (a player name written with ensure_ascii=False), which splitlines() would break in two;
-    callers strip the ``\r`` of CRLF."""
+    """Yield ``(line number, line)`` of ``raw`` split on ``\n`` only (JSON strings may hold U+2028 that
+    ``splitlines()`` would split), skipping blank lines."""
     pos, no, n = 0, 1, len(raw)
     while pos < n:
         blank = _BLANK_RUN.match(raw, pos) if raw[pos] in _BLANKS else None
@@ -176,13 +157,8 @@ def _numbered_lines(raw: str):
 
 
 def _scan(items, source: str, raw: str | None, error: type[BadLogError], training: bool):
-    """The one pass over a log: ``(events, lines, line numbers)``. ``items``: ``(line number, JSON text or
-    event dict)``; ``raw``: the whole text, for the hint on a first line that is not mjai; ``training``: the
-    checks of ``parse_log`` on top of those of ``parse_events``.
-
-    One loop, the per-event checks inlined: the training loaders parse every event of every log here (only the
-    rare kyoku boundaries and the failing JSON path call out).
-    """
+    """The one pass over a log: ``(events, lines, line numbers)``; the per-event checks inlined for speed.
+    ``training``: the checks of ``parse_log`` on top of those of ``parse_events``."""
     events: list[dict] = []
     lines: list[str | None] = []
     numbers: list[int] = []
@@ -325,10 +301,8 @@ def parse_log(raw: str, source: str = "<log>") -> LoadedLog:
 
 
 def parse_events(log, source: str = "<log>", *, error: type[BadLogError] = BadLogError) -> list[tuple[int, dict]]:
-    """The events of one mjai game, complete or not, as ``[(line, event dict), ...]``. ``log``: the text, its bytes,
-    or an iterable of events (dicts or JSON; ``line`` = position). Checks: JSON objects with a ``type`` Mortal
-    knows, ``actor`` 0-3 in ``ACTOR_EVENTS``, one game, at most ``MAX_EVENTS``; the first failure raises
-    ``error`` (a ``BadLogError`` subclass) naming ``source``, line and reason."""
+    """``[(line, event dict)]`` of one mjai game, complete or not, from text, bytes or an iterable of
+    events; the first failure raises ``error`` (a ``BadLogError``) naming ``source``, line and reason."""
     if isinstance(log, bytes):
         log = decode_log_bytes(log, source, error)
     if isinstance(log, str):

@@ -1,14 +1,8 @@
-"""One hanchan on a ``riichienv`` table, for the arena's lock-step loop (``mortal.play.arena``, ``mortal.play.lockstep``).
+"""One hanchan on a ``riichienv`` table, for the arena's lock-step loop.
 
-A ``_Game`` owns one ``riichienv.RiichiEnv`` played **one kyoku per reset** with an explicit wall derived from
-(nonce, key, kyoku index, honba) (``kyoku_wall``), so all four seat rotations of a nonce see the same deal whenever
-they reach the same kyoku label (Mortal's duplicate property, not Mortal's exact walls). Scores, honba and kyotaku
-are carried here and the Tenhou hanchan flow (Mortal's ``libriichi/src/arena/game.rs``) is applied by
-``mortal.play.kyoku_flow.next_kyoku``. Each seat has an ``mjai.mlibriichi`` ``PlayerState`` fed from the table's
-masked events (plus, for a seat whose agent encodes version 4, a ``V4Encoder`` fed the same events in the same
-order). Within a kyoku the table scores hora (incl. honba/kyotaku, multi-ron, pao), nagashi mangan, noten payments
-and abortive draws. The log's lines are built from the seats' own events (``mortal.play.log_writer.kyoku_lines``).
-"""
+One kyoku per reset, on a wall derived from (nonce, key, kyoku index, honba) (``kyoku_wall``), so the four seat
+rotations of a nonce see the same deals; the hanchan flow is ``kyoku_flow.next_kyoku`` and the log lines
+``log_writer.kyoku_lines``."""
 
 from __future__ import annotations
 
@@ -36,12 +30,8 @@ class ArenaError(RuntimeError):
 
 
 class StatePanic(Exception):
-    """A seat's ``PlayerState`` (mjai's Rust core) panicked on an event, so that seat's view of the game is lost.
-
-    Known case: its fixed-capacity kawa (24 discards per seat) overflows on a legal kyoku in which one seat
-    discards 25 times (others pon its discards, it draws at once). The lock-step loop ends that game as failed
-    (``OneVsThree.failed_games``) or drops that counterfactual branch; the other games go on. ``seat``: 0-3;
-    ``event``: the mjai event (a dict or its JSON text)."""
+    """A seat's ``PlayerState`` panicked on ``event`` (e.g. its 24-discard kawa overflowed), so that seat's view
+    is lost; the game fails (or the counterfactual branch is dropped), the others go on. ``seat``: 0-3."""
 
     def __init__(self, seat: int, event, panic: BaseException):
         self.seat, self.event = seat, event
@@ -55,11 +45,7 @@ def is_rust_panic(exc: BaseException) -> bool:
 
 
 def _feed(seat: int, st: PlayerState, enc, ev) -> None:
-    """Feed the mjai event ``ev`` to seat ``seat``'s state (and version-4 encoder ``enc``, if any).
-
-    Raises:
-        StatePanic: the state (or encoder) panicked; other errors propagate unchanged.
-    """
+    """Feed ``ev`` to ``seat``'s state and v4 encoder ``enc``; ``StatePanic`` if either panics."""
     try:
         st.update(ev)
         if enc is not None:
@@ -71,14 +57,9 @@ def _feed(seat: int, st: PlayerState, enc, ev) -> None:
 
 
 def kyoku_wall(nonce: int, key: int, kyoku_index: int, honba: int) -> list[int]:
-    """The 136-tile wall (riichienv tile ids 0-135) of kyoku label
-    (nonce, key, kyoku_index, honba): SHA3-256 of the little-endian u64 nonce, u64
-    key, u8 kyoku index, u8 honba seeds a ``random.Random`` shuffle. Same label,
-    same wall (kyotaku does not count, as Mortal's board.rs); not Mortal's walls.
-
-    Raises:
-        ValueError: nonce/key outside u64 or kyoku_index outside 0-11.
-    """
+    """The 136-tile wall (riichienv ids 0-135) of (nonce, key, kyoku_index, honba): a ``random.Random``
+    shuffle seeded by SHA3-256 of u64 nonce, u64 key, u8 kyoku index, u8 honba (little-endian). Not Mortal's walls.
+    ValueError: nonce/key outside u64 or kyoku_index outside 0-11."""
     if not (0 <= nonce < _U64 and 0 <= key < _U64):
         raise ValueError(f"nonce and key must be u64, got {nonce}, {key}")
     if not 0 <= kyoku_index < MAX_KYOKU_INDEX:
@@ -183,15 +164,10 @@ class _Game:
         return out
 
     def speculate(self, guard: list[bool]) -> list[Scene]:
-        """Scenes of the step that follows if every asked seat passes, to be decided in the same batch.
+        """Scenes of the step that follows if every asked seat passes, decided in the same batch.
 
-        Only for a call step (no asked seat can discard) whose asked seats and whose continuation's seats all
-        belong to one agent that keeps no state between scenes (``stateless``), in a game without version-4
-        encoders: the continuation is played on a clone of the table, and each of its seats gets a fresh
-        ``PlayerState`` replayed from the seat's events of this kyoku. ``adopt`` later uses the decisions iff
-        the seats did all pass and the table then asks the same seats with the same events. Sets ``self.spec``;
-        returns its scenes (empty when there is none).
-        """
+        Only for a call step whose seats all belong to one ``stateless`` agent, without v4 encoders; played on a clone of
+        the table. Sets ``self.spec``; returns its scenes (empty when none)."""
         self.spec = None
         agent = {id(self.agents[seat]) for seat in self.obs}
         if len(agent) != 1 or any(self.v4_seats):
@@ -268,10 +244,8 @@ class _Game:
         self.obs = obs
 
     def _best_win_scores(self, seat: int, env=None, ob=None, st=None) -> list[int]:
-        """Absolute scores after this seat's hora now (the agari guard of Mortal's ``agent/mortal.rs``): the table's
-        exact payment for the hand (single winner), plus, in riichi, an upper bound on
-        ura dora: every ura indicator pointing at the most-held kinds. ``env``/``ob``/``st``: the table, the
-        seat's observation and state of a speculative step (default: this game's)."""
+        """Absolute scores after this seat's hora now (the agari guard): the table's payment, plus in riichi
+        an upper bound on ura dora. ``env``/``ob``/``st`` default to this game's."""
         st = self.states[seat] if st is None else st
         ob = self.obs[seat] if ob is None else ob
         return _win_scores(self.env if env is None else env, ob, st, seat, self.flow)
