@@ -62,7 +62,7 @@ class ClaimLedger:
         self._epoch: list[str] = []
         self._seen: set = set()
 
-    # -- disk ------------------------------------------------------------------------------------------------
+    # disk
 
     @classmethod
     def open(cls, claim_dir: str, *, signature: dict, passes: int, steps: int | None = None) -> "ClaimLedger":
@@ -139,7 +139,7 @@ class ClaimLedger:
                 "files": self.committed if files is None else files}
         atomic_write_bytes(json.dumps(data, separators=(",", ":")).encode("utf-8"), path.join(self.claim_dir, name))
 
-    # -- claims ----------------------------------------------------------------------------------------------
+    # claims
 
     def names(self) -> set:
         """Names of the claimed logs the ledger still tracks (a new drain must keep them)."""
@@ -199,7 +199,7 @@ class ClaimLedger:
         return {path.join(self.claim_dir, n): {p: None if u == _DONE else set(u.trained) for p, u in units.items()}
                 for n, units in self.files.items() if units}
 
-    # -- an epoch --------------------------------------------------------------------------------------------
+    # an epoch
 
     def begin_epoch(self, paths) -> None:
         """The files of this epoch's loader, in the order its sample ids' ``file`` refers to."""
@@ -305,7 +305,7 @@ class ClaimLedger:
         return self._finish(finished, files)
 
 
-# ---------------------------------------------------------------------------- the manifest
+# the manifest
 
 def _staged_steps(staged: str):
     """The ``steps`` of a staged manifest; None when it has none or cannot be read."""
@@ -404,7 +404,7 @@ def _parse_units(manifest: str, name: str, passes_, n_passes: int, *, gone: bool
     return units
 
 
-# ---------------------------------------------------------------------------- drain claiming
+# drain claiming
 
 def claim_dir_for(drain_dir: str) -> str:
     """The learner's own directory next to the server's ``drain_dir``: ``<drain_dir>.trainer``."""

@@ -44,7 +44,7 @@ def _is_fatal(exc: BaseException) -> bool:
     return isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError))
 
 
-# ---------------------------------------------------------------- per-seat data
+# per-seat data
 
 @dataclass
 class Gameplay:

@@ -1,14 +1,7 @@
 """Bootstrap a model without Mortal's weights:
-``python -m mortal.tools.bootstrap {gen-logs,train-grp,train-offline,prepare,all}`` (docs/operations.md).
+``python -m mortal.tools.bootstrap {gen-logs,train-grp,train-offline,prepare,all}``.
 
-1. ``gen-logs``: rule-based hanchan as mjai logs (``mortal.tools.rulebase_games``).
-2. ``train-grp``: ``mortal.train_grp`` on them, then ``check_grp``: a GRP no better than uniform on the val logs
-   makes the kyoku reward ``[env] reward = 'points'``, written into the config file.
-3. ``train-offline``: offline epochs with early stopping on the val logs (``mortal.tools.offline_epochs``).
-4. ``prepare``: ``best.pth`` to ``[control] state_file`` (``best_perf`` reset) and both baselines' state files.
-
-Each step is resumable: a finished step is skipped, an interrupted one continues. ``all`` runs the four in order.
-"""
+Each step is resumable; ``all`` runs the four in order (docs/operations.md, "Without Mortal weights: bootstrap")."""
 
 if __package__ in (None, ''):  # run as a script: python mortal/tools/bootstrap.py
     import sys, pathlib
@@ -75,10 +68,9 @@ def train_grp(config, *, progress=True):
 
 
 def check_grp(config, config_path=None):
-    """The reward the online run will use: ``'grp'`` (Mortal's) when the GRP's mean cross entropy (nats) over every
-    sample of the val logs is below uniform's (ln 24), else ``'points'`` (a warning); a config saying ``'points'``
-    keeps it, and without val logs or GRP the config's stands. Set in ``config`` and written into ``config_path``.
-    Returns ``{'reward', 'ce' (None: not measured), 'uniform', 'val_games'}``; raises what ``load_grp`` raises."""
+    """The online reward: ``'grp'`` when the GRP's mean cross entropy on the val logs is below uniform's
+    (ln 24), else ``'points'`` (warned); set in ``config`` and written to ``config_path``. Returns
+    ``{'reward', 'ce', 'uniform', 'val_games'}``."""
     from mortal.data.reward import load_grp
     from mortal.train_grp import UNIFORM_CE, load_samples, mean_ce
 

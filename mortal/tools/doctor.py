@@ -1,11 +1,6 @@
 """Pre-flight checks of a config before a long run: ``python -m mortal.tools.doctor [-c config.toml]``.
 
-Prints one ``[ OK ]``/``[FAIL]``/``[INFO]`` line per check and exits 1 when any check fails. Checks: the config
-validates and its feature version is supported; every directory and file the processes write is writable (probed
-with a real temp file: ``os.access`` says yes to root); the server port is free (or answers, ``--server-running``);
-each checkpoint read (trainer, baselines, GRP) loads strictly into the configured networks; a per-process memory
-estimate against the GPU's memory.
-"""
+Prints one ``[ OK ]``/``[FAIL]``/``[INFO]`` line per check and exits 1 when any fails (docs/operations.md)."""
 
 if __package__ in (None, ''):  # run as a script: python mortal/tools/doctor.py
     import sys, pathlib
@@ -46,7 +41,7 @@ class Check:
         return f'[{self.status:^4}] {self.name}: {self.detail}'
 
 
-# ---------------------------------------------------------------------------- paths
+# paths
 
 def _written_paths(config):
     """(label, path, kind) of everything the processes create; kind 'dir' or 'file'."""
@@ -99,7 +94,7 @@ def check_paths(config):
     return rows
 
 
-# ---------------------------------------------------------------------------- port
+# port
 
 def check_port(config, server_running=False):
     """Server port: free to bind (default) or, with ``server_running``, accepting connections."""
@@ -123,7 +118,7 @@ def check_port(config, server_running=False):
     return [Check(OK, 'port', f'{bind_host}:{port} is free')]
 
 
-# ---------------------------------------------------------------------------- checkpoints
+# checkpoints
 
 def _read_checkpoint_files(config):
     """(label, path, required) of model checkpoints the processes read."""
@@ -222,7 +217,7 @@ def check_grp(config):
     return [Check(OK, 'grp', f'[grp] state_file = {path} loads into GRP({network})')]
 
 
-# ---------------------------------------------------------------------------- memory
+# memory
 
 def _model_parts(conv_channels, num_blocks, version, device='meta'):
     from mortal.model.networks import DQN, AuxNet, Brain
@@ -246,14 +241,9 @@ def _weight_count(*modules):
 
 def saved_bytes(conv_channels, num_blocks, version, batch, *, amp=False, weights=0, step=False):
     """Bytes autograd keeps for backward in one training forward of ``Brain`` + ``DQN`` + ``AuxNet`` at ``batch``
-    rows, counted from the graph (versions 2-4; equal to ``saved_tensors_hooks``' distinct storages on the CPU,
-    tests/test_doctor.py). Per row, in the forward's width (4 bytes, 2 under AMP): the observation, 7 (C, 34)
-    tensors a residual block (its input, BN1, Mish1, conv1, BN2 and Mish2 outputs, conv2's output for the
-    attention) and 3 after the tower, the head's two 32 x 34, two 1024-vectors, a block's attention 3 C-vectors and
-    4 of C / 16, and (v2, v3) the DQN heads' 4 hidden vectors (512, 256); the masks (2 x 46 bytes) and an index
-    (8). Per batch: the BatchNorms' float32 statistics (8 C-vectors a block, 4 after) and, under AMP, the 2-byte
-    copy of the ``weights`` conv/linear weight elements. With ``step``, the step's peak (the start of backward):
-    also the float32 observation AMP keeps beside its copy and 2 (C, 34) gradients a row (counted, not measured)."""
+    rows, counted from the graph (versions 2-4; matches ``saved_tensors_hooks`` on CPU, tests/test_doctor.py). With
+    ``step``, the step's peak at the start of backward. The terms: docs/operations.md, "The doctor's memory estimate".
+    """
     from mortal.features.obs import obs_shape
     c, width = conv_channels, 2 if amp else 4
     per_row = width * (34 * (obs_shape(version)[0] + (7 * num_blocks + 3) * c + 64)
@@ -272,20 +262,11 @@ def inference_bytes_per_sample(conv_channels, version):
 
 
 def estimate_memory(config, profile='default'):
-    """Per-process memory in bytes, keyed by process name; the terms and the figures they were fitted on:
-    docs/operations.md, "The doctor's memory estimate".
+    """``{process name: (device, bytes)}``: the trainer's and the client's memory; the terms and the figures
+    they were fitted on: docs/operations.md, "The doctor's memory estimate".
 
-    * trainer: CUDA context + ``ALLOCATOR_SLACK`` x (16 B a parameter: weights, grads, AdamW moments + the step's
-      ``saved_bytes``) + on CUDA with ``enable_cudnn_benchmark`` ``CUDNN_BENCHMARK_FACTOR`` x the saved
-      activations; or the test play's peak (+ the baseline, inference on 3 x ``test_play.games`` rows).
-    * client: context + ``ALLOCATOR_SLACK`` x (trainee and baseline weights + inference on 3 x ``games`` of the
-      profile). Returns ``{name: (device, bytes)}``.
-
-    ``config`` is read as it is (``mortal.config.lookup``), not typed: a what-if over its numbers, also outside the
-    schema's ranges (``bench/gpu_memory.py`` zeroes ``batch_size`` or the test games to isolate one term). A table
-    it lacks (no ``[test_play]``, no such profile) counts as none of that process's games; without
-    ``[baseline.train]`` the client is on the trainer's device.
-    """
+    ``config`` is read as it is (``mortal.config.lookup``), not typed: a what-if, also outside the schema's ranges.
+    A missing table counts as none of that process's games."""
     version = lookup(config, 'control.version')
     cc = lookup(config, 'resnet.conv_channels')
     nb = lookup(config, 'resnet.num_blocks')
@@ -357,13 +338,11 @@ def check_memory(config, profile='default'):
     return rows
 
 
-# ---------------------------------------------------------------------------- file indexes
+# file indexes
 
 def check_file_indexes(config):
-    """Each cached file index (``[dataset] file_index``, ``[grp.dataset] file_index``) that exists: FAIL when it is
-    not one, or when a file it lists is missing or outside the globs it is read with
-    (``mortal.data.offline_data.index_problems``); WARN when it was built from other globs (or has no record of
-    them): the next run rebuilds it."""
+    """Each existing cached file index: FAIL when it is not one or lists a missing file or one outside
+    its globs; WARN when built from other globs (the next run rebuilds it)."""
     from mortal.data.offline_data import index_problems, stale_index
     from mortal.model.checkpoint import describe_error, load_checkpoint
 
@@ -399,7 +378,7 @@ def check_file_indexes(config):
     return rows
 
 
-# ---------------------------------------------------------------------------- devices
+# devices
 
 def check_devices(config):
     """A FAIL row per CUDA device key that this torch cannot use, worded as every process words it at its start
@@ -409,7 +388,7 @@ def check_devices(config):
     return [Check(FAIL, 'device', line) for line in entry.device_problems(config, keys)]
 
 
-# ---------------------------------------------------------------------------- driver
+# driver
 
 def run_checks(config, *, server_running=False, profile='default'):
     """All checks for an already loaded config dict; returns the list of ``Check``."""

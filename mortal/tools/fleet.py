@@ -1,12 +1,8 @@
 """Self-play fleet on Ray (``python -m mortal.tools.fleet``): N clients of ``mortal.client`` as Ray actors.
 
-Every actor is a ``mortal.client.Client`` talking to the server over TCP as ``python mortal/client.py`` does; Ray
-only starts, places and restarts them and carries their per-round records back to this driver, which prints one
-``fleet round R: ...`` line and one TensorBoard group ``fleet/*`` per fleet round. Actor ``i`` plays
-``[train_play.<profiles[i % len(profiles)]>]`` into ``<that log_dir>.fleet-<i>``. Restarts, refusals, back-off,
-and the checks before any actor starts: docs/operations.md. ``ray`` is an optional extra
-(``pip install 'mortal-online[fleet]'``).
-"""
+Ray only starts, places and restarts the clients and carries their per-round records back; actor ``i`` plays
+profile ``profiles[i % len(profiles)]`` into ``<log_dir>.fleet-<i>``. See docs/operations.md. ``ray`` is an
+optional extra (``pip install 'mortal-online[fleet]'``)."""
 
 if __package__ in (None, ''):  # run as a script: python mortal/tools/fleet.py
     import sys, pathlib
@@ -411,10 +407,8 @@ def _last_line(ex: BaseException) -> str:
 
 
 def _start_ray(ray, address: str, where: str, fleet, actors: int):
-    """Join the Ray cluster at ``address`` (``where``: where that address comes from, for the message) or start a
-    local instance, and check that it can run ``actors`` actors of the typed ``[fleet]``. Returns the message of
-    an error (no cluster there, a failed start, a local instance too small), else None: a cluster short of
-    resources is only warned about (it may grow)."""
+    """Join the Ray cluster at ``address`` (``where``: its origin, for messages) or start a local one, and check
+    it can run ``actors`` actors. Returns an error message, else None (a short cluster is only warned about)."""
     try:
         if address:
             ray.init(address=address, include_dashboard=False, log_to_driver=True)

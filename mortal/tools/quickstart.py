@@ -1,11 +1,7 @@
 """One-command tour of the whole pipeline on a small model: ``python -m mortal.tools.quickstart``.
 
-Under one work dir (default ``./work/quickstart``): writes ``config.toml`` (``mortal.tools.quickstart_config``,
-version 3 or ``--version 4``), runs ``mortal.tools.bootstrap all``, starts server, trainer and client as processes
-until one ``test_play`` and one trainer restart, stops them, and prints the TensorBoard and checkpoint paths, the
-test plays, the final model against 3x the start, the start against 3 RulebaseBots, the reward and the time.
-``--short`` shrinks every size for CI; ``scripts/quickstart.sh`` installs the dependencies first.
-"""
+Writes a config, bootstraps, runs server, trainer and client until one test play and one trainer restart, then
+evaluates; ``--short`` shrinks every size for CI (docs/operations.md, "The quickstart")."""
 
 if __package__ in (None, ''):  # run as a script: python mortal/tools/quickstart.py
     import sys, pathlib
@@ -33,7 +29,7 @@ PROCESSES = ('server', 'train', 'client')  # start order; stopped in reverse
 GRACE_SECONDS = 15  # between SIGTERM and SIGKILL
 
 
-# ---------------------------------------------------------------------------- processes
+# processes
 
 def child_env(config_path):
     """Environment of the pipeline's processes: the config, unbuffered output, no slow Rust backtraces, no
@@ -71,10 +67,8 @@ def start(name, config_path, log_dir, profile=None):
 
 
 def stop(procs, grace=GRACE_SECONDS):
-    """SIGTERM every process group (in reverse start order), SIGKILL what is left after ``grace`` seconds.
-
-    ``procs``: ``{name: Popen}``. Returns ``{name: 'exited N' | 'killed'}``.
-    """
+    """SIGTERM every process group of ``procs`` (``{name: Popen}``) in reverse order, SIGKILL what is left after
+    ``grace`` seconds; returns ``{name: 'exited N' | 'killed'}``."""
     outcome = {}
     for name in reversed(list(procs)):
         p = procs[name]
@@ -99,7 +93,7 @@ def _tail(path, lines=25):
         return '(no log)'
 
 
-# ---------------------------------------------------------------------------- progress from TensorBoard
+# progress from TensorBoard
 
 def read_scalars(tb_dir, prefix='test_play/'):
     """``{tag: [(step, value), ...]}`` of the top-level run in ``tb_dir`` for tags starting with ``prefix``."""
@@ -152,16 +146,14 @@ def wait_for_online(procs, tb_dir, log_dir, timeout, poll=3.0, *, tests_before=0
         time.sleep(poll)
 
 
-# ---------------------------------------------------------------------------- driver
+# driver
 
 EVAL_KEY = 0x71756963  # 'quic': duplicate key of the summary's evaluation deals (not a self-play key)
 
 
 def same_weights(path_a, path_b) -> bool:
-    """Whether two checkpoints hold the same networks: equal ``mortal`` and ``current_dqn`` state dicts (Mortal's
-    checkpoint keys; optimizer, step and timestamps are ignored). False when either file lacks one of them.
-
-    Raises FileNotFoundError / ``CheckpointError`` as ``mortal.model.checkpoint.load_checkpoint``."""
+    """Whether two checkpoints have equal ``mortal`` and ``current_dqn`` state dicts (False if one lacks them).
+    Raises as ``load_checkpoint``."""
     import torch
     from mortal.model.checkpoint import load_checkpoint
 
@@ -213,12 +205,8 @@ def _play_eval_deals(challenger, champion, sets, workers, progress, label):
 
 
 def evaluate_against_start(config, sets, workers=None, progress=False):
-    """``best.pth`` and the final ``state_file``, each against 3x the start model (``[baseline.test]``), on the same
-    ``sets`` duplicate deals: ``{'best'|'final': mortal.play.evaluation.summarize(...)}`` (missing files left out).
-
-    A final model with the same weights as ``best.pth`` (``same_weights``; the default run stops right after the
-    test play that saved best) is not played again: its entry is best's, plus ``'same_as': 'best'``.
-    ``progress``: a tqdm bar per model (``sets * 4`` games)."""
+    """``{'best'|'final': summarize(...)}`` of each model against 3x the start on ``sets`` duplicate
+    deals (missing files left out); a final equal to best is not replayed (``'same_as': 'best'``)."""
     from mortal.config import typed
     from mortal.play.evaluation import summarize
 
@@ -237,10 +225,8 @@ def evaluate_against_start(config, sets, workers=None, progress=False):
 
 
 def evaluate_start_vs_rulebase(config, sets, workers=None, progress=False):
-    """The start model (``[baseline.test] state_file``) against 3 RulebaseBots on ``sets`` duplicate deals (4 games
-    each): ``mortal.play.evaluation.summarize(...)`` (avg rank 1-4 and its 95% CI half-width over deals, avg pt),
-    or None when the start file is missing. ``progress``: a tqdm bar over the games. Raises ValueError for
-    ``sets < 1``."""
+    """``summarize(...)`` of the start model against 3 RulebaseBots on ``sets`` duplicate deals, None
+    when the start file is missing; ValueError for ``sets < 1``."""
     from mortal.config import typed
     from mortal.play.evaluation import summarize
 
@@ -253,10 +239,8 @@ def evaluate_start_vs_rulebase(config, sets, workers=None, progress=False):
 
 def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0, version=3, eval_sets=None,
         rulebase_sets=None):
-    """The whole quickstart; returns what it produced (paths, timings, test_play results). ``online_minutes``: run
-    online at least this long (default: to the first test play and restart); ``eval_sets``, ``rulebase_sets``:
-    duplicate deals (4 games each) of best/final vs 3x the start, and of the start vs 3 RulebaseBots (None: the
-    preset's; 0: none). A rerun skips the finished bootstrap and continues online training."""
+    """The whole quickstart; returns paths, timings and test_play results. ``eval_sets``/``rulebase_sets`` None: the
+    preset's; 0: none. A rerun skips the finished bootstrap and continues online training."""
     from mortal.tools import bootstrap
     from mortal.config import load_config, typed
 

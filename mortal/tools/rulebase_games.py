@@ -1,10 +1,6 @@
-"""Bootstrap step 1, ``gen-logs``: hanchan of four exploring ``RulebaseBot`` seats over a process pool, written as
-gzip mjai logs ``{nonce}_{key}_{a|b|c|d}.json.gz`` under ``[bootstrap] log_dir``/train and /val (docs/operations.md).
-
-Each bot discards a random legal tile with probability ``[bootstrap] epsilon`` (not under riichi): four identical
-deterministic bots would replay the same game in all four seat rotations of a deal; with ``epsilon = 0`` only
-rotation ``a`` is kept.
-"""
+"""Bootstrap step 1, ``gen-logs``: hanchan of four exploring ``RulebaseBot`` seats, written as gzip mjai logs
+under ``[bootstrap] log_dir``/train and /val. With ``epsilon = 0`` only rotation ``a`` is kept (the four would
+replay the same game)."""
 
 import logging
 import os
