@@ -1,16 +1,5 @@
-"""Paths of the config: the ``{config_dir}`` prefix, and the rule that no folder a process empties holds the config
-or the run's state.
-
-``{config_dir}`` at the start of a string value, followed by the end of the value or a path separator, stands for the
-folder of the config file as given (a symbolic link to the file is not followed: the link's folder counts). Another
-use (``'{config_dir}..'``, ``'{config_dir}x'``) is an error naming the key. ``[online.remote] token`` is a secret,
-never a path: it is never expanded.
-
-Folders the processes empty: ``[online.server] buffer_dir`` and ``drain_dir`` (the server, at start),
-``<drain_dir>.trainer`` (the learner's claims), every ``[train_play.<profile>] log_dir`` (a client, each round),
-``[test_play] log_dir`` and ``<log_dir>_best`` (the learner's test plays). ``[1v3] log_dir`` is never emptied.
-Two ``[train_play.*]`` profiles may name the same ``log_dir`` (a client locks it, so one plays at a time).
-"""
+"""Paths of the config: the ``{config_dir}`` prefix, and the rule that no folder a process empties holds the
+config or the run's state (docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -42,11 +31,8 @@ def expand(value: str, folder: str) -> str:
 
 
 def expand_config_dir(node, folder: str, _where: tuple = ()):
-    """In place, every string of the loaded config ``node`` (its tables and arrays) that starts with
-    ``{config_dir}`` (then its end or a separator) starts with ``folder`` (the config file's, absolute) instead:
-    ``state_file = '{config_dir}/online/mortal.pth'`` names a file beside the config, wherever the folder is moved
-    or copied. ``[online.remote] token`` is left as it is. Other strings, relative paths included (relative to the
-    working directory, as Mortal's), are left as they are. Returns ``node``."""
+    """In place, replace a leading ``{config_dir}`` (then the end or a separator) of every string in
+    ``node`` with ``folder`` (absolute); ``[online.remote] token`` is left alone. Returns ``node``."""
     items = node.items() if isinstance(node, dict) else enumerate(node)
     for k, v in list(items):
         where = _where + (k,)

@@ -1,9 +1,5 @@
-"""Start-up shared by the command-line entry points (``mortal.server``, ``mortal.client``, ``mortal.train``, ...).
-
-A ``main()`` builds its parser with :func:`parser` (adds ``-c/--config``), prepares the process with
-:func:`start`, and reads its config with :func:`load_config` or :func:`load_config_or_exit`. The ``sys.path`` line
-of a module run as a script stays in that module: it makes this package importable in the first place.
-"""
+"""Start-up shared by the command-line entry points: ``parser`` (adds ``-c/--config``), ``start`` and
+``load_config``/``load_config_or_exit``."""
 
 from __future__ import annotations
 
@@ -81,10 +77,8 @@ def error(message, status: int = 2) -> int:
 
 
 def load_config(args: argparse.Namespace, required: mcfg.Required) -> dict:
-    """The config of ``args.config`` (else ``$MORTAL_CFG``, else ``config.toml``) with the ``required`` sections
-    (names, or a function of the file's dict: ``mortal.config.Required``), read with ``args.overrides``; raises
-    ``mortal.config.ConfigError`` (for a ``main()`` that reports it its own way), also for version 4 on a checkout
-    without the compiled single-player core (:func:`sp_core_problem`)."""
+    """The config of ``args.config`` (else ``$MORTAL_CFG``, else ``config.toml``) with the ``required``
+    sections; raises ``ConfigError``, also for version 4 without the compiled single-player core."""
     config = mcfg.load_config(args.config, required=required, env=args.overrides)
     problem = sp_core_problem(config, required)
     if problem:

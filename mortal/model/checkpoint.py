@@ -1,12 +1,5 @@
-"""Checkpoint files: loading, rebuilding the models, state-dict checks, atomic saves, and their one error type.
-
-``load_checkpoint`` reads with ``weights_only=True`` (``CheckpointError`` naming the file otherwise). A
-Mortal-layout checkpoint holds ``mortal``, ``current_dqn`` and ``config`` (``[control] version``, ``[resnet]``):
-``load_model_pair`` rebuilds ``(brain, dqn, version)``, ``read_baseline`` gives its state dicts and architecture.
-``state_dict_mismatches`` compares a state dict with a model's (worded by ``check_loadable``,
-``check_fits_config``, ``describe_mismatches``). The learner's checkpoint holds ``CHECKPOINT_KEYS``.
-``atomic_torch_save``: temporary name, fsync, rename.
-"""
+"""Checkpoint files: loading (``weights_only=True``), rebuilding the models, state-dict checks, atomic saves,
+and their one error type ``CheckpointError``."""
 
 from __future__ import annotations
 
@@ -29,12 +22,8 @@ CHECKPOINT_KEYS = ('mortal', 'current_dqn', 'aux_net', 'optimizer', 'scheduler',
 
 
 class CheckpointError(ValueError):
-    """A checkpoint (or other torch file) that cannot be used.
-
-    ``str()`` is one line: ``'<source>: <reason>'``, or ``'cannot load <what> <source>: <reason>'`` when ``what``
-    (the config key that named the file, e.g. ``'[control] state_file'``) is given. ``source`` is the file, or
-    for weights that came from elsewhere (the server) what they are (e.g. ``'baseline dqn'``).
-    """
+    """A checkpoint (or other torch file) that cannot be used; ``str()`` is one line,
+    ``'<source>: <reason>'`` or ``'cannot load <what> <source>: <reason>'`` (``what``: the config key naming it)."""
 
     def __init__(self, source, reason: str, *, what: str | None = None):
         self.source = os.fspath(source)
@@ -84,12 +73,8 @@ def load_checkpoint(path, *, map_location='cpu'):
 
 
 def require_entries(state, keys, source, *, kind: str = 'checkpoint'):
-    """``state`` when it is a dict holding every one of ``keys``.
-
-    Raises:
-        CheckpointError: ``"<source>: <kind> has no 'k' entry"`` for one missing key, ``"<source>: <kind> lacks
-            [...]"`` (all of them) for several; a ``state`` that is not a dict lacks them all.
-    """
+    """``state`` when it is a dict holding every one of ``keys``, else ``CheckpointError`` naming the
+    missing entries."""
     missing = [k for k in keys if not isinstance(state, dict) or k not in state]
     if len(missing) == 1:
         raise CheckpointError(source, f'{kind} has no {missing[0]!r} entry')
@@ -173,10 +158,8 @@ def read_baseline(path) -> tuple:
 # ---------------------------------------------------------------------------- state-dict checks
 
 class Mismatch(NamedTuple):
-    """One difference of a saved state dict from a model's: ``kind`` ``'missing'`` (a key the model has and the
-    save lacks), ``'unexpected'`` (the reverse), ``'shape'`` (both have it, other shapes, or the saved value is no
-    tensor) or ``'not_a_dict'`` (the save is no mapping; ``key`` is ``''``). ``saved``/``expected``: the shapes
-    as tuples, None where absent, for a saved non-tensor (or non-mapping) its type name."""
+    """One difference of a saved state dict from a model's: ``kind`` 'missing', 'unexpected', 'shape' or
+    'not_a_dict' (``key`` ''); ``saved``/``expected``: shape tuples, None where absent, else a type name."""
     kind: str
     key: str
     saved: tuple | str | None
@@ -272,20 +255,16 @@ def describe_mismatches(expected: Mapping, saved, limit: int = 3) -> list:
 # ---------------------------------------------------------------------------- saving, CLI errors
 
 def atomic_torch_save(obj, filename) -> None:
-    """``torch.save(obj)`` to ``filename`` through a temporary file, fsync and rename
-    (``mortal.util.fsutil.atomic_write``): a reader, or a restart after a kill at any moment, finds the previous file
-    or the whole new one. The folder is created when missing. Raises OSError (and whatever ``torch.save`` raises;
-    ``filename`` is then untouched)."""
+    """``torch.save(obj)`` to ``filename`` through a temporary file, fsync and rename (the folder is
+    created); on error ``filename`` is untouched."""
     with atomic_write(filename) as f:
         torch.save(obj, f)
 
 
 @contextlib.contextmanager
 def load_errors(what: str, path):
-    """Context manager turning every way loading ``path`` can fail into one CheckpointError ``cannot load <what>
-    <path>: <reason>`` (one line, for a command-line error): a CheckpointError keeps its reason; FileNotFoundError
-    and other OSError, EOFError, RuntimeError (wrong shapes, a corrupt zip), KeyError/TypeError/ValueError (a wrong
-    layout) become ``<type>: <message>``."""
+    """Context manager turning every failure of loading ``path`` into one-line ``CheckpointError``
+    ``cannot load <what> <path>: <reason>``."""
     try:
         yield
     except CheckpointError as exc:

@@ -1,23 +1,8 @@
 """Neural networks of the trainer: ``Brain`` (encoder), ``DQN``, ``AuxNet`` and ``GRP``.
 
-The architectures and every submodule/parameter name follow Mortal's
-``mortal/model.py`` so that Mortal checkpoints (``mortal``, ``current_dqn``,
-``aux_net`` of a trainer checkpoint; ``model`` of a GRP checkpoint) load with
-``strict=True``. Attribute names below are therefore part of the file format:
-renaming one, or inserting a layer into an ``nn.Sequential``, breaks loading.
-
-Per feature version (as Mortal):
-
-========  ==========  ==========  ==============  ===========================
-version   activation  BN order    BN eps          Brain output
-========  ==========  ==========  ==============  ===========================
-1         ReLU        post-act    1e-5            ``(mu, logsig)`` (N, 512) x2
-2         Mish        pre-act     1e-5            ``phi`` (N, 1024)
-3, 4      Mish        pre-act     1e-3            ``phi`` (N, 1024)
-========  ==========  ==========  ==============  ===========================
-
-All BatchNorms use momentum 0.01.
-"""
+Every submodule and parameter name follows Mortal's ``mortal/model.py`` so that Mortal checkpoints load with
+``strict=True``: renaming an attribute or inserting a layer breaks loading. Version 1: ReLU, post-activation BN;
+2: Mish, pre-activation BN; 3-4: as 2 with BN eps 1e-3. All BatchNorms use momentum 0.01."""
 
 from itertools import permutations
 
@@ -111,11 +96,7 @@ class ResBlock(nn.Module):
 
 
 class ResNet(nn.Module):
-    """Stem conv, ``num_blocks`` residual blocks, 32-channel head conv, Linear to 1024.
-
-    ``x`` (N, in_channels, 34) float32 -> (N, 1024) (no final activation).
-    Everything lives in one ``nn.Sequential`` named ``net`` (Mortal's key layout).
-    """
+    """Stem conv, residual blocks, 32-channel head conv, Linear: ``(N, in_channels, 34)`` -> ``(N, 1024)``."""
 
     def __init__(self, in_channels: int, conv_channels: int, num_blocks: int, version: int):
         super().__init__()
@@ -138,13 +119,9 @@ class ResNet(nn.Module):
 
 
 class Brain(nn.Module):
-    """Observation encoder (Mortal's ``Brain``): ``conv_channels`` (>= 16) x ``num_blocks``, ``is_oracle`` (the
-    oracle obs concatenated on channels), ``version`` 1-4.
-
-    ``forward(obs (N, obs_shape(version)[0], 34) float32, invisible_obs=None (its oracle twin, iff is_oracle))``
-    -> ``phi`` ``(N, 1024)`` (versions 2-4, after a Mish) or ``(mu, logsig)`` ``(N, 512)`` each (version 1).
-    ``freeze_bn(True)`` keeps every BatchNorm on its running statistics even after ``.train()`` (still trained).
-    """
+    """Observation encoder (Mortal's ``Brain``): ``obs (N, C, 34) float32`` (+ ``invisible_obs`` iff ``is_oracle``)
+    -> ``phi (N, 1024)`` (versions 2-4) or ``(mu, logsig)`` each ``(N, 512)`` (version 1). ``freeze_bn(True)``
+    keeps BatchNorms on their running statistics after ``.train()``."""
 
     def __init__(self, *, conv_channels: int, num_blocks: int, is_oracle: bool = False, version: int = 1):
         super().__init__()
@@ -195,11 +172,7 @@ class Brain(nn.Module):
 
 
 class AuxNet(nn.Module):
-    """Auxiliary heads on ``phi``: one bias-free Linear split into ``dims`` logits.
-
-    ``forward(phi (N, 1024))`` -> tuple of tensors ``(N, d)`` for each d in ``dims``.
-    Mortal uses ``dims=(4,)``: logits of the player's rank at the end of the next kyoku.
-    """
+    """Auxiliary heads: ``phi (N, 1024)`` -> one ``(N, d)`` logits tensor per d in ``dims`` (Mortal: rank, (4,))."""
 
     def __init__(self, dims=(4,)):
         super().__init__()

@@ -1,9 +1,5 @@
-"""Baseline rotation: promote a checkpoint (normally best.pth) to ``[baseline.train]``/``[baseline.test]``.
-
-Used by ``scripts/rotate_baseline.py`` (by hand). Every replaced baseline is kept as
-``<file>.<YYYYmmdd-HHMMSS>.bak``. A client that fetches the trainer's baseline from the server
-(``[baseline.train] from_server``) installs it with ``install_baseline``, keeping the old one the same way.
-"""
+"""Baseline rotation: promote a checkpoint to the baselines, keeping each replaced file as
+``<file>.<YYYYmmdd-HHMMSS>.bak`` (``scripts/rotate_baseline.py``; ``install_baseline`` for a fetched one)."""
 
 from __future__ import annotations
 
@@ -47,12 +43,9 @@ def install_baseline(path: str, mortal: dict, dqn: dict, arch: dict) -> str | No
 
 
 def rotate(config: dict, source: str | None = None, *, reset_best: bool = False, stamp: str | None = None) -> list:
-    """Copy ``source`` (default ``[control] best_state_file``) over each distinct baseline file, keeping the old
-    one as ``<file>.<stamp>.bak``; returns ``[(target, backup or None)]``.
-
-    ``reset_best``: also reset ``best_perf`` in ``[control] state_file`` (only while the trainer is stopped).
-    Raises (nothing is touched then) FileNotFoundError when ``source`` is missing, ValueError (CheckpointError
-    among them) when it is unusable or is a baseline file itself or ``state_file`` cannot be reset."""
+    """Copy ``source`` (default best) over each distinct baseline file with a backup; returns
+    ``[(target, backup or None)]``. ``reset_best`` resets ``best_perf`` in ``state_file``. Raises, touching nothing,
+    FileNotFoundError (no ``source``) or ValueError (unusable, or a baseline itself)."""
     cfg = typed(config)
     source = source or cfg.control.best_state_file
     check_source(source)
