@@ -1,6 +1,5 @@
-"""The config's keys by name: the key table read off the schema's models (``SCHEMA``, ``section_keys``,
-``key_table``), a table's dotted name as a TOML header spells it (``table_name``, ``table_path``), and the names a
-file should not hold (``unknown_names``, ``REMOVED_KEYS``). Nothing here reads a file."""
+"""The config's keys by name, read off the schema's models; TOML spelling of table names; unknown and
+removed names. Reads no file."""
 
 from __future__ import annotations
 
@@ -73,9 +72,7 @@ _STRING = json.JSONDecoder()
 
 
 def table_name(parts: Iterable) -> str:
-    """The dotted name of the table at the keys ``parts`` as a TOML header spells it, a key that is not bare quoted:
-    ``train_play."a.b"`` is the profile ``a.b``, ``train_play.a.b`` a table ``b`` inside a profile ``a``. A key that
-    is not a string (a dict built in Python) is written as ``str`` does."""
+    """The dotted name of the table at ``parts`` as a TOML header spells it, non-bare keys quoted."""
     return '.'.join(part if isinstance(part, str) and _BARE_KEY.fullmatch(part)
                     else json.dumps(part, ensure_ascii=False) if isinstance(part, str) else str(part)
                     for part in parts)
@@ -135,9 +132,8 @@ def key_table() -> list[tuple[str, str, str, str, str]]:
 
 
 class Unknown(NamedTuple):
-    """A table or key the schema does not know (:func:`unknown_names`): ``table`` the dotted table holding it ('' at
-    the top level; as :func:`table_name` spells it), ``name``, ``is_section`` (a whole table) and ``suggestion``,
-    the known key of that table closest to ``name`` (``difflib``, similarity >= 0.8), or None."""
+    """A table or key the schema does not know: ``table`` (dotted, '' at top), ``name``, ``is_section``,
+    ``suggestion`` (closest known key, or None)."""
 
     table: str
     name: str

@@ -1,12 +1,8 @@
-"""Packed observations: the training samples' ``(C, 34)`` float32 arrays kept at about a tenth of their size.
+"""Packed observations: the ``(C, 34)`` float32 samples at about a tenth of their size.
 
-A packed observation is one row of ``row_bytes(version)`` bytes: the real-valued rows ``REAL_ROWS[version]``
-(scores, tiles left, the fading kawa rows, version 4's single-player block) as float32, then one bit per element
-of the whole array, row-major, little bit order (set iff nonzero), zero-padded to a multiple of 4 bytes.
-``pack_into`` raises ``NotPackableError`` for any other element that is not exactly +0.0 or 1.0, so ``unpack``
-rebuilds the array bit for bit (numpy arrays or torch tensors on any device). Per sample, packed vs float32: v3
-13,900 vs 127,024 bytes, v4 15,320 vs 137,632. The compiled core packs (``_core.pack_obs``) where built, else numpy.
-"""
+A row of ``row_bytes(version)`` bytes: the real-valued rows ``REAL_ROWS[version]`` as float32, then one bit per
+element (row-major, little bit order), zero-padded to 4 bytes. Every other element must be +0.0 or 1.0
+(``NotPackableError``), so ``unpack`` is bit-exact. The compiled core packs where built, else numpy."""
 
 from __future__ import annotations
 
@@ -109,9 +105,8 @@ def _refuse(lay: Layout, obs: np.ndarray, flat: int):
 
 
 def pack_into(obs: np.ndarray, out: np.ndarray, index: int, version: int) -> None:
-    """Pack ``obs`` (``(C, 34)`` float32, C-contiguous) into row ``index`` of ``out`` (``(N, row_bytes(version))``
-    uint8). Raises ``NotPackableError`` (an element outside ``REAL_ROWS`` not exactly +0.0 or 1.0; the row is left
-    partly written) or ValueError (shape, dtype, index)."""
+    """Pack ``obs`` (``(C, 34)`` float32, C-contiguous) into row ``index`` of ``out`` (``(N, row_bytes)``
+    uint8). Raises ``NotPackableError`` (row left partly written) or ValueError (shape, dtype, index)."""
     lay = layout(version)
     if obs.dtype != np.float32 or obs.shape != (lay.channels, 34) or not obs.flags.c_contiguous:
         raise ValueError(f"pack_into: expected a C-contiguous ({lay.channels}, 34) float32 array, "
@@ -135,11 +130,7 @@ def pack_into(obs: np.ndarray, out: np.ndarray, index: int, version: int) -> Non
 
 
 def packer(version: int):
-    """``pack_into`` bound to ``version``, for a loop that packs many observations: ``packer(v)(obs, out, index)``.
-
-    With the compiled core it checks less per call than ``pack_into`` (the dtype and C order of ``obs``; its size
-    in the kernel) and raises the same errors.
-    """
+    """``pack_into`` bound to ``version``: ``packer(v)(obs, out, index)``, same errors, fewer checks per call."""
     lay = layout(version)
     if _pack_obs is None:
         return functools.partial(_pack_into_v, version=version)

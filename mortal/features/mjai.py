@@ -1,13 +1,5 @@
-"""The mjai event vocabulary: the event types Mortal's mjai ``Event`` knows, those whose ``actor`` is a seat, and the
-two value checks every reader of events applies (an integer that is not a bool, a seat 0-3), and the checked reads of
-event fields the version 4 encoder uses (a field that must be present; a tile name, or a list of them, turned into a
-tile id 0-37, with the masked tile ``'?'`` refused where the tile must be known), whose ValueError names the event
-type and the field.
-
-It sits in the features package, below both the encoders (``mortal.features.obs_v4`` reads actors) and the log
-reader (``mortal.data.mjai_log``, which re-exports these names), so that the encoders need nothing from ``data``.
-Constants, predicates and checked reads; no I/O.
-"""
+"""The mjai event vocabulary (the types Mortal knows, those with a seat ``actor``) and the checked reads of
+event fields, whose ValueError names the event type and field. Below both the encoders and ``data.mjai_log``."""
 
 from __future__ import annotations
 
@@ -59,8 +51,7 @@ def check_tiles(names, kind, key: str, known: bool) -> list:
 
 
 def check_tile(name, kind, key: str, known: bool) -> int:
-    """Tile id 0-37 (``mortal.features.tile.tile_id``; 37 is ``'?'``) of the tile name ``name``, the field
-    ``key`` of a ``kind`` event; ValueError naming both for a name that is not an mjai tile, or for ``'?'``
+    """Tile id 0-37 of ``name``, field ``key`` of a ``kind`` event; ValueError for a bad name, or ``'?'``
     when ``known``."""
     try:
         tid = tile_id(name)

@@ -13,15 +13,9 @@ logger = logging.getLogger('mortal.arena')  # the name before the package split 
 
 
 class _LockStep:
-    """One run of ``OneVsThree.py_vs_py``'s lock-step loop over ``games`` (and the counterfactual branches they
-    fork): each agent's pending scenes across all games in flight, the games waiting for decisions, and the
-    decisions taken so far. ``run`` serves the agent with the most pending scenes until every game has ended;
-    the arena's counters (``speculated``, ``counterfactual``) are counted on ``arena``, and each finished game goes
-    through its ``_finish``.
-
-    A ``StatePanic`` while a game commits or gathers (``guarded``) ends only that game, as failed (``fail``): it
-    has no scene pending then, and its counterfactual branches still in flight play on (they are clones with
-    states of their own) before it is settled. A branch that panics is dropped the same way."""
+    """One run of ``OneVsThree.py_vs_py``'s lock-step loop: serves the agent with the most pending scenes
+    until every game (and counterfactual branch) has ended. A ``StatePanic`` inside ``guarded`` fails only that game
+    (its branches play on) or drops that branch."""
 
     def __init__(self, arena: "OneVsThree", games: list[_Game], chal, champ):
         self.arena = arena

@@ -1,14 +1,6 @@
-"""Game logs written off the arena's decision path.
-
-``write_log_atomic`` gzips one mjai log (level 9, as Mortal) through a temporary name and a rename.
-``LogWriter`` runs those writes on one background thread: zlib releases the GIL while it compresses, so on a
-machine with a spare core the arena's loop does not wait for them. The files are the same (same text, same
-compression level); only when they appear changes: every log is on disk once ``close`` returns.
-
-``kyoku_lines`` builds one kyoku's log lines from the four seats' masked events (the JSON text the table already
-gave each seat), without the table's full ``mjai_log``: every line but ``start_kyoku`` is one seat's view of the
-event (any seat's for public events, the actor's for a ``tsumo``); ``start_kyoku`` merges the four seats' hands.
-"""
+"""Game logs written off the arena's decision path: ``write_log_atomic`` (gzip level 9, as Mortal),
+``LogWriter`` (one background thread; zlib releases the GIL) and ``kyoku_lines`` (one kyoku's lines from the
+seats' masked events)."""
 
 from __future__ import annotations
 
@@ -25,9 +17,8 @@ MAX_PENDING = 64  # logs queued at most (a hanchan's text is ~0.3-1 MB): the loo
 
 
 def write_log_atomic(path: str, text: str) -> None:
-    """gzip ``text`` (best compression, as Mortal) to ``path`` through a temporary name and a rename
-    (``mortal.util.fsutil.atomic_write``), without fsync: a round writes hundreds of logs, and a crash loses the round
-    anyway. Raises OSError."""
+    """gzip ``text`` (level 9) to ``path`` through a temporary name and a rename, without fsync (a crash
+    loses the round anyway). Raises OSError."""
     # filename='': no file name in the gzip header (the temporary one would be recorded)
     with atomic_write(path, fsync=False) as raw, \
             gzip.GzipFile(filename="", mode="wb", compresslevel=9, fileobj=raw) as gz:
@@ -43,20 +34,11 @@ def _event_type(line: str) -> str:
 def kyoku_lines(views: list[list[str]], meta_queues: list[list], waiting=frozenset()) -> tuple[list, list[dict]]:
     """One kyoku's log lines from the seats' masked events, and its result events.
 
-    ``views``: per seat 0-3, every event (JSON text, as ``riichienv`` gives it: compact, keys sorted) the seat saw
-    this kyoku, in order; they are index-aligned (each seat sees every event, masked), one seat may lack the last
-    ones (a ron winner). ``start_game`` / ``end_game`` (a fresh table's) are left out. ``meta_queues``: per seat,
-    the ``[reaction dict, meta or None]`` of its logged reactions (``REACTION_TYPES``) in order; each is checked
-    against its event (type, ``pai``), and a meta is appended to the line as its last key, ``"meta"``. A meta whose
-    ``id`` is in ``waiting`` (a counterfactual branch will still write into it) stays a ``(line without its closing
-    brace, meta)`` pair until ``render_line``.
-
-    Returns:
-        (lines, the ``hora`` / ``ryukyoku`` / ``reach_accepted`` events as dicts, for ``kyoku_result_from_events``).
-
-    Raises:
-        ValueError: a logged reaction that is not the one submitted (names the seat).
-    """
+    ``views``: per seat, the JSON events it saw this kyoku (index-aligned; a ron winner may lack the last ones).
+    ``meta_queues``: per seat, ``[reaction, meta or None]`` of its logged reactions, each checked against its event;
+    a meta is appended as the last key. A meta whose ``id`` is in ``waiting`` stays a ``(line, meta)`` pair until
+    ``render_line``. Returns ``(lines, [hora/ryukyoku/reach_accepted dicts])``; ValueError (naming the seat) when a
+    logged reaction is not the one submitted."""
     back = max(views, key=len)
     queues = [iter(q) for q in meta_queues]
     lines, results = [], []
@@ -96,13 +78,9 @@ def render_line(line) -> str:
 
 
 class LogWriter:
-    """Writes logs (``write_log_atomic``) on one background thread, in submission order.
-
-    ``submit(path, text)`` queues one log (waiting for the oldest when ``max_pending`` are queued); ``close()``
-    waits for every queued log. Either raises the first write error (an ``OSError``) met so far; after an error
-    no further log is written. Use as a context manager: leaving the block closes it (and, when the block raised,
-    waits for the logs without masking that exception).
-    """
+    """Writes logs (``write_log_atomic``) on one background thread, in order; ``submit`` blocks at
+    ``max_pending``. ``submit``/``close`` raise the first write error (OSError); after it nothing more is written.
+    A context manager."""
 
     def __init__(self, max_pending: int = MAX_PENDING):
         if max_pending < 1:

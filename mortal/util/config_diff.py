@@ -41,10 +41,8 @@ def _reader_note(parts: tuple) -> str:
 
 
 def changed_keys(old: dict, new: dict) -> list[str]:
-    """One line per key whose value differs between the configs ``old`` and ``new``, in ``new``'s order (then the
-    removed ones): ``[control] test_every 600 -> 300``, ``[guard] keep (unset) -> 3``, ``[guard] keep 3 ->
-    (unset)``; a key the learner does not read says who does (``[train_play.default] boltzmann_epsilon 0.005 ->
-    0.01 (used by clients: at their restart)``). Empty when they hold the same values."""
+    """One line per key whose value differs between configs ``old`` and ``new``, e.g.
+    ``[control] test_every 600 -> 300``; a key the learner does not read says who does. Empty when equal."""
     before, after = flat_keys(old), flat_keys(new)
     lines = []
     for parts, value in after.items():

@@ -1,8 +1,5 @@
-"""File-system helpers: atomic writes (temporary name, fsync, rename), emptying a folder, stamped backup names.
-
-No torch here: the server and the claim ledger use these too. Torch objects are saved with
-``mortal.model.checkpoint.atomic_torch_save``, which writes through ``atomic_write``.
-"""
+"""File-system helpers: atomic writes (temporary name, fsync, rename), emptying a folder, stamped backup
+names. No torch here (``checkpoint.atomic_torch_save`` writes through ``atomic_write``)."""
 
 import contextlib
 import os
@@ -28,9 +25,8 @@ def fsync_dir(dirname: str) -> None:
 
 @contextlib.contextmanager
 def atomic_write(filename, *, fsync: bool = True):
-    """Write ``filename`` so that readers see the old file or the whole new one, never a part: yields a binary file
-    at ``<filename>.tmp`` that is flushed, fsynced (unless ``fsync=False``), renamed over ``filename`` with its
-    folder fsynced, or removed when the block raises. The folder is created; two writers at once: don't. OSError."""
+    """Context manager yielding a binary file at ``<filename>.tmp``, flushed, fsynced (unless ``fsync=False``)
+    and renamed over ``filename`` (folder fsynced), or removed when the block raises. Not for concurrent writers."""
     filename = os.path.abspath(os.fspath(filename))
     dirname = os.path.dirname(filename)
     os.makedirs(dirname, exist_ok=True)
@@ -57,12 +53,8 @@ def atomic_write_bytes(data: bytes, filename, *, fsync: bool = True) -> None:
 
 
 def atomic_copy(src, dst, *, keep_times: bool = False) -> None:
-    """Copy the file ``src`` to ``dst`` atomically and durably (``atomic_write``).
-
-    ``keep_times``: also copy the permission bits and the access/modification times (``shutil.copystat``), e.g.
-    for a baseline backup. Raises OSError (FileNotFoundError:
-    no ``src``; ``dst`` is then untouched).
-    """
+    """Copy ``src`` to ``dst`` atomically (``atomic_write``); ``keep_times`` also copies mode and times.
+    Raises OSError (``dst`` untouched)."""
     with open(src, 'rb') as source, atomic_write(dst) as f:
         shutil.copyfileobj(source, f, 1 << 20)
         if keep_times:
@@ -92,10 +84,8 @@ def foreign_files(directory, keep=()) -> list[str]:
 
 
 def empty_dir(directory, keep=()) -> None:
-    """Make ``directory`` an empty folder, except for the entries named in ``keep``; creates it (and its parents)
-    when missing, and replaces a file or a symbolic link found in its place. Raises OSError;
-    :class:`ForeignFilesError` (nothing removed) when the folder holds a ``.toml`` or ``.pth`` file (a config or a
-    checkpoint: the folder is not one the processes own; the config check refuses such a folder first)."""
+    """Make ``directory`` an empty folder but for ``keep`` (created when missing, replacing a file or link).
+    Raises OSError; ``ForeignFilesError`` (nothing removed) when it holds a ``.toml`` or ``.pth`` file."""
     directory = os.fspath(directory)
     if os.path.isdir(directory) and not os.path.islink(directory):
         foreign = foreign_files(directory, keep)

@@ -1,14 +1,5 @@
-"""One process per folder or state file: an OS file lock with a record of its holder.
-
-A learner holds ``<[control] state_file>.lock`` and a client ``<log_dir>.lock`` for as long as it runs (``hold``), so
-that a second one started on the same config refuses at once, naming the holder and the config key that points
-both at the same place, instead of training on the first one's state or submitting its logs.
-
-The lock is ``filelock``'s OS lock (``flock`` on POSIX), which the kernel releases when its process dies, also by
-SIGKILL: a lock left by a dead process is free. Beside it, ``<lock>.owner`` records the holder (host, PID, since
-when) for the refusal message; a holder that ends normally removes it, so finding one when the lock is free means
-its holder was killed: the taker logs that it takes the lock over.
-"""
+"""One process per folder or state file: an OS file lock (released by the kernel when its holder dies)
+plus a ``<lock>.owner`` record of the holder for the refusal message (docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -50,9 +41,8 @@ def lock_path_for(target: str) -> str:
 
 
 def _holder(lock_path: str) -> dict:
-    """The holder record of ``lock_path``, validated: ``{'pid': int, 'host': str (cut to SHOWN_CHARS), 'since':
-    float}`` with only the parts that are sound; ``{}`` when there is none, it cannot be read, or it is no record
-    (too large, not JSON, not an object)."""
+    """The validated holder record of ``lock_path`` (``pid``, ``host``, ``since``; only the sound parts), ``{}``
+    when absent or unreadable."""
     try:
         with open(lock_path + OWNER_SUFFIX, 'rb') as f:
             data = f.read(RECORD_BYTES + 1)
@@ -95,9 +85,7 @@ def _inherited(lock_path: str) -> bool:
 
 
 def child_env(env: dict, lock_path: str) -> dict:
-    """``env`` for a child process that runs under this process's hold of ``lock_path``: its ``hold`` of the same
-    target then takes nothing (the lock stays this process's, so no other process can take it between two
-    children)."""
+    """``env`` for a child running under this process's hold of ``lock_path`` (its ``hold`` takes nothing)."""
     return {**env, INHERITED_KEY: f'{os.getpid()}:{lock_path}'}
 
 
@@ -107,13 +95,10 @@ def _failed(lock_path: str, key: str, target: str, exc: BaseException) -> LockFa
 
 @contextlib.contextmanager
 def hold(target: str, *, who: str, key: str, fix: str):
-    """Hold the lock of ``target`` (``lock_path_for``) for the block; the folder of the lock is created.
+    """Hold the lock of ``target`` for the block; ``who``, ``key`` and ``fix`` word the refusal.
 
-    ``who`` names the process ('learner', 'client'), ``key`` the config key whose value is ``target`` (e.g.
-    ``[control] state_file``), ``fix`` what to change, for the refusal. Raises :class:`LockHeld` at once when a
-    live process holds it, :class:`LockFailed` (one line: the key and the OS error) when the lock file cannot be
-    made. A lock whose holder died (its record left behind) is taken over with a warning. In a child whose parent
-    holds the same lock for it (``child_env``) nothing is taken."""
+    Raises ``LockHeld`` when a live process holds it, ``LockFailed`` when the lock file cannot be made. A dead
+    holder's lock is taken over with a warning; under ``child_env`` nothing is taken."""
     lock_path = lock_path_for(target)
     if _inherited(lock_path):
         yield lock_path
