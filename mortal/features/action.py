@@ -11,7 +11,6 @@ from typing import Any, Sequence
 from mortal.features.tile import akaize, chi_type, deaka, is_aka, tile_id, tile_name
 
 ACTION_SPACE = 46
-DISCARD = range(0, 37)  # tile ids, red fives 34-36 included
 RIICHI = 37
 CHI_LOW = 38
 CHI_MID = 39
@@ -36,7 +35,6 @@ _FIXED_LABELS = {
 _SUIT_OF_FIVE = {4: 0, 13: 1, 22: 2}  # plain five id -> index in akas_in_hand
 
 
-ACTION_KINDS = ("discard", "riichi", "chi", "pon", "kan", "hora", "ryukyoku", "pass")
 
 
 def action_kind(index: int) -> str:

@@ -9,7 +9,6 @@ from mortal.features.sp.calc import require_core
 
 OBS_CHANNELS_V3 = 934
 OBS_CHANNELS_V4 = 1012
-MAX_NUM_TURNS = 17  # the most own draws a search looks ahead
 
 # (name, v4 start, v3 start or None, rows) for rows 1-23, in the order of Mortal's ``obs_repr.rs``; the core's
 # ``repack_v3`` copies the same blocks (tests/test_obs_v4.py checks it against this table).

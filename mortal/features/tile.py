@@ -13,9 +13,6 @@ TILE_NAMES: tuple[str, ...] = (
 )
 TILE_IDS: dict[str, int] = {name: i for i, name in enumerate(TILE_NAMES)}
 
-NUM_KINDS = 34  # tile kinds without red distinction
-UNKNOWN = 37
-AKA_IDS = (34, 35, 36)
 # deaka: red five id -> plain five id of the same suit
 _DEAKA = {34: 4, 35: 13, 36: 22}
 _AKAIZE = {v: k for k, v in _DEAKA.items()}
