@@ -189,8 +189,7 @@ def validate(config: dict, path: str = DEFAULT_PATH, *, required: Required = COR
 
 
 def _check(config: dict, path: str, required: Required, env: Env) -> tuple:
-    """``(errors, warnings, the validated model or None)`` of ``config``; raises :class:`ConfigError` only for a
-    config nested too deeply to look at."""
+    """``(errors, warnings, validated model or None)``; ConfigError only for a config nested too deeply."""
     required = tuple(required(config) if callable(required) else required)
     too_deep = _too_deep(config)
     if too_deep is not None:  # before anything recurses into it (pydantic, _merge, copy.deepcopy of a checkpoint)
@@ -306,8 +305,7 @@ def _get_table(config: dict, dotted: str):
 
 
 def _as_dict(model: BaseModel) -> dict:
-    """The plain nested dict of a validated model: absent sections and unfilled optional keys left out, unknown keys
-    kept as the file had them."""
+    """The plain dict of a validated model: absent sections and unfilled keys left out, unknown keys kept."""
     out = {}
     for name, field in type(model).model_fields.items():
         value = getattr(model, name)
@@ -326,7 +324,6 @@ def _as_dict(model: BaseModel) -> dict:
 
 
 def _merge(target: dict, values: dict) -> None:
-    """Write ``values`` into ``target`` keeping the identity of its nested tables (callers may hold them)."""
     for name, value in values.items():
         if isinstance(value, dict) and isinstance(target.get(name), dict):
             _merge(target[name], value)
@@ -381,7 +378,6 @@ def _shown(value) -> str:
 
 
 def _problem(err: dict, config: dict, path: str) -> str:
-    """One pydantic error as ``[section] key in <file> ...``."""
     def tagged(part):
         return isinstance(part, str) and part.startswith('<')
 
@@ -419,8 +415,7 @@ def _problem(err: dict, config: dict, path: str) -> str:
 
 
 def _unknown_names(config: dict, path: str, warns: list[str], errors: list[str]) -> None:
-    """The warnings of :func:`unknown_names`; a removed key (``REMOVED_KEYS``), also in a removed table, is an error
-    instead."""
+    """The warnings of ``unknown_names``; a removed key (``REMOVED_KEYS``) is an error instead."""
     def leaves(node: dict, parts: tuple):  # (dotted table, key) of every key inside a table
         for name, value in node.items():
             if isinstance(value, dict) and isinstance(name, str):

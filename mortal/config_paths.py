@@ -74,7 +74,7 @@ def _inside(child: str, parent: str) -> bool:
 
 
 def _glob_root(pattern: str) -> str:
-    """The folder part of a glob pattern before its first wildcard (``data/**/*.gz`` -> ``data``)."""
+    """``data/**/*.gz`` -> ``data``."""
     parts = pattern.split(os.sep)
     fixed = []
     for part in parts:

@@ -106,9 +106,8 @@ class ClaimLedger:
         return cls.open(claim_dir, signature=signature, passes=passes, steps=steps)
 
     def _name_problem(self, name) -> str:
-        """Why ``name`` cannot be a claimed log here ('' when it can, 'missing' when absent): only a plain
-        name of a regular file directly in ``claim_dir``, not reserved, so a corrupt manifest never touches files outside.
-        """
+        """Why ``name`` cannot be a claimed log here ('' when it can, 'missing' when absent), so a corrupt
+        manifest never touches files outside ``claim_dir``."""
         if not isinstance(name, str) or not name or name in (".", "..") or "\0" in name or "/" in name \
                 or (os.sep and os.sep in name) or (os.altsep and os.altsep in name):
             return "not a plain file name"
@@ -133,7 +132,6 @@ class ClaimLedger:
                 for p, u in sorted(units.items())}
 
     def _write(self, files: dict | None = None, steps: int | None = None, name: str = MANIFEST) -> None:
-        """Write the manifest ``name`` (default: the committed state) atomically."""
         data = {"format": _FORMAT, "signature": self.signature, "passes": self.passes,
                 "steps": self.steps if files is None else steps,
                 "files": self.committed if files is None else files}
@@ -308,7 +306,6 @@ class ClaimLedger:
 # the manifest
 
 def _staged_steps(staged: str):
-    """The ``steps`` of a staged manifest; None when it has none or cannot be read."""
     try:
         with open(staged, encoding="utf-8") as f:
             steps = json.load(f).get("steps")
@@ -318,9 +315,7 @@ def _staged_steps(staged: str):
 
 
 def _reconcile(claim_dir: str, steps) -> None:
-    """Settle a manifest ``commit_with`` staged in ``claim_dir`` and never renamed: it becomes the manifest when
-    it belongs to the checkpoint on disk (its steps are ``steps``), else it is removed (that checkpoint was never
-    written). Logged either way."""
+    """Adopt a staged manifest whose steps are ``steps`` (the checkpoint on disk), else remove it; logged."""
     staged, manifest = path.join(claim_dir, STAGED), path.join(claim_dir, MANIFEST)
     if not path.lexists(staged):
         return
@@ -345,9 +340,7 @@ def _reconcile(claim_dir: str, steps) -> None:
 
 
 def _read_manifest(ledger: ClaimLedger, manifest: str) -> tuple:
-    """``(files, same, steps)`` of the ``manifest`` of ``ledger``'s folder: its ``files`` entry, whether it was
-    written under the ledger's signature and passes (logged when not), the checkpoint step of its commit (None
-    when unknown). An unreadable manifest (logged) lists every plain file of the folder with no progress."""
+    """``(files, same signature, steps)`` of the manifest; an unreadable one lists every plain file, untrained."""
     try:
         with open(manifest, encoding="utf-8") as f:
             data = json.load(f)
@@ -372,8 +365,7 @@ def _read_manifest(ledger: ClaimLedger, manifest: str) -> tuple:
 
 
 def _parse_units(manifest: str, name: str, passes_, n_passes: int, *, gone: bool = False) -> dict:
-    """The ``{pass: _Partial or _DONE}`` of a manifest entry; a malformed entry is logged once (file and
-    entry) and its progress dropped (``gone``: the log is missing, 0 remaining samples)."""
+    """The ``{pass: _Partial or _DONE}`` of a manifest entry; a malformed one is logged once and resumed whole."""
     def bad(why):
         text = repr(passes_)
         logger.warning("%s: malformed entry for %r (%s: %s): %s", manifest, name, why,

@@ -80,8 +80,7 @@ def _game_columns(game, reward_calc: RewardCalculator) -> tuple | None:
 
 
 def _cf_deltas(reward_calc, n, player_id, feature, grp, at_kyoku, cf_actions, cf_records) -> np.ndarray:
-    """(n,) float32: for the samples with a counterfactual branch (``cf_actions >= 0``) its kyoku outcome minus
-    the real one (``RewardCalculator.counterfactual_deltas``), 0 for the others."""
+    """(n,) float32: a counterfactual branch's kyoku outcome minus the real one, 0 without a branch."""
     cf_deltas = np.zeros(n, dtype=np.float32)
     has = np.flatnonzero(cf_actions >= 0)
     if len(has):
@@ -195,8 +194,7 @@ class FileDatasetsIter(IterableDataset):
                            len(files), augmented, self.loader.skipped)
 
     def _emit(self, cols, idx):
-        """The rows ``idx`` of the columns ``cols`` in that order: one sample tuple each, or (``batch_size``) as
-        many full batches as they complete."""
+        """The rows ``idx`` of ``cols``: one sample tuple each, or the full batches they complete."""
         if not len(idx):
             return
         if self.batch_size is None:
@@ -262,7 +260,6 @@ class FileDatasetsIter(IterableDataset):
         return cols
 
     def _columns(self, game) -> tuple | None:
-        """``_game_columns`` with this dataset's rewards."""
         return _game_columns(game, self.reward_calc)
 
     def __iter__(self):

@@ -215,8 +215,7 @@ _TILE_LIST_FIELDS = ("consumed",)
 
 
 def _check_unmasked(log: LoadedLog, seat: int) -> None:
-    """Raise ``BadLogError`` (file, line, field) if ``seat``'s replay would meet a masked tile ``'?'``: the Rust
-    ``PlayerState`` panics on a ``'?'`` it must place (printing a backtrace outside the log format)."""
+    """``BadLogError`` if ``seat``'s replay would meet a masked ``'?'`` (the Rust state would panic)."""
     for ev, no in zip(log.events, log.line_numbers):
         typ = ev["type"]
         if typ == "start_kyoku":
@@ -237,8 +236,7 @@ def _check_unmasked(log: LoadedLog, seat: int) -> None:
 
 
 def _label(cur_cans, state, events, i, nxt_idx, seat, always_kan_select):
-    """(label, kan_select_label) for a decision after ``events[i]``, or (None, None): the window rules of Mortal's
-    ``dataset/gameplay.rs`` (single-event labels: ``mortal.features.action``)."""
+    """(label, kan_select_label) for a decision after ``events[i]``, or (None, None) (Mortal's window rules)."""
     nxt = events[nxt_idx]
     typ = nxt["type"]
     if typ in ("dahai", "reach") or (typ in ("chi", "pon") and nxt["actor"] == seat):
@@ -271,9 +269,8 @@ def _label(cur_cans, state, events, i, nxt_idx, seat, always_kan_select):
 
 
 def _counterfactual(ev: dict, seat: int, kept: list):
-    """``(action, ('next'|'final', values))`` of the ``meta.counterfactual`` that the client's arena wrote on
-    ``seat``'s reaction event ``ev``, or None when there is none. A malformed one (wrong types or lengths, an
-    action outside 0-45) is None too, counted in ``kept[0]``: a bad record never rejects the log."""
+    """``(action, ('next'|'final', values))`` of ``ev``'s ``meta.counterfactual``, else None; a malformed one
+    is None too, counted in ``kept[0]`` (it never rejects the log)."""
     if ev.get("actor") != seat or ev["type"] not in _CF_TYPES:
         return None
     meta = ev.get("meta")
@@ -293,8 +290,7 @@ def _counterfactual(ev: dict, seat: int, kept: list):
 
 
 def _is_multi_ron(nxt: dict, seat: int, ron_cans, winners: set) -> bool:
-    """True if ``nxt``, a ``hora`` by ``seat`` after another ``hora``, is a legal extra winner of a multi-ron:
-    judged on ``ron_cans`` (the seat's candidates at the discard or robbed kan), not the discarder, not a winner."""
+    """Whether ``nxt``, a later ``hora`` by ``seat``, is a legal extra multi-ron winner (by ``ron_cans``)."""
     return (nxt["type"] == "hora" and ron_cans is not None and ron_cans.can_ron_agari
             and nxt.get("target") != seat and seat not in winners)
 

@@ -216,8 +216,7 @@ def _scan(items, source: str, raw: str | None, error: type[BadLogError], trainin
 
 
 def _loads_or_fail(line: str, source: str, no: int, error: type[BadLogError], raw: str | None):
-    """``json.loads`` of a line the fast scan did not take as one JSON value: the event, or ``error`` with
-    json's reason (with the hint of ``_not_mjai_hint`` on ``raw``, the whole text, when given: the first line)."""
+    """``json.loads`` of one line, or ``error`` with json's reason (plus the not-mjai hint on the first line)."""
     try:
         return json.loads(line)
     except RecursionError:
@@ -229,8 +228,7 @@ def _loads_or_fail(line: str, source: str, no: int, error: type[BadLogError], ra
 
 def _kyoku_order(typ: str, in_kyoku: bool, n_kyoku: int, source: str, no: int,
                  error: type[BadLogError]) -> tuple:
-    """``(in_kyoku, n_kyoku)`` after a ``start_kyoku`` or ``end_kyoku`` of a training log; ``error`` when the two
-    do not pair up or there are more than ``MAX_KYOKU``."""
+    """``(in_kyoku, n_kyoku)`` after a kyoku boundary; ``error`` when unpaired or over ``MAX_KYOKU``."""
     if typ == "start_kyoku":
         if in_kyoku:
             raise error(source, "start_kyoku before the previous kyoku's end_kyoku", no)

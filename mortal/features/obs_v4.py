@@ -46,8 +46,7 @@ class V4Encoder(KyokuFacts):
         return encode_batch([(self, state, at_kan_select)], threads=1)[0]
 
     def _facts(self, state) -> tuple:
-        """The decision tuple of ``_core.sp_rows``: the hand and calls of ``state``, what the seat has seen, the
-        kyoku facts, the options (flags), the last tiles and the seat's score."""
+        """The decision tuple ``_core.sp_rows`` reads."""
         cans = state.last_cans
         akas, seen = state.akas_in_hand, self.akas_seen
         flags = (cans.can_discard | state.self_riichi_accepted << 1 | state.can_w_riichi << 2
@@ -208,8 +207,7 @@ class DeferredSP:
 
 
 def _run_deferred(jobs, pending, threads: int) -> list:
-    """The searches of ``DeferredSP`` ``jobs`` in one core call; fills the rows of ``pending``, returns
-    ``[(obs, tag)]``."""
+    """Run ``jobs`` in one core call, fill the rows of ``pending``; returns ``[(obs, tag)]``."""
     try:
         rows = sp_rows(jobs, threads)
     except ValueError as e:  # checked at encode: only a search that failed ends here

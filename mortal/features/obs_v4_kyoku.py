@@ -69,8 +69,7 @@ class KyokuFacts:
         self._apply(kind, mine, pai, tiles)
 
     def _read_tiles(self, event: dict, kind, mine: bool) -> tuple:
-        """``(pai, tiles)``: the tile fields of ``event`` this encoder reads, checked (None where it reads none);
-        raises ``ValueError`` as ``update`` does for them."""
+        """``(pai, tiles)`` of ``event``, checked (None where not read); ValueError as ``update``."""
         me = self.player_id
         pai = tiles = None
         if kind == "start_kyoku":

@@ -104,7 +104,7 @@ def _lin(layer: nn.Linear) -> tuple[Tensor, Tensor | None]:
 
 
 class _Stem:
-    """The first convolution (no bias) with an optional folded BatchNorm (version 1)."""
+    """The first convolution (no bias), BatchNorm folded (version 1)."""
 
     def __init__(self, conv: nn.Conv1d, bn: nn.BatchNorm1d | None, sparse: bool):
         self.weight, self.bias = _fold(conv, bn)
@@ -135,7 +135,6 @@ class _Stem:
 
 
 class _Block:
-    """One ``ResBlock`` with its conv-BN pairs folded."""
 
     def __init__(self, block: ResBlock, version: int):
         u = block.res_unit

@@ -175,9 +175,7 @@ class MortalBatchAgent:
         self.decisions = 0  # scenes answered (incl. quick eval)
 
     def _encode_rows(self, rows) -> tuple[list, list]:
-        """Observations and masks of ``rows`` (``(scene, at_kan_select, obs or None, mask or None)``); version 4
-        encodes them in one batch so that the single-player searches of all scenes run together
-        (``obs_v4.encode_batch``). The version was checked at ``__init__``: versions 1-3 call ``encode_obs``."""
+        """Observations and masks of ``rows``; version 4 encodes them in one batch (searches together)."""
         if self.version == 4:
             done = encode_v4_batch([(sc.v4, sc.state, kan) for sc, kan, _, _ in rows])
         else:

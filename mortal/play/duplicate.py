@@ -47,7 +47,7 @@ class DuplicateSummary:
 
 
 def _note(sets: int) -> str:
-    """``unreliable_note`` as the tail of a parenthesis: ``'; unreliable: N sets'`` or ``''``."""
+    """``'; unreliable: N sets'`` or ``''``."""
     note = unreliable_note(sets)
     return f'; {note}' if note else ''
 

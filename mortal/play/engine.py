@@ -149,7 +149,7 @@ class MortalEngine:
         return actions.tolist(), q.tolist(), mask_t.tolist(), is_greedy.tolist()
 
     def _frozen_model(self):
-        """The frozen copy of the current weights: rebuilt when ``brain``/``dqn`` were written since."""
+        """The frozen copy, rebuilt when the weights were written since."""
         key = inference.weights_key(self._watched)
         if key != self._frozen_key:
             self._frozen = inference.FrozenQ(self.brain, self.dqn)

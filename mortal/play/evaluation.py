@@ -91,7 +91,7 @@ def play_duplicate(challenger, champion, *, sets: int, key: int, workers: int = 
 
 
 def _report_dropped(units: dict, sets: int, key: int) -> dict:
-    """``units``, after a warning naming the deals of ``SEED_START`` … ``+ sets - 1`` it lacks (failed games)."""
+    """``units``, after warning about the deals it lacks (failed games)."""
     dropped = [n for n in range(SEED_START, SEED_START + sets) if n not in units]
     if dropped:
         logger.warning('%d of %d deals (key %d) left out, a game failed: nonces %s', len(dropped), sets, key,

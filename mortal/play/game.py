@@ -284,9 +284,8 @@ class _Game:
 
 
 def _win_scores(env, ob, st: PlayerState, seat: int, flow: KyokuState) -> list[int]:
-    """Absolute scores after ``seat``'s hora now on the table ``env`` (``ob``: the seat's observation, ``st``: its
-    ``PlayerState``, ``flow``: the kyoku's oya and honba): the table's exact payment for the hand, played on a
-    clone (single winner), plus, in riichi, ``_add_ura_bound``; the scores now when the seat cannot win."""
+    """Absolute scores after ``seat``'s hora now (played on a clone, single winner) plus, in riichi,
+    ``_add_ura_bound``; the scores now when it cannot win."""
     now = abs_scores(st)
     hora = next((a for a in ob.legal_actions() if "RON" in str(a.action_type) or "TSUMO" in str(a.action_type)), None)
     if hora is None:
@@ -303,9 +302,8 @@ def _win_scores(env, ob, st: PlayerState, seat: int, flow: KyokuState) -> list[i
 
 
 def _add_ura_bound(exp: list[int], sim, st: PlayerState, seat: int, hora_ev: dict, flow: KyokuState) -> None:
-    """Add to the scores ``exp`` after the hora ``hora_ev`` (played on ``sim``) an upper bound on its ura dora:
-    every ura indicator pointing at the most-held kinds (the win tile joins the largest group; each ankan is 4).
-    Nothing for a yakuman or when the table gives no win result."""
+    """Add to ``exp`` an upper bound on the ura dora of ``hora_ev`` (every indicator on the most-held kinds);
+    nothing for a yakuman."""
     results = sim.win_results
     results = results() if callable(results) else results
     wr = results.get(seat) if isinstance(results, dict) else None

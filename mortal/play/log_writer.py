@@ -26,7 +26,6 @@ def write_log_atomic(path: str, text: str) -> None:
 
 
 def _event_type(line: str) -> str:
-    """The ``type`` of one mjai event's JSON text (the table's compact, key-sorted form)."""
     i = line.rfind('"type":"') + 8
     return line[i:line.index('"', i)]
 

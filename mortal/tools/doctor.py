@@ -44,7 +44,7 @@ class Check:
 # paths
 
 def _written_paths(config):
-    """(label, path, kind) of everything the processes create; kind 'dir' or 'file'."""
+    """(label, path, 'dir' or 'file') of everything the processes create."""
     cfg = typed(config)
     server = cfg.online.server if cfg.online is not None else None
     rows = [
@@ -121,7 +121,7 @@ def check_port(config, server_running=False):
 # checkpoints
 
 def _read_checkpoint_files(config):
-    """(label, path, required) of model checkpoints the processes read."""
+    """(label, path, required) of the checkpoints the processes read."""
     cfg = typed(config)
     online = cfg.control.online
     rows = [('[control] state_file', cfg.control.state_file, False)]

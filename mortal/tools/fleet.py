@@ -374,8 +374,7 @@ class Fleet:
 
 
     def _actor_error(self, i: int, kind: str, actor, ex) -> None:
-        """Actor ``i`` died (``ex``, a RayActorError) while its ``kind`` ('ready' or 'round') was in flight: ask it
-        to be ready again (after a pause when Ray restarts it), or drop it when Ray does not restart it."""
+        """Actor ``i`` died during ``kind`` ('ready' or 'round'): ask it to be ready again, or drop it."""
         unavailable = isinstance(ex, self.ray.exceptions.ActorUnavailableError)  # Ray restarts it, or a blip
         if kind == 'round':
             logger.warning('actor %d died during a round: %s', i, _last_line(ex))
@@ -387,8 +386,7 @@ class Fleet:
         self.in_flight[actor.ready.remote()] = (i, 'ready')
 
     def _round_error(self, i: int, actor, ex) -> None:
-        """Actor ``i``'s round raised (``ex``, a RayTaskError): drop it when the server refused the round, else
-        restart it, held back by ``backoff_seconds`` of its failures in a row."""
+        """Actor ``i``'s round raised: drop it if the server refused it, else restart it after a back-off."""
         from mortal.net.wire import RequestRefused
 
         if isinstance(ex.cause, RequestRefused):  # e.g. a round too big for the server: retrying cannot help
@@ -407,8 +405,7 @@ def _last_line(ex: BaseException) -> str:
 
 
 def _start_ray(ray, address: str, where: str, fleet, actors: int):
-    """Join the Ray cluster at ``address`` (``where``: its origin, for messages) or start a local one, and check
-    it can run ``actors`` actors. Returns an error message, else None (a short cluster is only warned about)."""
+    """Join ``address`` or start a local Ray and check it runs ``actors`` actors; an error message or None."""
     try:
         if address:
             ray.init(address=address, include_dashboard=False, log_to_driver=True)

@@ -112,13 +112,17 @@ def learner_starts(tb_dir):
     return len(glob.glob(os.path.join(tb_dir, 'events.out.tfevents.*')))
 
 
+def _check_alive(procs, log_dir):
+    for name, p in procs.items():
+        if p.poll() is not None:
+            raise RuntimeError(f'{name} exited with status {p.returncode}; last lines of its log:\n'
+                               + _tail(Path(log_dir) / f'{name}.log'))
+
+
 def keep_running(procs, log_dir, until, poll=5.0):
     """Let the processes run until ``time.monotonic() >= until``; raises ``RuntimeError`` if one dies."""
     while time.monotonic() < until:
-        for name, p in procs.items():
-            if p.poll() is not None:
-                raise RuntimeError(f'{name} exited with status {p.returncode}; last lines of its log:\n'
-                                   + _tail(Path(log_dir) / f'{name}.log'))
+        _check_alive(procs, log_dir)
         time.sleep(min(poll, max(0.0, until - time.monotonic())))
 
 
@@ -128,10 +132,7 @@ def wait_for_online(procs, tb_dir, log_dir, timeout, poll=3.0, *, tests_before=0
     deadline = time.monotonic() + timeout
     last = None
     while True:
-        for name, p in procs.items():
-            if p.poll() is not None:
-                raise RuntimeError(f'{name} exited with status {p.returncode}; last lines of its log:\n'
-                                   + _tail(Path(log_dir) / f'{name}.log'))
+        _check_alive(procs, log_dir)
         tested = len(read_scalars(tb_dir).get('test_play/avg_ranking', [])) > tests_before
         starts = learner_starts(tb_dir) - starts_before
         state = (tested, starts)
@@ -191,8 +192,7 @@ def _games_bar(label, total, progress):
 
 
 def _play_eval_deals(challenger, champion, sets, workers, progress, label):
-    """``mortal.play.evaluation.play_duplicate`` on the summary's deals (``EVAL_KEY``), all cores by default, with
-    a bar labelled ``label`` when ``progress``; returns its ``{nonce: [4 ranks]}``."""
+    """``play_duplicate`` on the summary's deals (``EVAL_KEY``): ``{nonce: [4 ranks]}``."""
     from mortal.play.evaluation import play_duplicate
 
     bar = _games_bar(label, sets * 4, progress)
@@ -285,9 +285,8 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
 
 
 def _run_online(cfg, cfg_path, log_dir, timeout, online_minutes):
-    """The online processes of ``PROCESSES`` (the server first, up on its port), until the first test play and
-    learner restart (``timeout`` seconds at most) and at least ``online_minutes``; always stopped. Returns their
-    exit states (``stop``)."""
+    """Run ``PROCESSES`` until the first test play and learner restart and ``online_minutes``; always
+    stopped. Returns their exit states."""
     tb_dir = cfg.control.tensorboard_dir
     procs = {}
     t1 = time.monotonic()
@@ -309,7 +308,6 @@ def _run_online(cfg, cfg_path, log_dir, timeout, online_minutes):
 
 
 def _summary(work, cfg_path, cfg, log_dir, plots, evaluation, rulebase, stopped, timings) -> dict:
-    """``run``'s result: where everything is, the test plays, the evaluations, the stop and the timings."""
     tb_dir = cfg.control.tensorboard_dir
     return {
         'work_dir': str(work),
@@ -330,7 +328,7 @@ def _summary(work, cfg_path, cfg, log_dir, plots, evaluation, rulebase, stopped,
 
 
 def _wait_port(host, port, proc, log_dir, timeout=60):
-    """Wait until the server accepts connections (raises RuntimeError if it dies or never listens)."""
+    """Wait until the server accepts connections; RuntimeError if it dies or never listens."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

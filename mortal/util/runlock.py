@@ -41,8 +41,7 @@ def lock_path_for(target: str) -> str:
 
 
 def _holder(lock_path: str) -> dict:
-    """The validated holder record of ``lock_path`` (``pid``, ``host``, ``since``; only the sound parts), ``{}``
-    when absent or unreadable."""
+    """The holder record of ``lock_path`` (its sound parts), ``{}`` when absent or unreadable."""
     try:
         with open(lock_path + OWNER_SUFFIX, 'rb') as f:
             data = f.read(RECORD_BYTES + 1)
