@@ -1,6 +1,5 @@
-"""Loading and validating the TOML configuration shared by every process (Mortal's ``config.toml`` layout
-plus the extras of docs/config.md). ``load_config`` returns the plain nested dict, defaults filled; ``typed``
-reads it as typed sections. Errors name the key and the file; likely misconfigurations are logged as warnings."""
+"""Loading and validating the TOML configuration shared by every process (Mortal's layout plus docs/config.md's
+extras): ``load_config`` gives the plain nested dict, defaults filled; ``typed`` reads it as typed sections."""
 
 from __future__ import annotations
 
@@ -69,9 +68,8 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class EnvOverrides:
-    """The environment read once at start-up: ``config_path`` (``MORTAL_CFG``, else ``config.toml``),
-    ``profile`` (``TRAIN_PLAY_PROFILE``, else ``default``), ``sp_threads`` (``MORTAL_SP_THREADS``; None if unset or bad).
-    """
+    """The environment read once at start-up: ``MORTAL_CFG``, ``TRAIN_PLAY_PROFILE``, ``MORTAL_SP_THREADS``
+    (None if unset or bad)."""
 
     config_path: str = DEFAULT_PATH
     profile: str = DEFAULT_PROFILE
@@ -108,22 +106,19 @@ def resolve_path(path: str | os.PathLike | None = None, env: Env = os.environ) -
 
 
 def train_sections(config: dict) -> tuple:
-    """The sections ``mortal.train`` needs: ``ONLINE_TRAIN_SECTIONS`` when ``[control] online = true`` is written
-    in ``config`` (its plain dict, valid or not), else ``TRAIN_SECTIONS``."""
+    """``ONLINE_TRAIN_SECTIONS`` when ``config`` says ``[control] online = true``, else ``TRAIN_SECTIONS``."""
     return ONLINE_TRAIN_SECTIONS if lookup(config, 'control.online') is True else TRAIN_SECTIONS
 
 
 def mode_sections(config: dict) -> tuple:
-    """Every section the processes of ``config``'s mode need (what ``mortal.tools.doctor`` checks): online the
-    server's, the client's and the learner's; offline the learner's."""
+    """Every section the processes of ``config``'s mode need (online: server, client and learner)."""
     if lookup(config, 'control.online') is True:
         return tuple(dict.fromkeys(ONLINE_TRAIN_SECTIONS + SERVER_SECTIONS + CLIENT_SECTIONS))
     return TRAIN_SECTIONS
 
 
 def read_config(path: str | os.PathLike | None = None, env: Env = os.environ) -> dict:
-    """The TOML file ``path`` (None: :func:`resolve_path`) as a plain dict, not validated. Raises
-    :class:`ConfigError`: the file is missing or unreadable, or its TOML is malformed (with the line)."""
+    """The TOML file ``path`` as a plain dict, not validated; ``ConfigError`` if missing, unreadable or malformed."""
     path = resolve_path(path, env)
     try:
         regular = not os.path.exists(path) or stat.S_ISREG(os.stat(path).st_mode)
@@ -153,8 +148,7 @@ def load_config(path: str | os.PathLike | None = None, *, required: Required = C
                 env: Env = os.environ) -> dict:
     """Read, validate and return the config as a plain nested dict with defaults filled in.
 
-    ``required``: the dotted sections this process needs (``'train_play'``: the profile's); a ``{config_dir}``
-    prefix of a string value is the config file's folder. Raises ``ConfigError`` naming the file and every offending
+    ``required``: the dotted sections this process needs. Raises ``ConfigError`` naming the file and every offending
     key; warnings are logged."""
     path = resolve_path(path, env)
     config = read_config(path, env)
@@ -165,9 +159,8 @@ def load_config(path: str | os.PathLike | None = None, *, required: Required = C
 
 def config_errors(path: str | os.PathLike | None = None, *, required: Required = mode_sections,
                   env: Env = os.environ) -> list[str]:
-    """Every problem of the config file ``path`` that :func:`load_config` with the same ``required`` would refuse,
-    one string each naming the file and the key; ``[]`` when it loads. The one validator the processes and
-    ``mortal.tools.doctor`` share; ``required`` defaults to :func:`mode_sections`. Logs nothing."""
+    """Every problem ``load_config`` with the same ``required`` would refuse, one string each; ``[]`` when it
+    loads. Logs nothing."""
     path = resolve_path(path, env)
     try:
         return _check(read_config(path, env), path, required, env)[0]
@@ -247,16 +240,14 @@ def _too_deep(config: dict) -> str | None:
 # Typed views and edits
 
 def typed(config: dict) -> Config:
-    """The typed view of a loaded config: ``typed(c).control.batch_size`` is ``c['control']['batch_size']``;
-    sections the file lacks are None, ``typed(c).one_vs_three`` is ``[1v3]``. Raises ``pydantic.ValidationError``
-    for a dict that :func:`validate` would refuse."""
+    """The typed view of a loaded config (``typed(c).control.batch_size``); absent sections are None.
+    Raises ``pydantic.ValidationError`` for a dict ``validate`` would refuse."""
     return Config.model_validate(config)
 
 
 def section(config: dict, dotted: str) -> Section:
-    """The typed table ``dotted`` of a loaded config (``section(c, 'online.server').capacity``; a profile's as
-    :func:`profile_table` names it), validated on its own. Raises KeyError for a table the config lacks or the
-    schema does not know, ``pydantic.ValidationError`` for one that :func:`validate` would refuse."""
+    """The typed table ``dotted`` of a loaded config, validated on its own. KeyError for a table absent or
+    unknown, ``pydantic.ValidationError`` for one ``validate`` would refuse."""
     model = SECTIONS.get('train_play.*' if dotted.startswith('train_play.') else dotted)
     table = lookup(config, dotted)
     if model is None or not isinstance(table, dict):
@@ -265,8 +256,7 @@ def section(config: dict, dotted: str) -> Section:
 
 
 def checked_section(config: dict, dotted: str, *, path: str | None = None, env: Env = os.environ) -> Section:
-    """:func:`section`, its problems worded as :func:`validate` words them: raises :class:`ConfigError` naming
-    ``path`` (default: :func:`resolve_path`) and the missing table or each offending key (e.g. ``[bootstrap]``)."""
+    """``section``, its problems raised as ``ConfigError`` naming ``path`` as ``validate`` words them."""
     path = resolve_path(path, env)
     if _get_table(config, dotted) is None:
         raise ConfigError(path, [f'missing section [{dotted}] in {path}'])
@@ -279,8 +269,7 @@ def checked_section(config: dict, dotted: str, *, path: str | None = None, env: 
 
 
 def put(config: dict, dotted: str, value) -> None:
-    """Set the key (or table) ``dotted`` of the plain config dict to ``value`` in place, making the tables on the
-    way (``put(c, 'control.online', False)``): how a process derives a config from another."""
+    """Set the key or table ``dotted`` of the plain config dict in place, making the tables on the way."""
     *tables, name = table_path(dotted)
     node = config
     for part in tables:
@@ -289,8 +278,7 @@ def put(config: dict, dotted: str, value) -> None:
 
 
 def lookup(config: dict, dotted: str, default=None):
-    """``config['a']['b']`` for ``'a.b'`` (``'train_play."a.b"'``: the profile ``a.b``, :func:`table_name`);
-    ``default`` when any level is missing or not a table."""
+    """``config['a']['b']`` for ``'a.b'`` (quoted parts as ``table_name``); ``default`` when any level is missing."""
     node = config
     for part in table_path(dotted):
         if not isinstance(node, dict) or part not in node:
@@ -332,9 +320,7 @@ def _merge(target: dict, values: dict) -> None:
 
 
 def train_play_profile(config: dict, env: Env = os.environ, *, path: str | None = None) -> Section:
-    """The typed ``[train_play.<profile>]`` of env ``TRAIN_PLAY_PROFILE`` (default ``'default'``), as Mortal picks
-    ``config['train_play'][profile]``. Raises :class:`ConfigError` naming the table and the file when it is
-    missing."""
+    """The typed ``[train_play.<profile>]`` of ``TRAIN_PLAY_PROFILE``; ``ConfigError`` when it is missing."""
     profile = profile_name(env)
     if _get_table(config, profile_table(profile)) is None:
         path = resolve_path(path, env)
@@ -349,14 +335,12 @@ def profile_name(env: Env = os.environ) -> str:
 
 
 def profile_table(profile: str) -> str:
-    """The dotted name of ``[train_play.<profile>]`` as a TOML header spells it: ``train_play."a.b"`` for the
-    profile ``a.b``, which ``train_play.a.b`` would read as a table ``b`` inside a profile ``a``."""
+    """The dotted name of ``[train_play.<profile>]`` as a TOML header spells it (``train_play."a.b"``)."""
     return table_name(('train_play', profile))
 
 
 def for_checkpoint(config: dict) -> dict:
-    """A deep copy of ``config`` without the shared secret ``[online.remote] token``, to store as
-    ``state['config']`` (checkpoints get shared)."""
+    """A deep copy of ``config`` without ``[online.remote] token``, to store in a checkpoint."""
     public = copy.deepcopy(config)
     remote = _get_table(public, 'online.remote')
     if remote is not None:
@@ -443,8 +427,8 @@ def _unknown_names(config: dict, path: str, warns: list[str], errors: list[str])
 # Rules across keys
 
 def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str]) -> None:
-    """The rules that tie several keys together, appended as messages. ``cfg`` holds the tables that validate
-    (a table that does not is None there: a rule over it is not checked)."""
+    """The rules that tie several keys together, appended as messages; tables that did not validate are
+    None in ``cfg`` and skipped."""
     control, online, server = cfg.control, cfg.online, cfg.online and cfg.online.server
     # no folder a process empties may hold the config, the checkpoints or another emptied folder
     errors.extend(config_paths.folder_errors(cfg, path))

@@ -17,8 +17,7 @@ UNFILLED = object()  # marker: an optional key that is accepted but not filled i
 
 @dataclass(frozen=True)
 class Key:
-    """One key as the models declare it: TOML type, meaning, and default (:data:`REQUIRED`, :data:`UNFILLED` or the
-    value)."""
+    """One key as the models declare it: TOML type, meaning, default (``REQUIRED``, ``UNFILLED`` or the value)."""
 
     kind: str
     doc: str
@@ -57,8 +56,7 @@ SCHEMA: dict[str, dict[str, Key]] = {dotted: keys_of(model) for dotted, model in
 
 
 def section_keys(dotted: str) -> dict[str, Key] | None:
-    """The keys of the table ``dotted`` (``train_play.<profile>`` included, a quoted one such as
-    ``train_play."a.b"`` too), or None for an unknown table."""
+    """The keys of the table ``dotted`` (profiles included), or None for an unknown table."""
     parts = table_path(dotted)
     if len(parts) == 2 and parts[0] == 'train_play':  # a profile has any name, and no sub-tables
         return SCHEMA['train_play.*']
@@ -79,8 +77,7 @@ def table_name(parts: Iterable) -> str:
 
 
 def table_path(dotted: str) -> list[str]:
-    """The keys of a dotted name, what :func:`table_name` spelled: ``'train_play."a.b"'`` is
-    ``['train_play', 'a.b']``, ``'online.server'`` is ``['online', 'server']`` (as ``str.split('.')``)."""
+    """The keys of a dotted name: ``'train_play."a.b"'`` -> ``['train_play', 'a.b']``."""
     parts, i = [], 0
     while True:
         if dotted.startswith('"', i):
@@ -120,8 +117,7 @@ REMOVED_KEYS = {
 
 
 def key_table() -> list[tuple[str, str, str, str, str]]:
-    """Every known key as ``(section, key, type, default, meaning)``, for docs/config.md
-    (``scripts/gen_config_doc.py``)."""
+    """Every known key as ``(section, key, type, default, meaning)``, for docs/config.md."""
     def shown(default) -> str:
         if default is REQUIRED:
             return 'required'

@@ -44,8 +44,8 @@ def expand_config_dir(node, folder: str, _where: tuple = ()):
 
 
 def config_dir_errors(config: dict, path: str) -> list[str]:
-    """One message per string of ``config`` (the plain dict) that starts with ``{config_dir}`` not followed by its
-    end or a path separator (``'{config_dir}..'``): naming the key and the file."""
+    """One message (key and file) per string starting with ``{config_dir}`` not followed by its end or a
+    separator."""
     out = []
 
     def walk(node, where):
@@ -87,8 +87,7 @@ def _glob_root(pattern: str) -> str:
 
 
 def emptied_folders(cfg) -> list[tuple[str, str]]:
-    """``(key, path as written)`` of every folder the processes of ``cfg`` (a typed, possibly partial Config)
-    empty (see the module's docstring)."""
+    """``(key, path as written)`` of every folder the processes of the typed ``cfg`` empty."""
     out = []
     server = cfg.online and cfg.online.server
     if server is not None:
@@ -104,8 +103,7 @@ def emptied_folders(cfg) -> list[tuple[str, str]]:
 
 
 def kept_paths(cfg, config_path: str) -> list[tuple[str, str]]:
-    """``(key, path as written)`` of every file or folder of ``cfg`` that no emptied folder may hold: the config
-    file, the state, best, baseline and GRP checkpoints, the file index and the dataset globs' root folders."""
+    """``(key, path as written)`` of what no emptied folder may hold: config, checkpoints, file index, globs' roots."""
     out = [('the config file', os.fspath(config_path))]
     if cfg.control is not None:
         out += [('[control] state_file', cfg.control.state_file),
@@ -125,9 +123,8 @@ def kept_paths(cfg, config_path: str) -> list[tuple[str, str]]:
 
 
 def folder_errors(cfg, config_path: str) -> list[str]:
-    """One message per emptied folder (:func:`emptied_folders`) of ``cfg`` that is, holds or lies inside another
-    emptied folder, or holds a kept path (:func:`kept_paths`): paths compared after ``{config_dir}`` expansion and
-    ``os.path.realpath`` (relative paths: from the working directory)."""
+    """One message per emptied folder of ``cfg`` that is, holds or lies inside another, or holds a kept path
+    (compared after expansion and ``realpath``)."""
     folder = config_folder(config_path)
     where = f' in {config_path}'
     emptied = [(k, v, _real(v, folder)) for k, v in emptied_folders(cfg) if v]
