@@ -15,8 +15,7 @@ def _swap_mp(name: str) -> str:
 
 
 def augment_event(ev: dict) -> dict:
-    """Copy of ``ev`` with manzu and pinzu swapped in every tile field and in a counterfactual's
-    action index (Mortal's ``Event::augment``)."""
+    """Copy of ``ev`` with manzu and pinzu swapped in every tile field (Mortal's ``Event::augment``)."""
     out = dict(ev)
     for key in ("pai", "dora_marker"):
         if isinstance(out.get(key), str):

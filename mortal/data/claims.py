@@ -1,8 +1,5 @@
-"""The online learner's claims on drained logs, and which of their samples it has trained, across restarts.
-
-``claims.json`` in ``<drain_dir>.trainer`` lists each claimed log not fully trained and, per pass, ``"done"`` or
-the trained indices; it is committed in one step with each checkpoint (``commit_with``), so nothing is trained
-twice or skipped. See docs/operations.md, "The claim ledger"."""
+"""The online learner's claims on drained logs and which of their samples it has trained, across restarts,
+committed with each checkpoint (docs/operations.md, "The claim ledger")."""
 
 from __future__ import annotations
 
@@ -47,7 +44,6 @@ def _remaining(unit) -> int:
 
 class ClaimLedger:
     """Training progress of the logs claimed into ``claim_dir``; start it with ``open`` or ``for_dataset``.
-    ``signature``: what decides a log's samples and passes; ``duplicates``: samples recorded twice (0 unless broken);
     ``lost_samples``: remaining samples of vanished logs not yet reported by ``end_epoch``."""
 
     def __init__(self, claim_dir: str, *, signature: dict, passes: int):
@@ -66,8 +62,7 @@ class ClaimLedger:
 
     @classmethod
     def open(cls, claim_dir: str, *, signature: dict, passes: int, steps: int | None = None) -> "ClaimLedger":
-        """The ledger of ``claim_dir`` (created) as its manifest left it; under another signature every log
-        is resumed whole; a staged manifest is adopted only if its step is ``steps`` (the checkpoint on disk)."""
+        """The ledger of ``claim_dir`` (created) as its manifest left it; ``steps``: the checkpoint on disk."""
         ledger = cls(claim_dir, signature=signature, passes=passes)
         os.makedirs(ledger.claim_dir, exist_ok=True)
         manifest = path.join(ledger.claim_dir, MANIFEST)
@@ -97,9 +92,8 @@ class ClaimLedger:
 
     @classmethod
     def for_dataset(cls, claim_dir: str, ds, version: int, steps: int | None = None) -> "ClaimLedger":
-        """``open`` with the signature and passes of the online learner's loader: the typed ``[dataset]``'s
-        (``mortal.config.section``) ``num_epochs``, ``enable_augmentation`` and ``augmented_first``, feature
-        ``version``, the ``trainee`` seat; ``steps`` the step of the learner's checkpoint."""
+        """``open`` with the signature and passes of the learner's loader (typed ``[dataset]``, ``version``,
+        ``trainee``)."""
         signature = {"version": version, "player_names": ["trainee"], "num_epochs": ds.num_epochs,
                      "enable_augmentation": ds.enable_augmentation, "augmented_first": ds.augmented_first}
         passes = ds.num_epochs * (2 if ds.enable_augmentation else 1)
@@ -144,17 +138,15 @@ class ClaimLedger:
         return set(self.files)
 
     def add(self, names) -> None:
-        """Track newly claimed logs (nothing trained yet); listed in the manifest before they are linked, so a
-        crash in between leaves no claimed log unlisted."""
+        """Track newly claimed logs; listed in the manifest before they are linked."""
         for name in names:
             self.files[name] = {}
             self.committed[name] = {}
         self._write()
 
     def claim(self, drain_dir: str, files) -> tuple:
-        """Claim the drained ``drain_dir/name`` of each of ``files`` into the claim folder (``claim_drained``,
-        keeping the tracked logs and the manifest) and track them; those that vanished first are forgotten again.
-        Returns ``(claimed paths in files order, names of files that had vanished)``; raises OSError."""
+        """Claim the drained ``drain_dir/name`` of ``files`` (``claim_drained``) and track them. Returns
+        ``(claimed paths, names that had vanished)``; raises OSError."""
         targets = []
 
         def on_claim(names):
@@ -239,8 +231,8 @@ class ClaimLedger:
             self._seen.add((name, pass_))
 
     def end_epoch(self) -> int:
-        """After the loader was read to its end: passes that yielded nothing are done; returns the samples
-        lost since the last call, ``lost_samples`` included."""
+        """After the loader's end: passes that yielded nothing are done; returns the samples lost since the
+        last call."""
         lost, self.lost_samples = self.lost_samples, 0
         for name in dict.fromkeys(self._epoch):
             units = self.files.get(name)
@@ -275,17 +267,15 @@ class ClaimLedger:
         return len(finished)
 
     def commit(self) -> int:
-        """Persist the live progress (with no checkpoint: ``commit_with`` ties it to one) and unlink the logs
-        trained in full. Returns how many were unlinked."""
+        """Persist the live progress without a checkpoint and unlink the fully trained logs; returns their count."""
         finished, files = self._staged()
         self.steps = None
         self._write(files, None)
         return self._finish(finished, files)
 
     def commit_with(self, steps: int, save) -> int:
-        """Persist the progress in one step with the checkpoint ``save()`` writes at ``steps``: staged as ``STAGED``,
-        ``save()``, renamed (``open`` reconciles a kill between); nothing is committed when ``save()`` raises.
-        Returns how many fully trained logs were unlinked."""
+        """Persist the progress in one step with the checkpoint ``save()`` writes at ``steps`` (staged, saved,
+        renamed); nothing is committed when ``save()`` raises. Returns how many trained logs were unlinked."""
         finished, files = self._staged()
         staged = path.join(self.claim_dir, STAGED)
         self._write(files, steps, STAGED)
@@ -414,9 +404,8 @@ def _free_name(name: str, taken: set) -> str:
 
 
 def claim_drained(drain_dir: str, files, claim_dir: str, *, keep=(), on_claim=None) -> tuple:
-    """Hard-link (else copy) each drained ``drain_dir/name`` of ``files`` into ``claim_dir``, first emptied except
-    for ``keep`` (a clashing name is claimed as ``'<k>+<name>'``); ``on_claim(names)`` is called before any link.
-    Returns (claimed paths in ``files`` order, names that vanished first); OSError when a link or copy fails."""
+    """Hard-link (else copy) each drained ``drain_dir/name`` into ``claim_dir`` (emptied but for ``keep``; a
+    clash becomes ``'<k>+<name>'``). Returns (claimed paths, names that vanished); OSError when a link fails."""
     keep = set(keep)
     empty_dir(claim_dir, keep)
     targets = []
@@ -447,7 +436,6 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 
 def staleness(drain_reply: dict) -> list:
-    """Parameter versions (ints >= 0) between each drained log's version and the server's current one, from a
-    drain reply's ``param_version`` and ``param_versions``; unknown versions (< 0) are left out."""
+    """Parameter versions (ints >= 0) between each drained log's and the server's; unknown ones left out."""
     current = drain_reply.get("param_version", 0)
     return [current - v for v in drain_reply.get("param_versions", []) if v >= 0]

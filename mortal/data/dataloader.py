@@ -45,9 +45,8 @@ def _ranks_by_scores(scores: np.ndarray) -> np.ndarray:
 
 
 def _game_columns(game, reward_calc: RewardCalculator) -> tuple | None:
-    """One seat's ``Gameplay`` as columns ``(packed obs (N, row_bytes) uint8, actions (N,) int64, masks (N, 46) bool,
-    steps_to_done (N,) int64, kyoku rewards (N,) float64, player ranks (N,) int64, cf_actions (N,) int64, cf_deltas
-    (N,) float32)``, rewards and deltas from ``reward_calc``; None when the seat had no decision."""
+    """One seat's ``Gameplay`` as the sample columns of the module docstring (obs packed ``(N, row_bytes)``
+    uint8), None when the seat had no decision."""
     n = len(game)
     if n == 0:  # the seat never had a decision
         return None
@@ -93,9 +92,8 @@ def _cf_deltas(reward_calc, n, player_id, feature, grp, at_kyoku, cf_actions, cf
 class FileDatasetsIter(IterableDataset):
     """Samples from gzip (or plain) mjai logs (the module docstring gives the tuple).
 
-    ``file_list`` is shuffled in place each epoch; ``file_batch_size`` files fill the shuffle buffer at a time,
-    keeping back ``reserve_ratio``; ``sample_ids`` adds ``[file, pass, index, count]`` int64; ``trained``
-    (``{path: {pass: indices or None}}``) is left out; ``batch_size`` B yields B-row numpy batches, None samples.
+    ``file_list`` is shuffled in place each epoch; ``sample_ids`` adds ``[file, pass, index, count]`` int64;
+    ``trained`` (``{path: {pass: indices or None}}``) is left out; ``batch_size`` B yields B-row numpy batches.
     Bad files are skipped with a warning and counted in ``skipped``."""
 
     def __init__(self, version, file_list, pts, grp, *, file_batch_size=20, reserve_ratio=0,
@@ -269,8 +267,8 @@ class FileDatasetsIter(IterableDataset):
 
 
 def keep_freed_memory() -> bool:
-    """Ask glibc malloc to keep freed memory (the ~127 KB arrays of each sample, the megabyte buffers of each file
-    batch) instead of faulting it in again and again; process-wide, for loader workers. False without ``mallopt``."""
+    """Ask glibc malloc to keep freed memory (the loader's large arrays) process-wide; False without
+    ``mallopt``."""
     import ctypes
     import ctypes.util
 
@@ -288,8 +286,7 @@ LOADER_PARENT_ENV = "MORTAL_LOADER_PARENT_PID"
 
 
 def configure_worker_logging() -> None:
-    """The entry points' log format at INFO on stderr for a loader worker (forkserver/spawn workers do not inherit
-    ``basicConfig``); no-op with root handlers."""
+    """The entry points' log format for a loader worker (which does not inherit ``basicConfig``)."""
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
 
 
@@ -302,8 +299,7 @@ def _expected_worker_parent():
 
 
 def worker_init_fn(*args, **kwargs):
-    """DataLoader ``worker_init_fn``: dies with the fork server, configures logging, keeps freed memory, and shards
-    ``file_list`` so no file is read by two workers."""
+    """DataLoader ``worker_init_fn``: die with the fork server, log, keep freed memory, shard ``file_list``."""
     # torch's own watchdog only checks the worker's parent, which under forkserver outlives a killed learner.
     die_with_parent(expected_parent=_expected_worker_parent())
     configure_worker_logging()
@@ -331,8 +327,7 @@ def safe_mp_context():
 
 def make_dataloader(dataset, *, batch_size: int, num_workers: int = 1, pin_memory: bool = False,
                     drop_last: bool = False, multiprocessing_context=None, **kwargs) -> DataLoader:
-    """``DataLoader`` over ``dataset`` with sharding and a fork-safe start (``num_workers=0``: in this process); a
-    dataset that makes its own batches of B gets ``batch_size=None`` (ValueError unless None or B)."""
+    """Fork-safe sharded ``DataLoader`` over ``dataset`` (``batch_size=None`` for a batching dataset)."""
     if getattr(dataset, "batch_size", None) is not None:
         if batch_size not in (None, dataset.batch_size):
             raise ValueError(f"the dataset makes batches of {dataset.batch_size}, not {batch_size}")

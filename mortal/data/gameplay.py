@@ -169,9 +169,8 @@ class _SeatRecorder:
             raise BadLogError(log.source, f"seat {seat}: {e}", log.line_numbers[cur_idx]) from None
 
     def flush(self, log: LoadedLog, background: bool = False) -> None:
-        """Run the pending version-4 searches (one threaded batch) and pack their observations; ``background``:
-        start them in the background and pack the batch started by the previous such call (``DeferredSP.flush``).
-        Raises ``BadLogError`` for the first bad decision; the recorder then drops the rest (flush does nothing)."""
+        """Run the pending v4 searches and pack their observations (``background``: as ``DeferredSP.flush``).
+        ``BadLogError`` for the first bad decision; the recorder then drops the rest."""
         if self.deferred is None:
             return
         try:
@@ -331,13 +330,12 @@ class GameplayLoader:
         return list(range(4))
 
     def load_log(self, raw: str, source: str = "<log>") -> list[Gameplay]:
-        """One ``Gameplay`` per kept seat of one game given as mjai JSON lines. Raises ``BadLogError`` (line and
-        reason) for a malformed log, an illegal move, or an event the Rust ``PlayerState`` rejects."""
+        """One ``Gameplay`` per kept seat of one game as mjai JSON lines; ``BadLogError`` (line and reason)
+        for a malformed log, an illegal move, or an event the Rust state rejects."""
         return self.load_parsed(parse_log(raw, source))
 
     def load_parsed(self, log: LoadedLog) -> list[Gameplay]:
-        """Same as ``load_log`` for a log ``mortal.data.mjai_log.parse_log`` returned (the fields it checked, such
-        as every ``actor``, are not checked again)."""
+        """``load_log`` of a log ``parse_log`` returned."""
         if self.augmented:
             log = augment_log(log)
         grp = Grp.load_events(log.events, log.source)
@@ -436,13 +434,11 @@ class GameplayLoader:
                            "legal or is the one taken); logged once", log.source, n, seat)
 
     def load_log_file(self, path) -> list[Gameplay]:
-        """``load_log`` of a gzip or plain file (at most ``max_log_bytes`` decompressed). Raises ``BadLogError``
-        or ``OSError``."""
+        """``load_log`` of a gzip or plain file; raises ``BadLogError`` or ``OSError``."""
         return self.load_parsed(read_log(path, self.max_log_bytes))
 
     def load_gz_log_files(self, paths) -> list[list[Gameplay]]:
-        """``load_log_file`` over ``paths``, aligned with them; a bad file yields ``[]``, a warning naming file,
-        line and reason, and counts in ``skipped``."""
+        """``load_log_file`` over ``paths``; a bad file yields ``[]``, a warning, and counts in ``skipped``."""
         out = []
         for path in paths:
             try:

@@ -31,8 +31,7 @@ def grand_kyoku(bakaze: str, kyoku: int) -> int:
 
 
 def rank_by_player(scores) -> list[int]:
-    """Rank (0 = top) of each seat, ties to the lower seat: ``[25000, 25000, 30000, 20000]`` ->
-    ``[1, 2, 0, 3]``."""
+    """Rank (0 = top) of each seat, ties to the lower seat: ``[25000, 25000, 30000, 20000]`` -> ``[1, 2, 0, 3]``."""
     order = sorted(range(4), key=lambda p: -scores[p])  # sorted() is stable
     ranks = [0] * 4
     for r, p in enumerate(order):
@@ -67,9 +66,8 @@ class Grp:
 
     @staticmethod
     def load_events(events: list[dict], source: str = "<log>") -> "Grp":
-        """The record of a log ``parse_log`` accepted. Final scores: the last ``start_kyoku``'s + the ``deltas``
-        after it - 1000 per ``reach_accepted``, ranked, then deposits nobody won to the top player (``grp.rs``).
-        ``BadLogError`` without a ``start_kyoku`` or a ``hora``/``ryukyoku`` after the last one."""
+        """The record of a log ``parse_log`` accepted; final scores as ``grp.rs`` (deposits to the top).
+        ``BadLogError`` without a ``start_kyoku`` or a final ``hora``/``ryukyoku``."""
         rows = []
         final = None
         settled = False
@@ -109,8 +107,7 @@ class Grp:
 
     @staticmethod
     def load_gz_log_files(paths, skipped: list | None = None) -> list["Grp"]:
-        """One ``Grp`` per readable file, in order; a bad file is left out with a warning (and ``(path, reason)``
-        appended to ``skipped`` when a list)."""
+        """One ``Grp`` per readable file; a bad one is warned about (and appended to ``skipped``)."""
         out = []
         for path in paths:
             try:

@@ -52,8 +52,7 @@ _TRAINING_FIELDS = frozenset({"start_game", "start_kyoku", "hora", "ryukyoku"})
 
 
 class BadLogError(ValueError):
-    """A log that cannot be used: ``source``, ``line`` (1-based or None), ``reason``; ``str()`` is
-    ``"<source>: line <n>: <reason>"``."""
+    """A log that cannot be used: ``source``, ``line`` (1-based or None), ``reason``."""
 
     def __init__(self, source: str, reason: str, line: int | None = None):
         self.source = str(source)
@@ -100,8 +99,7 @@ def decode_log_bytes(data: bytes, source: str = "<log>", error: type[BadLogError
 
 
 def read_log_text(path, max_bytes: int | None = DEFAULT_MAX_LOG_BYTES) -> str:
-    """A log file's text, gunzipped when it starts with the gzip magic, read incrementally up to ``max_bytes``
-    decompressed (None: no cap). Raises ``BadLogError`` (bad gzip, not UTF-8, over the cap), OSError."""
+    """A log file's text, gunzipped if gzip, at most ``max_bytes`` decompressed. Raises ``BadLogError``, OSError."""
     cap = math.inf if max_bytes is None else max_bytes
     with open(path, "rb") as f:
         if f.read(2) == _GZIP_MAGIC:
@@ -282,11 +280,8 @@ def _check_training_fields(ev: dict, typ: str, source: str, no: int, error: type
 
 
 def parse_log(raw: str, source: str = "<log>") -> LoadedLog:
-    """Parse mjai JSON lines that must form one complete 4-player game (a training log); ``BadLogError`` naming
-    ``source``, line and reason otherwise. On top of ``parse_events``: ``start_game`` first (4 ``names`` if any);
-    each ``start_kyoku`` with 4 integer ``scores``, 4 ``tehais``, ``bakaze`` E/S/W/N, ``kyoku`` 1-4, ``honba``/
-    ``kyotaku`` >= 0; 4 integer ``deltas`` on every ``hora``/``ryukyoku``; kyoku paired, at most ``MAX_KYOKU``;
-    ``end_game`` last. Blank lines and extra fields are ignored."""
+    """Parse mjai JSON lines that must form one complete 4-player game (a training log), as ``LoadedLog``.
+    Checks on top of ``parse_events`` every field the loaders read; ``BadLogError`` naming ``source``, line, reason."""
     events, lines, numbers = _scan(_numbered_lines(raw), source, raw, BadLogError, True)
     if not events:
         raise BadLogError(source, "empty log (no events)")
@@ -311,8 +306,7 @@ def parse_events(log, source: str = "<log>", *, error: type[BadLogError] = BadLo
 
 
 def read_log(path, max_bytes: int | None = DEFAULT_MAX_LOG_BYTES) -> LoadedLog:
-    """``read_log_text`` (capped at ``max_bytes`` decompressed bytes) + ``parse_log``; raises ``BadLogError`` /
-    ``OSError``."""
+    """``read_log_text`` + ``parse_log``; raises ``BadLogError`` / ``OSError``."""
     return parse_log(read_log_text(path, max_bytes), str(path))
 
 

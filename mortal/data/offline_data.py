@@ -73,8 +73,7 @@ def build_file_list(dataset, player_names: set) -> list:
 
 
 def stale_index(index: dict, globs: dict) -> str | None:
-    """Why the loaded file index ``index`` was not built from ``globs`` (its record's key -> the config's list of
-    glob patterns, e.g. ``{'globs': [...]}``), as a phrase for a log line; None when it was."""
+    """Why the loaded file index was not built from ``globs`` (a phrase), None when it was."""
     for key, want in globs.items():
         have = index.get(key) if isinstance(index, dict) else None
         if not isinstance(have, (list, tuple)):
@@ -85,8 +84,7 @@ def stale_index(index: dict, globs: dict) -> str | None:
 
 
 def glob_regex(pattern: str) -> re.Pattern:
-    """A regex of the paths ``glob(pattern, recursive=True)`` can give (looser only in that ``*`` matches a
-    leading dot)."""
+    """A regex of the paths ``glob(pattern, recursive=True)`` can give (``*`` also matches a leading dot)."""
     out, i = [], 0
     while i < len(pattern):
         if pattern.startswith('**/', i):
@@ -114,8 +112,7 @@ def glob_regex(pattern: str) -> re.Pattern:
 
 
 def listed_problem(file_list, patterns, *, shown: int = 3) -> str | None:
-    """Why a loaded index's ``file_list`` must not be read (a phrase), None when all its str paths exist
-    and match ``patterns``."""
+    """Why a loaded index's ``file_list`` must not be read (a phrase), None when it may."""
     def some(items):
         return ', '.join(repr(x)[:200] for x in items[:shown]) + (', ...' if len(items) > shown else '')
 
@@ -151,8 +148,7 @@ def index_problems(index: dict, lists: dict, *, shown: int = 3) -> list[str]:
 
 
 def load_player_names(files) -> set:
-    """Union of the names listed one per line in ``[dataset] player_names_files``. Raises ValueError naming the
-    key and the file when one cannot be read."""
+    """Union of the names in ``[dataset] player_names_files``; ValueError naming key and file."""
     names = set()
     for filename in files:
         try:
@@ -164,11 +160,8 @@ def load_player_names(files) -> set:
 
 
 def offline_mix(dataset, batch_size: int, loader):
-    """Endless full batches (the eight tensors of ``Trainer.train_batch``, obs packed) of ``batch_size``
-    from the offline logs, reshuffled each pass; ``loader(files, player_names, batch_size)`` gives a pass's loader.
-
-    Loads the first batch before returning; ValueError (naming ``[online] offline_batch_size``) when a pass holds no
-    full batch."""
+    """Endless full batches (``Trainer.train_batch``'s eight tensors, obs packed) from the offline logs,
+    reshuffled each pass; ValueError (naming ``[online] offline_batch_size``) when a pass has no full batch."""
     stream = _offline_batches(dataset, batch_size, loader)
     first = next(stream)
     return chain([first], stream)

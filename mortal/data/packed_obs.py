@@ -32,13 +32,8 @@ def _rows(*spans) -> tuple:
     return tuple(out)
 
 
-#: Rows that may hold values other than 0.0/1.0, per feature version (0-based channel indices). Found by
-#: encoding every decision of the test logs (tests/data) at each version and matched to the encoders' row
-#: layout (``mortal.features.obs_v4.ROW_TABLE`` names them for v3/v4): v1 scores (4) and tiles left; v2/v3 the
-#: score rows (4 x 10), honba/kyotaku, the grand-kyoku row, doras owned/unseen (rescaled) and one action row;
-#: v3 also the last row of the own kawa and the last 3 of each opponent's; v4 the same rows in its re-packed
-#: layout plus the single-player block's expected values (rows 889-890) and its tenpai/win/EV tables
-#: (961-1011). Any other row is 0/1 by construction, and ``pack_into`` refuses a sample where it is not.
+#: Rows that may hold values other than 0.0/1.0, per version (0-based), found by encoding every decision of
+#: tests/data at each version (``obs_v4.ROW_TABLE`` names them); ``pack_into`` refuses a non-0/1 value elsewhere.
 REAL_ROWS = {
     1: _rows((7, 10), 720),
     2: _rows((7, 46), (55, 58), 61, (759, 775), 888),
@@ -59,8 +54,7 @@ class NotPackableError(ValueError):
 
 
 class Layout:
-    """The packed format of one version. Attributes: ``version``, ``channels`` (C), ``real_rows`` (int64
-    array), ``real_bytes``, ``bit_bytes`` (unpadded), ``row_bytes`` (total, a multiple of 4)."""
+    """The packed format of one version: ``channels``, ``real_rows``, ``real_bytes``, ``bit_bytes``, ``row_bytes``."""
 
     def __init__(self, version: int):
         self.version = check_version(version)
@@ -159,8 +153,7 @@ def pack(obs: np.ndarray, version: int) -> np.ndarray:
 
 
 def unpack(packed, version: int):
-    """``(B, C, 34)`` float32 of ``packed`` rows (``(B, row_bytes(version))`` uint8, numpy or a torch tensor on any
-    device), bit for bit as encoded, of the same kind and device. ValueError for a row length not ``version``'s."""
+    """``(B, C, 34)`` float32 of ``packed`` ``(B, row_bytes)`` uint8 rows (numpy or torch, same device), bit-exact."""
     import torch
     lay = layout(version)
     as_numpy = isinstance(packed, np.ndarray)
