@@ -38,8 +38,7 @@ _SUIT_OF_FIVE = {4: 0, 13: 1, 22: 2}  # plain five id -> index in akas_in_hand
 
 
 def action_kind(index: int) -> str:
-    """'discard', 'riichi', 'chi', 'pon', 'kan', 'hora', 'ryukyoku' or 'pass' for action ``index``;
-    ValueError outside 0-45."""
+    """'discard', 'riichi', 'chi', 'pon', 'kan', 'hora', 'ryukyoku' or 'pass'; ValueError outside 0-45."""
     if not 0 <= index < ACTION_SPACE:
         raise ValueError(f"action index must be within 0-{ACTION_SPACE - 1}, got {index}")
     if index < RIICHI:
@@ -185,13 +184,9 @@ def _kan(state, index: int, actor: int, kan_select: int | None) -> dict:
 
 
 def reaction_from_index(state, index: int, *, kan_select: int | None = None) -> dict:
-    """The mjai reaction dict for action ``index`` in ``state``, as Mortal's agent builds it.
-
-    ``kan_select`` (index 42 only): the tile id 0-33 of the kan-select pass; None takes Mortal's default. Red fives
-    are spent whenever held.
-
-    Raises ValueError (naming the index, with ``state.brief_info()``): index outside 0-45 or not legal by the
-    state's flags and tiles (not the full mask), or a bad ``kan_select``."""
+    """The mjai reaction dict for action ``index`` in ``state``, as Mortal's agent builds it (red fives spent
+    whenever held; ``kan_select``: the kan tile 0-33, None: Mortal's default). ValueError (naming the index, with
+    ``state.brief_info()``) for an index out of range or not legal by the state's flags and tiles."""
     index = int(index)
     if not 0 <= index < ACTION_SPACE:
         raise ValueError(f"action index {index} outside 0-{ACTION_SPACE - 1}")
@@ -249,8 +244,7 @@ def event_to_label(event: dict) -> int | None:
 
 
 def kan_select_label(event: dict) -> int:
-    """Kan-select label 0-33 of a kan event (the deaka'd kan tile); ValueError for a non-kan event or a
-    bad tile field."""
+    """Kan-select label 0-33 of a kan event; ValueError for another event or a bad tile."""
     ty = event.get("type")
     if ty in ("daiminkan", "kakan"):
         return deaka(tile_id(_field(event, "pai")))

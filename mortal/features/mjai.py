@@ -37,22 +37,19 @@ def field(event: dict, kind, key: str):
 
 
 def field_tile(event: dict, kind, key: str, known: bool) -> int:
-    """Tile id 0-37 of ``event[key]``; ``known``: the masked tile ``'?'`` is refused too. ValueError naming the
-    event kind and the field (missing, or not a tile name)."""
+    """Tile id 0-37 of ``event[key]`` (``known``: ``'?'`` refused); ValueError naming kind and field."""
     return check_tile(field(event, kind, key), kind, key, known)
 
 
 def check_tiles(names, kind, key: str, known: bool) -> list:
-    """Tile ids of the list ``names`` (the field ``key`` of a ``kind`` event); ValueError naming both when it is
-    not a list or holds a bad name (``check_tile``)."""
+    """Tile ids of the list ``names``; ValueError naming ``kind`` and ``key`` for a non-list or a bad name."""
     if not isinstance(names, list):
         raise ValueError(f"{kind} event: field {key!r}: expected a list of tile names, got {type(names).__name__}")
     return [check_tile(n, kind, key, known) for n in names]
 
 
 def check_tile(name, kind, key: str, known: bool) -> int:
-    """Tile id 0-37 of ``name``, field ``key`` of a ``kind`` event; ValueError for a bad name, or ``'?'``
-    when ``known``."""
+    """Tile id 0-37 of ``name``; ValueError naming ``kind`` and ``key`` for a bad name (or ``'?'`` if ``known``)."""
     try:
         tid = tile_id(name)
     except ValueError as e:

@@ -24,8 +24,7 @@ class UnsupportedVersionError(ValueError):
 
 
 def check_version(version) -> int:
-    """``version`` as int if it is in ``SUPPORTED_VERSIONS`` (1-4), else ``UnsupportedVersionError``
-    (a ValueError; also for bool, str and float)."""
+    """``version`` as int if in ``SUPPORTED_VERSIONS`` (1-4), else ``UnsupportedVersionError`` (bool too)."""
     # bool is an int subclass; True would silently mean version 1. numpy integers are numbers.Integral.
     if isinstance(version, bool) or not isinstance(version, numbers.Integral):
         raise UnsupportedVersionError(
@@ -60,14 +59,8 @@ def new_v4_encoder(version, seat: int):
 
 
 def encode(state, version: int, at_kan_select: bool = False, v4=None) -> tuple[np.ndarray, np.ndarray]:
-    """``(obs (C, 34) float32, mask (46,) bool)`` of ``state``'s current decision.
-
-    ``at_kan_select``: the second pass that chooses the kan. ``v4``: required for version 4, the seat's
-    ``V4Encoder`` fed the same events; ignored for 1-3.
-
-    Raises:
-        UnsupportedVersionError: an invalid version.
-        ValueError: version 4 without ``v4``, or a ``v4`` encoder of another seat."""
+    """``(obs (C, 34) float32, mask (46,) bool)`` of ``state``'s current decision; ``v4``: the seat's ``V4Encoder``
+    (version 4 only). Raises ``UnsupportedVersionError``, or ValueError for a missing or other seat's ``v4``."""
     version = check_version(version)
     if version == 4:
         if v4 is None:

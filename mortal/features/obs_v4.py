@@ -30,8 +30,7 @@ SP_THREADS = None
 
 class V4Encoder(KyokuFacts):
     """Per-seat v4 observation encoder; feed it every mjai event the seat's ``PlayerState`` gets.
-
-    Raises ValueError for a bad seat (``player_id`` 0-3), ``SPCoreMissing`` when the core is not built."""
+    ValueError for a bad ``player_id``, ``SPCoreMissing`` without the core."""
 
     def __init__(self, player_id: int):
         if type(player_id) is not int or not 0 <= player_id <= 3:
@@ -75,19 +74,16 @@ def _checked(enc, state) -> None:
 
 
 def sp_rows(facts: list, threads: int) -> np.ndarray:
-    """Rows 889-1011 of each decision of ``facts`` (``V4Encoder._facts`` tuples), ``(len(facts), 123, 34)``
-    float32, searched together on up to ``threads`` threads. Raises ValueError (naming the field) for a hand the
-    core refuses, before any search."""
+    """``(len(facts), 123, 34)`` float32 rows 889-1011 of ``V4Encoder._facts`` tuples, searched together on
+    ``threads`` threads; ValueError (naming the field) for a refused hand, before any search."""
     rows = np.empty((len(facts), SP_ROWS, 34), dtype=np.float32)
     require_core().sp_rows(facts, rows, int(threads))
     return rows
 
 
 def prepare_sp(pairs, threads: int | None = None) -> None:
-    """Search the SP rows of each ``(encoder, state)`` decision not yet prepared, together on up to ``threads``
-    threads, and keep them in the encoder until its next ``update``. Releases the GIL while searching.
-
-    Raises ValueError: an encoder is None or of another seat; the core refuses a hand."""
+    """Search the SP rows of each ``(encoder, state)`` not yet prepared, together, and keep them in the
+    encoder until its next ``update``. ValueError: a None or other seat's encoder, a refused hand."""
     pending = {}
     for enc, state in pairs:
         _checked(enc, state)
@@ -126,10 +122,8 @@ class DeferredSPError(ValueError):
 
 
 class DeferredSP:
-    """Version-4 encoding whose SP searches run later, many together (the loader's path).
-
-    ``encode`` returns rows 0-888 at once; rows 889-1011 of a pending decision are filled by the next ``flush``.
-    The arrays equal ``V4Encoder.encode``'s bit for bit. ``threads`` None: ``sp_threads()`` at flush time."""
+    """Version-4 encoding whose SP searches run later, many together (the loader's path); ``encode`` returns
+    rows 0-888 at once, the next ``flush`` fills rows 889-1011, bit-equal to ``V4Encoder.encode``."""
 
     def __init__(self, threads: int | None = None):
         self.threads = threads
@@ -168,11 +162,8 @@ class DeferredSP:
         return obs, mask, True
 
     def flush(self, background: bool = False) -> list:
-        """Run the pending searches; returns ``[(obs, tag)]`` of the decisions finished, in ``encode`` order.
-
-        ``background=True`` starts them in a thread and returns only the batch of the previous background flush.
-        Raises ``DeferredSPError`` (a ValueError naming the tag) if a search fails; a background batch's error is raised
-        by the next flush, which drops what is pending."""
+        """Run the pending searches; returns ``[(obs, tag)]`` finished, in ``encode`` order (``background``:
+        start them in a thread and return the previous background batch). ``DeferredSPError`` names a failed tag."""
         out = self._wait()
         jobs, pending = self._jobs, self._pending
         self._jobs, self._pending, self._last = [], [], None

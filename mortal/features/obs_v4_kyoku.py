@@ -12,8 +12,7 @@ MAX_DORA_INDICATORS = 5  # the first plus one per kan, at most 4 kans (Tenhou ru
 
 
 class KyokuFacts:
-    """The facts of the current kyoku as seat ``player_id`` saw them (set by the host, ``V4Encoder``), and
-    ``events_seen``, the count of events fed (the key of the encoder's single-player cache ``_sp_cache``)."""
+    """The facts of the current kyoku as seat ``player_id`` saw them, and ``events_seen`` (the SP cache key)."""
 
     def _reset(self):
         self.events_seen = getattr(self, "events_seen", 0)
@@ -33,13 +32,8 @@ class KyokuFacts:
             self.akas_seen[tid - 34] = True
 
     def update(self, event) -> None:
-        """Track one mjai event (dict or JSON text); unknown types are ignored. Fields are checked before any
-        state changes.
-
-        Raises:
-            TypeError: not a JSON object.
-            ValueError: bad JSON, a missing field, a bad ``actor`` or tile (``'?'`` where it must be known), or too many
-                dora indicators; the message names the event type and field."""
+        """Track one mjai event (dict or JSON); unknown types ignored; fields checked before any change.
+        TypeError for a non-object, ValueError (naming event type and field) for a bad one."""
         if isinstance(event, (str, bytes)):
             event = json.loads(event)
         if not isinstance(event, dict):

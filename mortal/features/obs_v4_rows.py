@@ -35,8 +35,7 @@ SP_TABLE = SP_START + 72               # 3 x 17 rows: tenpai, win, EV by turn
 
 
 def repack_v3(v3: np.ndarray, scores, honba: int, kyotaku: int, out: np.ndarray) -> None:
-    """Write v4 rows 0-888 into ``out`` ((1012, 34) float32) from a v3 array (934, 34) float32; ``scores``:
-    4 ints, self first. ValueError on other shapes."""
+    """Write v4 rows 0-888 into ``out`` (1012, 34) float32 from a v3 (934, 34) array; ``scores`` self first."""
     if v3.shape != (OBS_CHANNELS_V3, 34):
         raise ValueError(f"expected a v3 observation (934, 34), got {v3.shape}")
     require_core().repack_v3(np.ascontiguousarray(v3, dtype=np.float32), tuple(scores), honba, kyotaku, out)

@@ -73,8 +73,7 @@ def load_checkpoint(path, *, map_location='cpu'):
 
 
 def require_entries(state, keys, source, *, kind: str = 'checkpoint'):
-    """``state`` when it is a dict holding every one of ``keys``, else ``CheckpointError`` naming the
-    missing entries."""
+    """``state`` when it is a dict holding all ``keys``, else ``CheckpointError`` naming the missing ones."""
     missing = [k for k in keys if not isinstance(state, dict) or k not in state]
     if len(missing) == 1:
         raise CheckpointError(source, f'{kind} has no {missing[0]!r} entry')
@@ -84,9 +83,8 @@ def require_entries(state, keys, source, *, kind: str = 'checkpoint'):
 
 
 def arch_of(state: dict, source) -> dict:
-    """``{'version', 'conv_channels', 'num_blocks'}`` (ints) from a checkpoint's ``config`` (``[control] version``,
-    1 when absent as in Mortal's oldest checkpoints; ``[resnet]``). Raises CheckpointError naming what is missing
-    (``source``: the file, for the message)."""
+    """``{'version', 'conv_channels', 'num_blocks'}`` of a checkpoint's ``config`` (version 1 when absent);
+    ``CheckpointError`` naming what is missing."""
     try:
         cfg = state['config']
         return {'version': cfg['control'].get('version', 1), 'conv_channels': cfg['resnet']['conv_channels'],
@@ -128,9 +126,8 @@ def load_model_pair(state_file) -> tuple:
 
 
 def load_frozen_pair(state_file, version: int, device, role: str) -> tuple:
-    """``(brain, dqn)`` of ``state_file`` (``load_model_pair``) on ``device`` without gradients: a fixed reference
-    model (``role`` names it in the error, e.g. 'the anchor'). Raises what ``load_model_pair`` raises, and
-    CheckpointError when its feature version is not ``version``."""
+    """``(brain, dqn)`` of ``state_file`` on ``device`` without gradients; ``CheckpointError`` (naming
+    ``role``) for another version."""
     brain, dqn, got = load_model_pair(state_file)
     if got != version:
         raise CheckpointError(state_file, f'{role} is version {got}, [control] version is {version}')
@@ -138,8 +135,7 @@ def load_frozen_pair(state_file, version: int, device, role: str) -> tuple:
 
 
 def read_baseline(path) -> tuple:
-    """``(mortal, dqn, arch)`` of a Mortal-layout checkpoint: its CPU state dicts and ``arch``
-    (``wire.BASELINE_ARCH``, bounded), no models built. FileNotFoundError, ``CheckpointError``."""
+    """``(mortal, dqn, arch)`` state dicts of a Mortal-layout checkpoint, no models built."""
     state = require_entries(load_checkpoint(path), MORTAL_ENTRIES, path)
     arch = arch_of(state, path)
     try:
@@ -171,8 +167,7 @@ def _shape(value):
 
 
 def state_dict_mismatches(expected: Mapping, saved) -> list:
-    """Every ``Mismatch`` of ``saved`` (name -> tensor) against ``expected`` (e.g. ``module.state_dict()``):
-    missing and shape ones in ``expected``'s order, then unexpected ones in ``saved``'s. Empty when
+    """Every ``Mismatch`` of ``saved`` against ``expected`` (name -> tensor); empty when
     ``load_state_dict(saved)`` can neither fail nor half-load."""
     if not isinstance(saved, Mapping):
         return [Mismatch('not_a_dict', '', type(saved).__name__, None)]
@@ -208,16 +203,15 @@ def _in_words(m: Mismatch, words: dict, shape=tuple, **names) -> str:
 
 
 def check_loadable(module: torch.nn.Module, state_dict, what: str) -> None:
-    """``CheckpointError`` naming the first key or shape where ``state_dict`` differs from ``module``'s, so that
-    ``load_state_dict`` can neither fail nor half-load (weights from the server)."""
+    """``CheckpointError`` naming the first key or shape where ``state_dict`` differs from ``module``'s."""
     problems = state_dict_mismatches(module.state_dict(), state_dict)
     if problems:
         raise CheckpointError(what, _in_words(problems[0], _LOADABLE_WORDS, list))
 
 
 def check_fits_config(model: torch.nn.Module, state_dict, *, entry: str, source, ckpt_cfg, cfg) -> None:
-    """``CheckpointError`` naming the first tensor of checkpoint ``entry`` that does not fit ``model`` (built from
-    the typed ``cfg``), with both shapes and both architectures (``ckpt_cfg``: the checkpoint's, may be None)."""
+    """``CheckpointError`` naming the first tensor of ``entry`` that does not fit ``model``, with both
+    shapes and architectures."""
     problems = state_dict_mismatches(model.state_dict(), state_dict)
     if not problems:
         return
@@ -228,9 +222,7 @@ def check_fits_config(model: torch.nn.Module, state_dict, *, entry: str, source,
 
 
 def describe_mismatches(expected: Mapping, saved, limit: int = 3) -> list:
-    """Short descriptions of how ``saved`` differs from ``expected`` (name -> tensor dicts), for a checklist:
-    per kind (missing, unexpected, shape) the count and at most ``limit`` names, where torch's message names
-    every key. Empty when they match."""
+    """Per kind (missing, unexpected, shape) the count and at most ``limit`` names; empty when they match."""
     def some(names):
         names = sorted(names)
         more = f' (+{len(names) - limit} more)' if len(names) > limit else ''
@@ -263,8 +255,7 @@ def atomic_torch_save(obj, filename) -> None:
 
 @contextlib.contextmanager
 def load_errors(what: str, path):
-    """Context manager turning every failure of loading ``path`` into one-line ``CheckpointError``
-    ``cannot load <what> <path>: <reason>``."""
+    """Context manager turning any failure of loading ``path`` into ``cannot load <what> <path>: <reason>``."""
     try:
         yield
     except CheckpointError as exc:

@@ -172,10 +172,8 @@ def _act(version: int):
 
 
 class FrozenQ:
-    """``q(obs, mask)`` = ``dqn(brain(obs), mask)`` in eval mode from a frozen float32 CPU copy of the weights.
-
-    ``q_values(obs, mask)``: N float32 ``(C, 34)`` arrays (or ``(N, C, 34)``), mask ``(N, 46)`` bool -> ``(N, 46)``
-    float32, ``-inf`` where illegal. ``latent(obs)`` (version 1): ``(mu, logsig)``, each ``(N, 512)``."""
+    """``dqn(brain(obs), mask)`` in eval mode from a frozen float32 CPU copy of the weights:
+    ``q_values(obs (N, C, 34), mask (N, 46) bool) -> (N, 46)`` float32; ``latent`` (v1): ``(mu, logsig)``."""
 
     def __init__(self, brain: Brain, dqn: DQN, *, sparse_stem: bool = True):
         if not supports(brain, dqn):

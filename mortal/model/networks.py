@@ -42,8 +42,7 @@ def _conv3(c_in: int, c_out: int, bias: bool = False) -> nn.Conv1d:
 
 
 class ChannelAttention(nn.Module):
-    """Squeeze-and-excitation over channels: ``x`` (N, C, 34) -> same, each channel scaled by a gate in (0, 1)
-    from its mean- and max-pooled values through one shared MLP (C -> C//ratio -> C)."""
+    """Squeeze-and-excitation: ``(N, C, 34)`` scaled per channel by a gate from mean and max pooling."""
 
     def __init__(self, channels: int, version: int, ratio: int = 16):
         super().__init__()
@@ -64,8 +63,7 @@ class ChannelAttention(nn.Module):
 
 
 class ResBlock(nn.Module):
-    """Two 3-wide convolutions + channel attention with an identity skip, ``x`` (N, C, 34) -> (N, C, 34): version 1
-    post-activation, 2-4 pre-activation."""
+    """Two 3-wide convolutions + channel attention with identity skip, ``(N, C, 34) -> (N, C, 34)``."""
 
     def __init__(self, channels: int, version: int):
         super().__init__()

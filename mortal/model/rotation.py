@@ -16,14 +16,12 @@ logger = logging.getLogger('mortal.rotation')  # the name before the package spl
 
 
 def check_source(path: str) -> None:
-    """Check that ``path`` is a loadable Mortal-layout checkpoint (``mortal``, ``current_dqn``, ``config``).
-    Raises FileNotFoundError, or ``CheckpointError`` (a ValueError) naming ``path``."""
+    """Check ``path`` is a loadable Mortal-layout checkpoint; FileNotFoundError or ``CheckpointError``."""
     require_entries(load_checkpoint(path), MORTAL_ENTRIES, path)
 
 
 def keep_backup(target: str, stamp: str | None = None) -> str | None:
-    """Copy ``target`` (when it exists) to ``<target>.<stamp>.bak`` through a temporary name, so that a client
-    drawing its pool never sees half a file; returns the backup's name (None when there was nothing to keep)."""
+    """Copy ``target`` atomically to ``<target>.<stamp>.bak``; returns its name (None: nothing to keep)."""
     if not os.path.exists(target):
         return None
     backup = stamped_name(target, stamp or time.strftime('%Y%m%d-%H%M%S'), '.bak')
@@ -32,9 +30,8 @@ def keep_backup(target: str, stamp: str | None = None) -> str | None:
 
 
 def install_baseline(path: str, mortal: dict, dqn: dict, arch: dict) -> str | None:
-    """Write a baseline received from the server to ``path`` as a Mortal-layout checkpoint (``mortal``,
-    ``current_dqn`` and a ``config`` holding ``arch``), atomically, keeping the file it replaces as ``.bak``
-    (``keep_backup``); returns that backup's name or None. Raises OSError."""
+    """Write a baseline from the server to ``path`` as a Mortal-layout checkpoint, atomically, keeping the
+    old file (``keep_backup``); returns the backup's name or None."""
     backup = keep_backup(path)
     config = {'control': {'version': arch['version']},
               'resnet': {'conv_channels': arch['conv_channels'], 'num_blocks': arch['num_blocks']}}

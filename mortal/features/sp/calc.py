@@ -17,8 +17,7 @@ CORE_MISSING = ("observation version 4 needs the compiled single-player core (mo
 
 
 class SPCoreMissing(ImportError):
-    """The compiled core is not built (``CORE_MISSING``); an ImportError, so that no handler of bad input takes it
-    for a bad hand or log."""
+    """The compiled core is not built; an ImportError so no bad-input handler takes it for a bad hand."""
 
 
 def require_core():
