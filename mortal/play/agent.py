@@ -1,8 +1,5 @@
-"""Per-seat batch agents for the arena: Mortal engines and mjai bots.
-
-An agent gets the ``Scene`` s of every seat that can act, across all games in flight, and returns one
-``Decision`` each, so an engine runs once per lock-step cycle (Mortal's ``libriichi/src/agent/mortal.rs``).
-Version-4 seats carry their ``V4Encoder`` in ``Scene.v4``; see docs/architecture.md."""
+"""Per-seat batch agents for the arena: Mortal engines and mjai bots. An agent returns one ``Decision`` per
+``Scene`` across all games in flight, so an engine runs once per lock-step cycle (Mortal's ``agent/mortal.rs``)."""
 
 from __future__ import annotations
 
@@ -39,12 +36,8 @@ class IllegalReaction(ValueError):
 
 @dataclass(slots=True)
 class Scene:
-    """One pending decision of one seat in one game.
-
-    ``events``: masked mjai events (JSON strings) since the seat's previous scene. ``best_win_scores``: None or a
-    callable giving the 4 absolute scores after this seat's best-case hora (agari guard only). ``v4``: the seat's
-    ``V4Encoder`` when the agent encodes version 4, else None. ``speculative``: the step may never happen (only for
-    ``stateless`` agents); ``adopted`` is set once the arena used the decision."""
+    """One pending decision of one seat in one game: ``events`` (masked mjai JSON since its previous scene),
+    ``best_win_scores`` (agari guard), ``v4`` (the seat's ``V4Encoder`` or None), ``speculative``/``adopted``."""
 
     game: int
     seat: int
@@ -58,8 +51,7 @@ class Scene:
 
 @dataclass(slots=True)
 class Decision:
-    """An agent's answer to a ``Scene``: an mjai reaction dict and Mortal's ``meta``
-    (``None`` when no evaluation was made, e.g. quick eval or a bot)."""
+    """An agent's answer to a ``Scene``: an mjai reaction dict and Mortal's ``meta`` (None without evaluation)."""
 
     reaction: dict
     meta: dict | None = None
@@ -87,10 +79,8 @@ def is_all_last(state) -> bool:
 
 
 def rule_based_agari(state, best_win_scores: Callable[[], Sequence[int]] | None) -> bool:
-    """Whether a rule-based player takes the hora offered now (Mortal's ``rule_based_agari``).
-
-    False only for an all-last win that leaves this seat 4th, or when it cannot hora; True when ``best_win_scores``
-    is None."""
+    """Whether a rule-based player takes the hora offered now (Mortal's ``rule_based_agari``): False
+    only for an all-last win that leaves this seat 4th, or when it cannot hora."""
     cans = state.last_cans
     if not cans.can_agari:
         return False
@@ -118,10 +108,8 @@ _BIT = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))  # bit i of a
 
 
 def batch_meta_parts(q_values, masks) -> tuple[list, list]:
-    """Mortal's ``q_values`` and ``mask_bits`` meta for N rows: ``(legal_q, bits)``.
-
-    ``q_values``: N rows of A floats; ``masks``: N rows of A bools, A <= 64. ``legal_q[i]`` is the legal Q values
-    (floats, index order), ``bits[i]`` has bit j set iff action j is legal."""
+    """Mortal's ``q_values`` and ``mask_bits`` meta of N rows of A <= 64: ``(legal_q, bits)``, the legal
+    Q values (floats, index order) and an int with bit j set iff action j is legal."""
     if len(masks) == 0:
         return [], []
     m = np.asarray(masks, dtype=bool)
@@ -137,8 +125,7 @@ def batch_meta_parts(q_values, masks) -> tuple[list, list]:
 
 
 def _quick_eval_index(state, mask=None) -> int | None:
-    """The only legal discard when quick eval applies, else None; ``mask`` (46,) bool or None (then the
-    v3 encoder's mask, so a v4 seat skips its search for forced discards, as Mortal does)."""
+    """The only legal discard when quick eval applies, else None (before any v4 search, as Mortal)."""
     cans = state.last_cans
     if not cans.can_discard or cans.can_riichi or cans.can_tsumo_agari \
             or cans.can_ankan or cans.can_kakan or cans.can_ryukyoku:
@@ -150,15 +137,9 @@ def _quick_eval_index(state, mask=None) -> int | None:
 
 
 class MortalBatchAgent:
-    """Batch agent over a ``MortalEngine``-like object (``name``, ``version``, ``is_oracle``,
-    ``enable_quick_eval``, ``enable_rule_based_agari_guard``, ``react_batch(obs, masks, invisible_obs)``).
-
-    ``react(scenes)`` makes at most one ``react_batch`` call (main obs ``(C, 34) float32`` plus kan-select obs).
-    ``stateless = True``: the arena may hand it speculative scenes.
-
-    Raises:
-        ValueError: an oracle engine.
-        UnsupportedVersionError: ``engine.version`` is not 1-4."""
+    """Batch agent over a ``MortalEngine``-like object: ``react(scenes)`` makes at most one
+    ``react_batch`` call. ``stateless``: the arena may hand it speculative scenes.
+    Raises ValueError for an oracle engine, ``UnsupportedVersionError`` for a version outside 1-4."""
 
     stateless = True
 
@@ -263,8 +244,7 @@ def first_legal(state, mask) -> dict:
 
 
 def legal_reaction(state, mask, reaction: dict) -> bool:
-    """Whether an mjai ``reaction`` is legal for ``state`` under the ``encode_obs``
-    mask (46,) bool and ``PlayerState.validate_reaction`` (which alone misses kuikae)."""
+    """Whether ``reaction`` is legal under the mask and ``PlayerState.validate_reaction`` (which misses kuikae)."""
     if not isinstance(reaction, dict):
         return False
     ty = reaction.get("type")
@@ -310,10 +290,8 @@ def cache_improving_tiles(maxsize: int = IMPROVING_TILES_CACHE) -> bool:
 
 
 class MjaiBotAgent:
-    """Batch agent over mjai bots, one per (game, seat) from ``factory(seat)`` (default RulebaseBot).
-
-    An illegal or unparsable reaction is replaced by the first legal action and counted in ``substitutions``
-    (``substitution_log`` keeps the first 100). ``quiet`` silences mjai's loguru output."""
+    """Batch agent over mjai bots, one per (game, seat) from ``factory(seat)`` (default RulebaseBot); an
+    illegal reaction becomes the first legal action, counted in ``substitutions``."""
 
     def __init__(self, factory: Callable[[int], Any] | None = None, name: str = "rulebase", *, quiet: bool = True):
         if factory is None:

@@ -1,7 +1,5 @@
-"""Duplicate 1-vs-3 scoring and the players of a 1v3 table (Mortal's 1v3 evaluation).
-
-A duplicate unit is one nonce played in its four seat rotations; ``duplicate_ci`` gives the challenger's avg
-rank and avg pt with a normal 95% interval over units. ``mortal.one_vs_three`` re-exports every name."""
+"""Duplicate 1-vs-3 scoring (a unit is one nonce in its four seat rotations) and the players of a 1v3 table;
+``mortal.one_vs_three`` re-exports every name."""
 
 from __future__ import annotations
 
@@ -23,9 +21,7 @@ MIN_RELIABLE_SETS = 10  # duplicate sets (deals) below which a printed CI says i
 
 
 def unreliable_note(sets: int) -> str:
-    """``'unreliable: N sets'`` for a CI computed over ``sets`` < ``MIN_RELIABLE_SETS`` duplicate sets (deals), else
-    ``''``: every printed CI carries it, as a normal interval over a handful of sets is noise (2 identical sets give
-    a zero width)."""
+    """``'unreliable: N sets'`` when ``sets`` < ``MIN_RELIABLE_SETS`` (a normal CI over few sets is noise), else ''."""
     return f'unreliable: {sets} sets' if sets < MIN_RELIABLE_SETS else ''
 
 
@@ -66,10 +62,8 @@ def mean_ci(values: Sequence[float], z: float = Z_95) -> tuple[float, float]:
 
 def duplicate_ci(unit_ranks: Iterable[Sequence[int]], pts: Sequence[float] = DISPLAY_PTS,
                  z: float = Z_95) -> DuplicateSummary:
-    """Avg rank and avg pt with a normal 95% CI over duplicate units (units, not games, are independent).
-
-    ``unit_ranks``: per unit the challenger's ranks 1-4; ``pts``: rank points for 1st-4th. ValueError: no units, an
-    empty unit, or a rank outside 1-4."""
+    """Avg rank and avg pt with a normal 95% CI over duplicate units (``unit_ranks``: ranks 1-4 per unit).
+    ValueError: no units, an empty unit, or a rank outside 1-4."""
     rank_means, pt_means = [], []
     n_games = 0
     for unit in unit_ranks:
@@ -90,8 +84,7 @@ def duplicate_ci(unit_ranks: Iterable[Sequence[int]], pts: Sequence[float] = DIS
 
 
 def challenger_ranks_by_nonce(games: Iterable[tuple]) -> dict[int, list[int]]:
-    """Group the challenger's 1-based ranks by nonce; ``games``: ``(nonce, key, split,
-    final_scores, rank_by_player)`` tuples (``OneVsThree.last_games``), split 'a'-'d' its seat."""
+    """The challenger's 1-based ranks by nonce from ``OneVsThree.last_games`` tuples."""
     out: dict[int, list[int]] = {}
     for nonce, _key, split, _scores, ranks in games:
         out.setdefault(int(nonce), []).append(int(ranks[SPLITS.index(split)]) + 1)
@@ -99,24 +92,19 @@ def challenger_ranks_by_nonce(games: Iterable[tuple]) -> dict[int, list[int]]:
 
 
 def complete_units(units: dict[int, list[int]], games: int = 4) -> tuple[dict[int, list[int]], list[int]]:
-    """Split ``units`` (``{nonce: ranks}``) into the deals with all ``games`` games and the nonces of the others
-    (a game ended as failed, ``OneVsThree.failed_games``): a duplicate comparison pairs whole deals, so such a deal
-    is dropped whole. Returns ``(complete units, sorted dropped nonces)``."""
+    """``(units with all ``games`` games, sorted nonces of the others)``: deals with a failed game drop whole."""
     kept = {n: r for n, r in units.items() if len(r) == games}
     return kept, sorted(n for n in units if n not in kept)
 
 
 def complete_challenger_units(games: Iterable[tuple]) -> dict[int, list[int]]:
-    """``{nonce: [4 ranks 1-4]}`` of the nonces with all 4 games of ``games``
-    (``OneVsThree.last_games``). ValueError: a split outside 'a'-'d'."""
+    """``{nonce: [4 ranks 1-4]}`` of the complete deals of ``games``; ValueError for a bad split."""
     return complete_units(challenger_ranks_by_nonce(games))[0]
 
 
 def build_side(side, section: str):
-    """An arena player from a typed ``[1v3.challenger]``/``[1v3.champion]`` table named ``section``:
-    'rulebase' a RulebaseBot agent, 'mortal' a greedy ``MortalEngine`` from ``state_file``.
-
-    Raises ``CheckpointError`` (a ValueError) naming the section, file and reason."""
+    """An arena player from a typed ``[1v3.challenger]``/``[1v3.champion]``; ``CheckpointError`` naming
+    ``section``, file and reason."""
     if side.type == 'rulebase':
         from mortal.play.agent import MjaiBotAgent
         return MjaiBotAgent(name=side.name)

@@ -1,9 +1,5 @@
-"""``MortalEngine``: batched Q-value inference plus Mortal's Boltzmann/top-p exploration.
-
-The engine maps observations to actions; the per-seat agent (``play/agent.py``) makes the mjai reaction, quick
-eval, kan select and agari guard. Exploration as Mortal's ``mortal/engine.py``: each sample is greedy with
-probability ``1 - boltzmann_epsilon``, else drawn from ``softmax(q / boltzmann_temp)`` over the legal actions
-within the top-``top_p`` nucleus."""
+"""``MortalEngine``: batched Q-value inference plus Mortal's Boltzmann/top-p exploration
+(``mortal/engine.py``); the per-seat agent (``play/agent.py``) turns actions into reactions."""
 
 from __future__ import annotations
 
@@ -38,8 +34,7 @@ def sample_top_p(logits: torch.Tensor, p: float,
 
 
 def boltzmann_top_p_probs(q: np.ndarray, mask: np.ndarray, temp: float, p: float) -> np.ndarray:
-    """``(46,)`` float64: the distribution ``sample_top_p`` draws from for one row of ``q``, ``mask``
-    ``(46,)`` (ties at the nucleus edge aside)."""
+    """``(46,)`` float64: the distribution ``sample_top_p`` draws from for one row ``q``, ``mask``."""
     q = np.asarray(q, dtype=np.float64)
     mask = np.asarray(mask, dtype=bool)
     logits = np.where(mask, q / temp, -np.inf)
@@ -109,12 +104,9 @@ class MortalEngine:
                 f"eps={self.boltzmann_epsilon}, temp={self.boltzmann_temp}, top_p={self.top_p})")
 
     def react_batch(self, obs, masks, invisible_obs=None):
-        """One action per sample with one batched forward.
-
-        ``obs``: N ``float32 (C, 34)``; ``masks``: N ``bool (46,)`` each with a legal action; ``invisible_obs``: None
-        or N oracle observations. Returns ``(actions, q_values, masks, is_greedy)`` as lists of N (q: 46 floats,
-        ``-inf`` where illegal). Raises ValueError (naming the sample) for differing lengths, a mask not 46 wide or
-        without a legal action."""
+        """One action per sample with one batched forward: ``obs`` N ``float32 (C, 34)``, ``masks`` N
+        ``bool (46,)``. Returns ``(actions, q_values, masks, is_greedy)``, lists of N. ValueError naming a bad sample.
+        """
         if len(obs) != len(masks):
             raise ValueError(f"react_batch: {len(obs)} observations but {len(masks)} masks")
         if len(obs) == 0:

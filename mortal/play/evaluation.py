@@ -1,7 +1,5 @@
-"""Duplicate evaluation over a pool of processes: one challenger against three copies of a champion.
-
-A side is ``('mortal', state_file[, device])`` or ``('rulebase', None)``. Deals are nonces ``SEED_START, ...``
-of one key, each played in its four seat rotations, so two challengers meet the same walls deal by deal."""
+"""Duplicate evaluation over a pool of processes: one challenger against three copies of a champion, on the
+same deals (nonces ``SEED_START, ...`` of one key) for every challenger."""
 
 from __future__ import annotations
 
@@ -34,8 +32,7 @@ def _init_worker(sp_threads):
 
 
 def play_chunk(task):
-    """Worker: ``(challenger, champion, first_nonce, count, key[, log_dir])`` -> ``{nonce: [ranks 1-4]}``;
-    a deal with a failed game is left out."""
+    """Worker: ``(challenger, champion, first_nonce, count, key[, log_dir])`` -> ``{nonce: [ranks 1-4]}``."""
     drop_rust_backtrace()  # also when play_duplicate was called by a library caller, not by a main()
     import torch
     torch.set_num_threads(1)  # the workers already fill the cores
@@ -58,11 +55,8 @@ def play_chunk(task):
 
 def play_duplicate(challenger, champion, *, sets: int, key: int, workers: int = 1, chunk: int | None = None,
                    progress=None, log_dir: str | None = None) -> dict[int, list[int]]:
-    """``{nonce: [4 challenger ranks 1-4]}`` of ``sets`` deals of ``challenger`` against 3x ``champion``.
-
-    ``chunk``: deals per task (default: even split for a model, 2 for a bot); ``progress`` gets each task's game
-    count; ``log_dir``: one mjai log per game. Deals with a failed game are left out (warned). ValueError for
-    ``sets < 1``; worker errors propagate."""
+    """``{nonce: [4 challenger ranks 1-4]}`` of ``sets`` deals against 3x ``champion``; deals with a failed
+    game are left out (warned). ValueError for ``sets < 1``."""
     import multiprocessing as mp
     import threading
     if sets < 1:

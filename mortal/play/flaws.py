@@ -1,7 +1,5 @@
-"""Planted flaws of the rule-based player, for the planted-flaw benchmark (``bench/learning.py flaw NAME``).
-
-A flaw is ``flaw(bot, decision) -> decision`` over one mjai JSON decision of ``RulebaseBot`` (whose state has
-seen the event); ``STATISTICS`` names the ``mortal.stat.Stat`` statistic that shows it. The teacher never defends."""
+"""Planted flaws of the rule-based player for ``bench/learning.py flaw NAME``: ``flaw(bot, decision) ->
+decision`` over one mjai JSON decision; ``STATISTICS`` names the ``Stat`` statistic that shows it."""
 
 from __future__ import annotations
 
@@ -38,16 +36,14 @@ def overcall(bot, decision: str) -> str:
 
 
 def no_riichi(bot, decision: str) -> str:
-    """Never declare riichi: where the bot would declare, it makes the discard it makes otherwise
-    (``rulebase_discard``), staying closed and dama. Shown by ``riichi_rate`` (riichi per kyoku)."""
+    """Never declare riichi: make the discard the bot makes otherwise. Shown by ``riichi_rate``."""
     if json.loads(decision)['type'] == 'reach':
         return rulebase_discard(bot)
     return decision
 
 
 def no_fold(bot, decision: str) -> str:
-    """Never defend against a riichi: the teacher already does not, so the decision is returned unchanged.
-    Shown by ``deal_in_after_riichi``."""
+    """Never defend against a riichi: the teacher already does not, so unchanged. Shown by ``deal_in_after_riichi``."""
     return decision
 
 
@@ -79,8 +75,7 @@ def flaw_function(name: str | None) -> Flaw | None:
 
 
 def deal_in_after_riichi(events, seat: int) -> tuple[int, int]:
-    """``(deal-ins, kyoku)`` of ``seat`` in one game's events: kyoku with an opponent's accepted
-    riichi, and those where ``seat`` then dealt in."""
+    """``(deal-ins, kyoku)`` of ``seat``: kyoku with an opponent's riichi, and deal-ins after it."""
     deal_ins = kyoku = 0
     riichi = False
     for ev in events:
@@ -97,8 +92,7 @@ def deal_in_after_riichi(events, seat: int) -> tuple[int, int]:
 
 
 def statistic_counts(name: str, events, seat: int) -> tuple[int, int]:
-    """``(numerator, denominator)`` of flaw ``name``'s statistic for ``seat`` in one game's events
-    (kept apart so a CI can cluster by deal). KeyError for an unknown flaw."""
+    """``(numerator, denominator)`` of flaw ``name``'s statistic for ``seat`` in one game; KeyError if unknown."""
     _label, num, den, _doc = STATISTICS[name]
     if num is None:
         return deal_in_after_riichi(events, seat)

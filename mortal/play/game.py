@@ -1,8 +1,5 @@
-"""One hanchan on a ``riichienv`` table, for the arena's lock-step loop.
-
-One kyoku per reset, on a wall derived from (nonce, key, kyoku index, honba) (``kyoku_wall``), so the four seat
-rotations of a nonce see the same deals; the hanchan flow is ``kyoku_flow.next_kyoku`` and the log lines
-``log_writer.kyoku_lines``."""
+"""One hanchan on a ``riichienv`` table for the arena's lock-step loop: one kyoku per reset on a wall from
+(nonce, key, kyoku, honba), so the four seat rotations of a nonce see the same deals."""
 
 from __future__ import annotations
 
@@ -25,13 +22,11 @@ MAX_STEPS_PER_KYOKU = 1000  # watchdog: a kyoku takes < 300 steps
 
 
 class ArenaError(RuntimeError):
-    """A table stopped answering, an agent gave an invalid reaction, or a log
-    invariant broke; the message names the game (nonce, key, split) and seat."""
+    """A table stopped answering, an invalid reaction, or a broken log invariant; names game and seat."""
 
 
 class StatePanic(Exception):
-    """A seat's ``PlayerState`` panicked on ``event`` (e.g. its 24-discard kawa overflowed), so that seat's view
-    is lost; the game fails (or the counterfactual branch is dropped), the others go on. ``seat``: 0-3."""
+    """A seat's ``PlayerState`` panicked on ``event``: the game fails (or the branch is dropped), others go on."""
 
     def __init__(self, seat: int, event, panic: BaseException):
         self.seat, self.event = seat, event
@@ -39,8 +34,7 @@ class StatePanic(Exception):
 
 
 def is_rust_panic(exc: BaseException) -> bool:
-    """Whether ``exc`` is pyo3's ``PanicException`` (a Rust panic surfacing in Python). It derives from
-    BaseException, not Exception, and each extension module makes its own class, so it is known by name."""
+    """Whether ``exc`` is pyo3's ``PanicException`` (a BaseException, one class per module: known by name)."""
     return type(exc).__name__ == "PanicException" and not isinstance(exc, Exception)
 
 
@@ -57,9 +51,8 @@ def _feed(seat: int, st: PlayerState, enc, ev) -> None:
 
 
 def kyoku_wall(nonce: int, key: int, kyoku_index: int, honba: int) -> list[int]:
-    """The 136-tile wall (riichienv ids 0-135) of (nonce, key, kyoku_index, honba): a ``random.Random``
-    shuffle seeded by SHA3-256 of u64 nonce, u64 key, u8 kyoku index, u8 honba (little-endian). Not Mortal's walls.
-    ValueError: nonce/key outside u64 or kyoku_index outside 0-11."""
+    """The 136-tile wall (riichienv ids) of (nonce, key, kyoku_index, honba): a ``random.Random`` shuffle seeded
+    by their SHA3-256 (u64, u64, u8, u8 little-endian). ValueError for values out of range."""
     if not (0 <= nonce < _U64 and 0 <= key < _U64):
         raise ValueError(f"nonce and key must be u64, got {nonce}, {key}")
     if not 0 <= kyoku_index < MAX_KYOKU_INDEX:
@@ -78,8 +71,7 @@ def tenhou_rule() -> GameRule:
 
 
 class _Game:
-    """One hanchan: its table, four ``PlayerState`` s (and ``V4Encoder`` s for the
-    seats of version-4 agents), flow state and log."""
+    """One hanchan: its table, seat states (and v4 encoders), flow state and log."""
 
     def __init__(self, gid, nonce, key, split, agents, names):
         self.gid, self.nonce, self.key, self.split = gid, nonce, key, split
@@ -164,10 +156,8 @@ class _Game:
         return out
 
     def speculate(self, guard: list[bool]) -> list[Scene]:
-        """Scenes of the step that follows if every asked seat passes, decided in the same batch.
-
-        Only for a call step whose seats all belong to one ``stateless`` agent, without v4 encoders; played on a clone of
-        the table. Sets ``self.spec``; returns its scenes (empty when none)."""
+        """Scenes of the step that follows if every asked seat passes (one ``stateless`` agent, no v4), on a
+        clone of the table; sets ``self.spec``."""
         self.spec = None
         agent = {id(self.agents[seat]) for seat in self.obs}
         if len(agent) != 1 or any(self.v4_seats):
@@ -202,8 +192,7 @@ class _Game:
         return [sc for _, sc in spec.values()]
 
     def adopt(self, absorbed: dict) -> bool:
-        """Whether the speculative continuation is the table's step now (same seats, same events), after
-        ``absorb``; then its states replace the seats' states (they were fed the same events)."""
+        """Whether the speculative continuation is the table's step now; then its states replace the seats'."""
         spec, self.spec = self.spec, None
         if spec is None or set(spec) != set(self.obs) or any(spec[s][0] != absorbed[s] for s in spec):
             return False
@@ -244,8 +233,7 @@ class _Game:
         self.obs = obs
 
     def _best_win_scores(self, seat: int, env=None, ob=None, st=None) -> list[int]:
-        """Absolute scores after this seat's hora now (the agari guard): the table's payment, plus in riichi
-        an upper bound on ura dora. ``env``/``ob``/``st`` default to this game's."""
+        """``_win_scores`` of this seat now (``env``/``ob``/``st`` default to this game's)."""
         st = self.states[seat] if st is None else st
         ob = self.obs[seat] if ob is None else ob
         return _win_scores(self.env if env is None else env, ob, st, seat, self.flow)

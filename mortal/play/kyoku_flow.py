@@ -1,5 +1,4 @@
-"""The Tenhou hanchan flow between kyoku, as Mortal's ``libriichi/src/arena/game.rs``, as pure functions of
-immutable values."""
+"""The Tenhou hanchan flow between kyoku, as Mortal's ``arena/game.rs``, as pure functions."""
 
 from __future__ import annotations
 
@@ -50,9 +49,7 @@ class KyokuResult:
 
 @dataclass(frozen=True)
 class KyokuOutcome:
-    """``next`` is the next kyoku's state, or None when the game is over;
-    ``scores``/``kyotaku`` are the table after the kyoku (before any leftover
-    kyotaku goes to the top at game end)."""
+    """``next`` kyoku state (None: game over) and the table's ``scores``/``kyotaku`` after the kyoku."""
 
     next: KyokuState | None
     scores: tuple
@@ -97,8 +94,7 @@ def final_scores(scores: Sequence[int], kyotaku: int) -> list[int]:
 
 
 def kyoku_result_from_events(events: Sequence[dict], oya: int, oya_shanten: int | None) -> KyokuResult:
-    """``KyokuResult`` of one kyoku's mjai event dicts; ``oya_shanten``: the dealer's shanten
-    at the end (0 = tenpai, for renchan at an exhaustive draw)."""
+    """``KyokuResult`` of one kyoku's event dicts; ``oya_shanten``: the dealer's at the end."""
     deltas = [0, 0, 0, 0]
     reach = [0, 0, 0, 0]
     has_hora = abortive = renchan = False

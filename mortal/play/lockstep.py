@@ -1,5 +1,4 @@
-"""The lock-step loop of ``OneVsThree.py_vs_py``: every game in flight waits for its seats' decisions, and each
-agent call takes all of one agent's pending decisions across the games (``_LockStep``)."""
+"""The lock-step loop of ``OneVsThree.py_vs_py``: each agent call takes all of its pending decisions."""
 
 from __future__ import annotations
 
@@ -13,9 +12,8 @@ logger = logging.getLogger('mortal.arena')  # the name before the package split 
 
 
 class _LockStep:
-    """One run of ``OneVsThree.py_vs_py``'s lock-step loop: serves the agent with the most pending scenes
-    until every game (and counterfactual branch) has ended. A ``StatePanic`` inside ``guarded`` fails only that game
-    (its branches play on) or drops that branch."""
+    """One run of the lock-step loop until every game and branch has ended; a ``StatePanic`` in ``guarded``
+    fails only that game (or drops that branch)."""
 
     def __init__(self, arena: "OneVsThree", games: list[_Game], chal, champ):
         self.arena = arena
@@ -59,8 +57,7 @@ class _LockStep:
         return True
 
     def fail(self, g: _Game, err: StatePanic) -> None:
-        """End ``g`` after ``err``: a real game is marked failed (``_finish`` leaves it out of the rankings and
-        logs, ``OneVsThree.failed_games`` names it); a branch is cancelled (its outcome counted as dropped)."""
+        """End ``g`` after ``err``: a game is marked failed, a branch cancelled."""
         g.spec = None
         if isinstance(g, _Branch):
             logger.warning("%s: %s; branch dropped", g.label(), err)
@@ -72,8 +69,7 @@ class _LockStep:
         g.obs = {}
 
     def serve(self, remaining: int) -> list[_Game]:
-        """Hand the agent with the most pending decisions all of them in one call; returns the games whose every
-        asked seat is now decided, in the order their last scene was decided."""
+        """Hand the agent with the most pending decisions all of them; returns the games now fully decided."""
         # Serve the agent with the most pending decisions: games then fall into
         # step and each forward sees close to every game (lock-step cycles over
         # two engines would average N/2 rows per forward).
@@ -117,8 +113,7 @@ class _LockStep:
                 queues[sc.seat].append(sc)
 
     def advance(self, g: _Game, dec: dict, spec: dict) -> None:
-        """Commit ``g``'s decisions and gather its next scenes; a call step all passed whose continuation was
-        decided in the same batch takes that step too."""
+        """Commit ``g``'s decisions and gather its next scenes (taking a speculated step when it held)."""
         while True:
             g.commit(dec)
             if g.done:

@@ -1,6 +1,4 @@
-"""Game logs written off the arena's decision path: ``write_log_atomic`` (gzip level 9, as Mortal),
-``LogWriter`` (one background thread; zlib releases the GIL) and ``kyoku_lines`` (one kyoku's lines from the
-seats' masked events)."""
+"""Game logs written off the arena's decision path (gzip level 9 as Mortal, on a background thread)."""
 
 from __future__ import annotations
 
@@ -17,8 +15,7 @@ MAX_PENDING = 64  # logs queued at most (a hanchan's text is ~0.3-1 MB): the loo
 
 
 def write_log_atomic(path: str, text: str) -> None:
-    """gzip ``text`` (level 9) to ``path`` through a temporary name and a rename, without fsync (a crash
-    loses the round anyway). Raises OSError."""
+    """gzip ``text`` to ``path`` via a temporary name and rename, no fsync. Raises OSError."""
     # filename='': no file name in the gzip header (the temporary one would be recorded)
     with atomic_write(path, fsync=False) as raw, \
             gzip.GzipFile(filename="", mode="wb", compresslevel=9, fileobj=raw) as gz:
@@ -77,9 +74,8 @@ def render_line(line) -> str:
 
 
 class LogWriter:
-    """Writes logs (``write_log_atomic``) on one background thread, in order; ``submit`` blocks at
-    ``max_pending``. ``submit``/``close`` raise the first write error (OSError); after it nothing more is written.
-    A context manager."""
+    """Writes logs on one background thread, in order (``submit`` blocks at ``max_pending``); ``submit`` and
+    ``close`` raise the first OSError, after which nothing more is written. A context manager."""
 
     def __init__(self, max_pending: int = MAX_PENDING):
         if max_pending < 1:

@@ -1,12 +1,10 @@
-"""The keys that differ between two loaded configs (plain nested dicts), as lines a user reads at a restart:
-``[control] test_every 600 -> 300``. Knows nothing of the schema: any nested dict of TOML values will do."""
+"""The keys that differ between two loaded configs, as lines a user reads at a restart."""
 
 from __future__ import annotations
 
 
 def flat_keys(table: dict, prefix: tuple = ()) -> dict:
-    """``{(table, ..., key): value}`` of every non-table value of ``table``, tables walked depth first (a list is
-    one value)."""
+    """``{(table, ..., key): value}`` of every non-table value of ``table`` (a list is one value)."""
     out = {}
     for name, value in table.items():
         if isinstance(value, dict):
@@ -41,8 +39,7 @@ def _reader_note(parts: tuple) -> str:
 
 
 def changed_keys(old: dict, new: dict) -> list[str]:
-    """One line per key whose value differs between configs ``old`` and ``new``, e.g.
-    ``[control] test_every 600 -> 300``; a key the learner does not read says who does. Empty when equal."""
+    """One line per key that differs between ``old`` and ``new`` (``[control] test_every 600 -> 300``)."""
     before, after = flat_keys(old), flat_keys(new)
     lines = []
     for parts, value in after.items():

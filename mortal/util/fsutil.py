@@ -9,8 +9,7 @@ TMP_SUFFIX = '.tmp'  # atomic_write's temporary name: ``<filename>.tmp`` in the 
 
 
 def fsync_dir(dirname: str) -> None:
-    """fsync the directory ``dirname`` so that a rename inside it survives a crash; errors are ignored (some file
-    systems cannot open or sync a directory, and the rename itself has already happened)."""
+    """fsync ``dirname`` so a rename in it survives a crash; errors ignored (not every FS can)."""
     try:
         fd = os.open(dirname, os.O_RDONLY)
     except OSError:
@@ -53,8 +52,7 @@ def atomic_write_bytes(data: bytes, filename, *, fsync: bool = True) -> None:
 
 
 def atomic_copy(src, dst, *, keep_times: bool = False) -> None:
-    """Copy ``src`` to ``dst`` atomically (``atomic_write``); ``keep_times`` also copies mode and times.
-    Raises OSError (``dst`` untouched)."""
+    """Copy ``src`` to ``dst`` atomically (``keep_times``: mode and times too); OSError leaves ``dst`` as it was."""
     with open(src, 'rb') as source, atomic_write(dst) as f:
         shutil.copyfileobj(source, f, 1 << 20)
         if keep_times:
@@ -72,8 +70,7 @@ class ForeignFilesError(OSError):
 
 
 def foreign_files(directory, keep=()) -> list[str]:
-    """The paths under ``directory`` (recursively; entries named in ``keep`` at its top skipped) whose names end
-    with one of ``FOREIGN_SUFFIXES``; symbolic links are not followed."""
+    """Paths under ``directory`` (not ``keep`` at its top, links not followed) ending in ``FOREIGN_SUFFIXES``."""
     found = []
     for root, dirs, files in os.walk(directory):
         if root == directory:
@@ -108,8 +105,7 @@ def empty_dir(directory, keep=()) -> None:
 
 
 def stamped_name(filename: str, stamp: str, suffix: str) -> str:
-    """``<filename>.<stamp><suffix>`` (e.g. ``baseline.pth.20261201-153000.bak``) that does not exist yet:
-    ``-2``, ``-3``, ... is added to the stamp when two are made within one second."""
+    """A new ``<filename>.<stamp><suffix>`` (``-2``, ``-3``, ... added within one second)."""
     name, k = f'{filename}.{stamp}{suffix}', 1
     while os.path.exists(name):
         k += 1

@@ -15,8 +15,8 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def die_with_parent(sig: int = signal.SIGKILL, expected_parent: int | None = None) -> bool:
-    """Have the kernel send ``sig`` when the parent (``expected_parent``) exits, at once if it is gone;
-    True where requested (Linux). The kernel watches the forking thread: start children from the main thread."""
+    """Have the kernel send ``sig`` when the parent exits (at once if gone); True where requested (Linux).
+    The kernel watches the forking thread: start children from the main thread."""
     if not sys.platform.startswith("linux"):
         return False
     parent = os.getppid() if expected_parent is None else expected_parent

@@ -30,13 +30,11 @@ class LockHeld(RuntimeError):
 
 
 class LockFailed(LockHeld):
-    """The OS refused the lock file itself (a read-only folder, a directory in its place, a file system without
-    locks): ``str()`` names the key and the OS error. A ``LockHeld`` so that every caller refuses it alike."""
+    """The OS refused the lock file itself; a ``LockHeld`` so callers refuse it alike."""
 
 
 def lock_path_for(target: str) -> str:
-    """The lock file of a state file or folder ``target``: ``<target>.lock`` beside it (never inside a folder that
-    its user empties or lists)."""
+    """``<target>.lock`` beside ``target`` (never inside a folder its user empties)."""
     return os.path.normpath(os.path.abspath(target)) + '.lock'
 
 
@@ -63,8 +61,7 @@ def _holder(lock_path: str) -> dict:
 
 
 def describe_holder(owner: dict) -> str:
-    """``PID 123 on host h since 2026-12-04 20:00:00 UTC``, from a holder record (unknown or unsound parts said
-    so; a host cut to ``SHOWN_CHARS``)."""
+    """``PID 123 on host h since 2026-12-04 20:00:00 UTC`` from a holder record."""
     since = owner.get('since')
     try:
         when = (time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(since)) if isinstance(since, (int, float))
@@ -94,10 +91,8 @@ def _failed(lock_path: str, key: str, target: str, exc: BaseException) -> LockFa
 
 @contextlib.contextmanager
 def hold(target: str, *, who: str, key: str, fix: str):
-    """Hold the lock of ``target`` for the block; ``who``, ``key`` and ``fix`` word the refusal.
-
-    Raises ``LockHeld`` when a live process holds it, ``LockFailed`` when the lock file cannot be made. A dead
-    holder's lock is taken over with a warning; under ``child_env`` nothing is taken."""
+    """Hold the lock of ``target`` for the block (``who``, ``key``, ``fix`` word the refusal). Raises ``LockHeld``
+    or ``LockFailed``; a dead holder's lock is taken over with a warning; under ``child_env`` nothing is taken."""
     lock_path = lock_path_for(target)
     if _inherited(lock_path):
         yield lock_path
@@ -136,8 +131,7 @@ def hold(target: str, *, who: str, key: str, fix: str):
 
 
 def holder_if_held(target: str) -> str | None:
-    """``describe_holder`` of the live holder of ``target``'s lock, or None when it is free (a check without taking
-    it, e.g. for a supervisor whose child will take it)."""
+    """``describe_holder`` of the live holder of ``target``'s lock, None when free (not taking it)."""
     lock_path = lock_path_for(target)
     if not os.path.isfile(lock_path) or _inherited(lock_path):
         return None  # not a lock file: ``hold`` says what is wrong with it
