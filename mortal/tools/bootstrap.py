@@ -44,8 +44,7 @@ def _grp_steps_done(state_file):
 
 
 def train_grp(config, *, progress=True):
-    """Step 2: the GRP to ``[bootstrap] grp_steps`` (resumed; early stopping with ``grp_patience`` > 0); returns
-    the steps. Skipped when the checkpoint reached ``grp_steps`` or stopped early."""
+    """Step 2: the GRP to ``[bootstrap] grp_steps`` (resumed, early stopping); returns the steps."""
     from mortal import train_grp as tg
 
     boot = bootstrap_config(config)
@@ -68,9 +67,8 @@ def train_grp(config, *, progress=True):
 
 
 def check_grp(config, config_path=None):
-    """The online reward: ``'grp'`` when the GRP's mean cross entropy on the val logs is below uniform's
-    (ln 24), else ``'points'`` (warned); set in ``config`` and written to ``config_path``. Returns
-    ``{'reward', 'ce', 'uniform', 'val_games'}``."""
+    """The online reward, ``'grp'`` when the GRP's val cross entropy beats uniform's (ln 24), else ``'points'``;
+    set in ``config`` and ``config_path``. Returns ``{'reward', 'ce', 'uniform', 'val_games'}``."""
     from mortal.data.reward import load_grp
     from mortal.train_grp import UNIFORM_CE, load_samples, mean_ce
 
@@ -112,8 +110,8 @@ _REWARD_LINE = re.compile(r'^\s*reward\s*=')
 
 
 def write_reward(path, reward):
-    """Set ``[env] reward = '<reward>'`` in the TOML file ``path``, every other line kept; returns whether it
-    changed. Raises BootstrapError when the edit would not read back with that value (dotted keys, inline table)."""
+    """Set ``[env] reward`` in the TOML file ``path``, other lines kept; whether it changed. BootstrapError when
+    the edit would not read back."""
     from mortal.config import tomllib
 
     text = Path(path).read_text(encoding='utf-8')
@@ -146,8 +144,7 @@ def write_reward(path, reward):
 # ---------------------------------------------------------------------------- step 4: online dir
 
 def prepare(config, *, force=False):
-    """Step 4: the offline ``best.pth`` to the online trainer state and the baselines (existing ones only with
-    ``force``); returns the files written."""
+    """Step 4: ``best.pth`` to the trainer state and the baselines (existing ones only with ``force``)."""
     from mortal.model.checkpoint import INITIAL_BEST_PERF, atomic_torch_save, load_checkpoint
 
     boot = bootstrap_config(config)
@@ -175,8 +172,7 @@ def prepare(config, *, force=False):
 # ---------------------------------------------------------------------------- driver
 
 def run_steps(config, steps, *, force=False, progress=True, config_path=None):
-    """Run the named steps in order; returns ``{step: seconds}``. ``train-grp`` is followed by ``check_grp``
-    (the reward choice, written into ``config_path`` when given)."""
+    """Run the named steps in order (``check_grp`` after ``train-grp``); returns ``{step: seconds}``."""
     from contextlib import nullcontext
 
     from tqdm.contrib.logging import logging_redirect_tqdm
@@ -203,8 +199,7 @@ def run_steps(config, steps, *, force=False, progress=True, config_path=None):
 
 
 def main(argv=None):
-    """``python -m mortal.tools.bootstrap STEP [-c PATH] [--force] [--no-progress]``; returns the exit status (2: config
-    error, 1: a failed step)."""
+    """``python -m mortal.tools.bootstrap STEP [-c PATH] [--force] [--no-progress]``; 2: config error, 1: a step failed."""
     from mortal import entry
     from mortal.config import TRAIN_SECTIONS, resolve_path
 

@@ -63,8 +63,7 @@ def _written_paths(config):
 
 
 def probe_writable(path, kind):
-    """None when ``path`` (a 'dir' or a 'file') can be written, else the reason; probes with one temp file in the
-    nearest existing ancestor and creates nothing else."""
+    """None when ``path`` ('dir' or 'file') can be written, else why (one temp file probed, nothing left)."""
     p = Path(path).expanduser()
     if p.exists():
         if kind == 'dir' and not p.is_dir():
@@ -132,8 +131,7 @@ def _read_checkpoint_files(config):
 
 
 def load_mortal_checkpoint(path, config):
-    """The problems (each naming the key and both values; [] = fine) of a trainer checkpoint, read with
-    ``weights_only=True``, against ``[resnet]`` and ``[control] version``."""
+    """Problems of a trainer checkpoint against ``[resnet]`` and ``[control] version``; [] if fine."""
     from mortal.model.checkpoint import CheckpointError, describe_error, describe_mismatches, load_checkpoint
     from mortal.model.networks import DQN, Brain
 
@@ -255,8 +253,7 @@ def saved_bytes(conv_channels, num_blocks, version, batch, *, amp=False, weights
 
 
 def inference_bytes_per_sample(conv_channels, version):
-    """Peak live bytes per row of an inference forward (float32): the observation, a block's input and its two
-    live intermediates, the attention's 2 C-vectors, phi and the 46 Q values."""
+    """Peak live float32 bytes per row of an inference forward."""
     from mortal.features.obs import obs_shape
     return 4 * (34 * (obs_shape(version)[0] + 3 * conv_channels) + 2 * conv_channels + 1024 + 46)
 
@@ -341,8 +338,7 @@ def check_memory(config, profile='default'):
 # file indexes
 
 def check_file_indexes(config):
-    """Each existing cached file index: FAIL when it is not one or lists a missing file or one outside
-    its globs; WARN when built from other globs (the next run rebuilds it)."""
+    """FAIL rows for a cached file index that is none or lists missing or foreign files; WARN for other globs."""
     from mortal.data.offline_data import index_problems, stale_index
     from mortal.model.checkpoint import describe_error, load_checkpoint
 
@@ -381,8 +377,7 @@ def check_file_indexes(config):
 # devices
 
 def check_devices(config):
-    """A FAIL row per CUDA device key that this torch cannot use, worded as every process words it at its start
-    (``mortal.entry.device_problems``)."""
+    """A FAIL row per unusable CUDA device key (``entry.device_problems``)."""
     from mortal import entry
     keys = dict.fromkeys(entry.TRAIN_DEVICES + entry.CLIENT_DEVICES + entry.GRP_DEVICES + entry.ONE_VS_THREE_DEVICES)
     return [Check(FAIL, 'device', line) for line in entry.device_problems(config, keys)]
@@ -420,8 +415,7 @@ def run_checks(config, *, server_running=False, profile='default'):
 
 
 def typo_checks(config: dict, path: str) -> tuple[list[Check], set[str]]:
-    """A FAIL row per unknown key close to a known one of its table (a misspelled optional key is otherwise ignored,
-    as in Mortal), naming the value the processes use instead, and the ``validate`` warnings those rows replace."""
+    """A FAIL row per unknown key close to a known one, and the ``validate`` warnings those rows replace."""
     from mortal import config as mcfg
     from mortal import config_keys
 
@@ -445,8 +439,7 @@ def typo_checks(config: dict, path: str) -> tuple[list[Check], set[str]]:
 
 
 def main(argv=None):
-    """``python -m mortal.tools.doctor [-c PATH] [--server-running] [--profile NAME]``: print the checklist; returns 1
-    when a check FAILs, else 0."""
+    """``python -m mortal.tools.doctor [-c PATH] [--server-running] [--profile NAME]``; 1 when a check FAILs."""
     from mortal import config as mcfg
     from mortal import config_paths, entry
 

@@ -1,8 +1,6 @@
 """Self-play fleet on Ray (``python -m mortal.tools.fleet``): N clients of ``mortal.client`` as Ray actors.
 
-Ray only starts, places and restarts the clients and carries their per-round records back; actor ``i`` plays
-profile ``profiles[i % len(profiles)]`` into ``<log_dir>.fleet-<i>``. See docs/operations.md. ``ray`` is an
-optional extra (``pip install 'mortal-online[fleet]'``)."""
+Actor ``i`` plays profile ``profiles[i % len(profiles)]`` into ``<log_dir>.fleet-<i>`` (docs/operations.md)."""
 
 if __package__ in (None, ''):  # run as a script: python mortal/tools/fleet.py
     import sys, pathlib
@@ -66,8 +64,7 @@ class ActorPlan:
 
 
 def plan_actors(config: dict, actors: int, profiles: list, config_path: str = 'the config') -> list:
-    """The :class:`ActorPlan` of each of ``actors`` actors: profiles in turn, ``<profile log_dir>.fleet-<i>``.
-    ``ConfigError`` naming ``[fleet] profiles``, ``config_path`` and the missing ``[train_play.<profile>]``."""
+    """One ``ActorPlan`` per actor, profiles in turn; ``ConfigError`` naming a missing ``[train_play.<profile>]``."""
     from mortal.config import ConfigError, EnvOverrides, profile_table, train_play_profile, typed
     tables = {}
     for profile in dict.fromkeys(profiles):
@@ -94,9 +91,7 @@ def actor_config(config: dict, plan: ActorPlan) -> dict:
 
 
 def check_devices(config: dict, num_gpus: float) -> list:
-    """Problems of running the clients of ``config`` with ``num_gpus`` of a GPU each: a CUDA device for the trainee
-    (``[control] device``) or the baseline (``[baseline.train] device``) needs ``num_gpus`` > 0, since Ray hides the
-    GPUs from an actor that reserved none. Returns the messages (empty: fine)."""
+    """Messages for a CUDA trainee or baseline device with ``num_gpus`` 0 (Ray hides the GPUs then)."""
     from mortal.config import typed
     cfg = typed(config)
     problems = []
@@ -109,16 +104,13 @@ def check_devices(config: dict, num_gpus: float) -> list:
 
 
 def check_shares(num_cpus: float, num_gpus: float) -> list:
-    """Problems of ``[fleet] num_cpus`` and ``num_gpus`` that Ray refuses only once actors are made: a share below
-    its unit, 0.0001 of a CPU or GPU. Returns the messages (empty: fine)."""
+    """Messages for a ``[fleet] num_cpus``/``num_gpus`` share below Ray's unit, 0.0001."""
     return [f'[fleet] {key} is {value:g}: Ray counts a CPU or GPU in steps of 0.0001, so reserve at least that'
             for key, value in (('num_cpus', num_cpus), ('num_gpus', num_gpus)) if 0 < value < 1e-4]
 
 
 def capacity(nodes: list, num_cpus: float, num_gpus: float) -> int:
-    """How many actors reserving ``num_cpus`` CPUs and ``num_gpus`` of a GPU each the Ray nodes ``nodes`` (each a
-    resource dict such as ``{'CPU': 16.0, 'GPU': 1.0}``, the totals of ``ray.nodes()``) run at once. Ray queues the
-    others until resources free up, so with a fixed set of nodes they never start."""
+    """How many actors of ``num_cpus`` CPUs and ``num_gpus`` GPUs the Ray ``nodes`` (resource dicts) run at once."""
     total = 0
     for resources in nodes:
         fit = math.floor(resources.get('CPU', 0.0) / num_cpus + 1e-9)
@@ -144,14 +136,12 @@ def resource_problem(nodes: list, num_cpus: float, num_gpus: float, actors: int)
 
 
 def ray_address(arg, key: str, env=os.environ) -> str:
-    """The cluster to join: ``--address`` (``arg``, None when not given), else ``[fleet] address`` (``key``), else
-    ``$RAY_ADDRESS`` (which ``ray.init`` reads too); '' = start a local instance."""
+    """The cluster to join: ``arg`` (--address), else ``key`` ([fleet] address), else ``$RAY_ADDRESS``; '': local."""
     return (key if arg is None else arg) or env.get('RAY_ADDRESS', '')
 
 
 def unreachable(address: str, timeout: float = CONNECT_SECONDS):
-    """Why nothing answers at ``address`` (``host:port``, also ``ray://host:port``), or None (reached, or another
-    form such as 'auto', left to Ray): Ray itself retries a dead address for minutes."""
+    """Why nothing answers at ``host:port`` (also ``ray://``), or None (reached, or a form left to Ray)."""
     host, sep, port = address.split('://', 1)[-1].rpartition(':')
     if not sep or not port.isdigit():
         return None
@@ -167,9 +157,8 @@ def _stop(signum, frame):
 
 
 class SelfPlayActor:
-    """One self-play client inside a Ray actor (a plain class, testable without Ray): ``config``
-    (:func:`actor_config`), ``profile``, ``cwd`` (the driver's, entered where it exists), ``num_threads``. A
-    client that cannot be built leaves ``self.error`` for :meth:`ready` to report instead of a Ray traceback."""
+    """One self-play client inside a Ray actor (a plain class, testable without Ray); a client that cannot be
+    built leaves ``self.error`` for ``ready`` to report."""
 
     def __init__(self, config: dict, profile: str, cwd: str, num_threads: int = 1):
         import contextlib
@@ -198,8 +187,7 @@ class SelfPlayActor:
             logger.error('the client cannot start: %s', self.error)
 
     def ready(self) -> dict:
-        """``{'pid': int, 'node': str, 'error': str | None}`` of this actor's process, once it is built; ``error``:
-        why its client could not start (None: it did)."""
+        """``{'pid', 'node', 'error'}`` of this actor (``error``: why its client did not start, or None)."""
         return {'pid': os.getpid(), 'node': socket.gethostname(), 'error': self.error}
 
     def run_round(self) -> dict:
@@ -208,8 +196,7 @@ class SelfPlayActor:
 
 
 class FleetRecord:
-    """The actors' rounds summed into fleet rounds (``window``: ``[online] history_window``; ``writer``: with
-    ``add_scalar``, or None); :meth:`add` returns the log line of a finished fleet round, else None."""
+    """The actors' rounds summed into fleet rounds; ``add`` returns a finished fleet round's log line, else None."""
 
     def __init__(self, window: int, writer=None, *, clock=time.monotonic):
         self.history = RankHistory(window)
@@ -222,8 +209,7 @@ class FleetRecord:
         self.since = clock()
 
     def add(self, rankings, live: int):
-        """Add one actor round's (4,) rank counts; ``live``: actors alive now. Returns the line of a finished fleet
-        round, else None."""
+        """Add one actor round's (4,) rank counts; returns the line of a finished fleet round, else None."""
         self.pending += np.asarray(rankings, dtype=np.int64)
         self.pending_rounds += 1
         if self.pending_rounds < max(1, live):
@@ -257,8 +243,7 @@ class FleetRecord:
 
 
 class Fleet:
-    """The driver: starts the actors of ``plans`` (:func:`plan_actors`) on ``ray`` (initialised) and keeps one call
-    in flight per actor; ``fleet``: the typed ``[fleet]``; ``record``: a :class:`FleetRecord`."""
+    """The driver: starts the actors of ``plans`` on ``ray`` and keeps one call in flight per actor."""
 
     def __init__(self, ray, config: dict, fleet, plans: list, record: FleetRecord):
         self.ray = ray
@@ -293,8 +278,7 @@ class Fleet:
                 del self.in_flight[ref]
 
     def notice_waiting(self) -> None:
-        """Log the actors still starting (or restarting) and the cluster's free resources: Ray queues an actor it
-        cannot place without a word, and a client may be waiting for the server (its own lines say so)."""
+        """Log the actors still starting and the cluster's free resources (Ray queues silently)."""
         waiting = sorted(i for i, kind in self.in_flight.values() if kind == 'ready')
         if waiting:
             free = self.ray.available_resources()
@@ -306,8 +290,7 @@ class Fleet:
         return sum(kind == 'round' for _, kind in self.in_flight.values())
 
     def on_ready(self, i: int, info: dict) -> bool:
-        """Log actor ``i`` as started, or as restarted (counted) when its pid changed; drop it when its client could
-        not start. Returns whether it plays."""
+        """Log actor ``i`` as started or restarted; drop it when its client could not start. Whether it plays."""
         if info.get('error'):
             self.drop(i, f'its client could not start: {info["error"]}')
             return False
@@ -324,8 +307,7 @@ class Fleet:
         return True
 
     def run(self, rounds: int = 0) -> int:
-        """Play until ``rounds`` actor rounds are done (0: forever). Returns the exit status: 0, or 1 when every
-        actor was dropped."""
+        """Play until ``rounds`` actor rounds are done (0: forever); 0, or 1 when every actor was dropped."""
         ray = self.ray
         done = 0
         while (self.in_flight or self.held) and (not rounds or done < rounds):
@@ -427,9 +409,8 @@ def _start_ray(ray, address: str, where: str, fleet, actors: int):
 
 
 def main(argv=None):
-    """Entry point: ``python -m mortal.tools.fleet [-c CONFIG] [--actors N] [--address ADDR] [--rounds R]``; exits with
-    2 on a bad config or argument, without Ray, when the cluster cannot be joined or cannot run the actors (a local
-    instance), 1 when every actor was dropped, 0 at ``--rounds``, Ctrl-C or SIGTERM."""
+    """``python -m mortal.tools.fleet [-c CONFIG] [--actors N] [--address ADDR] [--rounds R]``; exit 2 on a bad
+    config, argument or cluster, 1 when every actor was dropped, else 0."""
     from mortal import entry
     from mortal.config import CLIENT_SECTIONS, ConfigError, resolve_path, typed
 

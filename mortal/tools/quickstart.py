@@ -32,8 +32,7 @@ GRACE_SECONDS = 15  # between SIGTERM and SIGKILL
 # processes
 
 def child_env(config_path):
-    """Environment of the pipeline's processes: the config, unbuffered output, no slow Rust backtraces, no
-    progress bars (their output goes to a log file, where every redraw of a bar would be kept)."""
+    """Environment of the pipeline's processes: the config, unbuffered, no Rust backtraces, no progress bars."""
     env = dict(os.environ)
     env.pop('RUST_BACKTRACE', None)
     env['TQDM_DISABLE'] = '1'  # tqdm reads its defaults from TQDM_* (a bar given disable= explicitly keeps it)
@@ -47,9 +46,7 @@ def child_env(config_path):
 
 
 def start(name, config_path, log_dir, profile=None):
-    """Start ``python -m mortal.<name>`` in its own session (so the whole group can be signalled),
-    output appended to ``log_dir/<name>.log`` (``<name>_<profile>.log`` with ``profile``, which sets
-    ``TRAIN_PLAY_PROFILE``: a second client on its own ``[train_play.<profile>]``). Returns the ``Popen``."""
+    """Start ``python -m mortal.<name>`` in its own session, output to ``log_dir/<name>[_<profile>].log``."""
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     env = child_env(config_path)
@@ -67,8 +64,7 @@ def start(name, config_path, log_dir, profile=None):
 
 
 def stop(procs, grace=GRACE_SECONDS):
-    """SIGTERM every process group of ``procs`` (``{name: Popen}``) in reverse order, SIGKILL what is left after
-    ``grace`` seconds; returns ``{name: 'exited N' | 'killed'}``."""
+    """SIGTERM each group of ``procs`` in reverse, SIGKILL after ``grace`` s; ``{name: 'exited N' | 'killed'}``."""
     outcome = {}
     for name in reversed(list(procs)):
         p = procs[name]
@@ -127,8 +123,8 @@ def keep_running(procs, log_dir, until, poll=5.0):
 
 
 def wait_for_online(procs, tb_dir, log_dir, timeout, poll=3.0, *, tests_before=0, starts_before=0):
-    """Block until a test play beyond ``tests_before`` is logged and the learner restarted after it (beyond
-    ``starts_before``). ``RuntimeError`` with the log tail when a process dies, or after ``timeout`` seconds."""
+    """Block until a new test play is logged and the learner restarted; RuntimeError when a process dies
+    or after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     last = None
     while True:
@@ -153,8 +149,7 @@ EVAL_KEY = 0x71756963  # 'quic': duplicate key of the summary's evaluation deals
 
 
 def same_weights(path_a, path_b) -> bool:
-    """Whether two checkpoints have equal ``mortal`` and ``current_dqn`` state dicts (False if one lacks them).
-    Raises as ``load_checkpoint``."""
+    """Whether two checkpoints have equal ``mortal`` and ``current_dqn`` state dicts."""
     import torch
     from mortal.model.checkpoint import load_checkpoint
 
@@ -205,8 +200,7 @@ def _play_eval_deals(challenger, champion, sets, workers, progress, label):
 
 
 def evaluate_against_start(config, sets, workers=None, progress=False):
-    """``{'best'|'final': summarize(...)}`` of each model against 3x the start on ``sets`` duplicate
-    deals (missing files left out); a final equal to best is not replayed (``'same_as': 'best'``)."""
+    """``{'best'|'final': summarize(...)}`` against 3x the start on ``sets`` deals (final = best: not replayed)."""
     from mortal.config import typed
     from mortal.play.evaluation import summarize
 
@@ -225,8 +219,7 @@ def evaluate_against_start(config, sets, workers=None, progress=False):
 
 
 def evaluate_start_vs_rulebase(config, sets, workers=None, progress=False):
-    """``summarize(...)`` of the start model against 3 RulebaseBots on ``sets`` duplicate deals, None
-    when the start file is missing; ValueError for ``sets < 1``."""
+    """``summarize(...)`` of the start model against 3 RulebaseBots, None without the file."""
     from mortal.config import typed
     from mortal.play.evaluation import summarize
 
@@ -239,8 +232,7 @@ def evaluate_start_vs_rulebase(config, sets, workers=None, progress=False):
 
 def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0, version=3, eval_sets=None,
         rulebase_sets=None):
-    """The whole quickstart; returns paths, timings and test_play results. ``eval_sets``/``rulebase_sets`` None: the
-    preset's; 0: none. A rerun skips the finished bootstrap and continues online training."""
+    """The whole quickstart; returns paths, timings and results. A rerun continues where it stopped."""
     from mortal.tools import bootstrap
     from mortal.config import load_config, typed
 
@@ -391,9 +383,7 @@ def report(result, out=sys.stdout):
 
 
 def next_commands(config, tensorboard_dir) -> list:
-    """The summary's last lines: how to go on with this work dir's run in three terminals (the server first, then
-    the trainer and a client; each terminal exports the config) and TensorBoard, as commands to paste. The
-    config's paths start at its own folder (``{config_dir}``), so the work dir may be moved first."""
+    """The summary's last lines: the commands to go on with this run in three terminals, and TensorBoard."""
     export = f'export MORTAL_CFG={shlex.quote(str(config))}'
     return ['next: go on with this run in three terminals (in each, from the repository root: the export, then one '
             'command; the server first):',

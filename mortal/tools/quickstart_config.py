@@ -174,8 +174,7 @@ def free_port(host='127.0.0.1'):
 
 
 def render_config(work_dir, *, preset='full', port=None, version=3, relative=False):
-    """Config text for ``work_dir`` with ``preset`` ('full'/'short') and feature ``version`` (3 or 4);
-    ``relative``: paths written from ``{config_dir}`` so the folder can be moved."""
+    """Config text for ``work_dir``, ``preset`` and ``version``; ``relative``: paths from ``{config_dir}``."""
     if version not in (3, 4):
         raise ValueError(f"quickstart version must be 3 or 4, got {version!r}")
     sizes = dict(PRESETS[preset], version=version, **ONLINE_REMEDY)
@@ -186,8 +185,7 @@ def render_config(work_dir, *, preset='full', port=None, version=3, relative=Fal
 
 
 def write_config(work_dir, *, preset='full', port=None, version=3, relative=False):
-    """Write ``work_dir/config.toml`` and return its ``Path``; ValueError when the dir holds a config of
-    another feature version."""
+    """Write ``work_dir/config.toml``; ValueError when the dir holds a config of another version."""
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     path = work / 'config.toml'

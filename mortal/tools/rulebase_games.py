@@ -21,8 +21,8 @@ def _exploring_rulebase_class():
     from mjai.bot.rulebase import RulebaseBot
 
     class ExploringRulebaseBot(RulebaseBot):
-        """``RulebaseBot`` discarding a random legal tile with probability ``epsilon`` (never under riichi); its other
-        decisions go through ``flaw`` (``mortal.play.flaws``; None: its own)."""
+        """``RulebaseBot`` discarding a random legal tile with probability ``epsilon`` (not in
+        riichi); other decisions through ``flaw``."""
 
         def __init__(self, player_id, epsilon, rng, flaw=None):
             super().__init__(player_id)
@@ -45,9 +45,8 @@ def _exploring_rulebase_class():
 
 
 def play_set(task):
-    """Worker: the four seat rotations of one deal, rule-based bots in every seat. ``task`` = (log_dir, nonce, key,
-    epsilon[, flaw name of ``mortal.play.flaws.FLAWS``, '' = none]); writes ``{nonce}_{key}_{a..d}.json.gz`` (only
-    ``a`` when epsilon is 0). Returns ``(nonce, substitutions, error or None)``: never raises into the pool."""
+    """Worker: the seat rotations of one deal, ``task`` = (log_dir, nonce, key, epsilon[, flaw]); returns
+    ``(nonce, substitutions, error or None)``, never raises."""
     log_dir, nonce, key, epsilon, *flaw = task
     drop_rust_backtrace()  # also when the pool was started by a library caller, not by main()
     try:
@@ -76,8 +75,7 @@ def play_set(task):
 
 
 def plan_sets(log_dir, games, key, epsilon):
-    """``(todo, done)``: the nonces 0.. of the deals needed for ``games`` hanchan (4 logs a deal, 1 when epsilon is
-    0), split by whether their logs are on disk."""
+    """``(todo, done)`` nonces of the deals needed for ``games`` hanchan, by whether their logs exist."""
     per_set = 4 if epsilon > 0 else 1
     todo, done = [], []
     for nonce in range(-(-games // per_set)):
@@ -87,8 +85,7 @@ def plan_sets(log_dir, games, key, epsilon):
 
 
 def gen_logs(config, *, workers=None, progress=True):
-    """Step 1 (the module docstring); returns the new logs written. Raises ``BootstrapError`` when some deals
-    failed (the others are kept; rerun to retry)."""
+    """Step 1; returns the new logs written. ``BootstrapError`` when some deals failed (rerun to retry)."""
     import multiprocessing as mp
     from tqdm import tqdm
 
