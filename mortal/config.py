@@ -37,8 +37,7 @@ ENV_PROFILE = 'TRAIN_PLAY_PROFILE'
 ENV_SP_THREADS = 'MORTAL_SP_THREADS'
 DEFAULT_PROFILE = 'default'
 
-# Section names required by each process. 'train_play' means the [train_play.<profile>] table of the
-# TRAIN_PLAY_PROFILE in use (see train_play_profile).
+# Sections each process needs; 'train_play' is the [train_play.<profile>] of TRAIN_PLAY_PROFILE.
 CORE_SECTIONS = ('control', 'resnet', 'env')
 SERVER_SECTIONS = ('online', 'online.remote', 'online.server')
 CLIENT_SECTIONS = CORE_SECTIONS + ('online', 'online.remote', 'baseline.train', 'train_play')
@@ -92,11 +91,9 @@ class EnvOverrides:
         return env if isinstance(env, cls) else cls.from_env(env)
 
 
-#: What the functions below take as ``env``: the overrides resolved at start-up, or a mapping such as
-#: ``os.environ`` (tests pass ``{}``) that is read on the spot.
+#: ``env`` below: the overrides resolved at start-up, or a mapping such as ``os.environ`` read on the spot.
 Env = Mapping[str, str] | EnvOverrides
-#: What a process passes as ``required``: dotted section names, or a function of the file's plain dict that gives
-#: them (:func:`train_sections`, :func:`mode_sections`: the sections depend on ``[control] online``).
+#: ``required``: dotted section names, or a function of the plain dict giving them (``train_sections``).
 Required = Iterable[str] | Callable[[dict], Iterable[str]]
 
 

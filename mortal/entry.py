@@ -154,8 +154,7 @@ def check_devices(config: dict, keys: Iterable[str]) -> None:
 
 # -- what a process runs with, and why it stopped ---------------------------------------------------------------
 
-#: The keys a user tunes, per process, as ``table.key`` (``train_play`` stands for the profile in use): what
-#: :func:`log_settings` prints at start. Not every key: the rest is in the file.
+#: The keys a user tunes, per process (``train_play``: the profile in use), which ``log_settings`` prints.
 SETTINGS = {
     'learner': ('control.version', 'control.online', 'control.device', 'control.batch_size',
                 'control.opt_step_every', 'control.save_every', 'control.test_every', 'control.submit_every',

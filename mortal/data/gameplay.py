@@ -26,15 +26,13 @@ logger = logging.getLogger('mortal.gameplay')  # the name before the package spl
 __all__ = ["Gameplay", "GameplayLoader"]
 
 _SKIPPED_AS_NEXT = ("reach_accepted", "dora")
-# Events by which a seat acts; one of its own that follows a moment where it
-# could not act is an illegal move.
+# Events by which a seat acts; one where it could not act is an illegal move.
 _OWN_ACTIONS = frozenset({"dahai", "reach", "chi", "pon", "daiminkan", "kakan", "ankan", "hora"})
 _MAX_SKIP_RECORDS = 1000
 # Reactions whose logged event may carry the arena's ``meta.counterfactual`` (mortal.play.arena._Branch).
 _CF_TYPES = frozenset({"dahai", "reach", "chi", "pon", "daiminkan", "kakan", "ankan"})
 _cf_warned = False  # a counterfactual record that is not legal was logged once
-# Version-4 decisions whose single-player searches are batched onto the core's threads: enough to keep
-# the threads busy over uneven search times, few enough that their float32 arrays (~127 KB each) stay small.
+# Version-4 decisions searched per batch: enough to keep the threads busy, few enough to keep the arrays small.
 _V4_BATCH = 128
 
 

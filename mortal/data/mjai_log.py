@@ -36,12 +36,10 @@ __all__ = [
 #: Gameplay numbers kyoku 0-255 in uint8 (as Mortal's ``at_kyoku: u8``); more would wrap and mix up rewards.
 MAX_KYOKU = 256
 
-#: Events one log may have: a hanchan has a few thousand, so this only stops files that are not one game before
-#: their events (kept in memory, a few hundred bytes each) cost more than the log's bytes.
+#: Events one log may have (a hanchan has a few thousand): stops files that are not one game early.
 MAX_EVENTS = 100_000
 
-#: Default cap on a log's decompressed size (``[dataset] max_log_bytes``, defined with the config schema): a
-#: hanchan is well under 1 MB of mjai JSON, so 64 MiB only stops decompression bombs and files that are not one game.
+#: Default cap on a log's decompressed size (``[dataset] max_log_bytes``): a hanchan is well under 1 MB.
 DEFAULT_MAX_LOG_BYTES = _config.DEFAULT_MAX_LOG_BYTES
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -129,9 +127,7 @@ def _not_mjai_hint(raw: str) -> str:
             "not mjai JSON lines; convert it to mjai first")
 
 
-# A run of lines holding only ASCII blanks, skipped in one regex step (a log padded with millions of blank lines
-# would otherwise cost one Python iteration each).
-# One character class, not a repeated group: sre keeps no backtracking state per character of a class repeat.
+# Runs of blank lines skipped in one regex step; one character class, so sre keeps no backtracking state.
 _BLANK_RUN = re.compile(r"[ \t\r\f\v\n]*\n")
 _BLANKS = " \t\r\f\v\n"  # its characters: the regex is only tried on a line that starts with one
 

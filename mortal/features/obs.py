@@ -34,8 +34,7 @@ def check_version(version) -> int:
     return int(version)
 
 
-# Channel counts per version, as Mortal's libriichi consts.rs. Kept in Python
-# because mlibriichi's obs_shape(4) panics.
+# Channel counts per version (Mortal's consts.rs); mlibriichi's obs_shape(4) panics.
 _OBS_CHANNELS = {1: 938, 2: 942, 3: 934, 4: 1012}
 _ORACLE_CHANNELS = {1: 211, 2: 217, 3: 217, 4: 217}
 

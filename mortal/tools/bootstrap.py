@@ -199,7 +199,7 @@ def run_steps(config, steps, *, force=False, progress=True, config_path=None):
 
 
 def main(argv=None):
-    """``python -m mortal.tools.bootstrap STEP [-c PATH] [--force] [--no-progress]``; 2: config error, 1: a step failed."""
+    """``python -m mortal.tools.bootstrap STEP [-c PATH] [--force] [--no-progress]``; 2: bad config, 1: failed step."""
     from mortal import entry
     from mortal.config import TRAIN_SECTIONS, resolve_path
 

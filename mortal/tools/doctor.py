@@ -23,9 +23,7 @@ OK, FAIL, WARN, INFO = 'OK', 'FAIL', 'WARN', 'INFO'
 CUDA_CONTEXT_BYTES = 512 * 2**20
 # Caching-allocator fragmentation and temporaries on top of what the estimate counts.
 ALLOCATOR_SLACK = 1.25
-# cuDNN's benchmark (the first steps try algorithms with workspaces as large as the free memory allows; the caching
-# allocator keeps them) as a multiple of the saved activations, by AMP: fitted to the one H200 run (192x40, v4,
-# batch 256: 3.1 GiB with AMP, 16.3 without, torch's peak counters); docs/operations.md.
+# cuDNN benchmark workspaces as a multiple of the saved activations, by AMP (fitted: docs/operations.md).
 CUDNN_BENCHMARK_FACTOR = {True: 1.85, False: 7.57}
 GIB = 2**30
 

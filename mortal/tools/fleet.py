@@ -24,15 +24,12 @@ from mortal.stat import rank_summary
 logger = logging.getLogger('mortal.tools.fleet' if __name__ == '__main__' else __name__)
 
 INSTALL_HINT = "the fleet needs Ray: pip install 'mortal-online[fleet]' (or: pip install ray)"
-# A local instance's object store: the fleet moves only configs and round records through it (a few KB), so Ray's
-# default (30% of RAM, in /dev/shm) would only take memory from the clients. Ray's floor is 75 MiB.
+# A local Ray's object store holds only configs and round records; its default (30% of RAM) would starve clients.
 LOCAL_OBJECT_STORE_BYTES = 128 * 1024 * 1024
 RETRY_SECONDS = 1.0  # between two looks at an actor that Ray is restarting
 NOTICE_SECONDS = 60.0  # an actor not started after this long is reported (Ray queues an actor it cannot place)
 CONNECT_SECONDS = 10.0  # to reach a cluster's address before handing it to Ray, which retries for minutes
-# An actor whose rounds keep raising (a full disk, a bad baseline file) is restarted for good with max_restarts = -1;
-# its k-th failed round in a row holds its next start back by 0 s (k = 1), then 5 s, 10 s, ... up to 10 min, so that
-# a fleet left alone for days neither spins nor floods its log, and plays on once the cause is gone.
+# A failing actor is restarted for good, its k-th failure in a row held back 0 s, 5 s, 10 s, ... up to 10 min.
 BACKOFF_FIRST_SECONDS = 5.0
 BACKOFF_MAX_SECONDS = 600.0
 

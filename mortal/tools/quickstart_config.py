@@ -24,8 +24,7 @@ PRESETS = {
 # The online loss extras of the embedded config (docs/learning.md); config_online.toml keeps Mortal's (none).
 ONLINE_REMEDY = dict(anchor_weight=1.0, offline_batch_size=64)
 
-# Mortal's config layout; {work} is the absolute work dir (or '{config_dir}', render_config's relative), the rest
-# comes from a preset.
+# Mortal's config layout; {work} is the work dir (or '{config_dir}'), the rest comes from a preset.
 CONFIG_TEMPLATE = """\
 # Written by mortal.tools.quickstart: a tiny CPU setup that runs the whole pipeline in minutes.
 [control]

@@ -7,8 +7,6 @@ import os
 from mortal.util.lifetime import die_with_parent
 
 FORKSERVER_PID = os.getpid()
-# MORTAL_LOADER_PARENT_PID (mortal.data.dataloader.LOADER_PARENT_ENV): the learner's pid, exported by
-# safe_mp_context before the fork server starts, so that a fork server whose learner was killed before this
-# import ends at once too.
+# the learner's pid (dataloader.LOADER_PARENT_ENV): a fork server whose learner already died ends at once
 _parent = os.environ.get("MORTAL_LOADER_PARENT_PID", "")
 die_with_parent(expected_parent=int(_parent) if _parent.isdigit() else None)

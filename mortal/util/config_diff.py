@@ -28,8 +28,7 @@ def key_name(parts: tuple) -> str:
     return f"[{'.'.join(parts[:-1])}] {parts[-1]}" if len(parts) > 1 else parts[0]
 
 
-#: Tables the learner does not read (first table name -> who reads them): a change there takes effect only at that
-#: process's restart, which the learner's restart line says.
+#: Tables the learner does not read -> who reads them (a change there waits for that process's restart).
 OTHER_READERS = {'train_play': 'clients', 'server': 'the server'}
 
 

@@ -60,8 +60,7 @@ def atomic_copy(src, dst, *, keep_times: bool = False) -> None:
             shutil.copystat(src, f.name)
 
 
-#: Files no emptied folder ever holds by itself (its logs are .json.gz): a config or a checkpoint found there means
-#: the folder was configured onto the run's own files, and emptying it is refused (ForeignFilesError).
+#: A config or checkpoint in a folder to empty means it is the run's own: emptying is refused (ForeignFilesError).
 FOREIGN_SUFFIXES = ('.toml', '.pth')
 
 
