@@ -52,8 +52,7 @@ MAX_DEPTH = 32  # tables and arrays inside each other; the schema's deepest key 
 
 
 class ConfigError(ValueError):
-    """The configuration file is missing, unparsable or invalid: ``path`` (str) and ``problems`` (list of str, each
-    naming the key as ``[section] key`` and the file); ``str(err)`` lists them all."""
+    """The config file is missing, unparsable or invalid: ``path`` and ``problems`` (each naming key and file)."""
 
     def __init__(self, path: str, problems: list[str]):
         self.path = path
@@ -67,8 +66,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class EnvOverrides:
-    """The environment read once at start-up: ``MORTAL_CFG``, ``TRAIN_PLAY_PROFILE``, ``MORTAL_SP_THREADS``
-    (None if unset or bad)."""
+    """The environment read once at start-up: ``MORTAL_CFG``, ``TRAIN_PLAY_PROFILE``, ``MORTAL_SP_THREADS``."""
 
     config_path: str = DEFAULT_PATH
     profile: str = DEFAULT_PROFILE
@@ -156,8 +154,7 @@ def load_config(path: str | os.PathLike | None = None, *, required: Required = C
 
 def config_errors(path: str | os.PathLike | None = None, *, required: Required = mode_sections,
                   env: Env = os.environ) -> list[str]:
-    """Every problem ``load_config`` with the same ``required`` would refuse, one string each; ``[]`` when it
-    loads. Logs nothing."""
+    """Every problem ``load_config`` with the same ``required`` would refuse; ``[]`` when it loads. Logs nothing."""
     path = resolve_path(path, env)
     try:
         return _check(read_config(path, env), path, required, env)[0]
@@ -237,8 +234,7 @@ def _too_deep(config: dict) -> str | None:
 # Typed views and edits
 
 def typed(config: dict) -> Config:
-    """The typed view of a loaded config (``typed(c).control.batch_size``); absent sections are None.
-    Raises ``pydantic.ValidationError`` for a dict ``validate`` would refuse."""
+    """The typed view of a loaded config (``typed(c).control.batch_size``); absent sections are None."""
     return Config.model_validate(config)
 
 
@@ -424,8 +420,7 @@ def _unknown_names(config: dict, path: str, warns: list[str], errors: list[str])
 # Rules across keys
 
 def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str]) -> None:
-    """The rules that tie several keys together, appended as messages; tables that did not validate are
-    None in ``cfg`` and skipped."""
+    """The rules that tie several keys together, appended as messages (tables that failed are None, skipped)."""
     control, online, server = cfg.control, cfg.online, cfg.online and cfg.online.server
     # no folder a process empties may hold the config, the checkpoints or another emptied folder
     errors.extend(config_paths.folder_errors(cfg, path))

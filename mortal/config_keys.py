@@ -1,5 +1,4 @@
-"""The config's keys by name, read off the schema's models; TOML spelling of table names; unknown and
-removed names. Reads no file."""
+"""The config's keys by name, read off the schema's models; TOML spelling of tables; unknown and removed names."""
 
 from __future__ import annotations
 
@@ -128,8 +127,7 @@ def key_table() -> list[tuple[str, str, str, str, str]]:
 
 
 class Unknown(NamedTuple):
-    """A table or key the schema does not know: ``table`` (dotted, '' at top), ``name``, ``is_section``,
-    ``suggestion`` (closest known key, or None)."""
+    """A table or key the schema does not know: ``table`` ('' at top), ``name``, ``is_section``, ``suggestion``."""
 
     table: str
     name: str

@@ -1,5 +1,4 @@
-"""Paths of the config: the ``{config_dir}`` prefix, and the rule that no folder a process empties holds the
-config or the run's state (docs/operations.md)."""
+"""The ``{config_dir}`` prefix, and the rule that no emptied folder holds the config or run state (operations.md)."""
 
 from __future__ import annotations
 
@@ -31,8 +30,7 @@ def expand(value: str, folder: str) -> str:
 
 
 def expand_config_dir(node, folder: str, _where: tuple = ()):
-    """In place, replace a leading ``{config_dir}`` (then the end or a separator) of every string in
-    ``node`` with ``folder`` (absolute); ``[online.remote] token`` is left alone. Returns ``node``."""
+    """In place, a leading ``{config_dir}`` of every string in ``node`` becomes ``folder`` (not the token)."""
     items = node.items() if isinstance(node, dict) else enumerate(node)
     for k, v in list(items):
         where = _where + (k,)
@@ -44,8 +42,7 @@ def expand_config_dir(node, folder: str, _where: tuple = ()):
 
 
 def config_dir_errors(config: dict, path: str) -> list[str]:
-    """One message (key and file) per string starting with ``{config_dir}`` not followed by its end or a
-    separator."""
+    """One message per string where ``{config_dir}`` is not followed by its end or a separator."""
     out = []
 
     def walk(node, where):
@@ -123,8 +120,7 @@ def kept_paths(cfg, config_path: str) -> list[tuple[str, str]]:
 
 
 def folder_errors(cfg, config_path: str) -> list[str]:
-    """One message per emptied folder of ``cfg`` that is, holds or lies inside another, or holds a kept path
-    (compared after expansion and ``realpath``)."""
+    """One message per emptied folder of ``cfg`` that is, holds or lies in another, or holds a kept path."""
     folder = config_folder(config_path)
     where = f' in {config_path}'
     emptied = [(k, v, _real(v, folder)) for k, v in emptied_folders(cfg) if v]

@@ -1,5 +1,4 @@
-"""Start-up shared by the command-line entry points: ``parser`` (adds ``-c/--config``), ``start`` and
-``load_config``/``load_config_or_exit``."""
+"""Start-up shared by the command-line entry points."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ def parser(description: str | None = None, *, config: bool = True, **kwargs) -> 
 
 
 def drop_rust_backtrace() -> None:
-    """Unset ``RUST_BACKTRACE`` here and in children: every error the Rust bindings raise would first
-    collect a slow backtrace."""
+    """Unset ``RUST_BACKTRACE`` here and in children (every Rust error would collect a slow backtrace)."""
     os.environ.pop('RUST_BACKTRACE', None)
 
 
@@ -72,8 +70,7 @@ def error(message, status: int = 2) -> int:
 
 
 def load_config(args: argparse.Namespace, required: mcfg.Required) -> dict:
-    """The config of ``args.config`` (else ``$MORTAL_CFG``, else ``config.toml``) with the ``required``
-    sections; raises ``ConfigError``, also for version 4 without the compiled single-player core."""
+    """The config of ``args.config`` with the ``required`` sections; ``ConfigError``, also for v4 without the core."""
     config = mcfg.load_config(args.config, required=required, env=args.overrides)
     problem = sp_core_problem(config, required)
     if problem:
@@ -210,8 +207,7 @@ def _raise_stopped(signum, frame):
 
 
 def stop_on_sigterm():
-    """From now on SIGTERM raises ``Stopped`` in the main thread; returns the previous handler (None
-    outside the main thread)."""
+    """SIGTERM raises ``Stopped`` in the main thread from now on; returns the previous handler."""
     if threading.current_thread() is threading.main_thread():
         return signal.signal(signal.SIGTERM, _raise_stopped)
     return None

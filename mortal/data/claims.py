@@ -1,5 +1,4 @@
-"""The online learner's claims on drained logs and which of their samples it has trained, across restarts,
-committed with each checkpoint (docs/operations.md, "The claim ledger")."""
+"""The online learner's claims on drained logs and their trained samples (docs/operations.md, "The claim ledger")."""
 
 from __future__ import annotations
 
@@ -92,8 +91,7 @@ class ClaimLedger:
 
     @classmethod
     def for_dataset(cls, claim_dir: str, ds, version: int, steps: int | None = None) -> "ClaimLedger":
-        """``open`` with the signature and passes of the learner's loader (typed ``[dataset]``, ``version``,
-        ``trainee``)."""
+        """``open`` with the signature and passes of the learner's loader."""
         signature = {"version": version, "player_names": ["trainee"], "num_epochs": ds.num_epochs,
                      "enable_augmentation": ds.enable_augmentation, "augmented_first": ds.augmented_first}
         passes = ds.num_epochs * (2 if ds.enable_augmentation else 1)
@@ -145,8 +143,7 @@ class ClaimLedger:
         self._write()
 
     def claim(self, drain_dir: str, files) -> tuple:
-        """Claim the drained ``drain_dir/name`` of ``files`` (``claim_drained``) and track them. Returns
-        ``(claimed paths, names that had vanished)``; raises OSError."""
+        """Claim the drained ``files`` (``claim_drained``) and track them; ``(claimed paths, vanished names)``."""
         targets = []
 
         def on_claim(names):
@@ -231,8 +228,7 @@ class ClaimLedger:
             self._seen.add((name, pass_))
 
     def end_epoch(self) -> int:
-        """After the loader's end: passes that yielded nothing are done; returns the samples lost since the
-        last call."""
+        """After the loader's end: passes that yielded nothing are done; returns the samples lost since."""
         lost, self.lost_samples = self.lost_samples, 0
         for name in dict.fromkeys(self._epoch):
             units = self.files.get(name)

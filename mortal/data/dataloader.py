@@ -45,8 +45,7 @@ def _ranks_by_scores(scores: np.ndarray) -> np.ndarray:
 
 
 def _game_columns(game, reward_calc: RewardCalculator) -> tuple | None:
-    """One seat's ``Gameplay`` as the sample columns of the module docstring (obs packed ``(N, row_bytes)``
-    uint8), None when the seat had no decision."""
+    """One seat's ``Gameplay`` as sample columns (obs packed), None when the seat had no decision."""
     n = len(game)
     if n == 0:  # the seat never had a decision
         return None
@@ -267,8 +266,7 @@ class FileDatasetsIter(IterableDataset):
 
 
 def keep_freed_memory() -> bool:
-    """Ask glibc malloc to keep freed memory (the loader's large arrays) process-wide; False without
-    ``mallopt``."""
+    """Ask glibc malloc to keep freed memory process-wide; False without ``mallopt``."""
     import ctypes
     import ctypes.util
 
@@ -341,8 +339,7 @@ def make_dataloader(dataset, *, batch_size: int, num_workers: int = 1, pin_memor
 
 def learner_loader(config: dict, version: int, file_list: list, player_names, ledger=None, *, batch_size: int,
                    num_workers: int | None = None, pin_memory: bool = False) -> DataLoader:
-    """The learner's ``DataLoader`` of ``FileDatasetsIter`` batches over ``file_list`` from the config; with
-    a ``ClaimLedger`` each batch ends with its ``(B, 4)`` int64 sample ids and trained samples are left out."""
+    """The learner's ``DataLoader`` over ``file_list``; with a ``ClaimLedger`` batches end with ``(B, 4)`` int64 ids."""
     cfg = typed(config)
     ds = cfg.dataset
     num_workers = ds.num_workers if num_workers is None else num_workers

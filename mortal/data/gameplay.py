@@ -1,9 +1,5 @@
-"""mjai log -> per-seat training samples, as Mortal's ``libriichi/src/dataset/gameplay.rs``.
-
-A ``PlayerState`` per kept seat replays the log; a sample is taken whenever the seat has a legal action,
-labelled from the next event. Version 4 batches its searches (``obs_v4.DeferredSP``). Unlike Mortal, every label
-is checked against its mask (a log with an illegal move is rejected), logs must end with ``end_game``, and there
-are no oracle observations."""
+"""mjai log -> per-seat training samples, as Mortal's ``libriichi/src/dataset/gameplay.rs``; unlike Mortal, a
+label its mask forbids rejects the log, logs must end with ``end_game``, and there are no oracle observations."""
 
 from __future__ import annotations
 
@@ -167,8 +163,7 @@ class _SeatRecorder:
             raise BadLogError(log.source, f"seat {seat}: {e}", log.line_numbers[cur_idx]) from None
 
     def flush(self, log: LoadedLog, background: bool = False) -> None:
-        """Run the pending v4 searches and pack their observations (``background``: as ``DeferredSP.flush``).
-        ``BadLogError`` for the first bad decision; the recorder then drops the rest."""
+        """Run the pending v4 searches and pack them (``background``: as ``DeferredSP.flush``); ``BadLogError``."""
         if self.deferred is None:
             return
         try:
@@ -293,8 +288,7 @@ def _is_multi_ron(nxt: dict, seat: int, ron_cans, winners: set) -> bool:
 
 
 class GameplayLoader:
-    """Turns mjai logs into ``Gameplay`` samples (Mortal's ``GameplayLoader``); ``oracle`` must be False.
-    ``skipped``, ``skipped_files`` (up to 1000 ``(path, message)``) and ``cf_ignored`` report bad input."""
+    """Turns mjai logs into ``Gameplay`` samples (Mortal's ``GameplayLoader``); ``oracle`` must be False."""
 
     def __init__(self, version: int, *, oracle: bool = False, player_names=None, excludes=None,
                  always_include_kan_select: bool = True, augmented: bool = False,
@@ -328,8 +322,7 @@ class GameplayLoader:
         return list(range(4))
 
     def load_log(self, raw: str, source: str = "<log>") -> list[Gameplay]:
-        """One ``Gameplay`` per kept seat of one game as mjai JSON lines; ``BadLogError`` (line and reason)
-        for a malformed log, an illegal move, or an event the Rust state rejects."""
+        """One ``Gameplay`` per kept seat of one game (mjai JSON lines); ``BadLogError`` for a bad log."""
         return self.load_parsed(parse_log(raw, source))
 
     def load_parsed(self, log: LoadedLog) -> list[Gameplay]:

@@ -66,8 +66,7 @@ class Grp:
 
     @staticmethod
     def load_events(events: list[dict], source: str = "<log>") -> "Grp":
-        """The record of a log ``parse_log`` accepted; final scores as ``grp.rs`` (deposits to the top).
-        ``BadLogError`` without a ``start_kyoku`` or a final ``hora``/``ryukyoku``."""
+        """The record of a log ``parse_log`` accepted (final scores as ``grp.rs``); ``BadLogError`` if incomplete."""
         rows = []
         final = None
         settled = False

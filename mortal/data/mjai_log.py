@@ -1,7 +1,4 @@
-"""The mjai log reader: a recorded game (gzip or plain mjai JSON lines) -> checked events.
-
-``parse_log``: one complete 4-player game, as ``LoadedLog``; ``parse_events``: any run of one game's events as
-``(line, event)`` pairs. Every failure is a ``BadLogError`` naming file, line and reason."""
+"""The mjai log reader: a recorded game (gzip or plain JSON lines) -> checked events; failures are ``BadLogError``."""
 
 from __future__ import annotations
 
@@ -151,8 +148,7 @@ def _numbered_lines(raw: str):
 
 
 def _scan(items, source: str, raw: str | None, error: type[BadLogError], training: bool):
-    """The one pass over a log: ``(events, lines, line numbers)``; the per-event checks inlined for speed.
-    ``training``: the checks of ``parse_log`` on top of those of ``parse_events``."""
+    """The one pass over a log: ``(events, lines, line numbers)``; ``training`` adds ``parse_log``'s checks."""
     events: list[dict] = []
     lines: list[str | None] = []
     numbers: list[int] = []
@@ -276,8 +272,7 @@ def _check_training_fields(ev: dict, typ: str, source: str, no: int, error: type
 
 
 def parse_log(raw: str, source: str = "<log>") -> LoadedLog:
-    """Parse mjai JSON lines that must form one complete 4-player game (a training log), as ``LoadedLog``.
-    Checks on top of ``parse_events`` every field the loaders read; ``BadLogError`` naming ``source``, line, reason."""
+    """One complete 4-player game of mjai JSON lines as ``LoadedLog``, every field the loaders read checked."""
     events, lines, numbers = _scan(_numbered_lines(raw), source, raw, BadLogError, True)
     if not events:
         raise BadLogError(source, "empty log (no events)")
@@ -290,8 +285,7 @@ def parse_log(raw: str, source: str = "<log>") -> LoadedLog:
 
 
 def parse_events(log, source: str = "<log>", *, error: type[BadLogError] = BadLogError) -> list[tuple[int, dict]]:
-    """``[(line, event dict)]`` of one mjai game, complete or not, from text, bytes or an iterable of
-    events; the first failure raises ``error`` (a ``BadLogError``) naming ``source``, line and reason."""
+    """``[(line, event dict)]`` of one mjai game, complete or not; the first failure raises ``error``."""
     if isinstance(log, bytes):
         log = decode_log_bytes(log, source, error)
     if isinstance(log, str):

@@ -1,5 +1,4 @@
-"""The learner's offline data (``[dataset]``): the cached file index of its logs, the players it learns
-from, and the offline mix's endless batches."""
+"""The learner's offline data (``[dataset]``): the cached file index, the players, the offline mix."""
 
 from __future__ import annotations
 
@@ -30,9 +29,8 @@ def _first_event(filename: str) -> dict:
 
 
 def build_file_list(dataset, player_names: set) -> list:
-    """Offline file list of the typed ``[dataset]``: ``file_index`` if valid, else the sorted (descending,
-    as Mortal) expansion of ``globs``, cached when non-empty. An index of other globs or with bad entries is rebuilt
-    (logged). ValueError naming ``file_index`` when it is not an index this function wrote."""
+    """Offline file list of the typed ``[dataset]``: a valid ``file_index``, else the globs sorted descending
+    (cached when non-empty). ValueError naming ``file_index`` when it is not such an index."""
     file_index = dataset.file_index
     if path.exists(file_index):
         try:
@@ -132,8 +130,7 @@ def listed_problem(file_list, patterns, *, shown: int = 3) -> str | None:
 
 
 def index_problems(index: dict, lists: dict, *, shown: int = 3) -> list[str]:
-    """Phrases on the listed files of ``index`` that are missing or outside their globs (``lists``: list
-    key -> patterns), naming the count and the first ``shown``; ``[]`` when none."""
+    """Phrases on the files of ``index`` missing or outside their globs; ``[]`` when none."""
     out = []
     for key, patterns in lists.items():
         files = [str(f) for f in index.get(key, [])] if isinstance(index, dict) else []

@@ -230,8 +230,7 @@ def _field(event: dict, key: str):
 
 
 def event_to_label(event: dict) -> int | None:
-    """Label 0-45 of one mjai decision event dict, None for a non-decision type. The actor and the
-    context rules (passes, ryukyoku) are the loader's. ValueError: missing ``pai``/``consumed`` or a bad tile."""
+    """Label 0-45 of one mjai decision event, None for other types; ValueError for a missing or bad tile."""
     ty = event.get("type")
     if ty == "dahai":
         return tile_id(_field(event, "pai"))

@@ -1,5 +1,4 @@
-"""The mjai event vocabulary (the types Mortal knows, those with a seat ``actor``) and the checked reads of
-event fields, whose ValueError names the event type and field. Below both the encoders and ``data.mjai_log``."""
+"""The mjai event vocabulary and the checked reads of event fields (ValueError names event type and field)."""
 
 from __future__ import annotations
 

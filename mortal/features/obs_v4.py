@@ -99,8 +99,7 @@ def prepare_sp(pairs, threads: int | None = None) -> None:
 
 
 def encode_batch(items, threads: int | None = None) -> list:
-    """``[(obs (1012, 34) float32, mask (46,) bool)]`` of ``(encoder, state, at_kan_select)`` items, the searches
-    run together as in ``prepare_sp``. Raises ValueError as ``prepare_sp``."""
+    """``[(obs (1012, 34) float32, mask (46,) bool)]`` of ``(encoder, state, at_kan_select)`` items; ValueError."""
     prepare_sp([(enc, state) for enc, state, _ in items], threads)
     core = require_core()
     out = []

@@ -1,5 +1,4 @@
-"""Per-kyoku facts the v4 single-player block needs and ``PlayerState`` does not expose, tracked from a seat's
-mjai events; ``KyokuFacts`` is the base class of ``obs_v4.V4Encoder``."""
+"""Per-kyoku facts the v4 single-player block needs and ``PlayerState`` does not expose, from mjai events."""
 
 from __future__ import annotations
 

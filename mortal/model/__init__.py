@@ -1,2 +1,1 @@
-"""Model: the networks (Mortal's parameter names), checkpoint files and baseline files. Below ``data``,
-``play`` and ``learning``; it knows nothing of training."""
+"""Model: the networks, checkpoint files and baseline files; below ``data``, ``play`` and ``learning``."""

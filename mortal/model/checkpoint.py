@@ -1,5 +1,4 @@
-"""Checkpoint files: loading (``weights_only=True``), rebuilding the models, state-dict checks, atomic saves,
-and their one error type ``CheckpointError``."""
+"""Checkpoint files: loading, rebuilding the models, state-dict checks, atomic saves, ``CheckpointError``."""
 
 from __future__ import annotations
 
@@ -83,8 +82,7 @@ def require_entries(state, keys, source, *, kind: str = 'checkpoint'):
 
 
 def arch_of(state: dict, source) -> dict:
-    """``{'version', 'conv_channels', 'num_blocks'}`` of a checkpoint's ``config`` (version 1 when absent);
-    ``CheckpointError`` naming what is missing."""
+    """``{'version', 'conv_channels', 'num_blocks'}`` of a checkpoint's ``config``; ``CheckpointError`` if missing."""
     try:
         cfg = state['config']
         return {'version': cfg['control'].get('version', 1), 'conv_channels': cfg['resnet']['conv_channels'],
@@ -126,8 +124,7 @@ def load_model_pair(state_file) -> tuple:
 
 
 def load_frozen_pair(state_file, version: int, device, role: str) -> tuple:
-    """``(brain, dqn)`` of ``state_file`` on ``device`` without gradients; ``CheckpointError`` (naming
-    ``role``) for another version."""
+    """``(brain, dqn)`` of ``state_file`` without gradients; ``CheckpointError`` for another version."""
     brain, dqn, got = load_model_pair(state_file)
     if got != version:
         raise CheckpointError(state_file, f'{role} is version {got}, [control] version is {version}')
@@ -167,8 +164,7 @@ def _shape(value):
 
 
 def state_dict_mismatches(expected: Mapping, saved) -> list:
-    """Every ``Mismatch`` of ``saved`` against ``expected`` (name -> tensor); empty when
-    ``load_state_dict(saved)`` can neither fail nor half-load."""
+    """Every ``Mismatch`` of ``saved`` against ``expected`` (name -> tensor); empty when they fit."""
     if not isinstance(saved, Mapping):
         return [Mismatch('not_a_dict', '', type(saved).__name__, None)]
     out = []
@@ -210,8 +206,7 @@ def check_loadable(module: torch.nn.Module, state_dict, what: str) -> None:
 
 
 def check_fits_config(model: torch.nn.Module, state_dict, *, entry: str, source, ckpt_cfg, cfg) -> None:
-    """``CheckpointError`` naming the first tensor of ``entry`` that does not fit ``model``, with both
-    shapes and architectures."""
+    """``CheckpointError`` naming the first tensor of ``entry`` that does not fit ``model``."""
     problems = state_dict_mismatches(model.state_dict(), state_dict)
     if not problems:
         return
@@ -247,8 +242,7 @@ def describe_mismatches(expected: Mapping, saved, limit: int = 3) -> list:
 # ---------------------------------------------------------------------------- saving, CLI errors
 
 def atomic_torch_save(obj, filename) -> None:
-    """``torch.save(obj)`` to ``filename`` through a temporary file, fsync and rename (the folder is
-    created); on error ``filename`` is untouched."""
+    """``torch.save(obj)`` to ``filename`` via a temporary file, fsync and rename."""
     with atomic_write(filename) as f:
         torch.save(obj, f)
 
