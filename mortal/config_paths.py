@@ -1,4 +1,4 @@
-"""The ``{config_dir}`` prefix, and the rule that no emptied folder holds the config or run state (operations.md)."""
+"""The ``{config_dir}`` prefix, and that no emptied folder may hold the config or run state (docs/operations.md)."""
 
 from __future__ import annotations
 
