@@ -1,7 +1,5 @@
-"""A frozen CPU inference copy of ``Brain`` + ``DQN``: the same q-values up to float rounding, cheaper.
-
-Sparse first convolution (compiled ``mortal.model._stem``, else dense), BatchNorms folded, a one-``exp`` Mish;
-see docs/performance_forward.md. Stale once the modules' weights change (``weights_key``). No oracle Brain."""
+"""A frozen CPU inference copy of ``Brain`` + ``DQN``: the same q-values up to float rounding, cheaper
+(sparse stem, folded BatchNorms, one-``exp`` Mish; docs/performance_forward.md). No oracle Brain."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Neural networks of the trainer: ``Brain`` (encoder), ``DQN``, ``AuxNet`` and ``GRP``.
-
-Every submodule and parameter name follows Mortal's ``mortal/model.py`` so that Mortal checkpoints load with
-``strict=True``: renaming an attribute or inserting a layer breaks loading. Version 1: ReLU, post-activation BN;
-2: Mish, pre-activation BN; 3-4: as 2 with BN eps 1e-3. All BatchNorms use momentum 0.01."""
+"""Neural networks of the trainer: ``Brain``, ``DQN``, ``AuxNet`` and ``GRP``. Every submodule and parameter name
+follows Mortal's ``mortal/model.py`` so that Mortal checkpoints load with ``strict=True``."""
 
 from itertools import permutations
 
@@ -218,9 +215,9 @@ class DQN(nn.Module):
 
 
 class GRP(nn.Module):
-    """Global Reward Predictor (float64): a GRU over a game prefix's kyoku rows of ``GRP_SIZE`` = 7 features
-    ``[grand_kyoku (E1=0 ... W4=11), honba, kyotaku, s0..s3 / 10000]``, all layers' last hidden states into an MLP
-    -> logits over the 24 ``rank_by_player`` permutations (``itertools.permutations(range(4))`` order)."""
+    """Global Reward Predictor (float64): a GRU over each game prefix's kyoku rows (``[grand_kyoku, honba, kyotaku,
+s0..s3 / 10000]``) into an MLP -> logits over the
+    ``rank_by_player`` permutations (``itertools.permutations(range(4))`` order)."""
 
     def __init__(self, hidden_size: int = 64, num_layers: int = 2):
         super().__init__()

@@ -1,5 +1,4 @@
-"""Baseline rotation: promote a checkpoint to the baselines, keeping each replaced file as
-``<file>.<YYYYmmdd-HHMMSS>.bak`` (``scripts/rotate_baseline.py``; ``install_baseline`` for a fetched one)."""
+"""Baseline rotation: promote a checkpoint to the baselines, keeping each replaced file as a stamped ``.bak``."""
 
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ def keep_backup(target: str, stamp: str | None = None) -> str | None:
 
 
 def install_baseline(path: str, mortal: dict, dqn: dict, arch: dict) -> str | None:
-    """Write a baseline from the server to ``path`` as a Mortal-layout checkpoint, atomically, keeping the
-    old file (``keep_backup``); returns the backup's name or None."""
+    """Write a baseline from the server to ``path`` atomically, keeping the old file; the backup's name or None."""
     backup = keep_backup(path)
     config = {'control': {'version': arch['version']},
               'resnet': {'conv_channels': arch['conv_channels'], 'num_blocks': arch['num_blocks']}}
@@ -40,9 +38,8 @@ def install_baseline(path: str, mortal: dict, dqn: dict, arch: dict) -> str | No
 
 
 def rotate(config: dict, source: str | None = None, *, reset_best: bool = False, stamp: str | None = None) -> list:
-    """Copy ``source`` (default best) over each distinct baseline file with a backup; returns
-    ``[(target, backup or None)]``. ``reset_best`` resets ``best_perf`` in ``state_file``. Raises, touching nothing,
-    FileNotFoundError (no ``source``) or ValueError (unusable, or a baseline itself)."""
+    """Copy ``source`` (default best) over each baseline file with a backup; ``[(target, backup or None)]``.
+    Raises, touching nothing, FileNotFoundError or ValueError (unusable, or a baseline itself)."""
     cfg = typed(config)
     source = source or cfg.control.best_state_file
     check_source(source)

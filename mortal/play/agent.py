@@ -1,5 +1,4 @@
-"""Per-seat batch agents for the arena: Mortal engines and mjai bots. An agent returns one ``Decision`` per
-``Scene`` across all games in flight, so an engine runs once per lock-step cycle (Mortal's ``agent/mortal.rs``)."""
+"""Per-seat batch agents for the arena (Mortal engines and mjai bots): one ``Decision`` per ``Scene``."""
 
 from __future__ import annotations
 
@@ -290,8 +289,7 @@ def cache_improving_tiles(maxsize: int = IMPROVING_TILES_CACHE) -> bool:
 
 
 class MjaiBotAgent:
-    """Batch agent over mjai bots, one per (game, seat) from ``factory(seat)`` (default RulebaseBot); an
-    illegal reaction becomes the first legal action, counted in ``substitutions``."""
+    """Batch agent over mjai bots, one per (game, seat); an illegal reaction becomes the first legal action."""
 
     def __init__(self, factory: Callable[[int], Any] | None = None, name: str = "rulebase", *, quiet: bool = True):
         if factory is None:

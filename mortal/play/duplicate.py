@@ -1,5 +1,4 @@
-"""Duplicate 1-vs-3 scoring (a unit is one nonce in its four seat rotations) and the players of a 1v3 table;
-``mortal.one_vs_three`` re-exports every name."""
+"""Duplicate 1-vs-3 scoring and the players of a 1v3 table; ``mortal.one_vs_three`` re-exports every name."""
 
 from __future__ import annotations
 
@@ -103,8 +102,7 @@ def complete_challenger_units(games: Iterable[tuple]) -> dict[int, list[int]]:
 
 
 def build_side(side, section: str):
-    """An arena player from a typed ``[1v3.challenger]``/``[1v3.champion]``; ``CheckpointError`` naming
-    ``section``, file and reason."""
+    """An arena player from a typed ``[1v3.challenger]``/``[1v3.champion]``; ``CheckpointError``."""
     if side.type == 'rulebase':
         from mortal.play.agent import MjaiBotAgent
         return MjaiBotAgent(name=side.name)

@@ -1,5 +1,4 @@
-"""``MortalEngine``: batched Q-value inference plus Mortal's Boltzmann/top-p exploration
-(``mortal/engine.py``); the per-seat agent (``play/agent.py``) turns actions into reactions."""
+"""``MortalEngine``: batched Q-value inference plus Mortal's Boltzmann/top-p exploration (``mortal/engine.py``)."""
 
 from __future__ import annotations
 
@@ -105,8 +104,7 @@ class MortalEngine:
 
     def react_batch(self, obs, masks, invisible_obs=None):
         """One action per sample with one batched forward: ``obs`` N ``float32 (C, 34)``, ``masks`` N
-        ``bool (46,)``. Returns ``(actions, q_values, masks, is_greedy)``, lists of N. ValueError naming a bad sample.
-        """
+        ``bool (46,)`` -> ``(actions, q_values, masks, is_greedy)``, lists of N. ValueError naming a bad sample."""
         if len(obs) != len(masks):
             raise ValueError(f"react_batch: {len(obs)} observations but {len(masks)} masks")
         if len(obs) == 0:

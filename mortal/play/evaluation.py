@@ -1,5 +1,4 @@
-"""Duplicate evaluation over a pool of processes: one challenger against three copies of a champion, on the
-same deals (nonces ``SEED_START, ...`` of one key) for every challenger."""
+"""Duplicate evaluation over a pool of processes: one challenger against three copies of a champion."""
 
 from __future__ import annotations
 
@@ -55,8 +54,7 @@ def play_chunk(task):
 
 def play_duplicate(challenger, champion, *, sets: int, key: int, workers: int = 1, chunk: int | None = None,
                    progress=None, log_dir: str | None = None) -> dict[int, list[int]]:
-    """``{nonce: [4 challenger ranks 1-4]}`` of ``sets`` deals against 3x ``champion``; deals with a failed
-    game are left out (warned). ValueError for ``sets < 1``."""
+    """``{nonce: [4 ranks 1-4]}`` of ``sets`` deals against 3x ``champion``, failed deals left out."""
     import multiprocessing as mp
     import threading
     if sets < 1:

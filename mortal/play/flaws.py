@@ -1,5 +1,4 @@
-"""Planted flaws of the rule-based player for ``bench/learning.py flaw NAME``: ``flaw(bot, decision) ->
-decision`` over one mjai JSON decision; ``STATISTICS`` names the ``Stat`` statistic that shows it."""
+"""Planted flaws of the rule-based player for ``bench/learning.py flaw NAME``: ``flaw(bot, decision) -> decision``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""One hanchan on a ``riichienv`` table for the arena's lock-step loop: one kyoku per reset on a wall from
-(nonce, key, kyoku, honba), so the four seat rotations of a nonce see the same deals."""
+"""One hanchan on a ``riichienv`` table for the arena's lock-step loop, one kyoku per reset."""
 
 from __future__ import annotations
 
@@ -156,8 +155,7 @@ class _Game:
         return out
 
     def speculate(self, guard: list[bool]) -> list[Scene]:
-        """Scenes of the step that follows if every asked seat passes (one ``stateless`` agent, no v4), on a
-        clone of the table; sets ``self.spec``."""
+        """Scenes of the step that follows if every asked seat passes, on a clone; sets ``self.spec``."""
         self.spec = None
         agent = {id(self.agents[seat]) for seat in self.obs}
         if len(agent) != 1 or any(self.v4_seats):
@@ -290,8 +288,7 @@ def _win_scores(env, ob, st: PlayerState, seat: int, flow: KyokuState) -> list[i
 
 
 def _add_ura_bound(exp: list[int], sim, st: PlayerState, seat: int, hora_ev: dict, flow: KyokuState) -> None:
-    """Add to ``exp`` an upper bound on the ura dora of ``hora_ev`` (every indicator on the most-held kinds);
-    nothing for a yakuman."""
+    """Add to ``exp`` an upper bound on the ura dora of ``hora_ev``; nothing for a yakuman."""
     results = sim.win_results
     results = results() if callable(results) else results
     wr = results.get(seat) if isinstance(results, dict) else None

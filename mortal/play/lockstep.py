@@ -12,8 +12,7 @@ logger = logging.getLogger('mortal.arena')  # the name before the package split 
 
 
 class _LockStep:
-    """One run of the lock-step loop until every game and branch has ended; a ``StatePanic`` in ``guarded``
-    fails only that game (or drops that branch)."""
+    """One run of the lock-step loop; a ``StatePanic`` in ``guarded`` fails only that game or branch."""
 
     def __init__(self, arena: "OneVsThree", games: list[_Game], chal, champ):
         self.arena = arena

@@ -1,7 +1,5 @@
 """Bootstrap a model without Mortal's weights:
-``python -m mortal.tools.bootstrap {gen-logs,train-grp,train-offline,prepare,all}``.
-
-Each step is resumable; ``all`` runs the four in order (docs/operations.md, "Without Mortal weights: bootstrap")."""
+``python -m mortal.tools.bootstrap {gen-logs,train-grp,train-offline,prepare,all}`` (each step resumable)."""
 
 if __package__ in (None, ''):  # run as a script: python mortal/tools/bootstrap.py
     import sys, pathlib
@@ -110,8 +108,7 @@ _REWARD_LINE = re.compile(r'^\s*reward\s*=')
 
 
 def write_reward(path, reward):
-    """Set ``[env] reward`` in the TOML file ``path``, other lines kept; whether it changed. BootstrapError when
-    the edit would not read back."""
+    """Set ``[env] reward`` in the TOML file ``path``; whether it changed. BootstrapError if it would not read back."""
     from mortal.config import tomllib
 
     text = Path(path).read_text(encoding='utf-8')

@@ -1,6 +1,4 @@
-"""Pre-flight checks of a config before a long run: ``python -m mortal.tools.doctor [-c config.toml]``.
-
-Prints one ``[ OK ]``/``[FAIL]``/``[INFO]`` line per check and exits 1 when any fails (docs/operations.md)."""
+"""Pre-flight checks of a config before a long run: ``python -m mortal.tools.doctor [-c config.toml]``."""
 
 if __package__ in (None, ''):  # run as a script: python mortal/tools/doctor.py
     import sys, pathlib
@@ -236,10 +234,8 @@ def _weight_count(*modules):
 
 
 def saved_bytes(conv_channels, num_blocks, version, batch, *, amp=False, weights=0, step=False):
-    """Bytes autograd keeps for backward in one training forward of ``Brain`` + ``DQN`` + ``AuxNet`` at ``batch``
-    rows, counted from the graph (versions 2-4; matches ``saved_tensors_hooks`` on CPU, tests/test_doctor.py). With
-    ``step``, the step's peak at the start of backward. The terms: docs/operations.md, "The doctor's memory estimate".
-    """
+    """Bytes autograd keeps for backward in one training forward at ``batch`` rows (versions 2-4; ``step``:
+    the peak at the start of backward); docs/operations.md, "The doctor's memory estimate"."""
     from mortal.features.obs import obs_shape
     c, width = conv_channels, 2 if amp else 4
     per_row = width * (34 * (obs_shape(version)[0] + (7 * num_blocks + 3) * c + 64)
@@ -257,11 +253,8 @@ def inference_bytes_per_sample(conv_channels, version):
 
 
 def estimate_memory(config, profile='default'):
-    """``{process name: (device, bytes)}``: the trainer's and the client's memory; the terms and the figures
-    they were fitted on: docs/operations.md, "The doctor's memory estimate".
-
-    ``config`` is read as it is (``mortal.config.lookup``), not typed: a what-if, also outside the schema's ranges.
-    A missing table counts as none of that process's games."""
+    """``{process name: (device, bytes)}`` of the trainer and the client (docs/operations.md, "The doctor's
+    memory estimate"); ``config`` is read untyped, a what-if also outside the schema's ranges."""
     version = lookup(config, 'control.version')
     cc = lookup(config, 'resnet.conv_channels')
     nb = lookup(config, 'resnet.num_blocks')

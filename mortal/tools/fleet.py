@@ -154,8 +154,7 @@ def _stop(signum, frame):
 
 
 class SelfPlayActor:
-    """One self-play client inside a Ray actor (a plain class, testable without Ray); a client that cannot be
-    built leaves ``self.error`` for ``ready`` to report."""
+    """One self-play client inside a Ray actor; a client that cannot start leaves ``self.error``."""
 
     def __init__(self, config: dict, profile: str, cwd: str, num_threads: int = 1):
         import contextlib
@@ -406,8 +405,7 @@ def _start_ray(ray, address: str, where: str, fleet, actors: int):
 
 
 def main(argv=None):
-    """``python -m mortal.tools.fleet [-c CONFIG] [--actors N] [--address ADDR] [--rounds R]``; exit 2 on a bad
-    config, argument or cluster, 1 when every actor was dropped, else 0."""
+    """``python -m mortal.tools.fleet [-c CONFIG] [--actors N] [--address ADDR] [--rounds R]``; 2, 1 or 0."""
     from mortal import entry
     from mortal.config import CLIENT_SECTIONS, ConfigError, resolve_path, typed
 

@@ -71,8 +71,7 @@ class RulebaseTestPlayer:
 
 
 def validation_loss(trainer, files):
-    """``(mean loss per sample, samples)`` of one eval-mode pass over ``files`` with training's terms;
-    BootstrapError when the logs give no sample."""
+    """``(mean loss per sample, samples)`` of one eval pass over ``files``; BootstrapError without samples."""
     import torch
     from mortal.data.dataloader import learner_loader
     from mortal.learning.diagnostics import eval_mode
@@ -212,8 +211,7 @@ def _sync_best(p, history, patience):
 
 
 def train_offline(config, *, progress=True):
-    """Step 3; returns the path of ``best.pth`` (resumable). BootstrapError: no GRP for 'grp', no val
-    logs for early stopping, not one full batch."""
+    """Step 3; returns the path of ``best.pth`` (resumable); BootstrapError for what it cannot run."""
     boot = bootstrap_config(config)
     p = offline_paths(boot)
     if os.path.exists(p['done']) and os.path.exists(p['best_state_file']):

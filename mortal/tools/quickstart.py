@@ -123,8 +123,7 @@ def keep_running(procs, log_dir, until, poll=5.0):
 
 
 def wait_for_online(procs, tb_dir, log_dir, timeout, poll=3.0, *, tests_before=0, starts_before=0):
-    """Block until a new test play is logged and the learner restarted; RuntimeError when a process dies
-    or after ``timeout`` seconds."""
+    """Block until a new test play and a learner restart; RuntimeError if a process dies or at ``timeout``."""
     deadline = time.monotonic() + timeout
     last = None
     while True:
@@ -277,8 +276,7 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
 
 
 def _run_online(cfg, cfg_path, log_dir, timeout, online_minutes):
-    """Run ``PROCESSES`` until the first test play and learner restart and ``online_minutes``; always
-    stopped. Returns their exit states."""
+    """Run ``PROCESSES`` until the first test play and restart (and ``online_minutes``); their exit states."""
     tb_dir = cfg.control.tensorboard_dir
     procs = {}
     t1 = time.monotonic()

@@ -1,5 +1,4 @@
-"""The quickstart's embedded config: size presets (``full``, ``short``) and the template in Mortal's layout,
-written as ``config.toml`` into a work dir; ``free_port`` for the server."""
+"""The quickstart's embedded config: size presets and the template in Mortal's layout."""
 
 import socket
 from pathlib import Path

@@ -1,6 +1,4 @@
-"""Bootstrap step 1, ``gen-logs``: hanchan of four exploring ``RulebaseBot`` seats, written as gzip mjai logs
-under ``[bootstrap] log_dir``/train and /val. With ``epsilon = 0`` only rotation ``a`` is kept (the four would
-replay the same game)."""
+"""Bootstrap step 1, ``gen-logs``: hanchan of four exploring ``RulebaseBot`` seats as gzip mjai logs."""
 
 import logging
 import os
@@ -21,8 +19,7 @@ def _exploring_rulebase_class():
     from mjai.bot.rulebase import RulebaseBot
 
     class ExploringRulebaseBot(RulebaseBot):
-        """``RulebaseBot`` discarding a random legal tile with probability ``epsilon`` (not in
-        riichi); other decisions through ``flaw``."""
+        """``RulebaseBot`` discarding at random with probability ``epsilon``."""
 
         def __init__(self, player_id, epsilon, rng, flaw=None):
             super().__init__(player_id)
@@ -45,8 +42,7 @@ def _exploring_rulebase_class():
 
 
 def play_set(task):
-    """Worker: the seat rotations of one deal, ``task`` = (log_dir, nonce, key, epsilon[, flaw]); returns
-    ``(nonce, substitutions, error or None)``, never raises."""
+    """Worker: one deal's seat rotations; returns ``(nonce, substitutions, error or None)``, never raises."""
     log_dir, nonce, key, epsilon, *flaw = task
     drop_rust_backtrace()  # also when the pool was started by a library caller, not by main()
     try:

@@ -1,5 +1,4 @@
-"""File-system helpers: atomic writes (temporary name, fsync, rename), emptying a folder, stamped backup
-names. No torch here (``checkpoint.atomic_torch_save`` writes through ``atomic_write``)."""
+"""File-system helpers: atomic writes, emptying a folder, stamped backup names. No torch here."""
 
 import contextlib
 import os

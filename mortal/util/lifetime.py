@@ -1,5 +1,4 @@
-"""Tie a helper process's lifetime to its parent's (Linux ``prctl(PR_SET_PDEATHSIG)``), so nothing of a
-SIGKILLed learner keeps running under PID 1. Importing this module has no effect."""
+"""Tie a helper process's lifetime to its parent's (Linux ``prctl(PR_SET_PDEATHSIG)``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""One process per folder or state file: an OS file lock (released by the kernel when its holder dies)
-plus a ``<lock>.owner`` record of the holder for the refusal message (docs/operations.md)."""
+"""One process per folder or state file: an OS file lock plus an owner record (docs/operations.md)."""
 
 from __future__ import annotations
 
