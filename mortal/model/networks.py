@@ -215,9 +215,8 @@ class DQN(nn.Module):
 
 
 class GRP(nn.Module):
-    """Global Reward Predictor (float64): a GRU over each game prefix's kyoku rows (``[grand_kyoku, honba, kyotaku,
-s0..s3 / 10000]``) into an MLP -> logits over the
-    ``rank_by_player`` permutations (``itertools.permutations(range(4))`` order)."""
+    """Global Reward Predictor (float64): a GRU over each game prefix's kyoku rows ``[grand_kyoku, honba, kyotaku,
+    s0..s3 / 10000]`` into an MLP -> logits over the 24 ``itertools.permutations(range(4))`` rank orders."""
 
     def __init__(self, hidden_size: int = 64, num_layers: int = 2):
         super().__init__()
