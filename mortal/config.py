@@ -231,8 +231,6 @@ def _too_deep(config: dict) -> str | None:
     return None
 
 
-# Typed views and edits
-
 def typed(config: dict) -> Config:
     """The typed view of a loaded config (``typed(c).control.batch_size``); absent sections are None."""
     return Config.model_validate(config)
@@ -341,8 +339,6 @@ def for_checkpoint(config: dict) -> dict:
     return public
 
 
-# Messages
-
 _KIND_NAMES = {'int': 'an integer', 'float': 'a number', 'bool': 'true or false', 'str': 'a string',
                'str_list': 'a list of strings', 'float_list': 'a list of numbers'}
 _SHOWN = reprlib.Repr()  # (keyword arguments only from Python 3.12)
@@ -416,8 +412,6 @@ def _unknown_names(config: dict, path: str, warns: list[str], errors: list[str])
             warning += f' ([{elsewhere[0][0]}] {u.name} was {elsewhere[0][1]})'
         warns.append(warning)
 
-
-# Rules across keys
 
 def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str]) -> None:
     """The rules that tie several keys together, appended as messages (tables that failed are None, skipped)."""

@@ -149,8 +149,6 @@ def check_devices(config: dict, keys: Iterable[str]) -> None:
         raise SystemExit(2)
 
 
-# -- what a process runs with, and why it stopped ---------------------------------------------------------------
-
 #: The keys a user tunes, per process (``train_play``: the profile in use), which ``log_settings`` prints.
 SETTINGS = {
     'learner': ('control.version', 'control.online', 'control.device', 'control.batch_size',

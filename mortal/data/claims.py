@@ -289,8 +289,6 @@ class ClaimLedger:
         return self._finish(finished, files)
 
 
-# the manifest
-
 def _staged_steps(staged: str):
     try:
         with open(staged, encoding="utf-8") as f:
@@ -381,8 +379,6 @@ def _parse_units(manifest: str, name: str, passes_, n_passes: int, *, gone: bool
         units[p] = _Partial(total, trained) if len(set(trained)) < total else _DONE
     return units
 
-
-# drain claiming
 
 def claim_dir_for(drain_dir: str) -> str:
     """The learner's own directory next to the server's ``drain_dir``: ``<drain_dir>.trainer``."""

@@ -125,7 +125,6 @@ class FileDatasetsIter(IterableDataset):
         self.iterator = None
         self._sharded = False
 
-    # sharding
     def shard(self, worker_id: int, num_workers: int) -> None:
         """Keep only this worker's contiguous slice of ``file_list`` (idempotent)."""
         if self._sharded or num_workers <= 1:
@@ -141,7 +140,6 @@ class FileDatasetsIter(IterableDataset):
         if info is not None:
             self.shard(info.id, info.num_workers)
 
-    # iteration
     def build_iter(self):
         self._shard_for_current_worker()
         self.reward_calc = RewardCalculator(self.grp, self.pts, reward=self.reward)

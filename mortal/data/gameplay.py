@@ -38,8 +38,6 @@ def _is_fatal(exc: BaseException) -> bool:
     return isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError))
 
 
-# per-seat data
-
 @dataclass
 class Gameplay:
     """Samples of one seat in one game; ``take`` returns a field and releases it (Mortal's ``take_*``).

@@ -69,8 +69,6 @@ class LoadedLog:
     source: str = "<log>"
 
 
-# bytes -> text
-
 def _read_capped(f, max_bytes: int, path, what: str) -> bytes:
     # Chunked reads so that memory stays within about max_bytes + one chunk whatever the file claims to hold.
     chunks, size = [], 0
@@ -109,8 +107,6 @@ def read_log_text(path, max_bytes: int | None = DEFAULT_MAX_LOG_BYTES) -> str:
             data = _read_capped(f, cap, path, "log")
     return decode_log_bytes(data, path)
 
-
-# text -> events
 
 def _not_mjai_hint(raw: str) -> str:
     head = raw.lstrip()[:200].lower()

@@ -55,8 +55,6 @@ def legal_indices(mask: Sequence[bool] | Any) -> list[int]:
     return [i for i, m in enumerate(mask) if m]
 
 
-# index -> reaction
-
 
 def _holds_aka(state, plain_five: int) -> bool:
     """Whether the seat holds the red five of ``plain_five``'s suit (4/13/22)."""
@@ -218,8 +216,6 @@ def reaction_from_index(state, index: int, *, kan_select: int | None = None) -> 
         raise _fail(state, index, "nothing to pass on (own turn)")
     return {"type": "none"}
 
-
-# event -> label
 
 
 def _field(event: dict, key: str):

@@ -148,8 +148,6 @@ def read_baseline(path) -> tuple:
     return mortal, dqn, arch
 
 
-# ---------------------------------------------------------------------------- state-dict checks
-
 class Mismatch(NamedTuple):
     """One difference of a saved state dict from a model's: ``kind`` 'missing', 'unexpected', 'shape' or
     'not_a_dict' (``key`` ''); ``saved``/``expected``: shape tuples, None where absent, else a type name."""
@@ -238,8 +236,6 @@ def describe_mismatches(expected: Mapping, saved, limit: int = 3) -> list:
                    f"{some(f'{m.key} {m.saved} vs {m.expected}' for m in by_kind['shape'])}")
     return out
 
-
-# ---------------------------------------------------------------------------- saving, CLI errors
 
 def atomic_torch_save(obj, filename) -> None:
     """``torch.save(obj)`` to ``filename`` via a temporary file, fsync and rename."""

@@ -56,8 +56,6 @@ class Decision:
     meta: dict | None = None
 
 
-# rule-based agari guard (Mortal's agent/mortal.rs)
-
 
 def abs_scores(state) -> list[int]:
     """Absolute-seat scores (4 ints) from a ``PlayerState`` (whose ``scores`` start at itself)."""
@@ -99,8 +97,6 @@ def rule_based_agari(state, best_win_scores: Callable[[], Sequence[int]] | None)
         return True
     return rank_of(exp, seat) < 3
 
-
-# Mortal engines
 
 
 _BIT = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))  # bit i of a mask word
@@ -233,8 +229,6 @@ class MortalBatchAgent:
     def end_game(self, game: int, seat: int) -> None:
         """Nothing is kept per game."""
 
-
-# mjai bots
 
 
 def first_legal(state, mask) -> dict:

@@ -23,8 +23,6 @@ logger = logging.getLogger(__name__)
 STEPS = ('gen-logs', 'train-grp', 'train-offline', 'prepare')
 
 
-# ---------------------------------------------------------------------------- step 2: GRP
-
 def _grp_config(config, boot):
     """The typed ``[grp]`` the bootstrap trains: the config's, on the bootstrap's train and val logs."""
     grp = typed(config).grp
@@ -138,8 +136,6 @@ def write_reward(path, reward):
     return True
 
 
-# ---------------------------------------------------------------------------- step 4: online dir
-
 def prepare(config, *, force=False):
     """Step 4: ``best.pth`` to the trainer state and the baselines (existing ones only with ``force``)."""
     from mortal.model.checkpoint import INITIAL_BEST_PERF, atomic_torch_save, load_checkpoint
@@ -165,8 +161,6 @@ def prepare(config, *, force=False):
     logger.info('prepare: wrote %s', written or 'nothing (all targets exist; --force to overwrite)')
     return written
 
-
-# ---------------------------------------------------------------------------- driver
 
 def run_steps(config, steps, *, force=False, progress=True, config_path=None):
     """Run the named steps in order (``check_grp`` after ``train-grp``); returns ``{step: seconds}``."""

@@ -37,8 +37,6 @@ class Check:
         return f'[{self.status:^4}] {self.name}: {self.detail}'
 
 
-# paths
-
 def _written_paths(config):
     """(label, path, 'dir' or 'file') of everything the processes create."""
     cfg = typed(config)
@@ -89,8 +87,6 @@ def check_paths(config):
     return rows
 
 
-# port
-
 def check_port(config, server_running=False):
     """Server port: free to bind (default) or, with ``server_running``, accepting connections."""
     remote = typed(config).online.remote  # an online config has one (mortal.config.CLIENT_SECTIONS)
@@ -112,8 +108,6 @@ def check_port(config, server_running=False):
                           'server running? (use --server-running to check a running one instead)')]
     return [Check(OK, 'port', f'{bind_host}:{port} is free')]
 
-
-# checkpoints
 
 def _read_checkpoint_files(config):
     """(label, path, required) of the checkpoints the processes read."""
@@ -210,8 +204,6 @@ def check_grp(config):
                       + '; '.join(problems))]
     return [Check(OK, 'grp', f'[grp] state_file = {path} loads into GRP({network})')]
 
-
-# memory
 
 def _model_parts(conv_channels, num_blocks, version, device='meta'):
     from mortal.model.networks import DQN, AuxNet, Brain
@@ -326,8 +318,6 @@ def check_memory(config, profile='default'):
     return rows
 
 
-# file indexes
-
 def check_file_indexes(config):
     """FAIL rows for a cached file index that is none or lists missing or foreign files; WARN for other globs."""
     from mortal.data.offline_data import index_problems, stale_index
@@ -365,16 +355,12 @@ def check_file_indexes(config):
     return rows
 
 
-# devices
-
 def check_devices(config):
     """A FAIL row per unusable CUDA device key (``entry.device_problems``)."""
     from mortal import entry
     keys = dict.fromkeys(entry.TRAIN_DEVICES + entry.CLIENT_DEVICES + entry.GRP_DEVICES + entry.ONE_VS_THREE_DEVICES)
     return [Check(FAIL, 'device', line) for line in entry.device_problems(config, keys)]
 
-
-# driver
 
 def run_checks(config, *, server_running=False, profile='default'):
     """All checks for an already loaded config dict; returns the list of ``Check``."""

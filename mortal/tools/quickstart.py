@@ -29,8 +29,6 @@ PROCESSES = ('server', 'train', 'client')  # start order; stopped in reverse
 GRACE_SECONDS = 15  # between SIGTERM and SIGKILL
 
 
-# processes
-
 def child_env(config_path):
     """Environment of the pipeline's processes: the config, unbuffered, no Rust backtraces, no progress bars."""
     env = dict(os.environ)
@@ -89,8 +87,6 @@ def _tail(path, lines=25):
         return '(no log)'
 
 
-# progress from TensorBoard
-
 def read_scalars(tb_dir, prefix='test_play/'):
     """``{tag: [(step, value), ...]}`` of the top-level run in ``tb_dir`` for tags starting with ``prefix``."""
     from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
@@ -141,8 +137,6 @@ def wait_for_online(procs, tb_dir, log_dir, timeout, poll=3.0, *, tests_before=0
                                f'(test_play logged: {tested}, learner starts: {starts}); see {log_dir}/*.log')
         time.sleep(poll)
 
-
-# driver
 
 EVAL_KEY = 0x71756963  # 'quic': duplicate key of the summary's evaluation deals (not a self-play key)
 
