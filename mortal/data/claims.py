@@ -57,7 +57,6 @@ class ClaimLedger:
         self._epoch: list[str] = []
         self._seen: set = set()
 
-    # disk
 
     @classmethod
     def open(cls, claim_dir: str, *, signature: dict, passes: int, steps: int | None = None) -> "ClaimLedger":
@@ -129,7 +128,6 @@ class ClaimLedger:
                 "files": self.committed if files is None else files}
         atomic_write_bytes(json.dumps(data, separators=(",", ":")).encode("utf-8"), path.join(self.claim_dir, name))
 
-    # claims
 
     def names(self) -> set:
         """Names of the claimed logs the ledger still tracks (a new drain must keep them)."""
@@ -186,7 +184,6 @@ class ClaimLedger:
         return {path.join(self.claim_dir, n): {p: None if u == _DONE else set(u.trained) for p, u in units.items()}
                 for n, units in self.files.items() if units}
 
-    # an epoch
 
     def begin_epoch(self, paths) -> None:
         """The files of this epoch's loader, in the order its sample ids' ``file`` refers to."""
