@@ -267,7 +267,6 @@ def keep_freed_memory() -> bool:
     """Ask glibc malloc to keep freed memory process-wide; False without ``mallopt``."""
     import ctypes
     import ctypes.util
-
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt

@@ -104,7 +104,6 @@ def models_from_state(state, source) -> tuple:
     """``(brain, dqn, version)`` in eval mode on the CPU from a loaded Mortal-layout checkpoint, built from its own
     ``config`` (as Mortal's player). ``CheckpointError`` for a missing entry or key, or weights that do not fit."""
     from mortal.model.networks import Brain, DQN  # here: loading a file needs no model (nor its Rust extension)
-
     require_entries(state, MORTAL_ENTRIES, source)
     arch = arch_of(state, source)
     brain = Brain(version=arch['version'], conv_channels=arch['conv_channels'], num_blocks=arch['num_blocks']).eval()

@@ -110,7 +110,6 @@ def build_side(side, section: str):
     import torch
     from mortal.model.checkpoint import load_errors, load_model_pair
     from mortal.play.engine import MortalEngine
-
     with load_errors(f'[{section}] state_file', side.state_file):
         brain, dqn, version = load_model_pair(side.state_file)
     if side.enable_compile:

@@ -37,7 +37,6 @@ def play_chunk(task):
     torch.set_num_threads(1)  # the workers already fill the cores
     from mortal.play.arena import OneVsThree
     from mortal.play.duplicate import complete_challenger_units
-
     chal, champ, nonce, count, key, *log_dir = task
     env = OneVsThree(disable_progress_bar=True, log_dir=log_dir[0] if log_dir else None)
     try:

@@ -29,7 +29,6 @@ class _LockStep:
     def run(self) -> list[int]:
         """Play every game to its end; returns the rankings (as ``py_vs_py``)."""
         from tqdm import tqdm
-
         remaining = len(self.games)
         for g in self.games:
             if not self.guarded(g, self.gather, g) and self.settle(g):

@@ -42,7 +42,6 @@ def _grp_steps_done(state_file):
 def train_grp(config, *, progress=True):
     """Step 2: the GRP to ``[bootstrap] grp_steps`` (resumed, early stopping); returns the steps."""
     from mortal import train_grp as tg
-
     boot = bootstrap_config(config)
     grp = _grp_config(config, boot)
     target = boot.grp_steps
@@ -67,7 +66,6 @@ def check_grp(config, config_path=None):
     set in ``config`` and ``config_path``. Returns ``{'reward', 'ce', 'uniform', 'val_games'}``."""
     from mortal.data.reward import load_grp
     from mortal.train_grp import UNIFORM_CE, load_samples, mean_ce
-
     boot = bootstrap_config(config)
     cfg = typed(config)
     configured = cfg.env.reward
@@ -108,7 +106,6 @@ _REWARD_LINE = re.compile(r'^\s*reward\s*=')
 def write_reward(path, reward):
     """Set ``[env] reward`` in the TOML file ``path``; whether it changed. BootstrapError if it would not read back."""
     from mortal.config import tomllib
-
     text = Path(path).read_text(encoding='utf-8')
     if lookup(tomllib.loads(text), 'env.reward') == reward:
         return False
@@ -139,7 +136,6 @@ def write_reward(path, reward):
 def prepare(config, *, force=False):
     """Step 4: ``best.pth`` to the trainer state and the baselines (existing ones only with ``force``)."""
     from mortal.model.checkpoint import INITIAL_BEST_PERF, atomic_torch_save, load_checkpoint
-
     boot = bootstrap_config(config)
     best = offline_paths(boot)['best_state_file']
     if not os.path.exists(best):
@@ -167,7 +163,6 @@ def run_steps(config, steps, *, force=False, progress=True, config_path=None):
     from contextlib import nullcontext
 
     from tqdm.contrib.logging import logging_redirect_tqdm
-
     timings = {}
     # a log line while a bar is drawn goes above the bar (tqdm.write), not into it
     with logging_redirect_tqdm() if progress else nullcontext():
@@ -193,7 +188,6 @@ def main(argv=None):
     """``python -m mortal.tools.bootstrap STEP [-c PATH] [--force] [--no-progress]``; 2: bad config, 1: failed step."""
     from mortal import entry
     from mortal.config import TRAIN_SECTIONS, resolve_path
-
     parser = entry.parser('Bootstrap a model from rule-based play ([bootstrap] table).',
                           prog='python -m mortal.tools.bootstrap')
     parser.add_argument('step', choices=STEPS + ('all',))

@@ -124,7 +124,6 @@ def load_mortal_checkpoint(path, config):
     """Problems of a trainer checkpoint against ``[resnet]`` and ``[control] version``; [] if fine."""
     from mortal.model.checkpoint import CheckpointError, describe_error, describe_mismatches, load_checkpoint
     from mortal.model.networks import DQN, Brain
-
     cfg = typed(config)
     version, resnet = cfg.control.version, cfg.resnet  # [resnet] is one of mortal.config.CORE_SECTIONS
     try:
@@ -184,7 +183,6 @@ def check_grp(config):
     """GRP checkpoint (``[grp] state_file``, key ``model``) loads into ``GRP(**[grp.network])``."""
     from mortal.model.checkpoint import describe_error, describe_mismatches, load_checkpoint
     from mortal.model.networks import GRP
-
     grp = typed(config).grp
     path = grp.state_file if grp is not None else None
     if not path:
@@ -322,7 +320,6 @@ def check_file_indexes(config):
     """FAIL rows for a cached file index that is none or lists missing or foreign files; WARN for other globs."""
     from mortal.data.offline_data import index_problems, stale_index
     from mortal.model.checkpoint import describe_error, load_checkpoint
-
     cfg = typed(config)
     grp_ds = cfg.grp.dataset if cfg.grp is not None else None
     tables = []
@@ -365,7 +362,6 @@ def check_devices(config):
 def run_checks(config, *, server_running=False, profile='default'):
     """All checks for an already loaded config dict; returns the list of ``Check``."""
     from mortal.features.obs import UnsupportedVersionError, check_version
-
     rows = []
     try:
         version = check_version(typed(config).control.version)
@@ -395,7 +391,6 @@ def typo_checks(config: dict, path: str) -> tuple[list[Check], set[str]]:
     """A FAIL row per unknown key close to a known one, and the ``validate`` warnings those rows replace."""
     from mortal import config as mcfg
     from mortal import config_keys
-
     rows, replaced, absent = [], set(), object()
     for u in mcfg.unknown_names(config):
         if u.suggestion:
@@ -419,7 +414,6 @@ def main(argv=None):
     """``python -m mortal.tools.doctor [-c PATH] [--server-running] [--profile NAME]``; 1 when a check FAILs."""
     from mortal import config as mcfg
     from mortal import config_paths, entry
-
     parser = entry.parser('Check a config before a long run.')
     parser.add_argument('--server-running', action='store_true',
                         help='expect a running server on [online.remote] instead of a free port')

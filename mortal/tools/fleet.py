@@ -163,7 +163,6 @@ class SelfPlayActor:
         from mortal import entry
         from mortal.client import Client, hold_log_dir
         from mortal.config import train_play_profile
-
         entry.drop_rust_backtrace()
         logging.basicConfig(level=logging.INFO, format=entry.LOG_FORMAT, force=True)
         if path.isdir(cwd):
@@ -366,7 +365,6 @@ class Fleet:
     def _round_error(self, i: int, actor, ex) -> None:
         """Actor ``i``'s round raised: drop it if the server refused it, else restart it after a back-off."""
         from mortal.net.wire import RequestRefused
-
         if isinstance(ex.cause, RequestRefused):  # e.g. a round too big for the server: retrying cannot help
             self.drop(i, f'its round was refused: {ex.cause}')
             return
@@ -408,7 +406,6 @@ def main(argv=None):
     """``python -m mortal.tools.fleet [-c CONFIG] [--actors N] [--address ADDR] [--rounds R]``; 2, 1 or 0."""
     from mortal import entry
     from mortal.config import CLIENT_SECTIONS, ConfigError, resolve_path, typed
-
     parser = entry.parser(__doc__.splitlines()[0])
     parser.add_argument('--actors', type=int, default=None, help='actors to start (default: [fleet] actors)')
     parser.add_argument('--address', default=None,

@@ -61,7 +61,6 @@ class RulebaseTestPlayer:
         from mortal.play.engine import MortalEngine
         from mortal.play.player import TEST_SEED
         from mortal.stat import Stat
-
         engine = MortalEngine(mortal, dqn, is_oracle=False, version=self.version, device=torch.device(device),
                               name='mortal')
         empty_dir(self.log_dir)
@@ -77,7 +76,6 @@ def validation_loss(trainer, files):
     from mortal.learning.diagnostics import eval_mode
     from mortal.learning.intake import obs_on_device
     from mortal.learning.loss import learner_loss
-
     cfg = copy.deepcopy(trainer.config)
     for key, value in (('num_epochs', 1), ('enable_augmentation', False), ('reserve_ratio', 0.0)):
         put(cfg, f'dataset.{key}', value)

@@ -90,7 +90,6 @@ def _tail(path, lines=25):
 def read_scalars(tb_dir, prefix='test_play/'):
     """``{tag: [(step, value), ...]}`` of the top-level run in ``tb_dir`` for tags starting with ``prefix``."""
     from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
-
     if not glob.glob(os.path.join(tb_dir, '*tfevents*')):
         return {}
     acc = EventAccumulator(tb_dir, size_guidance={SCALARS: 0})
@@ -145,7 +144,6 @@ def same_weights(path_a, path_b) -> bool:
     """Whether two checkpoints have equal ``mortal`` and ``current_dqn`` state dicts."""
     import torch
     from mortal.model.checkpoint import load_checkpoint
-
     a, b = load_checkpoint(path_a), load_checkpoint(path_b)
     if not isinstance(a, dict) or not isinstance(b, dict):
         return False
@@ -182,7 +180,6 @@ def _games_bar(label, total, progress):
 def _play_eval_deals(challenger, champion, sets, workers, progress, label):
     """``play_duplicate`` on the summary's deals (``EVAL_KEY``): ``{nonce: [4 ranks]}``."""
     from mortal.play.evaluation import play_duplicate
-
     bar = _games_bar(label, sets * 4, progress)
     try:
         return play_duplicate(challenger, champion, sets=sets, key=EVAL_KEY, workers=workers or os.cpu_count() or 1,
@@ -196,7 +193,6 @@ def evaluate_against_start(config, sets, workers=None, progress=False):
     """``{'best'|'final': summarize(...)}`` against 3x the start on ``sets`` deals (final = best: not replayed)."""
     from mortal.config import typed
     from mortal.play.evaluation import summarize
-
     cfg = typed(config)
     start = ('mortal', cfg.baseline.test.state_file)
     out = {}
@@ -215,7 +211,6 @@ def evaluate_start_vs_rulebase(config, sets, workers=None, progress=False):
     """``summarize(...)`` of the start model against 3 RulebaseBots, None without the file."""
     from mortal.config import typed
     from mortal.play.evaluation import summarize
-
     start = typed(config).baseline.test.state_file
     if not os.path.exists(start):
         return None
@@ -228,7 +223,6 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
     """The whole quickstart; returns paths, timings and results. A rerun continues where it stopped."""
     from mortal.tools import bootstrap
     from mortal.config import load_config, typed
-
     t0 = time.monotonic()
     timings = {}
     if eval_sets is None:
@@ -396,7 +390,6 @@ def _exit_on_sigterm(signum, frame):
 def main(argv=None):
     """``python -m mortal.tools.quickstart [--short] [--work-dir DIR] ...``; returns 0, or 1 after a failed step."""
     from mortal import entry
-
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = entry.parser(__doc__.split('\n\n')[0], config=False, prog='python -m mortal.tools.quickstart')
     parser.add_argument('--work-dir', default='work/quickstart', help='where everything goes (default: %(default)s)')

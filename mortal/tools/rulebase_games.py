@@ -49,7 +49,6 @@ def play_set(task):
         from mortal.play.agent import MjaiBotAgent
         from mortal.play.arena import OneVsThree
         from mortal.play.flaws import flaw_function
-
         bot_cls = _exploring_rulebase_class()
         flaw_fn = flaw_function(flaw[0] if flaw else None)
         counter = iter(range(1 << 30))
@@ -84,7 +83,6 @@ def gen_logs(config, *, workers=None, progress=True):
     """Step 1; returns the new logs written. ``BootstrapError`` when some deals failed (rerun to retry)."""
     import multiprocessing as mp
     from tqdm import tqdm
-
     boot = bootstrap_config(config)
     eps = boot.epsilon
     workers = workers or boot.workers or os.cpu_count() or 1
