@@ -141,10 +141,8 @@ def read_config(path: str | os.PathLike | None = None, env: Env = os.environ) ->
 
 def load_config(path: str | os.PathLike | None = None, *, required: Required = CORE_SECTIONS,
                 env: Env = os.environ) -> dict:
-    """Read, validate and return the config as a plain nested dict with defaults filled in.
-
-    ``required``: the dotted sections this process needs. Raises ``ConfigError`` naming the file and every offending
-    key; warnings are logged."""
+    """Read, validate and return the config as a plain nested dict with defaults filled in; ``ConfigError``
+    naming the file and every offending key. ``required``: the dotted sections this process needs."""
     path = resolve_path(path, env)
     config = read_config(path, env)
     validate(config, path, required=required, env=env)

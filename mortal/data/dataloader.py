@@ -1,10 +1,8 @@
 """Streaming training samples from mjai log files, as Mortal's ``mortal/dataloader.py``.
 
-``FileDatasetsIter`` yields ``(obs, action, mask, steps_to_done, kyoku_reward, player_rank, cf_action,
-cf_delta)``: ``obs`` ``(C, 34)`` float32; ``action`` int64 0-45; ``mask`` ``(46,)`` bool; ``steps_to_done``
-int64; ``kyoku_reward`` float64 in ``pts`` units; ``player_rank`` int64 0-3 at the next kyoku; ``cf_action``
-int64 (-1: none); ``cf_delta`` float32 (0: none). In batch mode ``obs`` is packed ``(B, row_bytes)`` uint8
-(``packed_obs``). Workers start from a forkserver (forking after native thread pools can deadlock)."""
+A sample is ``(obs (C, 34) float32, action int64 0-45, mask (46,) bool, steps_to_done int64, kyoku_reward
+float64 (pts units), player_rank int64 0-3, cf_action int64 (-1: none), cf_delta float32)``; in batch mode
+``obs`` is packed ``(B, row_bytes)`` uint8. Workers start from a forkserver (a fork can deadlock)."""
 
 from __future__ import annotations
 

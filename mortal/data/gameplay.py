@@ -40,12 +40,9 @@ def _is_fatal(exc: BaseException) -> bool:
 
 @dataclass
 class Gameplay:
-    """Samples of one seat in one game; ``take`` returns a field and releases it (Mortal's ``take_*``).
-
-    Per decision (N rows): ``packed_obs`` ``(N, row_bytes)`` uint8, ``actions`` ``(N,)`` int64, ``masks``
-    ``(N, 46)`` bool, ``at_kyoku`` ``(N,)`` uint8, ``dones`` / ``apply_gamma`` ``(N,)`` bool, ``at_turns`` ``(N,)``
-    uint8, ``shantens`` ``(N,)`` int8, ``event_idx`` ``(N,)`` int32, ``cf_actions`` ``(N,)`` int64 (-1: none),
-    ``cf_records``. Per game: ``grp``, ``player_id``, ``player_name``."""
+    """Samples of one seat in one game (N rows); ``take`` returns a field and releases it (Mortal's ``take_*``):
+    ``packed_obs`` ``(N, row_bytes)`` uint8, ``actions`` int64, ``masks`` ``(N, 46)`` bool, ``at_kyoku``/``at_turns``
+    uint8, ``dones``/``apply_gamma`` bool, ``shantens`` int8, ``event_idx`` int32, ``cf_actions`` int64."""
 
     packed_obs: np.ndarray
     actions: np.ndarray

@@ -126,8 +126,7 @@ _BLANKS = " \t\r\f\v\n"  # its characters: the regex is only tried on a line tha
 
 
 def _numbered_lines(raw: str):
-    """Yield ``(line number, line)`` of ``raw`` split on ``\n`` only (JSON strings may hold U+2028 that
-    ``splitlines()`` would split), skipping blank lines."""
+    """Yield ``(line number, line)`` of ``raw`` split on ``\n`` only (not U+2028 as ``splitlines``)."""
     pos, no, n = 0, 1, len(raw)
     while pos < n:
         blank = _BLANK_RUN.match(raw, pos) if raw[pos] in _BLANKS else None

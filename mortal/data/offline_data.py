@@ -30,7 +30,7 @@ def _first_event(filename: str) -> dict:
 
 def build_file_list(dataset, player_names: set) -> list:
     """Offline file list of the typed ``[dataset]``: a valid ``file_index``, else the globs sorted descending
-    (cached when non-empty). ValueError naming ``file_index`` when it is not such an index."""
+    (cached when non-empty); ValueError naming ``file_index`` when it is not such an index."""
     file_index = dataset.file_index
     if path.exists(file_index):
         try:

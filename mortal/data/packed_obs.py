@@ -1,8 +1,5 @@
-"""Packed observations: the ``(C, 34)`` float32 samples at about a tenth of their size.
-
-A row of ``row_bytes(version)`` bytes: the real-valued rows ``REAL_ROWS[version]`` as float32, then one bit per
-element (row-major, little bit order), zero-padded to 4 bytes. Every other element must be +0.0 or 1.0
-(``NotPackableError``), so ``unpack`` is bit-exact. The compiled core packs where built, else numpy."""
+"""Packed observations, ``(C, 34)`` float32 at about a tenth of the size: the rows ``REAL_ROWS[version]``
+as float32, then one bit per element (nonzero; row-major, little bit order), padded to 4 bytes; bit-exact."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The 46-way action space: index <-> mjai reaction, and mjai event -> label.
-
-Layout as Mortal's ``consts.rs``: 0-36 discard (34-36 red fives; the kan tile 0-33 in the kan-select pass),
-37 riichi, 38-40 chi low/mid/high, 41 pon, 42 kan, 43 hora, 44 ryukyoku, 45 pass. Reactions follow Mortal's
-``agent/mortal.rs``, labels its ``dataset/gameplay.rs``. States are ``mjai.mlibriichi.state.PlayerState``."""
+"""The 46-way action space (Mortal's ``consts.rs``): index <-> mjai reaction, mjai event -> label. 0-36
+discard (the kan tile 0-33 at kan select), 37 riichi, 38-40 chi, 41 pon, 42 kan, 43 hora, 44 ryukyoku, 45 pass."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Observation shapes and encoding of a ``PlayerState`` into model input.
-
-Versions 1-3 come from ``mjai.mlibriichi``, version 4 from ``obs_v4.V4Encoder``. The version is checked here
-first: Rust raises a pyo3 ``PanicException`` (a BaseException) for version 4 or an unknown one."""
+"""Observation shapes and encoding of a ``PlayerState``; the version is checked here first, since Rust panics
+(a BaseException) for version 4 or an unknown one."""
 
 import numbers
 

@@ -1,9 +1,6 @@
-"""Observation version 4 (1012x34), as Mortal's ``state/obs_repr.rs`` with ``version = 4``.
-
-Rows 0-888 are the re-packed v3 array (``obs_v4_rows``); rows 889-1011 are the single-player block from the
-compiled core (``_core.sp_rows``), fed per-kyoku facts ``PlayerState`` lacks (``obs_v4_kyoku``). Feed a seat's
-``V4Encoder`` every event its ``PlayerState`` gets, in order. Without the core ``V4Encoder`` raises
-``SPCoreMissing``. See docs/architecture.md."""
+"""Observation version 4 (1012x34), as Mortal's ``state/obs_repr.rs``: rows 0-888 the re-packed v3 array,
+889-1011 the single-player block from the compiled core. Feed a seat's ``V4Encoder`` every event its
+``PlayerState`` gets, in order."""
 
 from __future__ import annotations
 

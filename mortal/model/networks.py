@@ -185,9 +185,8 @@ def _mlp_head(hidden: int, out: int) -> nn.Sequential:
 
 
 class DQN(nn.Module):
-    """Dueling Q head ``forward(phi (N, D), mask (N, 46) bool) -> q (N, 46)`` in phi's dtype: ``v + a -
-    mean_legal(a)``, illegal actions ``-inf`` (a row without any: all ``-inf``). D: 512 at v1, else 1024; v1 Linear
-    heads, v2/v3 Linear-Mish-Linear (hidden 512 / 256), v4 one Linear to ``1 + 46`` (value first, bias 0)."""
+    """Dueling Q head ``(phi (N, D), mask (N, 46) bool) -> q (N, 46)``: ``v + a - mean_legal(a)``, illegal ``-inf``;
+    D 512 at v1, else 1024."""
 
     def __init__(self, *, version: int = 1):
         super().__init__()

@@ -132,9 +132,8 @@ def _quick_eval_index(state, mask=None) -> int | None:
 
 
 class MortalBatchAgent:
-    """Batch agent over a ``MortalEngine``-like object: ``react(scenes)`` makes at most one
-    ``react_batch`` call. ``stateless``: the arena may hand it speculative scenes.
-    Raises ValueError for an oracle engine, ``UnsupportedVersionError`` for a version outside 1-4."""
+    """Batch agent over a ``MortalEngine``-like object: at most one ``react_batch`` call per ``react``.
+    ValueError for an oracle engine, ``UnsupportedVersionError`` for a version outside 1-4."""
 
     stateless = True
 

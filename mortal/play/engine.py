@@ -17,9 +17,8 @@ def _stacked(arrays):
 
 def sample_top_p(logits: torch.Tensor, p: float,
                  generator: torch.Generator | None = None) -> torch.Tensor:
-    """``(N,)`` int64: one draw per row of ``logits`` ``(N, A)`` (``-inf``: never drawn) from the softmax
-    restricted to the smallest most-likely prefix whose mass reaches ``p`` (the top action always kept;
-    ``p >= 1``: full softmax, ``p <= 0``: argmax). ``generator``: torch RNG on the device, None: global."""
+    """``(N,)`` int64: one draw per row of ``logits`` ``(N, A)`` from the softmax restricted to the top-``p``
+    nucleus (``p >= 1``: all, ``p <= 0``: argmax); ``generator``: a torch RNG, None: the global one."""
     if p <= 0:
         return logits.argmax(-1)
     probs = logits.float().softmax(-1)
@@ -54,15 +53,11 @@ def boltzmann_top_p_probs(q: np.ndarray, mask: np.ndarray, temp: float, p: float
 
 
 class MortalEngine:
-    """Wraps a ``Brain`` and a ``DQN`` on a device for batched self-play inference.
+    """Wraps a ``Brain`` and a ``DQN`` in eval mode on ``device`` for batched self-play inference.
 
-    ``brain(obs (N, C, 34) float32[, invisible_obs]) -> phi (N, 1024)`` (version 1: ``(mu, logsig)`` each
-    ``(N, 512)``); ``dqn(phi, mask (N, 46) bool) -> q (N, 46)``. Modules are moved to ``device`` in eval mode.
-    ``stochastic_latent``: version 1 samples the latent. ``seed``: a private ``torch.Generator``; None: torch's
-    global RNG, as Mortal. ``frozen_cpu``: on CPU without AMP, use ``inference.FrozenQ`` (same q-values up to float
-    rounding, rebuilt when the weights are written; docs/performance_forward.md).
-
-    Raises ValueError: ``boltzmann_epsilon`` outside [0, 1], or ``boltzmann_temp <= 0`` while exploring."""
+    ``seed``: a private ``torch.Generator`` (None: the global RNG, as Mortal). ``frozen_cpu``: on CPU without AMP, use
+    ``inference.FrozenQ`` (the same q-values up to float rounding). ValueError: ``boltzmann_epsilon`` outside
+    [0, 1], or ``boltzmann_temp <= 0`` while exploring."""
 
     engine_type = "mortal"
 

@@ -28,13 +28,11 @@ def _event_type(line: str) -> str:
 
 
 def kyoku_lines(views: list[list[str]], meta_queues: list[list], waiting=frozenset()) -> tuple[list, list[dict]]:
-    """One kyoku's log lines from the seats' masked events, and its result events.
+    """One kyoku's log lines from the seats' masked events ``views``, and its result events.
 
-    ``views``: per seat, the JSON events it saw this kyoku (index-aligned; a ron winner may lack the last ones).
-    ``meta_queues``: per seat, ``[reaction, meta or None]`` of its logged reactions, each checked against its event;
-    a meta is appended as the last key. A meta whose ``id`` is in ``waiting`` stays a ``(line, meta)`` pair until
-    ``render_line``. Returns ``(lines, [hora/ryukyoku/reach_accepted dicts])``; ValueError (naming the seat) when a
-    logged reaction is not the one submitted."""
+    ``meta_queues``: per seat, ``[reaction, meta or None]`` of its logged reactions, checked against the events; a
+    meta whose ``id`` is in ``waiting`` stays a ``(line, meta)`` pair until ``render_line``. Returns ``(lines,
+    [hora/ryukyoku/reach_accepted dicts])``; ValueError (naming the seat) for a reaction not the one submitted."""
     back = max(views, key=len)
     queues = [iter(q) for q in meta_queues]
     lines, results = [], []

@@ -1,6 +1,5 @@
-"""The compiled single-player core ``mortal.features.sp._core`` (C++ in ``csrc/``, built by
-``scripts/setup.sh``) that version 4 needs: Mortal's ``algo/sp`` search with v4's settings, in float64 (Mortal:
-f32; agrees to ~1e-6 relative). Its Python twin is the test oracle ``tests/sp_oracle``."""
+"""The compiled single-player core ``mortal.features.sp._core`` (``csrc/``) that version 4 needs: Mortal's
+``algo/sp`` in float64 (~1e-6 relative of Mortal's f32); ``tests/sp_oracle`` is its Python twin."""
 
 from __future__ import annotations
 
