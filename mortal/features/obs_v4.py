@@ -199,8 +199,6 @@ def _run_deferred(jobs, pending, threads: int) -> list:
         rows = sp_rows(jobs, threads)
     except ValueError as e:  # checked at encode: only a search that failed ends here
         raise DeferredSPError(str(e), pending[0][2]) from None
-    out = []
-    for obs, k, tag in pending:
+    for obs, k, _ in pending:
         obs[SP_START:] = rows[k]
-        out.append((obs, tag))
-    return out
+    return [(obs, tag) for obs, _, tag in pending]

@@ -91,13 +91,11 @@ def check_devices(config: dict, num_gpus: float) -> list:
     """Messages for a CUDA trainee or baseline device with ``num_gpus`` 0 (Ray hides the GPUs then)."""
     from mortal.config import typed
     cfg = typed(config)
-    problems = []
-    for where, device in (('[control] device', cfg.control.device),
-                          ('[baseline.train] device', cfg.baseline.train.device)):
-        if str(device).startswith('cuda') and num_gpus <= 0:
-            problems.append(f'{where} is {device!r} but [fleet] num_gpus is 0: Ray gives such an actor no GPU; '
-                            'reserve a share of one, e.g. num_gpus = 0.25 for four actors per GPU')
-    return problems
+    return [f'{where} is {device!r} but [fleet] num_gpus is 0: Ray gives such an actor no GPU; '
+            'reserve a share of one, e.g. num_gpus = 0.25 for four actors per GPU'
+            for where, device in (('[control] device', cfg.control.device),
+                                  ('[baseline.train] device', cfg.baseline.train.device))
+            if str(device).startswith('cuda') and num_gpus <= 0]
 
 
 def check_shares(num_cpus: float, num_gpus: float) -> list:
