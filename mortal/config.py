@@ -1,5 +1,4 @@
-"""Loading and validating the TOML configuration shared by every process (Mortal's layout plus docs/config.md's
-extras): ``load_config`` gives the plain nested dict, defaults filled; ``typed`` reads it as typed sections."""
+"""Loading and validating the TOML config shared by every process (Mortal's layout plus docs/config.md's extras)."""
 
 from __future__ import annotations
 
@@ -162,8 +161,7 @@ def config_errors(path: str | os.PathLike | None = None, *, required: Required =
 
 def validate(config: dict, path: str = DEFAULT_PATH, *, required: Required = CORE_SECTIONS,
              env: Env = os.environ) -> list[str]:
-    """Validate ``config`` in place (defaults, widened numbers; idempotent) and return the warnings, also logged.
-    Raises ``ConfigError`` listing every error, including ``check_relations``."""
+    """Validate ``config`` in place (defaults filled; idempotent); returns the warnings, ``ConfigError`` for errors."""
     errors, warns, model = _check(config, path, required, env)
     if errors:
         raise ConfigError(path, errors)
@@ -235,8 +233,7 @@ def typed(config: dict) -> Config:
 
 
 def section(config: dict, dotted: str) -> Section:
-    """The typed table ``dotted`` of a loaded config, validated on its own. KeyError for a table absent or
-    unknown, ``pydantic.ValidationError`` for one ``validate`` would refuse."""
+    """The typed table ``dotted``, validated alone; KeyError if absent or unknown, else ``pydantic.ValidationError``."""
     model = SECTIONS.get('train_play.*' if dotted.startswith('train_play.') else dotted)
     table = lookup(config, dotted)
     if model is None or not isinstance(table, dict):

@@ -42,8 +42,7 @@ def apply_env(env: Mapping[str, str] = os.environ) -> mcfg.EnvOverrides:
 
 def start(parser: argparse.ArgumentParser, argv: list[str] | None = None, *,
           log_level: int | None = logging.INFO) -> argparse.Namespace:
-    """Parse ``argv`` (usage error: status 2), drop the Rust backtrace, set up logging and ``apply_env``; returns
-    the arguments plus ``args.overrides``."""
+    """Parse ``argv`` (usage error: status 2) and prepare the process; the arguments plus ``args.overrides``."""
     drop_rust_backtrace()
     args = parser.parse_args(argv)
     if log_level is not None:

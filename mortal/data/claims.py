@@ -42,8 +42,7 @@ def _remaining(unit) -> int:
 
 
 class ClaimLedger:
-    """Training progress of the logs claimed into ``claim_dir``; start it with ``open`` or ``for_dataset``.
-    ``lost_samples``: remaining samples of vanished logs not yet reported by ``end_epoch``."""
+    """Training progress of the logs claimed into ``claim_dir``; start it with ``open`` or ``for_dataset``."""
 
     def __init__(self, claim_dir: str, *, signature: dict, passes: int):
         self.claim_dir = path.abspath(claim_dir)
@@ -97,8 +96,7 @@ class ClaimLedger:
         return cls.open(claim_dir, signature=signature, passes=passes, steps=steps)
 
     def _name_problem(self, name) -> str:
-        """Why ``name`` cannot be a claimed log here ('' when it can, 'missing' when absent), so a corrupt
-        manifest never touches files outside ``claim_dir``."""
+        """Why ``name`` cannot be a claimed log here ('' when it can), so nothing outside is touched."""
         if not isinstance(name, str) or not name or name in (".", "..") or "\0" in name or "/" in name \
                 or (os.sep and os.sep in name) or (os.altsep and os.altsep in name):
             return "not a plain file name"

@@ -256,8 +256,7 @@ def _label(cur_cans, state, events, i, nxt_idx, seat, always_kan_select):
 
 
 def _counterfactual(ev: dict, seat: int, kept: list):
-    """``(action, ('next'|'final', values))`` of ``ev``'s ``meta.counterfactual``, else None; a malformed one
-    is None too, counted in ``kept[0]`` (it never rejects the log)."""
+    """``(action, ('next'|'final', values))`` of ``ev``'s counterfactual, else None (bad: counted in ``kept[0]``)."""
     if ev.get("actor") != seat or ev["type"] not in _CF_TYPES:
         return None
     meta = ev.get("meta")

@@ -1,5 +1,4 @@
-"""Observation shapes and encoding of a ``PlayerState``; the version is checked here first, since Rust panics
-(a BaseException) for version 4 or an unknown one."""
+"""Observation shapes and encoding; the version is checked first (Rust panics on version 4 or an unknown one)."""
 
 import numbers
 

@@ -26,8 +26,7 @@ SP_THREADS = None
 
 
 class V4Encoder(KyokuFacts):
-    """Per-seat v4 observation encoder; feed it every mjai event the seat's ``PlayerState`` gets.
-    ValueError for a bad ``player_id``, ``SPCoreMissing`` without the core."""
+    """Per-seat v4 encoder: feed it every mjai event the seat's ``PlayerState`` gets; ``SPCoreMissing`` without core."""
 
     def __init__(self, player_id: int):
         if type(player_id) is not int or not 0 <= player_id <= 3:
@@ -79,8 +78,7 @@ def sp_rows(facts: list, threads: int) -> np.ndarray:
 
 
 def prepare_sp(pairs, threads: int | None = None) -> None:
-    """Search the SP rows of each ``(encoder, state)`` not yet prepared, together, and keep them in the
-    encoder until its next ``update``. ValueError: a None or other seat's encoder, a refused hand."""
+    """Search the SP rows of each ``(encoder, state)`` not yet prepared, together; ValueError as ``encode``."""
     pending = {}
     for enc, state in pairs:
         _checked(enc, state)

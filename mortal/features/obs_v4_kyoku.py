@@ -31,8 +31,7 @@ class KyokuFacts:
             self.akas_seen[tid - 34] = True
 
     def update(self, event) -> None:
-        """Track one mjai event (dict or JSON); unknown types ignored; fields checked before any change.
-        TypeError for a non-object, ValueError (naming event type and field) for a bad one."""
+        """Track one mjai event, checked before any change: TypeError (no object), ValueError (names the field)."""
         if isinstance(event, (str, bytes)):
             event = json.loads(event)
         if not isinstance(event, dict):

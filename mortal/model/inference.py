@@ -47,8 +47,7 @@ def module_tensors(*modules: nn.Module) -> list[Tensor]:
 
 
 def weights_key(tensors: list[Tensor]) -> tuple:
-    """A key that changes when one of ``tensors`` is written in place or gets new storage (storage address
-    and version counter). A parameter replaced by another object is not seen: collect again."""
+    """A key that changes when one of ``tensors`` is written in place or gets new storage."""
     return tuple((t.data_ptr(), t._version) for t in tensors)
 
 

@@ -185,8 +185,7 @@ def _mlp_head(hidden: int, out: int) -> nn.Sequential:
 
 
 class DQN(nn.Module):
-    """Dueling Q head ``(phi (N, D), mask (N, 46) bool) -> q (N, 46)``: ``v + a - mean_legal(a)``, illegal ``-inf``;
-    D 512 at v1, else 1024."""
+    """Dueling Q head ``(phi (N, D), mask (N, 46) bool) -> q (N, 46)``, illegal ``-inf``; D 512 at v1, else 1024."""
 
     def __init__(self, *, version: int = 1):
         super().__init__()

@@ -76,8 +76,7 @@ def is_all_last(state) -> bool:
 
 
 def rule_based_agari(state, best_win_scores: Callable[[], Sequence[int]] | None) -> bool:
-    """Whether a rule-based player takes the hora offered now (Mortal's ``rule_based_agari``): False
-    only for an all-last win that leaves this seat 4th, or when it cannot hora."""
+    """Whether a rule-based player takes the hora now: False for an all-last win leaving it 4th, or no hora."""
     cans = state.last_cans
     if not cans.can_agari:
         return False
