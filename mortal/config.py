@@ -1,12 +1,4 @@
-"""Loading and validating the TOML configuration shared by every process.
-
-The file is Mortal's ``config.toml`` layout; every key of Mortal's ``config.example.toml`` has Mortal's meaning, plus
-the documented extras (docs/config.md). :func:`load_config` returns the plain nested dict Mortal uses
-(``config['control']['version']``), defaults filled in, so it can be stored as a checkpoint's ``state['config']``;
-:func:`typed` reads it as typed sections. Each process loads it once in ``main()``, passing the ``*_SECTIONS`` it
-needs as ``required``. Every error names the key and the file; problems that would not crash but would make a run
-misbehave (a buffer that can never fill, unknown keys) are logged as warnings.
-"""
+"""Loading and validating the TOML config shared by every process (Mortal's layout plus docs/config.md's extras)."""
 
 from __future__ import annotations
 
@@ -44,8 +36,7 @@ ENV_PROFILE = 'TRAIN_PLAY_PROFILE'
 ENV_SP_THREADS = 'MORTAL_SP_THREADS'
 DEFAULT_PROFILE = 'default'
 
-# Section names required by each process. 'train_play' means the [train_play.<profile>] table of the
-# TRAIN_PLAY_PROFILE in use (see train_play_profile).
+# Sections each process needs; 'train_play' is the [train_play.<profile>] of TRAIN_PLAY_PROFILE.
 CORE_SECTIONS = ('control', 'resnet', 'env')
 SERVER_SECTIONS = ('online', 'online.remote', 'online.server')
 CLIENT_SECTIONS = CORE_SECTIONS + ('online', 'online.remote', 'baseline.train', 'train_play')
@@ -60,8 +51,7 @@ MAX_DEPTH = 32  # tables and arrays inside each other; the schema's deepest key 
 
 
 class ConfigError(ValueError):
-    """The configuration file is missing, unparsable or invalid: ``path`` (str) and ``problems`` (list of str, each
-    naming the key as ``[section] key`` and the file); ``str(err)`` lists them all."""
+    """The config file is missing, unparsable or invalid: ``path`` and ``problems`` (each naming key and file)."""
 
     def __init__(self, path: str, problems: list[str]):
         self.path = path
@@ -75,10 +65,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class EnvOverrides:
-    """The environment variables that steer a process, read once at start-up (``mortal.entry.start``):
-    ``config_path`` (``MORTAL_CFG``, else ``config.toml``), ``profile`` (``TRAIN_PLAY_PROFILE``, the
-    ``[train_play.<profile>]`` a client plays, else ``default``) and ``sp_threads`` (``MORTAL_SP_THREADS``, threads
-    of the version-4 single-player search; None: unset or not a positive integer, the default applies)."""
+    """The environment read once at start-up: ``MORTAL_CFG``, ``TRAIN_PLAY_PROFILE``, ``MORTAL_SP_THREADS``."""
 
     config_path: str = DEFAULT_PATH
     profile: str = DEFAULT_PROFILE
@@ -101,11 +88,9 @@ class EnvOverrides:
         return env if isinstance(env, cls) else cls.from_env(env)
 
 
-#: What the functions below take as ``env``: the overrides resolved at start-up, or a mapping such as
-#: ``os.environ`` (tests pass ``{}``) that is read on the spot.
+#: ``env`` below: the overrides resolved at start-up, or a mapping such as ``os.environ`` read on the spot.
 Env = Mapping[str, str] | EnvOverrides
-#: What a process passes as ``required``: dotted section names, or a function of the file's plain dict that gives
-#: them (:func:`train_sections`, :func:`mode_sections`: the sections depend on ``[control] online``).
+#: ``required``: dotted section names, or a function of the plain dict giving them (``train_sections``).
 Required = Iterable[str] | Callable[[dict], Iterable[str]]
 
 
@@ -115,22 +100,19 @@ def resolve_path(path: str | os.PathLike | None = None, env: Env = os.environ) -
 
 
 def train_sections(config: dict) -> tuple:
-    """The sections ``mortal.train`` needs: ``ONLINE_TRAIN_SECTIONS`` when ``[control] online = true`` is written
-    in ``config`` (its plain dict, valid or not), else ``TRAIN_SECTIONS``."""
+    """``ONLINE_TRAIN_SECTIONS`` when ``config`` says ``[control] online = true``, else ``TRAIN_SECTIONS``."""
     return ONLINE_TRAIN_SECTIONS if lookup(config, 'control.online') is True else TRAIN_SECTIONS
 
 
 def mode_sections(config: dict) -> tuple:
-    """Every section the processes of ``config``'s mode need (what ``mortal.tools.doctor`` checks): online the
-    server's, the client's and the learner's; offline the learner's."""
+    """Every section the processes of ``config``'s mode need (online: server, client and learner)."""
     if lookup(config, 'control.online') is True:
         return tuple(dict.fromkeys(ONLINE_TRAIN_SECTIONS + SERVER_SECTIONS + CLIENT_SECTIONS))
     return TRAIN_SECTIONS
 
 
 def read_config(path: str | os.PathLike | None = None, env: Env = os.environ) -> dict:
-    """The TOML file ``path`` (None: :func:`resolve_path`) as a plain dict, not validated. Raises
-    :class:`ConfigError`: the file is missing or unreadable, or its TOML is malformed (with the line)."""
+    """The TOML file ``path`` as a plain dict, not validated; ``ConfigError`` if missing, unreadable or malformed."""
     path = resolve_path(path, env)
     try:
         regular = not os.path.exists(path) or stat.S_ISREG(os.stat(path).st_mode)
@@ -158,14 +140,8 @@ def read_config(path: str | os.PathLike | None = None, env: Env = os.environ) ->
 
 def load_config(path: str | os.PathLike | None = None, *, required: Required = CORE_SECTIONS,
                 env: Env = os.environ) -> dict:
-    """Read, validate and return the config as a plain nested dict with defaults filled in.
-
-    ``path``: the TOML file (None: :func:`resolve_path`); ``required``: the dotted sections this process needs
-    (:data:`Required`; ``'train_play'`` is the ``[train_play.<profile>]`` of ``TRAIN_PLAY_PROFILE``), a section
-    present is validated whether required or not; ``env``: :data:`Env`. A string value that starts with
-    ``{config_dir}`` starts at the config file's folder instead. Raises :class:`ConfigError` naming the file and
-    every offending key (:func:`config_errors` gives the same list without raising); warnings are logged.
-    """
+    """Read, validate and return the config as a plain nested dict with defaults filled in; ``ConfigError``
+    naming the file and every offending key. ``required``: the dotted sections this process needs."""
     path = resolve_path(path, env)
     config = read_config(path, env)
     validate(config, path, required=required, env=env)
@@ -175,9 +151,7 @@ def load_config(path: str | os.PathLike | None = None, *, required: Required = C
 
 def config_errors(path: str | os.PathLike | None = None, *, required: Required = mode_sections,
                   env: Env = os.environ) -> list[str]:
-    """Every problem of the config file ``path`` that :func:`load_config` with the same ``required`` would refuse,
-    one string each naming the file and the key; ``[]`` when it loads. The one validator the processes and
-    ``mortal.tools.doctor`` share; ``required`` defaults to :func:`mode_sections`. Logs nothing."""
+    """Every problem ``load_config`` with the same ``required`` would refuse; ``[]`` when it loads. Logs nothing."""
     path = resolve_path(path, env)
     try:
         return _check(read_config(path, env), path, required, env)[0]
@@ -187,10 +161,7 @@ def config_errors(path: str | os.PathLike | None = None, *, required: Required =
 
 def validate(config: dict, path: str = DEFAULT_PATH, *, required: Required = CORE_SECTIONS,
              env: Env = os.environ) -> list[str]:
-    """Validate ``config`` in place (filling defaults, widening integers of number keys) and return the warnings,
-    which are also logged; validating a loaded config again changes nothing. ``path`` is only named in messages.
-    Raises :class:`ConfigError` listing every error: each table's, the missing sections and the rules across keys
-    (:func:`check_relations`, over the tables that validate)."""
+    """Validate ``config`` in place (defaults filled; idempotent); returns the warnings, ``ConfigError`` for errors."""
     errors, warns, model = _check(config, path, required, env)
     if errors:
         raise ConfigError(path, errors)
@@ -201,8 +172,7 @@ def validate(config: dict, path: str = DEFAULT_PATH, *, required: Required = COR
 
 
 def _check(config: dict, path: str, required: Required, env: Env) -> tuple:
-    """``(errors, warnings, the validated model or None)`` of ``config``; raises :class:`ConfigError` only for a
-    config nested too deeply to look at."""
+    """``(errors, warnings, validated model or None)``; ConfigError only for a config nested too deeply."""
     required = tuple(required(config) if callable(required) else required)
     too_deep = _too_deep(config)
     if too_deep is not None:  # before anything recurses into it (pydantic, _merge, copy.deepcopy of a checkpoint)
@@ -257,20 +227,13 @@ def _too_deep(config: dict) -> str | None:
     return None
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Typed views and edits
-
 def typed(config: dict) -> Config:
-    """The typed view of a loaded config: ``typed(c).control.batch_size`` is ``c['control']['batch_size']``;
-    sections the file lacks are None, ``typed(c).one_vs_three`` is ``[1v3]``. Raises ``pydantic.ValidationError``
-    for a dict that :func:`validate` would refuse."""
+    """The typed view of a loaded config (``typed(c).control.batch_size``); absent sections are None."""
     return Config.model_validate(config)
 
 
 def section(config: dict, dotted: str) -> Section:
-    """The typed table ``dotted`` of a loaded config (``section(c, 'online.server').capacity``; a profile's as
-    :func:`profile_table` names it), validated on its own. Raises KeyError for a table the config lacks or the
-    schema does not know, ``pydantic.ValidationError`` for one that :func:`validate` would refuse."""
+    """The typed table ``dotted``, validated alone; KeyError if absent or unknown, else ``pydantic.ValidationError``."""
     model = SECTIONS.get('train_play.*' if dotted.startswith('train_play.') else dotted)
     table = lookup(config, dotted)
     if model is None or not isinstance(table, dict):
@@ -279,8 +242,7 @@ def section(config: dict, dotted: str) -> Section:
 
 
 def checked_section(config: dict, dotted: str, *, path: str | None = None, env: Env = os.environ) -> Section:
-    """:func:`section`, its problems worded as :func:`validate` words them: raises :class:`ConfigError` naming
-    ``path`` (default: :func:`resolve_path`) and the missing table or each offending key (e.g. ``[bootstrap]``)."""
+    """``section``, its problems raised as ``ConfigError`` naming ``path`` as ``validate`` words them."""
     path = resolve_path(path, env)
     if _get_table(config, dotted) is None:
         raise ConfigError(path, [f'missing section [{dotted}] in {path}'])
@@ -293,8 +255,7 @@ def checked_section(config: dict, dotted: str, *, path: str | None = None, env: 
 
 
 def put(config: dict, dotted: str, value) -> None:
-    """Set the key (or table) ``dotted`` of the plain config dict to ``value`` in place, making the tables on the
-    way (``put(c, 'control.online', False)``): how a process derives a config from another."""
+    """Set the key or table ``dotted`` of the plain config dict in place, making the tables on the way."""
     *tables, name = table_path(dotted)
     node = config
     for part in tables:
@@ -303,8 +264,7 @@ def put(config: dict, dotted: str, value) -> None:
 
 
 def lookup(config: dict, dotted: str, default=None):
-    """``config['a']['b']`` for ``'a.b'`` (``'train_play."a.b"'``: the profile ``a.b``, :func:`table_name`);
-    ``default`` when any level is missing or not a table."""
+    """``config['a']['b']`` for ``'a.b'`` (quoted parts as ``table_name``); ``default`` when any level is missing."""
     node = config
     for part in table_path(dotted):
         if not isinstance(node, dict) or part not in node:
@@ -319,8 +279,7 @@ def _get_table(config: dict, dotted: str):
 
 
 def _as_dict(model: BaseModel) -> dict:
-    """The plain nested dict of a validated model: absent sections and unfilled optional keys left out, unknown keys
-    kept as the file had them."""
+    """The plain dict of a validated model: absent sections and unfilled keys left out, unknown keys kept."""
     out = {}
     for name, field in type(model).model_fields.items():
         value = getattr(model, name)
@@ -339,7 +298,6 @@ def _as_dict(model: BaseModel) -> dict:
 
 
 def _merge(target: dict, values: dict) -> None:
-    """Write ``values`` into ``target`` keeping the identity of its nested tables (callers may hold them)."""
     for name, value in values.items():
         if isinstance(value, dict) and isinstance(target.get(name), dict):
             _merge(target[name], value)
@@ -348,9 +306,7 @@ def _merge(target: dict, values: dict) -> None:
 
 
 def train_play_profile(config: dict, env: Env = os.environ, *, path: str | None = None) -> Section:
-    """The typed ``[train_play.<profile>]`` of env ``TRAIN_PLAY_PROFILE`` (default ``'default'``), as Mortal picks
-    ``config['train_play'][profile]``. Raises :class:`ConfigError` naming the table and the file when it is
-    missing."""
+    """The typed ``[train_play.<profile>]`` of ``TRAIN_PLAY_PROFILE``; ``ConfigError`` when it is missing."""
     profile = profile_name(env)
     if _get_table(config, profile_table(profile)) is None:
         path = resolve_path(path, env)
@@ -365,23 +321,18 @@ def profile_name(env: Env = os.environ) -> str:
 
 
 def profile_table(profile: str) -> str:
-    """The dotted name of ``[train_play.<profile>]`` as a TOML header spells it: ``train_play."a.b"`` for the
-    profile ``a.b``, which ``train_play.a.b`` would read as a table ``b`` inside a profile ``a``."""
+    """The dotted name of ``[train_play.<profile>]`` as a TOML header spells it (``train_play."a.b"``)."""
     return table_name(('train_play', profile))
 
 
 def for_checkpoint(config: dict) -> dict:
-    """A deep copy of ``config`` without the shared secret ``[online.remote] token``, to store as
-    ``state['config']`` (checkpoints get shared)."""
+    """A deep copy of ``config`` without ``[online.remote] token``, to store in a checkpoint."""
     public = copy.deepcopy(config)
     remote = _get_table(public, 'online.remote')
     if remote is not None:
         remote.pop('token', None)
     return public
 
-
-# ------------------------------------------------------------------------------------------------------------------
-# Messages
 
 _KIND_NAMES = {'int': 'an integer', 'float': 'a number', 'bool': 'true or false', 'str': 'a string',
                'str_list': 'a list of strings', 'float_list': 'a list of numbers'}
@@ -395,7 +346,6 @@ def _shown(value) -> str:
 
 
 def _problem(err: dict, config: dict, path: str) -> str:
-    """One pydantic error as ``[section] key in <file> ...``."""
     def tagged(part):
         return isinstance(part, str) and part.startswith('<')
 
@@ -433,8 +383,7 @@ def _problem(err: dict, config: dict, path: str) -> str:
 
 
 def _unknown_names(config: dict, path: str, warns: list[str], errors: list[str]) -> None:
-    """The warnings of :func:`unknown_names`; a removed key (``REMOVED_KEYS``), also in a removed table, is an error
-    instead."""
+    """The warnings of ``unknown_names``; a removed key (``REMOVED_KEYS``) is an error instead."""
     def leaves(node: dict, parts: tuple):  # (dotted table, key) of every key inside a table
         for name, value in node.items():
             if isinstance(value, dict) and isinstance(name, str):
@@ -459,12 +408,8 @@ def _unknown_names(config: dict, path: str, warns: list[str], errors: list[str])
         warns.append(warning)
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Rules across keys
-
 def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str]) -> None:
-    """The rules that tie several keys together, appended as messages. ``cfg`` holds the tables that validate
-    (a table that does not is None there: a rule over it is not checked)."""
+    """The rules that tie several keys together, appended as messages (tables that failed are None, skipped)."""
     control, online, server = cfg.control, cfg.online, cfg.online and cfg.online.server
     # no folder a process empties may hold the config, the checkpoints or another emptied folder
     errors.extend(config_paths.folder_errors(cfg, path))
@@ -520,10 +465,8 @@ def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str])
 
 def scheduler_problems(*, peak, final, warm_up_steps, max_steps, init=SCHEDULER_DEFAULT_INIT, offset=0,
                        epoch_size=0, **_ignored) -> list[tuple[str, str]]:
-    """What is wrong with an ``[optim.scheduler]`` shape, as ``(key = value, rule)`` pairs; ``[]`` if nothing: the
-    one definition the config check and ``mortal.learning.schedule.LinearWarmUpCosineAnnealingLR`` use.
-    ``peak >= final >= init >= 0``; ``warm_up_steps``, ``max_steps``, ``epoch_size`` >= 0; ``max_steps`` 0 (no
-    annealing: ``final`` from the end of the warm-up on) or >= ``warm_up_steps``. Other keys are ignored."""
+    """``[(key = value, rule)]`` wrong with an ``[optim.scheduler]`` shape, ``[]`` if none:
+    ``peak >= final >= init >= 0``, the step counts >= 0, ``max_steps`` 0 or >= ``warm_up_steps``."""
     out = []
     if init < 0:
         out.append((f'init = {init}', 'must be >= 0'))

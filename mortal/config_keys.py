@@ -1,6 +1,4 @@
-"""The config's keys by name: the key table read off the schema's models (``SCHEMA``, ``section_keys``,
-``key_table``), a table's dotted name as a TOML header spells it (``table_name``, ``table_path``), and the names a
-file should not hold (``unknown_names``, ``REMOVED_KEYS``). Nothing here reads a file."""
+"""The config's keys by name, read off the schema's models; TOML spelling of tables; unknown and removed names."""
 
 from __future__ import annotations
 
@@ -18,8 +16,7 @@ UNFILLED = object()  # marker: an optional key that is accepted but not filled i
 
 @dataclass(frozen=True)
 class Key:
-    """One key as the models declare it: TOML type, meaning, and default (:data:`REQUIRED`, :data:`UNFILLED` or the
-    value)."""
+    """One key as the models declare it: TOML type, meaning, default (``REQUIRED``, ``UNFILLED`` or the value)."""
 
     kind: str
     doc: str
@@ -58,8 +55,7 @@ SCHEMA: dict[str, dict[str, Key]] = {dotted: keys_of(model) for dotted, model in
 
 
 def section_keys(dotted: str) -> dict[str, Key] | None:
-    """The keys of the table ``dotted`` (``train_play.<profile>`` included, a quoted one such as
-    ``train_play."a.b"`` too), or None for an unknown table."""
+    """The keys of the table ``dotted`` (profiles included), or None for an unknown table."""
     parts = table_path(dotted)
     if len(parts) == 2 and parts[0] == 'train_play':  # a profile has any name, and no sub-tables
         return SCHEMA['train_play.*']
@@ -73,17 +69,14 @@ _STRING = json.JSONDecoder()
 
 
 def table_name(parts: Iterable) -> str:
-    """The dotted name of the table at the keys ``parts`` as a TOML header spells it, a key that is not bare quoted:
-    ``train_play."a.b"`` is the profile ``a.b``, ``train_play.a.b`` a table ``b`` inside a profile ``a``. A key that
-    is not a string (a dict built in Python) is written as ``str`` does."""
+    """The dotted name of the table at ``parts`` as a TOML header spells it, non-bare keys quoted."""
     return '.'.join(part if isinstance(part, str) and _BARE_KEY.fullmatch(part)
                     else json.dumps(part, ensure_ascii=False) if isinstance(part, str) else str(part)
                     for part in parts)
 
 
 def table_path(dotted: str) -> list[str]:
-    """The keys of a dotted name, what :func:`table_name` spelled: ``'train_play."a.b"'`` is
-    ``['train_play', 'a.b']``, ``'online.server'`` is ``['online', 'server']`` (as ``str.split('.')``)."""
+    """The keys of a dotted name: ``'train_play."a.b"'`` -> ``['train_play', 'a.b']``."""
     parts, i = [], 0
     while True:
         if dotted.startswith('"', i):
@@ -123,8 +116,7 @@ REMOVED_KEYS = {
 
 
 def key_table() -> list[tuple[str, str, str, str, str]]:
-    """Every known key as ``(section, key, type, default, meaning)``, for docs/config.md
-    (``scripts/gen_config_doc.py``)."""
+    """Every known key as ``(section, key, type, default, meaning)``, for docs/config.md."""
     def shown(default) -> str:
         if default is REQUIRED:
             return 'required'
@@ -135,9 +127,7 @@ def key_table() -> list[tuple[str, str, str, str, str]]:
 
 
 class Unknown(NamedTuple):
-    """A table or key the schema does not know (:func:`unknown_names`): ``table`` the dotted table holding it ('' at
-    the top level; as :func:`table_name` spells it), ``name``, ``is_section`` (a whole table) and ``suggestion``,
-    the known key of that table closest to ``name`` (``difflib``, similarity >= 0.8), or None."""
+    """A table or key the schema does not know: ``table`` ('' at top), ``name``, ``is_section``, ``suggestion``."""
 
     table: str
     name: str

@@ -1,16 +1,4 @@
-"""Paths of the config: the ``{config_dir}`` prefix, and the rule that no folder a process empties holds the config
-or the run's state.
-
-``{config_dir}`` at the start of a string value, followed by the end of the value or a path separator, stands for the
-folder of the config file as given (a symbolic link to the file is not followed: the link's folder counts). Another
-use (``'{config_dir}..'``, ``'{config_dir}x'``) is an error naming the key. ``[online.remote] token`` is a secret,
-never a path: it is never expanded.
-
-Folders the processes empty: ``[online.server] buffer_dir`` and ``drain_dir`` (the server, at start),
-``<drain_dir>.trainer`` (the learner's claims), every ``[train_play.<profile>] log_dir`` (a client, each round),
-``[test_play] log_dir`` and ``<log_dir>_best`` (the learner's test plays). ``[1v3] log_dir`` is never emptied.
-Two ``[train_play.*]`` profiles may name the same ``log_dir`` (a client locks it, so one plays at a time).
-"""
+"""The ``{config_dir}`` prefix, and that no emptied folder may hold the config or run state (docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -42,11 +30,7 @@ def expand(value: str, folder: str) -> str:
 
 
 def expand_config_dir(node, folder: str, _where: tuple = ()):
-    """In place, every string of the loaded config ``node`` (its tables and arrays) that starts with
-    ``{config_dir}`` (then its end or a separator) starts with ``folder`` (the config file's, absolute) instead:
-    ``state_file = '{config_dir}/online/mortal.pth'`` names a file beside the config, wherever the folder is moved
-    or copied. ``[online.remote] token`` is left as it is. Other strings, relative paths included (relative to the
-    working directory, as Mortal's), are left as they are. Returns ``node``."""
+    """In place, a leading ``{config_dir}`` of every string in ``node`` becomes ``folder`` (not the token)."""
     items = node.items() if isinstance(node, dict) else enumerate(node)
     for k, v in list(items):
         where = _where + (k,)
@@ -58,8 +42,7 @@ def expand_config_dir(node, folder: str, _where: tuple = ()):
 
 
 def config_dir_errors(config: dict, path: str) -> list[str]:
-    """One message per string of ``config`` (the plain dict) that starts with ``{config_dir}`` not followed by its
-    end or a path separator (``'{config_dir}..'``): naming the key and the file."""
+    """One message per string where ``{config_dir}`` is not followed by its end or a separator."""
     out = []
 
     def walk(node, where):
@@ -88,7 +71,7 @@ def _inside(child: str, parent: str) -> bool:
 
 
 def _glob_root(pattern: str) -> str:
-    """The folder part of a glob pattern before its first wildcard (``data/**/*.gz`` -> ``data``)."""
+    """``data/**/*.gz`` -> ``data``."""
     parts = pattern.split(os.sep)
     fixed = []
     for part in parts:
@@ -101,8 +84,7 @@ def _glob_root(pattern: str) -> str:
 
 
 def emptied_folders(cfg) -> list[tuple[str, str]]:
-    """``(key, path as written)`` of every folder the processes of ``cfg`` (a typed, possibly partial Config)
-    empty (see the module's docstring)."""
+    """``(key, path as written)`` of every folder the processes of the typed ``cfg`` empty."""
     out = []
     server = cfg.online and cfg.online.server
     if server is not None:
@@ -118,8 +100,7 @@ def emptied_folders(cfg) -> list[tuple[str, str]]:
 
 
 def kept_paths(cfg, config_path: str) -> list[tuple[str, str]]:
-    """``(key, path as written)`` of every file or folder of ``cfg`` that no emptied folder may hold: the config
-    file, the state, best, baseline and GRP checkpoints, the file index and the dataset globs' root folders."""
+    """``(key, path as written)`` of what no emptied folder may hold: config, checkpoints, file index, globs' roots."""
     out = [('the config file', os.fspath(config_path))]
     if cfg.control is not None:
         out += [('[control] state_file', cfg.control.state_file),
@@ -139,9 +120,7 @@ def kept_paths(cfg, config_path: str) -> list[tuple[str, str]]:
 
 
 def folder_errors(cfg, config_path: str) -> list[str]:
-    """One message per emptied folder (:func:`emptied_folders`) of ``cfg`` that is, holds or lies inside another
-    emptied folder, or holds a kept path (:func:`kept_paths`): paths compared after ``{config_dir}`` expansion and
-    ``os.path.realpath`` (relative paths: from the working directory)."""
+    """One message per emptied folder of ``cfg`` that is, holds or lies in another, or holds a kept path."""
     folder = config_folder(config_path)
     where = f' in {config_path}'
     emptied = [(k, v, _real(v, folder)) for k, v in emptied_folders(cfg) if v]

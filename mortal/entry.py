@@ -1,9 +1,4 @@
-"""Start-up shared by the command-line entry points (``mortal.server``, ``mortal.client``, ``mortal.train``, ...).
-
-A ``main()`` builds its parser with :func:`parser` (adds ``-c/--config``), prepares the process with
-:func:`start`, and reads its config with :func:`load_config` or :func:`load_config_or_exit`. The ``sys.path`` line
-of a module run as a script stays in that module: it makes this package importable in the first place.
-"""
+"""Start-up shared by the command-line entry points."""
 
 from __future__ import annotations
 
@@ -22,9 +17,7 @@ CONFIG_HELP = 'config file (default: $MORTAL_CFG or config.toml)'
 
 
 def parser(description: str | None = None, *, config: bool = True, **kwargs) -> argparse.ArgumentParser:
-    """An ``argparse.ArgumentParser(description=..., **kwargs)`` that takes ``-c/--config PATH`` unless
-    ``config`` is False (``args.config`` is None when it is not given: :func:`load_config` then falls back to
-    ``$MORTAL_CFG``, else ``config.toml``)."""
+    """An ``argparse.ArgumentParser`` with ``-c/--config PATH`` unless ``config`` is False."""
     p = argparse.ArgumentParser(description=description, **kwargs)
     if config:
         p.add_argument('-c', '--config', default=None, help=CONFIG_HELP)
@@ -32,14 +25,12 @@ def parser(description: str | None = None, *, config: bool = True, **kwargs) -> 
 
 
 def drop_rust_backtrace() -> None:
-    """Unset ``RUST_BACKTRACE`` for this process and the ones it starts: with it set, every error that the
-    mjai/riichienv bindings raise (a refused action, a bad log) first collects a full backtrace, which is slow."""
+    """Unset ``RUST_BACKTRACE`` here and in children (every Rust error would collect a slow backtrace)."""
     os.environ.pop('RUST_BACKTRACE', None)
 
 
 def apply_env(env: Mapping[str, str] = os.environ) -> mcfg.EnvOverrides:
-    """Read the environment overrides once (``mortal.config.EnvOverrides``) and apply the process-wide one:
-    ``MORTAL_SP_THREADS`` becomes ``mortal.features.obs_v4.SP_THREADS``. Returns the overrides, to pass down."""
+    """Read the environment overrides once, set ``obs_v4.SP_THREADS``, and return them to pass down."""
     overrides = mcfg.EnvOverrides.from_env(env)
     # A process that never loads the version-4 search keeps it unloaded; one that has it gets the value (None too,
     # so that a second start in the same process, e.g. a test, does not keep the first one's).
@@ -51,8 +42,7 @@ def apply_env(env: Mapping[str, str] = os.environ) -> mcfg.EnvOverrides:
 
 def start(parser: argparse.ArgumentParser, argv: list[str] | None = None, *,
           log_level: int | None = logging.INFO) -> argparse.Namespace:
-    """Parse ``argv`` (usage error: status 2) and prepare the process (:func:`drop_rust_backtrace`, logging at
-    ``log_level`` in ``LOG_FORMAT`` unless None, :func:`apply_env`); the arguments plus ``args.overrides``."""
+    """Parse ``argv`` (usage error: status 2) and prepare the process; the arguments plus ``args.overrides``."""
     drop_rust_backtrace()
     args = parser.parse_args(argv)
     if log_level is not None:
@@ -62,8 +52,7 @@ def start(parser: argparse.ArgumentParser, argv: list[str] | None = None, *,
 
 
 class AboveBars(logging.StreamHandler):
-    """A stream handler that writes each line above the tqdm bars drawn on its stream (``tqdm.write``), so that a
-    line logged while the TRAIN or game bar is drawn is not glued to it."""
+    """A stream handler writing above the tqdm bars (``tqdm.write``) so a log line is not glued to a bar."""
 
     def emit(self, record):
         try:
@@ -74,17 +63,13 @@ class AboveBars(logging.StreamHandler):
 
 
 def error(message, status: int = 2) -> int:
-    """Report a user error as one ``error: <message>`` line on stderr (no traceback) and return ``status``, for
-    ``return entry.error(exc)`` in a ``main()`` (2: bad config or input, as argparse's usage errors)."""
+    """Print one ``error: <message>`` line on stderr and return ``status`` (2: bad config or input)."""
     print(f'error: {message}', file=sys.stderr)
     return status
 
 
 def load_config(args: argparse.Namespace, required: mcfg.Required) -> dict:
-    """The config of ``args.config`` (else ``$MORTAL_CFG``, else ``config.toml``) with the ``required`` sections
-    (names, or a function of the file's dict: ``mortal.config.Required``), read with ``args.overrides``; raises
-    ``mortal.config.ConfigError`` (for a ``main()`` that reports it its own way), also for version 4 on a checkout
-    without the compiled single-player core (:func:`sp_core_problem`)."""
+    """The config of ``args.config`` with the ``required`` sections; ``ConfigError``, also for v4 without the core."""
     config = mcfg.load_config(args.config, required=required, env=args.overrides)
     problem = sp_core_problem(config, required)
     if problem:
@@ -93,9 +78,7 @@ def load_config(args: argparse.Namespace, required: mcfg.Required) -> dict:
 
 
 def sp_core_problem(config: dict, required: mcfg.Required) -> str | None:
-    """``mortal.features.sp.calc.CORE_MISSING`` when the process (its ``required`` sections include ``[control]``)
-    is asked for ``[control] version = 4`` and the compiled core is not built, else None: the process then stops
-    at start-up with that one line rather than at its first version-4 observation."""
+    """``CORE_MISSING`` when ``[control] version = 4`` is asked for without the compiled core, else None."""
     names = required(config) if callable(required) else required
     if 'control' not in names or mcfg.typed(config).control.version != 4:
         return None
@@ -104,8 +87,7 @@ def sp_core_problem(config: dict, required: mcfg.Required) -> str | None:
 
 
 def load_config_or_exit(args: argparse.Namespace, required: mcfg.Required) -> dict:
-    """:func:`load_config`, but a ``ConfigError`` becomes one ``error: ...`` line on stderr and exit status 2
-    (``SystemExit``)."""
+    """``load_config``; a ``ConfigError`` becomes one ``error: ...`` line and exit status 2."""
     try:
         return load_config(args, required)
     except mcfg.ConfigError as exc:
@@ -120,8 +102,7 @@ ONE_VS_THREE_DEVICES = ('1v3.challenger.device', '1v3.champion.device')
 
 
 def device_problems(config: dict, keys: Iterable[str]) -> list[str]:
-    """One line, naming the key and the fix, for each of ``keys`` (dotted) whose device this torch cannot use: not
-    a device string, not ``cpu``/``cuda[:N]``/``mps``, no MPS, no CUDA build or GPU, an index beyond the GPUs."""
+    """One line (key and fix) per device of ``keys`` this torch cannot use."""
     given = [(dotted, value) for dotted in keys if isinstance(value := mcfg.lookup(config, dotted), str)]
     if not given:
         return []
@@ -159,8 +140,7 @@ def device_problems(config: dict, keys: Iterable[str]) -> list[str]:
 
 
 def check_devices(config: dict, keys: Iterable[str]) -> None:
-    """At process start: each of :func:`device_problems` as one ``error: ...`` line on stderr, then exit status 2
-    (``SystemExit``); nothing when every device of ``keys`` is usable."""
+    """Exit with status 2 after one ``error: ...`` line per ``device_problems``; nothing when all are usable."""
     problems = device_problems(config, keys)
     for line in problems:
         error(line)
@@ -168,10 +148,7 @@ def check_devices(config: dict, keys: Iterable[str]) -> None:
         raise SystemExit(2)
 
 
-# -- what a process runs with, and why it stopped ---------------------------------------------------------------
-
-#: The keys a user tunes, per process, as ``table.key`` (``train_play`` stands for the profile in use): what
-#: :func:`log_settings` prints at start. Not every key: the rest is in the file.
+#: The keys a user tunes, per process (``train_play``: the profile in use), which ``log_settings`` prints.
 SETTINGS = {
     'learner': ('control.version', 'control.online', 'control.device', 'control.batch_size',
                 'control.opt_step_every', 'control.save_every', 'control.test_every', 'control.submit_every',
@@ -188,9 +165,8 @@ SETTINGS = {
 
 
 def settings_lines(config: dict, keys, env=os.environ) -> list[str]:
-    """One line per table of ``keys`` (``SETTINGS``' form), in their order, with the loaded (effective) values:
-    ``[control] version = 3, device = 'cpu', batch_size = 64``. ``train_play`` is the ``[train_play.<profile>]``
-    of ``TRAIN_PLAY_PROFILE`` in ``env``; a table the config lacks is left out."""
+    """One line per table of ``keys`` with the effective values, e.g.
+    ``[control] version = 3, device = 'cpu', batch_size = 64``; tables the config lacks are left out."""
     from mortal.util.config_diff import shown
     tables = {}
     for dotted in keys:
@@ -209,17 +185,14 @@ def settings_lines(config: dict, keys, env=os.environ) -> list[str]:
 
 
 def log_settings(log: logging.Logger, config: dict, process: str, path: str | None = None, env=os.environ) -> None:
-    """Log at INFO the ``SETTINGS`` of ``process`` in ``config`` (as loaded: defaults filled), one line per table
-    after a line naming the config file (``path``, else ``MORTAL_CFG`` of ``env``, else ``config.toml``; ``env``
-    also gives ``TRAIN_PLAY_PROFILE``)."""
+    """Log at INFO the config file's name, then ``settings_lines`` of ``process``."""
     log.info('settings (config %s):', os.path.abspath(mcfg.resolve_path(path, env)))
     for line in settings_lines(config, SETTINGS[process], env):
         log.info('  %s', line)
 
 
 class Stopped(KeyboardInterrupt):
-    """A stop signal turned into an exception (:func:`stop_on_sigterm`), so that a ``main()`` unwinds as on Ctrl-C
-    (every ``except KeyboardInterrupt`` still applies) and can say why it stopped (:func:`stop_cause`)."""
+    """A stop signal as an exception (a KeyboardInterrupt), so ``main()`` unwinds as on Ctrl-C."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
@@ -231,20 +204,17 @@ def _raise_stopped(signum, frame):
 
 
 def stop_on_sigterm():
-    """SIGTERM raises :class:`Stopped` in the main thread from now on, so the process can say why it stops;
-    returns the previous handler (None outside the main thread, where nothing is set)."""
+    """SIGTERM raises ``Stopped`` in the main thread from now on; returns the previous handler."""
     if threading.current_thread() is threading.main_thread():
         return signal.signal(signal.SIGTERM, _raise_stopped)
     return None
 
 
 def stop_cause(exc: BaseException) -> str:
-    """The signal behind a stop, by name: ``'SIGTERM'`` for :class:`Stopped` of SIGTERM, ``'SIGINT'`` for any
-    other KeyboardInterrupt (Ctrl-C)."""
+    """``'SIGTERM'`` for ``Stopped`` of SIGTERM, else ``'SIGINT'``."""
     return signal.Signals(exc.signum).name if isinstance(exc, Stopped) else 'SIGINT'
 
 
 def stop_status(exc: BaseException, default: int = 0) -> int:
-    """The exit status after a stop: 128 + the signal number for :class:`Stopped` (what a shell reports for a
-    process the signal ended), ``default`` for Ctrl-C."""
+    """Exit status after a stop: 128 + the signal for ``Stopped``, ``default`` for Ctrl-C."""
     return 128 + exc.signum if isinstance(exc, Stopped) else default

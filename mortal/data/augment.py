@@ -15,11 +15,7 @@ def _swap_mp(name: str) -> str:
 
 
 def augment_event(ev: dict) -> dict:
-    """Copy of ``ev`` with manzu and pinzu swapped in every tile field (Mortal's ``Event::augment``).
-
-    Fields: ``dora_marker``, ``tehais``, ``pai``, ``consumed``, ``ura_markers``, and the action index of the
-    arena's ``meta.counterfactual``.
-    """
+    """Copy of ``ev`` with manzu and pinzu swapped in every tile field (Mortal's ``Event::augment``)."""
     out = dict(ev)
     for key in ("pai", "dora_marker"):
         if isinstance(out.get(key), str):

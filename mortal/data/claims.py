@@ -1,15 +1,4 @@
-"""The online learner's claims on drained logs, and which of their samples it has trained, across restarts.
-
-The server empties ``drain_dir`` at its next drain and start (Mortal), so the learner hard-links each drain into
-its own ``<drain_dir>.trainer`` (``claim_drained``). Every sample carries ``[file, pass, index, count]``
-(``FileDatasetsIter(sample_ids=True)``) and the learner records (``record``) each trained batch's ids. ``claims.json``
-lists every claimed log not fully trained and, per pass, ``"done"`` or the indices trained; it is written
-atomically when logs are claimed and, with each checkpoint, in one step with it (``commit_with``: staged as
-``claims.json.next``, renamed after the checkpoint, reconciled at ``open`` by the checkpoint's ``steps``), so it
-always describes the last checkpoint: nothing is trained twice or skipped. Finished logs are unlinked at the next
-commit; the rest is re-read with trained samples left out (``FileDatasetsIter(trained=...)``). ``end_epoch``
-returns the samples lost after all (``data/samples_dropped``). See docs/operations.md, "The claim ledger".
-"""
+"""The online learner's claims on drained logs and their trained samples (docs/operations.md, "The claim ledger")."""
 
 from __future__ import annotations
 
@@ -53,11 +42,7 @@ def _remaining(unit) -> int:
 
 
 class ClaimLedger:
-    """Training progress of the logs claimed into ``claim_dir`` (the module docstring); start from disk with
-    ``open`` or ``for_dataset``. ``signature``: what decides a log's samples and passes (a manifest under another
-    is not trusted sample by sample); ``passes`` per epoch. ``duplicates``: samples recorded twice (0 unless broken);
-    ``lost_samples``: remaining samples of claimed logs found gone, not yet reported by ``end_epoch``.
-    """
+    """Training progress of the logs claimed into ``claim_dir``; start it with ``open`` or ``for_dataset``."""
 
     def __init__(self, claim_dir: str, *, signature: dict, passes: int):
         self.claim_dir = path.abspath(claim_dir)
@@ -71,14 +56,10 @@ class ClaimLedger:
         self._epoch: list[str] = []
         self._seen: set = set()
 
-    # -- disk ------------------------------------------------------------------------------------------------
 
     @classmethod
     def open(cls, claim_dir: str, *, signature: dict, passes: int, steps: int | None = None) -> "ClaimLedger":
-        """The ledger of ``claim_dir`` (created) as its manifest left it: missing logs' remaining samples count in
-        ``lost_samples``; under another signature every log is resumed whole. A manifest staged by ``commit_with``
-        and never renamed becomes the manifest when its step is ``steps`` (the checkpoint on disk), else it is
-        dropped; all logged."""
+        """The ledger of ``claim_dir`` (created) as its manifest left it; ``steps``: the checkpoint on disk."""
         ledger = cls(claim_dir, signature=signature, passes=passes)
         os.makedirs(ledger.claim_dir, exist_ok=True)
         manifest = path.join(ledger.claim_dir, MANIFEST)
@@ -108,19 +89,14 @@ class ClaimLedger:
 
     @classmethod
     def for_dataset(cls, claim_dir: str, ds, version: int, steps: int | None = None) -> "ClaimLedger":
-        """``open`` with the signature and passes of the online learner's loader: the typed ``[dataset]``'s
-        (``mortal.config.section``) ``num_epochs``, ``enable_augmentation`` and ``augmented_first``, feature
-        ``version``, the ``trainee`` seat; ``steps`` the step of the learner's checkpoint."""
+        """``open`` with the signature and passes of the learner's loader."""
         signature = {"version": version, "player_names": ["trainee"], "num_epochs": ds.num_epochs,
                      "enable_augmentation": ds.enable_augmentation, "augmented_first": ds.augmented_first}
         passes = ds.num_epochs * (2 if ds.enable_augmentation else 1)
         return cls.open(claim_dir, signature=signature, passes=passes, steps=steps)
 
     def _name_problem(self, name) -> str:
-        """Why ``name`` cannot be a claimed log of this folder ('' when it can; 'missing' when it is a plain name
-        with nothing at that place): only a plain file name (no separator, not '.' or '..', no NUL, not one of
-        ``reserved_names``) of a regular file directly in ``claim_dir`` (not a symlink) is one. A hand-edited or
-        corrupted manifest must never make the ledger read or unlink anything outside the folder."""
+        """Why ``name`` cannot be a claimed log here ('' when it can), so nothing outside is touched."""
         if not isinstance(name, str) or not name or name in (".", "..") or "\0" in name or "/" in name \
                 or (os.sep and os.sep in name) or (os.altsep and os.altsep in name):
             return "not a plain file name"
@@ -145,30 +121,25 @@ class ClaimLedger:
                 for p, u in sorted(units.items())}
 
     def _write(self, files: dict | None = None, steps: int | None = None, name: str = MANIFEST) -> None:
-        """Write the manifest ``name`` (default: the committed state) atomically."""
         data = {"format": _FORMAT, "signature": self.signature, "passes": self.passes,
                 "steps": self.steps if files is None else steps,
                 "files": self.committed if files is None else files}
         atomic_write_bytes(json.dumps(data, separators=(",", ":")).encode("utf-8"), path.join(self.claim_dir, name))
 
-    # -- claims ----------------------------------------------------------------------------------------------
 
     def names(self) -> set:
         """Names of the claimed logs the ledger still tracks (a new drain must keep them)."""
         return set(self.files)
 
     def add(self, names) -> None:
-        """Track newly claimed logs (nothing trained yet); listed in the manifest before they are linked, so a
-        crash in between leaves no claimed log unlisted."""
+        """Track newly claimed logs; listed in the manifest before they are linked."""
         for name in names:
             self.files[name] = {}
             self.committed[name] = {}
         self._write()
 
     def claim(self, drain_dir: str, files) -> tuple:
-        """Claim the drained ``drain_dir/name`` of each of ``files`` into the claim folder (``claim_drained``,
-        keeping the tracked logs and the manifest) and track them; those that vanished first are forgotten again.
-        Returns ``(claimed paths in files order, names of files that had vanished)``; raises OSError."""
+        """Claim the drained ``files`` (``claim_drained``) and track them; ``(claimed paths, vanished names)``."""
         targets = []
 
         def on_claim(names):
@@ -211,7 +182,6 @@ class ClaimLedger:
         return {path.join(self.claim_dir, n): {p: None if u == _DONE else set(u.trained) for p, u in units.items()}
                 for n, units in self.files.items() if units}
 
-    # -- an epoch --------------------------------------------------------------------------------------------
 
     def begin_epoch(self, paths) -> None:
         """The files of this epoch's loader, in the order its sample ids' ``file`` refers to."""
@@ -253,10 +223,7 @@ class ClaimLedger:
             self._seen.add((name, pass_))
 
     def end_epoch(self) -> int:
-        """After the loader was read to its end: every pass of the epoch's files has yielded all it had. A pass
-        that yielded nothing is done (no samples, or a bad log); a partly trained pass that yielded nothing
-        lost its remaining samples (the log is gone or now unreadable). Returns the samples lost since the
-        last call, ``lost_samples`` included."""
+        """After the loader's end: passes that yielded nothing are done; returns the samples lost since."""
         lost, self.lost_samples = self.lost_samples, 0
         for name in dict.fromkeys(self._epoch):
             units = self.files.get(name)
@@ -291,17 +258,15 @@ class ClaimLedger:
         return len(finished)
 
     def commit(self) -> int:
-        """Persist the live progress (with no checkpoint: ``commit_with`` ties it to one) and unlink the logs
-        trained in full. Returns how many were unlinked."""
+        """Persist the live progress without a checkpoint and unlink the fully trained logs; returns their count."""
         finished, files = self._staged()
         self.steps = None
         self._write(files, None)
         return self._finish(finished, files)
 
     def commit_with(self, steps: int, save) -> int:
-        """Persist the progress in one step with the checkpoint ``save()`` writes at ``steps``: staged as ``STAGED``,
-        ``save()``, renamed (``open`` reconciles a kill between); nothing is committed when ``save()`` raises.
-        Returns how many fully trained logs were unlinked."""
+        """Persist the progress in one step with the checkpoint ``save()`` writes at ``steps`` (staged, saved,
+        renamed); nothing is committed when ``save()`` raises. Returns how many trained logs were unlinked."""
         finished, files = self._staged()
         staged = path.join(self.claim_dir, STAGED)
         self._write(files, steps, STAGED)
@@ -319,10 +284,7 @@ class ClaimLedger:
         return self._finish(finished, files)
 
 
-# ---------------------------------------------------------------------------- the manifest
-
 def _staged_steps(staged: str):
-    """The ``steps`` of a staged manifest; None when it has none or cannot be read."""
     try:
         with open(staged, encoding="utf-8") as f:
             steps = json.load(f).get("steps")
@@ -332,9 +294,7 @@ def _staged_steps(staged: str):
 
 
 def _reconcile(claim_dir: str, steps) -> None:
-    """Settle a manifest ``commit_with`` staged in ``claim_dir`` and never renamed: it becomes the manifest when
-    it belongs to the checkpoint on disk (its steps are ``steps``), else it is removed (that checkpoint was never
-    written). Logged either way."""
+    """Adopt a staged manifest whose steps are ``steps`` (the checkpoint on disk), else remove it; logged."""
     staged, manifest = path.join(claim_dir, STAGED), path.join(claim_dir, MANIFEST)
     if not path.lexists(staged):
         return
@@ -359,9 +319,7 @@ def _reconcile(claim_dir: str, steps) -> None:
 
 
 def _read_manifest(ledger: ClaimLedger, manifest: str) -> tuple:
-    """``(files, same, steps)`` of the ``manifest`` of ``ledger``'s folder: its ``files`` entry, whether it was
-    written under the ledger's signature and passes (logged when not), the checkpoint step of its commit (None
-    when unknown). An unreadable manifest (logged) lists every plain file of the folder with no progress."""
+    """``(files, same signature, steps)`` of the manifest; an unreadable one lists every plain file, untrained."""
     try:
         with open(manifest, encoding="utf-8") as f:
             data = json.load(f)
@@ -386,10 +344,7 @@ def _read_manifest(ledger: ClaimLedger, manifest: str) -> tuple:
 
 
 def _parse_units(manifest: str, name: str, passes_, n_passes: int, *, gone: bool = False) -> dict:
-    """The ``{pass: _Partial or _DONE}`` of a manifest entry; a malformed entry (wrong types, pass outside
-    0..n_passes-1, total outside 1..MAX_SAMPLES, indices outside 0..total-1) is logged once, naming the file
-    and the entry, and its progress dropped: that log is resumed whole (``gone``: the log is missing, its
-    remaining samples count 0)."""
+    """The ``{pass: _Partial or _DONE}`` of a manifest entry; a malformed one is logged once and resumed whole."""
     def bad(why):
         text = repr(passes_)
         logger.warning("%s: malformed entry for %r (%s: %s): %s", manifest, name, why,
@@ -420,8 +375,6 @@ def _parse_units(manifest: str, name: str, passes_, n_passes: int, *, gone: bool
     return units
 
 
-# ---------------------------------------------------------------------------- drain claiming
-
 def claim_dir_for(drain_dir: str) -> str:
     """The learner's own directory next to the server's ``drain_dir``: ``<drain_dir>.trainer``."""
     return path.normpath(drain_dir) + ".trainer"
@@ -438,9 +391,8 @@ def _free_name(name: str, taken: set) -> str:
 
 
 def claim_drained(drain_dir: str, files, claim_dir: str, *, keep=(), on_claim=None) -> tuple:
-    """Hard-link (else copy) each drained ``drain_dir/name`` of ``files`` into ``claim_dir``, first emptied except
-    for ``keep`` (a clashing name is claimed as ``'<k>+<name>'``); ``on_claim(names)`` is called before any link.
-    Returns (claimed paths in ``files`` order, names that vanished first); OSError when a link or copy fails."""
+    """Hard-link (else copy) each drained ``drain_dir/name`` into ``claim_dir`` (emptied but for ``keep``; a
+    clash becomes ``'<k>+<name>'``). Returns (claimed paths, names that vanished); OSError when a link fails."""
     keep = set(keep)
     empty_dir(claim_dir, keep)
     targets = []
@@ -471,7 +423,6 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 
 def staleness(drain_reply: dict) -> list:
-    """Parameter versions (ints >= 0) between each drained log's version and the server's current one, from a
-    drain reply's ``param_version`` and ``param_versions``; unknown versions (< 0) are left out."""
+    """Parameter versions (ints >= 0) between each drained log's and the server's; unknown ones left out."""
     current = drain_reply.get("param_version", 0)
     return [current - v for v in drain_reply.get("param_versions", []) if v >= 0]

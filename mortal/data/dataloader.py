@@ -1,21 +1,8 @@
 """Streaming training samples from mjai log files, as Mortal's ``mortal/dataloader.py``.
 
-``FileDatasetsIter`` (a torch ``IterableDataset``) yields ``(obs, action, mask, steps_to_done, kyoku_reward,
-player_rank, cf_action, cf_delta)``: ``obs`` ``(C, 34)`` float32 (C = 934 at v3, 1012 at v4); ``action`` int64 0-45;
-``mask`` ``(46,)`` bool with ``mask[action]``; ``steps_to_done`` int64 (discard/riichi/kan-select steps to the
-seat's last decision of the kyoku); ``kyoku_reward`` float64 in ``pts`` units (``mortal.data.reward``);
-``player_rank`` int64 0-3 at the next kyoku's start (ties to the lower seat); ``cf_action`` int64, the action a
-counterfactual branch took instead (-1: none); ``cf_delta`` float32, that branch's kyoku outcome minus the real
-one (0: none). The Q target is ``q_target(gamma, steps_to_done, kyoku_reward)``.
-
-Batch mode (``batch_size=B``, the trainer's ``learner_loader``) yields whole batches of numpy arrays with ``obs``
-packed ``(B, row_bytes)`` uint8 (``mortal.data.packed_obs``), unpacked where used; the batches are those torch's
-DataLoader would make of the sample stream. Workers (``make_dataloader``) read disjoint shards and start from a
-``forkserver`` (forking after native thread pools can deadlock, as Mortal's online trainer hangs), and die with
-the iterating process (``mortal.util.lifetime``). With ``sample_ids`` each sample names its file, pass and
-position, and ``trained`` leaves out samples trained before (``mortal.data.claims``). ``iter_full_batches`` turns
-the loader's batches into full ones, as Mortal.
-"""
+A sample is ``(obs (C, 34) float32, action int64 0-45, mask (46,) bool, steps_to_done int64, kyoku_reward
+float64 (pts units), player_rank int64 0-3, cf_action int64 (-1: none), cf_delta float32)``; in batch mode
+``obs`` is packed ``(B, row_bytes)`` uint8. Workers start from a forkserver (a fork can deadlock)."""
 
 from __future__ import annotations
 
@@ -56,9 +43,7 @@ def _ranks_by_scores(scores: np.ndarray) -> np.ndarray:
 
 
 def _game_columns(game, reward_calc: RewardCalculator) -> tuple | None:
-    """One seat's ``Gameplay`` as columns ``(packed obs (N, row_bytes) uint8, actions (N,) int64, masks (N, 46) bool,
-    steps_to_done (N,) int64, kyoku rewards (N,) float64, player ranks (N,) int64, cf_actions (N,) int64, cf_deltas
-    (N,) float32)``, rewards and deltas from ``reward_calc``; None when the seat had no decision."""
+    """One seat's ``Gameplay`` as sample columns (obs packed), None when the seat had no decision."""
     n = len(game)
     if n == 0:  # the seat never had a decision
         return None
@@ -91,8 +76,7 @@ def _game_columns(game, reward_calc: RewardCalculator) -> tuple | None:
 
 
 def _cf_deltas(reward_calc, n, player_id, feature, grp, at_kyoku, cf_actions, cf_records) -> np.ndarray:
-    """(n,) float32: for the samples with a counterfactual branch (``cf_actions >= 0``) its kyoku outcome minus
-    the real one (``RewardCalculator.counterfactual_deltas``), 0 for the others."""
+    """(n,) float32: a counterfactual branch's kyoku outcome minus the real one, 0 without a branch."""
     cf_deltas = np.zeros(n, dtype=np.float32)
     has = np.flatnonzero(cf_actions >= 0)
     if len(has):
@@ -105,16 +89,9 @@ def _cf_deltas(reward_calc, n, player_id, feature, grp, at_kyoku, cf_actions, cf
 class FileDatasetsIter(IterableDataset):
     """Samples from gzip (or plain) mjai logs (the module docstring gives the tuple).
 
-    ``file_list`` is shuffled in place each epoch; ``pts``: ``[env] pts``; ``grp``: a trained GRP (None with
-    ``reward='points'``); ``file_batch_size`` files fill the shuffle buffer at a time (Mortal: 20), keeping back
-    ``reserve_ratio`` of each batch's new samples; ``player_names``/``excludes``: seat filters; ``num_epochs``
-    passes, each also augmented (manzu/pinzu swapped) with ``enable_augmentation``, first with ``augmented_first``;
-    ``max_log_bytes``: larger files are skipped. ``sample_ids``: a 9th element ``[file, pass, index, count]``
-    int64 (position in ``file_list`` as given, pass of this iteration, position among the file's ``count`` samples
-    in that pass before any shuffle or filter); ``trained``: ``{path: {pass: indices or None (the whole pass)}}``
-    left out. ``batch_size`` B: yields B-row numpy batches (``obs`` packed; the last shorter); None: samples.
-    Bad files are skipped with a warning, counted in ``skipped``; a summary is logged after each pass.
-    """
+    ``file_list`` is shuffled in place each epoch; ``sample_ids`` adds ``[file, pass, index, count]`` int64;
+    ``trained`` (``{path: {pass: indices or None}}``) is left out; ``batch_size`` B yields B-row numpy batches.
+    Bad files are skipped with a warning and counted in ``skipped``."""
 
     def __init__(self, version, file_list, pts, grp, *, file_batch_size=20, reserve_ratio=0,
                  player_names=None, excludes=None, num_epochs=1, enable_augmentation=False,
@@ -146,7 +123,6 @@ class FileDatasetsIter(IterableDataset):
         self.iterator = None
         self._sharded = False
 
-    # ------------------------------------------------------------ sharding
     def shard(self, worker_id: int, num_workers: int) -> None:
         """Keep only this worker's contiguous slice of ``file_list`` (idempotent)."""
         if self._sharded or num_workers <= 1:
@@ -162,7 +138,6 @@ class FileDatasetsIter(IterableDataset):
         if info is not None:
             self.shard(info.id, info.num_workers)
 
-    # ------------------------------------------------------------ iteration
     def build_iter(self):
         self._shard_for_current_worker()
         self.reward_calc = RewardCalculator(self.grp, self.pts, reward=self.reward)
@@ -212,8 +187,7 @@ class FileDatasetsIter(IterableDataset):
                            len(files), augmented, self.loader.skipped)
 
     def _emit(self, cols, idx):
-        """The rows ``idx`` of the columns ``cols`` in that order: one sample tuple each, or (``batch_size``) as
-        many full batches as they complete."""
+        """The rows ``idx`` of ``cols``: one sample tuple each, or the full batches they complete."""
         if not len(idx):
             return
         if self.batch_size is None:
@@ -279,7 +253,6 @@ class FileDatasetsIter(IterableDataset):
         return cols
 
     def _columns(self, game) -> tuple | None:
-        """``_game_columns`` with this dataset's rewards."""
         return _game_columns(game, self.reward_calc)
 
     def __iter__(self):
@@ -289,11 +262,9 @@ class FileDatasetsIter(IterableDataset):
 
 
 def keep_freed_memory() -> bool:
-    """Ask glibc malloc to keep freed memory (the ~127 KB arrays of each sample, the megabyte buffers of each file
-    batch) instead of faulting it in again and again; process-wide, for loader workers. False without ``mallopt``."""
+    """Ask glibc malloc to keep freed memory process-wide; False without ``mallopt``."""
     import ctypes
     import ctypes.util
-
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
@@ -308,8 +279,7 @@ LOADER_PARENT_ENV = "MORTAL_LOADER_PARENT_PID"
 
 
 def configure_worker_logging() -> None:
-    """The entry points' log format at INFO on stderr for a loader worker (forkserver/spawn workers do not inherit
-    ``basicConfig``); no-op with root handlers."""
+    """The entry points' log format for a loader worker (which does not inherit ``basicConfig``)."""
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
 
 
@@ -322,8 +292,7 @@ def _expected_worker_parent():
 
 
 def worker_init_fn(*args, **kwargs):
-    """DataLoader ``worker_init_fn``: dies with the fork server, configures logging, keeps freed memory, and shards
-    ``file_list`` so no file is read by two workers."""
+    """DataLoader ``worker_init_fn``: die with the fork server, log, keep freed memory, shard ``file_list``."""
     # torch's own watchdog only checks the worker's parent, which under forkserver outlives a killed learner.
     die_with_parent(expected_parent=_expected_worker_parent())
     configure_worker_logging()
@@ -351,8 +320,7 @@ def safe_mp_context():
 
 def make_dataloader(dataset, *, batch_size: int, num_workers: int = 1, pin_memory: bool = False,
                     drop_last: bool = False, multiprocessing_context=None, **kwargs) -> DataLoader:
-    """``DataLoader`` over ``dataset`` with sharding and a fork-safe start (``num_workers=0``: in this process); a
-    dataset that makes its own batches of B gets ``batch_size=None`` (ValueError unless None or B)."""
+    """Fork-safe sharded ``DataLoader`` over ``dataset`` (``batch_size=None`` for a batching dataset)."""
     if getattr(dataset, "batch_size", None) is not None:
         if batch_size not in (None, dataset.batch_size):
             raise ValueError(f"the dataset makes batches of {dataset.batch_size}, not {batch_size}")
@@ -366,10 +334,7 @@ def make_dataloader(dataset, *, batch_size: int, num_workers: int = 1, pin_memor
 
 def learner_loader(config: dict, version: int, file_list: list, player_names, ledger=None, *, batch_size: int,
                    num_workers: int | None = None, pin_memory: bool = False) -> DataLoader:
-    """The learner's ``DataLoader`` of ``FileDatasetsIter`` batches (packed obs ``(B, row_bytes)`` uint8, then the
-    columns of ``_game_columns`` as tensors) over ``file_list``, from ``[dataset]``, ``[env] reward``/``pts`` and
-    ``[grp]``, for the seats of ``player_names`` (all when empty). With a ``ClaimLedger`` each batch ends with its
-    ``(B, 4)`` int64 sample ids and trained samples are left out. More than one worker shuffles ``file_list``."""
+    """The learner's ``DataLoader`` over ``file_list``; with a ``ClaimLedger`` batches end with ``(B, 4)`` int64 ids."""
     cfg = typed(config)
     ds = cfg.dataset
     num_workers = ds.num_workers if num_workers is None else num_workers
@@ -394,10 +359,8 @@ def learner_loader(config: dict, version: int, file_list: list, player_names, le
 
 
 def iter_full_batches(batches, batch_size: int, on_drop=None):
-    """Yield the full-size batches of ``batches`` as they come; shorter ones (e.g. each DataLoader worker's last)
-    are pooled and re-cut into full batches at the end; fewer than ``batch_size`` leftover samples are dropped,
-    as Mortal. Each batch is a tuple of tensors sharing the first dimension. ``on_drop``, if given, is called
-    once with the dropped samples (a tuple like a batch, fewer than ``batch_size`` rows) when there are any."""
+    """Yield the full-size batches of ``batches``; shorter ones are pooled and re-cut at the end, and the
+    last < ``batch_size`` samples dropped as Mortal (``on_drop`` gets them once, as a batch tuple)."""
     leftovers, leftover_size = [], 0
     for batch in batches:
         size = batch[0].shape[0]

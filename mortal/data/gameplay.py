@@ -1,15 +1,5 @@
-"""mjai log -> per-seat training samples, as Mortal's ``libriichi/src/dataset/gameplay.rs``.
-
-For each kept seat a ``PlayerState`` replays the log; walking windows of 4 events, a sample is taken after ``cur``
-whenever the seat has a legal action, labelled from the next event (``reach_accepted``/``dora`` skipped). Version 4
-replays a ``V4Encoder`` beside the state, its single-player searches batched (``obs_v4.DeferredSP``), bit for bit
-``V4Encoder.encode`` one by one. Each observation is packed at once (``mortal.data.packed_obs``).
-
-Multi-ron (Mortal's Tenhou rule): every winner is labelled ``hora``; the second and third are checked against the
-seat's state at the discard. Deviations from Mortal: every label is checked against its mask and a log with an
-illegal move is rejected; logs must end with ``end_game``; no oracle observations (``mjai.mlibriichi`` has no
-``Invisible`` encoder).
-"""
+"""mjai log -> per-seat training samples, as Mortal's ``libriichi/src/dataset/gameplay.rs``; unlike Mortal, a
+label its mask forbids rejects the log, logs must end with ``end_game``, and there are no oracle observations."""
 
 from __future__ import annotations
 
@@ -32,15 +22,13 @@ logger = logging.getLogger('mortal.gameplay')  # the name before the package spl
 __all__ = ["Gameplay", "GameplayLoader"]
 
 _SKIPPED_AS_NEXT = ("reach_accepted", "dora")
-# Events by which a seat acts; one of its own that follows a moment where it
-# could not act is an illegal move.
+# Events by which a seat acts; one where it could not act is an illegal move.
 _OWN_ACTIONS = frozenset({"dahai", "reach", "chi", "pon", "daiminkan", "kakan", "ankan", "hora"})
 _MAX_SKIP_RECORDS = 1000
 # Reactions whose logged event may carry the arena's ``meta.counterfactual`` (mortal.play.arena._Branch).
 _CF_TYPES = frozenset({"dahai", "reach", "chi", "pon", "daiminkan", "kakan", "ankan"})
 _cf_warned = False  # a counterfactual record that is not legal was logged once
-# Version-4 decisions whose single-player searches are batched onto the core's threads: enough to keep
-# the threads busy over uneven search times, few enough that their float32 arrays (~127 KB each) stay small.
+# Version-4 decisions searched per batch: enough to keep the threads busy, few enough to keep the arrays small.
 _V4_BATCH = 128
 
 
@@ -50,20 +38,11 @@ def _is_fatal(exc: BaseException) -> bool:
     return isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError))
 
 
-# ---------------------------------------------------------------- per-seat data
-
 @dataclass
 class Gameplay:
-    """Samples of one seat in one game; ``take`` returns a field and releases it (Mortal's ``take_*``).
-
-    Per decision (N rows): ``packed_obs`` ``(N, row_bytes(version))`` uint8 (``obs`` unpacks it to ``(N, C, 34)``
-    float32), ``actions`` ``(N,)`` int64 (0-45), ``masks`` ``(N, 46)`` bool, ``at_kyoku`` ``(N,)`` uint8 (count of
-    ``end_kyoku`` seen), ``dones`` ``(N,)`` bool (last of its kyoku), ``apply_gamma`` ``(N,)`` bool (label <= 37),
-    ``at_turns`` ``(N,)`` uint8, ``shantens`` ``(N,)`` int8, ``event_idx`` ``(N,)`` int32 (the event the decision
-    follows), ``cf_actions`` ``(N,)`` int64 (the legal, other action a counterfactual branch took, -1 for none) and
-    ``cf_records`` (None or that branch's outcome ``('next', [kyoku, honba, kyotaku, s0..s3])`` or ``('final',
-    [s0..s3])``, see ``mortal.play.arena``). Per game: ``grp``, ``player_id`` (0-3), ``player_name``.
-    """
+    """Samples of one seat in one game (N rows); ``take`` returns a field and releases it (Mortal's ``take_*``):
+    ``packed_obs`` ``(N, row_bytes)`` uint8, ``actions`` int64, ``masks`` ``(N, 46)`` bool, ``at_kyoku``/``at_turns``
+    uint8, ``dones``/``apply_gamma`` bool, ``shantens`` int8, ``event_idx`` int32, ``cf_actions`` int64."""
 
     packed_obs: np.ndarray
     actions: np.ndarray
@@ -179,9 +158,7 @@ class _SeatRecorder:
             raise BadLogError(log.source, f"seat {seat}: {e}", log.line_numbers[cur_idx]) from None
 
     def flush(self, log: LoadedLog, background: bool = False) -> None:
-        """Run the pending version-4 searches (one threaded batch) and pack their observations; ``background``:
-        start them in the background and pack the batch started by the previous such call (``DeferredSP.flush``).
-        Raises ``BadLogError`` for the first bad decision; the recorder then drops the rest (flush does nothing)."""
+        """Run the pending v4 searches and pack them (``background``: as ``DeferredSP.flush``); ``BadLogError``."""
         if self.deferred is None:
             return
         try:
@@ -225,8 +202,7 @@ _TILE_LIST_FIELDS = ("consumed",)
 
 
 def _check_unmasked(log: LoadedLog, seat: int) -> None:
-    """Raise ``BadLogError`` (file, line, field) if ``seat``'s replay would meet a masked tile ``'?'``: the Rust
-    ``PlayerState`` panics on a ``'?'`` it must place (printing a backtrace outside the log format)."""
+    """``BadLogError`` if ``seat``'s replay would meet a masked ``'?'`` (the Rust state would panic)."""
     for ev, no in zip(log.events, log.line_numbers):
         typ = ev["type"]
         if typ == "start_kyoku":
@@ -247,8 +223,7 @@ def _check_unmasked(log: LoadedLog, seat: int) -> None:
 
 
 def _label(cur_cans, state, events, i, nxt_idx, seat, always_kan_select):
-    """(label, kan_select_label) for a decision after ``events[i]``, or (None, None): the window rules of Mortal's
-    ``dataset/gameplay.rs`` (single-event labels: ``mortal.features.action``)."""
+    """(label, kan_select_label) for a decision after ``events[i]``, or (None, None) (Mortal's window rules)."""
     nxt = events[nxt_idx]
     typ = nxt["type"]
     if typ in ("dahai", "reach") or (typ in ("chi", "pon") and nxt["actor"] == seat):
@@ -281,9 +256,7 @@ def _label(cur_cans, state, events, i, nxt_idx, seat, always_kan_select):
 
 
 def _counterfactual(ev: dict, seat: int, kept: list):
-    """``(action, ('next'|'final', values))`` of the ``meta.counterfactual`` that the client's arena wrote on
-    ``seat``'s reaction event ``ev``, or None when there is none. A malformed one (wrong types or lengths, an
-    action outside 0-45) is None too, counted in ``kept[0]``: a bad record never rejects the log."""
+    """``(action, ('next'|'final', values))`` of ``ev``'s counterfactual, else None (bad: counted in ``kept[0]``)."""
     if ev.get("actor") != seat or ev["type"] not in _CF_TYPES:
         return None
     return _cf_record(ev.get("meta"), kept)
@@ -316,21 +289,13 @@ def _cf_record(meta, kept: list):
 
 
 def _is_multi_ron(nxt: dict, seat: int, ron_cans, winners: set) -> bool:
-    """True if ``nxt``, a ``hora`` by ``seat`` after another ``hora``, is a legal extra winner of a multi-ron:
-    judged on ``ron_cans`` (the seat's candidates at the discard or robbed kan), not the discarder, not a winner."""
+    """Whether ``nxt``, a later ``hora`` by ``seat``, is a legal extra multi-ron winner (by ``ron_cans``)."""
     return (nxt["type"] == "hora" and ron_cans is not None and ron_cans.can_ron_agari
             and nxt.get("target") != seat and seat not in winners)
 
 
 class GameplayLoader:
-    """Turns mjai logs into ``Gameplay`` samples (Mortal's ``GameplayLoader``).
-
-    ``version`` 1-4 (``mortal.features.obs``); ``oracle`` must be False; ``player_names``: keep only those seats,
-    else drop the ``excludes``; ``always_include_kan_select``: a kan-tile sample after every kan (else only with
-    several candidates, as Mortal); ``augmented``: swap manzu and pinzu; ``max_log_bytes``: cap on a file's
-    decompressed size (None: none). ``skipped``, ``skipped_files`` (up to 1000 ``(path, message)``) and
-    ``cf_ignored`` (counterfactual records left out) report bad input.
-    """
+    """Turns mjai logs into ``Gameplay`` samples (Mortal's ``GameplayLoader``); ``oracle`` must be False."""
 
     def __init__(self, version: int, *, oracle: bool = False, player_names=None, excludes=None,
                  always_include_kan_select: bool = True, augmented: bool = False,
@@ -364,13 +329,11 @@ class GameplayLoader:
         return list(range(4))
 
     def load_log(self, raw: str, source: str = "<log>") -> list[Gameplay]:
-        """One ``Gameplay`` per kept seat of one game given as mjai JSON lines. Raises ``BadLogError`` (line and
-        reason) for a malformed log, an illegal move, or an event the Rust ``PlayerState`` rejects."""
+        """One ``Gameplay`` per kept seat of one game (mjai JSON lines); ``BadLogError`` for a bad log."""
         return self.load_parsed(parse_log(raw, source))
 
     def load_parsed(self, log: LoadedLog) -> list[Gameplay]:
-        """Same as ``load_log`` for a log ``mortal.data.mjai_log.parse_log`` returned (the fields it checked, such
-        as every ``actor``, are not checked again)."""
+        """``load_log`` of a log ``parse_log`` returned."""
         if self.augmented:
             log = augment_log(log)
         grp = Grp.load_events(log.events, log.source)
@@ -472,13 +435,11 @@ class GameplayLoader:
                            "legal or is the one taken); logged once", log.source, n, seat)
 
     def load_log_file(self, path) -> list[Gameplay]:
-        """``load_log`` of a gzip or plain file (at most ``max_log_bytes`` decompressed). Raises ``BadLogError``
-        or ``OSError``."""
+        """``load_log`` of a gzip or plain file; raises ``BadLogError`` or ``OSError``."""
         return self.load_parsed(read_log(path, self.max_log_bytes))
 
     def load_gz_log_files(self, paths) -> list[list[Gameplay]]:
-        """``load_log_file`` over ``paths``, aligned with them; a bad file yields ``[]``, a warning naming file,
-        line and reason, and counts in ``skipped``."""
+        """``load_log_file`` over ``paths``; a bad file yields ``[]``, a warning, and counts in ``skipped``."""
         out = []
         for path in paths:
             try:

@@ -1,10 +1,4 @@
-"""The GRP (Global Reward Predictor) record of a game.
-
-Behaviour as Mortal's ``libriichi/src/dataset/grp.rs``: one feature row per
-``start_kyoku`` ``[grand_kyoku, honba, kyotaku, s0/1e4, s1/1e4, s2/1e4, s3/1e4]``,
-final scores, and the final ``rank_by_player``. Logs are read and checked by
-``mortal.data.mjai_log`` (``parse_log``), which guarantees every field read here.
-"""
+"""The GRP (Global Reward Predictor) record of a game, as Mortal's ``libriichi/src/dataset/grp.rs``."""
 
 from __future__ import annotations
 
@@ -37,10 +31,7 @@ def grand_kyoku(bakaze: str, kyoku: int) -> int:
 
 
 def rank_by_player(scores) -> list[int]:
-    """Rank (0 = top) of each seat; equal scores go to the lower seat index (``rankings.rs``).
-
-    ``[25000, 25000, 30000, 20000]`` -> ``[1, 2, 0, 3]``.
-    """
+    """Rank (0 = top) of each seat, ties to the lower seat: ``[25000, 25000, 30000, 20000]`` -> ``[1, 2, 0, 3]``."""
     order = sorted(range(4), key=lambda p: -scores[p])  # sorted() is stable
     ranks = [0] * 4
     for r, p in enumerate(order):
@@ -50,14 +41,8 @@ def rank_by_player(scores) -> list[int]:
 
 @dataclass
 class Grp:
-    """GRP record of one game.
-
-    ``feature`` ``(K, 7)`` float64, one row per ``start_kyoku`` (renchan and abortive
-    rounds included): ``[grand_kyoku, honba, kyotaku, s0/1e4, s1/1e4, s2/1e4, s3/1e4]``
-    with scores in absolute seat order as given by ``start_kyoku``;
-    ``rank_by_player`` ``(4,)`` uint8 (0 = top, ties to the lower seat);
-    ``final_scores`` ``(4,)`` int32 (points, sum 100000 after leftover deposits).
-    """
+    """GRP record of one game: ``feature`` ``(K, 7)`` float64, per ``start_kyoku`` ``[grand_kyoku, honba,
+    kyotaku, s0/1e4 .. s3/1e4]``; ``rank_by_player`` ``(4,)`` uint8; ``final_scores`` ``(4,)`` int32."""
 
     feature: np.ndarray = field(default_factory=lambda: np.zeros((0, GRP_SIZE), np.float64))
     rank_by_player: np.ndarray = field(default_factory=lambda: np.zeros(4, np.uint8))
@@ -81,9 +66,7 @@ class Grp:
 
     @staticmethod
     def load_events(events: list[dict], source: str = "<log>") -> "Grp":
-        """The record of a log ``parse_log`` accepted. Final scores: the last ``start_kyoku``'s + the ``deltas``
-        after it - 1000 per ``reach_accepted``, ranked, then deposits nobody won to the top player (``grp.rs``).
-        ``BadLogError`` without a ``start_kyoku`` or a ``hora``/``ryukyoku`` after the last one."""
+        """The record of a log ``parse_log`` accepted (final scores as ``grp.rs``); ``BadLogError`` if incomplete."""
         rows = []
         final = None
         settled = False
@@ -123,8 +106,7 @@ class Grp:
 
     @staticmethod
     def load_gz_log_files(paths, skipped: list | None = None) -> list["Grp"]:
-        """One ``Grp`` per readable file, in order; a bad file is left out with a warning (and ``(path, reason)``
-        appended to ``skipped`` when a list)."""
+        """One ``Grp`` per readable file; a bad one is warned about (and appended to ``skipped``)."""
         out = []
         for path in paths:
             try:

@@ -1,10 +1,4 @@
-"""The mjai log reader: a recorded game (gzip or plain mjai JSON lines) -> checked events.
-
-Everything that reads logs (the loaders, ``mortal.data.grp``, ``mortal.stat``) goes through here, and each
-event's fields are checked once. ``parse_log``: one complete 4-player game with every field the training loaders
-read, as ``LoadedLog``; ``parse_events``: any run of one game's events (the statistics read incomplete games), as
-``(line, event)`` pairs. Every failure is a ``BadLogError`` naming file, line and reason (``skip_message``).
-"""
+"""The mjai log reader: a recorded game (gzip or plain JSON lines) -> checked events; failures are ``BadLogError``."""
 
 from __future__ import annotations
 
@@ -39,12 +33,10 @@ __all__ = [
 #: Gameplay numbers kyoku 0-255 in uint8 (as Mortal's ``at_kyoku: u8``); more would wrap and mix up rewards.
 MAX_KYOKU = 256
 
-#: Events one log may have: a hanchan has a few thousand, so this only stops files that are not one game before
-#: their events (kept in memory, a few hundred bytes each) cost more than the log's bytes.
+#: Events one log may have (a hanchan has a few thousand): stops files that are not one game early.
 MAX_EVENTS = 100_000
 
-#: Default cap on a log's decompressed size (``[dataset] max_log_bytes``, defined with the config schema): a
-#: hanchan is well under 1 MB of mjai JSON, so 64 MiB only stops decompression bombs and files that are not one game.
+#: Default cap on a log's decompressed size (``[dataset] max_log_bytes``): a hanchan is well under 1 MB.
 DEFAULT_MAX_LOG_BYTES = _config.DEFAULT_MAX_LOG_BYTES
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -55,12 +47,7 @@ _TRAINING_FIELDS = frozenset({"start_game", "start_kyoku", "hora", "ryukyoku"})
 
 
 class BadLogError(ValueError):
-    """A log that cannot be used.
-
-    Attributes: ``source`` (file name or ``'<log>'``), ``line`` (1-based line
-    number or None), ``reason`` (short human text). ``str()`` gives
-    ``"<source>: line <n>: <reason>"`` (``"<source>: <reason>"`` without a line).
-    """
+    """A log that cannot be used: ``source``, ``line`` (1-based or None), ``reason``."""
 
     def __init__(self, source: str, reason: str, line: int | None = None):
         self.source = str(source)
@@ -74,20 +61,13 @@ class BadLogError(ValueError):
 
 @dataclass
 class LoadedLog:
-    """A parsed, structurally valid mjai log (``parse_log``).
-
-    ``events``: event dicts in order; ``lines``: the JSON text of each event (fed
-    as-is to ``PlayerState.update``); ``line_numbers``: 1-based line in the file of
-    each event; ``source``: file name for messages.
-    """
+    """A parsed mjai log: ``events`` (dicts), ``lines`` (their JSON text), ``line_numbers`` (1-based), ``source``."""
 
     events: list[dict]
     lines: list[str]
     line_numbers: list[int]
     source: str = "<log>"
 
-
-# ---------------------------------------------------------------------------------------------- bytes -> text
 
 def _read_capped(f, max_bytes: int, path, what: str) -> bytes:
     # Chunked reads so that memory stays within about max_bytes + one chunk whatever the file claims to hold.
@@ -104,12 +84,7 @@ def _read_capped(f, max_bytes: int, path, what: str) -> bytes:
 
 
 def decode_log_bytes(data: bytes, source: str = "<log>", error: type[BadLogError] = BadLogError) -> str:
-    """The text of a log's bytes: UTF-8, a leading byte order mark dropped (the server's ``check_log_head``
-    skips it too).
-
-    Raises:
-        BadLogError (or ``error``, a subclass): the bytes are not UTF-8.
-    """
+    """UTF-8 text of a log's bytes, a leading BOM dropped; ``BadLogError`` (or ``error``) if not UTF-8."""
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -117,8 +92,7 @@ def decode_log_bytes(data: bytes, source: str = "<log>", error: type[BadLogError
 
 
 def read_log_text(path, max_bytes: int | None = DEFAULT_MAX_LOG_BYTES) -> str:
-    """A log file's text, gunzipped when it starts with the gzip magic, read incrementally up to ``max_bytes``
-    decompressed (None: no cap). Raises ``BadLogError`` (bad gzip, not UTF-8, over the cap), OSError."""
+    """A log file's text, gunzipped if gzip, at most ``max_bytes`` decompressed. Raises ``BadLogError``, OSError."""
     cap = math.inf if max_bytes is None else max_bytes
     with open(path, "rb") as f:
         if f.read(2) == _GZIP_MAGIC:
@@ -134,8 +108,6 @@ def read_log_text(path, max_bytes: int | None = DEFAULT_MAX_LOG_BYTES) -> str:
     return decode_log_bytes(data, path)
 
 
-# ---------------------------------------------------------------------------------------------- text -> events
-
 def _not_mjai_hint(raw: str) -> str:
     head = raw.lstrip()[:200].lower()
     if head.startswith("<"):
@@ -148,18 +120,13 @@ def _not_mjai_hint(raw: str) -> str:
             "not mjai JSON lines; convert it to mjai first")
 
 
-# A run of lines holding only ASCII blanks, skipped in one regex step (a log padded with millions of blank lines
-# would otherwise cost one Python iteration each).
-# One character class, not a repeated group: sre keeps no backtracking state per character of a class repeat.
+# Runs of blank lines skipped in one regex step; one character class, so sre keeps no backtracking state.
 _BLANK_RUN = re.compile(r"[ \t\r\f\v\n]*\n")
 _BLANKS = " \t\r\f\v\n"  # its characters: the regex is only tried on a line that starts with one
 
 
 def _numbered_lines(raw: str):
-    """Yield ``(line number, line)`` of ``raw`` split on ``\n`` only, lazily (no list of all lines is built),
-    leaving out runs of blank lines. ``\n`` only, not ``splitlines()``: JSON strings may hold U+2028, U+0085
-    etc. literally (a player name written with ensure_ascii=False), which splitlines() would break in two;
-    callers strip the ``\r`` of CRLF."""
+    """Yield ``(line number, line)`` of ``raw`` split on ``\n`` only (not U+2028 as ``splitlines``)."""
     pos, no, n = 0, 1, len(raw)
     while pos < n:
         blank = _BLANK_RUN.match(raw, pos) if raw[pos] in _BLANKS else None
@@ -176,13 +143,7 @@ def _numbered_lines(raw: str):
 
 
 def _scan(items, source: str, raw: str | None, error: type[BadLogError], training: bool):
-    """The one pass over a log: ``(events, lines, line numbers)``. ``items``: ``(line number, JSON text or
-    event dict)``; ``raw``: the whole text, for the hint on a first line that is not mjai; ``training``: the
-    checks of ``parse_log`` on top of those of ``parse_events``.
-
-    One loop, the per-event checks inlined: the training loaders parse every event of every log here (only the
-    rare kyoku boundaries and the failing JSON path call out).
-    """
+    """The one pass over a log: ``(events, lines, line numbers)``; ``training`` adds ``parse_log``'s checks."""
     events: list[dict] = []
     lines: list[str | None] = []
     numbers: list[int] = []
@@ -240,8 +201,7 @@ def _scan(items, source: str, raw: str | None, error: type[BadLogError], trainin
 
 
 def _loads_or_fail(line: str, source: str, no: int, error: type[BadLogError], raw: str | None):
-    """``json.loads`` of a line the fast scan did not take as one JSON value: the event, or ``error`` with
-    json's reason (with the hint of ``_not_mjai_hint`` on ``raw``, the whole text, when given: the first line)."""
+    """``json.loads`` of one line, or ``error`` with json's reason (plus the not-mjai hint on the first line)."""
     try:
         return json.loads(line)
     except RecursionError:
@@ -253,8 +213,7 @@ def _loads_or_fail(line: str, source: str, no: int, error: type[BadLogError], ra
 
 def _kyoku_order(typ: str, in_kyoku: bool, n_kyoku: int, source: str, no: int,
                  error: type[BadLogError]) -> tuple:
-    """``(in_kyoku, n_kyoku)`` after a ``start_kyoku`` or ``end_kyoku`` of a training log; ``error`` when the two
-    do not pair up or there are more than ``MAX_KYOKU``."""
+    """``(in_kyoku, n_kyoku)`` after a kyoku boundary; ``error`` when unpaired or over ``MAX_KYOKU``."""
     if typ == "start_kyoku":
         if in_kyoku:
             raise error(source, "start_kyoku before the previous kyoku's end_kyoku", no)
@@ -308,11 +267,7 @@ def _check_training_fields(ev: dict, typ: str, source: str, no: int, error: type
 
 
 def parse_log(raw: str, source: str = "<log>") -> LoadedLog:
-    """Parse mjai JSON lines that must form one complete 4-player game (a training log); ``BadLogError`` naming
-    ``source``, line and reason otherwise. On top of ``parse_events``: ``start_game`` first (4 ``names`` if any);
-    each ``start_kyoku`` with 4 integer ``scores``, 4 ``tehais``, ``bakaze`` E/S/W/N, ``kyoku`` 1-4, ``honba``/
-    ``kyotaku`` >= 0; 4 integer ``deltas`` on every ``hora``/``ryukyoku``; kyoku paired, at most ``MAX_KYOKU``;
-    ``end_game`` last. Blank lines and extra fields are ignored."""
+    """One complete 4-player game of mjai JSON lines as ``LoadedLog``, every field the loaders read checked."""
     events, lines, numbers = _scan(_numbered_lines(raw), source, raw, BadLogError, True)
     if not events:
         raise BadLogError(source, "empty log (no events)")
@@ -325,10 +280,7 @@ def parse_log(raw: str, source: str = "<log>") -> LoadedLog:
 
 
 def parse_events(log, source: str = "<log>", *, error: type[BadLogError] = BadLogError) -> list[tuple[int, dict]]:
-    """The events of one mjai game, complete or not, as ``[(line, event dict), ...]``. ``log``: the text, its bytes,
-    or an iterable of events (dicts or JSON; ``line`` = position). Checks: JSON objects with a ``type`` Mortal
-    knows, ``actor`` 0-3 in ``ACTOR_EVENTS``, one game, at most ``MAX_EVENTS``; the first failure raises
-    ``error`` (a ``BadLogError`` subclass) naming ``source``, line and reason."""
+    """``[(line, event dict)]`` of one mjai game, complete or not; the first failure raises ``error``."""
     if isinstance(log, bytes):
         log = decode_log_bytes(log, source, error)
     if isinstance(log, str):
@@ -339,8 +291,7 @@ def parse_events(log, source: str = "<log>", *, error: type[BadLogError] = BadLo
 
 
 def read_log(path, max_bytes: int | None = DEFAULT_MAX_LOG_BYTES) -> LoadedLog:
-    """``read_log_text`` (capped at ``max_bytes`` decompressed bytes) + ``parse_log``; raises ``BadLogError`` /
-    ``OSError``."""
+    """``read_log_text`` + ``parse_log``; raises ``BadLogError`` / ``OSError``."""
     return parse_log(read_log_text(path, max_bytes), str(path))
 
 

@@ -1,11 +1,4 @@
-"""The learner's offline data (``[dataset]``): the file index of its logs, the players whose seats it learns from,
-and the offline mix's endless stream of their batches.
-
-``build_file_list`` caches the sorted glob in ``file_index`` (``{'file_list', 'globs'}``, Mortal's plus the globs),
-rebuilt when built from other globs (``stale_index``); ``index_problems`` lists missing or foreign files (the
-doctor); ``load_player_names`` reads ``player_names_files``; ``offline_mix`` loops over them for good (the online
-learner's ``[online] offline_batch_size``).
-"""
+"""The learner's offline data (``[dataset]``): the cached file index, the players, the offline mix."""
 
 from __future__ import annotations
 
@@ -36,13 +29,8 @@ def _first_event(filename: str) -> dict:
 
 
 def build_file_list(dataset, player_names: set) -> list:
-    """Offline file list of the typed ``[dataset]`` (``mortal.config.section``): ``file_index`` if it exists,
-    else expand ``globs`` (keeping files where one
-    of ``player_names`` sits, when given), sort descending (Mortal) and cache it in ``file_index`` (an empty list
-    is never cached, so fixing the globs takes effect). Raises ValueError naming ``file_index`` when that file is
-    not an index this function wrote. An index built from other globs than ``[dataset] globs`` (or with no record
-    of them) is rebuilt, with a log line; so is, with a WARNING, an index that lists anything but existing str paths
-    within the globs (``listed_problem``)."""
+    """Offline file list of the typed ``[dataset]``: a valid ``file_index``, else the globs sorted descending
+    (cached when non-empty); ValueError naming ``file_index`` when it is not such an index."""
     file_index = dataset.file_index
     if path.exists(file_index):
         try:
@@ -83,8 +71,7 @@ def build_file_list(dataset, player_names: set) -> list:
 
 
 def stale_index(index: dict, globs: dict) -> str | None:
-    """Why the loaded file index ``index`` was not built from ``globs`` (its record's key -> the config's list of
-    glob patterns, e.g. ``{'globs': [...]}``), as a phrase for a log line; None when it was."""
+    """Why the loaded file index was not built from ``globs`` (a phrase), None when it was."""
     for key, want in globs.items():
         have = index.get(key) if isinstance(index, dict) else None
         if not isinstance(have, (list, tuple)):
@@ -95,9 +82,7 @@ def stale_index(index: dict, globs: dict) -> str | None:
 
 
 def glob_regex(pattern: str) -> re.Pattern:
-    """The regular expression of the paths that ``glob(pattern, recursive=True)`` can give (``**`` any number of
-    folders, ``*`` and ``?`` within one name, ``[...]`` a class), to check a listed path without listing folders;
-    looser only in that ``*`` also matches a name that starts with a dot."""
+    """A regex of the paths ``glob(pattern, recursive=True)`` can give (``*`` also matches a leading dot)."""
     out, i = [], 0
     while i < len(pattern):
         if pattern.startswith('**/', i):
@@ -125,9 +110,7 @@ def glob_regex(pattern: str) -> re.Pattern:
 
 
 def listed_problem(file_list, patterns, *, shown: int = 3) -> str | None:
-    """Why the ``file_list`` of a loaded file index must not be read, as a phrase for a log line; None when it is a
-    list of str paths that all exist and match one of the glob ``patterns`` (``glob_regex``: no folder is listed).
-    Listed entries are clipped in the phrase."""
+    """Why a loaded index's ``file_list`` must not be read (a phrase), None when it may."""
     def some(items):
         return ', '.join(repr(x)[:200] for x in items[:shown]) + (', ...' if len(items) > shown else '')
 
@@ -147,10 +130,7 @@ def listed_problem(file_list, patterns, *, shown: int = 3) -> str | None:
 
 
 def index_problems(index: dict, lists: dict, *, shown: int = 3) -> list[str]:
-    """The files of the loaded file index ``index`` that a run would read wrongly: for each ``list key -> glob
-    patterns`` of ``lists`` (e.g. ``{'file_list': [dataset] globs}``), the listed files that are missing and those
-    that the patterns do not match (a moved or copied work dir's index). One phrase per kind, naming the count and
-    the first ``shown`` files; ``[]`` when every listed file is there and matched. Expands the globs."""
+    """Phrases on the files of ``index`` missing or outside their globs; ``[]`` when none."""
     out = []
     for key, patterns in lists.items():
         files = [str(f) for f in index.get(key, [])] if isinstance(index, dict) else []
@@ -165,8 +145,7 @@ def index_problems(index: dict, lists: dict, *, shown: int = 3) -> list[str]:
 
 
 def load_player_names(files) -> set:
-    """Union of the names listed one per line in ``[dataset] player_names_files``. Raises ValueError naming the
-    key and the file when one cannot be read."""
+    """Union of the names in ``[dataset] player_names_files``; ValueError naming key and file."""
     names = set()
     for filename in files:
         try:
@@ -178,14 +157,8 @@ def load_player_names(files) -> set:
 
 
 def offline_mix(dataset, batch_size: int, loader):
-    """Endless full batches of ``batch_size`` samples from the offline logs of the typed ``[dataset]`` (the seats of
-    ``player_names_files``, all seats when none), reshuffled every pass. ``loader(files, player_names,
-    batch_size)`` gives one pass's DataLoader. Yields tuples of the eight tensors of ``Trainer.train_batch`` (obs as
-    the loader's packed rows, ``mortal.data.packed_obs``).
-
-    The first batch is loaded before this returns, so that a dataset without one full batch fails at start-up
-    (before the first drain) rather than at the first training step: raises ValueError then (naming
-    ``[online] offline_batch_size`` and the logs' source), and when a later pass holds no full batch."""
+    """Endless full batches (``Trainer.train_batch``'s eight tensors, obs packed) from the offline logs,
+    reshuffled each pass; ValueError (naming ``[online] offline_batch_size``) when a pass has no full batch."""
     stream = _offline_batches(dataset, batch_size, loader)
     first = next(stream)
     return chain([first], stream)

@@ -1,12 +1,5 @@
-"""Packed observations: the training samples' ``(C, 34)`` float32 arrays kept at about a tenth of their size.
-
-A packed observation is one row of ``row_bytes(version)`` bytes: the real-valued rows ``REAL_ROWS[version]``
-(scores, tiles left, the fading kawa rows, version 4's single-player block) as float32, then one bit per element
-of the whole array, row-major, little bit order (set iff nonzero), zero-padded to a multiple of 4 bytes.
-``pack_into`` raises ``NotPackableError`` for any other element that is not exactly +0.0 or 1.0, so ``unpack``
-rebuilds the array bit for bit (numpy arrays or torch tensors on any device). Per sample, packed vs float32: v3
-13,900 vs 127,024 bytes, v4 15,320 vs 137,632. The compiled core packs (``_core.pack_obs``) where built, else numpy.
-"""
+"""Packed observations, ``(C, 34)`` float32 at about a tenth of the size: the rows ``REAL_ROWS[version]``
+as float32, then one bit per element (nonzero; row-major, little bit order), padded to 4 bytes; bit-exact."""
 
 from __future__ import annotations
 
@@ -36,13 +29,8 @@ def _rows(*spans) -> tuple:
     return tuple(out)
 
 
-#: Rows that may hold values other than 0.0/1.0, per feature version (0-based channel indices). Found by
-#: encoding every decision of the test logs (tests/data) at each version and matched to the encoders' row
-#: layout (``mortal.features.obs_v4.ROW_TABLE`` names them for v3/v4): v1 scores (4) and tiles left; v2/v3 the
-#: score rows (4 x 10), honba/kyotaku, the grand-kyoku row, doras owned/unseen (rescaled) and one action row;
-#: v3 also the last row of the own kawa and the last 3 of each opponent's; v4 the same rows in its re-packed
-#: layout plus the single-player block's expected values (rows 889-890) and its tenpai/win/EV tables
-#: (961-1011). Any other row is 0/1 by construction, and ``pack_into`` refuses a sample where it is not.
+#: Rows that may hold values other than 0.0/1.0, per version (0-based), found by encoding every decision of
+#: tests/data at each version (``obs_v4.ROW_TABLE`` names them); ``pack_into`` refuses a non-0/1 value elsewhere.
 REAL_ROWS = {
     1: _rows((7, 10), 720),
     2: _rows((7, 46), (55, 58), 61, (759, 775), 888),
@@ -63,8 +51,7 @@ class NotPackableError(ValueError):
 
 
 class Layout:
-    """The packed format of one version. Attributes: ``version``, ``channels`` (C), ``real_rows`` (int64
-    array), ``real_bytes``, ``bit_bytes`` (unpadded), ``row_bytes`` (total, a multiple of 4)."""
+    """The packed format of one version: ``channels``, ``real_rows``, ``real_bytes``, ``bit_bytes``, ``row_bytes``."""
 
     def __init__(self, version: int):
         self.version = check_version(version)
@@ -109,9 +96,8 @@ def _refuse(lay: Layout, obs: np.ndarray, flat: int):
 
 
 def pack_into(obs: np.ndarray, out: np.ndarray, index: int, version: int) -> None:
-    """Pack ``obs`` (``(C, 34)`` float32, C-contiguous) into row ``index`` of ``out`` (``(N, row_bytes(version))``
-    uint8). Raises ``NotPackableError`` (an element outside ``REAL_ROWS`` not exactly +0.0 or 1.0; the row is left
-    partly written) or ValueError (shape, dtype, index)."""
+    """Pack ``obs`` (``(C, 34)`` float32, C-contiguous) into row ``index`` of ``out`` (``(N, row_bytes)``
+    uint8). Raises ``NotPackableError`` (row left partly written) or ValueError (shape, dtype, index)."""
     lay = layout(version)
     if obs.dtype != np.float32 or obs.shape != (lay.channels, 34) or not obs.flags.c_contiguous:
         raise ValueError(f"pack_into: expected a C-contiguous ({lay.channels}, 34) float32 array, "
@@ -135,11 +121,7 @@ def pack_into(obs: np.ndarray, out: np.ndarray, index: int, version: int) -> Non
 
 
 def packer(version: int):
-    """``pack_into`` bound to ``version``, for a loop that packs many observations: ``packer(v)(obs, out, index)``.
-
-    With the compiled core it checks less per call than ``pack_into`` (the dtype and C order of ``obs``; its size
-    in the kernel) and raises the same errors.
-    """
+    """``pack_into`` bound to ``version``: ``packer(v)(obs, out, index)``, same errors, fewer checks per call."""
     lay = layout(version)
     if _pack_obs is None:
         return functools.partial(_pack_into_v, version=version)
@@ -168,8 +150,7 @@ def pack(obs: np.ndarray, version: int) -> np.ndarray:
 
 
 def unpack(packed, version: int):
-    """``(B, C, 34)`` float32 of ``packed`` rows (``(B, row_bytes(version))`` uint8, numpy or a torch tensor on any
-    device), bit for bit as encoded, of the same kind and device. ValueError for a row length not ``version``'s."""
+    """``(B, C, 34)`` float32 of ``packed`` ``(B, row_bytes)`` uint8 rows (numpy or torch, same device), bit-exact."""
     import torch
     lay = layout(version)
     as_numpy = isinstance(packed, np.ndarray)

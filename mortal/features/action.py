@@ -1,22 +1,5 @@
-"""The 46-way action space: index <-> mjai reaction, and mjai event -> label.
-
-Index layout (Mortal's ``libriichi/src/consts.rs``): 0-36 discard of that tile
-id (34-36 = red fives) or, in the kan-select pass, the kan tile (0-33);
-37 riichi, 38/39/40 chi low/mid/high, 41 pon, 42 kan (any kind), 43 agari
-(tsumo or ron), 44 ryukyoku (kyuushu kyuuhai), 45 pass.
-
-``reaction_from_index`` turns a network decision into the mjai reaction the
-board expects, choosing the red five and the kan kind the way Mortal's agent
-does (``agent/mortal.rs``).
-``event_to_label`` / ``kan_select_label`` map one logged event back to its
-label for the dataset loader (Mortal's ``dataset/gameplay.rs``); the context rules (pass inference,
-ryukyoku only when ``can_ryukyoku``) belong to the loader.
-
-States are ``mjai.mlibriichi.state.PlayerState`` objects; only their public
-getters are used (``last_cans``, ``tehai``, ``akas_in_hand``,
-``last_self_tsumo()``, ``last_kawa_tile()``, ``ankan_candidates()``,
-``kakan_candidates()``, ``forbidden_tiles``, ``self_riichi_accepted``).
-"""
+"""The 46-way action space (Mortal's ``consts.rs``): index <-> mjai reaction, mjai event -> label. 0-36
+discard (the kan tile 0-33 at kan select), 37 riichi, 38-40 chi, 41 pon, 42 kan, 43 hora, 44 ryukyoku, 45 pass."""
 
 from __future__ import annotations
 
@@ -25,7 +8,6 @@ from typing import Any, Sequence
 from mortal.features.tile import akaize, chi_type, deaka, is_aka, tile_id, tile_name
 
 ACTION_SPACE = 46
-DISCARD = range(0, 37)  # tile ids, red fives 34-36 included
 RIICHI = 37
 CHI_LOW = 38
 CHI_MID = 39
@@ -50,16 +32,10 @@ _FIXED_LABELS = {
 _SUIT_OF_FIVE = {4: 0, 13: 1, 22: 2}  # plain five id -> index in akas_in_hand
 
 
-ACTION_KINDS = ("discard", "riichi", "chi", "pon", "kan", "hora", "ryukyoku", "pass")
 
 
 def action_kind(index: int) -> str:
-    """The kind of Mortal's action ``index`` (0-45): 'discard' (0-36, red fives included), 'riichi', 'chi'
-    (38-40, low/mid/high), 'pon', 'kan', 'hora', 'ryukyoku' or 'pass' (``ACTION_KINDS``).
-
-    Raises:
-        ValueError: an index outside 0-45.
-    """
+    """'discard', 'riichi', 'chi', 'pon', 'kan', 'hora', 'ryukyoku' or 'pass'; ValueError outside 0-45."""
     if not 0 <= index < ACTION_SPACE:
         raise ValueError(f"action index must be within 0-{ACTION_SPACE - 1}, got {index}")
     if index < RIICHI:
@@ -70,18 +46,11 @@ def action_kind(index: int) -> str:
 
 
 def legal_indices(mask: Sequence[bool] | Any) -> list[int]:
-    """Indices set in a 46-way legal mask (``(46,) bool`` array or list), ascending.
-
-    Raises:
-        ValueError: the mask does not have 46 entries.
-    """
+    """Ascending indices set in a 46-way mask; ValueError if it has not 46 entries."""
     if len(mask) != ACTION_SPACE:
         raise ValueError(f"mask must have {ACTION_SPACE} entries, got {len(mask)}")
     return [i for i, m in enumerate(mask) if m]
 
-
-# ---------------------------------------------------------------------------
-# index -> reaction
 
 
 def _holds_aka(state, plain_five: int) -> bool:
@@ -210,34 +179,9 @@ def _kan(state, index: int, actor: int, kan_select: int | None) -> dict:
 
 
 def reaction_from_index(state, index: int, *, kan_select: int | None = None) -> dict:
-    """The mjai reaction for action ``index`` in ``state``, as Mortal's agent builds it.
-
-    Args:
-        state: ``mjai.mlibriichi.state.PlayerState`` right after the event that
-            let this seat act (``update()`` returned ``can_act``).
-        index: action 0-45 from the 46-way mask of ``encode_obs(v, False)``.
-        kan_select: only read when ``index == 42``: the tile id (0-33) chosen by
-            the second, ``at_kan_select=True`` evaluation. None takes Mortal's
-            default (daiminkan tile, else first ankan, else first kakan candidate).
-
-    Returns:
-        A JSON-ready dict with ``actor = state.player_id``:
-        ``dahai`` {pai, tsumogiri (exact red-sensitive match with the last
-        drawn tile)}, ``reach``, ``chi``/``pon``/``daiminkan`` {target = the
-        discarder, pai, consumed}, ``ankan`` {consumed}, ``kakan`` {pai, consumed},
-        ``hora`` {target = ``last_cans.target_actor``, no deltas},
-        ``ryukyoku`` (no actor, no deltas), ``none``.
-        Red fives are spent whenever held (Mortal's choice in ``agent/mortal.rs``):
-        chi/pon consume the held red five; ankan/daiminkan of a five assume it.
-
-    Raises:
-        ValueError: index outside 0-45, or not legal for the state (the matching
-            ``can_*`` flag is off, the tile is not held, a kuikae-forbidden or
-            post-riichi discard, a bad ``kan_select``); the message names the
-            index and includes ``state.brief_info()``. Like Mortal this checks the
-            flags and tiles, not the full mask (e.g. a riichi-declaration discard
-            that breaks tenpai is not detected; compare with the mask for that).
-    """
+    """The mjai reaction dict for action ``index`` in ``state``, as Mortal's agent builds it (red fives spent
+    whenever held; ``kan_select``: the kan tile 0-33, None: Mortal's default). ValueError (naming the index, with
+    ``state.brief_info()``) for an index out of range or not legal by the state's flags and tiles."""
     index = int(index)
     if not 0 <= index < ACTION_SPACE:
         raise ValueError(f"action index {index} outside 0-{ACTION_SPACE - 1}")
@@ -270,9 +214,6 @@ def reaction_from_index(state, index: int, *, kan_select: int | None = None) -> 
     return {"type": "none"}
 
 
-# ---------------------------------------------------------------------------
-# event -> label
-
 
 def _field(event: dict, key: str):
     try:
@@ -282,20 +223,7 @@ def _field(event: dict, key: str):
 
 
 def event_to_label(event: dict) -> int | None:
-    """Label 0-45 of one mjai decision event (Mortal's ``dataset/gameplay.rs``, single event).
-
-    ``dahai`` -> its pai id incl. red (34-36), ``reach`` -> 37, ``chi`` ->
-    38 + chi type (low/mid/high by the deaka'd called tile), ``pon`` -> 41,
-    ``daiminkan``/``kakan``/``ankan`` -> 42, ``hora`` -> 43, ``ryukyoku`` -> 44,
-    ``none`` -> 45. Any other type (tsumo, dora, start_kyoku, ...) -> None.
-    ``event`` is a dict: an event of a log ``mortal.data.mjai_log`` read (a JSON object with
-    a known type) or a reaction its caller built or checked to be one; the actor is
-    not checked, and context rules (a ``ryukyoku`` is a decision only when the seat
-    could call it; inferred passes) are the loader's job.
-
-    Raises:
-        ValueError: a decision event lacks ``pai``/``consumed`` or names a bad tile.
-    """
+    """Label 0-45 of one mjai decision event, None for other types; ValueError for a missing or bad tile."""
     ty = event.get("type")
     if ty == "dahai":
         return tile_id(_field(event, "pai"))
@@ -308,14 +236,7 @@ def event_to_label(event: dict) -> int | None:
 
 
 def kan_select_label(event: dict) -> int:
-    """Kan-select label 0-33 of a kan event (Mortal's ``dataset/gameplay.rs``).
-
-    ``daiminkan``/``kakan`` -> deaka(pai); ``ankan`` -> deaka(consumed[0]). ``event`` is a
-    dict, as for ``event_to_label``.
-
-    Raises:
-        ValueError: not a kan event, or its tile field is missing/invalid.
-    """
+    """Kan-select label 0-33 of a kan event; ValueError for another event or a bad tile."""
     ty = event.get("type")
     if ty in ("daiminkan", "kakan"):
         return deaka(tile_id(_field(event, "pai")))

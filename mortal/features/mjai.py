@@ -1,13 +1,4 @@
-"""The mjai event vocabulary: the event types Mortal's mjai ``Event`` knows, those whose ``actor`` is a seat, and the
-two value checks every reader of events applies (an integer that is not a bool, a seat 0-3), and the checked reads of
-event fields the version 4 encoder uses (a field that must be present; a tile name, or a list of them, turned into a
-tile id 0-37, with the masked tile ``'?'`` refused where the tile must be known), whose ValueError names the event
-type and the field.
-
-It sits in the features package, below both the encoders (``mortal.features.obs_v4`` reads actors) and the log
-reader (``mortal.data.mjai_log``, which re-exports these names), so that the encoders need nothing from ``data``.
-Constants, predicates and checked reads; no I/O.
-"""
+"""The mjai event vocabulary and the checked reads of event fields (ValueError names event type and field)."""
 
 from __future__ import annotations
 
@@ -45,23 +36,19 @@ def field(event: dict, kind, key: str):
 
 
 def field_tile(event: dict, kind, key: str, known: bool) -> int:
-    """Tile id 0-37 of ``event[key]``; ``known``: the masked tile ``'?'`` is refused too. ValueError naming the
-    event kind and the field (missing, or not a tile name)."""
+    """Tile id 0-37 of ``event[key]`` (``known``: ``'?'`` refused); ValueError naming kind and field."""
     return check_tile(field(event, kind, key), kind, key, known)
 
 
 def check_tiles(names, kind, key: str, known: bool) -> list:
-    """Tile ids of the list ``names`` (the field ``key`` of a ``kind`` event); ValueError naming both when it is
-    not a list or holds a bad name (``check_tile``)."""
+    """Tile ids of the list ``names``; ValueError naming ``kind`` and ``key`` for a non-list or a bad name."""
     if not isinstance(names, list):
         raise ValueError(f"{kind} event: field {key!r}: expected a list of tile names, got {type(names).__name__}")
     return [check_tile(n, kind, key, known) for n in names]
 
 
 def check_tile(name, kind, key: str, known: bool) -> int:
-    """Tile id 0-37 (``mortal.features.tile.tile_id``; 37 is ``'?'``) of the tile name ``name``, the field
-    ``key`` of a ``kind`` event; ValueError naming both for a name that is not an mjai tile, or for ``'?'``
-    when ``known``."""
+    """Tile id 0-37 of ``name``; ValueError naming ``kind`` and ``key`` for a bad name (or ``'?'`` if ``known``)."""
     try:
         tid = tile_id(name)
     except ValueError as e:

@@ -1,33 +1,6 @@
-"""Observation version 4 (1012x34), as Mortal's ``state/obs_repr.rs`` with ``version = 4``.
-
-``mjai.mlibriichi`` encodes versions 1-3 only. Version 4 is built here from
-two parts:
-
-* rows 0-888: the v3 array of ``PlayerState.encode_obs(3, at_kan_select)``
-  re-packed (scores get a clamp(s,0,30000)/30000 row instead of 9 RBF rows;
-  honba/kyotaku become min(n,10)/10; doras owned/unseen keep only their
-  rescale row). The action mask is v3's, which equals v4's.
-* rows 889-1011: the single-player (SP) block, written by the compiled core (``_core.sp_rows``: the
-  search set up as Mortal's ``agent_helper.rs`` does, its candidates sorted, the rows filled).
-
-The SP block needs per-kyoku facts that ``PlayerState`` does not expose (dora
-indicators, red fives seen, tiles left, own call tiles, double riichi,
-ippatsu, rinshan, chankan), so ``V4Encoder`` tracks them from the same mjai
-event stream. Usage, per seat::
-
-    state = PlayerState(seat); enc = V4Encoder(seat)
-    for event in events:          # every event, in order, both objects
-        state.update(json.dumps(event)); enc.update(event)
-        obs, mask = enc.encode(state, at_kan_select=False)   # when deciding
-
-Version 4 needs the compiled single-player core (``mortal.features.sp._core``, built by
-``scripts/setup.sh``): ``V4Encoder`` raises ``SPCoreMissing`` without it. Cost: bench/obs_v4.py.
-
-The parts: ``mortal.features.obs_v4_rows`` (the array's rows, the v3 re-pack) and ``mortal.features.obs_v4_kyoku``
-(the facts tracked from the events); here the encoder that hands a decision's facts to the core, and the batching
-of the searches, at once (``encode_batch``) or later (``DeferredSP``, the loader's path). The names of the parts
-are read from here.
-"""
+"""Observation version 4 (1012x34), as Mortal's ``state/obs_repr.rs``: rows 0-888 the re-packed v3 array,
+889-1011 the single-player block from the compiled core. Feed a seat's ``V4Encoder`` every event its
+``PlayerState`` gets, in order."""
 
 from __future__ import annotations
 
@@ -39,7 +12,7 @@ import numpy as np
 
 # the parts' names are also this module's API (tests, the loader, the agents and the packer read them from here)
 from mortal.features.obs_v4_kyoku import MAX_DORA_INDICATORS, KyokuFacts  # noqa: F401
-from mortal.features.obs_v4_rows import (OBS_CHANNELS_V3, OBS_CHANNELS_V4, MAX_NUM_TURNS, ROW_TABLE,  # noqa: F401
+from mortal.features.obs_v4_rows import (OBS_CHANNELS_V3, OBS_CHANNELS_V4, ROW_TABLE,  # noqa: F401
                                          SP_BEST, SP_EV, SP_REQUIRED, SP_START, SP_TABLE, repack_v3)
 from mortal.features.sp.calc import require_core
 from mortal.features.tile import TILE_IDS
@@ -48,25 +21,12 @@ logger = logging.getLogger('mortal.obs_v4')  # the name before the package split
 
 SP_ROWS = OBS_CHANNELS_V4 - SP_START  # 123
 
-#: Threads ``encode_batch`` runs single-player searches on by default (compiled core
-#: only; the searches release the interpreter lock); None: min(8, CPU count). Entry
-#: points set it at start-up from ``MORTAL_SP_THREADS`` (``mortal.entry.start``): set
-#: that lower when several clients share a machine.
+#: Default single-player search threads; None: min(8, CPU count). ``entry.start`` sets it from MORTAL_SP_THREADS.
 SP_THREADS = None
 
 
 class V4Encoder(KyokuFacts):
-    """Per-seat v4 observation encoder; feed it every mjai event the seat's ``PlayerState`` gets.
-
-    The facts of the kyoku come from ``KyokuFacts`` (``update``, ``update_parsed``); a decision's single-player
-    rows from the compiled core (``_facts`` gathers what it reads).
-
-    Args:
-        player_id: absolute seat 0-3.
-
-    Raises:
-        ValueError: a bad seat. ``mortal.features.sp.calc.SPCoreMissing``: the compiled core is not built.
-    """
+    """Per-seat v4 encoder: feed it every mjai event the seat's ``PlayerState`` gets; ``SPCoreMissing`` without core."""
 
     def __init__(self, player_id: int):
         if type(player_id) is not int or not 0 <= player_id <= 3:
@@ -76,17 +36,12 @@ class V4Encoder(KyokuFacts):
         self._reset()
 
     def encode(self, state, at_kan_select: bool = False) -> tuple:
-        """``(obs (1012, 34) float32, mask (46,) bool)`` for ``state`` (a ``PlayerState``).
-
-        The single-player rows are computed once per decision: a second call
-        before the next ``update`` (the kan-select pass) reuses them.
-        Raises ValueError if ``state`` belongs to another seat or the core refuses the hand.
-        """
+        """``(obs (1012, 34) float32, mask (46,) bool)`` for ``state``; the SP rows are reused until the next
+        ``update`` (the kan-select pass). ValueError for another seat's state or a hand the core refuses."""
         return encode_batch([(self, state, at_kan_select)], threads=1)[0]
 
     def _facts(self, state) -> tuple:
-        """The decision tuple of ``_core.sp_rows``: the hand and calls of ``state``, what the seat has seen, the
-        kyoku facts, the options (flags), the last tiles and the seat's score."""
+        """The decision tuple ``_core.sp_rows`` reads."""
         cans = state.last_cans
         akas, seen = state.akas_in_hand, self.akas_seen
         flags = (cans.can_discard | state.self_riichi_accepted << 1 | state.can_w_riichi << 2
@@ -115,25 +70,15 @@ def _checked(enc, state) -> None:
 
 
 def sp_rows(facts: list, threads: int) -> np.ndarray:
-    """Rows 889-1011 of each decision of ``facts`` (``V4Encoder._facts`` tuples), ``(len(facts), 123, 34)``
-    float32, searched together on up to ``threads`` threads. Raises ValueError (naming the field) for a hand the
-    core refuses, before any search."""
+    """``(len(facts), 123, 34)`` float32 rows 889-1011 of ``V4Encoder._facts`` tuples, searched together on
+    ``threads`` threads; ValueError (naming the field) for a refused hand, before any search."""
     rows = np.empty((len(facts), SP_ROWS, 34), dtype=np.float32)
     require_core().sp_rows(facts, rows, int(threads))
     return rows
 
 
 def prepare_sp(pairs, threads: int | None = None) -> None:
-    """Compute the single-player rows of each ``(encoder, state)`` decision and keep them
-    in the encoder (``encode`` and ``encode_batch`` then reuse them until its next ``update``).
-
-    Decisions already prepared are skipped; the others are searched together on the
-    compiled core on up to ``threads`` threads (default ``sp_threads()``). Safe to run in a background thread while
-    other encoders are used elsewhere (the search releases the interpreter lock).
-
-    Raises:
-        ValueError: an encoder is None or belongs to another seat than its state; the core refuses a hand.
-    """
+    """Search the SP rows of each ``(encoder, state)`` not yet prepared, together; ValueError as ``encode``."""
     pending = {}
     for enc, state in pairs:
         _checked(enc, state)
@@ -149,16 +94,7 @@ def prepare_sp(pairs, threads: int | None = None) -> None:
 
 
 def encode_batch(items, threads: int | None = None) -> list:
-    """Encode many decisions at once; the single-player searches run together.
-
-    ``items``: sequence of ``(encoder, state, at_kan_select)`` (a ``V4Encoder``,
-    its seat's ``PlayerState``). Returns ``[(obs (1012, 34) float32, mask (46,) bool)]``
-    in order. The searches run as ``prepare_sp`` runs them; a decision met twice
-    (main and kan-select pass) or already prepared is not searched again.
-
-    Raises:
-        ValueError: an encoder is None or belongs to another seat than its state; the core refuses a hand.
-    """
+    """``[(obs (1012, 34) float32, mask (46,) bool)]`` of ``(encoder, state, at_kan_select)`` items; ValueError."""
     prepare_sp([(enc, state) for enc, state, _ in items], threads)
     core = require_core()
     out = []
@@ -180,17 +116,8 @@ class DeferredSPError(ValueError):
 
 
 class DeferredSP:
-    """Version-4 encoding whose single-player searches are run later, many together (the loader's path).
-
-    ``encode`` returns each decision's observation at once with rows 0-888 final; where a search is
-    needed its rows 889-1011 are left zero and filled by the next ``flush``, which runs the pending
-    searches in one core call on up to ``threads`` threads (default ``sp_threads()``), at once or in a
-    background thread (``flush(background=True)``; the search releases the interpreter lock).
-    The arrays are bit for bit those of ``V4Encoder.encode``.
-
-    Args:
-        threads: search threads of ``flush``; None: ``sp_threads()`` at flush time.
-    """
+    """Version-4 encoding whose SP searches run later, many together (the loader's path); ``encode`` returns
+    rows 0-888 at once, the next ``flush`` fills rows 889-1011, bit-equal to ``V4Encoder.encode``."""
 
     def __init__(self, threads: int | None = None):
         self.threads = threads
@@ -204,12 +131,8 @@ class DeferredSP:
         return len(self._pending)
 
     def encode(self, enc: V4Encoder, state, at_kan_select: bool, tag=None) -> tuple:
-        """``(obs (1012, 34) float32, mask (46,) bool, pending)`` of one decision of ``enc``'s seat.
-
-        ``pending`` True: rows 889-1011 of ``obs`` are filled by the next ``flush`` (which returns
-        ``tag`` with it); do not use ``obs`` before. Raises ValueError as ``V4Encoder.encode``
-        (wrong seat, a hand the core refuses), before any search.
-        """
+        """``(obs (1012, 34) float32, mask (46,) bool, pending)``; when ``pending`` do not read ``obs`` before the
+        ``flush`` that returns ``tag``. Raises ValueError as ``V4Encoder.encode``, before any search."""
         _checked(enc, state)
         v3, mask = state.encode_obs(3, bool(at_kan_select))
         obs = np.empty((OBS_CHANNELS_V4, 34), dtype=np.float32)
@@ -233,16 +156,8 @@ class DeferredSP:
         return obs, mask, True
 
     def flush(self, background: bool = False) -> list:
-        """Run the pending searches and fill their rows; returns ``[(obs, tag)]`` of the decisions
-        finished, in ``encode`` order.
-
-        ``background=False``: every decision encoded so far is finished (nothing is pending after).
-        ``background=True``: the pending searches start in a background thread (they release the
-        interpreter lock, so encoding goes on meanwhile) and only the batch started by the
-        previous background flush is returned (waited for). Raises ``DeferredSPError`` (a
-        ``ValueError`` naming the failed decision's tag) if the core fails a search; an error of a
-        background batch is raised by the next flush, which then drops what is pending.
-        """
+        """Run the pending searches; returns ``[(obs, tag)]`` finished, in ``encode`` order (``background``:
+        start them in a thread and return the previous background batch). ``DeferredSPError`` names a failed tag."""
         out = self._wait()
         jobs, pending = self._jobs, self._pending
         self._jobs, self._pending, self._last = [], [], None
@@ -277,14 +192,11 @@ class DeferredSP:
 
 
 def _run_deferred(jobs, pending, threads: int) -> list:
-    """The searches of ``DeferredSP`` ``jobs`` in one core call; fills the rows of ``pending``, returns
-    ``[(obs, tag)]``."""
+    """Run ``jobs`` in one core call, fill the rows of ``pending``; returns ``[(obs, tag)]``."""
     try:
         rows = sp_rows(jobs, threads)
     except ValueError as e:  # checked at encode: only a search that failed ends here
         raise DeferredSPError(str(e), pending[0][2]) from None
-    out = []
-    for obs, k, tag in pending:
+    for obs, k, _ in pending:
         obs[SP_START:] = rows[k]
-        out.append((obs, tag))
-    return out
+    return [(obs, tag) for obs, _, tag in pending]

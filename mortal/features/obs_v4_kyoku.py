@@ -1,11 +1,4 @@
-"""The per-kyoku facts the version-4 single-player block needs and ``PlayerState`` does not expose (dora
-indicators, red fives seen, tiles left, own call tiles, double riichi, ippatsu, rinshan, chankan), tracked from the
-seat's mjai event stream.
-
-``KyokuFacts`` is a part of ``mortal.features.obs_v4.V4Encoder`` (a base class, so that ``enc.update(event)`` and
-its fields stay the encoder's own): ``update`` checks an event's fields, ``update_parsed`` takes the events of a log
-``mortal.data.mjai_log`` already checked.
-"""
+"""Per-kyoku facts the v4 single-player block needs and ``PlayerState`` does not expose, from mjai events."""
 
 from __future__ import annotations
 
@@ -18,8 +11,7 @@ MAX_DORA_INDICATORS = 5  # the first plus one per kan, at most 4 kans (Tenhou ru
 
 
 class KyokuFacts:
-    """The facts of the current kyoku as seat ``player_id`` saw them (set by the host, ``V4Encoder``), and
-    ``events_seen``, the count of events fed (the key of the encoder's single-player cache ``_sp_cache``)."""
+    """The facts of the current kyoku as seat ``player_id`` saw them, and ``events_seen`` (the SP cache key)."""
 
     def _reset(self):
         self.events_seen = getattr(self, "events_seen", 0)
@@ -39,21 +31,7 @@ class KyokuFacts:
             self.akas_seen[tid - 34] = True
 
     def update(self, event) -> None:
-        """Track one mjai event (dict or JSON text), in the order ``PlayerState.update`` gets them.
-
-        Unknown event types are ignored. Every field the encoder reads is checked
-        before any state changes, so a rejected event leaves the encoder as it was.
-        An event of a log ``mortal.data.mjai_log.parse_log`` accepted can go to ``update_parsed``,
-        which leaves out the checks that reader made.
-
-        Raises:
-            TypeError: ``event`` is not a JSON object.
-            ValueError: bad JSON text, a missing field, an ``actor`` that is not a seat
-                0-3, a tile field that is not an mjai tile name (or is ``'?'`` where the
-                tile must be known: dora markers and own call tiles), or a dora
-                indicator beyond ``MAX_DORA_INDICATORS`` in one kyoku. Messages name
-                the event type and the field.
-        """
+        """Track one mjai event, checked before any change: TypeError (no object), ValueError (names the field)."""
         if isinstance(event, (str, bytes)):
             event = json.loads(event)
         if not isinstance(event, dict):
@@ -71,13 +49,7 @@ class KyokuFacts:
         self.update_parsed(event)
 
     def update_parsed(self, event: dict) -> None:
-        """``update`` for an event of a log ``mortal.data.mjai_log.parse_log`` accepted (the loader's path).
-
-        The event is a dict whose ``actor`` is a seat where its type has one and whose
-        ``start_kyoku`` has 4 ``tehais``: those are not checked again. The tile fields
-        (which the reader does not read) are checked as in ``update``, before any state
-        changes; raises ``ValueError`` as ``update`` does for them.
-        """
+        """``update`` for an event ``mjai_log.parse_log`` accepted: only the tile fields are checked."""
         kind = event.get("type")  # update passes on events of any type (those unknown are ignored)
         mine = kind in _ACTOR_TYPES and event["actor"] == self.player_id
         pai, tiles = self._read_tiles(event, kind, mine)  # first: nothing below may fail half way
@@ -89,8 +61,7 @@ class KyokuFacts:
         self._apply(kind, mine, pai, tiles)
 
     def _read_tiles(self, event: dict, kind, mine: bool) -> tuple:
-        """``(pai, tiles)``: the tile fields of ``event`` this encoder reads, checked (None where it reads none);
-        raises ``ValueError`` as ``update`` does for them."""
+        """``(pai, tiles)`` of ``event``, checked (None where not read); ValueError as ``update``."""
         me = self.player_id
         pai = tiles = None
         if kind == "start_kyoku":

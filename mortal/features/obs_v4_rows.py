@@ -1,10 +1,5 @@
-"""The version-4 observation array (1012x34), row by row, as Mortal's ``state/obs_repr.rs`` with ``version = 4``.
-
-Rows 0-888 are the v3 rows of ``PlayerState.encode_obs(3, ...)`` re-packed (``ROW_TABLE``, ``repack_v3``: scores
-get a clamp(s,0,30000)/30000 row instead of 9 RBF rows; honba/kyotaku become min(n,10)/10; doras owned/unseen keep
-only their rescale row); rows 889-1011 are the single-player (SP) block (``SP_*``), written by the compiled core
-(``mortal.features.sp._core.sp_rows``). ``mortal.features.obs_v4`` re-exports the names.
-"""
+"""The version-4 observation array (1012x34) row by row, as Mortal's ``obs_repr.rs``: rows 0-888 the
+re-packed v3 rows (``ROW_TABLE``, ``repack_v3``), 889-1011 the single-player block (``SP_*``)."""
 
 from __future__ import annotations
 
@@ -14,7 +9,6 @@ from mortal.features.sp.calc import require_core
 
 OBS_CHANNELS_V3 = 934
 OBS_CHANNELS_V4 = 1012
-MAX_NUM_TURNS = 17  # the most own draws a search looks ahead
 
 # (name, v4 start, v3 start or None, rows) for rows 1-23, in the order of Mortal's ``obs_repr.rs``; the core's
 # ``repack_v3`` copies the same blocks (tests/test_obs_v4.py checks it against this table).
@@ -41,10 +35,7 @@ SP_TABLE = SP_START + 72               # 3 x 17 rows: tenpai, win, EV by turn
 
 
 def repack_v3(v3: np.ndarray, scores, honba: int, kyotaku: int, out: np.ndarray) -> None:
-    """Write v4 rows 0-888 into ``out`` ((1012, 34) float32, C-contiguous) from a v3 array (934, 34) float32.
-
-    ``scores``: 4 ints, self first (``PlayerState.scores``). Raises ValueError on other shapes.
-    """
+    """Write v4 rows 0-888 into ``out`` (1012, 34) float32 from a v3 (934, 34) array; ``scores`` self first."""
     if v3.shape != (OBS_CHANNELS_V3, 34):
         raise ValueError(f"expected a v3 observation (934, 34), got {v3.shape}")
     require_core().repack_v3(np.ascontiguousarray(v3, dtype=np.float32), tuple(scores), honba, kyotaku, out)

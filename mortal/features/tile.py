@@ -1,9 +1,5 @@
-"""Tile ids and mjai tile names, as Mortal's ``libriichi/src/tile.rs``.
-
-Ids: 0-8 = 1m-9m, 9-17 = 1p-9p, 18-26 = 1s-9s, 27-33 = E S W N P F C
-(P = white, F = green, C = red dragon), 34/35/36 = red 5m/5p/5s
-(``5mr``/``5pr``/``5sr``), 37 = ``?`` (unknown, a masked tile).
-"""
+"""Tile ids and mjai tile names, as Mortal's ``tile.rs``: 0-8 1m-9m, 9-17 1p-9p, 18-26 1s-9s, 27-33
+E S W N P F C, 34-36 red 5m/5p/5s, 37 ``?`` (masked)."""
 
 from __future__ import annotations
 
@@ -17,20 +13,13 @@ TILE_NAMES: tuple[str, ...] = (
 )
 TILE_IDS: dict[str, int] = {name: i for i, name in enumerate(TILE_NAMES)}
 
-NUM_KINDS = 34  # tile kinds without red distinction
-UNKNOWN = 37
-AKA_IDS = (34, 35, 36)
 # deaka: red five id -> plain five id of the same suit
 _DEAKA = {34: 4, 35: 13, 36: 22}
 _AKAIZE = {v: k for k, v in _DEAKA.items()}
 
 
 def tile_id(name: str) -> int:
-    """mjai tile name (``'5mr'``, ``'E'``, ``'?'``) -> id 0-37.
-
-    Raises:
-        ValueError: the name is not an mjai tile.
-    """
+    """mjai tile name (``'5mr'``, ``'E'``, ``'?'``) -> id 0-37; ValueError for another name."""
     try:
         return TILE_IDS[name]
     except (KeyError, TypeError):
@@ -60,12 +49,7 @@ def is_aka(tid: int) -> bool:
 
 
 def chi_type(pai: int, consumed: tuple[int, int] | list[int]) -> int:
-    """Chi shape as Mortal's ``chi_type.rs``: 0 low, 1 mid, 2 high.
-
-    Compares the deaka'd called tile with the two consumed tiles: the called
-    tile is the lowest (low), the middle (mid) or the highest (high) of the run.
-    Action labels are ``38 + chi_type``.
-    """
+    """Chi shape as Mortal's ``chi_type.rs``: 0 low, 1 mid, 2 high (where the called tile sits in the run)."""
     p = deaka(pai)
     a, b = sorted(deaka(t) for t in consumed)
     if p < a:

@@ -1,12 +1,4 @@
-"""Checkpoint files: loading, rebuilding the models, state-dict checks, atomic saves, and their one error type.
-
-``load_checkpoint`` reads with ``weights_only=True`` (``CheckpointError`` naming the file otherwise). A
-Mortal-layout checkpoint holds ``mortal``, ``current_dqn`` and ``config`` (``[control] version``, ``[resnet]``):
-``load_model_pair`` rebuilds ``(brain, dqn, version)``, ``read_baseline`` gives its state dicts and architecture.
-``state_dict_mismatches`` compares a state dict with a model's (worded by ``check_loadable``,
-``check_fits_config``, ``describe_mismatches``). The learner's checkpoint holds ``CHECKPOINT_KEYS``.
-``atomic_torch_save``: temporary name, fsync, rename.
-"""
+"""Checkpoint files: loading, rebuilding the models, state-dict checks, atomic saves, ``CheckpointError``."""
 
 from __future__ import annotations
 
@@ -29,12 +21,8 @@ CHECKPOINT_KEYS = ('mortal', 'current_dqn', 'aux_net', 'optimizer', 'scheduler',
 
 
 class CheckpointError(ValueError):
-    """A checkpoint (or other torch file) that cannot be used.
-
-    ``str()`` is one line: ``'<source>: <reason>'``, or ``'cannot load <what> <source>: <reason>'`` when ``what``
-    (the config key that named the file, e.g. ``'[control] state_file'``) is given. ``source`` is the file, or
-    for weights that came from elsewhere (the server) what they are (e.g. ``'baseline dqn'``).
-    """
+    """A checkpoint (or other torch file) that cannot be used; ``str()`` is one line,
+    ``'<source>: <reason>'`` or ``'cannot load <what> <source>: <reason>'`` (``what``: the config key naming it)."""
 
     def __init__(self, source, reason: str, *, what: str | None = None):
         self.source = os.fspath(source)
@@ -84,12 +72,7 @@ def load_checkpoint(path, *, map_location='cpu'):
 
 
 def require_entries(state, keys, source, *, kind: str = 'checkpoint'):
-    """``state`` when it is a dict holding every one of ``keys``.
-
-    Raises:
-        CheckpointError: ``"<source>: <kind> has no 'k' entry"`` for one missing key, ``"<source>: <kind> lacks
-            [...]"`` (all of them) for several; a ``state`` that is not a dict lacks them all.
-    """
+    """``state`` when it is a dict holding all ``keys``, else ``CheckpointError`` naming the missing ones."""
     missing = [k for k in keys if not isinstance(state, dict) or k not in state]
     if len(missing) == 1:
         raise CheckpointError(source, f'{kind} has no {missing[0]!r} entry')
@@ -99,9 +82,7 @@ def require_entries(state, keys, source, *, kind: str = 'checkpoint'):
 
 
 def arch_of(state: dict, source) -> dict:
-    """``{'version', 'conv_channels', 'num_blocks'}`` (ints) from a checkpoint's ``config`` (``[control] version``,
-    1 when absent as in Mortal's oldest checkpoints; ``[resnet]``). Raises CheckpointError naming what is missing
-    (``source``: the file, for the message)."""
+    """``{'version', 'conv_channels', 'num_blocks'}`` of a checkpoint's ``config``; ``CheckpointError`` if missing."""
     try:
         cfg = state['config']
         return {'version': cfg['control'].get('version', 1), 'conv_channels': cfg['resnet']['conv_channels'],
@@ -123,7 +104,6 @@ def models_from_state(state, source) -> tuple:
     """``(brain, dqn, version)`` in eval mode on the CPU from a loaded Mortal-layout checkpoint, built from its own
     ``config`` (as Mortal's player). ``CheckpointError`` for a missing entry or key, or weights that do not fit."""
     from mortal.model.networks import Brain, DQN  # here: loading a file needs no model (nor its Rust extension)
-
     require_entries(state, MORTAL_ENTRIES, source)
     arch = arch_of(state, source)
     brain = Brain(version=arch['version'], conv_channels=arch['conv_channels'], num_blocks=arch['num_blocks']).eval()
@@ -143,9 +123,7 @@ def load_model_pair(state_file) -> tuple:
 
 
 def load_frozen_pair(state_file, version: int, device, role: str) -> tuple:
-    """``(brain, dqn)`` of ``state_file`` (``load_model_pair``) on ``device`` without gradients: a fixed reference
-    model (``role`` names it in the error, e.g. 'the anchor'). Raises what ``load_model_pair`` raises, and
-    CheckpointError when its feature version is not ``version``."""
+    """``(brain, dqn)`` of ``state_file`` without gradients; ``CheckpointError`` for another version."""
     brain, dqn, got = load_model_pair(state_file)
     if got != version:
         raise CheckpointError(state_file, f'{role} is version {got}, [control] version is {version}')
@@ -153,8 +131,7 @@ def load_frozen_pair(state_file, version: int, device, role: str) -> tuple:
 
 
 def read_baseline(path) -> tuple:
-    """``(mortal, dqn, arch)`` of a Mortal-layout checkpoint: its CPU state dicts and ``arch``
-    (``wire.BASELINE_ARCH``, bounded), no models built. FileNotFoundError, ``CheckpointError``."""
+    """``(mortal, dqn, arch)`` state dicts of a Mortal-layout checkpoint, no models built."""
     state = require_entries(load_checkpoint(path), MORTAL_ENTRIES, path)
     arch = arch_of(state, path)
     try:
@@ -170,13 +147,9 @@ def read_baseline(path) -> tuple:
     return mortal, dqn, arch
 
 
-# ---------------------------------------------------------------------------- state-dict checks
-
 class Mismatch(NamedTuple):
-    """One difference of a saved state dict from a model's: ``kind`` ``'missing'`` (a key the model has and the
-    save lacks), ``'unexpected'`` (the reverse), ``'shape'`` (both have it, other shapes, or the saved value is no
-    tensor) or ``'not_a_dict'`` (the save is no mapping; ``key`` is ``''``). ``saved``/``expected``: the shapes
-    as tuples, None where absent, for a saved non-tensor (or non-mapping) its type name."""
+    """One difference of a saved state dict from a model's: ``kind`` 'missing', 'unexpected', 'shape' or
+    'not_a_dict' (``key`` ''); ``saved``/``expected``: shape tuples, None where absent, else a type name."""
     kind: str
     key: str
     saved: tuple | str | None
@@ -188,9 +161,7 @@ def _shape(value):
 
 
 def state_dict_mismatches(expected: Mapping, saved) -> list:
-    """Every ``Mismatch`` of ``saved`` (name -> tensor) against ``expected`` (e.g. ``module.state_dict()``):
-    missing and shape ones in ``expected``'s order, then unexpected ones in ``saved``'s. Empty when
-    ``load_state_dict(saved)`` can neither fail nor half-load."""
+    """Every ``Mismatch`` of ``saved`` against ``expected`` (name -> tensor); empty when they fit."""
     if not isinstance(saved, Mapping):
         return [Mismatch('not_a_dict', '', type(saved).__name__, None)]
     out = []
@@ -225,16 +196,14 @@ def _in_words(m: Mismatch, words: dict, shape=tuple, **names) -> str:
 
 
 def check_loadable(module: torch.nn.Module, state_dict, what: str) -> None:
-    """``CheckpointError`` naming the first key or shape where ``state_dict`` differs from ``module``'s, so that
-    ``load_state_dict`` can neither fail nor half-load (weights from the server)."""
+    """``CheckpointError`` naming the first key or shape where ``state_dict`` differs from ``module``'s."""
     problems = state_dict_mismatches(module.state_dict(), state_dict)
     if problems:
         raise CheckpointError(what, _in_words(problems[0], _LOADABLE_WORDS, list))
 
 
 def check_fits_config(model: torch.nn.Module, state_dict, *, entry: str, source, ckpt_cfg, cfg) -> None:
-    """``CheckpointError`` naming the first tensor of checkpoint ``entry`` that does not fit ``model`` (built from
-    the typed ``cfg``), with both shapes and both architectures (``ckpt_cfg``: the checkpoint's, may be None)."""
+    """``CheckpointError`` naming the first tensor of ``entry`` that does not fit ``model``."""
     problems = state_dict_mismatches(model.state_dict(), state_dict)
     if not problems:
         return
@@ -245,9 +214,7 @@ def check_fits_config(model: torch.nn.Module, state_dict, *, entry: str, source,
 
 
 def describe_mismatches(expected: Mapping, saved, limit: int = 3) -> list:
-    """Short descriptions of how ``saved`` differs from ``expected`` (name -> tensor dicts), for a checklist:
-    per kind (missing, unexpected, shape) the count and at most ``limit`` names, where torch's message names
-    every key. Empty when they match."""
+    """Per kind (missing, unexpected, shape) the count and at most ``limit`` names; empty when they match."""
     def some(names):
         names = sorted(names)
         more = f' (+{len(names) - limit} more)' if len(names) > limit else ''
@@ -269,23 +236,15 @@ def describe_mismatches(expected: Mapping, saved, limit: int = 3) -> list:
     return out
 
 
-# ---------------------------------------------------------------------------- saving, CLI errors
-
 def atomic_torch_save(obj, filename) -> None:
-    """``torch.save(obj)`` to ``filename`` through a temporary file, fsync and rename
-    (``mortal.util.fsutil.atomic_write``): a reader, or a restart after a kill at any moment, finds the previous file
-    or the whole new one. The folder is created when missing. Raises OSError (and whatever ``torch.save`` raises;
-    ``filename`` is then untouched)."""
+    """``torch.save(obj)`` to ``filename`` via a temporary file, fsync and rename."""
     with atomic_write(filename) as f:
         torch.save(obj, f)
 
 
 @contextlib.contextmanager
 def load_errors(what: str, path):
-    """Context manager turning every way loading ``path`` can fail into one CheckpointError ``cannot load <what>
-    <path>: <reason>`` (one line, for a command-line error): a CheckpointError keeps its reason; FileNotFoundError
-    and other OSError, EOFError, RuntimeError (wrong shapes, a corrupt zip), KeyError/TypeError/ValueError (a wrong
-    layout) become ``<type>: <message>``."""
+    """Context manager turning any failure of loading ``path`` into ``cannot load <what> <path>: <reason>``."""
     try:
         yield
     except CheckpointError as exc:

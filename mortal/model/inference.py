@@ -1,20 +1,5 @@
-"""A frozen CPU inference copy of ``Brain`` + ``DQN``: the same q-values, cheaper (docs/performance_forward.md).
-
-``FrozenQ(brain, dqn)`` reads the modules' current weights once and computes ``q = dqn(brain(obs), mask)`` with
-three changes that only reorder float arithmetic:
-
-* the first convolution (about two thirds of the dense forward) runs in the compiled ``mortal.model._stem`` from
-  the observation's nonzero entries (about 10% of them; the observation list is read in place, never stacked);
-  without the compiled module it is the dense ``conv1d`` over the stacked batch;
-* every BatchNorm that directly follows a convolution is folded into that convolution's weight and bias, the
-  others become one multiply-add with their running statistics;
-* Mish is ``x * n / (n + 2)`` with ``n = e^x (e^x + 2)`` (the same function, one ``exp``, in place), and the two
-  hidden layers of the version 2/3 dueling heads run as one matrix product.
-
-The copy never changes ``brain``/``dqn`` and holds no autograd state; the training modules are untouched. It is
-stale once their weights change: ``weights_key`` is what a caller compares to rebuild it (``MortalEngine`` does).
-The oracle Brain is not covered (``supports`` says False).
-"""
+"""A frozen CPU inference copy of ``Brain`` + ``DQN``: the same q-values up to float rounding, cheaper
+(sparse stem, folded BatchNorms, one-``exp`` Mish; docs/performance_forward.md). No oracle Brain."""
 
 from __future__ import annotations
 
@@ -44,10 +29,7 @@ _MISH_CLAMP = 20.0  # above it e^x (e^x + 2) / (e^x (e^x + 2) + 2) is 1.0 in flo
 
 
 def mish(x: Tensor) -> Tensor:
-    """``x * tanh(softplus(x))`` as ``x * n / (n + 2)``, ``n = e^x (e^x + 2)``; a new tensor, x untouched.
-
-    The same function as ``F.mish`` (within 4e-7 relative in float32), about 2.5x faster on CPU.
-    """
+    """``F.mish(x)`` as ``x * n / (n + 2)``, ``n = e^x (e^x + 2)`` (within 4e-7 relative, ~2.5x faster on CPU)."""
     e = x.clamp(max=_MISH_CLAMP).exp_()
     n = e.add(2.0).mul_(e)
     return n.div_(n + 2.0).mul_(x)
@@ -65,13 +47,7 @@ def module_tensors(*modules: nn.Module) -> list[Tensor]:
 
 
 def weights_key(tensors: list[Tensor]) -> tuple:
-    """A key that changes whenever one of ``tensors`` is written in place (``load_state_dict``, an optimizer step,
-    ``copy_``) or gets new storage (``p.data = ...``): each tensor's storage address and version counter.
-
-    About 8 µs for the quickstart model's 50 tensors; collecting them (``module_tensors``) costs ten times that,
-    so a caller collects once. A parameter object replaced by another (``load_state_dict(assign=True)``) is not
-    seen: collect again after such a change.
-    """
+    """A key that changes when one of ``tensors`` is written in place or gets new storage."""
     return tuple((t.data_ptr(), t._version) for t in tensors)
 
 
@@ -125,7 +101,7 @@ def _lin(layer: nn.Linear) -> tuple[Tensor, Tensor | None]:
 
 
 class _Stem:
-    """The first convolution (no bias) with an optional folded BatchNorm (version 1)."""
+    """The first convolution (no bias), BatchNorm folded (version 1)."""
 
     def __init__(self, conv: nn.Conv1d, bn: nn.BatchNorm1d | None, sparse: bool):
         self.weight, self.bias = _fold(conv, bn)
@@ -156,7 +132,6 @@ class _Stem:
 
 
 class _Block:
-    """One ``ResBlock`` with its conv-BN pairs folded."""
 
     def __init__(self, block: ResBlock, version: int):
         u = block.res_unit
@@ -194,18 +169,8 @@ def _act(version: int):
 
 
 class FrozenQ:
-    """``q(obs, mask)`` = ``dqn(brain(obs), mask)`` (``brain`` in eval mode, version-1 latent ``mu``) from a frozen
-    float32 CPU copy of the weights.
-
-    Args:
-        brain: a non-oracle ``Brain`` (``supports``); its weights are copied, the module is not changed.
-        dqn: the ``DQN`` of the same version.
-        sparse_stem: run the first convolution from the nonzero inputs when the compiled module is built.
-
-    ``q_values(obs, mask)``: obs a sequence of N float32 ``(C, 34)`` arrays (or one ``(N, C, 34)`` array), mask a
-    ``(N, 46)`` bool tensor; returns ``(N, 46)`` float32, ``-inf`` where illegal. ``latent(obs)`` for version 1
-    returns ``(mu, logsig)`` instead, each ``(N, 512)``.
-    """
+    """``dqn(brain(obs), mask)`` in eval mode from a frozen float32 CPU copy of the weights:
+    ``q_values(obs (N, C, 34), mask (N, 46) bool) -> (N, 46)`` float32; ``latent`` (v1): ``(mu, logsig)``."""
 
     def __init__(self, brain: Brain, dqn: DQN, *, sparse_stem: bool = True):
         if not supports(brain, dqn):

@@ -1,23 +1,5 @@
-"""Neural networks of the trainer: ``Brain`` (encoder), ``DQN``, ``AuxNet`` and ``GRP``.
-
-The architectures and every submodule/parameter name follow Mortal's
-``mortal/model.py`` so that Mortal checkpoints (``mortal``, ``current_dqn``,
-``aux_net`` of a trainer checkpoint; ``model`` of a GRP checkpoint) load with
-``strict=True``. Attribute names below are therefore part of the file format:
-renaming one, or inserting a layer into an ``nn.Sequential``, breaks loading.
-
-Per feature version (as Mortal):
-
-========  ==========  ==========  ==============  ===========================
-version   activation  BN order    BN eps          Brain output
-========  ==========  ==========  ==============  ===========================
-1         ReLU        post-act    1e-5            ``(mu, logsig)`` (N, 512) x2
-2         Mish        pre-act     1e-5            ``phi`` (N, 1024)
-3, 4      Mish        pre-act     1e-3            ``phi`` (N, 1024)
-========  ==========  ==========  ==============  ===========================
-
-All BatchNorms use momentum 0.01.
-"""
+"""Neural networks of the trainer: ``Brain``, ``DQN``, ``AuxNet`` and ``GRP``. Every submodule and parameter name
+follows Mortal's ``mortal/model.py`` so that Mortal checkpoints load with ``strict=True``."""
 
 from itertools import permutations
 
@@ -57,8 +39,7 @@ def _conv3(c_in: int, c_out: int, bias: bool = False) -> nn.Conv1d:
 
 
 class ChannelAttention(nn.Module):
-    """Squeeze-and-excitation over channels: ``x`` (N, C, 34) -> same, each channel scaled by a gate in (0, 1)
-    from its mean- and max-pooled values through one shared MLP (C -> C//ratio -> C)."""
+    """Squeeze-and-excitation: ``(N, C, 34)`` scaled per channel by a gate from mean and max pooling."""
 
     def __init__(self, channels: int, version: int, ratio: int = 16):
         super().__init__()
@@ -79,8 +60,7 @@ class ChannelAttention(nn.Module):
 
 
 class ResBlock(nn.Module):
-    """Two 3-wide convolutions + channel attention with an identity skip, ``x`` (N, C, 34) -> (N, C, 34): version 1
-    post-activation, 2-4 pre-activation."""
+    """Two 3-wide convolutions + channel attention with identity skip, ``(N, C, 34) -> (N, C, 34)``."""
 
     def __init__(self, channels: int, version: int):
         super().__init__()
@@ -111,11 +91,7 @@ class ResBlock(nn.Module):
 
 
 class ResNet(nn.Module):
-    """Stem conv, ``num_blocks`` residual blocks, 32-channel head conv, Linear to 1024.
-
-    ``x`` (N, in_channels, 34) float32 -> (N, 1024) (no final activation).
-    Everything lives in one ``nn.Sequential`` named ``net`` (Mortal's key layout).
-    """
+    """Stem conv, residual blocks, 32-channel head conv, Linear: ``(N, in_channels, 34)`` -> ``(N, 1024)``."""
 
     def __init__(self, in_channels: int, conv_channels: int, num_blocks: int, version: int):
         super().__init__()
@@ -138,13 +114,9 @@ class ResNet(nn.Module):
 
 
 class Brain(nn.Module):
-    """Observation encoder (Mortal's ``Brain``): ``conv_channels`` (>= 16) x ``num_blocks``, ``is_oracle`` (the
-    oracle obs concatenated on channels), ``version`` 1-4.
-
-    ``forward(obs (N, obs_shape(version)[0], 34) float32, invisible_obs=None (its oracle twin, iff is_oracle))``
-    -> ``phi`` ``(N, 1024)`` (versions 2-4, after a Mish) or ``(mu, logsig)`` ``(N, 512)`` each (version 1).
-    ``freeze_bn(True)`` keeps every BatchNorm on its running statistics even after ``.train()`` (still trained).
-    """
+    """Observation encoder (Mortal's ``Brain``): ``obs (N, C, 34) float32`` (+ ``invisible_obs`` iff ``is_oracle``)
+    -> ``phi (N, 1024)`` (versions 2-4) or ``(mu, logsig)`` each ``(N, 512)`` (version 1). ``freeze_bn(True)``
+    keeps BatchNorms on their running statistics after ``.train()``."""
 
     def __init__(self, *, conv_channels: int, num_blocks: int, is_oracle: bool = False, version: int = 1):
         super().__init__()
@@ -195,11 +167,7 @@ class Brain(nn.Module):
 
 
 class AuxNet(nn.Module):
-    """Auxiliary heads on ``phi``: one bias-free Linear split into ``dims`` logits.
-
-    ``forward(phi (N, 1024))`` -> tuple of tensors ``(N, d)`` for each d in ``dims``.
-    Mortal uses ``dims=(4,)``: logits of the player's rank at the end of the next kyoku.
-    """
+    """Auxiliary heads: ``phi (N, 1024)`` -> one ``(N, d)`` logits tensor per d in ``dims`` (Mortal: rank, (4,))."""
 
     def __init__(self, dims=(4,)):
         super().__init__()
@@ -217,9 +185,7 @@ def _mlp_head(hidden: int, out: int) -> nn.Sequential:
 
 
 class DQN(nn.Module):
-    """Dueling Q head ``forward(phi (N, D), mask (N, 46) bool) -> q (N, 46)`` in phi's dtype: ``v + a -
-    mean_legal(a)``, illegal actions ``-inf`` (a row without any: all ``-inf``). D: 512 at v1, else 1024; v1 Linear
-    heads, v2/v3 Linear-Mish-Linear (hidden 512 / 256), v4 one Linear to ``1 + 46`` (value first, bias 0)."""
+    """Dueling Q head ``(phi (N, D), mask (N, 46) bool) -> q (N, 46)``, illegal ``-inf``; D 512 at v1, else 1024."""
 
     def __init__(self, *, version: int = 1):
         super().__init__()
@@ -247,9 +213,8 @@ class DQN(nn.Module):
 
 
 class GRP(nn.Module):
-    """Global Reward Predictor (float64): a GRU over a game prefix's kyoku rows of ``GRP_SIZE`` = 7 features
-    ``[grand_kyoku (E1=0 ... W4=11), honba, kyotaku, s0..s3 / 10000]``, all layers' last hidden states into an MLP
-    -> logits over the 24 ``rank_by_player`` permutations (``itertools.permutations(range(4))`` order)."""
+    """Global Reward Predictor (float64): a GRU over each game prefix's kyoku rows ``[grand_kyoku, honba, kyotaku,
+    s0..s3 / 10000]`` into an MLP -> logits over the 24 ``itertools.permutations(range(4))`` rank orders."""
 
     def __init__(self, hidden_size: int = 64, num_layers: int = 2):
         super().__init__()

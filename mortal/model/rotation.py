@@ -1,9 +1,4 @@
-"""Baseline rotation: promote a checkpoint (normally best.pth) to ``[baseline.train]``/``[baseline.test]``.
-
-Used by ``scripts/rotate_baseline.py`` (by hand). Every replaced baseline is kept as
-``<file>.<YYYYmmdd-HHMMSS>.bak``. A client that fetches the trainer's baseline from the server
-(``[baseline.train] from_server``) installs it with ``install_baseline``, keeping the old one the same way.
-"""
+"""Baseline rotation: promote a checkpoint to the baselines, keeping each replaced file as a stamped ``.bak``."""
 
 from __future__ import annotations
 
@@ -20,14 +15,12 @@ logger = logging.getLogger('mortal.rotation')  # the name before the package spl
 
 
 def check_source(path: str) -> None:
-    """Check that ``path`` is a loadable Mortal-layout checkpoint (``mortal``, ``current_dqn``, ``config``).
-    Raises FileNotFoundError, or ``CheckpointError`` (a ValueError) naming ``path``."""
+    """Check ``path`` is a loadable Mortal-layout checkpoint; FileNotFoundError or ``CheckpointError``."""
     require_entries(load_checkpoint(path), MORTAL_ENTRIES, path)
 
 
 def keep_backup(target: str, stamp: str | None = None) -> str | None:
-    """Copy ``target`` (when it exists) to ``<target>.<stamp>.bak`` through a temporary name, so that a client
-    drawing its pool never sees half a file; returns the backup's name (None when there was nothing to keep)."""
+    """Copy ``target`` atomically to ``<target>.<stamp>.bak``; returns its name (None: nothing to keep)."""
     if not os.path.exists(target):
         return None
     backup = stamped_name(target, stamp or time.strftime('%Y%m%d-%H%M%S'), '.bak')
@@ -36,9 +29,7 @@ def keep_backup(target: str, stamp: str | None = None) -> str | None:
 
 
 def install_baseline(path: str, mortal: dict, dqn: dict, arch: dict) -> str | None:
-    """Write a baseline received from the server to ``path`` as a Mortal-layout checkpoint (``mortal``,
-    ``current_dqn`` and a ``config`` holding ``arch``), atomically, keeping the file it replaces as ``.bak``
-    (``keep_backup``); returns that backup's name or None. Raises OSError."""
+    """Write a baseline from the server to ``path`` atomically, keeping the old file; the backup's name or None."""
     backup = keep_backup(path)
     config = {'control': {'version': arch['version']},
               'resnet': {'conv_channels': arch['conv_channels'], 'num_blocks': arch['num_blocks']}}
@@ -47,12 +38,8 @@ def install_baseline(path: str, mortal: dict, dqn: dict, arch: dict) -> str | No
 
 
 def rotate(config: dict, source: str | None = None, *, reset_best: bool = False, stamp: str | None = None) -> list:
-    """Copy ``source`` (default ``[control] best_state_file``) over each distinct baseline file, keeping the old
-    one as ``<file>.<stamp>.bak``; returns ``[(target, backup or None)]``.
-
-    ``reset_best``: also reset ``best_perf`` in ``[control] state_file`` (only while the trainer is stopped).
-    Raises (nothing is touched then) FileNotFoundError when ``source`` is missing, ValueError (CheckpointError
-    among them) when it is unusable or is a baseline file itself or ``state_file`` cannot be reset."""
+    """Copy ``source`` (default best) over each baseline file with a backup; ``[(target, backup or None)]``.
+    Raises, touching nothing, FileNotFoundError or ValueError (unusable, or a baseline itself)."""
     cfg = typed(config)
     source = source or cfg.control.best_state_file
     check_source(source)

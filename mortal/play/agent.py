@@ -1,24 +1,4 @@
-"""Per-seat batch agents for the arena: Mortal engines and mjai bots.
-
-An agent serves many (game, seat) slots at once. The arena hands it a list of
-``Scene`` s (one per seat that can act, across all games in flight) and gets
-back one ``Decision`` per scene, so an engine is called once per lock-step
-cycle (Mortal's ``MortalBatchAgent``, ``libriichi/src/agent/mortal.rs``).
-
-* ``MortalBatchAgent(engine)``: encodes features, applies quick eval,
-  the kan-select second pass in the same batch, the rule-based agari
-  guard and attaches Mortal's ``meta``, all as Mortal's ``libriichi/src/agent/mortal.rs``.
-* ``MjaiBotAgent(factory, name)``: any mjai bot with ``react(events_json) ->
-  reaction_json`` (e.g. ``mjai.bot.rulebase.RulebaseBot``), one bot object per
-  (game, seat); an illegal reaction is replaced by the first legal action and
-  counted in ``substitutions`` (mjai's RulebaseBot can propose a kuikae discard, which the rules forbid).
-
-Version 4 needs per-seat state beyond ``PlayerState`` (``mortal.features.obs_v4.V4Encoder``):
-the caller (arena, bot) keeps one encoder per seat of an agent for which
-``needs_v4_encoder`` is true, feeds it the seat's events and hands it over in
-``Scene.v4``; other seats carry ``None`` and never run the single-player search.
-
-"""
+"""Per-seat batch agents for the arena (Mortal engines and mjai bots): one ``Decision`` per ``Scene``."""
 
 from __future__ import annotations
 
@@ -55,22 +35,8 @@ class IllegalReaction(ValueError):
 
 @dataclass(slots=True)
 class Scene:
-    """One pending decision of one seat in one game.
-
-    Attributes:
-        game: index of the game in the arena run (for error messages and bot slots).
-        seat: absolute seat 0-3.
-        state: the seat's ``PlayerState``, already updated with ``events``.
-        events: masked mjai events (JSON strings) this seat saw since its previous
-            scene; mjai-bot agents forward them to their bot.
-        best_win_scores: ``None`` or a callable returning the absolute scores (4 ints)
-            after the best-case hora of this seat now; only the agari guard calls it.
-        v4: the seat's ``mortal.features.obs_v4.V4Encoder`` (fed the same events as ``state``, in
-            the same order) when the agent encodes version 4 (``needs_v4_encoder``), else
-            ``None``; a version-4 engine given ``None`` raises ``ValueError``.
-        speculative: the step may never happen (the arena's guess that every seat asked for a call passes;
-            only handed to agents with ``stateless = True``); ``adopted`` is set once the arena used its decision.
-    """
+    """One pending decision of one seat in one game: ``events`` (masked mjai JSON since its previous scene),
+    ``best_win_scores`` (agari guard), ``v4`` (the seat's ``V4Encoder`` or None), ``speculative``/``adopted``."""
 
     game: int
     seat: int
@@ -84,15 +50,11 @@ class Scene:
 
 @dataclass(slots=True)
 class Decision:
-    """An agent's answer to a ``Scene``: an mjai reaction dict and Mortal's ``meta``
-    (``None`` when no evaluation was made, e.g. quick eval or a bot)."""
+    """An agent's answer to a ``Scene``: an mjai reaction dict and Mortal's ``meta`` (None without evaluation)."""
 
     reaction: dict
     meta: dict | None = None
 
-
-# ---------------------------------------------------------------------------
-# rule-based agari guard (Mortal's agent/mortal.rs)
 
 
 def abs_scores(state) -> list[int]:
@@ -114,18 +76,7 @@ def is_all_last(state) -> bool:
 
 
 def rule_based_agari(state, best_win_scores: Callable[[], Sequence[int]] | None) -> bool:
-    """Whether a rule-based player would take the hora offered now (Mortal's
-    ``rule_based_agari``, agent_helper.rs).
-
-    It says False only for an all-last win that would end the game with this seat
-    still 4th. ``best_win_scores()`` must return the absolute scores after the best
-    case of this hora (see ``arena`` for how it is estimated: the table's exact
-    value for the hand, plus an upper bound on ura dora when in riichi). If it is
-    None the guard cannot evaluate and allows the hora.
-
-    Returns:
-        bool; False also when the seat cannot hora at all.
-    """
+    """Whether a rule-based player takes the hora now: False for an all-last win leaving it 4th, or no hora."""
     cans = state.last_cans
     if not cans.can_agari:
         return False
@@ -146,24 +97,13 @@ def rule_based_agari(state, best_win_scores: Callable[[], Sequence[int]] | None)
     return rank_of(exp, seat) < 3
 
 
-# ---------------------------------------------------------------------------
-# Mortal engines
-
 
 _BIT = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))  # bit i of a mask word
 
 
 def batch_meta_parts(q_values, masks) -> tuple[list, list]:
-    """The per-row parts of Mortal's meta for a whole batch at once: each row's legal Q values (Python floats, in
-    index order) and its mask bits (bit i set iff action i is legal): Mortal's ``q_values`` and ``mask_bits``.
-
-    Args:
-        q_values: N rows of A floats (lists, or an ``(N, A)`` array; illegal entries are ignored).
-        masks: N rows of A bools (lists or arrays), A <= 64.
-
-    Returns:
-        ``(legal_q, bits)``: two lists of N, ``list[float]`` and ``int``.
-    """
+    """Mortal's ``q_values`` and ``mask_bits`` meta of N rows of A <= 64: ``(legal_q, bits)``, the legal
+    Q values (floats, index order) and an int with bit j set iff action j is legal."""
     if len(masks) == 0:
         return [], []
     m = np.asarray(masks, dtype=bool)
@@ -179,12 +119,7 @@ def batch_meta_parts(q_values, masks) -> tuple[list, list]:
 
 
 def _quick_eval_index(state, mask=None) -> int | None:
-    """The only legal discard when Mortal's quick eval applies, else None.
-
-    ``mask`` (46,) bool: the decision's mask; when None it is taken from the v3 encoder
-    (every version has the same mask), so a v4 seat skips its single-player search for
-    forced discards, as Mortal checks quick eval before encoding.
-    """
+    """The only legal discard when quick eval applies, else None (before any v4 search, as Mortal)."""
     cans = state.last_cans
     if not cans.can_discard or cans.can_riichi or cans.can_tsumo_agari \
             or cans.can_ankan or cans.can_kakan or cans.can_ryukyoku:
@@ -196,21 +131,8 @@ def _quick_eval_index(state, mask=None) -> int | None:
 
 
 class MortalBatchAgent:
-    """Batch agent over a ``MortalEngine``-like object (the contract of ``mortal.play.engine.MortalEngine``:
-    attrs ``name``, ``version``, ``is_oracle``, ``enable_quick_eval``,
-    ``enable_rule_based_agari_guard``; ``react_batch(obs, masks, invisible_obs)``).
-
-    ``react(scenes)`` makes at most one ``react_batch`` call holding every main obs
-    ``(C,34) float32`` plus every kan-select obs; returns one ``Decision`` each. A
-    version-4 engine needs every scene's ``v4`` encoder (``Scene.v4``).
-
-    ``stateless = True``: a scene's decision depends on that scene only, so the arena may hand it scenes of
-    a step that may never happen (``OneVsThree(speculate_passes=True)``) and drop their decisions.
-
-    Raises:
-        ValueError: an oracle engine (the arena has no oracle features).
-        UnsupportedVersionError: ``engine.version`` is not 1-4.
-    """
+    """Batch agent over a ``MortalEngine``-like object: at most one ``react_batch`` call per ``react``.
+    ValueError for an oracle engine, ``UnsupportedVersionError`` for a version outside 1-4."""
 
     stateless = True
 
@@ -227,9 +149,7 @@ class MortalBatchAgent:
         self.decisions = 0  # scenes answered (incl. quick eval)
 
     def _encode_rows(self, rows) -> tuple[list, list]:
-        """Observations and masks of ``rows`` (``(scene, at_kan_select, obs or None, mask or None)``); version 4
-        encodes them in one batch so that the single-player searches of all scenes run together
-        (``obs_v4.encode_batch``). The version was checked at ``__init__``: versions 1-3 call ``encode_obs``."""
+        """Observations and masks of ``rows``; version 4 encodes them in one batch (searches together)."""
         if self.version == 4:
             done = encode_v4_batch([(sc.v4, sc.state, kan) for sc, kan, _, _ in rows])
         else:
@@ -308,9 +228,6 @@ class MortalBatchAgent:
         """Nothing is kept per game."""
 
 
-# ---------------------------------------------------------------------------
-# mjai bots
-
 
 def first_legal(state, mask) -> dict:
     """The reaction of the lowest legal action index in ``mask`` (46,) bool."""
@@ -318,8 +235,7 @@ def first_legal(state, mask) -> dict:
 
 
 def legal_reaction(state, mask, reaction: dict) -> bool:
-    """Whether an mjai ``reaction`` is legal for ``state`` under the ``encode_obs``
-    mask (46,) bool and ``PlayerState.validate_reaction`` (which alone misses kuikae)."""
+    """Whether ``reaction`` is legal under the mask and ``PlayerState.validate_reaction`` (which misses kuikae)."""
     if not isinstance(reaction, dict):
         return False
     ty = reaction.get("type")
@@ -342,16 +258,8 @@ IMPROVING_TILES_CACHE = 8192  # hands; one deal's four rotations see ~1,300 dist
 
 
 def cache_improving_tiles(maxsize: int = IMPROVING_TILES_CACHE) -> bool:
-    """Memoize ``mjai.bot.base.find_improving_tiles``, per process.
-
-    mjai's ``Bot`` computes every discard's ukeire with ``find_improving_tiles(tehai)``, a pure function of the hand
-    string (e.g. ``'123m456p789s1122z'``), and that call is ~85% of a RulebaseBot's time (4.5 ms each, profiled on
-    ``bootstrap.play_set``). The four rotations of a duplicate deal meet the same hands again: ~30% of the calls of
-    a gen-logs deal with epsilon 0.1 repeat one. Each call returns a fresh copy, so a caller that edits the list
-    cannot change the cache. Idempotent. Returns False, and changes nothing, when this mjai has no such function.
-    (The rule-based games were not bit-reproducible before the cache either: two runs of one gen-logs deal differ in
-    one rotation of four, with or without it, also with ``PYTHONHASHSEED=0``.)
-    """
+    """Memoize ``mjai.bot.base.find_improving_tiles`` per process (~85% of a RulebaseBot's time; the
+    rotations of a duplicate deal repeat hands). Returns copies. Idempotent; False when mjai lacks the function."""
     try:
         import mjai.bot.base as base
     except ImportError:  # pragma: no cover
@@ -373,19 +281,7 @@ def cache_improving_tiles(maxsize: int = IMPROVING_TILES_CACHE) -> bool:
 
 
 class MjaiBotAgent:
-    """Batch agent over mjai bots: ``factory(seat)`` builds one bot per (game, seat)
-    with ``react(events_json: str) -> reaction_json: str``.
-
-    Each scene forwards the seat's new masked events (JSON list) to its bot; the
-    bot's reaction is checked against the seat's mask; an illegal or unparsable one
-    is replaced by the first legal action and counted in ``substitutions``
-    (``substitution_log`` keeps the first 100 as (game, seat, reaction)).
-
-    Args:
-        factory: callable ``seat -> bot``; default ``mjai.bot.rulebase.RulebaseBot``.
-        name: the name written in logs' ``start_game``.
-        quiet: silence the ``mjai`` package's loguru output (RulebaseBot logs every discard).
-    """
+    """Batch agent over mjai bots, one per (game, seat); an illegal reaction becomes the first legal action."""
 
     def __init__(self, factory: Callable[[int], Any] | None = None, name: str = "rulebase", *, quiet: bool = True):
         if factory is None:
@@ -434,23 +330,13 @@ class MjaiBotAgent:
 
 
 def needs_v4_encoder(agent) -> bool:
-    """Whether ``agent`` encodes observation version 4, i.e. its ``version`` attribute is 4
-    (a ``MortalBatchAgent`` over a v4 engine); its scenes must then carry ``v4`` encoders.
-
-    Bots and engines of versions 1-3 answer False, so their seats never run the
-    single-player search.
-    """
+    """Whether ``agent`` encodes observation version 4 (its scenes then need ``v4`` encoders)."""
     version = getattr(agent, "version", None)
     return not isinstance(version, bool) and version == 4
 
 
 def make_agent(x):
-    """An arena agent from ``x``: an agent (has ``react``) as is, an engine (has
-    ``react_batch``) wrapped in ``MortalBatchAgent``.
-
-    Raises:
-        TypeError: neither.
-    """
+    """An arena agent from ``x``: an agent as is, an engine wrapped in ``MortalBatchAgent``; TypeError if neither."""
     if hasattr(x, "react") and hasattr(x, "end_game"):
         return x
     if hasattr(x, "react_batch"):

@@ -1,13 +1,4 @@
-"""Duplicate 1-vs-3 scoring and the players of a 1v3 table: the statistics of ``mortal.one_vs_three`` (Mortal's
-1v3 evaluation) that the play package needs as well.
-
-A duplicate unit is one nonce played in its four seat rotations; :func:`duplicate_ci` gives the challenger's avg rank
-and avg pt (``mortal.stat.DISPLAY_PTS``) with a normal 95% interval over units, :func:`challenger_ranks_by_nonce`
-groups an arena's games into units, :func:`complete_units` drops the deals a failed game left incomplete
-(:func:`complete_challenger_units` does both, as every 1v3 player needs), and :func:`build_side` turns a
-``[1v3.challenger]``/``[1v3.champion]`` table into an arena player. Used by ``mortal.one_vs_three`` (which
-re-exports every name), ``mortal.play.player`` (test play) and ``mortal.play.evaluation``.
-"""
+"""Duplicate 1-vs-3 scoring and the players of a 1v3 table; ``mortal.one_vs_three`` re-exports every name."""
 
 from __future__ import annotations
 
@@ -29,19 +20,13 @@ MIN_RELIABLE_SETS = 10  # duplicate sets (deals) below which a printed CI says i
 
 
 def unreliable_note(sets: int) -> str:
-    """``'unreliable: N sets'`` for a CI computed over ``sets`` < ``MIN_RELIABLE_SETS`` duplicate sets (deals), else
-    ``''``: every printed CI carries it, as a normal interval over a handful of sets is noise (2 identical sets give
-    a zero width)."""
+    """``'unreliable: N sets'`` when ``sets`` < ``MIN_RELIABLE_SETS`` (a normal CI over few sets is noise), else ''."""
     return f'unreliable: {sets} sets' if sets < MIN_RELIABLE_SETS else ''
 
 
 @dataclasses.dataclass(frozen=True)
 class DuplicateSummary:
-    """Challenger's result over duplicate units (one unit = all games of one nonce).
-
-    ``*_ci`` are half-widths of the 95% interval (mean ± half-width); ``nan`` with fewer than 2 units. Printed, it
-    says ``unreliable: N sets`` under ``MIN_RELIABLE_SETS`` units.
-    """
+    """Challenger's result over duplicate units; ``*_ci`` are 95% half-widths (``nan`` under 2 units)."""
 
     n_units: int
     n_games: int
@@ -57,17 +42,13 @@ class DuplicateSummary:
 
 
 def _note(sets: int) -> str:
-    """``unreliable_note`` as the tail of a parenthesis: ``'; unreliable: N sets'`` or ``''``."""
+    """``'; unreliable: N sets'`` or ``''``."""
     note = unreliable_note(sets)
     return f'; {note}' if note else ''
 
 
 def mean_ci(values: Sequence[float], z: float = Z_95) -> tuple[float, float]:
-    """``(mean, z · sd / sqrt(n))`` with the sample sd (n − 1); half-width ``nan`` when n < 2.
-
-    Raises:
-        ValueError: ``values`` is empty.
-    """
+    """``(mean, z * sd / sqrt(n))`` with the sample sd; half-width ``nan`` when n < 2; ValueError if empty."""
     n = len(values)
     if n == 0:
         raise ValueError('no values')
@@ -80,18 +61,8 @@ def mean_ci(values: Sequence[float], z: float = Z_95) -> tuple[float, float]:
 
 def duplicate_ci(unit_ranks: Iterable[Sequence[int]], pts: Sequence[float] = DISPLAY_PTS,
                  z: float = Z_95) -> DuplicateSummary:
-    """Avg rank and avg pt with a normal 95% CI over duplicate units.
-
-    Args:
-        unit_ranks: one sequence per duplicate unit (a nonce) of the challenger's 1-based ranks (1-4) in that
-            unit's games (normally its 4 seat rotations). Per unit the mean rank and mean pt are taken first; the
-            reported values are the means of those unit means ± ``z``·sd/sqrt(n_units). The rotations of one deal
-            are strongly correlated, so games are not independent samples but units are.
-        pts: rank points for 1st-4th.
-
-    Raises:
-        ValueError: no units, an empty unit, or a rank outside 1-4.
-    """
+    """Avg rank and avg pt with a normal 95% CI over duplicate units (``unit_ranks``: ranks 1-4 per unit).
+    ValueError: no units, an empty unit, or a rank outside 1-4."""
     rank_means, pt_means = [], []
     n_games = 0
     for unit in unit_ranks:
@@ -112,12 +83,7 @@ def duplicate_ci(unit_ranks: Iterable[Sequence[int]], pts: Sequence[float] = DIS
 
 
 def challenger_ranks_by_nonce(games: Iterable[tuple]) -> dict[int, list[int]]:
-    """Group the challenger's 1-based ranks by nonce.
-
-    Args:
-        games: ``(nonce, key, split, final_scores, rank_by_player)`` per game (``OneVsThree.last_games``), where
-            split 'a'-'d' is the challenger's seat 0-3 and rank_by_player holds 0-based ranks.
-    """
+    """The challenger's 1-based ranks by nonce from ``OneVsThree.last_games`` tuples."""
     out: dict[int, list[int]] = {}
     for nonce, _key, split, _scores, ranks in games:
         out.setdefault(int(nonce), []).append(int(ranks[SPLITS.index(split)]) + 1)
@@ -125,44 +91,18 @@ def challenger_ranks_by_nonce(games: Iterable[tuple]) -> dict[int, list[int]]:
 
 
 def complete_units(units: dict[int, list[int]], games: int = 4) -> tuple[dict[int, list[int]], list[int]]:
-    """Split ``units`` (``{nonce: ranks}``) into the deals with all ``games`` games and the nonces of the others
-    (a game ended as failed, ``OneVsThree.failed_games``): a duplicate comparison pairs whole deals, so such a deal
-    is dropped whole. Returns ``(complete units, sorted dropped nonces)``."""
+    """``(units with all ``games`` games, sorted nonces of the others)``: deals with a failed game drop whole."""
     kept = {n: r for n, r in units.items() if len(r) == games}
     return kept, sorted(n for n in units if n not in kept)
 
 
 def complete_challenger_units(games: Iterable[tuple]) -> dict[int, list[int]]:
-    """The challenger's duplicate units of an arena run, without the deals a failed game left incomplete:
-    ``complete_units(challenger_ranks_by_nonce(games))[0]``, the dropped nonces discarded (the arena has already
-    warned about each failed game and lists it in ``OneVsThree.failed_games``).
-
-    Args:
-        games: ``(nonce, key, split, final_scores, rank_by_player)`` per game (``OneVsThree.last_games``), split
-            'a'-'d' the challenger's seat 0-3, rank_by_player 0-based ranks.
-    Returns:
-        ``{nonce: [the challenger's 4 ranks, 1-4]}`` (int keys; each list in the order of ``games``), only the
-        nonces with all 4 games; ``{}`` when there are none.
-    Raises:
-        ValueError: a split outside 'a'-'d' (from ``challenger_ranks_by_nonce``); IndexError/TypeError for a
-            malformed game tuple.
-    """
+    """``{nonce: [4 ranks 1-4]}`` of the complete deals of ``games``; ValueError for a bad split."""
     return complete_units(challenger_ranks_by_nonce(games))[0]
 
 
 def build_side(side, section: str):
-    """An arena player from a typed ``[1v3.challenger]``/``[1v3.champion]`` table (``mortal.config.section``; a
-    ``mortal.config_schema.MortalSide`` or ``RulebaseSide``), ``section`` its name for messages.
-
-    'rulebase': a ``mortal.play.agent.MjaiBotAgent`` of ``RulebaseBot`` named ``name``.
-    'mortal': a greedy ``MortalEngine`` from ``state_file`` (architecture from the checkpoint's own config, as
-    Mortal) on ``device`` with ``enable_amp``, ``enable_rule_based_agari_guard``, ``stochastic_latent``,
-    ``enable_compile``.
-
-    Raises:
-        mortal.model.checkpoint.CheckpointError (a ValueError): missing or unusable checkpoint (one line naming the
-            section, the file and the reason).
-    """
+    """An arena player from a typed ``[1v3.challenger]``/``[1v3.champion]``; ``CheckpointError``."""
     if side.type == 'rulebase':
         from mortal.play.agent import MjaiBotAgent
         return MjaiBotAgent(name=side.name)
@@ -170,7 +110,6 @@ def build_side(side, section: str):
     import torch
     from mortal.model.checkpoint import load_errors, load_model_pair
     from mortal.play.engine import MortalEngine
-
     with load_errors(f'[{section}] state_file', side.state_file):
         brain, dqn, version = load_model_pair(side.state_file)
     if side.enable_compile:

@@ -1,18 +1,4 @@
-"""``MortalEngine``: batched Q-value inference plus Mortal's Boltzmann/top-p exploration.
-
-The engine only maps observations to actions. Turning an action index into an
-mjai reaction, quick eval, the kan-select second pass and the agari guard are
-done by the per-seat agent (``mortal/play/agent.py``), which reads the engine's
-``enable_quick_eval`` / ``enable_rule_based_agari_guard`` attributes as
-Mortal's ``libriichi`` agent (``agent/mortal.rs``) does.
-
-Exploration (Mortal's ``mortal/engine.py``): with ``boltzmann_epsilon == 0``
-every sample is greedy (argmax q). Otherwise each sample independently is
-greedy with probability ``1 - boltzmann_epsilon``, else its action is drawn
-from ``softmax(q / boltzmann_temp)`` over the legal actions, restricted to the
-top-``top_p`` nucleus (``top_p >= 1``: the full distribution; ``top_p <= 0``:
-argmax).
-"""
+"""``MortalEngine``: batched Q-value inference plus Mortal's Boltzmann/top-p exploration (``mortal/engine.py``)."""
 
 from __future__ import annotations
 
@@ -31,21 +17,8 @@ def _stacked(arrays):
 
 def sample_top_p(logits: torch.Tensor, p: float,
                  generator: torch.Generator | None = None) -> torch.Tensor:
-    """One draw per row from ``softmax(logits)`` restricted to the top-p nucleus.
-
-    The nucleus is the smallest prefix of actions, sorted by probability
-    (descending), whose probability mass reaches ``p``: an action is kept iff
-    the mass of the actions strictly before it is ``<= p`` (so the most likely
-    action is always kept); the kept probabilities are renormalised.
-
-    Args:
-        logits: ``(N, A)`` float, ``-inf`` for actions that must not be drawn.
-        p: nucleus mass; ``p >= 1`` samples the full softmax, ``p <= 0`` is argmax.
-        generator: torch RNG on ``logits.device``; None uses the global RNG.
-
-    Returns:
-        ``(N,)`` int64 action indices.
-    """
+    """``(N,)`` int64: one draw per row of ``logits`` ``(N, A)`` from the softmax restricted to the top-``p``
+    nucleus (``p >= 1``: all, ``p <= 0``: argmax); ``generator``: a torch RNG, None: the global one."""
     if p <= 0:
         return logits.argmax(-1)
     probs = logits.float().softmax(-1)
@@ -59,12 +32,7 @@ def sample_top_p(logits: torch.Tensor, p: float,
 
 
 def boltzmann_top_p_probs(q: np.ndarray, mask: np.ndarray, temp: float, p: float) -> np.ndarray:
-    """Analytic distribution of ``sample_top_p(q / temp masked, p)`` for one row.
-
-    ``q`` and ``mask`` are ``(46,)``; returns ``(46,)`` float64 probabilities
-    (exactly what the sampler draws from, assuming distinct probabilities; ties
-    at the nucleus edge depend on sort order). Used by tests and diagnostics.
-    """
+    """``(46,)`` float64: the distribution ``sample_top_p`` draws from for one row ``q``, ``mask``."""
     q = np.asarray(q, dtype=np.float64)
     mask = np.asarray(mask, dtype=bool)
     logits = np.where(mask, q / temp, -np.inf)
@@ -85,43 +53,11 @@ def boltzmann_top_p_probs(q: np.ndarray, mask: np.ndarray, temp: float, p: float
 
 
 class MortalEngine:
-    """Wraps a ``Brain`` and a ``DQN`` on a device for batched self-play inference.
+    """Wraps a ``Brain`` and a ``DQN`` in eval mode on ``device`` for batched self-play inference.
 
-    Interface required by the arena (Mortal's ``libriichi`` agent contract):
-    attributes ``engine_type = 'mortal'``, ``name``, ``version``, ``is_oracle``,
-    ``enable_quick_eval``, ``enable_rule_based_agari_guard`` and ``react_batch``.
-
-    Args:
-        brain: ``brain(obs (N,C,34) float32[, invisible_obs]) -> phi (N,1024)``,
-            or ``(mu, logsig)`` each ``(N,512)`` for version 1.
-        dqn: ``dqn(phi, mask (N,46) bool) -> q (N,46)``, illegal actions ``-inf``.
-        is_oracle: the brain also takes ``invisible_obs``.
-        version: observation/model version (1-4).
-        device: ``torch.device`` or string; default CPU. Modules are moved there
-            and set to eval mode (as Mortal).
-        stochastic_latent: version 1 only: sample the latent from
-            ``Normal(mu, exp(logsig) + 1e-6)`` instead of using ``mu``.
-        enable_amp: run the forward under ``torch.autocast`` of the device type.
-        enable_quick_eval, enable_rule_based_agari_guard: flags read by the agent.
-        name: engine name written to logs.
-        boltzmann_epsilon: probability in [0, 1] that a sample explores.
-        boltzmann_temp: softmax temperature (> 0 when exploring).
-        top_p: nucleus mass for exploration draws (``>= 1``: no restriction).
-        seed: seed for a private ``torch.Generator`` (reproducible draws); None
-            uses torch's global RNG, like Mortal.
-        frozen_cpu: on CPU without AMP, for a non-oracle ``Brain`` + ``DQN``, compute
-            the q-values with ``mortal.model.inference.FrozenQ`` (a frozen copy of the
-            weights: sparse first convolution, folded BatchNorm; the same q-values up
-            to float rounding, docs/performance_forward.md). The copy is rebuilt when
-            the modules' weights are written (``load_state_dict``, an in-place step; not a
-            parameter object swapped for another, ``assign=True``); modules
-            put back into train mode use their own forward. False: always the modules'
-            own forward.
-
-    Raises:
-        ValueError: ``boltzmann_epsilon`` outside [0, 1], or a non-positive
-            ``boltzmann_temp`` while ``boltzmann_epsilon > 0``.
-    """
+    ``seed``: a private ``torch.Generator`` (None: the global RNG, as Mortal). ``frozen_cpu``: on CPU without AMP, use
+    ``inference.FrozenQ`` (the same q-values up to float rounding). ValueError: ``boltzmann_epsilon`` outside
+    [0, 1], or ``boltzmann_temp <= 0`` while exploring."""
 
     engine_type = "mortal"
 
@@ -162,23 +98,8 @@ class MortalEngine:
                 f"eps={self.boltzmann_epsilon}, temp={self.boltzmann_temp}, top_p={self.top_p})")
 
     def react_batch(self, obs, masks, invisible_obs=None):
-        """Choose one action per sample with one batched forward.
-
-        Args:
-            obs: list of N ``np.float32 (C, 34)`` (or an ``(N, C, 34)`` array).
-            masks: list of N ``np.bool_ (46,)`` legal masks, each with a legal action.
-            invisible_obs: None, or N oracle observations (oracle engines).
-
-        Returns:
-            ``(actions, q_values, masks, is_greedy)``: ``list[int]`` (N),
-            ``list[list[float]]`` (N x 46, ``-inf`` where illegal, float32 values),
-            ``list[list[bool]]`` (N x 46), ``list[bool]`` (N; False where the
-            action was an exploration draw). Empty lists for N = 0.
-
-        Raises:
-            ValueError: lengths differ, a mask is not 46 wide, or a mask has no
-                legal action (the message names the sample).
-        """
+        """One action per sample with one batched forward: ``obs`` N ``float32 (C, 34)``, ``masks`` N
+        ``bool (46,)`` -> ``(actions, q_values, masks, is_greedy)``, lists of N. ValueError naming a bad sample."""
         if len(obs) != len(masks):
             raise ValueError(f"react_batch: {len(obs)} observations but {len(masks)} masks")
         if len(obs) == 0:
@@ -213,7 +134,7 @@ class MortalEngine:
         return actions.tolist(), q.tolist(), mask_t.tolist(), is_greedy.tolist()
 
     def _frozen_model(self):
-        """The frozen copy of the current weights: rebuilt when ``brain``/``dqn`` were written since."""
+        """The frozen copy, rebuilt when the weights were written since."""
         key = inference.weights_key(self._watched)
         if key != self._frozen_key:
             self._frozen = inference.FrozenQ(self.brain, self.dqn)

@@ -1,11 +1,4 @@
-"""Duplicate evaluation over a pool of processes: one challenger against three copies of a champion.
-
-A side is ``('mortal', state_file)`` or ``('mortal', state_file, device)`` (greedy, with the rule-based agari
-guard; architecture from the checkpoint's own config) or ``('rulebase', None)`` (mjai's RulebaseBot). Deals are
-nonces ``SEED_START, SEED_START + 1, ...`` of one seed key; each deal is played in its four seat rotations, which
-form one duplicate unit, so two challengers evaluated with the same key and count meet the very same walls and can
-be compared deal by deal. Used by ``scripts/evaluate.py``, ``bench/learning.py`` and the quickstart's summary.
-"""
+"""Duplicate evaluation over a pool of processes: one challenger against three copies of a champion."""
 
 from __future__ import annotations
 
@@ -38,15 +31,12 @@ def _init_worker(sp_threads):
 
 
 def play_chunk(task):
-    """Worker: ``(challenger, champion, first_nonce, count, key[, log_dir])`` -> ``{nonce: [challenger ranks
-    1-4]}``; with a ``log_dir`` (not None) one mjai log per game goes there. A deal with a game the arena ended as
-    failed (``OneVsThree.failed_games``, warned there) is left out whole."""
+    """Worker: ``(challenger, champion, first_nonce, count, key[, log_dir])`` -> ``{nonce: [ranks 1-4]}``."""
     drop_rust_backtrace()  # also when play_duplicate was called by a library caller, not by a main()
     import torch
     torch.set_num_threads(1)  # the workers already fill the cores
     from mortal.play.arena import OneVsThree
     from mortal.play.duplicate import complete_challenger_units
-
     chal, champ, nonce, count, key, *log_dir = task
     env = OneVsThree(disable_progress_bar=True, log_dir=log_dir[0] if log_dir else None)
     try:
@@ -63,16 +53,7 @@ def play_chunk(task):
 
 def play_duplicate(challenger, champion, *, sets: int, key: int, workers: int = 1, chunk: int | None = None,
                    progress=None, log_dir: str | None = None) -> dict[int, list[int]]:
-    """Play ``sets`` deals (4 games each) of ``challenger`` against 3x ``champion``.
-
-    ``chunk``: deals per task (more deals in flight batch the model better; the rule-based bot gains nothing);
-    default: the deals split evenly over 4 tasks per worker for a model, 2 deals per task with a bot.
-    ``progress``: called with the number of games of each finished task. ``log_dir``: if set, each game's mjai
-    log ``{nonce}_{key}_{a|b|c|d}.json.gz`` goes there (the seats named ``challenger`` and ``champion``, for
-    ``mortal.stat.Stat.from_dir``). Returns ``{nonce: [4 ranks 1-4]}``; a deal with a failed game (a Rust panic in
-    one seat's state, see ``OneVsThree.py_vs_py``) is left out, and their count is logged as a warning.
-    Raises ValueError for ``sets < 1``; errors of a worker (e.g. a missing checkpoint) propagate.
-    """
+    """``{nonce: [4 ranks 1-4]}`` of ``sets`` deals against 3x ``champion``, failed deals left out."""
     import multiprocessing as mp
     import threading
     if sets < 1:
@@ -101,7 +82,7 @@ def play_duplicate(challenger, champion, *, sets: int, key: int, workers: int = 
 
 
 def _report_dropped(units: dict, sets: int, key: int) -> dict:
-    """``units``, after a warning naming the deals of ``SEED_START`` … ``+ sets - 1`` it lacks (failed games)."""
+    """``units``, after warning about the deals it lacks (failed games)."""
     dropped = [n for n in range(SEED_START, SEED_START + sets) if n not in units]
     if dropped:
         logger.warning('%d of %d deals (key %d) left out, a game failed: nonces %s', len(dropped), sets, key,
@@ -110,11 +91,8 @@ def _report_dropped(units: dict, sets: int, key: int) -> dict:
 
 
 def summarize(units: Mapping[int, list], reference: Mapping[int, list] | None = None) -> dict:
-    """Avg rank and avg pt (``mortal.stat.DISPLAY_PTS``) with 95% CI half-widths over deals; with ``reference``
-    units on the same nonces, also ``paired_diff``: the mean per-deal difference of mean ranks (this minus
-    reference; negative = better) and its CI half-width, over the deals both have (either side may have dropped a
-    deal whose game failed, ``play_duplicate``), and ``unpaired``: how many of this side's deals the reference
-    lacks. Raises KeyError when the two share no deal."""
+    """Avg rank and avg pt with 95% CI half-widths over deals; with ``reference``, also ``paired_diff`` (mean
+    per-deal rank difference, negative = better, over shared deals) and ``unpaired``. KeyError if no deal is shared."""
     from mortal.play.duplicate import duplicate_ci, mean_ci
     nonces = sorted(units)
     s = duplicate_ci([units[n] for n in nonces])
@@ -131,9 +109,7 @@ def summarize(units: Mapping[int, list], reference: Mapping[int, list] | None = 
 
 
 def format_summary(s: Mapping) -> str:
-    """One line: ``2.431 ± 0.040 rank, +5.12 ± 3.10 pt, paired diff -0.069 ± 0.040 (1600 games)``; with ``unpaired``
-    deals (``summarize``), ``(3 deals unpaired)`` before the game count; under ``MIN_RELIABLE_SETS`` deals the count
-    says ``unreliable: N sets`` (``(8 games; unreliable: 2 sets)``)."""
+    """One line: ``2.431 ± 0.040 rank, +5.12 ± 3.10 pt, paired diff -0.069 ± 0.040 (1600 games)``."""
     text = f"{s['avg_rank']:.3f} ± {s['avg_rank_ci']:.3f} rank, {s['avg_pt']:+.2f} ± {s['avg_pt_ci']:.2f} pt"
     if 'paired_diff' in s and not math.isnan(s['paired_diff_ci']):
         text += f", paired diff {s['paired_diff']:+.3f} ± {s['paired_diff_ci']:.3f}"

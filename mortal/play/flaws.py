@@ -1,17 +1,4 @@
-"""Planted flaws of the rule-based player, for the planted-flaw benchmark (``bench/learning.py flaw NAME``).
-
-A flaw is a small function ``flaw(bot, decision) -> decision`` over one decision of ``mjai``'s ``RulebaseBot``:
-``bot`` is the bot (a ``mjai.Bot``, its state already updated with the event it reacts to), ``decision`` the mjai
-action it chose (a JSON string such as ``{"type":"reach","actor":0}``), and the result the action the flawed
-player plays instead. A bootstrap whose four seats all carry one flaw (``[bootstrap] flaw``) teaches it to the
-offline model; the benchmark then asks whether self-play removes it, next to an offline-only control that by
-construction cannot. Adding a flaw is one entry of ``FLAWS``, with the ``mortal.stat.Stat`` statistic that shows it
-in ``STATISTICS``.
-
-The teacher is ``RulebaseBot`` itself (mjai's ``mjai/bot/rulebase.py``): it wins whenever it can, declares riichi
-whenever it can, pons a yakuhai that improves its shanten, calls further only once it has called, and discards the
-first shanten-improving tile it may. It never defends: its discard ignores the riichi of others.
-"""
+"""Planted flaws of the rule-based player for ``bench/learning.py flaw NAME``: ``flaw(bot, decision) -> decision``."""
 
 from __future__ import annotations
 
@@ -22,9 +9,7 @@ Flaw = Callable[[object, str], str]
 
 
 def rulebase_discard(bot) -> str:
-    """The discard ``RulebaseBot.think`` makes when it neither wins, declares riichi nor calls: the tsumo tile
-    after its own riichi, else the first shanten-improving tile it may discard (kuikae), else the tsumo tile (or
-    the first tile of the hand). Returns the mjai ``dahai`` JSON string."""
+    """The ``dahai`` JSON ``RulebaseBot.think`` makes when it neither wins, riichis nor calls."""
     if bot.self_riichi_accepted:
         return bot.action_discard(bot.last_self_tsumo)
     for candidate in bot.find_improving_tiles():
@@ -35,9 +20,7 @@ def rulebase_discard(bot) -> str:
 
 
 def overcall(bot, decision: str) -> str:
-    """Call every pon and chi offered: where the bot would pass (``none``) on another player's discard that it may
-    pon or chi, it pons (the first pon candidate) or else chis (the first chi candidate). Wins, riichi and the
-    bot's own calls are unchanged. Shown by ``fuuro_rate`` (kyoku with a call, per kyoku)."""
+    """Pon (else chi) every discard the bot would pass on and may call. Shown by ``fuuro_rate``."""
     if json.loads(decision)['type'] != 'none':
         return decision
     if bot.can_pon:
@@ -52,18 +35,14 @@ def overcall(bot, decision: str) -> str:
 
 
 def no_riichi(bot, decision: str) -> str:
-    """Never declare riichi: where the bot would declare, it makes the discard it makes otherwise
-    (``rulebase_discard``), staying closed and dama. Shown by ``riichi_rate`` (riichi per kyoku)."""
+    """Never declare riichi: make the discard the bot makes otherwise. Shown by ``riichi_rate``."""
     if json.loads(decision)['type'] == 'reach':
         return rulebase_discard(bot)
     return decision
 
 
 def no_fold(bot, decision: str) -> str:
-    """Never defend against a riichi: discard as if nobody had declared. ``RulebaseBot`` already does (its discard
-    reads only its own hand), so against this teacher the flaw plants nothing and the decision is returned
-    unchanged; ``bench/learning.py flaw no-fold`` refuses to run it and says so. Shown by the deal-in rate after
-    an opponent's riichi (``deal_in_after_riichi``)."""
+    """Never defend against a riichi: the teacher already does not, so unchanged. Shown by ``deal_in_after_riichi``."""
     return decision
 
 
@@ -95,9 +74,7 @@ def flaw_function(name: str | None) -> Flaw | None:
 
 
 def deal_in_after_riichi(events, seat: int) -> tuple[int, int]:
-    """``(deal-ins, kyoku)`` of ``seat`` in one game's mjai events (dicts): kyoku in which an opponent's riichi
-    was accepted (``reach_accepted``), and among them those in which ``seat`` dealt in (a ``hora`` by another player
-    with ``target == seat``) after that acceptance. The rate of the no-fold flaw is their ratio."""
+    """``(deal-ins, kyoku)`` of ``seat``: kyoku with an opponent's riichi, and deal-ins after it."""
     deal_ins = kyoku = 0
     riichi = False
     for ev in events:
@@ -114,10 +91,7 @@ def deal_in_after_riichi(events, seat: int) -> tuple[int, int]:
 
 
 def statistic_counts(name: str, events, seat: int) -> tuple[int, int]:
-    """``(numerator, denominator)`` of flaw ``name``'s statistic (``STATISTICS``) for ``seat`` in one game's mjai
-    events (dicts, ``start_game`` first). Summed over games, their ratio is the statistic; kept apart so that a CI
-    can treat each deal as one cluster. Raises KeyError for an unknown flaw, and what ``mortal.stat.Stat.from_log``
-    raises for a malformed log."""
+    """``(numerator, denominator)`` of flaw ``name``'s statistic for ``seat`` in one game; KeyError if unknown."""
     _label, num, den, _doc = STATISTICS[name]
     if num is None:
         return deal_in_after_riichi(events, seat)

@@ -1,14 +1,4 @@
-"""One hanchan on a ``riichienv`` table, for the arena's lock-step loop (``mortal.play.arena``, ``mortal.play.lockstep``).
-
-A ``_Game`` owns one ``riichienv.RiichiEnv`` played **one kyoku per reset** with an explicit wall derived from
-(nonce, key, kyoku index, honba) (``kyoku_wall``), so all four seat rotations of a nonce see the same deal whenever
-they reach the same kyoku label (Mortal's duplicate property, not Mortal's exact walls). Scores, honba and kyotaku
-are carried here and the Tenhou hanchan flow (Mortal's ``libriichi/src/arena/game.rs``) is applied by
-``mortal.play.kyoku_flow.next_kyoku``. Each seat has an ``mjai.mlibriichi`` ``PlayerState`` fed from the table's
-masked events (plus, for a seat whose agent encodes version 4, a ``V4Encoder`` fed the same events in the same
-order). Within a kyoku the table scores hora (incl. honba/kyotaku, multi-ron, pao), nagashi mangan, noten payments
-and abortive draws. The log's lines are built from the seats' own events (``mortal.play.log_writer.kyoku_lines``).
-"""
+"""One hanchan on a ``riichienv`` table for the arena's lock-step loop, one kyoku per reset."""
 
 from __future__ import annotations
 
@@ -31,17 +21,11 @@ MAX_STEPS_PER_KYOKU = 1000  # watchdog: a kyoku takes < 300 steps
 
 
 class ArenaError(RuntimeError):
-    """A table stopped answering, an agent gave an invalid reaction, or a log
-    invariant broke; the message names the game (nonce, key, split) and seat."""
+    """A table stopped answering, an invalid reaction, or a broken log invariant; names game and seat."""
 
 
 class StatePanic(Exception):
-    """A seat's ``PlayerState`` (mjai's Rust core) panicked on an event, so that seat's view of the game is lost.
-
-    Known case: its fixed-capacity kawa (24 discards per seat) overflows on a legal kyoku in which one seat
-    discards 25 times (others pon its discards, it draws at once). The lock-step loop ends that game as failed
-    (``OneVsThree.failed_games``) or drops that counterfactual branch; the other games go on. ``seat``: 0-3;
-    ``event``: the mjai event (a dict or its JSON text)."""
+    """A seat's ``PlayerState`` panicked on ``event``: the game fails (or the branch is dropped), others go on."""
 
     def __init__(self, seat: int, event, panic: BaseException):
         self.seat, self.event = seat, event
@@ -49,17 +33,12 @@ class StatePanic(Exception):
 
 
 def is_rust_panic(exc: BaseException) -> bool:
-    """Whether ``exc`` is pyo3's ``PanicException`` (a Rust panic surfacing in Python). It derives from
-    BaseException, not Exception, and each extension module makes its own class, so it is known by name."""
+    """Whether ``exc`` is pyo3's ``PanicException`` (a BaseException, one class per module: known by name)."""
     return type(exc).__name__ == "PanicException" and not isinstance(exc, Exception)
 
 
 def _feed(seat: int, st: PlayerState, enc, ev) -> None:
-    """Feed the mjai event ``ev`` to seat ``seat``'s state (and version-4 encoder ``enc``, if any).
-
-    Raises:
-        StatePanic: the state (or encoder) panicked; other errors propagate unchanged.
-    """
+    """Feed ``ev`` to ``seat``'s state and v4 encoder ``enc``; ``StatePanic`` if either panics."""
     try:
         st.update(ev)
         if enc is not None:
@@ -71,14 +50,8 @@ def _feed(seat: int, st: PlayerState, enc, ev) -> None:
 
 
 def kyoku_wall(nonce: int, key: int, kyoku_index: int, honba: int) -> list[int]:
-    """The 136-tile wall (riichienv tile ids 0-135) of kyoku label
-    (nonce, key, kyoku_index, honba): SHA3-256 of the little-endian u64 nonce, u64
-    key, u8 kyoku index, u8 honba seeds a ``random.Random`` shuffle. Same label,
-    same wall (kyotaku does not count, as Mortal's board.rs); not Mortal's walls.
-
-    Raises:
-        ValueError: nonce/key outside u64 or kyoku_index outside 0-11.
-    """
+    """The 136-tile wall (riichienv ids) of (nonce, key, kyoku_index, honba): a ``random.Random`` shuffle seeded
+    by their SHA3-256 (u64, u64, u8, u8 little-endian). ValueError for values out of range."""
     if not (0 <= nonce < _U64 and 0 <= key < _U64):
         raise ValueError(f"nonce and key must be u64, got {nonce}, {key}")
     if not 0 <= kyoku_index < MAX_KYOKU_INDEX:
@@ -97,8 +70,7 @@ def tenhou_rule() -> GameRule:
 
 
 class _Game:
-    """One hanchan: its table, four ``PlayerState`` s (and ``V4Encoder`` s for the
-    seats of version-4 agents), flow state and log."""
+    """One hanchan: its table, seat states (and v4 encoders), flow state and log."""
 
     def __init__(self, gid, nonce, key, split, agents, names):
         self.gid, self.nonce, self.key, self.split = gid, nonce, key, split
@@ -185,15 +157,7 @@ class _Game:
         return out
 
     def speculate(self, guard: list[bool]) -> list[Scene]:
-        """Scenes of the step that follows if every asked seat passes, to be decided in the same batch.
-
-        Only for a call step (no asked seat can discard) whose asked seats and whose continuation's seats all
-        belong to one agent that keeps no state between scenes (``stateless``), in a game without version-4
-        encoders: the continuation is played on a clone of the table, and each of its seats gets a fresh
-        ``PlayerState`` replayed from the seat's events of this kyoku. ``adopt`` later uses the decisions iff
-        the seats did all pass and the table then asks the same seats with the same events. Sets ``self.spec``;
-        returns its scenes (empty when there is none).
-        """
+        """Scenes of the step that follows if every asked seat passes, on a clone; sets ``self.spec``."""
         self.spec = None
         agent = {id(self.agents[seat]) for seat in self.obs}
         if len(agent) != 1 or any(self.v4_seats):
@@ -228,8 +192,7 @@ class _Game:
         return [sc for _, sc in spec.values()]
 
     def adopt(self, absorbed: dict) -> bool:
-        """Whether the speculative continuation is the table's step now (same seats, same events), after
-        ``absorb``; then its states replace the seats' states (they were fed the same events)."""
+        """Whether the speculative continuation is the table's step now; then its states replace the seats'."""
         spec, self.spec = self.spec, None
         if spec is None or set(spec) != set(self.obs) or any(spec[s][0] != absorbed[s] for s in spec):
             return False
@@ -270,10 +233,7 @@ class _Game:
         self.obs = obs
 
     def _best_win_scores(self, seat: int, env=None, ob=None, st=None) -> list[int]:
-        """Absolute scores after this seat's hora now (the agari guard of Mortal's ``agent/mortal.rs``): the table's
-        exact payment for the hand (single winner), plus, in riichi, an upper bound on
-        ura dora: every ura indicator pointing at the most-held kinds. ``env``/``ob``/``st``: the table, the
-        seat's observation and state of a speculative step (default: this game's)."""
+        """``_win_scores`` of this seat now (``env``/``ob``/``st`` default to this game's)."""
         st = self.states[seat] if st is None else st
         ob = self.obs[seat] if ob is None else ob
         return _win_scores(self.env if env is None else env, ob, st, seat, self.flow)
@@ -312,9 +272,8 @@ class _Game:
 
 
 def _win_scores(env, ob, st: PlayerState, seat: int, flow: KyokuState) -> list[int]:
-    """Absolute scores after ``seat``'s hora now on the table ``env`` (``ob``: the seat's observation, ``st``: its
-    ``PlayerState``, ``flow``: the kyoku's oya and honba): the table's exact payment for the hand, played on a
-    clone (single winner), plus, in riichi, ``_add_ura_bound``; the scores now when the seat cannot win."""
+    """Absolute scores after ``seat``'s hora now (played on a clone, single winner) plus, in riichi,
+    ``_add_ura_bound``; the scores now when it cannot win."""
     now = abs_scores(st)
     hora = next((a for a in ob.legal_actions() if "RON" in str(a.action_type) or "TSUMO" in str(a.action_type)), None)
     if hora is None:
@@ -331,9 +290,7 @@ def _win_scores(env, ob, st: PlayerState, seat: int, flow: KyokuState) -> list[i
 
 
 def _add_ura_bound(exp: list[int], sim, st: PlayerState, seat: int, hora_ev: dict, flow: KyokuState) -> None:
-    """Add to the scores ``exp`` after the hora ``hora_ev`` (played on ``sim``) an upper bound on its ura dora:
-    every ura indicator pointing at the most-held kinds (the win tile joins the largest group; each ankan is 4).
-    Nothing for a yakuman or when the table gives no win result."""
+    """Add to ``exp`` an upper bound on the ura dora of ``hora_ev``; nothing for a yakuman."""
     results = sim.win_results
     results = results() if callable(results) else results
     wr = results.get(seat) if isinstance(results, dict) else None

@@ -1,8 +1,4 @@
-"""The Tenhou hanchan flow between kyoku, as Mortal's ``libriichi/src/arena/game.rs``, as pure functions of
-immutable values: where a hanchan stands (``KyokuState``), what a finished kyoku changed (``KyokuResult``, read
-from its mjai events by ``kyoku_result_from_events``), the next kyoku or the end of the game (``next_kyoku``),
-and the final scores with the leftover riichi sticks (``final_scores``). ``mortal.play.arena`` applies it.
-"""
+"""The Tenhou hanchan flow between kyoku, as Mortal's ``arena/game.rs``, as pure functions."""
 
 from __future__ import annotations
 
@@ -16,12 +12,8 @@ TARGET_SCORE = 30000
 
 @dataclass(frozen=True)
 class KyokuState:
-    """Where a hanchan stands at the start of a kyoku.
-
-    kyoku_index: 0 = E1 … 7 = S4, 8-11 = W1-W4; honba, kyotaku: stick counts;
-    scores: 4 absolute-seat points; in_renchan: this kyoku is a dealer renchan
-    (Mortal's flag for sudden death in the West round).
-    """
+    """Where a hanchan stands at a kyoku's start: ``kyoku_index`` 0 = E1 … 7 = S4, 8-11 = W1-W4; stick
+    counts; 4 absolute-seat scores; ``in_renchan`` (Mortal's flag for West-round sudden death)."""
 
     kyoku_index: int = 0
     honba: int = 0
@@ -45,14 +37,8 @@ class KyokuState:
 
 @dataclass(frozen=True)
 class KyokuResult:
-    """What a finished kyoku changed.
-
-    deltas: sum of the ``deltas`` of its hora/ryukyoku events (4 ints; include
-    honba and kyotaku paid to a winner); reach_accepted: 4 ints, 1 per accepted
-    riichi (each costs 1000 and adds a kyotaku); has_hora; abortive: an abortive
-    draw (kyuushu kyuuhai, four winds/riichi/kans); can_renchan: the dealer won
-    (any multi-ron winner) or was tenpai (shanten 0) at the exhaustive draw.
-    """
+    """What a finished kyoku changed: summed hora/ryukyoku ``deltas`` (4 ints), ``reach_accepted`` (4 ints),
+    ``has_hora``, ``abortive``, ``can_renchan`` (dealer won or was tenpai at the exhaustive draw)."""
 
     deltas: tuple = (0, 0, 0, 0)
     reach_accepted: tuple = (0, 0, 0, 0)
@@ -63,9 +49,7 @@ class KyokuResult:
 
 @dataclass(frozen=True)
 class KyokuOutcome:
-    """``next`` is the next kyoku's state, or None when the game is over;
-    ``scores``/``kyotaku`` are the table after the kyoku (before any leftover
-    kyotaku goes to the top at game end)."""
+    """``next`` kyoku state (None: game over) and the table's ``scores``/``kyotaku`` after the kyoku."""
 
     next: KyokuState | None
     scores: tuple
@@ -78,20 +62,8 @@ def top_seat(scores: Sequence[int]) -> int:
 
 
 def next_kyoku(state: KyokuState, result: KyokuResult) -> KyokuOutcome:
-    """Tenhou hanchan flow, as Mortal's ``libriichi/src/arena/game.rs``.
-
-    * scores += deltas − 1000 per accepted riichi; kyotaku → 0 on a hora, else
-      grows by the accepted riichi;
-    * any score < 0 (tobi): game over (exactly 0 plays on);
-    * abortive draw: same kyoku, honba + 1 (not a renchan for sudden death);
-    * no renchan: next kyoku, honba 0 after a hora else honba + 1;
-    * renchan at all-last (S4 or West) with the dealer ≥ 30000 and top
-      (seat-order ties): game over (agari-yame / tenpai-yame); else same kyoku,
-      honba + 1;
-    * before a new kyoku: over after W4 (no North), or past S4 when someone has
-      ≥ 30000 and the coming kyoku is not a dealer renchan (West extension,
-      sudden death).
-    """
+    """The next kyoku or the end of the game under the Tenhou hanchan rules (tobi below 0, agari-yame and
+    tenpai-yame at all-last, West extension with sudden death, no North), as Mortal's ``arena/game.rs``."""
     scores = tuple(s + d - 1000 * r for s, d, r in zip(state.scores, result.deltas, result.reach_accepted))
     kyotaku = 0 if result.has_hora else state.kyotaku + sum(result.reach_accepted)
     if any(s < 0 for s in scores):
@@ -122,11 +94,7 @@ def final_scores(scores: Sequence[int], kyotaku: int) -> list[int]:
 
 
 def kyoku_result_from_events(events: Sequence[dict], oya: int, oya_shanten: int | None) -> KyokuResult:
-    """``KyokuResult`` of one kyoku's mjai events (dicts, any order after start_kyoku).
-
-    ``oya_shanten``: the dealer's ``PlayerState.shanten`` at the end of the kyoku,
-    used for renchan at an exhaustive draw (board.rs: shanten 0 = tenpai).
-    """
+    """``KyokuResult`` of one kyoku's event dicts; ``oya_shanten``: the dealer's at the end."""
     deltas = [0, 0, 0, 0]
     reach = [0, 0, 0, 0]
     has_hora = abortive = renchan = False

@@ -1,5 +1,4 @@
-"""The lock-step loop of ``OneVsThree.py_vs_py``: every game in flight waits for its seats' decisions, and each
-agent call takes all of one agent's pending decisions across the games (``_LockStep``)."""
+"""The lock-step loop of ``OneVsThree.py_vs_py``: each agent call takes all of its pending decisions."""
 
 from __future__ import annotations
 
@@ -13,15 +12,7 @@ logger = logging.getLogger('mortal.arena')  # the name before the package split 
 
 
 class _LockStep:
-    """One run of ``OneVsThree.py_vs_py``'s lock-step loop over ``games`` (and the counterfactual branches they
-    fork): each agent's pending scenes across all games in flight, the games waiting for decisions, and the
-    decisions taken so far. ``run`` serves the agent with the most pending scenes until every game has ended;
-    the arena's counters (``speculated``, ``counterfactual``) are counted on ``arena``, and each finished game goes
-    through its ``_finish``.
-
-    A ``StatePanic`` while a game commits or gathers (``guarded``) ends only that game, as failed (``fail``): it
-    has no scene pending then, and its counterfactual branches still in flight play on (they are clones with
-    states of their own) before it is settled. A branch that panics is dropped the same way."""
+    """One run of the lock-step loop; a ``StatePanic`` in ``guarded`` fails only that game or branch."""
 
     def __init__(self, arena: "OneVsThree", games: list[_Game], chal, champ):
         self.arena = arena
@@ -38,7 +29,6 @@ class _LockStep:
     def run(self) -> list[int]:
         """Play every game to its end; returns the rankings (as ``py_vs_py``)."""
         from tqdm import tqdm
-
         remaining = len(self.games)
         for g in self.games:
             if not self.guarded(g, self.gather, g) and self.settle(g):
@@ -65,8 +55,7 @@ class _LockStep:
         return True
 
     def fail(self, g: _Game, err: StatePanic) -> None:
-        """End ``g`` after ``err``: a real game is marked failed (``_finish`` leaves it out of the rankings and
-        logs, ``OneVsThree.failed_games`` names it); a branch is cancelled (its outcome counted as dropped)."""
+        """End ``g`` after ``err``: a game is marked failed, a branch cancelled."""
         g.spec = None
         if isinstance(g, _Branch):
             logger.warning("%s: %s; branch dropped", g.label(), err)
@@ -78,8 +67,7 @@ class _LockStep:
         g.obs = {}
 
     def serve(self, remaining: int) -> list[_Game]:
-        """Hand the agent with the most pending decisions all of them in one call; returns the games whose every
-        asked seat is now decided, in the order their last scene was decided."""
+        """Hand the agent with the most pending decisions all of them; returns the games now fully decided."""
         # Serve the agent with the most pending decisions: games then fall into
         # step and each forward sees close to every game (lock-step cycles over
         # two engines would average N/2 rows per forward).
@@ -125,8 +113,7 @@ class _LockStep:
                 queues[sc.seat].append(sc)
 
     def advance(self, g: _Game, dec: dict, spec: dict) -> None:
-        """Commit ``g``'s decisions and gather its next scenes; a call step all passed whose continuation was
-        decided in the same batch takes that step too."""
+        """Commit ``g``'s decisions and gather its next scenes (taking a speculated step when it held)."""
         while True:
             g.commit(dec)
             if g.done:

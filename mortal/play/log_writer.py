@@ -1,14 +1,4 @@
-"""Game logs written off the arena's decision path.
-
-``write_log_atomic`` gzips one mjai log (level 9, as Mortal) through a temporary name and a rename.
-``LogWriter`` runs those writes on one background thread: zlib releases the GIL while it compresses, so on a
-machine with a spare core the arena's loop does not wait for them. The files are the same (same text, same
-compression level); only when they appear changes: every log is on disk once ``close`` returns.
-
-``kyoku_lines`` builds one kyoku's log lines from the four seats' masked events (the JSON text the table already
-gave each seat), without the table's full ``mjai_log``: every line but ``start_kyoku`` is one seat's view of the
-event (any seat's for public events, the actor's for a ``tsumo``); ``start_kyoku`` merges the four seats' hands.
-"""
+"""Game logs written off the arena's decision path (gzip level 9 as Mortal, on a background thread)."""
 
 from __future__ import annotations
 
@@ -25,9 +15,7 @@ MAX_PENDING = 64  # logs queued at most (a hanchan's text is ~0.3-1 MB): the loo
 
 
 def write_log_atomic(path: str, text: str) -> None:
-    """gzip ``text`` (best compression, as Mortal) to ``path`` through a temporary name and a rename
-    (``mortal.util.fsutil.atomic_write``), without fsync: a round writes hundreds of logs, and a crash loses the round
-    anyway. Raises OSError."""
+    """gzip ``text`` to ``path`` via a temporary name and rename, no fsync. Raises OSError."""
     # filename='': no file name in the gzip header (the temporary one would be recorded)
     with atomic_write(path, fsync=False) as raw, \
             gzip.GzipFile(filename="", mode="wb", compresslevel=9, fileobj=raw) as gz:
@@ -35,32 +23,19 @@ def write_log_atomic(path: str, text: str) -> None:
 
 
 def _event_type(line: str) -> str:
-    """The ``type`` of one mjai event's JSON text (the table's compact, key-sorted form)."""
     i = line.rfind('"type":"') + 8
     return line[i:line.index('"', i)]
 
 
 def kyoku_lines(views: list[list[str]], meta_queues: list[list], waiting=frozenset(),
                 pass_metas=()) -> tuple[list, list[dict]]:
-    """One kyoku's log lines from the seats' masked events, and its result events.
+    """One kyoku's log lines from the seats' masked events ``views``, and its result events.
 
-    ``views``: per seat 0-3, every event (JSON text, as ``riichienv`` gives it: compact, keys sorted) the seat saw
-    this kyoku, in order; they are index-aligned (each seat sees every event, masked), one seat may lack the last
-    ones (a ron winner). ``start_game`` / ``end_game`` (a fresh table's) are left out. ``meta_queues``: per seat,
-    the ``[reaction dict, meta or None]`` of its logged reactions (``REACTION_TYPES``) in order; each is checked
-    against its event (type, ``pai``), and a meta is appended to the line as its last key, ``"meta"``. A meta whose
-    ``id`` is in ``waiting`` (a counterfactual branch will still write into it) stays a ``(line without its closing
-    brace, meta)`` pair until ``render_line``. ``pass_metas``: per seat, ``(view index, {"actor": seat, "meta":
-    meta})`` of its passes that forked a counterfactual branch (``counterfactual_alternative = 'contested'``; a pass
-    has no event of its own): each is appended to the line of the event it answered as the key ``"pass"``, once its
-    meta has a ``counterfactual`` (or while a branch may still write one: a ``(head, record, "pass")`` triple).
-
-    Returns:
-        (lines, the ``hora`` / ``ryukyoku`` / ``reach_accepted`` events as dicts, for ``kyoku_result_from_events``).
-
-    Raises:
-        ValueError: a logged reaction that is not the one submitted (names the seat).
-    """
+    ``meta_queues``: per seat, ``[reaction, meta or None]`` of its logged reactions, checked against the events; a
+    meta whose ``id`` is in ``waiting`` stays a ``(line, meta)`` pair until ``render_line``. ``pass_metas``: per
+    seat, ``(view index, {"actor": seat, "meta": meta})`` of its passes that forked a branch ('contested'), added to
+    the answered event's line as ``"pass"``. Returns ``(lines, [hora/ryukyoku/reach_accepted dicts])``; ValueError
+    (naming the seat) for a reaction not the one submitted."""
     back = max(views, key=len)
     passes = {i: rec for q in pass_metas for i, rec in q}
     queues = [iter(q) for q in meta_queues]
@@ -110,13 +85,8 @@ def render_line(line) -> str:
 
 
 class LogWriter:
-    """Writes logs (``write_log_atomic``) on one background thread, in submission order.
-
-    ``submit(path, text)`` queues one log (waiting for the oldest when ``max_pending`` are queued); ``close()``
-    waits for every queued log. Either raises the first write error (an ``OSError``) met so far; after an error
-    no further log is written. Use as a context manager: leaving the block closes it (and, when the block raised,
-    waits for the logs without masking that exception).
-    """
+    """Writes logs on one background thread, in order (``submit`` blocks at ``max_pending``); ``submit`` and
+    ``close`` raise the first OSError, after which nothing more is written. A context manager."""
 
     def __init__(self, max_pending: int = MAX_PENDING):
         if max_pending < 1:

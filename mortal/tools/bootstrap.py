@@ -1,14 +1,5 @@
 """Bootstrap a model without Mortal's weights:
-``python -m mortal.tools.bootstrap {gen-logs,train-grp,train-offline,prepare,all}`` (docs/operations.md).
-
-1. ``gen-logs``: rule-based hanchan as mjai logs (``mortal.tools.rulebase_games``).
-2. ``train-grp``: ``mortal.train_grp`` on them, then ``check_grp``: a GRP no better than uniform on the val logs
-   makes the kyoku reward ``[env] reward = 'points'``, written into the config file.
-3. ``train-offline``: offline epochs with early stopping on the val logs (``mortal.tools.offline_epochs``).
-4. ``prepare``: ``best.pth`` to ``[control] state_file`` (``best_perf`` reset) and both baselines' state files.
-
-Each step is resumable: a finished step is skipped, an interrupted one continues. ``all`` runs the four in order.
-"""
+``python -m mortal.tools.bootstrap {gen-logs,train-grp,train-offline,prepare,all}`` (each step resumable)."""
 
 if __package__ in (None, ''):  # run as a script: python mortal/tools/bootstrap.py
     import sys, pathlib
@@ -32,8 +23,6 @@ logger = logging.getLogger(__name__)
 STEPS = ('gen-logs', 'train-grp', 'train-offline', 'prepare')
 
 
-# ---------------------------------------------------------------------------- step 2: GRP
-
 def _grp_config(config, boot):
     """The typed ``[grp]`` the bootstrap trains: the config's, on the bootstrap's train and val logs."""
     grp = typed(config).grp
@@ -51,10 +40,8 @@ def _grp_steps_done(state_file):
 
 
 def train_grp(config, *, progress=True):
-    """Step 2: the GRP to ``[bootstrap] grp_steps`` (resumed; early stopping with ``grp_patience`` > 0); returns
-    the steps. Skipped when the checkpoint reached ``grp_steps`` or stopped early."""
+    """Step 2: the GRP to ``[bootstrap] grp_steps`` (resumed, early stopping); returns the steps."""
     from mortal import train_grp as tg
-
     boot = bootstrap_config(config)
     grp = _grp_config(config, boot)
     target = boot.grp_steps
@@ -75,13 +62,10 @@ def train_grp(config, *, progress=True):
 
 
 def check_grp(config, config_path=None):
-    """The reward the online run will use: ``'grp'`` (Mortal's) when the GRP's mean cross entropy (nats) over every
-    sample of the val logs is below uniform's (ln 24), else ``'points'`` (a warning); a config saying ``'points'``
-    keeps it, and without val logs or GRP the config's stands. Set in ``config`` and written into ``config_path``.
-    Returns ``{'reward', 'ce' (None: not measured), 'uniform', 'val_games'}``; raises what ``load_grp`` raises."""
+    """The online reward, ``'grp'`` when the GRP's val cross entropy beats uniform's (ln 24), else ``'points'``;
+    set in ``config`` and ``config_path``. Returns ``{'reward', 'ce', 'uniform', 'val_games'}``."""
     from mortal.data.reward import load_grp
     from mortal.train_grp import UNIFORM_CE, load_samples, mean_ce
-
     boot = bootstrap_config(config)
     cfg = typed(config)
     configured = cfg.env.reward
@@ -120,10 +104,8 @@ _REWARD_LINE = re.compile(r'^\s*reward\s*=')
 
 
 def write_reward(path, reward):
-    """Set ``[env] reward = '<reward>'`` in the TOML file ``path``, every other line kept; returns whether it
-    changed. Raises BootstrapError when the edit would not read back with that value (dotted keys, inline table)."""
+    """Set ``[env] reward`` in the TOML file ``path``; whether it changed. BootstrapError if it would not read back."""
     from mortal.config import tomllib
-
     text = Path(path).read_text(encoding='utf-8')
     if lookup(tomllib.loads(text), 'env.reward') == reward:
         return False
@@ -151,13 +133,9 @@ def write_reward(path, reward):
     return True
 
 
-# ---------------------------------------------------------------------------- step 4: online dir
-
 def prepare(config, *, force=False):
-    """Step 4: the offline ``best.pth`` to the online trainer state and the baselines (existing ones only with
-    ``force``); returns the files written."""
+    """Step 4: ``best.pth`` to the trainer state and the baselines (existing ones only with ``force``)."""
     from mortal.model.checkpoint import INITIAL_BEST_PERF, atomic_torch_save, load_checkpoint
-
     boot = bootstrap_config(config)
     best = offline_paths(boot)['best_state_file']
     if not os.path.exists(best):
@@ -180,15 +158,11 @@ def prepare(config, *, force=False):
     return written
 
 
-# ---------------------------------------------------------------------------- driver
-
 def run_steps(config, steps, *, force=False, progress=True, config_path=None):
-    """Run the named steps in order; returns ``{step: seconds}``. ``train-grp`` is followed by ``check_grp``
-    (the reward choice, written into ``config_path`` when given)."""
+    """Run the named steps in order (``check_grp`` after ``train-grp``); returns ``{step: seconds}``."""
     from contextlib import nullcontext
 
     from tqdm.contrib.logging import logging_redirect_tqdm
-
     timings = {}
     # a log line while a bar is drawn goes above the bar (tqdm.write), not into it
     with logging_redirect_tqdm() if progress else nullcontext():
@@ -211,11 +185,9 @@ def run_steps(config, steps, *, force=False, progress=True, config_path=None):
 
 
 def main(argv=None):
-    """``python -m mortal.tools.bootstrap STEP [-c PATH] [--force] [--no-progress]``; returns the exit status (2: config
-    error, 1: a failed step)."""
+    """``python -m mortal.tools.bootstrap STEP [-c PATH] [--force] [--no-progress]``; 2: bad config, 1: failed step."""
     from mortal import entry
     from mortal.config import TRAIN_SECTIONS, resolve_path
-
     parser = entry.parser('Bootstrap a model from rule-based play ([bootstrap] table).',
                           prog='python -m mortal.tools.bootstrap')
     parser.add_argument('step', choices=STEPS + ('all',))

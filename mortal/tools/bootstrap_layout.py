@@ -11,8 +11,7 @@ class BootstrapError(RuntimeError):
 
 
 def bootstrap_config(config, *, path=None):
-    """The typed ``[bootstrap]`` table (``mortal.config_schema.Bootstrap``). Raises ``BootstrapError`` naming the
-    missing table or each offending key, and ``path`` (default: ``$MORTAL_CFG`` or ``config.toml``)."""
+    """The typed ``[bootstrap]``; ``BootstrapError`` naming the missing table or bad keys and ``path``."""
     try:
         return checked_section(config, 'bootstrap', path=path)
     except ConfigError as e:

@@ -1,11 +1,4 @@
-"""Pre-flight checks of a config before a long run: ``python -m mortal.tools.doctor [-c config.toml]``.
-
-Prints one ``[ OK ]``/``[FAIL]``/``[INFO]`` line per check and exits 1 when any check fails. Checks: the config
-validates and its feature version is supported; every directory and file the processes write is writable (probed
-with a real temp file: ``os.access`` says yes to root); the server port is free (or answers, ``--server-running``);
-each checkpoint read (trainer, baselines, GRP) loads strictly into the configured networks; a per-process memory
-estimate against the GPU's memory.
-"""
+"""Pre-flight checks of a config before a long run: ``python -m mortal.tools.doctor [-c config.toml]``."""
 
 if __package__ in (None, ''):  # run as a script: python mortal/tools/doctor.py
     import sys, pathlib
@@ -28,9 +21,7 @@ OK, FAIL, WARN, INFO = 'OK', 'FAIL', 'WARN', 'INFO'
 CUDA_CONTEXT_BYTES = 512 * 2**20
 # Caching-allocator fragmentation and temporaries on top of what the estimate counts.
 ALLOCATOR_SLACK = 1.25
-# cuDNN's benchmark (the first steps try algorithms with workspaces as large as the free memory allows; the caching
-# allocator keeps them) as a multiple of the saved activations, by AMP: fitted to the one H200 run (192x40, v4,
-# batch 256: 3.1 GiB with AMP, 16.3 without, torch's peak counters); docs/operations.md.
+# cuDNN benchmark workspaces as a multiple of the saved activations, by AMP (fitted: docs/operations.md).
 CUDNN_BENCHMARK_FACTOR = {True: 1.85, False: 7.57}
 GIB = 2**30
 
@@ -46,10 +37,8 @@ class Check:
         return f'[{self.status:^4}] {self.name}: {self.detail}'
 
 
-# ---------------------------------------------------------------------------- paths
-
 def _written_paths(config):
-    """(label, path, kind) of everything the processes create; kind 'dir' or 'file'."""
+    """(label, path, 'dir' or 'file') of everything the processes create."""
     cfg = typed(config)
     server = cfg.online.server if cfg.online is not None else None
     rows = [
@@ -68,8 +57,7 @@ def _written_paths(config):
 
 
 def probe_writable(path, kind):
-    """None when ``path`` (a 'dir' or a 'file') can be written, else the reason; probes with one temp file in the
-    nearest existing ancestor and creates nothing else."""
+    """None when ``path`` ('dir' or 'file') can be written, else why (one temp file probed, nothing left)."""
     p = Path(path).expanduser()
     if p.exists():
         if kind == 'dir' and not p.is_dir():
@@ -99,8 +87,6 @@ def check_paths(config):
     return rows
 
 
-# ---------------------------------------------------------------------------- port
-
 def check_port(config, server_running=False):
     """Server port: free to bind (default) or, with ``server_running``, accepting connections."""
     remote = typed(config).online.remote  # an online config has one (mortal.config.CLIENT_SECTIONS)
@@ -123,10 +109,8 @@ def check_port(config, server_running=False):
     return [Check(OK, 'port', f'{bind_host}:{port} is free')]
 
 
-# ---------------------------------------------------------------------------- checkpoints
-
 def _read_checkpoint_files(config):
-    """(label, path, required) of model checkpoints the processes read."""
+    """(label, path, required) of the checkpoints the processes read."""
     cfg = typed(config)
     online = cfg.control.online
     rows = [('[control] state_file', cfg.control.state_file, False)]
@@ -137,11 +121,9 @@ def _read_checkpoint_files(config):
 
 
 def load_mortal_checkpoint(path, config):
-    """The problems (each naming the key and both values; [] = fine) of a trainer checkpoint, read with
-    ``weights_only=True``, against ``[resnet]`` and ``[control] version``."""
+    """Problems of a trainer checkpoint against ``[resnet]`` and ``[control] version``; [] if fine."""
     from mortal.model.checkpoint import CheckpointError, describe_error, describe_mismatches, load_checkpoint
     from mortal.model.networks import DQN, Brain
-
     cfg = typed(config)
     version, resnet = cfg.control.version, cfg.resnet  # [resnet] is one of mortal.config.CORE_SECTIONS
     try:
@@ -201,7 +183,6 @@ def check_grp(config):
     """GRP checkpoint (``[grp] state_file``, key ``model``) loads into ``GRP(**[grp.network])``."""
     from mortal.model.checkpoint import describe_error, describe_mismatches, load_checkpoint
     from mortal.model.networks import GRP
-
     grp = typed(config).grp
     path = grp.state_file if grp is not None else None
     if not path:
@@ -221,8 +202,6 @@ def check_grp(config):
                       + '; '.join(problems))]
     return [Check(OK, 'grp', f'[grp] state_file = {path} loads into GRP({network})')]
 
-
-# ---------------------------------------------------------------------------- memory
 
 def _model_parts(conv_channels, num_blocks, version, device='meta'):
     from mortal.model.networks import DQN, AuxNet, Brain
@@ -245,15 +224,8 @@ def _weight_count(*modules):
 
 
 def saved_bytes(conv_channels, num_blocks, version, batch, *, amp=False, weights=0, step=False):
-    """Bytes autograd keeps for backward in one training forward of ``Brain`` + ``DQN`` + ``AuxNet`` at ``batch``
-    rows, counted from the graph (versions 2-4; equal to ``saved_tensors_hooks``' distinct storages on the CPU,
-    tests/test_doctor.py). Per row, in the forward's width (4 bytes, 2 under AMP): the observation, 7 (C, 34)
-    tensors a residual block (its input, BN1, Mish1, conv1, BN2 and Mish2 outputs, conv2's output for the
-    attention) and 3 after the tower, the head's two 32 x 34, two 1024-vectors, a block's attention 3 C-vectors and
-    4 of C / 16, and (v2, v3) the DQN heads' 4 hidden vectors (512, 256); the masks (2 x 46 bytes) and an index
-    (8). Per batch: the BatchNorms' float32 statistics (8 C-vectors a block, 4 after) and, under AMP, the 2-byte
-    copy of the ``weights`` conv/linear weight elements. With ``step``, the step's peak (the start of backward):
-    also the float32 observation AMP keeps beside its copy and 2 (C, 34) gradients a row (counted, not measured)."""
+    """Bytes autograd keeps for backward in one training forward at ``batch`` rows (versions 2-4; ``step``:
+    the peak at the start of backward); docs/operations.md, "The doctor's memory estimate"."""
     from mortal.features.obs import obs_shape
     c, width = conv_channels, 2 if amp else 4
     per_row = width * (34 * (obs_shape(version)[0] + (7 * num_blocks + 3) * c + 64)
@@ -265,27 +237,14 @@ def saved_bytes(conv_channels, num_blocks, version, batch, *, amp=False, weights
 
 
 def inference_bytes_per_sample(conv_channels, version):
-    """Peak live bytes per row of an inference forward (float32): the observation, a block's input and its two
-    live intermediates, the attention's 2 C-vectors, phi and the 46 Q values."""
+    """Peak live float32 bytes per row of an inference forward."""
     from mortal.features.obs import obs_shape
     return 4 * (34 * (obs_shape(version)[0] + 3 * conv_channels) + 2 * conv_channels + 1024 + 46)
 
 
 def estimate_memory(config, profile='default'):
-    """Per-process memory in bytes, keyed by process name; the terms and the figures they were fitted on:
-    docs/operations.md, "The doctor's memory estimate".
-
-    * trainer: CUDA context + ``ALLOCATOR_SLACK`` x (16 B a parameter: weights, grads, AdamW moments + the step's
-      ``saved_bytes``) + on CUDA with ``enable_cudnn_benchmark`` ``CUDNN_BENCHMARK_FACTOR`` x the saved
-      activations; or the test play's peak (+ the baseline, inference on 3 x ``test_play.games`` rows).
-    * client: context + ``ALLOCATOR_SLACK`` x (trainee and baseline weights + inference on 3 x ``games`` of the
-      profile). Returns ``{name: (device, bytes)}``.
-
-    ``config`` is read as it is (``mortal.config.lookup``), not typed: a what-if over its numbers, also outside the
-    schema's ranges (``bench/gpu_memory.py`` zeroes ``batch_size`` or the test games to isolate one term). A table
-    it lacks (no ``[test_play]``, no such profile) counts as none of that process's games; without
-    ``[baseline.train]`` the client is on the trainer's device.
-    """
+    """``{process name: (device, bytes)}`` of the trainer and the client (docs/operations.md, "The doctor's
+    memory estimate"); ``config`` is read untyped, a what-if also outside the schema's ranges."""
     version = lookup(config, 'control.version')
     cc = lookup(config, 'resnet.conv_channels')
     nb = lookup(config, 'resnet.num_blocks')
@@ -357,16 +316,10 @@ def check_memory(config, profile='default'):
     return rows
 
 
-# ---------------------------------------------------------------------------- file indexes
-
 def check_file_indexes(config):
-    """Each cached file index (``[dataset] file_index``, ``[grp.dataset] file_index``) that exists: FAIL when it is
-    not one, or when a file it lists is missing or outside the globs it is read with
-    (``mortal.data.offline_data.index_problems``); WARN when it was built from other globs (or has no record of
-    them): the next run rebuilds it."""
+    """FAIL rows for a cached file index that is none or lists missing or foreign files; WARN for other globs."""
     from mortal.data.offline_data import index_problems, stale_index
     from mortal.model.checkpoint import describe_error, load_checkpoint
-
     cfg = typed(config)
     grp_ds = cfg.grp.dataset if cfg.grp is not None else None
     tables = []
@@ -399,22 +352,16 @@ def check_file_indexes(config):
     return rows
 
 
-# ---------------------------------------------------------------------------- devices
-
 def check_devices(config):
-    """A FAIL row per CUDA device key that this torch cannot use, worded as every process words it at its start
-    (``mortal.entry.device_problems``)."""
+    """A FAIL row per unusable CUDA device key (``entry.device_problems``)."""
     from mortal import entry
     keys = dict.fromkeys(entry.TRAIN_DEVICES + entry.CLIENT_DEVICES + entry.GRP_DEVICES + entry.ONE_VS_THREE_DEVICES)
     return [Check(FAIL, 'device', line) for line in entry.device_problems(config, keys)]
 
 
-# ---------------------------------------------------------------------------- driver
-
 def run_checks(config, *, server_running=False, profile='default'):
     """All checks for an already loaded config dict; returns the list of ``Check``."""
     from mortal.features.obs import UnsupportedVersionError, check_version
-
     rows = []
     try:
         version = check_version(typed(config).control.version)
@@ -441,11 +388,9 @@ def run_checks(config, *, server_running=False, profile='default'):
 
 
 def typo_checks(config: dict, path: str) -> tuple[list[Check], set[str]]:
-    """A FAIL row per unknown key close to a known one of its table (a misspelled optional key is otherwise ignored,
-    as in Mortal), naming the value the processes use instead, and the ``validate`` warnings those rows replace."""
+    """A FAIL row per unknown key close to a known one, and the ``validate`` warnings those rows replace."""
     from mortal import config as mcfg
     from mortal import config_keys
-
     rows, replaced, absent = [], set(), object()
     for u in mcfg.unknown_names(config):
         if u.suggestion:
@@ -466,11 +411,9 @@ def typo_checks(config: dict, path: str) -> tuple[list[Check], set[str]]:
 
 
 def main(argv=None):
-    """``python -m mortal.tools.doctor [-c PATH] [--server-running] [--profile NAME]``: print the checklist; returns 1
-    when a check FAILs, else 0."""
+    """``python -m mortal.tools.doctor [-c PATH] [--server-running] [--profile NAME]``; 1 when a check FAILs."""
     from mortal import config as mcfg
     from mortal import config_paths, entry
-
     parser = entry.parser('Check a config before a long run.')
     parser.add_argument('--server-running', action='store_true',
                         help='expect a running server on [online.remote] instead of a free port')

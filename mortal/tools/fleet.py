@@ -1,12 +1,6 @@
 """Self-play fleet on Ray (``python -m mortal.tools.fleet``): N clients of ``mortal.client`` as Ray actors.
 
-Every actor is a ``mortal.client.Client`` talking to the server over TCP as ``python mortal/client.py`` does; Ray
-only starts, places and restarts them and carries their per-round records back to this driver, which prints one
-``fleet round R: ...`` line and one TensorBoard group ``fleet/*`` per fleet round. Actor ``i`` plays
-``[train_play.<profiles[i % len(profiles)]>]`` into ``<that log_dir>.fleet-<i>``. Restarts, refusals, back-off,
-and the checks before any actor starts: docs/operations.md. ``ray`` is an optional extra
-(``pip install 'mortal-online[fleet]'``).
-"""
+Actor ``i`` plays profile ``profiles[i % len(profiles)]`` into ``<log_dir>.fleet-<i>`` (docs/operations.md)."""
 
 if __package__ in (None, ''):  # run as a script: python mortal/tools/fleet.py
     import sys, pathlib
@@ -30,15 +24,12 @@ from mortal.stat import rank_summary
 logger = logging.getLogger('mortal.tools.fleet' if __name__ == '__main__' else __name__)
 
 INSTALL_HINT = "the fleet needs Ray: pip install 'mortal-online[fleet]' (or: pip install ray)"
-# A local instance's object store: the fleet moves only configs and round records through it (a few KB), so Ray's
-# default (30% of RAM, in /dev/shm) would only take memory from the clients. Ray's floor is 75 MiB.
+# A local Ray's object store holds only configs and round records; its default (30% of RAM) would starve clients.
 LOCAL_OBJECT_STORE_BYTES = 128 * 1024 * 1024
 RETRY_SECONDS = 1.0  # between two looks at an actor that Ray is restarting
 NOTICE_SECONDS = 60.0  # an actor not started after this long is reported (Ray queues an actor it cannot place)
 CONNECT_SECONDS = 10.0  # to reach a cluster's address before handing it to Ray, which retries for minutes
-# An actor whose rounds keep raising (a full disk, a bad baseline file) is restarted for good with max_restarts = -1;
-# its k-th failed round in a row holds its next start back by 0 s (k = 1), then 5 s, 10 s, ... up to 10 min, so that
-# a fleet left alone for days neither spins nor floods its log, and plays on once the cause is gone.
+# A failing actor is restarted for good, its k-th failure in a row held back 0 s, 5 s, 10 s, ... up to 10 min.
 BACKOFF_FIRST_SECONDS = 5.0
 BACKOFF_MAX_SECONDS = 600.0
 
@@ -70,8 +61,7 @@ class ActorPlan:
 
 
 def plan_actors(config: dict, actors: int, profiles: list, config_path: str = 'the config') -> list:
-    """The :class:`ActorPlan` of each of ``actors`` actors: profiles in turn, ``<profile log_dir>.fleet-<i>``.
-    ``ConfigError`` naming ``[fleet] profiles``, ``config_path`` and the missing ``[train_play.<profile>]``."""
+    """One ``ActorPlan`` per actor, profiles in turn; ``ConfigError`` naming a missing ``[train_play.<profile>]``."""
     from mortal.config import ConfigError, EnvOverrides, profile_table, train_play_profile, typed
     tables = {}
     for profile in dict.fromkeys(profiles):
@@ -98,31 +88,24 @@ def actor_config(config: dict, plan: ActorPlan) -> dict:
 
 
 def check_devices(config: dict, num_gpus: float) -> list:
-    """Problems of running the clients of ``config`` with ``num_gpus`` of a GPU each: a CUDA device for the trainee
-    (``[control] device``) or the baseline (``[baseline.train] device``) needs ``num_gpus`` > 0, since Ray hides the
-    GPUs from an actor that reserved none. Returns the messages (empty: fine)."""
+    """Messages for a CUDA trainee or baseline device with ``num_gpus`` 0 (Ray hides the GPUs then)."""
     from mortal.config import typed
     cfg = typed(config)
-    problems = []
-    for where, device in (('[control] device', cfg.control.device),
-                          ('[baseline.train] device', cfg.baseline.train.device)):
-        if str(device).startswith('cuda') and num_gpus <= 0:
-            problems.append(f'{where} is {device!r} but [fleet] num_gpus is 0: Ray gives such an actor no GPU; '
-                            'reserve a share of one, e.g. num_gpus = 0.25 for four actors per GPU')
-    return problems
+    return [f'{where} is {device!r} but [fleet] num_gpus is 0: Ray gives such an actor no GPU; '
+            'reserve a share of one, e.g. num_gpus = 0.25 for four actors per GPU'
+            for where, device in (('[control] device', cfg.control.device),
+                                  ('[baseline.train] device', cfg.baseline.train.device))
+            if str(device).startswith('cuda') and num_gpus <= 0]
 
 
 def check_shares(num_cpus: float, num_gpus: float) -> list:
-    """Problems of ``[fleet] num_cpus`` and ``num_gpus`` that Ray refuses only once actors are made: a share below
-    its unit, 0.0001 of a CPU or GPU. Returns the messages (empty: fine)."""
+    """Messages for a ``[fleet] num_cpus``/``num_gpus`` share below Ray's unit, 0.0001."""
     return [f'[fleet] {key} is {value:g}: Ray counts a CPU or GPU in steps of 0.0001, so reserve at least that'
             for key, value in (('num_cpus', num_cpus), ('num_gpus', num_gpus)) if 0 < value < 1e-4]
 
 
 def capacity(nodes: list, num_cpus: float, num_gpus: float) -> int:
-    """How many actors reserving ``num_cpus`` CPUs and ``num_gpus`` of a GPU each the Ray nodes ``nodes`` (each a
-    resource dict such as ``{'CPU': 16.0, 'GPU': 1.0}``, the totals of ``ray.nodes()``) run at once. Ray queues the
-    others until resources free up, so with a fixed set of nodes they never start."""
+    """How many actors of ``num_cpus`` CPUs and ``num_gpus`` GPUs the Ray ``nodes`` (resource dicts) run at once."""
     total = 0
     for resources in nodes:
         fit = math.floor(resources.get('CPU', 0.0) / num_cpus + 1e-9)
@@ -148,14 +131,12 @@ def resource_problem(nodes: list, num_cpus: float, num_gpus: float, actors: int)
 
 
 def ray_address(arg, key: str, env=os.environ) -> str:
-    """The cluster to join: ``--address`` (``arg``, None when not given), else ``[fleet] address`` (``key``), else
-    ``$RAY_ADDRESS`` (which ``ray.init`` reads too); '' = start a local instance."""
+    """The cluster to join: ``arg`` (--address), else ``key`` ([fleet] address), else ``$RAY_ADDRESS``; '': local."""
     return (key if arg is None else arg) or env.get('RAY_ADDRESS', '')
 
 
 def unreachable(address: str, timeout: float = CONNECT_SECONDS):
-    """Why nothing answers at ``address`` (``host:port``, also ``ray://host:port``), or None (reached, or another
-    form such as 'auto', left to Ray): Ray itself retries a dead address for minutes."""
+    """Why nothing answers at ``host:port`` (also ``ray://``), or None (reached, or a form left to Ray)."""
     host, sep, port = address.split('://', 1)[-1].rpartition(':')
     if not sep or not port.isdigit():
         return None
@@ -171,9 +152,7 @@ def _stop(signum, frame):
 
 
 class SelfPlayActor:
-    """One self-play client inside a Ray actor (a plain class, testable without Ray): ``config``
-    (:func:`actor_config`), ``profile``, ``cwd`` (the driver's, entered where it exists), ``num_threads``. A
-    client that cannot be built leaves ``self.error`` for :meth:`ready` to report instead of a Ray traceback."""
+    """One self-play client inside a Ray actor; a client that cannot start leaves ``self.error``."""
 
     def __init__(self, config: dict, profile: str, cwd: str, num_threads: int = 1):
         import contextlib
@@ -182,7 +161,6 @@ class SelfPlayActor:
         from mortal import entry
         from mortal.client import Client, hold_log_dir
         from mortal.config import train_play_profile
-
         entry.drop_rust_backtrace()
         logging.basicConfig(level=logging.INFO, format=entry.LOG_FORMAT, force=True)
         if path.isdir(cwd):
@@ -202,8 +180,7 @@ class SelfPlayActor:
             logger.error('the client cannot start: %s', self.error)
 
     def ready(self) -> dict:
-        """``{'pid': int, 'node': str, 'error': str | None}`` of this actor's process, once it is built; ``error``:
-        why its client could not start (None: it did)."""
+        """``{'pid', 'node', 'error'}`` of this actor (``error``: why its client did not start, or None)."""
         return {'pid': os.getpid(), 'node': socket.gethostname(), 'error': self.error}
 
     def run_round(self) -> dict:
@@ -212,8 +189,7 @@ class SelfPlayActor:
 
 
 class FleetRecord:
-    """The actors' rounds summed into fleet rounds (``window``: ``[online] history_window``; ``writer``: with
-    ``add_scalar``, or None); :meth:`add` returns the log line of a finished fleet round, else None."""
+    """The actors' rounds summed into fleet rounds; ``add`` returns a finished fleet round's log line, else None."""
 
     def __init__(self, window: int, writer=None, *, clock=time.monotonic):
         self.history = RankHistory(window)
@@ -226,8 +202,7 @@ class FleetRecord:
         self.since = clock()
 
     def add(self, rankings, live: int):
-        """Add one actor round's (4,) rank counts; ``live``: actors alive now. Returns the line of a finished fleet
-        round, else None."""
+        """Add one actor round's (4,) rank counts; returns the line of a finished fleet round, else None."""
         self.pending += np.asarray(rankings, dtype=np.int64)
         self.pending_rounds += 1
         if self.pending_rounds < max(1, live):
@@ -261,8 +236,7 @@ class FleetRecord:
 
 
 class Fleet:
-    """The driver: starts the actors of ``plans`` (:func:`plan_actors`) on ``ray`` (initialised) and keeps one call
-    in flight per actor; ``fleet``: the typed ``[fleet]``; ``record``: a :class:`FleetRecord`."""
+    """The driver: starts the actors of ``plans`` on ``ray`` and keeps one call in flight per actor."""
 
     def __init__(self, ray, config: dict, fleet, plans: list, record: FleetRecord):
         self.ray = ray
@@ -297,8 +271,7 @@ class Fleet:
                 del self.in_flight[ref]
 
     def notice_waiting(self) -> None:
-        """Log the actors still starting (or restarting) and the cluster's free resources: Ray queues an actor it
-        cannot place without a word, and a client may be waiting for the server (its own lines say so)."""
+        """Log the actors still starting and the cluster's free resources (Ray queues silently)."""
         waiting = sorted(i for i, kind in self.in_flight.values() if kind == 'ready')
         if waiting:
             free = self.ray.available_resources()
@@ -310,8 +283,7 @@ class Fleet:
         return sum(kind == 'round' for _, kind in self.in_flight.values())
 
     def on_ready(self, i: int, info: dict) -> bool:
-        """Log actor ``i`` as started, or as restarted (counted) when its pid changed; drop it when its client could
-        not start. Returns whether it plays."""
+        """Log actor ``i`` as started or restarted; drop it when its client could not start. Whether it plays."""
         if info.get('error'):
             self.drop(i, f'its client could not start: {info["error"]}')
             return False
@@ -328,8 +300,7 @@ class Fleet:
         return True
 
     def run(self, rounds: int = 0) -> int:
-        """Play until ``rounds`` actor rounds are done (0: forever). Returns the exit status: 0, or 1 when every
-        actor was dropped."""
+        """Play until ``rounds`` actor rounds are done (0: forever); 0, or 1 when every actor was dropped."""
         ray = self.ray
         done = 0
         while (self.in_flight or self.held) and (not rounds or done < rounds):
@@ -378,8 +349,7 @@ class Fleet:
 
 
     def _actor_error(self, i: int, kind: str, actor, ex) -> None:
-        """Actor ``i`` died (``ex``, a RayActorError) while its ``kind`` ('ready' or 'round') was in flight: ask it
-        to be ready again (after a pause when Ray restarts it), or drop it when Ray does not restart it."""
+        """Actor ``i`` died during ``kind`` ('ready' or 'round'): ask it to be ready again, or drop it."""
         unavailable = isinstance(ex, self.ray.exceptions.ActorUnavailableError)  # Ray restarts it, or a blip
         if kind == 'round':
             logger.warning('actor %d died during a round: %s', i, _last_line(ex))
@@ -391,10 +361,8 @@ class Fleet:
         self.in_flight[actor.ready.remote()] = (i, 'ready')
 
     def _round_error(self, i: int, actor, ex) -> None:
-        """Actor ``i``'s round raised (``ex``, a RayTaskError): drop it when the server refused the round, else
-        restart it, held back by ``backoff_seconds`` of its failures in a row."""
+        """Actor ``i``'s round raised: drop it if the server refused it, else restart it after a back-off."""
         from mortal.net.wire import RequestRefused
-
         if isinstance(ex.cause, RequestRefused):  # e.g. a round too big for the server: retrying cannot help
             self.drop(i, f'its round was refused: {ex.cause}')
             return
@@ -411,10 +379,7 @@ def _last_line(ex: BaseException) -> str:
 
 
 def _start_ray(ray, address: str, where: str, fleet, actors: int):
-    """Join the Ray cluster at ``address`` (``where``: where that address comes from, for the message) or start a
-    local instance, and check that it can run ``actors`` actors of the typed ``[fleet]``. Returns the message of
-    an error (no cluster there, a failed start, a local instance too small), else None: a cluster short of
-    resources is only warned about (it may grow)."""
+    """Join ``address`` or start a local Ray and check it runs ``actors`` actors; an error message or None."""
     try:
         if address:
             ray.init(address=address, include_dashboard=False, log_to_driver=True)
@@ -436,12 +401,9 @@ def _start_ray(ray, address: str, where: str, fleet, actors: int):
 
 
 def main(argv=None):
-    """Entry point: ``python -m mortal.tools.fleet [-c CONFIG] [--actors N] [--address ADDR] [--rounds R]``; exits with
-    2 on a bad config or argument, without Ray, when the cluster cannot be joined or cannot run the actors (a local
-    instance), 1 when every actor was dropped, 0 at ``--rounds``, Ctrl-C or SIGTERM."""
+    """``python -m mortal.tools.fleet [-c CONFIG] [--actors N] [--address ADDR] [--rounds R]``; 2, 1 or 0."""
     from mortal import entry
     from mortal.config import CLIENT_SECTIONS, ConfigError, resolve_path, typed
-
     parser = entry.parser(__doc__.splitlines()[0])
     parser.add_argument('--actors', type=int, default=None, help='actors to start (default: [fleet] actors)')
     parser.add_argument('--address', default=None,

@@ -1,7 +1,5 @@
-"""Bootstrap step 3, ``train-offline``: offline epochs of ``mortal.train.Trainer`` (``online = false``, CQL) on the
-bootstrap's train logs, each followed by the offline loss on the val logs; with ``[bootstrap] offline_max_epochs``
-> 1, early stopping keeps the best epoch as ``best.pth`` (docs/operations.md).
-"""
+"""Bootstrap step 3, ``train-offline``: offline epochs of ``mortal.train.Trainer`` on the bootstrap's logs,
+with early stopping on the val logs' loss (docs/operations.md)."""
 
 import copy
 import json
@@ -18,8 +16,7 @@ logger = logging.getLogger('mortal.tools.bootstrap')  # the bootstrap's log line
 
 
 def offline_config(config):
-    """``config`` for the offline run: ``online = false``, the bootstrap's train logs, outputs under ``work_dir``/
-    offline (with ``offline_max_epochs`` > 1 the test play's best goes to ``best_test_play.pth``)."""
+    """``config`` for the offline run: ``online = false``, the bootstrap's logs, outputs under ``work_dir``."""
     boot = bootstrap_config(config)
     p = offline_paths(boot)
     save_every = typed(config).control.save_every
@@ -49,8 +46,7 @@ def offline_config(config):
 
 
 class RulebaseTestPlayer:
-    """Test play against three RulebaseBots (the offline run has no baseline): ``test_play(seed_count, mortal, dqn,
-    device)`` -> ``mortal.stat.Stat`` of 'mortal' on the test seeds; ``enabled``: ``offline_test_every`` > 0."""
+    """Test play against three RulebaseBots: ``test_play(seed_count, mortal, dqn, device)`` -> ``Stat``."""
 
     def __init__(self, config):
         cfg = typed(config)
@@ -65,7 +61,6 @@ class RulebaseTestPlayer:
         from mortal.play.engine import MortalEngine
         from mortal.play.player import TEST_SEED
         from mortal.stat import Stat
-
         engine = MortalEngine(mortal, dqn, is_oracle=False, version=self.version, device=torch.device(device),
                               name='mortal')
         empty_dir(self.log_dir)
@@ -75,15 +70,12 @@ class RulebaseTestPlayer:
 
 
 def validation_loss(trainer, files):
-    """``(mean loss per sample, samples)`` of ``trainer``'s models on the logs ``files``: training's terms and weights
-    (``learner_loss``) over one pass, every batch, no augmentation, no gradient, eval mode (so any batch size gives
-    the same). Raises BootstrapError when the logs give no sample."""
+    """``(mean loss per sample, samples)`` of one eval pass over ``files``; BootstrapError without samples."""
     import torch
     from mortal.data.dataloader import learner_loader
     from mortal.learning.diagnostics import eval_mode
     from mortal.learning.intake import obs_on_device
     from mortal.learning.loss import learner_loss
-
     cfg = copy.deepcopy(trainer.config)
     for key, value in (('num_epochs', 1), ('enable_augmentation', False), ('reserve_ratio', 0.0)):
         put(cfg, f'dataset.{key}', value)
@@ -131,8 +123,7 @@ def _epoch_trainer_class():
     from mortal.train import Trainer
 
     class EpochTrainer(Trainer):
-        """A ``Trainer`` that sums its loss terms over an epoch: ``take_epoch_loss(batches)`` -> the mean training
-        loss since the last call; one progress bar per epoch (none when ``progress`` is off)."""
+        """A ``Trainer`` whose ``take_epoch_loss(batches)`` gives the mean loss since the last call."""
 
         def __init__(self, *args, progress=True, **kwargs):
             self.progress = progress
@@ -148,8 +139,7 @@ def _epoch_trainer_class():
                 super().log_total_steps(tested)
 
         def train_epoch(self, label='offline', total=None):
-            """``Trainer.train_epoch`` under one bar labelled ``label`` over ``total`` batches (None: unknown, as
-            in a first epoch); returns the batches trained."""
+            """``Trainer.train_epoch`` under one bar; returns the batches trained."""
             if self.progress:
                 from tqdm import tqdm
                 self.epoch_bar = _EpochBar(tqdm(desc=label, total=total, unit='batch', dynamic_ncols=True,
@@ -180,8 +170,7 @@ def _epoch_trainer_class():
 
 
 def read_history(path):
-    """The epochs recorded in ``epochs.json``: ``[{epoch, steps, batches, train_loss, val_loss or None}]`` (no
-    ``batches`` in a file of an older version), [] for none."""
+    """``[{epoch, steps, batches, train_loss, val_loss}]`` of ``epochs.json``, [] for none."""
     try:
         return json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -220,9 +209,7 @@ def _sync_best(p, history, patience):
 
 
 def train_offline(config, *, progress=True):
-    """Step 3 (the module docstring); returns the path of ``best.pth``. Skipped after a finished run (``DONE``); an
-    interrupted one continues. Raises BootstrapError: no GRP for the 'grp' reward, no val logs for early stopping,
-    not one full batch."""
+    """Step 3; returns the path of ``best.pth`` (resumable); BootstrapError for what it cannot run."""
     boot = bootstrap_config(config)
     p = offline_paths(boot)
     if os.path.exists(p['done']) and os.path.exists(p['best_state_file']):

@@ -1,11 +1,7 @@
 """One-command tour of the whole pipeline on a small model: ``python -m mortal.tools.quickstart``.
 
-Under one work dir (default ``./work/quickstart``): writes ``config.toml`` (``mortal.tools.quickstart_config``,
-version 3 or ``--version 4``), runs ``mortal.tools.bootstrap all``, starts server, trainer and client as processes
-until one ``test_play`` and one trainer restart, stops them, and prints the TensorBoard and checkpoint paths, the
-test plays, the final model against 3x the start, the start against 3 RulebaseBots, the reward and the time.
-``--short`` shrinks every size for CI; ``scripts/quickstart.sh`` installs the dependencies first.
-"""
+Writes a config, bootstraps, runs server, trainer and client until one test play and one trainer restart, then
+evaluates; ``--short`` shrinks every size for CI (docs/operations.md, "The quickstart")."""
 
 if __package__ in (None, ''):  # run as a script: python mortal/tools/quickstart.py
     import sys, pathlib
@@ -33,11 +29,8 @@ PROCESSES = ('server', 'train', 'client')  # start order; stopped in reverse
 GRACE_SECONDS = 15  # between SIGTERM and SIGKILL
 
 
-# ---------------------------------------------------------------------------- processes
-
 def child_env(config_path):
-    """Environment of the pipeline's processes: the config, unbuffered output, no slow Rust backtraces, no
-    progress bars (their output goes to a log file, where every redraw of a bar would be kept)."""
+    """Environment of the pipeline's processes: the config, unbuffered, no Rust backtraces, no progress bars."""
     env = dict(os.environ)
     env.pop('RUST_BACKTRACE', None)
     env['TQDM_DISABLE'] = '1'  # tqdm reads its defaults from TQDM_* (a bar given disable= explicitly keeps it)
@@ -51,9 +44,7 @@ def child_env(config_path):
 
 
 def start(name, config_path, log_dir, profile=None):
-    """Start ``python -m mortal.<name>`` in its own session (so the whole group can be signalled),
-    output appended to ``log_dir/<name>.log`` (``<name>_<profile>.log`` with ``profile``, which sets
-    ``TRAIN_PLAY_PROFILE``: a second client on its own ``[train_play.<profile>]``). Returns the ``Popen``."""
+    """Start ``python -m mortal.<name>`` in its own session, output to ``log_dir/<name>[_<profile>].log``."""
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     env = child_env(config_path)
@@ -71,10 +62,7 @@ def start(name, config_path, log_dir, profile=None):
 
 
 def stop(procs, grace=GRACE_SECONDS):
-    """SIGTERM every process group (in reverse start order), SIGKILL what is left after ``grace`` seconds.
-
-    ``procs``: ``{name: Popen}``. Returns ``{name: 'exited N' | 'killed'}``.
-    """
+    """SIGTERM each group of ``procs`` in reverse, SIGKILL after ``grace`` s; ``{name: 'exited N' | 'killed'}``."""
     outcome = {}
     for name in reversed(list(procs)):
         p = procs[name]
@@ -99,12 +87,9 @@ def _tail(path, lines=25):
         return '(no log)'
 
 
-# ---------------------------------------------------------------------------- progress from TensorBoard
-
 def read_scalars(tb_dir, prefix='test_play/'):
     """``{tag: [(step, value), ...]}`` of the top-level run in ``tb_dir`` for tags starting with ``prefix``."""
     from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
-
     if not glob.glob(os.path.join(tb_dir, '*tfevents*')):
         return {}
     acc = EventAccumulator(tb_dir, size_guidance={SCALARS: 0})
@@ -118,26 +103,26 @@ def learner_starts(tb_dir):
     return len(glob.glob(os.path.join(tb_dir, 'events.out.tfevents.*')))
 
 
+def _check_alive(procs, log_dir):
+    for name, p in procs.items():
+        if p.poll() is not None:
+            raise RuntimeError(f'{name} exited with status {p.returncode}; last lines of its log:\n'
+                               + _tail(Path(log_dir) / f'{name}.log'))
+
+
 def keep_running(procs, log_dir, until, poll=5.0):
     """Let the processes run until ``time.monotonic() >= until``; raises ``RuntimeError`` if one dies."""
     while time.monotonic() < until:
-        for name, p in procs.items():
-            if p.poll() is not None:
-                raise RuntimeError(f'{name} exited with status {p.returncode}; last lines of its log:\n'
-                                   + _tail(Path(log_dir) / f'{name}.log'))
+        _check_alive(procs, log_dir)
         time.sleep(min(poll, max(0.0, until - time.monotonic())))
 
 
 def wait_for_online(procs, tb_dir, log_dir, timeout, poll=3.0, *, tests_before=0, starts_before=0):
-    """Block until a test play beyond ``tests_before`` is logged and the learner restarted after it (beyond
-    ``starts_before``). ``RuntimeError`` with the log tail when a process dies, or after ``timeout`` seconds."""
+    """Block until a new test play and a learner restart; RuntimeError if a process dies or at ``timeout``."""
     deadline = time.monotonic() + timeout
     last = None
     while True:
-        for name, p in procs.items():
-            if p.poll() is not None:
-                raise RuntimeError(f'{name} exited with status {p.returncode}; last lines of its log:\n'
-                                   + _tail(Path(log_dir) / f'{name}.log'))
+        _check_alive(procs, log_dir)
         tested = len(read_scalars(tb_dir).get('test_play/avg_ranking', [])) > tests_before
         starts = learner_starts(tb_dir) - starts_before
         state = (tested, starts)
@@ -152,19 +137,13 @@ def wait_for_online(procs, tb_dir, log_dir, timeout, poll=3.0, *, tests_before=0
         time.sleep(poll)
 
 
-# ---------------------------------------------------------------------------- driver
-
 EVAL_KEY = 0x71756963  # 'quic': duplicate key of the summary's evaluation deals (not a self-play key)
 
 
 def same_weights(path_a, path_b) -> bool:
-    """Whether two checkpoints hold the same networks: equal ``mortal`` and ``current_dqn`` state dicts (Mortal's
-    checkpoint keys; optimizer, step and timestamps are ignored). False when either file lacks one of them.
-
-    Raises FileNotFoundError / ``CheckpointError`` as ``mortal.model.checkpoint.load_checkpoint``."""
+    """Whether two checkpoints have equal ``mortal`` and ``current_dqn`` state dicts."""
     import torch
     from mortal.model.checkpoint import load_checkpoint
-
     a, b = load_checkpoint(path_a), load_checkpoint(path_b)
     if not isinstance(a, dict) or not isinstance(b, dict):
         return False
@@ -199,10 +178,8 @@ def _games_bar(label, total, progress):
 
 
 def _play_eval_deals(challenger, champion, sets, workers, progress, label):
-    """``mortal.play.evaluation.play_duplicate`` on the summary's deals (``EVAL_KEY``), all cores by default, with
-    a bar labelled ``label`` when ``progress``; returns its ``{nonce: [4 ranks]}``."""
+    """``play_duplicate`` on the summary's deals (``EVAL_KEY``): ``{nonce: [4 ranks]}``."""
     from mortal.play.evaluation import play_duplicate
-
     bar = _games_bar(label, sets * 4, progress)
     try:
         return play_duplicate(challenger, champion, sets=sets, key=EVAL_KEY, workers=workers or os.cpu_count() or 1,
@@ -213,15 +190,9 @@ def _play_eval_deals(challenger, champion, sets, workers, progress, label):
 
 
 def evaluate_against_start(config, sets, workers=None, progress=False):
-    """``best.pth`` and the final ``state_file``, each against 3x the start model (``[baseline.test]``), on the same
-    ``sets`` duplicate deals: ``{'best'|'final': mortal.play.evaluation.summarize(...)}`` (missing files left out).
-
-    A final model with the same weights as ``best.pth`` (``same_weights``; the default run stops right after the
-    test play that saved best) is not played again: its entry is best's, plus ``'same_as': 'best'``.
-    ``progress``: a tqdm bar per model (``sets * 4`` games)."""
+    """``{'best'|'final': summarize(...)}`` against 3x the start on ``sets`` deals (final = best: not replayed)."""
     from mortal.config import typed
     from mortal.play.evaluation import summarize
-
     cfg = typed(config)
     start = ('mortal', cfg.baseline.test.state_file)
     out = {}
@@ -237,13 +208,9 @@ def evaluate_against_start(config, sets, workers=None, progress=False):
 
 
 def evaluate_start_vs_rulebase(config, sets, workers=None, progress=False):
-    """The start model (``[baseline.test] state_file``) against 3 RulebaseBots on ``sets`` duplicate deals (4 games
-    each): ``mortal.play.evaluation.summarize(...)`` (avg rank 1-4 and its 95% CI half-width over deals, avg pt),
-    or None when the start file is missing. ``progress``: a tqdm bar over the games. Raises ValueError for
-    ``sets < 1``."""
+    """``summarize(...)`` of the start model against 3 RulebaseBots, None without the file."""
     from mortal.config import typed
     from mortal.play.evaluation import summarize
-
     start = typed(config).baseline.test.state_file
     if not os.path.exists(start):
         return None
@@ -253,13 +220,9 @@ def evaluate_start_vs_rulebase(config, sets, workers=None, progress=False):
 
 def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0, version=3, eval_sets=None,
         rulebase_sets=None):
-    """The whole quickstart; returns what it produced (paths, timings, test_play results). ``online_minutes``: run
-    online at least this long (default: to the first test play and restart); ``eval_sets``, ``rulebase_sets``:
-    duplicate deals (4 games each) of best/final vs 3x the start, and of the start vs 3 RulebaseBots (None: the
-    preset's; 0: none). A rerun skips the finished bootstrap and continues online training."""
+    """The whole quickstart; returns paths, timings and results. A rerun continues where it stopped."""
     from mortal.tools import bootstrap
     from mortal.config import load_config, typed
-
     t0 = time.monotonic()
     timings = {}
     if eval_sets is None:
@@ -301,9 +264,7 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
 
 
 def _run_online(cfg, cfg_path, log_dir, timeout, online_minutes):
-    """The online processes of ``PROCESSES`` (the server first, up on its port), until the first test play and
-    learner restart (``timeout`` seconds at most) and at least ``online_minutes``; always stopped. Returns their
-    exit states (``stop``)."""
+    """Run ``PROCESSES`` until the first test play and restart (and ``online_minutes``); their exit states."""
     tb_dir = cfg.control.tensorboard_dir
     procs = {}
     t1 = time.monotonic()
@@ -325,7 +286,6 @@ def _run_online(cfg, cfg_path, log_dir, timeout, online_minutes):
 
 
 def _summary(work, cfg_path, cfg, log_dir, plots, evaluation, rulebase, stopped, timings) -> dict:
-    """``run``'s result: where everything is, the test plays, the evaluations, the stop and the timings."""
     tb_dir = cfg.control.tensorboard_dir
     return {
         'work_dir': str(work),
@@ -346,7 +306,7 @@ def _summary(work, cfg_path, cfg, log_dir, plots, evaluation, rulebase, stopped,
 
 
 def _wait_port(host, port, proc, log_dir, timeout=60):
-    """Wait until the server accepts connections (raises RuntimeError if it dies or never listens)."""
+    """Wait until the server accepts connections; RuntimeError if it dies or never listens."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -409,9 +369,7 @@ def report(result, out=sys.stdout):
 
 
 def next_commands(config, tensorboard_dir) -> list:
-    """The summary's last lines: how to go on with this work dir's run in three terminals (the server first, then
-    the trainer and a client; each terminal exports the config) and TensorBoard, as commands to paste. The
-    config's paths start at its own folder (``{config_dir}``), so the work dir may be moved first."""
+    """The summary's last lines: the commands to go on with this run in three terminals, and TensorBoard."""
     export = f'export MORTAL_CFG={shlex.quote(str(config))}'
     return ['next: go on with this run in three terminals (in each, from the repository root: the export, then one '
             'command; the server first):',
@@ -432,7 +390,6 @@ def _exit_on_sigterm(signum, frame):
 def main(argv=None):
     """``python -m mortal.tools.quickstart [--short] [--work-dir DIR] ...``; returns 0, or 1 after a failed step."""
     from mortal import entry
-
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = entry.parser(__doc__.split('\n\n')[0], config=False, prog='python -m mortal.tools.quickstart')
     parser.add_argument('--work-dir', default='work/quickstart', help='where everything goes (default: %(default)s)')

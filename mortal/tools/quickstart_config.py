@@ -1,8 +1,4 @@
-"""The quickstart's embedded config: the two size presets (``full``, ``short``), the online loss extras, the
-template in Mortal's config layout, and writing it as ``config.toml`` into a work dir (``render_config``,
-``write_config``), with ``free_port`` for the server's port. Used by ``mortal.tools.quickstart`` and by tests and
-benches that need a tiny working config.
-"""
+"""The quickstart's embedded config: size presets and the template in Mortal's layout."""
 
 import socket
 from pathlib import Path
@@ -10,16 +6,9 @@ from pathlib import Path
 from mortal.config import CONFIG_DIR
 from mortal.util.fsutil import atomic_write_bytes
 
-# Sizes of the two embedded presets. Games are multiples of 4 (one duplicate set = 4 seat rotations).
-# Early stopping is on in both (unlike the schema's defaults, which keep Mortal's fixed lengths): the GRP trains at
-# most grp_steps, validated every grp_save_every steps, and stops after grp_patience validations without a new
-# best; the offline model trains at most offline_max_epochs epochs and stops after one epoch ([bootstrap]
-# offline_patience, the schema's default) without a new lowest validation loss (at most 3: an offline epoch of the full preset takes about 100 s on 2 cores, and
-# continuing the one-epoch start offline was strongest after 2 more epochs, docs/learning.md). rulebase_sets:
-# duplicate deals of the summary's start-vs-RulebaseBots line (the bot costs about 10 s a deal per core).
-# test_every: the learner test-plays and then exits to be restarted every test_every steps; on 2 cores every 60
-# steps (about 33 s of restart, reload and a 16-game test play) held the CPU the client plays on, and 600 gives
-# 2.6x the self-play hanchan and 2.8x the steps a minute (docs/learning.md, part 4, arm test600).
+# Sizes of the two presets; games are multiples of 4 (one duplicate set). Early stopping is on in both (the schema
+# keeps Mortal's fixed lengths). test_every 600: on 2 cores restarts every 60 steps starved the client
+# (docs/learning.md, part 4, arm test600).
 PRESETS = {
     'full': dict(online_timeout=900, boot_games=96, boot_val_games=16, grp_steps=400, grp_save_every=10,
                  grp_patience=3, offline_epochs=1, offline_max_epochs=3,
@@ -34,8 +23,7 @@ PRESETS = {
 # The online loss extras of the embedded config (docs/learning.md); config_online.toml keeps Mortal's (none).
 ONLINE_REMEDY = dict(anchor_weight=1.0, offline_batch_size=64)
 
-# Mortal's config layout; {work} is the absolute work dir (or '{config_dir}', render_config's relative), the rest
-# comes from a preset.
+# Mortal's config layout; {work} is the work dir (or '{config_dir}'), the rest comes from a preset.
 CONFIG_TEMPLATE = """\
 # Written by mortal.tools.quickstart: a tiny CPU setup that runs the whole pipeline in minutes.
 [control]
@@ -184,10 +172,7 @@ def free_port(host='127.0.0.1'):
 
 
 def render_config(work_dir, *, preset='full', port=None, version=3, relative=False):
-    """Config text for ``work_dir`` (made absolute) with the sizes of ``preset`` ('full'/'short') and
-    feature ``version`` (3 or 4). With ``relative``, every path is written from ``{config_dir}`` (the folder of the
-    config file, ``mortal.config_paths.expand_config_dir``), so that the config works in ``work_dir`` wherever it is
-    moved or copied to."""
+    """Config text for ``work_dir``, ``preset`` and ``version``; ``relative``: paths from ``{config_dir}``."""
     if version not in (3, 4):
         raise ValueError(f"quickstart version must be 3 or 4, got {version!r}")
     sizes = dict(PRESETS[preset], version=version, **ONLINE_REMEDY)
@@ -198,12 +183,7 @@ def render_config(work_dir, *, preset='full', port=None, version=3, relative=Fal
 
 
 def write_config(work_dir, *, preset='full', port=None, version=3, relative=False):
-    """Write ``work_dir/config.toml`` (creating the dir; ``relative``: as ``render_config``'s); returns its
-    ``Path``.
-
-    Raises ValueError when the dir already holds a config of another feature version (its
-    checkpoints would not fit).
-    """
+    """Write ``work_dir/config.toml``; ValueError when the dir holds a config of another version."""
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     path = work / 'config.toml'

@@ -1,10 +1,4 @@
-"""Bootstrap step 1, ``gen-logs``: hanchan of four exploring ``RulebaseBot`` seats over a process pool, written as
-gzip mjai logs ``{nonce}_{key}_{a|b|c|d}.json.gz`` under ``[bootstrap] log_dir``/train and /val (docs/operations.md).
-
-Each bot discards a random legal tile with probability ``[bootstrap] epsilon`` (not under riichi): four identical
-deterministic bots would replay the same game in all four seat rotations of a deal; with ``epsilon = 0`` only
-rotation ``a`` is kept.
-"""
+"""Bootstrap step 1, ``gen-logs``: hanchan of four exploring ``RulebaseBot`` seats as gzip mjai logs."""
 
 import logging
 import os
@@ -25,8 +19,7 @@ def _exploring_rulebase_class():
     from mjai.bot.rulebase import RulebaseBot
 
     class ExploringRulebaseBot(RulebaseBot):
-        """``RulebaseBot`` discarding a random legal tile with probability ``epsilon`` (never under riichi); its other
-        decisions go through ``flaw`` (``mortal.play.flaws``; None: its own)."""
+        """``RulebaseBot`` discarding at random with probability ``epsilon``."""
 
         def __init__(self, player_id, epsilon, rng, flaw=None):
             super().__init__(player_id)
@@ -49,16 +42,13 @@ def _exploring_rulebase_class():
 
 
 def play_set(task):
-    """Worker: the four seat rotations of one deal, rule-based bots in every seat. ``task`` = (log_dir, nonce, key,
-    epsilon[, flaw name of ``mortal.play.flaws.FLAWS``, '' = none]); writes ``{nonce}_{key}_{a..d}.json.gz`` (only
-    ``a`` when epsilon is 0). Returns ``(nonce, substitutions, error or None)``: never raises into the pool."""
+    """Worker: one deal's seat rotations; returns ``(nonce, substitutions, error or None)``, never raises."""
     log_dir, nonce, key, epsilon, *flaw = task
     drop_rust_backtrace()  # also when the pool was started by a library caller, not by main()
     try:
         from mortal.play.agent import MjaiBotAgent
         from mortal.play.arena import OneVsThree
         from mortal.play.flaws import flaw_function
-
         bot_cls = _exploring_rulebase_class()
         flaw_fn = flaw_function(flaw[0] if flaw else None)
         counter = iter(range(1 << 30))
@@ -80,8 +70,7 @@ def play_set(task):
 
 
 def plan_sets(log_dir, games, key, epsilon):
-    """``(todo, done)``: the nonces 0.. of the deals needed for ``games`` hanchan (4 logs a deal, 1 when epsilon is
-    0), split by whether their logs are on disk."""
+    """``(todo, done)`` nonces of the deals needed for ``games`` hanchan, by whether their logs exist."""
     per_set = 4 if epsilon > 0 else 1
     todo, done = [], []
     for nonce in range(-(-games // per_set)):
@@ -91,11 +80,9 @@ def plan_sets(log_dir, games, key, epsilon):
 
 
 def gen_logs(config, *, workers=None, progress=True):
-    """Step 1 (the module docstring); returns the new logs written. Raises ``BootstrapError`` when some deals
-    failed (the others are kept; rerun to retry)."""
+    """Step 1; returns the new logs written. ``BootstrapError`` when some deals failed (rerun to retry)."""
     import multiprocessing as mp
     from tqdm import tqdm
-
     boot = bootstrap_config(config)
     eps = boot.epsilon
     workers = workers or boot.workers or os.cpu_count() or 1

@@ -1,12 +1,10 @@
-"""The keys that differ between two loaded configs (plain nested dicts), as lines a user reads at a restart:
-``[control] test_every 600 -> 300``. Knows nothing of the schema: any nested dict of TOML values will do."""
+"""The keys that differ between two loaded configs, as lines a user reads at a restart."""
 
 from __future__ import annotations
 
 
 def flat_keys(table: dict, prefix: tuple = ()) -> dict:
-    """``{(table, ..., key): value}`` of every non-table value of ``table``, tables walked depth first (a list is
-    one value)."""
+    """``{(table, ..., key): value}`` of every non-table value of ``table`` (a list is one value)."""
     out = {}
     for name, value in table.items():
         if isinstance(value, dict):
@@ -30,8 +28,7 @@ def key_name(parts: tuple) -> str:
     return f"[{'.'.join(parts[:-1])}] {parts[-1]}" if len(parts) > 1 else parts[0]
 
 
-#: Tables the learner does not read (first table name -> who reads them): a change there takes effect only at that
-#: process's restart, which the learner's restart line says.
+#: Tables the learner does not read -> who reads them (a change there waits for that process's restart).
 OTHER_READERS = {'train_play': 'clients', 'server': 'the server'}
 
 
@@ -41,10 +38,7 @@ def _reader_note(parts: tuple) -> str:
 
 
 def changed_keys(old: dict, new: dict) -> list[str]:
-    """One line per key whose value differs between the configs ``old`` and ``new``, in ``new``'s order (then the
-    removed ones): ``[control] test_every 600 -> 300``, ``[guard] keep (unset) -> 3``, ``[guard] keep 3 ->
-    (unset)``; a key the learner does not read says who does (``[train_play.default] boltzmann_epsilon 0.005 ->
-    0.01 (used by clients: at their restart)``). Empty when they hold the same values."""
+    """One line per key that differs between ``old`` and ``new`` (``[control] test_every 600 -> 300``)."""
     before, after = flat_keys(old), flat_keys(new)
     lines = []
     for parts, value in after.items():

@@ -1,8 +1,4 @@
-"""File-system helpers: atomic writes (temporary name, fsync, rename), emptying a folder, stamped backup names.
-
-No torch here: the server and the claim ledger use these too. Torch objects are saved with
-``mortal.model.checkpoint.atomic_torch_save``, which writes through ``atomic_write``.
-"""
+"""File-system helpers: atomic writes, emptying a folder, stamped backup names. No torch here."""
 
 import contextlib
 import os
@@ -12,8 +8,7 @@ TMP_SUFFIX = '.tmp'  # atomic_write's temporary name: ``<filename>.tmp`` in the 
 
 
 def fsync_dir(dirname: str) -> None:
-    """fsync the directory ``dirname`` so that a rename inside it survives a crash; errors are ignored (some file
-    systems cannot open or sync a directory, and the rename itself has already happened)."""
+    """fsync ``dirname`` so a rename in it survives a crash; errors ignored (not every FS can)."""
     try:
         fd = os.open(dirname, os.O_RDONLY)
     except OSError:
@@ -28,9 +23,8 @@ def fsync_dir(dirname: str) -> None:
 
 @contextlib.contextmanager
 def atomic_write(filename, *, fsync: bool = True):
-    """Write ``filename`` so that readers see the old file or the whole new one, never a part: yields a binary file
-    at ``<filename>.tmp`` that is flushed, fsynced (unless ``fsync=False``), renamed over ``filename`` with its
-    folder fsynced, or removed when the block raises. The folder is created; two writers at once: don't. OSError."""
+    """Context manager yielding a binary file at ``<filename>.tmp``, flushed, fsynced (unless ``fsync=False``)
+    and renamed over ``filename`` (folder fsynced), or removed when the block raises. Not for concurrent writers."""
     filename = os.path.abspath(os.fspath(filename))
     dirname = os.path.dirname(filename)
     os.makedirs(dirname, exist_ok=True)
@@ -57,12 +51,7 @@ def atomic_write_bytes(data: bytes, filename, *, fsync: bool = True) -> None:
 
 
 def atomic_copy(src, dst, *, keep_times: bool = False) -> None:
-    """Copy the file ``src`` to ``dst`` atomically and durably (``atomic_write``).
-
-    ``keep_times``: also copy the permission bits and the access/modification times (``shutil.copystat``), e.g.
-    for a baseline backup. Raises OSError (FileNotFoundError:
-    no ``src``; ``dst`` is then untouched).
-    """
+    """Copy ``src`` to ``dst`` atomically (``keep_times``: mode and times too); OSError leaves ``dst`` as it was."""
     with open(src, 'rb') as source, atomic_write(dst) as f:
         shutil.copyfileobj(source, f, 1 << 20)
         if keep_times:
@@ -70,8 +59,7 @@ def atomic_copy(src, dst, *, keep_times: bool = False) -> None:
             shutil.copystat(src, f.name)
 
 
-#: Files no emptied folder ever holds by itself (its logs are .json.gz): a config or a checkpoint found there means
-#: the folder was configured onto the run's own files, and emptying it is refused (ForeignFilesError).
+#: A config or checkpoint in a folder to empty means it is the run's own: emptying is refused (ForeignFilesError).
 FOREIGN_SUFFIXES = ('.toml', '.pth')
 
 
@@ -80,8 +68,7 @@ class ForeignFilesError(OSError):
 
 
 def foreign_files(directory, keep=()) -> list[str]:
-    """The paths under ``directory`` (recursively; entries named in ``keep`` at its top skipped) whose names end
-    with one of ``FOREIGN_SUFFIXES``; symbolic links are not followed."""
+    """Paths under ``directory`` (not ``keep`` at its top, links not followed) ending in ``FOREIGN_SUFFIXES``."""
     found = []
     for root, dirs, files in os.walk(directory):
         if root == directory:
@@ -92,10 +79,8 @@ def foreign_files(directory, keep=()) -> list[str]:
 
 
 def empty_dir(directory, keep=()) -> None:
-    """Make ``directory`` an empty folder, except for the entries named in ``keep``; creates it (and its parents)
-    when missing, and replaces a file or a symbolic link found in its place. Raises OSError;
-    :class:`ForeignFilesError` (nothing removed) when the folder holds a ``.toml`` or ``.pth`` file (a config or a
-    checkpoint: the folder is not one the processes own; the config check refuses such a folder first)."""
+    """Make ``directory`` an empty folder but for ``keep`` (created when missing, replacing a file or link).
+    Raises OSError; ``ForeignFilesError`` (nothing removed) when it holds a ``.toml`` or ``.pth`` file."""
     directory = os.fspath(directory)
     if os.path.isdir(directory) and not os.path.islink(directory):
         foreign = foreign_files(directory, keep)
@@ -118,8 +103,7 @@ def empty_dir(directory, keep=()) -> None:
 
 
 def stamped_name(filename: str, stamp: str, suffix: str) -> str:
-    """``<filename>.<stamp><suffix>`` (e.g. ``baseline.pth.20261201-153000.bak``) that does not exist yet:
-    ``-2``, ``-3``, ... is added to the stamp when two are made within one second."""
+    """A new ``<filename>.<stamp><suffix>`` (``-2``, ``-3``, ... added within one second)."""
     name, k = f'{filename}.{stamp}{suffix}', 1
     while os.path.exists(name):
         k += 1

@@ -1,14 +1,4 @@
-"""One process per folder or state file: an OS file lock with a record of its holder.
-
-A learner holds ``<[control] state_file>.lock`` and a client ``<log_dir>.lock`` for as long as it runs (``hold``), so
-that a second one started on the same config refuses at once, naming the holder and the config key that points
-both at the same place, instead of training on the first one's state or submitting its logs.
-
-The lock is ``filelock``'s OS lock (``flock`` on POSIX), which the kernel releases when its process dies, also by
-SIGKILL: a lock left by a dead process is free. Beside it, ``<lock>.owner`` records the holder (host, PID, since
-when) for the refusal message; a holder that ends normally removes it, so finding one when the lock is free means
-its holder was killed: the taker logs that it takes the lock over.
-"""
+"""One process per folder or state file: an OS file lock plus an owner record (docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -39,20 +29,16 @@ class LockHeld(RuntimeError):
 
 
 class LockFailed(LockHeld):
-    """The OS refused the lock file itself (a read-only folder, a directory in its place, a file system without
-    locks): ``str()`` names the key and the OS error. A ``LockHeld`` so that every caller refuses it alike."""
+    """The OS refused the lock file itself; a ``LockHeld`` so callers refuse it alike."""
 
 
 def lock_path_for(target: str) -> str:
-    """The lock file of a state file or folder ``target``: ``<target>.lock`` beside it (never inside a folder that
-    its user empties or lists)."""
+    """``<target>.lock`` beside ``target`` (never inside a folder its user empties)."""
     return os.path.normpath(os.path.abspath(target)) + '.lock'
 
 
 def _holder(lock_path: str) -> dict:
-    """The holder record of ``lock_path``, validated: ``{'pid': int, 'host': str (cut to SHOWN_CHARS), 'since':
-    float}`` with only the parts that are sound; ``{}`` when there is none, it cannot be read, or it is no record
-    (too large, not JSON, not an object)."""
+    """The holder record of ``lock_path`` (its sound parts), ``{}`` when absent or unreadable."""
     try:
         with open(lock_path + OWNER_SUFFIX, 'rb') as f:
             data = f.read(RECORD_BYTES + 1)
@@ -74,8 +60,7 @@ def _holder(lock_path: str) -> dict:
 
 
 def describe_holder(owner: dict) -> str:
-    """``PID 123 on host h since 2026-12-04 20:00:00 UTC``, from a holder record (unknown or unsound parts said
-    so; a host cut to ``SHOWN_CHARS``)."""
+    """``PID 123 on host h since 2026-12-04 20:00:00 UTC`` from a holder record."""
     since = owner.get('since')
     try:
         when = (time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(since)) if isinstance(since, (int, float))
@@ -95,9 +80,7 @@ def _inherited(lock_path: str) -> bool:
 
 
 def child_env(env: dict, lock_path: str) -> dict:
-    """``env`` for a child process that runs under this process's hold of ``lock_path``: its ``hold`` of the same
-    target then takes nothing (the lock stays this process's, so no other process can take it between two
-    children)."""
+    """``env`` for a child running under this process's hold of ``lock_path`` (its ``hold`` takes nothing)."""
     return {**env, INHERITED_KEY: f'{os.getpid()}:{lock_path}'}
 
 
@@ -107,13 +90,8 @@ def _failed(lock_path: str, key: str, target: str, exc: BaseException) -> LockFa
 
 @contextlib.contextmanager
 def hold(target: str, *, who: str, key: str, fix: str):
-    """Hold the lock of ``target`` (``lock_path_for``) for the block; the folder of the lock is created.
-
-    ``who`` names the process ('learner', 'client'), ``key`` the config key whose value is ``target`` (e.g.
-    ``[control] state_file``), ``fix`` what to change, for the refusal. Raises :class:`LockHeld` at once when a
-    live process holds it, :class:`LockFailed` (one line: the key and the OS error) when the lock file cannot be
-    made. A lock whose holder died (its record left behind) is taken over with a warning. In a child whose parent
-    holds the same lock for it (``child_env``) nothing is taken."""
+    """Hold the lock of ``target`` for the block (``who``, ``key``, ``fix`` word the refusal). Raises ``LockHeld``
+    or ``LockFailed``; a dead holder's lock is taken over with a warning; under ``child_env`` nothing is taken."""
     lock_path = lock_path_for(target)
     if _inherited(lock_path):
         yield lock_path
@@ -152,8 +130,7 @@ def hold(target: str, *, who: str, key: str, fix: str):
 
 
 def holder_if_held(target: str) -> str | None:
-    """``describe_holder`` of the live holder of ``target``'s lock, or None when it is free (a check without taking
-    it, e.g. for a supervisor whose child will take it)."""
+    """``describe_holder`` of the live holder of ``target``'s lock, None when free (not taking it)."""
     lock_path = lock_path_for(target)
     if not os.path.isfile(lock_path) or _inherited(lock_path):
         return None  # not a lock file: ``hold`` says what is wrong with it

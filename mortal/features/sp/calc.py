@@ -1,14 +1,5 @@
-"""The compiled single-player (SP) core ``mortal.features.sp._core`` (C++ in ``csrc/``; ``scripts/setup.sh`` builds
-it), which version 4 needs: Mortal's ``algo/sp`` search with the settings v4 uses, nekobean's mahjong-cpp
-single-player calculator ported. For a hand at ``shanten <= 3`` it searches every draw/discard sequence over the
-remaining own draws (assuming nobody else wins and discards never return to the wall) and gives per candidate the
-probability of being tenpai / having won and the expected tsumo value by turn; above 3 shanten only the required
-tiles. ``_core.sp_rows`` turns a decision into its rows 889-1011 (``mortal.features.obs_v4``).
-
-Settings fixed by Mortal's ``single_player_tables`` (``agent_helper.rs``): no tegawari, no shanten-down search,
-rank by EV, results sorted best first. Arithmetic is float64 (Mortal uses f32), so values agree to ~1e-6
-relative. The pure-Python twin is a test oracle (``tests/sp_oracle``).
-"""
+"""The compiled single-player core ``mortal.features.sp._core`` (``csrc/``) that version 4 needs: Mortal's
+``algo/sp`` in float64 (~1e-6 relative of Mortal's f32); ``tests/sp_oracle`` is its Python twin."""
 
 from __future__ import annotations
 
@@ -25,8 +16,7 @@ CORE_MISSING = ("observation version 4 needs the compiled single-player core (mo
 
 
 class SPCoreMissing(ImportError):
-    """The compiled core is not built (``CORE_MISSING``); an ImportError, so that no handler of bad input takes it
-    for a bad hand or log."""
+    """The compiled core is not built; an ImportError so no bad-input handler takes it for a bad hand."""
 
 
 def require_core():
