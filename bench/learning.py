@@ -296,6 +296,9 @@ def build_parser():
     p.add_argument('--gain', type=float, default=0.02,
                    help='pick the smallest count whose next point lowers the validation loss by less than this '
                         'fraction')
+    p.add_argument('--reward-games', type=int, default=0,
+                   help="the count whose GRP is every point's reward model (0 = the largest); keep it when adding "
+                        'larger counts to a curve')
     _add_start_eval(p)
     _add_run_eval(sub, fmt_cls)
     _add_offline(sub, fmt_cls)
@@ -400,7 +403,8 @@ def main(argv=None):
             log(f'start point: {make_start(out, version=args.version, games=args.games, grp_games=args.grp_games, progress=False, boot=boot)}')
         else:
             table, _ = start_curve(out, args.games, version=args.version, val_games=args.val_games,
-                                   max_epochs=args.max_epochs, gain=args.gain, progress=False, log=log)
+                                   max_epochs=args.max_epochs, gain=args.gain, progress=False, log=log,
+                                   reward_games=args.reward_games)
             print('\n'.join(table), flush=True)
         if args.rulebase_sets:
             start_file = str(pathlib.Path(out, 'start', 'online', 'baseline.pth').resolve())

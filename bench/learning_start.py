@@ -9,8 +9,8 @@ plus ``--val-games`` held-out validation hanchan on the next seed key), and each
   validation cross entropy is the curve's GRP column (uniform: ln 24 = 3.178).
 * ``OUT/curve/gN/start``: a whole start (``make_start``): the offline model trained on the N hanchan with the
   bootstrap's early stopping on the validation loss. Its reward model is the GRP of the *largest* count for every
-  point: the offline loss includes the Monte-Carlo targets, whose scale depends on the reward model, so only with
-  one reward model are the points' validation losses comparable.
+  point (``--reward-games``: another count's): the offline loss includes the Monte-Carlo targets, whose scale
+  depends on the reward model, so only with one reward model are the points' validation losses comparable.
 
 The count picked (``pick_count``): the smallest N whose next point lowers the validation loss by less than
 ``gain`` (a fraction of N's loss); the largest when every step still gains more (the curve has not flattened).
@@ -121,32 +121,37 @@ def offline_point(out, games, *, version, logs, grp_file, boot, progress):
             'epochs': len(hist), 'offline_s': time.monotonic() - t}
 
 
-def start_curve(out, games, *, version, val_games, max_epochs, gain, progress, log):
+def start_curve(out, games, *, version, val_games, max_epochs, gain, progress, log, reward_games=0):
     """The curve (module docstring): plays the games, trains each point (results kept in ``OUT/curve/curve.json``,
     so a rerun skips the points done), prints the table and links ``OUT/start`` to the picked point's start
-    unless ``OUT/start`` exists. Returns ``(table lines, picked count)``. Raises SystemExit on a count that is
-    not a positive multiple of 4, or when the recorded points used another reward model."""
+    unless ``OUT/start`` exists. ``reward_games``: the count whose GRP is every point's reward model (0 = the
+    largest; one of ``games``), so that larger counts can join a curve later. Returns ``(table lines, picked
+    count)``. Raises SystemExit on a count that is not a positive multiple of 4, or when the recorded points used
+    another reward model."""
     games = sorted(set(games))
     if any(n <= 0 or n % 4 for n in games):
         raise SystemExit(f'--games {games}: each count must be a positive multiple of 4 (4 seat rotations a deal)')
+    reward_games = reward_games or games[-1]
+    if reward_games not in games:
+        raise SystemExit(f'--reward-games {reward_games}: not one of --games {games}')
+    path = pathlib.Path(out, 'curve', 'curve.json')
+    rec = json.loads(path.read_text()) if path.exists() else {'reward_games': reward_games, 'points': {}}
+    if rec['reward_games'] != reward_games and any('val_loss' in p for p in rec['points'].values()):
+        raise SystemExit(f'{path}: its offline points use the GRP of {rec["reward_games"]} hanchan as the reward, '
+                         f'not of {reward_games}: pass --reward-games {rec["reward_games"]}, or use another --out')
+    rec['reward_games'] = reward_games
+    points = rec['points']
     boot = {**CURVE_BOOT, 'val_games': val_games, 'offline_max_epochs': max_epochs}
     t = time.monotonic()
     logs = shared_logs(out, games=games[-1], val_games=val_games, version=version, progress=progress)
     log(f'curve: {games[-1]} + {val_games} validation hanchan in {logs} ({time.monotonic() - t:.0f} s this run)')
-    path = pathlib.Path(out, 'curve', 'curve.json')
-    rec = json.loads(path.read_text()) if path.exists() else {'reward_games': games[-1], 'points': {}}
-    if rec['reward_games'] != games[-1] and any('val_loss' in p for p in rec['points'].values()):
-        raise SystemExit(f'{path}: its offline points use the GRP of {rec["reward_games"]} hanchan as the reward, '
-                         f'not of {games[-1]}: keep that largest count, or use another --out')
-    rec['reward_games'] = games[-1]
-    points = rec['points']
 
     def save():
         tmp = path.with_suffix('.tmp')
         tmp.write_text(json.dumps(rec, indent=1))
         os.replace(tmp, path)
 
-    for n in games:  # the GRPs first: the largest one is every offline point's reward model
+    for n in games:  # the GRPs first: one of them (reward_games) is every offline point's reward model
         p = points.setdefault(str(n), {'games': n})
         if 'grp_ce' not in p:
             p.update(grp_point(out, n, version=version, logs=logs, boot=boot, progress=progress))
@@ -156,7 +161,7 @@ def start_curve(out, games, *, version, val_games, max_epochs, gain, progress, l
     for n in games:
         p = points[str(n)]
         if 'val_loss' not in p:
-            p.update(offline_point(out, n, version=version, logs=logs, grp_file=points[str(games[-1])]['grp_file'],
+            p.update(offline_point(out, n, version=version, logs=logs, grp_file=points[str(reward_games)]['grp_file'],
                                    boot=boot, progress=progress))
             save()
         log(f'curve {n}: offline val loss {p["val_loss"]:.4f} (epoch {p["best_epoch"]} of {p["epochs"]}; '

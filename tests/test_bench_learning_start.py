@@ -67,3 +67,23 @@ def test_play_seconds_from_the_prefix_write_times(tmp_path):
     # the first 12 hanchan = deals 0-2, written 1000-1020: span 20 s over 2 intervals, 3 deals -> 30 s
     assert curve.play_seconds(tmp_path, 12) == pytest.approx(30.0)
     assert curve.play_seconds(tmp_path, 4) == 0.0
+
+
+def test_a_curve_refuses_another_reward_model_before_playing(tmp_path, monkeypatch):
+    """Points trained with the GRP of 384 hanchan: adding 768 without --reward-games 384 would train it with
+    another reward model, whose validation loss does not compare; refused before any game is played."""
+    import json
+    (tmp_path / 'curve').mkdir()
+    (tmp_path / 'curve' / 'curve.json').write_text(json.dumps(
+        {'reward_games': 384, 'points': {'384': {'games': 384, 'val_loss': 4.2}}}))
+
+    def no_games(*a, **k):
+        raise AssertionError('no game may be played')
+    monkeypatch.setattr(curve, 'shared_logs', no_games)
+    kw = dict(version=3, val_games=64, max_epochs=3, gain=0.02, progress=False, log=print)
+    with pytest.raises(SystemExit, match='--reward-games 384'):
+        curve.start_curve(tmp_path, [384, 768], **kw)
+    with pytest.raises(SystemExit, match='not one of'):
+        curve.start_curve(tmp_path, [96, 768], reward_games=384, **kw)
+    with pytest.raises(SystemExit, match='multiple of 4'):
+        curve.start_curve(tmp_path, [96, 770], **kw)
