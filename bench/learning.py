@@ -2,6 +2,7 @@
 """Learning benchmark: does online training make the model stronger? Real processes, duplicate evaluation.
 
     python bench/learning.py [--out work/learning] start [--version 3] [--games 96] [--grp-games 0]
+    python bench/learning.py start-curve --games 96 384 1536 [--val-games 64] [--gain 0.02] [--rulebase-sets 40]
     python bench/learning.py run ARM [--set SECTION.KEY=VALUE ...] [--steps N | --minutes M] [--eval-sets 400]
     python bench/learning.py offline ARM [--epochs 2] [--lr 1e-5] [--freeze-bn]   # control: offline data only
     python bench/learning.py eval ARM            # (re)evaluate an arm's checkpoints
@@ -9,7 +10,10 @@
     python bench/learning.py report              # table of every arm + learning-curve PNG
 
 ``start`` makes the start point with the quickstart's bootstrap (rule-based games -> GRP -> offline CQL model) in
-``OUT/start`` (``--games`` training hanchan; ``--grp-games`` extra hanchan for the GRP only, 0 = none).
+``OUT/start`` (``--games`` training hanchan; ``--grp-games`` extra hanchan for the GRP only, 0 = none), both early-
+stopped on the validation logs. ``start-curve`` measures how many hanchan that takes (the validation loss against
+the hanchan count, ``bench/learning_start.py``) and links ``OUT/start`` to the start at the count it picks. With
+``--rulebase-sets`` both play the start against 3 RulebaseBots (kept in ``OUT/start_units.json``, as the arms').
 
 ``run ARM`` copies the start model into ``OUT/arms/ARM`` (trainee = baseline = start), writes the quickstart's
 embedded config with the ``--set`` overrides (TOML values, e.g. ``--set optim.scheduler.peak=0``), runs the real
@@ -49,6 +53,7 @@ EVAL_KEY = 0x6c6561726e  # 'learn': duplicate key of the evaluation deals
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from learning_arms import (  # noqa: E402  the start, the arms and the offline-only control (shared with learning_flaw)
     check_marks, checkpoint_steps, control_steps, make_start, parse_sets, run_arm, run_offline)
+from learning_start import start_curve  # noqa: E402  the converged start
 from mortal.play.evaluation import format_summary as fmt, play_chunk as _play, play_duplicate, summarize  # noqa: E402
 from mortal.play.duplicate import unreliable_note  # noqa: E402
 
@@ -279,6 +284,22 @@ def build_parser():
     p.add_argument('--version', type=int, choices=(3, 4), default=3, help='feature version')
     p.add_argument('--games', type=int, default=96, help='rule-based training hanchan (multiple of 4)')
     p.add_argument('--grp-games', type=int, default=0, help='extra rule-based hanchan for the GRP only')
+    p.add_argument('--val-games', type=int, default=16, help='held-out validation hanchan (early stopping)')
+    p.add_argument('--max-epochs', type=int, default=3, help='most offline epochs (early-stopped, patience 1)')
+    _add_start_eval(p)
+    p = sub.add_parser('start-curve', help='validation loss against teacher hanchan; OUT/start at the count it picks',
+                       formatter_class=fmt_cls)
+    p.add_argument('--version', type=int, choices=(3, 4), default=3, help='feature version')
+    p.add_argument('--games', type=int, nargs='+', required=True, help='teacher hanchan counts (multiples of 4)')
+    p.add_argument('--val-games', type=int, default=64, help='held-out validation hanchan, the same for each point')
+    p.add_argument('--max-epochs', type=int, default=3, help='most offline epochs (early-stopped, patience 1)')
+    p.add_argument('--gain', type=float, default=0.02,
+                   help='pick the smallest count whose next point lowers the validation loss by less than this '
+                        'fraction')
+    p.add_argument('--reward-games', type=int, default=0,
+                   help="the count whose GRP is every point's reward model (0 = the largest); keep it when adding "
+                        'larger counts to a curve')
+    _add_start_eval(p)
     _add_run_eval(sub, fmt_cls)
     _add_offline(sub, fmt_cls)
     _add_flaw(sub, fmt_cls)
@@ -287,6 +308,13 @@ def build_parser():
     rep.add_argument('--against', metavar='ARM', help='also pair every other arm, by deal, with this one (e.g. an '
                                                      'offline-only control)')
     return parser
+
+
+def _add_start_eval(p):
+    """``--rulebase-sets``, ``--workers`` and ``--key`` of ``start`` and ``start-curve``."""
+    p.add_argument('--rulebase-sets', type=int, default=0, help='deals of the start vs 3 RulebaseBots (0 = skip)')
+    p.add_argument('--workers', type=int, default=os.cpu_count() or 1, help='evaluation processes')
+    p.add_argument('--key', type=int, default=EVAL_KEY, help='duplicate seed key of the evaluation deals')
 
 
 def _add_run_eval(sub, fmt_cls):
@@ -369,8 +397,21 @@ def main(argv=None):
     args = entry.start(parser, argv, log_level=logging.WARNING)
     log = lambda msg: print(time.strftime('%H:%M:%S'), msg, flush=True)  # noqa: E731
     out = pathlib.Path(args.out)
-    if args.cmd == 'start':
-        log(f'start point: {make_start(out, version=args.version, games=args.games, grp_games=args.grp_games, progress=False)}')
+    if args.cmd in ('start', 'start-curve'):
+        if args.cmd == 'start':
+            boot = {'val_games': args.val_games, 'offline_max_epochs': args.max_epochs}
+            log(f'start point: {make_start(out, version=args.version, games=args.games, grp_games=args.grp_games, progress=False, boot=boot)}')
+        else:
+            table, _ = start_curve(out, args.games, version=args.version, val_games=args.val_games,
+                                   max_epochs=args.max_epochs, gain=args.gain, progress=False, log=log,
+                                   reward_games=args.reward_games)
+            print('\n'.join(table), flush=True)
+        if args.rulebase_sets:
+            start_file = str(pathlib.Path(out, 'start', 'online', 'baseline.pth').resolve())
+            units = start_units_cache(out, start_file, key=args.key, workers=args.workers, log=log)(
+                'rulebase', args.rulebase_sets)
+            log(f'start vs 3 RulebaseBots: {fmt(summarize(units))} (the teacher itself: 2.500, four copies of one '
+                'deterministic bot)')
         return 0
     if args.cmd == 'report':
         report(out, log, against=args.against)

@@ -17,14 +17,48 @@ sys.path.insert(0, str(ROOT))
 
 # ---------------------------------------------------------------------------- start point
 
-def make_start(out, *, version, games, grp_games, progress, flaw=''):
+def start_config(start, *, version, games, flaw='', boot=None):
+    """Write ``start/config.toml``: the quickstart's full preset with ``[bootstrap] games``, ``flaw`` (a planted
+    flaw of every rule-based player, ``mortal.play.flaws``; '' = none) and the ``[bootstrap]`` overrides ``boot``
+    (e.g. ``{'val_games': 64}``). Returns its path."""
+    import toml
+    from mortal.tools.quickstart_config import write_config
+
+    cfg_path = write_config(start, preset='full', version=version)
+    cfg = toml.load(cfg_path)
+    cfg['bootstrap'].update(games=games, **(boot or {}), **({'flaw': flaw} if flaw else {}))
+    cfg_path.write_text(toml.dumps(cfg))
+    return cfg_path
+
+
+def link_logs(src, dst, games, key):
+    """Symlink the rule-based logs of ``src`` (a ``[bootstrap] log_dir``) that a bootstrap of ``games`` training
+    hanchan with seed key ``key`` would play (deals 0 .. games/4 - 1, 4 rotations each) and every validation log
+    into ``dst`` (another ``log_dir``), so that its gen-logs step finds them played. Returns the links made."""
+    from mortal.tools.bootstrap import SPLITS
+    src, dst = pathlib.Path(src).resolve(), pathlib.Path(dst)
+    names = {'train': [f'{nonce}_{key}_{s}.json.gz' for nonce in range(-(-games // 4)) for s in SPLITS],
+             'val': sorted(p.name for p in (src / 'val').glob('*.json.gz'))}
+    made = 0
+    for split, files in names.items():
+        (dst / split).mkdir(parents=True, exist_ok=True)
+        for name in files:
+            if (src / split / name).is_file() and not (dst / split / name).exists():
+                (dst / split / name).symlink_to(src / split / name)
+                made += 1
+    return made
+
+
+def make_start(out, *, version, games, grp_games, progress, flaw='', boot=None, logs=None, grp=None):
     """Bootstrap the start point into ``out/start`` (resumable; a finished one, with ``online/baseline.pth``, is
-    returned untouched); ``flaw``: a planted flaw of every rule-based
-    player (``[bootstrap] flaw``, ``mortal.play.flaws``). Returns the start dir."""
+    returned untouched); ``flaw``: a planted flaw of every rule-based player (``[bootstrap] flaw``,
+    ``mortal.play.flaws``); ``boot``: ``[bootstrap]`` overrides; ``logs``: a ``log_dir`` of rule-based logs played
+    before (same keys) whose first ``games`` hanchan and validation logs are linked in (``link_logs``); ``grp``: a
+    GRP checkpoint to use as the reward model instead of training one (copied to ``[grp] state_file``; still
+    checked against uniform). Returns the start dir."""
     import toml
     from mortal.tools import bootstrap
-    from mortal.config import load_config
-    from mortal.tools.quickstart_config import write_config
+    from mortal.config import load_config, typed
 
     start = pathlib.Path(out, 'start').resolve()
     if (start / 'online' / 'baseline.pth').exists():
@@ -32,14 +66,15 @@ def make_start(out, *, version, games, grp_games, progress, flaw=''):
         # or offline run under other settings, and the arms and control already trained from it would no longer
         # share one start.
         return start
-    cfg_path = write_config(start, preset='full', version=version)
-    cfg_path.write_text(cfg_path.read_text().replace('\ngames = 96\n', f'\ngames = {games}\n'))
-    if flaw:
-        cfg = toml.load(cfg_path)
-        cfg['bootstrap']['flaw'] = flaw
-        cfg_path.write_text(toml.dumps(cfg))
+    cfg_path = start_config(start, version=version, games=games, flaw=flaw, boot=boot)
     config = load_config(cfg_path)
+    if logs:
+        boot_cfg = bootstrap.bootstrap_config(config)
+        link_logs(logs, boot_cfg.log_dir, games, boot_cfg.seed_key)
     bootstrap.run_steps(config, ('gen-logs',), progress=progress)
+    grp_file = typed(config).grp.state_file
+    if grp and not os.path.exists(grp_file):
+        shutil.copyfile(grp, grp_file)
     if grp_games:
         # Extra hanchan (another seed key) for the reward model only; the offline model keeps the first `games`.
         grp_dir = start / 'bootstrap' / 'grp_logs'
