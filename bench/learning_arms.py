@@ -35,7 +35,7 @@ def link_logs(src, dst, games, key):
     """Symlink the rule-based logs of ``src`` (a ``[bootstrap] log_dir``) that a bootstrap of ``games`` training
     hanchan with seed key ``key`` would play (deals 0 .. games/4 - 1, 4 rotations each) and every validation log
     into ``dst`` (another ``log_dir``), so that its gen-logs step finds them played. Returns the links made."""
-    from mortal.tools.bootstrap import SPLITS
+    from mortal.tools.rulebase_games import SPLITS
     src, dst = pathlib.Path(src).resolve(), pathlib.Path(dst)
     names = {'train': [f'{nonce}_{key}_{s}.json.gz' for nonce in range(-(-games // 4)) for s in SPLITS],
              'val': sorted(p.name for p in (src / 'val').glob('*.json.gz'))}

@@ -111,7 +111,7 @@ def grp_point(out, games, *, version, logs, boot, progress):
 def offline_point(out, games, *, version, logs, grp_file, boot, progress):
     """The start on the first ``games`` hanchan of ``logs`` with the reward model ``grp_file``, in
     ``OUT/curve/gN/start``: ``{'start', 'val_loss' (the kept epoch's), 'best_epoch', 'epochs', 'offline_s'}``."""
-    from mortal.tools.bootstrap import read_history
+    from mortal.tools.offline_epochs import read_history
     t = time.monotonic()
     start = make_start(pathlib.Path(out, 'curve', f'g{games}'), version=version, games=games, grp_games=0,
                        progress=progress, boot=boot, logs=logs, grp=grp_file)
