@@ -30,9 +30,6 @@ BEST_RULES = ('paired', 'sprt', 'mortal')  # [test_play] best_rule (mortal.learn
 BOOTSTRAP_FLAWS = ('', 'overcall', 'no-riichi', 'no-fold')  # [bootstrap] flaw (mortal.play.flaws.FLAWS)
 REWARDS = ('grp', 'points')  # [env] reward (mortal.data.reward.REWARDS)
 MAX_OFFLINE_BATCH = 1 << 16  # rows; ~8 GB of version-3 observations, far past any sane mix
-# A side of [1v3] with `type = 'rulebase'` (mjai's RulebaseBot) loads no model and needs none of these keys.
-MODEL_ONLY_1V3 = ('device', 'state_file', 'stochastic_latent', 'enable_compile', 'enable_amp',
-                  'enable_rule_based_agari_guard')
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -515,5 +512,3 @@ SECTIONS: dict[str, type[Section]] = {
 }
 # Tables that only hold sub-tables (no keys of their own).
 CONTAINERS = ('train_play', 'baseline')
-# Sections of extras whose every key has a default: filled in when the file lacks them.
-OPTIONAL_SECTIONS = ('guard', 'fleet')

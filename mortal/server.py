@@ -14,7 +14,7 @@ from typing import Optional
 
 from mortal.config import section
 from mortal.net import wire
-from mortal.net.param_server import ParamServer, check_bind_security
+from mortal.net.param_server import ParamServer
 from mortal.net.replay_store import ReplayStore
 
 logger = logging.getLogger('mortal.server' if __name__ == '__main__' else __name__)
@@ -33,7 +33,6 @@ def build_server(config: dict, *, host: Optional[str] = None, port: Optional[int
     remote = wire.Remote.from_config(section(config, 'online.remote'), cfg)
     store = ReplayStore(cfg.buffer_dir, cfg.drain_dir, cfg.capacity, cfg.force_sequential)
     address = (remote.host if host is None else host, remote.port if port is None else port)
-    check_bind_security(address[0], remote.token)
     try:
         server = ParamServer(address, store, token=remote.token, max_frame_size=remote.max_frame_size,
                              timeout=remote.timeout, max_pending=cfg.max_pending_connections,

@@ -131,10 +131,6 @@ class Stat:
             return self
         return NotImplemented
 
-    def as_dict(self) -> dict[str, int]:
-        """Raw counters as a plain dict (Mortal's field order)."""
-        return dataclasses.asdict(self)
-
     @classmethod
     def from_log(cls, log: str | bytes | Iterable[dict | str], seat: int, *, source: str = '<log>') -> 'Stat':
         """Analyse one game (text, bytes or events) for absolute ``seat`` 0-3; returns a Stat with ``game == 1``.
@@ -313,12 +309,8 @@ class Stat:
 
     def __str__(self) -> str:
         """The table of Mortal's ``Stat`` Display (labels and order), rates to 6 decimals."""
-        return '\n'.join(self._result_lines() + [''] + self._play_lines())
-
-    def _result_lines(self) -> list[str]:
-        """The results: games and rounds, placements, rank points and Δscore."""
         f = _fmt
-        return [
+        return '\n'.join([
             f'Games            {self.game}',
             f'Rounds           {self.round}',
             f'Rounds as dealer {self.oya}',
@@ -334,12 +326,7 @@ class Stat:
             f'Total Δscore     {self.point}',
             f'Avg game Δscore  {f(self.avg_point_per_game)}',
             f'Avg round Δscore {f(self.avg_point_per_round)}',
-        ]
-
-    def _play_lines(self) -> list[str]:
-        """Wins, deal-ins, riichi, calls, the dealer, yakuman and nagashi mangan."""
-        f = _fmt
-        return [
+            '',
             f'Win rate      {f(self.agari_rate)}',
             f'Deal-in rate  {f(self.houjuu_rate)}',
             f'Call rate     {f(self.fuuro_rate)}',
@@ -382,7 +369,7 @@ class Stat:
             '',
             f'Yakuman (rate)        {self.yakuman} ({f(self.yakuman_rate, 9)})',
             f'Nagashi mangan (rate) {self.nagashi_mangan} ({f(self.nagashi_mangan_rate, 9)})',
-        ]
+        ])
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m mortal.stat <DIR> <PLAYER_NAME>``: print the stats table."""

@@ -34,11 +34,6 @@ from mortal.data.offline_data import listed_problem, stale_index
 # Not __name__: that is "__main__" under ``python -m`` / as a script.
 logger = logging.getLogger("mortal.train_grp")
 
-__all__ = [
-    "UNIFORM_CE", "GrpFileDatasetsIter", "NoSamplesError", "TrainGrpInputError", "build_file_index", "collate",
-    "early_stopping_state", "evaluate", "load_samples", "main", "mean_ce", "train", "train_step",
-]
-
 #: Cross entropy (nats) of the uniform prediction over the 24 rank orders: ln 24 = 3.178.
 UNIFORM_CE = math.log(24)
 
@@ -55,7 +50,7 @@ class GrpFileDatasetsIter(IterableDataset):
     """GRP samples ``(inputs (L, 7) float64 tensor, rank_by_player (4,) uint8 array)`` from log files.
 
     Files are read ``file_batch_size`` at a time, samples shuffled within that batch; bad files are skipped (one
-    warning each, counted in ``skipped``). Raises NoSamplesError when a whole pass yields no sample."""
+    warning each, listed in ``skipped_files``). Raises NoSamplesError when a whole pass yields no sample."""
 
     def __init__(self, file_list, file_batch_size=50, cycle=False):
         super().__init__()
@@ -66,20 +61,12 @@ class GrpFileDatasetsIter(IterableDataset):
         self.skipped_files = []
         self.iterator = None
 
-    @property
-    def skipped(self) -> int:
-        return len(self.skipped_files)
-
     def build_iter(self):
         while True:
             random.shuffle(self.file_list)
             yield from self._one_pass(shuffle=True)
             if not self.cycle:
                 break
-
-    def build_iter_in_order(self):
-        """One pass over ``file_list`` in order, unshuffled. Raises NoSamplesError when no file yields a sample."""
-        yield from self._one_pass(shuffle=False)
 
     def _one_pass(self, *, shuffle: bool):
         """One pass, ``file_batch_size`` files at a time. Raises NoSamplesError when no file yields a sample."""
@@ -93,7 +80,7 @@ class GrpFileDatasetsIter(IterableDataset):
             self.buffer.clear()
         if yielded == 0:
             raise NoSamplesError(f"no GRP samples in {len(self.file_list)} log files "
-                                 f"({self.skipped} skipped as bad input)")
+                                 f"({len(self.skipped_files)} skipped as bad input)")
 
     def populate_buffer(self, file_list) -> None:
         for game in Grp.load_gz_log_files(file_list, skipped=self.skipped_files):
@@ -115,26 +102,25 @@ def collate(batch):
     return inputs, ranks
 
 
-def train_step(grp, optimizer, inputs, rank_by_players):
-    """One AdamW step of cross entropy over rank orders. Returns ``(loss, acc)`` as floats."""
+def _loss_acc(grp, inputs, rank_by_players):
     logits = grp(inputs)
     labels = grp.get_label(rank_by_players)
-    loss = F.cross_entropy(logits, labels)
+    return F.cross_entropy(logits, labels), (logits.argmax(-1) == labels).to(torch.float64).mean()
+
+
+def train_step(grp, optimizer, inputs, rank_by_players):
+    """One AdamW step of cross entropy over rank orders. Returns ``(loss, acc)`` as floats."""
+    loss, acc = _loss_acc(grp, inputs, rank_by_players)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
-    with torch.no_grad():
-        acc = (logits.argmax(-1) == labels).to(torch.float64).mean()
     return loss.item(), acc.item()
 
 
 def evaluate(grp, inputs, rank_by_players):
     """``(loss, acc)`` floats on one batch without gradients."""
     with torch.inference_mode():
-        logits = grp(inputs)
-        labels = grp.get_label(rank_by_players)
-        loss = F.cross_entropy(logits, labels)
-        acc = (logits.argmax(-1) == labels).to(torch.float64).mean()
+        loss, acc = _loss_acc(grp, inputs, rank_by_players)
     return float(loss), float(acc)
 
 
@@ -145,7 +131,7 @@ def load_samples(file_list) -> list:
         return []
     data = GrpFileDatasetsIter(files, file_batch_size=len(files))
     try:
-        return list(data.build_iter_in_order())
+        return list(data._one_pass(shuffle=False))
     except NoSamplesError:
         return []
 

@@ -1,5 +1,6 @@
 """Stat counters and derived statistics against hand-counted logs (Mortal's stat.rs rules)."""
 
+import dataclasses
 import gzip
 import json
 import logging
@@ -21,7 +22,7 @@ LOG_B = STAT_DIR / 'log_b.json'
 
 
 def nonzero(stat):
-    return {k: v for k, v in stat.as_dict().items() if v}
+    return {k: v for k, v in dataclasses.asdict(stat).items() if v}
 
 
 # log_a.json, seat 0 ("me"), counted from the kyoku table in tests/data/stat/README.md:

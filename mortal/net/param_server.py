@@ -38,11 +38,6 @@ def _closing_reason(ex) -> str:
     return str(ex) if isinstance(ex, wire.ProtocolError) else f'{type(ex).__name__}: {ex}'
 
 
-def _log_closing(peer, ex) -> None:
-    """One warning for an authenticated connection closed on a bad frame or a socket error."""
-    logger.warning('closing connection from %s: %s', peer, _closing_reason(ex))
-
-
 class ByteBudget:
     """At most ``limit`` bytes reserved at once over all threads, by frames that take them as their bytes arrive.
 
@@ -237,7 +232,7 @@ class Handler(BaseRequestHandler):
                 msg = wire.recv_payload_paced(sock, header, min_rate=srv.payload_min_rate, window=PAYLOAD_WINDOW,
                                               take=held.take, give=held.give)
             except (wire.ProtocolError, OSError) as ex:
-                _log_closing(peer, wire.ProtocolError(held.preempted) if held.preempted else ex)
+                logger.warning('closing connection from %s: %s', peer, held.preempted or _closing_reason(ex))
                 return
             reply = self._dispatch(srv, peer, msg)
             del msg  # free the payload before the budget is given back
@@ -287,13 +282,9 @@ class ParamServer(ThreadingTCPServer):
                  header_timeout: float = wire.HEADER_TIMEOUT, payload_min_rate: int = DEFAULT_PAYLOAD_MIN_RATE,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS):
         check_bind_security(address[0], token)
-        if payload_min_rate < 1:
-            raise ValueError(f'[online.server] payload_min_bytes_per_s = {payload_min_rate} must be at least 1')
         if max_inflight_bytes and max_inflight_bytes < max_frame_size:
             raise ValueError(f'[online.server] max_inflight_bytes = {max_inflight_bytes} must be 0 or at least '
                              f'max_frame_bytes = {max_frame_size} (a largest frame must fit)')
-        if max_pending < 1:
-            raise ValueError(f'[online.server] max_pending_connections = {max_pending} must be at least 1')
         if max_connections < max_pending:
             raise ValueError(f'max_connections = {max_connections} must be at least [online.server] '
                              f'max_pending_connections = {max_pending}')

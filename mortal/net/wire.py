@@ -247,8 +247,7 @@ def _recv_exact(sock: socket.socket, size: int, *, what: str, allow_clean_eof: b
                 chunk = sock.recv(min(size - got, RECV_CHUNK))
             except socket.timeout:
                 if deadline is not None and time.monotonic() >= deadline:
-                    raise ProtocolError(f'{what} incomplete after the time allowed '
-                                        f'({offset + got} of {total} bytes)') from None
+                    continue  # the deadline's check above raises
                 raise
             if not chunk:
                 if got == 0 and allow_clean_eof:
@@ -350,7 +349,6 @@ def send_msg(sock: socket.socket, msg: dict, token: Optional[str] = None) -> Non
     payload = msgpack.packb(msg, use_bin_type=True)
     sock.sendall(encode_header(payload, token))
     sock.sendall(payload)  # two calls: no copy of a large payload just to prepend 78 bytes
-
 
 
 def encode_pieces(msg: dict, token: Optional[str] = None) -> list:

@@ -90,8 +90,7 @@ def check_paths(config):
 def check_port(config, server_running=False):
     """Server port: free to bind (default) or, with ``server_running``, accepting connections."""
     remote = typed(config).online.remote  # an online config has one (mortal.config.CLIENT_SECTIONS)
-    host, port = remote.host, remote.port
-    bind_host = host  # the server binds [online.remote] host
+    host, port = remote.host, remote.port  # the server binds [online.remote] host
     if server_running:
         try:
             with socket.create_connection((host, port), timeout=3):
@@ -102,11 +101,11 @@ def check_port(config, server_running=False):
         # same option the server would use, so TIME_WAIT leftovers do not count as busy
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind((bind_host, port))
+            s.bind((host, port))
         except OSError as e:
-            return [Check(FAIL, 'port', f'cannot bind {bind_host}:{port} ({e.strerror or e}); another '
+            return [Check(FAIL, 'port', f'cannot bind {host}:{port} ({e.strerror or e}); another '
                           'server running? (use --server-running to check a running one instead)')]
-    return [Check(OK, 'port', f'{bind_host}:{port} is free')]
+    return [Check(OK, 'port', f'{host}:{port} is free')]
 
 
 def _read_checkpoint_files(config):

@@ -347,7 +347,6 @@ class Fleet:
             return 1
         return 0
 
-
     def _actor_error(self, i: int, kind: str, actor, ex) -> None:
         """Actor ``i`` died during ``kind`` ('ready' or 'round'): ask it to be ready again, or drop it."""
         unavailable = isinstance(ex, self.ray.exceptions.ActorUnavailableError)  # Ray restarts it, or a blip
@@ -372,6 +371,7 @@ class Fleet:
         logger.error('actor %d: its round failed (%s): restarting it%s', i, _last_line(ex), held)
         self.ray.kill(actor, no_restart=False)  # a fresh client, within max_restarts
         self.held[i] = time.monotonic() + wait
+
 
 def _last_line(ex: BaseException) -> str:
     text = str(ex).strip()

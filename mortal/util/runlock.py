@@ -60,18 +60,10 @@ def _holder(lock_path: str) -> dict:
 
 
 def describe_holder(owner: dict) -> str:
-    """``PID 123 on host h since 2026-12-04 20:00:00 UTC`` from a holder record."""
+    """``PID 123 on host h since 2026-12-04 20:00:00 UTC`` from a holder record (``_holder``'s, checked there)."""
     since = owner.get('since')
-    try:
-        when = (time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(since)) if isinstance(since, (int, float))
-                else 'an unknown time')
-    except (OverflowError, OSError, ValueError):
-        when = 'an unknown time'
-    pid = owner.get('pid')
-    pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else '?'
-    host = owner.get('host')
-    host = host[:SHOWN_CHARS] if isinstance(host, str) else '?'
-    return f"PID {pid} on host {host} since {when}"
+    when = 'an unknown time' if since is None else time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(since))
+    return f"PID {owner.get('pid', '?')} on host {owner.get('host', '?')} since {when}"
 
 
 def _inherited(lock_path: str) -> bool:
