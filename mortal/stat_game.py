@@ -90,8 +90,7 @@ class _GameCount:
         actor = ev['actor']
         target = _seat(ev, 'target', self.source, lineno)
         deltas = _scores(ev, 'deltas', self.source, lineno)
-        for i in range(4):
-            self.scores[i] += deltas[i]
+        self.scores = [s + d for s, d in zip(self.scores, deltas)]
         if actor == self.seat:
             self._own_win(deltas[self.seat] - 1000 * self.riichi_accepted)
         elif target == self.seat:
@@ -143,8 +142,7 @@ class _GameCount:
     def ryukyoku(self, ev: dict, lineno: int) -> None:
         st = self.st
         deltas = _scores(ev, 'deltas', self.source, lineno)
-        for i in range(4):
-            self.scores[i] += deltas[i]
+        self.scores = [s + d for s, d in zip(self.scores, deltas)]
         point = deltas[self.seat]
         st.ryukyoku += 1
         st.ryukyoku_point += point

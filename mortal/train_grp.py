@@ -1,11 +1,7 @@
 """Train the GRP (Global Reward Predictor) on mjai logs, as Mortal's ``mortal/train_grp.py`` (the ``[grp]`` table).
 
 Every game with K kyoku gives K samples (prefixes of its GRP rows, labelled with the final ``rank_by_player``);
-the loss is cross entropy over the 24 rank orders. Run: ``python -m mortal.train_grp [-c PATH] [--max-steps N]
-[--patience N]``.
-
-Extra, off by default (Mortal trains until stopped): with ``patience`` P > 0 training stops after P validations
-without a new lowest cross entropy over all val samples (``val_ce``), and ``model`` is then the best weights; the
+the loss is cross entropy over the 24 rank orders. Extra, off by default: early stopping (``--patience``); the
 checkpoint's ``best_model`` and ``early_stopping`` let an interrupted run resume with its record."""
 
 if __package__ in (None, ''):  # run as a script: python mortal/train_grp.py

@@ -42,12 +42,11 @@ class ByteBudget:
     """At most ``limit`` bytes reserved at once over all threads, by frames that take them as their bytes arrive.
 
     Frames already holding bytes go before new ones; when every holder waits and the first in line does not fit, the
-    one holding least is refused (deadlock). A new frame waiting ``preempt_after`` s closes the slowest readers until
+    one holding least is refused (deadlock). A new frame waiting ``PREEMPT_AFTER`` s closes the slowest readers until
     it fits, so trickling frames cannot keep honest uploads out."""
 
-    def __init__(self, limit: int, preempt_after: float = PREEMPT_AFTER):
+    def __init__(self, limit: int):
         self.limit = int(limit)
-        self.preempt_after = float(preempt_after)
         self.used = 0
         self.holders = 0  # frames holding bytes
         self.preempted = 0  # frames closed to admit new ones
@@ -68,7 +67,7 @@ class ByteBudget:
             self._cond.notify_all()  # a new waiter may complete a deadlock
             now = time.monotonic()
             end = now + timeout
-            next_preempt = now + self.preempt_after
+            next_preempt = now + PREEMPT_AFTER
             granted = False
             while True:
                 head = next(q[0] for q in self._queues if q)
@@ -80,7 +79,7 @@ class ByteBudget:
                     break
                 if not held and owner is not None and now >= next_preempt:
                     # waited long enough: first in line, preempting what it needs when the budget is full
-                    next_preempt = now + self.preempt_after
+                    next_preempt = now + PREEMPT_AFTER
                     if self.used + size > self.limit:
                         self._preempt_slowest(now, owner, self.used + size - self.limit)
                     if queue is not self._queues[0]:

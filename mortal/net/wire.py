@@ -1,13 +1,7 @@
-"""Wire protocol between server, clients and trainer (Mortal's torch.save framing, made safe).
-
-Mortal sends a u64 length and a ``torch.save`` pickle that the peer ``torch.load``s: any peer can run code. This keeps
-the message set and one request per connection, framed as (docs/operations.md, "Bad input on the network"):
-
-    frame  = MAGIC b'MJRL' | protocol version u16 LE | payload length u64 LE | SHA-256 of the payload
-             | HMAC-SHA256 (key: the token as UTF-8, or empty) of those 46 bytes | payload: one msgpack map
-    state dicts travel as ``safetensors`` bytes inside the map (``pack_state_dict`` / ``unpack_state_dict``)
-
-A server with a token refuses a peer after its 78 header bytes; the token never travels. Requests:
+"""Wire protocol between server, clients and trainer: Mortal's messages, one request per connection, without its
+``torch.save`` pickles (a peer could run code): a 78-byte header (``PREFIX``, ``REST``: its MAC is keyed with the
+token, which never travels) and one msgpack map, state dicts as safetensors bytes (docs/operations.md, "Bad input on
+the network"). Requests:
     {'type': 'get_param', 'param_version': int, 'server_id': str|None}
     {'type': 'submit_replay', 'logs': {name: gz bytes}, 'param_version': int, 'server_id': str|None}
     {'type': 'submit_param', 'mortal': bytes, 'dqn': bytes, 'is_idle': bool, 'arch_change': bool (optional),
@@ -18,7 +12,7 @@ A server with a token refuses a peer after its 78 header bytes; the token never 
      'baseline_version': int, 'baseline_digest': str}   (the trainer's [baseline.train])
     {'type': 'get_baseline'}
 Replies carry ``status`` (``STATUS_*``; 'bad request' and 'error' with a ``reason``); their fields:
-``mortal/server.py``. A frame that breaks the protocol raises ``ProtocolError`` and closes that connection only.
+``mortal.net.replay_store``. A frame that breaks the protocol raises ``ProtocolError`` and closes that connection only.
 """
 
 import hashlib
