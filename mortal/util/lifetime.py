@@ -8,8 +8,6 @@ import os
 import signal
 import sys
 
-__all__ = ["die_with_parent"]
-
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 

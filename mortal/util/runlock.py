@@ -62,7 +62,10 @@ def _holder(lock_path: str) -> dict:
 def describe_holder(owner: dict) -> str:
     """``PID 123 on host h since 2026-12-04 20:00:00 UTC`` from a holder record (``_holder``'s, checked there)."""
     since = owner.get('since')
-    when = 'an unknown time' if since is None else time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(since))
+    try:
+        when = 'an unknown time' if since is None else time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(since))
+    except (OverflowError, OSError, ValueError):  # a platform whose gmtime ends before the record's bound
+        when = 'an unknown time'
     return f"PID {owner.get('pid', '?')} on host {owner.get('host', '?')} since {when}"
 
 
