@@ -152,8 +152,7 @@ class TrainPlay(Section):
     log_dir: Str = key('where the client writes its self-play logs (wiped each round)')
     boltzmann_epsilon: Annotated[Float, UnitClosed] = key('probability of sampling instead of acting greedily')
     boltzmann_temp: PositiveFloat = key('temperature of the Boltzmann sampling over Q')
-    top_p: Annotated[Float, _rule(lambda v: 0 < v <= 1, 'must be within (0, 1]')] = key(
-        'nucleus (top-p) cut applied before sampling')
+    top_p: Annotated[Float, Factor] = key('nucleus (top-p) cut applied before sampling')
     repeats: PositiveInt = key('rounds played on the same seeds before moving on')
     speculate_passes: Bool = key(SPECULATE_DOC, False)
     counterfactual_rate: Annotated[Float, UnitClosed] = key(

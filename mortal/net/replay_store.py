@@ -217,11 +217,9 @@ class ReplayStore:
         delivered = self._move_to_drain()
         if isinstance(delivered, dict):
             return delivered  # the 'error' reply of a disk failure
-        moved = [name for name, _ in delivered]
-        versions = [version for _, version in delivered]
-        return {'status': wire.STATUS_OK, 'count': len(moved), 'drain_dir': self.drain_dir, 'files': moved,
-                'param_versions': versions, 'param_version': current, 'has_param': has_param,
-                'server_id': self.server_id}
+        return {'status': wire.STATUS_OK, 'count': len(delivered), 'drain_dir': self.drain_dir,
+                'files': [name for name, _ in delivered], 'param_versions': [version for _, version in delivered],
+                'param_version': current, 'has_param': has_param, 'server_id': self.server_id}
 
     def _param_reply(self, client_version: int) -> dict:
         """``get_param``'s reply once the buffer has room."""

@@ -79,12 +79,8 @@ def probe_writable(path, kind):
 
 
 def check_paths(config):
-    rows = []
-    for label, path, kind in _written_paths(config):
-        reason = probe_writable(path, kind)
-        rows.append(Check(FAIL, 'writable', f'{label} = {path}: {reason}') if reason
-                    else Check(OK, 'writable', f'{label} = {path}'))
-    return rows
+    return [Check(FAIL, 'writable', f'{label} = {path}: {reason}') if (reason := probe_writable(path, kind))
+            else Check(OK, 'writable', f'{label} = {path}') for label, path, kind in _written_paths(config)]
 
 
 def check_port(config, server_running=False):

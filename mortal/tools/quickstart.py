@@ -225,10 +225,8 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
     from mortal.config import load_config, typed
     t0 = time.monotonic()
     timings = {}
-    if eval_sets is None:
-        eval_sets = PRESETS[preset]['eval_sets']
-    if rulebase_sets is None:
-        rulebase_sets = PRESETS[preset]['rulebase_sets']
+    eval_sets = PRESETS[preset]['eval_sets'] if eval_sets is None else eval_sets
+    rulebase_sets = PRESETS[preset]['rulebase_sets'] if rulebase_sets is None else rulebase_sets
     work = Path(work_dir).expanduser().resolve()
     cfg_path = write_config(work, preset=preset, port=port, version=version, relative=True)  # a movable work dir
     logger.info('config: %s', cfg_path)
