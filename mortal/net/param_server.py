@@ -4,6 +4,7 @@ Each frame header is authenticated before any payload byte is read; unauthentica
 (``max_pending``, ``header_timeout``), payloads take their share of a ``ByteBudget`` as they arrive and must keep
 ``payload_min_rate``. Limits and their reasons: docs/operations.md. Logs as ``mortal.server``."""
 
+import contextlib
 import logging
 import socket
 import threading
@@ -146,10 +147,8 @@ class Reservation:
         """Close this frame's connection so that its bytes go to a new frame."""
         self.preempted = reason
         if self.sock is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
     def take(self, size: int) -> None:
         """Reserve ``size`` more bytes; ProtocolError (naming the limit) when they are refused."""
@@ -352,10 +351,8 @@ class ParamServer(ThreadingTCPServer):
                     logger.warning('%d connections are still sending their frame header: closing the oldest to '
                                    'admit new ones', len(self.unauthenticated) + 1)
                 # under the lock: its handler cannot have closed it (leave_unauthenticated takes the lock first)
-                try:
+                with contextlib.suppress(OSError):
                     oldest.shutdown(socket.SHUT_RDWR)  # its handler's recv returns at once
-                except OSError:
-                    pass
             self.unauthenticated[request] = None
             self.serving += 1
         try:

@@ -2,6 +2,7 @@
 on-disk replay buffer (``buffer_dir``) with its hand-over to the trainer (``drain_dir``). No sockets here.
 Logs as ``mortal.server``."""
 
+import contextlib
 import errno
 import json
 import logging
@@ -70,10 +71,8 @@ def check_log_head(name: str, content: bytes) -> None:
 
 
 def _remove_quietly(p: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.remove(p)
-    except OSError:
-        pass
 
 
 def _move(src: str, dst: str) -> None:
