@@ -25,17 +25,46 @@ from mortal.model.checkpoint import INITIAL_BEST_PERF, atomic_torch_save, load_f
 from mortal.config import typed
 from mortal.config_schema import Online
 from mortal.data.offline_data import offline_mix
-from mortal.learning import distributed, intake, learner_checkpoint, save_cycle
+from mortal.learning import distributed, intake, learner_checkpoint
 from mortal.learning.diagnostics import Instruments, batch_q_stats, learner_probe
 from mortal.learning.guards import INITIAL_GUARD, Guards, sync_baseline
 from mortal.learning.loss import LossWeights, learner_loss
 from mortal.learning.optimizer import build_optimizer, optimizer_step
-from mortal.learning.save_cycle import TestPlayDone  # noqa: F401  TestPlayDone: also this module's API
 # DRAIN_POLL_INTERVAL: also this module's API
 from mortal.learning.server_traffic import DRAIN_POLL_INTERVAL, ServerTraffic, play_settings  # noqa: F401
 from mortal.learning.supervisor import end_with_supervisor, is_supervised, supervise
 
 logger = logging.getLogger('mortal.train' if __name__ == '__main__' else __name__)
+
+
+class TestPlayDone(Exception):
+    """Online learner finished a test play: the child exits 0 and the supervisor starts a fresh one."""
+
+
+def write_scalars(writer, steps: int, stats: dict, batches: int, *, loss_weights, offline_mix: bool, lr: float,
+                  settings, instruments, trained, device) -> None:
+    """Write one save's TensorBoard scalars at ``steps`` and flush: ``loss/<name>`` means over ``batches``
+    (terms that are off are not written), ``hparam/lr``, online the exploration factor, then the instruments."""
+    n = max(batches, 1)
+    on = {'cql_loss': loss_weights.with_cql, 'anchor_loss': loss_weights.anchor > 0,
+          'offline_cql_loss': offline_mix, 'counterfactual_loss': loss_weights.counterfactual > 0}
+    for name in stats:  # in Trainer.reset_stats' order
+        if on.get(name, True):
+            writer.add_scalar(f'loss/{name}', stats[name] / n, steps)
+    writer.add_scalar('hparam/lr', lr, steps)
+    if settings is not None:
+        writer.add_scalar('hparam/epsilon_factor', settings['epsilon_factor'], steps)
+    instruments.write(writer, steps, trained=trained, device=device)
+    writer.flush()
+
+
+def steps_to_next_test(steps: int, test_every: int, test_player, *, tested: bool = True):
+    """Steps until the next test play; None when ``test_player`` never plays. At a multiple of ``test_every``: 0
+    while that step's test play is to come (``tested`` False), else ``test_every``."""
+    if not getattr(test_player, 'enabled', True):
+        return None
+    left = (test_every - steps % test_every) % test_every
+    return test_every if left == 0 and tested else left
 
 
 class Trainer:
@@ -186,7 +215,7 @@ class Trainer:
         if self.pb is not None:
             self.pb.close()
             self.pb = None
-        save_cycle.write_scalars(
+        write_scalars(
             self.writer, self.steps, stats, self.stat_batches, loss_weights=self.loss_weights,
             offline_mix=self.offline_stream is not None, lr=self.scheduler.get_last_lr()[0],
             settings=self.play_settings() if self.online else None, instruments=self.instruments,
@@ -220,13 +249,20 @@ class Trainer:
         return dict(zip(self._stat_sums, torch.stack(tuple(self._stat_sums.values())).tolist()))
 
     def log_total_steps(self, tested: bool = True) -> None:
-        """Mortal's ``total steps`` line, with the countdown to the next test play when there is one."""
-        save_cycle.log_total_steps(self.steps, save_cycle.steps_to_next_test(
-            self.steps, self.test_every, self.test_player, tested=tested))
+        """Mortal's ``total steps: N (~steps to the next test play)`` line (no countdown when none is to come)."""
+        to_test = steps_to_next_test(self.steps, self.test_every, self.test_player, tested=tested)
+        if to_test is None:
+            logger.info('total steps: %s', f'{self.steps:,}')
+        else:
+            logger.info('total steps: %s (~%s)', f'{self.steps:,}', f'{to_test:,}')
 
     def _progress_bar(self):
-        """The bar of this save cycle (rank 0; None on the others)."""
-        return save_cycle.progress_bar(self.save_every, self.steps) if self.dist.is_main else None
+        """Mortal's ``TRAIN`` bar over this save cycle's batches (rank 0; None on the others)."""
+        if not self.dist.is_main:
+            return None
+        from tqdm.auto import tqdm
+        return tqdm(total=self.save_every, desc='TRAIN', initial=self.steps % self.save_every, unit='batch',
+                    dynamic_ncols=True, ascii=True)
 
     def file_list(self) -> tuple:
         """(file_list, player_names) of this epoch: online the claimed logs + ['trainee'], offline the dataset."""

@@ -567,7 +567,7 @@ def test_offline_bootstrap_prints_a_countdown_only_with_test_play(tmp_path, capl
 def test_a_learner_starting_after_its_test_play_counts_down_a_whole_cycle(tmp_path, caplog):
     # The online learner restarts at a multiple of test_every, right after that step's test play: its first line
     # said "(~0)" as if a test play were due (a new user's trial). The line before a due test play keeps 0.
-    from mortal.learning.save_cycle import steps_to_next_test
+    from mortal.train import steps_to_next_test
     assert steps_to_next_test(600, 600, None) == 600
     assert steps_to_next_test(600, 600, None, tested=False) == 0
     assert steps_to_next_test(601, 600, None) == 599

@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from mortal.config import typed
+from mortal.config_schema import Config
 from mortal.entry import LOG_FORMAT  # the entry points' format, for the workers too
 from mortal.data.gameplay import GameplayLoader
 from mortal.data.mjai_log import DEFAULT_MAX_LOG_BYTES
@@ -334,8 +335,9 @@ def make_dataloader(dataset, *, batch_size: int, num_workers: int = 1, pin_memor
 
 def learner_loader(config: dict, version: int, file_list: list, player_names, ledger=None, *, batch_size: int,
                    num_workers: int | None = None, pin_memory: bool = False) -> DataLoader:
-    """The learner's ``DataLoader`` over ``file_list``; with a ``ClaimLedger`` batches end with ``(B, 4)`` int64 ids."""
-    cfg = typed(config)
+    """The learner's ``DataLoader`` over ``file_list`` (``config``: the plain dict or its typed view); with a
+    ``ClaimLedger`` batches end with ``(B, 4)`` int64 ids."""
+    cfg = config if isinstance(config, Config) else typed(config)
     ds = cfg.dataset
     num_workers = ds.num_workers if num_workers is None else num_workers
     if num_workers > 1:
