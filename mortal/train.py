@@ -1,9 +1,7 @@
-"""The learner (Mortal's ``mortal/train.py``), online and offline, read top to bottom.
+"""The learner (Mortal's ``mortal/train.py``): ``Trainer.run`` -> ``train_epoch`` -> ``train_batch`` -> ``on_save``.
 
-``Trainer.run`` -> ``train_epoch`` -> ``train_batch`` -> ``on_save``; the settings are read once, in
-``Trainer._read_settings``. Offline: one epoch per run, with the CQL term, optionally under ``torchrun``.
-Online: the ``trainee`` seat only; after a test play the learner exits 0 for its supervisor to start a fresh one,
-as Mortal does. The parts: docs/architecture.md; tags and lines: docs/operations.md; extras: docs/learning.md."""
+Offline: one epoch per run, with the CQL term, optionally under ``torchrun``. Online: the ``trainee`` seat only; after
+a test play the learner exits 0 for its supervisor to start a fresh one, as Mortal. See docs/architecture.md."""
 
 if __package__ in (None, ''):  # run as a script: python mortal/train.py
     import sys, pathlib
@@ -68,11 +66,8 @@ def steps_to_next_test(steps: int, test_every: int, test_player, *, tested: bool
 
 
 class Trainer:
-    """One learner process: its models, optimizer and collaborators; the loop first, the construction last.
-
-    ``test_player`` (``test_play(seed_count, mortal, dqn, device) -> Stat``), ``remote``, ``writer`` default from the
-    config; ``dist``: ``mortal.learning.distributed.setup``'s rank, or None. Raises CheckpointError,
-    UnsupportedVersionError, ValueError for version 1 (Mortal's trainer does not support it either)."""
+    """One learner process. ``test_player``, ``remote``, ``writer`` default from the config; ``dist``:
+    ``distributed.setup``'s rank, or None. Raises CheckpointError, UnsupportedVersionError, ValueError for version 1."""
 
     def __init__(self, config: dict, *, test_player=None, remote=None, writer=None, sleep=time.sleep, dist=None):
         self.config = config
@@ -95,9 +90,7 @@ class Trainer:
                 break  # one epoch per offline run, for easier control (Mortal)
 
     def train_epoch(self) -> int:
-        """One pass over this epoch's files; returns the number of batches trained.
-
-        Online, the claim ledger records every trained batch and commits with each checkpoint."""
+        """One pass over this epoch's files (online, recorded in the claim ledger); returns the batches trained."""
         from mortal.data.dataloader import iter_full_batches
         file_list, player_names = self.file_list()
         ledger = self.server.ledger if self.online else None
@@ -144,13 +137,11 @@ class Trainer:
 
     def train_batch(self, obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf_actions=None,
                     cf_deltas=None) -> None:
-        """One backward pass on a batch; optimizer step every ``opt_step_every`` global steps; submit/save/test.
+        """One backward pass; an optimizer step every ``opt_step_every`` steps; submit/save/test when due.
 
-        obs (B, C, 34) float32 or packed rows (B, row_bytes) uint8, actions (B,) int64, masks (B, 46) bool,
-        steps_to_done (B,) int64, kyoku_rewards (B,) float64, player_ranks (B,) int64 in 0..3; cf_actions (B,) int64
-        (-1: none) and cf_deltas (B,) float32 (pts), or None. ``[online] offline_batch_size`` rows are appended as
-        offline-mix rows; the instruments see the B online rows only.
-        Raises ValueError when an action is masked out; TestPlayDone (online) after a test play."""
+        obs (B, C, 34) float32 or packed (B, row_bytes) uint8, actions (B,) int64, masks (B, 46) bool, steps_to_done
+        (B,) int64, kyoku_rewards (B,) float64, player_ranks (B,) int64; cf_actions (B,) int64 (-1: none) and
+        cf_deltas (B,) float32 (pts), or None. Raises ValueError for a masked action; TestPlayDone after a test play."""
         n = obs.shape[0]  # online (or, offline, all) rows
         obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf = intake.batch_on_device(
             (obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf_actions, cf_deltas), self.device,
@@ -300,7 +291,7 @@ class Trainer:
         return self.server.drain(self.steps, self.resubmit)
 
     def played(self) -> tuple:
-        """The (mortal, dqn) that self-play, test play and best.pth use: the trained ones."""
+        """The (mortal, dqn) that self-play, test play and best.pth use."""
         return self.mortal, self.dqn
 
     def checkpoint(self) -> dict:
@@ -435,11 +426,9 @@ STATE_FIX = ('give this run its own [control] state_file (and, online, its own s
              '[online.server] buffer_dir and drain_dir)')
 
 
-
 def run_learner(config: dict, dist=None) -> int:
-    """The learner process body; returns its exit status (0 after an online test play, 128 + signal after a stop).
-
-    Rank 0 holds the lock of ``[control] state_file`` throughout (``runlock.LockHeld`` when another learner does)."""
+    """The learner process body under the lock of ``[control] state_file`` (rank 0; ``runlock.LockHeld``); returns
+    its exit status (0 after an online test play, 128 + signal after a stop)."""
     from mortal import entry
     from mortal.util import runlock
     dist = dist or distributed.SINGLE
@@ -460,7 +449,6 @@ def run_learner(config: dict, dist=None) -> int:
                 trainer.pb.close()
             trainer.writer.close()
     return 0
-
 
 
 def main(argv=None):
@@ -506,7 +494,6 @@ def main(argv=None):
     finally:
         dist.close()
     sys.exit(code)
-
 
 
 if __name__ == '__main__':

@@ -13,8 +13,6 @@ from mortal.util.fsutil import TMP_SUFFIX, atomic_write_bytes, empty_dir, fsync_
 
 logger = logging.getLogger('mortal.claims')  # the name before the package split (log format)
 
-__all__ = ["MANIFEST", "STAGED", "ClaimLedger", "claim_dir_for", "claim_drained", "staleness"]
-
 MANIFEST = "claims.json"
 STAGED = "claims.json.next"  # the manifest of a checkpoint being written (commit_with)
 _FORMAT = 1

@@ -1,8 +1,6 @@
-"""Streaming training samples from mjai log files, as Mortal's ``mortal/dataloader.py``.
-
-A sample is ``(obs (C, 34) float32, action int64 0-45, mask (46,) bool, steps_to_done int64, kyoku_reward
-float64 (pts units), player_rank int64 0-3, cf_action int64 (-1: none), cf_delta float32)``; in batch mode
-``obs`` is packed ``(B, row_bytes)`` uint8. Workers start from a forkserver (a fork can deadlock)."""
+"""Training samples from mjai logs (Mortal's ``dataloader.py``): ``(obs (C, 34) float32, action int64, mask (46,)
+bool, steps_to_done int64, kyoku_reward float64 pts, player_rank int64, cf_action int64 (-1: none), cf_delta
+float32)``; in batch mode ``obs`` is packed ``(B, row_bytes)`` uint8. Workers start from a forkserver."""
 
 from __future__ import annotations
 
@@ -28,9 +26,6 @@ from mortal.util.lifetime import die_with_parent
 from mortal.data.reward import RewardCalculator, load_grp
 
 logger = logging.getLogger('mortal.dataloader')  # the name before the package split (log format)
-
-__all__ = ["FileDatasetsIter", "LOG_FORMAT", "configure_worker_logging", "iter_full_batches", "keep_freed_memory",
-           "learner_loader", "make_dataloader", "q_target", "safe_mp_context", "worker_init_fn"]
 
 
 def q_target(gamma: float, steps_to_done, kyoku_reward):

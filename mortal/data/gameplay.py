@@ -19,22 +19,17 @@ from mortal.data.packed_obs import NotPackableError, packer, row_bytes, unpack
 
 logger = logging.getLogger('mortal.gameplay')  # the name before the package split (log format)
 
-__all__ = ["Gameplay", "GameplayLoader"]
-
 _SKIPPED_AS_NEXT = ("reach_accepted", "dora")
-# Events by which a seat acts; one where it could not act is an illegal move.
 _OWN_ACTIONS = frozenset({"dahai", "reach", "chi", "pon", "daiminkan", "kakan", "ankan", "hora"})
 _MAX_SKIP_RECORDS = 1000
 # Reactions whose logged event may carry the arena's ``meta.counterfactual`` (mortal.play.arena._Branch).
 _CF_TYPES = frozenset({"dahai", "reach", "chi", "pon", "daiminkan", "kakan", "ankan"})
 _cf_warned = False  # a counterfactual record that is not legal was logged once
-# Version-4 decisions searched per batch: enough to keep the threads busy, few enough to keep the arrays small.
-_V4_BATCH = 128
+_V4_BATCH = 128  # v4 decisions searched per batch: enough to keep the threads busy, the arrays small
 
 
 def _is_fatal(exc: BaseException) -> bool:
-    # pyo3's PanicException derives from BaseException; treat it as a bad log,
-    # but never swallow interpreter shutdown signals.
+    # pyo3's PanicException derives from BaseException: a bad log, unlike these
     return isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError))
 
 
@@ -66,12 +61,10 @@ class Gameplay:
     @property
     def obs(self) -> np.ndarray | None:
         """``(N, C, 34)`` float32 unpacked from ``packed_obs`` (a new array each access; None once taken)."""
-        if self.packed_obs is None:
-            return None
-        return unpack(self.packed_obs, self.version)
+        return None if self.packed_obs is None else unpack(self.packed_obs, self.version)
 
     def take(self, name: str):
-        """Field ``name`` (e.g. ``"actions"``), released: Mortal's ``take_*``."""
+        """Field ``name`` (e.g. ``"actions"``), released."""
         value = getattr(self, name)
         setattr(self, name, None)
         return value

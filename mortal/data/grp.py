@@ -11,13 +11,6 @@ from mortal.data.mjai_log import BadLogError, parse_log, read_log, skip_message
 
 logger = logging.getLogger('mortal.grp')  # the name before the package split (log format)
 
-__all__ = [
-    "GRP_SIZE",
-    "Grp",
-    "grand_kyoku",
-    "rank_by_player",
-]
-
 GRP_SIZE = 7  # as Mortal's consts.rs
 
 

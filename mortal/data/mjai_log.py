@@ -12,24 +12,6 @@ from dataclasses import dataclass
 from mortal import config as _config
 from mortal.features.mjai import ACTOR_EVENTS, MJAI_EVENT_TYPES, is_int, is_seat  # re-exported: this module's API
 
-__all__ = [
-    "ACTOR_EVENTS",
-    "DEFAULT_MAX_LOG_BYTES",
-    "MAX_EVENTS",
-    "MAX_KYOKU",
-    "MJAI_EVENT_TYPES",
-    "BadLogError",
-    "LoadedLog",
-    "decode_log_bytes",
-    "is_int",
-    "is_seat",
-    "parse_events",
-    "parse_log",
-    "read_log",
-    "read_log_text",
-    "skip_message",
-]
-
 #: Gameplay numbers kyoku 0-255 in uint8 (as Mortal's ``at_kyoku: u8``); more would wrap and mix up rewards.
 MAX_KYOKU = 256
 

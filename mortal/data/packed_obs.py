@@ -15,9 +15,6 @@ try:
 except ImportError:  # the optional compiled core is not built
     _pack_obs = None
 
-__all__ = ["HAVE_FAST_PACK", "NotPackableError", "REAL_ROWS", "Layout", "layout", "pack", "pack_into", "packer",
-           "row_bytes", "unpack"]
-
 #: True when ``pack_into`` runs in the compiled core.
 HAVE_FAST_PACK = _pack_obs is not None
 

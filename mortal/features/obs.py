@@ -6,15 +6,6 @@ import numpy as np
 
 from mortal.config_schema import SUPPORTED_VERSIONS
 
-__all__ = [
-    "SUPPORTED_VERSIONS",
-    "UnsupportedVersionError",
-    "check_version",
-    "encode",
-    "new_v4_encoder",
-    "obs_shape",
-    "oracle_obs_shape",
-]
 
 class UnsupportedVersionError(ValueError):
     """The requested feature version is not one of Mortal's versions 1-4 (or not an integer)."""

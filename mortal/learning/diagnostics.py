@@ -1,7 +1,5 @@
-"""Learning instruments of the trainer: Q calibration and spread per batch, policy drift on a fixed probe set.
-
-They answer what the loss curve cannot (Mortal issue #33): Q's bias against its Monte-Carlo target, collapsing
-action values, the greedy policy's drift from the baseline's. The ``diag/*`` tags: docs/operations.md."""
+"""The trainer's instruments (``diag/*``, docs/operations.md): Q's bias against its target and spread per batch,
+the greedy policy's drift from the baseline's on a fixed probe set."""
 
 from __future__ import annotations
 

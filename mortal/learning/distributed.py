@@ -1,9 +1,5 @@
-"""Offline training on several processes (``torchrun``, DistributedDataParallel) for ``mortal.train``.
-
-Without torchrun's environment ``setup`` returns ``SINGLE``, which changes nothing. With K ranks: rank 0 builds the
-file index and each rank trains a strided slice; DDP averages gradients (deferred on accumulation micro-steps);
-ranks stop together at the first step where one has no batch (``lockstep``); BatchNorm statistics are rank 0's;
-saving, TensorBoard and test play happen on rank 0. Online training stays one learner, as Mortal."""
+"""Offline training under ``torchrun`` (DDP): each rank trains a strided slice of rank 0's file index; ranks stop
+together (``lockstep``); BatchNorm statistics, saving and test play are rank 0's. Without torchrun: ``SINGLE``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The learner's test play and long-run guards: judging a test play and keeping best.pth, the rollback on
-degradation (``[guard]``) and the baseline's sync with the server (docs/operations.md).
-
-``Guards`` changes the trainer's weights, ``best_perf`` and ``guard`` state only through what the trainer offers."""
+"""The learner's test play and best.pth, the rollback on degradation (``[guard]``) and the baseline's sync with
+the server (docs/operations.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The learner's side of the server traffic: publishing parameters and draining played logs.
-
-Lines are logged as ``mortal.train``, the trainer's logger."""
+"""The learner's side of the server traffic: publishing parameters and draining played logs."""
 
 import logging
 import socket

@@ -1,9 +1,5 @@
-"""The online learner's supervisor (Mortal's ``train.py`` main): run the learner as a child, restart it after
-each clean exit.
-
-A fresh process after every test play, as Mortal: DataLoader workers forked from a process that already ran
-threaded native code can hang. The config is checked before each start (a broken one is waited for), and no
-process of a learner outlives it. Details: docs/operations.md."""
+"""The online learner's supervisor (Mortal's ``train.py`` main): the learner runs as a child, restarted after each
+clean exit (a fresh process after every test play); the config is checked before each start (docs/operations.md)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,6 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_sequence
 from mjai.mlibriichi.consts import ACTION_SPACE, GRP_SIZE
 from mortal.features.obs import check_version, obs_shape, oracle_obs_shape
 
-__all__ = ["AuxNet", "Brain", "DQN", "GRP", "ACTION_SPACE", "GRP_SIZE"]
-
 _BN_MOMENTUM = 0.01
 _N_TILES = 34
 _PHI_DIM = 1024
