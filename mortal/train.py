@@ -264,9 +264,12 @@ class Trainer:
     def data_loader(self, file_list, player_names, ledger=None, *, batch_size=None, num_workers=None):
         """``learner_loader`` of this learner (defaults: ``[control] batch_size``, ``[dataset] num_workers``)."""
         from mortal.data.dataloader import learner_loader  # here: the supervisor process needs no loader
+        from mortal.data.reward import load_grp
+        if self.grp is None and self.cfg.env.reward == 'grp':  # read once per learner, at its first epoch
+            self.grp = load_grp(self.cfg.grp.state_file, self.cfg.grp.network)
         return learner_loader(self.cfg, self.version, file_list, player_names, ledger,
                               batch_size=batch_size or self.batch_size, num_workers=num_workers,
-                              pin_memory=self.device.type == 'cuda')
+                              pin_memory=self.device.type == 'cuda', grp=self.grp)
 
     def play_settings(self) -> dict:
         """The play settings sent with the parameters at this step (``server_traffic.play_settings``)."""
@@ -382,6 +385,7 @@ class Trainer:
     def _attach(self, config: dict, test_player, remote, writer, sleep) -> None:
         """The test player, guards, server traffic, TensorBoard, loss sums, anchor, instruments, offline mix."""
         dist = self.dist
+        self.grp = None  # the reward model, read by the first data_loader
         if test_player is None and dist.is_main:  # only rank 0 test-plays
             from mortal.play.player import TestPlayer
             test_player = TestPlayer(config)

@@ -329,16 +329,19 @@ def make_dataloader(dataset, *, batch_size: int, num_workers: int = 1, pin_memor
 
 
 def learner_loader(config: dict, version: int, file_list: list, player_names, ledger=None, *, batch_size: int,
-                   num_workers: int | None = None, pin_memory: bool = False) -> DataLoader:
-    """The learner's ``DataLoader`` over ``file_list`` (``config``: the plain dict or its typed view); with a
-    ``ClaimLedger`` batches end with ``(B, 4)`` int64 ids."""
+                   num_workers: int | None = None, pin_memory: bool = False, grp=None) -> DataLoader:
+    """The learner's ``DataLoader`` over ``file_list`` (``config``: the plain dict or its typed view; ``grp``: the
+    loaded GRP, else read from ``[grp] state_file``); with a ``ClaimLedger`` batches end with ``(B, 4)`` int64 ids."""
     cfg = config if isinstance(config, Config) else typed(config)
     ds = cfg.dataset
     num_workers = ds.num_workers if num_workers is None else num_workers
     if num_workers > 1:
         random.shuffle(file_list)
     reward = cfg.env.reward
-    grp = load_grp(cfg.grp.state_file, cfg.grp.network) if reward == "grp" else None
+    if reward != "grp":
+        grp = None
+    elif grp is None:
+        grp = load_grp(cfg.grp.state_file, cfg.grp.network)
     data = FileDatasetsIter(
         version, file_list, cfg.env.pts, grp, reward=reward,
         file_batch_size=ds.file_batch_size,

@@ -58,11 +58,6 @@ class Gameplay:
     def __len__(self) -> int:
         return len(self.actions)
 
-    @property
-    def obs(self) -> np.ndarray | None:
-        """``(N, C, 34)`` float32 unpacked from ``packed_obs`` (a new array each access; None once taken)."""
-        return None if self.packed_obs is None else unpack(self.packed_obs, self.version)
-
     def take(self, name: str):
         """Field ``name`` (e.g. ``"actions"``), released."""
         value = getattr(self, name)
@@ -296,21 +291,14 @@ class GameplayLoader:
         if oracle:
             raise NotImplementedError("oracle observations are not available with mjai.mlibriichi; use oracle=False")
         self.version = check_version(version)
-        self.player_names = list(player_names or [])
-        self.excludes = list(excludes or [])
+        self._names = frozenset(player_names or ())
+        self._excludes = frozenset(excludes or ())
         self.always_include_kan_select = bool(always_include_kan_select)
         self.augmented = bool(augmented)
         self.max_log_bytes = max_log_bytes
-        self._names = frozenset(self.player_names)
-        self._excludes = frozenset(self.excludes)
         self.skipped = 0
         self.skipped_files: list[tuple[str, str]] = []
         self.cf_ignored = 0  # counterfactual records ignored (see _count_bad_counterfactuals)
-
-    def __repr__(self) -> str:
-        return (f"GameplayLoader(version={self.version}, player_names={self.player_names}, "
-                f"excludes={self.excludes}, always_include_kan_select={self.always_include_kan_select}, "
-                f"augmented={self.augmented})")
 
     def kept_seats(self, names) -> list[int]:
         """Seats kept for ``start_game`` ``names`` (Mortal's player-name filter)."""
