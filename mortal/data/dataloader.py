@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from mortal.config import typed
 from mortal.config_schema import Config
-from mortal.entry import LOG_FORMAT  # the entry points' format, for the workers too
+from mortal.entry import LOG_FORMAT
 from mortal.data.gameplay import GameplayLoader
 from mortal.data.mjai_log import DEFAULT_MAX_LOG_BYTES
 from mortal.data.packed_obs import unpack
@@ -26,11 +26,6 @@ from mortal.util.lifetime import die_with_parent
 from mortal.data.reward import RewardCalculator, load_grp
 
 logger = logging.getLogger('mortal.dataloader')  # the name before the package split (log format)
-
-
-def q_target(gamma: float, steps_to_done, kyoku_reward):
-    """Monte-Carlo Q target ``gamma ** steps_to_done * kyoku_reward`` (Mortal's ``train.py``)."""
-    return gamma ** steps_to_done * kyoku_reward
 
 
 def _ranks_by_scores(scores: np.ndarray) -> np.ndarray:
@@ -270,13 +265,7 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(m_trim_threshold, 1 << 30)) and bool(mallopt(m_mmap_threshold, 1 << 25))
 
 
-# Environment variable holding the pid of the process that starts the fork server (mortal.util._forkserver_preload).
-LOADER_PARENT_ENV = "MORTAL_LOADER_PARENT_PID"
-
-
-def configure_worker_logging() -> None:
-    """The entry points' log format for a loader worker (which does not inherit ``basicConfig``)."""
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+LOADER_PARENT_ENV = "MORTAL_LOADER_PARENT_PID"  # the pid of the fork server's parent (util/_forkserver_preload)
 
 
 def _expected_worker_parent():
@@ -288,14 +277,11 @@ def _expected_worker_parent():
 
 
 def worker_init_fn(*args, **kwargs):
-    """DataLoader ``worker_init_fn``: die with the fork server, log, keep freed memory, shard ``file_list``."""
+    """DataLoader ``worker_init_fn``: die with the fork server, log, keep freed memory."""
     # torch's own watchdog only checks the worker's parent, which under forkserver outlives a killed learner.
     die_with_parent(expected_parent=_expected_worker_parent())
-    configure_worker_logging()
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # a worker does not inherit the entry point's
     keep_freed_memory()
-    info = torch.utils.data.get_worker_info()
-    if info is not None and isinstance(info.dataset, FileDatasetsIter):
-        info.dataset.shard(info.id, info.num_workers)
 
 
 def safe_mp_context():

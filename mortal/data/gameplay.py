@@ -58,6 +58,11 @@ class Gameplay:
     def __len__(self) -> int:
         return len(self.actions)
 
+    @property
+    def obs(self) -> np.ndarray | None:
+        """``(N, C, 34)`` float32 unpacked from ``packed_obs`` (a new array each access; None once taken)."""
+        return None if self.packed_obs is None else unpack(self.packed_obs, self.version)
+
     def take(self, name: str):
         """Field ``name`` (e.g. ``"actions"``), released."""
         value = getattr(self, name)

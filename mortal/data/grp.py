@@ -44,17 +44,13 @@ class Grp:
     def __len__(self) -> int:
         return self.feature.shape[0]
 
-    # Mortal's getter names.
-    def take_feature(self) -> np.ndarray:
-        """``(K, 7)`` float64 feature rows."""
+    def take_feature(self) -> np.ndarray:  # Mortal's getter names
         return self.feature
 
     def take_rank_by_player(self) -> np.ndarray:
-        """``(4,)`` uint8 final rank of each seat."""
         return self.rank_by_player
 
     def take_final_scores(self) -> np.ndarray:
-        """``(4,)`` int32 final scores in points."""
         return self.final_scores
 
     @staticmethod
@@ -94,7 +90,7 @@ class Grp:
 
     @staticmethod
     def load_log(raw: str, source: str = "<log>") -> "Grp":
-        """Parse mjai JSON lines (``parse_log``) and build the record. Raises ``BadLogError``."""
+        """The record of mjai JSON lines (``parse_log``); ``BadLogError``."""
         return Grp.load_events(parse_log(raw, source).events, source)
 
     @staticmethod

@@ -27,9 +27,8 @@ def build_param_groups(models, weight_decay: float) -> list:
 
 
 def build_optimizer(models, optim_cfg) -> tuple:
-    """``(AdamW, LinearWarmUpCosineAnnealingLR)`` over ``models`` from the typed ``[optim]``.
-
-    Raises ValueError on a schedule shape the config check rejects."""
+    """``(AdamW, LinearWarmUpCosineAnnealingLR)`` over ``models`` from the typed ``[optim]``; ValueError on a schedule
+    shape the config check rejects."""
     optimizer = optim.AdamW(build_param_groups(models, optim_cfg.weight_decay), lr=1, weight_decay=0,
                             betas=tuple(optim_cfg.betas), eps=optim_cfg.eps)
     scheduler = LinearWarmUpCosineAnnealingLR(optimizer, **optim_cfg.scheduler.model_dump(exclude_none=True))

@@ -11,11 +11,9 @@ from mortal.config import scheduler_problems  # the same rules as the config che
 
 
 class LinearWarmUpCosineAnnealingLR(LambdaLR):
-    """Mortal's schedule; the optimizer's base lr must be 1 so the factor is the learning rate.
-
-    With ``s = step + offset`` (mod ``epoch_size`` when > 0): linear from ``init`` to ``peak`` over ``warm_up_steps``,
-    then cosine to ``final`` at ``max_steps``, ``final`` afterwards. Raises ValueError on a shape that
-    ``mortal.config.scheduler_problems`` rejects."""
+    """Mortal's schedule (base lr 1): with ``s = step + offset`` (mod ``epoch_size`` when > 0), linear from ``init``
+    to ``peak`` over ``warm_up_steps``, cosine to ``final`` at ``max_steps``, then ``final``. ValueError on a shape
+    that ``mortal.config.scheduler_problems`` rejects."""
 
     def __init__(self, optimizer, *, peak, final, warm_up_steps, max_steps, init=1e-8, offset=0, epoch_size=0,
                  **kwargs):
