@@ -329,18 +329,11 @@ def learner_loader(config: dict, version: int, file_list: list, player_names, le
     elif grp is None:
         grp = load_grp(cfg.grp.state_file, cfg.grp.network)
     data = FileDatasetsIter(
-        version, file_list, cfg.env.pts, grp, reward=reward,
-        file_batch_size=ds.file_batch_size,
-        reserve_ratio=ds.reserve_ratio,
-        player_names=player_names or None,
-        num_epochs=ds.num_epochs,
-        enable_augmentation=ds.enable_augmentation,
-        augmented_first=ds.augmented_first,
-        max_log_bytes=ds.max_log_bytes,
-        sample_ids=ledger is not None,
-        trained=ledger.trained_map() if ledger is not None else None,
-        batch_size=batch_size,
-    )
+        version, file_list, cfg.env.pts, grp, reward=reward, file_batch_size=ds.file_batch_size,
+        reserve_ratio=ds.reserve_ratio, player_names=player_names or None, num_epochs=ds.num_epochs,
+        enable_augmentation=ds.enable_augmentation, augmented_first=ds.augmented_first,
+        max_log_bytes=ds.max_log_bytes, sample_ids=ledger is not None,
+        trained=ledger.trained_map() if ledger is not None else None, batch_size=batch_size)
     return make_dataloader(data, batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory)
 
 

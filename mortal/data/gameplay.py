@@ -169,24 +169,14 @@ class _SeatRecorder:
         dones = np.ones(n, dtype=np.bool_)
         if n > 1:
             dones[:-1] = at_kyoku[1:] > at_kyoku[:-1]
-        masks = np.stack(self.masks) if n else np.zeros((0, 46), np.bool_)
         return Gameplay(
             packed_obs=self.packed[:n].copy() if 2 * n < len(self.packed) else self.packed[:n],
             actions=np.asarray(self.actions, dtype=np.int64),
-            masks=masks,
-            at_kyoku=at_kyoku,
-            dones=dones,
-            apply_gamma=np.asarray(self.apply_gamma, dtype=np.bool_),
-            at_turns=np.asarray(self.at_turns, dtype=np.uint8),
-            shantens=np.asarray(self.shantens, dtype=np.int8),
-            event_idx=np.asarray(self.event_idx, dtype=np.int32),
-            cf_actions=np.asarray(self.cf_actions, dtype=np.int64),
-            cf_records=self.cf_records,
-            grp=grp,
-            player_id=player_id,
-            player_name=player_name,
-            version=self.version,
-        )
+            masks=np.stack(self.masks) if n else np.zeros((0, 46), np.bool_), at_kyoku=at_kyoku, dones=dones,
+            apply_gamma=np.asarray(self.apply_gamma, dtype=np.bool_), at_turns=np.asarray(self.at_turns, np.uint8),
+            shantens=np.asarray(self.shantens, dtype=np.int8), event_idx=np.asarray(self.event_idx, dtype=np.int32),
+            cf_actions=np.asarray(self.cf_actions, dtype=np.int64), cf_records=self.cf_records, grp=grp,
+            player_id=player_id, player_name=player_name, version=self.version)
 
 
 _MASKED = "?"

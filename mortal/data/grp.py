@@ -82,11 +82,8 @@ class Grp:
         short = 100_000 - sum(final)
         if short > 0:
             final[ranks.index(0)] += short
-        return Grp(
-            feature=np.asarray(rows, dtype=np.float64).reshape(-1, GRP_SIZE),
-            rank_by_player=np.asarray(ranks, dtype=np.uint8),
-            final_scores=np.asarray(final, dtype=np.int32),
-        )
+        return Grp(feature=np.asarray(rows, dtype=np.float64).reshape(-1, GRP_SIZE),
+                   rank_by_player=np.asarray(ranks, dtype=np.uint8), final_scores=np.asarray(final, dtype=np.int32))
 
     @staticmethod
     def load_log(raw: str, source: str = "<log>") -> "Grp":

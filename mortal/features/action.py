@@ -19,16 +19,8 @@ RYUKYOKU = 44
 PASS = 45
 
 # Event types that are one seat's decision, and their fixed labels.
-_FIXED_LABELS = {
-    "reach": RIICHI,
-    "pon": PON,
-    "daiminkan": KAN,
-    "kakan": KAN,
-    "ankan": KAN,
-    "hora": HORA,
-    "ryukyoku": RYUKYOKU,
-    "none": PASS,
-}
+_FIXED_LABELS = {"reach": RIICHI, "pon": PON, "daiminkan": KAN, "kakan": KAN, "ankan": KAN, "hora": HORA,
+                 "ryukyoku": RYUKYOKU, "none": PASS}
 _SUIT_OF_FIVE = {4: 0, 13: 1, 22: 2}  # plain five id -> index in akas_in_hand
 
 
