@@ -16,8 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from mortal.config import typed
-from mortal.config_schema import Config
+from mortal.config import Config, typed
 from mortal.entry import LOG_FORMAT
 from mortal.data.gameplay import GameplayLoader
 from mortal.data.mjai_log import DEFAULT_MAX_LOG_BYTES
