@@ -31,7 +31,7 @@ from mortal.data.dataloader import FileDatasetsIter
 from mortal.data.gameplay import GameplayLoader
 from mortal.data.mjai_log import BadLogError, parse_log, read_log_text
 from mortal.data.packed_obs import unpack
-from mortal.learning.schedule import LinearWarmUpCosineAnnealingLR
+from mortal.learning.optimizer import LinearWarmUpCosineAnnealingLR
 
 LOGS = [DATA_DIR / 'riichienv_selfplay_hanchan.jsonl', DATA_DIR / 'meta_annotated_hanchan.jsonl',
         DATA_DIR / 'arena_double_ron_hanchan.json.gz']
