@@ -3,6 +3,7 @@ label its mask forbids rejects the log, logs must end with ``end_game``, and the
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 
@@ -10,7 +11,6 @@ import numpy as np
 from mjai.mlibriichi.state import PlayerState
 
 from mortal.features.action import HORA, KAN, PASS, RIICHI, RYUKYOKU, event_to_label, kan_select_label
-from mortal.data.augment import augment_log
 from mortal.data.grp import Grp
 from mortal.data.mjai_log import DEFAULT_MAX_LOG_BYTES, BadLogError, LoadedLog, parse_log, read_log, skip_message
 from mortal.features.obs import check_version
@@ -275,6 +275,46 @@ def _is_multi_ron(nxt: dict, seat: int, ron_cans, winners: set) -> bool:
     """Whether ``nxt``, a later ``hora`` by ``seat``, is a legal extra multi-ron winner (by ``ron_cans``)."""
     return (nxt["type"] == "hora" and ron_cans is not None and ron_cans.can_ron_agari
             and nxt.get("target") != seat and seat not in winners)
+
+
+# The loader's ``augmented`` option: the manzu/pinzu swap (Mortal's ``Event::augment``).
+def _swap_mp(name: str) -> str:
+    # 1m<->1p ... 9m<->9p, 5mr<->5pr; souzu, honors and '?' unchanged.
+    if len(name) >= 2 and name[1] in "mp":
+        return name[0] + ("p" if name[1] == "m" else "m") + name[2:]
+    return name
+
+
+def augment_event(ev: dict) -> dict:
+    """Copy of ``ev`` with manzu and pinzu swapped in every tile field (Mortal's ``Event::augment``)."""
+    out = dict(ev)
+    for key in ("pai", "dora_marker"):
+        if isinstance(out.get(key), str):
+            out[key] = _swap_mp(out[key])
+    for key in ("consumed", "ura_markers"):
+        if isinstance(out.get(key), list):
+            out[key] = [_swap_mp(t) for t in out[key]]
+    if isinstance(out.get("tehais"), list):
+        out["tehais"] = [[_swap_mp(t) for t in hand] for hand in out["tehais"]]
+    meta = out.get("meta")
+    cf = meta.get("counterfactual") if isinstance(meta, dict) else None
+    if isinstance(cf, dict) and isinstance(cf.get("action"), int):  # the arena's branch action, an index 0-45
+        out["meta"] = {**meta, "counterfactual": {**cf, "action": _swap_mp_index(cf["action"])}}
+    return out
+
+
+def _swap_mp_index(index: int) -> int:
+    # action index with manzu and pinzu swapped: 0-8 <-> 9-17, 5mr (34) <-> 5pr (35); others unchanged
+    if 0 <= index < 18:
+        return index + 9 if index < 9 else index - 9
+    return {34: 35, 35: 34}.get(index, index)
+
+
+def augment_log(log: LoadedLog) -> LoadedLog:
+    """``augment_event`` over a whole parsed log (new JSON lines are written)."""
+    events = [augment_event(ev) for ev in log.events]
+    return LoadedLog(events, [json.dumps(ev, separators=(",", ":")) for ev in events],
+                     log.line_numbers, log.source)
 
 
 class GameplayLoader:
