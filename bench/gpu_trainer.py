@@ -278,14 +278,14 @@ def step_worker(a):
         print(prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=25), file=sys.stderr)
     if a.phases:  # a save's TensorBoard writes (every save_every steps), into a real event file
         from torch.utils.tensorboard import SummaryWriter
-        from mortal.learning import save_cycle
+        from mortal.train import write_scalars
         writer = SummaryWriter(work + '/tb')
         for key in ('tensorboard_ms_first_save', 'tensorboard_ms_per_save'):  # the first pays for first use
             t = time.perf_counter()
-            save_cycle.write_scalars(writer, trainer.steps, trainer.stats, trainer.stat_batches,
-                                     loss_weights=trainer.loss_weights, offline_mix=False, lr=1e-4,
-                                     settings=trainer.play_settings(), instruments=trainer.instruments,
-                                     trained=trainer.models, device=trainer.device)
+            write_scalars(writer, trainer.steps, trainer.stats, trainer.stat_batches,
+                          loss_weights=trainer.loss_weights, offline_mix=False, lr=1e-4,
+                          settings=trainer.play_settings(), instruments=trainer.instruments,
+                          trained=trainer.models, device=trainer.device)
             out[key] = round(1e3 * (time.perf_counter() - t), 2)
         writer.close()
     out.update(steps=a.steps, ms_per_step=round(1e3 * wall / a.steps, 2), load_ms_per_batch=round(load_ms, 1),

@@ -1,9 +1,7 @@
-"""The learner (Mortal's ``mortal/train.py``), online and offline, read top to bottom.
+"""The learner (Mortal's ``mortal/train.py``): ``Trainer.run`` -> ``train_epoch`` -> ``train_batch`` -> ``on_save``.
 
-``Trainer.run`` -> ``train_epoch`` -> ``train_batch`` -> ``on_save``; the settings are read once, in
-``Trainer._read_settings``. Offline: one epoch per run, with the CQL term, optionally under ``torchrun``.
-Online: the ``trainee`` seat only; after a test play the learner exits 0 for its supervisor to start a fresh one,
-as Mortal does. The parts: docs/architecture.md; tags and lines: docs/operations.md; extras: docs/learning.md."""
+Offline: one epoch per run, with the CQL term, optionally under ``torchrun``. Online: the ``trainee`` seat only; after
+a test play the learner exits 0 for its supervisor to start a fresh one, as Mortal. See docs/architecture.md."""
 
 if __package__ in (None, ''):  # run as a script: python mortal/train.py
     import sys, pathlib
@@ -25,12 +23,11 @@ from mortal.model.checkpoint import INITIAL_BEST_PERF, atomic_torch_save, load_f
 from mortal.config import typed
 from mortal.config_schema import Online
 from mortal.data.offline_data import offline_mix
-from mortal.learning import distributed, intake, learner_checkpoint, save_cycle
+from mortal.learning import distributed, intake, learner_checkpoint
 from mortal.learning.diagnostics import Instruments, batch_q_stats, learner_probe
 from mortal.learning.guards import INITIAL_GUARD, Guards, sync_baseline
 from mortal.learning.loss import LossWeights, learner_loss
 from mortal.learning.optimizer import build_optimizer, optimizer_step
-from mortal.learning.save_cycle import TestPlayDone  # noqa: F401  TestPlayDone: also this module's API
 # DRAIN_POLL_INTERVAL: also this module's API
 from mortal.learning.server_traffic import DRAIN_POLL_INTERVAL, ServerTraffic, play_settings  # noqa: F401
 from mortal.learning.supervisor import end_with_supervisor, is_supervised, supervise
@@ -38,12 +35,39 @@ from mortal.learning.supervisor import end_with_supervisor, is_supervised, super
 logger = logging.getLogger('mortal.train' if __name__ == '__main__' else __name__)
 
 
-class Trainer:
-    """One learner process: its models, optimizer and collaborators; the loop first, the construction last.
+class TestPlayDone(Exception):
+    """Online learner finished a test play: the child exits 0 and the supervisor starts a fresh one."""
 
-    ``test_player`` (``test_play(seed_count, mortal, dqn, device) -> Stat``), ``remote``, ``writer`` default from the
-    config; ``dist``: ``mortal.learning.distributed.setup``'s rank, or None. Raises CheckpointError,
-    UnsupportedVersionError, ValueError for version 1 (Mortal's trainer does not support it either)."""
+
+def write_scalars(writer, steps: int, stats: dict, batches: int, *, loss_weights, offline_mix: bool, lr: float,
+                  settings, instruments, trained, device) -> None:
+    """Write one save's TensorBoard scalars at ``steps`` and flush: ``loss/<name>`` means over ``batches``
+    (terms that are off are not written), ``hparam/lr``, online the exploration factor, then the instruments."""
+    n = max(batches, 1)
+    on = {'cql_loss': loss_weights.with_cql, 'anchor_loss': loss_weights.anchor > 0,
+          'offline_cql_loss': offline_mix, 'counterfactual_loss': loss_weights.counterfactual > 0}
+    for name in stats:  # in Trainer.reset_stats' order
+        if on.get(name, True):
+            writer.add_scalar(f'loss/{name}', stats[name] / n, steps)
+    writer.add_scalar('hparam/lr', lr, steps)
+    if settings is not None:
+        writer.add_scalar('hparam/epsilon_factor', settings['epsilon_factor'], steps)
+    instruments.write(writer, steps, trained=trained, device=device)
+    writer.flush()
+
+
+def steps_to_next_test(steps: int, test_every: int, test_player, *, tested: bool = True):
+    """Steps until the next test play; None when ``test_player`` never plays. At a multiple of ``test_every``: 0
+    while that step's test play is to come (``tested`` False), else ``test_every``."""
+    if not getattr(test_player, 'enabled', True):
+        return None
+    left = (test_every - steps % test_every) % test_every
+    return test_every if left == 0 and tested else left
+
+
+class Trainer:
+    """One learner process. ``test_player``, ``remote``, ``writer`` default from the config; ``dist``:
+    ``distributed.setup``'s rank, or None. Raises CheckpointError, UnsupportedVersionError, ValueError for version 1."""
 
     def __init__(self, config: dict, *, test_player=None, remote=None, writer=None, sleep=time.sleep, dist=None):
         self.config = config
@@ -66,9 +90,7 @@ class Trainer:
                 break  # one epoch per offline run, for easier control (Mortal)
 
     def train_epoch(self) -> int:
-        """One pass over this epoch's files; returns the number of batches trained.
-
-        Online, the claim ledger records every trained batch and commits with each checkpoint."""
+        """One pass over this epoch's files (online, recorded in the claim ledger); returns the batches trained."""
         from mortal.data.dataloader import iter_full_batches
         file_list, player_names = self.file_list()
         ledger = self.server.ledger if self.online else None
@@ -115,13 +137,11 @@ class Trainer:
 
     def train_batch(self, obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf_actions=None,
                     cf_deltas=None) -> None:
-        """One backward pass on a batch; optimizer step every ``opt_step_every`` global steps; submit/save/test.
+        """One backward pass; an optimizer step every ``opt_step_every`` steps; submit/save/test when due.
 
-        obs (B, C, 34) float32 or packed rows (B, row_bytes) uint8, actions (B,) int64, masks (B, 46) bool,
-        steps_to_done (B,) int64, kyoku_rewards (B,) float64, player_ranks (B,) int64 in 0..3; cf_actions (B,) int64
-        (-1: none) and cf_deltas (B,) float32 (pts), or None. ``[online] offline_batch_size`` rows are appended as
-        offline-mix rows; the instruments see the B online rows only.
-        Raises ValueError when an action is masked out; TestPlayDone (online) after a test play."""
+        obs (B, C, 34) float32 or packed (B, row_bytes) uint8, actions (B,) int64, masks (B, 46) bool, steps_to_done
+        (B,) int64, kyoku_rewards (B,) float64, player_ranks (B,) int64; cf_actions (B,) int64 (-1: none) and
+        cf_deltas (B,) float32 (pts), or None. Raises ValueError for a masked action; TestPlayDone after a test play."""
         n = obs.shape[0]  # online (or, offline, all) rows
         obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf = intake.batch_on_device(
             (obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf_actions, cf_deltas), self.device,
@@ -186,7 +206,7 @@ class Trainer:
         if self.pb is not None:
             self.pb.close()
             self.pb = None
-        save_cycle.write_scalars(
+        write_scalars(
             self.writer, self.steps, stats, self.stat_batches, loss_weights=self.loss_weights,
             offline_mix=self.offline_stream is not None, lr=self.scheduler.get_last_lr()[0],
             settings=self.play_settings() if self.online else None, instruments=self.instruments,
@@ -220,13 +240,20 @@ class Trainer:
         return dict(zip(self._stat_sums, torch.stack(tuple(self._stat_sums.values())).tolist()))
 
     def log_total_steps(self, tested: bool = True) -> None:
-        """Mortal's ``total steps`` line, with the countdown to the next test play when there is one."""
-        save_cycle.log_total_steps(self.steps, save_cycle.steps_to_next_test(
-            self.steps, self.test_every, self.test_player, tested=tested))
+        """Mortal's ``total steps: N (~steps to the next test play)`` line (no countdown when none is to come)."""
+        to_test = steps_to_next_test(self.steps, self.test_every, self.test_player, tested=tested)
+        if to_test is None:
+            logger.info('total steps: %s', f'{self.steps:,}')
+        else:
+            logger.info('total steps: %s (~%s)', f'{self.steps:,}', f'{to_test:,}')
 
     def _progress_bar(self):
-        """The bar of this save cycle (rank 0; None on the others)."""
-        return save_cycle.progress_bar(self.save_every, self.steps) if self.dist.is_main else None
+        """Mortal's ``TRAIN`` bar over this save cycle's batches (rank 0; None on the others)."""
+        if not self.dist.is_main:
+            return None
+        from tqdm.auto import tqdm
+        return tqdm(total=self.save_every, desc='TRAIN', initial=self.steps % self.save_every, unit='batch',
+                    dynamic_ncols=True, ascii=True)
 
     def file_list(self) -> tuple:
         """(file_list, player_names) of this epoch: online the claimed logs + ['trainee'], offline the dataset."""
@@ -237,9 +264,12 @@ class Trainer:
     def data_loader(self, file_list, player_names, ledger=None, *, batch_size=None, num_workers=None):
         """``learner_loader`` of this learner (defaults: ``[control] batch_size``, ``[dataset] num_workers``)."""
         from mortal.data.dataloader import learner_loader  # here: the supervisor process needs no loader
+        from mortal.data.reward import load_grp
+        if self.grp is None and self.cfg.env.reward == 'grp':  # read once per learner, at its first epoch
+            self.grp = load_grp(self.cfg.grp.state_file, self.cfg.grp.network)
         return learner_loader(self.cfg, self.version, file_list, player_names, ledger,
                               batch_size=batch_size or self.batch_size, num_workers=num_workers,
-                              pin_memory=self.device.type == 'cuda')
+                              pin_memory=self.device.type == 'cuda', grp=self.grp)
 
     def play_settings(self) -> dict:
         """The play settings sent with the parameters at this step (``server_traffic.play_settings``)."""
@@ -264,7 +294,7 @@ class Trainer:
         return self.server.drain(self.steps, self.resubmit)
 
     def played(self) -> tuple:
-        """The (mortal, dqn) that self-play, test play and best.pth use: the trained ones."""
+        """The (mortal, dqn) that self-play, test play and best.pth use."""
         return self.mortal, self.dqn
 
     def checkpoint(self) -> dict:
@@ -355,6 +385,7 @@ class Trainer:
     def _attach(self, config: dict, test_player, remote, writer, sleep) -> None:
         """The test player, guards, server traffic, TensorBoard, loss sums, anchor, instruments, offline mix."""
         dist = self.dist
+        self.grp = None  # the reward model, read by the first data_loader
         if test_player is None and dist.is_main:  # only rank 0 test-plays
             from mortal.play.player import TestPlayer
             test_player = TestPlayer(config)
@@ -399,11 +430,9 @@ STATE_FIX = ('give this run its own [control] state_file (and, online, its own s
              '[online.server] buffer_dir and drain_dir)')
 
 
-
 def run_learner(config: dict, dist=None) -> int:
-    """The learner process body; returns its exit status (0 after an online test play, 128 + signal after a stop).
-
-    Rank 0 holds the lock of ``[control] state_file`` throughout (``runlock.LockHeld`` when another learner does)."""
+    """The learner process body under the lock of ``[control] state_file`` (rank 0; ``runlock.LockHeld``); returns
+    its exit status (0 after an online test play, 128 + signal after a stop)."""
     from mortal import entry
     from mortal.util import runlock
     dist = dist or distributed.SINGLE
@@ -424,7 +453,6 @@ def run_learner(config: dict, dist=None) -> int:
                 trainer.pb.close()
             trainer.writer.close()
     return 0
-
 
 
 def main(argv=None):
@@ -470,7 +498,6 @@ def main(argv=None):
     finally:
         dist.close()
     sys.exit(code)
-
 
 
 if __name__ == '__main__':

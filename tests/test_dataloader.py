@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from mortal.data.dataloader import FileDatasetsIter, make_dataloader, q_target
+from mortal.data.dataloader import FileDatasetsIter, make_dataloader
 from mortal.data.gameplay import GameplayLoader
 from mortal.model.networks import GRP
 from mortal.data.reward import RewardCalculator
@@ -82,10 +82,6 @@ def test_steps_to_done_rewards_and_ranks(grp):
     np.testing.assert_array_equal(acts, actions)
     # seat 0: E2 starts 21000/22000/23000/34000 -> 4th; final 2400 -> 4th
     assert (ranks[at_kyoku == 0] == 3).all() and (ranks[at_kyoku == 11] == 3).all()
-
-
-def test_q_target():
-    assert q_target(0.5, np.array([0, 2]), 4.0).tolist() == [4.0, 1.0]
 
 
 def test_reserve_epochs_and_augmentation(logs, grp, monkeypatch):

@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import pytest
 
-from mortal.data.augment import augment_event
+from mortal.data.gameplay import augment_event
 from mortal.data.gameplay import GameplayLoader
 from mortal.data.mjai_log import BadLogError
 from mortal.features.obs import UnsupportedVersionError

@@ -31,7 +31,7 @@ from mortal.data.dataloader import FileDatasetsIter
 from mortal.data.gameplay import GameplayLoader
 from mortal.data.mjai_log import BadLogError, parse_log, read_log_text
 from mortal.data.packed_obs import unpack
-from mortal.learning.schedule import LinearWarmUpCosineAnnealingLR
+from mortal.learning.optimizer import LinearWarmUpCosineAnnealingLR
 
 LOGS = [DATA_DIR / 'riichienv_selfplay_hanchan.jsonl', DATA_DIR / 'meta_annotated_hanchan.jsonl',
         DATA_DIR / 'arena_double_ron_hanchan.json.gz']
@@ -567,7 +567,7 @@ def test_offline_bootstrap_prints_a_countdown_only_with_test_play(tmp_path, capl
 def test_a_learner_starting_after_its_test_play_counts_down_a_whole_cycle(tmp_path, caplog):
     # The online learner restarts at a multiple of test_every, right after that step's test play: its first line
     # said "(~0)" as if a test play were due (a new user's trial). The line before a due test play keeps 0.
-    from mortal.learning.save_cycle import steps_to_next_test
+    from mortal.train import steps_to_next_test
     assert steps_to_next_test(600, 600, None) == 600
     assert steps_to_next_test(600, 600, None, tested=False) == 0
     assert steps_to_next_test(601, 600, None) == 599

@@ -16,7 +16,7 @@ from mortal.data.claims import staleness
 from mortal.data.dataloader import iter_full_batches
 from mortal.learning.guards import is_better
 from mortal.learning.optimizer import build_param_groups
-from mortal.learning.schedule import LinearWarmUpCosineAnnealingLR
+from mortal.learning.optimizer import LinearWarmUpCosineAnnealingLR
 from mortal.learning.supervisor import supervise
 
 from conftest import (ROOT, FakeTestPlayer, FakeWriter, ScriptedRemote, empty_drain, fake_trainer, load_tiny_config,

@@ -22,7 +22,7 @@ from conftest import DATA_DIR, load_tiny_config, player_view, trainer_on_round
 import mortal.play.agent as agent_mod
 from mortal.play.agent import MortalBatchAgent, Scene, needs_v4_encoder
 from mortal.play.engine import MortalEngine
-from mortal.data.augment import augment_event
+from mortal.data.gameplay import augment_event
 from mortal.data.gameplay import GameplayLoader
 from mortal.model.networks import DQN, Brain
 from mortal.features.obs_v4 import SP_START, V4Encoder, repack_v3

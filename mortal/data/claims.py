@@ -9,18 +9,18 @@ import shutil
 import stat
 from os import path
 
+from mortal.features.mjai import is_int
 from mortal.util.fsutil import TMP_SUFFIX, atomic_write_bytes, empty_dir, fsync_dir
 
 logger = logging.getLogger('mortal.claims')  # the name before the package split (log format)
-
-__all__ = ["MANIFEST", "STAGED", "ClaimLedger", "claim_dir_for", "claim_drained", "staleness"]
 
 MANIFEST = "claims.json"
 STAGED = "claims.json.next"  # the manifest of a checkpoint being written (commit_with)
 _FORMAT = 1
 _DONE = "done"
-# Samples one pass over one log can have (a hanchan gives a few thousand): a manifest total above it is corrupt.
-MAX_SAMPLES = 1 << 20
+MAX_SAMPLES = 1 << 20  # samples of one pass over one log (a hanchan gives a few thousand): more is corrupt
+# Entries of the claim folder that are not claimed logs: the manifest, the staged one and their temporary files.
+_RESERVED = frozenset({MANIFEST, MANIFEST + TMP_SUFFIX, STAGED, STAGED + TMP_SUFFIX})
 
 
 class _Partial:
@@ -31,10 +31,6 @@ class _Partial:
     def __init__(self, total: int, trained=()):
         self.total = int(total)
         self.trained = set(trained)
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _remaining(unit) -> int:
@@ -55,7 +51,6 @@ class ClaimLedger:
         self.lost_samples = 0
         self._epoch: list[str] = []
         self._seen: set = set()
-
 
     @classmethod
     def open(cls, claim_dir: str, *, signature: dict, passes: int, steps: int | None = None) -> "ClaimLedger":
@@ -100,7 +95,7 @@ class ClaimLedger:
         if not isinstance(name, str) or not name or name in (".", "..") or "\0" in name or "/" in name \
                 or (os.sep and os.sep in name) or (os.altsep and os.altsep in name):
             return "not a plain file name"
-        if name in self.reserved_names():
+        if name in _RESERVED:
             return "a file of the ledger itself"
         try:
             st = os.lstat(path.join(self.claim_dir, name))
@@ -112,10 +107,6 @@ class ClaimLedger:
             return "not a regular file (a symlink, folder or other)"
         return ""
 
-    def reserved_names(self) -> set:
-        """Entries of the claim folder that are not claimed logs (the manifest and its temporary file)."""
-        return {MANIFEST, MANIFEST + TMP_SUFFIX, STAGED, STAGED + TMP_SUFFIX}
-
     def _entry(self, units: dict) -> dict:
         return {str(p): _DONE if u == _DONE else {"total": u.total, "trained": sorted(u.trained)}
                 for p, u in sorted(units.items())}
@@ -125,7 +116,6 @@ class ClaimLedger:
                 "steps": self.steps if files is None else steps,
                 "files": self.committed if files is None else files}
         atomic_write_bytes(json.dumps(data, separators=(",", ":")).encode("utf-8"), path.join(self.claim_dir, name))
-
 
     def names(self) -> set:
         """Names of the claimed logs the ledger still tracks (a new drain must keep them)."""
@@ -146,7 +136,7 @@ class ClaimLedger:
             targets.extend(names)
             self.add(names)
 
-        claimed, vanished = claim_drained(drain_dir, files, self.claim_dir, keep=self.names() | self.reserved_names(),
+        claimed, vanished = claim_drained(drain_dir, files, self.claim_dir, keep=self.names() | _RESERVED,
                                           on_claim=on_claim)
         kept = set(claimed)
         self.forget([n for n in targets if path.join(self.claim_dir, n) not in kept])
@@ -181,7 +171,6 @@ class ClaimLedger:
         """``{path: {pass: indices or None}}`` of what is trained, for ``FileDatasetsIter(trained=...)``."""
         return {path.join(self.claim_dir, n): {p: None if u == _DONE else set(u.trained) for p, u in units.items()}
                 for n, units in self.files.items() if units}
-
 
     def begin_epoch(self, paths) -> None:
         """The files of this epoch's loader, in the order its sample ids' ``file`` refers to."""
@@ -290,7 +279,7 @@ def _staged_steps(staged: str):
             steps = json.load(f).get("steps")
     except (OSError, ValueError, AttributeError, RecursionError):
         return None
-    return steps if _is_int(steps) else None
+    return steps if is_int(steps) else None
 
 
 def _reconcile(claim_dir: str, steps) -> None:
@@ -329,12 +318,12 @@ def _read_manifest(ledger: ClaimLedger, manifest: str) -> tuple:
         if not isinstance(files, dict):
             raise ValueError(f"'files' is a {type(files).__name__}, expected an object")
         same = data.get("signature") == ledger.signature and data.get("passes") == ledger.passes
-        steps = data.get("steps") if _is_int(data.get("steps")) else None
+        steps = data.get("steps") if is_int(data.get("steps")) else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as ex:
         logger.warning("unreadable %s (%s: %s): the logs in %s are resumed whole", manifest,
                        type(ex).__name__, ex, ledger.claim_dir)
         files = {n: {} for n in sorted(os.listdir(ledger.claim_dir))
-                 if n not in ledger.reserved_names() and not ledger._name_problem(n)}
+                 if not ledger._name_problem(n)}
         same, steps = True, None
     if not same:
         logger.warning("%s was written under other settings (%s, %d passes; now %s, %d passes): its %d "
@@ -367,9 +356,9 @@ def _parse_units(manifest: str, name: str, passes_, n_passes: int, *, gone: bool
         if not isinstance(value, dict):
             return bad(f"pass {key}: a {type(value).__name__}, expected 'done' or an object")
         total, trained = value.get("total"), value.get("trained")
-        if not _is_int(total) or not 1 <= total <= MAX_SAMPLES:
+        if not is_int(total) or not 1 <= total <= MAX_SAMPLES:
             return bad(f"pass {key}: total {total!r} is not an integer 1..{MAX_SAMPLES}")
-        if not isinstance(trained, list) or not all(_is_int(i) and 0 <= i < total for i in trained):
+        if not isinstance(trained, list) or not all(is_int(i) and 0 <= i < total for i in trained):
             return bad(f"pass {key}: trained must be a list of indices 0..{total - 1}")
         units[p] = _Partial(total, trained) if len(set(trained)) < total else _DONE
     return units

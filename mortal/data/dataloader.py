@@ -1,8 +1,6 @@
-"""Streaming training samples from mjai log files, as Mortal's ``mortal/dataloader.py``.
-
-A sample is ``(obs (C, 34) float32, action int64 0-45, mask (46,) bool, steps_to_done int64, kyoku_reward
-float64 (pts units), player_rank int64 0-3, cf_action int64 (-1: none), cf_delta float32)``; in batch mode
-``obs`` is packed ``(B, row_bytes)`` uint8. Workers start from a forkserver (a fork can deadlock)."""
+"""Training samples from mjai logs (Mortal's ``dataloader.py``): ``(obs (C, 34) float32, action int64, mask (46,)
+bool, steps_to_done int64, kyoku_reward float64 pts, player_rank int64, cf_action int64 (-1: none), cf_delta
+float32)``; in batch mode ``obs`` is packed ``(B, row_bytes)`` uint8. Workers start from a forkserver."""
 
 from __future__ import annotations
 
@@ -18,8 +16,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from mortal.config import typed
-from mortal.entry import LOG_FORMAT  # the entry points' format, for the workers too
+from mortal.config import Config, typed
+from mortal.entry import LOG_FORMAT
 from mortal.data.gameplay import GameplayLoader
 from mortal.data.mjai_log import DEFAULT_MAX_LOG_BYTES
 from mortal.data.packed_obs import unpack
@@ -27,14 +25,6 @@ from mortal.util.lifetime import die_with_parent
 from mortal.data.reward import RewardCalculator, load_grp
 
 logger = logging.getLogger('mortal.dataloader')  # the name before the package split (log format)
-
-__all__ = ["FileDatasetsIter", "LOG_FORMAT", "configure_worker_logging", "iter_full_batches", "keep_freed_memory",
-           "learner_loader", "make_dataloader", "q_target", "safe_mp_context", "worker_init_fn"]
-
-
-def q_target(gamma: float, steps_to_done, kyoku_reward):
-    """Monte-Carlo Q target ``gamma ** steps_to_done * kyoku_reward`` (Mortal's ``train.py``)."""
-    return gamma ** steps_to_done * kyoku_reward
 
 
 def _ranks_by_scores(scores: np.ndarray) -> np.ndarray:
@@ -274,13 +264,7 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(m_trim_threshold, 1 << 30)) and bool(mallopt(m_mmap_threshold, 1 << 25))
 
 
-# Environment variable holding the pid of the process that starts the fork server (mortal.util._forkserver_preload).
-LOADER_PARENT_ENV = "MORTAL_LOADER_PARENT_PID"
-
-
-def configure_worker_logging() -> None:
-    """The entry points' log format for a loader worker (which does not inherit ``basicConfig``)."""
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+LOADER_PARENT_ENV = "MORTAL_LOADER_PARENT_PID"  # the pid of the fork server's parent (util/_forkserver_preload)
 
 
 def _expected_worker_parent():
@@ -292,14 +276,11 @@ def _expected_worker_parent():
 
 
 def worker_init_fn(*args, **kwargs):
-    """DataLoader ``worker_init_fn``: die with the fork server, log, keep freed memory, shard ``file_list``."""
+    """DataLoader ``worker_init_fn``: die with the fork server, log, keep freed memory."""
     # torch's own watchdog only checks the worker's parent, which under forkserver outlives a killed learner.
     die_with_parent(expected_parent=_expected_worker_parent())
-    configure_worker_logging()
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # a worker does not inherit the entry point's
     keep_freed_memory()
-    info = torch.utils.data.get_worker_info()
-    if info is not None and isinstance(info.dataset, FileDatasetsIter):
-        info.dataset.shard(info.id, info.num_workers)
 
 
 def safe_mp_context():
@@ -333,28 +314,25 @@ def make_dataloader(dataset, *, batch_size: int, num_workers: int = 1, pin_memor
 
 
 def learner_loader(config: dict, version: int, file_list: list, player_names, ledger=None, *, batch_size: int,
-                   num_workers: int | None = None, pin_memory: bool = False) -> DataLoader:
-    """The learner's ``DataLoader`` over ``file_list``; with a ``ClaimLedger`` batches end with ``(B, 4)`` int64 ids."""
-    cfg = typed(config)
+                   num_workers: int | None = None, pin_memory: bool = False, grp=None) -> DataLoader:
+    """The learner's ``DataLoader`` over ``file_list`` (``config``: the plain dict or its typed view; ``grp``: the
+    loaded GRP, else read from ``[grp] state_file``); with a ``ClaimLedger`` batches end with ``(B, 4)`` int64 ids."""
+    cfg = config if isinstance(config, Config) else typed(config)
     ds = cfg.dataset
     num_workers = ds.num_workers if num_workers is None else num_workers
     if num_workers > 1:
         random.shuffle(file_list)
     reward = cfg.env.reward
-    grp = load_grp(cfg.grp.state_file, cfg.grp.network) if reward == "grp" else None
+    if reward != "grp":
+        grp = None
+    elif grp is None:
+        grp = load_grp(cfg.grp.state_file, cfg.grp.network)
     data = FileDatasetsIter(
-        version, file_list, cfg.env.pts, grp, reward=reward,
-        file_batch_size=ds.file_batch_size,
-        reserve_ratio=ds.reserve_ratio,
-        player_names=player_names or None,
-        num_epochs=ds.num_epochs,
-        enable_augmentation=ds.enable_augmentation,
-        augmented_first=ds.augmented_first,
-        max_log_bytes=ds.max_log_bytes,
-        sample_ids=ledger is not None,
-        trained=ledger.trained_map() if ledger is not None else None,
-        batch_size=batch_size,
-    )
+        version, file_list, cfg.env.pts, grp, reward=reward, file_batch_size=ds.file_batch_size,
+        reserve_ratio=ds.reserve_ratio, player_names=player_names or None, num_epochs=ds.num_epochs,
+        enable_augmentation=ds.enable_augmentation, augmented_first=ds.augmented_first,
+        max_log_bytes=ds.max_log_bytes, sample_ids=ledger is not None,
+        trained=ledger.trained_map() if ledger is not None else None, batch_size=batch_size)
     return make_dataloader(data, batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory)
 
 

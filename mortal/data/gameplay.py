@@ -3,6 +3,7 @@ label its mask forbids rejects the log, logs must end with ``end_game``, and the
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 
@@ -10,7 +11,6 @@ import numpy as np
 from mjai.mlibriichi.state import PlayerState
 
 from mortal.features.action import HORA, KAN, PASS, RIICHI, RYUKYOKU, event_to_label, kan_select_label
-from mortal.data.augment import augment_log
 from mortal.data.grp import Grp
 from mortal.data.mjai_log import DEFAULT_MAX_LOG_BYTES, BadLogError, LoadedLog, parse_log, read_log, skip_message
 from mortal.features.obs import check_version
@@ -19,22 +19,17 @@ from mortal.data.packed_obs import NotPackableError, packer, row_bytes, unpack
 
 logger = logging.getLogger('mortal.gameplay')  # the name before the package split (log format)
 
-__all__ = ["Gameplay", "GameplayLoader"]
-
 _SKIPPED_AS_NEXT = ("reach_accepted", "dora")
-# Events by which a seat acts; one where it could not act is an illegal move.
 _OWN_ACTIONS = frozenset({"dahai", "reach", "chi", "pon", "daiminkan", "kakan", "ankan", "hora"})
 _MAX_SKIP_RECORDS = 1000
 # Reactions whose logged event may carry the arena's ``meta.counterfactual`` (mortal.play.arena._Branch).
 _CF_TYPES = frozenset({"dahai", "reach", "chi", "pon", "daiminkan", "kakan", "ankan"})
 _cf_warned = False  # a counterfactual record that is not legal was logged once
-# Version-4 decisions searched per batch: enough to keep the threads busy, few enough to keep the arrays small.
-_V4_BATCH = 128
+_V4_BATCH = 128  # v4 decisions searched per batch: enough to keep the threads busy, the arrays small
 
 
 def _is_fatal(exc: BaseException) -> bool:
-    # pyo3's PanicException derives from BaseException; treat it as a bad log,
-    # but never swallow interpreter shutdown signals.
+    # pyo3's PanicException derives from BaseException: a bad log, unlike these
     return isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError))
 
 
@@ -66,12 +61,10 @@ class Gameplay:
     @property
     def obs(self) -> np.ndarray | None:
         """``(N, C, 34)`` float32 unpacked from ``packed_obs`` (a new array each access; None once taken)."""
-        if self.packed_obs is None:
-            return None
-        return unpack(self.packed_obs, self.version)
+        return None if self.packed_obs is None else unpack(self.packed_obs, self.version)
 
     def take(self, name: str):
-        """Field ``name`` (e.g. ``"actions"``), released: Mortal's ``take_*``."""
+        """Field ``name`` (e.g. ``"actions"``), released."""
         value = getattr(self, name)
         setattr(self, name, None)
         return value
@@ -176,24 +169,14 @@ class _SeatRecorder:
         dones = np.ones(n, dtype=np.bool_)
         if n > 1:
             dones[:-1] = at_kyoku[1:] > at_kyoku[:-1]
-        masks = np.stack(self.masks) if n else np.zeros((0, 46), np.bool_)
         return Gameplay(
             packed_obs=self.packed[:n].copy() if 2 * n < len(self.packed) else self.packed[:n],
             actions=np.asarray(self.actions, dtype=np.int64),
-            masks=masks,
-            at_kyoku=at_kyoku,
-            dones=dones,
-            apply_gamma=np.asarray(self.apply_gamma, dtype=np.bool_),
-            at_turns=np.asarray(self.at_turns, dtype=np.uint8),
-            shantens=np.asarray(self.shantens, dtype=np.int8),
-            event_idx=np.asarray(self.event_idx, dtype=np.int32),
-            cf_actions=np.asarray(self.cf_actions, dtype=np.int64),
-            cf_records=self.cf_records,
-            grp=grp,
-            player_id=player_id,
-            player_name=player_name,
-            version=self.version,
-        )
+            masks=np.stack(self.masks) if n else np.zeros((0, 46), np.bool_), at_kyoku=at_kyoku, dones=dones,
+            apply_gamma=np.asarray(self.apply_gamma, dtype=np.bool_), at_turns=np.asarray(self.at_turns, np.uint8),
+            shantens=np.asarray(self.shantens, dtype=np.int8), event_idx=np.asarray(self.event_idx, dtype=np.int32),
+            cf_actions=np.asarray(self.cf_actions, dtype=np.int64), cf_records=self.cf_records, grp=grp,
+            player_id=player_id, player_name=player_name, version=self.version)
 
 
 _MASKED = "?"
@@ -294,6 +277,46 @@ def _is_multi_ron(nxt: dict, seat: int, ron_cans, winners: set) -> bool:
             and nxt.get("target") != seat and seat not in winners)
 
 
+# The loader's ``augmented`` option: the manzu/pinzu swap (Mortal's ``Event::augment``).
+def _swap_mp(name: str) -> str:
+    # 1m<->1p ... 9m<->9p, 5mr<->5pr; souzu, honors and '?' unchanged.
+    if len(name) >= 2 and name[1] in "mp":
+        return name[0] + ("p" if name[1] == "m" else "m") + name[2:]
+    return name
+
+
+def augment_event(ev: dict) -> dict:
+    """Copy of ``ev`` with manzu and pinzu swapped in every tile field (Mortal's ``Event::augment``)."""
+    out = dict(ev)
+    for key in ("pai", "dora_marker"):
+        if isinstance(out.get(key), str):
+            out[key] = _swap_mp(out[key])
+    for key in ("consumed", "ura_markers"):
+        if isinstance(out.get(key), list):
+            out[key] = [_swap_mp(t) for t in out[key]]
+    if isinstance(out.get("tehais"), list):
+        out["tehais"] = [[_swap_mp(t) for t in hand] for hand in out["tehais"]]
+    meta = out.get("meta")
+    cf = meta.get("counterfactual") if isinstance(meta, dict) else None
+    if isinstance(cf, dict) and isinstance(cf.get("action"), int):  # the arena's branch action, an index 0-45
+        out["meta"] = {**meta, "counterfactual": {**cf, "action": _swap_mp_index(cf["action"])}}
+    return out
+
+
+def _swap_mp_index(index: int) -> int:
+    # action index with manzu and pinzu swapped: 0-8 <-> 9-17, 5mr (34) <-> 5pr (35); others unchanged
+    if 0 <= index < 18:
+        return index + 9 if index < 9 else index - 9
+    return {34: 35, 35: 34}.get(index, index)
+
+
+def augment_log(log: LoadedLog) -> LoadedLog:
+    """``augment_event`` over a whole parsed log (new JSON lines are written)."""
+    events = [augment_event(ev) for ev in log.events]
+    return LoadedLog(events, [json.dumps(ev, separators=(",", ":")) for ev in events],
+                     log.line_numbers, log.source)
+
+
 class GameplayLoader:
     """Turns mjai logs into ``Gameplay`` samples (Mortal's ``GameplayLoader``); ``oracle`` must be False."""
 
@@ -303,21 +326,14 @@ class GameplayLoader:
         if oracle:
             raise NotImplementedError("oracle observations are not available with mjai.mlibriichi; use oracle=False")
         self.version = check_version(version)
-        self.player_names = list(player_names or [])
-        self.excludes = list(excludes or [])
+        self._names = frozenset(player_names or ())
+        self._excludes = frozenset(excludes or ())
         self.always_include_kan_select = bool(always_include_kan_select)
         self.augmented = bool(augmented)
         self.max_log_bytes = max_log_bytes
-        self._names = frozenset(self.player_names)
-        self._excludes = frozenset(self.excludes)
         self.skipped = 0
         self.skipped_files: list[tuple[str, str]] = []
         self.cf_ignored = 0  # counterfactual records ignored (see _count_bad_counterfactuals)
-
-    def __repr__(self) -> str:
-        return (f"GameplayLoader(version={self.version}, player_names={self.player_names}, "
-                f"excludes={self.excludes}, always_include_kan_select={self.always_include_kan_select}, "
-                f"augmented={self.augmented})")
 
     def kept_seats(self, names) -> list[int]:
         """Seats kept for ``start_game`` ``names`` (Mortal's player-name filter)."""

@@ -11,13 +11,6 @@ from mortal.data.mjai_log import BadLogError, parse_log, read_log, skip_message
 
 logger = logging.getLogger('mortal.grp')  # the name before the package split (log format)
 
-__all__ = [
-    "GRP_SIZE",
-    "Grp",
-    "grand_kyoku",
-    "rank_by_player",
-]
-
 GRP_SIZE = 7  # as Mortal's consts.rs
 
 
@@ -51,17 +44,13 @@ class Grp:
     def __len__(self) -> int:
         return self.feature.shape[0]
 
-    # Mortal's getter names.
-    def take_feature(self) -> np.ndarray:
-        """``(K, 7)`` float64 feature rows."""
+    def take_feature(self) -> np.ndarray:  # Mortal's getter names
         return self.feature
 
     def take_rank_by_player(self) -> np.ndarray:
-        """``(4,)`` uint8 final rank of each seat."""
         return self.rank_by_player
 
     def take_final_scores(self) -> np.ndarray:
-        """``(4,)`` int32 final scores in points."""
         return self.final_scores
 
     @staticmethod
@@ -93,15 +82,12 @@ class Grp:
         short = 100_000 - sum(final)
         if short > 0:
             final[ranks.index(0)] += short
-        return Grp(
-            feature=np.asarray(rows, dtype=np.float64).reshape(-1, GRP_SIZE),
-            rank_by_player=np.asarray(ranks, dtype=np.uint8),
-            final_scores=np.asarray(final, dtype=np.int32),
-        )
+        return Grp(feature=np.asarray(rows, dtype=np.float64).reshape(-1, GRP_SIZE),
+                   rank_by_player=np.asarray(ranks, dtype=np.uint8), final_scores=np.asarray(final, dtype=np.int32))
 
     @staticmethod
     def load_log(raw: str, source: str = "<log>") -> "Grp":
-        """Parse mjai JSON lines (``parse_log``) and build the record. Raises ``BadLogError``."""
+        """The record of mjai JSON lines (``parse_log``); ``BadLogError``."""
         return Grp.load_events(parse_log(raw, source).events, source)
 
     @staticmethod

@@ -12,32 +12,9 @@ from dataclasses import dataclass
 from mortal import config as _config
 from mortal.features.mjai import ACTOR_EVENTS, MJAI_EVENT_TYPES, is_int, is_seat  # re-exported: this module's API
 
-__all__ = [
-    "ACTOR_EVENTS",
-    "DEFAULT_MAX_LOG_BYTES",
-    "MAX_EVENTS",
-    "MAX_KYOKU",
-    "MJAI_EVENT_TYPES",
-    "BadLogError",
-    "LoadedLog",
-    "decode_log_bytes",
-    "is_int",
-    "is_seat",
-    "parse_events",
-    "parse_log",
-    "read_log",
-    "read_log_text",
-    "skip_message",
-]
-
-#: Gameplay numbers kyoku 0-255 in uint8 (as Mortal's ``at_kyoku: u8``); more would wrap and mix up rewards.
-MAX_KYOKU = 256
-
-#: Events one log may have (a hanchan has a few thousand): stops files that are not one game early.
-MAX_EVENTS = 100_000
-
-#: Default cap on a log's decompressed size (``[dataset] max_log_bytes``): a hanchan is well under 1 MB.
-DEFAULT_MAX_LOG_BYTES = _config.DEFAULT_MAX_LOG_BYTES
+MAX_KYOKU = 256  # Gameplay numbers kyoku in uint8 (Mortal's ``at_kyoku: u8``): more would wrap and mix up rewards
+MAX_EVENTS = 100_000  # a hanchan has a few thousand: stops files that are not one game early
+DEFAULT_MAX_LOG_BYTES = _config.DEFAULT_MAX_LOG_BYTES  # ``[dataset] max_log_bytes``: a hanchan is well under 1 MB
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _scan_once = json.JSONDecoder().scan_once  # json.loads' own scanner (see _scan)

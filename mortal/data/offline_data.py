@@ -13,8 +13,7 @@ from os import path
 
 from mortal.model.checkpoint import atomic_torch_save, describe_error, load_checkpoint
 
-# The learner's lines keep the logger name they have always had (docs, log filters).
-logger = logging.getLogger('mortal.train')
+logger = logging.getLogger('mortal.train')  # the learner's lines (log format)
 
 
 def filtered_trimmed_lines(lines) -> list:
@@ -29,8 +28,8 @@ def _first_event(filename: str) -> dict:
 
 
 def build_file_list(dataset, player_names: set) -> list:
-    """Offline file list of the typed ``[dataset]``: a valid ``file_index``, else the globs sorted descending
-    (cached when non-empty); ValueError naming ``file_index`` when it is not such an index."""
+    """Offline file list of the typed ``[dataset]``: a valid ``file_index``, else the globs sorted descending (cached
+    when non-empty); ValueError naming ``file_index`` when it is not an index."""
     file_index = dataset.file_index
     if path.exists(file_index):
         try:

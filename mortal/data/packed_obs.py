@@ -15,14 +15,11 @@ try:
 except ImportError:  # the optional compiled core is not built
     _pack_obs = None
 
-__all__ = ["HAVE_FAST_PACK", "NotPackableError", "REAL_ROWS", "Layout", "layout", "pack", "pack_into", "packer",
-           "row_bytes", "unpack"]
-
 #: True when ``pack_into`` runs in the compiled core.
 HAVE_FAST_PACK = _pack_obs is not None
 
 
-def _rows(*spans) -> tuple:
+def _rows(*spans) -> tuple:  # (first, last) or single rows
     out = []
     for s in spans:
         out.extend(range(s[0], s[1] + 1) if isinstance(s, tuple) else [s])
@@ -121,7 +118,7 @@ def pack_into(obs: np.ndarray, out: np.ndarray, index: int, version: int) -> Non
 
 
 def packer(version: int):
-    """``pack_into`` bound to ``version``: ``packer(v)(obs, out, index)``, same errors, fewer checks per call."""
+    """``pack_into`` bound to ``version``: ``packer(v)(obs, out, index)``, fewer checks per call."""
     lay = layout(version)
     if _pack_obs is None:
         return functools.partial(_pack_into_v, version=version)

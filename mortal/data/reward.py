@@ -1,12 +1,6 @@
-"""Per-kyoku rewards, from the GRP model as Mortal's ``mortal/reward_calculator.py``, or from the point changes.
-
-``[env] reward`` (``REWARDS``): ``'grp'`` (Mortal's): reward[k] = E[pt | after kyoku k] - E[pt | before kyoku k],
-from the GRP's rank probabilities of the prefix 0..k, the last state being the final rank (``pts``: ``[env] pts``).
-``'points'`` (the bootstrap's fallback for a GRP no better than uniform): the seat's score change in kyoku k times
-``points_scale(pts)`` = ``(max(pts) - min(pts)) / POINTS_SPREAD``; 30,000 points is about the final gap between
-first and last (26,900 to 35,800 measured on the quickstart's hanchan), so a hanchan's rewards span about the GRP
-reward's range. It needs no model and knows nothing of placement.
-"""
+"""Per-kyoku rewards (``[env] reward``): ``'grp'``, Mortal's ``reward_calculator.py``, E[pt | after kyoku k] -
+E[pt | before kyoku k] by the GRP's rank probabilities (the last state: the final rank); ``'points'`` (the
+bootstrap's fallback for a GRP no better than uniform): the seat's score change times ``points_scale(pts)``."""
 
 from __future__ import annotations
 
@@ -15,17 +9,15 @@ import torch
 
 from mortal.model.checkpoint import CheckpointError, load_checkpoint, one_line, require_entries
 
-__all__ = ["POINTS_SPREAD", "REWARDS", "RewardCalculator", "load_grp", "points_scale"]
-
-#: The values of ``[env] reward``: Mortal's GRP reward, or the scaled point change.
 REWARDS = ("grp", "points")
-#: Points of score that the ``'points'`` reward maps onto the whole pts spread (max(pts) - min(pts)).
+# Points of score mapped onto max(pts) - min(pts): about the final gap between first and last (26,900 to 35,800 on
+# the quickstart's hanchan), so a hanchan's 'points' rewards span about the GRP reward's range.
 POINTS_SPREAD = 30000.0
 
 
 def points_scale(pts) -> float:
-    """pt per point of score of the ``'points'`` reward: ``(max(pts) - min(pts)) / POINTS_SPREAD`` (2e-4 for
-    ``[6, 4, 2, 0]`` or Mortal's ``[3, 1, -1, -3]``). Raises ValueError for pts without 4 entries."""
+    """pt per point of score: ``(max(pts) - min(pts)) / POINTS_SPREAD`` (2e-4 for ``[3, 1, -1, -3]``); ValueError
+    for pts without 4 entries."""
     pts = [float(p) for p in pts]
     if len(pts) != 4:
         raise ValueError(f"pts must have 4 entries (ranks 1-4), got {pts!r}")
@@ -33,9 +25,8 @@ def points_scale(pts) -> float:
 
 
 def load_grp(state_file, network=None, device="cpu"):
-    """A ``GRP`` in eval mode with the ``model`` weights of a ``train_grp`` checkpoint (read ``weights_only``), sized
-    by the typed ``[grp.network]`` (None: defaults). Raises FileNotFoundError, or ``CheckpointError`` naming the
-    file, the sizes and torch's shape report."""
+    """The eval-mode ``GRP`` of a ``train_grp`` checkpoint, sized by the typed ``[grp.network]`` (None: defaults).
+    Raises FileNotFoundError, or ``CheckpointError`` naming the file, the sizes and torch's shape report."""
     from mortal.model.networks import GRP
 
     grp = GRP(hidden_size=network.hidden_size, num_layers=network.num_layers) if network is not None else GRP()
@@ -50,9 +41,8 @@ def load_grp(state_file, network=None, device="cpu"):
 
 
 class RewardCalculator:
-    """Kyoku rewards for one seat of one game: ``grp`` (float64 GRP, eval mode on ``device``; None with
-    ``reward='points'``), ``pts`` by final rank (default ``[3, 1, -1, -3]``, Mortal's), ``uniform_init`` (a uniform
-    E1 prediction, Mortal's option), ``reward``: ``'grp'`` (``calc_delta_pt``) or ``'points'``. ValueError for a
+    """Kyoku rewards of one seat: ``grp`` (the GRP; None with ``reward='points'``), ``pts`` by final rank (default
+    Mortal's ``[3, 1, -1, -3]``), ``uniform_init`` (a uniform E1 prediction, Mortal's option). ValueError for a
     missing GRP, an unknown reward or pts without 4 entries."""
 
     def __init__(self, grp=None, pts=None, device="cpu", *, uniform_init: bool = False, reward: str = "grp"):
@@ -100,32 +90,22 @@ class RewardCalculator:
         return seq[1:] - seq[:-1]
 
     def calc_points_reward(self, player_id: int, grp_feature, final_scores) -> np.ndarray:
-        """``(K,)`` float64 ``'points'`` reward of each kyoku in pts units: ``calc_delta_points`` times
-        ``points_scale(pts)`` (see the module docstring)."""
+        """``(K,)`` float64 ``'points'`` reward in pts units: ``calc_delta_points`` times ``points_scale(pts)``."""
         return self.calc_delta_points(player_id, grp_feature, final_scores) * self.points_scale
 
     def kyoku_rewards(self, player_id: int, grp_feature, rank_by_player, final_scores) -> np.ndarray:
-        """``(K,)`` float64 reward of each kyoku for ``player_id`` by ``self.reward``: ``calc_delta_pt`` (GRP)
-        or ``calc_points_reward`` (points). ``grp_feature (K, 7)``, ``rank_by_player (4,)``, ``final_scores (4,)``
-        points, as ``mortal.data.grp.Grp`` holds them."""
+        """``(K,)`` float64 reward of each kyoku for ``player_id`` by ``self.reward``, from a ``Grp``'s
+        ``feature (K, 7)``, ``rank_by_player (4,)`` and ``final_scores (4,)``."""
         if self.reward == "points":
             return self.calc_points_reward(player_id, grp_feature, final_scores)
         return self.calc_delta_pt(player_id, grp_feature, rank_by_player)
 
     def counterfactual_deltas(self, player_id: int, grp_feature, rank_by_player, final_scores, at_kyoku,
                               records) -> np.ndarray:
-        """``(M,)`` float64 ``cf_delta`` in pts units of ``M`` counterfactual branches of ``player_id``'s
-        decisions: V(branch's outcome) - V(real outcome) of the decision's kyoku, V by ``self.reward`` as
-        ``kyoku_rewards`` values the state after a kyoku.
-
-        ``grp_feature (K, 7)``, ``rank_by_player (4,)``, ``final_scores (4,)`` points: the real game's (``Grp``);
-        ``at_kyoku (M,)``: the kyoku (0..K-1) of each decision; ``records``: M ``('next', [kyoku_index, honba,
-        kyotaku, s0, s1, s2, s3])`` (the hanchan goes on, scores absolute in seat order) or ``('final', [s0, s1, s2,
-        s3])`` (final scores after leftover deposits), as ``mortal.play.arena`` writes them.
-
-        ``'grp'``: V = E[pts] of the GRP over the real rows 0..k plus the next row (real or branch), or pts[rank]
-        by final scores; ``'points'``: (branch score - real score after kyoku k) * ``points_scale(pts)``.
-        """
+        """``(M,)`` float64 V(branch's outcome) - V(real outcome) in pts of ``M`` counterfactual branches, V by
+        ``self.reward`` as ``kyoku_rewards`` values the state after a kyoku. The game as ``kyoku_rewards`` takes it;
+        ``at_kyoku (M,)``: each decision's kyoku; ``records``: M ``('next', [kyoku_index, honba, kyotaku, s0..s3])``
+        or ``('final', [s0..s3])``, as ``mortal.play.arena`` writes them."""
         from mortal.data.grp import rank_by_player as ranks_of
 
         at_kyoku = np.asarray(at_kyoku, dtype=np.int64)

@@ -19,19 +19,9 @@ RYUKYOKU = 44
 PASS = 45
 
 # Event types that are one seat's decision, and their fixed labels.
-_FIXED_LABELS = {
-    "reach": RIICHI,
-    "pon": PON,
-    "daiminkan": KAN,
-    "kakan": KAN,
-    "ankan": KAN,
-    "hora": HORA,
-    "ryukyoku": RYUKYOKU,
-    "none": PASS,
-}
+_FIXED_LABELS = {"reach": RIICHI, "pon": PON, "daiminkan": KAN, "kakan": KAN, "ankan": KAN, "hora": HORA,
+                 "ryukyoku": RYUKYOKU, "none": PASS}
 _SUIT_OF_FIVE = {4: 0, 13: 1, 22: 2}  # plain five id -> index in akas_in_hand
-
-
 
 
 def action_kind(index: int) -> str:
@@ -52,7 +42,6 @@ def legal_indices(mask: Sequence[bool] | Any) -> list[int]:
     return [i for i, m in enumerate(mask) if m]
 
 
-
 def _holds_aka(state, plain_five: int) -> bool:
     """Whether the seat holds the red five of ``plain_five``'s suit (4/13/22)."""
     suit = _SUIT_OF_FIVE.get(plain_five)
@@ -60,10 +49,7 @@ def _holds_aka(state, plain_five: int) -> bool:
 
 
 def _fail(state, index: int, why: str) -> ValueError:
-    # brief_info() is a multi-line dump of the seat's view (hand, cans, kawa).
-    return ValueError(
-        f"action index {index} is not legal here ({why}); state:\n{state.brief_info()}"
-    )
+    return ValueError(f"action index {index} is not legal here ({why}); state:\n{state.brief_info()}")
 
 
 def _tile_opt(name: str | None) -> int | None:
@@ -97,8 +83,7 @@ def _dahai(state, index: int, actor: int) -> dict:
     if state.self_riichi_accepted and tsumo != index:
         raise _fail(state, index, "in riichi only the drawn tile may be discarded")
     # Exact, red-sensitive comparison, as Mortal's agent.
-    return {"type": "dahai", "actor": actor, "pai": tile_name(index),
-            "tsumogiri": tsumo == index}
+    return {"type": "dahai", "actor": actor, "pai": tile_name(index), "tsumogiri": tsumo == index}
 
 
 def _chi(state, index: int, actor: int) -> dict:
@@ -108,11 +93,8 @@ def _chi(state, index: int, actor: int) -> dict:
         raise _fail(state, index, f"cannot chi {('low', 'mid', 'high')[kind]}")
     pai = _last_kawa(state, index)
     p = deaka(pai)
-    # The two consumed tiles relative to the called one.
-    consumed = [p + d for d in ((1, 2), (-1, 1), (-2, -1))[kind]]
-    # Use the held red five when the run contains a five. Mortal matches on the
-    # called tile's plain id, so a called red five (id 34-36) never substitutes
-    # (the run then contains no other five anyway).
+    consumed = [p + d for d in ((1, 2), (-1, 1), (-2, -1))[kind]]  # relative to the called tile
+    # The held red five goes into the run; a called red five has no other five beside it (Mortal).
     if not is_aka(pai):
         consumed = [akaize(t) if _holds_aka(state, t) else t for t in consumed]
     return {"type": "chi", "actor": actor, "target": cans.target_actor,
@@ -142,8 +124,7 @@ def _kan(state, index: int, actor: int, kan_select: int | None) -> dict:
 
     if cans.can_daiminkan:
         pai = _last_kawa(state, index)
-        # Mortal never runs a kan-select pass for daiminkan (the tile is forced);
-        # accept only that forced tile from one.
+        # Mortal never runs a kan-select pass for daiminkan (the tile is forced): only that tile is accepted.
         if kan_select is not None and kan_select != deaka(pai):
             raise _fail(state, index, f"kan_select {kan_select} is not the daiminkan tile")
         p = deaka(pai)
@@ -166,8 +147,7 @@ def _kan(state, index: int, actor: int, kan_select: int | None) -> dict:
     if cans.can_ankan and tile in ankans:
         # All four copies: the red one (if the kind has one) is among them.
         consumed = [akaize(tile), tile, tile, tile]
-        return {"type": "ankan", "actor": actor,
-                "consumed": [tile_name(t) for t in consumed]}
+        return {"type": "ankan", "actor": actor, "consumed": [tile_name(t) for t in consumed]}
     if not cans.can_kakan:
         raise _fail(state, index, f"cannot kakan {tile_name(tile)}")
     if _holds_aka(state, tile):
@@ -207,12 +187,10 @@ def reaction_from_index(state, index: int, *, kan_select: int | None = None) -> 
         if not cans.can_ryukyoku:
             raise _fail(state, index, "cannot ryukyoku")
         return {"type": "ryukyoku"}
-    # PASS. Mortal emits "none" unchecked; a pass on one's own turn would stall
-    # the board, so refuse it here.
+    # PASS. Mortal emits "none" unchecked; a pass on one's own turn would stall the board.
     if not cans.can_pass:
         raise _fail(state, index, "nothing to pass on (own turn)")
     return {"type": "none"}
-
 
 
 def _field(event: dict, key: str):

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from mortal.features.tile import tile_id
 
-__all__ = ["ACTOR_EVENTS", "MJAI_EVENT_TYPES", "check_tile", "check_tiles", "field", "field_tile", "field_tiles",
-           "is_int", "is_seat"]
-
 #: Event types Mortal's mjai ``Event`` knows; anything else is rejected.
 MJAI_EVENT_TYPES = frozenset({
     "none", "start_game", "start_kyoku", "tsumo", "dahai", "chi", "pon", "daiminkan", "kakan", "ankan",

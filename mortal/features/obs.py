@@ -6,15 +6,6 @@ import numpy as np
 
 from mortal.config_schema import SUPPORTED_VERSIONS
 
-__all__ = [
-    "SUPPORTED_VERSIONS",
-    "UnsupportedVersionError",
-    "check_version",
-    "encode",
-    "new_v4_encoder",
-    "obs_shape",
-    "oracle_obs_shape",
-]
 
 class UnsupportedVersionError(ValueError):
     """The requested feature version is not one of Mortal's versions 1-4 (or not an integer)."""
@@ -22,7 +13,6 @@ class UnsupportedVersionError(ValueError):
 
 def check_version(version) -> int:
     """``version`` as int if in ``SUPPORTED_VERSIONS`` (1-4), else ``UnsupportedVersionError`` (bool too)."""
-    # bool is an int subclass; True would silently mean version 1. numpy integers are numbers.Integral.
     if isinstance(version, bool) or not isinstance(version, numbers.Integral):
         raise UnsupportedVersionError(
             f"feature version must be an integer 1-4, got {version!r} ({type(version).__name__})")
@@ -56,7 +46,7 @@ def new_v4_encoder(version, seat: int):
 
 def encode(state, version: int, at_kan_select: bool = False, v4=None) -> tuple[np.ndarray, np.ndarray]:
     """``(obs (C, 34) float32, mask (46,) bool)`` of ``state``'s current decision; ``v4``: the seat's ``V4Encoder``
-    (version 4 only). Raises ``UnsupportedVersionError``, or ValueError for a missing or other seat's ``v4``."""
+    (version 4 only). Raises ``UnsupportedVersionError``, or ValueError for a missing ``v4``."""
     version = check_version(version)
     if version == 4:
         if v4 is None:
@@ -67,6 +57,4 @@ def encode(state, version: int, at_kan_select: bool = False, v4=None) -> tuple[n
         obs, mask = v4.encode(state, bool(at_kan_select))
     else:
         obs, mask = state.encode_obs(version, bool(at_kan_select))
-    obs = np.asarray(obs, dtype=np.float32)
-    mask = np.asarray(mask, dtype=np.bool_)
-    return obs, mask
+    return np.asarray(obs, dtype=np.float32), np.asarray(mask, dtype=np.bool_)

@@ -13,8 +13,7 @@ TILE_NAMES: tuple[str, ...] = (
 )
 TILE_IDS: dict[str, int] = {name: i for i, name in enumerate(TILE_NAMES)}
 
-# deaka: red five id -> plain five id of the same suit
-_DEAKA = {34: 4, 35: 13, 36: 22}
+_DEAKA = {34: 4, 35: 13, 36: 22}  # red five id -> plain five id
 _AKAIZE = {v: k for k, v in _DEAKA.items()}
 
 

@@ -1,7 +1,5 @@
-"""Learning instruments of the trainer: Q calibration and spread per batch, policy drift on a fixed probe set.
-
-They answer what the loss curve cannot (Mortal issue #33): Q's bias against its Monte-Carlo target, collapsing
-action values, the greedy policy's drift from the baseline's. The ``diag/*`` tags: docs/operations.md."""
+"""The trainer's instruments (``diag/*``, docs/operations.md): Q's bias against its target and spread per batch,
+the greedy policy's drift from the baseline's on a fixed probe set."""
 
 from __future__ import annotations
 
@@ -23,10 +21,8 @@ HISTOGRAM_STRIDE = 128  # Mortal keeps every 128th q value to keep event files s
 
 @torch.no_grad()
 def batch_q_stats(q_out: Tensor, masks: Tensor, actions: Tensor, q_target: Tensor) -> Tensor:
-    """Sums and counts of one batch for the ``diag/*`` tags: a ``(2, len(BATCH_KEYS))`` float64 tensor (float32 on mps).
-
-    ``q_out (B, 46)`` with ``-inf`` at illegal actions, ``masks (B, 46)`` bool, ``actions (B,)`` int64, ``q_target
-    (B,)`` float. Kept on the device (no host sync per batch); gap and spread count rows with 2+ legal actions."""
+    """``(2, len(BATCH_KEYS))`` float64 (float32 on mps) sums and counts of one batch for ``diag/*``, on the device;
+    gap and spread count rows with 2+ legal actions. ``q_out (B, 46)`` (``-inf`` illegal), ``masks (B, 46)``."""
     q = q_out.float()
     masks = masks.to(torch.bool)
     rows = torch.arange(q.shape[0], device=q.device)
@@ -54,10 +50,10 @@ class WindowMeans:
         self.reset()
 
     def reset(self) -> None:
-        self.total = None  # the (2, keys) sums and counts added since the last reset
+        self.total = None
 
     def add(self, stats: Tensor) -> None:
-        """``stats``: ``batch_q_stats``' (2, keys) tensor (one device op a batch)."""
+        """Add ``batch_q_stats``' (2, keys) tensor."""
         self.total = stats.clone() if self.total is None else self.total.add_(stats)
 
     def means(self) -> dict:
@@ -93,8 +89,7 @@ class Probe:
 
     @classmethod
     def load_or_build(cls, probe_file: str, *, version: int, globs, pts, grp, size: int, max_files: int = 16):
-        """Load ``probe_file`` or build it (every k-th sample, at most ``size``) from the first ``max_files`` logs.
-
+        """Load ``probe_file`` or build it (every k-th sample, at most ``size``) from the first ``max_files`` logs;
         ``grp``: the reward model or a function returning it. None (logged) when no log yields a sample."""
         if os.path.exists(probe_file):
             try:
@@ -161,9 +156,8 @@ class Probe:
 
 
 def learner_probe(cfg, version: int, state_file: str, device, baseline=None):
-    """The online learner's probe (``probe.pth`` beside ``state_file``) with ``baseline``'s greedy actions.
-
-    None when ``probe_size`` <= 0 or no log yields a sample."""
+    """The online learner's probe (``probe.pth`` beside ``state_file``) with ``baseline``'s greedy actions; None when
+    ``probe_size`` <= 0 or no log yields a sample."""
     from mortal.model.checkpoint import load_model_pair
     from mortal.data.reward import load_grp
     probe_file = os.path.join(os.path.dirname(os.path.abspath(state_file)), 'probe.pth')
@@ -185,9 +179,8 @@ def learner_probe(cfg, version: int, state_file: str, device, baseline=None):
 
 
 class Instruments:
-    """The learner's instruments over one ``save_every`` window, written at each save.
-
-    ``last``: the ``diag/*`` values of the last write (the guards' bounds read them)."""
+    """The learner's instruments over one ``save_every`` window, written at each save; ``last``: the ``diag/*``
+    values of the last write (the guards read them)."""
 
     def __init__(self, *, save_every: int, batch_size: int, device, probe: Probe | None = None):
         self.window = WindowMeans()

@@ -1,9 +1,5 @@
-"""Offline training on several processes (``torchrun``, DistributedDataParallel) for ``mortal.train``.
-
-Without torchrun's environment ``setup`` returns ``SINGLE``, which changes nothing. With K ranks: rank 0 builds the
-file index and each rank trains a strided slice; DDP averages gradients (deferred on accumulation micro-steps);
-ranks stop together at the first step where one has no batch (``lockstep``); BatchNorm statistics are rank 0's;
-saving, TensorBoard and test play happen on rank 0. Online training stays one learner, as Mortal."""
+"""Offline training under ``torchrun`` (DDP): each rank trains a strided slice of rank 0's file index; ranks stop
+together (``lockstep``); BatchNorm statistics, saving and test play are rank 0's. Without torchrun: ``SINGLE``."""
 
 from __future__ import annotations
 
@@ -36,7 +32,7 @@ def world_size(env: Mapping[str, str] = os.environ) -> int:
 
 
 def requested(env: Mapping[str, str] = os.environ) -> bool:
-    """Whether ``env`` asks for more than one process (``WORLD_SIZE`` > 1). Raises ValueError as :func:`world_size`."""
+    """Whether ``env`` asks for more than one process (``WORLD_SIZE`` > 1); ValueError as ``world_size``."""
     return world_size(env) > 1
 
 
@@ -49,8 +45,8 @@ def shard_files(files: list, rank: int, size: int) -> list:
 
 
 def lockstep(batches: Iterable, all_have) -> Iterator:
-    """The items of ``batches`` while every rank has one; ``all_have(mine) -> bool`` is a collective, called once
-    per step on every rank (and once more with False when this rank runs out)."""
+    """The items of ``batches`` while every rank has one; ``all_have(mine) -> bool``: a collective, once per step
+    (and once more with False when this rank runs out)."""
     it = iter(batches)
     while True:
         batch = next(it, None)
@@ -189,8 +185,7 @@ class Distributed(Single):
 
 
 def setup(device: str, env: Mapping[str, str] = os.environ, *, timeout: timedelta = TIMEOUT) -> Single:
-    """``SINGLE`` without torchrun; else join the process group (nccl for cuda, gloo otherwise) as ``Distributed``.
-
+    """``SINGLE`` without torchrun; else join the process group (nccl for cuda, else gloo) as ``Distributed``.
     Raises ValueError for a bad ``WORLD_SIZE``/``RANK``/``LOCAL_RANK``, or what ``init_process_group`` raises."""
     size = world_size(env)
     if size == 1:

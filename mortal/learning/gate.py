@@ -1,10 +1,6 @@
-"""Statistical gates of test play: the paired comparison with best.pth, the SPRT, and the verdict.
-
-Every test play meets the same duplicate deals, so the challenger is compared deal by deal with best.pth's record:
-``d_i`` = mean rank of the challenger minus the reference's on deal i (negative = better), which removes the luck
-of the walls. Without a record the reference is the recorded avg rank (2.5 for the baseline). Rules
-(``[test_play] best_rule``): ``paired`` (CI below 0), ``sprt`` (Wald's SPRT), ``mortal`` (Mortal's rule). A CI
-above 0 is *significantly worse*, the signal of ``[guard] rollback_after``. Details: docs/learning.md."""
+"""Test play's statistical gates (docs/learning.md): per duplicate deal, ``d_i`` = the challenger's mean rank minus
+best.pth's record (or its avg rank; 2.5 for the baseline). ``[test_play] best_rule``: ``paired`` (CI below 0),
+``sprt`` (Wald's SPRT), ``mortal``. A CI above 0 is *significantly worse* (``[guard] rollback_after``)."""
 
 from __future__ import annotations
 
@@ -33,10 +29,8 @@ def unit_means(units: Mapping[int, list]) -> dict:
 
 
 def paired_differences(units: Mapping[int, list], reference) -> list:
-    """Per-deal ``mean rank of units - mean rank of reference``, in nonce order.
-
-    ``reference``: ``{nonce: [ranks]}`` (paired on common deals; none in common: its mean stands for every deal) or a
-    number, the reference's mean rank on every deal."""
+    """Per-deal ``mean rank of units - mean rank of reference`` in nonce order; ``reference``: ``{nonce: [ranks]}``
+    (paired on common deals; none in common: its mean for every deal) or a mean rank for every deal."""
     mine = unit_means(units)
     if not isinstance(reference, (int, float)):
         ref = unit_means(reference)
@@ -100,10 +94,8 @@ class Sprt:
 
 @dataclass
 class Verdict:
-    """A test play compared with the reference.
-
-    ``diff``/``ci``: mean paired difference and CI half-width; ``better``: replace best.pth; ``worse``: the CI lies
-    above 0 (after an early SPRT stop: the mirrored SPRT says worse); ``sprt``/``llr``/``decided_games``: the SPRT's."""
+    """A test play against the reference: ``diff``/``ci`` (mean paired difference, CI half-width), ``better``
+    (replace best.pth), ``worse`` (CI above 0, or after an early SPRT stop the mirrored SPRT says so)."""
 
     rule: str
     games: int

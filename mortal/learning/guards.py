@@ -1,7 +1,5 @@
-"""The learner's test play and long-run guards: judging a test play and keeping best.pth, the rollback on
-degradation (``[guard]``) and the baseline's sync with the server (docs/operations.md).
-
-``Guards`` changes the trainer's weights, ``best_perf`` and ``guard`` state only through what the trainer offers."""
+"""The learner's test play and best.pth, the rollback on degradation (``[guard]``) and the baseline's sync with
+the server (docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -20,8 +18,7 @@ from mortal.util.fsutil import atomic_copy, empty_dir, stamped_name
 from mortal.play.player import TEST_SEED
 from mortal.stat import DISPLAY_PTS  # test-play avg pt: display and Mortal's best.pth rule, never a training signal
 
-# The learner's lines keep the logger name they have always had (docs/operations.md, log filters).
-logger = logging.getLogger('mortal.train')
+logger = logging.getLogger('mortal.train')  # the learner's lines (log format)
 
 # The checkpoint's extra entry 'guard' (docs/operations.md): the state of the long-run guards.
 INITIAL_GUARD = {'worse_streak': 0, 'rollbacks': 0, 'lr_scale': 1.0, 'epsilon_scale': 1.0, 'baseline_version': 0,
@@ -58,11 +55,8 @@ class Guards:
         self.guard_cfg = cfg.guard  # typed [guard]
 
     def test_play(self) -> None:
-        """Play ``[test_play] games`` against ``[baseline.test]``, log, judge, maybe replace best.pth, then (online)
-        the guards; the trained models go back to training mode.
-
-        A player with ``play_units`` is judged by ``[test_play] best_rule`` (a "better" on fewer than ``min_deals``
-        deals does not replace best.pth, except the first); one without, by Mortal's rule, driving no guard."""
+        """Play ``[test_play] games`` against ``[baseline.test]``, judge (``best_rule`` with ``play_units``, else
+        Mortal's rule), maybe replace best.pth, then (online) the guards; the models go back to training mode."""
         t = self.trainer
         # Nothing to compare with yet: the first test play makes best.pth, as Mortal's does.
         first = (not path.exists(t.best_state_file) and not t.best_perf.get('deals')
@@ -181,11 +175,9 @@ class Guards:
 
 
 def rollback(t, g, reason: str) -> bool:
-    """Restore best.pth into the learner ``t`` and its ``state_file`` (steps, schedule and ``best_perf`` go on).
-
-    The replaced file is kept as ``<state_file>.<YYYYmmdd-HHMMSS>.rollback`` (the newest ``[guard] keep``, ``g``);
-    lr and the clients' ε are scaled by ``lr_factor``/``epsilon_factor``. False (logged) when best.pth is missing or
-    does not fit."""
+    """Restore best.pth into the learner ``t`` and its ``state_file`` (steps, schedule, ``best_perf`` go on), the
+    replaced file kept as ``<state_file>.<stamp>.rollback`` (``g``: ``[guard]``); lr and ε scaled. False (logged)
+    when best.pth is missing or does not fit."""
     try:
         best = load_checkpoint(t.best_state_file, map_location=t.device)
         for model, entry in ((t.mortal, 'mortal'), (t.dqn, 'current_dqn'), (t.aux_net, 'aux_net')):
@@ -230,9 +222,8 @@ def _keep_replaced(state_file: str, keep: int) -> str:
 
 
 def sync_baseline(t) -> None:
-    """Submit the learner ``t``'s ``[baseline.train] state_file`` to the server; new weights bump
-    ``baseline_version``. A missing or unusable file, or a refusal, is logged and skipped (clients then play their
-    own file, as Mortal's)."""
+    """Submit ``[baseline.train] state_file`` to the server (new weights bump ``baseline_version``); a missing or
+    unusable file, or a refusal, is logged and skipped (clients play their own file, as Mortal's)."""
     cfg = t.cfg.baseline
     baseline = cfg.train.state_file if cfg is not None and cfg.train is not None else None
     if not baseline:

@@ -27,11 +27,8 @@ def obs_on_device(obs, device, version: int):
 
 
 def batch_on_device(batch: tuple, device, version: int, offline_stream=None) -> tuple:
-    """The tensors of ``Trainer.train_batch`` on ``device`` in the loss's dtypes, the offline-mix rows appended.
-
-    Returns ``(obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, (cf_actions, cf_deltas))``, the
-    counterfactual columns ``(B,)`` int64/float32 filled with -1/0 where absent. Raises ValueError when an action is
-    masked out."""
+    """``(obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, (cf_actions, cf_deltas))`` on ``device``
+    in the loss's dtypes, the offline-mix rows appended, absent counterfactuals -1/0; ValueError for a masked action."""
     obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf_actions, cf_deltas = batch
     obs = obs_on_device(obs, device, version)
     cf_actions, cf_deltas = _cf_columns(actions.shape[0], cf_actions, cf_deltas)

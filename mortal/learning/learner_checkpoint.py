@@ -19,10 +19,8 @@ Resumed = namedtuple('Resumed', 'steps best_perf guard')
 
 def load_state(state_file: str, models: tuple, optimizer, scheduler, scaler, *, online: bool, device,
                cfg) -> 'Resumed | None':
-    """Resume from ``state_file``: load ``models`` = (mortal, dqn, aux_net), optimizer, scheduler and scaler in
-    place and return the rest (``Resumed``); None when there is no file.
-
-    Online from an offline checkpoint keeps the config's optimizer/scheduler (Mortal). Raises CheckpointError."""
+    """Load ``models`` (mortal, dqn, aux_net), optimizer, scheduler and scaler from ``state_file`` in place; returns
+    the rest (``Resumed``), None without a file. Online from an offline checkpoint: fresh optimizer (Mortal)."""
     if not path.exists(state_file):
         logger.info('no checkpoint at %s: starting from scratch', state_file)
         return None

@@ -1,11 +1,6 @@
-"""The learner's loss on one batch (``learner_loss``) and its extra terms as pure functions of tensors.
-
-Mortal's loss is ``0.5 * MSE(q[taken], G) + next_rank_weight * CE + min_q_weight * CQL``, CQL offline only. The
-extras (Cal-QL, the anchor term, the offline mix, the counterfactual term) are off by default; why and what they
-measured: docs/learning.md.
-
-Shapes: ``q_out (B, 46)`` float with ``-inf`` at illegal actions, ``masks (B, 46)`` bool, ``actions (B,)``
-int64, ``q_target (B,)`` float32 (``gamma ** steps_to_done * kyoku_reward``, ``[env] pts`` units)."""
+"""The learner's loss: Mortal's ``0.5 * MSE(q[taken], G) + next_rank_weight * CE + min_q_weight * CQL`` (CQL
+offline only), and the extras, off by default (docs/learning.md). ``q_out (B, 46)`` float, ``-inf`` where illegal;
+``masks (B, 46)`` bool; ``actions (B,)`` int64; ``q_target (B,)`` float32 (``gamma ** steps_to_done * reward``)."""
 
 from __future__ import annotations
 
@@ -30,9 +25,8 @@ class LossWeights(NamedTuple):
     @classmethod
     def resolve(cls, *, online: bool, min_q_weight: float, online_min_q_weight: float, anchor_weight: float,
                 next_rank_weight: float, calibrated: bool, counterfactual_weight: float = 0.0) -> LossWeights:
-        """Mortal's rules on the weights: offline, CQL at ``min_q_weight`` (computed even at 0, Mortal logs it);
-        online, CQL only when ``online_min_q_weight`` > 0, plus the mix rows' CQL, the anchor and counterfactual
-        terms."""
+        """Offline, CQL at ``min_q_weight`` (computed even at 0: Mortal logs it); online, CQL only when
+        ``online_min_q_weight`` > 0, plus the mix rows' CQL, the anchor and counterfactual terms."""
         cql = online_min_q_weight if online else min_q_weight
         return cls(cql=cql, with_cql=not online or cql > 0, offline_cql=min_q_weight,
                    anchor=anchor_weight if online else 0.0, next_rank=next_rank_weight, calibrated=calibrated,
@@ -89,10 +83,8 @@ def _or_zero(term):
 
 
 def cql_term(q_out: Tensor, actions: Tensor, q_target: Tensor | None = None, *, calibrated: bool = False) -> Tensor:
-    """CQL(H): ``mean(logsumexp_legal(q) - q[taken])``, a scalar >= 0.
-
-    With ``calibrated`` (Cal-QL) the push-down runs over ``max(q, q_target)``. Raises ValueError without
-    ``q_target``."""
+    """CQL(H): ``mean(logsumexp_legal(q) - q[taken])``, a scalar >= 0; ``calibrated`` (Cal-QL): over ``max(q,
+    q_target)`` (ValueError without ``q_target``)."""
     q_out = q_out.float()
     rows = torch.arange(q_out.shape[0], device=q_out.device)
     q_taken = q_out[rows, actions]
@@ -116,9 +108,8 @@ def anchor_term(q_out: Tensor, q_ref: Tensor, masks: Tensor, actions: Tensor) ->
 
 
 def counterfactual_term(q_out: Tensor, actions: Tensor, cf_actions: Tensor, cf_deltas: Tensor) -> Tensor:
-    """Mean of ``((q[cf_action] - q[action]) - cf_delta) ** 2`` over rows with ``cf_actions >= 0`` (0 if none).
-
-    ``cf_deltas (B,)``: branch value minus real one, pts. A float32 scalar in squared pts."""
+    """Mean of ``((q[cf_action] - q[action]) - cf_delta) ** 2`` (float32, squared pts) over rows with
+    ``cf_actions >= 0`` (0 if none); ``cf_deltas (B,)``: branch value minus real one, pts."""
     has = cf_actions >= 0
     if not has.any():
         return q_out.new_zeros((), dtype=torch.float32)

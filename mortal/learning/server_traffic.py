@@ -1,6 +1,4 @@
-"""The learner's side of the server traffic: publishing parameters and draining played logs.
-
-Lines are logged as ``mortal.train``, the trainer's logger."""
+"""The learner's side of the server traffic: publishing parameters and draining played logs."""
 
 import logging
 import socket
@@ -22,11 +20,8 @@ def play_settings(steps: int, guard: dict) -> dict:
 
 
 class ServerTraffic:
-    """One learner's traffic with its server (``remote`` None offline: then nothing here is called).
-
-    ``drain_dir``: ``[online.server] drain_dir`` when this machine runs the server, else None. State: ``ledger``
-    (ClaimLedger of the claim folder), ``lost_logs``, ``resubmitted_to`` (server_ids resubmitted to once),
-    ``resumed``, ``epoch_drained``."""
+    """One learner's traffic with its server (``remote`` None offline); ``drain_dir``: ``[online.server] drain_dir``
+    when this machine runs the server, else None; ``ledger``: the ClaimLedger of the claim folder."""
 
     def __init__(self, remote, *, state_file: str, sleep, writer, dataset_cfg=None, version: int = 0, drain_dir=None):
         self.remote = remote
@@ -47,9 +42,8 @@ class ServerTraffic:
         return f'{socket.gethostname()}:{path.abspath(self.state_file)}'
 
     def submit(self, mortal, dqn, *, is_idle: bool, settings: dict) -> None:
-        """Send the weights of ``mortal`` and ``dqn`` with ``settings``, retrying while the server is unreachable.
-
-        A refusal is logged as one error line and ends the learner with SystemExit(2): retrying cannot help."""
+        """Send the weights of ``mortal`` and ``dqn`` with ``settings``, retrying while the server is unreachable; a
+        refusal is logged and ends the learner with SystemExit(2)."""
         msg = {'type': 'submit_param', 'mortal': wire.pack_state_dict(mortal.state_dict()),
                'dqn': wire.pack_state_dict(dqn.state_dict()), 'is_idle': is_idle, 'learner': self.learner_id(),
                **settings}
@@ -95,9 +89,7 @@ class ServerTraffic:
 
     def drain(self, steps: int, resubmit) -> list:
         """Poll until replays arrive, claim them and return their paths; writes the data-health tags at ``steps``.
-
-        A server found without parameters (restarted) gets ``resubmit()`` once per ``server_id``; logs that vanished
-        before they were claimed count in ``lost_logs``."""
+        A server without parameters (restarted) gets ``resubmit()`` once per ``server_id``."""
         start = time.monotonic()
         while True:
             reply = wire.request_with_retry(self.remote, {'type': 'drain'}, sleep=self.sleep)

@@ -1,9 +1,5 @@
-"""The online learner's supervisor (Mortal's ``train.py`` main): run the learner as a child, restart it after
-each clean exit.
-
-A fresh process after every test play, as Mortal: DataLoader workers forked from a process that already ran
-threaded native code can hang. The config is checked before each start (a broken one is waited for), and no
-process of a learner outlives it. Details: docs/operations.md."""
+"""The online learner's supervisor (Mortal's ``train.py`` main): the learner runs as a child, restarted after each
+clean exit (a fresh process after every test play); the config is checked before each start (docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -17,8 +13,7 @@ import time
 
 from mortal.util.config_diff import changed_keys
 
-# The learner's lines keep the logger name they have always had (README, log filters).
-logger = logging.getLogger('mortal.train')
+logger = logging.getLogger('mortal.train')  # the learner's lines (log format)
 
 IS_SUB_PROC_KEY = 'MORTAL_IS_SUB_PROC'  # set by the supervisor for its child; do not set it by hand
 SUPERVISOR_PID_KEY = 'MORTAL_SUPERVISOR_PID'  # set with it: the learner dies with this process
@@ -39,9 +34,8 @@ def signal_group(pgid: int, sig: int) -> bool:
 
 
 def reap_process_group(pgid: int, grace: float = GROUP_GRACE) -> bool:
-    """After the leader of ``pgid`` has exited: give the rest ``grace`` seconds, then SIGKILL what is left.
-
-    Returns True when something was killed (False also off POSIX)."""
+    """After the leader of ``pgid`` has exited: give the rest ``grace`` seconds, then SIGKILL what is left; True when
+    something was killed (False also off POSIX)."""
     if not hasattr(os, 'killpg'):
         return False
 
@@ -113,9 +107,8 @@ def report_config_edit(path: str, required, env, started_with) -> None:
 
 def wait_for_config(path: str, required, env, *, stop_requested, retry_interval: float = CONFIG_RETRY_INTERVAL,
                     remind_every: float = CONFIG_REMIND_EVERY, sleep=time.sleep, clock=time.monotonic):
-    """The loaded config of ``path`` once valid; None when ``stop_requested()`` first.
-
-    While broken: errors at ERROR, a check every ``retry_interval`` s, a reminder every ``remind_every`` s."""
+    """The loaded config of ``path`` once valid (checked every ``retry_interval`` s, errors logged, a reminder every
+    ``remind_every`` s); None when ``stop_requested()`` first."""
     config, errors = checked_config(path, required, env)
     if not errors:
         return config
@@ -143,12 +136,10 @@ def wait_for_config(path: str, required, env, *, stop_requested, retry_interval:
 def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config_path: str | None = None,
               required=(), env=None, retry_interval: float = CONFIG_RETRY_INTERVAL,
               remind_every: float = CONFIG_REMIND_EVERY, watch_interval: float = CONFIG_WATCH_INTERVAL) -> int:
-    """Run ``python script argv`` as a child with MORTAL_IS_SUB_PROC=1, restarting it ``restart_delay`` s after
-    each exit 0; return its status otherwise (128 + signal when killed). SIGTERM and SIGINT are passed on.
-
-    The child runs in its own process group, reaped when it ends. With ``config_path`` the config is checked before
-    every restart (a broken one is waited for), edits during a run are reported, and the lock of ``[control]
-    state_file`` is held throughout: raises ``runlock.LockHeld`` when another process holds it."""
+    """Run ``python script argv`` as a child (own process group, reaped) with MORTAL_IS_SUB_PROC=1, restarted
+    ``restart_delay`` s after each exit 0; returns its other status (128 + signal). SIGTERM and SIGINT are passed on.
+    With ``config_path``: checked before each restart, edits reported, the lock of ``[control] state_file`` held
+    throughout (``runlock.LockHeld``)."""
     cmd = [sys.executable, script, *argv]
     child_env = {**os.environ, IS_SUB_PROC_KEY: '1', SUPERVISOR_PID_KEY: str(os.getpid())}
     locks = contextlib.ExitStack()  # the state file's lock, held from the first valid config to the end

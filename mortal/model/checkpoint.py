@@ -15,14 +15,13 @@ from mortal.util.fsutil import atomic_write
 
 MORTAL_ENTRIES = ('mortal', 'current_dqn', 'config')  # what a player needs of a checkpoint (Mortal's layout)
 INITIAL_BEST_PERF = {'avg_rank': 4.0, 'avg_pt': -135.0}  # a checkpoint's ``best_perf`` before any test play
-# The learner's checkpoint entries, in Mortal's order (mortal.train.Trainer.checkpoint; extras come after them).
+# The learner's checkpoint entries, in Mortal's order (extras come after them).
 CHECKPOINT_KEYS = ('mortal', 'current_dqn', 'aux_net', 'optimizer', 'scheduler', 'scaler', 'steps', 'timestamp',
                    'best_perf', 'config')
 
 
 class CheckpointError(ValueError):
-    """A checkpoint (or other torch file) that cannot be used; ``str()`` is one line,
-    ``'<source>: <reason>'`` or ``'cannot load <what> <source>: <reason>'`` (``what``: the config key naming it)."""
+    """A torch file that cannot be used: ``'<source>: <reason>'`` or ``'cannot load <what> <source>: <reason>'``."""
 
     def __init__(self, source, reason: str, *, what: str | None = None):
         self.source = os.fspath(source)
@@ -59,8 +58,8 @@ def _not_weights_only(exc: pickle.UnpicklingError) -> str:
 
 
 def load_checkpoint(path, *, map_location='cpu'):
-    """``torch.load(path, map_location=..., weights_only=True)``: no code from the file runs. Raises
-    FileNotFoundError, or ``CheckpointError`` (``__cause__``: torch's) for refused objects or a damaged file."""
+    """``torch.load(path, weights_only=True)``; FileNotFoundError, or ``CheckpointError`` (``__cause__``: torch's)
+    for refused objects or a damaged file."""
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
@@ -101,8 +100,8 @@ def describe_arch(cfg) -> str:
 
 
 def models_from_state(state, source) -> tuple:
-    """``(brain, dqn, version)`` in eval mode on the CPU from a loaded Mortal-layout checkpoint, built from its own
-    ``config`` (as Mortal's player). ``CheckpointError`` for a missing entry or key, or weights that do not fit."""
+    """``(brain, dqn, version)`` in eval mode on the CPU, built from the checkpoint's own ``config`` (as Mortal's
+    player); ``CheckpointError`` for a missing entry or key, or weights that do not fit."""
     from mortal.model.networks import Brain, DQN  # here: loading a file needs no model (nor its Rust extension)
     require_entries(state, MORTAL_ENTRIES, source)
     arch = arch_of(state, source)
@@ -148,8 +147,8 @@ def read_baseline(path) -> tuple:
 
 
 class Mismatch(NamedTuple):
-    """One difference of a saved state dict from a model's: ``kind`` 'missing', 'unexpected', 'shape' or
-    'not_a_dict' (``key`` ''); ``saved``/``expected``: shape tuples, None where absent, else a type name."""
+    """A saved state dict's difference: ``kind`` 'missing', 'unexpected', 'shape' or 'not_a_dict' (``key`` '');
+    ``saved``/``expected``: shape tuples, None where absent, else a type name."""
     kind: str
     key: str
     saved: tuple | str | None

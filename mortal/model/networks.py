@@ -11,8 +11,6 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_sequence
 from mjai.mlibriichi.consts import ACTION_SPACE, GRP_SIZE
 from mortal.features.obs import check_version, obs_shape, oracle_obs_shape
 
-__all__ = ["AuxNet", "Brain", "DQN", "GRP", "ACTION_SPACE", "GRP_SIZE"]
-
 _BN_MOMENTUM = 0.01
 _N_TILES = 34
 _PHI_DIM = 1024
@@ -34,7 +32,6 @@ def _batch_norm(channels: int, version: int) -> nn.BatchNorm1d:
 
 
 def _conv3(c_in: int, c_out: int, bias: bool = False) -> nn.Conv1d:
-    """Width-preserving 1-D convolution over the 34 tile columns."""
     return nn.Conv1d(c_in, c_out, kernel_size=3, padding=1, bias=bias)
 
 
@@ -159,12 +156,6 @@ class Brain(nn.Module):
         self._freeze_bn = bool(value)
         return self.train(self.training)
 
-    def reset_running_stats(self) -> None:
-        """Reset running mean/var of every BatchNorm (weights untouched)."""
-        for mod in self.modules():
-            if isinstance(mod, nn.modules.batchnorm._BatchNorm):
-                mod.reset_running_stats()
-
 
 class AuxNet(nn.Module):
     """Auxiliary heads: ``phi (N, 1024)`` -> one ``(N, d)`` logits tensor per d in ``dims`` (Mortal: rank, (4,))."""
@@ -222,8 +213,7 @@ class GRP(nn.Module):
         width = hidden_size * num_layers
         self.fc = nn.Sequential(nn.Linear(width, width), nn.ReLU(inplace=True), nn.Linear(width, 24))
         perms = torch.tensor(list(permutations(range(4))), dtype=torch.int64)
-        # Persistent buffers: they are part of Mortal's GRP state dict.
-        self.register_buffer("perms", perms)  # (24, 4)
+        self.register_buffer("perms", perms)  # (24, 4); both buffers are in Mortal's GRP state dict
         self.register_buffer("perms_t", perms.t().contiguous())  # (4, 24)
         self.double()
 
