@@ -47,9 +47,13 @@ class FirstLegal:
         self.version = version
 
     def react_batch(self, obs, masks, invisible_obs=None):
+        return tuple(x.tolist() for x in self.react_arrays(obs, masks, invisible_obs))
+
+    react_batch.lists_of_arrays = True  # the arena's agent calls react_arrays (as MortalEngine's)
+
+    def react_arrays(self, obs, masks, invisible_obs=None):
         m = np.stack(masks)
-        q = np.where(m, 0.0, -np.inf)
-        return m.argmax(1).tolist(), q.tolist(), m.tolist(), [True] * len(masks)
+        return m.argmax(1), np.where(m, np.float32(0), np.float32(-np.inf)), m, np.ones(len(m), bool)
 
 
 class Timed:

@@ -126,10 +126,10 @@ def _first_legal_cls(batch: bool = False):
         return mod.FirstLegal
 
     class FirstLegalBatch(mod.FirstLegal):
-        def react_batch(self, obs, masks, invisible_obs=None):
+        def react_arrays(self, obs, masks, invisible_obs=None):
             rows = obs if isinstance(obs, np.ndarray) else np.stack(obs)
             assert rows.dtype == np.float32 and len(rows) == len(masks)
-            return super().react_batch(rows, masks, invisible_obs)
+            return super().react_arrays(rows, masks, invisible_obs)
 
     return FirstLegalBatch
 

@@ -22,6 +22,28 @@ def write_log_atomic(path: str, text: str) -> None:
         gz.write(text.encode())
 
 
+_META_KEYS = ["q_values", "mask_bits", "is_greedy", "shanten", "at_furiten", "batch_size", "eval_time_ns"]
+_META_TYPES = (int, bool, int, bool, int, int)
+_JSON_BOOL = {True: "true", False: "false"}
+
+
+def meta_json(meta: dict) -> str:
+    """``dumps(meta)``, the same text; an agent's plain meta (``_META_KEYS`` in that order, finite float Q values)
+    is written by hand, about twice as fast as the encoder."""
+    if list(meta) == _META_KEYS:
+        q, bits, greedy, shanten, furiten, size, ns = meta.values()
+        if (type(bits), type(greedy), type(shanten), type(furiten), type(size), type(ns)) == _META_TYPES:
+            try:
+                qs = ",".join(map(float.__repr__, q))
+            except TypeError:  # not floats
+                return dumps(meta)
+            if "n" not in qs:  # no inf / nan (JSON's Infinity / NaN)
+                return (f'{{"q_values":[{qs}],"mask_bits":{bits},"is_greedy":{_JSON_BOOL[greedy]},'
+                        f'"shanten":{shanten},"at_furiten":{_JSON_BOOL[furiten]},"batch_size":{size},'
+                        f'"eval_time_ns":{ns}}}')
+    return dumps(meta)
+
+
 def _event_type(line: str) -> str:
     i = line.rfind('"type":"') + 8
     return line[i:line.index('"', i)]
@@ -50,7 +72,7 @@ def kyoku_lines(views: list[list[str]], meta_queues: list[list], waiting=frozens
                                  f"{None if sub is None else sub[0]}")
             meta = sub[1]
             if meta is not None:
-                line = (line[:-1], meta) if id(meta) in waiting else f'{line[:-1]},"meta":{dumps(meta)}}}'
+                line = (line[:-1], meta) if id(meta) in waiting else f'{line[:-1]},"meta":{meta_json(meta)}}}'
         elif ty == "tsumo":
             line = views[int(line[9])][i]  # the drawer's own view shows the tile
         elif ty == "start_kyoku":
@@ -81,7 +103,9 @@ def render_line(line) -> str:
     triple its record under ``key``)."""
     if isinstance(line, str):
         return line
-    return f'{line[0]},"{line[2] if len(line) > 2 else "meta"}":{dumps(line[1])}}}'
+    if len(line) > 2:
+        return f'{line[0]},"{line[2]}":{dumps(line[1])}}}'
+    return f'{line[0]},"meta":{meta_json(line[1])}}}'
 
 
 class LogWriter:
