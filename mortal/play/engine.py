@@ -112,7 +112,7 @@ class MortalEngine:
         if len(obs) == 0:
             return (np.zeros(0, np.int64), np.zeros((0, ACTION_SPACE), np.float32),
                     np.zeros((0, ACTION_SPACE), bool), np.zeros(0, bool))
-        masks_np = np.stack([np.asarray(m, dtype=bool) for m in masks])
+        masks_np = np.array(masks, dtype=bool)  # not np.stack: 3x slower on N small rows
         if masks_np.shape[1:] != (ACTION_SPACE,):
             raise ValueError(f"react_batch: masks must be (N, {ACTION_SPACE}), got {masks_np.shape}")
         empty = np.flatnonzero(~masks_np.any(axis=1))
