@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from mortal.features.action import HORA, KAN, event_to_label, reaction_from_index
+from mortal.features.tile import TILE_NAMES
 
 logger = logging.getLogger('mortal.agent')  # the name before the package split (log format)
 
@@ -147,6 +148,15 @@ def _quick_eval_batch(scenes, masks) -> list:
     return out
 
 
+def _reaction(state, index: int, kan_select: int | None = None) -> dict:
+    """``reaction_from_index`` of an index its mask allows; a discard built directly (the mask holds what
+    ``reaction_from_index`` checks again: the tile in hand, kuikae, riichi's drawn tile)."""
+    if index > 36:
+        return reaction_from_index(state, index, kan_select=kan_select)
+    pai = TILE_NAMES[index]
+    return {"type": "dahai", "actor": state.player_id, "pai": pai, "tsumogiri": state.last_self_tsumo() == pai}
+
+
 def _array_call(engine):
     """The engine's ``react_arrays`` when its class's ``react_batch`` is marked as its lists
     (``react_batch.lists_of_arrays``: the same answer, numpy arrays instead of lists); else ``react_batch``. A wrapper
@@ -199,7 +209,7 @@ class MortalBatchAgent:
         plan = []  # (scene index, main row, kan-select row or None)
         for i, sc in enumerate(scenes):
             if only[i] is not None:
-                out[i] = Decision(reaction_from_index(sc.state, only[i]))
+                out[i] = Decision(_reaction(sc.state, only[i]))
                 continue
             main_row = len(rows)
             rows.append((sc, False) + (first[i] if first is not None else (None, None)))
@@ -243,7 +253,7 @@ class MortalBatchAgent:
                                           "not a kan candidate")
             if not 0 <= action < len(masks[main_row]) or not masks[main_row][action]:
                 raise IllegalReaction(sc.game, sc.seat, f"engine {self.name!r} chose illegal action {action}")
-            reaction = reaction_from_index(st, action, kan_select=kan_select)
+            reaction = _reaction(st, action, kan_select)
             shanten, furiten = int(st.shanten), bool(st.at_furiten)
             meta = {"q_values": legal_q[main_row], "mask_bits": bits[main_row],
                     "is_greedy": is_greedy[main_row], "shanten": shanten, "at_furiten": furiten,
