@@ -125,24 +125,17 @@ def _quick_eval_cans(cans) -> bool:
                                      or cans.can_ryukyoku)
 
 
-def _quick_eval_index(state, mask=None) -> int | None:
-    """The only legal discard when quick eval applies, else None (before any v4 search, as Mortal)."""
-    if not _quick_eval_cans(state.last_cans):
-        return None
-    if mask is None:
-        mask = _encode(state, 3, False)[1]
-    discards = np.flatnonzero(mask[:37])
-    return int(discards[0]) if len(discards) == 1 else None
-
-
-def _quick_eval_batch(scenes, masks) -> list:
-    """``_quick_eval_index`` of each scene given its (46,) bool mask in ``masks``; the flags are read only for
-    masks with exactly one legal discard."""
+def _quick_eval_batch(scenes, masks=None) -> list:
+    """Per scene, its only legal discard when quick eval applies, else None. ``masks``: the scenes' (46,) bool
+    masks; None (version 4: before any search, as Mortal): each eligible scene's version-3 mask."""
+    if masks is None:
+        masks = [_encode(sc.state, 3, False)[1] if _quick_eval_cans(sc.state.last_cans) else np.zeros(46, bool)
+                 for sc in scenes]
     out = [None] * len(scenes)
     if not scenes:
         return out
     discards = np.array(masks)[:, :37]  # np.array: 3x faster than np.stack on small rows
-    for i in np.flatnonzero(discards.sum(1) == 1).tolist():
+    for i in np.flatnonzero(discards.sum(1) == 1).tolist():  # the flags are read only for these
         if _quick_eval_cans(scenes[i].state.last_cans):
             out[i] = int(discards[i].argmax())
     return out
@@ -199,12 +192,9 @@ class MortalBatchAgent:
         self.decisions += len(scenes)
         # versions 1-3: encode every scene's main row now (quick eval reads its mask); version 4 searches in batch
         first = [sc.state.encode_obs(self.version, False) for sc in scenes] if self.version != 4 else None
-        if not self.quick_eval:
-            only = [None] * len(scenes)
-        elif first is None:
-            only = [_quick_eval_index(sc.state) for sc in scenes]
-        else:
-            only = _quick_eval_batch(scenes, [m for _, m in first])
+        only = [None] * len(scenes)
+        if self.quick_eval:
+            only = _quick_eval_batch(scenes, None if first is None else [m for _, m in first])
         rows = []  # (scene, at_kan_select, obs or None, mask or None), in react_batch order
         plan = []  # (scene index, main row, kan-select row or None)
         for i, sc in enumerate(scenes):
