@@ -25,7 +25,7 @@ Usage: python bench/arena.py [--seeds 8] [--channels 64] [--blocks 4] [--version
        [--speculate on|off] [--json PATH]
 """
 
-if __package__ in (None, ''):  # run as a script: python bench/arena.py
+if __name__ == '__main__' and __package__ in (None, ''):  # run as a script (not loaded by bench/arena_floor.py)
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 

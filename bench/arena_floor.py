@@ -235,8 +235,12 @@ def main(argv=None):
     if args.against:
         return against(args)
     if args.tree:
+        import pathlib
         import sys
         sys.path.insert(0, args.tree)
+        import mortal  # now: this tree's package, whatever a bench module does to sys.path later
+        if pathlib.Path(args.tree).resolve() not in pathlib.Path(mortal.__file__).resolve().parents:
+            p.error(f"--tree {args.tree}: mortal imported from {mortal.__file__}")
     out = [measure(v, args.games_v4 if v == 4 else args.games, args.rounds, batch=args.batch) for v in args.versions]
     if args.json:
         with open(args.json, "w") as f:
