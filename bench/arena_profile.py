@@ -32,9 +32,9 @@ RULES = [  # (category, function-name regex or None, source-text substring or No
     ("encode_obs", None, "np.asarray(obs, dtype=np.float32)"),
     ("engine (FirstLegal react_batch)", None, "self.engine.react_batch("),
     ("engine (FirstLegal react_batch)", None, "_array_call(self.engine)("),
-    ("quick eval", "_quick_eval_batch|_quick_eval_cans", None),
+    ("quick eval", "_quick_eval_index|_quick_eval_batch|_quick_eval_cans", None),
     ("meta", "_meta_core|_mask_bits|batch_meta_parts", None),
-    ("reaction (index -> mjai dict)", "reaction_from_index|_dahai|_chi|_pon|_kan", None),
+    ("reaction (index -> mjai dict)", "^_reaction$|reaction_from_index|_dahai|_chi|_pon|_kan", None),
     ("action to the table", None, "select_action_from_mjai("),
 ]
 
