@@ -23,24 +23,20 @@ def write_log_atomic(path: str, text: str) -> None:
 
 
 _META_KEYS = ["q_values", "mask_bits", "is_greedy", "shanten", "at_furiten", "batch_size", "eval_time_ns"]
-_META_TYPES = (int, bool, int, bool, int, int)
-_JSON_BOOL = {True: "true", False: "false"}
+_META_TYPES = (list, int, bool, int, bool, int, int)
+_NUMBER_CHARS = str.maketrans("", "", "0123456789.,-+e[]")  # a JSON array of finite numbers has no other
 
 
 def meta_json(meta: dict) -> str:
     """``dumps(meta)``, the same text; an agent's plain meta (``_META_KEYS`` in that order, finite float Q values)
-    is written by hand, about twice as fast as the encoder."""
-    if list(meta) == _META_KEYS:
+    is written by hand, 1.3-2x faster than the encoder."""
+    if list(meta) == _META_KEYS and tuple(map(type, meta.values())) == _META_TYPES:
         q, bits, greedy, shanten, furiten, size, ns = meta.values()
-        if (type(bits), type(greedy), type(shanten), type(furiten), type(size), type(ns)) == _META_TYPES:
-            try:
-                qs = ",".join(map(float.__repr__, q))
-            except TypeError:  # not floats
-                return dumps(meta)
-            if "n" not in qs:  # no inf / nan (JSON's Infinity / NaN)
-                return (f'{{"q_values":[{qs}],"mask_bits":{bits},"is_greedy":{_JSON_BOOL[greedy]},'
-                        f'"shanten":{shanten},"at_furiten":{_JSON_BOOL[furiten]},"batch_size":{size},'
-                        f'"eval_time_ns":{ns}}}')
+        qs = repr(q).replace(" ", "")  # a list of floats: JSON's text but for the spaces
+        if not qs.translate(_NUMBER_CHARS):  # not inf / nan / bools / numpy scalars
+            return (f'{{"q_values":{qs},"mask_bits":{bits},"is_greedy":{"true" if greedy else "false"},'
+                    f'"shanten":{shanten},"at_furiten":{"true" if furiten else "false"},"batch_size":{size},'
+                    f'"eval_time_ns":{ns}}}')
     return dumps(meta)
 
 
