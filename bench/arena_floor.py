@@ -26,7 +26,7 @@ Usage: ``python bench/arena_floor.py [--versions 3 4] [--games 128] [--games-v4 
 [--against OLD | --tree DIR]`` (``--games`` rounded up to a multiple of 4: the arena plays each seed in 4 rotations).
 """
 
-if __package__ in (None, ''):  # run as a script: python bench/arena_floor.py
+if __name__ == '__main__' and __package__ in (None, ''):  # run as a script: python bench/arena_floor.py
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
