@@ -268,8 +268,7 @@ class _Game:
             self._start_kyoku()
 
     def log_text(self) -> str:
-        lines = self.lines
-        return "\n".join([ln if ln.__class__ is str else render_line(ln) for ln in lines]) + "\n"
+        return "\n".join(map(render_line, self.lines)) + "\n"
 
 
 def _win_scores(env, ob, st: PlayerState, seat: int, flow: KyokuState) -> list[int]:
