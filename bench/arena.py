@@ -25,7 +25,7 @@ Usage: python bench/arena.py [--seeds 8] [--channels 64] [--blocks 4] [--version
        [--speculate on|off] [--json PATH]
 """
 
-if __package__ in (None, ''):  # run as a script: python bench/arena.py
+if __name__ == '__main__' and __package__ in (None, ''):  # run as a script (not loaded by bench/arena_floor.py)
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
@@ -47,9 +47,13 @@ class FirstLegal:
         self.version = version
 
     def react_batch(self, obs, masks, invisible_obs=None):
-        m = np.stack(masks)
-        q = np.where(m, 0.0, -np.inf)
-        return m.argmax(1).tolist(), q.tolist(), m.tolist(), [True] * len(masks)
+        return tuple(x.tolist() for x in self.react_arrays(obs, masks, invisible_obs))
+
+    react_batch.lists_of_arrays = True  # the arena's agent calls react_arrays (as MortalEngine's)
+
+    def react_arrays(self, obs, masks, invisible_obs=None):
+        m = np.array(masks, dtype=bool)
+        return m.argmax(1), np.where(m, np.float32(0), np.float32(-np.inf)), m, np.ones(len(m), bool)
 
 
 class Timed:

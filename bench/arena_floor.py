@@ -26,7 +26,7 @@ Usage: ``python bench/arena_floor.py [--versions 3 4] [--games 128] [--games-v4 
 [--against OLD | --tree DIR]`` (``--games`` rounded up to a multiple of 4: the arena plays each seed in 4 rotations).
 """
 
-if __package__ in (None, ''):  # run as a script: python bench/arena_floor.py
+if __name__ == '__main__' and __package__ in (None, ''):  # run as a script: python bench/arena_floor.py
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
@@ -126,10 +126,10 @@ def _first_legal_cls(batch: bool = False):
         return mod.FirstLegal
 
     class FirstLegalBatch(mod.FirstLegal):
-        def react_batch(self, obs, masks, invisible_obs=None):
+        def react_arrays(self, obs, masks, invisible_obs=None):
             rows = obs if isinstance(obs, np.ndarray) else np.stack(obs)
             assert rows.dtype == np.float32 and len(rows) == len(masks)
-            return super().react_batch(rows, masks, invisible_obs)
+            return super().react_arrays(rows, masks, invisible_obs)
 
     return FirstLegalBatch
 
@@ -235,8 +235,12 @@ def main(argv=None):
     if args.against:
         return against(args)
     if args.tree:
+        import pathlib
         import sys
         sys.path.insert(0, args.tree)
+        import mortal  # now: this tree's package, whatever a bench module does to sys.path later
+        if pathlib.Path(args.tree).resolve() not in pathlib.Path(mortal.__file__).resolve().parents:
+            p.error(f"--tree {args.tree}: mortal imported from {mortal.__file__}")
     out = [measure(v, args.games_v4 if v == 4 else args.games, args.rounds, batch=args.batch) for v in args.versions]
     if args.json:
         with open(args.json, "w") as f:

@@ -24,16 +24,17 @@ RULES = [  # (category, function-name regex or None, source-text substring or No
     ("logs: riichienv mjai_log parse", None, "self.env.mjai_log"),
     ("logs: JSON lines", None, "json.dumps(e, separators"),
     ("logs: JSON lines", None, "_dumps(e)"),
-    ("logs: JSON lines", "log_text|kyoku_lines|kyoku_results|render_line|_event_type", None),
+    ("logs: JSON lines", "log_text|kyoku_lines|kyoku_results|render_line|_event_type|meta_json", None),
     ("logs: gzip + write (main thread)", "write_log_atomic", None),
     ("logs: gzip + write (main thread)", "_reap", None),  # LogWriter waiting for its thread
     ("PlayerState.update", "_feed", None),
     ("encode_obs", None, "state.encode_obs("),
     ("encode_obs", None, "np.asarray(obs, dtype=np.float32)"),
     ("engine (FirstLegal react_batch)", None, "self.engine.react_batch("),
-    ("quick eval", "_quick_eval_index", None),
+    ("engine (FirstLegal react_batch)", None, "_array_call(self.engine)("),
+    ("quick eval", "_quick_eval_index|_quick_eval_batch|_quick_eval_cans", None),
     ("meta", "_meta_core|_mask_bits|batch_meta_parts", None),
-    ("reaction (index -> mjai dict)", "reaction_from_index|_dahai|_chi|_pon|_kan", None),
+    ("reaction (index -> mjai dict)", "^_reaction$|reaction_from_index|_dahai|_chi|_pon|_kan", None),
     ("action to the table", None, "select_action_from_mjai("),
 ]
 

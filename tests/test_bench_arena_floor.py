@@ -61,3 +61,14 @@ def test_profile_grouping_by_function_and_source_line(tmp_path):
     cats, total = prof.categorize(raw, str(tree))
     assert total == 10
     assert cats == {'table step (riichienv)': 3, 'PlayerState.update': 2, 'lock-step bookkeeping (the rest)': 5}
+
+
+def test_loading_the_zero_cost_engine_keeps_the_other_tree_first(monkeypatch):
+    """``--tree OTHER`` puts OTHER first on sys.path before ``mortal`` is imported; loading ``bench/arena.py``'s
+    ``FirstLegal`` used to replace that entry with this checkout, so ``--against`` compared a tree with itself."""
+    import sys
+    mod = _module()
+    monkeypatch.setattr(sys, "path", ["/other/checkout"] + sys.path)
+    cls = mod._first_legal_cls()
+    assert sys.path[0] == "/other/checkout"
+    assert cls.__name__ == "FirstLegal"

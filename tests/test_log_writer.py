@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mortal.play.agent import batch_meta_parts
-from mortal.play.log_writer import LogWriter, write_log_atomic
+from mortal.play.log_writer import LogWriter, dumps, meta_json, write_log_atomic
 
 
 def test_logs_written_in_the_background_are_all_there_at_close(tmp_path):
@@ -63,3 +63,17 @@ def test_batch_meta_parts_by_hand():
     legal_q, bits = batch_meta_parts(q32, np.array(masks))
     assert legal_q[0] == [float(np.float32(0.1)), -0.25] and bits == [0b101, 1 << 45]
     assert batch_meta_parts([], []) == ([], [])
+
+
+def test_meta_json_is_the_encoders_text():
+    plain = {"q_values": [0.5, -1.25e-07, 3.0, 1e16, -0.0], "mask_bits": 5, "is_greedy": True, "shanten": -1,
+             "at_furiten": False, "batch_size": 3, "eval_time_ns": 9}
+    assert meta_json(plain) == ('{"q_values":[0.5,-1.25e-07,3.0,1e+16,-0.0],"mask_bits":5,"is_greedy":true,'
+                                '"shanten":-1,"at_furiten":false,"batch_size":3,"eval_time_ns":9}')
+    # what the hand-written path must not take: the encoder's text for each
+    odd = [dict(plain, q_values=[math.inf]), dict(plain, q_values=[math.nan]), dict(plain, q_values=[True]),
+           dict(plain, q_values=[np.float64(0.25)]), dict(plain, q_values=(0.5,)), dict(plain, is_greedy=1),
+           dict(plain, kan_select={"q_values": [1.0]}), {"mask_bits": 5, "q_values": [0.5]}]
+    for meta in odd + [plain, dict(plain, q_values=[])]:
+        assert meta_json(meta) == dumps(meta)
+    assert '"q_values":[Infinity]' in meta_json(odd[0]) and '"is_greedy":1' in meta_json(odd[5])

@@ -61,16 +61,15 @@ def test_a_25th_discard_panics_mjai_state():
     for seat in range(4):  # every seat keeps all four kawa: each one overflows on that discard
         st = PlayerState(seat)
         seen = masked(events, seat)
-        for ev in seen[:last]:
-            arena._feed(seat, st, None, json.dumps(ev))
+        arena._feed(seat, st, None, [json.dumps(ev) for ev in seen[:last]])
         with pytest.raises(StatePanic, match=r"seat \d's PlayerState panicked on .*dahai.*capacity overflow") as e:
-            arena._feed(seat, st, None, json.dumps(seen[last]))
+            arena._feed(seat, st, None, [json.dumps(seen[last])])
         assert json.loads(e.value.event) == seen[last]
 
 
 def test_other_errors_of_a_state_are_not_taken_for_a_panic():
     with pytest.raises(Exception) as e:
-        arena._feed(0, PlayerState(0), None, "{not json")
+        arena._feed(0, PlayerState(0), None, ["{not json"])
     assert not isinstance(e.value, StatePanic)
 
 

@@ -163,8 +163,7 @@ class _Branch(_Game):
         self.states = []
         for s in range(4):
             st = PlayerState(s)
-            for ev in self.history[s]:
-                _feed(s, st, None, ev)
+            _feed(s, st, None, self.history[s])
             self.states.append(st)
         self.spec = None
         self.done = self.cancelled = False

@@ -37,12 +37,17 @@ def is_rust_panic(exc: BaseException) -> bool:
     return type(exc).__name__ == "PanicException" and not isinstance(exc, Exception)
 
 
-def _feed(seat: int, st: PlayerState, enc, ev) -> None:
-    """Feed ``ev`` to ``seat``'s state and v4 encoder ``enc``; ``StatePanic`` if either panics."""
+def _feed(seat: int, st: PlayerState, enc, events) -> None:
+    """Feed ``events`` (mjai JSON texts) to ``seat``'s state and v4 encoder ``enc``; ``StatePanic`` if either panics."""
+    ev = None
     try:
-        st.update(ev)
-        if enc is not None:
-            enc.update(ev)
+        if enc is None:
+            for ev in events:
+                st.update(ev)
+        else:
+            for ev in events:
+                st.update(ev)
+                enc.update(ev)
     except BaseException as e:  # noqa: BLE001 - pyo3's PanicException is a BaseException
         if not is_rust_panic(e):
             raise
@@ -135,9 +140,7 @@ class _Game:
         out = {}
         for seat, ob in self.obs.items():
             events = ob.new_events()
-            st, enc = self.states[seat], self.encoders[seat]
-            for ev in events:
-                _feed(seat, st, enc, ev)
+            _feed(seat, self.states[seat], self.encoders[seat], events)
             self.history[seat].extend(events)
             out[seat] = events
         return out
@@ -180,8 +183,7 @@ class _Game:
             events = ob.new_events()
             st = PlayerState(seat)
             try:
-                for ev in self.history[seat] + events:
-                    _feed(seat, st, None, ev)
+                _feed(seat, st, None, self.history[seat] + events)
             except StatePanic:
                 return []  # no speculation; the real step, if it comes, fails the game
             if not st.last_cans.can_act:
@@ -242,9 +244,7 @@ class _Game:
         """Feed each seat's last events of the ended kyoku (dealer tenpai, the result) to its state and history."""
         for seat, ob in self.env.get_observations([0, 1, 2, 3]).items():
             events = ob.new_events()
-            st, enc = self.states[seat], self.encoders[seat]
-            for ev in events:
-                _feed(seat, st, enc, ev)
+            _feed(seat, self.states[seat], self.encoders[seat], events)
             self.history[seat].extend(events)
 
     def _end_kyoku(self):

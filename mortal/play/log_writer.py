@@ -22,6 +22,24 @@ def write_log_atomic(path: str, text: str) -> None:
         gz.write(text.encode())
 
 
+_META_KEYS = ["q_values", "mask_bits", "is_greedy", "shanten", "at_furiten", "batch_size", "eval_time_ns"]
+_META_TYPES = (list, int, bool, int, bool, int, int)
+_NUMBER_CHARS = str.maketrans("", "", "0123456789.,-+e[]")  # a JSON array of finite numbers has no other
+
+
+def meta_json(meta: dict) -> str:
+    """``dumps(meta)``, the same text; an agent's plain meta (``_META_KEYS`` in that order, finite float Q values)
+    is written by hand, 1.3-2x faster than the encoder."""
+    if list(meta) == _META_KEYS and tuple(map(type, meta.values())) == _META_TYPES:
+        q, bits, greedy, shanten, furiten, size, ns = meta.values()
+        qs = repr(q).replace(" ", "")  # a list of floats: JSON's text but for the spaces
+        if not qs.translate(_NUMBER_CHARS):  # not inf / nan / bools / numpy scalars
+            return (f'{{"q_values":{qs},"mask_bits":{bits},"is_greedy":{"true" if greedy else "false"},'
+                    f'"shanten":{shanten},"at_furiten":{"true" if furiten else "false"},"batch_size":{size},'
+                    f'"eval_time_ns":{ns}}}')
+    return dumps(meta)
+
+
 def _event_type(line: str) -> str:
     i = line.rfind('"type":"') + 8
     return line[i:line.index('"', i)]
@@ -50,7 +68,7 @@ def kyoku_lines(views: list[list[str]], meta_queues: list[list], waiting=frozens
                                  f"{None if sub is None else sub[0]}")
             meta = sub[1]
             if meta is not None:
-                line = (line[:-1], meta) if id(meta) in waiting else f'{line[:-1]},"meta":{dumps(meta)}}}'
+                line = (line[:-1], meta) if id(meta) in waiting else f'{line[:-1]},"meta":{meta_json(meta)}}}'
         elif ty == "tsumo":
             line = views[int(line[9])][i]  # the drawer's own view shows the tile
         elif ty == "start_kyoku":
@@ -81,7 +99,9 @@ def render_line(line) -> str:
     triple its record under ``key``)."""
     if isinstance(line, str):
         return line
-    return f'{line[0]},"{line[2] if len(line) > 2 else "meta"}":{dumps(line[1])}}}'
+    if len(line) > 2:
+        return f'{line[0]},"{line[2]}":{dumps(line[1])}}}'
+    return f'{line[0]},"meta":{meta_json(line[1])}}}'
 
 
 class LogWriter:
