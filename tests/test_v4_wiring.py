@@ -109,10 +109,10 @@ def encoder_census(monkeypatch):
 
     real_batch = agent_mod.encode_v4_batch
 
-    def counting_batch(items, threads=None):
+    def counting_batch(items, threads=None, v3s=None):
         for enc, _, _ in items:
             encoded[enc.player_id] += 1
-        return real_batch(items, threads)
+        return real_batch(items, threads, v3s)
 
     monkeypatch.setattr(game_mod, "V4Encoder", Counting)
     monkeypatch.setattr(agent_mod, "encode_v4_batch", counting_batch)
@@ -240,9 +240,9 @@ def test_v4_agent_quick_eval_skips_the_sp_search_and_needs_the_encoder(monkeypat
     class Counting:
         player_id = enc.player_id
 
-    def counting_batch(items, threads=None):
+    def counting_batch(items, threads=None, v3s=None):
         calls.extend(kan for _, _, kan in items)
-        return real_batch([(None if e is None else enc, st, kan) for e, st, kan in items], threads)
+        return real_batch([(None if e is None else enc, st, kan) for e, st, kan in items], threads, v3s)
 
     monkeypatch.setattr(agent_mod, "encode_v4_batch", counting_batch)
 

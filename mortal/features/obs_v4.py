@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections import OrderedDict
 
 import numpy as np
 
@@ -77,29 +78,42 @@ def sp_rows(facts: list, threads: int) -> np.ndarray:
     return rows
 
 
+#: Rows of the last searches by their facts (a search is a function of them alone), read-only: the arena's four
+#: rotations of one seed replay the same decisions while their seats agree, mostly in one batch.
+_RECENT: OrderedDict = OrderedDict()
+RECENT_SEARCHES = 1024  # at most about 17 MB of rows
+
+
 def prepare_sp(pairs, threads: int | None = None) -> None:
-    """Search the SP rows of each ``(encoder, state)`` not yet prepared, together; ValueError as ``encode``."""
+    """Search the SP rows of each ``(encoder, state)`` not yet prepared, together, each distinct decision once and
+    a recent one not again; ValueError as ``encode``."""
     pending = {}
     for enc, state in pairs:
         _checked(enc, state)
         cache = enc._sp_cache
-        if (cache is not None and cache[0] == enc.events_seen) or id(enc) in pending:
-            continue
-        pending[id(enc)] = (enc, enc._facts(state))
-    if not pending:
-        return
-    rows = sp_rows([f for _, f in pending.values()], sp_threads() if threads is None else threads)
-    for (enc, _), r in zip(pending.values(), rows):
-        enc._sp_cache = (enc.events_seen, r)
+        if (cache is None or cache[0] != enc.events_seen) and id(enc) not in pending:
+            pending[id(enc)] = (enc, enc._facts(state))
+    found = {f: _RECENT.pop(f, None) for _, f in pending.values()}
+    todo = [f for f, r in found.items() if r is None]
+    if todo:
+        rows = sp_rows(todo, sp_threads() if threads is None else threads)
+        rows.flags.writeable = False
+        found.update(zip(todo, rows))
+    _RECENT.update(found)
+    while len(_RECENT) > RECENT_SEARCHES:
+        _RECENT.popitem(last=False)
+    for enc, f in pending.values():
+        enc._sp_cache = (enc.events_seen, found[f])
 
 
-def encode_batch(items, threads: int | None = None) -> list:
-    """``[(obs (1012, 34) float32, mask (46,) bool)]`` of ``(encoder, state, at_kan_select)`` items; ValueError."""
+def encode_batch(items, threads: int | None = None, v3s=None) -> list:
+    """``[(obs (1012, 34) float32, mask (46,) bool)]`` of ``(encoder, state, at_kan_select)`` items; ``v3s``: per
+    item None or the ``state.encode_obs(3, at_kan_select)`` pair already made (not made again). ValueError."""
     prepare_sp([(enc, state) for enc, state, _ in items], threads)
     core = require_core()
     out = []
-    for enc, state, at_kan_select in items:
-        v3, mask = state.encode_obs(3, bool(at_kan_select))
+    for k, (enc, state, at_kan_select) in enumerate(items):
+        v3, mask = (v3s and v3s[k]) or state.encode_obs(3, bool(at_kan_select))
         obs = np.empty((OBS_CHANNELS_V4, 34), dtype=np.float32)
         core.repack_v3(v3, state.scores, state.honba, state.kyotaku, obs)
         obs[SP_START:] = enc._sp_cache[1]

@@ -2,12 +2,36 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 from mortal.features.mjai import ACTOR_EVENTS, check_tiles, field, field_tile, field_tiles, is_seat
 
 _ACTOR_TYPES = ACTOR_EVENTS - {"hora"}  # the events whose actor the encoder reads
 MAX_DORA_INDICATORS = 5  # the first plus one per kan, at most 4 kans (Tenhou rule)
+
+
+def _check_event(event) -> dict:
+    """``event``, checked as ``mortal.data.mjai_log`` checks every event (this encoder's messages; the tiles are
+    checked by ``KyokuFacts.update_parsed``): TypeError (no object), ValueError (names the field)."""
+    if not isinstance(event, dict):
+        raise TypeError(f"an mjai event must be a JSON object, got {type(event).__name__}")
+    kind = event.get("type")
+    if kind in _ACTOR_TYPES:
+        actor = field(event, kind, "actor")
+        if not is_seat(actor):
+            raise ValueError(f"{kind} event: field 'actor': expected a seat 0-3, got {actor!r}")
+    elif kind == "start_kyoku":
+        hands = field(event, kind, "tehais")
+        if not isinstance(hands, list) or len(hands) != 4:
+            raise ValueError(f"{kind} event: field 'tehais': expected 4 lists of tile names")
+    return event
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(line) -> dict:
+    """``_check_event`` of a JSON line; cached (read, never changed): the four seats get the same lines, most recur."""
+    return _check_event(json.loads(line))
 
 
 class KyokuFacts:
@@ -32,21 +56,7 @@ class KyokuFacts:
 
     def update(self, event) -> None:
         """Track one mjai event, checked before any change: TypeError (no object), ValueError (names the field)."""
-        if isinstance(event, (str, bytes)):
-            event = json.loads(event)
-        if not isinstance(event, dict):
-            raise TypeError(f"an mjai event must be a JSON object, got {type(event).__name__}")
-        # What mortal.data.mjai_log checks of every event (with this encoder's messages); update_parsed the rest.
-        kind = event.get("type")
-        if kind in _ACTOR_TYPES:
-            actor = field(event, kind, "actor")
-            if not is_seat(actor):
-                raise ValueError(f"{kind} event: field 'actor': expected a seat 0-3, got {actor!r}")
-        elif kind == "start_kyoku":
-            hands = field(event, kind, "tehais")
-            if not isinstance(hands, list) or len(hands) != 4:
-                raise ValueError(f"{kind} event: field 'tehais': expected 4 lists of tile names")
-        self.update_parsed(event)
+        self.update_parsed(_parsed(event) if isinstance(event, (str, bytes)) else _check_event(event))
 
     def update_parsed(self, event: dict) -> None:
         """``update`` for an event ``mjai_log.parse_log`` accepted: only the tile fields are checked."""

@@ -118,14 +118,16 @@ def batch_meta_parts(q_values, masks) -> tuple[list, list]:
     return legal_q, bits
 
 
-def _quick_eval_index(state, mask=None) -> int | None:
+def _quick_eval_applies(cans) -> bool:
+    """Whether quick eval looks at a decision with these ``last_cans`` (a discard, nothing else to declare)."""
+    return cans.can_discard and not (cans.can_riichi or cans.can_tsumo_agari or cans.can_ankan or cans.can_kakan
+                                     or cans.can_ryukyoku)
+
+
+def _quick_eval_index(state, mask) -> int | None:
     """The only legal discard when quick eval applies, else None (before any v4 search, as Mortal)."""
-    cans = state.last_cans
-    if not cans.can_discard or cans.can_riichi or cans.can_tsumo_agari \
-            or cans.can_ankan or cans.can_kakan or cans.can_ryukyoku:
+    if not _quick_eval_applies(state.last_cans):
         return None
-    if mask is None:
-        mask = _encode(state, 3, False)[1]
     discards = np.flatnonzero(mask[:37])
     return int(discards[0]) if len(discards) == 1 else None
 
@@ -151,7 +153,8 @@ class MortalBatchAgent:
     def _encode_rows(self, rows) -> tuple[list, list]:
         """Observations and masks of ``rows``; version 4 encodes them in one batch (searches together)."""
         if self.version == 4:
-            done = encode_v4_batch([(sc.v4, sc.state, kan) for sc, kan, _, _ in rows])
+            done = encode_v4_batch([(sc.v4, sc.state, kan) for sc, kan, _, _ in rows],
+                                   v3s=[None if obs is None else (obs, mask) for _, _, obs, mask in rows])
         else:
             done = [(obs, mask) if obs is not None else sc.state.encode_obs(self.version, kan)
                     for sc, kan, obs, mask in rows]
@@ -165,8 +168,8 @@ class MortalBatchAgent:
         for i, sc in enumerate(scenes):
             obs = mask = None
             if self.quick_eval:
-                if self.version != 4:  # cheap: encode now, reuse the mask
-                    obs, mask = sc.state.encode_obs(self.version, False)
+                if self.version != 4 or _quick_eval_applies(sc.state.last_cans):  # encode now, reuse it (v4: v3 rows)
+                    obs, mask = sc.state.encode_obs(min(self.version, 3), False)
                 only = _quick_eval_index(sc.state, mask)
                 if only is not None:
                     out[i] = Decision(reaction_from_index(sc.state, only))
