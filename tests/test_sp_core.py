@@ -351,7 +351,7 @@ def test_prepare_sp_searches_each_decision_once(monkeypatch):
 
     calls = []
     real = obs_v4.sp_rows
-    monkeypatch.setattr(obs_v4, "sp_rows", lambda facts, threads: calls.append(len(facts)) or real(facts, threads))
+    monkeypatch.setattr(obs_v4, "sp_rows", lambda facts, threads, **kw: calls.append(len(facts)) or real(facts, threads, **kw))
     monkeypatch.setattr(obs_v4, "_RECENT", OrderedDict())  # no search of another test
     with open(LOGS[0]) as f:
         events = [json.loads(line) for line in f]

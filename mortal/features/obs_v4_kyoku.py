@@ -12,8 +12,7 @@ MAX_DORA_INDICATORS = 5  # the first plus one per kan, at most 4 kans (Tenhou ru
 
 
 def _check_event(event) -> dict:
-    """``event``, checked as ``mortal.data.mjai_log`` checks every event (this encoder's messages; the tiles are
-    checked by ``KyokuFacts.update_parsed``): TypeError (no object), ValueError (names the field)."""
+    """``event`` checked as ``mortal.data.mjai_log`` checks every event (the tiles: ``update_parsed``); as ``update``."""
     if not isinstance(event, dict):
         raise TypeError(f"an mjai event must be a JSON object, got {type(event).__name__}")
     kind = event.get("type")
@@ -50,9 +49,10 @@ class KyokuFacts:
         self.at_rinshan = False
         self.pending_kakan = False        # last event was another player's kakan
 
-    def _witness(self, tid: int):
-        if 34 <= tid <= 36:
-            self.akas_seen[tid - 34] = True
+    def _witness(self, *tids: int):
+        for tid in tids:
+            if 34 <= tid <= 36:
+                self.akas_seen[tid - 34] = True
 
     def update(self, event) -> None:
         """Track one mjai event, checked before any change: TypeError (no object), ValueError (names the field)."""
@@ -64,10 +64,8 @@ class KyokuFacts:
         mine = kind in _ACTOR_TYPES and event["actor"] == self.player_id
         pai, tiles = self._read_tiles(event, kind, mine)  # first: nothing below may fail half way
         self.events_seen += 1
-        if self.pending_kakan:
-            # Mortal drops ippatsu at the event after a kakan (chankan chance over).
-            self.pending_kakan = False
-            self.at_ippatsu = False
+        if self.pending_kakan:  # Mortal drops ippatsu at the event after a kakan (chankan chance over)
+            self.pending_kakan = self.at_ippatsu = False
         self._apply(kind, mine, pai, tiles)
 
     def _read_tiles(self, event: dict, kind, mine: bool) -> tuple:
@@ -94,18 +92,14 @@ class KyokuFacts:
         if kind == "start_kyoku":
             self._reset()
             self.dora_indicators.append(pai)
-            self._witness(pai)
-            for t in tiles:
-                self._witness(t)
+            self._witness(pai, *tiles)
         elif kind == "tsumo":
             self.tiles_left -= 1
             if mine:
                 self._witness(pai)
         elif kind == "dahai":
             if mine:
-                self.at_rinshan = False
-                self.at_ippatsu = False
-                self.can_w_riichi = False
+                self.at_rinshan = self.at_ippatsu = self.can_w_riichi = False
             else:
                 self._witness(pai)
         elif kind in ("chi", "pon", "daiminkan"):
@@ -114,10 +108,8 @@ class KyokuFacts:
                 if kind == "daiminkan":
                     self.at_rinshan = True
             else:
-                for t in tiles:
-                    self._witness(t)
-                self.can_w_riichi = False
-                self.at_ippatsu = False
+                self._witness(*tiles)
+                self.can_w_riichi = self.at_ippatsu = False
         elif kind == "kakan":
             if mine:
                 self.own_fuuro_tiles.append(pai)
@@ -126,20 +118,16 @@ class KyokuFacts:
                 self._witness(pai)
                 self.pending_kakan = True
         elif kind == "ankan":
-            self.can_w_riichi = False
-            self.at_ippatsu = False
+            self.can_w_riichi = self.at_ippatsu = False
             if mine:
                 self.own_fuuro_tiles += tiles
                 self.at_rinshan = True
             else:
-                for t in tiles:
-                    self._witness(t)
+                self._witness(*tiles)
         elif kind == "dora":
             self.dora_indicators.append(pai)
             self._witness(pai)
-        elif kind == "reach":
-            if mine:
-                self.is_w_riichi = self.can_w_riichi
-        elif kind == "reach_accepted":
-            if mine:
-                self.at_ippatsu = True
+        elif kind == "reach" and mine:
+            self.is_w_riichi = self.can_w_riichi
+        elif kind == "reach_accepted" and mine:
+            self.at_ippatsu = True
