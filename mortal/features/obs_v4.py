@@ -75,9 +75,9 @@ def sp_rows(facts: list, threads: int, read_only: bool = False) -> np.ndarray:
 
 
 #: Rows of the last searches (read-only) by their facts, which alone decide them: the arena's rotations of a seed
-#: replay the same decisions while their seats agree, mostly in one batch. At most about 17 MB.
+#: replay the same decisions while their seats agree, a few batches apart. At most about 4 MB.
 _RECENT: OrderedDict = OrderedDict()
-RECENT_SEARCHES = 1024
+RECENT_SEARCHES = 256
 
 
 def prepare_sp(pairs, threads: int | None = None) -> None:
