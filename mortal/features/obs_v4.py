@@ -13,7 +13,7 @@ import numpy as np
 # the parts' names are also this module's API (tests, the loader, the agents and the packer read them from here)
 from mortal.features.obs_v4_kyoku import MAX_DORA_INDICATORS, KyokuFacts  # noqa: F401
 from mortal.features.obs_v4_rows import (OBS_CHANNELS_V3, OBS_CHANNELS_V4, ROW_TABLE,  # noqa: F401
-                                         SP_BEST, SP_EV, SP_REQUIRED, SP_START, SP_TABLE, repack_v3)
+                                         SP_BEST, SP_EV, SP_REQUIRED, SP_START, SP_TABLE)
 from mortal.features.sp.calc import require_core
 from mortal.features.tile import TILE_IDS
 
