@@ -75,7 +75,7 @@ def sp_rows(facts: list, threads: int, read_only: bool = False) -> np.ndarray:
 
 
 #: Rows of the last searches (read-only) by their facts, which alone decide them: the arena's rotations of a seed
-#: replay the same decisions while their seats agree, a few batches apart. At most about 4 MB.
+#: replay the same decisions while their seats agree, a few batches apart. Views: each keeps its batch's array.
 _RECENT: OrderedDict = OrderedDict()
 RECENT_SEARCHES = 256
 
