@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from mjai.mlibriichi.state import PlayerState
 
-from mortal.features.obs_v4 import (OBS_CHANNELS_V4, ROW_TABLE, SP_BEST, SP_REQUIRED, SP_START, SP_TABLE, V4Encoder,
-                                    repack_v3)
+from mortal.features.obs_v4 import OBS_CHANNELS_V4, ROW_TABLE, SP_BEST, SP_REQUIRED, SP_START, SP_TABLE, V4Encoder
+from mortal.features.sp.calc import require_core
 from sp_oracle import core_py as core
 from sp_oracle.core_py import Hand, SPCalculator
 from sp_oracle.point import point
@@ -67,7 +67,7 @@ def test_repack_against_v3_on_real_log(fixture_logs):
             continue
         v3, _ = ps.encode_obs(3, False)
         out = np.zeros((1012, 34), np.float32)
-        repack_v3(v3, ps.scores, ps.honba, ps.kyotaku, out)
+        require_core().repack_v3(v3, tuple(ps.scores), ps.honba, ps.kyotaku, out)
         s = ps.scores
         for p in range(4):
             assert out[7 + 2 * p, 0] == pytest.approx(min(max(s[p], 0), 100000) / 1e5)

@@ -345,26 +345,36 @@ def test_sp_threads_from_the_environment(monkeypatch, caplog):
 
 
 def test_prepare_sp_searches_each_decision_once(monkeypatch):
+    from collections import OrderedDict
+
     import mortal.features.obs_v4 as obs_v4
 
     calls = []
     real = obs_v4.sp_rows
-    monkeypatch.setattr(obs_v4, "sp_rows", lambda facts, threads: calls.append(len(facts)) or real(facts, threads))
+    monkeypatch.setattr(obs_v4, "sp_rows", lambda facts, threads, **kw: calls.append(len(facts)) or real(facts, threads, **kw))
+    monkeypatch.setattr(obs_v4, "_RECENT", OrderedDict())  # no search of another test
     with open(LOGS[0]) as f:
         events = [json.loads(line) for line in f]
-    ps, enc = PlayerState(0), V4Encoder(0)
+    ps, enc, twin = PlayerState(0), V4Encoder(0), V4Encoder(0)  # twin: another table's seat, the same game
     for ev in events:
         ev.pop("meta", None)
         cans = ps.update(json.dumps(ev))
         enc.update(ev)
+        twin.update(json.dumps(ev))
         if ev["type"] == "tsumo" and cans.can_discard and ev["actor"] == 0 and enc.tiles_left < 60:
             break
-    obs_v4.prepare_sp([(enc, ps), (enc, ps)])          # the same decision twice: one search
+    obs_v4.prepare_sp([(enc, ps), (enc, ps), (twin, ps)])  # the same decision three times: one search
     assert calls == [1]
     first = obs_v4.encode_batch([(enc, ps, False)])[0][0]
     assert calls == [1]                               # prepared: encode searches nothing
-    enc.update({"type": "none"})                      # any event makes the rows stale
+    enc.update({"type": "none"})                      # any event makes the encoder's rows stale,
     again = obs_v4.encode_batch([(enc, ps, False)])[0][0]
-    assert calls == [1, 1]
+    assert calls == [1]                               # but the same facts are a recent search
+    obs_v4._RECENT.clear()
+    enc.update({"type": "none"})
+    assert (obs_v4.encode_batch([(enc, ps, False)])[0][0] == again).all() and calls == [1, 1]
     np.testing.assert_array_equal(first, again)
+    np.testing.assert_array_equal(first, obs_v4.encode_batch([(twin, ps, False)])[0][0])
     assert first[obs_v4.SP_START:].any()
+    with pytest.raises(ValueError):                   # a recent search's rows are not to be written
+        obs_v4._RECENT.popitem()[1][0, 0] = 1.0

@@ -25,7 +25,8 @@ from mortal.play.engine import MortalEngine
 from mortal.data.gameplay import augment_event
 from mortal.data.gameplay import GameplayLoader
 from mortal.model.networks import DQN, Brain
-from mortal.features.obs_v4 import SP_START, V4Encoder, repack_v3
+from mortal.features.obs_v4 import SP_START, V4Encoder
+from mortal.features.sp.calc import require_core
 
 META = DATA_DIR / "meta_annotated_hanchan.jsonl"
 RIICHIENV = DATA_DIR / "riichienv_selfplay_hanchan.jsonl"
@@ -109,10 +110,10 @@ def encoder_census(monkeypatch):
 
     real_batch = agent_mod.encode_v4_batch
 
-    def counting_batch(items, threads=None):
+    def counting_batch(items, threads=None, v3s=None):
         for enc, _, _ in items:
             encoded[enc.player_id] += 1
-        return real_batch(items, threads)
+        return real_batch(items, threads, v3s)
 
     monkeypatch.setattr(game_mod, "V4Encoder", Counting)
     monkeypatch.setattr(agent_mod, "encode_v4_batch", counting_batch)
@@ -240,9 +241,9 @@ def test_v4_agent_quick_eval_skips_the_sp_search_and_needs_the_encoder(monkeypat
     class Counting:
         player_id = enc.player_id
 
-    def counting_batch(items, threads=None):
+    def counting_batch(items, threads=None, v3s=None):
         calls.extend(kan for _, _, kan in items)
-        return real_batch([(None if e is None else enc, st, kan) for e, st, kan in items], threads)
+        return real_batch([(None if e is None else enc, st, kan) for e, st, kan in items], threads, v3s)
 
     monkeypatch.setattr(agent_mod, "encode_v4_batch", counting_batch)
 
@@ -330,7 +331,7 @@ def test_loader_v4_is_v3_repacked_plus_the_replayed_sp_block(path, first_kyoku, 
             kan_select = i > 0 and stops[i - 1] == n  # the second sample of a decision is the kan select
             getters, main, kan = expected[n]
             head = np.zeros((1012, 34), np.float32)
-            repack_v3(obs3[i], *getters, head)
+            require_core().repack_v3(np.ascontiguousarray(obs3[i], dtype=np.float32), tuple(getters[0]), *getters[1:], head)
             np.testing.assert_array_equal(obs4[i, :SP_START], head[:SP_START])
             np.testing.assert_array_equal(obs4[i, SP_START:], (kan if kan_select else main)[SP_START:])
             n_kan += kan_select

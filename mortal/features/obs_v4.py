@@ -4,20 +4,18 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
+from collections import OrderedDict
 
 import numpy as np
 
 # the parts' names are also this module's API (tests, the loader, the agents and the packer read them from here)
 from mortal.features.obs_v4_kyoku import MAX_DORA_INDICATORS, KyokuFacts  # noqa: F401
 from mortal.features.obs_v4_rows import (OBS_CHANNELS_V3, OBS_CHANNELS_V4, ROW_TABLE,  # noqa: F401
-                                         SP_BEST, SP_EV, SP_REQUIRED, SP_START, SP_TABLE, repack_v3)
+                                         SP_BEST, SP_EV, SP_REQUIRED, SP_START, SP_TABLE)
 from mortal.features.sp.calc import require_core
 from mortal.features.tile import TILE_IDS
-
-logger = logging.getLogger('mortal.obs_v4')  # the name before the package split (log format)
 
 SP_ROWS = OBS_CHANNELS_V4 - SP_START  # 123
 
@@ -57,9 +55,7 @@ class V4Encoder(KyokuFacts):
 
 def sp_threads() -> int:
     """Default thread count of ``encode_batch``: ``SP_THREADS`` if set, else min(8, CPU count)."""
-    if SP_THREADS is not None:
-        return SP_THREADS
-    return max(1, min(8, os.cpu_count() or 1))
+    return SP_THREADS if SP_THREADS is not None else max(1, min(8, os.cpu_count() or 1))
 
 
 def _checked(enc, state) -> None:
@@ -69,42 +65,56 @@ def _checked(enc, state) -> None:
         raise ValueError(f"state is seat {state.player_id}, encoder is seat {enc.player_id}")
 
 
-def sp_rows(facts: list, threads: int) -> np.ndarray:
+def sp_rows(facts: list, threads: int, read_only: bool = False) -> np.ndarray:
     """``(len(facts), 123, 34)`` float32 rows 889-1011 of ``V4Encoder._facts`` tuples, searched together on
     ``threads`` threads; ValueError (naming the field) for a refused hand, before any search."""
     rows = np.empty((len(facts), SP_ROWS, 34), dtype=np.float32)
     require_core().sp_rows(facts, rows, int(threads))
+    rows.flags.writeable = not read_only
     return rows
 
 
+#: Rows of the last searches (read-only) by their facts, which alone decide them: the arena's rotations of a seed
+#: replay the same decisions while their seats agree, a few batches apart. Views: each keeps its batch's array.
+_RECENT: OrderedDict = OrderedDict()
+RECENT_SEARCHES = 256
+
+
 def prepare_sp(pairs, threads: int | None = None) -> None:
-    """Search the SP rows of each ``(encoder, state)`` not yet prepared, together; ValueError as ``encode``."""
+    """Search the SP rows of each ``(encoder, state)`` not yet prepared, together, each distinct decision once and
+    a recent one not again; ValueError as ``encode``."""
     pending = {}
     for enc, state in pairs:
         _checked(enc, state)
         cache = enc._sp_cache
-        if (cache is not None and cache[0] == enc.events_seen) or id(enc) in pending:
-            continue
-        pending[id(enc)] = (enc, enc._facts(state))
-    if not pending:
-        return
-    rows = sp_rows([f for _, f in pending.values()], sp_threads() if threads is None else threads)
-    for (enc, _), r in zip(pending.values(), rows):
-        enc._sp_cache = (enc.events_seen, r)
+        if (cache is None or cache[0] != enc.events_seen) and id(enc) not in pending:
+            pending[id(enc)] = (enc, enc._facts(state))
+    found = {f: _RECENT.pop(f, None) for _, f in pending.values()}
+    if todo := [f for f, r in found.items() if r is None]:
+        found.update(zip(todo, sp_rows(todo, sp_threads() if threads is None else threads, read_only=True)))
+    _RECENT.update(found)
+    while len(_RECENT) > RECENT_SEARCHES:
+        _RECENT.popitem(last=False)
+    for enc, f in pending.values():
+        enc._sp_cache = (enc.events_seen, found[f])
 
 
-def encode_batch(items, threads: int | None = None) -> list:
-    """``[(obs (1012, 34) float32, mask (46,) bool)]`` of ``(encoder, state, at_kan_select)`` items; ValueError."""
+def encode_batch(items, threads: int | None = None, v3s=None) -> list:
+    """``[(obs (1012, 34) float32, mask (46,) bool)]`` of ``(encoder, state, at_kan_select)`` items; ``v3s``: per
+    item None or the ``state.encode_obs(3, at_kan_select)`` pair already made (not made again). ValueError."""
     prepare_sp([(enc, state) for enc, state, _ in items], threads)
-    core = require_core()
-    out = []
-    for enc, state, at_kan_select in items:
-        v3, mask = state.encode_obs(3, bool(at_kan_select))
-        obs = np.empty((OBS_CHANNELS_V4, 34), dtype=np.float32)
-        core.repack_v3(v3, state.scores, state.honba, state.kyotaku, obs)
+    out = [_v3_rows(state, kan, v3s and v3s[k]) for k, (_, state, kan) in enumerate(items)]
+    for (obs, _), (enc, _, _) in zip(out, items):
         obs[SP_START:] = enc._sp_cache[1]
-        out.append((obs, mask))
     return out
+
+
+def _v3_rows(state, at_kan_select, v3=None) -> tuple:
+    """``(obs (1012, 34) float32: rows 0-888 written, mask (46,) bool)``; ``v3``: ``state``'s v3 pair if made."""
+    v3, mask = v3 or state.encode_obs(3, bool(at_kan_select))
+    obs = np.empty((OBS_CHANNELS_V4, 34), dtype=np.float32)
+    require_core().repack_v3(v3, state.scores, state.honba, state.kyotaku, obs)
+    return obs, mask
 
 
 class DeferredSPError(ValueError):
@@ -134,9 +144,7 @@ class DeferredSP:
         """``(obs (1012, 34) float32, mask (46,) bool, pending)``; when ``pending`` do not read ``obs`` before the
         ``flush`` that returns ``tag``. Raises ValueError as ``V4Encoder.encode``, before any search."""
         _checked(enc, state)
-        v3, mask = state.encode_obs(3, bool(at_kan_select))
-        obs = np.empty((OBS_CHANNELS_V4, 34), dtype=np.float32)
-        require_core().repack_v3(v3, state.scores, state.honba, state.kyotaku, obs)
+        obs, mask = _v3_rows(state, at_kan_select)
         cache = enc._sp_cache
         if cache is not None and cache[0] == enc.events_seen:
             obs[SP_START:] = cache[1]
@@ -182,8 +190,7 @@ class DeferredSP:
     def _wait(self) -> list:
         if self._inflight is None:
             return []
-        thread, box = self._inflight
-        self._inflight = None
+        (thread, box), self._inflight = self._inflight, None
         thread.join()
         if "error" in box:
             self._jobs, self._pending, self._last = [], [], None

@@ -2,12 +2,35 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 from mortal.features.mjai import ACTOR_EVENTS, check_tiles, field, field_tile, field_tiles, is_seat
 
 _ACTOR_TYPES = ACTOR_EVENTS - {"hora"}  # the events whose actor the encoder reads
 MAX_DORA_INDICATORS = 5  # the first plus one per kan, at most 4 kans (Tenhou rule)
+
+
+def _check_event(event) -> dict:
+    """``event`` checked as ``mortal.data.mjai_log`` checks every event (the tiles: ``update_parsed``); as ``update``."""
+    if not isinstance(event, dict):
+        raise TypeError(f"an mjai event must be a JSON object, got {type(event).__name__}")
+    kind = event.get("type")
+    if kind in _ACTOR_TYPES:
+        actor = field(event, kind, "actor")
+        if not is_seat(actor):
+            raise ValueError(f"{kind} event: field 'actor': expected a seat 0-3, got {actor!r}")
+    elif kind == "start_kyoku":
+        hands = field(event, kind, "tehais")
+        if not isinstance(hands, list) or len(hands) != 4:
+            raise ValueError(f"{kind} event: field 'tehais': expected 4 lists of tile names")
+    return event
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(line) -> dict:
+    """``_check_event`` of a JSON line; cached (read, never changed): the four seats get the same lines, most recur."""
+    return _check_event(json.loads(line))
 
 
 class KyokuFacts:
@@ -26,27 +49,14 @@ class KyokuFacts:
         self.at_rinshan = False
         self.pending_kakan = False        # last event was another player's kakan
 
-    def _witness(self, tid: int):
-        if 34 <= tid <= 36:
-            self.akas_seen[tid - 34] = True
+    def _witness(self, *tids: int):
+        for tid in tids:
+            if 34 <= tid <= 36:
+                self.akas_seen[tid - 34] = True
 
     def update(self, event) -> None:
         """Track one mjai event, checked before any change: TypeError (no object), ValueError (names the field)."""
-        if isinstance(event, (str, bytes)):
-            event = json.loads(event)
-        if not isinstance(event, dict):
-            raise TypeError(f"an mjai event must be a JSON object, got {type(event).__name__}")
-        # What mortal.data.mjai_log checks of every event (with this encoder's messages); update_parsed the rest.
-        kind = event.get("type")
-        if kind in _ACTOR_TYPES:
-            actor = field(event, kind, "actor")
-            if not is_seat(actor):
-                raise ValueError(f"{kind} event: field 'actor': expected a seat 0-3, got {actor!r}")
-        elif kind == "start_kyoku":
-            hands = field(event, kind, "tehais")
-            if not isinstance(hands, list) or len(hands) != 4:
-                raise ValueError(f"{kind} event: field 'tehais': expected 4 lists of tile names")
-        self.update_parsed(event)
+        self.update_parsed(_parsed(event) if isinstance(event, (str, bytes)) else _check_event(event))
 
     def update_parsed(self, event: dict) -> None:
         """``update`` for an event ``mjai_log.parse_log`` accepted: only the tile fields are checked."""
@@ -54,10 +64,8 @@ class KyokuFacts:
         mine = kind in _ACTOR_TYPES and event["actor"] == self.player_id
         pai, tiles = self._read_tiles(event, kind, mine)  # first: nothing below may fail half way
         self.events_seen += 1
-        if self.pending_kakan:
-            # Mortal drops ippatsu at the event after a kakan (chankan chance over).
-            self.pending_kakan = False
-            self.at_ippatsu = False
+        if self.pending_kakan:  # Mortal drops ippatsu at the event after a kakan (chankan chance over)
+            self.pending_kakan = self.at_ippatsu = False
         self._apply(kind, mine, pai, tiles)
 
     def _read_tiles(self, event: dict, kind, mine: bool) -> tuple:
@@ -84,18 +92,14 @@ class KyokuFacts:
         if kind == "start_kyoku":
             self._reset()
             self.dora_indicators.append(pai)
-            self._witness(pai)
-            for t in tiles:
-                self._witness(t)
+            self._witness(pai, *tiles)
         elif kind == "tsumo":
             self.tiles_left -= 1
             if mine:
                 self._witness(pai)
         elif kind == "dahai":
             if mine:
-                self.at_rinshan = False
-                self.at_ippatsu = False
-                self.can_w_riichi = False
+                self.at_rinshan = self.at_ippatsu = self.can_w_riichi = False
             else:
                 self._witness(pai)
         elif kind in ("chi", "pon", "daiminkan"):
@@ -104,10 +108,8 @@ class KyokuFacts:
                 if kind == "daiminkan":
                     self.at_rinshan = True
             else:
-                for t in tiles:
-                    self._witness(t)
-                self.can_w_riichi = False
-                self.at_ippatsu = False
+                self._witness(*tiles)
+                self.can_w_riichi = self.at_ippatsu = False
         elif kind == "kakan":
             if mine:
                 self.own_fuuro_tiles.append(pai)
@@ -116,20 +118,16 @@ class KyokuFacts:
                 self._witness(pai)
                 self.pending_kakan = True
         elif kind == "ankan":
-            self.can_w_riichi = False
-            self.at_ippatsu = False
+            self.can_w_riichi = self.at_ippatsu = False
             if mine:
                 self.own_fuuro_tiles += tiles
                 self.at_rinshan = True
             else:
-                for t in tiles:
-                    self._witness(t)
+                self._witness(*tiles)
         elif kind == "dora":
             self.dora_indicators.append(pai)
             self._witness(pai)
-        elif kind == "reach":
-            if mine:
-                self.is_w_riichi = self.can_w_riichi
-        elif kind == "reach_accepted":
-            if mine:
-                self.at_ippatsu = True
+        elif kind == "reach" and mine:
+            self.is_w_riichi = self.can_w_riichi
+        elif kind == "reach_accepted" and mine:
+            self.at_ippatsu = True

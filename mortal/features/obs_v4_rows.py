@@ -1,11 +1,7 @@
 """The version-4 observation array (1012x34) row by row, as Mortal's ``obs_repr.rs``: rows 0-888 the
-re-packed v3 rows (``ROW_TABLE``, ``repack_v3``), 889-1011 the single-player block (``SP_*``)."""
+re-packed v3 rows (``ROW_TABLE``, the core's ``repack_v3``), 889-1011 the single-player block (``SP_*``)."""
 
 from __future__ import annotations
-
-import numpy as np
-
-from mortal.features.sp.calc import require_core
 
 OBS_CHANNELS_V3 = 934
 OBS_CHANNELS_V4 = 1012
@@ -32,10 +28,3 @@ SP_EV = SP_START                       # 2 rows: the best EV (or the fallback va
 SP_REQUIRED = SP_START + 2             # 68 rows (3n+2: per discard, +34 if it lowers the shanten) / row +69 (3n+1)
 SP_BEST = SP_START + 70                # 1 row (3n+2), then 1 empty row
 SP_TABLE = SP_START + 72               # 3 x 17 rows: tenpai, win, EV by turn
-
-
-def repack_v3(v3: np.ndarray, scores, honba: int, kyotaku: int, out: np.ndarray) -> None:
-    """Write v4 rows 0-888 into ``out`` (1012, 34) float32 from a v3 (934, 34) array; ``scores`` self first."""
-    if v3.shape != (OBS_CHANNELS_V3, 34):
-        raise ValueError(f"expected a v3 observation (934, 34), got {v3.shape}")
-    require_core().repack_v3(np.ascontiguousarray(v3, dtype=np.float32), tuple(scores), honba, kyotaku, out)

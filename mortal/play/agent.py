@@ -125,12 +125,10 @@ def _quick_eval_cans(cans) -> bool:
                                      or cans.can_ryukyoku)
 
 
-def _quick_eval_batch(scenes, masks=None) -> list:
+def _quick_eval_batch(scenes, masks) -> list:
     """Per scene, its only legal discard when quick eval applies, else None. ``masks``: the scenes' (46,) bool
-    masks; None (version 4: before any search, as Mortal): each eligible scene's version-3 mask."""
-    if masks is None:
-        masks = [_encode(sc.state, 3, False)[1] if _quick_eval_cans(sc.state.last_cans) else np.zeros(46, bool)
-                 for sc in scenes]
+    masks (version 4: the version-3 mask, before any search, as Mortal; None for a scene quick eval skips)."""
+    masks = [np.zeros(46, bool) if m is None else m for m in masks]
     out = [None] * len(scenes)
     if not scenes:
         return out
@@ -180,7 +178,8 @@ class MortalBatchAgent:
     def _encode_rows(self, rows) -> tuple[list, list]:
         """Observations and masks of ``rows``; version 4 encodes them in one batch (searches together)."""
         if self.version == 4:
-            done = encode_v4_batch([(sc.v4, sc.state, kan) for sc, kan, _, _ in rows])
+            done = encode_v4_batch([(sc.v4, sc.state, kan) for sc, kan, _, _ in rows],
+                                   v3s=[None if obs is None else (obs, mask) for _, _, obs, mask in rows])
         else:
             done = [(obs, mask) if obs is not None else sc.state.encode_obs(self.version, kan)
                     for sc, kan, obs, mask in rows]
@@ -190,11 +189,18 @@ class MortalBatchAgent:
         """Decide all ``scenes``; see the class docstring."""
         out: list[Decision | None] = [None] * len(scenes)
         self.decisions += len(scenes)
-        # versions 1-3: encode every scene's main row now (quick eval reads its mask); version 4 searches in batch
-        first = [sc.state.encode_obs(self.version, False) for sc in scenes] if self.version != 4 else None
+        # versions 1-3: every scene's main row now (quick eval reads its mask); version 4 searches in batch, and
+        # quick eval's version-3 row of a scene it looks at goes into that batch rather than being encoded again
+        if self.version != 4:
+            first = [sc.state.encode_obs(self.version, False) for sc in scenes]
+        elif self.quick_eval:
+            first = [sc.state.encode_obs(3, False) if _quick_eval_cans(sc.state.last_cans) else (None, None)
+                     for sc in scenes]
+        else:
+            first = [(None, None)] * len(scenes)
         only = [None] * len(scenes)
         if self.quick_eval:
-            only = _quick_eval_batch(scenes, None if first is None else [m for _, m in first])
+            only = _quick_eval_batch(scenes, [m for _, m in first])
         rows = []  # (scene, at_kan_select, obs or None, mask or None), in react_batch order
         plan = []  # (scene index, main row, kan-select row or None)
         for i, sc in enumerate(scenes):
@@ -202,7 +208,7 @@ class MortalBatchAgent:
                 out[i] = Decision(_reaction(sc.state, only[i]))
                 continue
             main_row = len(rows)
-            rows.append((sc, False) + (first[i] if first is not None else (None, None)))
+            rows.append((sc, False) + first[i])
             cans = sc.state.last_cans
             kan_row = None
             if cans.can_ankan or cans.can_kakan:
