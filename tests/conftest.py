@@ -366,6 +366,25 @@ def hand(s):
     return t
 
 
+@pytest.fixture
+def two_kyoku(monkeypatch):
+    """Arena games (and their counterfactual branches, which use the same flow) end after their second kyoku (a
+    renchan of the first counts): for arena tests whose assertions do not depend on how long a game is."""
+    import mortal.play.counterfactual as cf_mod
+    import mortal.play.game as game_mod
+    from mortal.play import kyoku_flow
+    real = game_mod.next_kyoku
+
+    def short(state, result):
+        out = real(state, result)
+        if out.next is not None and (state.kyoku_index > 0 or state.honba > 0):
+            return kyoku_flow.KyokuOutcome(None, out.scores, out.kyotaku)
+        return out
+
+    monkeypatch.setattr(game_mod, "next_kyoku", short)
+    monkeypatch.setattr(cf_mod, "next_kyoku", short)
+
+
 @pytest.fixture(autouse=True)
 def one_torch_thread():
     """Tiny test models on a shared 2-core machine: intra-op threading makes them ~100x slower, so every test
