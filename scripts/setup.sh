@@ -18,7 +18,7 @@ import importlib.metadata as m, json, pathlib, sys
 url = json.loads(m.distribution('mortal-online').read_text('direct_url.json'))['url']
 here = pathlib.Path(sys.argv[1]).resolve().as_uri()
 # a dependency missing from an older install: reinstall
-import pytest, pytest_timeout, pydantic, filelock, ray  # noqa: F401
+import pytest, pytest_timeout, xdist, pydantic, filelock, ray  # noqa: F401
 sys.exit(url.rstrip('/') != here.rstrip('/'))
 PY
 }

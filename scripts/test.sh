@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up (idempotent), then run the test suite with the pytest arguments given, if any. Without a path among them
-# pytest runs pyproject.toml's testpaths (tests/): `bash scripts/test.sh` is the whole suite (what CI runs),
-# `bash scripts/test.sh -m 'not slow'` the fast subset; a path, -k or -x narrow the run as usual.
+# pytest runs pyproject.toml's testpaths (tests/): `bash scripts/test.sh` is the whole suite (what CI runs, in one
+# process), `bash scripts/test.sh -m 'not slow' -n 2` the fast subset in 2 pytest-xdist worker processes; a path,
+# -k or -x narrow the run as usual.
 # Exits with pytest's status; "no tests collected" (pytest status 5) counts as a failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."

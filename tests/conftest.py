@@ -16,7 +16,9 @@ if str(ROOT) not in sys.path:
 os.environ.pop("RUST_BACKTRACE", None)
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
+
+# torch is imported where it is used, not here: under pytest-xdist the controller process loads this file but runs
+# no test, and importing torch would cost it about 1.5 s of CPU that the workers need.
 
 DATA_DIR = ROOT / "tests" / "data"
 FIXTURE_LOGS = sorted(DATA_DIR.glob("*.jsonl"))
@@ -187,6 +189,7 @@ def tiny_config(tmp_path):
 
 def write_baseline(config, filename, seed=0):
     """A randomly initialised checkpoint (seed ``seed``) with Mortal's keys for the tiny config's architecture."""
+    import torch
     from mortal.model.networks import AuxNet, Brain, DQN
     torch.manual_seed(seed)
     r = config["resnet"]
@@ -198,6 +201,7 @@ def write_baseline(config, filename, seed=0):
 
 def write_grp(config):
     """A randomly initialised (seed 0) GRP of ``[grp] network`` at ``[grp] state_file``."""
+    import torch
     from mortal.model.networks import GRP
     torch.manual_seed(0)
     grp = GRP(**config["grp"]["network"])
@@ -207,6 +211,7 @@ def write_grp(config):
 def random_batch(n=8, seed=0, *, gamma_steps=None, reward=2.0):
     """A ``Trainer.train_batch`` argument tuple of ``n`` random version-3 samples (seeded): ``steps_to_done``
     0..n-1 unless ``gamma_steps``, every reward ``reward``, ranks 0-3 in turn."""
+    import torch
     g = torch.Generator().manual_seed(seed)
     obs = torch.rand((n, TINY_CHANNELS, 34), generator=g)
     masks = torch.rand((n, 46), generator=g) < 0.3
@@ -361,10 +366,30 @@ def hand(s):
     return t
 
 
+@pytest.fixture
+def two_kyoku(monkeypatch):
+    """Arena games (and their counterfactual branches, which use the same flow) end after their second kyoku (a
+    renchan of the first counts): for arena tests whose assertions do not depend on how long a game is."""
+    import mortal.play.counterfactual as cf_mod
+    import mortal.play.game as game_mod
+    from mortal.play import kyoku_flow
+    real = game_mod.next_kyoku
+
+    def short(state, result):
+        out = real(state, result)
+        if out.next is not None and (state.kyoku_index > 0 or state.honba > 0):
+            return kyoku_flow.KyokuOutcome(None, out.scores, out.kyotaku)
+        return out
+
+    monkeypatch.setattr(game_mod, "next_kyoku", short)
+    monkeypatch.setattr(cf_mod, "next_kyoku", short)
+
+
 @pytest.fixture(autouse=True)
 def one_torch_thread():
     """Tiny test models on a shared 2-core machine: intra-op threading makes them ~100x slower, so every test
     runs torch single-threaded (restored afterwards)."""
+    import torch
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -14,7 +14,7 @@ from mortal import client as cl
 from mortal.net import replay_store, signature, wire
 from mortal.model.checkpoint import load_model_pair
 
-from conftest import fake_trainer, free_port, load_tiny_config, start_param_server, stop_server, write_baseline
+from conftest import fake_trainer, load_tiny_config, start_param_server, stop_server, write_baseline
 
 ARCH = {'version': 3, 'conv_channels': 16, 'num_blocks': 1}  # tiny_config's model
 
@@ -81,11 +81,13 @@ class Served:
     """A live server, and a trainer (fake test player) that submits to it."""
 
     def __init__(self, tmp_path):
-        self.port = free_port()
+        # the server binds any free port first and the config names it: a port picked free and bound later could
+        # be taken meanwhile (tests run in parallel)
+        self.server = start_param_server(tmp_path, 64, timeout=10)
+        self.port = self.server.server_address[1]
         self.config, _ = load_tiny_config(tmp_path, port=self.port)
         self.baseline = self.config['baseline']['train']['state_file']
         write_baseline(self.config, self.baseline, seed=0)
-        self.server = start_param_server(tmp_path, 64, port=self.port, timeout=10)
         self.store = self.server.store
         self.remote = wire.Remote('127.0.0.1', self.port, timeout=10)
         self.trainer = fake_trainer(self.config, remote=self.remote)

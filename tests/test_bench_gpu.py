@@ -417,14 +417,25 @@ def test_device_wheels_pin_what_pyproject_pins():
             'toml', 'setuptools'} <= set(wheels)
 
 
-def test_step_bench_counts_the_kernels_of_each_part():
+def test_step_bench_counts_the_kernels_of_each_part(tmp_path, monkeypatch, capsys):
     """bench/gpu_trainer.py step: the real train_batch, its parts timed and their kernel-launching ops counted; the
-    Brain's forward is 6 ops plus 17 a residual block (40 at 32x2, 686 at 192x40: docs/performance_gpu.md)."""
-    out = subprocess.run([sys.executable, str(ROOT / 'bench' / 'gpu_trainer.py'), 'step', '--profile', '--phases',
-                          '--channels', '16', '--blocks', '1', '--batch', '8', '--steps', '2', '--warmup', '1',
-                          '--threads', '1'], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-2000:]
-    rec = json.loads(out.stdout.strip().splitlines()[-1])
+    Brain's forward is 6 ops plus 17 a residual block (40 at 32x2, 686 at 192x40: docs/performance_gpu.md).
+
+    In this process (a subprocess would spend most of its time importing torch again): what the bench patches for
+    its process (its phase clocks, the probe) and the RNG it seeds are put back after the test."""
+    import tempfile
+    import torch
+    import mortal.train as tr
+    from bench import gpu_trainer
+    from mortal.learning import intake
+    for owner, name in ((tr.Trainer, '_load_probe'), (intake, 'batch_on_device'), (tr, 'learner_loss'),
+                        (tr, 'optimizer_step'), (torch.Tensor, 'backward')):
+        monkeypatch.setattr(owner, name, getattr(owner, name))
+    monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))  # its work folder
+    with torch.random.fork_rng():
+        assert gpu_trainer.main(['step', '--profile', '--phases', '--channels', '16', '--blocks', '1', '--batch', '8',
+                                 '--steps', '2', '--warmup', '1', '--threads', '1']) == 0
+    rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     kernels = rec['kernels_per_step']
     assert kernels['forward: Brain'] == 6 + 17 * 1
     assert kernels['forward: DQN'] == 14 and kernels['loss terms'] == 15

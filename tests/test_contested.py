@@ -19,7 +19,6 @@ from mortal.play.log_writer import kyoku_lines, render_line
 
 from test_arena import PriorityEngine, read_log, check_log
 from test_arena_logs import _views
-from test_counterfactual import two_kyoku  # noqa: F401 (fixture)
 
 sys.path.insert(0, str(ROOT / "bench"))
 import counterfactual_gaps as cg  # noqa: E402

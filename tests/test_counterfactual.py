@@ -12,8 +12,6 @@ import torch
 
 import mortal.play.arena as arena_mod
 import mortal.play.counterfactual as cf_mod
-import mortal.play.game as game_mod
-import mortal.play.kyoku_flow as kyoku_flow
 from mortal.data.dataloader import FileDatasetsIter
 from mortal.data.gameplay import GameplayLoader
 from mortal.data.grp import grand_kyoku
@@ -134,21 +132,6 @@ def test_other_kind_branches_change_the_kind_and_count_eligible_decisions_only(t
                 assert "counterfactual" in meta or ev["type"] in ("chi", "pon", "daiminkan"), ev
     with pytest.raises(ValueError, match="counterfactual_alternative"):
         OneVsThree(counterfactual_alternative="worst")
-
-
-@pytest.fixture
-def two_kyoku(monkeypatch):
-    """Arena games (and their branches, which use the same flow) end after their second kyoku."""
-    real = game_mod.next_kyoku
-
-    def short(state, result):
-        out = real(state, result)
-        if out.next is not None and (state.kyoku_index > 0 or state.honba > 0):
-            return kyoku_flow.KyokuOutcome(None, out.scores, out.kyotaku)
-        return out
-
-    monkeypatch.setattr(game_mod, "next_kyoku", short)
-    monkeypatch.setattr(cf_mod, "next_kyoku", short)
 
 
 def _run(log_dir, rate, seed_count=1, seed=0):

@@ -73,7 +73,8 @@ def test_other_errors_of_a_state_are_not_taken_for_a_panic():
     assert not isinstance(e.value, StatePanic)
 
 
-def test_a_panicking_state_fails_only_its_game(tmp_path, monkeypatch, caplog):
+def test_a_panicking_state_fails_only_its_game(tmp_path, monkeypatch, caplog, two_kyoku):
+    # games of two kyoku (two_kyoku): the panic comes at the end of the first
     end_kyoku = arena._Game._end_kyoku
 
     def panic_once(self):
@@ -101,7 +102,7 @@ def test_a_panicking_state_fails_only_its_game(tmp_path, monkeypatch, caplog):
     assert "capacity overflow" in warning and '"type"' in warning  # the panic and the event it came on
 
 
-def test_a_panicking_counterfactual_branch_is_dropped(monkeypatch):
+def test_a_panicking_counterfactual_branch_is_dropped(monkeypatch, two_kyoku):
     branch_end = arena._Branch._end_kyoku
 
     def panic(self):
