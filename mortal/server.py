@@ -65,9 +65,9 @@ def main(argv=None):
         raise SystemExit(2) from None
     with server:
         host, port = server.server_address[:2]
-        logger.info('listening on %s:%d (capacity %d, force_sequential %s)', host, port,
-                    server.store.capacity, server.store.force_sequential)
-        try:
+        try:  # from the line a supervisor waits for on: a SIGTERM right after it is still a clean stop
+            logger.info('listening on %s:%d (capacity %d, force_sequential %s)', host, port,
+                        server.store.capacity, server.store.force_sequential)
             server.serve_forever()
         except KeyboardInterrupt as exc:  # also SIGTERM (entry.stop_on_sigterm)
             logger.info('stopped on %s; %s', entry.stop_cause(exc), stop_summary(server.store))
