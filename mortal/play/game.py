@@ -41,12 +41,9 @@ def _feed(seat: int, st: PlayerState, enc, events) -> None:
     """Feed ``events`` (mjai JSON texts) to ``seat``'s state and v4 encoder ``enc``; ``StatePanic`` if either panics."""
     ev = None
     try:
-        if enc is None:
-            for ev in events:
-                st.update(ev)
-        else:
-            for ev in events:
-                st.update(ev)
+        for ev in events:
+            st.update(ev)
+            if enc is not None:
                 enc.update(ev)
     except BaseException as e:  # noqa: BLE001 - pyo3's PanicException is a BaseException
         if not is_rust_panic(e):
