@@ -115,16 +115,13 @@ def _first_legal_cls(batch: bool = False):
     array as it is)."""
     import importlib.util
     import pathlib
-    import sys
 
     import numpy as np
 
     path = pathlib.Path(__file__).resolve().parent / "arena.py"
     spec = importlib.util.spec_from_file_location("arena_bench_floor", path)
     mod = importlib.util.module_from_spec(spec)
-    saved = list(sys.path)
     spec.loader.exec_module(mod)
-    sys.path[:] = saved  # its script header puts this tree first: with --tree, mortal must still come from there
     if not batch:
         return mod.FirstLegal
 
