@@ -143,23 +143,17 @@ class _Game:
         return out
 
     def scenes(self, guard: list[bool], absorbed: dict | None = None) -> list[Scene]:
-        """The scenes of the seats the table asks now; without ``absorbed`` (``absorb``'s answer, if it already
-        ran) their new events are fed to their states on the way (one pass over the seats)."""
+        """The scenes of the seats the table asks now (``absorbed``: their events, if ``absorb`` already ran)."""
+        if absorbed is None:
+            absorbed = self.absorb()
         out = []
-        states, history, encoders = self.states, self.history, self.encoders
         for seat, ob in self.obs.items():
-            st = states[seat]
-            if absorbed is None:
-                events = ob.new_events()
-                _feed(seat, st, encoders[seat], events)
-                history[seat].extend(events)
-            else:
-                events = absorbed[seat]
+            st = self.states[seat]
             if not st.last_cans.can_act:
                 raise ArenaError(f"{self.label(seat)}: the table asks for a decision the PlayerState does not offer "
                                  f"(legal {[a.to_mjai() for a in ob.legal_actions()]})")
             best = (lambda seat=seat: self._best_win_scores(seat)) if guard[seat] else None
-            out.append(Scene(self.gid, seat, st, events, best, encoders[seat]))
+            out.append(Scene(self.gid, seat, st, absorbed[seat], best, self.encoders[seat]))
         return out
 
     def speculate(self, guard: list[bool]) -> list[Scene]:
@@ -208,7 +202,6 @@ class _Game:
 
     def commit(self, decisions: dict) -> None:
         actions = {}
-        calls = 0
         for seat, dec in decisions.items():
             ob = self.obs[seat]
             act = ob.select_action_from_mjai(dec.reaction)  # a dict: no JSON text to build and parse
@@ -216,15 +209,13 @@ class _Game:
                 raise ArenaError(f"{self.label(seat)}: invalid reaction {dec.reaction} "
                                  f"(legal {[a.to_mjai() for a in ob.legal_actions()]})")
             actions[seat] = act
-            ty = dec.reaction.get("type")
-            if ty in REACTION_TYPES:
+            if dec.reaction.get("type") in REACTION_TYPES:
                 self.meta_queue[seat].append([dec.reaction, dec.meta])
-                calls += ty in _CALL_TYPES
         branch = self.fork(self, decisions, actions) if self.fork is not None else None
         obs = self.env.step(actions)
         self.substeps += 1
         # a call is executed iff its caller must act next (discard / rinshan draw)
-        for seat, dec in decisions.items() if calls else ():
+        for seat, dec in decisions.items():
             if dec.reaction.get("type") in _CALL_TYPES and seat not in obs:
                 self.meta_queue[seat].pop()
                 if branch is not None and branch.seat == seat:
@@ -274,10 +265,7 @@ class _Game:
             self._start_kyoku()
 
     def log_text(self) -> str:
-        try:
-            return "\n".join(self.lines) + "\n"  # all text unless a branch wrote into a meta late
-        except TypeError:
-            return "\n".join(map(render_line, self.lines)) + "\n"
+        return "\n".join(map(render_line, self.lines)) + "\n"
 
 
 def _win_scores(env, ob, st: PlayerState, seat: int, flow: KyokuState) -> list[int]:

@@ -37,16 +37,9 @@ class _LockStep:
             bar.update(len(self.games) - remaining)
             while remaining:
                 for g in self.serve(remaining):
-                    dec, g.decided = g.decided, {}
-                    spec = g.spec_decided
-                    if spec:
-                        g.spec_decided = {}
-                    try:  # guarded(), inline: once per step
-                        self.advance(g, dec, spec)
-                    except StatePanic as e:
-                        self.fail(g, e)
-                    if g.new_branches:
-                        self.take_up(g)
+                    dec, spec, g.decided, g.spec_decided = g.decided, g.spec_decided, {}, {}
+                    self.guarded(g, self.advance, g, dec, spec)
+                    self.take_up(g)
                     if g.done and self.settle(g):
                         remaining -= 1
                         bar.update(1)
@@ -125,12 +118,10 @@ class _LockStep:
             g.commit(dec)
             if g.done:
                 return
-            if not (spec and all(d.reaction.get("type") == "none" for d in dec.values())):
-                g.spec = None
-                self.gather(g)  # absorbs the table's new events on the way
-                return
             absorbed = g.absorb()
-            if not g.adopt(absorbed):
+            if not (spec and all(d.reaction.get("type") == "none" for d in dec.values())
+                    and g.adopt(absorbed)):
+                g.spec = None
                 self.gather(g, absorbed)
                 return
             self.arena.speculated[1] += len(spec)
