@@ -391,3 +391,39 @@ def test_the_games_bar_is_not_drawn_into_a_file(tmp_path, capsys):
     arena.py_vs_py(PriorityEngine("trainee", 1), PriorityEngine("baseline", 2), seed_start=(10000, 0), seed_count=1)
     err = capsys.readouterr().err
     assert 'game/s' not in err and '4/4' not in err
+
+
+class ThresholdSpy(PriorityEngine):
+    """Records gc's thresholds at every batch; ``fail`` raises on the first one."""
+
+    def __init__(self, name, seed, fail=False):
+        super().__init__(name, seed)
+        self.seen, self.fail = [], fail
+
+    def react_batch(self, obs, masks, invisible_obs=None):
+        import gc
+        self.seen.append(gc.get_threshold())
+        if self.fail:
+            raise RuntimeError("engine down")
+        return super().react_batch(obs, masks, invisible_obs)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_gc_threshold_raised_for_the_loop_and_restored(fail):
+    import gc
+
+    from mortal.play.arena import GC_THRESHOLD
+    before = gc.get_threshold()
+    gc.set_threshold(700, 9, 8)  # a caller's own setting comes back as it was
+    try:
+        a, b = ThresholdSpy("a", 1, fail=fail), ThresholdSpy("b", 2)
+        if fail:
+            with pytest.raises(RuntimeError, match="engine down"):
+                OneVsThree(disable_progress_bar=True).py_vs_py(a, b, seed_start=(1, 2), seed_count=1)
+        else:
+            OneVsThree(disable_progress_bar=True).py_vs_py(a, b, seed_start=(1, 2), seed_count=1)
+        assert gc.get_threshold() == (700, 9, 8)
+    finally:
+        gc.set_threshold(*before)
+    assert GC_THRESHOLD == 10_000
+    assert a.seen and set(a.seen + b.seen) == {(10_000, 9, 8)}
