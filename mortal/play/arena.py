@@ -26,7 +26,7 @@ from mortal.play.log_writer import LogWriter
 logger = logging.getLogger('mortal.arena')  # the name before the package split (log format)
 
 COUNTERFACTUAL_ALTERNATIVES = ("best", "other_kind", "contested")
-GC_THRESHOLD = 10_000  # gc's first threshold while py_vs_py runs (Python's default 700)
+GC_THRESHOLD = 10_000  # gc's first threshold while py_vs_py runs (docs/performance.md, session 18)
 _CF_WARNED = False  # the warning that counterfactual branches cannot be played was logged
 
 
@@ -159,9 +159,7 @@ class OneVsThree:
         self.counterfactual = dict.fromkeys(self.counterfactual, 0)
         self.counterfactual_kinds = {}
         self._enable_counterfactuals(games, (chal, champ))
-        # The loop keeps each kyoku's reactions, metas and scenes alive until the kyoku ends: at the default
-        # threshold (700) the young generation is scanned every few decisions and its survivors again in the
-        # older ones (about 3 µs a decision of a zero-cost engine's ~90); a larger one for the loop's duration.
+        # a kyoku's reactions and metas live until it ends: at gc's default (700) they were scanned over and over
         thresholds = gc.get_threshold()
         gc.set_threshold(max(thresholds[0], GC_THRESHOLD), *thresholds[1:])
         try:
