@@ -112,7 +112,18 @@ inline uint64_t hash_key(const Key& k) {
     return h ^ (h >> 32);
 }
 
-// Memo of search states: open addressing, linear probing, values in one pool.
+// A memoised state's values at turns depth..T-1, the only turns ever read of a state `depth` draws
+// below the root: tenpai at t[0..len), then win, then ev; index with the absolute turn.
+struct StoredValues {
+    const double* base;
+    int depth, len;
+    double tenpai(int i) const { return base[i - depth]; }
+    double win(int i) const { return base[len + i - depth]; }
+    double ev(int i) const { return base[2 * len + i - depth]; }
+};
+
+// Memo of search states: open addressing, linear probing, values in one pool of
+// doubles (3 x (T - depth) a state, not 3 x 17: the pool is most of the search's memory traffic).
 // clear() keeps the memory (a slot is live only in the current generation), so a
 // reused map costs no allocation or page faults in the next search.
 class StateMap {
@@ -124,8 +135,9 @@ public:
     // follow a cache miss.
     void clear() {
         size_t want = 64;
-        while (want < 2 * pool_.size()) want *= 2;
+        while (want < 2 * count_) want *= 2;
         pool_.clear();
+        count_ = 0;
         if (slots_.size() > 2 * want) {
             slots_.assign(want, Slot{});
             gen_ = 1;
@@ -145,16 +157,27 @@ public:
         return -1;
     }
 
-    const Values& at(int index) const { return pool_[static_cast<size_t>(index)]; }
-
-    const Values& insert(const Key& k, const Values& v) {
-        if ((pool_.size() + 1) * 2 > slots_.size()) grow();
-        pool_.push_back(v);
-        place(k, static_cast<int>(pool_.size() - 1));
-        return pool_.back();
+    // `index` from find(); depth and T as when it was inserted (both are functions of the state).
+    StoredValues at(int index, int depth, int T) const {
+        return StoredValues{pool_.data() + index, depth, std::max(T - depth, 0)};
     }
 
-    size_t size() const { return pool_.size(); }
+    // Store turns depth..T-1 of `v`; valid until the next insert.
+    StoredValues insert(const Key& k, const Values& v, int depth, int T) {
+        if ((count_ + 1) * 2 > slots_.size()) grow();
+        const size_t at = pool_.size();
+        const int len = std::max(T - depth, 0);  // a state deeper than the last turn is never read
+        pool_.resize(at + 3 * static_cast<size_t>(len));
+        double* dst = pool_.data() + at;
+        std::memcpy(dst, v.tenpai + depth, sizeof(double) * len);
+        std::memcpy(dst + len, v.win + depth, sizeof(double) * len);
+        std::memcpy(dst + 2 * len, v.ev + depth, sizeof(double) * len);
+        place(k, static_cast<int>(at));
+        ++count_;
+        return StoredValues{dst, depth, len};
+    }
+
+    size_t size() const { return count_; }
     size_t capacity() const { return slots_.size(); }
 
 private:
@@ -164,7 +187,8 @@ private:
         uint32_t gen = 0;
     };
     std::vector<Slot> slots_;
-    std::vector<Values> pool_;
+    std::vector<double> pool_;
+    size_t count_ = 0;
     uint32_t gen_ = 1;
 
     void place(const Key& k, int index) {
@@ -334,7 +358,7 @@ public:
             c.tile = tiles[k];
             discard(tiles[k]);
             c.required = required_tiles();
-            c.values = draw(shanten);
+            root_values(draw(shanten), c.values);
             undo_discard(tiles[k]);
             finish(c, shanten);
             out.push_back(std::move(c));
@@ -346,7 +370,7 @@ public:
     std::vector<Candidate> analyze_draw(int shanten) {
         Candidate c;
         c.required = required_tiles();
-        c.values = draw(shanten);
+        root_values(draw(shanten), c.values);
         finish(c, shanten);
         return {c};
     }
@@ -391,7 +415,18 @@ private:
     bool assume_riichi_;
     std::vector<double> not_tsumo_;  // (n_left+1) x T: no required tile in the first j draws
     Key key_{{0, 0, 0, 0}};  // (tehai, wall, red fives), kept in step with every move
+    int depth_ = 0;  // draws made below the root: a state's values are read at turns >= its depth only
     std::unique_ptr<Workspace> ws_;  // the memo maps, borrowed from workspace_pool()
+
+    // A root state's stored values as a whole record (turns T..16 zero).
+    void root_values(const StoredValues& v, Values& out) const {
+        std::memset(&out, 0, sizeof out);
+        for (int i = 0; i < T_; ++i) {
+            out.tenpai[i] = v.tenpai(i);
+            out.win[i] = v.win(i);
+            out.ev[i] = v.ev(i);
+        }
+    }
 
     void finish(Candidate& c, int shanten) {
         c.has_values = true;
@@ -437,6 +472,7 @@ private:
         }
     }
     void deal(int t) {
+        ++depth_;
         const int d = deaka(t);
         wall_[d] -= 1;
         key_.w[2 + word_of(d)] -= uint64_t{1} << shift_of(d);
@@ -447,6 +483,7 @@ private:
         undo_discard(t);
     }
     void undo_deal(int t) {
+        --depth_;
         discard(t);
         const int d = deaka(t);
         wall_[d] += 1;
@@ -556,33 +593,34 @@ private:
         return n;
     }
 
-    // Values of the current state from `cache`, computed by `compute(Values&)` on a
-    // miss. The reference is valid until the next insertion into the same map.
+    // Values of the current state from `cache`, computed by `compute(Values&)` (turns >= depth_) on a
+    // miss. The view is valid until the next insertion into the same map.
     template <class Compute>
-    const Values& memoised(StateMap& cache, Compute compute) {
+    StoredValues memoised(StateMap& cache, Compute compute) {
         const int hit = cache.find(key_);
-        if (hit >= 0) return cache.at(hit);
+        if (hit >= 0) return cache.at(hit, depth_, T_);
         const Key k = key_;
+        const int depth = depth_;
         Values v;
         compute(v);
-        return cache.insert(k, v);
+        return cache.insert(k, v, depth, T_);
     }
 
     // Values of the current 3n+1 state.
-    const Values& draw(int shanten) {
+    StoredValues draw(int shanten) {
         return memoised(ws_->draw[shanten], [&](Values& v) { draw_slow(shanten, v); });
     }
 
     void draw_slow(int shanten, Values& out) {
-        const int T = T_;
+        const int T = T_, d0 = depth_;  // turns before d0 are never read
         int tiles[40], counts[40];
         const int n = effective_draws(shanten, tiles, counts);
         int sum_required = 0;
         for (int k = 0; k < n; ++k) sum_required += counts[k];
         const double* nt = &not_tsumo_[static_cast<size_t>(sum_required) * T];
         double q[kMaxTsumosLeft];  // P(first required draw at turn j) per required tile
-        for (int j = 0; j < T; ++j) q[j] = n_left_ - j > 0 ? nt[j] / (n_left_ - j) : 0.0;
-        std::memset(&out, 0, sizeof out);
+        for (int j = d0; j < T; ++j) q[j] = n_left_ - j > 0 ? nt[j] / (n_left_ - j) : 0.0;
+        for (int j = d0; j < T; ++j) out.tenpai[j] = out.win[j] = out.ev[j] = 0.0;
 
         if (shanten == 0) {
             double sc[4] = {0, 0, 0, 0};  // count-weighted tsumo values with +0..+3 han
@@ -601,7 +639,7 @@ private:
             const int haitei = ctx_.calc_haitei ? 1 : 0;
             double tail = 0.0;  // sum of q[j] for i < j < T-1
             double qsum = 0.0;  // sum of q[j] for j >= i
-            for (int i = T - 1; i >= 0; --i) {
+            for (int i = T - 1; i >= d0; --i) {
                 qsum += q[i];
                 if (nt[i] != 0.0) {
                     const int d = (assume_riichi_ && ctx_.calc_double_riichi && i == 0) ? 1 : 0;
@@ -616,20 +654,24 @@ private:
         }
 
         // a[j]: count-weighted child values at turn j+1 (the child draws next).
+        // (turns j >= d0: the child is one draw deeper, its values at j + 1 >= d0 + 1 exist)
         double at[kMaxTsumosLeft] = {}, aw[kMaxTsumosLeft] = {}, ae[kMaxTsumosLeft] = {};
         for (int k = 0; k < n; ++k) {
             deal(tiles[k]);
-            const Values& nxt = discard_step(shanten - 1);
+            const StoredValues nxt = discard_step(shanten - 1);
             const double c = counts[k];
-            for (int j = 0; j + 1 < T; ++j) {
-                at[j] += c * nxt.tenpai[j + 1];
-                aw[j] += c * nxt.win[j + 1];
-                ae[j] += c * nxt.ev[j + 1];
+            const double* nt1 = nxt.base;  // turn d0 + 1
+            const double* nw1 = nxt.base + nxt.len;
+            const double* ne1 = nxt.base + 2 * nxt.len;
+            for (int j = d0; j + 1 < T; ++j) {
+                at[j] += c * nt1[j - d0];
+                aw[j] += c * nw1[j - d0];
+                ae[j] += c * ne1[j - d0];
             }
             undo_deal(tiles[k]);
         }
         double st = 0.0, sw = 0.0, se = 0.0;
-        for (int i = T - 1; i >= 0; --i) {
+        for (int i = T - 1; i >= d0; --i) {
             if (shanten == 1) st += q[i] * sum_required;
             if (i < T - 1) {
                 if (shanten > 1) st += q[i] * at[i];
@@ -645,16 +687,16 @@ private:
     }
 
     // Best-discard values of the current 3n+2 state.
-    const Values& discard_step(int shanten) {
+    StoredValues discard_step(int shanten) {
         return memoised(ws_->discard[shanten], [&](Values& v) { discard_slow(shanten, v); });
     }
 
     void discard_slow(int shanten, Values& out) {
-        const int T = T_;
+        const int T = T_, d0 = depth_;  // turns before d0 are never read
         constexpr double kF32Min = -3.4028234663852886e38;
         int best_tile[kMaxTsumosLeft];
         long long best_val[kMaxTsumosLeft];
-        for (int i = 0; i < T; ++i) {
+        for (int i = d0; i < T; ++i) {
             out.tenpai[i] = out.win[i] = out.ev[i] = kF32Min;
             best_tile[i] = kUnknownTile;
             best_val[i] = -(1LL << 31);
@@ -663,16 +705,16 @@ private:
         const int n = keeping_discards(shanten, tiles);
         for (int k = 0; k < n; ++k) {
             discard(tiles[k]);
-            const Values& v = draw(shanten);
+            const StoredValues v = draw(shanten);
             undo_discard(tiles[k]);
-            for (int i = 0; i < T; ++i) {
+            for (int i = d0; i < T; ++i) {
                 // EVs equal to the point count tie (Mortal compares them as integers)
-                const long long val = static_cast<long long>(v.ev[i]);
+                const long long val = static_cast<long long>(v.ev(i));
                 if (val > best_val[i] ||
                     (val == best_val[i] && cmp_discard_priority(tiles[k], best_tile[i]) > 0)) {
-                    out.tenpai[i] = v.tenpai[i];
-                    out.win[i] = v.win[i];
-                    out.ev[i] = v.ev[i];
+                    out.tenpai[i] = v.tenpai(i);
+                    out.win[i] = v.win(i);
+                    out.ev[i] = v.ev(i);
                     best_val[i] = val;
                     best_tile[i] = tiles[k];
                 }
