@@ -97,19 +97,32 @@ struct Candidate {
     std::vector<std::pair<int, int>> required;  // (tile 0-33, count left)
 };
 
-struct Key {
-    uint64_t w[4];
-    bool operator==(const Key& o) const {
-        return w[0] == o.w[0] && w[1] == o.w[1] && w[2] == o.w[2] && w[3] == o.w[3];
-    }
+// The concealed hand as counts, 3 bits a tile: w[0] tiles 0-16 (red-five bits at 51-53), w[1] tiles 17-33.
+struct HandKey {
+    uint64_t w[2];
 };
 
-inline uint64_t hash_key(const Key& k) {
-    uint64_t h = k.w[0] * 0x9E3779B97F4A7C15ull;
-    h = (h ^ (h >> 29) ^ k.w[1]) * 0xBF58476D1CE4E5B9ull;
-    h = (h ^ (h >> 29) ^ k.w[2]) * 0x94D049BB133111EBull;
-    h = (h ^ (h >> 29) ^ k.w[3]) * 0x9E3779B97F4A7C15ull;
-    return h ^ (h >> 32);
+// A search state by the moves from the root: the tiles drawn (bits 0-29) and the tiles discarded (bits 32-61),
+// each a list of tile ids 0-36 plus one in ascending 6-bit fields. Exact within one search: the wall is the
+// root's minus the drawn tiles and the hand the root's plus the drawn minus the discarded (red fives are ids
+// 34-36), so two states share a key only if they share hand, wall and red fives. A search makes at most 4
+// draws and 4 discards below its root (5 fields each). 8 bytes instead of the 32 of (hand, wall): the memo
+// slots are what a search waits on.
+using StateKey = uint64_t;
+
+// `key` with tile `t` added to its list at bit `base` (0: drawn, 32: discarded).
+inline StateKey key_add(StateKey key, int t, int base) {
+    const uint64_t list = key >> base & 0x3FFFFFFF, v = static_cast<uint64_t>(t + 1);
+    int shift = 0;
+    while (shift < 30 && (list >> shift & 63) != 0 && (list >> shift & 63) < v) shift += 6;
+    const uint64_t low = (uint64_t{1} << shift) - 1;
+    const uint64_t grown = ((list & low) | v << shift | (list & ~low) << 6) & 0x3FFFFFFF;
+    return (key & ~(uint64_t{0x3FFFFFFF} << base)) | grown << base;
+}
+
+inline uint64_t hash_key(StateKey k) {
+    uint64_t h = k * 0x9E3779B97F4A7C15ull;
+    return h ^ (h >> 29);
 }
 
 // A memoised state's values at turns depth..T-1, the only turns ever read of a state `depth` draws
@@ -148,7 +161,7 @@ public:
     }
 
     // Pool index of `k`, or -1.
-    int find(const Key& k) const {
+    int find(StateKey k) const {
         size_t i = hash_key(k) & (slots_.size() - 1);
         while (slots_[i].gen == gen_) {
             if (slots_[i].key == k) return slots_[i].index;
@@ -163,7 +176,7 @@ public:
     }
 
     // Store turns depth..T-1 of `v`; valid until the next insert.
-    StoredValues insert(const Key& k, const Values& v, int depth, int T) {
+    StoredValues insert(StateKey k, const Values& v, int depth, int T) {
         if ((count_ + 1) * 2 > slots_.size()) grow();
         const size_t at = pool_.size();
         const int len = std::max(T - depth, 0);  // a state deeper than the last turn is never read
@@ -182,7 +195,7 @@ public:
 
 private:
     struct Slot {
-        Key key{{0, 0, 0, 0}};
+        StateKey key = 0;
         int index = -1;
         uint32_t gen = 0;
     };
@@ -191,7 +204,7 @@ private:
     size_t count_ = 0;
     uint32_t gen_ = 1;
 
-    void place(const Key& k, int index) {
+    void place(StateKey k, int index) {
         size_t i = hash_key(k) & (slots_.size() - 1);
         while (slots_[i].gen == gen_) i = (i + 1) & (slots_.size() - 1);
         slots_[i].key = k;
@@ -414,7 +427,10 @@ private:
     int akas_hand_, akas_wall_;
     bool assume_riichi_;
     std::vector<double> not_tsumo_;  // (n_left+1) x T: no required tile in the first j draws
-    Key key_{{0, 0, 0, 0}};  // (tehai, wall, red fives), kept in step with every move
+    HandKey key_{{0, 0}};  // the hand's counts and red fives, kept in step with every move
+    StateKey state_ = 0;  // the moves from the root (see StateKey), kept in step with every move
+    StateKey saved_[16];  // state_ before each move not yet undone (moves nest at most 9 deep)
+    int n_saved_ = 0;
     int depth_ = 0;  // draws made below the root: a state's values are read at turns >= its depth only
     std::unique_ptr<Workspace> ws_;  // the memo maps, borrowed from workspace_pool()
 
@@ -438,22 +454,19 @@ private:
         }
     }
 
-    // Key layout: 3 bits per count; w[0..1] tehai tiles 0-16 / 17-33, w[2..3] the
-    // wall likewise; red-five bits at 51-53 of w[0] (hand) and w[2] (wall).
+    // Hand key layout: see HandKey.
     static int word_of(int tid) { return tid < 17 ? 0 : 1; }
     static int shift_of(int tid) { return 3 * (tid < 17 ? tid : tid - 17); }
 
     void init_key() {
-        key_ = Key{{0, 0, 0, 0}};
-        for (int t = 0; t < 34; ++t) {
-            key_.w[word_of(t)] |= static_cast<uint64_t>(tehai_[t]) << shift_of(t);
-            key_.w[2 + word_of(t)] |= static_cast<uint64_t>(wall_[t]) << shift_of(t);
-        }
+        key_ = HandKey{{0, 0}};
+        for (int t = 0; t < 34; ++t) key_.w[word_of(t)] |= static_cast<uint64_t>(tehai_[t]) << shift_of(t);
         key_.w[0] |= static_cast<uint64_t>(akas_hand_) << 51;
-        key_.w[2] |= static_cast<uint64_t>(akas_wall_) << 51;
+        state_ = 0;
+        n_saved_ = 0;
     }
 
-    void discard(int t) {
+    void take(int t) {
         const int d = deaka(t);
         tehai_[d] -= 1;
         key_.w[word_of(d)] -= uint64_t{1} << shift_of(d);
@@ -462,7 +475,7 @@ private:
             key_.w[0] &= ~(uint64_t{1} << (51 + t - 34));
         }
     }
-    void undo_discard(int t) {
+    void put(int t) {
         const int d = deaka(t);
         tehai_[d] += 1;
         key_.w[word_of(d)] += uint64_t{1} << shift_of(d);
@@ -471,27 +484,32 @@ private:
             key_.w[0] |= uint64_t{1} << (51 + t - 34);
         }
     }
+    // Moves nest (each undo reverses the last move not yet undone), so state_ is restored from saved_.
+    void discard(int t) {
+        saved_[n_saved_++] = state_;
+        state_ = key_add(state_, t, 32);
+        take(t);
+    }
+    void undo_discard(int t) {
+        state_ = saved_[--n_saved_];
+        put(t);
+    }
     void deal(int t) {
+        saved_[n_saved_++] = state_;
+        state_ = key_add(state_, t, 0);
         ++depth_;
         const int d = deaka(t);
         wall_[d] -= 1;
-        key_.w[2 + word_of(d)] -= uint64_t{1} << shift_of(d);
-        if (t >= 34) {
-            akas_wall_ &= ~(1 << (t - 34));
-            key_.w[2] &= ~(uint64_t{1} << (51 + t - 34));
-        }
-        undo_discard(t);
+        if (t >= 34) akas_wall_ &= ~(1 << (t - 34));
+        put(t);
     }
     void undo_deal(int t) {
+        state_ = saved_[--n_saved_];
         --depth_;
-        discard(t);
+        take(t);
         const int d = deaka(t);
         wall_[d] += 1;
-        key_.w[2 + word_of(d)] += uint64_t{1} << shift_of(d);
-        if (t >= 34) {
-            akas_wall_ |= 1 << (t - 34);
-            key_.w[2] |= uint64_t{1} << (51 + t - 34);
-        }
+        if (t >= 34) akas_wall_ |= 1 << (t - 34);
     }
 
     // Tiles t (as a bit mask) whose draw (delta +1) or discard (delta -1) gives a hand of
@@ -597,9 +615,9 @@ private:
     // miss. The view is valid until the next insertion into the same map.
     template <class Compute>
     StoredValues memoised(StateMap& cache, Compute compute) {
-        const int hit = cache.find(key_);
+        const int hit = cache.find(state_);
         if (hit >= 0) return cache.at(hit, depth_, T_);
-        const Key k = key_;
+        const StateKey k = state_;
         const int depth = depth_;
         Values v;
         compute(v);
