@@ -230,10 +230,11 @@ public:
 
     MaskMap() { slots_.assign(1024, Slot{}); }
 
-    // Mask of `k`; false if absent.
+    // Mask of (a, b); false if absent. b's bit 63 is free (it marks a used slot).
     bool find(uint64_t a, uint64_t b, uint64_t* mask) const {
+        b |= kUsed;
         size_t i = hash(a, b) & (slots_.size() - 1);
-        while (slots_[i].used) {
+        while (slots_[i].b != 0) {
             if (slots_[i].a == a && slots_[i].b == b) {
                 *mask = slots_[i].mask;
                 return true;
@@ -249,14 +250,14 @@ public:
             size_ = 0;
         }
         if ((size_ + 1) * 2 > slots_.size()) grow();
-        place(a, b, mask);
+        place(a, b | kUsed, mask);
         ++size_;
     }
 
 private:
+    static constexpr uint64_t kUsed = uint64_t{1} << 63;
     struct Slot {
-        uint64_t a = 0, b = 0, mask = 0;
-        bool used = false;
+        uint64_t a = 0, b = 0, mask = 0;  // b == 0: empty (24 bytes a slot: the table is read at random)
     };
     std::vector<Slot> slots_;
     size_t size_ = 0;
@@ -268,15 +269,15 @@ private:
 
     void place(uint64_t a, uint64_t b, uint64_t mask) {
         size_t i = hash(a, b) & (slots_.size() - 1);
-        while (slots_[i].used) i = (i + 1) & (slots_.size() - 1);
-        slots_[i] = Slot{a, b, mask, true};
+        while (slots_[i].b != 0) i = (i + 1) & (slots_.size() - 1);
+        slots_[i] = Slot{a, b, mask};
     }
 
     void grow() {
         std::vector<Slot> old(slots_.size() * 2, Slot{});
         old.swap(slots_);
         for (const Slot& s : old)
-            if (s.used) place(s.a, s.b, s.mask);
+            if (s.b != 0) place(s.a, s.b, s.mask);
     }
 };
 
