@@ -432,7 +432,12 @@ private:
     HandKey key_{{0, 0}};  // the hand's counts and red fives, kept in step with every move
     StateKey state_ = 0;  // the moves from the root (see StateKey), kept in step with every move
     StateKey saved_[16];  // state_ before each move not yet undone (moves nest at most 9 deep)
-    int n_saved_ = 0;
+    int n_saved_ = 0;     // the nesting level of the current hand (0: the root's)
+    // Per level: the move that made it (tile 0-33, +1 drawn / -1 discarded) and, once a tile mask was computed
+    // there, that hand's shanten view, from which the next level's view is derived.
+    int move_tile_[16], move_delta_[16];
+    ShantenView views_[16];
+    bool view_ok_[16] = {};
     int depth_ = 0;  // draws made below the root: a state's values are read at turns >= its depth only
     std::unique_ptr<Workspace> ws_;  // the memo maps, borrowed from workspace_pool()
 
@@ -466,6 +471,14 @@ private:
         key_.w[0] |= static_cast<uint64_t>(akas_hand_) << 51;
         state_ = 0;
         n_saved_ = 0;
+        view_ok_[0] = false;
+    }
+
+    void push_move(int t, int delta) {
+        saved_[n_saved_++] = state_;
+        move_tile_[n_saved_] = deaka(t);
+        move_delta_[n_saved_] = delta;
+        view_ok_[n_saved_] = false;
     }
 
     void take(int t) {
@@ -488,7 +501,7 @@ private:
     }
     // Moves nest (each undo reverses the last move not yet undone), so state_ is restored from saved_.
     void discard(int t) {
-        saved_[n_saved_++] = state_;
+        push_move(t, -1);
         state_ = key_add(state_, t, 32);
         take(t);
     }
@@ -497,7 +510,7 @@ private:
         put(t);
     }
     void deal(int t) {
-        saved_[n_saved_++] = state_;
+        push_move(t, +1);
         state_ = key_add(state_, t, 0);
         ++depth_;
         const int d = deaka(t);
@@ -524,8 +537,13 @@ private:
                            static_cast<uint64_t>(target + 1 + 8) << 54;
         uint64_t mask = 0;
         if (cache.find(a, b, &mask)) return mask;
-        ShantenView view;
-        view.init(tehai_, ctx_.len_div3, ws_->neighbours);
+        const int level = n_saved_;
+        ShantenView& view = views_[level];
+        if (level > 0 && view_ok_[level - 1])
+            view.derive(views_[level - 1], move_tile_[level], move_delta_[level], tehai_);
+        else
+            view.init(tehai_, ctx_.len_div3, ws_->neighbours);
+        view_ok_[level] = true;
         for (int g = 0; g < 4; ++g) {
             const uint64_t fields = view.group_fields(g, delta, ws_->group_shanten);
             for (int p = 0; p < (g == 3 ? 7 : 9); ++p) {
