@@ -97,22 +97,46 @@ struct Candidate {
     std::vector<std::pair<int, int>> required;  // (tile 0-33, count left)
 };
 
-struct Key {
-    uint64_t w[4];
-    bool operator==(const Key& o) const {
-        return w[0] == o.w[0] && w[1] == o.w[1] && w[2] == o.w[2] && w[3] == o.w[3];
-    }
+// The concealed hand as counts, 3 bits a tile: w[0] tiles 0-16 (red-five bits at 51-53), w[1] tiles 17-33.
+struct HandKey {
+    uint64_t w[2];
 };
 
-inline uint64_t hash_key(const Key& k) {
-    uint64_t h = k.w[0] * 0x9E3779B97F4A7C15ull;
-    h = (h ^ (h >> 29) ^ k.w[1]) * 0xBF58476D1CE4E5B9ull;
-    h = (h ^ (h >> 29) ^ k.w[2]) * 0x94D049BB133111EBull;
-    h = (h ^ (h >> 29) ^ k.w[3]) * 0x9E3779B97F4A7C15ull;
-    return h ^ (h >> 32);
+// A search state by the moves from the root: the tiles drawn (bits 0-29) and the tiles discarded (bits 32-61),
+// each a list of tile ids 0-36 plus one in ascending 6-bit fields. Exact within one search: the wall is the
+// root's minus the drawn tiles and the hand the root's plus the drawn minus the discarded (red fives are ids
+// 34-36), so two states share a key only if they share hand, wall and red fives. A search makes at most 4
+// draws and 4 discards below its root (5 fields each). 8 bytes instead of the 32 of (hand, wall): the memo
+// slots are what a search waits on.
+using StateKey = uint64_t;
+
+// `key` with tile `t` added to its list at bit `base` (0: drawn, 32: discarded).
+inline StateKey key_add(StateKey key, int t, int base) {
+    const uint64_t list = key >> base & 0x3FFFFFFF, v = static_cast<uint64_t>(t + 1);
+    int shift = 0;
+    while (shift < 30 && (list >> shift & 63) != 0 && (list >> shift & 63) < v) shift += 6;
+    const uint64_t low = (uint64_t{1} << shift) - 1;
+    const uint64_t grown = ((list & low) | v << shift | (list & ~low) << 6) & 0x3FFFFFFF;
+    return (key & ~(uint64_t{0x3FFFFFFF} << base)) | grown << base;
 }
 
-// Memo of search states: open addressing, linear probing, values in one pool.
+inline uint64_t hash_key(StateKey k) {
+    uint64_t h = k * 0x9E3779B97F4A7C15ull;
+    return h ^ (h >> 29);
+}
+
+// A memoised state's values at turns depth..T-1, the only turns ever read of a state `depth` draws
+// below the root: tenpai at t[0..len), then win, then ev; index with the absolute turn.
+struct StoredValues {
+    const double* base;
+    int depth, len;
+    double tenpai(int i) const { return base[i - depth]; }
+    double win(int i) const { return base[len + i - depth]; }
+    double ev(int i) const { return base[2 * len + i - depth]; }
+};
+
+// Memo of search states: open addressing, linear probing, values in one pool of
+// doubles (3 x (T - depth) a state, not 3 x 17: the pool is most of the search's memory traffic).
 // clear() keeps the memory (a slot is live only in the current generation), so a
 // reused map costs no allocation or page faults in the next search.
 class StateMap {
@@ -124,8 +148,9 @@ public:
     // follow a cache miss.
     void clear() {
         size_t want = 64;
-        while (want < 2 * pool_.size()) want *= 2;
+        while (want < 2 * count_) want *= 2;
         pool_.clear();
+        count_ = 0;
         if (slots_.size() > 2 * want) {
             slots_.assign(want, Slot{});
             gen_ = 1;
@@ -136,7 +161,7 @@ public:
     }
 
     // Pool index of `k`, or -1.
-    int find(const Key& k) const {
+    int find(StateKey k) const {
         size_t i = hash_key(k) & (slots_.size() - 1);
         while (slots_[i].gen == gen_) {
             if (slots_[i].key == k) return slots_[i].index;
@@ -145,29 +170,41 @@ public:
         return -1;
     }
 
-    const Values& at(int index) const { return pool_[static_cast<size_t>(index)]; }
-
-    const Values& insert(const Key& k, const Values& v) {
-        if ((pool_.size() + 1) * 2 > slots_.size()) grow();
-        pool_.push_back(v);
-        place(k, static_cast<int>(pool_.size() - 1));
-        return pool_.back();
+    // `index` from find(); depth and T as when it was inserted (both are functions of the state).
+    StoredValues at(int index, int depth, int T) const {
+        return StoredValues{pool_.data() + index, depth, std::max(T - depth, 0)};
     }
 
-    size_t size() const { return pool_.size(); }
+    // Store turns depth..T-1 of `v`; valid until the next insert.
+    StoredValues insert(StateKey k, const Values& v, int depth, int T) {
+        if ((count_ + 1) * 2 > slots_.size()) grow();
+        const size_t at = pool_.size();
+        const int len = std::max(T - depth, 0);  // a state deeper than the last turn is never read
+        pool_.resize(at + 3 * static_cast<size_t>(len));
+        double* dst = pool_.data() + at;
+        std::memcpy(dst, v.tenpai + depth, sizeof(double) * len);
+        std::memcpy(dst + len, v.win + depth, sizeof(double) * len);
+        std::memcpy(dst + 2 * len, v.ev + depth, sizeof(double) * len);
+        place(k, static_cast<int>(at));
+        ++count_;
+        return StoredValues{dst, depth, len};
+    }
+
+    size_t size() const { return count_; }
     size_t capacity() const { return slots_.size(); }
 
 private:
     struct Slot {
-        Key key{{0, 0, 0, 0}};
+        StateKey key = 0;
         int index = -1;
         uint32_t gen = 0;
     };
     std::vector<Slot> slots_;
-    std::vector<Values> pool_;
+    std::vector<double> pool_;
+    size_t count_ = 0;
     uint32_t gen_ = 1;
 
-    void place(const Key& k, int index) {
+    void place(StateKey k, int index) {
         size_t i = hash_key(k) & (slots_.size() - 1);
         while (slots_[i].gen == gen_) i = (i + 1) & (slots_.size() - 1);
         slots_[i].key = k;
@@ -186,17 +223,19 @@ private:
 // Tile masks by concealed hand (tehai + len_div3), kept across searches: which
 // draws lower the shanten of a 3n+1 hand, which discards keep that of a 3n+2 hand.
 // They depend on the hand only, and successive decisions of a seat search
-// mostly the same hands. Emptied when it reaches kMaxEntries.
+// mostly the same hands. Emptied when it reaches kMaxEntries: 4,096 hands (8,192 slots, 192 KB) stay in a
+// core's L2 cache beside the memo; 16,384 measured 4-8% slower a decision, 1,024 slower too.
 class MaskMap {
 public:
-    static constexpr size_t kMaxEntries = size_t{1} << 14;
+    static constexpr size_t kMaxEntries = size_t{1} << 12;
 
     MaskMap() { slots_.assign(1024, Slot{}); }
 
-    // Mask of `k`; false if absent.
+    // Mask of (a, b); false if absent. b's bit 63 is free (it marks a used slot).
     bool find(uint64_t a, uint64_t b, uint64_t* mask) const {
+        b |= kUsed;
         size_t i = hash(a, b) & (slots_.size() - 1);
-        while (slots_[i].used) {
+        while (slots_[i].b != 0) {
             if (slots_[i].a == a && slots_[i].b == b) {
                 *mask = slots_[i].mask;
                 return true;
@@ -212,14 +251,14 @@ public:
             size_ = 0;
         }
         if ((size_ + 1) * 2 > slots_.size()) grow();
-        place(a, b, mask);
+        place(a, b | kUsed, mask);
         ++size_;
     }
 
 private:
+    static constexpr uint64_t kUsed = uint64_t{1} << 63;
     struct Slot {
-        uint64_t a = 0, b = 0, mask = 0;
-        bool used = false;
+        uint64_t a = 0, b = 0, mask = 0;  // b == 0: empty (24 bytes a slot: the table is read at random)
     };
     std::vector<Slot> slots_;
     size_t size_ = 0;
@@ -231,15 +270,15 @@ private:
 
     void place(uint64_t a, uint64_t b, uint64_t mask) {
         size_t i = hash(a, b) & (slots_.size() - 1);
-        while (slots_[i].used) i = (i + 1) & (slots_.size() - 1);
-        slots_[i] = Slot{a, b, mask, true};
+        while (slots_[i].b != 0) i = (i + 1) & (slots_.size() - 1);
+        slots_[i] = Slot{a, b, mask};
     }
 
     void grow() {
         std::vector<Slot> old(slots_.size() * 2, Slot{});
         old.swap(slots_);
         for (const Slot& s : old)
-            if (s.used) place(s.a, s.b, s.mask);
+            if (s.b != 0) place(s.a, s.b, s.mask);
     }
 };
 
@@ -334,7 +373,7 @@ public:
             c.tile = tiles[k];
             discard(tiles[k]);
             c.required = required_tiles();
-            c.values = draw(shanten);
+            root_values(draw(shanten), c.values);
             undo_discard(tiles[k]);
             finish(c, shanten);
             out.push_back(std::move(c));
@@ -346,7 +385,7 @@ public:
     std::vector<Candidate> analyze_draw(int shanten) {
         Candidate c;
         c.required = required_tiles();
-        c.values = draw(shanten);
+        root_values(draw(shanten), c.values);
         finish(c, shanten);
         return {c};
     }
@@ -390,8 +429,27 @@ private:
     int akas_hand_, akas_wall_;
     bool assume_riichi_;
     std::vector<double> not_tsumo_;  // (n_left+1) x T: no required tile in the first j draws
-    Key key_{{0, 0, 0, 0}};  // (tehai, wall, red fives), kept in step with every move
+    HandKey key_{{0, 0}};  // the hand's counts and red fives, kept in step with every move
+    StateKey state_ = 0;  // the moves from the root (see StateKey), kept in step with every move
+    StateKey saved_[16];  // state_ before each move not yet undone (moves nest at most 9 deep)
+    int n_saved_ = 0;     // the nesting level of the current hand (0: the root's)
+    // Per level: the move that made it (tile 0-33, +1 drawn / -1 discarded) and, once a tile mask was computed
+    // there, that hand's shanten view, from which the next level's view is derived.
+    int move_tile_[16], move_delta_[16];
+    ShantenView views_[16];
+    bool view_ok_[16] = {};
+    int depth_ = 0;  // draws made below the root: a state's values are read at turns >= its depth only
     std::unique_ptr<Workspace> ws_;  // the memo maps, borrowed from workspace_pool()
+
+    // A root state's stored values as a whole record (turns T..16 zero).
+    void root_values(const StoredValues& v, Values& out) const {
+        std::memset(&out, 0, sizeof out);
+        for (int i = 0; i < T_; ++i) {
+            out.tenpai[i] = v.tenpai(i);
+            out.win[i] = v.win(i);
+            out.ev[i] = v.ev(i);
+        }
+    }
 
     void finish(Candidate& c, int shanten) {
         c.has_values = true;
@@ -403,22 +461,27 @@ private:
         }
     }
 
-    // Key layout: 3 bits per count; w[0..1] tehai tiles 0-16 / 17-33, w[2..3] the
-    // wall likewise; red-five bits at 51-53 of w[0] (hand) and w[2] (wall).
+    // Hand key layout: see HandKey.
     static int word_of(int tid) { return tid < 17 ? 0 : 1; }
     static int shift_of(int tid) { return 3 * (tid < 17 ? tid : tid - 17); }
 
     void init_key() {
-        key_ = Key{{0, 0, 0, 0}};
-        for (int t = 0; t < 34; ++t) {
-            key_.w[word_of(t)] |= static_cast<uint64_t>(tehai_[t]) << shift_of(t);
-            key_.w[2 + word_of(t)] |= static_cast<uint64_t>(wall_[t]) << shift_of(t);
-        }
+        key_ = HandKey{{0, 0}};
+        for (int t = 0; t < 34; ++t) key_.w[word_of(t)] |= static_cast<uint64_t>(tehai_[t]) << shift_of(t);
         key_.w[0] |= static_cast<uint64_t>(akas_hand_) << 51;
-        key_.w[2] |= static_cast<uint64_t>(akas_wall_) << 51;
+        state_ = 0;
+        n_saved_ = 0;
+        view_ok_[0] = false;
     }
 
-    void discard(int t) {
+    void push_move(int t, int delta) {
+        saved_[n_saved_++] = state_;
+        move_tile_[n_saved_] = deaka(t);
+        move_delta_[n_saved_] = delta;
+        view_ok_[n_saved_] = false;
+    }
+
+    void take(int t) {
         const int d = deaka(t);
         tehai_[d] -= 1;
         key_.w[word_of(d)] -= uint64_t{1} << shift_of(d);
@@ -427,7 +490,7 @@ private:
             key_.w[0] &= ~(uint64_t{1} << (51 + t - 34));
         }
     }
-    void undo_discard(int t) {
+    void put(int t) {
         const int d = deaka(t);
         tehai_[d] += 1;
         key_.w[word_of(d)] += uint64_t{1} << shift_of(d);
@@ -436,25 +499,32 @@ private:
             key_.w[0] |= uint64_t{1} << (51 + t - 34);
         }
     }
+    // Moves nest (each undo reverses the last move not yet undone), so state_ is restored from saved_.
+    void discard(int t) {
+        push_move(t, -1);
+        state_ = key_add(state_, t, 32);
+        take(t);
+    }
+    void undo_discard(int t) {
+        state_ = saved_[--n_saved_];
+        put(t);
+    }
     void deal(int t) {
+        push_move(t, +1);
+        state_ = key_add(state_, t, 0);
+        ++depth_;
         const int d = deaka(t);
         wall_[d] -= 1;
-        key_.w[2 + word_of(d)] -= uint64_t{1} << shift_of(d);
-        if (t >= 34) {
-            akas_wall_ &= ~(1 << (t - 34));
-            key_.w[2] &= ~(uint64_t{1} << (51 + t - 34));
-        }
-        undo_discard(t);
+        if (t >= 34) akas_wall_ &= ~(1 << (t - 34));
+        put(t);
     }
     void undo_deal(int t) {
-        discard(t);
+        state_ = saved_[--n_saved_];
+        --depth_;
+        take(t);
         const int d = deaka(t);
         wall_[d] += 1;
-        key_.w[2 + word_of(d)] += uint64_t{1} << shift_of(d);
-        if (t >= 34) {
-            akas_wall_ |= 1 << (t - 34);
-            key_.w[2] |= uint64_t{1} << (51 + t - 34);
-        }
+        if (t >= 34) akas_wall_ |= 1 << (t - 34);
     }
 
     // Tiles t (as a bit mask) whose draw (delta +1) or discard (delta -1) gives a hand of
@@ -467,8 +537,13 @@ private:
                            static_cast<uint64_t>(target + 1 + 8) << 54;
         uint64_t mask = 0;
         if (cache.find(a, b, &mask)) return mask;
-        ShantenView view;
-        view.init(tehai_, ctx_.len_div3, ws_->neighbours);
+        const int level = n_saved_;
+        ShantenView& view = views_[level];
+        if (level > 0 && view_ok_[level - 1])
+            view.derive(views_[level - 1], move_tile_[level], move_delta_[level], tehai_);
+        else
+            view.init(tehai_, ctx_.len_div3, ws_->neighbours);
+        view_ok_[level] = true;
         for (int g = 0; g < 4; ++g) {
             const uint64_t fields = view.group_fields(g, delta, ws_->group_shanten);
             for (int p = 0; p < (g == 3 ? 7 : 9); ++p) {
@@ -556,33 +631,34 @@ private:
         return n;
     }
 
-    // Values of the current state from `cache`, computed by `compute(Values&)` on a
-    // miss. The reference is valid until the next insertion into the same map.
+    // Values of the current state from `cache`, computed by `compute(Values&)` (turns >= depth_) on a
+    // miss. The view is valid until the next insertion into the same map.
     template <class Compute>
-    const Values& memoised(StateMap& cache, Compute compute) {
-        const int hit = cache.find(key_);
-        if (hit >= 0) return cache.at(hit);
-        const Key k = key_;
+    StoredValues memoised(StateMap& cache, Compute compute) {
+        const int hit = cache.find(state_);
+        if (hit >= 0) return cache.at(hit, depth_, T_);
+        const StateKey k = state_;
+        const int depth = depth_;
         Values v;
         compute(v);
-        return cache.insert(k, v);
+        return cache.insert(k, v, depth, T_);
     }
 
     // Values of the current 3n+1 state.
-    const Values& draw(int shanten) {
+    StoredValues draw(int shanten) {
         return memoised(ws_->draw[shanten], [&](Values& v) { draw_slow(shanten, v); });
     }
 
     void draw_slow(int shanten, Values& out) {
-        const int T = T_;
+        const int T = T_, d0 = depth_;  // turns before d0 are never read
         int tiles[40], counts[40];
         const int n = effective_draws(shanten, tiles, counts);
         int sum_required = 0;
         for (int k = 0; k < n; ++k) sum_required += counts[k];
         const double* nt = &not_tsumo_[static_cast<size_t>(sum_required) * T];
         double q[kMaxTsumosLeft];  // P(first required draw at turn j) per required tile
-        for (int j = 0; j < T; ++j) q[j] = n_left_ - j > 0 ? nt[j] / (n_left_ - j) : 0.0;
-        std::memset(&out, 0, sizeof out);
+        for (int j = d0; j < T; ++j) q[j] = n_left_ - j > 0 ? nt[j] / (n_left_ - j) : 0.0;
+        for (int j = d0; j < T; ++j) out.tenpai[j] = out.win[j] = out.ev[j] = 0.0;
 
         if (shanten == 0) {
             double sc[4] = {0, 0, 0, 0};  // count-weighted tsumo values with +0..+3 han
@@ -601,7 +677,7 @@ private:
             const int haitei = ctx_.calc_haitei ? 1 : 0;
             double tail = 0.0;  // sum of q[j] for i < j < T-1
             double qsum = 0.0;  // sum of q[j] for j >= i
-            for (int i = T - 1; i >= 0; --i) {
+            for (int i = T - 1; i >= d0; --i) {
                 qsum += q[i];
                 if (nt[i] != 0.0) {
                     const int d = (assume_riichi_ && ctx_.calc_double_riichi && i == 0) ? 1 : 0;
@@ -616,20 +692,24 @@ private:
         }
 
         // a[j]: count-weighted child values at turn j+1 (the child draws next).
+        // (turns j >= d0: the child is one draw deeper, its values at j + 1 >= d0 + 1 exist)
         double at[kMaxTsumosLeft] = {}, aw[kMaxTsumosLeft] = {}, ae[kMaxTsumosLeft] = {};
         for (int k = 0; k < n; ++k) {
             deal(tiles[k]);
-            const Values& nxt = discard_step(shanten - 1);
+            const StoredValues nxt = discard_step(shanten - 1);
             const double c = counts[k];
-            for (int j = 0; j + 1 < T; ++j) {
-                at[j] += c * nxt.tenpai[j + 1];
-                aw[j] += c * nxt.win[j + 1];
-                ae[j] += c * nxt.ev[j + 1];
+            const double* nt1 = nxt.base;  // turn d0 + 1
+            const double* nw1 = nxt.base + nxt.len;
+            const double* ne1 = nxt.base + 2 * nxt.len;
+            for (int j = d0; j + 1 < T; ++j) {
+                at[j] += c * nt1[j - d0];
+                aw[j] += c * nw1[j - d0];
+                ae[j] += c * ne1[j - d0];
             }
             undo_deal(tiles[k]);
         }
         double st = 0.0, sw = 0.0, se = 0.0;
-        for (int i = T - 1; i >= 0; --i) {
+        for (int i = T - 1; i >= d0; --i) {
             if (shanten == 1) st += q[i] * sum_required;
             if (i < T - 1) {
                 if (shanten > 1) st += q[i] * at[i];
@@ -645,16 +725,16 @@ private:
     }
 
     // Best-discard values of the current 3n+2 state.
-    const Values& discard_step(int shanten) {
+    StoredValues discard_step(int shanten) {
         return memoised(ws_->discard[shanten], [&](Values& v) { discard_slow(shanten, v); });
     }
 
     void discard_slow(int shanten, Values& out) {
-        const int T = T_;
+        const int T = T_, d0 = depth_;  // turns before d0 are never read
         constexpr double kF32Min = -3.4028234663852886e38;
         int best_tile[kMaxTsumosLeft];
         long long best_val[kMaxTsumosLeft];
-        for (int i = 0; i < T; ++i) {
+        for (int i = d0; i < T; ++i) {
             out.tenpai[i] = out.win[i] = out.ev[i] = kF32Min;
             best_tile[i] = kUnknownTile;
             best_val[i] = -(1LL << 31);
@@ -663,16 +743,16 @@ private:
         const int n = keeping_discards(shanten, tiles);
         for (int k = 0; k < n; ++k) {
             discard(tiles[k]);
-            const Values& v = draw(shanten);
+            const StoredValues v = draw(shanten);
             undo_discard(tiles[k]);
-            for (int i = 0; i < T; ++i) {
+            for (int i = d0; i < T; ++i) {
                 // EVs equal to the point count tie (Mortal compares them as integers)
-                const long long val = static_cast<long long>(v.ev[i]);
+                const long long val = static_cast<long long>(v.ev(i));
                 if (val > best_val[i] ||
                     (val == best_val[i] && cmp_discard_priority(tiles[k], best_tile[i]) > 0)) {
-                    out.tenpai[i] = v.tenpai[i];
-                    out.win[i] = v.win[i];
-                    out.ev[i] = v.ev[i];
+                    out.tenpai[i] = v.tenpai(i);
+                    out.win[i] = v.win(i);
+                    out.ev[i] = v.ev(i);
                     best_val[i] = val;
                     best_tile[i] = tiles[k];
                 }
