@@ -109,6 +109,7 @@ struct HandKey {
 // draws and 4 discards below its root (5 fields each). 8 bytes instead of the 32 of (hand, wall): the memo
 // slots are what a search waits on.
 using StateKey = uint64_t;
+static_assert(kShantenThres + 1 <= 5, "a StateKey list holds 5 tiles: a search draws at most kShantenThres + 1");
 
 // `key` with tile `t` added to its list at bit `base` (0: drawn, 32: discarded).
 inline StateKey key_add(StateKey key, int t, int base) {
