@@ -139,3 +139,26 @@ def folder_errors(cfg, config_path: str) -> list[str]:
                 errors.append(f'{key} = {value!r}{where} is emptied by its process but holds {key2} ({real2}): '
                               f'choose a folder of its own')
     return errors
+
+
+def learner_input_errors(cfg, config_path: str) -> list[str]:
+    """One message per file the learner of the typed ``cfg`` must read at its start that is not a file:
+    ``[baseline.test] state_file`` (the test play's opponent), ``[grp] state_file`` when ``[env] reward = 'grp'``,
+    ``[baseline.train] state_file`` online with ``[online] anchor_weight > 0``. ``[control] state_file`` may be
+    absent (a fresh start, as Mortal)."""
+    needed = []
+    test = cfg.baseline and cfg.baseline.test
+    if test is not None:
+        needed.append(('[baseline.test] state_file', test.state_file, 'test play plays against it'))
+    if cfg.env is not None and cfg.env.reward == 'grp' and cfg.grp is not None:
+        needed.append(('[grp] state_file', cfg.grp.state_file, "[env] reward = 'grp' needs it"))
+    train = cfg.baseline and cfg.baseline.train
+    if (cfg.control.online and cfg.online is not None and cfg.online.anchor_weight > 0 and train is not None):
+        needed.append(('[baseline.train] state_file', train.state_file, '[online] anchor_weight > 0 needs it'))
+    return [f'{key} = {value!r} in {config_path}: no such file{_absolute(value)}; the learner reads it at its start '
+            f'({why})' for key, value, why in needed if not os.path.isfile(value)]
+
+
+def _absolute(value: str) -> str:
+    """`` (<absolute path>)`` when ``value`` is relative (to the working folder), else ''."""
+    return '' if os.path.isabs(value) else f' ({os.path.abspath(value)})'

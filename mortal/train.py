@@ -455,6 +455,12 @@ def run_learner(config: dict, dist=None) -> int:
     return 0
 
 
+def missing_inputs(config: dict, config_path: str) -> list[str]:
+    """One error per input file the learner of the loaded ``config`` needs but lacks (``learner_input_errors``)."""
+    from mortal.config_paths import learner_input_errors
+    return learner_input_errors(typed(config), config_path)
+
+
 def main(argv=None):
     """Entry point: ``python mortal/train.py`` (config from MORTAL_CFG or ``--config``)."""
     from mortal import entry
@@ -475,6 +481,11 @@ def main(argv=None):
             dist = distributed.setup(control.device)
     except (ConfigError, ValueError) as exc:
         sys.exit(entry.error(exc))
+    config_path = resolve_path(args.config, args.overrides)
+    missing = missing_inputs(config, config_path)
+    if missing:  # not a traceback at the first test play (a supervised restart waits for the fix instead)
+        dist.close()
+        sys.exit(entry.error(ConfigError(config_path, missing)))
     from mortal.util import runlock
     try:
         if not online or is_supervised():
@@ -489,7 +500,7 @@ def main(argv=None):
                 raise runlock.LockHeld(f'another learner runs on [control] state_file = {control.state_file}: '
                                        f'{holder} holds its lock; stop it, or {STATE_FIX}')
             code = supervise(argv, script=path.abspath(__file__), required=train_sections, env=args.overrides,
-                             config_path=resolve_path(args.config, args.overrides))
+                             config_path=config_path, inputs=missing_inputs)
     except runlock.LockHeld as exc:
         code = entry.error(exc)
     except KeyboardInterrupt as exc:  # before the learner ran (run_learner says its own)

@@ -137,6 +137,7 @@ def test_two_ranks_train_the_same_weights_and_only_rank_0_writes(tmp_path):
                            control={'batch_size': 32, 'save_every': 4, 'test_every': 8, 'opt_step_every': 2})
     (tmp_path / 'config.toml').write_text(toml.dumps(cfg))
     write_grp(cfg)
+    write_baseline(cfg, cfg['baseline']['test']['state_file'])  # read at the start (the test play is faked)
     ranks, stderr = torchrun('train', tmp_path / 'config.toml', tmp_path / 'out')
     r0, r1 = ranks
     assert r0['code'] == r1['code'] == 0

@@ -593,6 +593,8 @@ def test_a_second_learner_on_one_state_file_refuses_before_reading_anything(tmp_
     supervisor, online, before it starts a child), naming the holder and the key; it built no Trainer."""
     from mortal.util import runlock
     config, path = load_tiny_config(tmp_path, online=online)
+    for name in ('baseline.pth', 'grp.pth'):  # the learner's input files (train.missing_inputs)
+        (tmp_path / name).write_bytes(b'')
 
     def no_trainer(*a, **k):
         raise AssertionError('the second learner read the state')

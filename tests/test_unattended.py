@@ -286,6 +286,8 @@ def test_a_line_logged_while_the_train_bar_is_drawn_starts_a_line_of_its_own(tmp
     import subprocess
     import sys
     _, cfg = load_tiny_config(tmp_path, online=False)
+    for name in ('baseline.pth', 'grp.pth'):  # the learner's input files (train.missing_inputs)
+        (tmp_path / name).write_bytes(b'')
     code = (
         'import logging, sys\n'
         'from tqdm import tqdm\n'
@@ -306,3 +308,70 @@ def test_a_line_logged_while_the_train_bar_is_drawn_starts_a_line_of_its_own(tmp
     assert before, out.stderr
     line_start = before.rsplit('\n', 1)[-1].rsplit('\r', 1)[-1]  # what precedes it on its terminal line
     assert re.fullmatch(r'[\d\-:, ]+', line_start), repr(before[-120:])
+
+
+# -- the learner's input files: a missing one is a broken config, not a crash at the next test play ---------------
+
+def test_a_missing_baseline_or_grp_file_is_named_with_its_key_and_path(tmp_path):
+    # A new user pointed [baseline.test] state_file at a typo: the learner died at its next start with a bare
+    # FileNotFoundError naming no key. Online with anchor_weight 0: the anchor's [baseline.train] is not read.
+    from mortal.config import typed
+    from mortal.config_paths import learner_input_errors
+    config, cfg = load_tiny_config(tmp_path, online=True)
+    config['baseline']['test']['state_file'] = str(tmp_path / 'baselnie.pth')
+    (tmp_path / 'baseline.pth').write_bytes(b'')  # [baseline.train] (and [control] state_file stays absent)
+    assert learner_input_errors(typed(config), str(cfg)) == [
+        f"[baseline.test] state_file = '{tmp_path}/baselnie.pth' in {cfg}: no such file; the learner "
+        'reads it at its start (test play plays against it)',
+        f"[grp] state_file = '{tmp_path}/grp.pth' in {cfg}: no such file; the learner reads it "
+        "at its start ([env] reward = 'grp' needs it)"]
+    config['env']['reward'] = 'points'  # no GRP read: its missing file is fine
+    config['online']['anchor_weight'] = 0.5  # the anchor is read now
+    (tmp_path / 'baselnie.pth').write_bytes(b'')
+    (tmp_path / 'baseline.pth').unlink()
+    assert learner_input_errors(typed(config), str(cfg)) == [
+        f"[baseline.train] state_file = '{tmp_path}/baseline.pth' in {cfg}: no such file; the learner reads "
+        'it at its start ([online] anchor_weight > 0 needs it)']
+
+
+def test_a_missing_baseline_at_the_first_start_exits_2_naming_key_and_path(tmp_path, capsys, monkeypatch):
+    # On main the learner built its Trainer and died with a traceback (FileNotFoundError) instead of exit 2.
+    from mortal import train
+    _, cfg = load_tiny_config(tmp_path, online=False)
+    (tmp_path / 'grp.pth').write_bytes(b'')
+    monkeypatch.setattr('sys.argv', ['train.py'])
+    with pytest.raises(SystemExit) as info:
+        train.main(['-c', str(cfg)])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: [baseline.test] state_file = '{tmp_path}/baseline.pth' in {cfg}: no such file; the learner "
+        "reads it at its start (test play plays against it)"]
+
+
+def test_a_baseline_path_saved_missing_waits_until_the_file_exists(tmp_path, train_lines):
+    # The user's run: a valid edit of [baseline.test] state_file to a file that does not exist. On main the
+    # supervisor said `saved: valid`, restarted the learner after its test play, the learner crashed (status 1) and
+    # the whole trainer stopped. Now the saved config is broken: no learner starts until the file is there.
+    from mortal import train
+    lines = train_lines
+    _, cfg = load_tiny_config(tmp_path, online=True)
+    for name in ('baseline.pth', 'grp.pth'):
+        (tmp_path / name).write_bytes(b'')
+    missing = tmp_path / 'baselnie.pth'
+    block = f'[baseline.test]\ndevice = "cpu"\nenable_compile = false\nstate_file = "{tmp_path}/baseline.pth"\n'
+    assert block in cfg.read_text()
+    script, counter = counting_learner(tmp_path, cfg, (block, block.replace('baseline.pth', 'baselnie.pth')),
+                                       '0 if n == 0 else 3')
+
+    def fix():
+        wait_until(lambda: lines.has('still waiting for a valid config'))
+        assert counter.read_text() == '1'  # no learner was started on the missing file
+        missing.write_bytes(b'')
+
+    code = supervise_while(script, cfg, fix, retry_interval=0.05, remind_every=0.2, inputs=train.missing_inputs)
+    assert code == 3 and counter.read_text() == '2'  # the second learner ran once the file was there
+    errors = [m for level, m in lines.records if level == logging.ERROR]
+    assert errors[0].startswith(f'config {cfg} is broken: the learner is not restarted until it is fixed')
+    assert errors[0].endswith(f"  - [baseline.test] state_file = '{missing}' in {cfg}: no such file; "
+                              'the learner reads it at its start (test play plays against it)')
+    assert any('is valid again' in m for _, m in lines.records)

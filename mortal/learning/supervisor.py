@@ -67,8 +67,9 @@ def reap_process_group(pgid: int, grace: float = GROUP_GRACE) -> bool:
     return False
 
 
-def checked_config(path: str, required, env) -> tuple:
-    """``(config, [])`` when ``path`` is valid, else ``(None, errors)``; warnings are left to the learner."""
+def checked_config(path: str, required, env, inputs=None) -> tuple:
+    """``(config, [])`` when ``path`` is valid, else ``(None, errors)``; warnings are left to the learner.
+    ``inputs(config, path)``: more errors of a valid config (the learner's missing input files), or None."""
     from mortal.config import ConfigError, config_errors, load_config
     quiet = logging.getLogger('mortal.config')
     level = quiet.level
@@ -78,9 +79,11 @@ def checked_config(path: str, required, env) -> tuple:
         if errors:
             return None, errors
         try:
-            return load_config(path, required=required, env=env), []
+            config = load_config(path, required=required, env=env)
         except ConfigError as exc:  # broken between the two reads
             return None, list(exc.problems)
+        errors = inputs(config, path) if inputs is not None else []
+        return (None, errors) if errors else (config, [])
     finally:
         quiet.setLevel(level)
 
@@ -93,9 +96,9 @@ def config_mtime(path: str):
         return None
 
 
-def report_config_edit(path: str, required, env, started_with) -> None:
+def report_config_edit(path: str, required, env, started_with, inputs=None) -> None:
     """Log what a save of ``path`` during a run means: its errors at ERROR, else the keys that will change."""
-    config, errors = checked_config(path, required, env)
+    config, errors = checked_config(path, required, env, inputs)
     if errors:
         logger.error('config %s was saved with errors: the running learner keeps its config, but the next one will '
                      'not start until they are fixed:\n%s', path, '\n'.join(f'  - {e}' for e in errors))
@@ -105,11 +108,12 @@ def report_config_edit(path: str, required, env, started_with) -> None:
                 '; '.join(changed) if changed else 'no key changes')
 
 
-def wait_for_config(path: str, required, env, *, stop_requested, retry_interval: float = CONFIG_RETRY_INTERVAL,
-                    remind_every: float = CONFIG_REMIND_EVERY, sleep=time.sleep, clock=time.monotonic):
+def wait_for_config(path: str, required, env, *, stop_requested, inputs=None,
+                    retry_interval: float = CONFIG_RETRY_INTERVAL, remind_every: float = CONFIG_REMIND_EVERY,
+                    sleep=time.sleep, clock=time.monotonic):
     """The loaded config of ``path`` once valid (checked every ``retry_interval`` s, errors logged, a reminder every
     ``remind_every`` s); None when ``stop_requested()`` first."""
-    config, errors = checked_config(path, required, env)
+    config, errors = checked_config(path, required, env, inputs)
     if not errors:
         return config
     logger.error('config %s is broken: the learner is not restarted until it is fixed (checked every %.0f s; '
@@ -123,7 +127,7 @@ def wait_for_config(path: str, required, env, *, stop_requested, retry_interval:
             sleep(min(1.0, max(deadline - clock(), 0.0)))
         if stop_requested():
             return None
-        config, errors = checked_config(path, required, env)
+        config, errors = checked_config(path, required, env, inputs)
         if not errors:
             logger.info('config %s is valid again (broken for %.0f s): restarting the learner', path, clock() - since)
             return config
@@ -134,12 +138,12 @@ def wait_for_config(path: str, required, env, *, stop_requested, retry_interval:
 
 
 def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config_path: str | None = None,
-              required=(), env=None, retry_interval: float = CONFIG_RETRY_INTERVAL,
+              required=(), env=None, inputs=None, retry_interval: float = CONFIG_RETRY_INTERVAL,
               remind_every: float = CONFIG_REMIND_EVERY, watch_interval: float = CONFIG_WATCH_INTERVAL) -> int:
     """Run ``python script argv`` as a child (own process group, reaped) with MORTAL_IS_SUB_PROC=1, restarted
     ``restart_delay`` s after each exit 0; returns its other status (128 + signal). SIGTERM and SIGINT are passed on.
-    With ``config_path``: checked before each restart, edits reported, the lock of ``[control] state_file`` held
-    throughout (``runlock.LockHeld``)."""
+    With ``config_path``: checked before each restart (and by ``inputs``, see ``checked_config``), edits reported,
+    the lock of ``[control] state_file`` held throughout (``runlock.LockHeld``)."""
     cmd = [sys.executable, script, *argv]
     child_env = {**os.environ, IS_SUB_PROC_KEY: '1', SUPERVISOR_PID_KEY: str(os.getpid())}
     locks = contextlib.ExitStack()  # the state file's lock, held from the first valid config to the end
@@ -153,7 +157,7 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
         nonlocal started_with
         if config_path is None:
             return True
-        config = wait_for_config(config_path, required, env, stop_requested=lambda: stopping,
+        config = wait_for_config(config_path, required, env, stop_requested=lambda: stopping, inputs=inputs,
                                  retry_interval=retry_interval, remind_every=remind_every)
         if config is None or stopping:  # a stop that came during the last check: no learner starts
             return False
@@ -203,14 +207,15 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
                     now = config_mtime(config_path)
                     if now != seen and now is not None and now == pending:
                         seen = now
-                        report_config_edit(config_path, required, env, started_with)
+                        report_config_edit(config_path, required, env, started_with, inputs)
                     pending = now
                 except KeyboardInterrupt:  # the terminal's Ctrl-C does not reach the child's session: pass it on
                     stopping = True
                     if child.poll() is None:
                         child.send_signal(signal.SIGINT)
             reap_process_group(child.pid)
-            if code != 0 and not stopping and config_path is not None and checked_config(config_path, required, env)[1]:
+            if (code != 0 and not stopping and config_path is not None
+                    and checked_config(config_path, required, env, inputs)[1]):
                 # most likely it failed on the broken config: wait for the fix (next_config) instead of stopping
                 logger.error('learner exited with status %d on a broken config', code)
                 continue
