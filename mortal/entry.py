@@ -52,12 +52,15 @@ def start(parser: argparse.ArgumentParser, argv: list[str] | None = None, *,
 
 
 class AboveBars(logging.StreamHandler):
-    """A stream handler writing above the tqdm bars (``tqdm.write``) so a log line is not glued to a bar."""
+    """A stream handler writing above the tqdm bars (``tqdm.write``) so a log line is not glued to a bar. On a
+    terminal the line is cleared first: the supervisor's lines come while its learner's full-width bar is drawn."""
 
     def emit(self, record):
         try:
             from tqdm import tqdm
-            tqdm.write(self.format(record), file=self.stream)
+            isatty = getattr(self.stream, 'isatty', None)
+            clear = '\r\x1b[K' if isatty is not None and isatty() else ''  # another process's bar: erased
+            tqdm.write(clear + self.format(record), file=self.stream)
         except Exception:  # noqa: BLE001 - logging's own contract: report, never raise
             self.handleError(record)
 

@@ -375,3 +375,27 @@ def test_a_baseline_path_saved_missing_waits_until_the_file_exists(tmp_path, tra
     assert errors[0].endswith(f"  - [baseline.test] state_file = '{missing}' in {cfg}: no such file; "
                               'the learner reads it at its start (test play plays against it)')
     assert any('is valid again' in m for _, m in lines.records)
+
+
+def test_a_supervisor_line_on_a_terminal_erases_the_learners_bar_first():
+    # The supervisor's lines came after the learner's full-width bar (another process: tqdm.write in the supervisor
+    # cannot clear it), so the timestamp's first "2" ended that terminal line and the next one began "026-...".
+    # On a terminal a line now starts by going back to column 0 and erasing the line (the bar redraws below it).
+    import io
+    from mortal.entry import AboveBars
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    def emitted(stream):
+        handler = AboveBars(stream)
+        handler.setFormatter(logging.Formatter('%(levelname)s %(name)s: %(message)s'))
+        handler.emit(logging.LogRecord('mortal.train', logging.INFO, __file__, 1, 'learner started (pid %d)', (7,),
+                                       None))
+        return stream.getvalue()
+
+    terminal = Terminal('TRAIN:  30%|###       | 3/10 [00:01<00:02, 3.00it/s]')
+    terminal.seek(0, io.SEEK_END)
+    assert emitted(terminal).endswith('3.00it/s]\r\x1b[KINFO mortal.train: learner started (pid 7)\n')
+    assert emitted(io.StringIO()) == 'INFO mortal.train: learner started (pid 7)\n'  # a file or pipe: no codes
