@@ -153,7 +153,7 @@ def learner_input_errors(cfg, config_path: str) -> list[str]:
     if cfg.env is not None and cfg.env.reward == 'grp' and cfg.grp is not None:
         needed.append(('[grp] state_file', cfg.grp.state_file, "[env] reward = 'grp' needs it"))
     train = cfg.baseline and cfg.baseline.train
-    if (cfg.control.online and cfg.online is not None and cfg.online.anchor_weight > 0 and train is not None):
+    if cfg.control.online and cfg.online is not None and cfg.online.anchor_weight > 0 and train is not None:
         needed.append(('[baseline.train] state_file', train.state_file, '[online] anchor_weight > 0 needs it'))
     return [f'{key} = {value!r} in {config_path}: no such file{_absolute(value)}; the learner reads it at its start '
             f'({why})' for key, value, why in needed if not os.path.isfile(value)]
