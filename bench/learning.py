@@ -389,9 +389,13 @@ def _add_flaw(sub, fmt_cls):
 
 def main(argv=None):
     import logging
+    import signal
 
     from mortal import entry
-
+    from mortal.tools.quickstart import _exit_on_sigterm
+    # a SIGTERM unwinds through run_arm's finally, which stops the arm's server, learner and client (a killed
+    # benchmark left them running, and a later run of the same arm shared their buffer folder)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = build_parser()
     os.environ.setdefault('OMP_NUM_THREADS', '1')  # before anything loads numpy or torch
     args = entry.start(parser, argv, log_level=logging.WARNING)

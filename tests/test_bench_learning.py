@@ -2,6 +2,7 @@
 (bench/learning_arms.py) it runs."""
 
 import math
+import pathlib
 
 import pytest
 
@@ -176,3 +177,42 @@ def test_learning_and_learning_flaw_import_no_circle():
     assert 'learning_flaw' in imports('learning') and 'learning_arms' in imports('learning')
     assert 'learning' not in imports('learning_flaw') and 'learning_arms' in imports('learning_flaw')
     assert not {'learning', 'learning_flaw'} & imports('learning_arms')
+
+
+def test_sigterm_stops_the_arms_processes(tmp_path):
+    """A SIGTERM to ``bench/learning.py run`` unwinds through run_arm's ``finally`` (which stops the arm's
+    server, learner and client) and exits 143; before, the benchmark died and its children played on."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / 'child.pid'
+    driver = tmp_path / 'driver.py'
+    # run_arm stood in by one child process stopped in a finally, as run_arm stops its three
+    driver.write_text(
+        'import pathlib, subprocess, sys, time\n'
+        'sys.path.insert(0, "bench")\n'
+        'import learning\n'
+        'def run_arm(out, arm, **kw):\n'
+        '    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])\n'
+        f'    pathlib.Path({str(pid_file)!r}).write_text(str(child.pid))\n'
+        '    try:\n'
+        '        time.sleep(120)\n'
+        '    finally:\n'
+        '        child.kill()\n'
+        '        child.wait()\n'
+        'learning.run_arm = run_arm\n'
+        f'sys.exit(learning.main(["--out", {str(tmp_path / "out")!r}, "run", "x", "--steps", "1"]))\n')
+    root = pathlib.Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, str(driver)], cwd=root,
+                            env={**os.environ, 'PYTHONPATH': str(root)})
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
