@@ -4,8 +4,8 @@
 // options obs v4 uses: no tegawari, no shanten-down search, rank by EV): from a
 // hand at <= 3 shanten, every sequence of shanten-reducing draws and
 // shanten-keeping discards over the remaining own draws is searched, nobody else
-// wins, and discards never return to the wall. States are memoised on
-// (hand, wall, red fives).
+// wins, and discards never return to the wall. States are memoised on the moves
+// from the root (StateKey), which within one search decide hand, wall and red fives.
 //
 // One difference in arithmetic, not in the model: for each state the Python
 // loops over (from-turn i, draw-turn j) pairs; here the values of all draws of a
