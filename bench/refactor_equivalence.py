@@ -105,7 +105,6 @@ def tiny_config(root, online):
     for slot in ('train', 'test'):
         cfg['baseline'][slot].update(device='cpu', state_file=f'{root}/baseline.pth')
     cfg['online']['remote'].update(host='127.0.0.1', port=1)
-    cfg['online']['probe_size'] = 0
     cfg['online']['server'].update(buffer_dir=f'{root}/buffer', drain_dir=f'{root}/drain', capacity=4)
     cfg['grp']['state_file'] = f'{root}/grp.pth'
     cfg['grp']['network'].update(hidden_size=8, num_layers=1)

@@ -110,6 +110,8 @@ REMOVED_KEYS = {
     **_removed('never measured to gain', 'resnet', 'dropout'),
     **_removed('never measured to gain: the probe is probe.pth beside [control] state_file', 'online', 'probe_file'),
     **_removed('never measured to gain', 'rotation', 'after', 'max_rank', 'pool_size'),
+    **_removed('not a lever: the probe has 2048 positions', 'online', 'probe_size'),
+    **_removed('not a lever: the newest 5 replaced state files are kept', 'guard', 'keep'),
     **{key: why for table in ('schedule.lr', 'schedule.epsilon', 'schedule.temp') for key, why in _removed(
         'never measured to gain', table, 'kind', 'rate', 'final', 'max_steps').items()},
 }

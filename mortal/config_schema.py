@@ -307,9 +307,6 @@ class Online(Section):
         "extra: weight of the counterfactual term, the mean over samples with a branch of ((Q[alternative] - "
         "Q[taken]) - delta)^2, delta the paired difference of the branch's and the real kyoku's value by [env] "
         "reward ([train_play.<profile>] counterfactual_rate; 0 = off, as Mortal)", 0.0)
-    probe_size: NonNegativeInt = key('extra: positions for diag/policy_drift, built once from [dataset] globs into '
-                                     'probe.pth beside [control] state_file (0 = no probe; about 127 KB each at '
-                                     'version 3, on disk and in memory)', 2048)
     offline_batch_size: Annotated[Int, _rule(lambda v: 0 <= v <= MAX_OFFLINE_BATCH,
                                              f'must be within [0, {MAX_OFFLINE_BATCH}]')] = key(
         'extra: offline samples of [dataset] appended to each online batch (RLPD-style), with the offline CQL term '
@@ -423,7 +420,6 @@ class Guard(Section):
     lr_factor: Annotated[Float, Factor] = key('extra: the learning rate is multiplied by this at each rollback', 1.0)
     epsilon_factor: Annotated[Float, Factor] = key(
         "extra: the clients' boltzmann_epsilon is multiplied by this at each rollback", 1.0)
-    keep: PositiveInt = key('extra: replaced state files kept as <state_file>.<time>.rollback (oldest removed)', 5)
 
 
 # Ours: `python -m mortal.tools.fleet` (self-play clients as Ray actors, docs/operations.md "Many machines").

@@ -76,7 +76,6 @@ MEASURED = {
                                  'where Mortal\'s loss collapses to 3.147 ± 0.047 in 1,200 steps; on in the '
                                  'quickstart',
     ('online', 'counterfactual_weight'): _CF,
-    ('online', 'probe_size'): 'none: an instrument (`diag/policy_drift`, docs/operations.md)',
     ('online', 'offline_batch_size'): 'docs/learning.md, "The offline mix": final 2.399 ± 0.046 against 3x the '
                                       'start after 1,807 steps, as good as the offline-only control (2.36-2.43); on '
                                       'in the quickstart',
@@ -92,7 +91,6 @@ MEASURED = {
     ('guard', 'min_q_gap'): _GUARD,
     ('guard', 'lr_factor'): _GUARD,
     ('guard', 'epsilon_factor'): _GUARD,
-    ('guard', 'keep'): 'none needed: disk bound of the rollbacks',
     **{('fleet', k): _FLEET for k in ('actors', 'profiles', 'num_cpus', 'num_gpus', 'max_restarts', 'address',
                                       'tensorboard_dir')},
     **{('bootstrap', k): _BOOT for k in ('games', 'val_games', 'log_dir', 'work_dir', 'grp_steps', 'workers',
@@ -123,6 +121,8 @@ REMOVED_WHY = {
                                                         'branches": persist − control +0.018 ± 0.099',
     ('resnet', 'dropout'): 'never measured',
     ('online', 'probe_file'): 'a path nobody needed to move: the probe is `probe.pth` beside `[control] state_file`',
+    ('online', 'probe_size'): 'an instrument\'s size, not a lever (`diag/policy_drift`): fixed at 2048 positions',
+    ('guard', 'keep'): 'a disk bound of the rollbacks, not a lever: the newest 5 replaced state files are kept',
     **{('rotation', k): _ROTATION for k in ('after', 'max_rank', 'pool_size')},
     **{(f'schedule.{s}', k): _SCHEDULE for s in ('lr', 'epsilon', 'temp')
        for k in ('kind', 'rate', 'final', 'max_steps')},
@@ -145,7 +145,7 @@ Rules checked besides types: `save_every` is a multiple of `opt_step_every`; `te
 `save_every`; every `games` / `games_per_iter` is a positive multiple of 4; `top_p` lies in (0, 1];
 `boltzmann_epsilon` in [0, 1]; `boltzmann_temp` > 0; `[optim.scheduler]` keeps peak ≥ final ≥ init ≥ 0 and
 max_steps ≥ warm_up_steps or 0 (no annealing: final from the end of the warm-up on; the scheduler applies the very
-same rules); `[cql] online_min_q_weight`, `[online] anchor_weight` ≥ 0, `probe_size` ≥ 0, `offline_batch_size` in [0, 65536] (a warning when set with `online = false`); a
+same rules); `[cql] online_min_q_weight`, `[online] anchor_weight` ≥ 0, `offline_batch_size` in [0, 65536] (a warning when set with `online = false`); a
 `[online.remote] host` that is not a loopback address requires a `token`.
 
 Each process needs only its own sections: the server `[online]`, `[online.remote]` and `[online.server]`; the client

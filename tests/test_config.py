@@ -183,7 +183,9 @@ def test_extras_are_marked_and_each_has_its_measurement_line():
     ('online', 'ema_decay', 'measured as no gain'),
     ('train_play.default', 'counterfactual_persist', 'measured as no gain'),
     ('resnet', 'dropout', 'never measured to gain'), ('rotation', 'pool_size', 'never measured to gain'),
-    ('schedule.temp', 'kind', 'never measured to gain'), ('schedule.lr', 'max_steps', 'never measured to gain')])
+    ('schedule.temp', 'kind', 'never measured to gain'), ('schedule.lr', 'max_steps', 'never measured to gain'),
+    ('online', 'probe_size', 'not a lever: the probe has 2048 positions'),
+    ('guard', 'keep', 'not a lever: the newest 5 replaced state files are kept')])
 def test_removed_key_is_an_error_naming_it(tmp_path, cfg, table, key, why):
     """An extra measured as no gain, or never measured to gain, was removed: a file that still sets it is refused
     with the table, the key, the file and the reason (an unknown key would only warn, and the run would silently

@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+from mortal.learning import guards
 from mortal.net import replay_store, wire
 from mortal import train as tr
 
@@ -128,10 +129,10 @@ def test_paired_rule_keeps_best_until_significantly_better(tmp_path):
 
 
 @pytest.mark.slow
-def test_rollback_after_consecutive_worse_test_plays_restores_best(tmp_path, caplog):
+def test_rollback_after_consecutive_worse_test_plays_restores_best(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(guards, 'ROLLBACKS_KEPT', 1)
     trainer, writer, _ = online_trainer(tmp_path, [EVEN, WORSE, WORSE, WORSE, WORSE],
-                                        guard={'rollback_after': 2, 'lr_factor': 0.5, 'epsilon_factor': 0.25,
-                                               'keep': 1})
+                                        guard={'rollback_after': 2, 'lr_factor': 0.5, 'epsilon_factor': 0.25})
     run_to_test_play(trainer)
     best = weights(torch.load(trainer.best_state_file, weights_only=True))
     # a planted degradation: a learning-rate spike between the test plays
@@ -153,7 +154,7 @@ def test_rollback_after_consecutive_worse_test_plays_restores_best(tmp_path, cap
     assert trainer.scheduler.get_last_lr()[0] == pytest.approx(0.5e-3)
     assert trainer.play_settings()['epsilon_factor'] == 0.25
     assert ('guard/rollbacks', 1, 12) in writer.scalars
-    # a resumed learner keeps the guard state; a second rollback keeps only the newest copy ([guard] keep = 1)
+    # a resumed learner keeps the guard state; a second rollback keeps only the newest copy (ROLLBACKS_KEPT = 1)
     again = fake_trainer(trainer.config, test_player=trainer.test_player, drop_submits=True)
     assert again.guard['lr_scale'] == 0.5 and again.scheduler.get_last_lr()[0] == pytest.approx(0.5e-3)
     run_to_test_play(again, seed=30)

@@ -17,6 +17,7 @@ logger = logging.getLogger('mortal.diagnostics')  # the name before the package 
 
 BATCH_KEYS = ('q_minus_target', 'q_minus_target_greedy', 'q_gap', 'q_spread', 'taken_greedy')
 HISTOGRAM_STRIDE = 128  # Mortal keeps every 128th q value to keep event files small
+PROBE_SIZE = 2048  # positions of the policy-drift probe (~127 KB each at version 3, on disk and in memory)
 
 
 @torch.no_grad()
@@ -157,14 +158,11 @@ class Probe:
 
 def learner_probe(cfg, version: int, state_file: str, device, baseline=None):
     """The online learner's probe (``probe.pth`` beside ``state_file``) with ``baseline``'s greedy actions; None when
-    ``probe_size`` <= 0 or no log yields a sample."""
+    no log yields a sample."""
     from mortal.model.checkpoint import load_model_pair
     from mortal.data.reward import load_grp
     probe_file = os.path.join(os.path.dirname(os.path.abspath(state_file)), 'probe.pth')
-    size = cfg.online.probe_size
-    if size <= 0:
-        return None
-    probe = Probe.load_or_build(probe_file, version=version, globs=cfg.dataset.globs, pts=cfg.env.pts, size=size,
+    probe = Probe.load_or_build(probe_file, version=version, globs=cfg.dataset.globs, pts=cfg.env.pts, size=PROBE_SIZE,
                                 grp=lambda: load_grp(cfg.grp.state_file, cfg.grp.network))
     if probe is None:
         return None

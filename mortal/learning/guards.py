@@ -19,6 +19,7 @@ from mortal.play.player import TEST_SEED
 from mortal.stat import DISPLAY_PTS  # test-play avg pt: display and Mortal's best.pth rule, never a training signal
 
 logger = logging.getLogger('mortal.train')  # the learner's lines (log format)
+ROLLBACKS_KEPT = 5  # replaced state files kept as <state_file>.<time>.rollback (the oldest removed)
 
 # The checkpoint's extra entry 'guard' (docs/operations.md): the state of the long-run guards.
 INITIAL_GUARD = {'worse_streak': 0, 'rollbacks': 0, 'lr_scale': 1.0, 'epsilon_scale': 1.0, 'baseline_version': 0,
@@ -186,7 +187,7 @@ def rollback(t, g, reason: str) -> bool:
     except Exception as ex:  # missing, corrupt or foreign: the guard must never stop training
         logger.error('ROLLBACK not possible (%s): %s: %s', reason, type(ex).__name__, ex)
         return False
-    kept = _keep_replaced(t.state_file, g.keep)
+    kept = _keep_replaced(t.state_file, ROLLBACKS_KEPT)
     for model, entry in ((t.mortal, 'mortal'), (t.dqn, 'current_dqn'), (t.aux_net, 'aux_net')):
         model.load_state_dict(best[entry])
     try:
