@@ -12,13 +12,13 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from mortal.config_schema import (  # noqa: F401  (some re-exported: the config's public names live here)
     BEST_RULES, CONTAINERS, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_LOG_BYTES, SCHEDULER_DEFAULT_INIT, SECTIONS, Config,
     Section)
 from mortal.config_keys import (  # noqa: F401  (as well)
-    REMOVED_KEYS, Unknown, is_section, key_table, removed_reason, section_keys, table_name, table_path, unknown_names,
+    REMOVED_KEYS, Unknown, key_table, removed_reason, section_keys, table_name, table_path, unknown_names,
     unknown_warning)
 from mortal import config_paths
 from mortal.config_paths import CONFIG_DIR  # noqa: F401  (a value starting with it starts at the file's folder)
@@ -165,7 +165,7 @@ def validate(config: dict, path: str = DEFAULT_PATH, *, required: Required = COR
     errors, warns, model = _check(config, path, required, env)
     if errors:
         raise ConfigError(path, errors)
-    _merge(config, _as_dict(model))
+    _merge(config, model.model_dump(by_alias=True, exclude_none=True))  # None: an absent section or unfilled key
     for w in warns:
         logger.warning('%s', w)
     return warns
@@ -278,25 +278,6 @@ def _get_table(config: dict, dotted: str):
     return table if isinstance(table, dict) else None
 
 
-def _as_dict(model: BaseModel) -> dict:
-    """The plain dict of a validated model: absent sections and unfilled keys left out, unknown keys kept."""
-    out = {}
-    for name, field in type(model).model_fields.items():
-        value = getattr(model, name)
-        if name not in model.model_fields_set and ((value is None and is_section(field.annotation))
-                                                   or (field.json_schema_extra or {}).get('unfilled')):
-            continue
-        if isinstance(value, BaseModel):
-            value = _as_dict(value)
-        elif isinstance(value, dict):
-            value = {k: _as_dict(v) for k, v in value.items()}
-        elif isinstance(value, list):
-            value = list(value)
-        out[field.alias or name] = value
-    out.update(model.model_extra or {})
-    return out
-
-
 def _merge(target: dict, values: dict) -> None:
     for name, value in values.items():
         if isinstance(value, dict) and isinstance(target.get(name), dict):
@@ -336,13 +317,10 @@ def for_checkpoint(config: dict) -> dict:
 
 _KIND_NAMES = {'int': 'an integer', 'float': 'a number', 'bool': 'true or false', 'str': 'a string',
                'str_list': 'a list of strings', 'float_list': 'a list of numbers'}
+# _shown(value): repr cut to a line (a 5 MB string where a number belongs must not make a 5 MB message)
 _SHOWN = reprlib.Repr()  # (keyword arguments only from Python 3.12)
 _SHOWN.maxstring, _SHOWN.maxlong, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxother = 120, 60, 8, 8, 120
-
-
-def _shown(value) -> str:
-    """``repr(value)`` cut to a line: a 5 MB string where a number belongs must not make a 5 MB message."""
-    return _SHOWN.repr(value)
+_shown = _SHOWN.repr
 
 
 def _problem(err: dict, config: dict, path: str) -> str:

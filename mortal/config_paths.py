@@ -29,35 +29,33 @@ def expand(value: str, folder: str) -> str:
     return folder + value[len(CONFIG_DIR):] if expands(value) else value
 
 
-def expand_config_dir(node, folder: str, _where: tuple = ()):
-    """In place, a leading ``{config_dir}`` of every string in ``node`` becomes ``folder`` (not the token)."""
-    items = node.items() if isinstance(node, dict) else enumerate(node)
-    for k, v in list(items):
-        where = _where + (k,)
-        if isinstance(v, str) and where not in NOT_EXPANDED:
-            node[k] = expand(v, folder)
+def _strings(node, where: tuple = ()):
+    """``(table or array, key, path of keys)`` of every string inside ``node`` but the token (``NOT_EXPANDED``)."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for k, v in items:
+        if isinstance(v, str) and where + (k,) not in NOT_EXPANDED:
+            yield node, k, where + (k,)
         elif isinstance(v, (dict, list)):
-            expand_config_dir(v, folder, where)
+            yield from _strings(v, where + (k,))
+
+
+def expand_config_dir(node, folder: str):
+    """In place, a leading ``{config_dir}`` of every string in ``node`` becomes ``folder`` (not the token)."""
+    for parent, k, _ in list(_strings(node)):
+        parent[k] = expand(parent[k], folder)
     return node
 
 
 def config_dir_errors(config: dict, path: str) -> list[str]:
     """One message per string where ``{config_dir}`` is not followed by its end or a separator."""
     out = []
-
-    def walk(node, where):
-        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-        for k, v in items:
-            here = where + (k,)
-            if isinstance(v, str) and here not in NOT_EXPANDED and v.startswith(CONFIG_DIR) and not expands(v):
-                table = '.'.join(str(p) for p in where if not isinstance(p, int))
-                name = k if not isinstance(k, int) else str(where[-1])
-                out.append(f'[{table}] {name} in {path}: {CONFIG_DIR} must be the whole value or be followed by '
-                           f'a path separator, got {v[:200]!r}')
-            elif isinstance(v, (dict, list)):
-                walk(v, here)
-
-    walk(config, ())
+    for parent, k, where in _strings(config):
+        v = parent[k]
+        if v.startswith(CONFIG_DIR) and not expands(v):
+            table = '.'.join(str(p) for p in where[:-1] if not isinstance(p, int))
+            name = k if not isinstance(k, int) else str(where[-2])
+            out.append(f'[{table}] {name} in {path}: {CONFIG_DIR} must be the whole value or be followed by '
+                       f'a path separator, got {v[:200]!r}')
     return out
 
 

@@ -1,14 +1,6 @@
-"""The schema of the TOML configuration, declared once as pydantic models (one model per ``[section]``): the single
-description of every key (config.example.toml, the quickstart's config and docs/config.md are checked against it or
-generated from it).
-
-Every key of Mortal's ``config.example.toml`` is a field with Mortal's meaning; an extra's description starts with
-"extra:". A key's type and range live on its field (``Annotated``); pydantic reports every problem in one pass (msgspec
-stops at the first), which :mod:`mortal.config` words with the file and the key; rules across keys are
-``mortal.config.check_relations``. Types are strict, as TOML's: an integer refuses ``8.0`` and ``true``, a number
-takes an integer and widens it and refuses ``inf``/``nan``. Unknown keys pass through (warnings, as Mortal ignores
-them).
-"""
+"""The schema of the TOML configuration: one pydantic model per ``[section]``, each key a field with its meaning, type
+and range (``Annotated``); an extra's meaning starts with "extra:". Types are strict, as TOML's: an integer refuses
+``8.0`` and ``true``, a number widens an integer and refuses ``inf``/``nan``. Unknown keys pass through."""
 
 from __future__ import annotations
 
@@ -19,9 +11,7 @@ from pydantic import AfterValidator, AllowInfNan, BaseModel, ConfigDict, Discrim
 
 #: Feature/model versions of ``[control] version`` (Mortal's 1-3, plus 4 with the single-player block).
 SUPPORTED_VERSIONS = (1, 2, 3, 4)
-# Frames above this are refused by the wire protocol (mortal.net.wire) unless [online.server] max_frame_bytes says
-# otherwise. 512 MiB holds a 192x40 model's parameters (~40 MB) or a submission of thousands of gz logs with a wide
-# margin.
+# [online.server] max_frame_bytes: holds a 192x40 model's parameters (~40 MB) or thousands of gz logs, with a margin
 DEFAULT_MAX_FRAME_BYTES = 512 * 1024 * 1024
 # [dataset] max_log_bytes (also the readers' default, mortal.data.mjai_log): a hanchan is well under 1 MB of mjai JSON.
 DEFAULT_MAX_LOG_BYTES = 64 * 1024 * 1024
@@ -37,8 +27,7 @@ MAX_OFFLINE_BATCH = 1 << 16  # rows; ~8 GB of version-3 observations, far past a
 
 @dataclass(frozen=True)
 class Kind:
-    """Marks a field's TOML type for messages and the key table (docs/config.md): 'int', 'float', 'bool', 'str',
-    'str_list' or 'float_list'."""
+    """A field's TOML type in messages and docs/config.md: 'int', 'float', 'bool', 'str', 'str_list', 'float_list'."""
 
     name: str
 

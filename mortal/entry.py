@@ -8,19 +8,18 @@ import os
 import signal
 import sys
 import threading
-from typing import Iterable, Mapping
+from typing import Iterable
 
 from mortal import config as mcfg
 
 LOG_FORMAT = '%(asctime)s %(levelname)s %(name)s: %(message)s'
-CONFIG_HELP = 'config file (default: $MORTAL_CFG or config.toml)'
 
 
 def parser(description: str | None = None, *, config: bool = True, **kwargs) -> argparse.ArgumentParser:
     """An ``argparse.ArgumentParser`` with ``-c/--config PATH`` unless ``config`` is False."""
     p = argparse.ArgumentParser(description=description, **kwargs)
     if config:
-        p.add_argument('-c', '--config', default=None, help=CONFIG_HELP)
+        p.add_argument('-c', '--config', default=None, help='config file (default: $MORTAL_CFG or config.toml)')
     return p
 
 
@@ -29,9 +28,9 @@ def drop_rust_backtrace() -> None:
     os.environ.pop('RUST_BACKTRACE', None)
 
 
-def apply_env(env: Mapping[str, str] = os.environ) -> mcfg.EnvOverrides:
+def apply_env() -> mcfg.EnvOverrides:
     """Read the environment overrides once, set ``obs_v4.SP_THREADS``, and return them to pass down."""
-    overrides = mcfg.EnvOverrides.from_env(env)
+    overrides = mcfg.EnvOverrides.from_env()
     # A process that never loads the version-4 search keeps it unloaded; one that has it gets the value (None too,
     # so that a second start in the same process, e.g. a test, does not keep the first one's).
     if overrides.sp_threads is not None or 'mortal.features.obs_v4' in sys.modules:
@@ -72,21 +71,15 @@ def error(message, status: int = 2) -> int:
 
 
 def load_config(args: argparse.Namespace, required: mcfg.Required) -> dict:
-    """The config of ``args.config`` with the ``required`` sections; ``ConfigError``, also for v4 without the core."""
+    """The config of ``args.config`` with the ``required`` sections; ``ConfigError``, also for ``[control] version =
+    4`` without the compiled core."""
     config = mcfg.load_config(args.config, required=required, env=args.overrides)
-    problem = sp_core_problem(config, required)
-    if problem:
-        raise mcfg.ConfigError(mcfg.resolve_path(args.config, args.overrides), [problem])
-    return config
-
-
-def sp_core_problem(config: dict, required: mcfg.Required) -> str | None:
-    """``CORE_MISSING`` when ``[control] version = 4`` is asked for without the compiled core, else None."""
     names = required(config) if callable(required) else required
-    if 'control' not in names or mcfg.typed(config).control.version != 4:
-        return None
-    from mortal.features.sp import calc
-    return None if calc.HAVE_CORE else calc.CORE_MISSING
+    if 'control' in names and mcfg.typed(config).control.version == 4:
+        from mortal.features.sp import calc
+        if not calc.HAVE_CORE:
+            raise mcfg.ConfigError(mcfg.resolve_path(args.config, args.overrides), [calc.CORE_MISSING])
+    return config
 
 
 def load_config_or_exit(args: argparse.Namespace, required: mcfg.Required) -> dict:
@@ -167,31 +160,23 @@ SETTINGS = {
 }
 
 
-def settings_lines(config: dict, keys, env=os.environ) -> list[str]:
-    """One line per table of ``keys`` with the effective values, e.g.
-    ``[control] version = 3, device = 'cpu', batch_size = 64``; tables the config lacks are left out."""
+def log_settings(log: logging.Logger, config: dict, process: str, path: str | None = None, env=os.environ) -> None:
+    """Log at INFO the config file's name, then one line per table of ``SETTINGS[process]`` with the effective
+    values (``[control] version = 3, device = 'cpu', batch_size = 64``); tables the config lacks are left out."""
     from mortal.util.config_diff import shown
+    log.info('settings (config %s):', os.path.abspath(mcfg.resolve_path(path, env)))
     tables = {}
-    for dotted in keys:
+    for dotted in SETTINGS[process]:
         table, name = dotted.rsplit('.', 1)
         if table == 'train_play':
             table = mcfg.profile_table(mcfg.profile_name(env))
         tables.setdefault(table, []).append(name)
-    lines = []
     for table, names in tables.items():
         try:
             sec = mcfg.section(config, table)
         except KeyError:  # a table this config does not have
             continue
-        lines.append(f'[{table}] ' + ', '.join(f'{n} = {shown(getattr(sec, n))}' for n in names))
-    return lines
-
-
-def log_settings(log: logging.Logger, config: dict, process: str, path: str | None = None, env=os.environ) -> None:
-    """Log at INFO the config file's name, then ``settings_lines`` of ``process``."""
-    log.info('settings (config %s):', os.path.abspath(mcfg.resolve_path(path, env)))
-    for line in settings_lines(config, SETTINGS[process], env):
-        log.info('  %s', line)
+        log.info('  [%s] %s', table, ', '.join(f'{n} = {shown(getattr(sec, n))}' for n in names))
 
 
 class Stopped(KeyboardInterrupt):

@@ -10,7 +10,7 @@ import toml
 from conftest import ROOT, load_script, tiny_config_dict
 from mortal.config import (
     CLIENT_SECTIONS, DEFAULT_MAX_FRAME_BYTES, ONLINE_TRAIN_SECTIONS, ONE_VS_THREE_SECTIONS, SERVER_SECTIONS,
-    TRAIN_GRP_SECTIONS, ConfigError, for_checkpoint, key_table, load_config, train_play_profile, validate)
+    TRAIN_GRP_SECTIONS, ConfigError, for_checkpoint, key_table, load_config, train_play_profile, typed, validate)
 from mortal.config_keys import REQUIRED, SCHEMA, UNFILLED
 
 ALL_PROCESSES = ONLINE_TRAIN_SECTIONS + CLIENT_SECTIONS + SERVER_SECTIONS + ONE_VS_THREE_SECTIONS + TRAIN_GRP_SECTIONS
@@ -227,7 +227,7 @@ def test_tiny_config_fixture(tiny_config):
 
 def test_defaults_filled(tmp_path, cfg):
     c = load_config(write(tmp_path, cfg))
-    assert c['online']['remote']['token'] is None
+    assert 'token' not in c['online']['remote'] and typed(c).online.remote.token is None  # no token: left out
     assert c['online']['server']['max_frame_bytes'] == DEFAULT_MAX_FRAME_BYTES
     assert 'init' not in c['optim']['scheduler']  # accepted but not filled, as Mortal's scheduler default applies
 

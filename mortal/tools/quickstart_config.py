@@ -3,7 +3,9 @@
 import socket
 from pathlib import Path
 
-from mortal.config import CONFIG_DIR
+import toml
+
+from mortal.config import CONFIG_DIR, lookup
 from mortal.util.fsutil import atomic_write_bytes
 
 # Sizes of the two presets; games are multiples of 4 (one duplicate set). Early stopping is on in both (the schema
@@ -164,10 +166,10 @@ offline_max_epochs = {offline_max_epochs}
 """
 
 
-def free_port(host='127.0.0.1'):
-    """A TCP port that is free right now on ``host`` (the OS picks it)."""
+def free_port():
+    """A TCP port that is free right now on 127.0.0.1 (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
+        s.bind(('127.0.0.1', 0))
         return s.getsockname()[1]
 
 
@@ -175,11 +177,10 @@ def render_config(work_dir, *, preset='full', port=None, version=3, relative=Fal
     """Config text for ``work_dir``, ``preset`` and ``version``; ``relative``: paths from ``{config_dir}``."""
     if version not in (3, 4):
         raise ValueError(f"quickstart version must be 3 or 4, got {version!r}")
-    sizes = dict(PRESETS[preset], version=version, **ONLINE_REMEDY)
-    for key in ('online_timeout', 'eval_sets', 'rulebase_sets'):
-        sizes.pop(key)
     work = CONFIG_DIR if relative else Path(work_dir).expanduser().resolve().as_posix()
-    return CONFIG_TEMPLATE.format(work=work, port=port or free_port(), **sizes)
+    # (str.format ignores the preset's sizes that are not config values: online_timeout, eval_sets, rulebase_sets)
+    return CONFIG_TEMPLATE.format(work=work, port=port or free_port(), version=version, **PRESETS[preset],
+                                  **ONLINE_REMEDY)
 
 
 def write_config(work_dir, *, preset='full', port=None, version=3, relative=False):
@@ -188,8 +189,6 @@ def write_config(work_dir, *, preset='full', port=None, version=3, relative=Fals
     work.mkdir(parents=True, exist_ok=True)
     path = work / 'config.toml'
     if path.exists():
-        import toml
-        from mortal.config import lookup
         old = lookup(toml.load(path), 'control.version')  # the file as it is, checked or not
         if old is not None and old != version:
             raise ValueError(f"{work} was set up for version {old}; use --version {old} or another --work-dir")
