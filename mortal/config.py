@@ -7,7 +7,6 @@ import difflib
 import logging
 import os
 import reprlib
-import stat
 import sys
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
@@ -114,11 +113,7 @@ def mode_sections(config: dict) -> tuple:
 def read_config(path: str | os.PathLike | None = None, env: Env = os.environ) -> dict:
     """The TOML file ``path`` as a plain dict, not validated; ``ConfigError`` if missing, unreadable or malformed."""
     path = resolve_path(path, env)
-    try:
-        regular = not os.path.exists(path) or stat.S_ISREG(os.stat(path).st_mode)
-    except OSError:
-        regular = True  # the open below names the error
-    if not regular:  # a FIFO would block the open forever, a device be read without end
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would block the open forever, a device not end
         raise ConfigError(path, [f'config path {path} is not a regular file'])
     try:
         with open(path, 'rb') as f:

@@ -91,7 +91,7 @@ def test_a_fifo_as_the_config_is_refused_not_waited_on(tmp_path):
 def test_a_directory_in_place_of_the_lock_file_is_one_line(tmp_path):
     target = tmp_path / 'mortal.pth'
     os.mkdir(runlock.lock_path_for(str(target)))
-    with pytest.raises(runlock.LockFailed) as info:
+    with pytest.raises(runlock.LockHeld) as info:
         with runlock.hold(str(target), who='learner', key='[control] state_file', fix='-'):
             pass
     assert str(info.value) == (f'cannot take the lock {target}.lock of [control] state_file = {target}: '
@@ -101,7 +101,7 @@ def test_a_directory_in_place_of_the_lock_file_is_one_line(tmp_path):
 
 @linux_only
 def test_a_lock_that_cannot_be_made_is_no_false_holder():
-    with pytest.raises(runlock.LockFailed) as info:
+    with pytest.raises(runlock.LockHeld) as info:
         with runlock.hold('/proc/mortal.pth', who='learner', key='[control] state_file', fix='-'):
             pass
     text = str(info.value)

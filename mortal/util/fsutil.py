@@ -59,12 +59,8 @@ def atomic_copy(src, dst, *, keep_times: bool = False) -> None:
             shutil.copystat(src, f.name)
 
 
-#: A config or checkpoint in a folder to empty means it is the run's own: emptying is refused (ForeignFilesError).
+#: A config or checkpoint in a folder to empty means it is the run's own: emptying is refused.
 FOREIGN_SUFFIXES = ('.toml', '.pth')
-
-
-class ForeignFilesError(OSError):
-    """``empty_dir`` refused: the folder holds a config (.toml) or checkpoint (.pth) file it never holds by itself."""
 
 
 def foreign_files(directory, keep=()) -> list[str]:
@@ -80,12 +76,12 @@ def foreign_files(directory, keep=()) -> list[str]:
 
 def empty_dir(directory, keep=()) -> None:
     """Make ``directory`` an empty folder but for ``keep`` (created when missing, replacing a file or link).
-    Raises OSError; ``ForeignFilesError`` (nothing removed) when it holds a ``.toml`` or ``.pth`` file."""
+    Raises OSError, also (nothing removed) when it holds a ``.toml`` or ``.pth`` file."""
     directory = os.fspath(directory)
     if os.path.isdir(directory) and not os.path.islink(directory):
         foreign = foreign_files(directory, keep)
         if foreign:
-            raise ForeignFilesError(
+            raise OSError(
                 f'refusing to empty {directory}: it holds {len(foreign)} config or checkpoint file(s) '
                 f'({", ".join(foreign[:3])[:300]}); point the folder key at a folder of its own')
         for name in os.listdir(directory):

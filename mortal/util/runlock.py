@@ -22,14 +22,12 @@ OWNER_SUFFIX = '.owner'
 INHERITED_KEY = 'MORTAL_LOCK_HELD_BY_PARENT'  # '<parent pid>:<lock path>': the parent holds that lock for the child
 SHOWN_CHARS = 200  # a holder record's host is cut to this many characters in messages
 RECORD_BYTES = 4096  # a holder record larger than this is a bad record (it is a few dozen bytes)
+HARM = {'learner': "train on each other's checkpoint and claim each other's logs",
+        'client': "submit each other's logs (trained twice)"}  # of two holders at once, by ``who``
 
 
 class LockHeld(RuntimeError):
-    """Another live process holds the lock. ``str()`` is the whole refusal: the holder and what to change."""
-
-
-class LockFailed(LockHeld):
-    """The OS refused the lock file itself; a ``LockHeld`` so callers refuse it alike."""
+    """Another live process holds the lock, or the OS refused the lock file. ``str()`` is the whole refusal."""
 
 
 def lock_path_for(target: str) -> str:
@@ -79,14 +77,14 @@ def child_env(env: dict, lock_path: str) -> dict:
     return {**env, INHERITED_KEY: f'{os.getpid()}:{lock_path}'}
 
 
-def _failed(lock_path: str, key: str, target: str, exc: BaseException) -> LockFailed:
-    return LockFailed(f'cannot take the lock {lock_path} of {key} = {target}: {exc}')
+def _failed(lock_path: str, key: str, target: str, exc: BaseException) -> LockHeld:
+    return LockHeld(f'cannot take the lock {lock_path} of {key} = {target}: {exc}')
 
 
 @contextlib.contextmanager
 def hold(target: str, *, who: str, key: str, fix: str):
     """Hold the lock of ``target`` for the block (``who``, ``key``, ``fix`` word the refusal). Raises ``LockHeld``
-    or ``LockFailed``; a dead holder's lock is taken over with a warning; under ``child_env`` nothing is taken."""
+    (also when the OS refuses the lock file); a dead holder's lock is taken over with a warning; under ``child_env`` nothing is taken."""
     lock_path = lock_path_for(target)
     if _inherited(lock_path):
         yield lock_path
@@ -100,9 +98,9 @@ def hold(target: str, *, who: str, key: str, fix: str):
             os.close(os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644))
         except OSError as e:
             raise _failed(lock_path, key, target, e) from None
+        harm = HARM.get(who, "get in each other's way")
         raise LockHeld(f'another {who} runs on {key} = {target}: {describe_holder(_holder(lock_path))} holds '
-                       f'{lock_path}. Two {who}s on one {key} would {_harm(who)}; stop the other one, or {fix}'
-                       ) from None
+                       f'{lock_path}. Two {who}s on one {key} would {harm}; stop the other one, or {fix}') from None
     except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
         raise _failed(lock_path, key, target, e) from None
     try:
@@ -138,8 +136,3 @@ def holder_if_held(target: str) -> str | None:
         return None  # ``hold`` names the OS error
     lock.release()
     return None
-
-
-def _harm(who: str) -> str:
-    return {'learner': "train on each other's checkpoint and claim each other's logs",
-            'client': "submit each other's logs (trained twice)"}.get(who, 'get in each other\'s way')
