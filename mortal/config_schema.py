@@ -43,15 +43,10 @@ def _rule(ok: Callable[[Any], bool], reason: str) -> AfterValidator:
     return AfterValidator(check)
 
 
-def _int64(value: int) -> int:
-    # TOML integers are 64-bit (seed_key is a u64); a parser may accept any size, which would only fail much later
-    # inside torch or the Rust core.
-    if not -2 ** 63 <= value < 2 ** 64:
-        raise ValueError('is out of the 64-bit integer range')
-    return value
-
-
-Int = Annotated[int, Strict(), Kind('int'), AfterValidator(_int64)]
+# TOML integers are 64-bit (seed_key is a u64); a parser may accept any size, which would only fail much later inside
+# torch or the Rust core.
+Int = Annotated[int, Strict(), Kind('int'),
+                _rule(lambda v: -2 ** 63 <= v < 2 ** 64, 'is out of the 64-bit integer range')]
 Float = Annotated[float, Strict(), AllowInfNan(False), Kind('float')]
 Bool = Annotated[bool, Strict(), Kind('bool')]
 Str = Annotated[str, Strict(), Kind('str')]
@@ -76,17 +71,10 @@ def _one_of(choices: tuple[str, ...]) -> AfterValidator:
     return _rule(lambda v: v in choices, f'must be one of {", ".join(c or repr(c) for c in choices)}')
 
 
-def _games(value: int) -> int:
-    if value <= 0:
-        raise ValueError('must be > 0')
-    if value % 4:
-        raise ValueError('must be a multiple of 4 (one duplicate set is 4 games with rotated seats)')
-    return value
-
-
 PositiveInt = Annotated[Int, Positive]
 NonNegativeInt = Annotated[Int, NonNegative]
-Games = Annotated[Int, AfterValidator(_games)]
+Games = Annotated[PositiveInt, _rule(lambda v: v % 4 == 0,
+                                     'must be a multiple of 4 (one duplicate set is 4 games with rotated seats)')]
 PositiveFloat = Annotated[Float, Positive]
 NonNegativeFloat = Annotated[Float, NonNegative]
 
