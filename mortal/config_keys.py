@@ -25,10 +25,8 @@ class Key:
 
 def is_section(annotation) -> bool:
     """True when a field's annotation is a sub-table (a :class:`Section`, or a dict or Optional of one)."""
-    for arg in getattr(annotation, '__args__', ()) or ():
-        if is_section(arg):
-            return True
-    return isinstance(annotation, type) and issubclass(annotation, Section)
+    return (isinstance(annotation, type) and issubclass(annotation, Section)) or any(
+        is_section(arg) for arg in getattr(annotation, '__args__', ()) or ())
 
 
 def keys_of(model: type[Section]) -> dict[str, Key]:

@@ -153,10 +153,6 @@ def learner_input_errors(cfg, config_path: str) -> list[str]:
     train = cfg.baseline and cfg.baseline.train
     if cfg.control.online and cfg.online is not None and cfg.online.anchor_weight > 0 and train is not None:
         needed.append(('[baseline.train] state_file', train.state_file, '[online] anchor_weight > 0 needs it'))
-    return [f'{key} = {value!r} in {config_path}: no such file{_absolute(value)}; the learner reads it at its start '
+    return [f'{key} = {value!r} in {config_path}: no such file'
+            f'{"" if os.path.isabs(value) else f" ({os.path.abspath(value)})"}; the learner reads it at its start '
             f'({why})' for key, value, why in needed if not os.path.isfile(value)]
-
-
-def _absolute(value: str) -> str:
-    """`` (<absolute path>)`` when ``value`` is relative (to the working folder), else ''."""
-    return '' if os.path.isabs(value) else f' ({os.path.abspath(value)})'
