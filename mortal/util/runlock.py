@@ -83,8 +83,8 @@ def _failed(lock_path: str, key: str, target: str, exc: BaseException) -> LockHe
 
 @contextlib.contextmanager
 def hold(target: str, *, who: str, key: str, fix: str):
-    """Hold the lock of ``target`` for the block (``who``, ``key``, ``fix`` word the refusal). Raises ``LockHeld``
-    (also when the OS refuses the lock file); a dead holder's lock is taken over with a warning; under ``child_env`` nothing is taken."""
+    """Hold the lock of ``target`` for the block (``who``, ``key``, ``fix`` word the refusal). ``LockHeld`` also when
+    the OS refuses the lock file; a dead holder's lock is taken over with a warning; none under ``child_env``."""
     lock_path = lock_path_for(target)
     if _inherited(lock_path):
         yield lock_path
