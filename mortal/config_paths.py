@@ -18,10 +18,8 @@ def config_folder(path: str | os.PathLike) -> str:
 
 def expands(value: str) -> bool:
     """Whether the string ``value`` starts with ``{config_dir}`` followed by its end or a path separator."""
-    if not value.startswith(CONFIG_DIR):
-        return False
-    rest = value[len(CONFIG_DIR):]
-    return rest == '' or rest[0] in (os.sep, os.altsep or os.sep, '/')
+    after = value[len(CONFIG_DIR):len(CONFIG_DIR) + 1]  # '' at the end
+    return value.startswith(CONFIG_DIR) and after in ('', os.sep, os.altsep or os.sep, '/')
 
 
 def expand(value: str, folder: str) -> str:
