@@ -71,8 +71,7 @@ def error(message, status: int = 2) -> int:
 
 
 def load_config(args: argparse.Namespace, required: mcfg.Required) -> dict:
-    """The config of ``args.config`` with the ``required`` sections; ``ConfigError``, also for ``[control] version =
-    4`` without the compiled core."""
+    """The config of ``args.config`` with the ``required`` sections; ``ConfigError``, also for v4 without the core."""
     config = mcfg.load_config(args.config, required=required, env=args.overrides)
     names = required(config) if callable(required) else required
     if 'control' in names and mcfg.typed(config).control.version == 4:
