@@ -326,10 +326,9 @@ class RulebaseSide(Section):
 MORTAL_TAG, RULEBASE_TAG = '<mortal side>', '<rulebase side>'
 
 
-def _side_tag(value) -> str:
-    if isinstance(value, dict):
-        return RULEBASE_TAG if value.get('type') == 'rulebase' else MORTAL_TAG
-    return RULEBASE_TAG if getattr(value, 'type', None) == 'rulebase' else MORTAL_TAG
+def _side_tag(value) -> str:  # of a table, or of a model when pydantic serializes one
+    kind = value.get('type') if isinstance(value, dict) else getattr(value, 'type', None)
+    return RULEBASE_TAG if kind == 'rulebase' else MORTAL_TAG
 
 
 Side = Annotated[Union[Annotated[MortalSide, Tag(MORTAL_TAG)], Annotated[RulebaseSide, Tag(RULEBASE_TAG)]],
