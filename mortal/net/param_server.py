@@ -96,8 +96,8 @@ class ByteBudget:
             self._cond.notify_all()
             return granted
 
-    def _preempt_slowest(self, now: float, owner, needed: int) -> bool:
-        """Preempt the slowest reading frames until they held ``needed`` bytes; False when none. _cond held."""
+    def _preempt_slowest(self, now: float, owner, needed: int) -> None:
+        """Preempt the slowest reading frames until they held ``needed`` bytes. _cond held."""
         reading = sorted((r for r in self.readers if r is not owner and not r.preempted and r.held < r.length),
                          key=lambda r: r.rate(now))
         freed = 0
@@ -109,7 +109,6 @@ class ByteBudget:
             victim.preempt(f'preempted to admit another frame: it held {victim.held} of max_inflight_bytes = '
                            f'{self.limit}, read at {victim.rate(now) / 1024:.0f} KiB/s')
         self._cond.notify_all()
-        return bool(reading)
 
     def _deadlock_victim(self):
         """The ticket to refuse when every holder waits and the first in line does not fit, else None."""
@@ -173,10 +172,6 @@ class Reservation:
                     self.budget.readers.discard(self)
             self.budget.release(size, held=self.held)
 
-    def give_all(self) -> None:
-        """Give back every byte still held."""
-        self.give(self.held)
-
 
 class Handler(BaseRequestHandler):
     """One connection = one request frame and one reply frame; the header is authenticated first."""
@@ -235,7 +230,7 @@ class Handler(BaseRequestHandler):
             reply = self._dispatch(srv, peer, msg)
             del msg  # free the payload before the budget is given back
         finally:
-            held.give_all()
+            held.give(held.held)
         self._reply(sock, peer, reply)
 
     @staticmethod

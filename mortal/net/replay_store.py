@@ -202,7 +202,14 @@ class ReplayStore:
             return {'status': wire.STATUS_OVERFLOW}
         if client_server_id != self.server_id:
             client_version = UNKNOWN_VERSION  # versions of another server instance mean nothing here
-        return self._param_reply(client_version)
+        with self.param_lock:
+            if self.mortal_param is None or self.dqn_param is None:
+                return {'status': wire.STATUS_EMPTY_PARAM}
+            if self.force_sequential and self.idle_param_version <= client_version:
+                return {'status': wire.STATUS_BUSY}
+            return {'status': wire.STATUS_OK, 'mortal': self.mortal_param, 'dqn': self.dqn_param,
+                    'param_version': self.param_version, 'server_id': self.server_id, **self.play_settings,
+                    **({'baseline_digest': self.baseline['baseline_digest']} if self.baseline else {})}
 
     def drain(self) -> dict:
         """Move every buffered log into a freshly emptied drain_dir; reply: count, drain_dir, files,
@@ -219,17 +226,6 @@ class ReplayStore:
         return {'status': wire.STATUS_OK, 'count': len(delivered), 'drain_dir': self.drain_dir,
                 'files': [name for name, _ in delivered], 'param_versions': [version for _, version in delivered],
                 'param_version': current, 'has_param': has_param, 'server_id': self.server_id}
-
-    def _param_reply(self, client_version: int) -> dict:
-        """``get_param``'s reply once the buffer has room."""
-        with self.param_lock:
-            if self.mortal_param is None or self.dqn_param is None:
-                return {'status': wire.STATUS_EMPTY_PARAM}
-            if self.force_sequential and self.idle_param_version <= client_version:
-                return {'status': wire.STATUS_BUSY}
-            return {'status': wire.STATUS_OK, 'mortal': self.mortal_param, 'dqn': self.dqn_param,
-                    'param_version': self.param_version, 'server_id': self.server_id, **self.play_settings,
-                    **({'baseline_digest': self.baseline['baseline_digest']} if self.baseline else {})}
 
     def submit_param(self, mortal: bytes, dqn: bytes, is_idle: bool, *, arch_change: bool = False,
                      settings: Optional[dict] = None, learner: Optional[str] = None) -> dict:
@@ -249,7 +245,7 @@ class ReplayStore:
             if self.learner not in (None, learner) and age < self.learner_liveness:
                 this = learner if learner is not None else 'a learner without an id'
                 logger.warning('refused the parameters of %s: learner %s submitted %.0f s ago',
-                               f'learner {learner}' if learner is not None else this, self.learner, age)
+                               this if learner is None else f'learner {learner}', self.learner, age)
                 return {'status': wire.STATUS_OTHER_LEARNER, 'reason': (
                     f'learner {self.learner} submitted parameters {age:.0f} s ago, and this server takes one '
                     f'learner at a time (this one is {this}): stop one of them, or point this one at its own '
@@ -375,7 +371,7 @@ class ReplayStore:
             count = len(self.buffer) + len(self.pending)
             if count > 0 and (not self.force_sequential or count >= self.capacity):
                 try:
-                    self._report_strays(self.buffer_dir, set(self.buffer))
+                    self._report_strays()
                     self._empty_drain_dir()
                     for name, version in sorted(self.buffer.items()):
                         src = path.join(self.buffer_dir, name)
@@ -412,14 +408,12 @@ class ReplayStore:
         if self.storage_state.pop(operation, None) is not None:
             logger.info('%s', message)
 
-    def _report_strays(self, directory: str, known: set) -> None:
-        for entry in os.listdir(directory):
-            if entry in known or entry.startswith(_TMP_PREFIX):
-                continue
-            key = (directory, entry)
-            if key not in self.reported_strays:
-                self.reported_strays.add(key)
-                logger.warning('ignoring stray entry %s in %s (not written by this server)', entry, directory)
+    def _report_strays(self) -> None:
+        """Warn once per entry of buffer_dir that this server did not write."""
+        for entry in os.listdir(self.buffer_dir):
+            if entry not in self.buffer and not entry.startswith(_TMP_PREFIX) and entry not in self.reported_strays:
+                self.reported_strays.add(entry)
+                logger.warning('ignoring stray entry %s in %s (not written by this server)', entry, self.buffer_dir)
 
     def _empty_drain_dir(self) -> None:
         for entry in os.listdir(self.drain_dir):

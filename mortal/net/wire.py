@@ -19,6 +19,7 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import socket
 import struct
 import time
@@ -68,7 +69,6 @@ MIN_TEMP_FACTOR = 1e-6  # below this a Boltzmann softmax over Q overflows in flo
 
 def check_play_settings(msg: dict) -> dict:
     """The play settings of a message, defaults for absent ones. Raises ValueError naming a bad field."""
-    import math
     out = {}
     for key in ('steps', 'baseline_version'):
         value = msg.get(key, DEFAULT_PLAY_SETTINGS[key])
@@ -178,8 +178,7 @@ def _signed_header(length: int, digest: bytes, token: Optional[str]) -> bytes:
 
 def encode_frame(msg: dict, token: Optional[str] = None) -> bytes:
     """``msg`` (msgpack-able values; a tensor raises TypeError) as one frame signed with ``token``."""
-    payload = msgpack.packb(msg, use_bin_type=True)
-    return encode_header(payload, token) + payload
+    return b''.join(encode_pieces(msg, token))
 
 
 def decode_prefix(prefix: bytes) -> None:
@@ -340,9 +339,8 @@ def _readable(sock: socket.socket) -> int:
 
 def send_msg(sock: socket.socket, msg: dict, token: Optional[str] = None) -> None:
     """Send one message as one frame signed with ``token`` (blocking). OSError on a broken connection."""
-    payload = msgpack.packb(msg, use_bin_type=True)
-    sock.sendall(encode_header(payload, token))
-    sock.sendall(payload)  # two calls: no copy of a large payload just to prepend 78 bytes
+    for piece in encode_pieces(msg, token):  # no copy of a large payload just to prepend 78 bytes
+        sock.sendall(piece)
 
 
 def encode_pieces(msg: dict, token: Optional[str] = None) -> list:

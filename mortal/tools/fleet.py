@@ -279,9 +279,6 @@ class Fleet:
                            'GPUs) or their clients are waiting (see their lines)', ', '.join(map(str, waiting)),
                            free.get('CPU', 0.0), free.get('GPU', 0.0))
 
-    def rounds_in_flight(self) -> int:
-        return sum(kind == 'round' for _, kind in self.in_flight.values())
-
     def on_ready(self, i: int, info: dict) -> bool:
         """Log actor ``i`` as started or restarted; drop it when its client could not start. Whether it plays."""
         if info.get('error'):
@@ -338,7 +335,7 @@ class Fleet:
                 line = self.record.add(value['rankings'], self.live)
                 if line:
                     logger.info('%s', line)
-            if not rounds or done + self.rounds_in_flight() < rounds:
+            if not rounds or done + sum(k == 'round' for _, k in self.in_flight.values()) < rounds:
                 self.in_flight[actor.run_round.remote()] = (i, 'round')
         if self.record.pending_rounds:
             logger.info('%s', self.record.flush(self.live))

@@ -151,10 +151,9 @@ def same_weights(path_a, path_b) -> bool:
         sa, sb = a.get(key), b.get(key)
         if not isinstance(sa, dict) or not isinstance(sb, dict) or sa.keys() != sb.keys():
             return False
-        for k in sa:
-            ta, tb = sa[k], sb[k]
-            if not isinstance(ta, torch.Tensor) or not isinstance(tb, torch.Tensor) or not torch.equal(ta, tb):
-                return False
+        if not all(isinstance(sa[k], torch.Tensor) and isinstance(sb[k], torch.Tensor) and torch.equal(sa[k], sb[k])
+                   for k in sa):
+            return False
     return True
 
 
@@ -168,28 +167,25 @@ def _same_weights_or_false(path_a, path_b) -> bool:
 
 
 def _games_bar(label, total, progress):
-    """A tqdm bar over ``total`` games (``None`` when ``progress`` is off): evaluations run for minutes."""
-    if not progress:
-        return None
+    """A tqdm bar over ``total`` games, hidden unless ``progress``: evaluations run for minutes."""
     import threading
     from tqdm import tqdm
     tqdm.set_lock(threading.RLock())  # as play_duplicate: no multiprocessing semaphore in the parent
-    return tqdm(total=total, desc=label, unit='game', dynamic_ncols=True)
+    return tqdm(total=total, desc=label, unit='game', dynamic_ncols=True, disable=not progress)
 
 
-def _play_eval_deals(challenger, champion, sets, workers, progress, label):
+def _play_eval_deals(challenger, champion, sets, progress, label):
     """``play_duplicate`` on the summary's deals (``EVAL_KEY``): ``{nonce: [4 ranks]}``."""
     from mortal.play.evaluation import play_duplicate
     bar = _games_bar(label, sets * 4, progress)
     try:
-        return play_duplicate(challenger, champion, sets=sets, key=EVAL_KEY, workers=workers or os.cpu_count() or 1,
-                              progress=None if bar is None else bar.update)
+        return play_duplicate(challenger, champion, sets=sets, key=EVAL_KEY, workers=os.cpu_count() or 1,
+                              progress=bar.update)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
 
 
-def evaluate_against_start(config, sets, workers=None, progress=False):
+def evaluate_against_start(config, sets, progress=False):
     """``{'best'|'final': summarize(...)}`` against 3x the start on ``sets`` deals (final = best: not replayed)."""
     from mortal.config import typed
     from mortal.play.evaluation import summarize
@@ -202,19 +198,19 @@ def evaluate_against_start(config, sets, workers=None, progress=False):
         if label == 'final' and 'best' in out and _same_weights_or_false(cfg.control.best_state_file, state_file):
             out[label] = {**out['best'], 'same_as': 'best'}
             continue
-        units = _play_eval_deals(('mortal', state_file), start, sets, workers, progress, f'eval {label} vs 3x start')
+        units = _play_eval_deals(('mortal', state_file), start, sets, progress, f'eval {label} vs 3x start')
         out[label] = summarize(units)
     return out
 
 
-def evaluate_start_vs_rulebase(config, sets, workers=None, progress=False):
+def evaluate_start_vs_rulebase(config, sets, progress=False):
     """``summarize(...)`` of the start model against 3 RulebaseBots, None without the file."""
     from mortal.config import typed
     from mortal.play.evaluation import summarize
     start = typed(config).baseline.test.state_file
     if not os.path.exists(start):
         return None
-    units = _play_eval_deals(('mortal', start), ('rulebase', None), sets, workers, progress, 'start vs 3 RulebaseBots')
+    units = _play_eval_deals(('mortal', start), ('rulebase', None), sets, progress, 'start vs 3 RulebaseBots')
     return summarize(units)
 
 
