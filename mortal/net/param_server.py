@@ -15,7 +15,7 @@ from typing import Optional
 
 from mortal.net import wire
 from mortal.net.address import is_loopback  # bind security below
-from mortal.net.replay_store import BadRequest, ReplayStore
+from mortal.net.replay_store import ReplayStore
 
 logger = logging.getLogger('mortal.server')  # the server's name (log format)
 
@@ -128,7 +128,7 @@ class ByteBudget:
 class Reservation:
     """The bytes of one payload held in a ``ByteBudget``, taken as they arrive (``recv_payload_paced``'s callbacks)."""
 
-    def __init__(self, budget: ByteBudget, wait: float, sock=None, length: int = 0):
+    def __init__(self, budget: ByteBudget, wait: float, sock, length: int):
         self.budget = budget
         self.wait = wait
         self.held = 0
@@ -145,9 +145,8 @@ class Reservation:
     def preempt(self, reason: str) -> None:
         """Close this frame's connection so that its bytes go to a new frame."""
         self.preempted = reason
-        if self.sock is not None:
-            with contextlib.suppress(OSError):
-                self.sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
 
     def take(self, size: int) -> None:
         """Reserve ``size`` more bytes; ProtocolError (naming the limit) when they are refused."""
@@ -237,7 +236,7 @@ class Handler(BaseRequestHandler):
     def _dispatch(srv, peer, msg) -> dict:
         try:
             return srv.store.handle(msg)
-        except (BadRequest, wire.ProtocolError) as ex:
+        except (wire.BadRequest, wire.ProtocolError) as ex:
             logger.warning('bad %r request from %s: %s', msg.get('type'), peer, ex)
             return {'status': wire.STATUS_BAD_REQUEST, 'reason': str(ex)}
         except Exception as ex:  # a bug: answer rather than leave the peer waiting for a reply
@@ -270,7 +269,7 @@ class ParamServer(ThreadingTCPServer):
     request_queue_size = 128  # listen backlog: bursts of connecting clients are queued, not dropped
 
     def __init__(self, address, store: ReplayStore, *, token: Optional[str] = None,
-                 max_frame_size: int = wire.DEFAULT_MAX_FRAME_SIZE, timeout: float = wire.DEFAULT_TIMEOUT,
+                 max_frame_size: int = wire.DEFAULT_MAX_FRAME_BYTES, timeout: float = wire.DEFAULT_TIMEOUT,
                  max_pending: int = DEFAULT_MAX_PENDING, max_inflight_bytes: Optional[int] = None,
                  header_timeout: float = wire.HEADER_TIMEOUT, payload_min_rate: int = DEFAULT_PAYLOAD_MIN_RATE,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS):

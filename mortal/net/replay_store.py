@@ -13,11 +13,11 @@ import shutil
 import threading
 import time
 import zlib
-from collections import OrderedDict
 from os import path
 from typing import Optional
 
 from mortal.net import wire
+from mortal.net.wire import BadRequest
 from mortal.net.signature import signature_difference, state_dict_signature
 from mortal.util.fsutil import empty_dir
 
@@ -31,10 +31,6 @@ _GZIP_MAGIC = b'\x1f\x8b'
 _UTF8_BOM = b'\xef\xbb\xbf'
 # Decompressed bytes searched for a log's first line (~200 bytes): also what a gzip bomb costs at most.
 FIRST_LINE_LIMIT = 64 * 1024
-
-
-class BadRequest(ValueError):
-    """A well-formed frame whose content is not a valid request (wrong field type, unsafe file name, ...)."""
 
 
 def check_log_head(name: str, content: bytes) -> None:
@@ -122,14 +118,6 @@ def _learner_id(msg: dict) -> Optional[str]:
     return learner
 
 
-def play_settings_of(msg: dict) -> dict:
-    """``wire.check_play_settings`` of a submit_param request; BadRequest instead of its ValueError."""
-    try:
-        return wire.check_play_settings(msg)
-    except ValueError as ex:
-        raise BadRequest(str(ex)) from None
-
-
 # Seconds a learner's run counts as live after its last submit_param (its restarts keep the run).
 LEARNER_LIVENESS = 600.0
 MAX_LEARNER_ID = 1024  # characters of submit_param's 'learner' (it is logged and sent back)
@@ -165,7 +153,7 @@ class ReplayStore:
         self.buffer = {}
         self.drained = set()
         # moved into drain_dir by a drain that then failed: name -> param_version, delivered by the next drain
-        self.pending = OrderedDict()
+        self.pending = {}
         self.submission_id = 0
         self.reported_strays = set()
         self.storage_state = {}  # operation -> (errno, exception type) of its current failure; absent when fine
@@ -187,7 +175,7 @@ class ReplayStore:
             return self.submit_param(_field(msg, 'mortal', bytes), _field(msg, 'dqn', bytes),
                                      _field(msg, 'is_idle', bool, default=False),
                                      arch_change=_field(msg, 'arch_change', bool, default=False),
-                                     settings=play_settings_of(msg), learner=_learner_id(msg))
+                                     settings=wire.check_play_settings(msg), learner=_learner_id(msg))
         if kind == 'drain':
             return self.drain()
         if kind == 'submit_baseline':
@@ -220,11 +208,34 @@ class ReplayStore:
         with self.param_lock:
             current = self.param_version
             has_param = self.mortal_param is not None
-        delivered = self._move_to_drain()
-        if isinstance(delivered, dict):
-            return delivered  # the 'error' reply of a disk failure
-        return {'status': wire.STATUS_OK, 'count': len(delivered), 'drain_dir': self.drain_dir,
-                'files': [name for name, _ in delivered], 'param_versions': [version for _, version in delivered],
+        moved = []  # [(name, param_version)] sorted by name
+        with self.dir_lock:
+            count = len(self.buffer) + len(self.pending)
+            if count > 0 and (not self.force_sequential or count >= self.capacity):
+                try:
+                    self._report_strays()
+                    self._empty_drain_dir()
+                    for name, version in sorted(self.buffer.items()):
+                        src = path.join(self.buffer_dir, name)
+                        try:
+                            _move(src, path.join(self.drain_dir, name))
+                            self.pending[name] = version
+                        except OSError:
+                            if path.lexists(src):
+                                raise
+                            logger.warning('buffered log %s vanished from %s; skipped', name, self.buffer_dir)
+                        del self.buffer[name]
+                except OSError as ex:
+                    return self._storage_failed(
+                        'drain', f'drain from buffer_dir to drain_dir failed ({len(self.pending)} moved, '
+                        f'{len(self.buffer)} still buffered; the next drain delivers all): {ex}', ex)
+                self._storage_ok('drain', 'drain works again')
+                moved = sorted(self.pending.items())
+                self.drained = set(self.pending)
+                self.pending.clear()
+                logger.info('files transferred to trainer: %d; total buffer size: 0', len(moved))
+        return {'status': wire.STATUS_OK, 'count': len(moved), 'drain_dir': self.drain_dir,
+                'files': [name for name, _ in moved], 'param_versions': [version for _, version in moved],
                 'param_version': current, 'has_param': has_param, 'server_id': self.server_id}
 
     def submit_param(self, mortal: bytes, dqn: bytes, is_idle: bool, *, arch_change: bool = False,
@@ -283,11 +294,8 @@ class ReplayStore:
         for key, data in fields.items():
             if not state_dict_signature(data):  # ProtocolError (a bad request) when not safetensors
                 raise BadRequest(f'field {key!r} is an empty state dict')
-        try:
-            fields['arch'] = wire.check_baseline_arch(_field(msg, 'arch', dict))
-            fields['baseline_digest'] = wire.check_digest(_field(msg, 'baseline_digest', str))
-        except ValueError as ex:
-            raise BadRequest(str(ex)) from None
+        fields['arch'] = wire.check_baseline_arch(_field(msg, 'arch', dict))
+        fields['baseline_digest'] = wire.check_digest(_field(msg, 'baseline_digest', str))
         fields['baseline_version'] = _field(msg, 'baseline_version', int)
         if fields['baseline_version'] < 0:
             raise BadRequest(f"field 'baseline_version' must be >= 0, got {fields['baseline_version']}")
@@ -363,38 +371,6 @@ class ReplayStore:
         logger.info('submission %d: %d logs (param version %d); total buffer size: %d',
                     sid, len(logs), param_version, size)
         return {'status': wire.STATUS_OK, 'count': len(logs), 'submission_id': sid}
-
-    def _move_to_drain(self):
-        """``drain``'s move; returns ``[(name, param_version)]`` sorted by name, or the 'error' reply."""
-        moved = []
-        with self.dir_lock:
-            count = len(self.buffer) + len(self.pending)
-            if count > 0 and (not self.force_sequential or count >= self.capacity):
-                try:
-                    self._report_strays()
-                    self._empty_drain_dir()
-                    for name, version in sorted(self.buffer.items()):
-                        src = path.join(self.buffer_dir, name)
-                        try:
-                            _move(src, path.join(self.drain_dir, name))
-                        except OSError:
-                            if path.lexists(src):
-                                raise
-                            logger.warning('buffered log %s vanished from %s; skipped', name, self.buffer_dir)
-                            del self.buffer[name]
-                            continue
-                        del self.buffer[name]
-                        self.pending[name] = version
-                except OSError as ex:
-                    return self._storage_failed(
-                        'drain', f'drain from buffer_dir to drain_dir failed ({len(self.pending)} moved, '
-                        f'{len(self.buffer)} still buffered; the next drain delivers all): {ex}', ex)
-                self._storage_ok('drain', 'drain works again')
-                moved = [(name, self.pending[name]) for name in sorted(self.pending)]
-                self.drained = set(self.pending)
-                self.pending.clear()
-                logger.info('files transferred to trainer: %d; total buffer size: 0', len(moved))
-        return moved
 
     def _storage_failed(self, operation: str, reason: str, ex: OSError) -> dict:
         """The 'error' reply for a disk failure; logs it only when it differs from the last one (errno, type)."""

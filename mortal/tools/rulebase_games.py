@@ -10,7 +10,7 @@ from mortal.config import typed
 from mortal.entry import drop_rust_backtrace
 from mortal.tools.bootstrap_layout import BootstrapError, bootstrap_config, offline_paths
 
-logger = logging.getLogger('mortal.tools.bootstrap')  # the bootstrap's log lines, as before the split
+logger = logging.getLogger('mortal.tools.bootstrap')  # one logger for every bootstrap step
 
 SPLITS = 'abcd'
 
