@@ -17,8 +17,8 @@ from os import path
 from typing import Optional
 
 from mortal.net import wire
-from mortal.net.wire import BadRequest
 from mortal.net.signature import signature_difference, state_dict_signature
+from mortal.net.wire import BadRequest
 from mortal.util.fsutil import empty_dir
 
 logger = logging.getLogger('mortal.server')  # the server's name (log format)

@@ -87,7 +87,7 @@ def check_play_settings(msg: dict) -> dict:
         value = float(value)
         if not math.isfinite(value) or not low <= value <= MAX_FACTOR:
             raise BadRequest(f'field {key!r} must be a finite number within [{low:g}, {MAX_FACTOR:g}], '
-                             f'got {value!r}')
+                              f'got {value!r}')
         out[key] = value
     return out
 
@@ -342,8 +342,9 @@ def _readable(sock: socket.socket) -> int:
 
 def send_msg(sock: socket.socket, msg: dict, token: Optional[str] = None) -> None:
     """Send one message as one frame signed with ``token`` (blocking). OSError on a broken connection."""
-    for piece in encode_pieces(msg, token):  # no copy of a large payload just to prepend 78 bytes
-        sock.sendall(piece)
+    payload = msgpack.packb(msg, use_bin_type=True)
+    sock.sendall(encode_header(payload, token))
+    sock.sendall(payload)  # two calls: no copy of a large payload just to prepend 78 bytes
 
 
 def encode_pieces(msg: dict, token: Optional[str] = None) -> list:

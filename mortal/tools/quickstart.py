@@ -141,10 +141,14 @@ EVAL_KEY = 0x71756963  # 'quic': duplicate key of the summary's evaluation deals
 
 
 def same_weights(path_a, path_b) -> bool:
-    """Whether two checkpoints have equal ``mortal`` and ``current_dqn`` state dicts."""
+    """Whether two checkpoints have equal ``mortal`` and ``current_dqn`` state dicts; False when one is unreadable
+    (it is then played, and play_duplicate reports it)."""
     import torch
-    from mortal.model.checkpoint import load_checkpoint
-    a, b = load_checkpoint(path_a), load_checkpoint(path_b)
+    from mortal.model.checkpoint import CheckpointError, load_checkpoint
+    try:
+        a, b = load_checkpoint(path_a), load_checkpoint(path_b)
+    except (OSError, CheckpointError):
+        return False
     if not isinstance(a, dict) or not isinstance(b, dict):
         return False
     for key in ('mortal', 'current_dqn'):
@@ -155,15 +159,6 @@ def same_weights(path_a, path_b) -> bool:
                    for k in sa):
             return False
     return True
-
-
-def _same_weights_or_false(path_a, path_b) -> bool:
-    # an unreadable file is not "the same": it is then played, and play_duplicate reports it
-    from mortal.model.checkpoint import CheckpointError
-    try:
-        return same_weights(path_a, path_b)
-    except (OSError, CheckpointError):
-        return False
 
 
 def _games_bar(label, total, progress):
@@ -195,7 +190,7 @@ def evaluate_against_start(config, sets, progress=False):
     for label, state_file in (('best', cfg.control.best_state_file), ('final', cfg.control.state_file)):
         if not os.path.exists(state_file):
             continue
-        if label == 'final' and 'best' in out and _same_weights_or_false(cfg.control.best_state_file, state_file):
+        if label == 'final' and 'best' in out and same_weights(cfg.control.best_state_file, state_file):
             out[label] = {**out['best'], 'same_as': 'best'}
             continue
         units = _play_eval_deals(('mortal', state_file), start, sets, progress, f'eval {label} vs 3x start')
@@ -303,9 +298,7 @@ def _wait_port(host, port, proc, log_dir, timeout=60):
     """Wait until the server accepts connections; RuntimeError if it dies or never listens."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f'server exited with status {proc.returncode}:\n'
-                               + _tail(Path(log_dir) / 'server.log'))
+        _check_alive({'server': proc}, log_dir)
         try:
             with socket.create_connection((host, port), timeout=1):
                 return
