@@ -476,10 +476,10 @@ class Remote:
 
 def request_with_retry(remote: Remote, msg: dict, *,
                        accept: Callable[[dict], bool] = lambda reply: reply.get('status') == STATUS_OK,
-                       interval: float = RETRY_INTERVAL, on_refusal: Optional[Callable[[dict], None]] = None,
+                       on_refusal: Optional[Callable[[dict], None]] = None,
                        sleep: Callable[[float], Any] = time.sleep,
                        on_wait: Optional[Callable[[], None]] = None) -> dict:
-    """Send ``msg`` until a reply satisfies ``accept``, ``interval`` s apart; outages and 'error' replies are
+    """Send ``msg`` until a reply satisfies ``accept``, ``RETRY_INTERVAL`` s apart; outages and 'error' replies are
     retried (logged once), other refusals go to ``on_refusal``. RequestRefused propagates."""
     outage_logged = False
     error_logged = None
@@ -489,32 +489,26 @@ def request_with_retry(remote: Remote, msg: dict, *,
         except (OSError, ProtocolError) as ex:
             if not outage_logged:
                 logger.warning('server %s:%d unreachable for %r (%s); retrying every %.0f s',
-                               remote.host, remote.port, msg.get('type'), ex, interval)
+                               remote.host, remote.port, msg.get('type'), ex, RETRY_INTERVAL)
                 outage_logged = True
-            _wait(on_wait, sleep, interval)
-            continue
-        if outage_logged:
-            logger.info('server %s:%d reachable again', remote.host, remote.port)
-            outage_logged = False
-        if reply.get('status') == STATUS_ERROR:
-            reason = str(reply.get('reason', ''))
-            if reason != error_logged:
-                logger.warning('server %s:%d could not handle %r: %s; retrying every %.0f s',
-                               remote.host, remote.port, msg.get('type'), reason, interval)
-                error_logged = reason
-            _wait(on_wait, sleep, interval)
-            continue
-        if error_logged is not None:
-            logger.info('server %s:%d handles %r again', remote.host, remote.port, msg.get('type'))
-            error_logged = None
-        if accept(reply):
-            return reply
-        if on_refusal is not None:
-            on_refusal(reply)
-        _wait(on_wait, sleep, interval)
-
-
-def _wait(on_wait, sleep, interval: float) -> None:
-    if on_wait is not None:
-        on_wait()
-    sleep(interval)
+        else:
+            if outage_logged:
+                logger.info('server %s:%d reachable again', remote.host, remote.port)
+                outage_logged = False
+            if reply.get('status') == STATUS_ERROR:
+                reason = str(reply.get('reason', ''))
+                if reason != error_logged:
+                    logger.warning('server %s:%d could not handle %r: %s; retrying every %.0f s',
+                                   remote.host, remote.port, msg.get('type'), reason, RETRY_INTERVAL)
+                    error_logged = reason
+            else:
+                if error_logged is not None:
+                    logger.info('server %s:%d handles %r again', remote.host, remote.port, msg.get('type'))
+                    error_logged = None
+                if accept(reply):
+                    return reply
+                if on_refusal is not None:
+                    on_refusal(reply)
+        if on_wait is not None:
+            on_wait()
+        sleep(RETRY_INTERVAL)

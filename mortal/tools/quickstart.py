@@ -50,13 +50,10 @@ def start(name, config_path, log_dir, profile=None):
     env = child_env(config_path)
     if profile is not None:
         env[ENV_PROFILE] = profile
-    log = open(log_dir / (f'{name}.log' if profile is None else f'{name}_{profile}.log'), 'ab')
-    try:
+    with open(log_dir / (f'{name}.log' if profile is None else f'{name}_{profile}.log'), 'ab') as log:
         proc = subprocess.Popen([sys.executable, '-m', f'mortal.{name}'], cwd=ROOT, env=env,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    finally:
-        log.close()  # the child holds its own descriptor
+                                start_new_session=True)  # the child holds its own descriptor
     logger.info('started %s (pid %d), log %s', name, proc.pid, log_dir / f'{name}.log')
     return proc
 
@@ -64,8 +61,7 @@ def start(name, config_path, log_dir, profile=None):
 def stop(procs, grace=GRACE_SECONDS):
     """SIGTERM each group of ``procs`` in reverse, SIGKILL after ``grace`` s; ``{name: 'exited N' | 'killed'}``."""
     outcome = {}
-    for name in reversed(list(procs)):
-        p = procs[name]
+    for p in reversed(list(procs.values())):
         if p.poll() is None:
             signal_group(p.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
