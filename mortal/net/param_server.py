@@ -261,7 +261,7 @@ class ParamServer(ThreadingTCPServer):
 
     token: shared secret (None: loopback only); max_frame_size: bytes; timeout: s of socket silence;
     max_pending: unauthenticated connections at once; max_inflight_bytes: payload bytes held at once (None or 0 =
-    max_frame_size, ValueError below it); header_timeout: s; payload_min_rate: bytes/s over every ``PAYLOAD_WINDOW``;
+    max_frame_size; the config check keeps it above); header_timeout: s; payload_min_rate: bytes/s over every ``PAYLOAD_WINDOW``;
     max_connections: threads at once."""
 
     allow_reuse_address = True
@@ -274,9 +274,6 @@ class ParamServer(ThreadingTCPServer):
                  header_timeout: float = wire.HEADER_TIMEOUT, payload_min_rate: int = DEFAULT_PAYLOAD_MIN_RATE,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS):
         check_bind_security(address[0], token)
-        if max_inflight_bytes and max_inflight_bytes < max_frame_size:
-            raise ValueError(f'[online.server] max_inflight_bytes = {max_inflight_bytes} must be 0 or at least '
-                             f'max_frame_bytes = {max_frame_size} (a largest frame must fit)')
         if max_connections < max_pending:
             raise ValueError(f'max_connections = {max_connections} must be at least [online.server] '
                              f'max_pending_connections = {max_pending}')
