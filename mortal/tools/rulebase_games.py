@@ -79,13 +79,13 @@ def plan_sets(log_dir, games, key, epsilon):
     return todo, done
 
 
-def gen_logs(config, *, workers=None, progress=True):
+def gen_logs(config, *, progress=True):
     """Step 1; returns the new logs written. ``BootstrapError`` when some deals failed (rerun to retry)."""
     import multiprocessing as mp
     from tqdm import tqdm
     boot = bootstrap_config(config)
     eps = boot.epsilon
-    workers = workers or boot.workers or os.cpu_count() or 1
+    workers = boot.workers or os.cpu_count() or 1
     if boot.flaw:
         logger.info('gen-logs: every bot plays with the planted flaw %r (mortal.play.flaws)', boot.flaw)
     tasks = []
