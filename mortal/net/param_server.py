@@ -203,7 +203,7 @@ class Handler(BaseRequestHandler):
             srv.log_refused(peer, str(ex))
             if ex.header.authentic(srv.token):  # tell an authentic sender why, or it retries the frame forever
                 reason = (f'frame of {ex.header.length} bytes exceeds the server\'s [online.server] max_frame_bytes '
-                          f'= {ex.limit}')
+                          f'= {srv.max_frame_size}')
                 self._reply(sock, peer, {'status': wire.STATUS_BAD_REQUEST, 'reason': reason})
             return  # closed at once: the reply stays readable for the peer after the reset
         except (wire.ProtocolError, OSError) as ex:

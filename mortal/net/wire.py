@@ -140,10 +140,9 @@ class PeerClosed(ProtocolError):
 class FrameTooLarge(ProtocolError):
     """A payload length above the receiver's limit; ``header``: decoded, so a server can tell an authentic sender."""
 
-    def __init__(self, message: str, header: 'FrameHeader', limit: int):
+    def __init__(self, message: str, header: 'FrameHeader'):
         super().__init__(message)
         self.header = header
-        self.limit = limit
 
 
 class RequestRefused(Exception):
@@ -198,8 +197,7 @@ def decode_header(header: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_BYTES) 
     length, digest, mac = REST.unpack(header[PREFIX.size:])
     decoded = FrameHeader(length, digest, mac, header[:-MAC_SIZE])
     if length > max_frame_size:
-        raise FrameTooLarge(f'frame of {length} bytes exceeds the limit of {max_frame_size} bytes', decoded,
-                            max_frame_size)
+        raise FrameTooLarge(f'frame of {length} bytes exceeds the limit of {max_frame_size} bytes', decoded)
     return decoded
 
 
@@ -229,29 +227,27 @@ def _recv_exact(sock: socket.socket, size: int, *, what: str, allow_clean_eof: b
     # Memory grows with the bytes that arrive, not the length claimed; shown: (offset, total) for the errors.
     offset, total = shown or (0, size)
     buf = bytearray()
-    got = 0
     timeout = sock.gettimeout()
     try:
-        while got < size:
+        while len(buf) < size:
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise ProtocolError(f'{what} incomplete after the time allowed '
-                                        f'({offset + got} of {total} bytes)')
+                                        f'({offset + len(buf)} of {total} bytes)')
                 sock.settimeout(left if timeout is None else min(left, timeout))
             try:
-                chunk = sock.recv(min(size - got, RECV_CHUNK))
+                chunk = sock.recv(min(size - len(buf), RECV_CHUNK))
             except socket.timeout:
                 if deadline is not None and time.monotonic() >= deadline:
                     continue  # the deadline's check above raises
                 raise
             if not chunk:
-                if got == 0 and allow_clean_eof:
+                if not buf and allow_clean_eof:
                     raise PeerClosed('peer closed the connection')
-                raise ProtocolError(f'truncated frame: connection closed after {offset + got} of {total} {what} '
-                                    'bytes')
+                raise ProtocolError(f'truncated frame: connection closed after {offset + len(buf)} of {total} '
+                                    f'{what} bytes')
             buf += chunk
-            got += len(chunk)
     finally:
         if deadline is not None:
             sock.settimeout(timeout)
