@@ -151,9 +151,10 @@ def same_weights(path_a, path_b) -> bool:
         sa, sb = a.get(key), b.get(key)
         if not isinstance(sa, dict) or not isinstance(sb, dict) or sa.keys() != sb.keys():
             return False
-        if not all(isinstance(sa[k], torch.Tensor) and isinstance(sb[k], torch.Tensor) and torch.equal(sa[k], sb[k])
-                   for k in sa):
-            return False
+        for k in sa:
+            ta, tb = sa[k], sb[k]
+            if not isinstance(ta, torch.Tensor) or not isinstance(tb, torch.Tensor) or not torch.equal(ta, tb):
+                return False
     return True
 
 
