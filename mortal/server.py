@@ -10,7 +10,6 @@ if __package__ in (None, ''):  # run as a script: python mortal/server.py
 
 import errno
 import logging
-from typing import Optional
 
 from mortal.config import section
 from mortal.net import wire
@@ -24,15 +23,15 @@ class ServerStartError(RuntimeError):
     """The server cannot listen on its address; raised before anything on disk is touched."""
 
 
-def build_server(config: dict, *, host: Optional[str] = None, port: Optional[int] = None) -> ParamServer:
-    """Create the store from ``[online.server]``, bind to ``[online.remote]`` (or host/port), then clear the dirs.
+def build_server(config: dict) -> ParamServer:
+    """Create the store from ``[online.server]``, bind to ``[online.remote]``, then clear the dirs.
 
     Binding comes first so that a second server with the same config fails on the busy port before it wipes the
     running one's buffer. Raises ServerStartError, ValueError (unsafe bind, bad limits), OSError (dirs)."""
     cfg = section(config, 'online.server')  # typed, with the defaults of mortal/config_schema.py
     remote = wire.Remote.from_config(section(config, 'online.remote'), cfg)
     store = ReplayStore(cfg.buffer_dir, cfg.drain_dir, cfg.capacity, cfg.force_sequential)
-    address = (remote.host if host is None else host, remote.port if port is None else port)
+    address = (remote.host, remote.port)
     try:
         server = ParamServer(address, store, token=remote.token, max_frame_size=remote.max_frame_size,
                              timeout=remote.timeout, max_pending=cfg.max_pending_connections,

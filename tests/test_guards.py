@@ -223,15 +223,15 @@ def test_a_running_client_picks_up_a_rotation_and_the_factors(tmp_path, caplog):
 
 
 def test_server_checks_the_play_settings():
-    assert replay_store.play_settings_of({}) == wire.DEFAULT_PLAY_SETTINGS
-    assert replay_store.play_settings_of(
+    assert wire.check_play_settings({}) == wire.DEFAULT_PLAY_SETTINGS
+    assert wire.check_play_settings(
             {'epsilon_factor': 0, 'temp_factor': 3, 'steps': 5, 'baseline_version': 2}) == {
         'steps': 5, 'baseline_version': 2, 'epsilon_factor': 0.0, 'temp_factor': 3.0}
     for bad in ({'temp_factor': 0.0}, {'epsilon_factor': float('nan')}, {'epsilon_factor': -1.0},
                 {'temp_factor': 1e7}, {'baseline_version': -1}, {'steps': 1.5}, {'epsilon_factor': 'x'},
                 {'baseline_version': True}):
         with pytest.raises(replay_store.BadRequest):
-            replay_store.play_settings_of(bad)
+            wire.check_play_settings(bad)
 
 
 def test_train_player_applies_the_trainers_factors(tmp_path):
@@ -332,9 +332,9 @@ def test_rollback_with_a_foreign_optimizer_state_still_restores_the_weights(tmp_
 
 
 def test_the_server_refuses_a_temp_factor_near_zero():
-    assert replay_store.play_settings_of({'temp_factor': wire.MIN_TEMP_FACTOR})['temp_factor'] == wire.MIN_TEMP_FACTOR
+    assert wire.check_play_settings({'temp_factor': wire.MIN_TEMP_FACTOR})['temp_factor'] == wire.MIN_TEMP_FACTOR
     with pytest.raises(replay_store.BadRequest):
-        replay_store.play_settings_of({'temp_factor': 1e-40})
+        wire.check_play_settings({'temp_factor': 1e-40})
 
 
 def test_reset_best_on_a_corrupt_state_file_touches_nothing(tmp_path):

@@ -18,9 +18,10 @@ import pytest
 import torch
 
 from mortal import server as srv
+from mortal.config import ConfigError
 from mortal.net import address, param_server, replay_store, signature, wire
 
-from conftest import start_param_server, stop_server, wait_until
+from conftest import load_tiny_config, start_param_server, stop_server, wait_until
 
 MAX_FRAME = 1 << 20
 
@@ -655,10 +656,11 @@ def test_payloads_in_flight_share_one_byte_budget(tmp_path):
             assert read_reply(a, 5) == {'status': 'empty param'}
             assert read_reply(b, 5) == {'status': 'empty param'}
         wait_until(lambda: r.server.inflight.used == 0)
-        with pytest.raises(ValueError, match=r'max_inflight_bytes = 1000 must be 0 or at least'):
-            param_server.ParamServer(('127.0.0.1', 0), r.store, max_frame_size=MAX_FRAME, max_inflight_bytes=1000)
     finally:
         r.close()
+    with pytest.raises(ConfigError, match=r'max_inflight_bytes = 1000 in .* must be 0 or at least \[online.server\] '
+                                          r'max_frame_bytes = 4096'):  # the config check: a largest frame must fit
+        load_tiny_config(tmp_path, **{'online.server': {'max_frame_bytes': 4096, 'max_inflight_bytes': 1000}})
 
 
 def test_frames_that_wait_on_each_other_for_budget_are_resolved_at_once():

@@ -15,7 +15,7 @@ from typing import Optional
 
 from mortal.net import wire
 from mortal.net.address import is_loopback  # bind security below
-from mortal.net.replay_store import BadRequest, ReplayStore
+from mortal.net.replay_store import ReplayStore
 
 logger = logging.getLogger('mortal.server')  # the server's name (log format)
 
@@ -96,8 +96,8 @@ class ByteBudget:
             self._cond.notify_all()
             return granted
 
-    def _preempt_slowest(self, now: float, owner, needed: int) -> bool:
-        """Preempt the slowest reading frames until they held ``needed`` bytes; False when none. _cond held."""
+    def _preempt_slowest(self, now: float, owner, needed: int) -> None:
+        """Preempt the slowest reading frames until they held ``needed`` bytes. _cond held."""
         reading = sorted((r for r in self.readers if r is not owner and not r.preempted and r.held < r.length),
                          key=lambda r: r.rate(now))
         freed = 0
@@ -109,7 +109,6 @@ class ByteBudget:
             victim.preempt(f'preempted to admit another frame: it held {victim.held} of max_inflight_bytes = '
                            f'{self.limit}, read at {victim.rate(now) / 1024:.0f} KiB/s')
         self._cond.notify_all()
-        return bool(reading)
 
     def _deadlock_victim(self):
         """The ticket to refuse when every holder waits and the first in line does not fit, else None."""
@@ -129,7 +128,7 @@ class ByteBudget:
 class Reservation:
     """The bytes of one payload held in a ``ByteBudget``, taken as they arrive (``recv_payload_paced``'s callbacks)."""
 
-    def __init__(self, budget: ByteBudget, wait: float, sock=None, length: int = 0):
+    def __init__(self, budget: ByteBudget, wait: float, sock, length: int):
         self.budget = budget
         self.wait = wait
         self.held = 0
@@ -146,9 +145,8 @@ class Reservation:
     def preempt(self, reason: str) -> None:
         """Close this frame's connection so that its bytes go to a new frame."""
         self.preempted = reason
-        if self.sock is not None:
-            with contextlib.suppress(OSError):
-                self.sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
 
     def take(self, size: int) -> None:
         """Reserve ``size`` more bytes; ProtocolError (naming the limit) when they are refused."""
@@ -172,10 +170,6 @@ class Reservation:
                 if not self.held:
                     self.budget.readers.discard(self)
             self.budget.release(size, held=self.held)
-
-    def give_all(self) -> None:
-        """Give back every byte still held."""
-        self.give(self.held)
 
 
 class Handler(BaseRequestHandler):
@@ -209,7 +203,7 @@ class Handler(BaseRequestHandler):
             srv.log_refused(peer, str(ex))
             if ex.header.authentic(srv.token):  # tell an authentic sender why, or it retries the frame forever
                 reason = (f'frame of {ex.header.length} bytes exceeds the server\'s [online.server] max_frame_bytes '
-                          f'= {ex.limit}')
+                          f'= {srv.max_frame_size}')
                 self._reply(sock, peer, {'status': wire.STATUS_BAD_REQUEST, 'reason': reason})
             return  # closed at once: the reply stays readable for the peer after the reset
         except (wire.ProtocolError, OSError) as ex:
@@ -235,14 +229,14 @@ class Handler(BaseRequestHandler):
             reply = self._dispatch(srv, peer, msg)
             del msg  # free the payload before the budget is given back
         finally:
-            held.give_all()
+            held.give(held.held)
         self._reply(sock, peer, reply)
 
     @staticmethod
     def _dispatch(srv, peer, msg) -> dict:
         try:
             return srv.store.handle(msg)
-        except (BadRequest, wire.ProtocolError) as ex:
+        except (wire.BadRequest, wire.ProtocolError) as ex:
             logger.warning('bad %r request from %s: %s', msg.get('type'), peer, ex)
             return {'status': wire.STATUS_BAD_REQUEST, 'reason': str(ex)}
         except Exception as ex:  # a bug: answer rather than leave the peer waiting for a reply
@@ -267,7 +261,7 @@ class ParamServer(ThreadingTCPServer):
 
     token: shared secret (None: loopback only); max_frame_size: bytes; timeout: s of socket silence;
     max_pending: unauthenticated connections at once; max_inflight_bytes: payload bytes held at once (None or 0 =
-    max_frame_size, ValueError below it); header_timeout: s; payload_min_rate: bytes/s over every ``PAYLOAD_WINDOW``;
+    max_frame_size; the config check keeps it above); header_timeout: s; payload_min_rate: bytes/s over every ``PAYLOAD_WINDOW``;
     max_connections: threads at once."""
 
     allow_reuse_address = True
@@ -275,14 +269,11 @@ class ParamServer(ThreadingTCPServer):
     request_queue_size = 128  # listen backlog: bursts of connecting clients are queued, not dropped
 
     def __init__(self, address, store: ReplayStore, *, token: Optional[str] = None,
-                 max_frame_size: int = wire.DEFAULT_MAX_FRAME_SIZE, timeout: float = wire.DEFAULT_TIMEOUT,
+                 max_frame_size: int = wire.DEFAULT_MAX_FRAME_BYTES, timeout: float = wire.DEFAULT_TIMEOUT,
                  max_pending: int = DEFAULT_MAX_PENDING, max_inflight_bytes: Optional[int] = None,
                  header_timeout: float = wire.HEADER_TIMEOUT, payload_min_rate: int = DEFAULT_PAYLOAD_MIN_RATE,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS):
         check_bind_security(address[0], token)
-        if max_inflight_bytes and max_inflight_bytes < max_frame_size:
-            raise ValueError(f'[online.server] max_inflight_bytes = {max_inflight_bytes} must be 0 or at least '
-                             f'max_frame_bytes = {max_frame_size} (a largest frame must fit)')
         if max_connections < max_pending:
             raise ValueError(f'max_connections = {max_connections} must be at least [online.server] '
                              f'max_pending_connections = {max_pending}')

@@ -13,12 +13,12 @@ import shutil
 import threading
 import time
 import zlib
-from collections import OrderedDict
 from os import path
 from typing import Optional
 
 from mortal.net import wire
 from mortal.net.signature import signature_difference, state_dict_signature
+from mortal.net.wire import BadRequest
 from mortal.util.fsutil import empty_dir
 
 logger = logging.getLogger('mortal.server')  # the server's name (log format)
@@ -31,10 +31,6 @@ _GZIP_MAGIC = b'\x1f\x8b'
 _UTF8_BOM = b'\xef\xbb\xbf'
 # Decompressed bytes searched for a log's first line (~200 bytes): also what a gzip bomb costs at most.
 FIRST_LINE_LIMIT = 64 * 1024
-
-
-class BadRequest(ValueError):
-    """A well-formed frame whose content is not a valid request (wrong field type, unsafe file name, ...)."""
 
 
 def check_log_head(name: str, content: bytes) -> None:
@@ -122,14 +118,6 @@ def _learner_id(msg: dict) -> Optional[str]:
     return learner
 
 
-def play_settings_of(msg: dict) -> dict:
-    """``wire.check_play_settings`` of a submit_param request; BadRequest instead of its ValueError."""
-    try:
-        return wire.check_play_settings(msg)
-    except ValueError as ex:
-        raise BadRequest(str(ex)) from None
-
-
 # Seconds a learner's run counts as live after its last submit_param (its restarts keep the run).
 LEARNER_LIVENESS = 600.0
 MAX_LEARNER_ID = 1024  # characters of submit_param's 'learner' (it is logged and sent back)
@@ -165,7 +153,7 @@ class ReplayStore:
         self.buffer = {}
         self.drained = set()
         # moved into drain_dir by a drain that then failed: name -> param_version, delivered by the next drain
-        self.pending = OrderedDict()
+        self.pending = {}
         self.submission_id = 0
         self.reported_strays = set()
         self.storage_state = {}  # operation -> (errno, exception type) of its current failure; absent when fine
@@ -187,7 +175,7 @@ class ReplayStore:
             return self.submit_param(_field(msg, 'mortal', bytes), _field(msg, 'dqn', bytes),
                                      _field(msg, 'is_idle', bool, default=False),
                                      arch_change=_field(msg, 'arch_change', bool, default=False),
-                                     settings=play_settings_of(msg), learner=_learner_id(msg))
+                                     settings=wire.check_play_settings(msg), learner=_learner_id(msg))
         if kind == 'drain':
             return self.drain()
         if kind == 'submit_baseline':
@@ -202,7 +190,14 @@ class ReplayStore:
             return {'status': wire.STATUS_OVERFLOW}
         if client_server_id != self.server_id:
             client_version = UNKNOWN_VERSION  # versions of another server instance mean nothing here
-        return self._param_reply(client_version)
+        with self.param_lock:
+            if self.mortal_param is None or self.dqn_param is None:
+                return {'status': wire.STATUS_EMPTY_PARAM}
+            if self.force_sequential and self.idle_param_version <= client_version:
+                return {'status': wire.STATUS_BUSY}
+            return {'status': wire.STATUS_OK, 'mortal': self.mortal_param, 'dqn': self.dqn_param,
+                    'param_version': self.param_version, 'server_id': self.server_id, **self.play_settings,
+                    **({'baseline_digest': self.baseline['baseline_digest']} if self.baseline else {})}
 
     def drain(self) -> dict:
         """Move every buffered log into a freshly emptied drain_dir; reply: count, drain_dir, files,
@@ -213,23 +208,35 @@ class ReplayStore:
         with self.param_lock:
             current = self.param_version
             has_param = self.mortal_param is not None
-        delivered = self._move_to_drain()
-        if isinstance(delivered, dict):
-            return delivered  # the 'error' reply of a disk failure
-        return {'status': wire.STATUS_OK, 'count': len(delivered), 'drain_dir': self.drain_dir,
-                'files': [name for name, _ in delivered], 'param_versions': [version for _, version in delivered],
+        moved = []  # [(name, param_version)] sorted by name
+        with self.dir_lock:
+            count = len(self.buffer) + len(self.pending)
+            if count > 0 and (not self.force_sequential or count >= self.capacity):
+                try:
+                    self._report_strays()
+                    self._empty_drain_dir()
+                    for name, version in sorted(self.buffer.items()):
+                        src = path.join(self.buffer_dir, name)
+                        try:
+                            _move(src, path.join(self.drain_dir, name))
+                            self.pending[name] = version
+                        except OSError:
+                            if path.lexists(src):
+                                raise
+                            logger.warning('buffered log %s vanished from %s; skipped', name, self.buffer_dir)
+                        del self.buffer[name]
+                except OSError as ex:
+                    return self._storage_failed(
+                        'drain', f'drain from buffer_dir to drain_dir failed ({len(self.pending)} moved, '
+                        f'{len(self.buffer)} still buffered; the next drain delivers all): {ex}', ex)
+                self._storage_ok('drain', 'drain works again')
+                moved = sorted(self.pending.items())
+                self.drained = set(self.pending)
+                self.pending.clear()
+                logger.info('files transferred to trainer: %d; total buffer size: 0', len(moved))
+        return {'status': wire.STATUS_OK, 'count': len(moved), 'drain_dir': self.drain_dir,
+                'files': [name for name, _ in moved], 'param_versions': [version for _, version in moved],
                 'param_version': current, 'has_param': has_param, 'server_id': self.server_id}
-
-    def _param_reply(self, client_version: int) -> dict:
-        """``get_param``'s reply once the buffer has room."""
-        with self.param_lock:
-            if self.mortal_param is None or self.dqn_param is None:
-                return {'status': wire.STATUS_EMPTY_PARAM}
-            if self.force_sequential and self.idle_param_version <= client_version:
-                return {'status': wire.STATUS_BUSY}
-            return {'status': wire.STATUS_OK, 'mortal': self.mortal_param, 'dqn': self.dqn_param,
-                    'param_version': self.param_version, 'server_id': self.server_id, **self.play_settings,
-                    **({'baseline_digest': self.baseline['baseline_digest']} if self.baseline else {})}
 
     def submit_param(self, mortal: bytes, dqn: bytes, is_idle: bool, *, arch_change: bool = False,
                      settings: Optional[dict] = None, learner: Optional[str] = None) -> dict:
@@ -249,7 +256,7 @@ class ReplayStore:
             if self.learner not in (None, learner) and age < self.learner_liveness:
                 this = learner if learner is not None else 'a learner without an id'
                 logger.warning('refused the parameters of %s: learner %s submitted %.0f s ago',
-                               f'learner {learner}' if learner is not None else this, self.learner, age)
+                               this if learner is None else f'learner {learner}', self.learner, age)
                 return {'status': wire.STATUS_OTHER_LEARNER, 'reason': (
                     f'learner {self.learner} submitted parameters {age:.0f} s ago, and this server takes one '
                     f'learner at a time (this one is {this}): stop one of them, or point this one at its own '
@@ -287,11 +294,8 @@ class ReplayStore:
         for key, data in fields.items():
             if not state_dict_signature(data):  # ProtocolError (a bad request) when not safetensors
                 raise BadRequest(f'field {key!r} is an empty state dict')
-        try:
-            fields['arch'] = wire.check_baseline_arch(_field(msg, 'arch', dict))
-            fields['baseline_digest'] = wire.check_digest(_field(msg, 'baseline_digest', str))
-        except ValueError as ex:
-            raise BadRequest(str(ex)) from None
+        fields['arch'] = wire.check_baseline_arch(_field(msg, 'arch', dict))
+        fields['baseline_digest'] = wire.check_digest(_field(msg, 'baseline_digest', str))
         fields['baseline_version'] = _field(msg, 'baseline_version', int)
         if fields['baseline_version'] < 0:
             raise BadRequest(f"field 'baseline_version' must be >= 0, got {fields['baseline_version']}")
@@ -368,38 +372,6 @@ class ReplayStore:
                     sid, len(logs), param_version, size)
         return {'status': wire.STATUS_OK, 'count': len(logs), 'submission_id': sid}
 
-    def _move_to_drain(self):
-        """``drain``'s move; returns ``[(name, param_version)]`` sorted by name, or the 'error' reply."""
-        moved = []
-        with self.dir_lock:
-            count = len(self.buffer) + len(self.pending)
-            if count > 0 and (not self.force_sequential or count >= self.capacity):
-                try:
-                    self._report_strays(self.buffer_dir, set(self.buffer))
-                    self._empty_drain_dir()
-                    for name, version in sorted(self.buffer.items()):
-                        src = path.join(self.buffer_dir, name)
-                        try:
-                            _move(src, path.join(self.drain_dir, name))
-                        except OSError:
-                            if path.lexists(src):
-                                raise
-                            logger.warning('buffered log %s vanished from %s; skipped', name, self.buffer_dir)
-                            del self.buffer[name]
-                            continue
-                        del self.buffer[name]
-                        self.pending[name] = version
-                except OSError as ex:
-                    return self._storage_failed(
-                        'drain', f'drain from buffer_dir to drain_dir failed ({len(self.pending)} moved, '
-                        f'{len(self.buffer)} still buffered; the next drain delivers all): {ex}', ex)
-                self._storage_ok('drain', 'drain works again')
-                moved = [(name, self.pending[name]) for name in sorted(self.pending)]
-                self.drained = set(self.pending)
-                self.pending.clear()
-                logger.info('files transferred to trainer: %d; total buffer size: 0', len(moved))
-        return moved
-
     def _storage_failed(self, operation: str, reason: str, ex: OSError) -> dict:
         """The 'error' reply for a disk failure; logs it only when it differs from the last one (errno, type)."""
         state = (ex.errno, type(ex).__name__)
@@ -412,14 +384,12 @@ class ReplayStore:
         if self.storage_state.pop(operation, None) is not None:
             logger.info('%s', message)
 
-    def _report_strays(self, directory: str, known: set) -> None:
-        for entry in os.listdir(directory):
-            if entry in known or entry.startswith(_TMP_PREFIX):
-                continue
-            key = (directory, entry)
-            if key not in self.reported_strays:
-                self.reported_strays.add(key)
-                logger.warning('ignoring stray entry %s in %s (not written by this server)', entry, directory)
+    def _report_strays(self) -> None:
+        """Warn once per entry of buffer_dir that this server did not write."""
+        for entry in os.listdir(self.buffer_dir):
+            if entry not in self.buffer and not entry.startswith(_TMP_PREFIX) and entry not in self.reported_strays:
+                self.reported_strays.add(entry)
+                logger.warning('ignoring stray entry %s in %s (not written by this server)', entry, self.buffer_dir)
 
     def _empty_drain_dir(self) -> None:
         for entry in os.listdir(self.drain_dir):

@@ -19,6 +19,7 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import socket
 import struct
 import time
@@ -31,7 +32,7 @@ import msgpack
 from mortal.config_schema import DEFAULT_MAX_FRAME_BYTES, SUPPORTED_VERSIONS
 from mortal.net.msgpack_bounds import check_shape, request_limits
 
-logger = logging.getLogger('mortal.wire')  # the name before the package split (log format)
+logger = logging.getLogger('mortal.wire')  # the wire's logger name (log format)
 
 MAGIC = b'MJRL'
 PROTOCOL_VERSION = 2  # 2: header MAC and payload digest (1: magic, version, length only)
@@ -39,7 +40,6 @@ PREFIX = struct.Struct('<4sH')  # magic, protocol version: read first, so a peer
 REST = struct.Struct('<Q32s32s')  # payload length, SHA-256 of the payload, HMAC-SHA256 of everything before it
 HEADER_SIZE = PREFIX.size + REST.size  # 78 bytes
 MAC_SIZE = 32
-DEFAULT_MAX_FRAME_SIZE = DEFAULT_MAX_FRAME_BYTES  # largest frame, bytes: [online.server] max_frame_bytes default
 DEFAULT_TIMEOUT = 300.0  # seconds of silence on a socket before giving up on the peer
 HEADER_TIMEOUT = 5.0  # seconds for a whole header: no unauthenticated slot held byte by byte (a real peer: 1 RTT)
 RECV_CHUNK = 1 << 20
@@ -60,6 +60,10 @@ STATUS_ERROR = 'error'
 STATUS_OTHER_LEARNER = 'another learner is live'  # submit_param of a second learner (mortal.net.replay_store)
 
 
+class BadRequest(ValueError):
+    """A well-formed frame whose content is not a valid request (wrong field type, unsafe file name, ...)."""
+
+
 # submit_param's optional play settings, handed to clients by get_param; the defaults are Mortal's behaviour.
 DEFAULT_PLAY_SETTINGS = {'steps': -1, 'epsilon_factor': 1.0, 'temp_factor': 1.0, 'baseline_version': 0}
 MAX_FACTOR = 1e6  # a factor beyond this is a bug of the sender, not a schedule
@@ -67,24 +71,23 @@ MIN_TEMP_FACTOR = 1e-6  # below this a Boltzmann softmax over Q overflows in flo
 
 
 def check_play_settings(msg: dict) -> dict:
-    """The play settings of a message, defaults for absent ones. Raises ValueError naming a bad field."""
-    import math
+    """The play settings of a message, defaults for absent ones. Raises BadRequest naming a bad field."""
     out = {}
     for key in ('steps', 'baseline_version'):
         value = msg.get(key, DEFAULT_PLAY_SETTINGS[key])
         if not isinstance(value, int) or isinstance(value, bool):
-            raise ValueError(f'field {key!r} is a {type(value).__name__}, expected an int')
+            raise BadRequest(f'field {key!r} is a {type(value).__name__}, expected an int')
         out[key] = value
     if out['baseline_version'] < 0:
-        raise ValueError(f"field 'baseline_version' must be >= 0, got {out['baseline_version']}")
+        raise BadRequest(f"field 'baseline_version' must be >= 0, got {out['baseline_version']}")
     for key, low in (('epsilon_factor', 0.0), ('temp_factor', MIN_TEMP_FACTOR)):
         value = msg.get(key, DEFAULT_PLAY_SETTINGS[key])
         if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise ValueError(f'field {key!r} is a {type(value).__name__}, expected a number')
+            raise BadRequest(f'field {key!r} is a {type(value).__name__}, expected a number')
         value = float(value)
         if not math.isfinite(value) or not low <= value <= MAX_FACTOR:
-            raise ValueError(f'field {key!r} must be a finite number within [{low:g}, {MAX_FACTOR:g}], '
-                             f'got {value!r}')
+            raise BadRequest(f'field {key!r} must be a finite number within [{low:g}, {MAX_FACTOR:g}], '
+                              f'got {value!r}')
         out[key] = value
     return out
 
@@ -95,22 +98,22 @@ BASELINE_ARCH = {'version': (min(SUPPORTED_VERSIONS), max(SUPPORTED_VERSIONS)), 
 
 
 def check_baseline_arch(arch) -> dict:
-    """The ``arch`` map of a baseline, ints within bounds. Raises ValueError naming the field."""
+    """The ``arch`` map of a baseline, ints within bounds. Raises BadRequest naming the field."""
     if not isinstance(arch, dict):
-        raise ValueError(f"field 'arch' is a {type(arch).__name__}, expected a map")
+        raise BadRequest(f"field 'arch' is a {type(arch).__name__}, expected a map")
     out = {}
     for key, (low, high) in BASELINE_ARCH.items():
         value = arch.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-            raise ValueError(f"field 'arch.{key}' must be an int within [{low}, {high}], got {value!r}")
+            raise BadRequest(f"field 'arch.{key}' must be an int within [{low}, {high}], got {value!r}")
         out[key] = value
     return out
 
 
 def check_digest(digest) -> str:
-    """A ``baseline_digest``: 64 lowercase hex characters (SHA-256). Raises ValueError otherwise."""
+    """A ``baseline_digest``: 64 lowercase hex characters (SHA-256). Raises BadRequest otherwise."""
     if not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= set('0123456789abcdef'):
-        raise ValueError(f"field 'baseline_digest' must be 64 lowercase hex characters, got {digest!r}")
+        raise BadRequest(f"field 'baseline_digest' must be 64 lowercase hex characters, got {digest!r}")
     return digest
 
 
@@ -137,10 +140,9 @@ class PeerClosed(ProtocolError):
 class FrameTooLarge(ProtocolError):
     """A payload length above the receiver's limit; ``header``: decoded, so a server can tell an authentic sender."""
 
-    def __init__(self, message: str, header: 'FrameHeader', limit: int):
+    def __init__(self, message: str, header: 'FrameHeader'):
         super().__init__(message)
         self.header = header
-        self.limit = limit
 
 
 class RequestRefused(Exception):
@@ -178,8 +180,7 @@ def _signed_header(length: int, digest: bytes, token: Optional[str]) -> bytes:
 
 def encode_frame(msg: dict, token: Optional[str] = None) -> bytes:
     """``msg`` (msgpack-able values; a tensor raises TypeError) as one frame signed with ``token``."""
-    payload = msgpack.packb(msg, use_bin_type=True)
-    return encode_header(payload, token) + payload
+    return b''.join(encode_pieces(msg, token))
 
 
 def decode_prefix(prefix: bytes) -> None:
@@ -190,14 +191,13 @@ def decode_prefix(prefix: bytes) -> None:
         raise ProtocolError(f'protocol version {version}, this side speaks {PROTOCOL_VERSION}')
 
 
-def decode_header(header: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> FrameHeader:
+def decode_header(header: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_BYTES) -> FrameHeader:
     """Check and decode a 78-byte frame header (not the MAC); ProtocolError (FrameTooLarge above the limit)."""
     decode_prefix(header[:PREFIX.size])
     length, digest, mac = REST.unpack(header[PREFIX.size:])
     decoded = FrameHeader(length, digest, mac, header[:-MAC_SIZE])
     if length > max_frame_size:
-        raise FrameTooLarge(f'frame of {length} bytes exceeds the limit of {max_frame_size} bytes', decoded,
-                            max_frame_size)
+        raise FrameTooLarge(f'frame of {length} bytes exceeds the limit of {max_frame_size} bytes', decoded)
     return decoded
 
 
@@ -227,36 +227,34 @@ def _recv_exact(sock: socket.socket, size: int, *, what: str, allow_clean_eof: b
     # Memory grows with the bytes that arrive, not the length claimed; shown: (offset, total) for the errors.
     offset, total = shown or (0, size)
     buf = bytearray()
-    got = 0
     timeout = sock.gettimeout()
     try:
-        while got < size:
+        while len(buf) < size:
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise ProtocolError(f'{what} incomplete after the time allowed '
-                                        f'({offset + got} of {total} bytes)')
+                                        f'({offset + len(buf)} of {total} bytes)')
                 sock.settimeout(left if timeout is None else min(left, timeout))
             try:
-                chunk = sock.recv(min(size - got, RECV_CHUNK))
+                chunk = sock.recv(min(size - len(buf), RECV_CHUNK))
             except socket.timeout:
                 if deadline is not None and time.monotonic() >= deadline:
                     continue  # the deadline's check above raises
                 raise
             if not chunk:
-                if got == 0 and allow_clean_eof:
+                if not buf and allow_clean_eof:
                     raise PeerClosed('peer closed the connection')
-                raise ProtocolError(f'truncated frame: connection closed after {offset + got} of {total} {what} '
-                                    'bytes')
+                raise ProtocolError(f'truncated frame: connection closed after {offset + len(buf)} of {total} '
+                                    f'{what} bytes')
             buf += chunk
-            got += len(chunk)
     finally:
         if deadline is not None:
             sock.settimeout(timeout)
     return buf
 
 
-def recv_header(sock: socket.socket, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, *,
+def recv_header(sock: socket.socket, max_frame_size: int = DEFAULT_MAX_FRAME_BYTES, *,
                 deadline: Optional[float] = None) -> FrameHeader:
     """Read and check one frame header (not the MAC). Raises PeerClosed, ProtocolError, OSError."""
     prefix = _recv_exact(sock, PREFIX.size, what='header', allow_clean_eof=True, deadline=deadline,
@@ -310,10 +308,7 @@ def recv_payload_paced(sock: socket.socket, header: FrameHeader, *, min_rate: in
             except BaseException:
                 give(size)
                 raise
-            give(size - len(chunk))
-            if not chunk:
-                raise ProtocolError(f'truncated frame: connection closed after {len(buf)} of {length} payload '
-                                    'bytes')
+            give(size - len(chunk))  # none when the peer closed meanwhile: the next peek says so
             buf += chunk
             hasher.update(chunk)
             del chunk
@@ -392,7 +387,7 @@ def send_paced(sock: socket.socket, pieces: list, *, min_rate: int, window: floa
         sock.settimeout(timeout)
 
 
-def recv_msg(sock: socket.socket, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, token: Optional[str] = None) -> dict:
+def recv_msg(sock: socket.socket, max_frame_size: int = DEFAULT_MAX_FRAME_BYTES, token: Optional[str] = None) -> dict:
     """Receive one frame's map; with ``token`` the MAC is checked before the payload. Raises ProtocolError, OSError."""
     header = recv_header(sock, max_frame_size)
     if not header.authentic(token):
@@ -442,13 +437,13 @@ class Remote:
     port: int = 5000
     token: Optional[str] = None
     timeout: float = DEFAULT_TIMEOUT
-    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    max_frame_size: int = DEFAULT_MAX_FRAME_BYTES
 
     @classmethod
     def from_config(cls, remote, server=None) -> 'Remote':
         """From the typed ``[online.remote]`` and ``[online.server]`` (None on a client machine: schema default)."""
         return cls(host=remote.host, port=remote.port, token=remote.token or None,
-                   max_frame_size=server.max_frame_bytes if server is not None else DEFAULT_MAX_FRAME_SIZE)
+                   max_frame_size=server.max_frame_bytes if server is not None else DEFAULT_MAX_FRAME_BYTES)
 
     def request(self, msg: dict) -> dict:
         """Send ``msg`` on a new connection; the reply map. Raises OSError, ProtocolError, RequestRefused."""
@@ -474,10 +469,10 @@ class Remote:
 
 def request_with_retry(remote: Remote, msg: dict, *,
                        accept: Callable[[dict], bool] = lambda reply: reply.get('status') == STATUS_OK,
-                       interval: float = RETRY_INTERVAL, on_refusal: Optional[Callable[[dict], None]] = None,
+                       on_refusal: Optional[Callable[[dict], None]] = None,
                        sleep: Callable[[float], Any] = time.sleep,
                        on_wait: Optional[Callable[[], None]] = None) -> dict:
-    """Send ``msg`` until a reply satisfies ``accept``, ``interval`` s apart; outages and 'error' replies are
+    """Send ``msg`` until a reply satisfies ``accept``, ``RETRY_INTERVAL`` s apart; outages and 'error' replies are
     retried (logged once), other refusals go to ``on_refusal``. RequestRefused propagates."""
     outage_logged = False
     error_logged = None
@@ -487,32 +482,26 @@ def request_with_retry(remote: Remote, msg: dict, *,
         except (OSError, ProtocolError) as ex:
             if not outage_logged:
                 logger.warning('server %s:%d unreachable for %r (%s); retrying every %.0f s',
-                               remote.host, remote.port, msg.get('type'), ex, interval)
+                               remote.host, remote.port, msg.get('type'), ex, RETRY_INTERVAL)
                 outage_logged = True
-            _wait(on_wait, sleep, interval)
-            continue
-        if outage_logged:
-            logger.info('server %s:%d reachable again', remote.host, remote.port)
-            outage_logged = False
-        if reply.get('status') == STATUS_ERROR:
-            reason = str(reply.get('reason', ''))
-            if reason != error_logged:
-                logger.warning('server %s:%d could not handle %r: %s; retrying every %.0f s',
-                               remote.host, remote.port, msg.get('type'), reason, interval)
-                error_logged = reason
-            _wait(on_wait, sleep, interval)
-            continue
-        if error_logged is not None:
-            logger.info('server %s:%d handles %r again', remote.host, remote.port, msg.get('type'))
-            error_logged = None
-        if accept(reply):
-            return reply
-        if on_refusal is not None:
-            on_refusal(reply)
-        _wait(on_wait, sleep, interval)
-
-
-def _wait(on_wait, sleep, interval: float) -> None:
-    if on_wait is not None:
-        on_wait()
-    sleep(interval)
+        else:
+            if outage_logged:
+                logger.info('server %s:%d reachable again', remote.host, remote.port)
+                outage_logged = False
+            if reply.get('status') == STATUS_ERROR:
+                reason = str(reply.get('reason', ''))
+                if reason != error_logged:
+                    logger.warning('server %s:%d could not handle %r: %s; retrying every %.0f s',
+                                   remote.host, remote.port, msg.get('type'), reason, RETRY_INTERVAL)
+                    error_logged = reason
+            else:
+                if error_logged is not None:
+                    logger.info('server %s:%d handles %r again', remote.host, remote.port, msg.get('type'))
+                    error_logged = None
+                if accept(reply):
+                    return reply
+                if on_refusal is not None:
+                    on_refusal(reply)
+        if on_wait is not None:
+            on_wait()
+        sleep(RETRY_INTERVAL)

@@ -104,17 +104,6 @@ def check_port(config, server_running=False):
     return [Check(OK, 'port', f'{host}:{port} is free')]
 
 
-def _read_checkpoint_files(config):
-    """(label, path, required) of the checkpoints the processes read."""
-    cfg = typed(config)
-    online = cfg.control.online
-    rows = [('[control] state_file', cfg.control.state_file, False)]
-    for sec in ('train', 'test'):
-        slot = getattr(cfg.baseline, sec) if cfg.baseline is not None else None
-        rows.append((f'[baseline.{sec}] state_file', slot and slot.state_file, online))
-    return [(label, path, req) for label, path, req in rows if path]
-
-
 def load_mortal_checkpoint(path, config):
     """Problems of a trainer checkpoint against ``[resnet]`` and ``[control] version``; [] if fine."""
     from mortal.model.checkpoint import CheckpointError, describe_error, describe_mismatches, load_checkpoint
@@ -150,27 +139,30 @@ def load_mortal_checkpoint(path, config):
 
 
 def check_checkpoints(config):
-    rows = []
-    baseline = typed(config).baseline
+    """A row per checkpoint the processes read: ``[control] state_file``, and the baselines (required online)."""
+    cfg = typed(config)
+    baseline = cfg.baseline
+    files = [('[control] state_file', cfg.control.state_file, False)]
+    files += [(f'[baseline.{sec}] state_file', getattr(baseline, sec).state_file, cfg.control.online)
+              for sec in ('train', 'test') if baseline is not None and getattr(baseline, sec) is not None]
     train = baseline.train if baseline is not None else None
-    # a client fetches this one from the server (mortal.client)
-    fetched = train.state_file if train is not None and train.from_server else None
-    for label, path, required in _read_checkpoint_files(config):
-        if not Path(path).is_file() and required and path == fetched:
+    fetched = train.state_file if train is not None and train.from_server else None  # a client fetches it
+    rows = []
+    for label, path, required in [row for row in files if row[1]]:
+        if Path(path).is_file():
+            problems = load_mortal_checkpoint(path, config)
+            rows.append(Check(FAIL, 'checkpoint', f'{label} = {path}: {"; ".join(problems)}') if problems
+                        else Check(OK, 'checkpoint', f'{label} = {path} loads and matches [resnet]/version'))
+        elif required and path == fetched:
             # a client machine needs no such file; the trainer's machine does ([baseline.test]: test play)
             rows.append(Check(INFO if label.startswith('[baseline.train]') else WARN, 'checkpoint',
                               f"{label} = {path}: missing; fine on a client machine (a client fetches the "
                               "trainer's baseline into it: [baseline.train] from_server), the trainer needs it"))
-            continue
-        if not Path(path).is_file():
-            status = FAIL if required else INFO
-            what = 'missing (needed by the online client/test play)' if required else \
-                'absent: training starts from freshly initialised weights'
-            rows.append(Check(status, 'checkpoint', f'{label} = {path}: {what}'))
-            continue
-        problems = load_mortal_checkpoint(path, config)
-        rows.append(Check(FAIL, 'checkpoint', f'{label} = {path}: {"; ".join(problems)}') if problems
-                    else Check(OK, 'checkpoint', f'{label} = {path} loads and matches [resnet]/version'))
+        elif required:
+            rows.append(Check(FAIL, 'checkpoint', f'{label} = {path}: missing (needed by the online client/test play)'))
+        else:
+            rows.append(Check(INFO, 'checkpoint', f'{label} = {path}: absent: training starts from freshly '
+                              'initialised weights'))
     return rows
 
 

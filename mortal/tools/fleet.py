@@ -135,13 +135,13 @@ def ray_address(arg, key: str, env=os.environ) -> str:
     return (key if arg is None else arg) or env.get('RAY_ADDRESS', '')
 
 
-def unreachable(address: str, timeout: float = CONNECT_SECONDS):
+def unreachable(address: str):
     """Why nothing answers at ``host:port`` (also ``ray://``), or None (reached, or a form left to Ray)."""
     host, sep, port = address.split('://', 1)[-1].rpartition(':')
     if not sep or not port.isdigit():
         return None
     try:
-        socket.create_connection((host.strip('[]'), int(port)), timeout=timeout).close()  # [::1]:6379 too
+        socket.create_connection((host.strip('[]'), int(port)), timeout=CONNECT_SECONDS).close()  # [::1]:6379 too
     except (OSError, ValueError) as ex:  # ValueError: a port out of range
         return f'nothing answers at {address} ({ex})'
     return None
@@ -256,11 +256,6 @@ class Fleet:
         for i, actor in self.actors.items():
             self.in_flight[actor.ready.remote()] = (i, 'ready')
 
-    @property
-    def live(self) -> int:
-        """Actors not dropped."""
-        return len(self.actors)
-
     def drop(self, i: int, why: str) -> None:
         """Stop actor ``i`` for good (no restart) and forget its calls; logged as an error."""
         logger.error('actor %d dropped: %s', i, why)
@@ -278,9 +273,6 @@ class Fleet:
             logger.warning('actors %s not started yet: Ray has not placed them (free in the cluster: %g CPUs, %g '
                            'GPUs) or their clients are waiting (see their lines)', ', '.join(map(str, waiting)),
                            free.get('CPU', 0.0), free.get('GPU', 0.0))
-
-    def rounds_in_flight(self) -> int:
-        return sum(kind == 'round' for _, kind in self.in_flight.values())
 
     def on_ready(self, i: int, info: dict) -> bool:
         """Log actor ``i`` as started or restarted; drop it when its client could not start. Whether it plays."""
@@ -335,13 +327,13 @@ class Fleet:
             else:
                 done += 1
                 self.failures.pop(i, None)
-                line = self.record.add(value['rankings'], self.live)
+                line = self.record.add(value['rankings'], len(self.actors))
                 if line:
                     logger.info('%s', line)
-            if not rounds or done + self.rounds_in_flight() < rounds:
+            if not rounds or done + sum(k == 'round' for _, k in self.in_flight.values()) < rounds:
                 self.in_flight[actor.run_round.remote()] = (i, 'round')
         if self.record.pending_rounds:
-            logger.info('%s', self.record.flush(self.live))
+            logger.info('%s', self.record.flush(len(self.actors)))
         if not self.actors:
             logger.error('no actor is left')
             return 1

@@ -7,12 +7,13 @@ import logging
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from mortal.config import put, typed
 from mortal.tools.bootstrap_layout import BootstrapError, bootstrap_config, offline_paths, train_glob, val_logs
 from mortal.util.fsutil import atomic_copy, atomic_write_bytes, empty_dir
 
-logger = logging.getLogger('mortal.tools.bootstrap')  # the bootstrap's log lines, as before the split
+logger = logging.getLogger('mortal.tools.bootstrap')  # one logger for every bootstrap step
 
 
 def offline_config(config):
@@ -103,22 +104,6 @@ def validation_loss(trainer, files):
     return total / count, count
 
 
-class _EpochBar:
-    """One tqdm ``bar`` for a whole epoch: it ignores the trainer's close at every save; ``finish`` closes it."""
-
-    def __init__(self, bar):
-        self.bar = bar
-
-    def update(self, n=1):
-        self.bar.update(n)
-
-    def close(self):
-        pass  # a save inside the epoch: the same bar goes on
-
-    def finish(self):
-        self.bar.close()
-
-
 def _epoch_trainer_class():
     from mortal.train import Trainer
 
@@ -140,15 +125,15 @@ def _epoch_trainer_class():
 
         def train_epoch(self, label='offline', total=None):
             """``Trainer.train_epoch`` under one bar; returns the batches trained."""
-            if self.progress:
-                from tqdm import tqdm
-                self.epoch_bar = _EpochBar(tqdm(desc=label, total=total, unit='batch', dynamic_ncols=True,
-                                                ascii=True))
-            try:
+            if not self.progress:
                 return super().train_epoch()
-            finally:
-                if self.epoch_bar is not None:
-                    self.epoch_bar.finish()
+            from tqdm import tqdm
+            with tqdm(desc=label, total=total, unit='batch', dynamic_ncols=True, ascii=True) as bar:
+                # the trainer closes its bar at every save: this one goes on until the epoch ends
+                self.epoch_bar = SimpleNamespace(update=bar.update, close=lambda: None)
+                try:
+                    return super().train_epoch()
+                finally:
                     self.epoch_bar = None
 
         def reset_stats(self):

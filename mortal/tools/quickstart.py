@@ -50,13 +50,10 @@ def start(name, config_path, log_dir, profile=None):
     env = child_env(config_path)
     if profile is not None:
         env[ENV_PROFILE] = profile
-    log = open(log_dir / (f'{name}.log' if profile is None else f'{name}_{profile}.log'), 'ab')
-    try:
+    with open(log_dir / (f'{name}.log' if profile is None else f'{name}_{profile}.log'), 'ab') as log:
         proc = subprocess.Popen([sys.executable, '-m', f'mortal.{name}'], cwd=ROOT, env=env,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    finally:
-        log.close()  # the child holds its own descriptor
+                                start_new_session=True)  # the child holds its own descriptor
     logger.info('started %s (pid %d), log %s', name, proc.pid, log_dir / f'{name}.log')
     return proc
 
@@ -64,8 +61,7 @@ def start(name, config_path, log_dir, profile=None):
 def stop(procs, grace=GRACE_SECONDS):
     """SIGTERM each group of ``procs`` in reverse, SIGKILL after ``grace`` s; ``{name: 'exited N' | 'killed'}``."""
     outcome = {}
-    for name in reversed(list(procs)):
-        p = procs[name]
+    for p in reversed(list(procs.values())):
         if p.poll() is None:
             signal_group(p.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
@@ -141,10 +137,14 @@ EVAL_KEY = 0x71756963  # 'quic': duplicate key of the summary's evaluation deals
 
 
 def same_weights(path_a, path_b) -> bool:
-    """Whether two checkpoints have equal ``mortal`` and ``current_dqn`` state dicts."""
+    """Whether two checkpoints have equal ``mortal`` and ``current_dqn`` state dicts; False when one is unreadable
+    (it is then played, and play_duplicate reports it)."""
     import torch
-    from mortal.model.checkpoint import load_checkpoint
-    a, b = load_checkpoint(path_a), load_checkpoint(path_b)
+    from mortal.model.checkpoint import CheckpointError, load_checkpoint
+    try:
+        a, b = load_checkpoint(path_a), load_checkpoint(path_b)
+    except (OSError, CheckpointError):
+        return False
     if not isinstance(a, dict) or not isinstance(b, dict):
         return False
     for key in ('mortal', 'current_dqn'):
@@ -158,38 +158,26 @@ def same_weights(path_a, path_b) -> bool:
     return True
 
 
-def _same_weights_or_false(path_a, path_b) -> bool:
-    # an unreadable file is not "the same": it is then played, and play_duplicate reports it
-    from mortal.model.checkpoint import CheckpointError
-    try:
-        return same_weights(path_a, path_b)
-    except (OSError, CheckpointError):
-        return False
-
-
 def _games_bar(label, total, progress):
-    """A tqdm bar over ``total`` games (``None`` when ``progress`` is off): evaluations run for minutes."""
-    if not progress:
-        return None
+    """A tqdm bar over ``total`` games, hidden unless ``progress``: evaluations run for minutes."""
     import threading
     from tqdm import tqdm
     tqdm.set_lock(threading.RLock())  # as play_duplicate: no multiprocessing semaphore in the parent
-    return tqdm(total=total, desc=label, unit='game', dynamic_ncols=True)
+    return tqdm(total=total, desc=label, unit='game', dynamic_ncols=True, disable=not progress)
 
 
-def _play_eval_deals(challenger, champion, sets, workers, progress, label):
+def _play_eval_deals(challenger, champion, sets, progress, label):
     """``play_duplicate`` on the summary's deals (``EVAL_KEY``): ``{nonce: [4 ranks]}``."""
     from mortal.play.evaluation import play_duplicate
     bar = _games_bar(label, sets * 4, progress)
     try:
-        return play_duplicate(challenger, champion, sets=sets, key=EVAL_KEY, workers=workers or os.cpu_count() or 1,
-                              progress=None if bar is None else bar.update)
+        return play_duplicate(challenger, champion, sets=sets, key=EVAL_KEY, workers=os.cpu_count() or 1,
+                              progress=bar.update)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
 
 
-def evaluate_against_start(config, sets, workers=None, progress=False):
+def evaluate_against_start(config, sets, progress=False):
     """``{'best'|'final': summarize(...)}`` against 3x the start on ``sets`` deals (final = best: not replayed)."""
     from mortal.config import typed
     from mortal.play.evaluation import summarize
@@ -199,22 +187,22 @@ def evaluate_against_start(config, sets, workers=None, progress=False):
     for label, state_file in (('best', cfg.control.best_state_file), ('final', cfg.control.state_file)):
         if not os.path.exists(state_file):
             continue
-        if label == 'final' and 'best' in out and _same_weights_or_false(cfg.control.best_state_file, state_file):
+        if label == 'final' and 'best' in out and same_weights(cfg.control.best_state_file, state_file):
             out[label] = {**out['best'], 'same_as': 'best'}
             continue
-        units = _play_eval_deals(('mortal', state_file), start, sets, workers, progress, f'eval {label} vs 3x start')
+        units = _play_eval_deals(('mortal', state_file), start, sets, progress, f'eval {label} vs 3x start')
         out[label] = summarize(units)
     return out
 
 
-def evaluate_start_vs_rulebase(config, sets, workers=None, progress=False):
+def evaluate_start_vs_rulebase(config, sets, progress=False):
     """``summarize(...)`` of the start model against 3 RulebaseBots, None without the file."""
     from mortal.config import typed
     from mortal.play.evaluation import summarize
     start = typed(config).baseline.test.state_file
     if not os.path.exists(start):
         return None
-    units = _play_eval_deals(('mortal', start), ('rulebase', None), sets, workers, progress, 'start vs 3 RulebaseBots')
+    units = _play_eval_deals(('mortal', start), ('rulebase', None), sets, progress, 'start vs 3 RulebaseBots')
     return summarize(units)
 
 
@@ -307,9 +295,7 @@ def _wait_port(host, port, proc, log_dir, timeout=60):
     """Wait until the server accepts connections; RuntimeError if it dies or never listens."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f'server exited with status {proc.returncode}:\n'
-                               + _tail(Path(log_dir) / 'server.log'))
+        _check_alive({'server': proc}, log_dir)
         try:
             with socket.create_connection((host, port), timeout=1):
                 return

@@ -10,7 +10,7 @@ from mortal.config import typed
 from mortal.entry import drop_rust_backtrace
 from mortal.tools.bootstrap_layout import BootstrapError, bootstrap_config, offline_paths
 
-logger = logging.getLogger('mortal.tools.bootstrap')  # the bootstrap's log lines, as before the split
+logger = logging.getLogger('mortal.tools.bootstrap')  # one logger for every bootstrap step
 
 SPLITS = 'abcd'
 
@@ -79,13 +79,13 @@ def plan_sets(log_dir, games, key, epsilon):
     return todo, done
 
 
-def gen_logs(config, *, workers=None, progress=True):
+def gen_logs(config, *, progress=True):
     """Step 1; returns the new logs written. ``BootstrapError`` when some deals failed (rerun to retry)."""
     import multiprocessing as mp
     from tqdm import tqdm
     boot = bootstrap_config(config)
     eps = boot.epsilon
-    workers = workers or boot.workers or os.cpu_count() or 1
+    workers = boot.workers or os.cpu_count() or 1
     if boot.flaw:
         logger.info('gen-logs: every bot plays with the planted flaw %r (mortal.play.flaws)', boot.flaw)
     tasks = []
