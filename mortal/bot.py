@@ -117,7 +117,7 @@ def load_engine(state_file: str, *, review_mode: bool):
         tag = model_tag(state, version, arch['num_blocks'], arch['conv_channels'])
     logger.info('loaded %s: version %d, %d blocks x %d channels, tag %s, steps %s', os.path.abspath(state_file),
                 version, arch['num_blocks'], arch['conv_channels'], tag, state.get('steps', '?'))
-    engine = MortalEngine(brain, dqn, version=version, is_oracle=False, device=torch.device('cpu'), enable_amp=False,
+    engine = MortalEngine(brain, dqn, version=version, device=torch.device('cpu'), enable_amp=False,
                           enable_quick_eval=not review_mode, enable_rule_based_agari_guard=True, name='mortal')
     return engine, tag
 

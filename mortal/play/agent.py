@@ -295,19 +295,14 @@ def legal_reaction(state, mask, reaction: dict) -> bool:
 IMPROVING_TILES_CACHE = 8192  # hands; one deal's four rotations see ~1,300 distinct ones (~2 KB each)
 
 
-def cache_improving_tiles(maxsize: int = IMPROVING_TILES_CACHE) -> bool:
+def cache_improving_tiles() -> None:
     """Memoize ``mjai.bot.base.find_improving_tiles`` per process (~85% of a RulebaseBot's time; the
-    rotations of a duplicate deal repeat hands). Returns copies. Idempotent; False when mjai lacks the function."""
-    try:
-        import mjai.bot.base as base
-    except ImportError:  # pragma: no cover
-        return False
-    original = getattr(base, 'find_improving_tiles', None)
-    if original is None:
-        return False
+    rotations of a duplicate deal repeat hands). Returns copies. Idempotent."""
+    import mjai.bot.base as base
+    original = base.find_improving_tiles
     if getattr(original, 'cached_original', None) is not None:
-        return True
-    cached = functools.lru_cache(maxsize=maxsize)(lambda tehai: tuple((d, tuple(t)) for d, t in original(tehai)))
+        return
+    cached = functools.lru_cache(IMPROVING_TILES_CACHE)(lambda tehai: tuple((d, tuple(t)) for d, t in original(tehai)))
 
     def find_improving_tiles(tehai: str) -> list:
         return [(d, list(t)) for d, t in cached(tehai)]
@@ -315,27 +310,21 @@ def cache_improving_tiles(maxsize: int = IMPROVING_TILES_CACHE) -> bool:
     find_improving_tiles.cached_original = original
     find_improving_tiles.cache_info = cached.cache_info
     base.find_improving_tiles = find_improving_tiles
-    return True
 
 
 class MjaiBotAgent:
     """Batch agent over mjai bots, one per (game, seat); an illegal reaction becomes the first legal action."""
 
-    def __init__(self, factory: Callable[[int], Any] | None = None, name: str = "rulebase", *, quiet: bool = True):
+    def __init__(self, factory: Callable[[int], Any] | None = None, name: str = "rulebase"):
+        from loguru import logger as mjai_logger
         if factory is None:
             from mjai.bot.rulebase import RulebaseBot as factory  # noqa: N813
-        if quiet:
-            try:
-                from loguru import logger as _loguru
-                _loguru.disable("mjai")
-            except ImportError:  # pragma: no cover
-                pass
+        mjai_logger.disable("mjai")
         cache_improving_tiles()
         self.factory = factory
         self.name = name
         self.bots: dict[tuple[int, int], Any] = {}
         self.substitutions = 0
-        self.substitution_log: list[tuple[int, int, str]] = []
         self.decisions = 0
 
     def react(self, scenes: Sequence[Scene]) -> list[Decision]:
@@ -354,8 +343,6 @@ class MjaiBotAgent:
             _, mask = _encode(sc.state, 1, False)
             if not legal_reaction(sc.state, mask, reaction):
                 self.substitutions += 1
-                if len(self.substitution_log) < 100:
-                    self.substitution_log.append((sc.game, sc.seat, str(raw)))
                 logger.debug("game %d seat %d: illegal bot reaction %s replaced", sc.game, sc.seat, raw)
                 reaction = first_legal(sc.state, mask)
             out.append(Decision(reaction))
@@ -369,8 +356,7 @@ class MjaiBotAgent:
 
 def needs_v4_encoder(agent) -> bool:
     """Whether ``agent`` encodes observation version 4 (its scenes then need ``v4`` encoders)."""
-    version = getattr(agent, "version", None)
-    return not isinstance(version, bool) and version == 4
+    return getattr(agent, "version", None) == 4
 
 
 def make_agent(x):

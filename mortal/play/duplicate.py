@@ -119,7 +119,6 @@ def build_side(side, section: str):
     return MortalEngine(
         brain,
         dqn,
-        is_oracle=False,
         version=version,
         device=torch.device(side.device),
         stochastic_latent=side.stochastic_latent,

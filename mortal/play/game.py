@@ -32,11 +32,6 @@ class StatePanic(Exception):
         super().__init__(f"seat {seat}'s PlayerState panicked on {event}: {type(panic).__name__}: {panic}")
 
 
-def is_rust_panic(exc: BaseException) -> bool:
-    """Whether ``exc`` is pyo3's ``PanicException`` (a BaseException, one class per module: known by name)."""
-    return type(exc).__name__ == "PanicException" and not isinstance(exc, Exception)
-
-
 def _feed(seat: int, st: PlayerState, enc, events) -> None:
     """Feed ``events`` (mjai JSON texts) to ``seat``'s state and v4 encoder ``enc``; ``StatePanic`` if either panics."""
     ev = None
@@ -45,8 +40,8 @@ def _feed(seat: int, st: PlayerState, enc, events) -> None:
             st.update(ev)
             if enc is not None:
                 enc.update(ev)
-    except BaseException as e:  # noqa: BLE001 - pyo3's PanicException is a BaseException
-        if not is_rust_panic(e):
+    except BaseException as e:  # noqa: BLE001 - pyo3's PanicException: a BaseException, one class per module
+        if type(e).__name__ != "PanicException" or isinstance(e, Exception):
             raise
         raise StatePanic(seat, ev, e) from None
 
@@ -66,11 +61,6 @@ def kyoku_wall(nonce: int, key: int, kyoku_index: int, honba: int) -> list[int]:
     return wall
 
 
-def tenhou_rule() -> GameRule:
-    """Tenhou rules as Mortal: kuikae forbidden, triple ron paid (no abort)."""
-    return GameRule(sanchaho_is_draw=False, kuikae_forbidden=True)
-
-
 class _Game:
     """One hanchan: its table, seat states (and v4 encoders), flow state and log."""
 
@@ -80,7 +70,8 @@ class _Game:
         self.names = names
         self.v4_seats = [needs_v4_encoder(a) for a in agents]
         self.encoders: list[V4Encoder | None] = [None] * 4
-        self.env = RiichiEnv(game_mode=0, seed=nonce % _U64, rule=tenhou_rule())
+        rule = GameRule(sanchaho_is_draw=False, kuikae_forbidden=True)  # Tenhou's as Mortal: triple ron paid
+        self.env = RiichiEnv(game_mode=0, seed=nonce % _U64, rule=rule)
         self.flow = KyokuState()
         self.lines = [dumps({"type": "start_game", "names": names, "seed": [nonce, key]})]
         self.states: list[PlayerState] = []

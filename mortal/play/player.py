@@ -11,6 +11,7 @@ Both wipe their ``log_dir`` before playing and switch cuDNN benchmarking off whi
 restore ``[control] enable_cudnn_benchmark``, as Mortal does.
 """
 
+import contextlib
 import logging
 import os
 import secrets
@@ -50,7 +51,6 @@ def load_baseline_engine(slot, *, name: str = 'baseline'):
     return MortalEngine(
         brain,
         dqn,
-        is_oracle=False,
         version=version,
         device=device,
         enable_amp=_use_amp(device),
@@ -59,17 +59,14 @@ def load_baseline_engine(slot, *, name: str = 'baseline'):
     )
 
 
-class _CudnnBenchmarkOff:
-    """cuDNN benchmarking off inside (batch sizes vary during play), back to the config value after."""
-
-    def __init__(self, restore_to: bool):
-        self.restore_to = restore_to
-
-    def __enter__(self):
-        torch.backends.cudnn.benchmark = False
-
-    def __exit__(self, *exc):
-        torch.backends.cudnn.benchmark = self.restore_to
+@contextlib.contextmanager
+def _cudnn_benchmark_off(restore_to: bool):
+    """cuDNN benchmarking off inside (batch sizes vary during play), ``restore_to`` (the config's) after."""
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = restore_to
 
 
 def _mtime(filename: str):
@@ -114,9 +111,9 @@ class TestPlayer:
         from mortal.play.duplicate import complete_challenger_units
 
         device = torch.device(device)
-        with _CudnnBenchmarkOff(self.cudnn_benchmark):
-            engine = MortalEngine(mortal, dqn, is_oracle=False, version=self.chal_version, device=device,
-                                  enable_amp=_use_amp(device), name=name)
+        with _cudnn_benchmark_off(self.cudnn_benchmark):
+            engine = MortalEngine(mortal, dqn, version=self.chal_version, device=device, enable_amp=_use_amp(device),
+                                  name=name)
             env = OneVsThree(disable_progress_bar=False, log_dir=log_dir or self.log_dir,
                              speculate_passes=self.speculate_passes)
             env.py_vs_py(challenger=engine, champion=self.baseline_engine, seed_start=(first_nonce, TEST_SEED[1]),
@@ -209,9 +206,9 @@ class TrainPlayer:
 
         device = torch.device(device)
         epsilon, temp = self.effective_exploration()
-        with _CudnnBenchmarkOff(self.cudnn_benchmark):
+        with _cudnn_benchmark_off(self.cudnn_benchmark):
             engine = MortalEngine(
-                mortal, dqn, is_oracle=False, version=self.chal_version, device=device,
+                mortal, dqn, version=self.chal_version, device=device,
                 enable_amp=_use_amp(device), name='trainee',
                 boltzmann_epsilon=epsilon, boltzmann_temp=temp, top_p=self.top_p,
             )
