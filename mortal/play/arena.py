@@ -1,12 +1,4 @@
-"""One-vs-three arena: many hanchan in lock-step on ``riichienv`` tables (Mortal's ``arena/one_vs_three.rs``).
-
-``OneVsThree.py_vs_py`` plays every seed's four seat rotations at once. Its parts: ``mortal.play.game`` (one
-hanchan on a table, one kyoku per reset with an explicit wall; the seats' ``PlayerState`` s; the agari guard's
-scores), ``mortal.play.lockstep`` (the loop: an agent (``mortal.play.agent``) is called with all its pending
-decisions across all games and, for a call step, the step after it in case every asked seat passes:
-``speculate_passes``), ``mortal.play.counterfactual`` (branches played to the end of a kyoku with another action)
-and ``mortal.play.log_writer`` (the logs' text, built from the seats' own events, gzipped off the loop).
-"""
+"""One-vs-three arena: many hanchan in lock-step on ``riichienv`` tables (Mortal's ``arena/one_vs_three.rs``)."""
 
 from __future__ import annotations
 
@@ -36,9 +28,8 @@ class OneVsThree:
         log_dir: if set, one ``{nonce}_{key}_{a|b|c|d}.json.gz`` mjai log per game (split = challenger seat 0-3),
             written atomically on a background thread; all are on disk when ``py_vs_py`` returns. The directory
             is created, not cleared.
-        speculate_passes: decide the step after a call step in the same batch as the call (see ``py_vs_py``;
-            measured in docs/operations.md, "Performance on CPU"). It changes which random draws exploring rows get (same
-            distribution). ``speculated``: ``[scenes handed to agents, scenes used]`` of the last run.
+        speculate_passes: decide the step after a call step in the same batch as the call (see ``py_vs_py``). It
+            changes which random draws exploring rows get (same distribution).
         counterfactual_rate: probability that a challenger's decision by a logged reaction (not one with a
             kan-select evaluation) forks a branch: a clone of the table where the challenger takes another legal
             action, played to the end of the kyoku (``mortal.play.counterfactual``); its outcome goes into the
@@ -60,8 +51,7 @@ class OneVsThree:
         self.counterfactual_rate = float(counterfactual_rate)
         self.counterfactual_seed = int(counterfactual_seed)
         self.speculated = [0, 0]  # speculative scenes of the last run: handed to agents, and used
-        # counterfactual branches of the last run: forked, outcome recorded, dropped (call not executed), the
-        # scenes their agents decided
+        # branches of the last run: forked, recorded, dropped (call not executed), the scenes their agents decided
         self.counterfactual = {"forked": 0, "recorded": 0, "dropped": 0, "scenes": 0}
         self.counterfactual_kinds: dict = {}
         self.last_games: list = []  # (nonce, key, split, final scores, rank_by_player) of the last run
@@ -69,10 +59,8 @@ class OneVsThree:
         self.failed_games: list = []
 
     def _enable_counterfactuals(self, games: list[_Game], agents) -> None:
-        """Let the games fork counterfactual branches (``counterfactual_rate`` > 0) when every agent is
-        ``stateless`` and none encodes version 4; else warn once per process and play without. Each game draws
-        from its own generator, seeded by (``counterfactual_seed``, nonce, key, split): the draws do not depend
-        on the batching."""
+        """Let the games fork branches when every agent is ``stateless`` and none encodes version 4, else warn
+        once per process. Each game draws from its own generator: the draws do not depend on the batching."""
         global _CF_WARNED
         if self.counterfactual_rate <= 0:
             return

@@ -81,12 +81,8 @@ def _list_logs(log_dir: str) -> list:
 
 
 class TestPlayer:
-    """Evaluates the trainee against ``[baseline.test]`` (config: the full config dict).
-
-    ``baseline_engine`` may be given to skip loading ``[baseline.test] state_file`` (tests). A test play is
-    ``begin()``, one or more ``play_units`` (the SPRT plays in chunks), then ``stat()``; ``test_play`` does all
-    three at once (Mortal's interface).
-    """
+    """Evaluates the trainee against ``[baseline.test]``: ``begin()``, one or more ``play_units`` (the SPRT plays
+    in chunks), then ``stat()``; ``test_play`` does all three (Mortal's interface)."""
 
     def __init__(self, config: dict, *, baseline_engine=None):
         cfg = typed(config)
@@ -102,10 +98,9 @@ class TestPlayer:
 
     def play_units(self, first_nonce: int, count: int, mortal, dqn, device, *, log_dir=None,
                    name: str = 'mortal') -> dict:
-        """Play the ``count`` duplicate deals from nonce ``first_nonce`` (key ``TEST_SEED[1]``), 4 games each,
-        logs into ``log_dir`` (default: this test play's; the replayed best.pth uses another, as its log names
-        would collide), the challenger named ``name``. Returns ``{nonce: [the challenger's 4 ranks, 1-4]}``, without
-        the deals of a game the arena ended as failed (``OneVsThree.failed_games``)."""
+        """Play the ``count`` duplicate deals from nonce ``first_nonce`` (key ``TEST_SEED[1]``), logs into
+        ``log_dir`` (default: this test play's), the challenger named ``name``. Returns ``{nonce: [the challenger's
+        4 ranks, 1-4]}`` of the deals without a failed game."""
         from mortal.play.arena import OneVsThree
         from mortal.play.engine import MortalEngine
         from mortal.play.duplicate import complete_challenger_units
@@ -133,14 +128,8 @@ class TestPlayer:
 
 
 class TrainPlayer:
-    """Plays the client's self-play rounds (config: the full config dict; env: where TRAIN_PLAY_PROFILE comes from,
-    ``mortal.config.Env``: the overrides resolved at start-up or a mapping such as ``os.environ``).
-
-    Attributes: ``train_seed`` (next nonce), ``train_key`` (64-bit key of this process), ``seed_count``
-    (games / 4 per round), ``repeats``, ``repeat_counter``, ``log_dir``, ``counterfactual_rate`` (the profile's: the
-    arena forks counterfactual branches, ``mortal.play.arena.OneVsThree``) and ``counterfactual`` (the last round's
-    branch counts).
-    """
+    """Plays the client's self-play rounds; ``env``: where TRAIN_PLAY_PROFILE comes from (``mortal.config.Env``
+    or a mapping such as ``os.environ``). ``counterfactual``: the last round's branch counts."""
 
     def __init__(self, config: dict, env=os.environ, *, baseline_engine=None, train_key=None):
         from mortal.config import EnvOverrides, train_play_profile
