@@ -12,12 +12,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from mortal.features.action import HORA, KAN, event_to_label, reaction_from_index
+from mortal.features.obs import check_version, encode as _encode
+from mortal.features.obs_v4 import encode_batch as encode_v4_batch
 from mortal.features.tile import TILE_NAMES
 
 logger = logging.getLogger('mortal.agent')  # the name before the package split (log format)
-
-from mortal.features.obs import check_version, encode as _encode
-from mortal.features.obs_v4 import encode_batch as encode_v4_batch
 
 # PlayerState.bakaze is a tile id: E=27, S=28, W=29.
 _BAKAZE_S, _BAKAZE_W = 28, 29
@@ -55,7 +54,6 @@ class Decision:
 
     reaction: dict
     meta: dict | None = None
-
 
 
 def abs_scores(state) -> list[int]:
@@ -96,7 +94,6 @@ def rule_based_agari(state, best_win_scores: Callable[[], Sequence[int]] | None)
     if all(s < 30000 for s in exp):
         return True
     return rank_of(exp, seat) < 3
-
 
 
 _BIT = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))  # bit i of a mask word
@@ -171,9 +168,6 @@ class MortalBatchAgent:
         self.version = check_version(engine.version)
         self.quick_eval = bool(getattr(engine, "enable_quick_eval", True))
         self.agari_guard = bool(getattr(engine, "enable_rule_based_agari_guard", False))
-        self.calls = 0  # react_batch calls
-        self.rows = 0  # rows sent to react_batch
-        self.decisions = 0  # scenes answered (incl. quick eval)
 
     def _encode_rows(self, rows) -> tuple[list, list]:
         """Observations and masks of ``rows``; version 4 encodes them in one batch (searches together)."""
@@ -188,7 +182,6 @@ class MortalBatchAgent:
     def react(self, scenes: Sequence[Scene]) -> list[Decision]:
         """Decide all ``scenes``; see the class docstring."""
         out: list[Decision | None] = [None] * len(scenes)
-        self.decisions += len(scenes)
         # versions 1-3: every scene's main row now (quick eval reads its mask); version 4 searches in batch, and
         # quick eval's version-3 row of a scene it looks at goes into that batch rather than being encoded again
         if self.version != 4:
@@ -224,8 +217,6 @@ class MortalBatchAgent:
         t0 = time.perf_counter_ns()
         actions, q_values, masks_used, is_greedy = _array_call(self.engine)(obs_list, masks, None)
         eval_ns = time.perf_counter_ns() - t0
-        self.calls += 1
-        self.rows += n
         if len(actions) != n:
             raise RuntimeError(f"engine {self.name!r} returned {len(actions)} actions for {n} rows")
         q = np.asarray(q_values, dtype=np.float64)
@@ -264,7 +255,6 @@ class MortalBatchAgent:
 
     def end_game(self, game: int, seat: int) -> None:
         """Nothing is kept per game."""
-
 
 
 def first_legal(state, mask) -> dict:
@@ -325,7 +315,6 @@ class MjaiBotAgent:
         self.name = name
         self.bots: dict[tuple[int, int], Any] = {}
         self.substitutions = 0
-        self.decisions = 0
 
     def react(self, scenes: Sequence[Scene]) -> list[Decision]:
         """Ask each scene's bot; see the class docstring."""
@@ -346,7 +335,6 @@ class MjaiBotAgent:
                 logger.debug("game %d seat %d: illegal bot reaction %s replaced", sc.game, sc.seat, raw)
                 reaction = first_legal(sc.state, mask)
             out.append(Decision(reaction))
-        self.decisions += len(scenes)
         return out
 
     def end_game(self, game: int, seat: int) -> None:
