@@ -130,14 +130,11 @@ class OneVsThree:
             g.agents[s].end_game(g.gid, s)
         if g.failed is not None:  # no ranks, no log (its kyoku never ended)
             self.failed_games.append((g.nonce, g.key, g.split, g.failed))
-            g.lines = []
-            g.env = None
-            return
-        split = SPLITS.index(g.split)
-        rankings[g.ranks[split]] += 1
-        self.last_games.append((g.nonce, g.key, g.split, g.scores, g.ranks))
-        if self.log_dir:
-            path = os.path.join(self.log_dir, f"{g.nonce}_{g.key}_{g.split}.json.gz")
-            self._logs.submit(path, g.log_text())
+        else:
+            rankings[g.ranks[SPLITS.index(g.split)]] += 1
+            self.last_games.append((g.nonce, g.key, g.split, g.scores, g.ranks))
+            if self.log_dir:
+                path = os.path.join(self.log_dir, f"{g.nonce}_{g.key}_{g.split}.json.gz")
+                self._logs.submit(path, g.log_text())
         g.lines = []
         g.env = None

@@ -143,11 +143,10 @@ class _Branch(_Game):
         self.parent, self.seat, self.meta, self.action = parent, seat, meta, action
         self.kind = None  # the contested kind (CONTESTED_KINDS) under 'contested', set by fork
         self.nonce, self.key, self.split = parent.nonce, parent.key, parent.split
-        self.agents, self.names = parent.agents, parent.names
+        self.agents = parent.agents
         self.v4_seats = [False] * 4
         self.encoders = [None] * 4
         self.flow = parent.flow
-        self.lines = []
         self.history = [list(h) for h in parent.history]
         self.states = []
         for s in range(4):
@@ -156,16 +155,13 @@ class _Branch(_Game):
             self.states.append(st)
         self.spec = None
         self.done = self.cancelled = False
-        self.failed = None
-        self.scores = self.ranks = None
-        self.substeps = parent.substeps
         self.meta_queue = [[] for _ in range(4)]
         self.guard, self.queues, self.waiting, self.decided, self.spec_decided = parent.guard, parent.queues, 0, {}, {}
         self.fork = None
-        self.branches, self.new_branches = set(), []
+        self.new_branches = []
         self.env = parent.env.clone()
         self.obs = self.env.step(actions)
-        self.substeps += 1
+        self.substeps = parent.substeps + 1
         if self.env.done():
             self._end_kyoku()
         elif not self.obs:
