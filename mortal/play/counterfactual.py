@@ -42,10 +42,7 @@ def _legal_q(meta: dict) -> list | None:
 
 def _best(pairs) -> int | None:
     """The index of the highest Q of ``(index, Q)`` pairs in index order (ties to the lower index), None if none."""
-    best = None
-    for i, v in pairs:
-        if best is None or v > best[1]:
-            best = (i, v)
+    best = max(pairs, key=lambda p: p[1], default=None)  # max keeps the first of equal keys
     return None if best is None else best[0]
 
 
