@@ -46,14 +46,12 @@ def run(config: dict, *, disable_progress_bar: bool = False, out=None) -> Duplic
 
     out = out or sys.stdout
     cfg = typed(config).one_vs_three
-    games_per_iter = cfg.games_per_iter
-    seeds_per_iter = games_per_iter // 4
-    iters = cfg.iters
+    seeds_per_iter = cfg.games_per_iter // 4
     log_dir = cfg.log_dir or None
     key = cfg.seed_key
     if key == -1:
         key = secrets.randbits(64)
-    logger.info('1v3: %d iterations of %d games, seed key %d', iters, games_per_iter, key)
+    logger.info('1v3: %d iterations of %d games, seed key %d', cfg.iters, cfg.games_per_iter, key)
 
     challenger = build_side(cfg.challenger, '1v3.challenger')
     champion = build_side(cfg.champion, '1v3.champion')
@@ -61,7 +59,7 @@ def run(config: dict, *, disable_progress_bar: bool = False, out=None) -> Duplic
     units: dict[int, list[int]] = {}
     all_games: list[tuple] = []
     summary = None
-    for i in range(iters):
+    for i in range(cfg.iters):
         seed = SEED_START + i * seeds_per_iter
         print('-' * 50, file=out)
         print('#', i, file=out)

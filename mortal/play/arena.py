@@ -83,11 +83,10 @@ class OneVsThree:
 
         ``challenger``/``champion``: an engine with ``react_batch`` (``mortal.play.engine.MortalEngine``) or an
         arena agent (``mortal.play.agent.MjaiBotAgent``). The agent with the most pending decisions across all
-        games is served next, all of them in one call, so games fall into step. A game still waits whenever its
-        next decision belongs to the other agent, and every call opportunity shifts its turn order. With
-        ``speculate_passes``, a call step whose asked seats and all-pass continuation belong to one ``stateless``
-        agent also hands that agent the continuation's scenes, played on a clone of the table; if all pass, the
-        game takes both steps in one batch, else those rows are wasted.
+        games is served next, all of them in one call, so games fall into step. With ``speculate_passes``, a call
+        step whose asked seats and all-pass continuation belong to one ``stateless`` agent also hands that agent
+        the continuation's scenes, played on a clone of the table; if all pass, the game takes both steps in one
+        batch, else those rows are wasted.
 
         A game in which a seat's ``PlayerState`` panics (``StatePanic``) is ended as failed with a warning: left
         out of the rankings, ``last_games`` and the logs, and listed in ``failed_games``; the others play on.
