@@ -16,11 +16,9 @@ import secrets
 import sys
 from typing import Iterable
 
-# The duplicate scoring and the sides live in mortal.play.duplicate (play needs them too); this module's API still.
-from mortal.play.duplicate import (SEED_START, SPLITS, Z_95, DuplicateSummary,  # noqa: F401
-                                   build_side, challenger_ranks_by_nonce, complete_challenger_units,
-                                   duplicate_ci, mean_ci)
-from mortal.stat import DISPLAY_PTS, rank_summary  # noqa: F401  rank_summary: also this module's API (Mortal prints it)
+from mortal.play.duplicate import (SEED_START, SPLITS, DuplicateSummary, build_side, complete_challenger_units,
+                                   duplicate_ci)
+from mortal.stat import rank_summary
 
 logger = logging.getLogger('mortal.one_vs_three')  # not __name__: '__main__' under python -m
 

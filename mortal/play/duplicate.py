@@ -1,4 +1,4 @@
-"""Duplicate 1-vs-3 scoring and the players of a 1v3 table; ``mortal.one_vs_three`` re-exports every name."""
+"""Duplicate 1-vs-3 scoring and the players of a 1v3 table (``mortal.one_vs_three``, ``mortal.play.evaluation``)."""
 
 from __future__ import annotations
 
