@@ -44,14 +44,14 @@ def _div(a: float, b: float) -> float:
     return a / b
 
 
-def rank_summary(rankings: Sequence[int], pts: Sequence[float] = DISPLAY_PTS) -> tuple[float, float]:
-    """``(avg_rank, avg_pt)`` from rank counts ``[n1, n2, n3, n4]``; NaN for no games."""
+def rank_summary(rankings: Sequence[int]) -> tuple[float, float]:
+    """``(avg_rank, avg_pt)`` (``DISPLAY_PTS``) from rank counts ``[n1, n2, n3, n4]``; NaN for no games."""
     counts = list(rankings)
     total = sum(counts)
     if total == 0:
         return math.nan, math.nan
     return (float(sum((i + 1) * n for i, n in enumerate(counts)) / total),
-            float(sum(p * n for p, n in zip(pts, counts)) / total))
+            float(sum(p * n for p, n in zip(DISPLAY_PTS, counts)) / total))
 
 
 def _fmt(x: float, prec: int = 6) -> str:
