@@ -51,7 +51,7 @@ class Bot:
         self._game = 0
         self.events = 0  # events applied (the stop line's count)
 
-    def react(self, line: str, *, can_act: bool = True) -> str | None:
+    def react(self, line: str) -> str | None:
         """Update with one mjai event (JSON text); the reaction JSON line or None. Raises BotError for a bad line."""
         try:
             event = json.loads(line)
@@ -59,8 +59,7 @@ class Bot:
             raise BotError(f'not a JSON event ({exc}): {line[:200]}') from None
         if not isinstance(event, dict) or not isinstance(event.get('type'), str):
             raise BotError(f'an event must be a JSON object with a "type": {line[:200]}')
-        if event.pop('can_act', True) is False:
-            can_act = False
+        can_act = event.pop('can_act', True) is not False
         text = json.dumps(event, separators=(',', ':'))
         try:
             cans = self.state.update(text)
@@ -106,7 +105,6 @@ def model_tag(state: dict, version: int, num_blocks: int, conv_channels: int) ->
 
 def load_engine(state_file: str, *, review_mode: bool):
     """``(MortalEngine, tag)`` from a checkpoint with the bot's settings (CPU). Raises CheckpointError."""
-    import torch
     from mortal.model.checkpoint import arch_of, load_checkpoint, load_errors, models_from_state
     from mortal.play.engine import MortalEngine
 
@@ -117,8 +115,8 @@ def load_engine(state_file: str, *, review_mode: bool):
         tag = model_tag(state, version, arch['num_blocks'], arch['conv_channels'])
     logger.info('loaded %s: version %d, %d blocks x %d channels, tag %s, steps %s', os.path.abspath(state_file),
                 version, arch['num_blocks'], arch['conv_channels'], tag, state.get('steps', '?'))
-    engine = MortalEngine(brain, dqn, version=version, is_oracle=False, device=torch.device('cpu'), enable_amp=False,
-                          enable_quick_eval=not review_mode, enable_rule_based_agari_guard=True, name='mortal')
+    engine = MortalEngine(brain, dqn, version=version, enable_quick_eval=not review_mode,
+                          enable_rule_based_agari_guard=True, name='mortal')
     return engine, tag
 
 
@@ -133,15 +131,12 @@ def load_review_grp(config: dict):
         return load_grp(grp.state_file, grp.network)
 
 
-def phi_matrix(config: dict, log_lines: list[str], grp=None) -> list:
-    """GRP rank-probability matrices ``(K, 4, 4)`` (nested lists) for every kyoku prefix of ``log_lines``.
-
-    Raises BadLogError (no finished kyoku), CheckpointError."""
+def phi_matrix(grp, log_lines: list[str]) -> list:
+    """``grp``'s rank-probability matrices ``(K, 4, 4)`` (nested lists) for every kyoku prefix of ``log_lines``.
+    Raises BadLogError (no finished kyoku)."""
     import torch
     from mortal.data.grp import Grp
 
-    if grp is None:
-        grp = load_review_grp(config)
     feature = Grp.load_log('\n'.join(log_lines), '<stdin>').take_feature()
     seq = [torch.as_tensor(feature[:i + 1]) for i in range(len(feature))]
     with torch.inference_mode():
@@ -201,7 +196,7 @@ def main(argv: list[str] | None = None, *, stdin: IO[str] | None = None, stdout:
         if review_mode:
             from mortal.data.mjai_log import BadLogError
             try:
-                matrix = phi_matrix(config, lines, grp)
+                matrix = phi_matrix(grp, lines)
             except BadLogError as exc:
                 return entry.error(f'cannot review this log: {exc}', 1)
             print(json.dumps({'model_tag': tag, 'phi_matrix': matrix}), file=stdout, flush=True)

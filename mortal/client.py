@@ -255,11 +255,10 @@ class Client:
 
     def __init__(self, config: dict, *, train_player=None, remote=None, env=os.environ, sleep=time.sleep,
                  clock=time.monotonic):
-        from mortal.features.obs import check_version
         from mortal.model.networks import Brain, DQN
 
         cfg = typed(config)  # the typed sections, defaults from mortal/config_schema.py
-        version = check_version(cfg.control.version)
+        version = cfg.control.version
         self.device = torch.device(cfg.control.device)
         self.remote = remote or wire.Remote.from_config(cfg.online.remote, cfg.online.server)
         self.sleep = sleep
@@ -360,12 +359,11 @@ class Client:
     def stop_summary(self) -> str:
         """What a stop now keeps and discards: the round in progress or not yet submitted; the rounds submitted."""
         if self.phase == 'play':
-            games = getattr(self.train_player, 'seed_count', 0) * 4
+            games = self.train_player.seed_count * 4
             try:
-                done = len(os.listdir(self.train_player.log_dir))
-            except (AttributeError, OSError):
-                done = None
-            of = f'{done} of {games} games' if done is not None and games else f'{games or "?"} games'
+                of = f'{len(os.listdir(self.train_player.log_dir))} of {games} games'
+            except OSError:
+                of = f'{games} games'
             what = f'round in progress discarded ({of}, parameters version {self.param_version})'
         elif self.phase == 'upload':
             what = f'round not yet submitted discarded ({self.pending_logs} logs)'

@@ -16,11 +16,9 @@ import secrets
 import sys
 from typing import Iterable
 
-# The duplicate scoring and the sides live in mortal.play.duplicate (play needs them too); this module's API still.
-from mortal.play.duplicate import (SEED_START, SPLITS, Z_95, DuplicateSummary,  # noqa: F401
-                                   build_side, challenger_ranks_by_nonce, complete_challenger_units,
-                                   complete_units, duplicate_ci, mean_ci)
-from mortal.stat import DISPLAY_PTS, rank_summary  # noqa: F401  rank_summary: also this module's API (Mortal prints it)
+from mortal.play.duplicate import (SEED_START, SPLITS, DuplicateSummary, build_side, complete_challenger_units,
+                                   duplicate_ci)
+from mortal.stat import rank_summary
 
 logger = logging.getLogger('mortal.one_vs_three')  # not __name__: '__main__' under python -m
 
@@ -46,14 +44,12 @@ def run(config: dict, *, disable_progress_bar: bool = False, out=None) -> Duplic
 
     out = out or sys.stdout
     cfg = typed(config).one_vs_three
-    games_per_iter = cfg.games_per_iter
-    seeds_per_iter = games_per_iter // 4
-    iters = cfg.iters
+    seeds_per_iter = cfg.games_per_iter // 4
     log_dir = cfg.log_dir or None
     key = cfg.seed_key
     if key == -1:
         key = secrets.randbits(64)
-    logger.info('1v3: %d iterations of %d games, seed key %d', iters, games_per_iter, key)
+    logger.info('1v3: %d iterations of %d games, seed key %d', cfg.iters, cfg.games_per_iter, key)
 
     challenger = build_side(cfg.challenger, '1v3.challenger')
     champion = build_side(cfg.champion, '1v3.champion')
@@ -61,7 +57,7 @@ def run(config: dict, *, disable_progress_bar: bool = False, out=None) -> Duplic
     units: dict[int, list[int]] = {}
     all_games: list[tuple] = []
     summary = None
-    for i in range(iters):
+    for i in range(cfg.iters):
         seed = SEED_START + i * seeds_per_iter
         print('-' * 50, file=out)
         print('#', i, file=out)

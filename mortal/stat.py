@@ -44,14 +44,14 @@ def _div(a: float, b: float) -> float:
     return a / b
 
 
-def rank_summary(rankings: Sequence[int], pts: Sequence[float] = DISPLAY_PTS) -> tuple[float, float]:
-    """``(avg_rank, avg_pt)`` from rank counts ``[n1, n2, n3, n4]``; NaN for no games."""
+def rank_summary(rankings: Sequence[int]) -> tuple[float, float]:
+    """``(avg_rank, avg_pt)`` (``DISPLAY_PTS``) from rank counts ``[n1, n2, n3, n4]``; NaN for no games."""
     counts = list(rankings)
     total = sum(counts)
     if total == 0:
         return math.nan, math.nan
     return (float(sum((i + 1) * n for i, n in enumerate(counts)) / total),
-            float(sum(p * n for p, n in zip(pts, counts)) / total))
+            float(sum(p * n for p, n in zip(DISPLAY_PTS, counts)) / total))
 
 
 def _fmt(x: float, prec: int = 6) -> str:
@@ -120,16 +120,8 @@ class Stat:
     nagashi_mangan: int = 0
 
     def __add__(self, other: 'Stat') -> 'Stat':
-        if not isinstance(other, Stat):
-            return NotImplemented
         return Stat(**{f.name: getattr(self, f.name) + getattr(other, f.name)
                        for f in dataclasses.fields(self)})
-
-    def __radd__(self, other: Any) -> 'Stat':
-        # lets ``sum(stats)`` start from the int 0
-        if other == 0:
-            return self
-        return NotImplemented
 
     @classmethod
     def from_log(cls, log: str | bytes | Iterable[dict | str], seat: int, *, source: str = '<log>') -> 'Stat':
@@ -201,8 +193,6 @@ class Stat:
 
     def total_pt(self, pts: Sequence[float] = DISPLAY_PTS) -> float:
         """Σ rank_k · pts[k] over the 4 ranks (``pts`` = 4 rank points, 1st first)."""
-        if len(pts) != 4:
-            raise ValueError(f'pts must have 4 entries, got {list(pts)!r}')
         return (self.rank_1 * pts[0] + self.rank_2 * pts[1] + self.rank_3 * pts[2]
                 + self.rank_4 * pts[3])
 

@@ -24,159 +24,128 @@ def count_game(st: Any, events: Sequence[tuple[int, dict]], seat: int, source: s
 
     ``events``: ``parse_events`` pairs (line, event), not checked again. Raises LogFormatError (naming ``source``
     and the line) when a field the statistics need is missing or out of range."""
-    game = _GameCount(st, seat, source)
+    scores = [0, 0, 0, 0]
+    oya = 0
+    jun = 0  # own discards so far in this kyoku
+    fuuro_num = 0  # own chi/pon/daiminkan in this kyoku
+    riichi_declared = riichi_accepted = others_declared = False
     for lineno, ev in events:
-        handler = _HANDLERS.get(ev['type'])
-        if handler is not None:
-            handler(game, ev, lineno)
-    game.final_placement()
+        kind = ev['type']
+        if kind == 'start_kyoku':
+            st.round += 1
+            scores = _scores(ev, 'scores', source, lineno)
+            oya = _seat(ev, 'oya', source, lineno)
+            riichi_declared = riichi_accepted = others_declared = False
+            if oya == seat:
+                st.oya += 1
+            jun = fuuro_num = 0
+        elif kind == 'dahai':
+            if ev['actor'] == seat:
+                jun += 1
+        elif kind in ('chi', 'pon', 'daiminkan'):
+            if ev['actor'] == seat:
+                fuuro_num += 1
+        elif kind == 'reach':
+            if ev['actor'] == seat:
+                riichi_declared = True
+                st.riichi += 1
+                st.riichi_jun += jun
+                if oya == seat:
+                    st.riichi_as_oya += 1
+                if others_declared:
+                    st.chasing_riichi += 1
+            elif riichi_declared:
+                st.riichi_got_chased += 1
+            else:
+                others_declared = True
+        elif kind == 'reach_accepted':
+            scores[ev['actor']] -= 1000
+            if ev['actor'] == seat:
+                riichi_accepted = True
+        elif kind == 'hora':
+            actor = ev['actor']
+            target = _seat(ev, 'target', source, lineno)
+            deltas = _scores(ev, 'deltas', source, lineno)
+            scores = [s + d for s, d in zip(scores, deltas)]
+            if actor == seat:
+                _own_win(st, deltas[seat] - 1000 * riichi_accepted, jun, oya == seat, riichi_accepted, fuuro_num)
+            elif target == seat:
+                _deal_in(st, deltas[seat], jun, oya == actor, riichi_declared, fuuro_num)
+        elif kind == 'ryukyoku':
+            deltas = _scores(ev, 'deltas', source, lineno)
+            scores = [s + d for s, d in zip(scores, deltas)]
+            point = deltas[seat]
+            st.ryukyoku += 1
+            st.ryukyoku_point += point
+            if riichi_accepted:
+                st.riichi_ryukyoku += 1
+                st.riichi_point += point - 1000
+            elif fuuro_num > 0:
+                st.fuuro_point += point
+            if point >= _NAGASHI_MANGAN_POINT:
+                st.nagashi_mangan += 1
+        elif kind == 'end_kyoku' and fuuro_num > 0:
+            st.fuuro += 1
+            st.fuuro_num += fuuro_num
+    _final_placement(st, scores, seat)
 
 
-class _GameCount:
-    """One game of ``seat`` being counted into ``st``: one method per event kind the statistics read."""
-
-    def __init__(self, st: Any, seat: int, source: str):
-        self.st = st
-        self.seat = seat
-        self.source = source
-        self.scores = [0, 0, 0, 0]
-        self.riichi_declared = self.riichi_accepted = self.others_declared = False
-        self.oya = 0
-        self.jun = 0  # own discards so far in this kyoku
-        self.fuuro_num = 0  # own chi/pon/daiminkan in this kyoku
-
-    def start_kyoku(self, ev: dict, lineno: int) -> None:
-        st = self.st
-        st.round += 1
-        self.scores = _scores(ev, 'scores', self.source, lineno)
-        self.oya = _seat(ev, 'oya', self.source, lineno)
-        self.riichi_declared = self.riichi_accepted = self.others_declared = False
-        if self.oya == self.seat:
-            st.oya += 1
-        self.jun = 0
-        self.fuuro_num = 0
-
-    def dahai(self, ev: dict, lineno: int) -> None:
-        if ev['actor'] == self.seat:
-            self.jun += 1
-
-    def call(self, ev: dict, lineno: int) -> None:
-        """chi, pon, daiminkan."""
-        if ev['actor'] == self.seat:
-            self.fuuro_num += 1
-
-    def reach(self, ev: dict, lineno: int) -> None:
-        st = self.st
-        if ev['actor'] == self.seat:
-            self.riichi_declared = True
-            st.riichi += 1
-            st.riichi_jun += self.jun
-            if self.oya == self.seat:
-                st.riichi_as_oya += 1
-            if self.others_declared:
-                st.chasing_riichi += 1
-        elif self.riichi_declared:
-            st.riichi_got_chased += 1
-        else:
-            self.others_declared = True
-
-    def reach_accepted(self, ev: dict, lineno: int) -> None:
-        actor = ev['actor']
-        self.scores[actor] -= 1000
-        if actor == self.seat:
-            self.riichi_accepted = True
-
-    def hora(self, ev: dict, lineno: int) -> None:
-        actor = ev['actor']
-        target = _seat(ev, 'target', self.source, lineno)
-        deltas = _scores(ev, 'deltas', self.source, lineno)
-        self.scores = [s + d for s, d in zip(self.scores, deltas)]
-        if actor == self.seat:
-            self._own_win(deltas[self.seat] - 1000 * self.riichi_accepted)
-        elif target == self.seat:
-            self._deal_in(deltas[self.seat], actor)
-
-    def _own_win(self, point: int) -> None:
-        st, jun = self.st, self.jun
-        st.agari += 1
-        st.agari_jun += jun
-        if self.oya == self.seat:
-            st.agari_as_oya += 1
-            st.agari_point_oya += point
-        else:
-            st.agari_point_ko += point
-        if self.riichi_accepted:
-            st.riichi_agari += 1
-            st.riichi_agari_jun += jun
-            st.riichi_agari_point += point
-            st.riichi_point += point
-        elif self.fuuro_num > 0:
-            st.fuuro_agari += 1
-            st.fuuro_agari_jun += jun
-            st.fuuro_agari_point += point
-            st.fuuro_point += point
-        else:
-            st.dama_agari += 1
-            st.dama_agari_jun += jun
-            st.dama_agari_point += point
-        if point >= (_YAKUMAN_POINT_OYA if self.oya == self.seat else _YAKUMAN_POINT_KO):
-            st.yakuman += 1
-
-    def _deal_in(self, point: int, winner: int) -> None:
-        st = self.st
-        st.houjuu += 1
-        st.houjuu_jun += self.jun
-        if self.oya == winner:
-            st.houjuu_to_oya += 1
-            st.houjuu_point_to_oya += point
-        else:
-            st.houjuu_point_to_ko += point
-        # declared (not only accepted): the declaration tile itself counts
-        if self.riichi_declared:
-            st.riichi_houjuu += 1
-            st.riichi_point += point
-        elif self.fuuro_num > 0:
-            st.fuuro_houjuu += 1
-            st.fuuro_point += point
-
-    def ryukyoku(self, ev: dict, lineno: int) -> None:
-        st = self.st
-        deltas = _scores(ev, 'deltas', self.source, lineno)
-        self.scores = [s + d for s, d in zip(self.scores, deltas)]
-        point = deltas[self.seat]
-        st.ryukyoku += 1
-        st.ryukyoku_point += point
-        if self.riichi_accepted:
-            st.riichi_ryukyoku += 1
-            st.riichi_point += point - 1000
-        elif self.fuuro_num > 0:
-            st.fuuro_point += point
-        if point >= _NAGASHI_MANGAN_POINT:
-            st.nagashi_mangan += 1
-
-    def end_kyoku(self, ev: dict, lineno: int) -> None:
-        if self.fuuro_num > 0:
-            self.st.fuuro += 1
-            self.st.fuuro_num += self.fuuro_num
-
-    def final_placement(self) -> None:
-        """Seat order breaks ties; sticks left on the table go to the top."""
-        scores, st = self.scores, self.st
-        player_by_rank = sorted(range(4), key=lambda i: -scores[i])
-        rest = 100_000 - sum(scores)
-        if rest > 0:
-            scores[player_by_rank[0]] += rest
-        final = scores[self.seat]
-        st.point = final - 25000
-        st.tobi = int(final < 0)
-        rank = player_by_rank.index(self.seat)
-        setattr(st, f'rank_{rank + 1}', 1)
+def _own_win(st: Any, point: int, jun: int, as_oya: bool, riichi: bool, fuuro_num: int) -> None:
+    """Count a win of ``point`` (own riichi stick excluded) after ``jun`` own discards."""
+    st.agari += 1
+    st.agari_jun += jun
+    if as_oya:
+        st.agari_as_oya += 1
+        st.agari_point_oya += point
+    else:
+        st.agari_point_ko += point
+    if riichi:
+        st.riichi_agari += 1
+        st.riichi_agari_jun += jun
+        st.riichi_agari_point += point
+        st.riichi_point += point
+    elif fuuro_num > 0:
+        st.fuuro_agari += 1
+        st.fuuro_agari_jun += jun
+        st.fuuro_agari_point += point
+        st.fuuro_point += point
+    else:
+        st.dama_agari += 1
+        st.dama_agari_jun += jun
+        st.dama_agari_point += point
+    if point >= (_YAKUMAN_POINT_OYA if as_oya else _YAKUMAN_POINT_KO):
+        st.yakuman += 1
 
 
-_HANDLERS = {'start_kyoku': _GameCount.start_kyoku, 'dahai': _GameCount.dahai, 'chi': _GameCount.call,
-             'pon': _GameCount.call, 'daiminkan': _GameCount.call, 'reach': _GameCount.reach,
-             'reach_accepted': _GameCount.reach_accepted, 'hora': _GameCount.hora,
-             'ryukyoku': _GameCount.ryukyoku, 'end_kyoku': _GameCount.end_kyoku}
+def _deal_in(st: Any, point: int, jun: int, to_oya: bool, riichi_declared: bool, fuuro_num: int) -> None:
+    """Count a deal-in of ``point`` (negative) after ``jun`` own discards; a declared riichi counts (its tile
+    may be the one dealt in)."""
+    st.houjuu += 1
+    st.houjuu_jun += jun
+    if to_oya:
+        st.houjuu_to_oya += 1
+        st.houjuu_point_to_oya += point
+    else:
+        st.houjuu_point_to_ko += point
+    if riichi_declared:
+        st.riichi_houjuu += 1
+        st.riichi_point += point
+    elif fuuro_num > 0:
+        st.fuuro_houjuu += 1
+        st.fuuro_point += point
+
+
+def _final_placement(st: Any, scores: list[int], seat: int) -> None:
+    """Point, tobi and rank of ``seat``: seat order breaks ties; sticks left on the table go to the top."""
+    player_by_rank = sorted(range(4), key=lambda i: -scores[i])
+    rest = 100_000 - sum(scores)
+    if rest > 0:
+        scores[player_by_rank[0]] += rest
+    final = scores[seat]
+    st.point = final - 25000
+    st.tobi = int(final < 0)
+    rank = player_by_rank.index(seat)
+    setattr(st, f'rank_{rank + 1}', 1)
 
 
 # Fields only the statistics read (mortal.data.mjai_log.parse_events checked types and actors).

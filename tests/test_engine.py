@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from mortal.play.engine import MortalEngine, boltzmann_top_p_probs, sample_top_p
+from mortal.play.engine import MortalEngine, sample_top_p
 
 A = 46
 # Chi-square critical values at p = 0.001 by degrees of freedom (scipy.stats.chi2.ppf(0.999, dof)).
@@ -95,7 +95,6 @@ def test_boltzmann_matches_softmax():
     assert counts[~mask].sum() == 0
     stat, dof = chi_square(counts, expected, n)
     assert dof == 5 and stat < CHI2_CRIT_0001[dof], (stat, counts[mask], expected[mask] * n)
-    np.testing.assert_allclose(boltzmann_top_p_probs(q, mask, 0.5, 1), expected, atol=1e-12)
 
 
 def test_top_p_excludes_tail():
@@ -114,7 +113,6 @@ def test_top_p_excludes_tail():
     expected[[0, 38, 41]] = np.array([0.45, 0.25, 0.15]) / 0.85
     stat, dof = chi_square(counts, expected, n)
     assert dof == 2 and stat < CHI2_CRIT_0001[dof], (stat, counts[[0, 38, 41]])
-    np.testing.assert_allclose(boltzmann_top_p_probs(q, mask, 1, 0.75), expected, atol=1e-6)
 
 
 def test_epsilon_mixture():
@@ -217,10 +215,6 @@ def test_attributes_and_errors():
         engine.react_batch(obs, masks[:1])
     with pytest.raises(ValueError, match="sample 1 has no legal action"):
         engine.react_batch(obs, [mask, np.zeros(A, bool)])
-    with pytest.raises(ValueError, match="boltzmann_epsilon"):
-        make_engine(boltzmann_epsilon=1.5)
-    with pytest.raises(ValueError, match="boltzmann_temp"):
-        make_engine(boltzmann_epsilon=0.1, boltzmann_temp=0)
 
 
 class LinearQ(nn.Module):

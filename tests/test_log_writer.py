@@ -7,17 +7,18 @@ import math
 import numpy as np
 import pytest
 
+from mortal.play import log_writer
 from mortal.play.agent import batch_meta_parts
 from mortal.play.log_writer import LogWriter, dumps, meta_json, write_log_atomic
 
 
-def test_logs_written_in_the_background_are_all_there_at_close(tmp_path):
+def test_logs_written_in_the_background_are_all_there_at_close(tmp_path, monkeypatch):
     texts = {f"{i}_2024_a.json.gz": f'{{"type":"start_game","n":{i}}}\n{{"type":"end_game"}}\n' for i in range(7)}
-    w = LogWriter(max_pending=2)  # the loop waits for the oldest beyond 2
+    monkeypatch.setattr(log_writer, "MAX_PENDING", 2)  # the loop waits for the oldest beyond 2
+    w = LogWriter()
     for name, text in texts.items():
         w.submit(str(tmp_path / name), text)
     w.close()
-    assert w.written == 7
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(texts)  # no temporary names left
     for name, text in texts.items():
         assert gzip.decompress((tmp_path / name).read_bytes()).decode() == text

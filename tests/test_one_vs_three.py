@@ -9,18 +9,19 @@ import toml
 import torch
 
 from mortal import one_vs_three as ovt
+from mortal.play import duplicate
 
 
 def test_mean_ci_by_hand():
     # [1, 2, 3, 4]: mean 2.5; sample variance (2.25 + 0.25 + 0.25 + 2.25) / 3 = 5/3;
     # half-width 1.959964 * sqrt(5/3) / sqrt(4) = 1.265151
-    mean, half = ovt.mean_ci([1, 2, 3, 4])
+    mean, half = duplicate.mean_ci([1, 2, 3, 4])
     assert mean == 2.5
     assert half == pytest.approx(1.265151, abs=1e-6)
-    mean, half = ovt.mean_ci([3.0])
+    mean, half = duplicate.mean_ci([3.0])
     assert mean == 3.0 and math.isnan(half)
     with pytest.raises(ValueError):
-        ovt.mean_ci([])
+        duplicate.mean_ci([])
 
 
 def test_duplicate_ci_uses_unit_means():
@@ -49,7 +50,7 @@ def test_challenger_ranks_by_nonce_and_rank_summary():
         (6, 9, 'c', None, [0, 3, 1, 2]),  # seat 2 -> 2nd
         (6, 9, 'd', None, [0, 3, 1, 2]),  # seat 3 -> 3rd
     ]
-    assert ovt.challenger_ranks_by_nonce(games) == {5: [1, 4], 6: [2, 3]}
+    assert duplicate.challenger_ranks_by_nonce(games) == {5: [1, 4], 6: [2, 3]}
     assert ovt.rank_summary([1, 1, 1, 1]) == (2.5, 0.0)
     assert ovt.rank_summary([2, 0, 0, 2]) == (2.5, (2 * 90 - 2 * 135) / 4)
 

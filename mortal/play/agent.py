@@ -12,12 +12,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from mortal.features.action import HORA, KAN, event_to_label, reaction_from_index
+from mortal.features.obs import check_version, encode as _encode
+from mortal.features.obs_v4 import encode_batch as encode_v4_batch
 from mortal.features.tile import TILE_NAMES
 
 logger = logging.getLogger('mortal.agent')  # the name before the package split (log format)
-
-from mortal.features.obs import check_version, encode as _encode
-from mortal.features.obs_v4 import encode_batch as encode_v4_batch
 
 # PlayerState.bakaze is a tile id: E=27, S=28, W=29.
 _BAKAZE_S, _BAKAZE_W = 28, 29
@@ -55,7 +54,6 @@ class Decision:
 
     reaction: dict
     meta: dict | None = None
-
 
 
 def abs_scores(state) -> list[int]:
@@ -96,7 +94,6 @@ def rule_based_agari(state, best_win_scores: Callable[[], Sequence[int]] | None)
     if all(s < 30000 for s in exp):
         return True
     return rank_of(exp, seat) < 3
-
 
 
 _BIT = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))  # bit i of a mask word
@@ -171,9 +168,6 @@ class MortalBatchAgent:
         self.version = check_version(engine.version)
         self.quick_eval = bool(getattr(engine, "enable_quick_eval", True))
         self.agari_guard = bool(getattr(engine, "enable_rule_based_agari_guard", False))
-        self.calls = 0  # react_batch calls
-        self.rows = 0  # rows sent to react_batch
-        self.decisions = 0  # scenes answered (incl. quick eval)
 
     def _encode_rows(self, rows) -> tuple[list, list]:
         """Observations and masks of ``rows``; version 4 encodes them in one batch (searches together)."""
@@ -188,7 +182,6 @@ class MortalBatchAgent:
     def react(self, scenes: Sequence[Scene]) -> list[Decision]:
         """Decide all ``scenes``; see the class docstring."""
         out: list[Decision | None] = [None] * len(scenes)
-        self.decisions += len(scenes)
         # versions 1-3: every scene's main row now (quick eval reads its mask); version 4 searches in batch, and
         # quick eval's version-3 row of a scene it looks at goes into that batch rather than being encoded again
         if self.version != 4:
@@ -224,8 +217,6 @@ class MortalBatchAgent:
         t0 = time.perf_counter_ns()
         actions, q_values, masks_used, is_greedy = _array_call(self.engine)(obs_list, masks, None)
         eval_ns = time.perf_counter_ns() - t0
-        self.calls += 1
-        self.rows += n
         if len(actions) != n:
             raise RuntimeError(f"engine {self.name!r} returned {len(actions)} actions for {n} rows")
         q = np.asarray(q_values, dtype=np.float64)
@@ -266,7 +257,6 @@ class MortalBatchAgent:
         """Nothing is kept per game."""
 
 
-
 def first_legal(state, mask) -> dict:
     """The reaction of the lowest legal action index in ``mask`` (46,) bool."""
     return reaction_from_index(state, int(np.flatnonzero(mask)[0]))
@@ -295,19 +285,14 @@ def legal_reaction(state, mask, reaction: dict) -> bool:
 IMPROVING_TILES_CACHE = 8192  # hands; one deal's four rotations see ~1,300 distinct ones (~2 KB each)
 
 
-def cache_improving_tiles(maxsize: int = IMPROVING_TILES_CACHE) -> bool:
+def cache_improving_tiles() -> None:
     """Memoize ``mjai.bot.base.find_improving_tiles`` per process (~85% of a RulebaseBot's time; the
-    rotations of a duplicate deal repeat hands). Returns copies. Idempotent; False when mjai lacks the function."""
-    try:
-        import mjai.bot.base as base
-    except ImportError:  # pragma: no cover
-        return False
-    original = getattr(base, 'find_improving_tiles', None)
-    if original is None:
-        return False
+    rotations of a duplicate deal repeat hands). Returns copies. Idempotent."""
+    import mjai.bot.base as base
+    original = base.find_improving_tiles
     if getattr(original, 'cached_original', None) is not None:
-        return True
-    cached = functools.lru_cache(maxsize=maxsize)(lambda tehai: tuple((d, tuple(t)) for d, t in original(tehai)))
+        return
+    cached = functools.lru_cache(IMPROVING_TILES_CACHE)(lambda tehai: tuple((d, tuple(t)) for d, t in original(tehai)))
 
     def find_improving_tiles(tehai: str) -> list:
         return [(d, list(t)) for d, t in cached(tehai)]
@@ -315,28 +300,21 @@ def cache_improving_tiles(maxsize: int = IMPROVING_TILES_CACHE) -> bool:
     find_improving_tiles.cached_original = original
     find_improving_tiles.cache_info = cached.cache_info
     base.find_improving_tiles = find_improving_tiles
-    return True
 
 
 class MjaiBotAgent:
     """Batch agent over mjai bots, one per (game, seat); an illegal reaction becomes the first legal action."""
 
-    def __init__(self, factory: Callable[[int], Any] | None = None, name: str = "rulebase", *, quiet: bool = True):
+    def __init__(self, factory: Callable[[int], Any] | None = None, name: str = "rulebase"):
+        from loguru import logger as mjai_logger
         if factory is None:
             from mjai.bot.rulebase import RulebaseBot as factory  # noqa: N813
-        if quiet:
-            try:
-                from loguru import logger as _loguru
-                _loguru.disable("mjai")
-            except ImportError:  # pragma: no cover
-                pass
+        mjai_logger.disable("mjai")
         cache_improving_tiles()
         self.factory = factory
         self.name = name
         self.bots: dict[tuple[int, int], Any] = {}
         self.substitutions = 0
-        self.substitution_log: list[tuple[int, int, str]] = []
-        self.decisions = 0
 
     def react(self, scenes: Sequence[Scene]) -> list[Decision]:
         """Ask each scene's bot; see the class docstring."""
@@ -354,12 +332,9 @@ class MjaiBotAgent:
             _, mask = _encode(sc.state, 1, False)
             if not legal_reaction(sc.state, mask, reaction):
                 self.substitutions += 1
-                if len(self.substitution_log) < 100:
-                    self.substitution_log.append((sc.game, sc.seat, str(raw)))
                 logger.debug("game %d seat %d: illegal bot reaction %s replaced", sc.game, sc.seat, raw)
                 reaction = first_legal(sc.state, mask)
             out.append(Decision(reaction))
-        self.decisions += len(scenes)
         return out
 
     def end_game(self, game: int, seat: int) -> None:
@@ -369,8 +344,7 @@ class MjaiBotAgent:
 
 def needs_v4_encoder(agent) -> bool:
     """Whether ``agent`` encodes observation version 4 (its scenes then need ``v4`` encoders)."""
-    version = getattr(agent, "version", None)
-    return not isinstance(version, bool) and version == 4
+    return getattr(agent, "version", None) == 4
 
 
 def make_agent(x):

@@ -1,12 +1,4 @@
-"""One-vs-three arena: many hanchan in lock-step on ``riichienv`` tables (Mortal's ``arena/one_vs_three.rs``).
-
-``OneVsThree.py_vs_py`` plays every seed's four seat rotations at once. Its parts: ``mortal.play.game`` (one
-hanchan on a table, one kyoku per reset with an explicit wall; the seats' ``PlayerState`` s; the agari guard's
-scores), ``mortal.play.lockstep`` (the loop: an agent (``mortal.play.agent``) is called with all its pending
-decisions across all games and, for a call step, the step after it in case every asked seat passes:
-``speculate_passes``), ``mortal.play.counterfactual`` (branches played to the end of a kyoku with another action)
-and ``mortal.play.log_writer`` (the logs' text, built from the seats' own events, gzipped off the loop).
-"""
+"""One-vs-three arena: many hanchan in lock-step on ``riichienv`` tables (Mortal's ``arena/one_vs_three.rs``)."""
 
 from __future__ import annotations
 
@@ -17,16 +9,14 @@ import os
 import random
 
 from mortal.play.agent import make_agent, needs_v4_encoder
-from mortal.play.counterfactual import (  # noqa: F401 (re-exported)
-    CONTESTED_KINDS, _Branch, contested_action, counterfactual_action, fork, kind_group, riichi_genbutsu)
-from mortal.play.game import SPLITS, ArenaError, StatePanic, _feed, _Game, kyoku_wall, tenhou_rule  # noqa: F401
+from mortal.play.counterfactual import _Branch, counterfactual_action, fork, kind_group  # noqa: F401 (re-exported)
+from mortal.play.game import SPLITS, ArenaError, StatePanic, _feed, _Game, kyoku_wall  # noqa: F401
 from mortal.play.lockstep import _LockStep
 from mortal.play.log_writer import LogWriter
 
 logger = logging.getLogger('mortal.arena')  # the name before the package split (log format)
 
-COUNTERFACTUAL_ALTERNATIVES = ("best", "other_kind", "contested")
-GC_THRESHOLD = 10_000  # gc's first threshold while py_vs_py runs (docs/performance.md, session 18)
+GC_THRESHOLD = 10_000  # gc's first threshold while py_vs_py runs (docs/performance.md)
 _CF_WARNED = False  # the warning that counterfactual branches cannot be played was logged
 
 
@@ -35,40 +25,25 @@ class OneVsThree:
 
     Args:
         disable_progress_bar: no tqdm bar (games finished / total, games/s).
-        log_dir: if set, one ``{nonce}_{key}_{a|b|c|d}.json.gz`` mjai log per game
-            (decimal nonce/key; split = challenger seat 0-3), written atomically as
-            each game ends, on a background thread (``mortal.play.log_writer``): all are on disk when ``py_vs_py``
-            returns; the directory is created, not cleared.
-        speculate_passes: decide the step after a call step in the same batch as the call (see
-            ``py_vs_py``); False (the default) batches as before. Off by default: on 2 CPU cores it took 12% fewer
-            forwards at 0.83 N useful rows per forward but 6% more rows in all, and ran 6% slower
-            (``bench/arena.py --speculate on|off``); on a GPU, where a forward costs about the same at any size, it
-            should pay, unmeasured. It also changes which random draws exploring rows get (same distribution). ``speculated``:
-            ``[scenes handed to agents, scenes used]`` of the last run.
-        counterfactual_rate: probability that a decision of the challenger's by a logged reaction (dahai, calls,
-            kans, reach; not one with a kan-select evaluation) forks a counterfactual branch: a clone of the
-            table (same wall) where the challenger takes its highest-Q other legal action instead, played out to
-            the end of the kyoku by the same agents in the same batches (``_Branch``); its outcome goes into
-            the real decision's ``meta["counterfactual"]`` (the learner's paired target, ``mortal.data``). 0 (the
-            default) = Mortal's games. Needs ``stateless`` agents without version 4, else nothing is forked (one
-            warning). A game's log is written once all its branches have ended. ``counterfactual``: counts of the
-            last run. ``counterfactual_seed``: seeds the per-game draws. ``counterfactual_alternative``: 'best'
-            (the highest-Q other legal action) or 'other_kind' (the highest-Q legal action of another kind: a
-            decision with none, one discard among others, forks nothing) or 'contested' (only riichi vs dama,
-            call vs pass and, after an opponent's riichi, push vs fold, with the other side as the alternative:
-            ``mortal.play.counterfactual.contested_action``; passes fork too); the rate is that of the decisions
-            that have such an alternative. ``counterfactual_kinds``: under 'contested', per kind
-            (``CONTESTED_KINDS``), ``[forked, scenes]`` of the last run.
+        log_dir: if set, one ``{nonce}_{key}_{a|b|c|d}.json.gz`` mjai log per game (split = challenger seat 0-3),
+            written atomically on a background thread; all are on disk when ``py_vs_py`` returns. The directory
+            is created, not cleared.
+        speculate_passes: decide the step after a call step in the same batch as the call (see ``py_vs_py``). It
+            changes which random draws exploring rows get (same distribution).
+        counterfactual_rate: probability that a challenger's decision by a logged reaction (not one with a
+            kan-select evaluation) forks a branch: a clone of the table where the challenger takes another legal
+            action, played to the end of the kyoku (``mortal.play.counterfactual``); its outcome goes into the
+            decision's ``meta["counterfactual"]``. 0 = Mortal's games. Needs ``stateless`` agents without version
+            4, else nothing is forked (one warning). ``counterfactual``: counts of the last run.
+        counterfactual_seed: seeds the per-game draws.
+        counterfactual_alternative: 'best' (``counterfactual_action``), 'other_kind' (the same, of another kind)
+            or 'contested' (``contested_action``); the rate is that of the decisions that have such an
+            alternative. ``counterfactual_kinds``: under 'contested', per kind, ``[forked, scenes]`` of the last run.
     """
 
     def __init__(self, *, disable_progress_bar: bool = False, log_dir: str | None = None,
                  speculate_passes: bool = False, counterfactual_rate: float = 0.0, counterfactual_seed: int = 0,
                  counterfactual_alternative: str = "best"):
-        if not 0.0 <= counterfactual_rate <= 1.0:
-            raise ValueError(f"counterfactual_rate must be within [0, 1], got {counterfactual_rate}")
-        if counterfactual_alternative not in COUNTERFACTUAL_ALTERNATIVES:
-            raise ValueError(f"counterfactual_alternative must be one of {COUNTERFACTUAL_ALTERNATIVES}, "
-                             f"got {counterfactual_alternative!r}")
         self.counterfactual_alternative = counterfactual_alternative
         self.disable_progress_bar = disable_progress_bar
         self.log_dir = log_dir
@@ -76,20 +51,16 @@ class OneVsThree:
         self.counterfactual_rate = float(counterfactual_rate)
         self.counterfactual_seed = int(counterfactual_seed)
         self.speculated = [0, 0]  # speculative scenes of the last run: handed to agents, and used
-        # counterfactual branches of the last run: forked, outcome recorded, dropped (call not executed), the
-        # scenes their agents decided
+        # branches of the last run: forked, recorded, dropped (call not executed), the scenes their agents decided
         self.counterfactual = {"forked": 0, "recorded": 0, "dropped": 0, "scenes": 0}
         self.counterfactual_kinds: dict = {}
         self.last_games: list = []  # (nonce, key, split, final scores, rank_by_player) of the last run
         # (nonce, key, split, reason) of the last run's games ended as failed (StatePanic), left out of the above
         self.failed_games: list = []
-        self._logs = LogWriter()  # py_vs_py's background log writer (mortal.play.log_writer)
 
     def _enable_counterfactuals(self, games: list[_Game], agents) -> None:
-        """Let the games fork counterfactual branches (``counterfactual_rate`` > 0) when every agent is
-        ``stateless`` and none encodes version 4; else warn once per process and play without. Each game draws
-        from its own generator, seeded by (``counterfactual_seed``, nonce, key, split): the draws do not depend
-        on the batching."""
+        """Let the games fork branches when every agent is ``stateless`` and none encodes version 4, else warn
+        once per process. Each game draws from its own generator: the draws do not depend on the batching."""
         global _CF_WARNED
         if self.counterfactual_rate <= 0:
             return
@@ -107,39 +78,22 @@ class OneVsThree:
                                        contested=self.counterfactual_alternative == "contested")
 
     def py_vs_py(self, challenger, champion, seed_start: tuple[int, int], seed_count: int) -> list[int]:
-        """Play ``4 * seed_count`` hanchan, all in flight: nonces ``seed_start[0] …
-        + seed_count − 1`` with key ``seed_start[1]``, each 4 times with the
-        challenger in seat 0, 1, 2, 3 (splits a-d) and the champion in the rest.
+        """Play ``4 * seed_count`` hanchan, all in flight: nonces ``seed_start[0]`` .. ``+ seed_count - 1`` with key
+        ``seed_start[1]``, each 4 times with the challenger in seat 0, 1, 2, 3 (splits a-d).
 
-        ``challenger``/``champion``: an engine with ``react_batch`` (as ``mortal.play.engine.MortalEngine``) or
-        an arena agent (``mortal.play.agent.MjaiBotAgent``). Each agent call takes every
-        pending decision of that agent across all games (one ``react_batch``); the
-        agent with the most pending decisions is served next, so games fall into
-        step and batches approach the number of games in flight.
+        ``challenger``/``champion``: an engine with ``react_batch`` (``mortal.play.engine.MortalEngine``) or an
+        arena agent (``mortal.play.agent.MjaiBotAgent``). The agent with the most pending decisions across all
+        games is served next, all of them in one call, so games fall into step. With ``speculate_passes``, a call
+        step whose asked seats and all-pass continuation belong to one ``stateless`` agent also hands that agent
+        the continuation's scenes, played on a clone of the table; if all pass, the game takes both steps in one
+        batch, else those rows are wasted.
 
-        Why rows are still lost: a game waits whenever its next decision belongs to the other agent, and
-        every call opportunity (pass, chi, pon) shifts a game's turn order against the others. With
-        ``speculate_passes``, a call step whose asked seats and whose all-pass continuation belong to one
-        stateless agent (``MortalBatchAgent``) also hands that agent the continuation's scenes, played on a
-        clone of the table; if all pass, the game takes both steps in one batch (the decisions are those it
-        would get one batch later: a greedy engine plays the same game), else those rows are wasted.
-        Exploration draws (``MortalEngine`` with ``boltzmann_epsilon > 0``) are taken in batch order, so
-        any change of batching changes which draw a row gets: same distribution, other games.
+        A game in which a seat's ``PlayerState`` panics (``StatePanic``) is ended as failed with a warning: left
+        out of the rankings, ``last_games`` and the logs, and listed in ``failed_games``; the others play on.
 
-        A game in which a seat's ``PlayerState`` panics (``StatePanic``: mjai's fixed capacities, e.g. a 25th
-        discard of one seat) is ended as failed, with a warning naming its seed (nonce, key), split and event: it
-        is left out of the rankings, ``last_games`` and the logs, and listed in ``failed_games``; the other games
-        are played on. Callers that pair games by deal drop such a deal whole (``mortal.play.duplicate``
-        ``complete_units``).
-
-        Returns:
-            ``[n1, n2, n3, n4]``: games in which the challenger finished 1st … 4th (they sum to
-            ``4 * seed_count - len(failed_games)``).
-
-        Raises:
-            ArenaError: an invalid reaction, a table that stops answering, or no
-                progress; the message names the game and seat.
-            ValueError: bad seed_start / seed_count.
+        Returns ``[n1, n2, n3, n4]``: games in which the challenger finished 1st .. 4th. Raises ArenaError (an
+        invalid reaction, a table that stops answering, no progress; naming the game and seat) and ValueError
+        (bad ``seed_count``).
         """
         nonce0, key = (int(v) for v in seed_start)
         if seed_count < 1:
@@ -175,14 +129,11 @@ class OneVsThree:
             g.agents[s].end_game(g.gid, s)
         if g.failed is not None:  # no ranks, no log (its kyoku never ended)
             self.failed_games.append((g.nonce, g.key, g.split, g.failed))
-            g.lines = []
-            g.env = None
-            return
-        split = SPLITS.index(g.split)
-        rankings[g.ranks[split]] += 1
-        self.last_games.append((g.nonce, g.key, g.split, g.scores, g.ranks))
-        if self.log_dir:
-            path = os.path.join(self.log_dir, f"{g.nonce}_{g.key}_{g.split}.json.gz")
-            self._logs.submit(path, g.log_text())
+        else:
+            rankings[g.ranks[SPLITS.index(g.split)]] += 1
+            self.last_games.append((g.nonce, g.key, g.split, g.scores, g.ranks))
+            if self.log_dir:
+                path = os.path.join(self.log_dir, f"{g.nonce}_{g.key}_{g.split}.json.gz")
+                self._logs.submit(path, g.log_text())
         g.lines = []
         g.env = None

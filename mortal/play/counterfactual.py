@@ -1,7 +1,5 @@
-"""Counterfactual branches: a real game's table cloned at one of the challenger's decisions, where it takes
-another action, played out to the end of that kyoku (``OneVsThree``'s ``counterfactual_rate``, ``mortal.data``'s
-paired target). ``fork`` makes one, ``_Branch`` plays it, ``counterfactual_action`` picks its action.
-"""
+"""Counterfactual branches: a game's table cloned at one of the challenger's decisions, where it takes another
+action, played out to the end of that kyoku. ``fork`` makes one, ``_Branch`` plays it."""
 
 from __future__ import annotations
 
@@ -23,16 +21,15 @@ logger = logging.getLogger('mortal.arena')  # the name before the package split 
 
 
 def kind_group(index: int) -> str:
-    """The kind of Mortal's action ``index`` (``mortal.features.action.action_kind``) with chi and pon as one
-    group, 'call': what 'other kind' means for a counterfactual branch (a pon's other kind is the pass, not a
-    chi). Raises ValueError for an index outside 0-45."""
+    """``action_kind(index)`` with chi and pon as one group, 'call' (a pon's other kind is the pass, not a chi).
+    Raises ValueError for an index outside 0-45."""
     kind = action_kind(index)
     return "call" if kind in ("chi", "pon") else kind
 
 
 def _legal_q(meta: dict) -> list | None:
-    """``[(index, Q), ...]`` of a decision's meta (its legal actions in index order), or None when the meta has no
-    mask bits and Q values that agree, or a Q value that is not a finite number."""
+    """``[(index, Q), ...]`` of a decision's meta (its legal actions in index order), or None when its mask bits
+    and Q values disagree or a Q value is not a finite number."""
     bits = meta.get("mask_bits")
     q = meta.get("q_values")
     if not isinstance(bits, int) or not isinstance(q, list):
@@ -45,21 +42,14 @@ def _legal_q(meta: dict) -> list | None:
 
 def _best(pairs) -> int | None:
     """The index of the highest Q of ``(index, Q)`` pairs in index order (ties to the lower index), None if none."""
-    best = None
-    for i, v in pairs:
-        if best is None or v > best[1]:
-            best = (i, v)
+    best = max(pairs, key=lambda p: p[1], default=None)  # max keeps the first of equal keys
     return None if best is None else best[0]
 
 
 def counterfactual_action(meta: dict, taken: int, *, other_kind: bool = False) -> int | None:
-    """The action a counterfactual branch forces: the legal action (Mortal index 0-45, legal in
-    ``meta["mask_bits"]``) with the highest Q in ``meta["q_values"]`` (the legal actions' Q in index order,
-    ``mortal.play.agent.batch_meta_parts``) other than ``taken``; with ``other_kind``, only among the actions of another
-    kind group than ``taken`` (``kind_group``: the pass for a call, riichi for a discard, a discard for a riichi;
-    never one discard for another, nor a chi for a pon). Ties to the lower index; None without one, or for a meta
-    whose Q values are not finite numbers.
-    """
+    """The legal action (index 0-45) of ``meta`` with the highest Q other than ``taken``; with ``other_kind``, only
+    among those of another ``kind_group``. Ties to the lower index; None without one, or for a meta whose Q
+    values are not finite numbers."""
     pairs = _legal_q(meta)
     if pairs is None:
         return None
@@ -71,9 +61,8 @@ CONTESTED_KINDS = ("riichi->dama", "dama->riichi", "call->pass", "pass->call", "
 
 
 def contested_action(meta: dict, taken: int, safe: frozenset | None = None) -> tuple[str, int] | None:
-    """The alternative of a contested decision (``counterfactual_alternative = 'contested'``): ``(kind, action)``
-    with ``kind`` one of ``CONTESTED_KINDS`` and ``action`` a legal Mortal index 0-45 of ``meta`` (as
-    ``counterfactual_action``), or None when the decision is not contested or has no such alternative.
+    """The alternative of a contested decision: ``(kind, action)`` with ``kind`` one of ``CONTESTED_KINDS`` and
+    ``action`` a legal index 0-45 of ``meta``, or None when the decision is not contested or has no alternative.
 
     * riichi legal (37): riichi taken -> the highest-Q discard (0-36), 'riichi->dama'; a discard taken -> riichi,
       'dama->riichi';
@@ -83,8 +72,7 @@ def contested_action(meta: dict, taken: int, safe: frozenset | None = None) -> t
       against every such opponent, ``riichi_genbutsu``; None when there is none): an unsafe tile taken -> the
       highest-Q safe discard, 'push->fold'; a safe tile taken -> the highest-Q unsafe discard, 'fold->push'.
 
-    Any other decision (an ordinary discard, a kan, a hora) is not contested.
-    """
+    Any other decision (an ordinary discard, a kan, a hora) is not contested."""
     pairs = _legal_q(meta)
     if pairs is None:
         return None
@@ -141,24 +129,21 @@ def riichi_genbutsu(events, seat: int) -> frozenset | None:
 
 
 class _Branch(_Game):
-    """A counterfactual branch of a real ``_Game``: a clone of its table on which the challenger took another
-    action at one decision, played by the same agents to the end of that kyoku (in the arena's lock-step loop,
-    batched with the real games). Each seat's ``PlayerState`` is rebuilt from the seat's events of the kyoku
-    (``history``, as ``speculate``). When the kyoku ends, the outcome is written into the real decision's meta as
-    ``meta["counterfactual"]``: ``{"action": a, "next": [kyoku_index, honba, kyotaku, s0, s1, s2, s3]}`` when the
-    hanchan would go on, ``{"action": a, "final": [s0, s1, s2, s3]}`` (``final_scores``) when it would end.
-    The branch writes no log and never branches itself."""
+    """A clone of a ``_Game``'s table on which the challenger took another action, played by the same agents in
+    the same batches to the end of that kyoku; its seats' states are rebuilt from their events. The outcome goes
+    into the real decision's meta as ``meta["counterfactual"]``: ``{"action": a, "next": [kyoku_index, honba,
+    kyotaku, s0, s1, s2, s3]}`` when the hanchan would go on, ``{"action": a, "final": [s0, s1, s2, s3]}`` when it
+    would end. A branch writes no log and never branches itself."""
 
     def __init__(self, parent: _Game, seat: int, meta: dict, action: int, actions: dict):
         self.gid = -1  # given by the arena loop
         self.parent, self.seat, self.meta, self.action = parent, seat, meta, action
         self.kind = None  # the contested kind (CONTESTED_KINDS) under 'contested', set by fork
         self.nonce, self.key, self.split = parent.nonce, parent.key, parent.split
-        self.agents, self.names = parent.agents, parent.names
+        self.agents = parent.agents
         self.v4_seats = [False] * 4
         self.encoders = [None] * 4
         self.flow = parent.flow
-        self.lines = []
         self.history = [list(h) for h in parent.history]
         self.states = []
         for s in range(4):
@@ -167,16 +152,13 @@ class _Branch(_Game):
             self.states.append(st)
         self.spec = None
         self.done = self.cancelled = False
-        self.failed = None
-        self.scores = self.ranks = None
-        self.substeps = parent.substeps
         self.meta_queue = [[] for _ in range(4)]
         self.guard, self.queues, self.waiting, self.decided, self.spec_decided = parent.guard, parent.queues, 0, {}, {}
         self.fork = None
-        self.branches, self.new_branches = set(), []
+        self.new_branches = []
         self.env = parent.env.clone()
         self.obs = self.env.step(actions)
-        self.substeps += 1
+        self.substeps = parent.substeps + 1
         if self.env.done():
             self._end_kyoku()
         elif not self.obs:
@@ -211,8 +193,8 @@ class _Branch(_Game):
 
 
 def _contested(game: _Game, seat: int, meta: dict, taken: int) -> tuple[str, int] | None:
-    """``contested_action`` of the challenger's decision in ``game``; the genbutsu (from the seat's events of the
-    kyoku) only for a discard that neither riichi nor a call makes contested."""
+    """``contested_action`` of the challenger's decision in ``game``; the genbutsu only for a discard that neither
+    riichi nor a call makes contested."""
     bits = meta.get("mask_bits")
     safe = None
     if taken < RIICHI and isinstance(bits, int) and not bits >> RIICHI & 1 and not bits >> PASS & 1:
@@ -222,15 +204,11 @@ def _contested(game: _Game, seat: int, meta: dict, taken: int) -> tuple[str, int
 
 def fork(self: _Game, decisions: dict, actions: dict, *, rate: float, rng: random.Random, other_kind: bool = False,
          contested: bool = False):
-    """Maybe fork a counterfactual branch at this step, before the table takes ``actions`` (see
-    ``OneVsThree``'s ``counterfactual_rate``) of the game ``self``: with probability ``rate`` (drawn from
-    ``rng``), when the challenger seat acts here by a logged reaction (``REACTION_TYPES``) without a kan-select
-    evaluation and has another legal action (of another kind with ``other_kind``), a clone of the table takes the
-    other seats' same actions and the challenger's best such action (``counterfactual_action``). With
-    ``contested``, only at a contested decision (``contested_action``; a pass counts), with its alternative; a call
-    the branch's table does not execute (another seat's pon or ron comes first) forks nothing, and a pass's meta
-    is logged on the event it answered (``kyoku_lines``). Returns the ``_Branch`` (also in the game's ``branches``
-    and ``new_branches``) or None."""
+    """Maybe fork a branch of game ``self`` before its table takes ``actions``: with probability ``rate`` (from
+    ``rng``), when the challenger acts by a logged reaction without a kan-select evaluation and has an
+    alternative (``counterfactual_action``; with ``contested``, ``contested_action``, where a pass counts and a
+    call the branch's table does not execute forks nothing). Returns the ``_Branch`` (also in the game's
+    ``branches`` and ``new_branches``) or None."""
     seat = SPLITS.index(self.split)
     dec = decisions.get(seat)
     if dec is None or not isinstance(dec.meta, dict) or "kan_select" in dec.meta:

@@ -1,4 +1,4 @@
-"""Duplicate 1-vs-3 scoring and the players of a 1v3 table; ``mortal.one_vs_three`` re-exports every name."""
+"""Duplicate 1-vs-3 scoring and the players of a 1v3 table (``mortal.one_vs_three``, ``mortal.play.evaluation``)."""
 
 from __future__ import annotations
 
@@ -36,19 +36,14 @@ class DuplicateSummary:
     avg_pt_ci: float
 
     def __str__(self) -> str:
+        note = unreliable_note(self.n_units)
         return (f'avg rank {self.avg_rank:.4f} ± {self.avg_rank_ci:.4f}, '
                 f'avg pt {self.avg_pt:.3f} ± {self.avg_pt_ci:.3f} '
-                f'(95% CI over {self.n_units} duplicate sets, {self.n_games} games{_note(self.n_units)})')
+                f'(95% CI over {self.n_units} duplicate sets, {self.n_games} games{"; " + note if note else ""})')
 
 
-def _note(sets: int) -> str:
-    """``'; unreliable: N sets'`` or ``''``."""
-    note = unreliable_note(sets)
-    return f'; {note}' if note else ''
-
-
-def mean_ci(values: Sequence[float], z: float = Z_95) -> tuple[float, float]:
-    """``(mean, z * sd / sqrt(n))`` with the sample sd; half-width ``nan`` when n < 2; ValueError if empty."""
+def mean_ci(values: Sequence[float]) -> tuple[float, float]:
+    """``(mean, Z_95 * sd / sqrt(n))`` with the sample sd; half-width ``nan`` when n < 2; ValueError if empty."""
     n = len(values)
     if n == 0:
         raise ValueError('no values')
@@ -56,13 +51,12 @@ def mean_ci(values: Sequence[float], z: float = Z_95) -> tuple[float, float]:
     if n < 2:
         return mean, math.nan
     var = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
-    return mean, z * math.sqrt(var / n)
+    return mean, Z_95 * math.sqrt(var / n)
 
 
-def duplicate_ci(unit_ranks: Iterable[Sequence[int]], pts: Sequence[float] = DISPLAY_PTS,
-                 z: float = Z_95) -> DuplicateSummary:
-    """Avg rank and avg pt with a normal 95% CI over duplicate units (``unit_ranks``: ranks 1-4 per unit).
-    ValueError: no units, an empty unit, or a rank outside 1-4."""
+def duplicate_ci(unit_ranks: Iterable[Sequence[int]]) -> DuplicateSummary:
+    """Avg rank and avg pt (``DISPLAY_PTS``) with a normal 95% CI over duplicate units (``unit_ranks``: ranks 1-4
+    per unit). ValueError: no units, an empty unit, or a rank outside 1-4."""
     rank_means, pt_means = [], []
     n_games = 0
     for unit in unit_ranks:
@@ -74,11 +68,11 @@ def duplicate_ci(unit_ranks: Iterable[Sequence[int]], pts: Sequence[float] = DIS
                 raise ValueError(f'rank must be 1-4, got {r!r}')
         n_games += len(unit)
         rank_means.append(sum(unit) / len(unit))
-        pt_means.append(sum(pts[r - 1] for r in unit) / len(unit))
+        pt_means.append(sum(DISPLAY_PTS[r - 1] for r in unit) / len(unit))
     if not rank_means:
         raise ValueError('no duplicate units')
-    avg_rank, rank_ci = mean_ci(rank_means, z)
-    avg_pt, pt_ci = mean_ci(pt_means, z)
+    avg_rank, rank_ci = mean_ci(rank_means)
+    avg_pt, pt_ci = mean_ci(pt_means)
     return DuplicateSummary(len(rank_means), n_games, avg_rank, rank_ci, avg_pt, pt_ci)
 
 
@@ -90,15 +84,10 @@ def challenger_ranks_by_nonce(games: Iterable[tuple]) -> dict[int, list[int]]:
     return out
 
 
-def complete_units(units: dict[int, list[int]], games: int = 4) -> tuple[dict[int, list[int]], list[int]]:
-    """``(units with all ``games`` games, sorted nonces of the others)``: deals with a failed game drop whole."""
-    kept = {n: r for n, r in units.items() if len(r) == games}
-    return kept, sorted(n for n in units if n not in kept)
-
-
 def complete_challenger_units(games: Iterable[tuple]) -> dict[int, list[int]]:
-    """``{nonce: [4 ranks 1-4]}`` of the complete deals of ``games``; ValueError for a bad split."""
-    return complete_units(challenger_ranks_by_nonce(games))[0]
+    """``{nonce: [4 ranks 1-4]}`` of the complete deals of ``games`` (a deal with a failed game drops whole);
+    ValueError for a bad split."""
+    return {n: r for n, r in challenger_ranks_by_nonce(games).items() if len(r) == 4}
 
 
 def build_side(side, section: str):
@@ -119,7 +108,6 @@ def build_side(side, section: str):
     return MortalEngine(
         brain,
         dqn,
-        is_oracle=False,
         version=version,
         device=torch.device(side.device),
         stochastic_latent=side.stochastic_latent,

@@ -31,33 +31,12 @@ def sample_top_p(logits: torch.Tensor, p: float,
     return order.gather(-1, picked).squeeze(-1)
 
 
-def boltzmann_top_p_probs(q: np.ndarray, mask: np.ndarray, temp: float, p: float) -> np.ndarray:
-    """``(46,)`` float64: the distribution ``sample_top_p`` draws from for one row ``q``, ``mask``."""
-    q = np.asarray(q, dtype=np.float64)
-    mask = np.asarray(mask, dtype=bool)
-    logits = np.where(mask, q / temp, -np.inf)
-    if p <= 0:
-        out = np.zeros_like(q)
-        out[int(np.argmax(logits))] = 1.0
-        return out
-    z = np.exp(logits - logits[mask].max())
-    probs = z / z.sum()
-    if p >= 1:
-        return probs
-    order = np.argsort(-probs, kind="stable")
-    before = np.cumsum(probs[order]) - probs[order]
-    kept = np.zeros_like(probs)
-    keep = order[before <= p]
-    kept[keep] = probs[keep]
-    return kept / kept.sum()
-
-
 class MortalEngine:
     """Wraps a ``Brain`` and a ``DQN`` in eval mode on ``device`` for batched self-play inference.
 
     ``seed``: a private ``torch.Generator`` (None: the global RNG, as Mortal). ``frozen_cpu``: on CPU without AMP, use
-    ``inference.FrozenQ`` (the same q-values up to float rounding). ValueError: ``boltzmann_epsilon`` outside
-    [0, 1], or ``boltzmann_temp <= 0`` while exploring."""
+    ``inference.FrozenQ`` (the same q-values up to float rounding). ``boltzmann_*`` and ``top_p`` as the config's
+    ``[train_play.<profile>]`` (validated there)."""
 
     engine_type = "mortal"
 
@@ -65,10 +44,6 @@ class MortalEngine:
                  stochastic_latent=False, enable_amp=False, enable_quick_eval=True,
                  enable_rule_based_agari_guard=False, name="NoName",
                  boltzmann_epsilon=0, boltzmann_temp=1, top_p=1, seed=None, frozen_cpu=True):
-        if not 0 <= boltzmann_epsilon <= 1:
-            raise ValueError(f"boltzmann_epsilon must be in [0, 1], got {boltzmann_epsilon}")
-        if boltzmann_epsilon > 0 and not boltzmann_temp > 0:
-            raise ValueError(f"boltzmann_temp must be > 0 when exploring, got {boltzmann_temp}")
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.brain = brain.to(self.device).eval()
         self.dqn = dqn.to(self.device).eval()
@@ -182,5 +157,3 @@ class MortalEngine:
         sampled = sample_top_p(logits, self.top_p, self.generator)
         return torch.where(is_greedy, greedy_actions, sampled), is_greedy
 
-
-__all__ = ["MortalEngine", "sample_top_p", "boltzmann_top_p_probs"]

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from typing import Mapping
 
 from mortal.entry import drop_rust_backtrace
-from mortal.play.duplicate import unreliable_note
+from mortal.play.duplicate import SEED_START, unreliable_note
 
-SEED_START = 10000  # first nonce, as mortal.one_vs_three
 logger = logging.getLogger('mortal.evaluation')
 
 
@@ -63,27 +63,21 @@ def play_duplicate(challenger, champion, *, sets: int, key: int, workers: int = 
         chunk = 2 if bot else max(1, math.ceil(sets / (4 * workers)))
     tasks = [(challenger, champion, SEED_START + i, min(chunk, sets - i), key, log_dir) for i in range(0, sets, chunk)]
     units = {}
-    if workers <= 1:
-        parts = map(play_chunk, tasks)
+    with contextlib.ExitStack() as stack:
+        if workers <= 1:
+            parts = map(play_chunk, tasks)
+        else:
+            from tqdm import tqdm
+            tqdm.set_lock(threading.RLock())  # no multiprocessing semaphore in the parent (forkserver warns)
+            from mortal.features import obs_v4
+            pool = stack.enter_context(mp.get_context('forkserver').Pool(
+                workers, initializer=_init_worker, initargs=(obs_v4.SP_THREADS,)))
+            parts = pool.imap_unordered(play_chunk, tasks)
         for part in parts:
             units.update(part)
             if progress:
                 progress(sum(len(r) for r in part.values()))
-        return _report_dropped(units, sets, key)
-    from tqdm import tqdm
-    tqdm.set_lock(threading.RLock())  # no multiprocessing semaphore in the parent (forkserver warns)
-    from mortal.features import obs_v4
-    with mp.get_context('forkserver').Pool(workers, initializer=_init_worker, initargs=(obs_v4.SP_THREADS,)) as pool:
-        for part in pool.imap_unordered(play_chunk, tasks):
-            units.update(part)
-            if progress:
-                progress(sum(len(r) for r in part.values()))
-    return _report_dropped(units, sets, key)
-
-
-def _report_dropped(units: dict, sets: int, key: int) -> dict:
-    """``units``, after warning about the deals it lacks (failed games)."""
-    dropped = [n for n in range(SEED_START, SEED_START + sets) if n not in units]
+    dropped = [n for n in range(SEED_START, SEED_START + sets) if n not in units]  # a game failed
     if dropped:
         logger.warning('%d of %d deals (key %d) left out, a game failed: nonces %s', len(dropped), sets, key,
                        dropped)

@@ -32,11 +32,6 @@ class StatePanic(Exception):
         super().__init__(f"seat {seat}'s PlayerState panicked on {event}: {type(panic).__name__}: {panic}")
 
 
-def is_rust_panic(exc: BaseException) -> bool:
-    """Whether ``exc`` is pyo3's ``PanicException`` (a BaseException, one class per module: known by name)."""
-    return type(exc).__name__ == "PanicException" and not isinstance(exc, Exception)
-
-
 def _feed(seat: int, st: PlayerState, enc, events) -> None:
     """Feed ``events`` (mjai JSON texts) to ``seat``'s state and v4 encoder ``enc``; ``StatePanic`` if either panics."""
     ev = None
@@ -45,8 +40,8 @@ def _feed(seat: int, st: PlayerState, enc, events) -> None:
             st.update(ev)
             if enc is not None:
                 enc.update(ev)
-    except BaseException as e:  # noqa: BLE001 - pyo3's PanicException is a BaseException
-        if not is_rust_panic(e):
+    except BaseException as e:  # noqa: BLE001 - pyo3's PanicException: a BaseException, one class per module
+        if type(e).__name__ != "PanicException" or isinstance(e, Exception):
             raise
         raise StatePanic(seat, ev, e) from None
 
@@ -66,11 +61,6 @@ def kyoku_wall(nonce: int, key: int, kyoku_index: int, honba: int) -> list[int]:
     return wall
 
 
-def tenhou_rule() -> GameRule:
-    """Tenhou rules as Mortal: kuikae forbidden, triple ron paid (no abort)."""
-    return GameRule(sanchaho_is_draw=False, kuikae_forbidden=True)
-
-
 class _Game:
     """One hanchan: its table, seat states (and v4 encoders), flow state and log."""
 
@@ -79,21 +69,15 @@ class _Game:
         self.agents = agents  # per seat
         self.names = names
         self.v4_seats = [needs_v4_encoder(a) for a in agents]
-        self.encoders: list[V4Encoder | None] = [None] * 4
-        self.env = RiichiEnv(game_mode=0, seed=nonce % _U64, rule=tenhou_rule())
+        rule = GameRule(sanchaho_is_draw=False, kuikae_forbidden=True)  # Tenhou's as Mortal: triple ron paid
+        self.env = RiichiEnv(game_mode=0, seed=nonce % _U64, rule=rule)
         self.flow = KyokuState()
         self.lines = [dumps({"type": "start_game", "names": names, "seed": [nonce, key]})]
-        self.states: list[PlayerState] = []
-        self.history: list[list[str]] = []  # per seat, the events its state was fed this kyoku
-        self.obs: dict = {}
         self.spec: dict | None = None  # seat -> (events, Scene) of the speculative continuation after all pass
         self.done = False
         self.failed: str | None = None  # why the game was ended as failed (StatePanic), left out of the results
         self.scores: list[int] | None = None
         self.ranks: list[int] | None = None
-        self.substeps = 0
-        self.meta_queue: list[list] = []
-        self.pass_metas: list[list] = []
         # the lock-step loop's (mortal.play.lockstep): per seat, the agari guard's switch and the agent's queue of
         # pending scenes; the scenes of this step not yet decided; the decisions of this step and of its
         # speculative continuation
@@ -107,7 +91,7 @@ class _Game:
         self.fork = None
         self.branches: set = set()  # live _Branch es of this game (its log waits for them)
         self.new_branches: list = []  # forked by the last commit, for the arena loop to take up
-        self._start_kyoku()
+        self._start_kyoku()  # the per-kyoku state: states, history, encoders, meta queues, obs
 
     def label(self, seat=None) -> str:
         s = f"game {self.nonce}_{self.key}_{self.split}"
@@ -117,7 +101,7 @@ class _Game:
         f = self.flow
         wall = kyoku_wall(self.nonce, self.key, f.kyoku_index, f.honba)
         self.states = [PlayerState(s) for s in range(4)]
-        self.history = [[] for _ in range(4)]
+        self.history = [[] for _ in range(4)]  # per seat, the events its state was fed this kyoku
         # fresh per kyoku like the states (the encoder also resets itself at start_kyoku)
         self.encoders = [V4Encoder(s) if self.v4_seats[s] else None for s in range(4)]
         self.meta_queue = [[] for _ in range(4)]

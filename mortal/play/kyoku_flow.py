@@ -25,15 +25,6 @@ class KyokuState:
     def oya(self) -> int:
         return self.kyoku_index % 4
 
-    @property
-    def bakaze(self) -> str:
-        return "ESW"[self.kyoku_index // 4]
-
-    @property
-    def kyoku(self) -> int:
-        """1-4, as mjai's ``start_kyoku.kyoku``."""
-        return self.kyoku_index % 4 + 1
-
 
 @dataclass(frozen=True)
 class KyokuResult:

@@ -67,10 +67,8 @@ class _LockStep:
         g.obs = {}
 
     def serve(self, remaining: int) -> list[_Game]:
-        """Hand the agent with the most pending decisions all of them; returns the games now fully decided."""
-        # Serve the agent with the most pending decisions: games then fall into
-        # step and each forward sees close to every game (lock-step cycles over
-        # two engines would average N/2 rows per forward).
+        """Hand the agent with the most pending decisions all of them (games then fall into step; alternating
+        would average N/2 rows per forward); returns the games now fully decided."""
         pending = self.pending
         aid = max(pending, key=lambda k: len(pending[k]))
         queue = pending[aid]

@@ -105,22 +105,16 @@ def render_line(line) -> str:
 
 
 class LogWriter:
-    """Writes logs on one background thread, in order (``submit`` blocks at ``max_pending``); ``submit`` and
-    ``close`` raise the first OSError, after which nothing more is written. A context manager."""
+    """Writes logs on one background thread, in order (``submit`` blocks at ``MAX_PENDING``); ``submit`` and
+    ``close`` raise the first OSError, after which nothing more is written. A context manager, used once."""
 
-    def __init__(self, max_pending: int = MAX_PENDING):
-        if max_pending < 1:
-            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
-        self.max_pending = max_pending
-        self._pool: ThreadPoolExecutor | None = None
+    def __init__(self):
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arena-logs")  # no thread before a submit
         self._pending: list[Future] = []
-        self.written = 0  # logs on disk
 
     def submit(self, path: str, text: str) -> None:
         """Queue ``text`` for ``path``; raises the error of an earlier write, if any."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arena-logs")
-        while self._pending and (self._pending[0].done() or len(self._pending) >= self.max_pending):
+        while self._pending and (self._pending[0].done() or len(self._pending) >= MAX_PENDING):
             self._reap()
         self._pending.append(self._pool.submit(write_log_atomic, path, text))
 
@@ -133,7 +127,6 @@ class LogWriter:
                 f.cancel()
             self._pending.clear()
             raise
-        self.written += 1
 
     def close(self) -> None:
         """Wait for every queued log; raises the first write error."""
@@ -141,18 +134,14 @@ class LogWriter:
             while self._pending:
                 self._reap()
         finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
+            self._pool.shutdown(wait=True)
 
     def __enter__(self) -> "LogWriter":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-            return
         try:
             self.close()
-        except Exception:  # the block's own exception is the one to see
-            pass
+        except Exception:
+            if exc_type is None:  # else the block's own exception is the one to see
+                raise

@@ -11,6 +11,7 @@ Both wipe their ``log_dir`` before playing and switch cuDNN benchmarking off whi
 restore ``[control] enable_cudnn_benchmark``, as Mortal does.
 """
 
+import contextlib
 import logging
 import os
 import secrets
@@ -50,7 +51,6 @@ def load_baseline_engine(slot, *, name: str = 'baseline'):
     return MortalEngine(
         brain,
         dqn,
-        is_oracle=False,
         version=version,
         device=device,
         enable_amp=_use_amp(device),
@@ -59,17 +59,14 @@ def load_baseline_engine(slot, *, name: str = 'baseline'):
     )
 
 
-class _CudnnBenchmarkOff:
-    """cuDNN benchmarking off inside (batch sizes vary during play), back to the config value after."""
-
-    def __init__(self, restore_to: bool):
-        self.restore_to = restore_to
-
-    def __enter__(self):
-        torch.backends.cudnn.benchmark = False
-
-    def __exit__(self, *exc):
-        torch.backends.cudnn.benchmark = self.restore_to
+@contextlib.contextmanager
+def _cudnn_benchmark_off(restore_to: bool):
+    """cuDNN benchmarking off inside (batch sizes vary during play), ``restore_to`` (the config's) after."""
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = restore_to
 
 
 def _mtime(filename: str):
@@ -84,12 +81,8 @@ def _list_logs(log_dir: str) -> list:
 
 
 class TestPlayer:
-    """Evaluates the trainee against ``[baseline.test]`` (config: the full config dict).
-
-    ``baseline_engine`` may be given to skip loading ``[baseline.test] state_file`` (tests). A test play is
-    ``begin()``, one or more ``play_units`` (the SPRT plays in chunks), then ``stat()``; ``test_play`` does all
-    three at once (Mortal's interface).
-    """
+    """Evaluates the trainee against ``[baseline.test]``: ``begin()``, one or more ``play_units`` (the SPRT plays
+    in chunks), then ``stat()``; ``test_play`` does all three (Mortal's interface)."""
 
     def __init__(self, config: dict, *, baseline_engine=None):
         cfg = typed(config)
@@ -105,18 +98,17 @@ class TestPlayer:
 
     def play_units(self, first_nonce: int, count: int, mortal, dqn, device, *, log_dir=None,
                    name: str = 'mortal') -> dict:
-        """Play the ``count`` duplicate deals from nonce ``first_nonce`` (key ``TEST_SEED[1]``), 4 games each,
-        logs into ``log_dir`` (default: this test play's; the replayed best.pth uses another, as its log names
-        would collide), the challenger named ``name``. Returns ``{nonce: [the challenger's 4 ranks, 1-4]}``, without
-        the deals of a game the arena ended as failed (``OneVsThree.failed_games``)."""
+        """Play the ``count`` duplicate deals from nonce ``first_nonce`` (key ``TEST_SEED[1]``), logs into
+        ``log_dir`` (default: this test play's), the challenger named ``name``. Returns ``{nonce: [the challenger's
+        4 ranks, 1-4]}`` of the deals without a failed game."""
         from mortal.play.arena import OneVsThree
         from mortal.play.engine import MortalEngine
         from mortal.play.duplicate import complete_challenger_units
 
         device = torch.device(device)
-        with _CudnnBenchmarkOff(self.cudnn_benchmark):
-            engine = MortalEngine(mortal, dqn, is_oracle=False, version=self.chal_version, device=device,
-                                  enable_amp=_use_amp(device), name=name)
+        with _cudnn_benchmark_off(self.cudnn_benchmark):
+            engine = MortalEngine(mortal, dqn, version=self.chal_version, device=device, enable_amp=_use_amp(device),
+                                  name=name)
             env = OneVsThree(disable_progress_bar=False, log_dir=log_dir or self.log_dir,
                              speculate_passes=self.speculate_passes)
             env.py_vs_py(challenger=engine, champion=self.baseline_engine, seed_start=(first_nonce, TEST_SEED[1]),
@@ -136,14 +128,8 @@ class TestPlayer:
 
 
 class TrainPlayer:
-    """Plays the client's self-play rounds (config: the full config dict; env: where TRAIN_PLAY_PROFILE comes from,
-    ``mortal.config.Env``: the overrides resolved at start-up or a mapping such as ``os.environ``).
-
-    Attributes: ``train_seed`` (next nonce), ``train_key`` (64-bit key of this process), ``seed_count``
-    (games / 4 per round), ``repeats``, ``repeat_counter``, ``log_dir``, ``counterfactual_rate`` (the profile's: the
-    arena forks counterfactual branches, ``mortal.play.arena.OneVsThree``) and ``counterfactual`` (the last round's
-    branch counts).
-    """
+    """Plays the client's self-play rounds; ``env``: where TRAIN_PLAY_PROFILE comes from (``mortal.config.Env``
+    or a mapping such as ``os.environ``). ``counterfactual``: the last round's branch counts."""
 
     def __init__(self, config: dict, env=os.environ, *, baseline_engine=None, train_key=None):
         from mortal.config import EnvOverrides, train_play_profile
@@ -209,9 +195,9 @@ class TrainPlayer:
 
         device = torch.device(device)
         epsilon, temp = self.effective_exploration()
-        with _CudnnBenchmarkOff(self.cudnn_benchmark):
+        with _cudnn_benchmark_off(self.cudnn_benchmark):
             engine = MortalEngine(
-                mortal, dqn, is_oracle=False, version=self.chal_version, device=device,
+                mortal, dqn, version=self.chal_version, device=device,
                 enable_amp=_use_amp(device), name='trainee',
                 boltzmann_epsilon=epsilon, boltzmann_temp=temp, top_p=self.top_p,
             )
