@@ -422,13 +422,13 @@ def test_drain_keeps_logs_of_earlier_drains_not_yet_trained(tmp_path):
     reply = {**empty_drain(drain_dir, 'A', True), 'count': 2, 'files': ['0_a.json.gz', '0_b.json.gz'],
              'param_versions': [1, 1]}
     trainer.server.remote = ScriptedRemote([reply])
-    first = trainer.drain()
+    first = trainer.server.drain(trainer.steps, trainer.resubmit)
     # the server restarts and names its next drain from 0_ again; 0_a is still untrained
     os.remove(os.path.join(drain_dir, '0_a.json.gz'))
     with open(os.path.join(drain_dir, '0_a.json.gz'), 'wb') as f:
         f.write(b'new a')
     trainer.server.remote = ScriptedRemote([{**reply, 'count': 1, 'files': ['0_a.json.gz'], 'param_versions': [1]}])
-    second = trainer.drain()
+    second = trainer.server.drain(trainer.steps, trainer.resubmit)
     assert [open(p, 'rb').read() for p in first] == [b'a', b'b']  # not emptied by the second claim
     assert [os.path.basename(p) for p in second] == ['1+0_a.json.gz'] and open(second[0], 'rb').read() == b'new a'
     manifest = json.loads(open(os.path.join(trainer.server.ledger.claim_dir, 'claims.json')).read())
