@@ -182,7 +182,7 @@ class Trainer:
         ledger = self.server.ledger if self.online else None
         logger.info('file list size: %s', f'{len(file_list):,}')
         if self.dist.size > 1:
-            file_list = self.dist.shard(file_list)
+            file_list = distributed.shard_files(file_list, self.dist.rank, self.dist.size)
             logger.info('%d processes: %s files and a batch of %d each', self.dist.size, f'{len(file_list):,}',
                         self.batch_size)
         self.log_total_steps()
@@ -430,7 +430,7 @@ def main(argv=None):
     dist = distributed.SINGLE
     try:
         if online:
-            if distributed.requested():
+            if distributed.world_size() > 1:
                 sys.exit(entry.error('online training runs as one learner: start it without torchrun (more '
                                      'than one process, WORLD_SIZE > 1, is for offline training only)'))
         else:  # torchrun: join the other ranks (mortal.learning.distributed); alone: nothing changes

@@ -53,7 +53,6 @@ class GrpFileDatasetsIter(IterableDataset):
         self.file_list = list(file_list)
         self.file_batch_size = max(1, int(file_batch_size))
         self.cycle = cycle
-        self.buffer = []
         self.skipped_files = []
         self.iterator = None
 
@@ -68,22 +67,19 @@ class GrpFileDatasetsIter(IterableDataset):
         """One pass, ``file_batch_size`` files at a time. Raises NoSamplesError when no file yields a sample."""
         yielded = 0
         for start in range(0, len(self.file_list), self.file_batch_size):
-            self.populate_buffer(self.file_list[start:start + self.file_batch_size])
+            buffer = []
+            for game in Grp.load_gz_log_files(self.file_list[start:start + self.file_batch_size],
+                                              skipped=self.skipped_files):
+                feature = torch.as_tensor(game.take_feature(), dtype=torch.float64)
+                rank_by_player = game.take_rank_by_player()
+                buffer.extend((feature[:i + 1], rank_by_player) for i in range(feature.shape[0]))
             if shuffle:
-                random.shuffle(self.buffer)
-            yielded += len(self.buffer)
-            yield from self.buffer
-            self.buffer.clear()
+                random.shuffle(buffer)
+            yielded += len(buffer)
+            yield from buffer
         if yielded == 0:
             raise NoSamplesError(f"no GRP samples in {len(self.file_list)} log files "
                                  f"({len(self.skipped_files)} skipped as bad input)")
-
-    def populate_buffer(self, file_list) -> None:
-        for game in Grp.load_gz_log_files(file_list, skipped=self.skipped_files):
-            feature = torch.as_tensor(game.take_feature(), dtype=torch.float64)
-            rank_by_player = game.take_rank_by_player()
-            for i in range(feature.shape[0]):
-                self.buffer.append((feature[:i + 1], rank_by_player))
 
     def __iter__(self):
         if self.iterator is None:
@@ -136,17 +132,14 @@ def mean_ce(grp, samples, batch: int = 512) -> float:
     """Mean cross entropy (nats) of ``grp`` over ``samples``, without gradients. Raises ValueError for no samples."""
     if not samples:
         raise ValueError("mean_ce needs at least one sample")
+    from mortal.learning.diagnostics import eval_mode
     device = next(grp.parameters()).device
-    was_training = grp.training
-    grp.eval()
     total = 0.0
-    try:
+    with eval_mode(grp):
         for i in range(0, len(samples), batch):
             inputs, ranks = collate(samples[i:i + batch])
             loss, _ = evaluate(grp, [x.to(device) for x in inputs], ranks.to(device))
             total += loss * len(inputs)
-    finally:
-        grp.train(was_training)
     return total / len(samples)
 
 
@@ -210,10 +203,7 @@ def _loader(file_list, batch_size, file_batch_size, num_workers):
 def train(cfg, *, max_steps: int | None = None, num_workers: int = 1, progress: bool = True, patience: int = 0) -> int:
     """Train with the typed ``[grp]`` table ``cfg``; returns the steps reached (forever, as Mortal, if no max_steps).
 
-    Raises TrainGrpInputError (empty file list, unusable ``file_index`` or ``state_file``), NoSamplesError,
-    ValueError (``patience`` < 0)."""
-    if patience < 0:
-        raise ValueError(f"patience must be >= 0, got {patience}")
+    Raises TrainGrpInputError (empty file list, unusable ``file_index`` or ``state_file``), NoSamplesError."""
     run = _GrpRun(cfg, patience)
     if run.es["stopped"]:
         logger.info("early stopping: %s stopped before at step %d (best %.4f at step %d); not trained further",

@@ -31,11 +31,6 @@ def world_size(env: Mapping[str, str] = os.environ) -> int:
     return size
 
 
-def requested(env: Mapping[str, str] = os.environ) -> bool:
-    """Whether ``env`` asks for more than one process (``WORLD_SIZE`` > 1); ValueError as ``world_size``."""
-    return world_size(env) > 1
-
-
 def shard_files(files: list, rank: int, size: int) -> list:
     """``files[rank::size]``: shards differ by at most one file. Raises ValueError for fewer files than ranks."""
     if len(files) < size:
@@ -92,9 +87,6 @@ class Single:
     def from_main(self, make):
         return make()
 
-    def shard(self, files: list) -> list:
-        return files
-
     def batches(self, batches: Iterable) -> Iterable:
         return batches
 
@@ -117,20 +109,18 @@ class Distributed(Single):
     def __init__(self, rank: int, size: int, local_rank: int, device_type: str):
         self.rank, self.size, self.local_rank = rank, size, local_rank
         self.is_main = rank == 0
-        self.device_type = device_type
+        # where the collectives' tensors live: nccl needs this rank's GPU
+        self.dev = torch.device('cuda', local_rank) if device_type == 'cuda' else torch.device('cpu')
 
     def device(self, name: str) -> torch.device:
         """``cuda:LOCAL_RANK`` when ``name`` is a cuda device (each rank its own GPU), else ``torch.device(name)``."""
         dev = torch.device(name)
         return torch.device('cuda', self.local_rank) if dev.type == 'cuda' else dev
 
-    def _dev(self) -> torch.device:
-        return torch.device('cuda', self.local_rank) if self.device_type == 'cuda' else torch.device('cpu')
-
     def wrap(self, models: tuple) -> tuple:
         """DDP of each of ``models`` (on this rank's device, loaded); rank 0's parameters are copied to all."""
         from torch.nn.parallel import DistributedDataParallel as DDP
-        ids = [self.local_rank] if self.device_type == 'cuda' else None
+        ids = [self.local_rank] if self.dev.type == 'cuda' else None
         return tuple(DDP(m, device_ids=ids) for m in models)  # buffers: sent from rank 0 before each forward
 
     def no_sync(self, wrapped: tuple, sync: bool):
@@ -145,16 +135,12 @@ class Distributed(Single):
         """``make()`` on rank 0, sent to every rank (a picklable value)."""
         import torch.distributed as dist
         box = [make() if self.is_main else None]
-        dist.broadcast_object_list(box, src=0, device=self._dev() if self.device_type == 'cuda' else None)
+        dist.broadcast_object_list(box, src=0, device=self.dev if self.dev.type == 'cuda' else None)
         return box[0]
-
-    def shard(self, files: list) -> list:
-        """This rank's :func:`shard_files` of ``files``."""
-        return shard_files(files, self.rank, self.size)
 
     def _all_have(self, mine: bool) -> bool:
         import torch.distributed as dist
-        flag = torch.tensor([1 if mine else 0], dtype=torch.int32, device=self._dev())
+        flag = torch.tensor([1 if mine else 0], dtype=torch.int32, device=self.dev)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         return bool(flag.item())
 
@@ -166,7 +152,7 @@ class Distributed(Single):
         """The dict of floats ``values`` averaged over the ranks (same keys on every rank, a collective)."""
         import torch.distributed as dist
         keys = list(values)  # the same order on every rank: the trainer's dicts are built alike
-        t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=self._dev())
+        t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=self.dev)
         dist.all_reduce(t)
         return {k: v / self.size for k, v in zip(keys, t.tolist())}
 

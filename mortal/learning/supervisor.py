@@ -154,31 +154,25 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
 
     def next_config() -> bool:
         """Wait for a valid config (with ``config_path``) and log what changed; False when a stop came first."""
-        nonlocal started_with
+        nonlocal started_with, child_env
         if config_path is None:
             return True
         config = wait_for_config(config_path, required, env, stop_requested=lambda: stopping, inputs=inputs,
                                  retry_interval=retry_interval, remind_every=remind_every)
         if config is None or stopping:  # a stop that came during the last check: no learner starts
             return False
-        if started_with is None:
-            hold_state_lock(config)
-        if started_with is not None:
+        if started_with is None:  # held for the supervisor's whole life: refused even between two learners
+            from mortal.config import typed
+            from mortal.util import runlock
+            lock_path = locks.enter_context(runlock.hold(
+                typed(config).control.state_file, who='learner', key='[control] state_file',
+                fix='give this run its own [control] state_file'))
+            child_env = runlock.child_env(child_env, lock_path)
+        else:
             changed = changed_keys(started_with, config)
             logger.info('config changed since the last start: %s', '; '.join(changed) if changed else 'nothing')
         started_with = config
         return True
-
-    def hold_state_lock(config) -> None:
-        # Held for the supervisor's whole life: a second trainer is refused even between two learners.
-        from mortal.config import typed
-        from mortal.util import runlock
-        nonlocal child_env
-        state_file = typed(config).control.state_file
-        lock_path = locks.enter_context(runlock.hold(
-            state_file, who='learner', key='[control] state_file',
-            fix='give this run its own [control] state_file'))
-        child_env = runlock.child_env(child_env, lock_path)
 
     def forward(signum, frame):
         nonlocal stopping, stop_signal
