@@ -12,16 +12,18 @@ import gc
 import logging
 import sys
 import time
+from datetime import datetime
 from os import path
 
 import torch
 
 from mortal.net import wire
-from mortal.model.checkpoint import INITIAL_BEST_PERF, load_frozen_pair
-from mortal.config import typed
+from mortal.model.checkpoint import (INITIAL_BEST_PERF, atomic_torch_save, check_fits_config, load_checkpoint,
+                                     load_frozen_pair, require_entries)
+from mortal.config import for_checkpoint, lookup, typed
 from mortal.config_schema import Online
 from mortal.data.offline_data import offline_mix
-from mortal.learning import distributed, intake, learner_checkpoint
+from mortal.learning import distributed, intake
 from mortal.learning.diagnostics import Instruments, batch_q_stats, learner_probe
 from mortal.learning.guards import INITIAL_GUARD, Guards, sync_baseline
 from mortal.learning.loss import LossWeights, learner_loss
@@ -149,15 +151,41 @@ class Trainer:
         self.guard = dict(INITIAL_GUARD)
         self.steps = 0
         self.saved_steps = None  # the step of state_file as this learner last loaded or wrote it (None: none)
-        resumed = learner_checkpoint.load_state(self.state_file, self.models, self.optimizer, self.scheduler,
-                                                self.scaler, online=self.online, device=self.device, cfg=cfg)
-        if resumed is not None:
-            self.steps = self.saved_steps = resumed.steps
-            self.best_perf, self.guard = resumed.best_perf, resumed.guard
+        if path.exists(self.state_file):
+            self._resume(cfg)
+        else:
+            logger.info('no checkpoint at %s: starting from scratch', self.state_file)
         self.scheduler.multiplier = lambda: self.guard['lr_scale']  # the rollbacks' factor ([guard] lr_factor)
         self.scheduler.refresh()
         self.optimizer.zero_grad(set_to_none=True)
         self.nets = self.dist.wrap(self.models)  # what trains: the models, or their DDP wrappers under torchrun
+
+    def _resume(self, cfg) -> None:
+        """Load the models, optimizer, scheduler, scaler, step and guard state from ``state_file`` (Mortal's keys).
+        Online from an offline checkpoint: fresh optimizer and scheduler (Mortal)."""
+        state_file = self.state_file
+        state = load_checkpoint(state_file, map_location=self.device)
+        require_entries(state, ('mortal', 'current_dqn', 'aux_net', 'steps'), state_file)
+        ckpt_cfg = state.get('config')
+        for model, entry in zip(self.models, ('mortal', 'current_dqn', 'aux_net')):
+            check_fits_config(model, state[entry], entry=entry, source=state_file, ckpt_cfg=ckpt_cfg, cfg=cfg)
+            model.load_state_dict(state[entry])
+        ckpt_online = bool(lookup(ckpt_cfg, 'control.online'))  # the checkpoint's plain dict, of any writer
+        if 'optimizer' not in state or 'scheduler' not in state:
+            logger.info('%s has no optimizer/scheduler state (a bare model checkpoint): starting them fresh',
+                        state_file)
+        elif not self.online or ckpt_online:
+            self.optimizer.load_state_dict(state['optimizer'])
+            self.scheduler.load_state_dict(state['scheduler'])
+        else:
+            logger.info('offline checkpoint in online mode: optimizer and scheduler start fresh from the config')
+        if self.scaler.is_enabled() and state.get('scaler'):
+            self.scaler.load_state_dict(state['scaler'])
+        self.steps = self.saved_steps = int(state['steps'])
+        self.best_perf = dict(state.get('best_perf', INITIAL_BEST_PERF))
+        self.guard = {**INITIAL_GUARD, **state.get('guard', {})}
+        when = datetime.fromtimestamp(state.get('timestamp', 0)).strftime('%Y-%m-%d %H:%M:%S')
+        logger.info('loaded %s (saved %s, steps %d)', state_file, when, self.steps)
 
     def run(self) -> None:
         """Online: submit idle parameters, then epochs until a test play ends the process. Offline: one epoch."""
@@ -361,17 +389,35 @@ class Trainer:
         return self.mortal, self.dqn
 
     def save(self) -> None:
-        """Write the checkpoint atomically, online in one step with the claim ledger's commit."""
-        def build():
-            return learner_checkpoint.checkpoint_dict(
-                self.models, self.optimizer, self.scheduler, self.scaler, steps=self.steps, best_perf=self.best_perf,
-                guard=self.guard, online=self.online, config=self.config)
-        learner_checkpoint.write(build, self.state_file, self.steps, self.server.ledger if self.online else None)
+        """Write the checkpoint (Mortal's keys, the shared token left out of ``config``; online also ``guard``)
+        atomically, online in one step with the claim ledger's commit."""
+        def write():
+            state = {'mortal': self.mortal.state_dict(), 'current_dqn': self.dqn.state_dict(),
+                     'aux_net': self.aux_net.state_dict(), 'optimizer': self.optimizer.state_dict(),
+                     'scheduler': self.scheduler.state_dict(), 'scaler': self.scaler.state_dict(),
+                     'steps': self.steps, 'timestamp': datetime.now().timestamp(),
+                     'best_perf': dict(self.best_perf), 'config': for_checkpoint(self.config)}
+            if self.online:  # the long-run guards' state (mortal/learning/guards.py), after Mortal's keys
+                state['guard'] = dict(self.guard)
+            atomic_torch_save(state, self.state_file)
+        if self.server.ledger is None:  # offline, or online before the first drain
+            write()
+        else:
+            self.server.ledger.commit_with(self.steps, write)
         self.saved_steps = self.steps
 
     def stop_summary(self) -> str:
-        """What this learner, stopped now, keeps and discards (``learner_checkpoint.stop_summary``)."""
-        return learner_checkpoint.stop_summary(self.steps, self.saved_steps, self.state_file, self.online)
+        """What this learner, stopped now, keeps and discards (its last line)."""
+        if self.saved_steps is None:
+            kept = f'the {self.steps:,} steps trained discarded (no checkpoint written yet)'
+        elif self.saved_steps == self.steps:
+            kept = f'nothing discarded ({self.state_file} holds step {self.steps:,})'
+        else:
+            kept = (f'the {self.steps - self.saved_steps:,} steps since the last save discarded '
+                    f'({self.state_file} keeps step {self.saved_steps:,})')
+        if self.online:
+            kept += '; claimed logs not yet trained are kept for the next learner'
+        return kept
 
     def _load_probe(self):
         """``diagnostics.learner_probe`` against the baseline; None when it cannot be built (logged)."""
