@@ -209,7 +209,7 @@ def train(cfg, *, max_steps: int | None = None, num_workers: int = 1, progress: 
         logger.info("early stopping: %s stopped before at step %d (best %.4f at step %d); not trained further",
                     run.state_file, run.steps, run.es["best_ce"], run.es["best_steps"])
         return run.steps
-    run.optimizer.param_groups[0]["lr"] = run.lr
+    run.optimizer.param_groups[0]["lr"] = cfg.optim.lr
     run.open_data(num_workers)
     return run.fit(max_steps, progress)
 
@@ -235,7 +235,6 @@ class _GrpRun:
         self.best_model = None
         if os.path.exists(self.state_file):
             self._resume()
-        self.lr = cfg.optim.lr
 
     def new_grp(self):
         """A GRP of ``[grp.network]`` (the GRP's defaults without one)."""
@@ -313,7 +312,7 @@ class _GrpRun:
 
         writer = SummaryWriter(self.cfg.control.tensorboard_dir)
         logger.info("%s", self.progress_line())
-        stats = dict(train_loss=0.0, train_acc=0.0)
+        train_loss = train_acc = 0.0
         pb = tqdm(total=max_steps, initial=self.steps, desc="TRAIN", unit="step", disable=not progress,
                   dynamic_ncols=True)
         self.grp.train()
@@ -324,16 +323,16 @@ class _GrpRun:
                     inputs, ranks = next(self.train_iter)
                     loss, acc = train_step(self.grp, self.optimizer, [x.to(self.device) for x in inputs],
                                            ranks.to(self.device))
-                    stats["train_loss"] += loss
-                    stats["train_acc"] += acc
+                    train_loss += loss
+                    train_acc += acc
                     self.steps += 1
                     pb.update(1)
                     if self.steps % self.save_every:
                         continue
                     pb.set_postfix_str('validating')  # the same bar: no second one below it
-                    stop = self._validate(writer, stats)
+                    stop = self._validate(writer, train_loss, train_acc)
                     pb.set_postfix_str('')
-                    stats = dict(train_loss=0.0, train_acc=0.0)
+                    train_loss = train_acc = 0.0
                     logger.info("%s", self.progress_line())
                     if stop:
                         break
@@ -348,8 +347,9 @@ class _GrpRun:
             writer.close()
         return self.steps
 
-    def _validate(self, writer, stats: dict) -> bool:
-        """``val_steps`` val batches, this period's TensorBoard scalars, the early-stopping check; -> stop?"""
+    def _validate(self, writer, train_loss: float, train_acc: float) -> bool:
+        """``val_steps`` val batches, this period's TensorBoard scalars (the sums of the train ones given), the
+        early-stopping check; -> stop?"""
         steps = self.steps
         self.grp.eval()
         val_loss = val_acc = 0.0
@@ -359,14 +359,10 @@ class _GrpRun:
             val_loss += loss
             val_acc += acc
         self.grp.train()
-        writer.add_scalars("loss", {"train": stats["train_loss"] / self.save_every,
-                                    "val": val_loss / self.val_steps}, steps)
-        writer.add_scalars("acc", {"train": stats["train_acc"] / self.save_every,
-                                   "val": val_acc / self.val_steps}, steps)
-        writer.add_scalar("lr", self.lr, steps)
-        stop = False
-        if self.patience:
-            stop = self._early_stopping(writer)
+        writer.add_scalars("loss", {"train": train_loss / self.save_every, "val": val_loss / self.val_steps}, steps)
+        writer.add_scalars("acc", {"train": train_acc / self.save_every, "val": val_acc / self.val_steps}, steps)
+        writer.add_scalar("lr", self.cfg.optim.lr, steps)
+        stop = bool(self.patience) and self._early_stopping(writer)
         writer.flush()
         return stop
 

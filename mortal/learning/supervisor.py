@@ -33,11 +33,10 @@ def signal_group(pgid: int, sig: int) -> bool:
     return True
 
 
-def reap_process_group(pgid: int, grace: float = GROUP_GRACE) -> bool:
-    """After the leader of ``pgid`` has exited: give the rest ``grace`` seconds, then SIGKILL what is left; True when
-    something was killed (False also off POSIX)."""
+def reap_process_group(pgid: int) -> None:
+    """After the leader of ``pgid`` has exited: give the rest ``GROUP_GRACE`` seconds, then SIGKILL what is left."""
     if not hasattr(os, 'killpg'):
-        return False
+        return
 
     def alive() -> bool:
         try:
@@ -51,20 +50,18 @@ def reap_process_group(pgid: int, grace: float = GROUP_GRACE) -> bool:
             return False
         return True
 
-    deadline = time.monotonic() + grace
+    deadline = time.monotonic() + GROUP_GRACE
     while alive():
         if time.monotonic() >= deadline:
-            if not signal_group(pgid, signal.SIGKILL):
-                return False
-            logger.warning('processes of the learner were still running %.0f s after it ended: killed them '
-                           '(process group %d)', grace, pgid)
-            for _ in range(20):
-                if not alive():
-                    break
-                time.sleep(0.05)
-            return True
+            if signal_group(pgid, signal.SIGKILL):
+                logger.warning('processes of the learner were still running %.0f s after it ended: killed them '
+                               '(process group %d)', GROUP_GRACE, pgid)
+                for _ in range(20):
+                    if not alive():
+                        break
+                    time.sleep(0.05)
+            return
         time.sleep(0.05)
-    return False
 
 
 def checked_config(path: str, required, env, inputs=None) -> tuple:
@@ -103,7 +100,7 @@ def report_config_edit(path: str, required, env, started_with, inputs=None) -> N
         logger.error('config %s was saved with errors: the running learner keeps its config, but the next one will '
                      'not start until they are fixed:\n%s', path, '\n'.join(f'  - {e}' for e in errors))
         return
-    changed = changed_keys(started_with, config) if started_with is not None else []
+    changed = changed_keys(started_with, config)
     logger.info('config %s saved: valid; at the learner\'s next start: %s', path,
                 '; '.join(changed) if changed else 'no key changes')
 
