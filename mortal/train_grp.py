@@ -43,10 +43,9 @@ class TrainGrpInputError(ValueError):
 
 
 class GrpFileDatasetsIter(IterableDataset):
-    """GRP samples ``(inputs (L, 7) float64 tensor, rank_by_player (4,) uint8 array)`` from log files.
-
-    Files are read ``file_batch_size`` at a time, samples shuffled within that batch; bad files are skipped (one
-    warning each, listed in ``skipped_files``). Raises NoSamplesError when a whole pass yields no sample."""
+    """GRP samples ``(inputs (L, 7) float64 tensor, rank_by_player (4,) uint8 array)`` from log files, read
+    ``file_batch_size`` at a time, shuffled within that batch; bad files are skipped (one warning each, listed in
+    ``skipped_files``). Raises NoSamplesError when a whole pass yields no sample."""
 
     def __init__(self, file_list, file_batch_size=50, cycle=False):
         super().__init__()
@@ -144,9 +143,8 @@ def mean_ce(grp, samples, batch: int = 512) -> float:
 
 
 def early_stopping_state(history, patience: int) -> tuple[int, bool]:
-    """``(best index, stop)`` for a ``history`` of validation losses (oldest first).
-
-    The index of the earliest lowest (-1 when empty); stop when ``patience`` > 0 checks in a row came after it."""
+    """``(index of the earliest lowest of the validation losses in ``history`` or -1, stop)``: stop when
+    ``patience`` > 0 checks in a row came after it."""
     if not history:
         return -1, False
     best = min(range(len(history)), key=lambda i: (history[i], i))
@@ -161,10 +159,9 @@ def _unusable(exc: BaseException) -> str:
 
 
 def build_file_index(train_globs, val_globs, file_index):
-    """``(train_file_list, val_file_list)``, from the cached ``file_index`` if it is current.
-
-    Otherwise expands the globs, sorts each list in reverse (as Mortal) and caches them unless a list is empty (an
-    empty cache would hide logs added later). Raises TrainGrpInputError for an unusable ``file_index``."""
+    """``(train_file_list, val_file_list)`` from the cached ``file_index`` if current, else the globs, each sorted in
+    reverse (as Mortal) and cached unless a list is empty (that would hide logs added later). Raises
+    TrainGrpInputError for an unusable ``file_index``."""
     if file_index and os.path.exists(file_index):
         try:
             index = load_checkpoint(file_index)
@@ -202,7 +199,6 @@ def _loader(file_list, batch_size, file_batch_size, num_workers):
 
 def train(cfg, *, max_steps: int | None = None, num_workers: int = 1, progress: bool = True, patience: int = 0) -> int:
     """Train with the typed ``[grp]`` table ``cfg``; returns the steps reached (forever, as Mortal, if no max_steps).
-
     Raises TrainGrpInputError (empty file list, unusable ``file_index`` or ``state_file``), NoSamplesError."""
     run = _GrpRun(cfg, patience)
     if run.es["stopped"]:
@@ -348,8 +344,7 @@ class _GrpRun:
         return self.steps
 
     def _validate(self, writer, train_loss: float, train_acc: float) -> bool:
-        """``val_steps`` val batches, this period's TensorBoard scalars (the sums of the train ones given), the
-        early-stopping check; -> stop?"""
+        """Validation, this period's TensorBoard scalars (given the train sums), early stopping; -> stop?"""
         steps = self.steps
         self.grp.eval()
         val_loss = val_acc = 0.0

@@ -42,7 +42,6 @@ class Guards:
     def __init__(self, trainer):
         self.trainer = trainer
         self.cfg = cfg = trainer.cfg.test_play
-        self.guard_cfg = trainer.cfg.guard
         self.sprt = gate.Sprt(cfg.sprt_delta, cfg.sprt_alpha, cfg.sprt_beta) if cfg.best_rule == 'sprt' else None
 
     def test_play(self) -> None:
@@ -135,7 +134,7 @@ class Guards:
         """After an online test play: the degradation alarm; saves the checkpoint when the guards' state changed."""
         t = self.trainer
         before = dict(t.guard)
-        g = self.guard_cfg
+        g = t.cfg.guard
         t.guard['worse_streak'] = t.guard['worse_streak'] + 1 if verdict.worse else 0
         reasons = []
         if g.rollback_after and t.guard['worse_streak'] >= g.rollback_after:
