@@ -185,8 +185,7 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
                 logger.info('stopped on %s while waiting for a valid config: no learner running, nothing '
                             'discarded', stop_signal)
                 return 0
-            # read before the learner starts: an edit saved from then on is reported (read after, one saved at once
-            # was taken for the loaded file and never judged)
+            # read before the learner starts, so that an edit saved at once is reported too
             seen = config_mtime(config_path) if config_path is not None else None
             # A session of its own: the whole learner (with its loader processes) is one process group to reap.
             child = subprocess.Popen(cmd, env=child_env, start_new_session=True)
