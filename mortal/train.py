@@ -12,24 +12,23 @@ import gc
 import logging
 import sys
 import time
+from datetime import datetime
 from os import path
 
 import torch
-from torch import nn  # noqa: F401  (tests reach torch.nn through this module)
 
 from mortal.net import wire
-# INITIAL_BEST_PERF, atomic_torch_save: also this module's API (used through it)
-from mortal.model.checkpoint import INITIAL_BEST_PERF, atomic_torch_save, load_frozen_pair  # noqa: F401
-from mortal.config import typed
+from mortal.model.checkpoint import (INITIAL_BEST_PERF, atomic_torch_save, check_fits_config, load_checkpoint,
+                                     load_frozen_pair, require_entries)
+from mortal.config import for_checkpoint, lookup, typed
 from mortal.config_schema import Online
 from mortal.data.offline_data import offline_mix
-from mortal.learning import distributed, intake, learner_checkpoint
+from mortal.learning import distributed, intake
 from mortal.learning.diagnostics import Instruments, batch_q_stats, learner_probe
 from mortal.learning.guards import INITIAL_GUARD, Guards, sync_baseline
 from mortal.learning.loss import LossWeights, learner_loss
 from mortal.learning.optimizer import build_optimizer, optimizer_step
-# DRAIN_POLL_INTERVAL: also this module's API
-from mortal.learning.server_traffic import DRAIN_POLL_INTERVAL, ServerTraffic, play_settings  # noqa: F401
+from mortal.learning.server_traffic import ServerTraffic, play_settings
 from mortal.learning.supervisor import end_with_supervisor, is_supervised, supervise
 
 logger = logging.getLogger('mortal.train' if __name__ == '__main__' else __name__)
@@ -70,11 +69,123 @@ class Trainer:
     ``distributed.setup``'s rank, or None. Raises CheckpointError, UnsupportedVersionError, ValueError for version 1."""
 
     def __init__(self, config: dict, *, test_player=None, remote=None, writer=None, sleep=time.sleep, dist=None):
+        from mortal.features.obs import check_version
         self.config = config
         self.cfg = cfg = typed(config)  # the typed sections, defaults from mortal/config_schema.py
-        self._read_settings(cfg, dist)
+        control = cfg.control
+        self.version = check_version(control.version)
+        if self.version == 1:
+            raise ValueError('[control] version = 1 cannot be trained (as in Mortal): use version 2 or 3')
+        self.online = control.online
+        self.batch_size = control.batch_size
+        self.opt_step_every = control.opt_step_every
+        self.save_every = control.save_every
+        self.test_every = control.test_every
+        self.submit_every = control.submit_every
+        self.state_file = control.state_file
+        self.best_state_file = control.best_state_file
+        self.enable_amp = control.enable_amp
+        online_cfg = cfg.online if self.online and cfg.online is not None else Online.model_construct()
+        # Extras (defaults = Mortal: no CQL online, no anchor); see mortal/learning/loss.py.
+        self.loss_weights = LossWeights.resolve(
+            online=self.online, min_q_weight=cfg.cql.min_q_weight, online_min_q_weight=cfg.cql.online_min_q_weight,
+            anchor_weight=online_cfg.anchor_weight, next_rank_weight=cfg.aux.next_rank_weight,
+            calibrated=cfg.cql.calibrated, counterfactual_weight=online_cfg.counterfactual_weight)
+        self.gamma = cfg.env.gamma
+        self.max_grad_norm = cfg.optim.max_grad_norm
+        self.dist = dist = dist or distributed.SINGLE
+        self.device = dist.device(control.device)
+        torch.backends.cudnn.benchmark = control.enable_cudnn_benchmark
         self._build_models(cfg)
-        self._attach(config, test_player, remote, writer, sleep)
+
+        self.grp = None  # the reward model, read by the first data_loader
+        if test_player is None and dist.is_main:  # only rank 0 test-plays
+            from mortal.play.player import TestPlayer
+            test_player = TestPlayer(config)
+        self.test_player = test_player
+        self.writer = writer if writer is not None else dist.writer(control.tensorboard_dir)  # rank 0's is real
+        if remote is None and self.online:
+            remote = wire.Remote.from_config(cfg.online.remote, cfg.online.server)
+        server = cfg.online.server if self.online else None  # this machine may run no server: no claim folder
+        self.server = ServerTraffic(remote, state_file=self.state_file, sleep=sleep, writer=self.writer,
+                                    dataset_cfg=cfg.dataset, version=self.version,
+                                    drain_dir=server.drain_dir if server is not None else None)
+        self.guards = Guards(self)  # test play, best.pth, rollback (mortal/learning/guards.py)
+        self.reset_stats()
+        self.anchor = None  # the frozen (brain, dqn) of [baseline.train] state_file
+        if self.loss_weights.anchor > 0:
+            baseline_file = cfg.baseline.train.state_file
+            self.anchor = load_frozen_pair(baseline_file, self.version, self.device, 'the anchor')
+            logger.info('anchor: %s, weight %g', baseline_file, self.loss_weights.anchor)
+        self.instruments = Instruments(save_every=self.save_every, batch_size=self.batch_size, device=self.device,
+                                       probe=self._load_probe() if self.online else None)
+        self.offline_stream = None
+        if online_cfg.offline_batch_size > 0:  # loaded in this process, beside the online loader's workers
+            def offline_loader(files, names, size):
+                return self.data_loader(files, names, batch_size=size, num_workers=0)
+            self.offline_stream = offline_mix(cfg.dataset, online_cfg.offline_batch_size, offline_loader)
+        self.pb = None
+
+    def _build_models(self, cfg) -> None:
+        """Networks, optimizer, scheduler and GradScaler, resumed from ``[control] state_file`` when it exists."""
+        from mortal.model.networks import AuxNet, Brain, DQN, parameter_count
+        from mortal.features.obs import obs_shape
+
+        resnet = cfg.resnet
+        self.mortal = Brain(version=self.version, conv_channels=resnet.conv_channels,
+                            num_blocks=resnet.num_blocks).to(self.device)
+        self.dqn = DQN(version=self.version).to(self.device)
+        self.aux_net = AuxNet((4,)).to(self.device)
+        self.models = (self.mortal, self.dqn, self.aux_net)
+        if cfg.control.enable_compile:
+            for m in self.models:
+                m.compile()
+        logger.info('version: %d, obs shape: %s', self.version, obs_shape(self.version))
+        logger.info('mortal params: %s, dqn params: %s, aux params: %s', f'{parameter_count(self.mortal):,}',
+                    f'{parameter_count(self.dqn):,}', f'{parameter_count(self.aux_net):,}')
+        self.mortal.freeze_bn(cfg.freeze_bn.mortal)
+
+        self.optimizer, self.scheduler = build_optimizer(self.models, cfg.optim)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.enable_amp)
+        self.best_perf = dict(INITIAL_BEST_PERF)
+        self.guard = dict(INITIAL_GUARD)
+        self.steps = 0
+        self.saved_steps = None  # the step of state_file as this learner last loaded or wrote it (None: none)
+        if path.exists(self.state_file):
+            self._resume(cfg)
+        else:
+            logger.info('no checkpoint at %s: starting from scratch', self.state_file)
+        self.scheduler.multiplier = lambda: self.guard['lr_scale']  # the rollbacks' factor ([guard] lr_factor)
+        self.scheduler.refresh()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.nets = self.dist.wrap(self.models)  # what trains: the models, or their DDP wrappers under torchrun
+
+    def _resume(self, cfg) -> None:
+        """Load the models, optimizer, scheduler, scaler, step and guard state from ``state_file`` (Mortal's keys).
+        Online from an offline checkpoint: fresh optimizer and scheduler (Mortal)."""
+        state_file = self.state_file
+        state = load_checkpoint(state_file, map_location=self.device)
+        require_entries(state, ('mortal', 'current_dqn', 'aux_net', 'steps'), state_file)
+        ckpt_cfg = state.get('config')
+        for model, entry in zip(self.models, ('mortal', 'current_dqn', 'aux_net')):
+            check_fits_config(model, state[entry], entry=entry, source=state_file, ckpt_cfg=ckpt_cfg, cfg=cfg)
+            model.load_state_dict(state[entry])
+        ckpt_online = bool(lookup(ckpt_cfg, 'control.online'))  # the checkpoint's plain dict, of any writer
+        if 'optimizer' not in state or 'scheduler' not in state:
+            logger.info('%s has no optimizer/scheduler state (a bare model checkpoint): starting them fresh',
+                        state_file)
+        elif not self.online or ckpt_online:
+            self.optimizer.load_state_dict(state['optimizer'])
+            self.scheduler.load_state_dict(state['scheduler'])
+        else:
+            logger.info('offline checkpoint in online mode: optimizer and scheduler start fresh from the config')
+        if self.scaler.is_enabled() and state.get('scaler'):
+            self.scaler.load_state_dict(state['scaler'])
+        self.steps = self.saved_steps = int(state['steps'])
+        self.best_perf = dict(state.get('best_perf', INITIAL_BEST_PERF))
+        self.guard = {**INITIAL_GUARD, **state.get('guard', {})}
+        when = datetime.fromtimestamp(state.get('timestamp', 0)).strftime('%Y-%m-%d %H:%M:%S')
+        logger.info('loaded %s (saved %s, steps %d)', state_file, when, self.steps)
 
     def run(self) -> None:
         """Online: submit idle parameters, then epochs until a test play ends the process. Offline: one epoch."""
@@ -92,11 +203,14 @@ class Trainer:
     def train_epoch(self) -> int:
         """One pass over this epoch's files (online, recorded in the claim ledger); returns the batches trained."""
         from mortal.data.dataloader import iter_full_batches
-        file_list, player_names = self.file_list()
+        if self.online:  # the claimed logs of the trainee seat
+            file_list, player_names = self.server.online_files(self.steps, self.resubmit)
+        else:
+            file_list, player_names = intake.offline_files(self.cfg.dataset, self.dist)
         ledger = self.server.ledger if self.online else None
         logger.info('file list size: %s', f'{len(file_list):,}')
         if self.dist.size > 1:
-            file_list = self.dist.shard(file_list)
+            file_list = distributed.shard_files(file_list, self.dist.rank, self.dist.size)
             logger.info('%d processes: %s files and a batch of %d each', self.dist.size, f'{len(file_list):,}',
                         self.batch_size)
         self.log_total_steps()
@@ -147,17 +261,10 @@ class Trainer:
             (obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf_actions, cf_deltas), self.device,
             self.version, self.offline_stream)
         q_target = (self.gamma ** steps_to_done * kyoku_rewards).to(torch.float32)  # Mortal's Monte-Carlo G
-        q_out, terms = self._backward(obs, actions, masks, q_target, player_ranks, n, cf)
-        self._account(terms, q_out, masks, actions, q_target, n)
-        self._advance()
-
-    def _backward(self, obs, actions, masks, q_target, player_ranks, n: int, cf=(None, None)) -> tuple:
-        """Forward and backward of the loss (first ``n`` rows online), scaled for accumulation; -> (q_out, terms)."""
-        dev = self.device
         brain, dqn, aux_net = self.nets
         syncs = (self.steps + 1) % self.opt_step_every == 0  # ranks average gradients on the updating step only
         with self.dist.no_sync(self.nets, syncs):  # forward and backward: DDP decides at the forward
-            with torch.autocast(dev.type, enabled=self.enable_amp):
+            with torch.autocast(self.device.type, enabled=self.enable_amp):
                 phi = brain(obs)
                 q_out = dqn(phi, masks)
                 q_ref = None
@@ -169,7 +276,18 @@ class Trainer:
                                      online_rows=n, weights=self.loss_weights, q_ref=q_ref,
                                      cf_actions=cf[0], cf_deltas=cf[1])
             self.scaler.scale(terms.total / self.opt_step_every).backward()
-        return q_out, terms
+        self._account(terms, q_out, masks, actions, q_target, n)
+
+        self.steps += 1
+        if self.steps % self.opt_step_every == 0:
+            optimizer_step(self.optimizer, self.scaler, self.max_grad_norm)
+        self.scheduler.step()
+        if self.pb is not None:
+            self.pb.update(1)
+        if self.online and self.steps % self.submit_every == 0:
+            self.submit_param(is_idle=False)
+        if self.steps % self.save_every == 0:
+            self.on_save()
 
     def _account(self, terms, q_out, masks, actions, q_target, n: int) -> None:
         """Add the batch's loss terms and instruments on the device (no host sync per step); read at the save."""
@@ -183,22 +301,9 @@ class Trainer:
                 q_stats = batch_q_stats(q_out[:n], masks[:n], actions[:n], q_target[:n])
                 self.instruments.add(q_stats, terms.q[:n], q_target[:n])
 
-    def _advance(self) -> None:
-        """Optimizer step when due, learning rate, progress bar; then a submit and a save when due."""
-        self.steps += 1
-        if self.steps % self.opt_step_every == 0:
-            optimizer_step(self.optimizer, self.scaler, self.max_grad_norm)
-        self.scheduler.step()
-        if self.pb is not None:
-            self.pb.update(1)
-
-        if self.online and self.steps % self.submit_every == 0:
-            self.submit_param(is_idle=False)
-        if self.steps % self.save_every == 0:
-            self.on_save()
-
     def on_save(self) -> None:
-        """Every ``save_every`` steps: TensorBoard, checkpoint, a missed submit, test play when due (rank 0)."""
+        """Every ``save_every`` steps: TensorBoard, checkpoint, a missed submit, test play when due (rank 0); online
+        a test play ends with TestPlayDone."""
         stats = self.dist.average(self.stats)
         if not self.dist.is_main:
             self.reset_stats()
@@ -218,14 +323,10 @@ class Trainer:
         if self.online and self.steps % self.submit_every != 0:
             self.submit_param(is_idle=False)
         if self.steps % self.test_every == 0:
-            self.test_play()
+            self.guards.test_play()
+            if self.online:
+                raise TestPlayDone()
         self.pb = self._progress_bar()
-
-    def test_play(self) -> None:
-        """Test play, best.pth and (online) the guards; online, then TestPlayDone."""
-        self.guards.test_play()
-        if self.online:
-            raise TestPlayDone()
 
     def reset_stats(self) -> None:
         """Zero the loss sums averaged into TensorBoard at each save, and their count of batches."""
@@ -255,12 +356,6 @@ class Trainer:
         return tqdm(total=self.save_every, desc='TRAIN', initial=self.steps % self.save_every, unit='batch',
                     dynamic_ncols=True, ascii=True)
 
-    def file_list(self) -> tuple:
-        """(file_list, player_names) of this epoch: online the claimed logs + ['trainee'], offline the dataset."""
-        if self.online:
-            return self.server.online_files(self.steps, self.resubmit)
-        return intake.offline_files(self.cfg.dataset, self.dist)
-
     def data_loader(self, file_list, player_names, ledger=None, *, batch_size=None, num_workers=None):
         """``learner_loader`` of this learner (defaults: ``[control] batch_size``, ``[dataset] num_workers``)."""
         from mortal.data.dataloader import learner_loader  # here: the supervisor process needs no loader
@@ -289,133 +384,40 @@ class Trainer:
         self.sync_baseline()
         self.submit_param(is_idle=True)
 
-    def drain(self) -> list:
-        """Wait for replays and claim them (``ServerTraffic.drain``); returns the claimed file paths."""
-        return self.server.drain(self.steps, self.resubmit)
-
     def played(self) -> tuple:
         """The (mortal, dqn) that self-play, test play and best.pth use."""
         return self.mortal, self.dqn
 
-    def checkpoint(self) -> dict:
-        """This learner's checkpoint dict (``learner_checkpoint.checkpoint_dict``)."""
-        return learner_checkpoint.checkpoint_dict(
-            (self.mortal, self.dqn, self.aux_net), self.optimizer, self.scheduler, self.scaler, steps=self.steps,
-            best_perf=self.best_perf, guard=self.guard, online=self.online, config=self.config)
-
     def save(self) -> None:
-        """Write ``checkpoint()`` atomically, online in one step with the claim ledger's commit."""
-        ledger = self.server.ledger if self.online else None
-        learner_checkpoint.write(self.checkpoint, self.state_file, self.steps, ledger)
+        """Write the checkpoint (Mortal's keys, the shared token left out of ``config``; online also ``guard``)
+        atomically, online in one step with the claim ledger's commit."""
+        def write():
+            state = {'mortal': self.mortal.state_dict(), 'current_dqn': self.dqn.state_dict(),
+                     'aux_net': self.aux_net.state_dict(), 'optimizer': self.optimizer.state_dict(),
+                     'scheduler': self.scheduler.state_dict(), 'scaler': self.scaler.state_dict(),
+                     'steps': self.steps, 'timestamp': datetime.now().timestamp(),
+                     'best_perf': dict(self.best_perf), 'config': for_checkpoint(self.config)}
+            if self.online:  # the long-run guards' state (mortal/learning/guards.py), after Mortal's keys
+                state['guard'] = dict(self.guard)
+            atomic_torch_save(state, self.state_file)
+        if self.server.ledger is None:  # offline, or online before the first drain
+            write()
+        else:
+            self.server.ledger.commit_with(self.steps, write)
         self.saved_steps = self.steps
 
     def stop_summary(self) -> str:
-        """What this learner, stopped now, keeps and discards (``learner_checkpoint.stop_summary``)."""
-        return learner_checkpoint.stop_summary(self.steps, self.saved_steps, self.state_file, self.online)
-
-    def _read_settings(self, cfg, dist) -> None:
-        """The settings this learner reads from ``cfg`` (typed sections)."""
-        from mortal.features.obs import check_version
-
-        control = cfg.control
-        self.version = check_version(control.version)
-        if self.version == 1:
-            raise ValueError('[control] version = 1 cannot be trained (as in Mortal): use version 2 or 3')
-        self.online = control.online
-        self.batch_size = control.batch_size
-        self.opt_step_every = control.opt_step_every
-        self.save_every = control.save_every
-        self.test_every = control.test_every
-        self.submit_every = control.submit_every
-        self.state_file = control.state_file
-        self.best_state_file = control.best_state_file
-        self.enable_amp = control.enable_amp
-        online_cfg = cfg.online if self.online and cfg.online is not None else Online.model_construct()
-        cql = cfg.cql
-        # Extras (defaults = Mortal: no CQL online, no anchor); see mortal/learning/loss.py.
-        self.online_min_q_weight = cql.online_min_q_weight
-        self.anchor_weight = online_cfg.anchor_weight
-        self.loss_weights = LossWeights.resolve(
-            online=self.online, min_q_weight=cql.min_q_weight, online_min_q_weight=self.online_min_q_weight,
-            anchor_weight=self.anchor_weight, next_rank_weight=cfg.aux.next_rank_weight, calibrated=cql.calibrated,
-            counterfactual_weight=online_cfg.counterfactual_weight)
-        # RLPD-style mix: offline samples of [dataset] appended to each online batch (0 = off, Mortal)
-        self.offline_batch_size = online_cfg.offline_batch_size
-        self.gamma = cfg.env.gamma
-        self.max_grad_norm = cfg.optim.max_grad_norm
-        self.dist = dist = dist or distributed.SINGLE
-        self.device = dist.device(control.device)
-        torch.backends.cudnn.benchmark = control.enable_cudnn_benchmark
-
-    def _build_models(self, cfg) -> None:
-        """Networks, optimizer, scheduler and GradScaler, resumed from ``[control] state_file`` when it exists."""
-        from mortal.model.networks import AuxNet, Brain, DQN, parameter_count
-        from mortal.features.obs import obs_shape
-
-        resnet = cfg.resnet
-        self.mortal = Brain(version=self.version, conv_channels=resnet.conv_channels,
-                            num_blocks=resnet.num_blocks).to(self.device)
-        self.dqn = DQN(version=self.version).to(self.device)
-        self.aux_net = AuxNet((4,)).to(self.device)
-        self.models = (self.mortal, self.dqn, self.aux_net)
-        if cfg.control.enable_compile:
-            for m in self.models:
-                m.compile()
-        logger.info('version: %d, obs shape: %s', self.version, obs_shape(self.version))
-        logger.info('mortal params: %s, dqn params: %s, aux params: %s', f'{parameter_count(self.mortal):,}',
-                    f'{parameter_count(self.dqn):,}', f'{parameter_count(self.aux_net):,}')
-        self.mortal.freeze_bn(cfg.freeze_bn.mortal)
-
-        self.optimizer, self.scheduler = build_optimizer(self.models, cfg.optim)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.enable_amp)
-        self.best_perf = dict(INITIAL_BEST_PERF)
-        self.guard = dict(INITIAL_GUARD)
-        self.steps = 0
-        self.saved_steps = None  # the step of state_file as this learner last loaded or wrote it (None: none)
-        resumed = learner_checkpoint.load_state(self.state_file, self.models, self.optimizer, self.scheduler,
-                                                self.scaler, online=self.online, device=self.device, cfg=cfg)
-        if resumed is not None:
-            self.steps = self.saved_steps = resumed.steps
-            self.best_perf, self.guard = resumed.best_perf, resumed.guard
-        self.scheduler.multiplier = lambda: self.guard['lr_scale']  # the rollbacks' factor ([guard] lr_factor)
-        self.scheduler.refresh()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.nets = self.dist.wrap(self.models)  # what trains: the models, or their DDP wrappers under torchrun
-
-    def _attach(self, config: dict, test_player, remote, writer, sleep) -> None:
-        """The test player, guards, server traffic, TensorBoard, loss sums, anchor, instruments, offline mix."""
-        dist = self.dist
-        self.grp = None  # the reward model, read by the first data_loader
-        if test_player is None and dist.is_main:  # only rank 0 test-plays
-            from mortal.play.player import TestPlayer
-            test_player = TestPlayer(config)
-        self.test_player = test_player
-        tensorboard_dir = self.cfg.control.tensorboard_dir
-        self.writer = writer if writer is not None else dist.writer(tensorboard_dir)  # rank 0's is real
-        if remote is None and self.online:
-            remote = wire.Remote.from_config(self.cfg.online.remote, self.cfg.online.server)
-        server = self.cfg.online.server if self.online else None  # this machine may run no server: no claim folder
-        self.server = ServerTraffic(remote, state_file=self.state_file, sleep=sleep, writer=self.writer,
-                                    dataset_cfg=self.cfg.dataset, version=self.version,
-                                    drain_dir=server.drain_dir if server is not None else None)
-        self.guards = Guards(self)  # test play, best.pth, rollback (mortal/learning/guards.py)
-        self.reset_stats()
-        self.anchor = self._load_anchor() if self.anchor_weight > 0 else None
-        self.instruments = Instruments(save_every=self.save_every, batch_size=self.batch_size, device=self.device,
-                                       probe=self._load_probe() if self.online else None)
-        self.offline_stream = None
-        if self.offline_batch_size > 0:  # loaded in this process, beside the online loader's workers
-            def offline_loader(files, names, size):
-                return self.data_loader(files, names, batch_size=size, num_workers=0)
-            self.offline_stream = offline_mix(self.cfg.dataset, self.offline_batch_size, offline_loader)
-        self.pb = None
-
-    def _load_anchor(self):
-        """The frozen (brain, dqn) of ``[baseline.train] state_file``. Raises FileNotFoundError, CheckpointError."""
-        baseline_file = self.cfg.baseline.train.state_file
-        pair = load_frozen_pair(baseline_file, self.version, self.device, 'the anchor')
-        logger.info('anchor: %s, weight %g', baseline_file, self.anchor_weight)
-        return pair
+        """What this learner, stopped now, keeps and discards (its last line)."""
+        if self.saved_steps is None:
+            kept = f'the {self.steps:,} steps trained discarded (no checkpoint written yet)'
+        elif self.saved_steps == self.steps:
+            kept = f'nothing discarded ({self.state_file} holds step {self.steps:,})'
+        else:
+            kept = (f'the {self.steps - self.saved_steps:,} steps since the last save discarded '
+                    f'({self.state_file} keeps step {self.saved_steps:,})')
+        if self.online:
+            kept += '; claimed logs not yet trained are kept for the next learner'
+        return kept
 
     def _load_probe(self):
         """``diagnostics.learner_probe`` against the baseline; None when it cannot be built (logged)."""
@@ -474,7 +476,7 @@ def main(argv=None):
     dist = distributed.SINGLE
     try:
         if online:
-            if distributed.requested():
+            if distributed.world_size() > 1:
                 sys.exit(entry.error('online training runs as one learner: start it without torchrun (more '
                                      'than one process, WORLD_SIZE > 1, is for offline training only)'))
         else:  # torchrun: join the other ranks (mortal.learning.distributed); alone: nothing changes

@@ -43,17 +43,15 @@ class TrainGrpInputError(ValueError):
 
 
 class GrpFileDatasetsIter(IterableDataset):
-    """GRP samples ``(inputs (L, 7) float64 tensor, rank_by_player (4,) uint8 array)`` from log files.
-
-    Files are read ``file_batch_size`` at a time, samples shuffled within that batch; bad files are skipped (one
-    warning each, listed in ``skipped_files``). Raises NoSamplesError when a whole pass yields no sample."""
+    """GRP samples ``(inputs (L, 7) float64 tensor, rank_by_player (4,) uint8 array)`` from log files, read
+    ``file_batch_size`` at a time, shuffled within that batch; bad files are skipped (one warning each, listed in
+    ``skipped_files``). Raises NoSamplesError when a whole pass yields no sample."""
 
     def __init__(self, file_list, file_batch_size=50, cycle=False):
         super().__init__()
         self.file_list = list(file_list)
         self.file_batch_size = max(1, int(file_batch_size))
         self.cycle = cycle
-        self.buffer = []
         self.skipped_files = []
         self.iterator = None
 
@@ -68,22 +66,19 @@ class GrpFileDatasetsIter(IterableDataset):
         """One pass, ``file_batch_size`` files at a time. Raises NoSamplesError when no file yields a sample."""
         yielded = 0
         for start in range(0, len(self.file_list), self.file_batch_size):
-            self.populate_buffer(self.file_list[start:start + self.file_batch_size])
+            buffer = []
+            for game in Grp.load_gz_log_files(self.file_list[start:start + self.file_batch_size],
+                                              skipped=self.skipped_files):
+                feature = torch.as_tensor(game.take_feature(), dtype=torch.float64)
+                rank_by_player = game.take_rank_by_player()
+                buffer.extend((feature[:i + 1], rank_by_player) for i in range(feature.shape[0]))
             if shuffle:
-                random.shuffle(self.buffer)
-            yielded += len(self.buffer)
-            yield from self.buffer
-            self.buffer.clear()
+                random.shuffle(buffer)
+            yielded += len(buffer)
+            yield from buffer
         if yielded == 0:
             raise NoSamplesError(f"no GRP samples in {len(self.file_list)} log files "
                                  f"({len(self.skipped_files)} skipped as bad input)")
-
-    def populate_buffer(self, file_list) -> None:
-        for game in Grp.load_gz_log_files(file_list, skipped=self.skipped_files):
-            feature = torch.as_tensor(game.take_feature(), dtype=torch.float64)
-            rank_by_player = game.take_rank_by_player()
-            for i in range(feature.shape[0]):
-                self.buffer.append((feature[:i + 1], rank_by_player))
 
     def __iter__(self):
         if self.iterator is None:
@@ -136,24 +131,20 @@ def mean_ce(grp, samples, batch: int = 512) -> float:
     """Mean cross entropy (nats) of ``grp`` over ``samples``, without gradients. Raises ValueError for no samples."""
     if not samples:
         raise ValueError("mean_ce needs at least one sample")
+    from mortal.learning.diagnostics import eval_mode
     device = next(grp.parameters()).device
-    was_training = grp.training
-    grp.eval()
     total = 0.0
-    try:
+    with eval_mode(grp):
         for i in range(0, len(samples), batch):
             inputs, ranks = collate(samples[i:i + batch])
             loss, _ = evaluate(grp, [x.to(device) for x in inputs], ranks.to(device))
             total += loss * len(inputs)
-    finally:
-        grp.train(was_training)
     return total / len(samples)
 
 
 def early_stopping_state(history, patience: int) -> tuple[int, bool]:
-    """``(best index, stop)`` for a ``history`` of validation losses (oldest first).
-
-    The index of the earliest lowest (-1 when empty); stop when ``patience`` > 0 checks in a row came after it."""
+    """``(index of the earliest lowest of the validation losses in ``history`` or -1, stop)``: stop when
+    ``patience`` > 0 checks in a row came after it."""
     if not history:
         return -1, False
     best = min(range(len(history)), key=lambda i: (history[i], i))
@@ -168,10 +159,9 @@ def _unusable(exc: BaseException) -> str:
 
 
 def build_file_index(train_globs, val_globs, file_index):
-    """``(train_file_list, val_file_list)``, from the cached ``file_index`` if it is current.
-
-    Otherwise expands the globs, sorts each list in reverse (as Mortal) and caches them unless a list is empty (an
-    empty cache would hide logs added later). Raises TrainGrpInputError for an unusable ``file_index``."""
+    """``(train_file_list, val_file_list)`` from the cached ``file_index`` if current, else the globs, each sorted in
+    reverse (as Mortal) and cached unless a list is empty (that would hide logs added later). Raises
+    TrainGrpInputError for an unusable ``file_index``."""
     if file_index and os.path.exists(file_index):
         try:
             index = load_checkpoint(file_index)
@@ -209,17 +199,13 @@ def _loader(file_list, batch_size, file_batch_size, num_workers):
 
 def train(cfg, *, max_steps: int | None = None, num_workers: int = 1, progress: bool = True, patience: int = 0) -> int:
     """Train with the typed ``[grp]`` table ``cfg``; returns the steps reached (forever, as Mortal, if no max_steps).
-
-    Raises TrainGrpInputError (empty file list, unusable ``file_index`` or ``state_file``), NoSamplesError,
-    ValueError (``patience`` < 0)."""
-    if patience < 0:
-        raise ValueError(f"patience must be >= 0, got {patience}")
+    Raises TrainGrpInputError (empty file list, unusable ``file_index`` or ``state_file``), NoSamplesError."""
     run = _GrpRun(cfg, patience)
     if run.es["stopped"]:
         logger.info("early stopping: %s stopped before at step %d (best %.4f at step %d); not trained further",
                     run.state_file, run.steps, run.es["best_ce"], run.es["best_steps"])
         return run.steps
-    run.optimizer.param_groups[0]["lr"] = run.lr
+    run.optimizer.param_groups[0]["lr"] = cfg.optim.lr
     run.open_data(num_workers)
     return run.fit(max_steps, progress)
 
@@ -245,7 +231,6 @@ class _GrpRun:
         self.best_model = None
         if os.path.exists(self.state_file):
             self._resume()
-        self.lr = cfg.optim.lr
 
     def new_grp(self):
         """A GRP of ``[grp.network]`` (the GRP's defaults without one)."""
@@ -323,7 +308,7 @@ class _GrpRun:
 
         writer = SummaryWriter(self.cfg.control.tensorboard_dir)
         logger.info("%s", self.progress_line())
-        stats = dict(train_loss=0.0, train_acc=0.0)
+        train_loss = train_acc = 0.0
         pb = tqdm(total=max_steps, initial=self.steps, desc="TRAIN", unit="step", disable=not progress,
                   dynamic_ncols=True)
         self.grp.train()
@@ -334,16 +319,16 @@ class _GrpRun:
                     inputs, ranks = next(self.train_iter)
                     loss, acc = train_step(self.grp, self.optimizer, [x.to(self.device) for x in inputs],
                                            ranks.to(self.device))
-                    stats["train_loss"] += loss
-                    stats["train_acc"] += acc
+                    train_loss += loss
+                    train_acc += acc
                     self.steps += 1
                     pb.update(1)
                     if self.steps % self.save_every:
                         continue
                     pb.set_postfix_str('validating')  # the same bar: no second one below it
-                    stop = self._validate(writer, stats)
+                    stop = self._validate(writer, train_loss, train_acc)
                     pb.set_postfix_str('')
-                    stats = dict(train_loss=0.0, train_acc=0.0)
+                    train_loss = train_acc = 0.0
                     logger.info("%s", self.progress_line())
                     if stop:
                         break
@@ -358,8 +343,8 @@ class _GrpRun:
             writer.close()
         return self.steps
 
-    def _validate(self, writer, stats: dict) -> bool:
-        """``val_steps`` val batches, this period's TensorBoard scalars, the early-stopping check; -> stop?"""
+    def _validate(self, writer, train_loss: float, train_acc: float) -> bool:
+        """Validation, this period's TensorBoard scalars (given the train sums), early stopping; -> stop?"""
         steps = self.steps
         self.grp.eval()
         val_loss = val_acc = 0.0
@@ -369,14 +354,10 @@ class _GrpRun:
             val_loss += loss
             val_acc += acc
         self.grp.train()
-        writer.add_scalars("loss", {"train": stats["train_loss"] / self.save_every,
-                                    "val": val_loss / self.val_steps}, steps)
-        writer.add_scalars("acc", {"train": stats["train_acc"] / self.save_every,
-                                   "val": val_acc / self.val_steps}, steps)
-        writer.add_scalar("lr", self.lr, steps)
-        stop = False
-        if self.patience:
-            stop = self._early_stopping(writer)
+        writer.add_scalars("loss", {"train": train_loss / self.save_every, "val": val_loss / self.val_steps}, steps)
+        writer.add_scalars("acc", {"train": train_acc / self.save_every, "val": val_acc / self.val_steps}, steps)
+        writer.add_scalar("lr", self.cfg.optim.lr, steps)
+        stop = bool(self.patience) and self._early_stopping(writer)
         writer.flush()
         return stop
 

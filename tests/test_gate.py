@@ -134,16 +134,12 @@ def test_run_test_play_sprt_stops_early_when_worse_and_finishes_the_record_when_
     assert calls == [(n, 8) for n in range(0, 64, 8)] and v.games == 256  # the whole record
 
 
-def test_run_test_play_mortal_rule_and_bad_rules():
+def test_run_test_play_mortal_rule():
     play, _ = _player({0: [1, 2, 3, 4]})
     seen = []
     v = gate.run_test_play(play, nonce_start=0, deals=1, reference=2.5, rule='mortal',
                            mortal_better=lambda units: seen.append(units) or True)
     assert v.better and seen == [{0: [1, 2, 3, 4]}]
-    with pytest.raises(ValueError, match='best_rule'):
-        gate.run_test_play(play, nonce_start=0, deals=1, reference=2.5, rule='best')
-    with pytest.raises(ValueError, match='Sprt'):
-        gate.run_test_play(play, nonce_start=0, deals=1, reference=2.5, rule='sprt')
 
 
 def test_run_test_play_sprt_against_a_replayed_reference_stops_at_either_verdict():

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from mortal.learning.diagnostics import BATCH_KEYS, Probe, WindowMeans, batch_q_stats
+from mortal.learning.diagnostics import BATCH_KEYS, Instruments, Probe, batch_q_stats
 from mortal.learning.loss import anchor_term, cql_term
 
 from conftest import FakeWriter, fake_trainer, random_batch, write_baseline
@@ -37,8 +37,6 @@ def test_calibrated_cql_clamps_push_down_at_the_return():
     # a return below every Q changes nothing
     assert cql_term(q, actions, torch.tensor([-9.0, -9.0]), calibrated=True).item() == pytest.approx(
         cql_term(q, actions).item(), rel=1e-6)
-    with pytest.raises(ValueError, match='q_target'):
-        cql_term(q, actions, calibrated=True)
 
 
 def test_anchor_term_only_on_untaken_legal_actions():
@@ -70,13 +68,15 @@ def test_batch_q_stats_by_hand():
     assert s['taken_greedy'] == pytest.approx((2, 3))
     assert s['q_gap'] == pytest.approx((1 + 3, 2))  # the one-action row is left out
     assert s['q_spread'] == pytest.approx((0.5 + math.sqrt(2), 2))  # std of [1, 2] and of [0, 0, 3]
-    w = WindowMeans()
-    w.add(stacked)
-    w.add(stacked)
-    assert w.means()['q_gap'] == pytest.approx(2.0)
-    assert w.means()['taken_greedy'] == pytest.approx(2 / 3)
-    w.reset()
-    assert w.means() == {}
+    inst = Instruments(save_every=2, batch_size=3, device='cpu')
+    inst.add(stacked, q[[0, 1, 2], actions], target)
+    inst.add(stacked, q[[0, 1, 2], actions], target)
+    writer = FakeWriter()
+    inst.write(writer, 7, trained=(), device='cpu')
+    assert inst.last['q_gap'] == pytest.approx(2.0) and ('diag/q_gap', pytest.approx(2.0), 7) in writer.scalars
+    assert inst.last['taken_greedy'] == pytest.approx(2 / 3)
+    inst.write(writer, 8, trained=(), device='cpu')
+    assert inst.last == {}
 
 
 def test_probe_builds_caches_and_measures_drift(tmp_path, fixture_logs):
@@ -131,7 +131,7 @@ def test_online_trainer_with_anchor_and_calibrated_cql_logs_every_term(tiny_conf
     write_baseline(config, config['control']['state_file'], seed=3)
     writer = FakeWriter()
     trainer = fake_trainer(config, writer=writer, drop_submits=True)
-    assert trainer.anchor is not None and trainer.online_min_q_weight == 0.5
+    assert trainer.anchor is not None and trainer.loss_weights.cql == 0.5
     assert trainer.loss_weights.counterfactual == 0.5
     args = _random_batch(config['control']['batch_size'])
     n = config['control']['batch_size']

@@ -310,7 +310,6 @@ def test_a_kill_at_any_stage_of_the_save_cycle_trains_every_sample_once(tmp_path
     it, inside the test play) or right after the commit of step 8 (the next batch); learners then restart as the
     supervisor does until one drains again. A sample counts as trained once a checkpoint holds it (what a kill
     loses was lost by the checkpoint too); every sample must be so counted exactly once (issue 35, case 4)."""
-    from mortal.learning import learner_checkpoint
     config, _ = load_tiny_config(tmp_path, online=True,
                                  control={'batch_size': 16, 'save_every': 8, 'test_every': 24},
                                  dataset={'num_workers': 0, 'file_batch_size': 2, 'reserve_ratio': 0.25})
@@ -321,7 +320,7 @@ def test_a_kill_at_any_stage_of_the_save_cycle_trains_every_sample_once(tmp_path
     durable, pending = collections.Counter(), collections.Counter()
     state_file = config['control']['state_file']
     armed = [True]
-    real_save = learner_checkpoint.atomic_torch_save
+    real_save = tr.atomic_torch_save
 
     def save(obj, filename, *args, **kwargs):
         if filename == state_file and armed[0] and obj['steps'] == 24 and stage == 'before_save':
@@ -335,7 +334,7 @@ def test_a_kill_at_any_stage_of_the_save_cycle_trains_every_sample_once(tmp_path
                 armed[0] = False
                 raise Killed()
 
-    monkeypatch.setattr(learner_checkpoint, 'atomic_torch_save', save)
+    monkeypatch.setattr(tr, 'atomic_torch_save', save)
     first = {**empty_drain(drain_dir, 'A', True), 'count': len(names), 'files': names,
              'param_versions': [1] * len(names), 'param_version': 1}
     kills = runs = 0
@@ -422,13 +421,13 @@ def test_drain_keeps_logs_of_earlier_drains_not_yet_trained(tmp_path):
     reply = {**empty_drain(drain_dir, 'A', True), 'count': 2, 'files': ['0_a.json.gz', '0_b.json.gz'],
              'param_versions': [1, 1]}
     trainer.server.remote = ScriptedRemote([reply])
-    first = trainer.drain()
+    first = trainer.server.drain(trainer.steps, trainer.resubmit)
     # the server restarts and names its next drain from 0_ again; 0_a is still untrained
     os.remove(os.path.join(drain_dir, '0_a.json.gz'))
     with open(os.path.join(drain_dir, '0_a.json.gz'), 'wb') as f:
         f.write(b'new a')
     trainer.server.remote = ScriptedRemote([{**reply, 'count': 1, 'files': ['0_a.json.gz'], 'param_versions': [1]}])
-    second = trainer.drain()
+    second = trainer.server.drain(trainer.steps, trainer.resubmit)
     assert [open(p, 'rb').read() for p in first] == [b'a', b'b']  # not emptied by the second claim
     assert [os.path.basename(p) for p in second] == ['1+0_a.json.gz'] and open(second[0], 'rb').read() == b'new a'
     manifest = json.loads(open(os.path.join(trainer.server.ledger.claim_dir, 'claims.json')).read())

@@ -11,7 +11,7 @@ import torch
 
 from mortal import train as tr
 from mortal.net import wire
-from mortal.model.checkpoint import CHECKPOINT_KEYS, CheckpointError
+from mortal.model.checkpoint import CHECKPOINT_KEYS, CheckpointError, atomic_torch_save
 from mortal.data.claims import staleness
 from mortal.data.dataloader import iter_full_batches
 from mortal.learning.guards import is_better
@@ -122,7 +122,7 @@ def test_staleness_ignores_unknown_versions():
 
 def test_atomic_save_never_leaves_a_partial_checkpoint(tmp_path, monkeypatch):
     target = str(tmp_path / 'ck.pth')
-    tr.atomic_torch_save({'steps': 1}, target)
+    atomic_torch_save({'steps': 1}, target)
     real_save = torch.save
 
     def dying_save(obj, f):
@@ -131,7 +131,7 @@ def test_atomic_save_never_leaves_a_partial_checkpoint(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch, 'save', dying_save)
     with pytest.raises(KeyboardInterrupt):
-        tr.atomic_torch_save({'steps': 2}, target)
+        atomic_torch_save({'steps': 2}, target)
     monkeypatch.setattr(torch, 'save', real_save)
     assert torch.load(target, weights_only=True) == {'steps': 1}
 
@@ -230,7 +230,7 @@ def test_clipping_sees_unscaled_gradients_under_amp(tmp_path, monkeypatch):
         norms.append(float(total))
         return total
 
-    monkeypatch.setattr(tr.nn.utils, 'clip_grad_norm_', spy)
+    monkeypatch.setattr(torch.nn.utils, 'clip_grad_norm_', spy)
     for amp in (False, True):
         sub = tmp_path / str(amp)
         sub.mkdir()
@@ -387,7 +387,7 @@ def test_drain_waits_resubmits_after_restart_and_logs_health(tmp_path, live_serv
             trainer.submit_param()  # version 2
 
     trainer.server.sleep = fake_sleep
-    files = trainer.drain()
+    files = trainer.server.drain(trainer.steps, trainer.resubmit)
     assert sleeps == [5.0, 5.0]
     assert [os.path.basename(f) for f in files] == ['0_a.json.gz', '0_b.json.gz']
     # the learner reads its own links, so a server restart wiping drain_dir mid-epoch takes nothing from it
@@ -413,7 +413,7 @@ def test_drain_resubmits_once_per_restart_and_polls_every_5_s(tmp_path):
                                      full])
     sleeps = []
     trainer.server.sleep = sleeps.append
-    files = trainer.drain()
+    files = trainer.server.drain(trainer.steps, trainer.resubmit)
     assert trainer.server.remote.submits == [True, True]  # once for A, once for B: never a loop
     assert sleeps == [5.0, 5.0, 5.0, 5.0]
     assert [os.path.basename(f) for f in files] == ['3_x.json.gz']
@@ -432,7 +432,7 @@ def test_drained_logs_vanishing_before_the_claim_are_counted_lost(tmp_path, capl
     sleeps = []
     trainer.server.sleep = sleeps.append
     with caplog.at_level('WARNING', logger='mortal.train'):
-        files = trainer.drain()
+        files = trainer.server.drain(trainer.steps, trainer.resubmit)
     assert [os.path.basename(f) for f in files] == ['0_b.json.gz'] and open(files[0], 'rb').read() == b'b'
     assert sleeps == [5.0]  # a drain whose logs all vanished is an empty one: poll again
     assert trainer.server.lost_logs == 3

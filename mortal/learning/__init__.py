@@ -1,2 +1,2 @@
-"""Learning: loss, optimizer and schedule, the trainer's checkpoint and server traffic, gate, guards, supervisor
-and diagnostics. Sits above ``data``, ``play`` and ``model``."""
+"""Learning: loss, optimizer and schedule, the trainer's intake and server traffic, distributed training, gate,
+guards, supervisor and diagnostics. Sits above ``data``, ``play`` and ``model``."""

@@ -18,6 +18,7 @@ logger = logging.getLogger('mortal.diagnostics')  # the name before the package 
 BATCH_KEYS = ('q_minus_target', 'q_minus_target_greedy', 'q_gap', 'q_spread', 'taken_greedy')
 HISTOGRAM_STRIDE = 128  # Mortal keeps every 128th q value to keep event files small
 PROBE_SIZE = 2048  # positions of the policy-drift probe (~127 KB each at version 3, on disk and in memory)
+PROBE_FILES = 16  # the logs a probe is built from
 
 
 @torch.no_grad()
@@ -41,27 +42,6 @@ def batch_q_stats(q_out: Tensor, masks: Tensor, actions: Tensor, q_target: Tenso
     counted = torch.stack((every, greedy, multi, multi, every))
     acc = torch.float32 if q.device.type == 'mps' else torch.float64  # mps has no float64
     return torch.stack((torch.where(counted, values, 0.0).sum(-1), counted.sum(-1).to(values.dtype))).to(acc)
-
-
-class WindowMeans:
-    """Running sums and counts of ``batch_q_stats`` per key between two TensorBoard writes, on their device."""
-
-    def __init__(self, keys=BATCH_KEYS):
-        self.keys = tuple(keys)
-        self.reset()
-
-    def reset(self) -> None:
-        self.total = None
-
-    def add(self, stats: Tensor) -> None:
-        """Add ``batch_q_stats``' (2, keys) tensor."""
-        self.total = stats.clone() if self.total is None else self.total.add_(stats)
-
-    def means(self) -> dict:
-        """``{key: mean}`` (floats) for the keys that saw at least one row."""
-        if self.total is None:
-            return {}
-        return {k: s / c for k, s, c in zip(self.keys, *self.total.tolist()) if c}
 
 
 @contextlib.contextmanager
@@ -89,8 +69,8 @@ class Probe:
         return self.obs.shape[0]
 
     @classmethod
-    def load_or_build(cls, probe_file: str, *, version: int, globs, pts, grp, size: int, max_files: int = 16):
-        """Load ``probe_file`` or build it (every k-th sample, at most ``size``) from the first ``max_files`` logs;
+    def load_or_build(cls, probe_file: str, *, version: int, globs, pts, grp, size: int):
+        """Load ``probe_file`` or build it (every k-th sample, at most ``size``) from the first ``PROBE_FILES`` logs;
         ``grp``: the reward model or a function returning it. None (logged) when no log yields a sample."""
         if os.path.exists(probe_file):
             try:
@@ -101,7 +81,7 @@ class Probe:
                             data.get('version'), version)
             except Exception as ex:  # a damaged probe is rebuilt, never fatal
                 logger.warning('probe %s unreadable (%s): rebuilding', probe_file, ex)
-        files = sorted({f for pattern in globs for f in glob(pattern, recursive=True)})[:max_files]
+        files = sorted({f for pattern in globs for f in glob(pattern, recursive=True)})[:PROBE_FILES]
         if not files:
             logger.info('no probe: [dataset] globs match no log')
             return None
@@ -124,34 +104,26 @@ class Probe:
 
     @torch.no_grad()
     def _pass(self, brain, dqn, aux_net, device, batch: int = 512):
-        """One eval-mode pass: ``(greedy (N,) int64 or None, mean next-rank CE in nats or None)``."""
+        """One eval-mode pass: ``(greedy (N,) int64, mean next-rank CE in nats or None without ``aux_net``)``."""
         heads = [m for m in (dqn, aux_net) if m is not None]
         with eval_mode(brain, *heads):
             greedy, total = [], 0.0
             for i in range(0, len(self), batch):
                 phi = brain(self.obs[i:i + batch].to(device))
-                if dqn is not None:
-                    greedy.append(dqn(phi, self.masks[i:i + batch].to(device)).argmax(-1).cpu())
+                greedy.append(dqn(phi, self.masks[i:i + batch].to(device)).argmax(-1).cpu())
                 if aux_net is not None:
                     logits, = aux_net(phi)
                     total += torch.nn.functional.cross_entropy(
                         logits.float(), self.ranks[i:i + batch].to(device), reduction='sum').item()
-        return (torch.cat(greedy) if dqn is not None else None,
-                total / len(self) if aux_net is not None else None)
-
-    def greedy(self, brain, dqn, device) -> Tensor:
-        """Greedy actions ``(N,)`` int64 of ``brain``/``dqn`` (put in eval mode for the call, mode restored)."""
-        return self._pass(brain, dqn, None, device)[0]
+        return torch.cat(greedy), total / len(self) if aux_net is not None else None
 
     def set_baseline(self, brain, dqn, device) -> None:
-        """Record the reference (baseline) greedy actions that ``drift`` compares against."""
-        self.baseline_greedy = self.greedy(brain, dqn, device)
+        """Record the baseline's greedy actions, which ``measure`` compares against."""
+        self.baseline_greedy = self._pass(brain, dqn, None, device)[0]
 
     def measure(self, brain, dqn, aux_net, device) -> tuple:
         """``(drift, next_rank_loss)``: fraction of positions whose greedy action differs from the baseline's, and
-        the mean next-rank CE (nats; None without ``aux_net``). Raises RuntimeError before ``set_baseline``."""
-        if self.baseline_greedy is None:
-            raise RuntimeError('Probe.measure needs set_baseline first')
+        the mean next-rank CE (nats; None without ``aux_net``), after ``set_baseline``."""
         greedy, loss = self._pass(brain, dqn, aux_net, device)
         return (greedy != self.baseline_greedy).float().mean().item(), loss
 
@@ -162,8 +134,8 @@ def learner_probe(cfg, version: int, state_file: str, device, baseline=None):
     from mortal.model.checkpoint import load_model_pair
     from mortal.data.reward import load_grp
     probe_file = os.path.join(os.path.dirname(os.path.abspath(state_file)), 'probe.pth')
-    probe = Probe.load_or_build(probe_file, version=version, globs=cfg.dataset.globs, pts=cfg.env.pts, size=PROBE_SIZE,
-                                grp=lambda: load_grp(cfg.grp.state_file, cfg.grp.network))
+    probe = Probe.load_or_build(probe_file, version=version, globs=cfg.dataset.globs, pts=cfg.env.pts,
+                                size=PROBE_SIZE, grp=lambda: load_grp(cfg.grp.state_file, cfg.grp.network))
     if probe is None:
         return None
     if baseline is not None:
@@ -181,7 +153,7 @@ class Instruments:
     values of the last write (the guards read them)."""
 
     def __init__(self, *, save_every: int, batch_size: int, device, probe: Probe | None = None):
-        self.window = WindowMeans()
+        self.window = None  # the sum of batch_q_stats since the last write, on the device
         self.probe = probe
         self.last = {}
         self.q = torch.zeros((save_every, batch_size), device=device)
@@ -189,9 +161,9 @@ class Instruments:
         self.batches = 0  # of this window
 
     @torch.no_grad()
-    def add(self, q_stats: dict, q: Tensor, q_target: Tensor) -> None:
+    def add(self, q_stats: Tensor, q: Tensor, q_target: Tensor) -> None:
         """One batch: ``batch_q_stats`` of its online rows, ``q (n,)`` and ``q_target (n,)`` of their taken actions."""
-        self.window.add(q_stats)
+        self.window = q_stats.clone() if self.window is None else self.window.add_(q_stats)
         slot = self.batches % self.q.shape[0]
         n = q.shape[0]
         self.q[slot, :n] = q.float()
@@ -203,10 +175,12 @@ class Instruments:
         writer.add_histogram('q_predicted', self.q.cpu().numpy().flatten()[::HISTOGRAM_STRIDE], steps)
         writer.add_histogram('q_target', self.q_target.cpu().numpy().flatten()[::HISTOGRAM_STRIDE], steps)
         self.batches = 0
-        self.last = dict(self.window.means())
+        # the means of the keys that saw at least one row
+        self.last = {} if self.window is None else {
+            k: s / c for k, s, c in zip(BATCH_KEYS, *self.window.tolist()) if c}
         for key, value in self.last.items():
             writer.add_scalar(f'diag/{key}', value, steps)
-        self.window.reset()
+        self.window = None
         if self.probe is not None:
             drift, loss = self.probe.measure(*trained, device)
             self.last['policy_drift'] = drift

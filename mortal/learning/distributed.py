@@ -10,6 +10,8 @@ from datetime import timedelta
 from typing import Iterable, Iterator, Mapping
 
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 logger = logging.getLogger('mortal.train')  # the trainer's lines (log format)
 
@@ -29,11 +31,6 @@ def world_size(env: Mapping[str, str] = os.environ) -> int:
     if size < 1:
         raise ValueError(f'WORLD_SIZE={raw!r} is not a number of processes (an integer >= 1)')
     return size
-
-
-def requested(env: Mapping[str, str] = os.environ) -> bool:
-    """Whether ``env`` asks for more than one process (``WORLD_SIZE`` > 1); ValueError as ``world_size``."""
-    return world_size(env) > 1
 
 
 def shard_files(files: list, rank: int, size: int) -> list:
@@ -66,15 +63,20 @@ class NullWriter:
         raise AttributeError(name)
 
 
-class Single:
-    """One process (no torchrun): every method leaves things as they are (``Distributed`` documents them)."""
+class Distributed:
+    """This process's rank of ``size`` in the process group :func:`setup` joined; ``device_type`` 'cuda' or 'cpu'.
+    ``SINGLE`` is the one process without torchrun: there every method leaves things as they are."""
 
-    rank = 0
-    size = 1
-    is_main = True
+    def __init__(self, rank: int, size: int, local_rank: int, device_type: str):
+        self.rank, self.size, self.local_rank = rank, size, local_rank
+        self.is_main = rank == 0
+        # where the collectives' tensors live: nccl needs this rank's GPU
+        self.dev = torch.device('cuda', local_rank) if device_type == 'cuda' else torch.device('cpu')
 
     def device(self, name: str) -> torch.device:
-        return torch.device(name)
+        """``cuda:LOCAL_RANK`` when ranks share ``name``, a cuda device (each rank its own GPU), else ``name``."""
+        dev = torch.device(name)
+        return torch.device('cuda', self.local_rank) if self.size > 1 and dev.type == 'cuda' else dev
 
     def writer(self, log_dir: str):
         """A SummaryWriter of ``log_dir``; a NullWriter on ranks other than 0."""
@@ -84,107 +86,62 @@ class Single:
         return SummaryWriter(log_dir)
 
     def wrap(self, models: tuple) -> tuple:
-        return tuple(models)
-
-    def no_sync(self, wrapped: tuple, sync: bool):
-        return contextlib.nullcontext()
-
-    def from_main(self, make):
-        return make()
-
-    def shard(self, files: list) -> list:
-        return files
-
-    def batches(self, batches: Iterable) -> Iterable:
-        return batches
-
-    def average(self, values: dict) -> dict:
-        return values
-
-    def sync_buffers(self, models) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-SINGLE = Single()
-
-
-class Distributed(Single):
-    """One rank of ``size`` in a joined process group (made by :func:`setup`); ``device_type`` 'cuda' or 'cpu'."""
-
-    def __init__(self, rank: int, size: int, local_rank: int, device_type: str):
-        self.rank, self.size, self.local_rank = rank, size, local_rank
-        self.is_main = rank == 0
-        self.device_type = device_type
-
-    def device(self, name: str) -> torch.device:
-        """``cuda:LOCAL_RANK`` when ``name`` is a cuda device (each rank its own GPU), else ``torch.device(name)``."""
-        dev = torch.device(name)
-        return torch.device('cuda', self.local_rank) if dev.type == 'cuda' else dev
-
-    def _dev(self) -> torch.device:
-        return torch.device('cuda', self.local_rank) if self.device_type == 'cuda' else torch.device('cpu')
-
-    def wrap(self, models: tuple) -> tuple:
         """DDP of each of ``models`` (on this rank's device, loaded); rank 0's parameters are copied to all."""
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        ids = [self.local_rank] if self.device_type == 'cuda' else None
+        if self.size == 1:
+            return tuple(models)
+        ids = [self.local_rank] if self.dev.type == 'cuda' else None
         return tuple(DDP(m, device_ids=ids) for m in models)  # buffers: sent from rank 0 before each forward
 
     def no_sync(self, wrapped: tuple, sync: bool):
         """Around one forward + backward: with ``sync`` False the gradients stay local (DDP's ``no_sync``)."""
         stack = contextlib.ExitStack()
-        if not sync:
+        if not sync and self.size > 1:
             for m in wrapped:
                 stack.enter_context(m.no_sync())
         return stack
 
     def from_main(self, make):
         """``make()`` on rank 0, sent to every rank (a picklable value)."""
-        import torch.distributed as dist
+        if self.size == 1:
+            return make()
         box = [make() if self.is_main else None]
-        dist.broadcast_object_list(box, src=0, device=self._dev() if self.device_type == 'cuda' else None)
+        dist.broadcast_object_list(box, src=0, device=self.dev if self.dev.type == 'cuda' else None)
         return box[0]
 
-    def shard(self, files: list) -> list:
-        """This rank's :func:`shard_files` of ``files``."""
-        return shard_files(files, self.rank, self.size)
-
     def _all_have(self, mine: bool) -> bool:
-        import torch.distributed as dist
-        flag = torch.tensor([1 if mine else 0], dtype=torch.int32, device=self._dev())
+        flag = torch.tensor([1 if mine else 0], dtype=torch.int32, device=self.dev)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         return bool(flag.item())
 
-    def batches(self, batches: Iterable) -> Iterator:
+    def batches(self, batches: Iterable) -> Iterable:
         """:func:`lockstep` of ``batches`` over the ranks."""
-        return lockstep(batches, self._all_have)
+        return batches if self.size == 1 else lockstep(batches, self._all_have)
 
     def average(self, values: dict) -> dict:
         """The dict of floats ``values`` averaged over the ranks (same keys on every rank, a collective)."""
-        import torch.distributed as dist
+        if self.size == 1:
+            return values
         keys = list(values)  # the same order on every rank: the trainer's dicts are built alike
-        t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=self._dev())
+        t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=self.dev)
         dist.all_reduce(t)
         return {k: v / self.size for k, v in zip(keys, t.tolist())}
 
     def sync_buffers(self, models) -> None:
         """Copy rank 0's buffers (BatchNorm statistics) of each of ``models`` (the bare modules) to every rank."""
-        import torch.distributed as dist
-        for m in models:
+        for m in models if self.size > 1 else ():
             for buf in m.buffers():
                 dist.broadcast(buf, src=0)
 
     def close(self) -> None:
         """Leave the process group."""
-        import torch.distributed as dist
-        if dist.is_initialized():
+        if self.size > 1 and dist.is_initialized():
             dist.destroy_process_group()
 
 
-def setup(device: str, env: Mapping[str, str] = os.environ, *, timeout: timedelta = TIMEOUT) -> Single:
+SINGLE = Distributed(0, 1, 0, 'cpu')
+
+
+def setup(device: str, env: Mapping[str, str] = os.environ, *, timeout: timedelta = TIMEOUT) -> Distributed:
     """``SINGLE`` without torchrun; else join the process group (nccl for cuda, else gloo) as ``Distributed``.
     Raises ValueError for a bad ``WORLD_SIZE``/``RANK``/``LOCAL_RANK``, or what ``init_process_group`` raises."""
     size = world_size(env)
@@ -196,7 +153,6 @@ def setup(device: str, env: Mapping[str, str] = os.environ, *, timeout: timedelt
         raise ValueError(f"WORLD_SIZE={size} needs RANK and LOCAL_RANK (start the trainer with torchrun)") from None
     if not 0 <= rank < size:
         raise ValueError(f'RANK={rank} is outside 0..{size - 1}')
-    import torch.distributed as dist
     device_type = torch.device(device).type
     backend = 'gloo'
     if device_type == 'cuda':

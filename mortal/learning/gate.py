@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Callable, Mapping, Optional
 
-from mortal.config import BEST_RULES
 from mortal.play.duplicate import unreliable_note
 
 BASELINE_RANK = 2.5  # the baseline against 3 copies of itself: each rank once per deal
@@ -137,15 +136,8 @@ def run_test_play(play: Callable[[int, int], dict], *, nonce_start: int, deals: 
     """Play a test play through ``play(first_nonce, count) -> {nonce: [ranks]}`` and judge it.
 
     ``reference``: as ``reference_of``, or a callable replaying the reference on the same deals. With ``rule='sprt'``
-    the SPRT is looked at after each chunk: "not better" ends early; "better" against a fixed record still plays the
-    remaining chunks for the new record. Raises ValueError for an unknown rule or a missing
-    ``sprt``/``mortal_better``."""
-    if rule not in BEST_RULES:
-        raise ValueError(f"[test_play] best_rule must be one of {BEST_RULES}, got {rule!r}")
-    if rule == 'sprt' and sprt is None:
-        raise ValueError("best_rule = 'sprt' needs an Sprt")
-    if rule == 'mortal' and mortal_better is None:
-        raise ValueError("best_rule = 'mortal' needs mortal_better")
+    the SPRT (``sprt``) is looked at after each chunk: "not better" ends early; "better" against a fixed record still
+    plays the remaining chunks for the new record. ``rule='mortal'`` asks ``mortal_better(units)``."""
     step = chunk_deals if rule == 'sprt' and chunk_deals > 0 else deals
     units: dict = {}
     replay = reference if callable(reference) else None

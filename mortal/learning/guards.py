@@ -31,29 +31,19 @@ def is_better(avg_pt: float, avg_rank: float, best_perf: dict) -> bool:
     return avg_pt >= best_perf['avg_pt'] and avg_rank <= best_perf['avg_rank']
 
 
-def units_summary(units: dict) -> tuple:
-    """``(avg_rank, avg_pt)`` over every game of ``{nonce: [ranks 1-4]}``, pt by ``DISPLAY_PTS``."""
+def _pt_and_rank(units: dict) -> tuple:
+    """``(avg_pt, avg_rank)`` over every game of ``{nonce: [ranks 1-4]}``, pt by ``DISPLAY_PTS``."""
     ranks = [r for rs in units.values() for r in rs]
-    return sum(ranks) / len(ranks), sum(DISPLAY_PTS[r - 1] for r in ranks) / len(ranks)
+    return sum(DISPLAY_PTS[r - 1] for r in ranks) / len(ranks), sum(ranks) / len(ranks)
 
 
 class Guards:
-    """Test play, best.pth and the long-run guards of one learner; reads ``[test_play]`` and ``[guard]`` once."""
+    """Test play, best.pth and the long-run guards of the learner ``trainer``; reads ``[test_play]`` and ``[guard]``."""
 
     def __init__(self, trainer):
         self.trainer = trainer
-        cfg = trainer.cfg  # the trainer's typed sections (mortal.config.typed), validated once
-        test_cfg = cfg.test_play
-        self.test_games = test_cfg.games
-        self.best_rule = test_cfg.best_rule
-        self.confidence = test_cfg.confidence
-        self.sprt = None
-        if self.best_rule == 'sprt':
-            self.sprt = gate.Sprt(test_cfg.sprt_delta, test_cfg.sprt_alpha, test_cfg.sprt_beta)
-        self.sprt_chunk_deals = test_cfg.sprt_chunk // 4
-        self.fresh_deals = test_cfg.fresh_deals
-        self.min_deals = test_cfg.min_deals
-        self.guard_cfg = cfg.guard  # typed [guard]
+        self.cfg = cfg = trainer.cfg.test_play
+        self.sprt = gate.Sprt(cfg.sprt_delta, cfg.sprt_alpha, cfg.sprt_beta) if cfg.best_rule == 'sprt' else None
 
     def test_play(self) -> None:
         """Play ``[test_play] games`` against ``[baseline.test]``, judge (``best_rule`` with ``play_units``, else
@@ -67,11 +57,10 @@ class Guards:
         t.dqn.train()
         avg_pt = stat.avg_pt(DISPLAY_PTS)
         avg_rank = stat.avg_rank
-        better = verdict.better if verdict is not None else is_better(avg_pt, avg_rank, t.best_perf)
-        if first and not better:
-            better = True  # nothing to compare with: logged below
+        # with nothing to compare with, better (logged below)
+        better = first or (verdict.better if verdict is not None else is_better(avg_pt, avg_rank, t.best_perf))
         too_few = None
-        if better and not first and verdict is not None and len(verdict.units) < max(self.min_deals, 1):
+        if better and not first and verdict is not None and len(verdict.units) < max(self.cfg.min_deals, 1):
             better, too_few = False, len(verdict.units)
         past_best = dict(t.best_perf)
         if better:
@@ -81,10 +70,13 @@ class Guards:
         self._write_result(stat, verdict, first, avg_pt, avg_rank)
         if too_few is not None:
             logger.info('best.pth not replaced: this test play has %d deals, fewer than [test_play] min_deals %d '
-                        '(a CI over so few deals is noise)', too_few, self.min_deals)
+                        '(a CI over so few deals is noise)', too_few, self.cfg.min_deals)
         if better:
-            self._keep_best(past_best, avg_pt, avg_rank)
-        if verdict is not None and self.fresh_deals:
+            t.save()  # it records the new best_perf; best.pth is a copy of it (the played weights)
+            logger.info('a new record has been made, pt: %.4f -> %.4f, rank: %.4f -> %.4f, saving to %s',
+                        past_best['avg_pt'], avg_pt, past_best['avg_rank'], avg_rank, t.best_state_file)
+            atomic_copy(t.state_file, t.best_state_file)
+        if verdict is not None and self.cfg.fresh_deals:
             t.guard['test_plays'] += 1
             t.save()  # the next test play meets the next deals, also after this learner's restart
         if t.online and verdict is not None:
@@ -92,21 +84,23 @@ class Guards:
 
     def _play(self, first: bool) -> tuple:
         """``(stat, verdict)``; ``verdict`` None for a player without ``play_units``."""
-        t = self.trainer
-        if not hasattr(t.test_player, 'play_units'):
-            return t.test_player.test_play(self.test_games // 4, *t.played(), t.device), None
-        t.test_player.begin()
+        t, cfg = self.trainer, self.cfg
         mortal, dqn = t.played()
-        rule = 'paired' if first and self.best_rule == 'sprt' else self.best_rule  # a full record
+        deals = cfg.games // 4
+        if not hasattr(t.test_player, 'play_units'):
+            return t.test_player.test_play(deals, mortal, dqn, t.device), None
+        t.test_player.begin()
         reference = gate.reference_of(t.best_perf)
-        if self.fresh_deals and path.exists(t.best_state_file):
+        if cfg.fresh_deals and path.exists(t.best_state_file):
             reference = self._best_replay()
+        # Mortal's fixed first nonce, or with fresh_deals the next unused block
+        nonce = TEST_SEED[0] + (t.guard['test_plays'] * deals if cfg.fresh_deals else 0)
         verdict = gate.run_test_play(
             lambda first, count: t.test_player.play_units(first, count, mortal, dqn, t.device),
-            nonce_start=self._test_nonce(), deals=self.test_games // 4,
-            reference=reference, rule=rule, confidence=self.confidence,
-            sprt=self.sprt, chunk_deals=self.sprt_chunk_deals,
-            mortal_better=lambda units: is_better(*reversed(units_summary(units)), t.best_perf))
+            nonce_start=nonce, deals=deals, reference=reference,
+            rule='paired' if first and cfg.best_rule == 'sprt' else cfg.best_rule,  # a full record
+            confidence=cfg.confidence, sprt=self.sprt, chunk_deals=cfg.sprt_chunk // 4,
+            mortal_better=lambda units: is_better(*_pt_and_rank(units), t.best_perf))
         return t.test_player.stat(), verdict
 
     def _write_result(self, stat, verdict, first: bool, avg_pt: float, avg_rank: float) -> None:
@@ -126,20 +120,6 @@ class Guards:
                 t.writer.add_scalar('test_play/sprt_llr', verdict.llr, t.steps)
         t.writer.flush()
 
-    def _keep_best(self, past_best: dict, avg_pt: float, avg_rank: float) -> None:
-        """Save the checkpoint (it records the new ``best_perf``) and make it best.pth (the played weights)."""
-        t = self.trainer
-        t.save()
-        logger.info('a new record has been made, pt: %.4f -> %.4f, rank: %.4f -> %.4f, saving to %s',
-                    past_best['avg_pt'], avg_pt, past_best['avg_rank'], avg_rank, t.best_state_file)
-        atomic_copy(t.state_file, t.best_state_file)
-
-    def _test_nonce(self) -> int:
-        """First nonce: Mortal's fixed one, or with ``fresh_deals`` the next unused block."""
-        if not self.fresh_deals:
-            return TEST_SEED[0]
-        return TEST_SEED[0] + self.trainer.guard['test_plays'] * (self.test_games // 4)
-
     def _best_replay(self):
         """``(first_nonce, count) -> units`` of best.pth on the challenger's deals (logs under ``<log_dir>_best``)."""
         t = self.trainer
@@ -155,7 +135,7 @@ class Guards:
         """After an online test play: the degradation alarm; saves the checkpoint when the guards' state changed."""
         t = self.trainer
         before = dict(t.guard)
-        g = self.guard_cfg
+        g = t.cfg.guard
         t.guard['worse_streak'] = t.guard['worse_streak'] + 1 if verdict.worse else 0
         reasons = []
         if g.rollback_after and t.guard['worse_streak'] >= g.rollback_after:
@@ -175,20 +155,21 @@ class Guards:
             t.save()
 
 
-def rollback(t, g, reason: str) -> bool:
+def rollback(t, g, reason: str) -> None:
     """Restore best.pth into the learner ``t`` and its ``state_file`` (steps, schedule, ``best_perf`` go on), the
-    replaced file kept as ``<state_file>.<stamp>.rollback`` (``g``: ``[guard]``); lr and ε scaled. False (logged)
+    replaced file kept as ``<state_file>.<stamp>.rollback`` (``g``: ``[guard]``); lr and ε scaled. Only logged
     when best.pth is missing or does not fit."""
+    models = ((t.mortal, 'mortal'), (t.dqn, 'current_dqn'), (t.aux_net, 'aux_net'))
     try:
         best = load_checkpoint(t.best_state_file, map_location=t.device)
-        for model, entry in ((t.mortal, 'mortal'), (t.dqn, 'current_dqn'), (t.aux_net, 'aux_net')):
+        for model, entry in models:
             check_fits_config(model, best[entry], entry=entry, source=t.best_state_file,
                               ckpt_cfg=best.get('config'), cfg=t.cfg)
     except Exception as ex:  # missing, corrupt or foreign: the guard must never stop training
         logger.error('ROLLBACK not possible (%s): %s: %s', reason, type(ex).__name__, ex)
-        return False
+        return
     kept = _keep_replaced(t.state_file, ROLLBACKS_KEPT)
-    for model, entry in ((t.mortal, 'mortal'), (t.dqn, 'current_dqn'), (t.aux_net, 'aux_net')):
+    for model, entry in models:
         model.load_state_dict(best[entry])
     try:
         if not best.get('optimizer'):
@@ -209,7 +190,6 @@ def rollback(t, g, reason: str) -> bool:
     logger.warning('%s', line)
     t.writer.add_scalar('guard/rollbacks', t.guard['rollbacks'], t.steps)
     t.writer.add_text('guard/events', line, t.steps)
-    return True
 
 
 def _keep_replaced(state_file: str, keep: int) -> str:

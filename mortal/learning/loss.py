@@ -84,13 +84,11 @@ def _or_zero(term):
 
 def cql_term(q_out: Tensor, actions: Tensor, q_target: Tensor | None = None, *, calibrated: bool = False) -> Tensor:
     """CQL(H): ``mean(logsumexp_legal(q) - q[taken])``, a scalar >= 0; ``calibrated`` (Cal-QL): over ``max(q,
-    q_target)`` (ValueError without ``q_target``)."""
+    q_target)``."""
     q_out = q_out.float()
     rows = torch.arange(q_out.shape[0], device=q_out.device)
     q_taken = q_out[rows, actions]
     if calibrated:
-        if q_target is None:
-            raise ValueError('the calibrated (Cal-QL) CQL term needs q_target')
         legal = torch.isfinite(q_out)
         clamped = torch.maximum(q_out, q_target.float().unsqueeze(-1))
         q_out = clamped.masked_fill(~legal, -torch.inf)

@@ -69,21 +69,17 @@ class LinearWarmUpCosineAnnealingLR(LambdaLR):
         super().__init__(optimizer, lr_lambda=self.factor, **kwargs)
 
     def factor(self, step: int) -> float:
-        """The learning rate at ``step``: ``base_factor(step)`` times ``multiplier()`` (1 without one)."""
+        """The learning rate at ``step``: Mortal's, times ``multiplier()`` (1 without one)."""
         scale = 1.0 if self.multiplier is None else self.multiplier()
-        return scale * self.base_factor(step)
-
-    def base_factor(self, step: int) -> float:
-        """Mortal's learning rate at ``step``, without ``multiplier``."""
         s = step + self.offset
         if self.epoch_size > 0:
             s %= self.epoch_size
         if self.warm_up_steps > 0 and s < self.warm_up_steps:
-            return self.init + (self.peak - self.init) / self.warm_up_steps * s
+            return scale * (self.init + (self.peak - self.init) / self.warm_up_steps * s)
         if s < self.max_steps:
             progress = (s - self.warm_up_steps) / (self.max_steps - self.warm_up_steps)
-            return self.final + 0.5 * (self.peak - self.final) * (1 + math.cos(progress * math.pi))
-        return self.final
+            return scale * (self.final + 0.5 * (self.peak - self.final) * (1 + math.cos(progress * math.pi)))
+        return scale * self.final
 
     _SHAPE_KEYS = ('init', 'peak', 'final', 'warm_up_steps', 'max_steps', 'offset', 'epoch_size')
 

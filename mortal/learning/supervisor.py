@@ -33,11 +33,10 @@ def signal_group(pgid: int, sig: int) -> bool:
     return True
 
 
-def reap_process_group(pgid: int, grace: float = GROUP_GRACE) -> bool:
-    """After the leader of ``pgid`` has exited: give the rest ``grace`` seconds, then SIGKILL what is left; True when
-    something was killed (False also off POSIX)."""
+def reap_process_group(pgid: int) -> None:
+    """After the leader of ``pgid`` has exited: give the rest ``GROUP_GRACE`` seconds, then SIGKILL what is left."""
     if not hasattr(os, 'killpg'):
-        return False
+        return
 
     def alive() -> bool:
         try:
@@ -51,20 +50,18 @@ def reap_process_group(pgid: int, grace: float = GROUP_GRACE) -> bool:
             return False
         return True
 
-    deadline = time.monotonic() + grace
+    deadline = time.monotonic() + GROUP_GRACE
     while alive():
         if time.monotonic() >= deadline:
-            if not signal_group(pgid, signal.SIGKILL):
-                return False
-            logger.warning('processes of the learner were still running %.0f s after it ended: killed them '
-                           '(process group %d)', grace, pgid)
-            for _ in range(20):
-                if not alive():
-                    break
-                time.sleep(0.05)
-            return True
+            if signal_group(pgid, signal.SIGKILL):
+                logger.warning('processes of the learner were still running %.0f s after it ended: killed them '
+                               '(process group %d)', GROUP_GRACE, pgid)
+                for _ in range(20):
+                    if not alive():
+                        break
+                    time.sleep(0.05)
+            return
         time.sleep(0.05)
-    return False
 
 
 def checked_config(path: str, required, env, inputs=None) -> tuple:
@@ -103,7 +100,7 @@ def report_config_edit(path: str, required, env, started_with, inputs=None) -> N
         logger.error('config %s was saved with errors: the running learner keeps its config, but the next one will '
                      'not start until they are fixed:\n%s', path, '\n'.join(f'  - {e}' for e in errors))
         return
-    changed = changed_keys(started_with, config) if started_with is not None else []
+    changed = changed_keys(started_with, config)
     logger.info('config %s saved: valid; at the learner\'s next start: %s', path,
                 '; '.join(changed) if changed else 'no key changes')
 
@@ -154,31 +151,25 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
 
     def next_config() -> bool:
         """Wait for a valid config (with ``config_path``) and log what changed; False when a stop came first."""
-        nonlocal started_with
+        nonlocal started_with, child_env
         if config_path is None:
             return True
         config = wait_for_config(config_path, required, env, stop_requested=lambda: stopping, inputs=inputs,
                                  retry_interval=retry_interval, remind_every=remind_every)
         if config is None or stopping:  # a stop that came during the last check: no learner starts
             return False
-        if started_with is None:
-            hold_state_lock(config)
-        if started_with is not None:
+        if started_with is None:  # held for the supervisor's whole life: refused even between two learners
+            from mortal.config import typed
+            from mortal.util import runlock
+            lock_path = locks.enter_context(runlock.hold(
+                typed(config).control.state_file, who='learner', key='[control] state_file',
+                fix='give this run its own [control] state_file'))
+            child_env = runlock.child_env(child_env, lock_path)
+        else:
             changed = changed_keys(started_with, config)
             logger.info('config changed since the last start: %s', '; '.join(changed) if changed else 'nothing')
         started_with = config
         return True
-
-    def hold_state_lock(config) -> None:
-        # Held for the supervisor's whole life: a second trainer is refused even between two learners.
-        from mortal.config import typed
-        from mortal.util import runlock
-        nonlocal child_env
-        state_file = typed(config).control.state_file
-        lock_path = locks.enter_context(runlock.hold(
-            state_file, who='learner', key='[control] state_file',
-            fix='give this run its own [control] state_file'))
-        child_env = runlock.child_env(child_env, lock_path)
 
     def forward(signum, frame):
         nonlocal stopping, stop_signal
@@ -194,8 +185,7 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
                 logger.info('stopped on %s while waiting for a valid config: no learner running, nothing '
                             'discarded', stop_signal)
                 return 0
-            # read before the learner starts: an edit saved from then on is reported (read after, one saved at once
-            # was taken for the loaded file and never judged)
+            # read before the learner starts, so that an edit saved at once is reported too
             seen = config_mtime(config_path) if config_path is not None else None
             # A session of its own: the whole learner (with its loader processes) is one process group to reap.
             child = subprocess.Popen(cmd, env=child_env, start_new_session=True)
