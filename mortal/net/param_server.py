@@ -261,8 +261,8 @@ class ParamServer(ThreadingTCPServer):
 
     token: shared secret (None: loopback only); max_frame_size: bytes; timeout: s of socket silence;
     max_pending: unauthenticated connections at once; max_inflight_bytes: payload bytes held at once (None or 0 =
-    max_frame_size; the config check keeps it above); header_timeout: s; payload_min_rate: bytes/s over every ``PAYLOAD_WINDOW``;
-    max_connections: threads at once."""
+    max_frame_size; the config check keeps it above); header_timeout: s; payload_min_rate: bytes/s over every
+    ``PAYLOAD_WINDOW``; max_connections: threads at once."""
 
     allow_reuse_address = True
     daemon_threads = True

@@ -87,7 +87,7 @@ def check_play_settings(msg: dict) -> dict:
         value = float(value)
         if not math.isfinite(value) or not low <= value <= MAX_FACTOR:
             raise BadRequest(f'field {key!r} must be a finite number within [{low:g}, {MAX_FACTOR:g}], '
-                              f'got {value!r}')
+                             f'got {value!r}')
         out[key] = value
     return out
 
