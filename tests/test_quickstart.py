@@ -270,3 +270,14 @@ def test_children_draw_no_bar_into_their_log_file(tmp_path):
             'print(bar.disable)')
     out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == 'True' and 'TRAIN' not in out.stderr
+
+
+def test_ctrl_c_ends_with_one_line_and_status_130(tmp_path, monkeypatch, caplog):
+    """Ctrl-C during the run: no traceback, a line naming the work folder to rerun with, exit status 130."""
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(quickstart, 'run', interrupted)
+    work = str(tmp_path / 'qs')
+    assert quickstart.main(['--work-dir', work, '--no-progress']) == 130
+    assert any('stopped by Ctrl-C' in r.getMessage() and work in r.getMessage() for r in caplog.records)

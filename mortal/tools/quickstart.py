@@ -397,6 +397,10 @@ def main(argv=None):
         result = run(args.work_dir, preset='short' if args.short else 'full', port=args.port,
                      progress=not args.no_progress, online_minutes=args.online_minutes, version=args.version,
                      eval_sets=args.eval_sets, rulebase_sets=args.rulebase_sets)
+    except KeyboardInterrupt:  # Ctrl-C: run()'s cleanup has stopped the children; no traceback for a chosen stop
+        logger.warning('quickstart stopped by Ctrl-C; %s keeps what was done: rerun the same command to continue',
+                       args.work_dir)
+        return 130
     except Exception as e:
         logger.error('quickstart failed: %s', e)
         return 1
