@@ -112,6 +112,17 @@ def test_best_needs_min_deals(tmp_path, caplog, games, replaced):
                                          '[test_play] min_deals 8 (a CI over so few deals is noise)'])
 
 
+def test_first_test_play_line_says_it_becomes_best_not_a_verdict(tmp_path, caplog):
+    """The first test play has nothing to beat: its line must not say 'not better' before 'a new record'."""
+    trainer, _, _ = online_trainer(tmp_path, [EVEN])
+    with caplog.at_level(logging.INFO):
+        run_to_test_play(trainer)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith('test play: ')]
+    assert len(lines) == 1
+    assert lines[0].endswith(': the first test play (no best.pth yet), so it becomes best.pth')
+    assert 'not better' not in lines[0]
+
+
 def test_paired_rule_keeps_best_until_significantly_better(tmp_path):
     noisy = lambda n: [1, 2, 3, 4] if n % 2 else [1, 1, 3, 4]  # noqa: E731 - -0.25 on half the deals
     trainer, writer, _ = online_trainer(tmp_path, [EVEN, noisy, BETTER])

@@ -110,8 +110,10 @@ class Guards:
         logger.info('avg pt: %.6f', avg_pt)
         stat.write_tensorboard(t.writer, t.steps, DISPLAY_PTS)
         if verdict is not None:
-            logger.info('test play: %s%s', verdict.describe(),
-                        ' (no best.pth yet: this first test play makes it)' if first else '')
+            text = verdict.describe()
+            if first:  # nothing to beat yet: a verdict word here contradicted the 'new record' line that follows
+                text = text.rsplit(': ', 1)[0] + ': the first test play (no best.pth yet), so it becomes best.pth'
+            logger.info('test play: %s', text)
             t.writer.add_scalar('test_play/paired_diff', verdict.diff, t.steps)
             if not math.isnan(verdict.ci):
                 t.writer.add_scalar('test_play/paired_diff_ci', verdict.ci, t.steps)
