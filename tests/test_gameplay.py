@@ -107,9 +107,7 @@ def test_kan_select_only_with_several_candidates():
 def test_seat_filters():
     raw = META.read_text()  # names "0".."3"
     assert [g.player_id for g in GameplayLoader(3, player_names=["2"]).load_log(raw)] == [2]
-    assert [g.player_id for g in GameplayLoader(3, excludes=["0", "1"]).load_log(raw)] == [2, 3]
-    both = GameplayLoader(3, player_names=["1"], excludes=["1"]).load_log(raw)
-    assert [g.player_id for g in both] == [1]  # excludes ignored when player_names is given
+    assert [g.player_id for g in GameplayLoader(3).load_log(raw)] == [0, 1, 2, 3]
     assert GameplayLoader(3, player_names=["nobody"]).load_log(raw) == []
 
 
@@ -127,13 +125,11 @@ def test_augmented_swaps_manzu_and_pinzu():
         assert a.masks[np.arange(len(a)), a.actions].all()
 
 
-def test_version_and_oracle_errors():
+def test_version_errors():
     assert GameplayLoader(4).version == 4  # loaded with mortal.features.obs_v4 (tests/test_v4_wiring.py)
     for bad in (5, 0, True, "4"):
         with pytest.raises(UnsupportedVersionError):
             GameplayLoader(bad)
-    with pytest.raises(NotImplementedError):
-        GameplayLoader(3, oracle=True)
 
 
 def test_take_moves_out():

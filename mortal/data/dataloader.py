@@ -84,9 +84,8 @@ class FileDatasetsIter(IterableDataset):
     Bad files are skipped with a warning and counted in ``skipped``."""
 
     def __init__(self, version, file_list, pts, grp, *, file_batch_size=20, reserve_ratio=0,
-                 player_names=None, excludes=None, num_epochs=1, enable_augmentation=False,
-                 augmented_first=False, always_include_kan_select=True, max_log_bytes=DEFAULT_MAX_LOG_BYTES,
-                 sample_ids=False, trained=None, batch_size=None, reward="grp"):
+                 player_names=None, num_epochs=1, enable_augmentation=False, augmented_first=False,
+                 max_log_bytes=DEFAULT_MAX_LOG_BYTES, sample_ids=False, trained=None, batch_size=None, reward="grp"):
         super().__init__()
         self.reward = reward
         self.version = version
@@ -104,8 +103,7 @@ class FileDatasetsIter(IterableDataset):
         self.grp = grp
         self.file_batch_size = max(1, int(file_batch_size))
         self.reserve_ratio = reserve_ratio
-        self.loader_options = dict(player_names=player_names, excludes=excludes, max_log_bytes=max_log_bytes,
-                                   always_include_kan_select=always_include_kan_select)  # GameplayLoader's
+        self.loader_options = dict(player_names=player_names, max_log_bytes=max_log_bytes)  # GameplayLoader's
         self.num_epochs = num_epochs
         self.enable_augmentation = enable_augmentation
         self.augmented_first = augmented_first
@@ -123,13 +121,10 @@ class FileDatasetsIter(IterableDataset):
         self.file_list = self.file_list[start:start + per_worker]
         self._sharded = True
 
-    def _shard_for_current_worker(self) -> None:
+    def build_iter(self):
         info = torch.utils.data.get_worker_info()
         if info is not None:
             self.shard(info.id, info.num_workers)
-
-    def build_iter(self):
-        self._shard_for_current_worker()
         self.reward_calc = RewardCalculator(self.grp, self.pts, reward=self.reward)
         self._pending, self._pending_rows = [], 0
         flags = [self.augmented_first] + ([not self.augmented_first] if self.enable_augmentation else [])
@@ -300,7 +295,7 @@ def safe_mp_context():
 
 
 def make_dataloader(dataset, *, batch_size: int, num_workers: int = 1, pin_memory: bool = False,
-                    drop_last: bool = False, multiprocessing_context=None, **kwargs) -> DataLoader:
+                    drop_last: bool = False, **kwargs) -> DataLoader:
     """Fork-safe sharded ``DataLoader`` over ``dataset`` (``batch_size=None`` for a batching dataset)."""
     if getattr(dataset, "batch_size", None) is not None:
         if batch_size not in (None, dataset.batch_size):
@@ -308,7 +303,7 @@ def make_dataloader(dataset, *, batch_size: int, num_workers: int = 1, pin_memor
         batch_size = None  # the dataset's items are batches already
     if num_workers > 0:
         kwargs.setdefault("worker_init_fn", worker_init_fn)
-        kwargs["multiprocessing_context"] = multiprocessing_context or safe_mp_context()
+        kwargs["multiprocessing_context"] = safe_mp_context()
     return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
                       drop_last=drop_last, **kwargs)
 

@@ -82,6 +82,7 @@ class Gameplay:
         return self.take("cf_records") or []
 
 
+
 class _SeatRecorder:
     """Accumulates samples for one seat while its ``PlayerState`` replays the log."""
 
@@ -318,31 +319,18 @@ def augment_log(log: LoadedLog) -> LoadedLog:
 
 
 class GameplayLoader:
-    """Turns mjai logs into ``Gameplay`` samples (Mortal's ``GameplayLoader``); ``oracle`` must be False."""
+    """Turns mjai logs into ``Gameplay`` samples (Mortal's ``GameplayLoader``), no oracle observations."""
 
-    def __init__(self, version: int, *, oracle: bool = False, player_names=None, excludes=None,
-                 always_include_kan_select: bool = True, augmented: bool = False,
-                 max_log_bytes: int | None = DEFAULT_MAX_LOG_BYTES):
-        if oracle:
-            raise NotImplementedError("oracle observations are not available with mjai.mlibriichi; use oracle=False")
+    def __init__(self, version: int, *, player_names=None, always_include_kan_select: bool = True,
+                 augmented: bool = False, max_log_bytes: int | None = DEFAULT_MAX_LOG_BYTES):
         self.version = check_version(version)
         self._names = frozenset(player_names or ())
-        self._excludes = frozenset(excludes or ())
         self.always_include_kan_select = bool(always_include_kan_select)
         self.augmented = bool(augmented)
         self.max_log_bytes = max_log_bytes
         self.skipped = 0
         self.skipped_files: list[tuple[str, str]] = []
         self.cf_ignored = 0  # counterfactual records ignored (see _count_bad_counterfactuals)
-
-    def kept_seats(self, names) -> list[int]:
-        """Seats kept for ``start_game`` ``names`` (Mortal's player-name filter)."""
-        names = list(names) if names is not None else [""] * 4
-        if self._names:
-            return [i for i, n in enumerate(names) if n in self._names]
-        if self._excludes:
-            return [i for i, n in enumerate(names) if n not in self._excludes]
-        return list(range(4))
 
     def load_log(self, raw: str, source: str = "<log>") -> list[Gameplay]:
         """One ``Gameplay`` per kept seat of one game (mjai JSON lines); ``BadLogError`` for a bad log."""
@@ -354,7 +342,7 @@ class GameplayLoader:
             log = augment_log(log)
         grp = Grp.load_events(log.events, log.source)
         names = log.events[0].get("names") or [""] * 4
-        seats = self.kept_seats(names)
+        seats = [i for i, n in enumerate(names) if n in self._names] if self._names else list(range(4))
         if any('"?"' in line for line in log.lines):  # cheap test on the JSON text first: full logs have none
             for seat in seats:
                 _check_unmasked(log, seat)

@@ -20,10 +20,7 @@ HAVE_FAST_PACK = _pack_obs is not None
 
 
 def _rows(*spans) -> tuple:  # (first, last) or single rows
-    out = []
-    for s in spans:
-        out.extend(range(s[0], s[1] + 1) if isinstance(s, tuple) else [s])
-    return tuple(out)
+    return tuple(r for s in spans for r in (range(s[0], s[1] + 1) if isinstance(s, tuple) else [s]))
 
 
 #: Rows that may hold values other than 0.0/1.0, per version (0-based), found by encoding every decision of
@@ -61,9 +58,8 @@ class Layout:
         flags = np.zeros(self.channels, dtype=np.bool_)
         flags[self.real_rows] = True
         self.real_flags = flags.astype(np.uint8).tobytes()
-        binary = np.repeat(~flags, 34)  # per element: must be 0/1
-        self.binary = binary
-        self.binary_mask = np.packbits(binary, bitorder="little").tobytes()
+        self.binary = np.repeat(~flags, 34)  # per element: must be 0/1
+        self.binary_mask = np.packbits(self.binary, bitorder="little").tobytes()
         self._torch = {}
 
     def torch_consts(self, device):
@@ -121,7 +117,7 @@ def packer(version: int):
     """``pack_into`` bound to ``version``: ``packer(v)(obs, out, index)``, fewer checks per call."""
     lay = layout(version)
     if _pack_obs is None:
-        return functools.partial(_pack_into_v, version=version)
+        return functools.partial(pack_into, version=version)
     fast, flags, mask, f32 = _pack_obs, lay.real_flags, lay.binary_mask, np.dtype(np.float32)
 
     def pack_fast(obs, out, index):
@@ -131,10 +127,6 @@ def packer(version: int):
         if bad >= 0:
             _refuse(lay, obs, bad)
     return pack_fast
-
-
-def _pack_into_v(obs, out, index, *, version):
-    pack_into(obs, out, index, version)
 
 
 def pack(obs: np.ndarray, version: int) -> np.ndarray:

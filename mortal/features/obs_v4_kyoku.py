@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 
-from mortal.features.mjai import ACTOR_EVENTS, check_tiles, field, field_tile, field_tiles, is_seat
+from mortal.features.mjai import ACTOR_EVENTS, check_tiles, field, field_tile, is_seat
 
 _ACTOR_TYPES = ACTOR_EVENTS - {"hora"}  # the events whose actor the encoder reads
 MAX_DORA_INDICATORS = 5  # the first plus one per kan, at most 4 kans (Tenhou rule)
@@ -82,7 +82,7 @@ class KyokuFacts:
         elif (kind == "tsumo" and mine) or (kind == "dahai" and not mine) or kind == "kakan":
             pai = field_tile(event, kind, "pai", known=mine)
         elif kind in ("chi", "pon", "daiminkan", "ankan"):
-            tiles = field_tiles(event, kind, "consumed", known=mine)
+            tiles = check_tiles(field(event, kind, "consumed"), kind, "consumed", known=mine)
             if mine and kind != "ankan":
                 pai = field_tile(event, kind, "pai", known=True)
         return pai, tiles
