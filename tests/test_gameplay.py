@@ -38,7 +38,6 @@ def test_every_label_legal_and_array_layout(loaded, path):
         assert g.obs.shape == (n, 934, 34) and g.obs.dtype == np.float32
         assert g.masks.shape == (n, 46) and g.masks.dtype == np.bool_
         assert g.actions.dtype == np.int64 and g.at_kyoku.dtype == np.uint8
-        assert g.at_turns.dtype == np.uint8 and g.shantens.dtype == np.int8
         assert g.masks[np.arange(n), g.actions].all()
         np.testing.assert_array_equal(g.apply_gamma, g.actions <= 37)
         # 12 kyoku, the seat acts in each: at_kyoku 0..11 and one done per kyoku, the last one done.

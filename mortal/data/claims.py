@@ -129,17 +129,27 @@ class ClaimLedger:
         self._write()
 
     def claim(self, drain_dir: str, files) -> tuple:
-        """Claim the drained ``files`` (``claim_drained``) and track them; ``(claimed paths, vanished names)``."""
+        """Hard-link (else copy) each drained ``drain_dir/name`` into the claim folder (emptied but for the tracked
+        logs; a clash becomes ``'<k>+<name>'``) and track it, listed before the link. Returns (claimed paths, names
+        that vanished); OSError when a link fails."""
+        keep = self.names() | _RESERVED
+        empty_dir(self.claim_dir, keep)
         targets = []
-
-        def on_claim(names):
-            targets.extend(names)
-            self.add(names)
-
-        claimed, vanished = claim_drained(drain_dir, files, self.claim_dir, keep=self.names() | _RESERVED,
-                                          on_claim=on_claim)
-        kept = set(claimed)
-        self.forget([n for n in targets if path.join(self.claim_dir, n) not in kept])
+        for name in files:
+            targets.append(_free_name(name, keep))
+            keep.add(targets[-1])
+        self.add(targets)
+        claimed, vanished, lost = [], [], []
+        for name, target in zip(files, targets):
+            dst = path.join(self.claim_dir, target)
+            try:
+                _link_or_copy(path.join(drain_dir, name), dst)
+            except FileNotFoundError:
+                vanished.append(name)
+                lost.append(target)
+                continue
+            claimed.append(dst)
+        self.forget(lost)
         return claimed, vanished
 
     def forget(self, names) -> None:
@@ -377,29 +387,6 @@ def _free_name(name: str, taken: set) -> str:
         candidate = f"{k}+{name}"
         k += 1
     return candidate
-
-
-def claim_drained(drain_dir: str, files, claim_dir: str, *, keep=(), on_claim=None) -> tuple:
-    """Hard-link (else copy) each drained ``drain_dir/name`` into ``claim_dir`` (emptied but for ``keep``; a
-    clash becomes ``'<k>+<name>'``). Returns (claimed paths, names that vanished); OSError when a link fails."""
-    keep = set(keep)
-    empty_dir(claim_dir, keep)
-    targets = []
-    for name in files:
-        targets.append(_free_name(name, keep))
-        keep.add(targets[-1])
-    if on_claim is not None:
-        on_claim(targets)
-    claimed, vanished = [], []
-    for name, target in zip(files, targets):
-        src, dst = path.join(drain_dir, name), path.join(claim_dir, target)
-        try:
-            _link_or_copy(src, dst)
-        except FileNotFoundError:
-            vanished.append(name)
-            continue
-        claimed.append(dst)
-    return claimed, vanished
 
 
 def _link_or_copy(src: str, dst: str) -> None:

@@ -90,8 +90,6 @@ class FileDatasetsIter(IterableDataset):
         self.reward = reward
         self.version = version
         self.batch_size = None if batch_size is None else int(batch_size)
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self.buffer = None
         self.file_list = list(file_list)
         self.files = tuple(self.file_list)  # the order sample_ids refer to (file_list is sharded and shuffled)

@@ -36,8 +36,8 @@ def _is_fatal(exc: BaseException) -> bool:
 @dataclass
 class Gameplay:
     """Samples of one seat in one game (N rows); ``take`` returns a field and releases it (Mortal's ``take_*``):
-    ``packed_obs`` ``(N, row_bytes)`` uint8, ``actions`` int64, ``masks`` ``(N, 46)`` bool, ``at_kyoku``/``at_turns``
-    uint8, ``dones``/``apply_gamma`` bool, ``shantens`` int8, ``event_idx`` int32, ``cf_actions`` int64."""
+    ``packed_obs`` ``(N, row_bytes)`` uint8, ``actions`` int64, ``masks`` ``(N, 46)`` bool, ``at_kyoku`` uint8,
+    ``dones``/``apply_gamma`` bool, ``event_idx`` int32, ``cf_actions`` int64."""
 
     packed_obs: np.ndarray
     actions: np.ndarray
@@ -45,12 +45,9 @@ class Gameplay:
     at_kyoku: np.ndarray
     dones: np.ndarray
     apply_gamma: np.ndarray
-    at_turns: np.ndarray
-    shantens: np.ndarray
     event_idx: np.ndarray
     grp: Grp = field(default_factory=Grp)
     player_id: int = 0
-    player_name: str = ""
     version: int = 3
     cf_actions: np.ndarray | None = None
     cf_records: list | None = None
@@ -94,15 +91,14 @@ class _SeatRecorder:
         self.pack = packer(version)
         self.packed = np.empty((256, self.row_bytes), dtype=np.uint8)  # a hanchan seat's decisions; grown by doubling
         self.masks, self.actions = [], []
-        self.at_kyoku, self.apply_gamma, self.at_turns, self.shantens = [], [], [], []
+        self.at_kyoku, self.apply_gamma = [], []
         self.event_idx = []
         self.cf_actions, self.cf_records = [], []
         self.cf_ignored = 0  # counterfactual records of the log not legal for their sample
 
     def add(self, state, at_kan_select: bool, label: int, kyoku_idx: int, log: LoadedLog, cur_idx: int,
             next_idx: int, v4: V4Encoder | None = None, cf: tuple | None = None):
-        # The hot loop: the version was checked once, so 1-3 call the Rust encoder directly. ``v4``: the seat's
-        # V4Encoder iff version 4; its searches wait in ``self.deferred`` until ``flush``.
+        # ``v4``: the seat's V4Encoder iff version 4; its searches wait in ``self.deferred`` until ``flush``.
         n = len(self.actions)
         if n == len(self.packed):
             grown = np.empty((2 * n, self.row_bytes), dtype=np.uint8)
@@ -132,8 +128,6 @@ class _SeatRecorder:
         self.actions.append(label)
         self.at_kyoku.append(kyoku_idx)
         self.apply_gamma.append(label <= RIICHI)
-        self.at_turns.append(state.at_turn)
-        self.shantens.append(state.shanten)
         self.event_idx.append(cur_idx)
         if cf is not None and not (cf[0] != label and mask[cf[0]]):
             self.cf_ignored += 1
@@ -164,7 +158,7 @@ class _SeatRecorder:
         for obs, (n, cur_idx) in done:  # in decision order, all earlier than anything still pending
             self._pack(obs, n, self.seat, log, cur_idx, pending_first=False)
 
-    def finish(self, grp: Grp, player_id: int, player_name: str) -> Gameplay:
+    def finish(self, grp: Grp) -> Gameplay:
         n = len(self.actions)
         at_kyoku = np.asarray(self.at_kyoku, dtype=np.uint8)
         dones = np.ones(n, dtype=np.bool_)
@@ -174,10 +168,9 @@ class _SeatRecorder:
             packed_obs=self.packed[:n].copy() if 2 * n < len(self.packed) else self.packed[:n],
             actions=np.asarray(self.actions, dtype=np.int64),
             masks=np.stack(self.masks) if n else np.zeros((0, 46), np.bool_), at_kyoku=at_kyoku, dones=dones,
-            apply_gamma=np.asarray(self.apply_gamma, dtype=np.bool_), at_turns=np.asarray(self.at_turns, np.uint8),
-            shantens=np.asarray(self.shantens, dtype=np.int8), event_idx=np.asarray(self.event_idx, dtype=np.int32),
+            apply_gamma=np.asarray(self.apply_gamma, dtype=np.bool_), event_idx=np.asarray(self.event_idx, np.int32),
             cf_actions=np.asarray(self.cf_actions, dtype=np.int64), cf_records=self.cf_records, grp=grp,
-            player_id=player_id, player_name=player_name, version=self.version)
+            player_id=self.seat, version=self.version)
 
 
 _MASKED = "?"
@@ -239,24 +232,14 @@ def _label(cur_cans, state, events, i, nxt_idx, seat, always_kan_select):
     return None, None
 
 
-def _counterfactual(ev: dict, seat: int, kept: list):
-    """``(action, ('next'|'final', values))`` of ``ev``'s counterfactual, else None (bad: counted in ``kept[0]``)."""
-    if ev.get("actor") != seat or ev["type"] not in _CF_TYPES:
+def _counterfactual(ev: dict, seat: int, kept: list, passed: bool):
+    """``(action, ('next'|'final', values))`` of ``seat``'s counterfactual record on ``ev``, else None (bad: counted
+    in ``kept[0]``). A pass is recorded on the event it answered as ``"pass": {"actor": seat, "meta": ...}``
+    (``mortal.play.log_writer.kyoku_lines``), any other decision on its own event."""
+    rec = ev.get("pass") if passed else ev
+    if not isinstance(rec, dict) or rec.get("actor") != seat or not (passed or ev["type"] in _CF_TYPES):
         return None
-    return _cf_record(ev.get("meta"), kept)
-
-
-def _pass_counterfactual(ev: dict, seat: int, kept: list):
-    """As ``_counterfactual``, for ``seat``'s pass on the event ``ev`` it answered: the arena logs a pass that
-    forked a branch (``counterfactual_alternative = 'contested'``) on that event as ``"pass": {"actor": seat,
-    "meta": {..., "counterfactual": ...}}`` (``mortal.play.log_writer.kyoku_lines``)."""
-    rec = ev.get("pass")
-    if not isinstance(rec, dict) or rec.get("actor") != seat:
-        return None
-    return _cf_record(rec.get("meta"), kept)
-
-
-def _cf_record(meta, kept: list):
+    meta = rec.get("meta")
     cf = meta.get("counterfactual") if isinstance(meta, dict) else None
     if cf is None:
         return None
@@ -353,9 +336,9 @@ class GameplayLoader:
         # the seat acting in the next event when that is an own action after an event that is not skipped, else -1
         own_actor = [log.events[j]["actor"] if types[j] in _OWN_ACTIONS and types[i] not in _SKIPPED_AS_NEXT else -1
                      for i, j in enumerate(nxt_of)]
-        return [self._load_seat(log, grp, seat, str(names[seat]), (types, nxt_of, own_actor)) for seat in seats]
+        return [self._load_seat(log, grp, seat, (types, nxt_of, own_actor)) for seat in seats]
 
-    def _load_seat(self, log: LoadedLog, grp: Grp, seat: int, name: str, windows: tuple) -> Gameplay:
+    def _load_seat(self, log: LoadedLog, grp: Grp, seat: int, windows: tuple) -> Gameplay:
         state = PlayerState(seat)
         enc = V4Encoder(seat) if self.version == 4 else None
         rec = _SeatRecorder(self.version, seat)
@@ -365,7 +348,7 @@ class GameplayLoader:
             rec.flush(log)  # a pending decision's error, earlier in the log, is reported instead
             raise
         rec.flush(log)
-        return rec.finish(grp, seat, name)
+        return rec.finish(grp)
 
     def _walk_seat(self, log: LoadedLog, seat: int, windows: tuple, state, enc, rec: _SeatRecorder) -> None:
         events, lines = log.events, log.lines
@@ -410,16 +393,14 @@ class GameplayLoader:
             try:
                 label, kan = _label(cans, state, events, i, nxt_idx, seat, always)
             except (ValueError, KeyError, TypeError) as e:  # a bad tile name or a missing field of the next event
-                if isinstance(e, BadLogError):
-                    raise
                 raise BadLogError(log.source, f"{types[nxt_idx]} cannot be labelled for seat {seat}: "
                                   f"{type(e).__name__}: {e}", log.line_numbers[nxt_idx]) from None
             if label is None:
                 continue
             cf = None
             if has_cf:
-                cf = (_pass_counterfactual(events[i], seat, bad_cf) if label == PASS
-                      else _counterfactual(events[nxt_idx], seat, bad_cf))
+                passed = label == PASS
+                cf = _counterfactual(events[i] if passed else events[nxt_idx], seat, bad_cf, passed)
             rec.add(state, False, label, kyoku_idx, log, i, nxt_idx, enc, cf)
             if kan is not None:
                 rec.add(state, True, kan, kyoku_idx, log, i, nxt_idx, enc)

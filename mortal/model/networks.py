@@ -163,8 +163,6 @@ class AuxNet(nn.Module):
     def __init__(self, dims=(4,)):
         super().__init__()
         self.dims = tuple(int(d) for d in dims)
-        if not self.dims or min(self.dims) < 1:
-            raise ValueError(f"AuxNet dims must be positive, got {dims!r}")
         self.net = nn.Linear(_PHI_DIM, sum(self.dims), bias=False)
 
     def forward(self, x: Tensor) -> tuple[Tensor, ...]:
@@ -226,11 +224,7 @@ class GRP(nn.Module):
             raise ValueError("GRP.forward got an empty sequence")
         padded = pad_sequence(inputs, batch_first=True)
         packed = pack_padded_sequence(padded, lengths, batch_first=True, enforce_sorted=False)
-        return self.forward_packed(packed)
-
-    def forward_packed(self, packed_inputs) -> Tensor:
-        """Same as ``forward`` for an already packed batch (``PackedSequence``)."""
-        _, h_n = self.rnn(packed_inputs)  # (num_layers, N, hidden)
+        _, h_n = self.rnn(packed)  # (num_layers, N, hidden)
         return self.fc(h_n.transpose(0, 1).flatten(1))
 
     def calc_matrix(self, logits: Tensor) -> Tensor:
