@@ -139,28 +139,20 @@ class ClaimLedger:
             targets.append(_free_name(name, keep))
             keep.add(targets[-1])
         self.add(targets)
-        claimed, vanished, lost = [], [], []
+        claimed, vanished = [], []
         for name, target in zip(files, targets):
             dst = path.join(self.claim_dir, target)
             try:
                 _link_or_copy(path.join(drain_dir, name), dst)
-            except FileNotFoundError:
+            except FileNotFoundError:  # gone before the link: not tracked after all
                 vanished.append(name)
-                lost.append(target)
+                self.files.pop(target, None)
+                self.committed.pop(target, None)
                 continue
             claimed.append(dst)
-        self.forget(lost)
+        if vanished:
+            self._write()
         return claimed, vanished
-
-    def forget(self, names) -> None:
-        """Stop tracking logs that could not be claimed after all (they vanished before the link)."""
-        names = set(names)
-        if not names:
-            return
-        for name in names:
-            self.files.pop(name, None)
-            self.committed.pop(name, None)
-        self._write()
 
     def _done(self, units: dict) -> bool:
         return len(units) == self.passes and all(u == _DONE for u in units.values())
@@ -255,13 +247,6 @@ class ClaimLedger:
             except FileNotFoundError:
                 pass
         return len(finished)
-
-    def commit(self) -> int:
-        """Persist the live progress without a checkpoint and unlink the fully trained logs; returns their count."""
-        finished, files = self._staged()
-        self.steps = None
-        self._write(files, None)
-        return self._finish(finished, files)
 
     def commit_with(self, steps: int, save) -> int:
         """Persist the progress in one step with the checkpoint ``save()`` writes at ``steps`` (staged, saved,

@@ -32,7 +32,7 @@ class BadLogError(ValueError):
         self.line = line
         super().__init__(self._where() + reason)
 
-    def _where(self) -> str:
+    def _where(self) -> str:  # LogFormatError (mortal.stat_game) words it as file:line
         return f"{self.source}: line {self.line}: " if self.line is not None else f"{self.source}: "
 
 
@@ -72,15 +72,15 @@ def read_log_text(path, max_bytes: int | None = DEFAULT_MAX_LOG_BYTES) -> str:
     """A log file's text, gunzipped if gzip, at most ``max_bytes`` decompressed. Raises ``BadLogError``, OSError."""
     cap = math.inf if max_bytes is None else max_bytes
     with open(path, "rb") as f:
-        if f.read(2) == _GZIP_MAGIC:
-            f.seek(0)
+        gzipped = f.read(2) == _GZIP_MAGIC
+        f.seek(0)
+        if gzipped:
             try:
                 with gzip.GzipFile(fileobj=f, mode="rb") as gz:
                     data = _read_capped(gz, cap, path, "decompressed log")
             except (OSError, EOFError, zlib.error) as e:
                 raise BadLogError(path, f"corrupt gzip data ({e})") from None
         else:
-            f.seek(0)
             data = _read_capped(f, cap, path, "log")
     return decode_log_bytes(data, path)
 
@@ -155,7 +155,7 @@ def _scan(items, source: str, raw: str | None, error: type[BadLogError], trainin
             raise error(source, f"unknown event type {typ!r}", no)
         if typ in ACTOR_EVENTS:
             actor = ev.get("actor")
-            if not isinstance(actor, int) or isinstance(actor, bool) or not 0 <= actor <= 3:
+            if not is_seat(actor):
                 raise error(source, f"{typ} field 'actor' must be a seat 0-3, got {actor!r}", no)
         if training and typ in _TRAINING_FIELDS:
             _check_training_fields(ev, typ, source, no, error)

@@ -16,11 +16,6 @@ from mortal.model.checkpoint import atomic_torch_save, describe_error, load_chec
 logger = logging.getLogger('mortal.train')  # the learner's lines (log format)
 
 
-def filtered_trimmed_lines(lines) -> list:
-    """The non-empty lines of the iterable of strings ``lines``, stripped."""
-    return [line for line in (raw.strip() for raw in lines) if line]
-
-
 def _first_event(filename: str) -> dict:
     opener = gzip.open if filename.endswith('.gz') else open
     with opener(filename, 'rt', encoding='utf-8') as f:
@@ -149,7 +144,7 @@ def load_player_names(files) -> set:
     for filename in files:
         try:
             with open(filename, encoding='utf-8') as f:
-                names.update(filtered_trimmed_lines(f))
+                names.update(line for line in (raw.strip() for raw in f) if line)
         except (OSError, UnicodeDecodeError) as ex:
             raise ValueError(f'[dataset] player_names_files: cannot read {filename}: {ex}') from None
     return names

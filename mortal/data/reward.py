@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from mortal.data.grp import rank_by_player as ranks_of
 from mortal.model.checkpoint import CheckpointError, load_checkpoint, one_line, require_entries
 
 REWARDS = ("grp", "points")
@@ -103,8 +104,6 @@ class RewardCalculator:
         ``self.reward`` as ``kyoku_rewards`` values the state after a kyoku. The game as ``kyoku_rewards`` takes it;
         ``at_kyoku (M,)``: each decision's kyoku; ``records``: M ``('next', [kyoku_index, honba, kyotaku, s0..s3])``
         or ``('final', [s0..s3])``, as ``mortal.play.arena`` writes them."""
-        from mortal.data.grp import rank_by_player as ranks_of
-
         at_kyoku = np.asarray(at_kyoku, dtype=np.int64)
         m = len(records)
         if m == 0:
