@@ -228,30 +228,11 @@ class ClaimLedger:
                 units[p] = _DONE
         return lost
 
-    def _staged(self) -> tuple:
-        """``(names trained in full, the manifest's files entry of the live progress without them)``."""
-        finished = [n for n, units in self.files.items() if self._done(units)]
-        files = {name: self._entry(units) for name, units in self.files.items() if name not in finished}
-        return finished, files
-
-    def _finish(self, finished: list, files: dict) -> int:
-        """After the manifest listing ``files`` is on disk: forget and unlink the logs trained in full."""
-        for name in finished:
-            del self.files[name]
-        self.committed = files
-        for name in finished:  # after the manifest: a crash before the unlinks leaves unlisted links, which the
-            if self._name_problem(name):  # next claim removes; never unlink anything but a plain file of the folder
-                continue
-            try:
-                os.remove(path.join(self.claim_dir, name))
-            except FileNotFoundError:
-                pass
-        return len(finished)
-
     def commit_with(self, steps: int, save) -> int:
         """Persist the progress in one step with the checkpoint ``save()`` writes at ``steps`` (staged, saved,
         renamed); nothing is committed when ``save()`` raises. Returns how many trained logs were unlinked."""
-        finished, files = self._staged()
+        finished = [n for n, units in self.files.items() if self._done(units)]
+        files = {name: self._entry(units) for name, units in self.files.items() if name not in finished}
         staged = path.join(self.claim_dir, STAGED)
         self._write(files, steps, STAGED)
         try:
@@ -265,7 +246,17 @@ class ClaimLedger:
         os.replace(staged, path.join(self.claim_dir, MANIFEST))
         fsync_dir(self.claim_dir)
         self.steps = steps
-        return self._finish(finished, files)
+        for name in finished:
+            del self.files[name]
+        self.committed = files
+        for name in finished:  # after the manifest: a crash before the unlinks leaves unlisted links, which the
+            if self._name_problem(name):  # next claim removes; never unlink anything but a plain file of the folder
+                continue
+            try:
+                os.remove(path.join(self.claim_dir, name))
+            except FileNotFoundError:
+                pass
+        return len(finished)
 
 
 def _staged_steps(staged: str):
@@ -339,12 +330,9 @@ def _parse_units(manifest: str, name: str, passes_, n_passes: int, *, gone: bool
         return bad(f"a {type(passes_).__name__}, expected an object")
     units = {}
     for key, value in passes_.items():
-        try:
-            p = int(key, 10) if isinstance(key, str) else None
-        except ValueError:
-            p = None
-        if p is None or not 0 <= p < n_passes or str(p) != key:
+        if key not in [str(p) for p in range(n_passes)]:
             return bad(f"pass {key!r} is not one of 0..{n_passes - 1}")
+        p = int(key)
         if value == _DONE:
             units[p] = _DONE
             continue
