@@ -62,11 +62,7 @@ def _dahai(state, index: int, actor: int) -> dict:
     held = state.tehai[plain]
     aka = _holds_aka(state, plain)
     # A red id needs the red five; a plain five id needs a plain copy besides it.
-    if is_aka(index):
-        ok = aka
-    else:
-        ok = held - (1 if aka else 0) > 0
-    if not ok:
+    if not (aka if is_aka(index) else held - aka > 0):
         raise _fail(state, index, f"{tile_name(index)} is not in hand")
     if state.forbidden_tiles[plain]:
         raise _fail(state, index, f"{tile_name(index)} is forbidden (kuikae)")

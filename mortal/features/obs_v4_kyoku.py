@@ -12,7 +12,7 @@ MAX_DORA_INDICATORS = 5  # the first plus one per kan, at most 4 kans (Tenhou ru
 
 
 def _check_event(event) -> dict:
-    """``event`` checked as ``mortal.data.mjai_log`` checks every event (the tiles: ``update_parsed``); as ``update``."""
+    """``event`` checked as ``mjai_log`` checks every event (the tiles: ``update_parsed``); raises as ``update``."""
     if not isinstance(event, dict):
         raise TypeError(f"an mjai event must be a JSON object, got {type(event).__name__}")
     kind = event.get("type")

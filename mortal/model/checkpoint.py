@@ -222,16 +222,12 @@ def describe_mismatches(expected: Mapping, saved, limit: int = 3) -> list:
     problems = state_dict_mismatches(expected, saved)
     if problems and problems[0].kind == 'not_a_dict':
         return [f'expected a state dict, got {problems[0].saved}']
-    by_kind = {kind: [m for m in problems if m.kind == kind] for kind in ('missing', 'unexpected', 'shape')}
     out = []
-    if by_kind['missing']:
-        out.append(f"{len(by_kind['missing'])} missing key(s): {some(m.key for m in by_kind['missing'])}")
-    if by_kind['unexpected']:
-        out.append(f"{len(by_kind['unexpected'])} unexpected key(s): "
-                   f"{some(m.key for m in by_kind['unexpected'])}")
-    if by_kind['shape']:
-        out.append(f"{len(by_kind['shape'])} shape mismatch(es) saved vs expected: "
-                   f"{some(f'{m.key} {m.saved} vs {m.expected}' for m in by_kind['shape'])}")
+    for kind, what in (('missing', 'missing key(s)'), ('unexpected', 'unexpected key(s)'),
+                       ('shape', 'shape mismatch(es) saved vs expected')):
+        names = [m.key if kind != 'shape' else f'{m.key} {m.saved} vs {m.expected}' for m in problems if m.kind == kind]
+        if names:
+            out.append(f'{len(names)} {what}: {some(names)}')
     return out
 
 
