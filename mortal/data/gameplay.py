@@ -11,6 +11,7 @@ import numpy as np
 from mjai.mlibriichi.state import PlayerState
 
 from mortal.features.action import HORA, KAN, PASS, RIICHI, RYUKYOKU, event_to_label, kan_select_label
+from mortal.features.mjai import is_int
 from mortal.data.grp import Grp
 from mortal.data.mjai_log import DEFAULT_MAX_LOG_BYTES, BadLogError, LoadedLog, parse_log, read_log, skip_message
 from mortal.features.obs import check_version
@@ -79,11 +80,10 @@ class Gameplay:
         return self.take("cf_records") or []
 
 
-
 class _SeatRecorder:
     """Accumulates samples for one seat while its ``PlayerState`` replays the log."""
 
-    def __init__(self, version: int, seat: int = 0):
+    def __init__(self, version: int, seat: int):
         self.version = version
         self.seat = seat
         self.deferred = DeferredSP() if version == 4 else None
@@ -115,7 +115,7 @@ class _SeatRecorder:
         else:
             obs, mask = state.encode_obs(self.version, at_kan_select)
         if not pending:
-            self._pack(obs, n, state.player_id, log, cur_idx)
+            self._pack(obs, n, log, cur_idx)
         if not mask[label]:
             self.flush(log)
             raise BadLogError(
@@ -135,7 +135,7 @@ class _SeatRecorder:
         self.cf_actions.append(-1 if cf is None else cf[0])
         self.cf_records.append(None if cf is None else cf[1])
 
-    def _pack(self, obs, n: int, seat: int, log: LoadedLog, cur_idx: int, pending_first: bool = True) -> None:
+    def _pack(self, obs, n: int, log: LoadedLog, cur_idx: int, pending_first: bool = True) -> None:
         try:
             # packed right away: the float32 array (about 127 KB) is freed while still in cache
             self.pack(obs, self.packed, n)
@@ -143,7 +143,7 @@ class _SeatRecorder:
             if pending_first:  # decisions still pending are earlier: their error would have come first
                 self.flush(log)
             self.deferred = None  # the log is rejected: what is still pending is dropped
-            raise BadLogError(log.source, f"seat {seat}: {e}", log.line_numbers[cur_idx]) from None
+            raise BadLogError(log.source, f"seat {self.seat}: {e}", log.line_numbers[cur_idx]) from None
 
     def flush(self, log: LoadedLog, background: bool = False) -> None:
         """Run the pending v4 searches and pack them (``background``: as ``DeferredSP.flush``); ``BadLogError``."""
@@ -156,7 +156,7 @@ class _SeatRecorder:
             raise BadLogError(log.source, f"v4 encoder of seat {self.seat}: {e}",
                               log.line_numbers[e.tag[1]]) from None
         for obs, (n, cur_idx) in done:  # in decision order, all earlier than anything still pending
-            self._pack(obs, n, self.seat, log, cur_idx, pending_first=False)
+            self._pack(obs, n, log, cur_idx, pending_first=False)
 
     def finish(self, grp: Grp) -> Gameplay:
         n = len(self.actions)
@@ -243,14 +243,12 @@ def _counterfactual(ev: dict, seat: int, kept: list, passed: bool):
     cf = meta.get("counterfactual") if isinstance(meta, dict) else None
     if cf is None:
         return None
-    action = cf.get("action") if isinstance(cf, dict) else None
-    for kind, size in (("next", 7), ("final", 4)):
-        values = cf.get(kind) if isinstance(cf, dict) else None
-        if (isinstance(action, int) and not isinstance(action, bool) and 0 <= action < 46
-                and isinstance(values, list) and len(values) == size
-                and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
-                and (kind == "final" or 0 <= values[0] < 12)):
-            return action, (kind, values)
+    if isinstance(cf, dict) and is_int(cf.get("action")) and 0 <= cf["action"] < 46:
+        for kind, size in (("next", 7), ("final", 4)):
+            values = cf.get(kind)
+            if (isinstance(values, list) and len(values) == size and all(is_int(v) for v in values)
+                    and (kind == "final" or 0 <= values[0] < 12)):
+                return cf["action"], (kind, values)
     kept[0] += 1
     return None
 
