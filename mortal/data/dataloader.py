@@ -148,8 +148,7 @@ class FileDatasetsIter(IterableDataset):
         """One pass over ``file_list`` (shuffled), yielding samples (or batches) through the shuffle buffer."""
         random.shuffle(self.file_list)
         self.loader = GameplayLoader(self.version, augmented=augmented, **self.loader_options)
-        # The buffer is a tuple of columns (packed obs, actions, masks, ...) sharing the first dimension, None when
-        # empty: no per-sample Python object is made until a sample (or a batch) is handed out.
+        # A tuple of sample columns (None when empty): no per-sample object until a sample or batch is handed out.
         self.buffer = None
         files = [p for p in self.file_list if self.trained.get(p, {}).get(self._pass, ()) is not None]
         for start in range(0, len(files), self.file_batch_size):

@@ -223,8 +223,7 @@ def _label(cur_cans, state, events, i, nxt_idx, seat, always_kan_select):
                 break
             if ev["type"] == "hora" and ev["actor"] == seat:
                 return HORA, None
-    # Pass only if the seat really declined: a chi chance followed by a plain
-    # tsumo, or a pon/kan/ron chance not interrupted by anyone's ron.
+    # Pass only if declined: a chi chance then a plain tsumo, or a pon/kan/ron chance no ron cut short.
     if (cur_cans.can_chi and typ == "tsumo") or (
         (cur_cans.can_pon or cur_cans.can_daiminkan or cur_cans.can_ron_agari) and not has_any_ron
     ):

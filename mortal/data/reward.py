@@ -11,8 +11,7 @@ from mortal.data.grp import rank_by_player as ranks_of
 from mortal.model.checkpoint import CheckpointError, load_checkpoint, one_line, require_entries
 
 REWARDS = ("grp", "points")
-# Points of score mapped onto max(pts) - min(pts): about the final gap between first and last (26,900 to 35,800 on
-# the quickstart's hanchan), so a hanchan's 'points' rewards span about the GRP reward's range.
+# Points of score mapped onto max(pts) - min(pts): about a hanchan's final gap between first and last.
 POINTS_SPREAD = 30000.0
 
 

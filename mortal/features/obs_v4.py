@@ -94,8 +94,7 @@ def sp_rows(facts: list, threads: int, read_only: bool = False) -> np.ndarray:
     return rows
 
 
-#: Rows of the last searches (read-only) by their facts, which alone decide them: the arena's rotations of a seed
-#: replay the same decisions while their seats agree, a few batches apart. Views: each keeps its batch's array.
+#: Rows (read-only views) of the last searches by their facts, which alone decide them: the arena replays decisions.
 _RECENT: OrderedDict = OrderedDict()
 RECENT_SEARCHES = 256
 

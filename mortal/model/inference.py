@@ -68,8 +68,8 @@ def _fold(conv: nn.Conv1d, bn: nn.BatchNorm1d | None) -> tuple[Tensor, Tensor | 
     return w.contiguous(), b
 
 
-# Below this many rows a width-3 convolution runs as one batched matrix product and two shifted adds: oneDNN's
-# per-call cost dominates there (x1.1-1.2 at 12-16 rows; x0.7 at 64-128, docs/performance_forward.md).
+# Below this many rows a width-3 convolution runs as one matrix product and two shifted adds (oneDNN's per-call cost
+# dominates there; docs/performance_forward.md).
 _SMALL_BATCH = 32
 
 
