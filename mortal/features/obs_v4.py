@@ -148,8 +148,7 @@ class DeferredSP:
     """Version-4 encoding whose SP searches run later, many together (the loader's path); ``encode`` returns
     rows 0-888 at once, the next ``flush`` fills rows 889-1011, bit-equal to ``V4Encoder.encode``."""
 
-    def __init__(self, threads: int | None = None):
-        self.threads = threads
+    def __init__(self):
         self._jobs = []      # facts of the decisions to search
         self._pending = []   # (obs, index in _jobs, tag)
         self._last = None    # (encoder id, events_seen, job index): the kan-select pass shares the search
@@ -190,7 +189,7 @@ class DeferredSP:
         self._jobs, self._pending, self._last = [], [], None
         if not pending:
             return out
-        threads = int(sp_threads() if self.threads is None else self.threads)
+        threads = sp_threads()
         if not background:
             return out + _run_deferred(jobs, pending, threads)
         box = {}
