@@ -204,7 +204,7 @@ class FileDatasetsIter(IterableDataset):
         chunks = [] if self.buffer is None else [self.buffer]
         for path, games in zip(file_list, self.loader.load_gz_log_files(file_list)):
             try:
-                parts = [c for c in (self._columns(game) for game in games) if c is not None]
+                parts = [c for c in (_game_columns(game, self.reward_calc) for game in games) if c is not None]
             except (ValueError, IndexError, AssertionError) as e:
                 # parse_log already rejects what could cause this; kept so one bad file never ends a training run
                 logger.warning("skipped log %s: %s: %s", path, type(e).__name__, e)
@@ -233,9 +233,6 @@ class FileDatasetsIter(IterableDataset):
             keep[trained] = False
             cols = tuple(c[keep] for c in cols)
         return cols
-
-    def _columns(self, game) -> tuple | None:
-        return _game_columns(game, self.reward_calc)
 
     def __iter__(self):
         if self.iterator is None:
