@@ -16,8 +16,7 @@ POINTS_SPREAD = 30000.0
 
 
 def points_scale(pts) -> float:
-    """pt per point of score: ``(max(pts) - min(pts)) / POINTS_SPREAD`` (2e-4 for ``[3, 1, -1, -3]``); ValueError
-    for pts without 4 entries."""
+    """pt per point of score, ``(max(pts) - min(pts)) / POINTS_SPREAD``; ValueError for pts without 4 entries."""
     pts = [float(p) for p in pts]
     if len(pts) != 4:
         raise ValueError(f"pts must have 4 entries (ranks 1-4), got {pts!r}")

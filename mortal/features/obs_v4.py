@@ -100,8 +100,7 @@ RECENT_SEARCHES = 256
 
 
 def prepare_sp(pairs, threads: int | None = None) -> None:
-    """Search the SP rows of each ``(encoder, state)`` not yet prepared, together, each distinct decision once and
-    a recent one not again; ValueError as ``encode``."""
+    """Search together the SP rows of each ``(encoder, state)`` not yet prepared nor recently searched; ValueError."""
     pending = {}
     for enc, state in pairs:
         _checked(enc, state)
