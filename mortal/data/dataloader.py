@@ -27,15 +27,10 @@ from mortal.data.reward import RewardCalculator, load_grp
 logger = logging.getLogger('mortal.dataloader')  # the name before the package split (log format)
 
 
-def _ranks_by_scores(scores: np.ndarray) -> np.ndarray:
-    # (K, 4) scores -> (K, 4) rank of each seat; stable so ties go to the lower seat.
-    return (-scores).argsort(-1, kind="stable").argsort(-1, kind="stable")
-
-
 def _game_columns(game, reward_calc: RewardCalculator) -> tuple | None:
     """One seat's ``Gameplay`` as sample columns (obs packed), None when the seat had no decision."""
     n = len(game)
-    if n == 0:  # the seat never had a decision
+    if n == 0:
         return None
     obs = game.take("packed_obs")
     actions = game.take("actions")
@@ -54,26 +49,22 @@ def _game_columns(game, reward_calc: RewardCalculator) -> tuple | None:
         raise AssertionError(f"{len(rewards)} kyoku rewards but a sample at kyoku {at_kyoku[-1]}")
 
     scores_seq = np.concatenate((np.rint(feature[:, 3:] * 1e4), [grp.take_final_scores()]))
-    player_ranks = _ranks_by_scores(scores_seq)[:, player_id].astype(np.int64)
+    # the seat's rank before each kyoku and at the end; stable, so ties go to the lower seat
+    player_ranks = (-scores_seq).argsort(-1, kind="stable").argsort(-1, kind="stable")[:, player_id].astype(np.int64)
 
     steps_to_done = np.zeros(n, dtype=np.int64)
     for i in range(n - 2, -1, -1):
         if not dones[i]:
             steps_to_done[i] = steps_to_done[i + 1] + int(apply_gamma[i])
 
-    cf_deltas = _cf_deltas(reward_calc, n, player_id, feature, grp, at_kyoku, cf_actions, cf_records)
-    return obs, actions, masks, steps_to_done, rewards[at_kyoku], player_ranks[at_kyoku + 1], cf_actions, cf_deltas
-
-
-def _cf_deltas(reward_calc, n, player_id, feature, grp, at_kyoku, cf_actions, cf_records) -> np.ndarray:
-    """(n,) float32: a counterfactual branch's kyoku outcome minus the real one, 0 without a branch."""
+    # a counterfactual branch's kyoku outcome minus the real one, 0 without a branch
     cf_deltas = np.zeros(n, dtype=np.float32)
     has = np.flatnonzero(cf_actions >= 0)
     if len(has):
         cf_deltas[has] = reward_calc.counterfactual_deltas(
             player_id, feature, grp.take_rank_by_player(), grp.take_final_scores(), at_kyoku[has],
             [cf_records[i] for i in has])
-    return cf_deltas
+    return obs, actions, masks, steps_to_done, rewards[at_kyoku], player_ranks[at_kyoku + 1], cf_actions, cf_deltas
 
 
 class FileDatasetsIter(IterableDataset):

@@ -169,8 +169,17 @@ def _scan(items, source: str, raw: str | None, error: type[BadLogError], trainin
             ended = True
             if training and in_kyoku:
                 raise error(source, "end_game before the last kyoku's end_kyoku", no)
-        elif training and (typ == "start_kyoku" or typ == "end_kyoku"):
-            in_kyoku, n_kyoku = _kyoku_order(typ, in_kyoku, n_kyoku, source, no, error)
+        elif training and typ == "start_kyoku":
+            if in_kyoku:
+                raise error(source, "start_kyoku before the previous kyoku's end_kyoku", no)
+            in_kyoku, n_kyoku = True, n_kyoku + 1
+            if n_kyoku > MAX_KYOKU:
+                raise error(source, f"more than {MAX_KYOKU} kyoku in one game", no)
+        elif training and typ == "end_kyoku":
+            # The loaders number kyoku by end_kyoku and reward them by start_kyoku: the two must pair up.
+            if not in_kyoku:
+                raise error(source, "end_kyoku without a start_kyoku", no)
+            in_kyoku = False
         events.append(ev)
         lines.append(line)
         numbers.append(no)
@@ -186,22 +195,6 @@ def _loads_or_fail(line: str, source: str, no: int, error: type[BadLogError], ra
     except ValueError as e:
         hint = _not_mjai_hint(raw) if raw is not None else ""
         raise error(source, hint or f"not a JSON event ({e})", no) from None
-
-
-def _kyoku_order(typ: str, in_kyoku: bool, n_kyoku: int, source: str, no: int,
-                 error: type[BadLogError]) -> tuple:
-    """``(in_kyoku, n_kyoku)`` after a kyoku boundary; ``error`` when unpaired or over ``MAX_KYOKU``."""
-    if typ == "start_kyoku":
-        if in_kyoku:
-            raise error(source, "start_kyoku before the previous kyoku's end_kyoku", no)
-        n_kyoku += 1
-        if n_kyoku > MAX_KYOKU:
-            raise error(source, f"more than {MAX_KYOKU} kyoku in one game", no)
-        return True, n_kyoku
-    # The loaders number kyoku by end_kyoku and reward them by start_kyoku: the two must pair up.
-    if not in_kyoku:
-        raise error(source, "end_kyoku without a start_kyoku", no)
-    return False, n_kyoku
 
 
 def _check_training_fields(ev: dict, typ: str, source: str, no: int, error: type[BadLogError]) -> None:
