@@ -135,9 +135,12 @@ class ClaimLedger:
         keep = self.names() | _RESERVED
         empty_dir(self.claim_dir, keep)
         targets = []
-        for name in files:
-            targets.append(_free_name(name, keep))
-            keep.add(targets[-1])
+        for name in files:  # drained names restart at "0_" with every server: one may meet a log kept from before
+            target, k = name, 1
+            while target in keep:
+                target, k = f"{k}+{name}", k + 1
+            targets.append(target)
+            keep.add(target)
         self.add(targets)
         claimed, vanished = [], []
         for name, target in zip(files, targets):
@@ -259,15 +262,6 @@ class ClaimLedger:
         return len(finished)
 
 
-def _staged_steps(staged: str):
-    try:
-        with open(staged, encoding="utf-8") as f:
-            steps = json.load(f).get("steps")
-    except (OSError, ValueError, AttributeError, RecursionError):
-        return None
-    return steps if is_int(steps) else None
-
-
 def _reconcile(claim_dir: str, steps) -> None:
     """Adopt a staged manifest whose steps are ``steps`` (the checkpoint on disk), else remove it; logged."""
     staged, manifest = path.join(claim_dir, STAGED), path.join(claim_dir, MANIFEST)
@@ -281,7 +275,12 @@ def _reconcile(claim_dir: str, steps) -> None:
         except OSError as ex:
             logger.warning("cannot drop %s, which is no staged claim ledger: %s", staged, ex)
         return
-    at = _staged_steps(staged)
+    try:
+        with open(staged, encoding="utf-8") as f:
+            at = json.load(f).get("steps")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        at = None
+    at = at if is_int(at) else None
     if steps is not None and at == steps:
         os.replace(staged, manifest)
         fsync_dir(claim_dir)
@@ -350,16 +349,6 @@ def _parse_units(manifest: str, name: str, passes_, n_passes: int, *, gone: bool
 def claim_dir_for(drain_dir: str) -> str:
     """The learner's own directory next to the server's ``drain_dir``: ``<drain_dir>.trainer``."""
     return path.normpath(drain_dir) + ".trainer"
-
-
-def _free_name(name: str, taken: set) -> str:
-    # Drained names restart at "0_" with every server instance: one may meet a log still kept from before.
-    k = 1
-    candidate = name
-    while candidate in taken:
-        candidate = f"{k}+{name}"
-        k += 1
-    return candidate
 
 
 def _link_or_copy(src: str, dst: str) -> None:

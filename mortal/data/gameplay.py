@@ -348,6 +348,7 @@ class GameplayLoader:
         return rec.finish(grp)
 
     def _walk_seat(self, log: LoadedLog, seat: int, windows: tuple, state, enc, rec: _SeatRecorder) -> None:
+        global _cf_warned
         events, lines = log.events, log.lines
         types, nxt_of, own_actor = windows
         kyoku_idx = 0
@@ -403,15 +404,9 @@ class GameplayLoader:
                 rec.add(state, True, kan, kyoku_idx, log, i, nxt_idx, enc)
             if enc is not None and len(rec.deferred) >= _V4_BATCH:
                 rec.flush(log, background=True)  # searched while the walk goes on
-        self._count_bad_counterfactuals(log, seat, bad_cf[0] + rec.cf_ignored)
-
-    def _count_bad_counterfactuals(self, log: LoadedLog, seat: int, n: int) -> None:
-        # counted in cf_ignored; the first is logged once per process
-        global _cf_warned
-        if not n:
-            return
+        n = bad_cf[0] + rec.cf_ignored  # counted in cf_ignored; the first is logged once per process
         self.cf_ignored += n
-        if not _cf_warned:
+        if n and not _cf_warned:
             _cf_warned = True
             logger.warning("%s: %d counterfactual record(s) of seat %d ignored (malformed, or the action is not "
                            "legal or is the one taken); logged once", log.source, n, seat)

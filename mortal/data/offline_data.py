@@ -16,12 +16,6 @@ from mortal.model.checkpoint import atomic_torch_save, describe_error, load_chec
 logger = logging.getLogger('mortal.train')  # the learner's lines (log format)
 
 
-def _first_event(filename: str) -> dict:
-    opener = gzip.open if filename.endswith('.gz') else open
-    with opener(filename, 'rt', encoding='utf-8') as f:
-        return json.loads(next(f))
-
-
 def build_file_list(dataset, player_names: set) -> list:
     """Offline file list of the typed ``[dataset]``: a valid ``file_index``, else the globs sorted descending (cached
     when non-empty); ValueError naming ``file_index`` when it is not an index."""
@@ -51,7 +45,9 @@ def build_file_list(dataset, player_names: set) -> list:
         kept = []
         for filename in file_list:
             try:
-                names = _first_event(filename)['names']
+                opener = gzip.open if filename.endswith('.gz') else open
+                with opener(filename, 'rt', encoding='utf-8') as f:
+                    names = json.loads(next(f))['names']
             except (OSError, EOFError, StopIteration, ValueError, KeyError, TypeError) as ex:
                 logger.warning('skipping %s while indexing: %s: %s', filename, type(ex).__name__, ex)
                 continue
