@@ -291,13 +291,6 @@ def _swap_mp_index(index: int) -> int:
     return {34: 35, 35: 34}.get(index, index)
 
 
-def augment_log(log: LoadedLog) -> LoadedLog:
-    """``augment_event`` over a whole parsed log (new JSON lines are written)."""
-    events = [augment_event(ev) for ev in log.events]
-    return LoadedLog(events, [json.dumps(ev, separators=(",", ":")) for ev in events],
-                     log.line_numbers, log.source)
-
-
 class GameplayLoader:
     """Turns mjai logs into ``Gameplay`` samples (Mortal's ``GameplayLoader``), no oracle observations."""
 
@@ -318,8 +311,10 @@ class GameplayLoader:
 
     def load_parsed(self, log: LoadedLog) -> list[Gameplay]:
         """``load_log`` of a log ``parse_log`` returned."""
-        if self.augmented:
-            log = augment_log(log)
+        if self.augmented:  # new JSON lines are written for the swapped events
+            events = [augment_event(ev) for ev in log.events]
+            log = LoadedLog(events, [json.dumps(ev, separators=(",", ":")) for ev in events], log.line_numbers,
+                            log.source)
         grp = Grp.load_events(log.events, log.source)
         names = log.events[0].get("names") or [""] * 4
         seats = [i for i, n in enumerate(names) if n in self._names] if self._names else list(range(4))

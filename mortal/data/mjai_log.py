@@ -146,7 +146,13 @@ def _scan(items, source: str, raw: str | None, error: type[BadLogError], trainin
             except (StopIteration, ValueError, RecursionError):
                 end = -1
             if end != len(line):
-                ev = _loads_or_fail(line, source, no, error, raw if not events else None)
+                try:
+                    ev = json.loads(line)
+                except RecursionError:
+                    raise error(source, "JSON nested too deeply", no) from None
+                except ValueError as e:
+                    hint = _not_mjai_hint(raw) if raw is not None and not events else ""
+                    raise error(source, hint or f"not a JSON event ({e})", no) from None
         if not isinstance(ev, dict) or not isinstance(ev.get("type"), str):
             hint = _not_mjai_hint(raw) if raw is not None and not events else ""
             raise error(source, hint or "not an mjai event (no string field 'type')", no)
@@ -184,17 +190,6 @@ def _scan(items, source: str, raw: str | None, error: type[BadLogError], trainin
         lines.append(line)
         numbers.append(no)
     return events, lines, numbers
-
-
-def _loads_or_fail(line: str, source: str, no: int, error: type[BadLogError], raw: str | None):
-    """``json.loads`` of one line, or ``error`` with json's reason (plus the not-mjai hint on the first line)."""
-    try:
-        return json.loads(line)
-    except RecursionError:
-        raise error(source, "JSON nested too deeply", no) from None
-    except ValueError as e:
-        hint = _not_mjai_hint(raw) if raw is not None else ""
-        raise error(source, hint or f"not a JSON event ({e})", no) from None
 
 
 def _check_training_fields(ev: dict, typ: str, source: str, no: int, error: type[BadLogError]) -> None:
