@@ -96,13 +96,6 @@ def test_specific_decisions(loaded):
     assert _at(games, 1, 1379) == ([], [])
 
 
-def test_kan_select_only_with_several_candidates():
-    plain = GameplayLoader(3).load_log(RIICHIENV.read_text())
-    lean = GameplayLoader(3, always_include_kan_select=False).load_log(RIICHIENV.read_text())
-    assert len(lean[1]) == len(plain[1]) - 1  # the single-candidate ankan loses its select sample
-    assert [len(g) for g in lean[::2]] == [len(g) for g in plain[::2]]
-
-
 def test_seat_filters():
     raw = META.read_text()  # names "0".."3"
     assert [g.player_id for g in GameplayLoader(3, player_names=["2"]).load_log(raw)] == [2]

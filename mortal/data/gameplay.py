@@ -199,20 +199,15 @@ def _check_unmasked(log: LoadedLog, seat: int) -> None:
                 raise BadLogError(log.source, f"{typ} field {key!r} holds a masked tile '?'", no)
 
 
-def _label(cur_cans, state, events, i, nxt_idx, seat, always_kan_select):
-    """(label, kan_select_label) for a decision after ``events[i]``, or (None, None) (Mortal's window rules)."""
+def _label(cur_cans, events, i, nxt_idx, seat):
+    """(label, kan_select_label) for a decision after ``events[i]``, or (None, None) (Mortal's window rules; a kan
+    always with its kan-select sample, as Mortal's ``always_include_kan_select``)."""
     nxt = events[nxt_idx]
     typ = nxt["type"]
     if typ in ("dahai", "reach") or (typ in ("chi", "pon") and nxt["actor"] == seat):
         return event_to_label(nxt), None
-    if typ == "daiminkan" and nxt["actor"] == seat:
-        return KAN, (kan_select_label(nxt) if always_kan_select else None)
-    if typ == "kakan":
-        sel = always_kan_select or len(state.kakan_candidates()) > 1
-        return KAN, (kan_select_label(nxt) if sel else None)
-    if typ == "ankan":
-        sel = always_kan_select or len(state.ankan_candidates()) > 1
-        return KAN, (kan_select_label(nxt) if sel else None)
+    if typ in ("kakan", "ankan") or (typ == "daiminkan" and nxt["actor"] == seat):
+        return KAN, kan_select_label(nxt)
     if typ == "ryukyoku" and cur_cans.can_ryukyoku:
         return RYUKYOKU, None
     # Agari or pass. Only wnd[1..4] is scanned for this seat's hora, as Mortal.
@@ -294,11 +289,10 @@ def _swap_mp_index(index: int) -> int:
 class GameplayLoader:
     """Turns mjai logs into ``Gameplay`` samples (Mortal's ``GameplayLoader``), no oracle observations."""
 
-    def __init__(self, version: int, *, player_names=None, always_include_kan_select: bool = True,
-                 augmented: bool = False, max_log_bytes: int | None = DEFAULT_MAX_LOG_BYTES):
+    def __init__(self, version: int, *, player_names=None, augmented: bool = False,
+                 max_log_bytes: int | None = DEFAULT_MAX_LOG_BYTES):
         self.version = check_version(version)
         self._names = frozenset(player_names or ())
-        self.always_include_kan_select = bool(always_include_kan_select)
         self.augmented = bool(augmented)
         self.max_log_bytes = max_log_bytes
         self.skipped = 0
@@ -347,7 +341,6 @@ class GameplayLoader:
         events, lines = log.events, log.lines
         types, nxt_of, own_actor = windows
         kyoku_idx = 0
-        always = self.always_include_kan_select
         ron_cans, winners = None, set()
         has_cf = any('"counterfactual"' in line for line in lines)  # cheap test first: most logs have none
         bad_cf = [0]
@@ -384,7 +377,7 @@ class GameplayLoader:
                                       log.line_numbers[nxt_idx])
                 continue
             try:
-                label, kan = _label(cans, state, events, i, nxt_idx, seat, always)
+                label, kan = _label(cans, events, i, nxt_idx, seat)
             except (ValueError, KeyError, TypeError) as e:  # a bad tile name or a missing field of the next event
                 raise BadLogError(log.source, f"{types[nxt_idx]} cannot be labelled for seat {seat}: "
                                   f"{type(e).__name__}: {e}", log.line_numbers[nxt_idx]) from None
