@@ -72,12 +72,11 @@ class Gameplay:
         return unpack(self.take("packed_obs"), self.version) if self.packed_obs is not None else None
 
     def take_cf_actions(self) -> np.ndarray:
-        """``cf_actions``, released; all -1 when the loader recorded none."""
-        out = self.take("cf_actions")
-        return np.full(len(self.actions if self.actions is not None else ()), -1, np.int64) if out is None else out
+        """``cf_actions`` (-1: no counterfactual record), released."""
+        return self.take("cf_actions")
 
     def take_cf_records(self) -> list:
-        return self.take("cf_records") or []
+        return self.take("cf_records")
 
 
 class _SeatRecorder:
