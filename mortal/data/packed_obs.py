@@ -8,12 +8,9 @@ import functools
 import numpy as np
 
 from mortal.features.obs import check_version, obs_shape
+from mortal.features.sp.calc import _core
 
-try:
-    from mortal.features.sp import _core
-    _pack_obs = getattr(_core, "pack_obs", None)
-except ImportError:  # the optional compiled core is not built
-    _pack_obs = None
+_pack_obs = getattr(_core, "pack_obs", None)  # None: the optional compiled core is not built
 
 #: True when ``pack_into`` runs in the compiled core.
 HAVE_FAST_PACK = _pack_obs is not None
