@@ -216,12 +216,8 @@ class GRP(nn.Module):
         self.double()
 
     def forward(self, inputs: list[Tensor]) -> Tensor:
-        """``inputs``: list of N tensors ``(L_i, 7)`` float64, L_i >= 1 -> logits ``(N, 24)`` float64."""
-        if len(inputs) == 0:
-            raise ValueError("GRP.forward needs at least one sequence")
+        """``inputs``: list of N >= 1 tensors ``(L_i, 7)`` float64, L_i >= 1 -> logits ``(N, 24)`` float64."""
         lengths = torch.tensor([t.shape[0] for t in inputs], dtype=torch.int64)
-        if int(lengths.min()) < 1:
-            raise ValueError("GRP.forward got an empty sequence")
         padded = pad_sequence(inputs, batch_first=True)
         packed = pack_padded_sequence(padded, lengths, batch_first=True, enforce_sorted=False)
         _, h_n = self.rnn(packed)  # (num_layers, N, hidden)
