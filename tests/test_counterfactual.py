@@ -12,7 +12,7 @@ import torch
 
 import mortal.play.arena as arena_mod
 import mortal.play.counterfactual as cf_mod
-from mortal.data.dataloader import FileDatasetsIter
+from mortal.data.dataloader import FileDatasetsIter, _game_columns
 from mortal.data.gameplay import GameplayLoader
 from mortal.data.grp import grand_kyoku
 from mortal.data.reward import RewardCalculator
@@ -289,7 +289,7 @@ def test_loader_records_the_counterfactual_and_its_points_delta():
     ds = FileDatasetsIter(3, [], PTS, None, reward="points")
     list(ds)  # builds the reward calculator
     feature = game.grp.feature.copy()
-    cols = ds._columns(game)
+    cols = _game_columns(game, ds.reward_calc)
     cf_actions, cf_deltas = cols[6], cols[7]
     np.testing.assert_array_equal(cf_actions, expected)
     # seat 0 after E1 (the E2 start): 21000 -> branch 30000: +9000 points x 6 / 30000 = +1.8 pt
@@ -314,7 +314,7 @@ def test_loader_grp_delta_is_the_grp_value_of_the_branch_minus_the_real_one():
     feature, ranks = game.grp.feature.copy(), game.grp.rank_by_player.copy()
     ds = FileDatasetsIter(3, [], PTS, grp)
     list(ds)
-    cf_deltas = ds._columns(game)[7]
+    cf_deltas = _game_columns(game, ds.reward_calc)[7]
     calc = RewardCalculator(grp, PTS)
     exp_pts = (calc.calc_rank_prob(0, feature, ranks) @ calc.pts).numpy()
     # branch next: the GRP over E1, E2 and the branch's E3 row [2, 0, 1, 3.0, 1.9, 2.5, 2.5]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from mortal.data.dataloader import FileDatasetsIter, make_dataloader
+from mortal.data.dataloader import FileDatasetsIter, _game_columns, make_dataloader
 from mortal.data.gameplay import GameplayLoader
 from mortal.model.networks import GRP
 from mortal.data.reward import RewardCalculator
@@ -70,7 +70,7 @@ def test_steps_to_done_rewards_and_ranks(grp):
     actions, dones, at_kyoku = game.actions.copy(), game.dones.copy(), game.at_kyoku.copy()
     gamma_steps = game.apply_gamma.copy()
     rewards = ds.reward_calc.calc_delta_pt(0, game.grp.feature, game.grp.rank_by_player)
-    packed, acts, masks, steps, kyoku_rewards, ranks, cf_actions, cf_deltas = ds._columns(game)
+    packed, acts, masks, steps, kyoku_rewards, ranks, cf_actions, cf_deltas = _game_columns(game, ds.reward_calc)
     assert (cf_actions == -1).all() and (cf_deltas == 0).all()
     assert packed.shape == (len(actions), 13900) and packed.dtype == np.uint8
     assert (steps[dones] == 0).all()
@@ -167,7 +167,7 @@ def test_points_reward_needs_no_grp():
     list(ds)  # builds the reward calculator
     game = GameplayLoader(3, player_names=["0"]).load_log(RIICHIENV.read_text())[0]
     at_kyoku = game.at_kyoku.copy()
-    kyoku_rewards = ds._columns(game)[4]
+    kyoku_rewards = _game_columns(game, ds.reward_calc)[4]
     # seat 0: E1 25000 -> 21000 = -4000 points x 6 / 30000 = -0.8 pt
     np.testing.assert_allclose(kyoku_rewards[at_kyoku == 0], -0.8)
     expected = RewardCalculator(None, PTS, reward="points").calc_points_reward(0, game.grp.feature,

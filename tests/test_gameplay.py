@@ -38,7 +38,6 @@ def test_every_label_legal_and_array_layout(loaded, path):
         assert g.obs.shape == (n, 934, 34) and g.obs.dtype == np.float32
         assert g.masks.shape == (n, 46) and g.masks.dtype == np.bool_
         assert g.actions.dtype == np.int64 and g.at_kyoku.dtype == np.uint8
-        assert g.at_turns.dtype == np.uint8 and g.shantens.dtype == np.int8
         assert g.masks[np.arange(n), g.actions].all()
         np.testing.assert_array_equal(g.apply_gamma, g.actions <= 37)
         # 12 kyoku, the seat acts in each: at_kyoku 0..11 and one done per kyoku, the last one done.
@@ -97,19 +96,10 @@ def test_specific_decisions(loaded):
     assert _at(games, 1, 1379) == ([], [])
 
 
-def test_kan_select_only_with_several_candidates():
-    plain = GameplayLoader(3).load_log(RIICHIENV.read_text())
-    lean = GameplayLoader(3, always_include_kan_select=False).load_log(RIICHIENV.read_text())
-    assert len(lean[1]) == len(plain[1]) - 1  # the single-candidate ankan loses its select sample
-    assert [len(g) for g in lean[::2]] == [len(g) for g in plain[::2]]
-
-
 def test_seat_filters():
     raw = META.read_text()  # names "0".."3"
     assert [g.player_id for g in GameplayLoader(3, player_names=["2"]).load_log(raw)] == [2]
-    assert [g.player_id for g in GameplayLoader(3, excludes=["0", "1"]).load_log(raw)] == [2, 3]
-    both = GameplayLoader(3, player_names=["1"], excludes=["1"]).load_log(raw)
-    assert [g.player_id for g in both] == [1]  # excludes ignored when player_names is given
+    assert [g.player_id for g in GameplayLoader(3).load_log(raw)] == [0, 1, 2, 3]
     assert GameplayLoader(3, player_names=["nobody"]).load_log(raw) == []
 
 
@@ -127,13 +117,11 @@ def test_augmented_swaps_manzu_and_pinzu():
         assert a.masks[np.arange(len(a)), a.actions].all()
 
 
-def test_version_and_oracle_errors():
+def test_version_errors():
     assert GameplayLoader(4).version == 4  # loaded with mortal.features.obs_v4 (tests/test_v4_wiring.py)
     for bad in (5, 0, True, "4"):
         with pytest.raises(UnsupportedVersionError):
             GameplayLoader(bad)
-    with pytest.raises(NotImplementedError):
-        GameplayLoader(3, oracle=True)
 
 
 def test_take_moves_out():

@@ -165,7 +165,7 @@ def learner_samples(path, version: int, player_names=None) -> dict:
     """``{seat: [Sample, ...]}`` of the log at ``path`` through the trainer's path: ``GameplayLoader`` with the
     options ``FileDatasetsIter.load_files`` gives it (kan select always, no augmentation), then ``_game_columns``
     (the columns a training batch is cut from; the reward does not matter here)."""
-    loader = GameplayLoader(version, player_names=player_names, always_include_kan_select=True, augmented=False)
+    loader = GameplayLoader(version, player_names=player_names, augmented=False)
     calc = RewardCalculator(None, PTS, reward="points")
     out = {}
     for game in loader.load_log_file(path):

@@ -15,8 +15,7 @@ from mortal.features.sp.calc import HAVE_CORE
 
 needs_core = pytest.mark.skipif(not HAVE_CORE, reason="the compiled single-player core is not built")
 
-FIELDS = ("packed_obs", "actions", "masks", "at_kyoku", "dones", "apply_gamma", "at_turns", "shantens",
-          "event_idx")
+FIELDS = ("packed_obs", "actions", "masks", "at_kyoku", "dones", "apply_gamma", "event_idx")
 
 
 class _AtOnce:

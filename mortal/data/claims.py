@@ -129,28 +129,33 @@ class ClaimLedger:
         self._write()
 
     def claim(self, drain_dir: str, files) -> tuple:
-        """Claim the drained ``files`` (``claim_drained``) and track them; ``(claimed paths, vanished names)``."""
+        """Hard-link (else copy) each drained ``drain_dir/name`` into the claim folder (emptied but for the tracked
+        logs; a clash becomes ``'<k>+<name>'``) and track it, listed before the link. Returns (claimed paths, names
+        that vanished); OSError when a link fails."""
+        keep = self.names() | _RESERVED
+        empty_dir(self.claim_dir, keep)
         targets = []
-
-        def on_claim(names):
-            targets.extend(names)
-            self.add(names)
-
-        claimed, vanished = claim_drained(drain_dir, files, self.claim_dir, keep=self.names() | _RESERVED,
-                                          on_claim=on_claim)
-        kept = set(claimed)
-        self.forget([n for n in targets if path.join(self.claim_dir, n) not in kept])
+        for name in files:  # drained names restart at "0_" with every server: one may meet a log kept from before
+            target, k = name, 1
+            while target in keep:
+                target, k = f"{k}+{name}", k + 1
+            targets.append(target)
+            keep.add(target)
+        self.add(targets)
+        claimed, vanished = [], []
+        for name, target in zip(files, targets):
+            dst = path.join(self.claim_dir, target)
+            try:
+                _link_or_copy(path.join(drain_dir, name), dst)
+            except FileNotFoundError:  # gone before the link: not tracked after all
+                vanished.append(name)
+                self.files.pop(target, None)
+                self.committed.pop(target, None)
+                continue
+            claimed.append(dst)
+        if vanished:
+            self._write()
         return claimed, vanished
-
-    def forget(self, names) -> None:
-        """Stop tracking logs that could not be claimed after all (they vanished before the link)."""
-        names = set(names)
-        if not names:
-            return
-        for name in names:
-            self.files.pop(name, None)
-            self.committed.pop(name, None)
-        self._write()
 
     def _done(self, units: dict) -> bool:
         return len(units) == self.passes and all(u == _DONE for u in units.values())
@@ -226,37 +231,11 @@ class ClaimLedger:
                 units[p] = _DONE
         return lost
 
-    def _staged(self) -> tuple:
-        """``(names trained in full, the manifest's files entry of the live progress without them)``."""
-        finished = [n for n, units in self.files.items() if self._done(units)]
-        files = {name: self._entry(units) for name, units in self.files.items() if name not in finished}
-        return finished, files
-
-    def _finish(self, finished: list, files: dict) -> int:
-        """After the manifest listing ``files`` is on disk: forget and unlink the logs trained in full."""
-        for name in finished:
-            del self.files[name]
-        self.committed = files
-        for name in finished:  # after the manifest: a crash before the unlinks leaves unlisted links, which the
-            if self._name_problem(name):  # next claim removes; never unlink anything but a plain file of the folder
-                continue
-            try:
-                os.remove(path.join(self.claim_dir, name))
-            except FileNotFoundError:
-                pass
-        return len(finished)
-
-    def commit(self) -> int:
-        """Persist the live progress without a checkpoint and unlink the fully trained logs; returns their count."""
-        finished, files = self._staged()
-        self.steps = None
-        self._write(files, None)
-        return self._finish(finished, files)
-
     def commit_with(self, steps: int, save) -> int:
         """Persist the progress in one step with the checkpoint ``save()`` writes at ``steps`` (staged, saved,
         renamed); nothing is committed when ``save()`` raises. Returns how many trained logs were unlinked."""
-        finished, files = self._staged()
+        finished = [n for n, units in self.files.items() if self._done(units)]
+        files = {name: self._entry(units) for name, units in self.files.items() if name not in finished}
         staged = path.join(self.claim_dir, STAGED)
         self._write(files, steps, STAGED)
         try:
@@ -270,16 +249,17 @@ class ClaimLedger:
         os.replace(staged, path.join(self.claim_dir, MANIFEST))
         fsync_dir(self.claim_dir)
         self.steps = steps
-        return self._finish(finished, files)
-
-
-def _staged_steps(staged: str):
-    try:
-        with open(staged, encoding="utf-8") as f:
-            steps = json.load(f).get("steps")
-    except (OSError, ValueError, AttributeError, RecursionError):
-        return None
-    return steps if is_int(steps) else None
+        for name in finished:
+            del self.files[name]
+        self.committed = files
+        for name in finished:  # after the manifest: a crash before the unlinks leaves unlisted links, which the
+            if self._name_problem(name):  # next claim removes; never unlink anything but a plain file of the folder
+                continue
+            try:
+                os.remove(path.join(self.claim_dir, name))
+            except FileNotFoundError:
+                pass
+        return len(finished)
 
 
 def _reconcile(claim_dir: str, steps) -> None:
@@ -295,7 +275,12 @@ def _reconcile(claim_dir: str, steps) -> None:
         except OSError as ex:
             logger.warning("cannot drop %s, which is no staged claim ledger: %s", staged, ex)
         return
-    at = _staged_steps(staged)
+    try:
+        with open(staged, encoding="utf-8") as f:
+            at = json.load(f).get("steps")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        at = None
+    at = at if is_int(at) else None
     if steps is not None and at == steps:
         os.replace(staged, manifest)
         fsync_dir(claim_dir)
@@ -344,12 +329,9 @@ def _parse_units(manifest: str, name: str, passes_, n_passes: int, *, gone: bool
         return bad(f"a {type(passes_).__name__}, expected an object")
     units = {}
     for key, value in passes_.items():
-        try:
-            p = int(key, 10) if isinstance(key, str) else None
-        except ValueError:
-            p = None
-        if p is None or not 0 <= p < n_passes or str(p) != key:
+        if key not in [str(p) for p in range(n_passes)]:
             return bad(f"pass {key!r} is not one of 0..{n_passes - 1}")
+        p = int(key)
         if value == _DONE:
             units[p] = _DONE
             continue
@@ -367,39 +349,6 @@ def _parse_units(manifest: str, name: str, passes_, n_passes: int, *, gone: bool
 def claim_dir_for(drain_dir: str) -> str:
     """The learner's own directory next to the server's ``drain_dir``: ``<drain_dir>.trainer``."""
     return path.normpath(drain_dir) + ".trainer"
-
-
-def _free_name(name: str, taken: set) -> str:
-    # Drained names restart at "0_" with every server instance: one may meet a log still kept from before.
-    k = 1
-    candidate = name
-    while candidate in taken:
-        candidate = f"{k}+{name}"
-        k += 1
-    return candidate
-
-
-def claim_drained(drain_dir: str, files, claim_dir: str, *, keep=(), on_claim=None) -> tuple:
-    """Hard-link (else copy) each drained ``drain_dir/name`` into ``claim_dir`` (emptied but for ``keep``; a
-    clash becomes ``'<k>+<name>'``). Returns (claimed paths, names that vanished); OSError when a link fails."""
-    keep = set(keep)
-    empty_dir(claim_dir, keep)
-    targets = []
-    for name in files:
-        targets.append(_free_name(name, keep))
-        keep.add(targets[-1])
-    if on_claim is not None:
-        on_claim(targets)
-    claimed, vanished = [], []
-    for name, target in zip(files, targets):
-        src, dst = path.join(drain_dir, name), path.join(claim_dir, target)
-        try:
-            _link_or_copy(src, dst)
-        except FileNotFoundError:
-            vanished.append(name)
-            continue
-        claimed.append(dst)
-    return claimed, vanished
 
 
 def _link_or_copy(src: str, dst: str) -> None:

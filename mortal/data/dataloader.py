@@ -27,15 +27,10 @@ from mortal.data.reward import RewardCalculator, load_grp
 logger = logging.getLogger('mortal.dataloader')  # the name before the package split (log format)
 
 
-def _ranks_by_scores(scores: np.ndarray) -> np.ndarray:
-    # (K, 4) scores -> (K, 4) rank of each seat; stable so ties go to the lower seat.
-    return (-scores).argsort(-1, kind="stable").argsort(-1, kind="stable")
-
-
 def _game_columns(game, reward_calc: RewardCalculator) -> tuple | None:
     """One seat's ``Gameplay`` as sample columns (obs packed), None when the seat had no decision."""
     n = len(game)
-    if n == 0:  # the seat never had a decision
+    if n == 0:
         return None
     obs = game.take("packed_obs")
     actions = game.take("actions")
@@ -54,26 +49,22 @@ def _game_columns(game, reward_calc: RewardCalculator) -> tuple | None:
         raise AssertionError(f"{len(rewards)} kyoku rewards but a sample at kyoku {at_kyoku[-1]}")
 
     scores_seq = np.concatenate((np.rint(feature[:, 3:] * 1e4), [grp.take_final_scores()]))
-    player_ranks = _ranks_by_scores(scores_seq)[:, player_id].astype(np.int64)
+    # the seat's rank before each kyoku and at the end; stable, so ties go to the lower seat
+    player_ranks = (-scores_seq).argsort(-1, kind="stable").argsort(-1, kind="stable")[:, player_id].astype(np.int64)
 
     steps_to_done = np.zeros(n, dtype=np.int64)
     for i in range(n - 2, -1, -1):
         if not dones[i]:
             steps_to_done[i] = steps_to_done[i + 1] + int(apply_gamma[i])
 
-    cf_deltas = _cf_deltas(reward_calc, n, player_id, feature, grp, at_kyoku, cf_actions, cf_records)
-    return obs, actions, masks, steps_to_done, rewards[at_kyoku], player_ranks[at_kyoku + 1], cf_actions, cf_deltas
-
-
-def _cf_deltas(reward_calc, n, player_id, feature, grp, at_kyoku, cf_actions, cf_records) -> np.ndarray:
-    """(n,) float32: a counterfactual branch's kyoku outcome minus the real one, 0 without a branch."""
+    # a counterfactual branch's kyoku outcome minus the real one, 0 without a branch
     cf_deltas = np.zeros(n, dtype=np.float32)
     has = np.flatnonzero(cf_actions >= 0)
     if len(has):
         cf_deltas[has] = reward_calc.counterfactual_deltas(
             player_id, feature, grp.take_rank_by_player(), grp.take_final_scores(), at_kyoku[has],
             [cf_records[i] for i in has])
-    return cf_deltas
+    return obs, actions, masks, steps_to_done, rewards[at_kyoku], player_ranks[at_kyoku + 1], cf_actions, cf_deltas
 
 
 class FileDatasetsIter(IterableDataset):
@@ -84,15 +75,12 @@ class FileDatasetsIter(IterableDataset):
     Bad files are skipped with a warning and counted in ``skipped``."""
 
     def __init__(self, version, file_list, pts, grp, *, file_batch_size=20, reserve_ratio=0,
-                 player_names=None, excludes=None, num_epochs=1, enable_augmentation=False,
-                 augmented_first=False, always_include_kan_select=True, max_log_bytes=DEFAULT_MAX_LOG_BYTES,
-                 sample_ids=False, trained=None, batch_size=None, reward="grp"):
+                 player_names=None, num_epochs=1, enable_augmentation=False, augmented_first=False,
+                 max_log_bytes=DEFAULT_MAX_LOG_BYTES, sample_ids=False, trained=None, batch_size=None, reward="grp"):
         super().__init__()
         self.reward = reward
         self.version = version
         self.batch_size = None if batch_size is None else int(batch_size)
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self.buffer = None
         self.file_list = list(file_list)
         self.files = tuple(self.file_list)  # the order sample_ids refer to (file_list is sharded and shuffled)
@@ -104,8 +92,7 @@ class FileDatasetsIter(IterableDataset):
         self.grp = grp
         self.file_batch_size = max(1, int(file_batch_size))
         self.reserve_ratio = reserve_ratio
-        self.loader_options = dict(player_names=player_names, excludes=excludes, max_log_bytes=max_log_bytes,
-                                   always_include_kan_select=always_include_kan_select)  # GameplayLoader's
+        self.loader_options = dict(player_names=player_names, max_log_bytes=max_log_bytes)  # GameplayLoader's
         self.num_epochs = num_epochs
         self.enable_augmentation = enable_augmentation
         self.augmented_first = augmented_first
@@ -123,13 +110,10 @@ class FileDatasetsIter(IterableDataset):
         self.file_list = self.file_list[start:start + per_worker]
         self._sharded = True
 
-    def _shard_for_current_worker(self) -> None:
+    def build_iter(self):
         info = torch.utils.data.get_worker_info()
         if info is not None:
             self.shard(info.id, info.num_workers)
-
-    def build_iter(self):
-        self._shard_for_current_worker()
         self.reward_calc = RewardCalculator(self.grp, self.pts, reward=self.reward)
         self._pending, self._pending_rows = [], 0
         flags = [self.augmented_first] + ([not self.augmented_first] if self.enable_augmentation else [])
@@ -155,8 +139,7 @@ class FileDatasetsIter(IterableDataset):
         """One pass over ``file_list`` (shuffled), yielding samples (or batches) through the shuffle buffer."""
         random.shuffle(self.file_list)
         self.loader = GameplayLoader(self.version, augmented=augmented, **self.loader_options)
-        # The buffer is a tuple of columns (packed obs, actions, masks, ...) sharing the first dimension, None when
-        # empty: no per-sample Python object is made until a sample (or a batch) is handed out.
+        # A tuple of sample columns (None when empty): no per-sample object until a sample or batch is handed out.
         self.buffer = None
         files = [p for p in self.file_list if self.trained.get(p, {}).get(self._pass, ()) is not None]
         for start in range(0, len(files), self.file_batch_size):
@@ -212,7 +195,7 @@ class FileDatasetsIter(IterableDataset):
         chunks = [] if self.buffer is None else [self.buffer]
         for path, games in zip(file_list, self.loader.load_gz_log_files(file_list)):
             try:
-                parts = [c for c in (self._columns(game) for game in games) if c is not None]
+                parts = [c for c in (_game_columns(game, self.reward_calc) for game in games) if c is not None]
             except (ValueError, IndexError, AssertionError) as e:
                 # parse_log already rejects what could cause this; kept so one bad file never ends a training run
                 logger.warning("skipped log %s: %s: %s", path, type(e).__name__, e)
@@ -241,9 +224,6 @@ class FileDatasetsIter(IterableDataset):
             keep[trained] = False
             cols = tuple(c[keep] for c in cols)
         return cols
-
-    def _columns(self, game) -> tuple | None:
-        return _game_columns(game, self.reward_calc)
 
     def __iter__(self):
         if self.iterator is None:
@@ -300,7 +280,7 @@ def safe_mp_context():
 
 
 def make_dataloader(dataset, *, batch_size: int, num_workers: int = 1, pin_memory: bool = False,
-                    drop_last: bool = False, multiprocessing_context=None, **kwargs) -> DataLoader:
+                    drop_last: bool = False, **kwargs) -> DataLoader:
     """Fork-safe sharded ``DataLoader`` over ``dataset`` (``batch_size=None`` for a batching dataset)."""
     if getattr(dataset, "batch_size", None) is not None:
         if batch_size not in (None, dataset.batch_size):
@@ -308,7 +288,7 @@ def make_dataloader(dataset, *, batch_size: int, num_workers: int = 1, pin_memor
         batch_size = None  # the dataset's items are batches already
     if num_workers > 0:
         kwargs.setdefault("worker_init_fn", worker_init_fn)
-        kwargs["multiprocessing_context"] = multiprocessing_context or safe_mp_context()
+        kwargs["multiprocessing_context"] = safe_mp_context()
     return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
                       drop_last=drop_last, **kwargs)
 

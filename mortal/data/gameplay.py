@@ -11,6 +11,7 @@ import numpy as np
 from mjai.mlibriichi.state import PlayerState
 
 from mortal.features.action import HORA, KAN, PASS, RIICHI, RYUKYOKU, event_to_label, kan_select_label
+from mortal.features.mjai import is_int
 from mortal.data.grp import Grp
 from mortal.data.mjai_log import DEFAULT_MAX_LOG_BYTES, BadLogError, LoadedLog, parse_log, read_log, skip_message
 from mortal.features.obs import check_version
@@ -36,8 +37,8 @@ def _is_fatal(exc: BaseException) -> bool:
 @dataclass
 class Gameplay:
     """Samples of one seat in one game (N rows); ``take`` returns a field and releases it (Mortal's ``take_*``):
-    ``packed_obs`` ``(N, row_bytes)`` uint8, ``actions`` int64, ``masks`` ``(N, 46)`` bool, ``at_kyoku``/``at_turns``
-    uint8, ``dones``/``apply_gamma`` bool, ``shantens`` int8, ``event_idx`` int32, ``cf_actions`` int64."""
+    ``packed_obs`` ``(N, row_bytes)`` uint8, ``actions`` int64, ``masks`` ``(N, 46)`` bool, ``at_kyoku`` uint8,
+    ``dones``/``apply_gamma`` bool, ``event_idx`` int32, ``cf_actions`` int64."""
 
     packed_obs: np.ndarray
     actions: np.ndarray
@@ -45,12 +46,9 @@ class Gameplay:
     at_kyoku: np.ndarray
     dones: np.ndarray
     apply_gamma: np.ndarray
-    at_turns: np.ndarray
-    shantens: np.ndarray
     event_idx: np.ndarray
     grp: Grp = field(default_factory=Grp)
     player_id: int = 0
-    player_name: str = ""
     version: int = 3
     cf_actions: np.ndarray | None = None
     cf_records: list | None = None
@@ -74,18 +72,17 @@ class Gameplay:
         return unpack(self.take("packed_obs"), self.version) if self.packed_obs is not None else None
 
     def take_cf_actions(self) -> np.ndarray:
-        """``cf_actions``, released; all -1 when the loader recorded none."""
-        out = self.take("cf_actions")
-        return np.full(len(self.actions if self.actions is not None else ()), -1, np.int64) if out is None else out
+        """``cf_actions`` (-1: no counterfactual record), released."""
+        return self.take("cf_actions")
 
     def take_cf_records(self) -> list:
-        return self.take("cf_records") or []
+        return self.take("cf_records")
 
 
 class _SeatRecorder:
     """Accumulates samples for one seat while its ``PlayerState`` replays the log."""
 
-    def __init__(self, version: int, seat: int = 0):
+    def __init__(self, version: int, seat: int):
         self.version = version
         self.seat = seat
         self.deferred = DeferredSP() if version == 4 else None
@@ -93,15 +90,14 @@ class _SeatRecorder:
         self.pack = packer(version)
         self.packed = np.empty((256, self.row_bytes), dtype=np.uint8)  # a hanchan seat's decisions; grown by doubling
         self.masks, self.actions = [], []
-        self.at_kyoku, self.apply_gamma, self.at_turns, self.shantens = [], [], [], []
+        self.at_kyoku, self.apply_gamma = [], []
         self.event_idx = []
         self.cf_actions, self.cf_records = [], []
         self.cf_ignored = 0  # counterfactual records of the log not legal for their sample
 
     def add(self, state, at_kan_select: bool, label: int, kyoku_idx: int, log: LoadedLog, cur_idx: int,
             next_idx: int, v4: V4Encoder | None = None, cf: tuple | None = None):
-        # The hot loop: the version was checked once, so 1-3 call the Rust encoder directly. ``v4``: the seat's
-        # V4Encoder iff version 4; its searches wait in ``self.deferred`` until ``flush``.
+        # ``v4``: the seat's V4Encoder iff version 4; its searches wait in ``self.deferred`` until ``flush``.
         n = len(self.actions)
         if n == len(self.packed):
             grown = np.empty((2 * n, self.row_bytes), dtype=np.uint8)
@@ -118,7 +114,7 @@ class _SeatRecorder:
         else:
             obs, mask = state.encode_obs(self.version, at_kan_select)
         if not pending:
-            self._pack(obs, n, state.player_id, log, cur_idx)
+            self._pack(obs, n, log, cur_idx)
         if not mask[label]:
             self.flush(log)
             raise BadLogError(
@@ -131,8 +127,6 @@ class _SeatRecorder:
         self.actions.append(label)
         self.at_kyoku.append(kyoku_idx)
         self.apply_gamma.append(label <= RIICHI)
-        self.at_turns.append(state.at_turn)
-        self.shantens.append(state.shanten)
         self.event_idx.append(cur_idx)
         if cf is not None and not (cf[0] != label and mask[cf[0]]):
             self.cf_ignored += 1
@@ -140,7 +134,7 @@ class _SeatRecorder:
         self.cf_actions.append(-1 if cf is None else cf[0])
         self.cf_records.append(None if cf is None else cf[1])
 
-    def _pack(self, obs, n: int, seat: int, log: LoadedLog, cur_idx: int, pending_first: bool = True) -> None:
+    def _pack(self, obs, n: int, log: LoadedLog, cur_idx: int, pending_first: bool = True) -> None:
         try:
             # packed right away: the float32 array (about 127 KB) is freed while still in cache
             self.pack(obs, self.packed, n)
@@ -148,7 +142,7 @@ class _SeatRecorder:
             if pending_first:  # decisions still pending are earlier: their error would have come first
                 self.flush(log)
             self.deferred = None  # the log is rejected: what is still pending is dropped
-            raise BadLogError(log.source, f"seat {seat}: {e}", log.line_numbers[cur_idx]) from None
+            raise BadLogError(log.source, f"seat {self.seat}: {e}", log.line_numbers[cur_idx]) from None
 
     def flush(self, log: LoadedLog, background: bool = False) -> None:
         """Run the pending v4 searches and pack them (``background``: as ``DeferredSP.flush``); ``BadLogError``."""
@@ -161,9 +155,9 @@ class _SeatRecorder:
             raise BadLogError(log.source, f"v4 encoder of seat {self.seat}: {e}",
                               log.line_numbers[e.tag[1]]) from None
         for obs, (n, cur_idx) in done:  # in decision order, all earlier than anything still pending
-            self._pack(obs, n, self.seat, log, cur_idx, pending_first=False)
+            self._pack(obs, n, log, cur_idx, pending_first=False)
 
-    def finish(self, grp: Grp, player_id: int, player_name: str) -> Gameplay:
+    def finish(self, grp: Grp) -> Gameplay:
         n = len(self.actions)
         at_kyoku = np.asarray(self.at_kyoku, dtype=np.uint8)
         dones = np.ones(n, dtype=np.bool_)
@@ -173,10 +167,9 @@ class _SeatRecorder:
             packed_obs=self.packed[:n].copy() if 2 * n < len(self.packed) else self.packed[:n],
             actions=np.asarray(self.actions, dtype=np.int64),
             masks=np.stack(self.masks) if n else np.zeros((0, 46), np.bool_), at_kyoku=at_kyoku, dones=dones,
-            apply_gamma=np.asarray(self.apply_gamma, dtype=np.bool_), at_turns=np.asarray(self.at_turns, np.uint8),
-            shantens=np.asarray(self.shantens, dtype=np.int8), event_idx=np.asarray(self.event_idx, dtype=np.int32),
+            apply_gamma=np.asarray(self.apply_gamma, dtype=np.bool_), event_idx=np.asarray(self.event_idx, np.int32),
             cf_actions=np.asarray(self.cf_actions, dtype=np.int64), cf_records=self.cf_records, grp=grp,
-            player_id=player_id, player_name=player_name, version=self.version)
+            player_id=self.seat, version=self.version)
 
 
 _MASKED = "?"
@@ -205,20 +198,15 @@ def _check_unmasked(log: LoadedLog, seat: int) -> None:
                 raise BadLogError(log.source, f"{typ} field {key!r} holds a masked tile '?'", no)
 
 
-def _label(cur_cans, state, events, i, nxt_idx, seat, always_kan_select):
-    """(label, kan_select_label) for a decision after ``events[i]``, or (None, None) (Mortal's window rules)."""
+def _label(cur_cans, events, i, nxt_idx, seat):
+    """(label, kan_select_label) for a decision after ``events[i]``, or (None, None) (Mortal's window rules; a kan
+    always with its kan-select sample, as Mortal's ``always_include_kan_select``)."""
     nxt = events[nxt_idx]
     typ = nxt["type"]
     if typ in ("dahai", "reach") or (typ in ("chi", "pon") and nxt["actor"] == seat):
         return event_to_label(nxt), None
-    if typ == "daiminkan" and nxt["actor"] == seat:
-        return KAN, (kan_select_label(nxt) if always_kan_select else None)
-    if typ == "kakan":
-        sel = always_kan_select or len(state.kakan_candidates()) > 1
-        return KAN, (kan_select_label(nxt) if sel else None)
-    if typ == "ankan":
-        sel = always_kan_select or len(state.ankan_candidates()) > 1
-        return KAN, (kan_select_label(nxt) if sel else None)
+    if typ in ("kakan", "ankan") or (typ == "daiminkan" and nxt["actor"] == seat):
+        return KAN, kan_select_label(nxt)
     if typ == "ryukyoku" and cur_cans.can_ryukyoku:
         return RYUKYOKU, None
     # Agari or pass. Only wnd[1..4] is scanned for this seat's hora, as Mortal.
@@ -229,8 +217,7 @@ def _label(cur_cans, state, events, i, nxt_idx, seat, always_kan_select):
                 break
             if ev["type"] == "hora" and ev["actor"] == seat:
                 return HORA, None
-    # Pass only if the seat really declined: a chi chance followed by a plain
-    # tsumo, or a pon/kan/ron chance not interrupted by anyone's ron.
+    # Pass only if declined: a chi chance then a plain tsumo, or a pon/kan/ron chance no ron cut short.
     if (cur_cans.can_chi and typ == "tsumo") or (
         (cur_cans.can_pon or cur_cans.can_daiminkan or cur_cans.can_ron_agari) and not has_any_ron
     ):
@@ -238,35 +225,23 @@ def _label(cur_cans, state, events, i, nxt_idx, seat, always_kan_select):
     return None, None
 
 
-def _counterfactual(ev: dict, seat: int, kept: list):
-    """``(action, ('next'|'final', values))`` of ``ev``'s counterfactual, else None (bad: counted in ``kept[0]``)."""
-    if ev.get("actor") != seat or ev["type"] not in _CF_TYPES:
+def _counterfactual(ev: dict, seat: int, kept: list, passed: bool):
+    """``(action, ('next'|'final', values))`` of ``seat``'s counterfactual record on ``ev``, else None (bad: counted
+    in ``kept[0]``). A pass is recorded on the event it answered as ``"pass": {"actor": seat, "meta": ...}``
+    (``mortal.play.log_writer.kyoku_lines``), any other decision on its own event."""
+    rec = ev.get("pass") if passed else ev
+    if not isinstance(rec, dict) or rec.get("actor") != seat or not (passed or ev["type"] in _CF_TYPES):
         return None
-    return _cf_record(ev.get("meta"), kept)
-
-
-def _pass_counterfactual(ev: dict, seat: int, kept: list):
-    """As ``_counterfactual``, for ``seat``'s pass on the event ``ev`` it answered: the arena logs a pass that
-    forked a branch (``counterfactual_alternative = 'contested'``) on that event as ``"pass": {"actor": seat,
-    "meta": {..., "counterfactual": ...}}`` (``mortal.play.log_writer.kyoku_lines``)."""
-    rec = ev.get("pass")
-    if not isinstance(rec, dict) or rec.get("actor") != seat:
-        return None
-    return _cf_record(rec.get("meta"), kept)
-
-
-def _cf_record(meta, kept: list):
+    meta = rec.get("meta")
     cf = meta.get("counterfactual") if isinstance(meta, dict) else None
     if cf is None:
         return None
-    action = cf.get("action") if isinstance(cf, dict) else None
-    for kind, size in (("next", 7), ("final", 4)):
-        values = cf.get(kind) if isinstance(cf, dict) else None
-        if (isinstance(action, int) and not isinstance(action, bool) and 0 <= action < 46
-                and isinstance(values, list) and len(values) == size
-                and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
-                and (kind == "final" or 0 <= values[0] < 12)):
-            return action, (kind, values)
+    if isinstance(cf, dict) and is_int(cf.get("action")) and 0 <= cf["action"] < 46:
+        for kind, size in (("next", 7), ("final", 4)):
+            values = cf.get(kind)
+            if (isinstance(values, list) and len(values) == size and all(is_int(v) for v in values)
+                    and (kind == "final" or 0 <= values[0] < 12)):
+                return cf["action"], (kind, values)
     kept[0] += 1
     return None
 
@@ -310,39 +285,18 @@ def _swap_mp_index(index: int) -> int:
     return {34: 35, 35: 34}.get(index, index)
 
 
-def augment_log(log: LoadedLog) -> LoadedLog:
-    """``augment_event`` over a whole parsed log (new JSON lines are written)."""
-    events = [augment_event(ev) for ev in log.events]
-    return LoadedLog(events, [json.dumps(ev, separators=(",", ":")) for ev in events],
-                     log.line_numbers, log.source)
-
-
 class GameplayLoader:
-    """Turns mjai logs into ``Gameplay`` samples (Mortal's ``GameplayLoader``); ``oracle`` must be False."""
+    """Turns mjai logs into ``Gameplay`` samples (Mortal's ``GameplayLoader``), no oracle observations."""
 
-    def __init__(self, version: int, *, oracle: bool = False, player_names=None, excludes=None,
-                 always_include_kan_select: bool = True, augmented: bool = False,
+    def __init__(self, version: int, *, player_names=None, augmented: bool = False,
                  max_log_bytes: int | None = DEFAULT_MAX_LOG_BYTES):
-        if oracle:
-            raise NotImplementedError("oracle observations are not available with mjai.mlibriichi; use oracle=False")
         self.version = check_version(version)
         self._names = frozenset(player_names or ())
-        self._excludes = frozenset(excludes or ())
-        self.always_include_kan_select = bool(always_include_kan_select)
         self.augmented = bool(augmented)
         self.max_log_bytes = max_log_bytes
         self.skipped = 0
         self.skipped_files: list[tuple[str, str]] = []
         self.cf_ignored = 0  # counterfactual records ignored (see _count_bad_counterfactuals)
-
-    def kept_seats(self, names) -> list[int]:
-        """Seats kept for ``start_game`` ``names`` (Mortal's player-name filter)."""
-        names = list(names) if names is not None else [""] * 4
-        if self._names:
-            return [i for i, n in enumerate(names) if n in self._names]
-        if self._excludes:
-            return [i for i, n in enumerate(names) if n not in self._excludes]
-        return list(range(4))
 
     def load_log(self, raw: str, source: str = "<log>") -> list[Gameplay]:
         """One ``Gameplay`` per kept seat of one game (mjai JSON lines); ``BadLogError`` for a bad log."""
@@ -350,11 +304,13 @@ class GameplayLoader:
 
     def load_parsed(self, log: LoadedLog) -> list[Gameplay]:
         """``load_log`` of a log ``parse_log`` returned."""
-        if self.augmented:
-            log = augment_log(log)
+        if self.augmented:  # new JSON lines are written for the swapped events
+            events = [augment_event(ev) for ev in log.events]
+            log = LoadedLog(events, [json.dumps(ev, separators=(",", ":")) for ev in events], log.line_numbers,
+                            log.source)
         grp = Grp.load_events(log.events, log.source)
         names = log.events[0].get("names") or [""] * 4
-        seats = self.kept_seats(names)
+        seats = [i for i, n in enumerate(names) if n in self._names] if self._names else list(range(4))
         if any('"?"' in line for line in log.lines):  # cheap test on the JSON text first: full logs have none
             for seat in seats:
                 _check_unmasked(log, seat)
@@ -365,9 +321,9 @@ class GameplayLoader:
         # the seat acting in the next event when that is an own action after an event that is not skipped, else -1
         own_actor = [log.events[j]["actor"] if types[j] in _OWN_ACTIONS and types[i] not in _SKIPPED_AS_NEXT else -1
                      for i, j in enumerate(nxt_of)]
-        return [self._load_seat(log, grp, seat, str(names[seat]), (types, nxt_of, own_actor)) for seat in seats]
+        return [self._load_seat(log, grp, seat, (types, nxt_of, own_actor)) for seat in seats]
 
-    def _load_seat(self, log: LoadedLog, grp: Grp, seat: int, name: str, windows: tuple) -> Gameplay:
+    def _load_seat(self, log: LoadedLog, grp: Grp, seat: int, windows: tuple) -> Gameplay:
         state = PlayerState(seat)
         enc = V4Encoder(seat) if self.version == 4 else None
         rec = _SeatRecorder(self.version, seat)
@@ -377,13 +333,13 @@ class GameplayLoader:
             rec.flush(log)  # a pending decision's error, earlier in the log, is reported instead
             raise
         rec.flush(log)
-        return rec.finish(grp, seat, name)
+        return rec.finish(grp)
 
     def _walk_seat(self, log: LoadedLog, seat: int, windows: tuple, state, enc, rec: _SeatRecorder) -> None:
+        global _cf_warned
         events, lines = log.events, log.lines
         types, nxt_of, own_actor = windows
         kyoku_idx = 0
-        always = self.always_include_kan_select
         ron_cans, winners = None, set()
         has_cf = any('"counterfactual"' in line for line in lines)  # cheap test first: most logs have none
         bad_cf = [0]
@@ -420,32 +376,24 @@ class GameplayLoader:
                                       log.line_numbers[nxt_idx])
                 continue
             try:
-                label, kan = _label(cans, state, events, i, nxt_idx, seat, always)
+                label, kan = _label(cans, events, i, nxt_idx, seat)
             except (ValueError, KeyError, TypeError) as e:  # a bad tile name or a missing field of the next event
-                if isinstance(e, BadLogError):
-                    raise
                 raise BadLogError(log.source, f"{types[nxt_idx]} cannot be labelled for seat {seat}: "
                                   f"{type(e).__name__}: {e}", log.line_numbers[nxt_idx]) from None
             if label is None:
                 continue
             cf = None
             if has_cf:
-                cf = (_pass_counterfactual(events[i], seat, bad_cf) if label == PASS
-                      else _counterfactual(events[nxt_idx], seat, bad_cf))
+                passed = label == PASS
+                cf = _counterfactual(events[i] if passed else events[nxt_idx], seat, bad_cf, passed)
             rec.add(state, False, label, kyoku_idx, log, i, nxt_idx, enc, cf)
             if kan is not None:
                 rec.add(state, True, kan, kyoku_idx, log, i, nxt_idx, enc)
             if enc is not None and len(rec.deferred) >= _V4_BATCH:
                 rec.flush(log, background=True)  # searched while the walk goes on
-        self._count_bad_counterfactuals(log, seat, bad_cf[0] + rec.cf_ignored)
-
-    def _count_bad_counterfactuals(self, log: LoadedLog, seat: int, n: int) -> None:
-        # counted in cf_ignored; the first is logged once per process
-        global _cf_warned
-        if not n:
-            return
+        n = bad_cf[0] + rec.cf_ignored  # counted in cf_ignored; the first is logged once per process
         self.cf_ignored += n
-        if not _cf_warned:
+        if n and not _cf_warned:
             _cf_warned = True
             logger.warning("%s: %d counterfactual record(s) of seat %d ignored (malformed, or the action is not "
                            "legal or is the one taken); logged once", log.source, n, seat)

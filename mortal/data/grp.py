@@ -26,10 +26,7 @@ def grand_kyoku(bakaze: str, kyoku: int) -> int:
 def rank_by_player(scores) -> list[int]:
     """Rank (0 = top) of each seat, ties to the lower seat: ``[25000, 25000, 30000, 20000]`` -> ``[1, 2, 0, 3]``."""
     order = sorted(range(4), key=lambda p: -scores[p])  # sorted() is stable
-    ranks = [0] * 4
-    for r, p in enumerate(order):
-        ranks[p] = r
-    return ranks
+    return [order.index(p) for p in range(4)]
 
 
 @dataclass

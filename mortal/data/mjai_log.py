@@ -32,7 +32,7 @@ class BadLogError(ValueError):
         self.line = line
         super().__init__(self._where() + reason)
 
-    def _where(self) -> str:
+    def _where(self) -> str:  # LogFormatError (mortal.stat_game) words it as file:line
         return f"{self.source}: line {self.line}: " if self.line is not None else f"{self.source}: "
 
 
@@ -72,15 +72,15 @@ def read_log_text(path, max_bytes: int | None = DEFAULT_MAX_LOG_BYTES) -> str:
     """A log file's text, gunzipped if gzip, at most ``max_bytes`` decompressed. Raises ``BadLogError``, OSError."""
     cap = math.inf if max_bytes is None else max_bytes
     with open(path, "rb") as f:
-        if f.read(2) == _GZIP_MAGIC:
-            f.seek(0)
+        gzipped = f.read(2) == _GZIP_MAGIC
+        f.seek(0)
+        if gzipped:
             try:
                 with gzip.GzipFile(fileobj=f, mode="rb") as gz:
                     data = _read_capped(gz, cap, path, "decompressed log")
             except (OSError, EOFError, zlib.error) as e:
                 raise BadLogError(path, f"corrupt gzip data ({e})") from None
         else:
-            f.seek(0)
             data = _read_capped(f, cap, path, "log")
     return decode_log_bytes(data, path)
 
@@ -146,7 +146,13 @@ def _scan(items, source: str, raw: str | None, error: type[BadLogError], trainin
             except (StopIteration, ValueError, RecursionError):
                 end = -1
             if end != len(line):
-                ev = _loads_or_fail(line, source, no, error, raw if not events else None)
+                try:
+                    ev = json.loads(line)
+                except RecursionError:
+                    raise error(source, "JSON nested too deeply", no) from None
+                except ValueError as e:
+                    hint = _not_mjai_hint(raw) if raw is not None and not events else ""
+                    raise error(source, hint or f"not a JSON event ({e})", no) from None
         if not isinstance(ev, dict) or not isinstance(ev.get("type"), str):
             hint = _not_mjai_hint(raw) if raw is not None and not events else ""
             raise error(source, hint or "not an mjai event (no string field 'type')", no)
@@ -155,7 +161,7 @@ def _scan(items, source: str, raw: str | None, error: type[BadLogError], trainin
             raise error(source, f"unknown event type {typ!r}", no)
         if typ in ACTOR_EVENTS:
             actor = ev.get("actor")
-            if not isinstance(actor, int) or isinstance(actor, bool) or not 0 <= actor <= 3:
+            if not is_seat(actor):
                 raise error(source, f"{typ} field 'actor' must be a seat 0-3, got {actor!r}", no)
         if training and typ in _TRAINING_FIELDS:
             _check_training_fields(ev, typ, source, no, error)
@@ -169,39 +175,21 @@ def _scan(items, source: str, raw: str | None, error: type[BadLogError], trainin
             ended = True
             if training and in_kyoku:
                 raise error(source, "end_game before the last kyoku's end_kyoku", no)
-        elif training and (typ == "start_kyoku" or typ == "end_kyoku"):
-            in_kyoku, n_kyoku = _kyoku_order(typ, in_kyoku, n_kyoku, source, no, error)
+        elif training and typ == "start_kyoku":
+            if in_kyoku:
+                raise error(source, "start_kyoku before the previous kyoku's end_kyoku", no)
+            in_kyoku, n_kyoku = True, n_kyoku + 1
+            if n_kyoku > MAX_KYOKU:
+                raise error(source, f"more than {MAX_KYOKU} kyoku in one game", no)
+        elif training and typ == "end_kyoku":
+            # The loaders number kyoku by end_kyoku and reward them by start_kyoku: the two must pair up.
+            if not in_kyoku:
+                raise error(source, "end_kyoku without a start_kyoku", no)
+            in_kyoku = False
         events.append(ev)
         lines.append(line)
         numbers.append(no)
     return events, lines, numbers
-
-
-def _loads_or_fail(line: str, source: str, no: int, error: type[BadLogError], raw: str | None):
-    """``json.loads`` of one line, or ``error`` with json's reason (plus the not-mjai hint on the first line)."""
-    try:
-        return json.loads(line)
-    except RecursionError:
-        raise error(source, "JSON nested too deeply", no) from None
-    except ValueError as e:
-        hint = _not_mjai_hint(raw) if raw is not None else ""
-        raise error(source, hint or f"not a JSON event ({e})", no) from None
-
-
-def _kyoku_order(typ: str, in_kyoku: bool, n_kyoku: int, source: str, no: int,
-                 error: type[BadLogError]) -> tuple:
-    """``(in_kyoku, n_kyoku)`` after a kyoku boundary; ``error`` when unpaired or over ``MAX_KYOKU``."""
-    if typ == "start_kyoku":
-        if in_kyoku:
-            raise error(source, "start_kyoku before the previous kyoku's end_kyoku", no)
-        n_kyoku += 1
-        if n_kyoku > MAX_KYOKU:
-            raise error(source, f"more than {MAX_KYOKU} kyoku in one game", no)
-        return True, n_kyoku
-    # The loaders number kyoku by end_kyoku and reward them by start_kyoku: the two must pair up.
-    if not in_kyoku:
-        raise error(source, "end_kyoku without a start_kyoku", no)
-    return False, n_kyoku
 
 
 def _check_training_fields(ev: dict, typ: str, source: str, no: int, error: type[BadLogError]) -> None:

@@ -16,17 +16,6 @@ from mortal.model.checkpoint import atomic_torch_save, describe_error, load_chec
 logger = logging.getLogger('mortal.train')  # the learner's lines (log format)
 
 
-def filtered_trimmed_lines(lines) -> list:
-    """The non-empty lines of the iterable of strings ``lines``, stripped."""
-    return [line for line in (raw.strip() for raw in lines) if line]
-
-
-def _first_event(filename: str) -> dict:
-    opener = gzip.open if filename.endswith('.gz') else open
-    with opener(filename, 'rt', encoding='utf-8') as f:
-        return json.loads(next(f))
-
-
 def build_file_list(dataset, player_names: set) -> list:
     """Offline file list of the typed ``[dataset]``: a valid ``file_index``, else the globs sorted descending (cached
     when non-empty); ValueError naming ``file_index`` when it is not an index."""
@@ -56,7 +45,9 @@ def build_file_list(dataset, player_names: set) -> list:
         kept = []
         for filename in file_list:
             try:
-                names = _first_event(filename)['names']
+                opener = gzip.open if filename.endswith('.gz') else open
+                with opener(filename, 'rt', encoding='utf-8') as f:
+                    names = json.loads(next(f))['names']
             except (OSError, EOFError, StopIteration, ValueError, KeyError, TypeError) as ex:
                 logger.warning('skipping %s while indexing: %s: %s', filename, type(ex).__name__, ex)
                 continue
@@ -149,7 +140,7 @@ def load_player_names(files) -> set:
     for filename in files:
         try:
             with open(filename, encoding='utf-8') as f:
-                names.update(filtered_trimmed_lines(f))
+                names.update(line for line in (raw.strip() for raw in f) if line)
         except (OSError, UnicodeDecodeError) as ex:
             raise ValueError(f'[dataset] player_names_files: cannot read {filename}: {ex}') from None
     return names

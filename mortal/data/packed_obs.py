@@ -8,22 +8,16 @@ import functools
 import numpy as np
 
 from mortal.features.obs import check_version, obs_shape
+from mortal.features.sp.calc import _core
 
-try:
-    from mortal.features.sp import _core
-    _pack_obs = getattr(_core, "pack_obs", None)
-except ImportError:  # the optional compiled core is not built
-    _pack_obs = None
+_pack_obs = getattr(_core, "pack_obs", None)  # None: the optional compiled core is not built
 
 #: True when ``pack_into`` runs in the compiled core.
 HAVE_FAST_PACK = _pack_obs is not None
 
 
 def _rows(*spans) -> tuple:  # (first, last) or single rows
-    out = []
-    for s in spans:
-        out.extend(range(s[0], s[1] + 1) if isinstance(s, tuple) else [s])
-    return tuple(out)
+    return tuple(r for s in spans for r in (range(s[0], s[1] + 1) if isinstance(s, tuple) else [s]))
 
 
 #: Rows that may hold values other than 0.0/1.0, per version (0-based), found by encoding every decision of
@@ -61,9 +55,8 @@ class Layout:
         flags = np.zeros(self.channels, dtype=np.bool_)
         flags[self.real_rows] = True
         self.real_flags = flags.astype(np.uint8).tobytes()
-        binary = np.repeat(~flags, 34)  # per element: must be 0/1
-        self.binary = binary
-        self.binary_mask = np.packbits(binary, bitorder="little").tobytes()
+        self.binary = np.repeat(~flags, 34)  # per element: must be 0/1
+        self.binary_mask = np.packbits(self.binary, bitorder="little").tobytes()
         self._torch = {}
 
     def torch_consts(self, device):
@@ -121,7 +114,7 @@ def packer(version: int):
     """``pack_into`` bound to ``version``: ``packer(v)(obs, out, index)``, fewer checks per call."""
     lay = layout(version)
     if _pack_obs is None:
-        return functools.partial(_pack_into_v, version=version)
+        return functools.partial(pack_into, version=version)
     fast, flags, mask, f32 = _pack_obs, lay.real_flags, lay.binary_mask, np.dtype(np.float32)
 
     def pack_fast(obs, out, index):
@@ -131,10 +124,6 @@ def packer(version: int):
         if bad >= 0:
             _refuse(lay, obs, bad)
     return pack_fast
-
-
-def _pack_into_v(obs, out, index, *, version):
-    pack_into(obs, out, index, version)
 
 
 def pack(obs: np.ndarray, version: int) -> np.ndarray:

@@ -7,24 +7,23 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from mortal.data.grp import rank_by_player as ranks_of
 from mortal.model.checkpoint import CheckpointError, load_checkpoint, one_line, require_entries
 
 REWARDS = ("grp", "points")
-# Points of score mapped onto max(pts) - min(pts): about the final gap between first and last (26,900 to 35,800 on
-# the quickstart's hanchan), so a hanchan's 'points' rewards span about the GRP reward's range.
+# Points of score mapped onto max(pts) - min(pts): about a hanchan's final gap between first and last.
 POINTS_SPREAD = 30000.0
 
 
 def points_scale(pts) -> float:
-    """pt per point of score: ``(max(pts) - min(pts)) / POINTS_SPREAD`` (2e-4 for ``[3, 1, -1, -3]``); ValueError
-    for pts without 4 entries."""
+    """pt per point of score, ``(max(pts) - min(pts)) / POINTS_SPREAD``; ValueError for pts without 4 entries."""
     pts = [float(p) for p in pts]
     if len(pts) != 4:
         raise ValueError(f"pts must have 4 entries (ranks 1-4), got {pts!r}")
     return (max(pts) - min(pts)) / POINTS_SPREAD
 
 
-def load_grp(state_file, network=None, device="cpu"):
+def load_grp(state_file, network=None):
     """The eval-mode ``GRP`` of a ``train_grp`` checkpoint, sized by the typed ``[grp.network]`` (None: defaults).
     Raises FileNotFoundError, or ``CheckpointError`` naming the file, the sizes and torch's shape report."""
     from mortal.model.networks import GRP
@@ -37,7 +36,7 @@ def load_grp(state_file, network=None, device="cpu"):
         shape = network.model_dump() if network is not None else 'defaults'
         raise CheckpointError(state_file, f"GRP weights do not fit [grp.network] {shape}: "
                                           f"{one_line(e)}") from None
-    return grp.to(device).eval()
+    return grp.eval()
 
 
 class RewardCalculator:
@@ -45,24 +44,21 @@ class RewardCalculator:
     Mortal's ``[3, 1, -1, -3]``), ``uniform_init`` (a uniform E1 prediction, Mortal's option). ValueError for a
     missing GRP, an unknown reward or pts without 4 entries."""
 
-    def __init__(self, grp=None, pts=None, device="cpu", *, uniform_init: bool = False, reward: str = "grp"):
+    def __init__(self, grp=None, pts=None, *, uniform_init: bool = False, reward: str = "grp"):
         if reward not in REWARDS:
             raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
         if grp is None and reward == "grp":
             raise ValueError("RewardCalculator needs a GRP model (see mortal.data.reward.load_grp)")
-        self.device = torch.device(device)
-        self.grp = None if grp is None else grp.to(self.device).eval()
+        self.grp = None if grp is None else grp.cpu().eval()
         self.uniform_init = uniform_init
         self.reward = reward
         pts = list(pts) if pts is not None else [3, 1, -1, -3]
-        if len(pts) != 4:
-            raise ValueError(f"pts must have 4 entries (ranks 1-4), got {pts!r}")
-        self.pts = torch.tensor(pts, dtype=torch.float64, device=self.device)
         self.points_scale = points_scale(pts)
+        self.pts = torch.tensor(pts, dtype=torch.float64)
 
     def calc_grp(self, grp_feature: np.ndarray) -> torch.Tensor:
         """``grp_feature (K, 7)`` float64 -> ``(K, 4, 4)`` float64 P(seat p at rank r) for prefixes 1..K."""
-        feature = torch.as_tensor(np.asarray(grp_feature, dtype=np.float64), device=self.device)
+        feature = torch.as_tensor(np.asarray(grp_feature, dtype=np.float64))
         seqs = [feature[:k + 1] for k in range(feature.shape[0])]
         with torch.inference_mode():
             logits = self.grp(seqs)
@@ -71,7 +67,7 @@ class RewardCalculator:
     def calc_rank_prob(self, player_id: int, grp_feature, rank_by_player) -> torch.Tensor:
         """``(K+1, 4)`` float64: rank distribution of ``player_id`` before each kyoku, then the actual final rank."""
         matrix = self.calc_grp(grp_feature)
-        final = torch.zeros((1, 4), dtype=torch.float64, device=matrix.device)
+        final = torch.zeros((1, 4), dtype=torch.float64)
         final[0, int(rank_by_player[player_id])] = 1.0
         rank_prob = torch.cat((matrix[:, player_id].to(torch.float64), final))
         if self.uniform_init:
@@ -80,8 +76,8 @@ class RewardCalculator:
 
     def calc_delta_pt(self, player_id: int, grp_feature, rank_by_player) -> np.ndarray:
         """``(K,)`` float64 reward of each kyoku in pts units for ``player_id`` (0-3)."""
-        exp_pts = self.calc_rank_prob(player_id, grp_feature, rank_by_player).to(self.pts.device) @ self.pts
-        return (exp_pts[1:] - exp_pts[:-1]).cpu().numpy()
+        exp_pts = self.calc_rank_prob(player_id, grp_feature, rank_by_player) @ self.pts
+        return (exp_pts[1:] - exp_pts[:-1]).numpy()
 
     def calc_delta_points(self, player_id: int, grp_feature, final_scores) -> np.ndarray:
         """``(K,)`` float64 raw score change (points) of ``player_id`` in each kyoku."""
@@ -106,8 +102,6 @@ class RewardCalculator:
         ``self.reward`` as ``kyoku_rewards`` values the state after a kyoku. The game as ``kyoku_rewards`` takes it;
         ``at_kyoku (M,)``: each decision's kyoku; ``records``: M ``('next', [kyoku_index, honba, kyotaku, s0..s3])``
         or ``('final', [s0..s3])``, as ``mortal.play.arena`` writes them."""
-        from mortal.data.grp import rank_by_player as ranks_of
-
         at_kyoku = np.asarray(at_kyoku, dtype=np.int64)
         m = len(records)
         if m == 0:
@@ -117,8 +111,8 @@ class RewardCalculator:
         if self.reward == "points":
             branch = np.array([float(v[3 + player_id] if kind == "next" else v[player_id]) for kind, v in records])
             return (branch - real_scores[at_kyoku + 1, player_id]) * self.points_scale
-        pts = self.pts.cpu().numpy()
-        exp_pts = (self.calc_rank_prob(player_id, feature, rank_by_player).to(self.pts.device) @ self.pts).cpu().numpy()
+        pts = self.pts.numpy()
+        exp_pts = (self.calc_rank_prob(player_id, feature, rank_by_player) @ self.pts).numpy()
         out = np.empty(m, dtype=np.float64)
         seqs, where = [], []
         for j, ((kind, v), k) in enumerate(zip(records, at_kyoku)):
@@ -126,10 +120,10 @@ class RewardCalculator:
                 out[j] = pts[ranks_of(v)[player_id]]
                 continue
             row = np.array([[v[0], v[1], v[2], *(s / 10000 for s in v[3:7])]], dtype=np.float64)
-            seqs.append(torch.as_tensor(np.concatenate((feature[:k + 1], row)), device=self.device))
+            seqs.append(torch.as_tensor(np.concatenate((feature[:k + 1], row))))
             where.append(j)
         if seqs:
             with torch.inference_mode():
                 matrix = self.grp.calc_matrix(self.grp(seqs))  # (n, 4, 4): P(seat p at rank r)
-            out[where] = (matrix[:, player_id].to(torch.float64) @ self.pts).cpu().numpy()
+            out[where] = (matrix[:, player_id].to(torch.float64) @ self.pts).numpy()
         return out - exp_pts[at_kyoku + 1]

@@ -3,8 +3,6 @@ discard (the kan tile 0-33 at kan select), 37 riichi, 38-40 chi, 41 pon, 42 kan,
 
 from __future__ import annotations
 
-from typing import Any, Sequence
-
 from mortal.features.tile import akaize, chi_type, deaka, is_aka, tile_id, tile_name
 
 ACTION_SPACE = 46
@@ -33,13 +31,6 @@ def action_kind(index: int) -> str:
     if CHI_LOW <= index <= CHI_HIGH:
         return "chi"
     return {RIICHI: "riichi", PON: "pon", KAN: "kan", HORA: "hora", RYUKYOKU: "ryukyoku", PASS: "pass"}[index]
-
-
-def legal_indices(mask: Sequence[bool] | Any) -> list[int]:
-    """Ascending indices set in a 46-way mask; ValueError if it has not 46 entries."""
-    if len(mask) != ACTION_SPACE:
-        raise ValueError(f"mask must have {ACTION_SPACE} entries, got {len(mask)}")
-    return [i for i, m in enumerate(mask) if m]
 
 
 def _holds_aka(state, plain_five: int) -> bool:
@@ -71,11 +62,7 @@ def _dahai(state, index: int, actor: int) -> dict:
     held = state.tehai[plain]
     aka = _holds_aka(state, plain)
     # A red id needs the red five; a plain five id needs a plain copy besides it.
-    if is_aka(index):
-        ok = aka
-    else:
-        ok = held - (1 if aka else 0) > 0
-    if not ok:
+    if not (aka if is_aka(index) else held - aka > 0):
         raise _fail(state, index, f"{tile_name(index)} is not in hand")
     if state.forbidden_tiles[plain]:
         raise _fail(state, index, f"{tile_name(index)} is forbidden (kuikae)")

@@ -53,8 +53,3 @@ def check_tile(name, kind, key: str, known: bool) -> int:
     if known and tid == 37:
         raise ValueError(f"{kind} event: field {key!r}: the masked tile '?' where the tile must be known")
     return tid
-
-
-def field_tiles(event: dict, kind, key: str, known: bool) -> list:
-    """Tile ids of the list ``event[key]``; ValueError as ``field`` and ``check_tiles``."""
-    return check_tiles(field(event, kind, key), kind, key, known)

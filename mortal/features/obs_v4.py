@@ -1,6 +1,6 @@
-"""Observation version 4 (1012x34), as Mortal's ``state/obs_repr.rs``: rows 0-888 the re-packed v3 array,
-889-1011 the single-player block from the compiled core. Feed a seat's ``V4Encoder`` every event its
-``PlayerState`` gets, in order."""
+"""Observation version 4 (1012x34), as Mortal's ``state/obs_repr.rs``: rows 0-888 the re-packed v3 array
+(``ROW_TABLE``, the core's ``repack_v3``), 889-1011 the single-player block from the compiled core (``SP_*``).
+Feed a seat's ``V4Encoder`` every event its ``PlayerState`` gets, in order."""
 
 from __future__ import annotations
 
@@ -10,13 +10,33 @@ from collections import OrderedDict
 
 import numpy as np
 
-# the parts' names are also this module's API (tests, the loader, the agents and the packer read them from here)
-from mortal.features.obs_v4_kyoku import MAX_DORA_INDICATORS, KyokuFacts  # noqa: F401
-from mortal.features.obs_v4_rows import (OBS_CHANNELS_V3, OBS_CHANNELS_V4, ROW_TABLE,  # noqa: F401
-                                         SP_BEST, SP_EV, SP_REQUIRED, SP_START, SP_TABLE)
+from mortal.features.obs_v4_kyoku import MAX_DORA_INDICATORS, KyokuFacts  # noqa: F401 (API of this module)
 from mortal.features.sp.calc import require_core
 from mortal.features.tile import TILE_IDS
 
+OBS_CHANNELS_V4 = 1012
+# (name, v4 start, v3 start or None, rows) for rows 1-23, in the order of Mortal's ``obs_repr.rs``; the core's
+# ``repack_v3`` copies the same blocks (tests/test_obs_v4.py checks it against this table).
+ROW_TABLE = (
+    ("tehai", 0, 0, 4),
+    ("akas_in_hand", 4, 4, 3),
+    ("scores", 7, None, 8),           # per player: v3 row 7+10p, then clamp/3e4
+    ("rank", 15, 47, 4),
+    ("kyoku", 19, 51, 4),
+    ("honba_kyotaku", 23, None, 2),
+    ("bakaze_jikaze", 25, 59, 2),
+    ("grand_kyoku", 27, 61, 1),
+    ("dora_indicators", 28, 62, 7),
+    ("kawa_and_tiles_left", 35, 69, 683),  # own kawa 96+1, opponents 585, tiles_left 1
+    ("doras_owned", 718, None, 4),    # v3 rows 752, 755, 758, 761
+    ("doras_unseen", 722, 764, 1),
+    ("rest_v3", 723, 768, 166),       # kawa overview .. action rows (v3 768-933)
+)
+SP_START = 889
+SP_EV = SP_START                       # 2 rows: the best EV (or the fallback value) /1e5 and /3e4
+SP_REQUIRED = SP_START + 2             # 68 rows (3n+2: per discard, +34 if it lowers the shanten) / row +69 (3n+1)
+SP_BEST = SP_START + 70                # 1 row (3n+2), then 1 empty row
+SP_TABLE = SP_START + 72               # 3 x 17 rows: tenpai, win, EV by turn
 SP_ROWS = OBS_CHANNELS_V4 - SP_START  # 123
 
 #: Default single-player search threads; None: min(8, CPU count). ``entry.start`` sets it from MORTAL_SP_THREADS.
@@ -74,15 +94,13 @@ def sp_rows(facts: list, threads: int, read_only: bool = False) -> np.ndarray:
     return rows
 
 
-#: Rows of the last searches (read-only) by their facts, which alone decide them: the arena's rotations of a seed
-#: replay the same decisions while their seats agree, a few batches apart. Views: each keeps its batch's array.
+#: Rows (read-only views) of the last searches by their facts, which alone decide them: the arena replays decisions.
 _RECENT: OrderedDict = OrderedDict()
 RECENT_SEARCHES = 256
 
 
 def prepare_sp(pairs, threads: int | None = None) -> None:
-    """Search the SP rows of each ``(encoder, state)`` not yet prepared, together, each distinct decision once and
-    a recent one not again; ValueError as ``encode``."""
+    """Search together the SP rows of each ``(encoder, state)`` not yet prepared nor recently searched; ValueError."""
     pending = {}
     for enc, state in pairs:
         _checked(enc, state)
@@ -129,8 +147,7 @@ class DeferredSP:
     """Version-4 encoding whose SP searches run later, many together (the loader's path); ``encode`` returns
     rows 0-888 at once, the next ``flush`` fills rows 889-1011, bit-equal to ``V4Encoder.encode``."""
 
-    def __init__(self, threads: int | None = None):
-        self.threads = threads
+    def __init__(self):
         self._jobs = []      # facts of the decisions to search
         self._pending = []   # (obs, index in _jobs, tag)
         self._last = None    # (encoder id, events_seen, job index): the kan-select pass shares the search
@@ -171,7 +188,7 @@ class DeferredSP:
         self._jobs, self._pending, self._last = [], [], None
         if not pending:
             return out
-        threads = int(sp_threads() if self.threads is None else self.threads)
+        threads = sp_threads()
         if not background:
             return out + _run_deferred(jobs, pending, threads)
         box = {}

@@ -5,14 +5,14 @@ from __future__ import annotations
 import functools
 import json
 
-from mortal.features.mjai import ACTOR_EVENTS, check_tiles, field, field_tile, field_tiles, is_seat
+from mortal.features.mjai import ACTOR_EVENTS, check_tiles, field, field_tile, is_seat
 
 _ACTOR_TYPES = ACTOR_EVENTS - {"hora"}  # the events whose actor the encoder reads
 MAX_DORA_INDICATORS = 5  # the first plus one per kan, at most 4 kans (Tenhou rule)
 
 
 def _check_event(event) -> dict:
-    """``event`` checked as ``mortal.data.mjai_log`` checks every event (the tiles: ``update_parsed``); as ``update``."""
+    """``event`` checked as ``mjai_log`` checks every event (the tiles: ``update_parsed``); raises as ``update``."""
     if not isinstance(event, dict):
         raise TypeError(f"an mjai event must be a JSON object, got {type(event).__name__}")
     kind = event.get("type")
@@ -82,7 +82,7 @@ class KyokuFacts:
         elif (kind == "tsumo" and mine) or (kind == "dahai" and not mine) or kind == "kakan":
             pai = field_tile(event, kind, "pai", known=mine)
         elif kind in ("chi", "pon", "daiminkan", "ankan"):
-            tiles = field_tiles(event, kind, "consumed", known=mine)
+            tiles = check_tiles(field(event, kind, "consumed"), kind, "consumed", known=mine)
             if mine and kind != "ankan":
                 pai = field_tile(event, kind, "pai", known=True)
         return pai, tiles

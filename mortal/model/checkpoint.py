@@ -49,14 +49,6 @@ def describe_error(exc: BaseException) -> str:
     return f'{type(exc).__name__}: {one_line(exc)}'
 
 
-def _not_weights_only(exc: pickle.UnpicklingError) -> str:
-    # torch's message is a paragraph about the weights_only default; keep its last specific line
-    detail = [part.strip() for part in str(exc).splitlines() if part.strip()]
-    detail = [d for d in detail if not d.startswith(('Weights only', 'Please file', 'Check the doc'))]
-    return ('not a weights-only torch checkpoint (objects other than tensors and plain containers are refused)'
-            + (f': {detail[-1]}' if detail else ''))
-
-
 def load_checkpoint(path, *, map_location='cpu'):
     """``torch.load(path, weights_only=True)``; FileNotFoundError, or ``CheckpointError`` (``__cause__``: torch's)
     for refused objects or a damaged file."""
@@ -65,7 +57,11 @@ def load_checkpoint(path, *, map_location='cpu'):
     except FileNotFoundError:
         raise
     except pickle.UnpicklingError as exc:
-        raise CheckpointError(path, _not_weights_only(exc)) from exc
+        # torch's message is a paragraph about the weights_only default; keep its last specific line
+        detail = [part.strip() for part in str(exc).splitlines() if part.strip()]
+        detail = [d for d in detail if not d.startswith(('Weights only', 'Please file', 'Check the doc'))]
+        raise CheckpointError(path, 'not a weights-only torch checkpoint (objects other than tensors and plain '
+                                    'containers are refused)' + (f': {detail[-1]}' if detail else '')) from exc
     except Exception as exc:  # torch raises many types for a damaged file (RuntimeError, EOFError, ValueError...)
         raise CheckpointError(path, describe_error(exc)) from exc
 
@@ -222,16 +218,12 @@ def describe_mismatches(expected: Mapping, saved, limit: int = 3) -> list:
     problems = state_dict_mismatches(expected, saved)
     if problems and problems[0].kind == 'not_a_dict':
         return [f'expected a state dict, got {problems[0].saved}']
-    by_kind = {kind: [m for m in problems if m.kind == kind] for kind in ('missing', 'unexpected', 'shape')}
     out = []
-    if by_kind['missing']:
-        out.append(f"{len(by_kind['missing'])} missing key(s): {some(m.key for m in by_kind['missing'])}")
-    if by_kind['unexpected']:
-        out.append(f"{len(by_kind['unexpected'])} unexpected key(s): "
-                   f"{some(m.key for m in by_kind['unexpected'])}")
-    if by_kind['shape']:
-        out.append(f"{len(by_kind['shape'])} shape mismatch(es) saved vs expected: "
-                   f"{some(f'{m.key} {m.saved} vs {m.expected}' for m in by_kind['shape'])}")
+    for kind, what in (('missing', 'missing key(s)'), ('unexpected', 'unexpected key(s)'),
+                       ('shape', 'shape mismatch(es) saved vs expected')):
+        names = [m.key if kind != 'shape' else f'{m.key} {m.saved} vs {m.expected}' for m in problems if m.kind == kind]
+        if names:
+            out.append(f'{len(names)} {what}: {some(names)}')
     return out
 
 

@@ -17,8 +17,6 @@ try:
 except ImportError:  # the optional compiled module is not built: dense first convolution
     _stem = None
 
-__all__ = ["FrozenQ", "HAVE_SPARSE_STEM", "mish", "module_tensors", "supports", "weights_key"]
-
 #: True when the first convolution runs from the nonzero inputs (``mortal.model._stem`` is built).
 HAVE_SPARSE_STEM = _stem is not None
 
@@ -70,8 +68,8 @@ def _fold(conv: nn.Conv1d, bn: nn.BatchNorm1d | None) -> tuple[Tensor, Tensor | 
     return w.contiguous(), b
 
 
-# Below this many rows a width-3 convolution runs as one batched matrix product and two shifted adds: oneDNN's
-# per-call cost dominates there (x1.1-1.2 at 12-16 rows; x0.7 at 64-128, docs/performance_forward.md).
+# Below this many rows a width-3 convolution runs as one matrix product and two shifted adds (oneDNN's per-call cost
+# dominates there; docs/performance_forward.md).
 _SMALL_BATCH = 32
 
 
@@ -176,34 +174,31 @@ class FrozenQ:
         if not supports(brain, dqn):
             raise ValueError("FrozenQ needs a non-oracle Brain and a DQN of the same version")
         with torch.no_grad():
-            self._build(brain, dqn, sparse_stem)
-
-    def _build(self, brain: Brain, dqn: DQN, sparse_stem: bool):
-        v = self.version = brain.version
-        net = list(brain.encoder.net)
-        blocks = [m for m in net if isinstance(m, ResBlock)]
-        head_conv, flat_lin = net[-4], net[-1]
-        if v >= 2:  # stem, blocks, BN, act, head conv, act, flatten, linear
-            self.stem = _Stem(net[0], None, sparse_stem)
-            self.final_bn = _bn_affine(net[1 + len(blocks)])
-        else:  # stem, BN, act, blocks, head conv, act, flatten, linear
-            self.stem = _Stem(net[0], net[1], sparse_stem)
-            self.final_bn = None
-        self.blocks = [_Block(b, v) for b in blocks]
-        self.head = _Conv3(*_fold(head_conv, None))
-        self.flat = _lin(flat_lin)
-        self.act = _act(v)
-        if v == 1:
-            self.latent_lin = _lin(brain.latent_net[0])
-            self.mu, self.logsig = _lin(brain.mu_head), _lin(brain.logsig_head)
-            self.v_head, self.a_head = _lin(dqn.v_head), _lin(dqn.a_head)
-        elif v in (2, 3):
-            (wv, bv), (wa, ba) = _lin(dqn.v_head[0]), _lin(dqn.a_head[0])
-            self.hidden = wv.shape[0]
-            self.dqn_hidden = (torch.cat((wv, wa)), torch.cat((bv, ba)))
-            self.v_out, self.a_out = _lin(dqn.v_head[2]), _lin(dqn.a_head[2])
-        else:
-            self.dqn_net = _lin(dqn.net)
+            v = self.version = brain.version
+            net = list(brain.encoder.net)
+            blocks = [m for m in net if isinstance(m, ResBlock)]
+            head_conv, flat_lin = net[-4], net[-1]
+            if v >= 2:  # stem, blocks, BN, act, head conv, act, flatten, linear
+                self.stem = _Stem(net[0], None, sparse_stem)
+                self.final_bn = _bn_affine(net[1 + len(blocks)])
+            else:  # stem, BN, act, blocks, head conv, act, flatten, linear
+                self.stem = _Stem(net[0], net[1], sparse_stem)
+                self.final_bn = None
+            self.blocks = [_Block(b, v) for b in blocks]
+            self.head = _Conv3(*_fold(head_conv, None))
+            self.flat = _lin(flat_lin)
+            self.act = _act(v)
+            if v == 1:
+                self.latent_lin = _lin(brain.latent_net[0])
+                self.mu, self.logsig = _lin(brain.mu_head), _lin(brain.logsig_head)
+                self.v_head, self.a_head = _lin(dqn.v_head), _lin(dqn.a_head)
+            elif v in (2, 3):
+                (wv, bv), (wa, ba) = _lin(dqn.v_head[0]), _lin(dqn.a_head[0])
+                self.hidden = wv.shape[0]
+                self.dqn_hidden = (torch.cat((wv, wa)), torch.cat((bv, ba)))
+                self.v_out, self.a_out = _lin(dqn.v_head[2]), _lin(dqn.a_head[2])
+            else:
+                self.dqn_net = _lin(dqn.net)
 
     def phi(self, obs) -> Tensor:
         """The encoder's output before the Brain's last step: ``(N, 1024)`` float32."""

@@ -163,8 +163,6 @@ class AuxNet(nn.Module):
     def __init__(self, dims=(4,)):
         super().__init__()
         self.dims = tuple(int(d) for d in dims)
-        if not self.dims or min(self.dims) < 1:
-            raise ValueError(f"AuxNet dims must be positive, got {dims!r}")
         self.net = nn.Linear(_PHI_DIM, sum(self.dims), bias=False)
 
     def forward(self, x: Tensor) -> tuple[Tensor, ...]:
@@ -218,19 +216,11 @@ class GRP(nn.Module):
         self.double()
 
     def forward(self, inputs: list[Tensor]) -> Tensor:
-        """``inputs``: list of N tensors ``(L_i, 7)`` float64, L_i >= 1 -> logits ``(N, 24)`` float64."""
-        if len(inputs) == 0:
-            raise ValueError("GRP.forward needs at least one sequence")
+        """``inputs``: list of N >= 1 tensors ``(L_i, 7)`` float64, L_i >= 1 -> logits ``(N, 24)`` float64."""
         lengths = torch.tensor([t.shape[0] for t in inputs], dtype=torch.int64)
-        if int(lengths.min()) < 1:
-            raise ValueError("GRP.forward got an empty sequence")
         padded = pad_sequence(inputs, batch_first=True)
         packed = pack_padded_sequence(padded, lengths, batch_first=True, enforce_sorted=False)
-        return self.forward_packed(packed)
-
-    def forward_packed(self, packed_inputs) -> Tensor:
-        """Same as ``forward`` for an already packed batch (``PackedSequence``)."""
-        _, h_n = self.rnn(packed_inputs)  # (num_layers, N, hidden)
+        _, h_n = self.rnn(packed)  # (num_layers, N, hidden)
         return self.fc(h_n.transpose(0, 1).flatten(1))
 
     def calc_matrix(self, logits: Tensor) -> Tensor:

@@ -14,11 +14,6 @@ from mortal.util.fsutil import atomic_copy, stamped_name
 logger = logging.getLogger('mortal.rotation')  # the name before the package split (log format)
 
 
-def check_source(path: str) -> None:
-    """Check ``path`` is a loadable Mortal-layout checkpoint; FileNotFoundError or ``CheckpointError``."""
-    require_entries(load_checkpoint(path), MORTAL_ENTRIES, path)
-
-
 def keep_backup(target: str, stamp: str | None = None) -> str | None:
     """Copy ``target`` atomically to ``<target>.<stamp>.bak``; returns its name (None: nothing to keep)."""
     if not os.path.exists(target):
@@ -42,7 +37,7 @@ def rotate(config: dict, source: str | None = None, *, reset_best: bool = False,
     Raises, touching nothing, FileNotFoundError or ValueError (unusable, or a baseline itself)."""
     cfg = typed(config)
     source = source or cfg.control.best_state_file
-    check_source(source)
+    require_entries(load_checkpoint(source), MORTAL_ENTRIES, source)  # a loadable Mortal-layout checkpoint
     state = None
     if reset_best:  # read it before anything changes: a state file that cannot be reset stops the rotation
         state_file = cfg.control.state_file
