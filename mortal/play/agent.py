@@ -168,6 +168,7 @@ class MortalBatchAgent:
         self.version = check_version(engine.version)
         self.quick_eval = bool(getattr(engine, "enable_quick_eval", True))
         self.agari_guard = bool(getattr(engine, "enable_rule_based_agari_guard", False))
+        self.decisions = 0  # scenes answered, quick eval included (bench/arena_floor.py's count per decision)
 
     def _encode_rows(self, rows) -> tuple[list, list]:
         """Observations and masks of ``rows``; version 4 encodes them in one batch (searches together)."""
@@ -182,6 +183,7 @@ class MortalBatchAgent:
     def react(self, scenes: Sequence[Scene]) -> list[Decision]:
         """Decide all ``scenes``; see the class docstring."""
         out: list[Decision | None] = [None] * len(scenes)
+        self.decisions += len(scenes)
         # versions 1-3: every scene's main row now (quick eval reads its mask); version 4 searches in batch, and
         # quick eval's version-3 row of a scene it looks at goes into that batch rather than being encoded again
         if self.version != 4:
