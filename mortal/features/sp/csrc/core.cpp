@@ -560,7 +560,7 @@ PyObject* py_sp_rows(PyObject*, PyObject* args) {
 }
 
 // repack_v3(v3, scores, honba, kyotaku, out): rows 0-888 of a version-4 observation (1012 x 34 float32)
-// from a version-3 one (934 x 34), as mortal.features.obs_v4_rows.ROW_TABLE lays them out: v3 rows copied
+// from a version-3 one (934 x 34), as mortal.features.obs_v4.ROW_TABLE lays them out: v3 rows copied
 // in blocks, each score as clamp(s, 0, 30000) / 30000 after its v3 row, honba and kyotaku as min(n, 10) / 10,
 // the doras-owned rescale rows only.
 struct RowCopy {
@@ -774,7 +774,7 @@ PyMethodDef kMethods[] = {
      "defer: check every decision, write only those that need no search, return which need one."},
     {"repack_v3", py_repack_v3, METH_VARARGS,
      "repack_v3(v3: (934, 34) float32, scores: 4 ints, honba: int, kyotaku: int, out: (1012, 34) float32)\n\n"
-     "Write rows 0-888 of the version-4 observation out from the version-3 one (mortal.features.obs_v4_rows)."},
+     "Write rows 0-888 of the version-4 observation out from the version-3 one (mortal.features.obs_v4 ROW_TABLE)."},
     {"pack_obs", py_pack_obs, METH_VARARGS,
      "pack_obs(obs, real_rows: bytes[C], binary_mask: bytes, out, index: int) -> int\n\n"
      "Write row `index` of a packed observation store (see mortal.data.packed_obs.pack_into); -1 when\n"
