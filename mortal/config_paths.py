@@ -120,7 +120,9 @@ def folder_errors(cfg, config_path: str) -> list[str]:
     folder = config_folder(config_path)
     where = f' in {config_path}'
     emptied = [(k, v, _real(v, folder)) for k, v in emptied_folders(cfg) if v]
-    errors = []
+    # '' is the working folder (os.path.abspath), which the process would empty
+    errors = [f"{key} = ''{where} names no folder: the working folder would be emptied" for key, value in
+              emptied_folders(cfg) if not value]
     for i, (key, value, real) in enumerate(emptied):
         for key2, value2, real2 in emptied[i + 1:]:
             if (key.split(' (')[0] == key2.split(' (')[0]) or not (_inside(real2, real) or _inside(real, real2)):

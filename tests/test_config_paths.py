@@ -48,6 +48,20 @@ def test_buffer_dir_equal_to_drain_dir_is_refused(tmp_path):
     assert len([e for e in errors if '[online.server] buffer_dir' in e and '[online.server] drain_dir' in e]) == 1
 
 
+@pytest.mark.parametrize('table, key', [('online.server', 'buffer_dir'), ('online.server', 'drain_dir'),
+                                        ('train_play.default', 'log_dir'), ('test_play', 'log_dir')])
+def test_an_empty_folder_key_is_refused_not_the_working_folder_emptied(tmp_path, table, key):
+    # os.path.abspath('') is the working folder: the server, a client or the learner would empty it at start
+    cfg = tiny_config_dict(tmp_path)
+    section = cfg
+    for part in table.split('.'):
+        section = section[part]
+    section[key] = ''
+    path = _write(tmp_path, cfg)
+    assert f"[{table}] {key} = '' in {path} names no folder: the working folder would be emptied" in \
+        config_errors(path, env={})
+
+
 def test_relative_test_play_log_dir_compared_after_resolution(tmp_path, monkeypatch):
     # '.' from the working directory is the folder holding best.pth, written absolute
     monkeypatch.chdir(tmp_path)
