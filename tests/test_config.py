@@ -761,3 +761,12 @@ def test_paths_may_start_at_the_config_files_folder(tmp_path):
     assert c.control.state_file == f'{folder}/online/mortal.pth'
     assert c.control.best_state_file == 'online/best.pth'
     assert c.dataset.globs == [f'{folder}/logs/**/*.json.gz', '/data/*.json.gz']
+
+
+@pytest.mark.parametrize('value', ['²', '0', '-2', 'x', ''])
+def test_a_bad_sp_threads_is_logged_and_ignored_not_a_traceback(value, caplog):
+    # str.isdigit() accepts '²', which int() refuses: the start-up raised ValueError
+    from mortal.config import EnvOverrides
+    with caplog.at_level(logging.WARNING, logger='mortal.config'):
+        assert EnvOverrides.from_env({'MORTAL_SP_THREADS': value}).sp_threads is None
+    assert f'MORTAL_SP_THREADS={value!r} is not a positive integer; using the default thread count' in caplog.text
