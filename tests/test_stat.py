@@ -255,6 +255,15 @@ def test_from_dir_globs_gz_sums_seats_and_skips_bad_files(tmp_path, caplog):
         Stat.from_dir(tmp_path / 'missing', 'me')
 
 
+def test_a_log_reached_through_several_links_counts_once(tmp_path):
+    # glob's '**' follows a link to a parent folder down to the OS's limit: each log counted about 20 times
+    shutil.copy(LOG_A, tmp_path / 'a.json')
+    (tmp_path / 'sub').mkdir()
+    os.symlink('..', tmp_path / 'sub' / 'up')
+    os.symlink(tmp_path / 'a.json', tmp_path / 'sub' / 'same.json')
+    assert Stat.from_dir(tmp_path, 'me') == Stat.from_log(LOG_A.read_text(), 0)
+
+
 @pytest.mark.skipif(not hasattr(os, 'mkfifo'), reason='needs FIFOs')
 def test_a_fifo_among_the_logs_is_skipped_not_waited_on(tmp_path, caplog):
     # open() of a FIFO blocks until a writer comes: the whole run (this one, or a learner's loader) would hang
