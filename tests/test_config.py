@@ -600,6 +600,18 @@ def test_offline_batch_size_range(tmp_path, cfg, value, message):
         load_config(write(tmp_path, cfg))
 
 
+@pytest.mark.parametrize('key, value, message', [('num_blocks', 10 ** 12, 'must be within [1, 1024]'),
+                                                 ('num_blocks', 0, 'must be within [1, 1024]'),
+                                                 ('conv_channels', 4097, 'must be within [1, 4096]')])
+def test_resnet_size_range(tmp_path, cfg, key, value, message):
+    # the baseline bounds of the wire: 10^12 blocks validated, then hung the doctor building the model
+    cfg['resnet'][key] = value
+    path = write(tmp_path, cfg)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.problems == [f'[resnet] {key} in {path} {message}, got {value}']
+
+
 def test_typed_sections_hold_the_loaded_values(tmp_path, cfg):
     from mortal.config import typed
     cfg['control']['batch_size'] = 48
