@@ -74,7 +74,7 @@ class EnvOverrides:
     def from_env(cls, env: Mapping[str, str] = os.environ) -> 'EnvOverrides':
         """The overrides in ``env``; a bad ``MORTAL_SP_THREADS`` is logged and ignored."""
         threads = env.get(ENV_SP_THREADS)
-        if threads is not None and (not threads.strip().isdigit() or int(threads) < 1):
+        if threads is not None and (not threads.strip().isdecimal() or int(threads) < 1):  # '²' is a digit, no int
             logger.warning('%s=%r is not a positive integer; using the default thread count',
                            ENV_SP_THREADS, threads)
             threads = None

@@ -45,20 +45,24 @@ def expand_config_dir(node, folder: str):
 
 
 def config_dir_errors(config: dict, path: str) -> list[str]:
-    """One message per string where ``{config_dir}`` is not followed by its end or a separator."""
+    """One message per string where ``{config_dir}`` is not followed by its end or a separator, or that holds a NUL
+    (no path or name has one: the OS refuses it with a ValueError)."""
     out = []
     for parent, k, where in _strings(config):
         v = parent[k]
-        if v.startswith(CONFIG_DIR) and not expands(v):
-            table = '.'.join(str(p) for p in where[:-1] if not isinstance(p, int))
-            name = k if not isinstance(k, int) else str(where[-2])
+        table = '.'.join(str(p) for p in where[:-1] if not isinstance(p, int))
+        name = k if not isinstance(k, int) else str(where[-2])
+        if '\0' in v:
+            out.append(f'[{table}] {name} in {path} holds a NUL character (\\u0000), got {v[:200]!r}')
+        elif v.startswith(CONFIG_DIR) and not expands(v):
             out.append(f'[{table}] {name} in {path}: {CONFIG_DIR} must be the whole value or be followed by '
                        f'a path separator, got {v[:200]!r}')
     return out
 
 
 def _real(value: str, folder: str) -> str:
-    return os.path.realpath(expand(value, folder))
+    # a NUL (reported by config_dir_errors) would make realpath raise ValueError
+    return os.path.realpath(expand(value.replace('\0', ''), folder))
 
 
 def _inside(child: str, parent: str) -> bool:
@@ -120,7 +124,9 @@ def folder_errors(cfg, config_path: str) -> list[str]:
     folder = config_folder(config_path)
     where = f' in {config_path}'
     emptied = [(k, v, _real(v, folder)) for k, v in emptied_folders(cfg) if v]
-    errors = []
+    # '' is the working folder (os.path.abspath), which the process would empty
+    errors = [f"{key} = ''{where} names no folder: the working folder would be emptied" for key, value in
+              emptied_folders(cfg) if not value]
     for i, (key, value, real) in enumerate(emptied):
         for key2, value2, real2 in emptied[i + 1:]:
             if (key.split(' (')[0] == key2.split(' (')[0]) or not (_inside(real2, real) or _inside(real, real2)):

@@ -27,7 +27,8 @@ def build_server(config: dict) -> ParamServer:
     """Create the store from ``[online.server]``, bind to ``[online.remote]``, then clear the dirs.
 
     Binding comes first so that a second server with the same config fails on the busy port before it wipes the
-    running one's buffer. Raises ServerStartError, ValueError (unsafe bind, bad limits), OSError (dirs)."""
+    running one's buffer. Raises ServerStartError (also when a dir cannot be emptied), ValueError (unsafe bind, bad
+    limits)."""
     cfg = section(config, 'online.server')  # typed, with the defaults of mortal/config_schema.py
     remote = wire.Remote.from_config(section(config, 'online.remote'), cfg)
     store = ReplayStore(cfg.buffer_dir, cfg.drain_dir, cfg.capacity, cfg.force_sequential)
@@ -43,8 +44,10 @@ def build_server(config: dict) -> ParamServer:
                                f'{ex.strerror or ex}{hint}') from None
     try:
         store.reset_dirs()
-    except BaseException:
+    except BaseException as ex:
         server.server_close()
+        if isinstance(ex, OSError):  # a file in the way, a folder holding a config: one line, not a traceback
+            raise ServerStartError(f'[online.server] buffer_dir / drain_dir cannot be emptied: {ex}') from None
         raise
     return server
 
@@ -60,7 +63,7 @@ def main(argv=None):
     try:
         server = build_server(config)
     except ServerStartError as ex:
-        logger.error('%s', ex)  # one line, no traceback: nothing was started or touched
+        logger.error("%s", ex)  # one line, no traceback
         raise SystemExit(2) from None
     with server:
         host, port = server.server_address[:2]

@@ -143,10 +143,11 @@ class Stat:
         log_dir = os.fspath(log_dir)
         if not os.path.isdir(log_dir):
             raise FileNotFoundError(f'log directory not found: {log_dir}')
-        paths = sorted(set(
-            glob.glob(os.path.join(glob.escape(log_dir), '**', '*.json'), recursive=True)
-            + glob.glob(os.path.join(glob.escape(log_dir), '**', '*.json.gz'), recursive=True)
-        ))
+        found = {}  # real path -> first path: glob's '**' follows links, a link to a parent repeats every log
+        for path in sorted(glob.glob(os.path.join(glob.escape(log_dir), '**', '*.json'), recursive=True)
+                           + glob.glob(os.path.join(glob.escape(log_dir), '**', '*.json.gz'), recursive=True)):
+            found.setdefault(os.path.realpath(path), path)
+        paths = sorted(found.values())
         total = cls()
         n_skipped = 0
         for path in tqdm(paths, unit='file', disable=disable_progress_bar, dynamic_ncols=True,

@@ -600,6 +600,18 @@ def test_offline_batch_size_range(tmp_path, cfg, value, message):
         load_config(write(tmp_path, cfg))
 
 
+@pytest.mark.parametrize('key, value, message', [('num_blocks', 10 ** 12, 'must be within [1, 1024]'),
+                                                 ('num_blocks', 0, 'must be within [1, 1024]'),
+                                                 ('conv_channels', 4097, 'must be within [1, 4096]')])
+def test_resnet_size_range(tmp_path, cfg, key, value, message):
+    # the baseline bounds of the wire: 10^12 blocks validated, then hung the doctor building the model
+    cfg['resnet'][key] = value
+    path = write(tmp_path, cfg)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.problems == [f'[resnet] {key} in {path} {message}, got {value}']
+
+
 def test_typed_sections_hold_the_loaded_values(tmp_path, cfg):
     from mortal.config import typed
     cfg['control']['batch_size'] = 48
@@ -761,3 +773,12 @@ def test_paths_may_start_at_the_config_files_folder(tmp_path):
     assert c.control.state_file == f'{folder}/online/mortal.pth'
     assert c.control.best_state_file == 'online/best.pth'
     assert c.dataset.globs == [f'{folder}/logs/**/*.json.gz', '/data/*.json.gz']
+
+
+@pytest.mark.parametrize('value', ['²', '0', '-2', 'x', ''])
+def test_a_bad_sp_threads_is_logged_and_ignored_not_a_traceback(value, caplog):
+    # str.isdigit() accepts '²', which int() refuses: the start-up raised ValueError
+    from mortal.config import EnvOverrides
+    with caplog.at_level(logging.WARNING, logger='mortal.config'):
+        assert EnvOverrides.from_env({'MORTAL_SP_THREADS': value}).sp_threads is None
+    assert f'MORTAL_SP_THREADS={value!r} is not a positive integer; using the default thread count' in caplog.text

@@ -48,6 +48,20 @@ def test_buffer_dir_equal_to_drain_dir_is_refused(tmp_path):
     assert len([e for e in errors if '[online.server] buffer_dir' in e and '[online.server] drain_dir' in e]) == 1
 
 
+@pytest.mark.parametrize('table, key', [('online.server', 'buffer_dir'), ('online.server', 'drain_dir'),
+                                        ('train_play.default', 'log_dir'), ('test_play', 'log_dir')])
+def test_an_empty_folder_key_is_refused_not_the_working_folder_emptied(tmp_path, table, key):
+    # os.path.abspath('') is the working folder: the server, a client or the learner would empty it at start
+    cfg = tiny_config_dict(tmp_path)
+    section = cfg
+    for part in table.split('.'):
+        section = section[part]
+    section[key] = ''
+    path = _write(tmp_path, cfg)
+    assert f"[{table}] {key} = '' in {path} names no folder: the working folder would be emptied" in \
+        config_errors(path, env={})
+
+
 def test_relative_test_play_log_dir_compared_after_resolution(tmp_path, monkeypatch):
     # '.' from the working directory is the folder holding best.pth, written absolute
     monkeypatch.chdir(tmp_path)
@@ -116,3 +130,18 @@ def test_doctor_refuses_the_buffer_dir_at_the_config_folder(tmp_path, capsys):
     assert f"[online.server] buffer_dir = '{{config_dir}}' in {cfg_path} is emptied by its process but holds the " \
            f"config file ({cfg_path})" in out
     assert 'all checks passed' not in out
+
+
+@pytest.mark.parametrize('table, key', [('online.server', 'buffer_dir'), ('control', 'state_file'),
+                                        ('dataset', 'file_index')])
+def test_a_nul_in_a_path_is_one_message_not_a_traceback(tmp_path, table, key):
+    # TOML's "\u0000" reached os.path.realpath, whose ValueError ended the validation with a traceback
+    cfg = tiny_config_dict(tmp_path)
+    section = cfg
+    for part in table.split('.'):
+        section = section[part]
+    section[key] = 'a-NUL-b'
+    path = tmp_path / 'config.toml'
+    path.write_text(toml.dumps(cfg).replace('-NUL-', '\\u0000'), encoding='utf-8')
+    assert config_errors(path, env={}) == [
+        f"[{table}] {key} in {path} holds a NUL character (\\u0000), got 'a\\x00b'"]

@@ -1,7 +1,10 @@
 """The learner never reads what a bad cached file index lists: it rebuilds it from the globs (issue 35 item 7)."""
 
+import json
 import logging
+import os
 import sys
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -74,3 +77,29 @@ def test_a_bad_grp_index_is_rebuilt_from_the_globs_with_a_warning(tmp_path, ds, 
         assert build_file_index(ds.globs, val, ds.file_index) == (_built(tmp_path), val)
     assert (f'[grp.dataset] file_index {ds.file_index} is rebuilt from the globs: train_file_list: 3 of its 3 '
             f'entries are not paths (1, 2, None)') in caplog.text
+
+
+@pytest.mark.skipif(not hasattr(os, 'mkfifo'), reason='needs FIFOs')
+def test_indexing_by_player_names_skips_bad_first_lines_and_fifos_with_a_line_each(tmp_path, caplog):
+    # 'names' null or a number raised TypeError outside the skip; a FIFO blocked the open forever
+    logs = tmp_path / 'logs'
+    logs.mkdir()
+    for name, names in (('good.json', ['me', 'a', 'b', 'c']), ('other.json', ['x', 'a', 'b', 'c']),
+                        ('null.json', None), ('number.json', 5), ('nested.json', [['me']])):
+        (logs / name).write_text(json.dumps({'type': 'start_game', 'names': names}) + '\n')
+    os.mkfifo(logs / 'pipe.json')
+    ds = SimpleNamespace(file_index=str(tmp_path / 'index.pth'), globs=[str(logs / '*.json')])
+    result = []
+    worker = threading.Thread(target=lambda: result.append(build_file_list(ds, {'me'})), daemon=True)
+    with caplog.at_level(logging.WARNING, logger='mortal.train'):
+        worker.start()
+        worker.join(20)
+    if worker.is_alive():  # unblock the stuck open() so that the thread ends
+        with open(logs / 'pipe.json', 'wb'):
+            pass
+        worker.join(20)
+        pytest.fail('build_file_list waited on a FIFO')
+    assert result == [[str(logs / 'good.json')]]
+    skipped = sorted(m.split(' ')[1].rsplit('/', 1)[1] for m in caplog.messages)
+    assert skipped == ['nested.json', 'null.json', 'number.json', 'pipe.json'], caplog.messages
+    assert f'skipping {logs / "pipe.json"} while indexing: OSError: not a regular file' in caplog.messages

@@ -366,6 +366,24 @@ def test_build_server_from_config(tmp_path):
         server.server_close()
 
 
+def test_build_server_refuses_a_buffer_dir_it_cannot_empty_in_one_line(tmp_path):
+    # a config of another run in the folder (fsutil.empty_dir refuses), a file where drain_dir's parent should be
+    (tmp_path / 'b').mkdir()
+    (tmp_path / 'b' / 'other.toml').write_text('')
+    (tmp_path / 'file').write_text('')
+    for dirs, shown in (({'buffer_dir': str(tmp_path / 'b'), 'drain_dir': str(tmp_path / 'd')},
+                         f'refusing to empty {tmp_path / "b"}: it holds 1 config or checkpoint file(s)'),
+                        ({'buffer_dir': str(tmp_path / 'b2'), 'drain_dir': str(tmp_path / 'file' / 'd')},
+                         f"Not a directory: '{tmp_path / 'file' / 'd'}'")):
+        config = {'online': {'remote': {'host': '127.0.0.1', 'port': 0},
+                             'server': {**dirs, 'capacity': 8, 'force_sequential': False}}}
+        with pytest.raises(srv.ServerStartError) as info:
+            srv.build_server(config)
+        assert str(info.value).startswith('[online.server] buffer_dir / drain_dir cannot be emptied: ')
+        assert shown in str(info.value)
+    assert os.listdir(tmp_path / 'b') == ['other.toml']
+
+
 def test_concurrent_submissions_get_distinct_ids(running):
     errors = []
 

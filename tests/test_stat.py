@@ -5,9 +5,11 @@ import gzip
 import json
 import logging
 import math
+import os
 import shutil
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -251,6 +253,36 @@ def test_from_dir_globs_gz_sums_seats_and_skips_bad_files(tmp_path, caplog):
     assert 'skipped 3 of 6' in text
     with pytest.raises(FileNotFoundError):
         Stat.from_dir(tmp_path / 'missing', 'me')
+
+
+def test_a_log_reached_through_several_links_counts_once(tmp_path):
+    # glob's '**' follows a link to a parent folder down to the OS's limit: each log counted about 20 times
+    shutil.copy(LOG_A, tmp_path / 'a.json')
+    (tmp_path / 'sub').mkdir()
+    os.symlink('..', tmp_path / 'sub' / 'up')
+    os.symlink(tmp_path / 'a.json', tmp_path / 'sub' / 'same.json')
+    assert Stat.from_dir(tmp_path, 'me') == Stat.from_log(LOG_A.read_text(), 0)
+
+
+@pytest.mark.skipif(not hasattr(os, 'mkfifo'), reason='needs FIFOs')
+def test_a_fifo_among_the_logs_is_skipped_not_waited_on(tmp_path, caplog):
+    # open() of a FIFO blocks until a writer comes: the whole run (this one, or a learner's loader) would hang
+    shutil.copy(LOG_A, tmp_path / 'a.json')
+    os.mkfifo(tmp_path / 'pipe.json')
+    skipped, result = [], []
+    worker = threading.Thread(target=lambda: result.append(Stat.from_dir(tmp_path, 'me', skipped=skipped)),
+                              daemon=True)
+    with caplog.at_level(logging.WARNING, logger='mortal.stat'):
+        worker.start()
+        worker.join(20)
+    if worker.is_alive():  # unblock the stuck open() so that the thread ends
+        with open(tmp_path / 'pipe.json', 'wb'):
+            pass
+        worker.join(20)
+        pytest.fail('Stat.from_dir waited on a FIFO')
+    assert result == [Stat.from_log(LOG_A.read_text(), 0)]
+    assert skipped == [str(tmp_path / 'pipe.json')]
+    assert f'{tmp_path / "pipe.json"}: not a regular file' in caplog.text
 
 
 def test_bad_input_errors_name_line_and_field():

@@ -311,8 +311,8 @@ def _read_manifest(ledger: ClaimLedger, manifest: str) -> tuple:
                  if not ledger._name_problem(n)}
         same, steps = True, None
     if not same:
-        logger.warning("%s was written under other settings (%s, %d passes; now %s, %d passes): its %d "
-                       "logs are resumed whole", manifest, data.get("signature"), data.get("passes", 0),
+        logger.warning("%s was written under other settings (%s, %r passes; now %s, %d passes): its %d "
+                       "logs are resumed whole", manifest, data.get("signature"), data.get("passes"),
                        ledger.signature, ledger.passes, len(files))
     return files, same, steps
 

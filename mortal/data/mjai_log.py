@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 import re
 import zlib
 from dataclasses import dataclass
@@ -71,6 +72,8 @@ def decode_log_bytes(data: bytes, source: str = "<log>", error: type[BadLogError
 def read_log_text(path, max_bytes: int | None = DEFAULT_MAX_LOG_BYTES) -> str:
     """A log file's text, gunzipped if gzip, at most ``max_bytes`` decompressed. Raises ``BadLogError``, OSError."""
     cap = math.inf if max_bytes is None else max_bytes
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would block the open forever, a device not end
+        raise BadLogError(path, "not a regular file")
     with open(path, "rb") as f:
         gzipped = f.read(2) == _GZIP_MAGIC
         f.seek(0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import os
 import random
 import re
 from glob import glob
@@ -45,13 +46,16 @@ def build_file_list(dataset, player_names: set) -> list:
         kept = []
         for filename in file_list:
             try:
+                if not os.path.isfile(filename):  # a FIFO would block the open forever
+                    raise OSError('not a regular file')
                 opener = gzip.open if filename.endswith('.gz') else open
                 with opener(filename, 'rt', encoding='utf-8') as f:
                     names = json.loads(next(f))['names']
+                wanted = not player_names.isdisjoint(names)  # TypeError: names null, a number, lists
             except (OSError, EOFError, StopIteration, ValueError, KeyError, TypeError) as ex:
                 logger.warning('skipping %s while indexing: %s: %s', filename, type(ex).__name__, ex)
                 continue
-            if not player_names.isdisjoint(names):
+            if wanted:
                 kept.append(filename)
         file_list = kept
     file_list.sort(reverse=True)

@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 
 import msgpack
 
-from mortal.config_schema import DEFAULT_MAX_FRAME_BYTES, SUPPORTED_VERSIONS
+from mortal.config_schema import DEFAULT_MAX_FRAME_BYTES, MAX_BLOCKS, MAX_CONV_CHANNELS, SUPPORTED_VERSIONS
 from mortal.net.msgpack_bounds import check_shape, request_limits
 
 logger = logging.getLogger('mortal.wire')  # the wire's logger name (log format)
@@ -93,8 +93,8 @@ def check_play_settings(msg: dict) -> dict:
 
 
 # A baseline's architecture as it travels: the checkpoint config entries load_model_pair reads, with their bounds.
-BASELINE_ARCH = {'version': (min(SUPPORTED_VERSIONS), max(SUPPORTED_VERSIONS)), 'conv_channels': (1, 4096),
-                 'num_blocks': (1, 1024)}
+BASELINE_ARCH = {'version': (min(SUPPORTED_VERSIONS), max(SUPPORTED_VERSIONS)),
+                 'conv_channels': (1, MAX_CONV_CHANNELS), 'num_blocks': (1, MAX_BLOCKS)}
 
 
 def check_baseline_arch(arch) -> dict:
