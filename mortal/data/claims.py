@@ -327,9 +327,9 @@ def _parse_units(manifest: str, name: str, passes_, n_passes: int, *, gone: bool
         return {}
     if not isinstance(passes_, dict):
         return bad(f"a {type(passes_).__name__}, expected an object")
-    units = {}
+    units, valid = {}, {str(p) for p in range(n_passes)}
     for key, value in passes_.items():
-        if key not in [str(p) for p in range(n_passes)]:
+        if key not in valid:
             return bad(f"pass {key!r} is not one of 0..{n_passes - 1}")
         p = int(key)
         if value == _DONE:
