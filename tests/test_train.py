@@ -443,6 +443,33 @@ def test_drained_logs_vanishing_before_the_claim_are_counted_lost(tmp_path, capl
     assert got['data/logs_per_drain'] == 1 and got['data/staleness_max'] == 3  # only 0_b's version 2 counts
 
 
+def test_a_hostile_drain_reply_links_nothing_outside_and_does_not_crash_the_learner(tmp_path, caplog):
+    """Names with separators, '..', non-strings, and a reply missing its fields: refused with a line each, polled
+    again; only the plain name is claimed, and nothing is linked outside the claim folder."""
+    trainer, writer = make_trainer(tmp_path, online=True)
+    drain_dir = str(tmp_path / 'drain')
+    os.makedirs(drain_dir)
+    (tmp_path / 'drain' / '0_a.json.gz').write_bytes(b'a')
+    (tmp_path / 'secret').write_bytes(b's')
+    bad_shape = {**empty_drain(drain_dir, 'A', True), 'count': '1', 'files': None}
+    hostile = {**empty_drain(drain_dir, 'A', True), 'count': 5, 'param_version': 'x', 'param_versions': 7,
+               'files': ['../secret', '..', ['0_a.json.gz'], '0_a.json.gz', 'a/../../b']}
+    trainer.server.remote = ScriptedRemote([bad_shape, hostile])
+    sleeps = []
+    trainer.server.sleep = sleeps.append
+    with caplog.at_level('WARNING'):
+        files = trainer.server.drain(trainer.steps, trainer.resubmit)
+    assert [os.path.basename(f) for f in files] == ['0_a.json.gz'] and sleeps == [5.0]
+    claim_dir = os.path.dirname(files[0])
+    assert sorted(n for n in os.listdir(claim_dir) if n.endswith('.gz')) == ['0_a.json.gz']
+    assert os.stat(tmp_path / 'secret').st_nlink == 1  # the claim hard-links: '../secret' was never linked
+    lines = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
+    assert any(line.startswith('malformed drain reply (count str, files NoneType, drain_dir str)') for line in lines)
+    assert any(line.startswith('4 drained names refused (not plain log file names)') for line in lines)
+    got = {t: v for t, v, _ in writer.scalars}
+    assert got['data/logs_per_drain'] == 1 and 'data/staleness_max' not in got
+
+
 @pytest.mark.slow
 def test_offline_epoch_on_real_logs_builds_index(tmp_path):
     import shutil

@@ -37,6 +37,12 @@ def _remaining(unit) -> int:
     return 0 if unit == _DONE else max(0, unit.total - len(unit.trained))
 
 
+def is_plain_name(name) -> bool:
+    """Whether ``name`` is a non-empty str naming a file inside a folder (no separator, NUL, '.' or '..')."""
+    return isinstance(name, str) and name not in ("", ".", "..") and "\0" not in name and "/" not in name \
+        and not (os.sep and os.sep in name) and not (os.altsep and os.altsep in name)
+
+
 class ClaimLedger:
     """Training progress of the logs claimed into ``claim_dir``; start it with ``open`` or ``for_dataset``."""
 
@@ -92,8 +98,7 @@ class ClaimLedger:
 
     def _name_problem(self, name) -> str:
         """Why ``name`` cannot be a claimed log here ('' when it can), so nothing outside is touched."""
-        if not isinstance(name, str) or not name or name in (".", "..") or "\0" in name or "/" in name \
-                or (os.sep and os.sep in name) or (os.altsep and os.altsep in name):
+        if not is_plain_name(name):
             return "not a plain file name"
         if name in _RESERVED:
             return "a file of the ledger itself"
@@ -134,6 +139,11 @@ class ClaimLedger:
         that vanished); OSError when a link fails."""
         keep = self.names() | _RESERVED
         empty_dir(self.claim_dir, keep)
+        refused = [name for name in files if not is_plain_name(name) or name in _RESERVED]
+        if refused:  # the server's reply: a name with a separator would link outside both folders
+            logger.warning("%d drained names refused (not plain log file names): %s", len(refused),
+                           ", ".join(repr(n)[:80] for n in refused[:3]))
+            files = [name for name in files if name not in refused]
         targets = []
         for name in files:  # drained names restart at "0_" with every server: one may meet a log kept from before
             target, k = name, 1
@@ -362,5 +372,11 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 def staleness(drain_reply: dict) -> list:
     """Parameter versions (ints >= 0) between each drained log's and the server's; unknown ones left out."""
-    current = drain_reply.get("param_version", 0)
-    return [current - v for v in drain_reply.get("param_versions", []) if v >= 0]
+    current, versions = drain_reply.get("param_version", 0), drain_reply.get("param_versions", [])
+    if not _is_int(current) or not isinstance(versions, list):  # the server's reply: never trusted to be well-formed
+        return []
+    return [current - v for v in versions if _is_int(v) and v >= 0]
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

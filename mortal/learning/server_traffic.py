@@ -98,7 +98,11 @@ class ServerTraffic:
                 logger.info('server holds no parameters (restarted?): resubmitting')
                 resubmit()
                 self.resubmitted_to.add(server_id)
-            if reply['count'] > 0:
+            count, names, drain_dir = reply.get('count'), reply.get('files'), reply.get('drain_dir')
+            if not (isinstance(count, int) and isinstance(names, list) and isinstance(drain_dir, str)):
+                logger.warning('malformed drain reply (count %s, files %s, drain_dir %s): asked again',
+                               type(count).__name__, type(names).__name__, type(drain_dir).__name__)
+            elif count > 0:
                 ledger = self.claims(claim_dir_for(reply['drain_dir']), steps)
                 files, vanished = ledger.claim(reply['drain_dir'], reply['files'])
                 if vanished:
@@ -111,7 +115,9 @@ class ServerTraffic:
             self.sleep(DRAIN_POLL_INTERVAL)
         waited = time.monotonic() - start
         lost = set(vanished)
-        versions = [v for name, v in zip(reply['files'], reply.get('param_versions', [])) if name not in lost]
+        sent = reply.get('param_versions')
+        versions = [v for name, v in zip(names, sent if isinstance(sent, list) else []) if isinstance(name, str)
+                    and name not in lost]
         behind = staleness({**reply, 'param_versions': versions})
         self.writer.add_scalar('data/logs_per_drain', len(files), steps)
         self.writer.add_scalar('data/wait_seconds', waited, steps)
