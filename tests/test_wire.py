@@ -311,3 +311,41 @@ def test_a_paced_payload_waits_for_data_before_it_takes_any_budget():
         assert b.recv(1) == b'x'  # nothing was read before the budget allowed it
         with pytest.raises(wire.ProtocolError, match='truncated frame: connection closed after 0 of 1048576'):
             wire.recv_payload_paced(b, h, min_rate=1, window=0.2, take=Ledger().take, give=ledger.give)
+
+
+def _one_reply_server(reply_token):
+    """A listening socket on 127.0.0.1 whose thread answers one request with {'status': 'ok', 'x': 1} signed with
+    ``reply_token``; returns (port, thread)."""
+    srv = socket.socket()
+    srv.bind(('127.0.0.1', 0))
+    srv.listen(1)
+
+    def serve():
+        conn, _ = srv.accept()
+        with conn, srv:
+            wire.recv_msg(conn)
+            wire.send_msg(conn, {'status': wire.STATUS_OK, 'x': 1}, reply_token)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return srv.getsockname()[1], thread
+
+
+@pytest.mark.parametrize('remote_host, reply_token, accepted', [
+    (True, 'secret', True),     # a server off this machine signs its reply with the shared token
+    (True, 'forged', False),    # someone on the path answers instead: refused, never used
+    (True, None, False),        # an unsigned reply from off this machine
+    (False, 'forged', True),    # this machine: a server here may run without a token (unchanged)
+])
+def test_a_reply_from_off_this_machine_must_carry_the_token(monkeypatch, remote_host, reply_token, accepted):
+    if remote_host:  # the socket is local; the client is told its server is elsewhere
+        monkeypatch.setattr(wire, 'is_loopback', lambda host: False)
+    port, thread = _one_reply_server(reply_token)
+    remote = wire.Remote(host='127.0.0.1', port=port, token='secret', timeout=5)
+    if accepted:
+        assert remote.request({'type': 'get_param'}) == {'status': 'ok', 'x': 1}
+    else:
+        with pytest.raises(wire.RequestRefused, match=r"reply of 127\.0\.0\.1:\d+ to 'get_param' is not signed with "
+                                                      r"this \[online\.remote\] token"):
+            remote.request({'type': 'get_param'})
+    thread.join(5)

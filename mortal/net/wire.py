@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional
 import msgpack
 
 from mortal.config_schema import DEFAULT_MAX_FRAME_BYTES, MAX_BLOCKS, MAX_CONV_CHANNELS, SUPPORTED_VERSIONS
+from mortal.net.address import is_loopback
 from mortal.net.msgpack_bounds import check_shape, request_limits
 
 logger = logging.getLogger('mortal.wire')  # the wire's logger name (log format)
@@ -135,6 +136,10 @@ class ProtocolError(Exception):
 
 class PeerClosed(ProtocolError):
     """The peer closed the connection before any byte of a frame (not an error by itself)."""
+
+
+class BadMac(ProtocolError):
+    """A frame whose MAC does not match the receiver's token."""
 
 
 class FrameTooLarge(ProtocolError):
@@ -391,7 +396,7 @@ def recv_msg(sock: socket.socket, max_frame_size: int = DEFAULT_MAX_FRAME_BYTES,
     """Receive one frame's map; with ``token`` the MAC is checked before the payload. Raises ProtocolError, OSError."""
     header = recv_header(sock, max_frame_size)
     if not header.authentic(token):
-        raise ProtocolError('bad MAC: the frame was not signed with this token')
+        raise BadMac('bad MAC: the frame was not signed with this token')
     payload = _recv_exact(sock, header.length, what='payload')
     _check_digest(hashlib.sha256(payload).digest(), header)
     return decode_payload(payload)
@@ -446,21 +451,32 @@ class Remote:
                    max_frame_size=server.max_frame_bytes if server is not None else DEFAULT_MAX_FRAME_BYTES)
 
     def request(self, msg: dict) -> dict:
-        """Send ``msg`` on a new connection; the reply map. Raises OSError, ProtocolError, RequestRefused."""
+        """Send ``msg`` on a new connection; the reply map. Raises OSError, ProtocolError, RequestRefused.
+
+        With a token and a server off this machine, the reply's MAC must match the token (a server there always has
+        one), so nobody on the path can forge a reply; a mismatch is a refusal (a wrong token, or not the server)."""
+        check = self.token if self.token and not is_loopback(self.host) else None
         with socket.create_connection((self.host, self.port), timeout=self.timeout) as sock:
             try:
-                send_msg(sock, msg, self.token)
-            except OSError as ex:
-                # The server may have answered (e.g. 'unauthorized') and closed early: read that reply if there.
                 try:
-                    reply = recv_msg(sock, self.max_frame_size)
-                except (OSError, ProtocolError):
-                    raise ex from None
-            else:
-                try:
-                    reply = recv_msg(sock, self.max_frame_size)
-                except PeerClosed:
-                    raise ProtocolError('server closed the connection without a reply') from None
+                    send_msg(sock, msg, self.token)
+                except OSError as ex:
+                    # The server may have answered (e.g. 'unauthorized') and closed early: read that reply if there.
+                    try:
+                        reply = recv_msg(sock, self.max_frame_size, check)
+                    except BadMac:
+                        raise
+                    except (OSError, ProtocolError):
+                        raise ex from None
+                else:
+                    try:
+                        reply = recv_msg(sock, self.max_frame_size, check)
+                    except PeerClosed:
+                        raise ProtocolError('server closed the connection without a reply') from None
+            except BadMac:
+                raise RequestRefused(f'the reply of {self.host}:{self.port} to {msg.get("type")!r} is not signed '
+                                     'with this [online.remote] token: a wrong token, or not the trainer\'s '
+                                     'server') from None
         status = reply.get('status')
         if status in (STATUS_UNAUTHORIZED, STATUS_BAD_REQUEST, STATUS_OTHER_LEARNER):
             raise RequestRefused(f'server refused {msg.get("type")!r}: {status}: {reply.get("reason", "")}')
