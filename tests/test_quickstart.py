@@ -281,3 +281,14 @@ def test_ctrl_c_ends_with_one_line_and_status_130(tmp_path, monkeypatch, caplog)
     work = str(tmp_path / 'qs')
     assert quickstart.main(['--work-dir', work, '--no-progress']) == 130
     assert any('stopped by Ctrl-C' in r.getMessage() and work in r.getMessage() for r in caplog.records)
+
+
+def test_the_grp_globs_are_those_the_bootstrap_indexes(tmp_path):
+    """Else the doctor warns on the quickstart's untouched config, and the next GRP run rebuilds the index."""
+    from mortal.config import load_config, typed
+    from mortal.tools import bootstrap
+    config = load_config(quickstart_config.write_config(tmp_path, preset='short', port=5123))
+    indexed = bootstrap._grp_config(config, typed(config).bootstrap).dataset
+    written = typed(config).grp.dataset
+    assert (written.train_globs, written.val_globs) == (indexed.train_globs, indexed.val_globs)
+    assert written.train_globs[0].endswith('/bootstrap/logs/train/*.json.gz')

@@ -143,8 +143,8 @@ save_every = {grp_save_every}
 val_steps = 4
 
 [grp.dataset]
-train_globs = ['{work}/bootstrap/logs/train/**/*.json.gz']
-val_globs = ['{work}/bootstrap/logs/val/**/*.json.gz']
+train_globs = ['{work}/bootstrap/logs/train/*.json.gz']  # as the bootstrap's GRP index has them
+val_globs = ['{work}/bootstrap/logs/val/*.json.gz']
 file_index = '{work}/bootstrap/grp_file_index.pth'
 file_batch_size = 8
 
