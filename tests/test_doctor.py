@@ -191,6 +191,7 @@ def test_misspelled_optional_key_fails_naming_the_key_it_resembles(work, capsys)
                                 "As written, the processes ignore it and use fresh_deals = False"]
     assert '[WARN] config: unknown key [control] my_note in' in out  # not close to a key: a warning only
     assert 'unknown key [test_play] fresh_deal in' not in out  # no WARN beside the FAIL
+    assert 'parses and validates' not in out  # nor an OK row of the same check
 
 
 def test_misspelled_key_without_a_filled_default_is_left_unset_not_none(work, capsys):

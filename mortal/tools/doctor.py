@@ -427,8 +427,9 @@ def main(argv=None):
         return 1
     finally:
         config_log.setLevel(level)  # main() may run again in this process (tests)
-    print(Check(OK, 'config', f'{path} parses and validates').line())
     typos, replaced = typo_checks(config, path)
+    if not typos:  # a typo is a FAIL row of this same check: not OK as well
+        print(Check(OK, 'config', f'{path} parses and validates').line())
     for w in warns:
         if w not in replaced:  # those are FAIL rows below
             print(Check(WARN, 'config', w).line())
