@@ -48,6 +48,22 @@ def wait_until(cond, timeout: float = 30.0, interval: float = 0.01) -> None:
 
 
 
+def call_unless_stuck_on(fifo, call, what: str):
+    """``call()`` on a thread, its result; fails the test, after unblocking the thread, when it waits on the FIFO
+    ``fifo`` for 20 s (an ``open()`` of a FIFO blocks until a writer comes)."""
+    import threading
+    result = []
+    worker = threading.Thread(target=lambda: result.append(call()), daemon=True)
+    worker.start()
+    worker.join(20)
+    if worker.is_alive():
+        with open(fifo, 'wb'):
+            pass
+        worker.join(20)
+        pytest.fail(f'{what} waited on a FIFO')
+    return result[0]
+
+
 def free_port():
     """A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released)."""
     import socket

@@ -48,15 +48,19 @@ def test_buffer_dir_equal_to_drain_dir_is_refused(tmp_path):
     assert len([e for e in errors if '[online.server] buffer_dir' in e and '[online.server] drain_dir' in e]) == 1
 
 
+def _table(cfg: dict, dotted: str) -> dict:
+    """The table ``dotted`` ('a.b') of the plain config dict ``cfg``."""
+    for part in dotted.split('.'):
+        cfg = cfg[part]
+    return cfg
+
+
 @pytest.mark.parametrize('table, key', [('online.server', 'buffer_dir'), ('online.server', 'drain_dir'),
                                         ('train_play.default', 'log_dir'), ('test_play', 'log_dir')])
 def test_an_empty_folder_key_is_refused_not_the_working_folder_emptied(tmp_path, table, key):
     # os.path.abspath('') is the working folder: the server, a client or the learner would empty it at start
     cfg = tiny_config_dict(tmp_path)
-    section = cfg
-    for part in table.split('.'):
-        section = section[part]
-    section[key] = ''
+    _table(cfg, table)[key] = ''
     path = _write(tmp_path, cfg)
     assert f"[{table}] {key} = '' in {path} names no folder: the working folder would be emptied" in \
         config_errors(path, env={})
@@ -137,10 +141,7 @@ def test_doctor_refuses_the_buffer_dir_at_the_config_folder(tmp_path, capsys):
 def test_a_nul_in_a_path_is_one_message_not_a_traceback(tmp_path, table, key):
     # TOML's "\u0000" reached os.path.realpath, whose ValueError ended the validation with a traceback
     cfg = tiny_config_dict(tmp_path)
-    section = cfg
-    for part in table.split('.'):
-        section = section[part]
-    section[key] = 'a-NUL-b'
+    _table(cfg, table)[key] = 'a-NUL-b'
     path = tmp_path / 'config.toml'
     path.write_text(toml.dumps(cfg).replace('-NUL-', '\\u0000'), encoding='utf-8')
     assert config_errors(path, env={}) == [

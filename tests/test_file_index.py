@@ -4,13 +4,14 @@ import json
 import logging
 import os
 import sys
-import threading
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from mortal.data.offline_data import build_file_list, glob_regex, listed_problem
+
+from conftest import call_unless_stuck_on
 
 
 @pytest.fixture
@@ -89,17 +90,9 @@ def test_indexing_by_player_names_skips_bad_first_lines_and_fifos_with_a_line_ea
         (logs / name).write_text(json.dumps({'type': 'start_game', 'names': names}) + '\n')
     os.mkfifo(logs / 'pipe.json')
     ds = SimpleNamespace(file_index=str(tmp_path / 'index.pth'), globs=[str(logs / '*.json')])
-    result = []
-    worker = threading.Thread(target=lambda: result.append(build_file_list(ds, {'me'})), daemon=True)
     with caplog.at_level(logging.WARNING, logger='mortal.train'):
-        worker.start()
-        worker.join(20)
-    if worker.is_alive():  # unblock the stuck open() so that the thread ends
-        with open(logs / 'pipe.json', 'wb'):
-            pass
-        worker.join(20)
-        pytest.fail('build_file_list waited on a FIFO')
-    assert result == [[str(logs / 'good.json')]]
+        result = call_unless_stuck_on(logs / 'pipe.json', lambda: build_file_list(ds, {'me'}), 'build_file_list')
+    assert result == [str(logs / 'good.json')]
     skipped = sorted(m.split(' ')[1].rsplit('/', 1)[1] for m in caplog.messages)
     assert skipped == ['nested.json', 'null.json', 'number.json', 'pipe.json'], caplog.messages
     assert f'skipping {logs / "pipe.json"} while indexing: OSError: not a regular file' in caplog.messages

@@ -9,14 +9,13 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 
 import pytest
 
 from mortal.stat import Stat, main
 from mortal.stat_game import LogFormatError
 
-from conftest import DATA_DIR, ROOT
+from conftest import DATA_DIR, ROOT, call_unless_stuck_on
 
 STAT_DIR = DATA_DIR / 'stat'
 LOG_A = STAT_DIR / 'log_a.json'
@@ -269,18 +268,11 @@ def test_a_fifo_among_the_logs_is_skipped_not_waited_on(tmp_path, caplog):
     # open() of a FIFO blocks until a writer comes: the whole run (this one, or a learner's loader) would hang
     shutil.copy(LOG_A, tmp_path / 'a.json')
     os.mkfifo(tmp_path / 'pipe.json')
-    skipped, result = [], []
-    worker = threading.Thread(target=lambda: result.append(Stat.from_dir(tmp_path, 'me', skipped=skipped)),
-                              daemon=True)
+    skipped = []
     with caplog.at_level(logging.WARNING, logger='mortal.stat'):
-        worker.start()
-        worker.join(20)
-    if worker.is_alive():  # unblock the stuck open() so that the thread ends
-        with open(tmp_path / 'pipe.json', 'wb'):
-            pass
-        worker.join(20)
-        pytest.fail('Stat.from_dir waited on a FIFO')
-    assert result == [Stat.from_log(LOG_A.read_text(), 0)]
+        result = call_unless_stuck_on(tmp_path / 'pipe.json', lambda: Stat.from_dir(tmp_path, 'me', skipped=skipped),
+                                      'Stat.from_dir')
+    assert result == Stat.from_log(LOG_A.read_text(), 0)
     assert skipped == [str(tmp_path / 'pipe.json')]
     assert f'{tmp_path / "pipe.json"}: not a regular file' in caplog.text
 
