@@ -139,11 +139,13 @@ class ClaimLedger:
         that vanished); OSError when a link fails."""
         keep = self.names() | _RESERVED
         empty_dir(self.claim_dir, keep)
-        refused = [name for name in files if not is_plain_name(name) or name in _RESERVED]
-        if refused:  # the server's reply: a name with a separator would link outside both folders
+        accepted, refused = [], []
+        for name in files:  # the server's reply: a name with a separator would link outside both folders
+            (accepted if is_plain_name(name) and name not in _RESERVED else refused).append(name)
+        if refused:
             logger.warning("%d drained names refused (not plain log file names): %s", len(refused),
                            ", ".join(repr(n)[:80] for n in refused[:3]))
-            files = [name for name in files if name not in refused]
+        files = accepted
         targets = []
         for name in files:  # drained names restart at "0_" with every server: one may meet a log kept from before
             target, k = name, 1
@@ -373,10 +375,6 @@ def _link_or_copy(src: str, dst: str) -> None:
 def staleness(drain_reply: dict) -> list:
     """Parameter versions (ints >= 0) between each drained log's and the server's; unknown ones left out."""
     current, versions = drain_reply.get("param_version", 0), drain_reply.get("param_versions", [])
-    if not _is_int(current) or not isinstance(versions, list):  # the server's reply: never trusted to be well-formed
+    if not is_int(current) or not isinstance(versions, list):  # the server's reply: never trusted to be well-formed
         return []
-    return [current - v for v in versions if _is_int(v) and v >= 0]
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return [current - v for v in versions if is_int(v) and v >= 0]

@@ -5,7 +5,7 @@ import socket
 import time
 from os import path
 
-from mortal.data.claims import ClaimLedger, claim_dir_for, staleness
+from mortal.data.claims import ClaimLedger, claim_dir_for, is_plain_name, staleness
 from mortal.net import wire
 
 logger = logging.getLogger('mortal.train')  # the trainer's lines (log format)
@@ -103,21 +103,21 @@ class ServerTraffic:
                 logger.warning('malformed drain reply (count %s, files %s, drain_dir %s): asked again',
                                type(count).__name__, type(names).__name__, type(drain_dir).__name__)
             elif count > 0:
-                ledger = self.claims(claim_dir_for(reply['drain_dir']), steps)
-                files, vanished = ledger.claim(reply['drain_dir'], reply['files'])
+                ledger = self.claims(claim_dir_for(drain_dir), steps)
+                files, vanished = ledger.claim(drain_dir, names)
                 if vanished:
                     self.lost_logs += len(vanished)
                     logger.warning('%d of %d drained logs vanished from %s before the learner could read them '
-                                   '(server restarted?): lost, %d in total', len(vanished), reply['count'],
-                                   reply['drain_dir'], self.lost_logs)
+                                   '(server restarted?): lost, %d in total', len(vanished), count, drain_dir,
+                                   self.lost_logs)
                 if files:
                     break
             self.sleep(DRAIN_POLL_INTERVAL)
         waited = time.monotonic() - start
         lost = set(vanished)
         sent = reply.get('param_versions')
-        versions = [v for name, v in zip(names, sent if isinstance(sent, list) else []) if isinstance(name, str)
-                    and name not in lost]
+        versions = [v for name, v in zip(names, sent if isinstance(sent, list) else []) if is_plain_name(name)
+                    and name not in lost]  # those of the claimed logs
         behind = staleness({**reply, 'param_versions': versions})
         self.writer.add_scalar('data/logs_per_drain', len(files), steps)
         self.writer.add_scalar('data/wait_seconds', waited, steps)

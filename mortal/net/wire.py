@@ -455,32 +455,34 @@ class Remote:
 
         With a token and a server off this machine, the reply's MAC must match the token (a server there always has
         one), so nobody on the path can forge a reply; a mismatch is a refusal (a wrong token, or not the server)."""
-        check = self.token if self.token and not is_loopback(self.host) else None
         with socket.create_connection((self.host, self.port), timeout=self.timeout) as sock:
             try:
+                send_msg(sock, msg, self.token)
+            except OSError as ex:
+                # The server may have answered (e.g. 'unauthorized') and closed early: read that reply if there.
                 try:
-                    send_msg(sock, msg, self.token)
-                except OSError as ex:
-                    # The server may have answered (e.g. 'unauthorized') and closed early: read that reply if there.
-                    try:
-                        reply = recv_msg(sock, self.max_frame_size, check)
-                    except BadMac:
-                        raise
-                    except (OSError, ProtocolError):
-                        raise ex from None
-                else:
-                    try:
-                        reply = recv_msg(sock, self.max_frame_size, check)
-                    except PeerClosed:
-                        raise ProtocolError('server closed the connection without a reply') from None
-            except BadMac:
-                raise RequestRefused(f'the reply of {self.host}:{self.port} to {msg.get("type")!r} is not signed '
-                                     'with this [online.remote] token: a wrong token, or not the trainer\'s '
-                                     'server') from None
+                    reply = self._reply(sock, msg)
+                except (OSError, ProtocolError):
+                    raise ex from None
+            else:
+                try:
+                    reply = self._reply(sock, msg)
+                except PeerClosed:
+                    raise ProtocolError('server closed the connection without a reply') from None
         status = reply.get('status')
         if status in (STATUS_UNAUTHORIZED, STATUS_BAD_REQUEST, STATUS_OTHER_LEARNER):
             raise RequestRefused(f'server refused {msg.get("type")!r}: {status}: {reply.get("reason", "")}')
         return reply
+
+
+    def _reply(self, sock: socket.socket, msg: dict) -> dict:
+        """The reply to ``msg``; RequestRefused when it must carry the token's MAC (``request``) and does not."""
+        check = self.token if self.token and not is_loopback(self.host) else None
+        try:
+            return recv_msg(sock, self.max_frame_size, check)
+        except BadMac:
+            raise RequestRefused(f'the reply of {self.host}:{self.port} to {msg.get("type")!r} is not signed with '
+                                 'this [online.remote] token: a wrong token, or not the trainer\'s server') from None
 
 
 def request_with_retry(remote: Remote, msg: dict, *,
