@@ -85,11 +85,11 @@ def gaps_by_reward(config: dict, log_files, rewards, *, contested: bool = False)
     for path in log_files:
         log = read_log(path)
         for game in loader.load_parsed(log):
-            cf = game.take_cf_actions()
+            cf = game.take("cf_actions")
             has = np.flatnonzero(cf >= 0)
             if not len(has):
                 continue
-            records = game.take_cf_records()
+            records = game.take("cf_records")
             actions = game.take("actions")
             at_kyoku = game.take("at_kyoku").astype(np.int64)
             g = game.grp

@@ -40,8 +40,8 @@ def _game_columns(game, reward_calc: RewardCalculator) -> tuple | None:
     apply_gamma = game.take("apply_gamma")
     grp = game.grp
     player_id = game.player_id
-    cf_actions = game.take_cf_actions()
-    cf_records = game.take_cf_records()
+    cf_actions = game.take("cf_actions")
+    cf_records = game.take("cf_records")
 
     feature = grp.take_feature()
     rewards = reward_calc.kyoku_rewards(player_id, feature, grp.take_rank_by_player(), grp.take_final_scores())

@@ -38,7 +38,7 @@ def _is_fatal(exc: BaseException) -> bool:
 class Gameplay:
     """Samples of one seat in one game (N rows); ``take`` returns a field and releases it (Mortal's ``take_*``):
     ``packed_obs`` ``(N, row_bytes)`` uint8, ``actions`` int64, ``masks`` ``(N, 46)`` bool, ``at_kyoku`` uint8,
-    ``dones``/``apply_gamma`` bool, ``event_idx`` int32, ``cf_actions`` int64."""
+    ``dones``/``apply_gamma`` bool, ``event_idx`` int32, ``cf_actions`` int64 (-1: no counterfactual record)."""
 
     packed_obs: np.ndarray
     actions: np.ndarray
@@ -70,13 +70,6 @@ class Gameplay:
     def take_obs(self) -> np.ndarray:
         """``obs`` (``(N, C, 34)`` float32), releasing the packed rows."""
         return unpack(self.take("packed_obs"), self.version) if self.packed_obs is not None else None
-
-    def take_cf_actions(self) -> np.ndarray:
-        """``cf_actions`` (-1: no counterfactual record), released."""
-        return self.take("cf_actions")
-
-    def take_cf_records(self) -> list:
-        return self.take("cf_records")
 
 
 class _SeatRecorder:
