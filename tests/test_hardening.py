@@ -61,7 +61,6 @@ def test_malformed_manifest_entry_resumes_that_log_whole_with_one_warning(tmp_pa
         ledger = ClaimLedger.open(str(d), signature=SIG, passes=1)
     assert ledger.pending() == [str(d / 'a'), str(d / 'b')]
     assert ledger.trained_map() == {str(d / 'b'): {0: {0, 1}}}  # the good entry keeps its progress
-    assert ledger.remaining_samples() == 2
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and MANIFEST in warnings[0] and "'a'" in warnings[0], warnings
     # the rewritten manifest is clean again

@@ -180,10 +180,6 @@ class ClaimLedger:
         """How many of the ``pending`` logs have some samples trained already."""
         return sum(1 for units in self.files.values() if units and not self._done(units))
 
-    def remaining_samples(self) -> int:
-        """Untrained samples of the tracked logs as far as known (passes not read yet count 0)."""
-        return sum(_remaining(u) for units in self.files.values() for u in units.values())
-
     def trained_map(self) -> dict:
         """``{path: {pass: indices or None}}`` of what is trained, for ``FileDatasetsIter(trained=...)``."""
         return {path.join(self.claim_dir, n): {p: None if u == _DONE else set(u.trained) for p, u in units.items()}
