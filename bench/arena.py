@@ -94,9 +94,10 @@ class TurnLog:
 def run(challenger, champion, seeds, progress, steps=None, speculate=True, spec_out=None):
     """Play the bench's games; returns (seconds, game end times). ``steps``: a dict filled with, per game id,
     its list of steps, each a tuple (decisions of side 0 = challenger, decisions of side 1 = champion)."""
-    import mortal.play.arena as arena_mod
+    from mortal.play.arena import OneVsThree
+    from mortal.play.game import _Game
 
-    arena = arena_mod.OneVsThree(disable_progress_bar=not progress, speculate_passes=speculate)
+    arena = OneVsThree(disable_progress_bar=not progress, speculate_passes=speculate)
     finish = []
     orig = arena._finish
 
@@ -105,7 +106,7 @@ def run(challenger, champion, seeds, progress, steps=None, speculate=True, spec_
         orig(g, rankings)
 
     arena._finish = _finish
-    orig_scenes = arena_mod._Game.scenes
+    orig_scenes = _Game.scenes
     if steps is not None:
         def scenes(g, guard, absorbed=None):  # one call per step of a game (not a speculated one): which sides decide
             out = orig_scenes(g, guard, absorbed)
@@ -115,7 +116,7 @@ def run(challenger, champion, seeds, progress, steps=None, speculate=True, spec_
             steps.setdefault(g.gid, []).append(tuple(n))
             return out
 
-        arena_mod._Game.scenes = scenes
+        _Game.scenes = scenes
     try:
         t0 = time.perf_counter()
         arena.py_vs_py(challenger, champion, seed_start=(1, 2024), seed_count=seeds)
@@ -123,7 +124,7 @@ def run(challenger, champion, seeds, progress, steps=None, speculate=True, spec_
             spec_out.extend(arena.speculated)
         return time.perf_counter() - t0, finish
     finally:
-        arena_mod._Game.scenes = orig_scenes
+        _Game.scenes = orig_scenes
 
 
 SPLIT_SEAT = {"a": 0, "b": 1, "c": 2, "d": 3}  # split -> the challenger's seat

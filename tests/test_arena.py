@@ -16,7 +16,8 @@ from mjai.mlibriichi.state import PlayerState
 
 from mortal.play.agent import MjaiBotAgent
 from mortal.data.grp import rank_by_player
-from mortal.play.arena import ArenaError, OneVsThree, kyoku_wall
+from mortal.play.arena import OneVsThree
+from mortal.play.game import ArenaError, kyoku_wall
 from mortal.play.kyoku_flow import KyokuResult, KyokuState, final_scores, kyoku_result_from_events, next_kyoku
 
 

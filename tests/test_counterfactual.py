@@ -19,7 +19,8 @@ from mortal.data.reward import RewardCalculator
 from mortal.features.action import event_to_label
 from mortal.learning.loss import LossWeights, counterfactual_term, learner_loss
 from mortal.play.agent import MortalBatchAgent
-from mortal.play.arena import OneVsThree, counterfactual_action
+from mortal.play.arena import OneVsThree
+from mortal.play.counterfactual import counterfactual_action
 
 from test_arena import PriorityEngine, read_log
 
@@ -102,7 +103,7 @@ def test_counterfactual_action_refuses_non_finite_q():
 
 
 def test_kind_group_puts_chi_and_pon_together():
-    from mortal.play.arena import kind_group
+    from mortal.play.counterfactual import kind_group
     assert [kind_group(i) for i in (0, 36, 37, 38, 40, 41, 42, 43, 44, 45)] == [
         "discard", "discard", "riichi", "call", "call", "call", "kan", "hora", "ryukyoku", "pass"]
     with pytest.raises(ValueError):

@@ -32,7 +32,7 @@ from mortal.data.reward import RewardCalculator
 from mortal.features.action import HORA, KAN, event_to_label, kan_select_label
 from mortal.play import agent as agent_mod
 import mortal.play.game as game_mod
-from mortal.play.arena import SPLITS
+from mortal.play.game import SPLITS
 from mortal.play.engine import MortalEngine
 from mortal.play.kyoku_flow import KyokuOutcome
 

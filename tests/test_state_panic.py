@@ -13,8 +13,9 @@ import pathlib
 import pytest
 from mjai.mlibriichi.state import PlayerState
 
-from mortal.play import arena
-from mortal.play.arena import OneVsThree, StatePanic
+from mortal.play import arena, counterfactual, game
+from mortal.play.arena import OneVsThree
+from mortal.play.game import StatePanic
 from test_arena import PriorityEngine, check_log, read_log
 
 DATA = pathlib.Path(__file__).resolve().parent / "data"
@@ -61,21 +62,21 @@ def test_a_25th_discard_panics_mjai_state():
     for seat in range(4):  # every seat keeps all four kawa: each one overflows on that discard
         st = PlayerState(seat)
         seen = masked(events, seat)
-        arena._feed(seat, st, None, [json.dumps(ev) for ev in seen[:last]])
+        game._feed(seat, st, None, [json.dumps(ev) for ev in seen[:last]])
         with pytest.raises(StatePanic, match=r"seat \d's PlayerState panicked on .*dahai.*capacity overflow") as e:
-            arena._feed(seat, st, None, [json.dumps(seen[last])])
+            game._feed(seat, st, None, [json.dumps(seen[last])])
         assert json.loads(e.value.event) == seen[last]
 
 
 def test_other_errors_of_a_state_are_not_taken_for_a_panic():
     with pytest.raises(Exception) as e:
-        arena._feed(0, PlayerState(0), None, ["{not json"])
+        game._feed(0, PlayerState(0), None, ["{not json"])
     assert not isinstance(e.value, StatePanic)
 
 
 def test_a_panicking_state_fails_only_its_game(tmp_path, monkeypatch, caplog, two_kyoku):
     # games of two kyoku (two_kyoku): the panic comes at the end of the first
-    end_kyoku = arena._Game._end_kyoku
+    end_kyoku = game._Game._end_kyoku
 
     def panic_once(self):
         # game 101_42_b's first kyoku end: seat 2's state panics while catching up with the kyoku's last events
@@ -83,7 +84,7 @@ def test_a_panicking_state_fails_only_its_game(tmp_path, monkeypatch, caplog, tw
             self.states[2] = PanickingState(self.states[2])
         end_kyoku(self)
 
-    monkeypatch.setattr(arena._Game, "_end_kyoku", panic_once)
+    monkeypatch.setattr(game._Game, "_end_kyoku", panic_once)
     env = OneVsThree(disable_progress_bar=True, log_dir=str(tmp_path))
     with caplog.at_level(logging.WARNING, logger="mortal.arena"):
         ranks = env.py_vs_py(PriorityEngine("trainee", 1), PriorityEngine("baseline", 2), (100, 42), 2)
@@ -103,13 +104,13 @@ def test_a_panicking_state_fails_only_its_game(tmp_path, monkeypatch, caplog, tw
 
 
 def test_a_panicking_counterfactual_branch_is_dropped(monkeypatch, two_kyoku):
-    branch_end = arena._Branch._end_kyoku
+    branch_end = counterfactual._Branch._end_kyoku
 
     def panic(self):
         self.states = [PanickingState(st) for st in self.states]
         branch_end(self)
 
-    monkeypatch.setattr(arena._Branch, "_end_kyoku", panic)
+    monkeypatch.setattr(counterfactual._Branch, "_end_kyoku", panic)
     env = OneVsThree(disable_progress_bar=True, counterfactual_rate=0.2)
     ranks = env.py_vs_py(PriorityEngine("trainee", 1), PriorityEngine("baseline", 2), (100, 42), 1)
     assert sum(ranks) == 4 and not env.failed_games

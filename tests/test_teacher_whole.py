@@ -20,7 +20,8 @@ from mjai.bot.tools import convert_vec34_to_short, fmt_calls
 
 from mortal.tools import rulebase_games
 from mortal.play.agent import MjaiBotAgent
-from mortal.play.arena import SPLITS, OneVsThree
+from mortal.play.arena import OneVsThree
+from mortal.play.game import SPLITS
 
 from test_play_equals_train import _end_games_early
 

@@ -9,8 +9,8 @@ import os
 import random
 
 from mortal.play.agent import make_agent, needs_v4_encoder
-from mortal.play.counterfactual import _Branch, counterfactual_action, fork, kind_group  # noqa: F401 (re-exported)
-from mortal.play.game import SPLITS, ArenaError, StatePanic, _feed, _Game, kyoku_wall  # noqa: F401
+from mortal.play.counterfactual import fork
+from mortal.play.game import SPLITS, _Game
 from mortal.play.lockstep import _LockStep
 from mortal.play.log_writer import LogWriter
 
