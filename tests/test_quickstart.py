@@ -160,6 +160,32 @@ def test_short_quickstart_end_to_end(tmp_path):
     assert re.search(r"kyoku reward: \[env\] reward = '(grp|points)'", out), out
     # the processes were stopped by signal (SIGTERM), not left running
     assert "'server': 'exited" in out or "'server': 'killed'" in out
+    assert 'leaked semaphore' not in r.stderr  # the pools' workers were closed, not terminated
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_gen_logs_and_evaluation_pool_workers_exit_without_being_terminated(tmp_path, monkeypatch):
+    """Each pool worker's arena takes tqdm's lock, a named semaphore under forkserver: a worker the pool's exit
+    terminates leaks it, and the resource tracker warned of it at the quickstart's end."""
+    import multiprocessing.process
+    from mortal.config import load_config
+    from mortal.play.evaluation import play_duplicate
+    from mortal.tools.rulebase_games import gen_logs
+    terminated = []
+    real = multiprocessing.process.BaseProcess.terminate
+
+    def terminate(self):
+        terminated.append(self.name)
+        real(self)
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, 'terminate', terminate)
+    cfg = load_config(quickstart_config.write_config(tmp_path, preset='short'))
+    cfg['bootstrap'].update(games=4, val_games=0, workers=2)
+    assert gen_logs(cfg, progress=False) == 4
+    units = play_duplicate(('rulebase', None), ('rulebase', None), sets=2, key=7, chunk=1, workers=2)
+    assert sorted(len(r) for r in units.values()) == [4, 4]
+    assert terminated == []
 
 
 def test_start_vs_rulebase_line(tmp_path, monkeypatch):

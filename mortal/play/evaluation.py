@@ -77,6 +77,9 @@ def play_duplicate(challenger, champion, *, sets: int, key: int, workers: int = 
             units.update(part)
             if progress:
                 progress(sum(len(r) for r in part.values()))
+        if workers > 1:  # workers that exit, unlike terminated ones, release their tqdm semaphore
+            pool.close()
+            pool.join()
     dropped = [n for n in range(SEED_START, SEED_START + sets) if n not in units]  # a game failed
     if dropped:
         logger.warning('%d of %d deals (key %d) left out, a game failed: nonces %s', len(dropped), sets, key,

@@ -120,6 +120,9 @@ def gen_logs(config, *, progress=True):
             if not progress and (finished % max(1, len(tasks) // 10) == 0 or finished == len(tasks)):
                 logger.info('gen-logs: %d/%d deals played (%.0f s)', finished, len(tasks),
                             time.monotonic() - start)
+        # workers that exit, unlike terminated ones, release their tqdm semaphore (else resource_tracker warns)
+        pool.close()
+        pool.join()
     elapsed = time.monotonic() - start
     written = (len(tasks) - len(failures)) * per_set
     logger.info('gen-logs: %d logs in %.0f s with %d processes (%.2f s per game per process); '
