@@ -363,6 +363,20 @@ def test_offline_early_stopping_stops_where_the_val_curve_turns(tmp_path, monkey
     assert torch.load(config['control']['state_file'], weights_only=False)['steps'] == steps[1]
 
 
+@pytest.mark.parametrize('max_epochs, why', [(6, 'early stop'), (3, 'max epochs reached')])
+def test_offline_end_line_says_early_stop_only_before_the_epoch_limit(tmp_path, caplog, max_epochs, why):
+    """Patience 1 runs out at epoch 3 (1.7 after the best 1.5): an early stop with 6 epochs allowed, but with 3 the
+    run stopped at its limit."""
+    p = {'state_file': str(tmp_path / 'mortal.pth'), 'best_state_file': str(tmp_path / 'best.pth')}
+    for path in p.values():
+        torch.save({'steps': 20}, path)  # both the best epoch's, as the epochs leave them
+    history = [{'epoch': e, 'val_loss': v, 'steps': 10 * e} for e, v in ((1, 2.0), (2, 1.5), (3, 1.7))]
+    with caplog.at_level(logging.INFO, logger='mortal.tools.bootstrap'):
+        offline_epochs._keep_best_epoch(p, history, 1, True, max_epochs)
+    assert caplog.messages == [f'train-offline: {why} after epoch 3; best.pth = epoch 2 (val loss 1.5000, step 20), '
+                               'the state file too']
+
+
 @pytest.mark.slow
 def test_offline_early_stopping_resumes_from_its_record(tmp_path, monkeypatch):
     """A run killed between epoch 1's record and its copy to best.pth continues at epoch 2 and first copies the

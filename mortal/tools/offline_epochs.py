@@ -224,7 +224,7 @@ def train_offline(config, *, progress=True):
             _offline_epoch(trainer, history, p, val_files, max_epochs, patience)
     finally:
         trainer.writer.close()
-    _keep_best_epoch(p, history, patience, early)
+    _keep_best_epoch(p, history, patience, early, max_epochs)
     Path(p['done']).write_text(f'steps {trainer.steps}\nepochs {len(history)}\n')
     logger.info('train-offline: %d steps in %.0f s -> %s', trainer.steps, time.monotonic() - start,
                 p['best_state_file'])
@@ -265,7 +265,7 @@ def _offline_epoch(trainer, history, p, val_files, max_epochs, patience) -> None
         atomic_copy(p['state_file'], p['best_state_file'])
 
 
-def _keep_best_epoch(p, history, patience, early) -> None:
+def _keep_best_epoch(p, history, patience, early, max_epochs) -> None:
     # early stopping: best.pth and the state file are the best epoch's; else best.pth is the last unless it exists
     if early:
         best, stopped = _best_epoch(history, patience)
@@ -273,8 +273,9 @@ def _keep_best_epoch(p, history, patience, early) -> None:
         if _checkpoint_steps(p['state_file']) != history[best]['steps']:
             # what continues this run (e.g. bench/learning.py's offline-only control) starts where prepare does
             atomic_copy(p['best_state_file'], p['state_file'])
+        why = 'early stop' if stopped and len(history) < max_epochs else 'max epochs reached'  # patience can end at the limit
         logger.info('train-offline: %s after epoch %d; best.pth = epoch %d (val loss %.4f, step %d), the state '
-                    'file too', 'early stop' if stopped else 'max epochs reached', len(history),
+                    'file too', why, len(history),
                     history[best]['epoch'], history[best]['val_loss'], history[best]['steps'])
     elif not os.path.exists(p['best_state_file']):
         atomic_copy(p['state_file'], p['best_state_file'])
