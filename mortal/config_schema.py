@@ -13,6 +13,9 @@ from pydantic import AfterValidator, AllowInfNan, BaseModel, ConfigDict, Discrim
 SUPPORTED_VERSIONS = (1, 2, 3, 4)
 # [online.server] max_frame_bytes: holds a 192x40 model's parameters (~40 MB) or thousands of gz logs, with a margin
 DEFAULT_MAX_FRAME_BYTES = 512 * 1024 * 1024
+# [online.server] max_pending_connections and payload_min_bytes_per_s, also ParamServer's defaults
+DEFAULT_MAX_PENDING = 64  # unauthenticated connections at once
+DEFAULT_PAYLOAD_MIN_RATE = 128 * 1024  # bytes/s a payload must keep
 # [dataset] max_log_bytes (also the readers' default, mortal.data.mjai_log): a hanchan is well under 1 MB of mjai JSON.
 DEFAULT_MAX_LOG_BYTES = 64 * 1024 * 1024
 SCHEDULER_DEFAULT_INIT = 1e-8  # Mortal's LinearWarmUpCosineAnnealingLR default for [optim.scheduler] init
@@ -271,12 +274,12 @@ class Server(Section):
     max_frame_bytes: PositiveInt = key('extra: largest accepted wire frame in bytes', DEFAULT_MAX_FRAME_BYTES)
     max_pending_connections: PositiveInt = key(
         'extra: connections that may be unauthenticated (sending their frame header) at once; a new one beyond '
-        'this closes the oldest', 64)
+        'this closes the oldest', DEFAULT_MAX_PENDING)
     max_inflight_bytes: NonNegativeInt = key(
         'extra: payload bytes the server reads or handles at once over all connections (0 = max_frame_bytes)', 0)
     payload_min_bytes_per_s: PositiveInt = key(
         'extra: bytes/s a frame payload must keep over every 2 s (or the rest of the frame within them), or its '
-        'connection is closed', 131072)
+        'connection is closed', DEFAULT_PAYLOAD_MIN_RATE)
 
 
 class Online(Section):

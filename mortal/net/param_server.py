@@ -13,16 +13,15 @@ from collections import OrderedDict, deque
 from socketserver import BaseRequestHandler, ThreadingTCPServer
 from typing import Optional
 
+from mortal.config_schema import DEFAULT_MAX_PENDING, DEFAULT_PAYLOAD_MIN_RATE
 from mortal.net import wire
 from mortal.net.address import is_loopback  # bind security below
 from mortal.net.replay_store import ReplayStore
 
 logger = logging.getLogger('mortal.server')  # the server's name (log format)
 
-DEFAULT_MAX_PENDING = 64  # unauthenticated connections at once ([online.server] max_pending_connections)
 # Handler threads at once; beyond it the oldest unauthenticated connection (or else the new one) is closed.
 DEFAULT_MAX_CONNECTIONS = 256
-DEFAULT_PAYLOAD_MIN_RATE = 128 * 1024  # bytes/s a payload must keep ([online.server] payload_min_bytes_per_s)
 PAYLOAD_WINDOW = 2.0  # seconds over which the payload rate is checked: a stall is closed within two
 # Small payloads (all but submit_replay/submit_param) have a budget of their own: big uploads never delay them.
 SMALL_FRAME_BYTES = 64 * 1024
