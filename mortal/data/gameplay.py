@@ -23,7 +23,7 @@ logger = logging.getLogger('mortal.gameplay')  # the name before the package spl
 _SKIPPED_AS_NEXT = ("reach_accepted", "dora")
 _OWN_ACTIONS = frozenset({"dahai", "reach", "chi", "pon", "daiminkan", "kakan", "ankan", "hora"})
 _MAX_SKIP_RECORDS = 1000
-# Reactions whose logged event may carry the arena's ``meta.counterfactual`` (mortal.play.arena._Branch).
+# Reactions whose logged event may carry the arena's ``meta.counterfactual`` (mortal.play.counterfactual._Branch).
 _CF_TYPES = frozenset({"dahai", "reach", "chi", "pon", "daiminkan", "kakan", "ankan"})
 _cf_warned = False  # a counterfactual record that is not legal was logged once
 _V4_BATCH = 128  # v4 decisions searched per batch: enough to keep the threads busy, the arrays small
