@@ -3,11 +3,11 @@
 Self-play with ``[train_play.<profile>] counterfactual_rate`` > 0 writes, into the trainee's reaction meta, the
 outcome of a branch in which the trainee took its highest-Q other legal action on the same wall
 (``mortal.play.counterfactual._Branch``). The learner turns each into ``cf_delta`` = V(branch) - V(real) in
-``[env] pts`` units (``mortal.data.reward.RewardCalculator.counterfactual_deltas``). This script reads logs and prints, per kind
-of decision (taken action's kind -> alternative's kind: a call -> the pass, a discard -> another discard, ...), the
-number of branches and the mean ``cf_delta`` with its 95% CI (Student t, branches as independent): positive means
-the branch's action was worth more than the one played. It is the instrument of the counterfactual arm: it says
-whether the paired targets carry the sign that would fix a flaw, before any training.
+``[env] pts`` units (``mortal.data.reward.RewardCalculator.counterfactual_deltas``). This script reads logs and
+prints, per kind of decision (taken action's kind -> alternative's kind: a call -> the pass, a discard -> another
+discard, ...), the number of branches and the mean ``cf_delta`` with its 95% CI (Student t, branches as
+independent): positive means the branch's action was worth more than the one played. It is the instrument of the
+counterfactual arm: it says whether the paired targets carry the sign that would fix a flaw, before any training.
 
     python bench/counterfactual_gaps.py --config ARM/config.toml LOG.json.gz ... [--json OUT]
     python bench/counterfactual_gaps.py --config START/config.toml --contested --rewards grp,points \
