@@ -187,6 +187,7 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes
     log(f'[{arm}] start steps {step0}, budget {steps} steps / {minutes} min, overrides {sets}')
     procs = {}
     t0 = time.monotonic()
+    cpu = TreeCPU(procs)
     try:
         for name in ('server', 'train', 'client'):
             procs[name] = start_proc(name, cfg_path, arm_dir / 'logs')
@@ -194,9 +195,11 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes
                 _wait_port('127.0.0.1', cfg['online']['remote']['port'], procs[name], arm_dir / 'logs')
         for profile in client_profiles(clients):
             procs[f'client_{profile}'] = start_proc('client', cfg_path, arm_dir / 'logs', profile=profile)
+        cpu.start()
         trained = watch_arm(procs, arm_dir, state_file, step0, t0, arm=arm, steps=steps, minutes=minutes,
                             snapshot_every=snapshot_every, marks=marks, log=log)
     finally:
+        cpu_s = cpu.stop()
         stop(procs)
     elapsed = time.monotonic() - t0
     if marks:
@@ -205,8 +208,67 @@ def run_arm(out, arm, *, sets, steps, minutes, snapshot_every, log, mark_minutes
     hanchan = client_hanchan(arm_dir / 'logs')
     log(f'[{arm}] trained {trained} steps in {elapsed / 60:.1f} min; {hanchan} hanchan by {clients} client(s) '
         f'({hanchan / max(elapsed / 60, 1e-9):.1f} a minute)')
+    if cpu_s:
+        log(f'[{arm}] CPU seconds: ' + ', '.join(f'{k} {v:.0f}' for k, v in cpu_s.items())
+            + f' (of {elapsed * (os.cpu_count() or 1):.0f} on {os.cpu_count()} cores)')
     return {'steps': trained, 'seconds': elapsed, 'hanchan': hanchan, 'clients': clients,
-            'sets': [['.'.join(k), v] for k, v in sets]}
+            'sets': [['.'.join(k), v] for k, v in sets], 'cpu_s': cpu_s}
+
+
+class TreeCPU:
+    """CPU seconds (user + system) of each launched process and its descendants (the learner's restarts, loader
+    and test-play workers), by the name it has in ``procs``; read from /proc every second on a thread, each pid's
+    last reading kept, so a process that ended counts up to its last second. ``stop()`` returns ``{name: s}``
+    (``{}`` without /proc)."""
+
+    def __init__(self, procs: dict):
+        import threading
+        self.procs = procs
+        self.seen = {}  # pid -> (name, CPU seconds)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self):
+        if os.path.isdir('/proc/self'):
+            self.thread.start()
+
+    def stop(self) -> dict:
+        if not self.thread.is_alive():
+            return {}
+        self._sample()
+        self.done.set()
+        self.thread.join()
+        totals = {}
+        for name, seconds in self.seen.values():
+            totals[name] = totals.get(name, 0.0) + seconds
+        return {k: round(v, 1) for k, v in sorted(totals.items())}
+
+    def _run(self):
+        while not self.done.wait(1.0):
+            self._sample()
+
+    def _sample(self):
+        tick = os.sysconf('SC_CLK_TCK')
+        stats = {}
+        for entry in os.listdir('/proc'):
+            if entry.isdigit():
+                try:
+                    fields = open(f'/proc/{entry}/stat').read().rsplit(')', 1)[1].split()
+                except (OSError, IndexError):
+                    continue  # ended meanwhile
+                stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+        roots = {p.pid: name.split('_')[0] for name, p in list(self.procs.items())}
+        for pid, (ppid, seconds) in stats.items():
+            name, cur, hops = None, pid, 0
+            while cur in stats and hops < 16:  # walk up to a launched process
+                if cur in roots:
+                    name = roots[cur]
+                    break
+                cur, hops = stats[cur][0], hops + 1
+            if name is None:
+                name = self.seen.get(pid, (None,))[0]
+            if name is not None:
+                self.seen[pid] = (name, seconds)
 
 
 def client_profiles(clients):
