@@ -374,9 +374,10 @@ PyObject* py_sparse_stem_grad(PyObject*, PyObject* args) {
     Py_buffer bufs[3];
     PyObject* objs[3] = {x_obj, g_obj, d_obj};
     int got = 0;
-    for (; got < 3; ++got)
-        if (PyObject_GetBuffer(objs[got], &bufs[got], PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (got == 2 ? PyBUF_WRITABLE : 0)))
-            break;
+    for (; got < 3; ++got) {
+        const int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (got == 2 ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(objs[got], &bufs[got], flags) != 0) break;
+    }
     PyObject* result = nullptr;
     if (got == 3) {
         const Py_ssize_t sample = static_cast<Py_ssize_t>(n_in) * kWidth * 4;
@@ -386,7 +387,8 @@ PyObject* py_sparse_stem_grad(PyObject*, PyObject* args) {
         } else if (!is_c_float32(bufs[0]) || bufs[0].len != n * sample) {
             PyErr_Format(PyExc_ValueError, "sparse_stem_grad: x must be contiguous float32 (N, C=%d, 34)", n_in);
         } else if (!is_c_float32(bufs[1]) || bufs[1].len != n * (kWidth + 2) * n_out * 4) {
-            PyErr_Format(PyExc_ValueError, "sparse_stem_grad: g must be contiguous float32 (N=%zd, 36, O=%d)", n, n_out);
+            PyErr_Format(PyExc_ValueError, "sparse_stem_grad: g must be contiguous float32 (N=%zd, 36, O=%d)", n,
+                         n_out);
         } else if (!is_c_float32(bufs[2]) || bufs[2].len != static_cast<Py_ssize_t>(n_in) * 3 * n_out * 4) {
             PyErr_Format(PyExc_ValueError, "sparse_stem_grad: dw must be contiguous float32 (C=%d, 3, O=%d)", n_in,
                          n_out);
