@@ -15,6 +15,14 @@ try:
     from mortal.model import _stem
 except ImportError:  # the optional compiled module is not built: the stem runs the dense convolution
     _stem = None
+# torch >= 2.1 (pyproject): is_autocast_enabled takes a device type from 2.4; without torch.compiler.is_compiling
+# (2.1, 2.2) a compiled Brain breaks its graph at the kernel and runs it eagerly, still correct
+try:
+    torch.is_autocast_enabled("cpu")
+    _cpu_autocast = lambda: torch.is_autocast_enabled("cpu")  # noqa: E731
+except TypeError:
+    _cpu_autocast = torch.is_autocast_cpu_enabled
+_is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
 _BN_MOMENTUM = 0.01
 _N_TILES = 34
@@ -74,8 +82,8 @@ class StemConv(nn.Conv1d):
         w = self.weight
         if (_stem is not None and self.bias is None and x.dim() == 3 and x.shape[1:] == (self.in_channels, _N_TILES)
                 and x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype == torch.float32
-                and not x.requires_grad and x.is_contiguous() and not torch.is_autocast_enabled("cpu")
-                and not torch.compiler.is_compiling() and not torch.jit.is_tracing()):
+                and not x.requires_grad and x.is_contiguous() and not _cpu_autocast()
+                and not _is_compiling() and not torch.jit.is_tracing()):
             return _SparseStemConv.apply(x, w)
         return super().forward(x)
 
