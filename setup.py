@@ -24,8 +24,8 @@ setup(
             # then stops at start-up naming the fix (mortal.entry, mortal-doctor)
             optional=True,
         ),
-        # the Brain's first convolution from the nonzero inputs (CPU inference, mortal.model.inference);
-        # without it the inference copy runs the dense convolution
+        # the Brain's first convolution from the nonzero inputs on the CPU (inference and the learner's weight
+        # gradient, docs/performance_forward.md); without it the dense convolution runs
         Extension(
             "mortal.model._stem",
             sources=["mortal/model/csrc/stem.cpp"],

@@ -11,6 +11,19 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_sequence
 from mjai.mlibriichi.consts import ACTION_SPACE, GRP_SIZE
 from mortal.features.obs import check_version, obs_shape, oracle_obs_shape
 
+try:
+    from mortal.model import _stem
+except ImportError:  # the optional compiled module is not built: the stem runs the dense convolution
+    _stem = None
+# torch >= 2.1 (pyproject): is_autocast_enabled takes a device type from 2.4; without torch.compiler.is_compiling
+# (2.1, 2.2) a compiled Brain breaks its graph at the kernel and runs it eagerly, still correct
+try:
+    torch.is_autocast_enabled("cpu")
+    _cpu_autocast = lambda: torch.is_autocast_enabled("cpu")  # noqa: E731
+except TypeError:
+    _cpu_autocast = torch.is_autocast_cpu_enabled
+_is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+
 _BN_MOMENTUM = 0.01
 _N_TILES = 34
 _PHI_DIM = 1024
@@ -33,6 +46,46 @@ def _batch_norm(channels: int, version: int) -> nn.BatchNorm1d:
 
 def _conv3(c_in: int, c_out: int, bias: bool = False) -> nn.Conv1d:
     return nn.Conv1d(c_in, c_out, kernel_size=3, padding=1, bias=bias)
+
+
+class _SparseStemConv(torch.autograd.Function):
+    """``conv1d(x, weight, padding=1)`` for ``x (N, C, 34)`` float32 on the CPU, and its weight gradient, from x's
+    nonzero entries (``mortal.model._stem``; docs/performance_forward.md). No gradient for ``x``."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor) -> Tensor:
+        out = torch.empty((x.shape[0], weight.shape[0], _N_TILES), dtype=torch.float32)
+        # (C, 3, O): each input channel's three taps side by side, as the kernel reads them
+        _stem.sparse_stem(x.numpy(), weight.detach().permute(1, 2, 0).contiguous().numpy(), out.numpy(),
+                          x.shape[1], weight.shape[0])
+        ctx.save_for_backward(x)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        (x,) = ctx.saved_tensors
+        if not ctx.needs_input_grad[1]:
+            return None, None
+        c, o = x.shape[1], grad_out.shape[1]
+        g = F.pad(grad_out.float(), (1, 1)).transpose(1, 2).contiguous()  # (N, 36, O): positions -1 .. 34
+        dw = torch.empty((c, 3, o), dtype=torch.float32)
+        _stem.sparse_stem_grad(x.numpy(), g.numpy(), dw.numpy(), c, o)
+        return None, dw.permute(2, 0, 1).contiguous()
+
+
+class StemConv(nn.Conv1d):
+    """The first convolution (``Conv1d(C, O, 3, padding=1)``, no bias; the same parameters and state_dict keys).
+    On the CPU, float32, eager, for an input ``(N, C, 34)`` that needs no gradient it runs from the input's nonzero
+    entries (forward and weight gradient, about 10% of a real observation); anywhere else ``F.conv1d``."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        w = self.weight
+        if (_stem is not None and self.bias is None and x.dim() == 3 and x.shape[1:] == (self.in_channels, _N_TILES)
+                and x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype == torch.float32
+                and not x.requires_grad and x.is_contiguous() and not _cpu_autocast()
+                and not _is_compiling() and not torch.jit.is_tracing()):
+            return _SparseStemConv.apply(x, w)
+        return super().forward(x)
 
 
 class ChannelAttention(nn.Module):
@@ -93,7 +146,7 @@ class ResNet(nn.Module):
     def __init__(self, in_channels: int, conv_channels: int, num_blocks: int, version: int):
         super().__init__()
         blocks = [ResBlock(conv_channels, version) for _ in range(num_blocks)]
-        stem = _conv3(in_channels, conv_channels)
+        stem = StemConv(in_channels, conv_channels, kernel_size=3, padding=1, bias=False)
         if version >= 2:
             body = [stem, *blocks, _batch_norm(conv_channels, version), _activation(version)]
         else:

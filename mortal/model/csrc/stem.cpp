@@ -5,7 +5,7 @@
 // when it walks the nonzero x[c, t] and adds v * W[:, c, k] to out[:, t - k + 1] for k = 0..2 than
 // as a dense product. Every value is used as it is (not only 0/1), so the result is the dense
 // convolution's up to the order of the float additions. Used by mortal.model.inference for CPU
-// inference; training never calls it.
+// inference and by mortal.model.networks' stem (forward, and the weight gradient from the same nonzeros).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -231,6 +231,195 @@ PyObject* py_sparse_stem(PyObject*, PyObject* args) {
     return result;
 }
 
+// ---- the weight gradient: dW[o, c, k] = sum_{n, t} g[n, o, t - k + 1] * x[n, c, t] over the nonzero x ----
+
+// The nonzero entries of x (N, C, 34) in channel-major order, as the gradient pass reads them: row r = c * N + n
+// has bits[r] (bit t set iff x[n, c, t] != 0) and its values packed in val from start[r] on.
+struct Nonzeros {
+    std::vector<uint64_t> bits;
+    std::vector<int64_t> start;
+    std::vector<float> val;
+};
+
+template <uint64_t (*Bits)(const float*)>
+void gather(const float* x, int n, int n_in, Nonzeros& nz) {
+    const size_t rows = static_cast<size_t>(n) * n_in;
+    nz.bits.resize(rows);
+    nz.start.resize(rows);
+    for (int i = 0; i < n; ++i)
+        for (int c = 0; c < n_in; ++c)
+            nz.bits[static_cast<size_t>(c) * n + i] = Bits(x + (static_cast<size_t>(i) * n_in + c) * kWidth);
+    int64_t total = 0;
+    for (size_t r = 0; r < rows; ++r) {
+        nz.start[r] = total;
+        total += __builtin_popcountll(nz.bits[r]);
+    }
+    nz.val.resize(static_cast<size_t>(total));
+    for (int i = 0; i < n; ++i)  // x in order once more, the nonzero rows only
+        for (int c = 0; c < n_in; ++c) {
+            const size_t r = static_cast<size_t>(c) * n + i;
+            uint64_t bits = nz.bits[r];
+            const float* row = x + (static_cast<size_t>(i) * n_in + c) * kWidth;
+            float* out = nz.val.data() + nz.start[r];
+            while (bits) {
+                *out++ = row[__builtin_ctzll(bits)];
+                bits &= bits - 1;
+            }
+        }
+}
+
+inline uint64_t bits_scalar(const float* row) { return nonzero_bits_scalar(reinterpret_cast<const uint32_t*>(row)); }
+
+// g: (N, 36, O), the output gradient transposed, positions -1 .. 34 (both ends zero); dw: (C, 3, O). For a
+// nonzero x[n, c, t], taps 2, 1, 0 read positions t - 1, t, t + 1: the 3 * O floats g[n, t .. t + 2, :] in a row.
+// block: 3 * O floats of scratch.
+void grad_scalar(const Nonzeros& nz, const float* g, float* dw, float* block, int n, int n_in, int n_out) {
+    const int width = 3 * n_out;
+    for (int c = 0; c < n_in; ++c) {
+        std::memset(block, 0, sizeof(float) * width);
+        for (int i = 0; i < n; ++i) {
+            const size_t r = static_cast<size_t>(c) * n + i;
+            uint64_t bits = nz.bits[r];
+            const float* v = nz.val.data() + nz.start[r];
+            const float* gi = g + static_cast<size_t>(i) * (kWidth + 2) * n_out;
+            while (bits) {
+                const int t = __builtin_ctzll(bits);
+                bits &= bits - 1;
+                axpy(block, gi + t * n_out, *v++, width);
+            }
+        }
+        for (int k = 0; k < 3; ++k)
+            std::memcpy(dw + (static_cast<size_t>(c) * 3 + k) * n_out, block + (2 - k) * n_out, sizeof(float) * n_out);
+    }
+}
+
+#ifdef MORTAL_STEM_AVX2
+__attribute__((target("avx2,fma"))) void gather_avx2(const float* x, int n, int n_in, Nonzeros& nz) {
+    gather<nonzero_bits_avx2>(x, n, n_in, nz);
+}
+
+// As grad_scalar; each channel's 3 * O sums stay in registers, 96 floats at a time, over all rows.
+__attribute__((target("avx2,fma"))) void grad_avx2(const Nonzeros& nz, const float* g, float* dw, float* block, int n,
+                                                   int n_in, int n_out) {
+    const int width = 3 * n_out;  // a multiple of 24
+    const size_t g_row = static_cast<size_t>(kWidth + 2) * n_out;
+    for (int c = 0; c < n_in; ++c) {
+        int j = 0;
+        for (; j + 96 <= width; j += 96) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
+            __m256 a6 = a0, a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+            for (int i = 0; i < n; ++i) {
+                const size_t r = static_cast<size_t>(c) * n + i;
+                uint64_t bits = nz.bits[r];
+                const float* v = nz.val.data() + nz.start[r];
+                const float* gi = g + i * g_row + j;
+                while (bits) {
+                    const float* gr = gi + __builtin_ctzll(bits) * n_out;
+                    bits &= bits - 1;
+                    const __m256 s = _mm256_set1_ps(*v++);
+                    a0 = _mm256_fmadd_ps(s, _mm256_loadu_ps(gr), a0);
+                    a1 = _mm256_fmadd_ps(s, _mm256_loadu_ps(gr + 8), a1);
+                    a2 = _mm256_fmadd_ps(s, _mm256_loadu_ps(gr + 16), a2);
+                    a3 = _mm256_fmadd_ps(s, _mm256_loadu_ps(gr + 24), a3);
+                    a4 = _mm256_fmadd_ps(s, _mm256_loadu_ps(gr + 32), a4);
+                    a5 = _mm256_fmadd_ps(s, _mm256_loadu_ps(gr + 40), a5);
+                    a6 = _mm256_fmadd_ps(s, _mm256_loadu_ps(gr + 48), a6);
+                    a7 = _mm256_fmadd_ps(s, _mm256_loadu_ps(gr + 56), a7);
+                    a8 = _mm256_fmadd_ps(s, _mm256_loadu_ps(gr + 64), a8);
+                    a9 = _mm256_fmadd_ps(s, _mm256_loadu_ps(gr + 72), a9);
+                    a10 = _mm256_fmadd_ps(s, _mm256_loadu_ps(gr + 80), a10);
+                    a11 = _mm256_fmadd_ps(s, _mm256_loadu_ps(gr + 88), a11);
+                }
+            }
+            float* b = block + j;
+            _mm256_storeu_ps(b, a0);
+            _mm256_storeu_ps(b + 8, a1);
+            _mm256_storeu_ps(b + 16, a2);
+            _mm256_storeu_ps(b + 24, a3);
+            _mm256_storeu_ps(b + 32, a4);
+            _mm256_storeu_ps(b + 40, a5);
+            _mm256_storeu_ps(b + 48, a6);
+            _mm256_storeu_ps(b + 56, a7);
+            _mm256_storeu_ps(b + 64, a8);
+            _mm256_storeu_ps(b + 72, a9);
+            _mm256_storeu_ps(b + 80, a10);
+            _mm256_storeu_ps(b + 88, a11);
+        }
+        for (; j < width; j += 8) {  // the last < 96 floats, 8 at a time
+            __m256 a = _mm256_setzero_ps();
+            for (int i = 0; i < n; ++i) {
+                const size_t r = static_cast<size_t>(c) * n + i;
+                uint64_t bits = nz.bits[r];
+                const float* v = nz.val.data() + nz.start[r];
+                const float* gi = g + i * g_row + j;
+                while (bits) {
+                    const float* gr = gi + __builtin_ctzll(bits) * n_out;
+                    bits &= bits - 1;
+                    a = _mm256_fmadd_ps(_mm256_set1_ps(*v++), _mm256_loadu_ps(gr), a);
+                }
+            }
+            _mm256_storeu_ps(block + j, a);
+        }
+        for (int k = 0; k < 3; ++k)
+            std::memcpy(dw + (static_cast<size_t>(c) * 3 + k) * n_out, block + (2 - k) * n_out, sizeof(float) * n_out);
+    }
+}
+#endif
+
+// sparse_stem_grad(x, g, dw, C, O): see the method table.
+PyObject* py_sparse_stem_grad(PyObject*, PyObject* args) {
+    PyObject *x_obj, *g_obj, *d_obj;
+    int n_in, n_out;
+    if (!PyArg_ParseTuple(args, "OOOii:sparse_stem_grad", &x_obj, &g_obj, &d_obj, &n_in, &n_out)) return nullptr;
+    Py_buffer bufs[3];
+    PyObject* objs[3] = {x_obj, g_obj, d_obj};
+    int got = 0;
+    for (; got < 3; ++got) {
+        const int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (got == 2 ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(objs[got], &bufs[got], flags) != 0) break;
+    }
+    PyObject* result = nullptr;
+    if (got == 3) {
+        const Py_ssize_t sample = static_cast<Py_ssize_t>(n_in) * kWidth * 4;
+        const Py_ssize_t n = n_in > 0 ? bufs[0].len / sample : 0;
+        if (n_in <= 0 || n_out <= 0) {
+            PyErr_Format(PyExc_ValueError, "sparse_stem_grad: bad sizes C=%d O=%d", n_in, n_out);
+        } else if (!is_c_float32(bufs[0]) || bufs[0].len != n * sample) {
+            PyErr_Format(PyExc_ValueError, "sparse_stem_grad: x must be contiguous float32 (N, C=%d, 34)", n_in);
+        } else if (!is_c_float32(bufs[1]) || bufs[1].len != n * (kWidth + 2) * n_out * 4) {
+            PyErr_Format(PyExc_ValueError, "sparse_stem_grad: g must be contiguous float32 (N=%zd, 36, O=%d)", n,
+                         n_out);
+        } else if (!is_c_float32(bufs[2]) || bufs[2].len != static_cast<Py_ssize_t>(n_in) * 3 * n_out * 4) {
+            PyErr_Format(PyExc_ValueError, "sparse_stem_grad: dw must be contiguous float32 (C=%d, 3, O=%d)", n_in,
+                         n_out);
+        } else {
+            const float* x = static_cast<const float*>(bufs[0].buf);
+            const float* g = static_cast<const float*>(bufs[1].buf);
+            float* dw = static_cast<float*>(bufs[2].buf);
+            Py_BEGIN_ALLOW_THREADS
+            Nonzeros nz;
+            std::vector<float> block(3 * static_cast<size_t>(n_out));
+            bool simd = false;
+#ifdef MORTAL_STEM_AVX2
+            simd = pick(n_out) == stem_avx2;
+            if (simd) {
+                gather_avx2(x, static_cast<int>(n), n_in, nz);
+                grad_avx2(nz, g, dw, block.data(), static_cast<int>(n), n_in, n_out);
+            }
+#endif
+            if (!simd) {
+                gather<bits_scalar>(x, static_cast<int>(n), n_in, nz);
+                grad_scalar(nz, g, dw, block.data(), static_cast<int>(n), n_in, n_out);
+            }
+            Py_END_ALLOW_THREADS
+            Py_INCREF(Py_None);
+            result = Py_None;
+        }
+    }
+    for (int i = 0; i < got; ++i) PyBuffer_Release(&bufs[i]);
+    return result;
+}
+
 PyMethodDef kMethods[] = {
     {"sparse_stem", py_sparse_stem, METH_VARARGS,
      "sparse_stem(obs, weight, out, C: int, O: int) -> None\n\n"
@@ -238,11 +427,17 @@ PyMethodDef kMethods[] = {
      "inputs only. obs: a sequence of N C-contiguous float32 (C, 34) buffers; weight: float32 (C, 3, O)\n"
      "(W permuted so that each input channel's three taps are adjacent); out: writable float32\n"
      "(N, O, 34). Runs without the interpreter lock."},
+    {"sparse_stem_grad", py_sparse_stem_grad, METH_VARARGS,
+     "sparse_stem_grad(x, g, dw, C: int, O: int) -> None\n\n"
+     "The weight gradient of that convolution from the nonzero inputs only: dw[c, k, o] = sum over n, t of\n"
+     "g[n, t - k + 2, o] * x[n, c, t]. x: C-contiguous float32 (N, C, 34); g: float32 (N, 36, O), the output\n"
+     "gradient transposed and zero-padded by one position each side; dw: writable float32 (C, 3, O), overwritten.\n"
+     "Runs without the interpreter lock."},
     {nullptr, nullptr, 0, nullptr},
 };
 
 PyModuleDef kModule = {
-    PyModuleDef_HEAD_INIT, "_stem", "Sparse first convolution of the Brain for CPU inference (mortal.model.inference).",
+    PyModuleDef_HEAD_INIT, "_stem", "Sparse first convolution of the Brain on the CPU: forward and weight gradient.",
     -1, kMethods, nullptr, nullptr, nullptr, nullptr,
 };
 
