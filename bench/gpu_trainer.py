@@ -7,10 +7,11 @@ within its time cap; the worker (``trainer_worker``) writes its record as it goe
 Run as a script, the learner's step on the CPU: ``step`` (one tree), ``interleave`` (``--old`` and ``--new`` trees in
 turn), ``arms`` (compile, AMP). ``--online`` is the quickstart's online learner alone, no client: real batches of the
 fixture logs, the anchor, the in-process offline mix of 64, saves (TensorBoard, checkpoint, the probe) and packed
-submits every 20 steps; it prints the learner's CPU ms per online sample (docs/performance.md, "The online learner")::
+submits every 20 steps; it prints the learner's CPU ms per online sample (docs/performance_gpu.md, "The online
+learner alone")::
 
     python bench/gpu_trainer.py interleave --online --old OLD_CHECKOUT --version 3 --batch 64 --warmup 20 \
-        --steps 320 --rounds 3 --metric cpu_ms_per_online_sample
+        --steps 320 --rounds 3 --threads 1 --metric cpu_ms_per_online_sample
 """
 
 if __name__ == '__main__':  # a script: --tree's mortal/ (default this checkout's) first on the path, then this root
