@@ -3,6 +3,15 @@ the peak GPU memory of each, and the peak of a test play beside the AMP-on train
 
 The driver's side (``part_trainer``) runs the worker (``bench/gpu.py trainer-worker``) in a process of its own
 within its time cap; the worker (``trainer_worker``) writes its record as it goes.
+
+Run as a script, the learner's step on the CPU: ``step`` (one tree), ``interleave`` (``--old`` and ``--new`` trees in
+turn), ``arms`` (compile, AMP). ``--online`` is the quickstart's online learner alone, no client: real batches of the
+fixture logs, the anchor, the in-process offline mix of 64, saves (TensorBoard, checkpoint, the probe) and packed
+submits every 20 steps; it prints the learner's CPU ms per online sample (docs/performance_gpu.md, "The online
+learner alone")::
+
+    python bench/gpu_trainer.py interleave --online --old OLD_CHECKOUT --version 3 --batch 64 --warmup 20 \
+        --steps 320 --rounds 3 --threads 1 --metric cpu_ms_per_online_sample
 """
 
 if __name__ == '__main__':  # a script: --tree's mortal/ (default this checkout's) first on the path, then this root
@@ -14,6 +23,7 @@ if __name__ == '__main__':  # a script: --tree's mortal/ (default this checkout'
 import copy
 import glob
 import json
+import logging
 import pathlib
 import subprocess
 import sys
@@ -195,14 +205,30 @@ NO_KERNEL_OPS = {'aten::view', 'aten::as_strided', 'aten::unsqueeze', 'aten::squ
                  'aten::narrow', 'aten::expand_as', 'aten::view_as', 'aten::chunk', 'aten::dim'}
 
 
-def step_config(work, channels, blocks, batch, version, amp=False, compile_=False, device='cpu'):
-    """The trainer part's config on ``device`` at this network and batch (models written), loaded."""
+# The online settings of the quickstart's embedded config (mortal/tools/quickstart_config.py) that ``--online`` adds.
+EMBEDDED_ONLINE = {'control': {'save_every': 20, 'submit_every': 20}, 'online': {'anchor_weight': 1.0,
+                                                                                  'offline_batch_size': 64}}
+
+
+def step_config(work, channels, blocks, batch, version, amp=False, compile_=False, device='cpu', online=False):
+    """The trainer part's config on ``device`` at this network and batch (models written), loaded; ``online``: with
+    ``EMBEDDED_ONLINE`` (the offline mix and the probe read the fixture logs; no test play)."""
     sizes = {'test_games': 4, 'num_workers': 0, 'channels': channels, 'blocks': blocks}
     cfg_path = write_config(work, sizes=sizes, device=device, version=version, games=4, trainer=True)
     config = load(cfg_path)
     config['control'].update(batch_size=batch, enable_amp=amp, enable_compile=compile_)
+    if online:
+        for section, values in EMBEDDED_ONLINE.items():
+            config[section].update(values)
     write_models(config)
     return config
+
+
+class _CountingRemote:
+    """The server's side of a parameter submit: accepts it (the learner still packs the weights)."""
+
+    def request(self, msg):
+        return {'status': 'ok', 'param_version': 1}
 
 
 def _phase_clock(trainer, times):
@@ -244,14 +270,21 @@ def step_worker(a):
     torch.manual_seed(0)
     if a.threads:
         torch.set_num_threads(a.threads)
-    Trainer._load_probe = lambda self: None
+    if not a.online:
+        Trainer._load_probe = lambda self: None
     work = tempfile.mkdtemp(prefix='step-')
     config = step_config(work, a.channels, a.blocks, a.batch, a.version, amp=a.amp, compile_=a.compile,
-                         device=a.device)
+                         device=a.device, online=a.online)
     t = time.perf_counter()
     batches = _batches(config, a)
     load_ms = 1e3 * (time.perf_counter() - t) / len(batches)  # the loader in this process (num_workers = 0)
-    trainer = Trainer(config, test_player=_NoTestPlay(), remote=object(), writer=_NullWriter())
+    if a.online:  # saves with TensorBoard, checkpoint, probe; submits packed for an accepting server
+        from torch.utils.tensorboard import SummaryWriter
+        trainer = Trainer(config, test_player=_NoTestPlay(), remote=_CountingRemote(),
+                          writer=SummaryWriter(work + '/tb'))
+        logging.getLogger('mortal').setLevel(logging.WARNING)  # a line per submit and save
+    else:
+        trainer = Trainer(config, test_player=_NoTestPlay(), remote=object(), writer=_NullWriter())
     t = time.perf_counter()
     for i in range(a.warmup):  # compile (when on) and the allocator's first fill: not timed
         trainer.train_batch(*batches[i % len(batches)])
@@ -288,6 +321,10 @@ def step_worker(a):
                           trained=trainer.models, device=trainer.device)
             out[key] = round(1e3 * (time.perf_counter() - t), 2)
         writer.close()
+    if a.online:
+        probe = trainer.instruments.probe
+        out.update(cpu_ms_per_online_sample=round(1e3 * cpu / (a.steps * a.batch), 4),
+                   probe_size=len(probe) if probe is not None else None)
     out.update(steps=a.steps, ms_per_step=round(1e3 * wall / a.steps, 2), load_ms_per_batch=round(load_ms, 1),
                samples_per_s=round(a.steps * a.batch / wall, 1),
                # the process's CPU seconds: on a shared box less bent by other processes than the wall clock
@@ -338,7 +375,7 @@ def interleave(a):
             cmd = [sys.executable, __file__, 'step', '--tree', tree, '--channels', str(a.channels), '--blocks',
                    str(a.blocks), '--batch', str(a.batch), '--steps', str(a.steps), '--warmup', str(a.warmup),
                    '--version', str(a.version), '--threads', str(a.threads), '--device', a.device] + (
-                       ['--amp'] if a.amp else [])
+                       ['--amp'] if a.amp else []) + (['--online'] if a.online else [])
             res = subprocess.run(cmd, capture_output=True, text=True, check=True)
             runs[which].append(json.loads(res.stdout.strip().splitlines()[-1])[a.metric])
         ratios.append(runs['new'][-1] / runs['old'][-1])
@@ -405,6 +442,10 @@ def main(argv=None):
         s.add_argument('--amp', action='store_true', help='bf16 autocast on the CPU')
         s.add_argument('--threads', type=int, default=0, help='torch threads (0: torch\'s default)')
         s.add_argument('--device', default='cpu', help="cpu, or cuda:0 (the device run: --amp is fp16 there)")
+    for name in ('step', 'interleave'):
+        sub.choices[name].add_argument(
+            '--online', action='store_true', help="the embedded config's online learner: anchor, offline mix 64, "
+            'save and submit every 20 steps (TensorBoard, checkpoint, probe); --batch is the online rows')
     s = sub.choices['step']
     s.add_argument('--tree', default=str(ROOT), help='the source tree whose mortal/ runs')
     s.add_argument('--compile', action='store_true', help='[control] enable_compile')
@@ -414,7 +455,8 @@ def main(argv=None):
     i.add_argument('--old', required=True)
     i.add_argument('--new', default=str(ROOT))
     i.add_argument('--rounds', type=int, default=3)
-    i.add_argument('--metric', choices=('samples_per_s', 'samples_per_cpu_s'), default='samples_per_cpu_s')
+    i.add_argument('--metric', choices=('samples_per_s', 'samples_per_cpu_s', 'cpu_ms_per_online_sample'),
+                   default='samples_per_cpu_s')
     sub.choices['arms'].add_argument('--arms', default='eager,compile,amp')
     sub.choices['arms'].add_argument('--rounds', type=int, default=3)
     a = p.parse_args(argv)

@@ -39,9 +39,10 @@ class TestPlayDone(Exception):
 
 
 def write_scalars(writer, steps: int, stats: dict, batches: int, *, loss_weights, offline_mix: bool, lr: float,
-                  settings, instruments, trained, device) -> None:
+                  settings, instruments, trained, device, test_play: bool = False) -> None:
     """Write one save's TensorBoard scalars at ``steps`` and flush: ``loss/<name>`` means over ``batches``
-    (terms that are off are not written), ``hparam/lr``, online the exploration factor, then the instruments."""
+    (terms that are off are not written), ``hparam/lr``, online the exploration factor, then the instruments (the
+    probe too when a test play follows)."""
     n = max(batches, 1)
     on = {'cql_loss': loss_weights.with_cql, 'anchor_loss': loss_weights.anchor > 0,
           'offline_cql_loss': offline_mix, 'counterfactual_loss': loss_weights.counterfactual > 0}
@@ -51,7 +52,7 @@ def write_scalars(writer, steps: int, stats: dict, batches: int, *, loss_weights
     writer.add_scalar('hparam/lr', lr, steps)
     if settings is not None:
         writer.add_scalar('hparam/epsilon_factor', settings['epsilon_factor'], steps)
-    instruments.write(writer, steps, trained=trained, device=device)
+    instruments.write(writer, steps, trained=trained, device=device, test_play=test_play)
     writer.flush()
 
 
@@ -299,7 +300,7 @@ class Trainer:
                     total += term.detach().to(total.device)
             if self.dist.is_main:
                 q_stats = batch_q_stats(q_out[:n], masks[:n], actions[:n], q_target[:n])
-                self.instruments.add(q_stats, terms.q[:n], q_target[:n])
+                self.instruments.add(q_stats, terms.q[:n], q_target[:n], q_out.shape[0])
 
     def on_save(self) -> None:
         """Every ``save_every`` steps: TensorBoard, checkpoint, a missed submit, test play when due (rank 0); online
@@ -315,7 +316,7 @@ class Trainer:
             self.writer, self.steps, stats, self.stat_batches, loss_weights=self.loss_weights,
             offline_mix=self.offline_stream is not None, lr=self.scheduler.get_last_lr()[0],
             settings=self.play_settings() if self.online else None, instruments=self.instruments,
-            trained=self.models, device=self.device)
+            trained=self.models, device=self.device, test_play=self.steps % self.test_every == 0)
         self.reset_stats()
         self.log_total_steps(tested=False)
 

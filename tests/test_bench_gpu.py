@@ -441,3 +441,26 @@ def test_step_bench_counts_the_kernels_of_each_part(tmp_path, monkeypatch, capsy
     assert kernels['forward: DQN'] == 14 and kernels['loss terms'] == 15
     assert kernels['loss sums + q stats (host syncs)'] == 44
     assert set(rec['phases_ms']) == set(kernels) - {'all'} and rec['samples_per_s'] > 0
+
+
+def test_step_bench_online_runs_the_embedded_learner(tmp_path, monkeypatch, capsys):
+    """bench/gpu_trainer.py step --online: the learner with the embedded config's anchor, offline mix of 64 and
+    saves every 20 steps, its probe built from the fixture logs (their 2,018 decisions), CPU ms per online sample."""
+    import logging
+    import tempfile
+    import torch
+    import mortal.train as tr
+    from bench import gpu_trainer
+    monkeypatch.setattr(tr.Trainer, '_load_probe', tr.Trainer._load_probe)
+    monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))
+    level = logging.getLogger('mortal').level
+    try:
+        with torch.random.fork_rng():
+            assert gpu_trainer.main(['step', '--online', '--channels', '16', '--blocks', '1', '--batch', '8',
+                                     '--steps', '20', '--warmup', '0', '--threads', '1', '--version', '3']) == 0
+    finally:
+        logging.getLogger('mortal').setLevel(level)
+    rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rec['probe_size'] == 2018 and rec['steps'] == 20 and rec['cpu_ms_per_online_sample'] > 0
+    state = torch.load(next(tmp_path.glob('step-*/online/mortal.pth')), weights_only=False)
+    assert state['steps'] == 20  # the save of step 20 ran

@@ -380,3 +380,30 @@ def test_fresh_deals_replay_best_on_new_deals_each_test_play(tmp_path):
 
 def config_log_dir(trainer):
     return os.path.normpath(trainer.test_player.log_dir)
+
+
+class StubProbe:
+    """A probe of ``size`` positions whose k-th measure answers drift k / 10 (no network pass)."""
+
+    def __init__(self, size):
+        self.size, self.calls = size, 0
+
+    def __len__(self):
+        return self.size
+
+    def measure(self, brain, dqn, aux_net, device):
+        self.calls += 1
+        return self.calls / 10, 1.0
+
+
+def test_probe_measured_every_20x_its_rows_and_before_each_test_play(tmp_path):
+    # batch 8, save every 2 steps, test play at step 14; a probe of 4 positions is due after 20 x 4 = 80 rows,
+    # i.e. at the save of step 10 (80 rows), then at step 14 (32 rows since) because the test play follows
+    trainer, writer, _ = online_trainer(tmp_path, [EVEN], control={'test_every': 14})
+    trainer.instruments.probe = StubProbe(4)
+    run_to_test_play(trainer)
+    drift = [(s, v) for t, v, s in writer.scalars if t == 'diag/policy_drift']
+    assert drift == [(10, pytest.approx(0.1)), (14, pytest.approx(0.2))]
+    assert [s for t, _, s in writer.scalars if t == 'diag/next_rank_loss_probe'] == [10, 14]
+    assert [s for t, _, s in writer.scalars if t == 'diag/q_gap'] == [2, 4, 6, 8, 10, 12, 14]  # every save
+    assert trainer.instruments.last['policy_drift'] == pytest.approx(0.2)  # what the guard read at the test play

@@ -69,8 +69,8 @@ def test_batch_q_stats_by_hand():
     assert s['q_gap'] == pytest.approx((1 + 3, 2))  # the one-action row is left out
     assert s['q_spread'] == pytest.approx((0.5 + math.sqrt(2), 2))  # std of [1, 2] and of [0, 0, 3]
     inst = Instruments(save_every=2, batch_size=3, device='cpu')
-    inst.add(stacked, q[[0, 1, 2], actions], target)
-    inst.add(stacked, q[[0, 1, 2], actions], target)
+    inst.add(stacked, q[[0, 1, 2], actions], target, 3)
+    inst.add(stacked, q[[0, 1, 2], actions], target, 3)
     writer = FakeWriter()
     inst.write(writer, 7, trained=(), device='cpu')
     assert inst.last['q_gap'] == pytest.approx(2.0) and ('diag/q_gap', pytest.approx(2.0), 7) in writer.scalars

@@ -148,3 +148,23 @@ def test_batch_mode_makes_the_batches_of_the_sample_stream(tmp_path, reserve_rat
         assert torch.equal(po.unpack(b[0], 3).view(torch.int32), a[0].view(torch.int32))
         for x, y in zip(a[1:], b[1:]):
             assert x.dtype == y.dtype and torch.equal(x, y)
+
+
+def test_batch_on_device_joins_packed_online_and_offline_rows_bit_exact():
+    """The learner's intake joins the online and offline-mix rows packed and unpacks once: the same floats, rows in
+    the same order, as unpacking each; a float online batch still joins a packed offline one."""
+    from mortal.learning.intake import batch_on_device
+    game = GameplayLoader(3).load_log_file(LOGS[0])[0]
+    packed = torch.from_numpy(game.packed_obs[:12])
+    n = 12
+    actions = torch.from_numpy(np.asarray(game.actions[:n], dtype=np.int64))
+    masks = torch.from_numpy(np.asarray(game.masks[:n], dtype=bool))
+    rest = (torch.zeros(n, dtype=torch.int64), torch.ones(n, dtype=torch.float64), torch.zeros(n, dtype=torch.int64))
+    online = (packed[:8], actions[:8], masks[:8], *(t[:8] for t in rest), None, None)
+    offline = (packed[8:], actions[8:], masks[8:], *(t[8:] for t in rest), None, None)
+    want = po.unpack(game.packed_obs[:12], 3)
+    for first in (online, (po.unpack(packed[:8], 3), *online[1:])):
+        obs, acts, ms, *_ = batch_on_device(first, torch.device('cpu'), 3, iter([offline]))
+        assert obs.shape == (12, 934, 34) and obs.dtype == torch.float32
+        np.testing.assert_array_equal(_bits(obs.numpy()), _bits(want))
+        assert torch.equal(acts, actions) and torch.equal(ms, masks)

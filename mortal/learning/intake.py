@@ -30,11 +30,17 @@ def batch_on_device(batch: tuple, device, version: int, offline_stream=None) -> 
     """``(obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, (cf_actions, cf_deltas))`` on ``device``
     in the loss's dtypes, the offline-mix rows appended, absent counterfactuals -1/0; ValueError for a masked action."""
     obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf_actions, cf_deltas = batch
-    obs = obs_on_device(obs, device, version)
     cf_actions, cf_deltas = _cf_columns(actions.shape[0], cf_actions, cf_deltas)
-    if offline_stream is not None:
+    if offline_stream is None:
+        obs = obs_on_device(obs, device, version)
+    else:
         extra_obs, *extra = next(offline_stream)
-        obs = torch.cat((obs, obs_on_device(extra_obs, device, version)))
+        if obs.dtype == extra_obs.dtype == torch.uint8:  # joined packed on the device: one unpack, no float copy
+            from mortal.data.packed_obs import unpack
+            obs = unpack(torch.cat((obs.to(device, non_blocking=True), extra_obs.to(device, non_blocking=True))),
+                         version)
+        else:
+            obs = torch.cat((obs_on_device(obs, device, version), obs_on_device(extra_obs, device, version)))
         extra = (*extra[:5], *_cf_columns(extra[0].shape[0], *(extra[5:7] if len(extra) >= 7 else ())))
         actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf_actions, cf_deltas = (
             torch.cat((a, b.to(a.dtype))) for a, b in zip(
