@@ -10,12 +10,13 @@ from mortal.util.fsutil import atomic_write_bytes
 
 # Sizes of the two presets; games are multiples of 4 (one duplicate set). Early stopping is on in both (the schema
 # keeps Mortal's fixed lengths). test_every 600: on 2 cores restarts every 60 steps starved the client
-# (docs/learning.md, part 4, arm test600).
+# (docs/learning.md, part 4, arm test600). 64 games a round: more rows a forward, 0.64x the client's CPU a hanchan
+# (docs/performance.md, the online system on 2 cores); capacity holds two rounds.
 PRESETS = {
     'full': dict(online_timeout=900, boot_games=96, boot_val_games=16, grp_steps=400, grp_save_every=10,
                  grp_patience=3, offline_epochs=1, offline_max_epochs=3,
-                 train_games=16, test_games=16, batch_size=64, save_every=20, test_every=600,
-                 submit_every=20, capacity=64, eval_sets=100, rulebase_sets=40),
+                 train_games=64, test_games=16, batch_size=64, save_every=20, test_every=600,
+                 submit_every=20, capacity=128, eval_sets=100, rulebase_sets=40),
     'short': dict(online_timeout=900, boot_games=8, boot_val_games=4, grp_steps=40, grp_save_every=10,
                   grp_patience=1, offline_epochs=1, offline_max_epochs=2,
                   train_games=8, test_games=8, batch_size=64, save_every=10, test_every=20,
