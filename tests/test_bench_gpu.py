@@ -428,13 +428,14 @@ def test_step_bench_counts_the_kernels_of_each_part(tmp_path, monkeypatch, capsy
     import mortal.train as tr
     from bench import gpu_trainer
     from mortal.learning import intake
+    import mortal.model.networks as networks
     for owner, name in ((tr.Trainer, '_load_probe'), (intake, 'batch_on_device'), (tr, 'learner_loss'),
-                        (tr, 'optimizer_step'), (torch.Tensor, 'backward')):
+                        (tr, 'optimizer_step'), (torch.Tensor, 'backward'), (networks, '_stem')):
         monkeypatch.setattr(owner, name, getattr(owner, name))
     monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))  # its work folder
     with torch.random.fork_rng():
         assert gpu_trainer.main(['step', '--profile', '--phases', '--channels', '16', '--blocks', '1', '--batch', '8',
-                                 '--steps', '2', '--warmup', '1', '--threads', '1']) == 0
+                                 '--steps', '2', '--warmup', '1', '--threads', '1', '--dense-stem']) == 0
     rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     kernels = rec['kernels_per_step']
     assert kernels['forward: Brain'] == 6 + 17 * 1
