@@ -134,10 +134,10 @@ def test_dense_fallback_where_sparse_does_not_apply(monkeypatch):
     assert spy.calls == 1  # the same input with the kernel does take the sparse path
 
 
-@pytest.mark.parametrize("n_in,n_out", [(934, 32), (40, 40), (17, 5)])
+@pytest.mark.parametrize("n_in,n_out", [(934, 32), (40, 64), (40, 40), (17, 5)])
 def test_weight_gradient_kernel_matches_conv1d(n_in, n_out):
-    """Real-valued and negative inputs, an all-zero sample, both edge columns; 3 x 40 = 96 + 24 floats (the
-    8-wide tail) and an output count not a multiple of 8 (the scalar path)."""
+    """Real-valued and negative inputs, an all-zero sample, both edge columns; one and two 96-float register blocks
+    (32 and 64 outputs), and output counts not a multiple of 32 (40, 5: the scalar path)."""
     rng = np.random.default_rng(1)
     x = (rng.random((6, n_in, 34)) < 0.1).astype(np.float32)
     x[1] = 0.0

@@ -298,10 +298,11 @@ __attribute__((target("avx2,fma"))) void gather_avx2(const float* x, int n, int 
     gather<nonzero_bits_avx2>(x, n, n_in, nz);
 }
 
-// As grad_scalar; each channel's 3 * O sums stay in registers, 96 floats at a time, over all rows.
+// As grad_scalar; each channel's 3 * O sums stay in registers, 96 floats at a time, over all rows (O a multiple of
+// 32, as Mortal's 192 channels and the quickstart's 32; other counts take grad_scalar).
 __attribute__((target("avx2,fma"))) void grad_avx2(const Nonzeros& nz, const float* g, float* dw, float* block, int n,
                                                    int n_in, int n_out) {
-    const int width = 3 * n_out;  // a multiple of 24
+    const int width = 3 * n_out;  // a multiple of 96
     const size_t g_row = static_cast<size_t>(kWidth + 2) * n_out;
     for (int c = 0; c < n_in; ++c) {
         int j = 0;
@@ -345,21 +346,6 @@ __attribute__((target("avx2,fma"))) void grad_avx2(const Nonzeros& nz, const flo
             _mm256_storeu_ps(b + 80, a10);
             _mm256_storeu_ps(b + 88, a11);
         }
-        for (; j < width; j += 8) {  // the last < 96 floats, 8 at a time
-            __m256 a = _mm256_setzero_ps();
-            for (int i = 0; i < n; ++i) {
-                const size_t r = static_cast<size_t>(c) * n + i;
-                uint64_t bits = nz.bits[r];
-                const float* v = nz.val.data() + nz.start[r];
-                const float* gi = g + i * g_row + j;
-                while (bits) {
-                    const float* gr = gi + __builtin_ctzll(bits) * n_out;
-                    bits &= bits - 1;
-                    a = _mm256_fmadd_ps(_mm256_set1_ps(*v++), _mm256_loadu_ps(gr), a);
-                }
-            }
-            _mm256_storeu_ps(block + j, a);
-        }
         for (int k = 0; k < 3; ++k)
             std::memcpy(dw + (static_cast<size_t>(c) * 3 + k) * n_out, block + (2 - k) * n_out, sizeof(float) * n_out);
     }
@@ -401,7 +387,7 @@ PyObject* py_sparse_stem_grad(PyObject*, PyObject* args) {
             std::vector<float> block(3 * static_cast<size_t>(n_out));
             bool simd = false;
 #ifdef MORTAL_STEM_AVX2
-            simd = pick(n_out) == stem_avx2;
+            simd = pick(n_out) == stem_avx2 && n_out % 32 == 0;
             if (simd) {
                 gather_avx2(x, static_cast<int>(n), n_in, nz);
                 grad_avx2(nz, g, dw, block.data(), static_cast<int>(n), n_in, n_out);
