@@ -163,3 +163,16 @@ def test_weight_gradient_kernel_rejects_bad_buffers():
         _stem.sparse_stem_grad(x, g, dw[:5], 10, 8)
     with pytest.raises(ValueError, match="bad sizes"):
         _stem.sparse_stem_grad(x, g, dw, 0, 8)
+
+
+@pytest.mark.parametrize("kwargs", [dict(padding=0), dict(padding=1, stride=2), dict(padding=2, dilation=2),
+                                    dict(padding=1, padding_mode="circular"), dict(kernel_size=5, padding=2),
+                                    dict(padding=1, groups=2)])
+def test_other_conv_shapes_run_dense(monkeypatch, kwargs):
+    # StemConv is a Conv1d: built with another shape it is that convolution (the kernel knows 3 taps, padding 1 only)
+    spy = Spy(monkeypatch)
+    torch.manual_seed(0)
+    x = observations(3)[0][:8, :40].contiguous()
+    stem = StemConv(40, 32, **{"kernel_size": 3, "bias": False, **kwargs})
+    torch.testing.assert_close(stem(x), nn.Conv1d.forward(stem, x))
+    assert spy.calls == 0

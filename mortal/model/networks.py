@@ -80,7 +80,10 @@ class StemConv(nn.Conv1d):
 
     def forward(self, x: Tensor) -> Tensor:
         w = self.weight
+        # the kernel is this shape's convolution only: another kernel size, padding, stride, ... runs dense
         if (_stem is not None and self.bias is None and x.dim() == 3 and x.shape[1:] == (self.in_channels, _N_TILES)
+                and self.kernel_size == (3,) and self.padding == (1,) and self.stride == self.dilation == (1,)
+                and self.groups == 1 and self.padding_mode == "zeros"
                 and x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype == torch.float32
                 and not x.requires_grad and x.is_contiguous() and not _cpu_autocast()
                 and not _is_compiling() and not torch.jit.is_tracing()):
