@@ -168,3 +168,18 @@ def test_batch_on_device_joins_packed_online_and_offline_rows_bit_exact():
         assert obs.shape == (12, 934, 34) and obs.dtype == torch.float32
         np.testing.assert_array_equal(_bits(obs.numpy()), _bits(want))
         assert torch.equal(acts, actions) and torch.equal(ms, masks)
+
+
+def test_batch_on_device_rows_of_another_version_name_the_width():
+    """Packed offline-mix rows of another version than the online ones (version 2's 12,572 bytes against version 3's
+    13,900): unpack's ValueError naming the expected width, not the join's size mismatch."""
+    from mortal.learning.intake import batch_on_device
+    n = 2
+    rest = (torch.zeros(n, dtype=torch.int64), torch.ones(n, 46, dtype=torch.bool), torch.zeros(n, dtype=torch.int64),
+            torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.int64), None, None)
+    v3 = (torch.zeros((n, po.row_bytes(3)), dtype=torch.uint8), *rest)
+    v2 = (torch.zeros((n, po.row_bytes(2)), dtype=torch.uint8), *rest)
+    for online, offline in ((v3, v2), (v2, v3)):
+        with pytest.raises(ValueError, match=r"expected \(B, 13900\) uint8 rows of version 3, got torch.uint8 "
+                                             r"\(2, 12572\)"):
+            batch_on_device(online, torch.device('cpu'), 3, iter([offline]))

@@ -35,7 +35,9 @@ def batch_on_device(batch: tuple, device, version: int, offline_stream=None) -> 
         obs = obs_on_device(obs, device, version)
     else:
         extra_obs, *extra = next(offline_stream)
-        if obs.dtype == extra_obs.dtype == torch.uint8:  # joined packed on the device: one unpack, no float copy
+        # joined packed on the device: one unpack, no float copy; rows of another width (version) are unpacked
+        # apart below, where unpack names the expected width
+        if obs.dtype == extra_obs.dtype == torch.uint8 and obs.shape[1:] == extra_obs.shape[1:]:
             from mortal.data.packed_obs import unpack
             obs = unpack(torch.cat((obs.to(device, non_blocking=True), extra_obs.to(device, non_blocking=True))),
                          version)
