@@ -170,6 +170,16 @@ def test_batch_on_device_joins_packed_online_and_offline_rows_bit_exact():
         assert torch.equal(acts, actions) and torch.equal(ms, masks)
 
 
+@pytest.mark.parametrize("version", [1, 3])
+def test_unpack_of_no_rows(version):
+    """0 packed rows (numpy or torch) unpack to 0 observations of the version's (C, 34), as 1 row gives 1."""
+    channels = po.layout(version).channels
+    width = po.row_bytes(version)
+    for rows in (np.zeros((0, width), np.uint8), torch.zeros((0, width), dtype=torch.uint8)):
+        obs = po.unpack(rows, version)
+        assert type(obs) is type(rows) and tuple(obs.shape) == (0, channels, 34) and str(obs.dtype).endswith("float32")
+
+
 def test_batch_on_device_rows_of_another_version_name_the_width():
     """Packed offline-mix rows of another version than the online ones (version 2's 12,572 bytes against version 3's
     13,900): unpack's ValueError naming the expected width, not the join's size mismatch."""

@@ -145,6 +145,9 @@ def unpack(packed, version: int):
     if x.dtype != torch.uint8 or x.dim() != 2 or x.shape[1] != lay.row_bytes:
         raise ValueError(f"unpack: expected (B, {lay.row_bytes}) uint8 rows of version {version}, "
                          f"got {x.dtype} {tuple(x.shape)}")
+    if x.shape[0] == 0:  # torch cannot view 0 rows as floats (a 0 stride) nor infer their -1 width
+        obs = torch.zeros((0, lay.channels, 34), dtype=torch.float32, device=x.device)
+        return obs.numpy() if as_numpy else obs
     x = x.contiguous()
     rows, table = lay.torch_consts(x.device)
     b = x.shape[0]
