@@ -176,3 +176,16 @@ def test_other_conv_shapes_run_dense(monkeypatch, kwargs):
     stem = StemConv(40, 32, **{"kernel_size": 3, "bias": False, **kwargs})
     torch.testing.assert_close(stem(x), nn.Conv1d.forward(stem, x))
     assert spy.calls == 0
+
+
+def test_torch_func_transforms_run_dense():
+    # vmap and torch.func.grad over a StemConv work as over a Conv1d (the autograd.Function would raise there)
+    torch.manual_seed(0)
+    x = observations(3)[0][:12].reshape(3, 4, 934, 34)
+    stem = StemConv(934, 32, kernel_size=3, padding=1, bias=False)
+    w = stem.weight.detach()
+    torch.testing.assert_close(torch.func.vmap(stem)(x), F.conv1d(x.flatten(0, 1), w, padding=1).view(3, 4, 32, 34))
+    grad = torch.func.grad(lambda p: torch.func.functional_call(stem, p, (x[0],)).square().sum())
+    w_ref = w.clone().requires_grad_(True)
+    F.conv1d(x[0], w_ref, padding=1).square().sum().backward()
+    torch.testing.assert_close(grad({"weight": w})["weight"], w_ref.grad)

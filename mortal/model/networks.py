@@ -23,6 +23,8 @@ try:
 except TypeError:
     _cpu_autocast = torch.is_autocast_cpu_enabled
 _is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+# torch.func transforms (vmap, grad) refuse an autograd.Function without setup_context: the stem runs dense there
+_in_functorch = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 
 _BN_MOMENTUM = 0.01
 _N_TILES = 34
@@ -86,7 +88,7 @@ class StemConv(nn.Conv1d):
                 and self.groups == 1 and self.padding_mode == "zeros"
                 and x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype == torch.float32
                 and not x.requires_grad and x.is_contiguous() and not _cpu_autocast()
-                and not _is_compiling() and not torch.jit.is_tracing()):
+                and not _is_compiling() and not torch.jit.is_tracing() and not _in_functorch()):
             return _SparseStemConv.apply(x, w)
         return super().forward(x)
 
