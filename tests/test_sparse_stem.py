@@ -189,3 +189,17 @@ def test_torch_func_transforms_run_dense():
     w_ref = w.clone().requires_grad_(True)
     F.conv1d(x[0], w_ref, padding=1).square().sum().backward()
     torch.testing.assert_close(grad({"weight": w})["weight"], w_ref.grad)
+
+
+def test_double_backward_equals_dense():
+    # a gradient penalty (backward with create_graph): the weight gradient's own gradient is the dense one's
+    torch.manual_seed(0)
+    x = observations(3)[0][:16].contiguous()
+    stem = StemConv(934, 32, kernel_size=3, padding=1, bias=False)
+
+    def penalty_grad(conv, w):
+        g, = torch.autograd.grad(conv(w).square().sum(), w, create_graph=True)
+        return torch.autograd.grad(g.square().sum(), w)[0]
+    w_ref = stem.weight.detach().clone().requires_grad_(True)
+    torch.testing.assert_close(penalty_grad(lambda w: stem(x), stem.weight),
+                               penalty_grad(lambda w: F.conv1d(x, w, padding=1), w_ref), rtol=1e-3, atol=1e-3)

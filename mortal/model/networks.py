@@ -69,6 +69,8 @@ class _SparseStemConv(torch.autograd.Function):
         if not ctx.needs_input_grad[1]:
             return None, None
         c, o = x.shape[1], grad_out.shape[1]
+        if grad_out.requires_grad:  # backward with create_graph: the dense weight gradient, itself differentiable
+            return None, torch.nn.grad.conv1d_weight(x, (o, c, 3), grad_out, padding=1)
         g = F.pad(grad_out.float(), (1, 1)).transpose(1, 2).contiguous()  # (N, 36, O): positions -1 .. 34
         dw = torch.empty((c, 3, o), dtype=torch.float32)
         _stem.sparse_stem_grad(x.numpy(), g.numpy(), dw.numpy(), c, o)
