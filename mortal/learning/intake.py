@@ -35,12 +35,10 @@ def batch_on_device(batch: tuple, device, version: int, offline_stream=None) -> 
         obs = obs_on_device(obs, device, version)
     else:
         extra_obs, *extra = next(offline_stream)
-        # joined packed on the device: one unpack, no float copy; rows of another width (version) are unpacked
-        # apart below, where unpack names the expected width
+        # joined while packed: one unpack, no float copy; rows of another width (version) are unpacked apart
+        # below, where unpack names the expected width
         if obs.dtype == extra_obs.dtype == torch.uint8 and obs.shape[1:] == extra_obs.shape[1:]:
-            from mortal.data.packed_obs import unpack
-            obs = unpack(torch.cat((obs.to(device, non_blocking=True), extra_obs.to(device, non_blocking=True))),
-                         version)
+            obs = obs_on_device(torch.cat((obs, extra_obs)), device, version)
         else:
             obs = torch.cat((obs_on_device(obs, device, version), obs_on_device(extra_obs, device, version)))
         extra = (*extra[:5], *_cf_columns(extra[0].shape[0], *(extra[5:7] if len(extra) >= 7 else ())))
