@@ -10,12 +10,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from mortal.model.networks import ACTION_SPACE, DQN, Brain, ResBlock
-
-try:
-    from mortal.model import _stem
-except ImportError:  # the optional compiled module is not built: dense first convolution
-    _stem = None
+# _stem: the compiled sparse first convolution, None when it is not built (networks' import serves both)
+from mortal.model.networks import ACTION_SPACE, DQN, Brain, ResBlock, _stem
 
 #: True when the first convolution runs from the nonzero inputs (``mortal.model._stem`` is built).
 HAVE_SPARSE_STEM = _stem is not None

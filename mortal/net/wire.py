@@ -474,7 +474,6 @@ class Remote:
             raise RequestRefused(f'server refused {msg.get("type")!r}: {status}: {reply.get("reason", "")}')
         return reply
 
-
     def _reply(self, sock: socket.socket, msg: dict) -> dict:
         """The reply to ``msg``; RequestRefused when it must carry the token's MAC (``request``) and does not."""
         check = self.token if self.token and not is_loopback(self.host) else None
