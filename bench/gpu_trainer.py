@@ -272,9 +272,11 @@ def step_worker(a):
         torch.set_num_threads(a.threads)
     if not a.online:
         Trainer._load_probe = lambda self: None
-    if a.dense_stem:  # the first convolution as F.conv1d, as on a GPU (the CPU's sparse stem is other ops)
+    if a.dense_stem:  # the first convolution as F.conv1d and Mish as F.mish, as on a GPU (the CPU's are other ops)
         import mortal.model.networks as networks
         networks._stem = None
+        if hasattr(networks, 'Mish'):
+            networks.Mish.forward = torch.nn.Mish.forward
     work = tempfile.mkdtemp(prefix='step-')
     config = step_config(work, a.channels, a.blocks, a.batch, a.version, amp=a.amp, compile_=a.compile,
                          device=a.device, online=a.online)
@@ -455,7 +457,7 @@ def main(argv=None):
     s.add_argument('--phases', action='store_true')
     s.add_argument('--profile', action='store_true')
     s.add_argument('--dense-stem', action='store_true',
-                   help="the Brain's first convolution dense, as on a GPU (kernel counts of the GPU's path)")
+                   help="the Brain's first convolution dense and F.mish, as on a GPU (kernel counts of the GPU's path)")
     i = sub.choices['interleave']
     i.add_argument('--old', required=True)
     i.add_argument('--new', default=str(ROOT))

@@ -20,8 +20,8 @@ that the digests are reproducible at all on this machine.
 
 Usage: ``python bench/refactor_equivalence.py --old /path/to/old/checkout [--new .] [--steps 20] [--dense-stem]``;
 exit status 1 when a digest differs. Since the learner's first convolution runs from the observations' nonzeros on
-the CPU (``StemConv``), offline and online digests differ from a tree without it in the float rounding only:
-``--dense-stem`` runs both trees dense, where they must agree.
+the CPU (``StemConv``) and its Mish from one exp (``networks.Mish``), offline and online digests differ from a tree
+without them in the float rounding only: ``--dense-stem`` runs both trees as on a GPU, where they must agree.
 """
 
 import argparse
@@ -39,10 +39,12 @@ import hashlib, json, os, random, shutil, sys
 import numpy as np
 import toml
 import torch
-if os.environ.get('DENSE_STEM'):  # --dense-stem: the first convolution as F.conv1d, where the tree has the sparse one
-    import mortal.model.networks
+if os.environ.get('DENSE_STEM'):  # --dense-stem: the first convolution as F.conv1d and Mish as F.mish, where the
+    import mortal.model.networks   # tree has the CPU's sparse stem and one-exp Mish
     if hasattr(mortal.model.networks, '_stem'):
         mortal.model.networks._stem = None
+    if hasattr(mortal.model.networks, 'Mish'):
+        mortal.model.networks.Mish.forward = torch.nn.Mish.forward
 
 torch.set_num_threads(1)
 data_dir, work, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -27,7 +27,7 @@ from mortal.learning import distributed, intake
 from mortal.learning.diagnostics import Instruments, batch_q_stats, learner_probe
 from mortal.learning.guards import INITIAL_GUARD, Guards, sync_baseline
 from mortal.learning.loss import LossWeights, learner_loss
-from mortal.learning.optimizer import build_optimizer, optimizer_step
+from mortal.learning.optimizer import build_optimizer, load_optimizer_state, optimizer_step
 from mortal.learning.server_traffic import ServerTraffic, play_settings
 from mortal.learning.supervisor import end_with_supervisor, is_supervised, supervise
 
@@ -176,7 +176,7 @@ class Trainer:
             logger.info('%s has no optimizer/scheduler state (a bare model checkpoint): starting them fresh',
                         state_file)
         elif not self.online or ckpt_online:
-            self.optimizer.load_state_dict(state['optimizer'])
+            load_optimizer_state(self.optimizer, state['optimizer'])
             self.scheduler.load_state_dict(state['scheduler'])
         else:
             logger.info('offline checkpoint in online mode: optimizer and scheduler start fresh from the config')

@@ -430,7 +430,8 @@ def test_step_bench_counts_the_kernels_of_each_part(tmp_path, monkeypatch, capsy
     from mortal.learning import intake
     import mortal.model.networks as networks
     for owner, name in ((tr.Trainer, '_load_probe'), (intake, 'batch_on_device'), (tr, 'learner_loss'),
-                        (tr, 'optimizer_step'), (torch.Tensor, 'backward'), (networks, '_stem')):
+                        (tr, 'optimizer_step'), (torch.Tensor, 'backward'), (networks, '_stem'),
+                        (networks.Mish, 'forward')):
         monkeypatch.setattr(owner, name, getattr(owner, name))
     monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))  # its work folder
     with torch.random.fork_rng():

@@ -11,6 +11,7 @@ from glob import glob, escape as glob_escape
 from os import path
 
 from mortal.learning import gate
+from mortal.learning.optimizer import load_optimizer_state
 from mortal.net import wire
 from mortal.model.checkpoint import (INITIAL_BEST_PERF, CheckpointError, check_fits_config, load_checkpoint,
                                      load_model_pair, read_baseline)
@@ -176,7 +177,7 @@ def rollback(t, g, reason: str) -> None:
     try:
         if not best.get('optimizer'):
             raise ValueError('it has none')
-        t.optimizer.load_state_dict(best['optimizer'])
+        load_optimizer_state(t.optimizer, best['optimizer'])
     except Exception as ex:  # another optimizer layout: the weights still roll back, with fresh moments
         logger.warning('optimizer state of %s not restored (%s): starting it fresh', t.best_state_file, ex)
         t.optimizer.state.clear()

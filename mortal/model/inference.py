@@ -11,22 +11,13 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 # _stem: the compiled sparse first convolution, None when it is not built (networks' import serves both)
-from mortal.model.networks import ACTION_SPACE, DQN, Brain, ResBlock, _stem
+from mortal.model.networks import ACTION_SPACE, DQN, Brain, ResBlock, _stem, mish
 
 #: True when the first convolution runs from the nonzero inputs (``mortal.model._stem`` is built).
 HAVE_SPARSE_STEM = _stem is not None
 
 logger = logging.getLogger(__name__)
 _warned_dense = False
-
-_MISH_CLAMP = 20.0  # above it e^x (e^x + 2) / (e^x (e^x + 2) + 2) is 1.0 in float32
-
-
-def mish(x: Tensor) -> Tensor:
-    """``F.mish(x)`` as ``x * n / (n + 2)``, ``n = e^x (e^x + 2)`` (within 4e-7 relative, ~2.5x faster on CPU)."""
-    e = x.clamp(max=_MISH_CLAMP).exp_()
-    n = e.add(2.0).mul_(e)
-    return n.div_(n + 2.0).mul_(x)
 
 
 def supports(brain, dqn) -> bool:
