@@ -20,8 +20,9 @@ that the digests are reproducible at all on this machine.
 
 Usage: ``python bench/refactor_equivalence.py --old /path/to/old/checkout [--new .] [--steps 20] [--dense-stem]``;
 exit status 1 when a digest differs. Since the learner's first convolution runs from the observations' nonzeros on
-the CPU (``StemConv``) and its Mish from one exp (``networks.Mish``), offline and online digests differ from a tree
-without them in the float rounding only: ``--dense-stem`` runs both trees as on a GPU, where they must agree.
+the CPU (``StemConv``), its Mish from one exp (``networks.Mish``) and its AdamW fused, offline and online digests
+differ from a tree without them in the float rounding only: ``--dense-stem`` runs both trees as on a GPU, where they
+must agree.
 """
 
 import argparse
@@ -45,6 +46,9 @@ if os.environ.get('DENSE_STEM'):  # --dense-stem: the first convolution as F.con
         mortal.model.networks._stem = None
     if hasattr(mortal.model.networks, 'Mish'):
         mortal.model.networks.Mish.forward = torch.nn.Mish.forward
+    import mortal.learning.optimizer  # and torch's default AdamW, not the CPU's fused one
+    if hasattr(mortal.learning.optimizer, '_fused'):
+        mortal.learning.optimizer._fused = lambda groups: None
 
 torch.set_num_threads(1)
 data_dir, work, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
