@@ -121,9 +121,10 @@ class Trainer:
         self.instruments = Instruments(save_every=self.save_every, batch_size=self.batch_size, device=self.device,
                                        probe=self._load_probe() if self.online else None)
         self.offline_stream = None
-        if online_cfg.offline_batch_size > 0:  # loaded in this process, beside the online loader's workers
+        if online_cfg.offline_batch_size > 0:
+            # one worker beside the online loader's, so its parsing overlaps the step (0 keeps it in this process)
             def offline_loader(files, names, size):
-                return self.data_loader(files, names, batch_size=size, num_workers=0)
+                return self.data_loader(files, names, batch_size=size, num_workers=min(cfg.dataset.num_workers, 1))
             self.offline_stream = offline_mix(cfg.dataset, online_cfg.offline_batch_size, offline_loader)
         self.pb = None
 
