@@ -476,7 +476,8 @@ __attribute__((target("avx2,fma"))) void mish_backward_avx2(const float* x, cons
         const __m256 e = mish_exp_avx2(v);
         const __m256 n = _mm256_mul_ps(e, _mm256_add_ps(e, two));
         const __m256 inv = _mm256_div_ps(one, _mm256_add_ps(n, two));
-        const __m256 t = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(four, e), _mm256_add_ps(one, e)), _mm256_mul_ps(inv, inv));
+        const __m256 t = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(four, e), _mm256_add_ps(one, e)),
+                                       _mm256_mul_ps(inv, inv));
         __m256 d = _mm256_fmadd_ps(v, t, _mm256_mul_ps(n, inv));
         d = _mm256_blendv_ps(d, one, _mm256_cmp_ps(v, clamp, _CMP_GT_OQ));
         _mm256_storeu_ps(dx + i, _mm256_mul_ps(d, _mm256_loadu_ps(g + i)));
@@ -581,7 +582,8 @@ PyMethodDef kMethods[] = {
 };
 
 PyModuleDef kModule = {
-    PyModuleDef_HEAD_INIT, "_stem", "Sparse first convolution of the Brain on the CPU (forward, weight gradient) and Mish (forward, gradient).",
+    PyModuleDef_HEAD_INIT, "_stem",
+    "Sparse first convolution of the Brain on the CPU (forward, weight gradient), and Mish (forward, gradient).",
     -1, kMethods, nullptr, nullptr, nullptr, nullptr,
 };
 
