@@ -39,8 +39,19 @@ def parameter_count(module: nn.Module) -> int:
 _MISH_CLAMP = 20.0  # above it e^x (e^x + 2) / (e^x (e^x + 2) + 2) is 1.0 in float32
 
 
+def _mish_kernel(x: Tensor) -> bool:
+    """Whether ``_stem``'s Mish kernels take ``x``: built, float32, contiguous, on the CPU."""
+    return (_stem is not None and x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
+            and hasattr(_stem, "mish_forward"))
+
+
 def mish(x: Tensor) -> Tensor:
-    """``F.mish(x)`` as ``x * n / (n + 2)``, ``n = e^x (e^x + 2)`` (within 4e-7 relative, ~2.5x faster on CPU)."""
+    """``F.mish(x)`` as ``x * n / (n + 2)``, ``n = e^x (e^x + 2)`` (within 4e-7 relative, ~2.5x faster on CPU), any
+    shape; float32 contiguous CPU tensors outside autograd take the compiled kernel (one pass)."""
+    if _mish_kernel(x) and not (x.requires_grad and torch.is_grad_enabled()):
+        y = torch.empty_like(x)
+        _stem.mish_forward(x.detach().numpy(), y.numpy())
+        return y
     e = x.clamp(max=_MISH_CLAMP).exp_()
     n = e.add(2.0).mul_(e)
     return n.div_(n + 2.0).mul_(x)
@@ -49,7 +60,8 @@ def mish(x: Tensor) -> Tensor:
 class _MishFn(torch.autograd.Function):
     """``mish(x)`` and its gradient ``n / (n + 2) + 4 x e (1 + e) / (n + 2)^2`` (``e = e^x``, ``n = e (e + 2)``), each
     from one ``exp``: on the CPU 0.75x ``F.mish``'s forward and backward (torch's kernel takes ``exp``, ``log1p`` and
-    ``tanh``; docs/performance.md, session 21). The same function up to float rounding."""
+    ``tanh``; docs/performance.md, session 21); float32 contiguous CPU tensors take the compiled kernels (one pass
+    each; docs/performance_forward.md). The same function up to float rounding."""
 
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:
@@ -59,6 +71,11 @@ class _MishFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:
         (x,) = ctx.saved_tensors
+        if _mish_kernel(x) and grad.dtype == torch.float32 and not torch.is_grad_enabled():
+            g = grad.contiguous()  # the gradient of a sum() is an expanded scalar
+            dx = torch.empty_like(x)
+            _stem.mish_backward(x.detach().numpy(), g.numpy(), dx.numpy())
+            return dx
         e = x.clamp(max=_MISH_CLAMP).exp()
         if torch.is_grad_enabled():  # backward with create_graph: every op from x, so the gradient is differentiable
             n = e * (e + 2.0)

@@ -6,9 +6,12 @@
 // as a dense product. Every value is used as it is (not only 0/1), so the result is the dense
 // convolution's up to the order of the float additions. Used by mortal.model.inference for CPU
 // inference and by mortal.model.networks' stem (forward, and the weight gradient from the same nonzeros).
+// Also Mish and its gradient elementwise from one exp (mish_forward, mish_backward), for networks.Mish on the CPU.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -406,6 +409,154 @@ PyObject* py_sparse_stem_grad(PyObject*, PyObject* args) {
     return result;
 }
 
+// ---- Mish: y = x n / (n + 2), n = e (e + 2), e = exp(min(x, 20)) (= x tanh(softplus(x)) without log1p or tanh);
+// mish'(x) = n / (n + 2) + 4 x e (1 + e) / (n + 2)^2, 1 above 20. n / (n + 2) is never written 1 - 2 / (n + 2),
+// which cancels for very negative x. NaN propagates through the factor x. ----
+
+constexpr float kMishClamp = 20.0f;  // above it n / (n + 2) is 1.0f and the gradient's second term below 1e-15
+
+inline float mish_scalar(float x) {
+    const float e = std::exp(std::min(x, kMishClamp));
+    const float n = e * (e + 2.0f);
+    return x * (n / (n + 2.0f));
+}
+
+inline float mish_grad_scalar(float x) {
+    if (x > kMishClamp) return 1.0f;  // the formula's 4 x e (1 + e) / (n + 2)^2 grows with x past the clamp
+    const float e = std::exp(x);
+    const float n = e * (e + 2.0f);
+    const float inv = 1.0f / (n + 2.0f);
+    return n * inv + 4.0f * x * e * (1.0f + e) * inv * inv;
+}
+
+#ifdef MORTAL_STEM_AVX2
+// exp(x) for x in [-88, 20], 8 at a time: x = k ln2 + r, |r| <= ln2 / 2, a degree-7 polynomial for e^r (Cephes'
+// expf coefficients, ~1 ulp), times 2^k from the exponent bits. k = -127 (x below about -87.7) gives 2^k = 0:
+// e^x is then 0, where it is below float's smallest normal anyway.
+__attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 x) {
+    const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);  // ln2 in two parts: k * hi is exact
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+// e^x of the clamped x: max_ps returns its second operand for a NaN x, so e stays finite and x carries the NaN.
+__attribute__((target("avx2,fma"))) inline __m256 mish_exp_avx2(__m256 x) {
+    return exp_avx2(_mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.0f)), _mm256_set1_ps(kMishClamp)));
+}
+
+__attribute__((target("avx2,fma"))) void mish_forward_avx2(const float* x, float* y, Py_ssize_t size) {
+    const __m256 two = _mm256_set1_ps(2.0f);
+    Py_ssize_t i = 0;
+    for (; i + 8 <= size; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256 e = mish_exp_avx2(v);
+        const __m256 n = _mm256_mul_ps(e, _mm256_add_ps(e, two));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(v, _mm256_div_ps(n, _mm256_add_ps(n, two))));
+    }
+    for (; i < size; ++i) y[i] = mish_scalar(x[i]);
+}
+
+__attribute__((target("avx2,fma"))) void mish_backward_avx2(const float* x, const float* g, float* dx,
+                                                            Py_ssize_t size) {
+    const __m256 one = _mm256_set1_ps(1.0f), two = _mm256_set1_ps(2.0f), four = _mm256_set1_ps(4.0f);
+    const __m256 clamp = _mm256_set1_ps(kMishClamp);
+    Py_ssize_t i = 0;
+    for (; i + 8 <= size; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256 e = mish_exp_avx2(v);
+        const __m256 n = _mm256_mul_ps(e, _mm256_add_ps(e, two));
+        const __m256 inv = _mm256_div_ps(one, _mm256_add_ps(n, two));
+        const __m256 t = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(four, e), _mm256_add_ps(one, e)),
+                                       _mm256_mul_ps(inv, inv));
+        __m256 d = _mm256_fmadd_ps(v, t, _mm256_mul_ps(n, inv));
+        d = _mm256_blendv_ps(d, one, _mm256_cmp_ps(v, clamp, _CMP_GT_OQ));
+        _mm256_storeu_ps(dx + i, _mm256_mul_ps(d, _mm256_loadu_ps(g + i)));
+    }
+    for (; i < size; ++i) dx[i] = g[i] * mish_grad_scalar(x[i]);
+}
+#endif
+
+bool mish_simd(int want) {
+#ifdef MORTAL_STEM_AVX2
+    static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return want && avx2;
+#else
+    (void)want;
+    return false;
+#endif
+}
+
+// Gets n float32 C-contiguous buffers of one byte length (the last writable); on failure sets ValueError naming
+// the function and the arguments, and releases what it took.
+bool mish_buffers(PyObject** objs, Py_buffer* bufs, int n, const char* fn, const char* names) {
+    int got = 0;
+    for (; got < n; ++got) {
+        const int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (got == n - 1 ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(objs[got], &bufs[got], flags) != 0) break;
+        if (!is_c_float32(bufs[got]) || bufs[got].len != bufs[0].len) {
+            PyErr_Format(PyExc_ValueError, "%s: %s must be contiguous float32 arrays of one size", fn, names);
+            ++got;
+            break;
+        }
+    }
+    if (got == n && !PyErr_Occurred()) return true;
+    for (int i = 0; i < got; ++i) PyBuffer_Release(&bufs[i]);
+    return false;
+}
+
+PyObject* py_mish_forward(PyObject*, PyObject* args) {
+    PyObject* objs[2];
+    int simd = 1;
+    if (!PyArg_ParseTuple(args, "OO|p:mish_forward", &objs[0], &objs[1], &simd)) return nullptr;
+    Py_buffer bufs[2];
+    if (!mish_buffers(objs, bufs, 2, "mish_forward", "x and y")) return nullptr;
+    const float* x = static_cast<const float*>(bufs[0].buf);
+    float* y = static_cast<float*>(bufs[1].buf);
+    const Py_ssize_t size = bufs[0].len / 4;
+    const bool vec = mish_simd(simd);
+    Py_BEGIN_ALLOW_THREADS
+#ifdef MORTAL_STEM_AVX2
+    if (vec) mish_forward_avx2(x, y, size);
+#endif
+    if (!vec)
+        for (Py_ssize_t i = 0; i < size; ++i) y[i] = mish_scalar(x[i]);
+    Py_END_ALLOW_THREADS
+    for (auto& b : bufs) PyBuffer_Release(&b);
+    Py_RETURN_NONE;
+}
+
+PyObject* py_mish_backward(PyObject*, PyObject* args) {
+    PyObject* objs[3];
+    int simd = 1;
+    if (!PyArg_ParseTuple(args, "OOO|p:mish_backward", &objs[0], &objs[1], &objs[2], &simd)) return nullptr;
+    Py_buffer bufs[3];
+    if (!mish_buffers(objs, bufs, 3, "mish_backward", "x, g and dx")) return nullptr;
+    const float* x = static_cast<const float*>(bufs[0].buf);
+    const float* g = static_cast<const float*>(bufs[1].buf);
+    float* dx = static_cast<float*>(bufs[2].buf);
+    const Py_ssize_t size = bufs[0].len / 4;
+    const bool vec = mish_simd(simd);
+    Py_BEGIN_ALLOW_THREADS
+#ifdef MORTAL_STEM_AVX2
+    if (vec) mish_backward_avx2(x, g, dx, size);
+#endif
+    if (!vec)
+        for (Py_ssize_t i = 0; i < size; ++i) dx[i] = g[i] * mish_grad_scalar(x[i]);
+    Py_END_ALLOW_THREADS
+    for (auto& b : bufs) PyBuffer_Release(&b);
+    Py_RETURN_NONE;
+}
+
 PyMethodDef kMethods[] = {
     {"sparse_stem", py_sparse_stem, METH_VARARGS,
      "sparse_stem(obs, weight, out, C: int, O: int) -> None\n\n"
@@ -419,11 +570,20 @@ PyMethodDef kMethods[] = {
      "g[n, t - k + 2, o] * x[n, c, t]. x: C-contiguous float32 (N, C, 34); g: float32 (N, 36, O), the output\n"
      "gradient transposed and zero-padded by one position each side; dw: writable float32 (C, 3, O), overwritten.\n"
      "Runs without the interpreter lock."},
+    {"mish_forward", py_mish_forward, METH_VARARGS,
+     "mish_forward(x, y, simd: bool = True) -> None\n\n"
+     "y = x * tanh(softplus(x)) elementwise, from one exp: x, y C-contiguous float32 buffers of one size (y writable;\n"
+     "it may be x). simd=False takes the scalar loop (for tests). Runs without the interpreter lock."},
+    {"mish_backward", py_mish_backward, METH_VARARGS,
+     "mish_backward(x, g, dx, simd: bool = True) -> None\n\n"
+     "dx = g * mish'(x) elementwise (1 above x = 20): x, g, dx C-contiguous float32 buffers of one size (dx\n"
+     "writable; it may be g). Runs without the interpreter lock."},
     {nullptr, nullptr, 0, nullptr},
 };
 
 PyModuleDef kModule = {
-    PyModuleDef_HEAD_INIT, "_stem", "Sparse first convolution of the Brain on the CPU: forward and weight gradient.",
+    PyModuleDef_HEAD_INIT, "_stem",
+    "Sparse first convolution of the Brain on the CPU (forward, weight gradient), and Mish (forward, gradient).",
     -1, kMethods, nullptr, nullptr, nullptr, nullptr,
 };
 
