@@ -33,6 +33,26 @@ def signal_group(pgid: int, sig: int) -> bool:
     return True
 
 
+def live_members(pgid: int, proc: str = '/proc') -> list[int] | None:
+    """The pids of process group ``pgid`` that still run, zombies left out (Linux ``/proc``); None without ``proc``."""
+    try:
+        entries = os.listdir(proc)
+    except OSError:
+        return None
+    pids = []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc, entry, 'stat'), 'rb') as f:
+                fields = f.read().rsplit(b')', 1)[1].split()  # after "pid (comm)": state, ppid, pgrp, ...
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] != b'Z':
+            pids.append(int(entry))
+    return pids
+
+
 def reap_process_group(pgid: int) -> None:
     """After the leader of ``pgid`` has exited: give the rest ``GROUP_GRACE`` seconds, then SIGKILL what is left."""
     if not hasattr(os, 'killpg'):
@@ -48,7 +68,10 @@ def reap_process_group(pgid: int) -> None:
             os.killpg(pgid, 0)
         except (ProcessLookupError, PermissionError):
             return False
-        return True
+        # the loader processes that ended re-parented to PID 1 stay zombies until it reaps them (1-2 s in a
+        # container, never without an init): they are gone, not a reason to wait out the grace nor to warn
+        members = live_members(pgid)
+        return members is None or bool(members)
 
     deadline = time.monotonic() + GROUP_GRACE
     while alive():
