@@ -1,5 +1,6 @@
 """mortal/train.py step logic, checkpoints, TensorBoard tags and data plumbing, in-process on CPU with a tiny model."""
 
+import copy
 import math
 import os
 import subprocess
@@ -15,7 +16,7 @@ from mortal.model.checkpoint import CHECKPOINT_KEYS, CheckpointError, atomic_tor
 from mortal.data.claims import staleness
 from mortal.data.dataloader import iter_full_batches
 from mortal.learning.guards import is_better
-from mortal.learning.optimizer import build_param_groups
+from mortal.learning.optimizer import _fused, build_param_groups, load_optimizer_state
 from mortal.learning.optimizer import LinearWarmUpCosineAnnealingLR
 from mortal.learning.supervisor import supervise
 
@@ -55,6 +56,32 @@ def test_param_groups_decay_only_linear_and_conv_weights():
     assert [p is q for p, q in zip(decay['params'], [net[0].weight, net[2].weight])] == [True, True]
     expected = [net[0].bias, net[1].bias, net[1].weight, net[2].bias]  # sorted names 0.bias 1.bias 1.weight 2.bias
     assert len(no_decay['params']) == 4 and all(p is q for p, q in zip(no_decay['params'], expected))
+
+
+def test_fused_adamw_on_the_cpu_kept_across_a_load():
+    """A checkpoint's groups carry torch's fused/foreach flags (None from a default AdamW): loading one keeps this
+    process's fused step, and the fused step equals the default one up to float rounding."""
+    torch.manual_seed(0)
+    ref = [torch.nn.Parameter(torch.randn(64, 32))]
+    ours = [torch.nn.Parameter(ref[0].detach().clone())]
+    default = torch.optim.AdamW(ref, lr=1e-3, weight_decay=0.1)
+    fused = torch.optim.AdamW(ours, lr=1e-3, weight_decay=0.1, fused=_fused([{'params': ours}]))
+    assert fused.param_groups[0]['fused'] is True
+    for step in range(3):
+        g = torch.randn(64, 32)
+        ref[0].grad, ours[0].grad = g.clone(), g.clone()
+        default.step()
+        if step == 0:  # the default's state (fused None) loaded into the fused optimizer, as after a restart
+            load_optimizer_state(fused, copy.deepcopy(default.state_dict()))  # a checkpoint: its own tensors
+            ours[0].data.copy_(ref[0].data)
+        else:
+            fused.step()
+    assert fused.param_groups[0]['fused'] is True and fused.param_groups[0]['foreach'] is None
+    assert fused.state[ours[0]]['step'].item() == 3
+    torch.testing.assert_close(ours[0], ref[0], atol=1e-7, rtol=1e-6)
+    plain = torch.optim.AdamW(ours, lr=1e-3)
+    plain.load_state_dict(default.state_dict())  # torch's own load: the checkpoint's None wins
+    assert plain.param_groups[0]['fused'] is None
 
 
 def test_scheduler_values_by_hand():

@@ -43,8 +43,8 @@ def build_optimizer(models, optim_cfg) -> tuple:
 
 def _fused(groups) -> bool | None:
     """True where every parameter is on the CPU: torch's fused AdamW there is the same update up to float rounding
-    at 0.2x the CPU time of its default per-tensor loop (docs/performance.md, session 21). None (torch's choice)
-    elsewhere, as Mortal."""
+    at half the CPU time of its default per-tensor loop in the learner's step (docs/performance.md, session 21).
+    None (torch's choice) elsewhere, as Mortal."""
     return True if all(p.device.type == 'cpu' for g in groups for p in g['params']) else None
 
 
