@@ -22,7 +22,7 @@ from mortal.model.checkpoint import (INITIAL_BEST_PERF, atomic_torch_save, check
                                      load_frozen_pair, require_entries)
 from mortal.config import for_checkpoint, lookup, typed
 from mortal.config_schema import Online
-from mortal.data.offline_data import first_full_batch, offline_mix
+from mortal.data.offline_data import offline_mix
 from mortal.learning import distributed, intake
 from mortal.learning.diagnostics import Instruments, batch_q_stats, learner_probe
 from mortal.learning.guards import INITIAL_GUARD, Guards, sync_baseline
@@ -97,16 +97,12 @@ class Trainer:
         self.dist = dist = dist or distributed.SINGLE
         self.device = dist.device(control.device)
         torch.backends.cudnn.benchmark = control.enable_cudnn_benchmark
-        self.grp = None  # the reward model, read by the first data_loader
-        offline = None
-        if online_cfg.offline_batch_size > 0:
-            # started first: its worker (one, beside the online loader's; 0 keeps it in this process) loads the first
-            # batch while this process builds the rest, and then overlaps the steps
-            def offline_loader(files, names, size):
-                return self.data_loader(files, names, batch_size=size, num_workers=min(cfg.dataset.num_workers, 1))
-            offline = offline_mix(cfg.dataset, online_cfg.offline_batch_size, offline_loader)
+        if cfg.dataset.num_workers > 0:  # its imports run beside the models' set-up, not before the first worker
+            from mortal.data.dataloader import start_fork_server  # here: the supervisor process needs no loader
+            start_fork_server()
         self._build_models(cfg)
 
+        self.grp = None  # the reward model, read by the first data_loader
         if test_player is None and dist.is_main:  # only rank 0 test-plays
             from mortal.play.player import TestPlayer
             test_player = TestPlayer(config)
@@ -127,7 +123,11 @@ class Trainer:
             logger.info('anchor: %s, weight %g', baseline_file, self.loss_weights.anchor)
         self.instruments = Instruments(save_every=self.save_every, batch_size=self.batch_size, device=self.device,
                                        probe=self._load_probe() if self.online else None)
-        self.offline_stream = first_full_batch(offline) if offline is not None else None
+        self.offline_stream = None
+        if online_cfg.offline_batch_size > 0:  # one worker beside the online loader's (0 keeps it in this process)
+            def offline_loader(files, names, size):
+                return self.data_loader(files, names, batch_size=size, num_workers=min(cfg.dataset.num_workers, 1))
+            self.offline_stream = offline_mix(cfg.dataset, online_cfg.offline_batch_size, offline_loader)
         self.pb = None
 
     def _build_models(self, cfg) -> None:

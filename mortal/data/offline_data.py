@@ -151,30 +151,23 @@ def load_player_names(files) -> set:
 
 
 def offline_mix(dataset, batch_size: int, loader):
-    """Endless full batches (``Trainer.train_batch``'s eight tensors, obs packed) from the offline logs, reshuffled
-    each pass. The first pass's loader starts here, so a loader with a worker loads while the caller goes on;
-    ``first_full_batch`` takes its first batch."""
-    names = load_player_names(dataset.player_names_files)
-    files = build_file_list(dataset, names)
-    logger.info('offline mix: %d samples per batch from %s offline logs', batch_size, f'{len(files):,}')
-    random.shuffle(files)
-    first_pass = iter(loader(list(files), sorted(names), batch_size))
-    return _offline_batches(dataset, batch_size, loader, files, sorted(names), first_pass)
-
-
-def first_full_batch(stream):
-    """``stream`` of ``offline_mix`` with its first batch taken now: ValueError (naming ``[online]
-    offline_batch_size``) when a pass has no full batch."""
+    """Endless full batches (``Trainer.train_batch``'s eight tensors, obs packed) from the offline logs,
+    reshuffled each pass; ValueError (naming ``[online] offline_batch_size``) when a pass has no full batch."""
+    stream = _offline_batches(dataset, batch_size, loader)
     first = next(stream)
     return chain([first], stream)
 
 
-def _offline_batches(ds, batch_size: int, loader, files: list, names: list, batches):
+def _offline_batches(ds, batch_size: int, loader):
     from mortal.data.dataloader import iter_full_batches  # here: the file index needs no loader
+    names = load_player_names(ds.player_names_files)
+    files = build_file_list(ds, names)
+    logger.info('offline mix: %d samples per batch from %s offline logs', batch_size, f'{len(files):,}')
     passes = 0
     while True:
+        random.shuffle(files)
         count = 0
-        for batch in iter_full_batches(batches, batch_size):
+        for batch in iter_full_batches(iter(loader(list(files), sorted(names), batch_size)), batch_size):
             count += 1
             yield batch
         if count == 0:
@@ -184,5 +177,3 @@ def _offline_batches(ds, batch_size: int, loader, files: list, names: list, batc
                              f'hold no full batch (readable logs and their samples are listed above)')
         passes += 1
         logger.info('offline mix: pass %d over the offline logs done (%d batches)', passes, count)
-        random.shuffle(files)
-        batches = iter(loader(list(files), names, batch_size))
