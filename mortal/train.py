@@ -97,9 +97,6 @@ class Trainer:
         self.dist = dist = dist or distributed.SINGLE
         self.device = dist.device(control.device)
         torch.backends.cudnn.benchmark = control.enable_cudnn_benchmark
-        if cfg.dataset.num_workers > 0:  # its imports run beside the models' set-up, not before the first worker
-            from mortal.data.dataloader import start_fork_server  # here: the supervisor process needs no loader
-            start_fork_server()
         self._build_models(cfg)
 
         self.grp = None  # the reward model, read by the first data_loader

@@ -174,18 +174,3 @@ def test_points_reward_needs_no_grp():
     expected = RewardCalculator(None, PTS, reward="points").calc_points_reward(0, game.grp.feature,
                                                                                game.grp.final_scores)
     np.testing.assert_array_equal(kyoku_rewards, expected[at_kyoku])
-
-
-def test_start_fork_server_runs_it_with_the_loaders_preload():
-    """The learner starts the workers' fork server before building its models: afterwards the server runs (a live
-    process that is not this one) with the preload a worker needs, and a second call starts no other."""
-    import multiprocessing.forkserver as forkserver
-    from mortal.data.dataloader import start_fork_server
-    start_fork_server()
-    server = forkserver._forkserver
-    pid = server._forkserver_pid
-    assert pid and pid != os.getpid()
-    os.kill(pid, 0)  # alive
-    assert server._preload_modules == ["mortal.util._forkserver_preload", "torch", "mortal.data.dataloader"]
-    start_fork_server()
-    assert server._forkserver_pid == pid

@@ -279,15 +279,6 @@ def safe_mp_context():
     return ctx
 
 
-def start_fork_server() -> None:
-    """Start the workers' fork server now (``safe_mp_context``), without waiting for it: its preload imports (about
-    1.5 s on 2 cores) then run beside the caller's set-up instead of inside the first worker's start. Nothing where
-    the context is spawn."""
-    if safe_mp_context().get_start_method() == "forkserver":
-        from multiprocessing import forkserver
-        forkserver.ensure_running()
-
-
 def make_dataloader(dataset, *, batch_size: int, num_workers: int = 1, pin_memory: bool = False,
                     drop_last: bool = False, **kwargs) -> DataLoader:
     """Fork-safe sharded ``DataLoader`` over ``dataset`` (``batch_size=None`` for a batching dataset)."""
