@@ -1,7 +1,6 @@
 """FileDatasetsIter: sample tuples, targets, passes, sharding and worker start method."""
 
 import gzip
-import os
 
 import numpy as np
 import pytest
