@@ -23,8 +23,14 @@ try:
 except TypeError:
     _cpu_autocast = torch.is_autocast_cpu_enabled
 _is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
-# torch.func transforms (vmap, grad) refuse an autograd.Function without setup_context: the stem runs dense there
+# torch.func transforms (vmap, grad) refuse an autograd.Function without setup_context: torch's ops run there
 _in_functorch = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+
+
+def _plain_eager() -> bool:
+    """Whether the CPU kernels below may stand in for torch's ops: no CPU autocast, compile, tracing or torch.func."""
+    return not _cpu_autocast() and not _is_compiling() and not torch.jit.is_tracing() and not _in_functorch()
+
 
 _BN_MOMENTUM = 0.01
 _N_TILES = 34
@@ -91,8 +97,7 @@ class Mish(nn.Mish):
     ``exp``, and its gradient from the same (``_MishFn``); anywhere else (CUDA, autocast, compile) ``F.mish``."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and not _cpu_autocast()
-                and not _is_compiling() and not torch.jit.is_tracing() and not _in_functorch()):
+        if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and _plain_eager():
             return _MishFn.apply(x) if x.requires_grad and torch.is_grad_enabled() else mish(x)
         return super().forward(x)
 
@@ -150,8 +155,7 @@ class StemConv(nn.Conv1d):
                 and self.kernel_size == (3,) and self.padding == (1,) and self.stride == self.dilation == (1,)
                 and self.groups == 1 and self.padding_mode == "zeros"
                 and x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype == torch.float32
-                and not x.requires_grad and x.is_contiguous() and not _cpu_autocast()
-                and not _is_compiling() and not torch.jit.is_tracing() and not _in_functorch()):
+                and not x.requires_grad and x.is_contiguous() and _plain_eager()):
             return _SparseStemConv.apply(x, w)
         return super().forward(x)
 
