@@ -29,7 +29,7 @@ from mortal.learning.guards import INITIAL_GUARD, Guards, sync_baseline
 from mortal.learning.loss import LossWeights, learner_loss
 from mortal.learning.optimizer import build_optimizer, load_optimizer_state, optimizer_step
 from mortal.learning.server_traffic import ServerTraffic, play_settings
-from mortal.learning.supervisor import end_with_supervisor, is_supervised, supervise
+from mortal.learning.supervisor import end_with_supervisor, is_supervised, supervise, wait_for_go
 
 logger = logging.getLogger('mortal.train' if __name__ == '__main__' else __name__)
 
@@ -464,8 +464,21 @@ def missing_inputs(config: dict, config_path: str) -> list[str]:
     return learner_input_errors(typed(config), config_path)
 
 
+def warm_up() -> None:
+    """Load what a learner loads before its first step, and start its loaders' fork server: in a learner that the
+    supervisor started early, this runs during the restart delay instead of after it (docs/performance.md)."""
+    import torch._dynamo  # noqa: F401  torch.optim imports it at the optimizer's first param group (about 1 s)
+    from torch.utils import tensorboard  # noqa: F401
+    from mortal.data import dataloader, reward  # noqa: F401
+    from mortal.model import networks  # noqa: F401
+    from mortal.play import player  # noqa: F401
+    dataloader.start_fork_server()
+
+
 def main(argv=None):
     """Entry point: ``python mortal/train.py`` (config from MORTAL_CFG or ``--config``)."""
+    if not wait_for_go(warm_up):  # the supervisor stopped during its restart delay: this learner never started
+        sys.exit(0)
     from mortal import entry
     from mortal.config import ConfigError, resolve_path, train_sections
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -503,7 +516,7 @@ def main(argv=None):
                 raise runlock.LockHeld(f'another learner runs on [control] state_file = {control.state_file}: '
                                        f'{holder} holds its lock; stop it, or {STATE_FIX}')
             code = supervise(argv, script=path.abspath(__file__), required=train_sections, env=args.overrides,
-                             config_path=config_path, inputs=missing_inputs)
+                             config_path=config_path, inputs=missing_inputs, early_start=True)
     except runlock.LockHeld as exc:
         code = entry.error(exc)
     except KeyboardInterrupt as exc:  # before the learner ran (run_learner says its own)

@@ -279,6 +279,14 @@ def safe_mp_context():
     return ctx
 
 
+def start_fork_server() -> None:
+    """Start the workers' fork server now, without waiting for its preload imports (about 1.5 s on 2 cores); nothing
+    where the context is spawn."""
+    if safe_mp_context().get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+        forkserver.ensure_running()
+
+
 def make_dataloader(dataset, *, batch_size: int, num_workers: int = 1, pin_memory: bool = False,
                     drop_last: bool = False, **kwargs) -> DataLoader:
     """Fork-safe sharded ``DataLoader`` over ``dataset`` (``batch_size=None`` for a batching dataset)."""

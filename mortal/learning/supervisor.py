@@ -17,6 +17,7 @@ logger = logging.getLogger('mortal.train')  # the learner's lines (log format)
 
 IS_SUB_PROC_KEY = 'MORTAL_IS_SUB_PROC'  # set by the supervisor for its child; do not set it by hand
 SUPERVISOR_PID_KEY = 'MORTAL_SUPERVISOR_PID'  # set with it: the learner dies with this process
+START_FD_KEY = 'MORTAL_START_FD'  # with early_start: the pipe on which the child waits to be let go (wait_for_go)
 GROUP_GRACE = 3.0  # seconds a finished learner's loader processes get to exit by themselves before a SIGKILL
 RESTART_DELAY = 3.0  # seconds between a child's clean exit and the next start (Mortal)
 CONFIG_RETRY_INTERVAL = 30.0  # seconds between two checks of a broken config before a restart
@@ -157,17 +158,64 @@ def wait_for_config(path: str, required, env, *, stop_requested, inputs=None,
             shown, said = errors, clock()
 
 
+def start_child(cmd, env, gated: bool) -> tuple:
+    """``(Popen, gate)``: ``cmd`` started in a session of its own; with ``gated`` it waits in ``wait_for_go`` until
+    ``let_go(gate)`` (``gate``: the write end of its pipe, else None)."""
+    if not gated:
+        return subprocess.Popen(cmd, env=env, start_new_session=True), None
+    read, write = os.pipe()
+    try:
+        child = subprocess.Popen(cmd, env={**env, START_FD_KEY: str(read)}, start_new_session=True,
+                                 pass_fds=(read,))
+    except BaseException:
+        os.close(write)
+        raise
+    finally:
+        os.close(read)
+    return child, write
+
+
+def let_go(gate) -> None:
+    """Let the child waiting on ``gate`` (``start_child``) start; nothing when ``gate`` is None."""
+    if gate is None:
+        return
+    try:
+        os.write(gate, b'1')
+    except BrokenPipeError:
+        pass  # it ended before it was let go: its exit status says why
+    finally:
+        os.close(gate)
+
+
+def wait_for_go(warm_up=None) -> bool:
+    """In a child that ``supervise`` started early: run ``warm_up()``, then block until it is let go (True), or
+    given up (False: a stop in the restart delay, or the supervisor is gone). True at once in any other process."""
+    fd = os.environ.pop(START_FD_KEY, '')  # popped: not passed on to the learner's own children
+    if not fd.isdigit():
+        return True
+    try:
+        if warm_up is not None:
+            warm_up()
+        return os.read(int(fd), 1) == b'1'
+    finally:
+        os.close(int(fd))
+
+
 def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config_path: str | None = None,
               required=(), env=None, inputs=None, retry_interval: float = CONFIG_RETRY_INTERVAL,
-              remind_every: float = CONFIG_REMIND_EVERY, watch_interval: float = CONFIG_WATCH_INTERVAL) -> int:
+              remind_every: float = CONFIG_REMIND_EVERY, watch_interval: float = CONFIG_WATCH_INTERVAL,
+              early_start: bool = False) -> int:
     """Run ``python script argv`` as a child (own process group, reaped) with MORTAL_IS_SUB_PROC=1, restarted
     ``restart_delay`` s after each exit 0; returns its other status (128 + signal). SIGTERM and SIGINT are passed on.
     With ``config_path``: checked before each restart (and by ``inputs``, see ``checked_config``), edits reported,
-    the lock of ``[control] state_file`` held throughout (``runlock.LockHeld``)."""
+    the lock of ``[control] state_file`` held throughout (``runlock.LockHeld``). With ``early_start`` (a script that
+    calls ``wait_for_go`` first): the next child is started when the last one has ended, loads its modules during
+    the delay, and is let go after it and the config check."""
     cmd = [sys.executable, script, *argv]
     child_env = {**os.environ, IS_SUB_PROC_KEY: '1', SUPERVISOR_PID_KEY: str(os.getpid())}
     locks = contextlib.ExitStack()  # the state file's lock, held from the first valid config to the end
     child = None
+    gate = None  # the pipe of a child started early and not yet let go
     stopping = False
     stop_signal = 'SIGINT'  # the name of the signal that asked the supervisor to stop
     started_with = None  # the config the last learner started with
@@ -198,7 +246,7 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
         nonlocal stopping, stop_signal
         stopping = True
         stop_signal = signal.Signals(signum).name
-        if child is not None and child.poll() is None:
+        if child is not None and gate is None and child.poll() is None:  # one not yet let go ends with its gate
             child.send_signal(signum)
 
     previous = signal.signal(signal.SIGTERM, forward)
@@ -211,7 +259,10 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
             # read before the learner starts, so that an edit saved at once is reported too
             seen = config_mtime(config_path) if config_path is not None else None
             # A session of its own: the whole learner (with its loader processes) is one process group to reap.
-            child = subprocess.Popen(cmd, env=child_env, start_new_session=True)
+            if child is None:
+                child, gate = start_child(cmd, child_env, early_start)
+            let_go(gate)
+            gate = None
             logger.info('learner started (pid %d)', child.pid)
             pending = None  # a new modification time, reported once it has held for one interval
             while True:
@@ -229,6 +280,7 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
                     if child.poll() is None:
                         child.send_signal(signal.SIGINT)
             reap_process_group(child.pid)
+            child = None
             if (code != 0 and not stopping and config_path is not None
                     and checked_config(config_path, required, env, inputs)[1]):
                 # most likely it failed on the broken config: wait for the fix (next_config) instead of stopping
@@ -244,6 +296,8 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
                     logger.error('learner exited with status %d: stopping', code)
                 return code
             logger.info('learner exited normally; restarting in %.0f s', restart_delay)
+            if early_start:  # its imports run in the delay; it trains only after the delay and the config check
+                child, gate = start_child(cmd, child_env, True)
             try:
                 time.sleep(restart_delay)
             except KeyboardInterrupt:
@@ -252,6 +306,12 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
                 logger.info('stopped on %s between learners: not restarting, nothing discarded', stop_signal)
                 return 0
     finally:
+        if gate is not None:  # started early and never let go: it ends on the closed pipe
+            os.close(gate)
+            gate = None
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=GROUP_GRACE)
+            reap_process_group(child.pid)
         signal.signal(signal.SIGTERM, previous)
         locks.close()
 

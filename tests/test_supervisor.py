@@ -1,0 +1,139 @@
+"""The supervisor's restarts: its wait for a finished learner's process group (zombies, loader processes re-parented to
+PID 1 and not yet reaped by it, count as gone, so a restart waits for no grace period and warns of nothing), and the
+next learner started early, loading during the restart delay and let go after it."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mortal.learning import supervisor
+from mortal.learning.supervisor import live_members
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.skipif(not os.path.isdir('/proc/self'), reason='Linux /proc')
+
+
+def _stat(proc, pid, comm, state, pgrp):
+    (proc / str(pid)).mkdir()
+    # pid (comm) state ppid pgrp session ...: a comm may hold spaces and parentheses
+    (proc / str(pid) / 'stat').write_text(f'{pid} ({comm}) {state} 1 {pgrp} {pgrp} 0 -1 4194560 0\n')
+
+
+def test_live_members_reads_state_and_group(tmp_path):
+    _stat(tmp_path, 101, 'python', 'S', 100)
+    _stat(tmp_path, 102, 'pt_data_worker', 'Z', 100)
+    _stat(tmp_path, 103, 'a (b) c', 'R', 100)
+    _stat(tmp_path, 104, 'python', 'S', 999)
+    (tmp_path / 'self').mkdir()
+    (tmp_path / '105').mkdir()  # gone between the listing and the read
+    assert sorted(live_members(100, proc=str(tmp_path))) == [101, 103]
+    assert live_members(999, proc=str(tmp_path)) == [104]
+    assert live_members(100, proc=str(tmp_path / 'none')) is None
+
+
+def test_a_group_of_zombies_is_reaped_at_once(monkeypatch):
+    """A group whose one member is a zombie another process has not reaped (as PID 1 leaves a learner's loader
+    processes): no grace period, no warning; counted as live (the old check) it waits the grace and warns."""
+    parent = subprocess.Popen([sys.executable, '-c', 'import subprocess, sys, time\n'
+                               'p = subprocess.Popen(["true"], start_new_session=True)\n'
+                               'print(p.pid, flush=True)\n'
+                               'time.sleep(30)\n'], stdout=subprocess.PIPE, text=True)
+    try:
+        pgid = int(parent.stdout.readline())
+        deadline = time.monotonic() + 10
+        while live_members(pgid) != [] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert live_members(pgid) == []
+        os.killpg(pgid, 0)  # the zombie keeps the group in existence for killpg
+        warned = []
+        monkeypatch.setattr(supervisor.logger, 'warning', lambda *a: warned.append(a))
+        monkeypatch.setattr(supervisor, 'GROUP_GRACE', 0.5)
+        t = time.monotonic()
+        supervisor.reap_process_group(pgid)
+        assert time.monotonic() - t < 0.3 and not warned
+        monkeypatch.setattr(supervisor, 'live_members', lambda pgid: None)  # no /proc: killpg alone decides
+        t = time.monotonic()
+        supervisor.reap_process_group(pgid)
+        assert time.monotonic() - t >= 0.5 and warned
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+# A child that logs when it loads (warm, its monotonic clock and pid), when it is let go or given up (go), and when it
+# exits; the third start exits 3, which ends the supervisor.
+EARLY_CHILD = """import os, sys, time
+from mortal.learning.supervisor import wait_for_go
+log = open({log!r}, 'a')
+def say(*words):
+    log.write(' '.join(map(str, words)) + '\\n')
+    log.flush()
+ok = wait_for_go(lambda: say('warm', time.monotonic(), os.getpid()))
+say('go', time.monotonic(), ok, 'MORTAL_START_FD' in os.environ)
+if not ok:
+    sys.exit(0)
+n = sum(line.startswith('go') for line in open({log!r}))
+say('exit', time.monotonic())
+sys.exit(0 if n < 3 else 3)
+"""
+
+
+def _lines(log):
+    return [line.split() for line in log.read_text().splitlines()]
+
+
+def test_an_early_start_loads_during_the_delay_and_trains_only_after_it(tmp_path):
+    log = tmp_path / 'log'
+    script = tmp_path / 'child.py'
+    script.write_text(EARLY_CHILD.format(log=str(log)))
+    code = supervisor.supervise([], script=str(script), restart_delay=1.0, early_start=True)
+    lines = _lines(log)
+    assert code == 3
+    assert [w[0] for w in lines] == ['warm', 'go', 'exit'] * 3
+    assert all(w[2:] == ['True', 'False'] for w in lines if w[0] == 'go')  # let go; the pipe's variable popped
+    for before, after in ((lines[2], lines[3:5]), (lines[5], lines[6:8])):
+        exited = float(before[1])
+        warm, go = float(after[0][1]), float(after[1][1])
+        assert warm - exited < 0.9  # loaded inside the 1 s delay, not after it
+        assert go - exited >= 1.0  # and let go only once the delay had passed
+
+
+def test_without_early_start_the_next_learner_starts_after_the_delay(tmp_path):
+    log = tmp_path / 'log'
+    script = tmp_path / 'child.py'
+    script.write_text(EARLY_CHILD.format(log=str(log)))
+    assert supervisor.supervise([], script=str(script), restart_delay=1.0) == 3
+    lines = _lines(log)
+    assert [w[0] for w in lines] == ['go', 'exit'] * 3  # no pipe: wait_for_go returns at once, warm_up never runs
+    assert float(lines[2][1]) - float(lines[1][1]) >= 1.0
+
+
+def test_a_stop_in_the_delay_gives_up_the_learner_started_early(tmp_path):
+    log = tmp_path / 'log'
+    script = tmp_path / 'child.py'
+    script.write_text(EARLY_CHILD.format(log=str(log)))
+    runner = tmp_path / 'runner.py'
+    runner.write_text('import sys\n'
+                      'from mortal.learning import supervisor\n'
+                      f'sys.exit(supervisor.supervise([], script={str(script)!r}, restart_delay=3.0, '
+                      'early_start=True))\n')
+    proc = subprocess.Popen([sys.executable, str(runner)], env={**os.environ, 'PYTHONPATH': str(ROOT)})
+    try:
+        deadline = time.monotonic() + 60
+        while (not log.exists() or len(_lines(log)) < 4) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [w[0] for w in _lines(log)] == ['warm', 'go', 'exit', 'warm']  # the second waits in the delay
+        proc.terminate()
+        assert proc.wait(timeout=20) == 0
+    finally:
+        proc.kill()
+    lines = _lines(log)
+    assert [w[0] for w in lines] == ['warm', 'go', 'exit', 'warm', 'go']
+    assert lines[4][2] == 'False'  # given up, never let go
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(lines[3][2]), 0)  # and gone, reaped by the supervisor
