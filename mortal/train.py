@@ -29,7 +29,7 @@ from mortal.learning.guards import INITIAL_GUARD, Guards, sync_baseline
 from mortal.learning.loss import LossWeights, learner_loss
 from mortal.learning.optimizer import build_optimizer, load_optimizer_state, optimizer_step
 from mortal.learning.server_traffic import ServerTraffic, play_settings
-from mortal.learning.supervisor import end_with_supervisor, is_supervised, supervise, wait_for_go
+from mortal.learning.supervisor import end_with_supervisor, exit_for_restart, is_supervised, supervise, wait_for_go
 
 logger = logging.getLogger('mortal.train' if __name__ == '__main__' else __name__)
 
@@ -524,6 +524,8 @@ def main(argv=None):
         code = entry.stop_status(exc, 130)
     finally:
         dist.close()
+    if code == 0 and online and is_supervised():  # a test play ended it: the supervisor starts the next one
+        exit_for_restart()
     sys.exit(code)
 
 

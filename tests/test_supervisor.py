@@ -137,3 +137,23 @@ def test_a_stop_in_the_delay_gives_up_the_learner_started_early(tmp_path):
     assert lines[4][2] == 'False'  # given up, never let go
     with pytest.raises(ProcessLookupError):
         os.kill(int(lines[3][2]), 0)  # and gone, reaped by the supervisor
+
+
+def test_exit_for_restart_runs_the_atexit_handlers_flushes_and_skips_the_teardown(tmp_path):
+    mark = tmp_path / 'atexit'
+    script = tmp_path / 'child.py'
+    script.write_text('import atexit, sys\n'
+                      'from mortal.learning.supervisor import exit_for_restart\n'
+                      f'atexit.register(lambda: open({str(mark)!r}, "w").write("ran"))\n'
+                      'class Teardown:\n'
+                      '    def __del__(self):\n'
+                      '        print("torn down")\n'
+                      'kept = Teardown()\n'
+                      'print("buffered", end="")\n'
+                      'exit_for_restart()\n'
+                      'print("not reached")\n')
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, 'PYTHONPATH': str(ROOT)})
+    assert out.returncode == 0 and out.stderr == ''
+    assert out.stdout == 'buffered'  # flushed, and the module's objects were not torn down
+    assert mark.read_text() == 'ran'

@@ -316,6 +316,17 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
         locks.close()
 
 
+def exit_for_restart() -> None:
+    """End a learner whose supervisor restarts it (status 0) at once: the atexit handlers run (logging, the loader
+    processes) and the output is flushed, then ``os._exit`` skips the interpreter's teardown of torch and about
+    2,000 modules, 0.9 s on 2 cores that the next learner would wait for. Its files are closed before this."""
+    import atexit
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def is_supervised() -> bool:
     """Whether this process is a child that ``supervise`` started (``MORTAL_IS_SUB_PROC=1``)."""
     return os.environ.get(IS_SUB_PROC_KEY) == '1'
