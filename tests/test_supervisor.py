@@ -157,3 +157,17 @@ def test_exit_for_restart_runs_the_atexit_handlers_flushes_and_skips_the_teardow
     assert out.returncode == 0 and out.stderr == ''
     assert out.stdout == 'buffered'  # flushed, and the module's objects were not torn down
     assert mark.read_text() == 'ran'
+
+
+def test_a_failing_warm_up_still_waits_for_the_go_and_the_child_runs(tmp_path, monkeypatch):
+    read, write = os.pipe()
+    monkeypatch.setenv(supervisor.START_FD_KEY, str(read))
+    os.write(write, b'1')
+    os.close(write)
+
+    def broken():
+        raise ImportError('an edit that does not import')
+    assert supervisor.wait_for_go(broken) is True  # the child's own start reports the failure, with its traceback
+    assert supervisor.START_FD_KEY not in os.environ
+    with pytest.raises(OSError):
+        os.fstat(read)  # closed

@@ -195,7 +195,10 @@ def wait_for_go(warm_up=None) -> bool:
         return True
     try:
         if warm_up is not None:
-            warm_up()
+            try:
+                warm_up()
+            except Exception:  # only a head start: a real failure recurs, and is reported, once the child runs
+                pass
         return os.read(int(fd), 1) == b'1'
     finally:
         os.close(int(fd))
