@@ -318,3 +318,19 @@ def test_the_grp_globs_are_those_the_bootstrap_indexes(tmp_path):
     written = typed(config).grp.dataset
     assert (written.train_globs, written.val_globs) == (indexed.train_globs, indexed.val_globs)
     assert written.train_globs[0].endswith('/bootstrap/logs/train/*.json.gz')
+
+
+def test_a_learner_counts_as_started_once_it_has_written_scalars(tmp_path):
+    # the quickstart stops the processes after a restart: not while the new learner is still starting
+    from torch.utils.tensorboard import SummaryWriter
+    trained = SummaryWriter(str(tmp_path), filename_suffix='.a')
+    trained.add_scalar('loss/dqn_loss', 1.0, 20)
+    trained.close()
+    starting = SummaryWriter(str(tmp_path), filename_suffix='.b')  # its event file exists, without scalars
+    starting.flush()
+    assert len(list(tmp_path.glob('events.out.tfevents.*'))) == 2
+    assert quickstart.learner_starts(str(tmp_path)) == 1
+    starting.add_scalar('loss/dqn_loss', 2.0, 40)
+    starting.flush()
+    assert quickstart.learner_starts(str(tmp_path)) == 2
+    starting.close()

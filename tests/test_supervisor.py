@@ -74,7 +74,8 @@ def say(*words):
     log.write(' '.join(map(str, words)) + '\\n')
     log.flush()
 ok = wait_for_go(lambda: say('warm', time.monotonic(), os.getpid()))
-say('go', time.monotonic(), ok, 'MORTAL_START_FD' in os.environ)
+blocked = [line.split()[1] for line in open('/proc/self/status') if line.startswith('SigBlk')]
+say('go', time.monotonic(), ok, 'MORTAL_START_FD' in os.environ, *blocked)
 if not ok:
     sys.exit(0)
 n = sum(line.startswith('go') for line in open({log!r}))
@@ -95,7 +96,8 @@ def test_an_early_start_loads_during_the_delay_and_trains_only_after_it(tmp_path
     lines = _lines(log)
     assert code == 3
     assert [w[0] for w in lines] == ['warm', 'go', 'exit'] * 3
-    assert all(w[2:] == ['True', 'False'] for w in lines if w[0] == 'go')  # let go; the pipe's variable popped
+    # let go; the pipe's variable popped; no signal blocked (a learner that inherited a mask would ignore its stop)
+    assert all(w[2:] in (['True', 'False'], ['True', 'False', '0000000000000000']) for w in lines if w[0] == 'go')
     for before, after in ((lines[2], lines[3:5]), (lines[5], lines[6:8])):
         exited = float(before[1])
         warm, go = float(after[0][1]), float(after[1][1])
@@ -171,3 +173,81 @@ def test_a_failing_warm_up_still_waits_for_the_go_and_the_child_runs(tmp_path, m
     assert supervisor.START_FD_KEY not in os.environ
     with pytest.raises(OSError):
         os.fstat(read)  # closed
+
+
+# The child below turns SIGTERM and SIGINT into status 7; the second one let go trains for 30 s.
+STOPPABLE_CHILD = """import signal, sys, time
+from mortal.learning.supervisor import wait_for_go
+log = open({log!r}, 'a')
+def warm_up():
+    log.write('warm\\n')
+    log.flush()
+    time.sleep({warm_s})
+for sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, lambda *_: sys.exit(7))
+if not wait_for_go(warm_up):
+    sys.exit(0)
+log.write('go\\n')
+log.flush()
+if sum(1 for _ in open({log!r})) < 4:
+    sys.exit(0)
+time.sleep(30)
+"""
+
+
+def _run_supervisor(tmp_path, child_text, patch=''):
+    script = tmp_path / 'child.py'
+    script.write_text(child_text)
+    runner = tmp_path / 'runner.py'
+    runner.write_text('import logging, os, signal, sys\n'
+                      'logging.basicConfig(level=logging.INFO)\n'
+                      'from mortal.learning import supervisor\n'
+                      f'{patch}\n'
+                      f'sys.exit(supervisor.supervise([], script={str(script)!r}, restart_delay=1.0, '
+                      'early_start=True))\n')
+    return subprocess.Popen([sys.executable, str(runner)], env={**os.environ, 'PYTHONPATH': str(ROOT)},
+                            stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize('sig', ['SIGTERM', 'SIGINT'])
+def test_a_stop_at_the_moment_of_the_go_reaches_the_learner(tmp_path, sig):
+    # the signal lands while the second child is being let go (the supervisor signals itself there)
+    log = tmp_path / 'log'
+    patch = ('real = supervisor.let_go\n'
+             'calls = []\n'
+             'def let_go(gate):\n'
+             '    calls.append(gate)\n'
+             f'    if len(calls) == 2:\n'
+             f'        os.kill(os.getpid(), signal.{sig})\n'
+             '    return real(gate)\n'
+             'supervisor.let_go = let_go\n')
+    started = time.monotonic()
+    proc = _run_supervisor(tmp_path, STOPPABLE_CHILD.format(log=str(log), warm_s=0), patch)
+    try:
+        _, err = proc.communicate(timeout=25)
+    finally:
+        proc.kill()
+    assert proc.returncode == 7, err  # the learner that was let go got the stop, and its status is the run's
+    assert time.monotonic() - started < 20  # not its 30 s of training
+    assert 'Traceback' not in err and f'stopped on {sig}: the learner ended with status 7' in err
+    assert log.read_text().split() in (['warm', 'go', 'warm'], ['warm', 'go', 'warm', 'go'])  # stopped at its go
+
+
+def test_a_stop_during_a_slow_warm_up_kills_the_waiting_child_at_once(tmp_path):
+    log = tmp_path / 'log'
+    proc = _run_supervisor(tmp_path, STOPPABLE_CHILD.format(log=str(log), warm_s=0) .replace(
+        'time.sleep(0)', 'time.sleep(0 if sum(1 for _ in open(%r)) < 2 else 60)' % str(log)))
+    try:
+        deadline = time.monotonic() + 30
+        while (not log.exists() or log.read_text().split() != ['warm', 'go', 'warm']) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        stopped = time.monotonic()
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and 'between learners' in err
+    assert time.monotonic() - stopped < 1.0 + supervisor.GIVE_UP_WAIT + 1.0  # the delay's rest, the wait, slack
+    assert 'still running' not in err and 'Traceback' not in err
+    assert log.read_text().split() == ['warm', 'go', 'warm']  # the second never started

@@ -19,6 +19,7 @@ IS_SUB_PROC_KEY = 'MORTAL_IS_SUB_PROC'  # set by the supervisor for its child; d
 SUPERVISOR_PID_KEY = 'MORTAL_SUPERVISOR_PID'  # set with it: the learner dies with this process
 START_FD_KEY = 'MORTAL_START_FD'  # with early_start: the pipe on which the child waits to be let go (wait_for_go)
 GROUP_GRACE = 3.0  # seconds a finished learner's loader processes get to exit by themselves before a SIGKILL
+GIVE_UP_WAIT = 0.5  # seconds a child started early and never let go gets to exit before a SIGKILL
 RESTART_DELAY = 3.0  # seconds between a child's clean exit and the next start (Mortal)
 CONFIG_RETRY_INTERVAL = 30.0  # seconds between two checks of a broken config before a restart
 CONFIG_REMIND_EVERY = 60.0  # seconds between two lines saying that the learner still waits for a valid config
@@ -175,16 +176,44 @@ def start_child(cmd, env, gated: bool) -> tuple:
     return child, write
 
 
-def let_go(gate) -> None:
-    """Let the child waiting on ``gate`` (``start_child``) start; nothing when ``gate`` is None."""
+def let_go(gate) -> bool:
+    """Let the child waiting on ``gate`` (``start_child``) start; False when it had ended (its status says why).
+    True when ``gate`` is None."""
     if gate is None:
-        return
+        return True
     try:
         os.write(gate, b'1')
     except BrokenPipeError:
-        pass  # it ended before it was let go: its exit status says why
+        return False
     finally:
         os.close(gate)
+    return True
+
+
+def give_up(child, gate) -> None:
+    """End ``child``, started early and never let go: it exits on the closed ``gate`` once its imports are done, or
+    is killed with its process group after ``GIVE_UP_WAIT`` s (it has only imported: nothing to lose)."""
+    os.close(gate)
+    try:
+        child.wait(timeout=GIVE_UP_WAIT)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        signal_group(child.pid, signal.SIGKILL)
+        child.wait()
+    reap_process_group(child.pid)
+
+
+@contextlib.contextmanager
+def signals_held():
+    """SIGINT and SIGTERM wait while inside (POSIX), so that a stop never lands between letting a child go and the
+    gate's bookkeeping; they are handled on leaving. Start no process inside: it would inherit the blocked mask."""
+    if not hasattr(signal, 'pthread_sigmask'):
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def wait_for_go(warm_up=None) -> bool:
@@ -262,11 +291,25 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
             # read before the learner starts, so that an edit saved at once is reported too
             seen = config_mtime(config_path) if config_path is not None else None
             # A session of its own: the whole learner (with its loader processes) is one process group to reap.
-            if child is None:
-                child, gate = start_child(cmd, child_env, early_start)
-            let_go(gate)
-            gate = None
-            logger.info('learner started (pid %d)', child.pid)
+            started = None
+            if child is None and not stopping:
+                child, gate = start_child(cmd, child_env, early_start)  # not in signals_held: children inherit it
+            try:
+                with signals_held():  # a stop in here is handled once the gate is settled
+                    if not stopping:
+                        started = let_go(gate)
+                        gate = None
+            except KeyboardInterrupt:  # a Ctrl-C held in there: passed on, as in the wait below
+                stopping = True
+                if started is not None and child.poll() is None:
+                    child.send_signal(signal.SIGINT)
+            if started is None:  # a stop came during the config check: no learner starts
+                logger.info('stopped on %s between learners: not restarting, nothing discarded', stop_signal)
+                return 0
+            if started:
+                logger.info('learner started (pid %d)', child.pid)
+            else:
+                logger.info('learner (pid %d) ended before its start', child.pid)
             pending = None  # a new modification time, reported once it has held for one interval
             while True:
                 try:
@@ -309,12 +352,8 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
                 logger.info('stopped on %s between learners: not restarting, nothing discarded', stop_signal)
                 return 0
     finally:
-        if gate is not None:  # started early and never let go: it ends on the closed pipe
-            os.close(gate)
-            gate = None
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.wait(timeout=GROUP_GRACE)
-            reap_process_group(child.pid)
+        if gate is not None:  # started early and never let go
+            give_up(child, gate)
         signal.signal(signal.SIGTERM, previous)
         locks.close()
 

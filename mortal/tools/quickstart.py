@@ -95,8 +95,11 @@ def read_scalars(tb_dir, prefix='test_play/'):
 
 
 def learner_starts(tb_dir):
-    """Learner processes that have started so far: each opens its own event file in ``tb_dir``."""
-    return len(glob.glob(os.path.join(tb_dir, 'events.out.tfevents.*')))
+    """Learner processes that have started training so far: each opens its own event file in ``tb_dir`` as it
+    starts, and writes its first scalars at its first save (a stop before that would land in its start)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    return sum(any(event.HasField('summary') for event in EventFileLoader(f).Load())
+               for f in glob.glob(os.path.join(tb_dir, 'events.out.tfevents.*')))
 
 
 def _check_alive(procs, log_dir):
