@@ -201,6 +201,8 @@ def _run_supervisor(tmp_path, child_text, patch=''):
     runner = tmp_path / 'runner.py'
     runner.write_text('import logging, os, signal, sys\n'
                       'logging.basicConfig(level=logging.INFO)\n'
+                      # Python leaves SIGINT ignored where its parent ignored it (a job started with &): not here
+                      'signal.signal(signal.SIGINT, signal.default_int_handler)\n'
                       'from mortal.learning import supervisor\n'
                       f'{patch}\n'
                       f'sys.exit(supervisor.supervise([], script={str(script)!r}, restart_delay=1.0, '
