@@ -88,6 +88,24 @@ def _lines(log):
     return [line.split() for line in log.read_text().splitlines()]
 
 
+def _run_supervisor(tmp_path, child_text, patch='', delay=1.0):
+    """``supervise`` with ``early_start`` in a process of its own (its stderr piped), on a child of ``child_text``;
+    ``patch``: code run before it."""
+    script = tmp_path / 'child.py'
+    script.write_text(child_text)
+    runner = tmp_path / 'runner.py'
+    runner.write_text('import logging, os, signal, sys\n'
+                      'logging.basicConfig(level=logging.INFO)\n'
+                      # Python leaves SIGINT ignored where its parent ignored it (a job started with &): not here
+                      'signal.signal(signal.SIGINT, signal.default_int_handler)\n'
+                      'from mortal.learning import supervisor\n'
+                      f'{patch}\n'
+                      f'sys.exit(supervisor.supervise([], script={str(script)!r}, restart_delay={delay}, '
+                      'early_start=True))\n')
+    return subprocess.Popen([sys.executable, str(runner)], env={**os.environ, 'PYTHONPATH': str(ROOT)},
+                            stderr=subprocess.PIPE, text=True)
+
+
 def test_an_early_start_loads_during_the_delay_and_trains_only_after_it(tmp_path):
     log = tmp_path / 'log'
     script = tmp_path / 'child.py'
@@ -117,21 +135,15 @@ def test_without_early_start_the_next_learner_starts_after_the_delay(tmp_path):
 
 def test_a_stop_in_the_delay_gives_up_the_learner_started_early(tmp_path):
     log = tmp_path / 'log'
-    script = tmp_path / 'child.py'
-    script.write_text(EARLY_CHILD.format(log=str(log)))
-    runner = tmp_path / 'runner.py'
-    runner.write_text('import sys\n'
-                      'from mortal.learning import supervisor\n'
-                      f'sys.exit(supervisor.supervise([], script={str(script)!r}, restart_delay=3.0, '
-                      'early_start=True))\n')
-    proc = subprocess.Popen([sys.executable, str(runner)], env={**os.environ, 'PYTHONPATH': str(ROOT)})
+    proc = _run_supervisor(tmp_path, EARLY_CHILD.format(log=str(log)), delay=3.0)
     try:
         deadline = time.monotonic() + 60
         while (not log.exists() or len(_lines(log)) < 4) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert [w[0] for w in _lines(log)] == ['warm', 'go', 'exit', 'warm']  # the second waits in the delay
         proc.terminate()
-        assert proc.wait(timeout=20) == 0
+        proc.communicate(timeout=20)
+        assert proc.returncode == 0
     finally:
         proc.kill()
     lines = _lines(log)
@@ -193,22 +205,6 @@ if sum(1 for _ in open({log!r})) < 4:
     sys.exit(0)
 time.sleep(30)
 """
-
-
-def _run_supervisor(tmp_path, child_text, patch=''):
-    script = tmp_path / 'child.py'
-    script.write_text(child_text)
-    runner = tmp_path / 'runner.py'
-    runner.write_text('import logging, os, signal, sys\n'
-                      'logging.basicConfig(level=logging.INFO)\n'
-                      # Python leaves SIGINT ignored where its parent ignored it (a job started with &): not here
-                      'signal.signal(signal.SIGINT, signal.default_int_handler)\n'
-                      'from mortal.learning import supervisor\n'
-                      f'{patch}\n'
-                      f'sys.exit(supervisor.supervise([], script={str(script)!r}, restart_delay=1.0, '
-                      'early_start=True))\n')
-    return subprocess.Popen([sys.executable, str(runner)], env={**os.environ, 'PYTHONPATH': str(ROOT)},
-                            stderr=subprocess.PIPE, text=True)
 
 
 @pytest.mark.parametrize('sig', ['SIGTERM', 'SIGINT'])
