@@ -5,7 +5,7 @@ each decision point, on already decompressed lines (the unavoidable native work)
 Measured on the same logs in the same run:
 
 * ``loader``: ``GameplayLoader.load_gz_log_files`` (each observation packed as it is encoded,
-  ``mortal.data.packed_obs``) + ``torch.from_numpy`` of the packed obs, actions and masks arrays;
+  ``mortal.features.packed_obs``) + ``torch.from_numpy`` of the packed obs, actions and masks arrays;
 * ``dataset``: the whole ``FileDatasetsIter`` (adds GRP rewards, targets, shuffle buffer) in its batch
   mode, 512-sample batches of packed obs, as the trainer's loader makes them (``learner_loader``);
 * ``unpack``: those batches unpacked to float32 ``(512, 934, 34)`` on the CPU (what a CPU trainer does
@@ -61,7 +61,7 @@ def floor(paths, keep=False, pack=False):
         sink = kept.append
     elif pack:
         import numpy as np
-        from mortal.data.packed_obs import packer, row_bytes
+        from mortal.features.packed_obs import packer, row_bytes
         pack_row, out = packer(3), np.empty((1, row_bytes(3)), dtype=np.uint8)
 
         def sink(encoded):
@@ -144,7 +144,7 @@ def dataset(paths):
 
 
 def unpack(paths):
-    from mortal.data.packed_obs import unpack as unpack_obs
+    from mortal.features.packed_obs import unpack as unpack_obs
 
     batches = list(_batches(paths))
     n = 0
@@ -180,7 +180,7 @@ def main(argv=None):
     global VERSION
     VERSION = args.version
     from mortal.data.dataloader import keep_freed_memory
-    from mortal.data.packed_obs import HAVE_FAST_PACK
+    from mortal.features.packed_obs import HAVE_FAST_PACK
 
     torch.set_num_threads(1)
     if not args.default_malloc:

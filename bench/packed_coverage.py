@@ -1,6 +1,6 @@
 """Packed-observation coverage: does every decision of many unusual games pack exactly at versions 1-4?
 
-``mortal.data.packed_obs.REAL_ROWS`` lists the rows that may hold values other than 0.0/1.0; a sample with such a
+``mortal.features.packed_obs.REAL_ROWS`` lists the rows that may hold values other than 0.0/1.0; a sample with such a
 value elsewhere is refused and its whole file skipped (reported). This plays ``--seeds`` x 4 games of two tiny
 freshly initialised engines that explore hard (Boltzmann ``--epsilon`` at ``--temp``: many calls and kans, long
 honba runs), loads every log at versions 1-4, plain and augmented, and prints the samples and the files skipped

@@ -232,7 +232,7 @@ def test_offline_batches_loop_over_the_offline_logs(tiny_config, fixture_logs):
     batches = [next(trainer.offline_stream) for _ in range(first_pass + 1)]  # crosses into a second pass
     for obs, actions, masks, steps_to_done, rewards, ranks, cf_actions, cf_deltas in batches:
         assert (cf_actions == -1).all() and (cf_deltas == 0).all()  # offline logs: no counterfactual branch
-        assert obs.shape == (64, 13900) and obs.dtype == torch.uint8  # packed rows (mortal.data.packed_obs)
+        assert obs.shape == (64, 13900) and obs.dtype == torch.uint8  # packed rows (mortal.features.packed_obs)
         assert masks.shape == (64, 46) and ranks.shape == (64,)
         assert masks[torch.arange(64), actions].all()
 

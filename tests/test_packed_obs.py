@@ -1,4 +1,4 @@
-"""Packed observations (mortal.data.packed_obs): exact round trip, the byte layout, refusals, batch mode."""
+"""Packed observations (mortal.features.packed_obs): exact round trip, the byte layout, refusals, batch mode."""
 
 import gzip
 import random
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-import mortal.data.packed_obs as po
+import mortal.features.packed_obs as po
 from mortal.data.dataloader import FileDatasetsIter, make_dataloader
 from mortal.data.gameplay import GameplayLoader
 from mortal.model.networks import GRP

@@ -27,7 +27,7 @@ import torch
 
 from mortal.data.dataloader import _game_columns
 from mortal.data.gameplay import GameplayLoader
-from mortal.data.packed_obs import packer, row_bytes, unpack
+from mortal.features.packed_obs import packer, row_bytes, unpack
 from mortal.data.reward import RewardCalculator
 from mortal.features.action import HORA, KAN, event_to_label, kan_select_label
 from mortal.play import agent as agent_mod

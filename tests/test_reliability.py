@@ -30,7 +30,7 @@ from mortal.config import load_config
 from mortal.data.dataloader import FileDatasetsIter
 from mortal.data.gameplay import GameplayLoader
 from mortal.data.mjai_log import BadLogError, parse_log, read_log_text
-from mortal.data.packed_obs import unpack
+from mortal.features.packed_obs import unpack
 from mortal.learning.optimizer import LinearWarmUpCosineAnnealingLR
 
 LOGS = [DATA_DIR / 'riichienv_selfplay_hanchan.jsonl', DATA_DIR / 'meta_annotated_hanchan.jsonl',

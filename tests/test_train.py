@@ -559,9 +559,9 @@ def test_supervisor_honours_sigterm_between_learners(tmp_path):
 
 @pytest.mark.slow
 def test_packed_batches_train_exactly_like_float_ones(tmp_path):
-    # The loader hands train_batch packed rows (mortal.data.packed_obs); the same samples as float32 must
+    # The loader hands train_batch packed rows (mortal.features.packed_obs); the same samples as float32 must
     # give bit-identical weights.
-    from mortal.data.packed_obs import REAL_ROWS, pack
+    from mortal.features.packed_obs import REAL_ROWS, pack
     g = torch.Generator().manual_seed(3)
     _, actions, masks, steps, rewards, ranks = random_batch()
     obs = (torch.rand((8, 934, 34), generator=g) < 0.2).float()

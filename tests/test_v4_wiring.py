@@ -378,6 +378,6 @@ def test_self_play_round_to_trainer_step_with_version_4(tmp_path, monkeypatch):
     trainer.train_batch = spy
     before = [p.detach().clone() for p in trainer.mortal.parameters()]
     trainer.run()
-    assert seen and all(s == (8, 15320) for s in seen)  # packed rows of v4 (mortal.data.packed_obs.row_bytes(4))
+    assert seen and all(s == (8, 15320) for s in seen)  # packed rows of v4 (mortal.features.packed_obs.row_bytes(4))
     assert trainer.steps == len(seen) > 0
     assert not all(torch.equal(a, b) for a, b in zip(before, trainer.mortal.parameters()))

@@ -20,7 +20,7 @@ from mortal.config import Config, typed
 from mortal.entry import LOG_FORMAT
 from mortal.data.gameplay import GameplayLoader
 from mortal.data.mjai_log import DEFAULT_MAX_LOG_BYTES
-from mortal.data.packed_obs import unpack
+from mortal.features.packed_obs import unpack
 from mortal.util.lifetime import die_with_parent
 from mortal.data.reward import RewardCalculator, load_grp
 

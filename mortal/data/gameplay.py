@@ -16,7 +16,7 @@ from mortal.data.grp import Grp
 from mortal.data.mjai_log import DEFAULT_MAX_LOG_BYTES, BadLogError, LoadedLog, parse_log, read_log, skip_message
 from mortal.features.obs import check_version
 from mortal.features.obs_v4 import DeferredSP, DeferredSPError, V4Encoder
-from mortal.data.packed_obs import NotPackableError, packer, row_bytes, unpack
+from mortal.features.packed_obs import NotPackableError, packer, row_bytes, unpack
 
 logger = logging.getLogger('mortal.gameplay')  # the name before the package split (log format)
 

@@ -18,27 +18,31 @@ def offline_files(dataset_cfg, dist) -> tuple:
     return dist.from_main(offline)
 
 
-def obs_on_device(obs, device, version: int):
-    """``obs`` as ``(B, C, 34)`` float32 on ``device``; packed uint8 rows are unpacked there, bit for bit."""
+def obs_on_device(obs, device, version: int, keep_packed: bool = False):
+    """``obs`` as ``(B, C, 34)`` float32 on ``device``; packed uint8 rows are unpacked there, bit for bit, or with
+    ``keep_packed`` (``networks.takes_packed``: the Brain's stem reads them) passed on as they are."""
     if obs.dtype == torch.uint8:
-        from mortal.data.packed_obs import unpack
+        if keep_packed:
+            return obs.to(device)
+        from mortal.features.packed_obs import unpack
         return unpack(obs.to(device, non_blocking=True), version)
     return obs.to(dtype=torch.float32, device=device)
 
 
-def batch_on_device(batch: tuple, device, version: int, offline_stream=None) -> tuple:
+def batch_on_device(batch: tuple, device, version: int, offline_stream=None, keep_packed: bool = False) -> tuple:
     """``(obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, (cf_actions, cf_deltas))`` on ``device``
-    in the loss's dtypes, the offline-mix rows appended, absent counterfactuals -1/0; ValueError for a masked action."""
+    in the loss's dtypes, the offline-mix rows appended, absent counterfactuals -1/0; ValueError for a masked action.
+    ``keep_packed``: packed observations stay packed (``obs_on_device``)."""
     obs, actions, masks, steps_to_done, kyoku_rewards, player_ranks, cf_actions, cf_deltas = batch
     cf_actions, cf_deltas = _cf_columns(actions.shape[0], cf_actions, cf_deltas)
     if offline_stream is None:
-        obs = obs_on_device(obs, device, version)
+        obs = obs_on_device(obs, device, version, keep_packed)
     else:
         extra_obs, *extra = next(offline_stream)
         # joined while packed: one unpack, no float copy; rows of another width (version) are unpacked apart
         # below, where unpack names the expected width
         if obs.dtype == extra_obs.dtype == torch.uint8 and obs.shape[1:] == extra_obs.shape[1:]:
-            obs = obs_on_device(torch.cat((obs, extra_obs)), device, version)
+            obs = obs_on_device(torch.cat((obs, extra_obs)), device, version, keep_packed)
         else:
             obs = torch.cat((obs_on_device(obs, device, version), obs_on_device(extra_obs, device, version)))
         extra = (*extra[:5], *_cf_columns(extra[0].shape[0], *(extra[5:7] if len(extra) >= 7 else ())))

@@ -9,6 +9,7 @@ from torch.nn import functional as F
 from torch.nn.utils.rnn import pack_padded_sequence, pad_sequence
 
 from mjai.mlibriichi.consts import ACTION_SPACE, GRP_SIZE
+from mortal.features import packed_obs
 from mortal.features.obs import check_version, obs_shape, oracle_obs_shape
 
 try:
@@ -143,20 +144,75 @@ class _SparseStemConv(torch.autograd.Function):
         return None, dw.permute(2, 0, 1).contiguous()
 
 
+class _PackedStemConv(torch.autograd.Function):
+    """``_SparseStemConv`` of packed observations ``(N, row_bytes)`` uint8 of feature ``version``
+    (``mortal.features.packed_obs``): the same nonzeros in the same order, so the same output and weight gradient bit for
+    bit, without unpacking them into 4 bytes an element. No gradient for the observations."""
+
+    @staticmethod
+    def forward(ctx, packed: Tensor, weight: Tensor, version: int) -> Tensor:
+        lay = packed_obs.layout(version)
+        out = torch.empty((packed.shape[0], weight.shape[0], _N_TILES), dtype=torch.float32)
+        _stem.sparse_stem_packed(packed.numpy(), lay.real_index, weight.detach().permute(1, 2, 0).contiguous().numpy(),
+                                 out.numpy(), lay.channels, weight.shape[0])
+        ctx.save_for_backward(packed)
+        ctx.version = version
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        (packed,) = ctx.saved_tensors
+        if not ctx.needs_input_grad[1]:
+            return None, None, None
+        lay = packed_obs.layout(ctx.version)
+        c, o = lay.channels, grad_out.shape[1]
+        if grad_out.requires_grad:  # backward with create_graph: the dense weight gradient, itself differentiable
+            x = packed_obs.unpack(packed, ctx.version)
+            return None, torch.nn.grad.conv1d_weight(x, (o, c, 3), grad_out, padding=1), None
+        g = F.pad(grad_out.float(), (1, 1)).transpose(1, 2).contiguous()  # (N, 36, O): positions -1 .. 34
+        dw = torch.empty((c, 3, o), dtype=torch.float32)
+        _stem.sparse_stem_packed_grad(packed.numpy(), lay.real_index, g.numpy(), dw.numpy(), c, o)
+        return None, dw.permute(2, 0, 1).contiguous(), None
+
+
+#: in_channels of a Brain's stem -> the feature version whose packed observations it takes
+_PACKED_VERSION = {obs_shape(v)[0]: v for v in (1, 2, 3, 4)}
+
+
+def takes_packed(device: torch.device, *, amp: bool, compiled: bool) -> bool:
+    """Whether a trainer on ``device`` may feed a Brain packed observations (``mortal.features.packed_obs``) for its
+    stem to read directly: the CPU kernel is built, eager float32 (no AMP, no compile). Elsewhere unpack first."""
+    return device.type == "cpu" and not amp and not compiled and hasattr(_stem, "sparse_stem_packed")
+
+
 class StemConv(nn.Conv1d):
     """The first convolution (``Conv1d(C, O, 3, padding=1)``, no bias; the same parameters and state_dict keys).
     On the CPU, float32, eager, for an input ``(N, C, 34)`` that needs no gradient it runs from the input's nonzero
-    entries (forward and weight gradient, about 10% of a real observation); anywhere else ``F.conv1d``."""
+    entries (forward and weight gradient, about 10% of a real observation); anywhere else ``F.conv1d``. It also takes
+    packed observations ``(N, row_bytes)`` uint8 (``mortal.features.packed_obs``), read directly on the CPU, else
+    unpacked first."""
+
+    def _sparse(self, device: torch.device, dtype: torch.dtype) -> bool:
+        # the kernel is this shape's convolution only: another kernel size, padding, stride, ... runs dense
+        w = self.weight
+        return (_stem is not None and self.bias is None and self.kernel_size == (3,) and self.padding == (1,)
+                and self.stride == self.dilation == (1,) and self.groups == 1 and self.padding_mode == "zeros"
+                and device.type == "cpu" and w.device.type == "cpu" and dtype == w.dtype == torch.float32
+                and _plain_eager())
 
     def forward(self, x: Tensor) -> Tensor:
-        w = self.weight
-        # the kernel is this shape's convolution only: another kernel size, padding, stride, ... runs dense
-        if (_stem is not None and self.bias is None and x.dim() == 3 and x.shape[1:] == (self.in_channels, _N_TILES)
-                and self.kernel_size == (3,) and self.padding == (1,) and self.stride == self.dilation == (1,)
-                and self.groups == 1 and self.padding_mode == "zeros"
-                and x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype == torch.float32
-                and not x.requires_grad and x.is_contiguous() and _plain_eager()):
-            return _SparseStemConv.apply(x, w)
+        if x.dtype == torch.uint8:
+            version = _PACKED_VERSION.get(self.in_channels)
+            if version is None:
+                raise ValueError(f"packed observations need a stem of {sorted(_PACKED_VERSION)} input channels, "
+                                 f"this one has {self.in_channels}")
+            if (self._sparse(x.device, torch.float32) and hasattr(_stem, "sparse_stem_packed") and x.dim() == 2
+                    and x.shape[1] == packed_obs.row_bytes(version) and x.is_contiguous()):
+                return _PackedStemConv.apply(x, self.weight, version)
+            x = packed_obs.unpack(x, version)  # ValueError for another width
+        if (x.dim() == 3 and x.shape[1:] == (self.in_channels, _N_TILES) and not x.requires_grad
+                and x.is_contiguous() and self._sparse(x.device, x.dtype)):
+            return _SparseStemConv.apply(x, self.weight)
         return super().forward(x)
 
 
@@ -260,6 +316,8 @@ class Brain(nn.Module):
         if self.is_oracle:
             if invisible_obs is None:
                 raise ValueError("an oracle Brain needs invisible_obs")
+            if obs.dtype == torch.uint8:  # packed rows (mortal.features.packed_obs) are public only: unpacked to join
+                obs = packed_obs.unpack(obs, self.version)
             obs = torch.cat((obs, invisible_obs), dim=1)
         phi = self.encoder(obs)
         if self.version == 1:

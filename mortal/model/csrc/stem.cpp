@@ -86,6 +86,9 @@ __attribute__((target("avx2,fma"))) inline uint64_t nonzero_bits_avx2(const floa
     return bits;
 }
 
+__attribute__((target("avx2,fma"))) void accumulate_avx2(const float* w, float* out, Scratch& s, const int* count,
+                                                         int n_in, int n_out);
+
 __attribute__((target("avx2,fma"))) void stem_avx2(const float* x, const float* w, float* out, Scratch& s, int n_in,
                                                    int n_out) {
     int count[kWidth] = {0};
@@ -102,6 +105,15 @@ __attribute__((target("avx2,fma"))) void stem_avx2(const float* x, const float* 
             val[k] = row[t];
         }
     }
+    accumulate_avx2(w, out, s, count, n_in, n_out);
+}
+
+// The second half of stem_avx2: from the per-position lists in s (count[t] channels of position t, ascending) to
+// out (O, 34).
+__attribute__((target("avx2,fma"))) void accumulate_avx2(const float* w, float* out, Scratch& s, const int* count,
+                                                         int n_in, int n_out) {
+    const int32_t* chan = s.chan.data();
+    const float* val = s.val.data();
     const int width = 3 * n_out;  // a multiple of 24
     for (int t = 0; t < kWidth; ++t) {
         const int32_t* ct = chan + t * n_in;
@@ -409,6 +421,225 @@ PyObject* py_sparse_stem_grad(PyObject*, PyObject* args) {
     return result;
 }
 
+// ---- packed observations (mortal.features.packed_obs): per sample the rows REAL_ROWS as float32 (R, 34), then one bit per
+// element of all C rows (row-major, little bit order), padded to 4 bytes. The stem reads the nonzeros from there,
+// in the same order and with the same values as from the unpacked rows, so its results equal sparse_stem's and
+// sparse_stem_grad's on the unpacked rows bit for bit, without the 4-byte-an-element float copy. ----
+
+struct PackedRows {
+    const uint8_t* row = nullptr;  // one sample
+    const int32_t* real = nullptr;  // per channel: its row in the real section, or -1 (a 0/1 row)
+    size_t real_bytes = 0, bit_bytes = 0;  // the sections' sizes (the bit section padded)
+
+    const float* floats(int c) const { return reinterpret_cast<const float*>(row) + static_cast<size_t>(real[c]) * kWidth; }
+    // bit t set iff element (c, t) is nonzero
+    uint64_t bits(int c) const {
+        if (real[c] >= 0) return nonzero_bits_scalar(reinterpret_cast<const uint32_t*>(floats(c)));
+        const size_t first = static_cast<size_t>(c) * kWidth, byte = first >> 3;
+        const uint8_t* p = row + real_bytes + byte;
+        uint64_t word = 0;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        if (byte + 8 <= bit_bytes) {
+            std::memcpy(&word, p, 8);
+        } else
+#endif
+        {
+            const size_t n = std::min<size_t>(8, bit_bytes - byte);
+            for (size_t j = 0; j < n; ++j) word |= static_cast<uint64_t>(p[j]) << (8 * j);  // little-endian anywhere
+        }
+        return (word >> (first & 7)) & ((static_cast<uint64_t>(1) << kWidth) - 1);
+    }
+    float value(int c, int t) const { return real[c] >= 0 ? floats(c)[t] : 1.0f; }
+};
+
+// As stem_scalar, from one packed sample.
+void stem_packed_scalar(const PackedRows& r, const float* w, float* out, Scratch& s, int n_in, int n_out) {
+    float* acc = s.y.data();
+    std::memset(acc, 0, sizeof(float) * kPad * n_out);
+    for (int c = 0; c < n_in; ++c) {
+        uint64_t bits = r.bits(c);
+        const float* wc = w + static_cast<size_t>(c) * 3 * n_out;
+        while (bits) {
+            const int t = __builtin_ctzll(bits);
+            bits &= bits - 1;
+            const float v = r.value(c, t);
+            for (int k = 0; k < 3; ++k) axpy(acc + (t - k + 2) * n_out, wc + k * n_out, v, n_out);
+        }
+    }
+    for (int o = 0; o < n_out; ++o)
+        for (int t = 0; t < kWidth; ++t) out[o * kWidth + t] = acc[(t + 1) * n_out + o];
+}
+
+// As gather, from N packed samples (row_bytes apart).
+void gather_packed(PackedRows r, size_t row_bytes, int n, int n_in, Nonzeros& nz) {
+    const uint8_t* first = r.row;
+    const size_t rows = static_cast<size_t>(n) * n_in;
+    nz.bits.resize(rows);
+    nz.start.resize(rows);
+    for (int i = 0; i < n; ++i) {
+        r.row = first + static_cast<size_t>(i) * row_bytes;
+        for (int c = 0; c < n_in; ++c) nz.bits[static_cast<size_t>(c) * n + i] = r.bits(c);
+    }
+    int64_t total = 0;
+    for (size_t k = 0; k < rows; ++k) {
+        nz.start[k] = total;
+        total += __builtin_popcountll(nz.bits[k]);
+    }
+    nz.val.resize(static_cast<size_t>(total));
+    for (int i = 0; i < n; ++i) {
+        r.row = first + static_cast<size_t>(i) * row_bytes;
+        for (int c = 0; c < n_in; ++c) {
+            const size_t k = static_cast<size_t>(c) * n + i;
+            uint64_t bits = nz.bits[k];
+            float* out = nz.val.data() + nz.start[k];
+            while (bits) {
+                *out++ = r.value(c, __builtin_ctzll(bits));
+                bits &= bits - 1;
+            }
+        }
+    }
+}
+
+// The packed buffer and the channel map of sparse_stem_packed*: PackedRows of the first sample and the sample count,
+// or nullopt-like false with a ValueError set.
+bool packed_args(const Py_buffer& packed, const Py_buffer& real, int n_in, Py_ssize_t n, const char* fn,
+                 PackedRows& r, size_t& row_bytes) {
+    if (real.itemsize != 4 || real.format == nullptr || std::strcmp(real.format, "i") != 0 ||
+        real.len != static_cast<Py_ssize_t>(n_in) * 4) {
+        PyErr_Format(PyExc_ValueError, "%s: real_index must be contiguous int32 (C=%d,)", fn, n_in);
+        return false;
+    }
+    const int32_t* idx = static_cast<const int32_t*>(real.buf);
+    int32_t n_real = 0;
+    for (int c = 0; c < n_in; ++c) {  // -1, or the real rows numbered 0, 1, ... in channel order
+        if (idx[c] == n_real) {
+            ++n_real;
+        } else if (idx[c] != -1) {
+            PyErr_Format(PyExc_ValueError, "%s: real_index[%d] is %d, expected -1 or %d", fn, c, idx[c], n_real);
+            return false;
+        }
+    }
+    r.real = idx;
+    r.real_bytes = static_cast<size_t>(n_real) * kWidth * 4;
+    r.bit_bytes = (static_cast<size_t>(n_in) * kWidth + 31) / 32 * 4;
+    row_bytes = r.real_bytes + r.bit_bytes;
+    if (packed.itemsize != 1 || (packed.format != nullptr && std::strcmp(packed.format, "B") != 0) ||
+        packed.len != n * static_cast<Py_ssize_t>(row_bytes)) {
+        PyErr_Format(PyExc_ValueError, "%s: packed must be contiguous uint8 (N=%zd, %zu)", fn, n, row_bytes);
+        return false;
+    }
+    r.row = static_cast<const uint8_t*>(packed.buf);
+    return true;
+}
+
+// sparse_stem_packed(packed, real_index, weight, out, C, O): see the method table.
+PyObject* py_sparse_stem_packed(PyObject*, PyObject* args) {
+    PyObject* objs[4];
+    int n_in, n_out;
+    if (!PyArg_ParseTuple(args, "OOOOii:sparse_stem_packed", &objs[0], &objs[1], &objs[2], &objs[3], &n_in, &n_out))
+        return nullptr;
+    Py_buffer bufs[4];
+    int got = 0;
+    for (; got < 4; ++got)
+        if (PyObject_GetBuffer(objs[got], &bufs[got], PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (got == 3 ? PyBUF_WRITABLE : 0)) != 0)
+            break;
+    PyObject* result = nullptr;
+    PackedRows r;
+    size_t row_bytes = 0;
+    const Py_ssize_t n = n_in > 0 && n_out > 0 && got == 4 ? bufs[3].len / (static_cast<Py_ssize_t>(n_out) * kWidth * 4) : 0;
+    if (got < 4) {
+        // error set
+    } else if (n_in <= 0 || n_out <= 0) {
+        PyErr_Format(PyExc_ValueError, "sparse_stem_packed: bad sizes C=%d O=%d", n_in, n_out);
+    } else if (!is_c_float32(bufs[2]) || bufs[2].len != static_cast<Py_ssize_t>(n_in) * 3 * n_out * 4) {
+        PyErr_Format(PyExc_ValueError, "sparse_stem_packed: weight must be contiguous float32 (C=%d, 3, O=%d)", n_in, n_out);
+    } else if (!is_c_float32(bufs[3]) || bufs[3].len != n * n_out * kWidth * 4) {
+        PyErr_Format(PyExc_ValueError, "sparse_stem_packed: out must be contiguous float32 (N, O=%d, 34)", n_out);
+    } else if (packed_args(bufs[0], bufs[1], n_in, n, "sparse_stem_packed", r, row_bytes)) {
+        const float* w = static_cast<const float*>(bufs[2].buf);
+        float* out = static_cast<float*>(bufs[3].buf);
+        Py_BEGIN_ALLOW_THREADS
+        Scratch scratch(n_in, n_out);
+        const uint8_t* first = r.row;
+        const bool simd = pick(n_out) != stem_scalar;
+        for (Py_ssize_t i = 0; i < n; ++i) {
+            r.row = first + static_cast<size_t>(i) * row_bytes;
+            float* o = out + static_cast<size_t>(i) * n_out * kWidth;
+#ifdef MORTAL_STEM_AVX2
+            if (simd) {  // stem_avx2's lists, from the packed rows
+                int count[kWidth] = {0};
+                for (int c = 0; c < n_in; ++c) {
+                    uint64_t bits = r.bits(c);
+                    const float* v = r.real[c] >= 0 ? r.floats(c) : nullptr;
+                    while (bits) {
+                        const int t = __builtin_ctzll(bits);
+                        bits &= bits - 1;
+                        const int k = t * n_in + count[t]++;
+                        scratch.chan[k] = c;
+                        scratch.val[k] = v ? v[t] : 1.0f;
+                    }
+                }
+                accumulate_avx2(w, o, scratch, count, n_in, n_out);
+                continue;
+            }
+#endif
+            (void)simd;
+            stem_packed_scalar(r, w, o, scratch, n_in, n_out);
+        }
+        Py_END_ALLOW_THREADS
+        Py_INCREF(Py_None);
+        result = Py_None;
+    }
+    for (int i = 0; i < got; ++i) PyBuffer_Release(&bufs[i]);
+    return result;
+}
+
+// sparse_stem_packed_grad(packed, real_index, g, dw, C, O): see the method table.
+PyObject* py_sparse_stem_packed_grad(PyObject*, PyObject* args) {
+    PyObject* objs[4];
+    int n_in, n_out;
+    if (!PyArg_ParseTuple(args, "OOOOii:sparse_stem_packed_grad", &objs[0], &objs[1], &objs[2], &objs[3], &n_in,
+                          &n_out))
+        return nullptr;
+    Py_buffer bufs[4];
+    int got = 0;
+    for (; got < 4; ++got)
+        if (PyObject_GetBuffer(objs[got], &bufs[got], PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (got == 3 ? PyBUF_WRITABLE : 0)) != 0)
+            break;
+    PyObject* result = nullptr;
+    PackedRows r;
+    size_t row_bytes = 0;
+    const Py_ssize_t n = n_in > 0 && n_out > 0 && got == 4 ? bufs[2].len / (static_cast<Py_ssize_t>(kWidth + 2) * n_out * 4) : 0;
+    if (got < 4) {
+        // error set
+    } else if (n_in <= 0 || n_out <= 0) {
+        PyErr_Format(PyExc_ValueError, "sparse_stem_packed_grad: bad sizes C=%d O=%d", n_in, n_out);
+    } else if (!is_c_float32(bufs[2]) || bufs[2].len != n * (kWidth + 2) * n_out * 4) {
+        PyErr_Format(PyExc_ValueError, "sparse_stem_packed_grad: g must be contiguous float32 (N, 36, O=%d)", n_out);
+    } else if (!is_c_float32(bufs[3]) || bufs[3].len != static_cast<Py_ssize_t>(n_in) * 3 * n_out * 4) {
+        PyErr_Format(PyExc_ValueError, "sparse_stem_packed_grad: dw must be contiguous float32 (C=%d, 3, O=%d)", n_in,
+                     n_out);
+    } else if (packed_args(bufs[0], bufs[1], n_in, n, "sparse_stem_packed_grad", r, row_bytes)) {
+        const float* g = static_cast<const float*>(bufs[2].buf);
+        float* dw = static_cast<float*>(bufs[3].buf);
+        Py_BEGIN_ALLOW_THREADS
+        Nonzeros nz;
+        gather_packed(r, row_bytes, static_cast<int>(n), n_in, nz);
+        std::vector<float> block(3 * static_cast<size_t>(n_out));
+        bool simd = false;
+#ifdef MORTAL_STEM_AVX2
+        simd = pick(n_out) == stem_avx2 && n_out % 32 == 0;
+        if (simd) grad_avx2(nz, g, dw, block.data(), static_cast<int>(n), n_in, n_out);
+#endif
+        if (!simd) grad_scalar(nz, g, dw, block.data(), static_cast<int>(n), n_in, n_out);
+        Py_END_ALLOW_THREADS
+        Py_INCREF(Py_None);
+        result = Py_None;
+    }
+    for (int i = 0; i < got; ++i) PyBuffer_Release(&bufs[i]);
+    return result;
+}
+
 // ---- Mish: y = x n / (n + 2), n = e (e + 2), e = exp(min(x, 20)) (= x tanh(softplus(x)) without log1p or tanh);
 // mish'(x) = n / (n + 2) + 4 x e (1 + e) / (n + 2)^2, 1 above 20. n / (n + 2) is never written 1 - 2 / (n + 2),
 // which cancels for very negative x. NaN propagates through the factor x. ----
@@ -570,6 +801,15 @@ PyMethodDef kMethods[] = {
      "g[n, t - k + 2, o] * x[n, c, t]. x: C-contiguous float32 (N, C, 34); g: float32 (N, 36, O), the output\n"
      "gradient transposed and zero-padded by one position each side; dw: writable float32 (C, 3, O), overwritten.\n"
      "Runs without the interpreter lock."},
+    {"sparse_stem_packed", py_sparse_stem_packed, METH_VARARGS,
+     "sparse_stem_packed(packed, real_index, weight, out, C: int, O: int) -> None\n\n"
+     "sparse_stem of packed observations (mortal.features.packed_obs), equal to it on the unpacked rows bit for bit.\n"
+     "packed: C-contiguous uint8 (N, row_bytes); real_index: int32 (C,), each channel's row in the real section\n"
+     "(0, 1, ... in channel order) or -1 for a 0/1 row; weight: float32 (C, 3, O); out: writable float32 (N, O, 34)."},
+    {"sparse_stem_packed_grad", py_sparse_stem_packed_grad, METH_VARARGS,
+     "sparse_stem_packed_grad(packed, real_index, g, dw, C: int, O: int) -> None\n\n"
+     "sparse_stem_grad of packed observations, equal to it on the unpacked rows bit for bit; packed and real_index\n"
+     "as sparse_stem_packed, g and dw as sparse_stem_grad."},
     {"mish_forward", py_mish_forward, METH_VARARGS,
      "mish_forward(x, y, simd: bool = True) -> None\n\n"
      "y = x * tanh(softplus(x)) elementwise, from one exp: x, y C-contiguous float32 buffers of one size (y writable;\n"

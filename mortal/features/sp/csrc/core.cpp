@@ -605,7 +605,7 @@ PyObject* py_repack_v3(PyObject*, PyObject* args) {
 
 // ---------------------------------------------------------------- packed observations
 // pack_obs(obs, real_rows, binary_mask, out, index): one pass over a (C, 34) float32
-// observation writing row `index` of the packed store `out` (mortal.data.packed_obs):
+// observation writing row `index` of the packed store `out` (mortal.features.packed_obs):
 // the rows flagged in real_rows copied as float32, then one bit per element (element j
 // at bit j % 8 of byte j / 8: set iff the value is nonzero). binary_mask has a bit set
 // for every element outside the real rows; such an element must be exactly +0.0 or 1.0
@@ -777,7 +777,7 @@ PyMethodDef kMethods[] = {
      "Write rows 0-888 of the version-4 observation out from the version-3 one (mortal.features.obs_v4 ROW_TABLE)."},
     {"pack_obs", py_pack_obs, METH_VARARGS,
      "pack_obs(obs, real_rows: bytes[C], binary_mask: bytes, out, index: int) -> int\n\n"
-     "Write row `index` of a packed observation store (see mortal.data.packed_obs.pack_into); -1 when\n"
+     "Write row `index` of a packed observation store (see mortal.features.packed_obs.pack_into); -1 when\n"
      "written, else the flat index of the first element outside the real rows that is not 0.0 or 1.0."},
     {nullptr, nullptr, 0, nullptr},
 };

@@ -38,11 +38,12 @@ class NotPackableError(ValueError):
     def __init__(self, version: int, row: int, col: int, value: float):
         self.row, self.col, self.value = row, col, value
         super().__init__(f"feature version {version}: row {row} column {col} holds {value!r}, but the packed "
-                         f"format keeps only 0.0/1.0 outside mortal.data.packed_obs.REAL_ROWS")
+                         f"format keeps only 0.0/1.0 outside mortal.features.packed_obs.REAL_ROWS")
 
 
 class Layout:
-    """The packed format of one version: ``channels``, ``real_rows``, ``real_bytes``, ``bit_bytes``, ``row_bytes``."""
+    """The packed format of one version: ``channels``, ``real_rows``, ``real_index`` (per channel its row among
+    ``real_rows`` or -1, int32), ``real_bytes``, ``bit_bytes``, ``row_bytes``."""
 
     def __init__(self, version: int):
         self.version = check_version(version)
@@ -52,6 +53,9 @@ class Layout:
         self.real_bytes = len(self.real_rows) * 34 * 4
         self.bit_bytes = (self.elements + 7) // 8
         self.row_bytes = self.real_bytes + (self.bit_bytes + 3) // 4 * 4
+        # per channel: its row in the real section (0, 1, ... in channel order), -1 for a 0/1 row (the stem's kernel)
+        self.real_index = np.full(self.channels, -1, dtype=np.int32)
+        self.real_index[self.real_rows] = np.arange(len(self.real_rows), dtype=np.int32)
         flags = np.zeros(self.channels, dtype=np.bool_)
         flags[self.real_rows] = True
         self.real_flags = flags.astype(np.uint8).tobytes()
