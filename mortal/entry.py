@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -195,6 +196,30 @@ def stop_on_sigterm():
     if threading.current_thread() is threading.main_thread():
         return signal.signal(signal.SIGTERM, _raise_stopped)
     return None
+
+
+@contextlib.contextmanager
+def stops_deferred():
+    """SIGINT and SIGTERM that arrive inside are handled on leaving, by the handlers in place before (``Stopped``,
+    ``KeyboardInterrupt``, ...), so that a stop never cuts a file write in half. Main thread only (elsewhere a no-op);
+    start no long wait inside: a stop waits for it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got = []
+    stops = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in stops}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if got:  # the first stop, as its own handler would have taken it
+        handler = previous[got[0]]
+        if callable(handler):
+            handler(got[0], None)
+        elif handler == signal.SIG_DFL:
+            os.kill(os.getpid(), got[0])
 
 
 def stop_cause(exc: BaseException) -> str:

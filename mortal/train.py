@@ -403,11 +403,13 @@ class Trainer:
             if self.online:  # the long-run guards' state (mortal/learning/guards.py), after Mortal's keys
                 state['guard'] = dict(self.guard)
             atomic_torch_save(state, self.state_file)
-        if self.server.ledger is None:  # offline, or online before the first drain
-            write()
-        else:
-            self.server.ledger.commit_with(self.steps, write)
-        self.saved_steps = self.steps
+        from mortal.entry import stops_deferred
+        with stops_deferred():  # a stop lands after the write, not inside torch's zip writer
+            if self.server.ledger is None:  # offline, or online before the first drain
+                write()
+            else:
+                self.server.ledger.commit_with(self.steps, write)
+            self.saved_steps = self.steps
 
     def stop_summary(self) -> str:
         """What this learner, stopped now, keeps and discards (its last line)."""
