@@ -56,10 +56,8 @@ def test_the_quickstart_work_dir_can_be_moved(tmp_path):
     assert typed.grp.state_file == f'{moved}/bootstrap/grp.pth'
 
 
-@pytest.mark.parametrize('small', [False, True])
-def test_the_summary_ends_with_the_next_commands_for_its_work_dir(monkeypatch, small):
+def test_the_summary_ends_with_the_next_commands_for_its_work_dir():
     # issue 36: from the quickstart to the three terminals was a research project
-    monkeypatch.setattr(quickstart, 'small_machine', lambda: small)
     result = {'timings': {'total': 60.0}, 'work_dir': '/w/qs', 'config': '/w/q s/config.toml',
               'tensorboard': ['/w/q s/online/tensorboard'], 'checkpoints': {}, 'logs': 'l', 'plots': 'p',
               'test_play': {}, 'stopped': {}}
@@ -72,41 +70,8 @@ def test_the_summary_ends_with_the_next_commands_for_its_work_dir(monkeypatch, s
         '  export OMP_NUM_THREADS=1    # CPU: small models run far faster single-threaded',
         '  python -m mortal.server      # terminal 1',
         '  python -m mortal.train       # terminal 2: the learner (restarted by its supervisor)',
-        ('  nice -n 10 python -m mortal.client   # terminal 3 (more clients: more terminals; nice: the learner first '
-         'on a small machine)' if small else '  python -m mortal.client      # terminal 3 (more clients: more terminals)'),
+        '  python -m mortal.client      # terminal 3 (more clients: more terminals)',
         "  tensorboard --logdir '/w/q s/online/tensorboard'"]
-
-
-@pytest.mark.parametrize('small', [False, True])
-def test_only_a_client_on_a_small_machine_starts_nicer(tmp_path, monkeypatch, small):
-    # session 23: on 2 cores the learner waited for a core 18% of the time while the client played ahead
-    monkeypatch.setattr(quickstart, 'small_machine', lambda: small)
-    started = {}
-
-    class Popen:
-        def __init__(self, args, **kwargs):
-            started[args[-1]] = kwargs['preexec_fn']
-            self.pid = 1
-    monkeypatch.setattr(quickstart.subprocess, 'Popen', Popen)
-    for name in quickstart.PROCESSES:
-        quickstart.start(name, tmp_path / 'config.toml', tmp_path)
-    assert started['mortal.server'] is None and started['mortal.train'] is None
-    nicer = started['mortal.client']
-    assert (nicer.func, nicer.args) == (quickstart.lower_priority, (10,)) if small else nicer is None
-
-
-def test_lower_priority_raises_the_nice_value_and_the_sessions_group():
-    proc = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'], start_new_session=True,
-                            preexec_fn=lambda: quickstart.lower_priority(10))
-    try:
-        assert os.getpriority(os.PRIO_PROCESS, proc.pid) == min(os.getpriority(os.PRIO_PROCESS, 0) + 10, 19)
-        group = pathlib.Path(f'/proc/{proc.pid}/autogroup')
-        if group.exists():  # Linux with autogroup: the child's own session, nice 10 (its parent's group untouched)
-            assert group.read_text().split()[-1] == '10'
-            assert pathlib.Path('/proc/self/autogroup').read_text() != group.read_text()
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_version_4_config_and_a_work_dir_keeps_its_version(tmp_path):

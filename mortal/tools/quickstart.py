@@ -7,7 +7,6 @@ if __package__ in (None, ''):  # run as a script: python mortal/tools/quickstart
     import sys, pathlib
     sys.path[0] = str(pathlib.Path(__file__).resolve().parents[2])
 
-import functools
 import glob
 import logging
 import os
@@ -28,15 +27,6 @@ logger = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 PROCESSES = ('server', 'train', 'client')  # start order; stopped in reverse
 GRACE_SECONDS = 15  # between SIGTERM and SIGKILL
-# On a small machine the learner is the bottleneck and the client's rounds outrun it: the client runs this much
-# nicer, so that the learner is not kept waiting for a core while the client plays games the buffer cannot take yet
-# (docs/performance.md, session 23).
-CLIENT_NICE = 10
-
-
-def small_machine() -> bool:
-    """Whether the three processes share a few cores (``os.cpu_count() <= 4``)."""
-    return (os.cpu_count() or 1) <= 4
 
 
 def child_env(config_path):
@@ -47,37 +37,23 @@ def child_env(config_path):
     env['MORTAL_CFG'] = str(config_path)
     env['PYTHONUNBUFFERED'] = '1'
     env['PYTHONPATH'] = os.pathsep.join(filter(None, [str(ROOT), env.get('PYTHONPATH')]))
-    if small_machine():
+    if (os.cpu_count() or 1) <= 4:
         # three processes share the few cores: one intra-op thread each avoids oversubscription
         env.setdefault('OMP_NUM_THREADS', '1')
     return env
 
 
-def lower_priority(nice: int) -> None:
-    """In a child after its ``setsid``: ``nice`` more, and its session's scheduling group too (Linux's autogroup
-    shares the CPU between sessions by the group's own nice value, which ``os.nice`` leaves alone)."""
-    os.nice(nice)
-    try:
-        with open('/proc/self/autogroup', 'w') as f:
-            f.write(str(nice))
-    except OSError:  # no autogroup (another kernel, or it is off): the nice value alone
-        pass
-
-
 def start(name, config_path, log_dir, profile=None):
-    """Start ``python -m mortal.<name>`` in its own session, output to ``log_dir/<name>[_<profile>].log``; a client
-    on a small machine at niceness ``CLIENT_NICE``."""
+    """Start ``python -m mortal.<name>`` in its own session, output to ``log_dir/<name>[_<profile>].log``."""
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     env = child_env(config_path)
     if profile is not None:
         env[ENV_PROFILE] = profile
-    nice = CLIENT_NICE if name == 'client' and small_machine() and hasattr(os, 'nice') else 0
     with open(log_dir / (f'{name}.log' if profile is None else f'{name}_{profile}.log'), 'ab') as log:
         proc = subprocess.Popen([sys.executable, '-m', f'mortal.{name}'], cwd=ROOT, env=env,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True,  # the child holds its own descriptor
-                                preexec_fn=functools.partial(lower_priority, nice) if nice else None)
+                                start_new_session=True)  # the child holds its own descriptor
     logger.info('started %s (pid %d), log %s', name, proc.pid, log_dir / f'{name}.log')
     return proc
 
@@ -388,9 +364,7 @@ def next_commands(config, tensorboard_dir) -> list:
             '  export OMP_NUM_THREADS=1    # CPU: small models run far faster single-threaded',
             '  python -m mortal.server      # terminal 1',
             '  python -m mortal.train       # terminal 2: the learner (restarted by its supervisor)',
-            ('  nice -n 10 python -m mortal.client   # terminal 3 (more clients: more terminals; nice: the learner '
-             'first on a small machine)' if small_machine() else
-             '  python -m mortal.client      # terminal 3 (more clients: more terminals)'),
+            '  python -m mortal.client      # terminal 3 (more clients: more terminals)',
             f'  tensorboard --logdir {shlex.quote(str(tensorboard_dir))}',
             'edits to the config take effect at the learner\'s next restart (every test_every steps) or at a '
             'process restart: docs/operations.md']
