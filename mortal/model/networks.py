@@ -146,8 +146,8 @@ class _SparseStemConv(torch.autograd.Function):
 
 class _PackedStemConv(torch.autograd.Function):
     """``_SparseStemConv`` of packed observations ``(N, row_bytes)`` uint8 of feature ``version``
-    (``mortal.features.packed_obs``): the same nonzeros in the same order, so the same output and weight gradient bit for
-    bit, without unpacking them into 4 bytes an element. No gradient for the observations."""
+    (``mortal.features.packed_obs``): the same nonzeros in the same order, so the same output and weight gradient
+    bit for bit, without unpacking them into 4 bytes an element. No gradient for the observations."""
 
     @staticmethod
     def forward(ctx, packed: Tensor, weight: Tensor, version: int) -> Tensor:

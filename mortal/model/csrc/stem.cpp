@@ -421,17 +421,19 @@ PyObject* py_sparse_stem_grad(PyObject*, PyObject* args) {
     return result;
 }
 
-// ---- packed observations (mortal.features.packed_obs): per sample the rows REAL_ROWS as float32 (R, 34), then one bit per
-// element of all C rows (row-major, little bit order), padded to 4 bytes. The stem reads the nonzeros from there,
-// in the same order and with the same values as from the unpacked rows, so its results equal sparse_stem's and
-// sparse_stem_grad's on the unpacked rows bit for bit, without the 4-byte-an-element float copy. ----
+// ---- packed observations (mortal.features.packed_obs): per sample the rows REAL_ROWS as float32 (R, 34), then one
+// bit per element of all C rows (row-major, little bit order), padded to 4 bytes. The stem reads the nonzeros from
+// there, in the same order and with the same values as from the unpacked rows, so its results equal sparse_stem's
+// and sparse_stem_grad's on the unpacked rows bit for bit, without the 4-byte-an-element float copy. ----
 
 struct PackedRows {
     const uint8_t* row = nullptr;  // one sample
     const int32_t* real = nullptr;  // per channel: its row in the real section, or -1 (a 0/1 row)
     size_t real_bytes = 0, bit_bytes = 0;  // the sections' sizes (the bit section padded)
 
-    const float* floats(int c) const { return reinterpret_cast<const float*>(row) + static_cast<size_t>(real[c]) * kWidth; }
+    const float* floats(int c) const {
+        return reinterpret_cast<const float*>(row) + static_cast<size_t>(real[c]) * kWidth;
+    }
     // bit t set iff element (c, t) is nonzero
     uint64_t bits(int c) const {
         if (real[c] >= 0) return nonzero_bits_scalar(reinterpret_cast<const uint32_t*>(floats(c)));
@@ -532,6 +534,17 @@ bool packed_args(const Py_buffer& packed, const Py_buffer& real, int n_in, Py_ss
     return true;
 }
 
+// The four buffers of sparse_stem_packed*, C-contiguous, the last writable: how many were got (4, or fewer with an
+// error set; release those).
+int four_buffers(PyObject** objs, Py_buffer* bufs) {
+    int got = 0;
+    for (; got < 4; ++got) {
+        const int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (got == 3 ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(objs[got], &bufs[got], flags) != 0) break;
+    }
+    return got;
+}
+
 // sparse_stem_packed(packed, real_index, weight, out, C, O): see the method table.
 PyObject* py_sparse_stem_packed(PyObject*, PyObject* args) {
     PyObject* objs[4];
@@ -539,20 +552,19 @@ PyObject* py_sparse_stem_packed(PyObject*, PyObject* args) {
     if (!PyArg_ParseTuple(args, "OOOOii:sparse_stem_packed", &objs[0], &objs[1], &objs[2], &objs[3], &n_in, &n_out))
         return nullptr;
     Py_buffer bufs[4];
-    int got = 0;
-    for (; got < 4; ++got)
-        if (PyObject_GetBuffer(objs[got], &bufs[got], PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (got == 3 ? PyBUF_WRITABLE : 0)) != 0)
-            break;
+    const int got = four_buffers(objs, bufs);
     PyObject* result = nullptr;
     PackedRows r;
     size_t row_bytes = 0;
-    const Py_ssize_t n = n_in > 0 && n_out > 0 && got == 4 ? bufs[3].len / (static_cast<Py_ssize_t>(n_out) * kWidth * 4) : 0;
+    const Py_ssize_t n =
+        n_in > 0 && n_out > 0 && got == 4 ? bufs[3].len / (static_cast<Py_ssize_t>(n_out) * kWidth * 4) : 0;
     if (got < 4) {
         // error set
     } else if (n_in <= 0 || n_out <= 0) {
         PyErr_Format(PyExc_ValueError, "sparse_stem_packed: bad sizes C=%d O=%d", n_in, n_out);
     } else if (!is_c_float32(bufs[2]) || bufs[2].len != static_cast<Py_ssize_t>(n_in) * 3 * n_out * 4) {
-        PyErr_Format(PyExc_ValueError, "sparse_stem_packed: weight must be contiguous float32 (C=%d, 3, O=%d)", n_in, n_out);
+        PyErr_Format(PyExc_ValueError, "sparse_stem_packed: weight must be contiguous float32 (C=%d, 3, O=%d)", n_in,
+                     n_out);
     } else if (!is_c_float32(bufs[3]) || bufs[3].len != n * n_out * kWidth * 4) {
         PyErr_Format(PyExc_ValueError, "sparse_stem_packed: out must be contiguous float32 (N, O=%d, 34)", n_out);
     } else if (packed_args(bufs[0], bufs[1], n_in, n, "sparse_stem_packed", r, row_bytes)) {
@@ -602,14 +614,12 @@ PyObject* py_sparse_stem_packed_grad(PyObject*, PyObject* args) {
                           &n_out))
         return nullptr;
     Py_buffer bufs[4];
-    int got = 0;
-    for (; got < 4; ++got)
-        if (PyObject_GetBuffer(objs[got], &bufs[got], PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (got == 3 ? PyBUF_WRITABLE : 0)) != 0)
-            break;
+    const int got = four_buffers(objs, bufs);
     PyObject* result = nullptr;
     PackedRows r;
     size_t row_bytes = 0;
-    const Py_ssize_t n = n_in > 0 && n_out > 0 && got == 4 ? bufs[2].len / (static_cast<Py_ssize_t>(kWidth + 2) * n_out * 4) : 0;
+    const Py_ssize_t n =
+        n_in > 0 && n_out > 0 && got == 4 ? bufs[2].len / (static_cast<Py_ssize_t>(kWidth + 2) * n_out * 4) : 0;
     if (got < 4) {
         // error set
     } else if (n_in <= 0 || n_out <= 0) {
