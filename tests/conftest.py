@@ -38,6 +38,22 @@ def load_script(relpath: str, name: str):
     spec.loader.exec_module(module)
     return module
 
+_HANCHAN_OBS = {}
+
+
+def hanchan_observations(version: int):
+    """(obs (N, C, 34) float32, masks (N, 46) bool) tensors of every decision of seats 0 and 1 of a public hanchan
+    (tests/data), encoded at ``version``; cached per version."""
+    if version not in _HANCHAN_OBS:
+        import numpy as np
+        import torch
+        bench = load_script("bench/forward.py", "forward_bench")
+        obs, masks = bench.real_observations(version, logs=[DATA_DIR / "riichienv_selfplay_hanchan.jsonl"],
+                                             seats=(0, 1))
+        _HANCHAN_OBS[version] = torch.from_numpy(np.stack(obs)), torch.from_numpy(np.stack(masks))
+    return _HANCHAN_OBS[version]
+
+
 def wait_until(cond, timeout: float = 30.0, interval: float = 0.01) -> None:
     """Poll ``cond()`` every ``interval`` s until it is true; fails the test after ``timeout`` s."""
     import time
@@ -240,6 +256,20 @@ def random_batch(n=8, seed=0, *, gamma_steps=None, reward=2.0):
 
 
 # -- fakes of the trainer's collaborators --------------------------------------------------------------------------
+
+class CallSpy:
+    """Counts in ``calls`` the calls of ``owner.name`` whose arguments ``when`` accepts (all by default), and makes
+    them as before; undone with ``monkeypatch``."""
+
+    def __init__(self, monkeypatch, owner, name, when=lambda *args: True):
+        self.calls = 0
+        real = getattr(owner, name)
+
+        def counted(*args):
+            self.calls += when(*args)
+            return real(*args)
+        monkeypatch.setattr(owner, name, counted)
+
 
 class FakeWriter:
     """A SummaryWriter that records what is written."""

@@ -12,34 +12,21 @@ from mortal.learning.intake import batch_on_device
 from mortal.model import networks
 from mortal.model.networks import Brain, DQN, StemConv, takes_packed
 
-from conftest import DATA_DIR, load_script
+from conftest import CallSpy, hanchan_observations, load_script
 
 _stem = pytest.importorskip("mortal.model._stem")
 _FORWARD_BENCH = load_script("bench/forward.py", "forward_bench")
-_OBS = {}
 
 
 def packed_observations(version):
     """(packed (N, row_bytes) uint8, masks (N, 46) bool) of every decision of seats 0 and 1 of a public hanchan."""
-    if version not in _OBS:
-        obs, masks = _FORWARD_BENCH.real_observations(version, logs=[DATA_DIR / "riichienv_selfplay_hanchan.jsonl"],
-                                                      seats=(0, 1))
-        _OBS[version] = (torch.from_numpy(packed_obs.pack(np.stack(obs), version)),
-                         torch.from_numpy(np.stack(masks)))
-    return _OBS[version]
+    obs, masks = hanchan_observations(version)
+    return torch.from_numpy(packed_obs.pack(obs.numpy(), version)), masks
 
 
-class Spy:
-    """Counts the packed path's calls."""
-
-    def __init__(self, monkeypatch):
-        self.calls = 0
-        apply = networks._PackedStemConv.apply
-
-        def counted(*args):
-            self.calls += 1
-            return apply(*args)
-        monkeypatch.setattr(networks._PackedStemConv, "apply", counted)
+def Spy(monkeypatch):
+    """Counts the sparse stem's calls on packed rows."""
+    return CallSpy(monkeypatch, networks._SparseStemConv, "apply", when=lambda x, *rest: x.dtype == torch.uint8)
 
 
 def _packed_case(n_in, real, rng, n=6):

@@ -11,33 +11,15 @@ from torch.nn import functional as F
 from mortal.model import networks
 from mortal.model.networks import DQN, Brain, StemConv
 
-from conftest import DATA_DIR, load_script
+from conftest import CallSpy, hanchan_observations, load_script
 
 _stem = pytest.importorskip("mortal.model._stem")
 _FORWARD_BENCH = load_script("bench/forward.py", "forward_bench")
-_OBS = {}
 
 
-def observations(version):
-    """(obs (N, C, 34) float32, masks (N, 46) bool) of every decision of seats 0 and 1 of a public hanchan."""
-    if version not in _OBS:
-        obs, masks = _FORWARD_BENCH.real_observations(version, logs=[DATA_DIR / "riichienv_selfplay_hanchan.jsonl"],
-                                                      seats=(0, 1))
-        _OBS[version] = torch.from_numpy(np.stack(obs)), torch.from_numpy(np.stack(masks))
-    return _OBS[version]
-
-
-class Spy:
+def Spy(monkeypatch):
     """Counts the sparse path's calls."""
-
-    def __init__(self, monkeypatch):
-        self.calls = 0
-        apply = networks._SparseStemConv.apply
-
-        def counted(*args):
-            self.calls += 1
-            return apply(*args)
-        monkeypatch.setattr(networks._SparseStemConv, "apply", counted)
+    return CallSpy(monkeypatch, networks._SparseStemConv, "apply")
 
 
 def test_stem_is_the_sparse_conv_with_mortals_keys():
@@ -56,7 +38,7 @@ def test_stem_is_the_sparse_conv_with_mortals_keys():
 
 def test_sparse_forward_equals_conv1d_on_real_observations(monkeypatch):
     spy = Spy(monkeypatch)
-    x = observations(3)[0]
+    x = hanchan_observations(3)[0]
     assert 0.05 < (x != 0).float().mean() < 0.2  # the sparsity the kernel is for
     stem = Brain(conv_channels=32, num_blocks=2, version=3).encoder.net[0]
     ref = F.conv1d(x, stem.weight.detach(), padding=1)
@@ -70,7 +52,7 @@ def test_sparse_forward_equals_conv1d_on_real_observations(monkeypatch):
 @pytest.mark.parametrize("version", [1, 3])
 def test_train_step_gradients_equal_dense(monkeypatch, version):
     """Every parameter's gradient of a TD-style loss through Brain + DQN (BatchNorm frozen, as the learner)."""
-    obs, masks = observations(version)
+    obs, masks = hanchan_observations(version)
     obs, masks = obs[:128], masks[:128]
     brain, dqn = _FORWARD_BENCH.trained_like(version, 32, 2)
     brain.freeze_bn(True).train()
@@ -106,7 +88,7 @@ def test_train_step_gradients_equal_dense(monkeypatch, version):
 
 def test_dense_fallback_where_sparse_does_not_apply(monkeypatch):
     spy = Spy(monkeypatch)
-    x = observations(3)[0][:16]
+    x = hanchan_observations(3)[0][:16]
     stem = Brain(conv_channels=32, num_blocks=2, version=3).encoder.net[0]
     w = stem.weight.detach()
     # an input that needs its gradient: the dense path gives it
@@ -172,7 +154,7 @@ def test_other_conv_shapes_run_dense(monkeypatch, kwargs):
     # StemConv is a Conv1d: built with another shape it is that convolution (the kernel knows 3 taps, padding 1 only)
     spy = Spy(monkeypatch)
     torch.manual_seed(0)
-    x = observations(3)[0][:8, :40].contiguous()
+    x = hanchan_observations(3)[0][:8, :40].contiguous()
     stem = StemConv(40, 32, **{"kernel_size": 3, "bias": False, **kwargs})
     torch.testing.assert_close(stem(x), nn.Conv1d.forward(stem, x))
     assert spy.calls == 0
@@ -181,7 +163,7 @@ def test_other_conv_shapes_run_dense(monkeypatch, kwargs):
 def test_torch_func_transforms_run_dense():
     # vmap and torch.func.grad over a StemConv work as over a Conv1d (the autograd.Function would raise there)
     torch.manual_seed(0)
-    x = observations(3)[0][:12].reshape(3, 4, 934, 34)
+    x = hanchan_observations(3)[0][:12].reshape(3, 4, 934, 34)
     stem = StemConv(934, 32, kernel_size=3, padding=1, bias=False)
     w = stem.weight.detach()
     torch.testing.assert_close(torch.func.vmap(stem)(x), F.conv1d(x.flatten(0, 1), w, padding=1).view(3, 4, 32, 34))
@@ -194,7 +176,7 @@ def test_torch_func_transforms_run_dense():
 def test_double_backward_equals_dense():
     # a gradient penalty (backward with create_graph): the weight gradient's own gradient is the dense one's
     torch.manual_seed(0)
-    x = observations(3)[0][:16].contiguous()
+    x = hanchan_observations(3)[0][:16].contiguous()
     stem = StemConv(934, 32, kernel_size=3, padding=1, bias=False)
 
     def penalty_grad(conv, w):

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+from mortal.entry import stops_deferred
 from mortal.util.config_diff import changed_keys
 
 logger = logging.getLogger('mortal.train')  # the learner's lines (log format)
@@ -202,20 +203,6 @@ def give_up(child, gate) -> None:
     reap_process_group(child.pid)
 
 
-@contextlib.contextmanager
-def signals_held():
-    """SIGINT and SIGTERM wait while inside (POSIX), so that a stop never lands between letting a child go and the
-    gate's bookkeeping; they are handled on leaving. Start no process inside: it would inherit the blocked mask."""
-    if not hasattr(signal, 'pthread_sigmask'):
-        yield
-        return
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
-
-
 def wait_for_go(warm_up=None) -> bool:
     """In a child that ``supervise`` started early: run ``warm_up()``, then block until it is let go (True), or
     given up (False: a stop in the restart delay, or the supervisor is gone). True at once in any other process."""
@@ -293,9 +280,9 @@ def supervise(argv, *, script: str, restart_delay: float = RESTART_DELAY, config
             # A session of its own: the whole learner (with its loader processes) is one process group to reap.
             started = None
             if child is None and not stopping:
-                child, gate = start_child(cmd, child_env, early_start)  # not in signals_held: children inherit it
+                child, gate = start_child(cmd, child_env, early_start)
             try:
-                with signals_held():  # a stop in here is handled once the gate is settled
+                with stops_deferred():  # a stop in here is handled once the gate is settled
                     if not stopping:
                         started = let_go(gate)
                         gate = None

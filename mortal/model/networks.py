@@ -118,60 +118,42 @@ def _conv3(c_in: int, c_out: int, bias: bool = False) -> nn.Conv1d:
 
 
 class _SparseStemConv(torch.autograd.Function):
-    """``conv1d(x, weight, padding=1)`` for ``x (N, C, 34)`` float32 on the CPU, and its weight gradient, from x's
-    nonzero entries (``mortal.model._stem``; docs/performance_forward.md). No gradient for ``x``."""
+    """``conv1d(x, weight, padding=1)`` on the CPU, and its weight gradient, from x's nonzero entries
+    (``mortal.model._stem``; docs/performance_forward.md). ``x``: ``(N, C, 34)`` float32 (``version`` None), or packed
+    observations ``(N, row_bytes)`` uint8 of feature ``version`` (``mortal.features.packed_obs``), read in place: the
+    same nonzeros in the same order, so the same output and weight gradient bit for bit. No gradient for ``x``."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor) -> Tensor:
+    def forward(ctx, x: Tensor, weight: Tensor, version: int | None = None) -> Tensor:
         out = torch.empty((x.shape[0], weight.shape[0], _N_TILES), dtype=torch.float32)
         # (C, 3, O): each input channel's three taps side by side, as the kernel reads them
-        _stem.sparse_stem(x.numpy(), weight.detach().permute(1, 2, 0).contiguous().numpy(), out.numpy(),
-                          x.shape[1], weight.shape[0])
+        w = weight.detach().permute(1, 2, 0).contiguous().numpy()
+        if version is None:
+            _stem.sparse_stem(x.numpy(), w, out.numpy(), x.shape[1], weight.shape[0])
+        else:
+            lay = packed_obs.layout(version)
+            _stem.sparse_stem_packed(x.numpy(), lay.real_index, w, out.numpy(), lay.channels, weight.shape[0])
         ctx.save_for_backward(x)
+        ctx.version = version
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         (x,) = ctx.saved_tensors
         if not ctx.needs_input_grad[1]:
-            return None, None
-        c, o = x.shape[1], grad_out.shape[1]
-        if grad_out.requires_grad:  # backward with create_graph: the dense weight gradient, itself differentiable
-            return None, torch.nn.grad.conv1d_weight(x, (o, c, 3), grad_out, padding=1)
-        g = F.pad(grad_out.float(), (1, 1)).transpose(1, 2).contiguous()  # (N, 36, O): positions -1 .. 34
-        dw = torch.empty((c, 3, o), dtype=torch.float32)
-        _stem.sparse_stem_grad(x.numpy(), g.numpy(), dw.numpy(), c, o)
-        return None, dw.permute(2, 0, 1).contiguous()
-
-
-class _PackedStemConv(torch.autograd.Function):
-    """``_SparseStemConv`` of packed observations ``(N, row_bytes)`` uint8 of feature ``version``
-    (``mortal.features.packed_obs``): the same nonzeros in the same order, so the same output and weight gradient
-    bit for bit, without unpacking them into 4 bytes an element. No gradient for the observations."""
-
-    @staticmethod
-    def forward(ctx, packed: Tensor, weight: Tensor, version: int) -> Tensor:
-        lay = packed_obs.layout(version)
-        out = torch.empty((packed.shape[0], weight.shape[0], _N_TILES), dtype=torch.float32)
-        _stem.sparse_stem_packed(packed.numpy(), lay.real_index, weight.detach().permute(1, 2, 0).contiguous().numpy(),
-                                 out.numpy(), lay.channels, weight.shape[0])
-        ctx.save_for_backward(packed)
-        ctx.version = version
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out: Tensor):
-        (packed,) = ctx.saved_tensors
-        if not ctx.needs_input_grad[1]:
             return None, None, None
-        lay = packed_obs.layout(ctx.version)
-        c, o = lay.channels, grad_out.shape[1]
+        version, o = ctx.version, grad_out.shape[1]
         if grad_out.requires_grad:  # backward with create_graph: the dense weight gradient, itself differentiable
-            x = packed_obs.unpack(packed, ctx.version)
-            return None, torch.nn.grad.conv1d_weight(x, (o, c, 3), grad_out, padding=1), None
+            dense = x if version is None else packed_obs.unpack(x, version)
+            return None, torch.nn.grad.conv1d_weight(dense, (o, dense.shape[1], 3), grad_out, padding=1), None
         g = F.pad(grad_out.float(), (1, 1)).transpose(1, 2).contiguous()  # (N, 36, O): positions -1 .. 34
+        lay = None if version is None else packed_obs.layout(version)
+        c = x.shape[1] if lay is None else lay.channels
         dw = torch.empty((c, 3, o), dtype=torch.float32)
-        _stem.sparse_stem_packed_grad(packed.numpy(), lay.real_index, g.numpy(), dw.numpy(), c, o)
+        if lay is None:
+            _stem.sparse_stem_grad(x.numpy(), g.numpy(), dw.numpy(), c, o)
+        else:
+            _stem.sparse_stem_packed_grad(x.numpy(), lay.real_index, g.numpy(), dw.numpy(), c, o)
         return None, dw.permute(2, 0, 1).contiguous(), None
 
 
@@ -208,7 +190,7 @@ class StemConv(nn.Conv1d):
                                  f"this one has {self.in_channels}")
             if (self._sparse(x.device, torch.float32) and hasattr(_stem, "sparse_stem_packed") and x.dim() == 2
                     and x.shape[1] == packed_obs.row_bytes(version) and x.is_contiguous()):
-                return _PackedStemConv.apply(x, self.weight, version)
+                return _SparseStemConv.apply(x, self.weight, version)
             x = packed_obs.unpack(x, version)  # ValueError for another width
         if (x.dim() == 3 and x.shape[1:] == (self.in_channels, _N_TILES) and not x.requires_grad
                 and x.is_contiguous() and self._sparse(x.device, x.dtype)):
