@@ -126,6 +126,27 @@ def test_workers_read_each_file_once_after_native_threads(tmp_path, grp):
     assert n == 3 * N_META[1]
 
 
+def _rows(batches):
+    """Each sample of ``batches`` as the bytes of all its columns, sorted (the order depends on the worker's seed)."""
+    cols = [torch.cat(c).numpy() for c in zip(*batches)]
+    return sorted(b"".join(c[i].tobytes() for c in cols) for i in range(len(cols[0])))
+
+
+def test_a_worker_hands_each_batch_over_as_one_storage(logs, grp):
+    # One shared-memory segment a batch instead of one a column (each is a file descriptor handshake)
+    files, _ = logs
+    batches = list(make_dataloader(_ds(files, grp, batch_size=64), batch_size=64, num_workers=1))
+    assert [len(b[1]) for b in batches[:-1]] == [64] * (len(batches) - 1)
+    for batch in batches:
+        assert len({t.untyped_storage().data_ptr() for t in batch}) == 1
+        assert [t.dtype for t in batch] == [torch.uint8, torch.int64, torch.bool, torch.int64, torch.float64,
+                                            torch.int64, torch.int64, torch.float32]
+        assert all(t.is_contiguous() and t.storage_offset() * t.element_size() % 8 == 0 for t in batch)
+    in_process = list(make_dataloader(_ds(files, grp, batch_size=64), batch_size=64, num_workers=0))
+    assert sum(len(b[1]) for b in batches) == sum(N_RIICHIENV) + sum(N_META)
+    assert _rows(batches) == _rows(in_process)
+
+
 _WORKER_LOG_SCRIPT = """
 import gzip, logging, sys
 from mortal.data.dataloader import make_dataloader

@@ -173,9 +173,10 @@ class FileDatasetsIter(IterableDataset):
             yield self._take_batch(self.batch_size)
 
     def _take_batch(self, size: int) -> tuple:
-        # Each column of the batch is allocated once and filled by np.take straight from the buffer's rows.
+        # Each column is filled by np.take straight from the buffer's rows into its view of one storage.
         first = self._pending[0][0]
-        out = tuple(np.empty((size, *c.shape[1:]), dtype=c.dtype) for c in first)
+        batch = one_storage_columns([((size, *c.shape[1:]), c.dtype) for c in first])
+        out = tuple(t.numpy() for t in batch)
         pos = 0
         while pos < size:
             cols, idx = self._pending[0]
@@ -188,7 +189,7 @@ class FileDatasetsIter(IterableDataset):
             else:
                 self._pending[0] = (cols, idx[k:])
         self._pending_rows -= size
-        return out
+        return batch
 
     def populate_buffer(self, file_list) -> None:
         """Append every sample of every kept seat of ``file_list`` to ``self.buffer`` (a bad file: none, counted)."""
@@ -229,6 +230,21 @@ class FileDatasetsIter(IterableDataset):
         if self.iterator is None:
             self.iterator = self.build_iter()
         return self.iterator
+
+
+def one_storage_columns(columns) -> tuple:
+    """Empty tensors of ``columns`` (``[(shape, numpy dtype)]``), each a view of one byte storage at an 8-byte aligned
+    offset. A batch handed from a loader worker to the learner then travels as one shared-memory segment: torch
+    passes each storage's file descriptor through a handshake of its own, 8 of them a batch when each column had its
+    own (about 2 ms of the learner's CPU a batch and more of the worker's; docs/performance.md)."""
+    spans, total = [], 0
+    for shape, dtype in columns:
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        spans.append((total, nbytes, shape, torch.from_numpy(np.empty(0, dtype)).dtype))
+        total += -(-nbytes // 8) * 8
+    raw = torch.empty(total, dtype=torch.uint8)
+    return tuple(raw[start:start + nbytes].view(dtype).view(shape) for start, nbytes, shape, dtype in spans)
 
 
 def keep_freed_memory() -> bool:
