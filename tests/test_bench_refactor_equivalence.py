@@ -23,8 +23,8 @@ def test_same_tree_is_identical_and_a_planted_loss_change_is_found(tmp_path, cap
     text = loss.read_text()
     assert text.count('dqn_loss = 0.5 * ') == 1
     loss.write_text(text.replace('dqn_loss = 0.5 * ', 'dqn_loss = 0.5001 * '))
-    [writer] = [p for p in (planted / 'mortal').rglob('*.py') if 'compresslevel=9' in p.read_text()]
-    writer.write_text(writer.read_text().replace('compresslevel=9', 'compresslevel=1'))
+    [arena] = [p for p in (planted / 'mortal').rglob('*.py') if 'log_compresslevel: int = 9' in p.read_text()]
+    arena.write_text(arena.read_text().replace('log_compresslevel: int = 9', 'log_compresslevel: int = 1'))
     assert bench.main(['--old', str(ROOT), '--new', str(planted), '--steps', '3']) == 1
     lines = capsys.readouterr().out.splitlines()
     verdicts = {ln.split()[0]: ln.split()[1] for ln in lines if not ln.startswith((' ', 'arena gzip'))}

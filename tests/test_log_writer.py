@@ -34,6 +34,16 @@ def test_same_bytes_as_the_direct_write_but_the_header_time(tmp_path):
     assert a[8] == b[8] == 2 and a[:4] == b[:4] and a[9:] == b[9:]
 
 
+def test_level_1_is_the_same_text_in_a_larger_file(tmp_path):
+    text = "".join(f'{{"type":"dahai","actor":{i % 4},"pai":"{i % 9 + 1}m","tsumogiri":false}}\n' for i in range(3000))
+    with LogWriter(1) as w:
+        w.submit(str(tmp_path / "fast.json.gz"), text)
+    write_log_atomic(str(tmp_path / "best.json.gz"), text)
+    fast, best = (tmp_path / "fast.json.gz").read_bytes(), (tmp_path / "best.json.gz").read_bytes()
+    assert (fast[8], best[8]) == (4, 2)  # gzip XFL: 4 = fastest (level 1), 2 = best (level 9)
+    assert gzip.decompress(fast).decode() == text and len(fast) > len(best)
+
+
 def test_a_write_error_surfaces_at_close(tmp_path):
     (tmp_path / "a_file").write_text("")
     w = LogWriter()

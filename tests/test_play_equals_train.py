@@ -19,6 +19,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import pathlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -438,6 +439,8 @@ def test_self_play_round_equals_what_the_learner_loads(tmp_path, monkeypatch, ve
     player = TrainPlayer(config, {}, train_key=key)
     rankings, files = player.train_play(brain, dqn, "cpu")
     assert len(files) == 4 and rankings.sum() == 4
+    # gzip header byte 8 (XFL): 4 = fastest (level 1) for the logs the learner reads once
+    assert [pathlib.Path(f).read_bytes()[8] for f in files] == [4] * 4
     counts = compare_logs(record, tmp_path / "train_play", 10000, key, version, "trainee",
                           {"trainee": False, "baseline": True})
     _assert_covered(counts, hanchan)
@@ -451,6 +454,7 @@ def test_test_play_equals_what_the_learner_loads(tmp_path, monkeypatch, version,
     from mortal.play.player import TEST_SEED, TestPlayer
     config, brain, dqn, record = _setup(tmp_path, monkeypatch, version, hanchan)
     TestPlayer(config).test_play(1, brain, dqn, "cpu")
+    assert {p.read_bytes()[8] for p in (tmp_path / "test_play").glob("*.json.gz")} == {2}  # level 9, as Mortal
     counts = compare_logs(record, tmp_path / "test_play", TEST_SEED[0], TEST_SEED[1], version, "mortal",
                           {"mortal": False, "baseline": True})
     _assert_covered(counts, hanchan)

@@ -39,11 +39,13 @@ class OneVsThree:
         counterfactual_alternative: 'best' (``counterfactual_action``), 'other_kind' (the same, of another kind)
             or 'contested' (``contested_action``); the rate is that of the decisions that have such an
             alternative. ``counterfactual_kinds``: under 'contested', per kind, ``[forked, scenes]`` of the last run.
+        log_compresslevel: the logs' gzip level, 1-9 (9: Mortal's ``Compression::best()``).
     """
 
     def __init__(self, *, disable_progress_bar: bool = False, log_dir: str | None = None,
                  speculate_passes: bool = False, counterfactual_rate: float = 0.0, counterfactual_seed: int = 0,
-                 counterfactual_alternative: str = "best"):
+                 counterfactual_alternative: str = "best", log_compresslevel: int = 9):
+        self.log_compresslevel = log_compresslevel  # gzip's, 1-9: 9 as Mortal; self-play's training logs take 1
         self.counterfactual_alternative = counterfactual_alternative
         self.disable_progress_bar = disable_progress_bar
         self.log_dir = log_dir
@@ -117,7 +119,7 @@ class OneVsThree:
         thresholds = gc.get_threshold()
         gc.set_threshold(max(thresholds[0], GC_THRESHOLD), *thresholds[1:])
         try:
-            with LogWriter() as self._logs:  # every log is on disk when py_vs_py returns
+            with LogWriter(self.log_compresslevel) as self._logs:  # every log is on disk when py_vs_py returns
                 rankings = _LockStep(self, games, chal, champ).run()
         finally:
             gc.set_threshold(*thresholds)

@@ -1,4 +1,5 @@
-"""Game logs written off the arena's decision path (gzip level 9 as Mortal, on a background thread)."""
+"""Game logs written off the arena's decision path, on a background thread: gzip level 9 as Mortal, or level 1 for the
+self-play logs the learner reads once (a fifth of level 9's CPU, files ~17% larger; docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ dumps = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps(x, separato
 MAX_PENDING = 64  # logs queued at most (a hanchan's text is ~0.3-1 MB): the loop waits for the oldest beyond
 
 
-def write_log_atomic(path: str, text: str) -> None:
-    """gzip ``text`` to ``path`` via a temporary name and rename, no fsync. Raises OSError."""
+def write_log_atomic(path: str, text: str, compresslevel: int = 9) -> None:
+    """gzip ``text`` to ``path`` at ``compresslevel`` (1-9) via a temporary name and rename, no fsync. Raises
+    OSError."""
     # filename='': no file name in the gzip header (the temporary one would be recorded)
     with atomic_write(path, fsync=False) as raw, \
-            gzip.GzipFile(filename="", mode="wb", compresslevel=9, fileobj=raw) as gz:
+            gzip.GzipFile(filename="", mode="wb", compresslevel=compresslevel, fileobj=raw) as gz:
         gz.write(text.encode())
 
 
@@ -106,9 +108,11 @@ def render_line(line) -> str:
 
 class LogWriter:
     """Writes logs on one background thread, in order (``submit`` blocks at ``MAX_PENDING``); ``submit`` and
-    ``close`` raise the first OSError, after which nothing more is written. A context manager, used once."""
+    ``close`` raise the first OSError, after which nothing more is written. A context manager, used once.
+    ``compresslevel``: gzip's, 1-9."""
 
-    def __init__(self):
+    def __init__(self, compresslevel: int = 9):
+        self.compresslevel = compresslevel
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arena-logs")  # no thread before a submit
         self._pending: list[Future] = []
 
@@ -116,7 +120,7 @@ class LogWriter:
         """Queue ``text`` for ``path``; raises the error of an earlier write, if any."""
         while self._pending and (self._pending[0].done() or len(self._pending) >= MAX_PENDING):
             self._reap()
-        self._pending.append(self._pool.submit(write_log_atomic, path, text))
+        self._pending.append(self._pool.submit(write_log_atomic, path, text, self.compresslevel))
 
     def _reap(self) -> None:
         fut = self._pending.pop(0)

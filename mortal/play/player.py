@@ -204,8 +204,9 @@ class TrainPlayer:
             empty_dir(self.log_dir)
             seed = self.next_seed()
             # counterfactual draws: per round (the repeats of a seed draw anew), reproducible from the seed
+            # the learner reads these logs once and deletes them: gzip level 1 (docs/performance.md, session 25)
             env = OneVsThree(disable_progress_bar=False, log_dir=self.log_dir, speculate_passes=self.speculate_passes,
-                             counterfactual_rate=self.counterfactual_rate,
+                             log_compresslevel=1, counterfactual_rate=self.counterfactual_rate,
                              counterfactual_alternative=self.counterfactual_alternative,
                              counterfactual_seed=hash((seed, self.repeat_counter)) & ((1 << 64) - 1))
             rankings = env.py_vs_py(challenger=engine, champion=self.baseline_engine, seed_start=seed,
