@@ -31,6 +31,7 @@ if __name__ == '__main__' and __package__ in (None, ''):  # run as a script: pyt
     sys.path[0] = str(pathlib.Path(__file__).resolve().parent.parent)
 
 import argparse
+import inspect
 import json
 import statistics
 import tempfile
@@ -143,8 +144,10 @@ def arena_run(version: int, games: int, log_dir: str, first_legal=None) -> tuple
 
     cls = first_legal or _first_legal_cls()
     chal, champ = MortalBatchAgent(cls("challenger", version)), MortalBatchAgent(cls("champion", version))
+    # the client's gzip level 1 (session 25); an older checkout (--against) has only Mortal's 9
+    level = {"log_compresslevel": 1} if "log_compresslevel" in inspect.signature(OneVsThree).parameters else {}
     t0, c0 = time.perf_counter(), time.process_time()
-    OneVsThree(disable_progress_bar=True, log_dir=log_dir).py_vs_py(chal, champ, seed_start=(1, 2024),
+    OneVsThree(disable_progress_bar=True, log_dir=log_dir, **level).py_vs_py(chal, champ, seed_start=(1, 2024),
                                                                    seed_count=max(1, -(-games // 4)))
     return time.perf_counter() - t0, chal.decisions + champ.decisions, time.process_time() - c0
 
