@@ -215,12 +215,11 @@ class FleetRecord:
         avg_rank, avg_pt = rank_summary(rankings)
         ma_rank, ma_pt = rank_summary(total)
         if self.writer is not None:
-            step = self.fleet_rounds
             for tag, value in (('fleet/avg_rank', avg_rank), ('fleet/avg_pt', avg_pt),
                                ('fleet/window_avg_rank', ma_rank), ('fleet/window_avg_pt', ma_pt),
                                ('fleet/hanchan_per_hour', per_hour), ('fleet/actors', live),
                                ('fleet/restarts', self.restarts)):
-                self.writer.add_scalar(tag, value, step)
+                self.writer.add_scalar(tag, value, self.fleet_rounds)
             self.writer.flush()
         return (f'fleet round {self.fleet_rounds}: {rounds} rounds of {live} actors, {games} games in '
                 f'{seconds:.1f} s ({per_hour:.0f} hanchan/h); trainee rankings: {rankings.tolist()} '
