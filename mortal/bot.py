@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 from datetime import datetime, timezone
-from typing import IO, Iterable
+from typing import IO
 
 logger = logging.getLogger('mortal.bot')  # not __name__: '__main__' under python -m
 
@@ -90,11 +90,6 @@ class Bot:
         return json.dumps(out, separators=(',', ':'))
 
 
-def filtered_trimmed_lines(lines: Iterable[str]) -> Iterable[str]:
-    """Stripped, non-empty lines (Mortal's ``common.filtered_trimmed_lines``)."""
-    return (s for s in (line.strip() for line in lines) if s)
-
-
 def model_tag(state: dict, version: int, num_blocks: int, conv_channels: int) -> str:
     """``state['tag']`` if the checkpoint has one, else ``mortal{v}-b{blocks}c{channels}-t{yymmddHH UTC}``."""
     if 'tag' in state:
@@ -147,7 +142,8 @@ def phi_matrix(grp, log_lines: list[str]) -> list:
 def serve(bot: Bot, stdin: IO[str], stdout: IO[str], *, review_mode: bool = False) -> list[str]:
     """The stdin/stdout loop; returns the input lines. Raises BotError naming a bad line's 1-based number."""
     lines = []
-    for n, line in enumerate(filtered_trimmed_lines(stdin), 1):
+    # stripped, non-empty lines (Mortal's common.filtered_trimmed_lines)
+    for n, line in enumerate(filter(None, map(str.strip, stdin)), 1):
         lines.append(line)
         try:
             reaction = bot.react(line)

@@ -46,9 +46,7 @@ def run(config: dict, *, disable_progress_bar: bool = False, out=None) -> Duplic
     cfg = typed(config).one_vs_three
     seeds_per_iter = cfg.games_per_iter // 4
     log_dir = cfg.log_dir or None
-    key = cfg.seed_key
-    if key == -1:
-        key = secrets.randbits(64)
+    key = secrets.randbits(64) if cfg.seed_key == -1 else cfg.seed_key
     logger.info('1v3: %d iterations of %d games, seed key %d', cfg.iters, cfg.games_per_iter, key)
 
     challenger = build_side(cfg.challenger, '1v3.challenger')

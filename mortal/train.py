@@ -93,7 +93,6 @@ class Trainer:
             anchor_weight=online_cfg.anchor_weight, next_rank_weight=cfg.aux.next_rank_weight,
             calibrated=cfg.cql.calibrated, counterfactual_weight=online_cfg.counterfactual_weight)
         self.gamma = cfg.env.gamma
-        self.max_grad_norm = cfg.optim.max_grad_norm
         self.dist = dist = dist or distributed.SINGLE
         self.device = dist.device(control.device)
         torch.backends.cudnn.benchmark = control.enable_cudnn_benchmark
@@ -208,9 +207,10 @@ class Trainer:
         from mortal.data.dataloader import iter_full_batches
         if self.online:  # the claimed logs of the trainee seat
             file_list, player_names = self.server.online_files(self.steps, self.resubmit)
+            ledger = self.server.ledger
         else:
             file_list, player_names = intake.offline_files(self.cfg.dataset, self.dist)
-        ledger = self.server.ledger if self.online else None
+            ledger = None
         logger.info('file list size: %s', f'{len(file_list):,}')
         if self.dist.size > 1:
             file_list = distributed.shard_files(file_list, self.dist.rank, self.dist.size)
@@ -220,10 +220,9 @@ class Trainer:
         self.pb = self._progress_bar()
         batches = 0
         loader = self.data_loader(file_list, player_names, ledger=ledger)
-        on_drop = None
         if ledger is not None:
             ledger.begin_epoch(loader.dataset.files)
-            on_drop = lambda rest: ledger.note_dropped(rest[-1])  # noqa: E731 - the ids are the last tensor
+        on_drop = None if ledger is None else lambda rest: ledger.note_dropped(rest[-1])  # the ids: last tensor
         loader_iter = iter(loader)
         try:
             for batch in self.dist.batches(iter_full_batches(loader_iter, self.batch_size, on_drop=on_drop)):
@@ -238,9 +237,7 @@ class Trainer:
             if shutdown is not None:
                 shutdown()
             del loader_iter
-            if self.pb is not None:
-                self.pb.close()
-                self.pb = None
+            self._close_bar()
         self.dist.sync_buffers(self.models)  # every rank ends with rank 0's BatchNorm statistics
         if self.online:
             dropped = ledger.end_epoch()
@@ -283,7 +280,7 @@ class Trainer:
 
         self.steps += 1
         if self.steps % self.opt_step_every == 0:
-            optimizer_step(self.optimizer, self.scaler, self.max_grad_norm)
+            optimizer_step(self.optimizer, self.scaler, self.cfg.optim.max_grad_norm)
         self.scheduler.step()
         if self.pb is not None:
             self.pb.update(1)
@@ -311,9 +308,7 @@ class Trainer:
         if not self.dist.is_main:
             self.reset_stats()
             return
-        if self.pb is not None:
-            self.pb.close()
-            self.pb = None
+        self._close_bar()
         write_scalars(
             self.writer, self.steps, stats, self.stat_batches, loss_weights=self.loss_weights,
             offline_mix=self.offline_stream is not None, lr=self.scheduler.get_last_lr()[0],
@@ -358,6 +353,11 @@ class Trainer:
         from tqdm.auto import tqdm
         return tqdm(total=self.save_every, desc='TRAIN', initial=self.steps % self.save_every, unit='batch',
                     dynamic_ncols=True, ascii=True)
+
+    def _close_bar(self) -> None:
+        if self.pb is not None:
+            self.pb.close()
+            self.pb = None
 
     def data_loader(self, file_list, player_names, ledger=None, *, batch_size=None, num_workers=None):
         """``learner_loader`` of this learner (defaults: ``[control] batch_size``, ``[dataset] num_workers``)."""
@@ -456,8 +456,7 @@ def run_learner(config: dict, dist=None) -> int:
                         trainer.stop_summary())
             return entry.stop_status(exc, 130)
         finally:
-            if trainer.pb is not None:  # a stop between two saves leaves the bar open
-                trainer.pb.close()
+            trainer._close_bar()  # a stop between two saves leaves the bar open
             trainer.writer.close()
     return 0
 
@@ -495,12 +494,11 @@ def main(argv=None):
     online = control.online
     dist = distributed.SINGLE
     try:
-        if online:
-            if distributed.world_size() > 1:
-                sys.exit(entry.error('online training runs as one learner: start it without torchrun (more '
-                                     'than one process, WORLD_SIZE > 1, is for offline training only)'))
-        else:  # torchrun: join the other ranks (mortal.learning.distributed); alone: nothing changes
+        if not online:  # torchrun: join the other ranks (mortal.learning.distributed); alone: nothing changes
             dist = distributed.setup(control.device)
+        elif distributed.world_size() > 1:
+            sys.exit(entry.error('online training runs as one learner: start it without torchrun (more '
+                                 'than one process, WORLD_SIZE > 1, is for offline training only)'))
     except (ConfigError, ValueError) as exc:
         sys.exit(entry.error(exc))
     config_path = resolve_path(args.config, args.overrides)

@@ -118,12 +118,10 @@ def evaluate(grp, inputs, rank_by_players):
 def load_samples(file_list) -> list:
     """Every GRP sample of ``file_list``, in file order, as ``GrpFileDatasetsIter`` yields them; bad files skipped."""
     files = list(file_list)
-    if not files:
-        return []
     data = GrpFileDatasetsIter(files, file_batch_size=len(files))
     try:
         return list(data._one_pass(shuffle=False))
-    except NoSamplesError:
+    except NoSamplesError:  # also for no file
         return []
 
 

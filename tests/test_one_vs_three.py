@@ -43,14 +43,16 @@ def test_duplicate_ci_uses_unit_means():
         ovt.duplicate_ci([])
 
 
-def test_challenger_ranks_by_nonce_and_rank_summary():
+def test_complete_challenger_units_and_rank_summary():
     games = [  # (nonce, key, split, final scores, 0-based rank_by_player)
         (5, 9, 'a', None, [0, 1, 2, 3]),  # challenger seat 0 -> 1st
         (5, 9, 'b', None, [0, 3, 1, 2]),  # seat 1 -> 4th
         (6, 9, 'c', None, [0, 3, 1, 2]),  # seat 2 -> 2nd
+        (5, 9, 'c', None, [0, 3, 1, 2]),  # seat 2 -> 2nd
         (6, 9, 'd', None, [0, 3, 1, 2]),  # seat 3 -> 3rd
+        (5, 9, 'd', None, [0, 3, 1, 2]),  # seat 3 -> 3rd
     ]
-    assert duplicate.challenger_ranks_by_nonce(games) == {5: [1, 4], 6: [2, 3]}
+    assert duplicate.complete_challenger_units(games) == {5: [1, 4, 2, 3]}  # deal 6 is incomplete: dropped
     assert ovt.rank_summary([1, 1, 1, 1]) == (2.5, 0.0)
     assert ovt.rank_summary([2, 0, 0, 2]) == (2.5, (2 * 90 - 2 * 135) / 4)
 

@@ -142,13 +142,9 @@ def learner_probe(cfg, version: int, state_file: str, device, baseline=None):
                                 size=PROBE_SIZE, grp=lambda: load_grp(cfg.grp.state_file, cfg.grp.network))
     if probe is None:
         return None
-    if baseline is not None:
-        brain, dqn = baseline
-    else:
-        brain, dqn, _ = load_model_pair(cfg.baseline.train.state_file)
-        brain.to(device)
-        dqn.to(device)
-    probe.set_baseline(brain, dqn, device)
+    if baseline is None:
+        baseline = (m.to(device) for m in load_model_pair(cfg.baseline.train.state_file)[:2])
+    probe.set_baseline(*baseline, device)
     return probe
 
 

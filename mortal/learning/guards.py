@@ -126,9 +126,7 @@ class Guards:
     def _best_replay(self):
         """``(first_nonce, count) -> units`` of best.pth on the challenger's deals (logs under ``<log_dir>_best``)."""
         t = self.trainer
-        brain, dqn, _ = load_model_pair(t.best_state_file)
-        brain.to(t.device)
-        dqn.to(t.device)
+        brain, dqn = (m.to(t.device) for m in load_model_pair(t.best_state_file)[:2])
         log_dir = path.normpath(t.test_player.log_dir) + '_best'
         empty_dir(log_dir)
         return lambda first, count: t.test_player.play_units(first, count, brain, dqn, t.device,

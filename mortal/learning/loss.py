@@ -61,25 +61,23 @@ def learner_loss(q_out: Tensor, next_rank_logits: Tensor, actions: Tensor, q_tar
     dqn_loss = 0.5 * F.mse_loss(q.float(), q_target)
     next_rank_loss = F.cross_entropy(next_rank_logits.float(), player_ranks)
     # Conservatism on the untaken actions: CQL (Mortal's, offline), its online and offline-mix extras, the anchor.
-    cql_loss = offline_cql_loss = anchor_loss = None
+    cql_loss = offline_cql_loss = anchor_loss = counterfactual_loss = None
     if weights.with_cql:
         cql_loss = cql_term(q_out[:n], actions[:n], q_target[:n], calibrated=weights.calibrated)
     if q_out.shape[0] > n:
         offline_cql_loss = cql_term(q_out[n:], actions[n:], q_target[n:], calibrated=weights.calibrated)
     if q_ref is not None and weights.anchor > 0:
         anchor_loss = anchor_term(q_out[:n], q_ref, masks[:n], actions[:n])
-    counterfactual_loss = None
     if weights.counterfactual > 0 and cf_actions is not None:
         counterfactual_loss = counterfactual_term(q_out, actions, cf_actions, cf_deltas)
-    total = (dqn_loss + _or_zero(cql_loss) * weights.cql + _or_zero(anchor_loss) * weights.anchor
-             + _or_zero(offline_cql_loss) * weights.offline_cql + next_rank_loss * weights.next_rank
-             + _or_zero(counterfactual_loss) * weights.counterfactual)
+    total = dqn_loss
+    for term, weight in ((cql_loss, weights.cql), (anchor_loss, weights.anchor),
+                         (offline_cql_loss, weights.offline_cql), (next_rank_loss, weights.next_rank),
+                         (counterfactual_loss, weights.counterfactual)):
+        if term is not None:  # a term that is off adds nothing
+            total = total + term * weight
     return LossTerms(total, dqn_loss, next_rank_loss, cql_loss, offline_cql_loss, anchor_loss, q,
                      counterfactual_loss)
-
-
-def _or_zero(term):
-    return 0 if term is None else term
 
 
 def cql_term(q_out: Tensor, actions: Tensor, q_target: Tensor | None = None, *, calibrated: bool = False) -> Tensor:

@@ -62,11 +62,9 @@ def reap_process_group(pgid: int) -> None:
         return
 
     def alive() -> bool:
-        try:
+        with contextlib.suppress(ChildProcessError):
             while os.waitpid(-pgid, os.WNOHANG)[0] > 0:  # members re-parented to us (we may be PID 1)
                 pass
-        except ChildProcessError:
-            pass
         try:
             os.killpg(pgid, 0)
         except (ProcessLookupError, PermissionError):

@@ -91,9 +91,7 @@ def rule_based_agari(state, best_win_scores: Callable[[], Sequence[int]] | None)
     if best_win_scores is None:
         return True
     exp = list(best_win_scores())
-    if all(s < 30000 for s in exp):
-        return True
-    return rank_of(exp, seat) < 3
+    return all(s < 30000 for s in exp) or rank_of(exp, seat) < 3
 
 
 _BIT = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))  # bit i of a mask word
@@ -109,11 +107,7 @@ def batch_meta_parts(q_values, masks) -> tuple[list, list]:
     flat = q[m].tolist()  # row-major: each row's legal values in index order
     ends = np.cumsum(m.sum(1)).tolist()
     bits = (m * _BIT[:m.shape[1]]).sum(1, dtype=np.uint64).tolist()
-    legal_q, start = [], 0
-    for end in ends:
-        legal_q.append(flat[start:end])
-        start = end
-    return legal_q, bits
+    return [flat[start:end] for start, end in zip([0, *ends], ends)], bits
 
 
 def _quick_eval_cans(cans) -> bool:
@@ -193,9 +187,7 @@ class MortalBatchAgent:
                      for sc in scenes]
         else:
             first = [(None, None)] * len(scenes)
-        only = [None] * len(scenes)
-        if self.quick_eval:
-            only = _quick_eval_batch(scenes, [m for _, m in first])
+        only = _quick_eval_batch(scenes, [m for _, m in first]) if self.quick_eval else [None] * len(scenes)
         rows = []  # (scene, at_kan_select, obs or None, mask or None), in react_batch order
         plan = []  # (scene index, main row, kan-select row or None)
         for i, sc in enumerate(scenes):

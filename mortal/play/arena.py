@@ -104,11 +104,8 @@ class OneVsThree:
         champ = make_agent(champion)
         if self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)
-        games: list[_Game] = []
-        for n in range(seed_count):
-            for split in range(4):
-                agents = [chal if s == split else champ for s in range(4)]
-                games.append(_Game(len(games), nonce0 + n, key, SPLITS[split], agents, [a.name for a in agents]))
+        games = [_Game(4 * n + split, nonce0 + n, key, SPLITS[split], [chal if s == split else champ for s in range(4)])
+                 for n in range(seed_count) for split in range(4)]
         self.last_games = []
         self.failed_games = []
         self.speculated = [0, 0]

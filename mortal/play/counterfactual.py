@@ -145,11 +145,9 @@ class _Branch(_Game):
         self.encoders = [None] * 4
         self.flow = parent.flow
         self.history = [list(h) for h in parent.history]
-        self.states = []
-        for s in range(4):
-            st = PlayerState(s)
+        self.states = [PlayerState(s) for s in range(4)]
+        for s, st in enumerate(self.states):
             _feed(s, st, None, self.history[s])
-            self.states.append(st)
         self.spec = None
         self.done = self.cancelled = False
         self.meta_queue = [[] for _ in range(4)]
@@ -169,15 +167,19 @@ class _Branch(_Game):
 
     def cancel(self) -> None:
         """Drop the branch: its decision was not executed; nothing is recorded."""
-        self.cancelled = self.done = True
+        self.cancelled = True
         self.meta.pop("counterfactual", None)
+        self._close()
+
+    def _close(self) -> None:
+        self.done = True
         self.obs = {}
         self.env = None
         self.parent.branches.discard(self)
 
     def _end_kyoku(self):
         f = self.flow
-        self._catch_up()
+        self.absorb(self.env.get_observations([0, 1, 2, 3]))  # the ended kyoku's last events
         out = next_kyoku(f, kyoku_result_from_events(kyoku_results(self.history), f.oya, self.states[f.oya].shanten))
         if out.next is None:
             record = {"action": self.action, "final": final_scores(out.scores, out.kyotaku)}
@@ -186,20 +188,7 @@ class _Branch(_Game):
             record = {"action": self.action, "next": [n.kyoku_index, n.honba, n.kyotaku, *n.scores]}
         if not self.cancelled:
             self.meta["counterfactual"] = record
-        self.done = True
-        self.obs = {}
-        self.env = None
-        self.parent.branches.discard(self)
-
-
-def _contested(game: _Game, seat: int, meta: dict, taken: int) -> tuple[str, int] | None:
-    """``contested_action`` of the challenger's decision in ``game``; the genbutsu only for a discard that neither
-    riichi nor a call makes contested."""
-    bits = meta.get("mask_bits")
-    safe = None
-    if taken < RIICHI and isinstance(bits, int) and not bits >> RIICHI & 1 and not bits >> PASS & 1:
-        safe = riichi_genbutsu(game.history[seat], seat)
-    return contested_action(meta, taken, safe)
+        self._close()
 
 
 def fork(self: _Game, decisions: dict, actions: dict, *, rate: float, rng: random.Random, other_kind: bool = False,
@@ -218,8 +207,11 @@ def fork(self: _Game, decisions: dict, actions: dict, *, rate: float, rng: rando
         return None
     taken = event_to_label(dec.reaction)
     if contested:
-        found = _contested(self, seat, dec.meta, taken)
-        kind, alt = found if found is not None else (None, None)
+        bits = dec.meta.get("mask_bits")
+        safe = None  # the genbutsu only for a discard that neither riichi nor a call makes contested
+        if taken < RIICHI and isinstance(bits, int) and not bits >> RIICHI & 1 and not bits >> PASS & 1:
+            safe = riichi_genbutsu(self.history[seat], seat)
+        kind, alt = contested_action(dec.meta, taken, safe) or (None, None)
     else:
         kind, alt = None, counterfactual_action(dec.meta, taken, other_kind=other_kind)
     # the draw comes after the eligibility: the rate is that of the decisions that have an alternative

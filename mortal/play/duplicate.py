@@ -76,18 +76,13 @@ def duplicate_ci(unit_ranks: Iterable[Sequence[int]]) -> DuplicateSummary:
     return DuplicateSummary(len(rank_means), n_games, avg_rank, rank_ci, avg_pt, pt_ci)
 
 
-def challenger_ranks_by_nonce(games: Iterable[tuple]) -> dict[int, list[int]]:
-    """The challenger's 1-based ranks by nonce from ``OneVsThree.last_games`` tuples."""
+def complete_challenger_units(games: Iterable[tuple]) -> dict[int, list[int]]:
+    """``{nonce: [4 ranks 1-4]}``: the challenger's 1-based ranks by nonce from ``OneVsThree.last_games`` tuples, of
+    the complete deals only (a deal with a failed game drops whole); ValueError for a bad split."""
     out: dict[int, list[int]] = {}
     for nonce, _key, split, _scores, ranks in games:
         out.setdefault(int(nonce), []).append(int(ranks[SPLITS.index(split)]) + 1)
-    return out
-
-
-def complete_challenger_units(games: Iterable[tuple]) -> dict[int, list[int]]:
-    """``{nonce: [4 ranks 1-4]}`` of the complete deals of ``games`` (a deal with a failed game drops whole);
-    ValueError for a bad split."""
-    return {n: r for n, r in challenger_ranks_by_nonce(games).items() if len(r) == 4}
+    return {n: r for n, r in out.items() if len(r) == 4}
 
 
 def build_side(side, section: str):

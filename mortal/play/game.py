@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from functools import partial
 
 from mjai.mlibriichi.state import PlayerState
 from riichienv import GameRule, RiichiEnv, calculate_score
@@ -64,15 +65,14 @@ def kyoku_wall(nonce: int, key: int, kyoku_index: int, honba: int) -> list[int]:
 class _Game:
     """One hanchan: its table, seat states (and v4 encoders), flow state and log."""
 
-    def __init__(self, gid, nonce, key, split, agents, names):
+    def __init__(self, gid, nonce, key, split, agents):
         self.gid, self.nonce, self.key, self.split = gid, nonce, key, split
         self.agents = agents  # per seat
-        self.names = names
         self.v4_seats = [needs_v4_encoder(a) for a in agents]
         rule = GameRule(sanchaho_is_draw=False, kuikae_forbidden=True)  # Tenhou's as Mortal: triple ron paid
         self.env = RiichiEnv(game_mode=0, seed=nonce % _U64, rule=rule)
         self.flow = KyokuState()
-        self.lines = [dumps({"type": "start_game", "names": names, "seed": [nonce, key]})]
+        self.lines = [dumps({"type": "start_game", "names": [a.name for a in agents], "seed": [nonce, key]})]
         self.spec: dict | None = None  # seat -> (events, Scene) of the speculative continuation after all pass
         self.done = False
         self.failed: str | None = None  # why the game was ended as failed (StatePanic), left out of the results
@@ -116,10 +116,11 @@ class _Game:
         if not self.obs:
             raise ArenaError(f"{self.label()}: table gave no decision at the start of kyoku {f.kyoku_index}")
 
-    def absorb(self) -> dict:
-        """Feed each asked seat's new masked events to its state (and encoder); returns seat -> events."""
+    def absorb(self, obs: dict | None = None) -> dict:
+        """Feed each asked seat's (``obs``: default the table's asks now) new masked events to its state (and
+        encoder); returns seat -> events."""
         out = {}
-        for seat, ob in self.obs.items():
+        for seat, ob in (self.obs if obs is None else obs).items():
             events = ob.new_events()
             _feed(seat, self.states[seat], self.encoders[seat], events)
             self.history[seat].extend(events)
@@ -136,7 +137,7 @@ class _Game:
             if not st.last_cans.can_act:
                 raise ArenaError(f"{self.label(seat)}: the table asks for a decision the PlayerState does not offer "
                                  f"(legal {[a.to_mjai() for a in ob.legal_actions()]})")
-            best = (lambda seat=seat: self._best_win_scores(seat)) if guard[seat] else None
+            best = partial(_win_scores, self.env, ob, st, seat, self.flow) if guard[seat] else None
             out.append(Scene(self.gid, seat, st, absorbed[seat], best, self.encoders[seat]))
         return out
 
@@ -169,7 +170,7 @@ class _Game:
                 return []  # no speculation; the real step, if it comes, fails the game
             if not st.last_cans.can_act:
                 return []
-            best = (lambda seat=seat, st=st, ob=ob: self._best_win_scores(seat, sim, ob, st)) if guard[seat] else None
+            best = partial(_win_scores, sim, ob, st, seat, self.flow) if guard[seat] else None
             spec[seat] = (events, Scene(self.gid, seat, st, events, best, None, speculative=True))
         self.spec = spec
         return [sc for _, sc in spec.values()]
@@ -215,22 +216,9 @@ class _Game:
                              f"{MAX_STEPS_PER_KYOKU} steps")
         self.obs = obs
 
-    def _best_win_scores(self, seat: int, env=None, ob=None, st=None) -> list[int]:
-        """``_win_scores`` of this seat now (``env``/``ob``/``st`` default to this game's)."""
-        st = self.states[seat] if st is None else st
-        ob = self.obs[seat] if ob is None else ob
-        return _win_scores(self.env if env is None else env, ob, st, seat, self.flow)
-
-    def _catch_up(self) -> None:
-        """Feed each seat's last events of the ended kyoku (dealer tenpai, the result) to its state and history."""
-        for seat, ob in self.env.get_observations([0, 1, 2, 3]).items():
-            events = ob.new_events()
-            _feed(seat, self.states[seat], self.encoders[seat], events)
-            self.history[seat].extend(events)
-
     def _end_kyoku(self):
         f = self.flow
-        self._catch_up()
+        self.absorb(self.env.get_observations([0, 1, 2, 3]))  # the ended kyoku's last events (dealer tenpai, result)
         waiting = {id(b.meta) for b in self.branches}  # metas a counterfactual branch still running writes into
         try:
             lines, results = kyoku_lines(self.history, self.meta_queue, waiting, self.pass_metas)
@@ -277,8 +265,7 @@ def _add_ura_bound(exp: list[int], sim, st: PlayerState, seat: int, hora_ev: dic
     wr = results.get(seat) if isinstance(results, dict) else None
     if wr is None or wr.yakuman:
         return
-    counts = sorted((c for c in st.tehai if c), reverse=True) + [4] * len(st.ankans)
-    counts.sort(reverse=True)
+    counts = sorted([c for c in st.tehai if c] + [4] * len(st.ankans), reverse=True)
     counts[0] += 1
     n_ura = len(hora_ev.get("ura_markers") or []) or 1
     extra_han = sum(counts[:n_ura])

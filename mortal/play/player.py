@@ -30,9 +30,12 @@ TEST_SEED = (10000, 0x2000)  # Mortal's test-play seed (nonce start, key)
 TRAIN_SEED_START = 10000
 
 
-def _use_amp(device: torch.device) -> bool:
-    # Mortal plays with autocast on (fp16 on CUDA); CPU autocast would mean bfloat16, slower and less exact there.
-    return device.type == 'cuda'
+def _engine(brain, dqn, version: int, device, **kw):
+    """A ``MortalEngine`` on ``device`` with autocast as Mortal plays: on (fp16) on CUDA only; CPU autocast would
+    mean bfloat16, slower and less exact there."""
+    from mortal.play.engine import MortalEngine
+    device = torch.device(device)
+    return MortalEngine(brain, dqn, version=version, device=device, enable_amp=device.type == 'cuda', **kw)
 
 
 def load_baseline_engine(slot, *, name: str = 'baseline'):
@@ -40,23 +43,13 @@ def load_baseline_engine(slot, *, name: str = 'baseline'):
     (``mortal.config.section``: device, enable_compile, state_file).
 
     Raises FileNotFoundError, mortal.model.checkpoint.CheckpointError (``load_model_pair``)."""
-    from mortal.play.engine import MortalEngine
-
     device = torch.device(slot.device)
     brain, dqn, version = load_model_pair(slot.state_file)
     if slot.enable_compile:
         brain.compile()
         dqn.compile()
     logger.info('%s engine: %s (version %d) on %s', name, slot.state_file, version, device)
-    return MortalEngine(
-        brain,
-        dqn,
-        version=version,
-        device=device,
-        enable_amp=_use_amp(device),
-        enable_rule_based_agari_guard=True,
-        name=name,
-    )
+    return _engine(brain, dqn, version, device, enable_rule_based_agari_guard=True, name=name)
 
 
 @contextlib.contextmanager
@@ -74,10 +67,6 @@ def _mtime(filename: str):
         return os.path.getmtime(filename)
     except OSError:
         return None
-
-
-def _list_logs(log_dir: str) -> list:
-    return sorted(path.join(log_dir, name) for name in os.listdir(log_dir))
 
 
 class TestPlayer:
@@ -102,13 +91,10 @@ class TestPlayer:
         ``log_dir`` (default: this test play's), the challenger named ``name``. Returns ``{nonce: [the challenger's
         4 ranks, 1-4]}`` of the deals without a failed game."""
         from mortal.play.arena import OneVsThree
-        from mortal.play.engine import MortalEngine
         from mortal.play.duplicate import complete_challenger_units
 
-        device = torch.device(device)
         with _cudnn_benchmark_off(self.cudnn_benchmark):
-            engine = MortalEngine(mortal, dqn, version=self.chal_version, device=device, enable_amp=_use_amp(device),
-                                  name=name)
+            engine = _engine(mortal, dqn, self.chal_version, device, name=name)
             env = OneVsThree(disable_progress_bar=False, log_dir=log_dir or self.log_dir,
                              speculate_passes=self.speculate_passes)
             env.py_vs_py(challenger=engine, champion=self.baseline_engine, seed_start=(first_nonce, TEST_SEED[1]),
@@ -141,22 +127,17 @@ class TrainPlayer:
         self.epsilon_factor = 1.0  # from the trainer, with its parameters ([guard] epsilon_factor)
         self.temp_factor = 1.0
         env = EnvOverrides.of(env)  # a mapping is read once, here
-        profile = train_play_profile(config, env)
+        self.profile = profile = train_play_profile(config, env)  # boltzmann_*, top_p, repeats, counterfactual_*
         logger.info('using train-play profile %s', env.profile)
         self.chal_version = cfg.control.version
         self.cudnn_benchmark = cfg.control.enable_cudnn_benchmark
         self.speculate_passes = profile.speculate_passes
         self.counterfactual_rate = profile.counterfactual_rate
-        self.counterfactual_alternative = profile.counterfactual_alternative
         self.counterfactual: dict = {}
         self.log_dir = path.abspath(profile.log_dir)
         self.train_key = secrets.randbits(64) if train_key is None else train_key
         self.train_seed = TRAIN_SEED_START
         self.seed_count = profile.games // 4
-        self.boltzmann_epsilon = profile.boltzmann_epsilon
-        self.boltzmann_temp = profile.boltzmann_temp
-        self.top_p = profile.top_p
-        self.repeats = profile.repeats
         self.repeat_counter = 0
 
     def set_factors(self, epsilon_factor: float, temp_factor: float) -> None:
@@ -166,7 +147,8 @@ class TrainPlayer:
 
     def effective_exploration(self) -> tuple:
         """``(epsilon, temp)`` of the next round: the profile's values times the trainer's factors."""
-        return min(1.0, self.boltzmann_epsilon * self.epsilon_factor), self.boltzmann_temp * self.temp_factor
+        p = self.profile
+        return min(1.0, p.boltzmann_epsilon * self.epsilon_factor), p.boltzmann_temp * self.temp_factor
 
     def reload_baseline(self) -> None:
         """Load ``[baseline.train] state_file`` again (after a rotation)."""
@@ -182,7 +164,7 @@ class TrainPlayer:
         """The ``(nonce, key)`` of the next round, then advance the schedule (every ``repeats`` rounds)."""
         seed = (self.train_seed, self.train_key)
         self.repeat_counter += 1
-        if self.repeat_counter == self.repeats:
+        if self.repeat_counter == self.profile.repeats:
             self.train_seed += self.seed_count
             self.repeat_counter = 0
         return seed
@@ -191,23 +173,18 @@ class TrainPlayer:
         """One round: ``games`` games. Returns (rankings (4,) int64 numpy: trainee's count of 1st..4th places,
         file_list: sorted paths of the gz logs written to ``log_dir``)."""
         from mortal.play.arena import OneVsThree
-        from mortal.play.engine import MortalEngine
 
-        device = torch.device(device)
         epsilon, temp = self.effective_exploration()
         with _cudnn_benchmark_off(self.cudnn_benchmark):
-            engine = MortalEngine(
-                mortal, dqn, version=self.chal_version, device=device,
-                enable_amp=_use_amp(device), name='trainee',
-                boltzmann_epsilon=epsilon, boltzmann_temp=temp, top_p=self.top_p,
-            )
+            engine = _engine(mortal, dqn, self.chal_version, device, name='trainee', boltzmann_epsilon=epsilon,
+                             boltzmann_temp=temp, top_p=self.profile.top_p)
             empty_dir(self.log_dir)
             seed = self.next_seed()
             # counterfactual draws: per round (the repeats of a seed draw anew), reproducible from the seed
             # the learner reads these logs once and deletes them: gzip level 1 (docs/performance.md, session 25)
             env = OneVsThree(disable_progress_bar=False, log_dir=self.log_dir, speculate_passes=self.speculate_passes,
                              log_compresslevel=1, counterfactual_rate=self.counterfactual_rate,
-                             counterfactual_alternative=self.counterfactual_alternative,
+                             counterfactual_alternative=self.profile.counterfactual_alternative,
                              counterfactual_seed=hash((seed, self.repeat_counter)) & ((1 << 64) - 1))
             rankings = env.py_vs_py(challenger=engine, champion=self.baseline_engine, seed_start=seed,
                                     seed_count=self.seed_count)
@@ -215,4 +192,5 @@ class TrainPlayer:
             if self.counterfactual_rate > 0:
                 logger.info('counterfactual branches: %d forked, %d recorded, %d dropped, %d extra decisions',
                             *(env.counterfactual[k] for k in ('forked', 'recorded', 'dropped', 'scenes')))
-            return np.asarray(rankings, dtype=np.int64), _list_logs(self.log_dir)
+            logs = sorted(path.join(self.log_dir, name) for name in os.listdir(self.log_dir))
+            return np.asarray(rankings, dtype=np.int64), logs

@@ -71,10 +71,8 @@ def check_grp(config, config_path=None):
     configured = cfg.env.reward
     files = val_logs(boot)
     grp_file = cfg.grp.state_file
-    ce = None
     samples = load_samples(files) if files and os.path.exists(grp_file) else []
-    if samples:
-        ce = mean_ce(load_grp(grp_file, cfg.grp.network), samples)
+    ce = mean_ce(load_grp(grp_file, cfg.grp.network), samples) if samples else None
     if ce is None:
         reward = configured
         logger.warning('train-grp: no GRP or no validation logs to check it on (%s, %d val logs): the kyoku '
@@ -164,22 +162,18 @@ def run_steps(config, steps, *, force=False, progress=True, config_path=None):
 
     from tqdm.contrib.logging import logging_redirect_tqdm
     timings = {}
+    run = {'gen-logs': lambda: gen_logs(config, progress=progress),
+           'train-grp': lambda: (train_grp(config, progress=progress), check_grp(config, config_path)),
+           'train-offline': lambda: train_offline(config, progress=progress),
+           'prepare': lambda: prepare(config, force=force)}
     # a log line while a bar is drawn goes above the bar (tqdm.write), not into it
     with logging_redirect_tqdm() if progress else nullcontext():
         for step in steps:
             start = time.monotonic()
             logger.info('=== bootstrap %s', step)
-            if step == 'gen-logs':
-                gen_logs(config, progress=progress)
-            elif step == 'train-grp':
-                train_grp(config, progress=progress)
-                check_grp(config, config_path)
-            elif step == 'train-offline':
-                train_offline(config, progress=progress)
-            elif step == 'prepare':
-                prepare(config, force=force)
-            else:
+            if step not in run:
                 raise BootstrapError(f'unknown step {step!r}; one of {STEPS} or all')
+            run[step]()
             timings[step] = time.monotonic() - start
     return timings
 

@@ -119,13 +119,12 @@ def load_mortal_checkpoint(path, config):
         return [f"not a Mortal checkpoint: needs keys 'mortal' and 'current_dqn', has {keys}"]
     problems = []
     saved = state.get('config') if isinstance(state.get('config'), dict) else {}  # the checkpoint's plain dict
-    for key in ('conv_channels', 'num_blocks'):
-        have = lookup(saved, f'resnet.{key}')
-        if have is not None and have != getattr(resnet, key):
-            problems.append(f'saved [resnet] {key} = {have}, config has {getattr(resnet, key)}')
-    have_version = lookup(saved, 'control.version')
-    if have_version is not None and have_version != version:
-        problems.append(f'saved [control] version = {have_version}, config has {version}')
+    for dotted, want in (('resnet.conv_channels', resnet.conv_channels), ('resnet.num_blocks', resnet.num_blocks),
+                         ('control.version', version)):
+        have = lookup(saved, dotted)
+        if have is not None and have != want:
+            table, key = dotted.split('.')
+            problems.append(f'saved [{table}] {key} = {have}, config has {want}')
     if problems:
         return problems
     try:
@@ -200,8 +199,7 @@ def _model_parts(conv_channels, num_blocks, version, device='meta'):
 
 
 def _param_bytes(*modules):
-    return sum(p.numel() * p.element_size() for m in modules for p in m.parameters()) + \
-        sum(b.numel() * b.element_size() for m in modules for b in m.buffers())
+    return sum(t.numel() * t.element_size() for m in modules for t in (*m.parameters(), *m.buffers()))
 
 
 def _weight_count(*modules):
@@ -282,24 +280,20 @@ def check_memory(config, profile='default'):
     rows = []
     for name, (device, nbytes) in est.items():
         text = f'{name} on {device} ~ {nbytes / GIB:.2f} GiB (estimate)'
-        if str(device).startswith('cuda'):
-            gpu = _gpu_total_bytes(device)
-            if gpu is None:  # a FAIL row of check_devices names the key and the fixes
-                rows.append(Check(INFO, 'memory', f'{text}; but no CUDA device is visible to torch'))
-                continue
-            if nbytes > gpu >= lean[name][1]:  # the benchmark takes what is free: a smaller card gives it less
-                rows.append(Check(WARN, 'memory', f'{text} exceeds {device} total {gpu / GIB:.1f} GiB with the '
-                                  f'cuDNN benchmark\'s workspaces (fitted on an H200), {lean[name][1] / GIB:.2f} GiB '
-                                  'without'))
-                continue
-            if nbytes > gpu:
-                rows.append(Check(FAIL, 'memory', f'{text} exceeds {device} total {gpu / GIB:.1f} GiB; '
-                                  'lower [control] batch_size or the play games'))
-                continue
-            text += f' of {gpu / GIB:.1f} GiB'
+        if not str(device).startswith('cuda'):
+            rows.append(Check(INFO, 'memory', f'{text} of tensors; the Python + torch process itself adds ~0.5-1 GiB '
+                                              'of RAM'))
+        elif (gpu := _gpu_total_bytes(device)) is None:  # a FAIL row of check_devices names the key and the fixes
+            rows.append(Check(INFO, 'memory', f'{text}; but no CUDA device is visible to torch'))
+        elif nbytes > gpu >= lean[name][1]:  # the benchmark takes what is free: a smaller card gives it less
+            rows.append(Check(WARN, 'memory', f'{text} exceeds {device} total {gpu / GIB:.1f} GiB with the '
+                              f'cuDNN benchmark\'s workspaces (fitted on an H200), {lean[name][1] / GIB:.2f} GiB '
+                              'without'))
+        elif nbytes > gpu:
+            rows.append(Check(FAIL, 'memory', f'{text} exceeds {device} total {gpu / GIB:.1f} GiB; '
+                              'lower [control] batch_size or the play games'))
         else:
-            text += ' of tensors; the Python + torch process itself adds ~0.5-1 GiB of RAM'
-        rows.append(Check(INFO, 'memory', text))
+            rows.append(Check(INFO, 'memory', f'{text} of {gpu / GIB:.1f} GiB'))
     return rows
 
 
@@ -329,13 +323,12 @@ def check_file_indexes(config):
         except Exception as e:  # garbage, another format
             rows.append(Check(FAIL, 'file index', f'{where}: not a file index ({describe_error(e)}); delete it'))
             continue
-        stale = stale_index(index, globs)
-        if stale is not None:
+        if (stale := stale_index(index, globs)) is not None:
             rows.append(Check(WARN, 'file index', f'{where}: {stale}: the next run rebuilds it'))
-            continue
-        problems = index_problems(index, lists)
-        rows.append(Check(FAIL, 'file index', f'{where}: {"; ".join(problems)}; delete it to rebuild it')
-                    if problems else Check(OK, 'file index', f'{where}: every listed file is there, within the globs'))
+        elif problems := index_problems(index, lists):
+            rows.append(Check(FAIL, 'file index', f'{where}: {"; ".join(problems)}; delete it to rebuild it'))
+        else:
+            rows.append(Check(OK, 'file index', f'{where}: every listed file is there, within the globs'))
     return rows
 
 
@@ -363,15 +356,11 @@ def run_checks(config, *, server_running=False, profile='default'):
         rows.append(Check(INFO, 'version', 'version 4 observations (1012 x 34) run a single-player search per '
                                            'decision in self-play and per sample in the loader; slower than v3 '
                                            f'({sp_threads()} search threads per process: MORTAL_SP_THREADS)'))
-    rows += check_devices(config)
-    rows += check_paths(config)
+    rows += check_devices(config) + check_paths(config)
     if typed(config).control.online:
         rows += check_port(config, server_running)
-    rows += check_checkpoints(config)
-    rows += check_grp(config)
-    rows += check_file_indexes(config)
-    rows += check_memory(config, profile)
-    return rows
+    rows += check_checkpoints(config) + check_grp(config) + check_file_indexes(config)
+    return rows + check_memory(config, profile)
 
 
 def typo_checks(config: dict, path: str) -> tuple[list[Check], set[str]]:

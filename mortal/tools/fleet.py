@@ -62,21 +62,19 @@ class ActorPlan:
 
 def plan_actors(config: dict, actors: int, profiles: list, config_path: str = 'the config') -> list:
     """One ``ActorPlan`` per actor, profiles in turn; ``ConfigError`` naming a missing ``[train_play.<profile>]``."""
+    from itertools import cycle
+
     from mortal.config import ConfigError, EnvOverrides, profile_table, train_play_profile, typed
-    tables = {}
+    log_dirs = {}
     for profile in dict.fromkeys(profiles):
         try:  # the clients' own lookup, so that a name the fleet accepts is one they find
-            tables[profile] = train_play_profile(config, EnvOverrides(profile=profile))
+            log_dirs[profile] = path.abspath(train_play_profile(config, EnvOverrides(profile=profile)).log_dir)
         except ConfigError:
             have = ', '.join(sorted(typed(config).train_play or {})) or 'none'
             raise ConfigError(config_path, [f'[fleet] profiles in {config_path} names {profile!r}, but there is no '
                                             f'[{profile_table(profile)}] (profiles there: {have})']) from None
-    plans = []
-    for i in range(actors):
-        profile = profiles[i % len(profiles)]
-        log_dir = path.abspath(tables[profile].log_dir)
-        plans.append(ActorPlan(i, profile, f'{log_dir}.fleet-{i}'))
-    return plans
+    return [ActorPlan(i, profile, f'{log_dirs[profile]}.fleet-{i}')
+            for i, profile in zip(range(actors), cycle(profiles))]
 
 
 def actor_config(config: dict, plan: ActorPlan) -> dict:
@@ -106,13 +104,8 @@ def check_shares(num_cpus: float, num_gpus: float) -> list:
 
 def capacity(nodes: list, num_cpus: float, num_gpus: float) -> int:
     """How many actors of ``num_cpus`` CPUs and ``num_gpus`` GPUs the Ray ``nodes`` (resource dicts) run at once."""
-    total = 0
-    for resources in nodes:
-        fit = math.floor(resources.get('CPU', 0.0) / num_cpus + 1e-9)
-        if num_gpus > 0:
-            fit = min(fit, math.floor(resources.get('GPU', 0.0) / num_gpus + 1e-9))
-        total += fit
-    return total
+    return sum(min(math.floor(r.get('CPU', 0.0) / num_cpus + 1e-9),
+                   math.floor(r.get('GPU', 0.0) / num_gpus + 1e-9) if num_gpus > 0 else math.inf) for r in nodes)
 
 
 def resource_problem(nodes: list, num_cpus: float, num_gpus: float, actors: int):
@@ -222,12 +215,11 @@ class FleetRecord:
         avg_rank, avg_pt = rank_summary(rankings)
         ma_rank, ma_pt = rank_summary(total)
         if self.writer is not None:
-            step = self.fleet_rounds
             for tag, value in (('fleet/avg_rank', avg_rank), ('fleet/avg_pt', avg_pt),
                                ('fleet/window_avg_rank', ma_rank), ('fleet/window_avg_pt', ma_pt),
                                ('fleet/hanchan_per_hour', per_hour), ('fleet/actors', live),
                                ('fleet/restarts', self.restarts)):
-                self.writer.add_scalar(tag, value, step)
+                self.writer.add_scalar(tag, value, self.fleet_rounds)
             self.writer.flush()
         return (f'fleet round {self.fleet_rounds}: {rounds} rounds of {live} actors, {games} games in '
                 f'{seconds:.1f} s ({per_hour:.0f} hanchan/h); trainee rankings: {rankings.tolist()} '
@@ -261,9 +253,7 @@ class Fleet:
         logger.error('actor %d dropped: %s', i, why)
         self.ray.kill(self.actors.pop(i), no_restart=True)
         self.held.pop(i, None)
-        for ref, (j, _) in list(self.in_flight.items()):
-            if j == i:
-                del self.in_flight[ref]
+        self.in_flight = {ref: call for ref, call in self.in_flight.items() if call[0] != i}
 
     def notice_waiting(self) -> None:
         """Log the actors still starting and the cluster's free resources (Ray queues silently)."""
@@ -372,13 +362,10 @@ def _last_line(ex: BaseException) -> str:
 
 def _start_ray(ray, address: str, where: str, fleet, actors: int):
     """Join ``address`` or start a local Ray and check it runs ``actors`` actors; an error message or None."""
+    # 'local': a new instance even where `ray start` left one to join (ray.init() would join it)
+    local = {} if address else {'object_store_memory': LOCAL_OBJECT_STORE_BYTES}
     try:
-        if address:
-            ray.init(address=address, include_dashboard=False, log_to_driver=True)
-        else:
-            # 'local': a new instance even where `ray start` left one to join (ray.init() would join it)
-            ray.init(address='local', include_dashboard=False, log_to_driver=True,
-                     object_store_memory=LOCAL_OBJECT_STORE_BYTES)
+        ray.init(address=address or 'local', include_dashboard=False, log_to_driver=True, **local)
     except (ValueError, ConnectionError, RuntimeError) as ex:  # a bad address, no cluster there, a failed start
         what = f'join the Ray cluster at {address} ({where})' if address else 'start a local Ray instance'
         return f'cannot {what}: {_last_line(ex)}'
@@ -417,13 +404,11 @@ def main(argv=None):
         plans = plan_actors(config, actors, fleet.profiles, config_path)
     except ConfigError as ex:
         return entry.error(ex)
-    problems = check_shares(fleet.num_cpus, fleet.num_gpus) + check_devices(config, fleet.num_gpus)
-    if problems:
+    if problems := check_shares(fleet.num_cpus, fleet.num_gpus) + check_devices(config, fleet.num_gpus):
         return entry.error('; '.join(problems))
     address = ray_address(args.address, fleet.address)
     where = f'--address, [fleet] address in {config_path}, or $RAY_ADDRESS'
-    problem = address and unreachable(address)
-    if problem:
+    if address and (problem := unreachable(address)):
         return entry.error(f'cannot join the Ray cluster at {address} ({where}): {problem}')
     tb_dir = fleet.tensorboard_dir or path.join(cfg.control.tensorboard_dir, 'fleet')
     from torch.utils.tensorboard import SummaryWriter
@@ -436,8 +421,7 @@ def main(argv=None):
     ray = import_ray()
     old_handler = signal.signal(signal.SIGTERM, _stop)
     try:
-        problem = _start_ray(ray, address, where, fleet, actors)
-        if problem:
+        if problem := _start_ray(ray, address, where, fleet, actors):
             return entry.error(problem)
         record = FleetRecord(cfg.online.history_window, writer)
         return Fleet(ray, config, fleet, plans, record).run(args.rounds)

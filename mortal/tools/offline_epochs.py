@@ -105,6 +105,8 @@ def validation_loss(trainer, files):
 
 
 def _epoch_trainer_class():
+    from collections import Counter
+
     from mortal.train import Trainer
 
     class EpochTrainer(Trainer):
@@ -113,8 +115,9 @@ def _epoch_trainer_class():
         def __init__(self, *args, progress=True, **kwargs):
             self.progress = progress
             self.epoch_bar = None
-            super().__init__(*args, **kwargs)  # its reset_stats() comes before epoch_sums exists: nothing to add
-            self.epoch_sums = {}
+            self.epoch_sums = None  # the reset_stats() in Trainer.__init__ has nothing to add
+            super().__init__(*args, **kwargs)
+            self.epoch_sums = Counter()
 
         def _progress_bar(self):
             return self.epoch_bar
@@ -137,19 +140,16 @@ def _epoch_trainer_class():
                     self.epoch_bar = None
 
         def reset_stats(self):
-            sums = getattr(self, 'epoch_sums', None)
-            if sums is not None:
-                for name, value in self.stats.items():
-                    sums[name] = sums.get(name, 0.0) + value
+            if self.epoch_sums is not None:
+                self.epoch_sums.update(self.stats)  # a Counter adds the values
             super().reset_stats()
 
         def take_epoch_loss(self, batches):
             self.reset_stats()  # the tail since the last save joins the sums (and leaves the next save's mean)
-            sums, self.epoch_sums = self.epoch_sums, {}
+            sums, self.epoch_sums = self.epoch_sums, Counter()
             w = self.loss_weights
-            total = (sums.get('dqn_loss', 0.0) + w.next_rank * sums.get('next_rank_loss', 0.0)
-                     + (w.cql * sums.get('cql_loss', 0.0) if w.with_cql else 0.0))
-            return total / max(batches, 1)
+            cql = w.cql * sums['cql_loss'] if w.with_cql else 0.0
+            return (sums['dqn_loss'] + w.next_rank * sums['next_rank_loss'] + cql) / max(batches, 1)
 
     return EpochTrainer
 
@@ -243,20 +243,18 @@ def _offline_epoch(trainer, history, p, val_files, max_epochs, patience) -> None
     if trainer.steps % trainer.save_every:
         trainer.save()  # the epoch's tail after the last save_every
     train_loss = trainer.take_epoch_loss(batches)
-    val_loss = val_samples = None
-    if val_files:
-        val_loss, val_samples = validation_loss(trainer, val_files)
+    val_loss, val_samples = validation_loss(trainer, val_files) if val_files else (None, None)
     history.append({'epoch': epoch, 'steps': trainer.steps, 'batches': batches, 'train_loss': train_loss,
                     'val_loss': val_loss})
     atomic_write_bytes(json.dumps(history, indent=1).encode(), p['history'])
     trainer.writer.add_scalar('bootstrap/train_loss', train_loss, epoch)
-    if val_loss is not None:
-        trainer.writer.add_scalar('bootstrap/val_loss', val_loss, epoch)
-    trainer.writer.flush()
     if val_loss is None:
+        trainer.writer.flush()
         logger.info('train-offline: epoch %d: %d steps, train loss %.4f (no val logs)', epoch,
                     trainer.steps, train_loss)
         return
+    trainer.writer.add_scalar('bootstrap/val_loss', val_loss, epoch)
+    trainer.writer.flush()
     best, _ = _best_epoch(history, patience)
     logger.info('train-offline: epoch %d/%d: %d steps, train loss %.4f, val loss %.4f on %s samples '
                 '(best %.4f at epoch %d)', epoch, max_epochs, trainer.steps, train_loss, val_loss,

@@ -154,10 +154,9 @@ def same_weights(path_a, path_b) -> bool:
         sa, sb = a.get(key), b.get(key)
         if not isinstance(sa, dict) or not isinstance(sb, dict) or sa.keys() != sb.keys():
             return False
-        for k in sa:
-            ta, tb = sa[k], sb[k]
-            if not isinstance(ta, torch.Tensor) or not isinstance(tb, torch.Tensor) or not torch.equal(ta, tb):
-                return False
+        if not all(isinstance(sa[k], torch.Tensor) and isinstance(sb[k], torch.Tensor) and torch.equal(sa[k], sb[k])
+                   for k in sa):
+            return False
     return True
 
 
@@ -192,9 +191,9 @@ def evaluate_against_start(config, sets, progress=False):
             continue
         if label == 'final' and 'best' in out and same_weights(cfg.control.best_state_file, state_file):
             out[label] = {**out['best'], 'same_as': 'best'}
-            continue
-        units = _play_eval_deals(('mortal', state_file), start, sets, progress, f'eval {label} vs 3x start')
-        out[label] = summarize(units)
+        else:
+            out[label] = summarize(_play_eval_deals(('mortal', state_file), start, sets, progress,
+                                                    f'eval {label} vs 3x start'))
     return out
 
 
@@ -205,8 +204,7 @@ def evaluate_start_vs_rulebase(config, sets, progress=False):
     start = typed(config).baseline.test.state_file
     if not os.path.exists(start):
         return None
-    units = _play_eval_deals(('mortal', start), ('rulebase', None), sets, progress, 'start vs 3 RulebaseBots')
-    return summarize(units)
+    return summarize(_play_eval_deals(('mortal', start), ('rulebase', None), sets, progress, 'start vs 3 RulebaseBots'))
 
 
 def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0, version=3, eval_sets=None,
@@ -216,6 +214,13 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
     from mortal.config import load_config, typed
     t0 = time.monotonic()
     timings = {}
+
+    def timed(step, fn, *args, **kwargs):
+        start = time.monotonic()
+        out = fn(*args, **kwargs)
+        timings[step] = time.monotonic() - start
+        return out
+
     eval_sets = PRESETS[preset]['eval_sets'] if eval_sets is None else eval_sets
     rulebase_sets = PRESETS[preset]['rulebase_sets'] if rulebase_sets is None else rulebase_sets
     work = Path(work_dir).expanduser().resolve()
@@ -230,26 +235,31 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
     cfg = typed(config)
     tb_dir = cfg.control.tensorboard_dir
     log_dir = work / 'logs'
-    t1 = time.monotonic()
-    stopped = _run_online(cfg, cfg_path, log_dir, PRESETS[preset]['online_timeout'], online_minutes)
-    timings['online'] = time.monotonic() - t1
-
-    evaluation = {}
-    if eval_sets:
-        t2 = time.monotonic()
-        evaluation = evaluate_against_start(config, eval_sets, progress=progress)
-        timings['eval'] = time.monotonic() - t2
-    rulebase = None
-    if rulebase_sets:
-        t3 = time.monotonic()
-        rulebase = evaluate_start_vs_rulebase(config, rulebase_sets, progress=progress)
-        timings['rulebase'] = time.monotonic() - t3
+    stopped = timed('online', _run_online, cfg, cfg_path, log_dir, PRESETS[preset]['online_timeout'], online_minutes)
+    evaluation = timed('eval', evaluate_against_start, config, eval_sets, progress=progress) if eval_sets else {}
+    rulebase = (timed('rulebase', evaluate_start_vs_rulebase, config, rulebase_sets, progress=progress)
+                if rulebase_sets else None)
 
     plots = work / 'plots'
     subprocess.run([sys.executable, str(ROOT / 'scripts' / 'plot_tb.py'), tb_dir, '--out', str(plots)],
                    check=False, stdout=subprocess.DEVNULL)
     timings['total'] = time.monotonic() - t0
-    return _summary(work, cfg_path, cfg, log_dir, plots, evaluation, rulebase, stopped, timings)
+    return {
+        'work_dir': str(work),
+        'config': str(cfg_path),
+        'tensorboard': [tb_dir, str(work / 'bootstrap' / 'offline' / 'tensorboard'), cfg.grp.control.tensorboard_dir],
+        'checkpoints': {'state_file': cfg.control.state_file, 'best_state_file': cfg.control.best_state_file,
+                        'baseline': cfg.baseline.train.state_file, 'grp': cfg.grp.state_file,
+                        'offline_best': str(work / 'bootstrap' / 'offline' / 'best.pth')},
+        'logs': str(log_dir),
+        'plots': str(plots),
+        'test_play': read_scalars(tb_dir),
+        'evaluation': evaluation,
+        'rulebase': rulebase,
+        'reward': cfg.env.reward,  # the GRP check's choice (bootstrap.check_grp)
+        'stopped': stopped,
+        'timings': timings,
+    }
 
 
 def _run_online(cfg, cfg_path, log_dir, timeout, online_minutes):
@@ -272,26 +282,6 @@ def _run_online(cfg, cfg_path, log_dir, timeout, online_minutes):
         stopped = stop(procs)
         logger.info('stopped: %s', stopped)
     return stopped
-
-
-def _summary(work, cfg_path, cfg, log_dir, plots, evaluation, rulebase, stopped, timings) -> dict:
-    tb_dir = cfg.control.tensorboard_dir
-    return {
-        'work_dir': str(work),
-        'config': str(cfg_path),
-        'tensorboard': [tb_dir, str(work / 'bootstrap' / 'offline' / 'tensorboard'), cfg.grp.control.tensorboard_dir],
-        'checkpoints': {'state_file': cfg.control.state_file, 'best_state_file': cfg.control.best_state_file,
-                        'baseline': cfg.baseline.train.state_file, 'grp': cfg.grp.state_file,
-                        'offline_best': str(work / 'bootstrap' / 'offline' / 'best.pth')},
-        'logs': str(log_dir),
-        'plots': str(plots),
-        'test_play': read_scalars(tb_dir),
-        'evaluation': evaluation,
-        'rulebase': rulebase,
-        'reward': cfg.env.reward,  # the GRP check's choice (bootstrap.check_grp)
-        'stopped': stopped,
-        'timings': timings,
-    }
 
 
 def _wait_port(host, port, proc, log_dir, timeout=60):
@@ -327,23 +317,19 @@ def report(result, out=sys.stdout):
         p('test_play (challenger `mortal` vs 3x baseline; avg rank 2.5 = even):')
         pts = dict(tp.get('test_play/avg_pt', []))
         rows = tp['test_play/avg_ranking']
-        shown = rows if len(rows) <= 12 else rows[:3] + [None] + rows[-8:]
-        for row in shown:
-            if row is None:
-                p(f'  ... ({len(rows) - 11} more; all in TensorBoard)')
-                continue
-            step, rank = row
-            p(f'  step {step:>6}: avg rank {rank:.3f}, avg pt {pts.get(step, float("nan")):+.2f}')
-    ev = result.get('evaluation') or {}
-    if ev:
+        lines = [f'  step {step:>6}: avg rank {rank:.3f}, avg pt {pts.get(step, float("nan")):+.2f}'
+                 for step, rank in rows]
+        if len(rows) > 12:
+            lines[3:-8] = [f'  ... ({len(rows) - 11} more; all in TensorBoard)']
+        p('\n'.join(lines))
+    if ev := result.get('evaluation'):
         from mortal.play.evaluation import format_summary
         p('evaluation against 3x the start model on the same duplicate deals (start = 2.500 exactly; '
           'lower is better, 95% CI):')
         for label, summary in ev.items():
             same = f"  (same weights as {summary['same_as']}: not played again)" if summary.get('same_as') else ''
             p(f'  {label:<5} {format_summary(summary)}{same}')
-    rb = result.get('rulebase')
-    if rb:
+    if rb := result.get('rulebase'):
         from mortal.play.duplicate import unreliable_note
         note = unreliable_note(rb['deals'])
         p(f"start vs 3 RulebaseBots: avg rank {rb['avg_rank']:.3f} ± {rb['avg_rank_ci']:.3f} "

@@ -108,9 +108,7 @@ def gen_logs(config, *, progress=True):
     start = time.monotonic()
     with ctx.Pool(min(workers, len(tasks))) as pool, \
             tqdm(total=len(tasks) * per_set, unit='game', desc='gen-logs', disable=not progress) as bar:
-        finished = 0
-        for nonce, subs, err in pool.imap_unordered(play_set, tasks):
-            finished += 1
+        for finished, (nonce, subs, err) in enumerate(pool.imap_unordered(play_set, tasks), 1):
             substitutions += subs
             if err:
                 failures.append((nonce, err))
