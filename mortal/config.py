@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
 import logging
 import os
 import reprlib
@@ -117,19 +118,15 @@ def read_config(path: str | os.PathLike | None = None, env: Env = os.environ) ->
         raise ConfigError(path, [f'config path {path} is not a regular file'])
     try:
         with open(path, 'rb') as f:
-            data = f.read()
+            # utf-8-sig: Windows editors (Notepad) prepend a BOM, which the TOML parser would reject at line 1.
+            return tomllib.loads(f.read().decode('utf-8-sig'))
     except FileNotFoundError:
         raise ConfigError(path, [f'config file {path} not found (set {ENV_PATH} or pass the path)']) from None
-    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
-        raise ConfigError(path, [f'cannot read config file {path}: {e}']) from None
-    try:
-        # utf-8-sig: Windows editors (Notepad) prepend a BOM, which the TOML parser would reject at line 1.
-        return tomllib.loads(data.decode('utf-8-sig'))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(path, [f'{path}: TOML syntax error: {e}']) from None
     except RecursionError:  # arrays or inline tables nested thousands deep
         raise ConfigError(path, [f'{path}: TOML syntax error: arrays or inline tables nested too deeply']) from None
-    except ValueError as e:  # not UTF-8, or an integer of more than sys.get_int_max_str_digits() digits
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the path, not UTF-8, an integer too long for int()
         raise ConfigError(path, [f'cannot read config file {path}: {e}']) from None
 
 
@@ -184,7 +181,7 @@ def _check(config: dict, path: str, required: Required, env: Env) -> tuple:
     for name in required:
         if name == 'train_play':
             name = profile_table(profile_name(env))
-            if _get_table(config, name) is None:
+            if not isinstance(lookup(config, name), dict):
                 errors.append(f'missing section [{name}] in {path} (selected by {ENV_PROFILE}={profile_name(env)!r})')
         elif lookup(config, name) is None:  # a table that is not one is reported above
             errors.append(f'missing section [{name}] in {path}')
@@ -239,7 +236,7 @@ def section(config: dict, dotted: str) -> Section:
 def checked_section(config: dict, dotted: str, *, path: str | None = None, env: Env = os.environ) -> Section:
     """``section``, its problems raised as ``ConfigError`` naming ``path`` as ``validate`` words them."""
     path = resolve_path(path, env)
-    if _get_table(config, dotted) is None:
+    if not isinstance(lookup(config, dotted), dict):
         raise ConfigError(path, [f'missing section [{dotted}] in {path}'])
     try:
         return section(config, dotted)
@@ -252,10 +249,7 @@ def checked_section(config: dict, dotted: str, *, path: str | None = None, env: 
 def put(config: dict, dotted: str, value) -> None:
     """Set the key or table ``dotted`` of the plain config dict in place, making the tables on the way."""
     *tables, name = table_path(dotted)
-    node = config
-    for part in tables:
-        node = node.setdefault(part, {})
-    node[name] = value
+    functools.reduce(lambda node, part: node.setdefault(part, {}), tables, config)[name] = value
 
 
 def lookup(config: dict, dotted: str, default=None):
@@ -266,11 +260,6 @@ def lookup(config: dict, dotted: str, default=None):
             return default
         node = node[part]
     return node
-
-
-def _get_table(config: dict, dotted: str):
-    table = lookup(config, dotted)
-    return table if isinstance(table, dict) else None
 
 
 def _merge(target: dict, values: dict) -> None:
@@ -284,7 +273,7 @@ def _merge(target: dict, values: dict) -> None:
 def train_play_profile(config: dict, env: Env = os.environ, *, path: str | None = None) -> Section:
     """The typed ``[train_play.<profile>]`` of ``TRAIN_PLAY_PROFILE``; ``ConfigError`` when it is missing."""
     profile = profile_name(env)
-    if _get_table(config, profile_table(profile)) is None:
+    if not isinstance(lookup(config, profile_table(profile)), dict):
         path = resolve_path(path, env)
         raise ConfigError(path, [f'missing section [{profile_table(profile)}] in {path} '
                                  f'(selected by {ENV_PROFILE}={profile!r})'])
@@ -304,8 +293,7 @@ def profile_table(profile: str) -> str:
 def for_checkpoint(config: dict) -> dict:
     """A deep copy of ``config`` without ``[online.remote] token``, to store in a checkpoint."""
     public = copy.deepcopy(config)
-    remote = _get_table(public, 'online.remote')
-    if remote is not None:
+    if isinstance(remote := lookup(public, 'online.remote'), dict):
         remote.pop('token', None)
     return public
 
