@@ -15,8 +15,7 @@ from typing import Callable, Iterable, Mapping
 from pydantic import ValidationError
 
 from mortal.config_schema import (  # noqa: F401  (some re-exported: the config's public names live here)
-    BEST_RULES, CONTAINERS, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_LOG_BYTES, SCHEDULER_DEFAULT_INIT, SECTIONS, Config,
-    Section)
+    CONTAINERS, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_LOG_BYTES, SCHEDULER_DEFAULT_INIT, SECTIONS, Config, Section)
 from mortal.config_keys import (  # noqa: F401  (as well)
     REMOVED_KEYS, Unknown, key_table, removed_reason, section_keys, table_name, table_path, unknown_names,
     unknown_warning)
@@ -56,11 +55,8 @@ class ConfigError(ValueError):
     def __init__(self, path: str, problems: list[str]):
         self.path = path
         self.problems = list(problems)
-        if len(self.problems) == 1:
-            text = self.problems[0]
-        else:
-            text = f'{len(self.problems)} problems in {path}:\n' + '\n'.join(f'  - {p}' for p in self.problems)
-        super().__init__(text)
+        listed = f'{len(self.problems)} problems in {path}:\n' + '\n'.join(f'  - {p}' for p in self.problems)
+        super().__init__(self.problems[0] if len(self.problems) == 1 else listed)
 
 
 @dataclass(frozen=True)
@@ -197,7 +193,7 @@ def _valid_tables(config: dict) -> Config:
     fields = {}
     for name, field in Config.model_fields.items():
         key = field.alias or name
-        if isinstance(config, dict) and key in config:
+        if key in config:
             try:
                 fields[name] = getattr(Config.model_validate({key: config[key]}), name)
             except ValidationError:
@@ -207,15 +203,15 @@ def _valid_tables(config: dict) -> Config:
 
 def _too_deep(config: dict) -> str | None:
     """The first table or array nested more than ``MAX_DEPTH`` levels deep, as ``[dotted]``; None if none."""
-    stack = [(config, (), 0)]
+    stack = [(config, ())]
     while stack:
-        node, where, depth = stack.pop()
-        if depth > MAX_DEPTH:
+        node, where = stack.pop()
+        if len(where) > MAX_DEPTH:
             return '[' + '.'.join(map(str, where[:-1])) + '] ' + str(where[-1])
         items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
         for name, value in items:
             if isinstance(value, (dict, list)):
-                stack.append((value, where + (name,), depth + 1))
+                stack.append((value, where + (name,)))
     return None
 
 
@@ -378,12 +374,10 @@ def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str])
         warns.append(f'[online] offline_batch_size = {online.offline_batch_size} in {path} has no effect with '
                      f'[control] online = false (offline training reads [dataset] whole)')
     if control is not None:
-        if control.save_every % control.opt_step_every != 0:
-            errors.append(f'[control] save_every = {control.save_every} in {path} must be a multiple of '
-                          f'[control] opt_step_every = {control.opt_step_every}')
-        if control.test_every % control.save_every != 0:
-            errors.append(f'[control] test_every = {control.test_every} in {path} must be a multiple of '
-                          f'[control] save_every = {control.save_every}')
+        for name, of in (('save_every', 'opt_step_every'), ('test_every', 'save_every')):
+            if getattr(control, name) % getattr(control, of) != 0:
+                errors.append(f'[control] {name} = {getattr(control, name)} in {path} must be a multiple of '
+                              f'[control] {of} = {getattr(control, of)}')
         if cfg.test_play is not None and control.online and cfg.test_play.best_rule == 'sprt' \
                 and cfg.test_play.games // 4 < 8:
             warns.append(f"[test_play] games = {cfg.test_play.games} in {path} is fewer than the 32 games the SPRT "

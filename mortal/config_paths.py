@@ -99,9 +99,8 @@ def kept_paths(cfg, config_path: str) -> list[tuple[str, str]]:
     """``(key, path as written)`` of what no emptied folder may hold: config, checkpoints, file index, globs' roots."""
     out = [('the config file', os.fspath(config_path))]
     if cfg.control is not None:
-        out += [('[control] state_file', cfg.control.state_file),
-                ('[control] best_state_file', cfg.control.best_state_file),
-                ('[control] tensorboard_dir', cfg.control.tensorboard_dir)]
+        out += [(f'[control] {name}', getattr(cfg.control, name))
+                for name in ('state_file', 'best_state_file', 'tensorboard_dir')]
     for name in ('train', 'test'):
         if (slot := cfg.baseline and getattr(cfg.baseline, name)) is not None:
             out.append((f'[baseline.{name}] state_file', slot.state_file))
