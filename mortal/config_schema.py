@@ -47,8 +47,7 @@ def _rule(ok: Callable[[Any], bool], reason: str) -> AfterValidator:
     return AfterValidator(check)
 
 
-def _within(low, high) -> AfterValidator:
-    """The closed range ``[low, high]``."""
+def _within(low, high) -> AfterValidator:  # the closed range [low, high]
     return _rule(lambda v: low <= v <= high, f'must be within [{low}, {high}]')
 
 
