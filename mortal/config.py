@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
 import logging
 import os
 import reprlib
@@ -14,8 +15,7 @@ from typing import Callable, Iterable, Mapping
 from pydantic import ValidationError
 
 from mortal.config_schema import (  # noqa: F401  (some re-exported: the config's public names live here)
-    BEST_RULES, CONTAINERS, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_LOG_BYTES, SCHEDULER_DEFAULT_INIT, SECTIONS, Config,
-    Section)
+    CONTAINERS, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_LOG_BYTES, SCHEDULER_DEFAULT_INIT, SECTIONS, Config, Section)
 from mortal.config_keys import (  # noqa: F401  (as well)
     REMOVED_KEYS, Unknown, key_table, removed_reason, section_keys, table_name, table_path, unknown_names,
     unknown_warning)
@@ -55,11 +55,8 @@ class ConfigError(ValueError):
     def __init__(self, path: str, problems: list[str]):
         self.path = path
         self.problems = list(problems)
-        if len(self.problems) == 1:
-            text = self.problems[0]
-        else:
-            text = f'{len(self.problems)} problems in {path}:\n' + '\n'.join(f'  - {p}' for p in self.problems)
-        super().__init__(text)
+        listed = f'{len(self.problems)} problems in {path}:\n' + '\n'.join(f'  - {p}' for p in self.problems)
+        super().__init__(self.problems[0] if len(self.problems) == 1 else listed)
 
 
 @dataclass(frozen=True)
@@ -117,19 +114,15 @@ def read_config(path: str | os.PathLike | None = None, env: Env = os.environ) ->
         raise ConfigError(path, [f'config path {path} is not a regular file'])
     try:
         with open(path, 'rb') as f:
-            data = f.read()
+            # utf-8-sig: Windows editors (Notepad) prepend a BOM, which the TOML parser would reject at line 1.
+            return tomllib.loads(f.read().decode('utf-8-sig'))
     except FileNotFoundError:
         raise ConfigError(path, [f'config file {path} not found (set {ENV_PATH} or pass the path)']) from None
-    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
-        raise ConfigError(path, [f'cannot read config file {path}: {e}']) from None
-    try:
-        # utf-8-sig: Windows editors (Notepad) prepend a BOM, which the TOML parser would reject at line 1.
-        return tomllib.loads(data.decode('utf-8-sig'))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(path, [f'{path}: TOML syntax error: {e}']) from None
     except RecursionError:  # arrays or inline tables nested thousands deep
         raise ConfigError(path, [f'{path}: TOML syntax error: arrays or inline tables nested too deeply']) from None
-    except ValueError as e:  # not UTF-8, or an integer of more than sys.get_int_max_str_digits() digits
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the path, not UTF-8, an integer too long for int()
         raise ConfigError(path, [f'cannot read config file {path}: {e}']) from None
 
 
@@ -184,7 +177,7 @@ def _check(config: dict, path: str, required: Required, env: Env) -> tuple:
     for name in required:
         if name == 'train_play':
             name = profile_table(profile_name(env))
-            if _get_table(config, name) is None:
+            if not isinstance(lookup(config, name), dict):
                 errors.append(f'missing section [{name}] in {path} (selected by {ENV_PROFILE}={profile_name(env)!r})')
         elif lookup(config, name) is None:  # a table that is not one is reported above
             errors.append(f'missing section [{name}] in {path}')
@@ -200,7 +193,7 @@ def _valid_tables(config: dict) -> Config:
     fields = {}
     for name, field in Config.model_fields.items():
         key = field.alias or name
-        if isinstance(config, dict) and key in config:
+        if key in config:
             try:
                 fields[name] = getattr(Config.model_validate({key: config[key]}), name)
             except ValidationError:
@@ -210,15 +203,15 @@ def _valid_tables(config: dict) -> Config:
 
 def _too_deep(config: dict) -> str | None:
     """The first table or array nested more than ``MAX_DEPTH`` levels deep, as ``[dotted]``; None if none."""
-    stack = [(config, (), 0)]
+    stack = [(config, ())]
     while stack:
-        node, where, depth = stack.pop()
-        if depth > MAX_DEPTH:
+        node, where = stack.pop()
+        if len(where) > MAX_DEPTH:
             return '[' + '.'.join(map(str, where[:-1])) + '] ' + str(where[-1])
         items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
         for name, value in items:
             if isinstance(value, (dict, list)):
-                stack.append((value, where + (name,), depth + 1))
+                stack.append((value, where + (name,)))
     return None
 
 
@@ -239,7 +232,7 @@ def section(config: dict, dotted: str) -> Section:
 def checked_section(config: dict, dotted: str, *, path: str | None = None, env: Env = os.environ) -> Section:
     """``section``, its problems raised as ``ConfigError`` naming ``path`` as ``validate`` words them."""
     path = resolve_path(path, env)
-    if _get_table(config, dotted) is None:
+    if not isinstance(lookup(config, dotted), dict):
         raise ConfigError(path, [f'missing section [{dotted}] in {path}'])
     try:
         return section(config, dotted)
@@ -252,10 +245,7 @@ def checked_section(config: dict, dotted: str, *, path: str | None = None, env: 
 def put(config: dict, dotted: str, value) -> None:
     """Set the key or table ``dotted`` of the plain config dict in place, making the tables on the way."""
     *tables, name = table_path(dotted)
-    node = config
-    for part in tables:
-        node = node.setdefault(part, {})
-    node[name] = value
+    functools.reduce(lambda node, part: node.setdefault(part, {}), tables, config)[name] = value
 
 
 def lookup(config: dict, dotted: str, default=None):
@@ -266,11 +256,6 @@ def lookup(config: dict, dotted: str, default=None):
             return default
         node = node[part]
     return node
-
-
-def _get_table(config: dict, dotted: str):
-    table = lookup(config, dotted)
-    return table if isinstance(table, dict) else None
 
 
 def _merge(target: dict, values: dict) -> None:
@@ -284,7 +269,7 @@ def _merge(target: dict, values: dict) -> None:
 def train_play_profile(config: dict, env: Env = os.environ, *, path: str | None = None) -> Section:
     """The typed ``[train_play.<profile>]`` of ``TRAIN_PLAY_PROFILE``; ``ConfigError`` when it is missing."""
     profile = profile_name(env)
-    if _get_table(config, profile_table(profile)) is None:
+    if not isinstance(lookup(config, profile_table(profile)), dict):
         path = resolve_path(path, env)
         raise ConfigError(path, [f'missing section [{profile_table(profile)}] in {path} '
                                  f'(selected by {ENV_PROFILE}={profile!r})'])
@@ -304,8 +289,7 @@ def profile_table(profile: str) -> str:
 def for_checkpoint(config: dict) -> dict:
     """A deep copy of ``config`` without ``[online.remote] token``, to store in a checkpoint."""
     public = copy.deepcopy(config)
-    remote = _get_table(public, 'online.remote')
-    if remote is not None:
+    if isinstance(remote := lookup(public, 'online.remote'), dict):
         remote.pop('token', None)
     return public
 
@@ -390,12 +374,10 @@ def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str])
         warns.append(f'[online] offline_batch_size = {online.offline_batch_size} in {path} has no effect with '
                      f'[control] online = false (offline training reads [dataset] whole)')
     if control is not None:
-        if control.save_every % control.opt_step_every != 0:
-            errors.append(f'[control] save_every = {control.save_every} in {path} must be a multiple of '
-                          f'[control] opt_step_every = {control.opt_step_every}')
-        if control.test_every % control.save_every != 0:
-            errors.append(f'[control] test_every = {control.test_every} in {path} must be a multiple of '
-                          f'[control] save_every = {control.save_every}')
+        for name, of in (('save_every', 'opt_step_every'), ('test_every', 'save_every')):
+            if getattr(control, name) % getattr(control, of) != 0:
+                errors.append(f'[control] {name} = {getattr(control, name)} in {path} must be a multiple of '
+                              f'[control] {of} = {getattr(control, of)}')
         if cfg.test_play is not None and control.online and cfg.test_play.best_rule == 'sprt' \
                 and cfg.test_play.games // 4 < 8:
             warns.append(f"[test_play] games = {cfg.test_play.games} in {path} is fewer than the 32 games the SPRT "

@@ -9,16 +9,12 @@ TMP_SUFFIX = '.tmp'  # atomic_write's temporary name: ``<filename>.tmp`` in the 
 
 def fsync_dir(dirname: str) -> None:
     """fsync ``dirname`` so a rename in it survives a crash; errors ignored (not every FS can)."""
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(dirname, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 @contextlib.contextmanager
