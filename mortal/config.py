@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import difflib
-import functools
 import logging
 import os
 import reprlib
@@ -245,7 +244,10 @@ def checked_section(config: dict, dotted: str, *, path: str | None = None, env: 
 def put(config: dict, dotted: str, value) -> None:
     """Set the key or table ``dotted`` of the plain config dict in place, making the tables on the way."""
     *tables, name = table_path(dotted)
-    functools.reduce(lambda node, part: node.setdefault(part, {}), tables, config)[name] = value
+    node = config
+    for part in tables:
+        node = node.setdefault(part, {})
+    node[name] = value
 
 
 def lookup(config: dict, dotted: str, default=None):
