@@ -14,7 +14,8 @@ from typing import Callable, Iterable, Mapping
 from pydantic import ValidationError
 
 from mortal.config_schema import (  # noqa: F401  (some re-exported: the config's public names live here)
-    CONTAINERS, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_LOG_BYTES, SCHEDULER_DEFAULT_INIT, SECTIONS, Config, Section)
+    BEST_RULES, CONTAINERS, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_LOG_BYTES, SCHEDULER_DEFAULT_INIT, SECTIONS, Config,
+    Section)
 from mortal.config_keys import (  # noqa: F401  (as well)
     REMOVED_KEYS, Unknown, key_table, removed_reason, section_keys, table_name, table_path, unknown_names,
     unknown_warning)
@@ -54,8 +55,11 @@ class ConfigError(ValueError):
     def __init__(self, path: str, problems: list[str]):
         self.path = path
         self.problems = list(problems)
-        listed = f'{len(self.problems)} problems in {path}:\n' + '\n'.join(f'  - {p}' for p in self.problems)
-        super().__init__(self.problems[0] if len(self.problems) == 1 else listed)
+        if len(self.problems) == 1:
+            text = self.problems[0]
+        else:
+            text = f'{len(self.problems)} problems in {path}:\n' + '\n'.join(f'  - {p}' for p in self.problems)
+        super().__init__(text)
 
 
 @dataclass(frozen=True)
@@ -113,15 +117,19 @@ def read_config(path: str | os.PathLike | None = None, env: Env = os.environ) ->
         raise ConfigError(path, [f'config path {path} is not a regular file'])
     try:
         with open(path, 'rb') as f:
-            # utf-8-sig: Windows editors (Notepad) prepend a BOM, which the TOML parser would reject at line 1.
-            return tomllib.loads(f.read().decode('utf-8-sig'))
+            data = f.read()
     except FileNotFoundError:
         raise ConfigError(path, [f'config file {path} not found (set {ENV_PATH} or pass the path)']) from None
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
+        raise ConfigError(path, [f'cannot read config file {path}: {e}']) from None
+    try:
+        # utf-8-sig: Windows editors (Notepad) prepend a BOM, which the TOML parser would reject at line 1.
+        return tomllib.loads(data.decode('utf-8-sig'))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(path, [f'{path}: TOML syntax error: {e}']) from None
     except RecursionError:  # arrays or inline tables nested thousands deep
         raise ConfigError(path, [f'{path}: TOML syntax error: arrays or inline tables nested too deeply']) from None
-    except (OSError, ValueError) as e:  # ValueError: a NUL in the path, not UTF-8, an integer too long for int()
+    except ValueError as e:  # not UTF-8, or an integer of more than sys.get_int_max_str_digits() digits
         raise ConfigError(path, [f'cannot read config file {path}: {e}']) from None
 
 
@@ -176,7 +184,7 @@ def _check(config: dict, path: str, required: Required, env: Env) -> tuple:
     for name in required:
         if name == 'train_play':
             name = profile_table(profile_name(env))
-            if not isinstance(lookup(config, name), dict):
+            if _get_table(config, name) is None:
                 errors.append(f'missing section [{name}] in {path} (selected by {ENV_PROFILE}={profile_name(env)!r})')
         elif lookup(config, name) is None:  # a table that is not one is reported above
             errors.append(f'missing section [{name}] in {path}')
@@ -192,7 +200,7 @@ def _valid_tables(config: dict) -> Config:
     fields = {}
     for name, field in Config.model_fields.items():
         key = field.alias or name
-        if key in config:
+        if isinstance(config, dict) and key in config:
             try:
                 fields[name] = getattr(Config.model_validate({key: config[key]}), name)
             except ValidationError:
@@ -202,15 +210,15 @@ def _valid_tables(config: dict) -> Config:
 
 def _too_deep(config: dict) -> str | None:
     """The first table or array nested more than ``MAX_DEPTH`` levels deep, as ``[dotted]``; None if none."""
-    stack = [(config, ())]
+    stack = [(config, (), 0)]
     while stack:
-        node, where = stack.pop()
-        if len(where) > MAX_DEPTH:
+        node, where, depth = stack.pop()
+        if depth > MAX_DEPTH:
             return '[' + '.'.join(map(str, where[:-1])) + '] ' + str(where[-1])
         items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
         for name, value in items:
             if isinstance(value, (dict, list)):
-                stack.append((value, where + (name,)))
+                stack.append((value, where + (name,), depth + 1))
     return None
 
 
@@ -231,7 +239,7 @@ def section(config: dict, dotted: str) -> Section:
 def checked_section(config: dict, dotted: str, *, path: str | None = None, env: Env = os.environ) -> Section:
     """``section``, its problems raised as ``ConfigError`` naming ``path`` as ``validate`` words them."""
     path = resolve_path(path, env)
-    if not isinstance(lookup(config, dotted), dict):
+    if _get_table(config, dotted) is None:
         raise ConfigError(path, [f'missing section [{dotted}] in {path}'])
     try:
         return section(config, dotted)
@@ -260,6 +268,11 @@ def lookup(config: dict, dotted: str, default=None):
     return node
 
 
+def _get_table(config: dict, dotted: str):
+    table = lookup(config, dotted)
+    return table if isinstance(table, dict) else None
+
+
 def _merge(target: dict, values: dict) -> None:
     for name, value in values.items():
         if isinstance(value, dict) and isinstance(target.get(name), dict):
@@ -271,7 +284,7 @@ def _merge(target: dict, values: dict) -> None:
 def train_play_profile(config: dict, env: Env = os.environ, *, path: str | None = None) -> Section:
     """The typed ``[train_play.<profile>]`` of ``TRAIN_PLAY_PROFILE``; ``ConfigError`` when it is missing."""
     profile = profile_name(env)
-    if not isinstance(lookup(config, profile_table(profile)), dict):
+    if _get_table(config, profile_table(profile)) is None:
         path = resolve_path(path, env)
         raise ConfigError(path, [f'missing section [{profile_table(profile)}] in {path} '
                                  f'(selected by {ENV_PROFILE}={profile!r})'])
@@ -291,7 +304,8 @@ def profile_table(profile: str) -> str:
 def for_checkpoint(config: dict) -> dict:
     """A deep copy of ``config`` without ``[online.remote] token``, to store in a checkpoint."""
     public = copy.deepcopy(config)
-    if isinstance(remote := lookup(public, 'online.remote'), dict):
+    remote = _get_table(public, 'online.remote')
+    if remote is not None:
         remote.pop('token', None)
     return public
 
@@ -376,10 +390,12 @@ def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str])
         warns.append(f'[online] offline_batch_size = {online.offline_batch_size} in {path} has no effect with '
                      f'[control] online = false (offline training reads [dataset] whole)')
     if control is not None:
-        for name, of in (('save_every', 'opt_step_every'), ('test_every', 'save_every')):
-            if getattr(control, name) % getattr(control, of) != 0:
-                errors.append(f'[control] {name} = {getattr(control, name)} in {path} must be a multiple of '
-                              f'[control] {of} = {getattr(control, of)}')
+        if control.save_every % control.opt_step_every != 0:
+            errors.append(f'[control] save_every = {control.save_every} in {path} must be a multiple of '
+                          f'[control] opt_step_every = {control.opt_step_every}')
+        if control.test_every % control.save_every != 0:
+            errors.append(f'[control] test_every = {control.test_every} in {path} must be a multiple of '
+                          f'[control] save_every = {control.save_every}')
         if cfg.test_play is not None and control.online and cfg.test_play.best_rule == 'sprt' \
                 and cfg.test_play.games // 4 < 8:
             warns.append(f"[test_play] games = {cfg.test_play.games} in {path} is fewer than the 32 games the SPRT "

@@ -35,16 +35,17 @@ def keys_of(model: type[Section]) -> dict[str, Key]:
     for name, field in model.model_fields.items():
         if is_section(field.annotation):
             continue
-        # an Optional[...] field keeps the Kind on its inner type
-        inner = (m for arg in getattr(field.annotation, '__args__', ()) for m in getattr(arg, '__metadata__', ()))
-        kind = next(m.name for m in (*field.metadata, *inner) if isinstance(m, Kind))
+        kinds = [m.name for m in field.metadata if isinstance(m, Kind)]
+        if not kinds:  # an Optional[...] field keeps the Kind on its inner type
+            kinds = [m.name for arg in getattr(field.annotation, '__args__', ()) for m in
+                     getattr(arg, '__metadata__', ()) if isinstance(m, Kind)]
         if (field.json_schema_extra or {}).get('unfilled'):
             default = UNFILLED
         elif field.is_required():
             default = REQUIRED
         else:
             default = field.get_default(call_default_factory=True)
-        out[field.alias or name] = Key(kind, field.description or '', default)
+        out[field.alias or name] = Key(kinds[0], field.description or '', default)
     return out
 
 
@@ -76,16 +77,20 @@ def table_path(dotted: str) -> list[str]:
     """The keys of a dotted name: ``'train_play."a.b"'`` -> ``['train_play', 'a.b']``."""
     parts, i = [], 0
     while True:
-        part = ''
         if dotted.startswith('"', i):
             try:
                 part, i = _STRING.raw_decode(dotted, i)
             except ValueError:  # an unpaired quote: the rest is one bare part, as split would have it
                 part, i = dotted[i:], len(dotted)
-        end = dotted.find('.', i)
-        end = len(dotted) if end < 0 else end
-        parts.append(part + dotted[i:end])  # after a quoted part: nothing, for what table_name wrote
-        if end == len(dotted):
+            end = dotted.find('.', i)
+            end = len(dotted) if end < 0 else end
+            part += dotted[i:end]  # nothing, for what table_name wrote
+        else:
+            end = dotted.find('.', i)
+            end = len(dotted) if end < 0 else end
+            part = dotted[i:end]
+        parts.append(part)
+        if end >= len(dotted):
             return parts
         i = end + 1
 

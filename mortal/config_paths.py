@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import glob
-import itertools
 import os
 
 from mortal.config_keys import table_name
@@ -38,10 +37,11 @@ def _strings(node, where: tuple = ()):
             yield from _strings(v, where + (k,))
 
 
-def expand_config_dir(node, folder: str) -> None:
+def expand_config_dir(node, folder: str):
     """In place, a leading ``{config_dir}`` of every string in ``node`` becomes ``folder`` (not the token)."""
     for parent, k, _ in list(_strings(node)):
         parent[k] = expand(parent[k], folder)
+    return node
 
 
 def config_dir_errors(config: dict, path: str) -> list[str]:
@@ -73,9 +73,13 @@ def _inside(child: str, parent: str) -> bool:
 def _glob_root(pattern: str) -> str:
     """``data/**/*.gz`` -> ``data``."""
     parts = pattern.split(os.sep)
-    fixed = list(itertools.takewhile(lambda part: not glob.has_magic(part), parts))
+    fixed = []
+    for part in parts:
+        if glob.has_magic(part):
+            break
+        fixed.append(part)
     if len(fixed) == len(parts):
-        fixed.pop()  # no wildcard: the file's folder holds it
+        fixed = fixed[:-1]  # no wildcard: the file's folder holds it
     return os.sep.join(fixed) or ('/' if pattern.startswith(os.sep) else '.')
 
 
@@ -99,10 +103,13 @@ def kept_paths(cfg, config_path: str) -> list[tuple[str, str]]:
     """``(key, path as written)`` of what no emptied folder may hold: config, checkpoints, file index, globs' roots."""
     out = [('the config file', os.fspath(config_path))]
     if cfg.control is not None:
-        out += [(f'[control] {name}', getattr(cfg.control, name))
-                for name in ('state_file', 'best_state_file', 'tensorboard_dir')]
+        out += [('[control] state_file', cfg.control.state_file),
+                ('[control] best_state_file', cfg.control.best_state_file),
+                ('[control] tensorboard_dir', cfg.control.tensorboard_dir)]
+    baseline = cfg.baseline
     for name in ('train', 'test'):
-        if (slot := cfg.baseline and getattr(cfg.baseline, name)) is not None:
+        slot = baseline and getattr(baseline, name)
+        if slot is not None:
             out.append((f'[baseline.{name}] state_file', slot.state_file))
     if cfg.grp is not None:
         out.append(('[grp] state_file', cfg.grp.state_file))

@@ -47,10 +47,6 @@ def _rule(ok: Callable[[Any], bool], reason: str) -> AfterValidator:
     return AfterValidator(check)
 
 
-def _within(low, high) -> AfterValidator:  # the closed range [low, high]
-    return _rule(lambda v: low <= v <= high, f'must be within [{low}, {high}]')
-
-
 # TOML integers are 64-bit (seed_key is a u64); a parser may accept any size, which would only fail much later inside
 # torch or the Rust core.
 Int = Annotated[int, Strict(), Kind('int'),
@@ -63,11 +59,11 @@ FloatList = Annotated[list[Annotated[float, Strict(), AllowInfNan(False)]], Kind
 
 Positive = _rule(lambda v: v > 0, 'must be > 0')
 NonNegative = _rule(lambda v: v >= 0, 'must be >= 0')
-UnitClosed = _within(0, 1)
+UnitClosed = _rule(lambda v: 0 <= v <= 1, 'must be within [0, 1]')
 UnitHalfOpen = _rule(lambda v: 0 <= v < 1, 'must be within [0, 1)')
 Factor = _rule(lambda v: 0 < v <= 1, 'must be within (0, 1]')
 SprtError = _rule(lambda v: 0 < v < 0.5, 'must be within (0, 0.5)')
-Port = _within(0, 65535)
+Port = _rule(lambda v: 0 <= v <= 65535, 'must be within [0, 65535]')
 SeedKey = _rule(lambda v: v == -1 or 0 <= v < 2 ** 64, 'must be -1 (random) or within [0, 2^64)')
 NotEmpty = _rule(lambda v: bool(v.strip()), 'must not be empty or blank (leave the key out for no token)')
 Version = _rule(lambda v: v in SUPPORTED_VERSIONS,
@@ -202,8 +198,10 @@ class Env(Section):
 
 class ResNet(Section):
     # the bounds of a baseline the server takes (mortal.net.wire.BASELINE_ARCH); 10^12 blocks hung the doctor
-    conv_channels: Annotated[Int, _within(1, MAX_CONV_CHANNELS)] = key('channels of the residual tower')
-    num_blocks: Annotated[Int, _within(1, MAX_BLOCKS)] = key('residual blocks')
+    conv_channels: Annotated[Int, _rule(lambda v: 1 <= v <= MAX_CONV_CHANNELS, f'must be within [1, '
+                                        f'{MAX_CONV_CHANNELS}]')] = key('channels of the residual tower')
+    num_blocks: Annotated[Int, _rule(lambda v: 1 <= v <= MAX_BLOCKS, f'must be within [1, {MAX_BLOCKS}]')] = key(
+        'residual blocks')
 
 
 class Cql(Section):
@@ -293,7 +291,8 @@ class Online(Section):
         "extra: weight of the counterfactual term, the mean over samples with a branch of ((Q[alternative] - "
         "Q[taken]) - delta)^2, delta the paired difference of the branch's and the real kyoku's value by [env] "
         "reward ([train_play.<profile>] counterfactual_rate; 0 = off, as Mortal)", 0.0)
-    offline_batch_size: Annotated[Int, _within(0, MAX_OFFLINE_BATCH)] = key(
+    offline_batch_size: Annotated[Int, _rule(lambda v: 0 <= v <= MAX_OFFLINE_BATCH,
+                                             f'must be within [0, {MAX_OFFLINE_BATCH}]')] = key(
         'extra: offline samples of [dataset] appended to each online batch (RLPD-style), with the offline CQL term '
         'at [cql] min_q_weight (0 = off, as Mortal)', 0)
     no_param_warn_minutes: NonNegativeFloat = key(

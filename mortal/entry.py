@@ -114,11 +114,12 @@ def device_problems(config: dict, keys: Iterable[str]) -> list[str]:
             out.append(f"{key} = {shown} is not a torch device ({str(e).splitlines()[0][:120]}): use 'cpu', "
                        f"'cuda', 'cuda:N' or 'mps'")
             continue
-        if device.type == 'cpu' or device.type == 'mps' and torch.backends.mps.is_available():
+        if device.type == 'cpu':
             continue
         if device.type == 'mps':
-            out.append(f"{key} = {shown}, but this torch ({torch.__version__}) cannot use an Apple GPU (mps): "
-                       f"set {key} = 'cpu'")
+            if not torch.backends.mps.is_available():
+                out.append(f"{key} = {shown}, but this torch ({torch.__version__}) cannot use an Apple GPU (mps): "
+                           f"set {key} = 'cpu'")
         elif device.type != 'cuda':
             out.append(f"{key} = {shown} is a {device.type!r} device, which the processes do not run on: use "
                        f"'cpu', 'cuda', 'cuda:N' or 'mps'")

@@ -470,14 +470,12 @@ def missing_inputs(config: dict, config_path: str) -> list[str]:
 def warm_up() -> None:
     """Load what a learner loads before its first step, and start its loaders' fork server: in a learner that the
     supervisor started early, this runs during the restart delay instead of after it (docs/performance.md)."""
-    from mortal.data import dataloader, reward  # noqa: F401
-    # first: the fork server's own imports (about 1.3 s) run on the other core beside the ones below, and it is
-    # ready for the offline mix's first batch when the delay ends (docs/performance.md, session 25)
-    dataloader.start_fork_server()
     import torch._dynamo  # noqa: F401  torch.optim imports it at the optimizer's first param group (about 1 s)
     from torch.utils import tensorboard  # noqa: F401
+    from mortal.data import dataloader, reward  # noqa: F401
     from mortal.model import networks  # noqa: F401
     from mortal.play import player  # noqa: F401
+    dataloader.start_fork_server()
 
 
 def main(argv=None):

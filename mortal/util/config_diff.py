@@ -39,11 +39,13 @@ def _reader_note(parts: tuple) -> str:
 
 def changed_keys(old: dict, new: dict) -> list[str]:
     """One line per key that differs between ``old`` and ``new`` (``[control] test_every 600 -> 300``)."""
-    before, after, unset = flat_keys(old), flat_keys(new), object()
+    before, after = flat_keys(old), flat_keys(new)
     lines = []
-    for parts in {**after, **before}:  # the keys of new, then those only in old
-        was, now = before.get(parts, unset), after.get(parts, unset)
-        if was != now or type(was) is not type(now):
-            was, now = ('(unset)' if v is unset else shown(v) for v in (was, now))
-            lines.append(f'{key_name(parts)} {was} -> {now}{_reader_note(parts)}')
+    for parts, value in after.items():
+        if parts not in before:
+            lines.append(f'{key_name(parts)} (unset) -> {shown(value)}{_reader_note(parts)}')
+        elif before[parts] != value or type(before[parts]) is not type(value):
+            lines.append(f'{key_name(parts)} {shown(before[parts])} -> {shown(value)}{_reader_note(parts)}')
+    lines += [f'{key_name(parts)} {shown(value)} -> (unset){_reader_note(parts)}'
+              for parts, value in before.items() if parts not in after]
     return lines

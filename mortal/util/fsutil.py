@@ -9,12 +9,16 @@ TMP_SUFFIX = '.tmp'  # atomic_write's temporary name: ``<filename>.tmp`` in the 
 
 def fsync_dir(dirname: str) -> None:
     """fsync ``dirname`` so a rename in it survives a crash; errors ignored (not every FS can)."""
-    with contextlib.suppress(OSError):
+    try:
         fd = os.open(dirname, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

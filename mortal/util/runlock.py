@@ -17,6 +17,8 @@ from mortal.util.fsutil import atomic_write_bytes
 logger = logging.getLogger(__name__)
 
 OWNER_SUFFIX = '.owner'
+
+
 INHERITED_KEY = 'MORTAL_LOCK_HELD_BY_PARENT'  # '<parent pid>:<lock path>': the parent holds that lock for the child
 SHOWN_CHARS = 200  # a holder record's host is cut to this many characters in messages
 RECORD_BYTES = 4096  # a holder record larger than this is a bad record (it is a few dozen bytes)
