@@ -356,11 +356,15 @@ def run_checks(config, *, server_running=False, profile='default'):
         rows.append(Check(INFO, 'version', 'version 4 observations (1012 x 34) run a single-player search per '
                                            'decision in self-play and per sample in the loader; slower than v3 '
                                            f'({sp_threads()} search threads per process: MORTAL_SP_THREADS)'))
-    rows += check_devices(config) + check_paths(config)
+    rows += check_devices(config)
+    rows += check_paths(config)
     if typed(config).control.online:
         rows += check_port(config, server_running)
-    rows += check_checkpoints(config) + check_grp(config) + check_file_indexes(config)
-    return rows + check_memory(config, profile)
+    rows += check_checkpoints(config)
+    rows += check_grp(config)
+    rows += check_file_indexes(config)
+    rows += check_memory(config, profile)
+    return rows
 
 
 def typo_checks(config: dict, path: str) -> tuple[list[Check], set[str]]:

@@ -104,8 +104,13 @@ def check_shares(num_cpus: float, num_gpus: float) -> list:
 
 def capacity(nodes: list, num_cpus: float, num_gpus: float) -> int:
     """How many actors of ``num_cpus`` CPUs and ``num_gpus`` GPUs the Ray ``nodes`` (resource dicts) run at once."""
-    return sum(min(math.floor(r.get('CPU', 0.0) / num_cpus + 1e-9),
-                   math.floor(r.get('GPU', 0.0) / num_gpus + 1e-9) if num_gpus > 0 else math.inf) for r in nodes)
+    total = 0
+    for resources in nodes:
+        fit = math.floor(resources.get('CPU', 0.0) / num_cpus + 1e-9)
+        if num_gpus > 0:
+            fit = min(fit, math.floor(resources.get('GPU', 0.0) / num_gpus + 1e-9))
+        total += fit
+    return total
 
 
 def resource_problem(nodes: list, num_cpus: float, num_gpus: float, actors: int):
