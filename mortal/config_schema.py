@@ -295,6 +295,10 @@ class Online(Section):
                                              f'must be within [0, {MAX_OFFLINE_BATCH}]')] = key(
         'extra: offline samples of [dataset] appended to each online batch (RLPD-style), with the offline CQL term '
         'at [cql] min_q_weight (0 = off, as Mortal)', 0)
+    restart_after_test_play: Bool = key(
+        'extra: the learner exits after each test play and its supervisor starts a fresh one after 3 s, which reads '
+        'the config and the baseline again (true, as Mortal, whose learner hung otherwise); false: it trains on in '
+        'the same process, and an edit takes effect when train.py is restarted by hand', True)
     no_param_warn_minutes: NonNegativeFloat = key(
         'extra: a client that has had no new parameters for this many minutes (the trainer stopped, or its '
         'supervisor waits for a valid config) says so at WARNING, once a minute (0 = never, as Mortal)', 10.0)

@@ -190,7 +190,8 @@ class Trainer:
         logger.info('loaded %s (saved %s, steps %d)', state_file, when, self.steps)
 
     def run(self) -> None:
-        """Online: submit idle parameters, then epochs until a test play ends the process. Offline: one epoch."""
+        """Online: submit idle parameters, then epochs until a test play ends the process (or a stop, without
+        ``[online] restart_after_test_play``). Offline: one epoch."""
         dev = self.device
         logger.info('device: %s%s', dev, f' ({torch.cuda.get_device_name(dev)})' if dev.type == 'cuda' else '')
         if self.online:
@@ -303,7 +304,7 @@ class Trainer:
 
     def on_save(self) -> None:
         """Every ``save_every`` steps: TensorBoard, checkpoint, a missed submit, test play when due (rank 0); online
-        a test play ends with TestPlayDone."""
+        a test play ends with TestPlayDone, unless ``[online] restart_after_test_play`` is false."""
         stats = self.dist.average(self.stats)
         if not self.dist.is_main:
             self.reset_stats()
@@ -322,7 +323,7 @@ class Trainer:
             self.submit_param(is_idle=False)
         if self.steps % self.test_every == 0:
             self.guards.test_play()
-            if self.online:
+            if self.online and self.cfg.online.restart_after_test_play:
                 raise TestPlayDone()
         self.pb = self._progress_bar()
 

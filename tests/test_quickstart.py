@@ -69,7 +69,7 @@ def test_the_summary_ends_with_the_next_commands_for_its_work_dir():
         "  export MORTAL_CFG='/w/q s/config.toml'",
         '  export OMP_NUM_THREADS=1    # CPU: small models run far faster single-threaded',
         '  python -m mortal.server      # terminal 1',
-        '  python -m mortal.train       # terminal 2: the learner (restarted by its supervisor)',
+        '  python -m mortal.train       # terminal 2: the learner (under its supervisor)',
         '  python -m mortal.client      # terminal 3 (more clients: more terminals)',
         "  tensorboard --logdir '/w/q s/online/tensorboard'"]
 
@@ -152,8 +152,12 @@ def test_short_quickstart_end_to_end(tmp_path):
     for rel in ('online/mortal.pth', 'online/best.pth', 'online/baseline.pth', 'bootstrap/grp.pth',
                 'bootstrap/offline/best.pth', 'plots/test_play.png', 'plots/loss.png'):
         assert (work / rel).is_file(), rel
-    # each learner start writes its own event file: one restart = at least two
-    assert len(list((work / 'online' / 'tensorboard').glob('events.out.tfevents.*'))) >= 2
+    # the embedded config trains on after its test play ([online] restart_after_test_play = false): one learner
+    # start (its own event file) whose losses go on past the test play's step
+    assert len(list((work / 'online' / 'tensorboard').glob('events.out.tfevents.*'))) == 1
+    scalars = quickstart.read_scalars(str(work / 'online' / 'tensorboard'), prefix='')
+    tested = scalars['test_play/avg_ranking'][0][0]
+    assert max(step for step, _ in scalars['loss/dqn_loss']) > tested
     # the start against 3 RulebaseBots (2 deals with --short) and the reward the bootstrap chose
     assert re.search(r'start vs 3 RulebaseBots: avg rank [1-4]\.\d{3} ± \d\.\d{3} \(95% CI, 2 deals = 8 games',
                      out), out
@@ -318,6 +322,22 @@ def test_the_grp_globs_are_those_the_bootstrap_indexes(tmp_path):
     written = typed(config).grp.dataset
     assert (written.train_globs, written.val_globs) == (indexed.train_globs, indexed.val_globs)
     assert written.train_globs[0].endswith('/bootstrap/logs/train/*.json.gz')
+
+
+def test_without_restarts_the_online_phase_waits_for_a_save_after_the_test_play(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+    writer = SummaryWriter(str(tmp_path))
+    writer.add_scalar('loss/dqn_loss', 1.0, 20)
+    writer.add_scalar('test_play/avg_ranking', 2.5, 20)  # the test play of step 20, after its save
+    writer.flush()
+    with pytest.raises(RuntimeError, match='no test play \\+ save after it'):
+        quickstart.wait_for_online({}, str(tmp_path), tmp_path, timeout=0, poll=0, restarts=False)
+    writer.add_scalar('loss/dqn_loss', 0.9, 40)  # the same learner's next save
+    writer.flush()
+    quickstart.wait_for_online({}, str(tmp_path), tmp_path, timeout=0, poll=0, restarts=False)
+    with pytest.raises(RuntimeError, match='no test play \\+ restart'):  # Mortal's cycle needs a second start
+        quickstart.wait_for_online({}, str(tmp_path), tmp_path, timeout=0, poll=0)
+    writer.close()
 
 
 def test_a_learner_counts_as_started_once_it_has_written_scalars(tmp_path):

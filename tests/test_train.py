@@ -308,6 +308,20 @@ def test_online_exits_after_test_play_and_submits(tmp_path, monkeypatch):
     assert torch.load(trainer.state_file, weights_only=True)['steps'] == 4
 
 
+def test_online_without_restart_trains_on_after_each_test_play(tmp_path):
+    # [online] restart_after_test_play = false: each test play judges best.pth and the same learner goes on
+    config, _ = load_tiny_config(tmp_path, online=True)
+    config['online']['restart_after_test_play'] = False
+    trainer = fake_trainer(config, test_player=FakeTestPlayer([(10.0, 2.4), (20.0, 2.3)]))
+    trainer.submit_param = trainer.sync_baseline = lambda *a, **k: None
+    for i in range(8):  # test plays at steps 4 and 8 (test_every 4)
+        trainer.train_batch(*random_batch(seed=i))
+    assert trainer.test_player.calls == [1, 1]
+    assert trainer.best_perf == {'avg_pt': 20.0, 'avg_rank': 2.3}
+    assert torch.load(trainer.best_state_file, weights_only=True)['steps'] == 8
+    assert torch.load(trainer.state_file, weights_only=True)['steps'] == 8
+
+
 def test_resume_restores_everything(tmp_path):
     trainer, _ = make_trainer(tmp_path)
     for i in range(2):

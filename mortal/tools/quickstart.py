@@ -1,7 +1,7 @@
 """One-command tour of the whole pipeline on a small model: ``python -m mortal.tools.quickstart``.
 
-Writes a config, bootstraps, runs server, trainer and client until one test play and one trainer restart, then
-evaluates; ``--short`` shrinks every size for CI (docs/operations.md, "The quickstart")."""
+Writes a config, bootstraps, runs server, trainer and client until one test play and the training after it,
+then evaluates; ``--short`` shrinks every size for CI (docs/operations.md, "The quickstart")."""
 
 if __package__ in (None, ''):  # run as a script: python mortal/tools/quickstart.py
     import sys, pathlib
@@ -116,23 +116,28 @@ def keep_running(procs, log_dir, until, poll=5.0):
         time.sleep(min(poll, max(0.0, until - time.monotonic())))
 
 
-def wait_for_online(procs, tb_dir, log_dir, timeout, poll=3.0, *, tests_before=0, starts_before=0):
-    """Block until a new test play and a learner restart; RuntimeError if a process dies or at ``timeout``."""
+def wait_for_online(procs, tb_dir, log_dir, timeout, poll=3.0, *, tests_before=0, starts_before=0, restarts=True):
+    """Block until a new test play and then a learner restart (``restarts``: ``[online] restart_after_test_play``)
+    or else a save of the same learner after it; RuntimeError if a process dies or at ``timeout``."""
     deadline = time.monotonic() + timeout
     last = None
     while True:
         _check_alive(procs, log_dir)
-        tested = len(read_scalars(tb_dir).get('test_play/avg_ranking', [])) > tests_before
+        scalars = read_scalars(tb_dir, prefix='')
+        tests = scalars.get('test_play/avg_ranking', [])
+        tested = len(tests) > tests_before
         starts = learner_starts(tb_dir) - starts_before
-        state = (tested, starts)
+        trained_on = tested and any(step > tests[-1][0] for step, _ in scalars.get('loss/dqn_loss', []))
+        state = (tested, starts, trained_on)
         if state != last:
-            logger.info('online: test_play logged: %s, learner starts: %d', tested, starts)
+            logger.info('online: test_play logged: %s, learner starts: %d, trained after it: %s', *state)
             last = state
-        if tested and starts >= 2:
+        if tested and (starts >= 2 if restarts else trained_on):
             return
         if time.monotonic() > deadline:
-            raise RuntimeError(f'online phase: no test play + restart within {timeout} s '
-                               f'(test_play logged: {tested}, learner starts: {starts}); see {log_dir}/*.log')
+            raise RuntimeError(f'online phase: no test play + {"restart" if restarts else "save after it"} within '
+                               f'{timeout} s (test_play logged: {tested}, learner starts: {starts}); see '
+                               f'{log_dir}/*.log')
         time.sleep(poll)
 
 
@@ -263,7 +268,8 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
 
 
 def _run_online(cfg, cfg_path, log_dir, timeout, online_minutes):
-    """Run ``PROCESSES`` until the first test play and restart (and ``online_minutes``); their exit states."""
+    """Run ``PROCESSES`` until the first test play and the training after it (and ``online_minutes``); their exit
+    states."""
     tb_dir = cfg.control.tensorboard_dir
     procs = {}
     t1 = time.monotonic()
@@ -274,7 +280,7 @@ def _run_online(cfg, cfg_path, log_dir, timeout, online_minutes):
             procs[name] = start(name, cfg_path, log_dir)
             if name == 'server':
                 _wait_port(cfg.online.remote.host, cfg.online.remote.port, procs[name], log_dir)
-        wait_for_online(procs, tb_dir, log_dir, timeout, **before)
+        wait_for_online(procs, tb_dir, log_dir, timeout, restarts=cfg.online.restart_after_test_play, **before)
         if online_minutes:
             logger.info('online: running until %.0f min have passed', online_minutes)
             keep_running(procs, log_dir, t1 + online_minutes * 60)
@@ -349,11 +355,12 @@ def next_commands(config, tensorboard_dir) -> list:
             f'  {export}',
             '  export OMP_NUM_THREADS=1    # CPU: small models run far faster single-threaded',
             '  python -m mortal.server      # terminal 1',
-            '  python -m mortal.train       # terminal 2: the learner (restarted by its supervisor)',
+            '  python -m mortal.train       # terminal 2: the learner (under its supervisor)',
             '  python -m mortal.client      # terminal 3 (more clients: more terminals)',
             f'  tensorboard --logdir {shlex.quote(str(tensorboard_dir))}',
-            'edits to the config take effect at the learner\'s next restart (every test_every steps) or at a '
-            'process restart: docs/operations.md']
+            'edits to the config take effect when a process is restarted (this config trains on after each test '
+            'play: [online] restart_after_test_play = false; true restarts the learner after each, as Mortal): '
+            'docs/operations.md']
 
 
 def _exit_on_sigterm(signum, frame):
@@ -371,7 +378,7 @@ def main(argv=None):
     parser.add_argument('--no-progress', action='store_true', help='hide progress bars')
     parser.add_argument('--online-minutes', type=float, default=0.0,
                         help='keep server/trainer/client running this long (default: stop after the first '
-                             'test play and learner restart); rerun with the same --work-dir to continue')
+                             'test play and the training after it); rerun with the same --work-dir to continue')
     parser.add_argument('--version', type=int, choices=(3, 4), default=3,
                         help='feature version (default: %(default)s; 4 adds the single-player block and its search)')
     parser.add_argument('--eval-sets', type=int, default=None,
