@@ -132,7 +132,7 @@ def test_wait_for_online_times_out(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_short_quickstart_end_to_end(tmp_path):
-    """The CI-sized run of the README's main job: bootstrap, server + trainer + client, test play, restart."""
+    """The CI-sized run of the README's main job: bootstrap, server + trainer + client, test play, training on."""
     env = dict(os.environ)
     env.pop('RUST_BACKTRACE', None)
     r = subprocess.run([sys.executable, '-m', 'mortal.tools.quickstart', '--short', '--no-progress',
