@@ -80,8 +80,8 @@ MEASURED = {
                                       'start after 1,807 steps, as good as the offline-only control (2.36-2.43); on '
                                       'in the quickstart',
     ('online', 'restart_after_test_play'): 'docs/performance.md, session 26: the standard arm (20 minutes, 2 cores) '
-                                           'played 6,272 hanchan with false (mean of 2) against 5,520 with true '
-                                           '(mean of 4), +14%, and learned the same (+0.013 ± 0.061 avg rank, '
+                                           'played 6,165 hanchan with false (mean of 3) against 5,520 with true '
+                                           '(mean of 4), +12%, and learned the same (+0.013 ± 0.061 avg rank, '
                                            '1,600 games); false in the quickstart',
     ('online.remote', 'token'): _WIRE,
     ('online.server', 'max_frame_bytes'): _WIRE,

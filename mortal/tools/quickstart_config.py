@@ -118,7 +118,7 @@ anchor_weight = {anchor_weight}
 # (RLPD-style); where the gain of the online phase comes from is in docs/learning.md.
 offline_batch_size = {offline_batch_size}
 # Not Mortal's default (true): the learner trains on after each test play instead of exiting and being restarted
-# 3 s later: on 2 cores 14% more hanchan in the same minutes, learning the same (docs/performance.md, session 26).
+# 3 s later: on 2 cores 12% more hanchan in the same minutes, learning the same (docs/performance.md, session 26).
 restart_after_test_play = false
 
 [online.remote]
