@@ -408,6 +408,7 @@ class ThresholdSpy(PriorityEngine):
         return super().react_batch(obs, masks, invisible_obs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fail", [False, True])
 def test_gc_threshold_raised_for_the_loop_and_restored(fail):
     import gc

@@ -70,6 +70,7 @@ def test_kyoku_lines_refuses_a_reaction_that_was_not_submitted(queue):
         kyoku_lines(_views(), [queue, [], [], []])
 
 
+@pytest.mark.slow
 def test_log_lines_equal_the_tables_mjai_log(monkeypatch, tmp_path):
     """Every kyoku's lines (meta left out) are the table's own ``mjai_log`` events, byte for byte, on games with
     riichi, calls, kans and hora (``PriorityEngine``)."""

@@ -417,6 +417,7 @@ def test_device_wheels_pin_what_pyproject_pins():
             'toml', 'setuptools'} <= set(wheels)
 
 
+@pytest.mark.slow
 def test_step_bench_counts_the_kernels_of_each_part(tmp_path, monkeypatch, capsys):
     """bench/gpu_trainer.py step: the real train_batch, its parts timed and their kernel-launching ops counted; the
     Brain's forward is 6 ops plus 17 a residual block (40 at 32x2, 686 at 192x40: docs/performance_gpu.md).
@@ -447,6 +448,7 @@ def test_step_bench_counts_the_kernels_of_each_part(tmp_path, monkeypatch, capsy
     assert set(rec['phases_ms']) == set(kernels) - {'all'} and rec['samples_per_s'] > 0
 
 
+@pytest.mark.slow
 def test_step_bench_online_runs_the_embedded_learner(tmp_path, monkeypatch, capsys):
     """bench/gpu_trainer.py step --online: the learner with the embedded config's anchor, offline mix of 64 and
     saves every 20 steps, its probe built from the fixture logs (their 2,018 decisions), CPU ms per online sample."""

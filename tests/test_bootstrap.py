@@ -264,6 +264,7 @@ def _offline_setup(tmp_path, **boot):
     return config
 
 
+@pytest.mark.slow
 def test_validation_loss_is_the_offline_loss_in_eval_mode(tmp_path):
     from mortal.train import Trainer
     config = _offline_setup(tmp_path)

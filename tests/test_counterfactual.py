@@ -159,6 +159,7 @@ def _final_scores(events):
     return Grp.load_events(events).final_scores.tolist()
 
 
+@pytest.mark.slow
 def test_branches_force_a_legal_other_action_and_record_the_outcome(tmp_path, two_kyoku):
     arena, ranks, logs = _run(tmp_path / "cf", 1.0)
     assert sum(ranks) == 4 and len(logs) == 4
@@ -188,6 +189,7 @@ def _real_next(nxt, events):
     return None
 
 
+@pytest.mark.slow
 def test_a_branch_that_repeats_the_taken_action_replays_the_real_kyoku(tmp_path, monkeypatch, two_kyoku):
     # PriorityEngine decides each row alone (deterministic, batch-independent): the branch plays the real kyoku
     # again on the cloned table with rebuilt states, so its outcome must be the real one exactly
@@ -207,6 +209,7 @@ def test_a_branch_that_repeats_the_taken_action_replays_the_real_kyoku(tmp_path,
     assert n_final > 0
 
 
+@pytest.mark.slow
 def test_rate_zero_logs_are_those_of_before(tmp_path):
     # sha256 of the four logs' names and decompressed text as the arena wrote them before counterfactual branches
     # existed (commit aadacf3, same run), with the timing field eval_time_ns taken out: byte for byte otherwise

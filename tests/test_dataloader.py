@@ -132,6 +132,7 @@ def _rows(batches):
     return sorted(b"".join(c[i].tobytes() for c in cols) for i in range(len(cols[0])))
 
 
+@pytest.mark.slow
 def test_a_worker_hands_each_batch_over_as_one_storage(logs, grp):
     # One shared-memory segment a batch instead of one a column (each is a file descriptor handshake)
     files, _ = logs

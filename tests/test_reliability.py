@@ -315,6 +315,7 @@ class Killed(BaseException):
     """A simulated SIGKILL of the learner: nothing in the learner catches it, and what it had in memory is lost."""
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize('stage', ['before_save', 'after_save', 'in_test_play', 'after_ledger'])
 def test_a_kill_at_any_stage_of_the_save_cycle_trains_every_sample_once(tmp_path, caplog, monkeypatch, stage):

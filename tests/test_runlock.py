@@ -30,6 +30,7 @@ def _try_hold(target):
     return subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=60).stdout
 
 
+@pytest.mark.slow
 def test_a_second_trainer_in_the_pause_between_learners_is_refused(tmp_path):
     config, cfg = load_tiny_config(tmp_path, online=True)
     state = config['control']['state_file']

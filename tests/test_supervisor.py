@@ -36,6 +36,7 @@ def test_live_members_reads_state_and_group(tmp_path):
     assert live_members(100, proc=str(tmp_path / 'none')) is None
 
 
+@pytest.mark.slow
 def test_a_group_of_zombies_is_reaped_at_once(monkeypatch):
     """A group whose one member is a zombie another process has not reaped (as PID 1 leaves a learner's loader
     processes): no grace period, no warning; counted as live (the old check) it waits the grace and warns."""
@@ -106,6 +107,7 @@ def _run_supervisor(tmp_path, child_text, patch='', delay=1.0):
                             stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_an_early_start_loads_during_the_delay_and_trains_only_after_it(tmp_path):
     log = tmp_path / 'log'
     script = tmp_path / 'child.py'
@@ -123,6 +125,7 @@ def test_an_early_start_loads_during_the_delay_and_trains_only_after_it(tmp_path
         assert go - exited >= 1.0  # and let go only once the delay had passed
 
 
+@pytest.mark.slow
 def test_without_early_start_the_next_learner_starts_after_the_delay(tmp_path):
     log = tmp_path / 'log'
     script = tmp_path / 'child.py'
@@ -133,6 +136,7 @@ def test_without_early_start_the_next_learner_starts_after_the_delay(tmp_path):
     assert float(lines[2][1]) - float(lines[1][1]) >= 1.0
 
 
+@pytest.mark.slow
 def test_a_stop_in_the_delay_gives_up_the_learner_started_early(tmp_path):
     log = tmp_path / 'log'
     proc = _run_supervisor(tmp_path, EARLY_CHILD.format(log=str(log)), delay=3.0)
@@ -207,6 +211,7 @@ time.sleep(30)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('sig', ['SIGTERM', 'SIGINT'])
 def test_a_stop_at_the_moment_of_the_go_reaches_the_learner(tmp_path, sig):
     # the signal lands while the second child is being let go (the supervisor signals itself there)
@@ -231,6 +236,7 @@ def test_a_stop_at_the_moment_of_the_go_reaches_the_learner(tmp_path, sig):
     assert log.read_text().split() in (['warm', 'go', 'warm'], ['warm', 'go', 'warm', 'go'])  # stopped at its go
 
 
+@pytest.mark.slow
 def test_a_stop_during_a_slow_warm_up_kills_the_waiting_child_at_once(tmp_path):
     log = tmp_path / 'log'
     proc = _run_supervisor(tmp_path, STOPPABLE_CHILD.format(log=str(log), warm_s=0) .replace(

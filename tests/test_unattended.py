@@ -198,6 +198,7 @@ def test_server_says_its_settings_at_start_and_why_it_stopped(tmp_path):
     assert lines[-1] == 'stopped on SIGTERM; no buffered log discarded; no parameters held'
 
 
+@pytest.mark.slow
 def test_client_says_its_settings_at_start_and_why_it_stopped(tmp_path):
     # no server: the client waits for it; a SIGTERM then ends it with a line (on main: none, status 143)
     from conftest import write_baseline
@@ -346,6 +347,7 @@ def test_changed_keys_name_each_key_with_both_values():
         '[online.server] capacity 64 -> 32 (used by the server: at its restart)']
 
 
+@pytest.mark.slow
 def test_a_line_logged_while_the_train_bar_is_drawn_starts_a_line_of_its_own(tmp_path):
     # A new user's trial saw "TRAIN: ... it/s]2026-... INFO mortal.train: ..." glued together: the learner logged
     # while its bar was on the terminal. Every process now logs through entry.AboveBars (tqdm.write).
