@@ -87,9 +87,20 @@ def test_probe_builds_caches_and_measures_drift(tmp_path, fixture_logs):
     probe_file = str(tmp_path / 'probe.pth')
     probe = Probe.load_or_build(probe_file, version=3, globs=files, pts=[6, 4, 2, 0], grp=grp, size=64)
     assert probe is not None and 0 < len(probe) <= 64
-    assert probe.obs.shape[1:] == (934, 34) and probe.masks.shape[1:] == (46,)
+    assert probe.obs().shape[1:] == (934, 34) and probe.masks.shape[1:] == (46,)
+    # stored packed (13,900 bytes a row at v3, against 127,024 as floats); unpacked, every row is one of the loader's
+    # float rows bit for bit (the loader shuffles: compared as a set)
+    from mortal.data.dataloader import FileDatasetsIter
+    loaded = {s[0].tobytes() for s in FileDatasetsIter(3, sorted(files), [6, 4, 2, 0], grp, file_batch_size=len(files))}
+    expected = probe.obs()
+    assert all(row.numpy().tobytes() in loaded for row in expected) and torch.equal(probe.obs(2, 5), expected[2:5])
+    assert probe.packed.dtype == torch.uint8 and probe.packed.shape == (len(probe), 13900)
     again = Probe.load_or_build(probe_file, version=3, globs=[], pts=[6, 4, 2, 0], grp=grp, size=64)
-    assert torch.equal(again.obs, probe.obs) and torch.equal(again.ranks, probe.ranks)  # read back, not rebuilt
+    assert torch.equal(again.packed, probe.packed) and torch.equal(again.ranks, probe.ranks)  # read back, not rebuilt
+    # a probe file of float rows (before they were packed) is read, packed and written again, with the same rows
+    torch.save({'version': 3, 'obs': expected, 'masks': probe.masks, 'ranks': probe.ranks}, probe_file)
+    old = Probe.load_or_build(probe_file, version=3, globs=[], pts=[6, 4, 2, 0], grp=grp, size=64)
+    assert torch.equal(old.obs(), expected) and 'obs' not in torch.load(probe_file)
 
     brain, dqn = Brain(version=3, conv_channels=16, num_blocks=1).eval(), DQN(version=3).eval()
     probe.set_baseline(brain, dqn, torch.device('cpu'))

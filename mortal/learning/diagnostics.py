@@ -8,16 +8,18 @@ import logging
 import os
 from glob import glob
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from mortal.features.packed_obs import pack, unpack
 from mortal.model.checkpoint import atomic_torch_save, load_checkpoint
 
 logger = logging.getLogger('mortal.diagnostics')  # the name before the package split (log format)
 
 BATCH_KEYS = ('q_minus_target', 'q_minus_target_greedy', 'q_gap', 'q_spread', 'taken_greedy')
 HISTOGRAM_STRIDE = 128  # Mortal keeps every 128th q value to keep event files small
-PROBE_SIZE = 2048  # positions of the policy-drift probe (~127 KB each at version 3, on disk and in memory)
+PROBE_SIZE = 2048  # positions of the policy-drift probe (packed: ~14 KB each at version 3, on disk and in memory)
 PROBE_FILES = 16  # the logs a probe is built from
 # The probe is measured once at least PROBE_EVERY x its size rows were trained since its last measure (and always at
 # the save before a test play, where the guard reads it): one eval forward of its rows against a forward and backward
@@ -62,25 +64,34 @@ def eval_mode(*modules):
 
 
 class Probe:
-    """Fixed offline positions for policy drift and the next-rank loss: ``obs (N, C, 34)`` float32, ``masks (N, 46)``
-    bool, ``ranks (N,)`` int64, ``baseline_greedy (N,)`` int64 or None."""
+    """Fixed offline positions for policy drift and the next-rank loss: ``packed (N, row_bytes)`` uint8
+    observations of ``version`` (``mortal.features.packed_obs``: a ninth of the float rows, bit-exact), ``masks
+    (N, 46)`` bool, ``ranks (N,)`` int64, ``baseline_greedy (N,)`` int64 or None."""
 
-    def __init__(self, obs: Tensor, masks: Tensor, ranks: Tensor):
-        self.obs, self.masks, self.ranks = obs, masks, ranks
+    def __init__(self, packed: Tensor, masks: Tensor, ranks: Tensor, version: int):
+        self.packed, self.masks, self.ranks, self.version = packed, masks, ranks, version
         self.baseline_greedy = None
 
     def __len__(self) -> int:
-        return self.obs.shape[0]
+        return self.packed.shape[0]
+
+    def obs(self, start: int = 0, stop: int | None = None, device='cpu') -> Tensor:
+        """Rows ``start:stop`` as ``(n, C, 34)`` float32 on ``device``, unpacked there (a ninth of the bytes moved)."""
+        return unpack(self.packed[start:stop].to(device), self.version)
 
     @classmethod
     def load_or_build(cls, probe_file: str, *, version: int, globs, pts, grp, size: int):
         """Load ``probe_file`` or build it (every k-th sample, at most ``size``) from the first ``PROBE_FILES`` logs;
-        ``grp``: the reward model or a function returning it. None (logged) when no log yields a sample."""
+        ``grp``: the reward model or a function returning it. None (logged) when no log yields a sample. A probe of
+        float rows (written before the rows were packed) is packed and written again."""
         if os.path.exists(probe_file):
             try:
                 data = load_checkpoint(probe_file)
                 if data.get('version') == version:
-                    return cls(data['obs'], data['masks'], data['ranks'])
+                    if 'packed' not in data:  # 127 KB a row: pack it once
+                        data['packed'] = torch.from_numpy(pack(data.pop('obs').numpy(), version))
+                        atomic_torch_save(data, probe_file)
+                    return cls(data['packed'], data['masks'], data['ranks'], version)
                 logger.info('probe %s is of version %s: rebuilding for version %d', probe_file,
                             data.get('version'), version)
             except Exception as ex:  # a damaged probe is rebuilt, never fatal
@@ -99,12 +110,12 @@ class Probe:
             return None
         stride = max(1, -(-len(samples) // size))
         kept = samples[::stride][:size]
-        obs = torch.stack([torch.from_numpy(s[0]) for s in kept])
+        packed = torch.from_numpy(pack(np.stack([s[0] for s in kept]), version))
         masks = torch.stack([torch.from_numpy(s[2]) for s in kept]).to(torch.bool)
         ranks = torch.tensor([int(s[5]) for s in kept], dtype=torch.int64)
-        atomic_torch_save({'version': version, 'obs': obs, 'masks': masks, 'ranks': ranks}, probe_file)
+        atomic_torch_save({'version': version, 'packed': packed, 'masks': masks, 'ranks': ranks}, probe_file)
         logger.info('probe of %d positions from %d logs written to %s', len(kept), len(files), probe_file)
-        return cls(obs, masks, ranks)
+        return cls(packed, masks, ranks, version)
 
     @torch.no_grad()
     def _pass(self, brain, dqn, aux_net, device, batch: int = 512):
@@ -113,7 +124,7 @@ class Probe:
         with eval_mode(brain, *heads):
             greedy, total = [], 0.0
             for i in range(0, len(self), batch):
-                phi = brain(self.obs[i:i + batch].to(device))
+                phi = brain(self.obs(i, i + batch, device))
                 greedy.append(dqn(phi, self.masks[i:i + batch].to(device)).argmax(-1).cpu())
                 if aux_net is not None:
                     logits, = aux_net(phi)
