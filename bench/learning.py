@@ -403,6 +403,8 @@ def main(argv=None):
     out = pathlib.Path(args.out)
     if args.cmd in ('start', 'start-curve'):
         if args.cmd == 'start':
+            if args.games <= 0 or args.games % 4:
+                parser.error(f'--games {args.games}: a positive multiple of 4 (4 seat rotations a deal)')
             boot = {'val_games': args.val_games, 'offline_max_epochs': args.max_epochs}
             log(f'start point: {make_start(out, version=args.version, games=args.games, grp_games=args.grp_games, progress=False, boot=boot)}')
         else:
@@ -418,6 +420,8 @@ def main(argv=None):
                 'deterministic bot)')
         return 0
     if args.cmd == 'report':
+        if not (out / 'arms').is_dir():
+            parser.error(f'--out {out}: no arms there (OUT/arms/ARM, written by run, offline and flaw)')
         report(out, log, against=args.against)
         return 0
     if args.cmd == 'flaw':

@@ -411,7 +411,7 @@ def main(argv=None):
                 client.run_round()
                 done += 1
         logger.info('stopped after %d rounds (--rounds)', done)
-    except runlock.LockHeld as ex:
+    except (runlock.LockHeld, CheckpointError) as ex:  # CheckpointError: a model file, left as it is
         raise SystemExit(entry.error(ex)) from None
     except KeyboardInterrupt as exc:  # also SIGTERM (entry.stop_on_sigterm)
         logger.info('stopped on %s; %s', entry.stop_cause(exc),

@@ -81,6 +81,11 @@ Games = Annotated[PositiveInt, _rule(lambda v: v % 4 == 0,
                                      'must be a multiple of 4 (one duplicate set is 4 games with rotated seats)')]
 PositiveFloat = Annotated[Float, Positive]
 NonNegativeFloat = Annotated[Float, NonNegative]
+# '' would resolve to the working directory (a state file written as a temp file beside it); the folders the
+# processes empty are checked with their own message (config_paths.folder_errors)
+Dir = Annotated[Str, _rule(lambda v: bool(v.strip()), 'must not be empty or blank: name a folder')]
+File = Annotated[Str, _rule(lambda v: bool(v.strip()) and not v.endswith(('/', '\\')),
+                            'must name a file (not empty, blank or ending in a path separator)')]
 
 
 def key(doc: str, default: Any = ..., **kw) -> Any:
@@ -108,9 +113,9 @@ class Control(Section):
         'model/feature version (1-4; the trainer takes 2-4); 4 adds the single-player block (mortal.features.obs_v4)')
     online: Bool = key('online training: replays come from the server, no CQL term (unless [cql] '
                        'online_min_q_weight)')
-    state_file: Str = key('trainer checkpoint (read at start, written every save_every steps)')
-    best_state_file: Str = key('copy of the checkpoint with the best test-play result')
-    tensorboard_dir: Str = key('TensorBoard event directory')
+    state_file: File = key('trainer checkpoint (read at start, written every save_every steps)')
+    best_state_file: File = key('copy of the checkpoint with the best test-play result')
+    tensorboard_dir: Dir = key('TensorBoard event directory')
     device: Str = key("torch device of the trainee, e.g. 'cuda:0' or 'cpu'")
     enable_cudnn_benchmark: Bool = key('torch.backends.cudnn.benchmark while training')
     enable_amp: Bool = key('automatic mixed precision for training')
@@ -176,7 +181,7 @@ class TestPlay(Section):
 
 class Dataset(Section):
     globs: StrList = key('glob patterns of gzip mjai logs (offline training)')
-    file_index: Str = key('cache of the expanded file list')
+    file_index: File = key('cache of the expanded file list')
     file_batch_size: PositiveInt = key('log files decoded per shuffle pool')
     reserve_ratio: Annotated[Float, UnitHalfOpen] = key('fraction of a pool kept back to mix with the next')
     num_workers: NonNegativeInt = key('DataLoader worker processes')
@@ -244,7 +249,7 @@ class Optim(Section):
 class ModelSlot(Section):
     device: Str = key("torch device of this model, e.g. 'cuda:0' or 'cpu'")
     enable_compile: Bool = key('torch.compile the model')
-    state_file: Str = key('checkpoint to load the model from (Mortal checkpoint layout)')
+    state_file: File = key('checkpoint to load the model from (Mortal checkpoint layout)')
 
 
 class TrainBaseline(ModelSlot):
@@ -313,7 +318,7 @@ class MortalSide(Section):
         "extra: 'mortal' (a checkpoint) or 'rulebase' (mjai's RulebaseBot; needs only name)", 'mortal')
     device: Str = key('torch device of this engine')
     name: Str = key('engine name written into the logs')
-    state_file: Str = key('checkpoint to load')
+    state_file: File = key('checkpoint to load')
     stochastic_latent: Bool = key('sample the latent instead of taking its mean (Mortal v1 models only)')
     enable_compile: Bool = key('torch.compile the model')
     enable_amp: Bool = key('autocast inference')
@@ -357,7 +362,7 @@ class OneVsThree(Section):
     seed_key: Annotated[Int, SeedKey] = key('duplicate seed key (-1 = random per run)', -1)
     games_per_iter: Games = key('games per iteration (multiple of 4)')
     iters: PositiveInt = key('iterations')
-    log_dir: Str = key('where 1v3 logs are written')
+    log_dir: Str = key("where 1v3 logs are written ('' = none)")
     challenger: Side | None = None
     champion: Side | None = None
     akochan: Akochan | None = None
@@ -371,7 +376,7 @@ class GrpNetwork(Section):
 class GrpControl(Section):
     device: Str = key('torch device for GRP training')
     enable_cudnn_benchmark: Bool = key('torch.backends.cudnn.benchmark')
-    tensorboard_dir: Str = key('TensorBoard event directory for GRP training')
+    tensorboard_dir: Dir = key('TensorBoard event directory for GRP training')
     batch_size: PositiveInt = key('GRP batch size')
     save_every: PositiveInt = key('steps between GRP checkpoints and validations')
     val_steps: PositiveInt = key('validation batches per validation')
@@ -380,7 +385,7 @@ class GrpControl(Section):
 class GrpDataset(Section):
     train_globs: StrList = key('glob patterns of training logs')
     val_globs: StrList = key('glob patterns of validation logs')
-    file_index: Str = key('cache of the expanded file lists')
+    file_index: File = key('cache of the expanded file lists')
     file_batch_size: PositiveInt = key('log files decoded per shuffle pool')
 
 
@@ -389,7 +394,7 @@ class GrpOptim(Section):
 
 
 class Grp(Section):
-    state_file: Str = key('GRP checkpoint (reward model)')
+    state_file: File = key('GRP checkpoint (reward model)')
     network: GrpNetwork | None = None
     control: GrpControl | None = None
     dataset: GrpDataset | None = None
@@ -430,8 +435,8 @@ class Bootstrap(Section):
     games: NonNegativeInt = key(
         'extra: training hanchan of rule-based bots to generate (a multiple of 4 when epsilon > 0)')
     val_games: NonNegativeInt = key('extra: validation hanchan (GRP validation split)')
-    log_dir: Str = key('extra: generated logs go to log_dir/train and log_dir/val')
-    work_dir: Str = key('extra: offline trainer state, TensorBoard and test-play logs')
+    log_dir: Dir = key('extra: generated logs go to log_dir/train and log_dir/val')
+    work_dir: Dir = key('extra: offline trainer state, TensorBoard and test-play logs')
     grp_steps: NonNegativeInt = key('extra: GRP training steps (a multiple of [grp.control] save_every)')
     workers: NonNegativeInt = key('extra: game-generation processes; 0 = one per CPU', 0)
     epsilon: Annotated[Float, UnitHalfOpen] = key(

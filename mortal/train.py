@@ -18,8 +18,8 @@ from os import path
 import torch
 
 from mortal.net import wire
-from mortal.model.checkpoint import (INITIAL_BEST_PERF, atomic_torch_save, check_fits_config, load_checkpoint,
-                                     load_frozen_pair, require_entries)
+from mortal.model.checkpoint import (INITIAL_BEST_PERF, CheckpointError, atomic_torch_save, first_non_finite,
+                                     load_checkpoint, load_entries, load_frozen_pair, require_entries)
 from mortal.config import for_checkpoint, lookup, typed
 from mortal.config_schema import Online
 from mortal.data.offline_data import offline_mix
@@ -36,6 +36,13 @@ logger = logging.getLogger('mortal.train' if __name__ == '__main__' else __name_
 
 class TestPlayDone(Exception):
     """Online learner finished a test play: the child exits 0 and the supervisor starts a fresh one."""
+
+
+class Diverged(RuntimeError):
+    """The weights hold NaN or inf at a save: nothing is saved, and the learner exits with status 1."""
+
+
+MODEL_ENTRIES = ('mortal', 'current_dqn', 'aux_net')  # the checkpoint's entries of self.models, in order
 
 
 def write_scalars(writer, steps: int, stats: dict, batches: int, *, loss_weights, offline_mix: bool, lr: float,
@@ -167,12 +174,9 @@ class Trainer:
         Online from an offline checkpoint: fresh optimizer and scheduler (Mortal)."""
         state_file = self.state_file
         state = load_checkpoint(state_file, map_location=self.device)
-        require_entries(state, ('mortal', 'current_dqn', 'aux_net', 'steps'), state_file)
-        ckpt_cfg = state.get('config')
-        for model, entry in zip(self.models, ('mortal', 'current_dqn', 'aux_net')):
-            check_fits_config(model, state[entry], entry=entry, source=state_file, ckpt_cfg=ckpt_cfg, cfg=cfg)
-            model.load_state_dict(state[entry])
-        ckpt_online = bool(lookup(ckpt_cfg, 'control.online'))  # the checkpoint's plain dict, of any writer
+        require_entries(state, (*MODEL_ENTRIES, 'steps'), state_file)
+        steps = load_entries(dict(zip(MODEL_ENTRIES, self.models)), state, state_file, cfg=cfg)
+        ckpt_online = bool(lookup(state.get('config'), 'control.online'))  # the checkpoint's plain dict, of any writer
         if 'optimizer' not in state or 'scheduler' not in state:
             logger.info('%s has no optimizer/scheduler state (a bare model checkpoint): starting them fresh',
                         state_file)
@@ -183,7 +187,7 @@ class Trainer:
             logger.info('offline checkpoint in online mode: optimizer and scheduler start fresh from the config')
         if self.scaler.is_enabled() and state.get('scaler'):
             self.scaler.load_state_dict(state['scaler'])
-        self.steps = self.saved_steps = int(state['steps'])
+        self.steps = self.saved_steps = steps
         self.best_perf = dict(state.get('best_perf', INITIAL_BEST_PERF))
         self.guard = {**INITIAL_GUARD, **state.get('guard', {})}
         when = datetime.fromtimestamp(state.get('timestamp', 0)).strftime('%Y-%m-%d %H:%M:%S')
@@ -310,6 +314,9 @@ class Trainer:
             self.reset_stats()
             return
         self._close_bar()
+        if (bad := first_non_finite({e: m.state_dict() for e, m in zip(MODEL_ENTRIES, self.models)})) is not None:
+            raise Diverged(f'training diverged: {bad} holds NaN or inf at step {self.steps:,}; {self.state_file} '
+                           f'is left at step {self.saved_steps}; lower [optim] lr, or restore a checkpoint')
         write_scalars(
             self.writer, self.steps, stats, self.stat_batches, loss_weights=self.loss_weights,
             offline_mix=self.offline_stream is not None, lr=self.scheduler.get_last_lr()[0],
@@ -447,11 +454,17 @@ def run_learner(config: dict, dist=None) -> int:
     lock = (runlock.hold(typed(config).control.state_file, who='learner', key='[control] state_file', fix=STATE_FIX)
             if dist.is_main else contextlib.nullcontext())
     with lock:
-        trainer = Trainer(config, dist=dist)
+        try:
+            trainer = Trainer(config, dist=dist)
+        except CheckpointError as exc:  # one line, not a traceback: the file is left as it is
+            return entry.error(f'{exc}: the learner cannot resume from it; restore it (a copy of '
+                               f'[control] best_state_file is a sound start)')
         try:
             trainer.run()
         except TestPlayDone:
             logger.info('test play done: exiting so that the supervisor restarts the learner')
+        except Diverged as exc:  # one line; a supervisor stops on the status instead of restarting into it
+            return entry.error(exc, status=1)
         except KeyboardInterrupt as exc:  # also SIGTERM (entry.stop_on_sigterm)
             logger.info('stopped on %s at step %s; %s', entry.stop_cause(exc), f'{trainer.steps:,}',
                         trainer.stop_summary())

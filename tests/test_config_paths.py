@@ -146,3 +146,19 @@ def test_a_nul_in_a_path_is_one_message_not_a_traceback(tmp_path, table, key):
     path.write_text(toml.dumps(cfg).replace('-NUL-', '\\u0000'), encoding='utf-8')
     assert config_errors(path, env={}) == [
         f"[{table}] {key} in {path} holds a NUL character (\\u0000), got 'a\\x00b'"]
+
+
+@pytest.mark.parametrize('table, key, value, says', [
+    ('control', 'state_file', '', 'must name a file (not empty, blank or ending in a path separator)'),
+    ('control', 'best_state_file', '  ', 'must name a file'),
+    ('control', 'state_file', 'ckpt/', 'must name a file'),
+    ('grp', 'state_file', '', 'must name a file'),
+    ('control', 'tensorboard_dir', '', 'must not be empty or blank: name a folder'),
+])
+def test_an_empty_file_or_folder_key_is_refused_by_name(tmp_path, table, key, value, says):
+    # '' resolved to the working folder: the learner ran, then failed its first save (IsADirectoryError)
+    cfg = tiny_config_dict(tmp_path)
+    _table(cfg, table)[key] = value
+    path = _write(tmp_path, cfg)
+    assert any(e.startswith(f'[{table}] {key} in {path} {says}') for e in config_errors(path, env={})), \
+        config_errors(path, env={})

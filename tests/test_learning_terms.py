@@ -119,6 +119,33 @@ def test_probe_builds_caches_and_measures_drift(tmp_path, fixture_logs):
     assert drift == pytest.approx(k / len(probe)) and loss == pytest.approx(math.log(4), rel=1e-6)
 
 
+@pytest.mark.parametrize('field, bad', [
+    ('ranks', lambda t: torch.full_like(t, 9)),  # a rank out of 0..3: cross entropy's IndexError at a save
+    ('ranks', lambda t: t.float()),
+    ('ranks', lambda t: t[:-1]),
+    ('packed', lambda t: t[:, :10]),  # another row width: unpack's ValueError, the drift switched off for good
+    ('packed', lambda t: t[:0]),
+    ('masks', lambda t: t[:, :40]),
+    ('masks', lambda t: torch.zeros_like(t)),  # no legal action: argmax of all -inf
+])
+def test_a_probe_with_a_damaged_field_is_rebuilt_and_named(tmp_path, fixture_logs, caplog, field, bad):
+    from mortal.model.networks import GRP
+    files = [str(f) for f in fixture_logs]
+    grp = GRP(hidden_size=8, num_layers=1).eval()
+    probe_file = str(tmp_path / 'probe.pth')
+    good = Probe.load_or_build(probe_file, version=3, globs=files, pts=[6, 4, 2, 0], grp=grp, size=64)
+    data = torch.load(probe_file)
+    data[field] = bad(data[field])
+    torch.save(data, probe_file)
+    with caplog.at_level('WARNING', logger='mortal.diagnostics'):
+        again = Probe.load_or_build(probe_file, version=3, globs=files, pts=[6, 4, 2, 0], grp=grp, size=64)
+    assert f'probe {probe_file} unreadable ({field}: expected' in caplog.text
+    # rebuilt from the logs (the loader shuffles, so another sample of them) and written again
+    assert len(again) == len(good) and again.packed.shape[1] == 13900 and again.masks.shape == (len(good), 46)
+    assert set(again.ranks.tolist()) <= {0, 1, 2, 3} and bool(again.masks.any(-1).all())
+    assert torch.equal(torch.load(probe_file)['ranks'], again.ranks)
+
+
 def test_probe_without_logs_is_none(tmp_path):
     from mortal.model.networks import GRP
     assert Probe.load_or_build(str(tmp_path / 'p.pth'), version=3, globs=[str(tmp_path / 'none*.gz')],

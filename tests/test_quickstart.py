@@ -85,6 +85,17 @@ def test_version_4_config_and_a_work_dir_keeps_its_version(tmp_path):
         quickstart_config.render_config(tmp_path, version=2)
 
 
+@pytest.mark.parametrize('name', ["it's", "a'\nonline = false\nb"])
+def test_a_work_folder_a_toml_literal_cannot_hold_is_refused_not_injected(tmp_path, name):
+    # pasted into '...' it ended the string: an unreadable config, or keys of the folder name's choosing
+    with pytest.raises(ValueError, match=r"holds a quote \(\'\) or a control character"):
+        quickstart_config.write_config(tmp_path / name, preset='short', port=5123)
+    assert not (tmp_path / name / 'config.toml').exists()
+    # the quickstart's own config names its folder '{config_dir}': any folder name works there
+    path = quickstart_config.write_config(tmp_path / name, preset='short', port=5123, relative=True)
+    assert mcfg.load_config(path, required=mcfg.ONLINE_TRAIN_SECTIONS)['control']['online'] is True
+
+
 def test_the_processes_start_from_the_repository():
     # mortal/tools/quickstart.py sits two floors below the repository: its children run there (cwd, PYTHONPATH)
     from conftest import ROOT

@@ -629,3 +629,38 @@ def test_a_cuda_device_on_a_cpu_only_torch_is_one_line_naming_the_key_and_both_f
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith('error: ')]
     assert lines == [f"error: {key} = 'cuda:0', but this torch ({torch.__version__}) is a CPU-only build: install a "
                      f"CUDA build of torch, or set {key} = 'cpu'"]
+
+
+def test_a_diverged_model_is_not_saved_and_its_checkpoint_is_refused(tmp_path):
+    trainer, writer = make_trainer(tmp_path)
+    trainer.train_batch(*random_batch(seed=0))
+    trainer.save()
+    state_file = trainer.state_file
+    saved = open(state_file, 'rb').read()
+    with torch.no_grad():
+        trainer.dqn.state_dict()['a_head.2.bias'].fill_(float('nan'))
+    with pytest.raises(tr.Diverged, match=r'current_dqn\.a_head\.2\.bias holds NaN or inf at step 1; .*mortal\.pth '
+                                          r'is left at step 1'):
+        trainer.on_save()
+    assert open(state_file, 'rb').read() == saved and writer.histograms == []  # nothing written after the NaN
+    # a checkpoint holding NaN (a diverged run's, or a damaged file) is refused by name, not trained on
+    state = torch.load(state_file)
+    state['current_dqn']['a_head.2.bias'].fill_(float('inf'))
+    torch.save(state, state_file)
+    with pytest.raises(CheckpointError, match=r'mortal\.pth: current_dqn\.a_head\.2\.bias holds NaN or inf'):
+        make_trainer(tmp_path)
+    state['current_dqn']['a_head.2.bias'].fill_(0.0)
+    torch.save({**state, 'steps': 'abc'}, state_file)
+    with pytest.raises(CheckpointError, match=r"mortal\.pth: 'steps' is 'abc', not a count of steps"):
+        make_trainer(tmp_path)
+
+
+def test_a_learner_that_cannot_resume_says_so_in_one_line(tmp_path, capsys):
+    config, _ = load_tiny_config(tmp_path)
+    with open(config['control']['state_file'], 'wb') as f:
+        f.write(b'PK\x03\x04 truncated')
+    assert tr.run_learner(config) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {config['control']['state_file']}: ")
+    assert err[0].endswith('restore it (a copy of [control] best_state_file is a sound start)')
+    assert open(config['control']['state_file'], 'rb').read() == b'PK\x03\x04 truncated'  # left as it was

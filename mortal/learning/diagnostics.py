@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mortal.features.packed_obs import pack, unpack
+from mortal.features.packed_obs import pack, row_bytes, unpack
 from mortal.model.checkpoint import atomic_torch_save, load_checkpoint
 
 logger = logging.getLogger('mortal.diagnostics')  # the name before the package split (log format)
@@ -63,6 +63,22 @@ def eval_mode(*modules):
             m.train(mode)
 
 
+def check_probe(data: dict, version: int) -> None:
+    """Raise ValueError naming the field unless ``data`` holds a probe of ``version``: ``packed (N, row_bytes)``
+    uint8 with N >= 1, ``masks (N, 46)`` bool with a legal action in each row, ``ranks (N,)`` int64 in 0..3."""
+    packed, masks, ranks = data.get('packed'), data.get('masks'), data.get('ranks')
+    if not isinstance(packed, Tensor) or packed.dtype != torch.uint8 or packed.dim() != 2 \
+            or packed.shape[1] != row_bytes(version) or packed.shape[0] == 0:
+        raise ValueError(f'packed: expected (N >= 1, {row_bytes(version)}) uint8 rows of version {version}')
+    n = packed.shape[0]
+    if not isinstance(masks, Tensor) or masks.dtype != torch.bool or tuple(masks.shape) != (n, 46) \
+            or not bool(masks.any(-1).all()):
+        raise ValueError(f'masks: expected ({n}, 46) bool with a legal action in each row')
+    if not isinstance(ranks, Tensor) or ranks.dtype != torch.int64 or tuple(ranks.shape) != (n,) \
+            or not bool(((ranks >= 0) & (ranks <= 3)).all()):
+        raise ValueError(f'ranks: expected ({n},) int64 in 0..3')
+
+
 class Probe:
     """Fixed offline positions for policy drift and the next-rank loss: ``packed (N, row_bytes)`` uint8
     observations of ``version`` (``mortal.features.packed_obs``: a ninth of the float rows, bit-exact), ``masks
@@ -91,8 +107,9 @@ class Probe:
                     if 'packed' not in data:  # 127 KB a row: pack it once
                         data['packed'] = torch.from_numpy(pack(data.pop('obs').numpy(), version))
                         atomic_torch_save(data, probe_file)
+                    check_probe(data, version)
                     return cls(data['packed'], data['masks'], data['ranks'], version)
-                logger.info('probe %s is of version %s: rebuilding for version %d', probe_file,
+                logger.info('probe %s is of version %r: rebuilding for version %d', probe_file,
                             data.get('version'), version)
             except Exception as ex:  # a damaged probe is rebuilt, never fatal
                 logger.warning('probe %s unreadable (%s): rebuilding', probe_file, ex)

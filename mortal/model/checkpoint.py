@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import pickle
 from collections.abc import Mapping
@@ -206,6 +207,34 @@ def check_fits_config(model: torch.nn.Module, state_dict, *, entry: str, source,
         source, f'does not fit the configured model: {_in_words(problems[0], _FITS_WORDS, entry=entry)}; '
                 f'checkpoint: {describe_arch(ckpt_cfg)}; config: [control] version = {cfg.control.version}, '
                 f'[resnet] conv_channels = {cfg.resnet.conv_channels}, num_blocks = {cfg.resnet.num_blocks}')
+
+
+def first_non_finite(state_dicts: Mapping[str, Mapping]) -> str | None:
+    """``'entry.key'`` of the first floating tensor of ``state_dicts`` (``{entry: state dict}``) holding NaN or inf,
+    or None; one host sync for all of them."""
+    named = [(f'{e}.{k}', t) for e, sd in state_dicts.items() for k, t in sd.items()
+             if torch.is_tensor(t) and t.is_floating_point()]
+    if not named:
+        return None
+    bad = torch.stack([~torch.isfinite(t).all() for _, t in named]).tolist()
+    return next((k for (k, _), b in zip(named, bad) if b), None)
+
+
+def load_entries(models: Mapping[str, torch.nn.Module], state: dict, source, *, cfg) -> int:
+    """Load each ``{entry: module}`` of ``models`` from the checkpoint dict ``state`` of ``source`` once every entry
+    is checked (it fits ``cfg``'s model, ``check_fits_config``, and holds no NaN or inf); returns its ``steps``.
+    ``CheckpointError`` names the first problem; nothing is loaded then."""
+    for entry, model in models.items():
+        check_fits_config(model, state[entry], entry=entry, source=source, ckpt_cfg=state.get('config'), cfg=cfg)
+    if (bad := first_non_finite({e: state[e] for e in models})) is not None:
+        raise CheckpointError(source, f'{bad} holds NaN or inf (a diverged run)')
+    try:
+        steps = operator.index(state['steps'])
+    except TypeError:
+        raise CheckpointError(source, f"'steps' is {state['steps']!r}, not a count of steps") from None
+    for entry, model in models.items():
+        model.load_state_dict(state[entry])
+    return steps
 
 
 def describe_mismatches(expected: Mapping, saved, limit: int = 3) -> list:

@@ -182,6 +182,9 @@ def render_config(work_dir, *, preset='full', port=None, version=3, relative=Fal
     if version not in (3, 4):
         raise ValueError(f"quickstart version must be 3 or 4, got {version!r}")
     work = CONFIG_DIR if relative else Path(work_dir).expanduser().resolve().as_posix()
+    if any(c == "'" or ord(c) < 32 or ord(c) == 127 for c in work):  # a TOML literal string cannot hold them
+        raise ValueError(f'{work!r}: a work folder whose path holds a quote (\') or a control character cannot be '
+                         f'written into the config; choose another folder')
     # (str.format ignores the preset's sizes that are not config values: online_timeout, eval_sets, rulebase_sets)
     return CONFIG_TEMPLATE.format(work=work, port=port or free_port(), version=version, **PRESETS[preset],
                                   **ONLINE_REMEDY)
