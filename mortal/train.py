@@ -315,8 +315,9 @@ class Trainer:
             return
         self._close_bar()
         if (bad := first_non_finite({e: m.state_dict() for e, m in zip(MODEL_ENTRIES, self.models)})) is not None:
-            raise Diverged(f'training diverged: {bad} holds NaN or inf at step {self.steps:,}; {self.state_file} '
-                           f'is left at step {self.saved_steps}; lower [optim] lr, or restore a checkpoint')
+            kept = 'not written' if self.saved_steps is None else f'left at step {self.saved_steps:,}'
+            raise Diverged(f'training diverged: {bad} holds NaN or inf at step {self.steps:,}; {self.state_file} is '
+                           f'{kept}; lower [optim] lr, or restore a checkpoint')
         write_scalars(
             self.writer, self.steps, stats, self.stat_batches, loss_weights=self.loss_weights,
             offline_mix=self.offline_stream is not None, lr=self.scheduler.get_last_lr()[0],

@@ -643,6 +643,9 @@ def test_a_diverged_model_is_not_saved_and_its_checkpoint_is_refused(tmp_path):
                                           r'is left at step 1'):
         trainer.on_save()
     assert open(state_file, 'rb').read() == saved and writer.histograms == []  # nothing written after the NaN
+    trainer.saved_steps = None  # a fresh run that diverges before its first save
+    with pytest.raises(tr.Diverged, match=r'mortal\.pth is not written; lower \[optim\] lr'):
+        trainer.on_save()
     # a checkpoint holding NaN (a diverged run's, or a damaged file) is refused by name, not trained on
     state = torch.load(state_file)
     state['current_dqn']['a_head.2.bias'].fill_(float('inf'))
