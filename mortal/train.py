@@ -19,7 +19,7 @@ import torch
 
 from mortal.net import wire
 from mortal.model.checkpoint import (INITIAL_BEST_PERF, CheckpointError, atomic_torch_save, first_non_finite,
-                                     load_checkpoint, load_entries, load_frozen_pair, require_entries)
+                                     load_checkpoint, load_entries, load_frozen_pair)
 from mortal.config import for_checkpoint, lookup, typed
 from mortal.config_schema import Online
 from mortal.data.offline_data import offline_mix
@@ -174,7 +174,6 @@ class Trainer:
         Online from an offline checkpoint: fresh optimizer and scheduler (Mortal)."""
         state_file = self.state_file
         state = load_checkpoint(state_file, map_location=self.device)
-        require_entries(state, (*MODEL_ENTRIES, 'steps'), state_file)
         steps = load_entries(dict(zip(MODEL_ENTRIES, self.models)), state, state_file, cfg=cfg)
         ckpt_online = bool(lookup(state.get('config'), 'control.online'))  # the checkpoint's plain dict, of any writer
         if 'optimizer' not in state or 'scheduler' not in state:
@@ -444,6 +443,7 @@ class Trainer:
 
 STATE_FIX = ('give this run its own [control] state_file (and, online, its own server: [online.remote] port, '
              '[online.server] buffer_dir and drain_dir)')
+RESUME_FIX = ': the learner cannot resume from it; restore it (a copy of [control] best_state_file is a sound start)'
 
 
 def run_learner(config: dict, dist=None) -> int:
@@ -458,8 +458,7 @@ def run_learner(config: dict, dist=None) -> int:
         try:
             trainer = Trainer(config, dist=dist)
         except CheckpointError as exc:  # one line, not a traceback: the file is left as it is
-            return entry.error(f'{exc}: the learner cannot resume from it; restore it (a copy of '
-                               f'[control] best_state_file is a sound start)')
+            return entry.error(f'{exc}{RESUME_FIX if exc.source == typed(config).control.state_file else ""}')
         try:
             trainer.run()
         except TestPlayDone:

@@ -667,3 +667,13 @@ def test_a_learner_that_cannot_resume_says_so_in_one_line(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith(f"error: {config['control']['state_file']}: ")
     assert err[0].endswith('restore it (a copy of [control] best_state_file is a sound start)')
     assert open(config['control']['state_file'], 'rb').read() == b'PK\x03\x04 truncated'  # left as it was
+    # another model file the learner loads (the anchor's baseline) gets no advice about the state file
+    (tmp_path / 'anchor').mkdir()
+    config, _ = load_tiny_config(tmp_path / 'anchor', online=True)
+    config['online']['anchor_weight'] = 1.0
+    with open(config['baseline']['train']['state_file'], 'wb') as f:
+        f.write(b'PK\x03\x04 truncated')
+    assert tr.run_learner(config) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {config['baseline']['train']['state_file']}: ")
+    assert 'cannot resume' not in err[0]

@@ -222,8 +222,9 @@ def first_non_finite(state_dicts: Mapping[str, Mapping]) -> str | None:
 
 def load_entries(models: Mapping[str, torch.nn.Module], state: dict, source, *, cfg) -> int:
     """Load each ``{entry: module}`` of ``models`` from the checkpoint dict ``state`` of ``source`` once every entry
-    is checked (it fits ``cfg``'s model, ``check_fits_config``, and holds no NaN or inf); returns its ``steps``.
+    is checked (present, fits ``cfg``'s model, ``check_fits_config``, holds no NaN or inf); returns its ``steps``.
     ``CheckpointError`` names the first problem; nothing is loaded then."""
+    require_entries(state, (*models, 'steps'), source)
     for entry, model in models.items():
         check_fits_config(model, state[entry], entry=entry, source=source, ckpt_cfg=state.get('config'), cfg=cfg)
     if (bad := first_non_finite({e: state[e] for e in models})) is not None:
