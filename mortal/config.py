@@ -69,6 +69,7 @@ class EnvOverrides:
     config_path: str = DEFAULT_PATH
     profile: str = DEFAULT_PROFILE
     sp_threads: int | None = None
+    profile_source: str = ENV_PROFILE  # what chose ``profile``, for messages (the doctor's ``--profile``)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> 'EnvOverrides':
@@ -185,7 +186,7 @@ def _check(config: dict, path: str, required: Required, env: Env) -> tuple:
         if name == 'train_play':
             name = profile_table(profile_name(env))
             if _get_table(config, name) is None:
-                errors.append(f'missing section [{name}] in {path} (selected by {ENV_PROFILE}={profile_name(env)!r})')
+                errors.append(f'missing section [{name}] in {path} ({profile_choice(env)})')
         elif lookup(config, name) is None:  # a table that is not one is reported above
             errors.append(f'missing section [{name}] in {path}')
     # The rules across keys run whatever else is wrong, over the tables that validate on their own.
@@ -287,13 +288,19 @@ def train_play_profile(config: dict, env: Env = os.environ, *, path: str | None 
     if _get_table(config, profile_table(profile)) is None:
         path = resolve_path(path, env)
         raise ConfigError(path, [f'missing section [{profile_table(profile)}] in {path} '
-                                 f'(selected by {ENV_PROFILE}={profile!r})'])
+                                 f'({profile_choice(env)})'])
     return section(config, profile_table(profile))
 
 
 def profile_name(env: Env = os.environ) -> str:
     """The train-play profile in use: env ``TRAIN_PLAY_PROFILE`` or ``'default'``."""
     return EnvOverrides.of(env).profile
+
+
+def profile_choice(env: Env = os.environ) -> str:
+    """What selected the profile, as messages say it: ``selected by TRAIN_PLAY_PROFILE='fast'``."""
+    env = EnvOverrides.of(env)
+    return f'selected by {env.profile_source}={env.profile!r}'
 
 
 def profile_table(profile: str) -> str:
@@ -404,6 +411,13 @@ def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str])
         # The very rules the scheduler enforces (one function), so a config that loads also trains.
         shape = {k: v for k, v in cfg.optim.scheduler.model_dump().items() if v is not None}  # unset: defaults
         errors.extend(f'[optim.scheduler] {key} in {path} {rule}' for key, rule in scheduler_problems(**shape))
+    boot = cfg.bootstrap
+    if boot is not None and boot.epsilon > 0:
+        for name in ('games', 'val_games'):  # the generator plays whole deals: a remainder would be rounded up
+            n = getattr(boot, name)
+            if n % 4:
+                errors.append(f'[bootstrap] {name} = {n} in {path} must be a multiple of 4 while [bootstrap] epsilon > '
+                              f'0 (each deal is played in its 4 seat rotations: {n} would play {n + 4 - n % 4})')
     remote = online and online.remote
     if remote is not None and not remote.token:
         from mortal.net.address import is_loopback

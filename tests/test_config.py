@@ -325,6 +325,18 @@ def test_bad_config_names_the_key_and_the_file(tmp_path, cfg, edit, expected):
     assert expected.format(path=path) in msg
 
 
+def test_bootstrap_games_must_be_whole_deals_while_bots_differ(tmp_path, cfg):
+    # epsilon > 0: every deal is played in 4 rotations, so games = 10 would silently become 12
+    cfg['bootstrap'] = dict(games=10, val_games=6, log_dir=str(tmp_path / 'l'), work_dir=str(tmp_path / 'w'),
+                            grp_steps=10)
+    msg, path = load_error(tmp_path, cfg)
+    assert (f'[bootstrap] games = 10 in {path} must be a multiple of 4 while [bootstrap] epsilon > 0 (each deal is '
+            f'played in its 4 seat rotations: 10 would play 12)') in msg
+    assert f'[bootstrap] val_games = 6 in {path} must be a multiple of 4' in msg
+    cfg['bootstrap'].update(epsilon=0.0)  # identical bots: one game a deal, any count
+    assert load_config(write(tmp_path, cfg))['bootstrap']['games'] == 10
+
+
 def test_train_play_profile_missing(tmp_path, cfg):
     env = {'TRAIN_PLAY_PROFILE': 'fast'}
     msg, path = load_error(tmp_path, cfg, required=CLIENT_SECTIONS, env=env)

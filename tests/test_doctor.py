@@ -94,6 +94,13 @@ def test_busy_port_fails_and_server_running_passes(work, capsys):
     assert rc == 1 and 'is the server up?' in out
 
 
+def test_port_0_is_a_warning_not_free(work):
+    _, _, cfg = work
+    cfg['online']['remote']['port'] = 0
+    [row] = doctor.check_port(cfg)
+    assert row.status == doctor.WARN and '[online.remote] port = 0' in row.line() and 'cannot find' in row.line()
+
+
 def test_checkpoint_resnet_mismatch_fails(work, capsys):
     root, cfg_path, _ = work
     _save_mortal(root / 'online' / 'baseline.pth', conv_channels=64)
@@ -178,6 +185,17 @@ def test_invalid_config_fails_naming_the_key(work, capsys):
     rc, out = _run(cfg_path, capsys)
     assert rc == 1
     assert 'missing key [control] batch_size' in out
+
+
+def test_a_missing_profile_names_what_selected_it(work, capsys, monkeypatch):
+    _, cfg_path, _ = work
+    monkeypatch.delenv('TRAIN_PLAY_PROFILE', raising=False)
+    rc, out = _run(cfg_path, capsys, '--profile', 'nope')
+    assert rc == 1
+    assert f"missing section [train_play.nope] in {cfg_path} (selected by --profile='nope')" in out
+    monkeypatch.setenv('TRAIN_PLAY_PROFILE', 'fast')
+    rc, out = _run(cfg_path, capsys)
+    assert rc == 1 and "(selected by TRAIN_PLAY_PROFILE='fast')" in out
 
 
 def test_misspelled_optional_key_fails_naming_the_key_it_resembles(work, capsys):

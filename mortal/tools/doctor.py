@@ -87,6 +87,9 @@ def check_port(config, server_running=False):
     """Server port: free to bind (default) or, with ``server_running``, accepting connections."""
     remote = typed(config).online.remote  # an online config has one (mortal.config.CLIENT_SECTIONS)
     host, port = remote.host, remote.port  # the server binds [online.remote] host
+    if port == 0:  # the tests' setting: the OS picks a port that no client or learner can know
+        return [Check(WARN, 'port', f'[online.remote] port = 0: the server binds a port the system picks, which '
+                      'the client and the learner, reading the same key, cannot find; name a port for a run')]
     if server_running:
         try:
             with socket.create_connection((host, port), timeout=3):
@@ -403,7 +406,7 @@ def main(argv=None):
 
     env = args.overrides
     if args.profile:
-        env = dataclasses.replace(env, profile=args.profile)
+        env = dataclasses.replace(env, profile=args.profile, profile_source='--profile')
     path = mcfg.resolve_path(args.config, env)
     profile = env.profile
     config_log = logging.getLogger('mortal.config')
