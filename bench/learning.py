@@ -203,6 +203,27 @@ def paired_line(online_arm, online, control_arm, control, log):
             f"{'; ' + note if note else ''})")
 
 
+SUMMARY_FIELDS = ('deals', 'games', 'avg_rank', 'avg_rank_ci', 'avg_pt', 'avg_pt_ci')  # play.evaluation.summarize
+
+
+def result_problem(res: dict) -> str:
+    """What in an arm's ``result.json`` the report cannot read ('' when nothing): the fields it formats and plots,
+    each of the type the bench writes (a hand-edited file may not be)."""
+    num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    evals = lambda v: isinstance(v, dict) and all(  # noqa: E731
+        isinstance(e, dict) and all(num(e.get(k)) for k in SUMMARY_FIELDS) for e in v.values())
+    checks = {'vs_start': evals, 'vs_rulebase': evals,
+              'curve': lambda v: isinstance(v, list) and all(
+                  isinstance(p, dict) and all(num(p.get(k)) for k in ('step', 'avg_rank', 'avg_rank_ci')) for p in v),
+              'sets': lambda v: isinstance(v, list) and all(isinstance(kv, list) and len(kv) == 2 for kv in v),
+              'units': lambda v: isinstance(v, dict) and all(
+                  isinstance(u, dict) and all(isinstance(r, list) and all(map(num, r)) for r in u.values())
+                  for u in v.values()),
+              'steps': num, 'best_step': num, 'hanchan': num, 'eval_key': num, 'matched': lambda v: isinstance(v, str)}
+    bad = [k for k, ok in checks.items() if k in res and not ok(res[k])]
+    return f"field(s) {', '.join(bad)} not of the type the bench writes" if bad else ''
+
+
 def report(out, log, against=None):
     """Print one Markdown row per arm (stdout, no timestamps), each matched control's paired difference to its
     arm and, with ``against`` (an arm's name), every other arm's paired difference to that one; write
@@ -215,8 +236,9 @@ def report(out, log, against=None):
         except (OSError, ValueError) as e:
             log(f'report: {res_path} skipped, not readable JSON: {e}')
             continue
-        if not isinstance(res, dict):
-            log(f'report: {res_path} skipped, not a JSON object')
+        problem = 'not a JSON object' if not isinstance(res, dict) else result_problem(res)
+        if problem:
+            log(f'report: {res_path} skipped, {problem}')
             continue
         rows.append((res_path.parent.name, res))
     table('| arm | changes | steps | hanchan | best vs 3x start | final vs 3x start | final vs 3 RulebaseBots (paired '

@@ -163,6 +163,25 @@ def test_report_pairs_a_matched_control_on_shared_deals(tmp_path, capsys):
     assert any('other keys' in line for line in logged)
 
 
+def test_report_skips_a_result_of_the_wrong_field_types_by_name(tmp_path, capsys):
+    import json
+    good = {'steps': 4, 'eval_key': 7, 'units': {'final': {'1': [2, 2, 2, 2]}},
+            'vs_start': {'final': {'avg_rank': 2.5, 'avg_rank_ci': 0.1, 'avg_pt': 0.0, 'avg_pt_ci': 0.0, 'games': 4,
+                                   'deals': 1}}}
+    bad = {**good, 'sets': 3, 'curve': [{'step': 'x', 'avg_rank': 2.5, 'avg_rank_ci': 0.1}],
+           'units': {'final': {'1': ['2']}}}
+    for name, res in (('good', good), ('bad', bad)):
+        (tmp_path / 'arms' / name).mkdir(parents=True)
+        (tmp_path / 'arms' / name / 'result.json').write_text(json.dumps(res))
+    logged = []
+    learning.report(tmp_path, logged.append)  # was a TypeError from the row of 'bad'
+    out = capsys.readouterr().out
+    assert '| good | none | 4 |' in out and '| bad |' not in out
+    assert any(str(tmp_path / 'arms' / 'bad' / 'result.json') in line
+               and 'field(s) curve, sets, units not of the type the bench writes' in line for line in logged), logged
+    assert learning.result_problem(good) == ''
+
+
 def test_learning_and_learning_flaw_import_no_circle():
     """bench/learning.py runs bench/learning_flaw.py; the flaw bench takes the arms from learning_arms.py, never
     from learning.py (an import circle would run learning.py's module body inside learning_flaw's)."""
