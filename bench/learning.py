@@ -54,7 +54,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from learning_arms import (  # noqa: E402  the start, the arms and the offline-only control (shared with learning_flaw)
     check_marks, checkpoint_steps, control_steps, make_start, parse_sets, run_arm, run_offline)
 from learning_start import start_curve  # noqa: E402  the converged start
-from mortal.play.evaluation import format_summary as fmt, play_chunk as _play, play_duplicate, summarize  # noqa: E402
+from mortal.play.evaluation import (  # noqa: E402
+    SUMMARY_FIELDS, format_summary as fmt, play_chunk as _play, play_duplicate, summarize)
 from mortal.play.duplicate import unreliable_note  # noqa: E402
 
 
@@ -201,9 +202,6 @@ def paired_line(online_arm, online, control_arm, control, log):
     return (f"\n{online_arm} final - {control_arm} final, avg rank vs 3x start paired by deal (below 0: the "
             f"online arm is better): {d['paired_diff']:+.3f} ± {d['paired_diff_ci']:.3f} ({d['games']} games"
             f"{'; ' + note if note else ''})")
-
-
-SUMMARY_FIELDS = ('deals', 'games', 'avg_rank', 'avg_rank_ci', 'avg_pt', 'avg_pt_ci')  # play.evaluation.summarize
 
 
 def result_problem(res: dict) -> str:

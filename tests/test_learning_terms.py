@@ -192,8 +192,9 @@ def test_online_trainer_with_anchor_and_calibrated_cql_logs_every_term(tiny_conf
 
 
 def test_summarize_pairs_deals_by_nonce():
-    from mortal.play.evaluation import format_summary, summarize
+    from mortal.play.evaluation import SUMMARY_FIELDS, format_summary, summarize
     units = {11: [1, 2, 3, 4], 10: [1, 1, 2, 2]}
+    assert set(summarize(units)) == set(SUMMARY_FIELDS)  # the fields bench/learning.py's report checks
     ref = {10: [4, 4, 4, 4], 11: [2, 2, 3, 3]}
     s = summarize(units, ref)
     # per-deal mean ranks: nonce 10: 1.5 vs 4.0, nonce 11: 2.5 vs 2.5 -> diffs -2.5, 0

@@ -87,6 +87,10 @@ def play_duplicate(challenger, champion, *, sets: int, key: int, workers: int = 
     return units
 
 
+#: The fields every :func:`summarize` result has (the paired ones aside); :func:`format_summary` reads them.
+SUMMARY_FIELDS = ('deals', 'games', 'avg_rank', 'avg_rank_ci', 'avg_pt', 'avg_pt_ci')
+
+
 def summarize(units: Mapping[int, list], reference: Mapping[int, list] | None = None) -> dict:
     """Avg rank and avg pt with 95% CI half-widths over deals; with ``reference``, also ``paired_diff`` (mean
     per-deal rank difference, negative = better, over shared deals) and ``unpaired``. KeyError if no deal is shared."""
