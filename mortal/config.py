@@ -340,6 +340,12 @@ def _problem(err: dict, config: dict, path: str) -> str:
         loc.pop()  # an element of a list: the message is about the whole list
     dotted = table_name(loc)  # train_play."a.b" for a profile a.b, as the file spells it
     value = lookup(config, dotted, err['input'])
+    profile_keys = section_keys('train_play.default')
+    if len(loc) == 2 and loc[0] == 'train_play' and loc[1] in profile_keys and not isinstance(value, dict):
+        # a profile's keys written straight under [train_play]: one line for them all (deduplicated by the caller)
+        flat = [k for k, v in config['train_play'].items() if k in profile_keys and not isinstance(v, dict)]
+        return (f'[train_play] in {path} holds profiles, not keys: put {", ".join(map(str, flat))} under '
+                f'[train_play.default] (or another [train_play.<profile>], which TRAIN_PLAY_PROFILE picks)')
     if section_keys(dotted) is not None or dotted in CONTAINERS or len(loc) == 1:
         return f'[{dotted}] in {path} must be a table, got {_shown(value)}'
     table, name = table_name(loc[:-1]), loc[-1]
@@ -407,11 +413,23 @@ def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str])
                 and cfg.test_play.games // 4 < 8:
             warns.append(f"[test_play] games = {cfg.test_play.games} in {path} is fewer than the 32 games the SPRT "
                          f"needs before it decides (best_rule = 'sprt'): best.pth would never be replaced")
+        others = [('[control] best_state_file', control.best_state_file)]
+        if cfg.baseline is not None:
+            others += [(f'[baseline.{role}] state_file', slot.state_file)
+                       for role, slot in (('train', cfg.baseline.train), ('test', cfg.baseline.test)) if slot]
+        for name, other in others:
+            if os.path.normpath(other) == os.path.normpath(control.state_file):
+                errors.append(f'{name} = {other!r} in {path} is the same file as [control] state_file: each save '
+                              f'would overwrite it')
     if cfg.optim is not None and cfg.optim.scheduler is not None:
         # The very rules the scheduler enforces (one function), so a config that loads also trains.
         shape = {k: v for k, v in cfg.optim.scheduler.model_dump().items() if v is not None}  # unset: defaults
         errors.extend(f'[optim.scheduler] {key} in {path} {rule}' for key, rule in scheduler_problems(**shape))
     boot = cfg.bootstrap
+    grp_control = cfg.grp and cfg.grp.control
+    if boot is not None and grp_control is not None and boot.grp_steps % grp_control.save_every:
+        errors.append(f'[bootstrap] grp_steps = {boot.grp_steps} in {path} must be a multiple of [grp.control] '
+                      f'save_every = {grp_control.save_every} (the GRP is saved only then)')
     if boot is not None and boot.epsilon > 0:
         for name in ('games', 'val_games'):  # the generator plays whole deals: a remainder would be rounded up
             n = getattr(boot, name)
@@ -453,13 +471,14 @@ def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str])
 def scheduler_problems(*, peak, final, warm_up_steps, max_steps, init=SCHEDULER_DEFAULT_INIT, offset=0,
                        epoch_size=0, **_ignored) -> list[tuple[str, str]]:
     """``[(key = value, rule)]`` wrong with an ``[optim.scheduler]`` shape, ``[]`` if none:
-    ``peak >= final >= init >= 0``, the step counts >= 0, ``max_steps`` 0 or >= ``warm_up_steps``."""
+    ``peak >= final >= init >= 0``, the step counts and ``offset`` >= 0, ``max_steps`` 0 or >= ``warm_up_steps``."""
     out = []
     if init < 0:
         out.append((f'init = {init}', 'must be >= 0'))
     if not peak >= final >= init:
         out.append((f'final = {final}', f'must be within [init = {init}, peak = {peak}] (peak >= final >= init)'))
-    for name, value in (('warm_up_steps', warm_up_steps), ('max_steps', max_steps), ('epoch_size', epoch_size)):
+    for name, value in (('warm_up_steps', warm_up_steps), ('max_steps', max_steps), ('epoch_size', epoch_size),
+                        ('offset', offset)):  # a negative offset: a negative learning rate while warming up
         if value < 0:
             out.append((f'{name} = {value}', 'must be >= 0'))
     if max_steps and max_steps < warm_up_steps:

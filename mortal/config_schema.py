@@ -23,6 +23,7 @@ BEST_RULES = ('paired', 'sprt', 'mortal')  # [test_play] best_rule (mortal.learn
 BOOTSTRAP_FLAWS = ('', 'overcall', 'no-riichi', 'no-fold')  # [bootstrap] flaw (mortal.play.flaws.FLAWS)
 REWARDS = ('grp', 'points')  # [env] reward (mortal.data.reward.REWARDS)
 MAX_CONV_CHANNELS, MAX_BLOCKS = 4096, 1024  # [resnet]: far past Mortal's 192 x 40
+MIN_CONV_CHANNELS = 16  # channel attention squeezes by 16 (mortal.model.networks.ChannelAttention)
 MAX_OFFLINE_BATCH = 1 << 16  # rows; ~8 GB of version-3 observations, far past any sane mix
 
 
@@ -203,8 +204,9 @@ class Env(Section):
 
 class ResNet(Section):
     # the bounds of a baseline the server takes (mortal.net.wire.BASELINE_ARCH); 10^12 blocks hung the doctor
-    conv_channels: Annotated[Int, _rule(lambda v: 1 <= v <= MAX_CONV_CHANNELS, f'must be within [1, '
-                                        f'{MAX_CONV_CHANNELS}]')] = key('channels of the residual tower')
+    conv_channels: Annotated[Int, _rule(lambda v: MIN_CONV_CHANNELS <= v <= MAX_CONV_CHANNELS, f'must be within '
+                                        f'[{MIN_CONV_CHANNELS}, {MAX_CONV_CHANNELS}] (channel attention needs '
+                                        f'{MIN_CONV_CHANNELS})')] = key('channels of the residual tower')
     num_blocks: Annotated[Int, _rule(lambda v: 1 <= v <= MAX_BLOCKS, f'must be within [1, {MAX_BLOCKS}]')] = key(
         'residual blocks')
 

@@ -142,7 +142,8 @@ class Stat:
         Raises FileNotFoundError when ``log_dir`` is not a directory."""
         log_dir = os.fspath(log_dir)
         if not os.path.isdir(log_dir):
-            raise FileNotFoundError(f'log directory not found: {log_dir}')
+            raise FileNotFoundError(f'{log_dir} is a file, not a log directory' if os.path.exists(log_dir)
+                                    else f'log directory not found: {log_dir}')
         found = {}  # real path -> first path: glob's '**' follows links, a link to a parent repeats every log
         for path in sorted(glob.glob(os.path.join(glob.escape(log_dir), '**', '*.json'), recursive=True)
                            + glob.glob(os.path.join(glob.escape(log_dir), '**', '*.json.gz'), recursive=True)):

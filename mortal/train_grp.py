@@ -390,7 +390,13 @@ def main(argv=None) -> int:
     try:
         config = entry.load_config(args, TRAIN_GRP_SECTIONS)
         entry.check_devices(config, entry.GRP_DEVICES)
-        train(typed(config).grp, max_steps=args.max_steps, patience=args.patience)
+        grp = typed(config).grp
+        save_every = grp.control.save_every
+        if args.max_steps is not None and (args.max_steps <= 0 or args.max_steps % save_every):
+            # the model is saved only every save_every steps: other counts would train and write nothing
+            return entry.error(f"--max-steps must be a positive multiple of [grp.control] save_every = {save_every}, "
+                               f"got {args.max_steps}")
+        train(grp, max_steps=args.max_steps, patience=args.patience)
     except (ConfigError, TrainGrpInputError, NoSamplesError) as exc:  # user errors: one line, no traceback
         # from a DataLoader worker the message is torch's report ending with the original line
         lines = [x for x in str(exc).strip().splitlines() if x.strip()]

@@ -37,6 +37,38 @@ def test_load_checkpoint_missing_garbage_and_foreign_files(tmp_path):
         load_checkpoint(bad)
 
 
+@pytest.mark.parametrize('head, what', [
+    (b'version https://git-lfs.github.com/spec/v1\noid sha256:ab\n', "a Git LFS pointer, not the weights (run 'git "
+                                                                      "lfs pull')"),
+    (b'<!DOCTYPE html><html>', 'an HTML or XML page (a failed download?)'),
+    (b'\x1f\x8b\x08\x00' + bytes(20), 'a gzip file (an mjai log?)'),
+    (b'\x40\x00\x00\x00\x00\x00\x00\x00{"__metadata__":{}}', 'a safetensors file'),
+    (b'hello', "it begins b'hello'"),
+    (b'', 'an empty file'),
+])
+def test_a_file_that_is_no_torch_checkpoint_says_what_it_is(tmp_path, head, what):
+    # torch's own errors ('Unsupported operand 118', 'KeyError: 101') pointed at weights_only, not at the file
+    bad = tmp_path / 'baseline.pth'
+    bad.write_bytes(head)
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(bad)
+    assert str(err.value) == f'{bad}: not a torch checkpoint: {what}'
+
+
+@pytest.mark.parametrize('resnet, field', [({'conv_channels': 'x', 'num_blocks': 1}, 'conv_channels'),
+                                          ({'conv_channels': 4, 'num_blocks': 1}, 'conv_channels'),
+                                          ({'conv_channels': 16, 'num_blocks': -1}, 'num_blocks')])
+def test_a_checkpoint_config_that_builds_no_model_is_a_checkpoint_error(tmp_path, resnet, field):
+    # these raised TypeError, RuntimeError or ValueError from inside torch, naming neither the file nor the entry
+    path = tmp_path / 'm.pth'
+    torch.save({'mortal': {}, 'current_dqn': {}, 'config': {'control': {'version': 3}, 'resnet': resnet}}, path)
+    with pytest.raises(CheckpointError) as err:
+        load_model_pair(path)
+    low = 16 if field == 'conv_channels' else 1
+    assert str(err.value).startswith(f"{path}: checkpoint config: field 'arch.{field}' must be an int within [{low}, ")
+    assert str(err.value).endswith(f"got {resnet[field]!r}")
+
+
 def test_require_entries_names_one_or_all_missing(tmp_path):
     assert require_entries({'a': 1, 'b': 2}, ('a',), 'f.pth') == {'a': 1, 'b': 2}
     with pytest.raises(CheckpointError, match=r"^f.pth: GRP checkpoint has no 'model' entry$"):

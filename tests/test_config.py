@@ -328,7 +328,7 @@ def test_bad_config_names_the_key_and_the_file(tmp_path, cfg, edit, expected):
 def test_bootstrap_games_must_be_whole_deals_while_bots_differ(tmp_path, cfg):
     # epsilon > 0: every deal is played in 4 rotations, so games = 10 would silently become 12
     cfg['bootstrap'] = dict(games=10, val_games=6, log_dir=str(tmp_path / 'l'), work_dir=str(tmp_path / 'w'),
-                            grp_steps=10)
+                            grp_steps=8)
     msg, path = load_error(tmp_path, cfg)
     assert (f'[bootstrap] games = 10 in {path} must be a multiple of 4 while [bootstrap] epsilon > 0 (each deal is '
             f'played in its 4 seat rotations: 10 would play 12)') in msg
@@ -429,6 +429,40 @@ def test_scheduler_invariants(tmp_path, cfg):
     cfg['optim']['scheduler'].update(final=1e-5, warm_up_steps=100, max_steps=50)
     msg, path = load_error(tmp_path, cfg)
     assert f'[optim.scheduler] max_steps = 50 in {path}' in msg
+
+
+def test_negative_scheduler_offset_is_refused(tmp_path, cfg):
+    # a negative offset starts the warm-up below 0: peak * (offset / warm_up_steps) < 0 is a negative learning rate
+    cfg['optim']['scheduler'].update(offset=-500)
+    msg, path = load_error(tmp_path, cfg)
+    assert f'[optim.scheduler] offset = -500 in {path} must be >= 0' in msg
+
+
+@pytest.mark.parametrize('table, key', [('control', 'best_state_file'), ('baseline.train', 'state_file'),
+                                        ('baseline.test', 'state_file')])
+def test_a_file_the_learner_overwrites_cannot_be_another_role(tmp_path, cfg, table, key):
+    _set(table, key, cfg['control']['state_file'])(cfg)
+    msg, path = load_error(tmp_path, cfg)
+    assert (f"[{table}] {key} = {cfg['control']['state_file']!r} in {path} is the same file as [control] state_file: "
+            f"each save would overwrite it") in msg
+
+
+def test_bootstrap_grp_steps_must_be_whole_saves(tmp_path, cfg):
+    # the GRP is saved every [grp.control] save_every steps: 1,500 of 2,000 would train and save nothing
+    cfg['bootstrap'] = dict(games=8, val_games=4, log_dir=str(tmp_path / 'l'), work_dir=str(tmp_path / 'w'),
+                            grp_steps=cfg['grp']['control']['save_every'] * 3 + 1)
+    msg, path = load_error(tmp_path, cfg)
+    n, every = cfg['bootstrap']['grp_steps'], cfg['grp']['control']['save_every']
+    assert (f'[bootstrap] grp_steps = {n} in {path} must be a multiple of [grp.control] save_every = {every} (the '
+            f'GRP is saved only then)') in msg
+
+
+def test_keys_straight_under_train_play_name_the_profile_table(tmp_path, cfg):
+    cfg['train_play'] = {'games': 4, 'log_dir': 'x'}  # [train_play] instead of [train_play.default]
+    msg, path = load_error(tmp_path, cfg)
+    assert (f'[train_play] in {path} holds profiles, not keys: put games, log_dir under [train_play.default] (or '
+            f'another [train_play.<profile>], which TRAIN_PLAY_PROFILE picks)') in msg
+    assert 'must be a table' not in msg
 
 
 def test_token_required_beyond_loopback(tmp_path, cfg):
@@ -612,11 +646,16 @@ def test_offline_batch_size_range(tmp_path, cfg, value, message):
         load_config(write(tmp_path, cfg))
 
 
+CHANNELS_RANGE = 'must be within [16, 4096] (channel attention needs 16)'
+
+
 @pytest.mark.parametrize('key, value, message', [('num_blocks', 10 ** 12, 'must be within [1, 1024]'),
                                                  ('num_blocks', 0, 'must be within [1, 1024]'),
-                                                 ('conv_channels', 4097, 'must be within [1, 4096]')])
+                                                 ('conv_channels', 4097, CHANNELS_RANGE),
+                                                 ('conv_channels', 8, CHANNELS_RANGE)])
 def test_resnet_size_range(tmp_path, cfg, key, value, message):
-    # the baseline bounds of the wire: 10^12 blocks validated, then hung the doctor building the model
+    # the baseline bounds of the wire: 10^12 blocks validated, then hung the doctor building the model; 8 channels
+    # validated, then failed building the channel attention (8 // 16 = 0 hidden units)
     cfg['resnet'][key] = value
     path = write(tmp_path, cfg)
     with pytest.raises(ConfigError) as info:

@@ -259,7 +259,7 @@ def test_one_vs_three_missing_checkpoint_is_one_line(tiny_config, capsys):
 
 
 def _grp_main(path, capsys):
-    rc = train_grp.main(['--config', str(path), '--max-steps', '1'])
+    rc = train_grp.main(['--config', str(path), '--max-steps', '4'])
     return rc, capsys.readouterr().err.strip().splitlines()
 
 

@@ -250,8 +250,10 @@ def test_from_dir_globs_gz_sums_seats_and_skips_bad_files(tmp_path, caplog):
     assert 'broken.json:2' in text and 'not a JSON event' in text
     assert 'nostart.json' in text and 'first event is not start_game' in text
     assert 'skipped 3 of 6' in text
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match=f'^log directory not found: {tmp_path / "missing"}$'):
         Stat.from_dir(tmp_path / 'missing', 'me')
+    with pytest.raises(FileNotFoundError, match=' is a file, not a log directory$'):  # a log given as the folder
+        Stat.from_dir(LOG_A, 'me')
 
 
 def test_a_log_reached_through_several_links_counts_once(tmp_path):

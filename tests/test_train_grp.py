@@ -117,6 +117,18 @@ def test_cli_config_short_flag(tmp_path, capsys, flag):
     assert f"config file {missing} not found" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("max_steps", ["3", "0", "-2"])
+def test_cli_max_steps_must_be_whole_saves(cfg, tmp_path, capsys, max_steps):
+    # save_every 2: 3 steps trained and wrote nothing, exit 0; 0 and -2 did nothing, exit 0
+    import toml
+    path = tmp_path / "c.toml"
+    path.write_text(toml.dumps({"grp": cfg}))
+    assert train_grp_main(["-c", str(path), "--max-steps", max_steps]) == 2
+    assert (f"--max-steps must be a positive multiple of [grp.control] save_every = 2, got {max_steps}"
+            in capsys.readouterr().err)
+    assert not os.path.exists(cfg["state_file"])
+
+
 def test_early_stopping_state():
     from mortal.train_grp import early_stopping_state
     assert early_stopping_state([], 2) == (-1, False)

@@ -50,21 +50,48 @@ def describe_error(exc: BaseException) -> str:
     return f'{type(exc).__name__}: {one_line(exc)}'
 
 
+# What a file that is no torch checkpoint at all usually is, by its first bytes (torch's own error misleads there).
+_FOREIGN_HEADS = ((b'version https://git-lfs', "a Git LFS pointer, not the weights (run 'git lfs pull')"),
+                  (b'\x1f\x8b', 'a gzip file (an mjai log?)'),
+                  (b'<', 'an HTML or XML page (a failed download?)'))
+
+
+def foreign_file(path) -> str | None:
+    """``'not a torch checkpoint: <what it is>'`` when the first bytes of ``path`` are neither torch's zip format
+    nor a pickle; None otherwise (or unreadable)."""
+    try:
+        with open(path, 'rb') as f:
+            head = f.read(64)
+    except OSError:
+        return None
+    if head.startswith((b'PK\x03\x04', b'\x80')):
+        return None
+    what = next((w for prefix, w in _FOREIGN_HEADS if head.lstrip().startswith(prefix)), None)
+    if what is None and head[8:9] == b'{':  # an 8-byte header length, then its JSON
+        what = 'a safetensors file'
+    return f"not a torch checkpoint: {what or ('an empty file' if not head else f'it begins {head[:16]!r}')}"
+
+
 def load_checkpoint(path, *, map_location='cpu'):
     """``torch.load(path, weights_only=True)``; FileNotFoundError, or ``CheckpointError`` (``__cause__``: torch's)
-    for refused objects or a damaged file."""
+    for refused objects, a damaged file or one that is no torch checkpoint (``foreign_file``)."""
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
         raise
-    except pickle.UnpicklingError as exc:
-        # torch's message is a paragraph about the weights_only default; keep its last specific line
-        detail = [part.strip() for part in str(exc).splitlines() if part.strip()]
-        detail = [d for d in detail if not d.startswith(('Weights only', 'Please file', 'Check the doc'))]
-        raise CheckpointError(path, 'not a weights-only torch checkpoint (objects other than tensors and plain '
-                                    'containers are refused)' + (f': {detail[-1]}' if detail else '')) from exc
     except Exception as exc:  # torch raises many types for a damaged file (RuntimeError, EOFError, ValueError...)
-        raise CheckpointError(path, describe_error(exc)) from exc
+        raise CheckpointError(path, foreign_file(path) or _torch_reason(exc)) from exc
+
+
+def _torch_reason(exc: Exception) -> str:
+    """Why torch refused a file that looks like a checkpoint, on one line."""
+    if not isinstance(exc, pickle.UnpicklingError):
+        return describe_error(exc)
+    # torch's message is a paragraph about the weights_only default; keep its last specific line
+    detail = [part.strip() for part in str(exc).splitlines() if part.strip()]
+    detail = [d for d in detail if not d.startswith(('Weights only', 'Please file', 'Check the doc'))]
+    return ('not a weights-only torch checkpoint (objects other than tensors and plain containers are refused)'
+            + (f': {detail[-1]}' if detail else ''))
 
 
 def require_entries(state, keys, source, *, kind: str = 'checkpoint'):
@@ -87,6 +114,15 @@ def arch_of(state: dict, source) -> dict:
         raise CheckpointError(source, f'checkpoint config lacks {ex}') from None
 
 
+def checked_arch(state: dict, source) -> dict:
+    """``arch_of`` within the bounds a model can be built with (``wire.check_baseline_arch``); ``CheckpointError``
+    naming the entry otherwise (a hand-edited or foreign config would fail inside torch)."""
+    try:
+        return wire.check_baseline_arch(arch_of(state, source))
+    except wire.BadRequest as e:
+        raise CheckpointError(source, f'checkpoint config: {e}') from None
+
+
 def describe_arch(cfg) -> str:
     """``'version V, conv_channels C, num_blocks B'`` of a checkpoint's ``config`` (``arch_of``), for messages."""
     try:
@@ -101,7 +137,7 @@ def models_from_state(state, source) -> tuple:
     player); ``CheckpointError`` for a missing entry or key, or weights that do not fit."""
     from mortal.model.networks import Brain, DQN  # here: loading a file needs no model (nor its Rust extension)
     require_entries(state, MORTAL_ENTRIES, source)
-    arch = arch_of(state, source)
+    arch = checked_arch(state, source)
     brain = Brain(version=arch['version'], conv_channels=arch['conv_channels'], num_blocks=arch['num_blocks']).eval()
     dqn = DQN(version=arch['version']).eval()
     try:
@@ -129,9 +165,8 @@ def load_frozen_pair(state_file, version: int, device, role: str) -> tuple:
 def read_baseline(path) -> tuple:
     """``(mortal, dqn, arch)`` state dicts of a Mortal-layout checkpoint, no models built."""
     state = require_entries(load_checkpoint(path), MORTAL_ENTRIES, path)
-    arch = arch_of(state, path)
+    arch = checked_arch(state, path)
     try:
-        arch = wire.check_baseline_arch(arch)
         mortal, dqn = dict(state['mortal']), dict(state['current_dqn'])
     except (TypeError, ValueError) as e:
         raise CheckpointError(path, f'not a usable baseline checkpoint: {type(e).__name__}: {e}') from None

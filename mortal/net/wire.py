@@ -29,7 +29,8 @@ from typing import Any, Callable, Optional
 
 import msgpack
 
-from mortal.config_schema import DEFAULT_MAX_FRAME_BYTES, MAX_BLOCKS, MAX_CONV_CHANNELS, SUPPORTED_VERSIONS
+from mortal.config_schema import (DEFAULT_MAX_FRAME_BYTES, MAX_BLOCKS, MAX_CONV_CHANNELS, MIN_CONV_CHANNELS,
+                                  SUPPORTED_VERSIONS)
 from mortal.net.address import is_loopback
 from mortal.net.msgpack_bounds import check_shape, request_limits
 
@@ -95,7 +96,7 @@ def check_play_settings(msg: dict) -> dict:
 
 # A baseline's architecture as it travels: the checkpoint config entries load_model_pair reads, with their bounds.
 BASELINE_ARCH = {'version': (min(SUPPORTED_VERSIONS), max(SUPPORTED_VERSIONS)),
-                 'conv_channels': (1, MAX_CONV_CHANNELS), 'num_blocks': (1, MAX_BLOCKS)}
+                 'conv_channels': (MIN_CONV_CHANNELS, MAX_CONV_CHANNELS), 'num_blocks': (1, MAX_BLOCKS)}
 
 
 def check_baseline_arch(arch) -> dict:
