@@ -427,9 +427,9 @@ def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str])
         errors.extend(f'[optim.scheduler] {key} in {path} {rule}' for key, rule in scheduler_problems(**shape))
     boot = cfg.bootstrap
     grp_control = cfg.grp and cfg.grp.control
-    if boot is not None and grp_control is not None and boot.grp_steps % grp_control.save_every:
-        errors.append(f'[bootstrap] grp_steps = {boot.grp_steps} in {path} must be a multiple of [grp.control] '
-                      f'save_every = {grp_control.save_every} (the GRP is saved only then)')
+    problem = boot and grp_control and grp_steps_problem(boot.grp_steps, grp_control.save_every)
+    if problem:
+        errors.append(f'[bootstrap] grp_steps = {boot.grp_steps} in {path} {problem}')
     if boot is not None and boot.epsilon > 0:
         for name in ('games', 'val_games'):  # the generator plays whole deals: a remainder would be rounded up
             n = getattr(boot, name)
@@ -466,6 +466,13 @@ def check_relations(cfg: Config, path: str, errors: list[str], warns: list[str])
                          f'than one client round of [{profile_table(profile)}] games = {games}: the server drains '
                          f'only a full buffer and each client plays once per trainer parameter version, so the '
                          f'trainer would wait forever unless at least {-(-capacity // games)} clients run')
+
+
+def grp_steps_problem(steps: int, save_every: int) -> str | None:
+    """Why ``steps`` GRP training steps would be wasted, or None: the GRP is written only every ``save_every``."""
+    if steps > 0 and steps % save_every == 0:
+        return None
+    return f'must be a positive multiple of [grp.control] save_every = {save_every} (the GRP is saved only then)'
 
 
 def scheduler_problems(*, peak, final, warm_up_steps, max_steps, init=SCHEDULER_DEFAULT_INIT, offset=0,

@@ -377,7 +377,7 @@ class _GrpRun:
 def main(argv=None) -> int:
     """Entry point; returns 0, or 2 after a one-line message for a user error."""
     from mortal import entry
-    from mortal.config import TRAIN_GRP_SECTIONS, ConfigError, typed
+    from mortal.config import TRAIN_GRP_SECTIONS, ConfigError, grp_steps_problem, typed
 
     parser = entry.parser("Train the GRP model on mjai logs ([grp] config).")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
@@ -391,11 +391,9 @@ def main(argv=None) -> int:
         config = entry.load_config(args, TRAIN_GRP_SECTIONS)
         entry.check_devices(config, entry.GRP_DEVICES)
         grp = typed(config).grp
-        save_every = grp.control.save_every
-        if args.max_steps is not None and (args.max_steps <= 0 or args.max_steps % save_every):
-            # the model is saved only every save_every steps: other counts would train and write nothing
-            return entry.error(f"--max-steps must be a positive multiple of [grp.control] save_every = {save_every}, "
-                               f"got {args.max_steps}")
+        problem = args.max_steps is not None and grp_steps_problem(args.max_steps, grp.control.save_every)
+        if problem:
+            return entry.error(f"--max-steps {args.max_steps} {problem}")
         train(grp, max_steps=args.max_steps, patience=args.patience)
     except (ConfigError, TrainGrpInputError, NoSamplesError) as exc:  # user errors: one line, no traceback
         # from a DataLoader worker the message is torch's report ending with the original line

@@ -453,8 +453,8 @@ def test_bootstrap_grp_steps_must_be_whole_saves(tmp_path, cfg):
                             grp_steps=cfg['grp']['control']['save_every'] * 3 + 1)
     msg, path = load_error(tmp_path, cfg)
     n, every = cfg['bootstrap']['grp_steps'], cfg['grp']['control']['save_every']
-    assert (f'[bootstrap] grp_steps = {n} in {path} must be a multiple of [grp.control] save_every = {every} (the '
-            f'GRP is saved only then)') in msg
+    assert (f'[bootstrap] grp_steps = {n} in {path} must be a positive multiple of [grp.control] save_every = {every} '
+            f'(the GRP is saved only then)') in msg
 
 
 def test_keys_straight_under_train_play_name_the_profile_table(tmp_path, cfg):

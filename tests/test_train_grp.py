@@ -124,8 +124,8 @@ def test_cli_max_steps_must_be_whole_saves(cfg, tmp_path, capsys, max_steps):
     path = tmp_path / "c.toml"
     path.write_text(toml.dumps({"grp": cfg}))
     assert train_grp_main(["-c", str(path), "--max-steps", max_steps]) == 2
-    assert (f"--max-steps must be a positive multiple of [grp.control] save_every = 2, got {max_steps}"
-            in capsys.readouterr().err)
+    assert (f"--max-steps {max_steps} must be a positive multiple of [grp.control] save_every = 2 (the GRP is saved "
+            "only then)" in capsys.readouterr().err)
     assert not os.path.exists(cfg["state_file"])
 
 

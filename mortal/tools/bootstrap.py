@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from mortal.config import ConfigError, lookup, put, typed
+from mortal.config import ConfigError, grp_steps_problem, lookup, put, typed
 from mortal.tools.bootstrap_layout import BootstrapError, bootstrap_config, offline_paths, train_glob, val_logs
 from mortal.tools.offline_epochs import train_offline
 from mortal.tools.rulebase_games import gen_logs
@@ -45,10 +45,9 @@ def train_grp(config, *, progress=True):
     boot = bootstrap_config(config)
     grp = _grp_config(config, boot)
     target = boot.grp_steps
-    save_every = grp.control.save_every
-    if target % save_every:
-        raise BootstrapError(f'[bootstrap] grp_steps = {target} must be a multiple of [grp.control] '
-                             f'save_every = {save_every} (the GRP is saved only then)')
+    problem = grp_steps_problem(target, grp.control.save_every)
+    if problem:
+        raise BootstrapError(f'[bootstrap] grp_steps = {target} {problem}')
     done, stopped = _grp_steps_done(grp.state_file)
     if done >= target or stopped:
         logger.info('train-grp: %s already at step %d%s, skipped', grp.state_file, done,
