@@ -70,7 +70,8 @@ def test_the_summary_ends_with_the_next_commands_for_its_work_dir():
         '  export OMP_NUM_THREADS=1    # CPU: small models run far faster single-threaded',
         '  python -m mortal.server      # terminal 1',
         '  python -m mortal.train       # terminal 2: the learner (under its supervisor)',
-        '  python -m mortal.client      # terminal 3 (more clients: more terminals)',
+        '  python -m mortal.client      # terminal 3 (a 2nd client: its own [train_play.<name>], '
+        'TRAIN_PLAY_PROFILE=<name>)',
         "  tensorboard --logdir '/w/q s/online/tensorboard'"]
 
 

@@ -356,7 +356,8 @@ def next_commands(config, tensorboard_dir) -> list:
             '  export OMP_NUM_THREADS=1    # CPU: small models run far faster single-threaded',
             '  python -m mortal.server      # terminal 1',
             '  python -m mortal.train       # terminal 2: the learner (under its supervisor)',
-            '  python -m mortal.client      # terminal 3 (more clients: more terminals)',
+            '  python -m mortal.client      # terminal 3 (a 2nd client: its own [train_play.<name>], '
+            'TRAIN_PLAY_PROFILE=<name>)',
             f'  tensorboard --logdir {shlex.quote(str(tensorboard_dir))}',
             'edits to the config take effect when a process is restarted (this config trains on after each test '
             'play: [online] restart_after_test_play = false; true restarts the learner after each, as Mortal): '
