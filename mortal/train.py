@@ -159,6 +159,7 @@ class Trainer:
         self.best_perf = dict(INITIAL_BEST_PERF)
         self.guard = dict(INITIAL_GUARD)
         self.steps = 0
+        self.testing = False  # inside the test play of this step (a restart resumes after it, as Mortal)
         self.saved_steps = None  # the step of state_file as this learner last loaded or wrote it (None: none)
         if path.exists(self.state_file):
             self._resume(cfg)
@@ -170,8 +171,7 @@ class Trainer:
         self.nets = self.dist.wrap(self.models)  # what trains: the models, or their DDP wrappers under torchrun
 
     def _resume(self, cfg) -> None:
-        """Load the models, optimizer, scheduler, scaler, step and guard state from ``state_file`` (Mortal's keys).
-        Online from an offline checkpoint: fresh optimizer and scheduler (Mortal)."""
+        """Load ``state_file`` (Mortal's keys, the guard); online from an offline one, a fresh optimizer (Mortal)."""
         state_file = self.state_file
         state = load_checkpoint(state_file, map_location=self.device)
         steps = load_entries(dict(zip(MODEL_ENTRIES, self.models)), state, state_file, cfg=cfg)
@@ -193,8 +193,7 @@ class Trainer:
         logger.info('loaded %s (saved %s, steps %d)', state_file, when, self.steps)
 
     def run(self) -> None:
-        """Online: submit idle parameters, then epochs until a test play ends the process (or a stop, without
-        ``[online] restart_after_test_play``). Offline: one epoch."""
+        """Online: idle parameters, then epochs until a test play ends the process (or a stop); offline: one epoch."""
         dev = self.device
         logger.info('device: %s%s', dev, f' ({torch.cuda.get_device_name(dev)})' if dev.type == 'cuda' else '')
         if self.online:
@@ -329,7 +328,9 @@ class Trainer:
         if self.online and self.steps % self.submit_every != 0:
             self.submit_param(is_idle=False)
         if self.steps % self.test_every == 0:
+            self.testing = True  # stays True if a stop lands inside it: the stop's summary says so
             self.guards.test_play()
+            self.testing = False
             if self.online and self.cfg.online.restart_after_test_play:
                 raise TestPlayDone()
         self.pb = self._progress_bar()
@@ -400,8 +401,7 @@ class Trainer:
         return self.mortal, self.dqn
 
     def save(self) -> None:
-        """Write the checkpoint (Mortal's keys, the shared token left out of ``config``; online also ``guard``)
-        atomically, online in one step with the claim ledger's commit."""
+        """Write the checkpoint atomically: Mortal's keys (no token in ``config``); online ``guard``, the ledger."""
         def write():
             state = {'mortal': self.mortal.state_dict(), 'current_dqn': self.dqn.state_dict(),
                      'aux_net': self.aux_net.state_dict(), 'optimizer': self.optimizer.state_dict(),
@@ -430,6 +430,8 @@ class Trainer:
                     f'({self.state_file} keeps step {self.saved_steps:,})')
         if self.online:
             kept += '; claimed logs not yet trained are kept for the next learner'
+        if self.testing:  # a restart does not repeat it, as Mortal
+            kept += f'; the test play of step {self.steps:,} cut short (next: step {self.steps + self.test_every:,})'
         return kept
 
     def _load_probe(self):
@@ -447,8 +449,7 @@ RESUME_FIX = ': the learner cannot resume from it; restore it (a copy of [contro
 
 
 def run_learner(config: dict, dist=None) -> int:
-    """The learner process body under the lock of ``[control] state_file`` (rank 0; ``runlock.LockHeld``); returns
-    its exit status (0 after an online test play, 128 + signal after a stop)."""
+    """The learner under the lock of ``[control] state_file`` (rank 0); -> 0 after a test play, 128 + signal."""
     from mortal import entry
     from mortal.util import runlock
     dist = dist or distributed.SINGLE

@@ -264,6 +264,34 @@ def test_a_stopped_learner_says_what_it_kept(tmp_path, monkeypatch, caplog):
     assert trainer.stop_summary() == 'the 3 steps trained discarded (no checkpoint written yet)'
 
 
+def test_a_stop_inside_a_test_play_says_it_was_cut_short(tmp_path, monkeypatch, caplog):
+    # a new user's trial: a learner stopped during its test play said "nothing discarded", and its restart went on
+    # to the next test play without a word about the one cut short
+    import signal
+    from conftest import FakeTestPlayer, FakeWriter, fake_trainer, random_batch
+    from mortal import train as tr
+    from mortal.entry import Stopped
+    config, _ = load_tiny_config(tmp_path, online=False, control={'save_every': 2, 'test_every': 2})
+    trainer = fake_trainer(config, test_player=FakeTestPlayer([]), writer=FakeWriter())
+
+    def stopped_inside():
+        raise Stopped(signal.SIGTERM)
+    monkeypatch.setattr(trainer.guards, 'test_play', stopped_inside)
+
+    def run():
+        for i in range(2):  # the save and the test play at step 2
+            trainer.train_batch(*random_batch(seed=i))
+        raise AssertionError('the stop inside the test play did not end the learner')
+
+    trainer.run = run
+    monkeypatch.setattr(tr, 'Trainer', lambda config, dist=None: trainer)
+    with caplog.at_level(logging.INFO, logger=tr.logger.name):
+        assert tr.run_learner(config) == 143
+    assert caplog.records[-1].getMessage() == (
+        f'stopped on SIGTERM at step 2; nothing discarded ({trainer.state_file} holds step 2); the test play of step 2 '
+        'cut short (next: step 4)')
+
+
 def test_a_sigterm_inside_a_checkpoint_write_lands_after_it(tmp_path, monkeypatch, caplog):
     # a SIGTERM in torch's zip writer (about 3% of stops: 45 ms of every 20 steps) ended the learner with status 1
     # and a traceback ("unexpected pos"); now the write finishes, and the stop says the checkpoint holds its step
