@@ -238,12 +238,21 @@ def test_a_stopped_round_says_how_many_games_it_discards(tmp_path):
                                     'submitted'
 
 
+def _learners_last_line(trainer, run, monkeypatch, caplog) -> str:
+    """Run ``run_learner`` with ``trainer`` doing ``run`` (which must end in a stop): its last log line."""
+    from mortal import train as tr
+    trainer.run = run
+    monkeypatch.setattr(tr, 'Trainer', lambda config, dist=None: trainer)
+    with caplog.at_level(logging.INFO, logger=tr.logger.name):
+        assert tr.run_learner(trainer.config) == 143
+    return caplog.records[-1].getMessage()
+
+
 def test_a_stopped_learner_says_what_it_kept(tmp_path, monkeypatch, caplog):
     # issue 36: a learner stopped on SIGTERM ended without a word; now its last line says why and which steps were
     # lost since its last save
     import signal
     from conftest import FakeTestPlayer, FakeWriter, fake_trainer, random_batch
-    from mortal import train as tr
     from mortal.entry import Stopped
     config, _ = load_tiny_config(tmp_path, online=False, control={'save_every': 2, 'test_every': 100})
     trainer = fake_trainer(config, test_player=FakeTestPlayer([]), writer=FakeWriter())
@@ -253,11 +262,7 @@ def test_a_stopped_learner_says_what_it_kept(tmp_path, monkeypatch, caplog):
             trainer.train_batch(*random_batch(seed=i))
         raise Stopped(signal.SIGTERM)
 
-    trainer.run = run
-    monkeypatch.setattr(tr, 'Trainer', lambda config, dist=None: trainer)
-    with caplog.at_level(logging.INFO, logger=tr.logger.name):
-        assert tr.run_learner(config) == 143
-    assert caplog.records[-1].getMessage() == (
+    assert _learners_last_line(trainer, run, monkeypatch, caplog) == (
         f'stopped on SIGTERM at step 3; the 1 steps since the last save discarded ({trainer.state_file} keeps '
         'step 2)')
     trainer.saved_steps = None
@@ -269,7 +274,6 @@ def test_a_stop_inside_a_test_play_says_it_was_cut_short(tmp_path, monkeypatch, 
     # to the next test play without a word about the one cut short
     import signal
     from conftest import FakeTestPlayer, FakeWriter, fake_trainer, random_batch
-    from mortal import train as tr
     from mortal.entry import Stopped
     config, _ = load_tiny_config(tmp_path, online=False, control={'save_every': 2, 'test_every': 2})
     trainer = fake_trainer(config, test_player=FakeTestPlayer([]), writer=FakeWriter())
@@ -283,11 +287,7 @@ def test_a_stop_inside_a_test_play_says_it_was_cut_short(tmp_path, monkeypatch, 
             trainer.train_batch(*random_batch(seed=i))
         raise AssertionError('the stop inside the test play did not end the learner')
 
-    trainer.run = run
-    monkeypatch.setattr(tr, 'Trainer', lambda config, dist=None: trainer)
-    with caplog.at_level(logging.INFO, logger=tr.logger.name):
-        assert tr.run_learner(config) == 143
-    assert caplog.records[-1].getMessage() == (
+    assert _learners_last_line(trainer, run, monkeypatch, caplog) == (
         f'stopped on SIGTERM at step 2; nothing discarded ({trainer.state_file} holds step 2); the test play of step 2 '
         'cut short (next: step 4)')
 
