@@ -299,7 +299,7 @@ def test_a_sigterm_inside_a_checkpoint_write_lands_after_it(tmp_path, monkeypatc
     import signal
     import torch
     from conftest import FakeTestPlayer, FakeWriter, fake_trainer, random_batch
-    from mortal import entry, train as tr
+    from mortal import entry
     config, _ = load_tiny_config(tmp_path, online=False, control={'save_every': 2, 'test_every': 100})
     trainer = fake_trainer(config, test_player=FakeTestPlayer([]), writer=FakeWriter())
     real_save, written = torch.save, []
@@ -315,18 +315,14 @@ def test_a_sigterm_inside_a_checkpoint_write_lands_after_it(tmp_path, monkeypatc
             trainer.train_batch(*random_batch(seed=i))
         raise AssertionError('the stop did not land after the save')
 
-    trainer.run = run
-    monkeypatch.setattr(tr, 'Trainer', lambda config, dist=None: trainer)
     previous = entry.stop_on_sigterm()
     try:
-        with caplog.at_level(logging.INFO, logger=tr.logger.name):
-            assert tr.run_learner(config) == 143
+        last_line = _learners_last_line(trainer, run, monkeypatch, caplog)
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert written == [2]
     assert torch.load(trainer.state_file, weights_only=False)['steps'] == 2  # whole, and this step's
-    assert caplog.records[-1].getMessage() == (
-        f'stopped on SIGTERM at step 2; nothing discarded ({trainer.state_file} holds step 2)')
+    assert last_line == f'stopped on SIGTERM at step 2; nothing discarded ({trainer.state_file} holds step 2)'
 
 
 @pytest.mark.parametrize('signum', ['SIGINT', 'SIGTERM'])
