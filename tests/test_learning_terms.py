@@ -85,21 +85,21 @@ def test_probe_builds_caches_and_measures_drift(tmp_path, fixture_logs):
     torch.manual_seed(0)
     grp = GRP(hidden_size=8, num_layers=1).eval()
     probe_file = str(tmp_path / 'probe.pth')
-    probe = Probe.load_or_build(probe_file, version=3, globs=files, pts=[6, 4, 2, 0], grp=grp, size=64)
+    probe = Probe.load_or_build(probe_file, version=3, globs=files, size=64)
     assert probe is not None and 0 < len(probe) <= 64
     assert probe.obs().shape[1:] == (934, 34) and probe.masks.shape[1:] == (46,)
-    # stored packed (13,900 bytes a row at v3, against 127,024 as floats); unpacked, every row is one of the loader's
-    # float rows bit for bit (the loader shuffles: compared as a set)
+    # built with no GRP, stored packed (13,900 bytes a row at v3, against 127,024 as floats); unpacked, every row is
+    # one of the GRP-reward loader's float rows bit for bit (the loader shuffles: compared as a set)
     from mortal.data.dataloader import FileDatasetsIter
     loaded = {s[0].tobytes() for s in FileDatasetsIter(3, sorted(files), [6, 4, 2, 0], grp, file_batch_size=len(files))}
     expected = probe.obs()
     assert all(row.numpy().tobytes() in loaded for row in expected) and torch.equal(probe.obs(2, 5), expected[2:5])
     assert probe.packed.dtype == torch.uint8 and probe.packed.shape == (len(probe), 13900)
-    again = Probe.load_or_build(probe_file, version=3, globs=[], pts=[6, 4, 2, 0], grp=grp, size=64)
+    again = Probe.load_or_build(probe_file, version=3, globs=[], size=64)
     assert torch.equal(again.packed, probe.packed) and torch.equal(again.ranks, probe.ranks)  # read back, not rebuilt
     # a probe file of float rows (before they were packed) is read, packed and written again, with the same rows
     torch.save({'version': 3, 'obs': expected, 'masks': probe.masks, 'ranks': probe.ranks}, probe_file)
-    old = Probe.load_or_build(probe_file, version=3, globs=[], pts=[6, 4, 2, 0], grp=grp, size=64)
+    old = Probe.load_or_build(probe_file, version=3, globs=[], size=64)
     assert torch.equal(old.obs(), expected) and 'obs' not in torch.load(probe_file)
 
     brain, dqn = Brain(version=3, conv_channels=16, num_blocks=1).eval(), DQN(version=3).eval()
@@ -129,16 +129,14 @@ def test_probe_builds_caches_and_measures_drift(tmp_path, fixture_logs):
     ('masks', lambda t: torch.zeros_like(t)),  # no legal action: argmax of all -inf
 ])
 def test_a_probe_with_a_damaged_field_is_rebuilt_and_named(tmp_path, fixture_logs, caplog, field, bad):
-    from mortal.model.networks import GRP
     files = [str(f) for f in fixture_logs]
-    grp = GRP(hidden_size=8, num_layers=1).eval()
     probe_file = str(tmp_path / 'probe.pth')
-    good = Probe.load_or_build(probe_file, version=3, globs=files, pts=[6, 4, 2, 0], grp=grp, size=64)
+    good = Probe.load_or_build(probe_file, version=3, globs=files, size=64)
     data = torch.load(probe_file)
     data[field] = bad(data[field])
     torch.save(data, probe_file)
     with caplog.at_level('WARNING', logger='mortal.diagnostics'):
-        again = Probe.load_or_build(probe_file, version=3, globs=files, pts=[6, 4, 2, 0], grp=grp, size=64)
+        again = Probe.load_or_build(probe_file, version=3, globs=files, size=64)
     assert f'probe {probe_file} unreadable ({field}: expected' in caplog.text
     # rebuilt from the logs (the loader shuffles, so another sample of them) and written again
     assert len(again) == len(good) and again.packed.shape[1] == 13900 and again.masks.shape == (len(good), 46)
@@ -147,9 +145,8 @@ def test_a_probe_with_a_damaged_field_is_rebuilt_and_named(tmp_path, fixture_log
 
 
 def test_probe_without_logs_is_none(tmp_path):
-    from mortal.model.networks import GRP
     assert Probe.load_or_build(str(tmp_path / 'p.pth'), version=3, globs=[str(tmp_path / 'none*.gz')],
-                               pts=[6, 4, 2, 0], grp=GRP(hidden_size=8, num_layers=1), size=8) is None
+                               size=8) is None
 
 
 def _random_batch(n, seed=0):

@@ -233,6 +233,23 @@ def test_start_vs_rulebase_line(tmp_path, monkeypatch):
     assert quickstart_config.PRESETS['full']['rulebase_sets'] == 40  # 160 games by default
 
 
+@pytest.mark.parametrize('reward, note', [('grp', ''), ('points', "  (unused: [env] reward = 'points')")])
+def test_the_summary_names_the_port_and_an_unused_grp(tmp_path, reward, note):
+    # a new user's trial: the GRP was listed as if in use after the bootstrap fell back to 'points', and the
+    # quickstart's free port was only in the config
+    grp = tmp_path / 'grp.pth'
+    grp.write_bytes(b'x')
+    result = {'timings': {'total': 60.0}, 'work_dir': 'w', 'config': 'c', 'server': '127.0.0.1:40123',
+              'tensorboard': ['tb'], 'checkpoints': {'grp': str(grp), 'baseline': str(tmp_path / 'none.pth')},
+              'logs': 'l', 'plots': 'p', 'test_play': {}, 'reward': reward, 'stopped': {}}
+    out = io.StringIO()
+    quickstart.report(result, out)
+    lines = out.getvalue().splitlines()
+    assert 'server:       127.0.0.1:40123  ([online.remote] in the config)' in lines
+    assert f'checkpoint:   grp              {grp}{note}' in lines
+    assert f"checkpoint:   baseline         {tmp_path / 'none.pth'}  (not written)" in lines
+
+
 def _weights(path, scale, step=0):
     import torch
     torch.save({'mortal': {'w': torch.arange(4.0) * scale}, 'current_dqn': {'v': torch.ones(2) * scale},

@@ -272,7 +272,7 @@ def test_test_play_restarts_train_every_claimed_sample_exactly_once(tmp_path, ca
     trained = collections.Counter()
     runs, trainer, dropped = _learners_until_drain(tmp_path, config, names, trained, caplog)
     assert runs >= 3  # at least two learners resumed a drain a test play had cut short
-    assert 'resuming' in caplog.text and 'claimed logs not yet read' in caplog.text
+    assert 'resuming' in caplog.text and 'claimed logs not fully trained' in caplog.text
     over = {k: (n, expected[k]) for k, n in trained.items() if n > expected[k]}
     assert over == {}  # no sample trained twice (and none that is not in the logs)
     untrained = total - sum(trained.values())

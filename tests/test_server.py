@@ -811,3 +811,20 @@ def test_a_full_buffer_without_drains_says_that_the_clients_wait(running, caplog
                     'trainer drains it (is it running? its log says why)',
                     'no drain for 2 min and the buffer is full (4 logs, capacity 4): the clients wait until the '
                     'trainer drains it (is it running? its log says why)']
+
+
+def test_a_drain_names_the_claimed_logs_left_from_before(tmp_path, caplog):
+    """An epoch after a drain trains the drained logs and those an earlier epoch left partly trained: the learner
+    says so, so that the 'file list size' after 'drained N logs' adds up (a new user's trial)."""
+    from types import SimpleNamespace
+    from mortal.learning.server_traffic import ServerTraffic
+    traffic = ServerTraffic(None, state_file=str(tmp_path / 'mortal.pth'), sleep=None, writer=None)
+    traffic.resumed = True  # past the first epoch's resume
+    traffic.drain = lambda steps, resubmit: ['d/b.json.gz', 'd/c.json.gz']
+    for pending, line in ((['d/a.json.gz', 'd/b.json.gz', 'd/c.json.gz'], 'with 1 claimed logs left from before: 3 '
+                           'to train'), (['d/b.json.gz', 'd/c.json.gz'], None)):
+        traffic.ledger = SimpleNamespace(pending=lambda pending=pending: pending)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger='mortal.train'):
+            assert traffic.online_files(7, None) == (pending, ['trainee'])
+        assert [r.getMessage() for r in caplog.records] == ([line] if line else [])

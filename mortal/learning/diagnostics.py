@@ -96,10 +96,10 @@ class Probe:
         return unpack(self.packed[start:stop].to(device), self.version)
 
     @classmethod
-    def load_or_build(cls, probe_file: str, *, version: int, globs, pts, grp, size: int):
+    def load_or_build(cls, probe_file: str, *, version: int, globs, size: int):
         """Load ``probe_file`` or build it (every k-th sample, at most ``size``) from the first ``PROBE_FILES`` logs;
-        ``grp``: the reward model or a function returning it. None (logged) when no log yields a sample. A probe of
-        float rows (written before the rows were packed) is packed and written again."""
+        None (logged) when no log yields a sample. A probe of float rows (written before the rows were packed) is
+        packed and written again."""
         if os.path.exists(probe_file):
             try:
                 data = load_checkpoint(probe_file)
@@ -118,9 +118,8 @@ class Probe:
             logger.info('no probe: [dataset] globs match no log')
             return None
         from mortal.data.dataloader import FileDatasetsIter
-        if callable(grp) and not isinstance(grp, torch.nn.Module):
-            grp = grp()
-        data = FileDatasetsIter(version, files, pts, grp, file_batch_size=len(files))
+        # it keeps no reward, so the one that needs no GRP
+        data = FileDatasetsIter(version, files, None, None, reward='points', file_batch_size=len(files))
         samples = list(data)
         if not samples:
             logger.info('no probe: the %d probe logs yielded no sample', len(files))
@@ -164,10 +163,8 @@ def learner_probe(cfg, version: int, state_file: str, device, baseline=None):
     """The online learner's probe (``probe.pth`` beside ``state_file``) with ``baseline``'s greedy actions; None when
     no log yields a sample."""
     from mortal.model.checkpoint import load_model_pair
-    from mortal.data.reward import load_grp
     probe_file = os.path.join(os.path.dirname(os.path.abspath(state_file)), 'probe.pth')
-    probe = Probe.load_or_build(probe_file, version=version, globs=cfg.dataset.globs, pts=cfg.env.pts,
-                                size=PROBE_SIZE, grp=lambda: load_grp(cfg.grp.state_file, cfg.grp.network))
+    probe = Probe.load_or_build(probe_file, version=version, globs=cfg.dataset.globs, size=PROBE_SIZE)
     if probe is None:
         return None
     if baseline is None:

@@ -80,12 +80,16 @@ class ServerTraffic:
                 ledger = self.claims(claim_dir_for(self.drain_dir), steps)
                 pending = ledger.pending()
                 if pending:
-                    logger.info('resuming %d claimed logs not yet read (%d of them partly trained) before '
-                                'draining again', len(pending), ledger.partly_trained())
+                    logger.info('resuming %d claimed logs not fully trained (%d of them partly) before draining '
+                                'again', len(pending), ledger.partly_trained())
                     return pending, ['trainee']
-        self.drain(steps, resubmit)
+        drained = self.drain(steps, resubmit)
         self.epoch_drained = True
-        return self.ledger.pending(), ['trainee']
+        pending = self.ledger.pending()
+        if len(pending) > len(drained):  # so the file list size that follows adds up
+            logger.info('with %d claimed logs left from before: %d to train', len(pending) - len(drained),
+                        len(pending))
+        return pending, ['trainee']
 
     def drain(self, steps: int, resubmit) -> list:
         """Poll until replays arrive, claim them and return their paths; writes the data-health tags at ``steps``.

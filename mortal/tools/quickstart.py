@@ -252,6 +252,7 @@ def run(work_dir, *, preset='full', port=None, progress=True, online_minutes=0.0
     return {
         'work_dir': str(work),
         'config': str(cfg_path),
+        'server': f'{cfg.online.remote.host}:{cfg.online.remote.port}',  # quickstart picks a free port
         'tensorboard': [tb_dir, str(work / 'bootstrap' / 'offline' / 'tensorboard'), cfg.grp.control.tensorboard_dir],
         'checkpoints': {'state_file': cfg.control.state_file, 'best_state_file': cfg.control.best_state_file,
                         'baseline': cfg.baseline.train.state_file, 'grp': cfg.grp.state_file,
@@ -311,11 +312,16 @@ def report(result, out=sys.stdout):
       f"({', '.join(f'{k} {v:.0f} s' for k, v in result['timings'].items() if k != 'total')})")
     p(f"work dir:     {result['work_dir']}")
     p(f"config:       {result['config']}")
+    if result.get('server'):
+        p(f"server:       {result['server']}  ([online.remote] in the config)")
     p(f"TensorBoard:  tensorboard --logdir {result['tensorboard'][0]}")
     for extra in result['tensorboard'][1:]:
         p(f'              (bootstrap: {extra})')
     for name, path in result['checkpoints'].items():
-        p(f"checkpoint:   {name:<16} {path}{'' if os.path.exists(path) else '  (not written)'}")
+        note = '' if os.path.exists(path) else '  (not written)'
+        if name == 'grp' and not note and result.get('reward') not in (None, 'grp'):  # only the reward reads it
+            note = f"  (unused: [env] reward = '{result['reward']}')"
+        p(f'checkpoint:   {name:<16} {path}{note}')
     p(f"process logs: {result['logs']}")
     p(f"plots:        {result['plots']}")
     tp = result['test_play']
