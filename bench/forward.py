@@ -80,6 +80,21 @@ def trained_like(version: int, channels: int, blocks: int, seed: int = 0):
     return brain.eval(), dqn.eval()
 
 
+class CountingEngine:
+    """An engine that adds the rows handed to its ``react_batch`` to ``rows[0]`` (a list the wrappers of one round
+    share) and is otherwise ``engine``."""
+
+    def __init__(self, engine, rows: list):
+        self._engine, self._rows = engine, rows
+
+    def __getattr__(self, attr):
+        return getattr(self._engine, attr)
+
+    def react_batch(self, obs, masks, invisible_obs=None):
+        self._rows[0] += len(obs)
+        return self._engine.react_batch(obs, masks, invisible_obs)
+
+
 class _Pair:
     """Brain + DQN as one module (for jit and compile): (obs, mask) -> q."""
 
@@ -211,18 +226,6 @@ def selfplay(args, brain, dqn, out=print):
         for name in ("today", "frozen"):
             frozen = name == "frozen"
             rows = [0]
-
-            class Counted:
-                def __init__(self, engine):
-                    self._engine = engine
-
-                def __getattr__(self, attr):
-                    return getattr(self._engine, attr)
-
-                def react_batch(self, obs, masks, invisible_obs=None):
-                    rows[0] += len(obs)
-                    return self._engine.react_batch(obs, masks, invisible_obs)
-
             trainee = MortalEngine(brain, dqn, version=args.version, name="trainee", boltzmann_epsilon=0.005,
                                    boltzmann_temp=0.05, seed=pair, frozen_cpu=frozen)
             baseline = MortalEngine(brain, dqn, version=args.version, name="baseline",
@@ -230,8 +233,8 @@ def selfplay(args, brain, dqn, out=print):
             with tempfile.TemporaryDirectory() as log_dir:
                 arena = OneVsThree(disable_progress_bar=True, log_dir=log_dir)
                 t0, c0 = time.perf_counter(), time.process_time()
-                arena.py_vs_py(Counted(trainee), Counted(baseline), seed_start=(10000 + pair, 2024),
-                               seed_count=args.seeds)
+                arena.py_vs_py(CountingEngine(trainee, rows), CountingEngine(baseline, rows),
+                               seed_start=(10000 + pair, 2024), seed_count=args.seeds)
                 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             figures[name].append((rows[0], wall, cpu))
             out(f"selfplay pair {pair} {name:6s}: {rows[0]} rows in {wall:.1f} s = {rows[0] / wall:.0f} rows/s; "

@@ -43,6 +43,8 @@ def embedded_seeds() -> int:
 
 def child(tree: str, state: str, seeds: int) -> dict:
     """One round in this process on ``tree``'s ``mortal``; returns rows, wall and CPU seconds, games."""
+    sys.path.insert(0, str(HERE.parent))
+    from forward import CountingEngine  # this tree's bench; mortal from ``tree``
     sys.path.insert(0, tree)
     import inspect
 
@@ -59,21 +61,10 @@ def child(tree: str, state: str, seeds: int) -> dict:
     brain, dqn = Brain(version=3, conv_channels=32, num_blocks=2), DQN(version=3)
     brain.load_state_dict(ck['mortal'])
     dqn.load_state_dict(ck['current_dqn'])
-    brain.eval(), dqn.eval()
+    brain.eval()
+    dqn.eval()
     seeds = seeds or embedded_seeds()
     rows = [0]
-
-    class Counted:
-        def __init__(self, engine):
-            self._engine = engine
-
-        def __getattr__(self, attr):
-            return getattr(self._engine, attr)
-
-        def react_batch(self, obs, masks, invisible_obs=None):
-            rows[0] += len(obs)
-            return self._engine.react_batch(obs, masks, invisible_obs)
-
     trainee = MortalEngine(brain, dqn, version=3, name='trainee', boltzmann_epsilon=0.005, boltzmann_temp=0.05,
                            seed=0)
     baseline = MortalEngine(brain, dqn, version=3, name='baseline', enable_rule_based_agari_guard=True)
@@ -81,7 +72,8 @@ def child(tree: str, state: str, seeds: int) -> dict:
     with tempfile.TemporaryDirectory() as log_dir:
         arena = OneVsThree(disable_progress_bar=True, log_dir=log_dir, **kw)
         t0, c0 = time.perf_counter(), time.process_time()
-        arena.py_vs_py(Counted(trainee), Counted(baseline), seed_start=(10000, 2024), seed_count=seeds)
+        arena.py_vs_py(CountingEngine(trainee, rows), CountingEngine(baseline, rows), seed_start=(10000, 2024),
+                       seed_count=seeds)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     return {'rows': rows[0], 'wall': wall, 'cpu': cpu, 'games': 4 * seeds}
 
