@@ -128,6 +128,9 @@ def folder_errors(cfg, config_path: str) -> list[str]:
     errors = [f"{key} = ''{where} names no folder: the working folder would be emptied" for key, value in
               emptied_folders(cfg) if not value]
     for i, (key, value, real) in enumerate(emptied):
+        if os.path.lexists(real) and not os.path.isdir(real):
+            errors.append(f'{key} = {value!r}{where} is a file, not a folder: it would be emptied by its process; '
+                          f'name a folder (a missing one is created)')
         for key2, value2, real2 in emptied[i + 1:]:
             if (key.split(' (')[0] == key2.split(' (')[0]) or not (_inside(real2, real) or _inside(real, real2)):
                 continue  # a folder and its own derived folder are side by side, never inside each other

@@ -356,12 +356,12 @@ class Trainer:
             logger.info('total steps: %s (~%s)', f'{self.steps:,}', f'{to_test:,}')
 
     def _progress_bar(self):
-        """Mortal's ``TRAIN`` bar over this save cycle's batches (rank 0; None on the others)."""
+        """Mortal's ``TRAIN`` bar of this save cycle (rank 0, else None); off when stderr is a file (redraws pile up)."""
         if not self.dist.is_main:
             return None
         from tqdm.auto import tqdm
         return tqdm(total=self.save_every, desc='TRAIN', initial=self.steps % self.save_every, unit='batch',
-                    dynamic_ncols=True, ascii=True)
+                    dynamic_ncols=True, ascii=True, disable=None)
 
     def _close_bar(self) -> None:
         if self.pb is not None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job: install what is needed (scripts/setup.sh), then run the whole pipeline at a small embedded
-# size: rule-based games -> GRP -> offline Mortal -> server + trainer + client until a test play and a learner
-# restart (see mortal/tools/quickstart.py). Arguments go to the quickstart (e.g. --short, --work-dir DIR).
+# size: rule-based games -> GRP -> offline Mortal -> server + trainer + client until a test play and the training
+# after it (see mortal/tools/quickstart.py). Arguments go to the quickstart (e.g. --short, --work-dir DIR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"

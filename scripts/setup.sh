@@ -9,6 +9,7 @@ PY="${PYTHON:-python3}"
 export PIP_ROOT_USER_ACTION=ignore
 
 if ! "$PY" -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0" and not torch.version.cuda)' 2>/dev/null; then
+    echo "setup.sh: installing torch 2.13.0 (the CPU wheel; a few minutes on a fresh machine)" >&2
     "$PY" -m pip install -q torch==2.13.0
 fi
 # Editable install of THIS checkout present (not another clone) and test tools importable?
@@ -23,6 +24,7 @@ sys.exit(url.rstrip('/') != here.rstrip('/'))
 PY
 }
 if ! installed_here; then
+    echo "setup.sh: installing this checkout (editable) with its test tools and Ray (about half a minute)" >&2
     "$PY" -m pip install -q -e '.[test,fleet]'
 fi
 # The compiled single-player core behind observation v4 (mortal/features/sp/csrc, C++17, gcc).

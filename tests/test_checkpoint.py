@@ -37,6 +37,21 @@ def test_load_checkpoint_missing_garbage_and_foreign_files(tmp_path):
         load_checkpoint(bad)
 
 
+def test_a_checkpoint_cut_short_says_so_at_any_length(tmp_path):
+    # torch said 'OSError: [Errno 22] Invalid argument' for some cuts and 'file is corrupted' for others
+    whole = tmp_path / 'whole.pth'
+    torch.save({'w': torch.arange(4096, dtype=torch.float32)}, whole)
+    data = whole.read_bytes()
+    cut = tmp_path / 'baseline.pth'
+    for n in (10, 1000, 5000, len(data) // 2, len(data) - 1):
+        cut.write_bytes(data[:n])
+        with pytest.raises(CheckpointError) as err:
+            load_checkpoint(cut)
+        assert str(err.value) == (f'{cut}: a truncated or damaged torch checkpoint ({n:,} bytes, its zip archive '
+                                  f'has no end record)')
+    assert torch.equal(load_checkpoint(whole)['w'], torch.arange(4096, dtype=torch.float32))
+
+
 @pytest.mark.parametrize('head, what', [
     (b'version https://git-lfs.github.com/spec/v1\noid sha256:ab\n', "a Git LFS pointer, not the weights (run 'git "
                                                                       "lfs pull')"),
@@ -144,15 +159,21 @@ def test_atomic_writes_are_all_or_nothing(tmp_path):
     assert (tmp_path / 'kept.bak').read_bytes() == b'old'
 
 
-def test_empty_dir_keeps_what_is_named_and_replaces_a_file(tmp_path):
+def test_empty_dir_keeps_what_is_named_replaces_a_link_and_refuses_a_file(tmp_path):
     d = tmp_path / 'd'
     (d / 'sub').mkdir(parents=True)
     (d / 'a').write_text('a')
     (d / 'keep').write_text('k')
     empty_dir(d, keep={'keep'})
     assert os.listdir(d) == ['keep']
-    f = tmp_path / 'f'
+    f = tmp_path / 'f.pth'  # a folder key that names a file by mistake: the file is kept
     f.write_text('x')
-    empty_dir(f)
+    with pytest.raises(OSError, match='is a file, not a folder'):
+        empty_dir(f)
+    assert f.read_text() == 'x'
+    link = tmp_path / 'link'
+    link.symlink_to(d)
+    empty_dir(link)  # the link becomes a folder; the folder it pointed to keeps its file
+    assert link.is_dir() and not link.is_symlink() and os.listdir(link) == [] and os.listdir(d) == ['keep']
     empty_dir(tmp_path / 'new' / 'deep')
-    assert f.is_dir() and os.listdir(f) == [] and (tmp_path / 'new' / 'deep').is_dir()
+    assert (tmp_path / 'new' / 'deep').is_dir()

@@ -48,6 +48,21 @@ def test_buffer_dir_equal_to_drain_dir_is_refused(tmp_path):
     assert len([e for e in errors if '[online.server] buffer_dir' in e and '[online.server] drain_dir' in e]) == 1
 
 
+@pytest.mark.parametrize('table, key', [('online.server', 'buffer_dir'), ('online.server', 'drain_dir'),
+                                        ('train_play.default', 'log_dir'), ('test_play', 'log_dir')])
+def test_a_folder_key_naming_a_file_is_refused_and_the_file_kept(tmp_path, table, key):
+    cfg = tiny_config_dict(tmp_path)
+    victim = tmp_path / 'other.pth'  # a checkpoint this config does not name
+    victim.write_bytes(b'weights')
+    _table(cfg, table)[key] = str(victim)
+    errors = _folder_errors(tmp_path, cfg)
+    assert errors == [f"[{table}] {key} = '{victim}' in {tmp_path / 'config.toml'} is a file, not a folder: it would "
+                      f"be emptied by its process; name a folder (a missing one is created)"]
+    with pytest.raises(Exception, match=f'{key}.*is a file, not a folder'):
+        load_config(tmp_path / 'config.toml', env={})
+    assert victim.read_bytes() == b'weights'
+
+
 def _table(cfg: dict, dotted: str) -> dict:
     """The table ``dotted`` ('a.b') of the plain config dict ``cfg``."""
     for part in dotted.split('.'):

@@ -1,6 +1,7 @@
 """mortal.tools.quickstart: embedded config, process control, and the CI-sized end-to-end run."""
 
 import io
+import logging
 import os
 import pathlib
 import re
@@ -231,6 +232,15 @@ def test_start_vs_rulebase_line(tmp_path, monkeypatch):
     assert f"start vs 3 RulebaseBots: avg rank 2.750 ± {summary['avg_rank_ci']:.3f} (95% CI, 2 deals = 8 games; unreliable: 2 sets; 2.500 = even)" in text
     assert "kyoku reward: [env] reward = 'points'" in text
     assert quickstart_config.PRESETS['full']['rulebase_sets'] == 40  # 160 games by default
+    # a new user's trial: nothing said whether 2.86 against the bots or a final level with the start was expected,
+    # and 'exited 143' read as a failure
+    assert '  reading them: a start cloned from a few rule-based hanchan plays below its teacher' in text
+    assert text.splitlines()[text.splitlines().index('processes:    {}') - 1].startswith('kyoku reward:')
+    out = io.StringIO()
+    quickstart.report({**result, 'rulebase': None, 'stopped': {'server': 'exited 143', 'client': 'killed'}}, out)
+    assert 'reading them' not in out.getvalue()
+    assert ("processes:    {'server': 'exited 143', 'client': 'killed'}  (143: stopped by SIGTERM, the normal end)"
+            in out.getvalue())
 
 
 @pytest.mark.parametrize('reward, note', [('grp', ''), ('points', "  (unused: [env] reward = 'points')")])
@@ -320,9 +330,30 @@ class _Bar:
         self.ticks.append((self.label, self.total, self.n))
 
 
+def test_the_learners_bar_is_drawn_on_a_terminal_only(monkeypatch):
+    # a new user's `nohup python -m mortal.train > train.log` got 86 KB of bar redraws in 3 minutes
+    import io
+    from types import SimpleNamespace
+    from mortal.train import Trainer
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    host = SimpleNamespace(dist=SimpleNamespace(is_main=True), save_every=20, steps=45)
+    for stream, drawn in ((io.StringIO(), False), (Terminal(), True)):
+        monkeypatch.setattr(sys, 'stderr', stream)
+        bar = Trainer._progress_bar(host)
+        bar.update(2)
+        off = bool(bar.disable)  # close() sets it
+        bar.close()
+        assert off != drawn and ('TRAIN' in stream.getvalue()) == drawn
+    assert bar.n == 7 and '7/20' in stream.getvalue()  # the cycle's 5 steps done, and 2 more
+
+
 def test_children_draw_no_bar_into_their_log_file(tmp_path):
     """The pipeline's processes write to log files: a tqdm bar there is kept at every redraw, so their environment
-    turns bars off (tqdm reads TQDM_DISABLE as its default; the learner's TRAIN bar has no explicit setting)."""
+    turns bars off (tqdm reads TQDM_DISABLE as its default, for bars without an explicit setting)."""
     env = quickstart.child_env(tmp_path / 'config.toml')
     assert env['TQDM_DISABLE'] == '1'
     code = ('import sys\nfrom tqdm.auto import tqdm\nbar = tqdm(total=3, desc="TRAIN")\nbar.update(3)\nbar.close()\n'
@@ -353,14 +384,22 @@ def test_the_grp_globs_are_those_the_bootstrap_indexes(tmp_path):
     assert written.train_globs[0].endswith('/bootstrap/logs/train/*.json.gz')
 
 
-def test_without_restarts_the_online_phase_waits_for_a_save_after_the_test_play(tmp_path):
+def test_without_restarts_the_online_phase_waits_for_a_save_after_the_test_play(tmp_path, caplog):
     from torch.utils.tensorboard import SummaryWriter
     writer = SummaryWriter(str(tmp_path))
+    writer.add_scalar('loss/dqn_loss', 1.0, 10)
+    writer.flush()
+    with pytest.raises(RuntimeError), caplog.at_level(logging.INFO, 'mortal'):
+        quickstart.wait_for_online({}, str(tmp_path), tmp_path, timeout=0, poll=0, restarts=False)
     writer.add_scalar('loss/dqn_loss', 1.0, 20)
     writer.add_scalar('test_play/avg_ranking', 2.5, 20)  # the test play of step 20, after its save
     writer.flush()
-    with pytest.raises(RuntimeError, match='no test play \\+ save after it'):
+    with pytest.raises(RuntimeError, match='no test play \\+ save after it'), caplog.at_level(logging.INFO, 'mortal'):
         quickstart.wait_for_online({}, str(tmp_path), tmp_path, timeout=0, poll=0, restarts=False)
+    # a new user's trial read 'test_play logged: False, learner starts: 0, trained after it: False' as cryptic
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith('online:')] == [
+        'online: learner started 1 time(s); training until its first test play',
+        'online: learner started 1 time(s); test play done, waiting for a save after it']
     writer.add_scalar('loss/dqn_loss', 0.9, 40)  # the same learner's next save
     writer.flush()
     quickstart.wait_for_online({}, str(tmp_path), tmp_path, timeout=0, poll=0, restarts=False)

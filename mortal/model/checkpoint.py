@@ -6,6 +6,7 @@ import contextlib
 import operator
 import os
 import pickle
+import zipfile
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -80,7 +81,20 @@ def load_checkpoint(path, *, map_location='cpu'):
     except FileNotFoundError:
         raise
     except Exception as exc:  # torch raises many types for a damaged file (RuntimeError, EOFError, ValueError...)
-        raise CheckpointError(path, foreign_file(path) or _torch_reason(exc)) from exc
+        raise CheckpointError(path, foreign_file(path) or _cut_zip(path) or _torch_reason(exc)) from exc
+
+
+def _cut_zip(path) -> str | None:
+    """Why a file in torch's zip format cannot be read when its zip end record is missing (a copy cut short, a full
+    disk); None otherwise."""
+    try:
+        with open(path, 'rb') as f:
+            if f.read(4) != b'PK\x03\x04' or zipfile.is_zipfile(f):
+                return None
+            size = f.seek(0, os.SEEK_END)
+    except OSError:
+        return None
+    return f'a truncated or damaged torch checkpoint ({size:,} bytes, its zip archive has no end record)'
 
 
 def _torch_reason(exc: Exception) -> str:

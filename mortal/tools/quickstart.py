@@ -130,7 +130,9 @@ def wait_for_online(procs, tb_dir, log_dir, timeout, poll=3.0, *, tests_before=0
         trained_on = tested and any(step > tests[-1][0] for step, _ in scalars.get('loss/dqn_loss', []))
         state = (tested, starts, trained_on)
         if state != last:
-            logger.info('online: test_play logged: %s, learner starts: %d, trained after it: %s', *state)
+            then = 'its restart' if restarts else 'a save after it'
+            logger.info('online: learner started %d time(s); %s', starts,
+                        f'test play done, waiting for {then}' if tested else 'training until its first test play')
             last = state
         if tested and (starts >= 2 if restarts else trained_on):
             return
@@ -346,9 +348,13 @@ def report(result, out=sys.stdout):
         note = unreliable_note(rb['deals'])
         p(f"start vs 3 RulebaseBots: avg rank {rb['avg_rank']:.3f} ± {rb['avg_rank_ci']:.3f} "
           f"(95% CI, {rb['deals']} deals = {rb['games']} games; {note + '; ' if note else ''}2.500 = even)")
+    if ev or rb:
+        p('  reading them: a start cloned from a few rule-based hanchan plays below its teacher, and online training '
+          'this short stays level with its start (README, "Does online training make the model stronger?")')
     if result.get('reward'):
         p(f"kyoku reward: [env] reward = '{result['reward']}' (chosen by the bootstrap's GRP check)")
-    p(f"processes:    {result['stopped']}")
+    normal = any(v == 'exited 143' for v in result['stopped'].values())
+    p(f"processes:    {result['stopped']}{'  (143: stopped by SIGTERM, the normal end)' if normal else ''}")
     for line in next_commands(result['config'], result['tensorboard'][0]):
         p(line)
 

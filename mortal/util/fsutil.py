@@ -75,8 +75,8 @@ def foreign_files(directory, keep=()) -> list[str]:
 
 
 def empty_dir(directory, keep=()) -> None:
-    """Make ``directory`` an empty folder but for ``keep`` (created when missing, replacing a file or link).
-    Raises OSError, also (nothing removed) when it holds a ``.toml`` or ``.pth`` file."""
+    """Make ``directory`` an empty folder but for ``keep`` (created when missing, replacing a link). Raises OSError,
+    also (nothing removed) when it is a file or holds a ``.toml`` or ``.pth`` file."""
     directory = os.fspath(directory)
     if os.path.isdir(directory) and not os.path.islink(directory):
         foreign = foreign_files(directory, keep)
@@ -93,8 +93,10 @@ def empty_dir(directory, keep=()) -> None:
             else:
                 os.remove(entry)
         return
-    if os.path.lexists(directory):
-        os.remove(directory)
+    if os.path.islink(directory):
+        os.remove(directory)  # the link, not what it points to
+    elif os.path.lexists(directory):
+        raise OSError(f'refusing to empty {directory}: it is a file, not a folder; point the folder key at a folder')
     os.makedirs(directory)
 
 
