@@ -81,8 +81,8 @@ def trained_like(version: int, channels: int, blocks: int, seed: int = 0):
 
 
 class CountingEngine:
-    """An engine that adds the rows handed to its ``react_batch`` to ``rows[0]`` (a list the wrappers of one round
-    share) and is otherwise ``engine``."""
+    """An engine that adds the rows handed to it to ``rows[0]`` (a list the wrappers of one round share) and is
+    otherwise ``engine``; the arena's agent calls its ``react_arrays`` as it calls the engine's."""
 
     def __init__(self, engine, rows: list):
         self._engine, self._rows = engine, rows
@@ -93,6 +93,12 @@ class CountingEngine:
     def react_batch(self, obs, masks, invisible_obs=None):
         self._rows[0] += len(obs)
         return self._engine.react_batch(obs, masks, invisible_obs)
+
+    def react_arrays(self, obs, masks, invisible_obs=None):
+        self._rows[0] += len(obs)
+        return self._engine.react_arrays(obs, masks, invisible_obs)
+
+    react_batch.lists_of_arrays = True  # as MortalEngine's (mortal.play.agent._array_call); an older agent ignores it
 
 
 class _Pair:
