@@ -386,6 +386,8 @@ def test_the_grp_globs_are_those_the_bootstrap_indexes(tmp_path):
 
 def test_without_restarts_the_online_phase_waits_for_a_save_after_the_test_play(tmp_path, caplog):
     from torch.utils.tensorboard import SummaryWriter
+    with pytest.raises(RuntimeError), caplog.at_level(logging.INFO, 'mortal'):
+        quickstart.wait_for_online({}, str(tmp_path), tmp_path, timeout=0, poll=0, restarts=False)
     writer = SummaryWriter(str(tmp_path))
     writer.add_scalar('loss/dqn_loss', 1.0, 10)
     writer.flush()
@@ -398,6 +400,7 @@ def test_without_restarts_the_online_phase_waits_for_a_save_after_the_test_play(
         quickstart.wait_for_online({}, str(tmp_path), tmp_path, timeout=0, poll=0, restarts=False)
     # a new user's trial read 'test_play logged: False, learner starts: 0, trained after it: False' as cryptic
     assert [r.getMessage() for r in caplog.records if r.getMessage().startswith('online:')] == [
+        "online: waiting for the learner's first save",
         'online: learner started 1 time(s); training until its first test play',
         'online: learner started 1 time(s); test play done, waiting for a save after it']
     writer.add_scalar('loss/dqn_loss', 0.9, 40)  # the same learner's next save

@@ -131,8 +131,9 @@ def wait_for_online(procs, tb_dir, log_dir, timeout, poll=3.0, *, tests_before=0
         state = (tested, starts, trained_on)
         if state != last:
             then = 'its restart' if restarts else 'a save after it'
-            logger.info('online: learner started %d time(s); %s', starts,
-                        f'test play done, waiting for {then}' if tested else 'training until its first test play')
+            logger.info('online: %s', 'waiting for the learner\'s first save' if not starts else
+                        f'learner started {starts} time(s); '
+                        + (f'test play done, waiting for {then}' if tested else 'training until its first test play'))
             last = state
         if tested and (starts >= 2 if restarts else trained_on):
             return
