@@ -24,6 +24,7 @@ logger = logging.getLogger('mortal.bot')  # not __name__: '__main__' under pytho
 
 REVIEW_ENV = 'MORTAL_REVIEW_MODE'
 NO_REACTION = '{"type":"none","meta":{"mask_bits":0}}'  # review mode: an event without a decision
+MAX_LINE = 1 << 20  # characters of one input line: a hostile trial's 300 MB line held 1.5 GB
 
 
 class BotError(RuntimeError):
@@ -53,10 +54,12 @@ class Bot:
 
     def react(self, line: str) -> str | None:
         """Update with one mjai event (JSON text); the reaction JSON line or None. Raises BotError for a bad line."""
+        if len(line) > MAX_LINE:
+            raise BotError(f'a line of {len(line):,} characters, over {MAX_LINE:,} (an mjai event is under 1,000)')
         try:
             event = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise BotError(f'not a JSON event ({exc}): {line[:200]}') from None
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, too many digits, nested too deep
+            raise BotError(f'not a JSON event ({type(exc).__name__}: {str(exc)[:200]}): {line[:200]}') from None
         if not isinstance(event, dict) or not isinstance(event.get('type'), str):
             raise BotError(f'an event must be a JSON object with a "type": {line[:200]}')
         can_act = event.pop('can_act', True) is not False

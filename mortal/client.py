@@ -23,7 +23,7 @@ from filelock import FileLock, Timeout
 
 from mortal.config import ENV_PROFILE, profile_name, profile_table, train_play_profile, typed
 from mortal.net import wire
-from mortal.model.checkpoint import CheckpointError, check_loadable, read_baseline
+from mortal.model.checkpoint import CheckpointError, check_loadable, first_non_finite, read_baseline
 from mortal.stat import rank_summary  # of the display pts, as Mortal's client prints it
 from mortal.util import runlock
 
@@ -325,8 +325,10 @@ class Client:
             dqn = wire.unpack_state_dict(rsp['dqn'], self.device)
             check_loadable(self.mortal, mortal, 'mortal')
             check_loadable(self.dqn, dqn, 'dqn')
-            if not isinstance(key[1], int) or isinstance(key[1], bool):
-                raise ValueError(f'param_version is {key[1]!r}, expected an int')
+            if (bad := first_non_finite({'mortal': mortal, 'dqn': dqn})) is not None:
+                raise ValueError(f'{bad} holds NaN or inf')
+            if not isinstance(key[1], int) or isinstance(key[1], bool) or key[1] < 0:
+                raise ValueError(f'param_version is {key[1]!r}, expected an int >= 0')
         except (wire.ProtocolError, ValueError, KeyError) as ex:
             if key != self.bad_param:
                 self.bad_param = key

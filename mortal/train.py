@@ -18,14 +18,14 @@ from os import path
 import torch
 
 from mortal.net import wire
-from mortal.model.checkpoint import (INITIAL_BEST_PERF, CheckpointError, atomic_torch_save, first_non_finite,
-                                     load_checkpoint, load_entries, load_frozen_pair)
+from mortal.model.checkpoint import (INITIAL_BEST_PERF, CheckpointError, atomic_torch_save, load_checkpoint,
+                                     load_entries, load_frozen_pair)
 from mortal.config import for_checkpoint, lookup, typed
 from mortal.config_schema import Online
 from mortal.data.offline_data import offline_mix
 from mortal.learning import distributed, intake
 from mortal.learning.diagnostics import Instruments, batch_q_stats, learner_probe
-from mortal.learning.guards import INITIAL_GUARD, Guards, sync_baseline
+from mortal.learning.guards import INITIAL_GUARD, Diverged, Guards, check_finite, sync_baseline
 from mortal.learning.loss import LossWeights, learner_loss
 from mortal.learning.optimizer import build_optimizer, load_optimizer_state, optimizer_step
 from mortal.learning.server_traffic import ServerTraffic, play_settings
@@ -36,10 +36,6 @@ logger = logging.getLogger('mortal.train' if __name__ == '__main__' else __name_
 
 class TestPlayDone(Exception):
     """Online learner finished a test play: the child exits 0 and the supervisor starts a fresh one."""
-
-
-class Diverged(RuntimeError):
-    """The weights hold NaN or inf at a save: nothing is saved, and the learner exits with status 1."""
 
 
 MODEL_ENTRIES = ('mortal', 'current_dqn', 'aux_net')  # the checkpoint's entries of self.models, in order
@@ -312,10 +308,7 @@ class Trainer:
             self.reset_stats()
             return
         self._close_bar()
-        if (bad := first_non_finite({e: m.state_dict() for e, m in zip(MODEL_ENTRIES, self.models)})) is not None:
-            kept = 'not written' if self.saved_steps is None else f'left at step {self.saved_steps:,}'
-            raise Diverged(f'training diverged: {bad} holds NaN or inf at step {self.steps:,}; {self.state_file} is '
-                           f'{kept}; lower [optim] lr, or restore a checkpoint')
+        check_finite(dict(zip(MODEL_ENTRIES, self.models)), self.steps, self.saved_steps, self.state_file)
         write_scalars(
             self.writer, self.steps, stats, self.stat_batches, loss_weights=self.loss_weights,
             offline_mix=self.offline_stream is not None, lr=self.scheduler.get_last_lr()[0],
@@ -384,6 +377,7 @@ class Trainer:
 
     def submit_param(self, is_idle: bool = False) -> None:
         """Send the played weights (``played``) with the play settings to the server (``ServerTraffic.submit``)."""
+        check_finite(dict(zip(MODEL_ENTRIES, self.models)), self.steps, self.saved_steps, self.state_file)
         mortal, dqn = self.played()
         self.server.submit(mortal, dqn, is_idle=is_idle, settings=self.play_settings())
 

@@ -132,6 +132,16 @@ def test_bad_input_and_usage(bot_config, monkeypatch, capsys):
     stdin = io.StringIO('{"type":"start_game","names":["a","b","c","d"]}\nnot json\n')
     assert bot_mod.main(['--config', str(path), '1'], stdin=stdin, stdout=io.StringIO()) == 1
     assert 'input line 2: not a JSON event' in capsys.readouterr().err
+    # a hostile trial: these ended the bot with a traceback, and a 300 MB line was held whole
+    start = '{"type":"start_game","names":["a","b","c","d"]}\n'
+    for bad, says in (('[' * 100_000 + ']' * 100_000, 'input line 2: not a JSON event (RecursionError: '),
+                      ('{"type":"dahai","x":' + '9' * 5000 + '}', 'input line 2: not a JSON event (ValueError: '),
+                      (' ' + 'x' * (bot_mod.MAX_LINE + 1), 'input line 2: a line of 1,048,577 characters, over '
+                                                          '1,048,576 (an mjai event is under 1,000)')):
+        assert bot_mod.main(['--config', str(path), '1'], stdin=io.StringIO(start + bad + '\n'),
+                            stdout=io.StringIO()) == 1
+        err = capsys.readouterr().err
+        assert says in err and 'Traceback' not in err, err[-500:]
     with pytest.raises(SystemExit) as exc:
         bot_mod.main(['--config', str(path), '4'])
     assert exc.value.code == 2

@@ -193,26 +193,29 @@ def test_parameters_that_cannot_be_loaded_are_kept_out_and_logged_once(tmp_path,
         params_reply(3, half, filled(dqn, 7.0)),  # client holds version 2: plays on with it
         params_reply(3, half, filled(dqn, 7.0)),
         params_reply(4, good[0], {}),  # an empty dqn
+        params_reply(5, good[0], filled(dqn, float('nan'))),  # a hostile trial's NaN weights crashed the sampling
     ])
     player = RecordingPlayer(tmp_path)
     sleeps = []
     client = cl.Client(config, train_player=player, remote=remote, sleep=sleeps.append)
     with caplog.at_level(logging.INFO, logger='mortal.client'):
-        for _ in range(4):
+        for _ in range(5):
             client.run_round()
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    # one line per bad version: v1 (its junk repeat included), v3, v4
-    assert len(warnings) == 3, warnings
+    # one line per bad version: v1 (its junk repeat included), v3, v4, v5
+    assert len(warnings) == 4, warnings
     assert warnings[0].startswith('cannot load parameters version 1 from the server (waiting for loadable ones): '
                                   'mortal: key ')
     assert re.search(r"mortal: key '[\w.]+' has shape \[32, \d+, 3\], expected \[16, \d+, 3\]$", warnings[0])
     assert warnings[1].startswith('cannot load parameters version 3 from the server (keeping version 2): '
                                   f'mortal: key {first!r} has shape [3], expected ')
     assert warnings[2].startswith('cannot load parameters version 4 from the server (keeping version 2): dqn: key ')
+    assert re.fullmatch(r'cannot load parameters version 5 from the server \(keeping version 2\): dqn\.[\w.]+ holds '
+                        r'NaN or inf', warnings[3])
     assert sleeps == [3.0, 3.0, 3.0]  # waited while it held nothing loadable, never while it held version 2
-    assert player.seen == [0.25] * 4  # every round played with version 2, never half-loaded with 7.0
+    assert player.seen == [0.25] * 5  # every round played with version 2, never half-loaded with 7.0
     assert all(v.unique().tolist() == [0.25] for v in client.mortal.state_dict().values() if v.is_floating_point())
-    assert client.param_version == 2 and [m['param_version'] for m in remote.submits] == [2, 2, 2, 2]
+    assert client.param_version == 2 and [m['param_version'] for m in remote.submits] == [2, 2, 2, 2, 2]
     assert remote.replies == []
 
 

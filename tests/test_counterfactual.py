@@ -287,6 +287,11 @@ def test_loader_records_the_counterfactual_and_its_points_delta():
     assert loader.cf_ignored == 1
     expected = np.full(len(game), -1)
     expected[a], expected[b] = written[a], written[b]
+    # a hostile trial's record of 10**300 points became an infinite reward and NaN weights: ignored as malformed
+    huge, _, _ = _with_counterfactuals({a: ("other", {"next": [1, 0, 0, 10 ** 300, 25000, 25000, 25000]}),
+                                        b: ("other", {"final": [40000, 20000, 20000, -1_000_001]})})
+    bounded = GameplayLoader(3, player_names=["0"])
+    assert (bounded.load_log(huge)[0].cf_actions == -1).all() and bounded.cf_ignored == 2
     np.testing.assert_array_equal(game.cf_actions, expected)
     np.testing.assert_array_equal(game.actions, plain.actions)  # the samples are those of the plain log
 

@@ -93,7 +93,11 @@ def test_seed_key_keeps_the_full_u64_range(tiny_config):
     ('start_kyoku', 2, {'kyoku': '1'}, "start_kyoku field 'kyoku' must be 1-4, got '1'"),  # TypeError
     ('start_kyoku', 2, {'bakaze': 'X'}, "start_kyoku field 'bakaze' must be E, S, W or N, got 'X'"),  # silent
     ('start_kyoku', 2, {'honba': -1}, "start_kyoku field 'honba' must be an integer >= 0, got -1"),  # silent
-    ('hora', 1, {'deltas': [True, False, 0, 0]}, "hora lacks field 'deltas' (4 integers)"),  # silent
+    ('hora', 1, {'deltas': [True, False, 0, 0]}, "hora lacks field 'deltas' (4 integers within ±1,000,000)"),
+    # a hostile trial's deltas of 10**9 trained as kyoku rewards of ±2e5 without a word
+    ('hora', 1, {'deltas': [10 ** 9, -10 ** 9, 0, 0]}, "hora lacks field 'deltas' (4 integers within ±1,000,000)"),
+    ('start_kyoku', 2, {'scores': [10 ** 300, 0, 0, 0]}, "start_kyoku field 'scores' must be 4 integers within "
+                                                         "±1,000,000, got [1000000000"),
 ])
 def test_grp_reader_rejects_ill_typed_fields(tmp_path, kind, nth, fields, reason):
     """The GRP trainer reads logs without PlayerState: these crashed it or silently mis-scored the game."""

@@ -511,6 +511,38 @@ def test_a_hostile_drain_reply_links_nothing_outside_and_does_not_crash_the_lear
     assert got['data/logs_per_drain'] == 1 and 'data/staleness_max' not in got
 
 
+def test_a_drain_reply_naming_another_folder_makes_and_links_nothing_there(tmp_path, caplog):
+    # a hostile trial's server named '.../home/.ssh' as its drain_dir: the learner made '.ssh.trainer' and hard-linked
+    # id_rsa into it; another name emptied another run's claim folder
+    trainer, writer = make_trainer(tmp_path, online=True)
+    own = trainer.server.drain_dir
+    victim = tmp_path / 'home' / '.ssh'
+    victim.mkdir(parents=True)
+    (victim / 'id_rsa').write_bytes(b'key')
+    trainer.server.remote = ScriptedRemote([{**empty_drain(str(victim), 'A', True), 'count': 1, 'files': ['id_rsa'],
+                                             'param_versions': [1]}])
+    with pytest.raises(SystemExit) as info, caplog.at_level('ERROR'):
+        trainer.server.drain(trainer.steps, trainer.resubmit)
+    assert info.value.code == 2 and os.stat(victim / 'id_rsa').st_nlink == 1
+    assert not (tmp_path / 'home' / '.ssh.trainer').exists()
+    assert [r.getMessage() for r in caplog.records if r.levelname == 'ERROR'] == [
+        f"the server drained to {victim}, but this config's [online.server] drain_dir is {own}: the learner claims "
+        f"drained logs only in its own folder; run the server and the learner with the same [online.server] "
+        f"drain_dir"]
+
+
+def test_a_drain_folder_that_cannot_be_claimed_ends_the_learner_in_one_line(tmp_path, caplog):
+    trainer, writer = make_trainer(tmp_path, online=True)
+    trainer.server.drain_dir = None  # a learner's config without [online.server]: the server's folder is taken
+    trainer.server.remote = ScriptedRemote([{**empty_drain('/proc/self', 'A', True), 'count': 1,
+                                             'files': ['environ'], 'param_versions': [1]}])
+    with pytest.raises(SystemExit) as info, caplog.at_level('ERROR'):
+        trainer.server.drain(trainer.steps, trainer.resubmit)
+    assert info.value.code == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelname == 'ERROR']
+    assert len(errors) == 1 and errors[0].startswith('cannot claim the drained logs of /proc/self: ')
+
+
 @pytest.mark.slow
 def test_offline_epoch_on_real_logs_builds_index(tmp_path):
     import shutil
@@ -656,6 +688,20 @@ def test_a_diverged_model_is_not_saved_and_its_checkpoint_is_refused(tmp_path):
     torch.save({**state, 'steps': 'abc'}, state_file)
     with pytest.raises(CheckpointError, match=r"mortal\.pth: 'steps' is 'abc', not a count of steps"):
         make_trainer(tmp_path)
+
+
+def test_a_diverged_model_is_never_sent_to_the_clients(tmp_path):
+    # a hostile trial's log (a branch record of 10**300 points) made the weights NaN; the submit that came before the
+    # save's check sent them to every client, whose sampling then crashed
+    trainer, writer = make_trainer(tmp_path, online=True, real_submit=True)
+    sent = []
+    trainer.server.submit = lambda mortal, dqn, **kw: sent.append(kw['is_idle'])
+    trainer.submit_param(is_idle=True)
+    with torch.no_grad():
+        trainer.mortal.state_dict()['encoder.net.0.weight'].view(-1)[0] = float('nan')
+    with pytest.raises(tr.Diverged, match=r'mortal\.encoder\.net\.0\.weight holds NaN or inf at step 0'):
+        trainer.submit_param()
+    assert sent == [True]
 
 
 def test_a_learner_that_cannot_resume_says_so_in_one_line(tmp_path, capsys):

@@ -185,6 +185,23 @@ def test_request_with_retry_retries_while_server_down():
     assert sleeps == [3.0, 3.0, 3.0]
 
 
+def test_request_with_retry_says_once_what_status_it_waits_out(caplog):
+    # a hostile trial's server answered 'bogus' to every drain: the learner retried every 3 s without a line
+    replies = iter([{'status': 'bogus'}, {'status': 'bogus'}, {'status': 'odd'}, {'status': 'ok', 'n': 1}])
+
+    class Scripted(wire.Remote):
+        def request(self, msg):
+            return next(replies)
+
+    sleeps = []
+    with caplog.at_level(logging.WARNING, 'mortal'):
+        reply = wire.request_with_retry(Scripted('127.0.0.1', 1), {'type': 'drain'}, sleep=sleeps.append)
+    assert reply == {'status': 'ok', 'n': 1} and sleeps == [3.0, 3.0, 3.0]
+    assert [r.getMessage() for r in caplog.records] == [
+        "server 127.0.0.1:1 answered 'drain' with status 'bogus'; retrying every 3 s",
+        "server 127.0.0.1:1 answered 'drain' with status 'odd'; retrying every 3 s"]
+
+
 def test_state_dict_signature_reads_the_header_only():
     net = torch.nn.Sequential(torch.nn.Conv1d(3, 4, 3), torch.nn.BatchNorm1d(4))
     data = wire.pack_state_dict(net.state_dict())

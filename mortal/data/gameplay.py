@@ -13,7 +13,8 @@ from mjai.mlibriichi.state import PlayerState
 from mortal.features.action import HORA, KAN, PASS, RIICHI, RYUKYOKU, event_to_label, kan_select_label
 from mortal.features.mjai import is_int
 from mortal.data.grp import Grp
-from mortal.data.mjai_log import DEFAULT_MAX_LOG_BYTES, BadLogError, LoadedLog, parse_log, read_log, skip_message
+from mortal.data.mjai_log import (DEFAULT_MAX_LOG_BYTES, BadLogError, LoadedLog, is_points, parse_log, read_log,
+                                  skip_message)
 from mortal.features.obs import check_version
 from mortal.features.obs_v4 import DeferredSP, DeferredSPError, V4Encoder
 from mortal.features.packed_obs import NotPackableError, packer, row_bytes, unpack
@@ -232,7 +233,7 @@ def _counterfactual(ev: dict, seat: int, kept: list, passed: bool):
     if isinstance(cf, dict) and is_int(cf.get("action")) and 0 <= cf["action"] < 46:
         for kind, size in (("next", 7), ("final", 4)):
             values = cf.get(kind)
-            if (isinstance(values, list) and len(values) == size and all(is_int(v) for v in values)
+            if (isinstance(values, list) and len(values) == size and all(is_points(v) for v in values)
                     and (kind == "final" or 0 <= values[0] < 12)):
                 return cf["action"], (kind, values)
     kept[0] += 1

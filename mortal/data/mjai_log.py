@@ -15,6 +15,7 @@ from mortal.features.mjai import ACTOR_EVENTS, MJAI_EVENT_TYPES, is_int, is_seat
 
 MAX_KYOKU = 256  # Gameplay numbers kyoku in uint8 (Mortal's ``at_kyoku: u8``): more would wrap and mix up rewards
 MAX_EVENTS = 100_000  # a hanchan has a few thousand: stops files that are not one game early
+MAX_POINTS = 1_000_000  # |score| and |delta| of any real game are far below (a yakuman is 48,000): rewards stay sane
 DEFAULT_MAX_LOG_BYTES = _config.DEFAULT_MAX_LOG_BYTES  # ``[dataset] max_log_bytes``: a hanchan is well under 1 MB
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -226,12 +227,19 @@ def _check_training_fields(ev: dict, typ: str, source: str, no: int, error: type
         for key in ("honba", "kyotaku"):
             if not is_int(ev[key]) or ev[key] < 0:
                 raise error(source, f"start_kyoku field {key!r} must be an integer >= 0, got {ev[key]!r}", no)
-        if not all(is_int(x) for x in ev["scores"]):
-            raise error(source, f"start_kyoku field 'scores' must be 4 integers, got {ev['scores']!r}", no)
+        if not all(is_points(x) for x in ev["scores"]):
+            raise error(source, f"start_kyoku field 'scores' must be 4 integers within ±{MAX_POINTS:,}, got "
+                                f"{ev['scores']!r}", no)
     else:  # hora, ryukyoku
         d = ev.get("deltas")
-        if not isinstance(d, list) or len(d) != 4 or not all(is_int(x) for x in d):
-            raise error(source, f"{typ} lacks field 'deltas' (4 integers), required for GRP final scores", no)
+        if not isinstance(d, list) or len(d) != 4 or not all(is_points(x) for x in d):
+            raise error(source, f"{typ} lacks field 'deltas' (4 integers within ±{MAX_POINTS:,}), required for GRP "
+                                f"final scores", no)
+
+
+def is_points(x) -> bool:
+    """Whether ``x`` is an int score or delta within ``MAX_POINTS``."""
+    return is_int(x) and -MAX_POINTS <= x <= MAX_POINTS
 
 
 def parse_log(raw: str, source: str = "<log>") -> LoadedLog:

@@ -13,8 +13,8 @@ from os import path
 from mortal.learning import gate
 from mortal.learning.optimizer import load_optimizer_state
 from mortal.net import wire
-from mortal.model.checkpoint import (INITIAL_BEST_PERF, CheckpointError, check_fits_config, load_checkpoint,
-                                     load_model_pair, read_baseline)
+from mortal.model.checkpoint import (INITIAL_BEST_PERF, CheckpointError, check_fits_config, first_non_finite,
+                                     load_checkpoint, load_model_pair, read_baseline)
 from mortal.util.fsutil import atomic_copy, empty_dir, stamped_name
 from mortal.play.player import TEST_SEED
 from mortal.stat import DISPLAY_PTS  # test-play avg pt: display and Mortal's best.pth rule, never a training signal
@@ -25,6 +25,20 @@ ROLLBACKS_KEPT = 5  # replaced state files kept as <state_file>.<time>.rollback 
 # The checkpoint's extra entry 'guard' (docs/operations.md): the state of the long-run guards.
 INITIAL_GUARD = {'worse_streak': 0, 'rollbacks': 0, 'lr_scale': 1.0, 'epsilon_scale': 1.0, 'baseline_version': 0,
                  'test_plays': 0, 'baseline_digest': ''}
+
+
+class Diverged(RuntimeError):
+    """The weights hold NaN or inf at a save or a submit: nothing is saved or sent, and the learner exits with
+    status 1."""
+
+
+def check_finite(models: dict, steps: int, saved_steps, state_file: str) -> None:
+    """Diverged when a weight of ``models`` (``{checkpoint entry: module}``) holds NaN or inf, before it is saved or
+    sent to the clients; ``saved_steps``: the step ``state_file`` holds (None: not written)."""
+    if (bad := first_non_finite({e: m.state_dict() for e, m in models.items()})) is not None:
+        kept = 'not written' if saved_steps is None else f'left at step {saved_steps:,}'
+        raise Diverged(f'training diverged: {bad} holds NaN or inf at step {steps:,}; {state_file} is {kept}; '
+                       f'lower [optim] lr, or restore a checkpoint')
 
 
 def is_better(avg_pt: float, avg_rank: float, best_perf: dict) -> bool:

@@ -6,6 +6,7 @@ import time
 from os import path
 
 from mortal.data.claims import ClaimLedger, claim_dir_for, is_plain_name, staleness
+from mortal.model.checkpoint import describe_error
 from mortal.net import wire
 
 logger = logging.getLogger('mortal.train')  # the trainer's lines (log format)
@@ -52,8 +53,19 @@ class ServerTraffic:
         except wire.RequestRefused as ex:
             logger.error('%s', ex)
             raise SystemExit(2) from None
-        logger.info('param has been submitted (version %d%s)', reply.get('param_version', -1),
+        logger.info('param has been submitted (version %s%s)', reply.get('param_version', -1),
                     ', idle' if is_idle else '')
+
+    def own_drain_dir(self, drain_dir: str) -> str:
+        """The server's ``drain_dir`` when it is this config's ``[online.server] drain_dir``: the learner makes,
+        empties and links into ``<drain_dir>.trainer`` only for its own config's folder. Otherwise (another config,
+        or a hostile server) SystemExit(2) with the reason. Without that key the server's word is taken."""
+        if self.drain_dir is None or path.realpath(drain_dir) == path.realpath(self.drain_dir):
+            return drain_dir
+        logger.error('the server drained to %s, but this config\'s [online.server] drain_dir is %s: the learner '
+                     'claims drained logs only in its own folder; run the server and the learner with the same '
+                     '[online.server] drain_dir', drain_dir, self.drain_dir)
+        raise SystemExit(2)
 
     def claims(self, claim_dir: str, steps: int):
         """The ClaimLedger of ``claim_dir``, opened on first use (``steps`` settle a commit a kill cut short)."""
@@ -107,8 +119,12 @@ class ServerTraffic:
                 logger.warning('malformed drain reply (count %s, files %s, drain_dir %s): asked again',
                                type(count).__name__, type(names).__name__, type(drain_dir).__name__)
             elif count > 0:
-                ledger = self.claims(claim_dir_for(drain_dir), steps)
-                files, vanished = ledger.claim(drain_dir, names)
+                try:
+                    ledger = self.claims(claim_dir_for(self.own_drain_dir(drain_dir)), steps)
+                    files, vanished = ledger.claim(drain_dir, names)
+                except OSError as ex:
+                    logger.error('cannot claim the drained logs of %s: %s', drain_dir, describe_error(ex))
+                    raise SystemExit(2) from None
                 if vanished:
                     self.lost_logs += len(vanished)
                     logger.warning('%d of %d drained logs vanished from %s before the learner could read them '

@@ -491,9 +491,11 @@ def request_with_retry(remote: Remote, msg: dict, *,
                        sleep: Callable[[float], Any] = time.sleep,
                        on_wait: Optional[Callable[[], None]] = None) -> dict:
     """Send ``msg`` until a reply satisfies ``accept``, ``RETRY_INTERVAL`` s apart; outages and 'error' replies are
-    retried (logged once), other refusals go to ``on_refusal``. RequestRefused propagates."""
+    retried (logged once), other refusals go to ``on_refusal`` (without one: logged once per status).
+    RequestRefused propagates."""
     outage_logged = False
     error_logged = None
+    refusal_logged = None
     while True:
         try:
             reply = remote.request(msg)
@@ -520,6 +522,10 @@ def request_with_retry(remote: Remote, msg: dict, *,
                     return reply
                 if on_refusal is not None:
                     on_refusal(reply)
+                elif repr(reply.get('status'))[:100] != refusal_logged:
+                    refusal_logged = repr(reply.get('status'))[:100]
+                    logger.warning('server %s:%d answered %r with status %s; retrying every %.0f s', remote.host,
+                                   remote.port, msg.get('type'), refusal_logged, RETRY_INTERVAL)
         if on_wait is not None:
             on_wait()
         sleep(RETRY_INTERVAL)
