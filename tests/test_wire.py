@@ -202,6 +202,33 @@ def test_request_with_retry_says_once_what_status_it_waits_out(caplog):
         "server 127.0.0.1:1 answered 'drain' with status 'odd'; retrying every 3 s"]
 
 
+def test_a_reply_that_trickles_ends_at_its_deadline(monkeypatch):
+    # a hostile trial's server sent an honest reply a byte every 10 s: the client waited 9 minutes without a line
+    frame = wire.encode_frame({'status': 'ok', 'blob': b'x' * 4096})
+    with socket.socket() as srv:
+        srv.bind(('127.0.0.1', 0))
+        srv.listen()
+
+        def trickle():
+            conn, _ = srv.accept()
+            with conn:
+                wire.recv_msg(conn)
+                conn.sendall(frame[:-4096])  # the header and the map's start at once, then the payload's bytes slowly
+                for i in range(len(frame) - 4096, len(frame)):
+                    try:
+                        conn.sendall(frame[i:i + 1])
+                    except OSError:
+                        return
+                    time.sleep(0.05)
+
+        threading.Thread(target=trickle, daemon=True).start()
+        monkeypatch.setattr(wire, 'REPLY_MIN_BYTES_PER_S', 16 << 10)  # 4 KiB: 0.25 s on top of the 1 s timeout
+        t0 = time.monotonic()
+        with pytest.raises(wire.ProtocolError, match='payload incomplete after the time allowed'):
+            wire.Remote('127.0.0.1', srv.getsockname()[1], timeout=1.0).request({'type': 'drain'})
+        assert time.monotonic() - t0 < 3  # each byte came well within the 1 s timeout: only the deadline ends it
+
+
 def test_state_dict_signature_reads_the_header_only():
     net = torch.nn.Sequential(torch.nn.Conv1d(3, 4, 3), torch.nn.BatchNorm1d(4))
     data = wire.pack_state_dict(net.state_dict())
