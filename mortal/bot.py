@@ -24,7 +24,7 @@ logger = logging.getLogger('mortal.bot')  # not __name__: '__main__' under pytho
 
 REVIEW_ENV = 'MORTAL_REVIEW_MODE'
 NO_REACTION = '{"type":"none","meta":{"mask_bits":0}}'  # review mode: an event without a decision
-MAX_LINE = 1 << 20  # characters of one input line: a hostile trial's 300 MB line held 1.5 GB
+MAX_LINE = 1 << 20  # characters of one input line (an mjai event has under 1,000): longer ones are not parsed
 
 
 class BotError(RuntimeError):

@@ -234,7 +234,7 @@ def test_start_vs_rulebase_line(tmp_path, monkeypatch):
     assert quickstart_config.PRESETS['full']['rulebase_sets'] == 40  # 160 games by default
     # a new user's trial: nothing said whether 2.86 against the bots or a final level with the start was expected,
     # and 'exited 143' read as a failure
-    assert '  reading them: a start cloned from a few rule-based hanchan plays below its teacher' in text
+    assert '  reading them: a start cloned from a few rule-based hanchan is expected below its teacher' in text
     assert text.splitlines()[text.splitlines().index('processes:    {}') - 1].startswith('kyoku reward:')
     out = io.StringIO()
     quickstart.report({**result, 'rulebase': None, 'stopped': {'server': 'exited 143', 'client': 'killed'}}, out)

@@ -526,9 +526,17 @@ def test_a_drain_reply_naming_another_folder_makes_and_links_nothing_there(tmp_p
     assert info.value.code == 2 and os.stat(victim / 'id_rsa').st_nlink == 1
     assert not (tmp_path / 'home' / '.ssh.trainer').exists()
     assert [r.getMessage() for r in caplog.records if r.levelname == 'ERROR'] == [
-        f"the server drained to {victim}, but this config's [online.server] drain_dir is {own}: the learner claims "
-        f"drained logs only in its own folder; run the server and the learner with the same [online.server] "
-        f"drain_dir"]
+        f"the server drained to {victim}, but this config's [online.server] drain_dir is {own} ({own}): the learner "
+        f"claims drained logs only in its own folder; run the server and the learner with the same folder (an "
+        f"absolute path, or one under {{config_dir}})"]
+    # the same folder reached through a link is the learner's own: claimed in its own config's claim folder
+    os.makedirs(own)
+    (tmp_path / 'drain_link').symlink_to(own)
+    (tmp_path / 'drain' / '0_a.json.gz').write_bytes(b'a')
+    trainer.server.remote = ScriptedRemote([{**empty_drain(str(tmp_path / 'drain_link'), 'A', True), 'count': 1,
+                                             'files': ['0_a.json.gz'], 'param_versions': [1]}])
+    files = trainer.server.drain(trainer.steps, trainer.resubmit)
+    assert files == [own + '.trainer/0_a.json.gz'] and not (tmp_path / 'drain_link.trainer').exists()
 
 
 def test_a_drain_folder_that_cannot_be_claimed_ends_the_learner_in_one_line(tmp_path, caplog):

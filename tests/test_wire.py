@@ -202,9 +202,9 @@ def test_request_with_retry_says_once_what_status_it_waits_out(caplog):
         "server 127.0.0.1:1 answered 'drain' with status 'odd'; retrying every 3 s"]
 
 
-def test_a_reply_that_trickles_ends_at_its_deadline(monkeypatch):
+def test_a_reply_that_trickles_ends_at_its_deadline():
     # a hostile trial's server sent an honest reply a byte every 10 s: the client waited 9 minutes without a line
-    frame = wire.encode_frame({'status': 'ok', 'blob': b'x' * 4096})
+    frame = wire.encode_frame({'status': 'ok', 'blob': b'x' * 400})
     with socket.socket() as srv:
         srv.bind(('127.0.0.1', 0))
         srv.listen()
@@ -213,8 +213,8 @@ def test_a_reply_that_trickles_ends_at_its_deadline(monkeypatch):
             conn, _ = srv.accept()
             with conn:
                 wire.recv_msg(conn)
-                conn.sendall(frame[:-4096])  # the header and the map's start at once, then the payload's bytes slowly
-                for i in range(len(frame) - 4096, len(frame)):
+                conn.sendall(frame[:-400])  # the header and the map's start at once, then the payload's bytes slowly
+                for i in range(len(frame) - 400, len(frame)):
                     try:
                         conn.sendall(frame[i:i + 1])
                     except OSError:
@@ -222,11 +222,18 @@ def test_a_reply_that_trickles_ends_at_its_deadline(monkeypatch):
                     time.sleep(0.05)
 
         threading.Thread(target=trickle, daemon=True).start()
-        monkeypatch.setattr(wire, 'REPLY_MIN_BYTES_PER_S', 16 << 10)  # 4 KiB: 0.25 s on top of the 1 s timeout
-        t0 = time.monotonic()
-        with pytest.raises(wire.ProtocolError, match='payload incomplete after the time allowed'):
+        t0 = time.monotonic()  # the frame is due within the 1 s timeout + its size at 16 KiB/s: about 1.03 s
+        with pytest.raises(wire.ProtocolError, match=r'payload \(due at 16,384 B/s\) incomplete after the time'):
             wire.Remote('127.0.0.1', srv.getsockname()[1], timeout=1.0).request({'type': 'drain'})
         assert time.monotonic() - t0 < 3  # each byte came well within the 1 s timeout: only the deadline ends it
+    # the server's own floor, when a config lowers it below 16 KiB/s for a slow link, is the client's too
+    from mortal.config import section
+    config = {'online': {'remote': {'host': 'h', 'port': 1}, 'server': {
+        'buffer_dir': 'b', 'drain_dir': 'd', 'capacity': 4, 'force_sequential': False,
+        'payload_min_bytes_per_s': 4096}}}
+    assert wire.Remote.from_config(section(config, 'online.remote'),
+                                   section(config, 'online.server')).reply_min_bytes_per_s == 4096
+    assert wire.Remote.from_config(section(config, 'online.remote')).reply_min_bytes_per_s == 16 << 10
 
 
 def test_state_dict_signature_reads_the_header_only():

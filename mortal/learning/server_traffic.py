@@ -57,14 +57,17 @@ class ServerTraffic:
                     ', idle' if is_idle else '')
 
     def own_drain_dir(self, drain_dir: str) -> str:
-        """The server's ``drain_dir`` when it is this config's ``[online.server] drain_dir``: the learner makes,
-        empties and links into ``<drain_dir>.trainer`` only for its own config's folder. Otherwise (another config,
-        or a hostile server) SystemExit(2) with the reason. Without that key the server's word is taken."""
-        if self.drain_dir is None or path.realpath(drain_dir) == path.realpath(self.drain_dir):
+        """This config's ``[online.server] drain_dir`` when the server's ``drain_dir`` is that folder: the learner
+        makes, empties and links into ``<drain_dir>.trainer`` only for its own config's folder. Otherwise (another
+        config, or a hostile server) SystemExit(2) with the reason. Without that key the server's word is taken."""
+        if self.drain_dir is None:
             return drain_dir
-        logger.error('the server drained to %s, but this config\'s [online.server] drain_dir is %s: the learner '
+        if path.realpath(drain_dir) == path.realpath(self.drain_dir):
+            return self.drain_dir  # the claim folder resuming uses, however the server spells the path
+        logger.error('the server drained to %s, but this config\'s [online.server] drain_dir is %s (%s): the learner '
                      'claims drained logs only in its own folder; run the server and the learner with the same '
-                     '[online.server] drain_dir', drain_dir, self.drain_dir)
+                     'folder (an absolute path, or one under {config_dir})', path.realpath(drain_dir),
+                     self.drain_dir, path.realpath(self.drain_dir))
         raise SystemExit(2)
 
     def claims(self, claim_dir: str, steps: int):

@@ -43,7 +43,7 @@ REST = struct.Struct('<Q32s32s')  # payload length, SHA-256 of the payload, HMAC
 HEADER_SIZE = PREFIX.size + REST.size  # 78 bytes
 MAC_SIZE = 32
 DEFAULT_TIMEOUT = 300.0  # seconds of silence on a socket before giving up on the peer
-REPLY_MIN_BYTES_PER_S = 16 << 10  # a reply's payload gets DEFAULT_TIMEOUT plus its size at this rate, not for ever
+REPLY_MIN_BYTES_PER_S = 16 << 10  # a reply gets the socket timeout plus its size at this rate (or the server's floor)
 HEADER_TIMEOUT = 5.0  # seconds for a whole header: no unauthenticated slot held byte by byte (a real peer: 1 RTT)
 RECV_CHUNK = 1 << 20
 WHOLE_AT_ONCE = 256 * 1024  # a payload up to this size is taken from the server's budget at once, not as it comes
@@ -397,13 +397,15 @@ def send_paced(sock: socket.socket, pieces: list, *, min_rate: int, window: floa
 def recv_msg(sock: socket.socket, max_frame_size: int = DEFAULT_MAX_FRAME_BYTES, token: Optional[str] = None, *,
              min_bytes_per_s: float = 0) -> dict:
     """Receive one frame's map; with ``token`` the MAC is checked before the payload; ``min_bytes_per_s`` > 0: the
-    payload must arrive within the socket's timeout plus its size at that rate. Raises ProtocolError, OSError."""
-    header = recv_header(sock, max_frame_size)
+    frame must arrive within the socket's timeout plus its size at that rate. Raises ProtocolError, OSError."""
+    limited = min_bytes_per_s > 0
+    start, grace = time.monotonic(), sock.gettimeout() or DEFAULT_TIMEOUT
+    header = recv_header(sock, max_frame_size, deadline=start + grace if limited else None)
     if not header.authentic(token):
         raise BadMac('bad MAC: the frame was not signed with this token')
-    deadline = (time.monotonic() + (sock.gettimeout() or DEFAULT_TIMEOUT) + header.length / min_bytes_per_s
-                if min_bytes_per_s > 0 else None)
-    payload = _recv_exact(sock, header.length, what='payload', deadline=deadline)
+    deadline = start + grace + header.length / min_bytes_per_s if limited else None
+    payload = _recv_exact(sock, header.length, what=f'payload (due at {min_bytes_per_s:,.0f} B/s)' if limited
+                          else 'payload', deadline=deadline)
     _check_digest(hashlib.sha256(payload).digest(), header)
     return decode_payload(payload)
 
@@ -449,12 +451,16 @@ class Remote:
     token: Optional[str] = None
     timeout: float = DEFAULT_TIMEOUT
     max_frame_size: int = DEFAULT_MAX_FRAME_BYTES
+    reply_min_bytes_per_s: float = REPLY_MIN_BYTES_PER_S
 
     @classmethod
     def from_config(cls, remote, server=None) -> 'Remote':
         """From the typed ``[online.remote]`` and ``[online.server]`` (None on a client machine: schema default)."""
+        if server is None:
+            return cls(host=remote.host, port=remote.port, token=remote.token or None)
         return cls(host=remote.host, port=remote.port, token=remote.token or None,
-                   max_frame_size=server.max_frame_bytes if server is not None else DEFAULT_MAX_FRAME_BYTES)
+                   max_frame_size=server.max_frame_bytes,
+                   reply_min_bytes_per_s=min(REPLY_MIN_BYTES_PER_S, server.payload_min_bytes_per_s))
 
     def request(self, msg: dict) -> dict:
         """Send ``msg`` on a new connection; the reply map. Raises OSError, ProtocolError, RequestRefused.
@@ -484,7 +490,7 @@ class Remote:
         """The reply to ``msg``; RequestRefused when it must carry the token's MAC (``request``) and does not."""
         check = self.token if self.token and not is_loopback(self.host) else None
         try:
-            return recv_msg(sock, self.max_frame_size, check, min_bytes_per_s=REPLY_MIN_BYTES_PER_S)
+            return recv_msg(sock, self.max_frame_size, check, min_bytes_per_s=self.reply_min_bytes_per_s)
         except BadMac:
             raise RequestRefused(f'the reply of {self.host}:{self.port} to {msg.get("type")!r} is not signed with '
                                  'this [online.remote] token: a wrong token, or not the trainer\'s server') from None

@@ -350,8 +350,8 @@ def report(result, out=sys.stdout):
         p(f"start vs 3 RulebaseBots: avg rank {rb['avg_rank']:.3f} ± {rb['avg_rank_ci']:.3f} "
           f"(95% CI, {rb['deals']} deals = {rb['games']} games; {note + '; ' if note else ''}2.500 = even)")
     if ev or rb:
-        p('  reading them: a start cloned from a few rule-based hanchan plays below its teacher, and online training '
-          'this short stays level with its start (README, "Does online training make the model stronger?")')
+        p('  reading them: a start cloned from a few rule-based hanchan is expected below its teacher, and online '
+          'training this short level with its start (README, "Does online training make the model stronger?")')
     if result.get('reward'):
         p(f"kyoku reward: [env] reward = '{result['reward']}' (chosen by the bootstrap's GRP check)")
     normal = any(v == 'exited 143' for v in result['stopped'].values())
