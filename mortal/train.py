@@ -308,7 +308,7 @@ class Trainer:
             self.reset_stats()
             return
         self._close_bar()
-        check_finite(dict(zip(MODEL_ENTRIES, self.models)), self.steps, self.saved_steps, self.state_file)
+        self._check_finite()
         write_scalars(
             self.writer, self.steps, stats, self.stat_batches, loss_weights=self.loss_weights,
             offline_mix=self.offline_stream is not None, lr=self.scheduler.get_last_lr()[0],
@@ -375,9 +375,13 @@ class Trainer:
         """The play settings sent with the parameters at this step (``server_traffic.play_settings``)."""
         return play_settings(self.steps, self.guard)
 
+    def _check_finite(self) -> None:
+        """``guards.check_finite`` of the trained models: before a save and before a submit."""
+        check_finite(dict(zip(MODEL_ENTRIES, self.models)), self.steps, self.saved_steps, self.state_file)
+
     def submit_param(self, is_idle: bool = False) -> None:
         """Send the played weights (``played``) with the play settings to the server (``ServerTraffic.submit``)."""
-        check_finite(dict(zip(MODEL_ENTRIES, self.models)), self.steps, self.saved_steps, self.state_file)
+        self._check_finite()
         mortal, dqn = self.played()
         self.server.submit(mortal, dqn, is_idle=is_idle, settings=self.play_settings())
 

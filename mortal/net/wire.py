@@ -456,11 +456,10 @@ class Remote:
     @classmethod
     def from_config(cls, remote, server=None) -> 'Remote':
         """From the typed ``[online.remote]`` and ``[online.server]`` (None on a client machine: schema default)."""
-        if server is None:
-            return cls(host=remote.host, port=remote.port, token=remote.token or None)
-        return cls(host=remote.host, port=remote.port, token=remote.token or None,
-                   max_frame_size=server.max_frame_bytes,
-                   reply_min_bytes_per_s=min(REPLY_MIN_BYTES_PER_S, server.payload_min_bytes_per_s))
+        limits = {} if server is None else {
+            'max_frame_size': server.max_frame_bytes,
+            'reply_min_bytes_per_s': min(REPLY_MIN_BYTES_PER_S, server.payload_min_bytes_per_s)}
+        return cls(host=remote.host, port=remote.port, token=remote.token or None, **limits)
 
     def request(self, msg: dict) -> dict:
         """Send ``msg`` on a new connection; the reply map. Raises OSError, ProtocolError, RequestRefused.
@@ -533,10 +532,10 @@ def request_with_retry(remote: Remote, msg: dict, *,
                     return reply
                 if on_refusal is not None:
                     on_refusal(reply)
-                elif repr(reply.get('status'))[:100] != refusal_logged:
-                    refusal_logged = repr(reply.get('status'))[:100]
+                elif (status := repr(reply.get('status'))[:100]) != refusal_logged:
+                    refusal_logged = status
                     logger.warning('server %s:%d answered %r with status %s; retrying every %.0f s', remote.host,
-                                   remote.port, msg.get('type'), refusal_logged, RETRY_INTERVAL)
+                                   remote.port, msg.get('type'), status, RETRY_INTERVAL)
         if on_wait is not None:
             on_wait()
         sleep(RETRY_INTERVAL)
