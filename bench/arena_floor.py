@@ -13,6 +13,10 @@ floor, arena, ...), at each version asked:
   ``--batch`` the engine first makes its rows one ``(N, C, 34)`` array, as a network's forward must (a stack of
   the rows when it is handed a list, nothing when it is handed an array).
 
+With ``--bare`` (versions 1-3) a third loop runs between them, ``bare_run``: the floor's loop plus the arena's
+outputs and no other structure (reactions through the table's parser, meta, the seats' events, logs), its rows
+held, dropped or packed: what the outputs alone cost (docs/performance.md, session 34).
+
 A decision is one seat asked by its table (a scene, quick-eval ones included). Per version the bench prints each
 round's µs per decision, the median of the rounds and floor / arena (the arena's share of the floor's speed;
 1.0 = at the floor) with its spread over the rounds, in wall time and in CPU time of the process (all its
@@ -23,7 +27,8 @@ alternating (old, new, old, new, ...), each in a fresh process that measures its
 both trees' floor / arena per round and their medians. ``--tree DIR`` runs the arena of the checkout ``DIR``.
 
 Usage: ``python bench/arena_floor.py [--versions 3 4] [--games 128] [--games-v4 16] [--rounds 2] [--json PATH]
-[--against OLD | --tree DIR]`` (``--games`` rounded up to a multiple of 4: the arena plays each seed in 4 rotations).
+[--bare] [--against OLD | --tree DIR]`` (``--games`` rounded up to a multiple of 4: the arena plays each seed in 4
+rotations).
 """
 
 if __name__ == '__main__' and __package__ in (None, ''):  # run as a script: python bench/arena_floor.py
@@ -110,6 +115,105 @@ def floor_run(version: int, games: int, seed0: int = 1) -> tuple[float, int, flo
     return time.perf_counter() - t0, decisions, time.process_time() - c0
 
 
+BARE_ROWS = ("held", "dropped", "packed")
+
+
+def bare_run(version: int, games: int, log_dir: str, seed0: int = 1, rows: str = "held") -> tuple[float, int, float]:
+    """The floor's loop (the same tables, seeds and decisions) plus what the arena must produce beyond it, with no
+    other structure: each batch's observations held until its actions are chosen (as an engine's batch must), quick
+    eval (one legal discard: no meta), the action as an mjai reaction dict handed to the table's parser, Mortal's
+    meta for each logged reaction, each seat's events kept, and at a hanchan's end its log (``kyoku_lines`` of the
+    whole hanchan, meta rendered) gzipped at level 1 on the ``LogWriter`` thread; gc's threshold as the arena's.
+    ``rows`` (``BARE_ROWS``): "dropped" keeps only the masks, as the floor does (what no engine could do: the cost
+    of holding the rows); "packed" packs each row into the batch's buffer at once (``mortal.features.packed_obs``,
+    about a tenth of the bytes) and drops it. Versions 1-3. Returns (wall seconds, decisions, CPU seconds of the
+    process)."""
+    import gc
+    import os
+    import types
+
+    import numpy as np
+    from mjai.mlibriichi.state import PlayerState
+    from riichienv import GameRule, RiichiEnv
+
+    from mortal.play.agent import _quick_eval_batch, _reaction, batch_meta_parts
+    from mortal.play.arena import GC_THRESHOLD
+    from mortal.features.packed_obs import packer, row_bytes
+    from mortal.play.log_writer import REACTION_TYPES, LogWriter, kyoku_lines, render_line
+
+    if rows not in BARE_ROWS:
+        raise ValueError(f"rows must be one of {BARE_ROWS}, got {rows!r}")
+    pack, width = packer(version), row_bytes(version)
+    rule = GameRule(sanchaho_is_draw=False, kuikae_forbidden=True)
+    thresholds = gc.get_threshold()
+    gc.set_threshold(max(thresholds[0], GC_THRESHOLD), *thresholds[1:])
+    t0, c0 = time.perf_counter(), time.process_time()
+    tables = []  # [env, states, obs, per-seat events, per-seat (reaction, meta) queues, log name]
+    for g in range(games):
+        env = RiichiEnv(game_mode=2, seed=seed0 + g, rule=rule)
+        tables.append([env, [PlayerState(s) for s in range(4)], env.reset(), [[], [], [], []], [[], [], [], []], g])
+    decisions = 0
+    with LogWriter(1) as logs:
+        while tables:
+            asked = []  # (table, seat, ob, state)
+            for t in tables:
+                states, views = t[1], t[3]
+                for seat, ob in t[2].items():
+                    st = states[seat]
+                    events = ob.new_events()
+                    for ev in events:
+                        st.update(ev)
+                    views[seat].extend(events)
+                    asked.append((t, seat, ob, st))
+            if rows == "held":
+                batch = [st.encode_obs(version, False) for _, _, _, st in asked]  # the batch's rows
+                masks = np.array([m for _, m in batch], dtype=bool)
+            elif rows == "dropped":
+                masks = np.array([st.encode_obs(version, False)[1] for _, _, _, st in asked], dtype=bool)
+            else:
+                batch = np.empty((len(asked), width), dtype=np.uint8)
+                masks = np.empty((len(asked), 46), dtype=bool)
+                for k, (_, _, _, st) in enumerate(asked):
+                    obs, masks[k] = st.encode_obs(version, False)
+                    pack(obs, batch, k)
+            only = _quick_eval_batch([types.SimpleNamespace(state=a[3]) for a in asked], list(masks))
+            chosen = masks.argmax(1).tolist()
+            batch = None  # an engine's rows live until it has answered
+            legal_q, bits = batch_meta_parts(np.where(masks, np.float32(0), np.float32(-np.inf)), masks)
+            n = len(asked)
+            decisions += n
+            acted: dict = {}  # id(table) -> (actions, seats whose call may not be executed)
+            for k, (t, seat, ob, st) in enumerate(asked):
+                actions, calls = acted.setdefault(id(t), ({}, []))
+                reaction = _reaction(st, chosen[k])
+                actions[seat] = ob.select_action_from_mjai(reaction)
+                if reaction["type"] in REACTION_TYPES:
+                    meta = None if only[k] is not None else {
+                        "q_values": legal_q[k], "mask_bits": bits[k], "is_greedy": True, "shanten": int(st.shanten),
+                        "at_furiten": bool(st.at_furiten), "batch_size": n, "eval_time_ns": 0}
+                    t[4][seat].append([reaction, meta])
+                    if reaction["type"] in ("chi", "pon", "daiminkan"):
+                        calls.append(seat)
+            left = []
+            for t in tables:
+                actions, calls = acted[id(t)]
+                env = t[0]
+                t[2] = env.step(actions)
+                for seat in calls:  # a call is executed iff its caller acts next
+                    if seat not in t[2]:
+                        t[4][seat].pop()
+                if not env.done():
+                    left.append(t)
+                    continue
+                for seat, ob in env.get_observations([0, 1, 2, 3]).items():
+                    t[3][seat].extend(ob.new_events())
+                lines, _ = kyoku_lines(t[3], t[4])
+                logs.submit(os.path.join(log_dir, f"{t[5]}.json.gz"), "\n".join(map(render_line, lines)) + "\n")
+            tables = left
+    gc.set_threshold(*thresholds)
+    return time.perf_counter() - t0, decisions, time.process_time() - c0
+
+
 def _first_legal_cls(batch: bool = False):
     """``FirstLegal`` of ``bench/arena.py`` (loaded from its file: bench is no package); ``batch``: a subclass that
     first makes the rows one ``(N, C, 34)`` float32 array, as a network's forward must (``np.stack`` of a list; an
@@ -152,16 +256,28 @@ def arena_run(version: int, games: int, log_dir: str, first_legal=None) -> tuple
     return time.perf_counter() - t0, chal.decisions + champ.decisions, time.process_time() - c0
 
 
-def measure(version: int, games: int, rounds: int, log=print, batch: bool = False) -> dict:
+def measure(version: int, games: int, rounds: int, log=print, batch: bool = False, bare: bool = False) -> dict:
     """Interleaved rounds of floor and arena at ``version``; returns the figures (µs per decision per round,
-    medians, ratio floor / arena per round). ``batch``: the arena's engine takes its rows as one array."""
+    medians, ratio floor / arena per round). ``batch``: the arena's engine takes its rows as one array. ``bare``
+    (versions 1-3): each round also runs ``bare_run`` between them, once per ``BARE_ROWS`` (``bare_held`` etc.: CPU
+    µs per decision, CPU ratios floor / bare and bare / arena)."""
     cls = _first_legal_cls(batch)
     log(f"v{version}: {games} games; arena engine {cls.__name__} ({'rows as one array' if batch else 'rows as handed'})")
     floor_us, arena_us, ratios, floor_cpu, arena_cpu, cpu_ratios = [], [], [], [], [], []
+    bare_cpu = {kind: [] for kind in BARE_ROWS}
+    bare = bare and version != 4
     for r in range(rounds):
         sec, n, cpu = floor_run(version, games)
         floor_us.append(1e6 * sec / n)
         floor_cpu.append(1e6 * cpu / n)
+        for kind in BARE_ROWS if bare else ():
+            with tempfile.TemporaryDirectory() as d:
+                sec_b, n_b, cpu_b = bare_run(version, games, d, rows=kind)
+            if n_b != n:
+                raise RuntimeError(f"bare loop: {n_b} decisions, the floor's same games {n}")
+            bare_cpu[kind].append(1e6 * cpu_b / n)
+            log(f"v{version} round {r + 1}: bare, rows {kind}: {1e6 * sec_b / n:6.1f} µs/decision, CPU "
+                f"{bare_cpu[kind][-1]:.1f}; CPU floor/bare {floor_cpu[-1] / bare_cpu[kind][-1]:.3f}")
         with tempfile.TemporaryDirectory() as d:
             sec_a, n_a, cpu_a = arena_run(version, games, d, cls)
         arena_us.append(1e6 * sec_a / n_a)
@@ -179,6 +295,13 @@ def measure(version: int, games: int, rounds: int, log=print, batch: bool = Fals
            "cpu_ratio": [round(v, 4) for v in cpu_ratios],
            "floor_us_median": round(med(floor_us), 2), "arena_us_median": round(med(arena_us), 2),
            "ratio_median": round(med(ratios), 4), "cpu_ratio_median": round(med(cpu_ratios), 4)}
+    for kind in BARE_ROWS if bare else ():
+        fb = [f / b for f, b in zip(floor_cpu, bare_cpu[kind])]
+        ba = [b / a for b, a in zip(bare_cpu[kind], arena_cpu)]
+        fig[f"bare_{kind}"] = {"cpu_us": [round(v, 2) for v in bare_cpu[kind]],
+                               "floor_bare_cpu": [round(v, 4) for v in fb], "bare_arena_cpu": [round(v, 4) for v in ba]}
+        log(f"v{version}: CPU time: floor/bare (rows {kind}) {med(fb):.3f} (rounds {min(fb):.3f}-{max(fb):.3f}), "
+            f"bare/arena {med(ba):.3f} (rounds {min(ba):.3f}-{max(ba):.3f})")
     spread = f" (rounds {min(ratios):.3f}-{max(ratios):.3f})" if rounds > 1 else ""
     log(f"v{version}: floor {fig['floor_us_median']:.1f} µs/decision, arena {fig['arena_us_median']:.1f} µs/decision, "
         f"floor/arena {fig['ratio_median']:.3f}{spread}; CPU time: floor/arena {fig['cpu_ratio_median']:.3f}")
@@ -232,6 +355,9 @@ def main(argv=None):
     p.add_argument("--tree", default=None, metavar="DIR", help="import mortal from the checkout DIR")
     p.add_argument("--batch", action="store_true",
                    help="the arena's engine first makes its rows one (N, C, 34) array, as a network must")
+    p.add_argument("--bare", action="store_true",
+                   help="versions 1-3: also run the floor's loop with the arena's outputs and nothing else "
+                        "(bare_run), its rows held, dropped and packed")
     args = p.parse_args(argv)
     if args.games < 1 or args.games_v4 < 1 or args.rounds < 1:
         p.error("--games, --games-v4 and --rounds must be >= 1")
@@ -244,7 +370,8 @@ def main(argv=None):
         import mortal  # now: this tree's package, whatever a bench module does to sys.path later
         if pathlib.Path(args.tree).resolve() not in pathlib.Path(mortal.__file__).resolve().parents:
             p.error(f"--tree {args.tree}: mortal imported from {mortal.__file__}")
-    out = [measure(v, args.games_v4 if v == 4 else args.games, args.rounds, batch=args.batch) for v in args.versions]
+    out = [measure(v, args.games_v4 if v == 4 else args.games, args.rounds, batch=args.batch, bare=args.bare)
+           for v in args.versions]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

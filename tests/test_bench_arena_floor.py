@@ -72,3 +72,31 @@ def test_loading_the_zero_cost_engine_keeps_the_other_tree_first(monkeypatch):
     cls = mod._first_legal_cls()
     assert sys.path[0] == "/other/checkout"
     assert cls.__name__ == "FirstLegal"
+
+
+def test_the_bare_loop_plays_the_floors_decisions_and_logs_their_meta(tmp_path, capsys):
+    """``bare_run`` plays the floor's tables: the same decisions; its log has Mortal's meta on the reactions the
+    engine chose (Q values of exactly the legal actions) and none on quick-eval discards."""
+    import gzip
+    import json
+
+    mod = _module()
+    _, n_floor, _ = mod.floor_run(3, 1)
+    _, n_bare, _ = mod.bare_run(3, 1, str(tmp_path))
+    assert n_bare == n_floor > 300
+    for rows in ('dropped', 'packed'):  # the same games whatever it does with the rows
+        assert mod.bare_run(3, 1, str(tmp_path / rows), rows=rows)[1] == n_floor
+    events = [json.loads(line) for line in gzip.open(tmp_path / '0.json.gz', 'rt')]
+    kinds = [e['type'] for e in events]
+    assert kinds.count('start_kyoku') == kinds.count('end_kyoku') >= 1
+    metas = [e['meta'] for e in events if 'meta' in e]
+    assert metas and all(list(m) == ['q_values', 'mask_bits', 'is_greedy', 'shanten', 'at_furiten', 'batch_size',
+                                      'eval_time_ns'] for m in metas)
+    assert all(len(m['q_values']) == bin(m['mask_bits']).count('1') for m in metas)
+    dahai = [e for e in events if e['type'] == 'dahai']
+    assert 0 < sum('meta' not in e for e in dahai) < len(dahai)  # quick eval: one legal discard, no meta
+    out = mod.main(['--versions', '3', '--games', '4', '--rounds', '1', '--bare'])
+    text = capsys.readouterr().out
+    for rows in ('held', 'dropped', 'packed'):
+        assert re.search(rf'v3: CPU time: floor/bare \(rows {rows}\) [\d.]+ \(rounds .*\), bare/arena [\d.]+', text)
+        assert out[0][f'bare_{rows}']['floor_bare_cpu'][0] > 0
