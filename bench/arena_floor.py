@@ -118,52 +118,78 @@ def floor_run(version: int, games: int, seed0: int = 1) -> tuple[float, int, flo
 BARE_ROWS = ("held", "dropped", "packed")
 
 
+class _BareTable:
+    """One hanchan of ``bare_run``: its table, seat states, the table's asks now, each seat's events (the arena's
+    ``history``) and each seat's ``[reaction, meta]`` queue (``kyoku_lines``'s ``meta_queues``)."""
+
+    __slots__ = ("game", "env", "states", "obs", "views", "queues")
+
+    def __init__(self, game: int, env):
+        from mjai.mlibriichi.state import PlayerState
+        self.game, self.env = game, env
+        self.states = [PlayerState(s) for s in range(4)]
+        self.obs = env.reset()
+        self.views = [[], [], [], []]
+        self.queues = [[], [], [], []]
+
+
 def bare_run(version: int, games: int, log_dir: str, seed0: int = 1, rows: str = "held") -> tuple[float, int, float]:
-    """The floor's loop (the same tables, seeds and decisions) plus what the arena must produce beyond it, with no
-    other structure: each batch's observations held until its actions are chosen (as an engine's batch must), quick
-    eval (one legal discard: no meta), the action as an mjai reaction dict handed to the table's parser, Mortal's
-    meta for each logged reaction, each seat's events kept, and at a hanchan's end its log (``kyoku_lines`` of the
-    whole hanchan, meta rendered) gzipped at level 1 on the ``LogWriter`` thread; gc's threshold as the arena's.
+    """The floor's loop (the same tables, seeds ``seed0`` .. ``seed0 + games - 1`` and decisions) plus what the arena
+    must produce beyond it, with no other structure: each batch's observations held until its actions are chosen
+    (as an engine's batch must be), quick eval (one legal discard: no meta), the action as an mjai reaction dict
+    handed to the table's parser, Mortal's meta for each logged reaction, each seat's events kept, and at a
+    hanchan's end its log (``kyoku_lines`` of the whole hanchan, meta rendered) gzipped at level 1 on the
+    ``LogWriter`` thread to ``log_dir/{game}.json.gz``; gc's threshold as the arena's.
+
     ``rows`` (``BARE_ROWS``): "dropped" keeps only the masks, as the floor does (what no engine could do: the cost
     of holding the rows); "packed" packs each row into the batch's buffer at once (``mortal.features.packed_obs``,
     about a tenth of the bytes) and drops it. Versions 1-3. Returns (wall seconds, decisions, CPU seconds of the
     process)."""
     import gc
+
+    from riichienv import GameRule, RiichiEnv
+
+    from mortal.play.arena import GC_THRESHOLD
+
+    if rows not in BARE_ROWS:
+        raise ValueError(f"rows must be one of {BARE_ROWS}, got {rows!r}")
+    if version not in (1, 2, 3):
+        raise ValueError(f"bare_run plays versions 1-3, got {version}")
+    rule = GameRule(sanchaho_is_draw=False, kuikae_forbidden=True)
+    thresholds = gc.get_threshold()
+    gc.set_threshold(max(thresholds[0], GC_THRESHOLD), *thresholds[1:])
+    try:
+        t0, c0 = time.perf_counter(), time.process_time()
+        tables = [_BareTable(g, RiichiEnv(game_mode=2, seed=seed0 + g, rule=rule)) for g in range(games)]
+        decisions = _bare_loop(tables, version, log_dir, rows)
+        return time.perf_counter() - t0, decisions, time.process_time() - c0
+    finally:
+        gc.set_threshold(*thresholds)
+
+
+def _bare_loop(tables: list, version: int, log_dir: str, rows: str) -> int:
+    """``bare_run``'s loop over its ``_BareTable`` s until every hanchan ends; returns the decisions."""
     import os
     import types
 
     import numpy as np
-    from mjai.mlibriichi.state import PlayerState
-    from riichienv import GameRule, RiichiEnv
 
-    from mortal.play.agent import _quick_eval_batch, _reaction, batch_meta_parts
-    from mortal.play.arena import GC_THRESHOLD
     from mortal.features.packed_obs import packer, row_bytes
+    from mortal.play.agent import _quick_eval_batch, _reaction, batch_meta_parts
     from mortal.play.log_writer import REACTION_TYPES, LogWriter, kyoku_lines, render_line
 
-    if rows not in BARE_ROWS:
-        raise ValueError(f"rows must be one of {BARE_ROWS}, got {rows!r}")
     pack, width = packer(version), row_bytes(version)
-    rule = GameRule(sanchaho_is_draw=False, kuikae_forbidden=True)
-    thresholds = gc.get_threshold()
-    gc.set_threshold(max(thresholds[0], GC_THRESHOLD), *thresholds[1:])
-    t0, c0 = time.perf_counter(), time.process_time()
-    tables = []  # [env, states, obs, per-seat events, per-seat (reaction, meta) queues, log name]
-    for g in range(games):
-        env = RiichiEnv(game_mode=2, seed=seed0 + g, rule=rule)
-        tables.append([env, [PlayerState(s) for s in range(4)], env.reset(), [[], [], [], []], [[], [], [], []], g])
     decisions = 0
     with LogWriter(1) as logs:
         while tables:
             asked = []  # (table, seat, ob, state)
             for t in tables:
-                states, views = t[1], t[3]
-                for seat, ob in t[2].items():
-                    st = states[seat]
+                for seat, ob in t.obs.items():
+                    st = t.states[seat]
                     events = ob.new_events()
                     for ev in events:
                         st.update(ev)
-                    views[seat].extend(events)
+                    t.views[seat].extend(events)
                     asked.append((t, seat, ob, st))
             if rows == "held":
                 batch = [st.encode_obs(version, False) for _, _, _, st in asked]  # the batch's rows
@@ -191,27 +217,27 @@ def bare_run(version: int, games: int, log_dir: str, seed0: int = 1, rows: str =
                     meta = None if only[k] is not None else {
                         "q_values": legal_q[k], "mask_bits": bits[k], "is_greedy": True, "shanten": int(st.shanten),
                         "at_furiten": bool(st.at_furiten), "batch_size": n, "eval_time_ns": 0}
-                    t[4][seat].append([reaction, meta])
+                    t.queues[seat].append([reaction, meta])
                     if reaction["type"] in ("chi", "pon", "daiminkan"):
                         calls.append(seat)
             left = []
             for t in tables:
                 actions, calls = acted[id(t)]
-                env = t[0]
-                t[2] = env.step(actions)
-                for seat in calls:  # a call is executed iff its caller acts next
-                    if seat not in t[2]:
-                        t[4][seat].pop()
-                if not env.done():
+                t.obs = t.env.step(actions)
+                # a call is executed iff its caller acts next; safe across a kyoku's end in game_mode 2 because the
+                # table asks a ron alone, before any call (else kyoku_lines raises: loud, not skewed)
+                for seat in calls:
+                    if seat not in t.obs:
+                        t.queues[seat].pop()
+                if not t.env.done():
                     left.append(t)
                     continue
-                for seat, ob in env.get_observations([0, 1, 2, 3]).items():
-                    t[3][seat].extend(ob.new_events())
-                lines, _ = kyoku_lines(t[3], t[4])
-                logs.submit(os.path.join(log_dir, f"{t[5]}.json.gz"), "\n".join(map(render_line, lines)) + "\n")
+                for seat, ob in t.env.get_observations([0, 1, 2, 3]).items():
+                    t.views[seat].extend(ob.new_events())
+                lines, _ = kyoku_lines(t.views, t.queues)
+                logs.submit(os.path.join(log_dir, f"{t.game}.json.gz"), "\n".join(map(render_line, lines)) + "\n")
             tables = left
-    gc.set_threshold(*thresholds)
-    return time.perf_counter() - t0, decisions, time.process_time() - c0
+    return decisions
 
 
 def _first_legal_cls(batch: bool = False):
@@ -259,8 +285,9 @@ def arena_run(version: int, games: int, log_dir: str, first_legal=None) -> tuple
 def measure(version: int, games: int, rounds: int, log=print, batch: bool = False, bare: bool = False) -> dict:
     """Interleaved rounds of floor and arena at ``version``; returns the figures (µs per decision per round,
     medians, ratio floor / arena per round). ``batch``: the arena's engine takes its rows as one array. ``bare``
-    (versions 1-3): each round also runs ``bare_run`` between them, once per ``BARE_ROWS`` (``bare_held`` etc.: CPU
-    µs per decision, CPU ratios floor / bare and bare / arena)."""
+    (versions 1-3): each round also runs ``bare_run`` once per ``BARE_ROWS`` after its floor, in an order that turns
+    with the round, the arena among them (``bare_held`` etc.: CPU µs per decision, CPU ratios floor / bare and
+    bare / arena)."""
     cls = _first_legal_cls(batch)
     log(f"v{version}: {games} games; arena engine {cls.__name__} ({'rows as one array' if batch else 'rows as handed'})")
     floor_us, arena_us, ratios, floor_cpu, arena_cpu, cpu_ratios = [], [], [], [], [], []
@@ -270,23 +297,27 @@ def measure(version: int, games: int, rounds: int, log=print, batch: bool = Fals
         sec, n, cpu = floor_run(version, games)
         floor_us.append(1e6 * sec / n)
         floor_cpu.append(1e6 * cpu / n)
-        for kind in BARE_ROWS if bare else ():
+        loops = [*BARE_ROWS, "arena"] if bare else ["arena"]
+        for kind in loops[r % len(loops):] + loops[:r % len(loops)]:  # each first in turn: the drift spread over them
+            if kind != "arena":
+                with tempfile.TemporaryDirectory() as d:
+                    sec_b, n_b, cpu_b = bare_run(version, games, d, rows=kind)
+                if n_b != n:
+                    raise RuntimeError(f"bare loop: {n_b} decisions, the floor's same games {n}")
+                bare_cpu[kind].append(1e6 * cpu_b / n)
+                log(f"v{version} round {r + 1}: bare, rows {kind}: {1e6 * sec_b / n:6.1f} µs/decision, CPU "
+                    f"{bare_cpu[kind][-1]:.1f}; CPU floor/bare {floor_cpu[-1] / bare_cpu[kind][-1]:.3f}")
+                continue
             with tempfile.TemporaryDirectory() as d:
-                sec_b, n_b, cpu_b = bare_run(version, games, d, rows=kind)
-            if n_b != n:
-                raise RuntimeError(f"bare loop: {n_b} decisions, the floor's same games {n}")
-            bare_cpu[kind].append(1e6 * cpu_b / n)
-            log(f"v{version} round {r + 1}: bare, rows {kind}: {1e6 * sec_b / n:6.1f} µs/decision, CPU "
-                f"{bare_cpu[kind][-1]:.1f}; CPU floor/bare {floor_cpu[-1] / bare_cpu[kind][-1]:.3f}")
-        with tempfile.TemporaryDirectory() as d:
-            sec_a, n_a, cpu_a = arena_run(version, games, d, cls)
-        arena_us.append(1e6 * sec_a / n_a)
-        arena_cpu.append(1e6 * cpu_a / n_a)
-        ratios.append(floor_us[-1] / arena_us[-1])
-        cpu_ratios.append(floor_cpu[-1] / arena_cpu[-1])
-        log(f"v{version} round {r + 1}: floor {floor_us[-1]:6.1f} µs/decision ({n} decisions, {sec:.1f} s); "
-            f"arena {arena_us[-1]:6.1f} µs/decision ({n_a} decisions, {sec_a:.1f} s); floor/arena {ratios[-1]:.3f}; "
-            f"CPU: floor {floor_cpu[-1]:.1f}, arena {arena_cpu[-1]:.1f} µs/decision, floor/arena {cpu_ratios[-1]:.3f}")
+                sec_a, n_a, cpu_a = arena_run(version, games, d, cls)
+            arena_us.append(1e6 * sec_a / n_a)
+            arena_cpu.append(1e6 * cpu_a / n_a)
+            ratios.append(floor_us[-1] / arena_us[-1])
+            cpu_ratios.append(floor_cpu[-1] / arena_cpu[-1])
+            log(f"v{version} round {r + 1}: floor {floor_us[-1]:6.1f} µs/decision ({n} decisions, {sec:.1f} s); "
+                f"arena {arena_us[-1]:6.1f} µs/decision ({n_a} decisions, {sec_a:.1f} s); floor/arena "
+                f"{ratios[-1]:.3f}; CPU: floor {floor_cpu[-1]:.1f}, arena {arena_cpu[-1]:.1f} µs/decision, "
+                f"floor/arena {cpu_ratios[-1]:.3f}")
     med = statistics.median
     fig = {"version": version, "games": games, "rounds": rounds, "batch": batch,
            "floor_us": [round(v, 2) for v in floor_us], "arena_us": [round(v, 2) for v in arena_us],

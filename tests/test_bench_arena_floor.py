@@ -80,19 +80,25 @@ def test_the_bare_loop_plays_the_floors_decisions_and_logs_their_meta(tmp_path, 
     import gzip
     import json
 
+    from mortal.features.action import event_to_label
+
     mod = _module()
     _, n_floor, _ = mod.floor_run(3, 1)
     _, n_bare, _ = mod.bare_run(3, 1, str(tmp_path))
     assert n_bare == n_floor > 300
     for rows in ('dropped', 'packed'):  # the same games whatever it does with the rows
         assert mod.bare_run(3, 1, str(tmp_path / rows), rows=rows)[1] == n_floor
-    events = [json.loads(line) for line in gzip.open(tmp_path / '0.json.gz', 'rt')]
+    with gzip.open(tmp_path / '0.json.gz', 'rt') as f:
+        events = [json.loads(line) for line in f]
     kinds = [e['type'] for e in events]
     assert kinds.count('start_kyoku') == kinds.count('end_kyoku') >= 1
-    metas = [e['meta'] for e in events if 'meta' in e]
-    assert metas and all(list(m) == ['q_values', 'mask_bits', 'is_greedy', 'shanten', 'at_furiten', 'batch_size',
-                                      'eval_time_ns'] for m in metas)
-    assert all(len(m['q_values']) == bin(m['mask_bits']).count('1') for m in metas)
+    logged = [e for e in events if 'meta' in e]
+    assert logged and all(list(e['meta']) == ['q_values', 'mask_bits', 'is_greedy', 'shanten', 'at_furiten',
+                                              'batch_size', 'eval_time_ns'] for e in logged)
+    # the action taken is legal under the logged mask, and the lowest legal one (the floor's policy)
+    labels = [event_to_label(e) for e in logged]
+    assert all(m['mask_bits'] >> a & 1 and m['mask_bits'] & ((1 << a) - 1) == 0
+               for a, m in zip(labels, (e['meta'] for e in logged)))
     dahai = [e for e in events if e['type'] == 'dahai']
     assert 0 < sum('meta' not in e for e in dahai) < len(dahai)  # quick eval: one legal discard, no meta
     out = mod.main(['--versions', '3', '--games', '4', '--rounds', '1', '--bare'])
